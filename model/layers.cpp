@@ -1,0 +1,145 @@
+#include "model/layers.hpp"
+
+#include <ATen/autocast_mode.h>
+
+#include <cmath>
+#include <limits>
+
+namespace dtactor {
+
+attention_impl::attention_impl(int64_t dim_, int64_t heads_, double dropout_) : dim(dim_), heads(heads_), dropout(dropout_) {
+  TORCH_CHECK(dim % heads == 0, "model.dim (", dim, ") must be divisible by model.heads (", heads, ")");
+  q = register_module("q", torch::nn::Linear(dim, dim));
+  kv = register_module("kv", torch::nn::Linear(dim, 2 * dim));
+  out = register_module("out", torch::nn::Linear(dim, dim));
+}
+
+torch::Tensor attention_impl::forward(const torch::Tensor& q_in, const torch::Tensor& kv_in, const torch::Tensor& mask) {
+  const int64_t b = q_in.size(0), t = q_in.size(1), s = kv_in.size(1), hd = dim / heads;
+  auto qh = q(q_in).view({b, t, heads, hd}).transpose(1, 2);
+  auto kvh = kv(kv_in).view({b, s, 2, heads, hd}).permute({2, 0, 3, 1, 4});
+  auto kh = kvh[0], vh = kvh[1];
+  auto scores = torch::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  if (mask.defined()) scores = scores + mask.to(scores.scalar_type());
+  auto probs = torch::softmax(scores, -1);
+  if (dropout > 0 && is_training()) probs = torch::dropout(probs, dropout, true);
+  auto ctx = torch::matmul(probs, vh).transpose(1, 2).reshape({b, t, dim});
+  return out(ctx);
+}
+
+block_impl::block_impl(const block_options& o) : opts(o) {
+  const int64_t hidden = std::max<int64_t>(1, static_cast<int64_t>(std::llround(o.dim * o.mlp_ratio)));
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim})));
+  self_attn = register_module("self_attn", attention(o.dim, o.heads, o.dropout));
+  if (o.cross_attention) {
+    ln3 = register_module("ln3", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim})));
+    cross_attn = register_module("cross_attn", attention(o.dim, o.heads, o.dropout));
+  }
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim})));
+  fc1 = register_module("fc1", torch::nn::Linear(o.dim, hidden));
+  fc2 = register_module("fc2", torch::nn::Linear(hidden, o.dim));
+}
+
+torch::Tensor block_impl::compute(const torch::Tensor& x, const torch::Tensor& self_mask, const torch::Tensor& memory,
+                                  const torch::Tensor& memory_mask) {
+  auto drop = [&](const torch::Tensor& t) { return opts.dropout > 0 ? torch::dropout(t, opts.dropout, is_training()) : t; };
+  auto h = ln1(x);
+  auto y = x + drop(self_attn(h, h, self_mask));
+  if (opts.cross_attention) y = y + drop(cross_attn(ln3(y), memory, memory_mask));
+  y = y + drop(fc2(torch::gelu(fc1(ln2(y)))));
+  return y;
+}
+
+namespace {
+
+// Reentrant activation checkpointing (like torch.utils.checkpoint with
+// preserve_rng_state): forward runs without building a graph; backward
+// restores the RNG and autocast state, recomputes with a graph and
+// backpropagates through it. Parameter gradients accumulate as usual.
+struct checkpoint_fn : torch::autograd::Function<checkpoint_fn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::TensorList inputs, block_impl* self) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ctx->saved_data["rng"] = gen.get_state();
+    }
+    ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
+    ctx->saved_data["autocast"] = at::autocast::is_cpu_enabled();
+    ctx->saved_data["n"] = static_cast<int64_t>(inputs.size());
+    ctx->save_for_backward(std::vector<torch::Tensor>(inputs.begin(), inputs.end()));
+    torch::NoGradGuard no_grad;
+    return self->compute(inputs[0], inputs[1], inputs[2], inputs[3]);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_out) {
+    auto* self = reinterpret_cast<block_impl*>(ctx->saved_data["self"].toInt());
+    auto saved = ctx->get_saved_variables();
+    std::vector<torch::Tensor> inputs;
+    for (auto& t : saved) {
+      if (t.defined() && t.is_floating_point()) {
+        auto d = t.detach();
+        d.set_requires_grad(t.requires_grad());
+        inputs.push_back(d);
+      } else {
+        inputs.push_back(t);
+      }
+    }
+    auto gen = at::detail::getDefaultCPUGenerator();
+    torch::Tensor rng_now;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng_now = gen.get_state();
+      gen.set_state(ctx->saved_data["rng"].toTensor());
+    }
+    const bool prev_autocast = at::autocast::is_cpu_enabled();
+    at::autocast::set_cpu_enabled(ctx->saved_data["autocast"].toBool());
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad_on(true);
+      out = self->compute(inputs[0], inputs[1], inputs[2], inputs[3]);
+    }
+    at::autocast::set_cpu_enabled(prev_autocast);
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(rng_now);
+    }
+    torch::autograd::backward({out}, {grad_out[0]});
+    torch::autograd::variable_list grads;
+    for (auto& t : inputs) grads.push_back(t.defined() && t.requires_grad() ? t.grad() : torch::Tensor());
+    return grads;
+  }
+};
+
+}  // namespace
+
+torch::Tensor block_impl::forward(const torch::Tensor& x, const torch::Tensor& self_mask, const torch::Tensor& memory,
+                                  const torch::Tensor& memory_mask) {
+  if (opts.checkpointed && is_training() && torch::GradMode::is_enabled()) {
+    std::vector<torch::Tensor> in{x, self_mask, memory, memory_mask};
+    return checkpoint_fn::apply(torch::TensorList(in), this);
+  }
+  return compute(x, self_mask, memory, memory_mask);
+}
+
+torch::Tensor causal_mask(int64_t t) {
+  return torch::triu(torch::full({t, t}, -std::numeric_limits<float>::infinity()), 1);
+}
+
+torch::Tensor padding_mask(const torch::Tensor& is_pad) {
+  auto m = torch::zeros(is_pad.sizes(), torch::kFloat).masked_fill(is_pad, -std::numeric_limits<float>::infinity());
+  return m.unsqueeze(1).unsqueeze(1);
+}
+
+torch::Tensor sinusoidal_positions(int64_t len, int64_t dim) {
+  auto pos = torch::arange(len, torch::kFloat).unsqueeze(1);
+  auto i = torch::arange(0, dim, 2, torch::kFloat);
+  auto div = torch::exp(i * (-std::log(10000.0) / dim));
+  auto pe = torch::zeros({len, dim});
+  pe.index_put_({torch::indexing::Slice(), torch::indexing::Slice(0, torch::indexing::None, 2)}, torch::sin(pos * div));
+  auto cosv = torch::cos(pos * div);
+  pe.index_put_({torch::indexing::Slice(), torch::indexing::Slice(1, torch::indexing::None, 2)},
+                cosv.index({torch::indexing::Slice(), torch::indexing::Slice(0, dim / 2)}));
+  return pe;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,292 @@
+#include "runtime/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/hash.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using vk = value_kind;
+
+std::vector<config_key> make_schema() {
+  // The one place where every key, its default and its meaning are written.
+  // docs/config.md is checked against this table by a test.
+  return {
+      // model
+      {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST), transformer (English->Italian), gpt (GCIDE text).", -1e300, {"vit", "transformer", "gpt"}},
+      {"model.dim", vk::integer, "64", "Width of the model (embedding size).", 8},
+      {"model.layers", vk::integer, "4", "Number of blocks (encoder and decoder each, for transformer).", 1},
+      {"model.heads", vk::integer, "4", "Attention heads; must divide model.dim.", 1},
+      {"model.mlp_ratio", vk::floating, "4.0", "Hidden size of each MLP as a multiple of model.dim.", 0.25},
+      {"model.dropout", vk::floating, "0.0", "Dropout probability in attention and MLP outputs.", 0.0},
+      {"model.patch_size", vk::integer, "7", "vit: side of the square patches; must divide 28.", 1},
+      {"model.context", vk::integer, "128", "gpt: tokens per training sequence; transformer: longest word kept.", 8},
+      {"model.label_smoothing", vk::floating, "0.1", "transformer: label smoothing of the cross-entropy.", 0.0},
+      // data
+      {"data.fashion_mnist_dir", vk::string, "/usr/share/datasets/fashion-mnist", "Folder with the Fashion-MNIST IDX .gz files (Debian: dataset-fashion-mnist)."},
+      {"data.freedict_eng_ita", vk::string, "/usr/share/dictd/freedict-eng-ita", "FreeDict English-Italian dictd files, without .index/.dict.dz (Debian: dict-freedict-eng-ita)."},
+      {"data.gcide", vk::string, "/usr/share/dictd/gcide", "GCIDE dictd files, without .index/.dict.dz (Debian: dict-gcide)."},
+      {"data.val_fraction", vk::floating, "0.05", "transformer, gpt: share of the data held out for evaluation.", 0.0},
+      {"data.max_text_bytes", vk::integer, "0", "gpt: use at most this many bytes of GCIDE text (0 = all).", 0},
+      // train
+      {"train.max_steps", vk::integer, "4000", "Optimizer steps to train.", 1},
+      {"train.global_batch_size", vk::integer, "128", "Samples per optimizer step, summed over all ranks; independent of the world size.", 1},
+      {"train.micro_batch_size", vk::integer, "0", "Samples per forward/backward pass on a rank; smaller than the rank's share means gradient accumulation (0 = the whole share).", 0},
+      {"train.seed", vk::integer, "1234", "Seed of initialisation, data order and dropout.", 0},
+      {"train.lr", vk::floating, "0.002", "Peak learning rate (AdamW).", 0.0},
+      {"train.min_lr", vk::floating, "0.00002", "Learning rate at the end of the cosine decay.", 0.0},
+      {"train.warmup_steps", vk::integer, "200", "Steps of linear warm-up from 0 to train.lr.", 0},
+      {"train.weight_decay", vk::floating, "0.05", "AdamW decoupled weight decay.", 0.0},
+      {"train.beta1", vk::floating, "0.9", "AdamW beta1.", 0.0},
+      {"train.beta2", vk::floating, "0.999", "AdamW beta2.", 0.0},
+      {"train.grad_clip", vk::floating, "1.0", "Clip the global gradient norm to this value (0 = off).", 0.0},
+      {"train.bf16", vk::boolean, "false", "Run forward passes under bf16 autocast (CPU autocast of LibTorch)."},
+      {"train.activation_checkpointing", vk::boolean, "false", "Recompute each block's activations in backward instead of storing them."},
+      {"train.threads", vk::integer, "0", "Intra-op and BLAS threads per process (0 = all cores).", 0},
+      {"train.log_every_steps", vk::integer, "50", "Write a `step` journal event and a log line every N steps.", 1},
+      // eval
+      {"eval.every_steps", vk::integer, "1000", "Evaluate on held-out data every N steps (0 = only at the end).", 0},
+      {"eval.batch_size", vk::integer, "500", "Samples per evaluation batch.", 1},
+      {"eval.max_samples", vk::integer, "0", "Evaluate on at most this many held-out samples (0 = all).", 0},
+      // checkpoint
+      {"checkpoint.every_steps", vk::integer, "500", "Save a checkpoint every N steps (0 = only at the end).", 0},
+      {"checkpoint.keep_last", vk::integer, "3", "Keep the newest N checkpoints.", 1},
+      {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
+      {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
+      {"checkpoint.dir", vk::string, "", "Where checkpoints go (empty = RUN_DIR/checkpoints)."},
+  };
+}
+
+std::string kind_name(value_kind k) {
+  switch (k) {
+    case vk::integer: return "an integer";
+    case vk::floating: return "a number";
+    case vk::boolean: return "true or false";
+    case vk::string: return "a string";
+  }
+  return "?";
+}
+
+const config_key* find_key(const std::string& name) {
+  for (const auto& k : config_schema())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string unknown_key_message(const std::string& key, const std::string& origin) {
+  std::string msg = origin + ": unknown config key '" + key + "'";
+  // Suggest a key with the same last component, a common typo source.
+  auto dot = key.rfind('.');
+  std::string last = dot == std::string::npos ? key : key.substr(dot + 1);
+  for (const auto& k : config_schema()) {
+    auto kd = k.name.rfind('.');
+    if (k.name.substr(kd + 1) == last) return msg + " (did you mean '" + k.name + "'?)";
+  }
+  return msg + " (see docs/config.md for the keys)";
+}
+
+result<config_value> parse_text(const config_key& k, const std::string& text) {
+  auto bad = [&] { return make_error("config key '" + k.name + "' must be " + kind_name(k.kind) + ", got '" + text + "'"); };
+  switch (k.kind) {
+    case vk::integer: {
+      if (text.empty()) return bad();
+      errno = 0;
+      char* end = nullptr;
+      long long v = std::strtoll(text.c_str(), &end, 10);
+      if (errno != 0 || *end != '\0') return bad();
+      return config_value{static_cast<int64_t>(v)};
+    }
+    case vk::floating: {
+      if (text.empty()) return bad();
+      errno = 0;
+      char* end = nullptr;
+      double v = std::strtod(text.c_str(), &end);
+      if (errno != 0 || *end != '\0' || !std::isfinite(v)) return bad();
+      return config_value{v};
+    }
+    case vk::boolean:
+      if (text == "true" || text == "1") return config_value{true};
+      if (text == "false" || text == "0") return config_value{false};
+      return bad();
+    case vk::string:
+      return config_value{text};
+  }
+  return bad();
+}
+
+void flatten(const toml::table& t, const std::string& prefix, std::vector<std::pair<std::string, const toml::node*>>& out) {
+  for (auto&& [k, v] : t) {
+    std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (auto* sub = v.as_table())
+      flatten(*sub, name, out);
+    else
+      out.emplace_back(name, &v);
+  }
+}
+
+}  // namespace
+
+const std::vector<config_key>& config_schema() {
+  static const std::vector<config_key> schema = make_schema();
+  return schema;
+}
+
+std::string to_string(const config_value& v) {
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v)) {
+    std::ostringstream os;
+    os.precision(17);
+    os << *d;
+    std::string s = os.str();
+    if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
+    return s;
+  }
+  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  return std::get<std::string>(v);
+}
+
+config::config() {
+  for (const auto& k : config_schema()) values_[k.name] = parse_text(k, k.default_value).value();
+}
+
+status config::set_value(const std::string& key, config_value v, const std::string& origin) {
+  const config_key* k = find_key(key);
+  if (!k) return make_error(unknown_key_message(key, origin));
+  if (k->kind == vk::integer || k->kind == vk::floating) {
+    double num = k->kind == vk::integer ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
+    if (num < k->min)
+      return make_error(origin + ": config key '" + key + "' must be at least " + to_string(k->kind == vk::integer ? config_value{static_cast<int64_t>(k->min)} : config_value{k->min}) +
+                        ", got " + to_string(v));
+  }
+  if (k->kind == vk::string && !k->choices.empty()) {
+    const auto& s = std::get<std::string>(v);
+    bool found = false;
+    std::string list;
+    for (const auto& c : k->choices) {
+      found = found || c == s;
+      list += (list.empty() ? "" : ", ") + c;
+    }
+    if (!found) return make_error(origin + ": config key '" + key + "' must be one of " + list + ", got '" + s + "'");
+  }
+  values_[key] = std::move(v);
+  return {};
+}
+
+status config::set(const std::string& key, const std::string& text) {
+  const config_key* k = find_key(key);
+  if (!k) return make_error(unknown_key_message(key, "--set"));
+  auto v = parse_text(*k, text);
+  if (!v) return make_error("--set: " + v.message());
+  return set_value(key, std::move(v.value()), "--set");
+}
+
+result<config> config::parse_toml(const std::string& text, const std::string& origin) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    return make_error(origin + ":" + std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column) + ": malformed TOML: " + std::string(e.description()));
+  }
+  config cfg;
+  std::vector<std::pair<std::string, const toml::node*>> items;
+  flatten(tbl, "", items);
+  for (const auto& [name, node] : items) {
+    const config_key* k = find_key(name);
+    std::string where = origin + ":" + std::to_string(node->source().begin.line);
+    if (!k) return make_error(unknown_key_message(name, where));
+    auto wrong = [&] { return make_error(where + ": config key '" + name + "' must be " + kind_name(k->kind)); };
+    config_value v;
+    switch (k->kind) {
+      case vk::integer:
+        if (!node->is_integer()) return wrong();
+        v = node->as_integer()->get();
+        break;
+      case vk::floating:
+        if (node->is_integer())
+          v = static_cast<double>(node->as_integer()->get());
+        else if (node->is_floating_point())
+          v = node->as_floating_point()->get();
+        else
+          return wrong();
+        if (!std::isfinite(std::get<double>(v))) return wrong();
+        break;
+      case vk::boolean:
+        if (!node->is_boolean()) return wrong();
+        v = node->as_boolean()->get();
+        break;
+      case vk::string:
+        if (!node->is_string()) return wrong();
+        v = node->as_string()->get();
+        break;
+    }
+    if (auto st = cfg.set_value(name, std::move(v), where); !st) return st.err();
+  }
+  return cfg;
+}
+
+result<config> config::load(const std::string& path, const std::vector<std::string>& overrides) {
+  result<config> cfg = config{};
+  if (!path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return make_error("cannot read config file '" + path + "': " + std::strerror(errno));
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    cfg = parse_toml(ss.str(), path);
+    if (!cfg) return cfg;
+  }
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) return make_error("--set expects key=value, got '" + o + "'");
+    if (auto st = cfg->set(o.substr(0, eq), o.substr(eq + 1)); !st) return st.err();
+  }
+  return cfg;
+}
+
+int64_t config::get_int(const std::string& key) const { return std::get<int64_t>(values_.at(key)); }
+double config::get_double(const std::string& key) const { return std::get<double>(values_.at(key)); }
+bool config::get_bool(const std::string& key) const { return std::get<bool>(values_.at(key)); }
+const std::string& config::get_string(const std::string& key) const { return std::get<std::string>(values_.at(key)); }
+
+std::string config::to_toml() const {
+  std::ostringstream os;
+  std::string section;
+  for (const auto& k : config_schema()) {
+    auto dot = k.name.find('.');
+    std::string sec = k.name.substr(0, dot);
+    if (sec != section) {
+      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    const auto& v = values_.at(k.name);
+    os << k.name.substr(dot + 1) << " = ";
+    if (auto* s = std::get_if<std::string>(&v)) {
+      os << toml::value<std::string>(*s);
+    } else {
+      os << to_string(v);
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string config::digest(const std::vector<std::string>& prefixes) const {
+  std::string text;
+  for (const auto& [k, v] : values_) {
+    bool take = prefixes.empty();
+    for (const auto& p : prefixes) take = take || k.rfind(p, 0) == 0;
+    if (take) text += k + "=" + to_string(v) + "\n";
+  }
+  return hex64(hash64(text.data(), text.size()));
+}
+
+}  // namespace dtactor

@@ -1,0 +1,53 @@
+#pragma once
+// A small error-as-value type used at module boundaries (STYLE.md): every
+// failure a user can cause carries one clear, complete line of text.
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace dtactor {
+
+struct error {
+  std::string message;
+};
+
+inline error make_error(std::string message) { return error{std::move(message)}; }
+
+template <class T>
+class result {
+ public:
+  result(T value) : v_(std::move(value)) {}
+  result(error e) : v_(std::move(e)) {}
+
+  bool ok() const noexcept { return v_.index() == 0; }
+  explicit operator bool() const noexcept { return ok(); }
+  T& value() & { return std::get<0>(v_); }
+  const T& value() const& { return std::get<0>(v_); }
+  T&& value() && { return std::get<0>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const error& err() const { return std::get<1>(v_); }
+  const std::string& message() const { return err().message; }
+
+ private:
+  std::variant<T, error> v_;
+};
+
+// result<void> equivalent.
+class status {
+ public:
+  status() = default;
+  status(error e) : e_(std::move(e)) {}
+  static status success() { return {}; }
+  bool ok() const noexcept { return !e_.has_value(); }
+  explicit operator bool() const noexcept { return ok(); }
+  const error& err() const { return *e_; }
+  const std::string& message() const { return e_->message; }
+
+ private:
+  std::optional<error> e_;
+};
+
+}  // namespace dtactor

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs everything dtactor needs to build, test and run on Debian bookworm.
+# Only Debian packages; nothing is downloaded from anywhere else. Needs root.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+
+pkgs=(
+  build-essential cmake ninja-build ccache pkg-config git
+  # LibTorch (CPU) + Gloo for c10d collectives
+  libtorch-dev libgloo-dev
+  # fast BLAS: LibTorch calls whatever libblas.so.3 is installed
+  libopenblas0-pthread
+  # actors, sockets, wire, metrics
+  libcaf-dev libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  # command line, config, JSON, compression, tests
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libxxhash-dev libgtest-dev libgmock-dev
+  # data sets, read in place
+  dataset-fashion-mnist dict-freedict-eng-ita dict-gcide
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Make sure libblas.so.3 resolves to OpenBLAS, not the reference BLAS.
+for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
+  target=$(update-alternatives --list "$alt" 2>/dev/null | grep openblas-pthread | head -1 || true)
+  if [ -n "$target" ]; then $SUDO update-alternatives --set "$alt" "$target" >/dev/null; fi
+done
+echo "install-deps: all packages present; libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
