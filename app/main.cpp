@@ -1,1 +1,145 @@
-int main() { return 0; }
+// dtactor's command line: parses arguments (CLI11) and hands over to the
+// libraries. Exit codes: 0 done, 1 the job failed, 2 bad command line or
+// config, 128+N stopped by signal N (after a checkpoint).
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "model/trainer.hpp"
+#include "runtime/config.hpp"
+
+namespace {
+
+std::atomic<int> g_stop{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.exchange(sig) != 0) {
+    // Second signal: the user insists; stop now.
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
+
+int fail(const std::string& message, int code = 1) {
+  std::fprintf(stderr, "dtactor: %s\n", message.c_str());
+  return code;
+}
+
+std::string config_reference() {
+  std::string out = "Config keys (TOML sections = the part before the dot; override any with --set key=value):\n";
+  for (const auto& k : dtactor::config_schema()) {
+    out += "  " + k.name + " = " + (k.kind == dtactor::value_kind::string ? "\"" + k.default_value + "\"" : k.default_value) + "\n      " + k.doc + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
+               "Modes: train, eval, config, local, and --role coordinator|node."};
+  app.require_subcommand(0, 1);
+
+  std::string role, listen, coordinator, advertise;
+  int nproc = 1, metrics_port = 0;
+  app.add_option("--role", role, "Run as a cluster process: coordinator or node (not yet available in this build)")
+      ->check(CLI::IsMember({"coordinator", "node"}));
+  app.add_option("--listen", listen, "coordinator: address to bind, e.g. tcp://0.0.0.0:29400");
+  app.add_option("--coordinator", coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
+  app.add_option("--nproc-per-node", nproc, "node: rank processes to start (one per device)");
+  app.add_option("--metrics-port", metrics_port, "Port of the Prometheus /metrics endpoint");
+  app.add_option("--advertise-addr", advertise, "node: address peers should use to reach this machine");
+
+  std::string config_path, run_dir = "runs/default", resume_from, target;
+  std::vector<std::string> overrides;
+  int64_t stop_at = -1;
+  bool no_resume = false, print_config = false, reference = false;
+
+  auto* train = app.add_subcommand("train", "Train one model in this process (single process, all cores)");
+  train->add_option("--config", config_path, "Job config file (TOML); defaults for every key otherwise");
+  train->add_option("--set", overrides, "Override a config key: --set train.max_steps=200 (repeatable)")->allow_extra_args(false);
+  train->add_option("--run-dir", run_dir, "Where the journal, logs and checkpoints go")->capture_default_str();
+  train->add_option("--stop-at-step", stop_at, "Stop after this many completed steps, with a checkpoint, as a preemption would");
+  train->add_flag("--no-resume", no_resume, "Start from scratch even if the run directory holds checkpoints");
+  train->add_option("--resume-from", resume_from, "Resume from this checkpoint file");
+  train->add_flag("--print-config", print_config, "Print the effective config as TOML and exit");
+
+  auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the held-out data");
+  eval->add_option("target", target, "A checkpoint file, or a run directory (its newest valid checkpoint)")->required();
+  eval->add_option("--config", config_path, "Config file (default: the config stored in the checkpoint)");
+  eval->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+
+  auto* cfgcmd = app.add_subcommand("config", "Print the effective config (or, with --reference, every key with its default and meaning)");
+  cfgcmd->add_option("--config", config_path, "Job config file (TOML)");
+  cfgcmd->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  cfgcmd->add_flag("--reference", reference, "List every key, its default and what it does");
+
+  auto* local = app.add_subcommand("local", "A whole cluster on this machine (not yet available in this build)");
+  local->allow_extras();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return fail(std::string(e.what()) + " (see dtactor --help)", 2);
+  }
+
+  if (*local || !role.empty())
+    return fail(std::string(*local ? "local" : "--role " + role) + " is not available in this build yet; use `dtactor train` (single process)", 2);
+
+  if (*cfgcmd) {
+    if (reference) {
+      std::fputs(config_reference().c_str(), stdout);
+      return 0;
+    }
+    auto cfg = dtactor::config::load(config_path, overrides);
+    if (!cfg) return fail(cfg.message(), 2);
+    std::fputs(cfg->to_toml().c_str(), stdout);
+    return 0;
+  }
+
+  if (*eval) {
+    int64_t step = 0;
+    auto r = dtactor::run_evaluation(target, config_path, overrides, &step);
+    if (!r) return fail(r.message());
+    std::printf("step %lld", static_cast<long long>(step));
+    for (const auto& [k, v] : r->metrics) std::printf(" %s=%.6f", k.c_str(), v);
+    std::printf("\n");
+    for (const auto& ex : r->examples) std::printf("  %s\n", ex.c_str());
+    return 0;
+  }
+
+  if (*train) {
+    auto cfg = dtactor::config::load(config_path, overrides);
+    if (!cfg) return fail(cfg.message(), 2);
+    if (print_config) {
+      std::fputs(cfg->to_toml().c_str(), stdout);
+      return 0;
+    }
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+    dtactor::train_options opts;
+    opts.run_dir = run_dir;
+    opts.stop_at_step = stop_at;
+    opts.resume = !no_resume;
+    opts.resume_from = resume_from;
+    opts.stop_signal = &g_stop;
+    auto r = dtactor::run_training(cfg.value(), opts);
+    if (!r) return fail(r.message());
+    std::printf("%s at step %lld:", r->finished ? "finished" : "stopped", static_cast<long long>(r->step));
+    for (const auto& [k, v] : r->last_eval.metrics) std::printf(" %s=%.4f", k.c_str(), v);
+    std::printf(" params_digest=%s wall_s=%.1f\n", r->params_digest.c_str(), r->wall_s);
+    if (r->stop_signal) return 128 + r->stop_signal;
+    return 0;
+  }
+
+  std::fputs(app.help().c_str(), stdout);
+  return 0;
+}

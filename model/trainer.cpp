@@ -1,0 +1,473 @@
+#include "model/trainer.hpp"
+
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint.pb.h"
+#include "monitoring/journal.hpp"
+#include "monitoring/progress.hpp"
+#include "runtime/blas_info.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/fs.hpp"
+#include "runtime/hash.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+uint64_t step_seed(uint64_t seed, int64_t step, int rank) {
+  const uint64_t words[3] = {seed, static_cast<uint64_t>(step), static_cast<uint64_t>(rank)};
+  return hash64(words, sizeof words, 0x5eedULL) & 0x7fffffffffffffffULL;
+}
+
+std::string bytes_of(torch::serialize::OutputArchive& ar) {
+  std::ostringstream os(std::ios::binary);
+  ar.save_to(os);
+  return os.str();
+}
+
+// RAII: bf16 autocast on CPU for the forward pass only.
+struct autocast_scope {
+  explicit autocast_scope(bool on) : on_(on) {
+    if (on_) {
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    }
+  }
+  ~autocast_scope() {
+    if (on_) {
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    }
+  }
+  bool on_;
+};
+
+}  // namespace
+
+void configure_threads(const config& cfg) {
+  int n = static_cast<int>(cfg.get_int("train.threads"));
+  if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(n);
+  set_blas_threads(n);
+}
+
+status validate_training_config(const config& cfg) {
+  const int64_t b = cfg.get_int("train.global_batch_size"), mb = cfg.get_int("train.micro_batch_size");
+  if (mb > b)
+    return make_error("train.micro_batch_size (" + std::to_string(mb) + ") cannot exceed train.global_batch_size (" + std::to_string(b) + ")");
+  if (cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
+    return make_error("model.heads (" + std::to_string(cfg.get_int("model.heads")) + ") must divide model.dim (" +
+                      std::to_string(cfg.get_int("model.dim")) + ")");
+  if (cfg.get_double("train.min_lr") > cfg.get_double("train.lr"))
+    return make_error("train.min_lr (" + to_string(cfg.values().at("train.min_lr")) + ") cannot exceed train.lr (" +
+                      to_string(cfg.values().at("train.lr")) + ")");
+  if (cfg.get_double("model.dropout") >= 1.0) return make_error("model.dropout must be below 1");
+  if (cfg.get_double("data.val_fraction") >= 1.0) return make_error("data.val_fraction must be below 1");
+  if (cfg.get_double("train.beta1") >= 1.0 || cfg.get_double("train.beta2") >= 1.0) return make_error("train.beta1 and train.beta2 must be below 1");
+  return {};
+}
+
+training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg_(cfg), task_(std::move(t)) {
+  auto module = task_->module();
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& p : module->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto opts = torch::optim::AdamWOptions(cfg.get_double("train.lr"))
+                  .betas({cfg.get_double("train.beta1"), cfg.get_double("train.beta2")})
+                  .weight_decay(cfg.get_double("train.weight_decay"));
+  auto no_decay_opts = std::make_unique<torch::optim::AdamWOptions>(opts);
+  no_decay_opts->weight_decay(0.0);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(opts));
+  groups.emplace_back(no_decay, std::move(no_decay_opts));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), opts);
+  order_ = std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), task_->train_size(), cfg.get_int("train.global_batch_size"));
+  schedule_.peak_lr = cfg.get_double("train.lr");
+  schedule_.min_lr = cfg.get_double("train.min_lr");
+  schedule_.warmup_steps = cfg.get_int("train.warmup_steps");
+  schedule_.max_steps = cfg.get_int("train.max_steps");
+  micro_batch_ = cfg.get_int("train.micro_batch_size");
+  bf16_ = cfg.get_bool("train.bf16");
+}
+
+result<std::unique_ptr<training_state>> training_state::create(const config& cfg) {
+  if (auto st = validate_training_config(cfg); !st) return st.err();
+  torch::manual_seed(static_cast<uint64_t>(cfg.get_int("train.seed")));
+  result<std::unique_ptr<task>> t = make_error("");
+  try {
+    t = make_task(cfg);
+  } catch (const c10::Error& e) {
+    return make_error("cannot build model '" + cfg.get_string("model.name") + "': " + e.what_without_backtrace());
+  }
+  if (!t) return t.err();
+  const int64_t b = cfg.get_int("train.global_batch_size");
+  if (b > t.value()->train_size())
+    return make_error("train.global_batch_size (" + std::to_string(b) + ") is larger than the training set (" +
+                      std::to_string(t.value()->train_size()) + " samples)");
+  return std::unique_ptr<training_state>(new training_state(cfg, std::move(t.value())));
+}
+
+double training_state::forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank) {
+  // Dropout masks are a pure function of (seed, step, rank): resuming needs no RNG state.
+  torch::manual_seed(step_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")), step, rank));
+  const double scale = 1.0 / static_cast<double>(order_->global_batch_size());
+  const size_t chunk = micro_batch_ > 0 ? static_cast<size_t>(micro_batch_) : std::max<size_t>(1, samples.size());
+  double total = 0;
+  for (size_t i = 0; i < samples.size(); i += chunk) {
+    std::vector<int64_t> part(samples.begin() + i, samples.begin() + std::min(samples.size(), i + chunk));
+    torch::Tensor loss;
+    {
+      autocast_scope ac(bf16_);
+      loss = task_->loss_sum(part);
+    }
+    (loss.to(torch::kFloat) * scale).backward();
+    total += loss.item<double>();
+  }
+  return total;
+}
+
+double training_state::apply_update() {
+  auto params = task_->module()->parameters();
+  const double clip = cfg_.get_double("train.grad_clip");
+  const double norm = torch::nn::utils::clip_grad_norm_(params, clip > 0 ? clip : std::numeric_limits<double>::infinity());
+  const double lr = schedule_.at(step_);
+  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  ++step_;
+  return norm;
+}
+
+double training_state::train_step() {
+  auto samples = order_->global_batch(step_);
+  const double loss = forward_backward(samples, step_) / static_cast<double>(samples.size());
+  apply_update();
+  return loss;
+}
+
+eval_result training_state::evaluate() {
+  auto module = task_->module();
+  module->eval();
+  eval_result r;
+  {
+    torch::NoGradGuard no_grad;
+    autocast_scope ac(bf16_);
+    r = task_->evaluate(cfg_.get_int("eval.max_samples"), cfg_.get_int("eval.batch_size"));
+  }
+  module->train();
+  return r;
+}
+
+std::vector<torch::Tensor> training_state::gradients() {
+  std::vector<torch::Tensor> g;
+  for (auto& p : task_->module()->parameters()) g.push_back(p.grad());
+  return g;
+}
+
+std::string training_state::params_digest() {
+  auto module = task_->module();
+  std::vector<std::pair<std::string, torch::Tensor>> all;
+  for (auto& kv : module->named_parameters()) all.emplace_back(kv.key(), kv.value());
+  for (auto& kv : module->named_buffers()) all.emplace_back("buffer:" + kv.key(), kv.value());
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  hasher h;
+  for (auto& [name, t] : all) {
+    auto c = t.detach().contiguous();
+    h.update(name.data(), name.size());
+    h.update(c.data_ptr(), c.numel() * c.element_size());
+  }
+  return hex64(h.digest());
+}
+
+int64_t training_state::parameter_count() {
+  int64_t n = 0;
+  for (auto& p : task_->module()->parameters()) n += p.numel();
+  return n;
+}
+
+std::vector<std::pair<std::string, std::string>> training_state::save_sections() {
+  torch::serialize::OutputArchive model_ar, optim_ar;
+  task_->module()->save(model_ar);
+  optimizer_->save(optim_ar);
+  return {{"model", bytes_of(model_ar)}, {"optimizer", bytes_of(optim_ar)}};
+}
+
+status training_state::load_sections(const std::map<std::string, std::string>& sections, int64_t step) {
+  for (const char* name : {"model", "optimizer"})
+    if (!sections.count(name)) return make_error(std::string("checkpoint has no '") + name + "' section");
+  try {
+    torch::serialize::InputArchive model_ar, optim_ar;
+    std::istringstream ms(sections.at("model"), std::ios::binary);
+    model_ar.load_from(ms);
+    std::istringstream os(sections.at("optimizer"), std::ios::binary);
+    optim_ar.load_from(os);
+    task_->module()->load(model_ar);
+    optimizer_->load(optim_ar);
+  } catch (const c10::Error& e) {
+    return make_error(std::string("checkpoint does not fit this model: ") + e.what_without_backtrace());
+  }
+  step_ = step;
+  return {};
+}
+
+namespace {
+
+std::string checkpoint_dir_of(const config& cfg, const std::string& run_dir) {
+  const auto& d = cfg.get_string("checkpoint.dir");
+  return d.empty() ? run_dir + "/checkpoints" : d;
+}
+
+std::string best_metric_of(const config& cfg, task& t) {
+  const auto& m = cfg.get_string("checkpoint.best_metric");
+  return m.empty() ? t.main_metric() : m;
+}
+
+// A checkpoint may only be resumed by a job with the same model and data order.
+status check_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path) {
+  if (meta.model() != cfg.get_string("model.name"))
+    return make_error("checkpoint '" + path + "' was written by model '" + meta.model() + "', but model.name is '" + cfg.get_string("model.name") +
+                      "' (use another --run-dir or checkpoint.dir)");
+  if (meta.arch_digest() != cfg.digest({"model."}))
+    return make_error("checkpoint '" + path + "' was written with different model.* settings; use the same model settings or another --run-dir");
+  if (meta.global_batch_size() != cfg.get_int("train.global_batch_size"))
+    return make_error("checkpoint '" + path + "' was written with train.global_batch_size " + std::to_string(meta.global_batch_size()) + ", not " +
+                      std::to_string(cfg.get_int("train.global_batch_size")) + "; resuming needs the same global batch (the data order depends on it)");
+  if (static_cast<int64_t>(meta.seed()) != cfg.get_int("train.seed"))
+    return make_error("checkpoint '" + path + "' was written with train.seed " + std::to_string(meta.seed()) + ", not " +
+                      std::to_string(cfg.get_int("train.seed")));
+  return {};
+}
+
+std::string format_metrics(const std::map<std::string, double>& m) {
+  std::string s;
+  char buf[64];
+  for (const auto& [k, v] : m) {
+    std::snprintf(buf, sizeof buf, "%s%s %.4f", s.empty() ? "" : ", ", k.c_str(), v);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace
+
+result<train_summary> run_training(const config& cfg, const train_options& opts) {
+  const auto start = clock_type::now();
+  if (auto st = validate_training_config(cfg); !st) return st.err();
+  if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
+
+  configure_threads(cfg);
+  auto created = training_state::create(cfg);
+  if (!created) return created.err();
+  training_state& state = *created.value();
+  task& tk = state.the_task();
+  const std::string best_metric = best_metric_of(cfg, tk);
+
+  checkpoint_policy policy;
+  policy.keep_last = static_cast<int>(cfg.get_int("checkpoint.keep_last"));
+  policy.keep_best = cfg.get_bool("checkpoint.keep_best");
+  policy.best_metric = best_metric;
+  policy.higher_is_better = higher_is_better(best_metric);
+  auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy);
+  if (!store) return store.err();
+
+  journal jn;
+  if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();
+  const std::string config_text = cfg.to_toml();
+  if (auto st = write_file_atomic(opts.run_dir + "/config.toml", {config_text}); !st) return st.err();
+
+  const bool interactive = opts.interactive.value_or(progress::stderr_is_terminal());
+  progress prog(interactive, opts.run_dir + "/train.log");
+
+  // Resume.
+  std::optional<loaded_checkpoint> ckpt;
+  if (!opts.resume_from.empty()) {
+    auto one = checkpoint_store::load(opts.resume_from);
+    if (!one) return make_error("cannot resume from '" + opts.resume_from + "': " + one.message());
+    ckpt = std::move(one.value());
+  } else if (opts.resume) {
+    auto newest = store->load_newest_valid([&](const std::string& path, const std::string& why) {
+      prog.log("skipping checkpoint " + path + ": " + why);
+      jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+    });
+    if (!newest) return newest.err();
+    ckpt = std::move(newest.value());
+  }
+  if (ckpt) {
+    if (auto st = check_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+    if (auto st = state.load_sections(ckpt->sections, ckpt->meta.step()); !st) return make_error("'" + ckpt->path + "': " + st.message());
+    jn.write("checkpoint_restored", {{"step", ckpt->meta.step()}, {"source", "disk"}, {"path", ckpt->path}});
+    prog.log("resumed from " + ckpt->path + " at step " + std::to_string(ckpt->meta.step()));
+  }
+
+  const int64_t max_steps = cfg.get_int("train.max_steps");
+  const int64_t global_batch = cfg.get_int("train.global_batch_size");
+  const int64_t log_every = cfg.get_int("train.log_every_steps");
+  const int64_t eval_every = cfg.get_int("eval.every_steps");
+  const int64_t ckpt_every = cfg.get_int("checkpoint.every_steps");
+  const blas_info blas = describe_blas();
+  jn.write("job_started", {{"model", tk.name()},
+                           {"parameters", state.parameter_count()},
+                           {"max_steps", max_steps},
+                           {"global_batch_size", global_batch},
+                           {"world_size", 1},
+                           {"start_step", state.step()},
+                           {"threads", at::get_num_threads()},
+                           {"blas", blas.library},
+                           {"config_digest", cfg.digest()}});
+  prog.log("training " + tk.name() + " (" + std::to_string(state.parameter_count()) + " parameters, " + std::to_string(tk.train_size()) +
+           " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
+
+  train_summary summary;
+  int64_t last_saved = ckpt ? ckpt->meta.step() : -1;
+  std::map<std::string, double> eval_at_step;  // metrics of an evaluation at the current step
+  auto save = [&]() -> status {
+    pb::checkpoint_meta meta;
+    meta.set_model(cfg.get_string("model.name"));
+    meta.set_step(state.step());
+    meta.set_arch_digest(cfg.digest({"model."}));
+    meta.set_config_digest(cfg.digest());
+    meta.set_generation(0);
+    meta.set_seed(static_cast<uint64_t>(cfg.get_int("train.seed")));
+    meta.set_global_batch_size(global_batch);
+    meta.set_samples_seen(state.step() * global_batch);
+    meta.set_unix_time(unix_time_now());
+    meta.set_config_toml(config_text);
+    for (const auto& [k, v] : eval_at_step) (*meta.mutable_metrics())[k] = v;
+    const auto t0 = clock_type::now();
+    auto sections = state.save_sections();
+    size_t bytes = 0;
+    for (auto& s : sections) bytes += s.second.size();
+    auto path = store->save(std::move(meta), sections);
+    if (!path) return path.err();
+    last_saved = state.step();
+    jn.write("checkpoint_saved", {{"step", state.step()}, {"path", path.value()}, {"bytes", bytes}, {"duration_s", seconds_since(t0)}});
+    return {};
+  };
+  auto run_eval = [&]() {
+    const auto t0 = clock_type::now();
+    summary.last_eval = state.evaluate();
+    eval_at_step = summary.last_eval.metrics;
+    nlohmann::json ev = {{"step", state.step()}, {"duration_s", seconds_since(t0)}};
+    for (const auto& [k, v] : summary.last_eval.metrics) ev[k] = v;
+    if (!summary.last_eval.examples.empty()) ev["examples"] = summary.last_eval.examples;
+    jn.write("eval", ev);
+    prog.log("eval at step " + std::to_string(state.step()) + ": " + format_metrics(summary.last_eval.metrics));
+    for (const auto& ex : summary.last_eval.examples) prog.log("  " + ex);
+  };
+
+  double window_loss = 0, window_time = 0, ema_sps = 0, last_loss = 0;
+  int64_t window_steps = 0;
+  while (state.step() < max_steps) {
+    if (opts.stop_signal && opts.stop_signal->load() != 0) {
+      summary.stop_signal = opts.stop_signal->load();
+      break;
+    }
+    if (opts.stop_at_step >= 0 && state.step() >= opts.stop_at_step) break;
+    eval_at_step.clear();
+    const auto t0 = clock_type::now();
+    const double loss = state.train_step();
+    const double dt = seconds_since(t0);
+    if (!std::isfinite(loss)) {
+      jn.write("job_failed", {{"step", state.step()}, {"reason", "non-finite loss"}});
+      return make_error("loss became " + std::to_string(loss) + " at step " + std::to_string(state.step()) +
+                        "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint");
+    }
+    last_loss = loss;
+    window_loss += loss;
+    window_time += dt;
+    ++window_steps;
+    const double sps_now = static_cast<double>(global_batch) / std::max(dt, 1e-9);
+    ema_sps = ema_sps == 0 ? sps_now : 0.9 * ema_sps + 0.1 * sps_now;
+    const int64_t step = state.step();
+    progress_state ps{step, max_steps, loss, ema_sps, static_cast<double>(max_steps - step) * global_batch / std::max(ema_sps, 1e-9), ""};
+    if (step % log_every == 0 || step == max_steps) {
+      const double sps = static_cast<double>(window_steps * global_batch) / std::max(window_time, 1e-9);
+      jn.write("step", {{"step", step},
+                        {"loss", loss},
+                        {"loss_avg", window_loss / static_cast<double>(window_steps)},
+                        {"lr", state.lr_at(step - 1)},
+                        {"samples_per_s", sps},
+                        {"world_size", 1}});
+      ps.samples_per_s = sps;
+      prog.update(ps, true);
+      window_loss = window_time = 0;
+      window_steps = 0;
+    } else {
+      prog.update(ps);
+    }
+    if ((eval_every > 0 && step % eval_every == 0) || step == max_steps) run_eval();
+    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps) {
+      if (auto st = save(); !st) return st.err();
+    }
+  }
+  (void)last_loss;
+  prog.finish();
+
+  summary.step = state.step();
+  summary.finished = state.step() >= max_steps;
+  summary.params_digest = state.params_digest();
+  if (!summary.finished && last_saved != state.step()) {
+    if (auto st = save(); !st) return st.err();
+  }
+  summary.wall_s = seconds_since(start);
+  if (summary.finished) {
+    nlohmann::json ev = {{"step", summary.step}, {"params_digest", summary.params_digest}, {"wall_s", summary.wall_s}};
+    for (const auto& [k, v] : summary.last_eval.metrics) ev[k] = v;
+    jn.write("job_finished", ev);
+  } else {
+    jn.write("job_stopped", {{"step", summary.step},
+                             {"params_digest", summary.params_digest},
+                             {"reason", summary.stop_signal ? "signal " + std::to_string(summary.stop_signal) : "stop_at_step"}});
+  }
+  return summary;
+}
+
+result<eval_result> run_evaluation(const std::string& target, const std::string& config_path, const std::vector<std::string>& overrides,
+                                   int64_t* step_out) {
+  std::optional<loaded_checkpoint> ckpt;
+  std::error_code ec;
+  if (std::filesystem::is_directory(target, ec)) {
+    const std::string dir = std::filesystem::exists(target + "/checkpoints") ? target + "/checkpoints" : target;
+    auto store = checkpoint_store::open(dir, checkpoint_policy{});
+    if (!store) return store.err();
+    auto newest = store->load_newest_valid([](const std::string& path, const std::string& why) {
+      std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+    });
+    if (!newest) return newest.err();
+    if (!newest.value()) return make_error("no valid checkpoint in '" + dir + "'");
+    ckpt = std::move(newest.value());
+  } else {
+    if (!std::filesystem::exists(target, ec)) return make_error("checkpoint '" + target + "' does not exist");
+    auto one = checkpoint_store::load(target);
+    if (!one) return make_error("cannot read checkpoint '" + target + "': " + one.message());
+    ckpt = std::move(one.value());
+  }
+  // Without --config, the job's own config (stored in the checkpoint) applies.
+  auto loaded = config_path.empty() ? config::parse_toml(ckpt->meta.config_toml(), ckpt->path + " (stored config)") : config::load(config_path, {});
+  if (!loaded) return loaded.err();
+  config cfg = std::move(loaded.value());
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) return make_error("--set expects key=value, got '" + o + "'");
+    if (auto st = cfg.set(o.substr(0, eq), o.substr(eq + 1)); !st) return st.err();
+  }
+  if (auto st = check_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+  configure_threads(cfg);
+  auto created = training_state::create(cfg);
+  if (!created) return created.err();
+  if (auto st = created.value()->load_sections(ckpt->sections, ckpt->meta.step()); !st) return make_error("'" + ckpt->path + "': " + st.message());
+  if (step_out) *step_out = ckpt->meta.step();
+  return created.value()->evaluate();
+}
+
+}  // namespace dtactor

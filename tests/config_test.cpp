@@ -1,0 +1,107 @@
+#include "runtime/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace dtactor {
+namespace {
+
+TEST(Config, DefaultsCoverEveryKey) {
+  config c;
+  EXPECT_EQ(c.values().size(), config_schema().size());
+  EXPECT_EQ(c.get_string("model.name"), "vit");
+  EXPECT_EQ(c.get_int("train.global_batch_size"), 128);
+}
+
+TEST(Config, RequiredKeysExist) {
+  std::set<std::string> names;
+  for (const auto& k : config_schema()) names.insert(k.name);
+  for (const char* k : {"model.name", "train.max_steps", "train.global_batch_size", "train.seed", "train.lr", "eval.every_steps",
+                        "checkpoint.every_steps", "checkpoint.keep_last"})
+    EXPECT_TRUE(names.count(k)) << k;
+}
+
+TEST(Config, ParsesTomlSectionsAndOverrides) {
+  auto c = config::parse_toml("[model]\nname = \"gpt\"\n[train]\nmax_steps = 7\nlr = 1\n", "test.toml");
+  ASSERT_TRUE(c) << c.message();
+  EXPECT_EQ(c->get_string("model.name"), "gpt");
+  EXPECT_EQ(c->get_int("train.max_steps"), 7);
+  EXPECT_DOUBLE_EQ(c->get_double("train.lr"), 1.0);  // integer accepted for a float key
+  ASSERT_TRUE(c->set("train.max_steps", "200"));
+  EXPECT_EQ(c->get_int("train.max_steps"), 200);
+}
+
+TEST(Config, UnknownKeyIsAnErrorWithSuggestion) {
+  auto c = config::parse_toml("[train]\nmax_step = 7\n", "job.toml");
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.message().find("unknown config key 'train.max_step'"), std::string::npos) << c.message();
+  EXPECT_NE(c.message().find("job.toml:2"), std::string::npos) << c.message();
+  config d;
+  auto st = d.set("trian.max_steps", "3");
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("did you mean 'train.max_steps'"), std::string::npos) << st.message();
+}
+
+TEST(Config, MalformedTomlNamesTheLine) {
+  auto c = config::parse_toml("[train]\nmax_steps = = 3\n", "bad.toml");
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.message().find("bad.toml:2"), std::string::npos) << c.message();
+  EXPECT_NE(c.message().find("malformed TOML"), std::string::npos) << c.message();
+}
+
+TEST(Config, WrongTypesAndRangesAreErrors) {
+  EXPECT_FALSE(config::parse_toml("[train]\nmax_steps = \"ten\"\n", "t"));
+  EXPECT_FALSE(config::parse_toml("[train]\nmax_steps = 1.5\n", "t"));
+  EXPECT_FALSE(config::parse_toml("[train]\nglobal_batch_size = 0\n", "t"));
+  EXPECT_FALSE(config::parse_toml("[model]\nname = \"resnet\"\n", "t"));
+  config c;
+  EXPECT_FALSE(c.set("train.max_steps", "12x"));
+  EXPECT_FALSE(c.set("train.lr", "fast"));
+  EXPECT_FALSE(c.set("train.bf16", "maybe"));
+  EXPECT_FALSE(c.set("train.global_batch_size", "-4"));
+  auto st = c.set("model.name", "resnet");
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("vit, transformer, gpt"), std::string::npos) << st.message();
+}
+
+TEST(Config, MissingFileAndBadOverride) {
+  auto c = config::load("/nonexistent/job.toml", {});
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.message().find("/nonexistent/job.toml"), std::string::npos);
+  EXPECT_FALSE(config::load("", {"train.max_steps"}));
+  EXPECT_TRUE(config::load("", {"train.max_steps=3"}));
+}
+
+TEST(Config, TomlOutputRoundTrips) {
+  config c;
+  ASSERT_TRUE(c.set("train.lr", "0.00123"));
+  ASSERT_TRUE(c.set("data.gcide", "/tmp/a \"quoted\" path"));
+  auto again = config::parse_toml(c.to_toml(), "roundtrip");
+  ASSERT_TRUE(again) << again.message();
+  EXPECT_EQ(again->values(), c.values());
+  EXPECT_EQ(again->digest(), c.digest());
+}
+
+TEST(Config, DigestsFollowTheirPrefix) {
+  config a, b;
+  ASSERT_TRUE(b.set("train.max_steps", "9"));
+  EXPECT_EQ(a.digest({"model."}), b.digest({"model."}));
+  EXPECT_NE(a.digest(), b.digest());
+  ASSERT_TRUE(b.set("model.dim", "32"));
+  EXPECT_NE(a.digest({"model."}), b.digest({"model."}));
+}
+
+// docs/config.md is the human reference; it must name every key.
+TEST(Config, DocsListEveryKey) {
+  std::ifstream in(std::string(DTACTOR_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in) << "docs/config.md missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  for (const auto& k : config_schema()) EXPECT_NE(ss.str().find("`" + k.name + "`"), std::string::npos) << k.name << " not documented";
+}
+
+}  // namespace
+}  // namespace dtactor

@@ -1,0 +1,177 @@
+#include "model/trainer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/checkpoint_store.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::events;
+using testing::read_journal;
+using testing::temp_dir;
+using testing::tiny_vit_config;
+
+train_options quiet(const std::string& dir) {
+  train_options o;
+  o.run_dir = dir;
+  o.interactive = false;
+  return o;
+}
+
+TEST(Trainer, LossFallsAndJournalRecordsTheRun) {
+  temp_dir d;
+  auto cfg = tiny_vit_config({"train.max_steps=60", "eval.every_steps=30"});
+  auto r = run_training(cfg, quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  EXPECT_TRUE(r->finished);
+  EXPECT_EQ(r->step, 60);
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  auto steps = events(j, "step");
+  ASSERT_GE(steps.size(), 10u);
+  EXPECT_LT(steps.back().at("loss_avg").get<double>(), 0.75 * steps.front().at("loss_avg").get<double>());
+  for (const auto& s : steps) {
+    for (const char* k : {"t", "step", "loss", "lr", "samples_per_s"}) EXPECT_TRUE(s.contains(k)) << k;
+    EXPECT_GT(s.at("samples_per_s").get<double>(), 0);
+  }
+  auto evals = events(j, "eval");
+  ASSERT_EQ(evals.size(), 2u);  // step 30 and the end
+  EXPECT_GT(evals.back().at("accuracy").get<double>(), 0.4);  // 10 classes: chance is 0.1
+  auto fin = events(j, "job_finished");
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].at("step"), 60);
+  EXPECT_EQ(fin[0].at("params_digest"), r->params_digest);
+  ASSERT_EQ(events(j, "checkpoint_saved").size(), 1u);  // the final one
+  EXPECT_TRUE(std::filesystem::exists(d.path() + "/config.toml"));
+}
+
+// Train 2k steps straight, or k steps, stop, resume, k more: bitwise equal.
+TEST(Trainer, ResumeIsExact) {
+  temp_dir straight, interrupted;
+  auto cfg = tiny_vit_config({"train.max_steps=16", "checkpoint.every_steps=4", "model.dropout=0.1"});
+  auto a = run_training(cfg, quiet(straight.path()));
+  ASSERT_TRUE(a) << a.message();
+  auto opts = quiet(interrupted.path());
+  opts.stop_at_step = 8;
+  auto b1 = run_training(cfg, opts);
+  ASSERT_TRUE(b1) << b1.message();
+  EXPECT_FALSE(b1->finished);
+  EXPECT_EQ(b1->step, 8);
+  EXPECT_NE(b1->params_digest, a->params_digest);
+  auto b2 = run_training(cfg, quiet(interrupted.path()));
+  ASSERT_TRUE(b2) << b2.message();
+  EXPECT_TRUE(b2->finished);
+  EXPECT_EQ(b2->params_digest, a->params_digest);
+  auto j = read_journal(interrupted.path() + "/journal.jsonl");
+  auto restored = events(j, "checkpoint_restored");
+  ASSERT_EQ(restored.size(), 1u);
+  EXPECT_EQ(restored[0].at("step"), 8);
+  EXPECT_EQ(restored[0].at("source"), "disk");
+}
+
+TEST(Trainer, CorruptNewestCheckpointIsSkippedAndReported) {
+  temp_dir d;
+  auto cfg = tiny_vit_config({"train.max_steps=12", "checkpoint.every_steps=4", "checkpoint.keep_last=5"});
+  auto opts = quiet(d.path());
+  opts.stop_at_step = 8;
+  ASSERT_TRUE(run_training(cfg, opts));
+  // Truncate the newest checkpoint (step 8) as a crash mid-copy would.
+  const std::string newest = d.path() + "/checkpoints/ckpt-000000008.dtc";
+  ASSERT_TRUE(std::filesystem::exists(newest));
+  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
+  auto r = run_training(cfg, quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  auto skipped = events(j, "checkpoint_skipped");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].at("path"), newest);
+  auto restored = events(j, "checkpoint_restored");
+  ASSERT_EQ(restored.size(), 1u);
+  EXPECT_EQ(restored[0].at("step"), 4);
+}
+
+TEST(Trainer, RefusesACheckpointOfAnotherArchitecture) {
+  temp_dir d;
+  auto opts = quiet(d.path());
+  ASSERT_TRUE(run_training(tiny_vit_config({"train.max_steps=2"}), opts));
+  auto r = run_training(tiny_vit_config({"train.max_steps=4", "model.dim=32"}), opts);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("different model.* settings"), std::string::npos) << r.message();
+  r = run_training(tiny_vit_config({"train.max_steps=4", "train.global_batch_size=16"}), opts);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("global_batch_size"), std::string::npos) << r.message();
+}
+
+TEST(Trainer, ImpossibleSettingsAreErrors) {
+  temp_dir d;
+  auto r = run_training(tiny_vit_config({"train.global_batch_size=100000"}), quiet(d.path()));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("larger than the training set"), std::string::npos) << r.message();
+  r = run_training(tiny_vit_config({"train.micro_batch_size=64"}), quiet(d.path()));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("micro_batch_size"), std::string::npos) << r.message();
+  r = run_training(tiny_vit_config({"model.heads=3"}), quiet(d.path()));
+  ASSERT_FALSE(r);
+  r = run_training(tiny_vit_config({"model.patch_size=5"}), quiet(d.path()));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("patch_size"), std::string::npos) << r.message();
+  // A regular file where the checkpoint directory should be.
+  { std::ofstream(d.path() + "/blocker") << "x"; }
+  r = run_training(tiny_vit_config({"checkpoint.dir=" + d.path() + "/blocker/ckpts"}), quiet(d.path()));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("not writable"), std::string::npos) << r.message();
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/journal.jsonl.tmp"));
+}
+
+// The gradient must not depend on how the global batch is split into
+// micro-batches or over ranks (only float summation order may differ).
+TEST(Trainer, GradientDoesNotDependOnTheSplit) {
+  auto grads_for = [](const std::vector<std::string>& extra, int world) {
+    auto cfg = tiny_vit_config(extra);
+    auto st = training_state::create(cfg);
+    if (!st) throw std::runtime_error(st.message());
+    auto& s = *st.value();
+    for (int r = 0; r < world; ++r) s.forward_backward(s.order().rank_slice(0, r, world), 0, 0);
+    std::vector<torch::Tensor> g;
+    for (auto& t : s.gradients()) g.push_back(t.clone());
+    return g;
+  };
+  auto whole = grads_for({}, 1);
+  auto micro = grads_for({"train.micro_batch_size=8"}, 1);
+  auto two = grads_for({}, 2);
+  auto three = grads_for({}, 3);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(whole[i], micro[i], 1e-4, 1e-6)) << i;
+    EXPECT_TRUE(torch::allclose(whole[i], two[i], 1e-4, 1e-6)) << i;
+    EXPECT_TRUE(torch::allclose(whole[i], three[i], 1e-4, 1e-6)) << i;
+  }
+}
+
+TEST(Trainer, Bf16AutocastTrains) {
+  temp_dir d;
+  auto r = run_training(tiny_vit_config({"train.bf16=true", "train.max_steps=30"}), quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  auto steps = events(read_journal(d.path() + "/journal.jsonl"), "step");
+  ASSERT_GE(steps.size(), 2u);
+  EXPECT_LT(steps.back().at("loss_avg").get<double>(), steps.front().at("loss_avg").get<double>());
+}
+
+TEST(Trainer, EvalReadsTheNewestCheckpoint) {
+  temp_dir d;
+  auto r = run_training(tiny_vit_config({"train.max_steps=10"}), quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  int64_t step = -1;
+  auto e = run_evaluation(d.path(), "", {"eval.max_samples=500"}, &step);
+  ASSERT_TRUE(e) << e.message();
+  EXPECT_EQ(step, 10);
+  EXPECT_NEAR(e->metrics.at("accuracy"), r->last_eval.metrics.at("accuracy"), 1e-12);
+  auto missing = run_evaluation(d.path() + "/nope.dtc", "", {}, &step);
+  ASSERT_FALSE(missing);
+}
+
+}  // namespace
+}  // namespace dtactor

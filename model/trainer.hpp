@@ -1,0 +1,113 @@
+#pragma once
+// The training engine of one process: AdamW with warm-up + cosine schedule,
+// gradient clipping and accumulation, optional bf16 autocast and activation
+// checkpointing, periodic evaluation, checkpoints (exact resume), journal and
+// console progress.
+//
+// The step is split so that a data-parallel engine can put an allreduce
+// between the two halves: forward_backward() accumulates this process's share
+// of the gradient of the global-batch mean loss; apply_update() clips and
+// steps the optimizer.
+#include <torch/torch.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "model/data_order.hpp"
+#include "model/schedule.hpp"
+#include "model/task.hpp"
+#include "runtime/config.hpp"
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+class journal;
+class checkpoint_store;
+
+struct train_options {
+  std::string run_dir = "runs/default";
+  // Stop after this many completed steps (checkpoint written), as a
+  // preemption would; -1 = train to train.max_steps.
+  int64_t stop_at_step = -1;
+  bool resume = true;            // resume from the newest valid checkpoint in the checkpoint dir
+  std::string resume_from;       // explicit checkpoint file (overrides `resume`)
+  std::optional<bool> interactive;  // progress line; default: stderr is a terminal
+  const std::atomic<int>* stop_signal = nullptr;  // non-zero: stop at the next step boundary
+};
+
+struct train_summary {
+  int64_t step = 0;       // completed steps
+  bool finished = false;  // reached train.max_steps
+  int stop_signal = 0;    // the signal that stopped it early, if any
+  std::string params_digest;
+  eval_result last_eval;
+  double wall_s = 0;
+};
+
+// The model, optimizer and data order of one process; no I/O of its own.
+class training_state {
+ public:
+  // Seeds LibTorch with train.seed, builds the task (loading data) and optimizer.
+  static result<std::unique_ptr<training_state>> create(const config& cfg);
+
+  // Accumulates the gradient of (sum of the samples' losses) / global batch,
+  // in micro-batches of train.micro_batch_size. Returns the loss sum.
+  double forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank = 0);
+  // Clips, sets the scheduled learning rate, steps AdamW, zeroes gradients,
+  // and advances step(). Returns the gradient norm before clipping.
+  double apply_update();
+
+  // One whole step in a single process. Returns the mean loss.
+  double train_step();
+
+  eval_result evaluate();
+
+  int64_t step() const { return step_; }
+  double lr_at(int64_t step) const { return schedule_.at(step); }
+  const config& cfg() const { return cfg_; }
+  task& the_task() { return *task_; }
+  const data_order& order() const { return *order_; }
+  std::vector<torch::Tensor> gradients();
+
+  // XXH3 over every parameter's and buffer's bytes, in name order.
+  std::string params_digest();
+  int64_t parameter_count();
+
+  // Serialized state for checkpoints; load_state() checks compatibility.
+  std::vector<std::pair<std::string, std::string>> save_sections();
+  status load_sections(const std::map<std::string, std::string>& sections, int64_t step);
+
+ private:
+  training_state(const config& cfg, std::unique_ptr<task> t);
+  config cfg_;
+  std::unique_ptr<task> task_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<data_order> order_;
+  lr_schedule schedule_;
+  int64_t step_ = 0;
+  int64_t micro_batch_ = 0;
+  bool bf16_ = false;
+};
+
+// Checks what can be checked before loading data: batch sizes, heads, paths.
+status validate_training_config(const config& cfg);
+
+// `dtactor train`: trains to train.max_steps (or until stopped), resuming from
+// the newest valid checkpoint, writing RUN_DIR/journal.jsonl, RUN_DIR/train.log,
+// RUN_DIR/config.toml and checkpoints.
+result<train_summary> run_training(const config& cfg, const train_options& opts);
+
+// `dtactor eval`: evaluates a checkpoint (a file, or the newest valid one in a
+// run directory's checkpoint folder) on the held-out data. The config is the
+// one stored in the checkpoint unless config_path is given; overrides apply
+// on top ("key=value").
+result<eval_result> run_evaluation(const std::string& checkpoint_or_run_dir, const std::string& config_path,
+                                   const std::vector<std::string>& overrides, int64_t* step_out);
+
+// Sets intra-op and BLAS threads (train.threads; 0 = all cores).
+void configure_threads(const config& cfg);
+
+}  // namespace dtactor

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The command line end to end: help texts, and every kind of bad input gets
+# one clear line on stderr, a non-zero exit, no crash and no stack trace.
+# Usage: cli_test.sh PATH/TO/dtactor SOURCE_DIR
+set -u
+bin=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0
+failed=0
+
+ok() { pass=$((pass + 1)); echo "ok - $1"; }
+bad() { failed=$((failed + 1)); echo "not ok - $1"; }
+
+# expect_error NAME PATTERN ARGS... : non-zero exit, exactly one stderr line
+# matching PATTERN, and nothing that looks like a crash.
+expect_error() {
+  local name=$1 pattern=$2
+  shift 2
+  "$bin" "$@" >"$work/out" 2>"$work/err" </dev/null
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$work/err")
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then
+    bad "$name: exit code $rc"; cat "$work/err"; return
+  fi
+  if [ "$lines" -ne 1 ]; then
+    bad "$name: expected one line on stderr, got $lines"; cat "$work/err"; return
+  fi
+  if grep -q -E 'terminate called|Exception raised from|Segmentation|Aborted|frame #' "$work/err"; then
+    bad "$name: crash output"; cat "$work/err"; return
+  fi
+  if ! grep -q -E "$pattern" "$work/err"; then
+    bad "$name: stderr does not match /$pattern/"; cat "$work/err"; return
+  fi
+  ok "$name"
+}
+
+expect_ok() {
+  local name=$1 pattern=$2
+  shift 2
+  if "$bin" "$@" >"$work/out" 2>"$work/err" </dev/null && grep -q -E "$pattern" "$work/out"; then
+    ok "$name"
+  else
+    bad "$name"; cat "$work/out" "$work/err"
+  fi
+}
+
+tiny=(--set model.dim=16 --set model.layers=1 --set model.heads=2 --set train.global_batch_size=32 --set train.threads=1
+      --set eval.max_samples=200 --set train.max_steps=3)
+
+expect_ok "help" "train" --help
+expect_ok "train help" "--config" train --help
+expect_ok "config reference lists keys" "train.global_batch_size" config --reference
+expect_ok "config print applies --set" "max_steps = 77" config --config "$src/examples/vit_fashion_mnist.toml" --set train.max_steps=77
+for f in "$src"/examples/*.toml; do
+  expect_ok "example $(basename "$f") parses" "name = " config --config "$f"
+done
+
+expect_error "unknown option" "not expected|following argument" train --bogus
+expect_error "unknown mode" "not expected|following argument|subcommand" frobnicate
+expect_error "missing config file" "cannot read config file" train --config "$work/none.toml"
+printf '[train]\nmax_steps = = 3\n' >"$work/malformed.toml"
+expect_error "malformed config" "malformed TOML" train --config "$work/malformed.toml" --run-dir "$work/r0"
+printf '[train]\nmax_stepz = 3\n' >"$work/unknown.toml"
+expect_error "unknown config key" "unknown config key 'train.max_stepz'" train --config "$work/unknown.toml" --run-dir "$work/r0"
+expect_error "unknown --set key" "unknown config key" train --set train.nope=1 --run-dir "$work/r0"
+expect_error "--set without =" "key=value" train --set train.max_steps --run-dir "$work/r0"
+expect_error "unknown model" "must be one of vit, transformer, gpt" train --set model.name=resnet --run-dir "$work/r0"
+expect_error "zero batch" "global_batch_size' must be at least 1" train --set train.global_batch_size=0 --run-dir "$work/r0"
+expect_error "batch larger than data" "larger than the training set" train "${tiny[@]}" --set train.global_batch_size=100000 --run-dir "$work/r1"
+expect_error "micro batch > global" "micro_batch_size" train "${tiny[@]}" --set train.micro_batch_size=64 --run-dir "$work/r1"
+expect_error "missing data file" "dataset-fashion-mnist" train "${tiny[@]}" --set data.fashion_mnist_dir="$work/nodata" --run-dir "$work/r2"
+touch "$work/blocker"
+expect_error "unwritable checkpoint dir" "not writable" train "${tiny[@]}" --set checkpoint.dir="$work/blocker/ck" --run-dir "$work/r3"
+expect_error "unwritable run dir" "not writable" train "${tiny[@]}" --run-dir "$work/blocker/run"
+expect_error "coordinator not yet" "not available" --role coordinator --listen tcp://127.0.0.1:29400
+expect_error "eval of nothing" "does not exist" eval "$work/none.dtc"
+
+# A real short run, then misuse of its checkpoint.
+if "$bin" train "${tiny[@]}" --run-dir "$work/good" >"$work/out" 2>"$work/err" </dev/null && grep -q "finished at step 3" "$work/out"; then
+  ok "short training run"
+else
+  bad "short training run"; cat "$work/out" "$work/err"
+fi
+expect_error "checkpoint of another model" "written by model 'vit'" train --set model.name=gpt --set data.max_text_bytes=200000 --set train.max_steps=3 \
+  --set train.threads=1 --run-dir "$work/good"
+expect_error "checkpoint of another architecture" "different model" train "${tiny[@]}" --set model.dim=32 --run-dir "$work/good"
+echo "garbage" >"$work/garbage.dtc"
+expect_error "garbage checkpoint" "not a dtactor checkpoint|garbage|magic|truncated" eval "$work/garbage.dtc"
+expect_ok "eval of a run dir" "step 3 .*accuracy=" eval "$work/good" --set eval.max_samples=200
+# No half-written files anywhere after all of the above.
+if find "$work" -name '*.tmp*' | grep -q .; then bad "temp files left behind"; find "$work" -name '*.tmp*'; else ok "no temp files left"; fi
+
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,58 @@
+#pragma once
+// Helpers shared by the tests: temporary directories and small configs.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/config.hpp"
+
+namespace dtactor::testing {
+
+// A fresh directory under the test temp dir, removed by the destructor.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "dtactor-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A ViT small enough to train a few dozen steps in seconds.
+inline config tiny_vit_config(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> o = {"model.dim=16", "model.layers=1", "model.heads=2", "model.mlp_ratio=2", "train.global_batch_size=32",
+                                "train.max_steps=40", "train.warmup_steps=5", "train.lr=0.003", "train.threads=1", "eval.max_samples=500",
+                                "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=5"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  auto c = config::load("", o);
+  if (!c) throw std::runtime_error(c.message());
+  return c.value();
+}
+
+inline std::vector<nlohmann::json> read_journal(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+inline std::vector<nlohmann::json> events(const std::vector<nlohmann::json>& j, const std::string& name) {
+  std::vector<nlohmann::json> out;
+  for (const auto& e : j)
+    if (e.at("event") == name) out.push_back(e);
+  return out;
+}
+
+}  // namespace dtactor::testing
