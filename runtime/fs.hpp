@@ -1,0 +1,65 @@
+#pragma once
+// Durable file operations for small, precious files (checkpoints, journals).
+// Every failure is a value whose message names the path and the OS reason.
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+// The system calls through which write_file_atomic reaches the disk. Tests
+// install a subclass that fails on purpose (disk full, I/O error), in the
+// spirit of LevelDB's Env. Each returns 0 on success or an errno value.
+class fs_env {
+ public:
+  virtual ~fs_env() = default;
+  // Writes all `size` bytes or fails; a failure may leave a prefix written.
+  virtual int write_all(int fd, const char* data, size_t size);
+  virtual int sync(int fd);
+  virtual int rename(const std::string& from, const std::string& to);
+};
+
+// The environment in use: the POSIX one unless a test installed another.
+fs_env& current_fs_env();
+
+// Installs `env` for the guard's lifetime and restores the previous one.
+// Swapping is not synchronised with writes in flight: for tests only.
+class scoped_fs_env {
+ public:
+  explicit scoped_fs_env(fs_env& env);
+  ~scoped_fs_env();
+  scoped_fs_env(const scoped_fs_env&) = delete;
+  scoped_fs_env& operator=(const scoped_fs_env&) = delete;
+
+ private:
+  fs_env* previous_;
+};
+
+// Replaces `path` with the concatenation of `pieces` so that a crash or a
+// failure at any point leaves either the old content or the new one, never a
+// mix: writes a unique temp file in the same directory (path + ".tmp.<pid>.<n>"),
+// fsyncs it, renames it over `path` and fsyncs the directory. On failure the
+// temp file is removed and `path` is untouched (except when only the final
+// directory fsync fails: then the new content is in place but may not be
+// durable yet, and an error is still returned).
+status write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces);
+
+// True for names write_file_atomic uses for its temp files of `path`'s kind:
+// "<anything>.tmp.<pid>.<n>". Used to sweep leftovers of a crashed writer.
+bool is_atomic_temp_name(std::string_view file_name);
+
+// Creates `dir` and its parents if needed, then proves it is writable by
+// creating and removing a probe file. Error: "directory '/x' is not
+// writable: Permission denied" (callers prefix what the directory is for).
+status ensure_writable_dir(const std::string& dir);
+
+// The whole file. Error: "cannot read '/x': No such file or directory".
+result<std::string> read_file(const std::string& path);
+
+// Removes a file; a file that is already gone is success.
+status remove_file(const std::string& path);
+
+}  // namespace dtactor
