@@ -2,6 +2,7 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -57,31 +58,43 @@ namespace {
 // restores the RNG and autocast state, recomputes with a graph and
 // backpropagates through it. Parameter gradients accumulate as usual.
 struct checkpoint_fn : torch::autograd::Function<checkpoint_fn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::TensorList inputs, block_impl* self) {
+  // The block's four inputs, of which the undefined ones (no mask, no memory)
+  // are left out of `inputs` (autograd cannot track undefined tensors);
+  // bit i of `present` says whether slot i was given.
+  static std::array<torch::Tensor, 4> slots(const std::vector<torch::Tensor>& inputs, int64_t present) {
+    std::array<torch::Tensor, 4> out;
+    size_t j = 0;
+    for (int i = 0; i < 4; ++i)
+      if (present & (1 << i)) out[i] = inputs[j++];
+    return out;
+  }
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::TensorList inputs, int64_t present, block_impl* self) {
     auto gen = at::detail::getDefaultCPUGenerator();
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
       ctx->saved_data["rng"] = gen.get_state();
     }
     ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
+    ctx->saved_data["present"] = present;
     ctx->saved_data["autocast"] = at::autocast::is_cpu_enabled();
-    ctx->saved_data["n"] = static_cast<int64_t>(inputs.size());
-    ctx->save_for_backward(std::vector<torch::Tensor>(inputs.begin(), inputs.end()));
+    std::vector<torch::Tensor> in(inputs.begin(), inputs.end());
+    ctx->save_for_backward(in);
     torch::NoGradGuard no_grad;
-    return self->compute(inputs[0], inputs[1], inputs[2], inputs[3]);
+    auto s = slots(in, present);
+    return self->compute(s[0], s[1], s[2], s[3]);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_out) {
     auto* self = reinterpret_cast<block_impl*>(ctx->saved_data["self"].toInt());
-    auto saved = ctx->get_saved_variables();
     std::vector<torch::Tensor> inputs;
-    for (auto& t : saved) {
-      if (t.defined() && t.is_floating_point()) {
+    for (auto& t : ctx->get_saved_variables()) {
+      if (t.is_floating_point() && t.requires_grad()) {
         auto d = t.detach();
-        d.set_requires_grad(t.requires_grad());
+        d.set_requires_grad(true);
         inputs.push_back(d);
       } else {
-        inputs.push_back(t);
+        inputs.push_back(t.detach());
       }
     }
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -96,7 +109,8 @@ struct checkpoint_fn : torch::autograd::Function<checkpoint_fn> {
     torch::Tensor out;
     {
       torch::AutoGradMode grad_on(true);
-      out = self->compute(inputs[0], inputs[1], inputs[2], inputs[3]);
+      auto s = slots(inputs, ctx->saved_data["present"].toInt());
+      out = self->compute(s[0], s[1], s[2], s[3]);
     }
     at::autocast::set_cpu_enabled(prev_autocast);
     {
@@ -105,7 +119,9 @@ struct checkpoint_fn : torch::autograd::Function<checkpoint_fn> {
     }
     torch::autograd::backward({out}, {grad_out[0]});
     torch::autograd::variable_list grads;
-    for (auto& t : inputs) grads.push_back(t.defined() && t.requires_grad() ? t.grad() : torch::Tensor());
+    for (auto& t : inputs) grads.push_back(t.requires_grad() ? t.grad() : torch::Tensor());
+    grads.push_back(torch::Tensor());  // present
+    grads.push_back(torch::Tensor());  // self
     return grads;
   }
 };
@@ -115,8 +131,15 @@ struct checkpoint_fn : torch::autograd::Function<checkpoint_fn> {
 torch::Tensor block_impl::forward(const torch::Tensor& x, const torch::Tensor& self_mask, const torch::Tensor& memory,
                                   const torch::Tensor& memory_mask) {
   if (opts.checkpointed && is_training() && torch::GradMode::is_enabled()) {
-    std::vector<torch::Tensor> in{x, self_mask, memory, memory_mask};
-    return checkpoint_fn::apply(torch::TensorList(in), this);
+    std::vector<torch::Tensor> in;
+    int64_t present = 0;
+    const torch::Tensor* all[4] = {&x, &self_mask, &memory, &memory_mask};
+    for (int i = 0; i < 4; ++i)
+      if (all[i]->defined()) {
+        in.push_back(*all[i]);
+        present |= 1 << i;
+      }
+    return checkpoint_fn::apply(torch::TensorList(in), present, this);
   }
   return compute(x, self_mask, memory, memory_mask);
 }

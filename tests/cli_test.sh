@@ -31,7 +31,7 @@ expect_error() {
   if grep -q -E 'terminate called|Exception raised from|Segmentation|Aborted|frame #' "$work/err"; then
     bad "$name: crash output"; cat "$work/err"; return
   fi
-  if ! grep -q -E "$pattern" "$work/err"; then
+  if ! grep -q -E -- "$pattern" "$work/err"; then
     bad "$name: stderr does not match /$pattern/"; cat "$work/err"; return
   fi
   ok "$name"
@@ -40,7 +40,7 @@ expect_error() {
 expect_ok() {
   local name=$1 pattern=$2
   shift 2
-  if "$bin" "$@" >"$work/out" 2>"$work/err" </dev/null && grep -q -E "$pattern" "$work/out"; then
+  if "$bin" "$@" >"$work/out" 2>"$work/err" </dev/null && grep -q -E -- "$pattern" "$work/out"; then
     ok "$name"
   else
     bad "$name"; cat "$work/out" "$work/err"
