@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 namespace dtactor {
@@ -81,13 +82,17 @@ torch::Tensor seq2seq_impl::encode(const torch::Tensor& src) {
 }
 
 torch::Tensor seq2seq_impl::decode(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& src) {
+  return torch::matmul(decode_hidden(tgt_in, memory, src), tok->weight.t());
+}
+
+torch::Tensor seq2seq_impl::decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& src) {
   auto memory_mask = padding_mask(src.eq(char_vocab::pad));
   // Causal alone suffices: target padding only follows the real tokens, and
   // the losses of padded positions are ignored.
   auto self_mask = causal_mask(tgt_in.size(1));
   auto y = embed(tgt_in);
   for (const auto& m : *decoder) y = m->as<block_impl>()->forward(y, self_mask, memory, memory_mask);
-  return torch::matmul(dec_norm(y), tok->weight.t());
+  return dec_norm(y);
 }
 
 torch::Tensor seq2seq_impl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
@@ -102,7 +107,10 @@ std::vector<std::vector<int64_t>> seq2seq_impl::greedy(const torch::Tensor& src,
   auto ys = torch::full({b, 1}, char_vocab::bos, torch::kLong);
   auto done = torch::zeros({b}, torch::kBool);
   for (int64_t step = 0; step < max_steps; ++step) {
-    auto logits = decode(ys, memory, src).select(1, ys.size(1) - 1);
+    auto logits = torch::matmul(decode_hidden(ys, memory, src).select(1, ys.size(1) - 1), tok->weight.t());
+    // pad and bos are never a prediction; without this an untrained model
+    // that prefers pad would decode for max_steps.
+    logits.slice(-1, char_vocab::pad, char_vocab::bos + 1).fill_(-std::numeric_limits<float>::infinity());
     auto next = logits.argmax(-1).masked_fill(done, char_vocab::pad);
     ys = torch::cat({ys, next.unsqueeze(1)}, 1);
     done = done.logical_or(next.eq(char_vocab::eos));
@@ -134,6 +142,7 @@ transformer_task::transformer_task(const config& cfg, word_pairs data)
   o.max_len = max_chars_ + 1;  // characters plus bos (decoder input) or eos
   o.checkpointed = cfg.get_bool("train.activation_checkpointing");
   model_ = seq2seq(o);
+  for (const auto& p : data_.train) longest_target_ = std::max(longest_target_, utf8_length(p.italian));
 }
 
 torch::Tensor transformer_task::encode_sources(const std::vector<std::string>& english) const {
@@ -186,7 +195,9 @@ torch::Tensor transformer_task::loss_sum(const std::vector<int64_t>& indices) {
 
 std::vector<std::string> transformer_task::translate(const std::vector<std::string>& english) {
   if (english.empty()) return {};
-  auto ids = model_->greedy(encode_sources(english), max_chars_ + 1);
+  // A translation longer than every training target is wrong anyway (eos
+  // included); the bound keeps the decoding of an untrained model short.
+  auto ids = model_->greedy(encode_sources(english), std::min(max_chars_, longest_target_) + 1);
   std::vector<std::string> out;
   for (const auto& row : ids) out.push_back(vocab_.decode(row));
   return out;

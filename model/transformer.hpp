@@ -53,6 +53,8 @@ struct seq2seq_impl : torch::nn::Module {
   torch::Tensor encode(const torch::Tensor& src);
   // tgt_in: [B,T] ids starting with bos -> logits [B,T,V].
   torch::Tensor decode(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& src);
+  // The decoder's final hidden states [B,T,D] (before the output projection).
+  torch::Tensor decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& src);
   torch::Tensor forward(const torch::Tensor& src, const torch::Tensor& tgt_in);
   // Greedy decoding of a batch; each row's ids end before its eos (or after
   // max_steps tokens).
@@ -88,7 +90,8 @@ class transformer_task : public task {
   eval_result evaluate(int64_t max_samples, int64_t batch_size) override;
   std::string main_metric() const override { return "exact_match"; }
 
-  // Greedy translations of English words (longer inputs are cut).
+  // Greedy translations of English words (longer inputs are cut; outputs stop
+  // at eos or after twice the longest training target).
   std::vector<std::string> translate(const std::vector<std::string>& english);
   const char_vocab& vocab() const { return vocab_; }
   const word_pairs& data() const { return data_; }
@@ -106,6 +109,7 @@ class transformer_task : public task {
   word_pairs data_;
   char_vocab vocab_;
   int64_t max_chars_;
+  int64_t longest_target_ = 0;  // code points of the longest training target
   double label_smoothing_;
   seq2seq model_{nullptr};
 };
