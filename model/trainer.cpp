@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -199,7 +200,18 @@ std::vector<std::pair<std::string, std::string>> training_state::save_sections()
   torch::serialize::OutputArchive model_ar, optim_ar;
   task_->module()->save(model_ar);
   optimizer_->save(optim_ar);
-  return {{"model", bytes_of(model_ar)}, {"optimizer", bytes_of(optim_ar)}};
+  // The generator is re-seeded from (seed, step, rank) before every step, so
+  // this state is not needed for exact resume; it is kept so that anything
+  // drawing random numbers between steps resumes exactly too.
+  torch::Tensor rng;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state().contiguous();
+  }
+  return {{"model", bytes_of(model_ar)},
+          {"optimizer", bytes_of(optim_ar)},
+          {"rng", std::string(static_cast<const char*>(rng.data_ptr()), static_cast<size_t>(rng.numel()))}};
 }
 
 status training_state::load_sections(const std::map<std::string, std::string>& sections, int64_t step) {
@@ -213,6 +225,13 @@ status training_state::load_sections(const std::map<std::string, std::string>& s
     optim_ar.load_from(os);
     task_->module()->load(model_ar);
     optimizer_->load(optim_ar);
+    if (auto it = sections.find("rng"); it != sections.end()) {
+      auto state = torch::empty({static_cast<int64_t>(it->second.size())}, torch::kUInt8);
+      std::memcpy(state.data_ptr(), it->second.data(), it->second.size());
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
   } catch (const c10::Error& e) {
     return make_error(std::string("checkpoint does not fit this model: ") + e.what_without_backtrace());
   }

@@ -1,0 +1,36 @@
+#pragma once
+// Builds the c10d process group of one generation: Gloo for CPU tensors,
+// NCCL for CUDA tensors when dtactor is built against a CUDA LibTorch
+// (DTACTOR_WITH_CUDA, set by CMake when torch_cuda and libnccl are found).
+// Each generation gets its own store prefix, so groups of different
+// generations never read each other's rendezvous keys.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+struct communicator_options {
+  std::string backend = "auto";            // auto | gloo | nccl
+  bool cuda_tensors = false;               // auto picks nccl for CUDA tensors (CUDA builds only)
+  std::chrono::milliseconds timeout{30000};  // each collective's own limit
+  std::string hostname = "127.0.0.1";      // interface Gloo binds to (the node's advertised address)
+  uint64_t generation = 0;                 // store prefix: "g<generation>/"
+};
+
+// True when this binary can use NCCL.
+bool nccl_available();
+
+// The backend `auto` resolves to.
+std::string resolve_backend(const communicator_options& o);
+
+// Blocks until all `world` ranks have joined through `store` (or the
+// timeout passes). Errors are one line naming the backend and the cause.
+result<c10::intrusive_ptr<c10d::ProcessGroup>> make_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+                                                                  const communicator_options& o);
+
+}  // namespace dtactor
