@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -79,7 +80,8 @@ int main(int argc, char** argv) {
                             {"samples_per_s_runs", sps},
                             {"global_batch_size", cfg->get_int("train.global_batch_size")},
                             {"parameters", s.parameter_count()},
-                            {"threads", at::get_num_threads()}};
+                            {"compute_threads", threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency())},
+                            {"intra_op_threads", at::get_num_threads()}};
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
