@@ -63,6 +63,15 @@ std::vector<config_key> make_schema() {
       {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
       {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
       {"checkpoint.dir", vk::string, "", "Where checkpoints go (empty = RUN_DIR/checkpoints)."},
+      // cluster (coordinator, nodes, ranks)
+      {"cluster.min_nodes", vk::integer, "1", "Nodes the coordinator waits for before it starts generation 1.", 1},
+      {"cluster.max_nodes", vk::integer, "64", "Most nodes admitted; later ones are told to wait or leave.", 1},
+      {"cluster.heartbeat_interval_ms", vk::integer, "100", "Heartbeat period on every link (coordinator<->node, node<->rank).", 1},
+      {"cluster.heartbeat_timeout_ms", vk::integer, "1000", "Silence after which a peer is declared lost.", 1},
+      {"cluster.backend", vk::string, "auto", "Collectives: auto (NCCL for CUDA tensors in CUDA builds, else Gloo), gloo or nccl.", -1e300, {"auto", "gloo", "nccl"}},
+      {"cluster.bucket_kb", vk::integer, "256", "Gradient bucket size for allreduce; buckets are reduced while backward still runs.", 1},
+      {"cluster.collective_timeout_ms", vk::integer, "30000", "Upper bound of one collective (a dead peer is normally noticed much sooner).", 100},
+      {"cluster.digest_every_steps", vk::integer, "100", "Every N steps all ranks compare a checksum of their parameters; a mismatch stops the job.", 0},
   };
 }
 
