@@ -72,8 +72,12 @@ class zmq_bridge {
   // `peer` is the sender's routing id on ROUTER links, empty on DEALER links.
   using inbound_handler =
       std::function<void(const std::string& link, const std::string& peer, pb::envelope env)>;
-  // Called on the bridge thread for every dropped frame (inbound or
-  // outbound), e.g. to count it in Prometheus. Must not block.
+  // Called on the bridge thread for every frame dropped there (inbound, or
+  // outbound: unroutable / high-water mark), e.g. to count it in Prometheus:
+  //   [&m](auto&, auto&, wire::drop_kind k) {
+  //     m.wire_dropped_frames(wire::to_string(k)).Increment(); }
+  // Must not block. (A send() refused because the local queue is full is
+  // returned to its caller and counted in stats(), not reported here.)
   using drop_handler =
       std::function<void(const std::string& link, const std::string& peer, wire::drop_kind kind)>;
 
