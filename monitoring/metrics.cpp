@@ -1,0 +1,235 @@
+#include "monitoring/metrics.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include <prometheus/text_serializer.h>
+
+namespace dtactor {
+
+// A minimal HTTP/1.x server for scrapes: one thread, one connection at a
+// time, every reply closes the connection. A client that stalls holds it for
+// at most the socket timeouts (2 s read, 5 s write).
+class metrics_http_server {
+ public:
+  ~metrics_http_server() {
+    if (thread_.joinable()) {
+      uint64_t one = 1;
+      [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+      thread_.join();
+    }
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  // Binds and starts serving; returns the bound port.
+  result<int> start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+    registry_ = std::move(registry);
+    const std::string address = host + ":" + std::to_string(port);
+    auto fail = [&](const std::string& why) -> result<int> {
+      return make_error("metrics: cannot serve /metrics on " + address + ": " + why);
+    };
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+      return fail("'" + host + "' is not an IPv4 address (use 0.0.0.0 for all interfaces)");
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) return fail(std::strerror(errno));
+    int yes = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      const int err = errno;
+      return fail(std::string(std::strerror(err)) +
+                  (err == EADDRINUSE ? " (choose another metrics port, or 0 to turn metrics off)" : ""));
+    }
+    if (::listen(listen_fd_, 16) != 0) return fail(std::strerror(errno));
+    socklen_t len = sizeof addr;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) return fail(std::strerror(errno));
+    thread_ = std::thread([this] { run(); });
+    return static_cast<int>(ntohs(addr.sin_port));
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        std::fprintf(stderr, "dtactor: metrics: poll failed (%s); /metrics is no longer served\n",
+                     std::strerror(errno));
+        return;
+      }
+      if (fds[1].revents) return;
+      if (!(fds[0].revents & POLLIN)) continue;
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      handle(fd);
+      ::close(fd);
+    }
+  }
+
+  void handle(int fd) {
+    timeval rcv{2, 0}, snd{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
+    std::string request;
+    char buf[2048];
+    while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos &&
+           request.size() < 16384) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      request.append(buf, static_cast<std::size_t>(n));
+    }
+    const auto line_end = request.find_first_of("\r\n");
+    const std::string line = request.substr(0, line_end);
+    const auto sp1 = line.find(' ');
+    const auto sp2 = line.find(' ', sp1 == std::string::npos ? sp1 : sp1 + 1);
+    const std::string method = line.substr(0, sp1);
+    std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
+    target = target.substr(0, target.find('?'));
+
+    std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+    if (method != "GET" && method != "HEAD") {
+      status = "405 Method Not Allowed";
+      type = "text/plain";
+      body = "use GET /metrics\n";
+    } else if (target != "/metrics" && target != "/metrics/") {
+      status = "404 Not Found";
+      type = "text/plain";
+      body = "dtactor serves Prometheus metrics on /metrics\n";
+    } else {
+      body = prometheus::TextSerializer().Serialize(registry_->Collect());
+    }
+    std::string reply = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
+                        "\r\nContent-Length: " + std::to_string(body.size()) +
+                        "\r\nConnection: close\r\n\r\n";
+    if (method != "HEAD") reply += body;
+    std::size_t off = 0;
+    while (off < reply.size()) {
+      ssize_t n = ::send(fd, reply.data() + off, reply.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      off += static_cast<std::size_t>(n);
+    }
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+};
+
+namespace {
+
+using prometheus::Histogram;
+using prometheus::Labels;
+
+Labels constant_labels(const std::string& job) {
+  Labels l;
+  if (!job.empty()) l["job"] = job;
+  return l;
+}
+
+prometheus::Gauge* gauge(prometheus::Registry& r, const Labels& c, const char* name, const char* help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Labels(c).Register(r).Add({});
+}
+
+prometheus::Counter* counter(prometheus::Registry& r, const Labels& c, const char* name,
+                             const char* help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Labels(c).Register(r).Add({});
+}
+
+prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& c, const char* name,
+                                 const char* help, Histogram::BucketBoundaries buckets) {
+  return &prometheus::BuildHistogram().Name(name).Help(help).Labels(c).Register(r).Add({}, std::move(buckets));
+}
+
+}  // namespace
+
+metrics::metrics(const std::string& job) : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  const Labels c = constant_labels(job);
+  world_size_ = gauge(r, c, "dtactor_world_size", "Ranks in the current generation.");
+  generation_ = gauge(r, c, "dtactor_generation", "Current membership generation.");
+  step_ = gauge(r, c, "dtactor_step", "Last committed global step.");
+  nodes_alive_ = gauge(r, c, "dtactor_nodes_alive", "Nodes currently considered alive.");
+  loss_ = gauge(r, c, "dtactor_loss", "Training loss of the last committed step.");
+  learning_rate_ = gauge(r, c, "dtactor_learning_rate", "Learning rate of the last step.");
+  samples_per_second_ =
+      gauge(r, c, "dtactor_samples_per_second", "Training throughput over the recent steps.");
+
+  samples_ = counter(r, c, "dtactor_samples_total", "Training samples processed in committed steps.");
+  lost_steps_ = counter(r, c, "dtactor_lost_steps_total",
+                        "Steps computed but rolled back by a recovery (work lost).");
+  recoveries_family_ = &prometheus::BuildCounter()
+                            .Name("dtactor_recoveries_total")
+                            .Help("Membership changes that rebuilt the communicators, by cause.")
+                            .Labels(c)
+                            .Register(r);
+  dropped_family_ = &prometheus::BuildCounter()
+                         .Name("dtactor_wire_dropped_frames_total")
+                         .Help("ZeroMQ frames refused or undeliverable, by kind.")
+                         .Labels(c)
+                         .Register(r);
+
+  step_duration_ = histogram(r, c, "dtactor_step_duration_seconds", "Wall time of one training step.",
+                             {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  allreduce_duration_ =
+      histogram(r, c, "dtactor_allreduce_duration_seconds", "Time spent in gradient allreduce per step.",
+                {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5});
+  failure_detection_ =
+      histogram(r, c, "dtactor_failure_detection_seconds",
+                "From a lost member's last sign of life to its declaration as lost.",
+                {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60});
+  recovery_ = histogram(r, c, "dtactor_recovery_seconds",
+                        "From the declaration of a membership change to training running again.",
+                        {0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300});
+  heartbeat_rtt_ = histogram(r, c, "dtactor_heartbeat_rtt_seconds", "Heartbeat round-trip time.",
+                             {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                              0.25, 1});
+  checkpoint_save_ = histogram(r, c, "dtactor_checkpoint_save_seconds",
+                               "Time to write one checkpoint to disk.",
+                               {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120});
+}
+
+metrics::~metrics() = default;
+
+prometheus::Counter& metrics::recoveries(const std::string& cause) {
+  return recoveries_family_->Add({{"cause", cause}});
+}
+
+prometheus::Counter& metrics::wire_dropped_frames(const std::string& kind) {
+  return dropped_family_->Add({{"kind", kind}});
+}
+
+status metrics::serve(int port, const std::string& bind_host) {
+  if (port == 0) return status::success();
+  if (server_) return make_error("metrics: already serving on port " + std::to_string(port_));
+  if (port < 0 || port > 65535)
+    return make_error("metrics: port " + std::to_string(port) + " is out of range; use 1-65535, or 0 for off");
+  auto server = std::make_unique<metrics_http_server>();
+  auto bound = server->start(bind_host, port, registry_);
+  if (!bound) return bound.err();
+  port_ = bound.value();
+  server_ = std::move(server);
+  return status::success();
+}
+
+std::string metrics::render() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace dtactor

@@ -1,0 +1,109 @@
+#pragma once
+// dtactor's Prometheus metrics: one registry per process (prometheus-cpp),
+// served as text on GET /metrics by a small HTTP server of our own.
+//
+// Why not prometheus-cpp's Exposer: it runs on civetweb, whose Debian build
+// creates its threads with a fixed 100 KiB stack; in a process that links
+// LibTorch the static TLS alone (OpenBLAS 60 KiB, glog 30 KiB, ...) is larger
+// than that, pthread_create fails with EINVAL and the Exposer throws
+// "null context when constructing CivetServer". Our server thread has a
+// normal stack.
+//
+// Naming follows Prometheus conventions: base units (seconds, not ms),
+// counters end in _total, durations are histograms. Labels only where they
+// split something meaningful and bounded (recovery cause, drop kind). A
+// constant `job` label, when given, is on every series.
+//
+// Every accessor is thread-safe (prometheus-cpp locks internally) and the
+// returned references stay valid for the object's lifetime: look them up
+// once, then Set/Increment/Observe from any thread.
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+class metrics_http_server;
+
+class metrics {
+ public:
+  // `job`: value of the constant label `job`; empty = no such label.
+  explicit metrics(const std::string& job = {});
+  ~metrics();
+  metrics(const metrics&) = delete;
+  metrics& operator=(const metrics&) = delete;
+
+  // Serves GET /metrics on bind_host:port (an IPv4 address) from one
+  // thread, until destruction. Port 0 means "off" and succeeds without
+  // serving. Fails with one clear line when the port is taken or the address
+  // is bad. Call at most once.
+  status serve(int port, const std::string& bind_host = "0.0.0.0");
+  // The port actually served on, or 0 when not serving.
+  int port() const { return port_; }
+
+  // The exposition text a scrape would return now (for tests and reports).
+  std::string render() const;
+
+  prometheus::Registry& registry() { return *registry_; }
+
+  // ---- gauges ----
+  prometheus::Gauge& world_size() { return *world_size_; }
+  prometheus::Gauge& generation() { return *generation_; }
+  prometheus::Gauge& step() { return *step_; }              // last committed step
+  prometheus::Gauge& nodes_alive() { return *nodes_alive_; }
+  prometheus::Gauge& loss() { return *loss_; }
+  prometheus::Gauge& learning_rate() { return *learning_rate_; }
+  prometheus::Gauge& samples_per_second() { return *samples_per_second_; }
+
+  // ---- counters ----
+  prometheus::Counter& samples() { return *samples_; }  // dtactor_samples_total
+  // dtactor_recoveries_total{cause}: cause is one of a small fixed set
+  // ("node_lost", "rank_failed", "node_left", "node_joined", "restore", ...).
+  prometheus::Counter& recoveries(const std::string& cause);
+  prometheus::Counter& lost_steps() { return *lost_steps_; }  // steps rolled back
+  // dtactor_wire_dropped_frames_total{kind}: kind is wire::to_string(drop_kind).
+  prometheus::Counter& wire_dropped_frames(const std::string& kind);
+
+  // ---- histograms (seconds) ----
+  prometheus::Histogram& step_duration() { return *step_duration_; }
+  prometheus::Histogram& allreduce_duration() { return *allreduce_duration_; }
+  // From the last sign of life of a lost member to its declaration as lost.
+  prometheus::Histogram& failure_detection() { return *failure_detection_; }
+  // From the declaration of a loss to training running again.
+  prometheus::Histogram& recovery() { return *recovery_; }
+  prometheus::Histogram& heartbeat_rtt() { return *heartbeat_rtt_; }
+  prometheus::Histogram& checkpoint_save() { return *checkpoint_save_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<metrics_http_server> server_;
+  int port_ = 0;
+
+  prometheus::Family<prometheus::Counter>* recoveries_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* dropped_family_ = nullptr;
+
+  prometheus::Gauge* world_size_ = nullptr;
+  prometheus::Gauge* generation_ = nullptr;
+  prometheus::Gauge* step_ = nullptr;
+  prometheus::Gauge* nodes_alive_ = nullptr;
+  prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* learning_rate_ = nullptr;
+  prometheus::Gauge* samples_per_second_ = nullptr;
+  prometheus::Counter* samples_ = nullptr;
+  prometheus::Counter* lost_steps_ = nullptr;
+  prometheus::Histogram* step_duration_ = nullptr;
+  prometheus::Histogram* allreduce_duration_ = nullptr;
+  prometheus::Histogram* failure_detection_ = nullptr;
+  prometheus::Histogram* recovery_ = nullptr;
+  prometheus::Histogram* heartbeat_rtt_ = nullptr;
+  prometheus::Histogram* checkpoint_save_ = nullptr;
+};
+
+}  // namespace dtactor

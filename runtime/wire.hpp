@@ -1,0 +1,85 @@
+#pragma once
+// The wire protocol: every frame on every ZeroMQ link is one serialized
+// pb::envelope (proto/wire.proto). This file turns envelopes into bytes and
+// back, and decides which incoming frames are refused. It owns no sockets
+// and holds no state; every function is thread-safe.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "runtime/result.hpp"
+#include "wire.pb.h"
+
+namespace dtactor::wire {
+
+// Bumped whenever a change to wire.proto changes meaning for an old peer
+// (adding an optional field or a new message type does not).
+constexpr uint32_t protocol_version = 1;
+
+// Why a frame was refused. decode() yields the first four; the bridge adds
+// the framing and delivery kinds. Values index arrays: keep `count_` last.
+enum class drop_kind : uint8_t {
+  garbage,           // does not parse as an envelope, or carries no body
+  empty,             // a zero-length frame
+  version_mismatch,  // another protocol_version
+  foreign_job,       // job_id set and different from ours
+  bad_multipart,     // a message with the wrong number of frames
+  unroutable,        // outbound: the peer is not connected (ROUTER_MANDATORY)
+  send_overflow,     // outbound: high-water mark or local queue full
+  count_,
+};
+
+constexpr std::size_t drop_kind_count = static_cast<std::size_t>(drop_kind::count_);
+
+// Stable lower-case names, used as the Prometheus `kind` label and in logs.
+const char* to_string(drop_kind kind) noexcept;
+
+// Who we are on the wire; copied into every envelope we build.
+struct wire_identity {
+  std::string sender;        // "coordinator", "node/<id>", "rank/<id>/<local>"
+  uint64_t incarnation = 0;  // new_incarnation() once per process start
+  uint64_t generation = 0;   // membership generation (0 = none yet)
+  std::string job_id;        // empty only before a node has learnt it
+};
+
+// An envelope with version, job id, sender, incarnation and generation set
+// from `id` and no body: the caller sets exactly one body
+// (e.g. `*env.mutable_heartbeat() = hb;`).
+pb::envelope make_envelope(const wire_identity& id);
+
+// Serializes `env`. Fails only for envelopes over 2 GiB (protobuf's limit)
+// or without a body (a peer would refuse it as garbage).
+result<std::string> encode(const pb::envelope& env);
+
+// The result of decode(): an envelope, or an error together with its kind.
+class decoded : public result<pb::envelope> {
+ public:
+  decoded(pb::envelope env) : result<pb::envelope>(std::move(env)) {}
+  decoded(drop_kind kind, error e) : result<pb::envelope>(std::move(e)), kind_(kind) {}
+  // Meaningful only when !ok().
+  drop_kind kind() const noexcept { return kind_; }
+
+ private:
+  drop_kind kind_ = drop_kind::garbage;
+};
+
+// Parses one frame and applies the acceptance rules, in this order:
+// empty -> empty; does not parse -> garbage; protocol_version differs ->
+// version_mismatch (a parsed frame with neither version nor body counts as
+// garbage); no body -> garbage; job_id non-empty and different from a
+// non-empty `expected_job_id` -> foreign_job. An empty `expected_job_id`
+// (job not known yet) accepts any job id. The error text is one line.
+decoded decode(const void* data, std::size_t size, std::string_view expected_job_id);
+inline decoded decode(std::string_view bytes, std::string_view expected_job_id) {
+  return decode(bytes.data(), bytes.size(), expected_job_id);
+}
+
+// A random, non-zero 64-bit number that tells this process start from any
+// earlier start of the same node or rank.
+uint64_t new_incarnation();
+
+// The name of the envelope's body field ("heartbeat", ...), or "none".
+const char* body_name(const pb::envelope& env) noexcept;
+
+}  // namespace dtactor::wire
