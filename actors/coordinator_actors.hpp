@@ -20,8 +20,6 @@
 
 namespace dtactor {
 
-using log_fn = std::function<void(const std::string& line)>;
-
 struct coordinator_options {
   membership_options membership;
   liveness_options liveness;  // the tick period is liveness.heartbeat_interval

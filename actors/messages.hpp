@@ -87,6 +87,9 @@ typename Inspector::result_type inspect(Inspector& f, inbound& x) {
 // block) and be safe to call from any thread.
 using outbound = std::function<void(const std::string& link, const std::string& peer, pb::envelope env)>;
 
+// Where actors write one line per event worth a journal entry (may be empty).
+using log_fn = std::function<void(const std::string& line)>;
+
 // The fields every envelope a process sends carries.
 struct envelope_header {
   uint32_t protocol_version = 1;
