@@ -32,7 +32,7 @@ void on_register(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& r = in.env.register_node();
   node_registration reg{r.node_id(), r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer};
-  auto a = st.members.admit(reg, self->now());
+  auto a = st.members.admit(reg, self->clock().now());
   auto env = make_envelope(st.opts.header, current_generation(st));
   auto* ack = env.mutable_register_ack();
   ack->set_accepted(a.accepted);
@@ -52,7 +52,7 @@ void on_heartbeat(membership_self self, const inbound& in) {
   auto& st = self->state;
   auto id = node_id_of(in.env.sender());
   auto env = make_envelope(st.opts.header, current_generation(st));
-  if (st.members.touch(id, in.env.incarnation(), self->now(), in.peer)) {
+  if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
     auto* ack = env.mutable_heartbeat_ack();
     ack->set_seq(in.env.heartbeat().seq());
     ack->set_echoed_sent_unix(in.env.heartbeat().sent_unix());
@@ -73,7 +73,7 @@ void on_leave(membership_self self, const inbound& in) {
   auto id = node_id_of(in.env.sender());
   const auto* n = st.members.find(id);
   if (!n || n->incarnation != in.env.incarnation()) return;
-  st.members.remove(id, self->now());
+  st.members.remove(id, self->clock().now());
   log_line(st.opts.log, "node '" + id + "' left: " + in.env.leave().reason());
 }
 
@@ -114,7 +114,7 @@ void announce(membership_self self, const plan& p) {
 
 void on_tick(membership_self self) {
   auto& st = self->state;
-  auto now = self->now();
+  auto now = self->clock().now();
   for (auto& l : find_lost(now, st.members.last_seen(), st.opts.liveness)) {
     st.members.remove(l.peer, now);
     log_line(st.opts.log, "node '" + l.peer + "' lost: silent for " + std::to_string(l.detected_after_s) + " s");

@@ -16,6 +16,7 @@
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
 #include "caf/behavior.hpp"
+#include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
 
 namespace dtactor {

@@ -158,7 +158,7 @@ void quit_if_done(agent_self self) {
 
 void on_coordinator(agent_self self, const inbound& in) {
   auto& st = self->state;
-  st.last_heard = self->now();
+  st.last_heard = self->clock().now();
   const auto& env = in.env;
   switch (env.body_case()) {
     case pb::envelope::kRegisterAck: {
@@ -236,7 +236,7 @@ void on_rank(agent_self self, inbound& in) {
 void on_tick(agent_self self) {
   auto& st = self->state;
   if (!member(st)) return;
-  auto now = self->now();
+  auto now = self->clock().now();
   if (!find_lost(now, {{"coordinator", st.last_heard}}, st.opts.liveness).empty()) {
     enter_registering(self, "no word from the coordinator for " + std::to_string(std::chrono::duration<double>(now - st.last_heard).count()) + " s");
     return;

@@ -27,6 +27,7 @@
 #include "actors/liveness.hpp"
 #include "actors/messages.hpp"
 #include "caf/behavior.hpp"
+#include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
 #include "runtime/result.hpp"
 

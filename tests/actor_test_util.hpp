@@ -17,7 +17,7 @@
 #include "caf/send.hpp"
 #include "caf/stateful_actor.hpp"
 
-namespace dtactor::testing {
+namespace dtactor::test_support {
 
 class caf_fixture {
  public:
@@ -127,4 +127,4 @@ inline inbound heartbeat_from(const std::string& node_id, uint64_t seq, uint64_t
   return in;
 }
 
-}  // namespace dtactor::testing
+}  // namespace dtactor::test_support
