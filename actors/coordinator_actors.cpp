@@ -43,8 +43,8 @@ void on_register(membership_self self, const inbound& in) {
   if (!a.accepted)
     log_line(st.opts.log, "refused node '" + r.node_id() + "': " + a.reason);
   else if (a.changed)
-    log_line(st.opts.log, "node '" + r.node_id() + "' joined as node rank " + std::to_string(a.node_rank) + " (nproc " +
-                              std::to_string(r.nproc()) + (a.rejoined ? ", its previous rank)" : ")"));
+    log_line(st.opts.log, "node '" + r.node_id() + "' joined as node rank " + std::to_string(a.node_rank) + " (nproc " + std::to_string(r.nproc()) +
+                              (a.rejoined ? ", its previous rank)" : ")"));
   send_to_node(self, in.peer, std::move(env));
 }
 
@@ -62,8 +62,7 @@ void on_heartbeat(membership_self self, const inbound& in) {
     ack->set_accepted(false);
     ack->set_node_rank(-1);
     ack->set_job_id(st.opts.header.job_id);
-    ack->set_reason("node '" + id +
-                    "' is not a member (declared lost, restarted, or the coordinator restarted); register again");
+    ack->set_reason("node '" + id + "' is not a member (declared lost, restarted, or the coordinator restarted); register again");
   }
   send_to_node(self, in.peer, std::move(env));
 }
@@ -106,8 +105,7 @@ void announce(membership_self self, const plan& p) {
             // The job actor did not answer: resume from the last step it told
             // us (ranks agree on the committed step among themselves anyway).
             log_line(self->state.opts.log, "job actor did not answer for generation " + std::to_string(p.generation) + " (" +
-                                               self->system().render(err) + "); using start step " +
-                                               std::to_string(self->state.last_start_step));
+                                               self->system().render(err) + "); using start step " + std::to_string(self->state.last_start_step));
             broadcast_plan(self, p, self->state.last_start_step);
           });
 }
@@ -158,9 +156,15 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
   return {
       [=](inbound& in) {
         switch (in.env.body_case()) {
-          case pb::envelope::kRegisterNode: on_register(self, in); break;
-          case pb::envelope::kHeartbeat: on_heartbeat(self, in); break;
-          case pb::envelope::kLeave: on_leave(self, in); break;
+          case pb::envelope::kRegisterNode:
+            on_register(self, in);
+            break;
+          case pb::envelope::kHeartbeat:
+            on_heartbeat(self, in);
+            break;
+          case pb::envelope::kLeave:
+            on_leave(self, in);
+            break;
           case pb::envelope::kStepReport:
           case pb::envelope::kRankStatus:
           case pb::envelope::kEvalReport:
@@ -171,7 +175,9 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
               break;
             }
             [[fallthrough]];
-          default: ++self->state.dropped; break;
+          default:
+            ++self->state.dropped;
+            break;
         }
       },
       [=](tick_atom) {

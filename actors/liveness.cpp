@@ -21,8 +21,7 @@ std::string validate(const liveness_options& opts) {
   if (opts.heartbeat_interval.count() <= 0) return "cluster.heartbeat_interval_ms must be positive";
   if (opts.heartbeat_timeout <= opts.heartbeat_interval)
     return "cluster.heartbeat_timeout_ms (" + std::to_string(opts.heartbeat_timeout.count()) +
-           ") must be larger than cluster.heartbeat_interval_ms (" + std::to_string(opts.heartbeat_interval.count()) +
-           "); a few intervals is usual";
+           ") must be larger than cluster.heartbeat_interval_ms (" + std::to_string(opts.heartbeat_interval.count()) + "); a few intervals is usual";
   return {};
 }
 

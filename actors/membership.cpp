@@ -23,8 +23,7 @@ bool same_members(const plan& p, const membership_state& s) {
     auto it = s.nodes.find(pn.node_id);
     if (it == s.nodes.end()) return false;
     const auto& n = it->second;
-    if (n.incarnation != pn.incarnation || n.nproc != pn.nproc || n.node_rank != pn.node_rank || n.advertise_addr != pn.advertise_addr)
-      return false;
+    if (n.incarnation != pn.incarnation || n.nproc != pn.nproc || n.node_rank != pn.node_rank || n.advertise_addr != pn.advertise_addr) return false;
   }
   return true;
 }
@@ -150,8 +149,8 @@ admission membership::admit(const node_registration& reg, clock_time now) {
   }
   auto members = static_cast<int32_t>(state_.nodes.size());
   if (members >= opts_.max_nodes) {
-    a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " +
-               std::to_string(opts_.max_nodes) + "; node '" + reg.node_id + "' was not admitted (raise cluster.max_nodes or stop a node)";
+    a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " + std::to_string(opts_.max_nodes) +
+               "; node '" + reg.node_id + "' was not admitted (raise cluster.max_nodes or stop a node)";
     return a;
   }
   auto remembered = state_.remembered_ranks.find(reg.node_id);

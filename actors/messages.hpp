@@ -107,8 +107,7 @@ std::string body_name(const pb::envelope& env);
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, plan_node& x) {
-  return f(caf::meta::type_name("dtactor::plan_node"), x.node_id, x.advertise_addr, x.peer, x.node_rank, x.nproc, x.first_global_rank,
-           x.incarnation);
+  return f(caf::meta::type_name("dtactor::plan_node"), x.node_id, x.advertise_addr, x.peer, x.node_rank, x.nproc, x.first_global_rank, x.incarnation);
 }
 
 template <class Inspector>

@@ -14,12 +14,18 @@ std::chrono::milliseconds backoff_delay(std::chrono::milliseconds initial, std::
 
 const char* to_string(node_phase p) {
   switch (p) {
-    case node_phase::unregistered: return "unregistered";
-    case node_phase::registering: return "registering";
-    case node_phase::registered: return "registered";
-    case node_phase::running: return "running";
-    case node_phase::leaving: return "leaving";
-    case node_phase::stopped: return "stopped";
+    case node_phase::unregistered:
+      return "unregistered";
+    case node_phase::registering:
+      return "registering";
+    case node_phase::registered:
+      return "registered";
+    case node_phase::running:
+      return "running";
+    case node_phase::leaving:
+      return "leaving";
+    case node_phase::stopped:
+      return "stopped";
   }
   return "?";
 }
@@ -180,7 +186,8 @@ void on_coordinator(agent_self self, const inbound& in) {
       }
       break;
     }
-    case pb::envelope::kHeartbeatAck: break;
+    case pb::envelope::kHeartbeatAck:
+      break;
     case pb::envelope::kGenerationPlan: {
       if (winding_down(st) || st.phase == node_phase::unregistered) return;
       if (st.plan && env.generation_plan().generation() <= st.plan->generation()) return;  // fenced: not newer
@@ -195,7 +202,8 @@ void on_coordinator(agent_self self, const inbound& in) {
       wind_down(self, node_phase::stopped, env.shutdown().reason());
       quit_if_done(self);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -218,7 +226,9 @@ void on_rank(agent_self self, inbound& in) {
       }
       return;
     }
-    case pb::envelope::kStepReport: st.last_step = std::max(st.last_step, env.step_report().step()); break;
+    case pb::envelope::kStepReport:
+      st.last_step = std::max(st.last_step, env.step_report().step());
+      break;
     case pb::envelope::kRankStatus: {
       const auto& s = env.rank_status();
       if (s.status() == pb::rank_status::STATE_READY && s.local_rank() >= 0 && s.local_rank() < static_cast<int32_t>(st.ranks.size()))
@@ -227,8 +237,10 @@ void on_rank(agent_self self, inbound& in) {
     }
     case pb::envelope::kEvalReport:
     case pb::envelope::kCheckpointData:
-    case pb::envelope::kJobError: break;
-    default: return;
+    case pb::envelope::kJobError:
+      break;
+    default:
+      return;
   }
   if (member(st)) to_coordinator(self, std::move(env));
 }

@@ -51,7 +51,7 @@ struct node_agent_options {
   std::string hostname;
   int32_t nproc = 1;
   int32_t metrics_port = 0;
-  envelope_header header;  // sender "node/<node_id>", this process's incarnation
+  envelope_header header;     // sender "node/<node_id>", this process's incarnation
   liveness_options liveness;  // heartbeat period; coordinator silence that triggers re-registration
   std::chrono::milliseconds register_backoff_initial{100};
   std::chrono::milliseconds register_backoff_max{5000};
@@ -69,10 +69,10 @@ const char* to_string(node_phase p);
 struct rank_process {
   int32_t pid = -1;
   bool alive = false;
-  std::string peer;           // routing id on links::ranks once it said rank_hello
-  uint32_t starts = 0;        // successful spawns
-  uint32_t failures = 0;      // exits/spawn failures since it last reported STATE_READY
-  uint64_t restart_epoch = 0; // matches the pending restart_atom timer
+  std::string peer;            // routing id on links::ranks once it said rank_hello
+  uint32_t starts = 0;         // successful spawns
+  uint32_t failures = 0;       // exits/spawn failures since it last reported STATE_READY
+  uint64_t restart_epoch = 0;  // matches the pending restart_atom timer
   bool restart_pending = false;
 };
 

@@ -129,7 +129,8 @@ TEST(membership, refuses_beyond_max_nodes_with_a_reason) {
   auto c = m.admit(reg("c"), t0());
   EXPECT_FALSE(c.accepted);
   EXPECT_EQ(c.node_rank, -1);
-  EXPECT_EQ(c.reason, "cluster is full: 2 nodes are members and cluster.max_nodes is 2; node 'c' was not admitted (raise cluster.max_nodes or stop a node)");
+  EXPECT_EQ(c.reason,
+            "cluster is full: 2 nodes are members and cluster.max_nodes is 2; node 'c' was not admitted (raise cluster.max_nodes or stop a node)");
   EXPECT_EQ(m.state().nodes.size(), 2u);
   EXPECT_TRUE(m.admit(reg("a"), t0()).accepted);  // members may re-register
 }
