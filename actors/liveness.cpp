@@ -1,0 +1,28 @@
+#include "actors/liveness.hpp"
+
+namespace dtactor {
+
+namespace {
+double seconds(clock_duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts) {
+  std::vector<lost_peer> lost;
+  for (const auto& [peer, seen] : last_seen) {
+    if (seen > now) continue;
+    auto silent = now - seen;
+    if (silent < opts.heartbeat_timeout) continue;
+    lost.push_back(lost_peer{peer, seconds(silent), seconds(silent - opts.heartbeat_timeout)});
+  }
+  return lost;
+}
+
+std::string validate(const liveness_options& opts) {
+  if (opts.heartbeat_interval.count() <= 0) return "cluster.heartbeat_interval_ms must be positive";
+  if (opts.heartbeat_timeout <= opts.heartbeat_interval)
+    return "cluster.heartbeat_timeout_ms (" + std::to_string(opts.heartbeat_timeout.count()) +
+           ") must be larger than cluster.heartbeat_interval_ms (" + std::to_string(opts.heartbeat_interval.count()) + "); a few intervals is usual";
+  return {};
+}
+
+}  // namespace dtactor

@@ -1,0 +1,47 @@
+#pragma once
+// Failure detection as a pure function of (now, last-seen times, options), in
+// the style of torchft's lighthouse: no clocks are read here, so tests move
+// timestamps instead of sleeping. ZeroMQ never reports a dead peer; this is
+// how dtactor notices one.
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtactor {
+
+// The clock every actor-side decision uses. It is caf::actor_clock's
+// (std::chrono::steady_clock), so CAF's test coordinator can drive it.
+using clock_time = std::chrono::steady_clock::time_point;
+using clock_duration = std::chrono::steady_clock::duration;
+
+struct liveness_options {
+  // Period at which peers send heartbeats (cluster.heartbeat_interval_ms).
+  std::chrono::milliseconds heartbeat_interval{100};
+  // Silence after which a peer is lost (cluster.heartbeat_timeout_ms). A peer
+  // whose last sign of life is exactly `heartbeat_timeout` old is lost.
+  std::chrono::milliseconds heartbeat_timeout{1000};
+};
+
+struct lost_peer {
+  std::string peer;
+  // Time from the peer's last sign of life to this detection: an upper bound
+  // of how long the failure went unnoticed (the `detected_after_s` metric).
+  double detected_after_s = 0;
+  // How far past the deadline (last_seen + timeout) the detection ran; bounded
+  // by the tick period of whoever calls find_lost.
+  double overdue_s = 0;
+};
+
+// Peers silent for at least `heartbeat_timeout` at `now`, ordered by name.
+// Never blocks; last-seen times in the future (clock skew between ticks) count
+// as "just seen".
+std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts);
+
+// When `peer` (last seen at `last_seen`) will be declared lost.
+inline clock_time lost_deadline(clock_time last_seen, const liveness_options& opts) { return last_seen + opts.heartbeat_timeout; }
+
+// Empty when the options make sense, else one line saying what to change.
+std::string validate(const liveness_options& opts);
+
+}  // namespace dtactor

@@ -1,0 +1,128 @@
+#pragma once
+// The CAF message vocabulary of dtactor's actors.
+//
+// Wire messages (pb::envelope) reach actors as one `inbound` value, sent by the
+// process's bridge (the only owner of sockets); the envelope's body case says
+// what it is. Actors send wire messages through an injected `outbound`
+// function, so tests capture them without sockets. Everything else between
+// actors is an atom-tagged tuple, listed below with its payload.
+//
+// CAF 0.17 notes: atoms hold at most 10 characters; type-ID checks are off,
+// so every custom type here is registered by add_message_types() and has a
+// serialization round-trip test (tests/actor_messages_test.cpp).
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "actors/membership.hpp"
+#include "caf/actor_system_config.hpp"
+#include "caf/atom.hpp"
+#include "caf/error.hpp"
+#include "caf/meta/load_callback.hpp"
+#include "caf/meta/type_name.hpp"
+#include "caf/sec.hpp"
+#include "wire.pb.h"
+
+namespace dtactor {
+
+// -- atoms and their messages -------------------------------------------------
+
+// (start_atom): node agent leaves `unregistered` and starts registering.
+using start_atom = caf::atom_constant<caf::atom("start")>;
+// (tick_atom): periodic timer, every heartbeat interval (liveness, decisions,
+// heartbeats). Self-sent with delayed_send through the actor clock.
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+// (retry_atom, uint64_t attempt): node agent's registration retry timer; stale
+// attempts are ignored.
+using retry_atom = caf::atom_constant<caf::atom("retry")>;
+// (lost_atom, std::string node_id, double detected_after_s): membership actor
+// -> job actor when the failure detector declares a node lost.
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
+// (plan_atom, plan) -> int64_t start_step: membership actor -> job actor when
+// a generation starts; the reply is the committed step everyone resumes from.
+using plan_atom = caf::atom_constant<caf::atom("plan")>;
+// (rank_exit_atom, int32_t local_rank, int32_t pid, int32_t exit_code):
+// whoever owns the process_launcher -> node agent when a rank process ended
+// (exit_code: exit status, or 128 + signal number when killed).
+using rank_exit_atom = caf::atom_constant<caf::atom("rankexit")>;
+// (restart_atom, int32_t local_rank, uint64_t epoch): node agent's own
+// backoff timer before restarting a rank.
+using restart_atom = caf::atom_constant<caf::atom("restart")>;
+// (leave_atom, std::string reason): node agent tells the coordinator it leaves
+// (preemption notice) and stops its ranks.
+using leave_atom = caf::atom_constant<caf::atom("leave")>;
+
+// -- wire messages ------------------------------------------------------------
+
+// Link names the bridges use.
+namespace links {
+inline constexpr const char* nodes = "nodes";              // coordinator side of coordinator<->node
+inline constexpr const char* coordinator = "coordinator";  // node side of coordinator<->node
+inline constexpr const char* ranks = "ranks";              // node side of node<->rank
+}  // namespace links
+
+// One frame received by a bridge: on which link, from which peer (the bridge's
+// opaque routing id; replies go to the same peer string), and the envelope the
+// bridge has parsed and checked (protocol version, job id).
+struct inbound {
+  std::string link;
+  std::string peer;
+  pb::envelope env;
+};
+
+// CAF 0.17 inspect: the envelope travels as its Protobuf bytes.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, inbound& x) {
+  std::string bytes;
+  if constexpr (Inspector::reads_state) x.env.SerializeToString(&bytes);
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    if (!x.env.ParseFromString(bytes)) return caf::make_error(caf::sec::invalid_argument, "dtactor::inbound: envelope bytes do not parse");
+    return caf::none;
+  });
+  return f(caf::meta::type_name("dtactor::inbound"), x.link, x.peer, bytes, load);
+}
+
+// How actors send: link, peer (as received in `inbound`), envelope. Called on
+// the actor's thread; the bridge's implementation must only enqueue (never
+// block) and be safe to call from any thread.
+using outbound = std::function<void(const std::string& link, const std::string& peer, pb::envelope env)>;
+
+// Where actors write one line per event worth a journal entry (may be empty).
+using log_fn = std::function<void(const std::string& line)>;
+
+// The fields every envelope a process sends carries.
+struct envelope_header {
+  uint32_t protocol_version = 1;
+  std::string job_id;
+  std::string sender;  // "coordinator", "node/<node_id>", ...
+  uint64_t incarnation = 0;
+};
+
+pb::envelope make_envelope(const envelope_header& h, uint64_t generation);
+
+// Body case name ("register_node", ...) for logs.
+std::string body_name(const pb::envelope& env);
+
+// -- inspect overloads for plan (travels in plan_atom messages) --------------
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, plan_node& x) {
+  return f(caf::meta::type_name("dtactor::plan_node"), x.node_id, x.advertise_addr, x.peer, x.node_rank, x.nproc, x.first_global_rank, x.incarnation);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_slot& x) {
+  return f(caf::meta::type_name("dtactor::rank_slot"), x.node_id, x.local_rank, x.global_rank);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, plan& x) {
+  return f(caf::meta::type_name("dtactor::plan"), x.generation, x.world_size, x.state_root, x.nodes, x.ranks);
+}
+
+// Registers the custom message types (needed to deserialize them inside a
+// caf::message, e.g. across CAF nodes or in the round-trip tests). Call on
+// every actor_system_config that runs these actors.
+void add_message_types(caf::actor_system_config& cfg);
+
+}  // namespace dtactor

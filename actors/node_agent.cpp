@@ -1,0 +1,338 @@
+#include "actors/node_agent.hpp"
+
+#include <algorithm>
+
+#include "caf/event_based_actor.hpp"
+
+namespace dtactor {
+
+std::chrono::milliseconds backoff_delay(std::chrono::milliseconds initial, std::chrono::milliseconds max, uint32_t attempt) {
+  auto d = initial;
+  for (uint32_t i = 0; i < attempt && d < max; ++i) d *= 2;
+  return std::min(d, max);
+}
+
+const char* to_string(node_phase p) {
+  switch (p) {
+    case node_phase::unregistered:
+      return "unregistered";
+    case node_phase::registering:
+      return "registering";
+    case node_phase::registered:
+      return "registered";
+    case node_phase::running:
+      return "running";
+    case node_phase::leaving:
+      return "leaving";
+    case node_phase::stopped:
+      return "stopped";
+  }
+  return "?";
+}
+
+namespace {
+
+using agent_self = caf::stateful_actor<node_agent_state>*;
+
+void log_line(agent_self self, const std::string& line) {
+  if (self->state.opts.log) self->state.opts.log(line);
+}
+
+bool member(const node_agent_state& st) { return st.phase == node_phase::registered || st.phase == node_phase::running; }
+bool winding_down(const node_agent_state& st) { return st.phase == node_phase::leaving || st.phase == node_phase::stopped; }
+uint64_t generation(const node_agent_state& st) { return st.plan ? st.plan->generation() : 0; }
+
+pb::envelope envelope(agent_self self) { return make_envelope(self->state.opts.header, generation(self->state)); }
+
+void to_coordinator(agent_self self, pb::envelope env) { self->state.out(links::coordinator, "", std::move(env)); }
+
+int32_t global_rank_of(const node_agent_state& st, int32_t local_rank) {
+  if (!st.plan) return -1;
+  for (const auto& a : st.plan->ranks())
+    if (a.node_id() == st.opts.node_id && a.local_rank() == local_rank) return a.global_rank();
+  return -1;
+}
+
+void send_register(agent_self self) {
+  auto& st = self->state;
+  auto env = envelope(self);
+  auto* r = env.mutable_register_node();
+  r->set_node_id(st.opts.node_id);
+  r->set_advertise_addr(st.opts.advertise_addr);
+  r->set_nproc(st.opts.nproc);
+  r->set_hostname(st.opts.hostname);
+  r->set_metrics_port(st.opts.metrics_port);
+  r->set_last_step(st.last_step);
+  r->set_last_generation(generation(st));
+  ++st.registers_sent;
+  to_coordinator(self, std::move(env));
+}
+
+void schedule_register_retry(agent_self self) {
+  auto& st = self->state;
+  auto delay = backoff_delay(st.opts.register_backoff_initial, st.opts.register_backoff_max, st.register_attempt);
+  self->delayed_send(self, delay, retry_atom::value, st.register_epoch);
+}
+
+void enter_registering(agent_self self, const std::string& why) {
+  auto& st = self->state;
+  if (st.phase != node_phase::unregistered) log_line(self, "node '" + st.opts.node_id + "' registers again: " + why);
+  st.phase = node_phase::registering;
+  ++st.register_epoch;
+  st.register_attempt = 0;
+  send_register(self);
+  schedule_register_retry(self);
+}
+
+void report_rank(agent_self self, int32_t local_rank, pb::rank_status::state state, int32_t exit_code, const std::string& detail) {
+  auto& st = self->state;
+  if (!member(st)) return;
+  auto env = envelope(self);
+  auto* s = env.mutable_rank_status();
+  s->set_global_rank(global_rank_of(st, local_rank));
+  s->set_local_rank(local_rank);
+  s->set_status(state);
+  s->set_exit_code(exit_code);
+  s->set_detail(detail);
+  s->set_step(st.last_step);
+  to_coordinator(self, std::move(env));
+}
+
+void schedule_restart(agent_self self, int32_t local_rank) {
+  auto& r = self->state.ranks[local_rank];
+  auto delay = backoff_delay(self->state.opts.restart_backoff_initial, self->state.opts.restart_backoff_max, r.failures > 0 ? r.failures - 1 : 0);
+  r.restart_pending = true;
+  self->delayed_send(self, delay, restart_atom::value, local_rank, ++r.restart_epoch);
+}
+
+void start_rank(agent_self self, int32_t local_rank) {
+  auto& st = self->state;
+  auto& r = st.ranks[local_rank];
+  r.restart_pending = false;
+  auto pid = st.launcher->spawn(local_rank);
+  if (pid.ok()) {
+    r.pid = *pid;
+    r.alive = true;
+    r.peer.clear();
+    ++r.starts;
+    return;
+  }
+  ++r.failures;
+  log_line(self, "could not start rank " + std::to_string(local_rank) + ": " + pid.message());
+  report_rank(self, local_rank, pb::rank_status::STATE_FAILED, -1, "could not start: " + pid.message());
+  schedule_restart(self, local_rank);
+}
+
+void start_missing_ranks(agent_self self) {
+  auto& st = self->state;
+  for (int32_t l = 0; l < static_cast<int32_t>(st.ranks.size()); ++l)
+    if (!st.ranks[l].alive && !st.ranks[l].restart_pending) start_rank(self, l);
+}
+
+void send_plan_to_rank(agent_self self, const rank_process& r) {
+  auto& st = self->state;
+  if (!st.plan || r.peer.empty()) return;
+  auto env = envelope(self);
+  *env.mutable_generation_plan() = *st.plan;
+  st.out(links::ranks, r.peer, std::move(env));
+}
+
+void wind_down(agent_self self, node_phase phase, const std::string& reason) {
+  auto& st = self->state;
+  st.phase = phase;
+  for (auto& r : st.ranks) {
+    r.restart_pending = false;
+    ++r.restart_epoch;  // cancels pending restarts
+    if (!r.alive) continue;
+    if (phase == node_phase::stopped && !r.peer.empty()) {
+      auto env = envelope(self);
+      env.mutable_shutdown()->set_reason(reason);
+      st.out(links::ranks, r.peer, std::move(env));
+    } else {
+      st.launcher->terminate(r.pid);
+    }
+  }
+}
+
+void quit_if_done(agent_self self) {
+  auto& st = self->state;
+  if (!winding_down(st)) return;
+  for (const auto& r : st.ranks)
+    if (r.alive) return;
+  self->quit();
+}
+
+void on_coordinator(agent_self self, const inbound& in) {
+  auto& st = self->state;
+  st.last_heard = self->clock().now();
+  const auto& env = in.env;
+  switch (env.body_case()) {
+    case pb::envelope::kRegisterAck: {
+      const auto& ack = env.register_ack();
+      if (ack.accepted()) {
+        if (st.phase != node_phase::registering) return;  // duplicate ack of a retried register
+        st.phase = node_phase::registered;
+        st.node_rank = ack.node_rank();
+        st.job_id = ack.job_id();
+        st.config_toml = ack.config_toml();
+        ++st.register_epoch;  // cancels the pending retry
+        log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
+        start_missing_ranks(self);
+      } else {
+        st.last_refusal = ack.reason();
+        log_line(self, "registration refused: " + ack.reason());
+        if (member(st)) enter_registering(self, ack.reason());
+        // While registering, the retry timer keeps trying.
+      }
+      break;
+    }
+    case pb::envelope::kHeartbeatAck:
+      break;
+    case pb::envelope::kGenerationPlan: {
+      if (winding_down(st) || st.phase == node_phase::unregistered) return;
+      if (st.plan && env.generation_plan().generation() <= st.plan->generation()) return;  // fenced: not newer
+      st.plan = env.generation_plan();
+      if (st.phase == node_phase::registering) ++st.register_epoch;  // a plan naming us implies we are a member
+      st.phase = node_phase::running;
+      for (const auto& r : st.ranks) send_plan_to_rank(self, r);
+      break;
+    }
+    case pb::envelope::kShutdown:
+      log_line(self, "shutdown: " + env.shutdown().reason());
+      wind_down(self, node_phase::stopped, env.shutdown().reason());
+      quit_if_done(self);
+      break;
+    default:
+      break;
+  }
+}
+
+void on_rank(agent_self self, inbound& in) {
+  auto& st = self->state;
+  auto& env = in.env;
+  switch (env.body_case()) {
+    case pb::envelope::kRankHello: {
+      auto l = env.rank_hello().local_rank();
+      if (l < 0 || l >= static_cast<int32_t>(st.ranks.size())) return;
+      auto& r = st.ranks[l];
+      if (!r.alive || r.pid != env.rank_hello().pid()) return;  // not the process we started
+      r.peer = in.peer;
+      if (st.phase == node_phase::stopped) {
+        auto out = envelope(self);
+        out.mutable_shutdown()->set_reason("node is stopping");
+        st.out(links::ranks, r.peer, std::move(out));
+      } else {
+        send_plan_to_rank(self, r);
+      }
+      return;
+    }
+    case pb::envelope::kStepReport:
+      st.last_step = std::max(st.last_step, env.step_report().step());
+      break;
+    case pb::envelope::kRankStatus: {
+      const auto& s = env.rank_status();
+      if (s.status() == pb::rank_status::STATE_READY && s.local_rank() >= 0 && s.local_rank() < static_cast<int32_t>(st.ranks.size()))
+        st.ranks[s.local_rank()].failures = 0;
+      break;
+    }
+    case pb::envelope::kEvalReport:
+    case pb::envelope::kCheckpointData:
+    case pb::envelope::kJobError:
+      break;
+    default:
+      return;
+  }
+  if (member(st)) to_coordinator(self, std::move(env));
+}
+
+void on_tick(agent_self self) {
+  auto& st = self->state;
+  if (!member(st)) return;
+  auto now = self->clock().now();
+  if (!find_lost(now, {{"coordinator", st.last_heard}}, st.opts.liveness).empty()) {
+    enter_registering(self, "no word from the coordinator for " + std::to_string(std::chrono::duration<double>(now - st.last_heard).count()) + " s");
+    return;
+  }
+  auto env = envelope(self);
+  auto* hb = env.mutable_heartbeat();
+  hb->set_seq(++st.heartbeat_seq);
+  hb->set_sent_unix(std::chrono::duration<double>(now.time_since_epoch()).count());
+  hb->set_step(st.last_step);
+  to_coordinator(self, std::move(env));
+}
+
+void on_rank_exit(agent_self self, int32_t local_rank, int32_t pid, int32_t exit_code) {
+  auto& st = self->state;
+  if (local_rank < 0 || local_rank >= static_cast<int32_t>(st.ranks.size())) return;
+  auto& r = st.ranks[local_rank];
+  if (!r.alive || r.pid != pid) return;  // an older process of this rank
+  r.alive = false;
+  r.peer.clear();
+  auto detail = "rank " + std::to_string(local_rank) + " (pid " + std::to_string(pid) + ") exited with code " + std::to_string(exit_code);
+  report_rank(self, local_rank, pb::rank_status::STATE_EXITED, exit_code, detail);
+  if (winding_down(st)) {
+    quit_if_done(self);
+    return;
+  }
+  ++r.failures;
+  log_line(self, detail + "; restarting");
+  schedule_restart(self, local_rank);
+}
+
+}  // namespace
+
+caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out, std::shared_ptr<process_launcher> launcher) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  st.out = std::move(out);
+  st.launcher = std::move(launcher);
+  st.ranks.resize(static_cast<size_t>(std::max(st.opts.nproc, 0)));
+  return {
+      [=](start_atom) {
+        if (self->state.phase != node_phase::unregistered) return;
+        enter_registering(self, "start");
+        self->send(self, tick_atom::value);
+      },
+      [=](retry_atom, uint64_t epoch) {
+        auto& st = self->state;
+        if (st.phase != node_phase::registering || epoch != st.register_epoch) return;
+        ++st.register_attempt;
+        send_register(self);
+        schedule_register_retry(self);
+      },
+      [=](tick_atom) {
+        if (self->state.phase == node_phase::stopped) return;
+        on_tick(self);
+        self->delayed_send(self, self->state.opts.liveness.heartbeat_interval, tick_atom::value);
+      },
+      [=](inbound& in) {
+        if (in.link == links::ranks)
+          on_rank(self, in);
+        else
+          on_coordinator(self, in);
+      },
+      [=](rank_exit_atom, int32_t local_rank, int32_t pid, int32_t exit_code) { on_rank_exit(self, local_rank, pid, exit_code); },
+      [=](restart_atom, int32_t local_rank, uint64_t epoch) {
+        auto& st = self->state;
+        if (local_rank < 0 || local_rank >= static_cast<int32_t>(st.ranks.size())) return;
+        auto& r = st.ranks[local_rank];
+        if (epoch != r.restart_epoch || r.alive || winding_down(st)) return;
+        start_rank(self, local_rank);
+      },
+      [=](leave_atom, const std::string& reason) {
+        auto& st = self->state;
+        if (winding_down(st)) return;
+        if (member(st)) {
+          auto env = envelope(self);
+          env.mutable_leave()->set_reason(reason);
+          env.mutable_leave()->set_at_step(st.last_step);
+          to_coordinator(self, std::move(env));
+        }
+        log_line(self, "leaving: " + reason);
+        wind_down(self, node_phase::leaving, reason);
+        quit_if_done(self);
+      },
+  };
+}
+
+}  // namespace dtactor

@@ -1,0 +1,102 @@
+#pragma once
+// The node agent: one per machine. A small state machine in the manner of
+// CAF's distributed_calculator client:
+//
+//   unregistered --start--> registering --register_ack(accepted)--> registered
+//   registered --generation_plan--> running
+//   registered|running --coordinator silent past the timeout, or told
+//                        "not a member"--> registering (ranks keep running)
+//   any --leave_atom--> leaving          any --shutdown--> stopped
+//
+// It registers (retrying with capped exponential backoff until acked),
+// heartbeats the coordinator every interval, forwards generation plans to its
+// ranks and relays their reports, and supervises the rank processes through
+// an injected process_launcher: a rank that exits is reported to the
+// coordinator (rank_status STATE_EXITED) and restarted after a backoff.
+//
+// One behavior with an explicit phase rather than become(): rank exits,
+// timers and reports must be handled in every phase, and CAF drops messages
+// the current behavior does not match.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/liveness.hpp"
+#include "actors/messages.hpp"
+#include "caf/behavior.hpp"
+#include "caf/event_based_actor.hpp"
+#include "caf/stateful_actor.hpp"
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+// Starts and stops rank processes. Implementations never block on a child.
+// Exits are reported by whoever owns the launcher (e.g. a waitpid thread) as
+// caf::anon_send(agent, rank_exit_atom::value, local_rank, pid, exit_code).
+class process_launcher {
+ public:
+  virtual ~process_launcher() = default;
+  // Starts the rank process for `local_rank`; its pid, or one line saying why not.
+  virtual result<int32_t> spawn(int32_t local_rank) = 0;
+  // Asks the process to end (SIGTERM); its exit is still reported.
+  virtual void terminate(int32_t pid) = 0;
+};
+
+struct node_agent_options {
+  std::string node_id;
+  std::string advertise_addr;
+  std::string hostname;
+  int32_t nproc = 1;
+  int32_t metrics_port = 0;
+  envelope_header header;     // sender "node/<node_id>", this process's incarnation
+  liveness_options liveness;  // heartbeat period; coordinator silence that triggers re-registration
+  std::chrono::milliseconds register_backoff_initial{100};
+  std::chrono::milliseconds register_backoff_max{5000};
+  std::chrono::milliseconds restart_backoff_initial{100};
+  std::chrono::milliseconds restart_backoff_max{5000};
+  log_fn log;
+};
+
+// initial * 2^attempt, capped at `max` (attempt 0 -> initial).
+std::chrono::milliseconds backoff_delay(std::chrono::milliseconds initial, std::chrono::milliseconds max, uint32_t attempt);
+
+enum class node_phase { unregistered, registering, registered, running, leaving, stopped };
+const char* to_string(node_phase p);
+
+struct rank_process {
+  int32_t pid = -1;
+  bool alive = false;
+  std::string peer;            // routing id on links::ranks once it said rank_hello
+  uint32_t starts = 0;         // successful spawns
+  uint32_t failures = 0;       // exits/spawn failures since it last reported STATE_READY
+  uint64_t restart_epoch = 0;  // matches the pending restart_atom timer
+  bool restart_pending = false;
+};
+
+struct node_agent_state {
+  node_agent_options opts;
+  outbound out;
+  std::shared_ptr<process_launcher> launcher;
+  node_phase phase = node_phase::unregistered;
+  uint64_t register_epoch = 0;  // bumps on each entry to `registering`
+  uint32_t register_attempt = 0;
+  uint64_t registers_sent = 0;
+  int32_t node_rank = -1;
+  std::string job_id;
+  std::string config_toml;
+  std::string last_refusal;
+  clock_time last_heard{};  // last envelope from the coordinator
+  uint64_t heartbeat_seq = 0;
+  std::optional<pb::generation_plan> plan;
+  std::vector<rank_process> ranks;
+  int64_t last_step = 0;
+  static inline const char* name = "dtactor.node_agent";
+};
+
+caf::behavior node_agent(caf::stateful_actor<node_agent_state>* self, node_agent_options opts, outbound out,
+                         std::shared_ptr<process_launcher> launcher);
+
+}  // namespace dtactor

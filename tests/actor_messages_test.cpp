@@ -1,0 +1,176 @@
+// CAF 0.17 runs without type-ID checks: a message type that does not
+// serialize is only noticed at run time, on a remote hop. Every message type
+// the actors exchange is round-tripped here, alone and inside a caf::message.
+#include <gtest/gtest.h>
+
+#include "actor_test_util.hpp"
+#include "actors/messages.hpp"
+#include "caf/binary_deserializer.hpp"
+#include "caf/binary_serializer.hpp"
+#include "caf/deep_to_string.hpp"
+#include "caf/message.hpp"
+
+using namespace dtactor;
+using dtactor::test_support::caf_fixture;
+
+namespace {
+
+template <class T>
+T round_trip(caf::actor_system& sys, T x) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  auto err = sink(x);
+  EXPECT_FALSE(err) << sys.render(err);
+  T y;
+  caf::binary_deserializer source{sys, buf};
+  err = source(y);
+  EXPECT_FALSE(err) << sys.render(err);
+  return y;
+}
+
+caf::message message_round_trip(caf::actor_system& sys, const caf::message& msg) {
+  auto x = msg;
+  return round_trip(sys, x);
+}
+
+plan sample_plan() {
+  plan p;
+  p.generation = 7;
+  p.world_size = 3;
+  p.state_root = 1;
+  p.nodes = {plan_node{"a", "a.local", "peer-a", 0, 1, 0, 11}, plan_node{"b", "b.local", "peer-b", 2, 2, 1, 12}};
+  p.ranks = {rank_slot{"a", 0, 0}, rank_slot{"b", 0, 1}, rank_slot{"b", 1, 2}};
+  return p;
+}
+
+void expect_same(const plan& x, const plan& y) {
+  EXPECT_EQ(x.generation, y.generation);
+  EXPECT_EQ(x.world_size, y.world_size);
+  EXPECT_EQ(x.state_root, y.state_root);
+  ASSERT_EQ(x.nodes.size(), y.nodes.size());
+  for (size_t i = 0; i < x.nodes.size(); ++i) {
+    EXPECT_EQ(x.nodes[i].node_id, y.nodes[i].node_id);
+    EXPECT_EQ(x.nodes[i].advertise_addr, y.nodes[i].advertise_addr);
+    EXPECT_EQ(x.nodes[i].peer, y.nodes[i].peer);
+    EXPECT_EQ(x.nodes[i].node_rank, y.nodes[i].node_rank);
+    EXPECT_EQ(x.nodes[i].nproc, y.nodes[i].nproc);
+    EXPECT_EQ(x.nodes[i].first_global_rank, y.nodes[i].first_global_rank);
+    EXPECT_EQ(x.nodes[i].incarnation, y.nodes[i].incarnation);
+  }
+  ASSERT_EQ(x.ranks.size(), y.ranks.size());
+  for (size_t i = 0; i < x.ranks.size(); ++i) {
+    EXPECT_EQ(x.ranks[i].node_id, y.ranks[i].node_id);
+    EXPECT_EQ(x.ranks[i].local_rank, y.ranks[i].local_rank);
+    EXPECT_EQ(x.ranks[i].global_rank, y.ranks[i].global_rank);
+  }
+}
+
+inbound sample_inbound() {
+  inbound in{links::nodes, std::string("peer\0with-nul", 13), test_support::node_envelope("a", 42, 3)};
+  auto* p = in.env.mutable_generation_plan();
+  p->set_generation(3);
+  p->set_start_step(12);
+  p->set_checkpoint(std::string("\x00\xff\x10", 3));  // bytes survive
+  p->add_ranks()->set_node_id("a");
+  return in;
+}
+
+}  // namespace
+
+class actor_messages : public ::testing::Test, public caf_fixture {};
+
+TEST_F(actor_messages, inbound_round_trips_with_its_envelope_as_bytes) {
+  auto x = sample_inbound();
+  auto y = round_trip(sys(), x);
+  EXPECT_EQ(y.link, x.link);
+  EXPECT_EQ(y.peer, x.peer);
+  EXPECT_EQ(y.env.SerializeAsString(), x.env.SerializeAsString());
+  EXPECT_EQ(y.env.generation_plan().checkpoint(), std::string("\x00\xff\x10", 3));
+  EXPECT_EQ(y.env.incarnation(), 42u);
+}
+
+TEST_F(actor_messages, inbound_round_trips_inside_a_message) {
+  auto m = message_round_trip(sys(), caf::make_message(sample_inbound()));
+  ASSERT_TRUE(m.match_elements<inbound>());
+  EXPECT_EQ(m.get_as<inbound>(0).env.generation_plan().start_step(), 12);
+}
+
+TEST_F(actor_messages, corrupt_envelope_bytes_fail_to_deserialize) {
+  inbound x{"l", "p", {}};
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys(), buf};
+  std::string garbage = "\xff\xff\xff\xff";
+  ASSERT_FALSE(sink(x.link, x.peer, garbage));
+  inbound y;
+  caf::binary_deserializer source{sys(), buf};
+  EXPECT_TRUE(source(y));
+}
+
+TEST_F(actor_messages, plan_round_trips_alone_and_in_plan_atom_messages) {
+  expect_same(round_trip(sys(), sample_plan()), sample_plan());
+  auto m = message_round_trip(sys(), caf::make_message(plan_atom::value, sample_plan()));
+  ASSERT_TRUE((m.match_elements<plan_atom, plan>()));
+  expect_same(m.get_as<plan>(1), sample_plan());
+}
+
+TEST_F(actor_messages, atom_messages_round_trip) {
+  {
+    auto m = message_round_trip(sys(), caf::make_message(start_atom::value));
+    EXPECT_TRUE(m.match_elements<start_atom>());
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(tick_atom::value));
+    EXPECT_TRUE(m.match_elements<tick_atom>());
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(retry_atom::value, uint64_t{9}));
+    ASSERT_TRUE((m.match_elements<retry_atom, uint64_t>()));
+    EXPECT_EQ(m.get_as<uint64_t>(1), 9u);
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(lost_atom::value, std::string("b"), 1.25));
+    ASSERT_TRUE((m.match_elements<lost_atom, std::string, double>()));
+    EXPECT_EQ(m.get_as<std::string>(1), "b");
+    EXPECT_DOUBLE_EQ(m.get_as<double>(2), 1.25);
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(rank_exit_atom::value, int32_t{1}, int32_t{4242}, int32_t{137}));
+    ASSERT_TRUE((m.match_elements<rank_exit_atom, int32_t, int32_t, int32_t>()));
+    EXPECT_EQ(m.get_as<int32_t>(2), 4242);
+    EXPECT_EQ(m.get_as<int32_t>(3), 137);
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(restart_atom::value, int32_t{1}, uint64_t{3}));
+    ASSERT_TRUE((m.match_elements<restart_atom, int32_t, uint64_t>()));
+    EXPECT_EQ(m.get_as<uint64_t>(2), 3u);
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(leave_atom::value, std::string("SIGTERM")));
+    ASSERT_TRUE((m.match_elements<leave_atom, std::string>()));
+    EXPECT_EQ(m.get_as<std::string>(1), "SIGTERM");
+  }
+  {
+    // The job actor's answer to plan_atom.
+    auto m = message_round_trip(sys(), caf::make_message(int64_t{500}));
+    ASSERT_TRUE(m.match_elements<int64_t>());
+    EXPECT_EQ(m.get_as<int64_t>(0), 500);
+  }
+}
+
+TEST_F(actor_messages, messages_render_for_logs) {
+  auto text = caf::deep_to_string(sample_plan());
+  EXPECT_NE(text.find("peer-b"), std::string::npos) << text;
+  EXPECT_NE(caf::deep_to_string(sample_inbound()).find("nodes"), std::string::npos);
+  EXPECT_EQ(body_name(sample_inbound().env), "generation_plan");
+  EXPECT_EQ(body_name(pb::envelope{}), "(empty)");
+}
+
+TEST_F(actor_messages, envelopes_carry_the_header) {
+  envelope_header h{1, "job-1", "coordinator", 99};
+  auto env = make_envelope(h, 4);
+  EXPECT_EQ(env.protocol_version(), 1u);
+  EXPECT_EQ(env.job_id(), "job-1");
+  EXPECT_EQ(env.sender(), "coordinator");
+  EXPECT_EQ(env.incarnation(), 99u);
+  EXPECT_EQ(env.generation(), 4u);
+}

@@ -1,0 +1,48 @@
+#include "actors/liveness.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace dtactor;
+using namespace std::chrono_literals;
+
+namespace {
+clock_time t0() { return clock_time{} + 1h; }
+liveness_options opts() { return liveness_options{100ms, 1000ms}; }
+}  // namespace
+
+TEST(liveness, peers_within_timeout_are_alive) {
+  std::map<std::string, clock_time> seen{{"a", t0()}, {"b", t0() + 500ms}};
+  EXPECT_TRUE(find_lost(t0() + 999ms, seen, opts()).empty());
+}
+
+TEST(liveness, a_peer_silent_for_exactly_the_timeout_is_lost) {
+  std::map<std::string, clock_time> seen{{"a", t0()}, {"b", t0() + 500ms}};
+  auto lost = find_lost(t0() + 1000ms, seen, opts());
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].peer, "a");
+  EXPECT_DOUBLE_EQ(lost[0].detected_after_s, 1.0);
+  EXPECT_DOUBLE_EQ(lost[0].overdue_s, 0.0);
+}
+
+TEST(liveness, reports_how_long_each_lost_peer_was_silent_in_name_order) {
+  std::map<std::string, clock_time> seen{{"b", t0()}, {"a", t0() + 200ms}, {"c", t0() + 1400ms}};
+  auto lost = find_lost(t0() + 1500ms, seen, opts());
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0].peer, "a");
+  EXPECT_NEAR(lost[0].detected_after_s, 1.3, 1e-9);
+  EXPECT_NEAR(lost[0].overdue_s, 0.3, 1e-9);
+  EXPECT_EQ(lost[1].peer, "b");
+  EXPECT_NEAR(lost[1].detected_after_s, 1.5, 1e-9);
+}
+
+TEST(liveness, last_seen_in_the_future_counts_as_just_seen) {
+  std::map<std::string, clock_time> seen{{"a", t0() + 5s}};
+  EXPECT_TRUE(find_lost(t0(), seen, opts()).empty());
+}
+
+TEST(liveness, deadline_and_validation) {
+  EXPECT_EQ(lost_deadline(t0(), opts()), t0() + 1s);
+  EXPECT_EQ(validate(opts()), "");
+  EXPECT_NE(validate(liveness_options{100ms, 100ms}).find("cluster.heartbeat_timeout_ms"), std::string::npos);
+  EXPECT_NE(validate(liveness_options{0ms, 100ms}), "");
+}

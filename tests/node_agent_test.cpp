@@ -1,0 +1,395 @@
+// The node agent under CAF's deterministic test coordinator, with a fake
+// process launcher; and a whole in-memory cluster (membership + job actors and
+// two node agents) with a partition switch.
+#include "actors/node_agent.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "actor_test_util.hpp"
+#include "actors/coordinator_actors.hpp"
+
+using namespace dtactor;
+using namespace dtactor::test_support;
+using namespace std::chrono_literals;
+
+namespace {
+
+class fake_launcher : public process_launcher {
+ public:
+  result<int32_t> spawn(int32_t local_rank) override {
+    if (fail_next) {
+      fail_next = false;
+      return dtactor::make_error("rank binary not found");
+    }
+    spawned.push_back({local_rank, next_pid});
+    return next_pid++;
+  }
+  void terminate(int32_t pid) override { terminated.push_back(pid); }
+
+  size_t spawns_of(int32_t local_rank) const {
+    size_t n = 0;
+    for (const auto& s : spawned) n += s.first == local_rank;
+    return n;
+  }
+  int32_t last_pid_of(int32_t local_rank) const {
+    int32_t pid = -1;
+    for (const auto& s : spawned)
+      if (s.first == local_rank) pid = s.second;
+    return pid;
+  }
+
+  std::vector<std::pair<int32_t, int32_t>> spawned;  // (local rank, pid)
+  std::vector<int32_t> terminated;
+  int32_t next_pid = 1000;
+  bool fail_next = false;
+};
+
+node_agent_options agent_opts(const std::string& id, int32_t nproc) {
+  node_agent_options o;
+  o.node_id = id;
+  o.advertise_addr = id + ".local";
+  o.hostname = id;
+  o.nproc = nproc;
+  o.header = envelope_header{1, "", "node/" + id, 7};
+  o.liveness = liveness_options{100ms, 1000ms};
+  o.register_backoff_initial = 100ms;
+  o.register_backoff_max = 400ms;
+  o.restart_backoff_initial = 100ms;
+  o.restart_backoff_max = 1000ms;
+  return o;
+}
+
+pb::envelope from_coordinator(uint64_t generation = 0) { return make_envelope(envelope_header{1, "job", "coordinator", 1}, generation); }
+
+inbound ack(bool accepted, int32_t node_rank, const std::string& reason = "") {
+  inbound in{links::coordinator, "", from_coordinator()};
+  auto* a = in.env.mutable_register_ack();
+  a->set_accepted(accepted);
+  a->set_node_rank(node_rank);
+  a->set_reason(reason);
+  a->set_job_id("job");
+  return in;
+}
+
+inbound plan_for(const std::string& node_id, uint64_t generation, int32_t nproc) {
+  inbound in{links::coordinator, "", from_coordinator(generation)};
+  auto* p = in.env.mutable_generation_plan();
+  p->set_generation(generation);
+  p->set_world_size(nproc);
+  for (int32_t l = 0; l < nproc; ++l) {
+    auto* r = p->add_ranks();
+    r->set_node_id(node_id);
+    r->set_local_rank(l);
+    r->set_global_rank(l);
+  }
+  return in;
+}
+
+inbound from_rank(const std::string& peer) { return inbound{links::ranks, peer, make_envelope(envelope_header{1, "job", peer, 3}, 0)}; }
+
+inbound hello(int32_t local_rank, int32_t pid) {
+  auto in = from_rank("r" + std::to_string(local_rank));
+  in.env.mutable_rank_hello()->set_local_rank(local_rank);
+  in.env.mutable_rank_hello()->set_pid(pid);
+  return in;
+}
+
+}  // namespace
+
+TEST(backoff, doubles_from_initial_and_caps) {
+  EXPECT_EQ(backoff_delay(100ms, 1000ms, 0), 100ms);
+  EXPECT_EQ(backoff_delay(100ms, 1000ms, 1), 200ms);
+  EXPECT_EQ(backoff_delay(100ms, 1000ms, 3), 800ms);
+  EXPECT_EQ(backoff_delay(100ms, 1000ms, 4), 1000ms);
+  EXPECT_EQ(backoff_delay(100ms, 1000ms, 4000000000u), 1000ms);
+}
+
+class node_agent_test : public ::testing::Test, public caf_fixture {
+ protected:
+  void start(int32_t nproc = 2) {
+    agent = spawn(node_agent, agent_opts("a", nproc), wire.sink(), launcher);
+    caf::anon_send(agent, start_atom::value);
+    run();
+  }
+  void send(const inbound& in) {
+    caf::anon_send(agent, in);
+    run();
+  }
+  void registered(int32_t nproc = 2) {
+    start(nproc);
+    send(ack(true, 0));
+    wire.clear();
+  }
+  node_agent_state& st() { return state_of<node_agent_state>(agent); }
+  size_t registers() const { return wire.count(pb::envelope::kRegisterNode); }
+
+  std::shared_ptr<fake_launcher> launcher = std::make_shared<fake_launcher>();
+  wire_log wire;
+  caf::actor agent;
+};
+
+TEST_F(node_agent_test, retries_registration_with_backoff_until_acked) {
+  start();
+  EXPECT_EQ(st().phase, node_phase::registering);
+  ASSERT_EQ(registers(), 1u);
+  auto r = wire.with(pb::envelope::kRegisterNode)[0];
+  EXPECT_EQ(r.link, links::coordinator);
+  EXPECT_EQ(r.env.sender(), "node/a");
+  EXPECT_EQ(r.env.incarnation(), 7u);
+  EXPECT_EQ(r.env.register_node().node_id(), "a");
+  EXPECT_EQ(r.env.register_node().nproc(), 2);
+  EXPECT_TRUE(launcher->spawned.empty());  // ranks start once the node is a member
+
+  advance(90ms);
+  EXPECT_EQ(registers(), 1u);
+  advance(10ms);  // t = 100 ms
+  EXPECT_EQ(registers(), 2u);
+  advance(200ms);  // t = 300 ms
+  EXPECT_EQ(registers(), 3u);
+  advance(400ms);  // t = 700 ms
+  EXPECT_EQ(registers(), 4u);
+  advance(400ms);  // t = 1100 ms: capped at 400 ms
+  EXPECT_EQ(registers(), 5u);
+  EXPECT_EQ(wire.count(pb::envelope::kHeartbeat), 0u);
+
+  send(ack(true, 3));
+  EXPECT_EQ(st().phase, node_phase::registered);
+  EXPECT_EQ(st().node_rank, 3);
+  EXPECT_EQ(st().job_id, "job");
+  ASSERT_EQ(launcher->spawned.size(), 2u);
+  EXPECT_EQ(launcher->spawns_of(0), 1u);
+  EXPECT_EQ(launcher->spawns_of(1), 1u);
+  send(ack(true, 3));  // duplicate ack of a retried register: no second set of ranks
+  EXPECT_EQ(launcher->spawned.size(), 2u);
+
+  advance(500ms);
+  EXPECT_EQ(registers(), 5u);  // retries stopped
+  EXPECT_GE(wire.count(pb::envelope::kHeartbeat), 4u);
+  EXPECT_LE(wire.count(pb::envelope::kHeartbeat), 6u);
+}
+
+TEST_F(node_agent_test, a_refusal_keeps_it_retrying_and_records_the_reason) {
+  start();
+  send(ack(false, -1, "cluster is full"));
+  EXPECT_EQ(st().phase, node_phase::registering);
+  EXPECT_EQ(st().last_refusal, "cluster is full");
+  advance(100ms);
+  EXPECT_EQ(registers(), 2u);
+  EXPECT_TRUE(launcher->spawned.empty());
+}
+
+TEST_F(node_agent_test, heartbeats_every_interval_and_registers_again_when_the_coordinator_goes_silent) {
+  registered();
+  for (int i = 0; i < 5; ++i) {
+    advance(100ms);
+    inbound a{links::coordinator, "", from_coordinator()};
+    a.env.mutable_heartbeat_ack()->set_seq(i);
+    send(a);
+  }
+  auto hbs = wire.with(pb::envelope::kHeartbeat);
+  ASSERT_EQ(hbs.size(), 5u);
+  EXPECT_EQ(hbs[4].env.heartbeat().seq(), 5u);
+  EXPECT_EQ(registers(), 0u);
+  advance(1000ms);  // coordinator silent past the timeout
+  EXPECT_EQ(st().phase, node_phase::registering);
+  EXPECT_EQ(registers(), 1u);
+  EXPECT_TRUE(launcher->terminated.empty());  // training goes on meanwhile
+  // Told "not a member" while registered: register again at once.
+  send(ack(true, 0));
+  send(ack(false, -1, "node 'a' is not a member; register again"));
+  EXPECT_EQ(st().phase, node_phase::registering);
+  EXPECT_EQ(registers(), 2u);
+}
+
+TEST_F(node_agent_test, restarts_a_rank_that_exited_with_backoff_and_reports_it) {
+  registered();
+  auto first = launcher->last_pid_of(0);
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, first, int32_t{137});
+  run();
+  auto status = wire.with(pb::envelope::kRankStatus);
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].link, links::coordinator);
+  EXPECT_EQ(status[0].env.rank_status().status(), pb::rank_status::STATE_EXITED);
+  EXPECT_EQ(status[0].env.rank_status().local_rank(), 0);
+  EXPECT_EQ(status[0].env.rank_status().exit_code(), 137);
+  EXPECT_EQ(launcher->spawns_of(0), 1u);  // not at once
+  advance(100ms);
+  ASSERT_EQ(launcher->spawns_of(0), 2u);
+  auto second = launcher->last_pid_of(0);
+  EXPECT_NE(second, first);
+
+  // A stale exit of the old process changes nothing.
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, first, int32_t{9});
+  run();
+  EXPECT_EQ(wire.count(pb::envelope::kRankStatus), 1u);
+
+  // Exiting again without having become ready: the backoff doubles.
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, second, int32_t{1});
+  run();
+  advance(150ms);
+  EXPECT_EQ(launcher->spawns_of(0), 2u);
+  advance(60ms);
+  EXPECT_EQ(launcher->spawns_of(0), 3u);
+  EXPECT_EQ(launcher->spawns_of(1), 1u);  // the other rank was left alone
+
+  // Ready resets the backoff.
+  send(hello(0, launcher->last_pid_of(0)));
+  auto ready = from_rank("r0");
+  ready.env.mutable_rank_status()->set_status(pb::rank_status::STATE_READY);
+  ready.env.mutable_rank_status()->set_local_rank(0);
+  send(ready);
+  EXPECT_EQ(st().ranks[0].failures, 0u);
+}
+
+TEST_F(node_agent_test, a_rank_that_cannot_be_spawned_is_reported_and_retried) {
+  launcher->fail_next = true;
+  registered(1);
+  EXPECT_EQ(launcher->spawns_of(0), 0u);
+  advance(100ms);
+  EXPECT_EQ(launcher->spawns_of(0), 1u);
+}
+
+TEST_F(node_agent_test, forwards_plans_to_ranks_and_relays_their_reports) {
+  registered();
+  send(hello(0, launcher->last_pid_of(0)));
+  send(hello(1, 4242));  // not the process we started: ignored
+  send(plan_for("a", 1, 2));
+  EXPECT_EQ(st().phase, node_phase::running);
+  auto to_ranks = wire.with(pb::envelope::kGenerationPlan);
+  ASSERT_EQ(to_ranks.size(), 1u);
+  EXPECT_EQ(to_ranks[0].link, links::ranks);
+  EXPECT_EQ(to_ranks[0].peer, "r0");
+  EXPECT_EQ(to_ranks[0].env.generation(), 1u);
+  EXPECT_EQ(to_ranks[0].env.sender(), "node/a");
+
+  send(hello(1, launcher->last_pid_of(1)));  // a late rank gets the current plan at once
+  ASSERT_EQ(wire.count(pb::envelope::kGenerationPlan, "r1"), 1u);
+  send(plan_for("a", 1, 2));  // not newer: fenced
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 2u);
+
+  auto step = from_rank("r0");
+  step.env.mutable_step_report()->set_step(17);
+  send(step);
+  auto relayed = wire.with(pb::envelope::kStepReport);
+  ASSERT_EQ(relayed.size(), 1u);
+  EXPECT_EQ(relayed[0].link, links::coordinator);
+  EXPECT_EQ(relayed[0].env.sender(), "r0");  // the rank's own envelope
+  advance(100ms);
+  EXPECT_EQ(wire.with(pb::envelope::kHeartbeat).back().env.heartbeat().step(), 17);
+
+  // An exit is reported with the rank's global rank from the plan.
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{1}, launcher->last_pid_of(1), int32_t{139});
+  run();
+  EXPECT_EQ(wire.with(pb::envelope::kRankStatus).back().env.rank_status().global_rank(), 1);
+}
+
+TEST_F(node_agent_test, shutdown_stops_ranks_without_restarting_them) {
+  registered();
+  send(hello(0, launcher->last_pid_of(0)));
+  inbound bye{links::coordinator, "", from_coordinator()};
+  bye.env.mutable_shutdown()->set_reason("reached train.max_steps = 5");
+  send(bye);
+  EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r0"), 1u);
+  ASSERT_EQ(launcher->terminated.size(), 1u);  // rank 1 never said hello: terminated
+  EXPECT_EQ(launcher->terminated[0], launcher->last_pid_of(1));
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, launcher->last_pid_of(0), int32_t{0});
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{1}, launcher->last_pid_of(1), int32_t{143});
+  run();
+  wire.clear();
+  advance(2000ms);
+  EXPECT_EQ(launcher->spawned.size(), 2u);
+  EXPECT_TRUE(wire.all().empty());  // the agent has quit: no heartbeats, no registers
+}
+
+TEST_F(node_agent_test, leave_tells_the_coordinator_and_terminates_ranks) {
+  registered();
+  caf::anon_send(agent, leave_atom::value, std::string("SIGTERM"));
+  run();
+  auto leave = wire.with(pb::envelope::kLeave);
+  ASSERT_EQ(leave.size(), 1u);
+  EXPECT_EQ(leave[0].env.leave().reason(), "SIGTERM");
+  EXPECT_EQ(launcher->terminated.size(), 2u);
+}
+
+// -- a whole cluster in memory ------------------------------------------------
+
+namespace {
+
+// Routes envelopes between the coordinator and node agents with CAF messages,
+// and drops them for partitioned nodes (both directions).
+struct in_memory_net {
+  caf::actor coordinator;
+  std::map<std::string, caf::actor> agents;  // by peer ("peer-<id>")
+  std::set<std::string> partitioned;         // node ids
+  wire_log to_ranks;
+
+  outbound coordinator_out() {
+    return [this](const std::string&, const std::string& peer, pb::envelope env) {
+      if (partitioned.count(peer.substr(5))) return;
+      caf::anon_send(agents.at(peer), inbound{links::coordinator, "", std::move(env)});
+    };
+  }
+  outbound agent_out(const std::string& id) {
+    auto ranks = to_ranks.sink();
+    return [this, id, ranks](const std::string& link, const std::string& peer, pb::envelope env) {
+      if (link == links::ranks) return ranks(link, peer, std::move(env));
+      if (partitioned.count(id)) return;
+      caf::anon_send(coordinator, inbound{links::nodes, "peer-" + id, std::move(env)});
+    };
+  }
+};
+
+}  // namespace
+
+class cluster_test : public ::testing::Test, public caf_fixture {};
+
+TEST_F(cluster_test, a_partitioned_node_is_dropped_then_rejoins_with_its_rank) {
+  in_memory_net net;
+  coordinator_options co;
+  co.membership.min_nodes = 1;
+  co.liveness = liveness_options{100ms, 1000ms};
+  co.header = envelope_header{1, "job", "coordinator", 1};
+  job_options jo;
+  jo.max_steps = 100;
+  auto job = spawn(job_actor, jo, net.coordinator_out());
+  net.coordinator = spawn(membership_actor, co, net.coordinator_out(), job);
+  std::map<std::string, std::shared_ptr<fake_launcher>> launchers;
+  for (std::string id : {"a", "b"}) {
+    launchers[id] = std::make_shared<fake_launcher>();
+    net.agents["peer-" + id] = spawn(node_agent, agent_opts(id, 2), net.agent_out(id), launchers[id]);
+    caf::anon_send(net.agents["peer-" + id], start_atom::value);
+  }
+  auto agent = [&](const std::string& id) -> node_agent_state& { return state_of<node_agent_state>(net.agents.at("peer-" + id)); };
+  auto& coord = state_of<membership_actor_state>(net.coordinator);
+
+  advance(300ms);
+  ASSERT_TRUE(agent("a").plan);
+  EXPECT_EQ(agent("a").phase, node_phase::running);
+  EXPECT_EQ(agent("a").node_rank, 0);
+  EXPECT_EQ(agent("b").node_rank, 1);
+  EXPECT_EQ(agent("b").plan->generation(), 1u);
+  EXPECT_EQ(agent("b").plan->world_size(), 4);
+
+  net.partitioned.insert("b");
+  advance(1500ms);
+  ASSERT_EQ(coord.lost.size(), 1u);
+  EXPECT_EQ(coord.lost[0].peer, "b");
+  EXPECT_EQ(agent("a").plan->generation(), 2u);
+  EXPECT_EQ(agent("a").plan->world_size(), 2);
+  EXPECT_EQ(agent("b").phase, node_phase::registering);  // b noticed too
+  EXPECT_EQ(agent("b").plan->generation(), 1u);          // and never heard of generation 2
+  EXPECT_EQ(launchers["b"]->spawned.size(), 2u);         // its ranks were not restarted
+
+  net.partitioned.clear();
+  advance(1000ms);
+  EXPECT_EQ(agent("b").phase, node_phase::running);
+  EXPECT_EQ(agent("b").node_rank, 1);
+  EXPECT_EQ(agent("b").plan->generation(), 3u);
+  EXPECT_EQ(agent("a").plan->generation(), 3u);
+  EXPECT_EQ(agent("a").plan->world_size(), 4);
+  EXPECT_EQ(agent("a").plan->state_root(), 0);
+  EXPECT_EQ(coord.members.state().current->generation, 3u);
+}
