@@ -143,6 +143,10 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   }
   out.set_start_step(start_step);
   out.set_state_root(p.state_root);
+  if (p.state_root < 0 && opts.resume_step >= 0 && start_step == opts.resume_step && !opts.resume_checkpoint.empty()) {
+    out.set_state_root(0);
+    out.set_checkpoint(opts.resume_checkpoint);
+  }
   out.set_config_toml(opts.config_toml);
   return out;
 }
@@ -206,11 +210,14 @@ void finish(job_self self, const std::string& reason) {
 void check_finished(job_self self) {
   auto& st = self->state;
   if (st.world_size <= 0) return;
-  if (st.committed_step >= st.opts.max_steps) {
+  // Reaching max_steps is not enough: rank 0 still evaluates and sends the
+  // final checkpoint after its last step report. The job ends once every
+  // rank has said FINISHED (sent after those), so nothing is cut off.
+  if (static_cast<int32_t>(st.finished_ranks.size()) < st.world_size) return;
+  if (st.committed_step >= st.opts.max_steps)
     finish(self, "reached train.max_steps = " + std::to_string(st.opts.max_steps));
-  } else if (static_cast<int32_t>(st.finished_ranks.size()) >= st.world_size) {
+  else
     finish(self, "every rank of generation " + std::to_string(st.generation) + " reported finished");
-  }
 }
 
 void record_step(job_self self, int32_t global_rank, int64_t step) {
@@ -227,6 +234,7 @@ void record_step(job_self self, int32_t global_rank, int64_t step) {
 }  // namespace
 
 caf::behavior job_actor(job_self self, job_options opts, outbound out) {
+  self->state.committed_step = opts.initial_step;
   self->state.opts = std::move(opts);
   self->state.out = std::move(out);
   return {

@@ -28,6 +28,12 @@ struct coordinator_options {
   std::string store_host;     // c10d store the ranks of a generation meet at
   int32_t store_port = 0;
   std::string config_toml;  // the job's effective config, sent in register_ack and plans
+  // The newest valid disk checkpoint (a serialized pb::checkpoint_data) and
+  // its step, when the job resumes from disk: a plan with no live state
+  // source that starts at resume_step carries it to global rank 0, which
+  // broadcasts it over the new communicator.
+  std::string resume_checkpoint;
+  int64_t resume_step = -1;
   log_fn log;               // one line per event worth a journal entry (may be empty)
 };
 
@@ -69,6 +75,7 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
 
 struct job_options {
   int64_t max_steps = 1;  // train.max_steps
+  int64_t initial_step = 0;  // committed step at start (the disk checkpoint resumed from)
   envelope_header header;
   // Called once when the job is finished (committed step, one-line reason).
   std::function<void(int64_t step, const std::string& reason)> on_finished;

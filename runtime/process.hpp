@@ -42,6 +42,12 @@ class child_process {
   // Blocks until the child ends or timeout_ms passes (-1: forever).
   std::optional<child_exit> wait(int timeout_ms = -1);
   void signal(int sig);
+  // Gives up ownership: the caller reaps the pid from now on.
+  pid_t release() {
+    pid_t p = pid_;
+    pid_ = -1;
+    return p;
+  }
 
  private:
   pid_t pid_ = -1;

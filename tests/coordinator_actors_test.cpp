@@ -243,6 +243,12 @@ TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) 
   EXPECT_EQ(plans[1].env.generation_plan().generation(), 2u);
   EXPECT_EQ(plans[1].env.generation_plan().start_step(), 3);
   send(step_from("a", 0, 5, 2));
+  EXPECT_FALSE(js().finished);  // rank 0 still evaluates and checkpoints
+  inbound done{links::nodes, "peer-a", node_envelope("a", 1, 2)};
+  done.env.mutable_rank_status()->set_status(pb::rank_status::STATE_FINISHED);
+  done.env.mutable_rank_status()->set_global_rank(0);
+  done.env.mutable_rank_status()->set_step(5);
+  send(done);
   EXPECT_TRUE(js().finished);
   EXPECT_EQ(finished_step, 5);
   EXPECT_EQ(finished_reason, "reached train.max_steps = 5");

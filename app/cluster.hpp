@@ -1,0 +1,32 @@
+#pragma once
+// The cluster roles of the dtactor binary: coordinator, node, rank (started
+// by a node, not by users), and `local` (a coordinator and N nodes on this
+// machine). Each returns the process's exit code.
+#include <atomic>
+#include <string>
+#include <vector>
+
+namespace dtactor {
+
+struct cluster_cli {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string run_dir = "runs/default";
+  std::string listen = "tcp://0.0.0.0:29400";  // coordinator
+  std::string coordinator;                     // node
+  std::string advertise_addr;                  // node, rank; coordinator: store host for ranks
+  std::string node_id;                         // node (default: host name), rank
+  std::string node_endpoint;                   // rank: its node's ipc endpoint
+  int nproc_per_node = 1;
+  int local_rank = 0;                          // rank
+  int metrics_port = 0;
+  int nodes = 2;                               // local
+  const std::atomic<int>* stop_signal = nullptr;
+};
+
+int run_coordinator(const cluster_cli& cli);
+int run_node(const cluster_cli& cli);
+int run_rank(const cluster_cli& cli);
+int run_local(const cluster_cli& cli);
+
+}  // namespace dtactor
