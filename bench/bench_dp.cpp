@@ -5,6 +5,7 @@
 //
 //   build/bench/bench_dp [--config examples/vit_fashion_mnist.toml] [--warmup N]
 //                        [--steps N] [--repeats K] [--bucket-kb KB] [--worlds 1,2]
+//                        [--global-batch 128]
 //
 // The parent only orchestrates: every measurement runs in fresh child
 // processes (this binary again, with --rank R --world W --out FILE), so one
@@ -12,6 +13,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,7 +43,7 @@ namespace {
 
 struct options {
   std::string config = "examples/vit_fashion_mnist.toml";
-  int warmup = 3, steps = 8, repeats = 5, bucket_kb = 0, rank = -1, world = 1, port = 0;
+  int warmup = 3, steps = 8, repeats = 5, bucket_kb = 0, global_batch = 128, rank = -1, world = 1, port = 0;
   std::string worlds = "1,2", out;
 };
 
@@ -50,6 +52,13 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// CPU seconds this process used so far (all its threads: compute and Gloo's).
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 double mean(const std::vector<double>& v) {
@@ -75,7 +84,7 @@ int free_port() {
 
 // One rank: trains warm-up + repeats*steps steps and writes its figures to opts.out.
 int run_rank(const options& o) {
-  std::vector<std::string> overrides = {"train.threads=1", "train.global_batch_size=128", "eval.every_steps=0", "checkpoint.every_steps=0"};
+  std::vector<std::string> overrides = {"train.threads=1", "train.global_batch_size=" + std::to_string(o.global_batch), "eval.every_steps=0", "checkpoint.every_steps=0"};
   if (o.bucket_kb > 0) overrides.push_back("cluster.bucket_kb=" + std::to_string(o.bucket_kb));
   auto cfg = config::load(o.config, overrides);
   if (!cfg) {
@@ -127,6 +136,7 @@ int run_rank(const options& o) {
   records.clear();
   const double global_batch = static_cast<double>(cfg->get_int("train.global_batch_size"));
   std::vector<double> sps, step_s;
+  const double cpu0 = cpu_seconds();
   for (int r = 0; r < o.repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < o.steps; ++i)
@@ -135,6 +145,7 @@ int run_rank(const options& o) {
     sps.push_back(o.steps * global_batch / dt);
     step_s.push_back(dt / o.steps);
   }
+  const double cpu_per_step = (cpu_seconds() - cpu0) / static_cast<double>(o.repeats * o.steps);
   std::vector<double> compute, update, allreduce, exposed;
   for (const auto& r : records) {
     compute.push_back(r.compute_s);
@@ -147,6 +158,7 @@ int run_rank(const options& o) {
                         {"samples_per_s", median(sps)},
                         {"samples_per_s_runs", sps},
                         {"step_s", median(step_s)},
+                        {"cpu_s_per_step", cpu_per_step},  // this rank's process, all threads
                         {"compute_s_per_step", mean(compute)},
                         {"update_s_per_step", mean(update)},
                         {"allreduce_s_per_step", mean(allreduce)},
@@ -169,7 +181,8 @@ std::vector<nlohmann::json> run_world(const options& o, int world, const char* s
     std::vector<std::string> args = {self,      "--rank",   std::to_string(r),         "--world", std::to_string(world),
                                      "--port",  std::to_string(port), "--out",     outs.back(),      "--config",
                                      o.config,  "--warmup", std::to_string(o.warmup), "--steps", std::to_string(o.steps),
-                                     "--repeats", std::to_string(o.repeats), "--bucket-kb", std::to_string(o.bucket_kb)};
+                                     "--repeats", std::to_string(o.repeats), "--bucket-kb", std::to_string(o.bucket_kb),
+                                     "--global-batch", std::to_string(o.global_batch)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -208,6 +221,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") o.repeats = std::stoi(v);
     else if (a == "--bucket-kb") o.bucket_kb = std::stoi(v);
     else if (a == "--worlds") o.worlds = v;
+    else if (a == "--global-batch") o.global_batch = std::stoi(v);
     else if (a == "--rank") o.rank = std::stoi(v);
     else if (a == "--world") o.world = std::stoi(v);
     else if (a == "--port") o.port = std::stoi(v);
@@ -223,7 +237,7 @@ int main(int argc, char** argv) {
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return 1;
   self[n] = 0;
-  nlohmann::json out = {{"benchmark", "dp"}, {"config", o.config}, {"global_batch_size", 128}, {"threads_per_rank", 1},
+  nlohmann::json out = {{"benchmark", "dp"}, {"config", o.config}, {"global_batch_size", o.global_batch}, {"threads_per_rank", 1},
                         {"warmup_steps", o.warmup}, {"steps_per_run", o.steps}, {"runs", o.repeats},
                         {"cores", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))}};
   std::stringstream ws(o.worlds);
