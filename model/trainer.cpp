@@ -16,6 +16,7 @@
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/fs.hpp"
+#include "runtime/grad_sync.hpp"
 #include "runtime/hash.hpp"
 
 namespace dtactor {
@@ -125,7 +126,7 @@ result<std::unique_ptr<training_state>> training_state::create(const config& cfg
   return std::unique_ptr<training_state>(new training_state(cfg, std::move(t.value())));
 }
 
-double training_state::forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank) {
+double training_state::forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank, grad_sync* sync) {
   // Dropout masks are a pure function of (seed, step, rank): resuming needs no RNG state.
   torch::manual_seed(step_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")), step, rank));
   const double scale = 1.0 / static_cast<double>(order_->global_batch_size());
@@ -138,6 +139,7 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
       autocast_scope ac(bf16_);
       loss = task_->loss_sum(part);
     }
+    if (sync && i + chunk >= samples.size()) sync->arm();
     (loss.to(torch::kFloat) * scale).backward();
     total += loss.item<double>();
   }
@@ -161,6 +163,28 @@ double training_state::train_step() {
   const double loss = forward_backward(samples, step_) / static_cast<double>(samples.size());
   apply_update();
   return loss;
+}
+
+result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync) {
+  dp_step r;
+  auto samples = order_->rank_slice(step_, rank, world);
+  r.samples = static_cast<int64_t>(samples.size());
+  const auto t0 = clock_type::now();
+  r.loss_sum = forward_backward(samples, step_, rank, &sync);
+  r.compute_s = seconds_since(t0);
+  auto synced = sync.finish();
+  if (!synced) {
+    optimizer_->zero_grad();  // the next attempt of this step starts from zero
+    return synced.err();
+  }
+  r.allreduce_s = synced->allreduce_s;
+  r.exposed_s = synced->exposed_s;
+  r.buckets = synced->buckets;
+  r.launched_in_backward = synced->launched_in_backward;
+  const auto t1 = clock_type::now();
+  r.grad_norm = apply_update();
+  r.update_s = seconds_since(t1);
+  return r;
 }
 
 eval_result training_state::evaluate() {

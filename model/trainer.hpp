@@ -26,6 +26,7 @@ namespace dtactor {
 
 class journal;
 class checkpoint_store;
+class grad_sync;
 
 struct train_options {
   std::string run_dir = "runs/default";
@@ -54,14 +55,34 @@ class training_state {
   static result<std::unique_ptr<training_state>> create(const config& cfg);
 
   // Accumulates the gradient of (sum of the samples' losses) / global batch,
-  // in micro-batches of train.micro_batch_size. Returns the loss sum.
-  double forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank = 0);
+  // in micro-batches of train.micro_batch_size. Returns the loss sum. With a
+  // `sync`, it is armed right before the last micro-batch's backward, so that
+  // gradient buckets are allreduced while that backward runs (the caller
+  // still calls sync->finish()).
+  double forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank = 0, grad_sync* sync = nullptr);
   // Clips, sets the scheduled learning rate, steps AdamW, zeroes gradients,
   // and advances step(). Returns the gradient norm before clipping.
   double apply_update();
 
   // One whole step in a single process. Returns the mean loss.
   double train_step();
+
+  // One data-parallel step of `rank` in a world of `world` ranks; every rank
+  // calls it for the same step() with a grad_sync over the same group. This
+  // rank computes its data_order::rank_slice, the buckets are summed across
+  // ranks while backward runs, then apply_update() steps on the global-batch
+  // mean gradient. On error (a failed or timed-out collective) the optimizer
+  // has not stepped and step() is unchanged.
+  struct dp_step {
+    double loss_sum = 0;    // this rank's samples only
+    int64_t samples = 0;    // this rank's share of the global batch
+    double grad_norm = 0;   // of the global gradient, before clipping
+    double compute_s = 0;   // forward + backward (including overlapped allreduce)
+    double update_s = 0;    // clip + optimizer
+    double allreduce_s = 0, exposed_s = 0;  // see grad_sync_timing
+    int buckets = 0, launched_in_backward = 0;
+  };
+  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync);
 
   eval_result evaluate();
 

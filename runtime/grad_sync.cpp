@@ -1,0 +1,240 @@
+#include "runtime/grad_sync.hpp"
+
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace dtactor {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch()).count(); }
+
+double seconds_between(clock_type::time_point a, clock_type::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+// What a hook reaches: the owner while it lives, nothing after.
+struct grad_sync::hook_state {
+  grad_sync* owner = nullptr;
+};
+
+grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d::ProcessGroup> pg, grad_sync_options opts)
+    : pg_(std::move(pg)), opts_(opts) {
+  if (pg_) {
+    world_ = pg_->getSize();
+    rank_ = pg_->getRank();
+  }
+  if (world_ <= 1) return;  // nothing to synchronise: no buckets, no hooks
+
+  for (auto& p : params)
+    if (p.requires_grad()) slots_.push_back(param_slot{p, 0, 0, p.numel(), false});
+
+  // Buckets in reverse parameter order; a bucket holds one dtype and closes
+  // at bucket_bytes.
+  const int64_t cap = std::max<int64_t>(1, opts_.bucket_bytes);
+  int64_t filled = 0;
+  for (size_t k = slots_.size(); k-- > 0;) {
+    auto& s = slots_[k];
+    const bool dtype_change = !buckets_.empty() && slots_[buckets_.back().slots.front()].param.scalar_type() != s.param.scalar_type();
+    if (buckets_.empty() || filled >= cap || dtype_change) {
+      buckets_.emplace_back();
+      filled = 0;
+    }
+    auto& b = buckets_.back();
+    s.bucket = buckets_.size() - 1;
+    s.offset = 0;
+    for (size_t j : b.slots) s.offset += slots_[j].numel;
+    b.slots.push_back(k);
+    filled += s.numel * static_cast<int64_t>(s.param.element_size());
+  }
+  for (auto& b : buckets_) {
+    int64_t n = 0;
+    for (size_t j : b.slots) n += slots_[j].numel;
+    const auto& p0 = slots_[b.slots.front()].param;
+    b.flat = torch::zeros({n}, p0.options().requires_grad(false));
+    b.pending = static_cast<int>(b.slots.size());
+    b.done_ns = std::make_shared<std::atomic<int64_t>>(0);
+  }
+
+  // A post-hook on each parameter's gradient accumulator runs right after
+  // the gradient was added to param.grad() (the mechanism c10d's Reducer uses).
+  hooks_ = std::make_shared<hook_state>();
+  hooks_->owner = this;
+  std::weak_ptr<hook_state> weak = hooks_;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(slots_[i].param);
+    const uintptr_t key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto h = weak.lock(); h && h->owner) h->owner->on_grad_ready(i);
+          return outputs;
+        }));
+    hook_keys_.emplace_back(acc, key);
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+grad_sync::~grad_sync() {
+  if (hooks_) hooks_->owner = nullptr;
+  for (auto& [acc, key] : hook_keys_) acc->del_post_hook(key);
+  // Works still in flight keep their own references to the flat tensors, and
+  // the process group (its owner) waits for them when it is destroyed.
+}
+
+std::vector<std::vector<size_t>> grad_sync::bucket_layout() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b.slots);
+  return out;
+}
+
+void grad_sync::arm() {
+  if (world_ > 1) armed_ = true;
+}
+
+void grad_sync::pack(size_t i) {
+  auto& s = slots_[i];
+  torch::NoGradGuard no_grad;
+  auto region = buckets_[s.bucket].flat.narrow(0, s.offset, s.numel);
+  const auto& g = s.param.grad();
+  if (g.defined())
+    region.view(s.param.sizes()).copy_(g);
+  else
+    region.zero_();
+  s.ready = true;
+  --buckets_[s.bucket].pending;
+}
+
+void grad_sync::on_grad_ready(size_t i) {
+  if (!armed_ || failed_) return;
+  if (slots_[i].ready) {
+    // A second gradient for the same parameter in one armed step: its bucket
+    // may already be on the wire, so this step's result would be wrong.
+    misuse_ = true;
+    return;
+  }
+  pack(i);
+  if (buckets_[slots_[i].bucket].pending == 0) launch_ready();
+}
+
+void grad_sync::launch_ready() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0 && !failed_) launch(next_launch_++);
+}
+
+void grad_sync::launch(size_t bi) {
+  auto& b = buckets_[bi];
+  b.done_ns->store(0);
+  b.launched_at = clock_type::now();
+  try {
+    std::vector<at::Tensor> t{b.flat};
+    b.work = pg_->allreduce(t);
+    auto done = b.done_ns;
+    b.work->getFuture()->addCallback([done](c10::ivalue::Future&) { done->store(now_ns()); });
+  } catch (const std::exception& e) {
+    // Raised on the backward thread inside a hook: keep it for finish().
+    failed_ = true;
+    error_ = "allreduce of gradient bucket " + std::to_string(bi) + " could not start: " + first_line(e.what());
+  }
+}
+
+result<grad_sync_timing> grad_sync::finish() {
+  grad_sync_timing t;
+  if (world_ <= 1) return t;
+  if (broken_) return make_error(error_ + " (in an earlier step; rebuild the process group and grad_sync)");
+  const auto entered = clock_type::now();
+  t.buckets = static_cast<int>(buckets_.size());
+  t.launched_in_backward = static_cast<int>(next_launch_);
+
+  // Whatever backward did not deliver (unused parameters, a rank with no
+  // samples, an unarmed step) goes out now, in bucket order like every rank.
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!slots_[i].ready) pack(i);
+  launch_ready();
+
+  torch::Tensor used;
+  c10::intrusive_ptr<c10d::Work> used_work;
+  if (opts_.find_unused_parameters && !failed_) {
+    used = torch::empty({static_cast<int64_t>(slots_.size())}, torch::kFloat);
+    float* u = used.data_ptr<float>();
+    for (size_t i = 0; i < slots_.size(); ++i) u[i] = slots_[i].param.grad().defined() ? 1.f : 0.f;
+    try {
+      std::vector<at::Tensor> v{used};
+      used_work = pg_->allreduce(v);
+    } catch (const std::exception& e) {
+      failed_ = true;
+      error_ = std::string("allreduce of the used-parameter mask could not start: ") + first_line(e.what());
+    }
+  }
+
+  const auto deadline = entered + opts_.timeout;
+  auto wait_for = [&](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
+    if (failed_ || !w) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    try {
+      // Work::wait(timeout) throws when the time is up or the collective failed.
+      w->wait(std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception& e) {
+      failed_ = true;
+      error_ = "rank " + std::to_string(rank_) + ": allreduce of " + what + " failed or exceeded " + std::to_string(opts_.timeout.count()) +
+               " ms: " + first_line(e.what());
+    }
+  };
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) wait_for(buckets_[bi].work, "gradient bucket " + std::to_string(bi));
+  wait_for(used_work, "the used-parameter mask");
+  const auto waited = clock_type::now();
+  if (failed_) {
+    broken_ = true;
+    armed_ = false;
+    return make_error(error_);
+  }
+
+  // Union of the buckets' in-flight intervals (they may run concurrently on
+  // the group's threads); launches are in time order.
+  const int64_t waited_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(waited.time_since_epoch()).count();
+  int64_t span_end = 0;
+  double busy = 0;
+  for (auto& b : buckets_) {
+    const int64_t start = std::chrono::duration_cast<std::chrono::nanoseconds>(b.launched_at.time_since_epoch()).count();
+    int64_t end = b.done_ns->load();
+    if (end == 0 || end > waited_ns) end = waited_ns;  // callback not run yet: completion is no later than now
+    end = std::max(end, start);
+    const int64_t from = std::max(start, span_end);
+    if (end > from) busy += static_cast<double>(end - from) * 1e-9;
+    span_end = std::max(span_end, end);
+  }
+  t.allreduce_s = busy;
+  t.exposed_s = seconds_between(entered, waited);
+
+  {
+    torch::NoGradGuard no_grad;
+    const float* u = used.defined() ? used.data_ptr<float>() : nullptr;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      auto& s = slots_[i];
+      auto reduced = buckets_[s.bucket].flat.narrow(0, s.offset, s.numel).view(s.param.sizes());
+      if (s.param.grad().defined())
+        s.param.mutable_grad().copy_(reduced);
+      else if (!u || u[i] > 0)
+        s.param.mutable_grad() = reduced.clone();
+    }
+  }
+
+  for (auto& s : slots_) s.ready = false;
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.slots.size());
+    b.work.reset();
+  }
+  next_launch_ = 0;
+  armed_ = false;
+  if (misuse_) {
+    misuse_ = false;
+    return make_error("a parameter received a second gradient after its bucket was sent: call arm() right before the step's last backward only");
+  }
+  return t;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,132 @@
+#pragma once
+// Data-parallel gradient synchronisation of one rank: the gradients of a
+// module's parameters are packed into flat buckets (in reverse parameter
+// order, since backward produces the last layers' gradients first) and each
+// bucket is allreduced (SUM) asynchronously as soon as all of its gradients
+// are final, while backward goes on computing the earlier layers.
+//
+// The loss is already divided by the global batch size, so the SUM over the
+// ranks of their gradients is the gradient of the global-batch mean loss.
+//
+// Use per step:
+//   for each micro-batch: if it is the step's last, sync.arm(); backward();
+//   auto t = sync.finish();   // param.grad() now holds the reduced gradient
+//
+// Every rank must own the same parameter list (same shapes, same order) and
+// call arm()/finish() once per step; buckets are launched in bucket order on
+// every rank, so collectives always match even when a rank's gradients arrive
+// in a different order or not at all.
+//
+// Not thread-safe across steps: arm(), backward and finish() run on the
+// training thread (LibTorch runs a CPU backward on the calling thread).
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+struct grad_sync_options {
+  // A bucket is closed once it holds at least this many bytes (cluster.bucket_kb * 1024);
+  // a single parameter larger than this gets a bucket of its own.
+  int64_t bucket_bytes = 256 * 1024;
+  // Upper bound for finish() to wait for all buckets (cluster.collective_timeout_ms).
+  std::chrono::milliseconds timeout{30000};
+  // When true, finish() also allreduces a small "was used" mask so that a
+  // parameter no rank used keeps an undefined grad, as in a single process
+  // (AdamW then skips it). When false such a parameter gets a zero grad.
+  // Costs one extra small collective per step.
+  bool find_unused_parameters = false;
+};
+
+// Figures of one step's synchronisation (seconds).
+struct grad_sync_timing {
+  // Wall time during which at least one bucket allreduce was in flight.
+  double allreduce_s = 0;
+  // Time finish() spent waiting: the part of allreduce_s NOT hidden behind backward.
+  double exposed_s = 0;
+  int buckets = 0;
+  // Buckets whose allreduce started before finish() was called (during backward).
+  int launched_in_backward = 0;
+  // 1 - exposed/allreduce (1 when nothing was exposed, 0 when nothing overlapped).
+  double overlap_fraction() const { return allreduce_s > 0 ? std::max(0.0, 1.0 - exposed_s / allreduce_s) : 1.0; }
+};
+
+class grad_sync {
+ public:
+  // params: the module's parameters in module order (only those requiring grad
+  // are synchronised). pg may be null when world size is 1; with a group of
+  // size 1 or no group every call is a no-op.
+  grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d::ProcessGroup> pg, grad_sync_options opts = {});
+  ~grad_sync();
+  grad_sync(const grad_sync&) = delete;
+  grad_sync& operator=(const grad_sync&) = delete;
+
+  // The next backward is the last of this step: launch each bucket's
+  // allreduce as soon as its gradients are final. Backwards that run while
+  // not armed (earlier micro-batches) only accumulate, as usual.
+  void arm();
+
+  // Launches whatever bucket backward did not (unused parameters, or no
+  // backward at all on this rank), waits for every bucket (at most
+  // options.timeout in total), writes the reduced gradients into each
+  // param.grad() and disarms. Never throws. After an error the collectives of
+  // this step may still be running inside the process group; this object
+  // then refuses every later step: rebuild it with a new group.
+  result<grad_sync_timing> finish();
+
+  int world() const { return world_; }
+  int rank() const { return rank_; }
+  size_t bucket_count() const { return buckets_.size(); }
+  // Parameter indices (into the constructor's list) of each bucket, in launch order.
+  std::vector<std::vector<size_t>> bucket_layout() const;
+  // Buckets launched so far in the current armed step (0 after finish()).
+  int launched() const { return static_cast<int>(next_launch_); }
+
+ private:
+  struct param_slot {
+    torch::Tensor param;
+    size_t bucket = 0;
+    int64_t offset = 0;  // in elements, inside the bucket's flat tensor
+    int64_t numel = 0;
+    bool ready = false;  // gradient copied into the bucket in this armed step
+  };
+  struct bucket {
+    std::vector<size_t> slots;
+    torch::Tensor flat;
+    int pending = 0;  // slots not yet ready in this armed step
+    c10::intrusive_ptr<c10d::Work> work;
+    std::chrono::steady_clock::time_point launched_at;
+    std::shared_ptr<std::atomic<int64_t>> done_ns;  // completion time, set by the group's thread
+  };
+  struct hook_state;
+
+  void on_grad_ready(size_t slot);
+  void launch_ready();
+  void launch(size_t b);
+  void pack(size_t slot);
+
+  std::vector<param_slot> slots_;
+  std::vector<bucket> buckets_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  grad_sync_options opts_;
+  int world_ = 1, rank_ = 0;
+  bool armed_ = false;
+  bool failed_ = false;  // this step's collectives failed (error_ says how)
+  bool broken_ = false;  // a step failed: every later finish() refuses
+  bool misuse_ = false;  // a gradient arrived after its bucket was launched
+  std::string error_;
+  size_t next_launch_ = 0;
+  int launched_in_backward_ = 0;
+  std::shared_ptr<hook_state> hooks_;  // disarmed in the destructor; hooks hold it weakly
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooked nodes alive
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hook_keys_;
+};
+
+}  // namespace dtactor

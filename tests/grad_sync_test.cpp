@@ -1,0 +1,282 @@
+#include "runtime/grad_sync.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "model/trainer.hpp"
+#include "runtime/communicator.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::tiny_vit_config;
+
+// Runs fn(rank, group) for `world` ranks as threads over one in-memory store;
+// returns each rank's failure text (empty when it passed its own checks).
+std::vector<std::string> run_ranks(int world, const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
+                                   std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      communicator_options o;
+      o.timeout = collective_timeout;
+      auto pg = make_process_group(store, r, world, o);
+      if (!pg) {
+        errors[r] = pg.message();
+        return;
+      }
+      try {
+        errors[r] = fn(r, pg.value());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+}
+
+// training_state::create seeds the global generator: build states one after
+// another, before any rank thread starts, so that every rank starts equal.
+std::vector<std::unique_ptr<training_state>> make_states(const config& cfg, int n) {
+  configure_threads(cfg);
+  std::vector<std::unique_ptr<training_state>> out;
+  for (int i = 0; i < n; ++i) {
+    auto s = training_state::create(cfg);
+    if (!s) throw std::runtime_error(s.message());
+    out.push_back(std::move(s.value()));
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> params_of(training_state& s) { return s.the_task().module()->parameters(); }
+
+std::vector<torch::Tensor> single_process_gradients(training_state& s) {
+  s.forward_backward(s.order().global_batch(s.step()), s.step());
+  std::vector<torch::Tensor> g;
+  for (auto& t : s.gradients()) g.push_back(t.clone());
+  return g;
+}
+
+// "" when every gradient of `s` matches `want`.
+std::string compare_gradients(training_state& s, const std::vector<torch::Tensor>& want) {
+  auto got = s.gradients();
+  if (got.size() != want.size()) return "parameter count differs";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i].defined()) return "gradient " + std::to_string(i) + " undefined";
+    if (!torch::allclose(got[i], want[i], 1e-4, 1e-6))
+      return "gradient " + std::to_string(i) + " differs by " + std::to_string((got[i] - want[i]).abs().max().item<double>());
+  }
+  return "";
+}
+
+TEST(GradSync, OneStepEqualsSingleProcessGradient) {
+  const int world = 3;  // 32 samples over 3 ranks: slices of 11, 11, 10
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto states = make_states(cfg, world + 1);
+  const auto want = single_process_gradients(*states[world]);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[rank];
+    grad_sync sync(params_of(s), pg, {4 * 1024});
+    s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+    auto t = sync.finish();
+    if (!t) return t.message();
+    if (t->buckets < 2) return "expected several buckets";
+    return compare_gradients(s, want);
+  }));
+}
+
+TEST(GradSync, TrainingStepsMatchSingleProcessAndRanksAgree) {
+  const int world = 2, steps = 5;
+  auto cfg = tiny_vit_config();
+  auto states = make_states(cfg, world + 1);
+  auto& ref = *states[world];
+  for (int i = 0; i < steps; ++i) ref.train_step();
+  std::vector<std::string> digests(world);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[rank];
+    grad_sync sync(params_of(s), pg, {16 * 1024});
+    for (int i = 0; i < steps; ++i) {
+      auto r = s.train_step_dp(rank, world, sync);
+      if (!r) return r.message();
+      if (r->samples != 16) return "rank slice of " + std::to_string(r->samples) + " samples";
+    }
+    digests[rank] = s.params_digest();
+    return s.step() == steps ? "" : "step() did not advance";
+  }));
+  EXPECT_EQ(digests[0], digests[1]);
+  // Gradients agree to float rounding (see above), but AdamW's first steps
+  // move an element by about lr * sign(gradient), so an element whose
+  // gradient is rounding noise may move the other way: bound the worst
+  // element by the step sizes taken and the typical one tightly.
+  auto a = params_of(*states[0]), b = params_of(ref);
+  double worst = 0, total = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto d = (a[i] - b[i]).abs();
+    worst = std::max(worst, d.max().item<double>());
+    total += d.sum().item<double>();
+    n += d.numel();
+  }
+  EXPECT_LT(worst, 2 * steps * cfg.get_double("train.lr"));
+  EXPECT_LT(total / static_cast<double>(n), 1e-6);
+}
+
+TEST(GradSync, MicroBatchAccumulationGivesTheSameGradient) {
+  const int world = 2;
+  auto cfg = tiny_vit_config({"train.micro_batch_size=5"});  // 16 per rank: 5+5+5+1
+  auto states = make_states(cfg, world + 1);
+  const auto want = single_process_gradients(*states[world]);
+  std::vector<int> launched_before_finish(world, -1);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[rank];
+    grad_sync sync(params_of(s), pg, {2 * 1024});
+    for (int step = 0; step < 2; ++step) {  // twice: state resets between steps
+      s.the_task().module()->zero_grad();
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+      launched_before_finish[rank] = sync.launched();
+      auto t = sync.finish();
+      if (!t) return t.message();
+      if (auto e = compare_gradients(s, want); !e.empty()) return e;
+    }
+    return "";
+  }));
+  // Only the last micro-batch's backward launched, and it launched everything.
+  for (int r = 0; r < world; ++r) EXPECT_GT(launched_before_finish[r], 0);
+}
+
+TEST(GradSync, WorldOfOneNeedsNoGroupAndMatchesTrainStep) {
+  auto cfg = tiny_vit_config({"train.micro_batch_size=12"});
+  auto states = make_states(cfg, 2);
+  grad_sync sync(params_of(*states[0]), {}, {});
+  EXPECT_EQ(sync.world(), 1);
+  EXPECT_EQ(sync.bucket_count(), 0u);
+  for (int i = 0; i < 4; ++i) {
+    auto r = states[0]->train_step_dp(0, 1, sync);
+    ASSERT_TRUE(r) << r.message();
+    EXPECT_EQ(r->samples, 32);
+    EXPECT_EQ(r->buckets, 0);
+    states[1]->train_step();
+  }
+  EXPECT_EQ(states[0]->params_digest(), states[1]->params_digest());
+}
+
+TEST(GradSync, BucketCountFollowsBucketSizeAndAllreduceOverlapsBackward) {
+  const int world = 2;
+  auto cfg = tiny_vit_config();
+  auto states = make_states(cfg, world);
+  const size_t n_params = params_of(*states[0]).size();
+  std::vector<size_t> small_buckets(world), huge_buckets(world);
+  std::vector<int> seen_during_backward(world, 0);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[rank];
+    auto params = params_of(s);
+    {
+      grad_sync huge(params, pg, {int64_t{1} << 30});
+      huge_buckets[rank] = huge.bucket_count();
+    }
+    grad_sync sync(params, pg, {1024});
+    small_buckets[rank] = sync.bucket_count();
+    // Buckets hold whole parameters in reverse order; each but the last is
+    // closed by the parameter that brought it to 1 KB or more.
+    size_t expect_next = params.size();
+    const auto layout = sync.bucket_layout();
+    for (size_t k = 0; k < layout.size(); ++k) {
+      int64_t bytes = 0, last = 0;
+      for (size_t i : layout[k]) {
+        if (i != --expect_next) return "bucket layout is not reverse parameter order";
+        last = params[i].numel() * static_cast<int64_t>(params[i].element_size());
+        bytes += last;
+      }
+      if (k + 1 < layout.size() && (bytes < 1024 || bytes - last >= 1024)) return "bucket " + std::to_string(k) + " has the wrong size";
+    }
+    // A gradient hook on each parameter sees how many buckets were already on
+    // the wire while backward was still computing gradients.
+    int& seen = seen_during_backward[rank];
+    std::vector<std::pair<torch::Tensor, unsigned>> handles;
+    for (auto& p : params) handles.emplace_back(p, p.register_hook([&seen, &sync](const torch::Tensor&) { seen = std::max(seen, sync.launched()); }));
+    s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+    for (auto& [p, h] : handles) p.remove_hook(h);
+    auto t = sync.finish();
+    if (!t) return t.message();
+    if (t->launched_in_backward != t->buckets) return "not every bucket was launched during backward";
+    if (!(t->allreduce_s > 0) || t->exposed_s < 0) return "timing not measured";
+    return "";
+  }));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(huge_buckets[r], 1u);
+    EXPECT_GE(small_buckets[r], 5u);  // the tiny ViT holds about 8 KB of parameters
+    EXPECT_LT(small_buckets[r], n_params);
+    EXPECT_GT(seen_during_backward[r], 0);
+  }
+}
+
+// Rank 0 uses p and q, rank 1 only p, nobody uses u: p and q get the sums, u
+// keeps no gradient with find_unused_parameters (and a zero one without).
+TEST(GradSync, UnusedParameters) {
+  for (bool find_unused : {true, false}) {
+    expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+      auto p = torch::zeros({3}, torch::requires_grad()), q = torch::zeros({2}, torch::requires_grad()), u = torch::zeros({4}, torch::requires_grad());
+      grad_sync_options o;
+      o.bucket_bytes = 8;
+      o.find_unused_parameters = find_unused;
+      grad_sync sync({p, q, u}, pg, o);
+      for (int step = 0; step < 2; ++step) {
+        for (auto* t : {&p, &q, &u})
+          if (t->grad().defined()) t->mutable_grad().zero_();
+        sync.arm();
+        auto loss = rank == 0 ? (p * 1).sum() + (q * 2).sum() : (p * 3).sum();
+        loss.backward();
+        auto t = sync.finish();
+        if (!t) return t.message();
+        if (!torch::equal(p.grad(), torch::full({3}, 4.f))) return "p gradient wrong";
+        if (!torch::equal(q.grad(), torch::full({2}, 2.f))) return "q gradient wrong";
+        if (find_unused && u.grad().defined()) return "u got a gradient";
+        if (!find_unused && !torch::equal(u.grad(), torch::zeros({4}))) return "u gradient not zero";
+      }
+      return "";
+    }));
+  }
+}
+
+// A peer that never joins the allreduce: finish() reports it within its
+// timeout instead of throwing or hanging, and refuses later steps.
+TEST(GradSync, TimeoutIsAStatus) {
+  auto errors = run_ranks(
+      2,
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(400));
+          return "";  // leaves without reducing; its group closes the connection
+        }
+        auto p = torch::ones({8}, torch::requires_grad());
+        grad_sync_options o;
+        o.timeout = std::chrono::milliseconds(150);
+        grad_sync sync({p}, pg, o);
+        sync.arm();
+        (p * 2).sum().backward();
+        const auto t0 = std::chrono::steady_clock::now();
+        auto t = sync.finish();
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (t) return "finish() succeeded without the peer";
+        if (waited > 1.0) return "finish() waited " + std::to_string(waited) + " s";
+        if (sync.finish()) return "a second finish() succeeded";
+        return "";
+      },
+      std::chrono::milliseconds(1500));
+  expect_no_errors(errors);
+}
+
+}  // namespace
+}  // namespace dtactor
