@@ -42,6 +42,9 @@ class task {
 // Whether a larger value of this metric is better (accuracy: yes; losses: no).
 bool higher_is_better(const std::string& metric);
 
+// The metric that ranks checkpoints of a model by default (no task needed).
+std::string main_metric_for(const std::string& model_name);
+
 // Builds the task named by model.name, loading its data. Errors (missing data
 // file, impossible shape) come back as one clear line.
 result<std::unique_ptr<task>> make_task(const config& cfg);

@@ -227,6 +227,22 @@ int64_t training_state::parameter_count() {
   return n;
 }
 
+pb::checkpoint_meta training_state::checkpoint_meta(const std::map<std::string, double>& metrics, uint64_t generation) const {
+  pb::checkpoint_meta meta;
+  meta.set_model(cfg_.get_string("model.name"));
+  meta.set_step(step_);
+  meta.set_arch_digest(cfg_.digest({"model."}));
+  meta.set_config_digest(cfg_.digest());
+  meta.set_generation(generation);
+  meta.set_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")));
+  meta.set_global_batch_size(order_->global_batch_size());
+  meta.set_samples_seen(step_ * order_->global_batch_size());
+  meta.set_unix_time(unix_time_now());
+  meta.set_config_toml(cfg_.to_toml());
+  for (const auto& [k, v] : metrics) (*meta.mutable_metrics())[k] = v;
+  return meta;
+}
+
 std::vector<std::pair<std::string, std::string>> training_state::save_sections() {
   torch::serialize::OutputArchive model_ar, optim_ar;
   task_->module()->save(model_ar);
@@ -283,7 +299,9 @@ std::string best_metric_of(const config& cfg, task& t) {
 }
 
 // A checkpoint may only be resumed by a job with the same model and data order.
-status check_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path) {
+}  // namespace
+
+status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path) {
   if (meta.model() != cfg.get_string("model.name"))
     return make_error("checkpoint '" + path + "' was written by model '" + meta.model() + "', but model.name is '" + cfg.get_string("model.name") +
                       "' (use another --run-dir or checkpoint.dir)");
@@ -297,6 +315,8 @@ status check_compatible(const pb::checkpoint_meta& meta, const config& cfg, cons
                       std::to_string(cfg.get_int("train.seed")));
   return {};
 }
+
+namespace {
 
 std::string format_metrics(const std::map<std::string, double>& m) {
   std::string s;
@@ -353,7 +373,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     ckpt = std::move(newest.value());
   }
   if (ckpt) {
-    if (auto st = check_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+    if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
     if (auto st = state.load_sections(ckpt->sections, ckpt->meta.step()); !st) return make_error("'" + ckpt->path + "': " + st.message());
     jn.write("checkpoint_restored", {{"step", ckpt->meta.step()}, {"source", "disk"}, {"path", ckpt->path}});
     prog.log("resumed from " + ckpt->path + " at step " + std::to_string(ckpt->meta.step()));
@@ -381,18 +401,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   int64_t last_saved = ckpt ? ckpt->meta.step() : -1;
   std::map<std::string, double> eval_at_step;  // metrics of an evaluation at the current step
   auto save = [&]() -> status {
-    pb::checkpoint_meta meta;
-    meta.set_model(cfg.get_string("model.name"));
-    meta.set_step(state.step());
-    meta.set_arch_digest(cfg.digest({"model."}));
-    meta.set_config_digest(cfg.digest());
-    meta.set_generation(0);
-    meta.set_seed(static_cast<uint64_t>(cfg.get_int("train.seed")));
-    meta.set_global_batch_size(global_batch);
-    meta.set_samples_seen(state.step() * global_batch);
-    meta.set_unix_time(unix_time_now());
-    meta.set_config_toml(config_text);
-    for (const auto& [k, v] : eval_at_step) (*meta.mutable_metrics())[k] = v;
+    pb::checkpoint_meta meta = state.checkpoint_meta(eval_at_step, 0);
     const auto t0 = clock_type::now();
     auto sections = state.save_sections();
     size_t bytes = 0;
@@ -511,7 +520,7 @@ result<eval_result> run_evaluation(const std::string& target, const std::string&
     if (eq == std::string::npos || eq == 0) return make_error("--set expects key=value, got '" + o + "'");
     if (auto st = cfg.set(o.substr(0, eq), o.substr(eq + 1)); !st) return st.err();
   }
-  if (auto st = check_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+  if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
   configure_threads(cfg);
   auto created = training_state::create(cfg);
   if (!created) return created.err();

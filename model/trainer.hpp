@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint.pb.h"
 #include "model/data_order.hpp"
 #include "model/schedule.hpp"
 #include "model/task.hpp"
@@ -97,6 +98,8 @@ class training_state {
   std::string params_digest();
   int64_t parameter_count();
 
+  // Header of a checkpoint of the current state (step, digests, data position).
+  pb::checkpoint_meta checkpoint_meta(const std::map<std::string, double>& metrics, uint64_t generation) const;
   // Serialized state for checkpoints; load_state() checks compatibility.
   std::vector<std::pair<std::string, std::string>> save_sections();
   status load_sections(const std::map<std::string, std::string>& sections, int64_t step);
@@ -112,6 +115,10 @@ class training_state {
   int64_t micro_batch_ = 0;
   bool bf16_ = false;
 };
+
+// A checkpoint may only be resumed by a job with the same model, model.*
+// settings, global batch and seed (the data order depends on them).
+status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path);
 
 // Checks what can be checked before loading data: batch sizes, heads, paths.
 status validate_training_config(const config& cfg);
