@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "app/cluster.hpp"
 #include "model/trainer.hpp"
 #include "runtime/config.hpp"
 
@@ -44,15 +45,22 @@ int main(int argc, char** argv) {
                "Modes: train, eval, config, local, and --role coordinator|node."};
   app.require_subcommand(0, 1);
 
-  std::string role, listen, coordinator, advertise;
-  int nproc = 1, metrics_port = 0;
-  app.add_option("--role", role, "Run as a cluster process: coordinator or node (not yet available in this build)")
-      ->check(CLI::IsMember({"coordinator", "node"}));
-  app.add_option("--listen", listen, "coordinator: address to bind, e.g. tcp://0.0.0.0:29400");
-  app.add_option("--coordinator", coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
-  app.add_option("--nproc-per-node", nproc, "node: rank processes to start (one per device)");
-  app.add_option("--metrics-port", metrics_port, "Port of the Prometheus /metrics endpoint");
-  app.add_option("--advertise-addr", advertise, "node: address peers should use to reach this machine");
+  std::string role;
+  dtactor::cluster_cli cl;
+  app.add_option("--role", role, "Run as a cluster process: coordinator or node")->check(CLI::IsMember({"coordinator", "node", "rank"}));
+  app.add_option("--listen", cl.listen, "coordinator: address to bind")->capture_default_str();
+  app.add_option("--coordinator", cl.coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
+  app.add_option("--nproc-per-node", cl.nproc_per_node, "node: rank processes to start (one per device)")->capture_default_str();
+  app.add_option("--metrics-port", cl.metrics_port, "Port of the Prometheus /metrics endpoint (0 = none)");
+  app.add_option("--advertise-addr", cl.advertise_addr,
+                 "node: address peers use to reach this machine (default: the one that routes to the coordinator); coordinator: its host "
+                 "as the ranks should reach it");
+  app.add_option("--node-id", cl.node_id, "node: stable name of this machine (default: host name)");
+  app.add_option("--config", cl.config_path, "coordinator: job config file (TOML)");
+  app.add_option("--set", cl.overrides, "coordinator: override a config key (repeatable)")->allow_extra_args(false);
+  app.add_option("--run-dir", cl.run_dir, "coordinator: where the journal and checkpoints go")->capture_default_str();
+  app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
+  app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
 
   std::string config_path, run_dir = "runs/default", resume_from, target;
   std::vector<std::string> overrides;
@@ -78,8 +86,15 @@ int main(int argc, char** argv) {
   cfgcmd->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
   cfgcmd->add_flag("--reference", reference, "List every key, its default and what it does");
 
-  auto* local = app.add_subcommand("local", "A whole cluster on this machine (not yet available in this build)");
-  local->allow_extras();
+  dtactor::cluster_cli lc;
+  lc.run_dir = "runs/local";
+  auto* local = app.add_subcommand("local", "A whole cluster on this machine: a coordinator and N node processes over loopback");
+  local->add_option("--nodes", lc.nodes, "Node processes to start")->capture_default_str();
+  local->add_option("--nproc-per-node", lc.nproc_per_node, "Rank processes per node")->capture_default_str();
+  local->add_option("--config", lc.config_path, "Job config file (TOML)");
+  local->add_option("--set", lc.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  local->add_option("--run-dir", lc.run_dir, "Where the journal and checkpoints go")->capture_default_str();
+  local->add_option("--metrics-port", lc.metrics_port, "Coordinator's /metrics port; node i uses the next ports (0 = none)");
 
   try {
     app.parse(argc, argv);
@@ -91,8 +106,18 @@ int main(int argc, char** argv) {
     return fail(std::string(e.what()) + " (see dtactor --help)", 2);
   }
 
-  if (*local || !role.empty())
-    return fail(std::string(*local ? "local" : "--role " + role) + " is not available in this build yet; use `dtactor train` (single process)", 2);
+  if (*local || !role.empty()) {
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+    if (*local) {
+      lc.stop_signal = &g_stop;
+      return dtactor::run_local(lc);
+    }
+    cl.stop_signal = &g_stop;
+    if (role == "coordinator") return dtactor::run_coordinator(cl);
+    if (role == "node") return dtactor::run_node(cl);
+    return dtactor::run_rank(cl);
+  }
 
   if (*cfgcmd) {
     if (reference) {

@@ -130,7 +130,7 @@ void rank_worker::run(pb::generation_plan plan) {
       so.isServer = false;
       so.waitWorkers = false;
       so.timeout = timeout;
-      auto store = c10::make_intrusive<c10d::TCPStore>(plan.store_host(), so);
+      auto store = c10::make_intrusive<c10d::TCPStore>(plan.store_host().empty() ? opts_.default_store_host : plan.store_host(), so);
       communicator_options co;
       co.backend = cfg.get_string("cluster.backend");
       co.timeout = timeout;

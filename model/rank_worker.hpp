@@ -30,6 +30,7 @@ struct rank_worker_options {
   int local_rank = 0;
   int local_world = 1;          // ranks on this machine (threads are split between them)
   std::string advertise_addr;   // this machine's address for the collectives
+  std::string default_store_host;  // used when the plan names no store host
 };
 
 class rank_worker {

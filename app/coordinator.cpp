@@ -1,0 +1,437 @@
+// The coordinator process: membership/rendezvous and job actors (actors/),
+// a registry actor that keeps the journal, the checkpoints and the job's
+// metrics, the ZeroMQ bridge to the nodes and the c10d store ranks meet at.
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <caf/all.hpp>
+
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+#include "actors/coordinator_actors.hpp"
+#include "actors/messages.hpp"
+#include "app/cluster.hpp"
+#include "app/cluster_util.hpp"
+#include "model/task.hpp"
+#include "model/trainer.hpp"
+#include "monitoring/journal.hpp"
+#include "monitoring/metrics.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/fs.hpp"
+#include "runtime/wire.hpp"
+#include "runtime/zmq_bridge.hpp"
+
+namespace dtactor {
+
+namespace {
+
+int fail(const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+  return code;
+}
+
+// What the coordinator's registry needs, shared with the process's main thread.
+struct coordinator_shared {
+  journal jn;
+  metrics* m = nullptr;
+  std::optional<checkpoint_store> store;
+  config cfg;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  int exit_code = 0;
+};
+
+// Per-step aggregation of the ranks' reports.
+struct step_row {
+  int world = 0;
+  int reports = 0;
+  double loss_weighted = 0;
+  int64_t samples = 0;
+  double max_step_s = 0;
+  double allreduce_s = 0, exposed_s = 0;
+  double lr = 0;
+};
+
+struct registry_state {
+  coordinator_shared* sh = nullptr;
+  uint64_t generation = 0;
+  int32_t world = 0;
+  std::map<int64_t, step_row> steps;
+  int64_t last_logged = 0;
+  double window_samples = 0, window_time = 0;
+  std::map<int32_t, std::string> finished;  // global rank -> params digest
+  std::map<std::string, double> last_eval;
+  int64_t last_step = 0;
+  static inline const char* name = "dtactor.registry";
+};
+
+using registry_self = caf::stateful_actor<registry_state>*;
+
+using gen_atom = caf::atom_constant<caf::atom("gen")>;
+
+void on_step(registry_self self, const pb::step_report& r) {
+  auto& st = self->state;
+  auto& row = st.steps[r.step()];
+  row.world = r.world_size();
+  ++row.reports;
+  row.loss_weighted += r.loss() * static_cast<double>(r.samples());
+  row.samples += r.samples();
+  row.max_step_s = std::max(row.max_step_s, r.step_s());
+  row.allreduce_s = std::max(row.allreduce_s, r.allreduce_s());
+  row.exposed_s = std::max(row.exposed_s, r.allreduce_exposed_s());
+  row.lr = r.lr();
+  if (row.reports < row.world) return;
+  // Every rank has reported this step.
+  const auto& cfg = st.sh->cfg;
+  auto* m = st.sh->m;
+  const int64_t step = r.step();
+  st.last_step = std::max(st.last_step, step);
+  const double loss = row.samples > 0 ? row.loss_weighted / static_cast<double>(row.samples) : 0.0;
+  st.window_samples += static_cast<double>(row.samples);
+  st.window_time += row.max_step_s;
+  if (m) {
+    m->step().Set(static_cast<double>(step));
+    m->samples().Increment(static_cast<double>(row.samples));
+    m->loss().Set(loss);
+    m->learning_rate().Set(row.lr);
+    m->step_duration().Observe(row.max_step_s);
+    m->allreduce_duration().Observe(row.allreduce_s);
+  }
+  const int64_t every = cfg.get_int("train.log_every_steps");
+  if (step % every == 0 || step == cfg.get_int("train.max_steps")) {
+    const double sps = st.window_time > 0 ? st.window_samples / st.window_time : 0.0;
+    if (m) m->samples_per_second().Set(sps);
+    st.sh->jn.write("step", {{"step", step},
+                             {"world_size", row.world},
+                             {"generation", st.generation},
+                             {"loss", loss},
+                             {"lr", row.lr},
+                             {"samples_per_s", sps},
+                             {"allreduce_s", row.allreduce_s},
+                             {"allreduce_exposed_s", row.exposed_s}});
+    std::fprintf(stderr, "step %lld/%lld | loss %.4f | %.0f samples/s | world %d\n", static_cast<long long>(step),
+                 static_cast<long long>(cfg.get_int("train.max_steps")), loss, sps, row.world);
+    st.window_samples = st.window_time = 0;
+  }
+  st.steps.erase(st.steps.begin(), st.steps.upper_bound(step));
+}
+
+void on_checkpoint(registry_self self, uint64_t generation, const pb::checkpoint_data& d) {
+  auto& st = self->state;
+  pb::checkpoint_meta meta;
+  if (!meta.ParseFromString(d.meta())) {
+    st.sh->jn.write("checkpoint_failed", {{"step", d.step()}, {"reason", "meta does not parse"}});
+    return;
+  }
+  meta.set_generation(generation);
+  std::vector<std::pair<std::string, std::string>> sections;
+  size_t bytes = 0;
+  for (const auto& s : d.sections()) {
+    sections.emplace_back(s.name(), s.data());
+    bytes += s.data().size();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto path = st.sh->store->save(std::move(meta), sections);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!path) {
+    std::fprintf(stderr, "dtactor: checkpoint at step %lld not saved: %s\n", static_cast<long long>(d.step()), path.message().c_str());
+    st.sh->jn.write("checkpoint_failed", {{"step", d.step()}, {"reason", path.message()}});
+    return;
+  }
+  if (st.sh->m) st.sh->m->checkpoint_save().Observe(dt);
+  st.sh->jn.write("checkpoint_saved", {{"step", d.step()}, {"path", path.value()}, {"bytes", bytes}, {"generation", generation}, {"duration_s", dt}});
+}
+
+void maybe_finish(registry_self self) {
+  auto& st = self->state;
+  if (st.world <= 0 || static_cast<int32_t>(st.finished.size()) < st.world) return;
+  std::set<std::string> digests;
+  for (const auto& [r, d] : st.finished) digests.insert(d);
+  nlohmann::json ev = {{"step", st.last_step}, {"params_digest", *digests.begin()}, {"world_size", st.world}, {"generation", st.generation}};
+  for (const auto& [k, v] : st.last_eval) ev[k] = v;
+  int code = 0;
+  if (digests.size() != 1) {
+    ev["error"] = "ranks finished with different parameters";
+    code = 1;
+  }
+  st.sh->jn.write("job_finished", ev);
+  std::fprintf(stdout, "finished at step %lld:", static_cast<long long>(st.last_step));
+  for (const auto& [k, v] : st.last_eval) std::fprintf(stdout, " %s=%.4f", k.c_str(), v);
+  std::fprintf(stdout, " params_digest=%s world_size=%d\n", digests.begin()->c_str(), st.world);
+  std::fflush(stdout);
+  {
+    std::lock_guard<std::mutex> lock(st.sh->mu);
+    st.sh->finished = true;
+    st.sh->exit_code = code;
+  }
+  st.sh->cv.notify_all();
+}
+
+caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
+  self->state.sh = sh;
+  return {
+      [=](gen_atom, uint64_t generation, int32_t world) {
+        auto& st = self->state;
+        if (generation <= st.generation) return;
+        st.generation = generation;
+        st.world = world;
+        st.steps.clear();
+        st.finished.clear();
+        if (st.sh->m) {
+          st.sh->m->generation().Set(static_cast<double>(generation));
+          st.sh->m->world_size().Set(world);
+        }
+      },
+      [=](inbound& in) {
+        auto& st = self->state;
+        const auto& env = in.env;
+        // Fencing: reports from another generation than the current one are
+        // dropped (a zombie can neither steer the job nor write state).
+        if (env.generation() != st.generation) return;
+        switch (env.body_case()) {
+          case pb::envelope::kStepReport:
+            on_step(self, env.step_report());
+            break;
+          case pb::envelope::kEvalReport: {
+            const auto& e = env.eval_report();
+            nlohmann::json ev = {{"step", e.step()}, {"duration_s", e.duration_s()}};
+            st.last_eval.clear();
+            for (const auto& [k, v] : e.metrics()) {
+              ev[k] = v;
+              st.last_eval[k] = v;
+            }
+            std::vector<std::string> ex(e.examples().begin(), e.examples().end());
+            if (!ex.empty()) ev["examples"] = ex;
+            st.sh->jn.write("eval", ev);
+            std::string line = "eval at step " + std::to_string(e.step()) + ":";
+            for (const auto& [k, v] : e.metrics()) line += " " + k + " " + std::to_string(v);
+            std::fprintf(stderr, "%s\n", line.c_str());
+            break;
+          }
+          case pb::envelope::kCheckpointData:
+            on_checkpoint(self, env.generation(), env.checkpoint_data());
+            break;
+          case pb::envelope::kRankStatus: {
+            const auto& s = env.rank_status();
+            if (s.status() == pb::rank_status::STATE_FINISHED) {
+              st.finished[s.global_rank()] = s.detail();
+              st.last_step = std::max(st.last_step, s.step());
+              maybe_finish(self);
+            } else if (s.status() == pb::rank_status::STATE_FAILED || s.status() == pb::rank_status::STATE_EXITED) {
+              st.sh->jn.write(s.status() == pb::rank_status::STATE_FAILED ? "rank_failed" : "rank_exited",
+                              {{"rank", s.global_rank()}, {"local_rank", s.local_rank()}, {"node", env.sender()}, {"detail", s.detail()},
+                               {"exit_code", s.exit_code()}, {"step", s.step()}});
+              std::fprintf(stderr, "dtactor: rank %d (%s) %s: %s\n", s.global_rank(), env.sender().c_str(),
+                           s.status() == pb::rank_status::STATE_FAILED ? "failed" : "exited", s.detail().c_str());
+            }
+            break;
+          }
+          case pb::envelope::kJobError:
+            st.sh->jn.write("job_error", {{"node", env.sender()}, {"message", env.job_error().message()}});
+            break;
+          default:
+            break;
+        }
+      },
+  };
+}
+
+}  // namespace
+
+int run_coordinator(const cluster_cli& cli) {
+  auto loaded = config::load(cli.config_path, cli.overrides);
+  if (!loaded) return fail(loaded.message(), 2);
+  auto sh = std::make_unique<coordinator_shared>();
+  sh->cfg = std::move(loaded.value());
+  const config& cfg = sh->cfg;
+  if (auto st = validate_training_config(cfg); !st) return fail(st.message(), 2);
+  auto listen = parse_tcp_endpoint(cli.listen, "--listen");
+  if (!listen) return fail(listen.message(), 2);
+  if (auto st = ensure_writable_dir(cli.run_dir); !st) return fail("run directory: " + st.message());
+  if (auto st = sh->jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
+  const std::string config_text = cfg.to_toml();
+  if (auto st = write_file_atomic(cli.run_dir + "/config.toml", {config_text}); !st) return fail(st.message());
+
+  checkpoint_policy policy;
+  policy.keep_last = static_cast<int>(cfg.get_int("checkpoint.keep_last"));
+  policy.keep_best = cfg.get_bool("checkpoint.keep_best");
+  policy.best_metric = cfg.get_string("checkpoint.best_metric").empty() ? main_metric_for(cfg.get_string("model.name"))
+                                                                         : cfg.get_string("checkpoint.best_metric");
+  policy.higher_is_better = higher_is_better(policy.best_metric);
+  const std::string ckpt_dir = cfg.get_string("checkpoint.dir").empty() ? cli.run_dir + "/checkpoints" : cfg.get_string("checkpoint.dir");
+  auto store = checkpoint_store::open(ckpt_dir, policy);
+  if (!store) return fail(store.message());
+  sh->store.emplace(std::move(store.value()));
+
+  // Resume from disk: the newest valid checkpoint goes to global rank 0 of
+  // generation 1, which broadcasts it.
+  std::string resume_blob;
+  int64_t resume_step = -1;
+  auto newest = sh->store->load_newest_valid([&](const std::string& path, const std::string& why) {
+    std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+    sh->jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+  });
+  if (!newest) return fail(newest.message());
+  if (newest.value()) {
+    const auto& ck = *newest.value();
+    if (auto st = check_checkpoint_compatible(ck.meta, cfg, ck.path); !st) return fail(st.message(), 2);
+    pb::checkpoint_data d;
+    d.set_step(ck.meta.step());
+    for (const auto& [name, data] : ck.sections) {
+      auto* s = d.add_sections();
+      s->set_name(name);
+      s->set_data(data);
+    }
+    d.SerializeToString(&resume_blob);
+    resume_step = ck.meta.step();
+    sh->jn.write("checkpoint_restored", {{"step", resume_step}, {"source", "disk"}, {"path", ck.path}});
+  }
+
+  const std::string job_id = job_id_for(cli.run_dir);
+  metrics m(job_id);
+  sh->m = &m;
+  if (cli.metrics_port > 0)
+    if (auto st = m.serve(cli.metrics_port); !st) return fail(st.message());
+
+  // The c10d store ranks build their communicators through.
+  auto store_port = pick_free_tcp_port();
+  if (!store_port) return fail(store_port.message());
+  c10::intrusive_ptr<c10d::TCPStore> tcp_store;
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(store_port.value());
+    so.isServer = true;
+    so.waitWorkers = false;
+    so.timeout = std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms"));
+    tcp_store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  } catch (const std::exception& e) {
+    return fail(std::string("cannot start the c10d store: ") + e.what());
+  }
+
+  caf::actor_system_config sys_cfg;
+  add_message_types(sys_cfg);
+  sys_cfg.set("scheduler.max-threads", 2);
+  caf::actor_system sys{sys_cfg};
+
+  const uint64_t incarnation = wire::new_incarnation();
+  envelope_header header;
+  header.job_id = job_id;
+  header.sender = "coordinator";
+  header.incarnation = incarnation;
+
+  std::unique_ptr<zmq_bridge> bridge;
+  auto registry = sys.spawn<caf::detached>(registry_actor, sh.get());
+  // Outbound tap: the journal's membership events are read off what the
+  // membership actor sends (accepted acks, new plans).
+  std::mutex tap_mu;
+  std::map<std::string, std::string> peer_node;  // routing id -> node id
+  uint64_t last_plan_gen = 0;
+  outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
+    if (env.has_register_ack() && env.register_ack().accepted()) {
+      std::lock_guard<std::mutex> lock(tap_mu);
+      sh->jn.write("node_joined", {{"node", peer_node.count(peer) ? peer_node[peer] : peer}, {"node_rank", env.register_ack().node_rank()}});
+    } else if (env.has_generation_plan()) {
+      std::lock_guard<std::mutex> lock(tap_mu);
+      const auto& p = env.generation_plan();
+      if (p.generation() > last_plan_gen) {
+        last_plan_gen = p.generation();
+        std::set<std::string> nodes;
+        for (const auto& r : p.ranks()) nodes.insert(r.node_id());
+        sh->jn.write("generation_started", {{"generation", p.generation()},
+                                            {"world_size", p.world_size()},
+                                            {"start_step", p.start_step()},
+                                            {"state_root", p.state_root()},
+                                            {"nodes", std::vector<std::string>(nodes.begin(), nodes.end())}});
+        m.nodes_alive().Set(static_cast<double>(nodes.size()));
+        caf::anon_send(registry, gen_atom::value, p.generation(), p.world_size());
+        std::fprintf(stderr, "generation %llu: world size %d, from step %lld\n", static_cast<unsigned long long>(p.generation()),
+                     p.world_size(), static_cast<long long>(p.start_step()));
+      }
+    }
+    if (bridge) (void)bridge->send(link, peer, env);
+  };
+
+  coordinator_options copts = coordinator_options_from(cfg);
+  copts.header = header;
+  copts.store_host = cli.advertise_addr.empty() ? (listen->host == "0.0.0.0" || listen->host == "*" ? "" : listen->host) : cli.advertise_addr;
+  copts.store_port = store_port.value();
+  copts.config_toml = config_text;
+  copts.resume_checkpoint = resume_blob;
+  copts.resume_step = resume_step;
+  copts.log = [](const std::string& line) { std::fprintf(stderr, "coordinator: %s\n", line.c_str()); };
+  job_options jopts = job_options_from(cfg);
+  jopts.header = header;
+  jopts.initial_step = std::max<int64_t>(0, resume_step);
+  jopts.log = copts.log;
+  auto job = sys.spawn(job_actor, jopts, out);
+  auto members = sys.spawn(membership_actor, copts, out, job);
+
+  zmq_bridge_options bo;
+  bo.job_id = job_id;
+  bridge = std::make_unique<zmq_bridge>(
+      bo,
+      [&](const std::string& link, const std::string& peer, pb::envelope env) {
+        if (env.has_register_node()) {
+          std::lock_guard<std::mutex> lock(tap_mu);
+          peer_node[peer] = env.register_node().node_id();
+        }
+        const bool report = env.has_step_report() || env.has_eval_report() || env.has_checkpoint_data() || env.has_rank_status() ||
+                            env.has_job_error();
+        if (report) caf::anon_send(registry, inbound{link, peer, env});
+        caf::anon_send(members, inbound{link, peer, std::move(env)});
+      },
+      [&](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); });
+  auto bound = bridge->add_router(links::nodes, cli.listen);
+  if (!bound) {
+    caf::anon_send_exit(members, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(job, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);
+    return fail("cannot listen on " + cli.listen + ": " + bound.message());
+  }
+  sh->jn.write("coordinator_started", {{"listen", bound.value()},
+                                       {"job_id", job_id},
+                                       {"store_port", store_port.value()},
+                                       {"metrics_port", cli.metrics_port},
+                                       {"resume_step", resume_step}});
+  std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", job_id.c_str(), bound.value().c_str(),
+               static_cast<long long>(cfg.get_int("cluster.min_nodes")));
+
+  int code = 0;
+  {
+    std::unique_lock<std::mutex> lock(sh->mu);
+    while (!sh->finished) {
+      sh->cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (cli.stop_signal && cli.stop_signal->load() != 0 && !sh->finished) {
+        code = 128 + cli.stop_signal->load();
+        break;
+      }
+    }
+    if (sh->finished) code = sh->exit_code;
+  }
+  if (code >= 128) {
+    // Interrupted: tell every node to stop.
+    sh->jn.write("job_stopped", {{"reason", "signal " + std::to_string(code - 128)}});
+    auto env = make_envelope(header, last_plan_gen);
+    env.mutable_shutdown()->set_reason("coordinator stopped by signal " + std::to_string(code - 128));
+    for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
+  } else {
+    // The job actor has sent `shutdown` to the nodes; send it again in case it
+    // raced ahead of the registry's view, then let the bridge flush.
+    auto env = make_envelope(header, last_plan_gen);
+    env.mutable_shutdown()->set_reason("job finished");
+    for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
+  }
+  // Sockets close with linger 0: give ZeroMQ a moment to put the shutdowns
+  // on the wire (nodes that miss them notice the coordinator's silence).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  bridge->stop();
+  caf::anon_send_exit(members, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(job, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);
+  return code;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,69 @@
+// `dtactor local`: a coordinator and N node processes on this machine, over
+// loopback, on free ports. Its exit code is the coordinator's.
+#include <signal.h>
+
+#include <cstdio>
+
+#include "app/cluster.hpp"
+#include "runtime/process.hpp"
+#include "runtime/zmq_bridge.hpp"
+
+namespace dtactor {
+
+int run_local(const cluster_cli& cli) {
+  auto fail = [](const std::string& msg, int code) {
+    std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+    return code;
+  };
+  if (cli.nodes < 1 || cli.nodes > 64) return fail("--nodes must be 1..64", 2);
+  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 64) return fail("--nproc-per-node must be 1..64", 2);
+  auto port = pick_free_tcp_port();
+  if (!port) return fail(port.message(), 1);
+  const std::string exe = self_executable();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port.value());
+
+  std::vector<std::string> coord = {exe, "--role", "coordinator", "--listen", endpoint, "--run-dir", cli.run_dir};
+  if (!cli.config_path.empty()) coord.insert(coord.end(), {"--config", cli.config_path});
+  for (const auto& o : cli.overrides) coord.insert(coord.end(), {"--set", o});
+  // A local job starts when all its nodes are there.
+  coord.insert(coord.end(), {"--set", "cluster.min_nodes=" + std::to_string(cli.nodes)});
+  if (cli.metrics_port > 0) coord.insert(coord.end(), {"--metrics-port", std::to_string(cli.metrics_port)});
+  auto c = child_process::spawn(coord);
+  if (!c) return fail(c.message(), 1);
+
+  std::vector<child_process> nodes;
+  for (int i = 0; i < cli.nodes; ++i) {
+    std::vector<std::string> args = {exe, "--role", "node", "--coordinator", endpoint, "--nproc-per-node", std::to_string(cli.nproc_per_node),
+                                     "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1"};
+    if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i)});
+    auto n = child_process::spawn(args);
+    if (!n) {
+      c->signal(SIGTERM);
+      return fail(n.message(), 1);
+    }
+    nodes.push_back(std::move(n.value()));
+  }
+  std::fprintf(stderr, "local: coordinator on %s, %d node(s) x %d rank(s), run dir %s\n", endpoint.c_str(), cli.nodes, cli.nproc_per_node,
+               cli.run_dir.c_str());
+
+  // Wait for the coordinator; pass a SIGINT/SIGTERM on to it once.
+  bool forwarded = false;
+  std::optional<child_exit> done;
+  while (!(done = c->wait(100))) {
+    const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+    if (sig != 0 && !forwarded) {
+      forwarded = true;
+      c->signal(sig);
+    }
+  }
+  // The coordinator told the nodes to shut down; give them a few seconds.
+  for (auto& n : nodes)
+    if (!n.wait(5000)) n.signal(SIGTERM);
+  for (auto& n : nodes)
+    if (!n.wait(5000)) n.signal(SIGKILL);
+  for (auto& n : nodes) n.wait();
+  if (done->signaled) return 128 + done->signal;
+  return done->exit_code;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,197 @@
+// The node process: the node agent actor (actors/node_agent), the ZeroMQ
+// bridge (a DEALER to the coordinator, a ROUTER on an ipc socket for the
+// ranks), and the rank processes it starts and reaps.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <caf/all.hpp>
+
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "actors/messages.hpp"
+#include "actors/node_agent.hpp"
+#include "app/cluster.hpp"
+#include "app/cluster_util.hpp"
+#include "monitoring/metrics.hpp"
+#include "runtime/process.hpp"
+#include "runtime/wire.hpp"
+#include "runtime/zmq_bridge.hpp"
+
+namespace dtactor {
+
+namespace {
+
+int fail(const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+  return code;
+}
+
+// Starts rank processes (this binary, --role rank) and reaps them on its own
+// thread, reporting each exit to the node agent as a rank_exit message.
+class rank_launcher : public process_launcher {
+ public:
+  rank_launcher(std::vector<std::string> base_args) : base_(std::move(base_args)) {}
+  ~rank_launcher() override { stop(); }
+
+  void attach(caf::actor agent) {
+    agent_ = std::move(agent);
+    reaper_ = std::thread([this] { reap(); });
+  }
+
+  result<int32_t> spawn(int32_t local_rank) override {
+    auto args = base_;
+    args.push_back("--local-rank");
+    args.push_back(std::to_string(local_rank));
+    auto c = child_process::spawn(args);
+    if (!c) return c.err();
+    const pid_t pid = c->release();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ranks_[pid] = local_rank;
+    }
+    cv_.notify_all();
+    return static_cast<int32_t>(pid);
+  }
+
+  void terminate(int32_t pid) override { ::kill(pid, SIGKILL); }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      for (const auto& [pid, l] : ranks_) ::kill(pid, SIGKILL);
+    }
+    cv_.notify_all();
+    if (reaper_.joinable()) reaper_.join();
+  }
+
+ private:
+  void reap() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !ranks_.empty(); });
+        if (stopping_ && ranks_.empty()) return;
+      }
+      int st = 0;
+      const pid_t pid = ::waitpid(-1, &st, 0);  // blocks until a child ends
+      if (pid <= 0) {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (stopping_) return;
+        continue;
+      }
+      int32_t local = -1;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = ranks_.find(pid);
+        if (it == ranks_.end()) continue;
+        local = it->second;
+        ranks_.erase(it);
+      }
+      const int32_t code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+      caf::anon_send(agent_, rank_exit_atom::value, local, static_cast<int32_t>(pid), code);
+    }
+  }
+
+  std::vector<std::string> base_;
+  caf::actor agent_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<pid_t, int32_t> ranks_;
+  bool stopping_ = false;
+  std::thread reaper_;
+};
+
+}  // namespace
+
+int run_node(const cluster_cli& cli) {
+  if (cli.coordinator.empty()) return fail("--role node needs --coordinator tcp://HOST:PORT", 2);
+  auto coord = parse_tcp_endpoint(cli.coordinator, "--coordinator");
+  if (!coord) return fail(coord.message(), 2);
+  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 1024) return fail("--nproc-per-node must be 1..1024", 2);
+  std::string advertise = cli.advertise_addr;
+  if (advertise.empty()) advertise = local_address_towards(coord->host, coord->port);
+  if (advertise.empty()) return fail("cannot find this machine's address towards " + coord->host + "; set --advertise-addr", 2);
+  const std::string node_id = cli.node_id.empty() ? host_name() : cli.node_id;
+  const uint64_t incarnation = wire::new_incarnation();
+
+  metrics m;
+  if (cli.metrics_port > 0)
+    if (auto st = m.serve(cli.metrics_port); !st) return fail(st.message());
+
+  // Ranks reach their node over an ipc socket private to this process.
+  const std::string ipc_path = (std::filesystem::temp_directory_path() / ("dtactor-" + std::to_string(::getpid()) + "-" +
+                                                                          std::to_string(incarnation % 100000) + ".ipc"))
+                                   .string();
+  const std::string ranks_endpoint = "ipc://" + ipc_path;
+
+  caf::actor_system_config sys_cfg;
+  add_message_types(sys_cfg);
+  sys_cfg.set("scheduler.max-threads", 2);
+  caf::actor_system sys{sys_cfg};
+
+  std::unique_ptr<zmq_bridge> bridge;
+  outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
+    if (bridge) (void)bridge->send(link, peer, env);
+  };
+
+  node_agent_options o;
+  o.node_id = node_id;
+  o.advertise_addr = advertise;
+  o.hostname = host_name();
+  o.nproc = cli.nproc_per_node;
+  o.metrics_port = cli.metrics_port;
+  o.header.sender = "node/" + node_id;
+  o.header.incarnation = incarnation;
+  o.liveness.heartbeat_interval = std::chrono::milliseconds(100);
+  o.liveness.heartbeat_timeout = std::chrono::milliseconds(3000);
+  o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); };
+
+  auto launcher = std::make_shared<rank_launcher>(std::vector<std::string>{
+      self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", node_id, "--coordinator", cli.coordinator,
+      "--advertise-addr", advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node)});
+  auto agent = sys.spawn(node_agent, o, out, launcher);
+  launcher->attach(agent);
+
+  bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [&](const std::string& link, const std::string& peer, pb::envelope env) {
+    if (env.has_register_ack() && env.register_ack().accepted()) bridge->set_job_id(env.register_ack().job_id());
+    caf::anon_send(agent, inbound{link, peer, std::move(env)});
+  });
+  if (auto r = bridge->add_router(links::ranks, ranks_endpoint); !r) return fail("cannot open " + ranks_endpoint + ": " + r.message());
+  if (auto r = bridge->add_dealer(links::coordinator, cli.coordinator, "node/" + node_id + "/" + std::to_string(incarnation)); !r)
+    return fail("cannot connect to " + cli.coordinator + ": " + r.message());
+  std::fprintf(stderr, "node: '%s' (%s) connecting to %s with %d rank(s)\n", node_id.c_str(), advertise.c_str(), cli.coordinator.c_str(),
+               cli.nproc_per_node);
+  caf::anon_send(agent, start_atom::value);
+
+  // Wait for the agent to quit (shutdown from the coordinator, or a leave).
+  int code = 0;
+  {
+    caf::scoped_actor self{sys};
+    self->monitor(agent);
+    bool done = false, left = false;
+    while (!done) {
+      self->receive([&](const caf::down_msg&) { done = true; },
+                    caf::after(std::chrono::milliseconds(100)) >> [&] {
+                      const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+                      if (sig != 0 && !left) {
+                        left = true;
+                        code = 128 + sig;
+                        caf::anon_send(agent, leave_atom::value, std::string("signal ") + std::to_string(sig));
+                      }
+                    });
+    }
+  }
+  launcher->stop();
+  bridge->stop();
+  std::error_code ec;
+  std::filesystem::remove(ipc_path, ec);
+  return code;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,159 @@
+// A rank process (started by its node agent, one per device): a small
+// control actor that talks to the node over the bridge, and the training
+// thread (model/rank_worker) that runs the generation's steps.
+#include <sys/prctl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <caf/all.hpp>
+
+#include <cstdio>
+
+#include "actors/messages.hpp"
+#include "app/cluster.hpp"
+#include "app/cluster_util.hpp"
+#include "model/rank_worker.hpp"
+#include "runtime/wire.hpp"
+#include "runtime/zmq_bridge.hpp"
+
+namespace dtactor {
+
+namespace {
+
+int fail(const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+  return code;
+}
+
+using report_atom = caf::atom_constant<caf::atom("report")>;
+
+struct rank_actor_state {
+  envelope_header header;
+  uint64_t generation = 0;
+  std::function<void(pb::envelope)> send;
+  std::unique_ptr<rank_worker> worker;
+  rank_worker_options wopts;
+  static inline const char* name = "dtactor.rank";
+};
+
+using rank_self = caf::stateful_actor<rank_actor_state>*;
+
+caf::behavior rank_actor(rank_self self, envelope_header header, rank_worker_options wopts, std::function<void(pb::envelope)> send) {
+  auto& st = self->state;
+  st.header = std::move(header);
+  st.wopts = std::move(wopts);
+  st.send = std::move(send);
+  // The training thread's reports come back here as envelopes, stamped with
+  // the generation they belong to.
+  auto relay = [self](pb::envelope env) { caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, inbound{"node", "", std::move(env)}); };
+  rank_worker_callbacks cb;
+  cb.on_step = [relay](pb::step_report r) {
+    pb::envelope e;
+    *e.mutable_step_report() = std::move(r);
+    relay(std::move(e));
+  };
+  cb.on_eval = [relay](pb::eval_report r) {
+    pb::envelope e;
+    *e.mutable_eval_report() = std::move(r);
+    relay(std::move(e));
+  };
+  cb.on_checkpoint = [relay](pb::checkpoint_data d) {
+    pb::envelope e;
+    *e.mutable_checkpoint_data() = std::move(d);
+    relay(std::move(e));
+  };
+  cb.on_status = [relay](pb::rank_status s) {
+    pb::envelope e;
+    *e.mutable_rank_status() = std::move(s);
+    relay(std::move(e));
+  };
+  st.worker = std::make_unique<rank_worker>(st.wopts, std::move(cb));
+  return {
+      [=](start_atom) {
+        auto& st = self->state;
+        pb::envelope hello = make_envelope(st.header, 0);
+        hello.mutable_rank_hello()->set_local_rank(st.wopts.local_rank);
+        hello.mutable_rank_hello()->set_pid(static_cast<int32_t>(::getpid()));
+        st.send(std::move(hello));
+      },
+      [=](report_atom, inbound& in) {
+        auto& st = self->state;
+        pb::envelope env = make_envelope(st.header, st.generation);
+        env.MergeFrom(in.env);
+        env.set_generation(st.generation);
+        st.send(std::move(env));
+      },
+      [=](inbound& in) {
+        auto& st = self->state;
+        if (in.env.has_generation_plan()) {
+          const auto& plan = in.env.generation_plan();
+          if (plan.generation() <= st.generation) return;  // fenced: not newer
+          if (st.worker->running()) {
+            // Changing generation mid-run is the fault-handling work; until
+            // then a rank runs one generation.
+            std::fprintf(stderr, "dtactor: rank %d: ignoring generation %llu while generation %llu runs\n", st.wopts.local_rank,
+                         static_cast<unsigned long long>(plan.generation()), static_cast<unsigned long long>(st.generation));
+            return;
+          }
+          st.generation = plan.generation();
+          if (!in.env.job_id().empty()) st.header.job_id = in.env.job_id();
+          st.worker->start(plan);
+        } else if (in.env.has_shutdown()) {
+          st.worker->request_stop();
+          st.worker->join();
+          self->quit();
+        }
+      },
+  };
+}
+
+}  // namespace
+
+int run_rank(const cluster_cli& cli) {
+  // A rank never outlives its node agent (kill -9 of a node takes its ranks).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() == 1) return fail("rank started without a node agent");
+  if (cli.node_endpoint.empty()) return fail("--role rank is started by a node agent (needs --node-endpoint)", 2);
+
+  rank_worker_options w;
+  w.node_id = cli.node_id;
+  w.local_rank = cli.local_rank;
+  w.local_world = cli.nproc_per_node;
+  w.advertise_addr = cli.advertise_addr;
+  // An empty store host in the plan means: the coordinator's host as this node reaches it.
+  if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;
+
+  envelope_header header;
+  header.sender = "rank/" + cli.node_id + "/" + std::to_string(cli.local_rank);
+  header.incarnation = wire::new_incarnation();
+
+  caf::actor_system_config sys_cfg;
+  add_message_types(sys_cfg);
+  sys_cfg.set("scheduler.max-threads", 1);
+  caf::actor_system sys{sys_cfg};
+
+  // The actor first (it only sends after start_atom), then the bridge that
+  // feeds it; start_atom orders the bridge's creation before any send.
+  std::unique_ptr<zmq_bridge> bridge;
+  auto send = [&bridge](pb::envelope env) { (void)bridge->send("node", "", env); };
+  caf::actor actor = sys.spawn(rank_actor, header, w, send);
+  bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [actor](const std::string& link, const std::string& peer, pb::envelope env) {
+    caf::anon_send(actor, inbound{link, peer, std::move(env)});
+  });
+  if (auto r = bridge->add_dealer("node", cli.node_endpoint, header.sender + "/" + std::to_string(header.incarnation)); !r) {
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+    return fail("cannot reach the node agent at " + cli.node_endpoint + ": " + r.message());
+  }
+  caf::anon_send(actor, start_atom::value);
+  {
+    caf::scoped_actor self{sys};
+    self->monitor(actor);
+    self->receive([](const caf::down_msg&) {});
+  }
+  // Let the last reports leave (sockets close with linger 0).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  bridge->stop();
+  return 0;
+}
+
+}  // namespace dtactor
