@@ -21,6 +21,7 @@ struct cluster_cli {
   int local_rank = 0;                          // rank
   int metrics_port = 0;
   int nodes = 2;                               // local
+  int connect_timeout_s = 120;                 // node: give up when the coordinator never answers
   const std::atomic<int>* stop_signal = nullptr;
 };
 

@@ -328,11 +328,13 @@ int run_coordinator(const cluster_cli& cli) {
   // membership actor sends (accepted acks, new plans).
   std::mutex tap_mu;
   std::map<std::string, std::string> peer_node;  // routing id -> node id
+  std::set<std::string> joined_peers;            // acks already journaled (retried registers are acked again)
   uint64_t last_plan_gen = 0;
   outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
     if (env.has_register_ack() && env.register_ack().accepted()) {
       std::lock_guard<std::mutex> lock(tap_mu);
-      sh->jn.write("node_joined", {{"node", peer_node.count(peer) ? peer_node[peer] : peer}, {"node_rank", env.register_ack().node_rank()}});
+      if (joined_peers.insert(peer).second)
+        sh->jn.write("node_joined", {{"node", peer_node.count(peer) ? peer_node[peer] : peer}, {"node_rank", env.register_ack().node_rank()}});
     } else if (env.has_generation_plan()) {
       std::lock_guard<std::mutex> lock(tap_mu);
       const auto& p = env.generation_plan();

@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
                  "node: address peers use to reach this machine (default: the one that routes to the coordinator); coordinator: its host "
                  "as the ranks should reach it");
   app.add_option("--node-id", cl.node_id, "node: stable name of this machine (default: host name)");
+  app.add_option("--connect-timeout", cl.connect_timeout_s, "node: seconds to wait for a first answer from the coordinator (0 = forever)")
+      ->capture_default_str();
   app.add_option("--config", cl.config_path, "coordinator: job config file (TOML)");
   app.add_option("--set", cl.overrides, "coordinator: override a config key (repeatable)")->allow_extra_args(false);
   app.add_option("--run-dir", cl.run_dir, "coordinator: where the journal and checkpoints go")->capture_default_str();

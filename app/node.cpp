@@ -175,9 +175,21 @@ int run_node(const cluster_cli& cli) {
     caf::scoped_actor self{sys};
     self->monitor(agent);
     bool done = false, left = false;
+    const auto started = std::chrono::steady_clock::now();
     while (!done) {
       self->receive([&](const caf::down_msg&) { done = true; },
                     caf::after(std::chrono::milliseconds(100)) >> [&] {
+                      // Nothing ever heard from the coordinator: a wrong address
+                      // or a coordinator that is not running.
+                      if (!left && bridge->stats().received == 0 && cli.connect_timeout_s > 0 &&
+                          std::chrono::steady_clock::now() - started > std::chrono::seconds(cli.connect_timeout_s)) {
+                        std::fprintf(stderr, "dtactor: no answer from the coordinator at %s after %d s; is it running and reachable?\n",
+                                     cli.coordinator.c_str(), cli.connect_timeout_s);
+                        left = true;
+                        code = 1;
+                        caf::anon_send(agent, leave_atom::value, std::string("coordinator unreachable"));
+                        return;
+                      }
                       const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
                       if (sig != 0 && !left) {
                         left = true;

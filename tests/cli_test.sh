@@ -75,7 +75,12 @@ expect_error "missing data file" "dataset-fashion-mnist" train "${tiny[@]}" --se
 touch "$work/blocker"
 expect_error "unwritable checkpoint dir" "not writable" train "${tiny[@]}" --set checkpoint.dir="$work/blocker/ck" --run-dir "$work/r3"
 expect_error "unwritable run dir" "not writable" train "${tiny[@]}" --run-dir "$work/blocker/run"
-expect_error "coordinator not yet" "not available" --role coordinator --listen tcp://127.0.0.1:29400
+expect_error "node without coordinator" "needs --coordinator" --role node
+expect_error "bad coordinator address" "not a tcp://HOST:PORT" --role node --coordinator 127.0.0.1:29400
+expect_error "bad listen address" "not a tcp://HOST:PORT" --role coordinator --listen tcp://127.0.0.1:notaport --run-dir "$work/rc"
+expect_error "unknown role" "role" --role janitor
+expect_error "local with no nodes" "--nodes must be" local --nodes 0 --run-dir "$work/rl"
+expect_error "coordinator with bad config" "unknown config key" --role coordinator --listen tcp://127.0.0.1:1 --set train.nope=1 --run-dir "$work/rc"
 expect_error "eval of nothing" "does not exist" eval "$work/none.dtc"
 
 # A real short run, then misuse of its checkpoint.
