@@ -19,6 +19,7 @@ struct cluster_cli {
   std::string node_endpoint;                   // rank: its node's ipc endpoint
   int nproc_per_node = 1;
   int local_rank = 0;                          // rank
+  int threads_per_rank = 0;                    // node, rank: cores each rank uses when train.threads = 0 (0: cores / nproc)
   int metrics_port = 0;
   int nodes = 2;                               // local
   int connect_timeout_s = 120;                 // node: give up when the coordinator never answers

@@ -12,6 +12,7 @@
 
 #include "actors/coordinator_actors.hpp"
 #include "actors/messages.hpp"
+#include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "model/task.hpp"
@@ -312,8 +313,7 @@ int run_coordinator(const cluster_cli& cli) {
   }
 
   caf::actor_system_config sys_cfg;
-  add_message_types(sys_cfg);
-  sys_cfg.set("scheduler.max-threads", 2);
+  configure_caf(sys_cfg, 2);
   caf::actor_system sys{sys_cfg};
 
   const uint64_t incarnation = wire::new_incarnation();

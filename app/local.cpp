@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <thread>
 
 #include "app/cluster.hpp"
 #include "runtime/process.hpp"
@@ -31,10 +32,14 @@ int run_local(const cluster_cli& cli) {
   auto c = child_process::spawn(coord);
   if (!c) return fail(c.message(), 1);
 
+  // All the ranks share this machine's cores.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int per_rank = std::max(1, cores / (cli.nodes * cli.nproc_per_node));
   std::vector<child_process> nodes;
   for (int i = 0; i < cli.nodes; ++i) {
     std::vector<std::string> args = {exe, "--role", "node", "--coordinator", endpoint, "--nproc-per-node", std::to_string(cli.nproc_per_node),
-                                     "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1"};
+                                     "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1",
+                                     "--threads-per-rank", std::to_string(per_rank)};
     if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i)});
     auto n = child_process::spawn(args);
     if (!n) {

@@ -61,6 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--config", cl.config_path, "coordinator: job config file (TOML)");
   app.add_option("--set", cl.overrides, "coordinator: override a config key (repeatable)")->allow_extra_args(false);
   app.add_option("--run-dir", cl.run_dir, "coordinator: where the journal and checkpoints go")->capture_default_str();
+  app.add_option("--threads-per-rank", cl.threads_per_rank,
+                 "node: compute threads of each rank when train.threads is 0 (default: this machine's cores / --nproc-per-node)");
   app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
 

@@ -15,6 +15,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
+#include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "monitoring/metrics.hpp"
@@ -120,7 +121,7 @@ int run_node(const cluster_cli& cli) {
   const std::string node_id = cli.node_id.empty() ? host_name() : cli.node_id;
   const uint64_t incarnation = wire::new_incarnation();
 
-  metrics m;
+  metrics m;  // the job label is not known before registration
   if (cli.metrics_port > 0)
     if (auto st = m.serve(cli.metrics_port); !st) return fail(st.message());
 
@@ -131,8 +132,7 @@ int run_node(const cluster_cli& cli) {
   const std::string ranks_endpoint = "ipc://" + ipc_path;
 
   caf::actor_system_config sys_cfg;
-  add_message_types(sys_cfg);
-  sys_cfg.set("scheduler.max-threads", 2);
+  configure_caf(sys_cfg, 2);
   caf::actor_system sys{sys_cfg};
 
   std::unique_ptr<zmq_bridge> bridge;
@@ -154,12 +154,32 @@ int run_node(const cluster_cli& cli) {
 
   auto launcher = std::make_shared<rank_launcher>(std::vector<std::string>{
       self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", node_id, "--coordinator", cli.coordinator,
-      "--advertise-addr", advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node)});
+      "--advertise-addr", advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node), "--threads-per-rank",
+      std::to_string(cli.threads_per_rank)});
   auto agent = sys.spawn(node_agent, o, out, launcher);
   launcher->attach(agent);
 
+  // The node's /metrics: read off the traffic it relays (plans down, its
+  // ranks' reports up). Prometheus updates are lock-free and never block.
+  std::mutex step_mu;
+  int64_t last_step = 0;
   bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [&](const std::string& link, const std::string& peer, pb::envelope env) {
     if (env.has_register_ack() && env.register_ack().accepted()) bridge->set_job_id(env.register_ack().job_id());
+    if (env.has_generation_plan()) {
+      m.generation().Set(static_cast<double>(env.generation_plan().generation()));
+      m.world_size().Set(env.generation_plan().world_size());
+    } else if (env.has_step_report()) {
+      const auto& r = env.step_report();
+      m.samples().Increment(static_cast<double>(r.samples()));
+      m.step_duration().Observe(r.step_s());
+      m.allreduce_duration().Observe(r.allreduce_s());
+      m.loss().Set(r.loss());
+      std::lock_guard<std::mutex> lock(step_mu);
+      if (r.step() > last_step) {
+        last_step = r.step();
+        m.step().Set(static_cast<double>(last_step));
+      }
+    }
     caf::anon_send(agent, inbound{link, peer, std::move(env)});
   });
   if (auto r = bridge->add_router(links::ranks, ranks_endpoint); !r) return fail("cannot open " + ranks_endpoint + ": " + r.message());

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "actors/messages.hpp"
+#include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "model/rank_worker.hpp"
@@ -119,6 +120,7 @@ int run_rank(const cluster_cli& cli) {
   w.node_id = cli.node_id;
   w.local_rank = cli.local_rank;
   w.local_world = cli.nproc_per_node;
+  w.threads = cli.threads_per_rank;
   w.advertise_addr = cli.advertise_addr;
   // An empty store host in the plan means: the coordinator's host as this node reaches it.
   if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;
@@ -128,8 +130,7 @@ int run_rank(const cluster_cli& cli) {
   header.incarnation = wire::new_incarnation();
 
   caf::actor_system_config sys_cfg;
-  add_message_types(sys_cfg);
-  sys_cfg.set("scheduler.max-threads", 1);
+  configure_caf(sys_cfg, 1);
   caf::actor_system sys{sys_cfg};
 
   // The actor first (it only sends after start_atom), then the bridge that

@@ -118,7 +118,8 @@ void rank_worker::run(pb::generation_plan plan) {
     // Ranks sharing a machine share its cores.
     if (cfg.get_int("train.threads") == 0) {
       const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      (void)cfg.set("train.threads", std::to_string(std::max(1, hw / std::max(1, opts_.local_world))));
+      const int n = opts_.threads > 0 ? opts_.threads : std::max(1, hw / std::max(1, opts_.local_world));
+      (void)cfg.set("train.threads", std::to_string(n));
     }
     configure_threads(cfg);
 

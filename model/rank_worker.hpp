@@ -28,7 +28,8 @@ struct rank_worker_callbacks {
 struct rank_worker_options {
   std::string node_id;
   int local_rank = 0;
-  int local_world = 1;          // ranks on this machine (threads are split between them)
+  int local_world = 1;          // ranks of this node (the machine's cores are split between them)
+  int threads = 0;              // compute threads when train.threads = 0 (0: cores / local_world)
   std::string advertise_addr;   // this machine's address for the collectives
   std::string default_store_host;  // used when the plan names no store host
 };

@@ -47,7 +47,7 @@ double metric_value(const std::string& scrape, const std::string& name_regex) {
 
 TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   temp_dir d;
-  const int port = pick_free_tcp_port().value(), mport = pick_free_tcp_port().value();
+  const int port = pick_free_tcp_port().value(), mport = pick_free_tcp_port().value(), nport = pick_free_tcp_port().value();
   const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
   std::vector<std::string> cargs = {kBin, "--role", "coordinator", "--listen", ep, "--run-dir", d.path(), "--metrics-port",
                                     std::to_string(mport), "--set", "cluster.min_nodes=2"};
@@ -56,8 +56,10 @@ TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   ASSERT_TRUE(coord) << coord.message();
   std::vector<child_process> nodes;
   for (int i = 0; i < 2; ++i) {
-    auto n = child_process::spawn({kBin, "--role", "node", "--coordinator", ep, "--node-id", "n" + std::to_string(i), "--advertise-addr",
-                                   "127.0.0.1"});
+    std::vector<std::string> nargs = {kBin, "--role", "node", "--coordinator", ep, "--node-id", "n" + std::to_string(i), "--advertise-addr",
+                                      "127.0.0.1"};
+    if (i == 0) nargs.insert(nargs.end(), {"--metrics-port", std::to_string(nport)});
+    auto n = child_process::spawn(nargs);
     ASSERT_TRUE(n) << n.message();
     nodes.push_back(std::move(n.value()));
   }
@@ -71,19 +73,24 @@ TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
     s.send(zmq::buffer(std::string("\x0a\x05junk!\xff\xff", 9)), zmq::send_flags::none);
   }
   // /metrics shows the job while it runs, the dropped frames included.
-  double step = -1, world = -1, dropped = -1;
+  double step = -1, world = -1, dropped = -1, node_step = -1, node_samples = -1;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline && coord->running()) {
     const std::string scrape = test_support::http_get(mport, "/metrics");
     step = metric_value(scrape, "dtactor_step");
     world = metric_value(scrape, "dtactor_world_size");
     dropped = metric_value(scrape, "dtactor_wire_dropped_frames_total");
-    if (step > 0 && dropped >= 1) break;
+    const std::string node_scrape = test_support::http_get(nport, "/metrics");
+    node_step = metric_value(node_scrape, "dtactor_step");
+    node_samples = metric_value(node_scrape, "dtactor_samples_total");
+    if (step > 0 && dropped >= 1 && node_step > 0) break;
     coord->wait(50);
   }
   EXPECT_GT(step, 0);
   EXPECT_EQ(world, 2);
   EXPECT_GE(dropped, 1);
+  EXPECT_GT(node_step, 0);  // the node's own endpoint
+  EXPECT_GT(node_samples, 0);
   auto done = coord->wait(120000);
   ASSERT_TRUE(done) << "coordinator did not finish";
   EXPECT_FALSE(done->signaled);
