@@ -49,6 +49,7 @@ struct coordinator_shared {
 struct step_row {
   int world = 0;
   int reports = 0;
+  int steps = 1;  // steps the reports cover
   double loss_weighted = 0;
   int64_t samples = 0;
   double max_step_s = 0;
@@ -61,8 +62,6 @@ struct registry_state {
   uint64_t generation = 0;
   int32_t world = 0;
   std::map<int64_t, step_row> steps;
-  int64_t last_logged = 0;
-  double window_samples = 0, window_time = 0;
   std::map<int32_t, std::string> finished;  // global rank -> params digest
   std::map<std::string, double> last_eval;
   int64_t last_step = 0;
@@ -77,6 +76,7 @@ void on_step(registry_self self, const pb::step_report& r) {
   auto& st = self->state;
   auto& row = st.steps[r.step()];
   row.world = r.world_size();
+  row.steps = std::max(1, r.steps_covered());
   ++row.reports;
   row.loss_weighted += r.loss() * static_cast<double>(r.samples());
   row.samples += r.samples();
@@ -91,32 +91,27 @@ void on_step(registry_self self, const pb::step_report& r) {
   const int64_t step = r.step();
   st.last_step = std::max(st.last_step, step);
   const double loss = row.samples > 0 ? row.loss_weighted / static_cast<double>(row.samples) : 0.0;
-  st.window_samples += static_cast<double>(row.samples);
-  st.window_time += row.max_step_s;
+  const double sps = row.max_step_s > 0 ? static_cast<double>(row.samples) / row.max_step_s : 0.0;
+  const double per_step = 1.0 / row.steps;
   if (m) {
     m->step().Set(static_cast<double>(step));
     m->samples().Increment(static_cast<double>(row.samples));
     m->loss().Set(loss);
     m->learning_rate().Set(row.lr);
-    m->step_duration().Observe(row.max_step_s);
-    m->allreduce_duration().Observe(row.allreduce_s);
+    m->samples_per_second().Set(sps);
+    m->step_duration().Observe(row.max_step_s * per_step);
+    m->allreduce_duration().Observe(row.allreduce_s * per_step);
   }
-  const int64_t every = cfg.get_int("train.log_every_steps");
-  if (step % every == 0 || step == cfg.get_int("train.max_steps")) {
-    const double sps = st.window_time > 0 ? st.window_samples / st.window_time : 0.0;
-    if (m) m->samples_per_second().Set(sps);
-    st.sh->jn.write("step", {{"step", step},
-                             {"world_size", row.world},
-                             {"generation", st.generation},
-                             {"loss", loss},
-                             {"lr", row.lr},
-                             {"samples_per_s", sps},
-                             {"allreduce_s", row.allreduce_s},
-                             {"allreduce_exposed_s", row.exposed_s}});
-    std::fprintf(stderr, "step %lld/%lld | loss %.4f | %.0f samples/s | world %d\n", static_cast<long long>(step),
-                 static_cast<long long>(cfg.get_int("train.max_steps")), loss, sps, row.world);
-    st.window_samples = st.window_time = 0;
-  }
+  st.sh->jn.write("step", {{"step", step},
+                           {"world_size", row.world},
+                           {"generation", st.generation},
+                           {"loss", loss},
+                           {"lr", row.lr},
+                           {"samples_per_s", sps},
+                           {"allreduce_s", row.allreduce_s * per_step},
+                           {"allreduce_exposed_s", row.exposed_s * per_step}});
+  std::fprintf(stderr, "step %lld/%lld | loss %.4f | %.0f samples/s | world %d\n", static_cast<long long>(step),
+               static_cast<long long>(cfg.get_int("train.max_steps")), loss, sps, row.world);
   st.steps.erase(st.steps.begin(), st.steps.upper_bound(step));
 }
 

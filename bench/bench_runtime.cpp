@@ -57,8 +57,8 @@ run_figures read_run(const std::string& journal, int64_t global_batch) {
   return {median(rates), median(ar), median(ex)};
 }
 
-int run(const std::vector<std::string>& args) {
-  auto c = child_process::spawn(args);
+int run(const std::vector<std::string>& args, const std::string& log) {
+  auto c = child_process::spawn(args, false, log);
   if (!c) {
     std::fprintf(stderr, "bench_runtime: %s\n", c.message().c_str());
     return -1;
@@ -99,8 +99,9 @@ int main(int argc, char** argv) {
       else
         args = {bin, "local", "--nodes", mode == "local1" ? "1" : "2", "--config", cfg, "--run-dir", dir};
       args.insert(args.end(), sets.begin(), sets.end());
-      if (int rc = run(args); rc != 0) {
-        std::fprintf(stderr, "bench_runtime: %s run failed (exit %d)\n", mode.c_str(), rc);
+      std::filesystem::create_directories(dir);
+      if (int rc = run(args, dir + "/output.log"); rc != 0) {
+        std::fprintf(stderr, "bench_runtime: %s run failed (exit %d), see %s/output.log\n", mode.c_str(), rc, dir.c_str());
         return 1;
       }
       all[mode].push_back(read_run(dir + "/journal.jsonl", batch));

@@ -179,29 +179,34 @@ void rank_worker::run(pb::generation_plan plan) {
     const int64_t eval_every = cfg.get_int("eval.every_steps");
     const int64_t ckpt_every = cfg.get_int("checkpoint.every_steps");
     const int64_t digest_every = cfg.get_int("cluster.digest_every_steps");
+    const int64_t report_every = cfg.get_int("train.log_every_steps");
     std::map<std::string, double> eval_at_step;
+    pb::step_report acc;  // sums since the last report
     while (state.step() < max_steps) {
       if (stop_.load()) return;
       const auto t0 = clock_type::now();
       auto r = state.train_step_dp(rank, world, sync);
       if (!r) return fail(r.message(), state.step());
       const int64_t step = state.step();
-      pb::step_report rep;
-      rep.set_step(step);
-      rep.set_global_rank(rank);
-      rep.set_world_size(world);
-      rep.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
-      rep.set_samples(r->samples);
-      rep.set_allreduce_s(r->allreduce_s);
-      rep.set_allreduce_exposed_s(r->exposed_s);
-      rep.set_lr(state.lr_at(step - 1));
+      acc.set_samples(acc.samples() + r->samples);
+      acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
+      acc.set_allreduce_exposed_s(acc.allreduce_exposed_s() + r->exposed_s);
+      acc.set_steps_covered(acc.steps_covered() + 1);
       if ((digest_every > 0 && step % digest_every == 0) || step == max_steps) {
         const std::string digest = state.params_digest();
-        rep.set_params_digest(digest);
+        acc.set_params_digest(digest);
         if (pg && !digests_agree(*pg, digest)) return fail("parameters differ between ranks at step " + std::to_string(step), step);
       }
-      rep.set_step_s(std::chrono::duration<double>(clock_type::now() - t0).count());
-      if (cb_.on_step) cb_.on_step(rep);
+      acc.set_step_s(acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
+      if (step % report_every == 0 || step == max_steps) {
+        acc.set_step(step);
+        acc.set_global_rank(rank);
+        acc.set_world_size(world);
+        acc.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
+        acc.set_lr(state.lr_at(step - 1));
+        if (cb_.on_step) cb_.on_step(acc);
+        acc.Clear();
+      }
 
       eval_at_step.clear();
       if (rank == 0 && ((eval_every > 0 && step % eval_every == 0) || step == max_steps)) {

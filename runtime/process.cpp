@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -31,7 +32,7 @@ std::string child_exit::describe() const {
   return "exit code " + std::to_string(exit_code);
 }
 
-result<child_process> child_process::spawn(const std::vector<std::string>& argv, bool new_group) {
+result<child_process> child_process::spawn(const std::vector<std::string>& argv, bool new_group, const std::string& output_path) {
   if (argv.empty()) return make_error("spawn: empty command");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -51,8 +52,15 @@ result<child_process> child_process::spawn(const std::vector<std::string>& argv,
     posix_spawnattr_setpgroup(&attr, 0);
   }
   posix_spawnattr_setflags(&attr, flags);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  if (!output_path.empty()) {
+    posix_spawn_file_actions_addopen(&files, 1, output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&files, 1, 2);
+  }
   pid_t pid = -1;
-  int rc = ::posix_spawn(&pid, args[0], nullptr, &attr, args.data(), environ);
+  int rc = ::posix_spawn(&pid, args[0], &files, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return make_error("cannot start '" + argv[0] + "': " + std::strerror(rc));
   child_process c;

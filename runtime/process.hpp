@@ -26,7 +26,8 @@ class child_process {
   // Starts argv[0] with the given arguments (argv[0] is the program path).
   // The child gets its own process group when new_group is set, so signals
   // to the parent's terminal group do not reach it directly.
-  static result<child_process> spawn(const std::vector<std::string>& argv, bool new_group = false);
+  // output_path: where the child's stdout and stderr go ("" = inherited).
+  static result<child_process> spawn(const std::vector<std::string>& argv, bool new_group = false, const std::string& output_path = "");
 
   child_process() = default;
   child_process(child_process&& o) noexcept;
