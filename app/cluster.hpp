@@ -31,4 +31,11 @@ int run_node(const cluster_cli& cli);
 int run_rank(const cluster_cli& cli);
 int run_local(const cluster_cli& cli);
 
+// torchrun-style static launch: `--role node` without --coordinator but with
+// MASTER_ADDR, MASTER_PORT, WORLD_SIZE (all ranks) and NODE_RANK in the
+// environment. NODE_RANK 0 also runs the coordinator (listening on
+// MASTER_PORT, waiting for WORLD_SIZE / --nproc-per-node nodes, with the
+// --config/--set/--run-dir given); every node then joins it as usual.
+int run_static_node(const cluster_cli& cli);
+
 }  // namespace dtactor

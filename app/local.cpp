@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "app/cluster.hpp"
@@ -69,6 +71,56 @@ int run_local(const cluster_cli& cli) {
   for (auto& n : nodes) n.wait();
   if (done->signaled) return 128 + done->signal;
   return done->exit_code;
+}
+
+int run_static_node(const cluster_cli& cli) {
+  auto fail = [](const std::string& msg) {
+    std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+    return 2;
+  };
+  auto env_int = [](const char* name, int fallback) -> std::optional<int> {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return fallback;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end != '\0' || x < 0 || x > 1000000) return std::nullopt;
+    return static_cast<int>(x);
+  };
+  const std::string addr = std::getenv("MASTER_ADDR");
+  const auto port = env_int("MASTER_PORT", 29500), world = env_int("WORLD_SIZE", -1), node_rank = env_int("NODE_RANK", 0);
+  if (!port || *port < 1 || *port > 65535) return fail("MASTER_PORT must be a port number 1..65535");
+  if (!world || *world < 1) return fail("static mode needs WORLD_SIZE (the number of ranks of the job) in the environment");
+  if (!node_rank) return fail("NODE_RANK must be a non-negative integer");
+  if (*world % cli.nproc_per_node != 0)
+    return fail("WORLD_SIZE (" + std::to_string(*world) + ") is not a multiple of --nproc-per-node (" + std::to_string(cli.nproc_per_node) + ")");
+  const int nnodes = *world / cli.nproc_per_node;
+  if (*node_rank >= nnodes) return fail("NODE_RANK " + std::to_string(*node_rank) + " is not below the number of nodes " + std::to_string(nnodes));
+  const std::string endpoint = "tcp://" + addr + ":" + std::to_string(*port);
+
+  std::optional<child_process> coord;
+  if (*node_rank == 0) {
+    std::vector<std::string> args = {self_executable(), "--role", "coordinator", "--listen", "tcp://0.0.0.0:" + std::to_string(*port), "--run-dir",
+                                     cli.run_dir, "--advertise-addr", addr};
+    if (!cli.config_path.empty()) args.insert(args.end(), {"--config", cli.config_path});
+    for (const auto& o : cli.overrides) args.insert(args.end(), {"--set", o});
+    args.insert(args.end(), {"--set", "cluster.min_nodes=" + std::to_string(nnodes), "--set", "cluster.max_nodes=" + std::to_string(nnodes)});
+    auto c = child_process::spawn(args);
+    if (!c) return fail(c.message());
+    coord.emplace(std::move(c.value()));
+  }
+  cluster_cli node = cli;
+  node.coordinator = endpoint;
+  if (node.node_id.empty()) node.node_id = "node-" + std::to_string(*node_rank);
+  const int code = run_node(node);
+  if (coord) {
+    auto e = coord->wait(10000);
+    if (!e) {
+      coord->signal(SIGTERM);
+      e = coord->wait();
+    }
+    if (e && (e->signaled || e->exit_code != 0)) return e->signaled ? 128 + e->signal : e->exit_code;
+  }
+  return code;
 }
 
 }  // namespace dtactor

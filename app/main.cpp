@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
     }
     cl.stop_signal = &g_stop;
     if (role == "coordinator") return dtactor::run_coordinator(cl);
+    if (role == "node" && cl.coordinator.empty() && std::getenv("MASTER_ADDR")) return dtactor::run_static_node(cl);
     if (role == "node") return dtactor::run_node(cl);
     return dtactor::run_rank(cl);
   }

@@ -79,6 +79,8 @@ expect_error "node without coordinator" "needs --coordinator" --role node
 expect_error "bad coordinator address" "not a tcp://HOST:PORT" --role node --coordinator 127.0.0.1:29400
 expect_error "bad listen address" "not a tcp://HOST:PORT" --role coordinator --listen tcp://127.0.0.1:notaport --run-dir "$work/rc"
 expect_error "unknown role" "role" --role janitor
+MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 expect_error "static mode without WORLD_SIZE" "needs WORLD_SIZE" --role node
+MASTER_ADDR=127.0.0.1 WORLD_SIZE=3 expect_error "static mode, WORLD_SIZE not a multiple" "not a multiple" --role node --nproc-per-node 2
 expect_error "local with no nodes" "--nodes must be" local --nodes 0 --run-dir "$work/rl"
 expect_error "coordinator with bad config" "unknown config key" --role coordinator --listen tcp://127.0.0.1:1 --set train.nope=1 --run-dir "$work/rc"
 expect_error "eval of nothing" "does not exist" eval "$work/none.dtc"

@@ -161,6 +161,33 @@ TEST(Cluster, ResumesFromTheRunDirectory) {
   EXPECT_FALSE(fin[1].contains("error"));
 }
 
+// Existing torchrun-style launch scripts: the same environment on every node.
+TEST(Cluster, TorchrunStyleEnvironmentLaunches) {
+  temp_dir d;
+  const int port = pick_free_tcp_port().value();
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  std::vector<child_process> nodes;
+  for (int r = 0; r < 2; ++r) {
+    ::setenv("NODE_RANK", std::to_string(r).c_str(), 1);
+    std::vector<std::string> args = {kBin, "--role", "node", "--run-dir", d.path(), "--advertise-addr", "127.0.0.1"};
+    for (const auto& s : tiny_sets(10)) args.push_back(s);
+    auto n = child_process::spawn(args);
+    ASSERT_TRUE(n) << n.message();
+    nodes.push_back(std::move(n.value()));
+  }
+  for (const char* v : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK"}) ::unsetenv(v);
+  for (auto& n : nodes) {
+    auto e = n.wait(120000);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->exit_code, 0) << e->describe();
+  }
+  auto fin = events(read_journal(d.path() + "/journal.jsonl"), "job_finished");
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].at("world_size"), 2);
+}
+
 TEST(Cluster, UnreachableCoordinatorIsAClearError) {
   const int port = pick_free_tcp_port().value();  // nobody listens there
   auto n = child_process::spawn({kBin, "--role", "node", "--coordinator", "tcp://127.0.0.1:" + std::to_string(port), "--connect-timeout", "2"});
