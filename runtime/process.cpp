@@ -27,6 +27,21 @@ std::string self_executable() {
   return buf;
 }
 
+namespace {
+
+child_exit exit_of(int wait_status) {
+  child_exit e;
+  if (WIFSIGNALED(wait_status)) {
+    e.signaled = true;
+    e.signal = WTERMSIG(wait_status);
+  } else {
+    e.exit_code = WEXITSTATUS(wait_status);
+  }
+  return e;
+}
+
+}  // namespace
+
 std::string child_exit::describe() const {
   if (signaled) return "killed by signal " + std::to_string(signal) + " (" + ::strsignal(signal) + ")";
   return "exit code " + std::to_string(exit_code);
@@ -93,14 +108,7 @@ std::optional<child_exit> child_process::poll() {
   int st = 0;
   pid_t r = ::waitpid(pid_, &st, WNOHANG);
   if (r == pid_) {
-    child_exit e;
-    if (WIFSIGNALED(st)) {
-      e.signaled = true;
-      e.signal = WTERMSIG(st);
-    } else {
-      e.exit_code = WEXITSTATUS(st);
-    }
-    exit_ = e;
+    exit_ = exit_of(st);
   } else if (r < 0 && errno == ECHILD) {
     exit_ = child_exit{-1, 0, false};
   }
@@ -113,14 +121,7 @@ std::optional<child_exit> child_process::wait(int timeout_ms) {
   if (timeout_ms < 0 && pid_ > 0 && !exit_) {
     int st = 0;
     if (::waitpid(pid_, &st, 0) == pid_) {
-      child_exit e;
-      if (WIFSIGNALED(st)) {
-        e.signaled = true;
-        e.signal = WTERMSIG(st);
-      } else {
-        e.exit_code = WEXITSTATUS(st);
-      }
-      exit_ = e;
+      exit_ = exit_of(st);
     }
     return exit_;
   }
