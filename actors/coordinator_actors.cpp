@@ -32,6 +32,18 @@ void on_register(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& r = in.env.register_node();
   node_registration reg{r.node_id(), r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer};
+  const auto& current = st.members.state().current;
+  if (st.opts.fixed_world_after_start && current && !current->find(r.node_id())) {
+    auto env = make_envelope(st.opts.header, current_generation(st));
+    auto* ack = env.mutable_register_ack();
+    ack->set_accepted(false);
+    ack->set_node_rank(-1);
+    ack->set_job_id(st.opts.header.job_id);
+    ack->set_reason("the job is already running with a fixed set of nodes (joining a running job is not supported yet)");
+    log_line(st.opts.log, "refused node '" + r.node_id() + "': job already running");
+    send_to_node(self, in.peer, std::move(env));
+    return;
+  }
   auto a = st.members.admit(reg, self->clock().now());
   auto env = make_envelope(st.opts.header, current_generation(st));
   auto* ack = env.mutable_register_ack();

@@ -34,6 +34,9 @@ struct coordinator_options {
   // broadcasts it over the new communicator.
   std::string resume_checkpoint;
   int64_t resume_step = -1;
+  // Until ranks can change generation mid-run (fault handling), a running
+  // job keeps the nodes it started with: other nodes are refused.
+  bool fixed_world_after_start = false;
   log_fn log;               // one line per event worth a journal entry (may be empty)
 };
 

@@ -22,7 +22,8 @@ struct cluster_cli {
   int threads_per_rank = 0;                    // node, rank: cores each rank uses when train.threads = 0 (0: cores / nproc)
   int metrics_port = 0;
   int nodes = 2;                               // local
-  int connect_timeout_s = 120;                 // node: give up when the coordinator never answers
+  int connect_timeout_s = 120;
+  bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies                 // node: give up when the coordinator never answers
   const std::atomic<int>* stop_signal = nullptr;
 };
 

@@ -141,6 +141,26 @@ void on_checkpoint(registry_self self, uint64_t generation, const pb::checkpoint
   st.sh->jn.write("checkpoint_saved", {{"step", d.step()}, {"path", path.value()}, {"bytes", bytes}, {"generation", generation}, {"duration_s", dt}});
 }
 
+// Ends the job with an error. Until ranks can move to a new generation
+// mid-run (fault handling), a lost rank or a changed membership would
+// otherwise leave the others waiting forever.
+void fail_job(registry_self self, const std::string& reason) {
+  auto& st = self->state;
+  {
+    std::lock_guard<std::mutex> lock(st.sh->mu);
+    if (st.sh->finished) return;
+  }
+  st.sh->jn.write("job_failed", {{"step", st.last_step}, {"generation", st.generation}, {"reason", reason}});
+  std::fprintf(stderr, "dtactor: the job stops at step %lld: %s; start it again to resume from the newest checkpoint\n",
+               static_cast<long long>(st.last_step), reason.c_str());
+  {
+    std::lock_guard<std::mutex> lock(st.sh->mu);
+    st.sh->finished = true;
+    st.sh->exit_code = 1;
+  }
+  st.sh->cv.notify_all();
+}
+
 void maybe_finish(registry_self self) {
   auto& st = self->state;
   if (st.world <= 0 || static_cast<int32_t>(st.finished.size()) < st.world) return;
@@ -172,6 +192,11 @@ caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
       [=](gen_atom, uint64_t generation, int32_t world) {
         auto& st = self->state;
         if (generation <= st.generation) return;
+        if (st.generation > 0) {
+          fail_job(self, "the membership changed (generation " + std::to_string(generation) + ", world size " + std::to_string(world) +
+                             ") while generation " + std::to_string(st.generation) + " was training, and ranks cannot change generation yet");
+          return;
+        }
         st.generation = generation;
         st.world = world;
         st.steps.clear();
@@ -217,11 +242,15 @@ caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
               st.last_step = std::max(st.last_step, s.step());
               maybe_finish(self);
             } else if (s.status() == pb::rank_status::STATE_FAILED || s.status() == pb::rank_status::STATE_EXITED) {
+              {
+                std::lock_guard<std::mutex> lock(st.sh->mu);
+                if (st.sh->finished) break;  // ranks ending after the job did
+              }
               st.sh->jn.write(s.status() == pb::rank_status::STATE_FAILED ? "rank_failed" : "rank_exited",
                               {{"rank", s.global_rank()}, {"local_rank", s.local_rank()}, {"node", env.sender()}, {"detail", s.detail()},
                                {"exit_code", s.exit_code()}, {"step", s.step()}});
-              std::fprintf(stderr, "dtactor: rank %d (%s) %s: %s\n", s.global_rank(), env.sender().c_str(),
-                           s.status() == pb::rank_status::STATE_FAILED ? "failed" : "exited", s.detail().c_str());
+              fail_job(self, "rank " + std::to_string(s.global_rank()) + " (" + env.sender() + ") " +
+                                 (s.status() == pb::rank_status::STATE_FAILED ? "failed: " + s.detail() : "exited with code " + std::to_string(s.exit_code())));
             }
             break;
           }
@@ -301,7 +330,9 @@ int run_coordinator(const cluster_cli& cli) {
     so.port = static_cast<uint16_t>(store_port.value());
     so.isServer = true;
     so.waitWorkers = false;
-    so.timeout = std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms"));
+    // The store serves rendezvous: ranks of a generation may arrive seconds apart.
+    so.timeout = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms")),
+                                                     std::chrono::seconds(60));
     tcp_store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
   } catch (const std::exception& e) {
     return fail(std::string("cannot start the c10d store: ") + e.what());
@@ -358,6 +389,7 @@ int run_coordinator(const cluster_cli& cli) {
   copts.config_toml = config_text;
   copts.resume_checkpoint = resume_blob;
   copts.resume_step = resume_step;
+  copts.fixed_world_after_start = true;
   copts.log = [](const std::string& line) { std::fprintf(stderr, "coordinator: %s\n", line.c_str()); };
   job_options jopts = job_options_from(cfg);
   jopts.header = header;
@@ -415,10 +447,10 @@ int run_coordinator(const cluster_cli& cli) {
     env.mutable_shutdown()->set_reason("coordinator stopped by signal " + std::to_string(code - 128));
     for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
   } else {
-    // The job actor has sent `shutdown` to the nodes; send it again in case it
-    // raced ahead of the registry's view, then let the bridge flush.
+    // Finished (the job actor has also sent `shutdown`) or failed: tell every
+    // node to stop.
     auto env = make_envelope(header, last_plan_gen);
-    env.mutable_shutdown()->set_reason("job finished");
+    env.mutable_shutdown()->set_reason(code == 0 ? "job finished" : "job failed");
     for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
   }
   // Sockets close with linger 0: give ZeroMQ a moment to put the shutdowns

@@ -25,7 +25,7 @@ int run_local(const cluster_cli& cli) {
   const std::string exe = self_executable();
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port.value());
 
-  std::vector<std::string> coord = {exe, "--role", "coordinator", "--listen", endpoint, "--run-dir", cli.run_dir};
+  std::vector<std::string> coord = {exe, "--role", "coordinator", "--listen", endpoint, "--run-dir", cli.run_dir, "--die-with-parent"};
   if (!cli.config_path.empty()) coord.insert(coord.end(), {"--config", cli.config_path});
   for (const auto& o : cli.overrides) coord.insert(coord.end(), {"--set", o});
   // A local job starts when all its nodes are there.
@@ -41,7 +41,7 @@ int run_local(const cluster_cli& cli) {
   for (int i = 0; i < cli.nodes; ++i) {
     std::vector<std::string> args = {exe, "--role", "node", "--coordinator", endpoint, "--nproc-per-node", std::to_string(cli.nproc_per_node),
                                      "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1",
-                                     "--threads-per-rank", std::to_string(per_rank)};
+                                     "--threads-per-rank", std::to_string(per_rank), "--die-with-parent"};
     if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i)});
     auto n = child_process::spawn(args);
     if (!n) {

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include <atomic>
+#include <sys/prctl.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--run-dir", cl.run_dir, "coordinator: where the journal and checkpoints go")->capture_default_str();
   app.add_option("--threads-per-rank", cl.threads_per_rank,
                  "node: compute threads of each rank when train.threads is 0 (default: this machine's cores / --nproc-per-node)");
+  app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");
   app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
 
@@ -119,6 +122,8 @@ int main(int argc, char** argv) {
       return dtactor::run_local(lc);
     }
     cl.stop_signal = &g_stop;
+    // A cluster started by `dtactor local` must not outlive it.
+    if (cl.die_with_parent) ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (role == "coordinator") return dtactor::run_coordinator(cl);
     if (role == "node" && cl.coordinator.empty() && std::getenv("MASTER_ADDR")) return dtactor::run_static_node(cl);
     if (role == "node") return dtactor::run_node(cl);

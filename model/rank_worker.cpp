@@ -123,18 +123,22 @@ void rank_worker::run(pb::generation_plan plan) {
     }
     configure_threads(cfg);
 
+    // Gloo uses one timeout for building the group (all ranks must arrive)
+    // and for every collective; the group gets the longer rendezvous bound,
+    // and the step's allreduces are bounded by grad_sync's own deadline.
     const auto timeout = std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms"));
+    const auto rendezvous_timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(60));
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     if (world > 1) {
       c10d::TCPStoreOptions so;
       so.port = static_cast<uint16_t>(plan.store_port());
       so.isServer = false;
       so.waitWorkers = false;
-      so.timeout = timeout;
+      so.timeout = rendezvous_timeout;
       auto store = c10::make_intrusive<c10d::TCPStore>(plan.store_host().empty() ? opts_.default_store_host : plan.store_host(), so);
       communicator_options co;
       co.backend = cfg.get_string("cluster.backend");
-      co.timeout = timeout;
+      co.timeout = rendezvous_timeout;
       co.generation = plan.generation();
       co.hostname = opts_.advertise_addr.empty() ? "127.0.0.1" : opts_.advertise_addr;
       auto made = make_process_group(store, rank, world, co);
@@ -209,16 +213,22 @@ void rank_worker::run(pb::generation_plan plan) {
       }
 
       eval_at_step.clear();
-      if (rank == 0 && ((eval_every > 0 && step % eval_every == 0) || step == max_steps)) {
+      // Every rank evaluates (their parameters are identical, so are the
+      // results): a rank left waiting in the next collective while rank 0
+      // evaluated alone would hit the collective timeout on a long
+      // evaluation. Rank 0 reports.
+      if ((eval_every > 0 && step % eval_every == 0) || step == max_steps) {
         const auto e0 = clock_type::now();
         auto ev = state.evaluate();
         eval_at_step = ev.metrics;
-        pb::eval_report er;
-        er.set_step(step);
-        for (const auto& [k, v] : ev.metrics) (*er.mutable_metrics())[k] = v;
-        for (const auto& ex : ev.examples) er.add_examples(ex);
-        er.set_duration_s(std::chrono::duration<double>(clock_type::now() - e0).count());
-        if (cb_.on_eval) cb_.on_eval(er);
+        if (rank == 0) {
+          pb::eval_report er;
+          er.set_step(step);
+          for (const auto& [k, v] : ev.metrics) (*er.mutable_metrics())[k] = v;
+          for (const auto& ex : ev.examples) er.add_examples(ex);
+          er.set_duration_s(std::chrono::duration<double>(clock_type::now() - e0).count());
+          if (cb_.on_eval) cb_.on_eval(er);
+        }
       }
       if (rank == 0 && ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps)) {
         auto d = to_checkpoint_data(step, state.save_sections());

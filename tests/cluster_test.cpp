@@ -134,6 +134,29 @@ TEST(Cluster, LocalModeRunsAWholeJob) {
   EXPECT_EQ(fin[0].at("step"), 20);
 }
 
+// An evaluation longer than a collective's timeout must not fail the ranks
+// that are not evaluating (they used to wait in the next allreduce).
+TEST(Cluster, LongEvaluationDoesNotTimeOutPeers) {
+  temp_dir d;
+  std::vector<std::string> args = {kBin, "local", "--nodes", "2", "--run-dir", d.path()};
+  for (const auto& s : tiny_sets(10)) args.push_back(s);
+  for (const std::string s : {"eval.every_steps=5", "eval.max_samples=0", "eval.batch_size=5", "cluster.collective_timeout_ms=100"}) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  auto c = child_process::spawn(args);
+  ASSERT_TRUE(c) << c.message();
+  auto e = c->wait(120000);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->exit_code, 0) << e->describe();
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  EXPECT_TRUE(events(j, "rank_failed").empty());
+  auto evals = events(j, "eval");
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_GT(evals[0].at("duration_s").get<double>(), 0.1);  // longer than the collective timeout
+  EXPECT_EQ(events(j, "job_finished").size(), 1u);
+}
+
 // A later job in the same run directory resumes from the newest checkpoint
 // (generation 1 gets it from disk through the root rank's broadcast).
 TEST(Cluster, ResumesFromTheRunDirectory) {
@@ -186,6 +209,40 @@ TEST(Cluster, TorchrunStyleEnvironmentLaunches) {
   auto fin = events(read_journal(d.path() + "/journal.jsonl"), "job_finished");
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("world_size"), 2);
+}
+
+// Until ranks can move to a new generation (fault handling), losing a node
+// must stop the job with a clear error, never leave the others hanging.
+TEST(Cluster, LostNodeStopsTheJobInsteadOfHanging) {
+  temp_dir d;
+  const int port = pick_free_tcp_port().value(), mport = pick_free_tcp_port().value();
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> cargs = {kBin, "--role", "coordinator", "--listen", ep, "--run-dir", d.path(), "--metrics-port",
+                                    std::to_string(mport), "--set", "cluster.min_nodes=2"};
+  for (const auto& s : tiny_sets(100000)) cargs.push_back(s);
+  auto coord = child_process::spawn(cargs);
+  ASSERT_TRUE(coord) << coord.message();
+  std::vector<child_process> nodes;
+  for (int i = 0; i < 2; ++i) {
+    auto n = child_process::spawn({kBin, "--role", "node", "--coordinator", ep, "--node-id", "n" + std::to_string(i), "--advertise-addr",
+                                   "127.0.0.1"});
+    ASSERT_TRUE(n) << n.message();
+    nodes.push_back(std::move(n.value()));
+  }
+  // Wait until training runs, then take node 1 away as a vanished machine would.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && coord->running() &&
+         metric_value(test_support::http_get(mport, "/metrics"), "dtactor_step") < 5)
+    coord->wait(50);
+  nodes[1].signal(SIGKILL);
+  auto done = coord->wait(60000);
+  ASSERT_TRUE(done) << "the coordinator kept waiting after losing a node";
+  EXPECT_EQ(done->exit_code, 1) << done->describe();
+  auto failed = events(read_journal(d.path() + "/journal.jsonl"), "job_failed");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_FALSE(failed[0].at("reason").get<std::string>().empty());
+  auto e = nodes[0].wait(30000);
+  EXPECT_TRUE(e) << "the surviving node did not stop";
 }
 
 TEST(Cluster, UnreachableCoordinatorIsAClearError) {
