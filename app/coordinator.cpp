@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -348,7 +349,10 @@ int run_coordinator(const cluster_cli& cli) {
   header.sender = "coordinator";
   header.incarnation = incarnation;
 
+  // Actors send through this pointer; it is set once the bridge exists and
+  // cleared before the bridge stops (actors may still be running then).
   std::unique_ptr<zmq_bridge> bridge;
+  std::atomic<zmq_bridge*> bridge_ptr{nullptr};
   auto registry = sys.spawn<caf::detached>(registry_actor, sh.get());
   // Outbound tap: the journal's membership events are read off what the
   // membership actor sends (accepted acks, new plans).
@@ -379,7 +383,7 @@ int run_coordinator(const cluster_cli& cli) {
                      p.world_size(), static_cast<long long>(p.start_step()));
       }
     }
-    if (bridge) (void)bridge->send(link, peer, env);
+    if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
   };
 
   coordinator_options copts = coordinator_options_from(cfg);
@@ -413,6 +417,7 @@ int run_coordinator(const cluster_cli& cli) {
         caf::anon_send(members, inbound{link, peer, std::move(env)});
       },
       [&](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); });
+  bridge_ptr.store(bridge.get());
   auto bound = bridge->add_router(links::nodes, cli.listen);
   if (!bound) {
     caf::anon_send_exit(members, caf::exit_reason::user_shutdown);
@@ -445,17 +450,20 @@ int run_coordinator(const cluster_cli& cli) {
     sh->jn.write("job_stopped", {{"reason", "signal " + std::to_string(code - 128)}});
     auto env = make_envelope(header, last_plan_gen);
     env.mutable_shutdown()->set_reason("coordinator stopped by signal " + std::to_string(code - 128));
+    std::lock_guard<std::mutex> lock(tap_mu);
     for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
   } else {
     // Finished (the job actor has also sent `shutdown`) or failed: tell every
     // node to stop.
     auto env = make_envelope(header, last_plan_gen);
     env.mutable_shutdown()->set_reason(code == 0 ? "job finished" : "job failed");
+    std::lock_guard<std::mutex> lock(tap_mu);
     for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
   }
   // Sockets close with linger 0: give ZeroMQ a moment to put the shutdowns
   // on the wire (nodes that miss them notice the coordinator's silence).
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  bridge_ptr.store(nullptr);
   bridge->stop();
   caf::anon_send_exit(members, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(job, caf::exit_reason::user_shutdown);

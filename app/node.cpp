@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -135,9 +136,12 @@ int run_node(const cluster_cli& cli) {
   configure_caf(sys_cfg, 2);
   caf::actor_system sys{sys_cfg};
 
+  // Actors send through this pointer; it is set once the bridge exists and
+  // cleared before the bridge stops (actors may still be running then).
   std::unique_ptr<zmq_bridge> bridge;
+  std::atomic<zmq_bridge*> bridge_ptr{nullptr};
   outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    if (bridge) (void)bridge->send(link, peer, env);
+    if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
   };
 
   node_agent_options o;
@@ -164,7 +168,8 @@ int run_node(const cluster_cli& cli) {
   std::mutex step_mu;
   int64_t last_step = 0;
   bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    if (env.has_register_ack() && env.register_ack().accepted()) bridge->set_job_id(env.register_ack().job_id());
+    if (env.has_register_ack() && env.register_ack().accepted())
+      if (auto* b = bridge_ptr.load()) b->set_job_id(env.register_ack().job_id());
     if (env.has_generation_plan()) {
       m.generation().Set(static_cast<double>(env.generation_plan().generation()));
       m.world_size().Set(env.generation_plan().world_size());
@@ -182,6 +187,7 @@ int run_node(const cluster_cli& cli) {
     }
     caf::anon_send(agent, inbound{link, peer, std::move(env)});
   });
+  bridge_ptr.store(bridge.get());
   if (auto r = bridge->add_router(links::ranks, ranks_endpoint); !r) return fail("cannot open " + ranks_endpoint + ": " + r.message());
   if (auto r = bridge->add_dealer(links::coordinator, cli.coordinator, "node/" + node_id + "/" + std::to_string(incarnation)); !r)
     return fail("cannot connect to " + cli.coordinator + ": " + r.message());
@@ -220,6 +226,7 @@ int run_node(const cluster_cli& cli) {
     }
   }
   launcher->stop();
+  bridge_ptr.store(nullptr);
   bridge->stop();
   std::error_code ec;
   std::filesystem::remove(ipc_path, ec);
