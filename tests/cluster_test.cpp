@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -45,24 +46,51 @@ double metric_value(const std::string& scrape, const std::string& name_regex) {
   return -1;
 }
 
+// A coordinator (with /metrics) and two nodes (node 0 with /metrics) started
+// as separate processes, as a user would on two machines.
+struct two_node_cluster {
+  std::string endpoint;
+  int coord_metrics = 0, node_metrics = 0;
+  std::optional<child_process> coord;
+  std::vector<child_process> nodes;
+  std::string error;
+
+  two_node_cluster(const std::string& run_dir, int steps) {
+    const int port = pick_free_tcp_port().value();
+    coord_metrics = pick_free_tcp_port().value();
+    node_metrics = pick_free_tcp_port().value();
+    endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+    std::vector<std::string> cargs = {kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", run_dir, "--metrics-port",
+                                      std::to_string(coord_metrics), "--set", "cluster.min_nodes=2"};
+    for (const auto& s : tiny_sets(steps)) cargs.push_back(s);
+    auto c = child_process::spawn(cargs);
+    if (!c) {
+      error = c.message();
+      return;
+    }
+    coord.emplace(std::move(c.value()));
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::string> nargs = {kBin, "--role", "node", "--coordinator", endpoint, "--node-id", "n" + std::to_string(i),
+                                        "--advertise-addr", "127.0.0.1"};
+      if (i == 0) nargs.insert(nargs.end(), {"--metrics-port", std::to_string(node_metrics)});
+      auto n = child_process::spawn(nargs);
+      if (!n) {
+        error = n.message();
+        return;
+      }
+      nodes.push_back(std::move(n.value()));
+    }
+  }
+};
+
 TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   temp_dir d;
-  const int port = pick_free_tcp_port().value(), mport = pick_free_tcp_port().value(), nport = pick_free_tcp_port().value();
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
-  std::vector<std::string> cargs = {kBin, "--role", "coordinator", "--listen", ep, "--run-dir", d.path(), "--metrics-port",
-                                    std::to_string(mport), "--set", "cluster.min_nodes=2"};
-  for (const auto& s : tiny_sets(60)) cargs.push_back(s);
-  auto coord = child_process::spawn(cargs);
-  ASSERT_TRUE(coord) << coord.message();
-  std::vector<child_process> nodes;
-  for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> nargs = {kBin, "--role", "node", "--coordinator", ep, "--node-id", "n" + std::to_string(i), "--advertise-addr",
-                                      "127.0.0.1"};
-    if (i == 0) nargs.insert(nargs.end(), {"--metrics-port", std::to_string(nport)});
-    auto n = child_process::spawn(nargs);
-    ASSERT_TRUE(n) << n.message();
-    nodes.push_back(std::move(n.value()));
-  }
+  two_node_cluster cl(d.path(), 60);
+  ASSERT_TRUE(cl.error.empty()) << cl.error;
+  auto& coord = cl.coord;
+  auto& nodes = cl.nodes;
+  const std::string ep = cl.endpoint;
+  const int mport = cl.coord_metrics, nport = cl.node_metrics;
   // Garbage and a peer from another job, straight at the coordinator's socket.
   {
     zmq::context_t ctx;
@@ -215,20 +243,11 @@ TEST(Cluster, TorchrunStyleEnvironmentLaunches) {
 // must stop the job with a clear error, never leave the others hanging.
 TEST(Cluster, LostNodeStopsTheJobInsteadOfHanging) {
   temp_dir d;
-  const int port = pick_free_tcp_port().value(), mport = pick_free_tcp_port().value();
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
-  std::vector<std::string> cargs = {kBin, "--role", "coordinator", "--listen", ep, "--run-dir", d.path(), "--metrics-port",
-                                    std::to_string(mport), "--set", "cluster.min_nodes=2"};
-  for (const auto& s : tiny_sets(100000)) cargs.push_back(s);
-  auto coord = child_process::spawn(cargs);
-  ASSERT_TRUE(coord) << coord.message();
-  std::vector<child_process> nodes;
-  for (int i = 0; i < 2; ++i) {
-    auto n = child_process::spawn({kBin, "--role", "node", "--coordinator", ep, "--node-id", "n" + std::to_string(i), "--advertise-addr",
-                                   "127.0.0.1"});
-    ASSERT_TRUE(n) << n.message();
-    nodes.push_back(std::move(n.value()));
-  }
+  two_node_cluster cl(d.path(), 100000);
+  ASSERT_TRUE(cl.error.empty()) << cl.error;
+  auto& coord = cl.coord;
+  auto& nodes = cl.nodes;
+  const int mport = cl.coord_metrics;
   // Wait until training runs, then take node 1 away as a vanished machine would.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline && coord->running() &&
