@@ -47,27 +47,19 @@ caf::behavior rank_actor(rank_self self, envelope_header header, rank_worker_opt
   // The training thread's reports come back here as envelopes, stamped with
   // the generation they belong to.
   auto relay = [self](pb::envelope env) { caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, inbound{"node", "", std::move(env)}); };
+  // Each callback puts its message into the matching body of an envelope.
+  auto into = [relay](auto mutable_body) {
+    return [relay, mutable_body](auto msg) {
+      pb::envelope e;
+      *(e.*mutable_body)() = std::move(msg);
+      relay(std::move(e));
+    };
+  };
   rank_worker_callbacks cb;
-  cb.on_step = [relay](pb::step_report r) {
-    pb::envelope e;
-    *e.mutable_step_report() = std::move(r);
-    relay(std::move(e));
-  };
-  cb.on_eval = [relay](pb::eval_report r) {
-    pb::envelope e;
-    *e.mutable_eval_report() = std::move(r);
-    relay(std::move(e));
-  };
-  cb.on_checkpoint = [relay](pb::checkpoint_data d) {
-    pb::envelope e;
-    *e.mutable_checkpoint_data() = std::move(d);
-    relay(std::move(e));
-  };
-  cb.on_status = [relay](pb::rank_status s) {
-    pb::envelope e;
-    *e.mutable_rank_status() = std::move(s);
-    relay(std::move(e));
-  };
+  cb.on_step = into(&pb::envelope::mutable_step_report);
+  cb.on_eval = into(&pb::envelope::mutable_eval_report);
+  cb.on_checkpoint = into(&pb::envelope::mutable_checkpoint_data);
+  cb.on_status = into(&pb::envelope::mutable_rank_status);
   st.worker = std::make_unique<rank_worker>(st.wopts, std::move(cb));
   return {
       [=](start_atom) {
