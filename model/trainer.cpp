@@ -424,7 +424,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     for (const auto& ex : summary.last_eval.examples) prog.log("  " + ex);
   };
 
-  double window_loss = 0, window_time = 0, ema_sps = 0, last_loss = 0;
+  double window_loss = 0, window_time = 0, ema_sps = 0;
   int64_t window_steps = 0;
   while (state.step() < max_steps) {
     if (opts.stop_signal && opts.stop_signal->load() != 0) {
@@ -441,7 +441,6 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
       return make_error("loss became " + std::to_string(loss) + " at step " + std::to_string(state.step()) +
                         "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint");
     }
-    last_loss = loss;
     window_loss += loss;
     window_time += dt;
     ++window_steps;
@@ -469,7 +468,6 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
       if (auto st = save(); !st) return st.err();
     }
   }
-  (void)last_loss;
   prog.finish();
 
   summary.step = state.step();
