@@ -39,6 +39,8 @@ void log_line(agent_self self, const std::string& line) {
 }
 
 bool member(const node_agent_state& st) { return st.phase == node_phase::registered || st.phase == node_phase::running; }
+// Rank reports still go up while the node leaves: its ranks finish their step.
+bool relaying(const node_agent_state& st) { return member(st) || st.phase == node_phase::leaving; }
 bool winding_down(const node_agent_state& st) { return st.phase == node_phase::leaving || st.phase == node_phase::stopped; }
 uint64_t generation(const node_agent_state& st) { return st.plan ? st.plan->generation() : 0; }
 
@@ -64,6 +66,10 @@ void send_register(agent_self self) {
   r->set_metrics_port(st.opts.metrics_port);
   r->set_last_step(st.last_step);
   r->set_last_generation(generation(st));
+  // After a coordinator restart the new one can adopt the running generation.
+  if (st.plan) *r->mutable_current_plan() = *st.plan;
+  for (int32_t l = 0; l < static_cast<int32_t>(st.ranks.size()); ++l)
+    if (st.ranks[l].alive && st.ranks[l].ready) r->add_ready_ranks(l);
   ++st.registers_sent;
   to_coordinator(self, std::move(env));
 }
@@ -86,7 +92,7 @@ void enter_registering(agent_self self, const std::string& why) {
 
 void report_rank(agent_self self, int32_t local_rank, pb::rank_status::state state, int32_t exit_code, const std::string& detail) {
   auto& st = self->state;
-  if (!member(st)) return;
+  if (!relaying(st)) return;
   auto env = envelope(self);
   auto* s = env.mutable_rank_status();
   s->set_global_rank(global_rank_of(st, local_rank));
@@ -113,6 +119,7 @@ void start_rank(agent_self self, int32_t local_rank) {
   if (pid.ok()) {
     r.pid = *pid;
     r.alive = true;
+    r.ready = false;
     r.peer.clear();
     ++r.starts;
     return;
@@ -137,13 +144,29 @@ void send_plan_to_rank(agent_self self, const rank_process& r) {
   st.out(links::ranks, r.peer, std::move(env));
 }
 
-void wind_down(agent_self self, node_phase phase, const std::string& reason) {
+// Generation 0 carries only the job's config: the rank loads its model and
+// data, then reports STATE_IDLE.
+void send_warm_up(agent_self self, const rank_process& r) {
+  auto& st = self->state;
+  if (st.config_toml.empty() || r.peer.empty()) return;
+  auto env = make_envelope(st.opts.header, 0);
+  env.set_job_id(st.job_id);
+  env.mutable_generation_plan()->set_generation(0);
+  env.mutable_generation_plan()->set_config_toml(st.config_toml);
+  st.out(links::ranks, r.peer, std::move(env));
+}
+
+void stop_rank(agent_self self, rank_process& r) {
+  if (r.alive) self->state.launcher->terminate(r.pid);
+}
+
+void wind_down(agent_self self, node_phase phase, const std::string& reason, bool stop_ranks = true) {
   auto& st = self->state;
   st.phase = phase;
   for (auto& r : st.ranks) {
     r.restart_pending = false;
     ++r.restart_epoch;  // cancels pending restarts
-    if (!r.alive) continue;
+    if (!r.alive || !stop_ranks) continue;
     if (phase == node_phase::stopped && !r.peer.empty()) {
       auto env = envelope(self);
       env.mutable_shutdown()->set_reason(reason);
@@ -175,6 +198,8 @@ void on_coordinator(agent_self self, const inbound& in) {
         st.node_rank = ack.node_rank();
         st.job_id = ack.job_id();
         st.config_toml = ack.config_toml();
+        if (st.opts.liveness_from_config)
+          if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
         ++st.register_epoch;  // cancels the pending retry
         log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
         start_missing_ranks(self);
@@ -189,15 +214,33 @@ void on_coordinator(agent_self self, const inbound& in) {
     case pb::envelope::kHeartbeatAck:
       break;
     case pb::envelope::kGenerationPlan: {
-      if (winding_down(st) || st.phase == node_phase::unregistered) return;
+      if (st.phase == node_phase::stopped || st.phase == node_phase::unregistered) return;
       if (st.plan && env.generation_plan().generation() <= st.plan->generation()) return;  // fenced: not newer
       st.plan = env.generation_plan();
+      if (st.phase == node_phase::leaving) {
+        // The drain plan without us: ranks finish their step, report IDLE
+        // and are stopped then.
+        for (const auto& r : st.ranks) send_plan_to_rank(self, r);
+        return;
+      }
       if (st.phase == node_phase::registering) ++st.register_epoch;  // a plan naming us implies we are a member
       st.phase = node_phase::running;
       for (const auto& r : st.ranks) send_plan_to_rank(self, r);
       break;
     }
     case pb::envelope::kShutdown:
+      if (env.shutdown().checkpoint()) {
+        // Ranks stop at an agreed step after rank 0's final checkpoint; the
+        // coordinator sends the final shutdown afterwards.
+        log_line(self, "stopping at the next step boundary: " + env.shutdown().reason());
+        for (const auto& r : st.ranks)
+          if (r.alive && !r.peer.empty()) {
+            auto out = envelope(self);
+            *out.mutable_shutdown() = env.shutdown();
+            st.out(links::ranks, r.peer, std::move(out));
+          }
+        break;
+      }
       log_line(self, "shutdown: " + env.shutdown().reason());
       wind_down(self, node_phase::stopped, env.shutdown().reason());
       quit_if_done(self);
@@ -217,13 +260,21 @@ void on_rank(agent_self self, inbound& in) {
       auto& r = st.ranks[l];
       if (!r.alive || r.pid != env.rank_hello().pid()) return;  // not the process we started
       r.peer = in.peer;
-      if (st.phase == node_phase::stopped) {
-        auto out = envelope(self);
-        out.mutable_shutdown()->set_reason("node is stopping");
-        st.out(links::ranks, r.peer, std::move(out));
+      r.last_seen = self->clock().now();
+      if (winding_down(st)) {
+        stop_rank(self, r);
       } else {
-        send_plan_to_rank(self, r);
+        send_warm_up(self, r);
+        // A plan that already names this rank's first process (planned
+        // before it said hello) goes along; a restarted process is not part
+        // of the running generation and waits for the next one.
+        if (r.starts == 1 && global_rank_of(st, l) >= 0) send_plan_to_rank(self, r);
       }
+      return;
+    }
+    case pb::envelope::kHeartbeat: {
+      for (auto& r : st.ranks)
+        if (r.alive && r.peer == in.peer) r.last_seen = self->clock().now();
       return;
     }
     case pb::envelope::kStepReport:
@@ -231,8 +282,16 @@ void on_rank(agent_self self, inbound& in) {
       break;
     case pb::envelope::kRankStatus: {
       const auto& s = env.rank_status();
-      if (s.status() == pb::rank_status::STATE_READY && s.local_rank() >= 0 && s.local_rank() < static_cast<int32_t>(st.ranks.size()))
-        st.ranks[s.local_rank()].failures = 0;
+      if (s.local_rank() >= 0 && s.local_rank() < static_cast<int32_t>(st.ranks.size())) {
+        auto& r = st.ranks[s.local_rank()];
+        if (r.peer == in.peer) {
+          r.last_seen = self->clock().now();
+          if (s.status() == pb::rank_status::STATE_READY) r.failures = 0;
+          if (s.status() == pb::rank_status::STATE_READY || s.status() == pb::rank_status::STATE_IDLE) r.ready = true;
+          // A leaving node's rank that finished its last step.
+          if (st.phase == node_phase::leaving && s.status() == pb::rank_status::STATE_IDLE) stop_rank(self, r);
+        }
+      }
       break;
     }
     case pb::envelope::kEvalReport:
@@ -242,13 +301,35 @@ void on_rank(agent_self self, inbound& in) {
     default:
       return;
   }
-  if (member(st)) to_coordinator(self, std::move(env));
+  if (relaying(st)) to_coordinator(self, std::move(env));
+}
+
+// A rank process that stopped heartbeating (hung, or stopped) is killed;
+// its exit is reported and it is restarted like a crashed one.
+void check_ranks(agent_self self, clock_time now) {
+  auto& st = self->state;
+  std::map<std::string, clock_time> seen;
+  for (const auto& r : st.ranks)
+    if (r.alive && !r.peer.empty()) seen[std::to_string(r.pid)] = r.last_seen;
+  // Lenient: a falsely killed rank costs a recovery, and a rank's control
+  // thread competes with training for the cores.
+  auto lenient = st.opts.liveness;
+  lenient.heartbeat_timeout *= 5;
+  for (const auto& lost : find_lost(now, seen, lenient)) {
+    for (auto& r : st.ranks)
+      if (r.alive && std::to_string(r.pid) == lost.peer) {
+        log_line(self, "rank with pid " + lost.peer + " silent for " + std::to_string(lost.detected_after_s) + " s; killing it");
+        r.last_seen = now;  // killed once; its exit follows
+        stop_rank(self, r);
+      }
+  }
 }
 
 void on_tick(agent_self self) {
   auto& st = self->state;
-  if (!member(st)) return;
   auto now = self->clock().now();
+  if (!winding_down(st)) check_ranks(self, now);
+  if (!member(st)) return;
   if (!find_lost(now, {{"coordinator", st.last_heard}}, st.opts.liveness).empty()) {
     enter_registering(self, "no word from the coordinator for " + std::to_string(std::chrono::duration<double>(now - st.last_heard).count()) + " s");
     return;
@@ -322,14 +403,26 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
       [=](leave_atom, const std::string& reason) {
         auto& st = self->state;
         if (winding_down(st)) return;
+        const bool drain = st.phase == node_phase::running;
         if (member(st)) {
           auto env = envelope(self);
           env.mutable_leave()->set_reason(reason);
           env.mutable_leave()->set_at_step(st.last_step);
           to_coordinator(self, std::move(env));
         }
-        log_line(self, "leaving: " + reason);
-        wind_down(self, node_phase::leaving, reason);
+        log_line(self, "leaving: " + reason + (drain ? " (ranks finish their step first)" : ""));
+        // While training, ranks keep going until the coordinator's drain plan
+        // (without this node) lets them stop at a step boundary.
+        wind_down(self, node_phase::leaving, reason, !drain);
+        if (drain) self->delayed_send(self, st.opts.leave_timeout, leave_atom::value, std::string("no drain plan in time"), true);
+        quit_if_done(self);
+      },
+      // The leave timeout: no drain plan came; stop the ranks now.
+      [=](leave_atom, const std::string& why, bool) {
+        auto& st = self->state;
+        if (st.phase != node_phase::leaving) return;
+        log_line(self, "stopping ranks: " + why);
+        for (auto& r : st.ranks) stop_rank(self, r);
         quit_if_done(self);
       },
   };

@@ -6,19 +6,26 @@
 //   registered --generation_plan--> running
 //   registered|running --coordinator silent past the timeout, or told
 //                        "not a member"--> registering (ranks keep running)
-//   any --leave_atom--> leaving          any --shutdown--> stopped
+//   any --leave_atom--> leaving (ranks finish their step: the coordinator's
+//       drain plan leaves them out, they report STATE_IDLE and are stopped)
+//   any --shutdown--> stopped  (shutdown with `checkpoint` is only relayed:
+//       ranks stop at an agreed step after a final checkpoint)
 //
 // It registers (retrying with capped exponential backoff until acked),
 // heartbeats the coordinator every interval, forwards generation plans to its
 // ranks and relays their reports, and supervises the rank processes through
 // an injected process_launcher: a rank that exits is reported to the
-// coordinator (rank_status STATE_EXITED) and restarted after a backoff.
+// coordinator (rank_status STATE_EXITED) and restarted after a backoff, and
+// a rank whose heartbeats stop (hung) is killed, then restarted. A fresh rank
+// gets a warm-up plan (the job's config) and is planned in by the
+// coordinator once it reports STATE_IDLE.
 //
 // One behavior with an explicit phase rather than become(): rank exits,
 // timers and reports must be handled in every phase, and CAF drops messages
 // the current behavior does not match.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +64,12 @@ struct node_agent_options {
   std::chrono::milliseconds register_backoff_max{5000};
   std::chrono::milliseconds restart_backoff_initial{100};
   std::chrono::milliseconds restart_backoff_max{5000};
+  // How long a leaving node waits for the plan that lets its ranks finish
+  // their step (the coordinator may be gone) before it stops them anyway.
+  std::chrono::milliseconds leave_timeout{10000};
+  // Reads the job's heartbeat settings from the config in register_ack
+  // (may be empty: the options above stay).
+  std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;
   log_fn log;
 };
 
@@ -70,6 +83,8 @@ struct rank_process {
   int32_t pid = -1;
   bool alive = false;
   std::string peer;            // routing id on links::ranks once it said rank_hello
+  bool ready = false;          // warmed up (STATE_IDLE) or training: may be planned in
+  clock_time last_seen{};      // its last heartbeat or report
   uint32_t starts = 0;         // successful spawns
   uint32_t failures = 0;       // exits/spawn failures since it last reported STATE_READY
   uint64_t restart_epoch = 0;  // matches the pending restart_atom timer

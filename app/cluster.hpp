@@ -23,7 +23,9 @@ struct cluster_cli {
   int metrics_port = 0;
   int nodes = 2;                               // local
   int connect_timeout_s = 120;
-  bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies                 // node: give up when the coordinator never answers
+  bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies
+  int64_t fail_at_step = -1;                   // node, rank: fault injection for tests (rank_worker_options)
+  std::string fail_mode = "crash";
   const std::atomic<int>* stop_signal = nullptr;
 };
 

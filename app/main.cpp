@@ -69,6 +69,11 @@ int main(int argc, char** argv) {
   app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");
   app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
+  app.add_option("--fail-at-step", cl.fail_at_step,
+                 "node, for tests: after step N, local rank 0 injects the fault given by --fail-mode (default: off)");
+  app.add_option("--fail-mode", cl.fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash")
+      ->check(CLI::IsMember({"crash", "hang", "leave", "rank-crash"}))
+      ->capture_default_str();
 
   std::string config_path, run_dir = "runs/default", resume_from, target;
   std::vector<std::string> overrides;

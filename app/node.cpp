@@ -20,6 +20,7 @@
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "monitoring/metrics.hpp"
+#include "runtime/config.hpp"
 #include "runtime/process.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/zmq_bridge.hpp"
@@ -37,7 +38,9 @@ int fail(const std::string& msg, int code = 1) {
 // thread, reporting each exit to the node agent as a rank_exit message.
 class rank_launcher : public process_launcher {
  public:
-  rank_launcher(std::vector<std::string> base_args) : base_(std::move(base_args)) {}
+  // `fault_args` go to the first start of local rank 0 only (fault injection).
+  rank_launcher(std::vector<std::string> base_args, std::vector<std::string> fault_args)
+      : base_(std::move(base_args)), fault_(std::move(fault_args)) {}
   ~rank_launcher() override { stop(); }
 
   void attach(caf::actor agent) {
@@ -49,6 +52,10 @@ class rank_launcher : public process_launcher {
     auto args = base_;
     args.push_back("--local-rank");
     args.push_back(std::to_string(local_rank));
+    if (local_rank == 0 && !fault_.empty()) {
+      args.insert(args.end(), fault_.begin(), fault_.end());
+      fault_.clear();
+    }
     auto c = child_process::spawn(args);
     if (!c) return c.err();
     const pid_t pid = c->release();
@@ -101,6 +108,7 @@ class rank_launcher : public process_launcher {
   }
 
   std::vector<std::string> base_;
+  std::vector<std::string> fault_;
   caf::actor agent_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -153,13 +161,23 @@ int run_node(const cluster_cli& cli) {
   o.header.sender = "node/" + node_id;
   o.header.incarnation = incarnation;
   o.liveness.heartbeat_interval = std::chrono::milliseconds(100);
-  o.liveness.heartbeat_timeout = std::chrono::milliseconds(3000);
+  o.liveness.heartbeat_timeout = std::chrono::milliseconds(1000);
+  o.liveness_from_config = [](const std::string& toml) -> std::optional<liveness_options> {
+    auto c = config::parse_toml(toml, "register_ack");
+    if (!c) return std::nullopt;
+    liveness_options l;
+    l.heartbeat_interval = std::chrono::milliseconds(c.value().get_int("cluster.heartbeat_interval_ms"));
+    l.heartbeat_timeout = std::chrono::milliseconds(c.value().get_int("cluster.heartbeat_timeout_ms"));
+    return l;
+  };
   o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); };
 
   auto launcher = std::make_shared<rank_launcher>(std::vector<std::string>{
       self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", node_id, "--coordinator", cli.coordinator,
       "--advertise-addr", advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node), "--threads-per-rank",
-      std::to_string(cli.threads_per_rank)});
+      std::to_string(cli.threads_per_rank)},
+      cli.fail_at_step >= 0 ? std::vector<std::string>{"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", cli.fail_mode}
+                            : std::vector<std::string>{});
   auto agent = sys.spawn(node_agent, o, out, launcher);
   launcher->attach(agent);
 

@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "actors/messages.hpp"
 #include "app/caf_setup.hpp"
@@ -30,29 +31,34 @@ using report_atom = caf::atom_constant<caf::atom("report")>;
 
 struct rank_actor_state {
   envelope_header header;
-  uint64_t generation = 0;
   std::function<void(pb::envelope)> send;
   std::unique_ptr<rank_worker> worker;
   rank_worker_options wopts;
+  std::chrono::milliseconds heartbeat_interval{100};
+  uint64_t heartbeat_seq = 0;
+  uint64_t newest_plan = 0;
   static inline const char* name = "dtactor.rank";
 };
 
 using rank_self = caf::stateful_actor<rank_actor_state>*;
 
+// Control side of a rank: relays plans and stops to the training thread,
+// its reports (stamped with their generation) to the node, and heartbeats
+// the node every interval so it can tell a hung rank from a busy one.
 caf::behavior rank_actor(rank_self self, envelope_header header, rank_worker_options wopts, std::function<void(pb::envelope)> send) {
   auto& st = self->state;
   st.header = std::move(header);
   st.wopts = std::move(wopts);
   st.send = std::move(send);
-  // The training thread's reports come back here as envelopes, stamped with
-  // the generation they belong to.
-  auto relay = [self](pb::envelope env) { caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, inbound{"node", "", std::move(env)}); };
+  auto relay = [self](uint64_t gen, pb::envelope env) {
+    caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, gen, inbound{"node", "", std::move(env)});
+  };
   // Each callback puts its message into the matching body of an envelope.
   auto into = [relay](auto mutable_body) {
-    return [relay, mutable_body](auto msg) {
+    return [relay, mutable_body](uint64_t gen, auto msg) {
       pb::envelope e;
       *(e.*mutable_body)() = std::move(msg);
-      relay(std::move(e));
+      relay(gen, std::move(e));
     };
   };
   rank_worker_callbacks cb;
@@ -68,32 +74,33 @@ caf::behavior rank_actor(rank_self self, envelope_header header, rank_worker_opt
         hello.mutable_rank_hello()->set_local_rank(st.wopts.local_rank);
         hello.mutable_rank_hello()->set_pid(static_cast<int32_t>(::getpid()));
         st.send(std::move(hello));
+        self->send(self, tick_atom::value);
       },
-      [=](report_atom, inbound& in) {
+      [=](tick_atom) {
         auto& st = self->state;
-        pb::envelope env = make_envelope(st.header, st.generation);
+        pb::envelope hb = make_envelope(st.header, st.newest_plan);
+        hb.mutable_heartbeat()->set_seq(++st.heartbeat_seq);
+        st.send(std::move(hb));
+        self->delayed_send(self, st.heartbeat_interval, tick_atom::value);
+      },
+      [=](report_atom, uint64_t gen, inbound& in) {
+        auto& st = self->state;
+        pb::envelope env = make_envelope(st.header, gen);
         env.MergeFrom(in.env);
-        env.set_generation(st.generation);
+        env.set_generation(gen);
         st.send(std::move(env));
       },
       [=](inbound& in) {
         auto& st = self->state;
         if (in.env.has_generation_plan()) {
-          const auto& plan = in.env.generation_plan();
-          if (plan.generation() <= st.generation) return;  // fenced: not newer
-          if (st.worker->running()) {
-            // Changing generation mid-run is the fault-handling work; until
-            // then a rank runs one generation.
-            std::fprintf(stderr, "dtactor: rank %d: ignoring generation %llu while generation %llu runs\n", st.wopts.local_rank,
-                         static_cast<unsigned long long>(plan.generation()), static_cast<unsigned long long>(st.generation));
+          if (!in.env.job_id().empty()) st.header.job_id = in.env.job_id();
+          if (st.worker->offer(in.env.generation_plan())) st.newest_plan = std::max(st.newest_plan, in.env.generation_plan().generation());
+        } else if (in.env.has_shutdown()) {
+          if (in.env.shutdown().checkpoint()) {
+            st.worker->request_stop(true);
             return;
           }
-          st.generation = plan.generation();
-          if (!in.env.job_id().empty()) st.header.job_id = in.env.job_id();
-          st.worker->start(plan);
-        } else if (in.env.has_shutdown()) {
-          st.worker->request_stop();
-          st.worker->join();
+          st.worker->quit();
           self->quit();
         }
       },
@@ -114,6 +121,8 @@ int run_rank(const cluster_cli& cli) {
   w.local_world = cli.nproc_per_node;
   w.threads = cli.threads_per_rank;
   w.advertise_addr = cli.advertise_addr;
+  w.fail_at_step = cli.fail_at_step;
+  w.fail_mode = cli.fail_mode;
   // An empty store host in the plan means: the coordinator's host as this node reaches it.
   if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;
 
@@ -146,7 +155,10 @@ int run_rank(const cluster_cli& cli) {
   // Let the last reports leave (sockets close with linger 0).
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   bridge->stop();
-  return 0;
+  // _Exit: groups parked mid-collective must not be destroyed (their
+  // destructors wait out Gloo's timeout), and nothing else needs flushing.
+  std::fflush(stderr);
+  std::_Exit(0);
 }
 
 }  // namespace dtactor

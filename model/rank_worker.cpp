@@ -2,6 +2,9 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -28,18 +31,23 @@ pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, in
   return st;
 }
 
+using abandon_fn = std::function<bool()>;
+
+clock_type::time_point deadline_in(std::chrono::milliseconds d) { return clock_type::now() + d; }
+
 // Broadcasts a byte string from `root` to every rank (length first).
-std::string broadcast_bytes(c10d::ProcessGroup& pg, int root, const std::string& bytes) {
+result<std::string> broadcast_bytes(c10d::ProcessGroup& pg, int root, const std::string& bytes, std::chrono::milliseconds timeout,
+                                    const abandon_fn& abandon) {
   auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
   std::vector<torch::Tensor> lt{len};
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
-  pg.broadcast(lt, bo)->wait();
+  if (auto st = wait_work(pg.broadcast(lt, bo), deadline_in(timeout), abandon, "state broadcast (length)"); !st) return st.err();
   const int64_t n = lt[0].item<int64_t>();
   auto buf = torch::empty({n}, torch::kUInt8);
   if (pg.getRank() == root) std::memcpy(buf.data_ptr(), bytes.data(), bytes.size());
   std::vector<torch::Tensor> bt{buf};
-  pg.broadcast(bt, bo)->wait();
+  if (auto st = wait_work(pg.broadcast(bt, bo), deadline_in(timeout), abandon, "state broadcast"); !st) return st.err();
   return std::string(static_cast<const char*>(buf.data_ptr()), static_cast<size_t>(n));
 }
 
@@ -61,16 +69,17 @@ pb::checkpoint_data to_checkpoint_data(int64_t step, const std::vector<std::pair
 }
 
 // True when every rank holds the same parameters (digest min == max).
-bool digests_agree(c10d::ProcessGroup& pg, const std::string& hex) {
+result<bool> digests_agree(c10d::ProcessGroup& pg, const std::string& hex, std::chrono::milliseconds timeout, const abandon_fn& abandon) {
   const int64_t v = static_cast<int64_t>(std::stoull(hex, nullptr, 16));
-  std::vector<torch::Tensor> lo{torch::tensor({v}, torch::kInt64)}, hi{torch::tensor({v}, torch::kInt64)};
-  c10d::AllreduceOptions mn, mx;
-  mn.reduceOp = c10d::ReduceOp::MIN;
+  // MAX of (v, -v) gives max and -min in one collective.
+  std::vector<torch::Tensor> t{torch::tensor({v, -v}, torch::kInt64)};
+  c10d::AllreduceOptions mx;
   mx.reduceOp = c10d::ReduceOp::MAX;
-  pg.allreduce(lo, mn)->wait();
-  pg.allreduce(hi, mx)->wait();
-  return lo[0].item<int64_t>() == hi[0].item<int64_t>();
+  if (auto st = wait_work(pg.allreduce(t, mx), deadline_in(timeout), abandon, "parameter digest comparison"); !st) return st.err();
+  return t[0][0].item<int64_t>() == -t[0][1].item<int64_t>();
 }
+
+double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -80,40 +89,91 @@ int global_rank_in(const pb::generation_plan& plan, const std::string& node_id, 
   return -1;
 }
 
-rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb) : opts_(std::move(opts)), cb_(std::move(cb)) {}
+// What the training thread keeps across generations.
+struct rank_worker::impl {
+  std::optional<config> cfg;
+  std::unique_ptr<training_state> state;
+  // Groups of earlier generations: an abandoned collective may still run on
+  // their threads, and a group's destructor waits for it. Kept until the
+  // process ends (it ends with _exit).
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> parked;
+  bool injected = false;
+};
+
+rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
+    : opts_(std::move(opts)), cb_(std::move(cb)), impl_(std::make_unique<impl>()) {
+  thread_ = std::thread([this] {
+    run();
+    done_.store(true);
+    cv_.notify_all();
+  });
+}
 
 rank_worker::~rank_worker() {
-  request_stop();
-  join();
-}
-
-void rank_worker::join() {
+  quit();
   if (thread_.joinable()) thread_.join();
+  // Leaked on purpose: a parked group's destructor waits for its abandoned
+  // collective (up to the Gloo timeout), and the process is ending anyway.
+  for (auto& pg : impl_->parked) (void)pg.release();
 }
 
-bool rank_worker::start(const pb::generation_plan& plan) {
-  if (running_.exchange(true)) return false;
-  join();
-  stop_.store(false);
-  thread_ = std::thread([this, plan] {
-    run(plan);
-    running_.store(false);
-  });
+bool rank_worker::offer(const pb::generation_plan& plan) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (any_offered_ && plan.generation() <= offered_gen_.load()) return false;
+    any_offered_ = true;
+    pending_ = plan;
+    pending_at_ = now_s();
+    offered_gen_.store(std::max(offered_gen_.load(), plan.generation()));
+    if (!plan.drain() && plan.generation() > 0) abort_gen_.store(plan.generation());
+  }
+  cv_.notify_all();
   return true;
 }
 
-void rank_worker::run(pb::generation_plan plan) {
-  const int rank = global_rank_in(plan, opts_.node_id, opts_.local_rank);
-  const int world = plan.world_size();
+void rank_worker::request_stop(bool checkpoint) {
+  if (checkpoint) stop_checkpoint_.store(true);
+  stop_.store(true);
+  cv_.notify_all();
+}
+
+void rank_worker::quit() {
+  quit_.store(true);
+  cv_.notify_all();
+}
+
+bool rank_worker::join_for(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return done_.load(); })) return false;
+  lock.unlock();
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+bool rank_worker::abandon(uint64_t gen) const { return quit_.load() || abort_gen_.load() > gen; }
+
+bool rank_worker::take_plan(uint64_t after, bool warm_up, pb::generation_plan& out, double& offered_at) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return quit_.load() || (pending_ && (warm_up || pending_->generation() > after)); });
+  if (quit_.load()) return false;
+  out = std::move(*pending_);
+  offered_at = pending_at_;
+  pending_.reset();
+  return true;
+}
+
+void rank_worker::run() {
   const int local = opts_.local_rank;
-  auto fail = [&](const std::string& why, int64_t step) {
-    if (cb_.on_status) cb_.on_status(status_of(pb::rank_status::STATE_FAILED, rank, local, step, why));
+  auto status = [&](uint64_t gen, pb::rank_status::state s, int rank, int64_t step, const std::string& detail) {
+    if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local, step, detail));
   };
-  if (rank < 0) return fail("rank " + std::to_string(local) + " of node " + opts_.node_id + " is not in generation " +
-                            std::to_string(plan.generation()), plan.start_step());
+  pb::generation_plan plan;
+  double offered_at = 0;
+  if (!take_plan(0, true, plan, offered_at)) return;
+  auto& im = *impl_;
   try {
     auto parsed = config::parse_toml(plan.config_toml(), "generation plan");
-    if (!parsed) return fail(parsed.message(), plan.start_step());
+    if (!parsed) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, parsed.message());
     config cfg = std::move(parsed.value());
     // Ranks sharing a machine share its cores.
     if (cfg.get_int("train.threads") == 0) {
@@ -122,62 +182,168 @@ void rank_worker::run(pb::generation_plan plan) {
       (void)cfg.set("train.threads", std::to_string(n));
     }
     configure_threads(cfg);
+    auto created = training_state::create(cfg);
+    if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
+    im.state = std::move(created.value());
+    im.cfg = std::move(cfg);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, what.substr(0, what.find('\n')));
+  }
+  status(0, pb::rank_status::STATE_IDLE, -1, im.state->step(), "warmed up");
 
-    // Gloo uses one timeout for building the group (all ranks must arrive)
-    // and for every collective; the group gets the longer rendezvous bound,
-    // and the step's allreduces are bounded by grad_sync's own deadline.
+  uint64_t current = 0;
+  for (;;) {
+    if (plan.generation() > current) {
+      current = plan.generation();
+      const auto o = run_generation(plan, offered_at);
+      if (o == outcome::quit) return;
+      if (o == outcome::next_plan) {
+        // A newer plan is waiting: take it without blocking.
+        if (!take_plan(current, false, plan, offered_at)) return;
+        continue;
+      }
+    }
+    if (!take_plan(current, false, plan, offered_at)) return;
+  }
+}
+
+rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan, double offered_at) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  const config& cfg = *im.cfg;
+  const uint64_t gen = plan.generation();
+  const int local = opts_.local_rank;
+  const int rank = global_rank_in(plan, opts_.node_id, local);
+  const int world = plan.world_size();
+  auto status = [&](pb::rank_status::state s, int64_t step, const std::string& detail) {
+    if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local, step, detail));
+  };
+  const abandon_fn abandon_now = [this, gen] { return abandon(gen); };
+  auto failed = [&](const std::string& why, int64_t step) {
+    if (quitting()) return outcome::quit;
+    // Abandoned for a newer plan: not a failure of this generation.
+    if (abandon(gen)) return outcome::next_plan;
+    status(pb::rank_status::STATE_FAILED, step, why);
+    return outcome::failed;
+  };
+  if (rank < 0) {
+    // Not in this generation (this node leaves, or this rank was left out).
+    status(pb::rank_status::STATE_IDLE, state.step(), "not in generation " + std::to_string(gen));
+    return outcome::idle;
+  }
+  try {
     const auto timeout = std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms"));
     const auto rendezvous_timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(60));
+
+    // The group, built on a helper thread: a newer plan (or quit) abandons
+    // a rendezvous that waits for a member who will never come.
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     if (world > 1) {
-      c10d::TCPStoreOptions so;
-      so.port = static_cast<uint16_t>(plan.store_port());
-      so.isServer = false;
-      so.waitWorkers = false;
-      so.timeout = rendezvous_timeout;
-      auto store = c10::make_intrusive<c10d::TCPStore>(plan.store_host().empty() ? opts_.default_store_host : plan.store_host(), so);
+      struct build {
+        std::mutex mu;
+        std::condition_variable cv;
+        bool done = false;
+        std::optional<result<c10::intrusive_ptr<c10d::ProcessGroup>>> r;
+      };
+      auto b = std::make_shared<build>();
       communicator_options co;
       co.backend = cfg.get_string("cluster.backend");
       co.timeout = rendezvous_timeout;
-      co.generation = plan.generation();
+      co.generation = gen;
       co.hostname = opts_.advertise_addr.empty() ? "127.0.0.1" : opts_.advertise_addr;
-      auto made = make_process_group(store, rank, world, co);
-      if (!made) return fail(made.message(), plan.start_step());
-      pg = made.value();
+      const std::string host = plan.store_host().empty() ? opts_.default_store_host : plan.store_host();
+      const auto port = static_cast<uint16_t>(plan.store_port());
+      std::thread([b, co, host, port, rank, world, rendezvous_timeout] {
+        result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
+        try {
+          c10d::TCPStoreOptions so;
+          so.port = port;
+          so.isServer = false;
+          so.waitWorkers = false;
+          so.timeout = rendezvous_timeout;
+          auto store = c10::make_intrusive<c10d::TCPStore>(host, so);
+          r = make_process_group(store, rank, world, co);
+        } catch (const std::exception& e) {
+          std::string what = e.what();
+          r = make_error("c10d store at " + host + ":" + std::to_string(port) + ": " + what.substr(0, what.find('\n')));
+        }
+        std::lock_guard<std::mutex> lock(b->mu);
+        b->r = std::move(r);
+        b->done = true;
+        b->cv.notify_all();
+      }).detach();
+      std::unique_lock<std::mutex> lock(b->mu);
+      while (!b->done) {
+        if (quitting()) return outcome::quit;
+        if (newer_plan_waiting(gen)) return outcome::next_plan;
+        b->cv.wait_for(lock, std::chrono::milliseconds(5));
+      }
+      if (!b->r->ok()) return failed(b->r->message(), state.step());
+      pg = b->r->value();
+      im.parked.push_back(pg);  // outlives this generation (see impl::parked)
     }
 
-    auto created = training_state::create(cfg);
-    if (!created) return fail(created.message(), plan.start_step());
-    training_state& state = *created.value();
-
-    // The committed state: from the plan's checkpoint on the root, then
-    // broadcast from the root over the new group.
-    const int root = plan.state_root() >= 0 ? plan.state_root() : 0;
-    if (rank == root && !plan.checkpoint().empty()) {
+    // The newest disk checkpoint, when the coordinator sent one (everyone
+    // was lost, or the job resumes): global rank 0 takes it unless it holds
+    // newer state itself.
+    std::string source = "local";
+    if (rank == 0 && !plan.checkpoint().empty()) {
       pb::checkpoint_data d;
-      if (!d.ParseFromString(plan.checkpoint())) return fail("the plan's checkpoint does not parse", plan.start_step());
-      if (auto st = state.load_sections(sections_of(d), d.step()); !st) return fail(st.message(), plan.start_step());
-    }
-    if (pg && (plan.state_root() >= 0 || !plan.checkpoint().empty())) {
-      std::string blob;
-      if (rank == root) to_checkpoint_data(state.step(), state.save_sections()).SerializeToString(&blob);
-      blob = broadcast_bytes(*pg, root, blob);
-      if (rank != root) {
-        pb::checkpoint_data d;
-        if (!d.ParseFromString(blob)) return fail("state broadcast from the root does not parse", plan.start_step());
-        if (auto st = state.load_sections(sections_of(d), d.step()); !st) return fail(st.message(), plan.start_step());
+      if (!d.ParseFromString(plan.checkpoint())) return failed("the plan's checkpoint does not parse", state.step());
+      if (d.step() > state.step()) {
+        if (auto st = state.load_sections(sections_of(d), d.step()); !st) return failed(st.message(), state.step());
+        source = "disk";
       }
     }
-    if (state.step() != plan.start_step()) {
-      return fail("plan resumes at step " + std::to_string(plan.start_step()) + " but no state source was given", plan.start_step());
+
+    // Agreement: the highest step any member holds, and the lowest rank
+    // holding it (the root), in one MAX allreduce of
+    // (step << 20 | (2^20 - 1 - rank), -step).
+    int root = 0;
+    int64_t max_step = state.step(), min_step = state.step();
+    if (pg) {
+      constexpr int64_t shift = int64_t{1} << 20;
+      std::vector<torch::Tensor> t{torch::tensor({state.step() * shift + (shift - 1 - rank), -state.step()}, torch::kInt64)};
+      c10d::AllreduceOptions mx;
+      mx.reduceOp = c10d::ReduceOp::MAX;
+      if (auto st = wait_work(pg->allreduce(t, mx), deadline_in(timeout), abandon_now, "state agreement"); !st)
+        return failed(st.message(), state.step());
+      const int64_t top = t[0][0].item<int64_t>();
+      max_step = top / shift;
+      root = static_cast<int>(shift - 1 - top % shift);
+      min_step = -t[0][1].item<int64_t>();
+      if (min_step != max_step) {
+        std::string blob;
+        if (rank == root) to_checkpoint_data(state.step(), state.save_sections()).SerializeToString(&blob);
+        auto got = broadcast_bytes(*pg, root, blob, timeout, abandon_now);
+        if (!got) return failed(got.message(), state.step());
+        if (rank != root) {
+          pb::checkpoint_data d;
+          if (!d.ParseFromString(got.value())) return failed("state broadcast from rank " + std::to_string(root) + " does not parse", state.step());
+          if (auto st = state.load_sections(sections_of(d), d.step()); !st) return failed(st.message(), state.step());
+          source = "peer";
+        }
+      }
     }
+    if (source == "local" && state.step() == 0) source = "fresh";
 
     grad_sync_options go;
     go.bucket_bytes = cfg.get_int("cluster.bucket_kb") * 1024;
     go.timeout = timeout;
+    go.abandon = abandon_now;
     grad_sync sync(state.the_task().module()->parameters(), pg, go);
+    // Whatever the last generation left in the gradients is a partial step.
+    state.zero_grad();
 
-    if (cb_.on_status) cb_.on_status(status_of(pb::rank_status::STATE_READY, rank, local, state.step(), ""));
+    {
+      auto ready = status_of(pb::rank_status::STATE_READY, rank, local, state.step(), "");
+      ready.set_state_source(source);
+      ready.set_state_root(root);
+      ready.set_rolled_back_steps(0);
+      ready.set_switch_s(now_s() - offered_at);
+      if (cb_.on_status) cb_.on_status(gen, std::move(ready));
+    }
 
     const int64_t max_steps = cfg.get_int("train.max_steps");
     const int64_t eval_every = cfg.get_int("eval.every_steps");
@@ -186,11 +352,33 @@ void rank_worker::run(pb::generation_plan plan) {
     const int64_t report_every = cfg.get_int("train.log_every_steps");
     std::map<std::string, double> eval_at_step;
     pb::step_report acc;  // sums since the last report
+    bool first = true;    // the first step of a generation is reported at once (recovery timing)
+    int64_t last_ckpt = -1;
+    auto send_checkpoint = [&](int64_t step) {
+      auto d = to_checkpoint_data(step, state.save_sections());
+      d.set_meta(state.checkpoint_meta(eval_at_step, gen).SerializeAsString());
+      if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(d));
+      last_ckpt = step;
+    };
     while (state.step() < max_steps) {
-      if (stop_.load()) return;
+      if (quitting()) return outcome::quit;
+      if (abandon(gen)) return outcome::next_plan;
       const auto t0 = clock_type::now();
+      // The step's control word, issued before its gradient buckets on every
+      // rank so collectives match: (newest generation I hold a plan for,
+      // stop requested), MAX-reduced as (-generation, stop).
+      const int64_t holds = static_cast<int64_t>(std::max(gen, offered_gen_.load()));
+      const bool stop_here = stop_.load();
+      std::vector<torch::Tensor> ctrl{torch::tensor({-holds, stop_here ? int64_t{1} : int64_t{0}}, torch::kInt64)};
+      c10::intrusive_ptr<c10d::Work> ctrl_work;
+      if (pg) {
+        c10d::AllreduceOptions mx;
+        mx.reduceOp = c10d::ReduceOp::MAX;
+        ctrl_work = pg->allreduce(ctrl, mx);
+      }
       auto r = state.train_step_dp(rank, world, sync);
-      if (!r) return fail(r.message(), state.step());
+      if (!r) return failed(r.message(), state.step());
+      if (auto st = wait_work(ctrl_work, deadline_in(timeout), abandon_now, "step control word"); !st) return failed(st.message(), state.step());
       const int64_t step = state.step();
       acc.set_samples(acc.samples() + r->samples);
       acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
@@ -199,17 +387,22 @@ void rank_worker::run(pb::generation_plan plan) {
       if ((digest_every > 0 && step % digest_every == 0) || step == max_steps) {
         const std::string digest = state.params_digest();
         acc.set_params_digest(digest);
-        if (pg && !digests_agree(*pg, digest)) return fail("parameters differ between ranks at step " + std::to_string(step), step);
+        if (pg) {
+          auto agree = digests_agree(*pg, digest, timeout, abandon_now);
+          if (!agree) return failed(agree.message(), step);
+          if (!agree.value()) return failed("parameters differ between ranks at step " + std::to_string(step), step);
+        }
       }
       acc.set_step_s(acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
-      if (step % report_every == 0 || step == max_steps) {
+      if (first || step % report_every == 0 || step == max_steps) {
         acc.set_step(step);
         acc.set_global_rank(rank);
         acc.set_world_size(world);
         acc.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
         acc.set_lr(state.lr_at(step - 1));
-        if (cb_.on_step) cb_.on_step(acc);
+        if (cb_.on_step) cb_.on_step(gen, acc);
         acc.Clear();
+        first = false;
       }
 
       eval_at_step.clear();
@@ -227,19 +420,48 @@ void rank_worker::run(pb::generation_plan plan) {
           for (const auto& [k, v] : ev.metrics) (*er.mutable_metrics())[k] = v;
           for (const auto& ex : ev.examples) er.add_examples(ex);
           er.set_duration_s(std::chrono::duration<double>(clock_type::now() - e0).count());
-          if (cb_.on_eval) cb_.on_eval(er);
+          if (cb_.on_eval) cb_.on_eval(gen, er);
         }
       }
-      if (rank == 0 && ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps)) {
-        auto d = to_checkpoint_data(step, state.save_sections());
-        d.set_meta(state.checkpoint_meta(eval_at_step, plan.generation()).SerializeAsString());
-        if (cb_.on_checkpoint) cb_.on_checkpoint(std::move(d));
+      if (rank == 0 && ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps)) send_checkpoint(step);
+
+      if (opts_.fail_at_step == step && !im.injected) {
+        im.injected = true;
+        inject_fault();
       }
+      const bool stop_agreed = pg ? ctrl[0][1].item<int64_t>() != 0 : stop_here;
+      const uint64_t everyone_holds = pg ? static_cast<uint64_t>(-ctrl[0][0].item<int64_t>()) : offered_gen_.load();
+      if (stop_agreed) {
+        if (rank == 0 && stop_checkpoint_.load() && last_ckpt != step) send_checkpoint(step);
+        status(pb::rank_status::STATE_FINISHED, step, state.params_digest());
+        return outcome::stopped;
+      }
+      if (everyone_holds > gen) return outcome::next_plan;
     }
-    if (cb_.on_status) cb_.on_status(status_of(pb::rank_status::STATE_FINISHED, rank, local, state.step(), state.params_digest()));
+    status(pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());
+    return outcome::finished;
   } catch (const std::exception& e) {
     std::string what = e.what();
-    fail(what.substr(0, what.find('\n')), plan.start_step());
+    state.zero_grad();
+    return failed(what.substr(0, what.find('\n')), state.step());
+  }
+}
+
+void rank_worker::inject_fault() {
+  const std::string& m = opts_.fail_mode;
+  std::fprintf(stderr, "dtactor: fault injection at step %lld: %s\n", static_cast<long long>(opts_.fail_at_step), m.c_str());
+  std::fflush(stderr);
+  const pid_t node = ::getppid();
+  if (m == "crash") {
+    ::kill(node, SIGKILL);
+    ::raise(SIGKILL);
+  } else if (m == "hang") {
+    ::kill(node, SIGSTOP);
+    ::raise(SIGSTOP);
+  } else if (m == "leave") {
+    ::kill(node, SIGTERM);
+  } else if (m == "rank-crash") {
+    ::raise(SIGKILL);
   }
 }
 

@@ -1,13 +1,37 @@
 #pragma once
-// The training thread of a rank process. It builds the generation's c10d
-// process group through the coordinator's store, takes the committed state
-// from the plan's state root (broadcast over the new group), and trains
-// data-parallel until train.max_steps, reporting through callbacks that the
-// rank's control side turns into wire messages. No LibTorch in this header:
-// the rank's actor side includes it.
+// The training thread of a rank process. It lives as long as the process and
+// moves from generation to generation without restarting:
+//
+//   warm-up plan (generation 0: the job's config) -> load model and data,
+//   report STATE_IDLE; then for each generation it is given:
+//   build the generation's c10d group through the coordinator's store (a
+//   newer plan abandons the build), agree in-band on the newest state any
+//   member holds (max step; lowest rank holding it is the root) and take it
+//   from that peer, report STATE_READY, train until the job ends, a stop, a
+//   failure, or a switch to the next generation.
+//
+// Switching. A plan with `drain` (nobody was lost) is taken at a step
+// boundary every rank agrees on: each step starts with a tiny allreduce (MAX)
+// of "the newest generation I hold a plan for" and "stop requested", issued
+// before the step's gradient buckets so it runs behind the compute; when
+// every rank holds the newer plan, all switch after the same step. A plan
+// without `drain` (someone was lost) abandons whatever collective the thread
+// is blocked in at once; the partial step is dropped (gradients zeroed, the
+// optimizer never stepped), and the old group is parked, never destroyed.
+//
+// No completed step is lost: a rank whose allreduce finished applied the
+// global-batch gradient, so its state is the true state after that step; the
+// agreement picks the highest step any survivor holds, and nothing applied is
+// ever undone (rolled_back_steps is 0 by construction).
+//
+// No LibTorch in this header: the rank's actor side includes it.
 #include <atomic>
+#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -15,45 +39,81 @@
 
 namespace dtactor {
 
+// Every report is stamped with the generation it belongs to (the worker may
+// hold a newer plan while it still trains in the old generation).
 struct rank_worker_callbacks {
   // Called on the training thread; must not block for long.
-  std::function<void(pb::step_report)> on_step;
-  std::function<void(pb::eval_report)> on_eval;           // global rank 0 only
-  std::function<void(pb::checkpoint_data)> on_checkpoint;  // global rank 0 only
-  // STATE_READY when the group is built and the state is in place,
-  // STATE_FINISHED (detail = params digest) at train.max_steps, STATE_FAILED.
-  std::function<void(pb::rank_status)> on_status;
+  std::function<void(uint64_t generation, pb::step_report)> on_step;
+  std::function<void(uint64_t generation, pb::eval_report)> on_eval;           // global rank 0 only
+  std::function<void(uint64_t generation, pb::checkpoint_data)> on_checkpoint;  // global rank 0 only
+  // STATE_IDLE (warmed up, or not in the newest generation), STATE_READY
+  // (group built, state agreed), STATE_FINISHED (detail = params digest),
+  // STATE_FAILED (a collective or step failed; the worker waits for a newer plan).
+  std::function<void(uint64_t generation, pb::rank_status)> on_status;
 };
 
 struct rank_worker_options {
   std::string node_id;
   int local_rank = 0;
-  int local_world = 1;          // ranks of this node (the machine's cores are split between them)
-  int threads = 0;              // compute threads when train.threads = 0 (0: cores / local_world)
-  std::string advertise_addr;   // this machine's address for the collectives
+  int local_world = 1;             // ranks of this node (the machine's cores are split between them)
+  int threads = 0;                 // compute threads when train.threads = 0 (0: cores / local_world)
+  std::string advertise_addr;      // this machine's address for the collectives
   std::string default_store_host;  // used when the plan names no store host
+  // Fault injection for tests (--fail-at-step/--fail-mode on a node): right
+  // after completing step `fail_at_step` this rank crashes its node (kill -9
+  // of the node agent and itself), hangs it (SIGSTOP), makes it leave
+  // (SIGTERM), or crashes itself only ("rank-crash"). -1: off.
+  int64_t fail_at_step = -1;
+  std::string fail_mode = "crash";
 };
 
 class rank_worker {
  public:
   rank_worker(rank_worker_options opts, rank_worker_callbacks cb);
-  ~rank_worker();  // requests a stop and joins
+  ~rank_worker();  // quit() and join
   rank_worker(const rank_worker&) = delete;
   rank_worker& operator=(const rank_worker&) = delete;
 
-  // Starts training in the plan's generation on a new thread. A worker runs
-  // one generation; start() on a running worker is refused (returns false).
-  bool start(const pb::generation_plan& plan);
-  // Stop at the next step boundary.
-  void request_stop() { stop_.store(true); }
-  bool running() const { return running_.load(); }
-  void join();
+  // Hands over a plan; never blocks. Only plans newer than every plan offered
+  // before are kept (false otherwise). The first plan may be a warm-up plan
+  // (generation 0).
+  bool offer(const pb::generation_plan& plan);
+  // Stops at a step boundary all ranks agree on; with `checkpoint`, global
+  // rank 0 first sends the state as checkpoint_data. Then STATE_FINISHED.
+  void request_stop(bool checkpoint);
+  // Leaves at once: abandons any collective, the thread ends.
+  void quit();
+  // Waits up to `timeout` for the thread to end; false if it did not.
+  bool join_for(std::chrono::milliseconds timeout);
 
  private:
-  void run(pb::generation_plan plan);
+  enum class outcome { next_plan, failed, finished, stopped, idle, quit };
+  void run();
+  outcome run_generation(const pb::generation_plan& plan, double offered_at);
+  // Waits for a plan newer than `after`; false on quit.
+  // Waits for a plan newer than `after` (or, with `warm_up`, any plan);
+  // false on quit.
+  bool take_plan(uint64_t after, bool warm_up, pb::generation_plan& out, double& offered_at);
+  void inject_fault();
+  bool quitting() const { return quit_.load(); }
+  // True when the thread must abandon generation `gen` now: quit, or a newer
+  // plan without drain is waiting.
+  bool abandon(uint64_t gen) const;
+  bool newer_plan_waiting(uint64_t gen) const { return offered_gen_.load() > gen; }
+
+  struct impl;
   rank_worker_options opts_;
   rank_worker_callbacks cb_;
-  std::atomic<bool> stop_{false}, running_{false};
+  std::unique_ptr<impl> impl_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<pb::generation_plan> pending_;
+  bool any_offered_ = false;
+  double pending_at_ = 0;                  // when it was offered (steady clock seconds)
+  std::atomic<uint64_t> offered_gen_{0};   // newest generation offered
+  std::atomic<uint64_t> abort_gen_{0};     // newest generation offered without drain
+  std::atomic<bool> stop_{false}, stop_checkpoint_{false}, quit_{false}, done_{false};
   std::thread thread_;
 };
 

@@ -165,6 +165,8 @@ double training_state::train_step() {
   return loss;
 }
 
+void training_state::zero_grad() { optimizer_->zero_grad(); }
+
 result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync) {
   dp_step r;
   auto samples = order_->rank_slice(step_, rank, world);

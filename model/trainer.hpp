@@ -64,6 +64,8 @@ class training_state {
   // Clips, sets the scheduled learning rate, steps AdamW, zeroes gradients,
   // and advances step(). Returns the gradient norm before clipping.
   double apply_update();
+  // Drops whatever gradients were accumulated (a partial step).
+  void zero_grad();
 
   // One whole step in a single process. Returns the mean loss.
   double train_step();

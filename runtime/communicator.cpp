@@ -1,5 +1,8 @@
 #include "runtime/communicator.hpp"
 
+#include <condition_variable>
+#include <mutex>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef DTACTOR_WITH_CUDA
@@ -7,6 +10,40 @@
 #endif
 
 namespace dtactor {
+
+status wait_work(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::steady_clock::time_point deadline,
+                 const std::function<bool()>& abandon, const std::string& what) {
+  if (!work) return {};
+  struct signal {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  try {
+    if (!work->isCompleted()) {
+      auto sig = std::make_shared<signal>();
+      work->getFuture()->addCallback([sig](c10::ivalue::Future&) {
+        {
+          std::lock_guard<std::mutex> lock(sig->mu);
+          sig->done = true;
+        }
+        sig->cv.notify_all();
+      });
+      std::unique_lock<std::mutex> lock(sig->mu);
+      while (!sig->done) {
+        if (abandon && abandon()) return make_error(what + " abandoned: a newer generation replaces this one");
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) return make_error(what + " timed out (cluster.collective_timeout_ms)");
+        sig->cv.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now, std::chrono::milliseconds(5)));
+      }
+    }
+    work->wait();  // completed: rethrows the collective's error, if any
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    return make_error(what + " failed: " + m.substr(0, m.find('\n')));
+  }
+  return {};
+}
 
 bool nccl_available() {
 #ifdef DTACTOR_WITH_CUDA

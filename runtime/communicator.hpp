@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "runtime/result.hpp"
@@ -27,6 +28,14 @@ bool nccl_available();
 
 // The backend `auto` resolves to.
 std::string resolve_backend(const communicator_options& o);
+
+// Waits for `work` until it completes, `deadline` passes, or `abandon()`
+// (polled every few milliseconds; may be empty) returns true. An abandoned
+// or timed-out collective may still be running inside its group: the caller
+// must retire that group (keep it alive, never reuse it). Never throws; the
+// error is one line naming `what`.
+status wait_work(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::steady_clock::time_point deadline,
+                 const std::function<bool()>& abandon, const std::string& what);
 
 // Blocks until all `world` ranks have joined through `store` (or the
 // timeout passes). Errors are one line naming the backend and the cause.

@@ -1,5 +1,7 @@
 #include "runtime/grad_sync.hpp"
 
+#include "runtime/communicator.hpp"
+
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -174,14 +176,9 @@ result<grad_sync_timing> grad_sync::finish() {
   const auto deadline = entered + opts_.timeout;
   auto wait_for = [&](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
     if (failed_ || !w) return;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-    try {
-      // Work::wait(timeout) throws when the time is up or the collective failed.
-      w->wait(std::max(left, std::chrono::milliseconds(1)));
-    } catch (const std::exception& e) {
+    if (auto st = wait_work(w, deadline, opts_.abandon, "rank " + std::to_string(rank_) + ": allreduce of " + what); !st) {
       failed_ = true;
-      error_ = "rank " + std::to_string(rank_) + ": allreduce of " + what + " failed or exceeded " + std::to_string(opts_.timeout.count()) +
-               " ms: " + first_line(e.what());
+      error_ = st.message();
     }
   };
   for (size_t bi = 0; bi < buckets_.size(); ++bi) wait_for(buckets_[bi].work, "gradient bucket " + std::to_string(bi));

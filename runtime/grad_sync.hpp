@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ struct grad_sync_options {
   // (AdamW then skips it). When false such a parameter gets a zero grad.
   // Costs one extra small collective per step.
   bool find_unused_parameters = false;
+  // Polled while finish() waits: true abandons the step's collectives (a
+  // newer generation replaces this one). May be empty.
+  std::function<bool()> abandon;
 };
 
 // Figures of one step's synchronisation (seconds).
