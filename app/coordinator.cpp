@@ -44,6 +44,12 @@ struct coordinator_shared {
   std::condition_variable cv;
   bool finished = false;
   int exit_code = 0;
+  int64_t max_steps = 0;
+  // The newest checkpoint saved (a serialized pb::checkpoint_data) and its
+  // step: what a generation with no surviving state holder starts from.
+  std::mutex ckpt_mu;
+  std::string newest_checkpoint;
+  int64_t newest_checkpoint_step = -1;
 };
 
 // Per-step aggregation of the ranks' reports.
@@ -58,10 +64,24 @@ struct step_row {
   double lr = 0;
 };
 
+// A generation after the first: what started it and how it went.
+struct recovery {
+  uint64_t generation = 0;
+  std::string cause;
+  bool drain = false;
+  std::chrono::steady_clock::time_point planned{};
+  int64_t steps_before = 0;  // highest step known completed when it was planned
+  int64_t resumed_step = -1;
+  int64_t rolled_back = 0;
+  bool restored_logged = false;
+  bool done = false;
+};
+
 struct registry_state {
   coordinator_shared* sh = nullptr;
   uint64_t generation = 0;
   int32_t world = 0;
+  recovery rec;
   std::map<int64_t, step_row> steps;
   std::map<int32_t, std::string> finished;  // global rank -> params digest
   std::map<std::string, double> last_eval;
@@ -72,6 +92,8 @@ struct registry_state {
 using registry_self = caf::stateful_actor<registry_state>*;
 
 using gen_atom = caf::atom_constant<caf::atom("gen")>;
+
+void finish_recovery(registry_self self, int64_t step, int32_t world);
 
 void on_step(registry_self self, const pb::step_report& r) {
   auto& st = self->state;
@@ -90,6 +112,7 @@ void on_step(registry_self self, const pb::step_report& r) {
   const auto& cfg = st.sh->cfg;
   auto* m = st.sh->m;
   const int64_t step = r.step();
+  finish_recovery(self, step, row.world);
   st.last_step = std::max(st.last_step, step);
   const double loss = row.samples > 0 ? row.loss_weighted / static_cast<double>(row.samples) : 0.0;
   const double sps = row.max_step_s > 0 ? static_cast<double>(row.samples) / row.max_step_s : 0.0;
@@ -116,6 +139,46 @@ void on_step(registry_self self, const pb::step_report& r) {
   st.steps.erase(st.steps.begin(), st.steps.upper_bound(step));
 }
 
+// Called with the first step every rank of a new generation completed.
+void finish_recovery(registry_self self, int64_t step, int32_t world) {
+  auto& st = self->state;
+  auto& rec = st.rec;
+  if (rec.done || rec.generation != st.generation) return;
+  rec.done = true;
+  if (rec.cause == "start" || rec.cause.empty()) return;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - rec.planned).count();
+  const int64_t resumed = rec.resumed_step >= 0 ? rec.resumed_step : step - 1;
+  const int64_t lost = std::max<int64_t>(0, rec.steps_before - resumed);
+  st.sh->jn.write("recovery_done", {{"generation", st.generation},
+                                    {"world_size", world},
+                                    {"cause", rec.cause},
+                                    {"drain", rec.drain},
+                                    {"resumed_step", resumed},
+                                    {"rolled_back_steps", rec.rolled_back},
+                                    {"lost_steps", lost},
+                                    {"duration_s", dt}});
+  if (auto* m = st.sh->m) {
+    m->recoveries(rec.cause).Increment();
+    m->recovery().Observe(dt);
+    if (lost > 0) m->lost_steps().Increment(static_cast<double>(lost));
+  }
+  std::fprintf(stderr, "recovered: generation %llu, world size %d, resumed at step %lld (%s) in %.2f s\n",
+               static_cast<unsigned long long>(st.generation), world, static_cast<long long>(resumed), rec.cause.c_str(), dt);
+}
+
+void on_ready(registry_self self, const pb::rank_status& s) {
+  auto& st = self->state;
+  auto& rec = st.rec;
+  if (rec.generation != st.generation) return;
+  rec.resumed_step = std::max(rec.resumed_step, s.step());
+  rec.rolled_back = std::max(rec.rolled_back, s.rolled_back_steps());
+  const auto& src = s.state_source();
+  if ((src == "peer" || src == "disk") && !rec.restored_logged) {
+    rec.restored_logged = true;
+    st.sh->jn.write("checkpoint_restored", {{"step", s.step()}, {"source", src}, {"generation", st.generation}, {"root", s.state_root()}});
+  }
+}
+
 void on_checkpoint(registry_self self, uint64_t generation, const pb::checkpoint_data& d) {
   auto& st = self->state;
   pb::checkpoint_meta meta;
@@ -139,12 +202,22 @@ void on_checkpoint(registry_self self, uint64_t generation, const pb::checkpoint
     return;
   }
   if (st.sh->m) st.sh->m->checkpoint_save().Observe(dt);
+  {
+    // What a generation with no surviving state starts from (all nodes lost).
+    pb::checkpoint_data plain;
+    plain.set_step(d.step());
+    *plain.mutable_sections() = d.sections();
+    std::lock_guard<std::mutex> lock(st.sh->ckpt_mu);
+    if (d.step() >= st.sh->newest_checkpoint_step) {
+      plain.SerializeToString(&st.sh->newest_checkpoint);
+      st.sh->newest_checkpoint_step = d.step();
+    }
+  }
   st.sh->jn.write("checkpoint_saved", {{"step", d.step()}, {"path", path.value()}, {"bytes", bytes}, {"generation", generation}, {"duration_s", dt}});
 }
 
-// Ends the job with an error. Until ranks can move to a new generation
-// mid-run (fault handling), a lost rank or a changed membership would
-// otherwise leave the others waiting forever.
+// Ends the job with an error that no new generation can fix (ranks that
+// diverged).
 void fail_job(registry_self self, const std::string& reason) {
   auto& st = self->state;
   {
@@ -174,7 +247,8 @@ void maybe_finish(registry_self self) {
     ev["error"] = "ranks finished with different parameters";
     code = 1;
   }
-  st.sh->jn.write("job_finished", ev);
+  const bool stopped = st.last_step < st.sh->max_steps;
+  st.sh->jn.write(stopped ? "job_stopped" : "job_finished", ev);
   std::fprintf(stdout, "finished at step %lld:", static_cast<long long>(st.last_step));
   for (const auto& [k, v] : st.last_eval) std::fprintf(stdout, " %s=%.4f", k.c_str(), v);
   std::fprintf(stdout, " params_digest=%s world_size=%d\n", digests.begin()->c_str(), st.world);
@@ -190,14 +264,15 @@ void maybe_finish(registry_self self) {
 caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
   self->state.sh = sh;
   return {
-      [=](gen_atom, uint64_t generation, int32_t world) {
+      [=](gen_atom, uint64_t generation, int32_t world, const std::string& cause, bool drain) {
         auto& st = self->state;
         if (generation <= st.generation) return;
-        if (st.generation > 0) {
-          fail_job(self, "the membership changed (generation " + std::to_string(generation) + ", world size " + std::to_string(world) +
-                             ") while generation " + std::to_string(st.generation) + " was training, and ranks cannot change generation yet");
-          return;
-        }
+        st.rec = recovery{};
+        st.rec.generation = generation;
+        st.rec.cause = st.generation == 0 && cause != "restart" ? "start" : cause;
+        st.rec.drain = drain;
+        st.rec.planned = std::chrono::steady_clock::now();
+        st.rec.steps_before = st.last_step;
         st.generation = generation;
         st.world = world;
         st.steps.clear();
@@ -242,16 +317,19 @@ caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
               st.finished[s.global_rank()] = s.detail();
               st.last_step = std::max(st.last_step, s.step());
               maybe_finish(self);
+            } else if (s.status() == pb::rank_status::STATE_READY) {
+              on_ready(self, s);
             } else if (s.status() == pb::rank_status::STATE_FAILED || s.status() == pb::rank_status::STATE_EXITED) {
               {
                 std::lock_guard<std::mutex> lock(st.sh->mu);
                 if (st.sh->finished) break;  // ranks ending after the job did
               }
+              // Recorded; the membership actor re-plans (a new generation
+              // without the lost rank, or the same members re-formed).
               st.sh->jn.write(s.status() == pb::rank_status::STATE_FAILED ? "rank_failed" : "rank_exited",
                               {{"rank", s.global_rank()}, {"local_rank", s.local_rank()}, {"node", env.sender()}, {"detail", s.detail()},
-                               {"exit_code", s.exit_code()}, {"step", s.step()}});
-              fail_job(self, "rank " + std::to_string(s.global_rank()) + " (" + env.sender() + ") " +
-                                 (s.status() == pb::rank_status::STATE_FAILED ? "failed: " + s.detail() : "exited with code " + std::to_string(s.exit_code())));
+                               {"exit_code", s.exit_code()}, {"step", s.step()}, {"generation", env.generation()}});
+              if (s.detail().rfind("parameters differ", 0) == 0) fail_job(self, "rank " + std::to_string(s.global_rank()) + ": " + s.detail());
             }
             break;
           }
@@ -273,6 +351,7 @@ int run_coordinator(const cluster_cli& cli) {
   auto sh = std::make_unique<coordinator_shared>();
   sh->cfg = std::move(loaded.value());
   const config& cfg = sh->cfg;
+  sh->max_steps = cfg.get_int("train.max_steps");
   if (auto st = validate_training_config(cfg); !st) return fail(st.message(), 2);
   auto listen = parse_tcp_endpoint(cli.listen, "--listen");
   if (!listen) return fail(listen.message(), 2);
@@ -359,7 +438,7 @@ int run_coordinator(const cluster_cli& cli) {
   std::mutex tap_mu;
   std::map<std::string, std::string> peer_node;  // routing id -> node id
   std::set<std::string> joined_peers;            // acks already journaled (retried registers are acked again)
-  uint64_t last_plan_gen = 0;
+  std::atomic<uint64_t> last_plan_gen{0};
   outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
     if (env.has_register_ack() && env.register_ack().accepted()) {
       std::lock_guard<std::mutex> lock(tap_mu);
@@ -378,7 +457,7 @@ int run_coordinator(const cluster_cli& cli) {
                                             {"state_root", p.state_root()},
                                             {"nodes", std::vector<std::string>(nodes.begin(), nodes.end())}});
         m.nodes_alive().Set(static_cast<double>(nodes.size()));
-        caf::anon_send(registry, gen_atom::value, p.generation(), p.world_size());
+        caf::anon_send(registry, gen_atom::value, p.generation(), p.world_size(), p.cause(), p.drain());
         std::fprintf(stderr, "generation %llu: world size %d, from step %lld\n", static_cast<unsigned long long>(p.generation()),
                      p.world_size(), static_cast<long long>(p.start_step()));
       }
@@ -446,11 +525,26 @@ int run_coordinator(const cluster_cli& cli) {
     if (sh->finished) code = sh->exit_code;
   }
   if (code >= 128) {
-    // Interrupted: tell every node to stop.
-    sh->jn.write("job_stopped", {{"reason", "signal " + std::to_string(code - 128)}});
+    // Interrupted: ranks stop at a step boundary they agree on, rank 0 sends
+    // a final checkpoint (saved by the registry before the ranks' FINISHED
+    // arrive), then every node is told to stop.
+    const std::string reason = "coordinator stopped by signal " + std::to_string(code - 128);
+    sh->jn.write("job_stopping", {{"reason", reason}});
+    std::fprintf(stderr, "coordinator: %s; stopping the ranks after a final checkpoint\n", reason.c_str());
+    {
+      auto env = make_envelope(header, last_plan_gen);
+      env.mutable_shutdown()->set_reason(reason);
+      env.mutable_shutdown()->set_checkpoint(true);
+      std::lock_guard<std::mutex> lock(tap_mu);
+      for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
+    }
+    std::unique_lock<std::mutex> lock(sh->mu);
+    const bool stopped = last_plan_gen > 0 && sh->cv.wait_for(lock, std::chrono::seconds(30), [&] { return sh->finished; });
+    if (!stopped) sh->jn.write("job_stopped", {{"reason", reason}, {"final_checkpoint", false}});
+    lock.unlock();
     auto env = make_envelope(header, last_plan_gen);
-    env.mutable_shutdown()->set_reason("coordinator stopped by signal " + std::to_string(code - 128));
-    std::lock_guard<std::mutex> lock(tap_mu);
+    env.mutable_shutdown()->set_reason(reason);
+    std::lock_guard<std::mutex> tap_lock(tap_mu);
     for (const auto& [peer, node] : peer_node) (void)bridge->send(links::nodes, peer, env);
   } else {
     // Finished (the job actor has also sent `shutdown`) or failed: tell every

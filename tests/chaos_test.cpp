@@ -1,0 +1,469 @@
+// Fault handling end to end: a real coordinator and real node processes (with
+// their rank processes) on loopback, and real failures: kill -9 of a rank or
+// a node, SIGSTOP (the silent case), SIGTERM (a preemption notice), a node
+// joining mid-run, the coordinator killed and restarted, every node lost, a
+// truncated checkpoint, a flapping node. Each test waits for journal events,
+// never for fixed times, and checks that training finishes, that no
+// completed step was lost and that every rank ended with the same parameters.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "http_get.hpp"
+#include "runtime/process.hpp"
+#include "runtime/zmq_bridge.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::events;
+using testing::read_journal;
+using testing::temp_dir;
+using json = nlohmann::json;
+
+const std::string kBin = DTACTOR_BINARY;
+
+// A small ViT whose steps take a few milliseconds, reported every step (the
+// tests compare step numbers around each fault).
+std::vector<std::string> job_sets(int steps, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> sets = {"model.dim=16",           "model.layers=1",        "model.heads=2",          "model.mlp_ratio=2",
+                                   "train.global_batch_size=32", "train.warmup_steps=5", "train.lr=0.003",        "eval.max_samples=500",
+                                   "eval.every_steps=0",     "checkpoint.every_steps=20", "train.log_every_steps=1", "cluster.digest_every_steps=10",
+                                   "train.max_steps=" + std::to_string(steps)};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  std::vector<std::string> out;
+  for (const auto& s : sets) {
+    out.push_back("--set");
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Every process below `pid` (its rank processes), from /proc.
+std::vector<pid_t> descendants(pid_t pid) {
+  std::vector<pid_t> out;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  pid_t c;
+  while (f >> c) {
+    out.push_back(c);
+    for (pid_t g : descendants(c)) out.push_back(g);
+  }
+  return out;
+}
+
+struct cluster {
+  std::string run_dir;
+  std::string endpoint;
+  int port = 0;
+  std::vector<std::string> sets;
+  std::optional<child_process> coord;
+  std::map<std::string, child_process> nodes;
+
+  cluster(std::string dir, std::vector<std::string> job) : run_dir(std::move(dir)), sets(std::move(job)) {
+    port = pick_free_tcp_port().value();
+    endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  }
+  ~cluster() {
+    if (coord && coord->running()) coord->signal(SIGKILL);
+    for (auto& [id, n] : nodes)
+      if (n.running()) {
+        n.signal(SIGCONT);
+        n.signal(SIGKILL);
+      }
+  }
+
+  std::string start_coordinator(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> a = {kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", run_dir};
+    a.insert(a.end(), sets.begin(), sets.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto c = child_process::spawn(a, false, run_dir + "/coordinator.log");
+    if (!c) return c.message();
+    coord.emplace(std::move(c.value()));
+    return {};
+  }
+  std::string start_node(const std::string& id, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> a = {kBin, "--role", "node", "--coordinator", endpoint, "--node-id", id, "--advertise-addr", "127.0.0.1"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto n = child_process::spawn(a, false, run_dir + "/node-" + id + ".log");
+    if (!n) return n.message();
+    nodes.erase(id);
+    nodes.emplace(id, std::move(n.value()));
+    return {};
+  }
+  // Signals a node and every rank process under it.
+  void signal_node(const std::string& id, int sig) {
+    auto& n = nodes.at(id);
+    auto kids = descendants(n.pid());
+    n.signal(sig);
+    for (pid_t k : kids) ::kill(k, sig);
+  }
+
+  std::vector<json> journal() const { return read_journal(run_dir + "/journal.jsonl"); }
+
+  // Polls the journal until `pred` holds, the coordinator ends, or the
+  // deadline passes. Returns whether `pred` held.
+  bool wait_for(const std::function<bool(const std::vector<json>&)>& pred, int timeout_s = 90) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pred(journal())) return true;
+      if (coord && !coord->running()) return pred(journal());
+      if (coord) coord->wait(20);
+      else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  // Until a step at or after `step` was journaled (at world size `world`, when given).
+  bool wait_step(int64_t step, int world = 0, int timeout_s = 90) {
+    return wait_for([&](const std::vector<json>& j) {
+      auto s = events(j, "step");
+      return !s.empty() && s.back().at("step").get<int64_t>() >= step && (world == 0 || s.back().at("world_size") == world);
+    }, timeout_s);
+  }
+  std::string logs() const {
+    std::string out;
+    for (const auto& e : std::filesystem::directory_iterator(run_dir))
+      if (e.path().extension() == ".log") {
+        std::ifstream f(e.path());
+        std::stringstream ss;
+        ss << f.rdbuf();
+        std::string t = ss.str();
+        if (t.size() > 3000) t = "..." + t.substr(t.size() - 3000);
+        out += "---- " + e.path().filename().string() + "\n" + t;
+      }
+    return out;
+  }
+};
+
+int64_t last_step_before(const std::vector<json>& j, const std::string& event) {
+  int64_t last = 0;
+  for (const auto& e : j) {
+    if (e.at("event") == event) break;
+    if (e.at("event") == "step") last = std::max<int64_t>(last, e.at("step").get<int64_t>());
+  }
+  return last;
+}
+
+// The checks every fault test ends with: the job finished at max_steps with
+// identical parameters on every rank, no recovery lost or rolled back a
+// completed step, and step numbers never went backwards across a recovery.
+void expect_finished_without_loss(cluster& cl, int64_t max_steps, int expect_world) {
+  ASSERT_TRUE(cl.coord);
+  auto done = cl.coord->wait(150000);
+  ASSERT_TRUE(done) << "the job did not finish\n" << cl.logs();
+  EXPECT_EQ(done->exit_code, 0) << done->describe() << "\n" << cl.logs();
+  auto j = cl.journal();
+  auto fin = events(j, "job_finished");
+  ASSERT_EQ(fin.size(), 1u) << cl.logs();
+  EXPECT_EQ(fin[0].at("step"), max_steps);
+  EXPECT_FALSE(fin[0].contains("error")) << fin[0].dump();
+  if (expect_world > 0) EXPECT_EQ(fin[0].at("world_size"), expect_world);
+  for (const auto& r : events(j, "recovery_done")) {
+    EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
+    EXPECT_EQ(r.at("rolled_back_steps"), 0) << r.dump();
+  }
+  // Steps are journaled once every rank reported them: a recovery resumes
+  // at or after the last one.
+  int64_t prev = 0;
+  uint64_t gen = 0;
+  for (const auto& e : j) {
+    if (e.at("event") != "step") continue;
+    const int64_t s = e.at("step").get<int64_t>();
+    const uint64_t g = e.value("generation", uint64_t{0});
+    if (g == gen) EXPECT_GT(s, prev) << e.dump();
+    else EXPECT_GE(s, prev) << "generation " << g << " went back to step " << s << " from " << prev;
+    prev = std::max(prev, s);
+    gen = g;
+  }
+  for (auto& [id, n] : cl.nodes) n.wait(20000);
+}
+
+TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  auto ranks_a = descendants(cl.nodes.at("a").pid());
+  auto ranks_b = descendants(cl.nodes.at("b").pid());
+  ASSERT_EQ(ranks_b.size(), 1u);
+  ASSERT_EQ(::kill(ranks_b[0], SIGKILL), 0);
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
+    for (const auto& r : events(j, "recovery_done"))
+      if (r.at("world_size") == 2) return true;
+    return false;
+  })) << cl.logs();
+  // The survivor's rank process was not restarted.
+  EXPECT_EQ(descendants(cl.nodes.at("a").pid()), ranks_a);
+  expect_finished_without_loss(cl, 300, 2);
+  auto j = cl.journal();
+  EXPECT_GE(events(j, "rank_exited").size(), 1u);
+  EXPECT_GE(events(j, "checkpoint_restored").size(), 1u);  // the new rank process got the state from a peer
+  for (const auto& r : events(j, "checkpoint_restored")) EXPECT_EQ(r.at("source"), "peer");
+}
+
+TEST(Chaos, KillOfANodeShrinksTheJob) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
+  auto survivor = descendants(cl.nodes.at("a").pid());
+  cl.signal_node("b", SIGKILL);
+  expect_finished_without_loss(cl, 300, 1);
+  auto j = cl.journal();
+  auto lost = events(j, "node_lost");
+  ASSERT_EQ(lost.size(), 1u) << cl.logs();
+  EXPECT_EQ(lost[0].at("node"), "b");
+  auto rec = events(j, "recovery_done");
+  ASSERT_GE(rec.size(), 1u);
+  EXPECT_EQ(rec[0].at("world_size"), 1);
+  EXPECT_EQ(rec[0].at("cause"), "node_lost");
+  EXPECT_EQ(descendants(cl.nodes.at("a").pid()), survivor);  // no survivor restarted
+}
+
+TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
+  const auto t0 = std::chrono::steady_clock::now();
+  cl.signal_node("b", SIGSTOP);
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "recovery_done").empty(); })) << cl.logs();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Far below Gloo's collective timeout (30 s): the blocked allreduce was abandoned.
+  EXPECT_LT(took, 10.0);
+  expect_finished_without_loss(cl, 300, 1);
+  auto lost = events(cl.journal(), "node_lost");
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].at("node"), "b");
+  EXPECT_LT(lost[0].at("detected_after_s").get<double>(), 3.0);
+}
+
+TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
+  cl.nodes.at("b").signal(SIGTERM);
+  auto e = cl.nodes.at("b").wait(30000);
+  ASSERT_TRUE(e) << "the leaving node did not end\n" << cl.logs();
+  EXPECT_EQ(e->exit_code, 128 + SIGTERM) << e->describe();
+  expect_finished_without_loss(cl, 300, 1);
+  auto j = cl.journal();
+  ASSERT_EQ(events(j, "node_left").size(), 1u) << cl.logs();
+  EXPECT_TRUE(events(j, "node_lost").empty());
+  EXPECT_TRUE(events(j, "rank_failed").empty()) << cl.logs();
+  auto rec = events(j, "recovery_done");
+  ASSERT_GE(rec.size(), 1u);
+  EXPECT_EQ(rec[0].at("cause"), "node_left");
+  EXPECT_EQ(rec[0].at("drain"), true);
+}
+
+TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  ASSERT_EQ(cl.start_node("b"), "");
+  expect_finished_without_loss(cl, 300, 2);
+  auto j = cl.journal();
+  auto restored = events(j, "checkpoint_restored");
+  ASSERT_GE(restored.size(), 1u) << cl.logs();
+  EXPECT_EQ(restored[0].at("source"), "peer");
+  EXPECT_GE(restored[0].at("step").get<int64_t>(), 30);
+  auto rec = events(j, "recovery_done");
+  ASSERT_GE(rec.size(), 1u);
+  EXPECT_EQ(rec.back().at("world_size"), 2);
+  EXPECT_EQ(rec.back().at("drain"), true);
+}
+
+TEST(Chaos, EveryNodeLostThenNewNodesResumeFromDisk) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(200, {"cluster.min_nodes=2"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
+    auto c = events(j, "checkpoint_saved");
+    return !c.empty() && c.back().at("step").get<int64_t>() >= 40;
+  })) << cl.logs();
+  cl.signal_node("a", SIGKILL);
+  cl.signal_node("b", SIGKILL);
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return events(j, "node_lost").size() >= 2; })) << cl.logs();
+  const int64_t saved = events(cl.journal(), "checkpoint_saved").back().at("step").get<int64_t>();
+  ASSERT_EQ(cl.start_node("c"), "");
+  ASSERT_EQ(cl.start_node("d"), "");
+  auto done = cl.coord->wait(150000);
+  ASSERT_TRUE(done) << cl.logs();
+  EXPECT_EQ(done->exit_code, 0) << cl.logs();
+  auto j = cl.journal();
+  bool from_disk = false;
+  for (const auto& r : events(j, "checkpoint_restored"))
+    if (r.at("source") == "disk" && r.at("step").get<int64_t>() == saved) from_disk = true;
+  EXPECT_TRUE(from_disk) << cl.logs();
+  auto fin = events(j, "job_finished");
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].at("step"), 200);
+  EXPECT_FALSE(fin[0].contains("error"));
+}
+
+TEST(Chaos, TruncatedNewestCheckpointIsSkipped) {
+  temp_dir d;
+  {
+    cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=2"}));
+    ASSERT_EQ(cl.start_coordinator(), "");
+    ASSERT_EQ(cl.start_node("a"), "");
+    ASSERT_EQ(cl.start_node("b"), "");
+    ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return events(j, "checkpoint_saved").size() >= 3; })) << cl.logs();
+    // Everything vanishes at once (the destructor kills -9).
+  }
+  auto saved = events(read_journal(d.path() + "/journal.jsonl"), "checkpoint_saved");
+  ASSERT_GE(saved.size(), 3u);
+  // The newest file that is still on disk (rotation keeps the last few).
+  std::string newest;
+  int64_t newest_step = -1;
+  for (const auto& s : saved)
+    if (std::filesystem::exists(s.at("path").get<std::string>()) && s.at("step").get<int64_t>() > newest_step) {
+      newest = s.at("path").get<std::string>();
+      newest_step = s.at("step").get<int64_t>();
+    }
+  ASSERT_FALSE(newest.empty());
+  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
+  cluster cl(d.path(), job_sets(static_cast<int>(newest_step) + 40, {"cluster.min_nodes=2"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  auto done = cl.coord->wait(150000);
+  ASSERT_TRUE(done) << cl.logs();
+  EXPECT_EQ(done->exit_code, 0) << cl.logs();
+  auto j = cl.journal();
+  bool skipped = false;
+  for (const auto& s : events(j, "checkpoint_skipped"))
+    if (s.at("path") == newest) skipped = true;
+  EXPECT_TRUE(skipped) << cl.logs();
+  auto restored = events(j, "checkpoint_restored");
+  ASSERT_FALSE(restored.empty());
+  EXPECT_EQ(restored.back().at("source"), "disk");
+  EXPECT_LT(restored.back().at("step").get<int64_t>(), newest_step);
+  auto fin = events(j, "job_finished");
+  ASSERT_FALSE(fin.empty());
+  EXPECT_EQ(fin.back().at("step"), newest_step + 40);
+}
+
+TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(600, {"cluster.min_nodes=2"}));
+  const int node_metrics = pick_free_tcp_port().value();
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a", {"--metrics-port", std::to_string(node_metrics)}), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  cl.coord->signal(SIGKILL);
+  cl.coord->wait(10000);
+  // Training goes on without the coordinator: the node's own step gauge moves.
+  auto node_step = [&] {
+    std::smatch m;
+    const std::string scrape = test_support::http_get(node_metrics, "/metrics");
+    static const std::regex re("\ndtactor_step(\\{[^}]*\\})? ([-0-9.e+]+)");
+    return std::regex_search(scrape, m, re) ? std::stod(m[2]) : -1.0;
+  };
+  const double before = node_step();
+  bool moved = false;
+  for (int i = 0; i < 500 && !moved; ++i) {
+    moved = node_step() >= before + 20;
+    if (!moved) cl.nodes.at("a").wait(10);
+  }
+  EXPECT_TRUE(moved) << "no steps while the coordinator was down (" << before << ")";
+  ASSERT_EQ(cl.start_coordinator(), "");
+  expect_finished_without_loss(cl, 600, 2);
+}
+
+TEST(Chaos, FlappingNodeIsQuarantined) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=1", "cluster.flap_max_failures=2", "cluster.quarantine_ms=60000"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_TRUE(cl.wait_step(10)) << cl.logs();
+  // Node b crashes right after each step it joins, twice.
+  for (int round = 0; round < 2; ++round) {
+    const int64_t at = events(cl.journal(), "step").back().at("step").get<int64_t>() + 5;
+    ASSERT_EQ(cl.start_node("b", {"--fail-at-step", std::to_string(at), "--fail-mode", "crash"}), "");
+    ASSERT_TRUE(cl.wait_for([&](const std::vector<json>& j) { return static_cast<int>(events(j, "node_lost").size()) > round; })) << cl.logs();
+  }
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "node_quarantined").empty(); })) << cl.logs();
+  // Its next attempt is refused; the job goes on with node a.
+  ASSERT_EQ(cl.start_node("b"), "");
+  const int64_t now = events(cl.journal(), "step").back().at("step").get<int64_t>();
+  ASSERT_TRUE(cl.wait_step(now + 50)) << cl.logs();
+  auto j = cl.journal();
+  for (const auto& s : events(j, "step"))
+    if (s.at("step").get<int64_t>() > now) EXPECT_EQ(s.at("world_size"), 1) << s.dump();
+}
+
+// With a fixed seed, losing a node and getting it back (the same world size
+// again: cluster.min_nodes = 2 pauses the survivor meanwhile) ends bitwise
+// identical to an uninterrupted run.
+TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
+  auto run = [](const std::string& dir, bool fault) {
+    cluster cl(dir, job_sets(120, {"cluster.min_nodes=2"}));
+    EXPECT_EQ(cl.start_coordinator(), "");
+    EXPECT_EQ(cl.start_node("a"), "");
+    if (fault) {
+      EXPECT_EQ(cl.start_node("b", {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
+      EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "node_lost").empty(); })) << cl.logs();
+      EXPECT_EQ(cl.start_node("b"), "");
+    } else {
+      EXPECT_EQ(cl.start_node("b"), "");
+    }
+    expect_finished_without_loss(cl, 120, 2);
+    auto fin = events(cl.journal(), "job_finished");
+    return fin.empty() ? std::string{} : fin[0].at("params_digest").get<std::string>();
+  };
+  temp_dir d1, d2;
+  const std::string clean = run(d1.path(), false);
+  const std::string faulty = run(d2.path(), true);
+  ASSERT_FALSE(clean.empty());
+  EXPECT_EQ(clean, faulty);
+  EXPECT_GE(events(read_journal(d2.path() + "/journal.jsonl"), "recovery_done").size(), 1u);
+}
+
+// Going on at the smaller world size: same global batch, only the order of
+// the gradient sums differs, so the result stays within a tight tolerance.
+TEST(Chaos, ShrunkRunEndsCloseToTheUninterruptedOne) {
+  auto run = [](const std::string& dir, bool fault) {
+    cluster cl(dir, job_sets(120, {"cluster.min_nodes=1", "eval.max_samples=2000"}));
+    EXPECT_EQ(cl.start_coordinator(), "");
+    EXPECT_EQ(cl.start_node("a"), "");
+    EXPECT_EQ(cl.start_node("b", fault ? std::vector<std::string>{"--fail-at-step", "50", "--fail-mode", "crash"} : std::vector<std::string>{}), "");
+    expect_finished_without_loss(cl, 120, fault ? 1 : 2);
+    auto fin = events(cl.journal(), "job_finished");
+    return fin.empty() ? -1.0 : fin[0].at("val_loss").get<double>();
+  };
+  temp_dir d1, d2;
+  const double clean = run(d1.path(), false);
+  const double shrunk = run(d2.path(), true);
+  ASSERT_GT(clean, 0);
+  ASSERT_GT(shrunk, 0);
+  EXPECT_NEAR(shrunk, clean, 1e-3 * clean);
+}
+
+}  // namespace
+}  // namespace dtactor
