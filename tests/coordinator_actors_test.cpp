@@ -23,6 +23,13 @@ coordinator_options coord_opts(int32_t min_nodes, int32_t max_nodes = 64) {
   return o;
 }
 
+// register_node of a node whose ranks are all up and warmed.
+inbound joined(const std::string& node_id, int32_t nproc, uint64_t incarnation = 1) {
+  auto in = register_from(node_id, nproc, incarnation);
+  for (int32_t l = 0; l < nproc; ++l) in.env.mutable_register_node()->add_ready_ranks(l);
+  return in;
+}
+
 inbound step_from(const std::string& node_id, int32_t global_rank, int64_t step, uint64_t generation) {
   inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, 1, generation)};
   in.env.mutable_step_report()->set_step(step);
@@ -64,8 +71,8 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
 
 TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_plan) {
   start(coord_opts(2));
-  send(register_from("a", 2));
-  send(register_from("b", 2));
+  send(joined("a", 2));
+  send(joined("b", 2));
   auto acks = wire.with(pb::envelope::kRegisterAck);
   ASSERT_EQ(acks.size(), 2u);
   EXPECT_EQ(acks[0].peer, "peer-a");
@@ -114,17 +121,17 @@ TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_pl
 
 TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
   start(coord_opts(1));
-  send(register_from("a", 1));
-  send(register_from("b", 1));
-  send(register_from("c", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
+  send(joined("c", 1));
   advance(100ms);
   // b leaves (preempted), a newcomer arrives, then b comes back as a new process.
   inbound leave{links::nodes, "peer-b", node_envelope("b", 1)};
   leave.env.mutable_leave()->set_reason("SIGTERM");
   send(leave);
-  send(register_from("d", 1));
+  send(joined("d", 1));
   advance(100ms);
-  send(register_from("b", 1, 2));
+  send(joined("b", 1, 2));
   auto acks = wire.with(pb::envelope::kRegisterAck);
   ASSERT_EQ(acks.size(), 5u);
   EXPECT_EQ(acks[3].env.register_ack().node_rank(), 3);  // d: b's rank is kept for b
@@ -140,9 +147,9 @@ TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
 
 TEST_F(coordinator_actors, refuses_nodes_beyond_max_nodes) {
   start(coord_opts(1, 2));
-  send(register_from("a", 1));
-  send(register_from("b", 1));
-  send(register_from("c", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
+  send(joined("c", 1));
   auto refused = wire.with(pb::envelope::kRegisterAck, "peer-c");
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_FALSE(refused[0].env.register_ack().accepted());
@@ -156,8 +163,8 @@ TEST_F(coordinator_actors, refuses_nodes_beyond_max_nodes) {
 // the clock moves past the timeout, b is removed and a plans without it.
 TEST_F(coordinator_actors, a_silent_node_is_declared_lost_and_a_new_generation_excludes_it) {
   start(coord_opts(1));
-  send(register_from("a", 2));
-  send(register_from("b", 2));
+  send(joined("a", 2));
+  send(joined("b", 2));
   advance(100ms);
   ASSERT_EQ(ms().members.state().current->generation, 1u);
   wire.clear();
@@ -194,7 +201,7 @@ TEST_F(coordinator_actors, below_min_nodes_no_plan_and_the_reason_says_why) {
   auto o = coord_opts(2);
   o.log = [&log](const std::string& l) { log.push_back(l); };
   start(o);
-  send(register_from("a", 1));
+  send(joined("a", 1));
   advance(300ms);
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);
   EXPECT_EQ(ms().last_reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]");
@@ -204,8 +211,8 @@ TEST_F(coordinator_actors, below_min_nodes_no_plan_and_the_reason_says_why) {
 
 TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
   start(coord_opts(2), 5);
-  send(register_from("a", 1));
-  send(register_from("b", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
   advance(100ms);
   send(step_from("a", 0, 3, 1));
   EXPECT_EQ(js().committed_step, 0);  // b has not reported
@@ -227,8 +234,8 @@ TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
 
 TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) {
   start(coord_opts(1), 5);
-  send(register_from("a", 1));
-  send(register_from("b", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
   advance(100ms);
   send(step_from("a", 0, 3, 1));
   send(step_from("b", 1, 3, 1));
@@ -260,7 +267,7 @@ TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) 
 
 TEST_F(coordinator_actors, job_finishes_when_every_rank_reports_finished) {
   start(coord_opts(1), 1000);
-  send(register_from("a", 2));
+  send(joined("a", 2));
   advance(100ms);
   for (int32_t g = 0; g < 2; ++g) {
     inbound in{links::nodes, "peer-a", node_envelope("a", 1, 1)};
@@ -278,7 +285,7 @@ TEST_F(coordinator_actors, without_a_job_actor_plans_start_at_step_0) {
   auto o = coord_opts(1);
   members = spawn(membership_actor, o, wire.sink(), caf::actor{});
   run();
-  send(register_from("a", 1));
+  send(joined("a", 1));
   advance(100ms);
   auto plans = wire.with(pb::envelope::kGenerationPlan);
   ASSERT_EQ(plans.size(), 1u);
