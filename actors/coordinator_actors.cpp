@@ -60,7 +60,7 @@ void on_register(membership_self self, const inbound& in) {
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
     node_lost(self, r.node_id(), "restarted", a.silent_s);
-    if (a.quarantined) quarantined(self, r.node_id(), a.reason);
+    if (a.quarantined) quarantined(self, r.node_id(), st.members.state().flaps.at(r.node_id()).reason);
   }
   if (!a.accepted)
     log_line(st.opts.log, "refused node '" + r.node_id() + "': " + a.reason);
