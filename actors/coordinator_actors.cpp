@@ -46,8 +46,9 @@ void quarantined(membership_self self, const std::string& id, const std::string&
 void on_register(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& r = in.env.register_node();
-  node_registration reg{r.node_id(), r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer, {r.ready_ranks().begin(), r.ready_ranks().end()},
-                        r.last_generation(), std::nullopt};
+  node_registration reg{
+      r.node_id(),         r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer, {r.ready_ranks().begin(), r.ready_ranks().end()},
+      r.last_generation(), std::nullopt};
   if (r.has_current_plan() && r.current_plan().generation() > 0) reg.current_plan = from_proto(r.current_plan());
   auto a = st.members.admit(reg, self->clock().now());
   auto env = make_envelope(st.opts.header, current_generation(st));

@@ -105,7 +105,7 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
 plan from_proto(const pb::generation_plan& p);
 
 struct job_options {
-  int64_t max_steps = 1;  // train.max_steps
+  int64_t max_steps = 1;     // train.max_steps
   int64_t initial_step = 0;  // committed step at start (the disk checkpoint resumed from)
   envelope_header header;
   // Called once when the job is finished (committed step, one-line reason).

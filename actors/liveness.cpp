@@ -13,7 +13,8 @@ std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clo
 }
 
 std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts, bool suspecting) {
-  const clock_duration timeout = suspecting ? std::min<clock_duration>(opts.heartbeat_timeout, opts.suspect_timeout) : clock_duration{opts.heartbeat_timeout};
+  const clock_duration timeout =
+      suspecting ? std::min<clock_duration>(opts.heartbeat_timeout, opts.suspect_timeout) : clock_duration{opts.heartbeat_timeout};
   std::vector<lost_peer> lost;
   for (const auto& [peer, seen] : last_seen) {
     if (seen > now) continue;

@@ -111,8 +111,7 @@ std::string adoption_gap(const membership_state& s) {
   for (const auto& pn : p.nodes) {
     auto it = s.nodes.find(pn.node_id);
     if (it == s.nodes.end()) return "node '" + pn.node_id + "' has not registered";
-    if (it->second.plan_generation != p.generation)
-      return "node '" + pn.node_id + "' is in generation " + std::to_string(it->second.plan_generation);
+    if (it->second.plan_generation != p.generation) return "node '" + pn.node_id + "' is in generation " + std::to_string(it->second.plan_generation);
     for (int32_t l : pn.local_ranks)
       if (!it->second.ready.count(l)) return "rank " + std::to_string(l) + " of node '" + pn.node_id + "' is not ready";
   }
@@ -171,7 +170,8 @@ plan make_plan(const membership_state& state, uint64_t generation) {
     plan_node pn{n->node_id, n->advertise_addr, n->peer, n->node_rank, n->nproc, global, n->incarnation, {}};
     for (const auto& [l, serial] : n->ready) {
       rank_slot r{n->node_id, l, global++, serial};
-      if (p.state_root < 0 && state.current && state.current->find(n->node_id, l) && still_ready(state, *state.current, *state.current->find(n->node_id, l)))
+      if (p.state_root < 0 && state.current && state.current->find(n->node_id, l) &&
+          still_ready(state, *state.current, *state.current->find(n->node_id, l)))
         p.state_root = r.global_rank;
       pn.local_ranks.push_back(l);
       p.ranks.push_back(std::move(r));
@@ -289,8 +289,8 @@ bool membership::note_failure(const std::string& node_id, clock_time now) {
   length = std::min(length, opts_.quarantine_max);
   ++f.quarantines;
   f.until = now + length;
-  f.reason = "node '" + node_id + "' is quarantined for " + seconds_text(length) + " s after " + std::to_string(f.failures.size()) +
-             " failures in " + seconds_text(opts_.flap_window) + " s (flapping)";
+  f.reason = "node '" + node_id + "' is quarantined for " + seconds_text(length) + " s after " + std::to_string(f.failures.size()) + " failures in " +
+             seconds_text(opts_.flap_window) + " s (flapping)";
   f.failures.clear();
   return true;
 }
@@ -400,7 +400,8 @@ admission membership::admit(const node_registration& reg, clock_time now) {
   int32_t rank = assign_rank(reg.node_id);
   a.rejoined = remembered != state_.remembered_ranks.end() && remembered->second == rank;
   state_.remembered_ranks[reg.node_id] = rank;
-  auto& n = state_.nodes[reg.node_id] = node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation};
+  auto& n = state_.nodes[reg.node_id] =
+      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation};
   note_addition("node_joined", now);
   for (int32_t l : ready) mark_ready(n, l, true, now);
   a.accepted = true;

@@ -118,8 +118,7 @@ typename Inspector::result_type inspect(Inspector& f, rank_slot& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, plan& x) {
-  return f(caf::meta::type_name("dtactor::plan"), x.generation, x.world_size, x.state_root, x.nodes, x.ranks, x.drain, x.cause, x.adopted,
-           x.leaving);
+  return f(caf::meta::type_name("dtactor::plan"), x.generation, x.world_size, x.state_root, x.nodes, x.ranks, x.drain, x.cause, x.adopted, x.leaving);
 }
 
 // Registers the custom message types (needed to deserialize them inside a

@@ -67,6 +67,13 @@ inbound joined_in(const std::string& node_id, int32_t nproc, uint64_t g) {
   return in;
 }
 
+void expect_plan(const pb::generation_plan& p, uint64_t generation, int32_t world_size, const std::string& cause, bool drain) {
+  EXPECT_EQ(p.generation(), generation);
+  EXPECT_EQ(p.world_size(), world_size);
+  EXPECT_EQ(p.cause(), cause);
+  EXPECT_EQ(p.drain(), drain);
+}
+
 inbound step_from(const std::string& node_id, int32_t global_rank, int64_t step, uint64_t generation) {
   inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, 1, generation)};
   in.env.mutable_step_report()->set_step(step);
@@ -90,6 +97,17 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
     job = spawn(job_actor, jo, wire.sink());
     members = spawn(membership_actor, o, wire.sink(), job);
     run();
+  }
+
+  // a and b (one rank each) in generation 1, heartbeating.
+  void start_two_with_suspect_timeout(std::chrono::milliseconds suspect) {
+    auto o = coord_opts(1);
+    o.liveness.suspect_timeout = suspect;
+    o.membership.suspect_timeout = suspect;
+    start(o);
+    send(joined("a", 1));
+    send(joined("b", 1));
+    keep_alive({"a", "b"}, 200ms);
   }
 
   // Events of this kind, in order.
@@ -376,18 +394,12 @@ TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_abo
   send(relayed);
   advance(100ms);
   auto g2 = last_plan("peer-a");
-  EXPECT_EQ(g2.generation(), 2u);
-  EXPECT_EQ(g2.world_size(), 2);
-  EXPECT_EQ(g2.cause(), "rank_ready");
-  EXPECT_TRUE(g2.drain());
+  expect_plan(g2, 2u, 2, "rank_ready", true);
   EXPECT_EQ(g2.state_root(), 1);  // local rank 1 holds the state, now global rank 1
   send(status_from("a", 1, pb::rank_status::STATE_EXITED, 2));
   advance(100ms);
   auto g3 = last_plan("peer-a");
-  EXPECT_EQ(g3.generation(), 3u);
-  EXPECT_EQ(g3.world_size(), 1);
-  EXPECT_EQ(g3.cause(), "rank_exited");
-  EXPECT_FALSE(g3.drain());
+  expect_plan(g3, 3u, 1, "rank_exited", false);
   // Statuses still reach the job actor (fenced there by generation: the
   // relayed one carried generation 0 while the job was in 1).
   EXPECT_EQ(js().stale_reports, 1u);
@@ -424,10 +436,7 @@ TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-c"), 0u);  // settling
   keep_alive({"a", "b", "c"}, 200ms);
   auto g2 = last_plan("peer-c");
-  EXPECT_EQ(g2.generation(), 2u);
-  EXPECT_EQ(g2.world_size(), 3);
-  EXPECT_EQ(g2.cause(), "node_joined");
-  EXPECT_TRUE(g2.drain());
+  expect_plan(g2, 2u, 3, "node_joined", true);
   EXPECT_EQ(g2.state_root(), 0);
 }
 
@@ -443,10 +452,7 @@ TEST_F(coordinator_actors, a_leaving_node_gets_the_drain_plan_that_excludes_it) 
   auto to_b = wire.with(pb::envelope::kGenerationPlan, "peer-b");
   ASSERT_EQ(to_b.size(), 1u);
   const auto& p = to_b[0].env.generation_plan();
-  EXPECT_EQ(p.generation(), 2u);
-  EXPECT_EQ(p.world_size(), 1);
-  EXPECT_TRUE(p.drain());
-  EXPECT_EQ(p.cause(), "node_left");
+  expect_plan(p, 2u, 1, "node_left", true);
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 1u);
   auto left = of("node_left");
   ASSERT_EQ(left.size(), 1u);
@@ -457,13 +463,7 @@ TEST_F(coordinator_actors, a_leaving_node_gets_the_drain_plan_that_excludes_it) 
 }
 
 TEST_F(coordinator_actors, after_a_failed_collective_a_silent_node_is_lost_at_the_suspect_timeout) {
-  auto o = coord_opts(1);
-  o.liveness.suspect_timeout = 300ms;
-  o.membership.suspect_timeout = 300ms;
-  start(o);
-  send(joined("a", 1));
-  send(joined("b", 1));
-  keep_alive({"a", "b"}, 200ms);
+  start_two_with_suspect_timeout(300ms);
   ASSERT_EQ(ms().members.state().current->generation, 1u);
   send(heartbeat_from("b", seq++));  // b's last word
   auto silent_from = now();
@@ -483,30 +483,18 @@ TEST_F(coordinator_actors, after_a_failed_collective_a_silent_node_is_lost_at_th
   EXPECT_EQ(lost[0].node, "b");
   EXPECT_EQ(lost[0].cause, "suspected_after_collective_failure");
   EXPECT_DOUBLE_EQ(lost[0].detected_after_s, ms().lost[0].detected_after_s);
-  auto g2 = last_plan("peer-a");
-  EXPECT_EQ(g2.generation(), 2u);
-  EXPECT_EQ(g2.cause(), "node_lost");
-  EXPECT_FALSE(g2.drain());
+  expect_plan(last_plan("peer-a"), 2u, 1, "node_lost", false);
 }
 
 TEST_F(coordinator_actors, a_failed_collective_with_everyone_alive_restarts_the_generation) {
-  auto o = coord_opts(1);
-  o.liveness.suspect_timeout = 300ms;
-  o.membership.suspect_timeout = 300ms;
-  start(o);
-  send(joined("a", 1));
-  send(joined("b", 1));
-  keep_alive({"a", "b"}, 200ms);
+  start_two_with_suspect_timeout(300ms);
   send(status_from("b", 0, pb::rank_status::STATE_FAILED, 1));
   keep_alive({"a", "b"}, 200ms);
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 1u);
   keep_alive({"a", "b"}, 200ms);
   EXPECT_TRUE(ms().lost.empty());
   auto g2 = last_plan("peer-a");
-  EXPECT_EQ(g2.generation(), 2u);
-  EXPECT_EQ(g2.world_size(), 2);
-  EXPECT_EQ(g2.cause(), "collective_failure");
-  EXPECT_FALSE(g2.drain());
+  expect_plan(g2, 2u, 2, "collective_failure", false);
   EXPECT_EQ(last_plan("peer-b").generation(), 2u);
   keep_alive({"a", "b"}, 1000ms);
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 2u);  // once
@@ -579,10 +567,7 @@ TEST_F(coordinator_actors, a_new_coordinator_plans_a_restart_when_a_node_of_the_
   EXPECT_NE(ms().last_reason.find("waiting to adopt generation 5: node 'b' has not registered"), std::string::npos) << ms().last_reason;
   keep_alive({"a"}, 200ms);
   auto p = last_plan("peer-a");
-  EXPECT_EQ(p.generation(), 6u);
-  EXPECT_EQ(p.world_size(), 2);
-  EXPECT_EQ(p.cause(), "restart");
-  EXPECT_FALSE(p.drain());
+  expect_plan(p, 6u, 2, "restart", false);
   EXPECT_EQ(ms().adopted, 0u);
 }
 
@@ -631,4 +616,37 @@ TEST_F(coordinator_actors, the_committed_step_survives_generation_changes) {
   EXPECT_EQ(js().committed_step, 3);
   send(step_from("a", 0, 5, 2));
   EXPECT_EQ(js().committed_step, 5);
+}
+
+TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registration) {
+  plan p;
+  p.generation = 9;
+  p.world_size = 3;
+  p.state_root = 1;
+  p.drain = true;
+  p.cause = "node_joined";
+  p.nodes = {plan_node{"b", "b.local", "peer-b", 0, 2, 0, 3, {1}}, plan_node{"a", "a.local", "peer-a", 1, 2, 1, 4, {0, 1}}};
+  p.ranks = {rank_slot{"b", 1, 0, 1}, rank_slot{"a", 0, 1, 2}, rank_slot{"a", 1, 2, 3}};
+  auto wire = to_proto(p, coord_opts(1), 17);
+  EXPECT_TRUE(wire.drain());
+  EXPECT_EQ(wire.cause(), "node_joined");
+  EXPECT_EQ(wire.start_step(), 17);
+  // Ranks out of order on the wire are put back in global rank order.
+  std::swap(*wire.mutable_ranks(0), *wire.mutable_ranks(2));
+  auto back = from_proto(wire);
+  EXPECT_EQ(back.generation, 9u);
+  EXPECT_EQ(back.world_size, 3);
+  EXPECT_EQ(back.state_root, 1);
+  EXPECT_TRUE(back.drain);
+  EXPECT_EQ(back.cause, "node_joined");
+  ASSERT_EQ(back.nodes.size(), 2u);
+  EXPECT_EQ(back.nodes[0].node_id, "b");
+  EXPECT_EQ(back.nodes[0].local_ranks, (std::vector<int32_t>{1}));
+  EXPECT_EQ(back.nodes[1].node_id, "a");
+  EXPECT_EQ(back.nodes[1].first_global_rank, 1);
+  EXPECT_EQ(back.nodes[1].local_ranks, (std::vector<int32_t>{0, 1}));
+  ASSERT_EQ(back.ranks.size(), 3u);
+  EXPECT_EQ(back.ranks[0].node_id, "b");
+  EXPECT_EQ(back.ranks[0].local_rank, 1);
+  EXPECT_EQ(back.ranks[2].global_rank, 2);
 }

@@ -196,10 +196,14 @@ TEST(membership, decide_is_pure) {
 TEST(membership, options_from_config_keys) {
   struct fake_config {
     int64_t get_int(const std::string& k) const {
-      static const std::map<std::string, int64_t> keys{{"cluster.min_nodes", 3},         {"cluster.max_nodes", 5},
-                                                       {"cluster.settle_ms", 250},       {"cluster.suspect_timeout_ms", 400},
-                                                       {"cluster.heartbeat_timeout_ms", 900}, {"cluster.flap_max_failures", 4},
-                                                       {"cluster.flap_window_ms", 30000}, {"cluster.quarantine_ms", 7000}};
+      static const std::map<std::string, int64_t> keys{{"cluster.min_nodes", 3},
+                                                       {"cluster.max_nodes", 5},
+                                                       {"cluster.settle_ms", 250},
+                                                       {"cluster.suspect_timeout_ms", 400},
+                                                       {"cluster.heartbeat_timeout_ms", 900},
+                                                       {"cluster.flap_max_failures", 4},
+                                                       {"cluster.flap_window_ms", 30000},
+                                                       {"cluster.quarantine_ms", 7000}};
       return keys.at(k);
     }
   };
