@@ -376,12 +376,13 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     return a;
   }
   if (it != state_.nodes.end()) {
-    // Same id, new process (or a new shape): the old process is lost.
-    a.restarted = true;
+    // Same id, new process (or the same process with another nproc): the
+    // old ranks are gone. Only a new process counts towards flapping.
+    a.restarted = it->second.incarnation != reg.incarnation;
     a.silent_s = seconds(now - std::min(now, it->second.last_seen));
     note_loss("node_lost", in_current(reg.node_id, it->second.incarnation), now);
     state_.nodes.erase(it);
-    if (note_failure(reg.node_id, now)) {
+    if (a.restarted && note_failure(reg.node_id, now)) {
       a.quarantined = true;
       a.changed = true;
       a.reason = quarantine_reason(reg.node_id, now);
@@ -417,7 +418,10 @@ removal membership::remove(const std::string& node_id, clock_time now, departure
   if (it == state_.nodes.end()) return r;
   const bool planned = in_current(node_id, it->second.incarnation);
   if (why == departure::left) {
-    if (planned) state_.leaving[node_id] = *state_.current->find(node_id);
+    if (planned) {
+      auto& leaving = state_.leaving[node_id] = *state_.current->find(node_id);
+      leaving.peer = it->second.peer;  // where it is reachable now
+    }
     note_loss("node_left", planned, now);
   } else {
     note_loss("node_lost", planned, now);

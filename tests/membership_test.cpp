@@ -653,3 +653,27 @@ TEST(membership, last_generation_follows_the_nodes_so_new_plans_are_newer) {
   EXPECT_EQ(p.generation, 13u);
   EXPECT_EQ(p.cause, "restart");
 }
+
+TEST(membership, the_leaving_node_gets_the_plan_where_it_is_reachable_now) {
+  membership m(opts(1));
+  m.admit(reg("a", 1), t0());
+  m.admit(reg("b", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  EXPECT_TRUE(m.touch("b", 1, t0() + 1s, "peer-b-reconnected"));
+  m.remove("b", t0() + 1s, departure::left);
+  auto p = *m.decide(t0() + 1s).next;
+  ASSERT_EQ(p.leaving.size(), 1u);
+  EXPECT_EQ(p.leaving[0].peer, "peer-b-reconnected");
+}
+
+TEST(membership, a_new_nproc_from_the_same_process_is_no_failure) {
+  auto o = opts(1);
+  o.flap_max_failures = 1;
+  membership m(o);
+  m.admit(reg("a", 1), t0());
+  auto r = m.admit(reg("a", 2), t0() + 1s);
+  EXPECT_TRUE(r.accepted);
+  EXPECT_FALSE(r.restarted);
+  EXPECT_EQ(m.find("a")->nproc, 2);
+  EXPECT_TRUE(m.state().flaps.empty());
+}
