@@ -28,22 +28,28 @@ uint64_t current_generation(const membership_actor_state& st) { return st.member
 
 void send_to_node(membership_self self, const std::string& peer, pb::envelope env) { self->state.out(links::nodes, peer, std::move(env)); }
 
+void emit(membership_self self, cluster_event ev) {
+  if (self->state.opts.on_event) self->state.opts.on_event(ev);
+}
+
+void node_lost(membership_self self, const std::string& id, const std::string& cause, double detected_after_s) {
+  auto& st = self->state;
+  emit(self, cluster_event{"node_lost", id, cause, detected_after_s, 0, 0, false, {}});
+  if (st.job) self->send(st.job, lost_atom::value, id, detected_after_s);
+}
+
+void quarantined(membership_self self, const std::string& id, const std::string& reason) {
+  log_line(self->state.opts.log, reason);
+  emit(self, cluster_event{"node_quarantined", id, {}, 0, 0, 0, false, reason});
+}
+
 void on_register(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& r = in.env.register_node();
-  node_registration reg{r.node_id(), r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer};
-  const auto& current = st.members.state().current;
-  if (st.opts.fixed_world_after_start && current && !current->find(r.node_id())) {
-    auto env = make_envelope(st.opts.header, current_generation(st));
-    auto* ack = env.mutable_register_ack();
-    ack->set_accepted(false);
-    ack->set_node_rank(-1);
-    ack->set_job_id(st.opts.header.job_id);
-    ack->set_reason("the job is already running with a fixed set of nodes (joining a running job is not supported yet)");
-    log_line(st.opts.log, "refused node '" + r.node_id() + "': job already running");
-    send_to_node(self, in.peer, std::move(env));
-    return;
-  }
+  node_registration reg{
+      r.node_id(),         r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer, {r.ready_ranks().begin(), r.ready_ranks().end()},
+      r.last_generation(), std::nullopt};
+  if (r.has_current_plan() && r.current_plan().generation() > 0) reg.current_plan = from_proto(r.current_plan());
   auto a = st.members.admit(reg, self->clock().now());
   auto env = make_envelope(st.opts.header, current_generation(st));
   auto* ack = env.mutable_register_ack();
@@ -52,11 +58,18 @@ void on_register(membership_self self, const inbound& in) {
   ack->set_node_rank(a.node_rank);
   ack->set_job_id(st.opts.header.job_id);
   if (a.accepted) ack->set_config_toml(st.opts.config_toml);
+  if (a.restarted) {
+    log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
+    node_lost(self, r.node_id(), "restarted", a.silent_s);
+    if (a.quarantined) quarantined(self, r.node_id(), st.members.state().flaps.at(r.node_id()).reason);
+  }
   if (!a.accepted)
     log_line(st.opts.log, "refused node '" + r.node_id() + "': " + a.reason);
-  else if (a.changed)
+  else if (a.joined) {
     log_line(st.opts.log, "node '" + r.node_id() + "' joined as node rank " + std::to_string(a.node_rank) + " (nproc " + std::to_string(r.nproc()) +
                               (a.rejoined ? ", its previous rank)" : ")"));
+    emit(self, cluster_event{"node_joined", r.node_id(), {}, 0, 0, 0, false, {}});
+  }
   send_to_node(self, in.peer, std::move(env));
 }
 
@@ -84,8 +97,44 @@ void on_leave(membership_self self, const inbound& in) {
   auto id = node_id_of(in.env.sender());
   const auto* n = st.members.find(id);
   if (!n || n->incarnation != in.env.incarnation()) return;
-  st.members.remove(id, self->clock().now());
+  st.members.remove(id, self->clock().now(), departure::left);
   log_line(st.opts.log, "node '" + id + "' left: " + in.env.leave().reason());
+  emit(self, cluster_event{"node_left", id, {}, 0, 0, 0, false, in.env.leave().reason()});
+}
+
+// Readiness and failures of a node's ranks. The node agent relays them as
+// "node/<id>" (its incarnation) or passes a rank's own envelope on as
+// "rank/<id>/<local_rank>" (the rank's incarnation: the node's is assumed).
+void on_rank_status(membership_self self, const inbound& in) {
+  auto& st = self->state;
+  const auto& s = in.env.rank_status();
+  auto id = node_id_of(in.env.sender());
+  uint64_t incarnation = in.env.incarnation();
+  const std::string rank_prefix = "rank/";
+  if (id.empty() && in.env.sender().compare(0, rank_prefix.size(), rank_prefix) == 0) {
+    auto rest = in.env.sender().substr(rank_prefix.size());
+    id = rest.substr(0, rest.rfind('/'));
+    if (const auto* n = st.members.find(id)) incarnation = n->incarnation;
+  }
+  if (id.empty()) return;
+  auto now = self->clock().now();
+  switch (s.status()) {
+    case pb::rank_status::STATE_IDLE:
+    case pb::rank_status::STATE_READY:
+      st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
+      break;
+    case pb::rank_status::STATE_EXITED:
+      if (st.members.set_rank_ready(id, incarnation, s.local_rank(), false, now))
+        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' exited (code " + std::to_string(s.exit_code()) + ")");
+      break;
+    case pb::rank_status::STATE_FAILED:
+      if (st.members.report_failure(in.env.generation(), id, s.local_rank(), now))
+        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' failed in generation " +
+                                  std::to_string(in.env.generation()) + " (" + s.detail() + "); suspecting silent nodes");
+      break;
+    default:
+      break;
+  }
 }
 
 void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
@@ -99,36 +148,45 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
     send_to_node(self, member ? member->peer : n.peer, env);
     ++st.plans_sent;
   }
+  for (const auto& n : p.leaving) {
+    send_to_node(self, n.peer, env);
+    ++st.plans_sent;
+  }
 }
 
 void announce(membership_self self, const plan& p) {
   auto& st = self->state;
+  auto send_it = [self, p](int64_t start_step) {
+    if (!p.adopted) broadcast_plan(self, p, start_step);
+  };
   if (!st.job) {
-    broadcast_plan(self, p, st.last_start_step);
+    send_it(st.last_start_step);
     return;
   }
   self->request(st.job, st.opts.liveness.heartbeat_timeout, plan_atom::value, p)
       .then(
           [=](int64_t start_step) {
             self->state.last_start_step = start_step;
-            broadcast_plan(self, p, start_step);
+            send_it(start_step);
           },
           [=](caf::error& err) {
             // The job actor did not answer: resume from the last step it told
             // us (ranks agree on the committed step among themselves anyway).
             log_line(self->state.opts.log, "job actor did not answer for generation " + std::to_string(p.generation) + " (" +
                                                self->system().render(err) + "); using start step " + std::to_string(self->state.last_start_step));
-            broadcast_plan(self, p, self->state.last_start_step);
+            send_it(self->state.last_start_step);
           });
 }
 
 void on_tick(membership_self self) {
   auto& st = self->state;
   auto now = self->clock().now();
-  for (auto& l : find_lost(now, st.members.last_seen(), st.opts.liveness)) {
-    st.members.remove(l.peer, now);
-    log_line(st.opts.log, "node '" + l.peer + "' lost: silent for " + std::to_string(l.detected_after_s) + " s");
-    if (st.job) self->send(st.job, lost_atom::value, l.peer, l.detected_after_s);
+  for (auto& l : find_lost(now, st.members.last_seen(), st.opts.liveness, st.members.suspecting())) {
+    auto removed = st.members.remove(l.peer, now);
+    log_line(st.opts.log, "node '" + l.peer + "' lost: silent for " + std::to_string(l.detected_after_s) + " s" +
+                              (l.suspected ? " after a collective failure" : ""));
+    node_lost(self, l.peer, l.suspected ? "suspected_after_collective_failure" : "heartbeat_timeout", l.detected_after_s);
+    if (removed.quarantined) quarantined(self, l.peer, removed.reason);
     st.lost.push_back(std::move(l));
   }
   auto d = st.members.decide(now);
@@ -136,7 +194,15 @@ void on_tick(membership_self self) {
     log_line(st.opts.log, d.reason);
     st.last_reason = d.reason;
   }
-  if (d.next) announce(self, st.members.commit(std::move(*d.next)));
+  if (!d.next) return;
+  const auto& p = st.members.commit(std::move(*d.next));
+  if (p.adopted) {
+    ++st.adopted;
+    emit(self, cluster_event{"generation_adopted", {}, p.cause, 0, p.generation, p.world_size, p.drain, {}});
+  } else {
+    emit(self, cluster_event{"generation_planned", {}, p.cause, 0, p.generation, p.world_size, p.drain, {}});
+  }
+  announce(self, p);
 }
 
 }  // namespace
@@ -160,6 +226,32 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
     out.set_checkpoint(opts.resume_checkpoint);
   }
   out.set_config_toml(opts.config_toml);
+  out.set_drain(p.drain);
+  out.set_cause(p.cause);
+  return out;
+}
+
+plan from_proto(const pb::generation_plan& p) {
+  plan out;
+  out.generation = p.generation();
+  out.world_size = p.world_size();
+  out.state_root = p.state_root();
+  out.drain = p.drain();
+  out.cause = p.cause();
+  std::vector<const pb::rank_assignment*> order;
+  for (const auto& r : p.ranks()) order.push_back(&r);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->global_rank() < b->global_rank(); });
+  for (const auto* r : order) {
+    out.ranks.push_back(rank_slot{r->node_id(), r->local_rank(), r->global_rank(), 0});
+    if (out.nodes.empty() || out.nodes.back().node_id != r->node_id()) {
+      plan_node n;
+      n.node_id = r->node_id();
+      n.first_global_rank = r->global_rank();
+      out.nodes.push_back(std::move(n));
+    }
+    out.nodes.back().local_ranks.push_back(r->local_rank());
+    out.nodes.back().nproc = static_cast<int32_t>(out.nodes.back().local_ranks.size());
+  }
   return out;
 }
 
@@ -181,8 +273,10 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
           case pb::envelope::kLeave:
             on_leave(self, in);
             break;
-          case pb::envelope::kStepReport:
           case pb::envelope::kRankStatus:
+            on_rank_status(self, in);
+            [[fallthrough]];
+          case pb::envelope::kStepReport:
           case pb::envelope::kEvalReport:
           case pb::envelope::kCheckpointData:
           case pb::envelope::kJobError:

@@ -21,6 +21,24 @@
 
 namespace dtactor {
 
+// A membership event for the journal (fields unused by a kind stay empty).
+//   node_joined        node
+//   node_lost          node, cause (heartbeat_timeout, suspected_after_collective_failure, restarted), detected_after_s
+//   node_left          node, detail (the node's reason)
+//   node_quarantined   node, detail (why, for how long)
+//   generation_planned generation, world_size, cause, drain
+//   generation_adopted generation, world_size (a restarted coordinator took over the running generation)
+struct cluster_event {
+  std::string kind;
+  std::string node;
+  std::string cause;
+  double detected_after_s = 0;
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+  bool drain = false;
+  std::string detail;
+};
+
 struct coordinator_options {
   membership_options membership;
   liveness_options liveness;  // the tick period is liveness.heartbeat_interval
@@ -34,18 +52,16 @@ struct coordinator_options {
   // broadcasts it over the new communicator.
   std::string resume_checkpoint;
   int64_t resume_step = -1;
-  // Until ranks can change generation mid-run (fault handling), a running
-  // job keeps the nodes it started with: other nodes are refused.
-  bool fixed_world_after_start = false;
-  log_fn log;               // one line per event worth a journal entry (may be empty)
+  log_fn log;  // one line per event worth a journal entry (may be empty)
+  // Called on the actor's thread for each membership event (may be empty).
+  std::function<void(const cluster_event&)> on_event;
 };
 
 template <class Config>
 coordinator_options coordinator_options_from(const Config& cfg) {
   coordinator_options o;
   o.membership = membership_options_from(cfg);
-  o.liveness.heartbeat_interval = std::chrono::milliseconds(cfg.get_int("cluster.heartbeat_interval_ms"));
-  o.liveness.heartbeat_timeout = std::chrono::milliseconds(cfg.get_int("cluster.heartbeat_timeout_ms"));
+  o.liveness = liveness_options_from(cfg);
   o.config_toml = cfg.to_toml();
   return o;
 }
@@ -61,23 +77,35 @@ struct membership_actor_state {
   uint64_t plans_sent = 0;          // generation_plan envelopes sent
   uint64_t refused_heartbeats = 0;  // heartbeats from non-members (told to register again)
   uint64_t dropped = 0;             // inbound envelopes this actor has no use for
+  uint64_t adopted = 0;             // generations taken over from the nodes
   static inline const char* name = "dtactor.membership";
 };
 
-// Handles, from links::nodes: register_node (-> register_ack), heartbeat (->
-// heartbeat_ack, or a refused register_ack telling a non-member to register
-// again), leave. Forwards step_report, rank_status, eval_report,
-// checkpoint_data and job_error to `job`. On every tick (each heartbeat
-// interval, starting at spawn): declares silent nodes lost (-> lost_atom to
-// job), runs decide(), and for a new plan asks `job` for the start step
-// (plan_atom) and sends generation_plan to every node in it.
+// Handles, from links::nodes: register_node (-> register_ack; its
+// ready_ranks, last_generation and current_plan feed readiness and adoption),
+// heartbeat (-> heartbeat_ack, or a refused register_ack telling a non-member
+// to register again), leave. rank_status from a node marks its local rank
+// ready (STATE_IDLE, STATE_READY) or not (STATE_EXITED), and STATE_FAILED of
+// a rank of the current generation starts suspicion. Forwards step_report,
+// rank_status, eval_report, checkpoint_data and job_error to `job`. On every
+// tick (each heartbeat interval, starting at spawn): declares silent nodes
+// lost (-> lost_atom to job; the suspect timeout while suspecting), runs
+// decide(), and for a new plan asks `job` for the start step (plan_atom) and
+// sends generation_plan to every node in it and every node leaving it. An
+// adopted plan goes to `job` only.
 caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, caf::actor job);
 
-// Builds the wire plan (without start_step/config): shared with tests.
+// Builds the wire plan: shared with tests.
 pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step);
 
+// The plan a node reports in register_node.current_plan: generation, world
+// size, state root, drain, cause and rank slots; nodes in global rank order
+// with their planned local ranks (addresses, incarnations and node ranks are
+// not on the wire: adoption takes them from the registrations).
+plan from_proto(const pb::generation_plan& p);
+
 struct job_options {
-  int64_t max_steps = 1;  // train.max_steps
+  int64_t max_steps = 1;     // train.max_steps
   int64_t initial_step = 0;  // committed step at start (the disk checkpoint resumed from)
   envelope_header header;
   // Called once when the job is finished (committed step, one-line reason).

@@ -1,5 +1,7 @@
 #include "actors/liveness.hpp"
 
+#include <algorithm>
+
 namespace dtactor {
 
 namespace {
@@ -7,12 +9,18 @@ double seconds(clock_duration d) { return std::chrono::duration<double>(d).count
 }  // namespace
 
 std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts) {
+  return find_lost(now, last_seen, opts, false);
+}
+
+std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts, bool suspecting) {
+  const clock_duration timeout =
+      suspecting ? std::min<clock_duration>(opts.heartbeat_timeout, opts.suspect_timeout) : clock_duration{opts.heartbeat_timeout};
   std::vector<lost_peer> lost;
   for (const auto& [peer, seen] : last_seen) {
     if (seen > now) continue;
     auto silent = now - seen;
-    if (silent < opts.heartbeat_timeout) continue;
-    lost.push_back(lost_peer{peer, seconds(silent), seconds(silent - opts.heartbeat_timeout)});
+    if (silent < timeout) continue;
+    lost.push_back(lost_peer{peer, seconds(silent), seconds(silent - timeout), silent < opts.heartbeat_timeout});
   }
   return lost;
 }
@@ -22,6 +30,9 @@ std::string validate(const liveness_options& opts) {
   if (opts.heartbeat_timeout <= opts.heartbeat_interval)
     return "cluster.heartbeat_timeout_ms (" + std::to_string(opts.heartbeat_timeout.count()) +
            ") must be larger than cluster.heartbeat_interval_ms (" + std::to_string(opts.heartbeat_interval.count()) + "); a few intervals is usual";
+  if (opts.suspect_timeout <= opts.heartbeat_interval)
+    return "cluster.suspect_timeout_ms (" + std::to_string(opts.suspect_timeout.count()) + ") must be larger than cluster.heartbeat_interval_ms (" +
+           std::to_string(opts.heartbeat_interval.count()) + "), or live nodes are declared lost after a collective failure";
   return {};
 }
 

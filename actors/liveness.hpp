@@ -21,7 +21,24 @@ struct liveness_options {
   // Silence after which a peer is lost (cluster.heartbeat_timeout_ms). A peer
   // whose last sign of life is exactly `heartbeat_timeout` old is lost.
   std::chrono::milliseconds heartbeat_timeout{1000};
+  // While a collective failure is suspected (a rank of the current generation
+  // reported STATE_FAILED), silence this long already means lost
+  // (cluster.suspect_timeout_ms): a live peer heartbeats every interval, and a
+  // dead one has stalled its peers' collectives.
+  std::chrono::milliseconds suspect_timeout{300};
 };
+
+// Reads cluster.heartbeat_interval_ms / heartbeat_timeout_ms /
+// suspect_timeout_ms from a dtactor::config (a template so this library does
+// not link the config implementation).
+template <class Config>
+liveness_options liveness_options_from(const Config& cfg) {
+  liveness_options o;
+  o.heartbeat_interval = std::chrono::milliseconds(cfg.get_int("cluster.heartbeat_interval_ms"));
+  o.heartbeat_timeout = std::chrono::milliseconds(cfg.get_int("cluster.heartbeat_timeout_ms"));
+  o.suspect_timeout = std::chrono::milliseconds(cfg.get_int("cluster.suspect_timeout_ms"));
+  return o;
+}
 
 struct lost_peer {
   std::string peer;
@@ -31,12 +48,20 @@ struct lost_peer {
   // How far past the deadline (last_seen + timeout) the detection ran; bounded
   // by the tick period of whoever calls find_lost.
   double overdue_s = 0;
+  // Lost only because a collective failure was suspected (silent for the
+  // suspect timeout, not yet for the heartbeat timeout).
+  bool suspected = false;
 };
 
 // Peers silent for at least `heartbeat_timeout` at `now`, ordered by name.
 // Never blocks; last-seen times in the future (clock skew between ticks) count
 // as "just seen".
 std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts);
+
+// The same, while `suspecting` a collective failure: the timeout is the
+// shorter of heartbeat_timeout and suspect_timeout, and peers lost only
+// because of that are marked `suspected`.
+std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts, bool suspecting);
 
 // When `peer` (last seen at `last_seen`) will be declared lost.
 inline clock_time lost_deadline(clock_time last_seen, const liveness_options& opts) { return last_seen + opts.heartbeat_timeout; }

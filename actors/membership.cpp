@@ -8,27 +8,143 @@ namespace dtactor {
 
 namespace {
 
-std::string node_list(const membership_state& s) {
+double seconds(clock_duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string seconds_text(clock_duration d) {
+  std::ostringstream out;
+  out << seconds(d);
+  return out.str();
+}
+
+std::string join(const std::vector<std::string>& xs) {
   std::string out = "[";
-  for (const auto& [id, n] : s.nodes) {
+  for (const auto& x : xs) {
     if (out.size() > 1) out += ", ";
-    out += id;
+    out += x;
   }
   return out + "]";
 }
 
+bool has_ready(const node_info& n) { return !n.ready.empty(); }
+
+std::vector<std::string> node_ids(const membership_state& s, bool ready) {
+  std::vector<std::string> out;
+  for (const auto& [id, n] : s.nodes)
+    if (has_ready(n) == ready) out.push_back(id);
+  return out;
+}
+
+// Most severe first: a plan's cause is the most severe change since the last.
+const std::vector<std::string>& cause_order() {
+  static const std::vector<std::string> order{"node_lost", "rank_exited", "collective_failure", "node_left", "node_joined", "rank_ready"};
+  return order;
+}
+
+size_t severity(const std::string& cause) {
+  const auto& order = cause_order();
+  return static_cast<size_t>(std::find(order.begin(), order.end(), cause) - order.begin());
+}
+
+// Members with a ready rank, in plan order (node rank, then id).
+std::vector<const node_info*> planned_nodes(const membership_state& s) {
+  std::vector<const node_info*> order;
+  for (const auto& [id, n] : s.nodes)
+    if (has_ready(n)) order.push_back(&n);
+  std::sort(order.begin(), order.end(), [](const node_info* a, const node_info* b) {
+    return a->node_rank != b->node_rank ? a->node_rank < b->node_rank : a->node_id < b->node_id;
+  });
+  return order;
+}
+
 bool same_members(const plan& p, const membership_state& s) {
-  if (p.nodes.size() != s.nodes.size()) return false;
-  for (const auto& pn : p.nodes) {
-    auto it = s.nodes.find(pn.node_id);
-    if (it == s.nodes.end()) return false;
-    const auto& n = it->second;
-    if (n.incarnation != pn.incarnation || n.nproc != pn.nproc || n.node_rank != pn.node_rank || n.advertise_addr != pn.advertise_addr) return false;
+  auto order = planned_nodes(s);
+  if (p.nodes.size() != order.size()) return false;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& pn = p.nodes[i];
+    const auto& n = *order[i];
+    if (pn.node_id != n.node_id || n.incarnation != pn.incarnation || n.node_rank != pn.node_rank || n.advertise_addr != pn.advertise_addr ||
+        pn.local_ranks.size() != n.ready.size())
+      return false;
+  }
+  for (const auto& r : p.ranks) {
+    const auto& ready = s.nodes.at(r.node_id).ready;
+    auto it = ready.find(r.local_rank);
+    if (it == ready.end() || it->second != r.ready_serial) return false;
   }
   return true;
 }
 
-double seconds(clock_duration d) { return std::chrono::duration<double>(d).count(); }
+// The same rank process is still ready (same node incarnation, same serial).
+bool still_ready(const membership_state& s, const plan& prev, const rank_slot& r) {
+  auto it = s.nodes.find(r.node_id);
+  if (it == s.nodes.end()) return false;
+  const auto* pn = prev.find(r.node_id);
+  if (!pn || pn->incarnation != it->second.incarnation) return false;
+  auto ready = it->second.ready.find(r.local_rank);
+  return ready != it->second.ready.end() && ready->second == r.ready_serial;
+}
+
+bool can_drain(const membership_state& s) {
+  if (!s.current || s.suspect_since) return false;
+  for (const auto& r : s.current->ranks)
+    if (!s.leaving.count(r.node_id) && !still_ready(s, *s.current, r)) return false;
+  return true;
+}
+
+std::string plan_cause(const membership_state& s) {
+  if (!s.current) return s.reported_plan || s.last_generation > 0 ? "restart" : "start";
+  if (!s.pending_cause.empty()) return s.pending_cause;
+  return s.suspect_since ? "collective_failure" : "node_joined";
+}
+
+bool full(const membership_state& s, const membership_options& opts) {
+  if (static_cast<int32_t>(s.nodes.size()) < opts.max_nodes) return false;
+  for (const auto& [id, n] : s.nodes)
+    if (static_cast<int32_t>(n.ready.size()) < n.nproc) return false;
+  return true;
+}
+
+// Empty when every node and rank of the reported plan is back, else what is
+// missing.
+std::string adoption_gap(const membership_state& s) {
+  const auto& p = *s.reported_plan;
+  for (const auto& pn : p.nodes) {
+    auto it = s.nodes.find(pn.node_id);
+    if (it == s.nodes.end()) return "node '" + pn.node_id + "' has not registered";
+    if (it->second.plan_generation != p.generation) return "node '" + pn.node_id + "' is in generation " + std::to_string(it->second.plan_generation);
+    for (int32_t l : pn.local_ranks)
+      if (!it->second.ready.count(l)) return "rank " + std::to_string(l) + " of node '" + pn.node_id + "' is not ready";
+  }
+  return {};
+}
+
+plan adopted_plan(const membership_state& s) {
+  plan p = *s.reported_plan;
+  p.adopted = true;
+  p.leaving.clear();
+  int32_t node_rank = 0;
+  for (auto& pn : p.nodes) {
+    const auto& n = s.nodes.at(pn.node_id);
+    pn.advertise_addr = n.advertise_addr;
+    pn.peer = n.peer;
+    pn.incarnation = n.incarnation;
+    pn.nproc = n.nproc;
+    pn.node_rank = node_rank++;
+  }
+  for (auto& r : p.ranks) r.ready_serial = s.nodes.at(r.node_id).ready.at(r.local_rank);
+  return p;
+}
+
+std::string describe(const plan& p, size_t ready_nodes, const std::vector<std::string>& ids) {
+  std::ostringstream why;
+  why << "generation " << p.generation << ": " << ready_nodes << " node" << (ready_nodes == 1 ? "" : "s") << " " << join(ids) << ", world size "
+      << p.world_size << ", cause " << p.cause << (p.drain ? ", drain" : ", abort");
+  if (p.state_root >= 0)
+    why << ", state from global rank " << p.state_root;
+  else
+    why << ", no surviving state holder";
+  return why.str();
+}
 
 }  // namespace
 
@@ -38,61 +154,84 @@ const plan_node* plan::find(const std::string& node_id) const {
   return nullptr;
 }
 
+const rank_slot* plan::find(const std::string& node_id, int32_t local_rank) const {
+  for (const auto& r : ranks)
+    if (r.node_id == node_id && r.local_rank == local_rank) return &r;
+  return nullptr;
+}
+
 plan make_plan(const membership_state& state, uint64_t generation) {
   plan p;
   p.generation = generation;
-  std::vector<const node_info*> order;
-  for (const auto& [id, n] : state.nodes) order.push_back(&n);
-  std::sort(order.begin(), order.end(), [](const node_info* a, const node_info* b) {
-    return a->node_rank != b->node_rank ? a->node_rank < b->node_rank : a->node_id < b->node_id;
-  });
+  p.drain = can_drain(state);
+  p.cause = plan_cause(state);
   int32_t global = 0;
-  for (const auto* n : order) {
-    p.nodes.push_back(plan_node{n->node_id, n->advertise_addr, n->peer, n->node_rank, n->nproc, global, n->incarnation});
-    bool survivor = false;
-    if (state.current) {
-      const auto* prev = state.current->find(n->node_id);
-      survivor = prev && prev->incarnation == n->incarnation;
+  for (const auto* n : planned_nodes(state)) {
+    plan_node pn{n->node_id, n->advertise_addr, n->peer, n->node_rank, n->nproc, global, n->incarnation, {}};
+    for (const auto& [l, serial] : n->ready) {
+      rank_slot r{n->node_id, l, global++, serial};
+      if (p.state_root < 0 && state.current && state.current->find(n->node_id, l) &&
+          still_ready(state, *state.current, *state.current->find(n->node_id, l)))
+        p.state_root = r.global_rank;
+      pn.local_ranks.push_back(l);
+      p.ranks.push_back(std::move(r));
     }
-    if (survivor && p.state_root < 0) p.state_root = global;
-    for (int32_t l = 0; l < n->nproc; ++l) p.ranks.push_back(rank_slot{n->node_id, l, global++});
+    p.nodes.push_back(std::move(pn));
   }
   p.world_size = global;
+  for (const auto& [id, n] : state.leaving) p.leaving.push_back(n);
   return p;
 }
 
 plan_decision decide(clock_time now, const membership_state& state, const membership_options& opts) {
   plan_decision d;
-  auto have = static_cast<int32_t>(state.nodes.size());
   std::ostringstream why;
-  if (have < opts.min_nodes) {
+  if (!state.current && state.reported_plan) {
+    auto gap = adoption_gap(state);
+    if (gap.empty()) {
+      d.next = adopted_plan(state);
+      why << "adopting generation " << d.next->generation << " from its nodes (world size " << d.next->world_size << ")";
+      d.reason = why.str();
+      return d;
+    }
+    auto waited = state.first_registration ? now - *state.first_registration : clock_duration{0};
+    if (waited < opts.adopt_timeout) {
+      why << "waiting to adopt generation " << state.reported_plan->generation << ": " << gap << " (" << seconds(waited) << " of "
+          << seconds(opts.adopt_timeout) << " s)";
+      d.reason = why.str();
+      return d;
+    }
+  }
+  auto ready_ids = node_ids(state, true);
+  auto idle_ids = node_ids(state, false);
+  auto have = static_cast<int32_t>(ready_ids.size());
+  if (have < opts.min_nodes || have == 0) {
     why << "waiting for " << opts.min_nodes << " node" << (opts.min_nodes == 1 ? "" : "s") << " (cluster.min_nodes), have " << have;
-    if (have > 0) why << " " << node_list(state);
+    if (have > 0) why << " " << join(ready_ids);
+    if (!idle_ids.empty()) why << "; no ready rank yet: " << join(idle_ids);
     if (state.current) why << "; generation " << state.current->generation << " is below quorum";
     d.reason = why.str();
     return d;
   }
   if (state.current && same_members(*state.current, state)) {
-    why << "generation " << state.current->generation << " is current: " << have << " node" << (have == 1 ? "" : "s") << ", world size "
-        << state.current->world_size;
-    d.reason = why.str();
-    return d;
-  }
-  auto since = now - state.last_change;
-  if (opts.settle.count() > 0 && since < opts.settle && have < opts.max_nodes) {
-    why << "membership changed " << seconds(since) << " s ago; settling for " << seconds(opts.settle) << " s before planning with " << have
-        << " nodes " << node_list(state);
-    d.reason = why.str();
-    return d;
+    if (!state.suspect_since || now - *state.suspect_since < opts.suspect_timeout) {
+      why << "generation " << state.current->generation << " is current: " << have << " node" << (have == 1 ? "" : "s") << ", world size "
+          << state.current->world_size;
+      if (state.suspect_since) why << "; a collective failed " << seconds(now - *state.suspect_since) << " s ago";
+      d.reason = why.str();
+      return d;
+    }
+  } else if (state.settling_since && !state.loss_pending && !full(state, opts)) {
+    auto since = now - *state.settling_since;
+    if (since < opts.settle) {
+      why << "nodes or ranks joined " << seconds(since) << " s ago; settling for " << seconds(opts.settle) << " s before planning with " << have
+          << " node" << (have == 1 ? "" : "s") << " " << join(ready_ids);
+      d.reason = why.str();
+      return d;
+    }
   }
   d.next = make_plan(state, state.last_generation + 1);
-  why << "generation " << d.next->generation << ": " << have << " node" << (have == 1 ? "" : "s") << " " << node_list(state) << ", world size "
-      << d.next->world_size;
-  if (d.next->state_root >= 0)
-    why << ", state from global rank " << d.next->state_root;
-  else
-    why << ", no surviving state holder";
-  d.reason = why.str();
+  d.reason = describe(*d.next, ready_ids.size(), ready_ids);
   return d;
 }
 
@@ -119,6 +258,76 @@ int32_t membership::assign_rank(const std::string& node_id) {
   }
 }
 
+bool membership::in_current(const std::string& node_id, uint64_t incarnation) const {
+  if (!state_.current) return false;
+  const auto* pn = state_.current->find(node_id);
+  return pn && pn->incarnation == incarnation;
+}
+
+void membership::note_addition(const std::string& cause, clock_time now) {
+  state_.last_change = now;
+  state_.settling_since = now;
+  if (severity(cause) < severity(state_.pending_cause)) state_.pending_cause = cause;
+}
+
+void membership::note_loss(const std::string& cause, bool in_plan, clock_time now) {
+  state_.last_change = now;
+  // Only a loss of the running generation is urgent (and names the next plan).
+  if (!in_plan) return;
+  state_.loss_pending = true;
+  if (severity(cause) < severity(state_.pending_cause)) state_.pending_cause = cause;
+}
+
+bool membership::note_failure(const std::string& node_id, clock_time now) {
+  auto& f = state_.flaps[node_id];
+  f.failures.erase(std::remove_if(f.failures.begin(), f.failures.end(), [&](clock_time t) { return now - t >= opts_.flap_window; }),
+                   f.failures.end());
+  f.failures.push_back(now);
+  if (static_cast<int32_t>(f.failures.size()) < opts_.flap_max_failures) return false;
+  clock_duration length = opts_.quarantine;
+  for (int32_t i = 0; i < f.quarantines && length < opts_.quarantine_max; ++i) length *= 2;
+  length = std::min(length, opts_.quarantine_max);
+  ++f.quarantines;
+  f.until = now + length;
+  f.reason = "node '" + node_id + "' is quarantined for " + seconds_text(length) + " s after " + std::to_string(f.failures.size()) + " failures in " +
+             seconds_text(opts_.flap_window) + " s (flapping)";
+  f.failures.clear();
+  return true;
+}
+
+std::string membership::quarantine_reason(const std::string& node_id, clock_time now) const {
+  auto it = state_.flaps.find(node_id);
+  if (it == state_.flaps.end() || !it->second.until || now >= *it->second.until) return {};
+  return it->second.reason + "; " + seconds_text(*it->second.until - now) + " s left";
+}
+
+bool membership::mark_ready(node_info& n, int32_t local_rank, bool ready, clock_time now) {
+  if (local_rank < 0 || local_rank >= n.nproc) return false;
+  bool planned = state_.current && state_.current->find(n.node_id, local_rank) && in_current(n.node_id, n.incarnation);
+  if (ready) {
+    if (n.ready.count(local_rank)) return false;
+    n.ready[local_rank] = ++state_.last_serial;
+    note_addition(in_current(n.node_id, n.incarnation) ? "rank_ready" : "node_joined", now);
+    return true;
+  }
+  if (!n.ready.erase(local_rank)) return false;
+  note_loss("rank_exited", planned, now);
+  return true;
+}
+
+bool membership::set_rank_ready(const std::string& node_id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now) {
+  auto it = state_.nodes.find(node_id);
+  if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
+  return mark_ready(it->second, local_rank, ready, now);
+}
+
+bool membership::report_failure(uint64_t generation, const std::string& node_id, int32_t local_rank, clock_time now) {
+  if (!state_.current || state_.current->generation != generation || state_.suspect_since) return false;
+  if (!state_.current->find(node_id, local_rank)) return false;
+  state_.suspect_since = now;
+  return true;
+}
+
 admission membership::admit(const node_registration& reg, clock_time now) {
   admission a;
   if (reg.node_id.empty()) {
@@ -129,46 +338,101 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     a.reason = "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + "; it must run at least one rank";
     return a;
   }
-  auto it = state_.nodes.find(reg.node_id);
-  if (it != state_.nodes.end()) {
-    auto& n = it->second;
-    a.changed = n.incarnation != reg.incarnation || n.nproc != reg.nproc || n.advertise_addr != reg.advertise_addr;
-    n.peer = reg.peer;
-    n.last_seen = now;
-    if (a.changed) {
-      n.incarnation = reg.incarnation;
-      n.nproc = reg.nproc;
-      n.advertise_addr = reg.advertise_addr;
-      n.joined = now;
-      state_.last_change = now;
+  if (auto q = quarantine_reason(reg.node_id, now); !q.empty()) {
+    a.quarantined = true;
+    a.reason = q;
+    return a;
+  }
+  state_.last_generation = std::max(state_.last_generation, reg.last_generation);
+  if (!state_.current) {
+    if (!state_.first_registration) state_.first_registration = now;
+    if (reg.current_plan) {
+      state_.last_generation = std::max(state_.last_generation, reg.current_plan->generation);
+      if (!state_.reported_plan || reg.current_plan->generation > state_.reported_plan->generation) state_.reported_plan = reg.current_plan;
     }
+  }
+  const uint64_t plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
+  std::set<int32_t> ready(reg.ready_ranks.begin(), reg.ready_ranks.end());
+  auto it = state_.nodes.find(reg.node_id);
+  if (it != state_.nodes.end() && it->second.incarnation == reg.incarnation && it->second.nproc == reg.nproc) {
+    // A retried register, or the node reconnected: its ready ranks may differ.
+    auto& n = it->second;
+    n.peer = reg.peer;
+    n.last_seen = std::max(n.last_seen, now);
+    n.plan_generation = plan_generation;
+    if (n.advertise_addr != reg.advertise_addr) {
+      n.advertise_addr = reg.advertise_addr;
+      note_addition("node_joined", now);
+      a.changed = true;
+    }
+    std::vector<int32_t> gone;
+    for (const auto& [l, serial] : n.ready)
+      if (!ready.count(l)) gone.push_back(l);
+    for (int32_t l : gone) a.changed |= mark_ready(n, l, false, now);
+    for (int32_t l : ready) a.changed |= mark_ready(n, l, true, now);
     a.accepted = true;
     a.node_rank = n.node_rank;
     a.rejoined = true;
     return a;
   }
-  auto members = static_cast<int32_t>(state_.nodes.size());
-  if (members >= opts_.max_nodes) {
-    a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " + std::to_string(opts_.max_nodes) +
-               "; node '" + reg.node_id + "' was not admitted (raise cluster.max_nodes or stop a node)";
-    return a;
+  if (it != state_.nodes.end()) {
+    // Same id, new process (or the same process with another nproc): the
+    // old ranks are gone. Only a new process counts towards flapping.
+    a.restarted = it->second.incarnation != reg.incarnation;
+    a.silent_s = seconds(now - std::min(now, it->second.last_seen));
+    note_loss("node_lost", in_current(reg.node_id, it->second.incarnation), now);
+    state_.nodes.erase(it);
+    if (a.restarted && note_failure(reg.node_id, now)) {
+      a.quarantined = true;
+      a.changed = true;
+      a.reason = quarantine_reason(reg.node_id, now);
+      return a;
+    }
+  } else {
+    auto members = static_cast<int32_t>(state_.nodes.size());
+    if (members >= opts_.max_nodes) {
+      a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " + std::to_string(opts_.max_nodes) +
+                 "; node '" + reg.node_id + "' was not admitted (raise cluster.max_nodes or stop a node)";
+      return a;
+    }
   }
+  state_.leaving.erase(reg.node_id);
   auto remembered = state_.remembered_ranks.find(reg.node_id);
   int32_t rank = assign_rank(reg.node_id);
   a.rejoined = remembered != state_.remembered_ranks.end() && remembered->second == rank;
   state_.remembered_ranks[reg.node_id] = rank;
-  state_.nodes[reg.node_id] = node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now};
-  state_.last_change = now;
+  auto& n = state_.nodes[reg.node_id] =
+      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation};
+  note_addition("node_joined", now);
+  for (int32_t l : ready) mark_ready(n, l, true, now);
   a.accepted = true;
   a.changed = true;
+  a.joined = true;
   a.node_rank = rank;
   return a;
 }
 
-bool membership::remove(const std::string& node_id, clock_time now) {
-  if (state_.nodes.erase(node_id) == 0) return false;
-  state_.last_change = now;
-  return true;
+removal membership::remove(const std::string& node_id, clock_time now, departure why) {
+  removal r;
+  auto it = state_.nodes.find(node_id);
+  if (it == state_.nodes.end()) return r;
+  const bool planned = in_current(node_id, it->second.incarnation);
+  if (why == departure::left) {
+    if (planned) {
+      auto& leaving = state_.leaving[node_id] = *state_.current->find(node_id);
+      leaving.peer = it->second.peer;  // where it is reachable now
+    }
+    note_loss("node_left", planned, now);
+  } else {
+    note_loss("node_lost", planned, now);
+  }
+  state_.nodes.erase(it);
+  r.removed = true;
+  if (why == departure::lost && note_failure(node_id, now)) {
+    r.quarantined = true;
+    r.reason = state_.flaps[node_id].reason;
+  }
+  return r;
 }
 
 bool membership::touch(const std::string& node_id, uint64_t incarnation, clock_time now, const std::string& peer) {
@@ -181,6 +445,35 @@ bool membership::touch(const std::string& node_id, uint64_t incarnation, clock_t
 
 const plan& membership::commit(plan p) {
   state_.last_generation = std::max(state_.last_generation, p.generation);
+  if (p.adopted) {
+    // Node ranks follow the adopted plan's global rank order; other members
+    // move to free ranks after them.
+    std::set<int32_t> held;
+    for (const auto& pn : p.nodes) {
+      state_.nodes.at(pn.node_id).node_rank = pn.node_rank;
+      state_.remembered_ranks[pn.node_id] = pn.node_rank;
+      held.insert(pn.node_rank);
+    }
+    for (auto& [id, n] : state_.nodes) {
+      if (p.find(id)) continue;
+      int32_t r = 0;
+      while (held.count(r)) ++r;
+      n.node_rank = r;
+      state_.remembered_ranks[id] = r;
+      held.insert(r);
+    }
+  }
+  if (!p.adopted) {
+    state_.settling_since.reset();
+    state_.pending_cause.clear();
+  } else {
+    // Members outside the adopted plan join it as usual, after settling.
+    state_.pending_cause = "node_joined";
+  }
+  state_.loss_pending = false;
+  state_.leaving.clear();
+  state_.suspect_since.reset();
+  state_.reported_plan.reset();
   state_.current = std::move(p);
   return *state_.current;
 }

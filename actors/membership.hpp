@@ -14,23 +14,95 @@
 namespace dtactor {
 
 struct membership_options {
-  int32_t min_nodes = 1;   // cluster.min_nodes: members needed before any plan
+  int32_t min_nodes = 1;   // cluster.min_nodes: nodes with a ready rank needed before any plan
   int32_t max_nodes = 64;  // cluster.max_nodes: more registrations are refused
-  // After a membership change, wait this long for further changes before
-  // planning (nodes started together land in one generation), unless the
-  // cluster is full. Zero plans at the first decision after the change.
+  // After an addition (a node joins, a rank becomes ready), wait this long
+  // from the last addition before planning, so that nodes and ranks arriving
+  // together land in one generation (cluster.settle_ms). Not when the cluster
+  // is full, and not once a loss of the current plan needs a new generation.
   clock_duration settle{0};
+  // A rank of the current generation reported a failed collective and no
+  // membership change followed within this time: the same members start a
+  // new generation (cluster.suspect_timeout_ms).
+  clock_duration suspect_timeout{std::chrono::milliseconds(300)};
+  // A new coordinator waits this long after the first registration for every
+  // node of the generation the nodes are training in, to adopt it instead of
+  // interrupting it (2 x cluster.heartbeat_timeout_ms).
+  clock_duration adopt_timeout{std::chrono::milliseconds(2000)};
+  // Flapping: flap_max_failures losses within flap_window quarantine a node,
+  // first for `quarantine`, doubling with each further quarantine of that
+  // node, at most quarantine_max (cluster.flap_*, cluster.quarantine_ms).
+  int32_t flap_max_failures = 3;
+  clock_duration flap_window{std::chrono::seconds(60)};
+  clock_duration quarantine{std::chrono::seconds(10)};
+  clock_duration quarantine_max{std::chrono::minutes(5)};
 };
 
-// Reads cluster.min_nodes / cluster.max_nodes from a dtactor::config (a
-// template so this library does not link the config implementation).
+// Reads the cluster.* keys above from a dtactor::config (a template so this
+// library does not link the config implementation).
 template <class Config>
 membership_options membership_options_from(const Config& cfg) {
+  using ms = std::chrono::milliseconds;
   membership_options o;
   o.min_nodes = static_cast<int32_t>(cfg.get_int("cluster.min_nodes"));
   o.max_nodes = static_cast<int32_t>(cfg.get_int("cluster.max_nodes"));
+  o.settle = ms(cfg.get_int("cluster.settle_ms"));
+  o.suspect_timeout = ms(cfg.get_int("cluster.suspect_timeout_ms"));
+  o.adopt_timeout = 2 * ms(cfg.get_int("cluster.heartbeat_timeout_ms"));
+  o.flap_max_failures = static_cast<int32_t>(cfg.get_int("cluster.flap_max_failures"));
+  o.flap_window = ms(cfg.get_int("cluster.flap_window_ms"));
+  o.quarantine = ms(cfg.get_int("cluster.quarantine_ms"));
   return o;
 }
+
+struct plan_node {
+  std::string node_id;
+  std::string advertise_addr;
+  std::string peer;
+  int32_t node_rank = -1;
+  int32_t nproc = 0;              // rank processes the node runs (planned or not)
+  int32_t first_global_rank = 0;  // global rank of its first planned local rank
+  uint64_t incarnation = 0;
+  std::vector<int32_t> local_ranks;  // planned (ready) local ranks, ascending: global ranks first_global_rank, +1, ...
+};
+
+struct rank_slot {
+  std::string node_id;
+  int32_t local_rank = 0;
+  int32_t global_rank = 0;
+  // Which readiness of that rank this is: a rank process that exited and came
+  // back is ready again under a new serial (it holds no state).
+  uint64_t ready_serial = 0;
+};
+
+// One generation: nodes sorted by node rank; global ranks follow that order,
+// then local rank, over ready ranks only.
+struct plan {
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+  // Lowest global rank that was, as the same rank process, in the previous
+  // plan: it holds the committed state to broadcast. -1: nobody survived (or
+  // first generation); state comes from a disk checkpoint or a fresh start.
+  int32_t state_root = -1;
+  std::vector<plan_node> nodes;
+  std::vector<rank_slot> ranks;
+  // Every rank of the previous plan is still running (only additions and
+  // announced leaves): ranks finish their step and switch at a boundary they
+  // agree on. False after any loss: ranks abandon their collectives at once.
+  bool drain = false;
+  // start, node_lost, rank_exited, collective_failure, node_left,
+  // node_joined, rank_ready, restart (a new coordinator could not adopt).
+  std::string cause;
+  // Taken over from the nodes by a restarted coordinator: already running,
+  // not to be sent again.
+  bool adopted = false;
+  // Nodes of the previous plan that announced leave: not in this plan, but
+  // they get it too, so their ranks agree on the switch boundary.
+  std::vector<plan_node> leaving;
+
+  const plan_node* find(const std::string& node_id) const;
+  const rank_slot* find(const std::string& node_id, int32_t local_rank) const;
+};
 
 // What a node says about itself in register_node (+ its envelope incarnation).
 struct node_registration {
@@ -38,7 +110,10 @@ struct node_registration {
   std::string advertise_addr;
   int32_t nproc = 0;
   uint64_t incarnation = 0;
-  std::string peer;  // the bridge's routing id for replies (opaque here)
+  std::string peer;                  // the bridge's routing id for replies (opaque here)
+  std::vector<int32_t> ready_ranks;  // local ranks up and warmed (idle or training)
+  uint64_t last_generation = 0;      // the newest generation the node has seen
+  std::optional<plan> current_plan;  // the generation its ranks train in (after a coordinator restart)
 };
 
 struct node_info {
@@ -50,37 +125,16 @@ struct node_info {
   uint64_t incarnation = 0;
   clock_time joined{};
   clock_time last_seen{};
+  std::map<int32_t, uint64_t> ready;  // ready local rank -> its readiness serial
+  uint64_t plan_generation = 0;       // generation of the current_plan in its registration (0: none)
 };
 
-struct plan_node {
-  std::string node_id;
-  std::string advertise_addr;
-  std::string peer;
-  int32_t node_rank = -1;
-  int32_t nproc = 0;
-  int32_t first_global_rank = 0;  // its local rank l is global rank first_global_rank + l
-  uint64_t incarnation = 0;
-};
-
-struct rank_slot {
-  std::string node_id;
-  int32_t local_rank = 0;
-  int32_t global_rank = 0;
-};
-
-// One generation: nodes sorted by node rank; global ranks follow that order,
-// then local rank; world size is the sum of nproc.
-struct plan {
-  uint64_t generation = 0;
-  int32_t world_size = 0;
-  // Lowest global rank on a node that was (same incarnation) in the previous
-  // plan: it holds the committed state to broadcast. -1: nobody survived (or
-  // first generation); state comes from a disk checkpoint or a fresh start.
-  int32_t state_root = -1;
-  std::vector<plan_node> nodes;
-  std::vector<rank_slot> ranks;
-
-  const plan_node* find(const std::string& node_id) const;
+// A node's recent losses, for flap detection.
+struct flap_record {
+  std::vector<clock_time> failures;  // within flap_window, oldest first
+  int32_t quarantines = 0;           // times quarantined so far
+  std::optional<clock_time> until;   // refused until then
+  std::string reason;                // the last quarantine's
 };
 
 struct membership_state {
@@ -89,27 +143,61 @@ struct membership_state {
   std::optional<plan> current;                      // the last plan committed
   uint64_t last_generation = 0;
   clock_time last_change{};
+  uint64_t last_serial = 0;  // readiness serials handed out
+  // Since the current plan: the last addition (settling counts from it), a
+  // loss of the current plan (no settling then), the most severe change, the
+  // nodes that left.
+  std::optional<clock_time> settling_since;
+  bool loss_pending = false;
+  std::string pending_cause;
+  std::map<std::string, plan_node> leaving;
+  // First STATE_FAILED of a rank of the current generation.
+  std::optional<clock_time> suspect_since;
+  // Coordinator restart: the newest plan nodes said they train in, and when
+  // the first node registered with a coordinator that had no plan.
+  std::optional<plan> reported_plan;
+  std::optional<clock_time> first_registration;
+  std::map<std::string, flap_record> flaps;
 };
 
 struct plan_decision {
-  std::optional<plan> next;  // set: start this generation
+  std::optional<plan> next;  // set: start this generation (or adopt it, when next->adopted)
   std::string reason;        // always set: why (not), for logs and status pages
 };
 
-// Pure: whether `state` calls for a new generation at `now`. A plan is made
-// when at least min_nodes are members and the members differ from the current
-// plan's (node id, incarnation, nproc, node rank, address).
+// Pure: whether `state` calls for a new generation at `now`. Without a
+// current plan, adopts the newest reported plan once all its nodes and ranks
+// are back (until options.adopt_timeout after the first registration). A
+// plan is made when at least min_nodes have a ready rank and the members'
+// (node id, incarnation, ready local ranks, node rank, address) differ from
+// the current plan's, after settling; or, with the same members, when a
+// suspected collective failure was not followed by a change within
+// suspect_timeout.
 plan_decision decide(clock_time now, const membership_state& state, const membership_options& opts);
 
-// The plan `state`'s members would form as `generation` (no checks).
+// The plan `state`'s members would form as `generation` (no checks), with
+// drain and cause filled from the changes since the current plan.
 plan make_plan(const membership_state& state, uint64_t generation);
 
 struct admission {
   bool accepted = false;
   int32_t node_rank = -1;
-  bool changed = false;   // membership differs from before (a new generation is due)
-  bool rejoined = false;  // got back the node rank it held before
-  std::string reason;     // why not, when refused
+  bool changed = false;      // membership differs from before (a new generation may be due)
+  bool rejoined = false;     // got back the node rank it held before
+  bool joined = false;       // a new member, or a new process of one (not a retried register)
+  bool restarted = false;    // a member came back as a new process: its old one is lost
+  double silent_s = 0;       // when restarted: seconds since the old process's last sign of life
+  bool quarantined = false;  // refused (or just quarantined) for flapping
+  std::string reason;        // why not, when refused
+};
+
+enum class departure { lost, left };
+
+struct removal {
+  bool removed = false;
+  bool quarantined = false;  // this loss made the node a flapper
+  std::string reason;        // the quarantine's, when quarantined
+  explicit operator bool() const { return removed; }
 };
 
 class membership {
@@ -120,13 +208,28 @@ class membership {
   // last held if no member holds it; otherwise the lowest rank that is neither
   // held nor remembered for a departed node (ranks stay below max_nodes,
   // forgetting the oldest departed holder's claim if needed). The same node id
-  // with a new incarnation is a restart: same rank, membership changed. Beyond
-  // max_nodes members, refused with a reason.
+  // with a new incarnation is a restart: same rank, its old ranks are lost
+  // (counted for flapping). The registration's ready_ranks replace the node's
+  // ready set. Refused with a reason beyond max_nodes, or while quarantined.
   admission admit(const node_registration& reg, clock_time now);
 
-  // A lost or departed node leaves; its rank is remembered. False if it was
-  // not a member.
-  bool remove(const std::string& node_id, clock_time now);
+  // A lost or departed node leaves; its rank is remembered. A loss counts
+  // towards quarantine; a leave of a node in the current plan lets the next
+  // plan drain and sends it that plan. Not removed: it was not a member.
+  removal remove(const std::string& node_id, clock_time now, departure why = departure::lost);
+
+  // Marks a local rank of a member (this incarnation) ready to be planned, or
+  // not (its process exited). True if that changed anything.
+  bool set_rank_ready(const std::string& node_id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now);
+
+  // A rank reported a failed collective in `generation`. Starts suspicion
+  // (true) when that is the current generation, the rank is in it, and no
+  // suspicion is running; a commit ends it.
+  bool report_failure(uint64_t generation, const std::string& node_id, int32_t local_rank, clock_time now);
+  bool suspecting() const { return state_.suspect_since.has_value(); }
+
+  // Non-empty while `node_id` is quarantined at `now`: why, and for how long.
+  std::string quarantine_reason(const std::string& node_id, clock_time now) const;
 
   // A sign of life (heartbeat). False, and nothing recorded, if `node_id` is
   // not a member with this incarnation (declared lost, or an old process). A
@@ -135,7 +238,8 @@ class membership {
 
   plan_decision decide(clock_time now) const { return dtactor::decide(now, state_, opts_); }
 
-  // Records `p` as the current generation (what decide() returned).
+  // Records `p` as the current generation (what decide() returned). An
+  // adopted plan also gives its nodes node ranks in its global rank order.
   const plan& commit(plan p);
 
   std::map<std::string, clock_time> last_seen() const;
@@ -145,6 +249,12 @@ class membership {
 
  private:
   int32_t assign_rank(const std::string& node_id);
+  bool in_current(const std::string& node_id, uint64_t incarnation) const;
+  void note_addition(const std::string& cause, clock_time now);
+  void note_loss(const std::string& cause, bool in_plan, clock_time now);
+  // Counts a loss of `node_id`; true when it reaches quarantine.
+  bool note_failure(const std::string& node_id, clock_time now);
+  bool mark_ready(node_info& n, int32_t local_rank, bool ready, clock_time now);
 
   membership_options opts_;
   membership_state state_;

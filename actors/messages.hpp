@@ -107,17 +107,18 @@ std::string body_name(const pb::envelope& env);
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, plan_node& x) {
-  return f(caf::meta::type_name("dtactor::plan_node"), x.node_id, x.advertise_addr, x.peer, x.node_rank, x.nproc, x.first_global_rank, x.incarnation);
+  return f(caf::meta::type_name("dtactor::plan_node"), x.node_id, x.advertise_addr, x.peer, x.node_rank, x.nproc, x.first_global_rank, x.incarnation,
+           x.local_ranks);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_slot& x) {
-  return f(caf::meta::type_name("dtactor::rank_slot"), x.node_id, x.local_rank, x.global_rank);
+  return f(caf::meta::type_name("dtactor::rank_slot"), x.node_id, x.local_rank, x.global_rank, x.ready_serial);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, plan& x) {
-  return f(caf::meta::type_name("dtactor::plan"), x.generation, x.world_size, x.state_root, x.nodes, x.ranks);
+  return f(caf::meta::type_name("dtactor::plan"), x.generation, x.world_size, x.state_root, x.nodes, x.ranks, x.drain, x.cause, x.adopted, x.leaving);
 }
 
 // Registers the custom message types (needed to deserialize them inside a

@@ -38,30 +38,44 @@ plan sample_plan() {
   p.generation = 7;
   p.world_size = 3;
   p.state_root = 1;
-  p.nodes = {plan_node{"a", "a.local", "peer-a", 0, 1, 0, 11}, plan_node{"b", "b.local", "peer-b", 2, 2, 1, 12}};
-  p.ranks = {rank_slot{"a", 0, 0}, rank_slot{"b", 0, 1}, rank_slot{"b", 1, 2}};
+  p.nodes = {plan_node{"a", "a.local", "peer-a", 0, 1, 0, 11, {0}}, plan_node{"b", "b.local", "peer-b", 2, 3, 1, 12, {0, 2}}};
+  p.ranks = {rank_slot{"a", 0, 0, 5}, rank_slot{"b", 0, 1, 6}, rank_slot{"b", 2, 2, 9}};
+  p.drain = true;
+  p.cause = "node_left";
+  p.adopted = true;
+  p.leaving = {plan_node{"c", "c.local", "peer-c", 1, 1, 0, 13, {0}}};
   return p;
+}
+
+void expect_same(const std::vector<plan_node>& x, const std::vector<plan_node>& y) {
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].node_id, y[i].node_id);
+    EXPECT_EQ(x[i].advertise_addr, y[i].advertise_addr);
+    EXPECT_EQ(x[i].peer, y[i].peer);
+    EXPECT_EQ(x[i].node_rank, y[i].node_rank);
+    EXPECT_EQ(x[i].nproc, y[i].nproc);
+    EXPECT_EQ(x[i].first_global_rank, y[i].first_global_rank);
+    EXPECT_EQ(x[i].incarnation, y[i].incarnation);
+    EXPECT_EQ(x[i].local_ranks, y[i].local_ranks);
+  }
 }
 
 void expect_same(const plan& x, const plan& y) {
   EXPECT_EQ(x.generation, y.generation);
   EXPECT_EQ(x.world_size, y.world_size);
   EXPECT_EQ(x.state_root, y.state_root);
-  ASSERT_EQ(x.nodes.size(), y.nodes.size());
-  for (size_t i = 0; i < x.nodes.size(); ++i) {
-    EXPECT_EQ(x.nodes[i].node_id, y.nodes[i].node_id);
-    EXPECT_EQ(x.nodes[i].advertise_addr, y.nodes[i].advertise_addr);
-    EXPECT_EQ(x.nodes[i].peer, y.nodes[i].peer);
-    EXPECT_EQ(x.nodes[i].node_rank, y.nodes[i].node_rank);
-    EXPECT_EQ(x.nodes[i].nproc, y.nodes[i].nproc);
-    EXPECT_EQ(x.nodes[i].first_global_rank, y.nodes[i].first_global_rank);
-    EXPECT_EQ(x.nodes[i].incarnation, y.nodes[i].incarnation);
-  }
+  EXPECT_EQ(x.drain, y.drain);
+  EXPECT_EQ(x.cause, y.cause);
+  EXPECT_EQ(x.adopted, y.adopted);
+  expect_same(x.nodes, y.nodes);
+  expect_same(x.leaving, y.leaving);
   ASSERT_EQ(x.ranks.size(), y.ranks.size());
   for (size_t i = 0; i < x.ranks.size(); ++i) {
     EXPECT_EQ(x.ranks[i].node_id, y.ranks[i].node_id);
     EXPECT_EQ(x.ranks[i].local_rank, y.ranks[i].local_rank);
     EXPECT_EQ(x.ranks[i].global_rank, y.ranks[i].global_rank);
+    EXPECT_EQ(x.ranks[i].ready_serial, y.ranks[i].ready_serial);
   }
 }
 
@@ -111,6 +125,17 @@ TEST_F(actor_messages, plan_round_trips_alone_and_in_plan_atom_messages) {
   auto m = message_round_trip(sys(), caf::make_message(plan_atom::value, sample_plan()));
   ASSERT_TRUE((m.match_elements<plan_atom, plan>()));
   expect_same(m.get_as<plan>(1), sample_plan());
+}
+
+TEST_F(actor_messages, a_round_trip_keeps_every_plan_field) {
+  auto y = round_trip(sys(), sample_plan());
+  EXPECT_TRUE(y.drain);
+  EXPECT_EQ(y.cause, "node_left");
+  EXPECT_TRUE(y.adopted);
+  ASSERT_EQ(y.leaving.size(), 1u);
+  EXPECT_EQ(y.leaving[0].peer, "peer-c");
+  EXPECT_EQ(y.nodes[1].local_ranks, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(y.ranks[2].ready_serial, 9u);
 }
 
 TEST_F(actor_messages, atom_messages_round_trip) {

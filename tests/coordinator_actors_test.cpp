@@ -23,6 +23,57 @@ coordinator_options coord_opts(int32_t min_nodes, int32_t max_nodes = 64) {
   return o;
 }
 
+// register_node of a node whose ranks are all up and warmed.
+inbound joined(const std::string& node_id, int32_t nproc, uint64_t incarnation = 1) {
+  auto in = register_from(node_id, nproc, incarnation);
+  for (int32_t l = 0; l < nproc; ++l) in.env.mutable_register_node()->add_ready_ranks(l);
+  return in;
+}
+
+inbound status_from(const std::string& node_id, int32_t local_rank, pb::rank_status::state state, uint64_t generation = 0, uint64_t incarnation = 1) {
+  inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, incarnation, generation)};
+  in.env.mutable_rank_status()->set_local_rank(local_rank);
+  in.env.mutable_rank_status()->set_status(state);
+  return in;
+}
+
+inbound leave_from(const std::string& node_id, const std::string& reason, uint64_t incarnation = 1) {
+  inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, incarnation)};
+  in.env.mutable_leave()->set_reason(reason);
+  return in;
+}
+
+// Generation `g` as nodes report it after a coordinator restart: a's two ranks, then b's one.
+pb::generation_plan running_plan(uint64_t g) {
+  pb::generation_plan p;
+  p.set_generation(g);
+  p.set_world_size(3);
+  p.set_state_root(0);
+  const std::vector<std::pair<std::string, int32_t>> slots{{"a", 0}, {"a", 1}, {"b", 0}};
+  for (int32_t r = 0; r < 3; ++r) {
+    auto* a = p.add_ranks();
+    a->set_node_id(slots[r].first);
+    a->set_local_rank(slots[r].second);
+    a->set_global_rank(r);
+  }
+  return p;
+}
+
+inbound joined_in(const std::string& node_id, int32_t nproc, uint64_t g) {
+  auto in = joined(node_id, nproc);
+  *in.env.mutable_register_node()->mutable_current_plan() = running_plan(g);
+  in.env.mutable_register_node()->set_last_generation(g);
+  in.env.set_generation(g);
+  return in;
+}
+
+void expect_plan(const pb::generation_plan& p, uint64_t generation, int32_t world_size, const std::string& cause, bool drain) {
+  EXPECT_EQ(p.generation(), generation);
+  EXPECT_EQ(p.world_size(), world_size);
+  EXPECT_EQ(p.cause(), cause);
+  EXPECT_EQ(p.drain(), drain);
+}
+
 inbound step_from(const std::string& node_id, int32_t global_rank, int64_t step, uint64_t generation) {
   inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, 1, generation)};
   in.env.mutable_step_report()->set_step(step);
@@ -42,10 +93,40 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
       finished_step = step;
       finished_reason = reason;
     };
+    if (!o.on_event) o.on_event = [this](const cluster_event& ev) { events.push_back(ev); };
     job = spawn(job_actor, jo, wire.sink());
     members = spawn(membership_actor, o, wire.sink(), job);
     run();
   }
+
+  // a and b (one rank each) in generation 1, heartbeating.
+  void start_two_with_suspect_timeout(std::chrono::milliseconds suspect) {
+    auto o = coord_opts(1);
+    o.liveness.suspect_timeout = suspect;
+    o.membership.suspect_timeout = suspect;
+    start(o);
+    send(joined("a", 1));
+    send(joined("b", 1));
+    keep_alive({"a", "b"}, 200ms);
+  }
+
+  // Events of this kind, in order.
+  std::vector<cluster_event> of(const std::string& kind) const {
+    std::vector<cluster_event> out;
+    for (const auto& e : events)
+      if (e.kind == kind) out.push_back(e);
+    return out;
+  }
+
+  // Heartbeats from `ids` every 100 ms for `total`.
+  void keep_alive(std::initializer_list<std::string> ids, std::chrono::milliseconds total) {
+    for (auto done = 0ms; done < total; done += 100ms) {
+      for (const auto& id : ids) send(heartbeat_from(id, seq++));
+      advance(std::min(100ms, total - done));
+    }
+  }
+
+  pb::generation_plan last_plan(const std::string& peer) { return wire.with(pb::envelope::kGenerationPlan, peer).back().env.generation_plan(); }
 
   void send(const inbound& in) {
     caf::anon_send(members, in);
@@ -60,12 +141,14 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
   caf::actor members;
   int64_t finished_step = -1;
   std::string finished_reason;
+  std::vector<cluster_event> events;
+  uint64_t seq = 0;
 };
 
 TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_plan) {
   start(coord_opts(2));
-  send(register_from("a", 2));
-  send(register_from("b", 2));
+  send(joined("a", 2));
+  send(joined("b", 2));
   auto acks = wire.with(pb::envelope::kRegisterAck);
   ASSERT_EQ(acks.size(), 2u);
   EXPECT_EQ(acks[0].peer, "peer-a");
@@ -114,17 +197,17 @@ TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_pl
 
 TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
   start(coord_opts(1));
-  send(register_from("a", 1));
-  send(register_from("b", 1));
-  send(register_from("c", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
+  send(joined("c", 1));
   advance(100ms);
   // b leaves (preempted), a newcomer arrives, then b comes back as a new process.
   inbound leave{links::nodes, "peer-b", node_envelope("b", 1)};
   leave.env.mutable_leave()->set_reason("SIGTERM");
   send(leave);
-  send(register_from("d", 1));
+  send(joined("d", 1));
   advance(100ms);
-  send(register_from("b", 1, 2));
+  send(joined("b", 1, 2));
   auto acks = wire.with(pb::envelope::kRegisterAck);
   ASSERT_EQ(acks.size(), 5u);
   EXPECT_EQ(acks[3].env.register_ack().node_rank(), 3);  // d: b's rank is kept for b
@@ -140,9 +223,9 @@ TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
 
 TEST_F(coordinator_actors, refuses_nodes_beyond_max_nodes) {
   start(coord_opts(1, 2));
-  send(register_from("a", 1));
-  send(register_from("b", 1));
-  send(register_from("c", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
+  send(joined("c", 1));
   auto refused = wire.with(pb::envelope::kRegisterAck, "peer-c");
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_FALSE(refused[0].env.register_ack().accepted());
@@ -156,8 +239,8 @@ TEST_F(coordinator_actors, refuses_nodes_beyond_max_nodes) {
 // the clock moves past the timeout, b is removed and a plans without it.
 TEST_F(coordinator_actors, a_silent_node_is_declared_lost_and_a_new_generation_excludes_it) {
   start(coord_opts(1));
-  send(register_from("a", 2));
-  send(register_from("b", 2));
+  send(joined("a", 2));
+  send(joined("b", 2));
   advance(100ms);
   ASSERT_EQ(ms().members.state().current->generation, 1u);
   wire.clear();
@@ -194,7 +277,7 @@ TEST_F(coordinator_actors, below_min_nodes_no_plan_and_the_reason_says_why) {
   auto o = coord_opts(2);
   o.log = [&log](const std::string& l) { log.push_back(l); };
   start(o);
-  send(register_from("a", 1));
+  send(joined("a", 1));
   advance(300ms);
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);
   EXPECT_EQ(ms().last_reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]");
@@ -204,8 +287,8 @@ TEST_F(coordinator_actors, below_min_nodes_no_plan_and_the_reason_says_why) {
 
 TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
   start(coord_opts(2), 5);
-  send(register_from("a", 1));
-  send(register_from("b", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
   advance(100ms);
   send(step_from("a", 0, 3, 1));
   EXPECT_EQ(js().committed_step, 0);  // b has not reported
@@ -227,8 +310,8 @@ TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
 
 TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) {
   start(coord_opts(1), 5);
-  send(register_from("a", 1));
-  send(register_from("b", 1));
+  send(joined("a", 1));
+  send(joined("b", 1));
   advance(100ms);
   send(step_from("a", 0, 3, 1));
   send(step_from("b", 1, 3, 1));
@@ -260,7 +343,7 @@ TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) 
 
 TEST_F(coordinator_actors, job_finishes_when_every_rank_reports_finished) {
   start(coord_opts(1), 1000);
-  send(register_from("a", 2));
+  send(joined("a", 2));
   advance(100ms);
   for (int32_t g = 0; g < 2; ++g) {
     inbound in{links::nodes, "peer-a", node_envelope("a", 1, 1)};
@@ -278,7 +361,7 @@ TEST_F(coordinator_actors, without_a_job_actor_plans_start_at_step_0) {
   auto o = coord_opts(1);
   members = spawn(membership_actor, o, wire.sink(), caf::actor{});
   run();
-  send(register_from("a", 1));
+  send(joined("a", 1));
   advance(100ms);
   auto plans = wire.with(pb::envelope::kGenerationPlan);
   ASSERT_EQ(plans.size(), 1u);
@@ -286,4 +369,284 @@ TEST_F(coordinator_actors, without_a_job_actor_plans_start_at_step_0) {
   // Reports have nowhere to go and are counted.
   send(step_from("a", 0, 1, 1));
   EXPECT_EQ(ms().dropped, 1u);
+}
+
+// -- fault handling ---------------------------------------------------------------
+
+TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_aborts) {
+  start(coord_opts(1));
+  send(register_from("a", 2));  // ranks still loading
+  advance(100ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);
+  send(status_from("a", 1, pb::rank_status::STATE_IDLE));
+  advance(100ms);
+  auto g1 = last_plan("peer-a");
+  EXPECT_EQ(g1.generation(), 1u);
+  ASSERT_EQ(g1.ranks_size(), 1);
+  EXPECT_EQ(g1.ranks(0).local_rank(), 1);
+  EXPECT_EQ(g1.ranks(0).global_rank(), 0);
+  EXPECT_EQ(g1.cause(), "start");
+  EXPECT_FALSE(g1.drain());
+  // The agent may also pass a rank's own envelope on.
+  inbound relayed = status_from("a", 0, pb::rank_status::STATE_IDLE);
+  relayed.env.set_sender("rank/a/0");
+  relayed.env.set_incarnation(77);
+  send(relayed);
+  advance(100ms);
+  auto g2 = last_plan("peer-a");
+  expect_plan(g2, 2u, 2, "rank_ready", true);
+  EXPECT_EQ(g2.state_root(), 1);  // local rank 1 holds the state, now global rank 1
+  send(status_from("a", 1, pb::rank_status::STATE_EXITED, 2));
+  advance(100ms);
+  auto g3 = last_plan("peer-a");
+  expect_plan(g3, 3u, 1, "rank_exited", false);
+  // Statuses still reach the job actor (fenced there by generation: the
+  // relayed one carried generation 0 while the job was in 1).
+  EXPECT_EQ(js().stale_reports, 1u);
+  auto planned = of("generation_planned");
+  ASSERT_EQ(planned.size(), 3u);
+  EXPECT_EQ(planned[2].cause, "rank_exited");
+  EXPECT_EQ(planned[1].world_size, 2);
+  EXPECT_TRUE(planned[1].drain);
+}
+
+TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_a_drain_plan) {
+  auto o = coord_opts(1);
+  o.membership.settle = 300ms;
+  start(o);
+  send(joined("a", 1));
+  advance(200ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);  // the first generation settles too
+  send(joined("b", 1));
+  keep_alive({"a", "b"}, 200ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);  // from b's arrival
+  keep_alive({"a", "b"}, 200ms);
+  EXPECT_EQ(last_plan("peer-a").world_size(), 2);
+  EXPECT_EQ(of("node_joined").size(), 2u);
+  EXPECT_EQ(of("node_joined")[1].node, "b");
+
+  send(register_from("c", 1));  // joins a running job
+  auto ack = wire.with(pb::envelope::kRegisterAck, "peer-c");
+  ASSERT_EQ(ack.size(), 1u);
+  EXPECT_TRUE(ack[0].env.register_ack().accepted());
+  keep_alive({"a", "b", "c"}, 500ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-c"), 0u);  // not ready yet
+  send(status_from("c", 0, pb::rank_status::STATE_IDLE));
+  keep_alive({"a", "b", "c"}, 200ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-c"), 0u);  // settling
+  keep_alive({"a", "b", "c"}, 200ms);
+  auto g2 = last_plan("peer-c");
+  expect_plan(g2, 2u, 3, "node_joined", true);
+  EXPECT_EQ(g2.state_root(), 0);
+}
+
+TEST_F(coordinator_actors, a_leaving_node_gets_the_drain_plan_that_excludes_it) {
+  start(coord_opts(1));
+  send(joined("a", 1));
+  send(joined("b", 2));
+  advance(100ms);
+  wire.clear();
+  send(leave_from("b", "SIGTERM"));
+  EXPECT_EQ(ms().members.find("b"), nullptr);
+  advance(100ms);
+  auto to_b = wire.with(pb::envelope::kGenerationPlan, "peer-b");
+  ASSERT_EQ(to_b.size(), 1u);
+  const auto& p = to_b[0].env.generation_plan();
+  expect_plan(p, 2u, 1, "node_left", true);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 1u);
+  auto left = of("node_left");
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].node, "b");
+  EXPECT_EQ(left[0].detail, "SIGTERM");
+  EXPECT_TRUE(of("node_lost").empty());
+  EXPECT_EQ(js().world_size, 1);
+}
+
+TEST_F(coordinator_actors, after_a_failed_collective_a_silent_node_is_lost_at_the_suspect_timeout) {
+  start_two_with_suspect_timeout(300ms);
+  ASSERT_EQ(ms().members.state().current->generation, 1u);
+  send(heartbeat_from("b", seq++));  // b's last word
+  auto silent_from = now();
+  keep_alive({"a"}, 50ms);
+  send(status_from("a", 0, pb::rank_status::STATE_FAILED, 0));  // an old generation's: ignored
+  EXPECT_FALSE(ms().members.suspecting());
+  send(status_from("a", 0, pb::rank_status::STATE_FAILED, 1));
+  EXPECT_TRUE(ms().members.suspecting());
+  keep_alive({"a"}, 400ms);
+  ASSERT_EQ(ms().lost.size(), 1u);
+  EXPECT_EQ(ms().lost[0].peer, "b");
+  EXPECT_GE(ms().lost[0].detected_after_s, 0.3);
+  EXPECT_LT(ms().lost[0].detected_after_s, 0.41);
+  EXPECT_LT(std::chrono::duration<double>(now() - silent_from).count(), 1.0);  // well before the heartbeat timeout
+  auto lost = of("node_lost");
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].node, "b");
+  EXPECT_EQ(lost[0].cause, "suspected_after_collective_failure");
+  EXPECT_DOUBLE_EQ(lost[0].detected_after_s, ms().lost[0].detected_after_s);
+  expect_plan(last_plan("peer-a"), 2u, 1, "node_lost", false);
+}
+
+TEST_F(coordinator_actors, a_failed_collective_with_everyone_alive_restarts_the_generation) {
+  start_two_with_suspect_timeout(300ms);
+  send(status_from("b", 0, pb::rank_status::STATE_FAILED, 1));
+  keep_alive({"a", "b"}, 200ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 1u);
+  keep_alive({"a", "b"}, 200ms);
+  EXPECT_TRUE(ms().lost.empty());
+  auto g2 = last_plan("peer-a");
+  expect_plan(g2, 2u, 2, "collective_failure", false);
+  EXPECT_EQ(last_plan("peer-b").generation(), 2u);
+  keep_alive({"a", "b"}, 1000ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 2u);  // once
+}
+
+TEST_F(coordinator_actors, a_flapping_node_is_quarantined_then_admitted_again) {
+  auto o = coord_opts(1);
+  o.membership.flap_max_failures = 2;
+  o.membership.quarantine = 10s;
+  start(o);
+  send(joined("a", 1));
+  send(joined("b", 1, 1));
+  advance(100ms);
+  send(joined("b", 1, 2));  // restarted
+  auto lost = of("node_lost");
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].cause, "restarted");
+  EXPECT_EQ(js().nodes_lost, 1u);
+  send(joined("b", 1, 3));  // and again
+  auto refused = wire.with(pb::envelope::kRegisterAck, "peer-b").back().env.register_ack();
+  EXPECT_FALSE(refused.accepted());
+  EXPECT_EQ(refused.reason(), "node 'b' is quarantined for 10 s after 2 failures in 60 s (flapping); 10 s left");
+  auto q = of("node_quarantined");
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0].node, "b");
+  EXPECT_EQ(q[0].detail, "node 'b' is quarantined for 10 s after 2 failures in 60 s (flapping)");
+  keep_alive({"a"}, 5000ms);
+  EXPECT_EQ(last_plan("peer-a").world_size(), 1);
+  send(joined("b", 1, 4));
+  EXPECT_FALSE(wire.with(pb::envelope::kRegisterAck, "peer-b").back().env.register_ack().accepted());
+  keep_alive({"a"}, 5000ms);
+  send(joined("b", 1, 5));
+  EXPECT_TRUE(wire.with(pb::envelope::kRegisterAck, "peer-b").back().env.register_ack().accepted());
+  EXPECT_EQ(of("node_quarantined").size(), 1u);
+}
+
+TEST_F(coordinator_actors, a_new_coordinator_adopts_the_running_generation_without_a_plan) {
+  start(coord_opts(1));
+  send(joined_in("b", 1, 5));
+  send(joined_in("a", 2, 5));
+  advance(100ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);
+  EXPECT_EQ(ms().adopted, 1u);
+  const auto& cur = *ms().members.state().current;
+  EXPECT_EQ(cur.generation, 5u);
+  EXPECT_EQ(ms().members.find("a")->node_rank, 0);
+  EXPECT_EQ(js().generation, 5u);
+  EXPECT_EQ(js().world_size, 3);
+  auto adopted = of("generation_adopted");
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_EQ(adopted[0].generation, 5u);
+  EXPECT_EQ(adopted[0].world_size, 3);
+  EXPECT_TRUE(of("generation_planned").empty());
+  // The job goes on: its reports are of the current generation.
+  send(step_from("a", 0, 40, 5));
+  send(step_from("a", 1, 40, 5));
+  send(step_from("b", 2, 41, 5));
+  EXPECT_EQ(js().committed_step, 40);
+  EXPECT_EQ(js().stale_reports, 0u);
+  keep_alive({"a", "b"}, 500ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);
+  EXPECT_EQ(wire.with(pb::envelope::kHeartbeatAck, "peer-a").back().env.generation(), 5u);
+}
+
+TEST_F(coordinator_actors, a_new_coordinator_plans_a_restart_when_a_node_of_the_running_generation_is_gone) {
+  start(coord_opts(1));  // heartbeat timeout 1 s: adoption waits 2 s
+  send(joined_in("a", 2, 5));
+  keep_alive({"a"}, 1900ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);
+  EXPECT_NE(ms().last_reason.find("waiting to adopt generation 5: node 'b' has not registered"), std::string::npos) << ms().last_reason;
+  keep_alive({"a"}, 200ms);
+  auto p = last_plan("peer-a");
+  expect_plan(p, 6u, 2, "restart", false);
+  EXPECT_EQ(ms().adopted, 0u);
+}
+
+TEST_F(coordinator_actors, events_name_lost_nodes_and_planned_generations) {
+  start(coord_opts(1));
+  send(joined("a", 1));
+  send(joined("b", 1));
+  keep_alive({"a", "b"}, 100ms);
+  keep_alive({"a"}, 1200ms);
+  auto lost = of("node_lost");
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].node, "b");
+  EXPECT_EQ(lost[0].cause, "heartbeat_timeout");
+  EXPECT_GE(lost[0].detected_after_s, 1.0);
+  auto planned = of("generation_planned");
+  ASSERT_EQ(planned.size(), 2u);
+  EXPECT_EQ(planned[0].generation, 1u);
+  EXPECT_EQ(planned[0].cause, "start");
+  EXPECT_EQ(planned[0].world_size, 2);
+  EXPECT_EQ(planned[1].generation, 2u);
+  EXPECT_EQ(planned[1].cause, "node_lost");
+  EXPECT_FALSE(planned[1].drain);
+  EXPECT_EQ(planned[1].world_size, 1);
+  // In order: the loss before the plan it causes.
+  auto at = [&](const std::string& kind, uint64_t gen) {
+    return std::find_if(events.begin(), events.end(), [&](const cluster_event& e) { return e.kind == kind && (gen == 0 || e.generation == gen); }) -
+           events.begin();
+  };
+  EXPECT_LT(at("node_lost", 0), at("generation_planned", 2));
+}
+
+TEST_F(coordinator_actors, the_committed_step_survives_generation_changes) {
+  start(coord_opts(1));
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  send(step_from("a", 0, 3, 1));
+  send(step_from("b", 1, 4, 1));
+  ASSERT_EQ(js().committed_step, 3);
+  send(leave_from("b", "SIGTERM"));
+  advance(100ms);
+  EXPECT_EQ(js().generation, 2u);
+  EXPECT_TRUE(js().rank_steps.empty());
+  EXPECT_EQ(last_plan("peer-a").start_step(), 3);
+  send(step_from("a", 0, 2, 2));  // below the committed step: no going back
+  EXPECT_EQ(js().committed_step, 3);
+  send(step_from("a", 0, 5, 2));
+  EXPECT_EQ(js().committed_step, 5);
+}
+
+TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registration) {
+  plan p;
+  p.generation = 9;
+  p.world_size = 3;
+  p.state_root = 1;
+  p.drain = true;
+  p.cause = "node_joined";
+  p.nodes = {plan_node{"b", "b.local", "peer-b", 0, 2, 0, 3, {1}}, plan_node{"a", "a.local", "peer-a", 1, 2, 1, 4, {0, 1}}};
+  p.ranks = {rank_slot{"b", 1, 0, 1}, rank_slot{"a", 0, 1, 2}, rank_slot{"a", 1, 2, 3}};
+  auto wire = to_proto(p, coord_opts(1), 17);
+  EXPECT_TRUE(wire.drain());
+  EXPECT_EQ(wire.cause(), "node_joined");
+  EXPECT_EQ(wire.start_step(), 17);
+  // Ranks out of order on the wire are put back in global rank order.
+  std::swap(*wire.mutable_ranks(0), *wire.mutable_ranks(2));
+  auto back = from_proto(wire);
+  EXPECT_EQ(back.generation, 9u);
+  EXPECT_EQ(back.world_size, 3);
+  EXPECT_EQ(back.state_root, 1);
+  EXPECT_TRUE(back.drain);
+  EXPECT_EQ(back.cause, "node_joined");
+  ASSERT_EQ(back.nodes.size(), 2u);
+  EXPECT_EQ(back.nodes[0].node_id, "b");
+  EXPECT_EQ(back.nodes[0].local_ranks, (std::vector<int32_t>{1}));
+  EXPECT_EQ(back.nodes[1].node_id, "a");
+  EXPECT_EQ(back.nodes[1].first_global_rank, 1);
+  EXPECT_EQ(back.nodes[1].local_ranks, (std::vector<int32_t>{0, 1}));
+  ASSERT_EQ(back.ranks.size(), 3u);
+  EXPECT_EQ(back.ranks[0].node_id, "b");
+  EXPECT_EQ(back.ranks[0].local_rank, 1);
+  EXPECT_EQ(back.ranks[2].global_rank, 2);
 }

@@ -9,8 +9,22 @@ namespace {
 
 clock_time t0() { return clock_time{} + 1h; }
 
+std::vector<int32_t> all_ranks(int32_t nproc) {
+  std::vector<int32_t> out;
+  for (int32_t l = 0; l < nproc; ++l) out.push_back(l);
+  return out;
+}
+
+// A node whose ranks are all up (ready_ranks lists them).
 node_registration reg(const std::string& id, int32_t nproc = 2, uint64_t incarnation = 1) {
-  return node_registration{id, id + ".local", nproc, incarnation, "peer-" + id};
+  return node_registration{id, id + ".local", nproc, incarnation, "peer-" + id, all_ranks(nproc), 0, std::nullopt};
+}
+
+// A node whose rank processes are still starting.
+node_registration cold(const std::string& id, int32_t nproc = 2, uint64_t incarnation = 1) {
+  auto r = reg(id, nproc, incarnation);
+  r.ready_ranks.clear();
+  return r;
 }
 
 membership_options opts(int32_t min_nodes, int32_t max_nodes = 64) {
@@ -181,9 +195,485 @@ TEST(membership, decide_is_pure) {
 
 TEST(membership, options_from_config_keys) {
   struct fake_config {
-    int64_t get_int(const std::string& k) const { return k == "cluster.min_nodes" ? 3 : 5; }
+    int64_t get_int(const std::string& k) const {
+      static const std::map<std::string, int64_t> keys{{"cluster.min_nodes", 3},
+                                                       {"cluster.max_nodes", 5},
+                                                       {"cluster.settle_ms", 250},
+                                                       {"cluster.suspect_timeout_ms", 400},
+                                                       {"cluster.heartbeat_timeout_ms", 900},
+                                                       {"cluster.flap_max_failures", 4},
+                                                       {"cluster.flap_window_ms", 30000},
+                                                       {"cluster.quarantine_ms", 7000}};
+      return keys.at(k);
+    }
   };
   auto o = membership_options_from(fake_config{});
   EXPECT_EQ(o.min_nodes, 3);
   EXPECT_EQ(o.max_nodes, 5);
+  EXPECT_EQ(o.settle, 250ms);
+  EXPECT_EQ(o.suspect_timeout, 400ms);
+  EXPECT_EQ(o.adopt_timeout, 1800ms);
+  EXPECT_EQ(o.flap_max_failures, 4);
+  EXPECT_EQ(o.flap_window, 30s);
+  EXPECT_EQ(o.quarantine, 7s);
+}
+
+// -- per-rank readiness --------------------------------------------------------
+
+TEST(membership, only_ready_ranks_are_planned_and_quorum_counts_nodes_with_one) {
+  membership m(opts(2));
+  m.admit(cold("a", 3), t0());
+  m.admit(cold("b", 2), t0());
+  auto d = m.decide(t0());
+  EXPECT_FALSE(d.next);
+  EXPECT_EQ(d.reason, "waiting for 2 nodes (cluster.min_nodes), have 0; no ready rank yet: [a, b]");
+  EXPECT_TRUE(m.set_rank_ready("a", 1, 2, true, t0()));
+  EXPECT_TRUE(m.set_rank_ready("a", 1, 0, true, t0()));
+  EXPECT_FALSE(m.set_rank_ready("a", 1, 0, true, t0()));  // no change
+  EXPECT_FALSE(m.set_rank_ready("a", 2, 1, true, t0()));  // another incarnation
+  EXPECT_FALSE(m.set_rank_ready("a", 1, 3, true, t0()));  // no such local rank
+  EXPECT_FALSE(m.set_rank_ready("x", 1, 0, true, t0()));
+  EXPECT_EQ(m.decide(t0()).reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]; no ready rank yet: [b]");
+  EXPECT_TRUE(m.set_rank_ready("b", 1, 1, true, t0()));
+  auto p = *m.decide(t0()).next;
+  EXPECT_EQ(p.world_size, 3);
+  ASSERT_EQ(p.ranks.size(), 3u);
+  EXPECT_EQ(p.ranks[0].node_id, "a");
+  EXPECT_EQ(p.ranks[0].local_rank, 0);
+  EXPECT_EQ(p.ranks[1].local_rank, 2);  // the real local rank, the next global rank
+  EXPECT_EQ(p.ranks[1].global_rank, 1);
+  EXPECT_EQ(p.ranks[2].node_id, "b");
+  EXPECT_EQ(p.ranks[2].local_rank, 1);
+  EXPECT_EQ(p.ranks[2].global_rank, 2);
+  EXPECT_EQ(p.nodes[1].first_global_rank, 2);
+  EXPECT_EQ(p.nodes[0].local_ranks, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(p.nodes[0].nproc, 3);
+  EXPECT_EQ(p.cause, "start");
+  EXPECT_FALSE(p.drain);
+}
+
+TEST(membership, a_node_without_a_ready_rank_is_a_member_but_not_planned) {
+  membership m(opts(1));
+  m.admit(reg("a", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  EXPECT_TRUE(m.admit(cold("b", 1), t0() + 1s).accepted);
+  auto d = m.decide(t0() + 1s);
+  EXPECT_FALSE(d.next) << d.reason;  // nothing to plan yet: b's rank is not ready
+  m.set_rank_ready("b", 1, 0, true, t0() + 2s);
+  auto p = *m.decide(t0() + 2s).next;
+  EXPECT_EQ(p.world_size, 2);
+  EXPECT_EQ(p.cause, "node_joined");  // its first ready rank is its join
+  EXPECT_TRUE(p.drain);
+}
+
+TEST(membership, a_planned_rank_that_exited_aborts_and_its_return_is_a_new_rank) {
+  membership m(opts(1));
+  m.admit(reg("a", 2), t0());
+  m.commit(*m.decide(t0()).next);
+  EXPECT_TRUE(m.set_rank_ready("a", 1, 0, false, t0() + 1s));
+  auto g2 = m.commit(*m.decide(t0() + 1s).next);
+  EXPECT_EQ(g2.world_size, 1);
+  EXPECT_EQ(g2.ranks[0].local_rank, 1);
+  EXPECT_EQ(g2.cause, "rank_exited");
+  EXPECT_FALSE(g2.drain);
+  EXPECT_EQ(g2.state_root, 0);  // local rank 1 survived
+  // Back (a restarted process): planned again, without state, and it drains.
+  m.set_rank_ready("a", 1, 0, true, t0() + 2s);
+  auto g3 = m.commit(*m.decide(t0() + 2s).next);
+  EXPECT_EQ(g3.world_size, 2);
+  EXPECT_EQ(g3.cause, "rank_ready");
+  EXPECT_TRUE(g3.drain);
+  EXPECT_EQ(g3.state_root, 1);  // global rank 1 is local rank 1, the survivor
+}
+
+TEST(membership, a_rank_that_exits_and_returns_between_decisions_is_still_a_change) {
+  membership m(opts(1));
+  m.admit(reg("a", 2), t0());
+  m.commit(*m.decide(t0()).next);
+  m.set_rank_ready("a", 1, 0, false, t0() + 1s);
+  m.set_rank_ready("a", 1, 0, true, t0() + 1s);
+  auto d = m.decide(t0() + 1s);
+  ASSERT_TRUE(d.next) << d.reason;
+  EXPECT_EQ(d.next->cause, "rank_exited");
+  EXPECT_FALSE(d.next->drain);
+  EXPECT_EQ(d.next->state_root, 1);  // not the restarted local rank 0
+}
+
+TEST(membership, registration_ready_ranks_replace_the_ready_set) {
+  membership m(opts(1));
+  m.admit(reg("a", 2), t0());
+  m.commit(*m.decide(t0()).next);
+  auto r = reg("a", 2);
+  r.ready_ranks = {1};
+  auto a = m.admit(r, t0() + 1s);  // same process, reconnected: rank 0 is gone
+  EXPECT_TRUE(a.changed);
+  EXPECT_FALSE(a.joined);
+  EXPECT_EQ(m.find("a")->ready.size(), 1u);
+  EXPECT_EQ(m.decide(t0() + 1s).next->cause, "rank_exited");
+}
+
+// -- settling --------------------------------------------------------------------
+
+TEST(membership, the_first_generation_and_joins_settle_from_the_last_addition) {
+  auto o = opts(1, 4);
+  o.settle = 300ms;
+  membership m(o);
+  m.admit(cold("a", 2), t0());
+  m.set_rank_ready("a", 1, 0, true, t0() + 100ms);
+  EXPECT_FALSE(m.decide(t0() + 350ms).next);  // settles from the rank, not the join
+  m.set_rank_ready("a", 1, 1, true, t0() + 350ms);
+  EXPECT_FALSE(m.decide(t0() + 600ms).next);
+  auto g1 = m.commit(*m.decide(t0() + 650ms).next);
+  EXPECT_EQ(g1.world_size, 2);
+  m.admit(reg("b", 2), t0() + 1s);
+  auto d = m.decide(t0() + 1200ms);
+  EXPECT_FALSE(d.next);
+  EXPECT_NE(d.reason.find("settling for 0.3 s"), std::string::npos) << d.reason;
+  EXPECT_EQ(m.decide(t0() + 1300ms).next->world_size, 4);
+}
+
+TEST(membership, a_loss_does_not_settle_and_takes_whatever_is_ready) {
+  auto o = opts(1);
+  o.settle = 300ms;
+  membership m(o);
+  m.admit(reg("a", 1), t0());
+  m.admit(reg("b", 1), t0());
+  m.commit(*m.decide(t0() + 300ms).next);
+  m.admit(reg("c", 1), t0() + 1s);  // settling until 1.3 s
+  EXPECT_FALSE(m.decide(t0() + 1100ms).next);
+  EXPECT_TRUE(m.remove("b", t0() + 1100ms));
+  m.admit(reg("d", 1), t0() + 1150ms);  // an addition after the loss does not delay it
+  auto p = *m.decide(t0() + 1150ms).next;
+  EXPECT_EQ(p.cause, "node_lost");
+  EXPECT_FALSE(p.drain);
+  EXPECT_EQ(p.world_size, 3);  // a, c and d
+}
+
+TEST(membership, a_loss_outside_the_plan_does_not_cut_settling_short) {
+  auto o = opts(1);
+  o.settle = 300ms;
+  membership m(o);
+  m.admit(reg("a", 1), t0());
+  m.commit(*m.decide(t0() + 300ms).next);
+  m.admit(reg("b", 1), t0() + 1s);
+  m.admit(cold("c", 1), t0() + 1s);
+  EXPECT_TRUE(m.remove("c", t0() + 1100ms));  // never planned
+  EXPECT_FALSE(m.decide(t0() + 1100ms).next);
+  EXPECT_EQ(m.decide(t0() + 1300ms).next->cause, "node_joined");
+}
+
+TEST(membership, a_full_cluster_does_not_settle) {
+  auto o = opts(1, 2);
+  o.settle = 1s;
+  membership m(o);
+  m.admit(reg("a", 1), t0());
+  m.admit(cold("b", 2), t0());
+  m.set_rank_ready("b", 1, 0, true, t0());
+  EXPECT_FALSE(m.decide(t0()).next);  // b's rank 1 is not up: not full yet
+  m.set_rank_ready("b", 1, 1, true, t0());
+  EXPECT_EQ(m.decide(t0()).next->world_size, 3);
+}
+
+// -- drain vs abort, leave ---------------------------------------------------------
+
+TEST(membership, a_join_drains_and_a_loss_aborts) {
+  membership m(opts(1));
+  m.admit(reg("a", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  m.admit(reg("b", 1), t0() + 1s);
+  auto g2 = m.commit(*m.decide(t0() + 1s).next);
+  EXPECT_EQ(g2.cause, "node_joined");
+  EXPECT_TRUE(g2.drain);
+  m.remove("a", t0() + 2s);
+  auto g3 = m.commit(*m.decide(t0() + 2s).next);
+  EXPECT_EQ(g3.cause, "node_lost");
+  EXPECT_FALSE(g3.drain);
+  EXPECT_EQ(g3.state_root, 0);
+}
+
+TEST(membership, a_leave_drains_and_the_plan_goes_to_the_leaving_node_too) {
+  membership m(opts(1));
+  m.admit(reg("a", 1), t0());
+  m.admit(reg("b", 2), t0());
+  m.commit(*m.decide(t0()).next);
+  EXPECT_TRUE(m.remove("b", t0() + 1s, departure::left));
+  auto p = m.commit(*m.decide(t0() + 1s).next);
+  EXPECT_EQ(p.cause, "node_left");
+  EXPECT_TRUE(p.drain);
+  EXPECT_EQ(p.world_size, 1);
+  ASSERT_EQ(p.leaving.size(), 1u);
+  EXPECT_EQ(p.leaving[0].node_id, "b");
+  EXPECT_EQ(p.leaving[0].peer, "peer-b");
+  EXPECT_EQ(m.state().remembered_ranks.at("b"), 1);
+  EXPECT_TRUE(m.state().flaps.empty());  // a clean leave is no failure
+  // The next plan is not sent to b again.
+  m.admit(reg("c", 1), t0() + 2s);
+  EXPECT_TRUE(m.decide(t0() + 2s).next->leaving.empty());
+}
+
+TEST(membership, a_leave_with_a_loss_aborts_and_the_loss_names_it) {
+  membership m(opts(1));
+  m.admit(reg("a", 1), t0());
+  m.admit(reg("b", 1), t0());
+  m.admit(reg("c", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  m.remove("b", t0() + 1s, departure::left);
+  m.remove("c", t0() + 1s);
+  auto p = *m.decide(t0() + 1s).next;
+  EXPECT_EQ(p.cause, "node_lost");
+  EXPECT_FALSE(p.drain);
+  EXPECT_EQ(p.leaving.size(), 1u);
+}
+
+// -- suspicion after a failed collective -------------------------------------------
+
+TEST(membership, a_failed_collective_with_no_change_forces_a_generation_after_the_suspect_timeout) {
+  auto o = opts(1);
+  o.suspect_timeout = 300ms;
+  membership m(o);
+  m.admit(reg("a", 1), t0());
+  m.admit(reg("b", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  EXPECT_FALSE(m.report_failure(0, "a", 0, t0() + 1s));  // an older generation
+  EXPECT_FALSE(m.report_failure(1, "a", 1, t0() + 1s));  // not a rank of the plan
+  EXPECT_FALSE(m.suspecting());
+  EXPECT_TRUE(m.report_failure(1, "a", 0, t0() + 1s));
+  EXPECT_FALSE(m.report_failure(1, "b", 0, t0() + 1100ms));  // already suspecting: the first report counts
+  EXPECT_TRUE(m.suspecting());
+  auto d = m.decide(t0() + 1299ms);
+  EXPECT_FALSE(d.next);
+  EXPECT_NE(d.reason.find("a collective failed"), std::string::npos) << d.reason;
+  auto p = m.commit(*m.decide(t0() + 1300ms).next);
+  EXPECT_EQ(p.generation, 2u);
+  EXPECT_EQ(p.world_size, 2);
+  EXPECT_EQ(p.cause, "collective_failure");
+  EXPECT_FALSE(p.drain);
+  EXPECT_EQ(p.state_root, 0);
+  EXPECT_FALSE(m.suspecting());
+  EXPECT_FALSE(m.decide(t0() + 5s).next);
+}
+
+TEST(membership, while_suspecting_a_join_does_not_drain) {
+  auto o = opts(1);
+  membership m(o);
+  m.admit(reg("a", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  m.report_failure(1, "a", 0, t0() + 1s);
+  m.admit(reg("b", 1), t0() + 1s);
+  auto p = *m.decide(t0() + 1s).next;
+  EXPECT_EQ(p.cause, "node_joined");
+  EXPECT_FALSE(p.drain);
+}
+
+// -- quarantine ------------------------------------------------------------------------
+
+TEST(membership, a_node_lost_too_often_is_quarantined_with_doubling_length) {
+  auto o = opts(1);
+  o.flap_max_failures = 3;
+  o.flap_window = 60s;
+  o.quarantine = 10s;
+  membership m(o);
+  auto t = t0();
+  auto lose = [&](clock_time at) {
+    EXPECT_TRUE(m.admit(reg("a"), at).accepted);
+    return m.remove("a", at);
+  };
+  EXPECT_FALSE(lose(t).quarantined);
+  EXPECT_FALSE(lose(t + 20s).quarantined);
+  auto third = lose(t + 40s);
+  EXPECT_TRUE(third.quarantined);
+  EXPECT_EQ(third.reason, "node 'a' is quarantined for 10 s after 3 failures in 60 s (flapping)");
+  auto refused = m.admit(reg("a"), t + 45s);
+  EXPECT_FALSE(refused.accepted);
+  EXPECT_TRUE(refused.quarantined);
+  EXPECT_EQ(refused.reason, "node 'a' is quarantined for 10 s after 3 failures in 60 s (flapping); 5 s left");
+  EXPECT_EQ(m.find("a"), nullptr);
+  // After it, a fresh count; the second quarantine lasts twice as long.
+  EXPECT_FALSE(lose(t + 50s).quarantined);
+  EXPECT_FALSE(lose(t + 51s).quarantined);
+  auto again = lose(t + 52s);
+  EXPECT_TRUE(again.quarantined);
+  EXPECT_EQ(m.quarantine_reason("a", t + 52s), "node 'a' is quarantined for 20 s after 3 failures in 60 s (flapping); 20 s left");
+  EXPECT_FALSE(m.admit(reg("a"), t + 71s).accepted);
+  EXPECT_TRUE(m.admit(reg("a"), t + 72s).accepted);
+  EXPECT_TRUE(m.quarantine_reason("a", t + 72s).empty());
+}
+
+TEST(membership, failures_outside_the_window_do_not_count) {
+  auto o = opts(1);
+  o.flap_max_failures = 2;
+  o.flap_window = 10s;
+  membership m(o);
+  m.admit(reg("a"), t0());
+  EXPECT_FALSE(m.remove("a", t0()).quarantined);
+  m.admit(reg("a"), t0() + 10s);
+  EXPECT_FALSE(m.remove("a", t0() + 10s).quarantined);  // the first is 10 s old: out
+  m.admit(reg("a"), t0() + 12s);
+  EXPECT_TRUE(m.remove("a", t0() + 12s).quarantined);
+}
+
+TEST(membership, quarantine_length_is_capped_at_five_minutes) {
+  auto o = opts(1);
+  o.flap_max_failures = 1;
+  o.quarantine = 100s;
+  membership m(o);
+  auto t = t0();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(m.admit(reg("a"), t).accepted) << i;
+    ASSERT_TRUE(m.remove("a", t).quarantined);
+    t += 1h;
+  }
+  EXPECT_EQ(m.state().flaps.at("a").quarantines, 4);
+  EXPECT_EQ(*m.state().flaps.at("a").until - (t - 1h), 300s);  // 100, 200, 300, 300
+}
+
+TEST(membership, a_member_restarting_counts_as_a_failure_and_can_be_quarantined) {
+  auto o = opts(1);
+  o.flap_max_failures = 2;
+  membership m(o);
+  m.admit(reg("a", 1, 1), t0());
+  m.admit(reg("b", 1, 1), t0());
+  m.commit(*m.decide(t0()).next);
+  auto r1 = m.admit(reg("a", 1, 2), t0() + 1500ms);
+  EXPECT_TRUE(r1.accepted);
+  EXPECT_TRUE(r1.restarted);
+  EXPECT_TRUE(r1.joined);
+  EXPECT_DOUBLE_EQ(r1.silent_s, 1.5);
+  auto p = m.commit(*m.decide(t0() + 2s).next);
+  EXPECT_EQ(p.cause, "node_lost");
+  EXPECT_FALSE(p.drain);
+  auto r2 = m.admit(reg("a", 1, 3), t0() + 3s);
+  EXPECT_FALSE(r2.accepted);
+  EXPECT_TRUE(r2.quarantined);
+  EXPECT_TRUE(r2.restarted);
+  EXPECT_NE(r2.reason.find("after 2 failures"), std::string::npos) << r2.reason;
+  EXPECT_EQ(m.find("a"), nullptr);  // removed
+  EXPECT_EQ(m.decide(t0() + 3s).next->world_size, 1);
+}
+
+// -- coordinator restart: adopting the running generation ---------------------------
+
+namespace {
+
+// Generation `g` as the nodes report it: a (2 ranks) then b (1 rank).
+plan running(uint64_t g) {
+  plan p;
+  p.generation = g;
+  p.world_size = 3;
+  p.state_root = 0;
+  p.cause = "node_joined";
+  p.drain = true;
+  p.nodes = {plan_node{"a", "", "", -1, 2, 0, 0, {0, 1}}, plan_node{"b", "", "", -1, 1, 2, 0, {0}}};
+  p.ranks = {rank_slot{"a", 0, 0, 0}, rank_slot{"a", 1, 1, 0}, rank_slot{"b", 0, 2, 0}};
+  return p;
+}
+
+node_registration in_plan(const std::string& id, int32_t nproc, uint64_t g, uint64_t incarnation = 1) {
+  auto r = reg(id, nproc, incarnation);
+  r.last_generation = g;
+  r.current_plan = running(g);
+  return r;
+}
+
+}  // namespace
+
+TEST(membership, a_new_coordinator_adopts_the_generation_its_nodes_train_in) {
+  auto o = opts(1);
+  o.adopt_timeout = 2s;
+  o.settle = 300ms;
+  membership m(o);
+  m.admit(in_plan("b", 1, 7), t0());  // b registers first: node rank 0 for now
+  auto d = m.decide(t0() + 100ms);
+  EXPECT_FALSE(d.next);
+  EXPECT_NE(d.reason.find("waiting to adopt generation 7: node 'a' has not registered"), std::string::npos) << d.reason;
+  EXPECT_EQ(m.state().last_generation, 7u);
+  auto a = cold("a", 2);
+  a.current_plan = running(7);
+  m.admit(a, t0() + 200ms);
+  EXPECT_NE(m.decide(t0() + 200ms).reason.find("rank 0 of node 'a' is not ready"), std::string::npos);
+  m.set_rank_ready("a", 1, 0, true, t0() + 300ms);
+  m.set_rank_ready("a", 1, 1, true, t0() + 300ms);
+  auto adopted = m.decide(t0() + 300ms);  // no settling: nothing new starts
+  ASSERT_TRUE(adopted.next) << adopted.reason;
+  const auto& p = m.commit(*adopted.next);
+  EXPECT_TRUE(p.adopted);
+  EXPECT_EQ(p.generation, 7u);
+  EXPECT_EQ(p.world_size, 3);
+  EXPECT_EQ(p.nodes[0].peer, "peer-a");
+  EXPECT_EQ(p.nodes[0].incarnation, 1u);
+  EXPECT_EQ(m.find("a")->node_rank, 0);  // node ranks follow the plan's order
+  EXPECT_EQ(m.find("b")->node_rank, 1);
+  EXPECT_FALSE(m.decide(t0() + 1s).next);  // it is current as it is
+  // A member outside the adopted plan joins it with a normal drain plan.
+  m.admit(reg("c", 1), t0() + 1s);
+  auto g8 = *m.decide(t0() + 1300ms).next;
+  EXPECT_EQ(g8.generation, 8u);
+  EXPECT_EQ(g8.cause, "node_joined");
+  EXPECT_TRUE(g8.drain);
+  EXPECT_EQ(g8.world_size, 4);
+  EXPECT_EQ(g8.ranks[2].node_id, "b");
+  EXPECT_EQ(g8.state_root, 0);
+}
+
+TEST(membership, adoption_takes_the_newest_reported_plan_and_waits_for_its_nodes_generation) {
+  auto o = opts(1);
+  o.adopt_timeout = 2s;
+  membership m(o);
+  m.admit(in_plan("a", 2, 8), t0());
+  m.admit(in_plan("b", 1, 7), t0());  // b has not switched to 8 yet
+  auto d = m.decide(t0() + 1s);
+  EXPECT_FALSE(d.next);
+  EXPECT_NE(d.reason.find("node 'b' is in generation 7"), std::string::npos) << d.reason;
+  m.admit(in_plan("b", 1, 8), t0() + 1s);  // b re-registers once it has switched
+  auto p = *m.decide(t0() + 1s).next;
+  EXPECT_TRUE(p.adopted);
+  EXPECT_EQ(p.generation, 8u);
+}
+
+TEST(membership, without_every_node_back_in_time_a_restart_generation_is_planned) {
+  auto o = opts(1);
+  o.adopt_timeout = 2s;
+  membership m(o);
+  m.admit(in_plan("a", 2, 7), t0());  // b died while the coordinator was down
+  EXPECT_FALSE(m.decide(t0() + 1999ms).next);
+  auto p = *m.decide(t0() + 2s).next;
+  EXPECT_FALSE(p.adopted);
+  EXPECT_EQ(p.generation, 8u);
+  EXPECT_EQ(p.cause, "restart");
+  EXPECT_FALSE(p.drain);
+  EXPECT_EQ(p.world_size, 2);
+}
+
+TEST(membership, last_generation_follows_the_nodes_so_new_plans_are_newer) {
+  membership m(opts(1));
+  auto r = reg("a", 1);
+  r.last_generation = 12;
+  m.admit(r, t0());
+  auto p = *m.decide(t0()).next;
+  EXPECT_EQ(p.generation, 13u);
+  EXPECT_EQ(p.cause, "restart");
+}
+
+TEST(membership, the_leaving_node_gets_the_plan_where_it_is_reachable_now) {
+  membership m(opts(1));
+  m.admit(reg("a", 1), t0());
+  m.admit(reg("b", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  EXPECT_TRUE(m.touch("b", 1, t0() + 1s, "peer-b-reconnected"));
+  m.remove("b", t0() + 1s, departure::left);
+  auto p = *m.decide(t0() + 1s).next;
+  ASSERT_EQ(p.leaving.size(), 1u);
+  EXPECT_EQ(p.leaving[0].peer, "peer-b-reconnected");
+}
+
+TEST(membership, a_new_nproc_from_the_same_process_is_no_failure) {
+  auto o = opts(1);
+  o.flap_max_failures = 1;
+  membership m(o);
+  m.admit(reg("a", 1), t0());
+  auto r = m.admit(reg("a", 2), t0() + 1s);
+  EXPECT_TRUE(r.accepted);
+  EXPECT_FALSE(r.restarted);
+  EXPECT_EQ(m.find("a")->nproc, 2);
+  EXPECT_TRUE(m.state().flaps.empty());
 }
