@@ -221,7 +221,13 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   }
   out.set_start_step(start_step);
   out.set_state_root(p.state_root);
-  if (p.state_root < 0 && opts.resume_step >= 0 && start_step == opts.resume_step && !opts.resume_checkpoint.empty()) {
+  if (p.state_root < 0 && opts.newest_checkpoint) {
+    auto [step, blob] = opts.newest_checkpoint();
+    if (step >= 0 && !blob.empty()) {
+      out.set_state_root(0);
+      out.set_checkpoint(std::move(blob));
+    }
+  } else if (p.state_root < 0 && opts.resume_step >= 0 && start_step == opts.resume_step && !opts.resume_checkpoint.empty()) {
     out.set_state_root(0);
     out.set_checkpoint(opts.resume_checkpoint);
   }

@@ -52,6 +52,12 @@ struct coordinator_options {
   // broadcasts it over the new communicator.
   std::string resume_checkpoint;
   int64_t resume_step = -1;
+  // When set, replaces the two above: the newest checkpoint saved so far
+  // (step, serialized pb::checkpoint_data; step -1 = none). A plan with no
+  // surviving state holder carries it to global rank 0, which loads it
+  // unless it holds newer state (every node was lost, or a coordinator
+  // restarted without adopting the running generation).
+  std::function<std::pair<int64_t, std::string>()> newest_checkpoint;
   log_fn log;  // one line per event worth a journal entry (may be empty)
   // Called on the actor's thread for each membership event (may be empty).
   std::function<void(const cluster_event&)> on_event;

@@ -203,6 +203,8 @@ void on_coordinator(agent_self self, const inbound& in) {
         ++st.register_epoch;  // cancels the pending retry
         log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
         start_missing_ranks(self);
+        for (const auto& r : st.ranks)
+          if (r.alive && r.finished) to_coordinator(self, *r.finished);
       } else {
         st.last_refusal = ack.reason();
         log_line(self, "registration refused: " + ack.reason());
@@ -288,6 +290,8 @@ void on_rank(agent_self self, inbound& in) {
           r.last_seen = self->clock().now();
           if (s.status() == pb::rank_status::STATE_READY) r.failures = 0;
           if (s.status() == pb::rank_status::STATE_READY || s.status() == pb::rank_status::STATE_IDLE) r.ready = true;
+          if (s.status() == pb::rank_status::STATE_FINISHED) r.finished = env;
+          if (s.status() == pb::rank_status::STATE_READY) r.finished.reset();
           // A leaving node's rank that finished its last step.
           if (st.phase == node_phase::leaving && s.status() == pb::rank_status::STATE_IDLE) stop_rank(self, r);
         }

@@ -85,6 +85,9 @@ struct rank_process {
   std::string peer;            // routing id on links::ranks once it said rank_hello
   bool ready = false;          // warmed up (STATE_IDLE) or training: may be planned in
   clock_time last_seen{};      // its last heartbeat or report
+  // Its STATE_FINISHED of the current generation, sent again after a
+  // re-registration (the coordinator may have restarted and missed it).
+  std::optional<pb::envelope> finished;
   uint32_t starts = 0;         // successful spawns
   uint32_t failures = 0;       // exits/spawn failures since it last reported STATE_READY
   uint64_t restart_epoch = 0;  // matches the pending restart_atom timer

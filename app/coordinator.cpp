@@ -145,7 +145,7 @@ void finish_recovery(registry_self self, int64_t step, int32_t world) {
   auto& rec = st.rec;
   if (rec.done || rec.generation != st.generation) return;
   rec.done = true;
-  if (rec.cause == "start" || rec.cause.empty()) return;
+  if (rec.cause == "start" || rec.cause == "adopted" || rec.cause.empty()) return;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - rec.planned).count();
   const int64_t resumed = rec.resumed_step >= 0 ? rec.resumed_step : step - 1;
   const int64_t lost = std::max<int64_t>(0, rec.steps_before - resumed);
@@ -437,14 +437,9 @@ int run_coordinator(const cluster_cli& cli) {
   // membership actor sends (accepted acks, new plans).
   std::mutex tap_mu;
   std::map<std::string, std::string> peer_node;  // routing id -> node id
-  std::set<std::string> joined_peers;            // acks already journaled (retried registers are acked again)
   std::atomic<uint64_t> last_plan_gen{0};
   outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    if (env.has_register_ack() && env.register_ack().accepted()) {
-      std::lock_guard<std::mutex> lock(tap_mu);
-      if (joined_peers.insert(peer).second)
-        sh->jn.write("node_joined", {{"node", peer_node.count(peer) ? peer_node[peer] : peer}, {"node_rank", env.register_ack().node_rank()}});
-    } else if (env.has_generation_plan()) {
+    if (env.has_generation_plan()) {
       std::lock_guard<std::mutex> lock(tap_mu);
       const auto& p = env.generation_plan();
       if (p.generation() > last_plan_gen) {
@@ -453,6 +448,8 @@ int run_coordinator(const cluster_cli& cli) {
         for (const auto& r : p.ranks()) nodes.insert(r.node_id());
         sh->jn.write("generation_started", {{"generation", p.generation()},
                                             {"world_size", p.world_size()},
+                                            {"cause", p.cause()},
+                                            {"drain", p.drain()},
                                             {"start_step", p.start_step()},
                                             {"state_root", p.state_root()},
                                             {"nodes", std::vector<std::string>(nodes.begin(), nodes.end())}});
@@ -470,9 +467,39 @@ int run_coordinator(const cluster_cli& cli) {
   copts.store_host = cli.advertise_addr.empty() ? (listen->host == "0.0.0.0" || listen->host == "*" ? "" : listen->host) : cli.advertise_addr;
   copts.store_port = store_port.value();
   copts.config_toml = config_text;
-  copts.resume_checkpoint = resume_blob;
-  copts.resume_step = resume_step;
-  copts.fixed_world_after_start = true;
+  {
+    std::lock_guard<std::mutex> lock(sh->ckpt_mu);
+    sh->newest_checkpoint = resume_blob;
+    sh->newest_checkpoint_step = resume_step;
+  }
+  copts.newest_checkpoint = [shp = sh.get()]() -> std::pair<int64_t, std::string> {
+    std::lock_guard<std::mutex> lock(shp->ckpt_mu);
+    return {shp->newest_checkpoint_step, shp->newest_checkpoint};
+  };
+  // Membership events go to the journal and the metrics (on the membership
+  // actor's thread; the journal is thread-safe).
+  copts.on_event = [&, shp = sh.get()](const cluster_event& e) {
+    if (e.kind == "node_joined") {
+      shp->jn.write("node_joined", {{"node", e.node}});
+    } else if (e.kind == "node_lost") {
+      shp->jn.write("node_lost", {{"node", e.node}, {"cause", e.cause}, {"detected_after_s", e.detected_after_s}});
+      m.failure_detection().Observe(e.detected_after_s);
+    } else if (e.kind == "node_left") {
+      shp->jn.write("node_left", {{"node", e.node}, {"reason", e.detail}});
+    } else if (e.kind == "node_quarantined") {
+      shp->jn.write("node_quarantined", {{"node", e.node}, {"reason", e.detail}});
+    } else if (e.kind == "generation_adopted") {
+      shp->jn.write("generation_adopted", {{"generation", e.generation}, {"world_size", e.world_size}});
+      uint64_t prev = last_plan_gen.load();
+      while (prev < e.generation && !last_plan_gen.compare_exchange_weak(prev, e.generation)) {
+      }
+      m.generation().Set(static_cast<double>(e.generation));
+      m.world_size().Set(e.world_size);
+      caf::anon_send(registry, gen_atom::value, e.generation, e.world_size, std::string("adopted"), true);
+      std::fprintf(stderr, "coordinator: adopted the running generation %llu (world size %d)\n", static_cast<unsigned long long>(e.generation),
+                   e.world_size);
+    }
+  };
   copts.log = [](const std::string& line) { std::fprintf(stderr, "coordinator: %s\n", line.c_str()); };
   job_options jopts = job_options_from(cfg);
   jopts.header = header;

@@ -278,12 +278,13 @@ TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) {
 
 TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) {
   temp_dir d;
-  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
+  // Long enough for the new node's rank process to start and load its data.
+  cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=1"}));
   ASSERT_EQ(cl.start_coordinator(), "");
   ASSERT_EQ(cl.start_node("a"), "");
   ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
   ASSERT_EQ(cl.start_node("b"), "");
-  expect_finished_without_loss(cl, 300, 2);
+  expect_finished_without_loss(cl, 1500, 2);
   auto j = cl.journal();
   auto restored = events(j, "checkpoint_restored");
   ASSERT_GE(restored.size(), 1u) << cl.logs();
@@ -370,7 +371,7 @@ TEST(Chaos, TruncatedNewestCheckpointIsSkipped) {
 
 TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
   temp_dir d;
-  cluster cl(d.path(), job_sets(600, {"cluster.min_nodes=2"}));
+  cluster cl(d.path(), job_sets(2500, {"cluster.min_nodes=2"}));
   const int node_metrics = pick_free_tcp_port().value();
   ASSERT_EQ(cl.start_coordinator(), "");
   ASSERT_EQ(cl.start_node("a", {"--metrics-port", std::to_string(node_metrics)}), "");
@@ -393,7 +394,7 @@ TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
   }
   EXPECT_TRUE(moved) << "no steps while the coordinator was down (" << before << ")";
   ASSERT_EQ(cl.start_coordinator(), "");
-  expect_finished_without_loss(cl, 600, 2);
+  expect_finished_without_loss(cl, 2500, 2);
 }
 
 TEST(Chaos, FlappingNodeIsQuarantined) {

@@ -365,6 +365,20 @@ TEST_F(cluster_test, a_partitioned_node_is_dropped_then_rejoins_with_its_rank) {
   auto agent = [&](const std::string& id) -> node_agent_state& { return state_of<node_agent_state>(net.agents.at("peer-" + id)); };
   auto& coord = state_of<membership_actor_state>(net.coordinator);
 
+  // Registered nodes start their ranks; each says hello and, warmed up,
+  // STATE_IDLE: only then is it planned.
+  advance(100ms);
+  for (std::string id : {"a", "b"})
+    for (int32_t l = 0; l < 2; ++l) {
+      const std::string peer = "rank/" + id + "/" + std::to_string(l);
+      auto h = hello(l, launchers[id]->last_pid_of(l));
+      h.peer = peer;
+      caf::anon_send(net.agents["peer-" + id], h);
+      auto idle = from_rank(peer);
+      idle.env.mutable_rank_status()->set_status(pb::rank_status::STATE_IDLE);
+      idle.env.mutable_rank_status()->set_local_rank(l);
+      caf::anon_send(net.agents["peer-" + id], idle);
+    }
   advance(300ms);
   ASSERT_TRUE(agent("a").plan);
   EXPECT_EQ(agent("a").phase, node_phase::running);
