@@ -425,7 +425,7 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
       }
       if (rank == 0 && ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps)) send_checkpoint(step);
 
-      if (opts_.fail_at_step == step && !im.injected) {
+      if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected) {
         im.injected = true;
         inject_fault();
       }

@@ -60,7 +60,7 @@ struct rank_worker_options {
   std::string advertise_addr;      // this machine's address for the collectives
   std::string default_store_host;  // used when the plan names no store host
   // Fault injection for tests (--fail-at-step/--fail-mode on a node): right
-  // after completing step `fail_at_step` this rank crashes its node (kill -9
+  // after the first step it completes at or after `fail_at_step` this rank crashes its node (kill -9
   // of the node agent and itself), hangs it (SIGSTOP), makes it leave
   // (SIGTERM), or crashes itself only ("rank-crash"). -1: off.
   int64_t fail_at_step = -1;

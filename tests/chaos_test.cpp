@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -53,12 +54,17 @@ std::vector<std::string> job_sets(int steps, const std::vector<std::string>& ext
 // Every process below `pid` (its rank processes), from /proc.
 std::vector<pid_t> descendants(pid_t pid) {
   std::vector<pid_t> out;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-  pid_t c;
-  while (f >> c) {
-    out.push_back(c);
-    for (pid_t g : descendants(c)) out.push_back(g);
+  std::error_code ec;
+  // Each thread lists the children it started.
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream f(task.path() / "children");
+    pid_t c;
+    while (f >> c) {
+      out.push_back(c);
+      for (pid_t g : descendants(c)) out.push_back(g);
+    }
   }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -185,7 +191,6 @@ void expect_finished_without_loss(cluster& cl, int64_t max_steps, int expect_wor
     prev = std::max(prev, s);
     gen = g;
   }
-  for (auto& [id, n] : cl.nodes) n.wait(20000);
 }
 
 TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
@@ -403,10 +408,9 @@ TEST(Chaos, FlappingNodeIsQuarantined) {
   ASSERT_EQ(cl.start_coordinator(), "");
   ASSERT_EQ(cl.start_node("a"), "");
   ASSERT_TRUE(cl.wait_step(10)) << cl.logs();
-  // Node b crashes right after each step it joins, twice.
+  // Node b crashes right after the first step it takes part in, twice.
   for (int round = 0; round < 2; ++round) {
-    const int64_t at = events(cl.journal(), "step").back().at("step").get<int64_t>() + 5;
-    ASSERT_EQ(cl.start_node("b", {"--fail-at-step", std::to_string(at), "--fail-mode", "crash"}), "");
+    ASSERT_EQ(cl.start_node("b", {"--fail-at-step", "0", "--fail-mode", "crash"}), "");
     ASSERT_TRUE(cl.wait_for([&](const std::vector<json>& j) { return static_cast<int>(events(j, "node_lost").size()) > round; })) << cl.logs();
   }
   ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "node_quarantined").empty(); })) << cl.logs();

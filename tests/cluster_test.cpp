@@ -239,31 +239,6 @@ TEST(Cluster, TorchrunStyleEnvironmentLaunches) {
   EXPECT_EQ(fin[0].at("world_size"), 2);
 }
 
-// Until ranks can move to a new generation (fault handling), losing a node
-// must stop the job with a clear error, never leave the others hanging.
-TEST(Cluster, LostNodeStopsTheJobInsteadOfHanging) {
-  temp_dir d;
-  two_node_cluster cl(d.path(), 100000);
-  ASSERT_TRUE(cl.error.empty()) << cl.error;
-  auto& coord = cl.coord;
-  auto& nodes = cl.nodes;
-  const int mport = cl.coord_metrics;
-  // Wait until training runs, then take node 1 away as a vanished machine would.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline && coord->running() &&
-         metric_value(test_support::http_get(mport, "/metrics"), "dtactor_step") < 5)
-    coord->wait(50);
-  nodes[1].signal(SIGKILL);
-  auto done = coord->wait(60000);
-  ASSERT_TRUE(done) << "the coordinator kept waiting after losing a node";
-  EXPECT_EQ(done->exit_code, 1) << done->describe();
-  auto failed = events(read_journal(d.path() + "/journal.jsonl"), "job_failed");
-  ASSERT_EQ(failed.size(), 1u);
-  EXPECT_FALSE(failed[0].at("reason").get<std::string>().empty());
-  auto e = nodes[0].wait(30000);
-  EXPECT_TRUE(e) << "the surviving node did not stop";
-}
-
 TEST(Cluster, UnreachableCoordinatorIsAClearError) {
   const int port = pick_free_tcp_port().value();  // nobody listens there
   auto n = child_process::spawn({kBin, "--role", "node", "--coordinator", "tcp://127.0.0.1:" + std::to_string(port), "--connect-timeout", "2"});
