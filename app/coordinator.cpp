@@ -392,7 +392,8 @@ int run_coordinator(const cluster_cli& cli) {
     }
     d.SerializeToString(&resume_blob);
     resume_step = ck.meta.step();
-    sh->jn.write("checkpoint_restored", {{"step", resume_step}, {"source", "disk"}, {"path", ck.path}});
+    // checkpoint_restored is journaled when a rank reports it loaded it.
+    sh->jn.write("checkpoint_found", {{"step", resume_step}, {"path", ck.path}});
   }
 
   const std::string job_id = job_id_for(cli.run_dir);
