@@ -94,7 +94,6 @@ void on_step(registry_self self, const pb::step_report& r) {
   if (st.sh->m && r.data_wait_s() > 0) st.sh->m->data_wait().Observe(r.data_wait_s() * (1.0 / std::max(1, r.steps_covered())));
   if (row.reports < row.world) return;
   // Every rank has reported this step.
-  const auto& cfg = st.sh->cfg;
   auto* m = st.sh->m;
   const int64_t step = r.step();
   st.last_step = std::max(st.last_step, step);
@@ -336,6 +335,7 @@ int run_coordinator(const cluster_cli& cli) {
   metrics m(job_id);
   sh->m = &m;
   m.checkpoint_last_timestamp().SetToCurrentTime();  // "checkpoint too old" counts from the start
+  m.max_steps().Set(static_cast<double>(cfg.get_int("train.max_steps")));
   // Prometheus finds the nodes through GET /sd (http_sd_configs); see monitoring/service_discovery.hpp.
   auto sd = std::make_shared<sd_targets>(job_id);
   m.add_route("/sd", "application/json", [sd] { return sd->json(); });

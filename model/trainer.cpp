@@ -12,6 +12,7 @@
 
 #include "checkpoint.pb.h"
 #include "monitoring/journal.hpp"
+#include "monitoring/data_wait.hpp"
 #include "monitoring/progress.hpp"
 #include "monitoring/resources.hpp"
 #include "monitoring/run_observer.hpp"
@@ -449,6 +450,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
                         {"loss_avg", window_loss / static_cast<double>(window_steps)},
                         {"lr", state.lr_at(step - 1)},
                         {"samples_per_s", sps},
+                        {"data_wait_s", take_data_wait_s() / static_cast<double>(window_steps)},
                         {"world_size", 1}});
       prog.on_step(step, loss, state.lr_at(step - 1), sps, 1, true);
       note_usage(false);

@@ -222,6 +222,10 @@ metrics::metrics(const std::string& job)
                             .Help("Membership changes that rebuilt the communicators, by cause.")
                             .Labels(c)
                             .Register(r);
+  // Exported at 0 from the start, so that increase() and rate() see the first
+  // recovery of each cause (a series born at 1 shows no increase).
+  for (const char* cause : {"node_lost", "node_left", "node_joined", "rank_exited", "rank_failed", "collective_failure"})
+    recoveries_family_->Add({{"cause", cause}});
   dropped_family_ = &prometheus::BuildCounter()
                          .Name("dtactor_wire_dropped_frames_total")
                          .Help("ZeroMQ frames refused or undeliverable, by kind.")
@@ -249,6 +253,7 @@ metrics::metrics(const std::string& job)
   data_wait_ = histogram(r, c, "dtactor_data_wait_seconds",
                          "Time a rank's step spent assembling its batch (data loading), per step.",
                          {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  max_steps_ = gauge(r, c, "dtactor_max_steps", "The step training ends at (train.max_steps).");
   checkpoint_size_bytes_ = gauge(r, c, "dtactor_checkpoint_size_bytes", "Size of the newest checkpoint written.");
   checkpoint_last_step_ = gauge(r, c, "dtactor_checkpoint_last_step", "Step of the newest checkpoint written.");
   checkpoint_last_timestamp_ =

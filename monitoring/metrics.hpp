@@ -75,6 +75,7 @@ class metrics {
   prometheus::Gauge& loss() { return *loss_; }
   prometheus::Gauge& learning_rate() { return *learning_rate_; }
   prometheus::Gauge& samples_per_second() { return *samples_per_second_; }
+  prometheus::Gauge& max_steps() { return *max_steps_; }  // train.max_steps: progress and ETA
 
   // ---- counters ----
   prometheus::Counter& samples() { return *samples_; }  // dtactor_samples_total
@@ -136,6 +137,7 @@ class metrics {
   prometheus::Gauge* process_rss_ = nullptr;
   prometheus::Gauge* process_start_ = nullptr;
   double process_cpu_counted_ = 0;
+  prometheus::Gauge* max_steps_ = nullptr;
   prometheus::Gauge* checkpoint_size_bytes_ = nullptr;
   prometheus::Gauge* checkpoint_last_step_ = nullptr;
   prometheus::Gauge* checkpoint_last_timestamp_ = nullptr;
