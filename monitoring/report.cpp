@@ -146,12 +146,16 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
       if (d.first_t == 0) d.first_t = t;
       d.last_t = std::max(d.last_t, t);
     }
-    if (ev == "job_started" || ev == "coordinator_started") {
+    // A start of `dtactor train` (job_started) or of a coordinator: a new
+    // session, except a job_started inside a coordinator's session.
+    if (ev == "coordinator_started" || (ev == "job_started" && !(current && current->kind == "cluster"))) {
       d.sessions.push_back({t, t, ev == "job_started" ? "train" : "cluster"});
       current = &d.sessions.back();
       d.outcome = "interrupted";
       d.outcome_detail.clear();
       open_losses.clear();
+    }
+    if (ev == "job_started" || ev == "coordinator_started") {
       if (ev == "job_started") {
         d.model = str(j, "model", d.model);
         d.parameters = integer(j, "parameters", d.parameters);

@@ -82,8 +82,8 @@ TEST(report, markdown_has_the_log_book) {
   EXPECT_TRUE(has("| n1 | 1 | 295.6 MiB |")) << md;
   // The recovery: cause, node, detection, duration, rolled back steps.
   EXPECT_TRUE(has("| heartbeat_timeout | n1 | 3.10 s | 4.50 s | 2 | 118 | 1 |")) << md;
-  // Largest batch: 128 global over 2 ranks = 64, capped by the micro-batch 32.
-  EXPECT_TRUE(has("largest per-rank share was 64")) << md;
+  // Largest batch: 128 global on the 1 rank left after the loss, capped by the micro-batch 32.
+  EXPECT_TRUE(has("largest per-rank share was 128 (world size 1)")) << md;
   EXPECT_TRUE(has("forward pass ran was **32**")) << md;
   EXPECT_TRUE(has("```toml\n[train]")) << md;
   EXPECT_TRUE(has("| 2 | +34 s | 1 | 118 | n0 |")) << md;
