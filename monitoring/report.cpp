@@ -55,6 +55,7 @@ std::string utc(double t) {
 
 std::string duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
+  if (s < 0.1) return fmt("%.1f ms", s * 1000);
   if (s < 10) return fmt("%.2f s", s);
   if (s < 120) return fmt("%.0f s", s);
   const long t = std::lround(s);
@@ -118,6 +119,28 @@ std::string tick_label(double v, double step) {
   char f[16];
   std::snprintf(f, sizeof f, "%%.%df", digits);
   return fmt(f, v);
+}
+
+// The value of `key` under [section] in the effective config (written by
+// config::to_toml: one "key = value" per line), unquoted; "" when absent.
+std::string toml_value(const std::string& toml, const std::string& section, const std::string& key) {
+  std::istringstream in(toml);
+  std::string line, current;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '[') {
+      current = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (current != section || eq == std::string::npos) continue;
+    std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    k.erase(k.find_last_not_of(" \t") + 1);
+    v.erase(0, v.find_first_not_of(" \t"));
+    v.erase(v.find_last_not_of(" \t\r") + 1);
+    if (v.size() >= 2 && (v.front() == '\'' || v.front() == '"')) v = v.substr(1, v.size() - 2);
+    if (k == key) return v;
+  }
+  return "";
 }
 
 }  // namespace
@@ -441,20 +464,9 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
   // ---- batch ----
   o << "## Batch size\n\n";
   if (d.global_batch_size > 0 || !config_toml.empty()) {
-    int64_t gb = d.global_batch_size, micro = 0;
-    // Read the two keys from the config text (simple "key = value" lines under [train]).
-    std::istringstream cs(config_toml);
-    std::string l, section;
-    while (std::getline(cs, l)) {
-      if (!l.empty() && l[0] == '[') section = l.substr(1, l.find(']') - 1);
-      auto eq = l.find('=');
-      if (section != "train" || eq == std::string::npos) continue;
-      std::string key = l.substr(0, eq);
-      key.erase(key.find_last_not_of(" \t") + 1);
-      const long long v = std::atoll(l.c_str() + eq + 1);
-      if (key == "global_batch_size" && gb == 0) gb = v;
-      if (key == "micro_batch_size") micro = v;
-    }
+    int64_t gb = d.global_batch_size;
+    if (gb == 0) gb = std::atoll(toml_value(config_toml, "train", "global_batch_size").c_str());
+    const int64_t micro = std::atoll(toml_value(config_toml, "train", "micro_batch_size").c_str());
     const int w = min_world > 0 ? min_world : 1;
     const int64_t share = gb > 0 ? (gb + w - 1) / w : 0;
     const int64_t forward = micro > 0 ? std::min(micro, share) : share;
@@ -542,6 +554,11 @@ result<report_files> write_report(const std::string& run_dir, const std::string&
     if (!c) return make_error("report: " + c.message());
     config_toml = c.value();
   }
+  // A cluster's journal does not repeat what the config says.
+  auto& dg = d.value();
+  if (dg.model.empty()) dg.model = toml_value(config_toml, "model", "name");
+  if (dg.max_steps == 0) dg.max_steps = std::atoll(toml_value(config_toml, "train", "max_steps").c_str());
+  if (dg.global_batch_size == 0) dg.global_batch_size = std::atoll(toml_value(config_toml, "train", "global_batch_size").c_str());
   report_files files;
   files.markdown = out.empty() ? run_dir + "/report.md" : out;
   const fs::path md_dir = fs::path(files.markdown).parent_path();
