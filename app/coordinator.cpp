@@ -20,6 +20,9 @@
 #include "model/trainer.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/metrics.hpp"
+#include "monitoring/resources.hpp"
+#include "monitoring/run_observer.hpp"
+#include "monitoring/service_discovery.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/fs.hpp"
 #include "runtime/wire.hpp"
@@ -38,6 +41,8 @@ int fail(const std::string& msg, int code = 1) {
 struct coordinator_shared {
   journal jn;
   metrics* m = nullptr;
+  std::unique_ptr<run_observer> obs;  // TensorBoard events and the console progress line
+  resource_book usage;                // ranks' CPU and memory, for `resources` events
   std::optional<checkpoint_store> store;
   config cfg;
   std::mutex mu;
@@ -107,9 +112,10 @@ void on_step(registry_self self, const pb::step_report& r) {
   row.allreduce_s = std::max(row.allreduce_s, r.allreduce_s());
   row.exposed_s = std::max(row.exposed_s, r.allreduce_exposed_s());
   row.lr = r.lr();
+  if (r.peak_rss_bytes() > 0) st.sh->usage.note(r.global_rank(), r.node_id(), {r.cpu_s(), r.rss_bytes(), r.peak_rss_bytes(), r.process_age_s()});
+  if (st.sh->m && r.data_wait_s() > 0) st.sh->m->data_wait().Observe(r.data_wait_s() * (1.0 / std::max(1, r.steps_covered())));
   if (row.reports < row.world) return;
   // Every rank has reported this step.
-  const auto& cfg = st.sh->cfg;
   auto* m = st.sh->m;
   const int64_t step = r.step();
   finish_recovery(self, step, row.world);
@@ -134,8 +140,8 @@ void on_step(registry_self self, const pb::step_report& r) {
                            {"samples_per_s", sps},
                            {"allreduce_s", row.allreduce_s * per_step},
                            {"allreduce_exposed_s", row.exposed_s * per_step}});
-  std::fprintf(stderr, "step %lld/%lld | loss %.4f | %.0f samples/s | world %d\n", static_cast<long long>(step),
-               static_cast<long long>(cfg.get_int("train.max_steps")), loss, sps, row.world);
+  st.sh->obs->on_step(step, loss, row.lr, sps, row.world);
+  if (st.sh->usage.due(unix_time_now())) st.sh->jn.write("resources", st.sh->usage.to_json());
   st.steps.erase(st.steps.begin(), st.steps.upper_bound(step));
 }
 
@@ -162,8 +168,9 @@ void finish_recovery(registry_self self, int64_t step, int32_t world) {
     m->recovery().Observe(dt);
     if (lost > 0) m->lost_steps().Increment(static_cast<double>(lost));
   }
-  std::fprintf(stderr, "recovered: generation %llu, world size %d, resumed at step %lld (%s) in %.2f s\n",
-               static_cast<unsigned long long>(st.generation), world, static_cast<long long>(resumed), rec.cause.c_str(), dt);
+  char line[160];
+  std::snprintf(line, sizeof line, "recovered (%s): world %d from step %lld in %.2f s", rec.cause.c_str(), world, static_cast<long long>(resumed), dt);
+  st.sh->obs->note_event(line);
 }
 
 void on_ready(registry_self self, const pb::rank_status& s) {
@@ -201,7 +208,8 @@ void on_checkpoint(registry_self self, uint64_t generation, const pb::checkpoint
     st.sh->jn.write("checkpoint_failed", {{"step", d.step()}, {"reason", path.message()}});
     return;
   }
-  if (st.sh->m) st.sh->m->checkpoint_save().Observe(dt);
+  if (st.sh->m) st.sh->m->checkpoint_saved(d.step(), static_cast<double>(bytes), dt);
+  st.sh->obs->note_event("checkpoint " + std::to_string(d.step()));
   {
     // What a generation with no surviving state starts from (all nodes lost).
     pb::checkpoint_data plain;
@@ -224,6 +232,7 @@ void fail_job(registry_self self, const std::string& reason) {
     std::lock_guard<std::mutex> lock(st.sh->mu);
     if (st.sh->finished) return;
   }
+  if (!st.sh->usage.empty()) st.sh->jn.write("resources", st.sh->usage.to_json());
   st.sh->jn.write("job_failed", {{"step", st.last_step}, {"generation", st.generation}, {"reason", reason}});
   std::fprintf(stderr, "dtactor: the job stops at step %lld: %s; start it again to resume from the newest checkpoint\n",
                static_cast<long long>(st.last_step), reason.c_str());
@@ -247,8 +256,10 @@ void maybe_finish(registry_self self) {
     ev["error"] = "ranks finished with different parameters";
     code = 1;
   }
+  if (!st.sh->usage.empty()) st.sh->jn.write("resources", st.sh->usage.to_json());
   const bool stopped = st.last_step < st.sh->max_steps;
   st.sh->jn.write(stopped ? "job_stopped" : "job_finished", ev);
+  st.sh->obs->finish();
   std::fprintf(stdout, "finished at step %lld:", static_cast<long long>(st.last_step));
   for (const auto& [k, v] : st.last_eval) std::fprintf(stdout, " %s=%.4f", k.c_str(), v);
   std::fprintf(stdout, " params_digest=%s world_size=%d\n", digests.begin()->c_str(), st.world);
@@ -281,6 +292,7 @@ caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
           st.sh->m->generation().Set(static_cast<double>(generation));
           st.sh->m->world_size().Set(world);
         }
+        st.sh->obs->on_generation(generation, world, st.last_step);
       },
       [=](inbound& in) {
         auto& st = self->state;
@@ -303,9 +315,11 @@ caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
             std::vector<std::string> ex(e.examples().begin(), e.examples().end());
             if (!ex.empty()) ev["examples"] = ex;
             st.sh->jn.write("eval", ev);
-            std::string line = "eval at step " + std::to_string(e.step()) + ":";
-            for (const auto& [k, v] : e.metrics()) line += " " + k + " " + std::to_string(v);
-            std::fprintf(stderr, "%s\n", line.c_str());
+            st.sh->obs->on_eval(e.step(), st.last_eval);
+            if (st.sh->m) {
+              for (const auto& [k, v] : e.metrics()) st.sh->m->eval_metric(k).Set(v);
+              st.sh->m->eval_step().Set(static_cast<double>(e.step()));
+            }
             break;
           }
           case pb::envelope::kCheckpointData:
@@ -359,6 +373,8 @@ int run_coordinator(const cluster_cli& cli) {
   if (auto st = sh->jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
   const std::string config_text = cfg.to_toml();
   if (auto st = write_file_atomic(cli.run_dir + "/config.toml", {config_text}); !st) return fail(st.message());
+  sh->obs = std::make_unique<run_observer>(
+      run_observer::options{cli.run_dir, cfg.get_int("train.max_steps"), progress::stderr_is_terminal(), cli.run_dir + "/train.log"});
 
   checkpoint_policy policy;
   policy.keep_last = static_cast<int>(cfg.get_int("checkpoint.keep_last"));
@@ -399,8 +415,15 @@ int run_coordinator(const cluster_cli& cli) {
   const std::string job_id = job_id_for(cli.run_dir);
   metrics m(job_id);
   sh->m = &m;
+  m.checkpoint_last_timestamp().SetToCurrentTime();  // "checkpoint too old" counts from the start
+  m.max_steps().Set(static_cast<double>(cfg.get_int("train.max_steps")));
+  // Prometheus finds the nodes through GET /sd (http_sd_configs); see monitoring/service_discovery.hpp.
+  auto sd = std::make_shared<sd_targets>(job_id);
+  m.add_route("/sd", "application/json", [sd] { return sd->json(); });
   if (cli.metrics_port > 0)
     if (auto st = m.serve(cli.metrics_port); !st) return fail(st.message());
+  sd->set_coordinator(!cli.advertise_addr.empty() ? cli.advertise_addr : listen->host == "0.0.0.0" || listen->host == "*" ? host_name() : listen->host,
+                      m.port());
 
   // The c10d store ranks build their communicators through.
   auto store_port = pick_free_tcp_port();
@@ -439,8 +462,14 @@ int run_coordinator(const cluster_cli& cli) {
   std::mutex tap_mu;
   std::map<std::string, std::string> peer_node;  // routing id -> node id
   std::atomic<uint64_t> last_plan_gen{0};
+  std::set<std::string> joined_peers;  // peers already admitted as scrape targets
   outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    if (env.has_generation_plan()) {
+    if (env.has_register_ack() && env.register_ack().accepted()) {
+      // node_joined is journaled from the membership events; here the
+      // node becomes a scrape target.
+      std::lock_guard<std::mutex> lock(tap_mu);
+      if (joined_peers.insert(peer).second) sd->admit(peer);
+    } else if (env.has_generation_plan()) {
       std::lock_guard<std::mutex> lock(tap_mu);
       const auto& p = env.generation_plan();
       if (p.generation() > last_plan_gen) {
@@ -484,9 +513,11 @@ int run_coordinator(const cluster_cli& cli) {
       shp->jn.write("node_joined", {{"node", e.node}});
     } else if (e.kind == "node_lost") {
       shp->jn.write("node_lost", {{"node", e.node}, {"cause", e.cause}, {"detected_after_s", e.detected_after_s}});
+      shp->obs->note_event("node " + e.node + " lost");
       m.failure_detection().Observe(e.detected_after_s);
     } else if (e.kind == "node_left") {
       shp->jn.write("node_left", {{"node", e.node}, {"reason", e.detail}});
+      shp->obs->note_event("node " + e.node + " left");
     } else if (e.kind == "node_quarantined") {
       shp->jn.write("node_quarantined", {{"node", e.node}, {"reason", e.detail}});
     } else if (e.kind == "generation_adopted") {
@@ -517,6 +548,7 @@ int run_coordinator(const cluster_cli& cli) {
         if (env.has_register_node()) {
           std::lock_guard<std::mutex> lock(tap_mu);
           peer_node[peer] = env.register_node().node_id();
+          sd->note_registration(peer, env.register_node().node_id(), env.register_node().advertise_addr(), env.register_node().metrics_port());
         }
         const bool report = env.has_step_report() || env.has_eval_report() || env.has_checkpoint_data() || env.has_rank_status() ||
                             env.has_job_error();

@@ -14,6 +14,7 @@
 
 #include "app/cluster.hpp"
 #include "model/trainer.hpp"
+#include "monitoring/report.hpp"
 #include "runtime/config.hpp"
 
 namespace {
@@ -45,7 +46,7 @@ std::string config_reference() {
 
 int main(int argc, char** argv) {
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
-               "Modes: train, eval, config, local, and --role coordinator|node."};
+               "Modes: train, eval, config, local, report, and --role coordinator|node."};
   app.require_subcommand(0, 1);
 
   std::string role;
@@ -99,6 +100,11 @@ int main(int argc, char** argv) {
   cfgcmd->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
   cfgcmd->add_flag("--reference", reference, "List every key, its default and what it does");
 
+  std::string report_dir, report_out;
+  auto* report = app.add_subcommand("report", "Write a Markdown log book of a run (config, metrics, time, memory, recoveries, loss curve)");
+  report->add_option("run_dir", report_dir, "The run directory (holds journal.jsonl and config.toml)")->required();
+  report->add_option("--out", report_out, "Markdown file to write (default RUN_DIR/report.md; loss.svg goes next to it)");
+
   dtactor::cluster_cli lc;
   lc.run_dir = "runs/local";
   auto* local = app.add_subcommand("local", "A whole cluster on this machine: a coordinator and N node processes over loopback");
@@ -143,6 +149,13 @@ int main(int argc, char** argv) {
     auto cfg = dtactor::config::load(config_path, overrides);
     if (!cfg) return fail(cfg.message(), 2);
     std::fputs(cfg->to_toml().c_str(), stdout);
+    return 0;
+  }
+
+  if (*report) {
+    auto r = dtactor::write_report(report_dir, report_out);
+    if (!r) return fail(r.message());
+    std::printf("wrote %s and %s\n", r->markdown.c_str(), r->svg.c_str());
     return 0;
   }
 

@@ -21,6 +21,7 @@
 #include "app/cluster_util.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/config.hpp"
+#include "monitoring/resources.hpp"
 #include "runtime/process.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/zmq_bridge.hpp"
@@ -32,6 +33,25 @@ namespace {
 int fail(const std::string& msg, int code = 1) {
   std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
   return code;
+}
+
+// The agent stamps heartbeats with its actor clock (steady_clock) seconds;
+// the coordinator echoes them back.
+void observe_heartbeat_rtt(metrics& m, double echoed_steady_s) {
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const double rtt = now - echoed_steady_s;
+  if (rtt >= 0 && rtt < 60) m.heartbeat_rtt().Observe(rtt);
+}
+
+// The usage of the rank process behind a step report, for the coordinator's
+// `resources` journal events.
+void add_usage(pb::step_report& r, const std::optional<proc_usage>& u, const std::string& node_id) {
+  r.set_node_id(node_id);
+  if (!u) return;
+  r.set_cpu_s(u->cpu_s);
+  r.set_rss_bytes(u->rss_bytes);
+  r.set_peak_rss_bytes(u->peak_rss_bytes);
+  r.set_process_age_s(u->age_s);
 }
 
 // Starts rank processes (this binary, --role rank) and reaps them on its own
@@ -185,9 +205,15 @@ int run_node(const cluster_cli& cli) {
   // ranks' reports up). Prometheus updates are lock-free and never block.
   std::mutex step_mu;
   int64_t last_step = 0;
+  // Per-rank CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
+  auto usage = std::make_shared<rank_usage_tracker>(m);
+  m.on_scrape([usage] { usage->sample_all(); });
   bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [&](const std::string& link, const std::string& peer, pb::envelope env) {
     if (env.has_register_ack() && env.register_ack().accepted())
       if (auto* b = bridge_ptr.load()) b->set_job_id(env.register_ack().job_id());
+    if (env.has_rank_hello()) usage->track(peer, env.rank_hello().local_rank(), env.rank_hello().pid());
+    if (env.has_heartbeat_ack()) observe_heartbeat_rtt(m, env.heartbeat_ack().echoed_sent_unix());
+    if (env.has_step_report()) add_usage(*env.mutable_step_report(), usage->sample(peer), node_id);
     if (env.has_generation_plan()) {
       m.generation().Set(static_cast<double>(env.generation_plan().generation()));
       m.world_size().Set(env.generation_plan().world_size());
@@ -196,6 +222,7 @@ int run_node(const cluster_cli& cli) {
       m.samples().Increment(static_cast<double>(r.samples()));
       m.step_duration().Observe(r.step_s());
       m.allreduce_duration().Observe(r.allreduce_s());
+      if (r.data_wait_s() > 0) m.data_wait().Observe(r.data_wait_s() / std::max(1, r.steps_covered()));
       m.loss().Set(r.loss());
       std::lock_guard<std::mutex> lock(step_mu);
       if (r.step() > last_step) {

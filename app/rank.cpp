@@ -15,6 +15,7 @@
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "model/rank_worker.hpp"
+#include "monitoring/data_wait.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/zmq_bridge.hpp"
 
@@ -88,6 +89,7 @@ caf::behavior rank_actor(rank_self self, envelope_header header, rank_worker_opt
         pb::envelope env = make_envelope(st.header, gen);
         env.MergeFrom(in.env);
         env.set_generation(gen);
+        if (env.has_step_report()) env.mutable_step_report()->set_data_wait_s(take_data_wait_s());
         st.send(std::move(env));
       },
       [=](inbound& in) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "monitoring/data_wait.hpp"
+
 namespace dtactor {
 
 namespace {
@@ -108,8 +110,12 @@ torch::Tensor gpt_task::window_losses(const torch::Tensor& w) {
 torch::Tensor gpt_task::loss_sum(const std::vector<int64_t>& indices) {
   const int64_t n = train_size();
   for (int64_t i : indices) TORCH_CHECK(i >= 0 && i < n, "sample index ", i, " out of range [0, ", n, ")");
-  auto starts = torch::tensor(indices, torch::kLong);
-  return window_losses(gather(train_, starts)).sum();
+  torch::Tensor windows;
+  {
+    data_wait_timer data;
+    windows = gather(train_, torch::tensor(indices, torch::kLong));
+  }
+  return window_losses(windows).sum();
 }
 
 eval_result gpt_task::evaluate(int64_t max_samples, int64_t batch_size) {

@@ -12,7 +12,10 @@
 
 #include "checkpoint.pb.h"
 #include "monitoring/journal.hpp"
+#include "monitoring/data_wait.hpp"
 #include "monitoring/progress.hpp"
+#include "monitoring/resources.hpp"
+#include "monitoring/run_observer.hpp"
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/fs.hpp"
@@ -318,20 +321,6 @@ status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config
   return {};
 }
 
-namespace {
-
-std::string format_metrics(const std::map<std::string, double>& m) {
-  std::string s;
-  char buf[64];
-  for (const auto& [k, v] : m) {
-    std::snprintf(buf, sizeof buf, "%s%s %.4f", s.empty() ? "" : ", ", k.c_str(), v);
-    s += buf;
-  }
-  return s;
-}
-
-}  // namespace
-
 result<train_summary> run_training(const config& cfg, const train_options& opts) {
   const auto start = clock_type::now();
   if (auto st = validate_training_config(cfg); !st) return st.err();
@@ -358,7 +347,13 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   if (auto st = write_file_atomic(opts.run_dir + "/config.toml", {config_text}); !st) return st.err();
 
   const bool interactive = opts.interactive.value_or(progress::stderr_is_terminal());
-  progress prog(interactive, opts.run_dir + "/train.log");
+  // Console progress and TensorBoard scalars (RUN_DIR/tensorboard), as a cluster's coordinator writes them.
+  run_observer prog({opts.run_dir, cfg.get_int("train.max_steps"), interactive, opts.run_dir + "/train.log"});
+  resource_book usage;
+  auto note_usage = [&](bool force) {
+    if (auto u = read_proc_usage()) usage.note(0, this_host_name(), *u);
+    if (usage.due(unix_time_now()) || (force && !usage.empty())) jn.write("resources", usage.to_json());
+  };
 
   // Resume.
   std::optional<loaded_checkpoint> ckpt;
@@ -412,6 +407,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     if (!path) return path.err();
     last_saved = state.step();
     jn.write("checkpoint_saved", {{"step", state.step()}, {"path", path.value()}, {"bytes", bytes}, {"duration_s", seconds_since(t0)}});
+    prog.note_event("checkpoint " + std::to_string(state.step()));
     return {};
   };
   auto run_eval = [&]() {
@@ -422,7 +418,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     for (const auto& [k, v] : summary.last_eval.metrics) ev[k] = v;
     if (!summary.last_eval.examples.empty()) ev["examples"] = summary.last_eval.examples;
     jn.write("eval", ev);
-    prog.log("eval at step " + std::to_string(state.step()) + ": " + format_metrics(summary.last_eval.metrics));
+    prog.on_eval(state.step(), summary.last_eval.metrics);
     for (const auto& ex : summary.last_eval.examples) prog.log("  " + ex);
   };
 
@@ -449,7 +445,6 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     const double sps_now = static_cast<double>(global_batch) / std::max(dt, 1e-9);
     ema_sps = ema_sps == 0 ? sps_now : 0.9 * ema_sps + 0.1 * sps_now;
     const int64_t step = state.step();
-    progress_state ps{step, max_steps, loss, ema_sps, static_cast<double>(max_steps - step) * global_batch / std::max(ema_sps, 1e-9), ""};
     if (step % log_every == 0 || step == max_steps) {
       const double sps = static_cast<double>(window_steps * global_batch) / std::max(window_time, 1e-9);
       jn.write("step", {{"step", step},
@@ -457,13 +452,14 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
                         {"loss_avg", window_loss / static_cast<double>(window_steps)},
                         {"lr", state.lr_at(step - 1)},
                         {"samples_per_s", sps},
+                        {"data_wait_s", take_data_wait_s() / static_cast<double>(window_steps)},
                         {"world_size", 1}});
-      ps.samples_per_s = sps;
-      prog.update(ps, true);
+      prog.on_step(step, loss, state.lr_at(step - 1), sps, 1, true);
+      note_usage(false);
       window_loss = window_time = 0;
       window_steps = 0;
     } else {
-      prog.update(ps);
+      prog.on_step(step, loss, state.lr_at(step - 1), ema_sps, 1, false);
     }
     if ((eval_every > 0 && step % eval_every == 0) || step == max_steps) run_eval();
     if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps) {
@@ -479,6 +475,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     if (auto st = save(); !st) return st.err();
   }
   summary.wall_s = seconds_since(start);
+  note_usage(true);
   if (summary.finished) {
     nlohmann::json ev = {{"step", summary.step}, {"params_digest", summary.params_digest}, {"wall_s", summary.wall_s}};
     for (const auto& [k, v] : summary.last_eval.metrics) ev[k] = v;

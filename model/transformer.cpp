@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
+
+#include "monitoring/data_wait.hpp"
 
 namespace dtactor {
 
@@ -183,6 +186,7 @@ torch::Tensor transformer_task::sample_losses(const torch::Tensor& logits, const
 }
 
 torch::Tensor transformer_task::loss_sum(const std::vector<int64_t>& indices) {
+  std::optional<data_wait_timer> data(std::in_place);
   std::vector<const word_pair*> pairs;
   pairs.reserve(indices.size());
   for (int64_t i : indices) {
@@ -190,6 +194,7 @@ torch::Tensor transformer_task::loss_sum(const std::vector<int64_t>& indices) {
     pairs.push_back(&data_.train[static_cast<size_t>(i)]);
   }
   auto b = make_batch(pairs);
+  data.reset();
   return sample_losses(model_->forward(b.src, b.tgt_in), b.tgt_out, label_smoothing_).sum();
 }
 

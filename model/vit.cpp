@@ -2,6 +2,7 @@
 
 #include "model/fashion_mnist.hpp"
 #include "model/task.hpp"
+#include "monitoring/data_wait.hpp"
 
 namespace dtactor {
 
@@ -43,9 +44,13 @@ class vit_task : public task {
   std::string main_metric() const override { return "accuracy"; }
 
   torch::Tensor loss_sum(const std::vector<int64_t>& indices) override {
-    auto idx = torch::tensor(indices, torch::kInt64);
-    auto x = prepare(train_.images.index_select(0, idx));
-    auto y = train_.labels.index_select(0, idx);
+    torch::Tensor x, y;
+    {
+      data_wait_timer data;
+      auto idx = torch::tensor(indices, torch::kInt64);
+      x = prepare(train_.images.index_select(0, idx));
+      y = train_.labels.index_select(0, idx);
+    }
     return torch::nn::functional::cross_entropy(model_->forward(x).to(torch::kFloat),
                                                 y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   }

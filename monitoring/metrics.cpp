@@ -12,11 +12,45 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include <prometheus/text_serializer.h>
 
+#include "monitoring/resources.hpp"
+
 namespace dtactor {
+
+// What the server consults besides the registry: callbacks run before each
+// scrape, and extra routes. Shared by the metrics object and its server.
+struct metrics_hooks {
+  struct route {
+    std::string content_type;
+    std::function<std::string()> body;
+  };
+  std::mutex mu;
+  std::vector<std::function<void()>> before_scrape;
+  std::map<std::string, route> routes;
+
+  void run_before_scrape() {
+    std::vector<std::function<void()>> fns;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      fns = before_scrape;
+    }
+    for (auto& f : fns) f();
+  }
+  std::optional<route> find(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = routes.find(path);
+    if (it == routes.end()) return std::nullopt;
+    return it->second;
+  }
+};
 
 // A minimal HTTP/1.x server for scrapes: one thread, one connection at a
 // time, every reply closes the connection. A client that stalls holds it for
@@ -34,8 +68,10 @@ class metrics_http_server {
   }
 
   // Binds and starts serving; returns the bound port.
-  result<int> start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+  result<int> start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+                    std::shared_ptr<metrics_hooks> hooks) {
     registry_ = std::move(registry);
+    hooks_ = std::move(hooks);
     const std::string address = host + ":" + std::to_string(port);
     auto fail = [&](const std::string& why) -> result<int> {
       return make_error("metrics: cannot serve /metrics on " + address + ": " + why);
@@ -103,16 +139,21 @@ class metrics_http_server {
     target = target.substr(0, target.find('?'));
 
     std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+    std::optional<metrics_hooks::route> extra;
     if (method != "GET" && method != "HEAD") {
       status = "405 Method Not Allowed";
       type = "text/plain";
       body = "use GET /metrics\n";
-    } else if (target != "/metrics" && target != "/metrics/") {
+    } else if (target == "/metrics" || target == "/metrics/") {
+      hooks_->run_before_scrape();
+      body = prometheus::TextSerializer().Serialize(registry_->Collect());
+    } else if ((extra = hooks_->find(target))) {
+      type = extra->content_type;
+      body = extra->body();
+    } else {
       status = "404 Not Found";
       type = "text/plain";
       body = "dtactor serves Prometheus metrics on /metrics\n";
-    } else {
-      body = prometheus::TextSerializer().Serialize(registry_->Collect());
     }
     std::string reply = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
                         "\r\nContent-Length: " + std::to_string(body.size()) +
@@ -127,6 +168,7 @@ class metrics_http_server {
   }
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<metrics_hooks> hooks_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
@@ -159,9 +201,10 @@ prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& c, const
 
 }  // namespace
 
-metrics::metrics(const std::string& job) : registry_(std::make_shared<prometheus::Registry>()) {
+metrics::metrics(const std::string& job)
+    : registry_(std::make_shared<prometheus::Registry>()), constant_(constant_labels(job)), hooks_(std::make_shared<metrics_hooks>()) {
   auto& r = *registry_;
-  const Labels c = constant_labels(job);
+  const Labels& c = constant_;
   world_size_ = gauge(r, c, "dtactor_world_size", "Ranks in the current generation.");
   generation_ = gauge(r, c, "dtactor_generation", "Current membership generation.");
   step_ = gauge(r, c, "dtactor_step", "Last committed global step.");
@@ -179,6 +222,10 @@ metrics::metrics(const std::string& job) : registry_(std::make_shared<prometheus
                             .Help("Membership changes that rebuilt the communicators, by cause.")
                             .Labels(c)
                             .Register(r);
+  // Exported at 0 from the start, so that increase() and rate() see the first
+  // recovery of each cause (a series born at 1 shows no increase).
+  for (const char* cause : {"node_lost", "node_left", "node_joined", "rank_exited", "rank_failed", "collective_failure"})
+    recoveries_family_->Add({{"cause", cause}});
   dropped_family_ = &prometheus::BuildCounter()
                          .Name("dtactor_wire_dropped_frames_total")
                          .Help("ZeroMQ frames refused or undeliverable, by kind.")
@@ -203,9 +250,48 @@ metrics::metrics(const std::string& job) : registry_(std::make_shared<prometheus
   checkpoint_save_ = histogram(r, c, "dtactor_checkpoint_save_seconds",
                                "Time to write one checkpoint to disk.",
                                {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120});
+  data_wait_ = histogram(r, c, "dtactor_data_wait_seconds",
+                         "Time a rank's step spent assembling its batch (data loading), per step.",
+                         {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  max_steps_ = gauge(r, c, "dtactor_max_steps", "The step training ends at (train.max_steps).");
+  checkpoint_size_bytes_ = gauge(r, c, "dtactor_checkpoint_size_bytes", "Size of the newest checkpoint written.");
+  checkpoint_last_step_ = gauge(r, c, "dtactor_checkpoint_last_step", "Step of the newest checkpoint written.");
+  checkpoint_last_timestamp_ =
+      gauge(r, c, "dtactor_checkpoint_last_timestamp_seconds",
+            "Unix time of the newest checkpoint written (the job's start while there is none).");
+  eval_step_ = gauge(r, c, "dtactor_eval_step", "Step of the last evaluation.");
+  rank_cpu_family_ = &prometheus::BuildCounter()
+                          .Name("dtactor_rank_cpu_seconds_total")
+                          .Help("CPU time (user + system) of this node's rank processes, by local rank.")
+                          .Labels(c)
+                          .Register(r);
+  rank_rss_family_ = &prometheus::BuildGauge()
+                          .Name("dtactor_rank_resident_memory_bytes")
+                          .Help("Resident memory of this node's rank processes, by local rank.")
+                          .Labels(c)
+                          .Register(r);
+  rank_peak_rss_family_ = &prometheus::BuildGauge()
+                               .Name("dtactor_rank_peak_resident_memory_bytes")
+                               .Help("Peak resident memory of this node's rank processes, by local rank.")
+                               .Labels(c)
+                               .Register(r);
+  process_cpu_ = counter(r, c, "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.");
+  process_rss_ = gauge(r, c, "process_resident_memory_bytes", "Resident memory size in bytes.");
+  process_start_ = gauge(r, c, "process_start_time_seconds", "Start time of the process since unix epoch in seconds.");
+  on_scrape([this, mu = std::make_shared<std::mutex>()] {
+    auto u = read_proc_usage();
+    if (!u) return;
+    std::lock_guard<std::mutex> lock(*mu);  // render() may run beside a scrape
+    if (u->cpu_s > process_cpu_counted_) {
+      process_cpu_->Increment(u->cpu_s - process_cpu_counted_);
+      process_cpu_counted_ = u->cpu_s;
+    }
+    process_rss_->Set(u->rss_bytes);
+    process_start_->Set(u->start_unix);
+  });
 }
 
-metrics::~metrics() = default;
+metrics::~metrics() { server_.reset(); }  // no scrape may run while members go
 
 prometheus::Counter& metrics::recoveries(const std::string& cause) {
   return recoveries_family_->Add({{"cause", cause}});
@@ -215,13 +301,56 @@ prometheus::Counter& metrics::wire_dropped_frames(const std::string& kind) {
   return dropped_family_->Add({{"kind", kind}});
 }
 
+prometheus::Counter& metrics::rank_cpu_seconds(const std::string& rank) { return rank_cpu_family_->Add({{"rank", rank}}); }
+
+prometheus::Gauge& metrics::rank_resident_memory(const std::string& rank) { return rank_rss_family_->Add({{"rank", rank}}); }
+
+prometheus::Gauge& metrics::rank_peak_resident_memory(const std::string& rank) {
+  return rank_peak_rss_family_->Add({{"rank", rank}});
+}
+
+void metrics::checkpoint_saved(int64_t step, double bytes, double seconds) {
+  checkpoint_save_->Observe(seconds);
+  checkpoint_size_bytes_->Set(bytes);
+  checkpoint_last_step_->Set(static_cast<double>(step));
+  checkpoint_last_timestamp_->SetToCurrentTime();
+}
+
+prometheus::Gauge& metrics::eval_metric(const std::string& name) {
+  std::string n = name == "val_loss" ? "loss" : name;
+  for (auto& ch : n) {
+    if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch - 'A' + 'a');
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_')) ch = '_';
+  }
+  std::lock_guard<std::mutex> lock(eval_mu_);
+  auto& g = eval_gauges_[n];
+  if (!g)
+    g = &prometheus::BuildGauge()
+             .Name("dtactor_eval_" + n)
+             .Help("Evaluation metric '" + name + "' of the last evaluation on held-out data.")
+             .Labels(constant_)
+             .Register(*registry_)
+             .Add({});
+  return *g;
+}
+
+void metrics::on_scrape(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(hooks_->mu);
+  hooks_->before_scrape.push_back(std::move(fn));
+}
+
+void metrics::add_route(const std::string& path, const std::string& content_type, std::function<std::string()> fn) {
+  std::lock_guard<std::mutex> lock(hooks_->mu);
+  hooks_->routes[path] = {content_type, std::move(fn)};
+}
+
 status metrics::serve(int port, const std::string& bind_host) {
   if (port == 0) return status::success();
   if (server_) return make_error("metrics: already serving on port " + std::to_string(port_));
   if (port < 0 || port > 65535)
     return make_error("metrics: port " + std::to_string(port) + " is out of range; use 1-65535, or 0 for off");
   auto server = std::make_unique<metrics_http_server>();
-  auto bound = server->start(bind_host, port, registry_);
+  auto bound = server->start(bind_host, port, registry_, hooks_);
   if (!bound) return bound.err();
   port_ = bound.value();
   server_ = std::move(server);
@@ -229,6 +358,7 @@ status metrics::serve(int port, const std::string& bind_host) {
 }
 
 std::string metrics::render() const {
+  hooks_->run_before_scrape();
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

@@ -9,16 +9,22 @@
 // "null context when constructing CivetServer". Our server thread has a
 // normal stack.
 //
-// Naming follows Prometheus conventions: base units (seconds, not ms),
+// Naming follows Prometheus conventions: base units (seconds, bytes),
 // counters end in _total, durations are histograms. Labels only where they
-// split something meaningful and bounded (recovery cause, drop kind). A
-// constant `job` label, when given, is on every series.
+// split something meaningful and bounded (recovery cause, drop kind, a node's
+// local rank). A constant `job` label, when given, is on every series.
+// Every process also exports the standard process_cpu_seconds_total,
+// process_resident_memory_bytes and process_start_time_seconds of itself.
 //
 // Every accessor is thread-safe (prometheus-cpp locks internally) and the
 // returned references stay valid for the object's lifetime: look them up
 // once, then Set/Increment/Observe from any thread.
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -31,6 +37,7 @@
 namespace dtactor {
 
 class metrics_http_server;
+struct metrics_hooks;
 
 class metrics {
  public:
@@ -51,6 +58,13 @@ class metrics {
   // The exposition text a scrape would return now (for tests and reports).
   std::string render() const;
 
+  // Runs `fn` before every scrape (and render()), on the server's thread: for
+  // values read on demand (/proc). Must be thread-safe and quick.
+  void on_scrape(std::function<void()> fn);
+  // Serves GET `path` (e.g. "/sd") with the body `fn` returns, besides
+  // /metrics. `fn` runs on the server's thread and must be thread-safe.
+  void add_route(const std::string& path, const std::string& content_type, std::function<std::string()> fn);
+
   prometheus::Registry& registry() { return *registry_; }
 
   // ---- gauges ----
@@ -61,6 +75,7 @@ class metrics {
   prometheus::Gauge& loss() { return *loss_; }
   prometheus::Gauge& learning_rate() { return *learning_rate_; }
   prometheus::Gauge& samples_per_second() { return *samples_per_second_; }
+  prometheus::Gauge& max_steps() { return *max_steps_; }  // train.max_steps: progress and ETA
 
   // ---- counters ----
   prometheus::Counter& samples() { return *samples_; }  // dtactor_samples_total
@@ -80,14 +95,54 @@ class metrics {
   prometheus::Histogram& recovery() { return *recovery_; }
   prometheus::Histogram& heartbeat_rtt() { return *heartbeat_rtt_; }
   prometheus::Histogram& checkpoint_save() { return *checkpoint_save_; }
+  // Time a rank's step spent assembling its batch (data loading), per step.
+  prometheus::Histogram& data_wait() { return *data_wait_; }
+
+  // ---- checkpoints ----
+  prometheus::Gauge& checkpoint_size_bytes() { return *checkpoint_size_bytes_; }
+  prometheus::Gauge& checkpoint_last_step() { return *checkpoint_last_step_; }
+  // Unix time of the newest checkpoint written, or of the job's start while
+  // there is none (so that "checkpoint too old" measures from the start).
+  prometheus::Gauge& checkpoint_last_timestamp() { return *checkpoint_last_timestamp_; }
+  // Records one saved checkpoint: size, step, now, and the save time.
+  void checkpoint_saved(int64_t step, double bytes, double seconds);
+
+  // ---- evaluation ----
+  // dtactor_eval_<metric> (e.g. dtactor_eval_accuracy); the journal's
+  // val_loss is dtactor_eval_loss. One gauge per metric name a model reports
+  // (a small fixed set). Names are sanitized to [a-z0-9_].
+  prometheus::Gauge& eval_metric(const std::string& name);
+  prometheus::Gauge& eval_step() { return *eval_step_; }  // step of the last evaluation
+
+  // ---- per-rank resources (the node's endpoint; rank = local rank) ----
+  prometheus::Counter& rank_cpu_seconds(const std::string& rank);      // dtactor_rank_cpu_seconds_total
+  prometheus::Gauge& rank_resident_memory(const std::string& rank);    // dtactor_rank_resident_memory_bytes
+  prometheus::Gauge& rank_peak_resident_memory(const std::string& rank);  // dtactor_rank_peak_resident_memory_bytes
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<metrics_http_server> server_;
   int port_ = 0;
+  prometheus::Labels constant_;
+  std::shared_ptr<metrics_hooks> hooks_;
+  std::mutex eval_mu_;
+  std::map<std::string, prometheus::Gauge*> eval_gauges_;
 
   prometheus::Family<prometheus::Counter>* recoveries_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* dropped_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* rank_cpu_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* rank_rss_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* rank_peak_rss_family_ = nullptr;
+  prometheus::Counter* process_cpu_ = nullptr;
+  prometheus::Gauge* process_rss_ = nullptr;
+  prometheus::Gauge* process_start_ = nullptr;
+  double process_cpu_counted_ = 0;
+  prometheus::Gauge* max_steps_ = nullptr;
+  prometheus::Gauge* checkpoint_size_bytes_ = nullptr;
+  prometheus::Gauge* checkpoint_last_step_ = nullptr;
+  prometheus::Gauge* checkpoint_last_timestamp_ = nullptr;
+  prometheus::Gauge* eval_step_ = nullptr;
+  prometheus::Histogram* data_wait_ = nullptr;
 
   prometheus::Gauge* world_size_ = nullptr;
   prometheus::Gauge* generation_ = nullptr;

@@ -97,6 +97,23 @@ expect_error "checkpoint of another architecture" "different model" train "${tin
 echo "garbage" >"$work/garbage.dtc"
 expect_error "garbage checkpoint" "not a dtactor checkpoint|garbage|magic|truncated" eval "$work/garbage.dtc"
 expect_ok "eval of a run dir" "step 3 .*accuracy=" eval "$work/good" --set eval.max_samples=200
+# The log book of that run, and bad input to `report`.
+expect_ok "report of a train run" "wrote .*report.md and .*loss.svg" report "$work/good"
+if grep -q "| outcome | \*\*finished\*\* |" "$work/good/report.md" && grep -q "<polyline" "$work/good/loss.svg" &&
+   grep -q "peak resident memory" "$work/good/report.md"; then
+  ok "report content"
+else
+  bad "report content"; cat "$work/good/report.md"
+fi
+if ls "$work"/good/tensorboard/events.out.tfevents.* >/dev/null 2>&1; then ok "train writes TensorBoard events"; else bad "no TensorBoard events"; fi
+expect_error "report of a missing dir" "is not a directory" report "$work/none"
+mkdir -p "$work/nojournal"
+expect_error "report without journal" "no journal" report "$work/nojournal"
+mkdir -p "$work/corrupt" && cp "$work/good/journal.jsonl" "$work/corrupt/" && echo '{"event": "step", "st' >>"$work/corrupt/journal.jsonl"
+expect_error "report of a corrupt journal" "journal.jsonl line [0-9]+ is not a journal event" report "$work/corrupt"
+expect_error "report to an unwritable place" "cannot|No such file" report "$work/good" --out "$work/no/such/dir/r.md"
+expect_error "report without a run dir" "required|run_dir" report
+
 # No half-written files anywhere after all of the above.
 if find "$work" -name '*.tmp*' | grep -q .; then bad "temp files left behind"; find "$work" -name '*.tmp*'; else ok "no temp files left"; fi
 

@@ -2,7 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
 #include "http_get.hpp"
+#include "monitoring/journal.hpp"
+#include "monitoring/resources.hpp"
+#include "monitoring/service_discovery.hpp"
 #include "runtime/zmq_bridge.hpp"  // pick_free_tcp_port
 
 namespace dtactor {
@@ -103,6 +110,106 @@ TEST(metrics, port_in_use_is_a_clear_error) {
       << taken.message();
   std::fprintf(stderr, "[message] %s\n", taken.message().c_str());
   EXPECT_FALSE(second.serve(-1));
+}
+
+TEST(metrics, observability_series_have_prometheus_names) {
+  metrics m("j");
+  m.checkpoint_saved(500, 2.5e6, 0.3);
+  m.eval_metric("accuracy").Set(0.875);
+  m.eval_metric("val_loss").Set(0.4);
+  m.eval_metric("Exact-Match").Set(0.05);
+  m.eval_step().Set(500);
+  m.data_wait().Observe(0.002);
+  m.rank_cpu_seconds("0").Increment(12.5);
+  m.rank_resident_memory("1").Set(3e8);
+  m.rank_peak_resident_memory("1").Set(3.5e8);
+  const std::string r = m.render();
+  const std::string j = "job=\"j\"";
+  EXPECT_TRUE(has_line(r, "dtactor_checkpoint_size_bytes{" + j + "} 2500000")) << r;
+  EXPECT_TRUE(has_line(r, "dtactor_checkpoint_last_step{" + j + "} 500"));
+  EXPECT_TRUE(has_line(r, "dtactor_checkpoint_save_seconds_count{" + j + "} 1"));
+  EXPECT_TRUE(has_line(r, "dtactor_eval_accuracy{" + j + "} 0.875"));
+  EXPECT_TRUE(has_line(r, "dtactor_eval_loss{" + j + "} 0.4"));
+  EXPECT_TRUE(has_line(r, "dtactor_eval_exact_match{" + j + "} 0.05"));
+  EXPECT_TRUE(has_line(r, "dtactor_eval_step{" + j + "} 500"));
+  EXPECT_TRUE(has_line(r, "dtactor_data_wait_seconds_count{" + j + "} 1"));
+  EXPECT_TRUE(has_line(r, "# TYPE dtactor_rank_cpu_seconds_total counter"));
+  EXPECT_TRUE(r.find("dtactor_rank_cpu_seconds_total{") != std::string::npos && r.find("rank=\"0\"") != std::string::npos);
+  EXPECT_NE(r.find("dtactor_rank_peak_resident_memory_bytes{"), std::string::npos);
+  // The checkpoint timestamp is now.
+  const auto ts = r.find("\ndtactor_checkpoint_last_timestamp_seconds{" + j + "} ");
+  ASSERT_NE(ts, std::string::npos);
+  const double t = std::atof(r.c_str() + r.find("} ", ts) + 2);
+  EXPECT_NEAR(t, unix_time_now(), 60);
+  // This process's own usage, read at scrape time.
+  EXPECT_NE(r.find("\nprocess_cpu_seconds_total{" + j + "} "), std::string::npos);
+  const auto rss = r.find("\nprocess_resident_memory_bytes{" + j + "} ");
+  ASSERT_NE(rss, std::string::npos);
+  EXPECT_GT(std::atof(r.c_str() + r.find("} ", rss) + 2), 1e6);
+}
+
+TEST(metrics, proc_usage_of_this_process_and_a_gone_one) {
+  auto u = read_proc_usage();
+  ASSERT_TRUE(u);
+  EXPECT_GT(u->rss_bytes, 1e6);
+  EXPECT_GE(u->peak_rss_bytes, u->rss_bytes);
+  EXPECT_GE(u->cpu_s, 0);
+  EXPECT_NEAR(u->start_unix + u->age_s, unix_time_now(), 5);
+  auto self = read_proc_usage(::getpid());
+  ASSERT_TRUE(self);
+  EXPECT_FALSE(read_proc_usage(0x3fffffff));  // no such process
+}
+
+TEST(metrics, rank_usage_tracker_fills_rank_series) {
+  metrics m;
+  rank_usage_tracker t(m);
+  EXPECT_FALSE(t.sample("nobody"));
+  t.track("peer-a", 3, ::getpid());
+  auto u = t.sample("peer-a");
+  ASSERT_TRUE(u);
+  const std::string r = m.render();
+  EXPECT_NE(r.find("dtactor_rank_resident_memory_bytes{rank=\"3\"} "), std::string::npos) << r;
+  EXPECT_NE(r.find("dtactor_rank_cpu_seconds_total{rank=\"3\"} "), std::string::npos) << r;
+}
+
+TEST(metrics, http_sd_lists_the_coordinator_and_admitted_nodes) {
+  sd_targets sd("job-x");
+  EXPECT_EQ(nlohmann::json::parse(sd.json()), nlohmann::json::array());
+  sd.set_coordinator("127.0.0.1", 9400);
+  sd.note_registration("peer-1", "n1", "10.0.0.5", 9401);
+  sd.note_registration("peer-2", "n2", "10.0.0.6", 0);   // no metrics endpoint
+  sd.note_registration("peer-3", "n3", "10.0.0.7", 9403);  // never accepted
+  sd.admit("peer-1");
+  sd.admit("peer-2");
+  auto j = nlohmann::json::parse(sd.json());
+  ASSERT_EQ(j.size(), 2u) << j;
+  EXPECT_EQ(j[0]["targets"][0], "127.0.0.1:9400");
+  EXPECT_EQ(j[0]["labels"]["job"], "job-x");
+  EXPECT_EQ(j[0]["labels"]["role"], "coordinator");
+  EXPECT_EQ(j[1]["targets"][0], "10.0.0.5:9401");
+  EXPECT_EQ(j[1]["labels"]["node"], "n1");
+  EXPECT_EQ(j[1]["labels"]["role"], "node");
+  // A node registering again with a new address replaces the old one.
+  sd.note_registration("peer-9", "n1", "fe80::1", 9401);
+  sd.admit("peer-9");
+  j = nlohmann::json::parse(sd.json());
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[1]["targets"][0], "[fe80::1]:9401");
+  sd.remove_node("n1");
+  EXPECT_EQ(nlohmann::json::parse(sd.json()).size(), 1u);
+
+  // Served on the metrics port, with the content type Prometheus requires.
+  metrics m("job-x");
+  m.add_route("/sd", "application/json", [&sd] { return sd.json(); });
+  auto port = pick_free_tcp_port();
+  ASSERT_TRUE(port);
+  ASSERT_TRUE(m.serve(port.value(), "127.0.0.1"));
+  const std::string reply = http_get(m.port(), "/sd");
+  EXPECT_NE(reply.find("200 OK"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("Content-Type: application/json"), std::string::npos) << reply;
+  const auto body = nlohmann::json::parse(reply.substr(reply.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body[0]["labels"]["role"], "coordinator");
+  EXPECT_NE(http_get(m.port(), "/metrics").find("200 OK"), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,573 @@
+#include "monitoring/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "runtime/fs.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using nlohmann::json;
+
+double num(const json& j, const char* key, double fallback = 0) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+int64_t integer(const json& j, const char* key, int64_t fallback = 0) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? static_cast<int64_t>(it->get<double>()) : fallback;
+}
+
+std::string str(const json& j, const char* key, const std::string& fallback = "") {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+// Fields of an eval event that are not metrics.
+bool is_eval_bookkeeping(const std::string& k) {
+  return k == "t" || k == "event" || k == "step" || k == "duration_s" || k == "examples" || k == "generation";
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string utc(double t) {
+  if (t <= 0) return "?";
+  const std::time_t s = static_cast<std::time_t>(t);
+  std::tm tm{};
+  gmtime_r(&s, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  if (s < 0.1) return fmt("%.1f ms", s * 1000);
+  if (s < 10) return fmt("%.2f s", s);
+  if (s < 120) return fmt("%.0f s", s);
+  const long t = std::lround(s);
+  char buf[48];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld h %02ld min", t / 3600, (t / 60) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld min %02ld s", t / 60, t % 60);
+  return buf;
+}
+
+std::string bytes(double b) {
+  if (b <= 0) return "?";
+  if (b >= 1024.0 * 1024 * 1024) return fmt("%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt("%.1f MiB", b / (1024.0 * 1024));
+  return fmt("%.1f KiB", b / 1024.0);
+}
+
+std::string metric_value(const std::string& name, double v) {
+  if (name.find("accuracy") != std::string::npos || name == "exact_match") return fmt("%.2f%%", 100 * v);
+  return fmt("%.4f", v);
+}
+
+std::string escape_xml(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+// Markdown table cells must not contain a bare '|' or a newline.
+std::string cell(std::string s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += "\\|";
+    else if (c == '\n') out += ' ';
+    else out += c;
+  }
+  return out;
+}
+
+// 1, 2 or 5 times a power of ten, giving about `n` intervals over [lo, hi].
+double nice_step(double lo, double hi, int n) {
+  const double raw = (hi - lo) / std::max(1, n);
+  if (!(raw > 0) || !std::isfinite(raw)) return 1;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * p) return m * p;
+  return 10 * p;
+}
+
+std::string tick_label(double v, double step) {
+  if (std::fabs(v) >= 10000 && step >= 1000) return fmt("%.0fk", v / 1000);
+  if (step >= 1) return fmt("%.0f", v);
+  const int digits = std::min(6, static_cast<int>(std::ceil(-std::log10(step))));
+  char f[16];
+  std::snprintf(f, sizeof f, "%%.%df", digits);
+  return fmt(f, v);
+}
+
+// The value of `key` under [section] in the effective config (written by
+// config::to_toml: one "key = value" per line), unquoted; "" when absent.
+std::string toml_value(const std::string& toml, const std::string& section, const std::string& key) {
+  std::istringstream in(toml);
+  std::string line, current;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '[') {
+      current = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (current != section || eq == std::string::npos) continue;
+    std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    k.erase(k.find_last_not_of(" \t") + 1);
+    v.erase(0, v.find_first_not_of(" \t"));
+    v.erase(v.find_last_not_of(" \t\r") + 1);
+    if (v.size() >= 2 && (v.front() == '\'' || v.front() == '"')) v = v.substr(1, v.size() - 2);
+    if (k == key) return v;
+  }
+  return "";
+}
+
+}  // namespace
+
+bool report_lower_is_better(const std::string& metric) {
+  return metric.find("loss") != std::string::npos || metric == "perplexity";
+}
+
+result<run_digest> digest_journal(std::istream& in, const std::string& name) {
+  run_digest d;
+  std::string line;
+  int64_t line_no = 0;
+  run_digest::session* current = nullptr;
+  std::map<std::string, size_t> open_losses;  // node -> index in recoveries awaiting recovery_done
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("event") || !j["event"].is_string())
+      return make_error(name + " line " + std::to_string(line_no) +
+                        " is not a journal event (a JSON object with an \"event\" field); fix or remove that line");
+    ++d.events;
+    const std::string ev = j["event"].get<std::string>();
+    const double t = num(j, "t");
+    if (t > 0) {
+      if (d.first_t == 0) d.first_t = t;
+      d.last_t = std::max(d.last_t, t);
+    }
+    // A start of `dtactor train` (job_started) or of a coordinator: a new
+    // session, except a job_started inside a coordinator's session.
+    if (ev == "coordinator_started" || (ev == "job_started" && !(current && current->kind == "cluster"))) {
+      d.sessions.push_back({t, t, ev == "job_started" ? "train" : "cluster"});
+      current = &d.sessions.back();
+      d.outcome = "interrupted";
+      d.outcome_detail.clear();
+      open_losses.clear();
+    }
+    if (ev == "job_started" || ev == "coordinator_started") {
+      if (ev == "job_started") {
+        d.model = str(j, "model", d.model);
+        d.parameters = integer(j, "parameters", d.parameters);
+        d.max_steps = integer(j, "max_steps", d.max_steps);
+        d.global_batch_size = integer(j, "global_batch_size", d.global_batch_size);
+      } else {
+        d.job_id = str(j, "job_id", d.job_id);
+      }
+    } else if (!current && t > 0) {
+      // A journal that does not begin with a start event (older writers).
+      d.sessions.push_back({t, t, "unknown"});
+      current = &d.sessions.back();
+    }
+    if (current && t > 0) current->end = std::max(current->end, t);
+
+    if (ev == "step") {
+      run_digest::point p;
+      p.step = integer(j, "step");
+      p.t = t;
+      p.loss = num(j, "loss", NAN);
+      if (j.contains("loss") && j["loss"].is_null()) p.loss = NAN;  // a non-finite loss is written as null
+      p.samples_per_s = num(j, "samples_per_s");
+      p.world_size = static_cast<int>(integer(j, "world_size", 1));
+      d.steps.push_back(p);
+      d.last_step = std::max(d.last_step, p.step);
+    } else if (ev == "eval") {
+      run_digest::eval_point e;
+      e.step = integer(j, "step");
+      e.t = t;
+      for (auto& [k, v] : j.items())
+        if (!is_eval_bookkeeping(k) && v.is_number()) e.metrics[k] = v.get<double>();
+      if (j.contains("examples") && j["examples"].is_array())
+        for (const auto& x : j["examples"])
+          if (x.is_string()) e.examples.push_back(x.get<std::string>());
+      d.evals.push_back(std::move(e));
+    } else if (ev == "generation_started") {
+      run_digest::generation g;
+      g.number = static_cast<uint64_t>(integer(j, "generation"));
+      g.t = t;
+      g.world_size = static_cast<int>(integer(j, "world_size"));
+      g.start_step = integer(j, "start_step");
+      if (j.contains("nodes") && j["nodes"].is_array())
+        for (const auto& n : j["nodes"])
+          if (n.is_string()) g.nodes.push_back(n.get<std::string>());
+      d.generations.push_back(std::move(g));
+    } else if (ev == "node_joined") {
+      d.nodes_joined.push_back(str(j, "node", "?"));
+    } else if (ev == "node_lost" || ev == "node_left") {
+      run_digest::recovery r;
+      r.t = t;
+      r.node = str(j, "node", "?");
+      r.cause = ev == "node_left" ? (j.contains("reason") ? "node_left: " + str(j, "reason") : "node_left") : str(j, "cause", "node_lost");
+      r.detected_after_s = num(j, "detected_after_s", -1);
+      d.recoveries.push_back(r);
+      open_losses[r.node] = d.recoveries.size() - 1;
+    } else if (ev == "recovery_done") {
+      // Closes every loss it recovered from; a recovery with no journaled
+      // loss before it (e.g. a rank restart) gets its own row.
+      bool matched = false;
+      for (auto& [node, idx] : open_losses) {
+        auto& r = d.recoveries[idx];
+        r.duration_s = num(j, "duration_s", -1);
+        r.rolled_back_steps = integer(j, "rolled_back_steps", -1);
+        r.resumed_step = integer(j, "resumed_step", -1);
+        r.generation = static_cast<uint64_t>(integer(j, "generation"));
+        r.world_size = static_cast<int>(integer(j, "world_size"));
+        matched = true;
+      }
+      open_losses.clear();
+      if (!matched) {
+        run_digest::recovery r;
+        r.t = t;
+        r.cause = str(j, "cause", "recovery");
+        r.node = str(j, "node", "");
+        r.duration_s = num(j, "duration_s", -1);
+        r.rolled_back_steps = integer(j, "rolled_back_steps", -1);
+        r.resumed_step = integer(j, "resumed_step", -1);
+        r.generation = static_cast<uint64_t>(integer(j, "generation"));
+        r.world_size = static_cast<int>(integer(j, "world_size"));
+        d.recoveries.push_back(r);
+      }
+    } else if (ev == "resources" && j.contains("ranks") && j["ranks"].is_array()) {
+      for (const auto& r : j["ranks"]) {
+        if (!r.is_object()) continue;
+        const std::string node = str(r, "node", "?");
+        const int rank = static_cast<int>(integer(r, "rank"));
+        auto& rr = d.resources[node + "/" + std::to_string(rank)];
+        rr.node = node;
+        rr.rank = rank;
+        rr.peak_rss_bytes = std::max(rr.peak_rss_bytes, num(r, "peak_rss_bytes"));
+        rr.cpu_s = num(r, "cpu_s", rr.cpu_s);
+        rr.elapsed_s = num(r, "elapsed_s", rr.elapsed_s);
+      }
+    } else if (ev == "checkpoint_saved") {
+      ++d.checkpoints_saved;
+      d.last_checkpoint_step = integer(j, "step");
+      d.last_checkpoint_bytes = num(j, "bytes");
+      d.checkpoint_seconds_total += num(j, "duration_s");
+    } else if (ev == "checkpoint_skipped" || ev == "checkpoint_failed") {
+      d.checkpoint_problems.push_back(ev + ": " + str(j, "path", "step " + std::to_string(integer(j, "step"))) + " (" + str(j, "reason", "?") + ")");
+    } else if (ev == "checkpoint_restored") {
+      d.restores.emplace_back(integer(j, "step"), str(j, "source", "?"));
+    } else if (ev == "rank_failed" || ev == "rank_exited") {
+      d.failures.push_back(ev + ": rank " + std::to_string(integer(j, "rank")) + " on " + str(j, "node", "?") + " at step " +
+                           std::to_string(integer(j, "step")) + " (" + str(j, "detail", "exit code " + std::to_string(integer(j, "exit_code"))) + ")");
+    } else if (ev == "job_finished") {
+      d.outcome = j.contains("error") ? "failed" : "finished";
+      d.outcome_detail = str(j, "error");
+      d.last_step = std::max(d.last_step, integer(j, "step"));
+    } else if (ev == "job_failed") {
+      d.outcome = "failed";
+      d.outcome_detail = str(j, "reason");
+      d.failures.push_back("job_failed at step " + std::to_string(integer(j, "step")) + ": " + str(j, "reason", "?"));
+    } else if (ev == "job_stopped") {
+      d.outcome = "stopped";
+      d.outcome_detail = str(j, "reason");
+    }
+  }
+  if (d.events == 0) return make_error(name + " has no events; is the run still starting?");
+  return d;
+}
+
+std::string render_loss_svg(const run_digest& d) {
+  const double W = 720, H = 360, L = 64, R = 20, T = 30, B = 48;
+  std::vector<const run_digest::point*> pts;
+  for (const auto& p : d.steps)
+    if (std::isfinite(p.loss)) pts.push_back(&p);
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << ' ' << H
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
+  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << "<text x=\"" << W / 2 << "\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">training loss"
+    << (d.model.empty() ? "" : " (" + escape_xml(d.model) + ")") << "</text>\n";
+  if (pts.empty()) {
+    o << "<text x=\"" << W / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no step events with a finite loss</text>\n</svg>\n";
+    return o.str();
+  }
+  double x0 = 0, x1 = static_cast<double>(std::max<int64_t>(pts.back()->step, d.max_steps));
+  for (auto* p : pts) x1 = std::max(x1, static_cast<double>(p->step));
+  double y0 = pts[0]->loss, y1 = pts[0]->loss;
+  for (auto* p : pts) y0 = std::min(y0, p->loss), y1 = std::max(y1, p->loss);
+  y0 = std::min(0.0, y0);
+  if (y1 <= y0) y1 = y0 + 1;
+  const double ys = nice_step(y0, y1, 5), xs = nice_step(x0, std::max(x1, 1.0), 6);
+  y1 = std::ceil(y1 / ys) * ys;
+  x1 = std::max(std::ceil(x1 / xs) * xs, xs);
+  auto X = [&](double v) { return L + (v - x0) / (x1 - x0) * (W - L - R); };
+  auto Y = [&](double v) { return H - B - (v - y0) / (y1 - y0) * (H - T - B); };
+  o.setf(std::ios::fixed);
+  o.precision(1);
+  // Grid and axes.
+  for (double v = y0; v <= y1 + ys / 2; v += ys) {
+    o << "<line x1=\"" << L << "\" y1=\"" << Y(v) << "\" x2=\"" << W - R << "\" y2=\"" << Y(v) << "\" stroke=\"#e5e5e5\"/>\n";
+    o << "<text x=\"" << L - 6 << "\" y=\"" << Y(v) + 4 << "\" text-anchor=\"end\">" << tick_label(v, ys) << "</text>\n";
+  }
+  for (double v = x0; v <= x1 + xs / 2; v += xs) {
+    o << "<line x1=\"" << X(v) << "\" y1=\"" << H - B << "\" x2=\"" << X(v) << "\" y2=\"" << H - B + 4 << "\" stroke=\"#333\"/>\n";
+    o << "<text x=\"" << X(v) << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">" << tick_label(v, xs) << "</text>\n";
+  }
+  o << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B << "\" stroke=\"#333\"/>\n";
+  o << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B << "\" stroke=\"#333\"/>\n";
+  o << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>\n";
+  o << "<text x=\"14\" y=\"" << (T + H - B) / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 14 " << (T + H - B) / 2
+    << ")\">loss</text>\n";
+  // Membership changes after the first generation, and recoveries.
+  for (size_t i = 1; i < d.generations.size(); ++i) {
+    const auto& g = d.generations[i];
+    const double x = X(static_cast<double>(g.start_step));
+    o << "<line x1=\"" << x << "\" y1=\"" << T << "\" x2=\"" << x << "\" y2=\"" << H - B
+      << "\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/>\n";
+    o << "<text x=\"" << x + 3 << "\" y=\"" << T + 10 << "\" fill=\"#d62728\">gen " << g.number << ", world " << g.world_size << "</text>\n";
+  }
+  // The curve.
+  o << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
+  for (auto* p : pts) o << X(static_cast<double>(p->step)) << ',' << Y(p->loss) << ' ';
+  o << "\"/>\n";
+  // Evaluation losses as dots, when there are any.
+  for (const auto& e : d.evals) {
+    auto it = e.metrics.find("val_loss");
+    if (it == e.metrics.end() || !std::isfinite(it->second) || it->second > y1 || it->second < y0) continue;
+    o << "<circle cx=\"" << X(static_cast<double>(e.step)) << "\" cy=\"" << Y(it->second) << "\" r=\"3\" fill=\"#ff7f0e\"/>\n";
+  }
+  o << "<text x=\"" << W - R << "\" y=\"" << T + 10 << "\" text-anchor=\"end\" fill=\"#1f77b4\">train loss";
+  bool any_val = false;
+  for (const auto& e : d.evals) any_val = any_val || e.metrics.count("val_loss");
+  o << "</text>\n";
+  if (any_val) o << "<text x=\"" << W - R << "\" y=\"" << T + 24 << "\" text-anchor=\"end\" fill=\"#ff7f0e\">● validation loss</text>\n";
+  o << "</svg>\n";
+  return o.str();
+}
+
+std::string render_report(const run_digest& d, const std::string& run_dir, const std::string& config_toml, const std::string& svg_name) {
+  std::ostringstream o;
+  o << "# Log book: " << run_dir << "\n\n";
+  o << "Written by `dtactor report` from `journal.jsonl`";
+  if (!config_toml.empty()) o << " and `config.toml`";
+  o << " (" << d.events << " events).\n\n";
+
+  // ---- summary ----
+  double train_s = 0;
+  for (const auto& s : d.sessions) train_s += std::max(0.0, s.end - s.start);
+  o << "## Summary\n\n| | |\n|---|---|\n";
+  if (!d.model.empty()) o << "| model | " << cell(d.model) << (d.parameters ? " (" + std::to_string(d.parameters) + " parameters)" : "") << " |\n";
+  if (!d.job_id.empty()) o << "| job | " << cell(d.job_id) << " |\n";
+  o << "| outcome | **" << d.outcome << "**" << (d.outcome_detail.empty() ? "" : ": " + cell(d.outcome_detail)) << " |\n";
+  o << "| steps | " << d.last_step;
+  if (d.max_steps > 0) o << " of " << d.max_steps;
+  o << " |\n";
+  o << "| started | " << utc(d.first_t) << " |\n| last event | " << utc(d.last_t) << " |\n";
+  o << "| training time | " << duration(train_s);
+  if (d.sessions.size() > 1) o << " over " << d.sessions.size() << " starts (resumed " << d.sessions.size() - 1 << " time(s))";
+  o << " |\n";
+  if (!d.steps.empty()) {
+    std::vector<double> sps;
+    for (const auto& p : d.steps)
+      if (p.samples_per_s > 0) sps.push_back(p.samples_per_s);
+    if (!sps.empty()) {
+      std::sort(sps.begin(), sps.end());
+      o << "| throughput | median " << fmt("%.0f", sps[sps.size() / 2]) << " samples/s (min " << fmt("%.0f", sps.front()) << ", max "
+        << fmt("%.0f", sps.back()) << ") |\n";
+    }
+    o << "| last training loss | " << fmt("%.4f", d.steps.back().loss) << " at step " << d.steps.back().step << " |\n";
+  }
+  int max_world = 0, min_world = 0;
+  for (const auto& g : d.generations) {
+    max_world = std::max(max_world, g.world_size);
+    min_world = min_world == 0 ? g.world_size : std::min(min_world, g.world_size);
+  }
+  for (const auto& p : d.steps) {
+    max_world = std::max(max_world, p.world_size);
+    min_world = min_world == 0 ? p.world_size : std::min(min_world, p.world_size);
+  }
+  if (max_world > 0) o << "| world size | " << (min_world == max_world ? std::to_string(max_world) : std::to_string(min_world) + " to " + std::to_string(max_world)) << " rank(s) |\n";
+  o << "| recoveries | " << d.recoveries.size() << " |\n";
+  o << "\n";
+
+  // ---- evaluation ----
+  o << "## Evaluation\n\n";
+  if (d.evals.empty()) {
+    o << "No evaluation was journaled.\n\n";
+  } else {
+    const auto& last = d.evals.back();
+    std::set<std::string> names;
+    for (const auto& e : d.evals)
+      for (const auto& [k, v] : e.metrics) names.insert(k);
+    o << "| metric | final (step " << last.step << ") | best | at step |\n|---|---|---|---|\n";
+    for (const auto& n : names) {
+      const bool lower = report_lower_is_better(n);
+      const run_digest::eval_point* best = nullptr;
+      for (const auto& e : d.evals) {
+        auto it = e.metrics.find(n);
+        if (it == e.metrics.end() || !std::isfinite(it->second)) continue;
+        if (!best || (lower ? it->second < best->metrics.at(n) : it->second > best->metrics.at(n))) best = &e;
+      }
+      auto f = last.metrics.find(n);
+      o << "| " << cell(n) << (lower ? " (lower is better)" : "") << " | " << (f != last.metrics.end() ? metric_value(n, f->second) : "-") << " | "
+        << (best ? metric_value(n, best->metrics.at(n)) : "-") << " | " << (best ? std::to_string(best->step) : "-") << " |\n";
+    }
+    o << "\n" << d.evals.size() << " evaluation(s).";
+    if (!last.examples.empty()) {
+      o << " Examples from the last one:\n\n";
+      for (size_t i = 0; i < last.examples.size() && i < 8; ++i) o << "- `" << last.examples[i] << "`\n";
+    }
+    o << "\n\n";
+  }
+
+  // ---- loss curve ----
+  if (!svg_name.empty()) o << "## Loss\n\n![training loss](" << svg_name << ")\n\n";
+
+  // ---- resources ----
+  o << "## Resources\n\n";
+  if (d.resources.empty()) {
+    o << "No `resources` events in the journal (written by this version's coordinator and `dtactor train`).\n\n";
+  } else {
+    o << "| node | rank | peak resident memory | CPU time | CPU utilization |\n|---|---|---|---|---|\n";
+    for (const auto& [k, r] : d.resources) {
+      o << "| " << cell(r.node) << " | " << r.rank << " | " << bytes(r.peak_rss_bytes) << " | " << duration(r.cpu_s) << " | "
+        << (r.elapsed_s > 0 ? fmt("%.0f%%", 100 * r.cpu_s / r.elapsed_s) + " of one core" : std::string("?")) << " |\n";
+    }
+    o << "\nCPU utilization is the process's CPU time over its lifetime (100% = one core busy all the time).\n\n";
+  }
+
+  // ---- batch ----
+  o << "## Batch size\n\n";
+  if (d.global_batch_size > 0 || !config_toml.empty()) {
+    int64_t gb = d.global_batch_size;
+    if (gb == 0) gb = std::atoll(toml_value(config_toml, "train", "global_batch_size").c_str());
+    const int64_t micro = std::atoll(toml_value(config_toml, "train", "micro_batch_size").c_str());
+    const int w = min_world > 0 ? min_world : 1;
+    const int64_t share = gb > 0 ? (gb + w - 1) / w : 0;
+    const int64_t forward = micro > 0 ? std::min(micro, share) : share;
+    o << "Global batch " << gb << " samples per step";
+    if (share > 0) o << "; the largest per-rank share was " << share << " (world size " << w << ")";
+    if (forward > 0) o << ", and the largest batch one forward pass ran was **" << forward << "**" << (micro > 0 ? " (train.micro_batch_size)" : "");
+    o << ". Larger batches were not tried in this run.\n\n";
+  } else {
+    o << "Unknown (no `job_started` event and no config).\n\n";
+  }
+
+  // ---- cluster ----
+  if (!d.generations.empty() || !d.nodes_joined.empty()) {
+    o << "## Cluster membership\n\n";
+    if (!d.nodes_joined.empty()) {
+      o << "Nodes that joined: ";
+      for (size_t i = 0; i < d.nodes_joined.size(); ++i) o << (i ? ", " : "") << "`" << d.nodes_joined[i] << "`";
+      o << ".\n\n";
+    }
+    if (!d.generations.empty()) {
+      o << "| generation | at | world size | from step | nodes |\n|---|---|---|---|---|\n";
+      for (const auto& g : d.generations) {
+        std::string nodes;
+        for (size_t i = 0; i < g.nodes.size(); ++i) nodes += (i ? ", " : "") + g.nodes[i];
+        o << "| " << g.number << " | +" << duration(g.t - d.first_t) << " | " << g.world_size << " | " << g.start_step << " | " << cell(nodes)
+          << " |\n";
+      }
+      o << "\n";
+    }
+  }
+
+  // ---- recoveries ----
+  o << "## Recoveries\n\n";
+  if (d.recoveries.empty()) {
+    o << "None: no node was lost or left during the run.\n\n";
+  } else {
+    o << "| when | cause | node | detected after | recovery took | steps rolled back | resumed at step | new world size |\n"
+         "|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : d.recoveries) {
+      o << "| " << utc(r.t) << " (+" << duration(r.t - d.first_t) << ") | " << cell(r.cause) << " | " << cell(r.node) << " | "
+        << (r.detected_after_s >= 0 ? duration(r.detected_after_s) : "-") << " | "
+        << (r.duration_s >= 0 ? duration(r.duration_s) : "not finished") << " | "
+        << (r.rolled_back_steps >= 0 ? std::to_string(r.rolled_back_steps) : "-") << " | "
+        << (r.resumed_step >= 0 ? std::to_string(r.resumed_step) : "-") << " | " << (r.world_size > 0 ? std::to_string(r.world_size) : "-")
+        << " |\n";
+    }
+    o << "\n";
+  }
+  if (!d.failures.empty()) {
+    o << "Failures:\n\n";
+    for (const auto& f : d.failures) o << "- " << f << "\n";
+    o << "\n";
+  }
+
+  // ---- checkpoints ----
+  o << "## Checkpoints\n\n";
+  if (d.checkpoints_saved == 0) {
+    o << "None saved.\n";
+  } else {
+    o << d.checkpoints_saved << " saved, the last at step " << d.last_checkpoint_step << " (" << bytes(d.last_checkpoint_bytes)
+      << "); " << duration(d.checkpoint_seconds_total / d.checkpoints_saved) << " per save on average.\n";
+  }
+  for (const auto& [step, source] : d.restores) o << "\n- resumed from step " << step << " (" << source << ")";
+  if (!d.restores.empty()) o << "\n";
+  for (const auto& p : d.checkpoint_problems) o << "\n- " << cell(p);
+  o << "\n\n";
+
+  // ---- config ----
+  if (!config_toml.empty()) o << "## Config\n\n```toml\n" << config_toml << (config_toml.back() == '\n' ? "" : "\n") << "```\n";
+  return o.str();
+}
+
+result<report_files> write_report(const std::string& run_dir, const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) return make_error("report: '" + run_dir + "' is not a directory; give a run directory (e.g. runs/local)");
+  const std::string journal_path = run_dir + "/journal.jsonl";
+  std::ifstream in(journal_path);
+  if (!in) return make_error("report: no journal in '" + run_dir + "' (" + journal_path + " cannot be read); is it a dtactor run directory?");
+  auto d = digest_journal(in, journal_path);
+  if (!d) return make_error("report: " + d.message());
+  std::string config_toml;
+  if (fs::exists(run_dir + "/config.toml", ec)) {
+    auto c = read_file(run_dir + "/config.toml");
+    if (!c) return make_error("report: " + c.message());
+    config_toml = c.value();
+  }
+  // A cluster's journal does not repeat what the config says.
+  auto& dg = d.value();
+  if (dg.model.empty()) dg.model = toml_value(config_toml, "model", "name");
+  if (dg.max_steps == 0) dg.max_steps = std::atoll(toml_value(config_toml, "train", "max_steps").c_str());
+  if (dg.global_batch_size == 0) dg.global_batch_size = std::atoll(toml_value(config_toml, "train", "global_batch_size").c_str());
+  report_files files;
+  files.markdown = out.empty() ? run_dir + "/report.md" : out;
+  const fs::path md_dir = fs::path(files.markdown).parent_path();
+  files.svg = (md_dir.empty() ? fs::path("loss.svg") : md_dir / "loss.svg").string();
+  const std::string svg = render_loss_svg(d.value());
+  if (auto st = write_file_atomic(files.svg, {svg}); !st) return make_error("report: " + st.message());
+  const std::string md = render_report(d.value(), run_dir, config_toml, "loss.svg");
+  if (auto st = write_file_atomic(files.markdown, {md}); !st) return make_error("report: " + st.message());
+  return files;
+}
+
+}  // namespace dtactor

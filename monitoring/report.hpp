@@ -1,0 +1,115 @@
+#pragma once
+// `dtactor report RUN_DIR`: a Markdown log book of a run, built from the run
+// directory alone (journal.jsonl, config.toml), plus the loss curve as an SVG
+// drawn here. Works for `dtactor train` runs and cluster runs, finished,
+// failed or still running, and for journals that span several starts of the
+// same run directory (resumes).
+#include <cstdint>
+#include <istream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+struct run_digest {
+  struct point {
+    int64_t step = 0;
+    double t = 0;
+    double loss = 0;
+    double samples_per_s = 0;
+    int world_size = 0;
+  };
+  struct eval_point {
+    int64_t step = 0;
+    double t = 0;
+    std::map<std::string, double> metrics;
+    std::vector<std::string> examples;
+  };
+  struct generation {
+    uint64_t number = 0;
+    double t = 0;
+    int world_size = 0;
+    int64_t start_step = 0;
+    std::vector<std::string> nodes;
+  };
+  struct recovery {
+    double t = 0;               // when the loss / leave was noticed
+    std::string cause;          // node_lost's cause, node_left, ...
+    std::string node;
+    double detected_after_s = -1;  // from last sign of life; -1 unknown
+    double duration_s = -1;        // to training running again; -1 unknown / not finished
+    int64_t rolled_back_steps = -1;
+    int64_t resumed_step = -1;
+    uint64_t generation = 0;
+    int world_size = 0;
+  };
+  struct rank_resources {
+    std::string node;
+    int rank = 0;
+    double peak_rss_bytes = 0;
+    double cpu_s = 0;
+    double elapsed_s = 0;
+  };
+  struct session {  // one start of a process writing the journal
+    double start = 0, end = 0;
+    std::string kind;  // "train" or "cluster"
+  };
+
+  std::string model;
+  std::string job_id;
+  int64_t parameters = 0;
+  int64_t max_steps = 0;
+  int64_t global_batch_size = 0;
+  std::string outcome = "unknown";  // finished, failed, stopped, interrupted
+  std::string outcome_detail;
+  int64_t last_step = 0;
+  double first_t = 0, last_t = 0;
+  std::vector<session> sessions;
+  std::vector<point> steps;
+  std::vector<eval_point> evals;
+  std::vector<generation> generations;
+  std::vector<recovery> recoveries;
+  std::vector<std::string> nodes_joined;
+  std::map<std::string, rank_resources> resources;  // by "node/rank"
+  int checkpoints_saved = 0;
+  int64_t last_checkpoint_step = -1;
+  double last_checkpoint_bytes = 0;
+  double checkpoint_seconds_total = 0;
+  std::vector<std::string> checkpoint_problems;  // skipped / failed, with reasons
+  std::vector<std::pair<int64_t, std::string>> restores;  // step, source
+  std::vector<std::string> failures;  // rank_failed, job_failed, ...
+  int events = 0;
+};
+
+// Reads a journal (one JSON object per line). A line that is not a JSON
+// object is an error naming the line; unknown events are ignored.
+result<run_digest> digest_journal(std::istream& in, const std::string& name);
+
+// Lower is better for losses and perplexity; higher for everything else.
+bool report_lower_is_better(const std::string& metric);
+
+// The loss curve (step on x, loss on y) with generation changes and
+// recoveries marked; a self-contained SVG document.
+std::string render_loss_svg(const run_digest& d);
+
+// The log book; `svg_name` is the loss curve's path relative to the Markdown
+// file ("" = no curve), `config_toml` the run's effective config ("" = none).
+std::string render_report(const run_digest& d, const std::string& run_dir, const std::string& config_toml, const std::string& svg_name);
+
+struct report_files {
+  std::string markdown;
+  std::string svg;
+};
+
+// Writes the log book to `out` (default RUN_DIR/report.md) and the loss curve
+// next to it (loss.svg). Errors are one line: a missing run directory or
+// journal, a line of the journal that does not parse, an unwritable output.
+result<report_files> write_report(const std::string& run_dir, const std::string& out = "");
+
+}  // namespace dtactor
