@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cluster_harness.hpp"
 #include "http_get.hpp"
 #include "runtime/process.hpp"
 #include "runtime/zmq_bridge.hpp"
@@ -31,6 +32,8 @@ namespace {
 using testing::events;
 using testing::read_journal;
 using testing::temp_dir;
+using testing::cluster;
+using testing::descendants;
 using json = nlohmann::json;
 
 const std::string kBin = DTACTOR_BINARY;
@@ -50,106 +53,6 @@ std::vector<std::string> job_sets(int steps, const std::vector<std::string>& ext
   }
   return out;
 }
-
-// Every process below `pid` (its rank processes), from /proc.
-std::vector<pid_t> descendants(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  // Each thread lists the children it started.
-  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream f(task.path() / "children");
-    pid_t c;
-    while (f >> c) {
-      out.push_back(c);
-      for (pid_t g : descendants(c)) out.push_back(g);
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-struct cluster {
-  std::string run_dir;
-  std::string endpoint;
-  int port = 0;
-  std::vector<std::string> sets;
-  std::optional<child_process> coord;
-  std::map<std::string, child_process> nodes;
-
-  cluster(std::string dir, std::vector<std::string> job) : run_dir(std::move(dir)), sets(std::move(job)) {
-    port = pick_free_tcp_port().value();
-    endpoint = "tcp://127.0.0.1:" + std::to_string(port);
-  }
-  ~cluster() {
-    if (coord && coord->running()) coord->signal(SIGKILL);
-    for (auto& [id, n] : nodes)
-      if (n.running()) {
-        n.signal(SIGCONT);
-        n.signal(SIGKILL);
-      }
-  }
-
-  std::string start_coordinator(const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", run_dir};
-    a.insert(a.end(), sets.begin(), sets.end());
-    a.insert(a.end(), extra.begin(), extra.end());
-    auto c = child_process::spawn(a, false, run_dir + "/coordinator.log");
-    if (!c) return c.message();
-    coord.emplace(std::move(c.value()));
-    return {};
-  }
-  std::string start_node(const std::string& id, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {kBin, "--role", "node", "--coordinator", endpoint, "--node-id", id, "--advertise-addr", "127.0.0.1"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    auto n = child_process::spawn(a, false, run_dir + "/node-" + id + ".log");
-    if (!n) return n.message();
-    nodes.erase(id);
-    nodes.emplace(id, std::move(n.value()));
-    return {};
-  }
-  // Signals a node and every rank process under it.
-  void signal_node(const std::string& id, int sig) {
-    auto& n = nodes.at(id);
-    auto kids = descendants(n.pid());
-    n.signal(sig);
-    for (pid_t k : kids) ::kill(k, sig);
-  }
-
-  std::vector<json> journal() const { return read_journal(run_dir + "/journal.jsonl"); }
-
-  // Polls the journal until `pred` holds, the coordinator ends, or the
-  // deadline passes. Returns whether `pred` held.
-  bool wait_for(const std::function<bool(const std::vector<json>&)>& pred, int timeout_s = 90) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (pred(journal())) return true;
-      if (coord && !coord->running()) return pred(journal());
-      if (coord) coord->wait(20);
-      else std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-  // Until a step at or after `step` was journaled (at world size `world`, when given).
-  bool wait_step(int64_t step, int world = 0, int timeout_s = 90) {
-    return wait_for([&](const std::vector<json>& j) {
-      auto s = events(j, "step");
-      return !s.empty() && s.back().at("step").get<int64_t>() >= step && (world == 0 || s.back().at("world_size") == world);
-    }, timeout_s);
-  }
-  std::string logs() const {
-    std::string out;
-    for (const auto& e : std::filesystem::directory_iterator(run_dir))
-      if (e.path().extension() == ".log") {
-        std::ifstream f(e.path());
-        std::stringstream ss;
-        ss << f.rdbuf();
-        std::string t = ss.str();
-        if (t.size() > 3000) t = "..." + t.substr(t.size() - 3000);
-        out += "---- " + e.path().filename().string() + "\n" + t;
-      }
-    return out;
-  }
-};
 
 int64_t last_step_before(const std::vector<json>& j, const std::string& event) {
   int64_t last = 0;

@@ -1,0 +1,298 @@
+// Recovery figures of the fault handling, measured on real processes:
+// ViT/Fashion-MNIST (the default config), 2 nodes x 1 rank, default heartbeat
+// settings, every step journaled. For each kind of fault, N trials (default
+// 5); prints one JSON object with the median and max of each figure.
+//
+//   bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS]
+//
+// Times come from the coordinator's journal (`t`, unix seconds, written when
+// every rank has reported a step) against the wall clock at the fault, so
+// they include the report path: conservative.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <regex>
+#include <set>
+
+#include "cluster_harness.hpp"
+#include "http_get.hpp"
+#include "runtime/fs.hpp"
+
+using namespace dtactor;
+using namespace dtactor::testing;
+
+namespace {
+
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+std::vector<std::string> job(int64_t max_steps, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> sets = {"train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=200",
+                                   "train.max_steps=" + std::to_string(max_steps)};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  std::vector<std::string> out;
+  for (const auto& s : sets) {
+    out.push_back("--set");
+    out.push_back(s);
+  }
+  return out;
+}
+
+struct stats {
+  std::vector<double> v;
+  json to_json() const {
+    if (v.empty()) return nullptr;
+    auto s = v;
+    std::sort(s.begin(), s.end());
+    const double med = s.size() % 2 ? s[s.size() / 2] : (s[s.size() / 2 - 1] + s[s.size() / 2]) / 2;
+    return {{"median", med}, {"max", s.back()}, {"n", s.size()}};
+  }
+};
+
+std::string fresh_dir(const std::string& base, const std::string& name) {
+  const std::string d = base + "/" + name;
+  std::error_code ec;
+  std::filesystem::remove_all(d, ec);
+  std::filesystem::create_directories(d, ec);
+  return d;
+}
+
+// First journaled step after unix time `t0` (optionally at world size `world`).
+std::optional<json> first_step_after(const std::vector<json>& j, double t0, int world = 0) {
+  for (const auto& e : journal_events(j, "step"))
+    if (e.at("t").get<double>() >= t0 && (world == 0 || e.at("world_size") == world)) return e;
+  return std::nullopt;
+}
+
+// Median gap between consecutive journaled steps (the steady step time).
+double median_step_gap(const std::vector<json>& j, double before) {
+  std::vector<double> gaps;
+  double prev = -1;
+  for (const auto& e : journal_events(j, "step")) {
+    const double t = e.at("t").get<double>();
+    if (t > before) break;
+    if (prev > 0) gaps.push_back(t - prev);
+    prev = t;
+  }
+  if (gaps.empty()) return 0;
+  std::sort(gaps.begin(), gaps.end());
+  return gaps[gaps.size() / 2];
+}
+
+double lost_steps(const std::vector<json>& j) {
+  double lost = 0;
+  for (const auto& r : journal_events(j, "recovery_done")) lost += r.value("lost_steps", 0.0);
+  return lost;
+}
+
+double rolled_back(const std::vector<json>& j) {
+  double n = 0;
+  for (const auto& r : journal_events(j, "recovery_done")) n += r.value("rolled_back_steps", 0.0);
+  return n;
+}
+
+bool wait_steps(cluster& cl, int64_t steps, int world) { return cl.wait_step(steps, world, 120); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int trials = 5;
+  std::set<std::string> kinds = {"kill9", "sigstop", "sigterm", "replace", "coordinator"};
+  int soak_s = 0;
+  int64_t soak_steps = 12000;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--trials" && i + 1 < argc) trials = std::atoi(argv[++i]);
+    else if (a == "--kinds" && i + 1 < argc) {
+      kinds.clear();
+      std::stringstream ss(argv[++i]);
+      std::string k;
+      while (std::getline(ss, k, ',')) kinds.insert(k);
+    } else if (a == "--soak" && i + 1 < argc) soak_s = std::atoi(argv[++i]);
+    else if (a == "--soak-steps" && i + 1 < argc) soak_steps = std::atoll(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS [--soak-steps N]]\n");
+      return 2;
+    }
+  }
+  const std::string base = (std::filesystem::temp_directory_path() / ("dtactor-chaos-" + std::to_string(::getpid()))).string();
+  json out = {{"model", "vit (default config)"}, {"nodes", 2}, {"ranks_per_node", 1}, {"trials", trials}};
+
+  if (kinds.count("kill9") || kinds.count("sigstop")) {
+    for (const std::string kind : {"kill9", "sigstop"}) {
+      if (!kinds.count(kind)) continue;
+      stats to_step, detect, lost, rb;
+      for (int t = 0; t < trials; ++t) {
+        cluster cl(fresh_dir(base, kind + std::to_string(t)), job(100000));
+        cl.start_coordinator();
+        cl.start_node("a");
+        cl.start_node("b");
+        if (!wait_steps(cl, 20, 2)) {
+          std::fprintf(stderr, "%s trial %d: no training\n%s", kind.c_str(), t, cl.logs().c_str());
+          continue;
+        }
+        const double t0 = unix_now();
+        cl.signal_node("b", kind == "kill9" ? SIGKILL : SIGSTOP);
+        cl.wait_for([&](const std::vector<json>& j) { return first_step_after(j, t0, 1).has_value(); }, 60);
+        auto j = cl.journal();
+        if (auto s = first_step_after(j, t0, 1)) to_step.v.push_back(s->at("t").get<double>() - t0);
+        for (const auto& l : journal_events(j, "node_lost")) detect.v.push_back(l.at("t").get<double>() - t0);
+        lost.v.push_back(lost_steps(j));
+        rb.v.push_back(rolled_back(j));
+        std::fprintf(stderr, "%s trial %d: first step at world 1 after %.3f s\n", kind.c_str(), t, to_step.v.empty() ? -1 : to_step.v.back());
+      }
+      out[kind] = {{"first_step_at_new_world_s", to_step.to_json()},
+                   {"detected_s", detect.to_json()},
+                   {"lost_steps", lost.to_json()},
+                   {"rolled_back_steps", rb.to_json()}};
+    }
+  }
+
+  if (kinds.count("sigterm")) {
+    stats pause, excess, step_time, rb, lost;
+    for (int t = 0; t < trials; ++t) {
+      cluster cl(fresh_dir(base, "sigterm" + std::to_string(t)), job(100000));
+      cl.start_coordinator();
+      cl.start_node("a");
+      cl.start_node("b");
+      if (!wait_steps(cl, 20, 2)) continue;
+      const double t0 = unix_now();
+      cl.nodes.at("b").signal(SIGTERM);
+      cl.wait_for([&](const std::vector<json>& j) { return first_step_after(j, t0, 1).has_value(); }, 60);
+      auto j = cl.journal();
+      auto first = first_step_after(j, t0, 1);
+      if (!first) continue;
+      // The survivor's pause: from the last step at world 2 to the first at world 1.
+      double last2 = 0;
+      for (const auto& e : journal_events(j, "step"))
+        if (e.at("world_size") == 2) last2 = e.at("t").get<double>();
+      const double st = median_step_gap(j, t0);
+      pause.v.push_back(first->at("t").get<double>() - last2);
+      excess.v.push_back(first->at("t").get<double>() - last2 - st);
+      step_time.v.push_back(st);
+      rb.v.push_back(rolled_back(j));
+      lost.v.push_back(lost_steps(j));
+    }
+    out["sigterm"] = {{"survivor_pause_s", pause.to_json()},
+                      {"pause_beyond_one_step_s", excess.to_json()},
+                      {"step_time_s", step_time.to_json()},
+                      {"rolled_back_steps", rb.to_json()},
+                      {"lost_steps", lost.to_json()}};
+  }
+
+  if (kinds.count("replace")) {
+    stats contributing, paused, lost;
+    for (int t = 0; t < trials; ++t) {
+      cluster cl(fresh_dir(base, "replace" + std::to_string(t)), job(100000, {"cluster.min_nodes=1"}));
+      cl.start_coordinator();
+      cl.start_node("a");
+      if (!wait_steps(cl, 20, 1)) continue;
+      cl.start_node("b");
+      cl.wait_for([&](const std::vector<json>& j) {
+        auto s = journal_events(j, "step");
+        return !s.empty() && s.back().at("world_size") == 2;
+      }, 60);
+      auto j = cl.journal();
+      double reg = 0;
+      for (const auto& e : journal_events(j, "node_joined"))
+        if (e.at("node") == "b") reg = e.at("t").get<double>();
+      auto first = first_step_after(j, reg, 2);
+      if (!first || reg == 0) continue;
+      double last1 = 0;
+      for (const auto& e : journal_events(j, "step"))
+        if (e.at("world_size") == 1) last1 = e.at("t").get<double>();
+      contributing.v.push_back(first->at("t").get<double>() - reg);
+      paused.v.push_back(first->at("t").get<double>() - last1 - median_step_gap(j, reg));
+      lost.v.push_back(lost_steps(j));
+    }
+    out["replace"] = {{"contributing_after_register_s", contributing.to_json()},
+                      {"others_paused_beyond_one_step_s", paused.to_json()},
+                      {"lost_steps", lost.to_json()}};
+  }
+
+  if (kinds.count("coordinator")) {
+    stats during, lost;
+    for (int t = 0; t < trials; ++t) {
+      const int node_metrics = pick_free_tcp_port().value();
+      cluster cl(fresh_dir(base, "coord" + std::to_string(t)), job(100000));
+      cl.start_coordinator();
+      cl.start_node("a", {"--metrics-port", std::to_string(node_metrics)});
+      cl.start_node("b");
+      if (!wait_steps(cl, 20, 2)) continue;
+      auto node_step = [&] {
+        std::smatch m;
+        const std::string scrape = test_support::http_get(node_metrics, "/metrics");
+        static const std::regex re("\ndtactor_step(\\{[^}]*\\})? ([-0-9.e+]+)");
+        return std::regex_search(scrape, m, re) ? std::stod(m[2]) : -1.0;
+      };
+      cl.coord->signal(SIGKILL);
+      cl.coord->wait(10000);
+      const double before = node_step();
+      cl.nodes.at("a").wait(3000);  // the coordinator stays down 3 s
+      during.v.push_back(node_step() - before);
+      const double t1 = unix_now();
+      cl.start_coordinator();
+      cl.wait_for([&](const std::vector<json>& j) { return first_step_after(j, t1).has_value(); }, 60);
+      lost.v.push_back(lost_steps(cl.journal()));
+    }
+    out["coordinator"] = {{"steps_completed_while_down_3s", during.to_json()}, {"lost_steps", lost.to_json()}};
+  }
+
+  if (soak_s > 0) {
+    // Random faults (kill -9, SIGSTOP, SIGTERM of a node, kill -9 of a rank)
+    // every 20-40 s for soak_s seconds on a job of soak_steps steps; a node
+    // that went away is started again (a new incarnation). Then the same job
+    // without faults, for the accuracy comparison.
+    std::mt19937 rng(7);
+    auto run_job = [&](const std::string& name, bool faults_on, json& rec) {
+      cluster cl(fresh_dir(base, name), job(soak_steps, {"cluster.min_nodes=1", "eval.max_samples=0"}));
+      cl.start_coordinator();
+      cl.start_node("a");
+      cl.start_node("b");
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(soak_s);
+      int faults = 0;
+      std::map<std::string, int> by_kind;
+      while (faults_on && std::chrono::steady_clock::now() < end && cl.coord->running()) {
+        if (cl.coord->wait(std::uniform_int_distribution<int>(20000, 40000)(rng))) break;
+        const std::string victim = std::uniform_int_distribution<int>(0, 1)(rng) ? "a" : "b";
+        const int k = std::uniform_int_distribution<int>(0, 3)(rng);
+        const char* names[] = {"kill9", "sigstop", "sigterm", "rank_kill"};
+        if (k == 0) cl.signal_node(victim, SIGKILL);
+        else if (k == 1) cl.signal_node(victim, SIGSTOP);
+        else if (k == 2) cl.nodes.at(victim).signal(SIGTERM);
+        else {
+          auto kids = descendants(cl.nodes.at(victim).pid());
+          if (!kids.empty()) ::kill(kids[0], SIGKILL);
+        }
+        ++faults;
+        ++by_kind[names[k]];
+        std::fprintf(stderr, "soak: %s of %s\n", names[k], victim.c_str());
+        if (k <= 2) {
+          cl.coord->wait(3000);
+          if (k == 1) cl.signal_node(victim, SIGKILL);
+          cl.nodes.at(victim).wait(15000);
+          cl.start_node(victim);
+        }
+      }
+      cl.coord->wait(1800000);
+      auto j = cl.journal();
+      auto fin = journal_events(j, "job_finished");
+      rec = {{"faults", faults},
+             {"by_kind", by_kind},
+             {"recoveries", journal_events(j, "recovery_done").size()},
+             {"lost_steps", lost_steps(j)},
+             {"rolled_back_steps", rolled_back(j)},
+             {"finished", !fin.empty()},
+             {"accuracy", fin.empty() ? json(nullptr) : fin[0].value("accuracy", json(nullptr))},
+             {"wall_s", j.empty() ? 0.0 : j.back().at("t").get<double>() - j.front().at("t").get<double>()}};
+    };
+    json faulty, clean;
+    run_job("soak", true, faulty);
+    run_job("soak-clean", false, clean);
+    out["soak"] = {{"seconds", soak_s}, {"steps", soak_steps}, {"with_faults", faulty}, {"fault_free", clean}};
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
