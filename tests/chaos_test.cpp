@@ -376,3 +376,37 @@ TEST(Chaos, ShrunkRunEndsCloseToTheUninterruptedOne) {
 
 }  // namespace
 }  // namespace dtactor
+
+namespace dtactor {
+namespace {
+
+// SIGTERM to the coordinator: ranks stop at a step they agree on, rank 0's
+// final checkpoint of that step is saved, then everything ends.
+TEST(Chaos, CoordinatorSigtermStopsWithAFinalCheckpoint) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=2", "checkpoint.every_steps=100000"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
+  cl.coord->signal(SIGTERM);
+  auto done = cl.coord->wait(60000);
+  ASSERT_TRUE(done) << cl.logs();
+  EXPECT_EQ(done->exit_code, 128 + SIGTERM) << done->describe();
+  auto j = cl.journal();
+  auto stopped = events(j, "job_stopped");
+  ASSERT_EQ(stopped.size(), 1u) << cl.logs();
+  EXPECT_FALSE(stopped[0].contains("error")) << stopped[0].dump();  // both ranks stopped with the same parameters
+  const int64_t at = stopped[0].at("step").get<int64_t>();
+  EXPECT_GE(at, 30);
+  auto saved = events(j, "checkpoint_saved");
+  ASSERT_FALSE(saved.empty()) << cl.logs();
+  EXPECT_EQ(saved.back().at("step"), at);
+  for (auto& [id, n] : cl.nodes) {
+    auto e = n.wait(20000);
+    EXPECT_TRUE(e) << "node " << id << " did not stop";
+  }
+}
+
+}  // namespace
+}  // namespace dtactor

@@ -92,7 +92,9 @@ struct cluster {
     return {};
   }
   std::string start_node(const std::string& id, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {std::string(DTACTOR_BINARY), "--role", "node", "--coordinator", endpoint, "--node-id", id, "--advertise-addr", "127.0.0.1"};
+    std::vector<std::string> a = {std::string(DTACTOR_BINARY), "--role", "node", "--coordinator", endpoint, "--node-id", id, "--advertise-addr", "127.0.0.1",
+                                  // Nodes share this machine's cores (as `dtactor local` splits them).
+                                  "--threads-per-rank", "1"};
     a.insert(a.end(), extra.begin(), extra.end());
     auto n = child_process::spawn(a, false, run_dir + "/node-" + id + ".log");
     if (!n) return n.message();
