@@ -19,6 +19,7 @@
 #include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
+#include "monitoring/gpu_metrics.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/config.hpp"
 #include "monitoring/resources.hpp"
@@ -153,6 +154,9 @@ int run_node(const cluster_cli& cli) {
   metrics m;  // the job label is not known before registration
   if (cli.metrics_port > 0)
     if (auto st = m.serve(cli.metrics_port); !st) return fail(st.message());
+  // GPU memory and utilisation when the NVIDIA driver's NVML is present.
+  gpu_metrics gpu(m.registry());
+  if (gpu.available()) std::fprintf(stderr, "node: NVML: %d GPU(s) exported on /metrics\n", gpu.devices());
 
   // Ranks reach their node over an ipc socket private to this process.
   const std::string ipc_path = (std::filesystem::temp_directory_path() / ("dtactor-" + std::to_string(::getpid()) + "-" +
@@ -246,10 +250,12 @@ int run_node(const cluster_cli& cli) {
     caf::scoped_actor self{sys};
     self->monitor(agent);
     bool done = false, left = false;
+    uint64_t ticks = 0;
     const auto started = std::chrono::steady_clock::now();
     while (!done) {
       self->receive([&](const caf::down_msg&) { done = true; },
                     caf::after(std::chrono::milliseconds(100)) >> [&] {
+                      if (++ticks % 20 == 0) gpu.sample();
                       // Nothing ever heard from the coordinator: a wrong address
                       // or a coordinator that is not running.
                       if (!left && bridge->stats().received == 0 && cli.connect_timeout_s > 0 &&
