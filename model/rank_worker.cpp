@@ -360,6 +360,21 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
       if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(d));
       last_ckpt = step;
     };
+    if (state.step() >= max_steps && rank == 0) {
+      // The job's last step is done but this generation started after it
+      // (the old rank 0 may have died before its final evaluation and
+      // checkpoint reached the coordinator): the new rank 0 sends both.
+      const auto e0 = clock_type::now();
+      auto ev = state.evaluate();
+      eval_at_step = ev.metrics;
+      pb::eval_report er;
+      er.set_step(state.step());
+      for (const auto& [k, v] : ev.metrics) (*er.mutable_metrics())[k] = v;
+      for (const auto& ex : ev.examples) er.add_examples(ex);
+      er.set_duration_s(std::chrono::duration<double>(clock_type::now() - e0).count());
+      if (cb_.on_eval) cb_.on_eval(gen, er);
+      send_checkpoint(state.step());
+    }
     while (state.step() < max_steps) {
       if (quitting()) return outcome::quit;
       if (abandon(gen)) return outcome::next_plan;
