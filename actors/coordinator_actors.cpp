@@ -227,9 +227,6 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
       out.set_state_root(0);
       out.set_checkpoint(std::move(blob));
     }
-  } else if (p.state_root < 0 && opts.resume_step >= 0 && start_step == opts.resume_step && !opts.resume_checkpoint.empty()) {
-    out.set_state_root(0);
-    out.set_checkpoint(opts.resume_checkpoint);
   }
   out.set_config_toml(opts.config_toml);
   out.set_drain(p.drain);

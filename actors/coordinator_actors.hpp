@@ -46,13 +46,7 @@ struct coordinator_options {
   std::string store_host;     // c10d store the ranks of a generation meet at
   int32_t store_port = 0;
   std::string config_toml;  // the job's effective config, sent in register_ack and plans
-  // The newest valid disk checkpoint (a serialized pb::checkpoint_data) and
-  // its step, when the job resumes from disk: a plan with no live state
-  // source that starts at resume_step carries it to global rank 0, which
-  // broadcasts it over the new communicator.
-  std::string resume_checkpoint;
-  int64_t resume_step = -1;
-  // When set, replaces the two above: the newest checkpoint saved so far
+  // The newest checkpoint saved so far
   // (step, serialized pb::checkpoint_data; step -1 = none). A plan with no
   // surviving state holder carries it to global rank 0, which loads it
   // unless it holds newer state (every node was lost, or a coordinator

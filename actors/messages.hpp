@@ -48,8 +48,10 @@ using rank_exit_atom = caf::atom_constant<caf::atom("rankexit")>;
 // (restart_atom, int32_t local_rank, uint64_t epoch): node agent's own
 // backoff timer before restarting a rank.
 using restart_atom = caf::atom_constant<caf::atom("restart")>;
+// (leave_atom, std::string reason, bool): the leave timeout, self-sent by a
+// leaving node agent: no drain plan came in time, its ranks are stopped.
 // (leave_atom, std::string reason): node agent tells the coordinator it leaves
-// (preemption notice) and stops its ranks.
+// (preemption notice); its ranks finish their step under the drain plan.
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
 
 // -- wire messages ------------------------------------------------------------

@@ -14,11 +14,9 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <regex>
 #include <set>
 
 #include "cluster_harness.hpp"
-#include "http_get.hpp"
 #include "runtime/fs.hpp"
 
 using namespace dtactor;
@@ -126,9 +124,7 @@ int main(int argc, char** argv) {
       stats to_step, detect, lost, rb;
       for (int t = 0; t < trials; ++t) {
         cluster cl(fresh_dir(base, kind + std::to_string(t)), job(100000));
-        cl.start_coordinator();
-        cl.start_node("a");
-        cl.start_node("b");
+        cl.start({"a", "b"});
         if (!wait_steps(cl, 20, 2)) {
           std::fprintf(stderr, "%s trial %d: no training\n%s", kind.c_str(), t, cl.logs().c_str());
           continue;
@@ -154,9 +150,7 @@ int main(int argc, char** argv) {
     stats pause, excess, step_time, rb, lost;
     for (int t = 0; t < trials; ++t) {
       cluster cl(fresh_dir(base, "sigterm" + std::to_string(t)), job(100000));
-      cl.start_coordinator();
-      cl.start_node("a");
-      cl.start_node("b");
+      cl.start({"a", "b"});
       if (!wait_steps(cl, 20, 2)) continue;
       const double t0 = unix_now();
       cl.nodes.at("b").signal(SIGTERM);
@@ -221,17 +215,11 @@ int main(int argc, char** argv) {
       cl.start_node("a", {"--metrics-port", std::to_string(node_metrics)});
       cl.start_node("b");
       if (!wait_steps(cl, 20, 2)) continue;
-      auto node_step = [&] {
-        std::smatch m;
-        const std::string scrape = test_support::http_get(node_metrics, "/metrics");
-        static const std::regex re("\ndtactor_step(\\{[^}]*\\})? ([-0-9.e+]+)");
-        return std::regex_search(scrape, m, re) ? std::stod(m[2]) : -1.0;
-      };
       cl.coord->signal(SIGKILL);
       cl.coord->wait(10000);
-      const double before = node_step();
+      const double before = node_step(node_metrics);
       cl.nodes.at("a").wait(3000);  // the coordinator stays down 3 s
-      during.v.push_back(node_step() - before);
+      during.v.push_back(node_step(node_metrics) - before);
       const double t1 = unix_now();
       cl.start_coordinator();
       cl.wait_for([&](const std::vector<json>& j) { return first_step_after(j, t1).has_value(); }, 60);
@@ -248,9 +236,7 @@ int main(int argc, char** argv) {
     std::mt19937 rng(7);
     auto run_job = [&](const std::string& name, bool faults_on, json& rec) {
       cluster cl(fresh_dir(base, name), job(soak_steps, {"cluster.min_nodes=1", "eval.max_samples=0"}));
-      cl.start_coordinator();
-      cl.start_node("a");
-      cl.start_node("b");
+      cl.start({"a", "b"});
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(soak_s);
       int faults = 0;
       std::map<std::string, int> by_kind;

@@ -15,13 +15,11 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "cluster_harness.hpp"
-#include "http_get.hpp"
 #include "runtime/process.hpp"
 #include "runtime/zmq_bridge.hpp"
 #include "test_util.hpp"
@@ -34,6 +32,7 @@ using testing::read_journal;
 using testing::temp_dir;
 using testing::cluster;
 using testing::descendants;
+using testing::node_step;
 using json = nlohmann::json;
 
 const std::string kBin = DTACTOR_BINARY;
@@ -99,9 +98,7 @@ void expect_finished_without_loss(cluster& cl, int64_t max_steps, int expect_wor
 TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
   temp_dir d;
   cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2"}));
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
   auto ranks_a = descendants(cl.nodes.at("a").pid());
   auto ranks_b = descendants(cl.nodes.at("b").pid());
@@ -124,9 +121,7 @@ TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
 TEST(Chaos, KillOfANodeShrinksTheJob) {
   temp_dir d;
   cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   auto survivor = descendants(cl.nodes.at("a").pid());
   cl.signal_node("b", SIGKILL);
@@ -146,9 +141,7 @@ TEST(Chaos, KillOfANodeShrinksTheJob) {
 TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) {
   temp_dir d;
   cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   const auto t0 = std::chrono::steady_clock::now();
   cl.signal_node("b", SIGSTOP);
@@ -166,9 +159,7 @@ TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) {
 TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) {
   temp_dir d;
   cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   cl.nodes.at("b").signal(SIGTERM);
   auto e = cl.nodes.at("b").wait(30000);
@@ -208,9 +199,7 @@ TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) {
 TEST(Chaos, EveryNodeLostThenNewNodesResumeFromDisk) {
   temp_dir d;
   cluster cl(d.path(), job_sets(200, {"cluster.min_nodes=2"}));
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
     auto c = events(j, "checkpoint_saved");
     return !c.empty() && c.back().at("step").get<int64_t>() >= 40;
@@ -239,9 +228,7 @@ TEST(Chaos, TruncatedNewestCheckpointIsSkipped) {
   temp_dir d;
   {
     cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=2"}));
-    ASSERT_EQ(cl.start_coordinator(), "");
-    ASSERT_EQ(cl.start_node("a"), "");
-    ASSERT_EQ(cl.start_node("b"), "");
+    ASSERT_EQ(cl.start({"a", "b"}), "");
     ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return events(j, "checkpoint_saved").size() >= 3; })) << cl.logs();
     // Everything vanishes at once (the destructor kills -9).
   }
@@ -258,9 +245,7 @@ TEST(Chaos, TruncatedNewestCheckpointIsSkipped) {
   ASSERT_FALSE(newest.empty());
   std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
   cluster cl(d.path(), job_sets(static_cast<int>(newest_step) + 40, {"cluster.min_nodes=2"}));
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start({"a", "b"}), "");
   auto done = cl.coord->wait(150000);
   ASSERT_TRUE(done) << cl.logs();
   EXPECT_EQ(done->exit_code, 0) << cl.logs();
@@ -289,16 +274,10 @@ TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
   cl.coord->signal(SIGKILL);
   cl.coord->wait(10000);
   // Training goes on without the coordinator: the node's own step gauge moves.
-  auto node_step = [&] {
-    std::smatch m;
-    const std::string scrape = test_support::http_get(node_metrics, "/metrics");
-    static const std::regex re("\ndtactor_step(\\{[^}]*\\})? ([-0-9.e+]+)");
-    return std::regex_search(scrape, m, re) ? std::stod(m[2]) : -1.0;
-  };
-  const double before = node_step();
+  const double before = node_step(node_metrics);
   bool moved = false;
   for (int i = 0; i < 500 && !moved; ++i) {
-    moved = node_step() >= before + 20;
+    moved = node_step(node_metrics) >= before + 20;
     if (!moved) cl.nodes.at("a").wait(10);
   }
   EXPECT_TRUE(moved) << "no steps while the coordinator was down (" << before << ")";
@@ -385,9 +364,7 @@ namespace {
 TEST(Chaos, CoordinatorSigtermStopsWithAFinalCheckpoint) {
   temp_dir d;
   cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=2", "checkpoint.every_steps=100000"}));
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   cl.coord->signal(SIGTERM);
   auto done = cl.coord->wait(60000);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "http_get.hpp"
 #include "runtime/process.hpp"
 #include "runtime/zmq_bridge.hpp"
 
@@ -102,6 +104,13 @@ struct cluster {
     nodes.emplace(id, std::move(n.value()));
     return {};
   }
+  // The coordinator, then one node per id; the first error, or empty.
+  std::string start(const std::vector<std::string>& node_ids) {
+    if (auto e = start_coordinator(); !e.empty()) return e;
+    for (const auto& id : node_ids)
+      if (auto e = start_node(id); !e.empty()) return e;
+    return {};
+  }
   // Signals a node and every rank process under it.
   void signal_node(const std::string& id, int sig) {
     auto& n = nodes.at(id);
@@ -145,5 +154,14 @@ struct cluster {
     return out;
   }
 };
+
+// A node's own dtactor_step gauge (its ranks' progress, with or without a
+// coordinator), or -1.
+inline double node_step(int metrics_port) {
+  std::smatch m;
+  const std::string scrape = test_support::http_get(metrics_port, "/metrics");
+  static const std::regex re("\ndtactor_step(\\{[^}]*\\})? ([-0-9.e+]+)");
+  return std::regex_search(scrape, m, re) ? std::stod(m[2]) : -1.0;
+}
 
 }  // namespace dtactor::testing
