@@ -367,6 +367,7 @@ int run_coordinator(const cluster_cli& cli) {
   const config& cfg = sh->cfg;
   sh->max_steps = cfg.get_int("train.max_steps");
   if (auto st = validate_training_config(cfg); !st) return fail(st.message(), 2);
+  if (auto why = validate(liveness_options_from(cfg)); !why.empty()) return fail(why, 2);
   auto listen = parse_tcp_endpoint(cli.listen, "--listen");
   if (!listen) return fail(listen.message(), 2);
   if (auto st = ensure_writable_dir(cli.run_dir); !st) return fail("run directory: " + st.message());

@@ -83,6 +83,8 @@ MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 expect_error "static mode without WORLD_
 MASTER_ADDR=127.0.0.1 WORLD_SIZE=3 expect_error "static mode, WORLD_SIZE not a multiple" "not a multiple" --role node --nproc-per-node 2
 expect_error "local with no nodes" "--nodes must be" local --nodes 0 --run-dir "$work/rl"
 expect_error "coordinator with bad config" "unknown config key" --role coordinator --listen tcp://127.0.0.1:1 --set train.nope=1 --run-dir "$work/rc"
+expect_error "suspect timeout shorter than a heartbeat" "cluster.suspect_timeout_ms .50. must be larger" --role coordinator --listen tcp://127.0.0.1:1 --set cluster.suspect_timeout_ms=50 --run-dir "$work/rc"
+expect_error "bad fault injection mode" "not in .crash,hang,leave,rank-crash" --role node --coordinator tcp://127.0.0.1:1 --fail-mode bogus
 expect_error "eval of nothing" "does not exist" eval "$work/none.dtc"
 
 # A real short run, then misuse of its checkpoint.
