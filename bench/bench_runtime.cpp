@@ -6,9 +6,16 @@
 //   local2  : `dtactor local --nodes 2` (2 ranks, 1 thread each)
 // Prints JSON with the median samples/s of each, the ratios the project
 // targets (local2/train >= 1.8, local1/train >= 0.97) and the allreduce time
-// per step.
+// per step. Ratios are given twice: of the medians, and the median of the
+// ratios within each repeat (the modes of one repeat run back to back, so the
+// second is less sensitive to the load of this shared machine drifting).
+//
+// --baseline-bin B also runs `local --nodes 1/2` of another build (e.g. a
+// commit before a feature) in every repeat, as base_local1/base_local2, and
+// prints local1/base_local1 and local2/base_local2: what the feature costs.
 //   build/bench/bench_runtime [--bin build/dtactor] [--config examples/vit_fashion_mnist.toml]
-//                             [--steps 600] [--repeats 3] [--work DIR]
+//                             [--steps 600] [--repeats 3] [--work DIR] [--baseline-bin B]
+//                             [--modes train,local1,local2,base_local1,base_local2]
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -70,7 +77,7 @@ int run(const std::vector<std::string>& args, const std::string& log) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string bin = "build/dtactor", cfg = "examples/vit_fashion_mnist.toml", work = "/tmp/dtactor-bench-runtime";
+  std::string baseline, modes_arg, bin = "build/dtactor", cfg = "examples/vit_fashion_mnist.toml", work = "/tmp/dtactor-bench-runtime";
   int steps = 600, repeats = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
@@ -79,6 +86,8 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--repeats") repeats = std::atoi(argv[i + 1]);
     else if (a == "--work") work = argv[i + 1];
+    else if (a == "--baseline-bin") baseline = argv[i + 1];
+    else if (a == "--modes") modes_arg = argv[i + 1];
     else {
       std::fprintf(stderr, "bench_runtime: unknown option %s\n", a.c_str());
       return 2;
@@ -89,15 +98,33 @@ int main(int argc, char** argv) {
                                          "--set", "eval.every_steps=0", "--set", "eval.max_samples=1000", "--set",
                                          "checkpoint.every_steps=0", "--set", "train.log_every_steps=10", "--set", "train.threads=1"};
   std::map<std::string, std::vector<run_figures>> all;
+  std::vector<std::string> modes = {"train", "local1", "local2"};
+  if (!baseline.empty()) modes.insert(modes.end(), {"base_local1", "base_local2"});
+  if (!modes_arg.empty()) {
+    modes.clear();
+    for (size_t at = 0; at <= modes_arg.size();) {
+      size_t comma = modes_arg.find(',', at);
+      if (comma == std::string::npos) comma = modes_arg.size();
+      const std::string m = modes_arg.substr(at, comma - at);
+      if (m != "train" && m != "local1" && m != "local2" && !(m.rfind("base_", 0) == 0 && !baseline.empty() && (m == "base_local1" || m == "base_local2"))) {
+        std::fprintf(stderr, "bench_runtime: unknown mode '%s' (train, local1, local2; base_local1, base_local2 need --baseline-bin)\n", m.c_str());
+        return 2;
+      }
+      modes.push_back(m);
+      at = comma + 1;
+    }
+  }
   for (int r = 0; r < repeats; ++r) {
-    for (const std::string mode : {"train", "local1", "local2"}) {
+    for (const std::string& mode : modes) {
+      const bool base = mode.rfind("base_", 0) == 0;
+      const std::string& exe = base ? baseline : bin;
       const std::string dir = work + "/" + mode + "-" + std::to_string(r);
       std::filesystem::remove_all(dir);
       std::vector<std::string> args;
       if (mode == "train")
-        args = {bin, "train", "--config", cfg, "--run-dir", dir, "--no-resume"};
+        args = {exe, "train", "--config", cfg, "--run-dir", dir, "--no-resume"};
       else
-        args = {bin, "local", "--nodes", mode == "local1" ? "1" : "2", "--config", cfg, "--run-dir", dir};
+        args = {exe, "local", "--nodes", mode.back() == '1' ? "1" : "2", "--config", cfg, "--run-dir", dir};
       args.insert(args.end(), sets.begin(), sets.end());
       std::filesystem::create_directories(dir);
       if (int rc = run(args, dir + "/output.log"); rc != 0) {
@@ -114,13 +141,27 @@ int main(int argc, char** argv) {
     for (auto& f : figs) sps.push_back(f.samples_per_s), ar.push_back(f.allreduce_ms), ex.push_back(f.exposed_ms);
     med[mode] = median(sps);
     out["modes"][mode] = {{"samples_per_s_median", med[mode]}, {"samples_per_s_runs", sps}};
-    if (mode == "local2") {
+    if (mode.find("local2") != std::string::npos) {
       out["modes"][mode]["allreduce_ms_per_step_median"] = median(ar);
       out["modes"][mode]["allreduce_exposed_ms_per_step_median"] = median(ex);
     }
   }
-  out["ratio_2_ranks_vs_1_process"] = med["local2"] / med["train"];
-  out["ratio_runtime_1_rank_vs_train"] = med["local1"] / med["train"];
+  // ratio of the medians, and the median of each repeat's own ratio
+  auto ratio = [&](const std::string& name, const std::string& a, const std::string& b) {
+    if (!all.count(a) || !all.count(b)) return;
+    std::vector<double> per_repeat;
+    for (size_t r = 0; r < all[a].size() && r < all[b].size(); ++r)
+      if (all[b][r].samples_per_s > 0) per_repeat.push_back(all[a][r].samples_per_s / all[b][r].samples_per_s);
+    out[name] = med[b] > 0 ? med[a] / med[b] : 0.0;
+    out[name + "_paired_median"] = median(per_repeat);
+  };
+  ratio("ratio_2_ranks_vs_1_process", "local2", "train");
+  ratio("ratio_runtime_1_rank_vs_train", "local1", "train");
+  if (!baseline.empty()) {
+    out["baseline_bin"] = baseline;
+    ratio("ratio_local1_vs_baseline", "local1", "base_local1");
+    ratio("ratio_local2_vs_baseline", "local2", "base_local2");
+  }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }

@@ -91,18 +91,12 @@ status validate_training_config(const config& cfg) {
 }
 
 training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg_(cfg), task_(std::move(t)) {
-  auto module = task_->module();
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : module->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto opts = torch::optim::AdamWOptions(cfg.get_double("train.lr"))
-                  .betas({cfg.get_double("train.beta1"), cfg.get_double("train.beta2")})
-                  .weight_decay(cfg.get_double("train.weight_decay"));
-  auto no_decay_opts = std::make_unique<torch::optim::AdamWOptions>(opts);
-  no_decay_opts->weight_decay(0.0);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(opts));
-  groups.emplace_back(no_decay, std::move(no_decay_opts));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), opts);
+  flat_adamw_options o;
+  o.lr = cfg.get_double("train.lr");
+  o.beta1 = cfg.get_double("train.beta1");
+  o.beta2 = cfg.get_double("train.beta2");
+  o.weight_decay = cfg.get_double("train.weight_decay");
+  optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
   order_ = std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), task_->train_size(), cfg.get_int("train.global_batch_size"));
   schedule_.peak_lr = cfg.get_double("train.lr");
   schedule_.min_lr = cfg.get_double("train.min_lr");
@@ -150,11 +144,9 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
 }
 
 double training_state::apply_update() {
-  auto params = task_->module()->parameters();
   const double clip = cfg_.get_double("train.grad_clip");
-  const double norm = torch::nn::utils::clip_grad_norm_(params, clip > 0 ? clip : std::numeric_limits<double>::infinity());
-  const double lr = schedule_.at(step_);
-  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  const double norm = optimizer_->clip_grad_norm(clip > 0 ? clip : std::numeric_limits<double>::infinity());
+  optimizer_->set_lr(schedule_.at(step_));
   optimizer_->step();
   optimizer_->zero_grad();
   ++step_;
@@ -276,6 +268,7 @@ status training_state::load_sections(const std::map<std::string, std::string>& s
     std::istringstream os(sections.at("optimizer"), std::ios::binary);
     optim_ar.load_from(os);
     task_->module()->load(model_ar);
+    optimizer_->rebind();  // load replaced the parameters' storage
     optimizer_->load(optim_ar);
     if (auto it = sections.find("rng"); it != sections.end()) {
       auto state = torch::empty({static_cast<int64_t>(it->second.size())}, torch::kUInt8);
@@ -285,6 +278,7 @@ status training_state::load_sections(const std::map<std::string, std::string>& s
       gen.set_state(state);
     }
   } catch (const c10::Error& e) {
+    optimizer_->rebind();  // parameters stay views of the optimizer's buffers whatever was loaded
     return make_error(std::string("checkpoint does not fit this model: ") + e.what_without_backtrace());
   }
   step_ = step;

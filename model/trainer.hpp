@@ -17,6 +17,7 @@
 #include <string>
 
 #include "checkpoint.pb.h"
+#include "model/flat_adamw.hpp"
 #include "model/data_order.hpp"
 #include "model/schedule.hpp"
 #include "model/task.hpp"
@@ -110,7 +111,7 @@ class training_state {
   training_state(const config& cfg, std::unique_ptr<task> t);
   config cfg_;
   std::unique_ptr<task> task_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<flat_adamw> optimizer_;
   std::unique_ptr<data_order> order_;
   lr_schedule schedule_;
   int64_t step_ = 0;

@@ -69,7 +69,7 @@ std::vector<config_key> make_schema() {
       {"cluster.heartbeat_interval_ms", vk::integer, "100", "Heartbeat period on every link (coordinator<->node, node<->rank).", 1},
       {"cluster.heartbeat_timeout_ms", vk::integer, "1000", "Silence after which a peer is declared lost.", 1},
       {"cluster.backend", vk::string, "auto", "Collectives: auto (NCCL for CUDA tensors in CUDA builds, else Gloo), gloo or nccl.", -1e300, {"auto", "gloo", "nccl"}},
-      {"cluster.bucket_kb", vk::integer, "256", "Gradient bucket size for allreduce; buckets are reduced while backward still runs.", 1},
+      {"cluster.bucket_kb", vk::integer, "512", "Gradient bucket size for allreduce; buckets are reduced while backward still runs.", 1},
       {"cluster.collective_timeout_ms", vk::integer, "30000", "Upper bound of one collective (a dead peer is normally noticed much sooner).", 100},
       {"cluster.digest_every_steps", vk::integer, "100", "Every N steps all ranks compare a checksum of their parameters; a mismatch stops the job.", 0},
       {"cluster.suspect_timeout_ms", vk::integer, "300", "After a rank reports a failed collective, a node silent this long is declared lost (a live node heartbeats every interval).", 1},

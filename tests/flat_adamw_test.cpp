@@ -1,0 +1,208 @@
+#include "model/flat_adamw.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace dtactor {
+namespace {
+
+// A small MLP with weights (decayed) and biases (not decayed).
+struct net : torch::nn::Module {
+  net() {
+    a = register_module("a", torch::nn::Linear(6, 8));
+    b = register_module("b", torch::nn::Linear(8, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return b(torch::tanh(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+
+std::shared_ptr<net> make_net(uint64_t seed) {
+  torch::manual_seed(seed);
+  return std::make_shared<net>();
+}
+
+void backward_on(net& n, int64_t step) {
+  torch::manual_seed(1000 + step);
+  auto x = torch::randn({5, 6});
+  n.forward(x).pow(2).sum().backward();
+}
+
+std::vector<torch::Tensor> snapshot(net& n) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : n.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double max_abs_diff(const std::vector<torch::Tensor>& x, const std::vector<torch::Tensor>& y) {
+  double d = 0;
+  for (size_t i = 0; i < x.size(); ++i) d = std::max(d, (x[i] - y[i]).abs().max().item<double>());
+  return d;
+}
+
+// The reference: LibTorch's AdamW with a decay and a no-decay group, clip_grad_norm_.
+struct reference {
+  explicit reference(net& n, const flat_adamw_options& o) : n_(n) {
+    std::vector<torch::Tensor> decay, no_decay;
+    for (auto& p : n.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    auto opts = torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
+    auto nd = std::make_unique<torch::optim::AdamWOptions>(opts);
+    nd->weight_decay(0.0);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(opts));
+    groups.emplace_back(no_decay, std::move(nd));
+    opt = std::make_unique<torch::optim::AdamW>(std::move(groups), opts);
+  }
+  double step(double clip) {
+    const double norm = torch::nn::utils::clip_grad_norm_(n_.parameters(), clip);
+    opt->step();
+    opt->zero_grad();
+    return norm;
+  }
+  net& n_;
+  std::unique_ptr<torch::optim::AdamW> opt;
+};
+
+flat_adamw_options options() {
+  flat_adamw_options o;
+  o.lr = 0.05;
+  o.weight_decay = 0.1;
+  return o;
+}
+
+TEST(FlatAdamW, MatchesLibTorchAdamWWithClipping) {
+  auto n1 = make_net(7), n2 = make_net(7);
+  reference ref(*n1, options());
+  flat_adamw flat(n2->parameters(), options());
+  for (int64_t s = 0; s < 20; ++s) {
+    backward_on(*n1, s);
+    backward_on(*n2, s);
+    const double clip = s % 2 ? 0.5 : 1e9;  // clipping on every other step
+    const double a = ref.step(clip);
+    const double b = flat.clip_grad_norm(clip);
+    flat.step();
+    flat.zero_grad();
+    EXPECT_NEAR(a, b, 1e-5 * std::max(1.0, a)) << "gradient norm at step " << s;
+  }
+  // Same arithmetic element by element; only the norm's summation order differs.
+  EXPECT_LT(max_abs_diff(snapshot(*n1), snapshot(*n2)), 1e-5);
+  EXPECT_GT(max_abs_diff(snapshot(*n1), snapshot(*make_net(7))), 1e-2) << "the parameters did not move";
+}
+
+TEST(FlatAdamW, ParametersAndGradientsAreViewsOfOneBufferPerGroup) {
+  auto n = make_net(3);
+  flat_adamw flat(n->parameters(), options());
+  backward_on(*n, 0);
+  // autograd accumulated into the views: the weights' grads are adjacent.
+  auto wa = n->a->weight, wb = n->b->weight;
+  EXPECT_EQ(static_cast<float*>(wa.grad().data_ptr()) + wa.numel(), static_cast<float*>(wb.grad().data_ptr()));
+  EXPECT_EQ(static_cast<float*>(wa.data_ptr()) + wa.numel(), static_cast<float*>(wb.data_ptr()));
+}
+
+TEST(FlatAdamW, ReplacedOrResetGradientsAreTakenBackIntoTheBuffer) {
+  auto n1 = make_net(5), n2 = make_net(5);
+  flat_adamw f1(n1->parameters(), options()), f2(n2->parameters(), options());
+  for (int64_t s = 0; s < 3; ++s) {
+    backward_on(*n1, s);
+    f1.step();
+    f1.zero_grad();
+    n2->zero_grad(/*set_to_none=*/true);  // grads are no longer the buffer's views
+    backward_on(*n2, s);
+    for (auto& p : n2->parameters()) p.mutable_grad() = p.grad().clone();
+    f2.step();
+    f2.zero_grad();
+  }
+  EXPECT_EQ(max_abs_diff(snapshot(*n1), snapshot(*n2)), 0.0);
+}
+
+std::string save(flat_adamw& f) {
+  torch::serialize::OutputArchive ar;
+  f.save(ar);
+  std::ostringstream os(std::ios::binary);
+  ar.save_to(os);
+  return os.str();
+}
+
+TEST(FlatAdamW, CheckpointResumesExactly) {
+  auto n1 = make_net(9);
+  flat_adamw f1(n1->parameters(), options());
+  for (int64_t s = 0; s < 4; ++s) {
+    backward_on(*n1, s);
+    f1.step();
+    f1.zero_grad();
+  }
+  const std::string state = save(f1);
+  torch::serialize::OutputArchive mar;
+  n1->save(mar);
+  std::ostringstream ms(std::ios::binary);
+  mar.save_to(ms);
+
+  auto n2 = make_net(123);  // other initial values
+  flat_adamw f2(n2->parameters(), options());
+  torch::serialize::InputArchive min, oin;
+  std::istringstream mi(ms.str(), std::ios::binary), oi(state, std::ios::binary);
+  min.load_from(mi);
+  n2->load(min);
+  f2.rebind();
+  oin.load_from(oi);
+  f2.load(oin);
+  EXPECT_EQ(f2.steps_taken(), 4);
+  for (int64_t s = 4; s < 8; ++s) {
+    backward_on(*n1, s);
+    backward_on(*n2, s);
+    f1.step();
+    f1.zero_grad();
+    f2.step();
+    f2.zero_grad();
+  }
+  EXPECT_EQ(max_abs_diff(snapshot(*n1), snapshot(*n2)), 0.0);
+  // The parameters are still the buffer's views after load + rebind.
+  EXPECT_EQ(static_cast<float*>(n2->a->weight.data_ptr()) + n2->a->weight.numel(), static_cast<float*>(n2->b->weight.data_ptr()));
+}
+
+TEST(FlatAdamW, ReadsLibTorchAdamWStateOfOlderCheckpoints) {
+  auto n1 = make_net(11), n2 = make_net(11);
+  reference ref(*n1, options());
+  for (int64_t s = 0; s < 5; ++s) {
+    backward_on(*n1, s);
+    ref.step(1e9);
+  }
+  torch::serialize::OutputArchive ar;
+  ref.opt->save(ar);
+  std::ostringstream os(std::ios::binary);
+  ar.save_to(os);
+  {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < n1->parameters().size(); ++i) n2->parameters()[i].copy_(n1->parameters()[i]);
+  }
+  flat_adamw flat(n2->parameters(), options());
+  torch::serialize::InputArchive in;
+  std::istringstream is(os.str(), std::ios::binary);
+  in.load_from(is);
+  flat.load(in);
+  EXPECT_EQ(flat.steps_taken(), 5);
+  for (int64_t s = 5; s < 10; ++s) {
+    backward_on(*n1, s);
+    backward_on(*n2, s);
+    ref.step(1e9);
+    flat.step();
+    flat.zero_grad();
+  }
+  EXPECT_LT(max_abs_diff(snapshot(*n1), snapshot(*n2)), 1e-6);
+}
+
+TEST(FlatAdamW, StateOfAnotherModelIsRefused) {
+  auto small = make_net(1);
+  flat_adamw f1(small->parameters(), options());
+  const std::string state = save(f1);
+  torch::manual_seed(2);
+  auto other = torch::nn::Linear(4, 4);
+  flat_adamw f2(other->parameters(), options());
+  torch::serialize::InputArchive in;
+  std::istringstream is(state, std::ios::binary);
+  in.load_from(is);
+  EXPECT_THROW(f2.load(in), c10::Error);
+}
+
+}  // namespace
+}  // namespace dtactor
