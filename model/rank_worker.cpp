@@ -332,6 +332,7 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     go.bucket_bytes = cfg.get_int("cluster.bucket_kb") * 1024;
     go.timeout = timeout;
     go.abandon = abandon_now;
+    go.control_words = 2;
     grad_sync sync(state.the_task().module()->parameters(), pg, go);
     // Whatever the last generation left in the gradients is a partial step.
     state.zero_grad();
@@ -379,21 +380,16 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
       if (quitting()) return outcome::quit;
       if (abandon(gen)) return outcome::next_plan;
       const auto t0 = clock_type::now();
-      // The step's control word, issued before its gradient buckets on every
-      // rank so collectives match: (newest generation I hold a plan for,
-      // stop requested), MAX-reduced as (-generation, stop).
-      const int64_t holds = static_cast<int64_t>(std::max(gen, offered_gen_.load()));
+      // The step's control word rides at the end of its first gradient
+      // bucket (SUM-reduced with it, no collective of its own): (do I hold a
+      // plan newer than this generation, is a stop requested here). Every
+      // rank reads the same sums after the step: all switch once every rank
+      // holds the newer plan, all stop if any rank was asked to, at the same
+      // step boundary.
       const bool stop_here = stop_.load();
-      std::vector<torch::Tensor> ctrl{torch::tensor({-holds, stop_here ? int64_t{1} : int64_t{0}}, torch::kInt64)};
-      c10::intrusive_ptr<c10d::Work> ctrl_work;
-      if (pg) {
-        c10d::AllreduceOptions mx;
-        mx.reduceOp = c10d::ReduceOp::MAX;
-        ctrl_work = pg->allreduce(ctrl, mx);
-      }
+      sync.set_control({offered_gen_.load() > gen ? 1.f : 0.f, stop_here ? 1.f : 0.f});
       auto r = state.train_step_dp(rank, world, sync);
       if (!r) return failed(r.message(), state.step());
-      if (auto st = wait_work(ctrl_work, deadline_in(timeout), abandon_now, "step control word"); !st) return failed(st.message(), state.step());
       const int64_t step = state.step();
       acc.set_samples(acc.samples() + r->samples);
       acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
@@ -444,14 +440,14 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
         im.injected = true;
         inject_fault();
       }
-      const bool stop_agreed = pg ? ctrl[0][1].item<int64_t>() != 0 : stop_here;
-      const uint64_t everyone_holds = pg ? static_cast<uint64_t>(-ctrl[0][0].item<int64_t>()) : offered_gen_.load();
+      const bool stop_agreed = sync.control()[1] > 0.5f;
+      const bool newer_plan = sync.control()[0] > static_cast<float>(world) - 0.5f;
       if (stop_agreed) {
         if (rank == 0 && stop_checkpoint_.load() && last_ckpt != step) send_checkpoint(step);
         status(pb::rank_status::STATE_FINISHED, step, state.params_digest());
         return outcome::stopped;
       }
-      if (everyone_holds > gen) return outcome::next_plan;
+      if (newer_plan) return outcome::next_plan;
     }
     status(pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());
     return outcome::finished;

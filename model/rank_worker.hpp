@@ -11,10 +11,10 @@
 //   failure, or a switch to the next generation.
 //
 // Switching. A plan with `drain` (nobody was lost) is taken at a step
-// boundary every rank agrees on: each step starts with a tiny allreduce (MAX)
-// of "the newest generation I hold a plan for" and "stop requested", issued
-// before the step's gradient buckets so it runs behind the compute; when
-// every rank holds the newer plan, all switch after the same step. A plan
+// boundary every rank agrees on: each step's first gradient bucket carries a
+// control word, SUM-reduced with it, of "I hold a newer plan" and "stop
+// requested"; when every rank holds the newer plan, all switch after the
+// same step. A plan
 // without `drain` (someone was lost) abandons whatever collective the thread
 // is blocked in at once; the partial step is dropped (gradients zeroed, the
 // optimizer never stepped), and the old group is parked, never destroyed.

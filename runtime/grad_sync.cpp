@@ -33,6 +33,7 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     world_ = pg_->getSize();
     rank_ = pg_->getRank();
   }
+  control_in_.assign(static_cast<size_t>(std::max(0, opts_.control_words)), 0.f);
   if (world_ <= 1) return;  // nothing to synchronise: no buckets, no hooks
 
   for (auto& p : params)
@@ -56,11 +57,18 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     b.slots.push_back(k);
     filled += s.numel * static_cast<int64_t>(s.param.element_size());
   }
-  for (auto& b : buckets_) {
+  if (buckets_.empty() && opts_.control_words > 0) buckets_.emplace_back();  // no parameters: the control word alone
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    auto& b = buckets_[bi];
     int64_t n = 0;
     for (size_t j : b.slots) n += slots_[j].numel;
-    const auto& p0 = slots_[b.slots.front()].param;
-    b.flat = torch::zeros({n}, p0.options().requires_grad(false));
+    auto o = b.slots.empty() ? torch::TensorOptions(torch::kFloat) : slots_[b.slots.front()].param.options().requires_grad(false);
+    if (bi == 0 && opts_.control_words > 0) {
+      control_offset_ = n;
+      n += opts_.control_words;
+      if (o.dtype() != torch::kFloat && o.dtype() != torch::kDouble) o = o.dtype(torch::kFloat);
+    }
+    b.flat = torch::zeros({n}, o);
     b.pending = static_cast<int>(b.slots.size());
     b.done_ns = std::make_shared<std::atomic<int64_t>>(0);
   }
@@ -130,6 +138,11 @@ void grad_sync::launch_ready() {
 
 void grad_sync::launch(size_t bi) {
   auto& b = buckets_[bi];
+  if (bi == 0 && opts_.control_words > 0) {
+    torch::NoGradGuard no_grad;
+    auto tail = b.flat.narrow(0, control_offset_, opts_.control_words);
+    tail.copy_(torch::tensor(control_in_, torch::kFloat).to(tail.scalar_type()));
+  }
   b.done_ns->store(0);
   b.launched_at = clock_type::now();
   try {
@@ -146,7 +159,10 @@ void grad_sync::launch(size_t bi) {
 
 result<grad_sync_timing> grad_sync::finish() {
   grad_sync_timing t;
-  if (world_ <= 1) return t;
+  if (world_ <= 1) {
+    control_out_ = control_in_;
+    return t;
+  }
   if (broken_) return make_error(error_ + " (in an earlier step; rebuild the process group and grad_sync)");
   const auto entered = clock_type::now();
   t.buckets = static_cast<int>(buckets_.size());
@@ -207,6 +223,10 @@ result<grad_sync_timing> grad_sync::finish() {
   t.allreduce_s = busy;
   t.exposed_s = seconds_between(entered, waited);
 
+  if (opts_.control_words > 0) {
+    auto tail = buckets_[0].flat.narrow(0, control_offset_, opts_.control_words).to(torch::kFloat).contiguous();
+    control_out_.assign(tail.data_ptr<float>(), tail.data_ptr<float>() + opts_.control_words);
+  }
   {
     torch::NoGradGuard no_grad;
     const float* u = used.defined() ? used.data_ptr<float>() : nullptr;

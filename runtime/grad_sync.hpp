@@ -47,6 +47,10 @@ struct grad_sync_options {
   // Polled while finish() waits: true abandons the step's collectives (a
   // newer generation replaces this one). May be empty.
   std::function<bool()> abandon;
+  // Extra float slots carried at the end of the first bucket and SUM-reduced
+  // with it: a per-step control word for the caller at no extra collective
+  // (set_control() before the step, control() after finish()).
+  int control_words = 0;
 };
 
 // Figures of one step's synchronisation (seconds).
@@ -85,6 +89,13 @@ class grad_sync {
   // then refuses every later step: rebuild it with a new group.
   result<grad_sync_timing> finish();
 
+  // The values this rank adds to the step's control word (size
+  // options.control_words); read when the first bucket is launched.
+  void set_control(std::vector<float> v) { control_in_ = std::move(v); }
+  // After a successful finish(): the SUM over all ranks of their control
+  // words (this rank's own with a world of one).
+  const std::vector<float>& control() const { return control_out_; }
+
   int world() const { return world_; }
   int rank() const { return rank_; }
   size_t bucket_count() const { return buckets_.size(); }
@@ -116,6 +127,8 @@ class grad_sync {
   void launch(size_t b);
   void pack(size_t slot);
 
+  std::vector<float> control_in_, control_out_;
+  int64_t control_offset_ = 0;  // in the first bucket's flat tensor
   std::vector<param_slot> slots_;
   std::vector<bucket> buckets_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

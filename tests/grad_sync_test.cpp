@@ -222,6 +222,49 @@ TEST(GradSync, BucketCountFollowsBucketSizeAndAllreduceOverlapsBackward) {
   }
 }
 
+// The control word rides with the first bucket: every rank reads the same
+// sums of what each set, over several steps, and the gradients are unchanged.
+TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
+  const int world = 3;
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto states = make_states(cfg, world + 1);
+  const auto want = single_process_gradients(*states[world]);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[rank];
+    grad_sync_options o;
+    o.bucket_bytes = 4 * 1024;
+    o.control_words = 2;
+    grad_sync sync(params_of(s), pg, o);
+    for (int step = 0; step < 3; ++step) {
+      sync.set_control({static_cast<float>(rank + step), rank == 1 && step == 2 ? 1.f : 0.f});
+      s.zero_grad();
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+      auto t = sync.finish();
+      if (!t) return t.message();
+      const auto& c = sync.control();
+      if (c.size() != 2) return "control word has " + std::to_string(c.size()) + " values";
+      if (c[0] != static_cast<float>(3 + 3 * step) || c[1] != (step == 2 ? 1.f : 0.f))
+        return "step " + std::to_string(step) + ": control sums " + std::to_string(c[0]) + ", " + std::to_string(c[1]);
+      if (auto e = compare_gradients(s, want); !e.empty()) return e;
+    }
+    return "";
+  }));
+  // A world of one reads back its own word; so does a group with no parameters.
+  grad_sync_options o;
+  o.control_words = 2;
+  grad_sync alone(params_of(*states[0]), c10::intrusive_ptr<c10d::ProcessGroup>(), o);
+  alone.set_control({4.f, 1.f});
+  ASSERT_TRUE(alone.finish());
+  EXPECT_EQ(alone.control(), (std::vector<float>{4.f, 1.f}));
+  expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    grad_sync none({}, pg, o);
+    none.set_control({1.f, static_cast<float>(rank)});
+    auto t = none.finish();
+    if (!t) return t.message();
+    return none.control() == std::vector<float>{2.f, 1.f} ? "" : "no-parameter control word not summed";
+  }));
+}
+
 // Rank 0 uses p and q, rank 1 only p, nobody uses u: p and q get the sums, u
 // keeps no gradient with find_unused_parameters (and a zero one without).
 TEST(GradSync, UnusedParameters) {
