@@ -27,15 +27,9 @@ namespace {
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::vector<std::string> job(int64_t max_steps, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=200",
-                                   "train.max_steps=" + std::to_string(max_steps)};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  std::vector<std::string> out;
-  for (const auto& s : sets) {
-    out.push_back("--set");
-    out.push_back(s);
-  }
-  return out;
+  return set_flags({"train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=200",
+                    "train.max_steps=" + std::to_string(max_steps)},
+                   extra);
 }
 
 struct stats {

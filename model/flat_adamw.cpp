@@ -7,6 +7,7 @@ namespace dtactor {
 
 flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_options& o) : opts_(o) {
   torch::NoGradGuard no_grad;
+  std::vector<int64_t> filled;  // per group
   for (auto& p : params) {
     if (!p.requires_grad()) continue;
     const bool decay = p.dim() >= 2;
@@ -15,47 +16,47 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
     while (g < groups_.size() && !(groups_[g].decay == decay && groups_[g].params.scalar_type() == p.scalar_type())) ++g;
     if (g == groups_.size()) {
       groups_.push_back(group{decay, torch::empty({0}, p.options().requires_grad(false)), {}, {}, {}});
+      filled.push_back(0);
     }
-    int64_t offset = 0;
-    for (const auto& s : slots_)
-      if (s.group == g) offset += s.numel;
-    slots_.push_back(slot{p, g, offset, p.numel()});
+    slots_.push_back(slot{p, g, filled[g], p.numel(), {}, {}});
+    filled[g] += p.numel();
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
-    int64_t n = 0;
-    for (const auto& s : slots_)
-      if (s.group == g) n += s.numel;
     auto& gr = groups_[g];
-    gr.params = torch::empty({n}, gr.params.options());
-    gr.grads = torch::zeros({n}, gr.params.options());
-    gr.exp_avg = torch::zeros({n}, gr.params.options());
-    gr.exp_avg_sq = torch::zeros({n}, gr.params.options());
+    const auto opts = gr.params.options();
+    gr.params = torch::empty({filled[g]}, opts);
+    gr.grads = torch::zeros({filled[g]}, opts);
+    gr.exp_avg = torch::zeros({filled[g]}, opts);
+    gr.exp_avg_sq = torch::zeros({filled[g]}, opts);
+  }
+  for (auto& s : slots_) {
+    s.param_view = view(groups_[s.group].params, s);
+    s.grad_view = view(groups_[s.group].grads, s);
   }
   rebind();
-  for (auto& s : slots_) s.param.mutable_grad() = view(groups_[s.group].grads, s);
+  for (auto& s : slots_) s.param.mutable_grad() = s.grad_view;
 }
 
 void flat_adamw::rebind() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
-    auto v = view(groups_[s.group].params, s);
-    if (s.param.data_ptr() == v.data_ptr()) continue;
-    v.copy_(s.param.detach());
-    s.param.set_data(v);
+    if (s.param.data_ptr() == s.param_view.data_ptr()) continue;
+    s.param_view.copy_(s.param.detach());
+    s.param.set_data(s.param_view);
   }
 }
 
 void flat_adamw::gather_grads() {
+  // Pointer checks only (no tensor ops) when every gradient is still its view.
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
-    auto v = view(groups_[s.group].grads, s);
     const auto& g = s.param.grad();
-    if (g.defined() && g.data_ptr() == v.data_ptr()) continue;
+    if (g.defined() && g.data_ptr() == s.grad_view.data_ptr()) continue;
     if (g.defined())
-      v.copy_(g);
+      s.grad_view.copy_(g);
     else
-      v.zero_();
-    s.param.mutable_grad() = v;
+      s.grad_view.zero_();
+    s.param.mutable_grad() = s.grad_view;
   }
 }
 

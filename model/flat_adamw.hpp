@@ -55,6 +55,7 @@ class flat_adamw {
     torch::Tensor param;
     size_t group = 0;
     int64_t offset = 0, numel = 0;
+    torch::Tensor param_view, grad_view;  // this parameter's place in its group's buffers
   };
   struct group {
     bool decay = false;

@@ -33,6 +33,7 @@ using testing::temp_dir;
 using testing::cluster;
 using testing::descendants;
 using testing::node_step;
+using testing::set_flags;
 using json = nlohmann::json;
 
 const std::string kBin = DTACTOR_BINARY;
@@ -44,13 +45,7 @@ std::vector<std::string> job_sets(int steps, const std::vector<std::string>& ext
                                    "train.global_batch_size=32", "train.warmup_steps=5", "train.lr=0.003",        "eval.max_samples=500",
                                    "eval.every_steps=0",     "checkpoint.every_steps=20", "train.log_every_steps=1", "cluster.digest_every_steps=10",
                                    "train.max_steps=" + std::to_string(steps)};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  std::vector<std::string> out;
-  for (const auto& s : sets) {
-    out.push_back("--set");
-    out.push_back(s);
-  }
-  return out;
+  return set_flags(sets, extra);
 }
 
 int64_t last_step_before(const std::vector<json>& j, const std::string& event) {

@@ -28,6 +28,17 @@ namespace dtactor::testing {
 
 using json = nlohmann::json;
 
+// {"a=1", "b=2"} + extra -> {"--set", "a=1", "--set", "b=2", ...}
+inline std::vector<std::string> set_flags(std::vector<std::string> sets, const std::vector<std::string>& extra = {}) {
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  std::vector<std::string> out;
+  for (const auto& s : sets) {
+    out.push_back("--set");
+    out.push_back(s);
+  }
+  return out;
+}
+
 inline std::vector<json> read_journal_lines(const std::string& path) {
   std::vector<json> out;
   std::ifstream f(path);
