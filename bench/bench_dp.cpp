@@ -118,6 +118,7 @@ int run_rank(const options& o) {
   }
   grad_sync_options gso;
   gso.bucket_bytes = cfg->get_int("cluster.bucket_kb") * 1024;
+  gso.spin_wait = std::chrono::microseconds(cfg->get_int("cluster.spin_wait_us"));
   gso.timeout = std::chrono::milliseconds(cfg->get_int("cluster.collective_timeout_ms"));
   grad_sync sync(s.the_task().module()->parameters(), pg, gso);
 
@@ -254,6 +255,15 @@ int main(int argc, char** argv) {
     bool same = true;
     for (auto& r : ranks) same = same && r.at("params_digest") == r0.at("params_digest");
     r0["ranks_agree"] = same;
+    // Per rank: a rank that waits much longer than the other waits for its
+    // slower peer (skew), not for the wire.
+    nlohmann::json by_rank = nlohmann::json::array(), compute_by_rank = nlohmann::json::array();
+    for (auto& r : ranks) {
+      by_rank.push_back(r.at("exposed_allreduce_s_per_step"));
+      compute_by_rank.push_back(r.at("compute_s_per_step"));
+    }
+    r0["exposed_allreduce_s_per_step_by_rank"] = by_rank;
+    r0["compute_s_per_step_by_rank"] = compute_by_rank;
     r0.erase("rank");
     out["world_" + w] = r0;
     sps[world] = r0.at("samples_per_s").get<double>();

@@ -330,6 +330,7 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
 
     grad_sync_options go;
     go.bucket_bytes = cfg.get_int("cluster.bucket_kb") * 1024;
+    go.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
     go.timeout = timeout;
     go.abandon = abandon_now;
     go.control_words = 2;

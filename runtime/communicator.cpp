@@ -1,5 +1,7 @@
 #include "runtime/communicator.hpp"
 
+#include <sched.h>
+
 #include <condition_variable>
 #include <mutex>
 
@@ -12,8 +14,18 @@
 namespace dtactor {
 
 status wait_work(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::steady_clock::time_point deadline,
-                 const std::function<bool()>& abandon, const std::string& what) {
+                 const std::function<bool()>& abandon, const std::string& what, std::chrono::microseconds spin) {
   if (!work) return {};
+  if (spin.count() > 0) {
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + spin);
+    for (unsigned n = 1; !work->isCompleted(); ++n) {
+      if (n % 64 == 0) {
+        if (abandon && abandon()) return make_error(what + " abandoned: a newer generation replaces this one");
+        if (std::chrono::steady_clock::now() >= until) break;
+      }
+      ::sched_yield();
+    }
+  }
   struct signal {
     std::mutex mu;
     std::condition_variable cv;

@@ -35,7 +35,8 @@ std::string resolve_backend(const communicator_options& o);
 // must retire that group (keep it alive, never reuse it). Never throws; the
 // error is one line naming `what`.
 status wait_work(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::steady_clock::time_point deadline,
-                 const std::function<bool()>& abandon, const std::string& what);
+                 const std::function<bool()>& abandon, const std::string& what,
+                 std::chrono::microseconds spin = std::chrono::microseconds(0));
 
 // Blocks until all `world` ranks have joined through `store` (or the
 // timeout passes). Errors are one line naming the backend and the cause.

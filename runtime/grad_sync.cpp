@@ -192,7 +192,7 @@ result<grad_sync_timing> grad_sync::finish() {
   const auto deadline = entered + opts_.timeout;
   auto wait_for = [&](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
     if (failed_ || !w) return;
-    if (auto st = wait_work(w, deadline, opts_.abandon, "rank " + std::to_string(rank_) + ": allreduce of " + what); !st) {
+    if (auto st = wait_work(w, deadline, opts_.abandon, "rank " + std::to_string(rank_) + ": allreduce of " + what, opts_.spin_wait); !st) {
       failed_ = true;
       error_ = st.message();
     }

@@ -44,6 +44,12 @@ struct grad_sync_options {
   // (AdamW then skips it). When false such a parameter gets a zero grad.
   // Costs one extra small collective per step.
   bool find_unused_parameters = false;
+  // finish() first waits for each bucket by polling it (yielding the core
+  // between polls) for up to this long, then sleeps until it completes.
+  // Sleeping lets an idle virtual CPU halt, and a halted vCPU can take a
+  // scheduler slice of the host (~3-4 ms) to wake for the collective's next
+  // message; polling keeps it awake. 0 = sleep at once.
+  std::chrono::microseconds spin_wait{0};
   // Polled while finish() waits: true abandons the step's collectives (a
   // newer generation replaces this one). May be empty.
   std::function<bool()> abandon;

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -267,13 +268,15 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
 
 // Rank 0 uses p and q, rank 1 only p, nobody uses u: p and q get the sums, u
 // keeps no gradient with find_unused_parameters (and a zero one without).
+// Also with finish() polling instead of sleeping (spin_wait): same sums.
 TEST(GradSync, UnusedParameters) {
-  for (bool find_unused : {true, false}) {
+  for (auto [find_unused, spin_us] : std::vector<std::pair<bool, int>>{{true, 0}, {false, 0}, {true, 20000}, {false, 20000}}) {
     expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
       auto p = torch::zeros({3}, torch::requires_grad()), q = torch::zeros({2}, torch::requires_grad()), u = torch::zeros({4}, torch::requires_grad());
       grad_sync_options o;
       o.bucket_bytes = 8;
       o.find_unused_parameters = find_unused;
+      o.spin_wait = std::chrono::microseconds(spin_us);
       grad_sync sync({p, q, u}, pg, o);
       for (int step = 0; step < 2; ++step) {
         for (auto* t : {&p, &q, &u})
@@ -295,26 +298,62 @@ TEST(GradSync, UnusedParameters) {
 
 // A peer that never joins the allreduce: finish() reports it within its
 // timeout instead of throwing or hanging, and refuses later steps.
+// Polling (spin_wait far beyond the timeout) ends at the deadline too.
 TEST(GradSync, TimeoutIsAStatus) {
+  for (int spin_us : {0, 10000000}) {
+    auto errors = run_ranks(
+        2,
+        [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+          if (rank == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(400));
+            return "";  // leaves without reducing; its group closes the connection
+          }
+          auto p = torch::ones({8}, torch::requires_grad());
+          grad_sync_options o;
+          o.timeout = std::chrono::milliseconds(150);
+          o.spin_wait = std::chrono::microseconds(spin_us);
+          grad_sync sync({p}, pg, o);
+          sync.arm();
+          (p * 2).sum().backward();
+          const auto t0 = std::chrono::steady_clock::now();
+          auto t = sync.finish();
+          const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (t) return "finish() succeeded without the peer";
+          if (waited > 1.0) return "finish() waited " + std::to_string(waited) + " s";
+          if (sync.finish()) return "a second finish() succeeded";
+          return "";
+        },
+        std::chrono::milliseconds(1500));
+    expect_no_errors(errors);
+  }
+}
+
+// A newer generation abandons the step: a wait that is still polling
+// (spin_wait of 10 s, timeout 30 s) notices within milliseconds.
+TEST(GradSync, AbandonEndsAPollingWait) {
+  std::atomic<bool> give_up{false};
   auto errors = run_ranks(
       2,
       [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
         if (rank == 1) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(400));
-          return "";  // leaves without reducing; its group closes the connection
+          while (!give_up.load()) std::this_thread::yield();  // never joins the allreduce
+          return "";
         }
         auto p = torch::ones({8}, torch::requires_grad());
         grad_sync_options o;
-        o.timeout = std::chrono::milliseconds(150);
+        o.timeout = std::chrono::milliseconds(30000);
+        o.spin_wait = std::chrono::microseconds(10000000);
+        const auto t0 = std::chrono::steady_clock::now();
+        o.abandon = [&] { return std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(100); };
         grad_sync sync({p}, pg, o);
         sync.arm();
         (p * 2).sum().backward();
-        const auto t0 = std::chrono::steady_clock::now();
         auto t = sync.finish();
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        give_up = true;
         if (t) return "finish() succeeded without the peer";
-        if (waited > 1.0) return "finish() waited " + std::to_string(waited) + " s";
-        if (sync.finish()) return "a second finish() succeeded";
+        if (t.message().find("abandoned") == std::string::npos) return "not abandoned: " + t.message();
+        if (waited > 2.0) return "finish() waited " + std::to_string(waited) + " s";
         return "";
       },
       std::chrono::milliseconds(1500));
