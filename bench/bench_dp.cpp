@@ -5,7 +5,10 @@
 //
 //   build/bench/bench_dp [--config examples/vit_fashion_mnist.toml] [--warmup N]
 //                        [--steps N] [--repeats K] [--bucket-kb KB] [--worlds 1,2]
-//                        [--global-batch 128]
+//                        [--global-batch 128] [--shm 1|0]
+//
+// --shm 0 makes the 2 ranks exchange gradients through Gloo (loopback TCP)
+// instead of shared memory (cluster.shm_allreduce).
 //
 // The parent only orchestrates: every measurement runs in fresh child
 // processes (this binary again, with --rank R --world W --out FILE), so one
@@ -18,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
@@ -43,7 +47,7 @@ namespace {
 
 struct options {
   std::string config = "examples/vit_fashion_mnist.toml";
-  int warmup = 3, steps = 8, repeats = 5, bucket_kb = 0, global_batch = 128, rank = -1, world = 1, port = 0;
+  int warmup = 3, steps = 8, repeats = 5, bucket_kb = 0, global_batch = 128, rank = -1, world = 1, port = 0, shm = 1;
   std::string worlds = "1,2", out;
 };
 
@@ -86,6 +90,7 @@ int free_port() {
 int run_rank(const options& o) {
   std::vector<std::string> overrides = {"train.threads=1", "train.global_batch_size=" + std::to_string(o.global_batch), "eval.every_steps=0", "checkpoint.every_steps=0"};
   if (o.bucket_kb > 0) overrides.push_back("cluster.bucket_kb=" + std::to_string(o.bucket_kb));
+  overrides.push_back(std::string("cluster.shm_allreduce=") + (o.shm ? "true" : "false"));
   auto cfg = config::load(o.config, overrides);
   if (!cfg) {
     std::fprintf(stderr, "bench_dp: %s\n", cfg.message().c_str());
@@ -100,6 +105,7 @@ int run_rank(const options& o) {
   auto& s = *created.value();
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<shm_group> shm;
   if (o.world > 1) {
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(o.port);
@@ -115,10 +121,24 @@ int run_rank(const options& o) {
       return 1;
     }
     pg = made.value();
+    if (cfg->get_bool("cluster.shm_allreduce")) {
+      int64_t floats = 0;
+      for (const auto& p : s.the_task().module()->parameters()) floats += p.numel();
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
+      std::string why;
+      auto joined = shm_group::join(*prefixed, o.rank, o.world, floats, &why);
+      if (!joined) {
+        std::fprintf(stderr, "bench_dp: %s\n", joined.message().c_str());
+        return 1;
+      }
+      if (!joined.value()) std::fprintf(stderr, "bench_dp: rank %d: no shared memory (%s), Gloo carries the gradients\n", o.rank, why.c_str());
+      shm = joined.value();
+    }
   }
   grad_sync_options gso;
   gso.bucket_bytes = cfg->get_int("cluster.bucket_kb") * 1024;
   gso.spin_wait = std::chrono::microseconds(cfg->get_int("cluster.spin_wait_us"));
+  gso.shm = shm;
   gso.timeout = std::chrono::milliseconds(cfg->get_int("cluster.collective_timeout_ms"));
   grad_sync sync(s.the_task().module()->parameters(), pg, gso);
 
@@ -165,6 +185,7 @@ int run_rank(const options& o) {
                         {"allreduce_s_per_step", mean(allreduce)},
                         {"exposed_allreduce_s_per_step", mean(exposed)},
                         {"buckets", sync.bucket_count()},
+                        {"shared_memory", sync.uses_shm()},
                         {"bucket_kb", cfg->get_int("cluster.bucket_kb")},
                         {"samples_per_rank", records.empty() ? 0 : records.back().samples},
                         {"params_digest", s.params_digest()}};
@@ -183,7 +204,7 @@ std::vector<nlohmann::json> run_world(const options& o, int world, const char* s
                                      "--port",  std::to_string(port), "--out",     outs.back(),      "--config",
                                      o.config,  "--warmup", std::to_string(o.warmup), "--steps", std::to_string(o.steps),
                                      "--repeats", std::to_string(o.repeats), "--bucket-kb", std::to_string(o.bucket_kb),
-                                     "--global-batch", std::to_string(o.global_batch)};
+                                     "--global-batch", std::to_string(o.global_batch), "--shm", std::to_string(o.shm)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -227,6 +248,7 @@ int main(int argc, char** argv) {
     else if (a == "--world") o.world = std::stoi(v);
     else if (a == "--port") o.port = std::stoi(v);
     else if (a == "--out") o.out = v;
+    else if (a == "--shm") o.shm = std::stoi(v);
     else {
       std::fprintf(stderr, "bench_dp: unknown option %s\n", a.c_str());
       return 2;
@@ -276,6 +298,7 @@ int main(int argc, char** argv) {
     out["exposed_allreduce_s_per_step"] = ex;
     out["overlap_fraction"] = ar > 0 ? std::max(0.0, 1.0 - ex / ar) : 1.0;
     out["buckets"] = w2.at("buckets");
+    out["shared_memory"] = w2.at("shared_memory");
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;

@@ -1,5 +1,6 @@
 #include "model/rank_worker.hpp"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include "runtime/blas_info.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/grad_sync.hpp"
+#include "runtime/shm_group.hpp"
 
 namespace dtactor {
 
@@ -239,12 +241,16 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     // The group, built on a helper thread: a newer plan (or quit) abandons
     // a rendezvous that waits for a member who will never come.
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    std::shared_ptr<shm_group> shm;
+    std::string shm_why, backend;
     if (world > 1) {
       struct build {
         std::mutex mu;
         std::condition_variable cv;
         bool done = false;
         std::optional<result<c10::intrusive_ptr<c10d::ProcessGroup>>> r;
+        std::shared_ptr<shm_group> shm;  // set when every rank is on this host (cluster.shm_allreduce)
+        std::string shm_why;
       };
       auto b = std::make_shared<build>();
       communicator_options co;
@@ -254,7 +260,13 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
       co.hostname = opts_.advertise_addr.empty() ? "127.0.0.1" : opts_.advertise_addr;
       const std::string host = plan.store_host().empty() ? opts_.default_store_host : plan.store_host();
       const auto port = static_cast<uint16_t>(plan.store_port());
-      std::thread([b, co, host, port, rank, world, rendezvous_timeout] {
+      // Gradient floats (+ the 2 control words) a shared-memory slot must hold.
+      int64_t shm_floats = 2;
+      for (const auto& p : state.the_task().module()->parameters())
+        if (p.requires_grad()) shm_floats += p.numel();
+      backend = resolve_backend(co);
+      const bool want_shm = cfg.get_bool("cluster.shm_allreduce") && backend == "gloo";
+      std::thread([b, co, host, port, rank, world, rendezvous_timeout, want_shm, shm_floats] {
         result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
         try {
           c10d::TCPStoreOptions so;
@@ -264,6 +276,17 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
           so.timeout = rendezvous_timeout;
           auto store = c10::make_intrusive<c10d::TCPStore>(host, so);
           r = make_process_group(store, rank, world, co);
+          if (r.ok() && want_shm) {
+            auto prefixed = c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/shm", store);
+            std::string why;
+            auto joined = shm_group::join(*prefixed, rank, world, shm_floats, &why);
+            if (!joined) r = joined.err();
+            else {
+              std::lock_guard<std::mutex> lock(b->mu);
+              b->shm = joined.value();
+              b->shm_why = why;
+            }
+          }
         } catch (const std::exception& e) {
           std::string what = e.what();
           r = make_error("c10d store at " + host + ":" + std::to_string(port) + ": " + what.substr(0, what.find('\n')));
@@ -282,6 +305,8 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
       if (!b->r->ok()) return failed(b->r->message(), state.step());
       pg = b->r->value();
       im.parked.push_back(pg);  // outlives this generation (see impl::parked)
+      shm = b->shm;
+      shm_why = b->shm_why;
     }
 
     // The newest disk checkpoint, when the coordinator sent one (everyone
@@ -334,12 +359,19 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     go.timeout = timeout;
     go.abandon = abandon_now;
     go.control_words = 2;
+    go.shm = shm;
     grad_sync sync(state.the_task().module()->parameters(), pg, go);
     // Whatever the last generation left in the gradients is a partial step.
     state.zero_grad();
 
     {
-      auto ready = status_of(pb::rank_status::STATE_READY, rank, local, state.step(), "");
+      // How this generation's gradients travel (shown in the rank's status).
+      std::string transport;
+      if (world > 1 && sync.uses_shm())
+        transport = "gradients over shared memory";
+      else if (world > 1)
+        transport = "gradients over " + backend + (shm_why.empty() ? "" : " (no shared memory: " + shm_why + ")");
+      auto ready = status_of(pb::rank_status::STATE_READY, rank, local, state.step(), transport);
       ready.set_state_source(source);
       ready.set_state_root(root);
       ready.set_rolled_back_steps(0);

@@ -73,6 +73,21 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     b.done_ns = std::make_shared<std::atomic<int64_t>>(0);
   }
 
+  if (opts_.shm && opts_.shm->world() == world_ && opts_.shm->rank() == rank_) {
+    int64_t total = 0;
+    bool all_float = true;
+    for (auto& b : buckets_) {
+      b.base = total;
+      total += b.flat.numel();
+      all_float = all_float && b.flat.scalar_type() == torch::kFloat;
+    }
+    if (all_float && total <= opts_.shm->capacity()) {
+      shm_ = opts_.shm;
+      for (int p = 0; p < 2; ++p)
+        for (int r = 0; r < world_; ++r) shm_slots_[p].push_back(torch::from_blob(shm_->slot(p, r), {shm_->capacity()}, torch::kFloat));
+    }
+  }
+
   // A post-hook on each parameter's gradient accumulator runs right after
   // the gradient was added to param.grad() (the mechanism c10d's Reducer uses).
   hooks_ = std::make_shared<hook_state>();
@@ -107,10 +122,29 @@ void grad_sync::arm() {
   if (world_ > 1) armed_ = true;
 }
 
+torch::Tensor grad_sync::staging(size_t b) {
+  if (!shm_) return buckets_[b].flat;
+  return shm_slots_[shm_parity_][static_cast<size_t>(rank_)].narrow(0, buckets_[b].base, buckets_[b].flat.numel());
+}
+
+void grad_sync::reduce_shm(size_t bi) {
+  torch::NoGradGuard no_grad;
+  auto& b = buckets_[bi];
+  // Rank order on every rank: bit-identical sums everywhere.
+  for (int r = 0; r < world_; ++r) {
+    auto src = shm_slots_[shm_parity_][static_cast<size_t>(r)].narrow(0, b.base, b.flat.numel());
+    if (r == 0)
+      b.flat.copy_(src);
+    else
+      b.flat.add_(src);
+  }
+  b.done_ns->store(now_ns());
+}
+
 void grad_sync::pack(size_t i) {
   auto& s = slots_[i];
   torch::NoGradGuard no_grad;
-  auto region = buckets_[s.bucket].flat.narrow(0, s.offset, s.numel);
+  auto region = staging(s.bucket).narrow(0, s.offset, s.numel);
   const auto& g = s.param.grad();
   if (g.defined())
     region.view(s.param.sizes()).copy_(g);
@@ -140,11 +174,15 @@ void grad_sync::launch(size_t bi) {
   auto& b = buckets_[bi];
   if (bi == 0 && opts_.control_words > 0) {
     torch::NoGradGuard no_grad;
-    auto tail = b.flat.narrow(0, control_offset_, opts_.control_words);
+    auto tail = staging(0).narrow(0, control_offset_, opts_.control_words);
     tail.copy_(torch::tensor(control_in_, torch::kFloat).to(tail.scalar_type()));
   }
   b.done_ns->store(0);
   b.launched_at = clock_type::now();
+  if (shm_) {
+    shm_->publish(++shm_published_);  // the peers sum it in their finish()
+    return;
+  }
   try {
     std::vector<at::Tensor> t{b.flat};
     b.work = pg_->allreduce(t);
@@ -197,7 +235,20 @@ result<grad_sync_timing> grad_sync::finish() {
       error_ = st.message();
     }
   };
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) wait_for(buckets_[bi].work, "gradient bucket " + std::to_string(bi));
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    if (!shm_) {
+      wait_for(buckets_[bi].work, "gradient bucket " + std::to_string(bi));
+      continue;
+    }
+    if (failed_) break;
+    const std::string what = "rank " + std::to_string(rank_) + ": shared-memory reduction of gradient bucket " + std::to_string(bi);
+    if (auto st = shm_->wait_all(shm_step_base_ + bi + 1, deadline, opts_.abandon, opts_.spin_wait, what); !st) {
+      failed_ = true;
+      error_ = st.message();
+      break;
+    }
+    reduce_shm(bi);
+  }
   wait_for(used_work, "the used-parameter mask");
   const auto waited = clock_type::now();
   if (failed_) {
@@ -247,6 +298,10 @@ result<grad_sync_timing> grad_sync::finish() {
   }
   next_launch_ = 0;
   armed_ = false;
+  if (shm_) {
+    shm_step_base_ = shm_published_;
+    shm_parity_ ^= 1;
+  }
   if (misuse_) {
     misuse_ = false;
     return make_error("a parameter received a second gradient after its bucket was sent: call arm() right before the step's last backward only");

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "runtime/result.hpp"
+#include "runtime/shm_group.hpp"
 
 namespace dtactor {
 
@@ -57,6 +58,12 @@ struct grad_sync_options {
   // with it: a per-step control word for the caller at no extra collective
   // (set_control() before the step, control() after finish()).
   int control_words = 0;
+  // When set (every rank of the group on this host, see shm_group), buckets
+  // are exchanged through shared memory instead of Gloo: each bucket is
+  // published into this rank's slot as soon as backward filled it, and
+  // finish() sums the ranks' slots. Used only for float32 parameters that
+  // fit the group's capacity; otherwise the process group carries them.
+  std::shared_ptr<shm_group> shm;
 };
 
 // Figures of one step's synchronisation (seconds).
@@ -103,6 +110,8 @@ class grad_sync {
   const std::vector<float>& control() const { return control_out_; }
 
   int world() const { return world_; }
+  // True when the buckets go through shared memory (options.shm was usable).
+  bool uses_shm() const { return static_cast<bool>(shm_); }
   int rank() const { return rank_; }
   size_t bucket_count() const { return buckets_.size(); }
   // Parameter indices (into the constructor's list) of each bucket, in launch order.
@@ -121,6 +130,7 @@ class grad_sync {
   struct bucket {
     std::vector<size_t> slots;
     torch::Tensor flat;
+    int64_t base = 0;  // offset of the bucket inside a shared-memory slot (floats)
     int pending = 0;  // slots not yet ready in this armed step
     c10::intrusive_ptr<c10d::Work> work;
     std::chrono::steady_clock::time_point launched_at;
@@ -132,6 +142,17 @@ class grad_sync {
   void launch_ready();
   void launch(size_t b);
   void pack(size_t slot);
+
+  // The region of the bucket's flat tensor that pack() writes: this rank's
+  // shared-memory slot of the current parity, or the flat tensor itself.
+  torch::Tensor staging(size_t b);
+  void reduce_shm(size_t b);
+
+  std::shared_ptr<shm_group> shm_;
+  std::vector<torch::Tensor> shm_slots_[2];  // [parity][rank], views of the segment
+  int shm_parity_ = 0;
+  uint64_t shm_published_ = 0;  // buckets this rank published in all steps
+  uint64_t shm_step_base_ = 0;  // ... before the current step
 
   std::vector<float> control_in_, control_out_;
   int64_t control_offset_ = 0;  // in the first bucket's flat tensor

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 
 #include "model/trainer.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/shm_group.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {
@@ -21,8 +23,9 @@ using testing::tiny_vit_config;
 // Runs fn(rank, group) for `world` ranks as threads over one in-memory store;
 // returns each rank's failure text (empty when it passed its own checks).
 std::vector<std::string> run_ranks(int world, const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
-                                   std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000)) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+                                   std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000),
+                                   c10::intrusive_ptr<c10d::Store> store = {}) {
+  if (!store) store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
@@ -44,6 +47,25 @@ std::vector<std::string> run_ranks(int world, const std::function<std::string(in
   return errors;
 }
 
+// As run_ranks, and each rank also joins a shared-memory group (slots of
+// `floats` floats) through the same store; a rank that gets none fails.
+std::vector<std::string> run_ranks_shm(int world, int64_t floats,
+                                       const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, std::shared_ptr<shm_group>)>& fn,
+                                       std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000)) {
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  return run_ranks(
+      world,
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
+        std::string why;
+        auto g = shm_group::join(*prefixed, rank, world, floats, &why);
+        if (!g) return g.message();
+        if (!g.value()) return "no shared memory: " + why;
+        return fn(rank, pg, g.value());
+      },
+      collective_timeout, store);
+}
+
 void expect_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
 }
@@ -62,6 +84,12 @@ std::vector<std::unique_ptr<training_state>> make_states(const config& cfg, int 
 }
 
 std::vector<torch::Tensor> params_of(training_state& s) { return s.the_task().module()->parameters(); }
+
+int64_t gradient_floats(training_state& s) {
+  int64_t n = 0;
+  for (auto& p : params_of(s)) n += p.numel();
+  return n;
+}
 
 std::vector<torch::Tensor> single_process_gradients(training_state& s) {
   s.forward_backward(s.order().global_batch(s.step()), s.step());
@@ -358,6 +386,150 @@ TEST(GradSync, AbandonEndsAPollingWait) {
       },
       std::chrono::milliseconds(1500));
   expect_no_errors(errors);
+}
+
+// Ranks on one host exchange buckets through shared memory: the same
+// gradients as one process, the control word summed, and every rank's
+// gradients bit-identical (each sums the slots in rank order), over steps
+// that alternate the two slot sets.
+TEST(GradSync, SharedMemoryMatchesSingleProcessAndRanksAreIdentical) {
+  const int world = 3;
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto states = make_states(cfg, world + 1);
+  const auto want = single_process_gradients(*states[world]);
+  std::vector<std::vector<torch::Tensor>> got(world);
+  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]) + 2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+    auto& s = *states[rank];
+    grad_sync_options o;
+    o.bucket_bytes = 4 * 1024;
+    o.control_words = 2;
+    o.shm = shm;
+    grad_sync sync(params_of(s), pg, o);
+    if (!sync.uses_shm()) return "shared memory not used";
+    for (int step = 0; step < 3; ++step) {
+      sync.set_control({static_cast<float>(rank + step), 0.f});
+      s.zero_grad();
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+      if (sync.launched() < 2) return "buckets were not published during backward";
+      auto t = sync.finish();
+      if (!t) return t.message();
+      if (t->buckets < 2) return "expected several buckets";
+      if (sync.control()[0] != static_cast<float>(3 + 3 * step)) return "control word not summed";
+      if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
+    }
+    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+    return "";
+  }));
+  for (int r = 1; r < world; ++r)
+    for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
+}
+
+// Whole training steps over shared memory keep the ranks' parameters equal.
+TEST(GradSync, SharedMemoryTrainingStepsKeepRanksEqual) {
+  const int world = 2, steps = 5;
+  auto cfg = tiny_vit_config();
+  auto states = make_states(cfg, world);
+  std::vector<std::string> digests(world);
+  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]), [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+    auto& s = *states[rank];
+    grad_sync_options o;
+    o.bucket_bytes = 16 * 1024;
+    o.shm = shm;
+    grad_sync sync(params_of(s), pg, o);
+    for (int i = 0; i < steps; ++i)
+      if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
+    digests[rank] = s.params_digest();
+    return "";
+  }));
+  EXPECT_EQ(digests[0], digests[1]);
+  EXPECT_FALSE(digests[0].empty());
+}
+
+// A group too small for the gradients is not used: the process group
+// carries them (same result).
+TEST(GradSync, SharedMemoryTooSmallFallsBackToTheGroup) {
+  expect_no_errors(run_ranks_shm(2, 4, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+    auto p = torch::zeros({8}, torch::requires_grad());
+    grad_sync_options o;
+    o.shm = shm;
+    grad_sync sync({p}, pg, o);
+    if (sync.uses_shm()) return "8 floats went into a 4-float group";
+    sync.arm();
+    (p * static_cast<float>(rank + 1)).sum().backward();
+    if (auto t = sync.finish(); !t) return t.message();
+    return torch::equal(p.grad(), torch::full({8}, 3.f)) ? "" : "wrong sum";
+  }));
+}
+
+// A rank that maps a segment of another shape: nobody uses shared memory,
+// and every rank is told why (the same answer everywhere).
+TEST(ShmGroup, EveryRankGetsTheSameAnswer) {
+  const int world = 3;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> why(world), errors(world);
+  std::vector<int> got(world, -1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto g = shm_group::join(*store, r, world, r == 2 ? 100 : 64, &why[r]);
+      if (!g) errors[r] = g.message();
+      else got[r] = g.value() ? 1 : 0;
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(errors[r].empty()) << errors[r];
+    EXPECT_EQ(got[r], 0) << "rank " << r;
+    EXPECT_NE(why[r].find("rank 2"), std::string::npos) << why[r];
+  }
+  // The same ranks with matching shapes do share one.
+  auto store2 = c10::make_intrusive<c10d::HashStore>();
+  threads.clear();
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto g = shm_group::join(*store2, r, world, 64, &why[r]);
+      got[r] = g && g.value() ? 1 : 0;
+      if (got[r]) {
+        g.value()->slot(1, r)[63] = static_cast<float>(r);
+        g.value()->publish(1);
+        auto st = g.value()->wait_all(1, std::chrono::steady_clock::now() + std::chrono::seconds(10), {}, std::chrono::microseconds(0), "test");
+        if (!st || g.value()->slot(1, (r + 1) % world)[63] != static_cast<float>((r + 1) % world)) got[r] = 2;
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(got[r], 1) << "rank " << r;
+}
+
+// A peer that never publishes: the wait ends at the deadline, or at once
+// when a newer generation abandons it, whether polling or sleeping.
+TEST(GradSync, SharedMemoryWaitEndsOnTimeoutOrAbandon) {
+  for (bool abandon : {false, true})
+    for (int spin_us : {0, 10000000}) {
+      std::atomic<bool> done{false};
+      expect_no_errors(run_ranks_shm(2, 8, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+        if (rank == 1) {
+          while (!done.load()) std::this_thread::yield();
+          return "";
+        }
+        auto p = torch::ones({8}, torch::requires_grad());
+        grad_sync_options o;
+        o.shm = shm;
+        o.spin_wait = std::chrono::microseconds(spin_us);
+        o.timeout = std::chrono::milliseconds(abandon ? 30000 : 150);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (abandon) o.abandon = [&] { return std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(100); };
+        grad_sync sync({p}, pg, o);
+        sync.arm();
+        (p * 2).sum().backward();
+        auto t = sync.finish();
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        done = true;
+        if (t) return "finish() succeeded without the peer";
+        if (t.message().find(abandon ? "abandoned" : "timed out") == std::string::npos) return "unexpected: " + t.message();
+        if (waited > 2.0) return "finish() waited " + std::to_string(waited) + " s";
+        if (sync.finish()) return "a second finish() succeeded";
+        return "";
+      }));
+    }
 }
 
 }  // namespace
