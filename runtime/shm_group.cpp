@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <random>
@@ -40,6 +41,24 @@ std::string errno_text(const std::string& what) { return what + ": " + std::stre
 
 }  // namespace
 
+bool process_exited(int pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  // A process that exited but was not reaped yet (its parent died with it
+  // and nobody reaps orphans, as in many containers) still answers kill(0):
+  // its state in /proc says Z.
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  const char* close_paren = std::strrchr(buf, ')');  // the name may hold anything; the state follows the last ')'
+  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
 struct shm_group::rank_line {
   std::atomic<uint64_t> published;
   std::atomic<int64_t> pid;
@@ -63,7 +82,7 @@ uint64_t shm_group::published(int r) const { return line(r)->published.load(std:
 std::string shm_group::gone(int r) const {
   if (!check_pids_ || r == rank_) return "";
   const auto pid = static_cast<pid_t>(line(r)->pid.load(std::memory_order_relaxed));
-  if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return "";
+  if (pid <= 0 || !process_exited(pid)) return "";
   return "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") on this host exited";
 }
 

@@ -28,6 +28,10 @@
 
 namespace dtactor {
 
+// True when process `pid` is gone: no such process, or a zombie (exited,
+// not reaped). False when it runs or cannot be checked.
+bool process_exited(int pid);
+
 class shm_group {
  public:
   // Joins through `store` (a per-generation prefix): rank 0 creates a

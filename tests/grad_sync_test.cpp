@@ -5,6 +5,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -497,6 +500,22 @@ TEST(ShmGroup, EveryRankGetsTheSameAnswer) {
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < world; ++r) EXPECT_EQ(got[r], 1) << "rank " << r;
+}
+
+// How a waiting rank tells that a peer on its host died: a live process, a
+// zombie (exited, parent never reaped it: what a killed rank of a killed
+// node agent becomes in a container whose init does not reap) and a reaped one.
+TEST(ShmGroup, ProcessExitedSeesZombiesAndReapedProcesses) {
+  EXPECT_FALSE(process_exited(static_cast<int>(::getpid())));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  // Wait for the exit without reaping (WNOWAIT leaves the zombie in place).
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);
+  EXPECT_TRUE(process_exited(child)) << "zombie " << child << " looked alive";
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  EXPECT_TRUE(process_exited(child)) << "reaped " << child << " looked alive";
 }
 
 // A peer that never publishes: the wait ends at the deadline, or at once
