@@ -87,6 +87,9 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
         for (int r = 0; r < world_; ++r) shm_slots_[p].push_back(torch::from_blob(shm_->slot(p, r), {shm_->capacity()}, torch::kFloat));
     }
   }
+  for (size_t bi = 0; bi < buckets_.size(); ++bi)
+    buckets_[bi].label = "rank " + std::to_string(rank_) + (shm_ ? ": shared-memory reduction of gradient bucket " : ": allreduce of gradient bucket ") +
+                         std::to_string(bi);
 
   // A post-hook on each parameter's gradient accumulator runs right after
   // the gradient was added to param.grad() (the mechanism c10d's Reducer uses).
@@ -230,26 +233,24 @@ result<grad_sync_timing> grad_sync::finish() {
   const auto deadline = entered + opts_.timeout;
   auto wait_for = [&](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
     if (failed_ || !w) return;
-    if (auto st = wait_work(w, deadline, opts_.abandon, "rank " + std::to_string(rank_) + ": allreduce of " + what, opts_.spin_wait); !st) {
+    if (auto st = wait_work(w, deadline, opts_.abandon, what, opts_.spin_wait); !st) {
       failed_ = true;
       error_ = st.message();
     }
   };
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+  for (size_t bi = 0; bi < buckets_.size() && !failed_; ++bi) {
     if (!shm_) {
-      wait_for(buckets_[bi].work, "gradient bucket " + std::to_string(bi));
+      wait_for(buckets_[bi].work, buckets_[bi].label);
       continue;
     }
-    if (failed_) break;
-    const std::string what = "rank " + std::to_string(rank_) + ": shared-memory reduction of gradient bucket " + std::to_string(bi);
-    if (auto st = shm_->wait_all(shm_step_base_ + bi + 1, deadline, opts_.abandon, opts_.spin_wait, what); !st) {
+    if (auto st = shm_->wait_all(shm_step_base_ + bi + 1, deadline, opts_.abandon, opts_.spin_wait, buckets_[bi].label); !st) {
       failed_ = true;
       error_ = st.message();
       break;
     }
     reduce_shm(bi);
   }
-  wait_for(used_work, "the used-parameter mask");
+  if (used_work) wait_for(used_work, "rank " + std::to_string(rank_) + ": allreduce of the used-parameter mask");
   const auto waited = clock_type::now();
   if (failed_) {
     broken_ = true;

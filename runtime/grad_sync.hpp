@@ -131,6 +131,7 @@ class grad_sync {
     std::vector<size_t> slots;
     torch::Tensor flat;
     int64_t base = 0;  // offset of the bucket inside a shared-memory slot (floats)
+    std::string label;  // names the bucket's exchange in errors (built once, not per step)
     int pending = 0;  // slots not yet ready in this armed step
     c10::intrusive_ptr<c10d::Work> work;
     std::chrono::steady_clock::time_point launched_at;
