@@ -1,6 +1,7 @@
 // A rank process (started by its node agent, one per device): a small
 // control actor that talks to the node over the bridge, and the training
 // thread (model/rank_worker) that runs the generation's steps.
+#include <malloc.h>
 #include <sys/prctl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "actors/messages.hpp"
 #include "app/caf_setup.hpp"
@@ -112,6 +114,18 @@ caf::behavior rank_actor(rank_self self, envelope_header header, rank_worker_opt
 }  // namespace
 
 int run_rank(const cluster_cli& cli) {
+  // One malloc arena for the whole process. The training thread is not this
+  // process's main thread, so glibc would give it an arena of its own, made
+  // of 64 MiB heaps: a step's largest activations did not fit the first
+  // heap, and every step glibc mapped a second one, touched ~9 MiB of it and
+  // unmapped it again when the step freed them (strace: 2 heaps created and
+  // deleted per step; ~3,000 page faults per step against ~250 for `train`,
+  // whose loop runs on the main thread's brk heap). A 1-rank runtime ran 8%
+  // below the same build with GLIBC_TUNABLES=glibc.malloc.arena_max=1
+  // (bench_runtime --baseline-bin, docs/data_parallel.md). The other threads
+  // here (CAF, ZeroMQ, Gloo) allocate little, so sharing the lock costs
+  // nothing measurable. A user's own arena_max tunable wins.
+  if (const char* t = std::getenv("GLIBC_TUNABLES"); !t || !std::strstr(t, "arena_max")) ::mallopt(M_ARENA_MAX, 1);
   // A rank never outlives its node agent (kill -9 of a node takes its ranks).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() == 1) return fail("rank started without a node agent");

@@ -10,12 +10,17 @@
 // ratios within each repeat (the modes of one repeat run back to back, so the
 // second is less sensitive to the load of this shared machine drifting).
 //
+// minor_page_faults_per_step: page faults of all the run's processes, start-up
+// included, divided by the steps (a step that maps fresh memory shows here).
+//
 // --baseline-bin B also runs `local --nodes 1/2` of another build (e.g. a
 // commit before a feature) in every repeat, as base_local1/base_local2, and
 // prints local1/base_local1 and local2/base_local2: what the feature costs.
 //   build/bench/bench_runtime [--bin build/dtactor] [--config examples/vit_fashion_mnist.toml]
 //                             [--steps 600] [--repeats 3] [--work DIR] [--baseline-bin B]
 //                             [--modes train,local1,local2,base_local1,base_local2]
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -41,7 +46,16 @@ double median(std::vector<double> v) {
 struct run_figures {
   double samples_per_s = 0;
   double allreduce_ms = 0, exposed_ms = 0;
+  double faults_per_step = 0;
 };
+
+// Minor page faults of every waited-for descendant so far (a rank's count
+// reaches us through its node, which waits for it, and `local`).
+long child_minor_faults() {
+  rusage ru{};
+  ::getrusage(RUSAGE_CHILDREN, &ru);
+  return ru.ru_minflt;
+}
 
 // Samples/s between consecutive `step` events after the first quarter (warm-up).
 run_figures read_run(const std::string& journal, int64_t global_batch) {
@@ -79,8 +93,17 @@ int run(const std::vector<std::string>& args, const std::string& log) {
 int main(int argc, char** argv) {
   std::string baseline, modes_arg, bin = "build/dtactor", cfg = "examples/vit_fashion_mnist.toml", work = "/tmp/dtactor-bench-runtime";
   int steps = 600, repeats = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: bench_runtime [--bin build/dtactor] [--config FILE] [--steps 600] [--repeats 3] [--work DIR]\n"
+                  "                     [--baseline-bin B] [--modes train,local1,local2,base_local1,base_local2]\n");
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_runtime: %s needs a value\n", a.c_str());
+      return 2;
+    }
     if (a == "--bin") bin = argv[i + 1];
     else if (a == "--config") cfg = argv[i + 1];
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
@@ -127,20 +150,22 @@ int main(int argc, char** argv) {
         args = {exe, "local", "--nodes", mode.back() == '1' ? "1" : "2", "--config", cfg, "--run-dir", dir};
       args.insert(args.end(), sets.begin(), sets.end());
       std::filesystem::create_directories(dir);
+      const long faults0 = child_minor_faults();
       if (int rc = run(args, dir + "/output.log"); rc != 0) {
         std::fprintf(stderr, "bench_runtime: %s run failed (exit %d), see %s/output.log\n", mode.c_str(), rc, dir.c_str());
         return 1;
       }
       all[mode].push_back(read_run(dir + "/journal.jsonl", batch));
+      all[mode].back().faults_per_step = static_cast<double>(child_minor_faults() - faults0) / steps;
     }
   }
   nlohmann::json out = {{"benchmark", "runtime"}, {"config", cfg}, {"steps", steps}, {"repeats", repeats}, {"global_batch_size", batch}};
   std::map<std::string, double> med;
   for (auto& [mode, figs] : all) {
-    std::vector<double> sps, ar, ex;
-    for (auto& f : figs) sps.push_back(f.samples_per_s), ar.push_back(f.allreduce_ms), ex.push_back(f.exposed_ms);
+    std::vector<double> sps, ar, ex, pf;
+    for (auto& f : figs) sps.push_back(f.samples_per_s), ar.push_back(f.allreduce_ms), ex.push_back(f.exposed_ms), pf.push_back(f.faults_per_step);
     med[mode] = median(sps);
-    out["modes"][mode] = {{"samples_per_s_median", med[mode]}, {"samples_per_s_runs", sps}};
+    out["modes"][mode] = {{"samples_per_s_median", med[mode]}, {"samples_per_s_runs", sps}, {"minor_page_faults_per_step_median", median(pf)}};
     if (mode.find("local2") != std::string::npos) {
       out["modes"][mode]["allreduce_ms_per_step_median"] = median(ar);
       out["modes"][mode]["allreduce_exposed_ms_per_step_median"] = median(ex);

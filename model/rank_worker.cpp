@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -105,6 +106,8 @@ struct rank_worker::impl {
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
     : opts_(std::move(opts)), cb_(std::move(cb)), impl_(std::make_unique<impl>()) {
   thread_ = std::thread([this] {
+    // Named for top/perf (it would inherit the spawning CAF thread's name).
+    ::pthread_setname_np(::pthread_self(), "dtactor-train");
     run();
     done_.store(true);
     cv_.notify_all();
