@@ -16,15 +16,26 @@
 // --baseline-bin B also runs `local --nodes 1/2` of another build (e.g. a
 // commit before a feature) in every repeat, as base_local1/base_local2, and
 // prints local1/base_local1 and local2/base_local2: what the feature costs.
+// --pair A,B (two of train, local1, base_local1) runs A and B at the same
+// time instead, in every repeat (which starts first alternates), each on its
+// own core (1 compute thread each), and prints the median of B/A over the
+// seconds both were training. Load on this shared host drifts by ±10% over
+// tens of seconds; side by side both runs see the same drift, so their ratio
+// is steadier than that of runs one after the other. A 2-rank mode needs
+// both cores and cannot be paired this way.
+//
 //   build/bench/bench_runtime [--bin build/dtactor] [--config examples/vit_fashion_mnist.toml]
 //                             [--steps 600] [--repeats 3] [--work DIR] [--baseline-bin B]
 //                             [--modes train,local1,local2,base_local1,base_local2]
+//                             [--pair train,local1]
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +66,35 @@ long child_minor_faults() {
   rusage ru{};
   ::getrusage(RUSAGE_CHILDREN, &ru);
   return ru.ru_minflt;
+}
+
+struct step_point {
+  int64_t step;
+  double t;
+};
+
+std::vector<step_point> step_points(const std::string& journal) {
+  std::ifstream in(journal);
+  std::string line;
+  std::vector<step_point> pts;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || j.value("event", "") != "step") continue;
+    pts.push_back({j.at("step").get<int64_t>(), j.at("t").get<double>()});
+  }
+  return pts;
+}
+
+// Median samples/s between consecutive `step` events that both fall inside
+// [lo, hi] (wall-clock seconds of the journals' `t`).
+double median_rate_within(const std::vector<step_point>& pts, int64_t global_batch, double lo, double hi) {
+  std::vector<double> rates;
+  for (size_t i = 1; i < pts.size(); ++i) {
+    if (pts[i - 1].t < lo || pts[i].t > hi) continue;
+    const double dt = pts[i].t - pts[i - 1].t;
+    if (dt > 0) rates.push_back(static_cast<double>((pts[i].step - pts[i - 1].step) * global_batch) / dt);
+  }
+  return median(rates);
 }
 
 // Samples/s between consecutive `step` events after the first quarter (warm-up).
@@ -88,16 +128,80 @@ int run(const std::vector<std::string>& args, const std::string& log) {
   return e ? (e->signaled ? 128 + e->signal : e->exit_code) : -1;
 }
 
+// --pair A,B: both at once in every repeat; B/A over the seconds both trained.
+int run_pair(const std::string& pair_arg, const std::string& baseline, int repeats, int steps, int64_t batch, const std::string& cfg,
+             const std::string& work, const std::function<std::vector<std::string>(const std::string&, const std::string&)>& args_of) {
+  const size_t comma = pair_arg.find(',');
+  const std::string a = pair_arg.substr(0, comma), b = comma == std::string::npos ? "" : pair_arg.substr(comma + 1);
+  auto one_rank = [&](const std::string& m) { return m == "train" || m == "local1" || (m == "base_local1" && !baseline.empty()); };
+  if (!one_rank(a) || !one_rank(b) || a == b) {
+    std::fprintf(stderr, "bench_runtime: --pair takes two different 1-rank modes, e.g. train,local1 (base_local1 needs --baseline-bin), got '%s'\n",
+                 pair_arg.c_str());
+    return 2;
+  }
+  std::vector<double> ratios, rate_a, rate_b, overlap;
+  for (int r = 0; r < repeats; ++r) {
+    const std::string dir_a = work + "/pair-" + a + "-" + std::to_string(r), dir_b = work + "/pair-" + b + "-" + std::to_string(r);
+    const auto args_a = args_of(a, dir_a), args_b = args_of(b, dir_b);
+    std::optional<child_process> ca, cb;
+    for (int k = 0; k < 2; ++k) {  // which one starts first alternates
+      const bool first_a = (r % 2 == 0) == (k == 0);
+      auto c = child_process::spawn(first_a ? args_a : args_b, false, (first_a ? dir_a : dir_b) + "/output.log");
+      if (!c) {
+        std::fprintf(stderr, "bench_runtime: %s\n", c.message().c_str());
+        return 1;
+      }
+      (first_a ? ca : cb) = std::move(c.value());
+    }
+    for (auto* c : {&ca, &cb}) {
+      auto e = (*c)->wait();
+      if (!e || e->signaled || e->exit_code != 0) {
+        std::fprintf(stderr, "bench_runtime: %s run failed, see %s/output.log\n", c == &ca ? a.c_str() : b.c_str(), (c == &ca ? dir_a : dir_b).c_str());
+        return 1;
+      }
+    }
+    const auto pa = step_points(dir_a + "/journal.jsonl"), pb = step_points(dir_b + "/journal.jsonl");
+    if (pa.size() < 8 || pb.size() < 8) {
+      std::fprintf(stderr, "bench_runtime: too few step events to compare (raise --steps)\n");
+      return 1;
+    }
+    // From the later of the two warm-ups (first quarter) to the earlier end.
+    const double lo = std::max(pa[pa.size() / 4].t, pb[pb.size() / 4].t), hi = std::min(pa.back().t, pb.back().t);
+    const double ra = median_rate_within(pa, batch, lo, hi), rb = median_rate_within(pb, batch, lo, hi);
+    if (hi <= lo || ra <= 0 || rb <= 0) {
+      std::fprintf(stderr, "bench_runtime: the two runs of repeat %d hardly overlapped (raise --steps)\n", r);
+      return 1;
+    }
+    rate_a.push_back(ra);
+    rate_b.push_back(rb);
+    ratios.push_back(rb / ra);
+    overlap.push_back(hi - lo);
+  }
+  nlohmann::json out = {{"benchmark", "runtime_side_by_side"},
+                        {"config", cfg},
+                        {"steps", steps},
+                        {"repeats", repeats},
+                        {"global_batch_size", batch},
+                        {"pair", {a, b}},
+                        {"samples_per_s_runs", {{a, rate_a}, {b, rate_b}}},
+                        {"overlap_s_runs", overlap},
+                        {"ratio_runs", ratios},
+                        {"ratio_" + b + "_vs_" + a + "_median", median(ratios)}};
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string baseline, modes_arg, bin = "build/dtactor", cfg = "examples/vit_fashion_mnist.toml", work = "/tmp/dtactor-bench-runtime";
+  std::string baseline, modes_arg, pair_arg, bin = "build/dtactor", cfg = "examples/vit_fashion_mnist.toml", work = "/tmp/dtactor-bench-runtime";
   int steps = 600, repeats = 3;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf("usage: bench_runtime [--bin build/dtactor] [--config FILE] [--steps 600] [--repeats 3] [--work DIR]\n"
-                  "                     [--baseline-bin B] [--modes train,local1,local2,base_local1,base_local2]\n");
+                  "                     [--baseline-bin B] [--modes train,local1,local2,base_local1,base_local2]\n"
+                  "                     [--pair train,local1]   (run two 1-rank modes side by side instead)\n");
       return 0;
     }
     if (i + 1 >= argc) {
@@ -111,6 +215,7 @@ int main(int argc, char** argv) {
     else if (a == "--work") work = argv[i + 1];
     else if (a == "--baseline-bin") baseline = argv[i + 1];
     else if (a == "--modes") modes_arg = argv[i + 1];
+    else if (a == "--pair") pair_arg = argv[i + 1];
     else {
       std::fprintf(stderr, "bench_runtime: unknown option %s\n", a.c_str());
       return 2;
@@ -137,19 +242,23 @@ int main(int argc, char** argv) {
       at = comma + 1;
     }
   }
+  auto args_of = [&](const std::string& mode, const std::string& dir) {
+    const std::string& exe = mode.rfind("base_", 0) == 0 ? baseline : bin;
+    std::vector<std::string> args;
+    if (mode == "train")
+      args = {exe, "train", "--config", cfg, "--run-dir", dir, "--no-resume"};
+    else
+      args = {exe, "local", "--nodes", mode.back() == '1' ? "1" : "2", "--config", cfg, "--run-dir", dir};
+    args.insert(args.end(), sets.begin(), sets.end());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return args;
+  };
+  if (!pair_arg.empty()) return run_pair(pair_arg, baseline, repeats, steps, batch, cfg, work, args_of);
   for (int r = 0; r < repeats; ++r) {
     for (const std::string& mode : modes) {
-      const bool base = mode.rfind("base_", 0) == 0;
-      const std::string& exe = base ? baseline : bin;
       const std::string dir = work + "/" + mode + "-" + std::to_string(r);
-      std::filesystem::remove_all(dir);
-      std::vector<std::string> args;
-      if (mode == "train")
-        args = {exe, "train", "--config", cfg, "--run-dir", dir, "--no-resume"};
-      else
-        args = {exe, "local", "--nodes", mode.back() == '1' ? "1" : "2", "--config", cfg, "--run-dir", dir};
-      args.insert(args.end(), sets.begin(), sets.end());
-      std::filesystem::create_directories(dir);
+      const auto args = args_of(mode, dir);
       const long faults0 = child_minor_faults();
       if (int rc = run(args, dir + "/output.log"); rc != 0) {
         std::fprintf(stderr, "bench_runtime: %s run failed (exit %d), see %s/output.log\n", mode.c_str(), rc, dir.c_str());

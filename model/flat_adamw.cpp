@@ -1,5 +1,7 @@
 #include "model/flat_adamw.hpp"
 
+#include "model/adamw_kernel.hpp"
+
 #include <cmath>
 #include <limits>
 
@@ -86,6 +88,21 @@ void flat_adamw::step() {
   const double step_size = opts_.lr / bc1;
   for (auto& g : groups_) {
     const double wd = g.decay ? opts_.weight_decay : 0.0;
+    if (g.params.scalar_type() == torch::kFloat && g.params.is_cpu()) {
+      adamw_scalars k;
+      k.decay_factor = static_cast<float>(1 - opts_.lr * wd);
+      k.beta1 = static_cast<float>(opts_.beta1);
+      k.one_minus_beta1 = static_cast<float>(1 - opts_.beta1);
+      k.beta2 = static_cast<float>(opts_.beta2);
+      k.one_minus_beta2 = static_cast<float>(1 - opts_.beta2);
+      k.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bc2));
+      k.eps = static_cast<float>(opts_.eps);
+      k.neg_step_size = static_cast<float>(-step_size);
+      adamw_update(g.params.data_ptr<float>(), g.exp_avg.data_ptr<float>(), g.exp_avg_sq.data_ptr<float>(), g.grads.data_ptr<float>(),
+                   g.params.numel(), k);
+      continue;
+    }
+    // Other dtypes and devices: the same arithmetic as tensor ops.
     if (wd != 0) g.params.mul_(1 - opts_.lr * wd);
     g.exp_avg.mul_(opts_.beta1).add_(g.grads, 1 - opts_.beta1);
     g.exp_avg_sq.mul_(opts_.beta2).addcmul_(g.grads, g.grads, 1 - opts_.beta2);
