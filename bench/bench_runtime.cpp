@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,7 @@ long child_minor_faults() {
 struct step_point {
   int64_t step;
   double t;
+  double allreduce_ms = -1, exposed_ms = -1;  // -1: not in the event (train)
 };
 
 std::vector<step_point> step_points(const std::string& journal) {
@@ -80,7 +82,10 @@ std::vector<step_point> step_points(const std::string& journal) {
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || j.value("event", "") != "step") continue;
-    pts.push_back({j.at("step").get<int64_t>(), j.at("t").get<double>()});
+    step_point p{j.at("step").get<int64_t>(), j.at("t").get<double>()};
+    if (j.contains("allreduce_s")) p.allreduce_ms = 1000 * j["allreduce_s"].get<double>();
+    if (j.contains("allreduce_exposed_s")) p.exposed_ms = 1000 * j["allreduce_exposed_s"].get<double>();
+    pts.push_back(p);
   }
   return pts;
 }
@@ -99,23 +104,14 @@ double median_rate_within(const std::vector<step_point>& pts, int64_t global_bat
 
 // Samples/s between consecutive `step` events after the first quarter (warm-up).
 run_figures read_run(const std::string& journal, int64_t global_batch) {
-  std::ifstream in(journal);
-  std::string line;
-  std::vector<std::pair<int64_t, double>> pts;
+  const auto pts = step_points(journal);
   std::vector<double> ar, ex;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || j.value("event", "") != "step") continue;
-    pts.emplace_back(j.at("step").get<int64_t>(), j.at("t").get<double>());
-    if (j.contains("allreduce_s")) ar.push_back(1000 * j["allreduce_s"].get<double>());
-    if (j.contains("allreduce_exposed_s")) ex.push_back(1000 * j["allreduce_exposed_s"].get<double>());
+  for (const auto& p : pts) {
+    if (p.allreduce_ms >= 0) ar.push_back(p.allreduce_ms);
+    if (p.exposed_ms >= 0) ex.push_back(p.exposed_ms);
   }
-  std::vector<double> rates;
-  for (size_t i = std::max<size_t>(1, pts.size() / 4); i < pts.size(); ++i) {
-    const double dt = pts[i].second - pts[i - 1].second;
-    if (dt > 0) rates.push_back(static_cast<double>((pts[i].first - pts[i - 1].first) * global_batch) / dt);
-  }
-  return {median(rates), median(ar), median(ex)};
+  const double lo = pts.empty() ? 0 : pts[std::max<size_t>(1, pts.size() / 4) - 1].t;
+  return {median_rate_within(pts, global_batch, lo, std::numeric_limits<double>::infinity()), median(ar), median(ex)};
 }
 
 int run(const std::vector<std::string>& args, const std::string& log) {
