@@ -189,10 +189,12 @@ void on_tick(membership_self self) {
     if (removed.quarantined) quarantined(self, l.peer, removed.reason);
     st.lost.push_back(std::move(l));
   }
+  if (st.stopping) return;
   auto d = st.members.decide(now);
   if (d.reason != st.last_reason) {
     log_line(st.opts.log, d.reason);
     st.last_reason = d.reason;
+    if (d.below_floor) emit(self, cluster_event{"job_waiting", {}, {}, 0, current_generation(st), 0, false, d.reason});
   }
   if (!d.next) return;
   const auto& p = st.members.commit(std::move(*d.next));
@@ -297,6 +299,10 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
         on_tick(self);
         self->delayed_send(self, self->state.opts.liveness.heartbeat_interval, tick_atom::value);
       },
+      [=](stop_atom) {
+        if (!self->state.stopping) log_line(self->state.opts.log, "stopping: no further generations");
+        self->state.stopping = true;
+      },
   };
 }
 
@@ -309,7 +315,7 @@ void finish(job_self self, const std::string& reason) {
   if (st.finished) return;
   st.finished = true;
   st.finish_reason = reason;
-  log_line(st.opts.log, "job finished at step " + std::to_string(st.committed_step) + ": " + reason);
+  log_line(st.opts.log, std::string(st.stopping ? "job stopped" : "job finished") + " at step " + std::to_string(st.committed_step) + ": " + reason);
   auto env = make_envelope(st.opts.header, st.generation);
   env.mutable_shutdown()->set_reason(reason);
   for (const auto& n : st.nodes) st.out(links::nodes, n.peer, env);
@@ -325,6 +331,8 @@ void check_finished(job_self self) {
   if (static_cast<int32_t>(st.finished_ranks.size()) < st.world_size) return;
   if (st.committed_step >= st.opts.max_steps)
     finish(self, "reached train.max_steps = " + std::to_string(st.opts.max_steps));
+  else if (st.stopping)
+    finish(self, "every rank of generation " + std::to_string(st.generation) + " stopped after the final checkpoint");
   else
     finish(self, "every rank of generation " + std::to_string(st.generation) + " reported finished");
 }
@@ -375,6 +383,7 @@ caf::behavior job_actor(job_self self, job_options opts, outbound out) {
         }
         check_finished(self);
       },
+      [=](stop_atom) { self->state.stopping = true; },
       [=](lost_atom, const std::string& node_id, double detected_after_s) {
         ++self->state.nodes_lost;
         log_line(self->state.opts.log, "job: node '" + node_id + "' lost after " + std::to_string(detected_after_s) + " s of silence");

@@ -28,6 +28,7 @@ namespace dtactor {
 //   node_quarantined   node, detail (why, for how long)
 //   generation_planned generation, world_size, cause, drain
 //   generation_adopted generation, world_size (a restarted coordinator took over the running generation)
+//   job_waiting        generation (the last one), detail (why: fewer nodes than cluster.floor_nodes)
 struct cluster_event {
   std::string kind;
   std::string node;
@@ -78,6 +79,7 @@ struct membership_actor_state {
   uint64_t refused_heartbeats = 0;  // heartbeats from non-members (told to register again)
   uint64_t dropped = 0;             // inbound envelopes this actor has no use for
   uint64_t adopted = 0;             // generations taken over from the nodes
+  bool stopping = false;            // stop_atom received: no more plans
   static inline const char* name = "dtactor.membership";
 };
 
@@ -92,7 +94,7 @@ struct membership_actor_state {
 // lost (-> lost_atom to job; the suspect timeout while suspecting), runs
 // decide(), and for a new plan asks `job` for the start step (plan_atom) and
 // sends generation_plan to every node in it and every node leaving it. An
-// adopted plan goes to `job` only.
+// adopted plan goes to `job` only. After (stop_atom) it plans nothing more.
 caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, caf::actor job);
 
 // Builds the wire plan: shared with tests.
@@ -132,6 +134,7 @@ struct job_actor_state {
   std::map<int32_t, int64_t> rank_steps;  // global rank -> completed steps, this generation
   std::set<int32_t> finished_ranks;
   bool finished = false;
+  bool stopping = false;  // stop_atom received: the end is a stop
   std::string finish_reason;
   uint64_t stale_reports = 0;  // reports from an older generation (fenced off)
   uint64_t nodes_lost = 0;
@@ -142,7 +145,8 @@ struct job_actor_state {
 // rank_status of the current generation (others are counted and dropped);
 // (lost_atom, node_id, detected_after_s). When every rank has completed
 // max_steps (or reported STATE_FINISHED) it sends shutdown to every node of
-// the generation and calls on_finished.
+// the generation and calls on_finished. (stop_atom): the job is being
+// stopped; its end is logged as a stop.
 caf::behavior job_actor(caf::stateful_actor<job_actor_state>* self, job_options opts, outbound out);
 
 }  // namespace dtactor

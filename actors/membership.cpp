@@ -138,15 +138,27 @@ plan adopted_plan(const membership_state& s) {
 std::string describe(const plan& p, size_t ready_nodes, const std::vector<std::string>& ids) {
   std::ostringstream why;
   why << "generation " << p.generation << ": " << ready_nodes << " node" << (ready_nodes == 1 ? "" : "s") << " " << join(ids) << ", world size "
-      << p.world_size << ", cause " << p.cause << (p.drain ? ", drain" : ", abort");
+      << p.world_size << ", cause " << p.cause;
+  if (p.cause == "start") return why.str();  // nothing to drain or abort, no state held yet
+  why << (p.drain ? ", drain" : ", abort");
   if (p.state_root >= 0)
     why << ", state from global rank " << p.state_root;
   else
-    why << ", no surviving state holder";
+    why << ", no surviving state holder (the newest checkpoint, if any)";
   return why.str();
 }
 
 }  // namespace
+
+std::string validate(const membership_options& o) {
+  if (o.floor_nodes > o.min_nodes)
+    return "cluster.floor_nodes (" + std::to_string(o.floor_nodes) + ") cannot exceed cluster.min_nodes (" + std::to_string(o.min_nodes) +
+           "): the job would start below its own floor";
+  if (o.min_nodes > o.max_nodes)
+    return "cluster.min_nodes (" + std::to_string(o.min_nodes) + ") cannot exceed cluster.max_nodes (" + std::to_string(o.max_nodes) +
+           "): the job would never start";
+  return {};
+}
 
 const plan_node* plan::find(const std::string& node_id) const {
   for (const auto& n : nodes)
@@ -196,8 +208,7 @@ plan_decision decide(clock_time now, const membership_state& state, const member
     }
     auto waited = state.first_registration ? now - *state.first_registration : clock_duration{0};
     if (waited < opts.adopt_timeout) {
-      why << "waiting to adopt generation " << state.reported_plan->generation << ": " << gap << " (" << seconds(waited) << " of "
-          << seconds(opts.adopt_timeout) << " s)";
+      why << "waiting up to " << seconds(opts.adopt_timeout) << " s to adopt generation " << state.reported_plan->generation << ": " << gap;
       d.reason = why.str();
       return d;
     }
@@ -205,11 +216,20 @@ plan_decision decide(clock_time now, const membership_state& state, const member
   auto ready_ids = node_ids(state, true);
   auto idle_ids = node_ids(state, false);
   auto have = static_cast<int32_t>(ready_ids.size());
-  if (have < opts.min_nodes || have == 0) {
-    why << "waiting for " << opts.min_nodes << " node" << (opts.min_nodes == 1 ? "" : "s") << " (cluster.min_nodes), have " << have;
+  // Before the first generation the job waits for min_nodes (the start gate);
+  // once it has trained (here or, after a coordinator restart, under an
+  // earlier coordinator) it goes on with as few as floor_nodes.
+  const bool started = state.current.has_value() || state.last_generation > 0;
+  const int32_t need = started ? opts.floor_nodes : opts.min_nodes;
+  if (have < need || have == 0) {
+    if (started)
+      why << "waiting for nodes: " << have << " node" << (have == 1 ? "" : "s") << " with a ready rank, below the floor of " << need
+          << " (cluster.floor_nodes)";
+    else
+      why << "waiting for " << need << " node" << (need == 1 ? "" : "s") << " (cluster.min_nodes), have " << have;
     if (have > 0) why << " " << join(ready_ids);
     if (!idle_ids.empty()) why << "; no ready rank yet: " << join(idle_ids);
-    if (state.current) why << "; generation " << state.current->generation << " is below quorum";
+    d.below_floor = started;
     d.reason = why.str();
     return d;
   }
@@ -217,15 +237,15 @@ plan_decision decide(clock_time now, const membership_state& state, const member
     if (!state.suspect_since || now - *state.suspect_since < opts.suspect_timeout) {
       why << "generation " << state.current->generation << " is current: " << have << " node" << (have == 1 ? "" : "s") << ", world size "
           << state.current->world_size;
-      if (state.suspect_since) why << "; a collective failed " << seconds(now - *state.suspect_since) << " s ago";
+      if (state.suspect_since) why << "; a collective failed, waiting up to " << seconds(opts.suspect_timeout) << " s for a membership change";
       d.reason = why.str();
       return d;
     }
   } else if (state.settling_since && !state.loss_pending && !full(state, opts)) {
     auto since = now - *state.settling_since;
     if (since < opts.settle) {
-      why << "nodes or ranks joined " << seconds(since) << " s ago; settling for " << seconds(opts.settle) << " s before planning with " << have
-          << " node" << (have == 1 ? "" : "s") << " " << join(ready_ids);
+      why << "nodes or ranks joined; settling for " << seconds(opts.settle) << " s before planning with " << have << " node" << (have == 1 ? "" : "s")
+          << " " << join(ready_ids);
       d.reason = why.str();
       return d;
     }
@@ -373,6 +393,19 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     a.accepted = true;
     a.node_rank = n.node_rank;
     a.rejoined = true;
+    return a;
+  }
+  if (it != state_.nodes.end() && it->second.incarnation != reg.incarnation && now - it->second.last_seen < opts_.duplicate_window) {
+    // The member's process is alive (heard from just now): this is a second
+    // process under the same id (a machine cloned from one image, two nodes
+    // on one host), not a restart. Taking it for a restart would throw the
+    // live member out, and each would keep evicting the other.
+    const auto& old = it->second;
+    std::ostringstream why;
+    why << "node id '" << reg.node_id << "' is in use by a live node (at " << old.advertise_addr
+        << "); give every node its own --node-id (a machine cloned from another keeps its host name)";
+    a.duplicate = true;
+    a.reason = why.str();
     return a;
   }
   if (it != state_.nodes.end()) {

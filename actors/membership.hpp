@@ -14,8 +14,20 @@
 namespace dtactor {
 
 struct membership_options {
-  int32_t min_nodes = 1;   // cluster.min_nodes: nodes with a ready rank needed before any plan
+  // cluster.min_nodes: nodes with a ready rank the job waits for before its
+  // first generation (the start gate, like torchrun's --nnodes MIN).
+  int32_t min_nodes = 1;
+  // cluster.floor_nodes: once the job has started, the smallest number of
+  // nodes it keeps training with; below it, it waits for nodes (the floor,
+  // like torchft's min_replicas). At most min_nodes.
+  int32_t floor_nodes = 1;
   int32_t max_nodes = 64;  // cluster.max_nodes: more registrations are refused
+  // A registration under the id of a member heard from within this window,
+  // from another process (incarnation), is a second live process claiming
+  // the id (a cloned machine), not a restart: refused with a reason naming
+  // --node-id. A restart is recognised once the old process fell silent for
+  // this long (3 heartbeat intervals).
+  clock_duration duplicate_window{std::chrono::milliseconds(300)};
   // After an addition (a node joins, a rank becomes ready), wait this long
   // from the last addition before planning, so that nodes and ranks arriving
   // together land in one generation (cluster.settle_ms). Not when the cluster
@@ -45,6 +57,8 @@ membership_options membership_options_from(const Config& cfg) {
   using ms = std::chrono::milliseconds;
   membership_options o;
   o.min_nodes = static_cast<int32_t>(cfg.get_int("cluster.min_nodes"));
+  o.floor_nodes = static_cast<int32_t>(cfg.get_int("cluster.floor_nodes"));
+  o.duplicate_window = 3 * ms(cfg.get_int("cluster.heartbeat_interval_ms"));
   o.max_nodes = static_cast<int32_t>(cfg.get_int("cluster.max_nodes"));
   o.settle = ms(cfg.get_int("cluster.settle_ms"));
   o.suspect_timeout = ms(cfg.get_int("cluster.suspect_timeout_ms"));
@@ -54,6 +68,9 @@ membership_options membership_options_from(const Config& cfg) {
   o.quarantine = ms(cfg.get_int("cluster.quarantine_ms"));
   return o;
 }
+
+// Empty when the options make sense together, else one line naming the keys.
+std::string validate(const membership_options& o);
 
 struct plan_node {
   std::string node_id;
@@ -163,6 +180,9 @@ struct membership_state {
 struct plan_decision {
   std::optional<plan> next;  // set: start this generation (or adopt it, when next->adopted)
   std::string reason;        // always set: why (not), for logs and status pages
+  // The job has started and has fewer ready nodes than cluster.floor_nodes:
+  // it waits for nodes instead of training (journaled as job_waiting).
+  bool below_floor = false;
 };
 
 // Pure: whether `state` calls for a new generation at `now`. Without a
@@ -188,6 +208,7 @@ struct admission {
   bool restarted = false;    // a member came back as a new process: its old one is lost
   double silent_s = 0;       // when restarted: seconds since the old process's last sign of life
   bool quarantined = false;  // refused (or just quarantined) for flapping
+  bool duplicate = false;    // refused: a live member of another process holds this id
   std::string reason;        // why not, when refused
 };
 
@@ -209,8 +230,11 @@ class membership {
   // held nor remembered for a departed node (ranks stay below max_nodes,
   // forgetting the oldest departed holder's claim if needed). The same node id
   // with a new incarnation is a restart: same rank, its old ranks are lost
-  // (counted for flapping). The registration's ready_ranks replace the node's
-  // ready set. Refused with a reason beyond max_nodes, or while quarantined.
+  // (counted for flapping), unless the old process was heard from within
+  // duplicate_window: then two live processes claim one id and the newcomer
+  // is refused (the member stays). The registration's ready_ranks replace the
+  // node's ready set. Refused with a reason beyond max_nodes, or while
+  // quarantined.
   admission admit(const node_registration& reg, clock_time now);
 
   // A lost or departed node leaves; its rank is remembered. A loss counts

@@ -53,6 +53,11 @@ using restart_atom = caf::atom_constant<caf::atom("restart")>;
 // (leave_atom, std::string reason): node agent tells the coordinator it leaves
 // (preemption notice); its ranks finish their step under the drain plan.
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
+// (stop_atom): the coordinator is stopping the job (a signal): the
+// membership actor plans no further generation (nodes leaving now are part
+// of the stop, not a reason to re-form the world) and the job actor reports
+// the end as a stop, not a finish.
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 // -- wire messages ------------------------------------------------------------
 

@@ -206,8 +206,9 @@ void on_coordinator(agent_self self, const inbound& in) {
         for (const auto& r : st.ranks)
           if (r.alive && r.finished) to_coordinator(self, *r.finished);
       } else {
+        // Once per reason, not once per retry.
+        if (ack.reason() != st.last_refusal) log_line(self, "registration refused: " + ack.reason());
         st.last_refusal = ack.reason();
-        log_line(self, "registration refused: " + ack.reason());
         if (member(st)) enter_registering(self, ack.reason());
         // While registering, the retry timer keeps trying.
       }
@@ -235,6 +236,13 @@ void on_coordinator(agent_self self, const inbound& in) {
         // Ranks stop at an agreed step after rank 0's final checkpoint; the
         // coordinator sends the final shutdown afterwards.
         log_line(self, "stopping at the next step boundary: " + env.shutdown().reason());
+        if (!st.job_stopping && st.phase == node_phase::leaving) {
+          // This node's own signal arrived with the coordinator's: part of
+          // the stop, not a preemption. The ranks stop with the job.
+          log_line(self, "the coordinator is stopping the job: the ranks stop with it");
+          self->delayed_send(self, st.opts.stop_timeout, leave_atom::value, std::string("no final shutdown from the coordinator in time"), true);
+        }
+        st.job_stopping = true;
         for (const auto& r : st.ranks)
           if (r.alive && !r.peer.empty()) {
             auto out = envelope(self);
@@ -407,6 +415,14 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
       [=](leave_atom, const std::string& reason) {
         auto& st = self->state;
         if (winding_down(st)) return;
+        if (st.job_stopping) {
+          // The coordinator already stops the job: not a preemption. The
+          // ranks stop with the job (bounded by stop_timeout).
+          log_line(self, "leaving: " + reason + "; the job is stopping, the ranks stop with it");
+          wind_down(self, node_phase::leaving, reason, false);
+          self->delayed_send(self, st.opts.stop_timeout, leave_atom::value, std::string("no final shutdown from the coordinator in time"), true);
+          return;
+        }
         const bool drain = st.phase == node_phase::running;
         if (member(st)) {
           auto env = envelope(self);
@@ -425,6 +441,8 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
       [=](leave_atom, const std::string& why, bool) {
         auto& st = self->state;
         if (st.phase != node_phase::leaving) return;
+        // The leave timeout while the job stops: the stop's own timer decides.
+        if (st.job_stopping && why == "no drain plan in time") return;
         log_line(self, "stopping ranks: " + why);
         for (auto& r : st.ranks) stop_rank(self, r);
         quit_if_done(self);

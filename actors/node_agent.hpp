@@ -9,7 +9,8 @@
 //   any --leave_atom--> leaving (ranks finish their step: the coordinator's
 //       drain plan leaves them out, they report STATE_IDLE and are stopped)
 //   any --shutdown--> stopped  (shutdown with `checkpoint` is only relayed:
-//       ranks stop at an agreed step after a final checkpoint)
+//       ranks stop at an agreed step after a final checkpoint; a node that
+//       is leaving then waits for that stop instead of its leave timeout)
 //
 // It registers (retrying with capped exponential backoff until acked),
 // heartbeats the coordinator every interval, forwards generation plans to its
@@ -67,6 +68,9 @@ struct node_agent_options {
   // How long a leaving node waits for the plan that lets its ranks finish
   // their step (the coordinator may be gone) before it stops them anyway.
   std::chrono::milliseconds leave_timeout{10000};
+  // How long a node waits for the coordinator's final shutdown once the job
+  // is being stopped (it waits up to 30 s for the final checkpoint).
+  std::chrono::milliseconds stop_timeout{40000};
   // Reads the job's heartbeat settings from the config in register_ack
   // (may be empty: the options above stay).
   std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;
@@ -111,6 +115,11 @@ struct node_agent_state {
   std::optional<pb::generation_plan> plan;
   std::vector<rank_process> ranks;
   int64_t last_step = 0;
+  // The coordinator is stopping the job (shutdown with a checkpoint came):
+  // a leave of this node (its own SIGINT/SIGTERM, as when a terminal's
+  // Ctrl-C reaches every process) no longer stops the ranks early; they stop
+  // with the job, within stop_timeout.
+  bool job_stopping = false;
   static inline const char* name = "dtactor.node_agent";
 };
 

@@ -24,12 +24,22 @@ struct cluster_cli {
   int nodes = 2;                               // local
   int connect_timeout_s = 120;
   bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies
+  bool no_resume = false;                      // coordinator, local: start over even if the run directory holds checkpoints
   int64_t fail_at_step = -1;                   // node, rank: fault injection for tests (rank_worker_options)
   std::string fail_mode = "crash";
   const std::atomic<int>* stop_signal = nullptr;
 };
 
 int run_coordinator(const cluster_cli& cli);
+// What run_coordinator checks before it starts anything (config, run
+// directory writable and not in use): one line and the exit code (2 bad
+// command line or config, 1 otherwise) on failure. `dtactor local` runs it
+// before it starts any process.
+struct setup_check {
+  int code = 0;
+  std::string message;
+};
+setup_check check_coordinator_setup(const cluster_cli& cli);
 int run_node(const cluster_cli& cli);
 int run_rank(const cluster_cli& cli);
 int run_local(const cluster_cli& cli);

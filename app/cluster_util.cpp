@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -33,12 +34,14 @@ result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::
   return e;
 }
 
-std::string local_address_towards(const std::string& host, int port) {
+result<std::string> local_address_towards(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return "";
+  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0 || !res)
+    return make_error("the coordinator's host name '" + host + "' does not resolve (" + ::gai_strerror(rc) +
+                      "); check --coordinator (an IP address works too)");
   std::string out;
   int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
   if (fd >= 0) {
@@ -54,7 +57,56 @@ std::string local_address_towards(const std::string& host, int port) {
     ::close(fd);
   }
   ::freeaddrinfo(res);
+  if (out.empty()) return make_error("no route from this machine to the coordinator at " + host + "; set --advertise-addr to this machine's address");
   return out;
+}
+
+namespace {
+
+// Letters, digits, '-', '_' and '.' kept; anything else becomes '_'.
+std::string file_safe(const std::string& s) {
+  std::string out;
+  for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+  return out;
+}
+
+}  // namespace
+
+result<node_id_claim> claim_node_id(const std::string& wanted, bool explicit_id, const std::string& coordinator) {
+  std::error_code ec;
+  const auto dir = std::filesystem::temp_directory_path(ec) / "dtactor-node-ids";
+  std::filesystem::create_directories(dir, ec);
+  // Every user's nodes claim ids here.
+  std::filesystem::permissions(dir, std::filesystem::perms::all | std::filesystem::perms::sticky_bit, ec);
+  const std::string job = file_safe(coordinator) + "_" + hex64(hash64(coordinator.data(), coordinator.size())).substr(0, 8);
+  auto path = [&](const std::string& id) { return (dir / (job + "." + hex64(hash64(id.data(), id.size())).substr(0, 8) + "." + file_safe(id))).string(); };
+  const std::string what = "dtactor node of " + coordinator;
+  node_id_claim c;
+  auto first = file_lock::try_acquire(path(wanted), what + " as '" + wanted + "'");
+  if (first) {
+    c.id = wanted;
+    c.lock = std::move(first.value());
+    return c;
+  }
+  if (first.message().rfind("held by ", 0) != 0) {
+    // The lock directory is unusable (read-only /tmp): the coordinator still
+    // refuses a second live process under one id.
+    c.id = wanted;
+    return c;
+  }
+  if (explicit_id)
+    return make_error("node id '" + wanted + "' is already used by another node of this job on this machine (" + first.message() +
+                      "); give every node its own --node-id");
+  for (int i = 2; i <= 1024; ++i) {
+    const std::string id = wanted + "-" + std::to_string(i);
+    auto l = file_lock::try_acquire(path(id), what + " as '" + id + "'");
+    if (!l) continue;
+    c.id = id;
+    c.lock = std::move(l.value());
+    c.note = "another node of this job on this machine is '" + wanted + "'; this one is '" + id + "' (--node-id names a node)";
+    return c;
+  }
+  return make_error("no free node id on this machine for '" + wanted + "'; give this node a --node-id");
 }
 
 std::string host_name() {

@@ -2,6 +2,7 @@
 // Small helpers shared by the cluster roles.
 #include <string>
 
+#include "runtime/fs.hpp"
 #include "runtime/result.hpp"
 
 namespace dtactor {
@@ -14,9 +15,25 @@ struct tcp_endpoint {
 // "tcp://HOST:PORT" -> {HOST, PORT}; errors say what is wrong with the text.
 result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::string& what);
 
-// The local address this machine uses to reach `host` (no packet is sent),
-// or "" when it cannot be found: a node's default --advertise-addr.
-std::string local_address_towards(const std::string& host, int port);
+// The local address this machine uses to reach `host` (no packet is sent):
+// a node's default --advertise-addr. Error: the name does not resolve, or
+// no route leads there.
+result<std::string> local_address_towards(const std::string& host, int port);
+
+// A node id claimed on this machine for the job at `coordinator`: two node
+// processes of one job on one host never share an id (each would take the
+// other's registration for a restart). Released when the process ends, so a
+// restarted node gets its id back.
+struct node_id_claim {
+  std::string id;
+  std::string note;  // one line when the id differs from the one asked for
+  file_lock lock;
+};
+
+// An explicit id (--node-id) is taken or refused with one line naming the
+// live holder; the default (the host name) falls back to "<host>-2",
+// "<host>-3", ... when taken.
+result<node_id_claim> claim_node_id(const std::string& wanted, bool explicit_id, const std::string& coordinator);
 
 // The host name, for default node ids.
 std::string host_name();

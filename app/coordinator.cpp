@@ -260,7 +260,7 @@ void maybe_finish(registry_self self) {
   const bool stopped = st.last_step < st.sh->max_steps;
   st.sh->jn.write(stopped ? "job_stopped" : "job_finished", ev);
   st.sh->obs->finish();
-  std::fprintf(stdout, "finished at step %lld:", static_cast<long long>(st.last_step));
+  std::fprintf(stdout, "%s at step %lld:", stopped ? "stopped" : "finished", static_cast<long long>(st.last_step));
   for (const auto& [k, v] : st.last_eval) std::fprintf(stdout, " %s=%.4f", k.c_str(), v);
   std::fprintf(stdout, " params_digest=%s world_size=%d\n", digests.begin()->c_str(), st.world);
   std::fflush(stdout);
@@ -357,20 +357,46 @@ caf::behavior registry_actor(registry_self self, coordinator_shared* sh) {
   };
 }
 
+result<config> checked_setup(const cluster_cli& cli, int& code) {
+  code = 2;
+  auto loaded = config::load(cli.config_path, cli.overrides);
+  if (!loaded) return loaded.err();
+  const config& cfg = loaded.value();
+  if (auto st = validate_training_config(cfg); !st) return st.err();
+  if (auto why = validate(liveness_options_from(cfg)); !why.empty()) return make_error(why);
+  if (auto why = validate(membership_options_from(cfg)); !why.empty()) return make_error(why);
+  if (auto listen = parse_tcp_endpoint(cli.listen, "--listen"); !listen) return listen.err();
+  code = 1;
+  if (auto st = ensure_writable_dir(cli.run_dir); !st) return make_error("run directory: " + st.message());
+  if (auto who = file_lock::holder(run_dir_lock_path(cli.run_dir)); !who.empty())
+    return make_error(run_dir_busy_message(cli.run_dir, "held by " + who));
+  return loaded;
+}
+
 }  // namespace
 
+setup_check check_coordinator_setup(const cluster_cli& cli) {
+  setup_check c;
+  auto r = checked_setup(cli, c.code);
+  if (r) c.code = 0;
+  else c.message = r.message();
+  return c;
+}
+
 int run_coordinator(const cluster_cli& cli) {
-  auto loaded = config::load(cli.config_path, cli.overrides);
-  if (!loaded) return fail(loaded.message(), 2);
+  int setup_code = 0;
+  auto loaded = checked_setup(cli, setup_code);
+  if (!loaded) return fail(loaded.message(), setup_code);
   auto sh = std::make_unique<coordinator_shared>();
   sh->cfg = std::move(loaded.value());
   const config& cfg = sh->cfg;
   sh->max_steps = cfg.get_int("train.max_steps");
-  if (auto st = validate_training_config(cfg); !st) return fail(st.message(), 2);
-  if (auto why = validate(liveness_options_from(cfg)); !why.empty()) return fail(why, 2);
   auto listen = parse_tcp_endpoint(cli.listen, "--listen");
-  if (!listen) return fail(listen.message(), 2);
-  if (auto st = ensure_writable_dir(cli.run_dir); !st) return fail("run directory: " + st.message());
+  // One writer per run directory: a second coordinator (or `dtactor train`)
+  // would interleave its journal and checkpoints with this one's. A crashed
+  // holder's lock is free again.
+  auto run_lock = file_lock::try_acquire(run_dir_lock_path(cli.run_dir), "dtactor coordinator on " + cli.listen);
+  if (!run_lock) return fail(run_dir_busy_message(cli.run_dir, run_lock.message()));
   if (auto st = sh->jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
   const std::string config_text = cfg.to_toml();
   if (auto st = write_file_atomic(cli.run_dir + "/config.toml", {config_text}); !st) return fail(st.message());
@@ -392,10 +418,11 @@ int run_coordinator(const cluster_cli& cli) {
   // generation 1, which broadcasts it.
   std::string resume_blob;
   int64_t resume_step = -1;
-  auto newest = sh->store->load_newest_valid([&](const std::string& path, const std::string& why) {
-    std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
-    sh->jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
-  });
+  auto newest = cli.no_resume ? result<std::optional<loaded_checkpoint>>(std::optional<loaded_checkpoint>{})
+                               : sh->store->load_newest_valid([&](const std::string& path, const std::string& why) {
+                                   std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+                                   sh->jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+                                 });
   if (!newest) return fail(newest.message());
   if (newest.value()) {
     const auto& ck = *newest.value();
@@ -411,6 +438,12 @@ int run_coordinator(const cluster_cli& cli) {
     resume_step = ck.meta.step();
     // checkpoint_restored is journaled when a rank reports it loaded it.
     sh->jn.write("checkpoint_found", {{"step", resume_step}, {"path", ck.path}});
+    if (resume_step >= sh->max_steps)
+      std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
+                   cli.run_dir.c_str(), static_cast<long long>(resume_step));
+    else
+      std::fprintf(stderr, "coordinator: resuming from step %lld (%s; --no-resume starts over)\n", static_cast<long long>(resume_step),
+                   ck.path.c_str());
   }
 
   const std::string job_id = job_id_for(cli.run_dir);
@@ -588,7 +621,10 @@ int run_coordinator(const cluster_cli& cli) {
   if (code >= 128) {
     // Interrupted: ranks stop at a step boundary they agree on, rank 0 sends
     // a final checkpoint (saved by the registry before the ranks' FINISHED
-    // arrive), then every node is told to stop.
+    // arrive), then every node is told to stop. Nodes leaving now (the same
+    // signal reached them) are part of the stop: no new generation.
+    caf::anon_send(members, stop_atom::value);
+    caf::anon_send(job, stop_atom::value);
     const std::string reason = "coordinator stopped by signal " + std::to_string(code - 128);
     sh->jn.write("job_stopping", {{"reason", reason}});
     std::fprintf(stderr, "coordinator: %s; stopping the ranks after a final checkpoint\n", reason.c_str());

@@ -20,6 +20,11 @@ int run_local(const cluster_cli& cli) {
   };
   if (cli.nodes < 1 || cli.nodes > 64) return fail("--nodes must be 1..64", 2);
   if (cli.nproc_per_node < 1 || cli.nproc_per_node > 64) return fail("--nproc-per-node must be 1..64", 2);
+  // Everything the coordinator would refuse, refused before any process
+  // starts: one line, as `train` gives.
+  cluster_cli as_coordinator = cli;
+  as_coordinator.overrides.push_back("cluster.min_nodes=" + std::to_string(cli.nodes));
+  if (auto c = check_coordinator_setup(as_coordinator); c.code != 0) return fail(c.message, c.code);
   auto port = pick_free_tcp_port();
   if (!port) return fail(port.message(), 1);
   const std::string exe = self_executable();
@@ -31,7 +36,12 @@ int run_local(const cluster_cli& cli) {
   // A local job starts when all its nodes are there.
   coord.insert(coord.end(), {"--set", "cluster.min_nodes=" + std::to_string(cli.nodes)});
   if (cli.metrics_port > 0) coord.insert(coord.end(), {"--metrics-port", std::to_string(cli.metrics_port)});
-  auto c = child_process::spawn(coord);
+  if (cli.no_resume) coord.push_back("--no-resume");
+  // The cluster's processes get a process group of their own: a terminal's
+  // Ctrl-C (or SIGTERM to this process group) reaches only this process,
+  // which hands it to the coordinator, so the job stops as one, after a
+  // final checkpoint, instead of every node taking it for a preemption.
+  auto c = child_process::spawn(coord, true);
   if (!c) return fail(c.message(), 1);
 
   // All the ranks share this machine's cores.
@@ -43,7 +53,7 @@ int run_local(const cluster_cli& cli) {
                                      "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1",
                                      "--threads-per-rank", std::to_string(per_rank), "--die-with-parent"};
     if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i)});
-    auto n = child_process::spawn(args);
+    auto n = child_process::spawn(args, true);
     if (!n) {
       c->signal(SIGTERM);
       return fail(n.message(), 1);

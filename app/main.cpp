@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   app.add_option("--run-dir", cl.run_dir, "coordinator: where the journal and checkpoints go")->capture_default_str();
   app.add_option("--threads-per-rank", cl.threads_per_rank,
                  "node: compute threads of each rank when train.threads is 0 (default: this machine's cores / --nproc-per-node)");
+  app.add_flag("--no-resume", cl.no_resume, "coordinator: start over even if the run directory holds checkpoints");
   app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");
   app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
   local->add_option("--set", lc.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
   local->add_option("--run-dir", lc.run_dir, "Where the journal and checkpoints go")->capture_default_str();
   local->add_option("--metrics-port", lc.metrics_port, "Coordinator's /metrics port; node i uses the next ports (0 = none)");
+  local->add_flag("--no-resume", lc.no_resume, "Start over even if the run directory holds checkpoints");
 
   try {
     app.parse(argc, argv);

@@ -77,7 +77,11 @@ class rank_launcher : public process_launcher {
       args.insert(args.end(), fault_.begin(), fault_.end());
       fault_.clear();
     }
-    auto c = child_process::spawn(args);
+    // Ranks are in a process group of their own: a signal to the node's
+    // group (a terminal's Ctrl-C) reaches the node, which decides how its
+    // ranks stop (at a step boundary, after a final checkpoint); they die
+    // with it if it dies (PR_SET_PDEATHSIG).
+    auto c = child_process::spawn(args, true);
     if (!c) return c.err();
     const pid_t pid = c->release();
     {
@@ -145,10 +149,16 @@ int run_node(const cluster_cli& cli) {
   auto coord = parse_tcp_endpoint(cli.coordinator, "--coordinator");
   if (!coord) return fail(coord.message(), 2);
   if (cli.nproc_per_node < 1 || cli.nproc_per_node > 1024) return fail("--nproc-per-node must be 1..1024", 2);
-  std::string advertise = cli.advertise_addr;
-  if (advertise.empty()) advertise = local_address_towards(coord->host, coord->port);
-  if (advertise.empty()) return fail("cannot find this machine's address towards " + coord->host + "; set --advertise-addr", 2);
-  const std::string node_id = cli.node_id.empty() ? host_name() : cli.node_id;
+  // Also with --advertise-addr: a coordinator name that does not resolve
+  // would otherwise end in a connect timeout.
+  auto towards = local_address_towards(coord->host, coord->port);
+  if (!towards && (cli.advertise_addr.empty() || towards.message().find("does not resolve") != std::string::npos))
+    return fail(towards.message(), 2);
+  const std::string advertise = cli.advertise_addr.empty() ? towards.value() : cli.advertise_addr;
+  auto claim = claim_node_id(cli.node_id.empty() ? host_name() : cli.node_id, !cli.node_id.empty(), cli.coordinator);
+  if (!claim) return fail(claim.message(), 2);
+  if (!claim->note.empty()) std::fprintf(stderr, "node: %s\n", claim->note.c_str());
+  const std::string node_id = claim->id;
   const uint64_t incarnation = wire::new_incarnation();
 
   metrics m;  // the job label is not known before registration

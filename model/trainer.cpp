@@ -319,6 +319,8 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   const auto start = clock_type::now();
   if (auto st = validate_training_config(cfg); !st) return st.err();
   if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
+  auto run_lock = file_lock::try_acquire(run_dir_lock_path(opts.run_dir), "dtactor train");
+  if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.message()));
 
   configure_threads(cfg);
   auto created = training_state::create(cfg);

@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -64,7 +65,8 @@ std::vector<config_key> make_schema() {
       {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
       {"checkpoint.dir", vk::string, "", "Where checkpoints go (empty = RUN_DIR/checkpoints)."},
       // cluster (coordinator, nodes, ranks)
-      {"cluster.min_nodes", vk::integer, "1", "Nodes the coordinator waits for before it starts generation 1.", 1},
+      {"cluster.min_nodes", vk::integer, "1", "Nodes (with a ready rank) the coordinator waits for before the job's first generation: the start gate, like torchrun's --nnodes MIN. Not a floor: see cluster.floor_nodes.", 1},
+      {"cluster.floor_nodes", vk::integer, "1", "Once the job has started, the fewest nodes it keeps training with after losses; below it, it waits for nodes (journal: job_waiting). At most cluster.min_nodes.", 1},
       {"cluster.max_nodes", vk::integer, "64", "Most nodes admitted; later ones are told to wait or leave.", 1},
       {"cluster.heartbeat_interval_ms", vk::integer, "100", "Heartbeat period on every link (coordinator<->node, node<->rank).", 1},
       {"cluster.heartbeat_timeout_ms", vk::integer, "1000", "Silence after which a peer is declared lost.", 1},
@@ -98,16 +100,49 @@ const config_key* find_key(const std::string& name) {
   return nullptr;
 }
 
+// Damerau-Levenshtein distance (optimal string alignment): typos are
+// dropped, doubled, swapped or wrong letters.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
 std::string unknown_key_message(const std::string& key, const std::string& origin) {
   std::string msg = origin + ": unknown config key '" + key + "'";
-  // Suggest a key with the same last component, a common typo source.
-  auto dot = key.rfind('.');
-  std::string last = dot == std::string::npos ? key : key.substr(dot + 1);
+  // The closest key by edit distance (train.max_step, trian.max_steps,
+  // checkpoint.keep), else one with the same last component (a key put in
+  // the wrong section).
+  const config_key* best = nullptr;
+  size_t best_d = std::string::npos;
   for (const auto& k : config_schema()) {
-    auto kd = k.name.rfind('.');
-    if (k.name.substr(kd + 1) == last) return msg + " (did you mean '" + k.name + "'?)";
+    size_t d = edit_distance(key, k.name);
+    if (d < best_d) best_d = d, best = &k;
   }
-  return msg + " (see docs/config.md for the keys)";
+  auto dot = key.rfind('.');
+  const std::string last = dot == std::string::npos ? key : key.substr(dot + 1);
+  const size_t allowed = std::max<size_t>(2, key.size() / 4);
+  if (!best || best_d > allowed) {
+    best = nullptr;
+    for (const auto& k : config_schema())
+      if (k.name.substr(k.name.rfind('.') + 1) == last) best = &k;
+  }
+  // A prefix of a key (checkpoint.keep -> checkpoint.keep_last).
+  if (!best)
+    for (const auto& k : config_schema())
+      if (k.name.compare(0, key.size(), key) == 0) {
+        best = &k;
+        break;
+      }
+  if (best) msg += " (did you mean '" + best->name + "'?";
+  else msg += " (";
+  return msg + (best ? "; " : "") + "`dtactor config --reference` lists every key)";
 }
 
 result<config_value> parse_text(const config_key& k, const std::string& text) {

@@ -1,6 +1,7 @@
 #include "runtime/fs.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -177,6 +178,72 @@ status remove_file(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT)
     return make_error("cannot remove '" + path + "': " + os_reason(errno));
   return {};
+}
+
+namespace {
+
+std::string read_holder(int fd) {
+  char buf[512];
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "another process";
+  std::string text(buf, static_cast<size_t>(n));
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+  return text.empty() ? "another process" : text;
+}
+
+}  // namespace
+
+result<file_lock> file_lock::try_acquire(const std::string& path, const std::string& what) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return make_error("cannot open '" + path + "': " + os_reason(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string who = err == EWOULDBLOCK ? read_holder(fd) : std::string{};
+    ::close(fd);
+    if (err == EWOULDBLOCK) return make_error("held by " + who);
+    return make_error("cannot lock '" + path + "': " + os_reason(err));
+  }
+  const std::string text = "pid " + std::to_string(::getpid()) + " (" + what + ")\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    // The lock holds; only the description for others is missing.
+  }
+  file_lock l;
+  l.fd_ = fd;
+  return l;
+}
+
+std::string file_lock::holder(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string who;
+  // A shared lock succeeds only when no exclusive holder is alive.
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0)
+    ::flock(fd, LOCK_UN);
+  else if (errno == EWOULDBLOCK)
+    who = read_holder(fd);
+  ::close(fd);
+  return who;
+}
+
+file_lock& file_lock::operator=(file_lock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+file_lock::~file_lock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string run_dir_lock_path(const std::string& run_dir) { return run_dir + "/.dtactor.lock"; }
+
+std::string run_dir_busy_message(const std::string& run_dir, const std::string& why) {
+  if (why.rfind("held by ", 0) != 0) return "run directory '" + run_dir + "': " + why;
+  return "run directory '" + run_dir + "' is in use by another dtactor (" + why.substr(8) +
+         "); wait for it to end, stop it, or choose another --run-dir";
 }
 
 }  // namespace dtactor

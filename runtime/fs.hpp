@@ -62,4 +62,37 @@ result<std::string> read_file(const std::string& path);
 // Removes a file; a file that is already gone is success.
 status remove_file(const std::string& path);
 
+// An advisory lock (flock) on a file, held until the object is destroyed or
+// the process ends: the kernel drops a dead process's lock, so a crashed
+// holder never blocks the next one. The file holds the holder's pid and a
+// description, for the message a second claimant gets. The descriptor is
+// close-on-exec: child processes never inherit the lock.
+class file_lock {
+ public:
+  // Takes the lock without waiting. Error: "held by pid 1234 (what)", or
+  // "cannot open '/x': reason".
+  static result<file_lock> try_acquire(const std::string& path, const std::string& what);
+  // The description "pid N (what)" of the live holder of `path`'s lock, or
+  // "" when nobody holds it (also when the file does not exist).
+  static std::string holder(const std::string& path);
+
+  file_lock() = default;
+  file_lock(file_lock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  file_lock& operator=(file_lock&& o) noexcept;
+  file_lock(const file_lock&) = delete;
+  file_lock& operator=(const file_lock&) = delete;
+  ~file_lock();
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// The lock file of a run directory: one coordinator (or `dtactor train`)
+// writes a run directory at a time.
+std::string run_dir_lock_path(const std::string& run_dir);
+// "run directory 'D' is in use by another dtactor (pid N (...)); ..." for
+// the `why` of a failed try_acquire of its lock.
+std::string run_dir_busy_message(const std::string& run_dir, const std::string& why);
+
 }  // namespace dtactor

@@ -45,6 +45,29 @@ TEST(Config, UnknownKeyIsAnErrorWithSuggestion) {
   EXPECT_NE(st.message().find("did you mean 'train.max_steps'"), std::string::npos) << st.message();
 }
 
+// Typos inside the key's last part are caught too, and every unknown key
+// points at the reference.
+TEST(Config, UnknownKeySuggestsTheClosestKey) {
+  const std::vector<std::pair<std::string, std::string>> typos = {{"train.max_step", "train.max_steps"},
+                                                                  {"eval.every_step", "eval.every_steps"},
+                                                                  {"checkpoint.keep", "checkpoint.keep_last"},
+                                                                  {"trian.max_steps", "train.max_steps"},
+                                                                  {"cluster.min_node", "cluster.min_nodes"},
+                                                                  {"train.global_batch", "train.global_batch_size"}};
+  for (const auto& [typo, meant] : typos) {
+    config d;
+    auto st = d.set(typo, "3");
+    ASSERT_FALSE(st) << typo;
+    EXPECT_NE(st.message().find("did you mean '" + meant + "'"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("dtactor config --reference"), std::string::npos) << st.message();
+  }
+  config d;
+  auto st = d.set("zzz.qqq", "1");
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.message().find("did you mean"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("dtactor config --reference"), std::string::npos) << st.message();
+}
+
 TEST(Config, MalformedTomlNamesTheLine) {
   auto c = config::parse_toml("[train]\nmax_steps = = 3\n", "bad.toml");
   ASSERT_FALSE(c);

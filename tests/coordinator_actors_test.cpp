@@ -286,7 +286,11 @@ TEST_F(coordinator_actors, below_min_nodes_no_plan_and_the_reason_says_why) {
 }
 
 TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
-  start(coord_opts(2), 5);
+  auto o = coord_opts(2);
+  o.membership.floor_nodes = 2;  // this job never trains on one node
+  std::vector<cluster_event> events;
+  o.on_event = [&events](const cluster_event& e) { events.push_back(e); };
+  start(o, 5);
   send(joined("a", 1));
   send(joined("b", 1));
   advance(100ms);
@@ -304,8 +308,31 @@ TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
     advance(100ms);
   }
   auto plans = wire.with(pb::envelope::kGenerationPlan, "peer-a");
-  ASSERT_EQ(plans.size(), 1u);  // generation 1 only: with min_nodes = 2, a alone is below quorum
-  EXPECT_NE(ms().last_reason.find("generation 1 is below quorum"), std::string::npos) << ms().last_reason;
+  ASSERT_EQ(plans.size(), 1u);  // generation 1 only: with floor_nodes = 2, a alone waits
+  EXPECT_NE(ms().last_reason.find("below the floor of 2 (cluster.floor_nodes)"), std::string::npos) << ms().last_reason;
+  // Journaled once (not per tick) that the job waits below its floor.
+  auto waiting = std::count_if(events.begin(), events.end(), [](const cluster_event& e) { return e.kind == "job_waiting"; });
+  EXPECT_EQ(waiting, 1) << ms().last_reason;
+}
+
+// min_nodes is the start gate only: a job that waited for two nodes goes on
+// alone when one is lost (the floor defaults to 1).
+TEST_F(coordinator_actors, a_job_that_waited_for_two_nodes_goes_on_with_one) {
+  start(coord_opts(2), 100);
+  send(joined("a", 1));
+  advance(100ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);  // the start gate holds
+  send(joined("b", 1));
+  advance(100ms);
+  ASSERT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 1u);
+  for (int i = 0; i < 12; ++i) {  // b falls silent past the heartbeat timeout
+    send(heartbeat_from("a", i));
+    advance(100ms);
+  }
+  auto plans = wire.with(pb::envelope::kGenerationPlan, "peer-a");
+  ASSERT_EQ(plans.size(), 2u) << ms().last_reason;
+  EXPECT_EQ(plans.back().env.generation_plan().world_size(), 1);
+  EXPECT_EQ(plans.back().env.generation_plan().cause(), "node_lost");
 }
 
 TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) {
@@ -507,12 +534,13 @@ TEST_F(coordinator_actors, a_flapping_node_is_quarantined_then_admitted_again) {
   start(o);
   send(joined("a", 1));
   send(joined("b", 1, 1));
-  advance(100ms);
-  send(joined("b", 1, 2));  // restarted
+  advance(400ms);             // b's first process fell silent (no heartbeats)...
+  send(joined("b", 1, 2));  // ...and it restarted
   auto lost = of("node_lost");
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].cause, "restarted");
   EXPECT_EQ(js().nodes_lost, 1u);
+  advance(400ms);
   send(joined("b", 1, 3));  // and again
   auto refused = wire.with(pb::envelope::kRegisterAck, "peer-b").back().env.register_ack();
   EXPECT_FALSE(refused.accepted());
@@ -564,7 +592,7 @@ TEST_F(coordinator_actors, a_new_coordinator_plans_a_restart_when_a_node_of_the_
   send(joined_in("a", 2, 5));
   keep_alive({"a"}, 1900ms);
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);
-  EXPECT_NE(ms().last_reason.find("waiting to adopt generation 5: node 'b' has not registered"), std::string::npos) << ms().last_reason;
+  EXPECT_NE(ms().last_reason.find("to adopt generation 5: node 'b' has not registered"), std::string::npos) << ms().last_reason;
   keep_alive({"a"}, 200ms);
   auto p = last_plan("peer-a");
   expect_plan(p, 6u, 2, "restart", false);

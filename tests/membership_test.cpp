@@ -197,6 +197,8 @@ TEST(membership, options_from_config_keys) {
   struct fake_config {
     int64_t get_int(const std::string& k) const {
       static const std::map<std::string, int64_t> keys{{"cluster.min_nodes", 3},
+                                                       {"cluster.floor_nodes", 2},
+                                                       {"cluster.heartbeat_interval_ms", 120},
                                                        {"cluster.max_nodes", 5},
                                                        {"cluster.settle_ms", 250},
                                                        {"cluster.suspect_timeout_ms", 400},
@@ -209,6 +211,12 @@ TEST(membership, options_from_config_keys) {
   };
   auto o = membership_options_from(fake_config{});
   EXPECT_EQ(o.min_nodes, 3);
+  EXPECT_EQ(o.floor_nodes, 2);
+  EXPECT_EQ(o.duplicate_window, 360ms);
+  EXPECT_EQ(validate(o), "");
+  o.floor_nodes = 4;
+  EXPECT_NE(validate(o).find("cluster.floor_nodes (4) cannot exceed cluster.min_nodes (3)"), std::string::npos) << validate(o);
+  o.floor_nodes = 2;
   EXPECT_EQ(o.max_nodes, 5);
   EXPECT_EQ(o.settle, 250ms);
   EXPECT_EQ(o.suspect_timeout, 400ms);
@@ -585,7 +593,7 @@ TEST(membership, a_new_coordinator_adopts_the_generation_its_nodes_train_in) {
   m.admit(in_plan("b", 1, 7), t0());  // b registers first: node rank 0 for now
   auto d = m.decide(t0() + 100ms);
   EXPECT_FALSE(d.next);
-  EXPECT_NE(d.reason.find("waiting to adopt generation 7: node 'a' has not registered"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("to adopt generation 7: node 'a' has not registered"), std::string::npos) << d.reason;
   EXPECT_EQ(m.state().last_generation, 7u);
   auto a = cold("a", 2);
   a.current_plan = running(7);
@@ -676,4 +684,78 @@ TEST(membership, a_new_nproc_from_the_same_process_is_no_failure) {
   EXPECT_FALSE(r.restarted);
   EXPECT_EQ(m.find("a")->nproc, 2);
   EXPECT_TRUE(m.state().flaps.empty());
+}
+
+// -- one id, two live processes (cloned machines, two nodes on one host) -------
+
+TEST(membership, a_second_live_process_under_a_members_id_is_refused_not_taken_for_a_restart) {
+  membership m(opts(1));
+  m.admit(reg("vm", 1, 1), t0());
+  m.commit(*m.decide(t0()).next);
+  m.touch("vm", 1, t0() + 100ms);
+  auto r = m.admit(reg("vm", 1, 2), t0() + 150ms);  // the member was heard 50 ms ago
+  EXPECT_FALSE(r.accepted);
+  EXPECT_TRUE(r.duplicate);
+  EXPECT_FALSE(r.restarted);
+  EXPECT_NE(r.reason.find("node id 'vm' is in use by a live node (at vm.local"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("--node-id"), std::string::npos) << r.reason;
+  // The member is untouched: same process, no loss counted, no new generation.
+  ASSERT_NE(m.find("vm"), nullptr);
+  EXPECT_EQ(m.find("vm")->incarnation, 1u);
+  EXPECT_TRUE(m.state().flaps.empty());
+  EXPECT_FALSE(m.decide(t0() + 150ms).next);
+  // Every retry while the member lives is refused the same way.
+  m.touch("vm", 1, t0() + 250ms);
+  EXPECT_TRUE(m.admit(reg("vm", 1, 2), t0() + 300ms).duplicate);
+}
+
+TEST(membership, a_restart_is_recognised_once_the_old_process_is_silent) {
+  membership m(opts(1));
+  m.admit(reg("vm", 1, 1), t0());
+  m.commit(*m.decide(t0()).next);
+  m.touch("vm", 1, t0() + 100ms);
+  auto r = m.admit(reg("vm", 1, 2), t0() + 100ms + m.options().duplicate_window);
+  EXPECT_TRUE(r.accepted);
+  EXPECT_TRUE(r.restarted);
+  EXPECT_FALSE(r.duplicate);
+  EXPECT_EQ(m.find("vm")->incarnation, 2u);
+}
+
+// -- the start gate (min_nodes) and the floor (floor_nodes) --------------------
+
+TEST(membership, min_nodes_gates_the_start_and_the_floor_the_shrink) {
+  auto o = opts(2);
+  membership m(o);  // floor_nodes defaults to 1
+  m.admit(reg("a", 1), t0());
+  EXPECT_FALSE(m.decide(t0()).next);
+  EXPECT_FALSE(m.decide(t0()).below_floor);  // not started: waiting at the gate
+  m.admit(reg("b", 1), t0());
+  m.commit(*m.decide(t0()).next);
+  m.remove("b", t0() + 1s);
+  auto d = m.decide(t0() + 1s);
+  ASSERT_TRUE(d.next) << d.reason;
+  EXPECT_EQ(d.next->world_size, 1);
+
+  o.floor_nodes = 2;
+  membership f(o);
+  f.admit(reg("a", 1), t0());
+  f.admit(reg("b", 1), t0());
+  f.commit(*f.decide(t0()).next);
+  f.remove("b", t0() + 1s);
+  auto w = f.decide(t0() + 1s);
+  EXPECT_FALSE(w.next);
+  EXPECT_TRUE(w.below_floor);
+  EXPECT_EQ(w.reason, "waiting for nodes: 1 node with a ready rank, below the floor of 2 (cluster.floor_nodes) [a]");
+}
+
+TEST(membership, a_restarted_coordinator_uses_the_floor_not_the_start_gate) {
+  auto o = opts(3);
+  o.adopt_timeout = 1s;
+  membership m(o);
+  auto r = reg("a", 1);
+  r.last_generation = 4;  // the job trained under an earlier coordinator
+  m.admit(r, t0());
+  auto d = m.decide(t0() + 2s);
+  ASSERT_TRUE(d.next) << d.reason;
+  EXPECT_EQ(d.next->generation, 5u);
 }

@@ -314,6 +314,62 @@ TEST_F(node_agent_test, leave_tells_the_coordinator_and_terminates_ranks) {
   EXPECT_EQ(launcher->terminated.size(), 2u);
 }
 
+// A terminal's Ctrl-C (or SIGTERM to a process group) reaches the node and
+// its coordinator together. The node's leave arrives first here; the
+// coordinator's stop follows. The ranks must stop with the job (after its
+// final checkpoint), not be killed at the leave timeout.
+TEST_F(node_agent_test, a_leave_followed_by_the_coordinators_stop_lets_the_ranks_stop_with_the_job) {
+  registered();
+  send(hello(0, launcher->last_pid_of(0)));
+  send(hello(1, launcher->last_pid_of(1)));
+  send(plan_for("a", 1, 2));
+  ASSERT_EQ(st().phase, node_phase::running);
+  caf::anon_send(agent, leave_atom::value, std::string("signal 2"));
+  run();
+  EXPECT_EQ(wire.count(pb::envelope::kLeave), 1u);
+  inbound stop{links::coordinator, "", from_coordinator(1)};
+  stop.env.mutable_shutdown()->set_reason("coordinator stopped by signal 2");
+  stop.env.mutable_shutdown()->set_checkpoint(true);
+  send(stop);
+  EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r0"), 1u);  // relayed
+  EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r1"), 1u);
+  EXPECT_TRUE(st().job_stopping);
+  advance(st().opts.leave_timeout + 100ms);
+  EXPECT_TRUE(launcher->terminated.empty());  // not killed at the leave timeout
+  // The ranks' final reports still go up while the node leaves.
+  auto fin = from_rank("r0");
+  fin.env.mutable_rank_status()->set_local_rank(0);
+  fin.env.mutable_rank_status()->set_status(pb::rank_status::STATE_FINISHED);
+  wire.clear();
+  send(fin);
+  EXPECT_EQ(wire.count(pb::envelope::kRankStatus), 1u);
+  // Bounded: without the coordinator's final shutdown the ranks are stopped.
+  advance(st().opts.stop_timeout);
+  EXPECT_EQ(launcher->terminated.size(), 2u);
+}
+
+// The coordinator's stop first, the node's own signal second: no leave is
+// announced (nothing to re-plan), the ranks stop with the job.
+TEST_F(node_agent_test, a_signal_during_the_jobs_stop_is_not_a_preemption) {
+  registered();
+  send(hello(0, launcher->last_pid_of(0)));
+  send(hello(1, launcher->last_pid_of(1)));
+  send(plan_for("a", 1, 2));
+  inbound stop{links::coordinator, "", from_coordinator(1)};
+  stop.env.mutable_shutdown()->set_reason("coordinator stopped by signal 15");
+  stop.env.mutable_shutdown()->set_checkpoint(true);
+  send(stop);
+  caf::anon_send(agent, leave_atom::value, std::string("signal 15"));
+  run();
+  EXPECT_EQ(wire.count(pb::envelope::kLeave), 0u);
+  advance(st().opts.leave_timeout + 100ms);
+  EXPECT_TRUE(launcher->terminated.empty());
+  inbound bye{links::coordinator, "", from_coordinator(1)};
+  bye.env.mutable_shutdown()->set_reason("coordinator stopped by signal 15");
+  send(bye);  // the final shutdown: the ranks are told to end
+  EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r0"), 2u);
+}
+
 // -- a whole cluster in memory ------------------------------------------------
 
 namespace {
