@@ -554,6 +554,9 @@ int run_coordinator(const cluster_cli& cli) {
       shp->obs->note_event("node " + e.node + " left");
     } else if (e.kind == "node_quarantined") {
       shp->jn.write("node_quarantined", {{"node", e.node}, {"reason", e.detail}});
+    } else if (e.kind == "job_waiting") {
+      shp->jn.write("job_waiting", {{"generation", e.generation}, {"reason", e.detail}});
+      shp->obs->note_event("waiting for nodes (below cluster.floor_nodes)");
     } else if (e.kind == "generation_adopted") {
       shp->jn.write("generation_adopted", {{"generation", e.generation}, {"world_size", e.world_size}});
       uint64_t prev = last_plan_gen.load();

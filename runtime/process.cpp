@@ -48,6 +48,11 @@ std::string child_exit::describe() const {
 }
 
 result<child_process> child_process::spawn(const std::vector<std::string>& argv, bool new_group, const std::string& output_path) {
+  return spawn_in_group(argv, new_group ? 0 : -1, output_path);
+}
+
+result<child_process> child_process::spawn_in_group(const std::vector<std::string>& argv, pid_t group, const std::string& output_path) {
+  const bool new_group = group >= 0;
   if (argv.empty()) return make_error("spawn: empty command");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -64,7 +69,7 @@ result<child_process> child_process::spawn(const std::vector<std::string>& argv,
   short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
   if (new_group) {
     flags |= POSIX_SPAWN_SETPGROUP;
-    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setpgroup(&attr, group);
   }
   posix_spawnattr_setflags(&attr, flags);
   posix_spawn_file_actions_t files;

@@ -28,6 +28,9 @@ class child_process {
   // to the parent's terminal group do not reach it directly.
   // output_path: where the child's stdout and stderr go ("" = inherited).
   static result<child_process> spawn(const std::vector<std::string>& argv, bool new_group = false, const std::string& output_path = "");
+  // The same, joining the existing process group `group` (a shell job's
+  // processes share one: a terminal's signals reach them all).
+  static result<child_process> spawn_in_group(const std::vector<std::string>& argv, pid_t group, const std::string& output_path = "");
 
   child_process() = default;
   child_process(child_process&& o) noexcept;

@@ -113,9 +113,11 @@ TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
   for (const auto& r : events(j, "checkpoint_restored")) EXPECT_EQ(r.at("source"), "peer");
 }
 
+// The job waited for both nodes (cluster.min_nodes=2, the start gate) and
+// goes on alone when one is lost (the floor, cluster.floor_nodes, is 1).
 TEST(Chaos, KillOfANodeShrinksTheJob) {
   temp_dir d;
-  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=1"}));
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2"}));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   auto survivor = descendants(cl.nodes.at("a").pid());

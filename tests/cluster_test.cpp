@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <optional>
 #include <fstream>
+#include <functional>
 #include <regex>
+#include <sstream>
 #include <thread>
 #include <zmq.hpp>
 
@@ -237,6 +239,203 @@ TEST(Cluster, TorchrunStyleEnvironmentLaunches) {
   auto fin = events(read_journal(d.path() + "/journal.jsonl"), "job_finished");
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("world_size"), 2);
+}
+
+// Polls `path`'s journal until `pred` holds, `proc` ends or `timeout_s`
+// passes; whether `pred` held.
+bool wait_journal(const std::string& path, child_process& proc, const std::function<bool(const std::vector<nlohmann::json>&)>& pred,
+                  int timeout_s = 120) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  // A line being written may be incomplete: skip what does not parse.
+  auto journal = [&] {
+    std::vector<nlohmann::json> out;
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded()) out.push_back(std::move(j));
+    }
+    return out;
+  };
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred(journal())) return true;
+    if (proc.wait(50)) return pred(journal());
+  }
+  return false;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Two node processes on one machine, neither given --node-id: both default
+// to the host name. They must train together, not evict each other as
+// "restarted" nodes until both are quarantined.
+TEST(Cluster, TwoNodesWithoutNodeIdsOnOneHostTrainTogether) {
+  temp_dir d;
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(pick_free_tcp_port().value());
+  std::vector<std::string> cargs = {kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", d.path(), "--set", "cluster.min_nodes=2"};
+  for (const auto& s : tiny_sets(20)) cargs.push_back(s);
+  auto coord = child_process::spawn(cargs, false, d.path() + "/coordinator.log");
+  ASSERT_TRUE(coord) << coord.message();
+  std::vector<child_process> nodes;
+  for (int i = 0; i < 2; ++i) {
+    auto n = child_process::spawn({kBin, "--role", "node", "--coordinator", endpoint, "--threads-per-rank", "1"}, false,
+                                  d.path() + "/node" + std::to_string(i) + ".log");
+    ASSERT_TRUE(n) << n.message();
+    nodes.push_back(std::move(n.value()));
+  }
+  auto e = coord->wait(150000);
+  ASSERT_TRUE(e) << file_text(d.path() + "/coordinator.log");
+  EXPECT_EQ(e->exit_code, 0) << file_text(d.path() + "/coordinator.log");
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  auto fin = events(j, "job_finished");
+  ASSERT_EQ(fin.size(), 1u) << file_text(d.path() + "/coordinator.log");
+  EXPECT_EQ(fin[0].at("world_size"), 2);
+  auto joined = events(j, "node_joined");
+  ASSERT_EQ(joined.size(), 2u);
+  EXPECT_NE(joined[0].at("node"), joined[1].at("node"));
+  EXPECT_TRUE(events(j, "node_lost").empty());
+  EXPECT_TRUE(events(j, "node_quarantined").empty());
+  // The second one said, in one line, which id it took instead.
+  const std::string logs = file_text(d.path() + "/node0.log") + file_text(d.path() + "/node1.log");
+  EXPECT_NE(logs.find("another node of this job on this machine is '"), std::string::npos) << logs;
+  for (auto& n : nodes) EXPECT_TRUE(n.wait(30000));
+}
+
+// A terminal's Ctrl-C (SIGINT to the foreground process group) and
+// `docker stop`/Kubernetes (SIGTERM) stop a `dtactor local` job after a
+// final checkpoint at the step it stopped at; the next run resumes there.
+void stop_local_by_group_signal_then_resume(int sig) {
+  temp_dir d;
+  const std::string journal = d.path() + "/journal.jsonl";
+  std::vector<std::string> args = {kBin, "local", "--nodes", "2", "--run-dir", d.path()};
+  for (const auto& s : tiny_sets(100000)) args.push_back(s);
+  for (const std::string s : {"checkpoint.every_steps=0", "train.log_every_steps=1"}) args.insert(args.end(), {"--set", s});
+  auto c = child_process::spawn(args, true, d.path() + "/local.log");  // its own group, as a terminal's foreground job
+  ASSERT_TRUE(c) << c.message();
+  ASSERT_TRUE(wait_journal(journal, *c, [](const std::vector<nlohmann::json>& j) {
+    auto s = events(j, "step");
+    return !s.empty() && s.back().at("step").get<int64_t>() >= 15;
+  })) << file_text(d.path() + "/local.log");
+  ASSERT_EQ(::kill(-c->pid(), sig), 0);
+  auto e = c->wait(90000);
+  ASSERT_TRUE(e) << "no stop within 90 s\n" << file_text(d.path() + "/local.log");
+  EXPECT_EQ(e->exit_code, 128 + sig) << e->describe() << "\n" << file_text(d.path() + "/local.log");
+  auto j = read_journal(journal);
+  auto stopped = events(j, "job_stopped");
+  ASSERT_EQ(stopped.size(), 1u) << file_text(d.path() + "/local.log");
+  EXPECT_FALSE(stopped[0].contains("error")) << stopped[0].dump();
+  EXPECT_TRUE(events(j, "job_finished").empty());
+  const int64_t at = stopped[0].at("step").get<int64_t>();
+  EXPECT_GE(at, 15);
+  auto saved = events(j, "checkpoint_saved");
+  ASSERT_FALSE(saved.empty()) << file_text(d.path() + "/local.log");
+  EXPECT_EQ(saved.back().at("step"), at);
+  const std::string log = file_text(d.path() + "/local.log");
+  EXPECT_NE(log.find("stopped at step " + std::to_string(at)), std::string::npos) << log;
+  EXPECT_EQ(log.find("finished at step"), std::string::npos) << log;
+
+  // The next run resumes from that checkpoint.
+  std::vector<std::string> again = {kBin, "local", "--nodes", "2", "--run-dir", d.path()};
+  for (const auto& s : tiny_sets(static_cast<int>(at) + 5)) again.push_back(s);
+  auto c2 = child_process::spawn(again, false, d.path() + "/local2.log");
+  ASSERT_TRUE(c2) << c2.message();
+  auto e2 = c2->wait(120000);
+  ASSERT_TRUE(e2);
+  EXPECT_EQ(e2->exit_code, 0) << file_text(d.path() + "/local2.log");
+  j = read_journal(journal);
+  auto restored = events(j, "checkpoint_restored");
+  ASSERT_EQ(restored.size(), 1u) << file_text(d.path() + "/local2.log");
+  EXPECT_EQ(restored[0].at("step"), at);
+  auto fin = events(j, "job_finished");
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].at("step"), at + 5);
+  EXPECT_NE(file_text(d.path() + "/local2.log").find("resuming from step " + std::to_string(at)), std::string::npos);
+}
+
+TEST(Cluster, CtrlCOnLocalStopsAfterAFinalCheckpointAndTheNextRunResumes) { stop_local_by_group_signal_then_resume(SIGINT); }
+TEST(Cluster, SigtermToLocalsGroupStopsAfterAFinalCheckpointAndTheNextRunResumes) { stop_local_by_group_signal_then_resume(SIGTERM); }
+
+// Processes started by hand in one shell job share its process group: Ctrl-C
+// reaches the coordinator, both nodes (and not their ranks, which have a
+// group of their own). The nodes' own signal is part of the stop, not a
+// preemption: the job still stops after a final checkpoint.
+TEST(Cluster, CtrlCToCoordinatorAndNodesTogetherStillStopsAfterAFinalCheckpoint) {
+  temp_dir d;
+  const std::string journal = d.path() + "/journal.jsonl";
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(pick_free_tcp_port().value());
+  std::vector<std::string> cargs = {kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", d.path(), "--set", "cluster.min_nodes=2",
+                                    "--set", "checkpoint.every_steps=0"};
+  for (const auto& s : tiny_sets(100000)) cargs.push_back(s);
+  auto coord = child_process::spawn(cargs, true, d.path() + "/coordinator.log");
+  ASSERT_TRUE(coord) << coord.message();
+  std::vector<child_process> nodes;
+  for (int i = 0; i < 2; ++i) {
+    auto n = child_process::spawn_in_group({kBin, "--role", "node", "--coordinator", endpoint, "--node-id", "n" + std::to_string(i), "--threads-per-rank", "1"},
+                                           coord->pid(), d.path() + "/node" + std::to_string(i) + ".log");
+    ASSERT_TRUE(n) << n.message();
+    nodes.push_back(std::move(n.value()));
+  }
+  ASSERT_TRUE(wait_journal(journal, *coord, [](const std::vector<nlohmann::json>& j) {
+    auto s = events(j, "step");
+    return !s.empty() && s.back().at("step").get<int64_t>() >= 15;
+  })) << file_text(d.path() + "/coordinator.log");
+  ASSERT_EQ(::kill(-coord->pid(), SIGINT), 0);
+  auto e = coord->wait(90000);
+  ASSERT_TRUE(e) << file_text(d.path() + "/coordinator.log");
+  EXPECT_EQ(e->exit_code, 128 + SIGINT) << file_text(d.path() + "/coordinator.log");
+  auto j = read_journal(journal);
+  auto stopped = events(j, "job_stopped");
+  ASSERT_EQ(stopped.size(), 1u) << file_text(d.path() + "/coordinator.log") << file_text(d.path() + "/node0.log");
+  EXPECT_FALSE(stopped[0].contains("error")) << stopped[0].dump();
+  auto saved = events(j, "checkpoint_saved");
+  ASSERT_FALSE(saved.empty());
+  EXPECT_EQ(saved.back().at("step"), stopped[0].at("step"));
+  EXPECT_EQ(events(j, "generation_started").size(), 1u);  // the nodes' leaves did not re-plan the world
+  for (auto& n : nodes) {
+    auto ne = n.wait(30000);
+    ASSERT_TRUE(ne);
+    EXPECT_EQ(ne->exit_code, 128 + SIGINT);
+  }
+}
+
+// One writer per run directory: a second run in it is refused with one line
+// naming the directory and the running process; a crashed holder's lock is
+// free again.
+TEST(Cluster, ASecondRunInARunDirectoryInUseIsRefused) {
+  temp_dir d;
+  const std::string journal = d.path() + "/journal.jsonl";
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(pick_free_tcp_port().value());
+  auto coord = child_process::spawn({kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", d.path()}, false, d.path() + "/c1.log");
+  ASSERT_TRUE(coord) << coord.message();
+  ASSERT_TRUE(wait_journal(journal, *coord, [](const auto& j) { return events(j, "coordinator_started").size() == 1; }));
+  const std::string pid = "pid " + std::to_string(coord->pid());
+  const std::vector<std::vector<std::string>> second = {{kBin, "local", "--run-dir", d.path()},
+                                                        {kBin, "train", "--run-dir", d.path()},
+                                                        {kBin, "--role", "coordinator", "--listen", "tcp://127.0.0.1:1", "--run-dir", d.path()}};
+  for (const auto& args : second) {
+    auto c = child_process::spawn(args, false, d.path() + "/second.log");
+    ASSERT_TRUE(c) << c.message();
+    auto e = c->wait(60000);
+    ASSERT_TRUE(e) << args[1];
+    EXPECT_EQ(e->exit_code, 1) << args[1];
+    const std::string err = file_text(d.path() + "/second.log");
+    EXPECT_NE(err.find("run directory '" + d.path() + "' is in use by another dtactor (" + pid), std::string::npos) << args[1] << ": " << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    std::filesystem::remove(d.path() + "/second.log");
+  }
+  EXPECT_EQ(events(read_journal(journal), "coordinator_started").size(), 1u);  // nothing else wrote the journal
+  coord->signal(SIGKILL);
+  coord->wait();
+  auto next = child_process::spawn({kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", d.path()}, false, d.path() + "/c2.log");
+  ASSERT_TRUE(next) << next.message();
+  EXPECT_TRUE(wait_journal(journal, *next, [](const auto& j) { return events(j, "coordinator_started").size() == 2; }))
+      << file_text(d.path() + "/c2.log");
+  next->signal(SIGKILL);
 }
 
 TEST(Cluster, UnreachableCoordinatorIsAClearError) {
