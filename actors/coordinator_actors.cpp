@@ -215,11 +215,15 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   out.set_world_size(p.world_size);
   out.set_store_host(opts.store_host);
   out.set_store_port(opts.store_port);
+  std::map<std::string, int32_t> per_host;  // advertise address -> ranks there
+  for (const auto& n : p.nodes) per_host[n.advertise_addr] += static_cast<int32_t>(n.local_ranks.size());
   for (const auto& r : p.ranks) {
     auto* a = out.add_ranks();
     a->set_node_id(r.node_id);
     a->set_local_rank(r.local_rank);
     a->set_global_rank(r.global_rank);
+    const auto* n = p.find(r.node_id);
+    a->set_host_ranks(n ? per_host[n->advertise_addr] : 0);
   }
   out.set_start_step(start_step);
   out.set_state_root(p.state_root);

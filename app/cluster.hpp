@@ -21,6 +21,7 @@ struct cluster_cli {
   int local_rank = 0;                          // rank
   int threads_per_rank = 0;                    // node, rank: cores each rank uses when train.threads = 0 (0: cores / nproc)
   int metrics_port = 0;
+  std::string metrics_addr = "0.0.0.0";       // address /metrics binds (unauthenticated: choose it)
   int nodes = 2;                               // local
   int connect_timeout_s = 120;
   bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies

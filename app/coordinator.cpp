@@ -204,7 +204,7 @@ void on_checkpoint(registry_self self, uint64_t generation, const pb::checkpoint
   auto path = st.sh->store->save(std::move(meta), sections);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!path) {
-    std::fprintf(stderr, "dtactor: checkpoint at step %lld not saved: %s\n", static_cast<long long>(d.step()), path.message().c_str());
+    st.sh->obs->log("dtactor: checkpoint at step " + std::to_string(d.step()) + " not saved: " + path.message());
     st.sh->jn.write("checkpoint_failed", {{"step", d.step()}, {"reason", path.message()}});
     return;
   }
@@ -455,7 +455,7 @@ int run_coordinator(const cluster_cli& cli) {
   auto sd = std::make_shared<sd_targets>(job_id);
   m.add_route("/sd", "application/json", [sd] { return sd->json(); });
   if (cli.metrics_port > 0)
-    if (auto st = m.serve(cli.metrics_port); !st) return fail(st.message());
+    if (auto st = m.serve(cli.metrics_port, cli.metrics_addr); !st) return fail(st.message());
   sd->set_coordinator(!cli.advertise_addr.empty() ? cli.advertise_addr : listen->host == "0.0.0.0" || listen->host == "*" ? host_name() : listen->host,
                       m.port());
 
@@ -519,8 +519,8 @@ int run_coordinator(const cluster_cli& cli) {
                                             {"nodes", std::vector<std::string>(nodes.begin(), nodes.end())}});
         m.nodes_alive().Set(static_cast<double>(nodes.size()));
         caf::anon_send(registry, gen_atom::value, p.generation(), p.world_size(), p.cause(), p.drain());
-        std::fprintf(stderr, "generation %llu: world size %d, from step %lld\n", static_cast<unsigned long long>(p.generation()),
-                     p.world_size(), static_cast<long long>(p.start_step()));
+        sh->obs->log("generation " + std::to_string(p.generation()) + ": world size " + std::to_string(p.world_size()) + ", from step " +
+                     std::to_string(p.start_step()));
       }
     }
     if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
@@ -565,11 +565,12 @@ int run_coordinator(const cluster_cli& cli) {
       m.generation().Set(static_cast<double>(e.generation));
       m.world_size().Set(e.world_size);
       caf::anon_send(registry, gen_atom::value, e.generation, e.world_size, std::string("adopted"), true);
-      std::fprintf(stderr, "coordinator: adopted the running generation %llu (world size %d)\n", static_cast<unsigned long long>(e.generation),
-                   e.world_size);
+      shp->obs->log("coordinator: adopted the running generation " + std::to_string(e.generation) + " (world size " + std::to_string(e.world_size) +
+                    ")");
     }
   };
-  copts.log = [](const std::string& line) { std::fprintf(stderr, "coordinator: %s\n", line.c_str()); };
+  // Through the progress line's owner: a log line never runs into the live line.
+  copts.log = [shp = sh.get()](const std::string& line) { shp->obs->log("coordinator: " + line); };
   job_options jopts = job_options_from(cfg);
   jopts.header = header;
   jopts.initial_step = std::max<int64_t>(0, resume_step);
@@ -630,7 +631,7 @@ int run_coordinator(const cluster_cli& cli) {
     caf::anon_send(job, stop_atom::value);
     const std::string reason = "coordinator stopped by signal " + std::to_string(code - 128);
     sh->jn.write("job_stopping", {{"reason", reason}});
-    std::fprintf(stderr, "coordinator: %s; stopping the ranks after a final checkpoint\n", reason.c_str());
+    sh->obs->log("coordinator: " + reason + "; stopping the ranks after a final checkpoint");
     {
       auto env = make_envelope(header, last_plan_gen);
       env.mutable_shutdown()->set_reason(reason);

@@ -35,7 +35,7 @@ int run_local(const cluster_cli& cli) {
   for (const auto& o : cli.overrides) coord.insert(coord.end(), {"--set", o});
   // A local job starts when all its nodes are there.
   coord.insert(coord.end(), {"--set", "cluster.min_nodes=" + std::to_string(cli.nodes)});
-  if (cli.metrics_port > 0) coord.insert(coord.end(), {"--metrics-port", std::to_string(cli.metrics_port)});
+  if (cli.metrics_port > 0) coord.insert(coord.end(), {"--metrics-port", std::to_string(cli.metrics_port), "--metrics-addr", cli.metrics_addr});
   if (cli.no_resume) coord.push_back("--no-resume");
   // The cluster's processes get a process group of their own: a terminal's
   // Ctrl-C (or SIGTERM to this process group) reaches only this process,
@@ -52,7 +52,7 @@ int run_local(const cluster_cli& cli) {
     std::vector<std::string> args = {exe, "--role", "node", "--coordinator", endpoint, "--nproc-per-node", std::to_string(cli.nproc_per_node),
                                      "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1",
                                      "--threads-per-rank", std::to_string(per_rank), "--die-with-parent"};
-    if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i)});
+    if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i), "--metrics-addr", cli.metrics_addr});
     auto n = child_process::spawn(args, true);
     if (!n) {
       c->signal(SIGTERM);

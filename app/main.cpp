@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator", cl.coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
   app.add_option("--nproc-per-node", cl.nproc_per_node, "node: rank processes to start (one per device)")->capture_default_str();
   app.add_option("--metrics-port", cl.metrics_port, "Port of the Prometheus /metrics endpoint (0 = none)");
+  app.add_option("--metrics-addr", cl.metrics_addr, "Address the /metrics endpoint binds (it is unauthenticated)")->capture_default_str();
   app.add_option("--advertise-addr", cl.advertise_addr,
                  "node: address peers use to reach this machine (default: the one that routes to the coordinator); coordinator: its host "
                  "as the ranks should reach it");
@@ -115,6 +116,7 @@ int main(int argc, char** argv) {
   local->add_option("--set", lc.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
   local->add_option("--run-dir", lc.run_dir, "Where the journal and checkpoints go")->capture_default_str();
   local->add_option("--metrics-port", lc.metrics_port, "Coordinator's /metrics port; node i uses the next ports (0 = none)");
+  local->add_option("--metrics-addr", lc.metrics_addr, "Address the /metrics endpoints bind")->capture_default_str();
   local->add_flag("--no-resume", lc.no_resume, "Start over even if the run directory holds checkpoints");
 
   try {
@@ -175,6 +177,7 @@ int main(int argc, char** argv) {
   if (*train) {
     auto cfg = dtactor::config::load(config_path, overrides);
     if (!cfg) return fail(cfg.message(), 2);
+    if (auto st = dtactor::validate_training_config(cfg.value()); !st) return fail(st.message(), 2);
     if (print_config) {
       std::fputs(cfg->to_toml().c_str(), stdout);
       return 0;

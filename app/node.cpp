@@ -163,7 +163,7 @@ int run_node(const cluster_cli& cli) {
 
   metrics m;  // the job label is not known before registration
   if (cli.metrics_port > 0)
-    if (auto st = m.serve(cli.metrics_port); !st) return fail(st.message());
+    if (auto st = m.serve(cli.metrics_port, cli.metrics_addr); !st) return fail(st.message());
   // GPU memory and utilisation when the NVIDIA driver's NVML is present.
   gpu_metrics gpu(m.registry());
   if (gpu.available()) std::fprintf(stderr, "node: NVML: %d GPU(s) exported on /metrics\n", gpu.devices());

@@ -101,6 +101,10 @@ struct rank_worker::impl {
   // process ends (it ends with _exit).
   std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> parked;
   bool injected = false;
+  // Neither train.threads nor --threads-per-rank fixed the thread count:
+  // each generation splits the machine's cores over the ranks it plans there.
+  bool auto_threads = false;
+  int threads = 0;
 };
 
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
@@ -180,12 +184,15 @@ void rank_worker::run() {
     auto parsed = config::parse_toml(plan.config_toml(), "generation plan");
     if (!parsed) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, parsed.message());
     config cfg = std::move(parsed.value());
-    // Ranks sharing a machine share its cores.
+    // Ranks sharing a machine share its cores: until a plan says how many
+    // ranks run here, this node's.
     if (cfg.get_int("train.threads") == 0) {
       const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      im.auto_threads = opts_.threads <= 0;
       const int n = opts_.threads > 0 ? opts_.threads : std::max(1, hw / std::max(1, opts_.local_world));
       (void)cfg.set("train.threads", std::to_string(n));
     }
+    im.threads = static_cast<int>(cfg.get_int("train.threads"));
     configure_threads(cfg);
     auto created = training_state::create(cfg);
     if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
@@ -236,6 +243,20 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     // Not in this generation (this node leaves, or this rank was left out).
     status(pb::rank_status::STATE_IDLE, state.step(), "not in generation " + std::to_string(gen));
     return outcome::idle;
+  }
+  if (im.auto_threads) {
+    // Nodes started by hand on one machine each think they own it; the plan
+    // counts every rank of the generation on this machine.
+    int host_ranks = 0;
+    for (const auto& a : plan.ranks())
+      if (a.node_id() == opts_.node_id && a.local_rank() == local) host_ranks = a.host_ranks();
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int n = host_ranks > 0 ? std::max(1, hw / host_ranks) : im.threads;
+    if (n != im.threads) {
+      (void)im.cfg->set("train.threads", std::to_string(n));
+      configure_threads(*im.cfg);
+      im.threads = n;
+    }
   }
   try {
     const auto timeout = std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms"));

@@ -41,6 +41,7 @@ std::string progress::render(const progress_state& s) const {
 }
 
 void progress::update(const progress_state& s, bool force) {
+  std::lock_guard<std::mutex> lock(mu_);
   const std::string line = render(s);
   if (!interactive_) {
     if (!force) return;
@@ -59,6 +60,7 @@ void progress::update(const progress_state& s, bool force) {
 }
 
 void progress::log(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (interactive_ && live_) std::fprintf(stderr, "\r\033[K");
   std::fprintf(stderr, "%s\n", line.c_str());
   if (interactive_ && live_) std::fprintf(stderr, "%s", last_line_.c_str());
@@ -67,6 +69,7 @@ void progress::log(const std::string& line) {
 }
 
 void progress::finish() {
+  std::lock_guard<std::mutex> lock(mu_);
   if (interactive_ && live_) {
     std::fprintf(stderr, "\n");
     std::fflush(stderr);

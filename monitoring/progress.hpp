@@ -3,10 +3,11 @@
 // samples/s, ETA, plus a free-form tail), redrawn at most a few times a
 // second. Otherwise: plain lines, only for forced updates (the caller's log
 // interval).
-// Either way, every log() line also goes to the run's log file.
+// Either way, every log() line also goes to the run's log file. Thread-safe.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 namespace dtactor {
@@ -46,6 +47,9 @@ class progress {
   std::chrono::steady_clock::time_point last_draw_{};
   std::string last_line_;
   bool live_ = false;
+  // update, log and finish may come from different threads (the
+  // coordinator's actors log while its registry draws the live line).
+  std::mutex mu_;
 };
 
 }  // namespace dtactor

@@ -556,6 +556,13 @@ result<report_files> write_report(const std::string& run_dir, const std::string&
   }
   // A cluster's journal does not repeat what the config says.
   auto& dg = d.value();
+  // The last session has no end event: still running if a dtactor holds the
+  // run directory's lock, else it was interrupted.
+  if (dg.outcome == "interrupted")
+    if (auto who = file_lock::holder(run_dir_lock_path(run_dir)); !who.empty()) {
+      dg.outcome = "running";
+      dg.outcome_detail = who;
+    }
   if (dg.model.empty()) dg.model = toml_value(config_toml, "model", "name");
   if (dg.max_steps == 0) dg.max_steps = std::atoll(toml_value(config_toml, "train", "max_steps").c_str());
   if (dg.global_batch_size == 0) dg.global_batch_size = std::atoll(toml_value(config_toml, "train", "global_batch_size").c_str());

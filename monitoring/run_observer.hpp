@@ -3,7 +3,8 @@
 // /metrics: TensorBoard scalars (RUN_DIR/tensorboard) and the console
 // progress (one live line on a terminal, plain periodic lines otherwise).
 // Used by the coordinator's registry actor and by `dtactor train`, so both
-// write the same tags. One owner thread (not thread-safe).
+// write the same tags. One owner thread, except note_event and log, which
+// any thread may call.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -40,7 +41,7 @@ class run_observer {
     std::lock_guard<std::mutex> lock(event_mu_);
     last_event_ = what;
   }
-  // A plain line above the live line (also in the log file).
+  // A plain line above the live line (also in the log file). Thread-safe.
   void log(const std::string& line) { progress_.log(line); }
   // Ends the live line.
   void finish() { progress_.finish(); }

@@ -92,7 +92,8 @@ void expect_finished_without_loss(cluster& cl, int64_t max_steps, int expect_wor
 
 TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
   temp_dir d;
-  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2"}));
+  // The survivor waits for the restarted rank (floor 2) rather than finish alone.
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2", "cluster.floor_nodes=2"}));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
   auto ranks_a = descendants(cl.nodes.at("a").pid());
@@ -304,11 +305,11 @@ TEST(Chaos, FlappingNodeIsQuarantined) {
 }
 
 // With a fixed seed, losing a node and getting it back (the same world size
-// again: cluster.min_nodes = 2 pauses the survivor meanwhile) ends bitwise
+// again: cluster.floor_nodes = 2 pauses the survivor meanwhile) ends bitwise
 // identical to an uninterrupted run.
 TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
   auto run = [](const std::string& dir, bool fault) {
-    cluster cl(dir, job_sets(120, {"cluster.min_nodes=2"}));
+    cluster cl(dir, job_sets(120, {"cluster.min_nodes=2", "cluster.floor_nodes=2"}));
     EXPECT_EQ(cl.start_coordinator(), "");
     EXPECT_EQ(cl.start_node("a"), "");
     if (fault) {

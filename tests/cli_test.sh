@@ -86,6 +86,28 @@ expect_error "coordinator with bad config" "unknown config key" --role coordinat
 expect_error "suspect timeout shorter than a heartbeat" "cluster.suspect_timeout_ms .50. must be larger" --role coordinator --listen tcp://127.0.0.1:1 --set cluster.suspect_timeout_ms=50 --run-dir "$work/rc"
 expect_error "bad fault injection mode" "not in .crash,hang,leave,rank-crash" --role node --coordinator tcp://127.0.0.1:1 --fail-mode bogus
 expect_error "eval of nothing" "does not exist" eval "$work/none.dtc"
+# expect_code NAME CODE ARGS...: the exit code itself (2 bad command line or config, 1 otherwise)
+expect_code() {
+  local name=$1 code=$2
+  shift 2
+  "$bin" "$@" >/dev/null 2>&1 </dev/null
+  local rc=$?
+  if [ $rc -eq "$code" ]; then ok "$name: exit $code"; else bad "$name: exit $rc, expected $code"; fi
+}
+# `local` checks everything the coordinator would before it starts any process: one line.
+expect_error "local with a config typo" "unknown config key 'train.max_step' \(did you mean 'train.max_steps'" local --set train.max_step=3 --run-dir "$work/rl"
+expect_code "local with a config typo" 2 local --set train.max_step=3 --run-dir "$work/rl"
+expect_error "local with an unwritable run dir" "run directory: directory .* is not writable" local --run-dir "$work/blocker/run"
+expect_code "local with an unwritable run dir" 1 local --run-dir "$work/blocker/run"
+expect_code "train with an unwritable run dir" 1 train "${tiny[@]}" --run-dir "$work/blocker/run"
+expect_code "train with an impossible micro batch" 2 train "${tiny[@]}" --set train.micro_batch_size=64 --run-dir "$work/r1"
+expect_error "typo in a key's last part" "did you mean 'eval.every_steps'.*dtactor config --reference" train --set eval.every_step=3
+expect_error "a key's prefix" "did you mean 'checkpoint.keep_last'" train --set checkpoint.keep=3
+expect_error "floor above the start gate" "cluster.floor_nodes .3. cannot exceed cluster.min_nodes .2." --role coordinator --listen tcp://127.0.0.1:1 \
+  --set cluster.min_nodes=2 --set cluster.floor_nodes=3 --run-dir "$work/rc"
+expect_error "coordinator name that does not resolve" "'no-such-host.invalid' does not resolve" --role node --coordinator tcp://no-such-host.invalid:29400
+expect_error "... also with --advertise-addr" "'no-such-host.invalid' does not resolve" --role node --coordinator tcp://no-such-host.invalid:29400 --advertise-addr 127.0.0.1
+expect_error "metrics on a bad address" "not an IPv4 address" --role node --coordinator tcp://127.0.0.1:1 --metrics-port 29999 --metrics-addr nowhere
 
 # A real short run, then misuse of its checkpoint.
 if "$bin" train "${tiny[@]}" --run-dir "$work/good" >"$work/out" 2>"$work/err" </dev/null && grep -q "finished at step 3" "$work/out"; then

@@ -87,7 +87,10 @@ struct two_node_cluster {
 
 TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   temp_dir d;
-  two_node_cluster cl(d.path(), 60);
+  // Runs until this test has seen what it needs on /metrics, then is
+  // stopped (a fixed-length job could end before the first scrape on a
+  // loaded machine).
+  two_node_cluster cl(d.path(), 100000);
   ASSERT_TRUE(cl.error.empty()) << cl.error;
   auto& coord = cl.coord;
   auto& nodes = cl.nodes;
@@ -104,7 +107,7 @@ TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   }
   // /metrics shows the job while it runs, the dropped frames included.
   double step = -1, world = -1, dropped = -1, node_step = -1, node_samples = -1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (std::chrono::steady_clock::now() < deadline && coord->running()) {
     const std::string scrape = test_support::http_get(mport, "/metrics");
     step = metric_value(scrape, "dtactor_step");
@@ -113,18 +116,18 @@ TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
     const std::string node_scrape = test_support::http_get(nport, "/metrics");
     node_step = metric_value(node_scrape, "dtactor_step");
     node_samples = metric_value(node_scrape, "dtactor_samples_total");
-    if (step > 0 && dropped >= 1 && node_step > 0) break;
+    if (step >= 60 && dropped >= 1 && node_step > 0 && node_samples > 0) break;
     coord->wait(50);
   }
-  EXPECT_GT(step, 0);
+  EXPECT_GE(step, 60);
   EXPECT_EQ(world, 2);
   EXPECT_GE(dropped, 1);
   EXPECT_GT(node_step, 0);  // the node's own endpoint
   EXPECT_GT(node_samples, 0);
+  coord->signal(SIGTERM);
   auto done = coord->wait(120000);
-  ASSERT_TRUE(done) << "coordinator did not finish";
-  EXPECT_FALSE(done->signaled);
-  EXPECT_EQ(done->exit_code, 0);
+  ASSERT_TRUE(done) << "coordinator did not stop";
+  EXPECT_EQ(done->exit_code, 128 + SIGTERM) << done->describe();
   for (auto& n : nodes) {
     auto e = n.wait(20000);
     ASSERT_TRUE(e) << "node did not stop after the job";
@@ -140,12 +143,11 @@ TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   ASSERT_GE(steps.size(), 10u);
   for (const auto& s : steps) EXPECT_EQ(s.at("world_size"), 2);
   EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
-  EXPECT_GE(events(j, "checkpoint_saved").size(), 6u);
-  auto fin = events(j, "job_finished");
+  EXPECT_GE(events(j, "checkpoint_saved").size(), 6u);  // every 10 steps, and the final one
+  auto fin = events(j, "job_stopped");
   ASSERT_EQ(fin.size(), 1u);
-  EXPECT_EQ(fin[0].at("step"), 60);
+  EXPECT_GE(fin[0].at("step").get<int64_t>(), 60);
   EXPECT_FALSE(fin[0].contains("error")) << fin[0].dump();  // every rank ended with the same parameters
-  EXPECT_TRUE(fin[0].contains("accuracy"));
 }
 
 TEST(Cluster, LocalModeRunsAWholeJob) {
@@ -429,6 +431,13 @@ TEST(Cluster, ASecondRunInARunDirectoryInUseIsRefused) {
     std::filesystem::remove(d.path() + "/second.log");
   }
   EXPECT_EQ(events(read_journal(journal), "coordinator_started").size(), 1u);  // nothing else wrote the journal
+  // The log book of the live run says it is running (not "interrupted").
+  auto rep = child_process::spawn({kBin, "report", d.path()}, false, d.path() + "/report.log");
+  ASSERT_TRUE(rep);
+  auto re = rep->wait(30000);
+  ASSERT_TRUE(re);
+  EXPECT_EQ(re->exit_code, 0) << file_text(d.path() + "/report.log");
+  EXPECT_NE(file_text(d.path() + "/report.md").find("| outcome | **running**"), std::string::npos) << file_text(d.path() + "/report.md");
   coord->signal(SIGKILL);
   coord->wait();
   auto next = child_process::spawn({kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", d.path()}, false, d.path() + "/c2.log");
@@ -436,6 +445,9 @@ TEST(Cluster, ASecondRunInARunDirectoryInUseIsRefused) {
   EXPECT_TRUE(wait_journal(journal, *next, [](const auto& j) { return events(j, "coordinator_started").size() == 2; }))
       << file_text(d.path() + "/c2.log");
   next->signal(SIGKILL);
+  next->wait();
+  ASSERT_TRUE(child_process::spawn({kBin, "report", d.path()}, false, d.path() + "/report.log")->wait(30000));
+  EXPECT_NE(file_text(d.path() + "/report.md").find("| outcome | **interrupted**"), std::string::npos) << file_text(d.path() + "/report.md");
 }
 
 TEST(Cluster, UnreachableCoordinatorIsAClearError) {
