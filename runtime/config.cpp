@@ -214,9 +214,12 @@ status config::set_value(const std::string& key, config_value v, const std::stri
   if (!k) return make_error(unknown_key_message(key, origin));
   if (k->kind == vk::integer || k->kind == vk::floating) {
     double num = k->kind == vk::integer ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
-    if (num < k->min)
-      return make_error(origin + ": config key '" + key + "' must be at least " + to_string(k->kind == vk::integer ? config_value{static_cast<int64_t>(k->min)} : config_value{k->min}) +
-                        ", got " + to_string(v));
+    if (num < k->min) {
+      std::ostringstream least;
+      if (k->kind == vk::integer) least << static_cast<int64_t>(k->min);
+      else least << k->min;
+      return make_error(origin + ": config key '" + key + "' must be at least " + least.str() + ", got " + to_string(v));
+    }
   }
   if (k->kind == vk::string && !k->choices.empty()) {
     const auto& s = std::get<std::string>(v);

@@ -48,15 +48,6 @@ std::vector<std::string> job_sets(int steps, const std::vector<std::string>& ext
   return set_flags(sets, extra);
 }
 
-int64_t last_step_before(const std::vector<json>& j, const std::string& event) {
-  int64_t last = 0;
-  for (const auto& e : j) {
-    if (e.at("event") == event) break;
-    if (e.at("event") == "step") last = std::max<int64_t>(last, e.at("step").get<int64_t>());
-  }
-  return last;
-}
-
 // The checks every fault test ends with: the job finished at max_steps with
 // identical parameters on every rank, no recovery lost or rolled back a
 // completed step, and step numbers never went backwards across a recovery.
@@ -70,7 +61,9 @@ void expect_finished_without_loss(cluster& cl, int64_t max_steps, int expect_wor
   ASSERT_EQ(fin.size(), 1u) << cl.logs();
   EXPECT_EQ(fin[0].at("step"), max_steps);
   EXPECT_FALSE(fin[0].contains("error")) << fin[0].dump();
-  if (expect_world > 0) EXPECT_EQ(fin[0].at("world_size"), expect_world);
+  if (expect_world > 0) {
+    EXPECT_EQ(fin[0].at("world_size"), expect_world);
+  }
   for (const auto& r : events(j, "recovery_done")) {
     EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
     EXPECT_EQ(r.at("rolled_back_steps"), 0) << r.dump();
@@ -83,8 +76,11 @@ void expect_finished_without_loss(cluster& cl, int64_t max_steps, int expect_wor
     if (e.at("event") != "step") continue;
     const int64_t s = e.at("step").get<int64_t>();
     const uint64_t g = e.value("generation", uint64_t{0});
-    if (g == gen) EXPECT_GT(s, prev) << e.dump();
-    else EXPECT_GE(s, prev) << "generation " << g << " went back to step " << s << " from " << prev;
+    if (g == gen) {
+      EXPECT_GT(s, prev) << e.dump();
+    } else {
+      EXPECT_GE(s, prev) << "generation " << g << " went back to step " << s << " from " << prev;
+    }
     prev = std::max(prev, s);
     gen = g;
   }
@@ -301,7 +297,9 @@ TEST(Chaos, FlappingNodeIsQuarantined) {
   ASSERT_TRUE(cl.wait_step(now + 50)) << cl.logs();
   auto j = cl.journal();
   for (const auto& s : events(j, "step"))
-    if (s.at("step").get<int64_t>() > now) EXPECT_EQ(s.at("world_size"), 1) << s.dump();
+    if (s.at("step").get<int64_t>() > now) {
+      EXPECT_EQ(s.at("world_size"), 1) << s.dump();
+    }
 }
 
 // With a fixed seed, losing a node and getting it back (the same world size

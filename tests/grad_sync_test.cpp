@@ -21,6 +21,12 @@
 namespace dtactor {
 namespace {
 
+grad_sync_options bucket_of(int64_t bytes) {
+  grad_sync_options o;
+  o.bucket_bytes = bytes;
+  return o;
+}
+
 using testing::tiny_vit_config;
 
 // Runs fn(rank, group) for `world` ranks as threads over one in-memory store;
@@ -120,7 +126,7 @@ TEST(GradSync, OneStepEqualsSingleProcessGradient) {
   const auto want = single_process_gradients(*states[world]);
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[rank];
-    grad_sync sync(params_of(s), pg, {4 * 1024});
+    grad_sync sync(params_of(s), pg, bucket_of(4 * 1024));
     s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
     auto t = sync.finish();
     if (!t) return t.message();
@@ -138,7 +144,7 @@ TEST(GradSync, TrainingStepsMatchSingleProcessAndRanksAgree) {
   std::vector<std::string> digests(world);
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[rank];
-    grad_sync sync(params_of(s), pg, {16 * 1024});
+    grad_sync sync(params_of(s), pg, bucket_of(16 * 1024));
     for (int i = 0; i < steps; ++i) {
       auto r = s.train_step_dp(rank, world, sync);
       if (!r) return r.message();
@@ -173,7 +179,7 @@ TEST(GradSync, MicroBatchAccumulationGivesTheSameGradient) {
   std::vector<int> launched_before_finish(world, -1);
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[rank];
-    grad_sync sync(params_of(s), pg, {2 * 1024});
+    grad_sync sync(params_of(s), pg, bucket_of(2 * 1024));
     for (int step = 0; step < 2; ++step) {  // twice: state resets between steps
       s.the_task().module()->zero_grad();
       s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
@@ -191,7 +197,7 @@ TEST(GradSync, MicroBatchAccumulationGivesTheSameGradient) {
 TEST(GradSync, WorldOfOneNeedsNoGroupAndMatchesTrainStep) {
   auto cfg = tiny_vit_config({"train.micro_batch_size=12"});
   auto states = make_states(cfg, 2);
-  grad_sync sync(params_of(*states[0]), {}, {});
+  grad_sync sync(params_of(*states[0]), {}, grad_sync_options{});
   EXPECT_EQ(sync.world(), 1);
   EXPECT_EQ(sync.bucket_count(), 0u);
   for (int i = 0; i < 4; ++i) {
@@ -215,10 +221,10 @@ TEST(GradSync, BucketCountFollowsBucketSizeAndAllreduceOverlapsBackward) {
     auto& s = *states[rank];
     auto params = params_of(s);
     {
-      grad_sync huge(params, pg, {int64_t{1} << 30});
+      grad_sync huge(params, pg, bucket_of(int64_t{1} << 30));
       huge_buckets[rank] = huge.bucket_count();
     }
-    grad_sync sync(params, pg, {1024});
+    grad_sync sync(params, pg, bucket_of(1024));
     small_buckets[rank] = sync.bucket_count();
     // Buckets hold whole parameters in reverse order; each but the last is
     // closed by the parameter that brought it to 1 KB or more.
