@@ -273,6 +273,14 @@ bool wait_journal(const std::string& path, child_process& proc, const std::funct
   return false;
 }
 
+// A journal predicate: a step at or after `step` was journaled.
+std::function<bool(const std::vector<nlohmann::json>&)> reached_step(int64_t step) {
+  return [step](const std::vector<nlohmann::json>& j) {
+    auto s = events(j, "step");
+    return !s.empty() && s.back().at("step").get<int64_t>() >= step;
+  };
+}
+
 std::string file_text(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
@@ -326,10 +334,7 @@ void stop_local_by_group_signal_then_resume(int sig) {
   for (const std::string s : {"checkpoint.every_steps=0", "train.log_every_steps=1"}) args.insert(args.end(), {"--set", s});
   auto c = child_process::spawn(args, true, d.path() + "/local.log");  // its own group, as a terminal's foreground job
   ASSERT_TRUE(c) << c.message();
-  ASSERT_TRUE(wait_journal(journal, *c, [](const std::vector<nlohmann::json>& j) {
-    auto s = events(j, "step");
-    return !s.empty() && s.back().at("step").get<int64_t>() >= 15;
-  })) << file_text(d.path() + "/local.log");
+  ASSERT_TRUE(wait_journal(journal, *c, reached_step(15))) << file_text(d.path() + "/local.log");
   ASSERT_EQ(::kill(-c->pid(), sig), 0);
   auto e = c->wait(90000);
   ASSERT_TRUE(e) << "no stop within 90 s\n" << file_text(d.path() + "/local.log");
@@ -389,10 +394,7 @@ TEST(Cluster, CtrlCToCoordinatorAndNodesTogetherStillStopsAfterAFinalCheckpoint)
     ASSERT_TRUE(n) << n.message();
     nodes.push_back(std::move(n.value()));
   }
-  ASSERT_TRUE(wait_journal(journal, *coord, [](const std::vector<nlohmann::json>& j) {
-    auto s = events(j, "step");
-    return !s.empty() && s.back().at("step").get<int64_t>() >= 15;
-  })) << file_text(d.path() + "/coordinator.log");
+  ASSERT_TRUE(wait_journal(journal, *coord, reached_step(15))) << file_text(d.path() + "/coordinator.log");
   ASSERT_EQ(::kill(-coord->pid(), SIGINT), 0);
   auto e = coord->wait(90000);
   ASSERT_TRUE(e) << file_text(d.path() + "/coordinator.log");

@@ -123,6 +123,21 @@ class node_agent_test : public ::testing::Test, public caf_fixture {
     send(ack(true, 0));
     wire.clear();
   }
+  // Registered, both ranks said hello, training in generation 1.
+  void running() {
+    registered();
+    send(hello(0, launcher->last_pid_of(0)));
+    send(hello(1, launcher->last_pid_of(1)));
+    send(plan_for("a", 1, 2));
+    ASSERT_EQ(st().phase, node_phase::running);
+  }
+  // The coordinator stopping the job: ranks stop after a final checkpoint.
+  static inbound job_stop(const std::string& reason) {
+    inbound in{links::coordinator, "", from_coordinator(1)};
+    in.env.mutable_shutdown()->set_reason(reason);
+    in.env.mutable_shutdown()->set_checkpoint(true);
+    return in;
+  }
   node_agent_state& st() { return state_of<node_agent_state>(agent); }
   size_t registers() const { return wire.count(pb::envelope::kRegisterNode); }
 
@@ -319,18 +334,11 @@ TEST_F(node_agent_test, leave_tells_the_coordinator_and_terminates_ranks) {
 // coordinator's stop follows. The ranks must stop with the job (after its
 // final checkpoint), not be killed at the leave timeout.
 TEST_F(node_agent_test, a_leave_followed_by_the_coordinators_stop_lets_the_ranks_stop_with_the_job) {
-  registered();
-  send(hello(0, launcher->last_pid_of(0)));
-  send(hello(1, launcher->last_pid_of(1)));
-  send(plan_for("a", 1, 2));
-  ASSERT_EQ(st().phase, node_phase::running);
+  running();
   caf::anon_send(agent, leave_atom::value, std::string("signal 2"));
   run();
   EXPECT_EQ(wire.count(pb::envelope::kLeave), 1u);
-  inbound stop{links::coordinator, "", from_coordinator(1)};
-  stop.env.mutable_shutdown()->set_reason("coordinator stopped by signal 2");
-  stop.env.mutable_shutdown()->set_checkpoint(true);
-  send(stop);
+  send(job_stop("coordinator stopped by signal 2"));
   EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r0"), 1u);  // relayed
   EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r1"), 1u);
   EXPECT_TRUE(st().job_stopping);
@@ -351,14 +359,8 @@ TEST_F(node_agent_test, a_leave_followed_by_the_coordinators_stop_lets_the_ranks
 // The coordinator's stop first, the node's own signal second: no leave is
 // announced (nothing to re-plan), the ranks stop with the job.
 TEST_F(node_agent_test, a_signal_during_the_jobs_stop_is_not_a_preemption) {
-  registered();
-  send(hello(0, launcher->last_pid_of(0)));
-  send(hello(1, launcher->last_pid_of(1)));
-  send(plan_for("a", 1, 2));
-  inbound stop{links::coordinator, "", from_coordinator(1)};
-  stop.env.mutable_shutdown()->set_reason("coordinator stopped by signal 15");
-  stop.env.mutable_shutdown()->set_checkpoint(true);
-  send(stop);
+  running();
+  send(job_stop("coordinator stopped by signal 15"));
   caf::anon_send(agent, leave_atom::value, std::string("signal 15"));
   run();
   EXPECT_EQ(wire.count(pb::envelope::kLeave), 0u);
