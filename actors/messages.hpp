@@ -48,8 +48,9 @@ using rank_exit_atom = caf::atom_constant<caf::atom("rankexit")>;
 // (restart_atom, int32_t local_rank, uint64_t epoch): node agent's own
 // backoff timer before restarting a rank.
 using restart_atom = caf::atom_constant<caf::atom("restart")>;
-// (leave_atom, std::string reason, bool): the leave timeout, self-sent by a
-// leaving node agent: no drain plan came in time, its ranks are stopped.
+// (leave_atom, std::string reason, bool stop_timer): a leaving node agent's
+// own timers: no drain plan came in time (false), or no final shutdown came
+// in time while the job stops (true); its ranks are stopped.
 // (leave_atom, std::string reason): node agent tells the coordinator it leaves
 // (preemption notice); its ranks finish their step under the drain plan.
 using leave_atom = caf::atom_constant<caf::atom("leave")>;

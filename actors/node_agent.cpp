@@ -435,15 +435,15 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
         // While training, ranks keep going until the coordinator's drain plan
         // (without this node) lets them stop at a step boundary.
         wind_down(self, node_phase::leaving, reason, !drain);
-        if (drain) self->delayed_send(self, st.opts.leave_timeout, leave_atom::value, std::string("no drain plan in time"), true);
+        if (drain) self->delayed_send(self, st.opts.leave_timeout, leave_atom::value, std::string("no drain plan in time"), false);
         quit_if_done(self);
       },
       // The leave timeout: no drain plan came; stop the ranks now.
-      [=](leave_atom, const std::string& why, bool) {
+      [=](leave_atom, const std::string& why, bool stop_timer) {
         auto& st = self->state;
         if (st.phase != node_phase::leaving) return;
-        // The leave timeout while the job stops: the stop's own timer decides.
-        if (st.job_stopping && why == "no drain plan in time") return;
+        // The drain timer while the job stops: the stop's own timer decides.
+        if (st.job_stopping && !stop_timer) return;
         log_line(self, "stopping ranks: " + why);
         for (auto& r : st.ranks) stop_rank(self, r);
         quit_if_done(self);

@@ -34,14 +34,25 @@ result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::
   return e;
 }
 
-result<std::string> local_address_towards(const std::string& host, int port) {
+std::string resolution_error(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
-  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0 || !res)
-    return make_error("the coordinator's host name '" + host + "' does not resolve (" + ::gai_strerror(rc) +
-                      "); check --coordinator (an IP address works too)");
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (res) ::freeaddrinfo(res);
+  if (rc == 0 && res) return {};
+  return "the coordinator's host name '" + host + "' does not resolve (" + (rc != 0 ? ::gai_strerror(rc) : "no address") +
+         "); check --coordinator (an IP address works too)";
+}
+
+result<std::string> local_address_towards(const std::string& host, int port) {
+  if (auto why = resolution_error(host, port); !why.empty()) return make_error(why);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return make_error(resolution_error(host, port));
   std::string out;
   int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
   if (fd >= 0) {

@@ -15,6 +15,10 @@ struct tcp_endpoint {
 // "tcp://HOST:PORT" -> {HOST, PORT}; errors say what is wrong with the text.
 result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::string& what);
 
+// Empty when `host` resolves to an IPv4 address, else one line saying it
+// does not (a node then fails at once instead of timing out).
+std::string resolution_error(const std::string& host, int port);
+
 // The local address this machine uses to reach `host` (no packet is sent):
 // a node's default --advertise-addr. Error: the name does not resolve, or
 // no route leads there.

@@ -151,10 +151,13 @@ int run_node(const cluster_cli& cli) {
   if (cli.nproc_per_node < 1 || cli.nproc_per_node > 1024) return fail("--nproc-per-node must be 1..1024", 2);
   // Also with --advertise-addr: a coordinator name that does not resolve
   // would otherwise end in a connect timeout.
-  auto towards = local_address_towards(coord->host, coord->port);
-  if (!towards && (cli.advertise_addr.empty() || towards.message().find("does not resolve") != std::string::npos))
-    return fail(towards.message(), 2);
-  const std::string advertise = cli.advertise_addr.empty() ? towards.value() : cli.advertise_addr;
+  if (auto why = resolution_error(coord->host, coord->port); !why.empty()) return fail(why, 2);
+  std::string advertise = cli.advertise_addr;
+  if (advertise.empty()) {
+    auto towards = local_address_towards(coord->host, coord->port);
+    if (!towards) return fail(towards.message(), 2);
+    advertise = towards.value();
+  }
   auto claim = claim_node_id(cli.node_id.empty() ? host_name() : cli.node_id, !cli.node_id.empty(), cli.coordinator);
   if (!claim) return fail(claim.message(), 2);
   if (!claim->note.empty()) std::fprintf(stderr, "node: %s\n", claim->note.c_str());
