@@ -15,6 +15,7 @@
 #include "app/cluster.hpp"
 #include "model/trainer.hpp"
 #include "monitoring/report.hpp"
+#include "runtime/blas_info.hpp"
 #include "runtime/config.hpp"
 
 namespace {
@@ -45,6 +46,7 @@ std::string config_reference() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtactor::quiet_blas_workers();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
                "Modes: train, eval, config, local, report, and --role coordinator|node."};
   app.require_subcommand(0, 1);

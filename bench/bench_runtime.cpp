@@ -4,6 +4,9 @@
 //   train   : `dtactor train`, 1 process, 1 compute thread
 //   local1  : `dtactor local --nodes 1` (coordinator + node + 1 rank, 1 thread)
 //   local2  : `dtactor local --nodes 2` (2 ranks, 1 thread each)
+//   train_default, local1_default, local2_default: the same with the
+//            default settings (no train.threads: what a user gets)
+// Every mode reports its spread over the repeats (min, max, max/min).
 // Prints JSON with the median samples/s of each, the ratios the project
 // targets (local2/train >= 1.8, local1/train >= 0.97) and the allreduce time
 // per step. Ratios are given twice: of the medians, and the median of the
@@ -26,7 +29,7 @@
 //
 //   build/bench/bench_runtime [--bin build/dtactor] [--config examples/vit_fashion_mnist.toml]
 //                             [--steps 600] [--repeats 3] [--work DIR] [--baseline-bin B]
-//                             [--modes train,local1,local2,base_local1,base_local2]
+//                             [--modes train,local1,local2,train_default,local1_default,local2_default,base_local1,base_local2]
 //                             [--pair train,local1]
 #include <sys/resource.h>
 
@@ -36,6 +39,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -220,7 +225,10 @@ int main(int argc, char** argv) {
   const int64_t batch = 128;
   const std::vector<std::string> sets = {"--set", "train.max_steps=" + std::to_string(steps), "--set", "train.global_batch_size=128",
                                          "--set", "eval.every_steps=0", "--set", "eval.max_samples=1000", "--set",
-                                         "checkpoint.every_steps=0", "--set", "train.log_every_steps=10", "--set", "train.threads=1"};
+                                         "checkpoint.every_steps=0", "--set", "train.log_every_steps=10"};
+  // The tuned modes fix one compute thread per process; *_default leave the
+  // thread count to dtactor, as a user who sets nothing gets it.
+  const std::vector<std::string> tuned = {"--set", "train.threads=1"};
   std::map<std::string, std::vector<run_figures>> all;
   std::vector<std::string> modes = {"train", "local1", "local2"};
   if (!baseline.empty()) modes.insert(modes.end(), {"base_local1", "base_local2"});
@@ -230,8 +238,12 @@ int main(int argc, char** argv) {
       size_t comma = modes_arg.find(',', at);
       if (comma == std::string::npos) comma = modes_arg.size();
       const std::string m = modes_arg.substr(at, comma - at);
-      if (m != "train" && m != "local1" && m != "local2" && !(m.rfind("base_", 0) == 0 && !baseline.empty() && (m == "base_local1" || m == "base_local2"))) {
-        std::fprintf(stderr, "bench_runtime: unknown mode '%s' (train, local1, local2; base_local1, base_local2 need --baseline-bin)\n", m.c_str());
+      static const std::set<std::string> known = {"train", "local1", "local2", "train_default", "local1_default", "local2_default"};
+      if (!known.count(m) && !(m.rfind("base_", 0) == 0 && !baseline.empty() && (m == "base_local1" || m == "base_local2"))) {
+        std::fprintf(stderr,
+                     "bench_runtime: unknown mode '%s' (train, local1, local2, train_default, local1_default, local2_default; base_local1, "
+                     "base_local2 need --baseline-bin)\n",
+                     m.c_str());
         return 2;
       }
       modes.push_back(m);
@@ -240,12 +252,15 @@ int main(int argc, char** argv) {
   }
   auto args_of = [&](const std::string& mode, const std::string& dir) {
     const std::string& exe = mode.rfind("base_", 0) == 0 ? baseline : bin;
+    const bool defaults = mode.size() > 8 && mode.compare(mode.size() - 8, 8, "_default") == 0;
+    const std::string kind = defaults ? mode.substr(0, mode.size() - 8) : mode;
     std::vector<std::string> args;
-    if (mode == "train")
+    if (kind == "train")
       args = {exe, "train", "--config", cfg, "--run-dir", dir, "--no-resume"};
     else
-      args = {exe, "local", "--nodes", mode.back() == '1' ? "1" : "2", "--config", cfg, "--run-dir", dir};
+      args = {exe, "local", "--nodes", kind.back() == '1' ? "1" : "2", "--config", cfg, "--run-dir", dir, "--no-resume"};
     args.insert(args.end(), sets.begin(), sets.end());
+    if (!defaults) args.insert(args.end(), tuned.begin(), tuned.end());
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     return args;
@@ -270,7 +285,13 @@ int main(int argc, char** argv) {
     std::vector<double> sps, ar, ex, pf;
     for (auto& f : figs) sps.push_back(f.samples_per_s), ar.push_back(f.allreduce_ms), ex.push_back(f.exposed_ms), pf.push_back(f.faults_per_step);
     med[mode] = median(sps);
-    out["modes"][mode] = {{"samples_per_s_median", med[mode]}, {"samples_per_s_runs", sps}, {"minor_page_faults_per_step_median", median(pf)}};
+    const double lo = *std::min_element(sps.begin(), sps.end()), hi = *std::max_element(sps.begin(), sps.end());
+    out["modes"][mode] = {{"samples_per_s_median", med[mode]},
+                          {"samples_per_s_runs", sps},
+                          {"samples_per_s_min", lo},
+                          {"samples_per_s_max", hi},
+                          {"spread_max_over_min", lo > 0 ? hi / lo : 0.0},
+                          {"minor_page_faults_per_step_median", median(pf)}};
     if (mode.find("local2") != std::string::npos) {
       out["modes"][mode]["allreduce_ms_per_step_median"] = median(ar);
       out["modes"][mode]["allreduce_exposed_ms_per_step_median"] = median(ex);
@@ -287,6 +308,9 @@ int main(int argc, char** argv) {
   };
   ratio("ratio_2_ranks_vs_1_process", "local2", "train");
   ratio("ratio_runtime_1_rank_vs_train", "local1", "train");
+  ratio("ratio_2_ranks_vs_1_process_default_settings", "local2_default", "train_default");
+  ratio("ratio_runtime_1_rank_vs_train_default_settings", "local1_default", "train_default");
+  ratio("ratio_train_default_vs_tuned", "train_default", "train");
   if (!baseline.empty()) {
     out["baseline_bin"] = baseline;
     ratio("ratio_local1_vs_baseline", "local1", "base_local1");

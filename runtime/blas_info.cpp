@@ -25,6 +25,22 @@ blas_info describe_blas() {
   return info;
 }
 
+std::string quiet_blas_workers() {
+  if (const char* user = std::getenv("OPENBLAS_THREAD_TIMEOUT"); user && *user) return user;
+  using void_fn = void (*)();
+  using int_fn = int (*)();
+  auto read_env = reinterpret_cast<void_fn>(::dlsym(RTLD_DEFAULT, "openblas_read_env"));
+  auto shutdown = reinterpret_cast<int_fn>(::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+  const std::string value = std::to_string(kBlasThreadTimeout);
+  ::setenv("OPENBLAS_THREAD_TIMEOUT", value.c_str(), 0);  // children read it when they load OpenBLAS
+  if (!read_env || !shutdown) return {};
+  read_env();
+  // Workers are started again (with the new timeout) by the next BLAS call,
+  // as after a fork.
+  shutdown();
+  return value;
+}
+
 bool set_blas_threads(int n) {
   using set_fn = void (*)(int);
   if (auto fn = reinterpret_cast<set_fn>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {

@@ -52,7 +52,7 @@ std::vector<config_key> make_schema() {
       {"train.grad_clip", vk::floating, "1.0", "Clip the global gradient norm to this value (0 = off).", 0.0},
       {"train.bf16", vk::boolean, "false", "Run forward passes under bf16 autocast (CPU autocast of LibTorch)."},
       {"train.activation_checkpointing", vk::boolean, "false", "Recompute each block's activations in backward instead of storing them."},
-      {"train.threads", vk::integer, "0", "Compute threads per process (0 = all cores); they go to OpenBLAS, LibTorch's own pool is kept at 1 to avoid oversubscription.", 0},
+      {"train.threads", vk::integer, "0", "Compute threads per process (0 = the machine's cores, split between the ranks a generation runs on it); they go to OpenBLAS, whose idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4 unless set), and LibTorch's own pool is kept at 1 to avoid oversubscription.", 0},
       {"train.log_every_steps", vk::integer, "50", "Write a `step` journal event and a log line every N steps.", 1},
       // eval
       {"eval.every_steps", vk::integer, "1000", "Evaluate on held-out data every N steps (0 = only at the end).", 0},
