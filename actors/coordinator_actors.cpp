@@ -22,25 +22,24 @@ void log_line(const log_fn& log, const std::string& line) {
 }
 
 using membership_self = caf::stateful_actor<membership_actor_state>*;
-using job_self = caf::stateful_actor<job_actor_state>*;
 
 uint64_t current_generation(const membership_actor_state& st) { return st.members.state().current ? st.members.state().current->generation : 0; }
 
 void send_to_node(membership_self self, const std::string& peer, pb::envelope env) { self->state.out(links::nodes, peer, std::move(env)); }
 
-void emit(membership_self self, cluster_event ev) {
-  if (self->state.opts.on_event) self->state.opts.on_event(ev);
+void emit(membership_self self, ev::event e) {
+  if (self->state.opts.events) self->state.opts.events(e);
 }
 
-void node_lost(membership_self self, const std::string& id, const std::string& cause, double detected_after_s) {
+void node_lost(membership_self self, const std::string& id, ev::loss_cause cause, double detected_after_s) {
   auto& st = self->state;
-  emit(self, cluster_event{"node_lost", id, cause, detected_after_s, 0, 0, false, {}});
+  emit(self, ev::node_lost{id, cause, detected_after_s});
   if (st.job) self->send(st.job, lost_atom::value, id, detected_after_s);
 }
 
 void quarantined(membership_self self, const std::string& id, const std::string& reason) {
   log_line(self->state.opts.log, reason);
-  emit(self, cluster_event{"node_quarantined", id, {}, 0, 0, 0, false, reason});
+  emit(self, ev::node_quarantined{id, reason});
 }
 
 void on_register(membership_self self, const inbound& in) {
@@ -60,7 +59,7 @@ void on_register(membership_self self, const inbound& in) {
   if (a.accepted) ack->set_config_toml(st.opts.config_toml);
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
-    node_lost(self, r.node_id(), "restarted", a.silent_s);
+    node_lost(self, r.node_id(), ev::loss_cause::restarted, a.silent_s);
     if (a.quarantined) quarantined(self, r.node_id(), st.members.state().flaps.at(r.node_id()).reason);
   }
   if (!a.accepted)
@@ -68,8 +67,9 @@ void on_register(membership_self self, const inbound& in) {
   else if (a.joined) {
     log_line(st.opts.log, "node '" + r.node_id() + "' joined as node rank " + std::to_string(a.node_rank) + " (nproc " + std::to_string(r.nproc()) +
                               (a.rejoined ? ", its previous rank)" : ")"));
-    emit(self, cluster_event{"node_joined", r.node_id(), {}, 0, 0, 0, false, {}});
+    emit(self, ev::node_joined{r.node_id(), in.peer, r.advertise_addr(), r.metrics_port()});
   }
+  if (a.accepted) st.peers[r.node_id()] = in.peer;
   send_to_node(self, in.peer, std::move(env));
 }
 
@@ -80,7 +80,7 @@ void on_heartbeat(membership_self self, const inbound& in) {
   if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
     auto* ack = env.mutable_heartbeat_ack();
     ack->set_seq(in.env.heartbeat().seq());
-    ack->set_echoed_sent_unix(in.env.heartbeat().sent_unix());
+    ack->set_echoed_sent_steady_s(in.env.heartbeat().sent_steady_s());
   } else {
     ++st.refused_heartbeats;
     auto* ack = env.mutable_register_ack();
@@ -99,7 +99,7 @@ void on_leave(membership_self self, const inbound& in) {
   if (!n || n->incarnation != in.env.incarnation()) return;
   st.members.remove(id, self->clock().now(), departure::left);
   log_line(st.opts.log, "node '" + id + "' left: " + in.env.leave().reason());
-  emit(self, cluster_event{"node_left", id, {}, 0, 0, 0, false, in.env.leave().reason()});
+  emit(self, ev::node_left{id, in.env.leave().reason()});
 }
 
 // Readiness and failures of a node's ranks. The node agent relays them as
@@ -142,7 +142,11 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   // A newer generation was planned while we waited for the start step.
   if (current_generation(st) != p.generation) return;
   auto env = make_envelope(st.opts.header, p.generation);
-  *env.mutable_generation_plan() = to_proto(p, st.opts, start_step);
+  *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.newest_checkpoint);
+  const auto& wp = env.generation_plan();
+  ev::generation_started started{p.generation, p.world_size, p.cause, p.drain, start_step, wp.state_root(), {}};
+  for (const auto& n : p.nodes) started.nodes.push_back(n.node_id);
+  emit(self, std::move(started));
   for (const auto& n : p.nodes) {
     const auto* member = st.members.find(n.node_id);
     send_to_node(self, member ? member->peer : n.peer, env);
@@ -185,7 +189,7 @@ void on_tick(membership_self self) {
     auto removed = st.members.remove(l.peer, now);
     log_line(st.opts.log, "node '" + l.peer + "' lost: silent for " + std::to_string(l.detected_after_s) + " s" +
                               (l.suspected ? " after a collective failure" : ""));
-    node_lost(self, l.peer, l.suspected ? "suspected_after_collective_failure" : "heartbeat_timeout", l.detected_after_s);
+    node_lost(self, l.peer, l.suspected ? ev::loss_cause::suspected_after_collective_failure : ev::loss_cause::heartbeat_timeout, l.detected_after_s);
     if (removed.quarantined) quarantined(self, l.peer, removed.reason);
     st.lost.push_back(std::move(l));
   }
@@ -194,22 +198,20 @@ void on_tick(membership_self self) {
   if (d.reason != st.last_reason) {
     log_line(st.opts.log, d.reason);
     st.last_reason = d.reason;
-    if (d.below_floor) emit(self, cluster_event{"job_waiting", {}, {}, 0, current_generation(st), 0, false, d.reason});
+    if (d.below_floor) emit(self, ev::job_waiting{current_generation(st), d.reason});
   }
   if (!d.next) return;
   const auto& p = st.members.commit(std::move(*d.next));
   if (p.adopted) {
     ++st.adopted;
-    emit(self, cluster_event{"generation_adopted", {}, p.cause, 0, p.generation, p.world_size, p.drain, {}});
-  } else {
-    emit(self, cluster_event{"generation_planned", {}, p.cause, 0, p.generation, p.world_size, p.drain, {}});
+    emit(self, ev::generation_adopted{p.generation, p.world_size});
   }
   announce(self, p);
 }
 
 }  // namespace
 
-pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step) {
+pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const std::string& newest_checkpoint) {
   pb::generation_plan out;
   out.set_generation(p.generation);
   out.set_world_size(p.world_size);
@@ -227,12 +229,9 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   }
   out.set_start_step(start_step);
   out.set_state_root(p.state_root);
-  if (p.state_root < 0 && opts.newest_checkpoint) {
-    auto [step, blob] = opts.newest_checkpoint();
-    if (step >= 0 && !blob.empty()) {
-      out.set_state_root(0);
-      out.set_checkpoint(std::move(blob));
-    }
+  if (p.state_root < 0 && !newest_checkpoint.empty()) {
+    out.set_state_root(0);
+    out.set_checkpoint(newest_checkpoint);
   }
   out.set_config_toml(opts.config_toml);
   out.set_drain(p.drain);
@@ -269,6 +268,9 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
   self->state.opts = std::move(opts);
   self->state.out = std::move(out);
   self->state.job = std::move(job);
+  self->state.newest_checkpoint_step = self->state.opts.initial_checkpoint_step;
+  self->state.newest_checkpoint = std::move(self->state.opts.initial_checkpoint);
+  self->state.opts.initial_checkpoint.clear();
   self->send(self, tick_atom::value);
   return {
       [=](inbound& in) {
@@ -307,90 +309,19 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
         if (!self->state.stopping) log_line(self->state.opts.log, "stopping: no further generations");
         self->state.stopping = true;
       },
-  };
-}
-
-// -- job actor ----------------------------------------------------------------
-
-namespace {
-
-void finish(job_self self, const std::string& reason) {
-  auto& st = self->state;
-  if (st.finished) return;
-  st.finished = true;
-  st.finish_reason = reason;
-  log_line(st.opts.log, std::string(st.stopping ? "job stopped" : "job finished") + " at step " + std::to_string(st.committed_step) + ": " + reason);
-  auto env = make_envelope(st.opts.header, st.generation);
-  env.mutable_shutdown()->set_reason(reason);
-  for (const auto& n : st.nodes) st.out(links::nodes, n.peer, env);
-  if (st.opts.on_finished) st.opts.on_finished(st.committed_step, reason);
-}
-
-void check_finished(job_self self) {
-  auto& st = self->state;
-  if (st.world_size <= 0) return;
-  // Reaching max_steps is not enough: rank 0 still evaluates and sends the
-  // final checkpoint after its last step report. The job ends once every
-  // rank has said FINISHED (sent after those), so nothing is cut off.
-  if (static_cast<int32_t>(st.finished_ranks.size()) < st.world_size) return;
-  if (st.committed_step >= st.opts.max_steps)
-    finish(self, "reached train.max_steps = " + std::to_string(st.opts.max_steps));
-  else if (st.stopping)
-    finish(self, "every rank of generation " + std::to_string(st.generation) + " stopped after the final checkpoint");
-  else
-    finish(self, "every rank of generation " + std::to_string(st.generation) + " reported finished");
-}
-
-void record_step(job_self self, int32_t global_rank, int64_t step) {
-  auto& st = self->state;
-  if (global_rank < 0 || global_rank >= st.world_size) return;
-  auto& s = st.rank_steps[global_rank];
-  s = std::max(s, step);
-  if (static_cast<int32_t>(st.rank_steps.size()) < st.world_size) return;
-  int64_t low = st.rank_steps.begin()->second;
-  for (const auto& [r, v] : st.rank_steps) low = std::min(low, v);
-  st.committed_step = std::max(st.committed_step, low);
-}
-
-}  // namespace
-
-caf::behavior job_actor(job_self self, job_options opts, outbound out) {
-  self->state.committed_step = opts.initial_step;
-  self->state.opts = std::move(opts);
-  self->state.out = std::move(out);
-  return {
-      [=](plan_atom, const plan& p) -> int64_t {
+      [=](ckpt_atom, int64_t step, std::string& blob) {
         auto& st = self->state;
-        if (p.generation > st.generation) {
-          st.generation = p.generation;
-          st.world_size = p.world_size;
-          st.nodes = p.nodes;
-          st.rank_steps.clear();
-          st.finished_ranks.clear();
-        }
-        return st.committed_step;
+        if (step < st.newest_checkpoint_step) return;
+        st.newest_checkpoint_step = step;
+        st.newest_checkpoint = std::move(blob);
       },
-      [=](inbound& in) {
+      [=](shutdown_atom, const std::string& reason, bool checkpoint) {
         auto& st = self->state;
-        if (in.env.generation() != st.generation || st.finished) {
-          ++st.stale_reports;
-          return;
-        }
-        if (in.env.has_step_report()) {
-          record_step(self, in.env.step_report().global_rank(), in.env.step_report().step());
-        } else if (in.env.has_rank_status()) {
-          const auto& s = in.env.rank_status();
-          if (s.status() == pb::rank_status::STATE_FINISHED) {
-            record_step(self, s.global_rank(), s.step());
-            st.finished_ranks.insert(s.global_rank());
-          }
-        }
-        check_finished(self);
-      },
-      [=](stop_atom) { self->state.stopping = true; },
-      [=](lost_atom, const std::string& node_id, double detected_after_s) {
-        ++self->state.nodes_lost;
-        log_line(self->state.opts.log, "job: node '" + node_id + "' lost after " + std::to_string(detected_after_s) + " s of silence");
+        auto env = make_envelope(st.opts.header, current_generation(st));
+        env.mutable_shutdown()->set_reason(reason);
+        env.mutable_shutdown()->set_checkpoint(checkpoint);
+        for (const auto& [id, peer] : st.peers) send_to_node(self, peer, env);
+        return true;
       },
   };
 }

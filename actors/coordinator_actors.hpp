@@ -1,7 +1,7 @@
 #pragma once
-// The coordinator's actors: membership/rendezvous (who is in, failure
-// detection, generation plans) and job (step and generation progress, end of
-// training). They read time only through CAF's actor clock (self->now(),
+// The coordinator's membership/rendezvous actor (who is in, failure
+// detection, generation plans); the job actor and the checkpoint writer are
+// in actors/job_actor.hpp. They read time only through CAF's actor clock (self->now(),
 // delayed_send), so CAF's test coordinator drives them deterministically, and
 // they send wire messages only through the injected `outbound`.
 #include <cstdint>
@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "actors/events.hpp"
+#include "actors/job_actor.hpp"
 #include "actors/liveness.hpp"
 #include "actors/membership.hpp"
 #include "actors/messages.hpp"
@@ -21,25 +23,6 @@
 
 namespace dtactor {
 
-// A membership event for the journal (fields unused by a kind stay empty).
-//   node_joined        node
-//   node_lost          node, cause (heartbeat_timeout, suspected_after_collective_failure, restarted), detected_after_s
-//   node_left          node, detail (the node's reason)
-//   node_quarantined   node, detail (why, for how long)
-//   generation_planned generation, world_size, cause, drain
-//   generation_adopted generation, world_size (a restarted coordinator took over the running generation)
-//   job_waiting        generation (the last one), detail (why: fewer nodes than cluster.floor_nodes)
-struct cluster_event {
-  std::string kind;
-  std::string node;
-  std::string cause;
-  double detected_after_s = 0;
-  uint64_t generation = 0;
-  int32_t world_size = 0;
-  bool drain = false;
-  std::string detail;
-};
-
 struct coordinator_options {
   membership_options membership;
   liveness_options liveness;  // the tick period is liveness.heartbeat_interval
@@ -47,15 +30,15 @@ struct coordinator_options {
   std::string store_host;     // c10d store the ranks of a generation meet at
   int32_t store_port = 0;
   std::string config_toml;  // the job's effective config, sent in register_ack and plans
-  // The newest checkpoint saved so far
-  // (step, serialized pb::checkpoint_data; step -1 = none). A plan with no
-  // surviving state holder carries it to global rank 0, which loads it
-  // unless it holds newer state (every node was lost, or a coordinator
+  // The checkpoint resumed from (serialized pb::checkpoint_data; step -1 =
+  // none); newer ones arrive as (ckpt_atom, step, blob). A plan with no
+  // surviving state holder carries the newest to global rank 0, which loads
+  // it unless it holds newer state (every node was lost, or a coordinator
   // restarted without adopting the running generation).
-  std::function<std::pair<int64_t, std::string>()> newest_checkpoint;
-  log_fn log;  // one line per event worth a journal entry (may be empty)
-  // Called on the actor's thread for each membership event (may be empty).
-  std::function<void(const cluster_event&)> on_event;
+  int64_t initial_checkpoint_step = -1;
+  std::string initial_checkpoint;
+  log_fn log;         // one line per event worth a journal entry (may be empty)
+  event_sink events;  // node_joined, node_lost, node_left, node_quarantined, job_waiting, generation_started, generation_adopted
 };
 
 template <class Config>
@@ -80,6 +63,9 @@ struct membership_actor_state {
   uint64_t dropped = 0;             // inbound envelopes this actor has no use for
   uint64_t adopted = 0;             // generations taken over from the nodes
   bool stopping = false;            // stop_atom received: no more plans
+  int64_t newest_checkpoint_step = -1;
+  std::string newest_checkpoint;             // what a plan without a state holder carries
+  std::map<std::string, std::string> peers;  // node id -> routing id of its newest registration
   static inline const char* name = "dtactor.membership";
 };
 
@@ -95,58 +81,18 @@ struct membership_actor_state {
 // decide(), and for a new plan asks `job` for the start step (plan_atom) and
 // sends generation_plan to every node in it and every node leaving it. An
 // adopted plan goes to `job` only. After (stop_atom) it plans nothing more.
+// (ckpt_atom, step, blob): the newest checkpoint. (shutdown_atom, reason,
+// checkpoint) -> bool: `shutdown` to every node that ever registered.
 caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, caf::actor job);
 
-// Builds the wire plan: shared with tests.
-pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step);
+// Builds the wire plan: shared with tests. A plan without a state holder
+// carries `newest_checkpoint` (when not empty) to global rank 0.
+pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const std::string& newest_checkpoint = {});
 
 // The plan a node reports in register_node.current_plan: generation, world
 // size, state root, drain, cause and rank slots; nodes in global rank order
 // with their planned local ranks (addresses, incarnations and node ranks are
 // not on the wire: adoption takes them from the registrations).
 plan from_proto(const pb::generation_plan& p);
-
-struct job_options {
-  int64_t max_steps = 1;     // train.max_steps
-  int64_t initial_step = 0;  // committed step at start (the disk checkpoint resumed from)
-  envelope_header header;
-  // Called once when the job is finished (committed step, one-line reason).
-  std::function<void(int64_t step, const std::string& reason)> on_finished;
-  log_fn log;
-};
-
-template <class Config>
-job_options job_options_from(const Config& cfg) {
-  job_options o;
-  o.max_steps = cfg.get_int("train.max_steps");
-  return o;
-}
-
-struct job_actor_state {
-  job_options opts;
-  outbound out;
-  uint64_t generation = 0;
-  int32_t world_size = 0;
-  std::vector<plan_node> nodes;
-  // Every rank of the generation has completed this many steps (the step the
-  // next generation resumes from).
-  int64_t committed_step = 0;
-  std::map<int32_t, int64_t> rank_steps;  // global rank -> completed steps, this generation
-  std::set<int32_t> finished_ranks;
-  bool finished = false;
-  bool stopping = false;  // stop_atom received: the end is a stop
-  std::string finish_reason;
-  uint64_t stale_reports = 0;  // reports from an older generation (fenced off)
-  uint64_t nodes_lost = 0;
-  static inline const char* name = "dtactor.job";
-};
-
-// (plan_atom, plan) -> int64_t committed step; inbound step_report and
-// rank_status of the current generation (others are counted and dropped);
-// (lost_atom, node_id, detected_after_s). When every rank has completed
-// max_steps (or reported STATE_FINISHED) it sends shutdown to every node of
-// the generation and calls on_finished. (stop_atom): the job is being
-// stopped; its end is logged as a stop.
-caf::behavior job_actor(caf::stateful_actor<job_actor_state>* self, job_options opts, outbound out);
 
 }  // namespace dtactor

@@ -54,11 +54,33 @@ using restart_atom = caf::atom_constant<caf::atom("restart")>;
 // (leave_atom, std::string reason): node agent tells the coordinator it leaves
 // (preemption notice); its ranks finish their step under the drain plan.
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
-// (stop_atom): the coordinator is stopping the job (a signal): the
-// membership actor plans no further generation (nodes leaving now are part
-// of the stop, not a reason to re-form the world) and the job actor reports
-// the end as a stop, not a finish.
+// (stop_atom, std::string reason) -> job actor: stop the job (a signal);
+// ranks stop after a final checkpoint and the end is a stop, not a finish.
+// (stop_atom) job actor -> membership actor: plan no further generation
+// (nodes leaving now are part of the stop, not a reason to re-form the world).
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+
+// (members_atom, caf::actor membership): wiring -> job actor, once both
+// exist: the job's end goes out to the nodes through the membership actor.
+using members_atom = caf::atom_constant<caf::atom("members")>;
+// (ckpt_atom, int64_t step, std::string blob): checkpoint writer ->
+// membership actor: the newest checkpoint saved (a serialized
+// pb::checkpoint_data), what a generation with no surviving state starts from.
+using ckpt_atom = caf::atom_constant<caf::atom("ckpt")>;
+// (flush_atom) -> bool: job actor -> checkpoint writer; answered once every
+// checkpoint sent before it was handled.
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
+// (shutdown_atom, std::string reason, bool checkpoint) -> bool: job actor ->
+// membership actor: send `shutdown` to every node that registered (with
+// checkpoint: ranks stop after a final checkpoint). Answered once queued.
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+// (wait_atom): anyone -> job actor; answered with (done_atom, int exit_code)
+// when the job has ended.
+using wait_atom = caf::atom_constant<caf::atom("wait")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+// (stop_due_atom): job actor's own timer: the ranks did not all stop within
+// job_options::stop_timeout after a stop was asked for.
+using stop_due_atom = caf::atom_constant<caf::atom("stopdue")>;
 
 // -- wire messages ------------------------------------------------------------
 

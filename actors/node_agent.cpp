@@ -350,7 +350,7 @@ void on_tick(agent_self self) {
   auto env = envelope(self);
   auto* hb = env.mutable_heartbeat();
   hb->set_seq(++st.heartbeat_seq);
-  hb->set_sent_unix(std::chrono::duration<double>(now.time_since_epoch()).count());
+  hb->set_sent_steady_s(std::chrono::duration<double>(now.time_since_epoch()).count());
   hb->set_step(st.last_step);
   to_coordinator(self, std::move(env));
 }

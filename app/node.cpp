@@ -229,7 +229,7 @@ int run_node(const cluster_cli& cli) {
     if (env.has_register_ack() && env.register_ack().accepted())
       if (auto* b = bridge_ptr.load()) b->set_job_id(env.register_ack().job_id());
     if (env.has_rank_hello()) usage->track(peer, env.rank_hello().local_rank(), env.rank_hello().pid());
-    if (env.has_heartbeat_ack()) observe_heartbeat_rtt(m, env.heartbeat_ack().echoed_sent_unix());
+    if (env.has_heartbeat_ack()) observe_heartbeat_rtt(m, env.heartbeat_ack().echoed_sent_steady_s());
     if (env.has_step_report()) add_usage(*env.mutable_step_report(), usage->sample(peer), node_id);
     if (env.has_generation_plan()) {
       m.generation().Set(static_cast<double>(env.generation_plan().generation()));

@@ -79,12 +79,6 @@ double lost_steps(const std::vector<json>& j) {
   return lost;
 }
 
-double rolled_back(const std::vector<json>& j) {
-  double n = 0;
-  for (const auto& r : journal_events(j, "recovery_done")) n += r.value("rolled_back_steps", 0.0);
-  return n;
-}
-
 bool wait_steps(cluster& cl, int64_t steps, int world) { return cl.wait_step(steps, world, 120); }
 
 }  // namespace
@@ -115,7 +109,7 @@ int main(int argc, char** argv) {
   if (kinds.count("kill9") || kinds.count("sigstop")) {
     for (const std::string kind : {"kill9", "sigstop"}) {
       if (!kinds.count(kind)) continue;
-      stats to_step, detect, lost, rb;
+      stats to_step, detect, lost;
       for (int t = 0; t < trials; ++t) {
         cluster cl(fresh_dir(base, kind + std::to_string(t)), job(100000));
         cl.start({"a", "b"});
@@ -130,18 +124,16 @@ int main(int argc, char** argv) {
         if (auto s = first_step_after(j, t0, 1)) to_step.v.push_back(s->at("t").get<double>() - t0);
         for (const auto& l : journal_events(j, "node_lost")) detect.v.push_back(l.at("t").get<double>() - t0);
         lost.v.push_back(lost_steps(j));
-        rb.v.push_back(rolled_back(j));
         std::fprintf(stderr, "%s trial %d: first step at world 1 after %.3f s\n", kind.c_str(), t, to_step.v.empty() ? -1 : to_step.v.back());
       }
       out[kind] = {{"first_step_at_new_world_s", to_step.to_json()},
                    {"detected_s", detect.to_json()},
-                   {"lost_steps", lost.to_json()},
-                   {"rolled_back_steps", rb.to_json()}};
+                   {"lost_steps", lost.to_json()}};
     }
   }
 
   if (kinds.count("sigterm")) {
-    stats pause, excess, step_time, rb, lost;
+    stats pause, excess, step_time, lost;
     for (int t = 0; t < trials; ++t) {
       cluster cl(fresh_dir(base, "sigterm" + std::to_string(t)), job(100000));
       cl.start({"a", "b"});
@@ -160,13 +152,11 @@ int main(int argc, char** argv) {
       pause.v.push_back(first->at("t").get<double>() - last2);
       excess.v.push_back(first->at("t").get<double>() - last2 - st);
       step_time.v.push_back(st);
-      rb.v.push_back(rolled_back(j));
       lost.v.push_back(lost_steps(j));
     }
     out["sigterm"] = {{"survivor_pause_s", pause.to_json()},
                       {"pause_beyond_one_step_s", excess.to_json()},
                       {"step_time_s", step_time.to_json()},
-                      {"rolled_back_steps", rb.to_json()},
                       {"lost_steps", lost.to_json()}};
   }
 
@@ -263,7 +253,6 @@ int main(int argc, char** argv) {
              {"by_kind", by_kind},
              {"recoveries", journal_events(j, "recovery_done").size()},
              {"lost_steps", lost_steps(j)},
-             {"rolled_back_steps", rolled_back(j)},
              {"finished", !fin.empty()},
              {"accuracy", fin.empty() ? json(nullptr) : fin[0].value("accuracy", json(nullptr))},
              {"wall_s", j.empty() ? 0.0 : j.back().at("t").get<double>() - j.front().at("t").get<double>()}};

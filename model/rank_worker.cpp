@@ -232,11 +232,13 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local, step, detail));
   };
   const abandon_fn abandon_now = [this, gen] { return abandon(gen); };
-  auto failed = [&](const std::string& why, int64_t step) {
+  auto failed = [&](const std::string& why, int64_t step, pb::rank_status::failure_kind kind = pb::rank_status::FAILURE_UNSPECIFIED) {
     if (quitting()) return outcome::quit;
     // Abandoned for a newer plan: not a failure of this generation.
     if (abandon(gen)) return outcome::next_plan;
-    status(pb::rank_status::STATE_FAILED, step, why);
+    auto s = status_of(pb::rank_status::STATE_FAILED, rank, local, step, why);
+    s.set_failure(kind);
+    if (cb_.on_status) cb_.on_status(gen, std::move(s));
     return outcome::failed;
   };
   if (rank < 0) {
@@ -398,7 +400,6 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
       auto ready = status_of(pb::rank_status::STATE_READY, rank, local, state.step(), transport);
       ready.set_state_source(source);
       ready.set_state_root(root);
-      ready.set_rolled_back_steps(0);
       ready.set_switch_s(now_s() - offered_at);
       if (cb_.on_status) cb_.on_status(gen, std::move(ready));
     }
@@ -458,7 +459,7 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
         if (pg) {
           auto agree = digests_agree(*pg, digest, timeout, abandon_now);
           if (!agree) return failed(agree.message(), step);
-          if (!agree.value()) return failed("parameters differ between ranks at step " + std::to_string(step), step);
+          if (!agree.value()) return failed("parameters differ between ranks at step " + std::to_string(step), step, pb::rank_status::FAILURE_PARAMETERS_DIFFER);
         }
       }
       acc.set_step_s(acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());

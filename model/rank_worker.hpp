@@ -22,7 +22,7 @@
 // No completed step is lost: a rank whose allreduce finished applied the
 // global-batch gradient, so its state is the true state after that step; the
 // agreement picks the highest step any survivor holds, and nothing applied is
-// ever undone (rolled_back_steps is 0 by construction).
+// ever undone.
 //
 // No LibTorch in this header: the rank's actor side includes it.
 #include <atomic>

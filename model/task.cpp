@@ -2,16 +2,6 @@
 
 namespace dtactor {
 
-bool higher_is_better(const std::string& metric) {
-  return metric.find("loss") == std::string::npos && metric != "perplexity";
-}
-
-std::string main_metric_for(const std::string& model_name) {
-  if (model_name == "vit") return "accuracy";
-  if (model_name == "transformer") return "exact_match";
-  return "val_loss";
-}
-
 result<std::unique_ptr<task>> make_task(const config& cfg) {
   const auto& name = cfg.get_string("model.name");
   if (cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)

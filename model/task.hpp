@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/config.hpp"
+#include "runtime/job_config.hpp"
 #include "runtime/result.hpp"
 
 namespace dtactor {
@@ -39,11 +40,6 @@ class task {
   virtual std::string main_metric() const = 0;
 };
 
-// Whether a larger value of this metric is better (accuracy: yes; losses: no).
-bool higher_is_better(const std::string& metric);
-
-// The metric that ranks checkpoints of a model by default (no task needed).
-std::string main_metric_for(const std::string& model_name);
 
 // Builds the task named by model.name, loading its data. Errors (missing data
 // file, impossible shape) come back as one clear line.

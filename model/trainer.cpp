@@ -74,22 +74,6 @@ void configure_threads(const config& cfg) {
   }
 }
 
-status validate_training_config(const config& cfg) {
-  const int64_t b = cfg.get_int("train.global_batch_size"), mb = cfg.get_int("train.micro_batch_size");
-  if (mb > b)
-    return make_error("train.micro_batch_size (" + std::to_string(mb) + ") cannot exceed train.global_batch_size (" + std::to_string(b) + ")");
-  if (cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
-    return make_error("model.heads (" + std::to_string(cfg.get_int("model.heads")) + ") must divide model.dim (" +
-                      std::to_string(cfg.get_int("model.dim")) + ")");
-  if (cfg.get_double("train.min_lr") > cfg.get_double("train.lr"))
-    return make_error("train.min_lr (" + to_string(cfg.values().at("train.min_lr")) + ") cannot exceed train.lr (" +
-                      to_string(cfg.values().at("train.lr")) + ")");
-  if (cfg.get_double("model.dropout") >= 1.0) return make_error("model.dropout must be below 1");
-  if (cfg.get_double("data.val_fraction") >= 1.0) return make_error("data.val_fraction must be below 1");
-  if (cfg.get_double("train.beta1") >= 1.0 || cfg.get_double("train.beta2") >= 1.0) return make_error("train.beta1 and train.beta2 must be below 1");
-  return {};
-}
-
 training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg_(cfg), task_(std::move(t)) {
   flat_adamw_options o;
   o.lr = cfg.get_double("train.lr");
@@ -287,33 +271,7 @@ status training_state::load_sections(const std::map<std::string, std::string>& s
 
 namespace {
 
-std::string checkpoint_dir_of(const config& cfg, const std::string& run_dir) {
-  const auto& d = cfg.get_string("checkpoint.dir");
-  return d.empty() ? run_dir + "/checkpoints" : d;
-}
-
-std::string best_metric_of(const config& cfg, task& t) {
-  const auto& m = cfg.get_string("checkpoint.best_metric");
-  return m.empty() ? t.main_metric() : m;
-}
-
-// A checkpoint may only be resumed by a job with the same model and data order.
 }  // namespace
-
-status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path) {
-  if (meta.model() != cfg.get_string("model.name"))
-    return make_error("checkpoint '" + path + "' was written by model '" + meta.model() + "', but model.name is '" + cfg.get_string("model.name") +
-                      "' (use another --run-dir or checkpoint.dir)");
-  if (meta.arch_digest() != cfg.digest({"model."}))
-    return make_error("checkpoint '" + path + "' was written with different model.* settings; use the same model settings or another --run-dir");
-  if (meta.global_batch_size() != cfg.get_int("train.global_batch_size"))
-    return make_error("checkpoint '" + path + "' was written with train.global_batch_size " + std::to_string(meta.global_batch_size()) + ", not " +
-                      std::to_string(cfg.get_int("train.global_batch_size")) + "; resuming needs the same global batch (the data order depends on it)");
-  if (static_cast<int64_t>(meta.seed()) != cfg.get_int("train.seed"))
-    return make_error("checkpoint '" + path + "' was written with train.seed " + std::to_string(meta.seed()) + ", not " +
-                      std::to_string(cfg.get_int("train.seed")));
-  return {};
-}
 
 result<train_summary> run_training(const config& cfg, const train_options& opts) {
   const auto start = clock_type::now();
@@ -327,13 +285,8 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   if (!created) return created.err();
   training_state& state = *created.value();
   task& tk = state.the_task();
-  const std::string best_metric = best_metric_of(cfg, tk);
-
-  checkpoint_policy policy;
-  policy.keep_last = static_cast<int>(cfg.get_int("checkpoint.keep_last"));
-  policy.keep_best = cfg.get_bool("checkpoint.keep_best");
-  policy.best_metric = best_metric;
-  policy.higher_is_better = higher_is_better(best_metric);
+  const checkpoint_policy policy = checkpoint_policy_of(cfg);
+  const std::string& best_metric = policy.best_metric;
   auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy);
   if (!store) return store.err();
 

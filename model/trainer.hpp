@@ -22,6 +22,7 @@
 #include "model/schedule.hpp"
 #include "model/task.hpp"
 #include "runtime/config.hpp"
+#include "runtime/job_config.hpp"
 #include "runtime/result.hpp"
 
 namespace dtactor {
@@ -119,12 +120,6 @@ class training_state {
   bool bf16_ = false;
 };
 
-// A checkpoint may only be resumed by a job with the same model, model.*
-// settings, global batch and seed (the data order depends on them).
-status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path);
-
-// Checks what can be checked before loading data: batch sizes, heads, paths.
-status validate_training_config(const config& cfg);
 
 // `dtactor train`: trains to train.max_steps (or until stopped), resuming from
 // the newest valid checkpoint, writing RUN_DIR/journal.jsonl, RUN_DIR/train.log,

@@ -216,7 +216,7 @@ metrics::metrics(const std::string& job)
 
   samples_ = counter(r, c, "dtactor_samples_total", "Training samples processed in committed steps.");
   lost_steps_ = counter(r, c, "dtactor_lost_steps_total",
-                        "Steps computed but rolled back by a recovery (work lost).");
+                        "Completed steps a recovery did not resume from (work lost).");
   recoveries_family_ = &prometheus::BuildCounter()
                             .Name("dtactor_recoveries_total")
                             .Help("Membership changes that rebuilt the communicators, by cause.")

@@ -82,7 +82,7 @@ class metrics {
   // dtactor_recoveries_total{cause}: cause is one of a small fixed set
   // ("node_lost", "rank_failed", "node_left", "node_joined", "restore", ...).
   prometheus::Counter& recoveries(const std::string& cause);
-  prometheus::Counter& lost_steps() { return *lost_steps_; }  // steps rolled back
+  prometheus::Counter& lost_steps() { return *lost_steps_; }  // completed steps a recovery did not resume from
   // dtactor_wire_dropped_frames_total{kind}: kind is wire::to_string(drop_kind).
   prometheus::Counter& wire_dropped_frames(const std::string& kind);
 

@@ -241,7 +241,7 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
       for (auto& [node, idx] : open_losses) {
         auto& r = d.recoveries[idx];
         r.duration_s = num(j, "duration_s", -1);
-        r.rolled_back_steps = integer(j, "rolled_back_steps", -1);
+        r.lost_steps = integer(j, "lost_steps", -1);
         r.resumed_step = integer(j, "resumed_step", -1);
         r.generation = static_cast<uint64_t>(integer(j, "generation"));
         r.world_size = static_cast<int>(integer(j, "world_size"));
@@ -254,7 +254,7 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
         r.cause = str(j, "cause", "recovery");
         r.node = str(j, "node", "");
         r.duration_s = num(j, "duration_s", -1);
-        r.rolled_back_steps = integer(j, "rolled_back_steps", -1);
+        r.lost_steps = integer(j, "lost_steps", -1);
         r.resumed_step = integer(j, "resumed_step", -1);
         r.generation = static_cast<uint64_t>(integer(j, "generation"));
         r.world_size = static_cast<int>(integer(j, "world_size"));
@@ -503,13 +503,13 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
   if (d.recoveries.empty()) {
     o << "None: no node was lost or left during the run.\n\n";
   } else {
-    o << "| when | cause | node | detected after | recovery took | steps rolled back | resumed at step | new world size |\n"
+    o << "| when | cause | node | detected after | recovery took | steps lost | resumed at step | new world size |\n"
          "|---|---|---|---|---|---|---|---|\n";
     for (const auto& r : d.recoveries) {
       o << "| " << utc(r.t) << " (+" << duration(r.t - d.first_t) << ") | " << cell(r.cause) << " | " << cell(r.node) << " | "
         << (r.detected_after_s >= 0 ? duration(r.detected_after_s) : "-") << " | "
         << (r.duration_s >= 0 ? duration(r.duration_s) : "not finished") << " | "
-        << (r.rolled_back_steps >= 0 ? std::to_string(r.rolled_back_steps) : "-") << " | "
+        << (r.lost_steps >= 0 ? std::to_string(r.lost_steps) : "-") << " | "
         << (r.resumed_step >= 0 ? std::to_string(r.resumed_step) : "-") << " | " << (r.world_size > 0 ? std::to_string(r.world_size) : "-")
         << " |\n";
     }

@@ -44,7 +44,7 @@ struct run_digest {
     std::string node;
     double detected_after_s = -1;  // from last sign of life; -1 unknown
     double duration_s = -1;        // to training running again; -1 unknown / not finished
-    int64_t rolled_back_steps = -1;
+    int64_t lost_steps = -1;  // completed steps the recovery did not resume from
     int64_t resumed_step = -1;
     uint64_t generation = 0;
     int world_size = 0;

@@ -90,7 +90,8 @@ zmq_bridge::~zmq_bridge() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-void zmq_bridge::stop() {
+void zmq_bridge::stop(std::chrono::milliseconds flush) {
+  if (!stop_requested_.load()) flush_ms_.store(static_cast<int>(std::max<int64_t>(0, flush.count())));
   stop_requested_.store(true);
   wake();
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
@@ -415,15 +416,25 @@ void zmq_bridge::run() {
   }
 
   std::deque<std::unique_ptr<command>> leftover;
+  std::deque<outbound> last;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopped_ = true;
     leftover.swap(commands_);
-    queue_.clear();
+    last.swap(queue_);
     link_names_.clear();
   }
   for (auto& c : leftover) c->run(true);
-  links_.clear();  // closes every socket; linger 0
+  const int flush_ms = flush_ms_.load();
+  if (flush_ms > 0) {
+    // What was sent before stop() goes out, within the deadline: the last
+    // batch is handed to ZeroMQ, and closing waits (linger) until it is on
+    // the wire or the deadline passed.
+    do_sends(last);
+    for (auto& l : links_) l->socket.set(zmq::sockopt::linger, flush_ms);
+  }
+  links_.clear();  // closes every socket (linger 0 unless flushing)
+  context_->close();  // returns once lingering messages are sent or timed out
 }
 
 // ---- helpers ----

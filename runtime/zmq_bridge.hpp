@@ -10,6 +10,7 @@
 // reports a dead peer; heartbeats above this layer decide who is alive.
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -120,9 +121,13 @@ class zmq_bridge {
 
   zmq_bridge_stats stats() const;  // thread-safe
 
-  // Stops the thread and closes every socket at once (linger 0: unsent
-  // messages are discarded). Idempotent; returns within milliseconds.
-  void stop();
+  // Stops the thread and closes every socket. With `flush` 0, at once
+  // (linger 0: unsent messages are discarded; returns within milliseconds).
+  // With a flush deadline, everything send() accepted before the call is
+  // handed to ZeroMQ and the call returns once it is on the wire or the
+  // deadline passed (peers that are gone do not hold it up longer).
+  // Idempotent; only the first call's deadline counts.
+  void stop(std::chrono::milliseconds flush = std::chrono::milliseconds(0));
 
  private:
   struct outbound;
@@ -155,6 +160,7 @@ class zmq_bridge {
   bool stopped_ = false;
 
   std::atomic<bool> stop_requested_{false};
+  std::atomic<int> flush_ms_{0};
   std::atomic<bool> wake_pending_{false};
   int wake_fd_ = -1;  // eventfd: written by any thread, read by the bridge thread
 

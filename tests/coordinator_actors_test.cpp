@@ -1,8 +1,13 @@
 // The coordinator's membership and job actors under CAF's deterministic test
 // coordinator: no sleeps, the clock moves only in advance().
 #include "actors/coordinator_actors.hpp"
+#include "actors/job_actor.hpp"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <variant>
 
 #include "actor_test_util.hpp"
 
@@ -89,13 +94,23 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
     job_options jo;
     jo.max_steps = max_steps;
     jo.header = o.header;
-    jo.on_finished = [this](int64_t step, const std::string& reason) {
-      finished_step = step;
-      finished_reason = reason;
-    };
-    if (!o.on_event) o.on_event = [this](const cluster_event& ev) { events.push_back(ev); };
-    job = spawn(job_actor, jo, wire.sink());
+    jo.events = [this](const ev::event& e) { events.push_back(e); };
+    jo.stop_timeout = 30s;
+    if (!o.events) o.events = jo.events;
+    if (with_writer) {
+      checkpoint_writer_options wo;
+      wo.events = jo.events;
+      wo.save = [this](uint64_t generation, const pb::checkpoint_data& d) -> result<saved_checkpoint> {
+        if (fail_saves) return make_error("disk full");
+        saved.emplace_back(generation, d.step());
+        return saved_checkpoint{"ckpt-" + std::to_string(d.step()), 100, 0.5};
+      };
+      writer = spawn(checkpoint_writer, wo);
+    }
+    job = spawn(job_actor, jo, writer);
     members = spawn(membership_actor, o, wire.sink(), job);
+    caf::anon_send(job, members_atom::value, members);
+    if (writer) caf::anon_send(writer, members_atom::value, members);
     run();
   }
 
@@ -111,10 +126,11 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
   }
 
   // Events of this kind, in order.
-  std::vector<cluster_event> of(const std::string& kind) const {
-    std::vector<cluster_event> out;
+  template <class T>
+  std::vector<T> of() const {
+    std::vector<T> out;
     for (const auto& e : events)
-      if (e.kind == kind) out.push_back(e);
+      if (const auto* x = std::get_if<T>(&e)) out.push_back(*x);
     return out;
   }
 
@@ -139,10 +155,12 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
   wire_log wire;
   caf::actor job;
   caf::actor members;
-  int64_t finished_step = -1;
-  std::string finished_reason;
-  std::vector<cluster_event> events;
+  std::vector<ev::event> events;
   uint64_t seq = 0;
+  bool with_writer = false;
+  bool fail_saves = false;
+  caf::actor writer;
+  std::vector<std::pair<uint64_t, int64_t>> saved;  // (generation, step) the fake store saved
 };
 
 TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_plan) {
@@ -288,8 +306,6 @@ TEST_F(coordinator_actors, below_min_nodes_no_plan_and_the_reason_says_why) {
 TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
   auto o = coord_opts(2);
   o.membership.floor_nodes = 2;  // this job never trains on one node
-  std::vector<cluster_event> events;
-  o.on_event = [&events](const cluster_event& e) { events.push_back(e); };
   start(o, 5);
   send(joined("a", 1));
   send(joined("b", 1));
@@ -311,8 +327,7 @@ TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
   ASSERT_EQ(plans.size(), 1u);  // generation 1 only: with floor_nodes = 2, a alone waits
   EXPECT_NE(ms().last_reason.find("below the floor of 2 (cluster.floor_nodes)"), std::string::npos) << ms().last_reason;
   // Journaled once (not per tick) that the job waits below its floor.
-  auto waiting = std::count_if(events.begin(), events.end(), [](const cluster_event& e) { return e.kind == "job_waiting"; });
-  EXPECT_EQ(waiting, 1) << ms().last_reason;
+  EXPECT_EQ(of<ev::job_waiting>().size(), 1u) << ms().last_reason;
 }
 
 // min_nodes is the start gate only: a job that waited for two nodes goes on
@@ -353,19 +368,25 @@ TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) 
   EXPECT_EQ(plans[1].env.generation_plan().generation(), 2u);
   EXPECT_EQ(plans[1].env.generation_plan().start_step(), 3);
   send(step_from("a", 0, 5, 2));
-  EXPECT_FALSE(js().finished);  // rank 0 still evaluates and checkpoints
+  EXPECT_FALSE(js().ending);  // rank 0 still evaluates and checkpoints
   inbound done{links::nodes, "peer-a", node_envelope("a", 1, 2)};
   done.env.mutable_rank_status()->set_status(pb::rank_status::STATE_FINISHED);
   done.env.mutable_rank_status()->set_global_rank(0);
   done.env.mutable_rank_status()->set_step(5);
   send(done);
-  EXPECT_TRUE(js().finished);
-  EXPECT_EQ(finished_step, 5);
-  EXPECT_EQ(finished_reason, "reached train.max_steps = 5");
+  EXPECT_TRUE(js().ended);
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::finished);
+  EXPECT_EQ(end[0].step, 5);
+  EXPECT_EQ(end[0].exit_code, 0);
+  // Every node that registered is told, b too (it may be alive but cut off).
   auto bye = wire.with(pb::envelope::kShutdown);
-  ASSERT_EQ(bye.size(), 1u);
+  ASSERT_EQ(bye.size(), 2u);
   EXPECT_EQ(bye[0].peer, "peer-a");
-  EXPECT_EQ(bye[0].env.shutdown().reason(), "reached train.max_steps = 5");
+  EXPECT_EQ(bye[1].peer, "peer-b");
+  EXPECT_EQ(bye[0].env.shutdown().reason(), "job finished");
+  EXPECT_FALSE(bye[0].env.shutdown().checkpoint());
 }
 
 TEST_F(coordinator_actors, job_finishes_when_every_rank_reports_finished) {
@@ -379,9 +400,12 @@ TEST_F(coordinator_actors, job_finishes_when_every_rank_reports_finished) {
     in.env.mutable_rank_status()->set_step(40);
     send(in);
   }
-  EXPECT_TRUE(js().finished);
-  EXPECT_EQ(finished_step, 40);
-  EXPECT_EQ(finished_reason, "every rank of generation 1 reported finished");
+  EXPECT_TRUE(js().ended);
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::stopped);  // below train.max_steps
+  EXPECT_EQ(end[0].step, 40);
+  EXPECT_EQ(end[0].world_size, 2);
 }
 
 TEST_F(coordinator_actors, without_a_job_actor_plans_start_at_step_0) {
@@ -430,7 +454,7 @@ TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_abo
   // Statuses still reach the job actor (fenced there by generation: the
   // relayed one carried generation 0 while the job was in 1).
   EXPECT_EQ(js().stale_reports, 1u);
-  auto planned = of("generation_planned");
+  auto planned = of<ev::generation_started>();
   ASSERT_EQ(planned.size(), 3u);
   EXPECT_EQ(planned[2].cause, "rank_exited");
   EXPECT_EQ(planned[1].world_size, 2);
@@ -449,8 +473,8 @@ TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u);  // from b's arrival
   keep_alive({"a", "b"}, 200ms);
   EXPECT_EQ(last_plan("peer-a").world_size(), 2);
-  EXPECT_EQ(of("node_joined").size(), 2u);
-  EXPECT_EQ(of("node_joined")[1].node, "b");
+  EXPECT_EQ(of<ev::node_joined>().size(), 2u);
+  EXPECT_EQ(of<ev::node_joined>()[1].node, "b");
 
   send(register_from("c", 1));  // joins a running job
   auto ack = wire.with(pb::envelope::kRegisterAck, "peer-c");
@@ -481,11 +505,11 @@ TEST_F(coordinator_actors, a_leaving_node_gets_the_drain_plan_that_excludes_it) 
   const auto& p = to_b[0].env.generation_plan();
   expect_plan(p, 2u, 1, "node_left", true);
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 1u);
-  auto left = of("node_left");
+  auto left = of<ev::node_left>();
   ASSERT_EQ(left.size(), 1u);
   EXPECT_EQ(left[0].node, "b");
-  EXPECT_EQ(left[0].detail, "SIGTERM");
-  EXPECT_TRUE(of("node_lost").empty());
+  EXPECT_EQ(left[0].reason, "SIGTERM");
+  EXPECT_TRUE(of<ev::node_lost>().empty());
   EXPECT_EQ(js().world_size, 1);
 }
 
@@ -505,10 +529,10 @@ TEST_F(coordinator_actors, after_a_failed_collective_a_silent_node_is_lost_at_th
   EXPECT_GE(ms().lost[0].detected_after_s, 0.3);
   EXPECT_LT(ms().lost[0].detected_after_s, 0.41);
   EXPECT_LT(std::chrono::duration<double>(now() - silent_from).count(), 1.0);  // well before the heartbeat timeout
-  auto lost = of("node_lost");
+  auto lost = of<ev::node_lost>();
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].node, "b");
-  EXPECT_EQ(lost[0].cause, "suspected_after_collective_failure");
+  EXPECT_EQ(lost[0].cause, ev::loss_cause::suspected_after_collective_failure);
   EXPECT_DOUBLE_EQ(lost[0].detected_after_s, ms().lost[0].detected_after_s);
   expect_plan(last_plan("peer-a"), 2u, 1, "node_lost", false);
 }
@@ -536,19 +560,19 @@ TEST_F(coordinator_actors, a_flapping_node_is_quarantined_then_admitted_again) {
   send(joined("b", 1, 1));
   advance(400ms);             // b's first process fell silent (no heartbeats)...
   send(joined("b", 1, 2));  // ...and it restarted
-  auto lost = of("node_lost");
+  auto lost = of<ev::node_lost>();
   ASSERT_EQ(lost.size(), 1u);
-  EXPECT_EQ(lost[0].cause, "restarted");
+  EXPECT_EQ(lost[0].cause, ev::loss_cause::restarted);
   EXPECT_EQ(js().nodes_lost, 1u);
   advance(400ms);
   send(joined("b", 1, 3));  // and again
   auto refused = wire.with(pb::envelope::kRegisterAck, "peer-b").back().env.register_ack();
   EXPECT_FALSE(refused.accepted());
   EXPECT_EQ(refused.reason(), "node 'b' is quarantined for 10 s after 2 failures in 60 s (flapping); 10 s left");
-  auto q = of("node_quarantined");
+  auto q = of<ev::node_quarantined>();
   ASSERT_EQ(q.size(), 1u);
   EXPECT_EQ(q[0].node, "b");
-  EXPECT_EQ(q[0].detail, "node 'b' is quarantined for 10 s after 2 failures in 60 s (flapping)");
+  EXPECT_EQ(q[0].reason, "node 'b' is quarantined for 10 s after 2 failures in 60 s (flapping)");
   keep_alive({"a"}, 5000ms);
   EXPECT_EQ(last_plan("peer-a").world_size(), 1);
   send(joined("b", 1, 4));
@@ -556,7 +580,7 @@ TEST_F(coordinator_actors, a_flapping_node_is_quarantined_then_admitted_again) {
   keep_alive({"a"}, 5000ms);
   send(joined("b", 1, 5));
   EXPECT_TRUE(wire.with(pb::envelope::kRegisterAck, "peer-b").back().env.register_ack().accepted());
-  EXPECT_EQ(of("node_quarantined").size(), 1u);
+  EXPECT_EQ(of<ev::node_quarantined>().size(), 1u);
 }
 
 TEST_F(coordinator_actors, a_new_coordinator_adopts_the_running_generation_without_a_plan) {
@@ -571,11 +595,11 @@ TEST_F(coordinator_actors, a_new_coordinator_adopts_the_running_generation_witho
   EXPECT_EQ(ms().members.find("a")->node_rank, 0);
   EXPECT_EQ(js().generation, 5u);
   EXPECT_EQ(js().world_size, 3);
-  auto adopted = of("generation_adopted");
+  auto adopted = of<ev::generation_adopted>();
   ASSERT_EQ(adopted.size(), 1u);
   EXPECT_EQ(adopted[0].generation, 5u);
   EXPECT_EQ(adopted[0].world_size, 3);
-  EXPECT_TRUE(of("generation_planned").empty());
+  EXPECT_TRUE(of<ev::generation_started>().empty());
   // The job goes on: its reports are of the current generation.
   send(step_from("a", 0, 40, 5));
   send(step_from("a", 1, 40, 5));
@@ -605,12 +629,12 @@ TEST_F(coordinator_actors, events_name_lost_nodes_and_planned_generations) {
   send(joined("b", 1));
   keep_alive({"a", "b"}, 100ms);
   keep_alive({"a"}, 1200ms);
-  auto lost = of("node_lost");
+  auto lost = of<ev::node_lost>();
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].node, "b");
-  EXPECT_EQ(lost[0].cause, "heartbeat_timeout");
+  EXPECT_EQ(lost[0].cause, ev::loss_cause::heartbeat_timeout);
   EXPECT_GE(lost[0].detected_after_s, 1.0);
-  auto planned = of("generation_planned");
+  auto planned = of<ev::generation_started>();
   ASSERT_EQ(planned.size(), 2u);
   EXPECT_EQ(planned[0].generation, 1u);
   EXPECT_EQ(planned[0].cause, "start");
@@ -621,10 +645,15 @@ TEST_F(coordinator_actors, events_name_lost_nodes_and_planned_generations) {
   EXPECT_EQ(planned[1].world_size, 1);
   // In order: the loss before the plan it causes.
   auto at = [&](const std::string& kind, uint64_t gen) {
-    return std::find_if(events.begin(), events.end(), [&](const cluster_event& e) { return e.kind == kind && (gen == 0 || e.generation == gen); }) -
+    return std::find_if(events.begin(), events.end(),
+                        [&](const ev::event& e) {
+                          if (kind == "node_lost") return std::holds_alternative<ev::node_lost>(e);
+                          const auto* g = std::get_if<ev::generation_started>(&e);
+                          return g && (gen == 0 || g->generation == gen);
+                        }) -
            events.begin();
   };
-  EXPECT_LT(at("node_lost", 0), at("generation_planned", 2));
+  EXPECT_LT(at("node_lost", 0), at("generation_started", 2));
 }
 
 TEST_F(coordinator_actors, the_committed_step_survives_generation_changes) {
@@ -677,4 +706,253 @@ TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registra
   EXPECT_EQ(back.ranks[0].node_id, "b");
   EXPECT_EQ(back.ranks[0].local_rank, 1);
   EXPECT_EQ(back.ranks[2].global_rank, 2);
+}
+
+// -- the job actor's end, stop, failure, recovery and checkpoints -------------
+
+namespace {
+
+inbound finished_from(const std::string& node_id, int32_t global_rank, int64_t step, uint64_t generation, const std::string& digest) {
+  inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, 1, generation)};
+  auto* s = in.env.mutable_rank_status();
+  s->set_status(pb::rank_status::STATE_FINISHED);
+  s->set_global_rank(global_rank);
+  s->set_step(step);
+  s->set_detail(digest);
+  return in;
+}
+
+inbound checkpoint_from(const std::string& node_id, int64_t step, uint64_t generation) {
+  inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, 1, generation)};
+  auto* d = in.env.mutable_checkpoint_data();
+  d->set_step(step);
+  auto* sec = d->add_sections();
+  sec->set_name("model");
+  sec->set_data("weights@" + std::to_string(step));
+  return in;
+}
+
+// Waits for the job's end as the coordinator's main thread does.
+struct waiter_state {
+  std::shared_ptr<int> code;
+  static inline const char* name = "test.waiter";
+};
+caf::behavior waiter(caf::stateful_actor<waiter_state>* self, caf::actor job, std::shared_ptr<int> code) {
+  self->state.code = code;
+  self->send(job, wait_atom::value);
+  return {[=](done_atom, int c) { *self->state.code = c; }};
+}
+
+template <class T>
+std::ptrdiff_t index_of(const std::vector<ev::event>& events) {
+  auto it = std::find_if(events.begin(), events.end(), [](const ev::event& e) { return std::holds_alternative<T>(e); });
+  return it == events.end() ? -1 : it - events.begin();
+}
+
+}  // namespace
+
+TEST_F(coordinator_actors, ranks_with_different_parameters_end_the_job_with_exit_code_1) {
+  start(coord_opts(1), 5);
+  auto code = std::make_shared<int>(-1);
+  spawn(waiter, job, code);
+  send(joined("a", 2));
+  advance(100ms);
+  send(finished_from("a", 0, 5, 1, "d1"));
+  EXPECT_EQ(*code, -1);
+  send(finished_from("a", 1, 5, 1, "d2"));
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_TRUE(end[0].digests_differ);
+  EXPECT_EQ(end[0].exit_code, 1);
+  EXPECT_EQ(*code, 1);
+}
+
+TEST_F(coordinator_actors, a_rank_reporting_diverged_parameters_fails_the_job_and_other_failures_do_not) {
+  start(coord_opts(1), 50);
+  auto code = std::make_shared<int>(-1);
+  spawn(waiter, job, code);
+  send(joined("a", 2));
+  advance(100ms);
+  // An ordinary failure: recorded, the membership actor re-plans; the job goes on.
+  auto failed = status_from("a", 0, pb::rank_status::STATE_FAILED, 1);
+  failed.env.mutable_rank_status()->set_detail("parameters differ is not a signal by itself");
+  send(failed);
+  EXPECT_TRUE(of<ev::job_ended>().empty());
+  ASSERT_EQ(of<ev::rank_down>().size(), 1u);
+  EXPECT_TRUE(of<ev::rank_down>()[0].failed);
+  auto diverged = status_from("a", 1, pb::rank_status::STATE_FAILED, 1);
+  diverged.env.mutable_rank_status()->set_global_rank(1);
+  diverged.env.mutable_rank_status()->set_failure(pb::rank_status::FAILURE_PARAMETERS_DIFFER);
+  diverged.env.mutable_rank_status()->set_detail("parameters differ between ranks at step 7");
+  send(diverged);
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::failed);
+  EXPECT_EQ(end[0].reason, "rank 1: parameters differ between ranks at step 7");
+  EXPECT_EQ(*code, 1);
+  auto bye = wire.with(pb::envelope::kShutdown, "peer-a");
+  ASSERT_EQ(bye.size(), 1u);
+  EXPECT_EQ(bye[0].env.shutdown().reason(), "job failed");
+}
+
+TEST_F(coordinator_actors, a_stop_asks_every_node_for_a_final_checkpoint_and_ends_when_every_rank_stopped) {
+  start(coord_opts(1), 100);
+  auto code = std::make_shared<int>(-1);
+  spawn(waiter, job, code);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  caf::anon_send(job, stop_atom::value, std::string("coordinator stopped by signal 2"));
+  run();
+  ASSERT_EQ(of<ev::job_stopping>().size(), 1u);
+  EXPECT_TRUE(ms().stopping);
+  auto asks = wire.with(pb::envelope::kShutdown);
+  ASSERT_EQ(asks.size(), 2u);
+  EXPECT_TRUE(asks[0].env.shutdown().checkpoint());
+  EXPECT_TRUE(of<ev::job_ended>().empty());
+  send(finished_from("a", 0, 12, 1, "d"));
+  send(finished_from("b", 1, 12, 1, "d"));
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::stopped);
+  EXPECT_TRUE(end[0].final_checkpoint);
+  EXPECT_EQ(end[0].step, 12);
+  EXPECT_EQ(*code, 0);
+  auto bye = wire.with(pb::envelope::kShutdown);
+  ASSERT_EQ(bye.size(), 4u);
+  EXPECT_FALSE(bye[3].env.shutdown().checkpoint());
+  // Nodes leaving during the stop start no new generation.
+  send(leave_from("b", "signal 2"));
+  advance(500ms);
+  EXPECT_EQ(js().generation, 1u);
+}
+
+TEST_F(coordinator_actors, a_stop_the_ranks_do_not_answer_ends_at_the_stop_timeout_without_a_final_checkpoint) {
+  start(coord_opts(1), 100);
+  auto code = std::make_shared<int>(-1);
+  spawn(waiter, job, code);
+  send(joined("a", 1));
+  advance(100ms);
+  send(step_from("a", 0, 7, 1));
+  caf::anon_send(job, stop_atom::value, std::string("stop"));
+  run();
+  advance(29s, 1s);
+  EXPECT_EQ(*code, -1);
+  advance(2s, 1s);
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::stopped);
+  EXPECT_FALSE(end[0].final_checkpoint);
+  EXPECT_EQ(end[0].step, 7);
+  EXPECT_EQ(*code, 0);
+}
+
+TEST_F(coordinator_actors, a_stop_before_any_generation_ends_at_once) {
+  start(coord_opts(2), 100);
+  auto code = std::make_shared<int>(-1);
+  spawn(waiter, job, code);
+  send(joined("a", 1));  // waits for a second node
+  caf::anon_send(job, stop_atom::value, std::string("stop"));
+  run();
+  ASSERT_EQ(of<ev::job_ended>().size(), 1u);
+  EXPECT_FALSE(of<ev::job_ended>()[0].final_checkpoint);
+  EXPECT_EQ(*code, 0);
+}
+
+TEST_F(coordinator_actors, a_recovery_is_timed_on_the_actor_clock_and_counts_no_lost_step) {
+  start(coord_opts(1), 100);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  for (int64_t s = 1; s <= 4; ++s) {
+    send(step_from("a", 0, s, 1));
+    send(step_from("b", 1, s, 1));
+  }
+  ASSERT_EQ(of<ev::step_completed>().size(), 4u);
+  EXPECT_TRUE(of<ev::recovery_done>().empty());  // generation 1 is the start, not a recovery
+  send(leave_from("b", "SIGTERM"));
+  advance(100ms);
+  ASSERT_EQ(js().generation, 2u);
+  const auto planned_at = now();
+  advance(250ms);
+  auto ready = status_from("a", 0, pb::rank_status::STATE_READY, 2);
+  ready.env.mutable_rank_status()->set_step(4);
+  ready.env.mutable_rank_status()->set_state_source("local");
+  send(ready);
+  send(step_from("a", 0, 5, 2));
+  auto rec = of<ev::recovery_done>();
+  ASSERT_EQ(rec.size(), 1u);
+  EXPECT_EQ(rec[0].generation, 2u);
+  EXPECT_EQ(rec[0].cause, "node_left");
+  EXPECT_EQ(rec[0].resumed_step, 4);
+  EXPECT_EQ(rec[0].lost_steps, 0);
+  EXPECT_GE(rec[0].duration_s, 0.25);
+  EXPECT_LE(rec[0].duration_s, std::chrono::duration<double>(now() - planned_at).count() + 0.1);
+  EXPECT_TRUE(of<ev::checkpoint_restored>().empty());  // a kept its own state
+}
+
+TEST_F(coordinator_actors, checkpoints_are_saved_before_the_end_and_the_newest_goes_into_a_plan_without_a_holder) {
+  with_writer = true;
+  start(coord_opts(1), 5);
+  send(joined("a", 1));
+  advance(100ms);
+  send(checkpoint_from("a", 3, 1));
+  send(checkpoint_from("a", 2, 0));  // another generation: fenced off
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0], std::make_pair(uint64_t{1}, int64_t{3}));
+  ASSERT_EQ(of<ev::checkpoint_saved>().size(), 1u);
+  EXPECT_EQ(of<ev::checkpoint_saved>()[0].path, "ckpt-3");
+  EXPECT_EQ(ms().newest_checkpoint_step, 3);
+  // a is lost and comes back as a new process: the new generation has no
+  // state holder and starts from the checkpoint.
+  advance(1200ms);
+  send(joined("a", 1, 2));
+  advance(200ms);
+  auto p = last_plan("peer-a");
+  EXPECT_GE(p.generation(), 2u);
+  EXPECT_EQ(p.state_root(), 0);
+  pb::checkpoint_data d;
+  ASSERT_TRUE(d.ParseFromString(p.checkpoint()));
+  EXPECT_EQ(d.step(), 3);
+  // The final checkpoint is saved before the end is announced.
+  send(checkpoint_from("a", 5, p.generation()));
+  send(finished_from("a", 0, 5, p.generation(), "d"));
+  ASSERT_EQ(of<ev::job_ended>().size(), 1u);
+  EXPECT_LT(index_of<ev::checkpoint_saved>(events), index_of<ev::job_ended>(events));
+  EXPECT_EQ(of<ev::checkpoint_saved>().back().step, 5);
+}
+
+TEST_F(coordinator_actors, a_checkpoint_the_store_refuses_is_reported_and_not_offered_to_plans) {
+  with_writer = true;
+  fail_saves = true;
+  start(coord_opts(1), 5);
+  send(joined("a", 1));
+  advance(100ms);
+  send(checkpoint_from("a", 3, 1));
+  ASSERT_EQ(of<ev::checkpoint_failed>().size(), 1u);
+  EXPECT_EQ(of<ev::checkpoint_failed>()[0].reason, "disk full");
+  EXPECT_EQ(ms().newest_checkpoint_step, -1);
+}
+
+TEST_F(coordinator_actors, step_reports_become_one_completed_step_with_the_sample_weighted_loss) {
+  start(coord_opts(1), 100);
+  send(joined("a", 2));
+  advance(100ms);
+  auto rep = [](int32_t rank, double loss, int64_t samples, double step_s) {
+    auto in = step_from("a", rank, 1, 1);
+    auto* r = in.env.mutable_step_report();
+    r->set_world_size(2);
+    r->set_loss(loss);
+    r->set_samples(samples);
+    r->set_step_s(step_s);
+    return in;
+  };
+  send(rep(0, 1.0, 30, 0.1));
+  EXPECT_TRUE(of<ev::step_completed>().empty());
+  send(rep(1, 2.0, 10, 0.2));
+  auto done = of<ev::step_completed>();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_DOUBLE_EQ(done[0].loss, 1.25);
+  EXPECT_EQ(done[0].samples, 40);
+  EXPECT_DOUBLE_EQ(done[0].samples_per_s, 200.0);  // the slowest rank's time
 }

@@ -13,7 +13,7 @@ namespace dtactor {
 namespace {
 
 // A cluster run: two nodes, a node lost at step 120 and recovered with 2
-// steps rolled back, a replacement joining, evaluations, checkpoints,
+// steps lost, a replacement joining, evaluations, checkpoints,
 // resources, and the finish.
 const char* const k_journal = R"({"event":"coordinator_started","job_id":"job-abc","t":1000.0}
 {"event":"job_started","model":"vit","parameters":205066,"max_steps":200,"global_batch_size":128,"t":1000.5}
@@ -25,7 +25,7 @@ const char* const k_journal = R"({"event":"coordinator_started","job_id":"job-ab
 {"event":"eval","step":100,"accuracy":0.81,"val_loss":0.55,"duration_s":1.0,"examples":["a -> b"],"t":1021.0}
 {"event":"checkpoint_saved","step":100,"path":"x/ckpt-100.dtc","bytes":2097152,"duration_s":0.02,"t":1021.5}
 {"event":"node_lost","node":"n1","cause":"heartbeat_timeout","detected_after_s":3.1,"t":1030.0}
-{"event":"recovery_done","generation":2,"world_size":1,"resumed_step":118,"rolled_back_steps":2,"duration_s":4.5,"t":1034.5}
+{"event":"recovery_done","generation":2,"world_size":1,"resumed_step":118,"lost_steps":2,"duration_s":4.5,"t":1034.5}
 {"event":"generation_started","generation":2,"world_size":1,"start_step":118,"nodes":["n0"],"t":1034.4}
 {"event":"step","step":150,"loss":0.7,"lr":0.0015,"samples_per_s":1800,"world_size":1,"t":1050.0}
 {"event":"eval","step":150,"accuracy":0.85,"val_loss":0.50,"duration_s":1.0,"t":1051.0}
@@ -53,7 +53,7 @@ TEST(report, digest_reads_every_kind_of_event) {
   EXPECT_EQ(r.cause, "heartbeat_timeout");
   EXPECT_DOUBLE_EQ(r.detected_after_s, 3.1);
   EXPECT_DOUBLE_EQ(r.duration_s, 4.5);
-  EXPECT_EQ(r.rolled_back_steps, 2);
+  EXPECT_EQ(r.lost_steps, 2);
   EXPECT_EQ(r.resumed_step, 118);
   EXPECT_EQ(r.world_size, 1);
   ASSERT_EQ(d->resources.size(), 2u);
@@ -80,7 +80,7 @@ TEST(report, markdown_has_the_log_book) {
   // Resources: peak memory per rank and CPU utilization (80 s over 160 s).
   EXPECT_TRUE(has("| n0 | 0 | 305.2 MiB | 80 s | 50% of one core |")) << md;
   EXPECT_TRUE(has("| n1 | 1 | 295.6 MiB |")) << md;
-  // The recovery: cause, node, detection, duration, rolled back steps.
+  // The recovery: cause, node, detection, duration, lost steps.
   EXPECT_TRUE(has("| heartbeat_timeout | n1 | 3.10 s | 4.50 s | 2 | 118 | 1 |")) << md;
   // Largest batch: 128 global on the 1 rank left after the loss, capped by the micro-batch 32.
   EXPECT_TRUE(has("largest per-rank share was 128 (world size 1)")) << md;

@@ -43,14 +43,14 @@ pb::envelope sample(pb::envelope::BodyCase body) {
     case pb::envelope::kHeartbeat: {
       auto* m = env.mutable_heartbeat();
       m->set_seq(99);
-      m->set_sent_unix(1700000000.25);
+      m->set_sent_steady_s(1700000000.25);
       m->set_step(77);
       break;
     }
     case pb::envelope::kHeartbeatAck: {
       auto* m = env.mutable_heartbeat_ack();
       m->set_seq(99);
-      m->set_echoed_sent_unix(1700000000.25);
+      m->set_echoed_sent_steady_s(1700000000.25);
       break;
     }
     case pb::envelope::kGenerationPlan: {

@@ -1,0 +1,292 @@
+#include "actors/job_actor.hpp"
+
+#include <algorithm>
+
+#include "caf/event_based_actor.hpp"
+#include "caf/stateful_actor.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using job_self = caf::stateful_actor<job_actor_state>*;
+using writer_self = caf::stateful_actor<checkpoint_writer_state>*;
+
+void log_line(const log_fn& log, const std::string& line) {
+  if (log) log(line);
+}
+
+void emit(const event_sink& sink, ev::event e) {
+  if (sink) sink(e);
+}
+
+std::string node_of(const std::string& sender) {
+  const std::string prefix = "node/";
+  return sender.compare(0, prefix.size(), prefix) == 0 ? sender.substr(prefix.size()) : sender;
+}
+
+// The end is decided: every checkpoint forwarded so far is handled first
+// (the final one arrives before the ranks' FINISHED), then the end is
+// emitted, the nodes are told, and the waiters answered.
+void end_job(job_self self, ev::job_ended e) {
+  auto& st = self->state;
+  if (st.ending) return;
+  st.ending = true;
+  log_line(st.opts.log, std::string("job ") + ev::to_string(e.how) + " at step " + std::to_string(e.step) + (e.reason.empty() ? "" : ": " + e.reason));
+  auto announce = [self, e] {
+    auto& st = self->state;
+    emit(st.opts.events, e);
+    st.ended = true;
+    st.exit_code = e.exit_code;
+    auto answer = [self] {
+      for (const auto& w : self->state.waiters)
+        if (auto a = caf::actor_cast<caf::actor>(w)) self->send(a, done_atom::value, self->state.exit_code);
+      self->state.waiters.clear();
+    };
+    if (!st.members) {
+      answer();
+      return;
+    }
+    const std::string reason = e.how == ev::outcome::finished ? "job finished" : e.how == ev::outcome::stopped ? "job stopped" : "job failed";
+    self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, false).then([=](bool) { answer(); }, [=](caf::error&) { answer(); });
+  };
+  if (!st.checkpoints) {
+    announce();
+    return;
+  }
+  // A checkpoint may take long to write; the job's end waits for it.
+  self->request(st.checkpoints, caf::infinite, flush_atom::value).then([=](bool) { announce(); }, [=](caf::error&) { announce(); });
+}
+
+void check_finished(job_self self) {
+  auto& st = self->state;
+  if (st.world_size <= 0 || st.ending) return;
+  // Reaching max_steps is not enough: rank 0 still evaluates and sends the
+  // final checkpoint after its last step report. The job ends once every
+  // rank has said FINISHED (sent after those), so nothing is cut off.
+  if (static_cast<int32_t>(st.finished_ranks.size()) < st.world_size) return;
+  auto e = verdict(st.finished_ranks, st.committed_step, st.opts.max_steps, st.generation, st.world_size, st.last_eval);
+  end_job(self, std::move(e));
+}
+
+void fail_job(job_self self, const std::string& reason) {
+  auto& st = self->state;
+  ev::job_ended e;
+  e.how = ev::outcome::failed;
+  e.step = st.last_step;
+  e.generation = st.generation;
+  e.world_size = st.world_size;
+  e.reason = reason;
+  e.metrics = st.last_eval;
+  e.exit_code = 1;
+  end_job(self, std::move(e));
+}
+
+void record_step(job_self self, int32_t global_rank, int64_t step) {
+  auto& st = self->state;
+  if (global_rank < 0 || global_rank >= st.world_size) return;
+  auto& s = st.rank_steps[global_rank];
+  s = std::max(s, step);
+  if (static_cast<int32_t>(st.rank_steps.size()) < st.world_size) return;
+  int64_t low = st.rank_steps.begin()->second;
+  for (const auto& [r, v] : st.rank_steps) low = std::min(low, v);
+  st.committed_step = std::max(st.committed_step, low);
+}
+
+void on_step_report(job_self self, const pb::step_report& r, const std::string& sender) {
+  auto& st = self->state;
+  record_step(self, r.global_rank(), r.step());
+  if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0)
+    emit(st.opts.events, ev::rank_usage{r.global_rank(), r.node_id().empty() ? node_of(sender) : r.node_id(), r.cpu_s(), r.rss_bytes(),
+                                        r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered())});
+  auto done = st.steps.add(r, st.generation, st.world_size);
+  if (!done) return;
+  if (auto rec = complete_generation(st.recovery, done->step, done->world_size, self->clock().now())) emit(st.opts.events, *rec);
+  st.last_step = std::max(st.last_step, done->step);
+  emit(st.opts.events, *done);
+}
+
+void on_rank_status(job_self self, const inbound& in) {
+  auto& st = self->state;
+  const auto& s = in.env.rank_status();
+  switch (s.status()) {
+    case pb::rank_status::STATE_FINISHED:
+      record_step(self, s.global_rank(), s.step());
+      st.last_step = std::max(st.last_step, s.step());
+      st.finished_ranks[s.global_rank()] = s.detail();
+      check_finished(self);
+      break;
+    case pb::rank_status::STATE_READY:
+      if (in.env.generation() == st.recovery.generation)
+        if (auto r = note_ready(st.recovery, s)) emit(st.opts.events, *r);
+      break;
+    case pb::rank_status::STATE_FAILED:
+    case pb::rank_status::STATE_EXITED: {
+      if (st.ending) break;  // ranks ending after the job did
+      // Recorded; the membership actor re-plans (a new generation without
+      // the lost rank, or the same members re-formed).
+      const bool failed = s.status() == pb::rank_status::STATE_FAILED;
+      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), node_of(in.env.sender()), s.detail(), s.exit_code(), s.step(),
+                                         in.env.generation()});
+      // No new generation can fix ranks whose parameters diverged.
+      if (failed && s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER)
+        fail_job(self, "rank " + std::to_string(s.global_rank()) + ": " + s.detail());
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void on_eval(job_self self, const pb::eval_report& e) {
+  auto& st = self->state;
+  ev::eval_done d;
+  d.step = e.step();
+  d.duration_s = e.duration_s();
+  for (const auto& [k, v] : e.metrics()) d.metrics[k] = v;
+  d.examples.assign(e.examples().begin(), e.examples().end());
+  st.last_eval = d.metrics;
+  emit(st.opts.events, d);
+}
+
+void stop_job(job_self self, const std::string& reason) {
+  auto& st = self->state;
+  if (st.stopping || st.ending) return;
+  st.stopping = true;
+  emit(st.opts.events, ev::job_stopping{reason});
+  log_line(st.opts.log, reason + "; stopping the ranks after a final checkpoint");
+  if (st.members) {
+    self->send(st.members, stop_atom::value);
+    self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, true).then([](bool) {}, [](caf::error&) {});
+  }
+  if (st.generation == 0 || !st.members) {
+    // Nothing is training: nothing to checkpoint.
+    ev::job_ended e;
+    e.how = ev::outcome::stopped;
+    e.step = st.committed_step;
+    e.reason = reason;
+    e.final_checkpoint = false;
+    end_job(self, std::move(e));
+    return;
+  }
+  self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
+}
+
+}  // namespace
+
+caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints) {
+  self->state.committed_step = opts.initial_step;
+  self->state.last_step = opts.initial_step;
+  self->state.opts = std::move(opts);
+  self->state.checkpoints = std::move(checkpoints);
+  return {
+      [=](members_atom, caf::actor members) { self->state.members = std::move(members); },
+      [=](plan_atom, const plan& p) -> int64_t {
+        auto& st = self->state;
+        if (p.generation > st.generation) {
+          st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? std::string("adopted") : p.cause, p.drain,
+                                         self->clock().now(), st.last_step);
+          st.generation = p.generation;
+          st.world_size = p.world_size;
+          st.nodes = p.nodes;
+          st.rank_steps.clear();
+          st.finished_ranks.clear();
+          st.steps.clear();
+        }
+        return st.committed_step;
+      },
+      [=](inbound& in) {
+        auto& st = self->state;
+        // Fencing: reports from another generation than the current one are
+        // dropped (a zombie can neither steer the job nor write state).
+        if (in.env.generation() != st.generation || st.ended) {
+          ++st.stale_reports;
+          return;
+        }
+        switch (in.env.body_case()) {
+          case pb::envelope::kStepReport:
+            on_step_report(self, in.env.step_report(), in.env.sender());
+            break;
+          case pb::envelope::kRankStatus:
+            on_rank_status(self, in);
+            break;
+          case pb::envelope::kEvalReport:
+            on_eval(self, in.env.eval_report());
+            break;
+          case pb::envelope::kCheckpointData:
+            if (st.checkpoints) self->send(st.checkpoints, std::move(in));
+            break;
+          case pb::envelope::kJobError:
+            emit(st.opts.events, ev::node_error{node_of(in.env.sender()), in.env.job_error().message()});
+            break;
+          default:
+            ++st.stale_reports;
+            break;
+        }
+      },
+      [=](stop_atom, const std::string& reason) { stop_job(self, reason); },
+      [=](stop_due_atom) {
+        auto& st = self->state;
+        if (st.ending) return;
+        ev::job_ended e;
+        e.how = ev::outcome::stopped;
+        e.step = st.committed_step;
+        e.generation = st.generation;
+        e.world_size = st.world_size;
+        e.reason = "not every rank stopped within " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(st.opts.stop_timeout).count()) +
+                   " s of the stop";
+        e.final_checkpoint = false;
+        end_job(self, std::move(e));
+      },
+      [=](wait_atom) {
+        auto& st = self->state;
+        auto who = self->current_sender();
+        if (st.ended) {
+          if (auto a = caf::actor_cast<caf::actor>(who)) self->send(a, done_atom::value, st.exit_code);
+          return;
+        }
+        st.waiters.push_back(caf::actor_cast<caf::actor_addr>(who));
+      },
+      [=](lost_atom, const std::string& node_id, double detected_after_s) {
+        ++self->state.nodes_lost;
+        log_line(self->state.opts.log, "job: node '" + node_id + "' lost after " + std::to_string(detected_after_s) + " s of silence");
+      },
+  };
+}
+
+// -- checkpoint writer ---------------------------------------------------------
+
+caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts) {
+  self->state.opts = std::move(opts);
+  return {
+      [=](inbound& in) {
+        auto& st = self->state;
+        if (!in.env.has_checkpoint_data()) return;
+        const auto& d = in.env.checkpoint_data();
+        if (!st.opts.save) return;
+        auto saved = st.opts.save(in.env.generation(), d);
+        if (!saved) {
+          ++st.failed;
+          log_line(st.opts.log, "checkpoint at step " + std::to_string(d.step()) + " not saved: " + saved.message());
+          emit(st.opts.events, ev::checkpoint_failed{d.step(), saved.message()});
+          return;
+        }
+        ++st.saved;
+        emit(st.opts.events, ev::checkpoint_saved{d.step(), saved->path, saved->bytes, in.env.generation(), saved->duration_s});
+        if (d.step() >= st.newest_step) {
+          st.newest_step = d.step();
+          if (st.opts.members) {
+            // What a generation with no surviving state holder starts from.
+            pb::checkpoint_data plain;
+            plain.set_step(d.step());
+            *plain.mutable_sections() = d.sections();
+            self->send(st.opts.members, ckpt_atom::value, d.step(), plain.SerializeAsString());
+          }
+        }
+      },
+      [=](flush_atom) { return true; },
+      [=](members_atom, caf::actor members) { self->state.opts.members = std::move(members); },
+  };
+}
+
+}  // namespace dtactor

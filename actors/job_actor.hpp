@@ -1,0 +1,119 @@
+#pragma once
+// The coordinator's job actor and its checkpoint writer.
+//
+// The job actor is the one place that follows the training job: it takes
+// each generation from the membership actor (plan_atom), folds the ranks'
+// reports of the current generation into completed steps, evaluations and
+// recovery accounting (actors/job_progress.hpp), and decides, alone, when
+// the job ends: every rank FINISHED (finished at train.max_steps, stopped
+// before it), a rank whose parameters differ from its peers' (failed), or a
+// stop asked for by a signal (stopped after a final checkpoint, or without
+// one after stop_timeout). At the end it waits for the checkpoint writer to
+// have handled every checkpoint it forwarded, emits `job_ended`, has the
+// membership actor send `shutdown` to every node, and answers whoever sent
+// it wait_atom with (done_atom, exit_code).
+//
+// It reads time only through CAF's actor clock and reports only through
+// the injected event sink, so tests drive it with CAF's test coordinator.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "actors/events.hpp"
+#include "actors/job_progress.hpp"
+#include "actors/messages.hpp"
+#include "caf/actor.hpp"
+#include "caf/behavior.hpp"
+#include "caf/event_based_actor.hpp"
+#include "caf/response_promise.hpp"
+#include "caf/stateful_actor.hpp"
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+struct job_options {
+  int64_t max_steps = 1;     // train.max_steps
+  int64_t initial_step = 0;  // committed step at start (the disk checkpoint resumed from)
+  envelope_header header;
+  // How long a stop waits for every rank to stop after its final checkpoint.
+  clock_duration stop_timeout{std::chrono::seconds(30)};
+  log_fn log;
+  event_sink events;
+};
+
+template <class Config>
+job_options job_options_from(const Config& cfg) {
+  job_options o;
+  o.max_steps = cfg.get_int("train.max_steps");
+  return o;
+}
+
+struct job_actor_state {
+  job_options opts;
+  caf::actor members;      // (members_atom, actor): shutdowns go out through it
+  caf::actor checkpoints;  // checkpoint_data goes there (may be invalid: dropped)
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+  std::vector<plan_node> nodes;
+  // Every rank of the generation has completed this many steps (the step the
+  // next generation resumes from).
+  int64_t committed_step = 0;
+  int64_t last_step = 0;                  // highest step every rank reported
+  std::map<int32_t, int64_t> rank_steps;  // global rank -> completed steps, this generation
+  std::map<int32_t, std::string> finished_ranks;  // global rank -> its parameters' digest
+  step_table steps;
+  recovery_record recovery;
+  std::map<std::string, double> last_eval;
+  bool stopping = false;  // a stop was asked for: the end is a stop
+  bool ending = false;    // the end is decided (job_ended follows)
+  bool ended = false;     // job_ended emitted
+  int exit_code = -1;     // once ended
+  std::vector<caf::actor_addr> waiters;
+  uint64_t stale_reports = 0;  // reports from another generation (fenced off)
+  uint64_t nodes_lost = 0;
+  static inline const char* name = "dtactor.job";
+};
+
+// (members_atom, actor): the membership actor (set once after both exist).
+// (plan_atom, plan) -> int64_t committed step: a new generation.
+// inbound step_report, eval_report, rank_status, checkpoint_data, job_error
+//   of the current generation (others are counted and dropped).
+// (lost_atom, node_id, detected_after_s): counted and logged.
+// (stop_atom, reason): stop the job after a final checkpoint.
+// (wait_atom): the sender gets (done_atom, int exit_code) when the job ended.
+caf::behavior job_actor(caf::stateful_actor<job_actor_state>* self, job_options opts, caf::actor checkpoints);
+
+// What the checkpoint writer needs: a store that saves one checkpoint (it
+// may block: the writer runs detached in the process).
+struct saved_checkpoint {
+  std::string path;
+  int64_t bytes = 0;
+  double duration_s = 0;
+};
+struct checkpoint_writer_options {
+  std::function<result<saved_checkpoint>(uint64_t generation, const pb::checkpoint_data&)> save;
+  log_fn log;
+  event_sink events;
+  caf::actor members;  // gets (ckpt_atom, step, blob); also set by (members_atom, actor)
+};
+
+struct checkpoint_writer_state {
+  checkpoint_writer_options opts;
+  int64_t newest_step = -1;
+  uint64_t saved = 0;
+  uint64_t failed = 0;
+  static inline const char* name = "dtactor.checkpoints";
+};
+
+// inbound checkpoint_data (fenced by the job actor): saved through
+// opts.save; `checkpoint_saved` or `checkpoint_failed`. A checkpoint newer
+// than any before goes to the membership actor as (ckpt_atom, step, blob)
+// (blob: serialized pb::checkpoint_data, the state a generation with no
+// surviving holder starts from). (flush_atom) -> true once every checkpoint
+// received before it was handled.
+caf::behavior checkpoint_writer(caf::stateful_actor<checkpoint_writer_state>* self, checkpoint_writer_options opts);
+
+}  // namespace dtactor

@@ -1,0 +1,118 @@
+#include "actors/job_progress.hpp"
+
+#include <algorithm>
+#include <set>
+
+namespace dtactor {
+
+namespace ev {
+
+const char* to_string(loss_cause c) {
+  switch (c) {
+    case loss_cause::heartbeat_timeout:
+      return "heartbeat_timeout";
+    case loss_cause::suspected_after_collective_failure:
+      return "suspected_after_collective_failure";
+    case loss_cause::restarted:
+      return "restarted";
+  }
+  return "unknown";
+}
+
+const char* to_string(outcome o) {
+  switch (o) {
+    case outcome::finished:
+      return "finished";
+    case outcome::stopped:
+      return "stopped";
+    case outcome::failed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+}  // namespace ev
+
+std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint64_t generation, int32_t world_size) {
+  auto& w = rows_[r.step()];
+  w.world = world_size;
+  w.steps = std::max(1, r.steps_covered());
+  ++w.reports;
+  w.loss_weighted += r.loss() * static_cast<double>(r.samples());
+  w.samples += r.samples();
+  w.max_step_s = std::max(w.max_step_s, r.step_s());
+  w.allreduce_s = std::max(w.allreduce_s, r.allreduce_s());
+  w.exposed_s = std::max(w.exposed_s, r.allreduce_exposed_s());
+  w.lr = r.lr();
+  if (w.reports < w.world) return std::nullopt;
+  ev::step_completed out;
+  out.step = r.step();
+  out.world_size = w.world;
+  out.generation = generation;
+  out.loss = w.samples > 0 ? w.loss_weighted / static_cast<double>(w.samples) : 0.0;
+  out.lr = w.lr;
+  out.samples = w.samples;
+  out.samples_per_s = w.max_step_s > 0 ? static_cast<double>(w.samples) / w.max_step_s : 0.0;
+  const double per_step = 1.0 / w.steps;
+  out.step_s = w.max_step_s * per_step;
+  out.allreduce_s = w.allreduce_s * per_step;
+  out.allreduce_exposed_s = w.exposed_s * per_step;
+  rows_.erase(rows_.begin(), rows_.upper_bound(r.step()));
+  return out;
+}
+
+recovery_record begin_generation(uint64_t generation, bool first, const std::string& cause, bool drain, clock_time now, int64_t steps_before) {
+  recovery_record rec;
+  rec.generation = generation;
+  rec.cause = first && cause != "restart" && cause != "adopted" ? "start" : cause;
+  rec.drain = drain;
+  rec.planned = now;
+  rec.steps_before = steps_before;
+  return rec;
+}
+
+std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb::rank_status& s) {
+  rec.resumed_step = std::max(rec.resumed_step, s.step());
+  const auto& src = s.state_source();
+  if ((src != "peer" && src != "disk") || rec.restored_logged) return std::nullopt;
+  rec.restored_logged = true;
+  return ev::checkpoint_restored{s.step(), src, rec.generation, s.state_root()};
+}
+
+std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64_t step, int32_t world_size, clock_time now) {
+  if (rec.done) return std::nullopt;
+  rec.done = true;
+  if (rec.cause == "start" || rec.cause == "adopted" || rec.cause.empty()) return std::nullopt;
+  ev::recovery_done d;
+  d.generation = rec.generation;
+  d.world_size = world_size;
+  d.cause = rec.cause;
+  d.drain = rec.drain;
+  // Without a READY report (a rank that was already at its step), the
+  // generation resumed from the step before the first one it completed.
+  d.resumed_step = rec.resumed_step >= 0 ? rec.resumed_step : step - 1;
+  d.lost_steps = std::max<int64_t>(0, rec.steps_before - d.resumed_step);
+  d.duration_s = std::chrono::duration<double>(now - rec.planned).count();
+  return d;
+}
+
+ev::job_ended verdict(const std::map<int32_t, std::string>& digests, int64_t step, int64_t max_steps, uint64_t generation, int32_t world_size,
+                      const std::map<std::string, double>& last_eval) {
+  ev::job_ended e;
+  e.step = step;
+  e.generation = generation;
+  e.world_size = world_size;
+  e.metrics = last_eval;
+  std::set<std::string> distinct;
+  for (const auto& [rank, d] : digests) distinct.insert(d);
+  if (!distinct.empty()) e.params_digest = *distinct.begin();
+  e.how = step < max_steps ? ev::outcome::stopped : ev::outcome::finished;
+  if (distinct.size() > 1) {
+    e.digests_differ = true;
+    e.reason = "ranks finished with different parameters";
+    e.exit_code = 1;
+  }
+  return e;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,56 @@
+#pragma once
+// Where the coordinator's actors' events (actors/events.hpp) become journal
+// lines, Prometheus metrics, console lines and scrape targets: the one
+// translation from what happened to how it is shown. Called on the
+// emitting actor's thread; thread-safe.
+#include <mutex>
+
+#include "actors/events.hpp"
+#include "monitoring/journal.hpp"
+#include "monitoring/metrics.hpp"
+#include "monitoring/resources.hpp"
+#include "monitoring/run_observer.hpp"
+#include "monitoring/service_discovery.hpp"
+
+namespace dtactor {
+
+class coordinator_sink {
+ public:
+  coordinator_sink(journal& jn, metrics& m, run_observer& obs, sd_targets& sd) : jn_(jn), m_(m), obs_(obs), sd_(sd) {}
+
+  void operator()(const ev::event& e);
+
+  // The sink as an event_sink; `this` must outlive every actor holding it.
+  event_sink as_sink() {
+    return [this](const ev::event& e) { (*this)(e); };
+  }
+
+ private:
+  void on(const ev::node_joined& e);
+  void on(const ev::node_lost& e);
+  void on(const ev::node_left& e);
+  void on(const ev::node_quarantined& e);
+  void on(const ev::job_waiting& e);
+  void on(const ev::generation_started& e);
+  void on(const ev::generation_adopted& e);
+  void on(const ev::rank_usage& e);
+  void on(const ev::step_completed& e);
+  void on(const ev::eval_done& e);
+  void on(const ev::recovery_done& e);
+  void on(const ev::checkpoint_restored& e);
+  void on(const ev::rank_down& e);
+  void on(const ev::node_error& e);
+  void on(const ev::checkpoint_saved& e);
+  void on(const ev::checkpoint_failed& e);
+  void on(const ev::job_stopping& e);
+  void on(const ev::job_ended& e);
+
+  journal& jn_;
+  metrics& m_;
+  run_observer& obs_;
+  sd_targets& sd_;
+  std::mutex usage_mu_;  // the ranks' usage, noted and written by the job actor's events
+  resource_book usage_;
+};
+
+}  // namespace dtactor

@@ -1,0 +1,60 @@
+#include "runtime/job_config.hpp"
+
+namespace dtactor {
+
+status validate_training_config(const config& cfg) {
+  const int64_t b = cfg.get_int("train.global_batch_size"), mb = cfg.get_int("train.micro_batch_size");
+  if (mb > b)
+    return make_error("train.micro_batch_size (" + std::to_string(mb) + ") cannot exceed train.global_batch_size (" + std::to_string(b) + ")");
+  if (cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
+    return make_error("model.heads (" + std::to_string(cfg.get_int("model.heads")) + ") must divide model.dim (" +
+                      std::to_string(cfg.get_int("model.dim")) + ")");
+  if (cfg.get_double("train.min_lr") > cfg.get_double("train.lr"))
+    return make_error("train.min_lr (" + to_string(cfg.values().at("train.min_lr")) + ") cannot exceed train.lr (" +
+                      to_string(cfg.values().at("train.lr")) + ")");
+  if (cfg.get_double("model.dropout") >= 1.0) return make_error("model.dropout must be below 1");
+  if (cfg.get_double("data.val_fraction") >= 1.0) return make_error("data.val_fraction must be below 1");
+  if (cfg.get_double("train.beta1") >= 1.0 || cfg.get_double("train.beta2") >= 1.0) return make_error("train.beta1 and train.beta2 must be below 1");
+  return {};
+}
+
+status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path) {
+  if (meta.model() != cfg.get_string("model.name"))
+    return make_error("checkpoint '" + path + "' was written by model '" + meta.model() + "', but model.name is '" + cfg.get_string("model.name") +
+                      "' (use another --run-dir or checkpoint.dir)");
+  if (meta.arch_digest() != cfg.digest({"model."}))
+    return make_error("checkpoint '" + path + "' was written with different model.* settings; use the same model settings or another --run-dir");
+  if (meta.global_batch_size() != cfg.get_int("train.global_batch_size"))
+    return make_error("checkpoint '" + path + "' was written with train.global_batch_size " + std::to_string(meta.global_batch_size()) + ", not " +
+                      std::to_string(cfg.get_int("train.global_batch_size")) + "; resuming needs the same global batch (the data order depends on it)");
+  if (static_cast<int64_t>(meta.seed()) != cfg.get_int("train.seed"))
+    return make_error("checkpoint '" + path + "' was written with train.seed " + std::to_string(meta.seed()) + ", not " +
+                      std::to_string(cfg.get_int("train.seed")));
+  return {};
+}
+
+bool higher_is_better(const std::string& metric) {
+  return metric.find("loss") == std::string::npos && metric != "perplexity";
+}
+
+std::string main_metric_for(const std::string& model_name) {
+  if (model_name == "vit") return "accuracy";
+  if (model_name == "transformer") return "exact_match";
+  return "val_loss";
+}
+
+std::string checkpoint_dir_of(const config& cfg, const std::string& run_dir) {
+  const auto& d = cfg.get_string("checkpoint.dir");
+  return d.empty() ? run_dir + "/checkpoints" : d;
+}
+
+checkpoint_policy checkpoint_policy_of(const config& cfg) {
+  checkpoint_policy p;
+  p.keep_last = static_cast<int>(cfg.get_int("checkpoint.keep_last"));
+  p.keep_best = cfg.get_bool("checkpoint.keep_best");
+  p.best_metric = cfg.get_string("checkpoint.best_metric").empty() ? main_metric_for(cfg.get_string("model.name")) : cfg.get_string("checkpoint.best_metric");
+  p.higher_is_better = higher_is_better(p.best_metric);
+  return p;
+}
+
+}  // namespace dtactor

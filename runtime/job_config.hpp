@@ -1,0 +1,35 @@
+#pragma once
+// Checks and derived settings of a job's config that need no model: what
+// the coordinator (and `dtactor config`) validate before any node trains,
+// without LibTorch. The model-specific checks (shapes, data files) happen
+// where the model is built (model/task.hpp).
+#include <string>
+
+#include "checkpoint.pb.h"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/config.hpp"
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+// Cross-key checks of train.*, model.*, data.* (one clear line each).
+status validate_training_config(const config& cfg);
+
+// A checkpoint may only be resumed by a job with the same model and data
+// order (model name and settings, global batch, seed).
+status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path);
+
+// Whether a larger value of this metric is better (accuracy: yes; losses: no).
+bool higher_is_better(const std::string& metric);
+
+// The metric that ranks checkpoints of a model by default (no task needed).
+std::string main_metric_for(const std::string& model_name);
+
+// checkpoint.dir, or RUN_DIR/checkpoints when it is empty.
+std::string checkpoint_dir_of(const config& cfg, const std::string& run_dir);
+
+// checkpoint.keep_last, keep_best and best_metric (the model's main metric
+// when empty) as a store policy.
+checkpoint_policy checkpoint_policy_of(const config& cfg);
+
+}  // namespace dtactor

@@ -1,0 +1,122 @@
+// The job actor's pure bookkeeping: step reports folded into completed steps,
+// recovery accounting from a plan to its first completed step, the verdict
+// at the end. Time is passed in, never read.
+#include "actors/job_progress.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace dtactor;
+using namespace std::chrono_literals;
+
+namespace {
+
+pb::step_report report(int32_t rank, int64_t step, double loss, int64_t samples, double step_s, int32_t covered = 1) {
+  pb::step_report r;
+  r.set_global_rank(rank);
+  r.set_step(step);
+  r.set_loss(loss);
+  r.set_samples(samples);
+  r.set_step_s(step_s);
+  r.set_allreduce_s(step_s / 2);
+  r.set_steps_covered(covered);
+  r.set_lr(0.01);
+  return r;
+}
+
+pb::rank_status ready(int64_t step, const std::string& source, int32_t root = 0) {
+  pb::rank_status s;
+  s.set_status(pb::rank_status::STATE_READY);
+  s.set_step(step);
+  s.set_state_source(source);
+  s.set_state_root(root);
+  return s;
+}
+
+}  // namespace
+
+TEST(step_table, a_step_completes_when_every_rank_reported_it_and_times_are_per_step) {
+  step_table t;
+  EXPECT_FALSE(t.add(report(0, 10, 1.0, 60, 0.4, 2), 3, 2));
+  auto done = t.add(report(1, 10, 4.0, 20, 0.8, 2), 3, 2);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->step, 10);
+  EXPECT_EQ(done->generation, 3u);
+  EXPECT_EQ(done->world_size, 2);
+  EXPECT_DOUBLE_EQ(done->loss, (1.0 * 60 + 4.0 * 20) / 80);
+  EXPECT_EQ(done->samples, 80);
+  EXPECT_DOUBLE_EQ(done->samples_per_s, 80 / 0.8);  // the slowest rank
+  EXPECT_DOUBLE_EQ(done->step_s, 0.4);               // 0.8 s over 2 steps
+  EXPECT_DOUBLE_EQ(done->allreduce_s, 0.2);
+  EXPECT_EQ(t.pending(), 0u);
+}
+
+TEST(step_table, a_completed_step_forgets_older_incomplete_ones) {
+  step_table t;
+  EXPECT_FALSE(t.add(report(0, 4, 1, 1, 0.1), 1, 2));  // rank 1's report of step 4 never comes
+  EXPECT_FALSE(t.add(report(0, 5, 1, 1, 0.1), 1, 2));
+  EXPECT_EQ(t.pending(), 2u);
+  EXPECT_TRUE(t.add(report(1, 5, 1, 1, 0.1), 1, 2));
+  EXPECT_EQ(t.pending(), 0u);
+}
+
+TEST(recovery, the_first_generation_is_the_start_and_no_recovery) {
+  const clock_time t0{std::chrono::hours(1)};
+  auto rec = begin_generation(1, true, "node_joined", false, t0, 0);
+  EXPECT_EQ(rec.cause, "start");
+  EXPECT_FALSE(complete_generation(rec, 1, 2, t0 + 1s));
+  // A coordinator that restarts into a running job plans a restart.
+  EXPECT_EQ(begin_generation(4, true, "restart", false, t0, 0).cause, "restart");
+}
+
+TEST(recovery, duration_runs_from_the_plan_to_the_first_completed_step_and_lost_steps_are_computed) {
+  const clock_time t0{std::chrono::hours(1)};
+  auto rec = begin_generation(3, false, "node_lost", false, t0, 120);
+  EXPECT_FALSE(note_ready(rec, ready(118, "local")));
+  EXPECT_FALSE(note_ready(rec, ready(117, "local")));
+  auto done = complete_generation(rec, 119, 1, t0 + 1500ms);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->generation, 3u);
+  EXPECT_EQ(done->cause, "node_lost");
+  EXPECT_EQ(done->resumed_step, 118);  // the highest step a rank was READY at
+  EXPECT_EQ(done->lost_steps, 2);      // 120 had completed; the generation went on from 118
+  EXPECT_DOUBLE_EQ(done->duration_s, 1.5);
+  EXPECT_FALSE(complete_generation(rec, 120, 1, t0 + 2s));  // once
+}
+
+TEST(recovery, without_a_ready_report_the_generation_resumed_before_its_first_step) {
+  const clock_time t0{std::chrono::hours(1)};
+  auto rec = begin_generation(2, false, "node_left", true, t0, 40);
+  auto done = complete_generation(rec, 41, 1, t0 + 100ms);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->resumed_step, 40);
+  EXPECT_EQ(done->lost_steps, 0);
+  EXPECT_TRUE(done->drain);
+}
+
+TEST(recovery, state_taken_from_a_peer_or_disk_is_reported_once) {
+  auto rec = begin_generation(2, false, "node_joined", true, clock_time{}, 10);
+  auto first = note_ready(rec, ready(10, "peer", 1));
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->source, "peer");
+  EXPECT_EQ(first->root, 1);
+  EXPECT_EQ(first->generation, 2u);
+  EXPECT_FALSE(note_ready(rec, ready(10, "peer", 1)));
+  EXPECT_FALSE(note_ready(rec, ready(10, "fresh")));
+}
+
+TEST(verdict, every_rank_at_max_steps_with_one_digest_is_finished) {
+  auto v = verdict({{0, "abc"}, {1, "abc"}}, 100, 100, 2, 2, {{"accuracy", 0.9}});
+  EXPECT_EQ(v.how, ev::outcome::finished);
+  EXPECT_EQ(v.params_digest, "abc");
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_FALSE(v.digests_differ);
+  EXPECT_DOUBLE_EQ(v.metrics.at("accuracy"), 0.9);
+}
+
+TEST(verdict, below_max_steps_is_a_stop_and_different_digests_fail) {
+  EXPECT_EQ(verdict({{0, "a"}}, 40, 100, 1, 1, {}).how, ev::outcome::stopped);
+  auto v = verdict({{0, "a"}, {1, "b"}}, 100, 100, 1, 2, {});
+  EXPECT_TRUE(v.digests_differ);
+  EXPECT_EQ(v.exit_code, 1);
+  EXPECT_EQ(v.reason, "ranks finished with different parameters");
+}
