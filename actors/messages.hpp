@@ -48,12 +48,12 @@ using rank_exit_atom = caf::atom_constant<caf::atom("rankexit")>;
 // (restart_atom, int32_t local_rank, uint64_t epoch): node agent's own
 // backoff timer before restarting a rank.
 using restart_atom = caf::atom_constant<caf::atom("restart")>;
-// (leave_atom, std::string reason, bool stop_timer): a leaving node agent's
-// own timers: no drain plan came in time (false), or no final shutdown came
-// in time while the job stops (true); its ranks are stopped.
 // (leave_atom, std::string reason): node agent tells the coordinator it leaves
 // (preemption notice); its ranks finish their step under the drain plan.
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
+// (leave_due_atom): a leaving node agent's own timer: no drain plan came in
+// time; its ranks are stopped.
+using leave_due_atom = caf::atom_constant<caf::atom("leavedue")>;
 // (stop_atom, std::string reason) -> job actor: stop the job (a signal);
 // ranks stop after a final checkpoint and the end is a stop, not a finish.
 // (stop_atom) job actor -> membership actor: plan no further generation
@@ -78,9 +78,15 @@ using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 // when the job has ended.
 using wait_atom = caf::atom_constant<caf::atom("wait")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
-// (stop_due_atom): job actor's own timer: the ranks did not all stop within
-// job_options::stop_timeout after a stop was asked for.
+// (stop_due_atom): a stop's own timer. Job actor: the ranks did not all stop
+// within job_options::stop_timeout after a stop was asked for. Node agent:
+// no final shutdown came within its stop_timeout while the job stops; its
+// ranks are stopped.
 using stop_due_atom = caf::atom_constant<caf::atom("stopdue")>;
+
+// (report_atom, uint64_t generation, inbound): a rank's training thread ->
+// its rank actor: a report (in inbound.env) of that generation.
+using report_atom = caf::atom_constant<caf::atom("report")>;
 
 // -- wire messages ------------------------------------------------------------
 

@@ -240,7 +240,7 @@ void on_coordinator(agent_self self, const inbound& in) {
           // This node's own signal arrived with the coordinator's: part of
           // the stop, not a preemption. The ranks stop with the job.
           log_line(self, "the coordinator is stopping the job: the ranks stop with it");
-          self->delayed_send(self, st.opts.stop_timeout, leave_atom::value, std::string("no final shutdown from the coordinator in time"), true);
+          self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
         }
         st.job_stopping = true;
         for (const auto& r : st.ranks)
@@ -333,7 +333,7 @@ void check_ranks(agent_self self, clock_time now) {
       if (r.alive && std::to_string(r.pid) == lost.peer) {
         log_line(self, "rank with pid " + lost.peer + " silent for " + std::to_string(lost.detected_after_s) + " s; killing it");
         r.last_seen = now;  // killed once; its exit follows
-        stop_rank(self, r);
+        st.launcher->kill(r.pid);
       }
   }
 }
@@ -421,7 +421,7 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
           // ranks stop with the job (bounded by stop_timeout).
           log_line(self, "leaving: " + reason + "; the job is stopping, the ranks stop with it");
           wind_down(self, node_phase::leaving, reason, false);
-          self->delayed_send(self, st.opts.stop_timeout, leave_atom::value, std::string("no final shutdown from the coordinator in time"), true);
+          self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
           return;
         }
         const bool drain = st.phase == node_phase::running;
@@ -435,16 +435,24 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
         // While training, ranks keep going until the coordinator's drain plan
         // (without this node) lets them stop at a step boundary.
         wind_down(self, node_phase::leaving, reason, !drain);
-        if (drain) self->delayed_send(self, st.opts.leave_timeout, leave_atom::value, std::string("no drain plan in time"), false);
+        if (drain) self->delayed_send(self, st.opts.leave_timeout, leave_due_atom::value);
         quit_if_done(self);
       },
       // The leave timeout: no drain plan came; stop the ranks now.
-      [=](leave_atom, const std::string& why, bool stop_timer) {
+      [=](leave_due_atom) {
         auto& st = self->state;
         if (st.phase != node_phase::leaving) return;
         // The drain timer while the job stops: the stop's own timer decides.
-        if (st.job_stopping && !stop_timer) return;
-        log_line(self, "stopping ranks: " + why);
+        if (st.job_stopping) return;
+        log_line(self, "stopping ranks: no drain plan in time");
+        for (auto& r : st.ranks) stop_rank(self, r);
+        quit_if_done(self);
+      },
+      // The stop timeout: the job is stopping and no final shutdown came.
+      [=](stop_due_atom) {
+        auto& st = self->state;
+        if (st.phase != node_phase::leaving) return;
+        log_line(self, "stopping ranks: no final shutdown from the coordinator in time");
         for (auto& r : st.ranks) stop_rank(self, r);
         quit_if_done(self);
       },

@@ -49,8 +49,12 @@ class process_launcher {
   virtual ~process_launcher() = default;
   // Starts the rank process for `local_rank`; its pid, or one line saying why not.
   virtual result<int32_t> spawn(int32_t local_rank) = 0;
-  // Asks the process to end (SIGTERM); its exit is still reported.
+  // Asks the process to end (SIGTERM; SIGKILL after a grace period if it
+  // does not); its exit is still reported.
   virtual void terminate(int32_t pid) = 0;
+  // Ends the process now (SIGKILL): a rank that fell silent; its exit is
+  // still reported.
+  virtual void kill(int32_t pid) = 0;
 };
 
 struct node_agent_options {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "app/cluster.hpp"
-#include "model/trainer.hpp"
+#include "rank/train_command.hpp"
 #include "monitoring/report.hpp"
 #include "runtime/blas_info.hpp"
 #include "runtime/config.hpp"

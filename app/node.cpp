@@ -8,7 +8,6 @@
 #include <caf/all.hpp>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -61,12 +60,12 @@ class rank_launcher : public process_launcher {
  public:
   // `fault_args` go to the first start of local rank 0 only (fault injection).
   rank_launcher(std::vector<std::string> base_args, std::vector<std::string> fault_args)
-      : base_(std::move(base_args)), fault_(std::move(fault_args)) {}
+      : base_(std::move(base_args)), fault_(std::move(fault_args)), reaper_([this](pid_t pid, int code) { on_exit(pid, code); }) {}
   ~rank_launcher() override { stop(); }
 
   void attach(caf::actor agent) {
+    std::lock_guard<std::mutex> lock(mu_);
     agent_ = std::move(agent);
-    reaper_ = std::thread([this] { reap(); });
   }
 
   result<int32_t> spawn(int32_t local_rank) override {
@@ -88,58 +87,38 @@ class rank_launcher : public process_launcher {
       std::lock_guard<std::mutex> lock(mu_);
       ranks_[pid] = local_rank;
     }
-    cv_.notify_all();
+    reaper_.adopt(pid);
     return static_cast<int32_t>(pid);
   }
 
-  void terminate(int32_t pid) override { ::kill(pid, SIGKILL); }
+  // A rank exits at once on SIGTERM; one that does not (stopped, stuck in
+  // the kernel) is killed after the grace period.
+  void terminate(int32_t pid) override { reaper_.terminate(pid, std::chrono::seconds(3)); }
+  void kill(int32_t pid) override { reaper_.kill(pid); }
 
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-      for (const auto& [pid, l] : ranks_) ::kill(pid, SIGKILL);
-    }
-    cv_.notify_all();
-    if (reaper_.joinable()) reaper_.join();
-  }
+  void stop() { reaper_.stop(); }
 
  private:
-  void reap() {
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !ranks_.empty(); });
-        if (stopping_ && ranks_.empty()) return;
-      }
-      int st = 0;
-      const pid_t pid = ::waitpid(-1, &st, 0);  // blocks until a child ends
-      if (pid <= 0) {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (stopping_) return;
-        continue;
-      }
-      int32_t local = -1;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = ranks_.find(pid);
-        if (it == ranks_.end()) continue;
-        local = it->second;
-        ranks_.erase(it);
-      }
-      const int32_t code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
-      caf::anon_send(agent_, rank_exit_atom::value, local, static_cast<int32_t>(pid), code);
+  void on_exit(pid_t pid, int code) {
+    int32_t local = -1;
+    caf::actor agent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = ranks_.find(pid);
+      if (it == ranks_.end()) return;
+      local = it->second;
+      ranks_.erase(it);
+      agent = agent_;
     }
+    if (agent) caf::anon_send(agent, rank_exit_atom::value, local, static_cast<int32_t>(pid), static_cast<int32_t>(code));
   }
 
   std::vector<std::string> base_;
   std::vector<std::string> fault_;
+  std::mutex mu_;  // ranks_ and agent_: spawn() runs on the agent's thread, on_exit() on the reaper's
   caf::actor agent_;
-  std::mutex mu_;
-  std::condition_variable cv_;
   std::map<pid_t, int32_t> ranks_;
-  bool stopping_ = false;
-  std::thread reaper_;
+  child_reaper reaper_;  // last: its thread stops before the members it uses go
 };
 
 }  // namespace
@@ -290,8 +269,9 @@ int run_node(const cluster_cli& cli) {
     }
   }
   launcher->stop();
+  // What the agent sent last (its ranks' exits, a leave) goes out first.
+  bridge->stop(std::chrono::seconds(1));
   bridge_ptr.store(nullptr);
-  bridge->stop();
   std::error_code ec;
   std::filesystem::remove(ipc_path, ec);
   return code;

@@ -1,6 +1,6 @@
-// A rank process (started by its node agent, one per device): a small
-// control actor that talks to the node over the bridge, and the training
-// thread (model/rank_worker) that runs the generation's steps.
+// A rank process (started by its node agent, one per device), as wiring:
+// the rank actor (actors/rank_actor) that talks to the node over the
+// bridge, and the training thread (rank/rank_worker) it drives.
 #include <malloc.h>
 #include <sys/prctl.h>
 #include <signal.h>
@@ -13,11 +13,11 @@
 #include <cstring>
 
 #include "actors/messages.hpp"
+#include "actors/rank_actor.hpp"
 #include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
-#include "model/rank_worker.hpp"
-#include "monitoring/data_wait.hpp"
+#include "rank/rank_worker.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/zmq_bridge.hpp"
 
@@ -28,87 +28,6 @@ namespace {
 int fail(const std::string& msg, int code = 1) {
   std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
   return code;
-}
-
-using report_atom = caf::atom_constant<caf::atom("report")>;
-
-struct rank_actor_state {
-  envelope_header header;
-  std::function<void(pb::envelope)> send;
-  std::unique_ptr<rank_worker> worker;
-  rank_worker_options wopts;
-  std::chrono::milliseconds heartbeat_interval{100};
-  uint64_t heartbeat_seq = 0;
-  uint64_t newest_plan = 0;
-  static inline const char* name = "dtactor.rank";
-};
-
-using rank_self = caf::stateful_actor<rank_actor_state>*;
-
-// Control side of a rank: relays plans and stops to the training thread,
-// its reports (stamped with their generation) to the node, and heartbeats
-// the node every interval so it can tell a hung rank from a busy one.
-caf::behavior rank_actor(rank_self self, envelope_header header, rank_worker_options wopts, std::function<void(pb::envelope)> send) {
-  auto& st = self->state;
-  st.header = std::move(header);
-  st.wopts = std::move(wopts);
-  st.send = std::move(send);
-  auto relay = [self](uint64_t gen, pb::envelope env) {
-    caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, gen, inbound{"node", "", std::move(env)});
-  };
-  // Each callback puts its message into the matching body of an envelope.
-  auto into = [relay](auto mutable_body) {
-    return [relay, mutable_body](uint64_t gen, auto msg) {
-      pb::envelope e;
-      *(e.*mutable_body)() = std::move(msg);
-      relay(gen, std::move(e));
-    };
-  };
-  rank_worker_callbacks cb;
-  cb.on_step = into(&pb::envelope::mutable_step_report);
-  cb.on_eval = into(&pb::envelope::mutable_eval_report);
-  cb.on_checkpoint = into(&pb::envelope::mutable_checkpoint_data);
-  cb.on_status = into(&pb::envelope::mutable_rank_status);
-  st.worker = std::make_unique<rank_worker>(st.wopts, std::move(cb));
-  return {
-      [=](start_atom) {
-        auto& st = self->state;
-        pb::envelope hello = make_envelope(st.header, 0);
-        hello.mutable_rank_hello()->set_local_rank(st.wopts.local_rank);
-        hello.mutable_rank_hello()->set_pid(static_cast<int32_t>(::getpid()));
-        st.send(std::move(hello));
-        self->send(self, tick_atom::value);
-      },
-      [=](tick_atom) {
-        auto& st = self->state;
-        pb::envelope hb = make_envelope(st.header, st.newest_plan);
-        hb.mutable_heartbeat()->set_seq(++st.heartbeat_seq);
-        st.send(std::move(hb));
-        self->delayed_send(self, st.heartbeat_interval, tick_atom::value);
-      },
-      [=](report_atom, uint64_t gen, inbound& in) {
-        auto& st = self->state;
-        pb::envelope env = make_envelope(st.header, gen);
-        env.MergeFrom(in.env);
-        env.set_generation(gen);
-        if (env.has_step_report()) env.mutable_step_report()->set_data_wait_s(take_data_wait_s());
-        st.send(std::move(env));
-      },
-      [=](inbound& in) {
-        auto& st = self->state;
-        if (in.env.has_generation_plan()) {
-          if (!in.env.job_id().empty()) st.header.job_id = in.env.job_id();
-          if (st.worker->offer(in.env.generation_plan())) st.newest_plan = std::max(st.newest_plan, in.env.generation_plan().generation());
-        } else if (in.env.has_shutdown()) {
-          if (in.env.shutdown().checkpoint()) {
-            st.worker->request_stop(true);
-            return;
-          }
-          st.worker->quit();
-          self->quit();
-        }
-      },
-  };
 }
 
 }  // namespace
@@ -154,7 +73,13 @@ int run_rank(const cluster_cli& cli) {
   // feeds it; start_atom orders the bridge's creation before any send.
   std::unique_ptr<zmq_bridge> bridge;
   auto send = [&bridge](pb::envelope env) { (void)bridge->send("node", "", env); };
-  caf::actor actor = sys.spawn(rank_actor, header, w, send);
+  rank_actor_options ro;
+  ro.header = header;
+  ro.local_rank = cli.local_rank;
+  ro.pid = static_cast<int32_t>(::getpid());
+  ro.send = send;
+  ro.make_work = [w](rank_work_callbacks cb) -> std::unique_ptr<rank_work> { return std::make_unique<rank_worker>(w, std::move(cb)); };
+  caf::actor actor = sys.spawn(rank_actor, ro);
   bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [actor](const std::string& link, const std::string& peer, pb::envelope env) {
     caf::anon_send(actor, inbound{link, peer, std::move(env)});
   });
@@ -168,9 +93,9 @@ int run_rank(const cluster_cli& cli) {
     self->monitor(actor);
     self->receive([](const caf::down_msg&) {});
   }
-  // Let the last reports leave (sockets close with linger 0).
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  bridge->stop();
+  // The last reports (FINISHED, a failure) leave before the socket closes;
+  // a node agent that is gone does not hold the exit up past the deadline.
+  bridge->stop(std::chrono::seconds(1));
   // _Exit: groups parked mid-collective must not be destroyed (their
   // destructors wait out Gloo's timeout), and nothing else needs flushing.
   std::fflush(stderr);

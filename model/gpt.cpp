@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "monitoring/data_wait.hpp"
+#include "runtime/data_wait.hpp"
 
 namespace dtactor {
 

@@ -1,8 +1,9 @@
 #pragma once
 // The training engine of one process: AdamW with warm-up + cosine schedule,
 // gradient clipping and accumulation, optional bf16 autocast and activation
-// checkpointing, periodic evaluation, checkpoints (exact resume), journal and
-// console progress.
+// checkpointing, evaluation, state as checkpoint sections (exact resume). No
+// I/O beyond reading data: the `train` command and the cluster rank
+// (rank/) drive it.
 //
 // The step is split so that a data-parallel engine can put an allreduce
 // between the two halves: forward_backward() accumulates this process's share
@@ -30,26 +31,6 @@ namespace dtactor {
 class journal;
 class checkpoint_store;
 class grad_sync;
-
-struct train_options {
-  std::string run_dir = "runs/default";
-  // Stop after this many completed steps (checkpoint written), as a
-  // preemption would; -1 = train to train.max_steps.
-  int64_t stop_at_step = -1;
-  bool resume = true;            // resume from the newest valid checkpoint in the checkpoint dir
-  std::string resume_from;       // explicit checkpoint file (overrides `resume`)
-  std::optional<bool> interactive;  // progress line; default: stderr is a terminal
-  const std::atomic<int>* stop_signal = nullptr;  // non-zero: stop at the next step boundary
-};
-
-struct train_summary {
-  int64_t step = 0;       // completed steps
-  bool finished = false;  // reached train.max_steps
-  int stop_signal = 0;    // the signal that stopped it early, if any
-  std::string params_digest;
-  eval_result last_eval;
-  double wall_s = 0;
-};
 
 // The model, optimizer and data order of one process; no I/O of its own.
 class training_state {
@@ -120,18 +101,6 @@ class training_state {
   bool bf16_ = false;
 };
 
-
-// `dtactor train`: trains to train.max_steps (or until stopped), resuming from
-// the newest valid checkpoint, writing RUN_DIR/journal.jsonl, RUN_DIR/train.log,
-// RUN_DIR/config.toml and checkpoints.
-result<train_summary> run_training(const config& cfg, const train_options& opts);
-
-// `dtactor eval`: evaluates a checkpoint (a file, or the newest valid one in a
-// run directory's checkpoint folder) on the held-out data. The config is the
-// one stored in the checkpoint unless config_path is given; overrides apply
-// on top ("key=value").
-result<eval_result> run_evaluation(const std::string& checkpoint_or_run_dir, const std::string& config_path,
-                                   const std::vector<std::string>& overrides, int64_t* step_out);
 
 // Sets intra-op and BLAS threads (train.threads; 0 = all cores).
 void configure_threads(const config& cfg);

@@ -6,7 +6,7 @@
 #include <optional>
 #include <set>
 
-#include "monitoring/data_wait.hpp"
+#include "runtime/data_wait.hpp"
 
 namespace dtactor {
 

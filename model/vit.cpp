@@ -2,7 +2,7 @@
 
 #include "model/fashion_mnist.hpp"
 #include "model/task.hpp"
-#include "monitoring/data_wait.hpp"
+#include "runtime/data_wait.hpp"
 
 namespace dtactor {
 

@@ -1,27 +1,31 @@
 #include "monitoring/journal.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 
 namespace dtactor {
 
-double unix_time_now() {
-  using namespace std::chrono;
-  return duration_cast<duration<double>>(system_clock::now().time_since_epoch()).count();
-}
-
 journal::~journal() {
-  if (f_) std::fclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
-status journal::open(const std::string& path) {
+status journal::open(const std::string& path, fs_env& env) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (f_) std::fclose(f_);
-  f_ = std::fopen(path.c_str(), "a");
-  if (!f_) return make_error("cannot open journal '" + path + "': " + std::strerror(errno));
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) return make_error("cannot open journal '" + path + "': " + std::strerror(errno));
+  env_ = &env;
   path_ = path;
   return {};
+}
+
+uint64_t journal::failed_writes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
 }
 
 void journal::write(const std::string& event, nlohmann::json fields) {
@@ -32,9 +36,15 @@ void journal::write(const std::string& event, nlohmann::json fields) {
   // Non-finite floats are not JSON; the replacement keeps the line parseable.
   std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard<std::mutex> lock(mu_);
-  if (!f_) return;
-  std::fwrite(text.data(), 1, text.size(), f_);
-  std::fflush(f_);
+  if (fd_ < 0) return;
+  // One writer per run directory (its lock): the end is where this line starts.
+  const off_t end = ::lseek(fd_, 0, SEEK_END);
+  if (int err = env_->write_all(fd_, text.data(), text.size()); err != 0) {
+    if (end >= 0) (void)::ftruncate(fd_, end);
+    if (failed_++ == 0)
+      std::fprintf(stderr, "dtactor: cannot write to the journal '%s': %s; its lines are missing until the disk takes them again\n", path_.c_str(),
+                   std::strerror(err));
+  }
 }
 
 }  // namespace dtactor

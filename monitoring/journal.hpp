@@ -8,7 +8,9 @@
 #include <mutex>
 #include <string>
 
+#include "runtime/fs.hpp"
 #include "runtime/result.hpp"
+#include "runtime/unix_time.hpp"
 
 namespace dtactor {
 
@@ -19,20 +21,26 @@ class journal {
   journal(const journal&) = delete;
   journal& operator=(const journal&) = delete;
 
-  // Opens (appends to) the file, creating it.
-  status open(const std::string& path);
-  bool is_open() const { return f_ != nullptr; }
+  // Opens (appends to) the file, creating it. Lines reach the disk through
+  // `env` (which must outlive the journal).
+  status open(const std::string& path, fs_env& env = default_fs_env());
+  bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
 
-  // Writes {"t": now, "event": event, ...fields}. Thread-safe.
+  // Writes {"t": now, "event": event, ...fields}. Thread-safe. A line the
+  // disk refuses (full, I/O error) is cut back off, so the file never holds
+  // half a line; the first such failure is reported on stderr in one line,
+  // and every one is counted.
   void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
+  uint64_t failed_writes() const;
 
  private:
-  std::mutex mu_;
-  std::FILE* f_ = nullptr;
+  mutable std::mutex mu_;
+  int fd_ = -1;
+  fs_env* env_ = nullptr;
   std::string path_;
+  uint64_t failed_ = 0;
 };
 
-double unix_time_now();
 
 }  // namespace dtactor

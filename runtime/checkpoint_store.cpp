@@ -234,10 +234,10 @@ std::string checkpoint_file_name(int64_t step) {
   return buf;
 }
 
-checkpoint_store::checkpoint_store(std::string dir, checkpoint_policy policy)
-    : dir_(std::move(dir)), policy_(std::move(policy)) {}
+checkpoint_store::checkpoint_store(std::string dir, checkpoint_policy policy, fs_env& env)
+    : dir_(std::move(dir)), policy_(std::move(policy)), env_(&env) {}
 
-result<checkpoint_store> checkpoint_store::open(std::string dir, checkpoint_policy policy) {
+result<checkpoint_store> checkpoint_store::open(std::string dir, checkpoint_policy policy, fs_env& env) {
   if (policy.keep_last < 1)
     return make_error("checkpoint.keep_last must be at least 1 (got " + std::to_string(policy.keep_last) + ")");
   if (auto st = ensure_writable_dir(dir); !st)
@@ -251,7 +251,7 @@ result<checkpoint_store> checkpoint_store::open(std::string dir, checkpoint_poli
     if (name.rfind("ckpt-", 0) == 0 && is_atomic_temp_name(name) && name.find(own_marker) == std::string::npos)
       (void)remove_file(it->path().string());
   }
-  return checkpoint_store(std::move(dir), std::move(policy));
+  return checkpoint_store(std::move(dir), std::move(policy), env);
 }
 
 result<std::string> checkpoint_store::save(pb::checkpoint_meta meta,
@@ -286,7 +286,7 @@ result<std::string> checkpoint_store::save(pb::checkpoint_meta meta,
   std::vector<std::string_view> pieces{head};
   for (const auto& section : sections) pieces.emplace_back(section.second);
   const std::string path = (std::filesystem::path(dir_) / checkpoint_file_name(meta.step())).string();
-  if (auto st = write_file_atomic(path, pieces); !st) return refuse(st.message());
+  if (auto st = write_file_atomic(path, pieces, *env_); !st) return refuse(st.message());
   rotate(path);
   return path;
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "checkpoint.pb.h"
+#include "runtime/fs.hpp"
 #include "runtime/result.hpp"
 
 namespace dtactor {
@@ -56,7 +57,8 @@ class checkpoint_store {
   // Creates the directory if needed, checks it is writable and removes temp
   // files left by a writer that died mid-save. Errors: keep_last < 1;
   // "checkpoint directory '/x' is not writable: Permission denied".
-  static result<checkpoint_store> open(std::string dir, checkpoint_policy policy);
+  // Saves reach the disk through `env` (which must outlive the store).
+  static result<checkpoint_store> open(std::string dir, checkpoint_policy policy, fs_env& env = default_fs_env());
 
   // Fills meta.sections (names, sizes, XXH3) and meta.format_version, writes
   // the file for meta.step atomically (replacing one of the same step), then
@@ -94,11 +96,12 @@ class checkpoint_store {
   const checkpoint_policy& policy() const { return policy_; }
 
  private:
-  checkpoint_store(std::string dir, checkpoint_policy policy);
+  checkpoint_store(std::string dir, checkpoint_policy policy, fs_env& env);
   void rotate(const std::string& just_written) const;
 
   std::string dir_;
   checkpoint_policy policy_;
+  fs_env* env_;
 };
 
 }  // namespace dtactor

@@ -16,13 +16,7 @@ namespace dtactor {
 
 namespace {
 
-std::atomic<fs_env*> installed_env{nullptr};
 std::atomic<uint64_t> temp_counter{0};
-
-fs_env& posix_env() {
-  static fs_env env;
-  return env;
-}
 
 std::string os_reason(int err) { return std::strerror(err); }
 
@@ -38,10 +32,10 @@ std::string unique_suffix() {
 // Returns 0 or an errno value (close can report a deferred write error).
 int close_fd(int fd) { return ::close(fd) == 0 ? 0 : errno; }
 
-int sync_dir(const std::string& dir) {
+int sync_dir(const std::string& dir, fs_env& env) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return errno;
-  int err = current_fs_env().sync(fd);
+  int err = env.sync(fd);
   ::close(fd);
   return err;
 }
@@ -67,17 +61,12 @@ int fs_env::rename(const std::string& from, const std::string& to) {
   return ::rename(from.c_str(), to.c_str()) == 0 ? 0 : errno;
 }
 
-fs_env& current_fs_env() {
-  fs_env* env = installed_env.load();
-  return env ? *env : posix_env();
+fs_env& default_fs_env() {
+  static fs_env env;
+  return env;
 }
 
-scoped_fs_env::scoped_fs_env(fs_env& env) : previous_(installed_env.exchange(&env)) {}
-
-scoped_fs_env::~scoped_fs_env() { installed_env.store(previous_); }
-
-status write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces) {
-  fs_env& env = current_fs_env();
+status write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces, fs_env& env) {
   const std::string tmp = path + unique_suffix();
   auto fail = [&](const char* what, int err) -> status {
     ::unlink(tmp.c_str());
@@ -98,7 +87,7 @@ status write_file_atomic(const std::string& path, const std::vector<std::string_
   }
   if (int err = close_fd(fd)) return fail("close", err);
   if (int err = env.rename(tmp, path)) return fail("rename", err);
-  if (int err = sync_dir(parent_dir(path)))
+  if (int err = sync_dir(parent_dir(path), env))
     return make_error("wrote '" + path + "' but could not fsync its directory: " + os_reason(err));
   return {};
 }

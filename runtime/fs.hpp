@@ -10,9 +10,11 @@
 
 namespace dtactor {
 
-// The system calls through which write_file_atomic reaches the disk. Tests
-// install a subclass that fails on purpose (disk full, I/O error), in the
-// spirit of LevelDB's Env. Each returns 0 on success or an errno value.
+// The system calls through which durable writes reach the disk
+// (write_file_atomic, the checkpoint store, the journal). Whoever writes gets
+// one passed in (LevelDB's Env through Options); tests pass a subclass that
+// fails on purpose (disk full, I/O error). Each returns 0 on success or an
+// errno value. Implementations must be thread-safe.
 class fs_env {
  public:
   virtual ~fs_env() = default;
@@ -22,21 +24,8 @@ class fs_env {
   virtual int rename(const std::string& from, const std::string& to);
 };
 
-// The environment in use: the POSIX one unless a test installed another.
-fs_env& current_fs_env();
-
-// Installs `env` for the guard's lifetime and restores the previous one.
-// Swapping is not synchronised with writes in flight: for tests only.
-class scoped_fs_env {
- public:
-  explicit scoped_fs_env(fs_env& env);
-  ~scoped_fs_env();
-  scoped_fs_env(const scoped_fs_env&) = delete;
-  scoped_fs_env& operator=(const scoped_fs_env&) = delete;
-
- private:
-  fs_env* previous_;
-};
+// The POSIX environment (the plain system calls).
+fs_env& default_fs_env();
 
 // Replaces `path` with the concatenation of `pieces` so that a crash or a
 // failure at any point leaves either the old content or the new one, never a
@@ -45,7 +34,7 @@ class scoped_fs_env {
 // temp file is removed and `path` is untouched (except when only the final
 // directory fsync fails: then the new content is in place but may not be
 // durable yet, and an error is still returned).
-status write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces);
+status write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces, fs_env& env = default_fs_env());
 
 // True for names write_file_atomic uses for its temp files of `path`'s kind:
 // "<anything>.tmp.<pid>.<n>". Used to sweep leftovers of a crashed writer.

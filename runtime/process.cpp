@@ -4,6 +4,7 @@
 #include <spawn.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -150,6 +151,132 @@ std::optional<child_exit> child_process::wait(int timeout_ms) {
 
 void child_process::signal(int sig) {
   if (pid_ > 0 && !exit_) ::kill(pid_, sig);
+}
+
+// ---- child_reaper ----
+
+namespace {
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+}  // namespace
+
+child_reaper::child_reaper(exit_fn on_exit) : on_exit_(std::move(on_exit)) {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  thread_ = std::thread([this] { run(); });
+}
+
+child_reaper::~child_reaper() {
+  stop();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void child_reaper::wake() {
+  if (wake_fd_ < 0) return;
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+}
+
+void child_reaper::adopt(pid_t pid) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    children_[pid].pidfd = open_pidfd(pid);
+  }
+  wake();
+}
+
+void child_reaper::terminate(pid_t pid, std::chrono::milliseconds grace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = children_.find(pid);
+    if (it == children_.end()) return;  // already reaped: the pid may be someone else's now
+    ::kill(pid, SIGTERM);
+    const auto at = std::chrono::steady_clock::now() + grace;
+    if (!it->second.kill_at || *it->second.kill_at > at) it->second.kill_at = at;
+  }
+  wake();
+}
+
+void child_reaper::kill(pid_t pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (children_.count(pid)) ::kill(pid, SIGKILL);
+}
+
+void child_reaper::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    for (const auto& [pid, c] : children_) ::kill(pid, SIGKILL);
+  }
+  wake();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void child_reaper::run() {
+  std::vector<pollfd> fds;
+  std::vector<pid_t> pids;
+  for (;;) {
+    fds.clear();
+    pids.clear();
+    fds.push_back(pollfd{wake_fd_, POLLIN, 0});
+    int timeout_ms = -1;
+    bool polling = false;  // a child without a pidfd: look every 10 ms
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ && children_.empty()) return;
+      const auto now = std::chrono::steady_clock::now();
+      for (auto& [pid, c] : children_) {
+        if (c.kill_at && *c.kill_at <= now) {
+          ::kill(pid, SIGKILL);
+          c.kill_at.reset();
+        } else if (c.kill_at) {
+          const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*c.kill_at - now).count() + 1;
+          timeout_ms = timeout_ms < 0 ? static_cast<int>(ms) : std::min(timeout_ms, static_cast<int>(ms));
+        }
+        if (c.pidfd >= 0) {
+          fds.push_back(pollfd{c.pidfd, POLLIN, 0});
+          pids.push_back(pid);
+        } else {
+          polling = true;
+        }
+      }
+    }
+    if (polling) timeout_ms = timeout_ms < 0 ? 10 : std::min(timeout_ms, 10);
+    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) timeout_ms = 10;  // should not happen; do not spin
+    if (fds[0].revents & POLLIN) {
+      uint64_t v = 0;
+      while (::read(wake_fd_, &v, sizeof v) > 0) {
+      }
+    }
+    // Reap whoever ended (by pid, without blocking).
+    std::vector<std::pair<pid_t, int>> ended;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = children_.begin(); it != children_.end();) {
+        int st = 0;
+        const pid_t r = ::waitpid(it->first, &st, WNOHANG);
+        if (r == it->first || (r < 0 && errno == ECHILD)) {
+          if (it->second.pidfd >= 0) ::close(it->second.pidfd);
+          ended.emplace_back(it->first, r == it->first ? (WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st)) : -1);
+          it = children_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const auto& [pid, code] : ended)
+      if (on_exit_) on_exit_(pid, code);
+  }
 }
 
 }  // namespace dtactor

@@ -3,8 +3,14 @@
 // processes and `dtactor local` its coordinator and nodes through this.
 #include <sys/types.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/result.hpp"
@@ -56,6 +62,46 @@ class child_process {
  private:
   pid_t pid_ = -1;
   std::optional<child_exit> exit_;
+};
+
+// Reaps the children it is given, by pid (never waitpid(-1): a process that
+// also started other children, e.g. `dtactor local` with its coordinator,
+// keeps their exits for their own owners). A thread of its own waits on a
+// pidfd per child (Linux 5.3+; on older kernels it polls every 10 ms) and
+// calls `on_exit(pid, exit_code)` (exit status, or 128 + signal) from that
+// thread, once per child.
+class child_reaper {
+ public:
+  using exit_fn = std::function<void(pid_t pid, int exit_code)>;
+  explicit child_reaper(exit_fn on_exit);
+  ~child_reaper();  // stop(): kills (SIGKILL) and reaps every child still running
+  child_reaper(const child_reaper&) = delete;
+  child_reaper& operator=(const child_reaper&) = delete;
+
+  // Takes over reaping `pid` (a child of this process not reaped elsewhere).
+  void adopt(pid_t pid);
+  // SIGTERM now, SIGKILL if it is still running after `grace`.
+  void terminate(pid_t pid, std::chrono::milliseconds grace);
+  // SIGKILL now.
+  void kill(pid_t pid);
+  // Kills every child still running, reaps them (their exits are reported)
+  // and ends the thread. Idempotent.
+  void stop();
+
+ private:
+  struct child {
+    int pidfd = -1;
+    std::optional<std::chrono::steady_clock::time_point> kill_at;
+  };
+  void run();
+  void wake();
+
+  exit_fn on_exit_;
+  std::mutex mu_;
+  std::map<pid_t, child> children_;
+  bool stopping_ = false;
+  int wake_fd_ = -1;
+  std::thread thread_;
 };
 
 }  // namespace dtactor

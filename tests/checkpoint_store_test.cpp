@@ -385,9 +385,10 @@ TEST(checkpoint_store, failed_write_keeps_the_old_checkpoint_and_leaves_no_temp_
       {faulty_env::fault::rename_fails, "Input/output error"}};
   for (const auto& [fault, reason] : cases) {
     faulty_env env(fault);
-    scoped_fs_env installed(env);
+    auto faulty = checkpoint_store::open(dir.path(), {}, env);
+    ASSERT_TRUE(faulty.ok()) << faulty.message();
     for (int64_t step : {1, 2}) {  // replacing the same step, and a new one
-      auto saved = store.save(meta_at(step), {{"model", std::string(10000, 'n')}});
+      auto saved = faulty->save(meta_at(step), {{"model", std::string(10000, 'n')}});
       ASSERT_FALSE(saved.ok());
       EXPECT_NE(saved.message().find(dir / checkpoint_file_name(step)), std::string::npos) << saved.message();
       EXPECT_NE(saved.message().find(reason), std::string::npos) << saved.message();

@@ -28,6 +28,7 @@ class fake_launcher : public process_launcher {
     return next_pid++;
   }
   void terminate(int32_t pid) override { terminated.push_back(pid); }
+  void kill(int32_t pid) override { killed.push_back(pid); }
 
   size_t spawns_of(int32_t local_rank) const {
     size_t n = 0;
@@ -43,6 +44,7 @@ class fake_launcher : public process_launcher {
 
   std::vector<std::pair<int32_t, int32_t>> spawned;  // (local rank, pid)
   std::vector<int32_t> terminated;
+  std::vector<int32_t> killed;
   int32_t next_pid = 1000;
   bool fail_next = false;
 };
@@ -464,4 +466,23 @@ TEST_F(cluster_test, a_partitioned_node_is_dropped_then_rejoins_with_its_rank) {
   EXPECT_EQ(agent("a").plan->world_size(), 4);
   EXPECT_EQ(agent("a").plan->state_root(), 0);
   EXPECT_EQ(coord.members.state().current->generation, 3u);
+}
+
+TEST_F(node_agent_test, a_rank_that_falls_silent_is_killed_not_asked_to_end) {
+  registered();
+  send(hello(0, launcher->last_pid_of(0)));
+  send(hello(1, launcher->last_pid_of(1)));
+  // Rank 1 keeps talking, rank 0 falls silent past five heartbeat timeouts.
+  for (int i = 0; i < 60; ++i) {
+    auto beat = from_rank("r1");
+    beat.env.mutable_heartbeat()->set_seq(static_cast<uint64_t>(i));
+    send(beat);
+    inbound ack{links::coordinator, "", from_coordinator()};
+    ack.env.mutable_heartbeat_ack()->set_seq(static_cast<uint64_t>(i));
+    send(ack);
+    advance(100ms);
+  }
+  ASSERT_EQ(launcher->killed.size(), 1u);
+  EXPECT_EQ(launcher->killed[0], launcher->last_pid_of(0));
+  EXPECT_TRUE(launcher->terminated.empty());
 }

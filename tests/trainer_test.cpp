@@ -1,4 +1,4 @@
-#include "model/trainer.hpp"
+#include "rank/train_command.hpp"
 
 #include <gtest/gtest.h>
 

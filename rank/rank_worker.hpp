@@ -24,33 +24,25 @@
 // agreement picks the highest step any survivor holds, and nothing applied is
 // ever undone.
 //
-// No LibTorch in this header: the rank's actor side includes it.
+// It is the `rank_work` the rank actor (actors/rank_actor.hpp) drives. No
+// LibTorch in this header.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "actors/rank_actor.hpp"
 #include "wire.pb.h"
 
 namespace dtactor {
 
-// Every report is stamped with the generation it belongs to (the worker may
-// hold a newer plan while it still trains in the old generation).
-struct rank_worker_callbacks {
-  // Called on the training thread; must not block for long.
-  std::function<void(uint64_t generation, pb::step_report)> on_step;
-  std::function<void(uint64_t generation, pb::eval_report)> on_eval;           // global rank 0 only
-  std::function<void(uint64_t generation, pb::checkpoint_data)> on_checkpoint;  // global rank 0 only
-  // STATE_IDLE (warmed up, or not in the newest generation), STATE_READY
-  // (group built, state agreed), STATE_FINISHED (detail = params digest),
-  // STATE_FAILED (a collective or step failed; the worker waits for a newer plan).
-  std::function<void(uint64_t generation, pb::rank_status)> on_status;
-};
+using rank_worker_callbacks = rank_work_callbacks;
 
 struct rank_worker_options {
   std::string node_id;
@@ -67,29 +59,42 @@ struct rank_worker_options {
   std::string fail_mode = "crash";
 };
 
-class rank_worker {
+class rank_worker : public rank_work {
  public:
   rank_worker(rank_worker_options opts, rank_worker_callbacks cb);
-  ~rank_worker();  // quit() and join
+  ~rank_worker() override;  // quit() and join
   rank_worker(const rank_worker&) = delete;
   rank_worker& operator=(const rank_worker&) = delete;
 
   // Hands over a plan; never blocks. Only plans newer than every plan offered
   // before are kept (false otherwise). The first plan may be a warm-up plan
   // (generation 0).
-  bool offer(const pb::generation_plan& plan);
+  bool offer(const pb::generation_plan& plan) override;
   // Stops at a step boundary all ranks agree on; with `checkpoint`, global
   // rank 0 first sends the state as checkpoint_data. Then STATE_FINISHED.
-  void request_stop(bool checkpoint);
+  void request_stop(bool checkpoint) override;
   // Leaves at once: abandons any collective, the thread ends.
-  void quit();
+  void quit() override;
   // Waits up to `timeout` for the thread to end; false if it did not.
   bool join_for(std::chrono::milliseconds timeout);
 
  private:
   enum class outcome { next_plan, failed, finished, stopped, idle, quit };
+  struct generation_run;  // one generation's group, state source, timeouts (rank_worker.cpp)
   void run();
+  // A generation: the group (build_group), the starting state (agree_state),
+  // then the steps (train). The first two return an outcome only when it
+  // ends the generation early.
   outcome run_generation(const pb::generation_plan& plan, double offered_at);
+  std::optional<outcome> build_group(generation_run& g);
+  std::optional<outcome> agree_state(generation_run& g);
+  outcome train(generation_run& g);
+  void fit_threads_to_host(const pb::generation_plan& plan);
+  void send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);
+  void send_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step);
+  void report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail);
+  outcome failed(generation_run& g, const std::string& why, int64_t step,
+                 pb::rank_status::failure_kind kind = pb::rank_status::FAILURE_UNSPECIFIED);
   // Waits for a plan newer than `after`; false on quit.
   // Waits for a plan newer than `after` (or, with `warm_up`, any plan);
   // false on quit.

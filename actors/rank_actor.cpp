@@ -1,0 +1,73 @@
+#include "actors/rank_actor.hpp"
+
+#include "caf/event_based_actor.hpp"
+#include "caf/send.hpp"
+
+namespace dtactor {
+
+using rank_self = caf::stateful_actor<rank_actor_state>*;
+
+caf::behavior rank_actor(rank_self self, rank_actor_options opts) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  // The training thread's reports come back to this actor as messages.
+  auto relay = [self](uint64_t gen, pb::envelope env) {
+    caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, gen, inbound{"node", "", std::move(env)});
+  };
+  // Each callback puts its message into the matching body of an envelope.
+  auto into = [relay](auto mutable_body) {
+    return [relay, mutable_body](uint64_t gen, auto msg) {
+      pb::envelope e;
+      *(e.*mutable_body)() = std::move(msg);
+      relay(gen, std::move(e));
+    };
+  };
+  rank_work_callbacks cb;
+  cb.on_step = into(&pb::envelope::mutable_step_report);
+  cb.on_eval = into(&pb::envelope::mutable_eval_report);
+  cb.on_checkpoint = into(&pb::envelope::mutable_checkpoint_data);
+  cb.on_status = into(&pb::envelope::mutable_rank_status);
+  if (st.opts.make_work) st.work = st.opts.make_work(std::move(cb));
+  return {
+      [=](start_atom) {
+        auto& st = self->state;
+        pb::envelope hello = make_envelope(st.opts.header, 0);
+        hello.mutable_rank_hello()->set_local_rank(st.opts.local_rank);
+        hello.mutable_rank_hello()->set_pid(st.opts.pid);
+        st.opts.send(std::move(hello));
+        self->send(self, tick_atom::value);
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        pb::envelope hb = make_envelope(st.opts.header, st.newest_plan);
+        hb.mutable_heartbeat()->set_seq(++st.heartbeat_seq);
+        st.opts.send(std::move(hb));
+        self->delayed_send(self, st.opts.heartbeat_interval, tick_atom::value);
+      },
+      [=](report_atom, uint64_t gen, inbound& in) {
+        auto& st = self->state;
+        pb::envelope env = make_envelope(st.opts.header, gen);
+        env.MergeFrom(in.env);
+        env.set_generation(gen);
+        ++st.reports;
+        st.opts.send(std::move(env));
+      },
+      [=](inbound& in) {
+        auto& st = self->state;
+        if (in.env.has_generation_plan()) {
+          if (!in.env.job_id().empty()) st.opts.header.job_id = in.env.job_id();
+          if (st.work && st.work->offer(in.env.generation_plan()))
+            st.newest_plan = std::max(st.newest_plan, in.env.generation_plan().generation());
+        } else if (in.env.has_shutdown()) {
+          if (in.env.shutdown().checkpoint()) {
+            if (st.work) st.work->request_stop(true);
+            return;
+          }
+          if (st.work) st.work->quit();
+          self->quit();
+        }
+      },
+  };
+}
+
+}  // namespace dtactor

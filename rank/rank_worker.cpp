@@ -1,0 +1,566 @@
+#include "rank/rank_worker.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "checkpoint.pb.h"
+#include "model/trainer.hpp"
+#include "rank/agreement.hpp"
+#include "rank/step_policy.hpp"
+#include "runtime/data_wait.hpp"
+#include "runtime/blas_info.hpp"
+#include "runtime/communicator.hpp"
+#include "runtime/grad_sync.hpp"
+#include "runtime/shm_group.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, int64_t step, const std::string& detail) {
+  pb::rank_status st;
+  st.set_status(s);
+  st.set_global_rank(rank);
+  st.set_local_rank(local_rank);
+  st.set_step(step);
+  st.set_detail(detail);
+  return st;
+}
+
+using abandon_fn = std::function<bool()>;
+
+clock_type::time_point deadline_in(std::chrono::milliseconds d) { return clock_type::now() + d; }
+
+// Broadcasts a byte string from `root` to every rank (length first).
+result<std::string> broadcast_bytes(c10d::ProcessGroup& pg, int root, const std::string& bytes, std::chrono::milliseconds timeout,
+                                    const abandon_fn& abandon) {
+  auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+  std::vector<torch::Tensor> lt{len};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  if (auto st = wait_work(pg.broadcast(lt, bo), deadline_in(timeout), abandon, "state broadcast (length)"); !st) return st.err();
+  const int64_t n = lt[0].item<int64_t>();
+  auto buf = torch::empty({n}, torch::kUInt8);
+  if (pg.getRank() == root) std::memcpy(buf.data_ptr(), bytes.data(), bytes.size());
+  std::vector<torch::Tensor> bt{buf};
+  if (auto st = wait_work(pg.broadcast(bt, bo), deadline_in(timeout), abandon, "state broadcast"); !st) return st.err();
+  return std::string(static_cast<const char*>(buf.data_ptr()), static_cast<size_t>(n));
+}
+
+std::map<std::string, std::string> sections_of(const pb::checkpoint_data& d) {
+  std::map<std::string, std::string> out;
+  for (const auto& s : d.sections()) out[s.name()] = s.data();
+  return out;
+}
+
+pb::checkpoint_data to_checkpoint_data(int64_t step, const std::vector<std::pair<std::string, std::string>>& sections) {
+  pb::checkpoint_data d;
+  d.set_step(step);
+  for (const auto& [name, data] : sections) {
+    auto* s = d.add_sections();
+    s->set_name(name);
+    s->set_data(data);
+  }
+  return d;
+}
+
+// True when every rank holds the same parameters (digest min == max).
+result<bool> digests_agree(c10d::ProcessGroup& pg, const std::string& hex, std::chrono::milliseconds timeout, const abandon_fn& abandon) {
+  const int64_t v = static_cast<int64_t>(std::stoull(hex, nullptr, 16));
+  // MAX of (v, -v) gives max and -min in one collective.
+  std::vector<torch::Tensor> t{torch::tensor({v, -v}, torch::kInt64)};
+  c10d::AllreduceOptions mx;
+  mx.reduceOp = c10d::ReduceOp::MAX;
+  if (auto st = wait_work(pg.allreduce(t, mx), deadline_in(timeout), abandon, "parameter digest comparison"); !st) return st.err();
+  return t[0][0].item<int64_t>() == -t[0][1].item<int64_t>();
+}
+
+double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+int global_rank_in(const pb::generation_plan& plan, const std::string& node_id, int local_rank) {
+  for (const auto& r : plan.ranks())
+    if (r.node_id() == node_id && r.local_rank() == local_rank) return r.global_rank();
+  return -1;
+}
+
+// What the training thread keeps across generations.
+struct rank_worker::impl {
+  std::optional<config> cfg;
+  std::unique_ptr<training_state> state;
+  // Groups of earlier generations: an abandoned collective may still run on
+  // their threads, and a group's destructor waits for it. Kept until the
+  // process ends (it ends with _exit).
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> parked;
+  bool injected = false;
+  // Neither train.threads nor --threads-per-rank fixed the thread count:
+  // each generation splits the machine's cores over the ranks it plans there.
+  bool auto_threads = false;
+  int threads = 0;
+};
+
+rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
+    : opts_(std::move(opts)), cb_(std::move(cb)), impl_(std::make_unique<impl>()) {
+  thread_ = std::thread([this] {
+    // Named for top/perf (it would inherit the spawning CAF thread's name).
+    ::pthread_setname_np(::pthread_self(), "dtactor-train");
+    run();
+    done_.store(true);
+    cv_.notify_all();
+  });
+}
+
+rank_worker::~rank_worker() {
+  quit();
+  if (thread_.joinable()) thread_.join();
+  // Leaked on purpose: a parked group's destructor waits for its abandoned
+  // collective (up to the Gloo timeout), and the process is ending anyway.
+  for (auto& pg : impl_->parked) (void)pg.release();
+}
+
+bool rank_worker::offer(const pb::generation_plan& plan) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (any_offered_ && plan.generation() <= offered_gen_.load()) return false;
+    any_offered_ = true;
+    pending_ = plan;
+    pending_at_ = now_s();
+    offered_gen_.store(std::max(offered_gen_.load(), plan.generation()));
+    if (!plan.drain() && plan.generation() > 0) abort_gen_.store(plan.generation());
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void rank_worker::request_stop(bool checkpoint) {
+  if (checkpoint) stop_checkpoint_.store(true);
+  stop_.store(true);
+  cv_.notify_all();
+}
+
+void rank_worker::quit() {
+  quit_.store(true);
+  cv_.notify_all();
+}
+
+bool rank_worker::join_for(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return done_.load(); })) return false;
+  lock.unlock();
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+bool rank_worker::abandon(uint64_t gen) const { return quit_.load() || abort_gen_.load() > gen; }
+
+bool rank_worker::take_plan(uint64_t after, bool warm_up, pb::generation_plan& out, double& offered_at) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return quit_.load() || (pending_ && (warm_up || pending_->generation() > after)); });
+  if (quit_.load()) return false;
+  out = std::move(*pending_);
+  offered_at = pending_at_;
+  pending_.reset();
+  return true;
+}
+
+void rank_worker::run() {
+  const int local = opts_.local_rank;
+  auto status = [&](uint64_t gen, pb::rank_status::state s, int rank, int64_t step, const std::string& detail) {
+    if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local, step, detail));
+  };
+  pb::generation_plan plan;
+  double offered_at = 0;
+  if (!take_plan(0, true, plan, offered_at)) return;
+  auto& im = *impl_;
+  try {
+    auto parsed = config::parse_toml(plan.config_toml(), "generation plan");
+    if (!parsed) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, parsed.message());
+    config cfg = std::move(parsed.value());
+    // Ranks sharing a machine share its cores: until a plan says how many
+    // ranks run here, this node's.
+    if (cfg.get_int("train.threads") == 0) {
+      const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      im.auto_threads = opts_.threads <= 0;
+      const int n = opts_.threads > 0 ? opts_.threads : std::max(1, hw / std::max(1, opts_.local_world));
+      (void)cfg.set("train.threads", std::to_string(n));
+    }
+    im.threads = static_cast<int>(cfg.get_int("train.threads"));
+    configure_threads(cfg);
+    auto created = training_state::create(cfg);
+    if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
+    im.state = std::move(created.value());
+    im.cfg = std::move(cfg);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, what.substr(0, what.find('\n')));
+  }
+  status(0, pb::rank_status::STATE_IDLE, -1, im.state->step(), "warmed up");
+
+  uint64_t current = 0;
+  for (;;) {
+    if (plan.generation() > current) {
+      current = plan.generation();
+      const auto o = run_generation(plan, offered_at);
+      if (o == outcome::quit) return;
+      if (o == outcome::next_plan) {
+        // A newer plan is waiting: take it without blocking.
+        if (!take_plan(current, false, plan, offered_at)) return;
+        continue;
+      }
+    }
+    if (!take_plan(current, false, plan, offered_at)) return;
+  }
+}
+
+// One generation as the training thread runs it.
+struct rank_worker::generation_run {
+  explicit generation_run(const pb::generation_plan& p) : plan(p) {}
+  const pb::generation_plan& plan;
+  uint64_t gen = 0;
+  int local = 0;
+  int rank = -1;
+  int world = 0;
+  double offered_at = 0;
+  std::chrono::milliseconds timeout{0};
+  abandon_fn abandon_now;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
+  std::shared_ptr<shm_group> shm;             // every rank on this host (cluster.shm_allreduce)
+  std::string shm_why, backend;
+  std::string source = "local";  // where the starting state came from: local, peer, disk, fresh
+  int root = 0;                  // global rank the state came from
+};
+
+void rank_worker::report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail) {
+  if (cb_.on_status) cb_.on_status(g.gen, status_of(s, g.rank, g.local, step, detail));
+}
+
+rank_worker::outcome rank_worker::failed(generation_run& g, const std::string& why, int64_t step, pb::rank_status::failure_kind kind) {
+  if (quitting()) return outcome::quit;
+  // Abandoned for a newer plan: not a failure of this generation.
+  if (abandon(g.gen)) return outcome::next_plan;
+  auto s = status_of(pb::rank_status::STATE_FAILED, g.rank, g.local, step, why);
+  s.set_failure(kind);
+  if (cb_.on_status) cb_.on_status(g.gen, std::move(s));
+  return outcome::failed;
+}
+
+void rank_worker::fit_threads_to_host(const pb::generation_plan& plan) {
+  auto& im = *impl_;
+  if (!im.auto_threads) return;
+  // Nodes started by hand on one machine each think they own it; the plan
+  // counts every rank of the generation on this machine.
+  int host_ranks = 0;
+  for (const auto& a : plan.ranks())
+    if (a.node_id() == opts_.node_id && a.local_rank() == opts_.local_rank) host_ranks = a.host_ranks();
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n = host_ranks > 0 ? std::max(1, hw / host_ranks) : im.threads;
+  if (n != im.threads) {
+    (void)im.cfg->set("train.threads", std::to_string(n));
+    configure_threads(*im.cfg);
+    im.threads = n;
+  }
+}
+
+rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan, double offered_at) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  generation_run g(plan);
+  g.gen = plan.generation();
+  g.local = opts_.local_rank;
+  g.rank = global_rank_in(plan, opts_.node_id, g.local);
+  g.world = plan.world_size();
+  g.offered_at = offered_at;
+  g.timeout = std::chrono::milliseconds(im.cfg->get_int("cluster.collective_timeout_ms"));
+  g.abandon_now = [this, gen = g.gen] { return abandon(gen); };
+  if (g.rank < 0) {
+    // Not in this generation (this node leaves, or this rank was left out).
+    report_status(g, pb::rank_status::STATE_IDLE, state.step(), "not in generation " + std::to_string(g.gen));
+    return outcome::idle;
+  }
+  fit_threads_to_host(plan);
+  try {
+    if (g.world > 1)
+      if (auto ended = build_group(g)) return *ended;
+    if (auto ended = agree_state(g)) return *ended;
+    return train(g);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    state.zero_grad();
+    return failed(g, what.substr(0, what.find('\n')), state.step());
+  }
+}
+
+// The generation's c10d group, built on a helper thread: a newer plan (or
+// quit) abandons a rendezvous that waits for a member who will never come.
+// Returns nothing once g.pg is built, or the outcome that ends the generation.
+std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) {
+  auto& im = *impl_;
+  const config& cfg = *im.cfg;
+  struct build {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::optional<result<c10::intrusive_ptr<c10d::ProcessGroup>>> r;
+    std::shared_ptr<shm_group> shm;
+    std::string shm_why;
+  };
+  auto b = std::make_shared<build>();
+  const auto rendezvous_timeout = std::max<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(60));
+  communicator_options co;
+  co.backend = cfg.get_string("cluster.backend");
+  co.timeout = rendezvous_timeout;
+  co.generation = g.gen;
+  co.hostname = opts_.advertise_addr.empty() ? "127.0.0.1" : opts_.advertise_addr;
+  const std::string host = g.plan.store_host().empty() ? opts_.default_store_host : g.plan.store_host();
+  const auto port = static_cast<uint16_t>(g.plan.store_port());
+  // Gradient floats (+ the 2 control words) a shared-memory slot must hold.
+  int64_t shm_floats = 2;
+  for (const auto& p : im.state->the_task().module()->parameters())
+    if (p.requires_grad()) shm_floats += p.numel();
+  g.backend = resolve_backend(co);
+  const bool want_shm = cfg.get_bool("cluster.shm_allreduce") && g.backend == "gloo";
+  const int rank = g.rank, world = g.world;
+  std::thread([b, co, host, port, rank, world, rendezvous_timeout, want_shm, shm_floats] {
+    result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
+    try {
+      c10d::TCPStoreOptions so;
+      so.port = port;
+      so.isServer = false;
+      so.waitWorkers = false;
+      so.timeout = rendezvous_timeout;
+      auto store = c10::make_intrusive<c10d::TCPStore>(host, so);
+      r = make_process_group(store, rank, world, co);
+      if (r.ok() && want_shm) {
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/shm", store);
+        std::string why;
+        auto joined = shm_group::join(*prefixed, rank, world, shm_floats, &why);
+        if (!joined) r = joined.err();
+        else {
+          std::lock_guard<std::mutex> lock(b->mu);
+          b->shm = joined.value();
+          b->shm_why = why;
+        }
+      }
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      r = make_error("c10d store at " + host + ":" + std::to_string(port) + ": " + what.substr(0, what.find('\n')));
+    }
+    std::lock_guard<std::mutex> lock(b->mu);
+    b->r = std::move(r);
+    b->done = true;
+    b->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(b->mu);
+  while (!b->done) {
+    if (quitting()) return outcome::quit;
+    if (newer_plan_waiting(g.gen)) return outcome::next_plan;
+    b->cv.wait_for(lock, std::chrono::milliseconds(5));
+  }
+  if (!b->r->ok()) return failed(g, b->r->message(), im.state->step());
+  g.pg = b->r->value();
+  im.parked.push_back(g.pg);  // outlives this generation (see impl::parked)
+  g.shm = b->shm;
+  g.shm_why = b->shm_why;
+  return std::nullopt;
+}
+
+// The generation's starting state: the newest disk checkpoint when the plan
+// carries one (everyone was lost, or the job resumes) and global rank 0
+// holds nothing newer; then the highest step any member holds, taken from
+// the lowest rank holding it. Returns nothing to go on, or the outcome that
+// ends the generation.
+std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) {
+  training_state& state = *impl_->state;
+  if (g.rank == 0 && !g.plan.checkpoint().empty()) {
+    pb::checkpoint_data d;
+    if (!d.ParseFromString(g.plan.checkpoint())) return failed(g, "the plan's checkpoint does not parse", state.step());
+    if (d.step() > state.step()) {
+      if (auto st = state.load_sections(sections_of(d), d.step()); !st) return failed(g, st.message(), state.step());
+      g.source = "disk";
+    }
+  }
+  if (g.pg) {
+    const auto words = agreement_words(state.step(), g.rank);
+    std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
+    c10d::AllreduceOptions mx;
+    mx.reduceOp = c10d::ReduceOp::MAX;
+    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "state agreement"); !st)
+      return failed(g, st.message(), state.step());
+    const auto a = read_agreement(t[0][0].item<int64_t>(), t[0][1].item<int64_t>());
+    g.root = a.root;
+    if (!a.everyone_holds_it()) {
+      std::string blob;
+      if (g.rank == g.root) to_checkpoint_data(state.step(), state.save_sections()).SerializeToString(&blob);
+      auto got = broadcast_bytes(*g.pg, g.root, blob, g.timeout, g.abandon_now);
+      if (!got) return failed(g, got.message(), state.step());
+      if (g.rank != g.root) {
+        pb::checkpoint_data d;
+        if (!d.ParseFromString(got.value())) return failed(g, "state broadcast from rank " + std::to_string(g.root) + " does not parse", state.step());
+        if (auto st = state.load_sections(sections_of(d), d.step()); !st) return failed(g, st.message(), state.step());
+        g.source = "peer";
+      }
+    }
+  }
+  if (g.source == "local" && state.step() == 0) g.source = "fresh";
+  return std::nullopt;
+}
+
+void rank_worker::send_eval(generation_run& g, std::map<std::string, double>& eval_at_step) {
+  training_state& state = *impl_->state;
+  const auto e0 = clock_type::now();
+  auto ev = state.evaluate();
+  eval_at_step = ev.metrics;
+  if (g.rank == 0 && cb_.on_eval)
+    cb_.on_eval(g.gen, eval_report_of(state.step(), ev.metrics, ev.examples, std::chrono::duration<double>(clock_type::now() - e0).count()));
+}
+
+void rank_worker::send_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step) {
+  training_state& state = *impl_->state;
+  auto d = to_checkpoint_data(state.step(), state.save_sections());
+  d.set_meta(state.checkpoint_meta(eval_at_step, g.gen).SerializeAsString());
+  if (cb_.on_checkpoint) cb_.on_checkpoint(g.gen, std::move(d));
+}
+
+// The step loop of a generation, until the job ends, a stop every rank
+// agreed on, a switch to a newer plan, or a failure.
+rank_worker::outcome rank_worker::train(generation_run& g) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  const config& cfg = *im.cfg;
+  grad_sync_options go;
+  go.bucket_bytes = cfg.get_int("cluster.bucket_kb") * 1024;
+  go.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
+  go.timeout = g.timeout;
+  go.abandon = g.abandon_now;
+  go.control_words = 2;
+  go.shm = g.shm;
+  grad_sync sync(state.the_task().module()->parameters(), g.pg, go);
+  // Whatever the last generation left in the gradients is a partial step.
+  state.zero_grad();
+
+  {
+    // How this generation's gradients travel (shown in the rank's status).
+    std::string transport;
+    if (g.world > 1 && sync.uses_shm())
+      transport = "gradients over shared memory";
+    else if (g.world > 1)
+      transport = "gradients over " + g.backend + (g.shm_why.empty() ? "" : " (no shared memory: " + g.shm_why + ")");
+    auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
+    ready.set_state_source(g.source);
+    ready.set_state_root(g.root);
+    ready.set_switch_s(now_s() - g.offered_at);
+    if (cb_.on_status) cb_.on_status(g.gen, std::move(ready));
+  }
+
+  const step_cadence cadence = step_cadence_of(cfg);
+  std::map<std::string, double> eval_at_step;
+  pb::step_report acc;  // sums since the last report
+  bool first = true;    // the first step of a generation is reported at once (recovery timing)
+  int64_t last_ckpt = -1;
+  if (state.step() >= cadence.max_steps && g.rank == 0) {
+    // The job's last step is done but this generation started after it
+    // (the old rank 0 may have died before its final evaluation and
+    // checkpoint reached the coordinator): the new rank 0 sends both.
+    send_eval(g, eval_at_step);
+    send_checkpoint(g, eval_at_step);
+  }
+  while (state.step() < cadence.max_steps) {
+    if (quitting()) return outcome::quit;
+    if (abandon(g.gen)) return outcome::next_plan;
+    const auto t0 = clock_type::now();
+    // The step's control word rides at the end of its first gradient
+    // bucket (SUM-reduced with it, no collective of its own): (do I hold a
+    // plan newer than this generation, is a stop requested here). Every
+    // rank reads the same sums after the step: all switch once every rank
+    // holds the newer plan, all stop if any rank was asked to, at the same
+    // step boundary.
+    const bool stop_here = stop_.load();
+    sync.set_control({offered_gen_.load() > g.gen ? 1.f : 0.f, stop_here ? 1.f : 0.f});
+    auto r = state.train_step_dp(g.rank, g.world, sync);
+    if (!r) return failed(g, r.message(), state.step());
+    const int64_t step = state.step();
+    acc.set_samples(acc.samples() + r->samples);
+    acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
+    acc.set_allreduce_exposed_s(acc.allreduce_exposed_s() + r->exposed_s);
+    acc.set_steps_covered(acc.steps_covered() + 1);
+    if (cadence.digest_due(step)) {
+      const std::string digest = state.params_digest();
+      acc.set_params_digest(digest);
+      if (g.pg) {
+        auto agree = digests_agree(*g.pg, digest, g.timeout, g.abandon_now);
+        if (!agree) return failed(g, agree.message(), step);
+        if (!agree.value())
+          return failed(g, "parameters differ between ranks at step " + std::to_string(step), step, pb::rank_status::FAILURE_PARAMETERS_DIFFER);
+      }
+    }
+    acc.set_step_s(acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
+    if (first || cadence.report_due(step)) {
+      acc.set_step(step);
+      acc.set_global_rank(g.rank);
+      acc.set_world_size(g.world);
+      acc.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
+      acc.set_lr(state.lr_at(step - 1));
+      acc.set_data_wait_s(take_data_wait_s());
+      if (cb_.on_step) cb_.on_step(g.gen, acc);
+      acc.Clear();
+      first = false;
+    }
+
+    eval_at_step.clear();
+    // Every rank evaluates (their parameters are identical, so are the
+    // results): a rank left waiting in the next collective while rank 0
+    // evaluated alone would hit the collective timeout on a long
+    // evaluation. Rank 0 reports.
+    if (cadence.eval_due(step)) send_eval(g, eval_at_step);
+    if (g.rank == 0 && cadence.checkpoint_due(step)) {
+      send_checkpoint(g, eval_at_step);
+      last_ckpt = step;
+    }
+
+    if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected) {
+      im.injected = true;
+      inject_fault();
+    }
+    const bool stop_agreed = sync.control()[1] > 0.5f;
+    const bool newer_plan = sync.control()[0] > static_cast<float>(g.world) - 0.5f;
+    if (stop_agreed) {
+      if (g.rank == 0 && stop_checkpoint_.load() && last_ckpt != step) send_checkpoint(g, eval_at_step);
+      report_status(g, pb::rank_status::STATE_FINISHED, step, state.params_digest());
+      return outcome::stopped;
+    }
+    if (newer_plan) return outcome::next_plan;
+  }
+  report_status(g, pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());
+  return outcome::finished;
+}
+
+void rank_worker::inject_fault() {
+  const std::string& m = opts_.fail_mode;
+  std::fprintf(stderr, "dtactor: fault injection at step %lld: %s\n", static_cast<long long>(opts_.fail_at_step), m.c_str());
+  std::fflush(stderr);
+  const pid_t node = ::getppid();
+  if (m == "crash") {
+    ::kill(node, SIGKILL);
+    ::raise(SIGKILL);
+  } else if (m == "hang") {
+    ::kill(node, SIGSTOP);
+    ::raise(SIGSTOP);
+  } else if (m == "leave") {
+    ::kill(node, SIGTERM);
+  } else if (m == "rank-crash") {
+    ::raise(SIGKILL);
+  }
+}
+
+}  // namespace dtactor

@@ -1,0 +1,229 @@
+#include "rank/train_command.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "monitoring/journal.hpp"
+#include "monitoring/progress.hpp"
+#include "monitoring/resources.hpp"
+#include "monitoring/run_observer.hpp"
+#include "rank/step_policy.hpp"
+#include "runtime/blas_info.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/data_wait.hpp"
+#include "runtime/fs.hpp"
+#include "runtime/job_config.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+}  // namespace
+
+result<train_summary> run_training(const config& cfg, const train_options& opts) {
+  const auto start = clock_type::now();
+  if (auto st = validate_training_config(cfg); !st) return st.err();
+  if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
+  auto run_lock = file_lock::try_acquire(run_dir_lock_path(opts.run_dir), "dtactor train");
+  if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.message()));
+
+  configure_threads(cfg);
+  auto created = training_state::create(cfg);
+  if (!created) return created.err();
+  training_state& state = *created.value();
+  task& tk = state.the_task();
+  const checkpoint_policy policy = checkpoint_policy_of(cfg);
+  auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy);
+  if (!store) return store.err();
+
+  journal jn;
+  if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();
+  const std::string config_text = cfg.to_toml();
+  if (auto st = write_file_atomic(opts.run_dir + "/config.toml", {config_text}); !st) return st.err();
+
+  const bool interactive = opts.interactive.value_or(progress::stderr_is_terminal());
+  // Console progress and TensorBoard scalars (RUN_DIR/tensorboard), as a cluster's coordinator writes them.
+  run_observer prog({opts.run_dir, cfg.get_int("train.max_steps"), interactive, opts.run_dir + "/train.log"});
+  resource_book usage;
+  auto note_usage = [&](bool force) {
+    if (auto u = read_proc_usage()) usage.note(0, this_host_name(), *u);
+    if (usage.due(unix_time_now()) || (force && !usage.empty())) jn.write("resources", usage.to_json());
+  };
+
+  // Resume.
+  std::optional<loaded_checkpoint> ckpt;
+  if (!opts.resume_from.empty()) {
+    auto one = checkpoint_store::load(opts.resume_from);
+    if (!one) return make_error("cannot resume from '" + opts.resume_from + "': " + one.message());
+    ckpt = std::move(one.value());
+  } else if (opts.resume) {
+    auto newest = store->load_newest_valid([&](const std::string& path, const std::string& why) {
+      prog.log("skipping checkpoint " + path + ": " + why);
+      jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+    });
+    if (!newest) return newest.err();
+    ckpt = std::move(newest.value());
+  }
+  if (ckpt) {
+    if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+    if (auto st = state.load_sections(ckpt->sections, ckpt->meta.step()); !st) return make_error("'" + ckpt->path + "': " + st.message());
+    jn.write("checkpoint_restored", {{"step", ckpt->meta.step()}, {"source", "disk"}, {"path", ckpt->path}});
+    prog.log("resumed from " + ckpt->path + " at step " + std::to_string(ckpt->meta.step()));
+  }
+
+  const int64_t max_steps = cfg.get_int("train.max_steps");
+  const int64_t global_batch = cfg.get_int("train.global_batch_size");
+  const step_cadence cadence = step_cadence_of(cfg);
+  const blas_info blas = describe_blas();
+  jn.write("job_started", {{"model", tk.name()},
+                           {"parameters", state.parameter_count()},
+                           {"max_steps", max_steps},
+                           {"global_batch_size", global_batch},
+                           {"world_size", 1},
+                           {"start_step", state.step()},
+                           {"threads", at::get_num_threads()},
+                           {"blas", blas.library},
+                           {"config_digest", cfg.digest()}});
+  prog.log("training " + tk.name() + " (" + std::to_string(state.parameter_count()) + " parameters, " + std::to_string(tk.train_size()) +
+           " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
+
+  train_summary summary;
+  int64_t last_saved = ckpt ? ckpt->meta.step() : -1;
+  std::map<std::string, double> eval_at_step;  // metrics of an evaluation at the current step
+  auto save = [&]() -> status {
+    pb::checkpoint_meta meta = state.checkpoint_meta(eval_at_step, 0);
+    const auto t0 = clock_type::now();
+    auto sections = state.save_sections();
+    size_t bytes = 0;
+    for (auto& s : sections) bytes += s.second.size();
+    auto path = store->save(std::move(meta), sections);
+    if (!path) return path.err();
+    last_saved = state.step();
+    jn.write("checkpoint_saved", {{"step", state.step()}, {"path", path.value()}, {"bytes", bytes}, {"duration_s", seconds_since(t0)}});
+    prog.note_event("checkpoint " + std::to_string(state.step()));
+    return {};
+  };
+  auto run_eval = [&]() {
+    const auto t0 = clock_type::now();
+    summary.last_eval = state.evaluate();
+    eval_at_step = summary.last_eval.metrics;
+    const auto r = eval_report_of(state.step(), summary.last_eval.metrics, summary.last_eval.examples, seconds_since(t0));
+    nlohmann::json ev = {{"step", r.step()}, {"duration_s", r.duration_s()}};
+    for (const auto& [k, v] : r.metrics()) ev[k] = v;
+    if (r.examples_size() > 0) ev["examples"] = std::vector<std::string>(r.examples().begin(), r.examples().end());
+    jn.write("eval", ev);
+    prog.on_eval(state.step(), summary.last_eval.metrics);
+    for (const auto& ex : summary.last_eval.examples) prog.log("  " + ex);
+  };
+
+  double window_loss = 0, window_time = 0, ema_sps = 0;
+  int64_t window_steps = 0;
+  while (state.step() < max_steps) {
+    if (opts.stop_signal && opts.stop_signal->load() != 0) {
+      summary.stop_signal = opts.stop_signal->load();
+      break;
+    }
+    if (opts.stop_at_step >= 0 && state.step() >= opts.stop_at_step) break;
+    eval_at_step.clear();
+    const auto t0 = clock_type::now();
+    const double loss = state.train_step();
+    const double dt = seconds_since(t0);
+    if (!std::isfinite(loss)) {
+      jn.write("job_failed", {{"step", state.step()}, {"reason", "non-finite loss"}});
+      return make_error("loss became " + std::to_string(loss) + " at step " + std::to_string(state.step()) +
+                        "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint");
+    }
+    window_loss += loss;
+    window_time += dt;
+    ++window_steps;
+    const double sps_now = static_cast<double>(global_batch) / std::max(dt, 1e-9);
+    ema_sps = ema_sps == 0 ? sps_now : 0.9 * ema_sps + 0.1 * sps_now;
+    const int64_t step = state.step();
+    if (cadence.report_due(step)) {
+      const double sps = static_cast<double>(window_steps * global_batch) / std::max(window_time, 1e-9);
+      jn.write("step", {{"step", step},
+                        {"loss", loss},
+                        {"loss_avg", window_loss / static_cast<double>(window_steps)},
+                        {"lr", state.lr_at(step - 1)},
+                        {"samples_per_s", sps},
+                        {"data_wait_s", take_data_wait_s() / static_cast<double>(window_steps)},
+                        {"world_size", 1}});
+      prog.on_step(step, loss, state.lr_at(step - 1), sps, 1, true);
+      note_usage(false);
+      window_loss = window_time = 0;
+      window_steps = 0;
+    } else {
+      prog.on_step(step, loss, state.lr_at(step - 1), ema_sps, 1, false);
+    }
+    if (cadence.eval_due(step)) run_eval();
+    if (cadence.checkpoint_due(step)) {
+      if (auto st = save(); !st) return st.err();
+    }
+  }
+  prog.finish();
+
+  summary.step = state.step();
+  summary.finished = state.step() >= max_steps;
+  summary.params_digest = state.params_digest();
+  if (!summary.finished && last_saved != state.step()) {
+    if (auto st = save(); !st) return st.err();
+  }
+  summary.wall_s = seconds_since(start);
+  note_usage(true);
+  if (summary.finished) {
+    nlohmann::json ev = {{"step", summary.step}, {"params_digest", summary.params_digest}, {"wall_s", summary.wall_s}};
+    for (const auto& [k, v] : summary.last_eval.metrics) ev[k] = v;
+    jn.write("job_finished", ev);
+  } else {
+    jn.write("job_stopped", {{"step", summary.step},
+                             {"params_digest", summary.params_digest},
+                             {"reason", summary.stop_signal ? "signal " + std::to_string(summary.stop_signal) : "stop_at_step"}});
+  }
+  return summary;
+}
+
+result<eval_result> run_evaluation(const std::string& target, const std::string& config_path, const std::vector<std::string>& overrides,
+                                   int64_t* step_out) {
+  std::optional<loaded_checkpoint> ckpt;
+  std::error_code ec;
+  if (std::filesystem::is_directory(target, ec)) {
+    const std::string dir = std::filesystem::exists(target + "/checkpoints") ? target + "/checkpoints" : target;
+    auto store = checkpoint_store::open(dir, checkpoint_policy{});
+    if (!store) return store.err();
+    auto newest = store->load_newest_valid([](const std::string& path, const std::string& why) {
+      std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+    });
+    if (!newest) return newest.err();
+    if (!newest.value()) return make_error("no valid checkpoint in '" + dir + "'");
+    ckpt = std::move(newest.value());
+  } else {
+    if (!std::filesystem::exists(target, ec)) return make_error("checkpoint '" + target + "' does not exist");
+    auto one = checkpoint_store::load(target);
+    if (!one) return make_error("cannot read checkpoint '" + target + "': " + one.message());
+    ckpt = std::move(one.value());
+  }
+  // Without --config, the job's own config (stored in the checkpoint) applies.
+  auto loaded = config_path.empty() ? config::parse_toml(ckpt->meta.config_toml(), ckpt->path + " (stored config)") : config::load(config_path, {});
+  if (!loaded) return loaded.err();
+  config cfg = std::move(loaded.value());
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) return make_error("--set expects key=value, got '" + o + "'");
+    if (auto st = cfg.set(o.substr(0, eq), o.substr(eq + 1)); !st) return st.err();
+  }
+  if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+  configure_threads(cfg);
+  auto created = training_state::create(cfg);
+  if (!created) return created.err();
+  if (auto st = created.value()->load_sections(ckpt->sections, ckpt->meta.step()); !st) return make_error("'" + ckpt->path + "': " + st.message());
+  if (step_out) *step_out = ckpt->meta.step();
+  return created.value()->evaluate();
+}
+
+}  // namespace dtactor
