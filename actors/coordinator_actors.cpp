@@ -144,7 +144,7 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   auto env = make_envelope(st.opts.header, p.generation);
   *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.newest_checkpoint);
   const auto& wp = env.generation_plan();
-  ev::generation_started started{p.generation, p.world_size, p.cause, p.drain, start_step, wp.state_root(), {}};
+  ev::generation_started started{p.generation, p.world_size, to_string(p.cause), p.drain, start_step, wp.state_root(), {}};
   for (const auto& n : p.nodes) started.nodes.push_back(n.node_id);
   emit(self, std::move(started));
   for (const auto& n : p.nodes) {
@@ -235,8 +235,13 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   }
   out.set_config_toml(opts.config_toml);
   out.set_drain(p.drain);
-  out.set_cause(p.cause);
+  out.set_cause(static_cast<pb::generation_plan::generation_cause>(p.cause));
   return out;
+}
+
+plan_cause cause_of(const pb::generation_plan& p) {
+  const int v = static_cast<int>(p.cause());
+  return v >= 0 && v <= static_cast<int>(plan_cause::adopted) ? static_cast<plan_cause>(v) : plan_cause::none;
 }
 
 plan from_proto(const pb::generation_plan& p) {
@@ -245,7 +250,7 @@ plan from_proto(const pb::generation_plan& p) {
   out.world_size = p.world_size();
   out.state_root = p.state_root();
   out.drain = p.drain();
-  out.cause = p.cause();
+  out.cause = cause_of(p);
   std::vector<const pb::rank_assignment*> order;
   for (const auto& r : p.ranks()) order.push_back(&r);
   std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->global_rank() < b->global_rank(); });

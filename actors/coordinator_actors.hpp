@@ -95,4 +95,7 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
 // not on the wire: adoption takes them from the registrations).
 plan from_proto(const pb::generation_plan& p);
 
+// The plan's cause (none for a value this build does not know).
+plan_cause cause_of(const pb::generation_plan& p);
+
 }  // namespace dtactor

@@ -184,7 +184,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
       [=](plan_atom, const plan& p) -> int64_t {
         auto& st = self->state;
         if (p.generation > st.generation) {
-          st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? std::string("adopted") : p.cause, p.drain,
+          st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain,
                                          self->clock().now(), st.last_step);
           st.generation = p.generation;
           st.world_size = p.world_size;

@@ -61,10 +61,10 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   return out;
 }
 
-recovery_record begin_generation(uint64_t generation, bool first, const std::string& cause, bool drain, clock_time now, int64_t steps_before) {
+recovery_record begin_generation(uint64_t generation, bool first, plan_cause cause, bool drain, clock_time now, int64_t steps_before) {
   recovery_record rec;
   rec.generation = generation;
-  rec.cause = first && cause != "restart" && cause != "adopted" ? "start" : cause;
+  rec.cause = first && cause != plan_cause::restart && cause != plan_cause::adopted ? plan_cause::start : cause;
   rec.drain = drain;
   rec.planned = now;
   rec.steps_before = steps_before;
@@ -82,11 +82,11 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
 std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64_t step, int32_t world_size, clock_time now) {
   if (rec.done) return std::nullopt;
   rec.done = true;
-  if (rec.cause == "start" || rec.cause == "adopted" || rec.cause.empty()) return std::nullopt;
+  if (rec.cause == plan_cause::start || rec.cause == plan_cause::adopted || rec.cause == plan_cause::none) return std::nullopt;
   ev::recovery_done d;
   d.generation = rec.generation;
   d.world_size = world_size;
-  d.cause = rec.cause;
+  d.cause = to_string(rec.cause);
   d.drain = rec.drain;
   // Without a READY report (a rank that was already at its step), the
   // generation resumed from the step before the first one it completed.

@@ -11,6 +11,7 @@
 
 #include "actors/events.hpp"
 #include "actors/liveness.hpp"
+#include "actors/membership.hpp"
 #include "wire.pb.h"
 
 namespace dtactor {
@@ -43,7 +44,7 @@ class step_table {
 // A generation's accounting, from its plan to its first completed step.
 struct recovery_record {
   uint64_t generation = 0;
-  std::string cause;  // "start" and "adopted" are not recoveries
+  plan_cause cause = plan_cause::none;  // start and adopted are not recoveries
   bool drain = false;
   clock_time planned{};
   int64_t steps_before = 0;   // highest step completed by every rank when it was planned
@@ -55,7 +56,7 @@ struct recovery_record {
 // The record for a new generation. `first` = no generation before it in
 // this coordinator's life (then the cause is "start" unless it is a
 // restart of a running job).
-recovery_record begin_generation(uint64_t generation, bool first, const std::string& cause, bool drain, clock_time now, int64_t steps_before);
+recovery_record begin_generation(uint64_t generation, bool first, plan_cause cause, bool drain, clock_time now, int64_t steps_before);
 
 // A rank of the record's generation reported READY. Returns the one
 // `checkpoint_restored` event of the generation, at the first rank that

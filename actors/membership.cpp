@@ -6,6 +6,32 @@
 
 namespace dtactor {
 
+const char* to_string(plan_cause c) {
+  switch (c) {
+    case plan_cause::none:
+      return "none";
+    case plan_cause::node_lost:
+      return "node_lost";
+    case plan_cause::rank_exited:
+      return "rank_exited";
+    case plan_cause::collective_failure:
+      return "collective_failure";
+    case plan_cause::node_left:
+      return "node_left";
+    case plan_cause::node_joined:
+      return "node_joined";
+    case plan_cause::rank_ready:
+      return "rank_ready";
+    case plan_cause::start:
+      return "start";
+    case plan_cause::restart:
+      return "restart";
+    case plan_cause::adopted:
+      return "adopted";
+  }
+  return "unknown";
+}
+
 namespace {
 
 double seconds(clock_duration d) { return std::chrono::duration<double>(d).count(); }
@@ -34,15 +60,12 @@ std::vector<std::string> node_ids(const membership_state& s, bool ready) {
   return out;
 }
 
-// Most severe first: a plan's cause is the most severe change since the last.
-const std::vector<std::string>& cause_order() {
-  static const std::vector<std::string> order{"node_lost", "rank_exited", "collective_failure", "node_left", "node_joined", "rank_ready"};
-  return order;
-}
-
-size_t severity(const std::string& cause) {
-  const auto& order = cause_order();
-  return static_cast<size_t>(std::find(order.begin(), order.end(), cause) - order.begin());
+// Lower is more severe: a plan's cause is the most severe change since the
+// last (node_lost .. rank_ready, in the enum's order); nothing noted is
+// the least severe.
+int severity(plan_cause cause) {
+  const int v = static_cast<int>(cause);
+  return cause == plan_cause::none || v > static_cast<int>(plan_cause::rank_ready) ? 1000 : v;
 }
 
 // Members with a ready rank, in plan order (node rank, then id).
@@ -91,10 +114,10 @@ bool can_drain(const membership_state& s) {
   return true;
 }
 
-std::string plan_cause(const membership_state& s) {
-  if (!s.current) return s.reported_plan || s.last_generation > 0 ? "restart" : "start";
-  if (!s.pending_cause.empty()) return s.pending_cause;
-  return s.suspect_since ? "collective_failure" : "node_joined";
+plan_cause cause_of_next(const membership_state& s) {
+  if (!s.current) return s.reported_plan || s.last_generation > 0 ? plan_cause::restart : plan_cause::start;
+  if (s.pending_cause != plan_cause::none) return s.pending_cause;
+  return s.suspect_since ? plan_cause::collective_failure : plan_cause::node_joined;
 }
 
 bool full(const membership_state& s, const membership_options& opts) {
@@ -138,8 +161,8 @@ plan adopted_plan(const membership_state& s) {
 std::string describe(const plan& p, size_t ready_nodes, const std::vector<std::string>& ids) {
   std::ostringstream why;
   why << "generation " << p.generation << ": " << ready_nodes << " node" << (ready_nodes == 1 ? "" : "s") << " " << join(ids) << ", world size "
-      << p.world_size << ", cause " << p.cause;
-  if (p.cause == "start") return why.str();  // nothing to drain or abort, no state held yet
+      << p.world_size << ", cause " << to_string(p.cause);
+  if (p.cause == plan_cause::start) return why.str();  // nothing to drain or abort, no state held yet
   why << (p.drain ? ", drain" : ", abort");
   if (p.state_root >= 0)
     why << ", state from global rank " << p.state_root;
@@ -176,7 +199,7 @@ plan make_plan(const membership_state& state, uint64_t generation) {
   plan p;
   p.generation = generation;
   p.drain = can_drain(state);
-  p.cause = plan_cause(state);
+  p.cause = cause_of_next(state);
   int32_t global = 0;
   for (const auto* n : planned_nodes(state)) {
     plan_node pn{n->node_id, n->advertise_addr, n->peer, n->node_rank, n->nproc, global, n->incarnation, {}};
@@ -284,13 +307,13 @@ bool membership::in_current(const std::string& node_id, uint64_t incarnation) co
   return pn && pn->incarnation == incarnation;
 }
 
-void membership::note_addition(const std::string& cause, clock_time now) {
+void membership::note_addition(plan_cause cause, clock_time now) {
   state_.last_change = now;
   state_.settling_since = now;
   if (severity(cause) < severity(state_.pending_cause)) state_.pending_cause = cause;
 }
 
-void membership::note_loss(const std::string& cause, bool in_plan, clock_time now) {
+void membership::note_loss(plan_cause cause, bool in_plan, clock_time now) {
   state_.last_change = now;
   // Only a loss of the running generation is urgent (and names the next plan).
   if (!in_plan) return;
@@ -327,11 +350,11 @@ bool membership::mark_ready(node_info& n, int32_t local_rank, bool ready, clock_
   if (ready) {
     if (n.ready.count(local_rank)) return false;
     n.ready[local_rank] = ++state_.last_serial;
-    note_addition(in_current(n.node_id, n.incarnation) ? "rank_ready" : "node_joined", now);
+    note_addition(in_current(n.node_id, n.incarnation) ? plan_cause::rank_ready : plan_cause::node_joined, now);
     return true;
   }
   if (!n.ready.erase(local_rank)) return false;
-  note_loss("rank_exited", planned, now);
+  note_loss(plan_cause::rank_exited, planned, now);
   return true;
 }
 
@@ -382,7 +405,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     n.plan_generation = plan_generation;
     if (n.advertise_addr != reg.advertise_addr) {
       n.advertise_addr = reg.advertise_addr;
-      note_addition("node_joined", now);
+      note_addition(plan_cause::node_joined, now);
       a.changed = true;
     }
     std::vector<int32_t> gone;
@@ -413,7 +436,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     // old ranks are gone. Only a new process counts towards flapping.
     a.restarted = it->second.incarnation != reg.incarnation;
     a.silent_s = seconds(now - std::min(now, it->second.last_seen));
-    note_loss("node_lost", in_current(reg.node_id, it->second.incarnation), now);
+    note_loss(plan_cause::node_lost, in_current(reg.node_id, it->second.incarnation), now);
     state_.nodes.erase(it);
     if (a.restarted && note_failure(reg.node_id, now)) {
       a.quarantined = true;
@@ -436,7 +459,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
   state_.remembered_ranks[reg.node_id] = rank;
   auto& n = state_.nodes[reg.node_id] =
       node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation};
-  note_addition("node_joined", now);
+  note_addition(plan_cause::node_joined, now);
   for (int32_t l : ready) mark_ready(n, l, true, now);
   a.accepted = true;
   a.changed = true;
@@ -455,9 +478,9 @@ removal membership::remove(const std::string& node_id, clock_time now, departure
       auto& leaving = state_.leaving[node_id] = *state_.current->find(node_id);
       leaving.peer = it->second.peer;  // where it is reachable now
     }
-    note_loss("node_left", planned, now);
+    note_loss(plan_cause::node_left, planned, now);
   } else {
-    note_loss("node_lost", planned, now);
+    note_loss(plan_cause::node_lost, planned, now);
   }
   state_.nodes.erase(it);
   r.removed = true;
@@ -498,10 +521,10 @@ const plan& membership::commit(plan p) {
   }
   if (!p.adopted) {
     state_.settling_since.reset();
-    state_.pending_cause.clear();
+    state_.pending_cause = plan_cause::none;
   } else {
     // Members outside the adopted plan join it as usual, after settling.
-    state_.pending_cause = "node_joined";
+    state_.pending_cause = plan_cause::node_joined;
   }
   state_.loss_pending = false;
   state_.leaving.clear();

@@ -13,6 +13,24 @@
 
 namespace dtactor {
 
+// Why a generation starts. The changes since the previous plan are ordered
+// most severe first (node_lost .. rank_ready): a plan's cause is the most
+// severe one. Values match pb::generation_plan::generation_cause.
+enum class plan_cause : int32_t {
+  none = 0,  // no change noted
+  node_lost = 1,
+  rank_exited = 2,
+  collective_failure = 3,
+  node_left = 4,
+  node_joined = 5,
+  rank_ready = 6,
+  start = 7,    // the first generation of a job
+  restart = 8,  // a new coordinator could not adopt the running generation
+  adopted = 9,  // a new coordinator took over the running generation
+};
+// Stable lower-case names ("node_lost", ...), used in the journal and metrics.
+const char* to_string(plan_cause c);
+
 struct membership_options {
   // cluster.min_nodes: nodes with a ready rank the job waits for before its
   // first generation (the start gate, like torchrun's --nnodes MIN).
@@ -107,9 +125,7 @@ struct plan {
   // announced leaves): ranks finish their step and switch at a boundary they
   // agree on. False after any loss: ranks abandon their collectives at once.
   bool drain = false;
-  // start, node_lost, rank_exited, collective_failure, node_left,
-  // node_joined, rank_ready, restart (a new coordinator could not adopt).
-  std::string cause;
+  plan_cause cause = plan_cause::none;
   // Taken over from the nodes by a restarted coordinator: already running,
   // not to be sent again.
   bool adopted = false;
@@ -166,7 +182,7 @@ struct membership_state {
   // nodes that left.
   std::optional<clock_time> settling_since;
   bool loss_pending = false;
-  std::string pending_cause;
+  plan_cause pending_cause = plan_cause::none;
   std::map<std::string, plan_node> leaving;
   // First STATE_FAILED of a rank of the current generation.
   std::optional<clock_time> suspect_since;
@@ -274,8 +290,8 @@ class membership {
  private:
   int32_t assign_rank(const std::string& node_id);
   bool in_current(const std::string& node_id, uint64_t incarnation) const;
-  void note_addition(const std::string& cause, clock_time now);
-  void note_loss(const std::string& cause, bool in_plan, clock_time now);
+  void note_addition(plan_cause cause, clock_time now);
+  void note_loss(plan_cause cause, bool in_plan, clock_time now);
   // Counts a loss of `node_id`; true when it reaches quarantine.
   bool note_failure(const std::string& node_id, clock_time now);
   bool mark_ready(node_info& n, int32_t local_rank, bool ready, clock_time now);

@@ -21,6 +21,7 @@
 #include "caf/meta/load_callback.hpp"
 #include "caf/meta/type_name.hpp"
 #include "caf/sec.hpp"
+#include "runtime/wire.hpp"  // envelope_header, make_envelope (header-only here)
 #include "wire.pb.h"
 
 namespace dtactor {
@@ -126,18 +127,6 @@ using outbound = std::function<void(const std::string& link, const std::string& 
 // Where actors write one line per event worth a journal entry (may be empty).
 using log_fn = std::function<void(const std::string& line)>;
 
-// The fields every envelope a process sends carries.
-struct envelope_header {
-  uint32_t protocol_version = 1;
-  std::string job_id;
-  std::string sender;  // "coordinator", "node/<node_id>", ...
-  uint64_t incarnation = 0;
-};
-
-pb::envelope make_envelope(const envelope_header& h, uint64_t generation);
-
-// Body case name ("register_node", ...) for logs.
-std::string body_name(const pb::envelope& env);
 
 // -- inspect overloads for plan (travels in plan_atom messages) --------------
 

@@ -21,16 +21,6 @@ const char* to_string(drop_kind kind) noexcept {
   return "unknown";
 }
 
-pb::envelope make_envelope(const wire_identity& id) {
-  pb::envelope env;
-  env.set_protocol_version(protocol_version);
-  env.set_job_id(id.job_id);
-  env.set_sender(id.sender);
-  env.set_incarnation(id.incarnation);
-  env.set_generation(id.generation);
-  return env;
-}
-
 result<std::string> encode(const pb::envelope& env) {
   if (env.body_case() == pb::envelope::BODY_NOT_SET)
     return make_error("wire: refusing to encode an envelope without a body (sender '" +

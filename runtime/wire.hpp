@@ -35,19 +35,6 @@ constexpr std::size_t drop_kind_count = static_cast<std::size_t>(drop_kind::coun
 // Stable lower-case names, used as the Prometheus `kind` label and in logs.
 const char* to_string(drop_kind kind) noexcept;
 
-// Who we are on the wire; copied into every envelope we build.
-struct wire_identity {
-  std::string sender;        // "coordinator", "node/<id>", "rank/<id>/<local>"
-  uint64_t incarnation = 0;  // new_incarnation() once per process start
-  uint64_t generation = 0;   // membership generation (0 = none yet)
-  std::string job_id;        // empty only before a node has learnt it
-};
-
-// An envelope with version, job id, sender, incarnation and generation set
-// from `id` and no body: the caller sets exactly one body
-// (e.g. `*env.mutable_heartbeat() = hb;`).
-pb::envelope make_envelope(const wire_identity& id);
-
 // Serializes `env`. Fails only for envelopes over 2 GiB (protobuf's limit)
 // or without a body (a peer would refuse it as garbage).
 result<std::string> encode(const pb::envelope& env);
@@ -83,3 +70,27 @@ uint64_t new_incarnation();
 const char* body_name(const pb::envelope& env) noexcept;
 
 }  // namespace dtactor::wire
+
+namespace dtactor {
+
+// Who we are on the wire: the fields every envelope a process sends carries.
+struct envelope_header {
+  uint32_t protocol_version = wire::protocol_version;
+  std::string job_id;  // empty only before a node has learnt it
+  std::string sender;  // "coordinator", "node/<id>", "rank/<id>/<local>"
+  uint64_t incarnation = 0;  // wire::new_incarnation() once per process start
+};
+
+// An envelope with the header's fields and `generation` (0 = none yet) and
+// no body: the caller sets exactly one (`*env.mutable_heartbeat() = hb;`).
+inline pb::envelope make_envelope(const envelope_header& h, uint64_t generation) {
+  pb::envelope env;
+  env.set_protocol_version(h.protocol_version);
+  env.set_job_id(h.job_id);
+  env.set_sender(h.sender);
+  env.set_incarnation(h.incarnation);
+  env.set_generation(generation);
+  return env;
+}
+
+}  // namespace dtactor

@@ -41,7 +41,7 @@ plan sample_plan() {
   p.nodes = {plan_node{"a", "a.local", "peer-a", 0, 1, 0, 11, {0}}, plan_node{"b", "b.local", "peer-b", 2, 3, 1, 12, {0, 2}}};
   p.ranks = {rank_slot{"a", 0, 0, 5}, rank_slot{"b", 0, 1, 6}, rank_slot{"b", 2, 2, 9}};
   p.drain = true;
-  p.cause = "node_left";
+  p.cause = plan_cause::node_left;
   p.adopted = true;
   p.leaving = {plan_node{"c", "c.local", "peer-c", 1, 1, 0, 13, {0}}};
   return p;
@@ -130,7 +130,7 @@ TEST_F(actor_messages, plan_round_trips_alone_and_in_plan_atom_messages) {
 TEST_F(actor_messages, a_round_trip_keeps_every_plan_field) {
   auto y = round_trip(sys(), sample_plan());
   EXPECT_TRUE(y.drain);
-  EXPECT_EQ(y.cause, "node_left");
+  EXPECT_EQ(y.cause, plan_cause::node_left);
   EXPECT_TRUE(y.adopted);
   ASSERT_EQ(y.leaving.size(), 1u);
   EXPECT_EQ(y.leaving[0].peer, "peer-c");
@@ -186,8 +186,6 @@ TEST_F(actor_messages, messages_render_for_logs) {
   auto text = caf::deep_to_string(sample_plan());
   EXPECT_NE(text.find("peer-b"), std::string::npos) << text;
   EXPECT_NE(caf::deep_to_string(sample_inbound()).find("nodes"), std::string::npos);
-  EXPECT_EQ(body_name(sample_inbound().env), "generation_plan");
-  EXPECT_EQ(body_name(pb::envelope{}), "(empty)");
 }
 
 TEST_F(actor_messages, envelopes_carry_the_header) {

@@ -75,7 +75,7 @@ inbound joined_in(const std::string& node_id, int32_t nproc, uint64_t g) {
 void expect_plan(const pb::generation_plan& p, uint64_t generation, int32_t world_size, const std::string& cause, bool drain) {
   EXPECT_EQ(p.generation(), generation);
   EXPECT_EQ(p.world_size(), world_size);
-  EXPECT_EQ(p.cause(), cause);
+  EXPECT_EQ(to_string(cause_of(p)), cause);
   EXPECT_EQ(p.drain(), drain);
 }
 
@@ -347,7 +347,7 @@ TEST_F(coordinator_actors, a_job_that_waited_for_two_nodes_goes_on_with_one) {
   auto plans = wire.with(pb::envelope::kGenerationPlan, "peer-a");
   ASSERT_EQ(plans.size(), 2u) << ms().last_reason;
   EXPECT_EQ(plans.back().env.generation_plan().world_size(), 1);
-  EXPECT_EQ(plans.back().env.generation_plan().cause(), "node_lost");
+  EXPECT_EQ(cause_of(plans.back().env.generation_plan()), plan_cause::node_lost);
 }
 
 TEST_F(coordinator_actors, job_finishes_at_max_steps_and_shuts_down_every_node) {
@@ -436,7 +436,7 @@ TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_abo
   ASSERT_EQ(g1.ranks_size(), 1);
   EXPECT_EQ(g1.ranks(0).local_rank(), 1);
   EXPECT_EQ(g1.ranks(0).global_rank(), 0);
-  EXPECT_EQ(g1.cause(), "start");
+  EXPECT_EQ(cause_of(g1), plan_cause::start);
   EXPECT_FALSE(g1.drain());
   // The agent may also pass a rank's own envelope on.
   inbound relayed = status_from("a", 0, pb::rank_status::STATE_IDLE);
@@ -681,12 +681,12 @@ TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registra
   p.world_size = 3;
   p.state_root = 1;
   p.drain = true;
-  p.cause = "node_joined";
+  p.cause = plan_cause::node_joined;
   p.nodes = {plan_node{"b", "b.local", "peer-b", 0, 2, 0, 3, {1}}, plan_node{"a", "a.local", "peer-a", 1, 2, 1, 4, {0, 1}}};
   p.ranks = {rank_slot{"b", 1, 0, 1}, rank_slot{"a", 0, 1, 2}, rank_slot{"a", 1, 2, 3}};
   auto wire = to_proto(p, coord_opts(1), 17);
   EXPECT_TRUE(wire.drain());
-  EXPECT_EQ(wire.cause(), "node_joined");
+  EXPECT_EQ(cause_of(wire), plan_cause::node_joined);
   EXPECT_EQ(wire.start_step(), 17);
   // Ranks out of order on the wire are put back in global rank order.
   std::swap(*wire.mutable_ranks(0), *wire.mutable_ranks(2));
@@ -695,7 +695,7 @@ TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registra
   EXPECT_EQ(back.world_size, 3);
   EXPECT_EQ(back.state_root, 1);
   EXPECT_TRUE(back.drain);
-  EXPECT_EQ(back.cause, "node_joined");
+  EXPECT_EQ(back.cause, plan_cause::node_joined);
   ASSERT_EQ(back.nodes.size(), 2u);
   EXPECT_EQ(back.nodes[0].node_id, "b");
   EXPECT_EQ(back.nodes[0].local_ranks, (std::vector<int32_t>{1}));

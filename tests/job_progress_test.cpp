@@ -61,16 +61,16 @@ TEST(step_table, a_completed_step_forgets_older_incomplete_ones) {
 
 TEST(recovery, the_first_generation_is_the_start_and_no_recovery) {
   const clock_time t0{std::chrono::hours(1)};
-  auto rec = begin_generation(1, true, "node_joined", false, t0, 0);
-  EXPECT_EQ(rec.cause, "start");
+  auto rec = begin_generation(1, true, plan_cause::node_joined, false, t0, 0);
+  EXPECT_EQ(rec.cause, plan_cause::start);
   EXPECT_FALSE(complete_generation(rec, 1, 2, t0 + 1s));
   // A coordinator that restarts into a running job plans a restart.
-  EXPECT_EQ(begin_generation(4, true, "restart", false, t0, 0).cause, "restart");
+  EXPECT_EQ(begin_generation(4, true, plan_cause::restart, false, t0, 0).cause, plan_cause::restart);
 }
 
 TEST(recovery, duration_runs_from_the_plan_to_the_first_completed_step_and_lost_steps_are_computed) {
   const clock_time t0{std::chrono::hours(1)};
-  auto rec = begin_generation(3, false, "node_lost", false, t0, 120);
+  auto rec = begin_generation(3, false, plan_cause::node_lost, false, t0, 120);
   EXPECT_FALSE(note_ready(rec, ready(118, "local")));
   EXPECT_FALSE(note_ready(rec, ready(117, "local")));
   auto done = complete_generation(rec, 119, 1, t0 + 1500ms);
@@ -85,7 +85,7 @@ TEST(recovery, duration_runs_from_the_plan_to_the_first_completed_step_and_lost_
 
 TEST(recovery, without_a_ready_report_the_generation_resumed_before_its_first_step) {
   const clock_time t0{std::chrono::hours(1)};
-  auto rec = begin_generation(2, false, "node_left", true, t0, 40);
+  auto rec = begin_generation(2, false, plan_cause::node_left, true, t0, 40);
   auto done = complete_generation(rec, 41, 1, t0 + 100ms);
   ASSERT_TRUE(done);
   EXPECT_EQ(done->resumed_step, 40);
@@ -94,7 +94,7 @@ TEST(recovery, without_a_ready_report_the_generation_resumed_before_its_first_st
 }
 
 TEST(recovery, state_taken_from_a_peer_or_disk_is_reported_once) {
-  auto rec = begin_generation(2, false, "node_joined", true, clock_time{}, 10);
+  auto rec = begin_generation(2, false, plan_cause::node_joined, true, clock_time{}, 10);
   auto first = note_ready(rec, ready(10, "peer", 1));
   ASSERT_TRUE(first);
   EXPECT_EQ(first->source, "peer");

@@ -256,7 +256,7 @@ TEST(membership, only_ready_ranks_are_planned_and_quorum_counts_nodes_with_one) 
   EXPECT_EQ(p.nodes[1].first_global_rank, 2);
   EXPECT_EQ(p.nodes[0].local_ranks, (std::vector<int32_t>{0, 2}));
   EXPECT_EQ(p.nodes[0].nproc, 3);
-  EXPECT_EQ(p.cause, "start");
+  EXPECT_EQ(p.cause, plan_cause::start);
   EXPECT_FALSE(p.drain);
 }
 
@@ -270,7 +270,7 @@ TEST(membership, a_node_without_a_ready_rank_is_a_member_but_not_planned) {
   m.set_rank_ready("b", 1, 0, true, t0() + 2s);
   auto p = *m.decide(t0() + 2s).next;
   EXPECT_EQ(p.world_size, 2);
-  EXPECT_EQ(p.cause, "node_joined");  // its first ready rank is its join
+  EXPECT_EQ(p.cause, plan_cause::node_joined);  // its first ready rank is its join
   EXPECT_TRUE(p.drain);
 }
 
@@ -282,14 +282,14 @@ TEST(membership, a_planned_rank_that_exited_aborts_and_its_return_is_a_new_rank)
   auto g2 = m.commit(*m.decide(t0() + 1s).next);
   EXPECT_EQ(g2.world_size, 1);
   EXPECT_EQ(g2.ranks[0].local_rank, 1);
-  EXPECT_EQ(g2.cause, "rank_exited");
+  EXPECT_EQ(g2.cause, plan_cause::rank_exited);
   EXPECT_FALSE(g2.drain);
   EXPECT_EQ(g2.state_root, 0);  // local rank 1 survived
   // Back (a restarted process): planned again, without state, and it drains.
   m.set_rank_ready("a", 1, 0, true, t0() + 2s);
   auto g3 = m.commit(*m.decide(t0() + 2s).next);
   EXPECT_EQ(g3.world_size, 2);
-  EXPECT_EQ(g3.cause, "rank_ready");
+  EXPECT_EQ(g3.cause, plan_cause::rank_ready);
   EXPECT_TRUE(g3.drain);
   EXPECT_EQ(g3.state_root, 1);  // global rank 1 is local rank 1, the survivor
 }
@@ -302,7 +302,7 @@ TEST(membership, a_rank_that_exits_and_returns_between_decisions_is_still_a_chan
   m.set_rank_ready("a", 1, 0, true, t0() + 1s);
   auto d = m.decide(t0() + 1s);
   ASSERT_TRUE(d.next) << d.reason;
-  EXPECT_EQ(d.next->cause, "rank_exited");
+  EXPECT_EQ(d.next->cause, plan_cause::rank_exited);
   EXPECT_FALSE(d.next->drain);
   EXPECT_EQ(d.next->state_root, 1);  // not the restarted local rank 0
 }
@@ -317,7 +317,7 @@ TEST(membership, registration_ready_ranks_replace_the_ready_set) {
   EXPECT_TRUE(a.changed);
   EXPECT_FALSE(a.joined);
   EXPECT_EQ(m.find("a")->ready.size(), 1u);
-  EXPECT_EQ(m.decide(t0() + 1s).next->cause, "rank_exited");
+  EXPECT_EQ(m.decide(t0() + 1s).next->cause, plan_cause::rank_exited);
 }
 
 // -- settling --------------------------------------------------------------------
@@ -352,7 +352,7 @@ TEST(membership, a_loss_does_not_settle_and_takes_whatever_is_ready) {
   EXPECT_TRUE(m.remove("b", t0() + 1100ms));
   m.admit(reg("d", 1), t0() + 1150ms);  // an addition after the loss does not delay it
   auto p = *m.decide(t0() + 1150ms).next;
-  EXPECT_EQ(p.cause, "node_lost");
+  EXPECT_EQ(p.cause, plan_cause::node_lost);
   EXPECT_FALSE(p.drain);
   EXPECT_EQ(p.world_size, 3);  // a, c and d
 }
@@ -367,7 +367,7 @@ TEST(membership, a_loss_outside_the_plan_does_not_cut_settling_short) {
   m.admit(cold("c", 1), t0() + 1s);
   EXPECT_TRUE(m.remove("c", t0() + 1100ms));  // never planned
   EXPECT_FALSE(m.decide(t0() + 1100ms).next);
-  EXPECT_EQ(m.decide(t0() + 1300ms).next->cause, "node_joined");
+  EXPECT_EQ(m.decide(t0() + 1300ms).next->cause, plan_cause::node_joined);
 }
 
 TEST(membership, a_full_cluster_does_not_settle) {
@@ -390,11 +390,11 @@ TEST(membership, a_join_drains_and_a_loss_aborts) {
   m.commit(*m.decide(t0()).next);
   m.admit(reg("b", 1), t0() + 1s);
   auto g2 = m.commit(*m.decide(t0() + 1s).next);
-  EXPECT_EQ(g2.cause, "node_joined");
+  EXPECT_EQ(g2.cause, plan_cause::node_joined);
   EXPECT_TRUE(g2.drain);
   m.remove("a", t0() + 2s);
   auto g3 = m.commit(*m.decide(t0() + 2s).next);
-  EXPECT_EQ(g3.cause, "node_lost");
+  EXPECT_EQ(g3.cause, plan_cause::node_lost);
   EXPECT_FALSE(g3.drain);
   EXPECT_EQ(g3.state_root, 0);
 }
@@ -406,7 +406,7 @@ TEST(membership, a_leave_drains_and_the_plan_goes_to_the_leaving_node_too) {
   m.commit(*m.decide(t0()).next);
   EXPECT_TRUE(m.remove("b", t0() + 1s, departure::left));
   auto p = m.commit(*m.decide(t0() + 1s).next);
-  EXPECT_EQ(p.cause, "node_left");
+  EXPECT_EQ(p.cause, plan_cause::node_left);
   EXPECT_TRUE(p.drain);
   EXPECT_EQ(p.world_size, 1);
   ASSERT_EQ(p.leaving.size(), 1u);
@@ -428,7 +428,7 @@ TEST(membership, a_leave_with_a_loss_aborts_and_the_loss_names_it) {
   m.remove("b", t0() + 1s, departure::left);
   m.remove("c", t0() + 1s);
   auto p = *m.decide(t0() + 1s).next;
-  EXPECT_EQ(p.cause, "node_lost");
+  EXPECT_EQ(p.cause, plan_cause::node_lost);
   EXPECT_FALSE(p.drain);
   EXPECT_EQ(p.leaving.size(), 1u);
 }
@@ -454,7 +454,7 @@ TEST(membership, a_failed_collective_with_no_change_forces_a_generation_after_th
   auto p = m.commit(*m.decide(t0() + 1300ms).next);
   EXPECT_EQ(p.generation, 2u);
   EXPECT_EQ(p.world_size, 2);
-  EXPECT_EQ(p.cause, "collective_failure");
+  EXPECT_EQ(p.cause, plan_cause::collective_failure);
   EXPECT_FALSE(p.drain);
   EXPECT_EQ(p.state_root, 0);
   EXPECT_FALSE(m.suspecting());
@@ -469,7 +469,7 @@ TEST(membership, while_suspecting_a_join_does_not_drain) {
   m.report_failure(1, "a", 0, t0() + 1s);
   m.admit(reg("b", 1), t0() + 1s);
   auto p = *m.decide(t0() + 1s).next;
-  EXPECT_EQ(p.cause, "node_joined");
+  EXPECT_EQ(p.cause, plan_cause::node_joined);
   EXPECT_FALSE(p.drain);
 }
 
@@ -548,7 +548,7 @@ TEST(membership, a_member_restarting_counts_as_a_failure_and_can_be_quarantined)
   EXPECT_TRUE(r1.joined);
   EXPECT_DOUBLE_EQ(r1.silent_s, 1.5);
   auto p = m.commit(*m.decide(t0() + 2s).next);
-  EXPECT_EQ(p.cause, "node_lost");
+  EXPECT_EQ(p.cause, plan_cause::node_lost);
   EXPECT_FALSE(p.drain);
   auto r2 = m.admit(reg("a", 1, 3), t0() + 3s);
   EXPECT_FALSE(r2.accepted);
@@ -569,7 +569,7 @@ plan running(uint64_t g) {
   p.generation = g;
   p.world_size = 3;
   p.state_root = 0;
-  p.cause = "node_joined";
+  p.cause = plan_cause::node_joined;
   p.drain = true;
   p.nodes = {plan_node{"a", "", "", -1, 2, 0, 0, {0, 1}}, plan_node{"b", "", "", -1, 1, 2, 0, {0}}};
   p.ranks = {rank_slot{"a", 0, 0, 0}, rank_slot{"a", 1, 1, 0}, rank_slot{"b", 0, 2, 0}};
@@ -616,7 +616,7 @@ TEST(membership, a_new_coordinator_adopts_the_generation_its_nodes_train_in) {
   m.admit(reg("c", 1), t0() + 1s);
   auto g8 = *m.decide(t0() + 1300ms).next;
   EXPECT_EQ(g8.generation, 8u);
-  EXPECT_EQ(g8.cause, "node_joined");
+  EXPECT_EQ(g8.cause, plan_cause::node_joined);
   EXPECT_TRUE(g8.drain);
   EXPECT_EQ(g8.world_size, 4);
   EXPECT_EQ(g8.ranks[2].node_id, "b");
@@ -647,7 +647,7 @@ TEST(membership, without_every_node_back_in_time_a_restart_generation_is_planned
   auto p = *m.decide(t0() + 2s).next;
   EXPECT_FALSE(p.adopted);
   EXPECT_EQ(p.generation, 8u);
-  EXPECT_EQ(p.cause, "restart");
+  EXPECT_EQ(p.cause, plan_cause::restart);
   EXPECT_FALSE(p.drain);
   EXPECT_EQ(p.world_size, 2);
 }
@@ -659,7 +659,7 @@ TEST(membership, last_generation_follows_the_nodes_so_new_plans_are_newer) {
   m.admit(r, t0());
   auto p = *m.decide(t0()).next;
   EXPECT_EQ(p.generation, 13u);
-  EXPECT_EQ(p.cause, "restart");
+  EXPECT_EQ(p.cause, plan_cause::restart);
 }
 
 TEST(membership, the_leaving_node_gets_the_plan_where_it_is_reachable_now) {

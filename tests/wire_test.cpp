@@ -10,15 +10,16 @@ namespace {
 
 using google::protobuf::util::MessageDifferencer;
 
-wire::wire_identity test_identity() {
-  return wire::wire_identity{"node/alpha", 0x1234567890abcdefULL, 7, "job-42"};
+// (header, generation 7)
+envelope_header test_identity() {
+  return envelope_header{wire::protocol_version, "job-42", "node/alpha", 0x1234567890abcdefULL};
 }
 
 // An envelope carrying a body of the given oneof case, with every field of
 // the body set to a non-default value. Fails the test for an unknown case, so
 // a message type added to wire.proto without a round-trip test is caught.
 pb::envelope sample(pb::envelope::BodyCase body) {
-  auto env = wire::make_envelope(test_identity());
+  auto env = make_envelope(test_identity(), 7);
   switch (body) {
     case pb::envelope::kRegisterNode: {
       auto* m = env.mutable_register_node();
@@ -164,7 +165,7 @@ TEST(wire, every_body_type_round_trips) {
 }
 
 TEST(wire, make_envelope_fills_the_header) {
-  auto env = wire::make_envelope(test_identity());
+  auto env = make_envelope(test_identity(), 7);
   EXPECT_EQ(env.protocol_version(), wire::protocol_version);
   EXPECT_EQ(env.sender(), "node/alpha");
   EXPECT_EQ(env.job_id(), "job-42");
@@ -174,7 +175,7 @@ TEST(wire, make_envelope_fills_the_header) {
 }
 
 TEST(wire, encode_refuses_an_envelope_without_body) {
-  auto bytes = wire::encode(wire::make_envelope(test_identity()));
+  auto bytes = wire::encode(make_envelope(test_identity(), 7));
   ASSERT_FALSE(bytes);
   EXPECT_NE(bytes.message().find("without a body"), std::string::npos);
 }
@@ -204,7 +205,7 @@ TEST(wire, garbage_that_parses_but_is_no_envelope) {
 }
 
 TEST(wire, envelope_without_body_is_garbage) {
-  auto env = wire::make_envelope(test_identity());
+  auto env = make_envelope(test_identity(), 7);
   auto d = wire::decode(env.SerializeAsString(), "job-42");
   ASSERT_FALSE(d);
   EXPECT_EQ(d.kind(), wire::drop_kind::garbage);

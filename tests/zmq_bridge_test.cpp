@@ -67,7 +67,7 @@ class inbox {
 };
 
 pb::envelope heartbeat(const std::string& sender, uint64_t seq, const std::string& job = "job-1") {
-  auto env = wire::make_envelope(wire::wire_identity{sender, 11, 3, job});
+  auto env = make_envelope(envelope_header{wire::protocol_version, job, sender, 11}, 3);
   env.mutable_heartbeat()->set_seq(seq);
   return env;
 }
@@ -107,7 +107,7 @@ void exchange_both_ways(const std::string& endpoint) {
   EXPECT_EQ(up->env.sender(), "node/alpha");
   EXPECT_EQ(up->env.heartbeat().seq(), 1u);
 
-  auto ack = wire::make_envelope(wire::wire_identity{"coordinator", 5, 3, "job-1"});
+  auto ack = make_envelope(envelope_header{wire::protocol_version, "job-1", "coordinator", 5}, 3);
   ack.mutable_heartbeat_ack()->set_seq(1);
   ASSERT_TRUE(coordinator.send("nodes", up->peer, ack));
   auto down = node_in.next();
@@ -257,7 +257,7 @@ TEST(zmq_bridge, send_errors_the_caller_can_know_now) {
   ASSERT_FALSE(no_link);
   EXPECT_NE(no_link.message().find("no such link"), std::string::npos);
   ASSERT_TRUE(bridge.add_router("nodes", "tcp://127.0.0.1:*"));
-  auto no_body = bridge.send("nodes", "p", wire::make_envelope(wire::wire_identity{"x", 1, 0, ""}));
+  auto no_body = bridge.send("nodes", "p", make_envelope(envelope_header{wire::protocol_version, "", "x", 1}, 0));
   EXPECT_FALSE(no_body);
   EXPECT_FALSE(bridge.add_router("nodes", "tcp://127.0.0.1:*")) << "duplicate link name";
   EXPECT_FALSE(bridge.add_dealer("d", "tcp://127.0.0.1:1", "")) << "empty routing id";
@@ -315,7 +315,7 @@ TEST(zmq_bridge, handler_may_send_replies) {
   inbox node_in;
   zmq_bridge* self = nullptr;
   zmq_bridge coordinator(test_options(), [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    auto ack = wire::make_envelope(wire::wire_identity{"coordinator", 1, 3, "job-1"});
+    auto ack = make_envelope(envelope_header{wire::protocol_version, "job-1", "coordinator", 1}, 3);
     ack.mutable_heartbeat_ack()->set_seq(env.heartbeat().seq());
     ASSERT_TRUE(self->send(link, peer, ack));
   });
