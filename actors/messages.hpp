@@ -42,7 +42,7 @@ using lost_atom = caf::atom_constant<caf::atom("lost")>;
 // (plan_atom, plan) -> int64_t start_step: membership actor -> job actor when
 // a generation starts; the reply is the committed step everyone resumes from.
 using plan_atom = caf::atom_constant<caf::atom("plan")>;
-// (rank_exit_atom, int32_t local_rank, int32_t pid, int32_t exit_code):
+// (rank_exit_atom, int32_t pid, int32_t exit_code):
 // whoever owns the process_launcher -> node agent when a rank process ended
 // (exit_code: exit status, or 128 + signal number when killed).
 using rank_exit_atom = caf::atom_constant<caf::atom("rankexit")>;

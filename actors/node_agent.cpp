@@ -355,11 +355,14 @@ void on_tick(agent_self self) {
   to_coordinator(self, std::move(env));
 }
 
-void on_rank_exit(agent_self self, int32_t local_rank, int32_t pid, int32_t exit_code) {
+void on_rank_exit(agent_self self, int32_t pid, int32_t exit_code) {
   auto& st = self->state;
-  if (local_rank < 0 || local_rank >= static_cast<int32_t>(st.ranks.size())) return;
+  // The rank whose running process this was; none for an older process.
+  int32_t local_rank = -1;
+  for (size_t l = 0; l < st.ranks.size(); ++l)
+    if (st.ranks[l].alive && st.ranks[l].pid == pid) local_rank = static_cast<int32_t>(l);
+  if (local_rank < 0) return;
   auto& r = st.ranks[local_rank];
-  if (!r.alive || r.pid != pid) return;  // an older process of this rank
   r.alive = false;
   r.peer.clear();
   auto detail = "rank " + std::to_string(local_rank) + " (pid " + std::to_string(pid) + ") exited with code " + std::to_string(exit_code);
@@ -405,7 +408,7 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
         else
           on_coordinator(self, in);
       },
-      [=](rank_exit_atom, int32_t local_rank, int32_t pid, int32_t exit_code) { on_rank_exit(self, local_rank, pid, exit_code); },
+      [=](rank_exit_atom, int32_t pid, int32_t exit_code) { on_rank_exit(self, pid, exit_code); },
       [=](restart_atom, int32_t local_rank, uint64_t epoch) {
         auto& st = self->state;
         if (local_rank < 0 || local_rank >= static_cast<int32_t>(st.ranks.size())) return;

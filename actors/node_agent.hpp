@@ -43,7 +43,8 @@ namespace dtactor {
 
 // Starts and stops rank processes. Implementations never block on a child.
 // Exits are reported by whoever owns the launcher (e.g. a waitpid thread) as
-// caf::anon_send(agent, rank_exit_atom::value, local_rank, pid, exit_code).
+// caf::anon_send(agent, rank_exit_atom::value, pid, exit_code); the agent
+// knows which of its ranks runs as that pid.
 class process_launcher {
  public:
   virtual ~process_launcher() = default;

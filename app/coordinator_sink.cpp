@@ -61,7 +61,6 @@ void coordinator_sink::on(const ev::generation_adopted& e) {
 void coordinator_sink::on(const ev::rank_usage& e) {
   if (e.data_wait_s > 0) m_.data_wait().Observe(e.data_wait_s);
   if (e.peak_rss_bytes <= 0) return;
-  std::lock_guard<std::mutex> lock(usage_mu_);
   usage_.note(e.global_rank, e.node, {e.cpu_s, e.rss_bytes, e.peak_rss_bytes, e.process_age_s});
 }
 
@@ -82,7 +81,6 @@ void coordinator_sink::on(const ev::step_completed& e) {
                      {"allreduce_s", e.allreduce_s},
                      {"allreduce_exposed_s", e.allreduce_exposed_s}});
   obs_.on_step(e.step, e.loss, e.lr, e.samples_per_s, e.world_size);
-  std::lock_guard<std::mutex> lock(usage_mu_);
   if (usage_.due(unix_time_now())) jn_.write("resources", usage_.to_json());
 }
 
@@ -140,10 +138,7 @@ void coordinator_sink::on(const ev::checkpoint_failed& e) { jn_.write("checkpoin
 void coordinator_sink::on(const ev::job_stopping& e) { jn_.write("job_stopping", {{"reason", e.reason}}); }
 
 void coordinator_sink::on(const ev::job_ended& e) {
-  {
-    std::lock_guard<std::mutex> lock(usage_mu_);
-    if (!usage_.empty()) jn_.write("resources", usage_.to_json());
-  }
+  if (!usage_.empty()) jn_.write("resources", usage_.to_json());
   if (e.how == ev::outcome::failed) {
     jn_.write("job_failed", {{"step", e.step}, {"generation", e.generation}, {"reason", e.reason}});
     obs_.finish();

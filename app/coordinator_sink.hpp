@@ -2,8 +2,10 @@
 // Where the coordinator's actors' events (actors/events.hpp) become journal
 // lines, Prometheus metrics, console lines and scrape targets: the one
 // translation from what happened to how it is shown. Called on the
-// emitting actor's thread; thread-safe.
-#include <mutex>
+// emitting actor's thread: the journal, the metrics, the console and the
+// scrape targets are thread-safe; the ranks' usage book is touched only by
+// the job actor's events (rank_usage, step_completed, job_ended), one at a
+// time as CAF runs an actor.
 
 #include "actors/events.hpp"
 #include "monitoring/journal.hpp"
@@ -49,8 +51,7 @@ class coordinator_sink {
   metrics& m_;
   run_observer& obs_;
   sd_targets& sd_;
-  std::mutex usage_mu_;  // the ranks' usage, noted and written by the job actor's events
-  resource_book usage_;
+  resource_book usage_;  // the job actor's events only
 };
 
 }  // namespace dtactor

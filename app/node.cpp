@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 
 #include "actors/messages.hpp"
@@ -59,14 +58,15 @@ void add_usage(pb::step_report& r, const std::optional<proc_usage>& u, const std
 class rank_launcher : public process_launcher {
  public:
   // `fault_args` go to the first start of local rank 0 only (fault injection).
+  // Exits go to `agent` (set before any rank starts).
   rank_launcher(std::vector<std::string> base_args, std::vector<std::string> fault_args)
-      : base_(std::move(base_args)), fault_(std::move(fault_args)), reaper_([this](pid_t pid, int code) { on_exit(pid, code); }) {}
+      : base_(std::move(base_args)), fault_(std::move(fault_args)), reaper_([this](pid_t pid, int code) {
+          caf::anon_send(agent_, rank_exit_atom::value, static_cast<int32_t>(pid), static_cast<int32_t>(code));
+        }) {}
   ~rank_launcher() override { stop(); }
 
-  void attach(caf::actor agent) {
-    std::lock_guard<std::mutex> lock(mu_);
-    agent_ = std::move(agent);
-  }
+  // Before the agent starts (it spawns ranks once started).
+  void attach(caf::actor agent) { agent_ = std::move(agent); }
 
   result<int32_t> spawn(int32_t local_rank) override {
     auto args = base_;
@@ -83,10 +83,6 @@ class rank_launcher : public process_launcher {
     auto c = child_process::spawn(args, true);
     if (!c) return c.err();
     const pid_t pid = c->release();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ranks_[pid] = local_rank;
-    }
     reaper_.adopt(pid);
     return static_cast<int32_t>(pid);
   }
@@ -99,25 +95,9 @@ class rank_launcher : public process_launcher {
   void stop() { reaper_.stop(); }
 
  private:
-  void on_exit(pid_t pid, int code) {
-    int32_t local = -1;
-    caf::actor agent;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = ranks_.find(pid);
-      if (it == ranks_.end()) return;
-      local = it->second;
-      ranks_.erase(it);
-      agent = agent_;
-    }
-    if (agent) caf::anon_send(agent, rank_exit_atom::value, local, static_cast<int32_t>(pid), static_cast<int32_t>(code));
-  }
-
   std::vector<std::string> base_;
   std::vector<std::string> fault_;
-  std::mutex mu_;  // ranks_ and agent_: spawn() runs on the agent's thread, on_exit() on the reaper's
   caf::actor agent_;
-  std::map<pid_t, int32_t> ranks_;
   child_reaper reaper_;  // last: its thread stops before the members it uses go
 };
 
@@ -198,8 +178,8 @@ int run_node(const cluster_cli& cli) {
   launcher->attach(agent);
 
   // The node's /metrics: read off the traffic it relays (plans down, its
-  // ranks' reports up). Prometheus updates are lock-free and never block.
-  std::mutex step_mu;
+  // ranks' reports up), on the bridge thread only. Prometheus updates are
+  // lock-free and never block.
   int64_t last_step = 0;
   // Per-rank CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
   auto usage = std::make_shared<rank_usage_tracker>(m);
@@ -220,7 +200,6 @@ int run_node(const cluster_cli& cli) {
       m.allreduce_duration().Observe(r.allreduce_s());
       if (r.data_wait_s() > 0) m.data_wait().Observe(r.data_wait_s() / std::max(1, r.steps_covered()));
       m.loss().Set(r.loss());
-      std::lock_guard<std::mutex> lock(step_mu);
       if (r.step() > last_step) {
         last_step = r.step();
         m.step().Set(static_cast<double>(last_step));

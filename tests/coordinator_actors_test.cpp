@@ -743,6 +743,13 @@ caf::behavior waiter(caf::stateful_actor<waiter_state>* self, caf::actor job, st
   return {[=](done_atom, int c) { *self->state.code = c; }};
 }
 
+// The exit code the job ends with (-1 until it ended), as the main thread sees it.
+std::shared_ptr<int> await_end(caf_fixture& f, const caf::actor& job) {
+  auto code = std::make_shared<int>(-1);
+  f.spawn(waiter, job, code);
+  return code;
+}
+
 template <class T>
 std::ptrdiff_t index_of(const std::vector<ev::event>& events) {
   auto it = std::find_if(events.begin(), events.end(), [](const ev::event& e) { return std::holds_alternative<T>(e); });
@@ -753,8 +760,7 @@ std::ptrdiff_t index_of(const std::vector<ev::event>& events) {
 
 TEST_F(coordinator_actors, ranks_with_different_parameters_end_the_job_with_exit_code_1) {
   start(coord_opts(1), 5);
-  auto code = std::make_shared<int>(-1);
-  spawn(waiter, job, code);
+  auto code = await_end(*this, job);
   send(joined("a", 2));
   advance(100ms);
   send(finished_from("a", 0, 5, 1, "d1"));
@@ -769,8 +775,7 @@ TEST_F(coordinator_actors, ranks_with_different_parameters_end_the_job_with_exit
 
 TEST_F(coordinator_actors, a_rank_reporting_diverged_parameters_fails_the_job_and_other_failures_do_not) {
   start(coord_opts(1), 50);
-  auto code = std::make_shared<int>(-1);
-  spawn(waiter, job, code);
+  auto code = await_end(*this, job);
   send(joined("a", 2));
   advance(100ms);
   // An ordinary failure: recorded, the membership actor re-plans; the job goes on.
@@ -797,8 +802,7 @@ TEST_F(coordinator_actors, a_rank_reporting_diverged_parameters_fails_the_job_an
 
 TEST_F(coordinator_actors, a_stop_asks_every_node_for_a_final_checkpoint_and_ends_when_every_rank_stopped) {
   start(coord_opts(1), 100);
-  auto code = std::make_shared<int>(-1);
-  spawn(waiter, job, code);
+  auto code = await_end(*this, job);
   send(joined("a", 1));
   send(joined("b", 1));
   advance(100ms);
@@ -829,8 +833,7 @@ TEST_F(coordinator_actors, a_stop_asks_every_node_for_a_final_checkpoint_and_end
 
 TEST_F(coordinator_actors, a_stop_the_ranks_do_not_answer_ends_at_the_stop_timeout_without_a_final_checkpoint) {
   start(coord_opts(1), 100);
-  auto code = std::make_shared<int>(-1);
-  spawn(waiter, job, code);
+  auto code = await_end(*this, job);
   send(joined("a", 1));
   advance(100ms);
   send(step_from("a", 0, 7, 1));
@@ -849,8 +852,7 @@ TEST_F(coordinator_actors, a_stop_the_ranks_do_not_answer_ends_at_the_stop_timeo
 
 TEST_F(coordinator_actors, a_stop_before_any_generation_ends_at_once) {
   start(coord_opts(2), 100);
-  auto code = std::make_shared<int>(-1);
-  spawn(waiter, job, code);
+  auto code = await_end(*this, job);
   send(joined("a", 1));  // waits for a second node
   caf::anon_send(job, stop_atom::value, std::string("stop"));
   run();

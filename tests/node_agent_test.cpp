@@ -224,7 +224,7 @@ TEST_F(node_agent_test, heartbeats_every_interval_and_registers_again_when_the_c
 TEST_F(node_agent_test, restarts_a_rank_that_exited_with_backoff_and_reports_it) {
   registered();
   auto first = launcher->last_pid_of(0);
-  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, first, int32_t{137});
+  caf::anon_send(agent, rank_exit_atom::value, first, int32_t{137});
   run();
   auto status = wire.with(pb::envelope::kRankStatus);
   ASSERT_EQ(status.size(), 1u);
@@ -239,12 +239,12 @@ TEST_F(node_agent_test, restarts_a_rank_that_exited_with_backoff_and_reports_it)
   EXPECT_NE(second, first);
 
   // A stale exit of the old process changes nothing.
-  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, first, int32_t{9});
+  caf::anon_send(agent, rank_exit_atom::value, first, int32_t{9});
   run();
   EXPECT_EQ(wire.count(pb::envelope::kRankStatus), 1u);
 
   // Exiting again without having become ready: the backoff doubles.
-  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, second, int32_t{1});
+  caf::anon_send(agent, rank_exit_atom::value, second, int32_t{1});
   run();
   advance(150ms);
   EXPECT_EQ(launcher->spawns_of(0), 2u);
@@ -298,7 +298,7 @@ TEST_F(node_agent_test, forwards_plans_to_ranks_and_relays_their_reports) {
   EXPECT_EQ(wire.with(pb::envelope::kHeartbeat).back().env.heartbeat().step(), 17);
 
   // An exit is reported with the rank's global rank from the plan.
-  caf::anon_send(agent, rank_exit_atom::value, int32_t{1}, launcher->last_pid_of(1), int32_t{139});
+  caf::anon_send(agent, rank_exit_atom::value, launcher->last_pid_of(1), int32_t{139});
   run();
   EXPECT_EQ(wire.with(pb::envelope::kRankStatus).back().env.rank_status().global_rank(), 1);
 }
@@ -312,8 +312,8 @@ TEST_F(node_agent_test, shutdown_stops_ranks_without_restarting_them) {
   EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r0"), 1u);
   ASSERT_EQ(launcher->terminated.size(), 1u);  // rank 1 never said hello: terminated
   EXPECT_EQ(launcher->terminated[0], launcher->last_pid_of(1));
-  caf::anon_send(agent, rank_exit_atom::value, int32_t{0}, launcher->last_pid_of(0), int32_t{0});
-  caf::anon_send(agent, rank_exit_atom::value, int32_t{1}, launcher->last_pid_of(1), int32_t{143});
+  caf::anon_send(agent, rank_exit_atom::value, launcher->last_pid_of(0), int32_t{0});
+  caf::anon_send(agent, rank_exit_atom::value, launcher->last_pid_of(1), int32_t{143});
   run();
   wire.clear();
   advance(2000ms);
