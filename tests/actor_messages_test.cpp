@@ -161,8 +161,35 @@ TEST_F(actor_messages, atom_messages_round_trip) {
   {
     auto m = message_round_trip(sys(), caf::make_message(rank_exit_atom::value, int32_t{4242}, int32_t{137}));
     ASSERT_TRUE((m.match_elements<rank_exit_atom, int32_t, int32_t>()));
-    EXPECT_EQ(m.get_as<int32_t>(2), 4242);
-    EXPECT_EQ(m.get_as<int32_t>(3), 137);
+    EXPECT_EQ(m.get_as<int32_t>(1), 4242);
+    EXPECT_EQ(m.get_as<int32_t>(2), 137);
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(ckpt_atom::value, int64_t{40}, std::string("blob\0bytes", 10)));
+    ASSERT_TRUE((m.match_elements<ckpt_atom, int64_t, std::string>()));
+    EXPECT_EQ(m.get_as<int64_t>(1), 40);
+    EXPECT_EQ(m.get_as<std::string>(2), std::string("blob\0bytes", 10));
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(shutdown_atom::value, std::string("job stopped"), true));
+    ASSERT_TRUE((m.match_elements<shutdown_atom, std::string, bool>()));
+    EXPECT_TRUE(m.get_as<bool>(2));
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(stop_atom::value, std::string("signal 2")));
+    ASSERT_TRUE((m.match_elements<stop_atom, std::string>()));
+    EXPECT_EQ(m.get_as<std::string>(1), "signal 2");
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(done_atom::value, int{130}));
+    ASSERT_TRUE((m.match_elements<done_atom, int>()));
+    EXPECT_EQ(m.get_as<int>(1), 130);
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(report_atom::value, uint64_t{6}, sample_inbound()));
+    ASSERT_TRUE((m.match_elements<report_atom, uint64_t, inbound>()));
+    EXPECT_EQ(m.get_as<uint64_t>(1), 6u);
+    EXPECT_EQ(m.get_as<inbound>(2).env.generation_plan().generation(), sample_inbound().env.generation_plan().generation());
   }
   {
     auto m = message_round_trip(sys(), caf::make_message(restart_atom::value, int32_t{1}, uint64_t{3}));
