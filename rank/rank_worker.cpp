@@ -27,6 +27,10 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+// Per step, SUM-reduced with the first gradient bucket: (holds a newer
+// plan, stop requested, stop with a final checkpoint requested).
+constexpr int control_words = 3;
+
 pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, int64_t step, const std::string& detail) {
   pb::rank_status st;
   st.set_status(s);
@@ -324,8 +328,8 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
   co.hostname = opts_.advertise_addr.empty() ? "127.0.0.1" : opts_.advertise_addr;
   const std::string host = g.plan.store_host().empty() ? opts_.default_store_host : g.plan.store_host();
   const auto port = static_cast<uint16_t>(g.plan.store_port());
-  // Gradient floats (+ the 2 control words) a shared-memory slot must hold.
-  int64_t shm_floats = 2;
+  // Gradient floats (+ the control words) a shared-memory slot must hold.
+  int64_t shm_floats = control_words;
   for (const auto& p : im.state->the_task().module()->parameters())
     if (p.requires_grad()) shm_floats += p.numel();
   g.backend = resolve_backend(co);
@@ -443,7 +447,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   go.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
   go.timeout = g.timeout;
   go.abandon = g.abandon_now;
-  go.control_words = 2;
+  go.control_words = control_words;
   go.shm = g.shm;
   grad_sync sync(state.the_task().module()->parameters(), g.pg, go);
   // Whatever the last generation left in the gradients is a partial step.
@@ -479,14 +483,17 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
     const auto t0 = clock_type::now();
-    // The step's control word rides at the end of its first gradient
-    // bucket (SUM-reduced with it, no collective of its own): (do I hold a
-    // plan newer than this generation, is a stop requested here). Every
-    // rank reads the same sums after the step: all switch once every rank
-    // holds the newer plan, all stop if any rank was asked to, at the same
-    // step boundary.
+    // The step's control words ride at the end of its first gradient
+    // bucket (SUM-reduced with it, no collective of their own): (do I hold
+    // a plan newer than this generation, is a stop requested here, with a
+    // final checkpoint). Every rank reads the same sums after the step: all
+    // switch once every rank holds the newer plan, all stop if any rank was
+    // asked to, at the same step boundary, and rank 0 writes the final
+    // checkpoint if any rank was asked for one (its own request may arrive a
+    // moment after a peer's).
     const bool stop_here = stop_.load();
-    sync.set_control({offered_gen_.load() > g.gen ? 1.f : 0.f, stop_here ? 1.f : 0.f});
+    const bool checkpoint_here = stop_here && stop_checkpoint_.load();
+    sync.set_control({offered_gen_.load() > g.gen ? 1.f : 0.f, stop_here ? 1.f : 0.f, checkpoint_here ? 1.f : 0.f});
     auto r = state.train_step_dp(g.rank, g.world, sync);
     if (!r) return failed(g, r.message(), state.step());
     const int64_t step = state.step();
@@ -533,9 +540,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       inject_fault();
     }
     const bool stop_agreed = sync.control()[1] > 0.5f;
+    const bool final_checkpoint = sync.control()[2] > 0.5f;
     const bool newer_plan = sync.control()[0] > static_cast<float>(g.world) - 0.5f;
     if (stop_agreed) {
-      if (g.rank == 0 && stop_checkpoint_.load() && last_ckpt != step) send_checkpoint(g, eval_at_step);
+      if (g.rank == 0 && final_checkpoint && last_ckpt != step) send_checkpoint(g, eval_at_step);
       report_status(g, pb::rank_status::STATE_FINISHED, step, state.params_digest());
       return outcome::stopped;
     }

@@ -69,8 +69,14 @@ struct reports {
   std::condition_variable cv;
   std::vector<std::pair<int, pb::rank_status>> statuses;  // (local rank, status)
   std::map<int, int64_t> last_step;                       // local rank -> last reported step
+  std::vector<std::pair<int, int64_t>> checkpoints;       // (local rank, step) of each checkpoint sent
   rank_work_callbacks for_rank(int local) {
     rank_work_callbacks cb;
+    cb.on_checkpoint = [this, local](uint64_t, pb::checkpoint_data d) {
+      std::lock_guard<std::mutex> lock(mu);
+      checkpoints.emplace_back(local, d.step());
+      cv.notify_all();
+    };
     cb.on_status = [this, local](uint64_t, pb::rank_status s) {
       std::lock_guard<std::mutex> lock(mu);
       statuses.emplace_back(local, std::move(s));
@@ -177,4 +183,36 @@ TEST(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_bot
   EXPECT_EQ(done_b->step(), 30);
   EXPECT_EQ(done_a->detail(), done_b->detail());  // the parameters' digest
   EXPECT_FALSE(done_a->detail().empty());
+}
+
+// A stop with a final checkpoint may reach one rank a moment before the
+// other: every rank stops at the same step, and rank 0 writes the final
+// checkpoint even though only its peer was asked for one so far.
+TEST(rank_workers, a_stop_asked_of_one_rank_stops_both_at_one_step_with_rank_0s_final_checkpoint) {
+  const auto port = pick_free_tcp_port();
+  ASSERT_TRUE(port) << port.message();
+  auto store = rendezvous_store::start(port.value(), std::chrono::seconds(60));
+  ASSERT_TRUE(store) << store.message();
+  const auto cfg = dtactor::testing::tiny_vit_config({"train.max_steps=100000", "train.log_every_steps=1", "cluster.shm_allreduce=false"});
+  const std::string toml = cfg.to_toml();
+  reports seen;
+  rank_worker a(worker_opts(0), seen.for_rank(0));
+  rank_worker b(worker_opts(1), seen.for_rank(1));
+  pb::generation_plan warm;
+  warm.set_config_toml(toml);
+  ASSERT_TRUE(a.offer(warm));
+  ASSERT_TRUE(b.offer(warm));
+  const auto g1 = plan_of(1, {0, 1}, port.value(), toml, false);
+  ASSERT_TRUE(a.offer(g1));
+  ASSERT_TRUE(b.offer(g1));
+  ASSERT_TRUE(seen.wait_step(0, 3));
+  b.request_stop(true);  // rank 1 only
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b);
+  EXPECT_EQ(done_a->step(), done_b->step());
+  EXPECT_LT(done_a->step(), 100000);
+  std::lock_guard<std::mutex> lock(seen.mu);
+  ASSERT_FALSE(seen.checkpoints.empty());
+  EXPECT_EQ(seen.checkpoints.back(), std::make_pair(0, done_a->step()));
 }
