@@ -420,13 +420,28 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   return std::nullopt;
 }
 
-void rank_worker::send_eval(generation_run& g, std::map<std::string, double>& eval_at_step) {
+double rank_worker::send_eval(generation_run& g, std::map<std::string, double>& eval_at_step) {
   training_state& state = *impl_->state;
   const auto e0 = clock_type::now();
   auto ev = state.evaluate();
   eval_at_step = ev.metrics;
-  if (g.rank == 0 && cb_.on_eval)
-    cb_.on_eval(g.gen, eval_report_of(state.step(), ev.metrics, ev.examples, std::chrono::duration<double>(clock_type::now() - e0).count()));
+  const double took = std::chrono::duration<double>(clock_type::now() - e0).count();
+  if (g.rank == 0 && cb_.on_eval) cb_.on_eval(g.gen, eval_report_of(state.step(), ev.metrics, ev.examples, took));
+  return took;
+}
+
+// After an evaluation every rank ran: ranks finish it at different times (a
+// loaded machine, a busier host), and the first would otherwise wait for
+// the last in the next step's collective, under the collective timeout. They
+// meet here instead, with room for the evaluation's own length. Dead peers
+// are still noticed by the heartbeats (a newer plan abandons the wait).
+std::optional<rank_worker::outcome> rank_worker::meet_after_eval(generation_run& g, double eval_s) {
+  if (!g.pg) return std::nullopt;
+  const auto room = std::chrono::milliseconds(static_cast<int64_t>(std::max(60.0, 10 * eval_s) * 1000));
+  std::vector<torch::Tensor> t{torch::zeros({1})};
+  if (auto st = wait_work(g.pg->allreduce(t), deadline_in(g.timeout + room), g.abandon_now, "meeting after the evaluation"); !st)
+    return failed(g, st.message(), impl_->state->step());
+  return std::nullopt;
 }
 
 void rank_worker::send_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step) {
@@ -529,7 +544,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     // results): a rank left waiting in the next collective while rank 0
     // evaluated alone would hit the collective timeout on a long
     // evaluation. Rank 0 reports.
-    if (cadence.eval_due(step)) send_eval(g, eval_at_step);
+    if (cadence.eval_due(step) && step < cadence.max_steps) {
+      const double took = send_eval(g, eval_at_step);
+      if (auto ended = meet_after_eval(g, took)) return *ended;
+    } else if (cadence.eval_due(step)) {
+      send_eval(g, eval_at_step);  // the last step: nothing collective follows but the digests' comparison, already done
+    }
     if (g.rank == 0 && cadence.checkpoint_due(step)) {
       send_checkpoint(g, eval_at_step);
       last_ckpt = step;

@@ -90,7 +90,8 @@ class rank_worker : public rank_work {
   std::optional<outcome> agree_state(generation_run& g);
   outcome train(generation_run& g);
   void fit_threads_to_host(const pb::generation_plan& plan);
-  void send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);
+  double send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);  // seconds it took
+  std::optional<outcome> meet_after_eval(generation_run& g, double eval_s);
   void send_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step);
   void report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail);
   outcome failed(generation_run& g, const std::string& why, int64_t step,
