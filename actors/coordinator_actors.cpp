@@ -120,8 +120,11 @@ void on_rank_status(membership_self self, const inbound& in) {
   auto now = self->clock().now();
   switch (s.status()) {
     case pb::rank_status::STATE_IDLE:
+      st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
+      break;
     case pb::rank_status::STATE_READY:
       st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
+      st.members.note_synced(id, incarnation, s.local_rank(), in.env.generation());
       break;
     case pb::rank_status::STATE_EXITED:
       if (st.members.set_rank_ready(id, incarnation, s.local_rank(), false, now))

@@ -107,6 +107,13 @@ bool still_ready(const membership_state& s, const plan& prev, const rank_slot& r
   return ready != it->second.ready.end() && ready->second == r.ready_serial;
 }
 
+// The same rank process reported READY in generation `g`.
+bool holds_state_of(const node_info& n, int32_t local_rank, uint64_t g) {
+  auto s = n.synced.find(local_rank);
+  auto r = n.ready.find(local_rank);
+  return s != n.synced.end() && r != n.ready.end() && s->second.first == r->second && s->second.second == g;
+}
+
 bool can_drain(const membership_state& s) {
   if (!s.current || s.suspect_since) return false;
   for (const auto& r : s.current->ranks)
@@ -206,7 +213,8 @@ plan make_plan(const membership_state& state, uint64_t generation) {
     for (const auto& [l, serial] : n->ready) {
       rank_slot r{n->node_id, l, global++, serial};
       if (p.state_root < 0 && state.current && state.current->find(n->node_id, l) &&
-          still_ready(state, *state.current, *state.current->find(n->node_id, l)))
+          still_ready(state, *state.current, *state.current->find(n->node_id, l)) &&
+          (state.current->adopted || holds_state_of(*n, l, state.current->generation)))
         p.state_root = r.global_rank;
       pn.local_ranks.push_back(l);
       p.ranks.push_back(std::move(r));
@@ -362,6 +370,16 @@ bool membership::set_rank_ready(const std::string& node_id, uint64_t incarnation
   auto it = state_.nodes.find(node_id);
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
   return mark_ready(it->second, local_rank, ready, now);
+}
+
+void membership::note_synced(const std::string& node_id, uint64_t incarnation, int32_t local_rank, uint64_t generation) {
+  auto it = state_.nodes.find(node_id);
+  if (it == state_.nodes.end() || it->second.incarnation != incarnation) return;
+  auto r = it->second.ready.find(local_rank);
+  if (r == it->second.ready.end()) return;
+  auto& s = it->second.synced[local_rank];
+  if (s.first != r->second) s = {r->second, 0};
+  s.second = std::max(s.second, generation);
 }
 
 bool membership::report_failure(uint64_t generation, const std::string& node_id, int32_t local_rank, clock_time now) {

@@ -160,6 +160,11 @@ struct node_info {
   clock_time last_seen{};
   std::map<int32_t, uint64_t> ready;  // ready local rank -> its readiness serial
   uint64_t plan_generation = 0;       // generation of the current_plan in its registration (0: none)
+  // local rank -> (readiness serial, newest generation that process reported
+  // READY in): it completed that generation's state agreement, so it holds
+  // the generation's state. Being in a plan is not enough (a rank may be
+  // planned in and lose its peers before it got any state).
+  std::map<int32_t, std::pair<uint64_t, uint64_t>> synced;
 };
 
 // A node's recent losses, for flap detection.
@@ -261,6 +266,11 @@ class membership {
   // Marks a local rank of a member (this incarnation) ready to be planned, or
   // not (its process exited). True if that changed anything.
   bool set_rank_ready(const std::string& node_id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now);
+  // The rank reported STATE_READY in `generation`: it holds that
+  // generation's state. Only such ranks of the current plan (or of an
+  // adopted one) are state roots of the next plan; without one, the plan
+  // carries the newest checkpoint.
+  void note_synced(const std::string& node_id, uint64_t incarnation, int32_t local_rank, uint64_t generation);
 
   // A rank reported a failed collective in `generation`. Starts suspicion
   // (true) when that is the current generation, the rank is in it, and no

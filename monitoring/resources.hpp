@@ -60,7 +60,7 @@ class rank_usage_tracker {
 // The coordinator's (and `dtactor train`'s) book of each rank's latest usage,
 // for the journal's `resources` event:
 //   {"ranks": [{"rank", "node", "rss_bytes", "peak_rss_bytes", "cpu_s", "elapsed_s"}]}
-// Not thread-safe: one owner (the registry actor, or the training loop).
+// Not thread-safe: one owner (the coordinator sink's job-actor events, or the training loop).
 class resource_book {
  public:
   void note(int rank, const std::string& node, const proc_usage& u);

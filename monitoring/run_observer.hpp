@@ -2,7 +2,7 @@
 // What a training job shows while it runs, besides the journal and
 // /metrics: TensorBoard scalars (RUN_DIR/tensorboard) and the console
 // progress (one live line on a terminal, plain periodic lines otherwise).
-// Used by the coordinator's registry actor and by `dtactor train`, so both
+// Used by the coordinator's event sink and by `dtactor train`, so both
 // write the same tags. One owner thread, except note_event and log, which
 // any thread may call.
 #include <cstdint>

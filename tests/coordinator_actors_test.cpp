@@ -150,6 +150,17 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
   }
 
   membership_actor_state& ms() { return state_of<membership_actor_state>(members); }
+
+  // Every rank of the current plan reports READY in its generation (each
+  // then holds that generation's state), as a generation that trained.
+  void trained() {
+    if (!ms().members.state().current) return;
+    const plan cur = *ms().members.state().current;
+    for (const auto& r : cur.ranks) {
+      const auto* n = ms().members.find(r.node_id);
+      send(status_from(r.node_id, r.local_rank, pb::rank_status::STATE_READY, cur.generation, n ? n->incarnation : 1));
+    }
+  }
   job_actor_state& js() { return state_of<job_actor_state>(job); }
 
   wire_log wire;
@@ -225,6 +236,7 @@ TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
   send(leave);
   send(joined("d", 1));
   advance(100ms);
+  trained();
   send(joined("b", 1, 2));
   auto acks = wire.with(pb::envelope::kRegisterAck);
   ASSERT_EQ(acks.size(), 5u);
@@ -261,6 +273,7 @@ TEST_F(coordinator_actors, a_silent_node_is_declared_lost_and_a_new_generation_e
   send(joined("b", 2));
   advance(100ms);
   ASSERT_EQ(ms().members.state().current->generation, 1u);
+  trained();
   wire.clear();
   auto partitioned_at = now();
   for (int i = 0; i < 12; ++i) {
@@ -438,6 +451,7 @@ TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_abo
   EXPECT_EQ(g1.ranks(0).global_rank(), 0);
   EXPECT_EQ(cause_of(g1), plan_cause::start);
   EXPECT_FALSE(g1.drain());
+  trained();
   // The agent may also pass a rank's own envelope on.
   inbound relayed = status_from("a", 0, pb::rank_status::STATE_IDLE);
   relayed.env.set_sender("rank/a/0");
@@ -476,6 +490,7 @@ TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_
   EXPECT_EQ(of<ev::node_joined>().size(), 2u);
   EXPECT_EQ(of<ev::node_joined>()[1].node, "b");
 
+  trained();
   send(register_from("c", 1));  // joins a running job
   auto ack = wire.with(pb::envelope::kRegisterAck, "peer-c");
   ASSERT_EQ(ack.size(), 1u);

@@ -27,6 +27,15 @@ node_registration cold(const std::string& id, int32_t nproc = 2, uint64_t incarn
   return r;
 }
 
+// Commits the plan and has every rank of it report READY in its generation
+// (each then holds the generation's state), as a generation that trained.
+const plan& trained(membership& m, plan p) {
+  const auto& c = m.commit(std::move(p));
+  for (const auto& r : c.ranks)
+    if (const auto* n = m.find(r.node_id)) m.note_synced(r.node_id, n->incarnation, r.local_rank, c.generation);
+  return c;
+}
+
 membership_options opts(int32_t min_nodes, int32_t max_nodes = 64) {
   membership_options o;
   o.min_nodes = min_nodes;
@@ -73,7 +82,7 @@ TEST(membership, plan_orders_global_ranks_by_node_rank_then_local_rank) {
 TEST(membership, no_new_generation_without_a_change_and_one_per_change) {
   membership m(opts(1));
   m.admit(reg("a"), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   auto same = m.decide(t0() + 1s);
   EXPECT_FALSE(same.next);
   EXPECT_EQ(same.reason, "generation 1 is current: 1 node, world size 2");
@@ -84,13 +93,13 @@ TEST(membership, no_new_generation_without_a_change_and_one_per_change) {
   EXPECT_FALSE(m.decide(t0() + 1s).next);
   // Join -> generation 2; leave -> generation 3.
   m.admit(reg("b"), t0() + 2s);
-  auto g2 = m.commit(*m.decide(t0() + 2s).next);
+  auto g2 = trained(m, *m.decide(t0() + 2s).next);
   EXPECT_EQ(g2.generation, 2u);
   EXPECT_EQ(g2.world_size, 4);
   EXPECT_EQ(g2.state_root, 0);  // a survived and holds global rank 0
   EXPECT_TRUE(m.remove("b", t0() + 3s));
   EXPECT_FALSE(m.remove("b", t0() + 3s));
-  auto g3 = m.commit(*m.decide(t0() + 3s).next);
+  auto g3 = trained(m, *m.decide(t0() + 3s).next);
   EXPECT_EQ(g3.generation, 3u);
   EXPECT_EQ(g3.world_size, 2);
 }
@@ -99,7 +108,7 @@ TEST(membership, a_restarted_node_keeps_its_rank_but_starts_a_generation_without
   membership m(opts(1));
   m.admit(reg("a", 1, 1), t0());
   m.admit(reg("b", 1, 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   auto r = m.admit(reg("a", 1, 2), t0() + 1s);  // same id, new process
   EXPECT_TRUE(r.accepted);
   EXPECT_TRUE(r.changed);
@@ -263,7 +272,7 @@ TEST(membership, only_ready_ranks_are_planned_and_quorum_counts_nodes_with_one) 
 TEST(membership, a_node_without_a_ready_rank_is_a_member_but_not_planned) {
   membership m(opts(1));
   m.admit(reg("a", 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   EXPECT_TRUE(m.admit(cold("b", 1), t0() + 1s).accepted);
   auto d = m.decide(t0() + 1s);
   EXPECT_FALSE(d.next) << d.reason;  // nothing to plan yet: b's rank is not ready
@@ -277,9 +286,9 @@ TEST(membership, a_node_without_a_ready_rank_is_a_member_but_not_planned) {
 TEST(membership, a_planned_rank_that_exited_aborts_and_its_return_is_a_new_rank) {
   membership m(opts(1));
   m.admit(reg("a", 2), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   EXPECT_TRUE(m.set_rank_ready("a", 1, 0, false, t0() + 1s));
-  auto g2 = m.commit(*m.decide(t0() + 1s).next);
+  auto g2 = trained(m, *m.decide(t0() + 1s).next);
   EXPECT_EQ(g2.world_size, 1);
   EXPECT_EQ(g2.ranks[0].local_rank, 1);
   EXPECT_EQ(g2.cause, plan_cause::rank_exited);
@@ -287,7 +296,7 @@ TEST(membership, a_planned_rank_that_exited_aborts_and_its_return_is_a_new_rank)
   EXPECT_EQ(g2.state_root, 0);  // local rank 1 survived
   // Back (a restarted process): planned again, without state, and it drains.
   m.set_rank_ready("a", 1, 0, true, t0() + 2s);
-  auto g3 = m.commit(*m.decide(t0() + 2s).next);
+  auto g3 = trained(m, *m.decide(t0() + 2s).next);
   EXPECT_EQ(g3.world_size, 2);
   EXPECT_EQ(g3.cause, plan_cause::rank_ready);
   EXPECT_TRUE(g3.drain);
@@ -297,7 +306,7 @@ TEST(membership, a_planned_rank_that_exited_aborts_and_its_return_is_a_new_rank)
 TEST(membership, a_rank_that_exits_and_returns_between_decisions_is_still_a_change) {
   membership m(opts(1));
   m.admit(reg("a", 2), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   m.set_rank_ready("a", 1, 0, false, t0() + 1s);
   m.set_rank_ready("a", 1, 0, true, t0() + 1s);
   auto d = m.decide(t0() + 1s);
@@ -310,7 +319,7 @@ TEST(membership, a_rank_that_exits_and_returns_between_decisions_is_still_a_chan
 TEST(membership, registration_ready_ranks_replace_the_ready_set) {
   membership m(opts(1));
   m.admit(reg("a", 2), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   auto r = reg("a", 2);
   r.ready_ranks = {1};
   auto a = m.admit(r, t0() + 1s);  // same process, reconnected: rank 0 is gone
@@ -331,7 +340,7 @@ TEST(membership, the_first_generation_and_joins_settle_from_the_last_addition) {
   EXPECT_FALSE(m.decide(t0() + 350ms).next);  // settles from the rank, not the join
   m.set_rank_ready("a", 1, 1, true, t0() + 350ms);
   EXPECT_FALSE(m.decide(t0() + 600ms).next);
-  auto g1 = m.commit(*m.decide(t0() + 650ms).next);
+  auto g1 = trained(m, *m.decide(t0() + 650ms).next);
   EXPECT_EQ(g1.world_size, 2);
   m.admit(reg("b", 2), t0() + 1s);
   auto d = m.decide(t0() + 1200ms);
@@ -346,7 +355,7 @@ TEST(membership, a_loss_does_not_settle_and_takes_whatever_is_ready) {
   membership m(o);
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 1), t0());
-  m.commit(*m.decide(t0() + 300ms).next);
+  trained(m, *m.decide(t0() + 300ms).next);
   m.admit(reg("c", 1), t0() + 1s);  // settling until 1.3 s
   EXPECT_FALSE(m.decide(t0() + 1100ms).next);
   EXPECT_TRUE(m.remove("b", t0() + 1100ms));
@@ -362,7 +371,7 @@ TEST(membership, a_loss_outside_the_plan_does_not_cut_settling_short) {
   o.settle = 300ms;
   membership m(o);
   m.admit(reg("a", 1), t0());
-  m.commit(*m.decide(t0() + 300ms).next);
+  trained(m, *m.decide(t0() + 300ms).next);
   m.admit(reg("b", 1), t0() + 1s);
   m.admit(cold("c", 1), t0() + 1s);
   EXPECT_TRUE(m.remove("c", t0() + 1100ms));  // never planned
@@ -387,25 +396,48 @@ TEST(membership, a_full_cluster_does_not_settle) {
 TEST(membership, a_join_drains_and_a_loss_aborts) {
   membership m(opts(1));
   m.admit(reg("a", 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   m.admit(reg("b", 1), t0() + 1s);
-  auto g2 = m.commit(*m.decide(t0() + 1s).next);
+  auto g2 = trained(m, *m.decide(t0() + 1s).next);
   EXPECT_EQ(g2.cause, plan_cause::node_joined);
   EXPECT_TRUE(g2.drain);
   m.remove("a", t0() + 2s);
-  auto g3 = m.commit(*m.decide(t0() + 2s).next);
+  auto g3 = trained(m, *m.decide(t0() + 2s).next);
   EXPECT_EQ(g3.cause, plan_cause::node_lost);
   EXPECT_FALSE(g3.drain);
   EXPECT_EQ(g3.state_root, 0);
+}
+
+// Found by the chaos tests under load: b was planned in with a (who alone
+// held the state) and a died before b's agreement; b is no state root, so
+// the next plan carries the newest checkpoint instead of b's empty state.
+TEST(membership, a_rank_planned_in_but_never_ready_is_no_state_root) {
+  membership m(opts(1));
+  m.admit(reg("a", 1), t0());
+  trained(m, *m.decide(t0()).next);
+  m.admit(reg("b", 1), t0() + 1s);
+  m.commit(*m.decide(t0() + 1s).next);  // generation 2: nobody reported READY in it yet
+  m.remove("a", t0() + 2s);
+  auto g3 = m.commit(*m.decide(t0() + 2s).next);
+  EXPECT_EQ(g3.state_root, -1);
+  // Had b reported READY in generation 2, it would hold the state.
+  membership m2(opts(1));
+  m2.admit(reg("a", 1), t0());
+  trained(m2, *m2.decide(t0()).next);
+  m2.admit(reg("b", 1), t0() + 1s);
+  const auto g2 = m2.commit(*m2.decide(t0() + 1s).next);
+  m2.note_synced("b", 1, 0, g2.generation);
+  m2.remove("a", t0() + 2s);
+  EXPECT_EQ(m2.commit(*m2.decide(t0() + 2s).next).state_root, 0);
 }
 
 TEST(membership, a_leave_drains_and_the_plan_goes_to_the_leaving_node_too) {
   membership m(opts(1));
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 2), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   EXPECT_TRUE(m.remove("b", t0() + 1s, departure::left));
-  auto p = m.commit(*m.decide(t0() + 1s).next);
+  auto p = trained(m, *m.decide(t0() + 1s).next);
   EXPECT_EQ(p.cause, plan_cause::node_left);
   EXPECT_TRUE(p.drain);
   EXPECT_EQ(p.world_size, 1);
@@ -424,7 +456,7 @@ TEST(membership, a_leave_with_a_loss_aborts_and_the_loss_names_it) {
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 1), t0());
   m.admit(reg("c", 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   m.remove("b", t0() + 1s, departure::left);
   m.remove("c", t0() + 1s);
   auto p = *m.decide(t0() + 1s).next;
@@ -441,7 +473,7 @@ TEST(membership, a_failed_collective_with_no_change_forces_a_generation_after_th
   membership m(o);
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   EXPECT_FALSE(m.report_failure(0, "a", 0, t0() + 1s));  // an older generation
   EXPECT_FALSE(m.report_failure(1, "a", 1, t0() + 1s));  // not a rank of the plan
   EXPECT_FALSE(m.suspecting());
@@ -451,7 +483,7 @@ TEST(membership, a_failed_collective_with_no_change_forces_a_generation_after_th
   auto d = m.decide(t0() + 1299ms);
   EXPECT_FALSE(d.next);
   EXPECT_NE(d.reason.find("a collective failed"), std::string::npos) << d.reason;
-  auto p = m.commit(*m.decide(t0() + 1300ms).next);
+  auto p = trained(m, *m.decide(t0() + 1300ms).next);
   EXPECT_EQ(p.generation, 2u);
   EXPECT_EQ(p.world_size, 2);
   EXPECT_EQ(p.cause, plan_cause::collective_failure);
@@ -465,7 +497,7 @@ TEST(membership, while_suspecting_a_join_does_not_drain) {
   auto o = opts(1);
   membership m(o);
   m.admit(reg("a", 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   m.report_failure(1, "a", 0, t0() + 1s);
   m.admit(reg("b", 1), t0() + 1s);
   auto p = *m.decide(t0() + 1s).next;
@@ -541,13 +573,13 @@ TEST(membership, a_member_restarting_counts_as_a_failure_and_can_be_quarantined)
   membership m(o);
   m.admit(reg("a", 1, 1), t0());
   m.admit(reg("b", 1, 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   auto r1 = m.admit(reg("a", 1, 2), t0() + 1500ms);
   EXPECT_TRUE(r1.accepted);
   EXPECT_TRUE(r1.restarted);
   EXPECT_TRUE(r1.joined);
   EXPECT_DOUBLE_EQ(r1.silent_s, 1.5);
-  auto p = m.commit(*m.decide(t0() + 2s).next);
+  auto p = trained(m, *m.decide(t0() + 2s).next);
   EXPECT_EQ(p.cause, plan_cause::node_lost);
   EXPECT_FALSE(p.drain);
   auto r2 = m.admit(reg("a", 1, 3), t0() + 3s);
@@ -666,7 +698,7 @@ TEST(membership, the_leaving_node_gets_the_plan_where_it_is_reachable_now) {
   membership m(opts(1));
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   EXPECT_TRUE(m.touch("b", 1, t0() + 1s, "peer-b-reconnected"));
   m.remove("b", t0() + 1s, departure::left);
   auto p = *m.decide(t0() + 1s).next;
@@ -691,7 +723,7 @@ TEST(membership, a_new_nproc_from_the_same_process_is_no_failure) {
 TEST(membership, a_second_live_process_under_a_members_id_is_refused_not_taken_for_a_restart) {
   membership m(opts(1));
   m.admit(reg("vm", 1, 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   m.touch("vm", 1, t0() + 100ms);
   auto r = m.admit(reg("vm", 1, 2), t0() + 150ms);  // the member was heard 50 ms ago
   EXPECT_FALSE(r.accepted);
@@ -712,7 +744,7 @@ TEST(membership, a_second_live_process_under_a_members_id_is_refused_not_taken_f
 TEST(membership, a_restart_is_recognised_once_the_old_process_is_silent) {
   membership m(opts(1));
   m.admit(reg("vm", 1, 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   m.touch("vm", 1, t0() + 100ms);
   auto r = m.admit(reg("vm", 1, 2), t0() + 100ms + m.options().duplicate_window);
   EXPECT_TRUE(r.accepted);
@@ -730,7 +762,7 @@ TEST(membership, min_nodes_gates_the_start_and_the_floor_the_shrink) {
   EXPECT_FALSE(m.decide(t0()).next);
   EXPECT_FALSE(m.decide(t0()).below_floor);  // not started: waiting at the gate
   m.admit(reg("b", 1), t0());
-  m.commit(*m.decide(t0()).next);
+  trained(m, *m.decide(t0()).next);
   m.remove("b", t0() + 1s);
   auto d = m.decide(t0() + 1s);
   ASSERT_TRUE(d.next) << d.reason;
@@ -740,7 +772,7 @@ TEST(membership, min_nodes_gates_the_start_and_the_floor_the_shrink) {
   membership f(o);
   f.admit(reg("a", 1), t0());
   f.admit(reg("b", 1), t0());
-  f.commit(*f.decide(t0()).next);
+  trained(f, *f.decide(t0()).next);
   f.remove("b", t0() + 1s);
   auto w = f.decide(t0() + 1s);
   EXPECT_FALSE(w.next);

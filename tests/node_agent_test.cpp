@@ -453,6 +453,15 @@ TEST_F(cluster_test, a_partitioned_node_is_dropped_then_rejoins_with_its_rank) {
   EXPECT_EQ(coord.lost[0].peer, "b");
   EXPECT_EQ(agent("a").plan->generation(), 2u);
   EXPECT_EQ(agent("a").plan->world_size(), 2);
+  // a's ranks agree on their state in generation 2 (READY): they hold it.
+  for (int32_t l = 0; l < 2; ++l) {
+    auto ready = from_rank("rank/a/" + std::to_string(l));
+    ready.env.set_generation(2);
+    ready.env.mutable_rank_status()->set_status(pb::rank_status::STATE_READY);
+    ready.env.mutable_rank_status()->set_local_rank(l);
+    caf::anon_send(net.agents["peer-a"], ready);
+  }
+  run();
   EXPECT_EQ(agent("b").phase, node_phase::registering);  // b noticed too
   EXPECT_EQ(agent("b").plan->generation(), 1u);          // and never heard of generation 2
   EXPECT_EQ(launchers["b"]->spawned.size(), 2u);         // its ranks were not restarted
