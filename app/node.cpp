@@ -247,6 +247,9 @@ int run_node(const cluster_cli& cli) {
                     });
     }
   }
+  // A signal that arrived while the job was ending (the coordinator's stop
+  // can be quicker than this loop's tick) still names how the node ended.
+  if (code == 0 && cli.stop_signal && cli.stop_signal->load() != 0) code = 128 + cli.stop_signal->load();
   launcher->stop();
   // What the agent sent last (its ranks' exits, a leave) goes out first.
   bridge->stop(std::chrono::seconds(1));
