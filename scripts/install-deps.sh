@@ -20,6 +20,8 @@ pkgs=(
   prometheus
   # data sets, read in place
   dataset-fashion-mnist dict-freedict-eng-ita dict-gcide
+  # NumPy, to check that .npy files NumPy writes read back the same (tests)
+  python3-numpy
 )
 
 missing=()

@@ -1,0 +1,75 @@
+#pragma once
+// NumPy .npy arrays, read in place: the header is checked against the file
+// (a header that lies about the size is an error, never a short read), the
+// data is memory-mapped read-only and never copied whole into memory. The
+// first axis is the samples axis. No LibTorch here.
+//
+// Format (numpy.lib.format): "\x93NUMPY", major, minor, a little-endian
+// header length (2 bytes for 1.0, 4 for 2.0 and 3.0), an ASCII/UTF-8 Python
+// dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (n, ...), }
+// padded to a multiple of 64 bytes, then the C-order data.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/result.hpp"
+
+namespace dtactor {
+
+// The dtypes NumPy writes for numbers (little-endian or single-byte).
+enum class npy_dtype { b1, u1, i1, u2, i2, u4, i4, u8, i8, f2, f4, f8 };
+
+const char* to_string(npy_dtype t);  // NumPy's name: "uint8", "float32", ...
+std::size_t item_bytes(npy_dtype t);
+
+struct npy_header {
+  npy_dtype dtype = npy_dtype::f4;
+  std::vector<int64_t> shape;   // at least one axis
+  std::size_t data_offset = 0;  // where the data starts
+  uint64_t data_bytes = 0;      // product of the shape times the item size
+};
+
+// Parses the header at the start of `bytes` (at most the first 64 KiB are
+// read; pass at least that much, or the whole file when it is shorter) of a
+// file of `file_size` bytes. One clear line on anything else: not .npy, an
+// unknown version, a dtype it does not support (big-endian, strings,
+// objects, complex), Fortran order, a scalar, a size that does not match
+// the file.
+result<npy_header> parse_npy_header(std::string_view bytes, uint64_t file_size);
+
+// A memory-mapped .npy file.
+class npy_array {
+ public:
+  // Errors name the file: "'x.npy': not a .npy file (no \x93NUMPY magic)".
+  static result<npy_array> open(const std::string& path);
+
+  npy_array() = default;
+  npy_array(npy_array&& o) noexcept;
+  npy_array& operator=(npy_array&& o) noexcept;
+  npy_array(const npy_array&) = delete;
+  npy_array& operator=(const npy_array&) = delete;
+  ~npy_array();
+
+  const std::string& path() const { return path_; }
+  npy_dtype dtype() const { return header_.dtype; }
+  const std::vector<int64_t>& shape() const { return header_.shape; }
+  int64_t rows() const { return header_.shape[0]; }
+  // Bytes of one sample (the product of the other axes times the item size).
+  std::size_t row_bytes() const { return row_bytes_; }
+  // The raw little-endian bytes of sample i (0 <= i < rows()).
+  const uint8_t* row(int64_t i) const { return data_ + static_cast<std::size_t>(i) * row_bytes_; }
+  // Element `k` of the flattened array, converted to double (any dtype).
+  double at(uint64_t k) const;
+
+ private:
+  std::string path_;
+  npy_header header_;
+  std::size_t row_bytes_ = 0;
+  void* map_ = nullptr;
+  std::size_t map_bytes_ = 0;
+  const uint8_t* data_ = nullptr;
+};
+
+}  // namespace dtactor
