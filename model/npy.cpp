@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 
 namespace dtactor {
@@ -261,6 +262,77 @@ double npy_array::at(uint64_t k) const {
       return get(double{});
   }
   return 0;
+}
+
+// ---- token_file ----
+
+result<token_file> token_file::open(const std::string& path, uint32_t vocab_size, uint64_t min_tokens) {
+  auto fail = [&](const std::string& why) { return make_error("'" + path + "': " + why); };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail("not a regular file");
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size % 2 != 0) {
+    ::close(fd);
+    return fail("holds " + std::to_string(size) + " bytes, an odd number: not a stream of uint16 token ids");
+  }
+  min_tokens = std::max<uint64_t>(min_tokens, 1);
+  if (size / 2 < min_tokens) {
+    ::close(fd);
+    return fail("holds " + std::to_string(size / 2) + " tokens; at least " + std::to_string(min_tokens) + " are needed (one window of model.context + 1)");
+  }
+  void* map = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) return fail(std::string("cannot map it: ") + std::strerror(err));
+  token_file t;
+  t.path_ = path;
+  t.map_ = map;
+  t.map_bytes_ = static_cast<std::size_t>(size);
+  t.tokens_ = size / 2;
+  // One pass over the ids now, so a wrong vocabulary is a clear error at the
+  // start, not an index error in the middle of training.
+  ::madvise(map, t.map_bytes_, MADV_SEQUENTIAL);
+  for (uint64_t i = 0; i < t.tokens_; ++i)
+    if (t.at(i) >= vocab_size)
+      return fail("token id " + std::to_string(t.at(i)) + " at position " + std::to_string(i) + " is outside the model's vocabulary of " +
+                  std::to_string(vocab_size));
+  ::madvise(map, t.map_bytes_, MADV_RANDOM);
+  return t;
+}
+
+token_file::token_file(token_file&& o) noexcept { *this = std::move(o); }
+
+token_file& token_file::operator=(token_file&& o) noexcept {
+  if (this != &o) {
+    if (map_) ::munmap(map_, map_bytes_);
+    path_ = std::move(o.path_);
+    map_ = o.map_;
+    map_bytes_ = o.map_bytes_;
+    tokens_ = o.tokens_;
+    o.map_ = nullptr;
+    o.map_bytes_ = 0;
+    o.tokens_ = 0;
+  }
+  return *this;
+}
+
+token_file::~token_file() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+uint16_t token_file::at(uint64_t i) const {
+  const auto* p = static_cast<const uint8_t*>(map_) + 2 * i;
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+
+void token_file::window(uint64_t start, uint64_t n, std::vector<int64_t>& out) const {
+  out.resize(static_cast<std::size_t>(n));
+  for (uint64_t k = 0; k < n; ++k) out[static_cast<std::size_t>(k)] = at(start + k);
 }
 
 }  // namespace dtactor

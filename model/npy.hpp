@@ -73,3 +73,35 @@ class npy_array {
 };
 
 }  // namespace dtactor
+
+namespace dtactor {
+
+// A token stream in nanoGPT's .bin format (data/shakespeare_char/prepare.py):
+// flat little-endian uint16 token ids, memory-mapped read-only. Checked
+// when opened: an even size, at least `min_tokens` tokens, and every id
+// below `vocab_size` (one clear line with the first offending position).
+class token_file {
+ public:
+  static result<token_file> open(const std::string& path, uint32_t vocab_size, uint64_t min_tokens = 2);
+
+  token_file() = default;
+  token_file(token_file&& o) noexcept;
+  token_file& operator=(token_file&& o) noexcept;
+  token_file(const token_file&) = delete;
+  token_file& operator=(const token_file&) = delete;
+  ~token_file();
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return tokens_; }
+  uint16_t at(uint64_t i) const;  // 0 <= i < size()
+  // The window of `n` tokens starting at `start` (start + n <= size()).
+  void window(uint64_t start, uint64_t n, std::vector<int64_t>& out) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  std::size_t map_bytes_ = 0;
+  uint64_t tokens_ = 0;
+};
+
+}  // namespace dtactor

@@ -203,3 +203,43 @@ TEST(npy, files_numpy_writes_read_back_the_same) {
   EXPECT_NE(open_error(d.path() + "/fortran.npy").find("Fortran order"), std::string::npos);
   EXPECT_NE(open_error(d.path() + "/be.npy").find("big-endian"), std::string::npos);
 }
+
+// nanoGPT's .bin token streams.
+TEST(token_file, ids_are_read_little_endian_and_windows_are_consecutive) {
+  dtactor::testing::temp_dir d;
+  auto path = write(d, "train.bin", raw<uint16_t>({5, 300, 65, 1000, 2}));
+  auto t = token_file::open(path, 1024);
+  ASSERT_TRUE(t) << t.message();
+  EXPECT_EQ(t->size(), 5u);
+  EXPECT_EQ(t->at(1), 300);
+  std::vector<int64_t> w;
+  t->window(1, 3, w);
+  EXPECT_EQ(w, (std::vector<int64_t>{300, 65, 1000}));
+}
+
+TEST(token_file, bad_streams_are_one_clear_line) {
+  dtactor::testing::temp_dir d;
+  auto err = [&](const std::string& name, const std::string& bytes, uint32_t vocab, uint64_t min_tokens) {
+    auto t = token_file::open(write(d, name, bytes), vocab, min_tokens);
+    return t ? std::string("(opened)") : t.message();
+  };
+  EXPECT_NE(err("odd.bin", "abc", 100, 1).find("odd number"), std::string::npos);
+  EXPECT_NE(err("short.bin", raw<uint16_t>({1, 2}), 100, 5).find("holds 2 tokens; at least 5 are needed"), std::string::npos);
+  const auto range = err("range.bin", raw<uint16_t>({1, 2, 500, 3}), 256, 2);
+  EXPECT_NE(range.find("token id 500 at position 2 is outside the model's vocabulary of 256"), std::string::npos) << range;
+  EXPECT_NE(range.find("range.bin"), std::string::npos) << range;
+}
+
+TEST(token_file, a_stream_numpy_writes_as_nanogpt_does_reads_back) {
+  if (std::system("/usr/bin/python3.11 -c 'import numpy' > /dev/null 2>&1") != 0) GTEST_SKIP() << "python3-numpy is not installed (scripts/install-deps.sh installs it)";
+  dtactor::testing::temp_dir d;
+  // nanoGPT's prepare.py: np.array(ids, dtype=np.uint16).tofile('train.bin')
+  const std::string cmd = "/usr/bin/python3.11 -c \"import numpy as np; np.array([7, 40000, 65535, 0], dtype=np.uint16).tofile('" + d.path() +
+                          "/train.bin')\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  auto t = token_file::open(d.path() + "/train.bin", 65536);
+  ASSERT_TRUE(t) << t.message();
+  ASSERT_EQ(t->size(), 4u);
+  EXPECT_EQ(t->at(1), 40000);
+  EXPECT_EQ(t->at(2), 65535);
+}
