@@ -1,11 +1,6 @@
 #include "model/npy.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <algorithm>
 #include <limits>
@@ -163,67 +158,21 @@ result<npy_header> parse_npy_header(std::string_view b, uint64_t file_size) {
 }
 
 result<npy_array> npy_array::open(const std::string& path) {
-  auto fail = [&](const std::string& why) { return make_error("'" + path + "': " + why); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail(std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return fail("not a regular file");
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  void* map = nullptr;
-  if (size > 0) {
-    map = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return fail(std::string("cannot map it: ") + std::strerror(err));
-    }
-  }
-  ::close(fd);  // the mapping stays
+  auto file = mapped_file::open(path);
+  if (!file) return file.err();
   npy_array a;
   a.path_ = path;
-  a.map_ = map;
-  a.map_bytes_ = static_cast<std::size_t>(size);
-  const std::string_view bytes(static_cast<const char*>(map), std::min<std::size_t>(a.map_bytes_, std::size_t{64} << 10));
-  auto h = parse_npy_header(bytes, size);
-  if (!h) return fail(h.message());
+  a.file_ = std::move(file.value());
+  const std::string_view bytes(reinterpret_cast<const char*>(a.file_.data()), std::min<std::size_t>(a.file_.size(), std::size_t{64} << 10));
+  auto h = parse_npy_header(bytes, a.file_.size());
+  if (!h) return make_error("'" + path + "': " + h.message());
   a.header_ = std::move(h.value());
-  a.data_ = static_cast<const uint8_t*>(map) + a.header_.data_offset;
+  a.data_ = a.file_.data() + a.header_.data_offset;
   uint64_t per_row = item_bytes(a.header_.dtype);
   for (std::size_t d = 1; d < a.header_.shape.size(); ++d) per_row *= static_cast<uint64_t>(a.header_.shape[d]);
   a.row_bytes_ = static_cast<std::size_t>(per_row);
-  // Samples are read in a shuffled order: no read-ahead.
-  if (map) ::madvise(map, a.map_bytes_, MADV_RANDOM);
+  a.file_.advise_random();  // samples are read in a shuffled order: no read-ahead
   return a;
-}
-
-npy_array::npy_array(npy_array&& o) noexcept { *this = std::move(o); }
-
-npy_array& npy_array::operator=(npy_array&& o) noexcept {
-  if (this != &o) {
-    if (map_) ::munmap(map_, map_bytes_);
-    path_ = std::move(o.path_);
-    header_ = std::move(o.header_);
-    row_bytes_ = o.row_bytes_;
-    map_ = o.map_;
-    map_bytes_ = o.map_bytes_;
-    data_ = o.data_;
-    o.map_ = nullptr;
-    o.data_ = nullptr;
-    o.map_bytes_ = 0;
-  }
-  return *this;
-}
-
-npy_array::~npy_array() {
-  if (map_) ::munmap(map_, map_bytes_);
 }
 
 double npy_array::at(uint64_t k) const {
@@ -268,65 +217,30 @@ double npy_array::at(uint64_t k) const {
 
 result<token_file> token_file::open(const std::string& path, uint32_t vocab_size, uint64_t min_tokens) {
   auto fail = [&](const std::string& why) { return make_error("'" + path + "': " + why); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return fail("not a regular file");
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size % 2 != 0) {
-    ::close(fd);
-    return fail("holds " + std::to_string(size) + " bytes, an odd number: not a stream of uint16 token ids");
-  }
+  auto file = mapped_file::open(path);
+  if (!file) return file.err();
+  const uint64_t size = file->size();
+  if (size % 2 != 0) return fail("holds " + std::to_string(size) + " bytes, an odd number: not a stream of uint16 token ids");
   min_tokens = std::max<uint64_t>(min_tokens, 1);
-  if (size / 2 < min_tokens) {
-    ::close(fd);
+  if (size / 2 < min_tokens)
     return fail("holds " + std::to_string(size / 2) + " tokens; at least " + std::to_string(min_tokens) + " are needed (one window of model.context + 1)");
-  }
-  void* map = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) return fail(std::string("cannot map it: ") + std::strerror(err));
   token_file t;
   t.path_ = path;
-  t.map_ = map;
-  t.map_bytes_ = static_cast<std::size_t>(size);
+  t.file_ = std::move(file.value());
   t.tokens_ = size / 2;
   // One pass over the ids now, so a wrong vocabulary is a clear error at the
   // start, not an index error in the middle of training.
-  ::madvise(map, t.map_bytes_, MADV_SEQUENTIAL);
+  t.file_.advise_sequential();
   for (uint64_t i = 0; i < t.tokens_; ++i)
     if (t.at(i) >= vocab_size)
       return fail("token id " + std::to_string(t.at(i)) + " at position " + std::to_string(i) + " is outside the model's vocabulary of " +
                   std::to_string(vocab_size));
-  ::madvise(map, t.map_bytes_, MADV_RANDOM);
+  t.file_.advise_random();
   return t;
 }
 
-token_file::token_file(token_file&& o) noexcept { *this = std::move(o); }
-
-token_file& token_file::operator=(token_file&& o) noexcept {
-  if (this != &o) {
-    if (map_) ::munmap(map_, map_bytes_);
-    path_ = std::move(o.path_);
-    map_ = o.map_;
-    map_bytes_ = o.map_bytes_;
-    tokens_ = o.tokens_;
-    o.map_ = nullptr;
-    o.map_bytes_ = 0;
-    o.tokens_ = 0;
-  }
-  return *this;
-}
-
-token_file::~token_file() {
-  if (map_) ::munmap(map_, map_bytes_);
-}
-
 uint16_t token_file::at(uint64_t i) const {
-  const auto* p = static_cast<const uint8_t*>(map_) + 2 * i;
+  const uint8_t* p = file_.data() + 2 * i;
   return static_cast<uint16_t>(p[0] | (p[1] << 8));
 }
 

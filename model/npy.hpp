@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/fs.hpp"
 #include "runtime/result.hpp"
 
 namespace dtactor {
@@ -45,13 +46,6 @@ class npy_array {
   // Errors name the file: "'x.npy': not a .npy file (no \x93NUMPY magic)".
   static result<npy_array> open(const std::string& path);
 
-  npy_array() = default;
-  npy_array(npy_array&& o) noexcept;
-  npy_array& operator=(npy_array&& o) noexcept;
-  npy_array(const npy_array&) = delete;
-  npy_array& operator=(const npy_array&) = delete;
-  ~npy_array();
-
   const std::string& path() const { return path_; }
   npy_dtype dtype() const { return header_.dtype; }
   const std::vector<int64_t>& shape() const { return header_.shape; }
@@ -67,8 +61,7 @@ class npy_array {
   std::string path_;
   npy_header header_;
   std::size_t row_bytes_ = 0;
-  void* map_ = nullptr;
-  std::size_t map_bytes_ = 0;
+  mapped_file file_;
   const uint8_t* data_ = nullptr;
 };
 
@@ -84,13 +77,6 @@ class token_file {
  public:
   static result<token_file> open(const std::string& path, uint32_t vocab_size, uint64_t min_tokens = 2);
 
-  token_file() = default;
-  token_file(token_file&& o) noexcept;
-  token_file& operator=(token_file&& o) noexcept;
-  token_file(const token_file&) = delete;
-  token_file& operator=(const token_file&) = delete;
-  ~token_file();
-
   const std::string& path() const { return path_; }
   uint64_t size() const { return tokens_; }
   uint16_t at(uint64_t i) const;  // 0 <= i < size()
@@ -99,8 +85,7 @@ class token_file {
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  std::size_t map_bytes_ = 0;
+  mapped_file file_;
   uint64_t tokens_ = 0;
 };
 

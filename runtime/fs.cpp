@@ -1,6 +1,7 @@
 #include "runtime/fs.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -233,6 +234,58 @@ std::string run_dir_busy_message(const std::string& run_dir, const std::string& 
   if (why.rfind("held by ", 0) != 0) return "run directory '" + run_dir + "': " + why;
   return "run directory '" + run_dir + "' is in use by another dtactor (" + why.substr(8) +
          "); wait for it to end, stop it, or choose another --run-dir";
+}
+
+result<mapped_file> mapped_file::open(const std::string& path) {
+  auto fail = [&](const std::string& why) { return make_error("'" + path + "': " + why); };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail("not a regular file");
+  }
+  mapped_file m;
+  m.size_ = static_cast<std::size_t>(st.st_size);
+  if (m.size_ > 0) {
+    void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return fail(std::string("cannot map it: ") + std::strerror(err));
+    }
+    m.map_ = p;
+  }
+  ::close(fd);  // the mapping stays
+  return m;
+}
+
+mapped_file::mapped_file(mapped_file&& o) noexcept : map_(o.map_), size_(o.size_) {
+  o.map_ = nullptr;
+  o.size_ = 0;
+}
+
+mapped_file& mapped_file::operator=(mapped_file&& o) noexcept {
+  if (this != &o) {
+    if (map_) ::munmap(map_, size_);
+    map_ = o.map_;
+    size_ = o.size_;
+    o.map_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+mapped_file::~mapped_file() {
+  if (map_) ::munmap(map_, size_);
+}
+
+void mapped_file::advise_sequential() const {
+  if (map_) ::madvise(map_, size_, MADV_SEQUENTIAL);
+}
+
+void mapped_file::advise_random() const {
+  if (map_) ::madvise(map_, size_, MADV_RANDOM);
 }
 
 }  // namespace dtactor

@@ -2,6 +2,7 @@
 // Durable file operations for small, precious files (checkpoints, journals).
 // Every failure is a value whose message names the path and the OS reason.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -83,5 +84,30 @@ std::string run_dir_lock_path(const std::string& run_dir);
 // "run directory 'D' is in use by another dtactor (pid N (...)); ..." for
 // the `why` of a failed try_acquire of its lock.
 std::string run_dir_busy_message(const std::string& run_dir, const std::string& why);
+
+// A whole file mapped read-only (data files read in place, never copied
+// whole into memory). Errors name the file: "'x': No such file or
+// directory", "'x': not a regular file".
+class mapped_file {
+ public:
+  static result<mapped_file> open(const std::string& path);
+
+  mapped_file() = default;
+  mapped_file(mapped_file&& o) noexcept;
+  mapped_file& operator=(mapped_file&& o) noexcept;
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  ~mapped_file();
+
+  const uint8_t* data() const { return static_cast<const uint8_t*>(map_); }
+  std::size_t size() const { return size_; }
+  // Access pattern hint for the kernel: sequential (read-ahead) or random.
+  void advise_sequential() const;
+  void advise_random() const;
+
+ private:
+  void* map_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 }  // namespace dtactor
