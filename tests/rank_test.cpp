@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -140,35 +141,52 @@ rank_worker_options worker_opts(int local) {
 
 }  // namespace
 
-TEST(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_both_finish_identical) {
-  const auto port = pick_free_tcp_port();
-  ASSERT_TRUE(port) << port.message();
-  auto store = rendezvous_store::start(port.value(), std::chrono::seconds(60));
-  ASSERT_TRUE(store) << store.message();
-  const auto cfg = dtactor::testing::tiny_vit_config({"train.max_steps=30", "train.log_every_steps=1", "cluster.shm_allreduce=false"});
-  const std::string toml = cfg.to_toml();
+// Two rank workers of node "n" as threads, meeting at a real c10d store in
+// this process, warmed up with a tiny ViT of `max_steps`.
+class rank_workers : public ::testing::Test {
+ protected:
+  void start(int64_t max_steps) {
+    auto p = pick_free_tcp_port();
+    ASSERT_TRUE(p) << p.message();
+    port = p.value();
+    auto s = rendezvous_store::start(port, std::chrono::seconds(60));
+    ASSERT_TRUE(s) << s.message();
+    store = std::move(s.value());
+    toml = dtactor::testing::tiny_vit_config(
+               {"train.max_steps=" + std::to_string(max_steps), "train.log_every_steps=1", "cluster.shm_allreduce=false"})
+               .to_toml();
+    a = std::make_unique<rank_worker>(worker_opts(0), seen.for_rank(0));
+    b = std::make_unique<rank_worker>(worker_opts(1), seen.for_rank(1));
+    pb::generation_plan warm;
+    warm.set_config_toml(toml);
+    ASSERT_TRUE(a->offer(warm));
+    ASSERT_TRUE(b->offer(warm));
+  }
+  pb::generation_plan plan(uint64_t g, const std::vector<int>& locals, bool drain) { return plan_of(g, locals, port, toml, drain); }
 
+  int port = 0;
+  std::string toml;
+  std::unique_ptr<rendezvous_store> store;  // outlives the workers (declared first)
   reports seen;
-  rank_worker a(worker_opts(0), seen.for_rank(0));
-  rank_worker b(worker_opts(1), seen.for_rank(1));
-  pb::generation_plan warm;
-  warm.set_config_toml(toml);
-  ASSERT_TRUE(a.offer(warm));
-  ASSERT_TRUE(b.offer(warm));
+  std::unique_ptr<rank_worker> a, b;
+};
+
+TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_both_finish_identical) {
+  start(30);
   ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
   ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
 
   // Generation 1: a trains alone.
-  ASSERT_TRUE(a.offer(plan_of(1, {0}, port.value(), toml, false)));
+  ASSERT_TRUE(a->offer(plan(1, {0}, false)));
   auto ready_a = seen.wait_for(0, pb::rank_status::STATE_READY);
   ASSERT_TRUE(ready_a);
   EXPECT_EQ(ready_a->state_source(), "fresh");
   ASSERT_TRUE(seen.wait_step(0, 5));
 
   // Generation 2 (a join: drain): b comes in at step 0 and takes a's state.
-  const auto g2 = plan_of(2, {0, 1}, port.value(), toml, true);
-  ASSERT_TRUE(a.offer(g2));
-  ASSERT_TRUE(b.offer(g2));
+  const auto g2 = plan(2, {0, 1}, true);
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(b->offer(g2));
   auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
   ASSERT_TRUE(ready_b);
   EXPECT_EQ(ready_b->state_source(), "peer");
@@ -188,25 +206,13 @@ TEST(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_bot
 // A stop with a final checkpoint may reach one rank a moment before the
 // other: every rank stops at the same step, and rank 0 writes the final
 // checkpoint even though only its peer was asked for one so far.
-TEST(rank_workers, a_stop_asked_of_one_rank_stops_both_at_one_step_with_rank_0s_final_checkpoint) {
-  const auto port = pick_free_tcp_port();
-  ASSERT_TRUE(port) << port.message();
-  auto store = rendezvous_store::start(port.value(), std::chrono::seconds(60));
-  ASSERT_TRUE(store) << store.message();
-  const auto cfg = dtactor::testing::tiny_vit_config({"train.max_steps=100000", "train.log_every_steps=1", "cluster.shm_allreduce=false"});
-  const std::string toml = cfg.to_toml();
-  reports seen;
-  rank_worker a(worker_opts(0), seen.for_rank(0));
-  rank_worker b(worker_opts(1), seen.for_rank(1));
-  pb::generation_plan warm;
-  warm.set_config_toml(toml);
-  ASSERT_TRUE(a.offer(warm));
-  ASSERT_TRUE(b.offer(warm));
-  const auto g1 = plan_of(1, {0, 1}, port.value(), toml, false);
-  ASSERT_TRUE(a.offer(g1));
-  ASSERT_TRUE(b.offer(g1));
+TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_at_one_step_with_rank_0s_final_checkpoint) {
+  start(100000);
+  const auto g1 = plan(1, {0, 1}, false);
+  ASSERT_TRUE(a->offer(g1));
+  ASSERT_TRUE(b->offer(g1));
   ASSERT_TRUE(seen.wait_step(0, 3));
-  b.request_stop(true);  // rank 1 only
+  b->request_stop(true);  // rank 1 only
   auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
   auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done_a && done_b);
