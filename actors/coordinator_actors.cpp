@@ -145,7 +145,7 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   // A newer generation was planned while we waited for the start step.
   if (current_generation(st) != p.generation) return;
   auto env = make_envelope(st.opts.header, p.generation);
-  *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.newest_checkpoint);
+  *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.newest_checkpoint_step);
   const auto& wp = env.generation_plan();
   ev::generation_started started{p.generation, p.world_size, to_string(p.cause), p.drain, start_step, wp.state_root(), {}};
   for (const auto& n : p.nodes) started.nodes.push_back(n.node_id);
@@ -214,7 +214,7 @@ void on_tick(membership_self self) {
 
 }  // namespace
 
-pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const std::string& newest_checkpoint) {
+pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, int64_t newest_checkpoint_step) {
   pb::generation_plan out;
   out.set_generation(p.generation);
   out.set_world_size(p.world_size);
@@ -232,9 +232,11 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   }
   out.set_start_step(start_step);
   out.set_state_root(p.state_root);
-  if (p.state_root < 0 && !newest_checkpoint.empty()) {
+  out.set_checkpoint_store(opts.checkpoint_store);
+  out.set_checkpoint_step(-1);
+  if (p.state_root < 0 && newest_checkpoint_step >= 0) {
     out.set_state_root(0);
-    out.set_checkpoint(newest_checkpoint);
+    out.set_checkpoint_step(newest_checkpoint_step);
   }
   out.set_config_toml(opts.config_toml);
   out.set_drain(p.drain);
@@ -277,8 +279,6 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
   self->state.out = std::move(out);
   self->state.job = std::move(job);
   self->state.newest_checkpoint_step = self->state.opts.initial_checkpoint_step;
-  self->state.newest_checkpoint = std::move(self->state.opts.initial_checkpoint);
-  self->state.opts.initial_checkpoint.clear();
   self->send(self, tick_atom::value);
   return {
       [=](inbound& in) {
@@ -297,7 +297,7 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
             [[fallthrough]];
           case pb::envelope::kStepReport:
           case pb::envelope::kEvalReport:
-          case pb::envelope::kCheckpointData:
+          case pb::envelope::kCheckpointWritten:
           case pb::envelope::kJobError:
             if (self->state.job) {
               self->send(self->state.job, std::move(in));
@@ -317,11 +317,10 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
         if (!self->state.stopping) log_line(self->state.opts.log, "stopping: no further generations");
         self->state.stopping = true;
       },
-      [=](ckpt_atom, int64_t step, std::string& blob) {
+      [=](ckpt_atom, int64_t step) {
         auto& st = self->state;
         if (step < st.newest_checkpoint_step) return;
         st.newest_checkpoint_step = step;
-        st.newest_checkpoint = std::move(blob);
       },
       [=](shutdown_atom, const std::string& reason, bool checkpoint) {
         auto& st = self->state;

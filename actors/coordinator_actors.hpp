@@ -30,13 +30,15 @@ struct coordinator_options {
   std::string store_host;     // c10d store the ranks of a generation meet at
   int32_t store_port = 0;
   std::string config_toml;  // the job's effective config, sent in register_ack and plans
-  // The checkpoint resumed from (serialized pb::checkpoint_data; step -1 =
-  // none); newer ones arrive as (ckpt_atom, step, blob). A plan with no
-  // surviving state holder carries the newest to global rank 0, which loads
-  // it unless it holds newer state (every node was lost, or a coordinator
-  // restarted without adopting the running generation).
+  // Where the ranks write checkpoint parts and load checkpoints from (an
+  // absolute directory, a shared mount, or s3://...), sent in every plan.
+  std::string checkpoint_store;
+  // The committed checkpoint resumed from (-1: none); newer ones arrive as
+  // (ckpt_atom, step). A plan with no surviving state holder names the
+  // newest; global rank 0 loads it from the store unless it holds newer
+  // state (every node was lost, or a coordinator restarted without adopting
+  // the running generation).
   int64_t initial_checkpoint_step = -1;
-  std::string initial_checkpoint;
   log_fn log;         // one line per event worth a journal entry (may be empty)
   event_sink events;  // node_joined, node_lost, node_left, node_quarantined, job_waiting, generation_started, generation_adopted
 };
@@ -63,8 +65,7 @@ struct membership_actor_state {
   uint64_t dropped = 0;             // inbound envelopes this actor has no use for
   uint64_t adopted = 0;             // generations taken over from the nodes
   bool stopping = false;            // stop_atom received: no more plans
-  int64_t newest_checkpoint_step = -1;
-  std::string newest_checkpoint;             // what a plan without a state holder carries
+  int64_t newest_checkpoint_step = -1;       // what a plan without a state holder names
   std::map<std::string, std::string> peers;  // node id -> routing id of its newest registration
   static inline const char* name = "dtactor.membership";
 };
@@ -75,7 +76,7 @@ struct membership_actor_state {
 // to register again), leave. rank_status from a node marks its local rank
 // ready (STATE_IDLE, STATE_READY) or not (STATE_EXITED), and STATE_FAILED of
 // a rank of the current generation starts suspicion. Forwards step_report,
-// rank_status, eval_report, checkpoint_data and job_error to `job`. On every
+// rank_status, eval_report, checkpoint_written and job_error to `job`. On every
 // tick (each heartbeat interval, starting at spawn): declares silent nodes
 // lost (-> lost_atom to job; the suspect timeout while suspecting), runs
 // decide(), and for a new plan asks `job` for the start step (plan_atom) and
@@ -87,7 +88,7 @@ caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self
 
 // Builds the wire plan: shared with tests. A plan without a state holder
 // carries `newest_checkpoint` (when not empty) to global rank 0.
-pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const std::string& newest_checkpoint = {});
+pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, int64_t newest_checkpoint_step = -1);
 
 // The plan a node reports in register_node.current_plan: generation, world
 // size, state root, drain, cause and rank slots; nodes in global rank order

@@ -111,6 +111,8 @@ struct checkpoint_restored {
   std::string source;  // "peer" or "disk"
   uint64_t generation = 0;
   int32_t root = 0;
+  uint64_t bytes = 0;      // "peer": state bytes received
+  double transfer_s = 0;   // "peer": how long that took
 };
 // A rank failed (its own report) or its process ended (its node's report).
 struct rank_down {
@@ -129,10 +131,14 @@ struct node_error {
 };
 struct checkpoint_saved {
   int64_t step = 0;
-  std::string path;
-  int64_t bytes = 0;
+  std::string path;  // the manifest
+  int64_t bytes = 0;  // state bytes, all parts
   uint64_t generation = 0;
-  double duration_s = 0;
+  double duration_s = 0;   // the commit
+  double stall_s = 0;      // training held up at the step boundary (the slowest rank)
+  double write_s = 0;      // storing the parts in the background (the slowest rank)
+  double bytes_per_s = 0;  // bytes / write_s
+  int32_t parts = 0;
 };
 struct checkpoint_failed {
   int64_t step = 0;

@@ -186,6 +186,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
         if (p.generation > st.generation) {
           st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain,
                                          self->clock().now(), st.last_step);
+          st.drained_from = p.drain ? st.generation : 0;
           st.generation = p.generation;
           st.world_size = p.world_size;
           st.nodes = p.nodes;
@@ -198,8 +199,11 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
       [=](inbound& in) {
         auto& st = self->state;
         // Fencing: reports from another generation than the current one are
-        // dropped (a zombie can neither steer the job nor write state).
-        if (in.env.generation() != st.generation || st.ended) {
+        // dropped (a zombie can neither steer the job nor commit state);
+        // parts of a checkpoint of the generation this one drained from
+        // are the same line of state.
+        const bool drained_part = in.env.has_checkpoint_written() && st.drained_from != 0 && in.env.generation() == st.drained_from;
+        if ((in.env.generation() != st.generation && !drained_part) || st.ended) {
           ++st.stale_reports;
           return;
         }
@@ -213,7 +217,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
           case pb::envelope::kEvalReport:
             on_eval(self, in.env.eval_report());
             break;
-          case pb::envelope::kCheckpointData:
+          case pb::envelope::kCheckpointWritten:
             if (st.checkpoints) self->send(st.checkpoints, std::move(in));
             break;
           case pb::envelope::kJobError:
@@ -256,33 +260,95 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
 
 // -- checkpoint writer ---------------------------------------------------------
 
+namespace {
+
+void try_commit(writer_self self, int64_t step) {
+  auto& st = self->state;
+  auto it = st.pending.find(step);
+  if (it == st.pending.end()) return;
+  auto& p = it->second;
+  if (p.failed || !p.have_meta || static_cast<int32_t>(p.parts.size()) < p.world) return;
+  pb::checkpoint_meta meta;
+  std::string why;
+  if (!meta.ParseFromString(p.meta)) why = "rank 0's manifest does not parse";
+  meta.set_generation(p.generation);
+  meta.set_world_size(p.world);
+  meta.clear_parts();
+  uint64_t bytes = 0;
+  for (const auto& [rank, part] : p.parts) {  // by rank: ascending offsets
+    *meta.add_parts() = part;
+    bytes += part.size();
+  }
+  const double stall = p.stall_s, write = p.write_s;
+  const uint64_t gen = p.generation;
+  const int32_t world = p.world;
+  st.pending.erase(it);
+  if (why.empty() && st.opts.commit) {
+    auto saved = st.opts.commit(std::move(meta));
+    if (saved) {
+      ++st.saved;
+      ev::checkpoint_saved e{step, saved->path, saved->bytes, gen, saved->duration_s};
+      e.stall_s = stall;
+      e.write_s = write;
+      e.bytes_per_s = write > 0 ? static_cast<double>(bytes) / write : 0;
+      e.parts = world;
+      emit(st.opts.events, e);
+      if (step >= st.newest_step) {
+        st.newest_step = step;
+        if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step);
+      }
+      return;
+    }
+    why = saved.message();
+  }
+  if (why.empty()) return;  // no store: nothing to commit to
+  ++st.failed;
+  log_line(st.opts.log, "checkpoint at step " + std::to_string(step) + " not saved: " + why);
+  emit(st.opts.events, ev::checkpoint_failed{step, why});
+}
+
+}  // namespace
+
 caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts) {
   self->state.opts = std::move(opts);
   return {
       [=](inbound& in) {
         auto& st = self->state;
-        if (!in.env.has_checkpoint_data()) return;
-        const auto& d = in.env.checkpoint_data();
-        if (!st.opts.save) return;
-        auto saved = st.opts.save(in.env.generation(), d);
-        if (!saved) {
-          ++st.failed;
-          log_line(st.opts.log, "checkpoint at step " + std::to_string(d.step()) + " not saved: " + saved.message());
-          emit(st.opts.events, ev::checkpoint_failed{d.step(), saved.message()});
-          return;
-        }
-        ++st.saved;
-        emit(st.opts.events, ev::checkpoint_saved{d.step(), saved->path, saved->bytes, in.env.generation(), saved->duration_s});
-        if (d.step() >= st.newest_step) {
-          st.newest_step = d.step();
-          if (st.opts.members) {
-            // What a generation with no surviving state holder starts from.
-            pb::checkpoint_data plain;
-            plain.set_step(d.step());
-            *plain.mutable_sections() = d.sections();
-            self->send(st.opts.members, ckpt_atom::value, d.step(), plain.SerializeAsString());
+        if (!in.env.has_checkpoint_written()) return;
+        const auto& w = in.env.checkpoint_written();
+        const uint64_t gen = in.env.generation();
+        // Steps of older generations that can no longer complete go.
+        for (auto it = st.pending.begin(); it != st.pending.end();)
+          it = it->second.generation < gen && it->first <= w.step() ? st.pending.erase(it) : std::next(it);
+        auto& p = st.pending[w.step()];
+        if (p.generation > gen) return;  // a newer generation already writes this step
+        if (p.generation < gen) p = checkpoint_writer_state::part_set{};
+        p.generation = gen;
+        p.world = w.world_size();
+        p.stall_s = std::max(p.stall_s, w.stall_s());
+        p.write_s = std::max(p.write_s, w.write_s());
+        if (w.global_rank() < 0 || w.global_rank() >= w.world_size()) return;
+        ++p.reports;
+        if (!w.error().empty() || !w.has_part()) {
+          if (!p.failed) {
+            p.failed = true;
+            ++st.failed;
+            const std::string why = "rank " + std::to_string(w.global_rank()) + " (" + node_of(in.env.sender()) + ") could not store its part: " + w.error();
+            log_line(st.opts.log, "checkpoint at step " + std::to_string(w.step()) + " not saved: " + why);
+            emit(st.opts.events, ev::checkpoint_failed{w.step(), why});
+          }
+        } else {
+          p.parts[w.global_rank()] = w.part();
+          if (w.global_rank() == 0) {
+            p.meta = w.meta();
+            p.have_meta = true;
           }
         }
+        if (p.failed) {
+          if (p.reports >= p.world) st.pending.erase(w.step());  // every rank reported: forgotten
+          return;
+        }
+        try_commit(self, w.step());
       },
       [=](flush_atom) { return true; },
       [=](members_atom, caf::actor members) { self->state.opts.members = std::move(members); },

@@ -54,8 +54,12 @@ job_options job_options_from(const Config& cfg) {
 struct job_actor_state {
   job_options opts;
   caf::actor members;      // (members_atom, actor): shutdowns go out through it
-  caf::actor checkpoints;  // checkpoint_data goes there (may be invalid: dropped)
+  caf::actor checkpoints;  // checkpoint_written goes there (may be invalid: dropped)
   uint64_t generation = 0;
+  // The generation before, when this one began by a drain (every rank of it
+  // alive, switching at a step boundary): parts of a checkpoint it was still
+  // storing are of the job's one line of state, and are taken.
+  uint64_t drained_from = 0;
   int32_t world_size = 0;
   std::vector<plan_node> nodes;
   // Every rank of the generation has completed this many steps (the step the
@@ -79,41 +83,58 @@ struct job_actor_state {
 
 // (members_atom, actor): the membership actor (set once after both exist).
 // (plan_atom, plan) -> int64_t committed step: a new generation.
-// inbound step_report, eval_report, rank_status, checkpoint_data, job_error
-//   of the current generation (others are counted and dropped).
+// inbound step_report, eval_report, rank_status, job_error of the current
+//   generation, checkpoint_written of it or of the one it drained from
+//   (others are counted and dropped).
 // (lost_atom, node_id, detected_after_s): counted and logged.
 // (stop_atom, reason): stop the job after a final checkpoint.
 // (wait_atom): the sender gets (done_atom, int exit_code) when the job ended.
 caf::behavior job_actor(caf::stateful_actor<job_actor_state>* self, job_options opts, caf::actor checkpoints);
 
-// What the checkpoint writer needs: a store that saves one checkpoint (it
-// may block: the writer runs detached in the process).
+// The checkpoint committer: collects the ranks' checkpoint_written reports
+// and commits a checkpoint (writes its manifest through opts.commit, which
+// may block: the committer runs detached) once every rank of the generation
+// that wrote it has stored its part.
 struct saved_checkpoint {
   std::string path;
   int64_t bytes = 0;
-  double duration_s = 0;
+  double duration_s = 0;  // the commit (manifest, checks, rotation)
 };
 struct checkpoint_writer_options {
-  std::function<result<saved_checkpoint>(uint64_t generation, const pb::checkpoint_data&)> save;
+  // meta: the manifest (rank 0's meta with every part, generation set).
+  std::function<result<saved_checkpoint>(pb::checkpoint_meta)> commit;
   log_fn log;
   event_sink events;
-  caf::actor members;  // gets (ckpt_atom, step, blob); also set by (members_atom, actor)
+  caf::actor members;  // gets (ckpt_atom, step); also set by (members_atom, actor)
 };
 
 struct checkpoint_writer_state {
+  struct part_set {
+    uint64_t generation = 0;
+    int32_t world = 0;
+    std::map<int32_t, pb::checkpoint_part> parts;  // by global rank
+    std::string meta;                              // rank 0's
+    bool have_meta = false;
+    bool failed = false;  // a rank could not store its part: never committed
+    int32_t reports = 0;
+    double stall_s = 0, write_s = 0;  // the slowest rank's
+  };
   checkpoint_writer_options opts;
+  std::map<int64_t, part_set> pending;  // by step
   int64_t newest_step = -1;
   uint64_t saved = 0;
   uint64_t failed = 0;
   static inline const char* name = "dtactor.checkpoints";
 };
 
-// inbound checkpoint_data (fenced by the job actor): saved through
-// opts.save; `checkpoint_saved` or `checkpoint_failed`. A checkpoint newer
-// than any before goes to the membership actor as (ckpt_atom, step, blob)
-// (blob: serialized pb::checkpoint_data, the state a generation with no
-// surviving holder starts from). (flush_atom) -> true once every checkpoint
-// received before it was handled.
+// inbound checkpoint_written (fenced by the job actor). Parts of one step
+// from one generation are gathered (a newer generation's replace an older
+// one's); when every rank's is in, the checkpoint is committed through
+// opts.commit: `checkpoint_saved` (with the stall and write rate) or
+// `checkpoint_failed` (also when any rank could not store its part). A
+// committed checkpoint newer than any before goes to the membership actor
+// as (ckpt_atom, step). (flush_atom) -> true once every report received
+// before it was handled.
 caf::behavior checkpoint_writer(caf::stateful_actor<checkpoint_writer_state>* self, checkpoint_writer_options opts);
 
 }  // namespace dtactor

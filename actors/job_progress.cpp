@@ -76,7 +76,7 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
   const auto& src = s.state_source();
   if ((src != "peer" && src != "disk") || rec.restored_logged) return std::nullopt;
   rec.restored_logged = true;
-  return ev::checkpoint_restored{s.step(), src, rec.generation, s.state_root()};
+  return ev::checkpoint_restored{s.step(), src, rec.generation, s.state_root(), s.state_bytes(), s.state_transfer_s()};
 }
 
 std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64_t step, int32_t world_size, clock_time now) {

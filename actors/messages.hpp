@@ -64,9 +64,9 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 // (members_atom, caf::actor membership): wiring -> job actor, once both
 // exist: the job's end goes out to the nodes through the membership actor.
 using members_atom = caf::atom_constant<caf::atom("members")>;
-// (ckpt_atom, int64_t step, std::string blob): checkpoint writer ->
-// membership actor: the newest checkpoint saved (a serialized
-// pb::checkpoint_data), what a generation with no surviving state starts from.
+// (ckpt_atom, int64_t step): checkpoint committer -> membership actor: the
+// newest checkpoint committed, what a generation with no surviving state
+// starts from (its global rank 0 loads it from the store).
 using ckpt_atom = caf::atom_constant<caf::atom("ckpt")>;
 // (flush_atom) -> bool: job actor -> checkpoint writer; answered once every
 // checkpoint sent before it was handled.

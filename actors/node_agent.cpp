@@ -308,7 +308,7 @@ void on_rank(agent_self self, inbound& in) {
       break;
     }
     case pb::envelope::kEvalReport:
-    case pb::envelope::kCheckpointData:
+    case pb::envelope::kCheckpointWritten:
     case pb::envelope::kJobError:
       break;
     default:

@@ -25,7 +25,7 @@ caf::behavior rank_actor(rank_self self, rank_actor_options opts) {
   rank_work_callbacks cb;
   cb.on_step = into(&pb::envelope::mutable_step_report);
   cb.on_eval = into(&pb::envelope::mutable_eval_report);
-  cb.on_checkpoint = into(&pb::envelope::mutable_checkpoint_data);
+  cb.on_checkpoint = into(&pb::envelope::mutable_checkpoint_written);
   cb.on_status = into(&pb::envelope::mutable_rank_status);
   if (st.opts.make_work) st.work = st.opts.make_work(std::move(cb));
   return {

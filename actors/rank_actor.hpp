@@ -24,7 +24,9 @@ namespace dtactor {
 struct rank_work_callbacks {
   std::function<void(uint64_t generation, pb::step_report)> on_step;
   std::function<void(uint64_t generation, pb::eval_report)> on_eval;           // global rank 0 only
-  std::function<void(uint64_t generation, pb::checkpoint_data)> on_checkpoint;  // global rank 0 only
+  // Every rank: its part of a checkpoint is stored (or why not). Called on
+  // the part writer's thread.
+  std::function<void(uint64_t generation, pb::checkpoint_written)> on_checkpoint;
   // STATE_IDLE (warmed up, or not in the newest generation), STATE_READY
   // (group built, state agreed), STATE_FINISHED (detail = params digest),
   // STATE_FAILED (a collective or step failed; the worker waits for a newer plan).
@@ -38,8 +40,9 @@ class rank_work {
   // Hands over a plan; only plans newer than every plan offered before are
   // kept (false otherwise). The first may be a warm-up plan (generation 0).
   virtual bool offer(const pb::generation_plan& plan) = 0;
-  // Stops at a step boundary all ranks agree on; with `checkpoint`, global
-  // rank 0 first sends the state as checkpoint_data. Then STATE_FINISHED.
+  // Stops at a step boundary all ranks agree on; with `checkpoint`, every
+  // rank first stores its part of a final checkpoint (checkpoint_written).
+  // Then STATE_FINISHED.
   virtual void request_stop(bool checkpoint) = 0;
   // Leaves at once: abandons any collective, the thread ends.
   virtual void quit() = 0;

@@ -83,36 +83,30 @@ int run_coordinator(const cluster_cli& cli) {
   if (!opened) return fail(opened.message());
   checkpoint_store store = std::move(opened.value());
 
-  // Resume from disk: the newest valid checkpoint goes to global rank 0 of
-  // generation 1, which broadcasts it.
-  std::string resume_blob;
+  // Resume: the newest committed checkpoint whose parts check out (read
+  // whole, in chunks: the coordinator never holds model bytes). Global rank
+  // 0 of the first generation loads it from the store and hands it on.
   int64_t resume_step = -1;
-  auto newest = cli.no_resume ? result<std::optional<loaded_checkpoint>>(std::optional<loaded_checkpoint>{})
-                               : store.load_newest_valid([&](const std::string& path, const std::string& why) {
-                                   std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
-                                   jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
-                                 });
+  auto newest = cli.no_resume ? result<std::optional<pb::checkpoint_meta>>(std::optional<pb::checkpoint_meta>{})
+                               : store.newest_valid(
+                                     [&](const std::string& path, const std::string& why) {
+                                       std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+                                       jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+                                     },
+                                     true);
   if (!newest) return fail(newest.message());
   if (newest.value()) {
-    const auto& ck = *newest.value();
-    if (auto st = check_checkpoint_compatible(ck.meta, cfg, ck.path); !st) return fail(st.message(), 2);
-    pb::checkpoint_data d;
-    d.set_step(ck.meta.step());
-    for (const auto& [name, data] : ck.sections) {
-      auto* s = d.add_sections();
-      s->set_name(name);
-      s->set_data(data);
-    }
-    d.SerializeToString(&resume_blob);
-    resume_step = ck.meta.step();
+    const auto& meta = *newest.value();
+    const std::string path = store.location() + "/" + manifest_name(meta.step());
+    if (auto st = check_checkpoint_compatible(meta, cfg, path); !st) return fail(st.message(), 2);
+    resume_step = meta.step();
     // checkpoint_restored is journaled when a rank reports it loaded it.
-    jn.write("checkpoint_found", {{"step", resume_step}, {"path", ck.path}});
+    jn.write("checkpoint_found", {{"step", resume_step}, {"path", path}});
     if (resume_step >= max_steps)
       std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
-                   cli.run_dir.c_str(), static_cast<long long>(resume_step));
+                   store.location().c_str(), static_cast<long long>(resume_step));
     else
-      std::fprintf(stderr, "coordinator: resuming from step %lld (%s; --no-resume starts over)\n", static_cast<long long>(resume_step),
-                   ck.path.c_str());
+      std::fprintf(stderr, "coordinator: resuming from step %lld (%s; --no-resume starts over)\n", static_cast<long long>(resume_step), path.c_str());
   }
 
   const std::string job_id = job_id_for(cli.run_dir);
@@ -158,24 +152,16 @@ int run_coordinator(const cluster_cli& cli) {
     if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
   };
 
-  // The checkpoint writer blocks on the store: it gets a thread of its own.
+  // The committer blocks on the store: it gets a thread of its own. It
+  // writes manifests only; the ranks write the state.
   checkpoint_writer_options wopts;
   wopts.log = log;
   wopts.events = sink.as_sink();
-  wopts.save = [&store](uint64_t generation, const pb::checkpoint_data& d) -> result<saved_checkpoint> {
-    pb::checkpoint_meta meta;
-    if (!meta.ParseFromString(d.meta())) return make_error("its meta does not parse");
-    meta.set_generation(generation);
-    std::vector<std::pair<std::string, std::string>> sections;
-    int64_t bytes = 0;
-    for (const auto& s : d.sections()) {
-      sections.emplace_back(s.name(), s.data());
-      bytes += static_cast<int64_t>(s.data().size());
-    }
+  wopts.commit = [&store](pb::checkpoint_meta meta) -> result<saved_checkpoint> {
     const auto t0 = std::chrono::steady_clock::now();
-    auto path = store.save(std::move(meta), sections);
-    if (!path) return path.err();
-    return saved_checkpoint{path.value(), bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    auto done = store.commit(std::move(meta));
+    if (!done) return done.err();
+    return saved_checkpoint{done->location, static_cast<int64_t>(done->bytes), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
   };
 
   coordinator_options copts = coordinator_options_from(cfg);
@@ -184,7 +170,7 @@ int run_coordinator(const cluster_cli& cli) {
   copts.store_port = store_port.value();
   copts.config_toml = config_text;
   copts.initial_checkpoint_step = resume_step;
-  copts.initial_checkpoint = std::move(resume_blob);
+  copts.checkpoint_store = store.location();
   copts.log = log;
   copts.events = sink.as_sink();
 

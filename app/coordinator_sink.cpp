@@ -112,7 +112,13 @@ void coordinator_sink::on(const ev::recovery_done& e) {
 }
 
 void coordinator_sink::on(const ev::checkpoint_restored& e) {
-  jn_.write("checkpoint_restored", {{"step", e.step}, {"source", e.source}, {"generation", e.generation}, {"root", e.root}});
+  nlohmann::json j = {{"step", e.step}, {"source", e.source}, {"generation", e.generation}, {"root", e.root}};
+  if (e.source == "peer" && e.bytes > 0) {
+    j["bytes"] = e.bytes;
+    j["transfer_s"] = e.transfer_s;
+    if (e.transfer_s > 0) j["gb_per_s"] = static_cast<double>(e.bytes) / e.transfer_s / 1e9;
+  }
+  jn_.write("checkpoint_restored", j);
 }
 
 void coordinator_sink::on(const ev::rank_down& e) {
@@ -130,7 +136,15 @@ void coordinator_sink::on(const ev::node_error& e) { jn_.write("job_error", {{"n
 void coordinator_sink::on(const ev::checkpoint_saved& e) {
   m_.checkpoint_saved(e.step, static_cast<double>(e.bytes), e.duration_s);
   obs_.note_event("checkpoint " + std::to_string(e.step));
-  jn_.write("checkpoint_saved", {{"step", e.step}, {"path", e.path}, {"bytes", e.bytes}, {"generation", e.generation}, {"duration_s", e.duration_s}});
+  jn_.write("checkpoint_saved", {{"step", e.step},
+                                 {"path", e.path},
+                                 {"bytes", e.bytes},
+                                 {"generation", e.generation},
+                                 {"duration_s", e.duration_s},
+                                 {"parts", e.parts},
+                                 {"stall_s", e.stall_s},
+                                 {"write_s", e.write_s},
+                                 {"bytes_per_s", e.bytes_per_s}});
 }
 
 void coordinator_sink::on(const ev::checkpoint_failed& e) { jn_.write("checkpoint_failed", {{"step", e.step}, {"reason", e.reason}}); }

@@ -91,11 +91,11 @@ int main(int argc, char** argv) {
   train->add_option("--run-dir", run_dir, "Where the journal, logs and checkpoints go")->capture_default_str();
   train->add_option("--stop-at-step", stop_at, "Stop after this many completed steps, with a checkpoint, as a preemption would");
   train->add_flag("--no-resume", no_resume, "Start from scratch even if the run directory holds checkpoints");
-  train->add_option("--resume-from", resume_from, "Resume from this checkpoint file");
+  train->add_option("--resume-from", resume_from, "Resume from this checkpoint (a ckpt-*.manifest file, or a checkpoint directory: its newest valid one)");
   train->add_flag("--print-config", print_config, "Print the effective config as TOML and exit");
 
   auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the held-out data");
-  eval->add_option("target", target, "A checkpoint file, or a run directory (its newest valid checkpoint)")->required();
+  eval->add_option("target", target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
   eval->add_option("--config", config_path, "Config file (default: the config stored in the checkpoint)");
   eval->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
 

@@ -116,6 +116,15 @@ void flat_adamw::zero_grad() {
   for (auto& g : groups_) g.grads.zero_();
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> flat_adamw::state_tensors() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    out.emplace_back("optim/exp_avg." + std::to_string(g), groups_[g].exp_avg);
+    out.emplace_back("optim/exp_avg_sq." + std::to_string(g), groups_[g].exp_avg_sq);
+  }
+  return out;
+}
+
 void flat_adamw::save(torch::serialize::OutputArchive& ar) const {
   ar.write("flat_adamw.version", torch::tensor(int64_t{1}));
   ar.write("flat_adamw.step", torch::tensor(step_));

@@ -49,6 +49,12 @@ class flat_adamw {
   void load(torch::serialize::InputArchive& ar);
 
   int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t n) { step_ = n; }
+
+  // The optimizer's state as live flat tensors, for checkpoints and state
+  // transfer (written into in place when loading): "optim/exp_avg.<g>",
+  // "optim/exp_avg_sq.<g>" per parameter group, in group order.
+  std::vector<std::pair<std::string, torch::Tensor>> state_tensors() const;
 
  private:
   struct slot {

@@ -13,7 +13,6 @@
 #include "checkpoint.pb.h"
 #include "runtime/data_wait.hpp"
 #include "runtime/blas_info.hpp"
-#include "runtime/checkpoint_store.hpp"
 #include "runtime/fs.hpp"
 #include "runtime/grad_sync.hpp"
 #include "runtime/hash.hpp"
@@ -30,12 +29,6 @@ double seconds_since(clock_type::time_point t0) { return std::chrono::duration<d
 uint64_t step_seed(uint64_t seed, int64_t step, int rank) {
   const uint64_t words[3] = {seed, static_cast<uint64_t>(step), static_cast<uint64_t>(rank)};
   return hash64(words, sizeof words, 0x5eedULL) & 0x7fffffffffffffffULL;
-}
-
-std::string bytes_of(torch::serialize::OutputArchive& ar) {
-  std::ostringstream os(std::ios::binary);
-  ar.save_to(os);
-  return os.str();
 }
 
 // RAII: bf16 autocast on CPU for the forward pass only.
@@ -221,48 +214,46 @@ pb::checkpoint_meta training_state::checkpoint_meta(const std::map<std::string, 
   return meta;
 }
 
-std::vector<std::pair<std::string, std::string>> training_state::save_sections() {
-  torch::serialize::OutputArchive model_ar, optim_ar;
-  task_->module()->save(model_ar);
-  optimizer_->save(optim_ar);
+std::vector<std::pair<std::string, torch::Tensor>> training_state::state_tensors() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  auto module = task_->module();
+  for (auto& kv : module->named_parameters()) out.emplace_back("model/" + kv.key(), kv.value().detach());
+  for (auto& kv : module->named_buffers()) out.emplace_back("buffer/" + kv.key(), kv.value().detach());
+  for (auto& kv : optimizer_->state_tensors()) out.push_back(std::move(kv));
+  optim_steps_ = torch::tensor({optimizer_->steps_taken()}, torch::kInt64);
+  out.emplace_back("optim/steps", optim_steps_);
   // The generator is re-seeded from (seed, step, rank) before every step, so
   // this state is not needed for exact resume; it is kept so that anything
   // drawing random numbers between steps resumes exactly too.
-  torch::Tensor rng;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state().contiguous();
+    rng_ = gen.get_state().contiguous().clone();
   }
-  return {{"model", bytes_of(model_ar)},
-          {"optimizer", bytes_of(optim_ar)},
-          {"rng", std::string(static_cast<const char*>(rng.data_ptr()), static_cast<size_t>(rng.numel()))}};
+  out.emplace_back("train/rng", rng_);
+  for (auto& kv : out)
+    TORCH_CHECK(kv.second.is_contiguous() && kv.second.device().is_cpu(), "state tensor ", kv.first, " is not a contiguous CPU tensor");
+  return out;
 }
 
-status training_state::load_sections(const std::map<std::string, std::string>& sections, int64_t step) {
-  for (const char* name : {"model", "optimizer"})
-    if (!sections.count(name)) return make_error(std::string("checkpoint has no '") + name + "' section");
-  try {
-    torch::serialize::InputArchive model_ar, optim_ar;
-    std::istringstream ms(sections.at("model"), std::ios::binary);
-    model_ar.load_from(ms);
-    std::istringstream os(sections.at("optimizer"), std::ios::binary);
-    optim_ar.load_from(os);
-    task_->module()->load(model_ar);
-    optimizer_->rebind();  // load replaced the parameters' storage
-    optimizer_->load(optim_ar);
-    if (auto it = sections.find("rng"); it != sections.end()) {
-      auto state = torch::empty({static_cast<int64_t>(it->second.size())}, torch::kUInt8);
-      std::memcpy(state.data_ptr(), it->second.data(), it->second.size());
-      auto gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(state);
-    }
-  } catch (const c10::Error& e) {
-    optimizer_->rebind();  // parameters stay views of the optimizer's buffers whatever was loaded
-    return make_error(std::string("checkpoint does not fit this model: ") + e.what_without_backtrace());
+void training_state::state_loaded(int64_t step) {
+  if (optim_steps_.defined()) optimizer_->set_steps_taken(optim_steps_.item<int64_t>());
+  if (rng_.defined()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng_);
   }
   step_ = step;
+}
+
+status training_state::reset_state() {
+  auto fresh = create(cfg_);
+  if (!fresh) return fresh.err();
+  torch::NoGradGuard no_grad;
+  auto mine = state_tensors();
+  auto theirs = fresh.value()->state_tensors();
+  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) mine[i].second.copy_(theirs[i].second);
+  state_loaded(0);
   return {};
 }
 

@@ -83,11 +83,23 @@ class training_state {
   std::string params_digest();
   int64_t parameter_count();
 
-  // Header of a checkpoint of the current state (step, digests, data position).
+  // Header of a checkpoint of the current state (step, digests, data
+  // position); no tensors or parts (rank/state_io adds those).
   pb::checkpoint_meta checkpoint_meta(const std::map<std::string, double>& metrics, uint64_t generation) const;
-  // Serialized state for checkpoints; load_state() checks compatibility.
-  std::vector<std::pair<std::string, std::string>> save_sections();
-  status load_sections(const std::map<std::string, std::string>& sections, int64_t step);
+
+  // The whole training state as named, contiguous CPU tensors, in a fixed
+  // order that is the same on every rank of a job: "model/<parameter>",
+  // "buffer/<buffer>", "optim/..." (flat_adamw::state_tensors),
+  // "optim/steps" (int64[1]), "train/rng" (uint8, the CPU generator).
+  // The model and optimizer entries are the live tensors (reading them reads
+  // the state; writing them, under NoGradGuard, sets it); the scalar entries
+  // are snapshots taken by this call. After writing into them, call
+  // state_loaded(step) to apply the scalars and set step().
+  std::vector<std::pair<std::string, torch::Tensor>> state_tensors();
+  void state_loaded(int64_t step);
+  // After a load that failed half-way (the tensors hold a mix): the initial
+  // state again, as create() built it (step 0).
+  status reset_state();
 
  private:
   training_state(const config& cfg, std::unique_ptr<task> t);
@@ -97,6 +109,7 @@ class training_state {
   std::unique_ptr<data_order> order_;
   lr_schedule schedule_;
   int64_t step_ = 0;
+  torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()
   int64_t micro_batch_ = 0;
   bool bf16_ = false;
 };

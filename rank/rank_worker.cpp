@@ -14,9 +14,12 @@
 #include "checkpoint.pb.h"
 #include "model/trainer.hpp"
 #include "rank/agreement.hpp"
+#include "rank/part_writer.hpp"
+#include "rank/state_io.hpp"
 #include "rank/step_policy.hpp"
 #include "runtime/data_wait.hpp"
 #include "runtime/blas_info.hpp"
+#include "runtime/checkpoint_store.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/grad_sync.hpp"
 #include "runtime/shm_group.hpp"
@@ -44,39 +47,6 @@ pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, in
 using abandon_fn = std::function<bool()>;
 
 clock_type::time_point deadline_in(std::chrono::milliseconds d) { return clock_type::now() + d; }
-
-// Broadcasts a byte string from `root` to every rank (length first).
-result<std::string> broadcast_bytes(c10d::ProcessGroup& pg, int root, const std::string& bytes, std::chrono::milliseconds timeout,
-                                    const abandon_fn& abandon) {
-  auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
-  std::vector<torch::Tensor> lt{len};
-  c10d::BroadcastOptions bo;
-  bo.rootRank = root;
-  if (auto st = wait_work(pg.broadcast(lt, bo), deadline_in(timeout), abandon, "state broadcast (length)"); !st) return st.err();
-  const int64_t n = lt[0].item<int64_t>();
-  auto buf = torch::empty({n}, torch::kUInt8);
-  if (pg.getRank() == root) std::memcpy(buf.data_ptr(), bytes.data(), bytes.size());
-  std::vector<torch::Tensor> bt{buf};
-  if (auto st = wait_work(pg.broadcast(bt, bo), deadline_in(timeout), abandon, "state broadcast"); !st) return st.err();
-  return std::string(static_cast<const char*>(buf.data_ptr()), static_cast<size_t>(n));
-}
-
-std::map<std::string, std::string> sections_of(const pb::checkpoint_data& d) {
-  std::map<std::string, std::string> out;
-  for (const auto& s : d.sections()) out[s.name()] = s.data();
-  return out;
-}
-
-pb::checkpoint_data to_checkpoint_data(int64_t step, const std::vector<std::pair<std::string, std::string>>& sections) {
-  pb::checkpoint_data d;
-  d.set_step(step);
-  for (const auto& [name, data] : sections) {
-    auto* s = d.add_sections();
-    s->set_name(name);
-    s->set_data(data);
-  }
-  return d;
-}
 
 // True when every rank holds the same parameters (digest min == max).
 result<bool> digests_agree(c10d::ProcessGroup& pg, const std::string& hex, std::chrono::milliseconds timeout, const abandon_fn& abandon) {
@@ -112,6 +82,7 @@ struct rank_worker::impl {
   // each generation splits the machine's cores over the ranks it plans there.
   bool auto_threads = false;
   int threads = 0;
+  std::unique_ptr<part_writer> writer;  // made at the first checkpoint
 };
 
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
@@ -243,6 +214,8 @@ struct rank_worker::generation_run {
   std::string shm_why, backend;
   std::string source = "local";  // where the starting state came from: local, peer, disk, fresh
   int root = 0;                  // global rank the state came from
+  uint64_t transfer_bytes = 0;   // state received from a peer
+  double transfer_s = 0;
 };
 
 void rank_worker::report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail) {
@@ -386,13 +359,19 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
 // ends the generation.
 std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) {
   training_state& state = *impl_->state;
-  if (g.rank == 0 && !g.plan.checkpoint().empty()) {
-    pb::checkpoint_data d;
-    if (!d.ParseFromString(g.plan.checkpoint())) return failed(g, "the plan's checkpoint does not parse", state.step());
-    if (d.step() > state.step()) {
-      if (auto st = state.load_sections(sections_of(d), d.step()); !st) return failed(g, st.message(), state.step());
-      g.source = "disk";
-    }
+  if (g.rank == 0 && g.plan.checkpoint_step() > state.step()) {
+    // Nobody alive holds state: the newest committed checkpoint, read from
+    // the store by this rank itself.
+    const std::string name = manifest_name(g.plan.checkpoint_step());
+    auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store());
+    if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
+    auto meta = store->read_manifest(name);
+    if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
+    if (auto st = check_checkpoint_compatible(meta.value(), *impl_->cfg, g.plan.checkpoint_store() + "/" + name); !st)
+      return failed(g, st.message(), state.step());
+    if (auto st = load_checkpoint(state, store.value(), meta.value()); !st)
+      return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
+    g.source = "disk";
   }
   if (g.pg) {
     const auto words = agreement_words(state.step(), g.rank);
@@ -404,15 +383,13 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     const auto a = read_agreement(t[0][0].item<int64_t>(), t[0][1].item<int64_t>());
     g.root = a.root;
     if (!a.everyone_holds_it()) {
-      std::string blob;
-      if (g.rank == g.root) to_checkpoint_data(state.step(), state.save_sections()).SerializeToString(&blob);
-      auto got = broadcast_bytes(*g.pg, g.root, blob, g.timeout, g.abandon_now);
-      if (!got) return failed(g, got.message(), state.step());
+      // In place, in chunks, over the data plane (bounded extra memory).
+      auto sent = broadcast_state(*g.pg, g.root, state, g.timeout, g.abandon_now);
+      if (!sent) return failed(g, sent.message(), state.step());
       if (g.rank != g.root) {
-        pb::checkpoint_data d;
-        if (!d.ParseFromString(got.value())) return failed(g, "state broadcast from rank " + std::to_string(g.root) + " does not parse", state.step());
-        if (auto st = state.load_sections(sections_of(d), d.step()); !st) return failed(g, st.message(), state.step());
         g.source = "peer";
+        g.transfer_bytes = sent->bytes;
+        g.transfer_s = sent->seconds;
       }
     }
   }
@@ -444,11 +421,33 @@ std::optional<rank_worker::outcome> rank_worker::meet_after_eval(generation_run&
   return std::nullopt;
 }
 
-void rank_worker::send_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step) {
-  training_state& state = *impl_->state;
-  auto d = to_checkpoint_data(state.step(), state.save_sections());
-  d.set_meta(state.checkpoint_meta(eval_at_step, g.gen).SerializeAsString());
-  if (cb_.on_checkpoint) cb_.on_checkpoint(g.gen, std::move(d));
+void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  if (g.plan.checkpoint_store().empty()) return;  // the plan names no store: checkpoints are off
+  if (!im.writer)
+    im.writer = std::make_unique<part_writer>([this](uint64_t gen, pb::checkpoint_written w) {
+      if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
+    });
+  const state_layout layout = layout_of(state);
+  part_writer::job j;
+  j.step = state.step();
+  j.generation = g.gen;
+  j.rank = g.rank;
+  j.world = g.world;
+  j.node_id = opts_.node_id;
+  j.store = g.plan.checkpoint_store();
+  if (g.rank == 0) {
+    auto meta = state.checkpoint_meta(eval_at_step, g.gen);
+    describe_layout(layout, meta);
+    meta.set_world_size(g.world);
+    j.meta = meta.SerializeAsString();
+  }
+  im.writer->submit(layout, std::move(j));
+}
+
+void rank_worker::finish_checkpoints() {
+  if (impl_->writer) impl_->writer->wait_idle();
 }
 
 // The step loop of a generation, until the job ends, a stop every rank
@@ -479,6 +478,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     ready.set_state_source(g.source);
     ready.set_state_root(g.root);
     ready.set_switch_s(now_s() - g.offered_at);
+    ready.set_state_bytes(g.transfer_bytes);
+    ready.set_state_transfer_s(g.transfer_s);
     if (cb_.on_status) cb_.on_status(g.gen, std::move(ready));
   }
 
@@ -492,8 +493,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     // (the old rank 0 may have died before its final evaluation and
     // checkpoint reached the coordinator): the new rank 0 sends both.
     send_eval(g, eval_at_step);
-    send_checkpoint(g, eval_at_step);
   }
+  if (state.step() >= cadence.max_steps) write_checkpoint(g, eval_at_step);
   while (state.step() < cadence.max_steps) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
@@ -550,8 +551,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     } else if (cadence.eval_due(step)) {
       send_eval(g, eval_at_step);  // the last step: nothing collective follows but the digests' comparison, already done
     }
-    if (g.rank == 0 && cadence.checkpoint_due(step)) {
-      send_checkpoint(g, eval_at_step);
+    if (cadence.checkpoint_due(step)) {
+      write_checkpoint(g, eval_at_step);
       last_ckpt = step;
     }
 
@@ -563,12 +564,14 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     const bool final_checkpoint = sync.control()[2] > 0.5f;
     const bool newer_plan = sync.control()[0] > static_cast<float>(g.world) - 0.5f;
     if (stop_agreed) {
-      if (g.rank == 0 && final_checkpoint && last_ckpt != step) send_checkpoint(g, eval_at_step);
+      if (final_checkpoint && last_ckpt != step) write_checkpoint(g, eval_at_step);
+      finish_checkpoints();
       report_status(g, pb::rank_status::STATE_FINISHED, step, state.params_digest());
       return outcome::stopped;
     }
     if (newer_plan) return outcome::next_plan;
   }
+  finish_checkpoints();
   report_status(g, pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());
   return outcome::finished;
 }

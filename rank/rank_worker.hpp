@@ -70,8 +70,8 @@ class rank_worker : public rank_work {
   // before are kept (false otherwise). The first plan may be a warm-up plan
   // (generation 0).
   bool offer(const pb::generation_plan& plan) override;
-  // Stops at a step boundary all ranks agree on; with `checkpoint`, global
-  // rank 0 first sends the state as checkpoint_data. Then STATE_FINISHED.
+  // Stops at a step boundary all ranks agree on; with `checkpoint`, every
+  // rank first stores its part of a final checkpoint. Then STATE_FINISHED.
   void request_stop(bool checkpoint) override;
   // Leaves at once: abandons any collective, the thread ends.
   void quit() override;
@@ -92,7 +92,11 @@ class rank_worker : public rank_work {
   void fit_threads_to_host(const pb::generation_plan& plan);
   double send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);  // seconds it took
   std::optional<outcome> meet_after_eval(generation_run& g, double eval_s);
-  void send_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step);
+  // This rank's part of a checkpoint of the current step: copied at once,
+  // stored in the background (rank/part_writer).
+  void write_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step);
+  // Before STATE_FINISHED: every part handed to the writer is stored.
+  void finish_checkpoints();
   void report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail);
   outcome failed(generation_run& g, const std::string& why, int64_t step,
                  pb::rank_status::failure_kind kind = pb::rank_status::FAILURE_UNSPECIFIED);

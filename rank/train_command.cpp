@@ -4,11 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 
 #include "monitoring/journal.hpp"
 #include "monitoring/progress.hpp"
 #include "monitoring/resources.hpp"
 #include "monitoring/run_observer.hpp"
+#include "rank/part_writer.hpp"
+#include "rank/state_io.hpp"
 #include "rank/step_policy.hpp"
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
@@ -57,24 +60,34 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   };
 
   // Resume.
-  std::optional<loaded_checkpoint> ckpt;
+  std::optional<pb::checkpoint_meta> ckpt;
+  std::string ckpt_path;
+  std::shared_ptr<checkpoint_store> ckpt_from;
   if (!opts.resume_from.empty()) {
-    auto one = checkpoint_store::load(opts.resume_from);
+    auto one = open_checkpoint_target(opts.resume_from, {});
     if (!one) return make_error("cannot resume from '" + opts.resume_from + "': " + one.message());
-    ckpt = std::move(one.value());
+    ckpt = std::move(one->meta);
+    ckpt_path = one->name;
+    ckpt_from = one->store;
   } else if (opts.resume) {
-    auto newest = store->load_newest_valid([&](const std::string& path, const std::string& why) {
-      prog.log("skipping checkpoint " + path + ": " + why);
-      jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
-    });
+    auto newest = store->newest_valid(
+        [&](const std::string& path, const std::string& why) {
+          prog.log("skipping checkpoint " + path + ": " + why);
+          jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+        },
+        true);
     if (!newest) return newest.err();
-    ckpt = std::move(newest.value());
+    if (newest.value()) {
+      ckpt = std::move(*newest.value());
+      ckpt_path = store->location() + "/" + manifest_name(ckpt->step());
+      ckpt_from = std::make_shared<checkpoint_store>(store.value());
+    }
   }
   if (ckpt) {
-    if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
-    if (auto st = state.load_sections(ckpt->sections, ckpt->meta.step()); !st) return make_error("'" + ckpt->path + "': " + st.message());
-    jn.write("checkpoint_restored", {{"step", ckpt->meta.step()}, {"source", "disk"}, {"path", ckpt->path}});
-    prog.log("resumed from " + ckpt->path + " at step " + std::to_string(ckpt->meta.step()));
+    if (auto st = check_checkpoint_compatible(*ckpt, cfg, ckpt_path); !st) return st.err();
+    if (auto st = load_checkpoint(state, *ckpt_from, *ckpt); !st) return make_error("'" + ckpt_path + "': " + st.message());
+    jn.write("checkpoint_restored", {{"step", ckpt->step()}, {"source", "disk"}, {"path", ckpt_path}});
+    prog.log("resumed from " + ckpt_path + " at step " + std::to_string(ckpt->step()));
   }
 
   const int64_t max_steps = cfg.get_int("train.max_steps");
@@ -94,20 +107,56 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
            " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
 
   train_summary summary;
-  int64_t last_saved = ckpt ? ckpt->meta.step() : -1;
+  int64_t last_saved = ckpt ? ckpt->step() : -1;
   std::map<std::string, double> eval_at_step;  // metrics of an evaluation at the current step
-  auto save = [&]() -> status {
-    pb::checkpoint_meta meta = state.checkpoint_meta(eval_at_step, 0);
-    const auto t0 = clock_type::now();
-    auto sections = state.save_sections();
-    size_t bytes = 0;
-    for (auto& s : sections) bytes += s.second.size();
-    auto path = store->save(std::move(meta), sections);
-    if (!path) return path.err();
-    last_saved = state.step();
-    jn.write("checkpoint_saved", {{"step", state.step()}, {"path", path.value()}, {"bytes", bytes}, {"duration_s", seconds_since(t0)}});
-    prog.note_event("checkpoint " + std::to_string(state.step()));
+  // Checkpoints as a cluster writes them, with one rank: the part is copied
+  // at the step boundary and stored in the background; the loop commits it
+  // (writes the manifest) once stored.
+  std::mutex written_mu;
+  std::vector<std::pair<pb::checkpoint_written, std::string>> written;  // (report, manifest body)
+  part_writer writer([&](uint64_t, pb::checkpoint_written w) {
+    std::lock_guard<std::mutex> lock(written_mu);
+    std::string meta = w.meta();
+    written.emplace_back(std::move(w), std::move(meta));
+  });
+  auto commit_written = [&]() -> status {
+    std::vector<std::pair<pb::checkpoint_written, std::string>> ready;
+    {
+      std::lock_guard<std::mutex> lock(written_mu);
+      ready.swap(written);
+    }
+    for (auto& [w, body] : ready) {
+      if (!w.error().empty()) return make_error("checkpoint at step " + std::to_string(w.step()) + " not saved: " + w.error());
+      pb::checkpoint_meta meta;
+      if (!meta.ParseFromString(body)) return make_error("checkpoint at step " + std::to_string(w.step()) + ": meta does not parse");
+      *meta.add_parts() = w.part();
+      const auto t0 = clock_type::now();
+      auto done = store->commit(std::move(meta));
+      if (!done) return done.err();
+      jn.write("checkpoint_saved", {{"step", w.step()},
+                                    {"path", done->location},
+                                    {"bytes", done->bytes},
+                                    {"duration_s", seconds_since(t0)},
+                                    {"parts", 1},
+                                    {"stall_s", w.stall_s()},
+                                    {"write_s", w.write_s()},
+                                    {"bytes_per_s", w.write_s() > 0 ? static_cast<double>(done->bytes) / w.write_s() : 0.0}});
+      prog.note_event("checkpoint " + std::to_string(w.step()));
+    }
     return {};
+  };
+  auto save = [&]() {
+    const state_layout layout = layout_of(state);
+    pb::checkpoint_meta meta = state.checkpoint_meta(eval_at_step, 0);
+    describe_layout(layout, meta);
+    meta.set_world_size(1);
+    part_writer::job j;
+    j.step = state.step();
+    j.store = store->location();
+    j.node_id = this_host_name();
+    j.meta = meta.SerializeAsString();
+    writer.submit(layout, std::move(j));
+    last_saved = state.step();
   };
   auto run_eval = [&]() {
     const auto t0 = clock_type::now();
@@ -162,18 +211,17 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
       prog.on_step(step, loss, state.lr_at(step - 1), ema_sps, 1, false);
     }
     if (cadence.eval_due(step)) run_eval();
-    if (cadence.checkpoint_due(step)) {
-      if (auto st = save(); !st) return st.err();
-    }
+    if (cadence.checkpoint_due(step)) save();
+    if (auto st = commit_written(); !st) return st.err();
   }
   prog.finish();
 
   summary.step = state.step();
   summary.finished = state.step() >= max_steps;
   summary.params_digest = state.params_digest();
-  if (!summary.finished && last_saved != state.step()) {
-    if (auto st = save(); !st) return st.err();
-  }
+  if (!summary.finished && last_saved != state.step()) save();
+  writer.wait_idle();
+  if (auto st = commit_written(); !st) return st.err();
   summary.wall_s = seconds_since(start);
   note_usage(true);
   if (summary.finished) {
@@ -190,26 +238,12 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
 
 result<eval_result> run_evaluation(const std::string& target, const std::string& config_path, const std::vector<std::string>& overrides,
                                    int64_t* step_out) {
-  std::optional<loaded_checkpoint> ckpt;
-  std::error_code ec;
-  if (std::filesystem::is_directory(target, ec)) {
-    const std::string dir = std::filesystem::exists(target + "/checkpoints") ? target + "/checkpoints" : target;
-    auto store = checkpoint_store::open(dir, checkpoint_policy{});
-    if (!store) return store.err();
-    auto newest = store->load_newest_valid([](const std::string& path, const std::string& why) {
-      std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
-    });
-    if (!newest) return newest.err();
-    if (!newest.value()) return make_error("no valid checkpoint in '" + dir + "'");
-    ckpt = std::move(newest.value());
-  } else {
-    if (!std::filesystem::exists(target, ec)) return make_error("checkpoint '" + target + "' does not exist");
-    auto one = checkpoint_store::load(target);
-    if (!one) return make_error("cannot read checkpoint '" + target + "': " + one.message());
-    ckpt = std::move(one.value());
-  }
+  auto ckpt = open_checkpoint_target(target, [](const std::string& path, const std::string& why) {
+    std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+  });
+  if (!ckpt) return ckpt.err();
   // Without --config, the job's own config (stored in the checkpoint) applies.
-  auto loaded = config_path.empty() ? config::parse_toml(ckpt->meta.config_toml(), ckpt->path + " (stored config)") : config::load(config_path, {});
+  auto loaded = config_path.empty() ? config::parse_toml(ckpt->meta.config_toml(), ckpt->name + " (stored config)") : config::load(config_path, {});
   if (!loaded) return loaded.err();
   config cfg = std::move(loaded.value());
   for (const auto& o : overrides) {
@@ -217,11 +251,11 @@ result<eval_result> run_evaluation(const std::string& target, const std::string&
     if (eq == std::string::npos || eq == 0) return make_error("--set expects key=value, got '" + o + "'");
     if (auto st = cfg.set(o.substr(0, eq), o.substr(eq + 1)); !st) return st.err();
   }
-  if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+  if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->name); !st) return st.err();
   configure_threads(cfg);
   auto created = training_state::create(cfg);
   if (!created) return created.err();
-  if (auto st = created.value()->load_sections(ckpt->sections, ckpt->meta.step()); !st) return make_error("'" + ckpt->path + "': " + st.message());
+  if (auto st = load_checkpoint(*created.value(), *ckpt->store, ckpt->meta); !st) return make_error("'" + ckpt->name + "': " + st.message());
   if (step_out) *step_out = ckpt->meta.step();
   return created.value()->evaluate();
 }

@@ -1,30 +1,23 @@
 #include "runtime/checkpoint_store.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <set>
 #include <string_view>
-#include <system_error>
 
-#include "runtime/fs.hpp"
 #include "runtime/hash.hpp"
 
 namespace dtactor {
 
 namespace {
 
-constexpr std::string_view magic = "DTACKPT1";
+constexpr std::string_view magic = "DTACMAN2";
 constexpr uint64_t prefix_size = 12;  // magic + u32 meta length
 constexpr uint64_t trailer_size = 8;  // u64 meta checksum
+constexpr uint64_t chunk_bytes = 8ull << 20;
 
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -36,318 +29,381 @@ uint64_t get_le(std::string_view in, size_t at, int bytes) {
   return v;
 }
 
-std::string truncated(uint64_t expected, uint64_t has, bool at_least) {
-  return "truncated: expected " + std::string(at_least ? "at least " : "") + std::to_string(expected) +
-         " bytes, file has " + std::to_string(has);
+// Digits [b, e) of s as a number; nullopt when not all digits or empty.
+std::optional<uint64_t> digits(std::string_view s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
 }
 
-struct header {
+// The step of a manifest name exactly as manifest_name() writes it.
+std::optional<int64_t> manifest_step(std::string_view name) {
+  constexpr std::string_view pre = "ckpt-", suf = ".manifest";
+  if (name.size() <= pre.size() + suf.size() || name.substr(0, pre.size()) != pre ||
+      name.substr(name.size() - suf.size()) != suf)
+    return std::nullopt;
+  auto d = digits(name.substr(pre.size(), name.size() - pre.size() - suf.size()));
+  if (!d || manifest_name(static_cast<int64_t>(*d)) != name) return std::nullopt;
+  return static_cast<int64_t>(*d);
+}
+
+struct part_id {
+  int64_t step;
+  uint64_t generation;
+};
+
+// (step, generation) of a part name exactly as part_name() writes it.
+std::optional<part_id> parse_part_name(std::string_view name) {
+  constexpr std::string_view pre = "ckpt-", suf = ".part";
+  if (name.size() <= pre.size() + suf.size() || name.substr(0, pre.size()) != pre ||
+      name.substr(name.size() - suf.size()) != suf)
+    return std::nullopt;
+  std::string_view mid = name.substr(pre.size(), name.size() - pre.size() - suf.size());  // 000000012.g3.r0-of-2
+  const size_t g = mid.find(".g"), r = mid.find(".r"), of = mid.find("-of-");
+  if (g == std::string_view::npos || r == std::string_view::npos || of == std::string_view::npos || !(g < r && r < of)) return std::nullopt;
+  auto step = digits(mid.substr(0, g));
+  auto gen = digits(mid.substr(g + 2, r - g - 2));
+  auto rank = digits(mid.substr(r + 2, of - r - 2));
+  auto world = digits(mid.substr(of + 4));
+  if (!step || !gen || !rank || !world) return std::nullopt;
+  if (part_name(static_cast<int64_t>(*step), *gen, static_cast<int>(*rank), static_cast<int>(*world)) != name) return std::nullopt;
+  return part_id{static_cast<int64_t>(*step), *gen};
+}
+
+std::string encode_manifest(const pb::checkpoint_meta& meta) {
+  std::string body;
+  meta.SerializeToString(&body);
+  std::string out;
+  out.reserve(prefix_size + body.size() + trailer_size);
+  out.append(magic);
+  put_le(out, body.size(), 4);
+  out.append(body);
+  put_le(out, hash64(body.data(), body.size()), 8);
+  return out;
+}
+
+result<pb::checkpoint_meta> decode_manifest(std::string_view bytes) {
+  if (bytes.size() < prefix_size || bytes.substr(0, magic.size()) != magic) {
+    if (bytes.substr(0, 8) == "DTACKPT1") return make_error("a checkpoint of the old single-file format (before format 2), which this dtactor does not read");
+    return make_error("not a dtactor checkpoint manifest (bad magic)");
+  }
+  const uint64_t len = get_le(bytes, magic.size(), 4);
+  if (bytes.size() != prefix_size + len + trailer_size)
+    return make_error("manifest truncated or with trailing data: expected " + std::to_string(prefix_size + len + trailer_size) + " bytes, has " +
+                      std::to_string(bytes.size()));
+  std::string_view body = bytes.substr(prefix_size, len);
+  if (hash64(body.data(), body.size()) != get_le(bytes, prefix_size + len, 8)) return make_error("manifest checksum mismatch");
   pb::checkpoint_meta meta;
-  uint64_t header_size = 0;  // offset of the first section
-};
-
-// Checks everything the header alone can tell, including that the file size
-// matches the sections the meta lists. `bytes` starts at offset 0 and holds
-// the whole header, or the whole file when that is shorter.
-result<header> parse_header(std::string_view bytes, uint64_t file_size) {
-  if (file_size < magic.size()) {
-    if (magic.substr(0, bytes.size()) == bytes) return make_error(truncated(prefix_size, file_size, true));
-    return make_error("not a dtactor checkpoint (bad magic)");
-  }
-  if (bytes.substr(0, magic.size()) != magic) return make_error("not a dtactor checkpoint (bad magic)");
-  if (file_size < prefix_size) return make_error(truncated(prefix_size, file_size, true));
-  const uint64_t meta_size = get_le(bytes, magic.size(), 4);
-  header h;
-  h.header_size = prefix_size + meta_size + trailer_size;
-  if (file_size < h.header_size || bytes.size() < h.header_size)
-    return make_error(truncated(h.header_size, file_size, true));
-  std::string_view meta_bytes = bytes.substr(prefix_size, meta_size);
-  if (hash64(meta_bytes.data(), meta_bytes.size()) != get_le(bytes, prefix_size + meta_size, 8))
-    return make_error("meta checksum mismatch (header corrupt)");
-  if (!h.meta.ParseFromArray(meta_bytes.data(), static_cast<int>(meta_bytes.size())))
-    return make_error("meta does not parse");
-  if (h.meta.format_version() != checkpoint_format_version)
-    return make_error("unsupported format version " + std::to_string(h.meta.format_version()) + " (this build reads " +
-                      std::to_string(checkpoint_format_version) + ")");
-  uint64_t expected = h.header_size;
-  std::set<std::string> names;
-  for (const auto& s : h.meta.sections()) {
-    if (!names.insert(s.name()).second) return make_error("duplicate section '" + s.name() + "'");
-    if (s.size() > std::numeric_limits<uint64_t>::max() - expected)
-      return make_error("section '" + s.name() + "' has an impossible size");
-    expected += s.size();
-  }
-  if (file_size < expected) return make_error(truncated(expected, file_size, false));
-  if (file_size > expected)
-    return make_error("trailing data: expected " + std::to_string(expected) + " bytes, file has " +
-                      std::to_string(file_size));
-  return h;
-}
-
-// An open file descriptor, closed on scope exit.
-class file_reader {
- public:
-  explicit file_reader(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    if (fd_ < 0) {
-      error_ = errno;
-      return;
-    }
-    struct stat sb {};
-    if (::fstat(fd_, &sb) != 0) error_ = errno;
-    else if (S_ISDIR(sb.st_mode)) error_ = EISDIR;
-    size_ = static_cast<uint64_t>(sb.st_size);
-  }
-  ~file_reader() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  file_reader(const file_reader&) = delete;
-  file_reader& operator=(const file_reader&) = delete;
-
-  // 0 or the errno of opening the file.
-  int error() const { return error_; }
-  uint64_t size() const { return size_; }
-
-  // Reads up to `size` bytes at `offset`; fewer only at end of file.
-  result<std::string> read(uint64_t offset, uint64_t size) const {
-    std::string out(size, '\0');
-    uint64_t used = 0;
-    while (used < size) {
-      ssize_t n = ::pread(fd_, out.data() + used, size - used, static_cast<off_t>(offset + used));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return make_error(std::string("read failed: ") + std::strerror(errno));
-      }
-      if (n == 0) break;
-      used += static_cast<uint64_t>(n);
-    }
-    out.resize(used);
-    return out;
-  }
-
- private:
-  int fd_;
-  int error_ = 0;
-  uint64_t size_ = 0;
-};
-
-result<header> read_header(const file_reader& file) {
-  if (file.error()) return make_error(std::string("cannot read: ") + std::strerror(file.error()));
-  auto prefix = file.read(0, std::min<uint64_t>(file.size(), prefix_size));
-  if (!prefix) return prefix.err();
-  if (prefix->size() < prefix_size || prefix->substr(0, magic.size()) != magic)
-    return parse_header(*prefix, file.size());
-  const uint64_t header_size = prefix_size + get_le(*prefix, magic.size(), 4) + trailer_size;
-  if (header_size > file.size()) return parse_header(*prefix, file.size());
-  auto bytes = file.read(0, std::min<uint64_t>(file.size(), header_size));
-  if (!bytes) return bytes.err();
-  return parse_header(*bytes, file.size());
-}
-
-result<loaded_checkpoint> load_file(const std::string& path) {
-  file_reader file(path);
-  auto h = read_header(file);
-  if (!h) return h.err();
-  loaded_checkpoint out;
-  out.path = path;
-  uint64_t offset = h->header_size;
-  for (const auto& s : h->meta.sections()) {
-    auto bytes = file.read(offset, s.size());
-    if (!bytes) return bytes.err();
-    if (bytes->size() != s.size()) return make_error(truncated(offset + s.size(), offset + bytes->size(), false));
-    if (hash64(bytes->data(), bytes->size()) != s.xxh3())
-      return make_error("checksum mismatch in section '" + s.name() + "'");
-    out.sections.emplace(s.name(), std::move(*bytes));
-    offset += s.size();
-  }
-  out.meta = std::move(h->meta);
-  return out;
-}
-
-// The step a checkpoint file name stands for; only names exactly as
-// checkpoint_file_name() writes them count.
-std::optional<int64_t> step_of(const std::string& name) {
-  constexpr std::string_view prefix = "ckpt-", suffix = ".dtc";
-  if (name.size() < prefix.size() + 9 + suffix.size() || name.size() > prefix.size() + 18 + suffix.size())
-    return std::nullopt;
-  if (name.compare(0, prefix.size(), prefix) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return std::nullopt;
-  int64_t step = 0;
-  for (size_t i = prefix.size(); i < name.size() - suffix.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    step = step * 10 + (name[i] - '0');
-  }
-  if (checkpoint_file_name(step) != name) return std::nullopt;
-  return step;
-}
-
-struct found_file {
-  std::string path;
-  int64_t step;
-};
-
-// Checkpoint files in `dir`, ascending by step.
-result<std::vector<found_file>> find_checkpoints(const std::string& dir) {
-  std::vector<found_file> out;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec), end;
-  if (ec) return make_error("cannot list checkpoint directory '" + dir + "': " + ec.message());
-  for (; it != end; it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    if (auto step = step_of(name)) out.push_back({it->path().string(), *step});
-  }
-  if (ec) return make_error("cannot list checkpoint directory '" + dir + "': " + ec.message());
-  std::sort(out.begin(), out.end(), [](const found_file& a, const found_file& b) { return a.step < b.step; });
-  return out;
-}
-
-struct scanned_file {
-  std::string path;
-  int64_t step;
-  std::optional<pb::checkpoint_meta> meta;  // set when header and size check out
-};
-
-std::string step_mismatch(int64_t name_step, int64_t meta_step) {
-  return "file name says step " + std::to_string(name_step) + " but its meta says step " + std::to_string(meta_step);
-}
-
-// Like find_checkpoints, with each file's meta read and checked (not its
-// section checksums).
-std::vector<scanned_file> scan(const std::string& dir) {
-  std::vector<scanned_file> out;
-  auto files = find_checkpoints(dir);
-  if (!files) return out;
-  for (auto& f : *files) {
-    scanned_file s{std::move(f.path), f.step, std::nullopt};
-    file_reader file(s.path);
-    if (auto h = read_header(file); h && h->meta.step() == s.step) s.meta = std::move(h->meta);
-    out.push_back(std::move(s));
-  }
-  return out;
+  if (!meta.ParseFromArray(body.data(), static_cast<int>(body.size()))) return make_error("manifest does not parse");
+  return meta;
 }
 
 }  // namespace
 
-std::string checkpoint_file_name(int64_t step) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "ckpt-%09lld.dtc", static_cast<long long>(step));
+std::string manifest_name(int64_t step) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "ckpt-%09lld.manifest", static_cast<long long>(step));
   return buf;
 }
 
-checkpoint_store::checkpoint_store(std::string dir, checkpoint_policy policy, fs_env& env)
-    : dir_(std::move(dir)), policy_(std::move(policy)), env_(&env) {}
-
-result<checkpoint_store> checkpoint_store::open(std::string dir, checkpoint_policy policy, fs_env& env) {
-  if (policy.keep_last < 1)
-    return make_error("checkpoint.keep_last must be at least 1 (got " + std::to_string(policy.keep_last) + ")");
-  if (auto st = ensure_writable_dir(dir); !st)
-    return make_error("checkpoint " + st.message() + " (set checkpoint.dir to a writable directory)");
-  // Temp files of this process may belong to a save in flight; any other
-  // process's are leftovers of a writer that died (or a stale one: fenced).
-  const std::string own_marker = ".tmp." + std::to_string(::getpid()) + ".";
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    if (name.rfind("ckpt-", 0) == 0 && is_atomic_temp_name(name) && name.find(own_marker) == std::string::npos)
-      (void)remove_file(it->path().string());
-  }
-  return checkpoint_store(std::move(dir), std::move(policy), env);
+std::string part_name(int64_t step, uint64_t generation, int rank, int world) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "ckpt-%09lld.g%llu.r%d-of-%d.part", static_cast<long long>(step), static_cast<unsigned long long>(generation),
+                rank, world);
+  return buf;
 }
 
-result<std::string> checkpoint_store::save(pb::checkpoint_meta meta,
-                                           const std::vector<std::pair<std::string, std::string>>& sections) {
+std::pair<uint64_t, uint64_t> part_range(uint64_t n, int rank, int world) {
+  if (world <= 1) return {0, n};
+  constexpr uint64_t align = 4096;
+  const uint64_t w = static_cast<uint64_t>(world);
+  const uint64_t share = ((n + w - 1) / w + align - 1) / align * align;
+  const uint64_t a = std::min<uint64_t>(n, share * static_cast<uint64_t>(rank));
+  const uint64_t b = rank == world - 1 ? n : std::min<uint64_t>(n, a + share);
+  return {a, b};
+}
+
+int dtype_size(const std::string& d) {
+  if (d == "float32" || d == "int32") return 4;
+  if (d == "float64" || d == "int64") return 8;
+  if (d == "float16" || d == "bfloat16" || d == "int16") return 2;
+  if (d == "uint8" || d == "int8" || d == "bool") return 1;
+  return 0;
+}
+
+result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, const char* data, uint64_t size) {
+  auto w = store.create(name);
+  if (!w) return w.err();
+  hasher h;
+  for (uint64_t at = 0; at < size; at += chunk_bytes) {
+    const uint64_t n = std::min<uint64_t>(chunk_bytes, size - at);
+    h.update(data + at, n);
+    if (auto st = w.value()->write(data + at, n); !st) return st.err();
+  }
+  if (auto st = w.value()->commit(); !st) return st.err();
+  pb::checkpoint_part p;
+  p.set_name(name);
+  p.set_offset(offset);
+  p.set_size(size);
+  p.set_xxh3(h.digest());
+  return p;
+}
+
+status check_manifest(const pb::checkpoint_meta& meta) {
+  if (meta.format_version() != checkpoint_format_version)
+    return make_error("unsupported checkpoint format version " + std::to_string(meta.format_version()) + " (this build reads " +
+                      std::to_string(checkpoint_format_version) + ")");
+  if (meta.step() < 0) return make_error("negative step " + std::to_string(meta.step()));
+  uint64_t at = 0;
+  std::set<std::string> names;
+  for (const auto& p : meta.parts()) {
+    if (p.name().empty() || p.name().find('/') != std::string::npos) return make_error("a part has a bad name '" + p.name() + "'");
+    if (!names.insert(p.name()).second) return make_error("part '" + p.name() + "' is listed twice");
+    if (p.offset() != at) return make_error("part '" + p.name() + "' starts at byte " + std::to_string(p.offset()) + ", expected " + std::to_string(at));
+    if (p.size() > std::numeric_limits<uint64_t>::max() - at) return make_error("part '" + p.name() + "' has an impossible size");
+    at += p.size();
+  }
+  if (at != meta.state_bytes())
+    return make_error("parts cover " + std::to_string(at) + " bytes of a " + std::to_string(meta.state_bytes()) + "-byte state");
+  std::set<std::string> tnames;
+  for (const auto& t : meta.tensors()) {
+    if (!tnames.insert(t.name()).second) return make_error("tensor '" + t.name() + "' is listed twice");
+    const int es = dtype_size(t.dtype());
+    if (es == 0) return make_error("tensor '" + t.name() + "' has unknown dtype '" + t.dtype() + "'");
+    uint64_t numel = 1;
+    for (int64_t d : t.shape()) {
+      if (d < 0 || (d > 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)))
+        return make_error("tensor '" + t.name() + "' has an impossible shape");
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(es) || numel * static_cast<uint64_t>(es) != t.size())
+      return make_error("tensor '" + t.name() + "' is " + std::to_string(t.size()) + " bytes, its shape and dtype say otherwise");
+    if (t.offset() > meta.state_bytes() || t.size() > meta.state_bytes() - t.offset())
+      return make_error("tensor '" + t.name() + "' lies outside the state");
+  }
+  return {};
+}
+
+// -- the store -----------------------------------------------------------------
+
+result<checkpoint_store> checkpoint_store::open(const std::string& location, checkpoint_policy policy, fs_env& env) {
+  if (policy.keep_last < 1)
+    return make_error("checkpoint.keep_last must be at least 1 (got " + std::to_string(policy.keep_last) + ")");
+  auto objects = open_object_store(location, env);
+  if (!objects) return make_error("checkpoint " + objects.message() + " (set checkpoint.dir to a writable directory)");
+  checkpoint_store store(std::shared_ptr<object_store>(std::move(objects.value())), std::move(policy));
+  store.objects().sweep_stale_writes();
+  int64_t newest = -1;
+  for (const auto& s : store.scan())
+    if (s.meta) newest = std::max(newest, s.step);
+  if (newest >= 0) store.sweep_orphans(newest);
+  return store;
+}
+
+result<checkpoint_store> checkpoint_store::open_readonly(const std::string& location) {
+  if (location.rfind("s3://", 0) == 0) {
+    auto objects = open_object_store(location);
+    if (!objects) return objects.err();
+    return checkpoint_store(std::shared_ptr<object_store>(std::move(objects.value())), checkpoint_policy{});
+  }
+  auto objects = open_directory_store_readonly(location);
+  if (!objects) return objects.err();
+  return checkpoint_store(std::shared_ptr<object_store>(std::move(objects.value())), checkpoint_policy{});
+}
+
+checkpoint_store checkpoint_store::over(std::shared_ptr<object_store> objects, checkpoint_policy policy) {
+  return checkpoint_store(std::move(objects), std::move(policy));
+}
+
+std::vector<checkpoint_store::scanned> checkpoint_store::scan() {
+  std::vector<scanned> out;
+  auto all = objects_->list();
+  if (!all) return out;
+  for (const auto& o : *all) {
+    auto step = manifest_step(o.name);
+    if (!step) continue;
+    scanned s{o.name, *step, std::nullopt};
+    if (auto m = read_manifest(o.name); m) s.meta = std::move(m.value());
+    out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(), [](const scanned& a, const scanned& b) { return a.step < b.step; });
+  return out;
+}
+
+result<pb::checkpoint_meta> checkpoint_store::read_manifest(const std::string& name) {
+  auto bytes = objects_->get(name);
+  if (!bytes) return bytes.err();
+  auto meta = decode_manifest(bytes.value());
+  if (!meta) return meta.err();
+  if (auto st = check_manifest(meta.value()); !st) return st.err();
+  if (auto step = manifest_step(name); step && *step != meta->step())
+    return make_error("name says step " + std::to_string(*step) + " but the manifest says step " + std::to_string(meta->step()));
+  return meta;
+}
+
+status checkpoint_store::verify(const pb::checkpoint_meta& meta, bool checksums) {
+  for (const auto& p : meta.parts()) {
+    auto size = objects_->size_of(p.name());
+    if (!size) return size.err();
+    if (!size.value()) return make_error("part '" + p.name() + "' is missing");
+    if (*size.value() != p.size())
+      return make_error("part '" + p.name() + "' is " + std::to_string(*size.value()) + " bytes, the manifest says " + std::to_string(p.size()));
+  }
+  if (!checksums) return {};
+  return read_stream(meta, [](uint64_t, const char*, size_t) { return status{}; });
+}
+
+status checkpoint_store::read_stream(const pb::checkpoint_meta& meta, const std::function<status(uint64_t, const char*, size_t)>& fn) {
+  std::string buf(static_cast<size_t>(std::min<uint64_t>(chunk_bytes, std::max<uint64_t>(1, meta.state_bytes()))), '\0');
+  for (const auto& p : meta.parts()) {
+    hasher h;
+    for (uint64_t at = 0; at < p.size();) {
+      const uint64_t want = std::min<uint64_t>(buf.size(), p.size() - at);
+      auto n = objects_->read(p.name(), at, buf.data(), want);
+      if (!n) return n.err();
+      if (n.value() != want)
+        return make_error("part '" + p.name() + "' is truncated: " + std::to_string(at + n.value()) + " of " + std::to_string(p.size()) + " bytes");
+      h.update(buf.data(), want);
+      if (auto st = fn(p.offset() + at, buf.data(), want); !st) return st;
+      at += want;
+    }
+    if (h.digest() != p.xxh3()) return make_error("checksum mismatch in part '" + p.name() + "'");
+  }
+  return {};
+}
+
+result<std::optional<pb::checkpoint_meta>> checkpoint_store::newest_valid(
+    const std::function<void(const std::string&, const std::string&)>& on_skip, bool checksums) {
+  auto all = objects_->list();
+  if (!all) return all.err();
+  std::vector<std::pair<int64_t, std::string>> manifests;
+  for (const auto& o : *all)
+    if (auto step = manifest_step(o.name)) manifests.emplace_back(*step, o.name);
+  std::sort(manifests.rbegin(), manifests.rend());
+  for (const auto& [step, name] : manifests) {
+    auto meta = read_manifest(name);
+    status st = meta ? verify(meta.value(), checksums) : status(meta.err());
+    if (st) return std::optional<pb::checkpoint_meta>(std::move(meta.value()));
+    if (on_skip) on_skip(location() + "/" + name, st.message());
+  }
+  return std::optional<pb::checkpoint_meta>();
+}
+
+result<committed_checkpoint> checkpoint_store::commit(pb::checkpoint_meta meta) {
   auto refuse = [](const std::string& why) { return make_error("checkpoint not saved: " + why); };
-  if (meta.step() < 0) return refuse("negative step " + std::to_string(meta.step()));
+  meta.set_format_version(checkpoint_format_version);
+  if (auto st = check_manifest(meta); !st) return refuse(st.message());
   const uint64_t newest = newest_generation();
   if (meta.generation() < newest)
     return make_error("refusing checkpoint from generation " + std::to_string(meta.generation()) + ": generation " +
-                      std::to_string(newest) + " already wrote here");
-  meta.set_format_version(checkpoint_format_version);
-  meta.clear_sections();
-  std::set<std::string> names;
-  for (const auto& [name, bytes] : sections) {
-    if (name.empty()) return refuse("a section has an empty name");
-    if (!names.insert(name).second) return refuse("duplicate section '" + name + "'");
-    auto* s = meta.add_sections();
-    s->set_name(name);
-    s->set_size(bytes.size());
-    s->set_xxh3(hash64(bytes.data(), bytes.size()));
-  }
-  std::string meta_bytes;
-  if (!meta.SerializeToString(&meta_bytes) || meta_bytes.size() > std::numeric_limits<uint32_t>::max())
-    return refuse("meta does not serialize");
-  std::string head;
-  head.reserve(prefix_size + meta_bytes.size() + trailer_size);
-  head.append(magic);
-  put_le(head, meta_bytes.size(), 4);
-  head.append(meta_bytes);
-  put_le(head, hash64(meta_bytes.data(), meta_bytes.size()), 8);
-
-  std::vector<std::string_view> pieces{head};
-  for (const auto& section : sections) pieces.emplace_back(section.second);
-  const std::string path = (std::filesystem::path(dir_) / checkpoint_file_name(meta.step())).string();
-  if (auto st = write_file_atomic(path, pieces, *env_); !st) return refuse(st.message());
-  rotate(path);
-  return path;
+                      std::to_string(newest) + " already committed here");
+  if (auto st = verify(meta, false); !st)
+    return refuse(st.message() + " in " + location() +
+                  " (every node and the coordinator must reach the same checkpoint store: a shared directory or s3://)");
+  const std::string name = manifest_name(meta.step());
+  if (auto st = objects_->put(name, encode_manifest(meta)); !st) return refuse(st.message());
+  rotate(name);
+  sweep_orphans(meta.step(), meta.generation());
+  return committed_checkpoint{name, location() + "/" + name, meta.state_bytes()};
 }
 
-void checkpoint_store::rotate(const std::string& just_written) const {
-  std::vector<scanned_file> valid;
-  for (auto& f : scan(dir_))
-    if (f.meta) valid.push_back(std::move(f));
+void checkpoint_store::rotate(const std::string& just_written) {
+  std::vector<scanned> valid;
+  for (auto& s : scan())
+    if (s.meta) valid.push_back(std::move(s));
   std::set<std::string> keep{just_written};
-  for (size_t i = 0; i < valid.size() && i < static_cast<size_t>(policy_.keep_last); ++i)
-    keep.insert(valid[valid.size() - 1 - i].path);
+  for (size_t i = 0; i < valid.size() && i < static_cast<size_t>(policy_.keep_last); ++i) keep.insert(valid[valid.size() - 1 - i].name);
   if (policy_.keep_best && !policy_.best_metric.empty()) {
-    const scanned_file* best = nullptr;
+    const scanned* best = nullptr;
     double best_value = 0;
-    for (const auto& f : valid) {  // ascending: on a tie the newer wins
-      auto it = f.meta->metrics().find(policy_.best_metric);
-      if (it == f.meta->metrics().end() || std::isnan(it->second)) continue;
-      const double v = it->second;
-      if (!best || (policy_.higher_is_better ? v >= best_value : v <= best_value)) {
-        best = &f;
-        best_value = v;
+    for (const auto& s : valid) {  // ascending: on a tie the newer wins
+      auto it = s.meta->metrics().find(policy_.best_metric);
+      if (it == s.meta->metrics().end() || std::isnan(it->second)) continue;
+      if (!best || (policy_.higher_is_better ? it->second >= best_value : it->second <= best_value)) {
+        best = &s;
+        best_value = it->second;
       }
     }
-    if (best) keep.insert(best->path);
+    if (best) keep.insert(best->name);
   }
-  for (const auto& f : valid)
-    if (!keep.count(f.path)) (void)remove_file(f.path);
+  // The manifest goes first: a checkpoint half removed is no checkpoint,
+  // and its parts are orphans the next sweep takes.
+  for (const auto& s : valid) {
+    if (keep.count(s.name)) continue;
+    if (!objects_->remove(s.name)) continue;
+    for (const auto& p : s.meta->parts()) (void)objects_->remove(p.name());
+  }
 }
 
-result<loaded_checkpoint> checkpoint_store::load(const std::string& path) { return load_file(path); }
-
-result<std::optional<loaded_checkpoint>> checkpoint_store::load_newest_valid(
-    const std::function<void(const std::string&, const std::string&)>& on_skip) const {
-  auto files = find_checkpoints(dir_);
-  if (!files) return files.err();
-  for (auto it = files->rbegin(); it != files->rend(); ++it) {
-    auto loaded = load_file(it->path);
-    std::string reason;
-    if (!loaded) reason = loaded.message();
-    else if (loaded->meta.step() != it->step) reason = step_mismatch(it->step, loaded->meta.step());
-    if (reason.empty()) return std::optional<loaded_checkpoint>(std::move(*loaded));
-    if (on_skip) on_skip(it->path, reason);
+void checkpoint_store::sweep_orphans(int64_t up_to_step, uint64_t older_than_generation) {
+  auto all = objects_->list();
+  if (!all) return;
+  std::set<std::string> referenced;
+  for (const auto& s : scan())
+    if (s.meta)
+      for (const auto& p : s.meta->parts()) referenced.insert(p.name());
+  for (const auto& o : *all) {
+    auto id = parse_part_name(o.name);
+    if (!id || referenced.count(o.name)) continue;
+    if (id->step <= up_to_step || id->generation < older_than_generation) (void)objects_->remove(o.name);
   }
-  return std::optional<loaded_checkpoint>();
 }
 
-std::vector<checkpoint_entry> checkpoint_store::list() const {
+std::vector<checkpoint_entry> checkpoint_store::list() {
   std::vector<checkpoint_entry> out;
-  for (auto& f : scan(dir_)) {
-    checkpoint_entry e{std::move(f.path), f.step, {}};
-    if (f.meta) e.metrics.insert(f.meta->metrics().begin(), f.meta->metrics().end());
+  for (auto& s : scan()) {
+    checkpoint_entry e{s.name, s.step, {}};
+    if (s.meta) e.metrics.insert(s.meta->metrics().begin(), s.meta->metrics().end());
     out.push_back(std::move(e));
   }
   return out;
 }
 
-uint64_t checkpoint_store::newest_generation() const {
+uint64_t checkpoint_store::newest_generation() {
   uint64_t newest = 0;
-  for (const auto& f : scan(dir_))
-    if (f.meta) newest = std::max<uint64_t>(newest, f.meta->generation());
+  for (const auto& s : scan())
+    if (s.meta) newest = std::max<uint64_t>(newest, s.meta->generation());
   return newest;
+}
+
+result<checkpoint_target> open_checkpoint_target(const std::string& target,
+                                                 const std::function<void(const std::string&, const std::string&)>& on_skip) {
+  std::string location = target, manifest;
+  const bool s3 = target.rfind("s3://", 0) == 0;
+  std::error_code ec;
+  if (!s3) {
+    const std::filesystem::path p(target);
+    if (std::filesystem::is_regular_file(p, ec)) {
+      location = p.parent_path().empty() ? "." : p.parent_path().string();
+      manifest = p.filename().string();
+    } else if (std::filesystem::is_directory(p / "checkpoints", ec)) {
+      location = (p / "checkpoints").string();
+    } else if (!std::filesystem::is_directory(p, ec)) {
+      return make_error("'" + target + "': no such checkpoint, checkpoint directory or run directory");
+    }
+  }
+  auto store = checkpoint_store::open_readonly(location);
+  if (!store) return store.err();
+  checkpoint_target out;
+  out.store = std::make_shared<checkpoint_store>(std::move(store.value()));
+  if (!manifest.empty()) {
+    auto meta = out.store->read_manifest(manifest);
+    if (!meta) return make_error("'" + target + "': " + meta.message());
+    if (auto st = out.store->verify(meta.value(), true); !st) return make_error("'" + target + "': " + st.message());
+    out.meta = std::move(meta.value());
+    out.name = target;
+    return out;
+  }
+  auto newest = out.store->newest_valid(on_skip, true);
+  if (!newest) return newest.err();
+  if (!newest.value()) return make_error("no valid checkpoint in '" + out.store->location() + "'");
+  out.meta = std::move(*newest.value());
+  out.name = out.store->location() + "/" + manifest_name(out.meta.step());
+  return out;
 }
 
 }  // namespace dtactor

@@ -1,22 +1,27 @@
 #pragma once
-// A directory of disk checkpoints: atomic, checksummed, rotated, and fenced
-// by membership generation. No LibTorch here: sections are opaque bytes.
+// Checkpoints in an object store (a directory, local or a shared mount; or
+// S3): written in parts by the ranks, committed by a manifest written last,
+// fenced by membership generation. No LibTorch here: the state is bytes.
 //
-// File layout (all integers little-endian):
-//   "DTACKPT1"                      8-byte magic
-//   u32 meta_length
-//   meta_length bytes               serialized pb::checkpoint_meta
-//   u64 XXH3-64 of the meta bytes
-//   section bytes, back to back, in the order of meta.sections (each entry
-//   carries the section's size and XXH3-64)
-// and nothing after the last section.
+// The state of a checkpoint is one logical byte stream: the tensors the
+// manifest lists (name, dtype, shape, offset, size), back to back. It is
+// stored as parts, each a contiguous byte range of the stream written by one
+// rank ("ckpt-<step>.g<generation>.r<rank>-of-<world>.part": raw bytes, no
+// header), and one manifest ("ckpt-<step, 9 digits>.manifest"): "DTACMAN2",
+// u32 length, the serialized pb::checkpoint_meta (parts with sizes and
+// XXH3-64 checksums, tensors, step, generation, digests, metrics, config),
+// u64 XXH3-64 of those bytes; integers little-endian. The stream does not
+// depend on how many ranks wrote it: any world size reads it back.
 //
-// File names: "ckpt-<step, zero-padded to 9 digits>.dtc". One writer per
-// directory is expected (the job's current generation); the generation
-// fence in save() turns away a stale writer that comes back.
+// No manifest, no checkpoint: parts appear as the ranks write them; only the
+// commit (the manifest, written atomically after every part is known to be
+// stored whole) makes them a checkpoint. Parts that no manifest references
+// are swept (after a crash, or a generation that never completed its
+// checkpoint).
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,11 +29,12 @@
 
 #include "checkpoint.pb.h"
 #include "runtime/fs.hpp"
+#include "runtime/object_store.hpp"
 #include "runtime/result.hpp"
 
 namespace dtactor {
 
-inline constexpr uint32_t checkpoint_format_version = 1;
+inline constexpr uint32_t checkpoint_format_version = 2;
 
 struct checkpoint_policy {
   int keep_last = 3;  // >= 1
@@ -38,70 +44,111 @@ struct checkpoint_policy {
 };
 
 struct checkpoint_entry {
-  std::string path;
+  std::string name;  // the manifest's object name
   int64_t step;
-  std::map<std::string, double> metrics;
+  std::map<std::string, double> metrics;  // empty when the manifest does not check out
 };
 
-struct loaded_checkpoint {
-  std::string path;
-  pb::checkpoint_meta meta;
-  std::map<std::string, std::string> sections;  // name -> bytes
+struct committed_checkpoint {
+  std::string name;      // manifest object name
+  std::string location;  // store location + "/" + name, for messages
+  uint64_t bytes = 0;    // state bytes
 };
 
-// "ckpt-000001200.dtc" for step 1200.
-std::string checkpoint_file_name(int64_t step);
+// "ckpt-000001200.manifest" for step 1200.
+std::string manifest_name(int64_t step);
+// "ckpt-000001200.g7.r0-of-2.part".
+std::string part_name(int64_t step, uint64_t generation, int rank, int world);
+// Bytes [first, second) of an n-byte stream that part `rank` of `world` holds
+// (balanced; every part but possibly the last is a multiple of 4096 bytes).
+std::pair<uint64_t, uint64_t> part_range(uint64_t n, int rank, int world);
+
+// Stores `size` bytes as object `name` in chunks (never a second whole copy),
+// hashing as it goes. Returns the part's entry for the manifest (name,
+// offset, size, xxh3; rank and node_id left for the caller).
+result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, const char* data, uint64_t size);
+
+// The meta's structural checks (format version, parts covering the stream
+// exactly, tensors inside it with sizes their dtype and shape imply).
+status check_manifest(const pb::checkpoint_meta& meta);
+// Bytes per element of a dtype name ("float32" -> 4), 0 when unknown.
+int dtype_size(const std::string& dtype);
 
 class checkpoint_store {
  public:
-  // Creates the directory if needed, checks it is writable and removes temp
-  // files left by a writer that died mid-save. Errors: keep_last < 1;
-  // "checkpoint directory '/x' is not writable: Permission denied".
-  // Saves reach the disk through `env` (which must outlive the store).
-  static result<checkpoint_store> open(std::string dir, checkpoint_policy policy, fs_env& env = default_fs_env());
+  // Opens (creating a directory if needed) and checks it is writable; sweeps
+  // writers' temp files and parts of steps up to the newest committed one
+  // that no manifest references. Errors: keep_last < 1; "checkpoint
+  // directory '/x' is not writable: Permission denied".
+  static result<checkpoint_store> open(const std::string& location, checkpoint_policy policy, fs_env& env = default_fs_env());
+  // For reading only (eval, export): no probe, no sweep, nothing created.
+  static result<checkpoint_store> open_readonly(const std::string& location);
+  // A store around an object store the caller made (tests).
+  static checkpoint_store over(std::shared_ptr<object_store> objects, checkpoint_policy policy);
 
-  // Fills meta.sections (names, sizes, XXH3) and meta.format_version, writes
-  // the file for meta.step atomically (replacing one of the same step), then
-  // rotates. Returns the path. Refuses a meta whose generation is lower than
-  // newest_generation() (read from disk at save time: it turns away a stale
-  // writer, it is not a lock between two live ones); on any error the
-  // previous files are as they were.
-  // Rotation keeps the file just written, the newest keep_last and the best
-  // (see checkpoint_policy) and deletes only other checkpoints whose meta and
-  // size check out (section checksums are not re-read: that would read every
-  // checkpoint at each save); files it cannot remove are retried next save.
-  result<std::string> save(pb::checkpoint_meta meta, const std::vector<std::pair<std::string, std::string>>& sections);
+  // Commits the checkpoint `meta` describes (its parts already stored):
+  // refuses a generation lower than the newest committed one (a stale
+  // writer), a meta that fails check_manifest, or a part that is missing or
+  // of another size in the store; then writes the manifest atomically,
+  // rotates (keep_last newest, the best, the one just written) and removes
+  // the parts no manifest references that are no newer than this step or
+  // come from an older generation. On error nothing committed changes.
+  result<committed_checkpoint> commit(pb::checkpoint_meta meta);
 
-  // Reads and fully validates one file (magic, lengths, meta checksum and
-  // parse, every section's size and checksum, exact end). The error is the
-  // bare reason, e.g. "checksum mismatch in section 'model'".
-  static result<loaded_checkpoint> load(const std::string& path);
+  // A manifest and its structural checks. The error is the bare reason
+  // ("manifest checksum mismatch", "part '...' is missing").
+  result<pb::checkpoint_meta> read_manifest(const std::string& name);
+  // Every part present with its size; with `checksums`, also read whole and
+  // hashed (bounded memory).
+  status verify(const pb::checkpoint_meta& meta, bool checksums);
+  // The newest checkpoint whose manifest and parts check out (with
+  // `checksums`, read whole). Each newer one that does not is reported
+  // through on_skip(name, reason). nullopt when none.
+  result<std::optional<pb::checkpoint_meta>> newest_valid(const std::function<void(const std::string&, const std::string&)>& on_skip,
+                                                          bool checksums);
 
-  // The newest (highest step) checkpoint that validates. Every newer one that
-  // does not is reported through on_skip(path, reason) (may be empty) and
-  // left on disk. Empty optional when none validates or none exists; an error
-  // only when the directory cannot be listed.
-  result<std::optional<loaded_checkpoint>> load_newest_valid(
-      const std::function<void(const std::string&, const std::string&)>& on_skip) const;
+  // The state stream of a checkpoint, in order, in chunks:
+  // fn(stream_offset, data, size). Each part's checksum is checked when its
+  // last byte has been read (so fn may have seen bytes of a corrupt part: a
+  // caller loading into live tensors must treat them as torn on error).
+  status read_stream(const pb::checkpoint_meta& meta, const std::function<status(uint64_t, const char*, size_t)>& fn);
 
-  // Checkpoint files present, ascending by step. Reads only metas; a file
-  // whose meta or size does not check out is listed with empty metrics.
-  std::vector<checkpoint_entry> list() const;
+  // Committed checkpoints (manifests), ascending by step.
+  std::vector<checkpoint_entry> list();
+  // Highest generation among manifests that check out; 0 when none.
+  uint64_t newest_generation();
+  // Removes parts no manifest references whose step is <= up_to_step or whose
+  // generation is below `older_than_generation`.
+  void sweep_orphans(int64_t up_to_step, uint64_t older_than_generation = 0);
 
-  // Highest generation among checkpoints whose meta and size check out;
-  // 0 when there are none.
-  uint64_t newest_generation() const;
-
-  const std::string& dir() const { return dir_; }
+  object_store& objects() { return *objects_; }
+  const std::string& location() const { return objects_->location(); }
   const checkpoint_policy& policy() const { return policy_; }
 
  private:
-  checkpoint_store(std::string dir, checkpoint_policy policy, fs_env& env);
-  void rotate(const std::string& just_written) const;
+  checkpoint_store(std::shared_ptr<object_store> objects, checkpoint_policy policy)
+      : objects_(std::move(objects)), policy_(std::move(policy)) {}
+  struct scanned {
+    std::string name;
+    int64_t step;
+    std::optional<pb::checkpoint_meta> meta;
+  };
+  std::vector<scanned> scan();
+  void rotate(const std::string& just_written);
 
-  std::string dir_;
+  std::shared_ptr<object_store> objects_;
   checkpoint_policy policy_;
-  fs_env* env_;
 };
+
+// What `dtactor eval` / `export` are given: a run directory (its
+// checkpoints/), a checkpoint directory or s3:// location (its newest valid
+// checkpoint), or one manifest file. Reports skipped ones through on_skip.
+struct checkpoint_target {
+  std::shared_ptr<checkpoint_store> store;
+  pb::checkpoint_meta meta;
+  std::string name;  // location/manifest, for messages
+};
+result<checkpoint_target> open_checkpoint_target(const std::string& target,
+                                                 const std::function<void(const std::string&, const std::string&)>& on_skip);
 
 }  // namespace dtactor

@@ -1,0 +1,102 @@
+#include "rank/part_writer.hpp"
+
+#include <chrono>
+
+#include "rank/state_io.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/object_store.hpp"
+
+namespace dtactor {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+}  // namespace
+
+part_writer::part_writer(done_fn done) : done_(std::move(done)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+part_writer::~part_writer() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_ && !pending_; });
+    quit_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+double part_writer::submit(const state_layout& layout, job j) {
+  const auto t0 = clock_type::now();
+  const auto [a, b] = part_range(layout.bytes, j.rank, j.world);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_ && !pending_; });
+    if (b - a > capacity_ || !buf_) {
+      buf_.reset();  // the old buffer goes first: never two at once
+      buf_.reset(new char[std::max<uint64_t>(1, b - a)]);
+      capacity_ = b - a;
+    }
+  }
+  copy_range(layout, a, b, buf_.get());
+  const double stall = since(t0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = pending{std::move(j), a, b - a, stall};
+  }
+  cv_.notify_all();
+  return stall;
+}
+
+void part_writer::wait_idle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_ && !pending_; });
+}
+
+void part_writer::run() {
+  for (;;) {
+    pending p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return quit_ || pending_; });
+      if (!pending_) return;
+      p = std::move(*pending_);
+      pending_.reset();
+      busy_ = true;
+    }
+    const auto t0 = clock_type::now();
+    pb::checkpoint_written w;
+    w.set_step(p.j.step);
+    w.set_global_rank(p.j.rank);
+    w.set_world_size(p.j.world);
+    w.set_meta(p.j.meta);
+    w.set_stall_s(p.stall_s);
+    auto& store = stores_[p.j.store];
+    if (!store) {
+      auto opened = open_object_store(p.j.store);
+      if (opened) store = std::shared_ptr<object_store>(std::move(opened.value()));
+      else w.set_error("checkpoint store: " + opened.message());
+    }
+    if (store) {
+      const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world);
+      auto part = write_part(*store, name, p.offset, buf_.get(), p.size);
+      if (part) {
+        part->set_rank(p.j.rank);
+        part->set_node_id(p.j.node_id);
+        *w.mutable_part() = std::move(part.value());
+      } else {
+        w.set_error(part.message());
+      }
+    }
+    w.set_write_s(since(t0));
+    if (done_) done_(p.j.generation, std::move(w));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace dtactor

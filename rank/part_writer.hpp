@@ -1,0 +1,71 @@
+#pragma once
+// A rank's share of a checkpoint, stored in the background. At a checkpoint
+// step the training thread copies its byte range of the state (part_range
+// of the stream, runtime/checkpoint_store.hpp) into a host buffer and goes
+// on training; a thread of its own writes the buffer to the checkpoint store
+// and reports `checkpoint_written` (a few hundred bytes) when the part is
+// stored, or why not. The buffer is kept between checkpoints; a checkpoint
+// due while the previous one is still being written waits for it (counted in
+// the stall it reports).
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "wire.pb.h"
+
+namespace dtactor {
+
+struct state_layout;
+class object_store;
+
+class part_writer {
+ public:
+  struct job {
+    int64_t step = 0;
+    uint64_t generation = 0;
+    int rank = 0, world = 1;
+    std::string node_id;
+    std::string store;  // location (runtime/object_store.hpp)
+    std::string meta;   // global rank 0: serialized checkpoint_meta without parts
+  };
+  // Called on the writer thread when a part is stored (or failed).
+  using done_fn = std::function<void(uint64_t generation, pb::checkpoint_written)>;
+
+  explicit part_writer(done_fn done);
+  ~part_writer();  // finishes the write in flight
+  part_writer(const part_writer&) = delete;
+  part_writer& operator=(const part_writer&) = delete;
+
+  // Waits for the previous write, copies this rank's range into the buffer
+  // and returns the seconds training was held up (the stall); the write goes
+  // on in the background.
+  double submit(const state_layout& layout, job j);
+  // Waits until no write is in flight.
+  void wait_idle();
+
+ private:
+  void run();
+  struct pending {
+    job j;
+    uint64_t offset = 0, size = 0;
+    double stall_s = 0;
+  };
+  done_fn done_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<pending> pending_;
+  bool busy_ = false, quit_ = false;
+  std::unique_ptr<char[]> buf_;
+  uint64_t capacity_ = 0;
+  std::map<std::string, std::shared_ptr<object_store>> stores_;  // by location; writer thread only
+  std::thread thread_;
+};
+
+}  // namespace dtactor

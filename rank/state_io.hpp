@@ -1,0 +1,66 @@
+#pragma once
+// The training state (training_state::state_tensors) as a checkpoint's byte
+// stream (runtime/checkpoint_store.hpp) and over the data plane: what a rank
+// copies into its host buffer at a checkpoint step, what it loads from the
+// store, and what a live peer sends a joining rank.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint.pb.h"
+#include "runtime/result.hpp"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace dtactor {
+
+class training_state;
+class checkpoint_store;
+
+struct state_layout {
+  struct entry {
+    std::string name;
+    torch::Tensor t;  // contiguous CPU
+    uint64_t offset = 0, size = 0;
+  };
+  std::vector<entry> entries;
+  uint64_t bytes = 0;
+};
+
+// The state's tensors at consecutive offsets (training_state order).
+state_layout layout_of(training_state& state);
+
+// Sets meta.tensors and meta.state_bytes from the layout.
+void describe_layout(const state_layout& layout, pb::checkpoint_meta& meta);
+
+// Copies stream bytes [begin, end) into dst (end - begin bytes).
+void copy_range(const state_layout& layout, uint64_t begin, uint64_t end, char* dst);
+
+// Whether a checkpoint's tensors are this state's: same names, dtypes and
+// shapes in the same order. "checkpoint does not fit this model: tensor
+// 'model/fc.weight' is [10, 64] in the checkpoint, [10, 32] here".
+status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta);
+
+// Loads a committed checkpoint into the state (straight into its tensors,
+// chunk by chunk; each part's checksum checked). When it fails after some
+// bytes landed, the state is reset to the initial one (never left torn).
+status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta);
+
+// Sends the whole state of `root` to every rank of the group in place, in
+// chunks of at most `chunk_bytes` (no extra copy of the state on either
+// side; adjacent tensors travel together). `step` is root's step on return
+// everywhere. A receiver whose transfer fails is reset to the initial state.
+struct transfer_stats {
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
+                                       const std::function<bool()>& abandon, uint64_t chunk_bytes = 64ull << 20);
+
+}  // namespace dtactor
