@@ -384,10 +384,13 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     g.root = a.root;
     if (!a.everyone_holds_it()) {
       // In place, in chunks, over the data plane (bounded extra memory).
-      auto sent = broadcast_state(*g.pg, g.root, state, g.timeout, g.abandon_now);
+      int64_t from_disk = g.source == "disk" ? 1 : 0;
+      auto sent = broadcast_state(*g.pg, g.root, state, g.timeout, g.abandon_now, from_disk);
       if (!sent) return failed(g, sent.message(), state.step());
       if (g.rank != g.root) {
-        g.source = "peer";
+        // The generation's state came from the store when its root loaded
+        // it from there (every rank says so: one story in the journal).
+        g.source = from_disk ? "disk" : "peer";
         g.transfer_bytes = sent->bytes;
         g.transfer_s = sent->seconds;
       }

@@ -135,7 +135,7 @@ status load_checkpoint(training_state& state, checkpoint_store& store, const pb:
 }
 
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
-                                       const std::function<bool()>& abandon, uint64_t chunk_bytes) {
+                                       const std::function<bool()>& abandon, int64_t& tag, uint64_t chunk_bytes) {
   const auto t0 = std::chrono::steady_clock::now();
   auto deadline = [&] { return std::chrono::steady_clock::now() + timeout; };
   c10d::BroadcastOptions bo;
@@ -144,9 +144,10 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
   const state_layout layout = layout_of(state);
   // Root's step and stream length first: a receiver whose layout differs
   // fails here, before anything lands.
-  std::vector<torch::Tensor> head{torch::tensor({state.step(), static_cast<int64_t>(layout.bytes)}, torch::kInt64)};
+  std::vector<torch::Tensor> head{torch::tensor({state.step(), static_cast<int64_t>(layout.bytes), tag}, torch::kInt64)};
   if (auto st = wait_work(pg.broadcast(head, bo), deadline(), abandon, "state transfer (header)"); !st) return st.err();
   const int64_t step = head[0][0].item<int64_t>();
+  tag = head[0][2].item<int64_t>();
   if (static_cast<uint64_t>(head[0][1].item<int64_t>()) != layout.bytes)
     return make_error("state transfer: rank " + std::to_string(root) + " holds " + std::to_string(head[0][1].item<int64_t>()) +
                       " bytes of state, this rank " + std::to_string(layout.bytes) + " (another model?)");

@@ -60,7 +60,9 @@ struct transfer_stats {
   uint64_t bytes = 0;
   double seconds = 0;
 };
+// `tag` travels with the header: root's value reaches every rank (the
+// rank worker says whether root's state came from disk).
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
-                                       const std::function<bool()>& abandon, uint64_t chunk_bytes = 64ull << 20);
+                                       const std::function<bool()>& abandon, int64_t& tag, uint64_t chunk_bytes = 64ull << 20);
 
 }  // namespace dtactor

@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,7 +27,7 @@ class temp_dir {
   temp_dir() {
     std::string tmpl = ::testing::TempDir() + "/dtactor-ckpt-XXXXXX";
     if (!::mkdtemp(tmpl.data())) std::abort();
-    path_ = tmpl;
+    path_ = fs::path(tmpl).lexically_normal().string();
   }
   ~temp_dir() {
     std::error_code ec;
@@ -56,6 +58,13 @@ std::set<std::string> file_names(const std::string& dir) {
   return out;
 }
 
+// The state stream of a checkpoint at `step`: n bytes derived from the step.
+std::string stream_for(int64_t step, size_t n = 10000) {
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>((i * 131 + static_cast<size_t>(step) * 7) & 0xff);
+  return out;
+}
+
 pb::checkpoint_meta meta_at(int64_t step, uint64_t generation = 1, std::map<std::string, double> metrics = {}) {
   pb::checkpoint_meta m;
   m.set_model("vit");
@@ -65,12 +74,8 @@ pb::checkpoint_meta meta_at(int64_t step, uint64_t generation = 1, std::map<std:
   return m;
 }
 
-std::vector<std::pair<std::string, std::string>> sections_for(int64_t step) {
-  return {{"model", "weights@" + std::to_string(step)}, {"optimizer", "adam@" + std::to_string(step)}};
-}
-
-checkpoint_store open_store(const std::string& dir, checkpoint_policy policy = {}) {
-  auto store = checkpoint_store::open(dir, policy);
+checkpoint_store open_store(const std::string& dir, checkpoint_policy policy = {}, fs_env& env = default_fs_env()) {
+  auto store = checkpoint_store::open(dir, policy, env);
   if (!store.ok()) {
     ADD_FAILURE() << store.message();
     std::abort();
@@ -78,238 +83,301 @@ checkpoint_store open_store(const std::string& dir, checkpoint_policy policy = {
   return std::move(store).value();
 }
 
-std::vector<int64_t> steps(const checkpoint_store& store) {
-  std::vector<int64_t> out;
-  for (const auto& e : store.list()) out.push_back(e.step);
+// What the ranks and the coordinator do: each of `world` ranks stores its
+// byte range of the stream as a part; the manifest lists them and one
+// uint8 tensor over the whole stream. Returns the meta to commit.
+pb::checkpoint_meta write_parts(checkpoint_store& store, pb::checkpoint_meta meta, const std::string& stream, int world) {
+  meta.set_state_bytes(stream.size());
+  meta.set_world_size(world);
+  auto* t = meta.add_tensors();
+  t->set_name("blob");
+  t->set_dtype("uint8");
+  t->add_shape(static_cast<int64_t>(stream.size()));
+  t->set_offset(0);
+  t->set_size(stream.size());
+  for (int r = 0; r < world; ++r) {
+    auto [a, b] = part_range(stream.size(), r, world);
+    auto part = write_part(store.objects(), part_name(meta.step(), meta.generation(), r, world), a, stream.data() + a, b - a);
+    EXPECT_TRUE(part.ok()) << part.message();
+    if (part.ok()) *meta.add_parts() = part.value();
+  }
+  return meta;
+}
+
+std::string commit_ok(checkpoint_store& store, pb::checkpoint_meta meta, int world = 2, const std::string& stream = "") {
+  auto m = write_parts(store, meta, stream.empty() ? stream_for(meta.step()) : stream, world);
+  auto done = store.commit(m);
+  EXPECT_TRUE(done.ok()) << done.message();
+  return done.ok() ? done->location : std::string();
+}
+
+std::string read_all(checkpoint_store& store, const pb::checkpoint_meta& meta, status* st_out = nullptr) {
+  std::string out(meta.state_bytes(), '\0');
+  auto st = store.read_stream(meta, [&](uint64_t at, const char* data, size_t n) {
+    std::memcpy(out.data() + at, data, n);
+    return status{};
+  });
+  if (st_out) *st_out = st;
+  else EXPECT_TRUE(st.ok()) << st.message();
   return out;
 }
 
-std::string save_ok(checkpoint_store& store, const pb::checkpoint_meta& meta) {
-  auto path = store.save(meta, sections_for(meta.step()));
-  EXPECT_TRUE(path.ok()) << path.message();
-  return path.ok() ? *path : std::string();
+std::optional<pb::checkpoint_meta> newest(checkpoint_store& store, std::vector<std::string>* skipped = nullptr) {
+  auto n = store.newest_valid(
+      [&](const std::string& path, const std::string& why) {
+        if (skipped) skipped->push_back(path + ": " + why);
+      },
+      true);
+  EXPECT_TRUE(n.ok()) << n.message();
+  return n.ok() ? n.value() : std::nullopt;
 }
 
-TEST(checkpoint_store, round_trip_of_meta_and_sections) {
+TEST(checkpoint_store, parts_written_by_any_number_of_ranks_read_back_as_one_stream) {
   temp_dir dir;
   auto store = open_store(dir.path());
-  auto meta = meta_at(1200, 4, {{"accuracy", 0.875}});
-  meta.set_seed(42);
-  meta.set_samples_seen(1200 * 256);
-  meta.set_config_toml("[model]\nname = \"vit\"\n");
-  const std::string binary("\0\x01\xff\n\r", 5);
-  auto path = store.save(meta, {{"model", binary}, {"optimizer", std::string(100000, 'x')}, {"empty", ""}});
-  ASSERT_TRUE(path.ok()) << path.message();
-  EXPECT_EQ(*path, dir / "ckpt-000001200.dtc");
-
-  auto loaded = checkpoint_store::load(*path);
-  ASSERT_TRUE(loaded.ok()) << loaded.message();
-  EXPECT_EQ(loaded->path, *path);
-  EXPECT_EQ(loaded->meta.format_version(), checkpoint_format_version);
-  EXPECT_EQ(loaded->meta.model(), "vit");
-  EXPECT_EQ(loaded->meta.step(), 1200);
-  EXPECT_EQ(loaded->meta.generation(), 4u);
-  EXPECT_EQ(loaded->meta.seed(), 42u);
-  EXPECT_EQ(loaded->meta.samples_seen(), 1200 * 256);
-  EXPECT_EQ(loaded->meta.config_toml(), meta.config_toml());
-  EXPECT_EQ(loaded->meta.metrics().at("accuracy"), 0.875);
-  ASSERT_EQ(loaded->meta.sections_size(), 3);
-  EXPECT_EQ(loaded->meta.sections(0).name(), "model");
-  EXPECT_EQ(loaded->meta.sections(0).size(), binary.size());
-  EXPECT_EQ(loaded->sections.at("model"), binary);
-  EXPECT_EQ(loaded->sections.at("optimizer"), std::string(100000, 'x'));
-  EXPECT_EQ(loaded->sections.at("empty"), "");
-
-  auto newest = store.load_newest_valid(nullptr);
-  ASSERT_TRUE(newest.ok()) << newest.message();
-  ASSERT_TRUE(newest->has_value());
-  EXPECT_EQ((*newest)->meta.step(), 1200);
-
-  auto listed = store.list();
-  ASSERT_EQ(listed.size(), 1u);
-  EXPECT_EQ(listed[0].path, *path);
-  EXPECT_EQ(listed[0].step, 1200);
-  EXPECT_EQ(listed[0].metrics.at("accuracy"), 0.875);
-  EXPECT_EQ(store.newest_generation(), 4u);
+  for (int world : {1, 2, 3, 7}) {
+    const int64_t step = 10 * world;
+    const std::string stream = stream_for(step, 50000 + static_cast<size_t>(world));
+    commit_ok(store, meta_at(step, 1, {{"accuracy", 0.5}}), world, stream);
+    auto meta = store.read_manifest(manifest_name(step));
+    ASSERT_TRUE(meta.ok()) << meta.message();
+    EXPECT_EQ(meta->parts_size(), world);
+    EXPECT_EQ(meta->world_size(), world);
+    EXPECT_EQ(meta->format_version(), checkpoint_format_version);
+    EXPECT_EQ(meta->metrics().at("accuracy"), 0.5);
+    EXPECT_TRUE(store.verify(meta.value(), true).ok());
+    EXPECT_EQ(read_all(store, meta.value()), stream) << "world " << world;
+  }
 }
 
-TEST(checkpoint_store, file_layout_is_magic_length_meta_checksum_sections) {
+TEST(checkpoint_store, part_ranges_cover_the_stream_exactly_and_are_aligned) {
+  for (uint64_t n : {0ull, 1ull, 4095ull, 4096ull, 10000ull, 123456789ull})
+    for (int world : {1, 2, 3, 5, 16}) {
+      uint64_t at = 0;
+      for (int r = 0; r < world; ++r) {
+        auto [a, b] = part_range(n, r, world);
+        EXPECT_EQ(a, at) << n << " " << world << " " << r;
+        EXPECT_LE(a, b);
+        if (r < world - 1 && b < n) EXPECT_EQ((b - a) % 4096, 0u);
+        at = b;
+      }
+      EXPECT_EQ(at, n);
+    }
+  // Balanced: no part more than one alignment unit above an even share.
+  auto [a, b] = part_range(100ull << 20, 0, 3);
+  EXPECT_LE(b - a, (100ull << 20) / 3 + 4096);
+}
+
+TEST(checkpoint_store, names_are_as_documented) {
+  EXPECT_EQ(manifest_name(1200), "ckpt-000001200.manifest");
+  EXPECT_EQ(part_name(1200, 7, 0, 2), "ckpt-000001200.g7.r0-of-2.part");
+}
+
+TEST(checkpoint_store, no_manifest_no_checkpoint_and_orphans_are_swept) {
   temp_dir dir;
   auto store = open_store(dir.path());
-  auto path = save_ok(store, meta_at(3));
-  const std::string bytes = slurp(path);
-  ASSERT_GE(bytes.size(), 12u);
-  EXPECT_EQ(bytes.substr(0, 8), "DTACKPT1");
-  uint32_t meta_len = 0;
-  for (int i = 0; i < 4; ++i) meta_len |= uint32_t(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
-  const std::string model = sections_for(3)[0].second, optimizer = sections_for(3)[1].second;
-  EXPECT_EQ(bytes.size(), 12u + meta_len + 8u + model.size() + optimizer.size());
-  EXPECT_EQ(bytes.substr(bytes.size() - optimizer.size()), optimizer);
-  EXPECT_EQ(checkpoint_file_name(7), "ckpt-000000007.dtc");
+  commit_ok(store, meta_at(10));
+  // A generation that stored its parts of step 20 but never committed (a
+  // node died), and one still writing step 30.
+  write_parts(store, meta_at(20), stream_for(20), 2);
+  EXPECT_EQ(newest(store)->step(), 10);
+  EXPECT_EQ(store.list().size(), 1u);
+  commit_ok(store, meta_at(25, 2));  // newer generation: the old generation's step 20 parts go
+  write_parts(store, meta_at(30, 2), stream_for(30), 2);
+  auto names = file_names(dir.path());
+  EXPECT_EQ(names.count(part_name(20, 1, 0, 2)), 0u);
+  EXPECT_EQ(names.count(part_name(30, 2, 0, 2)), 1u) << "a newer step's parts may be in flight";
+  // A coordinator starting over the directory: parts no newer than its
+  // newest checkpoint that no manifest references are leftovers.
+  write_parts(store, meta_at(22, 2), stream_for(22), 2);
+  auto reopened = open_store(dir.path());
+  names = file_names(dir.path());
+  EXPECT_EQ(names.count(part_name(22, 2, 0, 2)), 0u);
+  EXPECT_EQ(names.count(part_name(30, 2, 1, 2)), 1u);
+  EXPECT_EQ(names.count(part_name(25, 2, 1, 2)), 1u);
 }
 
-TEST(checkpoint_store, rotation_keeps_last_k_and_best_when_higher_is_better) {
+TEST(checkpoint_store, rotation_keeps_last_k_and_best_and_removes_their_parts) {
   temp_dir dir;
   auto store = open_store(dir.path(), {2, true, "accuracy", true});
-  const std::vector<double> accuracy = {0.5, 0.9, 0.7, 0.9, 0.6, 0.4, 0.3};
-  for (int step = 1; step <= 7; ++step) {
-    save_ok(store, meta_at(step, 1, {{"accuracy", accuracy[step - 1]}}));
-    if (step == 3) {
-      EXPECT_EQ(steps(store), (std::vector<int64_t>{2, 3}));
-    }
-    if (step == 4) {
-      EXPECT_EQ(steps(store), (std::vector<int64_t>{3, 4})) << "a tie goes to the newer";
-    }
-  }
-  EXPECT_EQ(steps(store), (std::vector<int64_t>{4, 6, 7}));
+  const std::vector<double> acc = {0.5, 0.9, 0.6, 0.7, 0.4};
+  for (size_t i = 0; i < acc.size(); ++i) commit_ok(store, meta_at(static_cast<int64_t>(i + 1), 1, {{"accuracy", acc[i]}}));
+  std::vector<int64_t> steps;
+  for (const auto& e : store.list()) steps.push_back(e.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 5}));
+  auto names = file_names(dir.path());
+  EXPECT_EQ(names.size(), 3u * 3u) << "a manifest and two parts each";
+  EXPECT_EQ(names.count(part_name(1, 1, 0, 2)), 0u);
+
+  temp_dir lower;
+  auto lstore = open_store(lower.path(), {1, true, "val_loss", false});
+  for (int64_t s = 1; s <= 3; ++s) commit_ok(lstore, meta_at(s, 1, {{"val_loss", s == 2 ? 0.1 : 1.0}}));
+  steps.clear();
+  for (const auto& e : lstore.list()) steps.push_back(e.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 3}));
+
+  temp_dir plain;
+  auto pstore = open_store(plain.path(), {1, false, "accuracy", true});
+  for (int64_t s = 1; s <= 3; ++s) commit_ok(pstore, meta_at(s, 1, {{"accuracy", 1.0 / static_cast<double>(s)}}));
+  ASSERT_EQ(pstore.list().size(), 1u);
+  EXPECT_EQ(pstore.list()[0].step, 3);
 }
 
-TEST(checkpoint_store, rotation_keeps_best_when_lower_is_better) {
-  temp_dir dir;
-  auto store = open_store(dir.path(), {1, true, "val_loss", false});
-  save_ok(store, meta_at(1, 1, {{"val_loss", 2.0}}));
-  save_ok(store, meta_at(2, 1, {{"val_loss", 1.0}}));
-  save_ok(store, meta_at(3, 1, {{"val_loss", 1.5}}));
-  save_ok(store, meta_at(4, 1));  // no metric: never "best"
-  save_ok(store, meta_at(5, 1, {{"val_loss", 1.2}}));
-  EXPECT_EQ(steps(store), (std::vector<int64_t>{2, 5}));
-}
-
-TEST(checkpoint_store, rotation_without_best_keeps_only_last_k) {
-  temp_dir dir;
-  auto store = open_store(dir.path(), {2, false, "accuracy", true});
-  for (int step = 1; step <= 4; ++step) save_ok(store, meta_at(step, 1, {{"accuracy", step == 1 ? 1.0 : 0.0}}));
-  EXPECT_EQ(steps(store), (std::vector<int64_t>{3, 4}));
-}
-
-TEST(checkpoint_store, rotation_never_deletes_an_invalid_file) {
-  temp_dir dir;
-  auto store = open_store(dir.path(), {1, false, "", true});
-  auto first = save_ok(store, meta_at(1));
-  fs::resize_file(first, fs::file_size(first) - 1);
-  save_ok(store, meta_at(2));
-  save_ok(store, meta_at(3));
-  EXPECT_EQ(file_names(dir.path()), (std::set<std::string>{"ckpt-000000001.dtc", "ckpt-000000003.dtc"}));
-  auto listed = store.list();
-  ASSERT_EQ(listed.size(), 2u);
-  EXPECT_EQ(listed[0].step, 1);
-  EXPECT_TRUE(listed[0].metrics.empty());
-}
-
-TEST(checkpoint_store, truncated_newest_is_skipped_reported_and_kept) {
+TEST(checkpoint_store, commit_refuses_missing_or_short_parts_and_commits_nothing) {
   temp_dir dir;
   auto store = open_store(dir.path());
-  save_ok(store, meta_at(1));
-  auto newest = save_ok(store, meta_at(2));
-  const auto full = fs::file_size(newest);
-  fs::resize_file(newest, full / 2);
-
-  std::vector<std::pair<std::string, std::string>> skipped;
-  auto loaded = store.load_newest_valid([&](const std::string& p, const std::string& why) { skipped.emplace_back(p, why); });
-  ASSERT_TRUE(loaded.ok()) << loaded.message();
-  ASSERT_TRUE(loaded->has_value());
-  EXPECT_EQ((*loaded)->meta.step(), 1);
-  EXPECT_EQ((*loaded)->sections.at("model"), "weights@1");
-  ASSERT_EQ(skipped.size(), 1u);
-  EXPECT_EQ(skipped[0].first, newest);
-  EXPECT_NE(skipped[0].second.find("truncated: expected"), std::string::npos) << skipped[0].second;
-  EXPECT_NE(skipped[0].second.find("file has " + std::to_string(full / 2)), std::string::npos) << skipped[0].second;
-  EXPECT_TRUE(fs::exists(newest)) << "a bad checkpoint is reported, never deleted";
-}
-
-TEST(checkpoint_store, truncation_inside_the_last_section_names_the_sizes) {
-  temp_dir dir;
-  auto store = open_store(dir.path());
-  auto path = save_ok(store, meta_at(1));
-  const auto full = fs::file_size(path);
-  fs::resize_file(path, full - 3);
-  auto loaded = checkpoint_store::load(path);
-  ASSERT_FALSE(loaded.ok());
-  EXPECT_EQ(loaded.message(),
-            "truncated: expected " + std::to_string(full) + " bytes, file has " + std::to_string(full - 3));
-}
-
-TEST(checkpoint_store, flipped_byte_in_a_section_is_a_checksum_error) {
-  temp_dir dir;
-  auto store = open_store(dir.path());
-  auto path = store.save(meta_at(1), {{"optimizer", "adam-state"}, {"model", "weights"}});
-  ASSERT_TRUE(path.ok()) << path.message();
-  std::string bytes = slurp(*path);
-  bytes[bytes.size() - 2] ^= 0x20;  // inside "weights", the last section
-  spit(*path, bytes);
-  auto loaded = checkpoint_store::load(*path);
-  ASSERT_FALSE(loaded.ok());
-  EXPECT_EQ(loaded.message(), "checksum mismatch in section 'model'");
-}
-
-TEST(checkpoint_store, flipped_byte_in_the_meta_is_a_header_error) {
-  temp_dir dir;
-  auto store = open_store(dir.path());
-  auto path = save_ok(store, meta_at(1));
-  std::string bytes = slurp(path);
-  bytes[14] ^= 0x01;
-  spit(path, bytes);
-  auto loaded = checkpoint_store::load(path);
-  ASSERT_FALSE(loaded.ok());
-  EXPECT_NE(loaded.message().find("meta checksum mismatch"), std::string::npos) << loaded.message();
-}
-
-TEST(checkpoint_store, garbage_empty_and_overlong_files_are_rejected) {
-  temp_dir dir;
-  auto store = open_store(dir.path());
-  save_ok(store, meta_at(1));
-
-  spit(dir / "ckpt-000000009.dtc", "this is not a checkpoint at all");
-  auto garbage = checkpoint_store::load(dir / "ckpt-000000009.dtc");
-  ASSERT_FALSE(garbage.ok());
-  EXPECT_NE(garbage.message().find("not a dtactor checkpoint"), std::string::npos) << garbage.message();
-
-  spit(dir / "ckpt-000000008.dtc", "");
-  auto empty = checkpoint_store::load(dir / "ckpt-000000008.dtc");
-  ASSERT_FALSE(empty.ok());
-  EXPECT_EQ(empty.message(), "truncated: expected at least 12 bytes, file has 0");
-
-  spit(dir / "ckpt-000000007.dtc", slurp(dir / "ckpt-000000001.dtc") + "extra");
-  auto overlong = checkpoint_store::load(dir / "ckpt-000000007.dtc");
-  ASSERT_FALSE(overlong.ok());
-  EXPECT_NE(overlong.message().find("trailing data"), std::string::npos) << overlong.message();
-
-  auto missing = checkpoint_store::load(dir / "ckpt-000000006.dtc");
+  commit_ok(store, meta_at(1));
+  auto m = write_parts(store, meta_at(2), stream_for(2), 2);
+  ASSERT_TRUE(store.objects().remove(m.parts(1).name()));
+  auto missing = store.commit(m);
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.message().find("No such file or directory"), std::string::npos) << missing.message();
-
-  std::vector<std::string> skipped;
-  auto loaded = store.load_newest_valid([&](const std::string& p, const std::string&) { skipped.push_back(p); });
-  ASSERT_TRUE(loaded.ok() && loaded->has_value());
-  EXPECT_EQ((*loaded)->meta.step(), 1);
-  EXPECT_EQ(skipped, (std::vector<std::string>{dir / "ckpt-000000009.dtc", dir / "ckpt-000000008.dtc",
-                                               dir / "ckpt-000000007.dtc"}));
+  EXPECT_EQ(missing.message(), "checkpoint not saved: part '" + part_name(2, 1, 1, 2) + "' is missing in " + store.location() +
+                                   " (every node and the coordinator must reach the same checkpoint store: a shared directory or s3://)");
+  m = write_parts(store, meta_at(3), stream_for(3), 2);
+  spit(dir / m.parts(0).name(), "short");
+  auto short_part = store.commit(m);
+  ASSERT_FALSE(short_part.ok());
+  EXPECT_NE(short_part.message().find("is 5 bytes, the manifest says"), std::string::npos) << short_part.message();
+  EXPECT_EQ(store.list().size(), 1u);
+  EXPECT_EQ(newest(store)->step(), 1);
 }
 
-TEST(checkpoint_store, a_file_whose_name_and_meta_disagree_is_skipped) {
+TEST(checkpoint_store, a_corrupt_or_truncated_part_is_skipped_reported_and_kept) {
+  temp_dir dir;
+  auto store = open_store(dir.path(), {5, false, "", true});
+  commit_ok(store, meta_at(1));
+  commit_ok(store, meta_at(2));
+  commit_ok(store, meta_at(3));
+  // Step 3: a flipped byte in the second part; step 2: the first part cut short.
+  std::string bytes = slurp(dir / part_name(3, 1, 1, 2));
+  bytes[bytes.size() / 2] ^= 0x20;
+  spit(dir / part_name(3, 1, 1, 2), bytes);
+  bytes = slurp(dir / part_name(2, 1, 0, 2));
+  spit(dir / part_name(2, 1, 0, 2), bytes.substr(0, 100));
+  std::vector<std::string> skipped;
+  auto n = newest(store, &skipped);
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(n->step(), 1);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_EQ(skipped[0], store.location() + "/" + manifest_name(3) + ": checksum mismatch in part '" + part_name(3, 1, 1, 2) + "'");
+  EXPECT_EQ(skipped[1], store.location() + "/" + manifest_name(2) + ": part '" + part_name(2, 1, 0, 2) + "' is 100 bytes, the manifest says " +
+                            std::to_string(part_range(10000, 0, 2).second));
+  EXPECT_EQ(store.list().size(), 3u) << "nothing is deleted for being corrupt";
+  // Without checksums (a commit's cheap check) the flipped byte is not seen;
+  // reading the stream sees it.
+  auto m3 = store.read_manifest(manifest_name(3));
+  ASSERT_TRUE(m3.ok());
+  EXPECT_TRUE(store.verify(m3.value(), false).ok());
+  status st;
+  read_all(store, m3.value(), &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message(), "checksum mismatch in part '" + part_name(3, 1, 1, 2) + "'");
+}
+
+TEST(checkpoint_store, bad_manifests_give_one_clear_reason) {
   temp_dir dir;
   auto store = open_store(dir.path());
-  save_ok(store, meta_at(1));
-  auto path = save_ok(store, meta_at(2));
-  fs::copy_file(path, dir / "ckpt-000000005.dtc");
-  std::vector<std::string> reasons;
-  auto loaded = store.load_newest_valid([&](const std::string&, const std::string& why) { reasons.push_back(why); });
-  ASSERT_TRUE(loaded.ok() && loaded->has_value());
-  EXPECT_EQ((*loaded)->meta.step(), 2);
-  ASSERT_EQ(reasons.size(), 1u);
-  EXPECT_EQ(reasons[0], "file name says step 5 but its meta says step 2");
+  commit_ok(store, meta_at(4));
+  const std::string good = slurp(dir / manifest_name(4));
+  EXPECT_EQ(good.substr(0, 8), "DTACMAN2");
+  auto reason = [&](const std::string& bytes) {
+    spit(dir / manifest_name(4), bytes);
+    auto m = store.read_manifest(manifest_name(4));
+    EXPECT_FALSE(m.ok());
+    return m.ok() ? std::string() : m.message();
+  };
+  std::string flipped = good;
+  flipped[20] ^= 1;
+  EXPECT_EQ(reason(flipped), "manifest checksum mismatch");
+  EXPECT_EQ(reason("garbage!garbage!"), "not a dtactor checkpoint manifest (bad magic)");
+  EXPECT_EQ(reason(""), "not a dtactor checkpoint manifest (bad magic)");
+  EXPECT_NE(reason(good.substr(0, good.size() - 3)).find("manifest truncated"), std::string::npos);
+  EXPECT_NE(reason(good + "x").find("trailing data"), std::string::npos);
+  EXPECT_NE(reason("DTACKPT1" + std::string(40, '\0')).find("old single-file format"), std::string::npos);
+  // A manifest under another step's name.
+  spit(dir / manifest_name(4), good);
+  spit(dir / manifest_name(5), good);
+  auto renamed = store.read_manifest(manifest_name(5));
+  ASSERT_FALSE(renamed.ok());
+  EXPECT_EQ(renamed.message(), "name says step 5 but the manifest says step 4");
+  // Random bytes never crash the reader.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::string b = good;
+    for (int k = 0; k < 3; ++k) b[rng() % b.size()] = static_cast<char>(rng());
+    if (rng() % 4 == 0) b.resize(rng() % b.size());
+    spit(dir / manifest_name(6), b);
+    (void)store.read_manifest(manifest_name(6));
+  }
+}
+
+TEST(checkpoint_store, manifest_structure_is_checked) {
+  auto base = [] {
+    pb::checkpoint_meta m = meta_at(1);
+    m.set_format_version(checkpoint_format_version);
+    m.set_state_bytes(100);
+    auto* p = m.add_parts();
+    p->set_name("a");
+    p->set_size(60);
+    p = m.add_parts();
+    p->set_name("b");
+    p->set_offset(60);
+    p->set_size(40);
+    auto* t = m.add_tensors();
+    t->set_name("w");
+    t->set_dtype("float32");
+    t->add_shape(5);
+    t->add_shape(5);
+    t->set_size(100);
+    return m;
+  };
+  EXPECT_TRUE(check_manifest(base()).ok());
+  auto m = base();
+  m.mutable_parts(1)->set_offset(61);
+  EXPECT_EQ(check_manifest(m).message(), "part 'b' starts at byte 61, expected 60");
+  m = base();
+  m.set_state_bytes(101);
+  EXPECT_EQ(check_manifest(m).message(), "parts cover 100 bytes of a 101-byte state");
+  m = base();
+  m.mutable_tensors(0)->set_dtype("complex32");
+  EXPECT_EQ(check_manifest(m).message(), "tensor 'w' has unknown dtype 'complex32'");
+  m = base();
+  m.mutable_tensors(0)->set_shape(1, 6);
+  EXPECT_EQ(check_manifest(m).message(), "tensor 'w' is 100 bytes, its shape and dtype say otherwise");
+  m = base();
+  m.mutable_tensors(0)->set_offset(4);
+  EXPECT_EQ(check_manifest(m).message(), "tensor 'w' lies outside the state");
+  m = base();
+  m.mutable_parts(0)->set_name("../x");
+  EXPECT_EQ(check_manifest(m).message(), "a part has a bad name '../x'");
+  m = base();
+  m.set_format_version(1);
+  EXPECT_EQ(check_manifest(m).message(), "unsupported checkpoint format version 1 (this build reads 2)");
+}
+
+TEST(checkpoint_store, generation_fencing_refuses_an_older_generation) {
+  temp_dir dir;
+  auto store = open_store(dir.path());
+  commit_ok(store, meta_at(10, 5));
+  auto zombie = store.commit(write_parts(store, meta_at(11, 3), stream_for(11), 2));
+  ASSERT_FALSE(zombie.ok());
+  EXPECT_EQ(zombie.message(), "refusing checkpoint from generation 3: generation 5 already committed here");
+  auto zombie_same_step = store.commit(write_parts(store, meta_at(10, 4), stream_for(99), 2));
+  ASSERT_FALSE(zombie_same_step.ok());
+  EXPECT_EQ(newest(store)->generation(), 5u);
+  EXPECT_EQ(read_all(store, *newest(store)), stream_for(10));
+  commit_ok(store, meta_at(12, 5));
+  commit_ok(store, meta_at(13, 6));
+  EXPECT_EQ(store.newest_generation(), 6u);
+  // Another store (a restarted coordinator) sees the same fence.
+  auto other = open_store(dir.path());
+  EXPECT_FALSE(other.commit(write_parts(other, meta_at(14, 5), stream_for(14), 1)).ok());
 }
 
 TEST(checkpoint_store, empty_directory_has_no_checkpoint) {
   temp_dir dir;
-  auto store = open_store(dir / "not/yet/there");
-  EXPECT_TRUE(fs::is_directory(dir / "not/yet/there"));
-  spit(dir / "not/yet/there/notes.txt", "unrelated");
-  int skips = 0;
-  auto loaded = store.load_newest_valid([&](const std::string&, const std::string&) { ++skips; });
-  ASSERT_TRUE(loaded.ok()) << loaded.message();
-  EXPECT_FALSE(loaded->has_value());
-  EXPECT_EQ(skips, 0);
+  auto store = open_store(dir.path());
+  EXPECT_FALSE(newest(store).has_value());
   EXPECT_TRUE(store.list().empty());
   EXPECT_EQ(store.newest_generation(), 0u);
 }
@@ -373,73 +441,65 @@ class faulty_env : public fs_env {
   fault fault_;
 };
 
-TEST(checkpoint_store, failed_write_keeps_the_old_checkpoint_and_leaves_no_temp_file) {
+TEST(checkpoint_store, a_failed_part_write_leaves_no_temp_file_and_the_old_checkpoint_whole) {
   temp_dir dir;
   auto store = open_store(dir.path());
-  auto old_path = save_ok(store, meta_at(1));
-  const std::string old_bytes = slurp(old_path);
-
+  commit_ok(store, meta_at(1));
+  const auto before = file_names(dir.path());
   const std::vector<std::pair<faulty_env::fault, std::string>> cases = {
       {faulty_env::fault::disk_full, "No space left on device"},
       {faulty_env::fault::sync_fails, "Input/output error"},
       {faulty_env::fault::rename_fails, "Input/output error"}};
   for (const auto& [fault, reason] : cases) {
     faulty_env env(fault);
-    auto faulty = checkpoint_store::open(dir.path(), {}, env);
-    ASSERT_TRUE(faulty.ok()) << faulty.message();
-    for (int64_t step : {1, 2}) {  // replacing the same step, and a new one
-      auto saved = faulty->save(meta_at(step), {{"model", std::string(10000, 'n')}});
-      ASSERT_FALSE(saved.ok());
-      EXPECT_NE(saved.message().find(dir / checkpoint_file_name(step)), std::string::npos) << saved.message();
-      EXPECT_NE(saved.message().find(reason), std::string::npos) << saved.message();
-      EXPECT_EQ(file_names(dir.path()), std::set<std::string>{"ckpt-000000001.dtc"});
-      EXPECT_EQ(slurp(old_path), old_bytes);
-    }
+    auto faulty = open_store(dir.path(), {}, env);
+    const std::string data(20000, 'n');
+    auto part = write_part(faulty.objects(), part_name(2, 1, 0, 1), 0, data.data(), data.size());
+    ASSERT_FALSE(part.ok());
+    EXPECT_NE(part.message().find(dir / part_name(2, 1, 0, 1)), std::string::npos) << part.message();
+    EXPECT_NE(part.message().find(reason), std::string::npos) << part.message();
+    EXPECT_EQ(file_names(dir.path()), before);
+    // A manifest that cannot be written commits nothing either.
+    auto m = write_parts(store, meta_at(3), stream_for(3), 1);
+    auto done = faulty.commit(m);
+    ASSERT_FALSE(done.ok());
+    EXPECT_EQ(faulty.list().size(), 1u);
+    ASSERT_TRUE(store.objects().remove(m.parts(0).name()));
   }
-  auto loaded = store.load_newest_valid(nullptr);
-  ASSERT_TRUE(loaded.ok() && loaded->has_value());
-  EXPECT_EQ((*loaded)->sections.at("model"), "weights@1");
-}
-
-TEST(checkpoint_store, saving_the_same_step_again_replaces_it) {
-  temp_dir dir;
-  auto store = open_store(dir.path());
-  save_ok(store, meta_at(5));
-  auto again = store.save(meta_at(5), {{"model", "second"}});
-  ASSERT_TRUE(again.ok()) << again.message();
-  EXPECT_EQ(file_names(dir.path()), std::set<std::string>{"ckpt-000000005.dtc"});
-  auto loaded = checkpoint_store::load(*again);
-  ASSERT_TRUE(loaded.ok()) << loaded.message();
-  EXPECT_EQ(loaded->sections.at("model"), "second");
-  EXPECT_EQ(loaded->sections.count("optimizer"), 0u);
-}
-
-TEST(checkpoint_store, generation_fencing_refuses_an_older_generation) {
-  temp_dir dir;
-  auto store = open_store(dir.path());
-  save_ok(store, meta_at(10, 5));
-  auto zombie = store.save(meta_at(11, 3), sections_for(11));
-  ASSERT_FALSE(zombie.ok());
-  EXPECT_EQ(zombie.message(), "refusing checkpoint from generation 3: generation 5 already wrote here");
-  auto zombie_same_step = store.save(meta_at(10, 4), {{"model", "stale"}});
-  ASSERT_FALSE(zombie_same_step.ok());
-  EXPECT_EQ(file_names(dir.path()), std::set<std::string>{"ckpt-000000010.dtc"});
-  EXPECT_EQ(checkpoint_store::load(dir / "ckpt-000000010.dtc")->sections.at("model"), "weights@10");
-
-  save_ok(store, meta_at(12, 5));
-  save_ok(store, meta_at(13, 6));
-  EXPECT_EQ(store.newest_generation(), 6u);
-  // Another store (a restarted process) sees the same fence.
-  auto other = open_store(dir.path());
-  EXPECT_FALSE(other.save(meta_at(14, 5), sections_for(14)).ok());
+  EXPECT_EQ(read_all(store, *newest(store)), stream_for(1));
 }
 
 TEST(checkpoint_store, open_removes_temp_files_of_a_dead_writer) {
   temp_dir dir;
-  spit(dir / "ckpt-000000003.dtc.tmp.999999999.0", "half");
-  spit(dir / "notes.tmp.1.2", "not ours");
+  spit(dir / "ckpt-000000003.g1.r0-of-2.part.tmp.999999999.0", "half");
+  spit(dir / "notes.txt", "not ours");
   auto store = open_store(dir.path());
-  EXPECT_EQ(file_names(dir.path()), std::set<std::string>{"notes.tmp.1.2"});
+  EXPECT_EQ(file_names(dir.path()), std::set<std::string>{"notes.txt"});
+}
+
+TEST(checkpoint_store, targets_of_eval_and_export) {
+  temp_dir run;
+  const std::string ckdir = run / "checkpoints";
+  auto store = open_store(ckdir);
+  commit_ok(store, meta_at(7));
+  commit_ok(store, meta_at(9));
+  auto by_run = open_checkpoint_target(run.path(), {});
+  ASSERT_TRUE(by_run.ok()) << by_run.message();
+  EXPECT_EQ(by_run->meta.step(), 9);
+  auto by_dir = open_checkpoint_target(ckdir, {});
+  ASSERT_TRUE(by_dir.ok()) << by_dir.message();
+  EXPECT_EQ(by_dir->meta.step(), 9);
+  auto by_file = open_checkpoint_target(ckdir + "/" + manifest_name(7), {});
+  ASSERT_TRUE(by_file.ok()) << by_file.message();
+  EXPECT_EQ(by_file->meta.step(), 7);
+  EXPECT_EQ(read_all(*by_file->store, by_file->meta), stream_for(7));
+  auto missing = open_checkpoint_target(run / "nope", {});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.message(), "'" + (run / "nope") + "': no such checkpoint, checkpoint directory or run directory");
+  temp_dir empty;
+  auto none = open_checkpoint_target(empty.path(), {});
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.message().find("no valid checkpoint in"), std::string::npos) << none.message();
 }
 
 TEST(fs_atomic, temp_names_are_recognised) {

@@ -85,7 +85,7 @@ expect_error "local with no nodes" "--nodes must be" local --nodes 0 --run-dir "
 expect_error "coordinator with bad config" "unknown config key" --role coordinator --listen tcp://127.0.0.1:1 --set train.nope=1 --run-dir "$work/rc"
 expect_error "suspect timeout shorter than a heartbeat" "cluster.suspect_timeout_ms .50. must be larger" --role coordinator --listen tcp://127.0.0.1:1 --set cluster.suspect_timeout_ms=50 --run-dir "$work/rc"
 expect_error "bad fault injection mode" "not in .crash,hang,leave,rank-crash" --role node --coordinator tcp://127.0.0.1:1 --fail-mode bogus
-expect_error "eval of nothing" "does not exist" eval "$work/none.dtc"
+expect_error "eval of nothing" "no such checkpoint, checkpoint directory or run directory" eval "$work/none.manifest"
 # expect_code NAME CODE ARGS...: the exit code itself (2 bad command line or config, 1 otherwise)
 expect_code() {
   local name=$1 code=$2
@@ -118,8 +118,8 @@ fi
 expect_error "checkpoint of another model" "written by model 'vit'" train --set model.name=gpt --set data.max_text_bytes=200000 --set train.max_steps=3 \
   --set train.threads=1 --run-dir "$work/good"
 expect_error "checkpoint of another architecture" "different model" train "${tiny[@]}" --set model.dim=32 --run-dir "$work/good"
-echo "garbage" >"$work/garbage.dtc"
-expect_error "garbage checkpoint" "not a dtactor checkpoint|garbage|magic|truncated" eval "$work/garbage.dtc"
+echo "garbage" >"$work/garbage.manifest"
+expect_error "garbage checkpoint" "not a dtactor checkpoint|garbage|magic|truncated" eval "$work/garbage.manifest"
 expect_ok "eval of a run dir" "step 3 .*accuracy=" eval "$work/good" --set eval.max_samples=200
 # The log book of that run, and bad input to `report`.
 expect_ok "report of a train run" "wrote .*report.md and .*loss.svg" report "$work/good"

@@ -100,10 +100,11 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
     if (with_writer) {
       checkpoint_writer_options wo;
       wo.events = jo.events;
-      wo.save = [this](uint64_t generation, const pb::checkpoint_data& d) -> result<saved_checkpoint> {
+      wo.commit = [this](pb::checkpoint_meta m) -> result<saved_checkpoint> {
         if (fail_saves) return make_error("disk full");
-        saved.emplace_back(generation, d.step());
-        return saved_checkpoint{"ckpt-" + std::to_string(d.step()), 100, 0.5};
+        saved.emplace_back(m.generation(), m.step());
+        manifests.push_back(m);
+        return saved_checkpoint{"ckpt-" + std::to_string(m.step()), static_cast<int64_t>(m.state_bytes()), 0.5};
       };
       writer = spawn(checkpoint_writer, wo);
     }
@@ -171,7 +172,8 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
   bool with_writer = false;
   bool fail_saves = false;
   caf::actor writer;
-  std::vector<std::pair<uint64_t, int64_t>> saved;  // (generation, step) the fake store saved
+  std::vector<std::pair<uint64_t, int64_t>> saved;  // (generation, step) the fake store committed
+  std::vector<pb::checkpoint_meta> manifests;        // what it was given
 };
 
 TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_plan) {
@@ -737,13 +739,31 @@ inbound finished_from(const std::string& node_id, int32_t global_rank, int64_t s
   return in;
 }
 
-inbound checkpoint_from(const std::string& node_id, int64_t step, uint64_t generation) {
+// A rank's report that it stored its part of the checkpoint at `step`
+// (1000 state bytes split evenly), or (with `error`) that it could not.
+inbound checkpoint_from(const std::string& node_id, int64_t step, uint64_t generation, int32_t rank = 0, int32_t world = 1,
+                        const std::string& error = "") {
   inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, 1, generation)};
-  auto* d = in.env.mutable_checkpoint_data();
-  d->set_step(step);
-  auto* sec = d->add_sections();
-  sec->set_name("model");
-  sec->set_data("weights@" + std::to_string(step));
+  auto* w = in.env.mutable_checkpoint_written();
+  w->set_step(step);
+  w->set_global_rank(rank);
+  w->set_world_size(world);
+  w->set_stall_s(0.01 * (rank + 1));
+  w->set_write_s(0.5 * (rank + 1));
+  if (!error.empty()) {
+    w->set_error(error);
+    return in;
+  }
+  auto* p = w->mutable_part();
+  p->set_name("part-" + std::to_string(step) + "-" + std::to_string(rank));
+  p->set_offset(static_cast<uint64_t>(1000 / world * rank));
+  p->set_size(static_cast<uint64_t>(1000 / world));
+  if (rank == 0) {
+    pb::checkpoint_meta m;
+    m.set_step(step);
+    m.set_state_bytes(1000);
+    w->set_meta(m.SerializeAsString());
+  }
   return in;
 }
 
@@ -928,15 +948,54 @@ TEST_F(coordinator_actors, checkpoints_are_saved_before_the_end_and_the_newest_g
   auto p = last_plan("peer-a");
   EXPECT_GE(p.generation(), 2u);
   EXPECT_EQ(p.state_root(), 0);
-  pb::checkpoint_data d;
-  ASSERT_TRUE(d.ParseFromString(p.checkpoint()));
-  EXPECT_EQ(d.step(), 3);
+  EXPECT_EQ(p.checkpoint_step(), 3);
   // The final checkpoint is saved before the end is announced.
   send(checkpoint_from("a", 5, p.generation()));
   send(finished_from("a", 0, 5, p.generation(), "d"));
   ASSERT_EQ(of<ev::job_ended>().size(), 1u);
   EXPECT_LT(index_of<ev::checkpoint_saved>(events), index_of<ev::job_ended>(events));
   EXPECT_EQ(of<ev::checkpoint_saved>().back().step, 5);
+}
+
+TEST_F(coordinator_actors, a_checkpoint_is_committed_once_every_rank_stored_its_part) {
+  with_writer = true;
+  start(coord_opts(1), 50);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  const uint64_t gen = last_plan("peer-a").generation();
+  ASSERT_EQ(last_plan("peer-a").world_size(), 2);
+  send(checkpoint_from("b", 4, gen, 1, 2));
+  EXPECT_TRUE(saved.empty()) << "rank 0's part (and the manifest body) is still out";
+  send(checkpoint_from("a", 4, gen, 0, 2));
+  ASSERT_EQ(saved.size(), 1u);
+  const auto& m = manifests[0];
+  EXPECT_EQ(m.generation(), gen) << "the fence is the envelope's generation, not what a rank wrote";
+  EXPECT_EQ(m.world_size(), 2);
+  ASSERT_EQ(m.parts_size(), 2);
+  EXPECT_EQ(m.parts(0).name(), "part-4-0");
+  EXPECT_EQ(m.parts(1).name(), "part-4-1");
+  auto ev = of<ev::checkpoint_saved>();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].parts, 2);
+  EXPECT_DOUBLE_EQ(ev[0].stall_s, 0.02) << "the slowest rank's";
+  EXPECT_DOUBLE_EQ(ev[0].write_s, 1.0);
+  EXPECT_DOUBLE_EQ(ev[0].bytes_per_s, 1000.0);
+  EXPECT_EQ(ms().newest_checkpoint_step, 4);
+
+  // A rank that could not store its part: reported once, never committed.
+  send(checkpoint_from("a", 8, gen, 0, 2));
+  send(checkpoint_from("b", 8, gen, 1, 2, "cannot write '/ckpt/x' (write): No space left on device"));
+  EXPECT_EQ(saved.size(), 1u);
+  auto failed = of<ev::checkpoint_failed>();
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].step, 8);
+  EXPECT_EQ(failed[0].reason, "rank 1 (b) could not store its part: cannot write '/ckpt/x' (write): No space left on device");
+  EXPECT_EQ(ms().newest_checkpoint_step, 4);
+
+  // Parts of an older generation are fenced off by the job actor.
+  send(checkpoint_from("a", 12, gen - 1, 0, 1));
+  EXPECT_EQ(saved.size(), 1u);
 }
 
 TEST_F(coordinator_actors, a_checkpoint_the_store_refuses_is_reported_and_not_offered_to_plans) {

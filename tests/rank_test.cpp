@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "rank/agreement.hpp"
 #include "rank/rank_worker.hpp"
 #include "rank/step_policy.hpp"
+#include "runtime/checkpoint_store.hpp"
 #include "runtime/rendezvous_store.hpp"
 #include "runtime/zmq_bridge.hpp"
 #include "test_util.hpp"
@@ -70,16 +72,19 @@ struct reports {
   std::condition_variable cv;
   std::vector<std::pair<int, pb::rank_status>> statuses;  // (local rank, status)
   std::map<int, int64_t> last_step;                       // local rank -> last reported step
-  std::vector<std::pair<int, int64_t>> checkpoints;       // (local rank, step) of each checkpoint sent
+  std::vector<std::pair<int, pb::checkpoint_written>> checkpoints;  // (local rank, report) of each part stored
+  std::vector<std::pair<int, std::string>> order;                    // (local rank, "checkpoint N" / "status S") as reported
   rank_work_callbacks for_rank(int local) {
     rank_work_callbacks cb;
-    cb.on_checkpoint = [this, local](uint64_t, pb::checkpoint_data d) {
+    cb.on_checkpoint = [this, local](uint64_t, pb::checkpoint_written w) {
       std::lock_guard<std::mutex> lock(mu);
-      checkpoints.emplace_back(local, d.step());
+      order.emplace_back(local, "checkpoint " + std::to_string(w.step()));
+      checkpoints.emplace_back(local, std::move(w));
       cv.notify_all();
     };
     cb.on_status = [this, local](uint64_t, pb::rank_status s) {
       std::lock_guard<std::mutex> lock(mu);
+      order.emplace_back(local, "status " + pb::rank_status::state_Name(s.status()));
       statuses.emplace_back(local, std::move(s));
       cv.notify_all();
     };
@@ -111,8 +116,11 @@ struct reports {
   }
 };
 
-pb::generation_plan plan_of(uint64_t g, const std::vector<int>& locals, int port, const std::string& config_toml, bool drain) {
+pb::generation_plan plan_of(uint64_t g, const std::vector<int>& locals, int port, const std::string& config_toml, bool drain,
+                            const std::string& checkpoints = "") {
   pb::generation_plan p;
+  p.set_checkpoint_store(checkpoints);
+  p.set_checkpoint_step(-1);
   p.set_generation(g);
   p.set_world_size(static_cast<int32_t>(locals.size()));
   p.set_store_host("127.0.0.1");
@@ -155,6 +163,10 @@ class rank_workers : public ::testing::Test {
     toml = dtactor::testing::tiny_vit_config(
                {"train.max_steps=" + std::to_string(max_steps), "train.log_every_steps=1", "cluster.shm_allreduce=false"})
                .to_toml();
+    ckpt_dir = ::testing::TempDir() + "/rank-test-ckpt-" + std::to_string(::getpid()) + "-" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(ckpt_dir);
+    std::filesystem::create_directories(ckpt_dir);
     a = std::make_unique<rank_worker>(worker_opts(0), seen.for_rank(0));
     b = std::make_unique<rank_worker>(worker_opts(1), seen.for_rank(1));
     pb::generation_plan warm;
@@ -162,10 +174,15 @@ class rank_workers : public ::testing::Test {
     ASSERT_TRUE(a->offer(warm));
     ASSERT_TRUE(b->offer(warm));
   }
-  pb::generation_plan plan(uint64_t g, const std::vector<int>& locals, bool drain) { return plan_of(g, locals, port, toml, drain); }
+  pb::generation_plan plan(uint64_t g, const std::vector<int>& locals, bool drain) { return plan_of(g, locals, port, toml, drain, ckpt_dir); }
+  void TearDown() override {
+    a.reset();
+    b.reset();
+    std::filesystem::remove_all(ckpt_dir);
+  }
 
   int port = 0;
-  std::string toml;
+  std::string toml, ckpt_dir;
   std::unique_ptr<rendezvous_store> store;  // outlives the workers (declared first)
   reports seen;
   std::unique_ptr<rank_worker> a, b;
@@ -191,6 +208,8 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   ASSERT_TRUE(ready_b);
   EXPECT_EQ(ready_b->state_source(), "peer");
   EXPECT_EQ(ready_b->state_root(), 0);
+  EXPECT_GT(ready_b->state_bytes(), 0u);
+  EXPECT_GT(ready_b->state_transfer_s(), 0.0);
   EXPECT_GE(ready_b->step(), 5);
   EXPECT_LT(ready_b->step(), 30);
 
@@ -204,9 +223,11 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
 }
 
 // A stop with a final checkpoint may reach one rank a moment before the
-// other: every rank stops at the same step, and rank 0 writes the final
-// checkpoint even though only its peer was asked for one so far.
-TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_at_one_step_with_rank_0s_final_checkpoint) {
+// other: every rank stops at the same step, and every rank stores its part
+// of the final checkpoint (even the one not asked yet) before it reports
+// FINISHED. The parts make a checkpoint whose state is the ranks' own, and
+// one rank alone resumes from it (another world size).
+TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_final_checkpoint_that_one_rank_resumes_from) {
   start(100000);
   const auto g1 = plan(1, {0, 1}, false);
   ASSERT_TRUE(a->offer(g1));
@@ -216,9 +237,57 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_at_one_step_with_rank_0
   auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
   auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done_a && done_b);
-  EXPECT_EQ(done_a->step(), done_b->step());
-  EXPECT_LT(done_a->step(), 100000);
-  std::lock_guard<std::mutex> lock(seen.mu);
-  ASSERT_FALSE(seen.checkpoints.empty());
-  EXPECT_EQ(seen.checkpoints.back(), std::make_pair(0, done_a->step()));
+  const int64_t step = done_a->step();
+  EXPECT_EQ(step, done_b->step());
+  EXPECT_LT(step, 100000);
+
+  // Each rank: its part of step `step`, stored, before its FINISHED.
+  pb::checkpoint_meta meta;
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (int local : {0, 1}) {
+      std::vector<std::string> mine;
+      for (const auto& [l, what] : seen.order)
+        if (l == local) mine.push_back(what);
+      auto fin = std::find(mine.begin(), mine.end(), "status STATE_FINISHED");
+      auto ck = std::find(mine.begin(), mine.end(), "checkpoint " + std::to_string(step));
+      ASSERT_NE(ck, mine.end()) << "rank " << local << " stored no part of the final checkpoint";
+      EXPECT_LT(ck - mine.begin(), fin - mine.begin());
+    }
+    std::map<int32_t, pb::checkpoint_part> parts;
+    for (const auto& [l, w] : seen.checkpoints) {
+      if (w.step() != step) continue;
+      ASSERT_TRUE(w.error().empty()) << w.error();
+      EXPECT_EQ(w.world_size(), 2);
+      parts[w.global_rank()] = w.part();
+      if (w.global_rank() == 0) ASSERT_TRUE(meta.ParseFromString(w.meta()));
+    }
+    ASSERT_EQ(parts.size(), 2u);
+    for (auto& [r, p] : parts) *meta.add_parts() = p;
+  }
+  meta.set_generation(1);
+  auto store = checkpoint_store::open(ckpt_dir, {});
+  ASSERT_TRUE(store) << store.message();
+  auto committed = store->commit(meta);
+  ASSERT_TRUE(committed) << committed.message();
+
+  // One rank, a fresh process's worker, resumes from it: the same state.
+  const std::string toml_at = dtactor::testing::tiny_vit_config(
+                                  {"train.max_steps=" + std::to_string(step), "train.log_every_steps=1", "cluster.shm_allreduce=false"})
+                                  .to_toml();
+  reports alone;
+  rank_worker c(worker_opts(0), alone.for_rank(0));
+  pb::generation_plan warm;
+  warm.set_config_toml(toml_at);
+  ASSERT_TRUE(c.offer(warm));
+  auto p = plan_of(1, {0}, port, toml_at, false, ckpt_dir);
+  p.set_checkpoint_step(step);
+  ASSERT_TRUE(c.offer(p));
+  auto ready = alone.wait_for(0, pb::rank_status::STATE_READY);
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->state_source(), "disk");
+  EXPECT_EQ(ready->step(), step);
+  auto done = alone.wait_for(0, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->detail(), done_a->detail()) << "the checkpoint holds the ranks' parameters";
 }

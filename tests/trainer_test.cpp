@@ -79,10 +79,12 @@ TEST(Trainer, CorruptNewestCheckpointIsSkippedAndReported) {
   auto opts = quiet(d.path());
   opts.stop_at_step = 8;
   ASSERT_TRUE(run_training(cfg, opts));
-  // Truncate the newest checkpoint (step 8) as a crash mid-copy would.
-  const std::string newest = d.path() + "/checkpoints/ckpt-000000008.dtc";
+  // Truncate the newest checkpoint's part (step 8) as a crash mid-copy would.
+  const std::string newest = d.path() + "/checkpoints/ckpt-000000008.manifest";
+  const std::string part = d.path() + "/checkpoints/ckpt-000000008.g0.r0-of-1.part";
   ASSERT_TRUE(std::filesystem::exists(newest));
-  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
+  ASSERT_TRUE(std::filesystem::exists(part));
+  std::filesystem::resize_file(part, std::filesystem::file_size(part) / 2);
   auto r = run_training(cfg, quiet(d.path()));
   ASSERT_TRUE(r) << r.message();
   auto j = read_journal(d.path() + "/journal.jsonl");

@@ -68,7 +68,8 @@ pb::envelope sample(pb::envelope::BodyCase body) {
       }
       m->set_start_step(500);
       m->set_state_root(1);
-      m->set_checkpoint(std::string("\0\1\2binary\xff", 10));
+      m->set_checkpoint_store("/mnt/shared/ckpt");
+      m->set_checkpoint_step(400);
       m->set_config_toml("[model]\n");
       break;
     }
@@ -105,13 +106,18 @@ pb::envelope sample(pb::envelope::BodyCase body) {
       m->set_duration_s(2.5);
       break;
     }
-    case pb::envelope::kCheckpointData: {
-      auto* m = env.mutable_checkpoint_data();
+    case pb::envelope::kCheckpointWritten: {
+      auto* m = env.mutable_checkpoint_written();
       m->set_step(700);
-      m->set_meta("meta-bytes");
-      auto* b = m->add_sections();
-      b->set_name("model");
-      b->set_data(std::string(4096, '\x5a'));
+      m->set_global_rank(1);
+      m->set_world_size(2);
+      m->set_meta(std::string("\0meta\xff", 6));
+      m->mutable_part()->set_name("ckpt-000000700.g3.r1-of-2.part");
+      m->mutable_part()->set_offset(4096);
+      m->mutable_part()->set_size(4000);
+      m->mutable_part()->set_xxh3(0x0123456789abcdefULL);
+      m->set_stall_s(0.01);
+      m->set_write_s(0.5);
       break;
     }
     case pb::envelope::kLeave: {
