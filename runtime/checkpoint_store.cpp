@@ -249,7 +249,7 @@ status checkpoint_store::verify(const pb::checkpoint_meta& meta, bool checksums)
   for (const auto& p : meta.parts()) {
     auto size = objects_->size_of(p.name());
     if (!size) return size.err();
-    if (!size.value()) return make_error("part '" + p.name() + "' is missing");
+    if (!size.value()) return make_error("part '" + p.name() + "'" + (p.node_id().empty() ? "" : " (written on node '" + p.node_id() + "')") + " is missing");
     if (*size.value() != p.size())
       return make_error("part '" + p.name() + "' is " + std::to_string(*size.value()) + " bytes, the manifest says " + std::to_string(p.size()));
   }
