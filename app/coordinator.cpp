@@ -79,7 +79,8 @@ int run_coordinator(const cluster_cli& cli) {
   if (auto st = write_file_atomic(cli.run_dir + "/config.toml", {config_text}); !st) return fail(st.message());
   run_observer obs(run_observer::options{cli.run_dir, max_steps, progress::stderr_is_terminal(), cli.run_dir + "/train.log"});
 
-  auto opened = checkpoint_store::open(checkpoint_dir_of(cfg, cli.run_dir), checkpoint_policy_of(cfg));
+  auto opened = checkpoint_store::open(checkpoint_dir_of(cfg, cli.run_dir), checkpoint_policy_of(cfg), default_fs_env(),
+                                       cfg.get_string("checkpoint.s3_endpoint"));
   if (!opened) return fail(opened.message());
   checkpoint_store store = std::move(opened.value());
 

@@ -33,7 +33,7 @@ ckdir = a.checkpoint_dir or os.path.join(run, "checkpoints")
 port = 29000 + os.getpid() % 500
 sets = ["model.name=gpt", f"model.dim={a.dim}", f"model.layers={a.layers}", f"model.heads={a.heads}", "model.context=32",
         "train.global_batch_size=4", "train.micro_batch_size=2", "train.warmup_steps=2", "train.log_every_steps=1",
-        "checkpoint.every_steps=2", "checkpoint.keep_last=2", f"checkpoint.dir={ckdir}", "eval.every_steps=0",
+        "checkpoint.every_steps=2", "checkpoint.keep_last=2", f"checkpoint.dir={ckdir}", "eval.every_steps=0", "eval.max_samples=8",
         "data.max_text_bytes=2000000", "cluster.digest_every_steps=2"]
 
 

@@ -74,7 +74,7 @@ void part_writer::run() {
     w.set_stall_s(p.stall_s);
     auto& store = stores_[p.j.store];
     if (!store) {
-      auto opened = open_object_store(p.j.store);
+      auto opened = open_object_store(p.j.store, default_fs_env(), p.j.s3_endpoint);
       if (opened) store = std::shared_ptr<object_store>(std::move(opened.value()));
       else w.set_error("checkpoint store: " + opened.message());
     }

@@ -33,6 +33,7 @@ class part_writer {
     int rank = 0, world = 1;
     std::string node_id;
     std::string store;  // location (runtime/object_store.hpp)
+    std::string s3_endpoint;
     std::string meta;   // global rank 0: serialized checkpoint_meta without parts
   };
   // Called on the writer thread when a part is stored (or failed).

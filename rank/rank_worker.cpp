@@ -363,7 +363,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     // Nobody alive holds state: the newest committed checkpoint, read from
     // the store by this rank itself.
     const std::string name = manifest_name(g.plan.checkpoint_step());
-    auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store());
+    auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), impl_->cfg->get_string("checkpoint.s3_endpoint"));
     if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
     auto meta = store->read_manifest(name);
     if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
@@ -440,6 +440,7 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
   j.world = g.world;
   j.node_id = opts_.node_id;
   j.store = g.plan.checkpoint_store();
+  j.s3_endpoint = im.cfg->get_string("checkpoint.s3_endpoint");
   if (g.rank == 0) {
     auto meta = state.checkpoint_meta(eval_at_step, g.gen);
     describe_layout(layout, meta);

@@ -42,7 +42,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   training_state& state = *created.value();
   task& tk = state.the_task();
   const checkpoint_policy policy = checkpoint_policy_of(cfg);
-  auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy);
+  auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy, default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
   if (!store) return store.err();
 
   journal jn;
@@ -153,6 +153,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     part_writer::job j;
     j.step = state.step();
     j.store = store->location();
+    j.s3_endpoint = cfg.get_string("checkpoint.s3_endpoint");
     j.node_id = this_host_name();
     j.meta = meta.SerializeAsString();
     writer.submit(layout, std::move(j));

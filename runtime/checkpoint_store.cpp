@@ -190,11 +190,15 @@ status check_manifest(const pb::checkpoint_meta& meta) {
 
 // -- the store -----------------------------------------------------------------
 
-result<checkpoint_store> checkpoint_store::open(const std::string& location, checkpoint_policy policy, fs_env& env) {
+result<checkpoint_store> checkpoint_store::open(const std::string& location, checkpoint_policy policy, fs_env& env,
+                                                const std::string& s3_endpoint) {
   if (policy.keep_last < 1)
     return make_error("checkpoint.keep_last must be at least 1 (got " + std::to_string(policy.keep_last) + ")");
-  auto objects = open_object_store(location, env);
-  if (!objects) return make_error("checkpoint " + objects.message() + " (set checkpoint.dir to a writable directory)");
+  auto objects = open_object_store(location, env, s3_endpoint);
+  if (!objects) {
+    if (location.rfind("s3://", 0) == 0) return make_error("checkpoint store: " + objects.message());
+    return make_error("checkpoint " + objects.message() + " (set checkpoint.dir to a writable directory)");
+  }
   checkpoint_store store(std::shared_ptr<object_store>(std::move(objects.value())), std::move(policy));
   store.objects().sweep_stale_writes();
   int64_t newest = -1;
@@ -204,9 +208,9 @@ result<checkpoint_store> checkpoint_store::open(const std::string& location, che
   return store;
 }
 
-result<checkpoint_store> checkpoint_store::open_readonly(const std::string& location) {
+result<checkpoint_store> checkpoint_store::open_readonly(const std::string& location, const std::string& s3_endpoint) {
   if (location.rfind("s3://", 0) == 0) {
-    auto objects = open_object_store(location);
+    auto objects = open_object_store(location, default_fs_env(), s3_endpoint);
     if (!objects) return objects.err();
     return checkpoint_store(std::shared_ptr<object_store>(std::move(objects.value())), checkpoint_policy{});
   }
@@ -371,9 +375,15 @@ uint64_t checkpoint_store::newest_generation() {
 }
 
 result<checkpoint_target> open_checkpoint_target(const std::string& target,
-                                                 const std::function<void(const std::string&, const std::string&)>& on_skip) {
+                                                 const std::function<void(const std::string&, const std::string&)>& on_skip,
+                                                 const std::string& s3_endpoint) {
   std::string location = target, manifest;
   const bool s3 = target.rfind("s3://", 0) == 0;
+  if (s3 && target.size() > 9 && target.compare(target.size() - 9, 9, ".manifest") == 0) {
+    const auto slash = target.rfind('/');
+    location = target.substr(0, slash);
+    manifest = target.substr(slash + 1);
+  }
   std::error_code ec;
   if (!s3) {
     const std::filesystem::path p(target);
@@ -386,7 +396,7 @@ result<checkpoint_target> open_checkpoint_target(const std::string& target,
       return make_error("'" + target + "': no such checkpoint, checkpoint directory or run directory");
     }
   }
-  auto store = checkpoint_store::open_readonly(location);
+  auto store = checkpoint_store::open_readonly(location, s3_endpoint);
   if (!store) return store.err();
   checkpoint_target out;
   out.store = std::make_shared<checkpoint_store>(std::move(store.value()));

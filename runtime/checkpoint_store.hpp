@@ -80,9 +80,11 @@ class checkpoint_store {
   // writers' temp files and parts of steps up to the newest committed one
   // that no manifest references. Errors: keep_last < 1; "checkpoint
   // directory '/x' is not writable: Permission denied".
-  static result<checkpoint_store> open(const std::string& location, checkpoint_policy policy, fs_env& env = default_fs_env());
+  // `s3_endpoint`: see open_object_store.
+  static result<checkpoint_store> open(const std::string& location, checkpoint_policy policy, fs_env& env = default_fs_env(),
+                                       const std::string& s3_endpoint = "");
   // For reading only (eval, export): no probe, no sweep, nothing created.
-  static result<checkpoint_store> open_readonly(const std::string& location);
+  static result<checkpoint_store> open_readonly(const std::string& location, const std::string& s3_endpoint = "");
   // A store around an object store the caller made (tests).
   static checkpoint_store over(std::shared_ptr<object_store> objects, checkpoint_policy policy);
 
@@ -149,6 +151,7 @@ struct checkpoint_target {
   std::string name;  // location/manifest, for messages
 };
 result<checkpoint_target> open_checkpoint_target(const std::string& target,
-                                                 const std::function<void(const std::string&, const std::string&)>& on_skip);
+                                                 const std::function<void(const std::string&, const std::string&)>& on_skip,
+                                                 const std::string& s3_endpoint = "");
 
 }  // namespace dtactor

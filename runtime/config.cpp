@@ -63,7 +63,8 @@ std::vector<config_key> make_schema() {
       {"checkpoint.keep_last", vk::integer, "3", "Keep the newest N checkpoints.", 1},
       {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
       {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
-      {"checkpoint.dir", vk::string, "", "Where checkpoints go (empty = RUN_DIR/checkpoints)."},
+      {"checkpoint.dir", vk::string, "", "Where checkpoints go: a directory every node and the coordinator reach, or s3://bucket/prefix (empty = RUN_DIR/checkpoints)."},
+      {"checkpoint.s3_endpoint", vk::string, "", "S3-compatible server for s3:// checkpoint dirs, e.g. http://10.0.0.5:7480 (empty: AWS_ENDPOINT_URL, else AWS)."},
       // cluster (coordinator, nodes, ranks)
       {"cluster.min_nodes", vk::integer, "1", "Nodes (with a ready rank) the coordinator waits for before the job's first generation: the start gate, like torchrun's --nnodes MIN. Not a floor: see cluster.floor_nodes.", 1},
       {"cluster.floor_nodes", vk::integer, "1", "Once the job has started, the fewest nodes it keeps training with after losses; below it, it waits for nodes (journal: job_waiting). At most cluster.min_nodes.", 1},

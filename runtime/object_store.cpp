@@ -1,5 +1,7 @@
 #include "runtime/object_store.hpp"
 
+#include "runtime/s3_store.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -192,9 +194,12 @@ result<std::unique_ptr<object_store>> open_directory_store_readonly(const std::s
   return std::unique_ptr<object_store>(std::make_unique<dir_store>(abs, default_fs_env()));
 }
 
-result<std::unique_ptr<object_store>> open_object_store(const std::string& location, fs_env& env) {
-  if (location.rfind("s3://", 0) == 0)
-    return make_error("checkpoint location '" + location + "': S3 stores are not built into this dtactor yet (use a directory or a shared mount)");
+result<std::unique_ptr<object_store>> open_object_store(const std::string& location, fs_env& env, const std::string& s3_endpoint) {
+  if (location.rfind("s3://", 0) == 0) {
+    auto o = s3_options_for(location, s3_endpoint);
+    if (!o) return o.err();
+    return open_s3_store(std::move(o.value()));
+  }
   return open_directory_store(location, env);
 }
 

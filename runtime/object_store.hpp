@@ -69,8 +69,11 @@ result<std::unique_ptr<object_store>> open_directory_store(const std::string& di
 result<std::unique_ptr<object_store>> open_directory_store_readonly(const std::string& dir);
 
 // A checkpoint location as given in config or on the command line: a
-// directory path (made absolute), or "s3://bucket/prefix".
-result<std::unique_ptr<object_store>> open_object_store(const std::string& location, fs_env& env = default_fs_env());
+// directory path (made absolute), or "s3://bucket/prefix" (runtime/s3_store:
+// credentials and region from the environment; `s3_endpoint`, else
+// AWS_ENDPOINT_URL, for S3-compatible servers other than AWS).
+result<std::unique_ptr<object_store>> open_object_store(const std::string& location, fs_env& env = default_fs_env(),
+                                                        const std::string& s3_endpoint = "");
 
 // The location in a form another process on another machine can use: an
 // absolute directory path, or the s3:// URL unchanged.

@@ -22,6 +22,11 @@ pkgs=(
   dataset-fashion-mnist dict-freedict-eng-ita dict-gcide
   # NumPy, to check that .npy files NumPy writes read back the same (tests)
   python3-numpy
+  # S3 checkpoint store: HTTP (libcurl) and SigV4's SHA-256/HMAC (OpenSSL)
+  libcurl4-openssl-dev libssl-dev
+  # a real S3 server that checks signatures, for the S3 tests: Ceph's radosgw
+  # on a one-machine cluster (scripts/rgw/start-rgw.sh); iproute2 for `ss`
+  radosgw ceph-mon ceph-osd iproute2 curl
 )
 
 missing=()

@@ -1,0 +1,283 @@
+// The S3 store against a real S3 server that checks SigV4 signatures:
+// Debian's Ceph radosgw on a one-machine cluster (scripts/rgw/start-rgw.sh:
+// one monitor, one memstore OSD, one gateway on loopback), started once for
+// this program. Without Ceph's packages every test here is skipped, saying
+// so (CI installs them: scripts/install-deps.sh).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/process.hpp"
+#include "runtime/s3_store.hpp"
+#include "runtime/zmq_bridge.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::events;
+using testing::read_journal;
+
+std::string file_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+const std::string kAccess = "TESTACCESSKEY0000001";
+const std::string kSecret = "testsecretkey0000000000000000000000000001";
+
+// The gateway, for the whole program.
+class rgw : public ::testing::Environment {
+ public:
+  static inline std::string endpoint, dir, why_not;
+  void SetUp() override {
+    if (::access("/usr/bin/radosgw", X_OK) != 0 || ::access("/usr/bin/ceph-mon", X_OK) != 0 || ::access("/usr/bin/ceph-osd", X_OK) != 0) {
+      why_not = "Ceph's radosgw, ceph-mon and ceph-osd are not installed (scripts/install-deps.sh installs them)";
+      return;
+    }
+    auto port = pick_free_tcp_port();
+    auto mon = pick_free_tcp_port();
+    if (!port || !mon) {
+      why_not = "no free port";
+      return;
+    }
+    char tmpl[] = "/tmp/dtactor-rgw-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    const std::string env = "RGW_PORT=" + std::to_string(port.value()) + " MON_PORT=" + std::to_string(mon.value()) + " S3_ACCESS_KEY=" + kAccess +
+                            " S3_SECRET_KEY=" + kSecret;
+    const std::string cmd = env + " bash " + std::string(DTACTOR_SOURCE_DIR) + "/scripts/rgw/start-rgw.sh " + dir + "/ceph > " + dir + "/start.log 2>&1";
+    if (std::system(cmd.c_str()) != 0) {
+      std::ifstream f(dir + "/start.log");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      why_not = "start-rgw.sh failed:\n" + ss.str();
+      return;
+    }
+    endpoint = "http://127.0.0.1:" + std::to_string(port.value());
+  }
+  void TearDown() override {
+    if (!dir.empty()) {
+      const std::string cmd = "bash " + std::string(DTACTOR_SOURCE_DIR) + "/scripts/rgw/stop-rgw.sh " + dir + "/ceph > /dev/null 2>&1; rm -rf " + dir;
+      (void)std::system(cmd.c_str());
+    }
+  }
+};
+
+#define NEED_RGW()                                                   \
+  do {                                                               \
+    if (rgw::endpoint.empty()) GTEST_SKIP() << rgw::why_not;         \
+  } while (0)
+
+s3_options opts(const std::string& bucket, const std::string& prefix = "p", const std::string& secret = kSecret) {
+  s3_options o;
+  o.bucket = bucket;
+  o.prefix = prefix;
+  o.endpoint = rgw::endpoint;
+  o.credentials = {kAccess, secret, ""};
+  o.part_bytes = 5ull << 20;
+  return o;
+}
+
+std::unique_ptr<object_store> open_ok(const s3_options& o) {
+  EXPECT_TRUE(s3_create_bucket(o).ok());
+  auto s = open_s3_store(o);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return s.ok() ? std::move(s.value()) : nullptr;
+}
+
+std::string bytes_of(size_t n, int seed) {
+  std::string out(n, '\0');
+  std::mt19937 rng(seed);
+  for (auto& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+TEST(s3_store, objects_round_trip_small_and_multipart_with_ranged_reads) {
+  NEED_RGW();
+  auto store = open_ok(opts("round-trip"));
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->location(), "s3://round-trip/p");
+  ASSERT_TRUE(store->put("small", "hello"));
+  EXPECT_EQ(store->get("small").value(), "hello");
+  // 12 MiB + 3 bytes: three parts of a multipart upload (5 MiB parts), fed
+  // in odd-sized writes.
+  const std::string big = bytes_of((12u << 20) + 3, 1);
+  auto w = store->create("big");
+  ASSERT_TRUE(w);
+  for (size_t at = 0; at < big.size();) {
+    const size_t n = std::min<size_t>(big.size() - at, 3'000'001);
+    ASSERT_TRUE(w.value()->write(big.data() + at, n));
+    at += n;
+  }
+  EXPECT_FALSE(store->size_of("big").value().has_value()) << "nothing appears before commit";
+  auto committed = w.value()->commit();
+  ASSERT_TRUE(committed) << committed.message();
+  EXPECT_EQ(store->size_of("big").value().value(), big.size());
+  std::string back(1000, '\0');
+  auto n = store->read("big", (5u << 20) - 500, back.data(), back.size());
+  ASSERT_TRUE(n) << n.message();
+  EXPECT_EQ(n.value(), 1000u);
+  EXPECT_EQ(back, big.substr((5u << 20) - 500, 1000));
+  n = store->read("big", big.size() - 2, back.data(), back.size());
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n.value(), 2u) << "a read past the end returns what is there";
+  EXPECT_EQ(store->get("big").value(), big);
+  auto listed = store->list();
+  ASSERT_TRUE(listed);
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].name, "big");
+  EXPECT_EQ((*listed)[0].size, big.size());
+  ASSERT_TRUE(store->remove("big"));
+  ASSERT_TRUE(store->remove("big")) << "removing what is gone is fine";
+  EXPECT_FALSE(store->size_of("big").value().has_value());
+  auto missing = store->read("nope", 0, back.data(), 10);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.message(), "cannot read 's3://round-trip/p/nope': no such object");
+}
+
+TEST(s3_store, a_writer_dropped_before_commit_leaves_nothing) {
+  NEED_RGW();
+  auto store = open_ok(opts("dropped"));
+  ASSERT_TRUE(store);
+  {
+    auto w = store->create("half");
+    ASSERT_TRUE(w);
+    const std::string part = bytes_of(6u << 20, 2);
+    ASSERT_TRUE(w.value()->write(part.data(), part.size()));  // one part uploaded
+  }
+  EXPECT_FALSE(store->size_of("half").value().has_value());
+  EXPECT_TRUE(store->list().value().empty());
+}
+
+TEST(s3_store, a_wrong_secret_key_is_refused_in_one_line_and_nothing_is_written) {
+  NEED_RGW();
+  auto good = open_ok(opts("secrets"));
+  ASSERT_TRUE(good);
+  auto bad = open_s3_store(opts("secrets", "p", "not-the-secret"));
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.message().find("HTTP 403 SignatureDoesNotMatch"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("check AWS_SECRET_ACCESS_KEY"), std::string::npos) << bad.message();
+  EXPECT_EQ(bad.message().find('\n'), std::string::npos);
+  // A checkpoint store opened with it fails the same way, and writes nothing.
+  ::setenv("AWS_ACCESS_KEY_ID", kAccess.c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret", 1);
+  auto ck = checkpoint_store::open("s3://secrets/p", {}, default_fs_env(), rgw::endpoint);
+  ASSERT_FALSE(ck);
+  EXPECT_NE(ck.message().find("checkpoint store: S3 LIST s3://secrets/p failed: HTTP 403 SignatureDoesNotMatch"), std::string::npos) << ck.message();
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+  EXPECT_TRUE(good->list().value().empty());
+  auto no_bucket = open_s3_store(opts("never-made"));
+  ASSERT_FALSE(no_bucket);
+  EXPECT_NE(no_bucket.message().find("NoSuchBucket"), std::string::npos) << no_bucket.message();
+}
+
+TEST(s3_store, checkpoints_commit_rotate_and_skip_a_corrupt_part_as_in_a_directory) {
+  NEED_RGW();
+  auto o = opts("ckpts", "run/a");
+  ASSERT_TRUE(s3_create_bucket(o));
+  auto objects = open_s3_store(o);
+  ASSERT_TRUE(objects) << objects.message();
+  auto store = checkpoint_store::over(std::shared_ptr<object_store>(std::move(objects.value())), {2, false, "", true});
+  auto commit = [&](int64_t step, int world) {
+    const std::string stream = bytes_of(7u << 20, static_cast<int>(step));
+    pb::checkpoint_meta m;
+    m.set_model("vit");
+    m.set_step(step);
+    m.set_generation(1);
+    m.set_state_bytes(stream.size());
+    for (int r = 0; r < world; ++r) {
+      auto [a, b] = part_range(stream.size(), r, world);
+      auto p = write_part(store.objects(), part_name(step, 1, r, world), a, stream.data() + a, b - a);
+      EXPECT_TRUE(p) << p.message();
+      *m.add_parts() = p.value();
+    }
+    auto done = store.commit(m);
+    EXPECT_TRUE(done) << done.message();
+    return stream;
+  };
+  commit(1, 2);
+  const std::string s2 = commit(2, 3);
+  const std::string s3 = commit(3, 1);
+  EXPECT_EQ(store.list().size(), 2u) << "keep_last 2";
+  auto names = store.objects().list().value();
+  EXPECT_EQ(names.size(), 2u + 3u + 1u) << "two manifests and their parts";
+  // Corrupt step 3's only part: step 2 is what resumes, read back whole.
+  ASSERT_TRUE(store.objects().put(part_name(3, 1, 0, 1), bytes_of(7u << 20, 99)));
+  std::vector<std::string> skipped;
+  auto newest = store.newest_valid([&](const std::string& n, const std::string& why) { skipped.push_back(n + ": " + why); }, true);
+  ASSERT_TRUE(newest && newest.value());
+  EXPECT_EQ(newest.value()->step(), 2);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0], "s3://ckpts/run/a/ckpt-000000003.manifest: checksum mismatch in part 'ckpt-000000003.g1.r0-of-1.part'");
+  std::string back(s2.size(), '\0');
+  ASSERT_TRUE(store.read_stream(*newest.value(), [&](uint64_t at, const char* d, size_t n) {
+    std::memcpy(back.data() + at, d, n);
+    return status{};
+  }));
+  EXPECT_EQ(back, s2);
+}
+
+// The "done when" with S3: a 2-node job checkpoints to s3://, then a
+// coordinator on a "fresh machine" (an empty run directory: nothing on its
+// disk) with the same s3:// prefix resumes from the newest committed
+// checkpoint on 3 nodes.
+TEST(s3_store, a_job_checkpoints_to_s3_and_a_coordinator_with_an_empty_disk_resumes_on_another_world_size) {
+  NEED_RGW();
+  ASSERT_TRUE(s3_create_bucket(opts("jobs")));
+  ::setenv("AWS_ACCESS_KEY_ID", kAccess.c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", kSecret.c_str(), 1);
+  testing::temp_dir first, second;
+  auto run = [&](const std::string& dir, int nodes, int steps) {
+    std::vector<std::string> a = {DTACTOR_BINARY, "local", "--nodes", std::to_string(nodes), "--run-dir", dir};
+    for (const std::string& s : std::vector<std::string>{"model.dim=16", "model.layers=1", "model.heads=2", "model.mlp_ratio=2", "train.global_batch_size=32",
+                                "train.warmup_steps=5", "eval.max_samples=500", "eval.every_steps=0", "checkpoint.every_steps=10",
+                                "train.log_every_steps=5", "checkpoint.dir=s3://jobs/run7", "checkpoint.s3_endpoint=" + rgw::endpoint,
+                                "train.max_steps=" + std::to_string(steps)}) {
+      a.push_back("--set");
+      a.push_back(s);
+    }
+    auto c = child_process::spawn(a, false, dir + "/local.log");
+    if (!c) return -1;
+    auto e = c->wait(240000);
+    return e ? e->exit_code : -1;
+  };
+  ASSERT_EQ(run(first.path(), 2, 30), 0) << file_text(first.path() + "/local.log");
+  auto j1 = read_journal(first.path() + "/journal.jsonl");
+  auto saved = events(j1, "checkpoint_saved");
+  ASSERT_GE(saved.size(), 3u);
+  EXPECT_EQ(saved.back().at("path"), "s3://jobs/run7/ckpt-000000030.manifest");
+  EXPECT_EQ(saved.back().at("parts"), 2);
+  EXPECT_FALSE(std::filesystem::exists(first.path() + "/checkpoints")) << "nothing on the local disk";
+
+  ASSERT_EQ(run(second.path(), 3, 40), 0) << file_text(second.path() + "/local.log");
+  auto j2 = read_journal(second.path() + "/journal.jsonl");
+  auto restored = events(j2, "checkpoint_restored");
+  ASSERT_FALSE(restored.empty());
+  EXPECT_EQ(restored[0].at("source"), "disk");
+  EXPECT_EQ(restored[0].at("step"), 30);
+  auto fin = events(j2, "job_finished");
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].at("step"), 40);
+  EXPECT_EQ(fin[0].at("world_size"), 3);
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+}
+
+}  // namespace
+}  // namespace dtactor
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new dtactor::rgw);
+  return RUN_ALL_TESTS();
+}
