@@ -25,16 +25,36 @@ ap.add_argument("--heads", type=int, default=16)
 ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--checkpoint-dir", default="")
 ap.add_argument("--keep", action="store_true", help="keep the run directory")
+ap.add_argument("--s3", action="store_true", help="checkpoints to a Ceph radosgw started here (scripts/rgw, bluestore on a sparse file)")
 a = ap.parse_args()
+here = os.path.dirname(os.path.abspath(__file__))
 
 work = tempfile.mkdtemp(prefix="dtactor-state-")
 run = os.path.join(work, "run")
 ckdir = a.checkpoint_dir or os.path.join(run, "checkpoints")
+rgw_dir = None
+extra_env_sets = []
+if a.s3:
+    import random
+    rgw_dir = os.path.join(work, "ceph")
+    rport = 17000 + random.randint(0, 400)
+    env = dict(os.environ, RGW_PORT=str(rport), MON_PORT=str(rport + 1000), OBJECTSTORE="bluestore", STORE_BYTES=str(20 << 30))
+    subprocess.run(["bash", os.path.join(here, "..", "scripts", "rgw", "start-rgw.sh"), rgw_dir], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "rgw.log"), "w"))
+    endpoint = f"http://127.0.0.1:{rport}"
+    os.environ["AWS_ACCESS_KEY_ID"] = "TESTACCESSKEY0000001"
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "testsecretkey0000000000000000000000000001"
+    e = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    subprocess.run(["curl", "-sf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user",
+                    os.environ["AWS_ACCESS_KEY_ID"] + ":" + os.environ["AWS_SECRET_ACCESS_KEY"], "-H", "x-amz-content-sha256: " + e,
+                    "-X", "PUT", endpoint + "/bench"], check=True)
+    ckdir = "s3://bench/run"
+    extra_env_sets = [f"checkpoint.s3_endpoint={endpoint}"]
 port = 29000 + os.getpid() % 500
 sets = ["model.name=gpt", f"model.dim={a.dim}", f"model.layers={a.layers}", f"model.heads={a.heads}", "model.context=32",
         "train.global_batch_size=4", "train.micro_batch_size=2", "train.warmup_steps=2", "train.log_every_steps=1",
         "checkpoint.every_steps=2", "checkpoint.keep_last=2", f"checkpoint.dir={ckdir}", "eval.every_steps=0", "eval.max_samples=8",
-        "data.max_text_bytes=2000000", "cluster.digest_every_steps=2"]
+        "data.max_text_bytes=2000000", "cluster.digest_every_steps=2"] + extra_env_sets
 
 
 def args_of(extra_sets):
@@ -129,6 +149,7 @@ try:
     started = of(j1, "job_started") or of(j1, "coordinator_started")
     out = {
         "bench": "state_path",
+        "store": "s3 (Ceph radosgw, bluestore, loopback)" if a.s3 else "directory",
         "model": f"gpt dim {a.dim}, {a.layers} layers",
         "state_bytes": saved[0]["bytes"] if saved else None,
         "checkpoints": len(saved),
@@ -157,5 +178,7 @@ finally:
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
+    if rgw_dir:
+        subprocess.run(["bash", os.path.join(here, "..", "scripts", "rgw", "stop-rgw.sh"), rgw_dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if not a.keep:
         subprocess.run(["rm", "-rf", work])

@@ -1,6 +1,7 @@
 #include "rank/part_writer.hpp"
 
 #include <chrono>
+#include <cstring>
 
 #include "rank/state_io.hpp"
 #include "runtime/checkpoint_store.hpp"
@@ -33,10 +34,13 @@ double part_writer::submit(const state_layout& layout, job j) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_ && !pending_; });
-    if (b - a > capacity_ || !buf_) {
+    // Any prepare() still queued is met here, so the writer thread never
+    // replaces the buffer while this copy fills it.
+    want_capacity_ = std::max(want_capacity_, b - a);
+    if (want_capacity_ > capacity_ || !buf_) {
       buf_.reset();  // the old buffer goes first: never two at once
-      buf_.reset(new char[std::max<uint64_t>(1, b - a)]);
-      capacity_ = b - a;
+      buf_.reset(new char[std::max<uint64_t>(1, want_capacity_)]);
+      capacity_ = want_capacity_;
     }
   }
   copy_range(layout, a, b, buf_.get());
@@ -49,6 +53,14 @@ double part_writer::submit(const state_layout& layout, job j) {
   return stall;
 }
 
+void part_writer::prepare(uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    want_capacity_ = std::max(want_capacity_, bytes);
+  }
+  cv_.notify_all();
+}
+
 void part_writer::wait_idle() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !busy_ && !pending_; });
@@ -59,7 +71,21 @@ void part_writer::run() {
     pending p;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return quit_ || pending_; });
+      cv_.wait(lock, [&] { return quit_ || pending_ || (want_capacity_ > capacity_ && !busy_); });
+      if (!pending_ && !quit_ && want_capacity_ > capacity_) {
+        busy_ = true;
+        const uint64_t n = want_capacity_;
+        lock.unlock();
+        buf_.reset();
+        std::unique_ptr<char[]> fresh(new char[n]);
+        std::memset(fresh.get(), 0, n);  // the pages, faulted in here rather than at the step boundary
+        lock.lock();
+        buf_ = std::move(fresh);
+        capacity_ = n;
+        busy_ = false;
+        cv_.notify_all();
+        continue;
+      }
       if (!pending_) return;
       p = std::move(*pending_);
       pending_.reset();

@@ -50,6 +50,10 @@ class part_writer {
   double submit(const state_layout& layout, job j);
   // Waits until no write is in flight.
   void wait_idle();
+  // Has the writer thread allocate (and touch) a buffer of `bytes` now, in
+  // the background, so that the first checkpoint's stall is a copy, not
+  // page faults. Never blocks.
+  void prepare(uint64_t bytes);
 
  private:
   void run();
@@ -63,6 +67,7 @@ class part_writer {
   std::condition_variable cv_;
   std::optional<pending> pending_;
   bool busy_ = false, quit_ = false;
+  uint64_t want_capacity_ = 0;  // prepare()
   std::unique_ptr<char[]> buf_;
   uint64_t capacity_ = 0;
   std::map<std::string, std::shared_ptr<object_store>> stores_;  // by location; writer thread only

@@ -488,6 +488,15 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   }
 
   const step_cadence cadence = step_cadence_of(cfg);
+  if (!g.plan.checkpoint_store().empty()) {
+    // The host buffer of this rank's part, made ahead of the first checkpoint.
+    if (!im.writer)
+      im.writer = std::make_unique<part_writer>([this](uint64_t gen, pb::checkpoint_written w) {
+        if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
+      });
+    const auto [a, b] = part_range(layout_of(state).bytes, g.rank, g.world);
+    im.writer->prepare(b - a);
+  }
   std::map<std::string, double> eval_at_step;
   pb::step_report acc;  // sums since the last report
   bool first = true;    // the first step of a generation is reported at once (recovery timing)
