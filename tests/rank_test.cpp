@@ -7,13 +7,17 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "rank/agreement.hpp"
+#include "rank/part_writer.hpp"
+#include "rank/state_io.hpp"
 #include "rank/rank_worker.hpp"
 #include "rank/step_policy.hpp"
 #include "runtime/checkpoint_store.hpp"
@@ -290,4 +294,58 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
   auto done = alone.wait_for(0, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done);
   EXPECT_EQ(done->detail(), done_a->detail()) << "the checkpoint holds the ranks' parameters";
+}
+
+// The part writer alone: rank 1 of 2 stores exactly its byte range of the
+// stream, in the background, and says so; a store it cannot open is the
+// part's error (the committer then reports the checkpoint as not saved).
+TEST(part_writer, stores_its_byte_range_and_reports_a_store_it_cannot_use) {
+  state_layout l;
+  auto a = torch::arange(0, 3000, torch::kFloat);
+  auto b = torch::arange(0, 500, torch::kLong);
+  l.entries.push_back({"a", a, 0, 12000});
+  l.entries.push_back({"b", b, 12000, 4000});
+  l.bytes = 16000;
+  std::string stream(16000, '\0');
+  copy_range(l, 0, 16000, stream.data());
+  EXPECT_EQ(0, std::memcmp(stream.data(), a.data_ptr(), 12000));
+  EXPECT_EQ(0, std::memcmp(stream.data() + 12000, b.data_ptr(), 4000));
+
+  const std::string dir = ::testing::TempDir() + "/part-writer-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<pb::checkpoint_written> got;
+  {
+    part_writer w([&](uint64_t, pb::checkpoint_written r) {
+      std::lock_guard<std::mutex> lock(mu);
+      got.push_back(std::move(r));
+      cv.notify_all();
+    });
+    w.prepare(8192);
+    part_writer::job j;
+    j.step = 7;
+    j.generation = 3;
+    j.rank = 1;
+    j.world = 2;
+    j.node_id = "n";
+    j.store = dir;
+    EXPECT_GE(w.submit(l, j), 0.0);
+    j.store = "/proc/dtactor-cannot-be-here";
+    w.submit(l, j);
+    w.wait_idle();
+  }
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_TRUE(got[0].error().empty()) << got[0].error();
+  const auto [from, to] = part_range(16000, 1, 2);
+  EXPECT_EQ(got[0].part().name(), "ckpt-000000007.g3.r1-of-2.part");
+  EXPECT_EQ(got[0].part().offset(), from);
+  EXPECT_EQ(got[0].part().size(), to - from);
+  EXPECT_EQ(got[0].part().node_id(), "n");
+  std::ifstream f(dir + "/ckpt-000000007.g3.r1-of-2.part", std::ios::binary);
+  std::string stored((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(stored, stream.substr(from, to - from));
+  EXPECT_FALSE(got[1].has_part());
+  EXPECT_NE(got[1].error().find("checkpoint store: directory '/proc/dtactor-cannot-be-here' is not writable"), std::string::npos) << got[1].error();
+  std::filesystem::remove_all(dir);
 }
