@@ -99,6 +99,13 @@ int main(int argc, char** argv) {
   eval->add_option("--config", config_path, "Config file (default: the config stored in the checkpoint)");
   eval->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
 
+  std::string export_out;
+  bool export_state_dict = false;
+  auto* exp = app.add_subcommand("export", "Write a checkpoint as a PyTorch file: the scripted module (torchscript jobs) or a state_dict");
+  exp->add_option("target", target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
+  exp->add_option("--out", export_out, "The file to write (torch.jit.load / torch.load read it)")->required();
+  exp->add_flag("--state-dict", export_state_dict, "Write a state_dict (torch.load) even for a torchscript job");
+
   auto* cfgcmd = app.add_subcommand("config", "Print the effective config (or, with --reference, every key with its default and meaning)");
   cfgcmd->add_option("--config", config_path, "Job config file (TOML)");
   cfgcmd->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
@@ -162,6 +169,14 @@ int main(int argc, char** argv) {
     auto r = dtactor::write_report(report_dir, report_out);
     if (!r) return fail(r.message());
     std::printf("wrote %s and %s\n", r->markdown.c_str(), r->svg.c_str());
+    return 0;
+  }
+
+  if (*exp) {
+    auto r = dtactor::run_export(target, export_out, export_state_dict);
+    if (!r) return fail(r.message());
+    std::printf("wrote %s: %s of step %lld (%lld tensors)\n", export_out.c_str(), r->what.c_str(), static_cast<long long>(r->step),
+                static_cast<long long>(r->tensors));
     return 0;
   }
 

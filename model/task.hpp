@@ -38,6 +38,9 @@ class task {
   virtual eval_result evaluate(int64_t max_samples, int64_t batch_size) = 0;
   // Metric that ranks checkpoints by default, and its direction.
   virtual std::string main_metric() const = 0;
+  // A task whose module is a TorchScript module writes it (with the current
+  // weights) to `path` and returns true; others return false.
+  virtual bool save_scripted(const std::string& path) { (void)path; return false; }
 };
 
 
@@ -48,5 +51,7 @@ result<std::unique_ptr<task>> make_task(const config& cfg);
 result<std::unique_ptr<task>> make_vit_task(const config& cfg);
 result<std::unique_ptr<task>> make_transformer_task(const config& cfg);
 result<std::unique_ptr<task>> make_gpt_task(const config& cfg);
+// model.name = torchscript (model/torchscript_task.cpp).
+result<std::unique_ptr<task>> make_torchscript_task(const config& cfg);
 
 }  // namespace dtactor

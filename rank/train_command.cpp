@@ -261,4 +261,47 @@ result<eval_result> run_evaluation(const std::string& target, const std::string&
   return created.value()->evaluate();
 }
 
+result<export_summary> run_export(const std::string& target, const std::string& out, bool state_dict) {
+  if (out.empty()) return make_error("export needs --out FILE");
+  auto ckpt = open_checkpoint_target(target, [](const std::string& path, const std::string& why) {
+    std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+  });
+  if (!ckpt) return ckpt.err();
+  auto cfg = config::parse_toml(ckpt->meta.config_toml(), ckpt->name + " (stored config)");
+  if (!cfg) return cfg.err();
+  // One thread is plenty to rebuild the module; no data beyond what the task reads.
+  (void)cfg->set("train.threads", "1");
+  configure_threads(cfg.value());
+  auto created = training_state::create(cfg.value());
+  if (!created) return created.err();
+  training_state& state = *created.value();
+  if (auto st = load_checkpoint(state, *ckpt->store, ckpt->meta); !st) return make_error("'" + ckpt->name + "': " + st.message());
+  export_summary summary;
+  summary.step = ckpt->meta.step();
+  auto module = state.the_task().module();
+  const std::string tmp = out + ".tmp";
+  try {
+    if (!state_dict && state.the_task().save_scripted(tmp)) {
+      summary.what = "scripted module";
+      summary.tensors = static_cast<int64_t>(module->parameters().size() + module->buffers().size());
+    } else {
+      c10::Dict<std::string, torch::Tensor> dict;
+      for (const auto& kv : module->named_parameters()) dict.insert(kv.key(), kv.value().detach().clone());
+      for (const auto& kv : module->named_buffers()) dict.insert(kv.key(), kv.value().detach().clone());
+      const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+      if (auto st = write_file_atomic(tmp, {std::string_view(bytes.data(), bytes.size())}); !st) return st.err();
+      summary.what = "state_dict";
+      summary.tensors = static_cast<int64_t>(dict.size());
+    }
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    std::filesystem::remove(tmp);
+    return make_error("cannot write '" + out + "': " + what.substr(0, what.find('\n')));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, out, ec);
+  if (ec) return make_error("cannot write '" + out + "': " + ec.message());
+  return summary;
+}
+
 }  // namespace dtactor

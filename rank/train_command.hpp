@@ -46,4 +46,16 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
 result<eval_result> run_evaluation(const std::string& checkpoint_or_run_dir, const std::string& config_path,
                                    const std::vector<std::string>& overrides, int64_t* step_out);
 
+// `dtactor export`: a checkpoint (as `eval` finds it) to PyTorch. For a
+// torchscript job, the scripted module with the trained weights
+// (torch.jit.load reads it); with `state_dict`, or for any other model, a
+// file torch.load reads: {parameter or buffer name: tensor}, names and shapes
+// as the module's state_dict().
+struct export_summary {
+  int64_t step = 0;
+  std::string what;  // "scripted module" or "state_dict"
+  int64_t tensors = 0;
+};
+result<export_summary> run_export(const std::string& checkpoint_or_run_dir, const std::string& out, bool state_dict);
+
 }  // namespace dtactor

@@ -23,7 +23,8 @@ std::vector<config_key> make_schema() {
   // docs/config.md is checked against this table by a test.
   return {
       // model
-      {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST), transformer (English->Italian), gpt (GCIDE text).", -1e300, {"vit", "transformer", "gpt"}},
+      {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST), transformer (English->Italian), gpt (GCIDE text), torchscript (your PyTorch module, model.file, on .npy data).", -1e300, {"vit", "transformer", "gpt", "torchscript"}},
+      {"model.file", vk::string, "", "torchscript: the file torch.jit.script(module).save(PATH) wrote."},
       {"model.dim", vk::integer, "64", "Width of the model (embedding size).", 8},
       {"model.layers", vk::integer, "4", "Number of blocks (encoder and decoder each, for transformer).", 1},
       {"model.heads", vk::integer, "4", "Attention heads; must divide model.dim.", 1},
@@ -37,12 +38,18 @@ std::vector<config_key> make_schema() {
       {"data.freedict_eng_ita", vk::string, "/usr/share/dictd/freedict-eng-ita", "FreeDict English-Italian dictd files, without .index/.dict.dz (Debian: dict-freedict-eng-ita)."},
       {"data.gcide", vk::string, "/usr/share/dictd/gcide", "GCIDE dictd files, without .index/.dict.dz (Debian: dict-gcide)."},
       {"data.val_fraction", vk::floating, "0.05", "transformer, gpt: share of the data held out for evaluation.", 0.0},
+      {"data.train_inputs", vk::string, "", "torchscript: training inputs, a NumPy .npy array (first axis = samples), memory-mapped."},
+      {"data.train_targets", vk::string, "", "torchscript: training targets, .npy (class ids for cross_entropy, values for mse)."},
+      {"data.eval_inputs", vk::string, "", "torchscript: held-out inputs, .npy (empty: data.val_fraction of the training arrays)."},
+      {"data.eval_targets", vk::string, "", "torchscript: held-out targets, .npy."},
       {"data.max_text_bytes", vk::integer, "0", "gpt: use at most this many bytes of GCIDE text (0 = all).", 0},
       // train
       {"train.max_steps", vk::integer, "4000", "Optimizer steps to train.", 1},
       {"train.global_batch_size", vk::integer, "128", "Samples per optimizer step, summed over all ranks; independent of the world size.", 1},
       {"train.micro_batch_size", vk::integer, "0", "Samples per forward/backward pass on a rank; smaller than the rank's share means gradient accumulation (0 = the whole share).", 0},
       {"train.seed", vk::integer, "1234", "Seed of initialisation, data order and dropout.", 0},
+      {"train.loss", vk::string, "cross_entropy", "torchscript without a loss() method: the loss of forward's output.", -1e300, {"cross_entropy", "mse"}},
+      {"train.loss_is_nll", vk::boolean, "false", "torchscript: the loss is a negative log-likelihood (evaluation adds perplexity)."},
       {"train.lr", vk::floating, "0.002", "Peak learning rate (AdamW).", 0.0},
       {"train.min_lr", vk::floating, "0.00002", "Learning rate at the end of the cosine decay.", 0.0},
       {"train.warmup_steps", vk::integer, "200", "Steps of linear warm-up from 0 to train.lr.", 0},

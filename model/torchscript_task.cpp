@@ -1,0 +1,268 @@
+// model.name = "torchscript": a PyTorch module saved with
+// torch.jit.script(module).save(PATH) (or torch.jit.trace), trained on NumPy
+// .npy arrays. Two contracts, checked on a first batch when the task is
+// built: forward(inputs) -> outputs with train.loss = cross_entropy | mse,
+// or a `loss(inputs, targets)` method returning one loss per sample.
+#include <torch/script.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "model/npy.hpp"
+#include "model/task.hpp"
+#include "runtime/data_wait.hpp"
+
+namespace dtactor {
+
+namespace {
+
+// The scripted module's parameters and buffers, registered under their own
+// dotted names (a child module per prefix), so that the engine (flat AdamW,
+// checkpoints, digests, state transfer) sees them as any module's. The
+// tensors are shared: the engine re-pointing a parameter's data re-points
+// the scripted module's.
+class scripted : public torch::nn::Module {
+ public:
+  explicit scripted(torch::jit::Module m) : m_(std::move(m)) {
+    for (const auto& p : m_.named_parameters(true)) owner(p.name).register_parameter(leaf(p.name), p.value, p.value.requires_grad());
+    for (const auto& b : m_.named_buffers(true)) owner(b.name).register_buffer(leaf(b.name), b.value);
+  }
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    m_.train(on);
+  }
+  torch::jit::Module& jit() { return m_; }
+
+ private:
+  static std::string leaf(const std::string& name) {
+    const auto dot = name.rfind('.');
+    return dot == std::string::npos ? name : name.substr(dot + 1);
+  }
+  torch::nn::Module& owner(const std::string& name) {
+    torch::nn::Module* at = this;
+    size_t from = 0;
+    for (size_t dot = name.find('.'); dot != std::string::npos; from = dot + 1, dot = name.find('.', from)) {
+      const std::string part = name.substr(from, dot - from);
+      auto children = at->named_children();
+      if (auto* found = children.find(part)) at = found->get();
+      else at = at->register_module(part, std::make_shared<torch::nn::Module>()).get();
+    }
+    return *at;
+  }
+  torch::jit::Module m_;
+};
+
+// Rows of an .npy array as a batch tensor: floating dtypes as float32,
+// integers as int64, bools as bool.
+torch::Tensor rows_of(const npy_array& a, const std::vector<int64_t>& idx) {
+  std::vector<int64_t> shape = a.shape();
+  shape[0] = static_cast<int64_t>(idx.size());
+  int64_t per_row = 1;
+  for (size_t i = 1; i < a.shape().size(); ++i) per_row *= a.shape()[i];
+  const auto d = a.dtype();
+  const bool floating = d == npy_dtype::f2 || d == npy_dtype::f4 || d == npy_dtype::f8;
+  const auto target = d == npy_dtype::b1 ? torch::kBool : floating ? torch::kFloat : torch::kLong;
+  std::optional<c10::ScalarType> source;
+  switch (d) {
+    case npy_dtype::b1: source = torch::kBool; break;
+    case npy_dtype::u1: source = torch::kByte; break;
+    case npy_dtype::i1: source = torch::kChar; break;
+    case npy_dtype::i2: source = torch::kShort; break;
+    case npy_dtype::i4: source = torch::kInt; break;
+    case npy_dtype::i8: source = torch::kLong; break;
+    case npy_dtype::f2: source = torch::kHalf; break;
+    case npy_dtype::f4: source = torch::kFloat; break;
+    case npy_dtype::f8: source = torch::kDouble; break;
+    default: break;  // unsigned 16/32/64-bit: no LibTorch dtype, converted element by element
+  }
+  auto out = torch::empty(shape, target);
+  for (size_t r = 0; r < idx.size(); ++r) {
+    auto dst = out[static_cast<int64_t>(r)].view({per_row});
+    if (source) {
+      auto src = torch::from_blob(const_cast<uint8_t*>(a.row(idx[r])), {per_row}, *source);
+      dst.copy_(src);
+    } else {
+      auto* p = dst.data_ptr<int64_t>();
+      for (int64_t k = 0; k < per_row; ++k) p[k] = static_cast<int64_t>(a.at(static_cast<uint64_t>(idx[r] * per_row + k)));
+    }
+  }
+  return out;
+}
+
+struct split {
+  const npy_array* inputs;
+  const npy_array* targets;
+  std::vector<int64_t> rows;  // which rows of the arrays
+};
+
+class torchscript_task : public task {
+ public:
+  torchscript_task(std::shared_ptr<scripted> m, npy_array tin, npy_array ttg, std::optional<npy_array> ein, std::optional<npy_array> etg,
+                   double val_fraction, std::string loss, bool nll)
+      : m_(std::move(m)), tin_(std::move(tin)), ttg_(std::move(ttg)), ein_(std::move(ein)), etg_(std::move(etg)), loss_(std::move(loss)), nll_(nll) {
+    const int64_t n = tin_.rows();
+    if (ein_) {
+      for (int64_t i = 0; i < n; ++i) train_.push_back(i);
+      for (int64_t i = 0; i < ein_->rows(); ++i) eval_.push_back(i);
+    } else {
+      const int64_t held = std::clamp<int64_t>(static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))), n > 1 ? 1 : 0, n - 1);
+      for (int64_t i = 0; i < n - held; ++i) train_.push_back(i);
+      for (int64_t i = n - held; i < n; ++i) eval_.push_back(i);
+    }
+    has_loss_method_ = m_->jit().find_method("loss").has_value();
+  }
+
+  std::string name() const override { return "torchscript"; }
+  std::shared_ptr<torch::nn::Module> module() override { return m_; }
+  int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+  int64_t eval_size() const override { return static_cast<int64_t>(eval_.size()); }
+  std::string main_metric() const override { return !has_loss_method_ && loss_ == "cross_entropy" ? "accuracy" : "val_loss"; }
+  bool save_scripted(const std::string& path) override {
+    m_->jit().save(path);
+    return true;
+  }
+
+  // Per-sample losses of a batch (shape [n]); `outputs` is set when the
+  // module's forward produced them (cross-entropy metrics).
+  torch::Tensor losses(const torch::Tensor& x, const torch::Tensor& y, torch::Tensor* outputs = nullptr) {
+    const int64_t n = x.size(0);
+    if (has_loss_method_) {
+      auto l = m_->jit().get_method("loss")({x, y}).toTensor();
+      TORCH_CHECK(l.dim() == 1 && l.size(0) == n, "the module's loss(inputs, targets) must return one value per sample: a tensor of shape [",
+                  n, "], got ", l.sizes());
+      return l.to(torch::kFloat);
+    }
+    auto out = m_->jit().forward({x}).toTensor().to(torch::kFloat);
+    if (outputs) *outputs = out;
+    if (loss_ == "cross_entropy") {
+      TORCH_CHECK(out.dim() == 2 && out.size(0) == n, "with train.loss = cross_entropy, forward must return [batch, classes] scores, got ",
+                  out.sizes());
+      TORCH_CHECK(y.scalar_type() == torch::kLong && y.dim() == 1, "with train.loss = cross_entropy, the targets must be integer class ids, one per sample");
+      return torch::nn::functional::cross_entropy(out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    }
+    auto t = y.to(torch::kFloat);
+    TORCH_CHECK(out.sizes() == t.sizes(), "with train.loss = mse, forward's output ", out.sizes(), " must have the targets' shape ", t.sizes());
+    return (out - t).pow(2).reshape({n, -1}).mean(1);
+  }
+
+  torch::Tensor loss_sum(const std::vector<int64_t>& indices) override {
+    torch::Tensor x, y;
+    {
+      data_wait_timer data;
+      std::vector<int64_t> rows(indices.size());
+      for (size_t i = 0; i < indices.size(); ++i) rows[i] = train_[static_cast<size_t>(indices[i])];
+      x = rows_of(tin_, rows);
+      y = rows_of(ttg_, rows);
+    }
+    return losses(x, y).sum();
+  }
+
+  eval_result evaluate(int64_t max_samples, int64_t batch_size) override {
+    const int64_t n = max_samples > 0 ? std::min(max_samples, eval_size()) : eval_size();
+    const npy_array& in = ein_ ? *ein_ : tin_;
+    const npy_array& tg = etg_ ? *etg_ : ttg_;
+    double loss = 0;
+    int64_t correct = 0, top5 = 0, classes = 0;
+    for (int64_t i = 0; i < n; i += batch_size) {
+      const int64_t e = std::min(n, i + batch_size);
+      std::vector<int64_t> rows(eval_.begin() + i, eval_.begin() + e);
+      auto x = rows_of(in, rows), y = rows_of(tg, rows);
+      torch::Tensor out;
+      loss += losses(x, y, &out).sum().item<double>();
+      if (out.defined() && loss_ == "cross_entropy") {
+        classes = out.size(1);
+        correct += out.argmax(1).eq(y).sum().item<int64_t>();
+        if (classes > 5) top5 += std::get<1>(out.topk(5, 1)).eq(y.unsqueeze(1)).any(1).sum().item<int64_t>();
+      }
+    }
+    eval_result r;
+    if (n == 0) return r;
+    r.metrics["val_loss"] = loss / static_cast<double>(n);
+    if (!has_loss_method_ && loss_ == "cross_entropy") {
+      r.metrics["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
+      if (classes > 5) r.metrics["top5_accuracy"] = static_cast<double>(top5) / static_cast<double>(n);
+    }
+    if (nll_) r.metrics["perplexity"] = std::exp(r.metrics["val_loss"]);
+    return r;
+  }
+
+ private:
+  std::shared_ptr<scripted> m_;
+  npy_array tin_, ttg_;
+  std::optional<npy_array> ein_, etg_;
+  std::string loss_;
+  bool nll_ = false, has_loss_method_ = false;
+  std::vector<int64_t> train_, eval_;
+};
+
+result<npy_array> open_array(const config& cfg, const std::string& key) {
+  const std::string& path = cfg.get_string(key);
+  if (path.empty()) return make_error(key + " is not set (model.name = torchscript trains on .npy arrays: set data.train_inputs and data.train_targets)");
+  auto a = npy_array::open(path);
+  if (!a) return make_error(key + ": " + a.message());
+  return a;
+}
+
+}  // namespace
+
+result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
+  const std::string& file = cfg.get_string("model.file");
+  if (file.empty()) return make_error("model.name = torchscript needs model.file, a file written by torch.jit.script(module).save(PATH)");
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return make_error("model.file '" + file + "' does not exist (or is not a file)");
+  torch::jit::Module jm;
+  try {
+    jm = torch::jit::load(file);
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    return make_error("model.file '" + file + "' is not a TorchScript file torch::jit::load can read: " + what.substr(0, what.find('\n')));
+  }
+  if (!jm.find_method("forward")) return make_error("model.file '" + file + "': the module has no forward method");
+  auto tin = open_array(cfg, "data.train_inputs");
+  if (!tin) return tin.err();
+  auto ttg = open_array(cfg, "data.train_targets");
+  if (!ttg) return ttg.err();
+  if (tin->rows() != ttg->rows())
+    return make_error("data.train_inputs has " + std::to_string(tin->rows()) + " samples ('" + tin->path() + "'), data.train_targets " +
+                      std::to_string(ttg->rows()) + " ('" + ttg->path() + "'): they must have the same first axis");
+  std::optional<npy_array> ein, etg;
+  if (!cfg.get_string("data.eval_inputs").empty() || !cfg.get_string("data.eval_targets").empty()) {
+    auto a = open_array(cfg, "data.eval_inputs");
+    if (!a) return a.err();
+    auto b = open_array(cfg, "data.eval_targets");
+    if (!b) return b.err();
+    if (a->rows() != b->rows())
+      return make_error("data.eval_inputs has " + std::to_string(a->rows()) + " samples, data.eval_targets " + std::to_string(b->rows()) +
+                        ": they must have the same first axis");
+    ein = std::move(a.value());
+    etg = std::move(b.value());
+  }
+  const std::string loss = cfg.get_string("train.loss");
+  if (loss != "cross_entropy" && loss != "mse") return make_error("train.loss must be cross_entropy or mse, got '" + loss + "'");
+  if (tin->rows() < 2 && !ein) return make_error("data.train_inputs has fewer than 2 samples: nothing to hold out for evaluation");
+  auto m = std::make_shared<scripted>(std::move(jm));
+  auto t = std::make_unique<torchscript_task>(m, std::move(tin.value()), std::move(ttg.value()), std::move(ein), std::move(etg),
+                                               cfg.get_double("data.val_fraction"), loss, cfg.get_bool("train.loss_is_nll"));
+  if (t->train_size() < 1) return make_error("no training samples left after data.val_fraction");
+  // The contract, on a first batch of two samples: one clear line when the
+  // module and the data do not fit each other.
+  try {
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> first{0};
+    if (t->train_size() > 1) first.push_back(1);
+    auto l = t->loss_sum(first);
+    if (!l.defined() || l.numel() != 1 || !std::isfinite(l.item<double>()))
+      return make_error("model.file '" + file + "': the loss of a first batch is not one finite value");
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    return make_error("model.file '" + file + "' does not fit the data: " + what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return make_error("model.file '" + file + "' does not fit the data: " + what.substr(0, what.find('\n')));
+  }
+  return std::unique_ptr<task>(std::move(t));
+}
+
+}  // namespace dtactor

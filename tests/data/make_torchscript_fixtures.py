@@ -1,0 +1,68 @@
+#!/usr/bin/python3.11
+"""Writes what the TorchScript tests train: scripted PyTorch modules (as a
+PyTorch user writes them) and .npy arrays. Usage: make_torchscript_fixtures.py OUTDIR"""
+import os
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(7)
+w = rng.normal(size=(20, 10)).astype(np.float32)
+
+
+def data(n):
+    x = rng.normal(size=(n, 20)).astype(np.float32)
+    return x, (x @ w).argmax(1).astype(np.int64)
+
+
+x, y = data(1024)
+np.save(os.path.join(out, "x_train.npy"), x)
+np.save(os.path.join(out, "y_train.npy"), y)
+xe, ye = data(256)
+np.save(os.path.join(out, "x_eval.npy"), xe)
+np.save(os.path.join(out, "y_eval.npy"), ye)
+np.save(os.path.join(out, "y_short.npy"), y[:100])
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 10))
+        self.norm = nn.LayerNorm(20)
+
+    def forward(self, x):
+        return self.body(self.norm(x))
+
+
+class WithLoss(MLP):
+    @torch.jit.export
+    def loss(self, x, y):
+        return nn.functional.cross_entropy(self.forward(x), y, reduction="none")
+
+
+class BadShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(20, 20)
+
+    def forward(self, x):
+        return self.lin(x).view(-1, 10, 2)
+
+
+class ScalarLoss(MLP):
+    @torch.jit.export
+    def loss(self, x, y):
+        return nn.functional.cross_entropy(self.forward(x), y)
+
+
+torch.manual_seed(0)
+torch.jit.script(MLP()).save(os.path.join(out, "mlp.pt"))
+torch.jit.script(WithLoss()).save(os.path.join(out, "mlp_loss.pt"))
+torch.jit.script(BadShape()).save(os.path.join(out, "bad_shape.pt"))
+torch.jit.script(ScalarLoss()).save(os.path.join(out, "scalar_loss.pt"))
+with open(os.path.join(out, "not_a_module.pt"), "wb") as f:
+    f.write(b"this is not a zip archive")

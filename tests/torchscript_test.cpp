@@ -1,0 +1,171 @@
+// model.name = torchscript: modules a PyTorch user scripted (written by
+// Debian's python3-torch, tests/data/make_torchscript_fixtures.py) trained
+// on .npy arrays NumPy wrote. Skipped, saying so, without python3-torch.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "model/task.hpp"
+#include "model/trainer.hpp"
+#include "rank/train_command.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::temp_dir;
+
+// The fixtures, written once per test program.
+const std::string& fixtures() {
+  static std::string dir = [] {
+    std::string d = (std::filesystem::temp_directory_path() / ("dtactor-ts-" + std::to_string(::getpid()))).string();
+    const std::string cmd = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/tests/data/make_torchscript_fixtures.py " + d +
+                            " > /dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0 ? d : std::string();
+  }();
+  return dir;
+}
+
+#define NEED_FIXTURES()                                                                              \
+  do {                                                                                               \
+    if (fixtures().empty()) GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted modules to train"; \
+  } while (0)
+
+config ts_config(const std::string& module, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> o = {"model.name=torchscript",
+                                "model.file=" + fixtures() + "/" + module,
+                                "data.train_inputs=" + fixtures() + "/x_train.npy",
+                                "data.train_targets=" + fixtures() + "/y_train.npy",
+                                "data.eval_inputs=" + fixtures() + "/x_eval.npy",
+                                "data.eval_targets=" + fixtures() + "/y_eval.npy",
+                                "train.global_batch_size=64",
+                                "train.max_steps=150",
+                                "train.warmup_steps=10",
+                                "train.lr=0.01",
+                                "train.threads=1",
+                                "eval.every_steps=0",
+                                "checkpoint.every_steps=0",
+                                "train.log_every_steps=50"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  auto c = config::load("", o);
+  if (!c) throw std::runtime_error(c.message());
+  return c.value();
+}
+
+train_options quiet(const std::string& dir) {
+  train_options t;
+  t.run_dir = dir;
+  t.interactive = false;
+  return t;
+}
+
+TEST(TorchScript, AScriptedClassifierLearnsAndReportsAccuracyAndTop5) {
+  NEED_FIXTURES();
+  temp_dir d;
+  auto r = run_training(ts_config("mlp.pt"), quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  EXPECT_TRUE(r->finished);
+  const auto& m = r->last_eval.metrics;
+  ASSERT_TRUE(m.count("accuracy") && m.count("top5_accuracy") && m.count("val_loss"));
+  EXPECT_GT(m.at("accuracy"), 0.6) << "10 classes: chance is 0.1";
+  EXPECT_GE(m.at("top5_accuracy"), m.at("accuracy"));
+}
+
+TEST(TorchScript, AModuleWithItsOwnLossTrainsOnItAndReportsPerplexity) {
+  NEED_FIXTURES();
+  temp_dir d;
+  auto r = run_training(ts_config("mlp_loss.pt", {"train.loss_is_nll=true", "train.max_steps=60"}), quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  const auto& m = r->last_eval.metrics;
+  ASSERT_TRUE(m.count("val_loss") && m.count("perplexity"));
+  EXPECT_FALSE(m.count("accuracy")) << "the module's loss: no accuracy dtactor could compute";
+  EXPECT_NEAR(m.at("perplexity"), std::exp(m.at("val_loss")), 1e-9);
+  EXPECT_LT(m.at("val_loss"), std::log(10.0));
+}
+
+TEST(TorchScript, ResumeIsExactWithDropoutInsideTheScriptedModule) {
+  NEED_FIXTURES();
+  temp_dir straight, interrupted;
+  auto cfg = ts_config("mlp.pt", {"train.max_steps=40", "checkpoint.every_steps=10"});
+  auto a = run_training(cfg, quiet(straight.path()));
+  ASSERT_TRUE(a) << a.message();
+  auto opts = quiet(interrupted.path());
+  opts.stop_at_step = 20;
+  ASSERT_TRUE(run_training(cfg, opts));
+  auto b = run_training(cfg, quiet(interrupted.path()));
+  ASSERT_TRUE(b) << b.message();
+  EXPECT_EQ(a->params_digest, b->params_digest);
+}
+
+TEST(TorchScript, ModulesAndDataThatDoNotFitAreOneClearLine) {
+  NEED_FIXTURES();
+  auto why = [](const config& c) {
+    auto t = make_task(c);
+    EXPECT_FALSE(t.ok());
+    return t.ok() ? std::string() : t.message();
+  };
+  EXPECT_NE(why(ts_config("not_a_module.pt")).find("is not a TorchScript file torch::jit::load can read"), std::string::npos);
+  EXPECT_NE(why(ts_config("missing.pt")).find("missing.pt' does not exist"), std::string::npos);
+  EXPECT_NE(why(ts_config("bad_shape.pt")).find("does not fit the data: with train.loss = cross_entropy, forward must return [batch, classes] scores, got [2, 10, 2]"),
+            std::string::npos)
+      << why(ts_config("bad_shape.pt"));
+  EXPECT_NE(why(ts_config("scalar_loss.pt")).find("must return one value per sample: a tensor of shape [2], got []"), std::string::npos)
+      << why(ts_config("scalar_loss.pt"));
+  const std::string shorter = why(ts_config("mlp.pt", {"data.train_targets=" + fixtures() + "/y_short.npy"}));
+  EXPECT_NE(shorter.find("data.train_inputs has 1024 samples"), std::string::npos) << shorter;
+  EXPECT_NE(shorter.find("data.train_targets 100"), std::string::npos) << shorter;
+  EXPECT_NE(why(ts_config("mlp.pt", {"data.train_inputs=" + fixtures() + "/mlp.pt"})).find("data.train_inputs: "), std::string::npos);
+  EXPECT_EQ(why(ts_config("mlp.pt", {"data.train_inputs="})), "data.train_inputs is not set (model.name = torchscript trains on .npy arrays: set data.train_inputs and data.train_targets)");
+  for (const auto& line : {why(ts_config("bad_shape.pt")), why(ts_config("not_a_module.pt"))}) EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+}
+
+TEST(TorchScript, WithoutEvalFilesAFractionOfTheTrainingArraysIsHeldOut) {
+  NEED_FIXTURES();
+  auto t = make_task(ts_config("mlp.pt", {"data.eval_inputs=", "data.eval_targets=", "data.val_fraction=0.25"}));
+  ASSERT_TRUE(t) << t.message();
+  EXPECT_EQ(t.value()->train_size(), 768);
+  EXPECT_EQ(t.value()->eval_size(), 256);
+}
+
+}  // namespace
+}  // namespace dtactor
+
+namespace dtactor {
+namespace {
+
+std::string run_python(const std::string& args) {
+  const std::string cmd = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/tests/data/check_export.py " + args + " 2>&1";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    ::pclose(p);
+  }
+  return out;
+}
+
+TEST(TorchScript, ExportedModuleAndStateDictGiveDtactorsAccuracyInPyTorch) {
+  NEED_FIXTURES();
+  temp_dir d;
+  auto r = run_training(ts_config("mlp.pt", {"train.max_steps=100", "checkpoint.every_steps=50"}), quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  const double ours = r->last_eval.metrics.at("accuracy");
+  auto m = run_export(d.path(), d.path() + "/trained.pt", false);
+  ASSERT_TRUE(m) << m.message();
+  EXPECT_EQ(m->what, "scripted module");
+  EXPECT_EQ(m->step, 100);
+  const std::string acc = run_python("module " + d.path() + "/trained.pt " + fixtures());
+  EXPECT_NEAR(std::strtod(acc.c_str(), nullptr), ours, 0.005) << acc;
+  auto sd = run_export(d.path(), d.path() + "/state.pt", true);
+  ASSERT_TRUE(sd) << sd.message();
+  EXPECT_EQ(sd->what, "state_dict");
+  const std::string acc2 = run_python("state_dict " + d.path() + "/state.pt " + fixtures());
+  EXPECT_NEAR(std::strtod(acc2.c_str(), nullptr), ours, 0.005) << acc2;
+  auto none = run_export(d.path() + "/nope", d.path() + "/x.pt", false);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.message().find("no such checkpoint"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtactor
