@@ -20,8 +20,10 @@ pkgs=(
   prometheus
   # data sets, read in place
   dataset-fashion-mnist dict-freedict-eng-ita dict-gcide
-  # NumPy, to check that .npy files NumPy writes read back the same (tests)
-  python3-numpy
+  # NumPy, to check that .npy files NumPy writes read back the same (tests);
+  # PyTorch (the same 1.13.1 as libtorch-dev), to write the scripted modules
+  # the TorchScript tests train and to read back what `dtactor export` wrote
+  python3-numpy python3-torch
   # S3 checkpoint store: HTTP (libcurl) and SigV4's SHA-256/HMAC (OpenSSL)
   libcurl4-openssl-dev libssl-dev
   # a real S3 server that checks signatures, for the S3 tests: Ceph's radosgw

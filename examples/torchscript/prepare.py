@@ -9,7 +9,7 @@ OUTDIR/{train,test}_{images,labels}.npy from Debian's dataset-fashion-mnist.
 Then train it with dtactor (examples/torchscript/cnn.toml names these files):
 
   ./build/dtactor local --nodes 2 --config examples/torchscript/cnn.toml
-  ./build/dtactor export runs/default --out runs/cnn-trained.pt
+  ./build/dtactor export runs/local --out runs/cnn-trained.pt
   /usr/bin/python3.11 examples/torchscript/evaluate.py runs/cnn-trained.pt
 """
 import gzip
