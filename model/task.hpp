@@ -41,6 +41,10 @@ class task {
   // A task whose module is a TorchScript module writes it (with the current
   // weights) to `path` and returns true; others return false.
   virtual bool save_scripted(const std::string& path) { (void)path; return false; }
+  // Whether training changes the module's buffers (BatchNorm's running
+  // statistics): the data-parallel engine then gives every rank global rank
+  // 0's after each step, as PyTorch DDP's broadcast_buffers does.
+  virtual bool buffers_change_in_training() const { return false; }
 };
 
 

@@ -91,34 +91,79 @@ torch::Tensor rows_of(const npy_array& a, const std::vector<int64_t>& idx) {
   return out;
 }
 
-struct split {
-  const npy_array* inputs;
-  const npy_array* targets;
-  std::vector<int64_t> rows;  // which rows of the arrays
+// Where a torchscript task's samples come from: rows of two .npy arrays,
+// or windows of a token stream (inputs: `context` tokens from a position,
+// targets: the same shifted by one).
+class sample_source {
+ public:
+  virtual ~sample_source() = default;
+  virtual int64_t size() const = 0;
+  virtual std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const = 0;
+};
+
+class array_source : public sample_source {
+ public:
+  array_source(npy_array in, npy_array tg) : in_(std::move(in)), tg_(std::move(tg)) {}
+  int64_t size() const override { return in_.rows(); }
+  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override { return {rows_of(in_, rows), rows_of(tg_, rows)}; }
+
+ private:
+  npy_array in_, tg_;
+};
+
+class token_source : public sample_source {
+ public:
+  // Sample i is the window starting at position i * stride.
+  token_source(std::shared_ptr<token_file> f, int64_t context, int64_t stride, int64_t first, int64_t count)
+      : f_(std::move(f)), context_(context), stride_(stride), first_(first), count_(count) {}
+  int64_t size() const override { return count_; }
+  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    auto x = torch::empty({n, context_}, torch::kLong), y = torch::empty({n, context_}, torch::kLong);
+    std::vector<int64_t> w;
+    for (int64_t r = 0; r < n; ++r) {
+      f_->window(static_cast<uint64_t>(first_ + rows[static_cast<size_t>(r)] * stride_), static_cast<uint64_t>(context_ + 1), w);
+      std::memcpy(x[r].data_ptr<int64_t>(), w.data(), static_cast<size_t>(context_) * sizeof(int64_t));
+      std::memcpy(y[r].data_ptr<int64_t>(), w.data() + 1, static_cast<size_t>(context_) * sizeof(int64_t));
+    }
+    return {x, y};
+  }
+
+ private:
+  std::shared_ptr<token_file> f_;
+  int64_t context_, stride_, first_, count_;
+};
+
+// A subset of a source's samples (the held-out share of one source).
+class subset_source : public sample_source {
+ public:
+  subset_source(std::shared_ptr<sample_source> s, int64_t from, int64_t count) : s_(std::move(s)), from_(from), count_(count) {}
+  int64_t size() const override { return count_; }
+  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
+    std::vector<int64_t> r(rows);
+    for (auto& v : r) v += from_;
+    return s_->batch(r);
+  }
+
+ private:
+  std::shared_ptr<sample_source> s_;
+  int64_t from_, count_;
 };
 
 class torchscript_task : public task {
  public:
-  torchscript_task(std::shared_ptr<scripted> m, npy_array tin, npy_array ttg, std::optional<npy_array> ein, std::optional<npy_array> etg,
-                   double val_fraction, std::string loss, bool nll)
-      : m_(std::move(m)), tin_(std::move(tin)), ttg_(std::move(ttg)), ein_(std::move(ein)), etg_(std::move(etg)), loss_(std::move(loss)), nll_(nll) {
-    const int64_t n = tin_.rows();
-    if (ein_) {
-      for (int64_t i = 0; i < n; ++i) train_.push_back(i);
-      for (int64_t i = 0; i < ein_->rows(); ++i) eval_.push_back(i);
-    } else {
-      const int64_t held = std::clamp<int64_t>(static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))), n > 1 ? 1 : 0, n - 1);
-      for (int64_t i = 0; i < n - held; ++i) train_.push_back(i);
-      for (int64_t i = n - held; i < n; ++i) eval_.push_back(i);
-    }
+  torchscript_task(std::shared_ptr<scripted> m, std::shared_ptr<sample_source> train, std::shared_ptr<sample_source> eval, std::string loss,
+                   bool nll)
+      : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(std::move(loss)), nll_(nll) {
     has_loss_method_ = m_->jit().find_method("loss").has_value();
   }
 
   std::string name() const override { return "torchscript"; }
   std::shared_ptr<torch::nn::Module> module() override { return m_; }
-  int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
-  int64_t eval_size() const override { return static_cast<int64_t>(eval_.size()); }
+  int64_t train_size() const override { return train_->size(); }
+  int64_t eval_size() const override { return eval_->size(); }
   std::string main_metric() const override { return !has_loss_method_ && loss_ == "cross_entropy" ? "accuracy" : "val_loss"; }
+  bool buffers_change_in_training() const override { return !m_->buffers().empty(); }
   bool save_scripted(const std::string& path) override {
     m_->jit().save(path);
     return true;
@@ -137,9 +182,18 @@ class torchscript_task : public task {
     auto out = m_->jit().forward({x}).toTensor().to(torch::kFloat);
     if (outputs) *outputs = out;
     if (loss_ == "cross_entropy") {
-      TORCH_CHECK(out.dim() == 2 && out.size(0) == n, "with train.loss = cross_entropy, forward must return [batch, classes] scores, got ",
+      TORCH_CHECK(y.scalar_type() == torch::kLong, "with train.loss = cross_entropy, the targets must be integer class ids");
+      if (out.dim() == 3 && y.dim() == 2) {  // sequences: [batch, positions, classes]; a sample's loss is its positions' mean
+        TORCH_CHECK(out.size(0) == n && out.size(1) == y.size(1), "forward returned ", out.sizes(), " for targets of shape ", y.sizes());
+        const int64_t t = out.size(1);
+        return torch::nn::functional::cross_entropy(out.reshape({n * t, out.size(2)}), y.reshape({n * t}),
+                                                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
+            .reshape({n, t})
+            .mean(1);
+      }
+      TORCH_CHECK(out.dim() == 2 && out.size(0) == n && y.dim() == 1,
+                  "with train.loss = cross_entropy, forward must return [batch, classes] scores (or [batch, positions, classes] for sequences), got ",
                   out.sizes());
-      TORCH_CHECK(y.scalar_type() == torch::kLong && y.dim() == 1, "with train.loss = cross_entropy, the targets must be integer class ids, one per sample");
       return torch::nn::functional::cross_entropy(out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     }
     auto t = y.to(torch::kFloat);
@@ -151,38 +205,39 @@ class torchscript_task : public task {
     torch::Tensor x, y;
     {
       data_wait_timer data;
-      std::vector<int64_t> rows(indices.size());
-      for (size_t i = 0; i < indices.size(); ++i) rows[i] = train_[static_cast<size_t>(indices[i])];
-      x = rows_of(tin_, rows);
-      y = rows_of(ttg_, rows);
+      std::tie(x, y) = train_->batch(indices);
     }
     return losses(x, y).sum();
   }
 
   eval_result evaluate(int64_t max_samples, int64_t batch_size) override {
     const int64_t n = max_samples > 0 ? std::min(max_samples, eval_size()) : eval_size();
-    const npy_array& in = ein_ ? *ein_ : tin_;
-    const npy_array& tg = etg_ ? *etg_ : ttg_;
     double loss = 0;
-    int64_t correct = 0, top5 = 0, classes = 0;
+    double correct_f = 0, top5_f = 0;
+    int64_t classes = 0;
     for (int64_t i = 0; i < n; i += batch_size) {
       const int64_t e = std::min(n, i + batch_size);
-      std::vector<int64_t> rows(eval_.begin() + i, eval_.begin() + e);
-      auto x = rows_of(in, rows), y = rows_of(tg, rows);
+      std::vector<int64_t> rows;
+      for (int64_t k = i; k < e; ++k) rows.push_back(k);
+      auto [x, y] = eval_->batch(rows);
       torch::Tensor out;
       loss += losses(x, y, &out).sum().item<double>();
       if (out.defined() && loss_ == "cross_entropy") {
-        classes = out.size(1);
-        correct += out.argmax(1).eq(y).sum().item<int64_t>();
-        if (classes > 5) top5 += std::get<1>(out.topk(5, 1)).eq(y.unsqueeze(1)).any(1).sum().item<int64_t>();
+        // Sequences count every position (token accuracy), averaged per sample.
+        auto scores = out.dim() == 3 ? out : out.unsqueeze(1);
+        auto targets = y.dim() == 2 ? y : y.unsqueeze(1);
+        classes = scores.size(2);
+        const double positions = static_cast<double>(targets.size(1));
+        correct_f += scores.argmax(2).eq(targets).to(torch::kDouble).sum().item<double>() / positions;
+        if (classes > 5) top5_f += std::get<1>(scores.topk(5, 2)).eq(targets.unsqueeze(2)).any(2).to(torch::kDouble).sum().item<double>() / positions;
       }
     }
     eval_result r;
     if (n == 0) return r;
     r.metrics["val_loss"] = loss / static_cast<double>(n);
     if (!has_loss_method_ && loss_ == "cross_entropy") {
-      r.metrics["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
-      if (classes > 5) r.metrics["top5_accuracy"] = static_cast<double>(top5) / static_cast<double>(n);
+      r.metrics["accuracy"] = correct_f / static_cast<double>(n);
+      if (classes > 5) r.metrics["top5_accuracy"] = top5_f / static_cast<double>(n);
     }
     if (nll_) r.metrics["perplexity"] = std::exp(r.metrics["val_loss"]);
     return r;
@@ -190,11 +245,9 @@ class torchscript_task : public task {
 
  private:
   std::shared_ptr<scripted> m_;
-  npy_array tin_, ttg_;
-  std::optional<npy_array> ein_, etg_;
+  std::shared_ptr<sample_source> train_, eval_;
   std::string loss_;
   bool nll_ = false, has_loss_method_ = false;
-  std::vector<int64_t> train_, eval_;
 };
 
 result<npy_array> open_array(const config& cfg, const std::string& key) {
@@ -220,32 +273,75 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     return make_error("model.file '" + file + "' is not a TorchScript file torch::jit::load can read: " + what.substr(0, what.find('\n')));
   }
   if (!jm.find_method("forward")) return make_error("model.file '" + file + "': the module has no forward method");
-  auto tin = open_array(cfg, "data.train_inputs");
-  if (!tin) return tin.err();
-  auto ttg = open_array(cfg, "data.train_targets");
-  if (!ttg) return ttg.err();
-  if (tin->rows() != ttg->rows())
-    return make_error("data.train_inputs has " + std::to_string(tin->rows()) + " samples ('" + tin->path() + "'), data.train_targets " +
-                      std::to_string(ttg->rows()) + " ('" + ttg->path() + "'): they must have the same first axis");
-  std::optional<npy_array> ein, etg;
-  if (!cfg.get_string("data.eval_inputs").empty() || !cfg.get_string("data.eval_targets").empty()) {
-    auto a = open_array(cfg, "data.eval_inputs");
-    if (!a) return a.err();
-    auto b = open_array(cfg, "data.eval_targets");
-    if (!b) return b.err();
-    if (a->rows() != b->rows())
-      return make_error("data.eval_inputs has " + std::to_string(a->rows()) + " samples, data.eval_targets " + std::to_string(b->rows()) +
-                        ": they must have the same first axis");
-    ein = std::move(a.value());
-    etg = std::move(b.value());
-  }
   const std::string loss = cfg.get_string("train.loss");
   if (loss != "cross_entropy" && loss != "mse") return make_error("train.loss must be cross_entropy or mse, got '" + loss + "'");
-  if (tin->rows() < 2 && !ein) return make_error("data.train_inputs has fewer than 2 samples: nothing to hold out for evaluation");
+  const double val_fraction = cfg.get_double("data.val_fraction");
+  // The held-out share of a source: its last samples.
+  auto hold_out = [&](std::shared_ptr<sample_source> all, std::shared_ptr<sample_source>& train, std::shared_ptr<sample_source>& eval) -> status {
+    const int64_t n = all->size();
+    const int64_t held = std::clamp<int64_t>(static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))), n > 1 ? 1 : 0,
+                                             std::max<int64_t>(0, n - 1));
+    if (n - held < 1) return make_error("no training samples left after data.val_fraction");
+    train = std::make_shared<subset_source>(all, 0, n - held);
+    eval = std::make_shared<subset_source>(all, n - held, held);
+    return {};
+  };
+  std::shared_ptr<sample_source> train, eval;
+  const bool tokens = !cfg.get_string("data.train_tokens").empty();
+  if (tokens) {
+    // nanoGPT's .bin token streams: a sample is a window of model.context + 1 tokens.
+    const int64_t context = cfg.get_int("model.context");
+    const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
+    auto open_tokens = [&](const std::string& key) -> result<std::shared_ptr<token_file>> {
+      auto f = token_file::open(cfg.get_string(key), vocab, static_cast<uint64_t>(context) + 2);
+      if (!f) return make_error(key + ": " + f.message());
+      return std::make_shared<token_file>(std::move(f.value()));
+    };
+    auto tf = open_tokens("data.train_tokens");
+    if (!tf) return tf.err();
+    // Training: every start position; evaluation: windows side by side.
+    auto all = std::make_shared<token_source>(tf.value(), context, 1, 0, static_cast<int64_t>(tf.value()->size()) - context);
+    if (!cfg.get_string("data.eval_tokens").empty()) {
+      auto ef = open_tokens("data.eval_tokens");
+      if (!ef) return ef.err();
+      train = all;
+      eval = std::make_shared<token_source>(ef.value(), context, context, 0, (static_cast<int64_t>(ef.value()->size()) - 1) / context);
+    } else {
+      // Held out: the stream's last share, cut at a window boundary so no
+      // evaluation token is ever trained on.
+      const int64_t n = static_cast<int64_t>(tf.value()->size());
+      const int64_t cut = n - std::max<int64_t>(context + 1, static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))));
+      if (cut < context + 1) return make_error("data.train_tokens: too few tokens to hold out data.val_fraction and still train");
+      train = std::make_shared<token_source>(tf.value(), context, 1, 0, cut - context);
+      eval = std::make_shared<token_source>(tf.value(), context, context, cut, (n - cut - 1) / context);
+    }
+  } else {
+    auto tin = open_array(cfg, "data.train_inputs");
+    if (!tin) return tin.err();
+    auto ttg = open_array(cfg, "data.train_targets");
+    if (!ttg) return ttg.err();
+    if (tin->rows() != ttg->rows())
+      return make_error("data.train_inputs has " + std::to_string(tin->rows()) + " samples ('" + tin->path() + "'), data.train_targets " +
+                        std::to_string(ttg->rows()) + " ('" + ttg->path() + "'): they must have the same first axis");
+    auto all = std::make_shared<array_source>(std::move(tin.value()), std::move(ttg.value()));
+    if (!cfg.get_string("data.eval_inputs").empty() || !cfg.get_string("data.eval_targets").empty()) {
+      auto a = open_array(cfg, "data.eval_inputs");
+      if (!a) return a.err();
+      auto b = open_array(cfg, "data.eval_targets");
+      if (!b) return b.err();
+      if (a->rows() != b->rows())
+        return make_error("data.eval_inputs has " + std::to_string(a->rows()) + " samples, data.eval_targets " + std::to_string(b->rows()) +
+                          ": they must have the same first axis");
+      train = all;
+      eval = std::make_shared<array_source>(std::move(a.value()), std::move(b.value()));
+    } else {
+      if (all->size() < 2) return make_error("data.train_inputs has fewer than 2 samples: nothing to hold out for evaluation");
+      if (auto st = hold_out(all, train, eval); !st) return st.err();
+    }
+  }
   auto m = std::make_shared<scripted>(std::move(jm));
-  auto t = std::make_unique<torchscript_task>(m, std::move(tin.value()), std::move(ttg.value()), std::move(ein), std::move(etg),
-                                               cfg.get_double("data.val_fraction"), loss, cfg.get_bool("train.loss_is_nll"));
-  if (t->train_size() < 1) return make_error("no training samples left after data.val_fraction");
+  auto t = std::make_unique<torchscript_task>(m, train, eval, loss, cfg.get_bool("train.loss_is_nll"));
+  if (t->train_size() < 1) return make_error("no training samples");
   // The contract, on a first batch of two samples: one clear line when the
   // module and the data do not fit each other.
   try {

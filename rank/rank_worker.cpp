@@ -488,6 +488,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   }
 
   const step_cadence cadence = step_cadence_of(cfg);
+  // Buffers training changes (BatchNorm): rank 0's go to every rank after
+  // each step (PyTorch DDP's broadcast_buffers), or the ranks' states drift
+  // apart and the digest comparison stops the job.
+  std::vector<torch::Tensor> moving_buffers;
+  if (g.pg && state.the_task().buffers_change_in_training())
+    for (auto& b : state.the_task().module()->buffers()) moving_buffers.push_back(b);
   if (!g.plan.checkpoint_store().empty()) {
     // The host buffer of this rank's part, made ahead of the first checkpoint.
     if (!im.writer)
@@ -526,6 +532,16 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     auto r = state.train_step_dp(g.rank, g.world, sync);
     if (!r) return failed(g, r.message(), state.step());
     const int64_t step = state.step();
+    if (!moving_buffers.empty()) {
+      c10d::BroadcastOptions bo;
+      bo.rootRank = 0;
+      torch::NoGradGuard no_grad;
+      for (auto& b : moving_buffers) {
+        std::vector<torch::Tensor> t{b};
+        if (auto st = wait_work(g.pg->broadcast(t, bo), deadline_in(g.timeout), g.abandon_now, "buffer broadcast"); !st)
+          return failed(g, st.message(), step);
+      }
+    }
     acc.set_samples(acc.samples() + r->samples);
     acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
     acc.set_allreduce_exposed_s(acc.allreduce_exposed_s() + r->exposed_s);

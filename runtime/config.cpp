@@ -24,6 +24,7 @@ std::vector<config_key> make_schema() {
   return {
       // model
       {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST), transformer (English->Italian), gpt (GCIDE text), torchscript (your PyTorch module, model.file, on .npy data).", -1e300, {"vit", "transformer", "gpt", "torchscript"}},
+      {"model.vocab_size", vk::integer, "65536", "torchscript with token streams: every token id must be below it (checked when the files are opened).", 1, {}},
       {"model.file", vk::string, "", "torchscript: the file torch.jit.script(module).save(PATH) wrote."},
       {"model.dim", vk::integer, "64", "Width of the model (embedding size).", 8},
       {"model.layers", vk::integer, "4", "Number of blocks (encoder and decoder each, for transformer).", 1},
@@ -31,7 +32,7 @@ std::vector<config_key> make_schema() {
       {"model.mlp_ratio", vk::floating, "4.0", "Hidden size of each MLP as a multiple of model.dim.", 0.25},
       {"model.dropout", vk::floating, "0.0", "Dropout probability in attention and MLP outputs.", 0.0},
       {"model.patch_size", vk::integer, "7", "vit: side of the square patches; must divide 28.", 1},
-      {"model.context", vk::integer, "128", "gpt: tokens per training sequence; transformer: longest word kept.", 8},
+      {"model.context", vk::integer, "128", "gpt, torchscript token streams: tokens per training sequence; transformer: longest word kept.", 8},
       {"model.label_smoothing", vk::floating, "0.1", "transformer: label smoothing of the cross-entropy.", 0.0},
       // data
       {"data.fashion_mnist_dir", vk::string, "/usr/share/datasets/fashion-mnist", "Folder with the Fashion-MNIST IDX .gz files (Debian: dataset-fashion-mnist)."},
@@ -42,6 +43,8 @@ std::vector<config_key> make_schema() {
       {"data.train_targets", vk::string, "", "torchscript: training targets, .npy (class ids for cross_entropy, values for mse)."},
       {"data.eval_inputs", vk::string, "", "torchscript: held-out inputs, .npy (empty: data.val_fraction of the training arrays)."},
       {"data.eval_targets", vk::string, "", "torchscript: held-out targets, .npy."},
+      {"data.train_tokens", vk::string, "", "torchscript: a token stream in nanoGPT's .bin format (flat uint16 ids); a sample is a window of model.context + 1 tokens."},
+      {"data.eval_tokens", vk::string, "", "torchscript: held-out token stream, .bin (empty: the last data.val_fraction of data.train_tokens)."},
       {"data.max_text_bytes", vk::integer, "0", "gpt: use at most this many bytes of GCIDE text (0 = all).", 0},
       // train
       {"train.max_steps", vk::integer, "4000", "Optimizer steps to train.", 1},

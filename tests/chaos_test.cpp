@@ -394,6 +394,29 @@ TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
   EXPECT_NEAR(std::strtod(out.c_str(), nullptr), ours, 0.005) << out;
 }
 
+// BatchNorm's running statistics change in training: every rank takes rank
+// 0's after each step (as DDP does), so the ranks never drift apart (the
+// digest comparison every 5 steps would stop the job), also across a
+// generation change (a node killed: the survivors go on).
+TEST(Chaos, BatchNormBuffersStayEqualAcrossRanks) {
+  temp_dir fix;
+  const std::string src = DTACTOR_SOURCE_DIR;
+  if (std::system(("/usr/bin/python3.11 " + src + "/tests/data/make_torchscript_fixtures.py " + fix.path() + " > /dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
+  temp_dir d;
+  const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + fix.path() + "/bn.pt",
+                                         "data.train_inputs=" + fix.path() + "/x_train.npy", "data.train_targets=" + fix.path() + "/y_train.npy",
+                                         "train.global_batch_size=64", "train.max_steps=1500", "train.warmup_steps=10", "train.lr=0.01",
+                                         "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=1",
+                                         "cluster.digest_every_steps=5", "cluster.min_nodes=3"};
+  cluster cl(d.path(), set_flags(sets, {}));
+  ASSERT_EQ(cl.start({"a", "b", "c"}), "");
+  ASSERT_TRUE(cl.wait_step(40, 3)) << cl.logs();
+  cl.signal_node("c", SIGKILL);  // a new generation of two
+  expect_finished_without_loss(cl, 1500, 2);
+  for (const auto& f : events(cl.journal(), "rank_failed")) EXPECT_EQ(f.at("detail").get<std::string>().find("differ"), std::string::npos) << f.dump();
+}
+
 TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
   temp_dir d;
   cluster cl(d.path(), job_sets(2500, {"cluster.min_nodes=2"}));

@@ -59,7 +59,32 @@ class ScalarLoss(MLP):
         return nn.functional.cross_entropy(self.forward(x), y)
 
 
+class WithBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Bigram(nn.Module):
+    # next-token scores from the current token alone: [batch, positions, vocab]
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(64, 64)
+
+    def forward(self, x):
+        return self.table(x)
+
+
+# nanoGPT's .bin: flat uint16 token ids; a pattern a bigram model can learn
+np.tile(np.arange(50, dtype=np.uint16), 400).tofile(os.path.join(out, "tokens.bin"))
+np.array([1, 2, 3, 70, 5] * 20, dtype=np.uint16).tofile(os.path.join(out, "tokens_bad.bin"))
+
 torch.manual_seed(0)
+torch.jit.script(Bigram()).save(os.path.join(out, "bigram.pt"))
+torch.jit.script(WithBatchNorm()).save(os.path.join(out, "bn.pt"))
 torch.jit.script(MLP()).save(os.path.join(out, "mlp.pt"))
 torch.jit.script(WithLoss()).save(os.path.join(out, "mlp_loss.pt"))
 torch.jit.script(BadShape()).save(os.path.join(out, "bad_shape.pt"))
