@@ -102,6 +102,20 @@ void on_leave(membership_self self, const inbound& in) {
   emit(self, ev::node_left{id, in.env.leave().reason()});
 }
 
+// A node that must not train (its data differs, its ranks cannot start):
+// out of the membership, told why in a shutdown (its log and exit say it),
+// journaled; the job goes on without it.
+void refuse_node(membership_self self, const std::string& id, const std::string& why) {
+  auto& st = self->state;
+  log_line(st.opts.log, why);
+  emit(self, ev::node_error{id, why});
+  st.members.remove(id, self->clock().now(), departure::left);
+  auto env = make_envelope(st.opts.header, current_generation(st));
+  env.mutable_shutdown()->set_reason(why);
+  env.mutable_shutdown()->set_refused(true);
+  if (auto p = st.peers.find(id); p != st.peers.end()) st.out(links::nodes, p->second, std::move(env));
+}
+
 // Readiness and failures of a node's ranks. The node agent relays them as
 // "node/<id>" (its incarnation) or passes a rank's own envelope on as
 // "rank/<id>/<local_rank>" (the rank's incarnation: the node's is assumed).
@@ -120,6 +134,13 @@ void on_rank_status(membership_self self, const inbound& in) {
   auto now = self->clock().now();
   switch (s.status()) {
     case pb::rank_status::STATE_IDLE:
+      for (const auto& [path, digest] : s.data_digests()) {
+        auto [ref, first] = st.opts.data_digests.emplace(path, digest);
+        if (first || ref->second == digest) continue;
+        refuse_node(self, id, "data file '" + path + "' on node '" + id + "' differs from the coordinator's (" + digest + ", expected " + ref->second +
+                                  "): the node is refused");
+        return;
+      }
       st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
       break;
     case pb::rank_status::STATE_READY:
@@ -131,6 +152,12 @@ void on_rank_status(membership_self self, const inbound& in) {
         log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' exited (code " + std::to_string(s.exit_code()) + ")");
       break;
     case pb::rank_status::STATE_FAILED:
+      if (in.env.generation() == 0 && s.global_rank() < 0) {
+        // The warm-up failed (the model or the data could not be loaded):
+        // no generation can use this node as it is.
+        refuse_node(self, id, "node '" + id + "' cannot start rank " + std::to_string(s.local_rank()) + ": " + s.detail());
+        return;
+      }
       if (st.members.report_failure(in.env.generation(), id, s.local_rank(), now))
         log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' failed in generation " +
                                   std::to_string(in.env.generation()) + " (" + s.detail() + "); suspecting silent nodes");

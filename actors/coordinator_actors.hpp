@@ -39,6 +39,10 @@ struct coordinator_options {
   // state (every node was lost, or a coordinator restarted without adopting
   // the running generation).
   int64_t initial_checkpoint_step = -1;
+  // The job's data files as the coordinator sees them (path -> digest,
+  // runtime/job_config.hpp data_file_digests); a node whose ranks opened
+  // different ones is refused. Files missing here take the first node's.
+  std::map<std::string, std::string> data_digests;
   log_fn log;         // one line per event worth a journal entry (may be empty)
   event_sink events;  // node_joined, node_lost, node_left, node_quarantined, job_waiting, generation_started, generation_adopted
 };

@@ -253,6 +253,7 @@ void on_coordinator(agent_self self, const inbound& in) {
       }
       if (st.phase == node_phase::stopped) return;  // the coordinator may say it twice
       log_line(self, "shutdown: " + env.shutdown().reason());
+      if (env.shutdown().refused() && st.opts.on_refused) st.opts.on_refused(env.shutdown().reason());
       wind_down(self, node_phase::stopped, env.shutdown().reason());
       quit_if_done(self);
       break;

@@ -80,6 +80,9 @@ struct node_agent_options {
   // (may be empty: the options above stay).
   std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;
   log_fn log;
+  // Called once when the coordinator refuses this node (shutdown.refused),
+  // with its reason: the process then exits non-zero.
+  std::function<void(const std::string&)> on_refused;
 };
 
 // initial * 2^attempt, capped at `max` (attempt 0 -> initial).

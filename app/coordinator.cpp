@@ -172,6 +172,7 @@ int run_coordinator(const cluster_cli& cli) {
   copts.config_toml = config_text;
   copts.initial_checkpoint_step = resume_step;
   copts.checkpoint_store = store.location();
+  copts.data_digests = data_file_digests(cfg);
   copts.log = log;
   copts.events = sink.as_sink();
 

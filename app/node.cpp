@@ -1,6 +1,7 @@
 // The node process: the node agent actor (actors/node_agent), the ZeroMQ
 // bridge (a DEALER to the coordinator, a ROUTER on an ipc socket for the
 // ranks), and the rank processes it starts and reaps.
+#include <mutex>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -149,6 +150,13 @@ int run_node(const cluster_cli& cli) {
   };
 
   node_agent_options o;
+  // The coordinator refused this node: say why on stderr, exit 1.
+  auto refused = std::make_shared<std::string>();
+  auto refused_mu = std::make_shared<std::mutex>();
+  o.on_refused = [refused, refused_mu](const std::string& why) {
+    std::lock_guard<std::mutex> lock(*refused_mu);
+    *refused = why;
+  };
   o.node_id = node_id;
   o.advertise_addr = advertise;
   o.hostname = host_name();
@@ -245,6 +253,13 @@ int run_node(const cluster_cli& cli) {
                         caf::anon_send(agent, leave_atom::value, std::string("signal ") + std::to_string(sig));
                       }
                     });
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(*refused_mu);
+    if (!refused->empty()) {
+      std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refused->c_str());
+      code = 1;
     }
   }
   // A signal that arrived while the job was ending (the coordinator's stop

@@ -180,7 +180,12 @@ void rank_worker::run() {
     std::string what = e.what();
     return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, what.substr(0, what.find('\n')));
   }
-  status(0, pb::rank_status::STATE_IDLE, -1, im.state->step(), "warmed up");
+  {
+    // The data as this rank opened it, for the coordinator to compare.
+    auto idle = status_of(pb::rank_status::STATE_IDLE, -1, local, im.state->step(), "warmed up");
+    for (auto& [path, digest] : data_file_digests(*im.cfg)) (*idle.mutable_data_digests())[path] = digest;
+    if (cb_.on_status) cb_.on_status(0, std::move(idle));
+  }
 
   uint64_t current = 0;
   for (;;) {

@@ -1,5 +1,8 @@
 #include "runtime/job_config.hpp"
 
+#include "runtime/fs.hpp"
+#include "runtime/hash.hpp"
+
 namespace dtactor {
 
 status validate_training_config(const config& cfg) {
@@ -55,6 +58,26 @@ checkpoint_policy checkpoint_policy_of(const config& cfg) {
   p.best_metric = cfg.get_string("checkpoint.best_metric").empty() ? main_metric_for(cfg.get_string("model.name")) : cfg.get_string("checkpoint.best_metric");
   p.higher_is_better = higher_is_better(p.best_metric);
   return p;
+}
+
+result<std::string> file_digest(const std::string& path) {
+  auto m = mapped_file::open(path);
+  if (!m) return m.err();
+  return std::to_string(m->size()) + ":" + hex64(hash64(m->data(), m->size()));
+}
+
+std::map<std::string, std::string> data_file_digests(const config& cfg, std::vector<std::string>* missing) {
+  std::map<std::string, std::string> out;
+  if (cfg.get_string("model.name") != "torchscript") return out;
+  for (const char* key : {"model.file", "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets", "data.train_tokens",
+                          "data.eval_tokens"}) {
+    const std::string& path = cfg.get_string(key);
+    if (path.empty()) continue;
+    auto d = file_digest(path);
+    if (d) out[path] = d.value();
+    else if (missing) missing->push_back(path);
+  }
+  return out;
 }
 
 }  // namespace dtactor

@@ -3,7 +3,9 @@
 // the coordinator (and `dtactor config`) validate before any node trains,
 // without LibTorch. The model-specific checks (shapes, data files) happen
 // where the model is built (model/task.hpp).
+#include <map>
 #include <string>
+#include <vector>
 
 #include "checkpoint.pb.h"
 #include "runtime/checkpoint_store.hpp"
@@ -27,6 +29,14 @@ std::string main_metric_for(const std::string& model_name);
 
 // checkpoint.dir, or RUN_DIR/checkpoints when it is empty.
 std::string checkpoint_dir_of(const config& cfg, const std::string& run_dir);
+
+// The files a job trains from that every node must hold identically (the
+// scripted module and the .npy / .bin data of a torchscript job; the
+// built-in models read Debian's packaged data sets): path -> "<size>:<XXH3
+// hex>" of those that exist here. `missing` (optional) gets the others.
+std::map<std::string, std::string> data_file_digests(const config& cfg, std::vector<std::string>* missing = nullptr);
+// One file's "<size>:<XXH3 hex>", or an error naming it.
+result<std::string> file_digest(const std::string& path);
 
 // checkpoint.keep_last, keep_best and best_metric (the model's main metric
 // when empty) as a store policy.

@@ -417,6 +417,50 @@ TEST(Chaos, BatchNormBuffersStayEqualAcrossRanks) {
   for (const auto& f : events(cl.journal(), "rank_failed")) EXPECT_EQ(f.at("detail").get<std::string>().find("differ"), std::string::npos) << f.dump();
 }
 
+// A node whose copy of the data differs (here: one changed number, seen
+// only by that node's processes through a bind mount in a mount namespace
+// of its own) is refused in one line naming the file and exits 1; the job
+// trains on without it.
+TEST(Chaos, ANodeWithDifferentDataIsRefusedNeverTrainedOn) {
+  temp_dir fix;
+  const std::string src = DTACTOR_SOURCE_DIR;
+  if (std::system(("/usr/bin/python3.11 " + src + "/tests/data/make_torchscript_fixtures.py " + fix.path() + " > /dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
+  if (std::system("unshare -m true > /dev/null 2>&1") != 0) GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
+  const std::string changed = fix.path() + "/x_changed.npy";
+  ASSERT_EQ(std::system(("/usr/bin/python3.11 -c \"import numpy as np; x=np.load('" + fix.path() + "/x_train.npy'); x[5,3]+=1; np.save('" + changed +
+                         "', x)\"").c_str()),
+            0);
+  temp_dir d;
+  const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + fix.path() + "/mlp.pt",
+                                         "data.train_inputs=" + fix.path() + "/x_train.npy", "data.train_targets=" + fix.path() + "/y_train.npy",
+                                         "train.global_batch_size=64", "train.max_steps=100000000", "eval.every_steps=0",
+                                         "checkpoint.every_steps=0", "train.log_every_steps=100"};
+  cluster cl(d.path(), set_flags(sets, {}));
+  ASSERT_EQ(cl.start({"a"}), "");
+  ASSERT_TRUE(cl.wait_step(100, 1)) << cl.logs();
+  auto b = child_process::spawn({"/usr/bin/unshare", "-m", "/bin/sh", "-c",
+                                 "mount --bind " + changed + " " + fix.path() + "/x_train.npy && exec " + kBin + " --role node --coordinator " +
+                                     cl.endpoint + " --node-id b --advertise-addr 127.0.0.1 --threads-per-rank 1"},
+                                false, d.path() + "/node-b.log");
+  ASSERT_TRUE(b);
+  auto end = b->wait(120000);
+  ASSERT_TRUE(end) << cl.logs();
+  EXPECT_EQ(end->exit_code, 1) << cl.logs();
+  auto errors = events(cl.journal(), "job_error");
+  ASSERT_EQ(errors.size(), 1u) << cl.logs();
+  EXPECT_EQ(errors[0].at("node"), "b");
+  EXPECT_NE(errors[0].at("message").get<std::string>().find("data file '" + fix.path() + "/x_train.npy' on node 'b' differs from the coordinator's"),
+            std::string::npos)
+      << errors[0].dump();
+  for (const auto& g : events(cl.journal(), "generation_started"))
+    for (const auto& n : g.at("nodes")) EXPECT_NE(n, "b") << "never planned in";
+  std::ifstream f(d.path() + "/node-b.log");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(ss.str().find("dtactor: refused by the coordinator: data file"), std::string::npos) << ss.str();
+}
+
 TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
   temp_dir d;
   cluster cl(d.path(), job_sets(2500, {"cluster.min_nodes=2"}));

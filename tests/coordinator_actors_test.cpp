@@ -957,6 +957,59 @@ TEST_F(coordinator_actors, checkpoints_are_saved_before_the_end_and_the_newest_g
   EXPECT_EQ(of<ev::checkpoint_saved>().back().step, 5);
 }
 
+// A node whose ranks opened other data than the coordinator's (a truncated
+// copy, another version) is refused with one line naming the file and is
+// never planned in; a file the coordinator does not have takes the first
+// node's digest as the reference.
+TEST_F(coordinator_actors, a_node_with_different_data_files_is_refused_and_never_trained_on) {
+  auto o = coord_opts(2);
+  o.data_digests = {{"/data/x.npy", "4096:aaaa"}};
+  start(o, 100);
+  auto idle = [](const std::string& node, std::map<std::string, std::string> digests) {
+    auto in = status_from(node, 0, pb::rank_status::STATE_IDLE);
+    for (auto& [k, v] : digests) (*in.env.mutable_rank_status()->mutable_data_digests())[k] = v;
+    return in;
+  };
+  send(register_from("a", 1));
+  send(register_from("b", 1));
+  send(register_from("c", 1));
+  send(idle("a", {{"/data/x.npy", "4096:aaaa"}, {"/data/y.npy", "64:1111"}}));
+  send(idle("b", {{"/data/x.npy", "2048:bbbb"}, {"/data/y.npy", "64:1111"}}));
+  advance(300ms);
+  EXPECT_TRUE(wire.with(pb::envelope::kGenerationPlan, "peer-a").empty()) << "b is refused: only one node is ready";
+  auto errors = of<ev::node_error>();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].node, "b");
+  EXPECT_EQ(errors[0].message, "data file '/data/x.npy' on node 'b' differs from the coordinator's (2048:bbbb, expected 4096:aaaa): the node is refused");
+  auto down = wire.with(pb::envelope::kShutdown, "peer-b");
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].env.shutdown().reason(), errors[0].message);
+  EXPECT_TRUE(down[0].env.shutdown().refused());
+  // y.npy is not on the coordinator: a's digest is the reference.
+  send(idle("c", {{"/data/x.npy", "4096:aaaa"}, {"/data/y.npy", "64:2222"}}));
+  ASSERT_EQ(of<ev::node_error>().size(), 2u);
+  EXPECT_NE(of<ev::node_error>()[1].message.find("data file '/data/y.npy' on node 'c' differs"), std::string::npos);
+  // A node with the same files is planned in with a.
+  send(register_from("d", 1));
+  send(idle("d", {{"/data/x.npy", "4096:aaaa"}, {"/data/y.npy", "64:1111"}}));
+  advance(300ms);
+  auto p = last_plan("peer-a");
+  ASSERT_EQ(p.world_size(), 2);
+  std::set<std::string> nodes;
+  for (const auto& r : p.ranks()) nodes.insert(r.node_id());
+  EXPECT_EQ(nodes, (std::set<std::string>{"a", "d"}));
+  // A node whose rank cannot even load the data (its warm-up fails) is
+  // refused the same way, in one line, instead of waiting unseen.
+  send(register_from("e", 1));
+  auto failed = status_from("e", 0, pb::rank_status::STATE_FAILED);
+  failed.env.mutable_rank_status()->set_detail("data.train_inputs has 1000 samples, data.train_targets 1024");
+  failed.env.mutable_rank_status()->set_global_rank(-1);  // the warm-up's (in no generation yet)
+  send(failed);
+  ASSERT_EQ(of<ev::node_error>().size(), 3u);
+  EXPECT_EQ(of<ev::node_error>()[2].message, "node 'e' cannot start rank 0: data.train_inputs has 1000 samples, data.train_targets 1024");
+  EXPECT_EQ(wire.with(pb::envelope::kShutdown, "peer-e").size(), 1u);
+}
+
 TEST_F(coordinator_actors, a_checkpoint_is_committed_once_every_rank_stored_its_part) {
   with_writer = true;
   start(coord_opts(1), 50);
