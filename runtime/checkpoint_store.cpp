@@ -288,6 +288,12 @@ result<std::optional<pb::checkpoint_meta>> checkpoint_store::newest_valid(
   for (const auto& o : *all)
     if (auto step = manifest_step(o.name)) manifests.emplace_back(*step, o.name);
   std::sort(manifests.rbegin(), manifests.rend());
+  // Checkpoints of the old single-file format are said, not silently passed
+  // over (a run would otherwise start again from step 0 unannounced).
+  if (on_skip)
+    for (const auto& o : *all)
+      if (o.name.rfind("ckpt-", 0) == 0 && o.name.size() > 4 && o.name.compare(o.name.size() - 4, 4, ".dtc") == 0)
+        on_skip(location() + "/" + o.name, "a checkpoint of the old single-file format (before format 2), which this dtactor does not read");
   for (const auto& [step, name] : manifests) {
     auto meta = read_manifest(name);
     status st = meta ? verify(meta.value(), checksums) : status(meta.err());

@@ -374,6 +374,16 @@ TEST(checkpoint_store, generation_fencing_refuses_an_older_generation) {
   EXPECT_FALSE(other.commit(write_parts(other, meta_at(14, 5), stream_for(14), 1)).ok());
 }
 
+TEST(checkpoint_store, old_single_file_checkpoints_are_reported_not_passed_over_silently) {
+  temp_dir dir;
+  spit(dir / "ckpt-000000100.dtc", "DTACKPT1 whatever");
+  auto store = open_store(dir.path());
+  std::vector<std::string> skipped;
+  EXPECT_FALSE(newest(store, &skipped).has_value());
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0], dir / "ckpt-000000100.dtc" + ": a checkpoint of the old single-file format (before format 2), which this dtactor does not read");
+}
+
 TEST(checkpoint_store, empty_directory_has_no_checkpoint) {
   temp_dir dir;
   auto store = open_store(dir.path());
