@@ -362,7 +362,7 @@ TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
 TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
   temp_dir fix;
   const std::string src = DTACTOR_SOURCE_DIR;
-  if (std::system(("/usr/bin/python3.11 " + src + "/tests/data/make_torchscript_fixtures.py " + fix.path() + " > /dev/null 2>&1").c_str()) != 0)
+  if (!testing::write_torchscript_fixtures(fix.path(), src))
     GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
   temp_dir d;
   const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + fix.path() + "/mlp.pt",
@@ -401,7 +401,7 @@ TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
 TEST(Chaos, BatchNormBuffersStayEqualAcrossRanks) {
   temp_dir fix;
   const std::string src = DTACTOR_SOURCE_DIR;
-  if (std::system(("/usr/bin/python3.11 " + src + "/tests/data/make_torchscript_fixtures.py " + fix.path() + " > /dev/null 2>&1").c_str()) != 0)
+  if (!testing::write_torchscript_fixtures(fix.path(), src))
     GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
   temp_dir d;
   const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + fix.path() + "/bn.pt",
@@ -424,7 +424,7 @@ TEST(Chaos, BatchNormBuffersStayEqualAcrossRanks) {
 TEST(Chaos, ANodeWithDifferentDataIsRefusedNeverTrainedOn) {
   temp_dir fix;
   const std::string src = DTACTOR_SOURCE_DIR;
-  if (std::system(("/usr/bin/python3.11 " + src + "/tests/data/make_torchscript_fixtures.py " + fix.path() + " > /dev/null 2>&1").c_str()) != 0)
+  if (!testing::write_torchscript_fixtures(fix.path(), src))
     GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
   if (std::system("unshare -m true > /dev/null 2>&1") != 0) GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
   const std::string changed = fix.path() + "/x_changed.npy";

@@ -40,6 +40,14 @@ inline config tiny_vit_config(const std::vector<std::string>& extra = {}) {
   return c.value();
 }
 
+// Scripted PyTorch modules and .npy / .bin data written by Debian's
+// python3-torch and NumPy (tests/data/make_torchscript_fixtures.py) into
+// `dir`; false when python3-torch is not installed (tests then skip, saying so).
+inline bool write_torchscript_fixtures(const std::string& dir, const std::string& source_dir) {
+  const std::string cmd = "/usr/bin/python3.11 " + source_dir + "/tests/data/make_torchscript_fixtures.py " + dir + " > /dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
 inline std::vector<nlohmann::json> read_journal(const std::string& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);

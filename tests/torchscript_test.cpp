@@ -20,9 +20,7 @@ using testing::temp_dir;
 const std::string& fixtures() {
   static std::string dir = [] {
     std::string d = (std::filesystem::temp_directory_path() / ("dtactor-ts-" + std::to_string(::getpid()))).string();
-    const std::string cmd = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/tests/data/make_torchscript_fixtures.py " + d +
-                            " > /dev/null 2>&1";
-    return std::system(cmd.c_str()) == 0 ? d : std::string();
+    return testing::write_torchscript_fixtures(d, DTACTOR_SOURCE_DIR) ? d : std::string();
   }();
   return dir;
 }
