@@ -39,6 +39,7 @@ result<config> checked_setup(const cluster_cli& cli, int& code) {
   code = 2;
   auto loaded = config::load(cli.config_path, cli.overrides);
   if (!loaded) return loaded.err();
+  absolutize_data_paths(loaded.value());
   const config& cfg = loaded.value();
   if (auto st = validate_training_config(cfg); !st) return st.err();
   if (auto why = validate(liveness_options_from(cfg)); !why.empty()) return make_error(why);

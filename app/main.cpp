@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
   if (*train) {
     auto cfg = dtactor::config::load(config_path, overrides);
     if (!cfg) return fail(cfg.message(), 2);
+    dtactor::absolutize_data_paths(cfg.value());
     if (auto st = dtactor::validate_training_config(cfg.value()); !st) return fail(st.message(), 2);
     if (print_config) {
       std::fputs(cfg->to_toml().c_str(), stdout);

@@ -1,5 +1,7 @@
 #include "runtime/job_config.hpp"
 
+#include <filesystem>
+
 #include "runtime/fs.hpp"
 #include "runtime/hash.hpp"
 
@@ -58,6 +60,17 @@ checkpoint_policy checkpoint_policy_of(const config& cfg) {
   p.best_metric = cfg.get_string("checkpoint.best_metric").empty() ? main_metric_for(cfg.get_string("model.name")) : cfg.get_string("checkpoint.best_metric");
   p.higher_is_better = higher_is_better(p.best_metric);
   return p;
+}
+
+void absolutize_data_paths(config& cfg) {
+  for (const char* key : {"model.file", "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets", "data.train_tokens",
+                          "data.eval_tokens"}) {
+    const std::string path = cfg.get_string(key);
+    if (path.empty() || path.front() == '/') continue;
+    std::error_code ec;
+    auto abs = std::filesystem::absolute(path, ec);
+    if (!ec) (void)cfg.set(key, abs.lexically_normal().string());
+  }
 }
 
 result<std::string> file_digest(const std::string& path) {

@@ -35,6 +35,11 @@ std::string checkpoint_dir_of(const config& cfg, const std::string& run_dir);
 // built-in models read Debian's packaged data sets): path -> "<size>:<XXH3
 // hex>" of those that exist here. `missing` (optional) gets the others.
 std::map<std::string, std::string> data_file_digests(const config& cfg, std::vector<std::string>* missing = nullptr);
+// Makes the job's file paths that a user gives relative to where they
+// started dtactor (model.file, data.train_*/eval_* of a torchscript job)
+// absolute, so that the config stored in the run directory and in every
+// checkpoint names the same files from anywhere (eval, export, the ranks).
+void absolutize_data_paths(config& cfg);
 // One file's "<size>:<XXH3 hex>", or an error naming it.
 result<std::string> file_digest(const std::string& path);
 
