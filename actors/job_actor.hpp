@@ -30,7 +30,7 @@
 #include "caf/event_based_actor.hpp"
 #include "caf/response_promise.hpp"
 #include "caf/stateful_actor.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -37,7 +37,7 @@
 #include "caf/behavior.hpp"
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "runtime/fs.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

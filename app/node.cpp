@@ -20,7 +20,7 @@
 #include "app/cluster_util.hpp"
 #include "monitoring/gpu_metrics.hpp"
 #include "monitoring/metrics.hpp"
-#include "runtime/config.hpp"
+#include "dtactor/config.hpp"
 #include "monitoring/resources.hpp"
 #include "runtime/process.hpp"
 #include "runtime/wire.hpp"

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "model/layers.hpp"
-#include "model/task.hpp"
+#include "dtactor/task.hpp"
 #include "model/text_data.hpp"
 
 namespace dtactor {
@@ -59,7 +59,6 @@ class gpt_task : public task {
   // next-byte cross-entropy, in nats) and perplexity = exp(val_loss).
   // Example: a greedy continuation of a fixed prompt.
   eval_result evaluate(int64_t max_samples, int64_t batch_size) override;
-  std::string main_metric() const override { return "val_loss"; }
 
   gpt& model() { return model_; }
   int64_t context() const { return context_; }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "runtime/fs.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

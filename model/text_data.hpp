@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/dictd.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -11,7 +11,7 @@
 #include <filesystem>
 
 #include "model/npy.hpp"
-#include "model/task.hpp"
+#include "dtactor/task.hpp"
 #include "runtime/data_wait.hpp"
 
 namespace dtactor {
@@ -162,7 +162,6 @@ class torchscript_task : public task {
   std::shared_ptr<torch::nn::Module> module() override { return m_; }
   int64_t train_size() const override { return train_->size(); }
   int64_t eval_size() const override { return eval_->size(); }
-  std::string main_metric() const override { return !has_loss_method_ && loss_ == "cross_entropy" ? "accuracy" : "val_loss"; }
   bool buffers_change_in_training() const override { return !m_->buffers().empty(); }
   bool save_scripted(const std::string& path) override {
     m_->jit().save(path);

@@ -21,10 +21,10 @@
 #include "model/flat_adamw.hpp"
 #include "model/data_order.hpp"
 #include "model/schedule.hpp"
-#include "model/task.hpp"
-#include "runtime/config.hpp"
+#include "dtactor/task.hpp"
+#include "dtactor/config.hpp"
 #include "runtime/job_config.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/layers.hpp"
-#include "model/task.hpp"
+#include "dtactor/task.hpp"
 #include "model/text_data.hpp"
 
 namespace dtactor {
@@ -88,7 +88,6 @@ class transformer_task : public task {
   // translation equals the target), char_accuracy (teacher-forced next
   // character accuracy over all target tokens, eos included).
   eval_result evaluate(int64_t max_samples, int64_t batch_size) override;
-  std::string main_metric() const override { return "exact_match"; }
 
   // Greedy translations of English words (longer inputs are cut; outputs stop
   // at eos or after twice the longest training target).

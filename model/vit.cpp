@@ -1,7 +1,7 @@
 #include "model/vit.hpp"
 
 #include "model/fashion_mnist.hpp"
-#include "model/task.hpp"
+#include "dtactor/task.hpp"
 #include "runtime/data_wait.hpp"
 
 namespace dtactor {
@@ -41,7 +41,6 @@ class vit_task : public task {
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
   int64_t train_size() const override { return train_.images.size(0); }
   int64_t eval_size() const override { return test_.images.size(0); }
-  std::string main_metric() const override { return "accuracy"; }
 
   torch::Tensor loss_sum(const std::vector<int64_t>& indices) override {
     torch::Tensor x, y;

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "runtime/fs.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 #include "runtime/unix_time.hpp"
 
 namespace dtactor {

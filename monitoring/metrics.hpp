@@ -32,7 +32,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <string>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

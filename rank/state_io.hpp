@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "checkpoint.pb.h"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace c10d {
 class ProcessGroup;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "model/trainer.hpp"
-#include "runtime/config.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/config.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

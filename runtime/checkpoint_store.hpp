@@ -30,7 +30,7 @@
 #include "checkpoint.pb.h"
 #include "runtime/fs.hpp"
 #include "runtime/object_store.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

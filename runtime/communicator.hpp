@@ -11,7 +11,7 @@
 #include <functional>
 #include <string>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

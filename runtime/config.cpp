@@ -1,4 +1,4 @@
-#include "runtime/config.hpp"
+#include "dtactor/config.hpp"
 
 #include <toml++/toml.h>
 
@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "runtime/hash.hpp"
+#include "runtime/task_catalog.hpp"
 
 namespace dtactor {
 
@@ -197,9 +198,53 @@ void flatten(const toml::table& t, const std::string& prefix, std::vector<std::p
 
 }  // namespace
 
-const std::vector<config_key>& config_schema() {
-  static const std::vector<config_key> schema = make_schema();
+namespace {
+std::vector<config_key>& schema_storage() {
+  static std::vector<config_key> schema = make_schema();
   return schema;
+}
+}  // namespace
+
+const std::vector<config_key>& config_schema() { return schema_storage(); }
+
+status extend_config_schema(const std::string& model_name, const std::string& description, const std::vector<config_key>& keys) {
+  auto& schema = schema_storage();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto& k = keys[i];
+    if (k.name.rfind("model.", 0) != 0 && k.name.rfind("data.", 0) != 0)
+      return make_error("config key '" + k.name + "' must be under model. or data. (model.* settings are part of the checkpoint's architecture check)");
+    if (k.name.find_first_of(" \t\"'=[]") != std::string::npos || k.name.back() == '.')
+      return make_error("config key '" + k.name + "' is not a valid name");
+    if (find_key(k.name)) return make_error("config key '" + k.name + "' already exists");
+    for (size_t j = 0; j < i; ++j)
+      if (keys[j].name == k.name) return make_error("config key '" + k.name + "' is declared twice");
+    auto v = parse_text(k, k.default_value);
+    if (!v) return make_error("default of " + v.message());
+    if (k.kind == vk::string && !k.choices.empty() &&
+        std::find(k.choices.begin(), k.choices.end(), k.default_value) == k.choices.end())
+      return make_error("default '" + k.default_value + "' of config key '" + k.name + "' is not one of its choices");
+    if ((k.kind == vk::integer && static_cast<double>(std::get<int64_t>(v.value())) < k.min) ||
+        (k.kind == vk::floating && std::get<double>(v.value()) < k.min))
+      return make_error("default of config key '" + k.name + "' is below its minimum");
+  }
+  // After the model keys, so that `config --reference` keeps sections together.
+  auto model_end = schema.begin();
+  for (auto it = schema.begin(); it != schema.end(); ++it)
+    if (it->name.rfind("model.", 0) == 0) model_end = it + 1;
+  auto data_end = schema.begin();
+  for (auto it = schema.begin(); it != schema.end(); ++it)
+    if (it->name.rfind("data.", 0) == 0) data_end = it + 1;
+  std::vector<config_key> model_keys, data_keys;
+  for (const auto& k : keys) (k.name.rfind("model.", 0) == 0 ? model_keys : data_keys).push_back(k);
+  const auto data_pos = data_end - schema.begin() + static_cast<std::ptrdiff_t>(model_keys.size());
+  schema.insert(model_end, model_keys.begin(), model_keys.end());
+  schema.insert(schema.begin() + data_pos, data_keys.begin(), data_keys.end());
+  for (auto& k : schema)
+    if (k.name == "model.name") {
+      k.choices.push_back(model_name);
+      k.doc += " Registered here: " + model_name + (description.empty() ? std::string() : " (" + description + ")") + ".";
+    }
+  return {};
 }
 
 std::string to_string(const config_value& v) {

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 #include "runtime/shm_group.hpp"
 
 namespace dtactor {

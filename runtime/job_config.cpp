@@ -4,6 +4,7 @@
 
 #include "runtime/fs.hpp"
 #include "runtime/hash.hpp"
+#include "runtime/task_catalog.hpp"
 
 namespace dtactor {
 
@@ -11,7 +12,8 @@ status validate_training_config(const config& cfg) {
   const int64_t b = cfg.get_int("train.global_batch_size"), mb = cfg.get_int("train.micro_batch_size");
   if (mb > b)
     return make_error("train.micro_batch_size (" + std::to_string(mb) + ") cannot exceed train.global_batch_size (" + std::to_string(b) + ")");
-  if (cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
+  const std::string& model = cfg.get_string("model.name");
+  if ((model == "vit" || model == "transformer" || model == "gpt") && cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
     return make_error("model.heads (" + std::to_string(cfg.get_int("model.heads")) + ") must divide model.dim (" +
                       std::to_string(cfg.get_int("model.dim")) + ")");
   if (cfg.get_double("train.min_lr") > cfg.get_double("train.lr"))
@@ -43,6 +45,7 @@ bool higher_is_better(const std::string& metric) {
 }
 
 std::string main_metric_for(const std::string& model_name) {
+  if (const auto* e = catalog_find(model_name)) return e->main_metric;
   if (model_name == "vit") return "accuracy";
   if (model_name == "transformer") return "exact_match";
   return "val_loss";
@@ -62,9 +65,19 @@ checkpoint_policy checkpoint_policy_of(const config& cfg) {
   return p;
 }
 
+namespace {
+// The keys of this job that name files every node must hold identically.
+std::vector<std::string> file_keys_of(const config& cfg) {
+  const std::string& model = cfg.get_string("model.name");
+  if (model == "torchscript")
+    return {"model.file", "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets", "data.train_tokens", "data.eval_tokens"};
+  if (const auto* e = catalog_find(model)) return e->file_keys;
+  return {};
+}
+}  // namespace
+
 void absolutize_data_paths(config& cfg) {
-  for (const char* key : {"model.file", "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets", "data.train_tokens",
-                          "data.eval_tokens"}) {
+  for (const std::string& key : file_keys_of(cfg)) {
     const std::string path = cfg.get_string(key);
     if (path.empty() || path.front() == '/') continue;
     std::error_code ec;
@@ -81,9 +94,7 @@ result<std::string> file_digest(const std::string& path) {
 
 std::map<std::string, std::string> data_file_digests(const config& cfg, std::vector<std::string>* missing) {
   std::map<std::string, std::string> out;
-  if (cfg.get_string("model.name") != "torchscript") return out;
-  for (const char* key : {"model.file", "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets", "data.train_tokens",
-                          "data.eval_tokens"}) {
+  for (const std::string& key : file_keys_of(cfg)) {
     const std::string& path = cfg.get_string(key);
     if (path.empty()) continue;
     auto d = file_digest(path);

@@ -2,15 +2,15 @@
 // Checks and derived settings of a job's config that need no model: what
 // the coordinator (and `dtactor config`) validate before any node trains,
 // without LibTorch. The model-specific checks (shapes, data files) happen
-// where the model is built (model/task.hpp).
+// where the model is built (dtactor/task.hpp).
 #include <map>
 #include <string>
 #include <vector>
 
 #include "checkpoint.pb.h"
 #include "runtime/checkpoint_store.hpp"
-#include "runtime/config.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/config.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

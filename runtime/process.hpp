@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

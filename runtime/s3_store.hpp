@@ -12,7 +12,7 @@
 #include <string>
 
 #include "runtime/object_store.hpp"
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -24,7 +24,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 #include "wire.pb.h"
 
 namespace dtactor::wire {

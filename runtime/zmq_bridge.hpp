@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 #include "runtime/wire.hpp"
 
 namespace zmq {

@@ -1,4 +1,4 @@
-#include "runtime/config.hpp"
+#include "dtactor/config.hpp"
 
 #include <gtest/gtest.h>
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.hpp"
+#include "dtactor/config.hpp"
 
 namespace dtactor::testing {
 

@@ -136,7 +136,6 @@ TEST(TextTransformer, ShapesAndLossContract) {
   auto& tt = dynamic_cast<transformer_task&>(*t);
   EXPECT_GT(t->train_size(), 3000);
   EXPECT_GT(t->eval_size(), 200);
-  EXPECT_EQ(t->main_metric(), "exact_match");
   auto src = torch::tensor(std::vector<int64_t>{5, 6, 7, char_vocab::eos, 5, char_vocab::eos, 0, 0}, torch::kLong).view({2, 4});
   auto tgt = torch::tensor(std::vector<int64_t>{char_vocab::bos, 8, 9, char_vocab::bos, 8, 0}, torch::kLong).view({2, 3});
   auto logits = tt.model()->forward(src, tgt);
@@ -189,7 +188,6 @@ TEST(TextGpt, ShapesAndLossContract) {
   auto& g = dynamic_cast<gpt_task&>(*t);
   EXPECT_EQ(t->train_size(), (static_cast<int64_t>(corpus().train.size()) - 1) / 32);
   EXPECT_EQ(t->eval_size(), (static_cast<int64_t>(corpus().held_out.size()) - 1) / 32);
-  EXPECT_EQ(t->main_metric(), "val_loss");
   auto logits = g.model()->forward(torch::zeros({3, 32}, torch::kLong));
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 32, 256}));
   auto loss = t->loss_sum({0, 1});

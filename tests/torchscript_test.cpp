@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "model/task.hpp"
+#include "dtactor/task.hpp"
 #include "model/trainer.hpp"
 #include "rank/train_command.hpp"
 #include "test_util.hpp"

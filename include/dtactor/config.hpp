@@ -1,15 +1,20 @@
 #pragma once
+// Part of dtactor's public C++ API (dtactor/dtactor.hpp).
 // Job configuration: a flat set of typed keys ("section.key") with defaults
-// that live in exactly one place (config_schema() in config.cpp). Files are
-// TOML; `--set key=value` overrides any key. Unknown keys, wrong types and
-// out-of-range values are errors with one clear line.
+// that live in exactly one place (config_schema() in config.cpp, plus the
+// keys registered tasks declare). Files are TOML; `--set key=value`
+// overrides any key. Unknown keys, wrong types and out-of-range values are
+// errors with one clear line. A task reads its settings with get_int(),
+// get_double(), get_bool() and get_string(); asking for a key that does not
+// exist, or with the wrong type, is a programming error (std::out_of_range /
+// std::bad_variant_access).
 #include <cstdint>
 #include <map>
 #include <string>
 #include <variant>
 #include <vector>
 
-#include "runtime/result.hpp"
+#include "dtactor/result.hpp"
 
 namespace dtactor {
 

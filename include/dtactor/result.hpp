@@ -1,4 +1,5 @@
 #pragma once
+// Part of dtactor's public C++ API (dtactor/dtactor.hpp).
 // A small error-as-value type used at module boundaries (STYLE.md): every
 // failure a user can cause carries one clear, complete line of text.
 #include <optional>
