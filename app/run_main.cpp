@@ -15,6 +15,7 @@
 #include "app/cluster.hpp"
 #include "dtactor/main.hpp"
 #include "rank/train_command.hpp"
+#include "rank/tune_batch.hpp"
 #include "monitoring/report.hpp"
 #include "runtime/blas_info.hpp"
 #include "dtactor/config.hpp"
@@ -49,7 +50,7 @@ std::string config_reference() {
 int dtactor::run_main(int argc, char** argv) {
   dtactor::quiet_blas_workers();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
-               "Modes: train, eval, config, local, report, and --role coordinator|node."};
+               "Modes: train, eval, export, tune-batch, config, local, report, and --role coordinator|node."};
   app.require_subcommand(0, 1);
 
   std::string role;
@@ -107,6 +108,23 @@ int dtactor::run_main(int argc, char** argv) {
   exp->add_option("--out", export_out, "The file to write (torch.jit.load / torch.load read it)")->required();
   exp->add_flag("--state-dict", export_state_dict, "Write a state_dict (torch.load) even for a torchscript job");
 
+  std::string tb_max_memory;
+  int64_t tb_probe = 0;
+  dtactor::tune_batch_options tb;
+  auto* tune = app.add_subcommand("tune-batch",
+                                  "Find the largest per-rank micro-batch that fits a memory budget (doubling, then bisecting, one probe "
+                                  "process per size); results go to the run's journal and log book");
+  tune->add_option("--config", config_path, "Job config file (TOML)");
+  tune->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  tune->add_option("--run-dir", run_dir, "Whose journal and log book get the results (the run you will train in)")->capture_default_str();
+  tune->add_option("--max-memory", tb_max_memory, "Memory one rank may use, e.g. 6G (default: MemAvailable less 10%, over --nproc-per-node)");
+  tune->add_option("--nproc-per-node", tb.ranks_per_host, "Ranks that will share this machine's memory")->capture_default_str();
+  tune->add_option("--start", tb.start, "First micro-batch tried")->capture_default_str();
+  tune->add_option("--up-to", tb.up_to, "Largest micro-batch tried (default: train.global_batch_size)");
+  tune->add_option("--steps", tb.steps, "Training steps per size (the first is not timed)")->capture_default_str();
+  tune->add_option("--max-trials", tb.max_trials, "Most sizes tried")->capture_default_str();
+  tune->add_option("--probe", tb_probe, "(internal) train this micro-batch and report peak memory")->group("");
+
   auto* cfgcmd = app.add_subcommand("config", "Print the effective config (or, with --reference, every key with its default and meaning)");
   cfgcmd->add_option("--config", config_path, "Job config file (TOML)");
   cfgcmd->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
@@ -153,6 +171,35 @@ int dtactor::run_main(int argc, char** argv) {
     if (role == "node" && cl.coordinator.empty() && std::getenv("MASTER_ADDR")) return dtactor::run_static_node(cl);
     if (role == "node") return dtactor::run_node(cl);
     return dtactor::run_rank(cl);
+  }
+
+  if (*tune) {
+    auto cfg = dtactor::config::load(config_path, overrides);
+    if (!cfg) return fail(cfg.message(), 2);
+    dtactor::absolutize_data_paths(cfg.value());
+    if (tb_probe > 0) return dtactor::run_batch_probe(cfg.value(), tb_probe, tb.steps);
+    if (!tb_max_memory.empty()) {
+      auto b = dtactor::parse_bytes(tb_max_memory);
+      if (!b) return fail("--max-memory: " + b.message(), 2);
+      tb.max_memory = b.value();
+    }
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+    tb.run_dir = run_dir;
+    tb.stop_signal = &g_stop;
+    if (!config_path.empty()) tb.probe_args = {"--config", config_path};
+    for (const auto& o : overrides) {
+      tb.probe_args.push_back("--set");
+      tb.probe_args.push_back(o);
+    }
+    auto r = dtactor::run_tune_batch(cfg.value(), tb);
+    if (!r) return fail(r.message());
+    std::printf("largest micro-batch that fits in %.2f GiB per rank: %lld%s\nuse it with --set train.micro_batch_size=%lld "
+                "(results in %s/journal.jsonl; `dtactor report %s` shows them)\n",
+                static_cast<double>(r->max_memory) / (1024.0 * 1024 * 1024), static_cast<long long>(r->micro_batch),
+                r->limited_by_up_to ? " (every size tried fit: raise --up-to to look further)" : "", static_cast<long long>(r->micro_batch),
+                run_dir.c_str(), run_dir.c_str());
+    return 0;
   }
 
   if (*cfgcmd) {

@@ -165,6 +165,24 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
     ++d.events;
     const std::string ev = j["event"].get<std::string>();
     const double t = num(j, "t");
+    // `dtactor tune-batch` runs before (or between) trainings: its events
+    // are not part of a training session.
+    if (ev == "batch_size_search_started") {
+      d.batch_trials.clear();
+      d.batch_found = -1;
+      d.batch_budget_bytes = num(j, "max_memory_bytes");
+      continue;
+    }
+    if (ev == "batch_size_trial") {
+      d.batch_trials.push_back({integer(j, "micro_batch"), j.contains("fits") && j["fits"].is_boolean() && j["fits"].get<bool>(),
+                                num(j, "peak_rss_bytes"), num(j, "samples_per_s"), str(j, "reason", "")});
+      continue;
+    }
+    if (ev == "batch_size_found") {
+      d.batch_found = integer(j, "micro_batch");
+      d.batch_limited_by_up_to = j.contains("limited_by_up_to") && j["limited_by_up_to"].is_boolean() && j["limited_by_up_to"].get<bool>();
+      continue;
+    }
     if (t > 0) {
       if (d.first_t == 0) d.first_t = t;
       d.last_t = std::max(d.last_t, t);
@@ -473,9 +491,24 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
     o << "Global batch " << gb << " samples per step";
     if (share > 0) o << "; the largest per-rank share was " << share << " (world size " << w << ")";
     if (forward > 0) o << ", and the largest batch one forward pass ran was **" << forward << "**" << (micro > 0 ? " (train.micro_batch_size)" : "");
-    o << ". Larger batches were not tried in this run.\n\n";
+    o << "." << (d.batch_trials.empty() ? " Larger batches were not tried in this run." : "") << "\n\n";
   } else {
     o << "Unknown (no `job_started` event and no config).\n\n";
+  }
+  if (!d.batch_trials.empty()) {
+    o << "`dtactor tune-batch` tried " << d.batch_trials.size() << " micro-batch sizes within " << bytes(d.batch_budget_bytes)
+      << " per rank (doubling, then bisecting; one fresh process per size): ";
+    if (d.batch_found > 0)
+      o << "the largest that fits is **" << d.batch_found << "**" << (d.batch_limited_by_up_to ? " (every size tried fit)" : "") << ".\n\n";
+    else if (d.batch_found == 0)
+      o << "none fit.\n\n";
+    else
+      o << "the search did not finish.\n\n";
+    o << "| micro-batch | fits | peak resident memory | samples/s | why not |\n|---|---|---|---|---|\n";
+    for (const auto& t : d.batch_trials)
+      o << "| " << t.micro_batch << " | " << (t.fits ? "yes" : "no") << " | " << bytes(t.peak_rss_bytes) << " | "
+        << (t.fits ? fmt("%.0f", t.samples_per_s) : std::string("")) << " | " << cell(t.reason) << " |\n";
+    o << "\n";
   }
 
   // ---- cluster ----

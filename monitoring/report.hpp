@@ -84,6 +84,18 @@ struct run_digest {
   std::vector<std::string> checkpoint_problems;  // skipped / failed, with reasons
   std::vector<std::pair<int64_t, std::string>> restores;  // step, source
   std::vector<std::string> failures;  // rank_failed, job_failed, ...
+  // `dtactor tune-batch` (batch_size_trial / batch_size_found events).
+  struct batch_trial {
+    int64_t micro_batch = 0;
+    bool fits = false;
+    double peak_rss_bytes = 0;
+    double samples_per_s = 0;
+    std::string reason;
+  };
+  std::vector<batch_trial> batch_trials;  // of the last search
+  int64_t batch_found = -1;               // its result (0: nothing fit; -1: no search)
+  double batch_budget_bytes = 0;
+  bool batch_limited_by_up_to = false;
   int events = 0;
 };
 
