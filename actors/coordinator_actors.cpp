@@ -56,7 +56,12 @@ void on_register(membership_self self, const inbound& in) {
   ack->set_reason(a.reason);
   ack->set_node_rank(a.node_rank);
   ack->set_job_id(st.opts.header.job_id);
-  if (a.accepted) ack->set_config_toml(st.opts.config_toml);
+  if (a.accepted) {
+    ack->set_config_toml(st.opts.config_toml);
+    ack->set_checkpoint_store(st.opts.checkpoint_store);
+    ack->set_module_object(st.opts.module_object);
+    ack->set_module_digest(st.opts.module_digest);
+  }
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
     node_lost(self, r.node_id(), ev::loss_cause::restarted, a.silent_s);

@@ -33,6 +33,10 @@ struct coordinator_options {
   // Where the ranks write checkpoint parts and load checkpoints from (an
   // absolute directory, a shared mount, or s3://...), sent in every plan.
   std::string checkpoint_store;
+  // A torchscript job's module file, put into the checkpoint store by the
+  // coordinator ("module-<xxh3>.pt", and its "<size>:<xxh3 hex>"), sent in
+  // register_ack: a node needs no copy of its own.
+  std::string module_object, module_digest;
   // The committed checkpoint resumed from (-1: none); newer ones arrive as
   // (ckpt_atom, step). A plan with no surviving state holder names the
   // newest; global rank 0 loads it from the store unless it holds newer

@@ -144,8 +144,8 @@ void send_plan_to_rank(agent_self self, const rank_process& r) {
   st.out(links::ranks, r.peer, std::move(env));
 }
 
-// Generation 0 carries only the job's config: the rank loads its model and
-// data, then reports STATE_IDLE.
+// Generation 0 carries the job's config (and where to fetch a shipped module
+// file): the rank loads its model and data, then reports STATE_IDLE.
 void send_warm_up(agent_self self, const rank_process& r) {
   auto& st = self->state;
   if (st.config_toml.empty() || r.peer.empty()) return;
@@ -153,6 +153,9 @@ void send_warm_up(agent_self self, const rank_process& r) {
   env.set_job_id(st.job_id);
   env.mutable_generation_plan()->set_generation(0);
   env.mutable_generation_plan()->set_config_toml(st.config_toml);
+  env.mutable_generation_plan()->set_checkpoint_store(st.checkpoint_store);
+  env.mutable_generation_plan()->set_module_object(st.module_object);
+  env.mutable_generation_plan()->set_module_digest(st.module_digest);
   st.out(links::ranks, r.peer, std::move(env));
 }
 
@@ -198,6 +201,9 @@ void on_coordinator(agent_self self, const inbound& in) {
         st.node_rank = ack.node_rank();
         st.job_id = ack.job_id();
         st.config_toml = ack.config_toml();
+        st.checkpoint_store = ack.checkpoint_store();
+        st.module_object = ack.module_object();
+        st.module_digest = ack.module_digest();
         if (st.opts.liveness_from_config)
           if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
         ++st.register_epoch;  // cancels the pending retry

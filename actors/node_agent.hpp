@@ -117,6 +117,7 @@ struct node_agent_state {
   int32_t node_rank = -1;
   std::string job_id;
   std::string config_toml;
+  std::string checkpoint_store, module_object, module_digest;  // from register_ack, for warm-up plans
   std::string last_refusal;
   clock_time last_heard{};  // last envelope from the coordinator
   uint64_t heartbeat_seq = 0;

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 
 #include "actors/coordinator_actors.hpp"
 #include "actors/job_actor.hpp"
@@ -20,6 +21,7 @@
 #include "monitoring/run_observer.hpp"
 #include "monitoring/service_discovery.hpp"
 #include "runtime/checkpoint_store.hpp"
+#include "runtime/shipped_file.hpp"
 #include "runtime/fs.hpp"
 #include "runtime/job_config.hpp"
 #include "runtime/rendezvous_store.hpp"
@@ -84,6 +86,20 @@ int run_coordinator(const cluster_cli& cli) {
                                        cfg.get_string("checkpoint.s3_endpoint"));
   if (!opened) return fail(opened.message());
   checkpoint_store store = std::move(opened.value());
+
+  // A torchscript job's module goes with the job: into the store once, its
+  // name and digest to every node, so a node needs no copy of its own. (A
+  // coordinator without the file leaves it to the nodes' own copies.)
+  shipped_file module;
+  if (cfg.get_string("model.name") == "torchscript" && !cfg.get_string("model.file").empty() &&
+      std::filesystem::exists(cfg.get_string("model.file"))) {
+    auto shipped = ship_file(store.objects(), cfg.get_string("model.file"), "module-", ".pt");
+    if (!shipped) return fail("cannot ship model.file with the job: " + shipped.message());
+    module = shipped.value();
+    const std::string line = (module.uploaded ? "shipped model.file to " : "model.file is already in ") + store.location() + " as " + module.object;
+    std::fprintf(stderr, "coordinator: %s\n", line.c_str());
+    jn.write("module_shipped", {{"file", cfg.get_string("model.file")}, {"object", module.object}, {"digest", module.digest}, {"uploaded", module.uploaded}});
+  }
 
   // Resume: the newest committed checkpoint whose parts check out (read
   // whole, in chunks: the coordinator never holds model bytes). Global rank
@@ -173,6 +189,8 @@ int run_coordinator(const cluster_cli& cli) {
   copts.config_toml = config_text;
   copts.initial_checkpoint_step = resume_step;
   copts.checkpoint_store = store.location();
+  copts.module_object = module.object;
+  copts.module_digest = module.digest;
   copts.data_digests = data_file_digests(cfg);
   copts.log = log;
   copts.events = sink.as_sink();

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -132,9 +133,13 @@ int run_node(const cluster_cli& cli) {
   if (gpu.available()) std::fprintf(stderr, "node: NVML: %d GPU(s) exported on /metrics\n", gpu.devices());
 
   // Ranks reach their node over an ipc socket private to this process.
-  const std::string ipc_path = (std::filesystem::temp_directory_path() / ("dtactor-" + std::to_string(::getpid()) + "-" +
-                                                                          std::to_string(incarnation % 100000) + ".ipc"))
-                                   .string();
+  std::error_code tmp_ec;
+  const auto tmp_dir = std::filesystem::temp_directory_path(tmp_ec);
+  if (tmp_ec) {
+    const char* t = std::getenv("TMPDIR");
+    return fail("no temporary directory for the ranks' ipc socket (TMPDIR='" + std::string(t ? t : "") + "'): " + tmp_ec.message());
+  }
+  const std::string ipc_path = (tmp_dir / ("dtactor-" + std::to_string(::getpid()) + "-" + std::to_string(incarnation % 100000) + ".ipc")).string();
   const std::string ranks_endpoint = "ipc://" + ipc_path;
 
   caf::actor_system_config sys_cfg;

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "checkpoint.pb.h"
@@ -23,6 +25,7 @@
 #include "runtime/communicator.hpp"
 #include "runtime/grad_sync.hpp"
 #include "runtime/shm_group.hpp"
+#include "runtime/shipped_file.hpp"
 
 namespace dtactor {
 
@@ -81,6 +84,7 @@ struct rank_worker::impl {
   // Neither train.threads nor --threads-per-rank fixed the thread count:
   // each generation splits the machine's cores over the ranks it plans there.
   bool auto_threads = false;
+  std::string module_digest;  // of the shipped module it loaded ("" = none shipped)
   int threads = 0;
   std::unique_ptr<part_writer> writer;  // made at the first checkpoint
 };
@@ -172,7 +176,23 @@ void rank_worker::run() {
     }
     im.threads = static_cast<int>(cfg.get_int("train.threads"));
     configure_threads(cfg);
-    auto created = training_state::create(cfg);
+    // The module the coordinator shipped: this node's own model.file when it
+    // is the same file, else a checked copy fetched from the store.
+    config load_cfg = cfg;
+    if (!plan.module_object().empty()) {
+      auto store = open_object_store(plan.checkpoint_store(), default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
+      if (!store) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, "cannot open the checkpoint store for the shipped module: " + store.message());
+      auto got = fetch_shipped_file(*store.value(), plan.module_object(), plan.module_digest(), cfg.get_string("model.file"), shipped_cache_dir());
+      if (!got) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, got.message());
+      if (got->path != cfg.get_string("model.file")) {
+        std::fprintf(stderr, "rank %d: model.file %s here: using the coordinator's, %s (%s)\n", local,
+                     std::filesystem::exists(cfg.get_string("model.file")) ? "differs" : "is missing", got->path.c_str(),
+                     got->fetched ? "fetched from the checkpoint store" : "fetched before");
+        (void)load_cfg.set("model.file", got->path);
+      }
+      im.module_digest = plan.module_digest();
+    }
+    auto created = training_state::create(load_cfg);
     if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
     im.state = std::move(created.value());
     im.cfg = std::move(cfg);
@@ -184,6 +204,8 @@ void rank_worker::run() {
     // The data as this rank opened it, for the coordinator to compare.
     auto idle = status_of(pb::rank_status::STATE_IDLE, -1, local, im.state->step(), "warmed up");
     for (auto& [path, digest] : data_file_digests(*im.cfg)) (*idle.mutable_data_digests())[path] = digest;
+    // The module it loaded is the coordinator's, wherever it came from.
+    if (!im.module_digest.empty()) (*idle.mutable_data_digests())[im.cfg->get_string("model.file")] = im.module_digest;
     if (cb_.on_status) cb_.on_status(0, std::move(idle));
   }
 

@@ -461,6 +461,58 @@ TEST(Chaos, ANodeWithDifferentDataIsRefusedNeverTrainedOn) {
   EXPECT_NE(ss.str().find("dtactor: refused by the coordinator: data file"), std::string::npos) << ss.str();
 }
 
+// The coordinator ships a torchscript job's module with the job (into the
+// checkpoint store; its name and digest in the register ack): node a starts
+// where model.file no longer exists, node b where a different file (not a
+// module at all) is at that path; both train the coordinator's module,
+// fetched from the store into caches of their own (TMPDIR per node).
+TEST(Chaos, NodesTrainTheModuleTheCoordinatorShippedWithoutACopyOfTheirOwn) {
+  temp_dir fix, mod;
+  const std::string src = DTACTOR_SOURCE_DIR;
+  if (!testing::write_torchscript_fixtures(fix.path(), src))
+    GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
+  const std::string module = mod.path() + "/mlp.pt";
+  std::filesystem::copy_file(fix.path() + "/mlp.pt", module);
+  temp_dir d;
+  const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + module, "data.train_inputs=" + fix.path() + "/x_train.npy",
+                                         "data.train_targets=" + fix.path() + "/y_train.npy", "train.global_batch_size=64",
+                                         "train.max_steps=100000000", "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
+                                         "cluster.digest_every_steps=10"};
+  cluster cl(d.path(), set_flags(sets, {}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "module_shipped").empty(); })) << cl.logs();
+  auto shipped = events(cl.journal(), "module_shipped");
+  EXPECT_EQ(shipped[0].at("uploaded"), true);
+  EXPECT_TRUE(std::filesystem::exists(d.path() + "/checkpoints/" + shipped[0].at("object").get<std::string>()));
+  std::filesystem::remove(module);
+  const char* old_tmp = std::getenv("TMPDIR");
+  const std::string saved_tmp = old_tmp ? old_tmp : "";
+  std::filesystem::create_directories(d.path() + "/tmp-a");
+  std::filesystem::create_directories(d.path() + "/tmp-b");
+  ::setenv("TMPDIR", (d.path() + "/tmp-a").c_str(), 1);
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_TRUE(cl.wait_step(20, 1)) << cl.logs();
+  { std::ofstream(module) << "not a module: a node's stale or foreign copy\n"; }
+  ::setenv("TMPDIR", (d.path() + "/tmp-b").c_str(), 1);
+  ASSERT_EQ(cl.start_node("b"), "");
+  if (old_tmp) ::setenv("TMPDIR", saved_tmp.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+  const int64_t at = events(cl.journal(), "step").back().at("step").get<int64_t>();
+  ASSERT_TRUE(cl.wait_step(at + 40, 2)) << cl.logs();
+  EXPECT_TRUE(events(cl.journal(), "job_error").empty()) << cl.logs();
+  for (const char* id : {"a", "b"}) {
+    std::ifstream f(d.path() + "/node-" + id + ".log");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_NE(ss.str().find(std::string("model.file ") + (id[0] == 'a' ? "is missing" : "differs") + " here: using the coordinator's"),
+              std::string::npos)
+        << ss.str();
+    EXPECT_NE(ss.str().find("fetched from the checkpoint store"), std::string::npos) << ss.str();
+    EXPECT_TRUE(std::filesystem::exists(d.path() + "/tmp-" + id + "/dtactor-" + std::to_string(::getuid()) + "/shipped/" +
+                                        shipped[0].at("object").get<std::string>()));
+  }
+}
+
 TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
   temp_dir d;
   cluster cl(d.path(), job_sets(2500, {"cluster.min_nodes=2"}));

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "runtime/fs.hpp"
+#include "runtime/job_config.hpp"
+#include "runtime/shipped_file.hpp"
 
 namespace dtactor {
 namespace {
@@ -532,5 +534,53 @@ TEST(fs_atomic, write_file_atomic_concatenates_pieces_and_replaces) {
   EXPECT_NE(st.message().find("No such file or directory"), std::string::npos) << st.message();
 }
 
+// A file the coordinator ships with a job (runtime/shipped_file).
+TEST(shipped_file, put_once_fetched_checked_and_cached) {
+  temp_dir d;
+  const std::string src = d.path() + "/module.pt";
+  std::string bytes(9u << 20, '\0');  // more than one 8 MiB chunk
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + i / 4096);
+  { std::ofstream(src, std::ios::binary) << bytes; }
+  auto store = open_directory_store(d.path() + "/store");
+  ASSERT_TRUE(store) << store.message();
+  auto first = ship_file(*store.value(), src, "module-", ".pt");
+  ASSERT_TRUE(first) << first.message();
+  EXPECT_TRUE(first->uploaded);
+  EXPECT_EQ(first->digest, file_digest(src).value());
+  EXPECT_EQ(first->object.rfind("module-", 0), 0u);
+  auto again = ship_file(*store.value(), src, "module-", ".pt");
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(again->uploaded);  // already there
+  EXPECT_EQ(again->object, first->object);
+
+  // The preferred copy when it is the same file; else fetched into the cache.
+  auto same = fetch_shipped_file(*store.value(), first->object, first->digest, src, d.path() + "/cache");
+  ASSERT_TRUE(same) << same.message();
+  EXPECT_EQ(same->path, src);
+  EXPECT_FALSE(same->fetched);
+  auto fetched = fetch_shipped_file(*store.value(), first->object, first->digest, d.path() + "/missing.pt", d.path() + "/cache");
+  ASSERT_TRUE(fetched) << fetched.message();
+  EXPECT_TRUE(fetched->fetched);
+  EXPECT_EQ(fetched->path, d.path() + "/cache/" + first->object);
+  EXPECT_EQ(file_digest(fetched->path).value(), first->digest);
+  auto cached = fetch_shipped_file(*store.value(), first->object, first->digest, "", d.path() + "/cache");
+  ASSERT_TRUE(cached);
+  EXPECT_FALSE(cached->fetched);
+  // A damaged cache copy is fetched again, never used.
+  { std::ofstream(fetched->path, std::ios::binary | std::ios::in) << "XX"; }
+  auto refetched = fetch_shipped_file(*store.value(), first->object, first->digest, "", d.path() + "/cache");
+  ASSERT_TRUE(refetched);
+  EXPECT_TRUE(refetched->fetched);
+  // A damaged object in the store is an error naming it; nothing is left in the cache.
+  { std::ofstream(d.path() + "/store/" + first->object, std::ios::binary | std::ios::in) << "XX"; }
+  fs::remove(refetched->path);
+  auto bad = fetch_shipped_file(*store.value(), first->object, first->digest, "", d.path() + "/cache");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.message().find("is not the file the coordinator shipped"), std::string::npos) << bad.message();
+  EXPECT_FALSE(fs::exists(refetched->path));
+  for (const auto& e : fs::directory_iterator(d.path() + "/cache")) ADD_FAILURE() << "left behind: " << e.path();
+}
+
 }  // namespace
 }  // namespace dtactor
+

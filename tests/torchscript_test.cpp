@@ -96,6 +96,28 @@ TEST(TorchScript, ResumeIsExactWithDropoutInsideTheScriptedModule) {
   EXPECT_EQ(a->params_digest, b->params_digest);
 }
 
+// train.bf16 reaches the ops inside a scripted module (LibTorch's CPU
+// autocast works at the dispatcher, below the TorchScript interpreter): the
+// run differs from the fp32 one, still learns, and resumes exactly.
+TEST(TorchScript, Bf16AutocastAppliesInsideTheScriptedModule) {
+  NEED_FIXTURES();
+  temp_dir fp32, bf16, interrupted;
+  auto a = run_training(ts_config("mlp.pt", {"train.max_steps=40"}), quiet(fp32.path()));
+  ASSERT_TRUE(a) << a.message();
+  auto cfg = ts_config("mlp.pt", {"train.max_steps=40", "train.bf16=true", "checkpoint.every_steps=10"});
+  auto b = run_training(cfg, quiet(bf16.path()));
+  ASSERT_TRUE(b) << b.message();
+  EXPECT_NE(a->params_digest, b->params_digest) << "bf16 changed nothing: autocast did not reach the scripted ops";
+  EXPECT_GT(b->last_eval.metrics.at("accuracy"), 0.5);
+  EXPECT_NEAR(b->last_eval.metrics.at("accuracy"), a->last_eval.metrics.at("accuracy"), 0.1);
+  auto opts = quiet(interrupted.path());
+  opts.stop_at_step = 20;
+  ASSERT_TRUE(run_training(cfg, opts));
+  auto c = run_training(cfg, quiet(interrupted.path()));
+  ASSERT_TRUE(c) << c.message();
+  EXPECT_EQ(b->params_digest, c->params_digest);
+}
+
 TEST(TorchScript, ModulesAndDataThatDoNotFitAreOneClearLine) {
   NEED_FIXTURES();
   auto why = [](const config& c) {
