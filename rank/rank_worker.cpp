@@ -116,7 +116,13 @@ bool rank_worker::offer(const pb::generation_plan& plan) {
     pending_ = plan;
     pending_at_ = now_s();
     offered_gen_.store(std::max(offered_gen_.load(), plan.generation()));
-    if (!plan.drain() && plan.generation() > 0) abort_gen_.store(plan.generation());
+    // A drain plan switches the ranks of the generation just before it at an
+    // agreed step. A rank still in an older one (its node was cut off and
+    // declared lost, and now comes back: a zombie) has no part in that
+    // agreement, and its peers have left its collective: it abandons at once.
+    const uint64_t running = running_gen_.load();
+    const bool zombie = running > 0 && running + 1 < plan.generation();
+    if ((!plan.drain() || zombie) && plan.generation() > 0) abort_gen_.store(plan.generation());
   }
   cv_.notify_all();
   return true;
@@ -213,6 +219,7 @@ void rank_worker::run() {
   for (;;) {
     if (plan.generation() > current) {
       current = plan.generation();
+      running_gen_.store(current);
       const auto o = run_generation(plan, offered_at);
       if (o == outcome::quit) return;
       if (o == outcome::next_plan) {
@@ -505,6 +512,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       transport = "gradients over shared memory";
     else if (g.world > 1)
       transport = "gradients over " + g.backend + (g.shm_why.empty() ? "" : " (no shared memory: " + g.shm_why + ")");
+    if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
     ready.set_state_source(g.source);
     ready.set_state_root(g.root);

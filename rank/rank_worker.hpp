@@ -123,6 +123,7 @@ class rank_worker : public rank_work {
   double pending_at_ = 0;                  // when it was offered (steady clock seconds)
   std::atomic<uint64_t> offered_gen_{0};   // newest generation offered
   std::atomic<uint64_t> abort_gen_{0};     // newest generation offered without drain
+  std::atomic<uint64_t> running_gen_{0};   // the generation the training thread runs (0: none yet)
   std::atomic<bool> stop_{false}, stop_checkpoint_{false}, quit_{false}, done_{false};
   std::thread thread_;
 };

@@ -115,6 +115,13 @@ status shm_group::wait_all(uint64_t count, std::chrono::steady_clock::time_point
   }
 }
 
+// This process's network namespace ("net:[4026531992]").
+std::string net_namespace() {
+  char buf[64];
+  const ssize_t n = ::readlink("/proc/self/ns/net", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("net:?");
+}
+
 result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank, int world, int64_t capacity, std::string* why_not) {
   std::shared_ptr<shm_group> g(new shm_group());
   g->rank_ = rank;
@@ -159,7 +166,7 @@ result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank,
         std::atomic_thread_fence(std::memory_order_release);
         head->magic = kMagic;
       }
-      store.set("shm_name", bytes_of(problem.empty() ? name + " " + std::to_string(nonce) : std::string()));
+      store.set("shm_name", bytes_of(problem.empty() ? name + " " + std::to_string(nonce) + " " + net_namespace() : std::string()));
     } else {
       const std::string v = string_of(store.get("shm_name"));
       const auto sp = v.find(' ');
@@ -167,10 +174,17 @@ result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank,
         problem = "rank 0 could not create the segment";
       } else {
         name = v.substr(0, sp);
-        nonce = std::stoull(v.substr(sp + 1));
-        const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+        const auto sp2 = v.find(' ', sp + 1);
+        nonce = std::stoull(v.substr(sp + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp - 1));
+        const std::string their_net = sp2 == std::string::npos ? std::string() : v.substr(sp2 + 1);
+        // Processes in different network namespaces are different hosts as
+        // far as the network goes (the project's test hosts share /dev/shm):
+        // their gradients must cross the network, not this segment.
+        const int fd = their_net != net_namespace() ? -1 : ::shm_open(name.c_str(), O_RDWR, 0);
         struct stat st {};
-        if (fd < 0) {
+        if (their_net != net_namespace()) {
+          problem = "another network namespace (" + their_net + " and " + net_namespace() + "): a separate host";
+        } else if (fd < 0) {
           problem = errno_text("shm_open " + name);  // another host or IPC namespace
         } else if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != g->total_bytes_) {
           problem = "segment " + name + " has another size";

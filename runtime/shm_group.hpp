@@ -32,12 +32,16 @@ namespace dtactor {
 // not reaped). False when it runs or cannot be checked.
 bool process_exited(int pid);
 
+// This process's network namespace, as /proc/self/ns/net names it: ranks in
+// different ones count as different hosts (no shared-memory exchange).
+std::string net_namespace();
+
 class shm_group {
  public:
   // Joins through `store` (a per-generation prefix): rank 0 creates a
   // segment for `capacity` floats per slot, the others map it, and every
   // rank learns whether all of them could. Returns null, with the reason in
-  // *why_not, when one could not (another host, another IPC namespace,
+  // *why_not, when one could not (another host, another IPC or network namespace,
   // /dev/shm too small): every rank gets the same answer. An error only when
   // the store fails (a member never came). The segment's name is unlinked
   // before join returns, so nothing is left in /dev/shm whatever happens.

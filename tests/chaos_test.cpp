@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chaos_checks.hpp"
 #include "cluster_harness.hpp"
 #include "runtime/process.hpp"
 #include "runtime/zmq_bridge.hpp"
@@ -34,56 +35,11 @@ using testing::cluster;
 using testing::descendants;
 using testing::node_step;
 using testing::set_flags;
+using testing::job_sets;
+using testing::expect_finished_without_loss;
 using json = nlohmann::json;
 
 const std::string kBin = DTACTOR_BINARY;
-
-// A small ViT whose steps take a few milliseconds, reported every step (the
-// tests compare step numbers around each fault).
-std::vector<std::string> job_sets(int steps, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"model.dim=16",           "model.layers=1",        "model.heads=2",          "model.mlp_ratio=2",
-                                   "train.global_batch_size=32", "train.warmup_steps=5", "train.lr=0.003",        "eval.max_samples=500",
-                                   "eval.every_steps=0",     "checkpoint.every_steps=20", "train.log_every_steps=1", "cluster.digest_every_steps=10",
-                                   "train.max_steps=" + std::to_string(steps)};
-  return set_flags(sets, extra);
-}
-
-// The checks every fault test ends with: the job finished at max_steps with
-// identical parameters on every rank, no recovery lost a
-// completed step, and step numbers never went backwards across a recovery.
-void expect_finished_without_loss(cluster& cl, int64_t max_steps, int expect_world) {
-  ASSERT_TRUE(cl.coord);
-  auto done = cl.coord->wait(150000);
-  ASSERT_TRUE(done) << "the job did not finish\n" << cl.logs();
-  EXPECT_EQ(done->exit_code, 0) << done->describe() << "\n" << cl.logs();
-  auto j = cl.journal();
-  auto fin = events(j, "job_finished");
-  ASSERT_EQ(fin.size(), 1u) << cl.logs();
-  EXPECT_EQ(fin[0].at("step"), max_steps);
-  EXPECT_FALSE(fin[0].contains("error")) << fin[0].dump();
-  if (expect_world > 0) {
-    EXPECT_EQ(fin[0].at("world_size"), expect_world);
-  }
-  for (const auto& r : events(j, "recovery_done")) {
-    EXPECT_EQ(r.at("lost_steps"), 0) << r.dump() << "\n" << cl.logs();
-  }
-  // Steps are journaled once every rank reported them: a recovery resumes
-  // at or after the last one.
-  int64_t prev = 0;
-  uint64_t gen = 0;
-  for (const auto& e : j) {
-    if (e.at("event") != "step") continue;
-    const int64_t s = e.at("step").get<int64_t>();
-    const uint64_t g = e.value("generation", uint64_t{0});
-    if (g == gen) {
-      EXPECT_GT(s, prev) << e.dump();
-    } else {
-      EXPECT_GE(s, prev) << "generation " << g << " went back to step " << s << " from " << prev;
-    }
-    prev = std::max(prev, s);
-    gen = g;
-  }
-}
 
 TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
   temp_dir d;

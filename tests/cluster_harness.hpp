@@ -81,6 +81,11 @@ struct cluster {
   std::vector<std::string> sets;
   std::optional<child_process> coord;
   std::map<std::string, child_process> nodes;
+  // Separate hosts (tests/netns_hosts.hpp): a command prefix per process
+  // ("ip netns exec HOST"), and nodes left to find their own address.
+  std::vector<std::string> coord_prefix;
+  std::map<std::string, std::vector<std::string>> node_prefix;
+  bool loopback = true;
 
   cluster(std::string dir, std::vector<std::string> job) : run_dir(std::move(dir)), sets(std::move(job)) {
     port = pick_free_tcp_port().value();
@@ -96,7 +101,9 @@ struct cluster {
   }
 
   std::string start_coordinator(const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {std::string(DTACTOR_BINARY), "--role", "coordinator", "--listen", endpoint, "--run-dir", run_dir};
+    std::vector<std::string> a = coord_prefix;
+    for (const char* arg : {DTACTOR_BINARY, "--role", "coordinator", "--listen"}) a.push_back(arg);
+    a.insert(a.end(), {endpoint, "--run-dir", run_dir});
     a.insert(a.end(), sets.begin(), sets.end());
     a.insert(a.end(), extra.begin(), extra.end());
     auto c = child_process::spawn(a, false, run_dir + "/coordinator.log");
@@ -105,9 +112,10 @@ struct cluster {
     return {};
   }
   std::string start_node(const std::string& id, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {std::string(DTACTOR_BINARY), "--role", "node", "--coordinator", endpoint, "--node-id", id, "--advertise-addr", "127.0.0.1",
-                                  // Nodes share this machine's cores (as `dtactor local` splits them).
-                                  "--threads-per-rank", "1"};
+    std::vector<std::string> a = node_prefix.count(id) ? node_prefix.at(id) : std::vector<std::string>{};
+    // Nodes share this machine's cores (as `dtactor local` splits them).
+    a.insert(a.end(), {std::string(DTACTOR_BINARY), "--role", "node", "--coordinator", endpoint, "--node-id", id, "--threads-per-rank", "1"});
+    if (loopback) a.insert(a.end(), {"--advertise-addr", "127.0.0.1"});
     a.insert(a.end(), extra.begin(), extra.end());
     auto n = child_process::spawn(a, false, run_dir + "/node-" + id + ".log");
     if (!n) return n.message();
