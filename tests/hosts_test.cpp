@@ -181,5 +181,74 @@ TEST(Hosts, TrainingGoesOnWhileTheCoordinatorsHostIsCutOff) {
   EXPECT_EQ(done->exit_code, 128 + SIGTERM) << h.cl.logs();
 }
 
+// A cut shorter than the heartbeat timeout is a pause: nobody is declared
+// lost, no generation changes, TCP delivers what was queued, training goes on.
+TEST(Hosts, ACutShorterThanTheTimeoutIsOnlyAPause) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
+  ASSERT_EQ(h.cl.start({"n1", "n2"}), "");
+  ASSERT_TRUE(h.cl.wait_step(30, 2)) << h.cl.logs();
+  const size_t gens = events(h.cl.journal(), "generation_started").size();
+  ASSERT_TRUE(h.net.cut(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(h.net.heal(2));
+  const int64_t at = events(h.cl.journal(), "step").back().at("step").get<int64_t>();
+  ASSERT_TRUE(h.cl.wait_step(at + 200, 2)) << h.cl.logs();
+  auto j = h.cl.journal();
+  EXPECT_TRUE(events(j, "node_lost").empty()) << h.cl.logs();
+  EXPECT_EQ(events(j, "generation_started").size(), gens) << h.cl.logs();
+  h.cl.coord->signal(SIGTERM);
+  auto done = h.cl.coord->wait(60000);
+  ASSERT_TRUE(done) << h.cl.logs();
+  EXPECT_EQ(done->exit_code, 128 + SIGTERM) << h.cl.logs();
+}
+
+// A one-way cut between a node's host and the coordinator's (each way in
+// turn): the job settles on a membership and keeps training, instead of
+// losing and re-admitting the node over and over; after the heal the node
+// trains again.
+void one_way_cut(bool node_to_coordinator) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
+  ASSERT_EQ(h.cl.start({"n1", "n2"}), "");
+  ASSERT_TRUE(h.cl.wait_step(30, 2)) << h.cl.logs();
+  ASSERT_TRUE(node_to_coordinator ? h.net.cut_one_way(2, 0) : h.net.cut_one_way(0, 2));
+  // Settled: 12 s in which n1 trains and the membership stops changing.
+  const auto cut_at = clock_type::now();
+  std::this_thread::sleep_until(cut_at + std::chrono::seconds(4));
+  const auto j4 = h.cl.journal();
+  const size_t gens4 = events(j4, "generation_started").size();
+  const int64_t step4 = events(j4, "step").back().at("step").get<int64_t>();
+  std::this_thread::sleep_until(cut_at + std::chrono::seconds(12));
+  const auto j12 = h.cl.journal();
+  EXPECT_EQ(events(j12, "generation_started").size(), gens4) << "the membership still changes 4 s after the cut\n" << h.cl.logs();
+  EXPECT_GT(events(j12, "step").back().at("step").get<int64_t>(), step4 + 100) << "training stalled\n" << h.cl.logs();
+  EXPECT_LE(events(j12, "node_lost").size(), 2u) << h.cl.logs();
+  ASSERT_TRUE(node_to_coordinator ? h.net.heal_one_way(2, 0) : h.net.heal_one_way(0, 2));
+  ASSERT_TRUE(h.cl.wait_for(
+      [&](const std::vector<json>& jj) {
+        auto s = events(jj, "step");
+        return events(jj, "generation_started").size() > gens4 && !s.empty() && s.back().at("world_size") == 2;
+      },
+      120))
+      << h.cl.logs();
+  for (const auto& r : events(h.cl.journal(), "recovery_done")) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
+  int64_t prev = 0;
+  for (const auto& e : events(h.cl.journal(), "step")) {
+    EXPECT_GE(e.at("step").get<int64_t>(), prev) << e.dump();
+    prev = e.at("step").get<int64_t>();
+  }
+  if (std::getenv("DTACTOR_TEST_SHOW_LOGS")) {
+    std::printf("%s\n", h.cl.logs().c_str());
+    for (const auto& e : h.cl.journal())
+      if (e.at("event") != "step" && e.at("event") != "resources") std::printf("%s\n", e.dump().substr(0, 300).c_str());
+  }
+}
+
+TEST(Hosts, ANodeTheCoordinatorCannotHearSettlesAndComesBack) { one_way_cut(true); }
+TEST(Hosts, ANodeThatCannotHearTheCoordinatorSettlesAndComesBack) { one_way_cut(false); }
+
 }  // namespace
 }  // namespace dtactor

@@ -4,8 +4,13 @@
 // 198.18.0.0/15, the range set aside for benchmark networks) on a test
 // switch (a bridge in a namespace of its own). No namespace has a route
 // anywhere else: all traffic stays between these hosts. Faults:
-//  - cut(h): h's switch port down: nothing arrives, nothing is reset, new
-//    connections time out; TCP's queued data arrives after heal(h);
+//  - cut(h): h's switch port passes nothing, either way: nothing arrives,
+//    nothing is reset, new connections time out; TCP's queued data arrives
+//    after heal(h). The link keeps its carrier, as a host cut off beyond its
+//    own switch sees it (taking the veth down would tell the host's kernel
+//    at once, and its sockets would fail). Done with a tbf that drops every
+//    packet (a burst of 1 byte): tc's classifiers and actions are not
+//    available here, netem neither;
 //  - cut_one_way(from, to): from's packets to `to` go to a MAC nobody has
 //    (a permanent neighbour entry), the other direction still works;
 //  - cap(h, "100mbit"): tbf on both directions of h's link (netem is not
@@ -17,6 +22,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,7 +66,7 @@ class test_network {
     return n;
   }
 
-  test_network(test_network&& o) noexcept : tag_(o.tag_), hosts_(o.hosts_), made_(o.made_) { o.made_ = false; }
+  test_network(test_network&& o) noexcept : tag_(o.tag_), caps_(o.caps_), hosts_(o.hosts_), made_(o.made_) { o.made_ = false; }
   test_network(const test_network&) = delete;
   ~test_network() {
     if (!made_) return;
@@ -76,13 +82,23 @@ class test_network {
   // Prepended to a command to run it on host h (same pid: ip execs it).
   std::vector<std::string> on(int h) const { return {"/usr/sbin/ip", "netns", "exec", ns(h)}; }
 
-  bool cut(int h) const { return sh("ip -n " + switch_ns() + " link set " + port(h) + " down"); }
-  bool heal(int h) const { return sh("ip -n " + switch_ns() + " link set " + port(h) + " up"); }
+  bool cut(int h) const {
+    const std::string drop = " root tbf rate 8bit burst 1 limit 1";
+    return sh("ip netns exec " + switch_ns() + " tc qdisc replace dev " + port(h) + drop) && sh("ip netns exec " + ns(h) + " tc qdisc replace dev eth0" + drop);
+  }
+  bool heal(int h) const {
+    if (caps_.count(h)) return cap(h, caps_.at(h));
+    return sh("ip netns exec " + switch_ns() + " tc qdisc del dev " + port(h) + " root") && sh("ip netns exec " + ns(h) + " tc qdisc del dev eth0 root");
+  }
   bool cut_one_way(int from, int to) const {
     return sh("ip -n " + ns(from) + " neigh replace " + addr(to) + " lladdr 02:00:00:00:de:ad dev eth0 nud permanent");
   }
   bool heal_one_way(int from, int to) const { return sh("ip -n " + ns(from) + " neigh del " + addr(to) + " dev eth0"); }
   // Caps both directions of h's link ("100mbit", "1gbit").
+  bool cap(int h, const std::string& rate) {
+    caps_[h] = rate;
+    return static_cast<const test_network*>(this)->cap(h, rate);
+  }
   bool cap(int h, const std::string& rate) const {
     const std::string tbf = " root tbf rate " + rate + " burst 256kb latency 50ms";
     return sh("ip netns exec " + ns(h) + " tc qdisc replace dev eth0" + tbf) && sh("ip netns exec " + switch_ns() + " tc qdisc replace dev " + port(h) + tbf);
@@ -91,6 +107,7 @@ class test_network {
  private:
   test_network() = default;
   std::string tag_;
+  std::map<int, std::string> caps_;
   int hosts_ = 0;
   bool made_ = false;
 };
