@@ -1,5 +1,7 @@
 #include "app/cluster_util.hpp"
 
+#include "runtime/process.hpp"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -89,7 +91,10 @@ result<node_id_claim> claim_node_id(const std::string& wanted, bool explicit_id,
   std::filesystem::create_directories(dir, ec);
   // Every user's nodes claim ids here.
   std::filesystem::permissions(dir, std::filesystem::perms::all | std::filesystem::perms::sticky_bit, ec);
-  const std::string job = file_safe(coordinator) + "_" + hex64(hash64(coordinator.data(), coordinator.size())).substr(0, 8);
+  // The coordinator's address names one coordinator only within a network
+  // namespace (separate "hosts" on one machine reuse addresses).
+  const std::string where = coordinator + " " + net_namespace();
+  const std::string job = file_safe(coordinator) + "_" + hex64(hash64(where.data(), where.size())).substr(0, 8);
   auto path = [&](const std::string& id) { return (dir / (job + "." + hex64(hash64(id.data(), id.size())).substr(0, 8) + "." + file_safe(id))).string(); };
   const std::string what = "dtactor node of " + coordinator;
   node_id_claim c;

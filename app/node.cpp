@@ -119,7 +119,15 @@ int run_node(const cluster_cli& cli) {
     if (!towards) return fail(towards.message(), 2);
     advertise = towards.value();
   }
-  auto claim = claim_node_id(cli.node_id.empty() ? host_name() : cli.node_id, !cli.node_id.empty(), cli.coordinator);
+  // Default id: the host name; in a network namespace of its own (a host of
+  // its own that shares the machine's host name) with the namespace added.
+  std::string default_id = host_name();
+  if (!in_initial_net_namespace()) {
+    const std::string ns = net_namespace();
+    const auto a = ns.find('['), b = ns.find(']');
+    default_id += "-net" + (a != std::string::npos && b != std::string::npos ? ns.substr(a + 1, b - a - 1) : std::string("ns"));
+  }
+  auto claim = claim_node_id(cli.node_id.empty() ? default_id : cli.node_id, !cli.node_id.empty(), cli.coordinator);
   if (!claim) return fail(claim.message(), 2);
   if (!claim->note.empty()) std::fprintf(stderr, "node: %s\n", claim->note.c_str());
   const std::string node_id = claim->id;

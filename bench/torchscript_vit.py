@@ -1,7 +1,8 @@
 #!/usr/bin/python3.11
 """The built-in ViT (model/vit, model/layers: dim 64, 4 pre-norm blocks, 4
 heads, MLP x4, 7x7 patches of 28x28 images) written in PyTorch and scripted,
-for bench/torchscript_vs_builtin.sh. Usage: torchscript_vit.py OUT.pt"""
+for bench/torchscript_vs_builtin.sh (and bench/ddp_vit.py imports it).
+Usage: torchscript_vit.py OUT.pt"""
 import math
 import sys
 
@@ -63,5 +64,6 @@ class ViT(nn.Module):
         return self.head(self.norm(h[:, 0]))
 
 
-torch.manual_seed(0)
-torch.jit.script(ViT()).save(sys.argv[1])
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    torch.jit.script(ViT()).save(sys.argv[1])

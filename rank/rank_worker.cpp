@@ -501,6 +501,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   go.abandon = g.abandon_now;
   go.control_words = control_words;
   go.shm = g.shm;
+  go.bf16_wire = cfg.get_string("cluster.wire_dtype") == "bf16";
   grad_sync sync(state.the_task().module()->parameters(), g.pg, go);
   // Whatever the last generation left in the gradients is a partial step.
   state.zero_grad();

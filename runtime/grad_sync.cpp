@@ -87,6 +87,18 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
         for (int r = 0; r < world_; ++r) shm_slots_[p].push_back(torch::from_blob(shm_->slot(p, r), {shm_->capacity()}, torch::kFloat));
     }
   }
+  if (opts_.bf16_wire && !shm_) {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      auto& b = buckets_[bi];
+      if (b.flat.scalar_type() != torch::kFloat) continue;  // other dtypes go as they are
+      const int64_t ctrl = bi == 0 ? opts_.control_words : 0;
+      b.wire_grads = b.flat.numel() - ctrl;
+      b.wire_ctrl_at = (b.wire_grads + 1) / 2 * 2;
+      const int64_t halves = b.wire_ctrl_at + 2 * ctrl;
+      b.wire_in = torch::zeros({halves}, torch::kHalf);
+      for (int r = 0; r < world_; ++r) b.wire_all.push_back(torch::zeros({halves}, torch::kHalf));
+    }
+  }
   for (size_t bi = 0; bi < buckets_.size(); ++bi)
     buckets_[bi].label = "rank " + std::to_string(rank_) + (shm_ ? ": shared-memory reduction of gradient bucket " : ": allreduce of gradient bucket ") +
                          std::to_string(bi);
@@ -144,6 +156,25 @@ void grad_sync::reduce_shm(size_t bi) {
   b.done_ns->store(now_ns());
 }
 
+void grad_sync::sum_wire(size_t bi) {
+  torch::NoGradGuard no_grad;
+  auto& b = buckets_[bi];
+  auto grads = b.flat.narrow(0, 0, b.wire_grads);
+  const int64_t ctrl = b.flat.numel() - b.wire_grads;
+  // Rank order on every rank: bit-identical sums everywhere, in fp32.
+  for (int r = 0; r < world_; ++r) {
+    const auto& m = b.wire_all[static_cast<size_t>(r)];
+    auto g = m.narrow(0, 0, b.wire_grads).view(torch::kBFloat16).to(torch::kFloat);
+    if (r == 0) grads.copy_(g);
+    else grads.add_(g);
+    if (ctrl > 0) {
+      auto c = m.narrow(0, b.wire_ctrl_at, 2 * ctrl).view(torch::kFloat);
+      if (r == 0) b.flat.narrow(0, b.wire_grads, ctrl).copy_(c);
+      else b.flat.narrow(0, b.wire_grads, ctrl).add_(c);
+    }
+  }
+}
+
 void grad_sync::pack(size_t i) {
   auto& s = slots_[i];
   torch::NoGradGuard no_grad;
@@ -187,8 +218,18 @@ void grad_sync::launch(size_t bi) {
     return;
   }
   try {
-    std::vector<at::Tensor> t{b.flat};
-    b.work = pg_->allreduce(t);
+    if (b.wire_in.defined()) {
+      torch::NoGradGuard no_grad;
+      b.wire_in.narrow(0, 0, b.wire_grads).view(torch::kBFloat16).copy_(b.flat.narrow(0, 0, b.wire_grads));
+      if (b.flat.numel() > b.wire_grads)
+        b.wire_in.narrow(0, b.wire_ctrl_at, 2 * (b.flat.numel() - b.wire_grads)).view(torch::kFloat).copy_(b.flat.narrow(0, b.wire_grads, b.flat.numel() - b.wire_grads));
+      std::vector<std::vector<at::Tensor>> out{b.wire_all};
+      std::vector<at::Tensor> in{b.wire_in};
+      b.work = pg_->allgather(out, in);
+    } else {
+      std::vector<at::Tensor> t{b.flat};
+      b.work = pg_->allreduce(t);
+    }
     auto done = b.done_ns;
     b.work->getFuture()->addCallback([done](c10::ivalue::Future&) { done->store(now_ns()); });
   } catch (const std::exception& e) {
@@ -241,6 +282,7 @@ result<grad_sync_timing> grad_sync::finish() {
   for (size_t bi = 0; bi < buckets_.size() && !failed_; ++bi) {
     if (!shm_) {
       wait_for(buckets_[bi].work, buckets_[bi].label);
+      if (!failed_ && buckets_[bi].wire_in.defined()) sum_wire(bi);
       continue;
     }
     if (auto st = shm_->wait_all(shm_step_base_ + bi + 1, deadline, opts_.abandon, opts_.spin_wait, buckets_[bi].label); !st) {

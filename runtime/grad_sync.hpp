@@ -64,6 +64,16 @@ struct grad_sync_options {
   // finish() sums the ranks' slots. Used only for float32 parameters that
   // fit the group's capacity; otherwise the process group carries them.
   std::shared_ptr<shm_group> shm;
+  // cluster.wire_dtype = "bf16": buckets that go through the process group
+  // (not shared memory) cross the wire as bfloat16, half the bytes of fp32.
+  // Gloo (LibTorch 1.13) cannot reduce bf16, so each rank's bf16 bucket is
+  // all-gathered and every rank sums the world's buckets itself, in fp32 and
+  // in rank order (bit-identical on every rank; one rounding per rank's
+  // gradient, none in the sum). Per rank that receives (world-1) half-size
+  // buckets: half of a ring allreduce's bytes at 2 ranks, the same at 4,
+  // more beyond (a bf16 reduce-scatter would be needed there). The control
+  // words travel exactly (fp32) in the same message.
+  bool bf16_wire = false;
 };
 
 // Figures of one step's synchronisation (seconds).
@@ -136,6 +146,11 @@ class grad_sync {
     c10::intrusive_ptr<c10d::Work> work;
     std::chrono::steady_clock::time_point launched_at;
     std::shared_ptr<std::atomic<int64_t>> done_ns;  // completion time, set by the group's thread
+    // bf16 wire: this rank's message (bf16 gradients, padded to 4 bytes,
+    // then the fp32 control words; as kHalf, a type Gloo moves) and the world's.
+    torch::Tensor wire_in;
+    std::vector<torch::Tensor> wire_all;
+    int64_t wire_grads = 0, wire_ctrl_at = 0;  // gradient elements; where the control words start (halves)
   };
   struct hook_state;
 
@@ -148,6 +163,7 @@ class grad_sync {
   // shared-memory slot of the current parity, or the flat tensor itself.
   torch::Tensor staging(size_t b);
   void reduce_shm(size_t b);
+  void sum_wire(size_t b);  // bf16 wire: the world's messages, summed into the flat bucket
 
   std::shared_ptr<shm_group> shm_;
   std::vector<torch::Tensor> shm_slots_[2];  // [parity][rank], views of the segment

@@ -20,6 +20,18 @@ extern char** environ;
 
 namespace dtactor {
 
+std::string net_namespace() {
+  char buf[64];
+  const ssize_t n = ::readlink("/proc/self/ns/net", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("net:?");
+}
+
+bool in_initial_net_namespace() {
+  char buf[64];
+  const ssize_t n = ::readlink("/proc/1/ns/net", buf, sizeof buf - 1);
+  return n <= 0 || std::string(buf, static_cast<size_t>(n)) == net_namespace();
+}
+
 std::string self_executable() {
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);

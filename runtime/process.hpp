@@ -20,6 +20,14 @@ namespace dtactor {
 // Path of the running executable (/proc/self/exe resolved).
 std::string self_executable();
 
+// This process's network namespace, as /proc/self/ns/net names it
+// ("net:[4026531992]"). Processes in different ones are different hosts as
+// far as the network goes: an address means something only inside one.
+std::string net_namespace();
+// Whether that is the machine's own (the one of pid 1; true when that
+// cannot be read).
+bool in_initial_net_namespace();
+
 struct child_exit {
   int exit_code = 0;  // valid when !signaled
   int signal = 0;     // the terminating signal, when signaled

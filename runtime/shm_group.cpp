@@ -1,5 +1,7 @@
 #include "runtime/shm_group.hpp"
 
+#include "runtime/process.hpp"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -113,13 +115,6 @@ status shm_group::wait_all(uint64_t count, std::chrono::steady_clock::time_point
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-}
-
-// This process's network namespace ("net:[4026531992]").
-std::string net_namespace() {
-  char buf[64];
-  const ssize_t n = ::readlink("/proc/self/ns/net", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("net:?");
 }
 
 result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank, int world, int64_t capacity, std::string* why_not) {

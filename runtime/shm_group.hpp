@@ -32,10 +32,6 @@ namespace dtactor {
 // not reaped). False when it runs or cannot be checked.
 bool process_exited(int pid);
 
-// This process's network namespace, as /proc/self/ns/net names it: ranks in
-// different ones count as different hosts (no shared-memory exchange).
-std::string net_namespace();
-
 class shm_group {
  public:
   // Joins through `store` (a per-generation prefix): rank 0 creates a

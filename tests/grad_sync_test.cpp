@@ -303,6 +303,75 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
   }));
 }
 
+// cluster.wire_dtype = bf16: every rank ends with the same gradient (bit
+// for bit), equal to the sum of the ranks' gradients each rounded to bf16
+// and added in fp32 (so within bf16 rounding of the exact fp32 result);
+// control words arrive exact, and steps keep the ranks equal.
+TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
+  const int world = 3;
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto states = make_states(cfg, world + 1);
+  const auto exact = single_process_gradients(*states[world]);
+  // The reference: each rank's own gradient, rounded to bf16, summed in fp32 in rank order.
+  std::vector<std::vector<torch::Tensor>> own(world), own_fp32(world);
+  {
+    auto ref = make_states(cfg, 1);
+    for (int r = 0; r < world; ++r) {
+      ref[0]->zero_grad();
+      ref[0]->forward_backward(ref[0]->order().rank_slice(0, r, world), 0, r);
+      for (auto& g : ref[0]->gradients()) {
+        own[r].push_back(g.to(torch::kBFloat16).to(torch::kFloat));
+        own_fp32[r].push_back(g.clone());
+      }
+    }
+  }
+  std::vector<std::vector<torch::Tensor>> got(world);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[rank];
+    grad_sync_options o;
+    o.bucket_bytes = 4 * 1024;
+    o.control_words = 2;
+    o.bf16_wire = true;
+    grad_sync sync(params_of(s), pg, o);
+    sync.set_control({1000.f + static_cast<float>(rank), 0.125f * static_cast<float>(rank + 1)});
+    s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+    auto t = sync.finish();
+    if (!t) return t.message();
+    if (t->buckets < 2) return "expected several buckets";
+    // 3003 and 0.75 are not bf16 numbers: the control words went as fp32.
+    if (sync.control() != std::vector<float>{3003.f, 0.75f})
+      return "control sums " + std::to_string(sync.control()[0]) + ", " + std::to_string(sync.control()[1]);
+    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+    return "";
+  }));
+  for (size_t i = 0; i < exact.size(); ++i) {
+    auto want = own[0][i] + own[1][i] + own[2][i];
+    EXPECT_TRUE(torch::equal(got[0][i], want)) << "gradient " << i << " is not the fp32 sum of the bf16-rounded ones";
+    for (int r = 1; r < world; ++r) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " differs, gradient " << i;
+    // bf16 keeps 8 bits of mantissa: each rank's part is within 2^-8 of its
+    // value, so the sum is within 2^-8 of the sum of the parts' magnitudes.
+    auto bound = (own[0][i].abs() + own[1][i].abs() + own[2][i].abs()) * (1.01 / 256) + 1e-9;
+    auto fp32_sum = own_fp32[0][i] + own_fp32[1][i] + own_fp32[2][i];
+    EXPECT_TRUE(((got[0][i] - fp32_sum).abs() <= bound).all().item<bool>()) << "gradient " << i;
+    EXPECT_TRUE(torch::allclose(fp32_sum, exact[i], 1e-4, 1e-6)) << "gradient " << i;
+  }
+  // Training steps over the bf16 wire keep every rank's parameters equal.
+  auto again = make_states(tiny_vit_config(), world);
+  std::vector<std::string> digests(world);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *again[rank];
+    grad_sync_options o = bucket_of(16 * 1024);
+    o.bf16_wire = true;
+    grad_sync sync(params_of(s), pg, o);
+    for (int i = 0; i < 5; ++i)
+      if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
+    digests[rank] = s.params_digest();
+    return "";
+  }));
+  EXPECT_EQ(digests[0], digests[1]);
+  EXPECT_EQ(digests[0], digests[2]);
+}
+
 // Rank 0 uses p and q, rank 1 only p, nobody uses u: p and q get the sums, u
 // keeps no gradient with find_unused_parameters (and a zero one without).
 // Also with finish() polling instead of sleeping (spin_wait): same sums.

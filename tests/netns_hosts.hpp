@@ -18,7 +18,11 @@
 // Needs root and iproute2; make() says in one line why it cannot.
 // Namespace and interface names carry this process's pid, so tests running
 // at once (ctest -j2) never share a switch.
+#include <signal.h>
 #include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
 
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +47,7 @@ class test_network {
       *why = "separate hosts need iproute2 (ip, tc)";
       return std::nullopt;
     }
+    sweep_stale();
     test_network n;
     n.tag_ = "dt" + std::to_string(::getpid());
     n.hosts_ = hosts;
@@ -72,6 +77,26 @@ class test_network {
     if (!made_) return;
     for (int h = 0; h < hosts_; ++h) sh("ip netns del " + ns(h));
     sh("ip netns del " + switch_ns());
+  }
+
+  // Namespaces a test process killed mid-test left behind (their pid is gone).
+  static void sweep_stale() {
+    FILE* p = ::popen("ip netns list 2>/dev/null", "r");
+    if (!p) return;
+    char line[256];
+    std::vector<std::string> stale;
+    while (std::fgets(line, sizeof line, p)) {
+      std::string name(line);
+      name = name.substr(0, name.find_first_of(" \n"));
+      if (name.rfind("dt", 0) != 0) continue;
+      size_t i = 2;
+      while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+      if (i == 2 || i == name.size() || (name.compare(i, 2, "sw") != 0 && name[i] != 'h')) continue;
+      const long pid = std::strtol(name.substr(2, i - 2).c_str(), nullptr, 10);
+      if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) stale.push_back(name);
+    }
+    ::pclose(p);
+    for (const auto& n : stale) sh("ip netns del " + n);
   }
 
   int hosts() const { return hosts_; }

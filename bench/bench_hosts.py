@@ -1,0 +1,124 @@
+#!/usr/bin/python3.11
+"""Training on separate hosts over capped links: two node hosts (one rank
+each, one compute thread each) and a coordinator host, network namespaces on
+a test switch (scripts/netns/hosts.sh), every link capped by tbf at each
+rate. For each cap: dtactor (ViT default config: model and global batch 128,
+gradients over Gloo since the ranks are on different hosts), and PyTorch DDP
+under torchrun (bench/ddp_vit.py) with and without DDP's fp16 compression
+hook. Prints JSON and writes bench/hosts_results.json.
+
+Usage (root): bench/bench_hosts.py [--caps 10gbit,1gbit,100mbit] [--steps 300]
+  [--repeats 1] [--dtactor build/dtactor] [--wire fp32[,bf16]]
+samples/s: dtactor's journaled figure (median over the steps after the
+first fifth); DDP's: global batch / median step time on rank 0."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+HOSTS = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
+TAG = "dtbh"
+
+
+def hosts(*args, check=True):
+    return subprocess.run([HOSTS, *args], check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def run_dtactor(binary, steps, wire, log_dir):
+    with tempfile.TemporaryDirectory() as rd:
+        sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
+                "cluster.min_nodes=2"]
+        if wire != "fp32":
+            sets.append("cluster.wire_dtype=" + wire)
+        args = []
+        for s in sets:
+            args += ["--set", s]
+        logs = [open(os.path.join(log_dir, n), "w") for n in ("coordinator.log", "node1.log", "node2.log")]
+        coord = subprocess.Popen([HOSTS, "run", TAG, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
+                                  "--no-resume", *args], stdout=logs[0], stderr=subprocess.STDOUT)
+        nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), binary, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400",
+                                   "--node-id", "n%d" % h, "--threads-per-rank", "1"], stdout=logs[h], stderr=subprocess.STDOUT) for h in (1, 2)]
+        rc = coord.wait(timeout=1800)
+        for n in nodes:
+            n.wait(timeout=120)
+        if rc != 0:
+            raise SystemExit("dtactor run failed (exit %d); logs in %s" % (rc, log_dir))
+        steps_ev = [json.loads(l) for l in open(os.path.join(rd, "journal.jsonl")) if '"event":"step"' in l]
+        steady = [e for e in steps_ev if e["step"] > steps // 5 and e["world_size"] == 2]
+        return {"samples_per_s": statistics.median(e["samples_per_s"] for e in steady),
+                "allreduce_s": statistics.median(e["allreduce_s"] for e in steady),
+                "allreduce_exposed_s": statistics.median(e["allreduce_exposed_s"] for e in steady)}
+
+
+def run_ddp(steps, fp16):
+    base = ["/usr/bin/python3.11", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "198.18.0.2",
+            "--master_port", "29500"]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+    procs = []
+    for i, h in enumerate((1, 2)):
+        cmd = [HOSTS, "run", TAG, str(h), *base, "--node_rank", str(i), os.path.join(HERE, "ddp_vit.py"), "--steps", str(steps)]
+        if fp16:
+            cmd.append("--fp16-hook")
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        if p.returncode != 0:
+            raise SystemExit("DDP run failed: " + e[-2000:])
+    line = [l for l in outs[0][0].splitlines() if l.startswith("{")][-1]
+    return json.loads(line)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--caps", default="10gbit,1gbit,100mbit")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--wire", default="fp32")
+    ap.add_argument("--dtactor", default=os.path.join(ROOT, "build", "dtactor"))
+    ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument("--out", default=os.path.join(HERE, "hosts_results.json"))
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench_hosts.py: needs root (network namespaces)")
+    hosts("down", TAG, check=False)
+    hosts("up", TAG, "3")
+    log_dir = tempfile.mkdtemp(prefix="bench-hosts-")
+    results = {"config": "ViT default (examples/vit_fashion_mnist.toml model), global batch 128, 2 hosts x 1 rank, 1 thread per rank",
+               "steps": a.steps, "repeats": a.repeats, "caps": {}}
+    try:
+        for cap in a.caps.split(","):
+            for h in (0, 1, 2):
+                hosts("cap", TAG, str(h), cap)
+            r = {}
+            for rep in range(a.repeats):
+                for wire in a.wire.split(","):
+                    r.setdefault("dtactor_" + wire, []).append(run_dtactor(a.dtactor, a.steps, wire, log_dir))
+                if not a.no_ddp:
+                    r.setdefault("ddp", []).append(run_ddp(a.steps, False))
+                    r.setdefault("ddp_fp16_hook", []).append(run_ddp(a.steps, True))
+            summary = {}
+            for k, runs in r.items():
+                summary[k] = {"samples_per_s": statistics.median(x["samples_per_s"] for x in runs), "runs": runs}
+                if "allreduce_s" in runs[0]:
+                    summary[k]["allreduce_s"] = statistics.median(x["allreduce_s"] for x in runs)
+                    summary[k]["allreduce_exposed_s"] = statistics.median(x["allreduce_exposed_s"] for x in runs)
+            if "ddp" in summary and "dtactor_fp32" in summary:
+                summary["fp32_vs_ddp"] = summary["dtactor_fp32"]["samples_per_s"] / summary["ddp"]["samples_per_s"]
+            if "ddp_fp16_hook" in summary and "dtactor_bf16" in summary:
+                summary["bf16_vs_ddp_fp16_hook"] = summary["dtactor_bf16"]["samples_per_s"] / summary["ddp_fp16_hook"]["samples_per_s"]
+            results["caps"][cap] = summary
+            print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
+    finally:
+        hosts("down", TAG, check=False)
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
