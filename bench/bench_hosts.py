@@ -57,7 +57,10 @@ def run_dtactor(binary, steps, wire, log_dir):
 
 def run_ddp(steps, fp16):
     base = ["/usr/bin/python3.11", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "198.18.0.2",
-            "--master_port", "29500"]
+            "--master_port", "29500",
+            # torchrun 1.13 under Python 3.11 cannot parse its default "0" for these
+            # (Std.NONE is not iterated by 3.11's enum): tee rank stdout (1) instead.
+            "--redirects", "1", "--tee", "1", "--log_dir", tempfile.mkdtemp(prefix="torchrun-")]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
     procs = []
     for i, h in enumerate((1, 2)):
@@ -69,8 +72,8 @@ def run_ddp(steps, fp16):
     for p, (o, e) in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit("DDP run failed: " + e[-2000:])
-    line = [l for l in outs[0][0].splitlines() if l.startswith("{")][-1]
-    return json.loads(line)
+    line = [l for l in outs[0][0].splitlines() if "{" in l][-1]
+    return json.loads(line[line.index("{"):])
 
 
 def main():

@@ -69,7 +69,11 @@ def main():
     if rank == 0:
         print(json.dumps({"world": world, "steps": a.steps, "global_batch": a.global_batch, "fp16_hook": a.fp16_hook,
                           "median_step_s": med, "samples_per_s": a.global_batch / med, "last_loss": losses[-1]}), flush=True)
-    dist.destroy_process_group()
+    # Every rank reaches this point (the last step's allreduce is a barrier);
+    # Gloo's teardown can hang a rank at exit, so end here.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

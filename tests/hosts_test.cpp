@@ -86,6 +86,20 @@ TEST(Hosts, GradientsCrossTheNetworkBetweenHosts) {
   }
 }
 
+// cluster.wire_dtype = bf16 between hosts: the job trains to the end and
+// the ranks stay equal (their parameter digests are compared every 10
+// steps; a difference would stop the job).
+TEST(Hosts, Bf16WireKeepsTheRanksEqual) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(), job_sets(200, {"cluster.min_nodes=2", "cluster.wire_dtype=bf16"}));
+  ASSERT_EQ(h.cl.start({"n1", "n2"}), "");
+  expect_finished_without_loss(h.cl, 200, 2);
+  auto fin = events(h.cl.journal(), "job_finished");
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_GT(fin[0].value("accuracy", 0.0), 0.3) << "10 classes: chance is 0.1; " << fin[0].dump();
+}
+
 // A node's host cut off mid-step (its switch port down: no RST, nothing
 // arrives): declared lost within the heartbeat timeout, the survivor
 // abandons the collective it is blocked in and trains alone, no completed

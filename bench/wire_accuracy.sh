@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# cluster.wire_dtype's effect on accuracy: the ViT example (examples/
+# vit_fashion_mnist.toml, 4,000 steps of 128) on 2 separate hosts (network
+# namespaces, scripts/netns/hosts.sh; 1 rank each, 1 thread), fp32 then
+# bf16 gradients on the wire; prints the final test accuracy of each as
+# JSON. Needs root. Usage: bench/wire_accuracy.sh [CONFIG] [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+config=${1:-examples/vit_fashion_mnist.toml}
+steps=${2:-4000}
+hosts=scripts/netns/hosts.sh
+tag=dtwa
+"$hosts" down $tag 2>/dev/null || true
+"$hosts" up $tag 3
+trap '"$hosts" down $tag' EXIT
+out="{"
+for wire in fp32 bf16; do
+  rd=$(mktemp -d)
+  "$hosts" run $tag 0 ./build/dtactor --role coordinator --listen tcp://198.18.0.1:29400 --config "$config" --run-dir "$rd" --no-resume \
+    --set cluster.min_nodes=2 --set train.max_steps="$steps" --set cluster.wire_dtype=$wire >"$rd/coordinator.out" 2>&1 &
+  c=$!
+  for h in 1 2; do
+    "$hosts" run $tag $h ./build/dtactor --role node --coordinator tcp://198.18.0.1:29400 --node-id n$h --threads-per-rank 1 >"$rd/node$h.out" 2>&1 &
+  done
+  start=$(date +%s)
+  wait $c
+  wait
+  acc=$(grep '"event":"job_finished"' "$rd/journal.jsonl" | grep -o '"accuracy":[0-9.]*' | cut -d: -f2)
+  out="$out\"$wire\": {\"accuracy\": $acc, \"wall_s\": $(($(date +%s) - start))}, "
+  rm -rf "$rd"
+done
+echo "${out%, }, \"config\": \"$config\", \"steps\": $steps}"
