@@ -5,13 +5,7 @@
 set -u
 bin=$1
 src=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0
-failed=0
-
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
-bad() { failed=$((failed + 1)); echo "not ok - $1"; }
+source "$(dirname "$0")/script_checks.sh"
 
 # expect_error NAME PATTERN ARGS... : non-zero exit, exactly one stderr line
 # matching PATTERN, and nothing that looks like a crash.
@@ -142,5 +136,4 @@ expect_error "report without a run dir" "required|run_dir" report
 # No half-written files anywhere after all of the above.
 if find "$work" -name '*.tmp*' | grep -q .; then bad "temp files left behind"; find "$work" -name '*.tmp*'; else ok "no temp files left"; fi
 
-echo "$pass passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

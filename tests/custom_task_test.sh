@@ -7,17 +7,7 @@
 set -u
 build=$1
 src=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0
-failed=0
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
-bad() { failed=$((failed + 1)); echo "not ok - $1"; }
-finish() {
-  echo "$pass passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit $?
-}
+source "$(dirname "$0")/script_checks.sh"
 
 prefix=$work/prefix
 if cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1; then

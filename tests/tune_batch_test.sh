@@ -7,12 +7,7 @@
 # Usage: tune_batch_test.sh PATH/TO/dtactor
 set -u
 bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0
-failed=0
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
-bad() { failed=$((failed + 1)); echo "not ok - $1"; }
+source "$(dirname "$0")/script_checks.sh"
 py=/usr/bin/python3
 
 # Bad input: one line, exit 2, before any probe.
@@ -37,8 +32,7 @@ low=$(peak_of "$work/low")
 high=$(peak_of "$work/high")
 if [ -z "$low" ] || [ -z "$high" ] || [ "$high" -le "$low" ]; then
   bad "probes of 1 and 512 report peaks ('$low', '$high')"
-  echo "$pass passed, $failed failed"
-  exit 1
+  finish
 fi
 ok "a probe reports its peak (1: $low bytes, 512: $high bytes)"
 budget=$(((low + high) / 2))
@@ -69,5 +63,4 @@ assert sizes[:2] == [16, 32], sizes
 PY
 "$bin" report "$work/run" >/dev/null 2>&1 && grep -q "the largest that fits is \*\*$found\*\*" "$work/run/report.md" &&
   ok "the log book has the search" || bad "the log book has the search"
-echo "$pass passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish
