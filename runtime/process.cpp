@@ -6,10 +6,12 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -27,6 +29,16 @@ std::string net_namespace() {
 }
 
 bool in_initial_net_namespace() {
+  // A namespace made by `ip netns add` is bound under /run/netns: being in
+  // one of those is being on a host of one's own. (pid 1's namespace, the
+  // other way to tell, is often unreadable: a non-dumpable init.)
+  struct stat self {};
+  if (::stat("/proc/self/ns/net", &self) != 0) return true;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/run/netns", ec)) {
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) == 0 && st.st_ino == self.st_ino && st.st_dev == self.st_dev) return false;
+  }
   char buf[64];
   const ssize_t n = ::readlink("/proc/1/ns/net", buf, sizeof buf - 1);
   return n <= 0 || std::string(buf, static_cast<size_t>(n)) == net_namespace();

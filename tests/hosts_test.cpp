@@ -21,6 +21,7 @@ namespace dtactor {
 namespace {
 
 using testing::cluster;
+using dtactor::child_process;
 using testing::expect_finished_without_loss;
 using testing::job_sets;
 using testing::temp_dir;
@@ -98,6 +99,34 @@ TEST(Hosts, Bf16WireKeepsTheRanksEqual) {
   auto fin = events(h.cl.journal(), "job_finished");
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_GT(fin[0].value("accuracy", 0.0), 0.3) << "10 classes: chance is 0.1; " << fin[0].dump();
+}
+
+// Nodes started on separate hosts without --node-id: the hosts share the
+// machine's host name, so each takes "<host>-net<inode>" and both are
+// admitted (before, the second was refused as a live node's duplicate).
+TEST(Hosts, NodesOnSeparateHostsGetTheirOwnDefaultIds) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
+  ASSERT_EQ(h.cl.start_coordinator(), "");
+  std::vector<child_process> nodes;
+  for (int host : {1, 2}) {
+    auto argv = h.net.on(host);
+    argv.insert(argv.end(), {DTACTOR_BINARY, "--role", "node", "--coordinator", h.cl.endpoint, "--threads-per-rank", "1"});
+    auto n = child_process::spawn(argv, false, d.path() + "/node-host" + std::to_string(host) + ".log");
+    ASSERT_TRUE(n) << n.message();
+    nodes.push_back(std::move(n.value()));
+  }
+  ASSERT_TRUE(h.cl.wait_step(20, 2)) << h.cl.logs();
+  auto joined = events(h.cl.journal(), "node_joined");
+  ASSERT_EQ(joined.size(), 2u) << h.cl.logs();
+  const std::string a = joined[0].at("node"), b = joined[1].at("node");
+  EXPECT_NE(a, b);
+  EXPECT_NE(a.find("-net"), std::string::npos) << a;
+  EXPECT_NE(b.find("-net"), std::string::npos) << b;
+  h.cl.coord->signal(SIGTERM);
+  ASSERT_TRUE(h.cl.coord->wait(60000)) << h.cl.logs();
+  for (auto& n : nodes) n.wait(30000);
 }
 
 // A node's host cut off mid-step (its switch port down: no RST, nothing
