@@ -41,6 +41,33 @@ struct hosts_cluster {
     for (int h = 1; h < net.hosts(); ++h) cl.node_prefix["n" + std::to_string(h)] = net.on(h);
     cl.loopback = false;
   }
+  // Until a generation newer than the `gens` already started trains at world 2.
+  bool wait_back_to_two(size_t gens) {
+    return cl.wait_for(
+        [&](const std::vector<json>& j) {
+          auto s = testing::journal_events(j, "step");
+          return testing::journal_events(j, "generation_started").size() > gens && !s.empty() && s.back().at("world_size") == 2;
+        },
+        120);
+  }
+  // No recovery lost a completed step, and step numbers never went back
+  // (a zombie's old generation rolled nobody back).
+  void expect_no_rollback() const {
+    const auto j = cl.journal();
+    for (const auto& r : testing::journal_events(j, "recovery_done")) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
+    int64_t prev = 0;
+    for (const auto& e : testing::journal_events(j, "step")) {
+      EXPECT_GE(e.at("step").get<int64_t>(), prev) << e.dump();
+      prev = e.at("step").get<int64_t>();
+    }
+  }
+  // SIGTERM to the coordinator: the job stops after a final checkpoint (exit 143).
+  void stop() {
+    cl.coord->signal(SIGTERM);
+    auto done = cl.coord->wait(60000);
+    ASSERT_TRUE(done) << cl.logs();
+    EXPECT_EQ(done->exit_code, 128 + SIGTERM) << cl.logs();
+  }
   // The node's own step gauge, read from inside its host.
   double node_step(int h, int port) const {
     const std::string cmd = "ip netns exec " + net.ns(h) + " curl -s --max-time 2 http://" + net.addr(h) + ":" + std::to_string(port) + "/metrics";
@@ -157,13 +184,7 @@ TEST(Hosts, ANodeHostCutOffIsLostTheOtherGoesOnAndAfterTheHealItTrainsAgain) {
   ASSERT_TRUE(h.net.heal(2));
   const auto healed_at = clock_type::now();
   const size_t gens = events(h.cl.journal(), "generation_started").size();
-  ASSERT_TRUE(h.cl.wait_for(
-      [&](const std::vector<json>& jj) {
-        auto s = events(jj, "step");
-        return events(jj, "generation_started").size() > gens && !s.empty() && s.back().at("world_size") == 2;
-      },
-      120))
-      << h.cl.logs();
+  ASSERT_TRUE(h.wait_back_to_two(gens)) << h.cl.logs();
   const double back_s = std::chrono::duration<double>(clock_type::now() - healed_at).count();
   RecordProperty("heal_to_training_s", std::to_string(back_s));
   std::printf("after the heal, node n2 trained again in %.2f s\n", back_s);
@@ -178,17 +199,8 @@ TEST(Hosts, ANodeHostCutOffIsLostTheOtherGoesOnAndAfterTheHealItTrainsAgain) {
     for (const auto& e : h.cl.journal())
       if (e.at("event") != "step") std::printf("%s\n", e.dump().substr(0, 300).c_str());
   }
-  h.cl.coord->signal(SIGTERM);
-  auto done = h.cl.coord->wait(60000);
-  ASSERT_TRUE(done) << h.cl.logs();
-  EXPECT_EQ(done->exit_code, 128 + SIGTERM) << h.cl.logs();
-  // Step numbers never went back: the zombie's old generation rolled nobody back.
-  int64_t prev = 0;
-  for (const auto& e : events(h.cl.journal(), "step")) {
-    EXPECT_GE(e.at("step").get<int64_t>(), prev) << e.dump();
-    prev = e.at("step").get<int64_t>();
-  }
-  for (const auto& r : events(h.cl.journal(), "recovery_done")) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
+  h.stop();
+  h.expect_no_rollback();
 }
 
 // The coordinator's host cut off while the nodes still reach each other:
@@ -217,11 +229,8 @@ TEST(Hosts, TrainingGoesOnWhileTheCoordinatorsHostIsCutOff) {
   ASSERT_TRUE(h.net.heal(0));
   // The journal catches up with what the nodes did during the cut.
   ASSERT_TRUE(h.cl.wait_step(static_cast<int64_t>(during), 2, 60)) << h.cl.logs();
-  for (const auto& r : events(h.cl.journal(), "recovery_done")) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
-  h.cl.coord->signal(SIGTERM);
-  auto done = h.cl.coord->wait(60000);
-  ASSERT_TRUE(done) << h.cl.logs();
-  EXPECT_EQ(done->exit_code, 128 + SIGTERM) << h.cl.logs();
+  h.expect_no_rollback();
+  h.stop();
 }
 
 // A cut shorter than the heartbeat timeout is a pause: nobody is declared
@@ -241,10 +250,7 @@ TEST(Hosts, ACutShorterThanTheTimeoutIsOnlyAPause) {
   auto j = h.cl.journal();
   EXPECT_TRUE(events(j, "node_lost").empty()) << h.cl.logs();
   EXPECT_EQ(events(j, "generation_started").size(), gens) << h.cl.logs();
-  h.cl.coord->signal(SIGTERM);
-  auto done = h.cl.coord->wait(60000);
-  ASSERT_TRUE(done) << h.cl.logs();
-  EXPECT_EQ(done->exit_code, 128 + SIGTERM) << h.cl.logs();
+  h.stop();
 }
 
 // A one-way cut between a node's host and the coordinator's (each way in
@@ -270,19 +276,8 @@ void one_way_cut(bool node_to_coordinator) {
   EXPECT_GT(events(j12, "step").back().at("step").get<int64_t>(), step4 + 100) << "training stalled\n" << h.cl.logs();
   EXPECT_LE(events(j12, "node_lost").size(), 2u) << h.cl.logs();
   ASSERT_TRUE(node_to_coordinator ? h.net.heal_one_way(2, 0) : h.net.heal_one_way(0, 2));
-  ASSERT_TRUE(h.cl.wait_for(
-      [&](const std::vector<json>& jj) {
-        auto s = events(jj, "step");
-        return events(jj, "generation_started").size() > gens4 && !s.empty() && s.back().at("world_size") == 2;
-      },
-      120))
-      << h.cl.logs();
-  for (const auto& r : events(h.cl.journal(), "recovery_done")) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
-  int64_t prev = 0;
-  for (const auto& e : events(h.cl.journal(), "step")) {
-    EXPECT_GE(e.at("step").get<int64_t>(), prev) << e.dump();
-    prev = e.at("step").get<int64_t>();
-  }
+  ASSERT_TRUE(h.wait_back_to_two(gens4)) << h.cl.logs();
+  h.expect_no_rollback();
   if (std::getenv("DTACTOR_TEST_SHOW_LOGS")) {
     std::printf("%s\n", h.cl.logs().c_str());
     for (const auto& e : h.cl.journal())
