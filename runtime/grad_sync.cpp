@@ -164,7 +164,8 @@ void grad_sync::sum_wire(size_t bi) {
   // Rank order on every rank: bit-identical sums everywhere, in fp32.
   for (int r = 0; r < world_; ++r) {
     const auto& m = b.wire_all[static_cast<size_t>(r)];
-    auto g = m.narrow(0, 0, b.wire_grads).view(torch::kBFloat16).to(torch::kFloat);
+    // Mixed-dtype copy_/add_ widen bf16 to fp32 on the fly: no temporary per rank.
+    auto g = m.narrow(0, 0, b.wire_grads).view(torch::kBFloat16);
     if (r == 0) grads.copy_(g);
     else grads.add_(g);
     if (ctrl > 0) {

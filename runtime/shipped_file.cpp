@@ -19,12 +19,13 @@ constexpr uint64_t chunk = 8ull << 20;
 }
 
 result<shipped_file> ship_file(object_store& store, const std::string& path, const std::string& prefix, const std::string& suffix) {
+  auto digest = file_digest(path);  // "<size>:<xxh3 hex>", as the ranks report it
+  if (!digest) return digest.err();
   auto m = mapped_file::open(path);
   if (!m) return m.err();
-  const uint64_t h = hash64(m->data(), m->size());
   shipped_file out;
-  out.object = prefix + hex64(h) + suffix;
-  out.digest = std::to_string(m->size()) + ":" + hex64(h);
+  out.digest = digest.value();
+  out.object = prefix + out.digest.substr(out.digest.find(':') + 1) + suffix;
   auto have = store.size_of(out.object);
   if (!have) return make_error("checkpoint store " + store.location() + ": " + have.message());
   if (have.value() && *have.value() == m->size()) return out;
