@@ -118,11 +118,11 @@ int dtactor::run_main(int argc, char** argv) {
   tune->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
   tune->add_option("--run-dir", run_dir, "Whose journal and log book get the results (the run you will train in)")->capture_default_str();
   tune->add_option("--max-memory", tb_max_memory, "Memory one rank may use, e.g. 6G (default: MemAvailable less 10%, over --nproc-per-node)");
-  tune->add_option("--nproc-per-node", tb.ranks_per_host, "Ranks that will share this machine's memory")->capture_default_str();
-  tune->add_option("--start", tb.start, "First micro-batch tried")->capture_default_str();
+  tune->add_option("--nproc-per-node", tb.ranks_per_host, "Ranks that will share this machine's memory")->check(CLI::Range(1, 100000000))->capture_default_str();
+  tune->add_option("--start", tb.start, "First micro-batch tried")->check(CLI::Range(1, 100000000))->capture_default_str();
   tune->add_option("--up-to", tb.up_to, "Largest micro-batch tried (default: train.global_batch_size)");
-  tune->add_option("--steps", tb.steps, "Training steps per size (the first is not timed)")->capture_default_str();
-  tune->add_option("--max-trials", tb.max_trials, "Most sizes tried")->capture_default_str();
+  tune->add_option("--steps", tb.steps, "Training steps per size (the first is not timed)")->check(CLI::Range(1, 100000000))->capture_default_str();
+  tune->add_option("--max-trials", tb.max_trials, "Most sizes tried")->check(CLI::Range(1, 100000000))->capture_default_str();
   tune->add_option("--probe", tb_probe, "(internal) train this micro-batch and report peak memory")->group("");
 
   auto* cfgcmd = app.add_subcommand("config", "Print the effective config (or, with --reference, every key with its default and meaning)");

@@ -15,6 +15,10 @@ py=/usr/bin/python3
 rc=$?
 [ $rc -eq 2 ] && [ "$(wc -l <"$work/err")" -eq 1 ] && grep -q "max-memory: 'lots' is not a size" "$work/err" && ok "a bad --max-memory" ||
   { bad "a bad --max-memory (rc $rc)"; cat "$work/err"; }
+"$bin" tune-batch --start 0 --run-dir "$work/x" >/dev/null 2>"$work/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <"$work/err")" -eq 1 ] && grep -q -- "--start: Value 0 not in range 1 to" "$work/err" && ok "a --start below 1" ||
+  { bad "a --start below 1 (rc $rc)"; cat "$work/err"; }
 "$bin" tune-batch --max-memory 1M --run-dir "$work/tiny" --up-to 4 >/dev/null 2>"$work/err"
 rc=$?
 [ $rc -eq 1 ] && grep -q "even micro-batch 1 does not fit in" "$work/err" && ok "a budget nothing fits is one line, exit 1" ||
