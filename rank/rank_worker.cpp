@@ -24,6 +24,7 @@
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/grad_sync.hpp"
+#include "runtime/process.hpp"
 #include "runtime/shm_group.hpp"
 #include "runtime/shipped_file.hpp"
 
@@ -244,8 +245,8 @@ struct rank_worker::generation_run {
   std::chrono::milliseconds timeout{0};
   abandon_fn abandon_now;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
-  std::shared_ptr<shm_group> shm;             // every rank on this host (cluster.shm_allreduce)
-  std::string shm_why, backend;
+  exchange_plan exchange;  // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
+  std::string backend;
   std::string source = "local";  // where the starting state came from: local, peer, disk, fresh
   int root = 0;                  // global rank the state came from
   uint64_t transfer_bytes = 0;   // state received from a peer
@@ -323,8 +324,7 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
     std::condition_variable cv;
     bool done = false;
     std::optional<result<c10::intrusive_ptr<c10d::ProcessGroup>>> r;
-    std::shared_ptr<shm_group> shm;
-    std::string shm_why;
+    exchange_plan exchange;
   };
   auto b = std::make_shared<build>();
   const auto rendezvous_timeout = std::max<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(60));
@@ -353,14 +353,12 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
       auto store = c10::make_intrusive<c10d::TCPStore>(host, so);
       r = make_process_group(store, rank, world, co);
       if (r.ok() && want_shm) {
-        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/shm", store);
-        std::string why;
-        auto joined = shm_group::join(*prefixed, rank, world, shm_floats, &why);
-        if (!joined) r = joined.err();
+        auto ex = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/exchange", store), rank, world,
+                                 shm_floats, co, host_key());
+        if (!ex) r = ex.err();
         else {
           std::lock_guard<std::mutex> lock(b->mu);
-          b->shm = joined.value();
-          b->shm_why = why;
+          b->exchange = std::move(ex.value());
         }
       }
     } catch (const std::exception& e) {
@@ -381,8 +379,8 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
   if (!b->r->ok()) return failed(g, b->r->message(), im.state->step());
   g.pg = b->r->value();
   im.parked.push_back(g.pg);  // outlives this generation (see impl::parked)
-  g.shm = b->shm;
-  g.shm_why = b->shm_why;
+  g.exchange = b->exchange;
+  if (g.exchange.hosts) im.parked.push_back(g.exchange.hosts);
   return std::nullopt;
 }
 
@@ -500,7 +498,9 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   go.timeout = g.timeout;
   go.abandon = g.abandon_now;
   go.control_words = control_words;
-  go.shm = g.shm;
+  go.shm = g.exchange.shm;
+  go.hierarchical = g.exchange.hierarchical;
+  go.hosts = g.exchange.hosts;
   go.bf16_wire = cfg.get_string("cluster.wire_dtype") == "bf16";
   grad_sync sync(state.the_task().module()->parameters(), g.pg, go);
   // Whatever the last generation left in the gradients is a partial step.
@@ -509,10 +509,13 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   {
     // How this generation's gradients travel (shown in the rank's status).
     std::string transport;
-    if (g.world > 1 && sync.uses_shm())
-      transport = "gradients over shared memory";
-    else if (g.world > 1)
-      transport = "gradients over " + g.backend + (g.shm_why.empty() ? "" : " (no shared memory: " + g.shm_why + ")");
+    if (g.world > 1 && (sync.uses_shm() || sync.hierarchical())) {
+      transport = g.exchange.describe(g.backend);
+    } else if (g.world > 1) {
+      std::string why = g.exchange.why_not;
+      if (why.empty() && (g.exchange.shm || g.exchange.hierarchical)) why = "the gradients are not all float32, or do not fit the segment";
+      transport = "gradients over " + g.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
+    }
     if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
     ready.set_state_source(g.source);

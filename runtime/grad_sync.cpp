@@ -4,9 +4,11 @@
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 
 namespace dtactor {
 
@@ -21,6 +23,96 @@ double seconds_between(clock_type::time_point a, clock_type::time_point b) { ret
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 }  // namespace
+
+std::vector<std::vector<int>> group_by_host(const std::vector<std::string>& keys) {
+  std::vector<std::vector<int>> hosts;
+  std::vector<std::string> seen;
+  for (size_t r = 0; r < keys.size(); ++r) {
+    const auto it = std::find(seen.begin(), seen.end(), keys[r]);
+    if (it == seen.end()) {
+      seen.push_back(keys[r]);
+      hosts.push_back({static_cast<int>(r)});
+    } else {
+      hosts[static_cast<size_t>(it - seen.begin())].push_back(static_cast<int>(r));
+    }
+  }
+  return hosts;
+}
+
+std::string exchange_plan::describe(const std::string& backend) const {
+  if (hierarchical) {
+    std::string s = host_ranks > 1 && shm ? "gradients over shared memory within the host (" + std::to_string(host_ranks) + " ranks)"
+                                          : "gradients of this host's only rank";
+    s += " and " + backend + " across " + std::to_string(host_count) + " hosts";
+    return s + (hosts ? ", this rank exchanging for its host" : "");
+  }
+  if (shm) return "gradients over shared memory";
+  return "gradients over " + backend + (why_not.empty() ? "" : " (no shared memory: " + why_not + ")");
+}
+
+namespace {
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string string_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+}  // namespace
+
+result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats,
+                                     const communicator_options& co, const std::string& host_key) {
+  exchange_plan out;
+  try {
+    store->set("host/" + std::to_string(rank), bytes_of(host_key));
+    std::vector<std::string> keys;
+    for (int r = 0; r < world; ++r) keys.push_back(string_of(store->get("host/" + std::to_string(r))));
+    const auto hosts = group_by_host(keys);
+    out.host_count = static_cast<int>(hosts.size());
+    size_t mine = 0, local = 0, most = 0;
+    for (size_t h = 0; h < hosts.size(); ++h) {
+      most = std::max(most, hosts[h].size());
+      for (size_t l = 0; l < hosts[h].size(); ++l)
+        if (hosts[h][l] == rank) mine = h, local = l;
+    }
+    out.host_ranks = static_cast<int>(hosts[mine].size());
+    if (hosts.size() == 1) {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
+      auto joined = shm_group::join(*prefixed, rank, world, floats, &out.why_not);
+      if (!joined) return joined.err();
+      out.shm = joined.value();
+      return out;
+    }
+    if (most == 1) {
+      out.why_not = "every rank on a host of its own (another machine, host name or network namespace)";
+      return out;
+    }
+    // Hierarchical: shared memory within each host, one rank per host on the wire.
+    std::string problem;
+    if (hosts[mine].size() > 1) {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm/h" + std::to_string(mine), store);
+      std::string why;
+      auto joined = shm_group::join(*prefixed, static_cast<int>(local), static_cast<int>(hosts[mine].size()), floats, &why);
+      if (!joined) return joined.err();
+      if (!joined.value()) problem = "host " + std::to_string(mine) + ": " + why;
+      out.shm = joined.value();
+    }
+    if (local == 0) store->set("hier/" + std::to_string(mine), bytes_of(problem.empty() ? "1" : "0" + problem));
+    for (size_t h = 0; h < hosts.size(); ++h) {
+      const std::string ok = string_of(store->get("hier/" + std::to_string(h)));
+      if (ok != "1" && out.why_not.empty()) out.why_not = ok.size() > 1 ? ok.substr(1) : "host " + std::to_string(h) + " could not map it";
+    }
+    if (!out.why_not.empty()) {
+      out.shm.reset();
+      return out;
+    }
+    out.hierarchical = true;
+    if (local == 0) {
+      auto g = make_process_group(c10::make_intrusive<c10d::PrefixStore>("hosts", store), static_cast<int>(mine), out.host_count, co);
+      if (!g) return make_error("the group of hosts: " + g.message());
+      out.hosts = g.value();
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return make_error("gradient exchange rendezvous: " + what.substr(0, what.find('\n')));
+  }
+  return out;
+}
 
 // What a hook reaches: the owner while it lives, nothing after.
 struct grad_sync::hook_state {
@@ -73,21 +165,36 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     b.done_ns = std::make_shared<std::atomic<int64_t>>(0);
   }
 
-  if (opts_.shm && opts_.shm->world() == world_ && opts_.shm->rank() == rank_) {
-    int64_t total = 0;
-    bool all_float = true;
-    for (auto& b : buckets_) {
-      b.base = total;
-      total += b.flat.numel();
-      all_float = all_float && b.flat.scalar_type() == torch::kFloat;
-    }
-    if (all_float && total <= opts_.shm->capacity()) {
-      shm_ = opts_.shm;
-      for (int p = 0; p < 2; ++p)
-        for (int r = 0; r < world_; ++r) shm_slots_[p].push_back(torch::from_blob(shm_->slot(p, r), {shm_->capacity()}, torch::kFloat));
-    }
+  int64_t total = 0;
+  bool all_float = true;
+  for (auto& b : buckets_) {
+    b.base = total;
+    total += b.flat.numel();
+    all_float = all_float && b.flat.scalar_type() == torch::kFloat;
   }
-  if (opts_.bf16_wire && !shm_) {
+  if (opts_.hierarchical) {
+    // Every rank decides alike (same parameters, same capacity): either the
+    // whole world goes hierarchical or the whole world uses pg.
+    if (all_float && (!opts_.shm || total <= opts_.shm->capacity())) {
+      hier_ = true;
+      leader_ = !opts_.shm || opts_.shm->rank() == 0;
+      hosts_ = opts_.hosts;
+      if (opts_.shm && opts_.shm->world() > 1) shm_ = opts_.shm;
+      if (leader_ && !hosts_) {
+        broken_ = true;
+        error_ = "hierarchical gradient exchange: rank " + std::to_string(rank_) + " leads its host but has no group of hosts";
+      }
+    }
+  } else if (opts_.shm && opts_.shm->world() == world_ && opts_.shm->rank() == rank_ && all_float && total <= opts_.shm->capacity()) {
+    shm_ = opts_.shm;
+  }
+  if (shm_)
+    for (int p = 0; p < 2; ++p)
+      for (int r = 0; r < shm_->world(); ++r) shm_slots_[p].push_back(torch::from_blob(shm_->slot(p, r), {shm_->capacity()}, torch::kFloat));
+  // Who sends on the wire: every rank (flat), the host leaders (hierarchical), nobody (one host).
+  const bool on_wire = hier_ ? leader_ : !shm_;
+  const int wire_world = hier_ ? (hosts_ ? hosts_->getSize() : 0) : world_;
+  if (opts_.bf16_wire && on_wire) {
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       auto& b = buckets_[bi];
       if (b.flat.scalar_type() != torch::kFloat) continue;  // other dtypes go as they are
@@ -96,12 +203,13 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
       b.wire_ctrl_at = (b.wire_grads + 1) / 2 * 2;
       const int64_t halves = b.wire_ctrl_at + 2 * ctrl;
       b.wire_in = torch::zeros({halves}, torch::kHalf);
-      for (int r = 0; r < world_; ++r) b.wire_all.push_back(torch::zeros({halves}, torch::kHalf));
+      for (int r = 0; r < wire_world; ++r) b.wire_all.push_back(torch::zeros({halves}, torch::kHalf));
     }
   }
-  for (size_t bi = 0; bi < buckets_.size(); ++bi)
-    buckets_[bi].label = "rank " + std::to_string(rank_) + (shm_ ? ": shared-memory reduction of gradient bucket " : ": allreduce of gradient bucket ") +
-                         std::to_string(bi);
+  const char* what = hier_ ? (leader_ ? ": exchange across hosts of gradient bucket " : ": result from this host's leader of gradient bucket ")
+                     : shm_ ? ": shared-memory reduction of gradient bucket "
+                            : ": allreduce of gradient bucket ";
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) buckets_[bi].label = "rank " + std::to_string(rank_) + what + std::to_string(bi);
 
   // A post-hook on each parameter's gradient accumulator runs right after
   // the gradient was added to param.grad() (the mechanism c10d's Reducer uses).
@@ -139,20 +247,43 @@ void grad_sync::arm() {
 
 torch::Tensor grad_sync::staging(size_t b) {
   if (!shm_) return buckets_[b].flat;
-  return shm_slots_[shm_parity_][static_cast<size_t>(rank_)].narrow(0, buckets_[b].base, buckets_[b].flat.numel());
+  return shm_slots_[shm_parity_][static_cast<size_t>(shm_->rank())].narrow(0, buckets_[b].base, buckets_[b].flat.numel());
+}
+
+void sum_slots(const torch::Tensor& dst, const std::vector<torch::Tensor>& srcs, std::vector<torch::Tensor>& scratch) {
+  torch::NoGradGuard no_grad;
+  std::function<void(const torch::Tensor&, size_t, size_t, size_t)> tree = [&](const torch::Tensor& out, size_t lo, size_t n, size_t depth) {
+    if (n == 1) {
+      out.copy_(srcs[lo]);
+      return;
+    }
+    if (n == 2) {
+      at::add_out(const_cast<torch::Tensor&>(out), srcs[lo], srcs[lo + 1]);
+      return;
+    }
+    size_t m = 1;
+    while (m * 2 < n) m *= 2;
+    tree(out, lo, m, depth + 1);
+    if (n - m == 1) {
+      out.add_(srcs[lo + m]);
+      return;
+    }
+    if (scratch.size() <= depth) scratch.resize(depth + 1);
+    if (!scratch[depth].defined() || scratch[depth].numel() < out.numel() || scratch[depth].scalar_type() != out.scalar_type())
+      scratch[depth] = torch::empty({out.numel()}, out.options());
+    auto tmp = scratch[depth].narrow(0, 0, out.numel());
+    tree(tmp, lo + m, n - m, depth + 1);
+    out.add_(tmp);
+  };
+  if (!srcs.empty()) tree(dst, 0, srcs.size(), 0);
 }
 
 void grad_sync::reduce_shm(size_t bi) {
-  torch::NoGradGuard no_grad;
   auto& b = buckets_[bi];
-  // Rank order on every rank: bit-identical sums everywhere.
-  for (int r = 0; r < world_; ++r) {
-    auto src = shm_slots_[shm_parity_][static_cast<size_t>(r)].narrow(0, b.base, b.flat.numel());
-    if (r == 0)
-      b.flat.copy_(src);
-    else
-      b.flat.add_(src);
-  }
+  std::vector<torch::Tensor> srcs;
+  for (int r = 0; r < shm_->world(); ++r) srcs.push_back(shm_slots_[shm_parity_][static_cast<size_t>(r)].narrow(0, b.base, b.flat.numel()));
+  // The same order on every rank: bit-identical sums everywhere.
+  sum_slots(b.flat, srcs, scratch_);
   b.done_ns->store(now_ns());
 }
 
@@ -162,8 +293,8 @@ void grad_sync::sum_wire(size_t bi) {
   auto grads = b.flat.narrow(0, 0, b.wire_grads);
   const int64_t ctrl = b.flat.numel() - b.wire_grads;
   // Rank order on every rank: bit-identical sums everywhere, in fp32.
-  for (int r = 0; r < world_; ++r) {
-    const auto& m = b.wire_all[static_cast<size_t>(r)];
+  for (size_t r = 0; r < b.wire_all.size(); ++r) {
+    const auto& m = b.wire_all[r];
     // Mixed-dtype copy_/add_ widen bf16 to fp32 on the fly: no temporary per rank.
     auto g = m.narrow(0, 0, b.wire_grads).view(torch::kBFloat16);
     if (r == 0) grads.copy_(g);
@@ -214,10 +345,43 @@ void grad_sync::launch(size_t bi) {
   }
   b.done_ns->store(0);
   b.launched_at = clock_type::now();
-  if (shm_) {
-    shm_->publish(++shm_published_);  // the peers sum it in their finish()
+  if (shm_) shm_->publish(++shm_published_);  // the peers (or the host's leader) sum it
+  if (hier_) {
+    if (leader_) advance_host(false, {});
     return;
   }
+  if (!shm_) send(bi);
+}
+
+void grad_sync::fail_step(std::string why) {
+  if (failed_) return;
+  failed_ = true;
+  error_ = std::move(why);
+}
+
+void grad_sync::advance_host(bool block, clock_type::time_point deadline) {
+  while (host_next_ < next_launch_ && !failed_) {
+    const size_t bi = host_next_;
+    if (shm_) {
+      const uint64_t want = shm_step_base_ + bi + 1;
+      if (!block && !shm_->all_published(want)) return;
+      if (block)
+        if (auto st = shm_->wait_all(want, deadline, opts_.abandon, opts_.spin_wait, buckets_[bi].label); !st) {
+          fail_step(st.message());
+          return;
+        }
+      reduce_shm(bi);
+    }
+    ++host_next_;
+    send(bi);
+  }
+}
+
+void grad_sync::send(size_t bi) {
+  auto& b = buckets_[bi];
+  auto& pg = hier_ ? hosts_ : pg_;
+  b.done_ns->store(0);
+  b.launched_at = clock_type::now();
   try {
     if (b.wire_in.defined()) {
       torch::NoGradGuard no_grad;
@@ -226,17 +390,17 @@ void grad_sync::launch(size_t bi) {
         b.wire_in.narrow(0, b.wire_ctrl_at, 2 * (b.flat.numel() - b.wire_grads)).view(torch::kFloat).copy_(b.flat.narrow(0, b.wire_grads, b.flat.numel() - b.wire_grads));
       std::vector<std::vector<at::Tensor>> out{b.wire_all};
       std::vector<at::Tensor> in{b.wire_in};
-      b.work = pg_->allgather(out, in);
+      b.work = pg->allgather(out, in);
     } else {
       std::vector<at::Tensor> t{b.flat};
-      b.work = pg_->allreduce(t);
+      b.work = pg->allreduce(t);
     }
     auto done = b.done_ns;
     b.work->getFuture()->addCallback([done](c10::ivalue::Future&) { done->store(now_ns()); });
   } catch (const std::exception& e) {
     // Raised on the backward thread inside a hook: keep it for finish().
-    failed_ = true;
-    error_ = "allreduce of gradient bucket " + std::to_string(bi) + " could not start: " + first_line(e.what());
+    fail_step((hier_ ? "exchange across hosts of gradient bucket " : "allreduce of gradient bucket ") + std::to_string(bi) +
+              " could not start: " + first_line(e.what()));
   }
 }
 
@@ -280,15 +444,39 @@ result<grad_sync_timing> grad_sync::finish() {
       error_ = st.message();
     }
   };
+  if (hier_ && leader_) advance_host(true, deadline);
   for (size_t bi = 0; bi < buckets_.size() && !failed_; ++bi) {
-    if (!shm_) {
-      wait_for(buckets_[bi].work, buckets_[bi].label);
-      if (!failed_ && buckets_[bi].wire_in.defined()) sum_wire(bi);
+    auto& b = buckets_[bi];
+    if (hier_ && leader_) {
+      wait_for(b.work, b.label);
+      if (failed_) break;
+      if (b.wire_in.defined()) sum_wire(bi);
+      if (shm_) {
+        // The host's ranks read the result from this rank's slot (nobody
+        // else reads it in this mode).
+        torch::NoGradGuard no_grad;
+        staging(bi).copy_(b.flat);
+        shm_->publish_result(shm_step_base_ + bi + 1);
+      }
       continue;
     }
-    if (auto st = shm_->wait_all(shm_step_base_ + bi + 1, deadline, opts_.abandon, opts_.spin_wait, buckets_[bi].label); !st) {
-      failed_ = true;
-      error_ = st.message();
+    if (hier_) {
+      if (auto st = shm_->wait_result(shm_step_base_ + bi + 1, deadline, opts_.abandon, opts_.spin_wait, b.label); !st) {
+        fail_step(st.message());
+        break;
+      }
+      torch::NoGradGuard no_grad;
+      b.flat.copy_(shm_slots_[shm_parity_][0].narrow(0, b.base, b.flat.numel()));
+      b.done_ns->store(now_ns());
+      continue;
+    }
+    if (!shm_) {
+      wait_for(b.work, b.label);
+      if (!failed_ && b.wire_in.defined()) sum_wire(bi);
+      continue;
+    }
+    if (auto st = shm_->wait_all(shm_step_base_ + bi + 1, deadline, opts_.abandon, opts_.spin_wait, b.label); !st) {
+      fail_step(st.message());
       break;
     }
     reduce_shm(bi);
@@ -296,6 +484,8 @@ result<grad_sync_timing> grad_sync::finish() {
   if (used_work) wait_for(used_work, "rank " + std::to_string(rank_) + ": allreduce of the used-parameter mask");
   const auto waited = clock_type::now();
   if (failed_) {
+    // The host's other ranks wait for results that will not come.
+    if (hier_ && leader_ && shm_) shm_->fail();
     broken_ = true;
     armed_ = false;
     return make_error(error_);
@@ -341,6 +531,7 @@ result<grad_sync_timing> grad_sync::finish() {
     b.work.reset();
   }
   next_launch_ = 0;
+  host_next_ = 0;
   armed_ = false;
   if (shm_) {
     shm_step_base_ = shm_published_;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "dtactor/result.hpp"
+#include "runtime/communicator.hpp"
 #include "runtime/shm_group.hpp"
 
 namespace dtactor {
@@ -74,7 +75,28 @@ struct grad_sync_options {
   // more beyond (a bf16 reduce-scatter would be needed there). The control
   // words travel exactly (fp32) in the same message.
   bool bf16_wire = false;
+  // Hierarchical exchange, for a world spread over several hosts with
+  // several ranks on some of them: `shm` is then this host's group (its
+  // ranks only, in global rank order; null when this rank is alone on its
+  // host) and `hosts` the group of one rank per host, set on that rank (the
+  // host's leader, rank 0 of `shm`) only. The ranks of a host publish their
+  // buckets into shared memory as backward fills them; the leader sums them
+  // (sum_slots' order), allreduces the host's sum with the other leaders
+  // (bf16_wire applies here), and writes the result back into its slot for
+  // the host's other ranks. Only one copy of the gradients per host crosses
+  // the network. Falls back to the world group `pg` on every rank alike when
+  // the gradients do not fit shared memory (not float32, or over capacity).
+  bool hierarchical = false;
+  c10::intrusive_ptr<c10d::ProcessGroup> hosts;
 };
+
+// Sums `srcs` (equal sizes) into `dst` in a fixed order, a pairwise tree
+// over their order: the first largest power of two below n, then the rest,
+// each recursively ((s0+s1)+(s2+s3), ((s0+s1)+s2), ...). The hierarchical
+// exchange of 2 hosts with 2^k ranks each adds in this same order, so its
+// result is bit-identical to one host's. `scratch` holds a temporary per
+// tree level (grown as needed).
+void sum_slots(const torch::Tensor& dst, const std::vector<torch::Tensor>& srcs, std::vector<torch::Tensor>& scratch);
 
 // Figures of one step's synchronisation (seconds).
 struct grad_sync_timing {
@@ -88,6 +110,39 @@ struct grad_sync_timing {
   // 1 - exposed/allreduce (1 when nothing was exposed, 0 when nothing overlapped).
   double overlap_fraction() const { return allreduce_s > 0 ? std::max(0.0, 1.0 - exposed_s / allreduce_s) : 1.0; }
 };
+
+// How one generation's gradients travel, worked out by every rank through
+// the generation's store (setup_exchange).
+struct exchange_plan {
+  // The whole world's group (every rank on one host), or this host's
+  // (hierarchical); null when the gradients all go through the world's group.
+  std::shared_ptr<shm_group> shm;
+  // Hierarchical, on a host's leader: the group of one rank per host.
+  c10::intrusive_ptr<c10d::ProcessGroup> hosts;
+  bool hierarchical = false;
+  int host_count = 1;  // hosts of the world
+  int host_ranks = 1;  // ranks on this rank's host
+  std::string why_not;  // why shared memory is not used, when it is not
+  // "gradients over shared memory", "... within the host and gloo across 3 hosts", ...
+  std::string describe(const std::string& backend) const;
+};
+
+// Ranks grouped by host: equal keys are one host. Hosts are ordered by
+// their lowest rank; the ranks of a host in rank order.
+std::vector<std::vector<int>> group_by_host(const std::vector<std::string>& keys);
+
+// Called by every rank of a generation after its world group was built,
+// with the same `store` (the generation's, or a prefix of it) and this
+// rank's `host_key` (runtime/process.hpp; tests pass their own). `floats`
+// sizes a shared-memory slot (gradients and control words). All on one host:
+// one shared-memory group for the world. Every rank on a host of its own:
+// nothing (the world's group carries the gradients). Otherwise hierarchical:
+// a shared-memory group per host with several ranks, and a group of the
+// hosts' leaders (`co`: backend, timeout, this rank's address). When a host
+// cannot map its segment, every rank falls back to the world's group alike.
+// An error only when the store or a group fails.
+result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats,
+                                     const communicator_options& co, const std::string& host_key);
 
 class grad_sync {
  public:
@@ -120,8 +175,13 @@ class grad_sync {
   const std::vector<float>& control() const { return control_out_; }
 
   int world() const { return world_; }
-  // True when the buckets go through shared memory (options.shm was usable).
+  // True when the buckets go through shared memory (options.shm was usable),
+  // for the whole world or, hierarchical, within this host.
   bool uses_shm() const { return static_cast<bool>(shm_); }
+  // True when the exchange is hierarchical (options.hierarchical was usable).
+  bool hierarchical() const { return hier_; }
+  // Hierarchical: this rank exchanges its host's sum with the other hosts.
+  bool host_leader() const { return hier_ && leader_; }
   int rank() const { return rank_; }
   size_t bucket_count() const { return buckets_.size(); }
   // Parameter indices (into the constructor's list) of each bucket, in launch order.
@@ -164,9 +224,19 @@ class grad_sync {
   torch::Tensor staging(size_t b);
   void reduce_shm(size_t b);
   void sum_wire(size_t b);  // bf16 wire: the world's messages, summed into the flat bucket
+  void send(size_t b);      // the bucket's collective on the wire group (pg_, or hosts_ when hierarchical)
+  // Hierarchical leader: sums the host's slots of the buckets the host has
+  // published and sends them across hosts, in bucket order; with `block`,
+  // waits for the host's ranks (finish), else only takes what is there.
+  void advance_host(bool block, std::chrono::steady_clock::time_point deadline);
+  void fail_step(std::string why);
 
   std::shared_ptr<shm_group> shm_;
-  std::vector<torch::Tensor> shm_slots_[2];  // [parity][rank], views of the segment
+  std::vector<torch::Tensor> shm_slots_[2];  // [parity][rank of shm_], views of the segment
+  std::vector<torch::Tensor> scratch_;       // sum_slots' temporaries
+  bool hier_ = false, leader_ = false;
+  c10::intrusive_ptr<c10d::ProcessGroup> hosts_;
+  size_t host_next_ = 0;  // hierarchical leader: buckets summed and sent across hosts in this step
   int shm_parity_ = 0;
   uint64_t shm_published_ = 0;  // buckets this rank published in all steps
   uint64_t shm_step_base_ = 0;  // ... before the current step

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <algorithm>
 #include <thread>
@@ -42,6 +43,19 @@ bool in_initial_net_namespace() {
   char buf[64];
   const ssize_t n = ::readlink("/proc/1/ns/net", buf, sizeof buf - 1);
   return n <= 0 || std::string(buf, static_cast<size_t>(n)) == net_namespace();
+}
+
+std::string host_key() {
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) boot = buf;
+    std::fclose(f);
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+  return (boot.empty() ? std::string("boot:?") : boot) + " " + host + " " + net_namespace();
 }
 
 std::string self_executable() {

@@ -27,6 +27,11 @@ std::string net_namespace();
 // Whether that is the machine's own (the one of pid 1; true when that
 // cannot be read).
 bool in_initial_net_namespace();
+// What makes two processes ranks of one host for the gradient exchange:
+// the kernel's boot id (one per machine and boot), the host name and the
+// network namespace. Equal keys share /dev/shm and can reach each other's
+// pids; different keys must talk over the network.
+std::string host_key();
 
 struct child_exit {
   int exit_code = 0;  // valid when !signaled

@@ -64,8 +64,11 @@ bool process_exited(int pid) {
 struct shm_group::rank_line {
   std::atomic<uint64_t> published;
   std::atomic<int64_t> pid;
-  char pad[48];
+  std::atomic<uint64_t> results;  // rank 0 of a host's group: results published (hierarchical exchange)
+  std::atomic<uint64_t> failed;   // rank 0: 1 once its exchange across hosts failed
+  char pad[32];
 };
+static_assert(sizeof(std::atomic<uint64_t>) * 4 + 32 == 64, "one cache line per rank");
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<int64_t>) == 8);
 
 shm_group::rank_line* shm_group::line(int r) const {
@@ -88,26 +91,24 @@ std::string shm_group::gone(int r) const {
   return "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") on this host exited";
 }
 
-status shm_group::wait_all(uint64_t count, std::chrono::steady_clock::time_point deadline, const std::function<bool()>& abandon,
-                           std::chrono::microseconds spin, const std::string& what) const {
+void shm_group::publish_result(uint64_t count) { line(0)->results.store(count, std::memory_order_release); }
+
+void shm_group::fail() { line(0)->failed.store(1, std::memory_order_release); }
+
+status shm_group::wait_until(const std::function<bool()>& ready, const std::function<std::string()>& problem,
+                             std::chrono::steady_clock::time_point deadline, const std::function<bool()>& abandon,
+                             std::chrono::microseconds spin, const std::string& what) const {
   using clock = std::chrono::steady_clock;
-  auto all_there = [&] {
-    for (int r = 0; r < world_; ++r)
-      if (published(r) < count) return false;
-    return true;
-  };
-  if (all_there()) return {};
+  if (ready()) return {};
   const auto spin_until = clock::now() + spin;
   auto next_check = clock::now();
-  for (unsigned n = 1;; ++n) {
-    if (all_there()) return {};
+  for (;;) {
+    if (ready()) return {};
     const auto now = clock::now();
     if (now >= next_check) {
       next_check = now + std::chrono::milliseconds(1);
       if (abandon && abandon()) return make_error(what + " abandoned: a newer generation replaces this one");
-      for (int r = 0; r < world_; ++r)
-        if (published(r) < count)
-          if (auto g = gone(r); !g.empty()) return make_error(what + " failed: " + g);
+      if (auto p = problem(); !p.empty()) return make_error(what + " failed: " + p);
       if (now >= deadline) return make_error(what + " timed out (cluster.collective_timeout_ms)");
     }
     if (now < spin_until)
@@ -115,6 +116,36 @@ status shm_group::wait_all(uint64_t count, std::chrono::steady_clock::time_point
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+bool shm_group::all_published(uint64_t count) const {
+  for (int r = 0; r < world_; ++r)
+    if (published(r) < count) return false;
+  return true;
+}
+
+status shm_group::wait_all(uint64_t count, std::chrono::steady_clock::time_point deadline, const std::function<bool()>& abandon,
+                           std::chrono::microseconds spin, const std::string& what) const {
+  return wait_until(
+      [&] { return all_published(count); },
+      [&] {
+        for (int r = 0; r < world_; ++r)
+          if (published(r) < count)
+            if (auto g = gone(r); !g.empty()) return g;
+        return std::string();
+      },
+      deadline, abandon, spin, what);
+}
+
+status shm_group::wait_result(uint64_t count, std::chrono::steady_clock::time_point deadline, const std::function<bool()>& abandon,
+                              std::chrono::microseconds spin, const std::string& what) const {
+  return wait_until([&] { return line(0)->results.load(std::memory_order_acquire) >= count; },
+                    [&] {
+                      if (line(0)->failed.load(std::memory_order_acquire) != 0)
+                        return std::string("rank 0 of this host's group, which exchanges the host's sum with the other hosts, failed");
+                      return gone(0);
+                    },
+                    deadline, abandon, spin, what);
 }
 
 result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank, int world, int64_t capacity, std::string* why_not) {

@@ -12,9 +12,15 @@
 // only be one step ahead of the slowest (it needs everyone's step k-1 to
 // finish step k-1), so a slot is never overwritten while a peer reads it.
 //
-// Readers sum the slots in rank order, so every rank computes bit-identical
-// results. A peer that dies is noticed by its pid (kill(pid, 0)), within a
-// millisecond of polling, like Gloo notices a closed socket.
+// Readers sum the slots in a fixed order (sum_slots: a pairwise tree over
+// rank order), so every rank computes bit-identical results. A peer that
+// dies is noticed by its pid (kill(pid, 0)), within a millisecond of
+// polling, like Gloo notices a closed socket.
+//
+// Hierarchical exchange (ranks on several hosts, grad_sync): the group holds
+// one host's ranks; rank 0 of it (the host's leader) sums the slots, takes
+// the sum across hosts, writes the result back into its own slot and
+// announces it with publish_result(); the others wait_result() and copy it.
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -58,6 +64,20 @@ class shm_group {
   // published(rank) >= count (release).
   void publish(uint64_t count);
   uint64_t published(int r) const;
+  // True when every rank has published at least `count` (never waits).
+  bool all_published(uint64_t count) const;
+
+  // Hierarchical exchange, on rank 0 (the host's leader): its slot now holds
+  // results up to `count` (release); fail() tells the others that no more
+  // results will come this generation (its exchange across hosts failed).
+  void publish_result(uint64_t count);
+  void fail();
+
+  // On the other ranks: waits until rank 0 published results up to `count`,
+  // as wait_all waits (spin, deadline, abandon, rank 0's exit), and also
+  // fails when rank 0 called fail().
+  status wait_result(uint64_t count, std::chrono::steady_clock::time_point deadline, const std::function<bool()>& abandon,
+                     std::chrono::microseconds spin, const std::string& what) const;
 
   // Waits until every rank has published at least `count`: polls (yielding)
   // for `spin`, then sleeps 50 us between polls. Fails at `deadline`, when
@@ -72,6 +92,10 @@ class shm_group {
   rank_line* line(int r) const;
   // "" while peer r's process is alive (or cannot be checked).
   std::string gone(int r) const;
+  // Polls `ready` (spin, then 50 us sleeps); about every millisecond asks
+  // `problem` ("" = none), abandon() and the deadline.
+  status wait_until(const std::function<bool()>& ready, const std::function<std::string()>& problem, std::chrono::steady_clock::time_point deadline,
+                    const std::function<bool()>& abandon, std::chrono::microseconds spin, const std::string& what) const;
 
   int rank_ = 0, world_ = 1;
   int64_t capacity_ = 0, slot_stride_ = 0;  // floats

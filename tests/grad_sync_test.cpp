@@ -15,6 +15,7 @@
 
 #include "model/trainer.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/process.hpp"
 #include "runtime/shm_group.hpp"
 #include "test_util.hpp"
 
@@ -541,6 +542,235 @@ TEST(GradSync, SharedMemoryTooSmallFallsBackToTheGroup) {
 
 // A rank that maps a segment of another shape: nobody uses shared memory,
 // and every rank is told why (the same answer everywhere).
+// Ranks as threads on "hosts" named by keys[rank]: each sets up the
+// exchange through the store as a rank process does (setup_exchange), then
+// runs fn with its world group and the plan.
+std::vector<std::string> run_on_hosts(const std::vector<std::string>& keys, int64_t floats,
+                                      const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, const exchange_plan&)>& fn) {
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  const int world = static_cast<int>(keys.size());
+  return run_ranks(
+      world,
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+        communicator_options co;
+        co.timeout = std::chrono::milliseconds(10000);
+        auto plan = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("x", store), rank, world, floats, co, keys[static_cast<size_t>(rank)]);
+        if (!plan) return plan.message();
+        return fn(rank, pg, plan.value());
+      },
+      std::chrono::milliseconds(10000), store);
+}
+
+grad_sync_options options_for(const exchange_plan& p, int64_t bucket_bytes) {
+  grad_sync_options o;
+  o.bucket_bytes = bucket_bytes;
+  o.shm = p.shm;
+  o.hierarchical = p.hierarchical;
+  o.hosts = p.hosts;
+  return o;
+}
+
+TEST(GradSync, HostsAreGroupedByKeyInRankOrder) {
+  EXPECT_EQ(group_by_host({"a", "a", "b", "b"}), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(group_by_host({"b", "a", "b", "c"}), (std::vector<std::vector<int>>{{0, 2}, {1}, {3}}));
+  EXPECT_EQ(group_by_host({"a"}), (std::vector<std::vector<int>>{{0}}));
+  // This process's own key names its machine, its host name and its network namespace.
+  EXPECT_NE(host_key().find(net_namespace()), std::string::npos) << host_key();
+}
+
+// sum_slots adds in a pairwise tree over the sources' order.
+TEST(GradSync, SumSlotsAddsInAPairwiseTree) {
+  std::vector<torch::Tensor> scratch;
+  // Values whose sum depends on the order of the additions in float32.
+  std::vector<torch::Tensor> s{torch::tensor({1e8f}), torch::tensor({1.f}), torch::tensor({-1e8f}), torch::tensor({1.f}), torch::tensor({3.f})};
+  auto out = torch::zeros({1});
+  sum_slots(out, {s[0], s[1], s[2], s[3]}, scratch);
+  EXPECT_EQ(out.item<float>(), ((1e8f + 1.f) + (-1e8f + 1.f)));
+  sum_slots(out, s, scratch);
+  EXPECT_EQ(out.item<float>(), ((1e8f + 1.f) + (-1e8f + 1.f)) + 3.f);
+  sum_slots(out, {s[0], s[1], s[2]}, scratch);
+  EXPECT_EQ(out.item<float>(), (1e8f + 1.f) + -1e8f);
+}
+
+// Where the ranks are decides the exchange: one host, a host each, or a mix.
+TEST(GradSync, SetupExchangeFollowsWhereTheRanksAre) {
+  std::vector<exchange_plan> plans(4);
+  auto record = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup>, const exchange_plan& p) -> std::string {
+    plans[static_cast<size_t>(rank)] = p;
+    return "";
+  };
+  expect_no_errors(run_on_hosts({"h", "h", "h", "h"}, 64, record));
+  for (auto& p : plans) {
+    EXPECT_FALSE(p.hierarchical);
+    ASSERT_TRUE(p.shm);
+    EXPECT_EQ(p.shm->world(), 4);
+    EXPECT_EQ(p.describe("gloo"), "gradients over shared memory");
+  }
+  plans.assign(3, {});
+  expect_no_errors(run_on_hosts({"a", "b", "c"}, 64, record));
+  for (auto& p : plans) {
+    EXPECT_FALSE(p.hierarchical);
+    EXPECT_FALSE(p.shm);
+    EXPECT_EQ(p.host_count, 3);
+    EXPECT_NE(p.describe("gloo").find("gradients over gloo (no shared memory: every rank on a host of its own"), std::string::npos) << p.describe("gloo");
+  }
+  plans.assign(5, {});
+  expect_no_errors(run_on_hosts({"a", "a", "b", "b", "b"}, 64, record));
+  for (int r = 0; r < 5; ++r) {
+    const auto& p = plans[static_cast<size_t>(r)];
+    EXPECT_TRUE(p.hierarchical);
+    EXPECT_EQ(p.host_count, 2);
+    ASSERT_TRUE(p.shm);
+    EXPECT_EQ(p.shm->world(), r < 2 ? 2 : 3);
+    EXPECT_EQ(p.shm->rank(), r < 2 ? r : r - 2);
+    // Only each host's first rank is in the group of hosts.
+    EXPECT_EQ(static_cast<bool>(p.hosts), r == 0 || r == 2) << "rank " << r;
+    if (p.hosts) EXPECT_EQ(p.hosts->getSize(), 2);
+    EXPECT_NE(p.describe("gloo").find("within the host (" + std::to_string(p.shm->world()) + " ranks) and gloo across 2 hosts"), std::string::npos);
+  }
+}
+
+// 2 hosts x 2 ranks, hierarchical: the gradient of the global batch on every
+// rank, bit for bit the same as one host of 4 ranks over shared memory (the
+// same additions in the same order), control words summed; also a host of
+// one rank beside a host of two.
+TEST(GradSync, HierarchicalTwoHostsOfTwoEqualOneHostOfFourBitForBit) {
+  const int world = 4;
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto states = make_states(cfg, 2 * world + 1);
+  const auto want = single_process_gradients(*states[2 * world]);
+  const int64_t floats = gradient_floats(*states[0]) + 2;
+  auto run = [&](const std::vector<std::string>& keys, int first_state, bool expect_hier) {
+    const int w = static_cast<int>(keys.size());
+    std::vector<std::vector<torch::Tensor>> got(w);
+    expect_no_errors(run_on_hosts(keys, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
+      auto& s = *states[first_state + rank];
+      auto o = options_for(p, 4 * 1024);
+      o.control_words = 2;
+      grad_sync sync(params_of(s), pg, o);
+      if (sync.hierarchical() != expect_hier) return "hierarchical: " + std::to_string(sync.hierarchical());
+      for (int step = 0; step < 3; ++step) {
+        sync.set_control({static_cast<float>(rank + step), 1.f});
+        s.zero_grad();
+        s.forward_backward(s.order().rank_slice(0, rank, w), 0, rank, &sync);
+        auto t = sync.finish();
+        if (!t) return t.message();
+        if (t->buckets < 2) return "expected several buckets";
+        const float ranks_sum = static_cast<float>(w * (w - 1) / 2 + w * step);
+        if (sync.control() != std::vector<float>{ranks_sum, static_cast<float>(w)}) return "control words not summed";
+        if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
+      }
+      for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+      return "";
+    }));
+    return got;
+  };
+  const auto one_host = run({"h", "h", "h", "h"}, 0, false);
+  const auto two_hosts = run({"a", "a", "b", "b"}, world, true);
+  ASSERT_EQ(one_host.size(), 4u);
+  ASSERT_EQ(two_hosts.size(), 4u);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(two_hosts[r].size(), one_host[0].size()) << "rank " << r;
+    for (size_t i = 0; i < one_host[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(two_hosts[r][i], one_host[0][i])) << "rank " << r << " gradient " << i << " differs from one host's";
+      EXPECT_TRUE(torch::equal(one_host[r][i], one_host[0][i])) << "rank " << r << " gradient " << i;
+    }
+  }
+  // A host of one rank beside a host of two (world 3): the global gradient on every rank.
+  auto uneven = make_states(cfg, 3);
+  expect_no_errors(run_on_hosts({"a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
+    auto& s = *uneven[rank];
+    grad_sync sync(params_of(s), pg, options_for(p, 4 * 1024));
+    if (!sync.hierarchical()) return "not hierarchical";
+    if (sync.host_leader() != (rank != 2)) return "wrong leader";
+    s.forward_backward(s.order().rank_slice(0, rank, 3), 0, rank, &sync);
+    auto t = sync.finish();
+    if (!t) return t.message();
+    return compare_gradients(s, want);
+  }));
+}
+
+// Hierarchical with the bf16 wire: each host's fp32 sum crosses as bf16
+// once, and every rank ends with the fp32 sum of those, bit for bit; steps
+// keep the ranks' parameters equal.
+TEST(GradSync, HierarchicalBf16WireKeepsRanksEqual) {
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto states = make_states(cfg, 4);
+  const int64_t floats = gradient_floats(*states[0]);
+  std::vector<std::vector<torch::Tensor>> own(4);
+  {
+    auto ref = make_states(cfg, 1);
+    for (int r = 0; r < 4; ++r) {
+      ref[0]->zero_grad();
+      ref[0]->forward_backward(ref[0]->order().rank_slice(0, r, 4), 0, r);
+      for (auto& g : ref[0]->gradients()) own[r].push_back(g.clone());
+    }
+  }
+  std::vector<std::vector<torch::Tensor>> got(4);
+  expect_no_errors(run_on_hosts({"a", "a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
+    auto& s = *states[rank];
+    auto o = options_for(p, 4 * 1024);
+    o.bf16_wire = true;
+    grad_sync sync(params_of(s), pg, o);
+    if (!sync.hierarchical()) return "not hierarchical";
+    s.forward_backward(s.order().rank_slice(0, rank, 4), 0, rank, &sync);
+    auto t = sync.finish();
+    if (!t) return t.message();
+    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+    return "";
+  }));
+  ASSERT_EQ(got[0].size(), own[0].size());
+  for (size_t i = 0; i < own[0].size(); ++i) {
+    auto host_a = (own[0][i] + own[1][i]).to(torch::kBFloat16).to(torch::kFloat);
+    auto host_b = (own[2][i] + own[3][i]).to(torch::kBFloat16).to(torch::kFloat);
+    EXPECT_TRUE(torch::equal(got[0][i], host_a + host_b)) << "gradient " << i << " is not the sum of the hosts' bf16-rounded sums";
+    for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
+  }
+  auto again = make_states(tiny_vit_config(), 4);
+  std::vector<std::string> digests(4);
+  expect_no_errors(run_on_hosts({"a", "a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
+    auto& s = *again[rank];
+    auto o = options_for(p, 16 * 1024);
+    o.bf16_wire = true;
+    grad_sync sync(params_of(s), pg, o);
+    for (int i = 0; i < 5; ++i)
+      if (auto r = s.train_step_dp(rank, 4, sync); !r) return r.message();
+    digests[rank] = s.params_digest();
+    return "";
+  }));
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(digests[r], digests[0]) << "rank " << r;
+}
+
+// A host's leader whose exchange across hosts fails (here: the other host's
+// leader never sends) fails its step, and its host's other rank fails at
+// once with it instead of waiting out the timeout.
+TEST(GradSync, AFailedLeaderFailsItsHostsRanksAtOnce) {
+  std::vector<std::string> outcome(4);
+  std::vector<double> took(4);
+  std::atomic<int> finished{0};
+  run_on_hosts({"a", "a", "b", "b"}, 64, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& plan) -> std::string {
+    auto q = torch::zeros({64}, torch::requires_grad());
+    auto o = options_for(plan, 1024);
+    o.timeout = std::chrono::milliseconds(rank == 0 ? 1500 : 60000);
+    grad_sync sync({q}, pg, o);
+    if (rank >= 2) {
+      // Host b never takes part, but keeps its groups open until host a is done.
+      while (finished.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return "";
+    }
+    (q * (rank + 1)).sum().backward();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = sync.finish();
+    took[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    outcome[rank] = r ? "ok" : r.message();
+    ++finished;
+    return "";
+  });
+  EXPECT_NE(outcome[0].find("timed out"), std::string::npos) << outcome[0];
+  EXPECT_NE(outcome[1].find("rank 0 of this host's group"), std::string::npos) << outcome[1];
+  EXPECT_LT(took[1], 30.0) << "rank 1 waited out its own timeout";
+}
+
 TEST(ShmGroup, EveryRankGetsTheSameAnswer) {
   const int world = 3;
   auto store = c10::make_intrusive<c10d::HashStore>();
