@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +113,94 @@ TEST(Hosts, GradientsCrossTheNetworkBetweenHosts) {
     // Each node found its own host's address (none was given).
     EXPECT_NE(log.find("(198.18.0."), std::string::npos) << log;
   }
+}
+
+// Lines of a node's log that say how its ranks' gradients travel.
+std::vector<std::string> transport_lines(const std::string& log) {
+  std::vector<std::string> out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(": gradients ") != std::string::npos) out.push_back(line);
+  return out;
+}
+
+// 2 hosts x 2 ranks: the ranks of a host sum through shared memory and one
+// rank per host crosses the network (hierarchical). The run ends with the
+// parameters, bit for bit, of the same job on one host (4 ranks over shared
+// memory), whose sums are added in the same order.
+TEST(Hosts, TwoHostsOfTwoRanksExchangeHierarchicallyAndEqualOneHostOfFour) {
+  MAKE_HOSTS(net, 3);
+  const auto sets = job_sets(60, {"cluster.min_nodes=2"});
+  temp_dir d1, d2;
+  hosts_cluster h(std::move(*net), d1.path(), sets);
+  ASSERT_EQ(h.cl.start_coordinator(), "");
+  for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
+  expect_finished_without_loss(h.cl, 60, 4);
+  for (const char* id : {"n1", "n2"}) {
+    const auto lines = transport_lines(read_text(d1.path() + "/node-" + id + ".log"));
+    int leaders = 0, hier = 0;
+    for (const auto& l : lines) {
+      hier += l.find("gradients over shared memory within the host (2 ranks) and gloo across 2 hosts") != std::string::npos;
+      leaders += l.find("this rank exchanging for its host") != std::string::npos;
+    }
+    EXPECT_EQ(hier, 2) << id << ": both ranks hierarchical\n" << h.cl.logs();
+    EXPECT_EQ(leaders, 1) << id << ": one rank of the host on the wire\n" << h.cl.logs();
+  }
+  const auto hosts_fin = events(h.cl.journal(), "job_finished");
+  cluster one(d2.path(), sets);
+  ASSERT_EQ(one.start_coordinator(), "");
+  for (const char* id : {"a", "b"}) ASSERT_EQ(one.start_node(id, {"--nproc-per-node", "2"}), "");
+  expect_finished_without_loss(one, 60, 4);
+  for (const char* id : {"a", "b"})
+    for (const auto& l : transport_lines(read_text(d2.path() + "/node-" + id + ".log")))
+      EXPECT_NE(l.find("gradients over shared memory"), std::string::npos) << l;
+  const auto one_fin = events(one.journal(), "job_finished");
+  ASSERT_EQ(hosts_fin.size(), 1u);
+  ASSERT_EQ(one_fin.size(), 1u);
+  EXPECT_FALSE(hosts_fin[0].at("params_digest").get<std::string>().empty());
+  EXPECT_EQ(hosts_fin[0].at("params_digest"), one_fin[0].at("params_digest")) << "2 hosts x 2 ranks and 1 host x 4 ranks differ";
+}
+
+// 2 hosts x 2 ranks, hierarchical: kill -9 of one rank process (its node
+// restarts it; back at world 4), then of a whole host's processes (the other
+// host goes on alone, its two ranks over shared memory). No completed step
+// is lost; steps never go back.
+TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
+  ASSERT_EQ(h.cl.start_coordinator(), "");
+  for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
+  ASSERT_TRUE(h.cl.wait_step(30, 4)) << h.cl.logs();
+  // The host's first rank: the one that exchanges its host's sum across hosts.
+  auto ranks = testing::descendants(h.cl.nodes.at("n2").pid());
+  ASSERT_EQ(ranks.size(), 2u) << h.cl.logs();
+  std::sort(ranks.begin(), ranks.end());
+  ASSERT_EQ(::kill(ranks[0], SIGKILL), 0);
+  ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) {
+    for (const auto& r : events(j, "recovery_done"))
+      if (r.at("world_size") == 4) return true;
+    return false;
+  }, 120)) << h.cl.logs();
+  const int64_t back = events(h.cl.journal(), "step").back().at("step").get<int64_t>();
+  ASSERT_TRUE(h.cl.wait_step(back + 30, 4)) << h.cl.logs();
+  EXPECT_GE(events(h.cl.journal(), "rank_exited").size(), 1u);
+  const size_t recoveries = events(h.cl.journal(), "recovery_done").size();
+  h.cl.signal_node("n2", SIGKILL);
+  ASSERT_TRUE(h.cl.wait_for([&](const std::vector<json>& j) { return events(j, "recovery_done").size() > recoveries; })) << h.cl.logs();
+  auto j = h.cl.journal();
+  const auto rec = events(j, "recovery_done").back();
+  EXPECT_EQ(rec.at("world_size"), 2) << rec.dump();
+  EXPECT_EQ(rec.at("lost_steps"), 0) << rec.dump();
+  const int64_t alone = events(j, "step").back().at("step").get<int64_t>();
+  ASSERT_TRUE(h.cl.wait_step(alone + 30, 2)) << h.cl.logs();
+  // Alone on one host, n1's ranks exchange through shared memory only.
+  const auto lines = transport_lines(read_text(d.path() + "/node-n1.log"));
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find("gradients over shared memory"), std::string::npos) << lines.back();
+  EXPECT_EQ(lines.back().find("across"), std::string::npos) << lines.back();
+  h.stop();
+  h.expect_no_rollback();
 }
 
 // cluster.wire_dtype = bf16 between hosts: the job trains to the end and
