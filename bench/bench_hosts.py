@@ -8,7 +8,8 @@ under torchrun (bench/ddp_vit.py) with and without DDP's fp16 compression
 hook. Prints JSON and writes bench/hosts_results.json.
 
 Usage (root): bench/bench_hosts.py [--caps 10gbit,1gbit,100mbit] [--steps 300]
-  [--repeats 1] [--dtactor build/dtactor] [--wire fp32[,bf16]]
+  [--repeats 1] [--dtactor build/dtactor] [--wire fp32[,bf16]] [--no-ddp]
+  [--set KEY=VALUE ...] [--out FILE]
 samples/s: dtactor's journaled figure (median over the steps after the
 first fifth); DDP's: global batch / median step time on rank 0."""
 import argparse
@@ -29,10 +30,10 @@ def hosts(*args, check=True):
     return subprocess.run([HOSTS, *args], check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def run_dtactor(binary, steps, wire, log_dir):
+def run_dtactor(binary, steps, wire, log_dir, extra_sets=()):
     with tempfile.TemporaryDirectory() as rd:
         sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
-                "cluster.min_nodes=2"]
+                "cluster.min_nodes=2", *extra_sets]
         if wire != "fp32":
             sets.append("cluster.wire_dtype=" + wire)
         args = []
@@ -84,6 +85,7 @@ def main():
     ap.add_argument("--wire", default="fp32")
     ap.add_argument("--dtactor", default=os.path.join(ROOT, "build", "dtactor"))
     ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument("--set", action="append", default=[], help="extra dtactor config KEY=VALUE (repeatable)")
     ap.add_argument("--out", default=os.path.join(HERE, "hosts_results.json"))
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -92,7 +94,7 @@ def main():
     hosts("up", TAG, "3")
     log_dir = tempfile.mkdtemp(prefix="bench-hosts-")
     results = {"config": "ViT default (examples/vit_fashion_mnist.toml model), global batch 128, 2 hosts x 1 rank, 1 thread per rank",
-               "steps": a.steps, "repeats": a.repeats, "caps": {}}
+               "steps": a.steps, "repeats": a.repeats, "dtactor_sets": a.set, "caps": {}}
     try:
         for cap in a.caps.split(","):
             for h in (0, 1, 2):
@@ -100,7 +102,7 @@ def main():
             r = {}
             for rep in range(a.repeats):
                 for wire in a.wire.split(","):
-                    r.setdefault("dtactor_" + wire, []).append(run_dtactor(a.dtactor, a.steps, wire, log_dir))
+                    r.setdefault("dtactor_" + wire, []).append(run_dtactor(a.dtactor, a.steps, wire, log_dir, a.set))
                 if not a.no_ddp:
                     r.setdefault("ddp", []).append(run_ddp(a.steps, False))
                     r.setdefault("ddp_fp16_hook", []).append(run_ddp(a.steps, True))

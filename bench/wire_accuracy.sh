@@ -2,8 +2,10 @@
 # cluster.wire_dtype's effect on accuracy: the ViT example (examples/
 # vit_fashion_mnist.toml, 4,000 steps of 128) on 2 separate hosts (network
 # namespaces, scripts/netns/hosts.sh; 1 rank each, 1 thread), fp32 then
-# bf16 gradients on the wire; prints the final test accuracy of each as
-# JSON. Needs root. Usage: bench/wire_accuracy.sh [CONFIG] [STEPS]
+# bf16 gradients on the wire; prints the final evaluation of each (the
+# job_finished metrics: accuracy for ViT, val_loss and perplexity for GPT)
+# as JSON. Needs root. Usage: bench/wire_accuracy.sh [CONFIG] [STEPS]
+# (the GPT example: bench/wire_accuracy.sh examples/gpt_gcide.toml 3000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${1:-examples/vit_fashion_mnist.toml}
@@ -25,8 +27,11 @@ for wire in fp32 bf16; do
   start=$(date +%s)
   wait $c
   wait
-  acc=$(grep '"event":"job_finished"' "$rd/journal.jsonl" | grep -o '"accuracy":[0-9.]*' | cut -d: -f2)
-  out="$out\"$wire\": {\"accuracy\": $acc, \"wall_s\": $(($(date +%s) - start))}, "
+  metrics=$(grep '"event":"job_finished"' "$rd/journal.jsonl" | /usr/bin/python3.11 -c '
+import json, sys
+e = json.loads(sys.stdin.readline())
+print(json.dumps({k: v for k, v in e.items() if k in ("accuracy", "val_loss", "perplexity", "token_accuracy", "bleu")})[1:-1])')
+  out="$out\"$wire\": {$metrics, \"wall_s\": $(($(date +%s) - start))}, "
   rm -rf "$rd"
 done
 echo "${out%, }, \"config\": \"$config\", \"steps\": $steps}"

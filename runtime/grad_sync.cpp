@@ -200,6 +200,18 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
       if (b.flat.scalar_type() != torch::kFloat) continue;  // other dtypes go as they are
       const int64_t ctrl = bi == 0 ? opts_.control_words : 0;
       b.wire_grads = b.flat.numel() - ctrl;
+      if (wire_world >= 3) {
+        // Shards of an even number of halves keep every chunk's control words 4-byte aligned.
+        b.rs = true;
+        b.shard = ((b.wire_grads + wire_world - 1) / wire_world + 1) / 2 * 2;
+        b.chunk = b.shard + 2 * ctrl;
+        b.wire_in = torch::zeros({wire_world * b.chunk}, torch::kHalf);
+        b.rs_out = torch::zeros({wire_world * b.chunk}, torch::kHalf);
+        b.rs_mine = torch::zeros({b.shard}, torch::kHalf);
+        b.rs_sum = torch::zeros({b.shard}, torch::kFloat);
+        for (int r = 0; r < wire_world; ++r) b.wire_all.push_back(torch::zeros({b.shard}, torch::kHalf));
+        continue;
+      }
       b.wire_ctrl_at = (b.wire_grads + 1) / 2 * 2;
       const int64_t halves = b.wire_ctrl_at + 2 * ctrl;
       b.wire_in = torch::zeros({halves}, torch::kHalf);
@@ -292,6 +304,16 @@ void grad_sync::sum_wire(size_t bi) {
   auto& b = buckets_[bi];
   auto grads = b.flat.narrow(0, 0, b.wire_grads);
   const int64_t ctrl = b.flat.numel() - b.wire_grads;
+  if (b.rs) {
+    // The world's rounded shards, end to end (the control words were summed by reduce_shard).
+    for (size_t r = 0; r < b.wire_all.size(); ++r) {
+      const int64_t from = static_cast<int64_t>(r) * b.shard;
+      const int64_t n = std::min(b.shard, b.wire_grads - from);
+      if (n <= 0) break;
+      grads.narrow(0, from, n).copy_(b.wire_all[r].narrow(0, 0, n).view(torch::kBFloat16));
+    }
+    return;
+  }
   // Rank order on every rank: bit-identical sums everywhere, in fp32.
   for (size_t r = 0; r < b.wire_all.size(); ++r) {
     const auto& m = b.wire_all[r];
@@ -304,6 +326,39 @@ void grad_sync::sum_wire(size_t bi) {
       if (r == 0) b.flat.narrow(0, b.wire_grads, ctrl).copy_(c);
       else b.flat.narrow(0, b.wire_grads, ctrl).add_(c);
     }
+  }
+}
+
+void grad_sync::reduce_shard(size_t bi) {
+  auto& b = buckets_[bi];
+  auto& pg = hier_ ? hosts_ : pg_;
+  const int64_t ctrl = b.flat.numel() - b.wire_grads;
+  {
+    torch::NoGradGuard no_grad;
+    // Every rank's chunk of this rank's shard, summed in fp32 in rank order,
+    // and rounded to bf16 once: the shard everyone receives.
+    for (size_t r = 0; r < b.wire_all.size(); ++r) {
+      auto m = b.rs_out.narrow(0, static_cast<int64_t>(r) * b.chunk, b.chunk);
+      auto g = m.narrow(0, 0, b.shard).view(torch::kBFloat16);
+      if (r == 0) b.rs_sum.copy_(g);
+      else b.rs_sum.add_(g);
+      if (ctrl > 0) {
+        // Each chunk carries its sender's control words: every rank sums all of them, exactly.
+        auto c = m.narrow(0, b.shard, 2 * ctrl).view(torch::kFloat);
+        if (r == 0) b.flat.narrow(0, b.wire_grads, ctrl).copy_(c);
+        else b.flat.narrow(0, b.wire_grads, ctrl).add_(c);
+      }
+    }
+    b.rs_mine.view(torch::kBFloat16).copy_(b.rs_sum);
+  }
+  try {
+    std::vector<std::vector<at::Tensor>> out{b.wire_all};
+    std::vector<at::Tensor> in{b.rs_mine};
+    b.work = pg->allgather(out, in);
+    auto done = b.done_ns;
+    b.work->getFuture()->addCallback([done](c10::ivalue::Future&) { done->store(now_ns()); });
+  } catch (const std::exception& e) {
+    fail_step("all-gather of the reduced shards of gradient bucket " + std::to_string(bi) + " could not start: " + first_line(e.what()));
   }
 }
 
@@ -383,7 +438,19 @@ void grad_sync::send(size_t bi) {
   b.done_ns->store(0);
   b.launched_at = clock_type::now();
   try {
-    if (b.wire_in.defined()) {
+    if (b.rs) {
+      torch::NoGradGuard no_grad;
+      const int64_t ctrl = b.flat.numel() - b.wire_grads;
+      const int64_t world = static_cast<int64_t>(b.wire_all.size());
+      for (int64_t r = 0; r < world; ++r) {
+        auto m = b.wire_in.narrow(0, r * b.chunk, b.chunk);
+        const int64_t from = r * b.shard, n = std::min(b.shard, b.wire_grads - from);
+        if (n > 0) m.narrow(0, 0, n).view(torch::kBFloat16).copy_(b.flat.narrow(0, from, n));  // the padding stays zero
+        if (ctrl > 0) m.narrow(0, b.shard, 2 * ctrl).view(torch::kFloat).copy_(b.flat.narrow(0, b.wire_grads, ctrl));
+      }
+      std::vector<int64_t> equal_splits;  // empty: equal parts
+      b.work = pg->alltoall_base(b.rs_out, b.wire_in, equal_splits, equal_splits);
+    } else if (b.wire_in.defined()) {
       torch::NoGradGuard no_grad;
       b.wire_in.narrow(0, 0, b.wire_grads).view(torch::kBFloat16).copy_(b.flat.narrow(0, 0, b.wire_grads));
       if (b.flat.numel() > b.wire_grads)
@@ -445,6 +512,16 @@ result<grad_sync_timing> grad_sync::finish() {
     }
   };
   if (hier_ && leader_) advance_host(true, deadline);
+  // bf16 reduce-scatter: every bucket's all-to-all was started (in bucket
+  // order, like every rank); now each one's shard is summed and its
+  // all-gather started, in bucket order again, so the group sees the same
+  // sequence of collectives on every rank.
+  if (!hier_ || leader_)
+    for (size_t bi = 0; bi < buckets_.size() && !failed_; ++bi)
+      if (buckets_[bi].rs) {
+        wait_for(buckets_[bi].work, buckets_[bi].label);
+        if (!failed_) reduce_shard(bi);
+      }
   for (size_t bi = 0; bi < buckets_.size() && !failed_; ++bi) {
     auto& b = buckets_[bi];
     if (hier_ && leader_) {

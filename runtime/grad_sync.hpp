@@ -70,10 +70,12 @@ struct grad_sync_options {
   // Gloo (LibTorch 1.13) cannot reduce bf16, so each rank's bf16 bucket is
   // all-gathered and every rank sums the world's buckets itself, in fp32 and
   // in rank order (bit-identical on every rank; one rounding per rank's
-  // gradient, none in the sum). Per rank that receives (world-1) half-size
-  // buckets: half of a ring allreduce's bytes at 2 ranks, the same at 4,
-  // more beyond (a bf16 reduce-scatter would be needed there). The control
-  // words travel exactly (fp32) in the same message.
+  // gradient, none in the sum): at 2 ranks that is half a ring allreduce's
+  // bytes. From 3 ranks on (where all-gathering whole buckets would cost as
+  // much as fp32 or more) a reduce-scatter instead: an all-to-all of bf16
+  // shards, each rank sums its shard in fp32 in rank order and rounds it to
+  // bf16 once more, then an all-gather of the shards; half a ring
+  // allreduce's bytes at any size. The control words travel exactly (fp32).
   bool bf16_wire = false;
   // Hierarchical exchange, for a world spread over several hosts with
   // several ranks on some of them: `shm` is then this host's group (its
@@ -211,6 +213,15 @@ class grad_sync {
     torch::Tensor wire_in;
     std::vector<torch::Tensor> wire_all;
     int64_t wire_grads = 0, wire_ctrl_at = 0;  // gradient elements; where the control words start (halves)
+    // bf16 wire over 3 or more ranks, a reduce-scatter then an all-gather:
+    // wire_in holds one chunk per rank (shard of `shard` bf16 gradients,
+    // then the control words in fp32), rs_out the chunks of this rank's
+    // shard from every rank (all-to-all); this rank sums them in fp32,
+    // rounds its shard to bf16 once (rs_mine) and all-gathers the shards
+    // (wire_all, `shard` halves each).
+    bool rs = false;
+    int64_t shard = 0, chunk = 0;  // halves
+    torch::Tensor rs_out, rs_mine, rs_sum;
   };
   struct hook_state;
 
@@ -224,6 +235,7 @@ class grad_sync {
   torch::Tensor staging(size_t b);
   void reduce_shm(size_t b);
   void sum_wire(size_t b);  // bf16 wire: the world's messages, summed into the flat bucket
+  void reduce_shard(size_t b);  // bf16 reduce-scatter: this rank's shard summed, rounded, all-gathered
   void send(size_t b);      // the bucket's collective on the wire group (pg_, or hosts_ when hierarchical)
   // Hierarchical leader: sums the host's slots of the buckets the host has
   // published and sends them across hosts, in bucket order; with `block`,

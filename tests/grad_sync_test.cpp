@@ -305,11 +305,14 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
 }
 
 // cluster.wire_dtype = bf16: every rank ends with the same gradient (bit
-// for bit), equal to the sum of the ranks' gradients each rounded to bf16
-// and added in fp32 (so within bf16 rounding of the exact fp32 result);
-// control words arrive exact, and steps keep the ranks equal.
+// for bit). At 2 ranks (all-gather) it is the sum of the ranks' gradients
+// each rounded to bf16, added in fp32; from 3 ranks on (reduce-scatter,
+// then all-gather of the shards) that sum rounded to bf16 once more. So
+// within bf16 rounding of the exact fp32 result; control words arrive
+// exact, and steps keep the ranks equal.
 TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
-  const int world = 3;
+  for (const int world : {2, 3, 4}) {
+  SCOPED_TRACE("world " + std::to_string(world));
   auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
   auto states = make_states(cfg, world + 1);
   const auto exact = single_process_gradients(*states[world]);
@@ -339,23 +342,38 @@ TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
     auto t = sync.finish();
     if (!t) return t.message();
     if (t->buckets < 2) return "expected several buckets";
-    // 3003 and 0.75 are not bf16 numbers: the control words went as fp32.
-    if (sync.control() != std::vector<float>{3003.f, 0.75f})
+    // 1000 * world + 0..world-1 and 0.125 * (1..world) summed: 3003 and
+    // 0.75 at 3 ranks are not bf16 numbers: the control words went as fp32.
+    const float c0 = 1000.f * static_cast<float>(world) + static_cast<float>(world * (world - 1) / 2);
+    const float c1 = 0.125f * static_cast<float>(world * (world + 1) / 2);
+    if (sync.control() != std::vector<float>{c0, c1})
       return "control sums " + std::to_string(sync.control()[0]) + ", " + std::to_string(sync.control()[1]);
     for (auto& g : s.gradients()) got[rank].push_back(g.clone());
     return "";
   }));
+  ASSERT_EQ(got[0].size(), exact.size());
   for (size_t i = 0; i < exact.size(); ++i) {
-    auto want = own[0][i] + own[1][i] + own[2][i];
-    EXPECT_TRUE(torch::equal(got[0][i], want)) << "gradient " << i << " is not the fp32 sum of the bf16-rounded ones";
+    auto want = own[0][i].clone();
+    auto magnitude = own[0][i].abs();
+    auto fp32_sum = own_fp32[0][i].clone();
+    for (int r = 1; r < world; ++r) {
+      want += own[r][i];
+      magnitude += own[r][i].abs();
+      fp32_sum += own_fp32[r][i];
+    }
+    if (world >= 3) want = want.to(torch::kBFloat16).to(torch::kFloat);
+    EXPECT_TRUE(torch::equal(got[0][i], want)) << "gradient " << i << " is not the fp32 sum of the bf16-rounded ones"
+                                               << (world >= 3 ? ", rounded to bf16" : "");
     for (int r = 1; r < world; ++r) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " differs, gradient " << i;
     // bf16 keeps 8 bits of mantissa: each rank's part is within 2^-8 of its
-    // value, so the sum is within 2^-8 of the sum of the parts' magnitudes.
-    auto bound = (own[0][i].abs() + own[1][i].abs() + own[2][i].abs()) * (1.01 / 256) + 1e-9;
-    auto fp32_sum = own_fp32[0][i] + own_fp32[1][i] + own_fp32[2][i];
+    // value (and the reduce-scatter's sum within 2^-8 of itself), so the
+    // result is within 2^-8 (2^-7) of the sum of the parts' magnitudes.
+    auto bound = magnitude * ((world >= 3 ? 2.02 : 1.01) / 256) + 1e-9;
     EXPECT_TRUE(((got[0][i] - fp32_sum).abs() <= bound).all().item<bool>()) << "gradient " << i;
     EXPECT_TRUE(torch::allclose(fp32_sum, exact[i], 1e-4, 1e-6)) << "gradient " << i;
   }
+  }
+  const int world = 3;
   // Training steps over the bf16 wire keep every rank's parameters equal.
   auto again = make_states(tiny_vit_config(), world);
   std::vector<std::string> digests(world);
@@ -691,41 +709,54 @@ TEST(GradSync, HierarchicalTwoHostsOfTwoEqualOneHostOfFourBitForBit) {
 }
 
 // Hierarchical with the bf16 wire: each host's fp32 sum crosses as bf16
-// once, and every rank ends with the fp32 sum of those, bit for bit; steps
-// keep the ranks' parameters equal.
+// once and every rank ends with the fp32 sum of those, bit for bit (2
+// hosts: all-gather); with 3 hosts (reduce-scatter) that sum rounded to
+// bf16 once more. Steps keep the ranks' parameters equal.
 TEST(GradSync, HierarchicalBf16WireKeepsRanksEqual) {
-  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
-  auto states = make_states(cfg, 4);
-  const int64_t floats = gradient_floats(*states[0]);
-  std::vector<std::vector<torch::Tensor>> own(4);
-  {
-    auto ref = make_states(cfg, 1);
-    for (int r = 0; r < 4; ++r) {
-      ref[0]->zero_grad();
-      ref[0]->forward_backward(ref[0]->order().rank_slice(0, r, 4), 0, r);
-      for (auto& g : ref[0]->gradients()) own[r].push_back(g.clone());
+  for (const auto& keys : std::vector<std::vector<std::string>>{{"a", "a", "b", "b"}, {"a", "a", "b", "c", "c"}}) {
+    const int world = static_cast<int>(keys.size());
+    SCOPED_TRACE("world " + std::to_string(world));
+    auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+    auto states = make_states(cfg, world);
+    const int64_t floats = gradient_floats(*states[0]);
+    std::vector<std::vector<torch::Tensor>> own(world);
+    {
+      auto ref = make_states(cfg, 1);
+      for (int r = 0; r < world; ++r) {
+        ref[0]->zero_grad();
+        ref[0]->forward_backward(ref[0]->order().rank_slice(0, r, world), 0, r);
+        for (auto& g : ref[0]->gradients()) own[r].push_back(g.clone());
+      }
+    }
+    std::vector<std::vector<torch::Tensor>> got(world);
+    expect_no_errors(run_on_hosts(keys, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
+      auto& s = *states[rank];
+      auto o = options_for(p, 4 * 1024);
+      o.bf16_wire = true;
+      grad_sync sync(params_of(s), pg, o);
+      if (!sync.hierarchical()) return "not hierarchical";
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+      auto t = sync.finish();
+      if (!t) return t.message();
+      for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+      return "";
+    }));
+    ASSERT_EQ(got[0].size(), own[0].size());
+    const auto hosts = group_by_host(keys);
+    for (size_t i = 0; i < own[0].size(); ++i) {
+      torch::Tensor want;
+      for (const auto& h : hosts) {
+        auto host_sum = own[h[0]][i].clone();
+        for (size_t l = 1; l < h.size(); ++l) host_sum += own[h[l]][i];
+        auto part = host_sum.to(torch::kBFloat16).to(torch::kFloat);
+        want = want.defined() ? want + part : part;
+      }
+      if (hosts.size() >= 3) want = want.to(torch::kBFloat16).to(torch::kFloat);
+      EXPECT_TRUE(torch::equal(got[0][i], want)) << "gradient " << i << " is not the sum of the hosts' bf16-rounded sums";
+      for (int r = 1; r < world; ++r) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
     }
   }
-  std::vector<std::vector<torch::Tensor>> got(4);
-  expect_no_errors(run_on_hosts({"a", "a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
-    auto& s = *states[rank];
-    auto o = options_for(p, 4 * 1024);
-    o.bf16_wire = true;
-    grad_sync sync(params_of(s), pg, o);
-    if (!sync.hierarchical()) return "not hierarchical";
-    s.forward_backward(s.order().rank_slice(0, rank, 4), 0, rank, &sync);
-    auto t = sync.finish();
-    if (!t) return t.message();
-    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
-    return "";
-  }));
-  ASSERT_EQ(got[0].size(), own[0].size());
-  for (size_t i = 0; i < own[0].size(); ++i) {
-    auto host_a = (own[0][i] + own[1][i]).to(torch::kBFloat16).to(torch::kFloat);
-    auto host_b = (own[2][i] + own[3][i]).to(torch::kBFloat16).to(torch::kFloat);
-    EXPECT_TRUE(torch::equal(got[0][i], host_a + host_b)) << "gradient " << i << " is not the sum of the hosts' bf16-rounded sums";
-    for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
-  }
+  const int64_t floats = gradient_floats(*make_states(tiny_vit_config(), 1)[0]);
   auto again = make_states(tiny_vit_config(), 4);
   std::vector<std::string> digests(4);
   expect_no_errors(run_on_hosts({"a", "a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {

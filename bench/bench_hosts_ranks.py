@@ -1,0 +1,110 @@
+#!/usr/bin/python3.11
+"""Several ranks per host: what the network costs, and what the hierarchical
+exchange saves. The same job (ViT default config: model and global batch
+128, 1 compute thread per rank) in each layout, with every host link capped
+by tbf at each rate (scripts/netns/hosts.sh; the coordinator on a host of
+its own):
+
+  1x2       one host, 2 ranks (gradients over shared memory only)
+  1x4       one host, 4 ranks (shared memory only)
+  2x2       2 hosts x 2 ranks, hierarchical (the default): each host sums
+            through shared memory, one rank per host allreduces over Gloo
+  2x2-flat  2 hosts x 2 ranks with cluster.shm_allreduce=false: all 4 ranks
+            allreduce over Gloo (what the exchange was before)
+
+This machine has 2 cores: 4 ranks of 1 thread share them, so 1x4 is the
+compute-bound reference for 2x2 (the same world, the same additions), and
+2x2 / 1x4 is the cost of the network at that cap. Prints JSON per cap and
+writes bench/hosts_ranks_results.json.
+
+Usage (root): bench/bench_hosts_ranks.py [--caps 10gbit,1gbit,100mbit]
+  [--layouts 1x2,1x4,2x2,2x2-flat] [--steps 300] [--repeats 1] [--wire fp32]
+samples/s: the journaled figure, median over the steps after the first
+fifth, then the median over repeats."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+HOSTS = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
+TAG = "dtbr"
+LAYOUTS = {"1x2": ([2], []), "1x4": ([4], []), "2x2": ([2, 2], []), "2x2-flat": ([2, 2], ["cluster.shm_allreduce=false"])}
+
+
+def hosts(*args, check=True):
+    return subprocess.run([HOSTS, *args], check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def run(binary, steps, layout, wire, log_dir):
+    per_host, extra = LAYOUTS[layout]
+    world = sum(per_host)
+    with tempfile.TemporaryDirectory() as rd:
+        sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
+                "cluster.min_nodes=%d" % len(per_host), "cluster.wire_dtype=" + wire, *extra]
+        args = [x for s in sets for x in ("--set", s)]
+        logs = [open(os.path.join(log_dir, "%s-%s.log" % (layout, n)), "w") for n in ["coordinator"] + ["node%d" % h for h in range(1, len(per_host) + 1)]]
+        coord = subprocess.Popen([HOSTS, "run", TAG, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
+                                  "--no-resume", *args], stdout=logs[0], stderr=subprocess.STDOUT)
+        nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), binary, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400",
+                                   "--node-id", "n%d" % h, "--nproc-per-node", str(n), "--threads-per-rank", "1"],
+                                  stdout=logs[h], stderr=subprocess.STDOUT) for h, n in enumerate(per_host, start=1)]
+        rc = coord.wait(timeout=1800)
+        for n in nodes:
+            n.wait(timeout=120)
+        if rc != 0:
+            raise SystemExit("dtactor run %s failed (exit %d); logs in %s" % (layout, rc, log_dir))
+        ev = [json.loads(l) for l in open(os.path.join(rd, "journal.jsonl")) if '"event":"step"' in l]
+        steady = [e for e in ev if e["step"] > steps // 5 and e["world_size"] == world]
+        return {"samples_per_s": statistics.median(e["samples_per_s"] for e in steady),
+                "allreduce_s": statistics.median(e["allreduce_s"] for e in steady),
+                "allreduce_exposed_s": statistics.median(e["allreduce_exposed_s"] for e in steady)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--caps", default="10gbit,1gbit,100mbit")
+    ap.add_argument("--layouts", default="1x2,1x4,2x2,2x2-flat")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--wire", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--dtactor", default=os.path.join(ROOT, "build", "dtactor"))
+    ap.add_argument("--out", default=os.path.join(HERE, "hosts_ranks_results.json"))
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench_hosts_ranks.py: needs root (network namespaces)")
+    layouts = a.layouts.split(",")
+    for l in layouts:
+        if l not in LAYOUTS:
+            raise SystemExit("bench_hosts_ranks.py: unknown layout '%s' (use %s)" % (l, ",".join(LAYOUTS)))
+    hosts("down", TAG, check=False)
+    hosts("up", TAG, "3")
+    log_dir = tempfile.mkdtemp(prefix="bench-hosts-ranks-")
+    results = {"config": "ViT default (examples/vit_fashion_mnist.toml model), global batch 128, 1 thread per rank, 2 cores",
+               "steps": a.steps, "repeats": a.repeats, "wire": a.wire, "caps": {}}
+    try:
+        for cap in a.caps.split(","):
+            for h in (0, 1, 2):
+                hosts("cap", TAG, str(h), cap)
+            runs = {}
+            for _ in range(a.repeats):
+                for l in layouts:
+                    runs.setdefault(l, []).append(run(a.dtactor, a.steps, l, a.wire, log_dir))
+            summary = {l: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": rs} for l, rs in runs.items()}
+            for a_, b_ in (("2x2", "1x4"), ("2x2", "2x2-flat"), ("2x2", "1x2")):
+                if a_ in summary and b_ in summary:
+                    summary["%s_vs_%s" % (a_, b_)] = summary[a_]["samples_per_s"] / summary[b_]["samples_per_s"]
+            results["caps"][cap] = summary
+            print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
+    finally:
+        hosts("down", TAG, check=False)
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
