@@ -83,7 +83,7 @@ std::vector<config_key> make_schema() {
       {"cluster.heartbeat_interval_ms", vk::integer, "100", "Heartbeat period on every link (coordinator<->node, node<->rank).", 1},
       {"cluster.heartbeat_timeout_ms", vk::integer, "1000", "Silence after which a peer is declared lost.", 1},
       {"cluster.backend", vk::string, "auto", "Collectives: auto (NCCL for CUDA tensors in CUDA builds, else Gloo), gloo or nccl.", -1e300, {"auto", "gloo", "nccl"}},
-      {"cluster.bucket_kb", vk::integer, "512", "Gradient bucket size for allreduce; buckets are reduced while backward still runs.", 1},
+      {"cluster.bucket_kb", vk::integer, "128", "Gradient bucket size for allreduce; buckets are reduced while backward still runs (the smaller the last bucket, the less of the exchange waits after backward).", 1},
       {"cluster.shm_allreduce", vk::boolean, "true", "Exchange gradient buckets through shared memory between the ranks of one host instead of Gloo over loopback TCP; with ranks on several hosts and several on a host, hierarchically (each host sums through shared memory, one rank per host allreduces across hosts). Falls back to Gloo for every rank when /dev/shm cannot hold them."},
       {"cluster.wire_dtype", vk::string, "fp32", "Gradients that cross hosts (Gloo, not shared memory): fp32 (exact), or bf16 (half the bytes; each rank's gradient rounded to bf16, summed in fp32).", -1e300, {"fp32", "bf16"}},
       {"cluster.spin_wait_us", vk::integer, "10000", "A rank waiting for its gradient allreduce polls (yielding the core) this long before it sleeps; keeps virtual CPUs from halting mid-collective (0 = sleep at once).", 0},
