@@ -30,6 +30,20 @@ def hosts(*args, check=True):
     return subprocess.run([HOSTS, *args], check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+def each_cap(tag, caps, n_hosts=3):
+    """Makes n_hosts hosts, yields each cap once every host's link carries it,
+    and removes the hosts afterwards (also on errors)."""
+    hosts("down", tag, check=False)
+    hosts("up", tag, str(n_hosts))
+    try:
+        for cap in caps:
+            for h in range(n_hosts):
+                hosts("cap", tag, str(h), cap)
+            yield cap
+    finally:
+        hosts("down", tag, check=False)
+
+
 def run_dtactor(binary, steps, wire, log_dir, extra_sets=()):
     with tempfile.TemporaryDirectory() as rd:
         sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
@@ -90,36 +104,29 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench_hosts.py: needs root (network namespaces)")
-    hosts("down", TAG, check=False)
-    hosts("up", TAG, "3")
     log_dir = tempfile.mkdtemp(prefix="bench-hosts-")
     results = {"config": "ViT default (examples/vit_fashion_mnist.toml model), global batch 128, 2 hosts x 1 rank, 1 thread per rank",
                "steps": a.steps, "repeats": a.repeats, "dtactor_sets": a.set, "caps": {}}
-    try:
-        for cap in a.caps.split(","):
-            for h in (0, 1, 2):
-                hosts("cap", TAG, str(h), cap)
-            r = {}
-            for rep in range(a.repeats):
-                for wire in a.wire.split(","):
-                    r.setdefault("dtactor_" + wire, []).append(run_dtactor(a.dtactor, a.steps, wire, log_dir, a.set))
-                if not a.no_ddp:
-                    r.setdefault("ddp", []).append(run_ddp(a.steps, False))
-                    r.setdefault("ddp_fp16_hook", []).append(run_ddp(a.steps, True))
-            summary = {}
-            for k, runs in r.items():
-                summary[k] = {"samples_per_s": statistics.median(x["samples_per_s"] for x in runs), "runs": runs}
-                if "allreduce_s" in runs[0]:
-                    summary[k]["allreduce_s"] = statistics.median(x["allreduce_s"] for x in runs)
-                    summary[k]["allreduce_exposed_s"] = statistics.median(x["allreduce_exposed_s"] for x in runs)
-            if "ddp" in summary and "dtactor_fp32" in summary:
-                summary["fp32_vs_ddp"] = summary["dtactor_fp32"]["samples_per_s"] / summary["ddp"]["samples_per_s"]
-            if "ddp_fp16_hook" in summary and "dtactor_bf16" in summary:
-                summary["bf16_vs_ddp_fp16_hook"] = summary["dtactor_bf16"]["samples_per_s"] / summary["ddp_fp16_hook"]["samples_per_s"]
-            results["caps"][cap] = summary
-            print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
-    finally:
-        hosts("down", TAG, check=False)
+    for cap in each_cap(TAG, a.caps.split(",")):
+        r = {}
+        for rep in range(a.repeats):
+            for wire in a.wire.split(","):
+                r.setdefault("dtactor_" + wire, []).append(run_dtactor(a.dtactor, a.steps, wire, log_dir, a.set))
+            if not a.no_ddp:
+                r.setdefault("ddp", []).append(run_ddp(a.steps, False))
+                r.setdefault("ddp_fp16_hook", []).append(run_ddp(a.steps, True))
+        summary = {}
+        for k, runs in r.items():
+            summary[k] = {"samples_per_s": statistics.median(x["samples_per_s"] for x in runs), "runs": runs}
+            if "allreduce_s" in runs[0]:
+                summary[k]["allreduce_s"] = statistics.median(x["allreduce_s"] for x in runs)
+                summary[k]["allreduce_exposed_s"] = statistics.median(x["allreduce_exposed_s"] for x in runs)
+        if "ddp" in summary and "dtactor_fp32" in summary:
+            summary["fp32_vs_ddp"] = summary["dtactor_fp32"]["samples_per_s"] / summary["ddp"]["samples_per_s"]
+        if "ddp_fp16_hook" in summary and "dtactor_bf16" in summary:
+            summary["bf16_vs_ddp_fp16_hook"] = summary["dtactor_bf16"]["samples_per_s"] / summary["ddp_fp16_hook"]["samples_per_s"]
+        results["caps"][cap] = summary
+        print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
     with open(a.out, "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results))

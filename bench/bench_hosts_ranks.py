@@ -28,15 +28,12 @@ import statistics
 import subprocess
 import tempfile
 
+from bench_hosts import HOSTS, each_cap
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-HOSTS = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
 TAG = "dtbr"
 LAYOUTS = {"1x2": ([2], []), "1x4": ([4], []), "2x2": ([2, 2], []), "2x2-flat": ([2, 2], ["cluster.shm_allreduce=false"])}
-
-
-def hosts(*args, check=True):
-    return subprocess.run([HOSTS, *args], check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def run(binary, steps, layout, wire, log_dir):
@@ -80,27 +77,20 @@ def main():
     for l in layouts:
         if l not in LAYOUTS:
             raise SystemExit("bench_hosts_ranks.py: unknown layout '%s' (use %s)" % (l, ",".join(LAYOUTS)))
-    hosts("down", TAG, check=False)
-    hosts("up", TAG, "3")
     log_dir = tempfile.mkdtemp(prefix="bench-hosts-ranks-")
     results = {"config": "ViT default (examples/vit_fashion_mnist.toml model), global batch 128, 1 thread per rank, 2 cores",
                "steps": a.steps, "repeats": a.repeats, "wire": a.wire, "caps": {}}
-    try:
-        for cap in a.caps.split(","):
-            for h in (0, 1, 2):
-                hosts("cap", TAG, str(h), cap)
-            runs = {}
-            for _ in range(a.repeats):
-                for l in layouts:
-                    runs.setdefault(l, []).append(run(a.dtactor, a.steps, l, a.wire, log_dir))
-            summary = {l: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": rs} for l, rs in runs.items()}
-            for a_, b_ in (("2x2", "1x4"), ("2x2", "2x2-flat"), ("2x2", "1x2")):
-                if a_ in summary and b_ in summary:
-                    summary["%s_vs_%s" % (a_, b_)] = summary[a_]["samples_per_s"] / summary[b_]["samples_per_s"]
-            results["caps"][cap] = summary
-            print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
-    finally:
-        hosts("down", TAG, check=False)
+    for cap in each_cap(TAG, a.caps.split(",")):
+        runs = {}
+        for _ in range(a.repeats):
+            for l in layouts:
+                runs.setdefault(l, []).append(run(a.dtactor, a.steps, l, a.wire, log_dir))
+        summary = {l: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": rs} for l, rs in runs.items()}
+        for a_, b_ in (("2x2", "1x4"), ("2x2", "2x2-flat"), ("2x2", "1x2")):
+            if a_ in summary and b_ in summary:
+                summary["%s_vs_%s" % (a_, b_)] = summary[a_]["samples_per_s"] / summary[b_]["samples_per_s"]
+        results["caps"][cap] = summary
+        print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
     with open(a.out, "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results))

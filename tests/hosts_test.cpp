@@ -43,15 +43,16 @@ struct hosts_cluster {
     for (int h = 1; h < net.hosts(); ++h) cl.node_prefix["n" + std::to_string(h)] = net.on(h);
     cl.loopback = false;
   }
-  // Until a generation newer than the `gens` already started trains at world 2.
-  bool wait_back_to_two(size_t gens) {
+  // Until a generation newer than the `gens` already started trains at world `world`.
+  bool wait_back_to(int world, size_t gens) {
     return cl.wait_for(
         [&](const std::vector<json>& j) {
           auto s = testing::journal_events(j, "step");
-          return testing::journal_events(j, "generation_started").size() > gens && !s.empty() && s.back().at("world_size") == 2;
+          return testing::journal_events(j, "generation_started").size() > gens && !s.empty() && s.back().at("world_size") == world;
         },
         120);
   }
+  bool wait_back_to_two(size_t gens) { return wait_back_to(2, gens); }
   // No recovery lost a completed step, and step numbers never went back
   // (a zombie's old generation rolled nobody back).
   void expect_no_rollback() const {
@@ -199,6 +200,36 @@ TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
   ASSERT_FALSE(lines.empty());
   EXPECT_NE(lines.back().find("gradients over shared memory"), std::string::npos) << lines.back();
   EXPECT_EQ(lines.back().find("across"), std::string::npos) << lines.back();
+  h.stop();
+  h.expect_no_rollback();
+}
+
+// 2 hosts x 2 ranks, hierarchical: the second host cut off (both its ranks
+// silent, its leader blocked in the exchange across hosts) is lost, the
+// first host's ranks abandon the exchange and go on over shared memory; 6 s
+// later the heal brings both ranks back at world 4. No step lost or undone.
+TEST(Hosts, TwoHostsOfTwoRanksSurviveAHostCutOffAndTakeItBackAfterTheHeal) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
+  ASSERT_EQ(h.cl.start_coordinator(), "");
+  for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
+  ASSERT_TRUE(h.cl.wait_step(30, 4)) << h.cl.logs();
+  ASSERT_TRUE(h.net.cut(2));
+  const auto cut_at = clock_type::now();
+  ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) { return !events(j, "recovery_done").empty(); })) << h.cl.logs();
+  auto j = h.cl.journal();
+  const auto rec = events(j, "recovery_done")[0];
+  EXPECT_EQ(rec.at("world_size"), 2) << rec.dump();
+  EXPECT_EQ(rec.at("lost_steps"), 0) << rec.dump();
+  EXPECT_LT(std::chrono::duration<double>(clock_type::now() - cut_at).count(), 10.0) << "the blocked exchange was abandoned";
+  const int64_t alone = events(j, "step").back().at("step").get<int64_t>();
+  ASSERT_TRUE(h.cl.wait_step(alone + 30, 2)) << h.cl.logs();
+  std::this_thread::sleep_until(cut_at + std::chrono::seconds(6));
+  ASSERT_TRUE(h.net.heal(2));
+  const auto healed_at = clock_type::now();
+  ASSERT_TRUE(h.wait_back_to(4, events(h.cl.journal(), "generation_started").size())) << h.cl.logs();
+  EXPECT_LT(std::chrono::duration<double>(clock_type::now() - healed_at).count(), 15.0) << h.cl.logs();
   h.stop();
   h.expect_no_rollback();
 }
