@@ -204,14 +204,17 @@ TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
   h.expect_no_rollback();
 }
 
-// 2 hosts x 2 ranks, hierarchical: the second host cut off (both its ranks
-// silent, its leader blocked in the exchange across hosts) is lost, the
-// first host's ranks abandon the exchange and go on over shared memory; 6 s
-// later the heal brings both ranks back at world 4. No step lost or undone.
+// 2 hosts x 2 ranks, hierarchical, the hosts' sums crossing as bf16: the
+// second host cut off (both its ranks silent, its leader blocked in the
+// exchange across hosts) is lost, the first host's ranks abandon the
+// exchange and go on over shared memory; 6 s later the heal brings both
+// ranks back at world 4. No step lost or undone; the ranks' parameters are
+// compared every 10 steps throughout.
 TEST(Hosts, TwoHostsOfTwoRanksSurviveAHostCutOffAndTakeItBackAfterTheHeal) {
   MAKE_HOSTS(net, 3);
   temp_dir d;
-  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
+  hosts_cluster h(std::move(*net), d.path(),
+                  job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0", "cluster.wire_dtype=bf16"}));
   ASSERT_EQ(h.cl.start_coordinator(), "");
   for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
   ASSERT_TRUE(h.cl.wait_step(30, 4)) << h.cl.logs();
