@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,30 +43,45 @@ def each_cap(tag, caps, n_hosts=3):
         hosts("down", tag, check=False)
 
 
-def run_dtactor(binary, steps, wire, log_dir, extra_sets=()):
+def run_dtactor(binary, steps, wire, log_dir, extra_sets=(), per_host=(1, 1), tag=TAG, name=""):
+    """One dtactor job: the coordinator on host 0, a node with per_host[i]
+    ranks (1 thread each) on host i+1. Returns the journal's medians over
+    the steps after the first fifth at the full world size."""
+    world = sum(per_host)
     with tempfile.TemporaryDirectory() as rd:
         sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
-                "cluster.min_nodes=2", *extra_sets]
+                "cluster.min_nodes=%d" % len(per_host), *extra_sets]
         if wire != "fp32":
             sets.append("cluster.wire_dtype=" + wire)
-        args = []
-        for s in sets:
-            args += ["--set", s]
-        logs = [open(os.path.join(log_dir, n), "w") for n in ("coordinator.log", "node1.log", "node2.log")]
-        coord = subprocess.Popen([HOSTS, "run", TAG, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
+        args = [x for s in sets for x in ("--set", s)]
+        logs = [open(os.path.join(log_dir, name + n), "w") for n in ["coordinator.log"] + ["node%d.log" % h for h in range(1, len(per_host) + 1)]]
+        coord = subprocess.Popen([HOSTS, "run", tag, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
                                   "--no-resume", *args], stdout=logs[0], stderr=subprocess.STDOUT)
-        nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), binary, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400",
-                                   "--node-id", "n%d" % h, "--threads-per-rank", "1"], stdout=logs[h], stderr=subprocess.STDOUT) for h in (1, 2)]
+        nodes = [subprocess.Popen([HOSTS, "run", tag, str(h), binary, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400",
+                                   "--node-id", "n%d" % h, "--nproc-per-node", str(n), "--threads-per-rank", "1"],
+                                  stdout=logs[h], stderr=subprocess.STDOUT) for h, n in enumerate(per_host, start=1)]
         rc = coord.wait(timeout=1800)
         for n in nodes:
             n.wait(timeout=120)
         if rc != 0:
-            raise SystemExit("dtactor run failed (exit %d); logs in %s" % (rc, log_dir))
+            raise SystemExit("dtactor run %sfailed (exit %d); logs in %s" % (name, rc, log_dir))
         steps_ev = [json.loads(l) for l in open(os.path.join(rd, "journal.jsonl")) if '"event":"step"' in l]
-        steady = [e for e in steps_ev if e["step"] > steps // 5 and e["world_size"] == 2]
+        steady = [e for e in steps_ev if e["step"] > steps // 5 and e["world_size"] == world]
         return {"samples_per_s": statistics.median(e["samples_per_s"] for e in steady),
                 "allreduce_s": statistics.median(e["allreduce_s"] for e in steady),
                 "allreduce_exposed_s": statistics.median(e["allreduce_exposed_s"] for e in steady)}
+
+
+def report_cap(results, cap, summary):
+    """Stores one cap's summary and prints its samples/s figures as a JSON line."""
+    results["caps"][cap] = summary
+    print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
+
+
+def write_results(results, out):
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results))
 
 
 def run_ddp(steps, fp16):
@@ -125,11 +139,8 @@ def main():
             summary["fp32_vs_ddp"] = summary["dtactor_fp32"]["samples_per_s"] / summary["ddp"]["samples_per_s"]
         if "ddp_fp16_hook" in summary and "dtactor_bf16" in summary:
             summary["bf16_vs_ddp_fp16_hook"] = summary["dtactor_bf16"]["samples_per_s"] / summary["ddp_fp16_hook"]["samples_per_s"]
-        results["caps"][cap] = summary
-        print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
-    print(json.dumps(results))
+        report_cap(results, cap, summary)
+    write_results(results, a.out)
 
 
 if __name__ == "__main__":

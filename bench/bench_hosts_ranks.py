@@ -22,13 +22,11 @@ Usage (root): bench/bench_hosts_ranks.py [--caps 10gbit,1gbit,100mbit]
 samples/s: the journaled figure, median over the steps after the first
 fifth, then the median over repeats."""
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import tempfile
 
-from bench_hosts import HOSTS, each_cap
+from bench_hosts import each_cap, report_cap, run_dtactor, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -38,27 +36,7 @@ LAYOUTS = {"1x2": ([2], []), "1x4": ([4], []), "2x2": ([2, 2], []), "2x2-flat": 
 
 def run(binary, steps, layout, wire, log_dir):
     per_host, extra = LAYOUTS[layout]
-    world = sum(per_host)
-    with tempfile.TemporaryDirectory() as rd:
-        sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
-                "cluster.min_nodes=%d" % len(per_host), "cluster.wire_dtype=" + wire, *extra]
-        args = [x for s in sets for x in ("--set", s)]
-        logs = [open(os.path.join(log_dir, "%s-%s.log" % (layout, n)), "w") for n in ["coordinator"] + ["node%d" % h for h in range(1, len(per_host) + 1)]]
-        coord = subprocess.Popen([HOSTS, "run", TAG, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
-                                  "--no-resume", *args], stdout=logs[0], stderr=subprocess.STDOUT)
-        nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), binary, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400",
-                                   "--node-id", "n%d" % h, "--nproc-per-node", str(n), "--threads-per-rank", "1"],
-                                  stdout=logs[h], stderr=subprocess.STDOUT) for h, n in enumerate(per_host, start=1)]
-        rc = coord.wait(timeout=1800)
-        for n in nodes:
-            n.wait(timeout=120)
-        if rc != 0:
-            raise SystemExit("dtactor run %s failed (exit %d); logs in %s" % (layout, rc, log_dir))
-        ev = [json.loads(l) for l in open(os.path.join(rd, "journal.jsonl")) if '"event":"step"' in l]
-        steady = [e for e in ev if e["step"] > steps // 5 and e["world_size"] == world]
-        return {"samples_per_s": statistics.median(e["samples_per_s"] for e in steady),
-                "allreduce_s": statistics.median(e["allreduce_s"] for e in steady),
-                "allreduce_exposed_s": statistics.median(e["allreduce_exposed_s"] for e in steady)}
+    return run_dtactor(binary, steps, wire, log_dir, extra, per_host, TAG, layout + "-")
 
 
 def main():
@@ -89,11 +67,8 @@ def main():
         for a_, b_ in (("2x2", "1x4"), ("2x2", "2x2-flat"), ("2x2", "1x2")):
             if a_ in summary and b_ in summary:
                 summary["%s_vs_%s" % (a_, b_)] = summary[a_]["samples_per_s"] / summary[b_]["samples_per_s"]
-        results["caps"][cap] = summary
-        print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
-    print(json.dumps(results))
+        report_cap(results, cap, summary)
+    write_results(results, a.out)
 
 
 if __name__ == "__main__":

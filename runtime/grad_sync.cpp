@@ -264,13 +264,13 @@ torch::Tensor grad_sync::staging(size_t b) {
 
 void sum_slots(const torch::Tensor& dst, const std::vector<torch::Tensor>& srcs, std::vector<torch::Tensor>& scratch) {
   torch::NoGradGuard no_grad;
-  std::function<void(const torch::Tensor&, size_t, size_t, size_t)> tree = [&](const torch::Tensor& out, size_t lo, size_t n, size_t depth) {
+  std::function<void(torch::Tensor, size_t, size_t, size_t)> tree = [&](torch::Tensor out, size_t lo, size_t n, size_t depth) {
     if (n == 1) {
       out.copy_(srcs[lo]);
       return;
     }
     if (n == 2) {
-      at::add_out(const_cast<torch::Tensor&>(out), srcs[lo], srcs[lo + 1]);
+      at::add_out(out, srcs[lo], srcs[lo + 1]);
       return;
     }
     size_t m = 1;
