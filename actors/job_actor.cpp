@@ -20,10 +20,8 @@ void emit(const event_sink& sink, ev::event e) {
   if (sink) sink(e);
 }
 
-std::string node_of(const std::string& sender) {
-  const std::string prefix = "node/";
-  return sender.compare(0, prefix.size(), prefix) == 0 ? sender.substr(prefix.size()) : sender;
-}
+// The node a report came from: a node's, or a rank's own envelope passed on by its node.
+std::string node_of(const sender_id& from) { return from.node.empty() ? from.to_string() : from.node; }
 
 // The end is decided: every checkpoint forwarded so far is handled first
 // (the final one arrives before the ranks' FINISHED), then the end is
@@ -93,7 +91,7 @@ void record_step(job_self self, int32_t global_rank, int64_t step) {
   st.committed_step = std::max(st.committed_step, low);
 }
 
-void on_step_report(job_self self, const pb::step_report& r, const std::string& sender) {
+void on_step_report(job_self self, const pb::step_report& r, const sender_id& sender) {
   auto& st = self->state;
   record_step(self, r.global_rank(), r.step());
   if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0)
@@ -126,7 +124,7 @@ void on_rank_status(job_self self, const inbound& in) {
       // Recorded; the membership actor re-plans (a new generation without
       // the lost rank, or the same members re-formed).
       const bool failed = s.status() == pb::rank_status::STATE_FAILED;
-      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), node_of(in.env.sender()), s.detail(), s.exit_code(), s.step(),
+      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), node_of(in.from), s.detail(), s.exit_code(), s.step(),
                                          in.env.generation()});
       // No new generation can fix ranks whose parameters diverged.
       if (failed && s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER)
@@ -209,7 +207,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
         }
         switch (in.env.body_case()) {
           case pb::envelope::kStepReport:
-            on_step_report(self, in.env.step_report(), in.env.sender());
+            on_step_report(self, in.env.step_report(), in.from);
             break;
           case pb::envelope::kRankStatus:
             on_rank_status(self, in);
@@ -221,7 +219,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
             if (st.checkpoints) self->send(st.checkpoints, std::move(in));
             break;
           case pb::envelope::kJobError:
-            emit(st.opts.events, ev::node_error{node_of(in.env.sender()), in.env.job_error().message()});
+            emit(st.opts.events, ev::node_error{node_of(in.from), in.env.job_error().message()});
             break;
           default:
             ++st.stale_reports;
@@ -333,7 +331,7 @@ caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts
           if (!p.failed) {
             p.failed = true;
             ++st.failed;
-            const std::string why = "rank " + std::to_string(w.global_rank()) + " (" + node_of(in.env.sender()) + ") could not store its part: " + w.error();
+            const std::string why = "rank " + std::to_string(w.global_rank()) + " (" + node_of(in.from) + ") could not store its part: " + w.error();
             log_line(st.opts.log, "checkpoint at step " + std::to_string(w.step()) + " not saved: " + why);
             emit(st.opts.events, ev::checkpoint_failed{w.step(), why});
           }

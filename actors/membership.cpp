@@ -476,7 +476,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
   a.rejoined = remembered != state_.remembered_ranks.end() && remembered->second == rank;
   state_.remembered_ranks[reg.node_id] = rank;
   auto& n = state_.nodes[reg.node_id] =
-      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation};
+      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation, {}};
   note_addition(plan_cause::node_joined, now);
   for (int32_t l : ready) mark_ready(n, l, true, now);
   a.accepted = true;

@@ -105,6 +105,11 @@ struct inbound {
   std::string link;
   std::string peer;
   pb::envelope env;
+  sender_id from;  // env.sender(), parsed once here
+
+  inbound() = default;
+  inbound(std::string l, std::string p, pb::envelope e)
+      : link(std::move(l)), peer(std::move(p)), env(std::move(e)), from(sender_id::parse(env.sender())) {}
 };
 
 // CAF 0.17 inspect: the envelope travels as its Protobuf bytes.
@@ -114,6 +119,7 @@ typename Inspector::result_type inspect(Inspector& f, inbound& x) {
   if constexpr (Inspector::reads_state) x.env.SerializeToString(&bytes);
   auto load = caf::meta::load_callback([&]() -> caf::error {
     if (!x.env.ParseFromString(bytes)) return caf::make_error(caf::sec::invalid_argument, "dtactor::inbound: envelope bytes do not parse");
+    x.from = sender_id::parse(x.env.sender());
     return caf::none;
   });
   return f(caf::meta::type_name("dtactor::inbound"), x.link, x.peer, bytes, load);

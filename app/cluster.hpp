@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "rank/fault_mode.hpp"
+
 namespace dtactor {
 
 struct cluster_cli {
@@ -27,7 +29,7 @@ struct cluster_cli {
   bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies
   bool no_resume = false;                      // coordinator, local: start over even if the run directory holds checkpoints
   int64_t fail_at_step = -1;                   // node, rank: fault injection for tests (rank_worker_options)
-  std::string fail_mode = "crash";
+  fault_mode fail_mode = fault_mode::crash;
   const std::atomic<int>* stop_signal = nullptr;
 };
 

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "actors/coordinator_actors.hpp"
+#include "actors/membership_actor.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/messages.hpp"
 #include "app/caf_setup.hpp"
@@ -154,7 +154,7 @@ int run_coordinator(const cluster_cli& cli) {
 
   envelope_header header;
   header.job_id = job_id;
-  header.sender = "coordinator";
+  header.sender = sender_id::coordinator().to_string();
   header.incarnation = wire::new_incarnation();
 
   // Everything the actors report goes through this one sink.

@@ -175,7 +175,7 @@ int run_node(const cluster_cli& cli) {
   o.hostname = host_name();
   o.nproc = cli.nproc_per_node;
   o.metrics_port = cli.metrics_port;
-  o.header.sender = "node/" + node_id;
+  o.header.sender = sender_id::of_node(node_id).to_string();
   o.header.incarnation = incarnation;
   o.liveness.heartbeat_interval = std::chrono::milliseconds(100);
   o.liveness.heartbeat_timeout = std::chrono::milliseconds(1000);
@@ -193,7 +193,7 @@ int run_node(const cluster_cli& cli) {
       self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", node_id, "--coordinator", cli.coordinator,
       "--advertise-addr", advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node), "--threads-per-rank",
       std::to_string(cli.threads_per_rank)},
-      cli.fail_at_step >= 0 ? std::vector<std::string>{"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", cli.fail_mode}
+      cli.fail_at_step >= 0 ? std::vector<std::string>{"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)}
                             : std::vector<std::string>{});
   auto agent = sys.spawn(node_agent, o, out, launcher);
   launcher->attach(agent);
@@ -230,7 +230,7 @@ int run_node(const cluster_cli& cli) {
   });
   bridge_ptr.store(bridge.get());
   if (auto r = bridge->add_router(links::ranks, ranks_endpoint); !r) return fail("cannot open " + ranks_endpoint + ": " + r.message());
-  if (auto r = bridge->add_dealer(links::coordinator, cli.coordinator, "node/" + node_id + "/" + std::to_string(incarnation)); !r)
+  if (auto r = bridge->add_dealer(links::coordinator, cli.coordinator, sender_id::of_node(node_id).to_string() + "/" + std::to_string(incarnation)); !r)
     return fail("cannot connect to " + cli.coordinator + ": " + r.message());
   std::fprintf(stderr, "node: '%s' (%s) connecting to %s with %d rank(s)\n", node_id.c_str(), advertise.c_str(), cli.coordinator.c_str(),
                cli.nproc_per_node);

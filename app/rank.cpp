@@ -62,7 +62,7 @@ int run_rank(const cluster_cli& cli) {
   if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;
 
   envelope_header header;
-  header.sender = "rank/" + cli.node_id + "/" + std::to_string(cli.local_rank);
+  header.sender = sender_id::of_rank(cli.node_id, cli.local_rank).to_string();
   header.incarnation = wire::new_incarnation();
 
   caf::actor_system_config sys_cfg;

@@ -78,8 +78,9 @@ int dtactor::run_main(int argc, char** argv) {
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
   app.add_option("--fail-at-step", cl.fail_at_step,
                  "node, for tests: after step N, local rank 0 injects the fault given by --fail-mode (default: off)");
-  app.add_option("--fail-mode", cl.fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash")
-      ->check(CLI::IsMember({"crash", "hang", "leave", "rank-crash"}))
+  std::string fail_mode = to_string(cl.fail_mode);
+  app.add_option("--fail-mode", fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash")
+      ->check(CLI::IsMember(fault_mode_names()))
       ->capture_default_str();
 
   std::string config_path, run_dir = "runs/default", resume_from, target;
@@ -156,6 +157,7 @@ int dtactor::run_main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return fail(std::string(e.what()) + " (see dtactor --help)", 2);
   }
+  cl.fail_mode = fault_mode_names().at(fail_mode);
 
   if (*local || !role.empty()) {
     std::signal(SIGINT, on_stop_signal);

@@ -36,7 +36,6 @@ using clock_type = std::chrono::steady_clock;
 
 // Per step, SUM-reduced with the first gradient bucket: (holds a newer
 // plan, stop requested, stop with a final checkpoint requested).
-constexpr int control_words = 3;
 
 pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, int64_t step, const std::string& detail) {
   pb::rank_status st;
@@ -336,7 +335,7 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
   const std::string host = g.plan.store_host().empty() ? opts_.default_store_host : g.plan.store_host();
   const auto port = static_cast<uint16_t>(g.plan.store_port());
   // Gradient floats (+ the control words) a shared-memory slot must hold.
-  int64_t shm_floats = control_words;
+  int64_t shm_floats = step_control::words;
   for (const auto& p : im.state->the_task().module()->parameters())
     if (p.requires_grad()) shm_floats += p.numel();
   g.backend = resolve_backend(co);
@@ -497,7 +496,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   go.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
   go.timeout = g.timeout;
   go.abandon = g.abandon_now;
-  go.control_words = control_words;
+  go.carry_control = true;
   go.shm = g.exchange.shm;
   go.hierarchical = g.exchange.hierarchical;
   go.hosts = g.exchange.hosts;
@@ -557,17 +556,17 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
     const auto t0 = clock_type::now();
-    // The step's control words ride at the end of its first gradient
-    // bucket (SUM-reduced with it, no collective of their own): (do I hold
-    // a plan newer than this generation, is a stop requested here, with a
-    // final checkpoint). Every rank reads the same sums after the step: all
-    // switch once every rank holds the newer plan, all stop if any rank was
-    // asked to, at the same step boundary, and rank 0 writes the final
-    // checkpoint if any rank was asked for one (its own request may arrive a
-    // moment after a peer's).
-    const bool stop_here = stop_.load();
-    const bool checkpoint_here = stop_here && stop_checkpoint_.load();
-    sync.set_control({offered_gen_.load() > g.gen ? 1.f : 0.f, stop_here ? 1.f : 0.f, checkpoint_here ? 1.f : 0.f});
+    // The step's control (step_control.hpp) rides at the end of its first
+    // gradient bucket, SUM-reduced with it (no collective of its own).
+    // Every rank reads the same sums after the step: all switch once every
+    // rank holds the newer plan, all stop if any rank was asked to, at the
+    // same step boundary, and rank 0 writes the final checkpoint if any rank
+    // was asked for one.
+    step_control mine;
+    mine.newer_plan = offered_gen_.load() > g.gen ? 1.f : 0.f;
+    mine.stop = stop_.load() ? 1.f : 0.f;
+    mine.final_checkpoint = mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
+    sync.set_control(mine);
     auto r = state.train_step_dp(g.rank, g.world, sync);
     if (!r) return failed(g, r.message(), state.step());
     const int64_t step = state.step();
@@ -628,16 +627,14 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       im.injected = true;
       inject_fault();
     }
-    const bool stop_agreed = sync.control()[1] > 0.5f;
-    const bool final_checkpoint = sync.control()[2] > 0.5f;
-    const bool newer_plan = sync.control()[0] > static_cast<float>(g.world) - 0.5f;
-    if (stop_agreed) {
-      if (final_checkpoint && last_ckpt != step) write_checkpoint(g, eval_at_step);
+    const step_control& agreed = sync.control();
+    if (agreed.stop_agreed()) {
+      if (agreed.final_checkpoint_wanted() && last_ckpt != step) write_checkpoint(g, eval_at_step);
       finish_checkpoints();
       report_status(g, pb::rank_status::STATE_FINISHED, step, state.params_digest());
       return outcome::stopped;
     }
-    if (newer_plan) return outcome::next_plan;
+    if (agreed.all_hold_newer_plan(g.world)) return outcome::next_plan;
   }
   finish_checkpoints();
   report_status(g, pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());
@@ -645,20 +642,25 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
 }
 
 void rank_worker::inject_fault() {
-  const std::string& m = opts_.fail_mode;
-  std::fprintf(stderr, "dtactor: fault injection at step %lld: %s\n", static_cast<long long>(opts_.fail_at_step), m.c_str());
+  std::fprintf(stderr, "dtactor: fault injection at step %lld: %s\n", static_cast<long long>(opts_.fail_at_step),
+               to_string(opts_.fail_mode).c_str());
   std::fflush(stderr);
   const pid_t node = ::getppid();
-  if (m == "crash") {
-    ::kill(node, SIGKILL);
-    ::raise(SIGKILL);
-  } else if (m == "hang") {
-    ::kill(node, SIGSTOP);
-    ::raise(SIGSTOP);
-  } else if (m == "leave") {
-    ::kill(node, SIGTERM);
-  } else if (m == "rank-crash") {
-    ::raise(SIGKILL);
+  switch (opts_.fail_mode) {
+    case fault_mode::crash:
+      ::kill(node, SIGKILL);
+      ::raise(SIGKILL);
+      break;
+    case fault_mode::hang:
+      ::kill(node, SIGSTOP);
+      ::raise(SIGSTOP);
+      break;
+    case fault_mode::leave:
+      ::kill(node, SIGTERM);
+      break;
+    case fault_mode::rank_crash:
+      ::raise(SIGKILL);
+      break;
   }
 }
 

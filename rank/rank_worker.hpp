@@ -37,6 +37,8 @@
 #include <string>
 #include <thread>
 
+#include "rank/fault_mode.hpp"
+
 #include "actors/rank_actor.hpp"
 #include "wire.pb.h"
 
@@ -54,9 +56,9 @@ struct rank_worker_options {
   // Fault injection for tests (--fail-at-step/--fail-mode on a node): right
   // after the first step it completes at or after `fail_at_step` this rank crashes its node (kill -9
   // of the node agent and itself), hangs it (SIGSTOP), makes it leave
-  // (SIGTERM), or crashes itself only ("rank-crash"). -1: off.
+  // (SIGTERM), or crashes itself only (rank_crash). -1: off.
   int64_t fail_at_step = -1;
-  std::string fail_mode = "crash";
+  fault_mode fail_mode = fault_mode::crash;
 };
 
 class rank_worker : public rank_work {

@@ -168,7 +168,7 @@ class s3_store : public object_store {
 
   result<uint64_t> read(const std::string& name, uint64_t offset, void* dst, uint64_t size) override {
     if (size == 0) return uint64_t{0};
-    span_sink sink{static_cast<char*>(dst), size};
+    span_sink sink{static_cast<char*>(dst), size, 0, {}};
     auto r = request("GET", key(name), {}, {{"range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + size - 1)}}, nullptr, 0, &sink);
     if (!r) return r.err();
     if (r->code == 416) return uint64_t{0};  // offset at or past the end

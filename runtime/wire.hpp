@@ -73,11 +73,53 @@ const char* body_name(const pb::envelope& env) noexcept;
 
 namespace dtactor {
 
+// Who sent an envelope: its `sender` field ("coordinator", "node/<node
+// id>", "rank/<node id>/<local rank>") as a value. Built and parsed here
+// only; the actors receive it parsed (inbound::from).
+struct sender_id {
+  enum class role : uint8_t { unknown, coordinator, node, rank };
+  role who = role::unknown;
+  std::string node;         // node and rank: the node's id
+  int32_t local_rank = -1;  // rank
+
+  static sender_id coordinator() { return {role::coordinator, {}, -1}; }
+  static sender_id of_node(std::string id) { return {role::node, std::move(id), -1}; }
+  static sender_id of_rank(std::string node_id, int32_t local) { return {role::rank, std::move(node_id), local}; }
+  // Anything else (garbage from a peer of another version) is `unknown`,
+  // with an empty node id: actors ignore what they cannot attribute.
+  static sender_id parse(std::string_view s) {
+    if (s == "coordinator") return coordinator();
+    if (s.substr(0, 5) == "node/" && s.size() > 5) return of_node(std::string(s.substr(5)));
+    if (s.substr(0, 5) == "rank/") {
+      const auto rest = s.substr(5);
+      const auto slash = rest.rfind('/');
+      if (slash == std::string_view::npos || slash == 0 || slash + 1 == rest.size()) return {};
+      int32_t local = 0;
+      for (char c : rest.substr(slash + 1)) {
+        if (c < '0' || c > '9' || local > 1000000) return {};
+        local = local * 10 + (c - '0');
+      }
+      return of_rank(std::string(rest.substr(0, slash)), local);
+    }
+    return {};
+  }
+  std::string to_string() const {
+    switch (who) {
+      case role::coordinator: return "coordinator";
+      case role::node: return "node/" + node;
+      case role::rank: return "rank/" + node + "/" + std::to_string(local_rank);
+      case role::unknown: break;
+    }
+    return "unknown";
+  }
+  bool operator==(const sender_id& o) const { return who == o.who && node == o.node && local_rank == o.local_rank; }
+};
+
 // Who we are on the wire: the fields every envelope a process sends carries.
 struct envelope_header {
   uint32_t protocol_version = wire::protocol_version;
   std::string job_id;  // empty only before a node has learnt it
-  std::string sender;  // "coordinator", "node/<id>", "rank/<id>/<local>"
+  std::string sender;  // sender_id::to_string()
   uint64_t incarnation = 0;  // wire::new_incarnation() once per process start
 };
 

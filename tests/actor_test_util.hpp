@@ -107,7 +107,7 @@ class wire_log {
 inline pb::envelope node_envelope(const std::string& node_id, uint64_t incarnation, uint64_t generation = 0) {
   envelope_header h;
   h.job_id = "job";
-  h.sender = "node/" + node_id;
+  h.sender = sender_id::of_node(node_id).to_string();
   h.incarnation = incarnation;
   return make_envelope(h, generation);
 }

@@ -160,7 +160,9 @@ TEST(checkpoint_store, part_ranges_cover_the_stream_exactly_and_are_aligned) {
         auto [a, b] = part_range(n, r, world);
         EXPECT_EQ(a, at) << n << " " << world << " " << r;
         EXPECT_LE(a, b);
-        if (r < world - 1 && b < n) EXPECT_EQ((b - a) % 4096, 0u);
+        if (r < world - 1 && b < n) {
+          EXPECT_EQ((b - a) % 4096, 0u);
+        }
         at = b;
       }
       EXPECT_EQ(at, n);

@@ -1,6 +1,6 @@
 // The coordinator's membership and job actors under CAF's deterministic test
 // coordinator: no sleeps, the clock moves only in advance().
-#include "actors/coordinator_actors.hpp"
+#include "actors/membership_actor.hpp"
 #include "actors/job_actor.hpp"
 
 #include <gtest/gtest.h>
@@ -455,10 +455,10 @@ TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_abo
   EXPECT_FALSE(g1.drain());
   trained();
   // The agent may also pass a rank's own envelope on.
-  inbound relayed = status_from("a", 0, pb::rank_status::STATE_IDLE);
-  relayed.env.set_sender("rank/a/0");
-  relayed.env.set_incarnation(77);
-  send(relayed);
+  inbound idle = status_from("a", 0, pb::rank_status::STATE_IDLE);
+  idle.env.set_sender(sender_id::of_rank("a", 0).to_string());
+  idle.env.set_incarnation(77);
+  send(inbound{idle.link, idle.peer, idle.env});
   advance(100ms);
   auto g2 = last_plan("peer-a");
   expect_plan(g2, 2u, 2, "rank_ready", true);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -29,6 +30,15 @@ grad_sync_options bucket_of(int64_t bytes) {
 }
 
 using testing::tiny_vit_config;
+
+step_control ctl(float newer_plan, float stop, float final_checkpoint = 0.f) {
+  step_control c;
+  c.newer_plan = newer_plan;
+  c.stop = stop;
+  c.final_checkpoint = final_checkpoint;
+  return c;
+}
+std::vector<float> words(const step_control& c) { return {c.newer_plan, c.stop, c.final_checkpoint}; }
 
 // Runs fn(rank, group) for `world` ranks as threads over one in-memory store;
 // returns each rank's failure text (empty when it passed its own checks).
@@ -261,6 +271,21 @@ TEST(GradSync, BucketCountFollowsBucketSizeAndAllreduceOverlapsBackward) {
   }
 }
 
+// step_control is copied into the bucket as raw floats: its layout is its
+// fields in declaration order, one float each, as step_control::words says.
+TEST(GradSync, StepControlLayoutIsItsFieldsInOrder) {
+  EXPECT_EQ(offsetof(step_control, newer_plan), 0 * sizeof(float));
+  EXPECT_EQ(offsetof(step_control, stop), 1 * sizeof(float));
+  EXPECT_EQ(offsetof(step_control, final_checkpoint), 2 * sizeof(float));
+  EXPECT_EQ(sizeof(step_control), static_cast<size_t>(step_control::words) * sizeof(float));
+  // The decisions on the world's sums.
+  EXPECT_TRUE(ctl(3.f, 0.f).all_hold_newer_plan(3));
+  EXPECT_FALSE(ctl(2.f, 0.f).all_hold_newer_plan(3));
+  EXPECT_TRUE(ctl(0.f, 1.f).stop_agreed());
+  EXPECT_FALSE(ctl(0.f, 0.f, 1.f).stop_agreed());
+  EXPECT_TRUE(ctl(0.f, 2.f, 1.f).final_checkpoint_wanted());
+}
+
 // The control word rides with the first bucket: every rank reads the same
 // sums of what each set, over several steps, and the gradients are unchanged.
 TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
@@ -272,35 +297,35 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
     auto& s = *states[rank];
     grad_sync_options o;
     o.bucket_bytes = 4 * 1024;
-    o.control_words = 2;
+    o.carry_control = true;
     grad_sync sync(params_of(s), pg, o);
     for (int step = 0; step < 3; ++step) {
-      sync.set_control({static_cast<float>(rank + step), rank == 1 && step == 2 ? 1.f : 0.f});
+      sync.set_control(ctl(static_cast<float>(rank + step), rank == 1 && step == 2 ? 1.f : 0.f, rank == 2 ? 0.25f * static_cast<float>(step) : 0.f));
       s.zero_grad();
       s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
       auto t = sync.finish();
       if (!t) return t.message();
-      const auto& c = sync.control();
-      if (c.size() != 2) return "control word has " + std::to_string(c.size()) + " values";
-      if (c[0] != static_cast<float>(3 + 3 * step) || c[1] != (step == 2 ? 1.f : 0.f))
-        return "step " + std::to_string(step) + ": control sums " + std::to_string(c[0]) + ", " + std::to_string(c[1]);
+      const auto c = words(sync.control());
+      if (c != std::vector<float>{static_cast<float>(3 + 3 * step), step == 2 ? 1.f : 0.f, 0.25f * static_cast<float>(step)})
+        return "step " + std::to_string(step) + ": control sums " + std::to_string(c[0]) + ", " + std::to_string(c[1]) + ", " +
+               std::to_string(c[2]);
       if (auto e = compare_gradients(s, want); !e.empty()) return e;
     }
     return "";
   }));
   // A world of one reads back its own word; so does a group with no parameters.
   grad_sync_options o;
-  o.control_words = 2;
+  o.carry_control = true;
   grad_sync alone(params_of(*states[0]), c10::intrusive_ptr<c10d::ProcessGroup>(), o);
-  alone.set_control({4.f, 1.f});
+  alone.set_control(ctl(4.f, 1.f));
   ASSERT_TRUE(alone.finish());
-  EXPECT_EQ(alone.control(), (std::vector<float>{4.f, 1.f}));
+  EXPECT_EQ(words(alone.control()), (std::vector<float>{4.f, 1.f, 0.f}));
   expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     grad_sync none({}, pg, o);
-    none.set_control({1.f, static_cast<float>(rank)});
+    none.set_control(ctl(1.f, static_cast<float>(rank)));
     auto t = none.finish();
     if (!t) return t.message();
-    return none.control() == std::vector<float>{2.f, 1.f} ? "" : "no-parameter control word not summed";
+    return words(none.control()) == std::vector<float>{2.f, 1.f, 0.f} ? "" : "no-parameter control word not summed";
   }));
 }
 
@@ -334,10 +359,10 @@ TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
     auto& s = *states[rank];
     grad_sync_options o;
     o.bucket_bytes = 4 * 1024;
-    o.control_words = 2;
+    o.carry_control = true;
     o.bf16_wire = true;
     grad_sync sync(params_of(s), pg, o);
-    sync.set_control({1000.f + static_cast<float>(rank), 0.125f * static_cast<float>(rank + 1)});
+    sync.set_control(ctl(1000.f + static_cast<float>(rank), 0.125f * static_cast<float>(rank + 1)));
     s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
     auto t = sync.finish();
     if (!t) return t.message();
@@ -346,8 +371,8 @@ TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
     // 0.75 at 3 ranks are not bf16 numbers: the control words went as fp32.
     const float c0 = 1000.f * static_cast<float>(world) + static_cast<float>(world * (world - 1) / 2);
     const float c1 = 0.125f * static_cast<float>(world * (world + 1) / 2);
-    if (sync.control() != std::vector<float>{c0, c1})
-      return "control sums " + std::to_string(sync.control()[0]) + ", " + std::to_string(sync.control()[1]);
+    if (words(sync.control()) != std::vector<float>{c0, c1, 0.f})
+      return "control sums " + std::to_string(sync.control().newer_plan) + ", " + std::to_string(sync.control().stop);
     for (auto& g : s.gradients()) got[rank].push_back(g.clone());
     return "";
   }));
@@ -495,23 +520,23 @@ TEST(GradSync, SharedMemoryMatchesSingleProcessAndRanksAreIdentical) {
   auto states = make_states(cfg, world + 1);
   const auto want = single_process_gradients(*states[world]);
   std::vector<std::vector<torch::Tensor>> got(world);
-  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]) + 2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]) + step_control::words, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
     auto& s = *states[rank];
     grad_sync_options o;
     o.bucket_bytes = 4 * 1024;
-    o.control_words = 2;
+    o.carry_control = true;
     o.shm = shm;
     grad_sync sync(params_of(s), pg, o);
     if (!sync.uses_shm()) return "shared memory not used";
     for (int step = 0; step < 3; ++step) {
-      sync.set_control({static_cast<float>(rank + step), 0.f});
+      sync.set_control(ctl(static_cast<float>(rank + step), 0.f));
       s.zero_grad();
       s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
       if (sync.launched() < 2) return "buckets were not published during backward";
       auto t = sync.finish();
       if (!t) return t.message();
       if (t->buckets < 2) return "expected several buckets";
-      if (sync.control()[0] != static_cast<float>(3 + 3 * step)) return "control word not summed";
+      if (sync.control().newer_plan != static_cast<float>(3 + 3 * step)) return "control word not summed";
       if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
     }
     for (auto& g : s.gradients()) got[rank].push_back(g.clone());
@@ -643,7 +668,9 @@ TEST(GradSync, SetupExchangeFollowsWhereTheRanksAre) {
     EXPECT_EQ(p.shm->rank(), r < 2 ? r : r - 2);
     // Only each host's first rank is in the group of hosts.
     EXPECT_EQ(static_cast<bool>(p.hosts), r == 0 || r == 2) << "rank " << r;
-    if (p.hosts) EXPECT_EQ(p.hosts->getSize(), 2);
+    if (p.hosts) {
+      EXPECT_EQ(p.hosts->getSize(), 2);
+    }
     EXPECT_NE(p.describe("gloo").find("within the host (" + std::to_string(p.shm->world()) + " ranks) and gloo across 2 hosts"), std::string::npos);
   }
 }
@@ -657,25 +684,25 @@ TEST(GradSync, HierarchicalTwoHostsOfTwoEqualOneHostOfFourBitForBit) {
   auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
   auto states = make_states(cfg, 2 * world + 1);
   const auto want = single_process_gradients(*states[2 * world]);
-  const int64_t floats = gradient_floats(*states[0]) + 2;
+  const int64_t floats = gradient_floats(*states[0]) + step_control::words;
   auto run = [&](const std::vector<std::string>& keys, int first_state, bool expect_hier) {
     const int w = static_cast<int>(keys.size());
     std::vector<std::vector<torch::Tensor>> got(w);
     expect_no_errors(run_on_hosts(keys, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
       auto& s = *states[first_state + rank];
       auto o = options_for(p, 4 * 1024);
-      o.control_words = 2;
+      o.carry_control = true;
       grad_sync sync(params_of(s), pg, o);
       if (sync.hierarchical() != expect_hier) return "hierarchical: " + std::to_string(sync.hierarchical());
       for (int step = 0; step < 3; ++step) {
-        sync.set_control({static_cast<float>(rank + step), 1.f});
+        sync.set_control(ctl(static_cast<float>(rank + step), 1.f));
         s.zero_grad();
         s.forward_backward(s.order().rank_slice(0, rank, w), 0, rank, &sync);
         auto t = sync.finish();
         if (!t) return t.message();
         if (t->buckets < 2) return "expected several buckets";
         const float ranks_sum = static_cast<float>(w * (w - 1) / 2 + w * step);
-        if (sync.control() != std::vector<float>{ranks_sum, static_cast<float>(w)}) return "control words not summed";
+        if (words(sync.control()) != std::vector<float>{ranks_sum, static_cast<float>(w), 0.f}) return "control words not summed";
         if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
       }
       for (auto& g : s.gradients()) got[rank].push_back(g.clone());

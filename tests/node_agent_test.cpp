@@ -9,7 +9,7 @@
 #include <set>
 
 #include "actor_test_util.hpp"
-#include "actors/coordinator_actors.hpp"
+#include "actors/membership_actor.hpp"
 
 using namespace dtactor;
 using namespace dtactor::test_support;

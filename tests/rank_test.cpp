@@ -264,7 +264,9 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
       ASSERT_TRUE(w.error().empty()) << w.error();
       EXPECT_EQ(w.world_size(), 2);
       parts[w.global_rank()] = w.part();
-      if (w.global_rank() == 0) ASSERT_TRUE(meta.ParseFromString(w.meta()));
+      if (w.global_rank() == 0) {
+        ASSERT_TRUE(meta.ParseFromString(w.meta()));
+      }
     }
     ASSERT_EQ(parts.size(), 2u);
     for (auto& [r, p] : parts) *meta.add_parts() = p;

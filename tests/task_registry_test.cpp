@@ -50,7 +50,7 @@ task_registration linreg(std::string name = "linreg", std::string features = "mo
   r.name = std::move(name);
   r.description = "a test";
   r.main_metric = "val_loss";
-  r.keys = {{features, value_kind::integer, "4", "linreg: inputs.", 1}, {notes, value_kind::string, "", "linreg: a file."}};
+  r.keys = {{features, value_kind::integer, "4", "linreg: inputs.", 1, {}}, {notes, value_kind::string, "", "linreg: a file.", -1e300, {}}};
   r.file_keys = {notes};
   r.make = [features, notes](const config& cfg) -> result<std::unique_ptr<task>> {
     if (!cfg.get_string(notes).empty() && !std::filesystem::exists(cfg.get_string(notes)))
@@ -142,10 +142,10 @@ TEST(TaskRegistry, BadRegistrationsAreRefusedWithOneLine) {
   r.make = nullptr;
   refused(r, "factory");
   r = bad();
-  r.keys.push_back({"train.mine", value_kind::integer, "1", "", 0});
+  r.keys.push_back({"train.mine", value_kind::integer, "1", "", 0, {}});
   refused(r, "'train.mine' must be under model. or data.");
   r = bad();
-  r.keys.push_back({"model.dim", value_kind::integer, "1", "", 0});
+  r.keys.push_back({"model.dim", value_kind::integer, "1", "", 0, {}});
   refused(r, "'model.dim' already exists");
   r = bad();
   r.keys.push_back(r.keys[0]);

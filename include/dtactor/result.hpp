@@ -1,6 +1,6 @@
 #pragma once
 // Part of dtactor's public C++ API (dtactor/dtactor.hpp).
-// A small error-as-value type used at module boundaries (STYLE.md): every
+// A small error-as-value type used at module boundaries: every
 // failure a user can cause carries one clear, complete line of text.
 #include <optional>
 #include <string>

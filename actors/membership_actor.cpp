@@ -1,4 +1,4 @@
-#include "actors/coordinator_actors.hpp"
+#include "actors/membership_actor.hpp"
 
 #include <algorithm>
 
@@ -9,12 +9,10 @@ namespace dtactor {
 
 namespace {
 
-constexpr const char* node_prefix = "node/";
-
-// "node/<id>" -> "<id>"; empty when the sender is not a node.
-std::string node_id_of(const std::string& sender) {
-  std::string p = node_prefix;
-  return sender.compare(0, p.size(), p) == 0 ? sender.substr(p.size()) : std::string{};
+// The node id of a node's envelope; empty when the sender is not a node.
+const std::string& node_id_of(const inbound& in) {
+  static const std::string none;
+  return in.from.who == sender_id::role::node ? in.from.node : none;
 }
 
 void log_line(const log_fn& log, const std::string& line) {
@@ -80,7 +78,7 @@ void on_register(membership_self self, const inbound& in) {
 
 void on_heartbeat(membership_self self, const inbound& in) {
   auto& st = self->state;
-  auto id = node_id_of(in.env.sender());
+  auto id = node_id_of(in);
   auto env = make_envelope(st.opts.header, current_generation(st));
   if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
     auto* ack = env.mutable_heartbeat_ack();
@@ -99,7 +97,7 @@ void on_heartbeat(membership_self self, const inbound& in) {
 
 void on_leave(membership_self self, const inbound& in) {
   auto& st = self->state;
-  auto id = node_id_of(in.env.sender());
+  auto id = node_id_of(in);
   const auto* n = st.members.find(id);
   if (!n || n->incarnation != in.env.incarnation()) return;
   st.members.remove(id, self->clock().now(), departure::left);
@@ -127,12 +125,10 @@ void refuse_node(membership_self self, const std::string& id, const std::string&
 void on_rank_status(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& s = in.env.rank_status();
-  auto id = node_id_of(in.env.sender());
+  auto id = node_id_of(in);
   uint64_t incarnation = in.env.incarnation();
-  const std::string rank_prefix = "rank/";
-  if (id.empty() && in.env.sender().compare(0, rank_prefix.size(), rank_prefix) == 0) {
-    auto rest = in.env.sender().substr(rank_prefix.size());
-    id = rest.substr(0, rest.rfind('/'));
+  if (in.from.who == sender_id::role::rank) {
+    id = in.from.node;
     if (const auto* n = st.members.find(id)) incarnation = n->incarnation;
   }
   if (id.empty()) return;

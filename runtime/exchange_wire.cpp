@@ -1,0 +1,269 @@
+// The wire transports of gradient buckets, on a c10d process group:
+// fp32 allreduce, and the bf16 wire (all-gather at 2 ranks, reduce-scatter
+// + all-gather from 3). See exchange.hpp for the contract.
+#include "runtime/communicator.hpp"
+#include "runtime/exchange.hpp"
+
+namespace dtactor {
+
+namespace {
+
+int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(exchange_clock::now().time_since_epoch()).count(); }
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// What every wire transport shares: the group, one work per bucket, and
+// waiting for it.
+class pg_exchange : public bucket_exchange {
+ public:
+  pg_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
+              std::string what)
+      : bucket_exchange(buckets), pg_(std::move(pg)), waits_(w), what_(std::move(what)), works_(buckets.size()) {}
+
+  const char* label_stem() const override { return ": allreduce of gradient bucket "; }
+
+ protected:
+  // Runs `issue` (which returns the bucket's work) and marks the bucket done
+  // when that work completes; an exception becomes the step's error.
+  template <class F>
+  status issue(size_t b, const std::string& what, F&& f) {
+    try {
+      works_[b] = f();
+      auto done = buckets_[b].done_ns;
+      works_[b]->getFuture()->addCallback([done](c10::ivalue::Future&) { done->store(now_ns()); });
+      return {};
+    } catch (const std::exception& e) {
+      // Raised on the backward thread inside a hook: the reducer keeps it for finish().
+      return make_error(what + " of gradient bucket " + std::to_string(b) + " could not start: " + first_line(e.what()));
+    }
+  }
+  status allreduce(size_t b) {
+    return issue(b, what_, [&] {
+      std::vector<at::Tensor> t{buckets_[b].flat};
+      return pg_->allreduce(t);
+    });
+  }
+  status wait_work(size_t b, exchange_clock::time_point deadline) {
+    auto w = std::move(works_[b]);
+    return dtactor::wait_work(w, deadline, waits_.abandon, buckets_[b].label, waits_.spin);
+  }
+  int world() const { return pg_->getSize(); }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  exchange_waits waits_;
+  std::string what_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+// fp32 (or the bucket's dtype) SUM allreduce.
+class allreduce_exchange final : public pg_exchange {
+ public:
+  using pg_exchange::pg_exchange;
+  status start(size_t b) override {
+    buckets_[b].mark_launched();
+    return allreduce(b);
+  }
+  status wait(size_t b, exchange_clock::time_point deadline) override { return wait_work(b, deadline); }
+};
+
+bool on_bf16_wire(const exchange_bucket& b) { return b.flat.scalar_type() == torch::kFloat; }  // other dtypes go as they are
+
+// bf16 at 2 ranks: each rank's bucket as bf16 (padded to 4 bytes, then the
+// control words in fp32; as kHalf, a type Gloo moves) is all-gathered, and
+// every rank sums the world's buckets itself, in fp32 and in rank order
+// (bit-identical on every rank; one rounding per rank's gradient, none in
+// the sum): half a ring allreduce's bytes at 2 ranks.
+class bf16_gather_exchange final : public pg_exchange {
+ public:
+  bf16_gather_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
+                       std::string what)
+      : pg_exchange(buckets, std::move(pg), w, std::move(what)), msg_(buckets.size()) {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const auto& b = buckets_[bi];
+      if (!on_bf16_wire(b)) continue;
+      auto& m = msg_[bi];
+      m.ctrl_at = (b.grads + 1) / 2 * 2;
+      const int64_t halves = m.ctrl_at + 2 * b.control_words();
+      m.in = torch::zeros({halves}, torch::kHalf);
+      for (int r = 0; r < world(); ++r) m.all.push_back(torch::zeros({halves}, torch::kHalf));
+    }
+  }
+  status start(size_t bi) override {
+    auto& b = buckets_[bi];
+    b.mark_launched();
+    if (!on_bf16_wire(b)) return allreduce(bi);
+    auto& m = msg_[bi];
+    {
+      torch::NoGradGuard no_grad;
+      m.in.narrow(0, 0, b.grads).view(torch::kBFloat16).copy_(b.flat.narrow(0, 0, b.grads));
+      if (b.control_words() > 0)
+        m.in.narrow(0, m.ctrl_at, 2 * b.control_words()).view(torch::kFloat).copy_(b.flat.narrow(0, b.grads, b.control_words()));
+    }
+    return issue(bi, what_, [&] {
+      std::vector<std::vector<at::Tensor>> out{m.all};
+      std::vector<at::Tensor> in{m.in};
+      return pg_->allgather(out, in);
+    });
+  }
+  status wait(size_t bi, exchange_clock::time_point deadline) override {
+    if (auto st = wait_work(bi, deadline); !st) return st;
+    auto& b = buckets_[bi];
+    if (!on_bf16_wire(b)) return {};
+    torch::NoGradGuard no_grad;
+    auto grads = b.flat.narrow(0, 0, b.grads);
+    const int64_t ctrl = b.control_words();
+    // Rank order on every rank: bit-identical sums everywhere, in fp32.
+    const auto& all = msg_[bi].all;
+    for (size_t r = 0; r < all.size(); ++r) {
+      // Mixed-dtype copy_/add_ widen bf16 to fp32 on the fly: no temporary per rank.
+      auto g = all[r].narrow(0, 0, b.grads).view(torch::kBFloat16);
+      if (r == 0) grads.copy_(g);
+      else grads.add_(g);
+      if (ctrl > 0) {
+        auto c = all[r].narrow(0, msg_[bi].ctrl_at, 2 * ctrl).view(torch::kFloat);
+        if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(c);
+        else b.flat.narrow(0, b.grads, ctrl).add_(c);
+      }
+    }
+    return {};
+  }
+
+ private:
+  struct message {
+    torch::Tensor in;
+    std::vector<torch::Tensor> all;
+    int64_t ctrl_at = 0;  // where the control words start (halves)
+  };
+  std::vector<message> msg_;
+};
+
+// bf16 from 3 ranks on (where all-gathering whole buckets would cost as
+// much as fp32 or more), a reduce-scatter then an all-gather: the message
+// holds one chunk per rank (a shard of `shard` bf16 gradients, then the
+// control words in fp32); an all-to-all gives each rank every rank's chunk
+// of its shard; it sums them in fp32 in rank order, rounds its shard to
+// bf16 once and all-gathers the shards. Half a ring allreduce's bytes at
+// any size; control words exact (each chunk carries its sender's).
+class bf16_scatter_exchange final : public pg_exchange {
+ public:
+  bf16_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
+                        std::string what)
+      : pg_exchange(buckets, std::move(pg), w, std::move(what)), msg_(buckets.size()) {
+    const int64_t n = world();
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const auto& b = buckets_[bi];
+      if (!on_bf16_wire(b)) continue;
+      auto& m = msg_[bi];
+      // Shards of an even number of halves keep every chunk's control words 4-byte aligned.
+      m.shard = ((b.grads + n - 1) / n + 1) / 2 * 2;
+      m.chunk = m.shard + 2 * b.control_words();
+      m.in = torch::zeros({n * m.chunk}, torch::kHalf);
+      m.out = torch::zeros({n * m.chunk}, torch::kHalf);
+      m.mine = torch::zeros({m.shard}, torch::kHalf);
+      m.sum = torch::zeros({m.shard}, torch::kFloat);
+      for (int64_t r = 0; r < n; ++r) m.all.push_back(torch::zeros({m.shard}, torch::kHalf));
+    }
+  }
+  status start(size_t bi) override {
+    auto& b = buckets_[bi];
+    b.mark_launched();
+    if (!on_bf16_wire(b)) return allreduce(bi);
+    auto& m = msg_[bi];
+    {
+      torch::NoGradGuard no_grad;
+      const int64_t ctrl = b.control_words();
+      for (int64_t r = 0; r < world(); ++r) {
+        auto c = m.in.narrow(0, r * m.chunk, m.chunk);
+        const int64_t from = r * m.shard, n = std::min(m.shard, b.grads - from);
+        if (n > 0) c.narrow(0, 0, n).view(torch::kBFloat16).copy_(b.flat.narrow(0, from, n));  // the padding stays zero
+        if (ctrl > 0) c.narrow(0, m.shard, 2 * ctrl).view(torch::kFloat).copy_(b.flat.narrow(0, b.grads, ctrl));
+      }
+    }
+    return issue(bi, what_, [&] {
+      std::vector<int64_t> equal_splits;  // empty: equal parts
+      return pg_->alltoall_base(m.out, m.in, equal_splits, equal_splits);
+    });
+  }
+  // Every bucket's all-to-all was started (in bucket order, like every
+  // rank); now each one's shard is summed and its all-gather started, in
+  // bucket order again, so the group sees the same sequence of collectives
+  // on every rank.
+  status flush(exchange_clock::time_point deadline) override {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      if (!on_bf16_wire(buckets_[bi])) continue;
+      if (auto st = wait_work(bi, deadline); !st) return st;
+      if (auto st = reduce_shard(bi); !st) return st;
+    }
+    return {};
+  }
+  status wait(size_t bi, exchange_clock::time_point deadline) override {
+    if (auto st = wait_work(bi, deadline); !st) return st;
+    auto& b = buckets_[bi];
+    if (!on_bf16_wire(b)) return {};
+    torch::NoGradGuard no_grad;
+    // The world's rounded shards, end to end (the control words were summed by reduce_shard).
+    auto grads = b.flat.narrow(0, 0, b.grads);
+    const auto& m = msg_[bi];
+    for (size_t r = 0; r < m.all.size(); ++r) {
+      const int64_t from = static_cast<int64_t>(r) * m.shard;
+      const int64_t n = std::min(m.shard, b.grads - from);
+      if (n <= 0) break;
+      grads.narrow(0, from, n).copy_(m.all[r].narrow(0, 0, n).view(torch::kBFloat16));
+    }
+    return {};
+  }
+
+ private:
+  status reduce_shard(size_t bi) {
+    auto& b = buckets_[bi];
+    auto& m = msg_[bi];
+    const int64_t ctrl = b.control_words();
+    {
+      torch::NoGradGuard no_grad;
+      // Every rank's chunk of this rank's shard, summed in fp32 in rank
+      // order, and rounded to bf16 once: the shard everyone receives.
+      for (size_t r = 0; r < m.all.size(); ++r) {
+        auto c = m.out.narrow(0, static_cast<int64_t>(r) * m.chunk, m.chunk);
+        auto g = c.narrow(0, 0, m.shard).view(torch::kBFloat16);
+        if (r == 0) m.sum.copy_(g);
+        else m.sum.add_(g);
+        if (ctrl > 0) {
+          auto w = c.narrow(0, m.shard, 2 * ctrl).view(torch::kFloat);
+          if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(w);
+          else b.flat.narrow(0, b.grads, ctrl).add_(w);
+        }
+      }
+      m.mine.view(torch::kBFloat16).copy_(m.sum);
+    }
+    return issue(bi, "all-gather of the reduced shards", [&] {
+      std::vector<std::vector<at::Tensor>> out{m.all};
+      std::vector<at::Tensor> in{m.mine};
+      return pg_->allgather(out, in);
+    });
+  }
+
+  struct message {
+    torch::Tensor in, out, mine, sum;
+    std::vector<torch::Tensor> all;
+    int64_t shard = 0, chunk = 0;  // halves
+  };
+  std::vector<message> msg_;
+};
+
+}  // namespace
+
+void exchange_bucket::mark_launched() {
+  done_ns->store(0);
+  launched_at = exchange_clock::now();
+}
+
+void exchange_bucket::mark_done() const { done_ns->store(now_ns()); }
+
+std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                    bool bf16, const exchange_waits& w, std::string what) {
+  if (!bf16) return std::make_unique<allreduce_exchange>(buckets, std::move(pg), w, std::move(what));
+  if (pg->getSize() >= 3) return std::make_unique<bf16_scatter_exchange>(buckets, std::move(pg), w, std::move(what));
+  return std::make_unique<bf16_gather_exchange>(buckets, std::move(pg), w, std::move(what));
+}
+
+}  // namespace dtactor
