@@ -180,6 +180,24 @@ TEST(wire, make_envelope_fills_the_header) {
   EXPECT_STREQ(wire::body_name(env), "none");
 }
 
+// Senders are built and parsed in one place: what a process writes reads
+// back as the same value, and anything else is `unknown` with no node id.
+TEST(wire, sender_ids_round_trip_and_garbage_is_unknown) {
+  for (const auto& id : {sender_id::coordinator(), sender_id::of_node("gpu-7"), sender_id::of_node("host-net4026532"),
+                         sender_id::of_rank("gpu-7", 0), sender_id::of_rank("a/b", 12)}) {
+    EXPECT_EQ(sender_id::parse(id.to_string()), id) << id.to_string();
+  }
+  EXPECT_EQ(sender_id::parse("node/x").who, sender_id::role::node);
+  EXPECT_EQ(sender_id::parse("rank/x/3").local_rank, 3);
+  EXPECT_EQ(sender_id::parse("rank/x/3").node, "x");
+  for (const char* bad : {"", "node/", "rank/", "rank/x", "rank/x/", "rank//1", "rank/x/-1", "rank/x/1a", "rank/x/99999999999",
+                          "coordinatorX", "hello", "Node/x"}) {
+    const auto id = sender_id::parse(bad);
+    EXPECT_EQ(id.who, sender_id::role::unknown) << bad;
+    EXPECT_TRUE(id.node.empty()) << bad;
+  }
+}
+
 TEST(wire, encode_refuses_an_envelope_without_body) {
   auto bytes = wire::encode(make_envelope(test_identity(), 7));
   ASSERT_FALSE(bytes);
