@@ -128,26 +128,22 @@ void coordinator_sink::on(const ev::job_ended& e) {
     std::fflush(stdout);
     return;
   }
-  const std::optional<std::string> error = e.digests_differ ? std::optional<std::string>(e.reason) : std::nullopt;
+  // job_finished and job_stopped (with every rank) carry the same fields.
+  auto with_end = [&e](auto line) {
+    line.step = e.step;
+    line.params_digest = e.params_digest;
+    line.world_size = e.world_size;
+    line.generation = e.generation;
+    if (e.digests_differ) line.error = e.reason;
+    line.metrics = e.metrics;
+    return line;
+  };
   if (stopped) {
-    ev::job_stopped j;
-    j.step = e.step;
-    j.params_digest = e.params_digest;
-    j.world_size = e.world_size;
-    j.generation = e.generation;
-    j.final_checkpoint = true;
-    j.error = error;
-    j.metrics = e.metrics;
-    jn_.write(j);
+    ev::job_stopped line;
+    line.final_checkpoint = true;
+    jn_.write(with_end(line));
   } else {
-    ev::job_finished j;
-    j.step = e.step;
-    j.params_digest = e.params_digest;
-    j.world_size = e.world_size;
-    j.generation = e.generation;
-    j.error = error;
-    j.metrics = e.metrics;
-    jn_.write(j);
+    jn_.write(with_end(ev::job_finished{}));
   }
   obs_.finish();
   std::fprintf(stdout, "%s at step %lld:", stopped ? "stopped" : "finished", static_cast<long long>(e.step));
