@@ -219,7 +219,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
             if (st.checkpoints) self->send(st.checkpoints, std::move(in));
             break;
           case pb::envelope::kJobError:
-            emit(st.opts.events, ev::node_error{node_of(in.from), in.env.job_error().message()});
+            emit(st.opts.events, ev::job_error{node_of(in.from), in.env.job_error().message()});
             break;
           default:
             ++st.stale_reports;

@@ -5,34 +5,6 @@
 
 namespace dtactor {
 
-namespace ev {
-
-const char* to_string(loss_cause c) {
-  switch (c) {
-    case loss_cause::heartbeat_timeout:
-      return "heartbeat_timeout";
-    case loss_cause::suspected_after_collective_failure:
-      return "suspected_after_collective_failure";
-    case loss_cause::restarted:
-      return "restarted";
-  }
-  return "unknown";
-}
-
-const char* to_string(outcome o) {
-  switch (o) {
-    case outcome::finished:
-      return "finished";
-    case outcome::stopped:
-      return "stopped";
-    case outcome::failed:
-      return "failed";
-  }
-  return "unknown";
-}
-
-}  // namespace ev
-
 std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint64_t generation, int32_t world_size) {
   auto& w = rows_[r.step()];
   w.world = world_size;
@@ -73,10 +45,21 @@ recovery_record begin_generation(uint64_t generation, bool first, plan_cause cau
 
 std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb::rank_status& s) {
   rec.resumed_step = std::max(rec.resumed_step, s.step());
-  const auto& src = s.state_source();
-  if ((src != "peer" && src != "disk") || rec.restored_logged) return std::nullopt;
+  ev::state_source src = ev::state_source::local;
+  if (!ev::from_string(s.state_source(), src) || (src != ev::state_source::peer && src != ev::state_source::disk) || rec.restored_logged)
+    return std::nullopt;
   rec.restored_logged = true;
-  return ev::checkpoint_restored{s.step(), src, rec.generation, s.state_root(), s.state_bytes(), s.state_transfer_s()};
+  ev::checkpoint_restored r;
+  r.step = s.step();
+  r.source = src;
+  r.generation = rec.generation;
+  r.root = s.state_root();
+  if (src == ev::state_source::peer && s.state_bytes() > 0) {
+    r.bytes = s.state_bytes();
+    r.transfer_s = s.state_transfer_s();
+    if (s.state_transfer_s() > 0) r.gb_per_s = static_cast<double>(s.state_bytes()) / s.state_transfer_s() / 1e9;
+  }
+  return r;
 }
 
 std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64_t step, int32_t world_size, clock_time now) {
@@ -86,7 +69,7 @@ std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64
   ev::recovery_done d;
   d.generation = rec.generation;
   d.world_size = world_size;
-  d.cause = to_string(rec.cause);
+  d.cause = rec.cause;
   d.drain = rec.drain;
   // Without a READY report (a rank that was already at its step), the
   // generation resumed from the step before the first one it completed.

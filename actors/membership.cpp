@@ -6,32 +6,6 @@
 
 namespace dtactor {
 
-const char* to_string(plan_cause c) {
-  switch (c) {
-    case plan_cause::none:
-      return "none";
-    case plan_cause::node_lost:
-      return "node_lost";
-    case plan_cause::rank_exited:
-      return "rank_exited";
-    case plan_cause::collective_failure:
-      return "collective_failure";
-    case plan_cause::node_left:
-      return "node_left";
-    case plan_cause::node_joined:
-      return "node_joined";
-    case plan_cause::rank_ready:
-      return "rank_ready";
-    case plan_cause::start:
-      return "start";
-    case plan_cause::restart:
-      return "restart";
-    case plan_cause::adopted:
-      return "adopted";
-  }
-  return "unknown";
-}
-
 namespace {
 
 double seconds(clock_duration d) { return std::chrono::duration<double>(d).count(); }

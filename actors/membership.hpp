@@ -9,27 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "actors/journal_events.hpp"
 #include "actors/liveness.hpp"
 
 namespace dtactor {
 
-// Why a generation starts. The changes since the previous plan are ordered
-// most severe first (node_lost .. rank_ready): a plan's cause is the most
-// severe one. Values match pb::generation_plan::generation_cause.
-enum class plan_cause : int32_t {
-  none = 0,  // no change noted
-  node_lost = 1,
-  rank_exited = 2,
-  collective_failure = 3,
-  node_left = 4,
-  node_joined = 5,
-  rank_ready = 6,
-  start = 7,    // the first generation of a job
-  restart = 8,  // a new coordinator could not adopt the running generation
-  adopted = 9,  // a new coordinator took over the running generation
-};
-// Stable lower-case names ("node_lost", ...), used in the journal and metrics.
-const char* to_string(plan_cause c);
+// Why a generation starts: its names are the journal's (actors/journal_events.hpp).
+using ev::plan_cause;
 
 struct membership_options {
   // cluster.min_nodes: nodes with a ready rank the job waits for before its

@@ -111,7 +111,7 @@ void on_leave(membership_self self, const inbound& in) {
 void refuse_node(membership_self self, const std::string& id, const std::string& why) {
   auto& st = self->state;
   log_line(st.opts.log, why);
-  emit(self, ev::node_error{id, why});
+  emit(self, ev::job_error{id, why});
   st.members.remove(id, self->clock().now(), departure::left);
   auto env = make_envelope(st.opts.header, current_generation(st));
   env.mutable_shutdown()->set_reason(why);
@@ -175,7 +175,7 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   auto env = make_envelope(st.opts.header, p.generation);
   *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.newest_checkpoint_step);
   const auto& wp = env.generation_plan();
-  ev::generation_started started{p.generation, p.world_size, to_string(p.cause), p.drain, start_step, wp.state_root(), {}};
+  ev::generation_started started{p.generation, p.world_size, p.cause, p.drain, start_step, wp.state_root(), {}};
   for (const auto& n : p.nodes) started.nodes.push_back(n.node_id);
   emit(self, std::move(started));
   for (const auto& n : p.nodes) {

@@ -98,7 +98,7 @@ int run_coordinator(const cluster_cli& cli) {
     module = shipped.value();
     const std::string line = (module.uploaded ? "shipped model.file to " : "model.file is already in ") + store.location() + " as " + module.object;
     std::fprintf(stderr, "coordinator: %s\n", line.c_str());
-    jn.write("module_shipped", {{"file", cfg.get_string("model.file")}, {"object", module.object}, {"digest", module.digest}, {"uploaded", module.uploaded}});
+    jn.write(ev::module_shipped{cfg.get_string("model.file"), module.object, module.digest, module.uploaded});
   }
 
   // Resume: the newest committed checkpoint whose parts check out (read
@@ -109,7 +109,7 @@ int run_coordinator(const cluster_cli& cli) {
                                : store.newest_valid(
                                      [&](const std::string& path, const std::string& why) {
                                        std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
-                                       jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+                                       jn.write(ev::checkpoint_skipped{path, why});
                                      },
                                      true);
   if (!newest) return fail(newest.message());
@@ -119,7 +119,7 @@ int run_coordinator(const cluster_cli& cli) {
     if (auto st = check_checkpoint_compatible(meta, cfg, path); !st) return fail(st.message(), 2);
     resume_step = meta.step();
     // checkpoint_restored is journaled when a rank reports it loaded it.
-    jn.write("checkpoint_found", {{"step", resume_step}, {"path", path}});
+    jn.write(ev::checkpoint_found{resume_step, path});
     if (resume_step >= max_steps)
       std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
                    store.location().c_str(), static_cast<long long>(resume_step));
@@ -221,11 +221,7 @@ int run_coordinator(const cluster_cli& cli) {
     stop_actors();
     return fail("cannot listen on " + cli.listen + ": " + bound.message());
   }
-  jn.write("coordinator_started", {{"listen", bound.value()},
-                                   {"job_id", job_id},
-                                   {"store_port", store_port.value()},
-                                   {"metrics_port", cli.metrics_port},
-                                   {"resume_step", resume_step}});
+  jn.write(ev::coordinator_started{bound.value(), job_id, store_port.value(), cli.metrics_port, resume_step});
   std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", job_id.c_str(), bound.value().c_str(),
                static_cast<long long>(cfg.get_int("cluster.min_nodes")));
 

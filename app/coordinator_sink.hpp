@@ -41,7 +41,7 @@ class coordinator_sink {
   void on(const ev::recovery_done& e);
   void on(const ev::checkpoint_restored& e);
   void on(const ev::rank_down& e);
-  void on(const ev::node_error& e);
+  void on(const ev::job_error& e);
   void on(const ev::checkpoint_saved& e);
   void on(const ev::checkpoint_failed& e);
   void on(const ev::job_stopping& e);

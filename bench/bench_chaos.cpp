@@ -53,7 +53,7 @@ std::string fresh_dir(const std::string& base, const std::string& name) {
 
 // First journaled step after unix time `t0` (optionally at world size `world`).
 std::optional<json> first_step_after(const std::vector<json>& j, double t0, int world = 0) {
-  for (const auto& e : journal_events(j, "step"))
+  for (const auto& e : journal_events<ev::step_completed>(j))
     if (e.at("t").get<double>() >= t0 && (world == 0 || e.at("world_size") == world)) return e;
   return std::nullopt;
 }
@@ -62,7 +62,7 @@ std::optional<json> first_step_after(const std::vector<json>& j, double t0, int 
 double median_step_gap(const std::vector<json>& j, double before) {
   std::vector<double> gaps;
   double prev = -1;
-  for (const auto& e : journal_events(j, "step")) {
+  for (const auto& e : journal_events<ev::step_completed>(j)) {
     const double t = e.at("t").get<double>();
     if (t > before) break;
     if (prev > 0) gaps.push_back(t - prev);
@@ -75,7 +75,7 @@ double median_step_gap(const std::vector<json>& j, double before) {
 
 double lost_steps(const std::vector<json>& j) {
   double lost = 0;
-  for (const auto& r : journal_events(j, "recovery_done")) lost += r.value("lost_steps", 0.0);
+  for (const auto& r : journal_events<ev::recovery_done>(j)) lost += r.value("lost_steps", 0.0);
   return lost;
 }
 
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
         cl.wait_for([&](const std::vector<json>& j) { return first_step_after(j, t0, 1).has_value(); }, 60);
         auto j = cl.journal();
         if (auto s = first_step_after(j, t0, 1)) to_step.v.push_back(s->at("t").get<double>() - t0);
-        for (const auto& l : journal_events(j, "node_lost")) detect.v.push_back(l.at("t").get<double>() - t0);
+        for (const auto& l : journal_events<ev::node_lost>(j)) detect.v.push_back(l.at("t").get<double>() - t0);
         lost.v.push_back(lost_steps(j));
         std::fprintf(stderr, "%s trial %d: first step at world 1 after %.3f s\n", kind.c_str(), t, to_step.v.empty() ? -1 : to_step.v.back());
       }
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       if (!first) continue;
       // The survivor's pause: from the last step at world 2 to the first at world 1.
       double last2 = 0;
-      for (const auto& e : journal_events(j, "step"))
+      for (const auto& e : journal_events<ev::step_completed>(j))
         if (e.at("world_size") == 2) last2 = e.at("t").get<double>();
       const double st = median_step_gap(j, t0);
       pause.v.push_back(first->at("t").get<double>() - last2);
@@ -169,17 +169,17 @@ int main(int argc, char** argv) {
       if (!wait_steps(cl, 20, 1)) continue;
       cl.start_node("b");
       cl.wait_for([&](const std::vector<json>& j) {
-        auto s = journal_events(j, "step");
+        auto s = journal_events<ev::step_completed>(j);
         return !s.empty() && s.back().at("world_size") == 2;
       }, 60);
       auto j = cl.journal();
       double reg = 0;
-      for (const auto& e : journal_events(j, "node_joined"))
+      for (const auto& e : journal_events<ev::node_joined>(j))
         if (e.at("node") == "b") reg = e.at("t").get<double>();
       auto first = first_step_after(j, reg, 2);
       if (!first || reg == 0) continue;
       double last1 = 0;
-      for (const auto& e : journal_events(j, "step"))
+      for (const auto& e : journal_events<ev::step_completed>(j))
         if (e.at("world_size") == 1) last1 = e.at("t").get<double>();
       contributing.v.push_back(first->at("t").get<double>() - reg);
       paused.v.push_back(first->at("t").get<double>() - last1 - median_step_gap(j, reg));
@@ -248,10 +248,10 @@ int main(int argc, char** argv) {
       }
       cl.coord->wait(1800000);
       auto j = cl.journal();
-      auto fin = journal_events(j, "job_finished");
+      auto fin = journal_events<ev::job_finished>(j);
       rec = {{"faults", faults},
              {"by_kind", by_kind},
-             {"recoveries", journal_events(j, "recovery_done").size()},
+             {"recoveries", journal_events<ev::recovery_done>(j).size()},
              {"lost_steps", lost_steps(j)},
              {"finished", !fin.empty()},
              {"accuracy", fin.empty() ? json(nullptr) : fin[0].value("accuracy", json(nullptr))},

@@ -47,6 +47,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/journal_events.hpp"
 #include "runtime/process.hpp"
 
 using namespace dtactor;
@@ -86,7 +87,7 @@ std::vector<step_point> step_points(const std::string& journal) {
   std::vector<step_point> pts;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || j.value("event", "") != "step") continue;
+    if (j.is_discarded() || j.value("event", "") != ev::step_completed::name) continue;
     step_point p{j.at("step").get<int64_t>(), j.at("t").get<double>()};
     if (j.contains("allreduce_s")) p.allreduce_ms = 1000 * j["allreduce_s"].get<double>();
     if (j.contains("allreduce_exposed_s")) p.exposed_ms = 1000 * j["allreduce_exposed_s"].get<double>();

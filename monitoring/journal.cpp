@@ -28,7 +28,9 @@ uint64_t journal::failed_writes() const {
   return failed_;
 }
 
-void journal::write(const std::string& event, nlohmann::json fields) {
+void journal::write(const ev::journal_event& e) { write(ev::name_of(e), ev::to_json(e)); }
+
+void journal::write(std::string_view event, const nlohmann::json& fields) {
   nlohmann::json line = nlohmann::json::object();
   line["t"] = unix_time_now();
   line["event"] = event;

@@ -1,6 +1,7 @@
 #pragma once
 // The run's journal: JSON Lines, one event per line, each with `t` (unix time,
-// seconds, float) and `event`. Lines are written whole and flushed, so a
+// seconds, float) and `event`; the events and their fields are the schema's
+// (actors/journal_events.hpp). Lines are written whole and flushed, so a
 // crash never leaves a half line for readers (at worst a missing one).
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "actors/journal_events.hpp"
 #include "runtime/fs.hpp"
 #include "dtactor/result.hpp"
 #include "runtime/unix_time.hpp"
@@ -27,14 +29,16 @@ class journal {
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
 
-  // Writes {"t": now, "event": event, ...fields}. Thread-safe. A line the
-  // disk refuses (full, I/O error) is cut back off, so the file never holds
-  // half a line; the first such failure is reported on stderr in one line,
-  // and every one is counted.
-  void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
+  // Writes {"t": now, "event": name_of(e), ...to_json(e)}. Thread-safe. A
+  // line the disk refuses (full, I/O error) is cut back off, so the file
+  // never holds half a line; the first such failure is reported on stderr in
+  // one line, and every one is counted.
+  void write(const ev::journal_event& e);
   uint64_t failed_writes() const;
 
  private:
+  void write(std::string_view event, const nlohmann::json& fields);
+
   mutable std::mutex mu_;
   int fd_ = -1;
   fs_env* env_ = nullptr;

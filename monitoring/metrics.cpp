@@ -223,9 +223,11 @@ metrics::metrics(const std::string& job)
                             .Labels(c)
                             .Register(r);
   // Exported at 0 from the start, so that increase() and rate() see the first
-  // recovery of each cause (a series born at 1 shows no increase).
-  for (const char* cause : {"node_lost", "node_left", "node_joined", "rank_exited", "rank_failed", "collective_failure"})
-    recoveries_family_->Add({{"cause", cause}});
+  // recovery of each cause (a series born at 1 shows no increase): every
+  // cause a recovery_done can carry (not start, adopted or none).
+  for (auto cause : {ev::plan_cause::node_lost, ev::plan_cause::rank_exited, ev::plan_cause::collective_failure, ev::plan_cause::node_left,
+                     ev::plan_cause::node_joined, ev::plan_cause::rank_ready, ev::plan_cause::restart})
+    recoveries(cause);
   dropped_family_ = &prometheus::BuildCounter()
                          .Name("dtactor_wire_dropped_frames_total")
                          .Help("ZeroMQ frames refused or undeliverable, by kind.")
@@ -293,8 +295,8 @@ metrics::metrics(const std::string& job)
 
 metrics::~metrics() { server_.reset(); }  // no scrape may run while members go
 
-prometheus::Counter& metrics::recoveries(const std::string& cause) {
-  return recoveries_family_->Add({{"cause", cause}});
+prometheus::Counter& metrics::recoveries(ev::plan_cause cause) {
+  return recoveries_family_->Add({{"cause", ev::to_string(cause)}});
 }
 
 prometheus::Counter& metrics::wire_dropped_frames(const std::string& kind) {

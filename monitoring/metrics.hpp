@@ -32,6 +32,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "actors/journal_events.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {
@@ -79,9 +80,9 @@ class metrics {
 
   // ---- counters ----
   prometheus::Counter& samples() { return *samples_; }  // dtactor_samples_total
-  // dtactor_recoveries_total{cause}: cause is one of a small fixed set
-  // ("node_lost", "rank_failed", "node_left", "node_joined", "restore", ...).
-  prometheus::Counter& recoveries(const std::string& cause);
+  // dtactor_recoveries_total{cause}: the cause's journal name
+  // (ev::plan_cause: "node_lost", "rank_exited", "node_left", ...).
+  prometheus::Counter& recoveries(ev::plan_cause cause);
   prometheus::Counter& lost_steps() { return *lost_steps_; }  // completed steps a recovery did not resume from
   // dtactor_wire_dropped_frames_total{kind}: kind is wire::to_string(drop_kind).
   prometheus::Counter& wire_dropped_frames(const std::string& kind);

@@ -9,33 +9,12 @@
 #include <set>
 #include <sstream>
 
+#include "actors/journal_events.hpp"
 #include "runtime/fs.hpp"
 
 namespace dtactor {
 
 namespace {
-
-using nlohmann::json;
-
-double num(const json& j, const char* key, double fallback = 0) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
-}
-
-int64_t integer(const json& j, const char* key, int64_t fallback = 0) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? static_cast<int64_t>(it->get<double>()) : fallback;
-}
-
-std::string str(const json& j, const char* key, const std::string& fallback = "") {
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
-}
-
-// Fields of an eval event that are not metrics.
-bool is_eval_bookkeeping(const std::string& k) {
-  return k == "t" || k == "event" || k == "step" || k == "duration_s" || k == "examples" || k == "generation";
-}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -151,36 +130,35 @@ bool report_lower_is_better(const std::string& metric) {
 
 result<run_digest> digest_journal(std::istream& in, const std::string& name) {
   run_digest d;
-  std::string line;
+  std::string text;
   int64_t line_no = 0;
   run_digest::session* current = nullptr;
   std::map<std::string, size_t> open_losses;  // node -> index in recoveries awaiting recovery_done
-  while (std::getline(in, line)) {
+  while (std::getline(in, text)) {
     ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("event") || !j["event"].is_string())
-      return make_error(name + " line " + std::to_string(line_no) +
-                        " is not a journal event (a JSON object with an \"event\" field); fix or remove that line");
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto read = ev::read_journal_line(text);
+    if (!read)
+      return make_error(name + " line " + std::to_string(line_no) + " is not a journal event (" + read.message() + "); fix or remove that line");
     ++d.events;
-    const std::string ev = j["event"].get<std::string>();
-    const double t = num(j, "t");
+    if (!read.value()) continue;  // a newer writer's event
+    const double t = read.value()->t;
+    const ev::journal_event& event = read.value()->event;
     // `dtactor tune-batch` runs before (or between) trainings: its events
     // are not part of a training session.
-    if (ev == "batch_size_search_started") {
+    if (auto* e = std::get_if<ev::batch_size_search_started>(&event)) {
       d.batch_trials.clear();
       d.batch_found = -1;
-      d.batch_budget_bytes = num(j, "max_memory_bytes");
+      d.batch_budget_bytes = static_cast<double>(e->max_memory_bytes);
       continue;
     }
-    if (ev == "batch_size_trial") {
-      d.batch_trials.push_back({integer(j, "micro_batch"), j.contains("fits") && j["fits"].is_boolean() && j["fits"].get<bool>(),
-                                num(j, "peak_rss_bytes"), num(j, "samples_per_s"), str(j, "reason", "")});
+    if (auto* e = std::get_if<ev::batch_size_trial>(&event)) {
+      d.batch_trials.push_back({e->micro_batch, e->fits, e->peak_rss_bytes, e->samples_per_s.value_or(0), e->reason.value_or("")});
       continue;
     }
-    if (ev == "batch_size_found") {
-      d.batch_found = integer(j, "micro_batch");
-      d.batch_limited_by_up_to = j.contains("limited_by_up_to") && j["limited_by_up_to"].is_boolean() && j["limited_by_up_to"].get<bool>();
+    if (auto* e = std::get_if<ev::batch_size_found>(&event)) {
+      d.batch_found = e->micro_batch;
+      d.batch_limited_by_up_to = e->limited_by_up_to.value_or(false);
       continue;
     }
     if (t > 0) {
@@ -189,22 +167,22 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
     }
     // A start of `dtactor train` (job_started) or of a coordinator: a new
     // session, except a job_started inside a coordinator's session.
-    if (ev == "coordinator_started" || (ev == "job_started" && !(current && current->kind == "cluster"))) {
-      d.sessions.push_back({t, t, ev == "job_started" ? "train" : "cluster"});
+    const auto* job_start = std::get_if<ev::job_started>(&event);
+    const auto* coordinator_start = std::get_if<ev::coordinator_started>(&event);
+    if (coordinator_start || (job_start && !(current && current->kind == "cluster"))) {
+      d.sessions.push_back({t, t, job_start ? "train" : "cluster"});
       current = &d.sessions.back();
       d.outcome = "interrupted";
       d.outcome_detail.clear();
       open_losses.clear();
     }
-    if (ev == "job_started" || ev == "coordinator_started") {
-      if (ev == "job_started") {
-        d.model = str(j, "model", d.model);
-        d.parameters = integer(j, "parameters", d.parameters);
-        d.max_steps = integer(j, "max_steps", d.max_steps);
-        d.global_batch_size = integer(j, "global_batch_size", d.global_batch_size);
-      } else {
-        d.job_id = str(j, "job_id", d.job_id);
-      }
+    if (job_start) {
+      d.model = job_start->model.empty() ? d.model : job_start->model;
+      if (job_start->parameters) d.parameters = job_start->parameters;
+      if (job_start->max_steps) d.max_steps = job_start->max_steps;
+      if (job_start->global_batch_size) d.global_batch_size = job_start->global_batch_size;
+    } else if (coordinator_start) {
+      if (!coordinator_start->job_id.empty()) d.job_id = coordinator_start->job_id;
     } else if (!current && t > 0) {
       // A journal that does not begin with a start event (older writers).
       d.sessions.push_back({t, t, "unknown"});
@@ -212,108 +190,94 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
     }
     if (current && t > 0) current->end = std::max(current->end, t);
 
-    if (ev == "step") {
-      run_digest::point p;
-      p.step = integer(j, "step");
-      p.t = t;
-      p.loss = num(j, "loss", NAN);
-      if (j.contains("loss") && j["loss"].is_null()) p.loss = NAN;  // a non-finite loss is written as null
-      p.samples_per_s = num(j, "samples_per_s");
-      p.world_size = static_cast<int>(integer(j, "world_size", 1));
-      d.steps.push_back(p);
-      d.last_step = std::max(d.last_step, p.step);
-    } else if (ev == "eval") {
-      run_digest::eval_point e;
-      e.step = integer(j, "step");
-      e.t = t;
-      for (auto& [k, v] : j.items())
-        if (!is_eval_bookkeeping(k) && v.is_number()) e.metrics[k] = v.get<double>();
-      if (j.contains("examples") && j["examples"].is_array())
-        for (const auto& x : j["examples"])
-          if (x.is_string()) e.examples.push_back(x.get<std::string>());
-      d.evals.push_back(std::move(e));
-    } else if (ev == "generation_started") {
-      run_digest::generation g;
-      g.number = static_cast<uint64_t>(integer(j, "generation"));
-      g.t = t;
-      g.world_size = static_cast<int>(integer(j, "world_size"));
-      g.start_step = integer(j, "start_step");
-      if (j.contains("nodes") && j["nodes"].is_array())
-        for (const auto& n : j["nodes"])
-          if (n.is_string()) g.nodes.push_back(n.get<std::string>());
-      d.generations.push_back(std::move(g));
-    } else if (ev == "node_joined") {
-      d.nodes_joined.push_back(str(j, "node", "?"));
-    } else if (ev == "node_lost" || ev == "node_left") {
-      run_digest::recovery r;
-      r.t = t;
-      r.node = str(j, "node", "?");
-      r.cause = ev == "node_left" ? (j.contains("reason") ? "node_left: " + str(j, "reason") : "node_left") : str(j, "cause", "node_lost");
-      r.detected_after_s = num(j, "detected_after_s", -1);
-      d.recoveries.push_back(r);
-      open_losses[r.node] = d.recoveries.size() - 1;
-    } else if (ev == "recovery_done") {
-      // Closes every loss it recovered from; a recovery with no journaled
-      // loss before it (e.g. a rank restart) gets its own row.
-      bool matched = false;
-      for (auto& [node, idx] : open_losses) {
-        auto& r = d.recoveries[idx];
-        r.duration_s = num(j, "duration_s", -1);
-        r.lost_steps = integer(j, "lost_steps", -1);
-        r.resumed_step = integer(j, "resumed_step", -1);
-        r.generation = static_cast<uint64_t>(integer(j, "generation"));
-        r.world_size = static_cast<int>(integer(j, "world_size"));
-        matched = true;
-      }
-      open_losses.clear();
-      if (!matched) {
-        run_digest::recovery r;
-        r.t = t;
-        r.cause = str(j, "cause", "recovery");
-        r.node = str(j, "node", "");
-        r.duration_s = num(j, "duration_s", -1);
-        r.lost_steps = integer(j, "lost_steps", -1);
-        r.resumed_step = integer(j, "resumed_step", -1);
-        r.generation = static_cast<uint64_t>(integer(j, "generation"));
-        r.world_size = static_cast<int>(integer(j, "world_size"));
-        d.recoveries.push_back(r);
-      }
-    } else if (ev == "resources" && j.contains("ranks") && j["ranks"].is_array()) {
-      for (const auto& r : j["ranks"]) {
-        if (!r.is_object()) continue;
-        const std::string node = str(r, "node", "?");
-        const int rank = static_cast<int>(integer(r, "rank"));
-        auto& rr = d.resources[node + "/" + std::to_string(rank)];
-        rr.node = node;
-        rr.rank = rank;
-        rr.peak_rss_bytes = std::max(rr.peak_rss_bytes, num(r, "peak_rss_bytes"));
-        rr.cpu_s = num(r, "cpu_s", rr.cpu_s);
-        rr.elapsed_s = num(r, "elapsed_s", rr.elapsed_s);
-      }
-    } else if (ev == "checkpoint_saved") {
-      ++d.checkpoints_saved;
-      d.last_checkpoint_step = integer(j, "step");
-      d.last_checkpoint_bytes = num(j, "bytes");
-      d.checkpoint_seconds_total += num(j, "duration_s");
-    } else if (ev == "checkpoint_skipped" || ev == "checkpoint_failed") {
-      d.checkpoint_problems.push_back(ev + ": " + str(j, "path", "step " + std::to_string(integer(j, "step"))) + " (" + str(j, "reason", "?") + ")");
-    } else if (ev == "checkpoint_restored") {
-      d.restores.emplace_back(integer(j, "step"), str(j, "source", "?"));
-    } else if (ev == "rank_failed" || ev == "rank_exited") {
-      d.failures.push_back(ev + ": rank " + std::to_string(integer(j, "rank")) + " on " + str(j, "node", "?") + " at step " +
-                           std::to_string(integer(j, "step")) + " (" + str(j, "detail", "exit code " + std::to_string(integer(j, "exit_code"))) + ")");
-    } else if (ev == "job_finished") {
-      d.outcome = j.contains("error") ? "failed" : "finished";
-      d.outcome_detail = str(j, "error");
-      d.last_step = std::max(d.last_step, integer(j, "step"));
-    } else if (ev == "job_failed") {
-      d.outcome = "failed";
-      d.outcome_detail = str(j, "reason");
-      d.failures.push_back("job_failed at step " + std::to_string(integer(j, "step")) + ": " + str(j, "reason", "?"));
-    } else if (ev == "job_stopped") {
-      d.outcome = "stopped";
-      d.outcome_detail = str(j, "reason");
-    }
+    std::visit(
+        [&](const auto& e) {
+          using E = std::decay_t<decltype(e)>;
+          if constexpr (std::is_same_v<E, ev::step_completed>) {
+            run_digest::point p;
+            p.step = e.step;
+            p.t = t;
+            p.loss = e.loss;
+            p.samples_per_s = e.samples_per_s;
+            p.world_size = e.world_size > 0 ? e.world_size : 1;
+            d.steps.push_back(p);
+            d.last_step = std::max(d.last_step, p.step);
+          } else if constexpr (std::is_same_v<E, ev::eval_done>) {
+            d.evals.push_back({e.step, t, e.metrics, e.examples});
+          } else if constexpr (std::is_same_v<E, ev::generation_started>) {
+            d.generations.push_back({e.generation, t, e.world_size, e.start_step, e.nodes});
+          } else if constexpr (std::is_same_v<E, ev::node_joined>) {
+            d.nodes_joined.push_back(e.node.empty() ? "?" : e.node);
+          } else if constexpr (std::is_same_v<E, ev::node_lost> || std::is_same_v<E, ev::node_left>) {
+            run_digest::recovery r;
+            r.t = t;
+            r.node = e.node.empty() ? "?" : e.node;
+            if constexpr (std::is_same_v<E, ev::node_left>) {
+              r.cause = std::string(ev::node_left::name) + (e.reason.empty() ? "" : ": " + e.reason);
+            } else {
+              r.cause = ev::to_string(e.cause);
+              r.detected_after_s = e.detected_after_s;
+            }
+            d.recoveries.push_back(r);
+            open_losses[r.node] = d.recoveries.size() - 1;
+          } else if constexpr (std::is_same_v<E, ev::recovery_done>) {
+            // Closes every loss it recovered from; a recovery with no journaled
+            // loss before it (e.g. a rank restart) gets its own row.
+            auto close = [&e](run_digest::recovery& r) {
+              r.duration_s = e.duration_s;
+              r.lost_steps = e.lost_steps;
+              r.resumed_step = e.resumed_step;
+              r.generation = e.generation;
+              r.world_size = e.world_size;
+            };
+            for (auto& [node, idx] : open_losses) close(d.recoveries[idx]);
+            if (open_losses.empty()) {
+              run_digest::recovery r;
+              r.t = t;
+              r.cause = e.cause == ev::plan_cause::none ? "recovery" : ev::to_string(e.cause);
+              close(r);
+              d.recoveries.push_back(r);
+            }
+            open_losses.clear();
+          } else if constexpr (std::is_same_v<E, ev::resources>) {
+            for (const auto& r : e.ranks) {
+              const std::string node = r.node.empty() ? "?" : r.node;
+              auto& rr = d.resources[node + "/" + std::to_string(r.rank)];
+              rr.node = node;
+              rr.rank = r.rank;
+              rr.peak_rss_bytes = std::max(rr.peak_rss_bytes, r.peak_rss_bytes);
+              rr.cpu_s = r.cpu_s;
+              rr.elapsed_s = r.elapsed_s;
+            }
+          } else if constexpr (std::is_same_v<E, ev::checkpoint_saved>) {
+            ++d.checkpoints_saved;
+            d.last_checkpoint_step = e.step;
+            d.last_checkpoint_bytes = static_cast<double>(e.bytes);
+            d.checkpoint_seconds_total += e.duration_s;
+          } else if constexpr (std::is_same_v<E, ev::checkpoint_skipped>) {
+            d.checkpoint_problems.push_back(std::string(E::name) + ": " + e.path + " (" + (e.reason.empty() ? "?" : e.reason) + ")");
+          } else if constexpr (std::is_same_v<E, ev::checkpoint_failed>) {
+            d.checkpoint_problems.push_back(std::string(E::name) + ": step " + std::to_string(e.step) + " (" + (e.reason.empty() ? "?" : e.reason) + ")");
+          } else if constexpr (std::is_same_v<E, ev::checkpoint_restored>) {
+            d.restores.emplace_back(e.step, ev::to_string(e.source));
+          } else if constexpr (std::is_same_v<E, ev::rank_down>) {
+            d.failures.push_back(std::string(ev::name_of(e)) + ": rank " + std::to_string(e.rank) + " on " + (e.node.empty() ? "?" : e.node) +
+                                 " at step " + std::to_string(e.step) + " (" +
+                                 (e.detail.empty() ? "exit code " + std::to_string(e.exit_code) : e.detail) + ")");
+          } else if constexpr (std::is_same_v<E, ev::job_finished>) {
+            d.outcome = e.error ? "failed" : "finished";
+            d.outcome_detail = e.error.value_or("");
+            d.last_step = std::max(d.last_step, e.step);
+          } else if constexpr (std::is_same_v<E, ev::job_failed>) {
+            d.outcome = "failed";
+            d.outcome_detail = e.reason;
+            d.failures.push_back(std::string(E::name) + " at step " + std::to_string(e.step) + ": " + (e.reason.empty() ? "?" : e.reason));
+          } else if constexpr (std::is_same_v<E, ev::job_stopped>) {
+            d.outcome = "stopped";
+            d.outcome_detail = e.reason.value_or("");
+          }
+        },
+        event);
   }
   if (d.events == 0) return make_error(name + " has no events; is the run still starting?");
   return d;

@@ -120,16 +120,10 @@ void resource_book::note(int rank, const std::string& node, const proc_usage& u)
   changed_ = true;
 }
 
-nlohmann::json resource_book::to_json() const {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& [rank, r] : ranks_)
-    ranks.push_back({{"rank", rank},
-                     {"node", r.node},
-                     {"rss_bytes", r.u.rss_bytes},
-                     {"peak_rss_bytes", r.u.peak_rss_bytes},
-                     {"cpu_s", r.u.cpu_s},
-                     {"elapsed_s", r.u.age_s}});
-  return {{"ranks", ranks}};
+ev::resources resource_book::snapshot() const {
+  ev::resources out;
+  for (const auto& [rank, r] : ranks_) out.ranks.push_back({rank, r.node, r.u.rss_bytes, r.u.peak_rss_bytes, r.u.cpu_s, r.u.age_s});
+  return out;
 }
 
 bool resource_book::due(double now_unix, double period_s) {

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "actors/journal_events.hpp"
 
 namespace dtactor {
 
@@ -58,15 +58,14 @@ class rank_usage_tracker {
 };
 
 // The coordinator's (and `dtactor train`'s) book of each rank's latest usage,
-// for the journal's `resources` event:
-//   {"ranks": [{"rank", "node", "rss_bytes", "peak_rss_bytes", "cpu_s", "elapsed_s"}]}
+// for the journal's `resources` event (ev::resources).
 // Not thread-safe: one owner (the coordinator sink's job-actor events, or the training loop).
 class resource_book {
  public:
   void note(int rank, const std::string& node, const proc_usage& u);
   bool empty() const { return ranks_.empty(); }
-  // The event's fields; peaks are the largest seen for the rank.
-  nlohmann::json to_json() const;
+  // The event; peaks are the largest seen for the rank.
+  ev::resources snapshot() const;
   // True at most every `period_s` (and the first time something was noted).
   bool due(double now_unix, double period_s = 30);
 

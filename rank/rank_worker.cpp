@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "actors/journal_events.hpp"
 #include "checkpoint.pb.h"
 #include "model/trainer.hpp"
 #include "rank/agreement.hpp"
@@ -246,7 +247,7 @@ struct rank_worker::generation_run {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
   exchange_plan exchange;  // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
   std::string backend;
-  std::string source = "local";  // where the starting state came from: local, peer, disk, fresh
+  ev::state_source source = ev::state_source::local;  // where the starting state came from
   int root = 0;                  // global rank the state came from
   uint64_t transfer_bytes = 0;   // state received from a peer
   double transfer_s = 0;
@@ -402,7 +403,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       return failed(g, st.message(), state.step());
     if (auto st = load_checkpoint(state, store.value(), meta.value()); !st)
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
-    g.source = "disk";
+    g.source = ev::state_source::disk;
   }
   if (g.pg) {
     const auto words = agreement_words(state.step(), g.rank);
@@ -415,19 +416,19 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     g.root = a.root;
     if (!a.everyone_holds_it()) {
       // In place, in chunks, over the data plane (bounded extra memory).
-      int64_t from_disk = g.source == "disk" ? 1 : 0;
+      int64_t from_disk = g.source == ev::state_source::disk ? 1 : 0;
       auto sent = broadcast_state(*g.pg, g.root, state, g.timeout, g.abandon_now, from_disk);
       if (!sent) return failed(g, sent.message(), state.step());
       if (g.rank != g.root) {
         // The generation's state came from the store when its root loaded
         // it from there (every rank says so: one story in the journal).
-        g.source = from_disk ? "disk" : "peer";
+        g.source = from_disk ? ev::state_source::disk : ev::state_source::peer;
         g.transfer_bytes = sent->bytes;
         g.transfer_s = sent->seconds;
       }
     }
   }
-  if (g.source == "local" && state.step() == 0) g.source = "fresh";
+  if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
   return std::nullopt;
 }
 
@@ -517,7 +518,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     }
     if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
-    ready.set_state_source(g.source);
+    ready.set_state_source(ev::to_string(g.source));
     ready.set_state_root(g.root);
     ready.set_switch_s(now_s() - g.offered_at);
     ready.set_state_bytes(g.transfer_bytes);

@@ -56,7 +56,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   resource_book usage;
   auto note_usage = [&](bool force) {
     if (auto u = read_proc_usage()) usage.note(0, this_host_name(), *u);
-    if (usage.due(unix_time_now()) || (force && !usage.empty())) jn.write("resources", usage.to_json());
+    if (usage.due(unix_time_now()) || (force && !usage.empty())) jn.write(usage.snapshot());
   };
 
   // Resume.
@@ -73,7 +73,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     auto newest = store->newest_valid(
         [&](const std::string& path, const std::string& why) {
           prog.log("skipping checkpoint " + path + ": " + why);
-          jn.write("checkpoint_skipped", {{"path", path}, {"reason", why}});
+          jn.write(ev::checkpoint_skipped{path, why});
         },
         true);
     if (!newest) return newest.err();
@@ -86,7 +86,11 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   if (ckpt) {
     if (auto st = check_checkpoint_compatible(*ckpt, cfg, ckpt_path); !st) return st.err();
     if (auto st = load_checkpoint(state, *ckpt_from, *ckpt); !st) return make_error("'" + ckpt_path + "': " + st.message());
-    jn.write("checkpoint_restored", {{"step", ckpt->step()}, {"source", "disk"}, {"path", ckpt_path}});
+    ev::checkpoint_restored restored;
+    restored.step = ckpt->step();
+    restored.source = ev::state_source::disk;
+    restored.path = ckpt_path;
+    jn.write(restored);
     prog.log("resumed from " + ckpt_path + " at step " + std::to_string(ckpt->step()));
   }
 
@@ -94,15 +98,8 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   const int64_t global_batch = cfg.get_int("train.global_batch_size");
   const step_cadence cadence = step_cadence_of(cfg);
   const blas_info blas = describe_blas();
-  jn.write("job_started", {{"model", tk.name()},
-                           {"parameters", state.parameter_count()},
-                           {"max_steps", max_steps},
-                           {"global_batch_size", global_batch},
-                           {"world_size", 1},
-                           {"start_step", state.step()},
-                           {"threads", at::get_num_threads()},
-                           {"blas", blas.library},
-                           {"config_digest", cfg.digest()}});
+  jn.write(ev::job_started{tk.name(), state.parameter_count(), max_steps, global_batch, 1, state.step(), at::get_num_threads(), blas.library,
+                           cfg.digest()});
   prog.log("training " + tk.name() + " (" + std::to_string(state.parameter_count()) + " parameters, " + std::to_string(tk.train_size()) +
            " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
 
@@ -133,14 +130,16 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
       const auto t0 = clock_type::now();
       auto done = store->commit(std::move(meta));
       if (!done) return done.err();
-      jn.write("checkpoint_saved", {{"step", w.step()},
-                                    {"path", done->location},
-                                    {"bytes", done->bytes},
-                                    {"duration_s", seconds_since(t0)},
-                                    {"parts", 1},
-                                    {"stall_s", w.stall_s()},
-                                    {"write_s", w.write_s()},
-                                    {"bytes_per_s", w.write_s() > 0 ? static_cast<double>(done->bytes) / w.write_s() : 0.0}});
+      ev::checkpoint_saved saved;
+      saved.step = w.step();
+      saved.path = done->location;
+      saved.bytes = static_cast<int64_t>(done->bytes);
+      saved.duration_s = seconds_since(t0);
+      saved.parts = 1;
+      saved.stall_s = w.stall_s();
+      saved.write_s = w.write_s();
+      saved.bytes_per_s = w.write_s() > 0 ? static_cast<double>(done->bytes) / w.write_s() : 0.0;
+      jn.write(saved);
       prog.note_event("checkpoint " + std::to_string(w.step()));
     }
     return {};
@@ -164,10 +163,12 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     summary.last_eval = state.evaluate();
     eval_at_step = summary.last_eval.metrics;
     const auto r = eval_report_of(state.step(), summary.last_eval.metrics, summary.last_eval.examples, seconds_since(t0));
-    nlohmann::json ev = {{"step", r.step()}, {"duration_s", r.duration_s()}};
-    for (const auto& [k, v] : r.metrics()) ev[k] = v;
-    if (r.examples_size() > 0) ev["examples"] = std::vector<std::string>(r.examples().begin(), r.examples().end());
-    jn.write("eval", ev);
+    ev::eval_done done;
+    done.step = r.step();
+    done.duration_s = r.duration_s();
+    for (const auto& [k, v] : r.metrics()) done.metrics[k] = v;
+    done.examples.assign(r.examples().begin(), r.examples().end());
+    jn.write(done);
     prog.on_eval(state.step(), summary.last_eval.metrics);
     for (const auto& ex : summary.last_eval.examples) prog.log("  " + ex);
   };
@@ -185,7 +186,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     const double loss = state.train_step();
     const double dt = seconds_since(t0);
     if (!std::isfinite(loss)) {
-      jn.write("job_failed", {{"step", state.step()}, {"reason", "non-finite loss"}});
+      jn.write(ev::job_failed{state.step(), std::nullopt, "non-finite loss"});
       return make_error("loss became " + std::to_string(loss) + " at step " + std::to_string(state.step()) +
                         "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint");
     }
@@ -197,13 +198,15 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     const int64_t step = state.step();
     if (cadence.report_due(step)) {
       const double sps = static_cast<double>(window_steps * global_batch) / std::max(window_time, 1e-9);
-      jn.write("step", {{"step", step},
-                        {"loss", loss},
-                        {"loss_avg", window_loss / static_cast<double>(window_steps)},
-                        {"lr", state.lr_at(step - 1)},
-                        {"samples_per_s", sps},
-                        {"data_wait_s", take_data_wait_s() / static_cast<double>(window_steps)},
-                        {"world_size", 1}});
+      ev::step_completed line;
+      line.step = step;
+      line.world_size = 1;
+      line.loss = loss;
+      line.loss_avg = window_loss / static_cast<double>(window_steps);
+      line.lr = state.lr_at(step - 1);
+      line.samples_per_s = sps;
+      line.data_wait_s = take_data_wait_s() / static_cast<double>(window_steps);
+      jn.write(line);
       prog.on_step(step, loss, state.lr_at(step - 1), sps, 1, true);
       note_usage(false);
       window_loss = window_time = 0;
@@ -226,13 +229,18 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   summary.wall_s = seconds_since(start);
   note_usage(true);
   if (summary.finished) {
-    nlohmann::json ev = {{"step", summary.step}, {"params_digest", summary.params_digest}, {"wall_s", summary.wall_s}};
-    for (const auto& [k, v] : summary.last_eval.metrics) ev[k] = v;
-    jn.write("job_finished", ev);
+    ev::job_finished finished;
+    finished.step = summary.step;
+    finished.params_digest = summary.params_digest;
+    finished.wall_s = summary.wall_s;
+    finished.metrics = summary.last_eval.metrics;
+    jn.write(finished);
   } else {
-    jn.write("job_stopped", {{"step", summary.step},
-                             {"params_digest", summary.params_digest},
-                             {"reason", summary.stop_signal ? "signal " + std::to_string(summary.stop_signal) : "stop_at_step"}});
+    ev::job_stopped stopped;
+    stopped.step = summary.step;
+    stopped.params_digest = summary.params_digest;
+    stopped.reason = summary.stop_signal ? "signal " + std::to_string(summary.stop_signal) : "stop_at_step";
+    jn.write(stopped);
   }
   return summary;
 }

@@ -144,11 +144,7 @@ result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_opt
   if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();
   if (!std::filesystem::exists(opts.run_dir + "/config.toml"))
     if (auto st = write_file_atomic(opts.run_dir + "/config.toml", {cfg.to_toml()}); !st) return st.err();
-  jn.write("batch_size_search_started", {{"model", cfg.get_string("model.name")},
-                                         {"max_memory_bytes", res.max_memory},
-                                         {"start", opts.start},
-                                         {"up_to", up_to},
-                                         {"steps", opts.steps}});
+  jn.write(ev::batch_size_search_started{cfg.get_string("model.name"), res.max_memory, opts.start, up_to, opts.steps});
   std::printf("searching the largest micro-batch of %s from %lld up to %lld within %s per rank (%d steps per size)\n",
               cfg.get_string("model.name").c_str(), static_cast<long long>(opts.start), static_cast<long long>(up_to),
               human_bytes(static_cast<double>(res.max_memory)).c_str(), opts.steps);
@@ -219,10 +215,10 @@ result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_opt
   };
   auto record = [&](const batch_trial& t) {
     res.trials.push_back(t);
-    nlohmann::json f{{"micro_batch", t.micro_batch}, {"fits", t.fits}, {"peak_rss_bytes", t.peak_rss_bytes}};
-    if (t.fits) f["samples_per_s"] = t.samples_per_s;
-    else f["reason"] = t.why;
-    jn.write("batch_size_trial", f);
+    ev::batch_size_trial line{t.micro_batch, t.fits, t.peak_rss_bytes, std::nullopt, std::nullopt};
+    if (t.fits) line.samples_per_s = t.samples_per_s;
+    else line.reason = t.why;
+    jn.write(line);
     if (t.fits)
       std::printf("  micro-batch %lld: fits, peak %s, %.0f samples/s\n", static_cast<long long>(t.micro_batch), human_bytes(t.peak_rss_bytes).c_str(),
                   t.samples_per_s);
@@ -261,7 +257,7 @@ result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_opt
   }
   std::filesystem::remove(out_path);
   if (lo == 0) {
-    jn.write("batch_size_found", {{"micro_batch", 0}, {"max_memory_bytes", res.max_memory}});
+    jn.write(ev::batch_size_found{0, res.max_memory, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
     return make_error("even micro-batch " + std::to_string(opts.start) + " does not fit in " + human_bytes(static_cast<double>(res.max_memory)) +
                       " per rank: " + res.trials.front().why);
   }
@@ -270,12 +266,8 @@ result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_opt
   const batch_trial* best = nullptr;
   for (const auto& t : res.trials)
     if (t.fits && t.micro_batch == lo) best = &t;
-  jn.write("batch_size_found", {{"micro_batch", lo},
-                                {"max_memory_bytes", res.max_memory},
-                                {"peak_rss_bytes", best ? best->peak_rss_bytes : 0.0},
-                                {"samples_per_s", best ? best->samples_per_s : 0.0},
-                                {"limited_by_up_to", res.limited_by_up_to},
-                                {"trials", static_cast<int64_t>(res.trials.size())}});
+  jn.write(ev::batch_size_found{lo, res.max_memory, best ? best->peak_rss_bytes : 0.0, best ? best->samples_per_s : 0.0, res.limited_by_up_to,
+                                static_cast<int64_t>(res.trials.size())});
   return res;
 }
 

@@ -30,14 +30,14 @@ inline void expect_finished_without_loss(cluster& cl, int64_t max_steps, int exp
   ASSERT_TRUE(done) << "the job did not finish\n" << cl.logs();
   EXPECT_EQ(done->exit_code, 0) << done->describe() << "\n" << cl.logs();
   auto j = cl.journal();
-  auto fin = journal_events(j, "job_finished");
+  auto fin = journal_events<ev::job_finished>(j);
   ASSERT_EQ(fin.size(), 1u) << cl.logs();
   EXPECT_EQ(fin[0].at("step"), max_steps);
   EXPECT_FALSE(fin[0].contains("error")) << fin[0].dump();
   if (expect_world > 0) {
     EXPECT_EQ(fin[0].at("world_size"), expect_world);
   }
-  for (const auto& r : journal_events(j, "recovery_done")) {
+  for (const auto& r : journal_events<ev::recovery_done>(j)) {
     EXPECT_EQ(r.at("lost_steps"), 0) << r.dump() << "\n" << cl.logs();
   }
   // Steps are journaled once every rank reported them: a recovery resumes
@@ -45,7 +45,7 @@ inline void expect_finished_without_loss(cluster& cl, int64_t max_steps, int exp
   int64_t prev = 0;
   uint64_t gen = 0;
   for (const auto& e : j) {
-    if (e.at("event") != "step") continue;
+    if (e.at("event").get<std::string>() != ev::step_completed::name) continue;
     const int64_t s = e.at("step").get<int64_t>();
     const uint64_t g = e.value("generation", uint64_t{0});
     if (g == gen) {

@@ -29,6 +29,7 @@ namespace dtactor {
 namespace {
 
 using testing::events;
+using testing::events_named;
 using testing::read_journal;
 using testing::temp_dir;
 using testing::cluster;
@@ -52,7 +53,7 @@ TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
   ASSERT_EQ(ranks_b.size(), 1u);
   ASSERT_EQ(::kill(ranks_b[0], SIGKILL), 0);
   ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
-    for (const auto& r : events(j, "recovery_done"))
+    for (const auto& r : events<ev::recovery_done>(j))
       if (r.at("world_size") == 2) return true;
     return false;
   })) << cl.logs();
@@ -60,9 +61,9 @@ TEST(Chaos, KillOfARankProcessIsRecoveredWithoutRestartingOthers) {
   EXPECT_EQ(descendants(cl.nodes.at("a").pid()), ranks_a);
   expect_finished_without_loss(cl, 300, 2);
   auto j = cl.journal();
-  EXPECT_GE(events(j, "rank_exited").size(), 1u);
-  EXPECT_GE(events(j, "checkpoint_restored").size(), 1u);  // the new rank process got the state from a peer
-  for (const auto& r : events(j, "checkpoint_restored")) EXPECT_EQ(r.at("source"), "peer");
+  EXPECT_GE(events_named(j, ev::rank_down::exited_name).size(), 1u);
+  EXPECT_GE(events<ev::checkpoint_restored>(j).size(), 1u);  // the new rank process got the state from a peer
+  for (const auto& r : events<ev::checkpoint_restored>(j)) EXPECT_EQ(r.at("source"), "peer");
 }
 
 // The job waited for both nodes (cluster.min_nodes=2, the start gate) and
@@ -74,14 +75,14 @@ TEST(Chaos, KillOfANodeShrinksTheJob) {
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   auto survivor = descendants(cl.nodes.at("a").pid());
   cl.signal_node("b", SIGKILL);
-  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "recovery_done").empty(); })) << cl.logs();
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::recovery_done>(j).empty(); })) << cl.logs();
   EXPECT_EQ(descendants(cl.nodes.at("a").pid()), survivor);  // no survivor restarted
   expect_finished_without_loss(cl, 300, 1);
   auto j = cl.journal();
-  auto lost = events(j, "node_lost");
+  auto lost = events<ev::node_lost>(j);
   ASSERT_EQ(lost.size(), 1u) << cl.logs();
   EXPECT_EQ(lost[0].at("node"), "b");
-  auto rec = events(j, "recovery_done");
+  auto rec = events<ev::recovery_done>(j);
   ASSERT_GE(rec.size(), 1u);
   EXPECT_EQ(rec[0].at("world_size"), 1);
   EXPECT_EQ(rec[0].at("cause"), "node_lost");
@@ -96,12 +97,12 @@ TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) {
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   const auto t0 = std::chrono::steady_clock::now();
   cl.signal_node("b", SIGSTOP);
-  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "recovery_done").empty(); })) << cl.logs();
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::recovery_done>(j).empty(); })) << cl.logs();
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Far below Gloo's collective timeout (30 s): the blocked allreduce was abandoned.
   EXPECT_LT(took, 10.0);
   expect_finished_without_loss(cl, 300, 1);
-  auto lost = events(cl.journal(), "node_lost");
+  auto lost = events<ev::node_lost>(cl.journal());
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].at("node"), "b");
   EXPECT_LT(lost[0].at("detected_after_s").get<double>(), 3.0);
@@ -120,10 +121,10 @@ TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) {
   EXPECT_EQ(e->exit_code, 128 + SIGTERM) << e->describe();
   expect_finished_without_loss(cl, 300, 1);
   auto j = cl.journal();
-  ASSERT_EQ(events(j, "node_left").size(), 1u) << cl.logs();
-  EXPECT_TRUE(events(j, "node_lost").empty());
-  EXPECT_TRUE(events(j, "rank_failed").empty()) << cl.logs();
-  auto rec = events(j, "recovery_done");
+  ASSERT_EQ(events<ev::node_left>(j).size(), 1u) << cl.logs();
+  EXPECT_TRUE(events<ev::node_lost>(j).empty());
+  EXPECT_TRUE(events_named(j, ev::rank_down::failed_name).empty()) << cl.logs();
+  auto rec = events<ev::recovery_done>(j);
   ASSERT_GE(rec.size(), 1u);
   EXPECT_EQ(rec[0].at("cause"), "node_left");
   EXPECT_EQ(rec[0].at("drain"), true);
@@ -139,11 +140,11 @@ TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) {
   ASSERT_EQ(cl.start_node("b"), "");
   expect_finished_without_loss(cl, 1500, 2);
   auto j = cl.journal();
-  auto restored = events(j, "checkpoint_restored");
+  auto restored = events<ev::checkpoint_restored>(j);
   ASSERT_GE(restored.size(), 1u) << cl.logs();
   EXPECT_EQ(restored[0].at("source"), "peer");
   EXPECT_GE(restored[0].at("step").get<int64_t>(), 30);
-  auto rec = events(j, "recovery_done");
+  auto rec = events<ev::recovery_done>(j);
   ASSERT_GE(rec.size(), 1u);
   EXPECT_EQ(rec.back().at("world_size"), 2);
   EXPECT_EQ(rec.back().at("drain"), true);
@@ -154,13 +155,13 @@ TEST(Chaos, EveryNodeLostThenNewNodesResumeFromDisk) {
   cluster cl(d.path(), job_sets(200, {"cluster.min_nodes=2"}));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
-    auto c = events(j, "checkpoint_saved");
+    auto c = events<ev::checkpoint_saved>(j);
     return !c.empty() && c.back().at("step").get<int64_t>() >= 40;
   })) << cl.logs();
   cl.signal_node("a", SIGKILL);
   cl.signal_node("b", SIGKILL);
-  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return events(j, "node_lost").size() >= 2; })) << cl.logs();
-  const int64_t saved = events(cl.journal(), "checkpoint_saved").back().at("step").get<int64_t>();
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return events<ev::node_lost>(j).size() >= 2; })) << cl.logs();
+  const int64_t saved = events<ev::checkpoint_saved>(cl.journal()).back().at("step").get<int64_t>();
   ASSERT_EQ(cl.start_node("c"), "");
   ASSERT_EQ(cl.start_node("d"), "");
   auto done = cl.coord->wait(150000);
@@ -168,10 +169,10 @@ TEST(Chaos, EveryNodeLostThenNewNodesResumeFromDisk) {
   EXPECT_EQ(done->exit_code, 0) << cl.logs();
   auto j = cl.journal();
   bool from_disk = false;
-  for (const auto& r : events(j, "checkpoint_restored"))
+  for (const auto& r : events<ev::checkpoint_restored>(j))
     if (r.at("source") == "disk" && r.at("step").get<int64_t>() == saved) from_disk = true;
   EXPECT_TRUE(from_disk) << cl.logs();
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("step"), 200);
   EXPECT_FALSE(fin[0].contains("error"));
@@ -182,10 +183,10 @@ TEST(Chaos, TruncatedNewestCheckpointIsSkipped) {
   {
     cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=2"}));
     ASSERT_EQ(cl.start({"a", "b"}), "");
-    ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return events(j, "checkpoint_saved").size() >= 3; })) << cl.logs();
+    ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return events<ev::checkpoint_saved>(j).size() >= 3; })) << cl.logs();
     // Everything vanishes at once (the destructor kills -9).
   }
-  auto saved = events(read_journal(d.path() + "/journal.jsonl"), "checkpoint_saved");
+  auto saved = events<ev::checkpoint_saved>(read_journal(d.path() + "/journal.jsonl"));
   ASSERT_GE(saved.size(), 3u);
   // The newest file that is still on disk (rotation keeps the last few).
   std::string newest;
@@ -211,14 +212,14 @@ TEST(Chaos, TruncatedNewestCheckpointIsSkipped) {
   EXPECT_EQ(done->exit_code, 0) << cl.logs();
   auto j = cl.journal();
   bool skipped = false;
-  for (const auto& s : events(j, "checkpoint_skipped"))
+  for (const auto& s : events<ev::checkpoint_skipped>(j))
     if (s.at("path") == newest) skipped = true;
   EXPECT_TRUE(skipped) << cl.logs();
-  auto restored = events(j, "checkpoint_restored");
+  auto restored = events<ev::checkpoint_restored>(j);
   ASSERT_FALSE(restored.empty());
   EXPECT_EQ(restored.back().at("source"), "disk");
   EXPECT_LT(restored.back().at("step").get<int64_t>(), newest_step);
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_FALSE(fin.empty());
   EXPECT_EQ(fin.back().at("step"), newest_step + 40);
 }
@@ -253,30 +254,30 @@ TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
     auto watch = [&](const std::function<bool(const std::vector<json>&)>& pred) {
       return cl.wait_for([&](const std::vector<json>& j) {
         const double now = peak_rss_of(coord_pid);
-        if (coord_at_start == 0 && !events(j, "coordinator_started").empty()) coord_at_start = now;
+        if (coord_at_start == 0 && !events<ev::coordinator_started>(j).empty()) coord_at_start = now;
         coord_peak = std::max(coord_peak, now);
         return pred(j);
       }, 240);
     };
     ASSERT_TRUE(watch([](const std::vector<json>& j) {
-      auto c = events(j, "checkpoint_saved");
+      auto c = events<ev::checkpoint_saved>(j);
       return !c.empty() && c.back().at("step").get<int64_t>() >= 10;
     })) << cl.logs();
     cl.signal_node("b", SIGKILL);
-    ASSERT_TRUE(watch([](const std::vector<json>& j) { return !events(j, "node_lost").empty(); })) << cl.logs();
+    ASSERT_TRUE(watch([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
     ASSERT_EQ(cl.start_node("c"), "");
-    ASSERT_TRUE(watch([](const std::vector<json>& j) { return !events(j, "job_finished").empty(); })) << cl.logs();
+    ASSERT_TRUE(watch([](const std::vector<json>& j) { return !events<ev::job_finished>(j).empty(); })) << cl.logs();
     expect_finished_without_loss(cl, 60, 2);
     auto j = cl.journal();
     bool from_peer = false;
-    for (const auto& r : events(j, "checkpoint_restored"))
+    for (const auto& r : events<ev::checkpoint_restored>(j))
       if (r.at("source") == "peer") {
         from_peer = true;
         EXPECT_GT(r.at("bytes").get<double>(), 30e6) << r.dump();
       }
     EXPECT_TRUE(from_peer) << cl.logs();
-    for (const auto& e : events(j, "rank_exited")) EXPECT_NE(e.at("exit_code"), 137) << "a rank was killed as hung: " << e.dump();
-    auto saved = events(j, "checkpoint_saved");
+    for (const auto& e : events_named(j, ev::rank_down::exited_name)) EXPECT_NE(e.at("exit_code"), 137) << "a rank was killed as hung: " << e.dump();
+    auto saved = events<ev::checkpoint_saved>(j);
     ASSERT_GE(saved.size(), 8u) << cl.logs();
     double committed = 0;
     for (const auto& c : saved) {
@@ -302,10 +303,10 @@ TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
   EXPECT_EQ(done->exit_code, 0) << cl.logs();
   auto j = cl.journal();
   bool resumed = false;
-  for (const auto& r : events(j, "checkpoint_restored"))
+  for (const auto& r : events<ev::checkpoint_restored>(j))
     if (r.at("source") == "disk" && r.at("step") == 60) resumed = true;
   EXPECT_TRUE(resumed) << cl.logs();
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_FALSE(fin.empty());
   EXPECT_EQ(fin.back().at("step"), 70);
   EXPECT_EQ(fin.back().at("world_size"), 3);
@@ -332,7 +333,7 @@ TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
   ASSERT_TRUE(cl.wait_step(60, 2)) << cl.logs();
   cl.signal_node("b", SIGKILL);
   expect_finished_without_loss(cl, 300, 1);
-  auto fin = events(cl.journal(), "job_finished");
+  auto fin = events<ev::job_finished>(cl.journal());
   ASSERT_EQ(fin.size(), 1u);
   const double ours = fin[0].at("accuracy").get<double>();
   EXPECT_GT(ours, 0.6);
@@ -370,7 +371,7 @@ TEST(Chaos, BatchNormBuffersStayEqualAcrossRanks) {
   ASSERT_TRUE(cl.wait_step(40, 3)) << cl.logs();
   cl.signal_node("c", SIGKILL);  // a new generation of two
   expect_finished_without_loss(cl, 1500, 2);
-  for (const auto& f : events(cl.journal(), "rank_failed")) EXPECT_EQ(f.at("detail").get<std::string>().find("differ"), std::string::npos) << f.dump();
+  for (const auto& f : events_named(cl.journal(), ev::rank_down::failed_name)) EXPECT_EQ(f.at("detail").get<std::string>().find("differ"), std::string::npos) << f.dump();
 }
 
 // A node whose copy of the data differs (here: one changed number, seen
@@ -403,13 +404,13 @@ TEST(Chaos, ANodeWithDifferentDataIsRefusedNeverTrainedOn) {
   auto end = b->wait(120000);
   ASSERT_TRUE(end) << cl.logs();
   EXPECT_EQ(end->exit_code, 1) << cl.logs();
-  auto errors = events(cl.journal(), "job_error");
+  auto errors = events<ev::job_error>(cl.journal());
   ASSERT_EQ(errors.size(), 1u) << cl.logs();
   EXPECT_EQ(errors[0].at("node"), "b");
   EXPECT_NE(errors[0].at("message").get<std::string>().find("data file '" + fix.path() + "/x_train.npy' on node 'b' differs from the coordinator's"),
             std::string::npos)
       << errors[0].dump();
-  for (const auto& g : events(cl.journal(), "generation_started"))
+  for (const auto& g : events<ev::generation_started>(cl.journal()))
     for (const auto& n : g.at("nodes")) EXPECT_NE(n, "b") << "never planned in";
   std::ifstream f(d.path() + "/node-b.log");
   std::stringstream ss;
@@ -436,8 +437,8 @@ TEST(Chaos, NodesTrainTheModuleTheCoordinatorShippedWithoutACopyOfTheirOwn) {
                                          "cluster.digest_every_steps=10"};
   cluster cl(d.path(), set_flags(sets, {}));
   ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "module_shipped").empty(); })) << cl.logs();
-  auto shipped = events(cl.journal(), "module_shipped");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::module_shipped>(j).empty(); })) << cl.logs();
+  auto shipped = events<ev::module_shipped>(cl.journal());
   EXPECT_EQ(shipped[0].at("uploaded"), true);
   EXPECT_TRUE(std::filesystem::exists(d.path() + "/checkpoints/" + shipped[0].at("object").get<std::string>()));
   std::filesystem::remove(module);
@@ -453,9 +454,9 @@ TEST(Chaos, NodesTrainTheModuleTheCoordinatorShippedWithoutACopyOfTheirOwn) {
   ASSERT_EQ(cl.start_node("b"), "");
   if (old_tmp) ::setenv("TMPDIR", saved_tmp.c_str(), 1);
   else ::unsetenv("TMPDIR");
-  const int64_t at = events(cl.journal(), "step").back().at("step").get<int64_t>();
+  const int64_t at = events<ev::step_completed>(cl.journal()).back().at("step").get<int64_t>();
   ASSERT_TRUE(cl.wait_step(at + 40, 2)) << cl.logs();
-  EXPECT_TRUE(events(cl.journal(), "job_error").empty()) << cl.logs();
+  EXPECT_TRUE(events<ev::job_error>(cl.journal()).empty()) << cl.logs();
   for (const char* id : {"a", "b"}) {
     std::ifstream f(d.path() + "/node-" + id + ".log");
     std::stringstream ss;
@@ -500,15 +501,15 @@ TEST(Chaos, FlappingNodeIsQuarantined) {
   // Node b crashes right after the first step it takes part in, twice.
   for (int round = 0; round < 2; ++round) {
     ASSERT_EQ(cl.start_node("b", {"--fail-at-step", "0", "--fail-mode", "crash"}), "");
-    ASSERT_TRUE(cl.wait_for([&](const std::vector<json>& j) { return static_cast<int>(events(j, "node_lost").size()) > round; })) << cl.logs();
+    ASSERT_TRUE(cl.wait_for([&](const std::vector<json>& j) { return static_cast<int>(events<ev::node_lost>(j).size()) > round; })) << cl.logs();
   }
-  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "node_quarantined").empty(); })) << cl.logs();
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_quarantined>(j).empty(); })) << cl.logs();
   // Its next attempt is refused; the job goes on with node a.
   ASSERT_EQ(cl.start_node("b"), "");
-  const int64_t now = events(cl.journal(), "step").back().at("step").get<int64_t>();
+  const int64_t now = events<ev::step_completed>(cl.journal()).back().at("step").get<int64_t>();
   ASSERT_TRUE(cl.wait_step(now + 50)) << cl.logs();
   auto j = cl.journal();
-  for (const auto& s : events(j, "step"))
+  for (const auto& s : events<ev::step_completed>(j))
     if (s.at("step").get<int64_t>() > now) {
       EXPECT_EQ(s.at("world_size"), 1) << s.dump();
     }
@@ -524,13 +525,13 @@ TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
     EXPECT_EQ(cl.start_node("a"), "");
     if (fault) {
       EXPECT_EQ(cl.start_node("b", {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
-      EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events(j, "node_lost").empty(); })) << cl.logs();
+      EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
       EXPECT_EQ(cl.start_node("b"), "");
     } else {
       EXPECT_EQ(cl.start_node("b"), "");
     }
     expect_finished_without_loss(cl, 120, 2);
-    auto fin = events(cl.journal(), "job_finished");
+    auto fin = events<ev::job_finished>(cl.journal());
     return fin.empty() ? std::string{} : fin[0].at("params_digest").get<std::string>();
   };
   temp_dir d1, d2;
@@ -538,7 +539,7 @@ TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
   const std::string faulty = run(d2.path(), true);
   ASSERT_FALSE(clean.empty());
   EXPECT_EQ(clean, faulty);
-  EXPECT_GE(events(read_journal(d2.path() + "/journal.jsonl"), "recovery_done").size(), 1u);
+  EXPECT_GE(events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl")).size(), 1u);
 }
 
 // Going on at the smaller world size: same global batch, only the order of
@@ -553,7 +554,7 @@ TEST(Chaos, ShrunkRunEndsCloseToTheUninterruptedOne) {
     EXPECT_EQ(cl.start_node("a"), "");
     EXPECT_EQ(cl.start_node("b", fault ? std::vector<std::string>{"--fail-at-step", "50", "--fail-mode", "crash"} : std::vector<std::string>{}), "");
     expect_finished_without_loss(cl, 120, fault ? 1 : 2);
-    auto fin = events(cl.journal(), "job_finished");
+    auto fin = events<ev::job_finished>(cl.journal());
     return fin.empty() ? -1.0 : fin[0].at("val_loss").get<double>();
   };
   temp_dir d1, d2;
@@ -582,12 +583,12 @@ TEST(Chaos, CoordinatorSigtermStopsWithAFinalCheckpoint) {
   ASSERT_TRUE(done) << cl.logs();
   EXPECT_EQ(done->exit_code, 128 + SIGTERM) << done->describe();
   auto j = cl.journal();
-  auto stopped = events(j, "job_stopped");
+  auto stopped = events<ev::job_stopped>(j);
   ASSERT_EQ(stopped.size(), 1u) << cl.logs();
   EXPECT_FALSE(stopped[0].contains("error")) << stopped[0].dump();  // both ranks stopped with the same parameters
   const int64_t at = stopped[0].at("step").get<int64_t>();
   EXPECT_GE(at, 30);
-  auto saved = events(j, "checkpoint_saved");
+  auto saved = events<ev::checkpoint_saved>(j);
   ASSERT_FALSE(saved.empty()) << cl.logs();
   EXPECT_EQ(saved.back().at("step"), at);
   for (auto& [id, n] : cl.nodes) {

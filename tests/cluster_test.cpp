@@ -22,6 +22,7 @@ namespace dtactor {
 namespace {
 
 using testing::events;
+using testing::events_named;
 using testing::read_journal;
 using testing::temp_dir;
 
@@ -140,16 +141,16 @@ TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   }
 
   auto j = read_journal(d.path() + "/journal.jsonl");
-  EXPECT_EQ(events(j, "node_joined").size(), 2u);
-  auto gens = events(j, "generation_started");
+  EXPECT_EQ(events<ev::node_joined>(j).size(), 2u);
+  auto gens = events<ev::generation_started>(j);
   ASSERT_EQ(gens.size(), 1u);
   EXPECT_EQ(gens[0].at("world_size"), 2);
-  auto steps = events(j, "step");
+  auto steps = events<ev::step_completed>(j);
   ASSERT_GE(steps.size(), 10u);
   for (const auto& s : steps) EXPECT_EQ(s.at("world_size"), 2);
   EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
-  EXPECT_GE(events(j, "checkpoint_saved").size(), 6u);  // every 10 steps, and the final one
-  auto fin = events(j, "job_stopped");
+  EXPECT_GE(events<ev::checkpoint_saved>(j).size(), 6u);  // every 10 steps, and the final one
+  auto fin = events<ev::job_stopped>(j);
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_GE(fin[0].at("step").get<int64_t>(), 60);
   EXPECT_FALSE(fin[0].contains("error")) << fin[0].dump();  // every rank ended with the same parameters
@@ -165,7 +166,7 @@ TEST(Cluster, LocalModeRunsAWholeJob) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->exit_code, 0) << e->describe();
   auto j = read_journal(d.path() + "/journal.jsonl");
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("world_size"), 2);
   EXPECT_EQ(fin[0].at("step"), 20);
@@ -191,11 +192,11 @@ TEST(Cluster, LongEvaluationDoesNotTimeOutPeers) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->exit_code, 0) << e->describe();
   auto j = read_journal(d.path() + "/journal.jsonl");
-  EXPECT_TRUE(events(j, "rank_failed").empty());
-  auto evals = events(j, "eval");
+  EXPECT_TRUE(events_named(j, ev::rank_down::failed_name).empty());
+  auto evals = events<ev::eval_done>(j);
   ASSERT_EQ(evals.size(), 2u);
   EXPECT_GT(evals[0].at("duration_s").get<double>(), 1.0);  // longer than the collective timeout
-  EXPECT_EQ(events(j, "job_finished").size(), 1u);
+  EXPECT_EQ(events<ev::job_finished>(j).size(), 1u);
 }
 
 // A later job in the same run directory resumes from the newest checkpoint
@@ -213,13 +214,13 @@ TEST(Cluster, ResumesFromTheRunDirectory) {
   ASSERT_EQ(run(20), 0);
   ASSERT_EQ(run(30), 0);
   auto j = read_journal(d.path() + "/journal.jsonl");
-  auto restored = events(j, "checkpoint_restored");
+  auto restored = events<ev::checkpoint_restored>(j);
   ASSERT_EQ(restored.size(), 1u);
   EXPECT_EQ(restored[0].at("step"), 20);
-  auto gens = events(j, "generation_started");
+  auto gens = events<ev::generation_started>(j);
   ASSERT_EQ(gens.size(), 2u);
   EXPECT_EQ(gens[1].at("start_step"), 20);
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_EQ(fin.size(), 2u);
   EXPECT_EQ(fin[1].at("step"), 30);
   EXPECT_FALSE(fin[1].contains("error"));
@@ -247,7 +248,7 @@ TEST(Cluster, TorchrunStyleEnvironmentLaunches) {
     ASSERT_TRUE(e);
     EXPECT_EQ(e->exit_code, 0) << e->describe();
   }
-  auto fin = events(read_journal(d.path() + "/journal.jsonl"), "job_finished");
+  auto fin = events<ev::job_finished>(read_journal(d.path() + "/journal.jsonl"));
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("world_size"), 2);
 }
@@ -278,7 +279,7 @@ bool wait_journal(const std::string& path, child_process& proc, const std::funct
 // A journal predicate: a step at or after `step` was journaled.
 std::function<bool(const std::vector<nlohmann::json>&)> reached_step(int64_t step) {
   return [step](const std::vector<nlohmann::json>& j) {
-    auto s = events(j, "step");
+    auto s = events<ev::step_completed>(j);
     return !s.empty() && s.back().at("step").get<int64_t>() >= step;
   };
 }
@@ -311,14 +312,14 @@ TEST(Cluster, TwoNodesWithoutNodeIdsOnOneHostTrainTogether) {
   ASSERT_TRUE(e) << file_text(d.path() + "/coordinator.log");
   EXPECT_EQ(e->exit_code, 0) << file_text(d.path() + "/coordinator.log");
   auto j = read_journal(d.path() + "/journal.jsonl");
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_EQ(fin.size(), 1u) << file_text(d.path() + "/coordinator.log");
   EXPECT_EQ(fin[0].at("world_size"), 2);
-  auto joined = events(j, "node_joined");
+  auto joined = events<ev::node_joined>(j);
   ASSERT_EQ(joined.size(), 2u);
   EXPECT_NE(joined[0].at("node"), joined[1].at("node"));
-  EXPECT_TRUE(events(j, "node_lost").empty());
-  EXPECT_TRUE(events(j, "node_quarantined").empty());
+  EXPECT_TRUE(events<ev::node_lost>(j).empty());
+  EXPECT_TRUE(events<ev::node_quarantined>(j).empty());
   // The second one said, in one line, which id it took instead.
   const std::string logs = file_text(d.path() + "/node0.log") + file_text(d.path() + "/node1.log");
   EXPECT_NE(logs.find("another node of this job on this machine is '"), std::string::npos) << logs;
@@ -342,13 +343,13 @@ void stop_local_by_group_signal_then_resume(int sig) {
   ASSERT_TRUE(e) << "no stop within 90 s\n" << file_text(d.path() + "/local.log");
   EXPECT_EQ(e->exit_code, 128 + sig) << e->describe() << "\n" << file_text(d.path() + "/local.log");
   auto j = read_journal(journal);
-  auto stopped = events(j, "job_stopped");
+  auto stopped = events<ev::job_stopped>(j);
   ASSERT_EQ(stopped.size(), 1u) << file_text(d.path() + "/local.log");
   EXPECT_FALSE(stopped[0].contains("error")) << stopped[0].dump();
-  EXPECT_TRUE(events(j, "job_finished").empty());
+  EXPECT_TRUE(events<ev::job_finished>(j).empty());
   const int64_t at = stopped[0].at("step").get<int64_t>();
   EXPECT_GE(at, 15);
-  auto saved = events(j, "checkpoint_saved");
+  auto saved = events<ev::checkpoint_saved>(j);
   ASSERT_FALSE(saved.empty()) << file_text(d.path() + "/local.log");
   EXPECT_EQ(saved.back().at("step"), at);
   const std::string log = file_text(d.path() + "/local.log");
@@ -364,10 +365,10 @@ void stop_local_by_group_signal_then_resume(int sig) {
   ASSERT_TRUE(e2);
   EXPECT_EQ(e2->exit_code, 0) << file_text(d.path() + "/local2.log");
   j = read_journal(journal);
-  auto restored = events(j, "checkpoint_restored");
+  auto restored = events<ev::checkpoint_restored>(j);
   ASSERT_EQ(restored.size(), 1u) << file_text(d.path() + "/local2.log");
   EXPECT_EQ(restored[0].at("step"), at);
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("step"), at + 5);
   EXPECT_NE(file_text(d.path() + "/local2.log").find("resuming from step " + std::to_string(at)), std::string::npos);
@@ -402,15 +403,15 @@ TEST(Cluster, CtrlCToCoordinatorAndNodesTogetherStillStopsAfterAFinalCheckpoint)
   ASSERT_TRUE(e) << file_text(d.path() + "/coordinator.log");
   EXPECT_EQ(e->exit_code, 128 + SIGINT) << file_text(d.path() + "/coordinator.log");
   auto j = read_journal(journal);
-  auto stopped = events(j, "job_stopped");
+  auto stopped = events<ev::job_stopped>(j);
   ASSERT_EQ(stopped.size(), 1u) << file_text(d.path() + "/coordinator.log") << file_text(d.path() + "/node0.log");
   EXPECT_FALSE(stopped[0].contains("error")) << stopped[0].dump();
-  auto saved = events(j, "checkpoint_saved");
+  auto saved = events<ev::checkpoint_saved>(j);
   ASSERT_FALSE(saved.empty());
   EXPECT_EQ(saved.back().at("step"), stopped[0].at("step"));
   // A node's leave may reach the coordinator before its own signal does (a
   // drain generation then starts); no completed step is lost either way.
-  for (const auto& r : events(j, "recovery_done")) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
+  for (const auto& r : events<ev::recovery_done>(j)) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
   for (auto& n : nodes) {
     auto ne = n.wait(30000);
     ASSERT_TRUE(ne);
@@ -427,7 +428,7 @@ TEST(Cluster, ASecondRunInARunDirectoryInUseIsRefused) {
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(pick_free_tcp_port().value());
   auto coord = child_process::spawn({kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", d.path()}, false, d.path() + "/c1.log");
   ASSERT_TRUE(coord) << coord.message();
-  ASSERT_TRUE(wait_journal(journal, *coord, [](const auto& j) { return events(j, "coordinator_started").size() == 1; }));
+  ASSERT_TRUE(wait_journal(journal, *coord, [](const auto& j) { return events<ev::coordinator_started>(j).size() == 1; }));
   const std::string pid = "pid " + std::to_string(coord->pid());
   const std::vector<std::vector<std::string>> second = {{kBin, "local", "--run-dir", d.path()},
                                                         {kBin, "train", "--run-dir", d.path()},
@@ -443,7 +444,7 @@ TEST(Cluster, ASecondRunInARunDirectoryInUseIsRefused) {
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
     std::filesystem::remove(d.path() + "/second.log");
   }
-  EXPECT_EQ(events(read_journal(journal), "coordinator_started").size(), 1u);  // nothing else wrote the journal
+  EXPECT_EQ(events<ev::coordinator_started>(read_journal(journal)).size(), 1u);  // nothing else wrote the journal
   // The log book of the live run says it is running (not "interrupted").
   auto rep = child_process::spawn({kBin, "report", d.path()}, false, d.path() + "/report.log");
   ASSERT_TRUE(rep);
@@ -455,7 +456,7 @@ TEST(Cluster, ASecondRunInARunDirectoryInUseIsRefused) {
   coord->wait();
   auto next = child_process::spawn({kBin, "--role", "coordinator", "--listen", endpoint, "--run-dir", d.path()}, false, d.path() + "/c2.log");
   ASSERT_TRUE(next) << next.message();
-  EXPECT_TRUE(wait_journal(journal, *next, [](const auto& j) { return events(j, "coordinator_started").size() == 2; }))
+  EXPECT_TRUE(wait_journal(journal, *next, [](const auto& j) { return events<ev::coordinator_started>(j).size() == 2; }))
       << file_text(d.path() + "/c2.log");
   next->signal(SIGKILL);
   next->wait();

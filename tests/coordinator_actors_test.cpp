@@ -472,7 +472,7 @@ TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_abo
   EXPECT_EQ(js().stale_reports, 1u);
   auto planned = of<ev::generation_started>();
   ASSERT_EQ(planned.size(), 3u);
-  EXPECT_EQ(planned[2].cause, "rank_exited");
+  EXPECT_EQ(planned[2].cause, ev::plan_cause::rank_exited);
   EXPECT_EQ(planned[1].world_size, 2);
   EXPECT_TRUE(planned[1].drain);
 }
@@ -654,10 +654,10 @@ TEST_F(coordinator_actors, events_name_lost_nodes_and_planned_generations) {
   auto planned = of<ev::generation_started>();
   ASSERT_EQ(planned.size(), 2u);
   EXPECT_EQ(planned[0].generation, 1u);
-  EXPECT_EQ(planned[0].cause, "start");
+  EXPECT_EQ(planned[0].cause, ev::plan_cause::start);
   EXPECT_EQ(planned[0].world_size, 2);
   EXPECT_EQ(planned[1].generation, 2u);
-  EXPECT_EQ(planned[1].cause, "node_lost");
+  EXPECT_EQ(planned[1].cause, ev::plan_cause::node_lost);
   EXPECT_FALSE(planned[1].drain);
   EXPECT_EQ(planned[1].world_size, 1);
   // In order: the loss before the plan it causes.
@@ -920,7 +920,7 @@ TEST_F(coordinator_actors, a_recovery_is_timed_on_the_actor_clock_and_counts_no_
   auto rec = of<ev::recovery_done>();
   ASSERT_EQ(rec.size(), 1u);
   EXPECT_EQ(rec[0].generation, 2u);
-  EXPECT_EQ(rec[0].cause, "node_left");
+  EXPECT_EQ(rec[0].cause, ev::plan_cause::node_left);
   EXPECT_EQ(rec[0].resumed_step, 4);
   EXPECT_EQ(rec[0].lost_steps, 0);
   EXPECT_GE(rec[0].duration_s, 0.25);
@@ -977,7 +977,7 @@ TEST_F(coordinator_actors, a_node_with_different_data_files_is_refused_and_never
   send(idle("b", {{"/data/x.npy", "2048:bbbb"}, {"/data/y.npy", "64:1111"}}));
   advance(300ms);
   EXPECT_TRUE(wire.with(pb::envelope::kGenerationPlan, "peer-a").empty()) << "b is refused: only one node is ready";
-  auto errors = of<ev::node_error>();
+  auto errors = of<ev::job_error>();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].node, "b");
   EXPECT_EQ(errors[0].message, "data file '/data/x.npy' on node 'b' differs from the coordinator's (2048:bbbb, expected 4096:aaaa): the node is refused");
@@ -987,8 +987,8 @@ TEST_F(coordinator_actors, a_node_with_different_data_files_is_refused_and_never
   EXPECT_TRUE(down[0].env.shutdown().refused());
   // y.npy is not on the coordinator: a's digest is the reference.
   send(idle("c", {{"/data/x.npy", "4096:aaaa"}, {"/data/y.npy", "64:2222"}}));
-  ASSERT_EQ(of<ev::node_error>().size(), 2u);
-  EXPECT_NE(of<ev::node_error>()[1].message.find("data file '/data/y.npy' on node 'c' differs"), std::string::npos);
+  ASSERT_EQ(of<ev::job_error>().size(), 2u);
+  EXPECT_NE(of<ev::job_error>()[1].message.find("data file '/data/y.npy' on node 'c' differs"), std::string::npos);
   // A node with the same files is planned in with a.
   send(register_from("d", 1));
   send(idle("d", {{"/data/x.npy", "4096:aaaa"}, {"/data/y.npy", "64:1111"}}));
@@ -1005,8 +1005,8 @@ TEST_F(coordinator_actors, a_node_with_different_data_files_is_refused_and_never
   failed.env.mutable_rank_status()->set_detail("data.train_inputs has 1000 samples, data.train_targets 1024");
   failed.env.mutable_rank_status()->set_global_rank(-1);  // the warm-up's (in no generation yet)
   send(failed);
-  ASSERT_EQ(of<ev::node_error>().size(), 3u);
-  EXPECT_EQ(of<ev::node_error>()[2].message, "node 'e' cannot start rank 0: data.train_inputs has 1000 samples, data.train_targets 1024");
+  ASSERT_EQ(of<ev::job_error>().size(), 3u);
+  EXPECT_EQ(of<ev::job_error>()[2].message, "node 'e' cannot start rank 0: data.train_inputs has 1000 samples, data.train_targets 1024");
   EXPECT_EQ(wire.with(pb::envelope::kShutdown, "peer-e").size(), 1u);
 }
 

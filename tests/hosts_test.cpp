@@ -31,7 +31,11 @@ using testing::test_network;
 using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
-std::vector<json> events(const std::vector<json>& j, const std::string& name) { return testing::journal_events(j, name); }
+template <class E>
+std::vector<json> events(const std::vector<json>& j) {
+  return testing::journal_events<E>(j);
+}
+std::vector<json> events_named(const std::vector<json>& j, std::string_view name) { return testing::journal_events_named(j, name); }
 
 // Host 0 runs the coordinator, host i (1, 2, ...) node "n<i>".
 struct hosts_cluster {
@@ -47,8 +51,8 @@ struct hosts_cluster {
   bool wait_back_to(int world, size_t gens) {
     return cl.wait_for(
         [&](const std::vector<json>& j) {
-          auto s = testing::journal_events(j, "step");
-          return testing::journal_events(j, "generation_started").size() > gens && !s.empty() && s.back().at("world_size") == world;
+          auto s = testing::journal_events<ev::step_completed>(j);
+          return testing::journal_events<ev::generation_started>(j).size() > gens && !s.empty() && s.back().at("world_size") == world;
         },
         120);
   }
@@ -57,9 +61,9 @@ struct hosts_cluster {
   // (a zombie's old generation rolled nobody back).
   void expect_no_rollback() const {
     const auto j = cl.journal();
-    for (const auto& r : testing::journal_events(j, "recovery_done")) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
+    for (const auto& r : testing::journal_events<ev::recovery_done>(j)) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
     int64_t prev = 0;
-    for (const auto& e : testing::journal_events(j, "step")) {
+    for (const auto& e : testing::journal_events<ev::step_completed>(j)) {
       EXPECT_GE(e.at("step").get<int64_t>(), prev) << e.dump();
       prev = e.at("step").get<int64_t>();
     }
@@ -147,7 +151,7 @@ TEST(Hosts, TwoHostsOfTwoRanksExchangeHierarchicallyAndEqualOneHostOfFour) {
     EXPECT_EQ(hier, 2) << id << ": both ranks hierarchical\n" << h.cl.logs();
     EXPECT_EQ(leaders, 1) << id << ": one rank of the host on the wire\n" << h.cl.logs();
   }
-  const auto hosts_fin = events(h.cl.journal(), "job_finished");
+  const auto hosts_fin = events<ev::job_finished>(h.cl.journal());
   cluster one(d2.path(), sets);
   ASSERT_EQ(one.start_coordinator(), "");
   for (const char* id : {"a", "b"}) ASSERT_EQ(one.start_node(id, {"--nproc-per-node", "2"}), "");
@@ -155,7 +159,7 @@ TEST(Hosts, TwoHostsOfTwoRanksExchangeHierarchicallyAndEqualOneHostOfFour) {
   for (const char* id : {"a", "b"})
     for (const auto& l : transport_lines(read_text(d2.path() + "/node-" + id + ".log")))
       EXPECT_NE(l.find("gradients over shared memory"), std::string::npos) << l;
-  const auto one_fin = events(one.journal(), "job_finished");
+  const auto one_fin = events<ev::job_finished>(one.journal());
   ASSERT_EQ(hosts_fin.size(), 1u);
   ASSERT_EQ(one_fin.size(), 1u);
   EXPECT_FALSE(hosts_fin[0].at("params_digest").get<std::string>().empty());
@@ -179,21 +183,21 @@ TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
   std::sort(ranks.begin(), ranks.end());
   ASSERT_EQ(::kill(ranks[0], SIGKILL), 0);
   ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) {
-    for (const auto& r : events(j, "recovery_done"))
+    for (const auto& r : events<ev::recovery_done>(j))
       if (r.at("world_size") == 4) return true;
     return false;
   }, 120)) << h.cl.logs();
-  const int64_t back = events(h.cl.journal(), "step").back().at("step").get<int64_t>();
+  const int64_t back = events<ev::step_completed>(h.cl.journal()).back().at("step").get<int64_t>();
   ASSERT_TRUE(h.cl.wait_step(back + 30, 4)) << h.cl.logs();
-  EXPECT_GE(events(h.cl.journal(), "rank_exited").size(), 1u);
-  const size_t recoveries = events(h.cl.journal(), "recovery_done").size();
+  EXPECT_GE(events_named(h.cl.journal(), ev::rank_down::exited_name).size(), 1u);
+  const size_t recoveries = events<ev::recovery_done>(h.cl.journal()).size();
   h.cl.signal_node("n2", SIGKILL);
-  ASSERT_TRUE(h.cl.wait_for([&](const std::vector<json>& j) { return events(j, "recovery_done").size() > recoveries; })) << h.cl.logs();
+  ASSERT_TRUE(h.cl.wait_for([&](const std::vector<json>& j) { return events<ev::recovery_done>(j).size() > recoveries; })) << h.cl.logs();
   auto j = h.cl.journal();
-  const auto rec = events(j, "recovery_done").back();
+  const auto rec = events<ev::recovery_done>(j).back();
   EXPECT_EQ(rec.at("world_size"), 2) << rec.dump();
   EXPECT_EQ(rec.at("lost_steps"), 0) << rec.dump();
-  const int64_t alone = events(j, "step").back().at("step").get<int64_t>();
+  const int64_t alone = events<ev::step_completed>(j).back().at("step").get<int64_t>();
   ASSERT_TRUE(h.cl.wait_step(alone + 30, 2)) << h.cl.logs();
   // Alone on one host, n1's ranks exchange through shared memory only.
   const auto lines = transport_lines(read_text(d.path() + "/node-n1.log"));
@@ -220,18 +224,18 @@ TEST(Hosts, TwoHostsOfTwoRanksSurviveAHostCutOffAndTakeItBackAfterTheHeal) {
   ASSERT_TRUE(h.cl.wait_step(30, 4)) << h.cl.logs();
   ASSERT_TRUE(h.net.cut(2));
   const auto cut_at = clock_type::now();
-  ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) { return !events(j, "recovery_done").empty(); })) << h.cl.logs();
+  ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) { return !events<ev::recovery_done>(j).empty(); })) << h.cl.logs();
   auto j = h.cl.journal();
-  const auto rec = events(j, "recovery_done")[0];
+  const auto rec = events<ev::recovery_done>(j)[0];
   EXPECT_EQ(rec.at("world_size"), 2) << rec.dump();
   EXPECT_EQ(rec.at("lost_steps"), 0) << rec.dump();
   EXPECT_LT(std::chrono::duration<double>(clock_type::now() - cut_at).count(), 10.0) << "the blocked exchange was abandoned";
-  const int64_t alone = events(j, "step").back().at("step").get<int64_t>();
+  const int64_t alone = events<ev::step_completed>(j).back().at("step").get<int64_t>();
   ASSERT_TRUE(h.cl.wait_step(alone + 30, 2)) << h.cl.logs();
   std::this_thread::sleep_until(cut_at + std::chrono::seconds(6));
   ASSERT_TRUE(h.net.heal(2));
   const auto healed_at = clock_type::now();
-  ASSERT_TRUE(h.wait_back_to(4, events(h.cl.journal(), "generation_started").size())) << h.cl.logs();
+  ASSERT_TRUE(h.wait_back_to(4, events<ev::generation_started>(h.cl.journal()).size())) << h.cl.logs();
   EXPECT_LT(std::chrono::duration<double>(clock_type::now() - healed_at).count(), 15.0) << h.cl.logs();
   h.stop();
   h.expect_no_rollback();
@@ -246,7 +250,7 @@ TEST(Hosts, Bf16WireKeepsTheRanksEqual) {
   hosts_cluster h(std::move(*net), d.path(), job_sets(200, {"cluster.min_nodes=2", "cluster.wire_dtype=bf16"}));
   ASSERT_EQ(h.cl.start({"n1", "n2"}), "");
   expect_finished_without_loss(h.cl, 200, 2);
-  auto fin = events(h.cl.journal(), "job_finished");
+  auto fin = events<ev::job_finished>(h.cl.journal());
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_GT(fin[0].value("accuracy", 0.0), 0.3) << "10 classes: chance is 0.1; " << fin[0].dump();
 }
@@ -268,7 +272,7 @@ TEST(Hosts, NodesOnSeparateHostsGetTheirOwnDefaultIds) {
     nodes.push_back(std::move(n.value()));
   }
   ASSERT_TRUE(h.cl.wait_step(20, 2)) << h.cl.logs();
-  auto joined = events(h.cl.journal(), "node_joined");
+  auto joined = events<ev::node_joined>(h.cl.journal());
   ASSERT_EQ(joined.size(), 2u) << h.cl.logs();
   const std::string a = joined[0].at("node"), b = joined[1].at("node");
   EXPECT_NE(a, b);
@@ -291,22 +295,22 @@ TEST(Hosts, ANodeHostCutOffIsLostTheOtherGoesOnAndAfterTheHealItTrainsAgain) {
   ASSERT_TRUE(h.cl.wait_step(30, 2)) << h.cl.logs();
   ASSERT_TRUE(h.net.cut(2));
   const auto cut_at = clock_type::now();
-  ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) { return !events(j, "recovery_done").empty(); })) << h.cl.logs();
+  ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) { return !events<ev::recovery_done>(j).empty(); })) << h.cl.logs();
   const double recovered_s = std::chrono::duration<double>(clock_type::now() - cut_at).count();
   auto j = h.cl.journal();
-  auto lost = events(j, "node_lost");
+  auto lost = events<ev::node_lost>(j);
   ASSERT_EQ(lost.size(), 1u) << h.cl.logs();
   EXPECT_EQ(lost[0].at("node"), "n2");
   EXPECT_LT(lost[0].at("detected_after_s").get<double>(), 3.0) << lost[0].dump();
-  EXPECT_EQ(events(j, "recovery_done")[0].at("lost_steps"), 0) << h.cl.logs();
+  EXPECT_EQ(events<ev::recovery_done>(j)[0].at("lost_steps"), 0) << h.cl.logs();
   EXPECT_LT(recovered_s, 10.0) << "far below Gloo's collective timeout (30 s): the blocked allreduce was abandoned";
-  const int64_t alone = events(j, "step").back().at("step").get<int64_t>();
+  const int64_t alone = events<ev::step_completed>(j).back().at("step").get<int64_t>();
   ASSERT_TRUE(h.cl.wait_step(alone + 30, 1)) << h.cl.logs();
   // Six seconds cut off in all, then the heal.
   std::this_thread::sleep_until(cut_at + std::chrono::seconds(6));
   ASSERT_TRUE(h.net.heal(2));
   const auto healed_at = clock_type::now();
-  const size_t gens = events(h.cl.journal(), "generation_started").size();
+  const size_t gens = events<ev::generation_started>(h.cl.journal()).size();
   ASSERT_TRUE(h.wait_back_to_two(gens)) << h.cl.logs();
   const double back_s = std::chrono::duration<double>(clock_type::now() - healed_at).count();
   RecordProperty("heal_to_training_s", std::to_string(back_s));
@@ -320,7 +324,7 @@ TEST(Hosts, ANodeHostCutOffIsLostTheOtherGoesOnAndAfterTheHealItTrainsAgain) {
     std::printf("%s\nhealed at unix %.3f\n", h.cl.logs().c_str(),
                 std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() - back_s);
     for (const auto& e : h.cl.journal())
-      if (e.at("event") != "step") std::printf("%s\n", e.dump().substr(0, 300).c_str());
+      if (e.at("event").get<std::string>() != ev::step_completed::name) std::printf("%s\n", e.dump().substr(0, 300).c_str());
   }
   h.stop();
   h.expect_no_rollback();
@@ -364,15 +368,15 @@ TEST(Hosts, ACutShorterThanTheTimeoutIsOnlyAPause) {
   hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
   ASSERT_EQ(h.cl.start({"n1", "n2"}), "");
   ASSERT_TRUE(h.cl.wait_step(30, 2)) << h.cl.logs();
-  const size_t gens = events(h.cl.journal(), "generation_started").size();
+  const size_t gens = events<ev::generation_started>(h.cl.journal()).size();
   ASSERT_TRUE(h.net.cut(2));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_TRUE(h.net.heal(2));
-  const int64_t at = events(h.cl.journal(), "step").back().at("step").get<int64_t>();
+  const int64_t at = events<ev::step_completed>(h.cl.journal()).back().at("step").get<int64_t>();
   ASSERT_TRUE(h.cl.wait_step(at + 200, 2)) << h.cl.logs();
   auto j = h.cl.journal();
-  EXPECT_TRUE(events(j, "node_lost").empty()) << h.cl.logs();
-  EXPECT_EQ(events(j, "generation_started").size(), gens) << h.cl.logs();
+  EXPECT_TRUE(events<ev::node_lost>(j).empty()) << h.cl.logs();
+  EXPECT_EQ(events<ev::generation_started>(j).size(), gens) << h.cl.logs();
   h.stop();
 }
 
@@ -391,20 +395,20 @@ void one_way_cut(bool node_to_coordinator) {
   const auto cut_at = clock_type::now();
   std::this_thread::sleep_until(cut_at + std::chrono::seconds(4));
   const auto j4 = h.cl.journal();
-  const size_t gens4 = events(j4, "generation_started").size();
-  const int64_t step4 = events(j4, "step").back().at("step").get<int64_t>();
+  const size_t gens4 = events<ev::generation_started>(j4).size();
+  const int64_t step4 = events<ev::step_completed>(j4).back().at("step").get<int64_t>();
   std::this_thread::sleep_until(cut_at + std::chrono::seconds(12));
   const auto j12 = h.cl.journal();
-  EXPECT_EQ(events(j12, "generation_started").size(), gens4) << "the membership still changes 4 s after the cut\n" << h.cl.logs();
-  EXPECT_GT(events(j12, "step").back().at("step").get<int64_t>(), step4 + 100) << "training stalled\n" << h.cl.logs();
-  EXPECT_LE(events(j12, "node_lost").size(), 2u) << h.cl.logs();
+  EXPECT_EQ(events<ev::generation_started>(j12).size(), gens4) << "the membership still changes 4 s after the cut\n" << h.cl.logs();
+  EXPECT_GT(events<ev::step_completed>(j12).back().at("step").get<int64_t>(), step4 + 100) << "training stalled\n" << h.cl.logs();
+  EXPECT_LE(events<ev::node_lost>(j12).size(), 2u) << h.cl.logs();
   ASSERT_TRUE(node_to_coordinator ? h.net.heal_one_way(2, 0) : h.net.heal_one_way(0, 2));
   ASSERT_TRUE(h.wait_back_to_two(gens4)) << h.cl.logs();
   h.expect_no_rollback();
   if (std::getenv("DTACTOR_TEST_SHOW_LOGS")) {
     std::printf("%s\n", h.cl.logs().c_str());
     for (const auto& e : h.cl.journal())
-      if (e.at("event") != "step" && e.at("event") != "resources") std::printf("%s\n", e.dump().substr(0, 300).c_str());
+      if (e.at("event").get<std::string>() != ev::step_completed::name && e.at("event").get<std::string>() != ev::resources::name) std::printf("%s\n", e.dump().substr(0, 300).c_str());
   }
 }
 

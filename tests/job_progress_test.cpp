@@ -46,7 +46,7 @@ TEST(step_table, a_step_completes_when_every_rank_reported_it_and_times_are_per_
   EXPECT_EQ(done->samples, 80);
   EXPECT_DOUBLE_EQ(done->samples_per_s, 80 / 0.8);  // the slowest rank
   EXPECT_DOUBLE_EQ(done->step_s, 0.4);               // 0.8 s over 2 steps
-  EXPECT_DOUBLE_EQ(done->allreduce_s, 0.2);
+  EXPECT_DOUBLE_EQ(done->allreduce_s.value_or(-1), 0.2);
   EXPECT_EQ(t.pending(), 0u);
 }
 
@@ -76,7 +76,7 @@ TEST(recovery, duration_runs_from_the_plan_to_the_first_completed_step_and_lost_
   auto done = complete_generation(rec, 119, 1, t0 + 1500ms);
   ASSERT_TRUE(done);
   EXPECT_EQ(done->generation, 3u);
-  EXPECT_EQ(done->cause, "node_lost");
+  EXPECT_EQ(done->cause, plan_cause::node_lost);
   EXPECT_EQ(done->resumed_step, 118);  // the highest step a rank was READY at
   EXPECT_EQ(done->lost_steps, 2);      // 120 had completed; the generation went on from 118
   EXPECT_DOUBLE_EQ(done->duration_s, 1.5);
@@ -97,7 +97,7 @@ TEST(recovery, state_taken_from_a_peer_or_disk_is_reported_once) {
   auto rec = begin_generation(2, false, plan_cause::node_joined, true, clock_time{}, 10);
   auto first = note_ready(rec, ready(10, "peer", 1));
   ASSERT_TRUE(first);
-  EXPECT_EQ(first->source, "peer");
+  EXPECT_EQ(first->source, ev::state_source::peer);
   EXPECT_EQ(first->root, 1);
   EXPECT_EQ(first->generation, 2u);
   EXPECT_FALSE(note_ready(rec, ready(10, "peer", 1)));

@@ -41,18 +41,18 @@ TEST(journal, a_full_disk_costs_whole_lines_never_half_of_one) {
   journal jn;
   const std::string path = dir.path() + "/journal.jsonl";
   ASSERT_TRUE(jn.open(path, env));
-  jn.write("step", {{"step", 1}});
+  jn.write(ev::checkpoint_found{1, "a"});
   env.full = true;
-  jn.write("step", {{"step", 2}});
-  jn.write("step", {{"step", 3}});
+  jn.write(ev::checkpoint_found{2, "b"});
+  jn.write(ev::checkpoint_found{3, "c"});
   env.full = false;
-  jn.write("step", {{"step", 4}});
+  jn.write(ev::checkpoint_found{4, "d"});
   EXPECT_EQ(jn.failed_writes(), 2u);
   auto lines = lines_of(path);
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0].at("step"), 1);
   EXPECT_EQ(lines[1].at("step"), 4);
-  EXPECT_EQ(lines[1].at("event"), "step");
+  EXPECT_EQ(lines[1].at("event").get<std::string>(), ev::checkpoint_found::name);
 }
 
 TEST(journal, opening_appends_to_what_is_there) {
@@ -61,11 +61,11 @@ TEST(journal, opening_appends_to_what_is_there) {
   {
     journal a;
     ASSERT_TRUE(a.open(path));
-    a.write("coordinator_started");
+    a.write(ev::coordinator_started{});
   }
   journal b;
   ASSERT_TRUE(b.open(path));
-  b.write("coordinator_started");
+  b.write(ev::coordinator_started{});
   EXPECT_EQ(lines_of(path).size(), 2u);
   EXPECT_EQ(b.failed_writes(), 0u);
 }

@@ -38,9 +38,9 @@ TEST(metrics, served_over_http_with_prometheus_names) {
   m.samples_per_second().Set(1500);
   m.samples().Increment(64);
   m.samples().Increment(64);
-  m.recoveries("node_lost").Increment();
-  m.recoveries("node_lost").Increment();
-  m.recoveries("node_joined").Increment();
+  m.recoveries(ev::plan_cause::node_lost).Increment();
+  m.recoveries(ev::plan_cause::node_lost).Increment();
+  m.recoveries(ev::plan_cause::node_joined).Increment();
   m.lost_steps().Increment(3);
   m.wire_dropped_frames("garbage").Increment();
   m.step_duration().Observe(0.2);

@@ -192,7 +192,7 @@ TEST(prometheus, dashboard_and_alerts_against_a_real_scrape) {
   // processes exit and their targets go down, as they should).
   double t_finished = 0;
   for (const auto& e : dtactor::testing::read_journal(dir.path() + "/run/journal.jsonl"))
-    if (e.value("event", "") == "job_finished") t_finished = e.value("t", 0.0);
+    if (e.value("event", "") == ev::job_finished::name) t_finished = e.value("t", 0.0);
   ASSERT_GT(t_finished, t_start);
   // Prometheus has evaluated the rules on this data (their last evaluation
   // came after the job's last step).

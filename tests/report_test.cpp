@@ -135,6 +135,20 @@ TEST(report, a_corrupt_line_is_one_clear_error) {
   EXPECT_NE(e.message().find("no events"), std::string::npos);
   std::istringstream not_object("[1,2]\n");
   EXPECT_FALSE(digest_journal(not_object, "j"));
+  // A known event read through the schema: a field of the wrong type is named.
+  std::istringstream bad_field("{\"event\":\"job_started\",\"t\":1}\n{\"event\":\"node_lost\",\"node\":\"n1\",\"cause\":\"boredom\"}\n");
+  auto f = digest_journal(bad_field, "j");
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.message().find("j line 2 is not a journal event (journal event \"node_lost\": field \"cause\" has the unknown value \"boredom\")"),
+            std::string::npos)
+      << f.message();
+}
+
+TEST(report, a_newer_writers_event_is_passed_over) {
+  std::istringstream in(std::string(k_journal) + "{\"event\":\"from_the_future\",\"x\":1,\"t\":1090.0}\n");
+  auto d = digest_journal(in, "j");
+  ASSERT_TRUE(d) << d.message();
+  EXPECT_EQ(d->outcome, "finished");
 }
 
 TEST(report, write_report_files_and_errors) {

@@ -253,7 +253,7 @@ TEST(s3_store, a_job_checkpoints_to_s3_and_a_coordinator_with_an_empty_disk_resu
   };
   ASSERT_EQ(run(first.path(), 2, 30), 0) << file_text(first.path() + "/local.log");
   auto j1 = read_journal(first.path() + "/journal.jsonl");
-  auto saved = events(j1, "checkpoint_saved");
+  auto saved = events<ev::checkpoint_saved>(j1);
   ASSERT_GE(saved.size(), 3u);
   EXPECT_EQ(saved.back().at("path"), "s3://jobs/run7/ckpt-000000030.manifest");
   EXPECT_EQ(saved.back().at("parts"), 2);
@@ -261,11 +261,11 @@ TEST(s3_store, a_job_checkpoints_to_s3_and_a_coordinator_with_an_empty_disk_resu
 
   ASSERT_EQ(run(second.path(), 3, 40), 0) << file_text(second.path() + "/local.log");
   auto j2 = read_journal(second.path() + "/journal.jsonl");
-  auto restored = events(j2, "checkpoint_restored");
+  auto restored = events<ev::checkpoint_restored>(j2);
   ASSERT_FALSE(restored.empty());
   EXPECT_EQ(restored[0].at("source"), "disk");
   EXPECT_EQ(restored[0].at("step"), 30);
-  auto fin = events(j2, "job_finished");
+  auto fin = events<ev::job_finished>(j2);
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("step"), 40);
   EXPECT_EQ(fin[0].at("world_size"), 3);

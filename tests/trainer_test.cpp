@@ -31,21 +31,21 @@ TEST(Trainer, LossFallsAndJournalRecordsTheRun) {
   EXPECT_TRUE(r->finished);
   EXPECT_EQ(r->step, 60);
   auto j = read_journal(d.path() + "/journal.jsonl");
-  auto steps = events(j, "step");
+  auto steps = events<ev::step_completed>(j);
   ASSERT_GE(steps.size(), 10u);
   EXPECT_LT(steps.back().at("loss_avg").get<double>(), 0.75 * steps.front().at("loss_avg").get<double>());
   for (const auto& s : steps) {
     for (const char* k : {"t", "step", "loss", "lr", "samples_per_s"}) EXPECT_TRUE(s.contains(k)) << k;
     EXPECT_GT(s.at("samples_per_s").get<double>(), 0);
   }
-  auto evals = events(j, "eval");
+  auto evals = events<ev::eval_done>(j);
   ASSERT_EQ(evals.size(), 2u);  // step 30 and the end
   EXPECT_GT(evals.back().at("accuracy").get<double>(), 0.4);  // 10 classes: chance is 0.1
-  auto fin = events(j, "job_finished");
+  auto fin = events<ev::job_finished>(j);
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("step"), 60);
   EXPECT_EQ(fin[0].at("params_digest"), r->params_digest);
-  ASSERT_EQ(events(j, "checkpoint_saved").size(), 1u);  // the final one
+  ASSERT_EQ(events<ev::checkpoint_saved>(j).size(), 1u);  // the final one
   EXPECT_TRUE(std::filesystem::exists(d.path() + "/config.toml"));
 }
 
@@ -67,7 +67,7 @@ TEST(Trainer, ResumeIsExact) {
   EXPECT_TRUE(b2->finished);
   EXPECT_EQ(b2->params_digest, a->params_digest);
   auto j = read_journal(interrupted.path() + "/journal.jsonl");
-  auto restored = events(j, "checkpoint_restored");
+  auto restored = events<ev::checkpoint_restored>(j);
   ASSERT_EQ(restored.size(), 1u);
   EXPECT_EQ(restored[0].at("step"), 8);
   EXPECT_EQ(restored[0].at("source"), "disk");
@@ -88,10 +88,10 @@ TEST(Trainer, CorruptNewestCheckpointIsSkippedAndReported) {
   auto r = run_training(cfg, quiet(d.path()));
   ASSERT_TRUE(r) << r.message();
   auto j = read_journal(d.path() + "/journal.jsonl");
-  auto skipped = events(j, "checkpoint_skipped");
+  auto skipped = events<ev::checkpoint_skipped>(j);
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_EQ(skipped[0].at("path"), newest);
-  auto restored = events(j, "checkpoint_restored");
+  auto restored = events<ev::checkpoint_restored>(j);
   ASSERT_EQ(restored.size(), 1u);
   EXPECT_EQ(restored[0].at("step"), 4);
 }
@@ -157,7 +157,7 @@ TEST(Trainer, Bf16AutocastTrains) {
   temp_dir d;
   auto r = run_training(tiny_vit_config({"train.bf16=true", "train.max_steps=30"}), quiet(d.path()));
   ASSERT_TRUE(r) << r.message();
-  auto steps = events(read_journal(d.path() + "/journal.jsonl"), "step");
+  auto steps = events<ev::step_completed>(read_journal(d.path() + "/journal.jsonl"));
   ASSERT_GE(steps.size(), 2u);
   EXPECT_LT(steps.back().at("loss_avg").get<double>(), steps.front().at("loss_avg").get<double>());
 }

@@ -1,0 +1,515 @@
+#pragma once
+// The journal's schema: every event a run's journal.jsonl holds, one type
+// each, with its name on disk and its fields, and the one JSON codec over
+// them (actors/journal_events.cpp). The coordinator's sink, `dtactor train`,
+// `dtactor tune-batch`, the report and the tests all read and write the
+// journal through these types; no site builds or matches a journal line by
+// hand. Causes and sources are enums with one name table each.
+//
+// On disk a line is {"t": unix seconds, "event": NAME, ...fields}. A field
+// in std::optional is written only when set (and read back as set only when
+// present); a std::map<std::string, double> field is flattened into the
+// line (an evaluation's metrics). Readers take what is missing as the
+// field's default, so journals of older writers still read.
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "dtactor/result.hpp"
+
+namespace dtactor::ev {
+
+// ---- enums: each with one name table (journal_events.cpp) ----
+
+// Why a generation starts. The changes since the previous plan are ordered
+// most severe first (node_lost .. rank_ready): a plan's cause is the most
+// severe one. Values match pb::generation_plan::generation_cause.
+enum class plan_cause : int32_t {
+  none = 0,  // no change noted
+  node_lost = 1,
+  rank_exited = 2,
+  collective_failure = 3,
+  node_left = 4,
+  node_joined = 5,
+  rank_ready = 6,
+  start = 7,    // the first generation of a job
+  restart = 8,  // a new coordinator could not adopt the running generation
+  adopted = 9,  // a new coordinator took over the running generation
+};
+
+// Why the failure detector declared a node lost.
+enum class loss_cause {
+  heartbeat_timeout,                   // silent for cluster.heartbeat_timeout_ms
+  suspected_after_collective_failure,  // silent for the suspect timeout after a peer's collective failed
+  restarted,                           // registered again as a new process (incarnation)
+};
+
+// Where a rank's starting state in a generation came from (pb::rank_status's
+// state_source carries the same names).
+enum class state_source {
+  local,  // it kept its own
+  peer,   // broadcast from a live rank
+  disk,   // loaded from the checkpoint store
+  fresh,  // nothing to keep or load: step 0
+};
+
+// How a job ended.
+enum class outcome { finished, stopped, failed };
+
+// The names are stable: they are the journal's, the metrics' labels and the
+// wire's. from_string is false (and `out` untouched) for any other text.
+const char* to_string(plan_cause c);
+const char* to_string(loss_cause c);
+const char* to_string(state_source s);
+const char* to_string(outcome o);
+bool from_string(std::string_view s, plan_cause& out);
+bool from_string(std::string_view s, loss_cause& out);
+bool from_string(std::string_view s, state_source& out);
+bool from_string(std::string_view s, outcome& out);
+
+// ---- events ----
+// `fields(self, f)` lists the journaled fields as f("key", self.member); the
+// codec visits it both ways. Members not listed are not journaled (said so).
+
+// A coordinator started (a new session of the run directory).
+struct coordinator_started {
+  static constexpr std::string_view name = "coordinator_started";
+  std::string listen;  // the bound address nodes register at
+  std::string job_id;
+  int32_t store_port = 0;
+  int32_t metrics_port = 0;
+  int64_t resume_step = -1;  // -1: starting over
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("listen", s.listen), f("job_id", s.job_id), f("store_port", s.store_port), f("metrics_port", s.metrics_port), f("resume_step", s.resume_step);
+  }
+};
+
+// A torchscript job's module went into the store with the job.
+struct module_shipped {
+  static constexpr std::string_view name = "module_shipped";
+  std::string file;
+  std::string object;
+  std::string digest;
+  bool uploaded = false;  // false: it was already there
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("file", s.file), f("object", s.object), f("digest", s.digest), f("uploaded", s.uploaded);
+  }
+};
+
+// A checkpoint looked at for resuming did not check out.
+struct checkpoint_skipped {
+  static constexpr std::string_view name = "checkpoint_skipped";
+  std::string path;
+  std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("path", s.path), f("reason", s.reason);
+  }
+};
+
+// The coordinator will resume from this checkpoint (a rank journals
+// checkpoint_restored once it loaded it).
+struct checkpoint_found {
+  static constexpr std::string_view name = "checkpoint_found";
+  int64_t step = 0;
+  std::string path;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("path", s.path);
+  }
+};
+
+struct node_joined {
+  static constexpr std::string_view name = "node_joined";
+  std::string node;
+  // Not journaled: where Prometheus scrapes the node (the sink's service discovery).
+  std::string peer;            // the bridge's routing id of its connection
+  std::string advertise_addr;  // where its ranks (and its /metrics) are reached
+  int32_t metrics_port = 0;    // 0: none
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("node", s.node);
+  }
+};
+
+struct node_lost {
+  static constexpr std::string_view name = "node_lost";
+  std::string node;
+  loss_cause cause = loss_cause::heartbeat_timeout;
+  double detected_after_s = 0;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("node", s.node), f("cause", s.cause), f("detected_after_s", s.detected_after_s);
+  }
+};
+
+struct node_left {
+  static constexpr std::string_view name = "node_left";
+  std::string node;
+  std::string reason;  // the node's own words (preemption notice, SIGTERM, ...)
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("node", s.node), f("reason", s.reason);
+  }
+};
+
+struct node_quarantined {
+  static constexpr std::string_view name = "node_quarantined";
+  std::string node;
+  std::string reason;  // why and for how long
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("node", s.node), f("reason", s.reason);
+  }
+};
+
+// Fewer nodes than cluster.floor_nodes: no generation until more arrive.
+struct job_waiting {
+  static constexpr std::string_view name = "job_waiting";
+  uint64_t generation = 0;  // the last one
+  std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("generation", s.generation), f("reason", s.reason);
+  }
+};
+
+// A plan went out to the nodes.
+struct generation_started {
+  static constexpr std::string_view name = "generation_started";
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+  plan_cause cause = plan_cause::none;
+  bool drain = false;
+  int64_t start_step = 0;
+  int32_t state_root = -1;  // global rank whose state everyone takes (-1: each keeps its own)
+  std::vector<std::string> nodes;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("start_step", s.start_step),
+        f("state_root", s.state_root), f("nodes", s.nodes);
+  }
+};
+
+// A restarted coordinator took over the generation the nodes are running.
+struct generation_adopted {
+  static constexpr std::string_view name = "generation_adopted";
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("generation", s.generation), f("world_size", s.world_size);
+  }
+};
+
+// A step every rank completed: from the coordinator (every rank reported it)
+// or from `dtactor train` (its one rank, every train.report_every steps).
+struct step_completed {
+  static constexpr std::string_view name = "step";
+  int64_t step = 0;
+  int32_t world_size = 0;
+  std::optional<uint64_t> generation;  // cluster
+  double loss = 0;                     // sample-weighted mean over the ranks; non-finite is written as null
+  std::optional<double> loss_avg;      // train: the mean over the steps since the last line
+  double lr = 0;
+  double samples_per_s = 0;
+  std::optional<double> data_wait_s;          // train: per step
+  std::optional<double> allreduce_s;          // cluster: per step
+  std::optional<double> allreduce_exposed_s;  // cluster: per step
+  // Not journaled (metrics only).
+  int64_t samples = 0;  // over the steps the reports covered
+  double step_s = 0;    // per step (the slowest rank)
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("world_size", s.world_size), f("generation", s.generation), f("loss", s.loss), f("loss_avg", s.loss_avg), f("lr", s.lr),
+        f("samples_per_s", s.samples_per_s), f("data_wait_s", s.data_wait_s), f("allreduce_s", s.allreduce_s),
+        f("allreduce_exposed_s", s.allreduce_exposed_s);
+  }
+};
+
+// Each rank's resource use so far (a few times a minute, and at the end).
+struct rank_resources {
+  int32_t rank = 0;
+  std::string node;
+  double rss_bytes = 0;
+  double peak_rss_bytes = 0;
+  double cpu_s = 0;
+  double elapsed_s = 0;  // the process's age
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("rank", s.rank), f("node", s.node), f("rss_bytes", s.rss_bytes), f("peak_rss_bytes", s.peak_rss_bytes), f("cpu_s", s.cpu_s),
+        f("elapsed_s", s.elapsed_s);
+  }
+};
+struct resources {
+  static constexpr std::string_view name = "resources";
+  std::vector<rank_resources> ranks;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("ranks", s.ranks);
+  }
+};
+
+struct eval_done {
+  static constexpr std::string_view name = "eval";
+  int64_t step = 0;
+  double duration_s = 0;
+  std::map<std::string, double> metrics;  // flattened into the line
+  std::vector<std::string> examples;      // written only when there are some
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("duration_s", s.duration_s), f("metrics", s.metrics), f("examples", s.examples);
+  }
+};
+
+// The first step every rank of a generation after a failure completed.
+struct recovery_done {
+  static constexpr std::string_view name = "recovery_done";
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+  plan_cause cause = plan_cause::none;
+  bool drain = false;
+  int64_t resumed_step = 0;
+  int64_t lost_steps = 0;  // completed steps before the failure that the generation did not resume from
+  double duration_s = 0;   // from the plan to that step, on the actor's clock
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("resumed_step", s.resumed_step),
+        f("lost_steps", s.lost_steps), f("duration_s", s.duration_s);
+  }
+};
+
+// A rank took its state from a peer or from disk: in a cluster, the first
+// rank of a new generation that did; in `dtactor train`, a resume.
+struct checkpoint_restored {
+  static constexpr std::string_view name = "checkpoint_restored";
+  int64_t step = 0;
+  state_source source = state_source::disk;  // peer or disk
+  std::optional<uint64_t> generation;        // cluster
+  std::optional<int32_t> root;               // cluster: the global rank it came from
+  std::optional<uint64_t> bytes;             // peer: state bytes received
+  std::optional<double> transfer_s;          // peer: how long that took
+  std::optional<double> gb_per_s;            // peer: bytes / transfer_s / 1e9
+  std::optional<std::string> path;           // train: the manifest
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("source", s.source), f("generation", s.generation), f("root", s.root), f("bytes", s.bytes), f("transfer_s", s.transfer_s),
+        f("gb_per_s", s.gb_per_s), f("path", s.path);
+  }
+};
+
+// A rank failed (its own report: "rank_failed") or its process ended (its
+// node's report: "rank_exited"): one type, two names.
+struct rank_down {
+  static constexpr std::string_view failed_name = "rank_failed";
+  static constexpr std::string_view exited_name = "rank_exited";
+  bool failed = true;  // which of the two; the name says it on disk
+  int32_t rank = 0;
+  int32_t local_rank = 0;
+  std::string node;
+  std::string detail;
+  int32_t exit_code = 0;
+  int64_t step = 0;
+  uint64_t generation = 0;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("rank", s.rank), f("local_rank", s.local_rank), f("node", s.node), f("detail", s.detail), f("exit_code", s.exit_code), f("step", s.step),
+        f("generation", s.generation);
+  }
+};
+
+// A node reported that it cannot run its part of the job.
+struct job_error {
+  static constexpr std::string_view name = "job_error";
+  std::string node;
+  std::string message;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("node", s.node), f("message", s.message);
+  }
+};
+
+struct checkpoint_saved {
+  static constexpr std::string_view name = "checkpoint_saved";
+  int64_t step = 0;
+  std::string path;  // the manifest
+  int64_t bytes = 0;  // state bytes, all parts
+  std::optional<uint64_t> generation;  // cluster
+  double duration_s = 0;   // the commit
+  int32_t parts = 0;
+  double stall_s = 0;      // training held up at the step boundary (the slowest rank)
+  double write_s = 0;      // storing the parts in the background (the slowest rank)
+  double bytes_per_s = 0;  // bytes / write_s
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("path", s.path), f("bytes", s.bytes), f("generation", s.generation), f("duration_s", s.duration_s), f("parts", s.parts),
+        f("stall_s", s.stall_s), f("write_s", s.write_s), f("bytes_per_s", s.bytes_per_s);
+  }
+};
+
+struct checkpoint_failed {
+  static constexpr std::string_view name = "checkpoint_failed";
+  int64_t step = 0;
+  std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("reason", s.reason);
+  }
+};
+
+// A stop was asked for (a signal): ranks stop after a final checkpoint.
+struct job_stopping {
+  static constexpr std::string_view name = "job_stopping";
+  std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("reason", s.reason);
+  }
+};
+
+// `dtactor train` started (a new session of the run directory).
+struct job_started {
+  static constexpr std::string_view name = "job_started";
+  std::string model;
+  int64_t parameters = 0;
+  int64_t max_steps = 0;
+  int64_t global_batch_size = 0;
+  int32_t world_size = 1;
+  int64_t start_step = 0;
+  int32_t threads = 0;
+  std::string blas;
+  std::string config_digest;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("model", s.model), f("parameters", s.parameters), f("max_steps", s.max_steps), f("global_batch_size", s.global_batch_size),
+        f("world_size", s.world_size), f("start_step", s.start_step), f("threads", s.threads), f("blas", s.blas), f("config_digest", s.config_digest);
+  }
+};
+
+// The job reached train.max_steps. `error`: the ranks finished with
+// different parameters.
+struct job_finished {
+  static constexpr std::string_view name = "job_finished";
+  int64_t step = 0;
+  std::string params_digest;
+  std::optional<int32_t> world_size;   // cluster
+  std::optional<uint64_t> generation;  // cluster
+  std::optional<double> wall_s;        // train
+  std::optional<std::string> error;
+  std::map<std::string, double> metrics;  // the last evaluation, flattened
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("params_digest", s.params_digest), f("world_size", s.world_size), f("generation", s.generation), f("wall_s", s.wall_s),
+        f("error", s.error), f("metrics", s.metrics);
+  }
+};
+
+// The job stopped before train.max_steps (a signal, stop_at_step).
+struct job_stopped {
+  static constexpr std::string_view name = "job_stopped";
+  int64_t step = 0;
+  std::optional<std::string> reason;
+  std::optional<std::string> params_digest;
+  std::optional<int32_t> world_size;
+  std::optional<uint64_t> generation;
+  std::optional<bool> final_checkpoint;  // cluster: every rank stopped after a final checkpoint
+  std::optional<std::string> error;
+  std::map<std::string, double> metrics;  // the last evaluation, flattened
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("reason", s.reason), f("params_digest", s.params_digest), f("world_size", s.world_size), f("generation", s.generation),
+        f("final_checkpoint", s.final_checkpoint), f("error", s.error), f("metrics", s.metrics);
+  }
+};
+
+struct job_failed {
+  static constexpr std::string_view name = "job_failed";
+  int64_t step = 0;
+  std::optional<uint64_t> generation;  // cluster
+  std::string reason;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("generation", s.generation), f("reason", s.reason);
+  }
+};
+
+// `dtactor tune-batch`.
+struct batch_size_search_started {
+  static constexpr std::string_view name = "batch_size_search_started";
+  std::string model;
+  int64_t max_memory_bytes = 0;  // per rank
+  int64_t start = 0;
+  int64_t up_to = 0;
+  int32_t steps = 0;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("model", s.model), f("max_memory_bytes", s.max_memory_bytes), f("start", s.start), f("up_to", s.up_to), f("steps", s.steps);
+  }
+};
+struct batch_size_trial {
+  static constexpr std::string_view name = "batch_size_trial";
+  int64_t micro_batch = 0;
+  bool fits = false;
+  double peak_rss_bytes = 0;
+  std::optional<double> samples_per_s;  // fits
+  std::optional<std::string> reason;    // does not fit
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("micro_batch", s.micro_batch), f("fits", s.fits), f("peak_rss_bytes", s.peak_rss_bytes), f("samples_per_s", s.samples_per_s), f("reason", s.reason);
+  }
+};
+// micro_batch 0: nothing fit (then only max_memory_bytes is set besides).
+struct batch_size_found {
+  static constexpr std::string_view name = "batch_size_found";
+  int64_t micro_batch = 0;
+  int64_t max_memory_bytes = 0;
+  std::optional<double> peak_rss_bytes;
+  std::optional<double> samples_per_s;
+  std::optional<bool> limited_by_up_to;  // every size tried fit
+  std::optional<int64_t> trials;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("micro_batch", s.micro_batch), f("max_memory_bytes", s.max_memory_bytes), f("peak_rss_bytes", s.peak_rss_bytes),
+        f("samples_per_s", s.samples_per_s), f("limited_by_up_to", s.limited_by_up_to), f("trials", s.trials);
+  }
+};
+
+using journal_event =
+    std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left, node_quarantined,
+                 job_waiting, generation_started, generation_adopted, step_completed, resources, eval_done, recovery_done, checkpoint_restored,
+                 rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping, job_started, job_finished, job_stopped, job_failed,
+                 batch_size_search_started, batch_size_trial, batch_size_found>;
+
+// The event's name on disk.
+std::string_view name_of(const journal_event& e);
+// Whether `name` is a journal event of this version.
+bool is_journal_event(std::string_view name);
+
+// The event's fields as a JSON object (no "t", no "event").
+nlohmann::json to_json(const journal_event& e);
+// The event a JSON object names in its "event" field, read from its fields.
+// Errors, one line each: no string "event", an event this version does not
+// know, a field of the wrong type or an enum value it does not know.
+result<journal_event> from_json(const nlohmann::json& j);
+
+// One line of a journal file.
+struct journal_line {
+  double t = 0;  // unix seconds; 0 when the line has none
+  journal_event event;
+};
+// Reads a line; errors as from_json's, and a line that is not a JSON object.
+result<journal_line> parse_journal_line(std::string_view text);
+// As parse_journal_line, but a well-formed line whose event this version
+// does not know (a newer writer's) is std::nullopt, for readers that pass
+// over such lines.
+result<std::optional<journal_line>> read_journal_line(std::string_view text);
+
+}  // namespace dtactor::ev
