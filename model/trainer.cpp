@@ -93,7 +93,8 @@ result<std::unique_ptr<training_state>> training_state::create(const config& cfg
   const int64_t b = cfg.get_int("train.global_batch_size");
   if (b > t.value()->train_size())
     return make_error("train.global_batch_size (" + std::to_string(b) + ") is larger than the training set (" +
-                      std::to_string(t.value()->train_size()) + " samples)");
+                      std::to_string(t.value()->train_size()) + " samples)",
+                      errc::batch_exceeds_data);
   return std::unique_ptr<training_state>(new training_state(cfg, std::move(t.value())));
 }
 

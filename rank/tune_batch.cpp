@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/torch_error.hpp"
 #include "model/trainer.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/resources.hpp"
@@ -91,7 +92,7 @@ int run_batch_probe(const config& base, int64_t micro_batch, int steps) {
     auto created = training_state::create(cfg);
     if (!created) {
       std::fprintf(stderr, "%s\n", created.message().c_str());
-      return created.message().find("is larger than the training set") != std::string::npos ? probe_too_large_for_data : 1;
+      return created.code() == errc::batch_exceeds_data ? probe_too_large_for_data : 1;
     }
     training_state& state = *created.value();
     double timed_s = 0;
@@ -111,14 +112,10 @@ int run_batch_probe(const config& base, int64_t micro_batch, int steps) {
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
     return 0;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "out of memory (std::bad_alloc)\n");
-    return probe_out_of_memory;
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    std::fprintf(stderr, "%s\n", last_line(what).c_str());
-    const bool oom = what.find("can't allocate memory") != std::string::npos || what.find("out of memory") != std::string::npos;
-    return oom ? probe_out_of_memory : 1;
+  } catch (...) {
+    const error e = current_torch_error();
+    std::fprintf(stderr, "%s\n", e.message.c_str());
+    return e.code == errc::out_of_memory ? probe_out_of_memory : 1;
   }
 }
 

@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <torch/torch.h>
+
+#include "model/torch_error.hpp"
+#include "model/trainer.hpp"
 #include "rank/tune_batch.hpp"
+#include "test_util.hpp"
 
 namespace dtactor {
 namespace {
@@ -16,6 +21,37 @@ TEST(TuneBatch, ParsesSizes) {
     ASSERT_FALSE(r) << bad;
     EXPECT_NE(r.message().find("is not a size"), std::string::npos) << r.message();
   }
+}
+
+// Out of memory is a kind of error, told apart where LibTorch's exceptions
+// are caught, not by matching text further up.
+TEST(TuneBatch, OutOfMemoryIsATypedError) {
+  auto caught = [](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+      return current_torch_error();
+    }
+    return make_error("nothing thrown");
+  };
+  // The CPU allocator's own failure: more bytes than any machine has.
+  const auto cpu = caught([] { (void)torch::empty({int64_t{1} << 60}, torch::kFloat); });
+  EXPECT_EQ(cpu.code, errc::out_of_memory) << cpu.message;
+  EXPECT_EQ(cpu.message.find('\n'), std::string::npos) << cpu.message;
+  EXPECT_EQ(caught([] { throw std::bad_alloc(); }).code, errc::out_of_memory);
+  // Any other LibTorch error is not.
+  const auto shape = caught([] { (void)torch::mm(torch::ones({2, 3}), torch::ones({2, 3})); });
+  EXPECT_EQ(shape.code, errc::unspecified);
+  EXPECT_FALSE(shape.message.empty());
+  EXPECT_EQ(caught([] { throw 42; }).code, errc::unspecified);
+}
+
+// A batch the training set cannot fill says so as a kind, which tune-batch
+// turns into "too large for the data" (not a failure).
+TEST(TuneBatch, ABatchLargerThanTheDataIsATypedError) {
+  auto r = training_state::create(testing::tiny_vit_config({"train.global_batch_size=100000000"}));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.code(), errc::batch_exceeds_data) << r.message();
 }
 
 TEST(TuneBatch, RefusesImpossibleBoundsBeforeAnyProbe) {

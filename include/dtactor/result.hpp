@@ -9,11 +9,20 @@
 
 namespace dtactor {
 
-struct error {
-  std::string message;
+// What kind of failure, where a caller decides by it (as LevelDB's Status
+// codes): most errors are only reported, and stay `unspecified`.
+enum class errc {
+  unspecified = 0,
+  out_of_memory,        // an allocation failed (host or device memory)
+  batch_exceeds_data,   // train.global_batch_size is larger than the training set
 };
 
-inline error make_error(std::string message) { return error{std::move(message)}; }
+struct error {
+  std::string message;
+  errc code = errc::unspecified;
+};
+
+inline error make_error(std::string message, errc code = errc::unspecified) { return error{std::move(message), code}; }
 
 template <class T>
 class result {
@@ -31,6 +40,7 @@ class result {
   T& operator*() & { return value(); }
   const error& err() const { return std::get<1>(v_); }
   const std::string& message() const { return err().message; }
+  errc code() const { return ok() ? errc::unspecified : err().code; }
 
  private:
   std::variant<T, error> v_;
@@ -46,6 +56,7 @@ class status {
   explicit operator bool() const noexcept { return ok(); }
   const error& err() const { return *e_; }
   const std::string& message() const { return e_->message; }
+  errc code() const { return e_ ? e_->code : errc::unspecified; }
 
  private:
   std::optional<error> e_;
