@@ -88,6 +88,9 @@ using stop_due_atom = caf::atom_constant<caf::atom("stopdue")>;
 // (report_atom, uint64_t generation, inbound): a rank's training thread ->
 // its rank actor: a report (in inbound.env) of that generation.
 using report_atom = caf::atom_constant<caf::atom("report")>;
+// (refused_atom, std::string reason): a node's process learns that the
+// coordinator refused its node for good (node_event nev::refused).
+using refused_atom = caf::atom_constant<caf::atom("refused")>;
 
 // -- wire messages ------------------------------------------------------------
 
@@ -132,6 +135,9 @@ using outbound = std::function<void(const std::string& link, const std::string& 
 
 // Where actors write one line per event worth a journal entry (may be empty).
 using log_fn = std::function<void(const std::string& line)>;
+inline void log_line(const log_fn& log, const std::string& line) {
+  if (log) log(line);
+}
 
 
 // -- inspect overloads for plan (travels in plan_atom messages) --------------

@@ -180,6 +180,10 @@ void wind_down(agent_self self, node_phase phase, const std::string& reason, boo
   }
 }
 
+void emit(agent_self self, node_event e) {
+  if (self->state.opts.events) self->state.opts.events(e);
+}
+
 void quit_if_done(agent_self self) {
   auto& st = self->state;
   if (!winding_down(st)) return;
@@ -208,6 +212,7 @@ void on_coordinator(agent_self self, const inbound& in) {
           if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
         ++st.register_epoch;  // cancels the pending retry
         log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
+        emit(self, nev::registered{st.job_id, st.node_rank});
         start_missing_ranks(self);
         for (const auto& r : st.ranks)
           if (r.alive && r.finished) to_coordinator(self, *r.finished);
@@ -221,11 +226,13 @@ void on_coordinator(agent_self self, const inbound& in) {
       break;
     }
     case pb::envelope::kHeartbeatAck:
+      emit(self, nev::heartbeat_acked{env.heartbeat_ack().echoed_sent_steady_s()});
       break;
     case pb::envelope::kGenerationPlan: {
       if (st.phase == node_phase::stopped || st.phase == node_phase::unregistered) return;
       if (st.plan && env.generation_plan().generation() <= st.plan->generation()) return;  // fenced: not newer
       st.plan = env.generation_plan();
+      emit(self, nev::plan_received{st.plan->generation(), st.plan->world_size()});
       if (st.phase == node_phase::leaving) {
         // The drain plan without us: ranks finish their step, report IDLE
         // and are stopped then.
@@ -259,7 +266,7 @@ void on_coordinator(agent_self self, const inbound& in) {
       }
       if (st.phase == node_phase::stopped) return;  // the coordinator may say it twice
       log_line(self, "shutdown: " + env.shutdown().reason());
-      if (env.shutdown().refused() && st.opts.on_refused) st.opts.on_refused(env.shutdown().reason());
+      if (env.shutdown().refused()) emit(self, nev::refused{env.shutdown().reason()});
       wind_down(self, node_phase::stopped, env.shutdown().reason());
       quit_if_done(self);
       break;
@@ -279,6 +286,7 @@ void on_rank(agent_self self, inbound& in) {
       if (!r.alive || r.pid != env.rank_hello().pid()) return;  // not the process we started
       r.peer = in.peer;
       r.last_seen = self->clock().now();
+      emit(self, nev::rank_started{l, r.pid, r.peer});
       if (winding_down(st)) {
         stop_rank(self, r);
       } else {
@@ -297,6 +305,8 @@ void on_rank(agent_self self, inbound& in) {
     }
     case pb::envelope::kStepReport:
       st.last_step = std::max(st.last_step, env.step_report().step());
+      if (st.opts.annotate_report) st.opts.annotate_report(in.peer, *env.mutable_step_report());
+      emit(self, nev::steps_reported{env.step_report()});
       break;
     case pb::envelope::kRankStatus: {
       const auto& s = env.rank_status();

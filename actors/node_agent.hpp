@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "actors/liveness.hpp"
@@ -58,6 +59,46 @@ class process_launcher {
   virtual void kill(int32_t pid) = 0;
 };
 
+// What the node agent tells its process, as typed values: the process wires
+// them to its metrics and its exit (app/node.cpp); nothing outside the agent
+// reads the envelopes it relays. Called on the agent's thread; the sink must
+// not block.
+namespace nev {
+// The coordinator accepted this node into job `job_id`.
+struct registered {
+  std::string job_id;
+  int32_t node_rank = -1;
+};
+// The coordinator refused this node for good (shutdown.refused): the
+// process exits 1 with `reason`. Emitted before the agent quits.
+struct refused {
+  std::string reason;
+};
+// A heartbeat came back; `echoed_sent_steady_s` is when it was sent
+// (steady clock seconds of this process).
+struct heartbeat_acked {
+  double echoed_sent_steady_s = 0;
+};
+// A rank process it started said hello on the ranks' link as `peer`.
+struct rank_started {
+  int32_t local_rank = 0;
+  int32_t pid = 0;
+  std::string peer;
+};
+// A generation plan newer than the last one reached this node.
+struct plan_received {
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+};
+// One of its ranks reported steps (already annotated, see
+// node_agent_options::annotate_report), on its way to the coordinator.
+struct steps_reported {
+  pb::step_report report;
+};
+}  // namespace nev
+using node_event = std::variant<nev::registered, nev::refused, nev::heartbeat_acked, nev::rank_started, nev::plan_received, nev::steps_reported>;
+using node_event_sink = std::function<void(const node_event&)>;
+
 struct node_agent_options {
   std::string node_id;
   std::string advertise_addr;
@@ -83,9 +124,12 @@ struct node_agent_options {
   // (may be empty: the options above stay).
   std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;
   log_fn log;
-  // Called once when the coordinator refuses this node (shutdown.refused),
-  // with its reason: the process then exits non-zero.
-  std::function<void(const std::string&)> on_refused;
+  // Everything worth a metric or the process's exit (may be empty).
+  node_event_sink events;
+  // Adds what only the node knows (the rank process's CPU and memory, the
+  // node id) to a rank's step report before it is relayed; `peer` is the
+  // rank's link id (may be empty).
+  std::function<void(const std::string& peer, pb::step_report&)> annotate_report;
 };
 
 // initial * 2^attempt, capped at `max` (attempt 0 -> initial).

@@ -1,7 +1,6 @@
 // The node process: the node agent actor (actors/node_agent), the ZeroMQ
 // bridge (a DEALER to the coordinator, a ROUTER on an ipc socket for the
 // ranks), and the rank processes it starts and reaps.
-#include <mutex>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -162,14 +161,12 @@ int run_node(const cluster_cli& cli) {
     if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
   };
 
+  // The process's own actor: the agent's refusal reaches it as a message,
+  // and it waits for the agent to quit.
+  caf::scoped_actor self{sys};
+  const caf::actor main_actor = caf::actor_cast<caf::actor>(self);
+
   node_agent_options o;
-  // The coordinator refused this node: say why on stderr, exit 1.
-  auto refused = std::make_shared<std::string>();
-  auto refused_mu = std::make_shared<std::mutex>();
-  o.on_refused = [refused, refused_mu](const std::string& why) {
-    std::lock_guard<std::mutex> lock(*refused_mu);
-    *refused = why;
-  };
   o.node_id = node_id;
   o.advertise_addr = advertise;
   o.hostname = host_name();
@@ -179,13 +176,12 @@ int run_node(const cluster_cli& cli) {
   o.header.incarnation = incarnation;
   o.liveness.heartbeat_interval = std::chrono::milliseconds(100);
   o.liveness.heartbeat_timeout = std::chrono::milliseconds(1000);
+  // The job's own heartbeat settings (register_ack's config), read as the
+  // coordinator reads them.
   o.liveness_from_config = [](const std::string& toml) -> std::optional<liveness_options> {
     auto c = config::parse_toml(toml, "register_ack");
     if (!c) return std::nullopt;
-    liveness_options l;
-    l.heartbeat_interval = std::chrono::milliseconds(c.value().get_int("cluster.heartbeat_interval_ms"));
-    l.heartbeat_timeout = std::chrono::milliseconds(c.value().get_int("cluster.heartbeat_timeout_ms"));
-    return l;
+    return liveness_options_from(c.value());
   };
   o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); };
 
@@ -195,37 +191,40 @@ int run_node(const cluster_cli& cli) {
       std::to_string(cli.threads_per_rank)},
       cli.fail_at_step >= 0 ? std::vector<std::string>{"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)}
                             : std::vector<std::string>{});
-  auto agent = sys.spawn(node_agent, o, out, launcher);
-  launcher->attach(agent);
-
-  // The node's /metrics: read off the traffic it relays (plans down, its
-  // ranks' reports up), on the bridge thread only. Prometheus updates are
-  // lock-free and never block.
-  int64_t last_step = 0;
-  // Per-rank CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
+  // The node's /metrics and its exit, from the agent's typed events. Per-rank
+  // CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
   auto usage = std::make_shared<rank_usage_tracker>(m);
   m.on_scrape([usage] { usage->sample_all(); });
-  bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    if (env.has_register_ack() && env.register_ack().accepted())
-      if (auto* b = bridge_ptr.load()) b->set_job_id(env.register_ack().job_id());
-    if (env.has_rank_hello()) usage->track(peer, env.rank_hello().local_rank(), env.rank_hello().pid());
-    if (env.has_heartbeat_ack()) observe_heartbeat_rtt(m, env.heartbeat_ack().echoed_sent_steady_s());
-    if (env.has_step_report()) add_usage(*env.mutable_step_report(), usage->sample(peer), node_id);
-    if (env.has_generation_plan()) {
-      m.generation().Set(static_cast<double>(env.generation_plan().generation()));
-      m.world_size().Set(env.generation_plan().world_size());
-    } else if (env.has_step_report()) {
-      const auto& r = env.step_report();
+  o.annotate_report = [usage, node_id](const std::string& peer, pb::step_report& r) { add_usage(r, usage->sample(peer), node_id); };
+  o.events = [&m, &bridge_ptr, usage, main_actor, last_step = std::make_shared<int64_t>(0)](const node_event& e) {
+    if (const auto* reg = std::get_if<nev::registered>(&e)) {
+      if (auto* b = bridge_ptr.load()) b->set_job_id(reg->job_id);
+    } else if (const auto* no = std::get_if<nev::refused>(&e)) {
+      caf::anon_send(main_actor, refused_atom::value, no->reason);
+    } else if (const auto* ack = std::get_if<nev::heartbeat_acked>(&e)) {
+      observe_heartbeat_rtt(m, ack->echoed_sent_steady_s);
+    } else if (const auto* hello = std::get_if<nev::rank_started>(&e)) {
+      usage->track(hello->peer, hello->local_rank, hello->pid);
+    } else if (const auto* plan = std::get_if<nev::plan_received>(&e)) {
+      m.generation().Set(static_cast<double>(plan->generation));
+      m.world_size().Set(plan->world_size);
+    } else if (const auto* steps = std::get_if<nev::steps_reported>(&e)) {
+      const auto& r = steps->report;
       m.samples().Increment(static_cast<double>(r.samples()));
       m.step_duration().Observe(r.step_s());
       m.allreduce_duration().Observe(r.allreduce_s());
       if (r.data_wait_s() > 0) m.data_wait().Observe(r.data_wait_s() / std::max(1, r.steps_covered()));
       m.loss().Set(r.loss());
-      if (r.step() > last_step) {
-        last_step = r.step();
-        m.step().Set(static_cast<double>(last_step));
+      if (r.step() > *last_step) {
+        *last_step = r.step();
+        m.step().Set(static_cast<double>(*last_step));
       }
     }
+  };
+  auto agent = sys.spawn(node_agent, o, out, launcher);
+  launcher->attach(agent);
+
+  bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [&](const std::string& link, const std::string& peer, pb::envelope env) {
     caf::anon_send(agent, inbound{link, peer, std::move(env)});
   });
   bridge_ptr.store(bridge.get());
@@ -238,14 +237,14 @@ int run_node(const cluster_cli& cli) {
 
   // Wait for the agent to quit (shutdown from the coordinator, or a leave).
   int code = 0;
+  std::string refusal;
   {
-    caf::scoped_actor self{sys};
     self->monitor(agent);
     bool done = false, left = false;
     uint64_t ticks = 0;
     const auto started = std::chrono::steady_clock::now();
     while (!done) {
-      self->receive([&](const caf::down_msg&) { done = true; },
+      self->receive([&](const caf::down_msg&) { done = true; }, [&](refused_atom, const std::string& why) { refusal = why; },
                     caf::after(std::chrono::milliseconds(100)) >> [&] {
                       if (++ticks % 20 == 0) gpu.sample();
                       // Nothing ever heard from the coordinator: a wrong address
@@ -268,12 +267,9 @@ int run_node(const cluster_cli& cli) {
                     });
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(*refused_mu);
-    if (!refused->empty()) {
-      std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refused->c_str());
-      code = 1;
-    }
+  if (!refusal.empty()) {
+    std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refusal.c_str());
+    code = 1;
   }
   // A signal that arrived while the job was ending (the coordinator's stop
   // can be quicker than this loop's tick) still names how the node ended.

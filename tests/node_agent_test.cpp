@@ -112,7 +112,11 @@ TEST(backoff, doubles_from_initial_and_caps) {
 class node_agent_test : public ::testing::Test, public caf_fixture {
  protected:
   void start(int32_t nproc = 2) {
-    agent = spawn(node_agent, agent_opts("a", nproc), wire.sink(), launcher);
+    auto o = agent_opts("a", nproc);
+    // The test coordinator runs the agent on this thread.
+    o.events = [this](const node_event& e) { events.push_back(e); };
+    o.annotate_report = [](const std::string& peer, pb::step_report& r) { r.set_node_id("annotated for " + peer); };
+    agent = spawn(node_agent, o, wire.sink(), launcher);
     caf::anon_send(agent, start_atom::value);
     run();
   }
@@ -143,9 +147,18 @@ class node_agent_test : public ::testing::Test, public caf_fixture {
   node_agent_state& st() { return state_of<node_agent_state>(agent); }
   size_t registers() const { return wire.count(pb::envelope::kRegisterNode); }
 
+  template <class E>
+  std::vector<E> events_of() const {
+    std::vector<E> out;
+    for (const auto& e : events)
+      if (const auto* x = std::get_if<E>(&e)) out.push_back(*x);
+    return out;
+  }
+
   std::shared_ptr<fake_launcher> launcher = std::make_shared<fake_launcher>();
   wire_log wire;
   caf::actor agent;
+  std::vector<node_event> events;
 };
 
 TEST_F(node_agent_test, retries_registration_with_backoff_until_acked) {
@@ -301,6 +314,50 @@ TEST_F(node_agent_test, forwards_plans_to_ranks_and_relays_their_reports) {
   caf::anon_send(agent, rank_exit_atom::value, launcher->last_pid_of(1), int32_t{139});
   run();
   EXPECT_EQ(wire.with(pb::envelope::kRankStatus).back().env.rank_status().global_rank(), 1);
+}
+
+// The process learns what happened from typed events (its metrics and its
+// exit), never by reading the envelopes the agent relays; a step report is
+// annotated before it is relayed.
+TEST_F(node_agent_test, tells_its_process_what_happened_as_typed_events) {
+  start();
+  EXPECT_TRUE(events.empty());
+  send(ack(true, 4));
+  ASSERT_EQ(events_of<nev::registered>().size(), 1u);
+  EXPECT_EQ(events_of<nev::registered>()[0].job_id, "job");
+  EXPECT_EQ(events_of<nev::registered>()[0].node_rank, 4);
+  send(hello(0, launcher->last_pid_of(0)));
+  send(hello(1, 999999));  // not a process it started: not tracked
+  ASSERT_EQ(events_of<nev::rank_started>().size(), 1u);
+  EXPECT_EQ(events_of<nev::rank_started>()[0].pid, launcher->last_pid_of(0));
+  EXPECT_EQ(events_of<nev::rank_started>()[0].peer, "r0");
+  send(plan_for("a", 2, 2));
+  send(plan_for("a", 1, 2));  // older: fenced, no event
+  ASSERT_EQ(events_of<nev::plan_received>().size(), 1u);
+  EXPECT_EQ(events_of<nev::plan_received>()[0].generation, 2u);
+  EXPECT_EQ(events_of<nev::plan_received>()[0].world_size, 2);
+  auto report = from_rank("r0");
+  report.env.mutable_step_report()->set_step(12);
+  report.env.mutable_step_report()->set_samples(64);
+  send(report);
+  ASSERT_EQ(events_of<nev::steps_reported>().size(), 1u);
+  EXPECT_EQ(events_of<nev::steps_reported>()[0].report.step(), 12);
+  EXPECT_EQ(events_of<nev::steps_reported>()[0].report.node_id(), "annotated for r0");
+  auto relayed = wire.with(pb::envelope::kStepReport);
+  ASSERT_EQ(relayed.size(), 1u);
+  EXPECT_EQ(relayed[0].env.step_report().node_id(), "annotated for r0");
+  inbound hb{links::coordinator, "", from_coordinator(2)};
+  hb.env.mutable_heartbeat_ack()->set_echoed_sent_steady_s(41.5);
+  send(hb);
+  ASSERT_EQ(events_of<nev::heartbeat_acked>().size(), 1u);
+  EXPECT_EQ(events_of<nev::heartbeat_acked>()[0].echoed_sent_steady_s, 41.5);
+  EXPECT_TRUE(events_of<nev::refused>().empty());
+  inbound no{links::coordinator, "", from_coordinator(2)};
+  no.env.mutable_shutdown()->set_reason("data file 'x' differs");
+  no.env.mutable_shutdown()->set_refused(true);
+  send(no);
+  ASSERT_EQ(events_of<nev::refused>().size(), 1u);
+  EXPECT_EQ(events_of<nev::refused>()[0].reason, "data file 'x' differs");
 }
 
 TEST_F(node_agent_test, shutdown_stops_ranks_without_restarting_them) {
