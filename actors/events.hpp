@@ -56,4 +56,8 @@ using event = std::variant<node_joined, node_lost, node_left, node_quarantined, 
 
 namespace dtactor {
 using event_sink = std::function<void(const ev::event&)>;
+// An actor's report through its (possibly empty) sink.
+inline void emit(const event_sink& sink, ev::event e) {
+  if (sink) sink(e);
+}
 }  // namespace dtactor

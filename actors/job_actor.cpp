@@ -10,18 +10,6 @@ namespace dtactor {
 namespace {
 
 using job_self = caf::stateful_actor<job_actor_state>*;
-using writer_self = caf::stateful_actor<checkpoint_writer_state>*;
-
-void log_line(const log_fn& log, const std::string& line) {
-  if (log) log(line);
-}
-
-void emit(const event_sink& sink, ev::event e) {
-  if (sink) sink(e);
-}
-
-// The node a report came from: a node's, or a rank's own envelope passed on by its node.
-std::string node_of(const sender_id& from) { return from.node.empty() ? from.to_string() : from.node; }
 
 // The end is decided: every checkpoint forwarded so far is handled first
 // (the final one arrives before the ranks' FINISHED), then the end is
@@ -95,7 +83,7 @@ void on_step_report(job_self self, const pb::step_report& r, const sender_id& se
   auto& st = self->state;
   record_step(self, r.global_rank(), r.step());
   if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0)
-    emit(st.opts.events, ev::rank_usage{r.global_rank(), r.node_id().empty() ? node_of(sender) : r.node_id(), r.cpu_s(), r.rss_bytes(),
+    emit(st.opts.events, ev::rank_usage{r.global_rank(), r.node_id().empty() ? sender.node_name() : r.node_id(), r.cpu_s(), r.rss_bytes(),
                                         r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered())});
   auto done = st.steps.add(r, st.generation, st.world_size);
   if (!done) return;
@@ -124,7 +112,7 @@ void on_rank_status(job_self self, const inbound& in) {
       // Recorded; the membership actor re-plans (a new generation without
       // the lost rank, or the same members re-formed).
       const bool failed = s.status() == pb::rank_status::STATE_FAILED;
-      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), node_of(in.from), s.detail(), s.exit_code(), s.step(),
+      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), in.from.node_name(), s.detail(), s.exit_code(), s.step(),
                                          in.env.generation()});
       // No new generation can fix ranks whose parameters diverged.
       if (failed && s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER)
@@ -219,7 +207,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
             if (st.checkpoints) self->send(st.checkpoints, std::move(in));
             break;
           case pb::envelope::kJobError:
-            emit(st.opts.events, ev::job_error{node_of(in.from), in.env.job_error().message()});
+            emit(st.opts.events, ev::job_error{in.from.node_name(), in.env.job_error().message()});
             break;
           default:
             ++st.stale_reports;
@@ -253,103 +241,6 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
         ++self->state.nodes_lost;
         log_line(self->state.opts.log, "job: node '" + node_id + "' lost after " + std::to_string(detected_after_s) + " s of silence");
       },
-  };
-}
-
-// -- checkpoint writer ---------------------------------------------------------
-
-namespace {
-
-void try_commit(writer_self self, int64_t step) {
-  auto& st = self->state;
-  auto it = st.pending.find(step);
-  if (it == st.pending.end()) return;
-  auto& p = it->second;
-  if (p.failed || !p.have_meta || static_cast<int32_t>(p.parts.size()) < p.world) return;
-  pb::checkpoint_meta meta;
-  std::string why;
-  if (!meta.ParseFromString(p.meta)) why = "rank 0's manifest does not parse";
-  meta.set_generation(p.generation);
-  meta.set_world_size(p.world);
-  meta.clear_parts();
-  uint64_t bytes = 0;
-  for (const auto& [rank, part] : p.parts) {  // by rank: ascending offsets
-    *meta.add_parts() = part;
-    bytes += part.size();
-  }
-  const double stall = p.stall_s, write = p.write_s;
-  const uint64_t gen = p.generation;
-  const int32_t world = p.world;
-  st.pending.erase(it);
-  if (why.empty() && st.opts.commit) {
-    auto saved = st.opts.commit(std::move(meta));
-    if (saved) {
-      ++st.saved;
-      ev::checkpoint_saved e{step, saved->path, saved->bytes, gen, saved->duration_s};
-      e.stall_s = stall;
-      e.write_s = write;
-      e.bytes_per_s = write > 0 ? static_cast<double>(bytes) / write : 0;
-      e.parts = world;
-      emit(st.opts.events, e);
-      if (step >= st.newest_step) {
-        st.newest_step = step;
-        if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step);
-      }
-      return;
-    }
-    why = saved.message();
-  }
-  if (why.empty()) return;  // no store: nothing to commit to
-  ++st.failed;
-  log_line(st.opts.log, "checkpoint at step " + std::to_string(step) + " not saved: " + why);
-  emit(st.opts.events, ev::checkpoint_failed{step, why});
-}
-
-}  // namespace
-
-caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts) {
-  self->state.opts = std::move(opts);
-  return {
-      [=](inbound& in) {
-        auto& st = self->state;
-        if (!in.env.has_checkpoint_written()) return;
-        const auto& w = in.env.checkpoint_written();
-        const uint64_t gen = in.env.generation();
-        // Steps of older generations that can no longer complete go.
-        for (auto it = st.pending.begin(); it != st.pending.end();)
-          it = it->second.generation < gen && it->first <= w.step() ? st.pending.erase(it) : std::next(it);
-        auto& p = st.pending[w.step()];
-        if (p.generation > gen) return;  // a newer generation already writes this step
-        if (p.generation < gen) p = checkpoint_writer_state::part_set{};
-        p.generation = gen;
-        p.world = w.world_size();
-        p.stall_s = std::max(p.stall_s, w.stall_s());
-        p.write_s = std::max(p.write_s, w.write_s());
-        if (w.global_rank() < 0 || w.global_rank() >= w.world_size()) return;
-        ++p.reports;
-        if (!w.error().empty() || !w.has_part()) {
-          if (!p.failed) {
-            p.failed = true;
-            ++st.failed;
-            const std::string why = "rank " + std::to_string(w.global_rank()) + " (" + node_of(in.from) + ") could not store its part: " + w.error();
-            log_line(st.opts.log, "checkpoint at step " + std::to_string(w.step()) + " not saved: " + why);
-            emit(st.opts.events, ev::checkpoint_failed{w.step(), why});
-          }
-        } else {
-          p.parts[w.global_rank()] = w.part();
-          if (w.global_rank() == 0) {
-            p.meta = w.meta();
-            p.have_meta = true;
-          }
-        }
-        if (p.failed) {
-          if (p.reports >= p.world) st.pending.erase(w.step());  // every rank reported: forgotten
-          return;
-        }
-        try_commit(self, w.step());
-      },
-      [=](flush_atom) { return true; },
-      [=](members_atom, caf::actor members) { self->state.opts.members = std::move(members); },
   };
 }
 

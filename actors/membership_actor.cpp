@@ -15,9 +15,6 @@ const std::string& node_id_of(const inbound& in) {
   return in.from.who == sender_id::role::node ? in.from.node : none;
 }
 
-void log_line(const log_fn& log, const std::string& line) {
-  if (log) log(line);
-}
 
 using membership_self = caf::stateful_actor<membership_actor_state>*;
 

@@ -112,6 +112,9 @@ struct sender_id {
     }
     return "unknown";
   }
+  // The node it speaks for (a rank's envelope passed on by its node names
+  // the node too); its own name when it has no node.
+  std::string node_name() const { return node.empty() ? to_string() : node; }
   bool operator==(const sender_id& o) const { return who == o.who && node == o.node && local_rank == o.local_rank; }
 };
 

@@ -1,0 +1,109 @@
+#include "actors/checkpoint_writer.hpp"
+
+#include "caf/event_based_actor.hpp"
+#include "caf/stateful_actor.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using writer_self = caf::stateful_actor<checkpoint_writer_state>*;
+
+}  // namespace
+
+namespace {
+
+void try_commit(writer_self self, int64_t step) {
+  auto& st = self->state;
+  auto it = st.pending.find(step);
+  if (it == st.pending.end()) return;
+  auto& p = it->second;
+  if (p.failed || !p.have_meta || static_cast<int32_t>(p.parts.size()) < p.world) return;
+  pb::checkpoint_meta meta;
+  std::string why;
+  if (!meta.ParseFromString(p.meta)) why = "rank 0's manifest does not parse";
+  meta.set_generation(p.generation);
+  meta.set_world_size(p.world);
+  meta.clear_parts();
+  uint64_t bytes = 0;
+  for (const auto& [rank, part] : p.parts) {  // by rank: ascending offsets
+    *meta.add_parts() = part;
+    bytes += part.size();
+  }
+  const double stall = p.stall_s, write = p.write_s;
+  const uint64_t gen = p.generation;
+  const int32_t world = p.world;
+  st.pending.erase(it);
+  if (why.empty() && st.opts.commit) {
+    auto saved = st.opts.commit(std::move(meta));
+    if (saved) {
+      ++st.saved;
+      ev::checkpoint_saved e{step, saved->path, saved->bytes, gen, saved->duration_s};
+      e.stall_s = stall;
+      e.write_s = write;
+      e.bytes_per_s = write > 0 ? static_cast<double>(bytes) / write : 0;
+      e.parts = world;
+      emit(st.opts.events, e);
+      if (step >= st.newest_step) {
+        st.newest_step = step;
+        if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step);
+      }
+      return;
+    }
+    why = saved.message();
+  }
+  if (why.empty()) return;  // no store: nothing to commit to
+  ++st.failed;
+  log_line(st.opts.log, "checkpoint at step " + std::to_string(step) + " not saved: " + why);
+  emit(st.opts.events, ev::checkpoint_failed{step, why});
+}
+
+}  // namespace
+
+caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts) {
+  self->state.opts = std::move(opts);
+  return {
+      [=](inbound& in) {
+        auto& st = self->state;
+        if (!in.env.has_checkpoint_written()) return;
+        const auto& w = in.env.checkpoint_written();
+        const uint64_t gen = in.env.generation();
+        // Steps of older generations that can no longer complete go.
+        for (auto it = st.pending.begin(); it != st.pending.end();)
+          it = it->second.generation < gen && it->first <= w.step() ? st.pending.erase(it) : std::next(it);
+        auto& p = st.pending[w.step()];
+        if (p.generation > gen) return;  // a newer generation already writes this step
+        if (p.generation < gen) p = checkpoint_writer_state::part_set{};
+        p.generation = gen;
+        p.world = w.world_size();
+        p.stall_s = std::max(p.stall_s, w.stall_s());
+        p.write_s = std::max(p.write_s, w.write_s());
+        if (w.global_rank() < 0 || w.global_rank() >= w.world_size()) return;
+        ++p.reports;
+        if (!w.error().empty() || !w.has_part()) {
+          if (!p.failed) {
+            p.failed = true;
+            ++st.failed;
+            const std::string why = "rank " + std::to_string(w.global_rank()) + " (" + in.from.node_name() + ") could not store its part: " + w.error();
+            log_line(st.opts.log, "checkpoint at step " + std::to_string(w.step()) + " not saved: " + why);
+            emit(st.opts.events, ev::checkpoint_failed{w.step(), why});
+          }
+        } else {
+          p.parts[w.global_rank()] = w.part();
+          if (w.global_rank() == 0) {
+            p.meta = w.meta();
+            p.have_meta = true;
+          }
+        }
+        if (p.failed) {
+          if (p.reports >= p.world) st.pending.erase(w.step());  // every rank reported: forgotten
+          return;
+        }
+        try_commit(self, w.step());
+      },
+      [=](flush_atom) { return true; },
+      [=](members_atom, caf::actor members) { self->state.opts.members = std::move(members); },
+  };
+}
+
+}  // namespace dtactor

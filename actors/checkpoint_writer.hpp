@@ -1,0 +1,67 @@
+#pragma once
+// The coordinator's checkpoint writer (committer) actor.
+//
+// It reads no clock and reports only through the injected event sink and
+// log; the commit itself (manifest, checks, rotation) is injected too, so
+// tests run it with CAF's test coordinator and an in-memory commit.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "actors/events.hpp"
+#include "actors/messages.hpp"
+#include "caf/actor.hpp"
+#include "caf/behavior.hpp"
+#include "caf/stateful_actor.hpp"
+#include "dtactor/result.hpp"
+
+namespace dtactor {
+
+// The checkpoint committer: collects the ranks' checkpoint_written reports
+// and commits a checkpoint (writes its manifest through opts.commit, which
+// may block: the committer runs detached) once every rank of the generation
+// that wrote it has stored its part.
+struct saved_checkpoint {
+  std::string path;
+  int64_t bytes = 0;
+  double duration_s = 0;  // the commit (manifest, checks, rotation)
+};
+struct checkpoint_writer_options {
+  // meta: the manifest (rank 0's meta with every part, generation set).
+  std::function<result<saved_checkpoint>(pb::checkpoint_meta)> commit;
+  log_fn log;
+  event_sink events;
+  caf::actor members;  // gets (ckpt_atom, step); also set by (members_atom, actor)
+};
+
+struct checkpoint_writer_state {
+  struct part_set {
+    uint64_t generation = 0;
+    int32_t world = 0;
+    std::map<int32_t, pb::checkpoint_part> parts;  // by global rank
+    std::string meta;                              // rank 0's
+    bool have_meta = false;
+    bool failed = false;  // a rank could not store its part: never committed
+    int32_t reports = 0;
+    double stall_s = 0, write_s = 0;  // the slowest rank's
+  };
+  checkpoint_writer_options opts;
+  std::map<int64_t, part_set> pending;  // by step
+  int64_t newest_step = -1;
+  uint64_t saved = 0;
+  uint64_t failed = 0;
+  static inline const char* name = "dtactor.checkpoints";
+};
+
+// inbound checkpoint_written (fenced by the job actor). Parts of one step
+// from one generation are gathered (a newer generation's replace an older
+// one's); when every rank's is in, the checkpoint is committed through
+// opts.commit: `checkpoint_saved` (with the stall and write rate) or
+// `checkpoint_failed` (also when any rank could not store its part). A
+// committed checkpoint newer than any before goes to the membership actor
+// as (ckpt_atom, step). (flush_atom) -> true once every report received
+// before it was handled.
+caf::behavior checkpoint_writer(caf::stateful_actor<checkpoint_writer_state>* self, checkpoint_writer_options opts);
+
+}  // namespace dtactor
