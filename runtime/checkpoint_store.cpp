@@ -350,6 +350,14 @@ void checkpoint_store::rotate(const std::string& just_written) {
 }
 
 void checkpoint_store::sweep_orphans(int64_t up_to_step, uint64_t older_than_generation) {
+  auto orphan = [&](const std::string& name) {
+    auto id = parse_part_name(name);
+    return id && (id->step <= up_to_step || id->generation < older_than_generation);
+  };
+  // Writes of such parts still in flight are from ranks that died mid-write
+  // (or zombies of a fenced generation): a long-running coordinator sweeps
+  // them here, not only at its next start.
+  objects_->sweep_stale_writes(orphan);
   auto all = objects_->list();
   if (!all) return;
   std::set<std::string> referenced;
@@ -357,9 +365,7 @@ void checkpoint_store::sweep_orphans(int64_t up_to_step, uint64_t older_than_gen
     if (s.meta)
       for (const auto& p : s.meta->parts()) referenced.insert(p.name());
   for (const auto& o : *all) {
-    auto id = parse_part_name(o.name);
-    if (!id || referenced.count(o.name)) continue;
-    if (id->step <= up_to_step || id->generation < older_than_generation) (void)objects_->remove(o.name);
+    if (!referenced.count(o.name) && orphan(o.name)) (void)objects_->remove(o.name);
   }
 }
 

@@ -148,12 +148,15 @@ class dir_store : public object_store {
 
   status remove(const std::string& name) override { return remove_file(dir_ + "/" + name); }
 
-  void sweep_stale_writes() override {
+  void sweep_stale_writes(const std::function<bool(const std::string&)>& stale) override {
     const std::string own = ".tmp." + std::to_string(::getpid()) + ".";
     std::error_code ec;
     for (std::filesystem::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
-      if (is_atomic_temp_name(name) && name.find(own) == std::string::npos) (void)remove_file(it->path().string());
+      if (!is_atomic_temp_name(name)) continue;
+      // "<object>.tmp.<pid>.<n>": the object the write was for.
+      const bool drop = stale ? stale(name.substr(0, name.rfind(".tmp.", name.rfind('.') - 1))) : name.find(own) == std::string::npos;
+      if (drop) (void)remove_file(it->path().string());
     }
   }
 

@@ -8,6 +8,7 @@
 // Thread safety: one store may be used from several threads at once; a
 // writer belongs to one thread.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,9 +50,12 @@ class object_store {
   // Removing an object that is not there is success.
   virtual status remove(const std::string& name) = 0;
   // Drops what writers that died left behind (temp files of other
-  // processes). Only the process that owns the store's location calls it
-  // (the coordinator at start): it also drops writes in flight elsewhere.
-  virtual void sweep_stale_writes() = 0;
+  // processes, unfinished uploads). Only the process that owns the store's
+  // location calls it: without `stale` (the coordinator at start) it drops
+  // every write in flight elsewhere too; with `stale`, only the writes
+  // whose object name it accepts (a running coordinator: writes of
+  // generations that are over), whoever writes them.
+  virtual void sweep_stale_writes(const std::function<bool(const std::string& object)>& stale = {}) = 0;
 
   // Whole small objects.
   status put(const std::string& name, std::string_view bytes);

@@ -220,11 +220,13 @@ class s3_store : public object_store {
     return {};
   }
 
-  void sweep_stale_writes() override {
-    auto r = request("GET", "", {{"uploads", ""}, {"prefix", o_.prefix.empty() ? "" : o_.prefix + "/"}}, {}, nullptr, 0, nullptr);
+  void sweep_stale_writes(const std::function<bool(const std::string&)>& stale) override {
+    const std::string prefix = o_.prefix.empty() ? "" : o_.prefix + "/";
+    auto r = request("GET", "", {{"uploads", ""}, {"prefix", prefix}}, {}, nullptr, 0, nullptr);
     if (!r || r->code != 200) return;
     const auto keys = xml_all(r->body, "Key"), ids = xml_all(r->body, "UploadId");
-    for (size_t i = 0; i < keys.size() && i < ids.size(); ++i) (void)request("DELETE", keys[i], {{"uploadId", ids[i]}}, {}, nullptr, 0, nullptr);
+    for (size_t i = 0; i < keys.size() && i < ids.size(); ++i)
+      if (!stale || stale(keys[i].substr(prefix.size()))) (void)request("DELETE", keys[i], {{"uploadId", ids[i]}}, {}, nullptr, 0, nullptr);
   }
 
   // -- for the writer ----------------------------------------------------------

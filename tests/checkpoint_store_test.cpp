@@ -491,6 +491,25 @@ TEST(checkpoint_store, open_removes_temp_files_of_a_dead_writer) {
   EXPECT_EQ(file_names(dir.path()), std::set<std::string>{"notes.txt"});
 }
 
+// A rank killed mid-write leaves a temp file; a running coordinator's next
+// commit sweeps it when its generation is over or its step is committed,
+// and leaves writes of newer steps alone (they may be in flight).
+TEST(checkpoint_store, a_commit_sweeps_temp_files_of_writes_that_are_over) {
+  temp_dir dir;
+  auto store = open_store(dir.path());
+  const std::string dead = part_name(12, 1, 0, 2) + ".tmp.999999999.0";
+  const std::string same_step = part_name(15, 2, 1, 2) + ".tmp.999999998.3";
+  const std::string newer = part_name(30, 2, 1, 2) + ".tmp.999999997.1";
+  spit(dir / dead, "half");
+  spit(dir / same_step, "half");
+  spit(dir / newer, "half");
+  commit_ok(store, meta_at(15, 2));
+  const auto names = file_names(dir.path());
+  EXPECT_EQ(names.count(dead), 0u) << "a fenced generation's write";
+  EXPECT_EQ(names.count(same_step), 0u) << "a write of a committed step";
+  EXPECT_EQ(names.count(newer), 1u) << "a newer step's write may be in flight";
+}
+
 TEST(checkpoint_store, targets_of_eval_and_export) {
   temp_dir run;
   const std::string ckdir = run / "checkpoints";
