@@ -29,8 +29,8 @@ std::string train_binary() {
 int exec_training(int, char** argv, const dtactor::parsed_cli&) {
   const std::string path = train_binary();
   ::execv(path.c_str(), argv);
-  return dtactor::cli_fail("this command trains a model, which runs in " + path + ", and that could not be started (" +
-                           std::strerror(errno) + "): install dtactor-train next to dtactor, or name it with DTACTOR_TRAIN_BINARY");
+  return dtactor::cli_fail("this command trains a model, which runs in " + path + ", and that could not be started (" + std::strerror(errno) +
+                           "): install dtactor-train next to dtactor, or name it with DTACTOR_TRAIN_BINARY");
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <cerrno>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 

@@ -6,13 +6,12 @@
 // the one-argument wait; 0 = kNoTimeout, wait as long as the server parks);
 // every failure, a timeout included, throws c10::Error. Thread-safe (one
 // request at a time).
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 namespace dtactor {
@@ -25,8 +24,7 @@ class rendezvous_client : public c10d::Store {
   ~rendezvous_client() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
-  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
-                                  const std::vector<uint8_t>& desired) override;
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected, const std::vector<uint8_t>& desired) override;
   std::vector<uint8_t> get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t value) override;
   bool deleteKey(const std::string& key) override;

@@ -88,8 +88,10 @@ struct rendezvous_store::impl {
   void release(clock_type::time_point now) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       if (all_present(it->keys)) {
-        if (it->is_get) reply(it->peer, it->id, "ok", {kv[it->keys[0]]});
-        else reply(it->peer, it->id, "ok");
+        if (it->is_get)
+          reply(it->peer, it->id, "ok", {kv[it->keys[0]]});
+        else
+          reply(it->peer, it->id, "ok");
         it = waiting.erase(it);
       } else if (now >= it->deadline) {
         reply(it->peer, it->id, "err", {"timed out waiting for key '" + it->keys[0] + "' in the rendezvous store"});
@@ -123,8 +125,10 @@ struct rendezvous_store::impl {
       bool ok = false;
       const auto deadline = deadline_of(args[1], ok);
       if (!ok) return ignore("bad timeout");
-      if (auto it = kv.find(args[0]); it != kv.end()) reply(peer, id, "ok", {it->second});
-      else waiting.push_back({peer, id, true, {args[0]}, deadline});
+      if (auto it = kv.find(args[0]); it != kv.end())
+        reply(peer, id, "ok", {it->second});
+      else
+        waiting.push_back({peer, id, true, {args[0]}, deadline});
     } else if (op == "add" && n == 2) {
       int64_t delta = 0, now = 0;
       if (!parse_int64(args[1], delta)) return ignore("bad add delta");
@@ -154,9 +158,12 @@ struct rendezvous_store::impl {
       const auto deadline = deadline_of(args[0], ok);
       if (!ok) return ignore("bad timeout");
       args.erase(args.begin());
-      if (all_present(args)) reply(peer, id, "ok");
-      else if (args.empty()) reply(peer, id, "ok");
-      else waiting.push_back({peer, id, false, std::move(args), deadline});
+      if (all_present(args))
+        reply(peer, id, "ok");
+      else if (args.empty())
+        reply(peer, id, "ok");
+      else
+        waiting.push_back({peer, id, false, std::move(args), deadline});
     } else {
       return ignore("unknown operation or wrong number of arguments");
     }

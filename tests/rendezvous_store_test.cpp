@@ -1,22 +1,21 @@
 // The torch-free rendezvous store (server) and its c10d::Store client:
 // every operation, blocking and timeouts, garbage from strangers, and a
 // Gloo process group built over it.
-#include "runtime/rendezvous_client.hpp"
 #include "runtime/rendezvous_store.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
-#include <torch/torch.h>
+#include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include <thread>
-
 #include "runtime/communicator.hpp"
+#include "runtime/rendezvous_client.hpp"
 
 namespace dtactor {
 namespace {
