@@ -1,7 +1,6 @@
 #include "rank/rank_worker.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <pthread.h>
 #include <signal.h>
@@ -26,6 +25,7 @@
 #include "runtime/communicator.hpp"
 #include "runtime/grad_sync.hpp"
 #include "runtime/process.hpp"
+#include "runtime/rendezvous_client.hpp"
 #include "runtime/shm_group.hpp"
 #include "runtime/shipped_file.hpp"
 
@@ -345,12 +345,7 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
   std::thread([b, co, host, port, rank, world, rendezvous_timeout, want_shm, shm_floats] {
     result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
     try {
-      c10d::TCPStoreOptions so;
-      so.port = port;
-      so.isServer = false;
-      so.waitWorkers = false;
-      so.timeout = rendezvous_timeout;
-      auto store = c10::make_intrusive<c10d::TCPStore>(host, so);
+      auto store = c10::make_intrusive<rendezvous_client>(host, port, rendezvous_timeout);
       r = make_process_group(store, rank, world, co);
       if (r.ok() && want_shm) {
         auto ex = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/exchange", store), rank, world,
@@ -363,7 +358,9 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
       }
     } catch (const std::exception& e) {
       std::string what = e.what();
-      r = make_error("c10d store at " + host + ":" + std::to_string(port) + ": " + what.substr(0, what.find('\n')));
+      what = what.substr(0, what.find('\n'));
+      // rendezvous_client's errors name the store already.
+      r = make_error(what.rfind("rendezvous store at ", 0) == 0 ? what : "rendezvous store at " + host + ":" + std::to_string(port) + ": " + what);
     }
     std::lock_guard<std::mutex> lock(b->mu);
     b->r = std::move(r);

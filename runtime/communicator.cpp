@@ -1,5 +1,4 @@
 #include "runtime/communicator.hpp"
-#include "runtime/rendezvous_store.hpp"
 
 #include <sched.h>
 
@@ -7,7 +6,6 @@
 #include <mutex>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef DTACTOR_WITH_CUDA
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -98,29 +96,6 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> make_process_group(const c10::int
                       ") could not be built: " + what.substr(0, nl));
   }
   return make_error("unknown communication backend '" + backend + "' (use auto, gloo or nccl)");
-}
-
-struct rendezvous_store::impl {
-  c10::intrusive_ptr<c10d::TCPStore> store;
-};
-
-rendezvous_store::rendezvous_store(std::unique_ptr<impl> im) : im_(std::move(im)) {}
-rendezvous_store::~rendezvous_store() = default;
-
-result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std::chrono::milliseconds timeout) {
-  try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(port);
-    so.isServer = true;
-    so.waitWorkers = false;
-    so.timeout = timeout;
-    auto im = std::make_unique<impl>();
-    im->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-    return std::unique_ptr<rendezvous_store>(new rendezvous_store(std::move(im)));
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    return make_error("cannot start the c10d store on port " + std::to_string(port) + ": " + what.substr(0, what.find('\n')));
-  }
 }
 
 }  // namespace dtactor

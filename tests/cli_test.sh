@@ -136,4 +136,15 @@ expect_error "report without a run dir" "required|run_dir" report
 # No half-written files anywhere after all of the above.
 if find "$work" -name '*.tmp*' | grep -q .; then bad "temp files left behind"; find "$work" -name '*.tmp*'; else ok "no temp files left"; fi
 
+# The split build: `dtactor` (coordinator, nodes, local, config, report) maps
+# no LibTorch; the commands that train run in dtactor-train beside it.
+if ldd "$bin" >"$work/ldd" 2>&1 && ! grep -q -E 'libtorch|libc10' "$work/ldd"; then
+  ok "dtactor links no LibTorch"
+else
+  bad "dtactor links no LibTorch"; grep -E 'libtorch|libc10|not a dynamic' "$work/ldd"
+fi
+if ldd "$(dirname "$bin")/dtactor-train" 2>&1 | grep -q libtorch; then ok "dtactor-train links LibTorch"; else bad "dtactor-train links LibTorch"; fi
+DTACTOR_TRAIN_BINARY=$work/no-such-binary expect_error "a missing dtactor-train is one line" "dtactor-train|no-such-binary" \
+  train --set train.max_steps=1 --run-dir "$work/missing-train"
+
 finish

@@ -1,0 +1,230 @@
+// dtactor's command line, torch-free (app/cli.hpp): parses arguments (CLI11)
+// and runs the modes that need no LibTorch; hands the others to the
+// training launcher.
+#include "app/cli.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dtactor/config.hpp"
+#include "monitoring/report.hpp"
+#include "runtime/blas_info.hpp"
+
+namespace dtactor {
+
+namespace {
+
+std::atomic<int> g_stop{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.exchange(sig) != 0) {
+    // Second signal: the user insists; stop now.
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
+
+std::string config_reference() {
+  std::string out = "Config keys (TOML sections = the part before the dot; override any with --set key=value):\n";
+  for (const auto& k : config_schema()) {
+    out += "  " + k.name + " = " + (k.kind == value_kind::string ? "\"" + k.default_value + "\"" : k.default_value) + "\n      " + k.doc + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::atomic<int>* stop_flag() { return &g_stop; }
+
+void install_stop_handlers() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
+int cli_fail(const std::string& message, int code) {
+  std::fprintf(stderr, "dtactor: %s\n", message.c_str());
+  return code;
+}
+
+bool needs_training(const parsed_cli& p) {
+  switch (p.command) {
+    case cli_command::train:
+    case cli_command::eval:
+    case cli_command::export_checkpoint:
+    case cli_command::tune_batch: return true;
+    case cli_command::role: return p.role == "rank";
+    default: return false;
+  }
+}
+
+int run_cli(int argc, char** argv, const training_launcher& launcher) {
+  quiet_blas_workers();
+  CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
+               "Modes: train, eval, export, tune-batch, config, local, report, and --role coordinator|node."};
+  app.require_subcommand(0, 1);
+
+  parsed_cli p;
+  std::string& role = p.role;
+  cluster_cli& cl = p.cluster;
+  app.add_option("--role", role, "Run as a cluster process: coordinator or node")->check(CLI::IsMember({"coordinator", "node", "rank"}));
+  app.add_option("--listen", cl.listen, "coordinator: address to bind")->capture_default_str();
+  app.add_option("--coordinator", cl.coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
+  app.add_option("--nproc-per-node", cl.nproc_per_node, "node: rank processes to start (one per device)")->capture_default_str();
+  app.add_option("--metrics-port", cl.metrics_port, "Port of the Prometheus /metrics endpoint (0 = none)");
+  app.add_option("--metrics-addr", cl.metrics_addr, "Address the /metrics endpoint binds (it is unauthenticated)")->capture_default_str();
+  app.add_option("--advertise-addr", cl.advertise_addr,
+                 "node: address peers use to reach this machine (default: the one that routes to the coordinator); coordinator: its host "
+                 "as the ranks should reach it");
+  app.add_option("--node-id", cl.node_id, "node: stable name of this machine (default: host name)");
+  app.add_option("--connect-timeout", cl.connect_timeout_s, "node: seconds to wait for a first answer from the coordinator (0 = forever)")
+      ->capture_default_str();
+  app.add_option("--config", cl.config_path, "coordinator: job config file (TOML)");
+  app.add_option("--set", cl.overrides, "coordinator: override a config key (repeatable)")->allow_extra_args(false);
+  app.add_option("--run-dir", cl.run_dir, "coordinator: where the journal and checkpoints go")->capture_default_str();
+  app.add_option("--threads-per-rank", cl.threads_per_rank,
+                 "node: compute threads of each rank when train.threads is 0 (default: this machine's cores / --nproc-per-node)");
+  app.add_flag("--no-resume", cl.no_resume, "coordinator: start over even if the run directory holds checkpoints");
+  app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");
+  app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
+  app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
+  app.add_option("--fail-at-step", cl.fail_at_step,
+                 "node, for tests: after step N, local rank 0 injects the fault given by --fail-mode (default: off)");
+  std::string fail_mode = to_string(cl.fail_mode);
+  app.add_option("--fail-mode", fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash")
+      ->check(CLI::IsMember(fault_mode_names()))
+      ->capture_default_str();
+
+  std::string &config_path = p.config_path, &run_dir = p.run_dir, &resume_from = p.resume_from, &target = p.target;
+  std::vector<std::string>& overrides = p.overrides;
+  int64_t& stop_at = p.stop_at;
+  bool &no_resume = p.no_resume, &print_config = p.print_config, &reference = p.reference;
+
+  auto* train = app.add_subcommand("train", "Train one model in this process (single process, all cores)");
+  train->add_option("--config", config_path, "Job config file (TOML); defaults for every key otherwise");
+  train->add_option("--set", overrides, "Override a config key: --set train.max_steps=200 (repeatable)")->allow_extra_args(false);
+  train->add_option("--run-dir", run_dir, "Where the journal, logs and checkpoints go")->capture_default_str();
+  train->add_option("--stop-at-step", stop_at, "Stop after this many completed steps, with a checkpoint, as a preemption would");
+  train->add_flag("--no-resume", no_resume, "Start from scratch even if the run directory holds checkpoints");
+  train->add_option("--resume-from", resume_from, "Resume from this checkpoint (a ckpt-*.manifest file, or a checkpoint directory: its newest valid one)");
+  train->add_flag("--print-config", print_config, "Print the effective config as TOML and exit");
+
+  auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the held-out data");
+  eval->add_option("target", target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
+  eval->add_option("--config", config_path, "Config file (default: the config stored in the checkpoint)");
+  eval->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+
+  std::string& export_out = p.export_out;
+  bool& export_state_dict = p.export_state_dict;
+  auto* exp = app.add_subcommand("export", "Write a checkpoint as a PyTorch file: the scripted module (torchscript jobs) or a state_dict");
+  exp->add_option("target", target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
+  exp->add_option("--out", export_out, "The file to write (torch.jit.load / torch.load read it)")->required();
+  exp->add_flag("--state-dict", export_state_dict, "Write a state_dict (torch.load) even for a torchscript job");
+
+  std::string& tb_max_memory = p.tb_max_memory;
+  int64_t& tb_probe = p.tb_probe;
+  tune_batch_options& tb = p.tb;
+  auto* tune = app.add_subcommand("tune-batch",
+                                  "Find the largest per-rank micro-batch that fits a memory budget (doubling, then bisecting, one probe "
+                                  "process per size); results go to the run's journal and log book");
+  tune->add_option("--config", config_path, "Job config file (TOML)");
+  tune->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  tune->add_option("--run-dir", run_dir, "Whose journal and log book get the results (the run you will train in)")->capture_default_str();
+  tune->add_option("--max-memory", tb_max_memory, "Memory one rank may use, e.g. 6G (default: MemAvailable less 10%, over --nproc-per-node)");
+  tune->add_option("--nproc-per-node", tb.ranks_per_host, "Ranks that will share this machine's memory")->check(CLI::Range(1, 100000000))->capture_default_str();
+  tune->add_option("--start", tb.start, "First micro-batch tried")->check(CLI::Range(1, 100000000))->capture_default_str();
+  tune->add_option("--up-to", tb.up_to, "Largest micro-batch tried (default: train.global_batch_size)");
+  tune->add_option("--steps", tb.steps, "Training steps per size (the first is not timed)")->check(CLI::Range(1, 100000000))->capture_default_str();
+  tune->add_option("--max-trials", tb.max_trials, "Most sizes tried")->check(CLI::Range(1, 100000000))->capture_default_str();
+  tune->add_option("--probe", tb_probe, "(internal) train this micro-batch and report peak memory")->group("");
+
+  auto* cfgcmd = app.add_subcommand("config", "Print the effective config (or, with --reference, every key with its default and meaning)");
+  cfgcmd->add_option("--config", config_path, "Job config file (TOML)");
+  cfgcmd->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  cfgcmd->add_flag("--reference", reference, "List every key, its default and what it does");
+
+  std::string &report_dir = p.report_dir, &report_out = p.report_out;
+  auto* report = app.add_subcommand("report", "Write a Markdown log book of a run (config, metrics, time, memory, recoveries, loss curve)");
+  report->add_option("run_dir", report_dir, "The run directory (holds journal.jsonl and config.toml)")->required();
+  report->add_option("--out", report_out, "Markdown file to write (default RUN_DIR/report.md; loss.svg goes next to it)");
+
+  cluster_cli& lc = p.local;
+  lc.run_dir = "runs/local";
+  auto* local = app.add_subcommand("local", "A whole cluster on this machine: a coordinator and N node processes over loopback");
+  local->add_option("--nodes", lc.nodes, "Node processes to start")->capture_default_str();
+  local->add_option("--nproc-per-node", lc.nproc_per_node, "Rank processes per node")->capture_default_str();
+  local->add_option("--config", lc.config_path, "Job config file (TOML)");
+  local->add_option("--set", lc.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  local->add_option("--run-dir", lc.run_dir, "Where the journal and checkpoints go")->capture_default_str();
+  local->add_option("--metrics-port", lc.metrics_port, "Coordinator's /metrics port; node i uses the next ports (0 = none)");
+  local->add_option("--metrics-addr", lc.metrics_addr, "Address the /metrics endpoints bind")->capture_default_str();
+  local->add_flag("--no-resume", lc.no_resume, "Start over even if the run directory holds checkpoints");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return cli_fail(std::string(e.what()) + " (see dtactor --help)", 2);
+  }
+  cl.fail_mode = fault_mode_names().at(fail_mode);
+
+  if (*local) p.command = cli_command::local;
+  else if (!role.empty()) p.command = cli_command::role;
+  else if (*tune) p.command = cli_command::tune_batch;
+  else if (*cfgcmd) p.command = cli_command::config;
+  else if (*report) p.command = cli_command::report;
+  else if (*exp) p.command = cli_command::export_checkpoint;
+  else if (*eval) p.command = cli_command::eval;
+  else if (*train) p.command = cli_command::train;
+
+  if (p.command == cli_command::role) {
+    // A cluster started by `dtactor local` must not outlive it (kept across
+    // the exec into dtactor-train).
+    if (cl.die_with_parent) ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  }
+  if (needs_training(p)) return launcher(argc, argv, p);
+
+  if (p.command == cli_command::local || p.command == cli_command::role) {
+    install_stop_handlers();
+    if (p.command == cli_command::local) {
+      lc.stop_signal = &g_stop;
+      return run_local(lc);
+    }
+    cl.stop_signal = &g_stop;
+    if (role == "coordinator") return run_coordinator(cl);
+    if (role == "node" && cl.coordinator.empty() && std::getenv("MASTER_ADDR")) return run_static_node(cl);
+    return run_node(cl);
+  }
+
+  if (p.command == cli_command::config) {
+    if (reference) {
+      std::fputs(config_reference().c_str(), stdout);
+      return 0;
+    }
+    auto cfg = config::load(config_path, overrides);
+    if (!cfg) return cli_fail(cfg.message(), 2);
+    std::fputs(cfg->to_toml().c_str(), stdout);
+    return 0;
+  }
+
+  if (p.command == cli_command::report) {
+    auto r = write_report(report_dir, report_out);
+    if (!r) return cli_fail(r.message());
+    std::printf("wrote %s and %s\n", r->markdown.c_str(), r->svg.c_str());
+    return 0;
+  }
+
+  std::fputs(app.help().c_str(), stdout);
+  return 0;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,58 @@
+#pragma once
+// dtactor's command line, torch-free: parses every mode (CLI11) and runs the
+// ones that train no model in this process (config, report, local,
+// --role coordinator|node). The others (train, eval, export, tune-batch,
+// --role rank) go to a training_launcher: in libdtactor (run_main, the C++
+// API) it runs them in-process; in the small `dtactor` binary it executes
+// `dtactor-train` with the same arguments (app/dtactor_main.cpp).
+// Exit codes: 0 done, 1 the job failed, 2 bad command line or config,
+// 128+N stopped by signal N (after a checkpoint).
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "app/cluster.hpp"
+#include "rank/tune_batch.hpp"  // options only: torch-free header
+
+namespace dtactor {
+
+enum class cli_command { none, train, eval, export_checkpoint, tune_batch, config, report, local, role };
+
+// Everything the command line sets, for whichever command it names.
+struct parsed_cli {
+  cli_command command = cli_command::none;
+  std::string role;  // with cli_command::role: coordinator | node | rank
+  cluster_cli cluster;
+  cluster_cli local;
+  std::string config_path, run_dir = "runs/default", resume_from, target;
+  std::vector<std::string> overrides;
+  int64_t stop_at = -1;
+  bool no_resume = false, print_config = false, reference = false;
+  std::string export_out;
+  bool export_state_dict = false;
+  std::string tb_max_memory;
+  int64_t tb_probe = 0;
+  tune_batch_options tb;
+  std::string report_dir, report_out;
+};
+
+// True for the commands that need LibTorch (the training side).
+bool needs_training(const parsed_cli& p);
+
+// Runs a training command (needs_training) and returns the exit code.
+// `argv` is the original command line (for a launcher that re-executes it).
+using training_launcher = std::function<int(int argc, char** argv, const parsed_cli& parsed)>;
+
+int run_cli(int argc, char** argv, const training_launcher& launcher);
+
+// The stop flag SIGINT/SIGTERM set (a second signal kills at once), and the
+// call that installs those handlers.
+const std::atomic<int>* stop_flag();
+void install_stop_handlers();
+
+// One line on stderr, "dtactor: MESSAGE"; returns `code`.
+int cli_fail(const std::string& message, int code = 1);
+
+}  // namespace dtactor
