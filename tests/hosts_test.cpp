@@ -132,10 +132,14 @@ std::vector<std::string> transport_lines(const std::string& log) {
 // 2 hosts x 2 ranks: the ranks of a host sum through shared memory and one
 // rank per host crosses the network (hierarchical). The run ends with the
 // parameters, bit for bit, of the same job on one host (4 ranks over shared
-// memory), whose sums are added in the same order.
+// memory), whose sums are added in the same order. Both runs must train at
+// world 4 from the first step (a world-3 start, when a rank process comes up
+// later than the settle time, splits the batch differently): with
+// max_nodes=2 the job is planned the moment both nodes have both ranks
+// ready, and the long settle time keeps it from planning before that.
 TEST(Hosts, TwoHostsOfTwoRanksExchangeHierarchicallyAndEqualOneHostOfFour) {
   MAKE_HOSTS(net, 3);
-  const auto sets = job_sets(60, {"cluster.min_nodes=2"});
+  const auto sets = job_sets(60, {"cluster.min_nodes=2", "cluster.max_nodes=2", "cluster.settle_ms=600000"});
   temp_dir d1, d2;
   hosts_cluster h(std::move(*net), d1.path(), sets);
   ASSERT_EQ(h.cl.start_coordinator(), "");
@@ -160,6 +164,11 @@ TEST(Hosts, TwoHostsOfTwoRanksExchangeHierarchicallyAndEqualOneHostOfFour) {
     for (const auto& l : transport_lines(read_text(d2.path() + "/node-" + id + ".log")))
       EXPECT_NE(l.find("gradients over shared memory"), std::string::npos) << l;
   const auto one_fin = events<ev::job_finished>(one.journal());
+  for (const auto* j : {&h.cl, &one}) {
+    const auto gens = events<ev::generation_started>(j->journal());
+    ASSERT_EQ(gens.size(), 1u) << "one generation, at world 4, in each run\n" << j->logs();
+    EXPECT_EQ(gens[0].at("world_size"), 4);
+  }
   ASSERT_EQ(hosts_fin.size(), 1u);
   ASSERT_EQ(one_fin.size(), 1u);
   EXPECT_FALSE(hosts_fin[0].at("params_digest").get<std::string>().empty());
