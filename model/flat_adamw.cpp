@@ -1,9 +1,9 @@
 #include "model/flat_adamw.hpp"
 
-#include "model/adamw_kernel.hpp"
-
 #include <cmath>
 #include <limits>
+
+#include "model/adamw_kernel.hpp"
 
 namespace dtactor {
 
@@ -17,19 +17,24 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
     size_t g = 0;
     while (g < groups_.size() && !(groups_[g].decay == decay && groups_[g].params.scalar_type() == p.scalar_type())) ++g;
     if (g == groups_.size()) {
-      groups_.push_back(group{decay, torch::empty({0}, p.options().requires_grad(false)), {}, {}, {}});
+      group gr;
+      gr.decay = decay;
+      gr.params = torch::empty({0}, p.options().requires_grad(false));
+      groups_.push_back(std::move(gr));
       filled.push_back(0);
     }
     slots_.push_back(slot{p, g, filled[g], p.numel(), {}, {}});
     filled[g] += p.numel();
   }
+  int64_t base = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto& gr = groups_[g];
     const auto opts = gr.params.options();
+    gr.base = base;
+    base += filled[g];
     gr.params = torch::empty({filled[g]}, opts);
     gr.grads = torch::zeros({filled[g]}, opts);
-    gr.exp_avg = torch::zeros({filled[g]}, opts);
-    gr.exp_avg_sq = torch::zeros({filled[g]}, opts);
+    gr.windows.push_back(window{0, torch::zeros({filled[g]}, opts), torch::zeros({filled[g]}, opts)});
   }
   for (auto& s : slots_) {
     s.param_view = view(groups_[s.group].params, s);
@@ -88,26 +93,30 @@ void flat_adamw::step() {
   const double step_size = opts_.lr / bc1;
   for (auto& g : groups_) {
     const double wd = g.decay ? opts_.weight_decay : 0.0;
-    if (g.params.scalar_type() == torch::kFloat && g.params.is_cpu()) {
-      adamw_scalars k;
-      k.decay_factor = static_cast<float>(1 - opts_.lr * wd);
-      k.beta1 = static_cast<float>(opts_.beta1);
-      k.one_minus_beta1 = static_cast<float>(1 - opts_.beta1);
-      k.beta2 = static_cast<float>(opts_.beta2);
-      k.one_minus_beta2 = static_cast<float>(1 - opts_.beta2);
-      k.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bc2));
-      k.eps = static_cast<float>(opts_.eps);
-      k.neg_step_size = static_cast<float>(-step_size);
-      adamw_update(g.params.data_ptr<float>(), g.exp_avg.data_ptr<float>(), g.exp_avg_sq.data_ptr<float>(), g.grads.data_ptr<float>(),
-                   g.params.numel(), k);
-      continue;
+    for (auto& w : g.windows) {
+      const int64_t n = w.exp_avg.numel();
+      if (n == 0) continue;
+      auto params = g.params.narrow(0, w.begin, n), grads = g.grads.narrow(0, w.begin, n);
+      if (params.scalar_type() == torch::kFloat && params.is_cpu()) {
+        adamw_scalars k;
+        k.decay_factor = static_cast<float>(1 - opts_.lr * wd);
+        k.beta1 = static_cast<float>(opts_.beta1);
+        k.one_minus_beta1 = static_cast<float>(1 - opts_.beta1);
+        k.beta2 = static_cast<float>(opts_.beta2);
+        k.one_minus_beta2 = static_cast<float>(1 - opts_.beta2);
+        k.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bc2));
+        k.eps = static_cast<float>(opts_.eps);
+        k.neg_step_size = static_cast<float>(-step_size);
+        adamw_update(params.data_ptr<float>(), w.exp_avg.data_ptr<float>(), w.exp_avg_sq.data_ptr<float>(), grads.data_ptr<float>(), n, k);
+        continue;
+      }
+      // Other dtypes and devices: the same arithmetic as tensor ops.
+      if (wd != 0) params.mul_(1 - opts_.lr * wd);
+      w.exp_avg.mul_(opts_.beta1).add_(grads, 1 - opts_.beta1);
+      w.exp_avg_sq.mul_(opts_.beta2).addcmul_(grads, grads, 1 - opts_.beta2);
+      auto denom = (w.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(opts_.eps);
+      params.addcdiv_(w.exp_avg, denom, -step_size);
     }
-    // Other dtypes and devices: the same arithmetic as tensor ops.
-    if (wd != 0) g.params.mul_(1 - opts_.lr * wd);
-    g.exp_avg.mul_(opts_.beta1).add_(g.grads, 1 - opts_.beta1);
-    g.exp_avg_sq.mul_(opts_.beta2).addcmul_(g.grads, g.grads, 1 - opts_.beta2);
-    auto denom = (g.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(opts_.eps);
-    g.params.addcdiv_(g.exp_avg, denom, -step_size);
   }
 }
 
@@ -116,25 +125,152 @@ void flat_adamw::zero_grad() {
   for (auto& g : groups_) g.grads.zero_();
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> flat_adamw::state_tensors() const {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
+std::vector<state_tensor> flat_adamw::state_tensors() const {
+  std::vector<state_tensor> out;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    out.emplace_back("optim/exp_avg." + std::to_string(g), groups_[g].exp_avg);
-    out.emplace_back("optim/exp_avg_sq." + std::to_string(g), groups_[g].exp_avg_sq);
+    const auto& gr = groups_[g];
+    for (int which = 0; which < 2; ++which) {
+      const std::string name = (which == 0 ? "optim/exp_avg." : "optim/exp_avg_sq.") + std::to_string(g);
+      if (!sharded_) {
+        out.push_back(state_tensor::whole(name, which == 0 ? gr.windows[0].exp_avg : gr.windows[0].exp_avg_sq));
+        continue;
+      }
+      auto add = [&](int64_t first, const torch::Tensor& t) {
+        state_tensor st;
+        st.name = name;
+        st.t = t;
+        st.shape = {gr.params.numel()};
+        st.first = first;
+        st.sharded = true;
+        out.push_back(std::move(st));
+      };
+      for (const auto& w : gr.windows) add(w.begin, which == 0 ? w.exp_avg : w.exp_avg_sq);
+      if (gr.windows.empty()) add(0, torch::empty({0}, gr.params.options()));
+    }
+  }
+  return out;
+}
+
+int64_t flat_adamw::total_elements() const {
+  int64_t n = 0;
+  for (const auto& g : groups_) n += g.params.numel();
+  return n;
+}
+
+int64_t flat_adamw::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& g : groups_)
+    for (const auto& w : g.windows) n += 2 * w.exp_avg.numel() * w.exp_avg.element_size();
+  return n;
+}
+
+void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  torch::NoGradGuard no_grad;
+  const int64_t total = total_elements();
+  sharded_ = !(ranges.size() == 1 && ranges[0].first == 0 && ranges[0].second == total);
+  for (auto& g : groups_) {
+    const int64_t n = g.params.numel();
+    std::vector<window> next;
+    for (const auto& [a, b] : ranges) {
+      const int64_t lo = std::max<int64_t>(a - g.base, 0), hi = std::min<int64_t>(b - g.base, n);
+      if (lo >= hi) continue;
+      window w{lo, torch::zeros({hi - lo}, g.params.options()), torch::zeros({hi - lo}, g.params.options())};
+      // Keep what was held already.
+      for (const auto& old : g.windows) {
+        const int64_t olo = std::max(lo, old.begin), ohi = std::min(hi, old.begin + old.exp_avg.numel());
+        if (olo >= ohi) continue;
+        w.exp_avg.narrow(0, olo - lo, ohi - olo).copy_(old.exp_avg.narrow(0, olo - old.begin, ohi - olo));
+        w.exp_avg_sq.narrow(0, olo - lo, ohi - olo).copy_(old.exp_avg_sq.narrow(0, olo - old.begin, ohi - olo));
+      }
+      next.push_back(std::move(w));
+    }
+    if (!sharded_ && next.empty()) next.push_back(window{0, torch::zeros({0}, g.params.options()), torch::zeros({0}, g.params.options())});
+    g.retired = std::move(g.windows);
+    g.windows = std::move(next);
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> flat_adamw::held_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& g : groups_)
+    for (const auto& w : g.windows) {
+      const int64_t a = g.base + w.begin, b = a + w.exp_avg.numel();
+      if (a == b) continue;
+      if (!out.empty() && out.back().second == a)
+        out.back().second = b;
+      else
+        out.emplace_back(a, b);
+    }
+  return out;
+}
+
+std::vector<int64_t> flat_adamw::group_bases() const {
+  std::vector<int64_t> out;
+  for (const auto& g : groups_) out.push_back(g.base);
+  return out;
+}
+
+std::pair<torch::Tensor, torch::Tensor> flat_adamw::moments(int64_t begin, int64_t end, bool retired) const {
+  for (const auto& g : groups_) {
+    if (begin < g.base || end > g.base + g.params.numel()) continue;
+    for (const auto& w : retired ? g.retired : g.windows) {
+      const int64_t lo = begin - g.base - w.begin;
+      if (lo < 0 || end - g.base > w.begin + w.exp_avg.numel()) continue;
+      return {w.exp_avg.narrow(0, lo, end - begin), w.exp_avg_sq.narrow(0, lo, end - begin)};
+    }
+  }
+  TORCH_CHECK(false, "optimizer state of elements [", begin, ", ", end, ") is not held here");
+}
+
+flat_adamw::undo flat_adamw::save_for_undo() const {
+  undo u;
+  u.step = step_;
+  for (const auto& g : groups_)
+    for (const auto& w : g.windows) {
+      u.saved.push_back(g.params.narrow(0, w.begin, w.exp_avg.numel()).clone());
+      u.saved.push_back(w.exp_avg.clone());
+      u.saved.push_back(w.exp_avg_sq.clone());
+    }
+  return u;
+}
+
+void flat_adamw::apply_undo(const undo& u) {
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (auto& g : groups_)
+    for (auto& w : g.windows) {
+      g.params.narrow(0, w.begin, w.exp_avg.numel()).copy_(u.saved[i++]);
+      w.exp_avg.copy_(u.saved[i++]);
+      w.exp_avg_sq.copy_(u.saved[i++]);
+    }
+  step_ = u.step;
+}
+
+void flat_adamw::drop_retired() {
+  for (auto& g : groups_) g.retired.clear();
+}
+
+std::vector<torch::Tensor> flat_adamw::param_views(int64_t begin, int64_t end) const {
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups_) {
+    const int64_t lo = std::max<int64_t>(begin - g.base, 0), hi = std::min<int64_t>(end - g.base, g.params.numel());
+    if (lo < hi) out.push_back(g.params.narrow(0, lo, hi - lo));
   }
   return out;
 }
 
 void flat_adamw::save(torch::serialize::OutputArchive& ar) const {
+  TORCH_CHECK(!sharded_, "a sharded optimizer's state is saved through the state stream, not an archive");
   ar.write("flat_adamw.version", torch::tensor(int64_t{1}));
   ar.write("flat_adamw.step", torch::tensor(step_));
   for (size_t g = 0; g < groups_.size(); ++g) {
-    ar.write("flat_adamw.exp_avg." + std::to_string(g), groups_[g].exp_avg);
-    ar.write("flat_adamw.exp_avg_sq." + std::to_string(g), groups_[g].exp_avg_sq);
+    ar.write("flat_adamw.exp_avg." + std::to_string(g), groups_[g].windows[0].exp_avg);
+    ar.write("flat_adamw.exp_avg_sq." + std::to_string(g), groups_[g].windows[0].exp_avg_sq);
   }
 }
 
 void flat_adamw::load(torch::serialize::InputArchive& ar) {
+  TORCH_CHECK(!sharded_, "a sharded optimizer's state is loaded through the state stream, not an archive");
   torch::NoGradGuard no_grad;
   torch::Tensor version;
   if (ar.try_read("flat_adamw.version", version)) {
@@ -145,12 +281,12 @@ void flat_adamw::load(torch::serialize::InputArchive& ar) {
     for (size_t g = 0; g < groups_.size(); ++g) {
       ar.read("flat_adamw.exp_avg." + std::to_string(g), avg[g]);
       ar.read("flat_adamw.exp_avg_sq." + std::to_string(g), sq[g]);
-      TORCH_CHECK(avg[g].sizes() == groups_[g].exp_avg.sizes() && sq[g].sizes() == groups_[g].exp_avg_sq.sizes(),
-                  "optimizer state of parameter group ", g, " has ", avg[g].numel(), " values, the model ", groups_[g].exp_avg.numel());
+      TORCH_CHECK(avg[g].sizes() == groups_[g].params.sizes() && sq[g].sizes() == groups_[g].params.sizes(), "optimizer state of parameter group ", g,
+                  " has ", avg[g].numel(), " values, the model ", groups_[g].params.numel());
     }
     for (size_t g = 0; g < groups_.size(); ++g) {
-      groups_[g].exp_avg.copy_(avg[g]);
-      groups_[g].exp_avg_sq.copy_(sq[g]);
+      groups_[g].windows[0].exp_avg.copy_(avg[g]);
+      groups_[g].windows[0].exp_avg_sq.copy_(sq[g]);
     }
     step_ = st.item<int64_t>();
     return;
@@ -179,13 +315,13 @@ void flat_adamw::load(torch::serialize::InputArchive& ar) {
       auto* st = find(stand_ins[i]);
       if (!s) continue;
       if (!st) {
-        view(groups_[s->group].exp_avg, *s).zero_();
-        view(groups_[s->group].exp_avg_sq, *s).zero_();
+        view(groups_[s->group].windows[0].exp_avg, *s).zero_();
+        view(groups_[s->group].windows[0].exp_avg_sq, *s).zero_();
         continue;
       }
       TORCH_CHECK(st->exp_avg().sizes() == s->param.sizes(), "optimizer state does not fit parameter ", i);
-      view(groups_[s->group].exp_avg, *s).copy_(st->exp_avg());
-      view(groups_[s->group].exp_avg_sq, *s).copy_(st->exp_avg_sq());
+      view(groups_[s->group].windows[0].exp_avg, *s).copy_(st->exp_avg());
+      view(groups_[s->group].windows[0].exp_avg_sq, *s).copy_(st->exp_avg_sq());
       step = std::max(step, st->step());
     }
   };

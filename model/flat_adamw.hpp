@@ -14,10 +14,19 @@
 //
 // Checkpoints: save() writes the flat state; load() also reads the optimizer
 // section of older checkpoints, written by torch::optim::AdamW.
+//
+// Sharded (ZeRO-1, model/shard_plan): the moments are kept only for the
+// elements of the ranges given to shard(), in the index space of all groups
+// back to back; step() updates only those parameters (the caller all-gathers
+// the rest). The update is element-wise, so a shard's parameters come out
+// bit for bit as the unsharded optimizer's.
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
+
+#include "model/state_tensor.hpp"
 
 namespace dtactor {
 
@@ -53,8 +62,41 @@ class flat_adamw {
 
   // The optimizer's state as live flat tensors, for checkpoints and state
   // transfer (written into in place when loading): "optim/exp_avg.<g>",
-  // "optim/exp_avg_sq.<g>" per parameter group, in group order.
-  std::vector<std::pair<std::string, torch::Tensor>> state_tensors() const;
+  // "optim/exp_avg_sq.<g>" per parameter group, in group order; sharded, the
+  // windows held (one empty window for a group with none).
+  std::vector<state_tensor> state_tensors() const;
+
+  // Elements of all groups back to back (the shard plan's index space).
+  int64_t total_elements() const;
+  // Keeps the moments only for `ranges` (ascending, disjoint, in the index
+  // space); moments held before and still held are kept, newly held ones
+  // start at zero. All of [0, total) = unsharded again.
+  void shard(const std::vector<std::pair<int64_t, int64_t>>& ranges);
+  bool sharded() const { return sharded_; }
+  // The parameters of index-space range [begin, end) as views, in order (one
+  // per group the range crosses).
+  std::vector<torch::Tensor> param_views(int64_t begin, int64_t end) const;
+  // Bytes of optimizer state held.
+  int64_t state_bytes() const;
+  // Index-space ranges whose moments are held, ascending, adjacent merged.
+  std::vector<std::pair<int64_t, int64_t>> held_ranges() const;
+  // Each group's first element in the index space, in group order.
+  std::vector<int64_t> group_bases() const;
+  // Views of the moments (exp_avg, exp_avg_sq) of [begin, end), which must
+  // lie in one group and one held window; `retired`: in the windows shard()
+  // last replaced (kept until drop_retired(), for sending them on).
+  std::pair<torch::Tensor, torch::Tensor> moments(int64_t begin, int64_t end, bool retired = false) const;
+  void drop_retired();
+
+  // What step() changes when sharded (the held windows' parameters and
+  // moments, the step count), to put back when the step cannot be completed
+  // (the parameter all-gather failed): then the step did not happen.
+  struct undo {
+    std::vector<torch::Tensor> saved;  // per group and window: params, exp_avg, exp_avg_sq
+    int64_t step = 0;
+  };
+  undo save_for_undo() const;
+  void apply_undo(const undo& u);
 
  private:
   struct slot {
@@ -63,9 +105,17 @@ class flat_adamw {
     int64_t offset = 0, numel = 0;
     torch::Tensor param_view, grad_view;  // this parameter's place in its group's buffers
   };
+  // Moments of elements [begin, begin + exp_avg.numel()) of a group.
+  struct window {
+    int64_t begin = 0;
+    torch::Tensor exp_avg, exp_avg_sq;
+  };
   struct group {
     bool decay = false;
-    torch::Tensor params, grads, exp_avg, exp_avg_sq;  // flat
+    int64_t base = 0;             // its first element in the index space
+    torch::Tensor params, grads;  // flat
+    std::vector<window> windows;  // ascending; one covering the group when unsharded
+    std::vector<window> retired;  // what shard() replaced, until drop_retired()
   };
   torch::Tensor view(const torch::Tensor& flat, const slot& s) const { return flat.narrow(0, s.offset, s.numel).view(s.param.sizes()); }
   void gather_grads();  // grads that are not views of the buffer are copied into it
@@ -75,6 +125,7 @@ class flat_adamw {
   std::vector<torch::Tensor> decay_order_, no_decay_order_;  // torch::optim::AdamW's param group order (older checkpoints)
   flat_adamw_options opts_;
   int64_t step_ = 0;
+  bool sharded_ = false;
 };
 
 }  // namespace dtactor

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "checkpoint.pb.h"
-#include "runtime/data_wait.hpp"
 #include "runtime/blas_info.hpp"
+#include "runtime/data_wait.hpp"
 #include "runtime/fs.hpp"
 #include "runtime/grad_sync.hpp"
 #include "runtime/hash.hpp"
@@ -71,7 +71,8 @@ training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg
   o.beta2 = cfg.get_double("train.beta2");
   o.weight_decay = cfg.get_double("train.weight_decay");
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
-  order_ = std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), task_->train_size(), cfg.get_int("train.global_batch_size"));
+  order_ =
+      std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), task_->train_size(), cfg.get_int("train.global_batch_size"));
   schedule_.peak_lr = cfg.get_double("train.lr");
   schedule_.min_lr = cfg.get_double("train.min_lr");
   schedule_.warmup_steps = cfg.get_int("train.warmup_steps");
@@ -93,7 +94,7 @@ result<std::unique_ptr<training_state>> training_state::create(const config& cfg
   const int64_t b = cfg.get_int("train.global_batch_size");
   if (b > t.value()->train_size())
     return make_error("train.global_batch_size (" + std::to_string(b) + ") is larger than the training set (" +
-                      std::to_string(t.value()->train_size()) + " samples)",
+                          std::to_string(t.value()->train_size()) + " samples)",
                       errc::batch_exceeds_data);
   return std::unique_ptr<training_state>(new training_state(cfg, std::move(t.value())));
 }
@@ -137,7 +138,7 @@ double training_state::train_step() {
 
 void training_state::zero_grad() { optimizer_->zero_grad(); }
 
-result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync) {
+result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather) {
   dp_step r;
   auto samples = order_->rank_slice(step_, rank, world);
   r.samples = static_cast<int64_t>(samples.size());
@@ -154,7 +155,18 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   r.buckets = synced->buckets;
   r.launched_in_backward = synced->launched_in_backward;
   const auto t1 = clock_type::now();
+  if (!gather) {
+    r.grad_norm = apply_update();
+    r.update_s = seconds_since(t1);
+    return r;
+  }
+  const auto undo = optimizer_->save_for_undo();
   r.grad_norm = apply_update();
+  if (auto st = gather(); !st) {
+    optimizer_->apply_undo(undo);
+    --step_;
+    return st.err();
+  }
   r.update_s = seconds_since(t1);
   return r;
 }
@@ -215,14 +227,14 @@ pb::checkpoint_meta training_state::checkpoint_meta(const std::map<std::string, 
   return meta;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> training_state::state_tensors() {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
+std::vector<state_tensor> training_state::state_tensors() {
+  std::vector<state_tensor> out;
   auto module = task_->module();
-  for (auto& kv : module->named_parameters()) out.emplace_back("model/" + kv.key(), kv.value().detach());
-  for (auto& kv : module->named_buffers()) out.emplace_back("buffer/" + kv.key(), kv.value().detach());
-  for (auto& kv : optimizer_->state_tensors()) out.push_back(std::move(kv));
+  for (auto& kv : module->named_parameters()) out.push_back(state_tensor::whole("model/" + kv.key(), kv.value().detach()));
+  for (auto& kv : module->named_buffers()) out.push_back(state_tensor::whole("buffer/" + kv.key(), kv.value().detach()));
+  for (auto& st : optimizer_->state_tensors()) out.push_back(std::move(st));
   optim_steps_ = torch::tensor({optimizer_->steps_taken()}, torch::kInt64);
-  out.emplace_back("optim/steps", optim_steps_);
+  out.push_back(state_tensor::whole("optim/steps", optim_steps_));
   // The generator is re-seeded from (seed, step, rank) before every step, so
   // this state is not needed for exact resume; it is kept so that anything
   // drawing random numbers between steps resumes exactly too.
@@ -231,9 +243,8 @@ std::vector<std::pair<std::string, torch::Tensor>> training_state::state_tensors
     std::lock_guard<std::mutex> lock(gen.mutex());
     rng_ = gen.get_state().contiguous().clone();
   }
-  out.emplace_back("train/rng", rng_);
-  for (auto& kv : out)
-    TORCH_CHECK(kv.second.is_contiguous() && kv.second.device().is_cpu(), "state tensor ", kv.first, " is not a contiguous CPU tensor");
+  out.push_back(state_tensor::whole("train/rng", rng_));
+  for (auto& st : out) TORCH_CHECK(st.t.is_contiguous() && st.t.device().is_cpu(), "state tensor ", st.name, " is not a contiguous CPU tensor");
   return out;
 }
 
@@ -253,13 +264,18 @@ status training_state::reset_state() {
   torch::NoGradGuard no_grad;
   auto mine = state_tensors();
   auto theirs = fresh.value()->state_tensors();
-  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) mine[i].second.copy_(theirs[i].second);
+  for (auto& m : mine) {
+    if (m.sharded) {
+      m.t.zero_();  // a fresh optimizer's moments
+      continue;
+    }
+    for (const auto& t : theirs)
+      if (t.name == m.name) m.t.copy_(t.t);
+  }
   state_loaded(0);
   return {};
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 }  // namespace dtactor

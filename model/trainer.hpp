@@ -12,19 +12,20 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "checkpoint.pb.h"
-#include "model/flat_adamw.hpp"
-#include "model/data_order.hpp"
-#include "model/schedule.hpp"
-#include "dtactor/task.hpp"
 #include "dtactor/config.hpp"
-#include "runtime/job_config.hpp"
 #include "dtactor/result.hpp"
+#include "dtactor/task.hpp"
+#include "model/data_order.hpp"
+#include "model/flat_adamw.hpp"
+#include "model/schedule.hpp"
+#include "runtime/job_config.hpp"
 
 namespace dtactor {
 
@@ -60,15 +61,18 @@ class training_state {
   // mean gradient. On error (a failed or timed-out collective) the optimizer
   // has not stepped and step() is unchanged.
   struct dp_step {
-    double loss_sum = 0;    // this rank's samples only
-    int64_t samples = 0;    // this rank's share of the global batch
-    double grad_norm = 0;   // of the global gradient, before clipping
-    double compute_s = 0;   // forward + backward (including overlapped allreduce)
-    double update_s = 0;    // clip + optimizer
+    double loss_sum = 0;                    // this rank's samples only
+    int64_t samples = 0;                    // this rank's share of the global batch
+    double grad_norm = 0;                   // of the global gradient, before clipping
+    double compute_s = 0;                   // forward + backward (including overlapped allreduce)
+    double update_s = 0;                    // clip + optimizer
     double allreduce_s = 0, exposed_s = 0;  // see grad_sync_timing
     int buckets = 0, launched_in_backward = 0;
   };
-  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync);
+  // `gather` (ZeRO, rank/zero): run after the optimizer stepped the shards
+  // this rank holds, to bring the others' parameters; when it fails, the
+  // step is undone (step() unchanged, as for a failed allreduce).
+  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {});
 
   eval_result evaluate();
 
@@ -95,8 +99,16 @@ class training_state {
   // the state; writing them, under NoGradGuard, sets it); the scalar entries
   // are snapshots taken by this call. After writing into them, call
   // state_loaded(step) to apply the scalars and set step().
-  std::vector<std::pair<std::string, torch::Tensor>> state_tensors();
+  // With a sharded optimizer (shard_optimizer), its entries are the windows
+  // this rank holds.
+  std::vector<state_tensor> state_tensors();
   void state_loaded(int64_t step);
+  // ZeRO: keeps the optimizer state of index-space `ranges` only
+  // (model/shard_plan); apply_update() then steps only those parameters and
+  // the caller gathers the others' (rank/zero). All of it: unsharded.
+  void shard_optimizer(const std::vector<std::pair<int64_t, int64_t>>& ranges) { optimizer_->shard(ranges); }
+  flat_adamw& optimizer() { return *optimizer_; }
+
   // After a load that failed half-way (the tensors hold a mix): the initial
   // state again, as create() built it (step 0).
   status reset_state();
@@ -113,7 +125,6 @@ class training_state {
   int64_t micro_batch_ = 0;
   bool bf16_ = false;
 };
-
 
 // Sets intra-op and BLAS threads (train.threads; 0 = all cores).
 void configure_threads(const config& cfg);

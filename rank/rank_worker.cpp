@@ -1,7 +1,5 @@
 #include "rank/rank_worker.hpp"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "actors/journal_events.hpp"
 #include "checkpoint.pb.h"
@@ -19,15 +18,16 @@
 #include "rank/part_writer.hpp"
 #include "rank/state_io.hpp"
 #include "rank/step_policy.hpp"
-#include "runtime/data_wait.hpp"
+#include "rank/zero.hpp"
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/data_wait.hpp"
 #include "runtime/grad_sync.hpp"
 #include "runtime/process.hpp"
 #include "runtime/rendezvous_client.hpp"
-#include "runtime/shm_group.hpp"
 #include "runtime/shipped_file.hpp"
+#include "runtime/shm_group.hpp"
 
 namespace dtactor {
 
@@ -88,6 +88,8 @@ struct rank_worker::impl {
   std::string module_digest;  // of the shipped module it loaded ("" = none shipped)
   int threads = 0;
   std::unique_ptr<part_writer> writer;  // made at the first checkpoint
+  // train.zero >= 1: who holds which optimizer shard in this generation.
+  std::optional<shard_plan> shards;
 };
 
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
@@ -188,7 +190,9 @@ void rank_worker::run() {
     config load_cfg = cfg;
     if (!plan.module_object().empty()) {
       auto store = open_object_store(plan.checkpoint_store(), default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
-      if (!store) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, "cannot open the checkpoint store for the shipped module: " + store.message());
+      if (!store)
+        return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0,
+                      "cannot open the checkpoint store for the shipped module: " + store.message());
       auto got = fetch_shipped_file(*store.value(), plan.module_object(), plan.module_digest(), cfg.get_string("model.file"), shipped_cache_dir());
       if (!got) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, got.message());
       if (got->path != cfg.get_string("model.file")) {
@@ -245,12 +249,13 @@ struct rank_worker::generation_run {
   std::chrono::milliseconds timeout{0};
   abandon_fn abandon_now;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
-  exchange_plan exchange;  // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
+  exchange_plan exchange;                     // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
   std::string backend;
   ev::state_source source = ev::state_source::local;  // where the starting state came from
-  int root = 0;                  // global rank the state came from
-  uint64_t transfer_bytes = 0;   // state received from a peer
+  int root = 0;                                       // global rank the state came from
+  uint64_t transfer_bytes = 0;                        // state received from a peer
   double transfer_s = 0;
+  uint64_t reshard_bytes = 0;  // optimizer shards and parameters moved (train.zero >= 1)
 };
 
 void rank_worker::report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail) {
@@ -350,7 +355,8 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
       if (r.ok() && want_shm) {
         auto ex = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/exchange", store), rank, world,
                                  shm_floats, co, host_key());
-        if (!ex) r = ex.err();
+        if (!ex)
+          r = ex.err();
         else {
           std::lock_guard<std::mutex> lock(b->mu);
           b->exchange = std::move(ex.value());
@@ -402,6 +408,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;
   }
+  const int64_t held_step = state.step();  // what this rank holds before any transfer
   if (g.pg) {
     const auto words = agreement_words(state.step(), g.rank);
     std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
@@ -425,8 +432,82 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       }
     }
   }
+  if (impl_->cfg->get_int("train.zero") >= 1)
+    if (auto ended = shard_state(g, held_step == state.step())) return ended;
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
   return std::nullopt;
+}
+
+// train.zero >= 1, after the agreement: this generation's shard plan, and
+// every rank's optimizer moments resharded to it from whoever holds them at
+// the agreed step. When both holders of some shard were lost, the newest
+// committed checkpoint: global rank 0 loads it whole and the others take
+// their shards from it.
+std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, bool holds_current) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  flat_adamw& opt = state.optimizer();
+  const int64_t total = opt.total_elements();
+  std::vector<std::string> nodes(static_cast<size_t>(g.world));
+  for (const auto& r : g.plan.ranks())
+    if (r.global_rank() >= 0 && r.global_rank() < g.world) nodes[static_cast<size_t>(r.global_rank())] = r.node_id();
+  const int64_t want_replicas = im.cfg->get_int("train.zero_replicas");
+  const int replicas = want_replicas > 0 ? static_cast<int>(want_replicas) : default_replicas(nodes);
+  auto plan = make_shard_plan(total, nodes, replicas);
+  auto everything = [&] { return std::vector<std::pair<int64_t, int64_t>>{{0, total}}; };
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::string missing;
+    if (!g.pg) {
+      // Alone: this rank must hold everything.
+      const auto held = opt.held_ranges();
+      if (held == everything() || !opt.sharded()) {
+        state.shard_optimizer(everything());
+        im.shards = plan;
+        return std::nullopt;
+      }
+      missing = "elements outside this rank's shards";
+    } else {
+      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, g.timeout, g.abandon_now);
+      if (!r) {
+        (void)state.reset_state();  // half-moved shards: this rank holds nothing current
+        return failed(g, r.message(), state.step());
+      }
+      if (r->complete) {
+        im.shards = plan;
+        g.reshard_bytes = r->bytes_in + r->bytes_out;
+        return std::nullopt;
+      }
+      missing = r->missing;
+    }
+    if (attempt == 1) break;
+    // Some optimizer state is lost with its holders: back to the newest
+    // committed checkpoint.
+    std::fprintf(stderr, "rank %d: generation %llu: optimizer state of %s was held only by lost ranks; resuming from the newest checkpoint\n", g.rank,
+                 static_cast<unsigned long long>(g.gen), missing.c_str());
+    if (g.rank == 0) {
+      auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
+      if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
+      auto newest = store->newest_valid([](const std::string&, const std::string&) {}, false);
+      if (!newest) return failed(g, "checkpoint store: " + newest.message(), state.step());
+      if (!newest->has_value())
+        return failed(g, "optimizer state of " + missing + " was lost with its holders and no checkpoint is committed", state.step());
+      const auto& meta = **newest;
+      if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st) return failed(g, st.message(), state.step());
+      state.shard_optimizer(everything());
+      if (auto st = load_checkpoint(state, store.value(), meta); !st)
+        return failed(g, "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(), state.step());
+    } else {
+      (void)state.reset_state();
+    }
+    g.source = ev::state_source::disk;
+    holds_current = g.rank == 0;
+    if (!g.pg) continue;
+    int64_t from_disk = 1;
+    auto sent = broadcast_state(*g.pg, 0, state, g.timeout, g.abandon_now, from_disk);
+    if (!sent) return failed(g, sent.message(), state.step());
+    g.root = 0;
+  }
+  return failed(g, "optimizer state could not be resharded", state.step());
 }
 
 double rank_worker::send_eval(generation_run& g, std::map<std::string, double>& eval_at_step) {
@@ -513,6 +594,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       if (why.empty() && (g.exchange.shm || g.exchange.hierarchical)) why = "the gradients are not all float32, or do not fit the segment";
       transport = "gradients over " + g.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
     }
+    if (im.shards && g.world > 1) {
+      const auto& sp = *im.shards;
+      transport += "; optimizer state sharded (train.zero=1): this rank holds " + std::to_string(sp.held_elements(g.rank)) + " of " +
+                   std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
+                   " holder(s) a shard, " + std::to_string(g.reshard_bytes) + " bytes moved";
+    }
     if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
     ready.set_state_source(ev::to_string(g.source));
@@ -539,6 +626,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     const auto [a, b] = part_range(layout_of(state).bytes, g.rank, g.world);
     im.writer->prepare(b - a);
   }
+  // train.zero >= 1: after the optimizer stepped this rank's shards, the
+  // others' updated parameters.
+  std::function<status()> gather;
+  if (im.shards && g.pg && g.world > 1) gather = [&] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
   std::map<std::string, double> eval_at_step;
   pb::step_report acc;  // sums since the last report
   bool first = true;    // the first step of a generation is reported at once (recovery timing)
@@ -565,7 +656,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     mine.stop = stop_.load() ? 1.f : 0.f;
     mine.final_checkpoint = mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
     sync.set_control(mine);
-    auto r = state.train_step_dp(g.rank, g.world, sync);
+    auto r = state.train_step_dp(g.rank, g.world, sync, gather);
     if (!r) return failed(g, r.message(), state.step());
     const int64_t step = state.step();
     if (!moving_buffers.empty()) {
@@ -640,8 +731,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
 }
 
 void rank_worker::inject_fault() {
-  std::fprintf(stderr, "dtactor: fault injection at step %lld: %s\n", static_cast<long long>(opts_.fail_at_step),
-               to_string(opts_.fail_mode).c_str());
+  std::fprintf(stderr, "dtactor: fault injection at step %lld: %s\n", static_cast<long long>(opts_.fail_at_step), to_string(opts_.fail_mode).c_str());
   std::fflush(stderr);
   const pid_t node = ::getppid();
   switch (opts_.fail_mode) {

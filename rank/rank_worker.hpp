@@ -90,6 +90,7 @@ class rank_worker : public rank_work {
   outcome run_generation(const pb::generation_plan& plan, double offered_at);
   std::optional<outcome> build_group(generation_run& g);
   std::optional<outcome> agree_state(generation_run& g);
+  std::optional<outcome> shard_state(generation_run& g, bool holds_current);
   outcome train(generation_run& g);
   void fit_threads_to_host(const pb::generation_plan& plan);
   double send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);  // seconds it took

@@ -1,10 +1,9 @@
 #include "rank/state_io.hpp"
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "model/trainer.hpp"
 #include "runtime/checkpoint_store.hpp"
@@ -16,17 +15,28 @@ namespace {
 
 std::string dtype_name(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return "float32";
-    case c10::kDouble: return "float64";
-    case c10::kHalf: return "float16";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kLong: return "int64";
-    case c10::kInt: return "int32";
-    case c10::kShort: return "int16";
-    case c10::kChar: return "int8";
-    case c10::kByte: return "uint8";
-    case c10::kBool: return "bool";
-    default: return std::string("unsupported:") + c10::toString(t);
+    case c10::kFloat:
+      return "float32";
+    case c10::kDouble:
+      return "float64";
+    case c10::kHalf:
+      return "float16";
+    case c10::kBFloat16:
+      return "bfloat16";
+    case c10::kLong:
+      return "int64";
+    case c10::kInt:
+      return "int32";
+    case c10::kShort:
+      return "int16";
+    case c10::kChar:
+      return "int8";
+    case c10::kByte:
+      return "uint8";
+    case c10::kBool:
+      return "bool";
+    default:
+      return std::string("unsupported:") + c10::toString(t);
   }
 }
 
@@ -42,30 +52,93 @@ char* bytes_of(const torch::Tensor& t) { return static_cast<char*>(t.data_ptr())
 
 // Index of the first entry whose range ends after `at`.
 size_t entry_at(const state_layout& l, uint64_t at) {
-  auto it = std::upper_bound(l.entries.begin(), l.entries.end(), at,
-                             [](uint64_t v, const state_layout::entry& e) { return v < e.offset + e.size; });
+  auto it = std::upper_bound(l.entries.begin(), l.entries.end(), at, [](uint64_t v, const state_layout::entry& e) { return v < e.offset + e.size; });
   return static_cast<size_t>(it - l.entries.begin());
 }
 
 }  // namespace
 
+bool state_layout::sharded() const {
+  for (const auto& t : tensors)
+    if (t.sharded) return true;
+  return false;
+}
+
+uint64_t state_layout::replicated_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : tensors)
+    if (!t.sharded) n += t.size;
+  return n;
+}
+
 state_layout layout_of(training_state& state) {
   state_layout l;
-  for (auto& [name, t] : state.state_tensors()) {
-    const uint64_t size = static_cast<uint64_t>(t.numel()) * t.element_size();
-    l.entries.push_back({name, t, l.bytes, size});
-    l.bytes += size;
+  for (auto& st : state.state_tensors()) {
+    const uint64_t esize = static_cast<uint64_t>(st.t.element_size());
+    if (l.tensors.empty() || l.tensors.back().name != st.name) {
+      state_layout::tensor t;
+      t.name = st.name;
+      t.dtype = st.t.scalar_type();
+      t.shape = st.shape;
+      int64_t n = 1;
+      for (int64_t d : st.shape) n *= d;
+      t.offset = l.bytes;
+      t.size = static_cast<uint64_t>(n) * esize;
+      t.sharded = st.sharded;
+      l.bytes += t.size;
+      l.tensors.push_back(std::move(t));
+    }
+    const auto& t = l.tensors.back();
+    const uint64_t size = static_cast<uint64_t>(st.t.numel()) * esize;
+    if (size == 0) continue;
+    l.entries.push_back({st.name, st.t, t.offset + static_cast<uint64_t>(st.first) * esize, size, st.sharded});
   }
   return l;
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layout, int rank, int world,
+                                                        const std::vector<std::pair<int64_t, int64_t>>& primary,
+                                                        const std::vector<int64_t>& group_bases) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  auto add = [&](uint64_t a, uint64_t b) {
+    if (a >= b) return;
+    if (!out.empty() && out.back().second == a)
+      out.back().second = b;
+    else
+      out.emplace_back(a, b);
+  };
+  // This rank's share of the replicated bytes, mapped onto the stream.
+  const auto [ra, rb] = part_range(layout.replicated_bytes(), rank, world);
+  uint64_t seen = 0;
+  for (const auto& t : layout.tensors) {
+    if (t.sharded) {
+      // "optim/exp_avg.<g>" / "optim/exp_avg_sq.<g>": group g's part of each primary range.
+      const size_t dot = t.name.rfind('.');
+      const size_t g = static_cast<size_t>(std::stoul(t.name.substr(dot + 1)));
+      const int64_t base = g < group_bases.size() ? group_bases[g] : 0;
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      const uint64_t esize = n > 0 ? t.size / static_cast<uint64_t>(n) : 0;
+      for (const auto& [a, b] : primary) {
+        const int64_t lo = std::max<int64_t>(a - base, 0), hi = std::min<int64_t>(b - base, n);
+        if (lo < hi) add(t.offset + static_cast<uint64_t>(lo) * esize, t.offset + static_cast<uint64_t>(hi) * esize);
+      }
+      continue;
+    }
+    const uint64_t a = std::max(ra, seen), b = std::min(rb, seen + t.size);
+    if (a < b) add(t.offset + (a - seen), t.offset + (b - seen));
+    seen += t.size;
+  }
+  return out;
+}
+
 void describe_layout(const state_layout& layout, pb::checkpoint_meta& meta) {
   meta.clear_tensors();
-  for (const auto& e : layout.entries) {
+  for (const auto& e : layout.tensors) {
     auto* t = meta.add_tensors();
     t->set_name(e.name);
-    t->set_dtype(dtype_name(e.t.scalar_type()));
-    for (int64_t d : e.t.sizes()) t->add_shape(d);
+    t->set_dtype(dtype_name(e.dtype));
+    for (int64_t d : e.shape) t->add_shape(d);
     t->set_offset(e.offset);
     t->set_size(e.size);
   }
@@ -82,27 +155,29 @@ void copy_range(const state_layout& layout, uint64_t begin, uint64_t end, char* 
 
 status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta) {
   const std::string lead = "checkpoint does not fit this model: ";
-  if (static_cast<size_t>(meta.tensors_size()) != layout.entries.size() || meta.state_bytes() != layout.bytes) {
+  if (static_cast<size_t>(meta.tensors_size()) != layout.tensors.size() || meta.state_bytes() != layout.bytes) {
     // Name the first difference.
-    for (const auto& e : layout.entries) {
+    for (const auto& e : layout.tensors) {
       bool found = false;
       for (const auto& t : meta.tensors()) found = found || t.name() == e.name;
       if (!found) return make_error(lead + "it has no tensor '" + e.name + "'");
     }
     for (const auto& t : meta.tensors()) {
       bool found = false;
-      for (const auto& e : layout.entries) found = found || t.name() == e.name;
+      for (const auto& e : layout.tensors) found = found || t.name() == e.name;
       if (!found) return make_error(lead + "its tensor '" + t.name() + "' is not in this model");
     }
   }
-  for (size_t i = 0; i < layout.entries.size() && i < static_cast<size_t>(meta.tensors_size()); ++i) {
-    const auto& e = layout.entries[i];
+  for (size_t i = 0; i < layout.tensors.size() && i < static_cast<size_t>(meta.tensors_size()); ++i) {
+    const auto& e = layout.tensors[i];
     const auto& t = meta.tensors(static_cast<int>(i));
-    if (t.name() != e.name) return make_error(lead + "tensor " + std::to_string(i) + " is '" + t.name() + "' in the checkpoint, '" + e.name + "' here");
-    const std::vector<int64_t> here(e.t.sizes().begin(), e.t.sizes().end()), there(t.shape().begin(), t.shape().end());
-    if (t.dtype() != dtype_name(e.t.scalar_type()) || here != there) {
-      return make_error(lead + "tensor '" + e.name + "' is " + t.dtype() + shape_text(there) + " in the checkpoint, " +
-                        dtype_name(e.t.scalar_type()) + shape_text(here) + " here");
+    if (t.name() != e.name)
+      return make_error(lead + "tensor " + std::to_string(i) + " is '" + t.name() + "' in the checkpoint, '" + e.name + "' here");
+    const std::vector<int64_t>& here = e.shape;
+    const std::vector<int64_t> there(t.shape().begin(), t.shape().end());
+    if (t.dtype() != dtype_name(e.dtype) || here != there) {
+      return make_error(lead + "tensor '" + e.name + "' is " + t.dtype() + shape_text(there) + " in the checkpoint, " + dtype_name(e.dtype) +
+                        shape_text(here) + " here");
     }
     if (t.offset() != e.offset) return make_error(lead + "tensor '" + e.name + "' is at another offset");
   }
@@ -144,22 +219,26 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
   const state_layout layout = layout_of(state);
   // Root's step and stream length first: a receiver whose layout differs
   // fails here, before anything lands.
-  std::vector<torch::Tensor> head{torch::tensor({state.step(), static_cast<int64_t>(layout.bytes), tag}, torch::kInt64)};
+  std::vector<state_layout::entry> entries;
+  for (const auto& e : layout.entries)
+    if (!e.sharded) entries.push_back(e);
+  const uint64_t bytes = layout.replicated_bytes();
+  std::vector<torch::Tensor> head{torch::tensor({state.step(), static_cast<int64_t>(bytes), tag}, torch::kInt64)};
   if (auto st = wait_work(pg.broadcast(head, bo), deadline(), abandon, "state transfer (header)"); !st) return st.err();
   const int64_t step = head[0][0].item<int64_t>();
   tag = head[0][2].item<int64_t>();
-  if (static_cast<uint64_t>(head[0][1].item<int64_t>()) != layout.bytes)
+  if (static_cast<uint64_t>(head[0][1].item<int64_t>()) != bytes)
     return make_error("state transfer: rank " + std::to_string(root) + " holds " + std::to_string(head[0][1].item<int64_t>()) +
-                      " bytes of state, this rank " + std::to_string(layout.bytes) + " (another model?)");
+                      " bytes of state, this rank " + std::to_string(bytes) + " (another model?)");
   torch::NoGradGuard no_grad;
   transfer_stats stats;
   // Runs of entries adjacent in memory travel as one byte range.
   size_t i = 0;
-  while (i < layout.entries.size()) {
-    char* base = bytes_of(layout.entries[i].t);
-    uint64_t run = layout.entries[i].size;
+  while (i < entries.size()) {
+    char* base = bytes_of(entries[i].t);
+    uint64_t run = entries[i].size;
     size_t j = i + 1;
-    while (j < layout.entries.size() && bytes_of(layout.entries[j].t) == base + run) run += layout.entries[j++].size;
+    while (j < entries.size() && bytes_of(entries[j].t) == base + run) run += entries[j++].size;
     for (uint64_t at = 0; at < run; at += chunk_bytes) {
       const int64_t n = static_cast<int64_t>(std::min<uint64_t>(chunk_bytes, run - at));
       std::vector<torch::Tensor> t{torch::from_blob(base + at, {n}, torch::kUInt8)};

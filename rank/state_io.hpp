@@ -23,18 +23,43 @@ namespace dtactor {
 class training_state;
 class checkpoint_store;
 
+// The stream is the logical tensors back to back (the same on every rank
+// and at every world size); entries are what this rank holds of it: every
+// tensor whole, and with a sharded optimizer (train.zero >= 1) only its
+// windows of the optimizer's moments.
 struct state_layout {
+  struct tensor {
+    std::string name;
+    c10::ScalarType dtype = c10::kFloat;
+    std::vector<int64_t> shape;
+    uint64_t offset = 0, size = 0;
+    bool sharded = false;
+  };
   struct entry {
     std::string name;
-    torch::Tensor t;  // contiguous CPU
+    torch::Tensor t;  // contiguous CPU: stream[offset, offset + size)
     uint64_t offset = 0, size = 0;
+    bool sharded = false;  // a window of a sharded tensor
   };
-  std::vector<entry> entries;
+  std::vector<tensor> tensors;
+  std::vector<entry> entries;  // ascending by offset; empty windows left out
   uint64_t bytes = 0;
+  bool sharded() const;
+  // Bytes of the entries that every rank holds whole.
+  uint64_t replicated_bytes() const;
 };
 
 // The state's tensors at consecutive offsets (training_state order).
 state_layout layout_of(training_state& state);
+
+// The stream byte ranges this rank writes into a checkpoint: its share
+// (part_range) of the replicated bytes and, sharded, the windows of the
+// shards it is the primary of (`primary`: index-space element ranges,
+// model/shard_plan). Ascending, disjoint; over all ranks they cover the
+// stream exactly.
+std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layout, int rank, int world,
+                                                        const std::vector<std::pair<int64_t, int64_t>>& primary,
+                                                        const std::vector<int64_t>& group_bases);
 
 // Sets meta.tensors and meta.state_bytes from the layout.
 void describe_layout(const state_layout& layout, pb::checkpoint_meta& meta);
@@ -52,7 +77,8 @@ status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta);
 // bytes landed, the state is reset to the initial one (never left torn).
 status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta);
 
-// Sends the whole state of `root` to every rank of the group in place, in
+// Sends the whole state of `root` (sharded: the replicated tensors only;
+// rank/zero moves the shards) to every rank of the group in place, in
 // chunks of at most `chunk_bytes` (no extra copy of the state on either
 // side; adjacent tensors travel together). `step` is root's step on return
 // everywhere. A receiver whose transfer fails is reset to the initial state.

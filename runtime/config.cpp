@@ -61,6 +61,8 @@ std::vector<config_key> make_schema() {
       {"train.beta1", vk::floating, "0.9", "AdamW beta1.", 0.0},
       {"train.beta2", vk::floating, "0.999", "AdamW beta2.", 0.0},
       {"train.grad_clip", vk::floating, "1.0", "Clip the global gradient norm to this value (0 = off).", 0.0},
+      {"train.zero", vk::integer, "0", "Shard the training state across the ranks (ZeRO): 0 = every rank holds all of it; 1 = each rank keeps and updates only its shards of the AdamW moments (and their replicas), then the updated parameters are all-gathered. Parameters come out bit for bit as with 0.", 0},
+      {"train.zero_replicas", vk::integer, "0", "train.zero >= 1: ranks holding each shard of the optimizer state, kept current every step, so that a lost rank or machine loses none of it (0 = 2 when the job spans more than one node, else 1).", 0},
       {"train.bf16", vk::boolean, "false", "Run forward passes under bf16 autocast (CPU autocast of LibTorch)."},
       {"train.activation_checkpointing", vk::boolean, "false", "Recompute each block's activations in backward instead of storing them."},
       {"train.threads", vk::integer, "0", "Compute threads per process (0 = the machine's cores, split between the ranks a generation runs on it); they go to OpenBLAS, whose idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4 unless set), and LibTorch's own pool is kept at 1 to avoid oversubscription.", 0},

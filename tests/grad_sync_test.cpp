@@ -1,11 +1,8 @@
 #include "runtime/grad_sync.hpp"
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/torch.h>
-
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,8 +10,11 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "model/trainer.hpp"
+#include "rank_threads.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/process.hpp"
 #include "runtime/shm_group.hpp"
@@ -40,32 +40,7 @@ step_control ctl(float newer_plan, float stop, float final_checkpoint = 0.f) {
 }
 std::vector<float> words(const step_control& c) { return {c.newer_plan, c.stop, c.final_checkpoint}; }
 
-// Runs fn(rank, group) for `world` ranks as threads over one in-memory store;
-// returns each rank's failure text (empty when it passed its own checks).
-std::vector<std::string> run_ranks(int world, const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
-                                   std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000),
-                                   c10::intrusive_ptr<c10d::Store> store = {}) {
-  if (!store) store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      communicator_options o;
-      o.timeout = collective_timeout;
-      auto pg = make_process_group(store, r, world, o);
-      if (!pg) {
-        errors[r] = pg.message();
-        return;
-      }
-      try {
-        errors[r] = fn(r, pg.value());
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using testing::run_ranks;
 
 // As run_ranks, and each rank also joins a shared-memory group (slots of
 // `floats` floats) through the same store; a rank that gets none fails.
@@ -307,8 +282,7 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
       if (!t) return t.message();
       const auto c = words(sync.control());
       if (c != std::vector<float>{static_cast<float>(3 + 3 * step), step == 2 ? 1.f : 0.f, 0.25f * static_cast<float>(step)})
-        return "step " + std::to_string(step) + ": control sums " + std::to_string(c[0]) + ", " + std::to_string(c[1]) + ", " +
-               std::to_string(c[2]);
+        return "step " + std::to_string(step) + ": control sums " + std::to_string(c[0]) + ", " + std::to_string(c[1]) + ", " + std::to_string(c[2]);
       if (auto e = compare_gradients(s, want); !e.empty()) return e;
     }
     return "";
@@ -337,66 +311,66 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
 // exact, and steps keep the ranks equal.
 TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
   for (const int world : {2, 3, 4}) {
-  SCOPED_TRACE("world " + std::to_string(world));
-  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
-  auto states = make_states(cfg, world + 1);
-  const auto exact = single_process_gradients(*states[world]);
-  // The reference: each rank's own gradient, rounded to bf16, summed in fp32 in rank order.
-  std::vector<std::vector<torch::Tensor>> own(world), own_fp32(world);
-  {
-    auto ref = make_states(cfg, 1);
-    for (int r = 0; r < world; ++r) {
-      ref[0]->zero_grad();
-      ref[0]->forward_backward(ref[0]->order().rank_slice(0, r, world), 0, r);
-      for (auto& g : ref[0]->gradients()) {
-        own[r].push_back(g.to(torch::kBFloat16).to(torch::kFloat));
-        own_fp32[r].push_back(g.clone());
+    SCOPED_TRACE("world " + std::to_string(world));
+    auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+    auto states = make_states(cfg, world + 1);
+    const auto exact = single_process_gradients(*states[world]);
+    // The reference: each rank's own gradient, rounded to bf16, summed in fp32 in rank order.
+    std::vector<std::vector<torch::Tensor>> own(world), own_fp32(world);
+    {
+      auto ref = make_states(cfg, 1);
+      for (int r = 0; r < world; ++r) {
+        ref[0]->zero_grad();
+        ref[0]->forward_backward(ref[0]->order().rank_slice(0, r, world), 0, r);
+        for (auto& g : ref[0]->gradients()) {
+          own[r].push_back(g.to(torch::kBFloat16).to(torch::kFloat));
+          own_fp32[r].push_back(g.clone());
+        }
       }
     }
-  }
-  std::vector<std::vector<torch::Tensor>> got(world);
-  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
-    auto& s = *states[rank];
-    grad_sync_options o;
-    o.bucket_bytes = 4 * 1024;
-    o.carry_control = true;
-    o.bf16_wire = true;
-    grad_sync sync(params_of(s), pg, o);
-    sync.set_control(ctl(1000.f + static_cast<float>(rank), 0.125f * static_cast<float>(rank + 1)));
-    s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
-    auto t = sync.finish();
-    if (!t) return t.message();
-    if (t->buckets < 2) return "expected several buckets";
-    // 1000 * world + 0..world-1 and 0.125 * (1..world) summed: 3003 and
-    // 0.75 at 3 ranks are not bf16 numbers: the control words went as fp32.
-    const float c0 = 1000.f * static_cast<float>(world) + static_cast<float>(world * (world - 1) / 2);
-    const float c1 = 0.125f * static_cast<float>(world * (world + 1) / 2);
-    if (words(sync.control()) != std::vector<float>{c0, c1, 0.f})
-      return "control sums " + std::to_string(sync.control().newer_plan) + ", " + std::to_string(sync.control().stop);
-    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
-    return "";
-  }));
-  ASSERT_EQ(got[0].size(), exact.size());
-  for (size_t i = 0; i < exact.size(); ++i) {
-    auto want = own[0][i].clone();
-    auto magnitude = own[0][i].abs();
-    auto fp32_sum = own_fp32[0][i].clone();
-    for (int r = 1; r < world; ++r) {
-      want += own[r][i];
-      magnitude += own[r][i].abs();
-      fp32_sum += own_fp32[r][i];
+    std::vector<std::vector<torch::Tensor>> got(world);
+    expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+      auto& s = *states[rank];
+      grad_sync_options o;
+      o.bucket_bytes = 4 * 1024;
+      o.carry_control = true;
+      o.bf16_wire = true;
+      grad_sync sync(params_of(s), pg, o);
+      sync.set_control(ctl(1000.f + static_cast<float>(rank), 0.125f * static_cast<float>(rank + 1)));
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+      auto t = sync.finish();
+      if (!t) return t.message();
+      if (t->buckets < 2) return "expected several buckets";
+      // 1000 * world + 0..world-1 and 0.125 * (1..world) summed: 3003 and
+      // 0.75 at 3 ranks are not bf16 numbers: the control words went as fp32.
+      const float c0 = 1000.f * static_cast<float>(world) + static_cast<float>(world * (world - 1) / 2);
+      const float c1 = 0.125f * static_cast<float>(world * (world + 1) / 2);
+      if (words(sync.control()) != std::vector<float>{c0, c1, 0.f})
+        return "control sums " + std::to_string(sync.control().newer_plan) + ", " + std::to_string(sync.control().stop);
+      for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+      return "";
+    }));
+    ASSERT_EQ(got[0].size(), exact.size());
+    for (size_t i = 0; i < exact.size(); ++i) {
+      auto want = own[0][i].clone();
+      auto magnitude = own[0][i].abs();
+      auto fp32_sum = own_fp32[0][i].clone();
+      for (int r = 1; r < world; ++r) {
+        want += own[r][i];
+        magnitude += own[r][i].abs();
+        fp32_sum += own_fp32[r][i];
+      }
+      if (world >= 3) want = want.to(torch::kBFloat16).to(torch::kFloat);
+      EXPECT_TRUE(torch::equal(got[0][i], want)) << "gradient " << i << " is not the fp32 sum of the bf16-rounded ones"
+                                                 << (world >= 3 ? ", rounded to bf16" : "");
+      for (int r = 1; r < world; ++r) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " differs, gradient " << i;
+      // bf16 keeps 8 bits of mantissa: each rank's part is within 2^-8 of its
+      // value (and the reduce-scatter's sum within 2^-8 of itself), so the
+      // result is within 2^-8 (2^-7) of the sum of the parts' magnitudes.
+      auto bound = magnitude * ((world >= 3 ? 2.02 : 1.01) / 256) + 1e-9;
+      EXPECT_TRUE(((got[0][i] - fp32_sum).abs() <= bound).all().item<bool>()) << "gradient " << i;
+      EXPECT_TRUE(torch::allclose(fp32_sum, exact[i], 1e-4, 1e-6)) << "gradient " << i;
     }
-    if (world >= 3) want = want.to(torch::kBFloat16).to(torch::kFloat);
-    EXPECT_TRUE(torch::equal(got[0][i], want)) << "gradient " << i << " is not the fp32 sum of the bf16-rounded ones"
-                                               << (world >= 3 ? ", rounded to bf16" : "");
-    for (int r = 1; r < world; ++r) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " differs, gradient " << i;
-    // bf16 keeps 8 bits of mantissa: each rank's part is within 2^-8 of its
-    // value (and the reduce-scatter's sum within 2^-8 of itself), so the
-    // result is within 2^-8 (2^-7) of the sum of the parts' magnitudes.
-    auto bound = magnitude * ((world >= 3 ? 2.02 : 1.01) / 256) + 1e-9;
-    EXPECT_TRUE(((got[0][i] - fp32_sum).abs() <= bound).all().item<bool>()) << "gradient " << i;
-    EXPECT_TRUE(torch::allclose(fp32_sum, exact[i], 1e-4, 1e-6)) << "gradient " << i;
-  }
   }
   const int world = 3;
   // Training steps over the bf16 wire keep every rank's parameters equal.
@@ -422,7 +396,8 @@ TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
 TEST(GradSync, UnusedParameters) {
   for (auto [find_unused, spin_us] : std::vector<std::pair<bool, int>>{{true, 0}, {false, 0}, {true, 20000}, {false, 20000}}) {
     expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
-      auto p = torch::zeros({3}, torch::requires_grad()), q = torch::zeros({2}, torch::requires_grad()), u = torch::zeros({4}, torch::requires_grad());
+      auto p = torch::zeros({3}, torch::requires_grad()), q = torch::zeros({2}, torch::requires_grad()),
+           u = torch::zeros({4}, torch::requires_grad());
       grad_sync_options o;
       o.bucket_bytes = 8;
       o.find_unused_parameters = find_unused;
@@ -520,28 +495,29 @@ TEST(GradSync, SharedMemoryMatchesSingleProcessAndRanksAreIdentical) {
   auto states = make_states(cfg, world + 1);
   const auto want = single_process_gradients(*states[world]);
   std::vector<std::vector<torch::Tensor>> got(world);
-  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]) + step_control::words, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
-    auto& s = *states[rank];
-    grad_sync_options o;
-    o.bucket_bytes = 4 * 1024;
-    o.carry_control = true;
-    o.shm = shm;
-    grad_sync sync(params_of(s), pg, o);
-    if (!sync.uses_shm()) return "shared memory not used";
-    for (int step = 0; step < 3; ++step) {
-      sync.set_control(ctl(static_cast<float>(rank + step), 0.f));
-      s.zero_grad();
-      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
-      if (sync.launched() < 2) return "buckets were not published during backward";
-      auto t = sync.finish();
-      if (!t) return t.message();
-      if (t->buckets < 2) return "expected several buckets";
-      if (sync.control().newer_plan != static_cast<float>(3 + 3 * step)) return "control word not summed";
-      if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
-    }
-    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
-    return "";
-  }));
+  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]) + step_control::words,
+                                 [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+                                   auto& s = *states[rank];
+                                   grad_sync_options o;
+                                   o.bucket_bytes = 4 * 1024;
+                                   o.carry_control = true;
+                                   o.shm = shm;
+                                   grad_sync sync(params_of(s), pg, o);
+                                   if (!sync.uses_shm()) return "shared memory not used";
+                                   for (int step = 0; step < 3; ++step) {
+                                     sync.set_control(ctl(static_cast<float>(rank + step), 0.f));
+                                     s.zero_grad();
+                                     s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+                                     if (sync.launched() < 2) return "buckets were not published during backward";
+                                     auto t = sync.finish();
+                                     if (!t) return t.message();
+                                     if (t->buckets < 2) return "expected several buckets";
+                                     if (sync.control().newer_plan != static_cast<float>(3 + 3 * step)) return "control word not summed";
+                                     if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
+                                   }
+                                   for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+                                   return "";
+                                 }));
   for (int r = 1; r < world; ++r)
     for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
 }
@@ -552,17 +528,18 @@ TEST(GradSync, SharedMemoryTrainingStepsKeepRanksEqual) {
   auto cfg = tiny_vit_config();
   auto states = make_states(cfg, world);
   std::vector<std::string> digests(world);
-  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]), [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
-    auto& s = *states[rank];
-    grad_sync_options o;
-    o.bucket_bytes = 16 * 1024;
-    o.shm = shm;
-    grad_sync sync(params_of(s), pg, o);
-    for (int i = 0; i < steps; ++i)
-      if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
-    digests[rank] = s.params_digest();
-    return "";
-  }));
+  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]),
+                                 [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+                                   auto& s = *states[rank];
+                                   grad_sync_options o;
+                                   o.bucket_bytes = 16 * 1024;
+                                   o.shm = shm;
+                                   grad_sync sync(params_of(s), pg, o);
+                                   for (int i = 0; i < steps; ++i)
+                                     if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
+                                   digests[rank] = s.params_digest();
+                                   return "";
+                                 }));
   EXPECT_EQ(digests[0], digests[1]);
   EXPECT_FALSE(digests[0].empty());
 }
@@ -655,7 +632,8 @@ TEST(GradSync, SetupExchangeFollowsWhereTheRanksAre) {
     EXPECT_FALSE(p.hierarchical);
     EXPECT_FALSE(p.shm);
     EXPECT_EQ(p.host_count, 3);
-    EXPECT_NE(p.describe("gloo").find("gradients over gloo (no shared memory: every rank on a host of its own"), std::string::npos) << p.describe("gloo");
+    EXPECT_NE(p.describe("gloo").find("gradients over gloo (no shared memory: every rank on a host of its own"), std::string::npos)
+        << p.describe("gloo");
   }
   plans.assign(5, {});
   expect_no_errors(run_on_hosts({"a", "a", "b", "b", "b"}, 64, record));
@@ -723,16 +701,17 @@ TEST(GradSync, HierarchicalTwoHostsOfTwoEqualOneHostOfFourBitForBit) {
   }
   // A host of one rank beside a host of two (world 3): the global gradient on every rank.
   auto uneven = make_states(cfg, 3);
-  expect_no_errors(run_on_hosts({"a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
-    auto& s = *uneven[rank];
-    grad_sync sync(params_of(s), pg, options_for(p, 4 * 1024));
-    if (!sync.hierarchical()) return "not hierarchical";
-    if (sync.host_leader() != (rank != 2)) return "wrong leader";
-    s.forward_backward(s.order().rank_slice(0, rank, 3), 0, rank, &sync);
-    auto t = sync.finish();
-    if (!t) return t.message();
-    return compare_gradients(s, want);
-  }));
+  expect_no_errors(
+      run_on_hosts({"a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
+        auto& s = *uneven[rank];
+        grad_sync sync(params_of(s), pg, options_for(p, 4 * 1024));
+        if (!sync.hierarchical()) return "not hierarchical";
+        if (sync.host_leader() != (rank != 2)) return "wrong leader";
+        s.forward_backward(s.order().rank_slice(0, rank, 3), 0, rank, &sync);
+        auto t = sync.finish();
+        if (!t) return t.message();
+        return compare_gradients(s, want);
+      }));
 }
 
 // Hierarchical with the bf16 wire: each host's fp32 sum crosses as bf16
@@ -786,16 +765,17 @@ TEST(GradSync, HierarchicalBf16WireKeepsRanksEqual) {
   const int64_t floats = gradient_floats(*make_states(tiny_vit_config(), 1)[0]);
   auto again = make_states(tiny_vit_config(), 4);
   std::vector<std::string> digests(4);
-  expect_no_errors(run_on_hosts({"a", "a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
-    auto& s = *again[rank];
-    auto o = options_for(p, 16 * 1024);
-    o.bf16_wire = true;
-    grad_sync sync(params_of(s), pg, o);
-    for (int i = 0; i < 5; ++i)
-      if (auto r = s.train_step_dp(rank, 4, sync); !r) return r.message();
-    digests[rank] = s.params_digest();
-    return "";
-  }));
+  expect_no_errors(
+      run_on_hosts({"a", "a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
+        auto& s = *again[rank];
+        auto o = options_for(p, 16 * 1024);
+        o.bf16_wire = true;
+        grad_sync sync(params_of(s), pg, o);
+        for (int i = 0; i < 5; ++i)
+          if (auto r = s.train_step_dp(rank, 4, sync); !r) return r.message();
+        digests[rank] = s.params_digest();
+        return "";
+      }));
   for (int r = 1; r < 4; ++r) EXPECT_EQ(digests[r], digests[0]) << "rank " << r;
 }
 
@@ -838,8 +818,10 @@ TEST(ShmGroup, EveryRankGetsTheSameAnswer) {
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       auto g = shm_group::join(*store, r, world, r == 2 ? 100 : 64, &why[r]);
-      if (!g) errors[r] = g.message();
-      else got[r] = g.value() ? 1 : 0;
+      if (!g)
+        errors[r] = g.message();
+      else
+        got[r] = g.value() ? 1 : 0;
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < world; ++r) {

@@ -1,0 +1,194 @@
+#include "rank/zero.hpp"
+
+#include <algorithm>
+#include <set>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "model/flat_adamw.hpp"
+#include "runtime/communicator.hpp"
+
+namespace dtactor {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+using ranges = std::vector<std::pair<int64_t, int64_t>>;
+
+// Gloo's send and receive works have no future (wait_work polls one): they
+// are waited for directly, up to the timeout.
+status wait_p2p(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout, const std::string& what) {
+  try {
+    work->wait(timeout);
+    return {};
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    return make_error(what + " failed: " + m.substr(0, m.find('\n')));
+  }
+}
+
+bool covers(const ranges& rs, int64_t a, int64_t b) {
+  for (const auto& [x, y] : rs)
+    if (x <= a && b <= y) return true;
+  return false;
+}
+}  // namespace
+
+status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                     const std::function<bool()>& abandon, int64_t block_elements) {
+  const int world = pg.getSize(), rank = pg.getRank();
+  if (world != plan.world())
+    return make_error("parameter all-gather: the shard plan is for " + std::to_string(plan.world()) + " ranks, the group has " +
+                      std::to_string(world));
+  if (world == 1) return {};
+  torch::NoGradGuard no_grad;
+  const int64_t largest = plan.largest();
+  const int64_t block = std::max<int64_t>(1, std::min(block_elements, largest));
+  // The parameters' dtype (all float groups in practice).
+  auto any = opt.param_views(0, plan.total);
+  if (any.empty()) return {};
+  const auto opts = any.front().options();
+  torch::Tensor in = torch::empty({block}, opts);
+  std::vector<torch::Tensor> out;
+  for (int r = 0; r < world; ++r) out.push_back(torch::empty({block}, opts));
+  // Copies elements [a, b) of the index space between the parameters and a
+  // buffer (to_buffer: parameters -> buffer).
+  auto move = [&](int64_t a, int64_t b, const torch::Tensor& buf, bool to_buffer) {
+    int64_t at = 0;
+    for (auto& v : opt.param_views(a, b)) {
+      auto part = buf.narrow(0, at, v.numel());
+      if (to_buffer)
+        part.copy_(v);
+      else
+        v.copy_(part);
+      at += v.numel();
+    }
+  };
+  const auto& mine = plan.shards[static_cast<size_t>(rank)];
+  for (int64_t off = 0; off < largest; off += block) {
+    const int64_t a = std::min(mine.begin + off, mine.end), b = std::min(mine.begin + off + block, mine.end);
+    if (a < b) move(a, b, in, true);
+    std::vector<std::vector<torch::Tensor>> outs{out};
+    std::vector<torch::Tensor> ins{in};
+    if (auto st = wait_work(pg.allgather(outs, ins), clock_type::now() + timeout, abandon, "parameter all-gather"); !st) return st;
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      const auto& sh = plan.shards[static_cast<size_t>(r)];
+      const int64_t x = std::min(sh.begin + off, sh.end), y = std::min(sh.begin + off + block, sh.end);
+      if (x < y) move(x, y, outs[0][static_cast<size_t>(r)], false);
+    }
+  }
+  return {};
+}
+
+result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current,
+                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon) {
+  const auto t0 = clock_type::now();
+  const int world = pg.getSize(), rank = pg.getRank();
+  const int64_t total = opt.total_elements();
+  if (next.world() != world || next.total != total)
+    return make_error("optimizer reshard: the shard plan is for " + std::to_string(next.world()) + " ranks and " + std::to_string(next.total) +
+                      " elements, the group has " + std::to_string(world) + " ranks and the optimizer " + std::to_string(total));
+  torch::NoGradGuard no_grad;
+  // Who holds what at the agreed step: every rank's held ranges, in a
+  // fixed-size row of the all-gather ([count, a0, b0, a1, b1, ...]).
+  constexpr int64_t max_ranges = 32;
+  const ranges mine = holds_current ? opt.held_ranges() : ranges{};
+  if (static_cast<int64_t>(mine.size()) > max_ranges) return make_error("optimizer reshard: this rank holds more than 32 ranges");
+  auto row = torch::zeros({1 + 2 * max_ranges}, torch::kInt64);
+  row[0] = static_cast<int64_t>(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    row[static_cast<int64_t>(1 + 2 * i)] = mine[i].first;
+    row[static_cast<int64_t>(2 + 2 * i)] = mine[i].second;
+  }
+  std::vector<std::vector<torch::Tensor>> rows(1);
+  for (int r = 0; r < world; ++r) rows[0].push_back(torch::empty_like(row));
+  std::vector<torch::Tensor> ins{row};
+  if (auto st = wait_work(pg.allgather(rows, ins), clock_type::now() + timeout, abandon, "optimizer reshard (who holds what)"); !st) return st.err();
+  std::vector<ranges> held(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    auto v = rows[0][static_cast<size_t>(r)];
+    const int64_t n = std::clamp<int64_t>(v[0].item<int64_t>(), 0, max_ranges);
+    for (int64_t i = 0; i < n; ++i) held[static_cast<size_t>(r)].emplace_back(v[1 + 2 * i].item<int64_t>(), v[2 + 2 * i].item<int64_t>());
+  }
+  // Segments: every boundary anyone's old or new ranges or a parameter group has.
+  std::set<int64_t> cuts{0, total};
+  for (const auto& h : held)
+    for (const auto& [a, b] : h) cuts.insert(a), cuts.insert(b);
+  for (int r = 0; r < world; ++r)
+    for (const auto& [a, b] : next.ranges_of(r)) cuts.insert(a), cuts.insert(b);
+  for (int64_t base : opt.group_bases()) cuts.insert(base);
+  std::vector<std::pair<int64_t, int64_t>> segments;
+  for (auto it = cuts.begin(); std::next(it) != cuts.end(); ++it)
+    if (*it < *std::next(it) && *std::next(it) <= total) segments.emplace_back(*it, *std::next(it));
+  // Every element must have a holder, or nothing moves.
+  reshard_result res;
+  ranges lost;
+  for (const auto& [a, b] : segments) {
+    bool any = false;
+    for (const auto& h : held) any = any || covers(h, a, b);
+    if (any) continue;
+    if (!lost.empty() && lost.back().second == a)
+      lost.back().second = b;
+    else
+      lost.emplace_back(a, b);
+  }
+  if (!lost.empty()) {
+    res.complete = false;
+    for (const auto& [a, b] : lost) res.missing += (res.missing.empty() ? "elements [" : ", [") + std::to_string(a) + ", " + std::to_string(b) + ")";
+    return res;
+  }
+  const ranges wanted = next.ranges_of(rank);
+  opt.shard(wanted);  // keeps what this rank held of them; the old windows stay until the sends are done
+  std::vector<ranges> wants(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) wants[static_cast<size_t>(r)] = next.ranges_of(r);
+  int tag = 0;
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<std::vector<torch::Tensor>> keep;  // tensors of sends in flight
+  for (const auto& [a, b] : segments) {
+    int source = -1;
+    for (int r = 0; r < world && source < 0; ++r)
+      if (covers(held[static_cast<size_t>(r)], a, b)) source = r;
+    for (int r = 0; r < world; ++r) {
+      if (r == source || !covers(wants[static_cast<size_t>(r)], a, b) || covers(held[static_cast<size_t>(r)], a, b)) continue;
+      if (rank == source) {
+        auto [m, v] = opt.moments(a, b, true);
+        keep.push_back({m});
+        sends.push_back(pg.send(keep.back(), r, tag));
+        keep.push_back({v});
+        sends.push_back(pg.send(keep.back(), r, tag + 1));
+        res.bytes_out += static_cast<uint64_t>(2 * (b - a) * m.element_size());
+      } else if (rank == r) {
+        auto [m, v] = opt.moments(a, b, false);
+        std::vector<torch::Tensor> tm{m}, tv{v};
+        if (auto st = wait_p2p(pg.recv(tm, source, tag), timeout, "optimizer reshard (receiving)"); !st) return st.err();
+        if (auto st = wait_p2p(pg.recv(tv, source, tag + 1), timeout, "optimizer reshard (receiving)"); !st) return st.err();
+        res.bytes_in += static_cast<uint64_t>(2 * (b - a) * m.element_size());
+      }
+      tag += 2;
+    }
+  }
+  for (auto& w : sends)
+    if (auto st = wait_p2p(w, timeout, "optimizer reshard (sending)"); !st) return st.err();
+  opt.drop_retired();
+  // The parameters too, from the same holders: a step whose all-gather
+  // failed was undone only where this rank holds shards, so its other
+  // parameters may be a mix; the holders' are the agreed step's.
+  for (const auto& [a, b] : segments) {
+    int source = -1;
+    for (int r = 0; r < world && source < 0; ++r)
+      if (covers(held[static_cast<size_t>(r)], a, b)) source = r;
+    c10d::BroadcastOptions bo;
+    bo.rootRank = source;
+    for (auto& v : opt.param_views(a, b)) {
+      std::vector<torch::Tensor> t{v};
+      if (auto st = wait_work(pg.broadcast(t, bo), clock_type::now() + timeout, abandon, "parameter repair after the reshard"); !st) return st.err();
+      if (rank == source)
+        res.bytes_out += static_cast<uint64_t>(v.numel() * v.element_size());
+      else
+        res.bytes_in += static_cast<uint64_t>(v.numel() * v.element_size());
+    }
+  }
+  res.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return res;
+}
+
+}  // namespace dtactor

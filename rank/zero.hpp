@@ -1,0 +1,48 @@
+#pragma once
+// ZeRO-1 across a generation's group (train.zero = 1): the collectives a
+// sharded optimizer needs (model/shard_plan for who holds what).
+//
+// - gather_params: after each rank updated the parameters of the shards it
+//   holds, every shard's primary sends them to all (an all-gather in blocks,
+//   bounded extra memory).
+// - reshard_optimizer: at a generation's start, each rank ends up holding the
+//   moments of its shards under the new plan, taken from whoever holds them
+//   at the agreed step (a survivor's own copy, a replica, or the rank that
+//   loaded a checkpoint), point to point; then every parameter is broadcast
+//   from a holder of its shard (a step whose all-gather failed leaves the
+//   parameters outside a rank's shards a mix). When some elements are held by
+//   nobody (both holders of a shard lost at once), nothing changes and the
+//   result says which: the caller falls back to a checkpoint.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "dtactor/result.hpp"
+#include "model/shard_plan.hpp"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace dtactor {
+
+class flat_adamw;
+
+status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                     const std::function<bool()>& abandon, int64_t block_elements = 4 << 20);
+
+struct reshard_result {
+  bool complete = true;                  // false: `missing` held by nobody; the optimizer is unchanged
+  std::string missing;                   // "elements [a, b)"
+  uint64_t bytes_in = 0, bytes_out = 0;  // moved by this rank
+  double seconds = 0;
+};
+// `holds_current`: this rank's moments are those of the agreed step (false
+// for a rank that joined or fell behind: it receives everything it needs).
+result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current,
+                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon);
+
+}  // namespace dtactor

@@ -1,0 +1,41 @@
+#pragma once
+// Ranks as threads of one test process, over one in-memory store.
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <vector>
+
+#include "runtime/communicator.hpp"
+
+namespace dtactor::testing {
+
+// Runs fn(rank, group) for `world` ranks as threads; returns each rank's
+// failure text (empty when it passed its own checks).
+inline std::vector<std::string> run_ranks(int world, const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
+                                          std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000),
+                                          c10::intrusive_ptr<c10d::Store> store = {}) {
+  if (!store) store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      communicator_options o;
+      o.timeout = collective_timeout;
+      auto pg = make_process_group(store, r, world, o);
+      if (!pg) {
+        errors[r] = pg.message();
+        return;
+      }
+      try {
+        errors[r] = fn(r, pg.value());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace dtactor::testing

@@ -1,0 +1,229 @@
+// train.zero = 1: the shard plan, the sharded optimizer's steps against the
+// replicated one (bit for bit), the reshard when a rank is lost, and the
+// checkpoint ranges each rank writes. Ranks are threads over Gloo.
+#include "rank/zero.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "model/shard_plan.hpp"
+#include "model/trainer.hpp"
+#include "rank/state_io.hpp"
+#include "rank_threads.hpp"
+#include "runtime/grad_sync.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::run_ranks;
+using testing::tiny_vit_config;
+
+TEST(ShardPlan, ShardsCoverTheIndexSpaceAndReplicasGoToAnotherNode) {
+  for (int64_t total : {0L, 1L, 63L, 64L, 1000L, 12345L}) {
+    const std::vector<std::string> nodes = {"a", "a", "b", "b"};
+    const auto p = make_shard_plan(total, nodes, 2);
+    ASSERT_EQ(p.world(), 4);
+    int64_t at = 0;
+    for (int s = 0; s < 4; ++s) {
+      const auto& sh = p.shards[static_cast<size_t>(s)];
+      EXPECT_EQ(sh.begin, at) << total;
+      EXPECT_GE(sh.end, sh.begin);
+      if (s < 3 && sh.end < total) EXPECT_EQ(sh.end % 64, 0) << "aligned";
+      at = sh.end;
+      ASSERT_EQ(sh.holders.size(), 2u);
+      EXPECT_EQ(sh.holders[0], s) << "rank s is shard s's primary";
+      EXPECT_NE(nodes[static_cast<size_t>(sh.holders[1])], nodes[static_cast<size_t>(s)]) << "the replica is on another node";
+    }
+    EXPECT_EQ(at, total);
+  }
+  // 2 + 2 ranks: each rank holds two shards, 1/2 of the state.
+  const auto p = make_shard_plan(4096, {"a", "a", "b", "b"}, 2);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(p.held_elements(r), 2048) << r;
+  EXPECT_EQ(p.shards[0].holders, (std::vector<int>{0, 2}));
+  EXPECT_EQ(p.shards[1].holders, (std::vector<int>{1, 3}));
+  EXPECT_EQ(p.shards[2].holders, (std::vector<int>{2, 0}));
+  EXPECT_EQ(p.shards[3].holders, (std::vector<int>{3, 1}));
+  // One node: the next rank; replicas clamped to the world.
+  const auto one = make_shard_plan(100, {"a", "a", "a"}, 5);
+  EXPECT_EQ(one.shards[2].holders, (std::vector<int>{2, 0, 1}));
+  EXPECT_EQ(default_replicas({"a", "a"}), 1);
+  EXPECT_EQ(default_replicas({"a", "b"}), 2);
+}
+
+std::vector<std::unique_ptr<training_state>> make_states(const config& cfg, int n) {
+  configure_threads(cfg);
+  std::vector<std::unique_ptr<training_state>> out;
+  for (int i = 0; i < n; ++i) {
+    auto s = training_state::create(cfg);
+    if (!s) throw std::runtime_error(s.message());
+    out.push_back(std::move(s.value()));
+  }
+  return out;
+}
+
+grad_sync_options buckets() {
+  grad_sync_options o;
+  o.bucket_bytes = 16 * 1024;
+  return o;
+}
+
+// `steps` data-parallel steps of states[0..world) in one group; with a plan,
+// sharded (the plan's ranges already set), with the parameter all-gather.
+std::vector<std::string> train(std::vector<std::unique_ptr<training_state>>& states, int world, int steps, const shard_plan* plan) {
+  return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[static_cast<size_t>(rank)];
+    grad_sync sync(s.the_task().module()->parameters(), pg, buckets());
+    std::function<status()> gather;
+    if (plan) gather = [&] { return gather_params(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
+    for (int i = 0; i < steps; ++i) {
+      auto r = s.train_step_dp(rank, world, sync, gather);
+      if (!r) return r.message();
+    }
+    return "";
+  });
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+}
+#define expect_no_errors(x) \
+  do {                      \
+    SCOPED_TRACE(#x);       \
+    expect_no_errors(x);    \
+  } while (0)
+
+// A node per rank.
+std::vector<std::string> nodes_of(int world) {
+  std::vector<std::string> n;
+  for (int r = 0; r < world; ++r) n.push_back(std::string(1, static_cast<char>('a' + r)));
+  return n;
+}
+
+TEST(Zero, ShardedOptimizerStepsEqualTheReplicatedOnesBitForBit) {
+  const int world = 3, steps = 4;
+  auto cfg = tiny_vit_config();
+  auto plain = make_states(cfg, world);
+  auto sharded = make_states(cfg, world);
+  const auto plan = make_shard_plan(sharded[0]->optimizer().total_elements(), nodes_of(world), 2);
+  for (int r = 0; r < world; ++r) sharded[static_cast<size_t>(r)]->shard_optimizer(plan.ranges_of(r));
+  expect_no_errors(train(plain, world, steps, nullptr));
+  expect_no_errors(train(sharded, world, steps, &plan));
+  const std::string want = plain[0]->params_digest();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(sharded[static_cast<size_t>(r)]->params_digest(), want) << "rank " << r;
+    EXPECT_EQ(sharded[static_cast<size_t>(r)]->step(), steps);
+    // What it holds: its shards' moments only (two floats an element).
+    EXPECT_EQ(sharded[static_cast<size_t>(r)]->optimizer().state_bytes(), 8 * plan.held_elements(r));
+    EXPECT_LT(sharded[static_cast<size_t>(r)]->optimizer().state_bytes(), plain[0]->optimizer().state_bytes());
+  }
+  // The moments match the replicated optimizer's where held.
+  auto full = plain[0]->state_tensors();
+  for (int r = 0; r < world; ++r)
+    for (const auto& w : sharded[static_cast<size_t>(r)]->state_tensors()) {
+      if (!w.sharded || w.t.numel() == 0) continue;
+      const auto it = std::find_if(full.begin(), full.end(), [&](const state_tensor& f) { return f.name == w.name; });
+      ASSERT_NE(it, full.end());
+      EXPECT_TRUE(torch::equal(it->t.narrow(0, w.first, w.t.numel()), w.t)) << w.name << " rank " << r;
+    }
+}
+
+// A rank is lost after some steps: the two survivors reshard (each takes the
+// lost rank's shards from their replicas) and train on at world 2, ending
+// exactly where a replicated job that went from 3 to 2 ranks ends.
+TEST(Zero, SurvivorsReshardFromTheReplicasAndGoOnExactly) {
+  const int steps = 3;
+  auto cfg = tiny_vit_config();
+  auto plain = make_states(cfg, 3);
+  auto sharded = make_states(cfg, 3);
+  const auto plan3 = make_shard_plan(sharded[0]->optimizer().total_elements(), nodes_of(3), 2);
+  for (int r = 0; r < 3; ++r) sharded[static_cast<size_t>(r)]->shard_optimizer(plan3.ranges_of(r));
+  expect_no_errors(train(plain, 3, steps, nullptr));
+  expect_no_errors(train(sharded, 3, steps, &plan3));
+  // Rank 2 is gone.
+  const auto plan2 = make_shard_plan(sharded[0]->optimizer().total_elements(), nodes_of(2), 2);
+  std::vector<reshard_result> got(2);
+  expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto r = reshard_optimizer(*pg, sharded[static_cast<size_t>(rank)]->optimizer(), plan2, true, std::chrono::milliseconds(20000), {});
+    if (!r) return r.message();
+    got[static_cast<size_t>(rank)] = r.value();
+    return r->complete ? "" : "incomplete: " + r->missing;
+  }));
+  EXPECT_GT(got[0].bytes_in + got[1].bytes_in, 0u) << "the lost rank's shards came from their replicas";
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(sharded[static_cast<size_t>(r)]->optimizer().held_ranges(), plan2.ranges_of(r));
+  expect_no_errors(train(plain, 2, steps, nullptr));
+  expect_no_errors(train(sharded, 2, steps, &plan2));
+  EXPECT_EQ(sharded[0]->params_digest(), plain[0]->params_digest());
+  EXPECT_EQ(sharded[1]->params_digest(), plain[0]->params_digest());
+}
+
+// Without replicas, a lost rank takes its shard with it: the reshard says
+// which elements nobody holds and changes nothing (the caller goes to a
+// checkpoint).
+TEST(Zero, AShardHeldByNobodyIsReportedAndNothingMoves) {
+  auto cfg = tiny_vit_config();
+  auto states = make_states(cfg, 3);
+  const int64_t total = states[0]->optimizer().total_elements();
+  const auto plan3 = make_shard_plan(total, nodes_of(3), 1);
+  for (int r = 0; r < 3; ++r) states[static_cast<size_t>(r)]->shard_optimizer(plan3.ranges_of(r));
+  const auto plan2 = make_shard_plan(total, nodes_of(2), 1);
+  std::vector<reshard_result> got(2);
+  expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto r = reshard_optimizer(*pg, states[static_cast<size_t>(rank)]->optimizer(), plan2, true, std::chrono::milliseconds(20000), {});
+    if (!r) return r.message();
+    got[static_cast<size_t>(rank)] = r.value();
+    return "";
+  }));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(got[static_cast<size_t>(r)].complete);
+    EXPECT_EQ(got[static_cast<size_t>(r)].missing,
+              "elements [" + std::to_string(plan3.shards[2].begin) + ", " + std::to_string(plan3.shards[2].end) + ")");
+    EXPECT_EQ(states[static_cast<size_t>(r)]->optimizer().held_ranges(), plan3.ranges_of(r)) << "unchanged";
+  }
+}
+
+// Each rank writes its share of the replicated bytes and the windows of the
+// shards it is the primary of: over all ranks, the stream exactly once, and
+// every range inside what the rank holds.
+TEST(Zero, CheckpointRangesCoverTheStreamOnceAndAreHeldByTheirWriter) {
+  const int world = 3;
+  auto cfg = tiny_vit_config();
+  auto states = make_states(cfg, world);
+  const int64_t total = states[0]->optimizer().total_elements();
+  const auto plan = make_shard_plan(total, nodes_of(world), 2);
+  for (int r = 0; r < world; ++r) states[static_cast<size_t>(r)]->shard_optimizer(plan.ranges_of(r));
+  std::vector<std::pair<uint64_t, uint64_t>> all;
+  uint64_t bytes = 0;
+  for (int r = 0; r < world; ++r) {
+    const auto layout = layout_of(*states[static_cast<size_t>(r)]);
+    EXPECT_TRUE(layout.sharded());
+    bytes = layout.bytes;
+    const auto& sh = plan.shards[static_cast<size_t>(r)];
+    const auto ranges = write_ranges(layout, r, world, {{sh.begin, sh.end}}, states[static_cast<size_t>(r)]->optimizer().group_bases());
+    for (const auto& [a, b] : ranges) {
+      // Inside the rank's entries.
+      uint64_t covered = 0;
+      for (const auto& e : layout.entries)
+        covered += std::min(b, e.offset + e.size) > std::max(a, e.offset) ? std::min(b, e.offset + e.size) - std::max(a, e.offset) : 0;
+      EXPECT_EQ(covered, b - a) << "rank " << r << " writes [" << a << ", " << b << ") it does not hold";
+      all.emplace_back(a, b);
+    }
+  }
+  std::sort(all.begin(), all.end());
+  uint64_t at = 0;
+  for (const auto& [a, b] : all) {
+    EXPECT_EQ(a, at) << "gap or overlap";
+    at = b;
+  }
+  EXPECT_EQ(at, bytes);
+  // Unsharded, one range per rank: today's part_range.
+  auto plain = make_states(cfg, 1);
+  const auto layout = layout_of(*plain[0]);
+  EXPECT_EQ(write_ranges(layout, 1, 2, {}, plain[0]->optimizer().group_bases()),
+            (std::vector<std::pair<uint64_t, uint64_t>>{part_range(layout.bytes, 1, 2)}));
+}
+
+}  // namespace
+}  // namespace dtactor
