@@ -70,7 +70,8 @@ class flat_adamw {
   int64_t total_elements() const;
   // Keeps the moments only for `ranges` (ascending, disjoint, in the index
   // space); moments held before and still held are kept, newly held ones
-  // start at zero. All of [0, total) = unsharded again.
+  // start at zero. From then on the moments are windows (state_tensors),
+  // even when one holds all of [0, total).
   void shard(const std::vector<std::pair<int64_t, int64_t>>& ranges);
   bool sharded() const { return sharded_; }
   // The parameters of index-space range [begin, end) as views, in order (one

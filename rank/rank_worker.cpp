@@ -394,6 +394,10 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
 // ends the generation.
 std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) {
   training_state& state = *impl_->state;
+  // Sharded from the first generation on (a fresh rank holds all of it), so
+  // that every rank's stream has the same replicated part.
+  if (impl_->cfg->get_int("train.zero") >= 1 && !state.optimizer().sharded())
+    state.shard_optimizer({{0, state.optimizer().total_elements()}});
   if (g.rank == 0 && g.plan.checkpoint_step() > state.step()) {
     // Nobody alive holds state: the newest committed checkpoint, read from
     // the store by this rank itself.
@@ -404,6 +408,9 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
     if (auto st = check_checkpoint_compatible(meta.value(), *impl_->cfg, g.plan.checkpoint_store() + "/" + name); !st)
       return failed(g, st.message(), state.step());
+    // Sharded (train.zero >= 1): this rank reads all of it and the others
+    // take their shards from it (shard_state).
+    state.shard_optimizer({{0, state.optimizer().total_elements()}});
     if (auto st = load_checkpoint(state, store.value(), meta.value()); !st)
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;

@@ -559,6 +559,51 @@ TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
   EXPECT_GE(events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl")).size(), 1u);
 }
 
+// train.zero=1 over three nodes (each shard of the optimizer state on two
+// of them): node c crashes at step 50 and comes back empty; its shards come
+// from their replicas on the survivors, not from disk (no checkpoint is
+// written before the end), and the run ends bit for bit where the
+// replicated job without a fault ends.
+TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
+  auto run = [](const std::string& dir, const std::string& zero, bool fault) {
+    cluster cl(dir, job_sets(120, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
+                                   "checkpoint.every_steps=1000", "train.zero=" + zero}));
+    EXPECT_EQ(cl.start_coordinator(), "");
+    EXPECT_EQ(cl.start_node("a"), "");
+    EXPECT_EQ(cl.start_node("b"), "");
+    if (fault) {
+      EXPECT_EQ(cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
+      EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
+      EXPECT_EQ(cl.start_node("c"), "");
+    } else {
+      EXPECT_EQ(cl.start_node("c"), "");
+    }
+    expect_finished_without_loss(cl, 120, 3);
+    auto fin = events<ev::job_finished>(cl.journal());
+    return fin.empty() ? std::string{} : fin[0].at("params_digest").get<std::string>();
+  };
+  temp_dir d1, d2;
+  const std::string faulty = run(d2.path(), "1", true);
+  const std::string clean = run(d1.path(), "0", false);
+  ASSERT_FALSE(clean.empty());
+  EXPECT_EQ(clean, faulty) << "zero=1 with a lost and replaced node ends where zero=0 without a fault ends";
+  const auto j = read_journal(d2.path() + "/journal.jsonl");
+  EXPECT_GE(events<ev::recovery_done>(j).size(), 1u);
+  for (const auto& r : events<ev::checkpoint_restored>(j)) EXPECT_NE(r.at("source"), "disk") << r.dump();
+  // The nodes' logs say the optimizer state is sharded and that shards moved.
+  bool sharded = false, moved = false;
+  for (const char* id : {"a", "b", "c"}) {
+    std::ifstream f(d2.path() + "/node-" + id + ".log");
+    for (std::string line; std::getline(f, line);) {
+      if (line.find("optimizer state sharded (train.zero=1)") == std::string::npos) continue;
+      sharded = true;
+      moved = moved || line.find(" 0 bytes moved") == std::string::npos;
+    }
+  }
+  EXPECT_TRUE(sharded);
+  EXPECT_TRUE(moved);
+}
+
 // Going on at the smaller world size: same global batch, only the order of
 // the gradient sums differs, so the result stays within a tight tolerance.
 TEST(Chaos, ShrunkRunEndsCloseToTheUninterruptedOne) {
