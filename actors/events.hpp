@@ -30,7 +30,8 @@ struct rank_usage {
   double rss_bytes = 0;
   double peak_rss_bytes = 0;  // 0: the report carried no usage
   double process_age_s = 0;
-  double data_wait_s = 0;  // per step
+  double data_wait_s = 0;                                               // per step
+  uint64_t param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0;  // training state the rank holds (0 = not reported)
 };
 // The job ended; emitted once, after every checkpoint it sent was handled.
 // The sink journals it as job_finished, job_stopped or job_failed.
@@ -39,7 +40,7 @@ struct job_ended {
   int64_t step = 0;
   uint64_t generation = 0;
   int32_t world_size = 0;
-  std::string params_digest;             // the ranks' (finished and stopped with every rank)
+  std::string params_digest;              // the ranks' (finished and stopped with every rank)
   std::map<std::string, double> metrics;  // the last evaluation
   std::string reason;                     // failed, or stopped without every rank
   bool digests_differ = false;            // ranks finished with different parameters
@@ -48,9 +49,9 @@ struct job_ended {
 };
 
 // The rest are journal events (actors/journal_events.hpp).
-using event = std::variant<node_joined, node_lost, node_left, node_quarantined, job_waiting, generation_started, generation_adopted, rank_usage,
-                           step_completed, eval_done, recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed,
-                           job_stopping, job_ended>;
+using event =
+    std::variant<node_joined, node_lost, node_left, node_quarantined, job_waiting, generation_started, generation_adopted, rank_usage, step_completed,
+                 eval_done, recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping, job_ended>;
 
 }  // namespace dtactor::ev
 

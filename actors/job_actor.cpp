@@ -18,7 +18,8 @@ void end_job(job_self self, ev::job_ended e) {
   auto& st = self->state;
   if (st.ending) return;
   st.ending = true;
-  log_line(st.opts.log, std::string("job ") + ev::to_string(e.how) + " at step " + std::to_string(e.step) + (e.reason.empty() ? "" : ": " + e.reason));
+  log_line(st.opts.log,
+           std::string("job ") + ev::to_string(e.how) + " at step " + std::to_string(e.step) + (e.reason.empty() ? "" : ": " + e.reason));
   auto announce = [self, e] {
     auto& st = self->state;
     emit(st.opts.events, e);
@@ -34,7 +35,8 @@ void end_job(job_self self, ev::job_ended e) {
       return;
     }
     const std::string reason = e.how == ev::outcome::finished ? "job finished" : e.how == ev::outcome::stopped ? "job stopped" : "job failed";
-    self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, false).then([=](bool) { answer(); }, [=](caf::error&) { answer(); });
+    self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, false)
+        .then([=](bool) { answer(); }, [=](caf::error&) { answer(); });
   };
   if (!st.checkpoints) {
     announce();
@@ -84,7 +86,8 @@ void on_step_report(job_self self, const pb::step_report& r, const sender_id& se
   record_step(self, r.global_rank(), r.step());
   if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0)
     emit(st.opts.events, ev::rank_usage{r.global_rank(), r.node_id().empty() ? sender.node_name() : r.node_id(), r.cpu_s(), r.rss_bytes(),
-                                        r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered())});
+                                        r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered()), r.param_bytes(),
+                                        r.grad_bytes(), r.optimizer_state_bytes()});
   auto done = st.steps.add(r, st.generation, st.world_size);
   if (!done) return;
   if (auto rec = complete_generation(st.recovery, done->step, done->world_size, self->clock().now())) emit(st.opts.events, *rec);
@@ -112,8 +115,8 @@ void on_rank_status(job_self self, const inbound& in) {
       // Recorded; the membership actor re-plans (a new generation without
       // the lost rank, or the same members re-formed).
       const bool failed = s.status() == pb::rank_status::STATE_FAILED;
-      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), in.from.node_name(), s.detail(), s.exit_code(), s.step(),
-                                         in.env.generation()});
+      emit(st.opts.events,
+           ev::rank_down{failed, s.global_rank(), s.local_rank(), in.from.node_name(), s.detail(), s.exit_code(), s.step(), in.env.generation()});
       // No new generation can fix ranks whose parameters diverged.
       if (failed && s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER)
         fail_job(self, "rank " + std::to_string(s.global_rank()) + ": " + s.detail());
@@ -170,8 +173,8 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
       [=](plan_atom, const plan& p) -> int64_t {
         auto& st = self->state;
         if (p.generation > st.generation) {
-          st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain,
-                                         self->clock().now(), st.last_step);
+          st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain, self->clock().now(),
+                                         st.last_step);
           st.drained_from = p.drain ? st.generation : 0;
           st.generation = p.generation;
           st.world_size = p.world_size;

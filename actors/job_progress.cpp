@@ -45,6 +45,11 @@ recovery_record begin_generation(uint64_t generation, bool first, plan_cause cau
 
 std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb::rank_status& s) {
   rec.resumed_step = std::max(rec.resumed_step, s.step());
+  ev::optimizer_source os = ev::optimizer_source::own;
+  if (ev::from_string(s.optimizer_source(), os)) {
+    if (!rec.optimizer || static_cast<int>(os) > static_cast<int>(*rec.optimizer)) rec.optimizer = os;
+    rec.reshard_bytes += s.reshard_bytes();
+  }
   ev::state_source src = ev::state_source::local;
   if (!ev::from_string(s.state_source(), src) || (src != ev::state_source::peer && src != ev::state_source::disk) || rec.restored_logged)
     return std::nullopt;
@@ -76,6 +81,8 @@ std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64
   d.resumed_step = rec.resumed_step >= 0 ? rec.resumed_step : step - 1;
   d.lost_steps = std::max<int64_t>(0, rec.steps_before - d.resumed_step);
   d.duration_s = std::chrono::duration<double>(now - rec.planned).count();
+  d.optimizer = rec.optimizer;
+  if (rec.optimizer) d.reshard_bytes = rec.reshard_bytes;
   return d;
 }
 

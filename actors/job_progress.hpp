@@ -50,6 +50,8 @@ struct recovery_record {
   int64_t steps_before = 0;   // highest step completed by every rank when it was planned
   int64_t resumed_step = -1;  // highest step a rank reported READY at
   bool restored_logged = false;
+  std::optional<ev::optimizer_source> optimizer;  // train.zero >= 1: the furthest source a rank reported
+  uint64_t reshard_bytes = 0;
   bool done = false;
 };
 

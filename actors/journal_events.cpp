@@ -2,11 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <type_traits>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 namespace dtactor::ev {
 
@@ -38,6 +37,11 @@ constexpr std::pair<state_source, const char*> state_source_names[] = {
     {state_source::peer, "peer"},
     {state_source::disk, "disk"},
     {state_source::fresh, "fresh"},
+};
+constexpr std::pair<optimizer_source, const char*> optimizer_source_names[] = {
+    {optimizer_source::own, "own"},
+    {optimizer_source::replica, "replica"},
+    {optimizer_source::checkpoint, "checkpoint"},
 };
 constexpr std::pair<outcome, const char*> outcome_names[] = {
     {outcome::finished, "finished"},
@@ -241,6 +245,8 @@ const char* to_string(plan_cause c) { return name_in(plan_cause_names, c); }
 const char* to_string(loss_cause c) { return name_in(loss_cause_names, c); }
 const char* to_string(state_source s) { return name_in(state_source_names, s); }
 const char* to_string(outcome o) { return name_in(outcome_names, o); }
+const char* to_string(optimizer_source s) { return name_in(optimizer_source_names, s); }
+bool from_string(std::string_view s, optimizer_source& out) { return value_in(optimizer_source_names, s, out); }
 bool from_string(std::string_view s, plan_cause& out) { return value_in(plan_cause_names, s, out); }
 bool from_string(std::string_view s, loss_cause& out) { return value_in(loss_cause_names, s, out); }
 bool from_string(std::string_view s, state_source& out) { return value_in(state_source_names, s, out); }

@@ -11,10 +11,9 @@
 // present); a std::map<std::string, double> field is flattened into the
 // line (an evaluation's metrics). Readers take what is missing as the
 // field's default, so journals of older writers still read.
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,6 +58,14 @@ enum class state_source {
   fresh,  // nothing to keep or load: step 0
 };
 
+// Where a rank's optimizer shards came from in a generation (train.zero >= 1;
+// pb::rank_status's optimizer_source carries the same names).
+enum class optimizer_source {
+  own,         // it kept the shards it holds
+  replica,     // moved from the ranks holding them (a lost rank's from its replicas)
+  checkpoint,  // both holders of some shard were lost: the newest checkpoint
+};
+
 // How a job ended.
 enum class outcome { finished, stopped, failed };
 
@@ -67,10 +74,12 @@ enum class outcome { finished, stopped, failed };
 const char* to_string(plan_cause c);
 const char* to_string(loss_cause c);
 const char* to_string(state_source s);
+const char* to_string(optimizer_source s);
 const char* to_string(outcome o);
 bool from_string(std::string_view s, plan_cause& out);
 bool from_string(std::string_view s, loss_cause& out);
 bool from_string(std::string_view s, state_source& out);
+bool from_string(std::string_view s, optimizer_source& out);
 bool from_string(std::string_view s, outcome& out);
 
 // ---- events ----
@@ -243,10 +252,14 @@ struct rank_resources {
   double peak_rss_bytes = 0;
   double cpu_s = 0;
   double elapsed_s = 0;  // the process's age
+  // Training state the rank holds (train.zero shards the optimizer's,
+  // replicas included); absent when it did not say.
+  std::optional<uint64_t> param_bytes, grad_bytes, optimizer_state_bytes;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("rank", s.rank), f("node", s.node), f("rss_bytes", s.rss_bytes), f("peak_rss_bytes", s.peak_rss_bytes), f("cpu_s", s.cpu_s),
-        f("elapsed_s", s.elapsed_s);
+        f("elapsed_s", s.elapsed_s), f("param_bytes", s.param_bytes), f("grad_bytes", s.grad_bytes),
+        f("optimizer_state_bytes", s.optimizer_state_bytes);
   }
 };
 struct resources {
@@ -280,10 +293,15 @@ struct recovery_done {
   int64_t resumed_step = 0;
   int64_t lost_steps = 0;  // completed steps before the failure that the generation did not resume from
   double duration_s = 0;   // from the plan to that step, on the actor's clock
+  // train.zero >= 1: where the optimizer shards came from (the furthest any
+  // rank went: checkpoint, then replica, then own) and the bytes of shards
+  // and parameters the ranks moved in the reshard.
+  std::optional<optimizer_source> optimizer;
+  std::optional<uint64_t> reshard_bytes;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("resumed_step", s.resumed_step),
-        f("lost_steps", s.lost_steps), f("duration_s", s.duration_s);
+        f("lost_steps", s.lost_steps), f("duration_s", s.duration_s), f("optimizer_source", s.optimizer), f("reshard_bytes", s.reshard_bytes);
   }
 };
 
@@ -340,10 +358,10 @@ struct job_error {
 struct checkpoint_saved {
   static constexpr std::string_view name = "checkpoint_saved";
   int64_t step = 0;
-  std::string path;  // the manifest
-  int64_t bytes = 0;  // state bytes, all parts
+  std::string path;                    // the manifest
+  int64_t bytes = 0;                   // state bytes, all parts
   std::optional<uint64_t> generation;  // cluster
-  double duration_s = 0;   // the commit
+  double duration_s = 0;               // the commit
   int32_t parts = 0;
   double stall_s = 0;      // training held up at the step boundary (the slowest rank)
   double write_s = 0;      // storing the parts in the background (the slowest rank)
@@ -463,7 +481,8 @@ struct batch_size_trial {
   std::optional<std::string> reason;    // does not fit
   template <class S, class F>
   static void fields(S& s, F& f) {
-    f("micro_batch", s.micro_batch), f("fits", s.fits), f("peak_rss_bytes", s.peak_rss_bytes), f("samples_per_s", s.samples_per_s), f("reason", s.reason);
+    f("micro_batch", s.micro_batch), f("fits", s.fits), f("peak_rss_bytes", s.peak_rss_bytes), f("samples_per_s", s.samples_per_s),
+        f("reason", s.reason);
   }
 };
 // micro_batch 0: nothing fit (then only max_memory_bytes is set besides).
@@ -482,11 +501,10 @@ struct batch_size_found {
   }
 };
 
-using journal_event =
-    std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left, node_quarantined,
-                 job_waiting, generation_started, generation_adopted, step_completed, resources, eval_done, recovery_done, checkpoint_restored,
-                 rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping, job_started, job_finished, job_stopped, job_failed,
-                 batch_size_search_started, batch_size_trial, batch_size_found>;
+using journal_event = std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left,
+                                   node_quarantined, job_waiting, generation_started, generation_adopted, step_completed, resources, eval_done,
+                                   recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping,
+                                   job_started, job_finished, job_stopped, job_failed, batch_size_search_started, batch_size_trial, batch_size_found>;
 
 // The event's name on disk.
 std::string_view name_of(const journal_event& e);

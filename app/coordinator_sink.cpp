@@ -55,7 +55,11 @@ void coordinator_sink::on(const ev::generation_adopted& e) {
 void coordinator_sink::on(const ev::rank_usage& e) {
   if (e.data_wait_s > 0) m_.data_wait().Observe(e.data_wait_s);
   if (e.peak_rss_bytes <= 0) return;
-  usage_.note(e.global_rank, e.node, {e.cpu_s, e.rss_bytes, e.peak_rss_bytes, e.process_age_s});
+  usage_.note(e.global_rank, e.node, {e.cpu_s, e.rss_bytes, e.peak_rss_bytes, e.process_age_s},
+              {e.param_bytes, e.grad_bytes, e.optimizer_state_bytes});
+  if (e.param_bytes > 0)
+    m_.state_bytes(e.global_rank, e.node, static_cast<double>(e.param_bytes), static_cast<double>(e.grad_bytes),
+                   static_cast<double>(e.optimizer_state_bytes));
 }
 
 void coordinator_sink::on(const ev::step_completed& e) {

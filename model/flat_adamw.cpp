@@ -164,6 +164,18 @@ int64_t flat_adamw::state_bytes() const {
   return n;
 }
 
+int64_t flat_adamw::param_bytes() const {
+  int64_t n = 0;
+  for (const auto& g : groups_) n += g.params.numel() * g.params.element_size();
+  return n;
+}
+
+int64_t flat_adamw::grad_bytes() const {
+  int64_t n = 0;
+  for (const auto& g : groups_) n += g.grads.numel() * g.grads.element_size();
+  return n;
+}
+
 void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   torch::NoGradGuard no_grad;
   const int64_t total = total_elements();

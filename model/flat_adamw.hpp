@@ -77,8 +77,10 @@ class flat_adamw {
   // The parameters of index-space range [begin, end) as views, in order (one
   // per group the range crosses).
   std::vector<torch::Tensor> param_views(int64_t begin, int64_t end) const;
-  // Bytes of optimizer state held.
+  // Bytes of optimizer state held; of parameters and of gradient buffers.
   int64_t state_bytes() const;
+  int64_t param_bytes() const;
+  int64_t grad_bytes() const;
   // Index-space ranges whose moments are held, ascending, adjacent merged.
   std::vector<std::pair<int64_t, int64_t>> held_ranges() const;
   // Each group's first element in the index space, in group order.

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <prometheus/text_serializer.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -18,8 +19,6 @@
 #include <optional>
 #include <thread>
 #include <vector>
-
-#include <prometheus/text_serializer.h>
 
 #include "monitoring/resources.hpp"
 
@@ -68,14 +67,11 @@ class metrics_http_server {
   }
 
   // Binds and starts serving; returns the bound port.
-  result<int> start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
-                    std::shared_ptr<metrics_hooks> hooks) {
+  result<int> start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry, std::shared_ptr<metrics_hooks> hooks) {
     registry_ = std::move(registry);
     hooks_ = std::move(hooks);
     const std::string address = host + ":" + std::to_string(port);
-    auto fail = [&](const std::string& why) -> result<int> {
-      return make_error("metrics: cannot serve /metrics on " + address + ": " + why);
-    };
+    auto fail = [&](const std::string& why) -> result<int> { return make_error("metrics: cannot serve /metrics on " + address + ": " + why); };
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -87,8 +83,7 @@ class metrics_http_server {
     ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       const int err = errno;
-      return fail(std::string(std::strerror(err)) +
-                  (err == EADDRINUSE ? " (choose another metrics port, or 0 to turn metrics off)" : ""));
+      return fail(std::string(std::strerror(err)) + (err == EADDRINUSE ? " (choose another metrics port, or 0 to turn metrics off)" : ""));
     }
     if (::listen(listen_fd_, 16) != 0) return fail(std::strerror(errno));
     socklen_t len = sizeof addr;
@@ -105,8 +100,7 @@ class metrics_http_server {
       pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
       if (::poll(fds, 2, -1) < 0) {
         if (errno == EINTR) continue;
-        std::fprintf(stderr, "dtactor: metrics: poll failed (%s); /metrics is no longer served\n",
-                     std::strerror(errno));
+        std::fprintf(stderr, "dtactor: metrics: poll failed (%s); /metrics is no longer served\n", std::strerror(errno));
         return;
       }
       if (fds[1].revents) return;
@@ -124,8 +118,7 @@ class metrics_http_server {
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
     std::string request;
     char buf[2048];
-    while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos &&
-           request.size() < 16384) {
+    while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos && request.size() < 16384) {
       ssize_t n = ::recv(fd, buf, sizeof buf, 0);
       if (n <= 0) break;
       request.append(buf, static_cast<std::size_t>(n));
@@ -155,9 +148,8 @@ class metrics_http_server {
       type = "text/plain";
       body = "dtactor serves Prometheus metrics on /metrics\n";
     }
-    std::string reply = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
-                        "\r\nContent-Length: " + std::to_string(body.size()) +
-                        "\r\nConnection: close\r\n\r\n";
+    std::string reply =
+        "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
     if (method != "HEAD") reply += body;
     std::size_t off = 0;
     while (off < reply.size()) {
@@ -189,13 +181,11 @@ prometheus::Gauge* gauge(prometheus::Registry& r, const Labels& c, const char* n
   return &prometheus::BuildGauge().Name(name).Help(help).Labels(c).Register(r).Add({});
 }
 
-prometheus::Counter* counter(prometheus::Registry& r, const Labels& c, const char* name,
-                             const char* help) {
+prometheus::Counter* counter(prometheus::Registry& r, const Labels& c, const char* name, const char* help) {
   return &prometheus::BuildCounter().Name(name).Help(help).Labels(c).Register(r).Add({});
 }
 
-prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& c, const char* name,
-                                 const char* help, Histogram::BucketBoundaries buckets) {
+prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& c, const char* name, const char* help, Histogram::BucketBoundaries buckets) {
   return &prometheus::BuildHistogram().Name(name).Help(help).Labels(c).Register(r).Add({}, std::move(buckets));
 }
 
@@ -211,12 +201,10 @@ metrics::metrics(const std::string& job)
   nodes_alive_ = gauge(r, c, "dtactor_nodes_alive", "Nodes currently considered alive.");
   loss_ = gauge(r, c, "dtactor_loss", "Training loss of the last committed step.");
   learning_rate_ = gauge(r, c, "dtactor_learning_rate", "Learning rate of the last step.");
-  samples_per_second_ =
-      gauge(r, c, "dtactor_samples_per_second", "Training throughput over the recent steps.");
+  samples_per_second_ = gauge(r, c, "dtactor_samples_per_second", "Training throughput over the recent steps.");
 
   samples_ = counter(r, c, "dtactor_samples_total", "Training samples processed in committed steps.");
-  lost_steps_ = counter(r, c, "dtactor_lost_steps_total",
-                        "Completed steps a recovery did not resume from (work lost).");
+  lost_steps_ = counter(r, c, "dtactor_lost_steps_total", "Completed steps a recovery did not resume from (work lost).");
   recoveries_family_ = &prometheus::BuildCounter()
                             .Name("dtactor_recoveries_total")
                             .Help("Membership changes that rebuilt the communicators, by cause.")
@@ -234,39 +222,38 @@ metrics::metrics(const std::string& job)
                          .Labels(c)
                          .Register(r);
 
-  step_duration_ = histogram(r, c, "dtactor_step_duration_seconds", "Wall time of one training step.",
-                             {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
-  allreduce_duration_ =
-      histogram(r, c, "dtactor_allreduce_duration_seconds", "Time spent in gradient allreduce per step.",
-                {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5});
-  failure_detection_ =
-      histogram(r, c, "dtactor_failure_detection_seconds",
-                "From a lost member's last sign of life to its declaration as lost.",
-                {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60});
-  recovery_ = histogram(r, c, "dtactor_recovery_seconds",
-                        "From the declaration of a membership change to training running again.",
+  step_duration_ =
+      histogram(r, c, "dtactor_step_duration_seconds", "Wall time of one training step.", {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  allreduce_duration_ = histogram(r, c, "dtactor_allreduce_duration_seconds", "Time spent in gradient allreduce per step.",
+                                  {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5});
+  failure_detection_ = histogram(r, c, "dtactor_failure_detection_seconds", "From a lost member's last sign of life to its declaration as lost.",
+                                 {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60});
+  recovery_ = histogram(r, c, "dtactor_recovery_seconds", "From the declaration of a membership change to training running again.",
                         {0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300});
   heartbeat_rtt_ = histogram(r, c, "dtactor_heartbeat_rtt_seconds", "Heartbeat round-trip time.",
-                             {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                              0.25, 1});
-  checkpoint_save_ = histogram(r, c, "dtactor_checkpoint_save_seconds",
-                               "Time to write one checkpoint to disk.",
+                             {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  checkpoint_save_ = histogram(r, c, "dtactor_checkpoint_save_seconds", "Time to write one checkpoint to disk.",
                                {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120});
-  data_wait_ = histogram(r, c, "dtactor_data_wait_seconds",
-                         "Time a rank's step spent assembling its batch (data loading), per step.",
+  data_wait_ = histogram(r, c, "dtactor_data_wait_seconds", "Time a rank's step spent assembling its batch (data loading), per step.",
                          {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
   max_steps_ = gauge(r, c, "dtactor_max_steps", "The step training ends at (train.max_steps).");
   checkpoint_size_bytes_ = gauge(r, c, "dtactor_checkpoint_size_bytes", "Size of the newest checkpoint written.");
   checkpoint_last_step_ = gauge(r, c, "dtactor_checkpoint_last_step", "Step of the newest checkpoint written.");
   checkpoint_last_timestamp_ =
-      gauge(r, c, "dtactor_checkpoint_last_timestamp_seconds",
-            "Unix time of the newest checkpoint written (the job's start while there is none).");
+      gauge(r, c, "dtactor_checkpoint_last_timestamp_seconds", "Unix time of the newest checkpoint written (the job's start while there is none).");
   eval_step_ = gauge(r, c, "dtactor_eval_step", "Step of the last evaluation.");
   rank_cpu_family_ = &prometheus::BuildCounter()
                           .Name("dtactor_rank_cpu_seconds_total")
                           .Help("CPU time (user + system) of this node's rank processes, by local rank.")
                           .Labels(c)
                           .Register(r);
+  state_bytes_family_ = &prometheus::BuildGauge()
+                             .Name("dtactor_rank_state_bytes")
+                             .Help(
+                                 "Training state a rank holds, by global rank, node and kind (params, grads, optimizer; train.zero shards the "
+                                 "optimizer's, replicas included).")
+                             .Labels(c)
+                             .Register(r);
   rank_rss_family_ = &prometheus::BuildGauge()
                           .Name("dtactor_rank_resident_memory_bytes")
                           .Help("Resident memory of this node's rank processes, by local rank.")
@@ -295,21 +282,22 @@ metrics::metrics(const std::string& job)
 
 metrics::~metrics() { server_.reset(); }  // no scrape may run while members go
 
-prometheus::Counter& metrics::recoveries(ev::plan_cause cause) {
-  return recoveries_family_->Add({{"cause", ev::to_string(cause)}});
-}
+prometheus::Counter& metrics::recoveries(ev::plan_cause cause) { return recoveries_family_->Add({{"cause", ev::to_string(cause)}}); }
 
-prometheus::Counter& metrics::wire_dropped_frames(const std::string& kind) {
-  return dropped_family_->Add({{"kind", kind}});
-}
+prometheus::Counter& metrics::wire_dropped_frames(const std::string& kind) { return dropped_family_->Add({{"kind", kind}}); }
 
 prometheus::Counter& metrics::rank_cpu_seconds(const std::string& rank) { return rank_cpu_family_->Add({{"rank", rank}}); }
 
 prometheus::Gauge& metrics::rank_resident_memory(const std::string& rank) { return rank_rss_family_->Add({{"rank", rank}}); }
 
-prometheus::Gauge& metrics::rank_peak_resident_memory(const std::string& rank) {
-  return rank_peak_rss_family_->Add({{"rank", rank}});
+void metrics::state_bytes(int rank, const std::string& node, double params, double grads, double optimizer) {
+  const std::string r = std::to_string(rank);
+  state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "params"}}).Set(params);
+  state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "grads"}}).Set(grads);
+  state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "optimizer"}}).Set(optimizer);
 }
+
+prometheus::Gauge& metrics::rank_peak_resident_memory(const std::string& rank) { return rank_peak_rss_family_->Add({{"rank", rank}}); }
 
 void metrics::checkpoint_saved(int64_t step, double bytes, double seconds) {
   checkpoint_save_->Observe(seconds);
@@ -349,8 +337,7 @@ void metrics::add_route(const std::string& path, const std::string& content_type
 status metrics::serve(int port, const std::string& bind_host) {
   if (port == 0) return status::success();
   if (server_) return make_error("metrics: already serving on port " + std::to_string(port_));
-  if (port < 0 || port > 65535)
-    return make_error("metrics: port " + std::to_string(port) + " is out of range; use 1-65535, or 0 for off");
+  if (port < 0 || port > 65535) return make_error("metrics: port " + std::to_string(port) + " is out of range; use 1-65535, or 0 for off");
   auto server = std::make_unique<metrics_http_server>();
   auto bound = server->start(bind_host, port, registry_, hooks_);
   if (!bound) return bound.err();

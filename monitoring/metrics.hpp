@@ -19,18 +19,18 @@
 // Every accessor is thread-safe (prometheus-cpp locks internally) and the
 // returned references stay valid for the object's lifetime: look them up
 // once, then Set/Increment/Observe from any thread.
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <prometheus/counter.h>
-#include <prometheus/family.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
 
 #include "actors/journal_events.hpp"
 #include "dtactor/result.hpp"
@@ -71,7 +71,7 @@ class metrics {
   // ---- gauges ----
   prometheus::Gauge& world_size() { return *world_size_; }
   prometheus::Gauge& generation() { return *generation_; }
-  prometheus::Gauge& step() { return *step_; }              // last committed step
+  prometheus::Gauge& step() { return *step_; }  // last committed step
   prometheus::Gauge& nodes_alive() { return *nodes_alive_; }
   prometheus::Gauge& loss() { return *loss_; }
   prometheus::Gauge& learning_rate() { return *learning_rate_; }
@@ -116,9 +116,12 @@ class metrics {
   prometheus::Gauge& eval_step() { return *eval_step_; }  // step of the last evaluation
 
   // ---- per-rank resources (the node's endpoint; rank = local rank) ----
-  prometheus::Counter& rank_cpu_seconds(const std::string& rank);      // dtactor_rank_cpu_seconds_total
-  prometheus::Gauge& rank_resident_memory(const std::string& rank);    // dtactor_rank_resident_memory_bytes
+  prometheus::Counter& rank_cpu_seconds(const std::string& rank);         // dtactor_rank_cpu_seconds_total
+  prometheus::Gauge& rank_resident_memory(const std::string& rank);       // dtactor_rank_resident_memory_bytes
   prometheus::Gauge& rank_peak_resident_memory(const std::string& rank);  // dtactor_rank_peak_resident_memory_bytes
+  // Coordinator: dtactor_rank_state_bytes{rank, node, kind="params"|"grads"|"optimizer"},
+  // the training state each rank holds (train.zero shards the optimizer's).
+  void state_bytes(int rank, const std::string& node, double params, double grads, double optimizer);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -134,6 +137,7 @@ class metrics {
   prometheus::Family<prometheus::Counter>* rank_cpu_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* rank_rss_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* rank_peak_rss_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* state_bytes_family_ = nullptr;
   prometheus::Counter* process_cpu_ = nullptr;
   prometheus::Gauge* process_rss_ = nullptr;
   prometheus::Gauge* process_start_ = nullptr;

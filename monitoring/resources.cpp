@@ -111,8 +111,9 @@ void rank_usage_tracker::sample_all() {
     if (auto u = read_proc_usage(e.pid)) update(e, *u);
 }
 
-void resource_book::note(int rank, const std::string& node, const proc_usage& u) {
+void resource_book::note(int rank, const std::string& node, const proc_usage& u, const state_bytes& held) {
   auto& r = ranks_[rank];
+  if (held.params > 0) r.held = held;
   const double peak = std::max(r.u.peak_rss_bytes, u.peak_rss_bytes);
   r.node = node;
   r.u = u;
@@ -122,7 +123,15 @@ void resource_book::note(int rank, const std::string& node, const proc_usage& u)
 
 ev::resources resource_book::snapshot() const {
   ev::resources out;
-  for (const auto& [rank, r] : ranks_) out.ranks.push_back({rank, r.node, r.u.rss_bytes, r.u.peak_rss_bytes, r.u.cpu_s, r.u.age_s});
+  for (const auto& [rank, r] : ranks_) {
+    ev::rank_resources x{rank, r.node, r.u.rss_bytes, r.u.peak_rss_bytes, r.u.cpu_s, r.u.age_s};
+    if (r.held.params > 0) {
+      x.param_bytes = r.held.params;
+      x.grad_bytes = r.held.grads;
+      x.optimizer_state_bytes = r.held.optimizer;
+    }
+    out.ranks.push_back(std::move(x));
+  }
   return out;
 }
 

@@ -24,6 +24,11 @@ struct proc_usage {
   double start_unix = 0;      // when it started (unix seconds)
 };
 
+// Training state a rank holds, as it reports it (0 = not reported).
+struct state_bytes {
+  uint64_t params = 0, grads = 0, optimizer = 0;
+};
+
 // This machine's host name ("localhost" when it has none).
 std::string this_host_name();
 
@@ -62,7 +67,7 @@ class rank_usage_tracker {
 // Not thread-safe: one owner (the coordinator sink's job-actor events, or the training loop).
 class resource_book {
  public:
-  void note(int rank, const std::string& node, const proc_usage& u);
+  void note(int rank, const std::string& node, const proc_usage& u, const state_bytes& held = {});
   bool empty() const { return ranks_.empty(); }
   // The event; peaks are the largest seen for the rank.
   ev::resources snapshot() const;
@@ -73,6 +78,7 @@ class resource_book {
   struct row {
     std::string node;
     proc_usage u;
+    state_bytes held;
   };
   std::map<int, row> ranks_;
   double last_written_ = 0;

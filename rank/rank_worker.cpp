@@ -255,7 +255,8 @@ struct rank_worker::generation_run {
   int root = 0;                                       // global rank the state came from
   uint64_t transfer_bytes = 0;                        // state received from a peer
   double transfer_s = 0;
-  uint64_t reshard_bytes = 0;  // optimizer shards and parameters moved (train.zero >= 1)
+  uint64_t reshard_bytes = 0;                                  // optimizer shards and parameters moved (train.zero >= 1)
+  ev::optimizer_source optimizer = ev::optimizer_source::own;  // where its optimizer shards came from
 };
 
 void rank_worker::report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail) {
@@ -396,8 +397,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   training_state& state = *impl_->state;
   // Sharded from the first generation on (a fresh rank holds all of it), so
   // that every rank's stream has the same replicated part.
-  if (impl_->cfg->get_int("train.zero") >= 1 && !state.optimizer().sharded())
-    state.shard_optimizer({{0, state.optimizer().total_elements()}});
+  if (impl_->cfg->get_int("train.zero") >= 1 && !state.optimizer().sharded()) state.shard_optimizer({{0, state.optimizer().total_elements()}});
   if (g.rank == 0 && g.plan.checkpoint_step() > state.step()) {
     // Nobody alive holds state: the newest committed checkpoint, read from
     // the store by this rank itself.
@@ -470,6 +470,7 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
       if (held == everything() || !opt.sharded()) {
         state.shard_optimizer(everything());
         im.shards = plan;
+        if (attempt == 1) g.optimizer = ev::optimizer_source::checkpoint;
         return std::nullopt;
       }
       missing = "elements outside this rank's shards";
@@ -482,6 +483,10 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
       if (r->complete) {
         im.shards = plan;
         g.reshard_bytes = r->bytes_in + r->bytes_out;
+        if (attempt == 1)
+          g.optimizer = ev::optimizer_source::checkpoint;
+        else if (r->moments_in > 0)
+          g.optimizer = ev::optimizer_source::replica;
         return std::nullopt;
       }
       missing = r->missing;
@@ -613,6 +618,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     ready.set_state_root(g.root);
     ready.set_switch_s(now_s() - g.offered_at);
     ready.set_state_bytes(g.transfer_bytes);
+    if (im.shards) {
+      ready.set_optimizer_source(ev::to_string(g.optimizer));
+      ready.set_reshard_bytes(g.reshard_bytes);
+    }
     ready.set_state_transfer_s(g.transfer_s);
     if (cb_.on_status) cb_.on_status(g.gen, std::move(ready));
   }
@@ -698,6 +707,9 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       acc.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
       acc.set_lr(state.lr_at(step - 1));
       acc.set_data_wait_s(take_data_wait_s());
+      acc.set_param_bytes(static_cast<uint64_t>(state.optimizer().param_bytes()));
+      acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes()));
+      acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes()));
       if (cb_.on_step) cb_.on_step(g.gen, acc);
       acc.Clear();
       first = false;

@@ -162,6 +162,7 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
         if (auto st = wait_p2p(pg.recv(tm, source, tag), timeout, "optimizer reshard (receiving)"); !st) return st.err();
         if (auto st = wait_p2p(pg.recv(tv, source, tag + 1), timeout, "optimizer reshard (receiving)"); !st) return st.err();
         res.bytes_in += static_cast<uint64_t>(2 * (b - a) * m.element_size());
+        res.moments_in += static_cast<uint64_t>(2 * (b - a) * m.element_size());
       }
       tag += 2;
     }

@@ -37,7 +37,8 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
 struct reshard_result {
   bool complete = true;                  // false: `missing` held by nobody; the optimizer is unchanged
   std::string missing;                   // "elements [a, b)"
-  uint64_t bytes_in = 0, bytes_out = 0;  // moved by this rank
+  uint64_t bytes_in = 0, bytes_out = 0;  // moved by this rank (moments and parameters)
+  uint64_t moments_in = 0;               // of bytes_in: optimizer moments this rank did not hold
   double seconds = 0;
 };
 // `holds_current`: this rank's moments are those of the agreed step (false

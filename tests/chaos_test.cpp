@@ -28,16 +28,16 @@
 namespace dtactor {
 namespace {
 
-using testing::events;
-using testing::events_named;
-using testing::read_journal;
-using testing::temp_dir;
 using testing::cluster;
 using testing::descendants;
-using testing::node_step;
-using testing::set_flags;
-using testing::job_sets;
+using testing::events;
+using testing::events_named;
 using testing::expect_finished_without_loss;
+using testing::job_sets;
+using testing::node_step;
+using testing::read_journal;
+using testing::set_flags;
+using testing::temp_dir;
 using json = nlohmann::json;
 
 const std::string kBin = DTACTOR_BINARY;
@@ -259,8 +259,8 @@ double peak_rss_of(pid_t pid) {
 // never holds the state: its memory stays far below what it committed.
 TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
   temp_dir d;
-  const std::vector<std::string> big = {"model.dim=256", "model.layers=4", "model.heads=4", "model.mlp_ratio=4", "checkpoint.every_steps=5",
-                                        "cluster.digest_every_steps=5"};
+  const std::vector<std::string> big = {"model.dim=256",     "model.layers=4",           "model.heads=4",
+                                        "model.mlp_ratio=4", "checkpoint.every_steps=5", "cluster.digest_every_steps=5"};
   double coord_peak = 0, coord_at_start = 0;
   {
     auto first = big;
@@ -269,12 +269,14 @@ TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
     ASSERT_EQ(cl.start({"a", "b"}), "");
     const pid_t coord_pid = cl.coord->pid();
     auto watch = [&](const std::function<bool(const std::vector<json>&)>& pred) {
-      return cl.wait_for([&](const std::vector<json>& j) {
-        const double now = peak_rss_of(coord_pid);
-        if (coord_at_start == 0 && !events<ev::coordinator_started>(j).empty()) coord_at_start = now;
-        coord_peak = std::max(coord_peak, now);
-        return pred(j);
-      }, 240);
+      return cl.wait_for(
+          [&](const std::vector<json>& j) {
+            const double now = peak_rss_of(coord_pid);
+            if (coord_at_start == 0 && !events<ev::coordinator_started>(j).empty()) coord_at_start = now;
+            coord_peak = std::max(coord_peak, now);
+            return pred(j);
+          },
+          240);
     };
     ASSERT_TRUE(watch([](const std::vector<json>& j) {
       auto c = events<ev::checkpoint_saved>(j);
@@ -308,7 +310,7 @@ TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
     ASSERT_GT(coord_at_start, 0);
     EXPECT_LT(coord_peak, 200e6);
     EXPECT_LT(coord_peak - coord_at_start, 24e6) << "the coordinator committed " << committed << " bytes of checkpoints; it started at "
-                                                  << coord_at_start << " bytes, peaked at " << coord_peak;
+                                                 << coord_at_start << " bytes, peaked at " << coord_peak;
   }
   // The same run directory, three nodes, ten more steps.
   auto more = big;
@@ -336,15 +338,23 @@ TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
 TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
   temp_dir fix;
   const std::string src = DTACTOR_SOURCE_DIR;
-  if (!testing::write_torchscript_fixtures(fix.path(), src))
-    GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
+  if (!testing::write_torchscript_fixtures(fix.path(), src)) GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
   temp_dir d;
-  const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + fix.path() + "/mlp.pt",
-                                         "data.train_inputs=" + fix.path() + "/x_train.npy", "data.train_targets=" + fix.path() + "/y_train.npy",
-                                         "data.eval_inputs=" + fix.path() + "/x_eval.npy", "data.eval_targets=" + fix.path() + "/y_eval.npy",
-                                         "train.global_batch_size=64", "train.max_steps=300", "train.warmup_steps=10", "train.lr=0.01",
-                                         "eval.every_steps=0", "checkpoint.every_steps=20", "train.log_every_steps=1",
-                                         "cluster.digest_every_steps=10", "cluster.min_nodes=2"};
+  const std::vector<std::string> sets = {"model.name=torchscript",
+                                         "model.file=" + fix.path() + "/mlp.pt",
+                                         "data.train_inputs=" + fix.path() + "/x_train.npy",
+                                         "data.train_targets=" + fix.path() + "/y_train.npy",
+                                         "data.eval_inputs=" + fix.path() + "/x_eval.npy",
+                                         "data.eval_targets=" + fix.path() + "/y_eval.npy",
+                                         "train.global_batch_size=64",
+                                         "train.max_steps=300",
+                                         "train.warmup_steps=10",
+                                         "train.lr=0.01",
+                                         "eval.every_steps=0",
+                                         "checkpoint.every_steps=20",
+                                         "train.log_every_steps=1",
+                                         "cluster.digest_every_steps=10",
+                                         "cluster.min_nodes=2"};
   cluster cl(d.path(), set_flags(sets, {}));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(60, 2)) << cl.logs();
@@ -375,20 +385,28 @@ TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
 TEST(Chaos, BatchNormBuffersStayEqualAcrossRanks) {
   temp_dir fix;
   const std::string src = DTACTOR_SOURCE_DIR;
-  if (!testing::write_torchscript_fixtures(fix.path(), src))
-    GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
+  if (!testing::write_torchscript_fixtures(fix.path(), src)) GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
   temp_dir d;
-  const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + fix.path() + "/bn.pt",
-                                         "data.train_inputs=" + fix.path() + "/x_train.npy", "data.train_targets=" + fix.path() + "/y_train.npy",
-                                         "train.global_batch_size=64", "train.max_steps=1500", "train.warmup_steps=10", "train.lr=0.01",
-                                         "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=1",
-                                         "cluster.digest_every_steps=5", "cluster.min_nodes=3"};
+  const std::vector<std::string> sets = {"model.name=torchscript",
+                                         "model.file=" + fix.path() + "/bn.pt",
+                                         "data.train_inputs=" + fix.path() + "/x_train.npy",
+                                         "data.train_targets=" + fix.path() + "/y_train.npy",
+                                         "train.global_batch_size=64",
+                                         "train.max_steps=1500",
+                                         "train.warmup_steps=10",
+                                         "train.lr=0.01",
+                                         "eval.every_steps=0",
+                                         "checkpoint.every_steps=0",
+                                         "train.log_every_steps=1",
+                                         "cluster.digest_every_steps=5",
+                                         "cluster.min_nodes=3"};
   cluster cl(d.path(), set_flags(sets, {}));
   ASSERT_EQ(cl.start({"a", "b", "c"}), "");
   ASSERT_TRUE(cl.wait_step(40, 3)) << cl.logs();
   cl.signal_node("c", SIGKILL);  // a new generation of two
   expect_finished_without_loss(cl, 1500, 2);
-  for (const auto& f : events_named(cl.journal(), ev::rank_down::failed_name)) EXPECT_EQ(f.at("detail").get<std::string>().find("differ"), std::string::npos) << f.dump();
+  for (const auto& f : events_named(cl.journal(), ev::rank_down::failed_name))
+    EXPECT_EQ(f.at("detail").get<std::string>().find("differ"), std::string::npos) << f.dump();
 }
 
 // A node whose copy of the data differs (here: one changed number, seen
@@ -398,18 +416,23 @@ TEST(Chaos, BatchNormBuffersStayEqualAcrossRanks) {
 TEST(Chaos, ANodeWithDifferentDataIsRefusedNeverTrainedOn) {
   temp_dir fix;
   const std::string src = DTACTOR_SOURCE_DIR;
-  if (!testing::write_torchscript_fixtures(fix.path(), src))
-    GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
+  if (!testing::write_torchscript_fixtures(fix.path(), src)) GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
   if (std::system("unshare -m true > /dev/null 2>&1") != 0) GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
   const std::string changed = fix.path() + "/x_changed.npy";
   ASSERT_EQ(std::system(("/usr/bin/python3.11 -c \"import numpy as np; x=np.load('" + fix.path() + "/x_train.npy'); x[5,3]+=1; np.save('" + changed +
-                         "', x)\"").c_str()),
+                         "', x)\"")
+                            .c_str()),
             0);
   temp_dir d;
-  const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + fix.path() + "/mlp.pt",
-                                         "data.train_inputs=" + fix.path() + "/x_train.npy", "data.train_targets=" + fix.path() + "/y_train.npy",
-                                         "train.global_batch_size=64", "train.max_steps=100000000", "eval.every_steps=0",
-                                         "checkpoint.every_steps=0", "train.log_every_steps=100"};
+  const std::vector<std::string> sets = {"model.name=torchscript",
+                                         "model.file=" + fix.path() + "/mlp.pt",
+                                         "data.train_inputs=" + fix.path() + "/x_train.npy",
+                                         "data.train_targets=" + fix.path() + "/y_train.npy",
+                                         "train.global_batch_size=64",
+                                         "train.max_steps=100000000",
+                                         "eval.every_steps=0",
+                                         "checkpoint.every_steps=0",
+                                         "train.log_every_steps=100"};
   cluster cl(d.path(), set_flags(sets, {}));
   ASSERT_EQ(cl.start({"a"}), "");
   ASSERT_TRUE(cl.wait_step(100, 1)) << cl.logs();
@@ -443,14 +466,19 @@ TEST(Chaos, ANodeWithDifferentDataIsRefusedNeverTrainedOn) {
 TEST(Chaos, NodesTrainTheModuleTheCoordinatorShippedWithoutACopyOfTheirOwn) {
   temp_dir fix, mod;
   const std::string src = DTACTOR_SOURCE_DIR;
-  if (!testing::write_torchscript_fixtures(fix.path(), src))
-    GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
+  if (!testing::write_torchscript_fixtures(fix.path(), src)) GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted module to train";
   const std::string module = mod.path() + "/mlp.pt";
   std::filesystem::copy_file(fix.path() + "/mlp.pt", module);
   temp_dir d;
-  const std::vector<std::string> sets = {"model.name=torchscript", "model.file=" + module, "data.train_inputs=" + fix.path() + "/x_train.npy",
-                                         "data.train_targets=" + fix.path() + "/y_train.npy", "train.global_batch_size=64",
-                                         "train.max_steps=100000000", "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=10",
+  const std::vector<std::string> sets = {"model.name=torchscript",
+                                         "model.file=" + module,
+                                         "data.train_inputs=" + fix.path() + "/x_train.npy",
+                                         "data.train_targets=" + fix.path() + "/y_train.npy",
+                                         "train.global_batch_size=64",
+                                         "train.max_steps=100000000",
+                                         "eval.every_steps=0",
+                                         "checkpoint.every_steps=0",
+                                         "train.log_every_steps=10",
                                          "cluster.digest_every_steps=10"};
   cluster cl(d.path(), set_flags(sets, {}));
   ASSERT_EQ(cl.start_coordinator(), "");
@@ -469,8 +497,10 @@ TEST(Chaos, NodesTrainTheModuleTheCoordinatorShippedWithoutACopyOfTheirOwn) {
   { std::ofstream(module) << "not a module: a node's stale or foreign copy\n"; }
   ::setenv("TMPDIR", (d.path() + "/tmp-b").c_str(), 1);
   ASSERT_EQ(cl.start_node("b"), "");
-  if (old_tmp) ::setenv("TMPDIR", saved_tmp.c_str(), 1);
-  else ::unsetenv("TMPDIR");
+  if (old_tmp)
+    ::setenv("TMPDIR", saved_tmp.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
   const int64_t at = events<ev::step_completed>(cl.journal()).back().at("step").get<int64_t>();
   ASSERT_TRUE(cl.wait_step(at + 40, 2)) << cl.logs();
   EXPECT_TRUE(events<ev::job_error>(cl.journal()).empty()) << cl.logs();
@@ -588,8 +618,23 @@ TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
   ASSERT_FALSE(clean.empty());
   EXPECT_EQ(clean, faulty) << "zero=1 with a lost and replaced node ends where zero=0 without a fault ends";
   const auto j = read_journal(d2.path() + "/journal.jsonl");
-  EXPECT_GE(events<ev::recovery_done>(j).size(), 1u);
+  const auto rec = events<ev::recovery_done>(j);
+  ASSERT_GE(rec.size(), 1u);
+  // The node came back: its shards came from their replicas, not from disk.
+  EXPECT_EQ(rec.back().at("optimizer_source"), "replica") << rec.back().dump();
+  EXPECT_GT(rec.back().at("reshard_bytes").get<uint64_t>(), 0u);
   for (const auto& r : events<ev::checkpoint_restored>(j)) EXPECT_NE(r.at("source"), "disk") << r.dump();
+  // Each rank said what it holds: a third of the state's optimizer moments
+  // times two holders, so less than all of them.
+  bool reported = false;
+  for (const auto& e : events_named(j, "resources"))
+    for (const auto& r : e.at("ranks")) {
+      if (!r.contains("optimizer_state_bytes")) continue;
+      reported = true;
+      EXPECT_LT(r.at("optimizer_state_bytes").get<uint64_t>(), 2 * r.at("param_bytes").get<uint64_t>()) << r.dump();
+      EXPECT_GT(r.at("optimizer_state_bytes").get<uint64_t>(), 0u) << r.dump();
+    }
+  EXPECT_TRUE(reported) << "resources events carry the state bytes";
   // The nodes' logs say the optimizer state is sharded and that shards moved.
   bool sharded = false, moved = false;
   for (const char* id : {"a", "b", "c"}) {
