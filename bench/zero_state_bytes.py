@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Bytes of training state per parameter per rank with train.zero 0 and 1,
+measured: runs `dtactor local` (a coordinator and N node processes on this
+machine, each with P rank processes) for a few steps and reads what each rank
+reported holding from the journal's `resources` events (param_bytes,
+grad_bytes, optimizer_state_bytes) and its peak RSS. Prints one JSON object:
+per configuration the bytes per parameter of each kind (the largest rank),
+next to the formula 4 + 4 + 8*R/W (fp32 parameters, gradients, AdamW moments
+held by R of W ranks; 16 without sharding).
+
+Usage: bench/zero_state_bytes.py [--binary build/app/dtactor] [--steps 20] [--set key=value ...]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run(binary, nodes, nproc, zero, replicas, steps, extra):
+    with tempfile.TemporaryDirectory() as d:
+        sets = [f"train.zero={zero}", f"train.max_steps={steps}", "checkpoint.every_steps=0", "eval.every_steps=0",
+                "train.log_every_steps=1", f"cluster.min_nodes={nodes}",
+                # one generation at the full world: planned once every rank is ready
+                f"cluster.max_nodes={nodes}", "cluster.settle_ms=600000"] + extra
+        if replicas:
+            sets.append(f"train.zero_replicas={replicas}")
+        cmd = [binary, "local", "--nodes", str(nodes), "--nproc-per-node", str(nproc), "--run-dir", d, "--no-resume"]
+        for s in sets:
+            cmd += ["--set", s]
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
+        if p.returncode != 0:
+            sys.exit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-3000:]}")
+        ranks = {}
+        with open(os.path.join(d, "journal.jsonl")) as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("event") != "resources":
+                    continue
+                for r in e["ranks"]:
+                    if "param_bytes" in r:
+                        ranks[r["rank"]] = r
+        if not ranks:
+            sys.exit(f"{' '.join(cmd)}: no resources event with state bytes")
+        world = nodes * nproc
+        params = max(r["param_bytes"] for r in ranks.values()) / 4  # fp32 parameters
+        r_eff = replicas or (2 if nodes > 1 else 1)
+        r_eff = min(r_eff, world)
+        per = lambda k: max(r[k] for r in ranks.values()) / params
+        out = {
+            "nodes": nodes, "ranks_per_node": nproc, "world": world, "zero": zero, "replicas": r_eff if zero else None,
+            "parameters": int(params),
+            "param_bytes_per_param": per("param_bytes"),
+            "grad_bytes_per_param": per("grad_bytes"),
+            "optimizer_bytes_per_param": per("optimizer_state_bytes"),
+            "formula_optimizer_bytes_per_param": 8.0 * (r_eff / world if zero else 1.0),
+            "peak_rss_bytes_max_rank": max(r["peak_rss_bytes"] for r in ranks.values()),
+        }
+        out["total_bytes_per_param"] = out["param_bytes_per_param"] + out["grad_bytes_per_param"] + out["optimizer_bytes_per_param"]
+        out["formula_total_bytes_per_param"] = 8.0 + out["formula_optimizer_bytes_per_param"]
+        out["optimizer_vs_formula"] = out["optimizer_bytes_per_param"] / out["formula_optimizer_bytes_per_param"]
+        return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default=os.path.join(os.path.dirname(__file__), "..", "build", "dtactor"))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--set", action="append", default=[])
+    a = ap.parse_args()
+    configs = [(1, 1, 0, 0), (1, 1, 1, 0),
+               (2, 1, 0, 0), (2, 1, 1, 0),
+               (2, 2, 0, 0), (2, 2, 1, 0), (2, 2, 1, 1),
+               (4, 1, 1, 0)]
+    rows = [run(a.binary, n, p, z, r, a.steps, a.set) for (n, p, z, r) in configs]
+    print(json.dumps({"command": " ".join(sys.argv), "settings": a.set, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
