@@ -563,6 +563,12 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
   j.node_id = opts_.node_id;
   j.store = g.plan.checkpoint_store();
   j.s3_endpoint = im.cfg->get_string("checkpoint.s3_endpoint");
+  if (im.shards && layout.sharded()) {
+    // Sharded: its share of the replicated bytes and the windows of the
+    // shards it is the primary of (state_io's write_ranges).
+    const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
+    j.ranges = write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases());
+  }
   if (g.rank == 0) {
     auto meta = state.checkpoint_meta(eval_at_step, g.gen);
     describe_layout(layout, meta);

@@ -21,6 +21,7 @@
 
 #include "chaos_checks.hpp"
 #include "cluster_harness.hpp"
+#include "runtime/checkpoint_store.hpp"
 #include "runtime/process.hpp"
 #include "runtime/zmq_bridge.hpp"
 #include "test_util.hpp"
@@ -647,6 +648,66 @@ TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
   }
   EXPECT_TRUE(sharded);
   EXPECT_TRUE(moved);
+}
+
+// The whole stream of the newest committed checkpoint in a run directory.
+std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts) {
+  auto store = checkpoint_store::open_readonly(run_dir + "/checkpoints");
+  if (!store) return "";
+  auto newest = store->newest_valid([](const std::string&, const std::string&) {}, true);
+  if (!newest || !newest->has_value()) return "";
+  const auto& meta = **newest;
+  step = meta.step();
+  parts = meta.parts_size();
+  std::string out;
+  auto st = store->read_stream(meta, [&](uint64_t at, const char* data, size_t n) -> status {
+    if (at != out.size()) return make_error("out of order");
+    out.append(data, n);
+    return {};
+  });
+  return st ? out : "";
+}
+
+// train.zero=1 checkpoints: each rank writes its share of the replicated
+// bytes and the windows of the shards it is the primary of; the committed
+// stream is byte for byte the one zero=0 writes at the same step. Both runs
+// then resume on two nodes (zero=1 from the sharded one: rank 0 reads it
+// whole, the other takes its shards from it) and end alike.
+TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
+  auto sets = [](int steps, int nodes, const std::string& zero) {
+    return job_sets(steps, {"cluster.min_nodes=" + std::to_string(nodes), "cluster.max_nodes=" + std::to_string(nodes), "cluster.settle_ms=600000",
+                            "checkpoint.every_steps=20", "train.zero=" + zero});
+  };
+  temp_dir d0, d1;
+  std::map<std::string, std::string> fin;
+  for (const auto& [dir, zero] : {std::pair<std::string, std::string>{d0.path(), "0"}, {d1.path(), "1"}}) {
+    cluster cl(dir, sets(40, 3, zero));
+    ASSERT_EQ(cl.start({"a", "b", "c"}), "");
+    expect_finished_without_loss(cl, 40, 3);
+  }
+  int64_t s0 = -1, s1 = -1;
+  int p0 = 0, p1 = 0;
+  const std::string replicated = newest_stream(d0.path(), s0, p0), sharded = newest_stream(d1.path(), s1, p1);
+  ASSERT_FALSE(replicated.empty());
+  EXPECT_EQ(s0, 40);
+  EXPECT_EQ(s1, 40);
+  EXPECT_EQ(p0, 3);
+  EXPECT_GT(p1, 3) << "sharded ranks write several ranges each";
+  EXPECT_TRUE(replicated == sharded) << "the zero=1 checkpoint's stream differs from zero=0's (" << replicated.size() << " and " << sharded.size()
+                                     << " bytes)";
+  for (const auto& [dir, zero] : {std::pair<std::string, std::string>{d0.path(), "0"}, {d1.path(), "1"}}) {
+    cluster cl(dir, sets(60, 2, zero));
+    ASSERT_EQ(cl.start({"a", "b"}), "");
+    expect_finished_without_loss(cl, 60, 2);
+    auto j = cl.journal();
+    bool from_disk = false;
+    for (const auto& r : events<ev::checkpoint_restored>(j)) from_disk = from_disk || (r.at("source") == "disk" && r.at("step") == 40);
+    EXPECT_TRUE(from_disk) << cl.logs();
+    auto f = events<ev::job_finished>(j);
+    ASSERT_EQ(f.size(), 1u);
+    fin[zero] = f[0].at("params_digest").get<std::string>();
+  }
+  EXPECT_EQ(fin["0"], fin["1"]) << "resumed at world 2 from zero=0's and zero=1's checkpoints";
 }
 
 // Going on at the smaller world size: same global batch, only the order of
