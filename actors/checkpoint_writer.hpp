@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "actors/events.hpp"
 #include "actors/messages.hpp"
@@ -21,7 +22,7 @@ namespace dtactor {
 // The checkpoint committer: collects the ranks' checkpoint_written reports
 // and commits a checkpoint (writes its manifest through opts.commit, which
 // may block: the committer runs detached) once every rank of the generation
-// that wrote it has stored its part.
+// that wrote it has stored its parts.
 struct saved_checkpoint {
   std::string path;
   int64_t bytes = 0;
@@ -39,11 +40,11 @@ struct checkpoint_writer_state {
   struct part_set {
     uint64_t generation = 0;
     int32_t world = 0;
-    std::map<int32_t, pb::checkpoint_part> parts;  // by global rank
-    std::string meta;                              // rank 0's
+    std::map<int32_t, std::vector<pb::checkpoint_part>> parts;  // by global rank: each rank's, one or several ranges
+    std::string meta;                                           // rank 0's
     bool have_meta = false;
-    bool failed = false;  // a rank could not store its part: never committed
-    int32_t reports = 0;
+    bool failed = false;              // a rank could not store its parts: never committed
+    int32_t reports = 0;              // one per rank's report, however many parts it carries
     double stall_s = 0, write_s = 0;  // the slowest rank's
   };
   checkpoint_writer_options opts;
@@ -56,9 +57,10 @@ struct checkpoint_writer_state {
 
 // inbound checkpoint_written (fenced by the job actor). Parts of one step
 // from one generation are gathered (a newer generation's replace an older
-// one's); when every rank's is in, the checkpoint is committed through
-// opts.commit: `checkpoint_saved` (with the stall and write rate) or
-// `checkpoint_failed` (also when any rank could not store its part). A
+// one's); when every rank's are in, the checkpoint is committed through
+// opts.commit with all ranks' parts in offset order: `checkpoint_saved`
+// (with the stall and write rate) or `checkpoint_failed` (also when any rank
+// could not store its parts, or the parts do not cover the stream exactly). A
 // committed checkpoint newer than any before goes to the membership actor
 // as (ckpt_atom, step). (flush_atom) -> true once every report received
 // before it was handled.

@@ -30,24 +30,42 @@ part_writer::~part_writer() {
 
 double part_writer::submit(const state_layout& layout, job j) {
   const auto t0 = clock_type::now();
-  const auto [a, b] = part_range(layout.bytes, j.rank, j.world);
+  if (j.ranges.empty()) j.ranges.push_back(part_range(layout.bytes, j.rank, j.world));
+  std::string error;
+  uint64_t total = 0, end = 0;
+  for (const auto& [a, b] : j.ranges) {
+    if (a < end || b < a || b > layout.bytes) {
+      error = "checkpoint range [" + std::to_string(a) + ", " + std::to_string(b) + ") is not ascending, disjoint and inside the " +
+              std::to_string(layout.bytes) + "-byte state";
+      break;
+    }
+    end = b;
+    total += b - a;
+  }
+  if (!error.empty()) total = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_ && !pending_; });
     // Any prepare() still queued is met here, so the writer thread never
     // replaces the buffer while this copy fills it.
-    want_capacity_ = std::max(want_capacity_, b - a);
+    want_capacity_ = std::max(want_capacity_, total);
     if (want_capacity_ > capacity_ || !buf_) {
       buf_.reset();  // the old buffer goes first: never two at once
       buf_.reset(new char[std::max<uint64_t>(1, want_capacity_)]);
       capacity_ = want_capacity_;
     }
   }
-  copy_range(layout, a, b, buf_.get());
+  if (error.empty()) {
+    uint64_t at = 0;
+    for (const auto& [a, b] : j.ranges) {
+      copy_range(layout, a, b, buf_.get() + at);
+      at += b - a;
+    }
+  }
   const double stall = since(t0);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_ = pending{std::move(j), a, b - a, stall};
+    pending_ = pending{std::move(j), stall, std::move(error)};
   }
   cv_.notify_all();
   return stall;
@@ -99,20 +117,29 @@ void part_writer::run() {
     w.set_meta(p.j.meta);
     w.set_stall_s(p.stall_s);
     auto& store = stores_[p.j.store];
-    if (!store) {
+    if (!p.error.empty()) {
+      w.set_error(p.error);
+    } else if (!store) {
       auto opened = open_object_store(p.j.store, default_fs_env(), p.j.s3_endpoint);
       if (opened) store = std::shared_ptr<object_store>(std::move(opened.value()));
       else w.set_error("checkpoint store: " + opened.message());
     }
-    if (store) {
-      const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world);
-      auto part = write_part(*store, name, p.offset, buf_.get(), p.size);
-      if (part) {
+    if (store && p.error.empty()) {
+      uint64_t at = 0;  // in the buffer: the ranges back to back
+      for (size_t k = 0; k < p.j.ranges.size(); ++k) {
+        const auto [a, b] = p.j.ranges[k];
+        const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world, static_cast<int>(k));
+        auto part = write_part(*store, name, a, buf_.get() + at, b - a);
+        if (!part) {
+          // The parts stored so far are orphans the next sweep takes.
+          w.clear_parts();
+          w.set_error(part.message());
+          break;
+        }
         part->set_rank(p.j.rank);
         part->set_node_id(p.j.node_id);
-        *w.mutable_part() = std::move(part.value());
-      } else {
-        w.set_error(part.message());
+        *w.add_parts() = std::move(part.value());
+        at += b - a;
       }
     }
     w.set_write_s(since(t0));

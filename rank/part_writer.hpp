@@ -1,12 +1,13 @@
 #pragma once
 // A rank's share of a checkpoint, stored in the background. At a checkpoint
-// step the training thread copies its byte range of the state (part_range
-// of the stream, runtime/checkpoint_store.hpp) into a host buffer and goes
-// on training; a thread of its own writes the buffer to the checkpoint store
-// and reports `checkpoint_written` (a few hundred bytes) when the part is
-// stored, or why not. The buffer is kept between checkpoints; a checkpoint
-// due while the previous one is still being written waits for it (counted in
-// the stall it reports).
+// step the training thread copies its byte ranges of the state (by default
+// the one range part_range of the stream, runtime/checkpoint_store.hpp; a
+// ZeRO shard owns several) back to back into a host buffer and goes on
+// training; a thread of its own writes each range to the checkpoint store as
+// a part of its own and reports `checkpoint_written` (a few hundred bytes)
+// when all are stored, or why not. The buffer is kept between checkpoints; a
+// checkpoint due while the previous one is still being written waits for it
+// (counted in the stall it reports).
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "wire.pb.h"
@@ -35,6 +37,10 @@ class part_writer {
     std::string store;  // location (runtime/object_store.hpp)
     std::string s3_endpoint;
     std::string meta;   // global rank 0: serialized checkpoint_meta without parts
+    // Stream bytes [first, second) this rank writes, ascending and disjoint,
+    // each its own part (part_name index k for the k-th). Empty: the one
+    // range part_range(layout.bytes, rank, world).
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
   };
   // Called on the writer thread when a part is stored (or failed).
   using done_fn = std::function<void(uint64_t generation, pb::checkpoint_written)>;
@@ -44,9 +50,10 @@ class part_writer {
   part_writer(const part_writer&) = delete;
   part_writer& operator=(const part_writer&) = delete;
 
-  // Waits for the previous write, copies this rank's range into the buffer
+  // Waits for the previous write, copies this rank's ranges into the buffer
   // and returns the seconds training was held up (the stall); the write goes
-  // on in the background.
+  // on in the background. Ranges that are not ascending, disjoint and inside
+  // the stream are copied nowhere and reported as the write's error.
   double submit(const state_layout& layout, job j);
   // Waits until no write is in flight.
   void wait_idle();
@@ -58,9 +65,9 @@ class part_writer {
  private:
   void run();
   struct pending {
-    job j;
-    uint64_t offset = 0, size = 0;
+    job j;  // j.ranges: never empty here
     double stall_s = 0;
+    std::string error;  // bad ranges: nothing to store
   };
   done_fn done_;
   std::mutex mu_;

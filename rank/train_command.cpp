@@ -126,7 +126,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
       if (!w.error().empty()) return make_error("checkpoint at step " + std::to_string(w.step()) + " not saved: " + w.error());
       pb::checkpoint_meta meta;
       if (!meta.ParseFromString(body)) return make_error("checkpoint at step " + std::to_string(w.step()) + ": meta does not parse");
-      *meta.add_parts() = w.part();
+      for (const auto& part : w.parts()) *meta.add_parts() = part;
       const auto t0 = clock_type::now();
       auto done = store->commit(std::move(meta));
       if (!done) return done.err();

@@ -56,21 +56,28 @@ struct part_id {
   uint64_t generation;
 };
 
-// (step, generation) of a part name exactly as part_name() writes it.
+// (step, generation) of a part name exactly as part_name() writes it, any
+// index (a rank's second and later ranges) included.
 std::optional<part_id> parse_part_name(std::string_view name) {
   constexpr std::string_view pre = "ckpt-", suf = ".part";
   if (name.size() <= pre.size() + suf.size() || name.substr(0, pre.size()) != pre ||
       name.substr(name.size() - suf.size()) != suf)
     return std::nullopt;
-  std::string_view mid = name.substr(pre.size(), name.size() - pre.size() - suf.size());  // 000000012.g3.r0-of-2
+  std::string_view mid = name.substr(pre.size(), name.size() - pre.size() - suf.size());  // 000000012.g3.r0-of-2 or ...-of-2.1
   const size_t g = mid.find(".g"), r = mid.find(".r"), of = mid.find("-of-");
   if (g == std::string_view::npos || r == std::string_view::npos || of == std::string_view::npos || !(g < r && r < of)) return std::nullopt;
+  const size_t k = mid.find('.', of + 4);  // ".<index>", absent for index 0
   auto step = digits(mid.substr(0, g));
   auto gen = digits(mid.substr(g + 2, r - g - 2));
   auto rank = digits(mid.substr(r + 2, of - r - 2));
-  auto world = digits(mid.substr(of + 4));
-  if (!step || !gen || !rank || !world) return std::nullopt;
-  if (part_name(static_cast<int64_t>(*step), *gen, static_cast<int>(*rank), static_cast<int>(*world)) != name) return std::nullopt;
+  auto world = digits(mid.substr(of + 4, k == std::string_view::npos ? std::string_view::npos : k - of - 4));
+  auto index = k == std::string_view::npos ? std::optional<uint64_t>(0) : digits(mid.substr(k + 1));
+  if (!step || !gen || !rank || !world || !index) return std::nullopt;
+  if (*rank > static_cast<uint64_t>(std::numeric_limits<int>::max()) || *world > static_cast<uint64_t>(std::numeric_limits<int>::max()) ||
+      *index > static_cast<uint64_t>(std::numeric_limits<int>::max()))
+    return std::nullopt;
+  if (part_name(static_cast<int64_t>(*step), *gen, static_cast<int>(*rank), static_cast<int>(*world), static_cast<int>(*index)) != name)
+    return std::nullopt;
   return part_id{static_cast<int64_t>(*step), *gen};
 }
 
@@ -110,10 +117,14 @@ std::string manifest_name(int64_t step) {
   return buf;
 }
 
-std::string part_name(int64_t step, uint64_t generation, int rank, int world) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "ckpt-%09lld.g%llu.r%d-of-%d.part", static_cast<long long>(step), static_cast<unsigned long long>(generation),
-                rank, world);
+std::string part_name(int64_t step, uint64_t generation, int rank, int world, int index) {
+  char buf[112];
+  if (index == 0)
+    std::snprintf(buf, sizeof buf, "ckpt-%09lld.g%llu.r%d-of-%d.part", static_cast<long long>(step), static_cast<unsigned long long>(generation),
+                  rank, world);
+  else
+    std::snprintf(buf, sizeof buf, "ckpt-%09lld.g%llu.r%d-of-%d.%d.part", static_cast<long long>(step), static_cast<unsigned long long>(generation),
+                  rank, world, index);
   return buf;
 }
 

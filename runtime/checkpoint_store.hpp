@@ -7,11 +7,13 @@
 // manifest lists (name, dtype, shape, offset, size), back to back. It is
 // stored as parts, each a contiguous byte range of the stream written by one
 // rank ("ckpt-<step>.g<generation>.r<rank>-of-<world>.part": raw bytes, no
-// header), and one manifest ("ckpt-<step, 9 digits>.manifest"): "DTACMAN2",
-// u32 length, the serialized pb::checkpoint_meta (parts with sizes and
-// XXH3-64 checksums, tensors, step, generation, digests, metrics, config),
-// u64 XXH3-64 of those bytes; integers little-endian. The stream does not
-// depend on how many ranks wrote it: any world size reads it back.
+// header; a rank writing several ranges, ZeRO, names its k-th, k > 0,
+// "...r<rank>-of-<world>.<k>.part"), and one manifest ("ckpt-<step, 9
+// digits>.manifest"): "DTACMAN2", u32 length, the serialized
+// pb::checkpoint_meta (parts with sizes and XXH3-64 checksums, tensors,
+// step, generation, digests, metrics, config), u64 XXH3-64 of those bytes;
+// integers little-endian. The stream does not depend on how many ranks wrote
+// it: any world size reads it back.
 //
 // No manifest, no checkpoint: parts appear as the ranks write them; only the
 // commit (the manifest, written atomically after every part is known to be
@@ -57,8 +59,10 @@ struct committed_checkpoint {
 
 // "ckpt-000001200.manifest" for step 1200.
 std::string manifest_name(int64_t step);
-// "ckpt-000001200.g7.r0-of-2.part".
-std::string part_name(int64_t step, uint64_t generation, int rank, int world);
+// "ckpt-000001200.g7.r0-of-2.part": rank 0's first (or only) range; its
+// range `index` > 0 (a ZeRO shard's scattered ranges) is
+// "ckpt-000001200.g7.r0-of-2.<index>.part".
+std::string part_name(int64_t step, uint64_t generation, int rank, int world, int index = 0);
 // Bytes [first, second) of an n-byte stream that part `rank` of `world` holds
 // (balanced; every part but possibly the last is a multiple of 4096 bytes).
 std::pair<uint64_t, uint64_t> part_range(uint64_t n, int rank, int world);

@@ -175,6 +175,80 @@ TEST(checkpoint_store, part_ranges_cover_the_stream_exactly_and_are_aligned) {
 TEST(checkpoint_store, names_are_as_documented) {
   EXPECT_EQ(manifest_name(1200), "ckpt-000001200.manifest");
   EXPECT_EQ(part_name(1200, 7, 0, 2), "ckpt-000001200.g7.r0-of-2.part");
+  EXPECT_EQ(part_name(1200, 7, 0, 2, 0), "ckpt-000001200.g7.r0-of-2.part") << "a rank's first range keeps the old name";
+  EXPECT_EQ(part_name(1200, 7, 0, 2, 1), "ckpt-000001200.g7.r0-of-2.1.part");
+  EXPECT_EQ(part_name(1200, 7, 1, 2, 12), "ckpt-000001200.g7.r1-of-2.12.part");
+}
+
+// ZeRO: ranks own scattered ranges, each a part of its own (the k-th, k > 0,
+// named with ".<k>"). Rank r of 2 writes quarters r and r + 2 of the stream.
+pb::checkpoint_meta write_scattered_parts(checkpoint_store& store, pb::checkpoint_meta meta, const std::string& stream) {
+  meta.set_state_bytes(stream.size());
+  meta.set_world_size(2);
+  auto* t = meta.add_tensors();
+  t->set_name("blob");
+  t->set_dtype("uint8");
+  t->add_shape(static_cast<int64_t>(stream.size()));
+  t->set_offset(0);
+  t->set_size(stream.size());
+  const uint64_t q = stream.size() / 4;
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    const uint64_t a = q * static_cast<uint64_t>(quarter), b = quarter == 3 ? stream.size() : a + q;
+    auto part = write_part(store.objects(), part_name(meta.step(), meta.generation(), quarter % 2, 2, quarter / 2), a, stream.data() + a, b - a);
+    EXPECT_TRUE(part.ok()) << part.message();
+    if (part.ok()) *meta.add_parts() = part.value();
+  }
+  return meta;
+}
+
+TEST(checkpoint_store, parts_of_several_ranges_per_rank_are_committed_read_rotated_and_swept) {
+  temp_dir dir;
+  auto store = open_store(dir.path(), {1, false, "", true});
+  auto m10 = write_scattered_parts(store, meta_at(10), stream_for(10));
+  ASSERT_EQ(m10.parts_size(), 4);
+  EXPECT_EQ(m10.parts(2).name(), "ckpt-000000010.g1.r0-of-2.1.part");
+  auto done = store.commit(m10);
+  ASSERT_TRUE(done.ok()) << done.message();
+  auto meta = newest(store);
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(read_all(store, *meta), stream_for(10));
+
+  // Never committed: step 12 of generation 1 (a rank's second ranges too),
+  // an in-flight write of one, and step 30 that may still be written.
+  write_scattered_parts(store, meta_at(12), stream_for(12));
+  const std::string dead = part_name(12, 1, 1, 2, 1) + ".tmp.999999999.0";
+  const std::string newer = part_name(30, 2, 1, 2, 1) + ".tmp.999999997.1";
+  spit(dir / dead, "half");
+  spit(dir / newer, "half");
+  write_scattered_parts(store, meta_at(30, 2), stream_for(30));
+  // Not a name part_name writes: never taken for a part.
+  const std::vector<std::string> strangers{"ckpt-000000012.g1.r0-of-2.0.part", "ckpt-000000012.g1.r0-of-2.01.part",
+                                           "ckpt-000000012.g1.r0-of-2.x.part", "ckpt-000000012.g1.r0-of-2..part"};
+  for (const auto& n : strangers) spit(dir / n, "x");
+
+  // The next commit (keep_last 1) rotates step 10 away, all four parts of
+  // it, and sweeps step 12's leftovers; step 30's stay.
+  ASSERT_TRUE(store.commit(write_scattered_parts(store, meta_at(20, 2), stream_for(20))).ok());
+  auto names = file_names(dir.path());
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    const int rank = quarter % 2, index = quarter / 2;
+    EXPECT_EQ(names.count(part_name(10, 1, rank, 2, index)), 0u) << "rotated: " << part_name(10, 1, rank, 2, index);
+    EXPECT_EQ(names.count(part_name(12, 1, rank, 2, index)), 0u) << "an orphan: " << part_name(12, 1, rank, 2, index);
+    EXPECT_EQ(names.count(part_name(20, 2, rank, 2, index)), 1u) << "committed: " << part_name(20, 2, rank, 2, index);
+    EXPECT_EQ(names.count(part_name(30, 2, rank, 2, index)), 1u) << "may be in flight: " << part_name(30, 2, rank, 2, index);
+  }
+  EXPECT_EQ(names.count(dead), 0u) << "a write of an older generation";
+  EXPECT_EQ(names.count(newer), 1u) << "a newer step's write may be in flight";
+  for (const auto& n : strangers) EXPECT_EQ(names.count(n), 1u) << n;
+
+  // A coordinator starting over the directory sweeps the same way.
+  write_scattered_parts(store, meta_at(15, 2), stream_for(15));
+  auto reopened = open_store(dir.path(), {1, false, "", true});
+  names = file_names(dir.path());
+  EXPECT_EQ(names.count(part_name(15, 2, 0, 2, 1)), 0u);
+  EXPECT_EQ(names.count(part_name(15, 2, 1, 2, 1)), 0u);
+  EXPECT_EQ(names.count(part_name(30, 2, 0, 2, 1)), 1u);
+  EXPECT_EQ(newest(reopened)->step(), 20);
 }
 
 TEST(checkpoint_store, no_manifest_no_checkpoint_and_orphans_are_swept) {

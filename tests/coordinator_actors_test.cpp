@@ -739,10 +739,11 @@ inbound finished_from(const std::string& node_id, int32_t global_rank, int64_t s
   return in;
 }
 
-// A rank's report that it stored its part of the checkpoint at `step`
-// (1000 state bytes split evenly), or (with `error`) that it could not.
-inbound checkpoint_from(const std::string& node_id, int64_t step, uint64_t generation, int32_t rank = 0, int32_t world = 1,
-                        const std::string& error = "") {
+// A rank's report that it stored the byte ranges `ranges` of the checkpoint
+// at `step` (of `state_bytes`), a part each ("part-<step>-<rank>" for the
+// first, "part-<step>-<rank>.<k>" for the k-th).
+inbound checkpoint_parts_from(const std::string& node_id, int64_t step, uint64_t generation, int32_t rank, int32_t world,
+                              const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t state_bytes) {
   inbound in{links::nodes, "peer-" + node_id, node_envelope(node_id, 1, generation)};
   auto* w = in.env.mutable_checkpoint_written();
   w->set_step(step);
@@ -750,19 +751,32 @@ inbound checkpoint_from(const std::string& node_id, int64_t step, uint64_t gener
   w->set_world_size(world);
   w->set_stall_s(0.01 * (rank + 1));
   w->set_write_s(0.5 * (rank + 1));
-  if (!error.empty()) {
-    w->set_error(error);
-    return in;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    auto* p = w->add_parts();
+    p->set_name("part-" + std::to_string(step) + "-" + std::to_string(rank) + (k == 0 ? "" : "." + std::to_string(k)));
+    p->set_offset(ranges[k].first);
+    p->set_size(ranges[k].second - ranges[k].first);
+    p->set_rank(rank);
   }
-  auto* p = w->mutable_part();
-  p->set_name("part-" + std::to_string(step) + "-" + std::to_string(rank));
-  p->set_offset(static_cast<uint64_t>(1000 / world * rank));
-  p->set_size(static_cast<uint64_t>(1000 / world));
   if (rank == 0) {
     pb::checkpoint_meta m;
     m.set_step(step);
-    m.set_state_bytes(1000);
+    m.set_state_bytes(state_bytes);
     w->set_meta(m.SerializeAsString());
+  }
+  return in;
+}
+
+// A rank's report that it stored its part of the checkpoint at `step`
+// (1000 state bytes split evenly), or (with `error`) that it could not.
+inbound checkpoint_from(const std::string& node_id, int64_t step, uint64_t generation, int32_t rank = 0, int32_t world = 1,
+                        const std::string& error = "") {
+  const uint64_t share = static_cast<uint64_t>(1000 / world), at = share * static_cast<uint64_t>(rank);
+  auto in = checkpoint_parts_from(node_id, step, generation, rank, world, {{at, at + share}}, 1000);
+  if (!error.empty()) {
+    in.env.mutable_checkpoint_written()->clear_parts();
+    in.env.mutable_checkpoint_written()->clear_meta();
+    in.env.mutable_checkpoint_written()->set_error(error);
   }
   return in;
 }
@@ -1049,6 +1063,78 @@ TEST_F(coordinator_actors, a_checkpoint_is_committed_once_every_rank_stored_its_
   // Parts of an older generation are fenced off by the job actor.
   send(checkpoint_from("a", 12, gen - 1, 0, 1));
   EXPECT_EQ(saved.size(), 1u);
+}
+
+// ZeRO: a rank owns scattered ranges of the stream and stores each as a part
+// of its own; the manifest lists every rank's parts in stream order.
+TEST_F(coordinator_actors, ranks_with_several_parts_each_commit_one_manifest_of_all_parts_in_offset_order) {
+  with_writer = true;
+  start(coord_opts(1), 50);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  const uint64_t gen = last_plan("peer-a").generation();
+  ASSERT_EQ(last_plan("peer-a").world_size(), 2);
+  send(checkpoint_parts_from("b", 4, gen, 1, 2, {{10, 20}, {30, 40}}, 40));
+  EXPECT_TRUE(saved.empty()) << "rank 0's parts are still out";
+  send(checkpoint_parts_from("a", 4, gen, 0, 2, {{0, 10}, {20, 30}}, 40));
+  ASSERT_EQ(saved.size(), 1u) << (of<ev::checkpoint_failed>().empty() ? "" : of<ev::checkpoint_failed>()[0].reason);
+  const auto& m = manifests[0];
+  EXPECT_EQ(m.world_size(), 2);
+  ASSERT_EQ(m.parts_size(), 4);
+  const std::vector<std::string> names{"part-4-0", "part-4-1", "part-4-0.1", "part-4-1.1"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(m.parts(i).name(), names[static_cast<size_t>(i)]);
+    EXPECT_EQ(m.parts(i).offset(), static_cast<uint64_t>(10 * i));
+    EXPECT_EQ(m.parts(i).size(), 10u);
+    EXPECT_EQ(m.parts(i).rank(), i % 2);
+  }
+  auto ev = of<ev::checkpoint_saved>();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].parts, 4);
+  EXPECT_TRUE(of<ev::checkpoint_failed>().empty());
+  EXPECT_EQ(ms().newest_checkpoint_step, 4);
+}
+
+// Parts that do not tile the stream (a gap, an overlap) are never committed:
+// a resume would read bytes no rank wrote.
+TEST_F(coordinator_actors, parts_that_leave_a_gap_or_overlap_are_reported_and_never_committed) {
+  with_writer = true;
+  start(coord_opts(1), 50);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  const uint64_t gen = last_plan("peer-a").generation();
+  ASSERT_EQ(last_plan("peer-a").world_size(), 2);
+  send(checkpoint_parts_from("a", 4, gen, 0, 2, {{0, 10}, {30, 40}}, 40));
+  send(checkpoint_parts_from("b", 4, gen, 1, 2, {{10, 20}}, 40));
+  EXPECT_TRUE(saved.empty());
+  auto failed = of<ev::checkpoint_failed>();
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].step, 4);
+  EXPECT_EQ(failed[0].reason, "no rank stored bytes [20, 30) of the state");
+
+  // The end of the stream missing.
+  send(checkpoint_parts_from("a", 6, gen, 0, 2, {{0, 10}}, 40));
+  send(checkpoint_parts_from("b", 6, gen, 1, 2, {{10, 20}, {20, 30}}, 40));
+  ASSERT_EQ(of<ev::checkpoint_failed>().size(), 2u);
+  EXPECT_EQ(of<ev::checkpoint_failed>()[1].reason, "no rank stored bytes [30, 40) of the state");
+
+  // Two ranks claiming the same bytes.
+  send(checkpoint_parts_from("a", 8, gen, 0, 2, {{0, 25}}, 40));
+  send(checkpoint_parts_from("b", 8, gen, 1, 2, {{20, 40}}, 40));
+  ASSERT_EQ(of<ev::checkpoint_failed>().size(), 3u);
+  EXPECT_EQ(of<ev::checkpoint_failed>()[2].reason, "part 'part-8-1' of rank 1 overlaps bytes [20, 25) of another part");
+  EXPECT_TRUE(saved.empty());
+  EXPECT_TRUE(of<ev::checkpoint_saved>().empty());
+  EXPECT_EQ(ms().newest_checkpoint_step, -1);
+
+  // A report with neither parts nor an error is a failure too.
+  send(checkpoint_parts_from("a", 10, gen, 0, 2, {{0, 20}}, 40));
+  send(checkpoint_parts_from("b", 10, gen, 1, 2, {}, 40));
+  ASSERT_EQ(of<ev::checkpoint_failed>().size(), 4u);
+  EXPECT_EQ(of<ev::checkpoint_failed>()[3].reason, "rank 1 (b) could not store its part: it reported no parts");
+  EXPECT_TRUE(saved.empty());
 }
 
 TEST_F(coordinator_actors, a_checkpoint_the_store_refuses_is_reported_and_not_offered_to_plans) {

@@ -263,7 +263,8 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
       if (w.step() != step) continue;
       ASSERT_TRUE(w.error().empty()) << w.error();
       EXPECT_EQ(w.world_size(), 2);
-      parts[w.global_rank()] = w.part();
+      ASSERT_EQ(w.parts_size(), 1) << "one range per rank without ZeRO";
+      parts[w.global_rank()] = w.parts(0);
       if (w.global_rank() == 0) {
         ASSERT_TRUE(meta.ParseFromString(w.meta()));
       }
@@ -340,14 +341,78 @@ TEST(part_writer, stores_its_byte_range_and_reports_a_store_it_cannot_use) {
   ASSERT_EQ(got.size(), 2u);
   ASSERT_TRUE(got[0].error().empty()) << got[0].error();
   const auto [from, to] = part_range(16000, 1, 2);
-  EXPECT_EQ(got[0].part().name(), "ckpt-000000007.g3.r1-of-2.part");
-  EXPECT_EQ(got[0].part().offset(), from);
-  EXPECT_EQ(got[0].part().size(), to - from);
-  EXPECT_EQ(got[0].part().node_id(), "n");
+  ASSERT_EQ(got[0].parts_size(), 1);
+  EXPECT_EQ(got[0].parts(0).name(), "ckpt-000000007.g3.r1-of-2.part");
+  EXPECT_EQ(got[0].parts(0).offset(), from);
+  EXPECT_EQ(got[0].parts(0).size(), to - from);
+  EXPECT_EQ(got[0].parts(0).node_id(), "n");
   std::ifstream f(dir + "/ckpt-000000007.g3.r1-of-2.part", std::ios::binary);
   std::string stored((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(stored, stream.substr(from, to - from));
-  EXPECT_FALSE(got[1].has_part());
+  EXPECT_EQ(got[1].parts_size(), 0);
   EXPECT_NE(got[1].error().find("checkpoint store: directory '/proc/dtactor-cannot-be-here' is not writable"), std::string::npos) << got[1].error();
+  std::filesystem::remove_all(dir);
+}
+
+// ZeRO: a rank that owns scattered ranges of the stream stores each as a
+// part of its own (the first under the usual name, the k-th with ".<k>"),
+// all in one report, in order, each with its own checksum; ranges that are
+// not ascending and disjoint are refused, not stored.
+TEST(part_writer, stores_several_ranges_as_parts_of_their_own) {
+  state_layout l;
+  auto a = torch::arange(0, 3000, torch::kFloat);
+  auto b = torch::arange(0, 500, torch::kLong);
+  l.entries.push_back({"a", a, 0, 12000});
+  l.entries.push_back({"b", b, 12000, 4000});
+  l.bytes = 16000;
+  std::string stream(16000, '\0');
+  copy_range(l, 0, 16000, stream.data());
+
+  const std::string dir = ::testing::TempDir() + "/part-writer-ranges-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::mutex mu;
+  std::vector<pb::checkpoint_written> got;
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges{{100, 4196}, {11000, 14000}};  // the second spans both tensors
+  {
+    part_writer w([&](uint64_t, pb::checkpoint_written r) {
+      std::lock_guard<std::mutex> lock(mu);
+      got.push_back(std::move(r));
+    });
+    part_writer::job j;
+    j.step = 1200;
+    j.generation = 7;
+    j.rank = 0;
+    j.world = 2;
+    j.node_id = "n";
+    j.store = dir;
+    j.ranges = ranges;
+    EXPECT_GE(w.submit(l, j), 0.0);
+    j.step = 1201;
+    j.ranges = {{0, 100}, {50, 200}};  // overlapping
+    w.submit(l, j);
+    w.wait_idle();
+  }
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_TRUE(got[0].error().empty()) << got[0].error();
+  EXPECT_EQ(got[0].step(), 1200);
+  ASSERT_EQ(got[0].parts_size(), 2);
+  const std::vector<std::string> names{"ckpt-000001200.g7.r0-of-2.part", "ckpt-000001200.g7.r0-of-2.1.part"};
+  for (int k = 0; k < 2; ++k) {
+    const auto& p = got[0].parts(k);
+    const auto [from, to] = ranges[static_cast<size_t>(k)];
+    EXPECT_EQ(p.name(), names[static_cast<size_t>(k)]);
+    EXPECT_EQ(p.name(), part_name(1200, 7, 0, 2, k));
+    EXPECT_EQ(p.offset(), from);
+    EXPECT_EQ(p.size(), to - from);
+    EXPECT_EQ(p.rank(), 0);
+    EXPECT_EQ(p.node_id(), "n");
+    std::ifstream f(dir + "/" + p.name(), std::ios::binary);
+    std::string stored((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(stored, stream.substr(from, to - from)) << p.name();
+  }
+  EXPECT_NE(got[0].parts(0).xxh3(), got[0].parts(1).xxh3());
+  EXPECT_EQ(got[1].parts_size(), 0);
+  EXPECT_EQ(got[1].error(), "checkpoint range [50, 200) is not ascending, disjoint and inside the 16000-byte state");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + part_name(1201, 7, 0, 2))) << "nothing stored";
   std::filesystem::remove_all(dir);
 }

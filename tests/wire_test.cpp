@@ -112,10 +112,16 @@ pb::envelope sample(pb::envelope::BodyCase body) {
       m->set_global_rank(1);
       m->set_world_size(2);
       m->set_meta(std::string("\0meta\xff", 6));
-      m->mutable_part()->set_name("ckpt-000000700.g3.r1-of-2.part");
-      m->mutable_part()->set_offset(4096);
-      m->mutable_part()->set_size(4000);
-      m->mutable_part()->set_xxh3(0x0123456789abcdefULL);
+      auto* p = m->add_parts();
+      p->set_name("ckpt-000000700.g3.r1-of-2.part");
+      p->set_offset(4096);
+      p->set_size(4000);
+      p->set_xxh3(0x0123456789abcdefULL);
+      p = m->add_parts();  // a second range of the same rank
+      p->set_name("ckpt-000000700.g3.r1-of-2.1.part");
+      p->set_offset(12288);
+      p->set_size(100);
+      p->set_xxh3(0xfedcba9876543210ULL);
       m->set_stall_s(0.01);
       m->set_write_s(0.5);
       break;
