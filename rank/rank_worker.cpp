@@ -410,7 +410,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       return failed(g, st.message(), state.step());
     // Sharded (train.zero >= 1): this rank reads all of it and the others
     // take their shards from it (shard_state).
-    state.shard_optimizer({{0, state.optimizer().total_elements()}});
+    if (impl_->cfg->get_int("train.zero") >= 1) state.shard_optimizer({{0, state.optimizer().total_elements()}});
     if (auto st = load_checkpoint(state, store.value(), meta.value()); !st)
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;
@@ -645,8 +645,15 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       im.writer = std::make_unique<part_writer>([this](uint64_t gen, pb::checkpoint_written w) {
         if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
       });
-    const auto [a, b] = part_range(layout_of(state).bytes, g.rank, g.world);
-    im.writer->prepare(b - a);
+    const state_layout layout = layout_of(state);
+    const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
+    uint64_t bytes = b - a;
+    if (im.shards && layout.sharded()) {
+      const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
+      bytes = 0;
+      for (const auto& [x, y] : write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases())) bytes += y - x;
+    }
+    im.writer->prepare(bytes);
   }
   // train.zero >= 1: after the optimizer stepped this rank's shards, the
   // others' updated parameters.
