@@ -22,8 +22,8 @@
 namespace dtactor {
 namespace {
 
-using testing::cluster;
 using dtactor::child_process;
+using testing::cluster;
 using testing::expect_finished_without_loss;
 using testing::job_sets;
 using testing::temp_dir;
@@ -91,9 +91,9 @@ struct hosts_cluster {
   }
 };
 
-#define MAKE_HOSTS(var, n)                             \
-  std::string why_no_hosts;                            \
-  auto var = test_network::make(n, &why_no_hosts);     \
+#define MAKE_HOSTS(var, n)                         \
+  std::string why_no_hosts;                        \
+  auto var = test_network::make(n, &why_no_hosts); \
   if (!var) GTEST_SKIP() << why_no_hosts
 
 std::string read_text(const std::string& path) {
@@ -179,10 +179,9 @@ TEST(Hosts, TwoHostsOfTwoRanksExchangeHierarchicallyAndEqualOneHostOfFour) {
 // restarts it; back at world 4), then of a whole host's processes (the other
 // host goes on alone, its two ranks over shared memory). No completed step
 // is lost; steps never go back.
-TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
-  MAKE_HOSTS(net, 3);
+void survive_a_killed_rank_and_a_killed_host(test_network net, const std::string& zero) {
   temp_dir d;
-  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0"}));
+  hosts_cluster h(std::move(net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0", "train.zero=" + zero}));
   ASSERT_EQ(h.cl.start_coordinator(), "");
   for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
   ASSERT_TRUE(h.cl.wait_step(30, 4)) << h.cl.logs();
@@ -191,11 +190,14 @@ TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
   ASSERT_EQ(ranks.size(), 2u) << h.cl.logs();
   std::sort(ranks.begin(), ranks.end());
   ASSERT_EQ(::kill(ranks[0], SIGKILL), 0);
-  ASSERT_TRUE(h.cl.wait_for([](const std::vector<json>& j) {
-    for (const auto& r : events<ev::recovery_done>(j))
-      if (r.at("world_size") == 4) return true;
-    return false;
-  }, 120)) << h.cl.logs();
+  ASSERT_TRUE(h.cl.wait_for(
+      [](const std::vector<json>& j) {
+        for (const auto& r : events<ev::recovery_done>(j))
+          if (r.at("world_size") == 4) return true;
+        return false;
+      },
+      120))
+      << h.cl.logs();
   const int64_t back = events<ev::step_completed>(h.cl.journal()).back().at("step").get<int64_t>();
   ASSERT_TRUE(h.cl.wait_step(back + 30, 4)) << h.cl.logs();
   EXPECT_GE(events_named(h.cl.journal(), ev::rank_down::exited_name).size(), 1u);
@@ -213,8 +215,27 @@ TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
   ASSERT_FALSE(lines.empty());
   EXPECT_NE(lines.back().find("gradients over shared memory"), std::string::npos) << lines.back();
   EXPECT_EQ(lines.back().find("across"), std::string::npos) << lines.back();
+  if (zero != "0") {
+    // No checkpoint exists: every recovery took the lost ranks' optimizer
+    // shards from their replicas (on the other host).
+    const auto all = events<ev::recovery_done>(j);
+    ASSERT_GE(all.size(), 2u);
+    for (const auto& r : all) EXPECT_EQ(r.at("optimizer_source"), "replica") << r.dump();
+  }
   h.stop();
   h.expect_no_rollback();
+}
+
+TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
+  MAKE_HOSTS(net, 3);
+  survive_a_killed_rank_and_a_killed_host(std::move(*net), "0");
+}
+
+// The same with the optimizer state sharded (train.zero=1, each shard on a
+// rank of each host).
+TEST(Hosts, TwoHostsOfTwoRanksWithShardedOptimizerStateSurviveAKilledRankAndAKilledHost) {
+  MAKE_HOSTS(net, 3);
+  survive_a_killed_rank_and_a_killed_host(std::move(*net), "1");
 }
 
 // 2 hosts x 2 ranks, hierarchical, the hosts' sums crossing as bf16: the
@@ -226,8 +247,7 @@ TEST(Hosts, TwoHostsOfTwoRanksSurviveAKilledRankAndAKilledHost) {
 TEST(Hosts, TwoHostsOfTwoRanksSurviveAHostCutOffAndTakeItBackAfterTheHeal) {
   MAKE_HOSTS(net, 3);
   temp_dir d;
-  hosts_cluster h(std::move(*net), d.path(),
-                  job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0", "cluster.wire_dtype=bf16"}));
+  hosts_cluster h(std::move(*net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0", "cluster.wire_dtype=bf16"}));
   ASSERT_EQ(h.cl.start_coordinator(), "");
   for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
   ASSERT_TRUE(h.cl.wait_step(30, 4)) << h.cl.logs();
@@ -417,7 +437,8 @@ void one_way_cut(bool node_to_coordinator) {
   if (std::getenv("DTACTOR_TEST_SHOW_LOGS")) {
     std::printf("%s\n", h.cl.logs().c_str());
     for (const auto& e : h.cl.journal())
-      if (e.at("event").get<std::string>() != ev::step_completed::name && e.at("event").get<std::string>() != ev::resources::name) std::printf("%s\n", e.dump().substr(0, 300).c_str());
+      if (e.at("event").get<std::string>() != ev::step_completed::name && e.at("event").get<std::string>() != ev::resources::name)
+        std::printf("%s\n", e.dump().substr(0, 300).c_str());
   }
 }
 
