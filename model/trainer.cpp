@@ -163,6 +163,7 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   const auto undo = optimizer_->save_for_undo();
   r.grad_norm = apply_update();
   if (auto st = gather(); !st) {
+    params_mixed_ = true;
     optimizer_->apply_undo(undo);
     --step_;
     return st.err();

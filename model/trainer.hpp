@@ -73,6 +73,10 @@ class training_state {
   // this rank holds, to bring the others' parameters; when it fails, the
   // step is undone (step() unchanged, as for a failed allreduce).
   result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {});
+  // A `gather` failed since the last clear: parameters outside this rank's
+  // shards may be a mix of two steps (rank/zero repairs them).
+  bool params_mixed() const { return params_mixed_; }
+  void clear_params_mixed() { params_mixed_ = false; }
 
   eval_result evaluate();
 
@@ -124,6 +128,7 @@ class training_state {
   torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()
   int64_t micro_batch_ = 0;
   bool bf16_ = false;
+  bool params_mixed_ = false;
 };
 
 // Sets intra-op and BLAS threads (train.threads; 0 = all cores).

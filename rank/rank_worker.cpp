@@ -475,12 +475,13 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
       }
       missing = "elements outside this rank's shards";
     } else {
-      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, g.timeout, g.abandon_now);
+      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, state.params_mixed(), g.timeout, g.abandon_now);
       if (!r) {
         (void)state.reset_state();  // half-moved shards: this rank holds nothing current
         return failed(g, r.message(), state.step());
       }
       if (r->complete) {
+        state.clear_params_mixed();
         im.shards = plan;
         g.reshard_bytes = r->bytes_in + r->bytes_out;
         if (attempt == 1)

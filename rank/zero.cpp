@@ -79,7 +79,7 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
   return {};
 }
 
-result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current,
+result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
                                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon) {
   const auto t0 = clock_type::now();
   const int world = pg.getSize(), rank = pg.getRank();
@@ -93,8 +93,10 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   constexpr int64_t max_ranges = 32;
   const ranges mine = holds_current ? opt.held_ranges() : ranges{};
   if (static_cast<int64_t>(mine.size()) > max_ranges) return make_error("optimizer reshard: this rank holds more than 32 ranges");
-  auto row = torch::zeros({1 + 2 * max_ranges}, torch::kInt64);
+  // [count, a0, b0, ..., a31, b31, parameters mixed]
+  auto row = torch::zeros({2 + 2 * max_ranges}, torch::kInt64);
   row[0] = static_cast<int64_t>(mine.size());
+  row[1 + 2 * max_ranges] = params_mixed ? 1 : 0;
   for (size_t i = 0; i < mine.size(); ++i) {
     row[static_cast<int64_t>(1 + 2 * i)] = mine[i].first;
     row[static_cast<int64_t>(2 + 2 * i)] = mine[i].second;
@@ -104,8 +106,10 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   std::vector<torch::Tensor> ins{row};
   if (auto st = wait_work(pg.allgather(rows, ins), clock_type::now() + timeout, abandon, "optimizer reshard (who holds what)"); !st) return st.err();
   std::vector<ranges> held(static_cast<size_t>(world));
+  bool any_mixed = false;
   for (int r = 0; r < world; ++r) {
     auto v = rows[0][static_cast<size_t>(r)];
+    any_mixed = any_mixed || v[1 + 2 * max_ranges].item<int64_t>() != 0;
     const int64_t n = std::clamp<int64_t>(v[0].item<int64_t>(), 0, max_ranges);
     for (int64_t i = 0; i < n; ++i) held[static_cast<size_t>(r)].emplace_back(v[1 + 2 * i].item<int64_t>(), v[2 + 2 * i].item<int64_t>());
   }
@@ -170,10 +174,12 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   for (auto& w : sends)
     if (auto st = wait_p2p(w, timeout, "optimizer reshard (sending)"); !st) return st.err();
   opt.drop_retired();
-  // The parameters too, from the same holders: a step whose all-gather
-  // failed was undone only where this rank holds shards, so its other
-  // parameters may be a mix; the holders' are the agreed step's.
+  // The parameters too, from the same holders, when a rank's last all-gather
+  // failed: the step was undone only where it holds shards, so its other
+  // parameters may be a mix (and it may be the root the others took the
+  // replicated state from); the holders' are the agreed step's.
   for (const auto& [a, b] : segments) {
+    if (!any_mixed) break;
     int source = -1;
     for (int r = 0; r < world && source < 0; ++r)
       if (covers(held[static_cast<size_t>(r)], a, b)) source = r;

@@ -8,9 +8,10 @@
 // - reshard_optimizer: at a generation's start, each rank ends up holding the
 //   moments of its shards under the new plan, taken from whoever holds them
 //   at the agreed step (a survivor's own copy, a replica, or the rank that
-//   loaded a checkpoint), point to point; then every parameter is broadcast
-//   from a holder of its shard (a step whose all-gather failed leaves the
-//   parameters outside a rank's shards a mix). When some elements are held by
+//   loaded a checkpoint), point to point; then, when any rank says its
+//   parameters are a mix (its last all-gather failed: the step was undone
+//   only on its own shards), every parameter is broadcast from a holder of
+//   its shard. When some elements are held by
 //   nobody (both holders of a shard lost at once), nothing changes and the
 //   result says which: the caller falls back to a checkpoint.
 #include <torch/torch.h>
@@ -43,7 +44,8 @@ struct reshard_result {
 };
 // `holds_current`: this rank's moments are those of the agreed step (false
 // for a rank that joined or fell behind: it receives everything it needs).
-result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current,
+// `params_mixed`: this rank's last parameter all-gather failed.
+result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
                                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon);
 
 }  // namespace dtactor

@@ -142,16 +142,23 @@ TEST(Zero, SurvivorsReshardFromTheReplicasAndGoOnExactly) {
   for (int r = 0; r < 3; ++r) sharded[static_cast<size_t>(r)]->shard_optimizer(plan3.ranges_of(r));
   expect_no_errors(train(plain, 3, steps, nullptr));
   expect_no_errors(train(sharded, 3, steps, &plan3));
-  // Rank 2 is gone.
+  // Rank 2 is gone, and rank 1's last all-gather failed half-way: its
+  // parameters of a shard it does not hold are a mix (here: garbage).
+  ASSERT_EQ(plan3.held_by(1), (std::vector<int>{0, 1}));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& v : sharded[1]->optimizer().param_views(plan3.shards[2].begin, plan3.shards[2].end)) v.fill_(7.0f);
+  }
   const auto plan2 = make_shard_plan(sharded[0]->optimizer().total_elements(), nodes_of(2), 2);
   std::vector<reshard_result> got(2);
   expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
-    auto r = reshard_optimizer(*pg, sharded[static_cast<size_t>(rank)]->optimizer(), plan2, true, std::chrono::milliseconds(20000), {});
+    auto r = reshard_optimizer(*pg, sharded[static_cast<size_t>(rank)]->optimizer(), plan2, true, rank == 1, std::chrono::milliseconds(20000), {});
     if (!r) return r.message();
     got[static_cast<size_t>(rank)] = r.value();
     return r->complete ? "" : "incomplete: " + r->missing;
   }));
-  EXPECT_GT(got[0].bytes_in + got[1].bytes_in, 0u) << "the lost rank's shards came from their replicas";
+  EXPECT_GT(got[0].moments_in + got[1].moments_in, 0u) << "the lost rank's shards came from their replicas";
+  EXPECT_EQ(sharded[1]->params_digest(), sharded[0]->params_digest()) << "rank 1's mixed parameters repaired from the holders";
   for (int r = 0; r < 2; ++r) EXPECT_EQ(sharded[static_cast<size_t>(r)]->optimizer().held_ranges(), plan2.ranges_of(r));
   expect_no_errors(train(plain, 2, steps, nullptr));
   expect_no_errors(train(sharded, 2, steps, &plan2));
@@ -171,7 +178,7 @@ TEST(Zero, AShardHeldByNobodyIsReportedAndNothingMoves) {
   const auto plan2 = make_shard_plan(total, nodes_of(2), 1);
   std::vector<reshard_result> got(2);
   expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
-    auto r = reshard_optimizer(*pg, states[static_cast<size_t>(rank)]->optimizer(), plan2, true, std::chrono::milliseconds(20000), {});
+    auto r = reshard_optimizer(*pg, states[static_cast<size_t>(rank)]->optimizer(), plan2, true, false, std::chrono::milliseconds(20000), {});
     if (!r) return r.message();
     got[static_cast<size_t>(rank)] = r.value();
     return "";
