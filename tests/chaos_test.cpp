@@ -566,21 +566,26 @@ TEST(Chaos, FlappingNodeIsQuarantined) {
 // With a fixed seed, losing a node and getting it back (the same world size
 // again: cluster.floor_nodes = 2 pauses the survivor meanwhile) ends bitwise
 // identical to an uninterrupted run.
+// A job on `nodes` (the last one, with `fault`, crashes at step 50 and is
+// started again once lost), run to `steps`; the final parameters' digest.
+std::string crash_and_replace_run(const std::string& dir, const std::vector<std::string>& sets, const std::vector<std::string>& nodes, bool fault,
+                                  int steps) {
+  cluster cl(dir, sets);
+  EXPECT_EQ(cl.start_coordinator(), "");
+  for (size_t i = 0; i + 1 < nodes.size(); ++i) EXPECT_EQ(cl.start_node(nodes[i]), "");
+  if (fault) {
+    EXPECT_EQ(cl.start_node(nodes.back(), {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
+    EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
+  }
+  EXPECT_EQ(cl.start_node(nodes.back()), "");
+  expect_finished_without_loss(cl, steps, static_cast<int>(nodes.size()));
+  auto fin = events<ev::job_finished>(cl.journal());
+  return fin.empty() ? std::string{} : fin[0].at("params_digest").get<std::string>();
+}
+
 TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
   auto run = [](const std::string& dir, bool fault) {
-    cluster cl(dir, job_sets(120, {"cluster.min_nodes=2", "cluster.floor_nodes=2"}));
-    EXPECT_EQ(cl.start_coordinator(), "");
-    EXPECT_EQ(cl.start_node("a"), "");
-    if (fault) {
-      EXPECT_EQ(cl.start_node("b", {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
-      EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
-      EXPECT_EQ(cl.start_node("b"), "");
-    } else {
-      EXPECT_EQ(cl.start_node("b"), "");
-    }
-    expect_finished_without_loss(cl, 120, 2);
-    auto fin = events<ev::job_finished>(cl.journal());
-    return fin.empty() ? std::string{} : fin[0].at("params_digest").get<std::string>();
+    return crash_and_replace_run(dir, job_sets(120, {"cluster.min_nodes=2", "cluster.floor_nodes=2"}), {"a", "b"}, fault, 120);
   };
   temp_dir d1, d2;
   const std::string clean = run(d1.path(), false);
@@ -597,21 +602,10 @@ TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
 // replicated job without a fault ends.
 TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
   auto run = [](const std::string& dir, const std::string& zero, bool fault) {
-    cluster cl(dir, job_sets(120, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
-                                   "checkpoint.every_steps=1000", "train.zero=" + zero}));
-    EXPECT_EQ(cl.start_coordinator(), "");
-    EXPECT_EQ(cl.start_node("a"), "");
-    EXPECT_EQ(cl.start_node("b"), "");
-    if (fault) {
-      EXPECT_EQ(cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
-      EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
-      EXPECT_EQ(cl.start_node("c"), "");
-    } else {
-      EXPECT_EQ(cl.start_node("c"), "");
-    }
-    expect_finished_without_loss(cl, 120, 3);
-    auto fin = events<ev::job_finished>(cl.journal());
-    return fin.empty() ? std::string{} : fin[0].at("params_digest").get<std::string>();
+    return crash_and_replace_run(dir,
+                                 job_sets(120, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
+                                                "checkpoint.every_steps=1000", "train.zero=" + zero}),
+                                 {"a", "b", "c"}, fault, 120);
   };
   temp_dir d1, d2;
   const std::string faulty = run(d2.path(), "1", true);

@@ -40,6 +40,7 @@ step_control ctl(float newer_plan, float stop, float final_checkpoint = 0.f) {
 }
 std::vector<float> words(const step_control& c) { return {c.newer_plan, c.stop, c.final_checkpoint}; }
 
+using testing::make_states;
 using testing::run_ranks;
 
 // As run_ranks, and each rank also joins a shared-memory group (slots of
@@ -63,19 +64,6 @@ std::vector<std::string> run_ranks_shm(int world, int64_t floats,
 
 void expect_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
-}
-
-// training_state::create seeds the global generator: build states one after
-// another, before any rank thread starts, so that every rank starts equal.
-std::vector<std::unique_ptr<training_state>> make_states(const config& cfg, int n) {
-  configure_threads(cfg);
-  std::vector<std::unique_ptr<training_state>> out;
-  for (int i = 0; i < n; ++i) {
-    auto s = training_state::create(cfg);
-    if (!s) throw std::runtime_error(s.message());
-    out.push_back(std::move(s.value()));
-  }
-  return out;
 }
 
 std::vector<torch::Tensor> params_of(training_state& s) { return s.the_task().module()->parameters(); }

@@ -1,5 +1,6 @@
 #pragma once
-// Ranks as threads of one test process, over one in-memory store.
+// Ranks as threads of one test process, over one in-memory store, and the
+// training states they start from.
 #include <chrono>
 #include <functional>
 #include <string>
@@ -7,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
+#include "model/trainer.hpp"
 #include "runtime/communicator.hpp"
 
 namespace dtactor::testing {
@@ -36,6 +38,19 @@ inline std::vector<std::string> run_ranks(int world, const std::function<std::st
     });
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// training_state::create seeds the global generator: build states one after
+// another, before any rank thread starts, so that every rank starts equal.
+inline std::vector<std::unique_ptr<training_state>> make_states(const config& cfg, int n) {
+  configure_threads(cfg);
+  std::vector<std::unique_ptr<training_state>> out;
+  for (int i = 0; i < n; ++i) {
+    auto s = training_state::create(cfg);
+    if (!s) throw std::runtime_error(s.message());
+    out.push_back(std::move(s.value()));
+  }
+  return out;
 }
 
 }  // namespace dtactor::testing

@@ -18,6 +18,7 @@
 namespace dtactor {
 namespace {
 
+using testing::make_states;
 using testing::run_ranks;
 using testing::tiny_vit_config;
 
@@ -51,17 +52,6 @@ TEST(ShardPlan, ShardsCoverTheIndexSpaceAndReplicasGoToAnotherNode) {
   EXPECT_EQ(one.shards[2].holders, (std::vector<int>{2, 0, 1}));
   EXPECT_EQ(default_replicas({"a", "a"}), 1);
   EXPECT_EQ(default_replicas({"a", "b"}), 2);
-}
-
-std::vector<std::unique_ptr<training_state>> make_states(const config& cfg, int n) {
-  configure_threads(cfg);
-  std::vector<std::unique_ptr<training_state>> out;
-  for (int i = 0; i < n; ++i) {
-    auto s = training_state::create(cfg);
-    if (!s) throw std::runtime_error(s.message());
-    out.push_back(std::move(s.value()));
-  }
-  return out;
 }
 
 grad_sync_options buckets() {
