@@ -54,8 +54,24 @@ void flat_adamw::rebind() {
 }
 
 void flat_adamw::gather_grads() {
-  // Pointer checks only (no tensor ops) when every gradient is still its view.
   torch::NoGradGuard no_grad;
+  if (grads_sharded_) {
+    // Whatever autograd left in a parameter's grad (a world of one: no
+    // reducer took it) goes into the held windows; the rest is not ours.
+    for (auto& s : slots_) {
+      const auto& gr = s.param.grad();
+      if (!gr.defined()) continue;
+      auto flat = gr.reshape({-1});
+      auto& g = groups_[s.group];
+      for (auto& w : g.windows) {
+        const int64_t lo = std::max(s.offset, w.begin), hi = std::min(s.offset + s.numel, w.begin + w.grad.numel());
+        if (lo < hi) w.grad.narrow(0, lo - w.begin, hi - lo).copy_(flat.narrow(0, lo - s.offset, hi - lo));
+      }
+      s.param.mutable_grad().reset();
+    }
+    return;
+  }
+  // Pointer checks only (no tensor ops) when every gradient is still its view.
   for (auto& s : slots_) {
     const auto& g = s.param.grad();
     if (g.defined() && g.data_ptr() == s.grad_view.data_ptr()) continue;
@@ -72,16 +88,89 @@ double flat_adamw::clip_grad_norm(double max_norm) {
   torch::NoGradGuard no_grad;
   if (groups_.empty()) return 0;
   std::vector<torch::Tensor> norms;
-  for (auto& g : groups_) norms.push_back(g.grads.norm());
+  for (auto& g : groups_) {
+    if (!grads_sharded_) {
+      norms.push_back(g.grads.norm());
+      continue;
+    }
+    // One window per group when all is held (a world of one): the same
+    // reduction as the full buffer's.
+    std::vector<torch::Tensor> parts;
+    for (auto& w : g.windows) parts.push_back(w.grad.norm());
+    if (!parts.empty()) norms.push_back(parts.size() == 1 ? parts[0] : torch::stack(parts).norm());
+  }
+  if (norms.empty()) return 0;
   auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm();
   const double n = total.item<double>();
-  if (std::isfinite(max_norm)) {
-    // As clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)).
-    const double coef = max_norm / (n + 1e-6);
-    if (coef < 1.0)
-      for (auto& g : groups_) g.grads.mul_(coef);
-  }
+  clip_to(n, max_norm);
   return n;
+}
+
+void flat_adamw::clip_to(double norm, double max_norm) {
+  if (!std::isfinite(max_norm)) return;
+  torch::NoGradGuard no_grad;
+  // As clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)).
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1.0) return;
+  for (auto& g : groups_) {
+    if (!grads_sharded_) {
+      g.grads.mul_(coef);
+      continue;
+    }
+    for (auto& w : g.windows) w.grad.mul_(coef);
+  }
+}
+
+double flat_adamw::grad_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  gather_grads();
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (auto& g : groups_)
+    for (auto& w : g.windows) {
+      const int64_t n = w.exp_avg.numel();
+      if (n == 0) continue;
+      auto grads = grads_of(g, w);
+      for (const auto& [a, b] : ranges) {
+        const int64_t lo = std::max(a - g.base, w.begin), hi = std::min(b - g.base, w.begin + n);
+        if (lo >= hi) continue;
+        auto part = grads.narrow(0, lo - w.begin, hi - lo);
+        sum += part.to(torch::kDouble).square().sum().item<double>();
+      }
+    }
+  return sum;
+}
+
+void flat_adamw::shard_grads() {
+  torch::NoGradGuard no_grad;
+  if (grads_sharded_) return;
+  gather_grads();  // whatever is in the full buffers now
+  grads_sharded_ = true;
+  for (auto& g : groups_) {
+    for (auto& w : g.windows) w.grad = g.grads.narrow(0, w.begin, w.exp_avg.numel()).clone();
+    g.grads = torch::empty({0}, g.params.options());
+  }
+  for (auto& s : slots_) {
+    s.grad_view = torch::Tensor();
+    s.param.mutable_grad().reset();
+  }
+}
+
+torch::Tensor flat_adamw::grad_window(int64_t begin, int64_t end) const {
+  for (const auto& g : groups_) {
+    if (begin < g.base || end > g.base + g.params.numel()) continue;
+    for (const auto& w : g.windows) {
+      const int64_t lo = begin - g.base - w.begin;
+      if (lo < 0 || end - g.base > w.begin + w.exp_avg.numel()) continue;
+      return grads_of(g, w).narrow(0, lo, end - begin);
+    }
+  }
+  TORCH_CHECK(false, "gradients of elements [", begin, ", ", end, ") are not held here");
+}
+
+std::vector<int64_t> flat_adamw::param_index() const {
+  std::vector<int64_t> out;
+  for (const auto& s : slots_) out.push_back(groups_[s.group].base + s.offset);
+  return out;
 }
 
 void flat_adamw::step() {
@@ -96,7 +185,7 @@ void flat_adamw::step() {
     for (auto& w : g.windows) {
       const int64_t n = w.exp_avg.numel();
       if (n == 0) continue;
-      auto params = g.params.narrow(0, w.begin, n), grads = g.grads.narrow(0, w.begin, n);
+      auto params = g.params.narrow(0, w.begin, n), grads = grads_of(g, w);
       if (params.scalar_type() == torch::kFloat && params.is_cpu()) {
         adamw_scalars k;
         k.decay_factor = static_cast<float>(1 - opts_.lr * wd);
@@ -122,7 +211,14 @@ void flat_adamw::step() {
 
 void flat_adamw::zero_grad() {
   gather_grads();
-  for (auto& g : groups_) g.grads.zero_();
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    if (!grads_sharded_) {
+      g.grads.zero_();
+      continue;
+    }
+    for (auto& w : g.windows) w.grad.zero_();
+  }
 }
 
 std::vector<state_tensor> flat_adamw::state_tensors() const {
@@ -172,7 +268,11 @@ int64_t flat_adamw::param_bytes() const {
 
 int64_t flat_adamw::grad_bytes() const {
   int64_t n = 0;
-  for (const auto& g : groups_) n += g.grads.numel() * g.grads.element_size();
+  for (const auto& g : groups_) {
+    n += g.grads.numel() * g.grads.element_size();
+    if (grads_sharded_)
+      for (const auto& w : g.windows) n += w.grad.numel() * w.grad.element_size();
+  }
   return n;
 }
 
@@ -187,7 +287,8 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
     for (const auto& [a, b] : ranges) {
       const int64_t lo = std::max<int64_t>(a - g.base, 0), hi = std::min<int64_t>(b - g.base, n);
       if (lo >= hi) continue;
-      window w{lo, torch::zeros({hi - lo}, g.params.options()), torch::zeros({hi - lo}, g.params.options())};
+      window w{lo, torch::zeros({hi - lo}, g.params.options()), torch::zeros({hi - lo}, g.params.options()), {}};
+      if (grads_sharded_) w.grad = torch::zeros({hi - lo}, g.params.options());
       // Keep what was held already.
       for (const auto& old : g.windows) {
         const int64_t olo = std::max(lo, old.begin), ohi = std::min(hi, old.begin + old.exp_avg.numel());
@@ -197,7 +298,9 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
       }
       next.push_back(std::move(w));
     }
-    if (!sharded_ && next.empty()) next.push_back(window{0, torch::zeros({0}, g.params.options()), torch::zeros({0}, g.params.options())});
+    if (!sharded_ && next.empty())
+      next.push_back(window{0, torch::zeros({0}, g.params.options()), torch::zeros({0}, g.params.options()),
+                            grads_sharded_ ? torch::zeros({0}, g.params.options()) : torch::Tensor()});
     g.retired = std::move(g.windows);
     g.windows = std::move(next);
   }

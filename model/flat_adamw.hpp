@@ -20,6 +20,13 @@
 // back to back; step() updates only those parameters (the caller all-gathers
 // the rest). The update is element-wise, so a shard's parameters come out
 // bit for bit as the unsharded optimizer's.
+//
+// Sharded gradients (ZeRO-2, shard_grads()): the gradients are kept only for
+// the held windows too. Parameters' grads are then no views: autograd
+// allocates them during backward, the data-parallel reducer (grad_sync's
+// zero2 mode) moves them into its buckets and resets them, and delivers the
+// world's sum of the held ranges into grad_window(); without a reducer (a
+// world of one) clip/step move any defined grad into the windows first.
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -77,6 +84,23 @@ class flat_adamw {
   // The parameters of index-space range [begin, end) as views, in order (one
   // per group the range crosses).
   std::vector<torch::Tensor> param_views(int64_t begin, int64_t end) const;
+  // ZeRO-2: keep gradients only for the held windows (before or after
+  // shard(); stays on). Frees the full gradient buffers.
+  void shard_grads();
+  bool grads_sharded() const { return grads_sharded_; }
+  // The gradients of [begin, end) (one group, one held window) as a view:
+  // where the reducer delivers the summed gradients.
+  torch::Tensor grad_window(int64_t begin, int64_t end) const;
+  // Sum of squares of the held gradients within the index-space ranges
+  // (each rank passes the ranges it is the primary of, so that their sum
+  // over the world is the global norm's square).
+  double grad_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges);
+  // Clipping with a norm worked out elsewhere (the global norm of sharded
+  // gradients): scales the held gradients as clip_grad_norm would.
+  void clip_to(double norm, double max_norm);
+  // Each parameter's first element in the index space, in the constructor's
+  // order (those that require grad).
+  std::vector<int64_t> param_index() const;
   // Bytes of optimizer state held; of parameters and of gradient buffers.
   int64_t state_bytes() const;
   int64_t param_bytes() const;
@@ -112,6 +136,7 @@ class flat_adamw {
   struct window {
     int64_t begin = 0;
     torch::Tensor exp_avg, exp_avg_sq;
+    torch::Tensor grad;  // shard_grads(): the gradients of the window
   };
   struct group {
     bool decay = false;
@@ -121,7 +146,10 @@ class flat_adamw {
     std::vector<window> retired;  // what shard() replaced, until drop_retired()
   };
   torch::Tensor view(const torch::Tensor& flat, const slot& s) const { return flat.narrow(0, s.offset, s.numel).view(s.param.sizes()); }
-  void gather_grads();  // grads that are not views of the buffer are copied into it
+  void gather_grads();  // grads that are not views of the buffer are copied into it (sharded: into the windows, then reset)
+  torch::Tensor grads_of(const group& g, const window& w) const {
+    return grads_sharded_ ? w.grad : g.grads.narrow(0, w.begin, w.exp_avg.numel());
+  }
 
   std::vector<slot> slots_;
   std::vector<group> groups_;
@@ -129,6 +157,7 @@ class flat_adamw {
   flat_adamw_options opts_;
   int64_t step_ = 0;
   bool sharded_ = false;
+  bool grads_sharded_ = false;
 };
 
 }  // namespace dtactor

@@ -119,9 +119,21 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
   return total;
 }
 
-double training_state::apply_update() {
+void training_state::shard_optimizer(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  if (cfg_.get_int("train.zero") >= 2) optimizer_->shard_grads();
+  optimizer_->shard(ranges);
+}
+
+double training_state::apply_update(std::optional<double> global_norm) {
   const double clip = cfg_.get_double("train.grad_clip");
-  const double norm = optimizer_->clip_grad_norm(clip > 0 ? clip : std::numeric_limits<double>::infinity());
+  const double max_norm = clip > 0 ? clip : std::numeric_limits<double>::infinity();
+  double norm = 0;
+  if (global_norm) {
+    norm = *global_norm;
+    optimizer_->clip_to(norm, max_norm);
+  } else {
+    norm = optimizer_->clip_grad_norm(max_norm);
+  }
   optimizer_->set_lr(schedule_.at(step_));
   optimizer_->step();
   optimizer_->zero_grad();
@@ -138,7 +150,8 @@ double training_state::train_step() {
 
 void training_state::zero_grad() { optimizer_->zero_grad(); }
 
-result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather) {
+result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather,
+                                                              const std::function<result<double>()>& norm) {
   dp_step r;
   auto samples = order_->rank_slice(step_, rank, world);
   r.samples = static_cast<int64_t>(samples.size());
@@ -155,13 +168,22 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   r.buckets = synced->buckets;
   r.launched_in_backward = synced->launched_in_backward;
   const auto t1 = clock_type::now();
+  std::optional<double> global_norm;
+  if (norm) {
+    auto n = norm();
+    if (!n) {
+      optimizer_->zero_grad();
+      return n.err();
+    }
+    global_norm = n.value();
+  }
   if (!gather) {
-    r.grad_norm = apply_update();
+    r.grad_norm = apply_update(global_norm);
     r.update_s = seconds_since(t1);
     return r;
   }
   const auto undo = optimizer_->save_for_undo();
-  r.grad_norm = apply_update();
+  r.grad_norm = apply_update(global_norm);
   if (auto st = gather(); !st) {
     params_mixed_ = true;
     optimizer_->apply_undo(undo);

@@ -47,7 +47,9 @@ class training_state {
   double forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank = 0, grad_sync* sync = nullptr);
   // Clips, sets the scheduled learning rate, steps AdamW, zeroes gradients,
   // and advances step(). Returns the gradient norm before clipping.
-  double apply_update();
+  // With `global_norm` (ZeRO-2: the norm of gradients sharded across the
+  // ranks, worked out by the caller), clips to that norm instead.
+  double apply_update(std::optional<double> global_norm = std::nullopt);
   // Drops whatever gradients were accumulated (a partial step).
   void zero_grad();
 
@@ -72,7 +74,10 @@ class training_state {
   // `gather` (ZeRO, rank/zero): run after the optimizer stepped the shards
   // this rank holds, to bring the others' parameters; when it fails, the
   // step is undone (step() unchanged, as for a failed allreduce).
-  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {});
+  // `norm` (ZeRO-2): the global gradient norm from the ranks' shards (a
+  // collective); when it fails, nothing was updated.
+  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {},
+                                const std::function<result<double>()>& norm = {});
   // A `gather` failed since the last clear: parameters outside this rank's
   // shards may be a mix of two steps (rank/zero repairs them).
   bool params_mixed() const { return params_mixed_; }
@@ -110,7 +115,8 @@ class training_state {
   // ZeRO: keeps the optimizer state of index-space `ranges` only
   // (model/shard_plan); apply_update() then steps only those parameters and
   // the caller gathers the others' (rank/zero). All of it: unsharded.
-  void shard_optimizer(const std::vector<std::pair<int64_t, int64_t>>& ranges) { optimizer_->shard(ranges); }
+  // With train.zero >= 2 the gradients are sharded too (flat_adamw::shard_grads).
+  void shard_optimizer(const std::vector<std::pair<int64_t, int64_t>>& ranges);
   flat_adamw& optimizer() { return *optimizer_; }
 
   // After a load that failed half-way (the tensors hold a mix): the initial

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -599,6 +600,15 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   go.hierarchical = g.exchange.hierarchical;
   go.hosts = g.exchange.hosts;
   go.bf16_wire = cfg.get_string("cluster.wire_dtype") == "bf16";
+  // train.zero = 2: each rank receives only its shards' summed gradients,
+  // straight into the optimizer's gradient windows; the clipping norm is
+  // the sum of the primaries' partial sums (one small allreduce a step).
+  const bool zero2 = im.shards && g.pg && g.world > 1 && cfg.get_int("train.zero") >= 2;
+  std::function<result<double>()> global_norm;
+  if (zero2) {
+    go.zero2 = zero2_of(state.optimizer(), *im.shards);
+    global_norm = [&] { return global_grad_norm(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
+  }
   grad_sync sync(state.the_task().module()->parameters(), g.pg, go);
   // Whatever the last generation left in the gradients is a partial step.
   state.zero_grad();
@@ -615,7 +625,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     }
     if (im.shards && g.world > 1) {
       const auto& sp = *im.shards;
-      transport += "; optimizer state sharded (train.zero=1): this rank holds " + std::to_string(sp.held_elements(g.rank)) + " of " +
+      transport += "; optimizer state" + std::string(zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(zero2 ? 2 : 1) + "): this rank holds " + std::to_string(sp.held_elements(g.rank)) + " of " +
                    std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
                    " holder(s) a shard, " + std::to_string(g.reshard_bytes) + " bytes moved";
     }
@@ -686,7 +696,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     mine.stop = stop_.load() ? 1.f : 0.f;
     mine.final_checkpoint = mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
     sync.set_control(mine);
-    auto r = state.train_step_dp(g.rank, g.world, sync, gather);
+    auto r = state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
     if (!r) return failed(g, r.message(), state.step());
     const int64_t step = state.step();
     if (!moving_buffers.empty()) {

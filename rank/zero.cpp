@@ -1,11 +1,13 @@
 #include "rank/zero.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "model/flat_adamw.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/grad_sync.hpp"
 
 namespace dtactor {
 
@@ -31,6 +33,32 @@ bool covers(const ranges& rs, int64_t a, int64_t b) {
   return false;
 }
 }  // namespace
+
+std::shared_ptr<const zero2_grads> zero2_of(flat_adamw& opt, const shard_plan& plan) {
+  auto z = std::make_shared<zero2_grads>();
+  z->param_index = opt.param_index();
+  for (int r = 0; r < plan.world(); ++r) z->held.push_back(plan.ranges_of(r));
+  z->deliver = [&opt](int64_t index, const torch::Tensor& sum) { opt.grad_window(index, index + sum.numel()).copy_(sum); };
+  return z;
+}
+
+result<double> global_grad_norm(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                                const std::function<bool()>& abandon) {
+  const int rank = pg.getRank();
+  if (rank >= plan.world()) return make_error("gradient norm: rank " + std::to_string(rank) + " has no shard in the plan");
+  const auto& own = plan.shards[static_cast<size_t>(rank)];
+  auto t = torch::tensor({opt.grad_sum_squares({{own.begin, own.end}})}, torch::kDouble);
+  std::vector<torch::Tensor> v{t};
+  try {
+    if (auto st = wait_work(pg.allreduce(v), clock_type::now() + timeout, abandon, "rank " + std::to_string(rank) + ": allreduce of the gradient norm");
+        !st)
+      return st.err();
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    return make_error("allreduce of the gradient norm could not start: " + m.substr(0, m.find('\n')));
+  }
+  return std::sqrt(t.item<double>());
+}
 
 status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                      const std::function<bool()>& abandon, int64_t block_elements) {

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "dtactor/result.hpp"
@@ -31,6 +32,15 @@ class ProcessGroup;
 namespace dtactor {
 
 class flat_adamw;
+struct zero2_grads;
+
+// train.zero = 2: what grad_sync needs to reduce-scatter the gradients into
+// `opt`'s gradient windows under `plan` (every rank's held ranges).
+std::shared_ptr<const zero2_grads> zero2_of(flat_adamw& opt, const shard_plan& plan);
+// The global gradient norm of sharded gradients: each rank's sum of squares
+// over the shard it is the primary of, allreduced.
+result<double> global_grad_norm(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                                const std::function<bool()>& abandon);
 
 status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                      const std::function<bool()>& abandon, int64_t block_elements = 4 << 20);

@@ -61,7 +61,7 @@ std::vector<config_key> make_schema() {
       {"train.beta1", vk::floating, "0.9", "AdamW beta1.", 0.0},
       {"train.beta2", vk::floating, "0.999", "AdamW beta2.", 0.0},
       {"train.grad_clip", vk::floating, "1.0", "Clip the global gradient norm to this value (0 = off).", 0.0},
-      {"train.zero", vk::integer, "0", "Shard the training state across the ranks (ZeRO): 0 = every rank holds all of it; 1 = each rank keeps and updates only its shards of the AdamW moments (and their replicas), then the updated parameters are all-gathered. Parameters come out bit for bit as with 0.", 0},
+      {"train.zero", vk::integer, "0", "Shard the training state across the ranks (ZeRO): 0 = every rank holds all of it; 1 = each rank keeps and updates only its shards of the AdamW moments (and their replicas), then the updated parameters are all-gathered; 2 = the gradients are reduce-scattered as well, so each rank receives and keeps only its shards' summed gradients. Parameters come out bit for bit as with 0 (2: where the reduction order is kept, see docs/zero.md).", 0},
       {"train.zero_replicas", vk::integer, "0", "train.zero >= 1: ranks holding each shard of the optimizer state, kept current every step, so that a lost rank or machine loses none of it (0 = 2 when the job spans more than one node, else 1).", 0},
       {"train.bf16", vk::boolean, "false", "Run forward passes under bf16 autocast (CPU autocast of LibTorch)."},
       {"train.activation_checkpointing", vk::boolean, "false", "Recompute each block's activations in backward instead of storing them."},

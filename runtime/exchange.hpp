@@ -19,6 +19,12 @@
 //                 host, the host's leader runs one of the wire transports
 //                 above on the group of leaders, and hands the result back
 //                 through shared memory
+//   zero scatter  train.zero = 2 on a process group: a reduce-scatter built
+//                 from an all-to-all; each rank receives only the pieces it
+//                 keeps (its shards, replicas included) and sums them
+// With train.zero = 2 (exchange_bucket::kept_by set), shm sums only the
+// pieces this rank keeps and hierarchical sums everything (the reducer keeps
+// its pieces).
 // A new transport (ZeRO's reduce-scatter, DiLoCo's outer exchange) is a new
 // class behind bucket_exchange and a branch in make_exchange.
 //
@@ -63,7 +69,14 @@ struct exchange_bucket {
   exchange_clock::time_point launched_at;
   std::shared_ptr<std::atomic<int64_t>> done_ns = std::make_shared<std::atomic<int64_t>>(0);
 
-  int64_t control_words() const { return flat.numel() - grads; }
+  // train.zero = 2: for each rank of the world, the pieces of this bucket's
+  // gradients it keeps, (offset, length) in elements, ascending; empty when
+  // every rank keeps all of it. The control words are kept by every rank.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> kept_by;
+  // Elements of `flat` (the reducer may drop `flat` between steps).
+  int64_t numel = 0;
+
+  int64_t control_words() const { return numel - grads; }
   void mark_launched();
   void mark_done() const;
 };
@@ -98,6 +111,9 @@ class bucket_exchange {
   virtual bool uses_shm() const { return false; }
   virtual bool hierarchical() const { return false; }
   virtual bool host_leader() const { return false; }
+  // wait(b) may run before flush() and before later buckets were started
+  // (the reducer of train.zero = 2 bounds the bytes in flight with it).
+  virtual bool waits_early() const { return false; }
 
  protected:
   explicit bucket_exchange(std::vector<exchange_bucket>& buckets) : buckets_(buckets) {}
@@ -111,6 +127,7 @@ struct exchange_choice {
   bool hierarchical = false;
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;  // hierarchical, on a host's leader
   bool bf16_wire = false;
+  bool zero2 = false;  // buckets carry kept_by: the zero scatter on a process group
 };
 
 // Picks the transport for these buckets (every rank alike: same buckets,
@@ -125,6 +142,9 @@ result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_buck
 // 3). `what` names it in start errors ("allreduce", "exchange across hosts").
 std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
                                                     bool bf16, const exchange_waits& w, std::string what);
+// train.zero = 2 on `pg`: the pieces of kept_by only (fp32, or bf16 on the wire).
+std::unique_ptr<bucket_exchange> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                            bool bf16, const exchange_waits& w);
 std::unique_ptr<bucket_exchange> make_shm_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
                                                    const exchange_waits& w);
 // `shm`: this host's segment (null when the rank is alone on its host);

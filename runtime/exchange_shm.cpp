@@ -24,17 +24,27 @@ class shm_slots {
   shm_group& group() const { return *shm_; }
   // Bucket `b`'s region in rank r's slot of this step.
   torch::Tensor region(const exchange_bucket& b, int r) const {
-    return slots_[parity_][static_cast<size_t>(r)].narrow(0, b.base, b.flat.numel());
+    return slots_[parity_][static_cast<size_t>(r)].narrow(0, b.base, b.numel);
   }
   torch::Tensor mine(const exchange_bucket& b) const { return region(b, shm_->rank()); }
   void publish() { shm_->publish(++published_); }
   uint64_t count(size_t b) const { return step_base_ + b + 1; }
   // The world's regions of bucket b summed into its flat tensor, in the same
   // order on every rank: bit-identical sums everywhere.
+  // train.zero = 2 (kept_by): only the pieces this rank keeps and the
+  // control words, each in the same order as the whole bucket's sum.
   void sum_into(const exchange_bucket& b) {
-    std::vector<torch::Tensor> srcs;
-    for (int r = 0; r < shm_->world(); ++r) srcs.push_back(region(b, r));
-    sum_slots(b.flat, srcs, scratch_);
+    auto sum_of = [&](int64_t off, int64_t len) {
+      std::vector<torch::Tensor> srcs;
+      for (int r = 0; r < shm_->world(); ++r) srcs.push_back(region(b, r).narrow(0, off, len));
+      sum_slots(b.flat.narrow(0, off, len), srcs, scratch_);
+    };
+    if (b.kept_by.empty()) {
+      sum_of(0, b.numel);
+    } else {
+      for (const auto& [off, len] : b.kept_by[static_cast<size_t>(shm_->rank())]) sum_of(off, len);
+      if (b.control_words() > 0) sum_of(b.grads, b.control_words());
+    }
     b.mark_done();
   }
   void end_step() {
@@ -71,6 +81,7 @@ class shm_exchange final : public bucket_exchange {
   void end_step() override { slots_.end_step(); }
   const char* label_stem() const override { return ": shared-memory reduction of gradient bucket "; }
   bool uses_shm() const override { return true; }
+  bool waits_early() const override { return true; }
 
  private:
   shm_slots slots_;
@@ -211,7 +222,7 @@ result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_buck
   bool all_float = true;
   for (auto& b : buckets) {
     b.base = total;
-    total += b.flat.numel();
+    total += b.numel;
     all_float = all_float && b.flat.scalar_type() == torch::kFloat;
   }
   const bool fits = all_float && (!c.shm || total <= c.shm->capacity());
@@ -225,6 +236,7 @@ result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_buck
     return make_hierarchical_exchange(buckets, c.shm, std::move(across), w);
   }
   if (!c.hierarchical && c.shm && c.shm->world() == world && c.shm->rank() == rank && fits) return make_shm_exchange(buckets, c.shm, w);
+  if (c.zero2) return make_zero_scatter_exchange(buckets, c.pg, c.bf16_wire, w);
   return make_wire_exchange(buckets, c.pg, c.bf16_wire, w, "allreduce");
 }
 

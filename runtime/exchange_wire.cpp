@@ -250,6 +250,119 @@ class bf16_scatter_exchange final : public pg_exchange {
   std::vector<message> msg_;
 };
 
+// train.zero = 2: a reduce-scatter built from an all-to-all (LibTorch 1.13's
+// Gloo group has none). Each rank sends every rank the pieces of the bucket
+// that rank keeps (its shards, replicas included: kept_by) and the control
+// words; each rank sums what it receives in rank order, in fp32, and writes
+// the sums into its own pieces of the flat tensor. With the bf16 wire the
+// pieces travel as bf16 (control words fp32) and, from 3 ranks on, the sum
+// is rounded to bf16 once, as the bf16 scatter exchange does: zero=2 then
+// equals zero=0 bit for bit. Bytes a rank sends per bucket: what the other
+// ranks keep of it (R/W of the bucket each with R holders a shard).
+class zero_scatter_exchange final : public pg_exchange {
+ public:
+  zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, bool bf16, const exchange_waits& w)
+      : pg_exchange(buckets, std::move(pg), w, "reduce-scatter"), bf16_(bf16), msg_(buckets.size()) {}
+  const char* label_stem() const override { return ": reduce-scatter of gradient bucket "; }
+  bool waits_early() const override { return true; }
+
+  status start(size_t bi) override {
+    auto& b = buckets_[bi];
+    b.mark_launched();
+    auto& m = msg_[bi];
+    const int n = world(), me = pg_->getRank();
+    const bool half = bf16_ && on_bf16_wire(b);
+    const int64_t ctrl = b.control_words();
+    // A chunk per destination: its pieces end to end (bf16: padded to an
+    // even count of halves), then the control words; never empty.
+    auto chunk_of = [&](int j, int64_t* kept) {
+      int64_t k = 0;
+      for (const auto& [off, len] : b.kept_by[static_cast<size_t>(j)]) k += len;
+      if (kept) *kept = k;
+      const int64_t c = half ? (k + 1) / 2 * 2 + 2 * ctrl : k + ctrl;
+      return std::max<int64_t>(c, 1);
+    };
+    m.half = half;
+    m.out_splits.assign(static_cast<size_t>(n), 0);
+    int64_t total = 0;
+    for (int j = 0; j < n; ++j) total += m.out_splits[static_cast<size_t>(j)] = chunk_of(j, nullptr);
+    m.chunk = chunk_of(me, &m.kept);
+    m.in_splits.assign(static_cast<size_t>(n), m.chunk);
+    const auto dtype = half ? torch::kHalf : b.flat.scalar_type();
+    m.send = torch::zeros({total}, torch::TensorOptions(dtype));
+    m.recv = torch::empty({n * m.chunk}, torch::TensorOptions(dtype));
+    {
+      torch::NoGradGuard no_grad;
+      int64_t at = 0;
+      for (int j = 0; j < n; ++j) {
+        auto c = m.send.narrow(0, at, m.out_splits[static_cast<size_t>(j)]);
+        int64_t pos = 0;
+        for (const auto& [off, len] : b.kept_by[static_cast<size_t>(j)]) {
+          auto src = b.flat.narrow(0, off, len);
+          if (half)
+            c.narrow(0, pos, len).view(torch::kBFloat16).copy_(src);
+          else
+            c.narrow(0, pos, len).copy_(src);
+          pos += len;
+        }
+        if (ctrl > 0) {
+          auto words = b.flat.narrow(0, b.grads, ctrl);
+          if (half)
+            c.narrow(0, (pos + 1) / 2 * 2, 2 * ctrl).view(torch::kFloat).copy_(words);
+          else
+            c.narrow(0, pos, ctrl).copy_(words);
+        }
+        at += m.out_splits[static_cast<size_t>(j)];
+      }
+    }
+    return issue(bi, what_, [&] { return pg_->alltoall_base(m.recv, m.send, m.in_splits, m.out_splits); });
+  }
+
+  status wait(size_t bi, exchange_clock::time_point deadline) override {
+    if (auto st = wait_work(bi, deadline); !st) return st;
+    auto& b = buckets_[bi];
+    auto& m = msg_[bi];
+    const int n = world(), me = pg_->getRank();
+    const int64_t ctrl = b.control_words();
+    {
+      torch::NoGradGuard no_grad;
+      // Every rank's chunk of this rank's pieces, summed in rank order.
+      auto sum = torch::empty({m.kept}, torch::TensorOptions(m.half ? torch::kFloat : b.flat.scalar_type()));
+      const int64_t ctrl_at = m.half ? (m.kept + 1) / 2 * 2 : m.kept;
+      for (int r = 0; r < n; ++r) {
+        auto c = m.recv.narrow(0, r * m.chunk, m.chunk);
+        auto g = m.half ? c.narrow(0, 0, m.kept).view(torch::kBFloat16) : c.narrow(0, 0, m.kept);
+        if (r == 0) sum.copy_(g);
+        else sum.add_(g);
+        if (ctrl > 0) {
+          auto w = m.half ? c.narrow(0, ctrl_at, 2 * ctrl).view(torch::kFloat) : c.narrow(0, ctrl_at, ctrl);
+          if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(w);
+          else b.flat.narrow(0, b.grads, ctrl).add_(w);
+        }
+      }
+      if (m.half && n >= 3) sum.copy_(sum.to(torch::kBFloat16));
+      int64_t pos = 0;
+      for (const auto& [off, len] : b.kept_by[static_cast<size_t>(me)]) {
+        b.flat.narrow(0, off, len).copy_(sum.narrow(0, pos, len));
+        pos += len;
+      }
+    }
+    m.send = m.recv = torch::Tensor();  // nothing held between steps
+    return {};
+  }
+
+ private:
+  struct message {
+    torch::Tensor send, recv;
+    std::vector<int64_t> out_splits, in_splits;
+    int64_t chunk = 0;  // what each rank sends this rank
+    int64_t kept = 0;   // gradient elements this rank keeps of the bucket
+    bool half = false;
+  };
+  bool bf16_;
+  std::vector<message> msg_;
+};
+
 }  // namespace
 
 void exchange_bucket::mark_launched() {
@@ -258,6 +371,11 @@ void exchange_bucket::mark_launched() {
 }
 
 void exchange_bucket::mark_done() const { done_ns->store(now_ns()); }
+
+std::unique_ptr<bucket_exchange> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                            bool bf16, const exchange_waits& w) {
+  return std::make_unique<zero_scatter_exchange>(buckets, std::move(pg), bf16, w);
+}
 
 std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
                                                     bool bf16, const exchange_waits& w, std::string what) {

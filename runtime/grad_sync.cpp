@@ -70,7 +70,13 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
       if (o.dtype() != torch::kFloat && o.dtype() != torch::kDouble) o = o.dtype(torch::kFloat);
     }
     b.flat = torch::zeros({n}, o);
+    b.numel = n;
+    f.options = o;
     f.pending = static_cast<int>(f.slots.size());
+  }
+  if (opts_.zero2) {
+    plan_zero2();
+    if (broken_) return;
   }
 
   exchange_choice choice;
@@ -79,6 +85,7 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
   choice.hierarchical = opts_.hierarchical;
   choice.hosts = opts_.hosts;
   choice.bf16_wire = opts_.bf16_wire;
+  choice.zero2 = static_cast<bool>(opts_.zero2);
   auto ex = make_exchange(buckets_, choice, exchange_waits{opts_.abandon, opts_.spin_wait});
   if (!ex) {
     broken_ = true;
@@ -86,6 +93,9 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     return;
   }
   exchange_ = std::move(ex.value());
+  // zero2: a bucket's buffer exists only from its first gradient to its delivery.
+  if (opts_.zero2)
+    for (auto& b : buckets_) b.flat = torch::Tensor();
   for (size_t bi = 0; bi < buckets_.size(); ++bi) buckets_[bi].label = "rank " + std::to_string(rank_) + exchange_->label_stem() + std::to_string(bi);
 
   // A post-hook on each parameter's gradient accumulator runs right after
@@ -112,6 +122,69 @@ grad_sync::~grad_sync() {
   // the process group (its owner) waits for them when it is destroyed.
 }
 
+// Which pieces of each bucket every rank keeps: each parameter's elements
+// (at param_index in the index space) cut by every rank's held ranges.
+void grad_sync::plan_zero2() {
+  const auto& z = *opts_.zero2;
+  if (z.param_index.size() != slots_.size() || z.held.size() != static_cast<size_t>(world_)) {
+    broken_ = true;
+    error_ = "train.zero=2: the gradient shards do not fit this model or world (" + std::to_string(z.param_index.size()) + " parameters, " +
+             std::to_string(slots_.size()) + " with gradients; " + std::to_string(z.held.size()) + " ranks, world " + std::to_string(world_) + ")";
+    return;
+  }
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    auto& b = buckets_[bi];
+    b.kept_by.assign(static_cast<size_t>(world_), {});
+    for (size_t k : fills_[bi].slots) {
+      const auto& s = slots_[k];
+      const int64_t at = z.param_index[k];
+      for (int r = 0; r < world_; ++r)
+        for (const auto& [a, e] : z.held[static_cast<size_t>(r)]) {
+          const int64_t lo = std::max(a, at), hi = std::min(e, at + s.numel);
+          if (lo >= hi) continue;
+          const int64_t off = s.offset + (lo - at), len = hi - lo;
+          auto& pieces = b.kept_by[static_cast<size_t>(r)];
+          pieces.emplace_back(off, len);
+          if (r == rank_) fills_[bi].mine.push_back(kept_piece{off, len, lo});
+        }
+    }
+    // The transports want them ascending and as few as possible.
+    for (auto& pieces : b.kept_by) {
+      std::sort(pieces.begin(), pieces.end());
+      std::vector<std::pair<int64_t, int64_t>> merged;
+      for (const auto& p : pieces) {
+        if (!merged.empty() && merged.back().first + merged.back().second == p.first)
+          merged.back().second += p.second;
+        else
+          merged.push_back(p);
+      }
+      pieces = std::move(merged);
+    }
+  }
+}
+
+void grad_sync::ensure_flat(size_t bi) {
+  auto& b = buckets_[bi];
+  if (!b.flat.defined()) b.flat = torch::empty({b.numel}, fills_[bi].options);
+}
+
+void grad_sync::take(size_t bi) {
+  auto& b = buckets_[bi];
+  if (bi == 0 && opts_.carry_control) {
+    auto tail = b.flat.narrow(0, control_offset_, control_words).to(torch::kFloat).contiguous();
+    std::memcpy(static_cast<void*>(&control_out_), tail.data_ptr<float>(), sizeof(control_out_));
+  }
+  if (!opts_.zero2) return;
+  try {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : fills_[bi].mine) opts_.zero2->deliver(p.index, b.flat.narrow(0, p.offset, p.length));
+  } catch (const std::exception& e) {
+    fail_step("rank " + std::to_string(rank_) + ": delivering gradient bucket " + std::to_string(bi) + ": " + first_line(e.what()));
+  }
+  inflight_bytes_ -= b.numel * static_cast<int64_t>(b.flat.element_size());
+  b.flat = torch::Tensor();
+}
+
 std::vector<std::vector<size_t>> grad_sync::bucket_layout() const {
   std::vector<std::vector<size_t>> out;
   for (const auto& f : fills_) out.push_back(f.slots);
@@ -125,12 +198,16 @@ void grad_sync::arm() {
 void grad_sync::pack(size_t i) {
   auto& s = slots_[i];
   torch::NoGradGuard no_grad;
+  if (opts_.zero2) ensure_flat(s.bucket);
   auto region = exchange_->staging(s.bucket).narrow(0, s.offset, s.numel);
   const auto& g = s.param.grad();
+  s.used = g.defined();
   if (g.defined())
     region.view(s.param.sizes()).copy_(g);
   else
     region.zero_();
+  // zero2: the bucket has it; the optimizer gets this rank's share of the sum.
+  if (opts_.zero2) s.param.mutable_grad().reset();
   s.ready = true;
   --fills_[s.bucket].pending;
 }
@@ -152,6 +229,7 @@ void grad_sync::launch_ready() {
 }
 
 void grad_sync::launch(size_t bi) {
+  if (opts_.zero2) ensure_flat(bi);
   if (bi == 0 && opts_.carry_control) {
     torch::NoGradGuard no_grad;
     float words[control_words];
@@ -159,7 +237,22 @@ void grad_sync::launch(size_t bi) {
     auto tail = exchange_->staging(0).narrow(0, control_offset_, control_words);
     tail.copy_(torch::from_blob(words, {control_words}, torch::kFloat).to(tail.scalar_type()));
   }
-  if (auto st = exchange_->start(bi); !st) fail_step(st.message());
+  if (auto st = exchange_->start(bi); !st) {
+    fail_step(st.message());
+    return;
+  }
+  if (!opts_.zero2) return;
+  // Bounded buffers: the oldest launched buckets are waited for and
+  // delivered while backward goes on, keeping the newest in flight.
+  inflight_bytes_ += buckets_[bi].numel * static_cast<int64_t>(buckets_[bi].flat.element_size());
+  const int64_t bound = opts_.zero2->inflight_bytes;
+  while (bound > 0 && inflight_bytes_ > bound && exchange_->waits_early() && next_wait_ < bi && !failed_) {
+    if (auto st = exchange_->wait(next_wait_, clock_type::now() + opts_.timeout); !st) {
+      fail_step(st.message());
+      return;
+    }
+    take(next_wait_++);
+  }
 }
 
 void grad_sync::fail_step(std::string why) {
@@ -190,7 +283,7 @@ result<grad_sync_timing> grad_sync::finish() {
   if (opts_.find_unused_parameters && !failed_) {
     used = torch::empty({static_cast<int64_t>(slots_.size())}, torch::kFloat);
     float* u = used.data_ptr<float>();
-    for (size_t i = 0; i < slots_.size(); ++i) u[i] = slots_[i].param.grad().defined() ? 1.f : 0.f;
+    for (size_t i = 0; i < slots_.size(); ++i) u[i] = slots_[i].used ? 1.f : 0.f;
     try {
       std::vector<at::Tensor> v{used};
       used_work = pg_->allreduce(v);
@@ -202,18 +295,21 @@ result<grad_sync_timing> grad_sync::finish() {
   const auto deadline = entered + opts_.timeout;
   if (!failed_)
     if (auto st = exchange_->flush(deadline); !st) fail_step(st.message());
-  for (size_t bi = 0; bi < buckets_.size() && !failed_; ++bi)
+  for (size_t bi = next_wait_; bi < buckets_.size() && !failed_; ++bi)
     if (auto st = exchange_->wait(bi, deadline); !st) fail_step(st.message());
   if (used_work && !failed_)
     if (auto st = wait_work(used_work, deadline, opts_.abandon, "rank " + std::to_string(rank_) + ": allreduce of the used-parameter mask",
                             opts_.spin_wait);
         !st)
       fail_step(st.message());
+  for (size_t bi = next_wait_; bi < buckets_.size() && !failed_; ++bi) take(bi);
   const auto waited = clock_type::now();
   if (failed_) {
     exchange_->abort();
     broken_ = true;
     armed_ = false;
+    if (opts_.zero2)
+      for (auto& b : buckets_) b.flat = torch::Tensor();
     return make_error(error_);
   }
 
@@ -234,11 +330,7 @@ result<grad_sync_timing> grad_sync::finish() {
   t.allreduce_s = busy;
   t.exposed_s = seconds_between(entered, waited);
 
-  if (opts_.carry_control) {
-    auto tail = buckets_[0].flat.narrow(0, control_offset_, control_words).to(torch::kFloat).contiguous();
-    std::memcpy(static_cast<void*>(&control_out_), tail.data_ptr<float>(), sizeof(control_out_));
-  }
-  {
+  if (!opts_.zero2) {
     torch::NoGradGuard no_grad;
     const float* u = used.defined() ? used.data_ptr<float>() : nullptr;
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -254,6 +346,8 @@ result<grad_sync_timing> grad_sync::finish() {
   for (auto& s : slots_) s.ready = false;
   for (auto& f : fills_) f.pending = static_cast<int>(f.slots.size());
   next_launch_ = 0;
+  next_wait_ = 0;
+  inflight_bytes_ = 0;
   armed_ = false;
   exchange_->end_step();
   if (misuse_) {

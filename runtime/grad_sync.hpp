@@ -40,6 +40,25 @@
 
 namespace dtactor {
 
+// train.zero = 2: gradients are reduce-scattered, so each rank receives the
+// world's sum only of the elements it holds optimizer state for, and
+// autograd's full gradients are dropped as soon as a bucket took them.
+struct zero2_grads {
+  // Each parameter that requires grad (in the constructor's order): its
+  // first element in the optimizer's index space (flat_adamw::param_index).
+  std::vector<int64_t> param_index;
+  // Per rank of the world: the index-space ranges it holds (shard_plan::ranges_of).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> held;
+  // Receives this rank's summed gradients of index-space [index, index + n)
+  // (n = sum.numel()), within one of its held ranges and one parameter.
+  std::function<void(int64_t index, const torch::Tensor& sum)> deliver;
+  // Buckets whose exchange is still running during backward hold at most
+  // about this many bytes: beyond it, the oldest is waited for, delivered
+  // and its buffer dropped (transports that allow it: shared memory, the
+  // zero scatter). 0 = no bound.
+  int64_t inflight_bytes = 64 << 20;
+};
+
 struct grad_sync_options {
   // A bucket is closed once it holds at least this many bytes (cluster.bucket_kb * 1024);
   // a single parameter larger than this gets a bucket of its own.
@@ -83,6 +102,8 @@ struct grad_sync_options {
   // fit shared memory (not float32, or over capacity).
   bool hierarchical = false;
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;
+  // train.zero = 2 (see zero2_grads); null: every rank gets every gradient.
+  std::shared_ptr<const zero2_grads> zero2;
 };
 
 // Figures of one step's synchronisation (seconds).
@@ -150,11 +171,19 @@ class grad_sync {
     int64_t offset = 0;  // in elements, inside the bucket's flat tensor
     int64_t numel = 0;
     bool ready = false;  // gradient copied into the bucket in this armed step
+    bool used = false;   // ... and it was defined (zero2 drops it right away)
+  };
+  // train.zero = 2: a piece of a bucket this rank keeps.
+  struct kept_piece {
+    int64_t offset = 0, length = 0;  // in the bucket
+    int64_t index = 0;               // in the optimizer's index space
   };
   // What the reducer keeps per bucket beside what the exchange moves.
   struct bucket_fill {
     std::vector<size_t> slots;
     int pending = 0;  // slots not yet ready in this armed step
+    std::vector<kept_piece> mine;  // train.zero = 2
+    torch::TensorOptions options;  // of the flat tensor (dropped between steps with zero2)
   };
   struct hook_state;
 
@@ -163,6 +192,11 @@ class grad_sync {
   void launch(size_t b);
   void pack(size_t slot);
   void fail_step(std::string why);
+  void ensure_flat(size_t b);
+  // Bucket b's exchange completed: the control words (bucket 0) read, and
+  // with zero2 this rank's pieces delivered and the buffer dropped.
+  void take(size_t b);
+  void plan_zero2();
 
   std::vector<param_slot> slots_;
   std::vector<exchange_bucket> buckets_;  // moved by exchange_
@@ -179,6 +213,8 @@ class grad_sync {
   bool misuse_ = false;  // a gradient arrived after its bucket was launched
   std::string error_;
   size_t next_launch_ = 0;
+  size_t next_wait_ = 0;        // buckets waited for (and taken) in this armed step
+  int64_t inflight_bytes_ = 0;  // zero2: buffers of launched buckets not yet taken
   std::shared_ptr<hook_state> hooks_;  // disarmed in the destructor; hooks hold it weakly
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooked nodes alive
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hook_keys_;

@@ -22,9 +22,9 @@ status validate_training_config(const config& cfg) {
   if (cfg.get_double("model.dropout") >= 1.0) return make_error("model.dropout must be below 1");
   if (cfg.get_double("data.val_fraction") >= 1.0) return make_error("data.val_fraction must be below 1");
   if (cfg.get_double("train.beta1") >= 1.0 || cfg.get_double("train.beta2") >= 1.0) return make_error("train.beta1 and train.beta2 must be below 1");
-  if (cfg.get_int("train.zero") > 1)
+  if (cfg.get_int("train.zero") > 2)
     return make_error("train.zero = " + std::to_string(cfg.get_int("train.zero")) +
-                      " is not available yet: 0 (every rank holds the whole state) or 1 (sharded optimizer state)");
+                      " is not a ZeRO stage dtactor has: 0 (every rank holds the whole state), 1 (sharded optimizer state) or 2 (sharded optimizer state and gradients)");
   return {};
 }
 

@@ -42,25 +42,7 @@ std::vector<float> words(const step_control& c) { return {c.newer_plan, c.stop, 
 
 using testing::make_states;
 using testing::run_ranks;
-
-// As run_ranks, and each rank also joins a shared-memory group (slots of
-// `floats` floats) through the same store; a rank that gets none fails.
-std::vector<std::string> run_ranks_shm(int world, int64_t floats,
-                                       const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, std::shared_ptr<shm_group>)>& fn,
-                                       std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000)) {
-  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
-  return run_ranks(
-      world,
-      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
-        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
-        std::string why;
-        auto g = shm_group::join(*prefixed, rank, world, floats, &why);
-        if (!g) return g.message();
-        if (!g.value()) return "no shared memory: " + why;
-        return fn(rank, pg, g.value());
-      },
-      collective_timeout, store);
-}
+using testing::run_ranks_shm;
 
 void expect_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];

@@ -6,10 +6,12 @@
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <vector>
 
 #include "model/trainer.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/shm_group.hpp"
 
 namespace dtactor::testing {
 
@@ -38,6 +40,25 @@ inline std::vector<std::string> run_ranks(int world, const std::function<std::st
     });
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// As run_ranks, and each rank also joins a shared-memory group (slots of
+// `floats` floats) through the same store; a rank that gets none fails.
+inline std::vector<std::string> run_ranks_shm(int world, int64_t floats,
+                                       const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, std::shared_ptr<shm_group>)>& fn,
+                                       std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(10000)) {
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  return run_ranks(
+      world,
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
+        std::string why;
+        auto g = shm_group::join(*prefixed, rank, world, floats, &why);
+        if (!g) return g.message();
+        if (!g.value()) return "no shared memory: " + why;
+        return fn(rank, pg, g.value());
+      },
+      collective_timeout, store);
 }
 
 // training_state::create seeds the global generator: build states one after

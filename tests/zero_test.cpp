@@ -13,6 +13,7 @@
 #include "rank/state_io.hpp"
 #include "rank_threads.hpp"
 #include "runtime/grad_sync.hpp"
+#include "runtime/step_control.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {
@@ -220,6 +221,165 @@ TEST(Zero, CheckpointRangesCoverTheStreamOnceAndAreHeldByTheirWriter) {
   const auto layout = layout_of(*plain[0]);
   EXPECT_EQ(write_ranges(layout, 1, 2, {}, plain[0]->optimizer().group_bases()),
             (std::vector<std::pair<uint64_t, uint64_t>>{part_range(layout.bytes, 1, 2)}));
+}
+
+// ---- train.zero = 2: gradients reduce-scattered as well ----
+
+// How a zero-2 comparison runs: over Gloo or shared memory, fp32 or bf16 on
+// the wire, with the bound on buffers in flight.
+struct run_how {
+  bool shm = false, bf16 = false;
+  int64_t inflight_bytes = 64 << 20;
+};
+
+// `steps` data-parallel steps; with a plan and zero2, the gradients go
+// only to their holders and the norm is the shards' (rank/zero). Returns
+// the errors; `norms` gets rank 0's gradient norms.
+std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>& states, int world, int steps, const shard_plan* plan, bool zero2,
+                                   const run_how& h, std::vector<double>* norms = nullptr) {
+  auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+    auto& s = *states[static_cast<size_t>(rank)];
+    grad_sync_options o = buckets();
+    o.carry_control = true;
+    o.shm = shm;
+    o.bf16_wire = h.bf16;
+    std::function<result<double>()> norm;
+    if (plan && zero2) {
+      auto z = std::const_pointer_cast<zero2_grads>(zero2_of(s.optimizer(), *plan));
+      z->inflight_bytes = h.inflight_bytes;
+      o.zero2 = z;
+      norm = [&] { return global_grad_norm(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
+    }
+    grad_sync sync(s.the_task().module()->parameters(), pg, o);
+    if (h.shm != sync.uses_shm()) return "shared memory " + std::string(sync.uses_shm() ? "used" : "not used");
+    std::function<status()> gather;
+    if (plan) gather = [&] { return gather_params(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
+    for (int i = 0; i < steps; ++i) {
+      auto r = s.train_step_dp(rank, world, sync, gather, norm);
+      if (!r) return r.message();
+      if (norms && rank == 0) norms->push_back(r->grad_norm);
+      if (zero2)
+        for (auto& p : s.the_task().module()->parameters())
+          if (p.grad().defined()) return "a full gradient is left after the step";
+    }
+    return "";
+  };
+  if (h.shm) {
+    int64_t floats = step_control::words;
+    for (auto& p : states[0]->the_task().module()->parameters()) floats += p.numel();
+    return testing::run_ranks_shm(world, floats, body);
+  }
+  return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, nullptr); });
+}
+
+// Two jobs from the same start, zero=0 and zero=2 (R holders a shard); the
+// final parameters of every zero=2 rank against the zero=0 ones.
+struct zero2_pair {
+  std::vector<std::unique_ptr<training_state>> plain, sharded;
+  shard_plan plan;
+  std::vector<double> plain_norms, sharded_norms;
+};
+zero2_pair run_pair(const std::vector<std::string>& extra, int world, int replicas, int steps, const run_how& h) {
+  std::vector<std::string> o0 = extra, o2 = extra;
+  o2.push_back("train.zero=2");
+  zero2_pair p;
+  p.plain = make_states(tiny_vit_config(o0), world);
+  p.sharded = make_states(tiny_vit_config(o2), world);
+  p.plan = make_shard_plan(p.sharded[0]->optimizer().total_elements(), nodes_of(world), replicas);
+  for (int r = 0; r < world; ++r) p.sharded[static_cast<size_t>(r)]->shard_optimizer(p.plan.ranges_of(r));
+  expect_no_errors(train_how(p.plain, world, steps, nullptr, false, h, &p.plain_norms));
+  expect_no_errors(train_how(p.sharded, world, steps, &p.plan, true, h, &p.sharded_norms));
+  return p;
+}
+
+// Over shared memory each rank sums only its pieces, in the same order as
+// the whole bucket's sum: bit for bit zero=0's parameters, also when the
+// bound on buffers in flight makes backward wait for every bucket at once.
+// Each rank then holds only its shards' gradients.
+TEST(Zero2, SharedMemoryReduceScatterEqualsZeroZeroBitForBit) {
+  for (int64_t inflight : {int64_t{64} << 20, int64_t{1}}) {
+    SCOPED_TRACE("inflight_bytes " + std::to_string(inflight));
+    run_how h;
+    h.shm = true;
+    h.inflight_bytes = inflight;
+    auto p = run_pair({"train.grad_clip=0"}, 3, 2, 4, h);
+    const std::string want = p.plain[0]->params_digest();
+    for (int r = 0; r < 3; ++r) {
+      auto& s = *p.sharded[static_cast<size_t>(r)];
+      EXPECT_EQ(s.params_digest(), want) << "rank " << r;
+      EXPECT_EQ(s.optimizer().grad_bytes(), 4 * p.plan.held_elements(r)) << "rank " << r << " holds its shards' gradients only";
+      EXPECT_LT(s.optimizer().grad_bytes(), p.plain[0]->optimizer().grad_bytes());
+    }
+  }
+}
+
+// Micro-batches accumulate in autograd's gradients until the step's last
+// backward hands them to the buckets: still bit for bit.
+TEST(Zero2, GradientAccumulationEqualsZeroZeroBitForBit) {
+  run_how h;
+  h.shm = true;
+  auto p = run_pair({"train.grad_clip=0", "train.micro_batch_size=3"}, 2, 1, 3, h);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), p.plain[0]->params_digest()) << "rank " << r;
+}
+
+// The bf16 wire: the zero scatter sends bf16 pieces and sums them as the
+// bf16 exchanges of zero=0 do (all-gather at 2 ranks, reduce-scatter from
+// 3): bit for bit, over Gloo.
+TEST(Zero2, Bf16WireOverGlooEqualsZeroZeroBitForBit) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    run_how h;
+    h.bf16 = true;
+    h.inflight_bytes = 1;
+    auto p = run_pair({"train.grad_clip=0"}, world, 2, 3, h);
+    for (int r = 0; r < world; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), p.plain[0]->params_digest()) << "rank " << r;
+  }
+}
+
+// fp32 over Gloo: Gloo's ring allreduce (zero=0) and the zero scatter add
+// the ranks in different orders, so results differ in rounding only: every
+// zero=2 rank agrees bit for bit with the others, the parameters stay
+// within rounding of zero=0's, and the clipping norm from the shards'
+// partial sums is the global norm (clipping on, as by default).
+TEST(Zero2, Fp32OverGlooDiffersFromZeroZeroInRoundingOnly) {
+  run_how h;
+  auto p = run_pair({}, 3, 2, 4, h);
+  const std::string mine = p.sharded[0]->params_digest();
+  for (int r = 1; r < 3; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), mine) << "rank " << r;
+  ASSERT_EQ(p.plain_norms.size(), p.sharded_norms.size());
+  for (size_t i = 0; i < p.plain_norms.size(); ++i) {
+    EXPECT_GT(p.plain_norms[i], 0);
+    EXPECT_NEAR(p.sharded_norms[i], p.plain_norms[i], 1e-5 * p.plain_norms[i]) << "step " << i;
+  }
+  double largest = 0, total = 0;
+  int64_t n = 0;
+  auto a = p.plain[0]->the_task().module()->parameters(), b = p.sharded[0]->the_task().module()->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto d = (a[i] - b[i]).abs();
+    largest = std::max(largest, d.max().item<double>());
+    total += d.sum().item<double>();
+    n += d.numel();
+  }
+  std::printf("zero=2 vs zero=0 over Gloo, 4 steps: largest parameter difference %.3g, mean %.3g\n", largest, total / n);
+  // Adam moves a parameter by about lr (0.003) a step whatever the
+  // gradient's size, so an element whose gradient is near zero can move
+  // differently; the rest agree to rounding.
+  EXPECT_LT(largest, 0.003);
+  EXPECT_LT(total / n, 1e-6);
+}
+
+// A world of one (no reducer): autograd's gradients go into the windows at
+// the update; training equals the unsharded optimizer's bit for bit.
+TEST(Zero2, WorldOfOneTrainsAsTheUnshardedOptimizer) {
+  auto plain = make_states(tiny_vit_config(), 1);
+  auto sharded = make_states(tiny_vit_config({"train.zero=2"}), 1);
+  sharded[0]->shard_optimizer({{0, sharded[0]->optimizer().total_elements()}});
+  ASSERT_TRUE(sharded[0]->optimizer().grads_sharded());
+  for (int i = 0; i < 3; ++i) {
+    plain[0]->train_step();
+    sharded[0]->train_step();
+  }
+  EXPECT_EQ(sharded[0]->params_digest(), plain[0]->params_digest());
 }
 
 }  // namespace
