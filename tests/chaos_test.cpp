@@ -595,12 +595,14 @@ TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
   EXPECT_GE(events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl")).size(), 1u);
 }
 
-// train.zero=1 over three nodes (each shard of the optimizer state on two
-// of them): node c crashes at step 50 and comes back empty; its shards come
-// from their replicas on the survivors, not from disk (no checkpoint is
-// written before the end), and the run ends bit for bit where the
-// replicated job without a fault ends.
-TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
+// train.zero=1 and 2 over three nodes (each shard of the optimizer state,
+// and with 2 of the summed gradients, on two of them): node c crashes at
+// step 50 and comes back empty; its shards come from their replicas on the
+// survivors, not from disk (no checkpoint is written before the end), and
+// the run ends bit for bit where a run without a fault ends (zero=1: the
+// replicated job's; zero=2: its own, whose clipping norm is summed from the
+// shards in another order than zero=0's).
+void sharded_state_survives_a_lost_node(const std::string& zero) {
   auto run = [](const std::string& dir, const std::string& zero, bool fault) {
     return crash_and_replace_run(dir,
                                  job_sets(120, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
@@ -608,10 +610,10 @@ TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
                                  {"a", "b", "c"}, fault, 120);
   };
   temp_dir d1, d2;
-  const std::string faulty = run(d2.path(), "1", true);
-  const std::string clean = run(d1.path(), "0", false);
+  const std::string faulty = run(d2.path(), zero, true);
+  const std::string clean = run(d1.path(), zero == "1" ? "0" : zero, false);
   ASSERT_FALSE(clean.empty());
-  EXPECT_EQ(clean, faulty) << "zero=1 with a lost and replaced node ends where zero=0 without a fault ends";
+  EXPECT_EQ(clean, faulty) << "zero=" << zero << " with a lost and replaced node ends where the run without a fault ends";
   const auto j = read_journal(d2.path() + "/journal.jsonl");
   const auto rec = events<ev::recovery_done>(j);
   ASSERT_GE(rec.size(), 1u);
@@ -628,6 +630,11 @@ TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
       reported = true;
       EXPECT_LT(r.at("optimizer_state_bytes").get<uint64_t>(), 2 * r.at("param_bytes").get<uint64_t>()) << r.dump();
       EXPECT_GT(r.at("optimizer_state_bytes").get<uint64_t>(), 0u) << r.dump();
+      // zero=2: the gradients of its shards only; zero=1: all of them.
+      if (zero == "2")
+        EXPECT_LT(r.at("grad_bytes").get<uint64_t>(), r.at("param_bytes").get<uint64_t>()) << r.dump();
+      else
+        EXPECT_EQ(r.at("grad_bytes").get<uint64_t>(), r.at("param_bytes").get<uint64_t>()) << r.dump();
     }
   EXPECT_TRUE(reported) << "resources events carry the state bytes";
   // The nodes' logs say the optimizer state is sharded and that shards moved.
@@ -635,7 +642,7 @@ TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
   for (const char* id : {"a", "b", "c"}) {
     std::ifstream f(d2.path() + "/node-" + id + ".log");
     for (std::string line; std::getline(f, line);) {
-      if (line.find("optimizer state sharded (train.zero=1)") == std::string::npos) continue;
+      if (line.find("sharded (train.zero=" + zero + ")") == std::string::npos) continue;
       sharded = true;
       moved = moved || line.find(" 0 bytes moved") == std::string::npos;
     }
@@ -643,6 +650,10 @@ TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) {
   EXPECT_TRUE(sharded);
   EXPECT_TRUE(moved);
 }
+
+TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) { sharded_state_survives_a_lost_node("1"); }
+
+TEST(Chaos, ShardedGradientsAndOptimizerStateSurviveALostNodeFromItsReplicas) { sharded_state_survives_a_lost_node("2"); }
 
 // The whole stream of the newest committed checkpoint in a run directory.
 std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts, pb::checkpoint_meta* out_meta = nullptr) {
@@ -663,63 +674,76 @@ std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts,
   return st ? out : "";
 }
 
-// train.zero=1 checkpoints: each rank writes its share of the replicated
-// bytes and the windows of the shards it is the primary of; the committed
-// stream is byte for byte the one zero=0 writes at the same step. Both runs
-// then resume on two nodes (zero=1 from the sharded one: rank 0 reads it
-// whole, the other takes its shards from it) and end alike.
+// Sharded checkpoints (train.zero=1 and 2): each rank writes its share of
+// the replicated bytes and the windows of the shards it is the primary of;
+// the committed stream is byte for byte the one zero=0 writes at the same
+// step. The runs then resume on two nodes, at their own zero level and
+// across levels (zero=2 from zero=0's checkpoint, zero=0 from zero=2's), and
+// all end alike. Clipping is off: zero=2's clipping norm is summed from the
+// shards in another order, which would change the last bits.
 TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
   auto sets = [](int steps, int nodes, const std::string& zero) {
     return job_sets(steps, {"cluster.min_nodes=" + std::to_string(nodes), "cluster.max_nodes=" + std::to_string(nodes), "cluster.settle_ms=600000",
-                            "checkpoint.every_steps=20", "train.zero=" + zero});
+                            "checkpoint.every_steps=20", "train.grad_clip=0", "train.zero=" + zero});
   };
-  temp_dir d0, d1;
-  std::map<std::string, std::string> fin;
-  for (const auto& [dir, zero] : {std::pair<std::string, std::string>{d0.path(), "0"}, {d1.path(), "1"}}) {
+  temp_dir d0, d1, d2;
+  const std::map<std::string, std::string> dirs = {{"0", d0.path()}, {"1", d1.path()}, {"2", d2.path()}};
+  for (const auto& [zero, dir] : dirs) {
     cluster cl(dir, sets(40, 3, zero));
     ASSERT_EQ(cl.start({"a", "b", "c"}), "");
     expect_finished_without_loss(cl, 40, 3);
   }
-  int64_t s0 = -1, s1 = -1;
-  int p0 = 0, p1 = 0;
-  pb::checkpoint_meta meta;
-  const std::string replicated = newest_stream(d0.path(), s0, p0), sharded = newest_stream(d1.path(), s1, p1, &meta);
-  // Where they differ first, by tensor. Not compared: train/rng, the CPU
-  // generator of whichever rank wrote those bytes (ranks re-seed it from
-  // (seed, step, rank) before every step, so it differs between ranks and
-  // does not affect a resume); zero=1 splits the replicated bytes
-  // differently, so another rank writes it.
-  std::string first_diff;
-  ASSERT_EQ(replicated.size(), sharded.size());
-  for (const auto& t : meta.tensors()) {
-    if (t.name() == "train/rng") continue;
-    for (uint64_t i = t.offset(); i < t.offset() + t.size() && first_diff.empty(); ++i)
-      if (replicated[i] != sharded[i]) first_diff = t.name() + " at byte " + std::to_string(i - t.offset());
-  }
+  int64_t s0 = -1;
+  int p0 = 0;
+  const std::string replicated = newest_stream(d0.path(), s0, p0);
   ASSERT_FALSE(replicated.empty());
   EXPECT_EQ(s0, 40);
-  EXPECT_EQ(s1, 40);
   EXPECT_EQ(p0, 3);
-  EXPECT_GT(p1, 3) << "sharded ranks write several ranges each";
-  EXPECT_EQ(first_diff, "") << "the zero=1 checkpoint's stream differs from zero=0's";
-  // Resumed by new runs (their own journals) on two nodes.
-  temp_dir r0, r1;
-  for (const auto& [dir, zero, from] : {std::tuple<std::string, std::string, std::string>{r0.path(), "0", d0.path()}, {r1.path(), "1", d1.path()}}) {
+  for (const char* zero : {"1", "2"}) {
+    SCOPED_TRACE(std::string("zero=") + zero);
+    int64_t s1 = -1;
+    int p1 = 0;
+    pb::checkpoint_meta meta;
+    const std::string sharded = newest_stream(dirs.at(zero), s1, p1, &meta);
+    // Where they differ first, by tensor. Not compared: train/rng, the CPU
+    // generator of whichever rank wrote those bytes (ranks re-seed it from
+    // (seed, step, rank) before every step, so it differs between ranks and
+    // does not affect a resume); sharding splits the replicated bytes
+    // differently, so another rank writes it.
+    std::string first_diff;
+    ASSERT_EQ(replicated.size(), sharded.size());
+    for (const auto& t : meta.tensors()) {
+      if (t.name() == "train/rng") continue;
+      for (uint64_t i = t.offset(); i < t.offset() + t.size() && first_diff.empty(); ++i)
+        if (replicated[i] != sharded[i]) first_diff = t.name() + " at byte " + std::to_string(i - t.offset());
+    }
+    EXPECT_EQ(s1, 40);
+    EXPECT_GT(p1, 3) << "sharded ranks write several ranges each";
+    EXPECT_EQ(first_diff, "") << "the sharded checkpoint's stream differs from zero=0's";
+  }
+  // Resumed by new runs (their own journals) on two nodes: {zero level, from}.
+  std::map<std::string, std::string> fin;
+  for (const auto& [zero, from] :
+       std::vector<std::pair<std::string, std::string>>{{"0", "0"}, {"1", "1"}, {"2", "2"}, {"2", "0"}, {"0", "2"}}) {
+    SCOPED_TRACE("zero=" + zero + " from zero=" + from + "'s checkpoint");
+    temp_dir r;
+    // A copy: a resumed run writes its own checkpoints beside the one it read.
+    std::filesystem::copy(dirs.at(from) + "/checkpoints", r.path() + "/from", std::filesystem::copy_options::recursive);
     auto s = sets(60, 2, zero);
     s.push_back("--set");
-    s.push_back("checkpoint.dir=" + from + "/checkpoints");
-    cluster cl(dir, s);
+    s.push_back("checkpoint.dir=" + r.path() + "/from");
+    cluster cl(r.path(), s);
     ASSERT_EQ(cl.start({"a", "b"}), "");
     expect_finished_without_loss(cl, 60, 2);
     auto j = cl.journal();
     bool from_disk = false;
-    for (const auto& r : events<ev::checkpoint_restored>(j)) from_disk = from_disk || (r.at("source") == "disk" && r.at("step") == 40);
+    for (const auto& e : events<ev::checkpoint_restored>(j)) from_disk = from_disk || (e.at("source") == "disk" && e.at("step") == 40);
     EXPECT_TRUE(from_disk) << cl.logs();
     auto f = events<ev::job_finished>(j);
     ASSERT_EQ(f.size(), 1u);
-    fin[zero] = f[0].at("params_digest").get<std::string>();
+    fin[zero + " from " + from] = f[0].at("params_digest").get<std::string>();
   }
-  EXPECT_EQ(fin["0"], fin["1"]) << "resumed at world 2 from zero=0's and zero=1's checkpoints";
+  for (const auto& [which, digest] : fin) EXPECT_EQ(digest, fin.at("0 from 0")) << which;
 }
 
 // Going on at the smaller world size: same global batch, only the order of

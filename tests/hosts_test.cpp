@@ -238,6 +238,13 @@ TEST(Hosts, TwoHostsOfTwoRanksWithShardedOptimizerStateSurviveAKilledRankAndAKil
   survive_a_killed_rank_and_a_killed_host(std::move(*net), "1");
 }
 
+// And with the gradients sharded too (train.zero=2): the hierarchical
+// exchange sums everything and each rank keeps its shards' gradients.
+TEST(Hosts, TwoHostsOfTwoRanksWithShardedGradientsSurviveAKilledRankAndAKilledHost) {
+  MAKE_HOSTS(net, 3);
+  survive_a_killed_rank_and_a_killed_host(std::move(*net), "2");
+}
+
 // 2 hosts x 2 ranks, hierarchical, the hosts' sums crossing as bf16: the
 // second host cut off (both its ranks silent, its leader blocked in the
 // exchange across hosts) is lost, the first host's ranks abandon the
