@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Bytes of training state per parameter per rank with train.zero 0 and 1,
+"""Bytes of training state per parameter per rank with train.zero 0, 1 and 2,
 measured: runs `dtactor local` (a coordinator and N node processes on this
 machine, each with P rank processes) for a few steps and reads what each rank
 reported holding from the journal's `resources` events (param_bytes,
 grad_bytes, optimizer_state_bytes) and its peak RSS. Prints one JSON object:
 per configuration the bytes per parameter of each kind (the largest rank),
-next to the formula 4 + 4 + 8*R/W (fp32 parameters, gradients, AdamW moments
-held by R of W ranks; 16 without sharding).
+next to the formula (fp32 parameters 4; gradients 4 in the optimizer plus 4
+in the reducer's buckets at world > 1 for zero 0 and 1, 4*R/W for zero 2;
+AdamW moments 8, or 8*R/W when sharded, R holders of each of W shards).
 
 Usage: bench/zero_state_bytes.py [--binary build/app/dtactor] [--steps 20] [--set key=value ...]
 """
@@ -58,7 +59,12 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
             "peak_rss_bytes_max_rank": max(r["peak_rss_bytes"] for r in ranks.values()),
         }
         out["total_bytes_per_param"] = out["param_bytes_per_param"] + out["grad_bytes_per_param"] + out["optimizer_bytes_per_param"]
-        out["formula_total_bytes_per_param"] = 8.0 + out["formula_optimizer_bytes_per_param"]
+        if zero >= 2:
+            grads = 4.0 * r_eff / world
+        else:
+            grads = 8.0 if world > 1 else 4.0
+        out["formula_grad_bytes_per_param"] = grads
+        out["formula_total_bytes_per_param"] = 4.0 + grads + out["formula_optimizer_bytes_per_param"]
         out["optimizer_vs_formula"] = out["optimizer_bytes_per_param"] / out["formula_optimizer_bytes_per_param"]
         return out
 
@@ -69,10 +75,10 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
-    configs = [(1, 1, 0, 0), (1, 1, 1, 0),
-               (2, 1, 0, 0), (2, 1, 1, 0),
-               (2, 2, 0, 0), (2, 2, 1, 0), (2, 2, 1, 1),
-               (4, 1, 1, 0)]
+    configs = [(1, 1, 0, 0), (1, 1, 1, 0), (1, 1, 2, 0),
+               (2, 1, 0, 0), (2, 1, 1, 0), (2, 1, 2, 0),
+               (2, 2, 0, 0), (2, 2, 1, 0), (2, 2, 2, 0), (2, 2, 1, 1), (2, 2, 2, 1),
+               (4, 1, 1, 0), (4, 1, 2, 0)]
     rows = [run(a.binary, n, p, z, r, a.steps, a.set) for (n, p, z, r) in configs]
     print(json.dumps({"command": " ".join(sys.argv), "settings": a.set, "rows": rows}, indent=1))
 

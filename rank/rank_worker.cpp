@@ -732,7 +732,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       acc.set_lr(state.lr_at(step - 1));
       acc.set_data_wait_s(take_data_wait_s());
       acc.set_param_bytes(static_cast<uint64_t>(state.optimizer().param_bytes()));
-      acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes()));
+      // The optimizer's gradients and the reducer's bucket buffers kept
+      // between steps (zero=0/1: a second copy of every gradient; zero=2:
+      // none, its buffers live only while a step's buckets are in flight).
+      acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes() + sync.buffer_bytes()));
       acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes()));
       if (cb_.on_step) cb_.on_step(g.gen, acc);
       acc.Clear();

@@ -185,6 +185,13 @@ void grad_sync::take(size_t bi) {
   b.flat = torch::Tensor();
 }
 
+int64_t grad_sync::buffer_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_)
+    if (b.flat.defined()) n += b.flat.numel() * static_cast<int64_t>(b.flat.element_size());
+  return n;
+}
+
 std::vector<std::vector<size_t>> grad_sync::bucket_layout() const {
   std::vector<std::vector<size_t>> out;
   for (const auto& f : fills_) out.push_back(f.slots);

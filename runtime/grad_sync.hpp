@@ -161,6 +161,8 @@ class grad_sync {
   size_t bucket_count() const { return buckets_.size(); }
   // Parameter indices (into the constructor's list) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_layout() const;
+  // Bytes of bucket buffers held between steps (zero2: none).
+  int64_t buffer_bytes() const;
   // Buckets launched so far in the current armed step (0 after finish()).
   int launched() const { return static_cast<int>(next_launch_); }
 

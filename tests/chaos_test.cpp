@@ -630,11 +630,12 @@ void sharded_state_survives_a_lost_node(const std::string& zero) {
       reported = true;
       EXPECT_LT(r.at("optimizer_state_bytes").get<uint64_t>(), 2 * r.at("param_bytes").get<uint64_t>()) << r.dump();
       EXPECT_GT(r.at("optimizer_state_bytes").get<uint64_t>(), 0u) << r.dump();
-      // zero=2: the gradients of its shards only; zero=1: all of them.
+      // zero=2: the gradients of its shards only; zero=1: all of them, and
+      // a second copy in the reducer's buckets.
       if (zero == "2")
         EXPECT_LT(r.at("grad_bytes").get<uint64_t>(), r.at("param_bytes").get<uint64_t>()) << r.dump();
       else
-        EXPECT_EQ(r.at("grad_bytes").get<uint64_t>(), r.at("param_bytes").get<uint64_t>()) << r.dump();
+        EXPECT_GE(r.at("grad_bytes").get<uint64_t>(), 2 * r.at("param_bytes").get<uint64_t>()) << r.dump();
     }
   EXPECT_TRUE(reported) << "resources events carry the state bytes";
   // The nodes' logs say the optimizer state is sharded and that shards moved.
