@@ -409,10 +409,10 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
     if (auto st = check_checkpoint_compatible(meta.value(), *impl_->cfg, g.plan.checkpoint_store() + "/" + name); !st)
       return failed(g, st.message(), state.step());
-    // Sharded (train.zero >= 1): this rank reads all of it and the others
-    // take their shards from it (shard_state).
-    if (impl_->cfg->get_int("train.zero") >= 1) state.shard_optimizer({{0, state.optimizer().total_elements()}});
-    if (auto st = load_checkpoint(state, store.value(), meta.value()); !st)
+    // Sharded (train.zero >= 1): this rank reads the replicated part only;
+    // every rank reads its own shards after the agreement (shard_state).
+    const bool sharded = impl_->cfg->get_int("train.zero") >= 1;
+    if (auto st = load_checkpoint(state, store.value(), meta.value(), sharded ? load_which::replicated : load_which::all); !st)
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;
   }
@@ -462,66 +462,98 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
   const int64_t want_replicas = im.cfg->get_int("train.zero_replicas");
   const int replicas = want_replicas > 0 ? static_cast<int>(want_replicas) : default_replicas(nodes);
   auto plan = make_shard_plan(total, nodes, replicas);
-  auto everything = [&] { return std::vector<std::pair<int64_t, int64_t>>{{0, total}}; };
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    std::string missing;
-    if (!g.pg) {
-      // Alone: this rank must hold everything.
-      const auto held = opt.held_ranges();
-      if (held == everything() || !opt.sharded()) {
-        state.shard_optimizer(everything());
-        im.shards = plan;
-        if (attempt == 1) g.optimizer = ev::optimizer_source::checkpoint;
-        return std::nullopt;
-      }
-      missing = "elements outside this rank's shards";
-    } else {
-      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, state.params_mixed(), g.timeout, g.abandon_now);
-      if (!r) {
-        (void)state.reset_state();  // half-moved shards: this rank holds nothing current
-        return failed(g, r.message(), state.step());
-      }
-      if (r->complete) {
-        state.clear_params_mixed();
-        im.shards = plan;
-        g.reshard_bytes = r->bytes_in + r->bytes_out;
-        if (attempt == 1)
-          g.optimizer = ev::optimizer_source::checkpoint;
-        else if (r->moments_in > 0)
-          g.optimizer = ev::optimizer_source::replica;
-        return std::nullopt;
-      }
-      missing = r->missing;
+  // The agreed state came from a checkpoint: each rank reads its own
+  // shards from it. Agreed, since the rank that read it may be the only one
+  // to know (the others held that step already).
+  bool from_disk = g.source == ev::state_source::disk;
+  if (g.pg) {
+    std::vector<torch::Tensor> t{torch::tensor({from_disk ? int64_t{1} : int64_t{0}}, torch::kInt64)};
+    c10d::AllreduceOptions mx;
+    mx.reduceOp = c10d::ReduceOp::MAX;
+    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the optimizer state's source"); !st)
+      return failed(g, st.message(), state.step());
+    from_disk = t[0][0].item<int64_t>() > 0;
+  }
+  if (from_disk) return shards_from_checkpoint(g, plan);
+  std::string missing;
+  if (!g.pg) {
+    // Alone: this rank must hold everything.
+    const auto held = opt.held_ranges();
+    if (held == std::vector<std::pair<int64_t, int64_t>>{{0, total}} || !opt.sharded()) {
+      state.shard_optimizer({{0, total}});
+      im.shards = plan;
+      return std::nullopt;
     }
-    if (attempt == 1) break;
-    // Some optimizer state is lost with its holders: back to the newest
-    // committed checkpoint.
-    std::fprintf(stderr, "rank %d: generation %llu: optimizer state of %s was held only by lost ranks; resuming from the newest checkpoint\n", g.rank,
-                 static_cast<unsigned long long>(g.gen), missing.c_str());
-    if (g.rank == 0) {
-      auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
-      if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
-      auto newest = store->newest_valid([](const std::string&, const std::string&) {}, false);
-      if (!newest) return failed(g, "checkpoint store: " + newest.message(), state.step());
-      if (!newest->has_value())
-        return failed(g, "optimizer state of " + missing + " was lost with its holders and no checkpoint is committed", state.step());
-      const auto& meta = **newest;
-      if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st) return failed(g, st.message(), state.step());
-      state.shard_optimizer(everything());
-      if (auto st = load_checkpoint(state, store.value(), meta); !st)
-        return failed(g, "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(), state.step());
-    } else {
-      (void)state.reset_state();
+    missing = "elements outside this rank's shards";
+  } else {
+    auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, state.params_mixed(), g.timeout, g.abandon_now);
+    if (!r) {
+      (void)state.reset_state();  // half-moved shards: this rank holds nothing current
+      return failed(g, r.message(), state.step());
     }
-    g.source = ev::state_source::disk;
-    holds_current = g.rank == 0;
-    if (!g.pg) continue;
+    if (r->complete) {
+      state.clear_params_mixed();
+      im.shards = plan;
+      g.reshard_bytes = r->bytes_in + r->bytes_out;
+      if (r->moments_in > 0) g.optimizer = ev::optimizer_source::replica;
+      return std::nullopt;
+    }
+    missing = r->missing;
+  }
+  // Some optimizer state is lost with its holders: back to the newest
+  // committed checkpoint. Global rank 0 reads its replicated part and sends
+  // it to all; then every rank reads its own shards.
+  std::fprintf(stderr, "rank %d: generation %llu: optimizer state of %s was held only by lost ranks; resuming from the newest checkpoint\n", g.rank,
+               static_cast<unsigned long long>(g.gen), missing.c_str());
+  if (g.rank == 0) {
+    auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
+    if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
+    auto newest = store->newest_valid([](const std::string&, const std::string&) {}, false);
+    if (!newest) return failed(g, "checkpoint store: " + newest.message(), state.step());
+    if (!newest->has_value())
+      return failed(g, "optimizer state of " + missing + " was lost with its holders and no checkpoint is committed", state.step());
+    const auto& meta = **newest;
+    if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st) return failed(g, st.message(), state.step());
+    if (auto st = load_checkpoint(state, store.value(), meta, load_which::replicated); !st)
+      return failed(g, "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(), state.step());
+  } else {
+    (void)state.reset_state();
+  }
+  g.source = ev::state_source::disk;
+  if (g.pg) {
     int64_t from_disk = 1;
     auto sent = broadcast_state(*g.pg, 0, state, g.timeout, g.abandon_now, from_disk);
     if (!sent) return failed(g, sent.message(), state.step());
     g.root = 0;
   }
-  return failed(g, "optimizer state could not be resharded", state.step());
+  return shards_from_checkpoint(g, plan);
+}
+
+// Every rank of a generation whose state came from a checkpoint: its own
+// shards' moments, read from the parts that hold them (each part whole, its
+// checksum checked), not the whole checkpoint.
+std::optional<rank_worker::outcome> rank_worker::shards_from_checkpoint(generation_run& g, const shard_plan& plan) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  state.shard_optimizer(plan.ranges_of(g.rank));
+  const std::string name = manifest_name(state.step());
+  auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
+  if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
+  auto meta = store->read_manifest(name);
+  if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
+  if (auto st = check_checkpoint_compatible(meta.value(), *im.cfg, g.plan.checkpoint_store() + "/" + name); !st)
+    return failed(g, st.message(), state.step());
+  uint64_t read = 0;
+  if (auto st = load_checkpoint(state, store.value(), meta.value(), load_which::shards, &read); !st)
+    return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
+  std::fprintf(stderr, "rank %d: generation %llu: optimizer shards read from the checkpoint at step %lld: %llu of its %llu bytes\n", g.rank,
+               static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<unsigned long long>(read),
+               static_cast<unsigned long long>(meta->state_bytes()));
+  state.clear_params_mixed();
+  im.shards = plan;
+  g.optimizer = ev::optimizer_source::checkpoint;
+  g.reshard_bytes = read;
+  return std::nullopt;
 }
 
 double rank_worker::send_eval(generation_run& g, std::map<std::string, double>& eval_at_step) {

@@ -44,6 +44,9 @@
 
 namespace dtactor {
 
+struct shard_plan;
+
+
 using rank_worker_callbacks = rank_work_callbacks;
 
 struct rank_worker_options {
@@ -91,6 +94,7 @@ class rank_worker : public rank_work {
   std::optional<outcome> build_group(generation_run& g);
   std::optional<outcome> agree_state(generation_run& g);
   std::optional<outcome> shard_state(generation_run& g, bool holds_current);
+  std::optional<outcome> shards_from_checkpoint(generation_run& g, const shard_plan& plan);
   outcome train(generation_run& g);
   void fit_threads_to_host(const pb::generation_plan& plan);
   double send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);  // seconds it took

@@ -186,26 +186,44 @@ status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta) {
   return {};
 }
 
-status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta) {
+status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta, load_which which,
+                       uint64_t* bytes_read) {
   const state_layout layout = layout_of(state);
   if (auto st = check_fits(layout, meta); !st) return st;
   torch::NoGradGuard no_grad;
+  std::vector<state_layout::entry> entries;
+  for (const auto& e : layout.entries)
+    if (which == load_which::all || (which == load_which::shards) == e.sharded) entries.push_back(e);
+  state_layout mine = layout;
+  mine.entries = entries;
+  // Parts that hold none of these bytes are not read at all.
+  auto wanted = [&](uint64_t at, uint64_t n) {
+    for (const auto& e : entries)
+      if (e.offset < at + n && at < e.offset + e.size) return true;
+    return false;
+  };
   bool touched = false;
-  auto st = store.read_stream(meta, [&](uint64_t at, const char* data, size_t n) -> status {
-    touched = true;
-    const uint64_t end = at + n;
-    for (size_t i = entry_at(layout, at); i < layout.entries.size() && layout.entries[i].offset < end; ++i) {
-      const auto& e = layout.entries[i];
-      const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
-      if (a < b) std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
-    }
-    return {};
-  });
+  uint64_t read = 0;
+  auto st = store.read_stream(
+      meta,
+      [&](uint64_t at, const char* data, size_t n) -> status {
+        touched = true;
+        read += n;
+        const uint64_t end = at + n;
+        for (size_t i = entry_at(mine, at); i < mine.entries.size() && mine.entries[i].offset < end; ++i) {
+          const auto& e = mine.entries[i];
+          const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
+          if (a < b) std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
+        }
+        return {};
+      },
+      which == load_which::all ? std::function<bool(uint64_t, uint64_t)>() : wanted);
+  if (bytes_read) *bytes_read = read;
   if (!st) {
     if (touched) (void)state.reset_state();
     return st;
   }
-  state.state_loaded(meta.step());
+  if (which != load_which::shards) state.state_loaded(meta.step());
   return {};
 }
 

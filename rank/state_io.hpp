@@ -75,7 +75,13 @@ status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta);
 // Loads a committed checkpoint into the state (straight into its tensors,
 // chunk by chunk; each part's checksum checked). When it fails after some
 // bytes landed, the state is reset to the initial one (never left torn).
-status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta);
+// `which` (sharded states): `replicated` reads only the parts holding the
+// replicated tensors (and sets step() and the scalars), `shards` only the
+// parts overlapping this rank's windows of the sharded ones (step() is left
+// alone: the replicated part came from elsewhere). `bytes_read`: of parts.
+enum class load_which { all, replicated, shards };
+status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta, load_which which = load_which::all,
+                       uint64_t* bytes_read = nullptr);
 
 // Sends the whole state of `root` (sharded: the replicated tensors only;
 // rank/zero moves the shards) to every rank of the group in place, in

@@ -272,9 +272,11 @@ status checkpoint_store::verify(const pb::checkpoint_meta& meta, bool checksums)
   return read_stream(meta, [](uint64_t, const char*, size_t) { return status{}; });
 }
 
-status checkpoint_store::read_stream(const pb::checkpoint_meta& meta, const std::function<status(uint64_t, const char*, size_t)>& fn) {
+status checkpoint_store::read_stream(const pb::checkpoint_meta& meta, const std::function<status(uint64_t, const char*, size_t)>& fn,
+                                     const std::function<bool(uint64_t, uint64_t)>& wanted) {
   std::string buf(static_cast<size_t>(std::min<uint64_t>(chunk_bytes, std::max<uint64_t>(1, meta.state_bytes()))), '\0');
   for (const auto& p : meta.parts()) {
+    if (wanted && !wanted(p.offset(), p.size())) continue;
     hasher h;
     for (uint64_t at = 0; at < p.size();) {
       const uint64_t want = std::min<uint64_t>(buf.size(), p.size() - at);

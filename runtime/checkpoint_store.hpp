@@ -117,7 +117,11 @@ class checkpoint_store {
   // fn(stream_offset, data, size). Each part's checksum is checked when its
   // last byte has been read (so fn may have seen bytes of a corrupt part: a
   // caller loading into live tensors must treat them as torn on error).
-  status read_stream(const pb::checkpoint_meta& meta, const std::function<status(uint64_t, const char*, size_t)>& fn);
+  // With `wanted`, only the parts for which wanted(stream_offset, size) is
+  // true are read (each still whole, so its checksum is checked): a rank
+  // of a sharded job reads the parts that hold its shards.
+  status read_stream(const pb::checkpoint_meta& meta, const std::function<status(uint64_t, const char*, size_t)>& fn,
+                     const std::function<bool(uint64_t, uint64_t)>& wanted = {});
 
   // Committed checkpoints (manifests), ascending by step.
   std::vector<checkpoint_entry> list();

@@ -656,6 +656,57 @@ TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) { sharded_sta
 
 TEST(Chaos, ShardedGradientsAndOptimizerStateSurviveALostNodeFromItsReplicas) { sharded_state_survives_a_lost_node("2"); }
 
+// zero=2 with one holder a shard (train.zero_replicas=1): node c's crash at
+// step 50 takes its shard with it. The ranks go back to the newest committed
+// checkpoint, each reading its own shards from the parts that hold them
+// (rank 0 also the replicated part, sent on to the others), and the run ends
+// bit for bit where the fault-free run ends.
+TEST(Chaos, AShardLostWithItsOnlyHolderComesBackFromTheCheckpoint) {
+  const auto sets = job_sets(80, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
+                                  "checkpoint.every_steps=20", "train.zero=2", "train.zero_replicas=1"});
+  auto finished = [](const std::vector<json>& j) { return !events<ev::job_finished>(j).empty(); };
+  temp_dir d1, d2;
+  std::string clean, faulty;
+  {
+    cluster cl(d1.path(), sets);
+    ASSERT_EQ(cl.start({"a", "b", "c"}), "");
+    ASSERT_TRUE(cl.wait_for(finished, 300)) << cl.logs();
+    clean = events<ev::job_finished>(cl.journal())[0].at("params_digest").get<std::string>();
+  }
+  cluster cl(d2.path(), sets);
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
+  ASSERT_EQ(cl.start_node("c"), "");
+  ASSERT_TRUE(cl.wait_for(finished, 300)) << cl.logs();
+  const auto j = cl.journal();
+  faulty = events<ev::job_finished>(j)[0].at("params_digest").get<std::string>();
+  EXPECT_EQ(faulty, clean) << "back to the checkpoint and on, bit for bit";
+  const auto rec = events<ev::recovery_done>(j);
+  ASSERT_GE(rec.size(), 1u);
+  EXPECT_EQ(rec.back().at("optimizer_source"), "checkpoint") << rec.back().dump();
+  // Every rank read its shards from the checkpoint; the ranks other than
+  // global rank 0 read less than all of it.
+  int reads = 0, partial = 0;
+  for (const char* id : {"a", "b", "c"}) {
+    std::ifstream f(d2.path() + "/node-" + id + ".log");
+    for (std::string line; std::getline(f, line);) {
+      const auto at = line.find("optimizer shards read from the checkpoint at step ");
+      if (at == std::string::npos) continue;
+      ++reads;
+      unsigned long long got = 0, all = 0;
+      long long step = 0;
+      if (std::sscanf(line.c_str() + at, "optimizer shards read from the checkpoint at step %lld: %llu of its %llu bytes", &step, &got, &all) == 3 &&
+          got < all)
+        ++partial;
+    }
+  }
+  EXPECT_GE(reads, 3) << cl.logs();
+  EXPECT_GE(partial, 2) << cl.logs();
+}
+
 // The whole stream of the newest committed checkpoint in a run directory.
 std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts, pb::checkpoint_meta* out_meta = nullptr) {
   auto store = checkpoint_store::open_readonly(run_dir + "/checkpoints");
