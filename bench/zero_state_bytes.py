@@ -9,7 +9,8 @@ next to the formula (fp32 parameters 4; gradients 4 in the optimizer plus 4
 in the reducer's buckets at world > 1 for zero 0 and 1, 4*R/W for zero 2;
 AdamW moments 8, or 8*R/W when sharded, R holders of each of W shards).
 
-Usage: bench/zero_state_bytes.py [--binary build/app/dtactor] [--steps 20] [--set key=value ...]
+Usage: bench/zero_state_bytes.py [--binary build/dtactor] [--steps 20] [--set key=value ...]
+       [--configs "nodes,ranks_per_node,zero,replicas;..."]   (replicas 0 = the default)
 """
 import argparse
 import json
@@ -74,12 +75,18 @@ def main():
     ap.add_argument("--binary", default=os.path.join(os.path.dirname(__file__), "..", "build", "dtactor"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--configs", default="")
     a = ap.parse_args()
     configs = [(1, 1, 0, 0), (1, 1, 1, 0), (1, 1, 2, 0),
                (2, 1, 0, 0), (2, 1, 1, 0), (2, 1, 2, 0),
                (2, 2, 0, 0), (2, 2, 1, 0), (2, 2, 2, 0), (2, 2, 1, 1), (2, 2, 2, 1),
                (4, 1, 1, 0), (4, 1, 2, 0)]
-    rows = [run(a.binary, n, p, z, r, a.steps, a.set) for (n, p, z, r) in configs]
+    if a.configs:
+        configs = [tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")]
+    rows = []
+    for (n, p, z, r) in configs:
+        rows.append(run(a.binary, n, p, z, r, a.steps, a.set))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(json.dumps({"command": " ".join(sys.argv), "settings": a.set, "rows": rows}, indent=1))
 
 

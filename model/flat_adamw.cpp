@@ -338,30 +338,6 @@ std::pair<torch::Tensor, torch::Tensor> flat_adamw::moments(int64_t begin, int64
   TORCH_CHECK(false, "optimizer state of elements [", begin, ", ", end, ") is not held here");
 }
 
-flat_adamw::undo flat_adamw::save_for_undo() const {
-  undo u;
-  u.step = step_;
-  for (const auto& g : groups_)
-    for (const auto& w : g.windows) {
-      u.saved.push_back(g.params.narrow(0, w.begin, w.exp_avg.numel()).clone());
-      u.saved.push_back(w.exp_avg.clone());
-      u.saved.push_back(w.exp_avg_sq.clone());
-    }
-  return u;
-}
-
-void flat_adamw::apply_undo(const undo& u) {
-  torch::NoGradGuard no_grad;
-  size_t i = 0;
-  for (auto& g : groups_)
-    for (auto& w : g.windows) {
-      g.params.narrow(0, w.begin, w.exp_avg.numel()).copy_(u.saved[i++]);
-      w.exp_avg.copy_(u.saved[i++]);
-      w.exp_avg_sq.copy_(u.saved[i++]);
-    }
-  step_ = u.step;
-}
-
 void flat_adamw::drop_retired() {
   for (auto& g : groups_) g.retired.clear();
 }

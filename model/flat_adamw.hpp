@@ -115,15 +115,6 @@ class flat_adamw {
   std::pair<torch::Tensor, torch::Tensor> moments(int64_t begin, int64_t end, bool retired = false) const;
   void drop_retired();
 
-  // What step() changes when sharded (the held windows' parameters and
-  // moments, the step count), to put back when the step cannot be completed
-  // (the parameter all-gather failed): then the step did not happen.
-  struct undo {
-    std::vector<torch::Tensor> saved;  // per group and window: params, exp_avg, exp_avg_sq
-    int64_t step = 0;
-  };
-  undo save_for_undo() const;
-  void apply_undo(const undo& u);
 
  private:
   struct slot {

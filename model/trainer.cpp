@@ -182,12 +182,14 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
     r.update_s = seconds_since(t1);
     return r;
   }
-  const auto undo = optimizer_->save_for_undo();
+  // The update of this rank's shards is complete and stays (its summed
+  // gradient was the whole world's): if the all-gather fails, this rank is
+  // at the next step for its shards and holds a mix of two steps elsewhere,
+  // which the next generation repairs from the shards' holders (rank/zero).
+  // Nothing is undone, so nothing needs saving.
   r.grad_norm = apply_update(global_norm);
   if (auto st = gather(); !st) {
     params_mixed_ = true;
-    optimizer_->apply_undo(undo);
-    --step_;
     return st.err();
   }
   r.update_s = seconds_since(t1);

@@ -72,8 +72,9 @@ class training_state {
     int buckets = 0, launched_in_backward = 0;
   };
   // `gather` (ZeRO, rank/zero): run after the optimizer stepped the shards
-  // this rank holds, to bring the others' parameters; when it fails, the
-  // step is undone (step() unchanged, as for a failed allreduce).
+  // this rank holds, to bring the others' parameters; when it fails, step()
+  // has advanced (this rank's shards are the next step's) and params_mixed()
+  // says the other parameters may be a mix of two steps.
   // `norm` (ZeRO-2): the global gradient norm from the ranks' shards (a
   // collective); when it fails, nothing was updated.
   result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {},

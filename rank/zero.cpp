@@ -203,8 +203,8 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
     if (auto st = wait_p2p(w, timeout, "optimizer reshard (sending)"); !st) return st.err();
   opt.drop_retired();
   // The parameters too, from the same holders, when a rank's last all-gather
-  // failed: the step was undone only where it holds shards, so its other
-  // parameters may be a mix (and it may be the root the others took the
+  // failed after it stepped its own shards, so its other parameters may be
+  // a mix of two steps (and it may be the root the others took the
   // replicated state from); the holders' are the agreed step's.
   for (const auto& [a, b] : segments) {
     if (!any_mixed) break;

@@ -9,9 +9,8 @@
 //   moments of its shards under the new plan, taken from whoever holds them
 //   at the agreed step (a survivor's own copy, a replica, or the rank that
 //   loaded a checkpoint), point to point; then, when any rank says its
-//   parameters are a mix (its last all-gather failed: the step was undone
-//   only on its own shards), every parameter is broadcast from a holder of
-//   its shard. When some elements are held by
+//   parameters are a mix (its last all-gather failed after it stepped its
+//   own shards), every parameter is broadcast from a holder of its shard. When some elements are held by
 //   nobody (both holders of a shard lost at once), nothing changes and the
 //   result says which: the caller falls back to a checkpoint.
 #include <torch/torch.h>
