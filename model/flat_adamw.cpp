@@ -7,6 +7,23 @@
 
 namespace dtactor {
 
+namespace {
+// Moments never written yet are zeros that take no memory (a stride-0 view
+// of one element): a fresh optimizer that is sharded before its first step
+// never allocates the moments it gives away.
+torch::Tensor lazy_zeros(int64_t n, const torch::TensorOptions& o) { return n > 1 ? torch::zeros({1}, o).expand({n}) : torch::zeros({n}, o); }
+bool is_lazy(const torch::Tensor& t) { return t.defined() && t.numel() > 1 && t.stride(0) == 0; }
+torch::Tensor dense_of(const torch::Tensor& t) { return is_lazy(t) ? torch::zeros({t.numel()}, t.options()) : t; }
+}  // namespace
+
+void flat_adamw::materialize() {
+  for (auto& g : groups_)
+    for (auto& w : g.windows) {
+      w.exp_avg = dense_of(w.exp_avg);
+      w.exp_avg_sq = dense_of(w.exp_avg_sq);
+    }
+}
+
 flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_options& o) : opts_(o) {
   torch::NoGradGuard no_grad;
   std::vector<int64_t> filled;  // per group
@@ -34,7 +51,7 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
     base += filled[g];
     gr.params = torch::empty({filled[g]}, opts);
     gr.grads = torch::zeros({filled[g]}, opts);
-    gr.windows.push_back(window{0, torch::zeros({filled[g]}, opts), torch::zeros({filled[g]}, opts)});
+    gr.windows.push_back(window{0, lazy_zeros(filled[g], opts), lazy_zeros(filled[g], opts)});
   }
   for (auto& s : slots_) {
     s.param_view = view(groups_[s.group].params, s);
@@ -175,6 +192,7 @@ std::vector<int64_t> flat_adamw::param_index() const {
 
 void flat_adamw::step() {
   gather_grads();
+  materialize();
   torch::NoGradGuard no_grad;
   ++step_;
   const double bc1 = 1 - std::pow(opts_.beta1, static_cast<double>(step_));
@@ -222,6 +240,8 @@ void flat_adamw::zero_grad() {
 }
 
 std::vector<state_tensor> flat_adamw::state_tensors() const {
+  // Live tensors, which a load writes into: lazy zeros become real here.
+  const_cast<flat_adamw*>(this)->materialize();
   std::vector<state_tensor> out;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const auto& gr = groups_[g];
@@ -256,7 +276,8 @@ int64_t flat_adamw::total_elements() const {
 int64_t flat_adamw::state_bytes() const {
   int64_t n = 0;
   for (const auto& g : groups_)
-    for (const auto& w : g.windows) n += 2 * w.exp_avg.numel() * w.exp_avg.element_size();
+    for (const auto& w : g.windows)
+      if (!is_lazy(w.exp_avg)) n += 2 * w.exp_avg.numel() * w.exp_avg.element_size();
   return n;
 }
 
@@ -287,12 +308,19 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
     for (const auto& [a, b] : ranges) {
       const int64_t lo = std::max<int64_t>(a - g.base, 0), hi = std::min<int64_t>(b - g.base, n);
       if (lo >= hi) continue;
-      window w{lo, torch::zeros({hi - lo}, g.params.options()), torch::zeros({hi - lo}, g.params.options()), {}};
+      // Lazy zeros again when all it keeps of the old windows are lazy zeros.
+      bool lazy = true;
+      for (const auto& old : g.windows) {
+        const int64_t olo = std::max(lo, old.begin), ohi = std::min(hi, old.begin + old.exp_avg.numel());
+        if (olo < ohi && !is_lazy(old.exp_avg)) lazy = false;
+      }
+      window w{lo, lazy ? lazy_zeros(hi - lo, g.params.options()) : torch::zeros({hi - lo}, g.params.options()),
+               lazy ? lazy_zeros(hi - lo, g.params.options()) : torch::zeros({hi - lo}, g.params.options()), {}};
       if (grads_sharded_) w.grad = torch::zeros({hi - lo}, g.params.options());
       // Keep what was held already.
       for (const auto& old : g.windows) {
         const int64_t olo = std::max(lo, old.begin), ohi = std::min(hi, old.begin + old.exp_avg.numel());
-        if (olo >= ohi) continue;
+        if (olo >= ohi || lazy) continue;
         w.exp_avg.narrow(0, olo - lo, ohi - olo).copy_(old.exp_avg.narrow(0, olo - old.begin, ohi - olo));
         w.exp_avg_sq.narrow(0, olo - lo, ohi - olo).copy_(old.exp_avg_sq.narrow(0, olo - old.begin, ohi - olo));
       }
@@ -326,12 +354,16 @@ std::vector<int64_t> flat_adamw::group_bases() const {
   return out;
 }
 
-std::pair<torch::Tensor, torch::Tensor> flat_adamw::moments(int64_t begin, int64_t end, bool retired) const {
-  for (const auto& g : groups_) {
+std::pair<torch::Tensor, torch::Tensor> flat_adamw::moments(int64_t begin, int64_t end, bool retired) {
+  for (auto& g : groups_) {
     if (begin < g.base || end > g.base + g.params.numel()) continue;
-    for (const auto& w : retired ? g.retired : g.windows) {
+    for (auto& w : retired ? g.retired : g.windows) {
       const int64_t lo = begin - g.base - w.begin;
       if (lo < 0 || end - g.base > w.begin + w.exp_avg.numel()) continue;
+      if (retired)  // read (sent on): lazy zeros as a dense copy of the range
+        return {w.exp_avg.narrow(0, lo, end - begin).contiguous(), w.exp_avg_sq.narrow(0, lo, end - begin).contiguous()};
+      w.exp_avg = dense_of(w.exp_avg);  // written into (received)
+      w.exp_avg_sq = dense_of(w.exp_avg_sq);
       return {w.exp_avg.narrow(0, lo, end - begin), w.exp_avg_sq.narrow(0, lo, end - begin)};
     }
   }
@@ -353,6 +385,7 @@ std::vector<torch::Tensor> flat_adamw::param_views(int64_t begin, int64_t end) c
 
 void flat_adamw::save(torch::serialize::OutputArchive& ar) const {
   TORCH_CHECK(!sharded_, "a sharded optimizer's state is saved through the state stream, not an archive");
+  const_cast<flat_adamw*>(this)->materialize();
   ar.write("flat_adamw.version", torch::tensor(int64_t{1}));
   ar.write("flat_adamw.step", torch::tensor(step_));
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -363,6 +396,7 @@ void flat_adamw::save(torch::serialize::OutputArchive& ar) const {
 
 void flat_adamw::load(torch::serialize::InputArchive& ar) {
   TORCH_CHECK(!sharded_, "a sharded optimizer's state is loaded through the state stream, not an archive");
+  materialize();
   torch::NoGradGuard no_grad;
   torch::Tensor version;
   if (ar.try_read("flat_adamw.version", version)) {

@@ -112,7 +112,10 @@ class flat_adamw {
   // Views of the moments (exp_avg, exp_avg_sq) of [begin, end), which must
   // lie in one group and one held window; `retired`: in the windows shard()
   // last replaced (kept until drop_retired(), for sending them on).
-  std::pair<torch::Tensor, torch::Tensor> moments(int64_t begin, int64_t end, bool retired = false) const;
+  // Moments not written yet take no memory until first written (a step, a
+  // load, a receive): a fresh optimizer sharded before its first step never
+  // allocates what it gives away.
+  std::pair<torch::Tensor, torch::Tensor> moments(int64_t begin, int64_t end, bool retired = false);
   void drop_retired();
 
 
@@ -137,6 +140,7 @@ class flat_adamw {
     std::vector<window> retired;  // what shard() replaced, until drop_retired()
   };
   torch::Tensor view(const torch::Tensor& flat, const slot& s) const { return flat.narrow(0, s.offset, s.numel).view(s.param.sizes()); }
+  void materialize();   // lazy zero moments become real tensors
   void gather_grads();  // grads that are not views of the buffer are copied into it (sharded: into the windows, then reset)
   torch::Tensor grads_of(const group& g, const window& w) const {
     return grads_sharded_ ? w.grad : g.grads.narrow(0, w.begin, w.exp_avg.numel());
