@@ -3,7 +3,9 @@
 // settings, every step journaled. For each kind of fault, N trials (default
 // 5); prints one JSON object with the median and max of each figure.
 //
-//   bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS]
+//   bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS] [--set key=value ...]
+//
+// --set adds a config key to every job (e.g. train.zero=2).
 //
 // Times come from the coordinator's journal (`t`, unix seconds, written when
 // every rank has reported a step) against the wall clock at the fault, so
@@ -26,10 +28,14 @@ namespace {
 
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
+std::vector<std::string> g_sets;  // --set
+
 std::vector<std::string> job(int64_t max_steps, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> all = extra;
+  all.insert(all.end(), g_sets.begin(), g_sets.end());
   return set_flags({"train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=200",
                     "train.max_steps=" + std::to_string(max_steps)},
-                   extra);
+                   all);
 }
 
 struct stats {
@@ -98,8 +104,9 @@ int main(int argc, char** argv) {
       while (std::getline(ss, k, ',')) kinds.insert(k);
     } else if (a == "--soak" && i + 1 < argc) soak_s = std::atoi(argv[++i]);
     else if (a == "--soak-steps" && i + 1 < argc) soak_steps = std::atoll(argv[++i]);
+    else if (a == "--set" && i + 1 < argc) g_sets.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS [--soak-steps N]]\n");
+      std::fprintf(stderr, "usage: bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS [--soak-steps N]] [--set key=value ...]\n");
       return 2;
     }
   }
