@@ -89,11 +89,11 @@ TEST(Chaos, KillOfANodeShrinksTheJob) {
   EXPECT_EQ(rec[0].at("cause"), "node_lost");
 }
 
-TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) {
+void silent_node_is_declared_lost(const std::string& zero) {
   temp_dir d;
   // Both nodes from the start (gate 2, floor 1): on a loaded machine one can
   // be late, and its join would be the first recovery this test waits for.
-  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2"}));
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2", "train.zero=" + zero}));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   const auto t0 = std::chrono::steady_clock::now();
@@ -109,11 +109,16 @@ TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) {
   EXPECT_LT(lost[0].at("detected_after_s").get<double>(), 3.0);
 }
 
-TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) {
+TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) { silent_node_is_declared_lost("0"); }
+
+// The same with the optimizer state and gradients sharded (train.zero=2).
+TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandonedWithShardedState) { silent_node_is_declared_lost("2"); }
+
+void preemption_notice_drains_without_rollback(const std::string& zero) {
   temp_dir d;
   // Both nodes from the start (gate 2, floor 1): a late node's join would be
   // the first recovery (found under ctest -j2).
-  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2"}));
+  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2", "train.zero=" + zero}));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   cl.nodes.at("b").signal(SIGTERM);
@@ -131,12 +136,17 @@ TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) {
   EXPECT_EQ(rec[0].at("drain"), true);
 }
 
-TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) {
+TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) { preemption_notice_drains_without_rollback("0"); }
+
+// The same with the optimizer state and gradients sharded (train.zero=2).
+TEST(Chaos, PreemptionNoticeDrainsWithoutRollbackWithShardedState) { preemption_notice_drains_without_rollback("2"); }
+
+void node_joining_mid_run_gets_state_from_a_peer(const std::string& zero) {
   temp_dir d;
   // A job that outlasts the join whatever the machine's speed (1,500 steps
   // once ended before a slow rank start had joined): the test waits for the
   // join itself, trains on at world 2, then stops the job.
-  cluster cl(d.path(), job_sets(1000000, {"cluster.min_nodes=1", "checkpoint.every_steps=1000000"}));
+  cluster cl(d.path(), job_sets(1000000, {"cluster.min_nodes=1", "checkpoint.every_steps=1000000", "train.zero=" + zero}));
   ASSERT_EQ(cl.start_coordinator(), "");
   ASSERT_EQ(cl.start_node("a"), "");
   ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
@@ -167,6 +177,11 @@ TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) {
   EXPECT_EQ(rec.back().at("drain"), true);
   for (const auto& r : rec) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
 }
+
+TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) { node_joining_mid_run_gets_state_from_a_peer("0"); }
+
+// The same with the optimizer state and gradients sharded (train.zero=2).
+TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeerWithShardedState) { node_joining_mid_run_gets_state_from_a_peer("2"); }
 
 TEST(Chaos, EveryNodeLostThenNewNodesResumeFromDisk) {
   temp_dir d;
@@ -518,9 +533,9 @@ TEST(Chaos, NodesTrainTheModuleTheCoordinatorShippedWithoutACopyOfTheirOwn) {
   }
 }
 
-TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
+void coordinator_restart_does_not_stop_training(const std::string& zero) {
   temp_dir d;
-  cluster cl(d.path(), job_sets(2500, {"cluster.min_nodes=2"}));
+  cluster cl(d.path(), job_sets(2500, {"cluster.min_nodes=2", "train.zero=" + zero}));
   const int node_metrics = pick_free_tcp_port().value();
   ASSERT_EQ(cl.start_coordinator(), "");
   ASSERT_EQ(cl.start_node("a", {"--metrics-port", std::to_string(node_metrics)}), "");
@@ -539,6 +554,11 @@ TEST(Chaos, CoordinatorRestartDoesNotStopTraining) {
   ASSERT_EQ(cl.start_coordinator(), "");
   expect_finished_without_loss(cl, 2500, 2);
 }
+
+TEST(Chaos, CoordinatorRestartDoesNotStopTraining) { coordinator_restart_does_not_stop_training("0"); }
+
+// The same with the optimizer state and gradients sharded (train.zero=2).
+TEST(Chaos, CoordinatorRestartDoesNotStopTrainingWithShardedState) { coordinator_restart_does_not_stop_training("2"); }
 
 TEST(Chaos, FlappingNodeIsQuarantined) {
   temp_dir d;
