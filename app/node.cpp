@@ -22,6 +22,7 @@
 #include "monitoring/metrics.hpp"
 #include "dtactor/config.hpp"
 #include "monitoring/resources.hpp"
+#include "runtime/preemption_notice.hpp"
 #include "runtime/process.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/zmq_bridge.hpp"
@@ -235,6 +236,26 @@ int run_node(const cluster_cli& cli) {
                cli.nproc_per_node);
   caf::anon_send(agent, start_atom::value);
 
+  // The cloud's preemption notice: a leave at the next step boundary, as on
+  // SIGTERM, long before the kill. The watcher's thread sends it to the agent.
+  std::unique_ptr<preemption_watcher> watcher;
+  if (cli.preemption_notice != "off") {
+    preemption_watch_options wo;
+    wo.cloud = cli.preemption_notice;
+    wo.endpoints = metadata_endpoints_from([](const char* k) { return std::getenv(k); }, cli.azure_metadata_endpoint);
+    wo.poll_interval = std::chrono::milliseconds(cli.preemption_poll_ms);
+    watcher = std::make_unique<preemption_watcher>(
+        wo, curl_http(),
+        [agent](const preemption_notice& n) {
+          const double ahead = n.announced_unix_s - n.noticed_unix_s;
+          const std::string reason = std::string("preemption notice (") + to_string(n.cloud) + (n.detail.empty() ? "" : " " + n.detail) +
+                                     (n.announced.empty() ? "" : " at " + n.announced) + ", " + std::to_string(static_cast<int>(ahead)) + " s ahead)";
+          std::fprintf(stderr, "node: %s: leaving at the next step boundary\n", reason.c_str());
+          caf::anon_send(agent, leave_atom::value, reason, std::string(to_string(n.cloud)), n.announced, n.announced_unix_s, n.noticed_unix_s);
+        },
+        [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); });
+  }
+
   // Wait for the agent to quit (shutdown from the coordinator, or a leave).
   int code = 0;
   std::string refusal;
@@ -267,6 +288,7 @@ int run_node(const cluster_cli& cli) {
                     });
     }
   }
+  watcher.reset();
   if (!refusal.empty()) {
     std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refusal.c_str());
     code = 1;
