@@ -47,6 +47,8 @@ const std::atomic<int>* stop_flag() { return &g_stop; }
 void install_stop_handlers() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  // Slurm's --signal=USR1@SECONDS before a job's time limit.
+  std::signal(SIGUSR1, on_stop_signal);
 }
 
 int cli_fail(const std::string& message, int code) {

@@ -35,6 +35,11 @@ struct cluster_cli {
   std::string preemption_notice = "off";
   std::string azure_metadata_endpoint;  // node: Azure IMDS base URL (default http://169.254.169.254)
   int preemption_poll_ms = 1000;        // node: metadata poll interval
+  // node: on SIGTERM/SIGINT/SIGUSR1, wait this long for the coordinator to
+  // stop the whole job (final checkpoint) before leaving on its own. Set
+  // for Slurm's one-job shape, where a signal reaches every task of the job
+  // at once (the coordinator's too); 0: leave at once.
+  int signal_waits_for_stop_s = 0;
   const std::atomic<int>* stop_signal = nullptr;
 };
 

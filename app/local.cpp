@@ -119,6 +119,10 @@ int run_slurm_node(const cluster_cli& cli) {
   cluster_cli c = cli;
   // One dtactor task per node; it starts a rank per GPU Slurm gave the node.
   if (c.nproc_per_node == 1 && l->gpus_on_node > 0) c.nproc_per_node = l->gpus_on_node;
+  // scancel, a preemption and --signal reach every task of the job step at
+  // once, the coordinator's (a child of node 0's task) too: the job stops
+  // after a final checkpoint rather than each node leaving.
+  if (c.signal_waits_for_stop_s == 0) c.signal_waits_for_stop_s = 20;
   std::fprintf(stderr, "node: Slurm job %s%s: node '%s' (%d of %d), coordinator %s:%d%s\n", l->job_id.c_str(),
                l->restart_count > 0 ? (" (restart " + std::to_string(l->restart_count) + ")").c_str() : "", l->node_name.c_str(),
                l->node_index, l->nnodes, l->coordinator_host.c_str(), l->port, l->node_index == 0 ? " (runs it)" : "");

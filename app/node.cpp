@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "actors/messages.hpp"
@@ -264,6 +265,7 @@ int run_node(const cluster_cli& cli) {
     bool done = false, left = false;
     uint64_t ticks = 0;
     const auto started = std::chrono::steady_clock::now();
+    std::optional<std::chrono::steady_clock::time_point> signalled_at;
     while (!done) {
       self->receive([&](const caf::down_msg&) { done = true; }, [&](refused_atom, const std::string& why) { refusal = why; },
                     caf::after(std::chrono::milliseconds(100)) >> [&] {
@@ -280,6 +282,17 @@ int run_node(const cluster_cli& cli) {
                         return;
                       }
                       const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+                      if (sig != 0 && !left && cli.signal_waits_for_stop_s > 0) {
+                        // The whole job is being stopped (Slurm signals every task):
+                        // the coordinator's shutdown writes the final checkpoint.
+                        const auto now = std::chrono::steady_clock::now();
+                        if (!signalled_at) {
+                          signalled_at = now;
+                          std::fprintf(stderr, "node: signal %d: waiting up to %d s for the coordinator to stop the job after a final checkpoint\n",
+                                       sig, cli.signal_waits_for_stop_s);
+                        }
+                        if (now - *signalled_at < std::chrono::seconds(cli.signal_waits_for_stop_s)) return;
+                      }
                       if (sig != 0 && !left) {
                         left = true;
                         code = 128 + sig;
