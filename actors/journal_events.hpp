@@ -170,6 +170,26 @@ struct node_left {
   }
 };
 
+// A node left on its cloud's preemption notice (--preemption-notice): next to
+// its node_left. notice_s: the warning the cloud gave (announced - noticed);
+// left_before_s: how long before the announced time the coordinator had it
+// out of the membership (its ranks then finish the step in flight).
+struct preemption_notice {
+  static constexpr std::string_view name = "preemption_notice";
+  std::string node;
+  std::string cloud;
+  std::string announced_time;  // as the cloud wrote it (empty for GCP, which gives none)
+  double announced_unix_s = 0;
+  int64_t at_step = 0;
+  double notice_s = 0;
+  double left_before_s = 0;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("node", s.node), f("cloud", s.cloud), f("announced_time", s.announced_time), f("announced_unix_s", s.announced_unix_s),
+        f("at_step", s.at_step), f("notice_s", s.notice_s), f("left_before_s", s.left_before_s);
+  }
+};
+
 struct node_quarantined {
   static constexpr std::string_view name = "node_quarantined";
   std::string node;
@@ -501,7 +521,7 @@ struct batch_size_found {
   }
 };
 
-using journal_event = std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left,
+using journal_event = std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left, preemption_notice,
                                    node_quarantined, job_waiting, generation_started, generation_adopted, step_completed, resources, eval_done,
                                    recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping,
                                    job_started, job_finished, job_stopped, job_failed, batch_size_search_started, batch_size_trial, batch_size_found>;

@@ -4,6 +4,7 @@
 
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
+#include "runtime/unix_time.hpp"
 
 namespace dtactor {
 
@@ -100,6 +101,11 @@ void on_leave(membership_self self, const inbound& in) {
   st.members.remove(id, self->clock().now(), departure::left);
   log_line(st.opts.log, "node '" + id + "' left: " + in.env.leave().reason());
   emit(self, ev::node_left{id, in.env.leave().reason()});
+  if (in.env.leave().has_notice()) {
+    const auto& n = in.env.leave().notice();
+    emit(self, ev::preemption_notice{id, n.cloud(), n.announced_time(), n.announced_unix_s(), in.env.leave().at_step(),
+                                     n.announced_unix_s() - n.noticed_unix_s(), n.announced_unix_s() - unix_time_now()});
+  }
 }
 
 // A node that must not train (its data differs, its ranks cannot start):

@@ -393,6 +393,33 @@ void on_rank_exit(agent_self self, int32_t pid, int32_t exit_code) {
   schedule_restart(self, local_rank);
 }
 
+void leave(agent_self self, const std::string& reason, const pb::preemption_notice* notice) {
+  auto& st = self->state;
+  if (winding_down(st)) return;
+  if (st.job_stopping) {
+    // The coordinator already stops the job: not a preemption. The
+    // ranks stop with the job (bounded by stop_timeout).
+    log_line(self, "leaving: " + reason + "; the job is stopping, the ranks stop with it");
+    wind_down(self, node_phase::leaving, reason, false);
+    self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
+    return;
+  }
+  const bool drain = st.phase == node_phase::running;
+  if (member(st)) {
+    auto env = envelope(self);
+    env.mutable_leave()->set_reason(reason);
+    env.mutable_leave()->set_at_step(st.last_step);
+    if (notice) *env.mutable_leave()->mutable_notice() = *notice;
+    to_coordinator(self, std::move(env));
+  }
+  log_line(self, "leaving: " + reason + (drain ? " (ranks finish their step first)" : ""));
+  // While training, ranks keep going until the coordinator's drain plan
+  // (without this node) lets them stop at a step boundary.
+  wind_down(self, node_phase::leaving, reason, !drain);
+  if (drain) self->delayed_send(self, st.opts.leave_timeout, leave_due_atom::value);
+  quit_if_done(self);
+}
+
 }  // namespace
 
 caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out, std::shared_ptr<process_launcher> launcher) {
@@ -433,30 +460,17 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
         if (epoch != r.restart_epoch || r.alive || winding_down(st)) return;
         start_rank(self, local_rank);
       },
-      [=](leave_atom, const std::string& reason) {
-        auto& st = self->state;
-        if (winding_down(st)) return;
-        if (st.job_stopping) {
-          // The coordinator already stops the job: not a preemption. The
-          // ranks stop with the job (bounded by stop_timeout).
-          log_line(self, "leaving: " + reason + "; the job is stopping, the ranks stop with it");
-          wind_down(self, node_phase::leaving, reason, false);
-          self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
-          return;
-        }
-        const bool drain = st.phase == node_phase::running;
-        if (member(st)) {
-          auto env = envelope(self);
-          env.mutable_leave()->set_reason(reason);
-          env.mutable_leave()->set_at_step(st.last_step);
-          to_coordinator(self, std::move(env));
-        }
-        log_line(self, "leaving: " + reason + (drain ? " (ranks finish their step first)" : ""));
-        // While training, ranks keep going until the coordinator's drain plan
-        // (without this node) lets them stop at a step boundary.
-        wind_down(self, node_phase::leaving, reason, !drain);
-        if (drain) self->delayed_send(self, st.opts.leave_timeout, leave_due_atom::value);
-        quit_if_done(self);
+      [=](leave_atom, const std::string& reason) { leave(self, reason, nullptr); },
+      // The cloud's preemption notice (app/node.cpp): a leave the coordinator
+      // journals as preemption_notice.
+      [=](leave_atom, const std::string& reason, const std::string& cloud, const std::string& announced, double announced_unix_s,
+          double noticed_unix_s) {
+        pb::preemption_notice n;
+        n.set_cloud(cloud);
+        n.set_announced_time(announced);
+        n.set_announced_unix_s(announced_unix_s);
+        n.set_noticed_unix_s(noticed_unix_s);
+        leave(self, reason, &n);
       },
       // The leave timeout: no drain plan came; stop the ranks now.
       [=](leave_due_atom) {

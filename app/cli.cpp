@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "app/slurm_env.hpp"
 #include "dtactor/config.hpp"
 #include "monitoring/report.hpp"
 #include "runtime/blas_info.hpp"
@@ -46,6 +47,8 @@ const std::atomic<int>* stop_flag() { return &g_stop; }
 void install_stop_handlers() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  // Slurm's --signal=USR1@SECONDS before a job's time limit.
+  std::signal(SIGUSR1, on_stop_signal);
 }
 
 int cli_fail(const std::string& message, int code) {
@@ -96,6 +99,16 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
   app.add_option("--fail-at-step", cl.fail_at_step,
                  "node, for tests: after step N, local rank 0 injects the fault given by --fail-mode (default: off)");
+  app.add_option("--preemption-notice", cl.preemption_notice,
+                 "node: watch the cloud's metadata service (aws, gcp, azure, or auto: whichever answers) and leave at the next step "
+                 "boundary on a spot/preemption notice")
+      ->check(CLI::IsMember({"off", "aws", "gcp", "azure", "auto"}))
+      ->capture_default_str();
+  app.add_option("--azure-metadata-endpoint", cl.azure_metadata_endpoint,
+                 "node: Azure instance metadata base URL (default http://169.254.169.254, or DTACTOR_AZURE_METADATA_ENDPOINT)");
+  app.add_option("--preemption-poll-ms", cl.preemption_poll_ms, "node: how often the metadata service is asked (ms)")
+      ->check(CLI::Range(50, 600000))
+      ->capture_default_str();
   std::string fail_mode = to_string(cl.fail_mode);
   app.add_option("--fail-mode", fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash")
       ->check(CLI::IsMember(fault_mode_names()))
@@ -202,6 +215,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
     cl.stop_signal = &g_stop;
     if (role == "coordinator") return run_coordinator(cl);
     if (role == "node" && cl.coordinator.empty() && std::getenv("MASTER_ADDR")) return run_static_node(cl);
+    if (role == "node" && cl.coordinator.empty() && under_srun([](const char* k) { return std::getenv(k); })) return run_slurm_node(cl);
     return run_node(cl);
   }
 

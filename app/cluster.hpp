@@ -30,6 +30,16 @@ struct cluster_cli {
   bool no_resume = false;                      // coordinator, local: start over even if the run directory holds checkpoints
   int64_t fail_at_step = -1;                   // node, rank: fault injection for tests (rank_worker_options)
   fault_mode fail_mode = fault_mode::crash;
+  // node: watch the cloud's instance metadata service for a preemption
+  // notice (off, aws, gcp, azure, auto) and leave at the next step boundary.
+  std::string preemption_notice = "off";
+  std::string azure_metadata_endpoint;  // node: Azure IMDS base URL (default http://169.254.169.254)
+  int preemption_poll_ms = 1000;        // node: metadata poll interval
+  // node: on SIGTERM/SIGINT/SIGUSR1, wait this long for the coordinator to
+  // stop the whole job (final checkpoint) before leaving on its own. Set
+  // for Slurm's one-job shape, where a signal reaches every task of the job
+  // at once (the coordinator's too); 0: leave at once.
+  int signal_waits_for_stop_s = 0;
   const std::atomic<int>* stop_signal = nullptr;
 };
 
@@ -53,5 +63,12 @@ int run_local(const cluster_cli& cli);
 // MASTER_PORT, waiting for WORLD_SIZE / --nproc-per-node nodes, with the
 // --config/--set/--run-dir given); every node then joins it as usual.
 int run_static_node(const cluster_cli& cli);
+// The static launch with its parameters given: node_rank 0 also runs the
+// coordinator on `port`; the node's id defaults to `default_node_id`.
+int run_static_launch(const cluster_cli& cli, const std::string& addr, int port, int nnodes, int node_rank, const std::string& default_node_id);
+// `--role node` without --coordinator inside a Slurm job step (srun): the
+// static launch with the allocation's first node as the coordinator
+// (app/slurm_env.hpp says which variables are read).
+int run_slurm_node(const cluster_cli& cli);
 
 }  // namespace dtactor

@@ -28,6 +28,11 @@ void coordinator_sink::on(const ev::node_left& e) {
   obs_.note_event("node " + e.node + " left");
 }
 
+void coordinator_sink::on(const ev::preemption_notice& e) {
+  jn_.write(e);
+  obs_.note_event("node " + e.node + " preempted (" + e.cloud + " notice)");
+}
+
 void coordinator_sink::on(const ev::node_quarantined& e) { jn_.write(e); }
 
 void coordinator_sink::on(const ev::job_waiting& e) {

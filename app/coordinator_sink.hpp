@@ -31,6 +31,7 @@ class coordinator_sink {
   void on(const ev::node_joined& e);
   void on(const ev::node_lost& e);
   void on(const ev::node_left& e);
+  void on(const ev::preemption_notice& e);
   void on(const ev::node_quarantined& e);
   void on(const ev::job_waiting& e);
   void on(const ev::generation_started& e);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "app/cluster.hpp"
+#include "app/slurm_env.hpp"
 #include "runtime/process.hpp"
 #include "runtime/zmq_bridge.hpp"
 
@@ -105,11 +106,38 @@ int run_static_node(const cluster_cli& cli) {
     return fail("WORLD_SIZE (" + std::to_string(*world) + ") is not a multiple of --nproc-per-node (" + std::to_string(cli.nproc_per_node) + ")");
   const int nnodes = *world / cli.nproc_per_node;
   if (*node_rank >= nnodes) return fail("NODE_RANK " + std::to_string(*node_rank) + " is not below the number of nodes " + std::to_string(nnodes));
-  const std::string endpoint = "tcp://" + addr + ":" + std::to_string(*port);
+  return run_static_launch(cli, addr, *port, nnodes, *node_rank, "node-" + std::to_string(*node_rank));
+}
 
+int run_slurm_node(const cluster_cli& cli) {
+  std::string error;
+  auto l = slurm_launch_from([](const char* k) { return std::getenv(k); }, scontrol_node_addr, error);
+  if (!l) {
+    std::fprintf(stderr, "dtactor: %s\n", error.c_str());
+    return 2;
+  }
+  cluster_cli c = cli;
+  // One dtactor task per node; it starts a rank per GPU Slurm gave the node.
+  if (c.nproc_per_node == 1 && l->gpus_on_node > 0) c.nproc_per_node = l->gpus_on_node;
+  // scancel, a preemption and --signal reach every task of the job step at
+  // once, the coordinator's (a child of node 0's task) too: the job stops
+  // after a final checkpoint rather than each node leaving.
+  if (c.signal_waits_for_stop_s == 0) c.signal_waits_for_stop_s = 20;
+  std::fprintf(stderr, "node: Slurm job %s%s: node '%s' (%d of %d), coordinator %s:%d%s\n", l->job_id.c_str(),
+               l->restart_count > 0 ? (" (restart " + std::to_string(l->restart_count) + ")").c_str() : "", l->node_name.c_str(),
+               l->node_index, l->nnodes, l->coordinator_host.c_str(), l->port, l->node_index == 0 ? " (runs it)" : "");
+  return run_static_launch(c, l->coordinator_host, l->port, l->nnodes, l->node_index, l->node_name);
+}
+
+int run_static_launch(const cluster_cli& cli, const std::string& addr, int port, int nnodes, int node_rank, const std::string& default_node_id) {
+  auto fail = [](const std::string& msg) {
+    std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+    return 2;
+  };
+  const std::string endpoint = "tcp://" + addr + ":" + std::to_string(port);
   std::optional<child_process> coord;
-  if (*node_rank == 0) {
-    std::vector<std::string> args = {self_executable(), "--role", "coordinator", "--listen", "tcp://0.0.0.0:" + std::to_string(*port), "--run-dir",
+  if (node_rank == 0) {
+    std::vector<std::string> args = {self_executable(), "--role", "coordinator", "--listen", "tcp://0.0.0.0:" + std::to_string(port), "--run-dir",
                                      cli.run_dir, "--advertise-addr", addr};
     if (!cli.config_path.empty()) args.insert(args.end(), {"--config", cli.config_path});
     for (const auto& o : cli.overrides) args.insert(args.end(), {"--set", o});
@@ -120,7 +148,7 @@ int run_static_node(const cluster_cli& cli) {
   }
   cluster_cli node = cli;
   node.coordinator = endpoint;
-  if (node.node_id.empty()) node.node_id = "node-" + std::to_string(*node_rank);
+  if (node.node_id.empty()) node.node_id = default_node_id;
   const int code = run_node(node);
   if (coord) {
     auto e = coord->wait(10000);

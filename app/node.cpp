@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "actors/messages.hpp"
@@ -22,6 +23,7 @@
 #include "monitoring/metrics.hpp"
 #include "dtactor/config.hpp"
 #include "monitoring/resources.hpp"
+#include "runtime/preemption_notice.hpp"
 #include "runtime/process.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/zmq_bridge.hpp"
@@ -235,6 +237,26 @@ int run_node(const cluster_cli& cli) {
                cli.nproc_per_node);
   caf::anon_send(agent, start_atom::value);
 
+  // The cloud's preemption notice: a leave at the next step boundary, as on
+  // SIGTERM, long before the kill. The watcher's thread sends it to the agent.
+  std::unique_ptr<preemption_watcher> watcher;
+  if (cli.preemption_notice != "off") {
+    preemption_watch_options wo;
+    wo.cloud = cli.preemption_notice;
+    wo.endpoints = metadata_endpoints_from([](const char* k) { return std::getenv(k); }, cli.azure_metadata_endpoint);
+    wo.poll_interval = std::chrono::milliseconds(cli.preemption_poll_ms);
+    watcher = std::make_unique<preemption_watcher>(
+        wo, curl_http(),
+        [agent](const preemption_notice& n) {
+          const double ahead = n.announced_unix_s - n.noticed_unix_s;
+          const std::string reason = std::string("preemption notice (") + to_string(n.cloud) + (n.detail.empty() ? "" : " " + n.detail) +
+                                     (n.announced.empty() ? "" : " at " + n.announced) + ", " + std::to_string(static_cast<int>(ahead)) + " s ahead)";
+          std::fprintf(stderr, "node: %s: leaving at the next step boundary\n", reason.c_str());
+          caf::anon_send(agent, leave_atom::value, reason, std::string(to_string(n.cloud)), n.announced, n.announced_unix_s, n.noticed_unix_s);
+        },
+        [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); });
+  }
+
   // Wait for the agent to quit (shutdown from the coordinator, or a leave).
   int code = 0;
   std::string refusal;
@@ -243,6 +265,7 @@ int run_node(const cluster_cli& cli) {
     bool done = false, left = false;
     uint64_t ticks = 0;
     const auto started = std::chrono::steady_clock::now();
+    std::optional<std::chrono::steady_clock::time_point> signalled_at;
     while (!done) {
       self->receive([&](const caf::down_msg&) { done = true; }, [&](refused_atom, const std::string& why) { refusal = why; },
                     caf::after(std::chrono::milliseconds(100)) >> [&] {
@@ -259,6 +282,17 @@ int run_node(const cluster_cli& cli) {
                         return;
                       }
                       const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+                      if (sig != 0 && !left && cli.signal_waits_for_stop_s > 0) {
+                        // The whole job is being stopped (Slurm signals every task):
+                        // the coordinator's shutdown writes the final checkpoint.
+                        const auto now = std::chrono::steady_clock::now();
+                        if (!signalled_at) {
+                          signalled_at = now;
+                          std::fprintf(stderr, "node: signal %d: waiting up to %d s for the coordinator to stop the job after a final checkpoint\n",
+                                       sig, cli.signal_waits_for_stop_s);
+                        }
+                        if (now - *signalled_at < std::chrono::seconds(cli.signal_waits_for_stop_s)) return;
+                      }
                       if (sig != 0 && !left) {
                         left = true;
                         code = 128 + sig;
@@ -267,6 +301,7 @@ int run_node(const cluster_cli& cli) {
                     });
     }
   }
+  watcher.reset();
   if (!refusal.empty()) {
     std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refusal.c_str());
     code = 1;

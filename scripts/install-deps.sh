@@ -29,6 +29,8 @@ pkgs=(
   # a real S3 server that checks signatures, for the S3 tests: Ceph's radosgw
   # on a one-machine cluster (scripts/rgw/start-rgw.sh); iproute2 for `ss`
   radosgw ceph-mon ceph-osd iproute2 curl
+  # a real one-machine Slurm for the Slurm tests (scripts/slurm/start-slurm.sh)
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# dtactor under a real Slurm (scripts/slurm/start-slurm.sh: slurmctld and two
+# slurmd, n1 and n2, on this machine), with the batch scripts users copy
+# (examples/slurm/). One case per run:
+#   train            a 2-node sbatch job (train.sbatch) trains to the end
+#   leave_rejoin     the elastic shape (a coordinator outside Slurm, nodes as a
+#                    --requeue job array): `scontrol requeue` of one array
+#                    task (SIGTERM to it, as a preemption with
+#                    PreemptMode=REQUEUE) -> it leaves at a step boundary,
+#                    0 steps lost, the other goes on; the requeued task rejoins
+#   scancel_resume   scancel of a whole train.sbatch job -> a final checkpoint
+#                    and job_stopped; a resubmission resumes from it
+# Usage: slurm_test.sh BUILD_DIR SOURCE_DIR CASE. Exit 77 (skipped, one line)
+# where Slurm cannot start. Waits poll the journal or Slurm, bounded.
+set -euo pipefail
+BUILD=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd); CASE=$3
+DTACTOR=$BUILD/dtactor
+TMP=$(mktemp -d /tmp/dtactor-slurm-test-XXXXXX)
+COORD_PID=""
+cleanup() {
+  [ -n "$COORD_PID" ] && kill -9 "$COORD_PID" 2>/dev/null || true
+  if [ -n "${SLURM_CONF:-}" ]; then scancel -u "$(id -un)" 2>/dev/null || true; fi
+  "$SRC/scripts/slurm/stop-slurm.sh" "$TMP/slurm" >/dev/null 2>&1 || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+rc=0; "$SRC/scripts/slurm/start-slurm.sh" "$TMP/slurm" >"$TMP/start.log" 2>&1 || rc=$?
+if [ $rc = 77 ]; then cat "$TMP/start.log" >&2; exit 77; fi
+if [ $rc != 0 ]; then echo "FAIL: Slurm did not start:"; cat "$TMP/start.log"; exit 1; fi
+export SLURM_CONF=$TMP/slurm/slurm.conf
+RUN=$TMP/run
+mkdir -p "$RUN"
+fail() {
+  echo "FAIL ($CASE): $*"
+  for f in "$TMP"/*.out "$RUN"/*.log; do [ -f "$f" ] && { echo "---- $f"; tail -30 "$f"; }; done
+  [ -f "$RUN/journal.jsonl" ] && { echo "---- journal (tail)"; tail -15 "$RUN/journal.jsonl"; }
+  exit 1
+}
+# A tiny job (as the chaos tests pick): a step takes milliseconds.
+SETS=(--set model.dim=16 --set model.layers=1 --set model.heads=2 --set model.mlp_ratio=2 --set train.global_batch_size=32
+      --set train.warmup_steps=5 --set train.lr=0.003 --set eval.max_samples=500 --set eval.every_steps=0 --set train.log_every_steps=1
+      --set checkpoint.every_steps=20)
+# journal QUERY: a Python expression over `ev` (the list of events) printed.
+journal() { /usr/bin/python3.11 -c "
+import json,sys
+ev=[json.loads(l) for l in open('$RUN/journal.jsonl') if l.strip()] if __import__('os').path.exists('$RUN/journal.jsonl') else []
+named=lambda n:[e for e in ev if e.get('event')==n]
+print($1)"; }
+# wait_for SECONDS PYTHON_CONDITION: polls the journal every 0.2 s.
+wait_for() {
+  local limit=$1 cond=$2 i
+  for ((i = 0; i < limit * 5; i++)); do
+    [ "$(journal "bool($cond)")" = True ] && return 0
+    sleep 0.2
+  done
+  fail "timed out after $limit s waiting for: $cond"
+}
+job_state() { scontrol show job "$1" -o 2>/dev/null | tr ' ' '\n' | sed -n 's/^JobState=//p' | head -1; }
+wait_job_end() {
+  local i s
+  for ((i = 0; i < $2 * 5; i++)); do
+    s=$(job_state "$1")
+    case "$s" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED|OUT_OF_MEMORY) echo "$s"; return 0;; esac
+    sleep 0.2
+  done
+  fail "job $1 still ${s:-unknown} after $2 s"
+}
+last_step() { journal "max([e['step'] for e in named('step')] or [0])"; }
+
+case "$CASE" in
+train)
+  j=$(cd "$TMP" && sbatch --parsable --nodes=2 -o "$TMP/train-%j.out" --export=ALL,DTACTOR="$DTACTOR",CONFIG=,RUN_DIR="$RUN" \
+        "$SRC/examples/slurm/train.sbatch" "${SETS[@]}" --set train.max_steps=60)
+  st=$(wait_job_end "$j" 240)
+  [ "$st" = COMPLETED ] || fail "job $j ended $st"
+  [ "$(journal "len(named('job_finished'))")" = 1 ] || fail "no job_finished"
+  [ "$(journal "named('job_finished')[0]['step']")" = 60 ] || fail "did not train to step 60"
+  [ "$(journal "named('job_finished')[0]['world_size']")" = 2 ] || fail "not 2 nodes to the end"
+  [ "$(journal "sorted(e['node'] for e in named('node_joined'))")" = "['n1', 'n2']" ] || fail "node ids are not the Slurm node names"
+  echo "PASS train: job $j, 2 nodes (n1, n2), 60 steps"
+  ;;
+leave_rejoin)
+  PORT=$(/usr/bin/python3.11 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$DTACTOR" --role coordinator --listen "tcp://127.0.0.1:$PORT" --run-dir "$RUN" "${SETS[@]}" --set train.max_steps=1000000 \
+    --set cluster.min_nodes=2 --set cluster.floor_nodes=1 >"$RUN/coordinator.log" 2>&1 &
+  COORD_PID=$!
+  j=$(cd "$TMP" && sbatch --parsable --array=0-1 -o "$TMP/nodes-%A_%a.out" \
+        --export=ALL,DTACTOR="$DTACTOR",COORDINATOR="tcp://127.0.0.1:$PORT" "$SRC/examples/slurm/nodes.sbatch" --advertise-addr 127.0.0.1 --threads-per-rank 1)
+  wait_for 120 "[e for e in named('step') if e['step'] >= 5]"
+  t0=$(date +%s.%N)
+  scontrol requeue "${j}_1"
+  wait_for 60 "named('node_left')"
+  wait_for 60 "[e for e in named('recovery_done') if e['cause'] == 'node_left']"
+  left=$(journal "named('node_left')[0]['node']")
+  [ "$left" = "${j}-1" ] || fail "node_left names '$left', not ${j}-1"
+  [ "$(journal "[e['lost_steps'] for e in named('recovery_done') if e['cause']=='node_left'][0]")" = 0 ] || fail "steps lost on the leave"
+  [ "$(journal "len(named('node_lost'))")" = 0 ] || fail "a node was lost, not left"
+  t1=$(date +%s.%N)
+  # Requeued: pending until its begin time; start it now rather than wait Slurm's delay.
+  for ((i = 0; i < 100; i++)); do [ "$(job_state "${j}_1")" = PENDING ] && break; sleep 0.2; done
+  scontrol update JobId="${j}_1" StartTime=now >/dev/null 2>&1 || true
+  wait_for 120 "len([e for e in named('node_joined') if e['node'] == '${j}-1']) >= 2"
+  wait_for 120 "[e for e in named('recovery_done') if e['cause'] in ('node_joined', 'rank_ready') and e['world_size'] == 2]"
+  t2=$(date +%s.%N)
+  rc_count=$(scontrol show job "${j}_1" -o | tr ' ' '\n' | sed -n 's/^Restarts=//p')
+  [ "${rc_count:-0}" -ge 1 ] || fail "Slurm did not count the requeue (Restarts=$rc_count)"
+  kill -TERM "$COORD_PID"
+  wait "$COORD_PID" || true
+  COORD_PID=""
+  [ "$(journal "len(named('job_stopped'))")" = 1 ] || fail "the job did not stop cleanly"
+  /usr/bin/python3.11 -c "print('PASS leave_rejoin: requeue -> world 1 in %.2f s, 0 steps lost; requeued task contributing again %.2f s later (incl. Slurm start)' % ($t1 - $t0, $t2 - $t1))"
+  ;;
+scancel_resume)
+  j=$(cd "$TMP" && sbatch --parsable --nodes=2 -o "$TMP/train-%j.out" --export=ALL,DTACTOR="$DTACTOR",CONFIG=,RUN_DIR="$RUN" \
+        "$SRC/examples/slurm/train.sbatch" "${SETS[@]}" --set train.max_steps=1000000)
+  wait_for 120 "[e for e in named('checkpoint_saved') if e['step'] >= 20]"
+  scancel "$j"
+  st=$(wait_job_end "$j" 60)
+  wait_for 10 "named('job_stopped')"
+  stopped=$(journal "named('job_stopped')[0]['step']")
+  newest=$(journal "max(e['step'] for e in named('checkpoint_saved'))")
+  [ "$newest" = "$stopped" ] || fail "no final checkpoint: stopped at $stopped, newest checkpoint $newest"
+  target=$((stopped + 20))
+  j2=$(cd "$TMP" && sbatch --parsable --nodes=2 -o "$TMP/train-%j.out" --export=ALL,DTACTOR="$DTACTOR",CONFIG=,RUN_DIR="$RUN" \
+        "$SRC/examples/slurm/train.sbatch" "${SETS[@]}" --set train.max_steps=$target)
+  st2=$(wait_job_end "$j2" 240)
+  [ "$st2" = COMPLETED ] || fail "resubmitted job $j2 ended $st2"
+  [ "$(journal "named('checkpoint_found')[-1]['step'] if named('checkpoint_found') else -1")" = "$stopped" ] || fail "the resubmission did not resume from step $stopped"
+  [ "$(journal "named('job_finished')[-1]['step']")" = "$target" ] || fail "the resubmission did not train to $target"
+  echo "PASS scancel_resume: job $j ($st) stopped at step $stopped with its final checkpoint; job $j2 resumed there and finished at $target"
+  ;;
+*) echo "unknown case '$CASE' (train, leave_rejoin, scancel_resume)"; exit 2;;
+esac
