@@ -83,11 +83,12 @@ TEST(Security, AKeyFileReadableByOthersIsRefusedInOneLine) {
   temp_dir d;
   const auto path = keygen(d.path(), "job.key");
   ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  int runs = 0;
   for (const std::vector<std::string>& argv :
        {std::vector<std::string>{kBin, "--role", "coordinator", "--key", path, "--listen", "tcp://127.0.0.1:1", "--run-dir", d.path() + "/run"},
         std::vector<std::string>{kBin, "--role", "node", "--key", path, "--coordinator", "tcp://127.0.0.1:1"},
         std::vector<std::string>{kBin, "eval", d.path(), "--key", path}}) {
-    auto [code, out] = run(argv, d.path() + "/out.log");
+    auto [code, out] = run(argv, d.path() + "/refused-" + std::to_string(++runs) + ".log");
     EXPECT_EQ(code, 2) << out;
     EXPECT_NE(out.find("mode 0644"), std::string::npos) << out;
     EXPECT_NE(out.find("chmod 600"), std::string::npos) << out;
@@ -306,7 +307,7 @@ TEST(Security, NodesWithoutTheJobsKeyAreRefusedAndTheJobIsUntouched) {
                                      "cluster.min_nodes=1", "--set", "train.max_steps=5"},
                                     false, d.path() + "/coordinator.log");
   ASSERT_TRUE(coord.ok());
-  for (const std::string& which : {"none", "other"}) {
+  for (const std::string which : {"none", "other"}) {
     std::vector<std::string> argv = {kBin, "--role", "node", "--coordinator", ep, "--node-id", "stranger-" + which, "--advertise-addr",
                                      "127.0.0.1", "--connect-timeout", "3"};
     if (which == "other") argv.insert(argv.end(), {"--key", other});
@@ -375,6 +376,10 @@ TEST(Security, ManifestsWithoutAValidMacAreRefused) {
   meta.set_state_bytes(payload.size());
   *meta.add_parts() = part.value();
 
+  // The key is process-wide: whatever happens here, the next test starts without one.
+  struct unset_key {
+    ~unset_key() { set_checkpoint_mac_key(""); }
+  } unset;
   // Planted: valid checksums, no MAC (written with no key).
   set_checkpoint_mac_key("");
   ASSERT_TRUE(store.commit(meta).ok());
@@ -400,6 +405,50 @@ TEST(Security, ManifestsWithoutAValidMacAreRefused) {
   // Without a key, signed manifests read as today.
   set_checkpoint_mac_key("");
   EXPECT_TRUE(store.read_manifest(manifest_name(1)).ok());
+}
+
+// A manifest planted in a keyed job's checkpoint directory (valid checksums,
+// no MAC) is refused on resume, in one line naming it; the coordinator
+// starts fresh instead.
+TEST(Security, APlantedManifestIsRefusedOnResume) {
+  temp_dir d;
+  const auto key = keygen(d.path(), "job.key");
+  const std::string run_dir = d.path() + "/run";
+  {
+    set_checkpoint_mac_key("");
+    auto store = checkpoint_store::open(run_dir + "/checkpoints", checkpoint_policy{});
+    ASSERT_TRUE(store.ok()) << store.message();
+    const std::string payload(4096, 'p');
+    auto part = write_part(store->objects(), part_name(20, 1, 0, 1), 0, payload.data(), payload.size());
+    ASSERT_TRUE(part.ok()) << part.message();
+    pb::checkpoint_meta meta;
+    meta.set_step(20);
+    meta.set_generation(1);
+    meta.set_state_bytes(payload.size());
+    *meta.add_parts() = part.value();
+    ASSERT_TRUE(store->commit(meta).ok());
+  }
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(pick_free_tcp_port().value());
+  auto coord = child_process::spawn({kBin, "--role", "coordinator", "--key", key, "--listen", ep, "--run-dir", run_dir, "--set",
+                                     "cluster.min_nodes=1"},
+                                    false, d.path() + "/coordinator.log");
+  ASSERT_TRUE(coord.ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::string log;
+  while (std::chrono::steady_clock::now() < deadline && coord->running() &&
+         (log = slurp(d.path() + "/coordinator.log")).find("listening on") == std::string::npos)
+    coord->wait(50);
+  coord->signal(SIGKILL);
+  coord->wait(10000);
+  log = slurp(d.path() + "/coordinator.log");
+  ASSERT_NE(log.find("listening on"), std::string::npos) << log;
+  EXPECT_NE(log.find("skipping checkpoint"), std::string::npos) << log;
+  EXPECT_NE(log.find(manifest_name(20)), std::string::npos) << log;
+  EXPECT_NE(log.find("not signed"), std::string::npos) << log;
+  EXPECT_EQ(log.find("resuming from step"), std::string::npos) << log;
+  auto j = read_journal(run_dir + "/journal.jsonl");
+  EXPECT_EQ(events_named(j, "checkpoint_skipped").size(), 1u);
+  EXPECT_EQ(events_named(j, "checkpoint_found").size(), 0u);
 }
 
 }  // namespace
