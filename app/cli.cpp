@@ -70,7 +70,7 @@ bool needs_training(const parsed_cli& p) {
 int run_cli(int argc, char** argv, const training_launcher& launcher) {
   quiet_blas_workers();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
-               "Modes: train, eval, export, tune-batch, config, local, report, and --role coordinator|node."};
+               "Modes: train, eval, export, tune-batch, config, local, report, keygen, and --role coordinator|node."};
   app.require_subcommand(0, 1);
 
   parsed_cli p;
