@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@
 #include "dtactor/config.hpp"
 #include "monitoring/report.hpp"
 #include "runtime/blas_info.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/job_key.hpp"
 
 namespace dtactor {
 
@@ -70,7 +73,7 @@ bool needs_training(const parsed_cli& p) {
 int run_cli(int argc, char** argv, const training_launcher& launcher) {
   quiet_blas_workers();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
-               "Modes: train, eval, export, tune-batch, config, local, report, and --role coordinator|node."};
+               "Modes: train, eval, export, tune-batch, config, local, report, keygen, and --role coordinator|node."};
   app.require_subcommand(0, 1);
 
   parsed_cli p;
@@ -179,6 +182,14 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   local->add_option("--metrics-addr", lc.metrics_addr, "Address the /metrics endpoints bind")->capture_default_str();
   local->add_flag("--no-resume", lc.no_resume, "Start over even if the run directory holds checkpoints");
 
+  auto* keygen = app.add_subcommand("keygen", "Write a new job key (CURVE keys for every ZeroMQ link, a MAC key for checkpoints; docs/security.md)");
+  keygen->add_option("--out", p.keygen_out, "The key file to write (mode 0600; an existing file is not overwritten)")->required();
+
+  // Every process of a keyed job takes the same key file.
+  const std::string key_help = "The job key file (dtactor keygen); default: $DTACTOR_KEY_FILE. Refused unless mode 0600";
+  app.add_option("--key", p.key_path, key_help);
+  for (auto* sub : {train, eval, exp, tune, local}) sub->add_option("--key", p.key_path, key_help);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -189,6 +200,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
     return cli_fail(std::string(e.what()) + " (see dtactor --help)", 2);
   }
   cl.fail_mode = fault_mode_names().at(fail_mode);
+  if (*keygen) p.command = cli_command::keygen;
 
   if (*local) p.command = cli_command::local;
   else if (!role.empty()) p.command = cli_command::role;
@@ -198,6 +210,37 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   else if (*exp) p.command = cli_command::export_checkpoint;
   else if (*eval) p.command = cli_command::eval;
   else if (*train) p.command = cli_command::train;
+
+  if (p.command == cli_command::keygen) {
+    auto k = generate_job_key();
+    if (!k) return cli_fail(k.message());
+    if (auto st = write_job_key(p.keygen_out, k.value()); !st) return cli_fail(st.message());
+    std::printf("wrote job key %s (mode 0600): give it to every process of the job with --key or DTACTOR_KEY_FILE\n", p.keygen_out.c_str());
+    return 0;
+  }
+
+  if (needs_training(p) || p.command == cli_command::local || p.command == cli_command::role) {
+    auto key = resolve_job_key(p.key_path);
+    if (!key) return cli_fail(key.message(), 2);
+    p.key = key.value();
+    if (!p.key && p.command == cli_command::local) {
+      // A cluster on this machine gets a key of its own, kept in its run
+      // directory (a later `dtactor local` on it, eval and export reuse it).
+      std::error_code ec;
+      std::filesystem::create_directories(lc.run_dir, ec);
+      const std::string path = lc.run_dir + "/job.key";
+      if (!std::filesystem::exists(path, ec)) {
+        auto fresh = generate_job_key();
+        if (!fresh) return cli_fail(fresh.message());
+        if (auto st = write_job_key(path, fresh.value()); !st) return cli_fail(st.message());
+      }
+      auto own = resolve_job_key(path);
+      if (!own) return cli_fail(own.message(), 2);
+      p.key = own.value();
+    }
+    cl.key = lc.key = p.key;
+    if (p.key) set_checkpoint_mac_key(p.key->mac_key);
+  }
 
   if (p.command == cli_command::role) {
     // A cluster started by `dtactor local` must not outlive it (kept across

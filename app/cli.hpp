@@ -18,7 +18,7 @@
 
 namespace dtactor {
 
-enum class cli_command { none, train, eval, export_checkpoint, tune_batch, config, report, local, role };
+enum class cli_command { none, train, eval, export_checkpoint, tune_batch, config, report, local, role, keygen };
 
 // Everything the command line sets, for whichever command it names.
 struct parsed_cli {
@@ -36,6 +36,11 @@ struct parsed_cli {
   int64_t tb_probe = 0;
   tune_batch_options tb;
   std::string report_dir, report_out;
+  std::string key_path;    // --key (else DTACTOR_KEY_FILE)
+  std::string keygen_out;  // keygen --out
+  // The job key, loaded once run_cli has parsed the line (null: none); also
+  // in cluster.key and local.key.
+  std::shared_ptr<const job_key> key;
 };
 
 // True for the commands that need LibTorch (the training side).

@@ -3,10 +3,12 @@
 // by a node, not by users), and `local` (a coordinator and N nodes on this
 // machine). Each returns the process's exit code.
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "rank/fault_mode.hpp"
+#include "runtime/job_key.hpp"
 
 namespace dtactor {
 
@@ -41,6 +43,9 @@ struct cluster_cli {
   // at once (the coordinator's too); 0: leave at once.
   int signal_waits_for_stop_s = 0;
   const std::atomic<int>* stop_signal = nullptr;
+  // The job key (--key / DTACTOR_KEY_FILE), null for an open job; see
+  // runtime/job_key.hpp and docs/security.md.
+  std::shared_ptr<const job_key> key;
 };
 
 int run_coordinator(const cluster_cli& cli);

@@ -32,6 +32,10 @@ namespace dtactor {
 
 namespace {
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
 int fail(const std::string& msg, int code = 1) {
   std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
   return code;
@@ -145,7 +149,8 @@ int run_coordinator(const cluster_cli& cli) {
   if (!store_port) return fail(store_port.message());
   auto rendezvous = rendezvous_store::start(
       store_port.value(),
-      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms")), std::chrono::seconds(60)));
+      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms")), std::chrono::seconds(60)),
+      cli.key);
   if (!rendezvous) return fail(rendezvous.message());
 
   caf::actor_system_config sys_cfg;
@@ -212,6 +217,7 @@ int run_coordinator(const cluster_cli& cli) {
 
   zmq_bridge_options bo;
   bo.job_id = job_id;
+  bo.key = cli.key;
   bridge = std::make_unique<zmq_bridge>(
       bo, [&members](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(members, inbound{link, peer, std::move(env)}); },
       [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); });
@@ -221,6 +227,11 @@ int run_coordinator(const cluster_cli& cli) {
     stop_actors();
     return fail("cannot listen on " + cli.listen + ": " + bound.message());
   }
+  if (!cli.key && !is_loopback_host(listen->host))
+    std::fprintf(stderr,
+                 "dtactor: warning: no job key: anyone who can reach %s can join, steer or stop this job (dtactor keygen, then --key on "
+                 "every process; docs/security.md)\n",
+                 bound.value().c_str());
   jn.write(ev::coordinator_started{bound.value(), job_id, store_port.value(), cli.metrics_port, resume_step});
   std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", job_id.c_str(), bound.value().c_str(),
                static_cast<long long>(cfg.get_int("cluster.min_nodes")));

@@ -226,7 +226,13 @@ int run_node(const cluster_cli& cli) {
   auto agent = sys.spawn(node_agent, o, out, launcher);
   launcher->attach(agent);
 
-  bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [&](const std::string& link, const std::string& peer, pb::envelope env) {
+  // With a key both links are CURVE: the ranks' ROUTER admits the job's
+  // client key only, and the DEALER to the coordinator pins the job's
+  // server key, so a plan (and the module it names) reaches this node only
+  // from a holder of the key, never from a stranger at that address.
+  zmq_bridge_options bo;
+  bo.key = cli.key;
+  bridge = std::make_unique<zmq_bridge>(bo, [&](const std::string& link, const std::string& peer, pb::envelope env) {
     caf::anon_send(agent, inbound{link, peer, std::move(env)});
   });
   bridge_ptr.store(bridge.get());

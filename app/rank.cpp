@@ -58,6 +58,7 @@ int run_rank(const cluster_cli& cli) {
   w.advertise_addr = cli.advertise_addr;
   w.fail_at_step = cli.fail_at_step;
   w.fail_mode = cli.fail_mode;
+  w.key = cli.key;
   // An empty store host in the plan means: the coordinator's host as this node reaches it.
   if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;
 
@@ -80,7 +81,9 @@ int run_rank(const cluster_cli& cli) {
   ro.send = send;
   ro.make_work = [w](rank_work_callbacks cb) -> std::unique_ptr<rank_work> { return std::make_unique<rank_worker>(w, std::move(cb)); };
   caf::actor actor = sys.spawn(rank_actor, ro);
-  bridge = std::make_unique<zmq_bridge>(zmq_bridge_options{}, [actor](const std::string& link, const std::string& peer, pb::envelope env) {
+  zmq_bridge_options bo;
+  bo.key = cli.key;
+  bridge = std::make_unique<zmq_bridge>(bo, [actor](const std::string& link, const std::string& peer, pb::envelope env) {
     caf::anon_send(actor, inbound{link, peer, std::move(env)});
   });
   if (auto r = bridge->add_dealer("node", cli.node_endpoint, header.sender + "/" + std::to_string(header.incarnation)); !r) {

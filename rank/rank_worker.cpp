@@ -349,10 +349,10 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
   g.backend = resolve_backend(co);
   const bool want_shm = cfg.get_bool("cluster.shm_allreduce") && g.backend == "gloo";
   const int rank = g.rank, world = g.world;
-  std::thread([b, co, host, port, rank, world, rendezvous_timeout, want_shm, shm_floats] {
+  std::thread([b, co, host, port, rank, world, rendezvous_timeout, want_shm, shm_floats, key = opts_.key] {
     result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
     try {
-      auto store = c10::make_intrusive<rendezvous_client>(host, port, rendezvous_timeout);
+      auto store = c10::make_intrusive<rendezvous_client>(host, port, rendezvous_timeout, key);
       r = make_process_group(store, rank, world, co);
       if (r.ok() && want_shm) {
         auto ex = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/exchange", store), rank, world,

@@ -38,6 +38,7 @@
 #include <thread>
 
 #include "rank/fault_mode.hpp"
+#include "runtime/job_key.hpp"
 
 #include "actors/rank_actor.hpp"
 #include "wire.pb.h"
@@ -56,6 +57,7 @@ struct rank_worker_options {
   int threads = 0;                 // compute threads when train.threads = 0 (0: cores / local_world)
   std::string advertise_addr;      // this machine's address for the collectives
   std::string default_store_host;  // used when the plan names no store host
+  std::shared_ptr<const job_key> key;  // the job key: the rendezvous store is CURVE (docs/security.md)
   // Fault injection for tests (--fail-at-step/--fail-mode on a node): right
   // after the first step it completes at or after `fail_at_step` this rank crashes its node (kill -9
   // of the node agent and itself), hangs it (SIGSTOP), makes it leave

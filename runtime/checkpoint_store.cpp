@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "runtime/hash.hpp"
+#include "runtime/job_key.hpp"
 
 namespace dtactor {
 
@@ -18,6 +19,16 @@ constexpr std::string_view magic = "DTACMAN2";
 constexpr uint64_t prefix_size = 12;  // magic + u32 meta length
 constexpr uint64_t trailer_size = 8;  // u64 meta checksum
 constexpr uint64_t chunk_bytes = 8ull << 20;
+// A signed manifest ends in this tag and the HMAC-SHA256, under the job's
+// MAC key, of every byte before the tag.
+constexpr std::string_view mac_tag = "DTACMAC1";
+constexpr uint64_t mac_bytes = 32;
+constexpr uint64_t mac_trailer_size = 8 + mac_bytes;
+
+std::string& mac_key_storage() {
+  static std::string key;
+  return key;
+}
 
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -90,6 +101,11 @@ std::string encode_manifest(const pb::checkpoint_meta& meta) {
   put_le(out, body.size(), 4);
   out.append(body);
   put_le(out, hash64(body.data(), body.size()), 8);
+  if (const auto& key = mac_key_storage(); !key.empty()) {
+    const std::string mac = hmac_sha256(key, out);
+    out.append(mac_tag);
+    out.append(mac);
+  }
   return out;
 }
 
@@ -99,6 +115,16 @@ result<pb::checkpoint_meta> decode_manifest(std::string_view bytes) {
     return make_error("not a dtactor checkpoint manifest (bad magic)");
   }
   const uint64_t len = get_le(bytes, magic.size(), 4);
+  const uint64_t unsigned_size = prefix_size + len + trailer_size;
+  const bool has_mac = bytes.size() == unsigned_size + mac_trailer_size && bytes.substr(unsigned_size, mac_tag.size()) == mac_tag;
+  if (const auto& key = mac_key_storage(); !key.empty()) {
+    if (!has_mac) return make_error("manifest is not signed with this job's key (no MAC): refused; was it written by another job, or planted?");
+    const std::string mac = hmac_sha256(key, std::string(bytes.substr(0, unsigned_size)));
+    if (!equal_constant_time(mac, std::string(bytes.substr(unsigned_size + mac_tag.size(), mac_bytes))))
+      return make_error("manifest MAC does not match this job's key: refused (another job's checkpoint, or tampered with)");
+  }
+  // Without a key a signed manifest reads as an unsigned one (its MAC unchecked).
+  if (has_mac) bytes = bytes.substr(0, unsigned_size);
   if (bytes.size() != prefix_size + len + trailer_size)
     return make_error("manifest truncated or with trailing data: expected " + std::to_string(prefix_size + len + trailer_size) + " bytes, has " +
                       std::to_string(bytes.size()));
@@ -110,6 +136,9 @@ result<pb::checkpoint_meta> decode_manifest(std::string_view bytes) {
 }
 
 }  // namespace
+
+void set_checkpoint_mac_key(std::string key) { mac_key_storage() = std::move(key); }
+bool checkpoint_mac_enabled() { return !mac_key_storage().empty(); }
 
 std::string manifest_name(int64_t step) {
   char buf[48];

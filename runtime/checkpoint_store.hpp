@@ -57,6 +57,15 @@ struct committed_checkpoint {
   uint64_t bytes = 0;    // state bytes
 };
 
+// Manifest signing (docs/security.md), for the whole process: with a
+// non-empty key (the job key's MAC key) every manifest written carries
+// "DTACMAC1" and the HMAC-SHA256 of all its bytes before that tag, and a
+// manifest read without a valid one is refused (reported like a corrupt one,
+// naming it). Empty (the default): manifests are written unsigned and read
+// as before. Set once at startup, before any store is used; not thread-safe.
+void set_checkpoint_mac_key(std::string key);
+bool checkpoint_mac_enabled();
+
 // "ckpt-000001200.manifest" for step 1200.
 std::string manifest_name(int64_t step);
 // "ckpt-000001200.g7.r0-of-2.part": rank 0's first (or only) range; its

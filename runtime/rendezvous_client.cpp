@@ -7,6 +7,7 @@
 #include <zmq_addon.hpp>
 
 #include "runtime/rendezvous_protocol.hpp"
+#include "runtime/zap_handler.hpp"
 
 namespace dtactor {
 
@@ -28,11 +29,12 @@ std::string millis(std::chrono::milliseconds t) { return std::to_string(t.count(
 
 }  // namespace
 
-rendezvous_client::rendezvous_client(const std::string& host, int port, std::chrono::milliseconds timeout)
+rendezvous_client::rendezvous_client(const std::string& host, int port, std::chrono::milliseconds timeout, std::shared_ptr<const job_key> key)
     : c10d::Store(timeout), im_(std::make_unique<impl>()) {
   im_->endpoint = "tcp://" + host + ":" + std::to_string(port);
   try {
     im_->sock.set(zmq::sockopt::linger, 0);
+    if (key) make_curve_client(im_->sock, key->server_public, key->client_public, key->client_secret);
     im_->sock.set(zmq::sockopt::reconnect_ivl, 100);
     im_->sock.set(zmq::sockopt::reconnect_ivl_max, 1000);
     im_->sock.connect(im_->endpoint);

@@ -14,13 +14,17 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "runtime/job_key.hpp"
+
 namespace dtactor {
 
 class rendezvous_client : public c10d::Store {
  public:
   // Connects lazily (ZeroMQ): an unreachable store shows as the first
   // operation's timeout.
-  rendezvous_client(const std::string& host, int port, std::chrono::milliseconds timeout);
+  // With `key` it is a CURVE client pinning the job's server key (a store
+  // without the key gets no handshake, and this client's operations time out).
+  rendezvous_client(const std::string& host, int port, std::chrono::milliseconds timeout, std::shared_ptr<const job_key> key = nullptr);
   ~rendezvous_client() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;

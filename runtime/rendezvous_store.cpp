@@ -10,6 +10,7 @@
 #include <zmq_addon.hpp>
 
 #include "runtime/rendezvous_protocol.hpp"
+#include "runtime/zap_handler.hpp"
 
 namespace dtactor {
 
@@ -50,6 +51,7 @@ struct rendezvous_store::impl {
 
   zmq::context_t ctx{1};
   zmq::socket_t sock{ctx, zmq::socket_type::router};
+  std::unique_ptr<zap_handler> zap;  // with a key; destroyed before sock and ctx
   std::chrono::milliseconds timeout{0};
   int port = 0;
   std::atomic<bool> stop{false};
@@ -197,10 +199,19 @@ rendezvous_store::~rendezvous_store() {
 
 int rendezvous_store::port() const { return im_->port; }
 
-result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std::chrono::milliseconds timeout) {
+uint64_t rendezvous_store::refused_handshakes() const { return im_->zap ? im_->zap->refused() : 0; }
+
+result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std::chrono::milliseconds timeout,
+                                                                  std::shared_ptr<const job_key> key) {
   auto im = std::make_unique<impl>();
   im->timeout = timeout;
+  if (key) {
+    auto zap = zap_handler::start(im->ctx, {curve_key_binary(key->client_public)}, "rendezvous store");
+    if (!zap) return zap.err();
+    im->zap = std::move(zap.value());
+  }
   try {
+    if (key) make_curve_server(im->sock, key->server_secret);
     im->sock.set(zmq::sockopt::linger, 0);
     im->sock.set(zmq::sockopt::maxmsgsize, proto::max_message_bytes);
     im->sock.bind("tcp://*:" + std::to_string(port));

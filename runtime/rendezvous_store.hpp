@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dtactor/result.hpp"
+#include "runtime/job_key.hpp"
 
 namespace dtactor {
 
@@ -20,7 +21,13 @@ class rendezvous_store {
   // Listens on every interface at `port` (0: a free port, see port()).
   // `timeout`: the longest a rank's get or wait is parked for a key (ranks
   // of a generation may arrive seconds apart).
-  static result<std::unique_ptr<rendezvous_store>> start(int port, std::chrono::milliseconds timeout);
+  // With `key` (docs/security.md) the store is a CURVE server whose ZAP
+  // handler admits the job's client key only: a process without the key
+  // cannot complete a handshake, so it reads and writes nothing.
+  static result<std::unique_ptr<rendezvous_store>> start(int port, std::chrono::milliseconds timeout,
+                                                         std::shared_ptr<const job_key> key = nullptr);
+  // Handshakes refused for want of the job's key (0 without a key).
+  uint64_t refused_handshakes() const;
   // Stops serving; parked requests get no answer (their clients time out).
   ~rendezvous_store();
   int port() const;

@@ -13,6 +13,8 @@
 #include <future>
 #include <zmq.hpp>
 
+#include "runtime/zap_handler.hpp"
+
 namespace dtactor {
 
 namespace {
@@ -73,6 +75,16 @@ zmq_bridge::zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
   for (auto& d : dropped_) d.store(0);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   context_ = std::make_unique<zmq::context_t>(1);
+  if (options_.key) {
+    auto zap = zap_handler::start(*context_, {curve_key_binary(options_.key->client_public)}, "wire");
+    if (!zap) {
+      std::fprintf(stderr, "dtactor: %s; the ZeroMQ bridge is not running\n", zap.message().c_str());
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopped_ = true;
+      return;
+    }
+    zap_ = std::move(zap.value());
+  }
   if (wake_fd_ < 0) {
     // Without a wake fd the thread would only notice work once per idle_poll;
     // refuse to run rather than be silently slow.
@@ -209,6 +221,8 @@ void zmq_bridge::set_job_id(std::string job_id) {
   job_id_ = std::move(job_id);
 }
 
+uint64_t zmq_bridge::refused_handshakes() const { return zap_ ? zap_->refused() : 0; }
+
 zmq_bridge_stats zmq_bridge::stats() const {
   zmq_bridge_stats s;
   s.received = received_.load();
@@ -240,6 +254,12 @@ result<std::string> zmq_bridge::run_add(const std::string& name, const std::stri
     if (options_.zmtp_heartbeat_ivl_ms > 0) {
       s.set(zmq::sockopt::heartbeat_ivl, options_.zmtp_heartbeat_ivl_ms);
       s.set(zmq::sockopt::heartbeat_timeout, options_.zmtp_heartbeat_timeout_ms);
+    }
+    if (options_.key) {
+      if (router)
+        make_curve_server(s, options_.key->server_secret);
+      else
+        make_curve_client(s, options_.key->server_public, options_.key->client_public, options_.key->client_secret);
     }
     if (router) {
       // Unknown peers fail the send (counted) instead of vanishing silently;
@@ -434,6 +454,7 @@ void zmq_bridge::run() {
     for (auto& l : links_) l->socket.set(zmq::sockopt::linger, flush_ms);
   }
   links_.clear();  // closes every socket (linger 0 unless flushing)
+  zap_.reset();    // its socket too, or close() would wait for it
   context_->close();  // returns once lingering messages are sent or timed out
 }
 

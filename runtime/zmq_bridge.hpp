@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dtactor/result.hpp"
+#include "runtime/job_key.hpp"
 #include "runtime/wire.hpp"
 
 namespace zmq {
@@ -30,6 +31,8 @@ class context_t;
 }
 
 namespace dtactor {
+
+class zap_handler;
 
 struct zmq_bridge_options {
   // Frames over this size make ZeroMQ drop the sending peer's connection
@@ -54,6 +57,11 @@ struct zmq_bridge_options {
   // Frames whose job_id differs from this (when both are set) are dropped.
   // May be changed later with set_job_id().
   std::string job_id;
+  // With a job key every link is CURVE (docs/security.md): ROUTERs are CURVE
+  // servers whose ZAP handler admits the job's client key only; DEALERs are
+  // CURVE clients that pin the job's server key, so whatever arrives on a
+  // DEALER link comes from a holder of the key. Null: plain links.
+  std::shared_ptr<const job_key> key;
 };
 
 // A snapshot of the bridge's counters.
@@ -121,6 +129,9 @@ class zmq_bridge {
 
   zmq_bridge_stats stats() const;  // thread-safe
 
+  // Handshakes the ZAP handler refused (0 without a key); thread-safe.
+  uint64_t refused_handshakes() const;
+
   // Stops the thread and closes every socket. With `flush` 0, at once
   // (linger 0: unsent messages are discarded; returns within milliseconds).
   // With a flush deadline, everything send() accepted before the call is
@@ -170,6 +181,7 @@ class zmq_bridge {
 
   // Bridge-thread state.
   std::unique_ptr<zmq::context_t> context_;
+  std::unique_ptr<zap_handler> zap_;  // with a key; before any CURVE server binds
   std::vector<std::unique_ptr<link_state>> links_;
   std::set<std::string> logged_;  // "kind\0link\0peer" already logged once
 

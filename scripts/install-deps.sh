@@ -12,7 +12,8 @@ pkgs=(
   libtorch-dev libgloo-dev
   # fast BLAS: LibTorch calls whatever libblas.so.3 is installed
   libopenblas0-pthread
-  # actors, sockets, wire, metrics
+  # actors, sockets, wire, metrics (Debian's libzmq5 is built with libsodium:
+  # CURVE for job keys, docs/security.md)
   libcaf-dev libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   # command line, config, JSON, compression, tests
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libxxhash-dev libgtest-dev libgmock-dev
@@ -24,7 +25,8 @@ pkgs=(
   # PyTorch (the same 1.13.1 as libtorch-dev), to write the scripted modules
   # the TorchScript tests train and to read back what `dtactor export` wrote
   python3-numpy python3-torch
-  # S3 checkpoint store: HTTP (libcurl) and SigV4's SHA-256/HMAC (OpenSSL)
+  # S3 checkpoint store: HTTP (libcurl) and SigV4's SHA-256/HMAC (OpenSSL);
+  # OpenSSL also signs checkpoint manifests (HMAC-SHA256) and draws job keys' MAC keys
   libcurl4-openssl-dev libssl-dev
   # a real S3 server that checks signatures, for the S3 tests: Ceph's radosgw
   # on a one-machine cluster (scripts/rgw/start-rgw.sh); iproute2 for `ss`
