@@ -20,6 +20,7 @@
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/job_key.hpp"
+#include "runtime/process.hpp"
 
 namespace dtactor {
 
@@ -72,6 +73,7 @@ bool needs_training(const parsed_cli& p) {
 
 int run_cli(int argc, char** argv, const training_launcher& launcher) {
   quiet_blas_workers();
+  (void)raise_open_file_limit();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
                "Modes: train, eval, export, tune-batch, config, local, report, keygen, and --role coordinator|node."};
   app.require_subcommand(0, 1);

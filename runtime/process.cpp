@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -315,6 +316,17 @@ void child_reaper::run() {
     for (const auto& [pid, code] : ended)
       if (on_exit_) on_exit_(pid, code);
   }
+}
+
+uint64_t raise_open_file_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit want = r;
+    want.rlim_cur = r.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &want) == 0) r = want;
+  }
+  return static_cast<uint64_t>(r.rlim_cur);
 }
 
 }  // namespace dtactor

@@ -20,6 +20,14 @@ namespace dtactor {
 // Path of the running executable (/proc/self/exe resolved).
 std::string self_executable();
 
+// Raises this process's soft limit of open files to its hard limit (what Go
+// does for every program since 1.19): a coordinator holds one descriptor per
+// connection, and Debian's default soft limit of 1024 lets a stranger's
+// thousand half-open connections (or a large job) exhaust it, after which
+// nobody can connect (bench/flood.py --nofile-soft 1024). Returns the soft
+// limit now in force.
+uint64_t raise_open_file_limit();
+
 // This process's network namespace, as /proc/self/ns/net names it
 // ("net:[4026531992]"). Processes in different ones are different hosts as
 // far as the network goes: an address means something only inside one.
