@@ -19,6 +19,7 @@
 #include "monitoring/report.hpp"
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
+#include "runtime/fs.hpp"
 #include "runtime/job_key.hpp"
 #include "runtime/process.hpp"
 
@@ -228,8 +229,8 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
     if (!p.key && p.command == cli_command::local) {
       // A cluster on this machine gets a key of its own, kept in its run
       // directory (a later `dtactor local` on it, eval and export reuse it).
+      if (auto st = ensure_writable_dir(lc.run_dir); !st) return cli_fail("run directory: " + st.message());
       std::error_code ec;
-      std::filesystem::create_directories(lc.run_dir, ec);
       const std::string path = lc.run_dir + "/job.key";
       if (!std::filesystem::exists(path, ec)) {
         auto fresh = generate_job_key();

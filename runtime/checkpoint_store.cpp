@@ -462,9 +462,19 @@ result<checkpoint_target> open_checkpoint_target(const std::string& target,
     out.name = target;
     return out;
   }
-  auto newest = out.store->newest_valid(on_skip, true);
+  // Skipped manifests are reported (on_skip) only when an older valid one is
+  // used; when none is valid, the error names the newest one skipped and why
+  // (one line for the user).
+  std::vector<std::pair<std::string, std::string>> skipped;
+  auto newest = out.store->newest_valid([&](const std::string& path, const std::string& why) { skipped.emplace_back(path, why); }, true);
   if (!newest) return newest.err();
-  if (!newest.value()) return make_error("no valid checkpoint in '" + out.store->location() + "'");
+  if (!newest.value()) {
+    if (skipped.empty()) return make_error("no valid checkpoint in '" + out.store->location() + "'");
+    return make_error("no valid checkpoint in '" + out.store->location() + "': " + skipped.front().first + ": " + skipped.front().second +
+                      (skipped.size() > 1 ? " (and " + std::to_string(skipped.size() - 1) + " older ones skipped)" : ""));
+  }
+  if (on_skip)
+    for (const auto& [path, why] : skipped) on_skip(path, why);
   out.meta = std::move(*newest.value());
   out.name = out.store->location() + "/" + manifest_name(out.meta.step());
   return out;

@@ -116,6 +116,22 @@ expect_error "checkpoint of another architecture" "different model" train "${tin
 echo "garbage" >"$work/garbage.manifest"
 expect_error "garbage checkpoint" "not a dtactor checkpoint|garbage|magic|truncated" eval "$work/garbage.manifest"
 expect_ok "eval of a run dir" "step 3 .*accuracy=" eval "$work/good" --set eval.max_samples=200
+# Signed checkpoints (docs/security.md): with --key, eval and export refuse
+# a manifest without this key's MAC, in one line naming it.
+"$bin" keygen --out "$work/job.key" >/dev/null 2>&1 && "$bin" keygen --out "$work/other.key" >/dev/null 2>&1
+if "$bin" train "${tiny[@]}" --key "$work/job.key" --run-dir "$work/signed" >"$work/out" 2>"$work/err" </dev/null &&
+   grep -q "finished at step 3" "$work/out"; then
+  ok "keyed training run"
+else
+  bad "keyed training run"; cat "$work/out" "$work/err"
+fi
+expect_ok "eval of a signed checkpoint with its key" "step 3 .*accuracy=" eval "$work/signed" --key "$work/job.key" --set eval.max_samples=200
+expect_ok "eval of a signed checkpoint without a key" "step 3 .*accuracy=" eval "$work/signed" --set eval.max_samples=200
+expect_error "eval with another job's key" "ckpt-0*3.manifest.*not signed with this job's key|ckpt-0*3.manifest.*MAC" eval "$work/signed" --key "$work/other.key"
+expect_error "eval of an unsigned checkpoint with a key" "ckpt-0*3.manifest.*(no MAC|not signed)" eval "$work/good" --key "$work/job.key"
+expect_error "export with another job's key" "ckpt-0*3.manifest.*not signed with this job's key|ckpt-0*3.manifest.*MAC" export "$work/signed" --key "$work/other.key" --out "$work/x.pt"
+chmod 0644 "$work/other.key"
+expect_error "a key file others can read" "other.key.*0644|mode" eval "$work/signed" --key "$work/other.key"
 # The log book of that run, and bad input to `report`.
 expect_ok "report of a train run" "wrote .*report.md and .*loss.svg" report "$work/good"
 if grep -q "| outcome | \*\*finished\*\* |" "$work/good/report.md" && grep -q "<polyline" "$work/good/loss.svg" &&
