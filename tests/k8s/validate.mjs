@@ -6,7 +6,9 @@
 // the selector matches the template's labels, every mount names a volume,
 // every $(VAR) in command/args names an env entry defined before it, every
 // ConfigMap, PVC and Service the objects refer to is in the same kustomization.
-// Where kubectl is installed, each rendering is compared with `kubectl kustomize`.
+// Unknown fields are refused too (tests/k8s/strict_fields.mjs). Where kubectl
+// is installed, each rendering is compared with `kubectl kustomize`
+// (DTACTOR_K8S_COMPARE_KUBECTL=0: not).
 // Usage: node tests/k8s/validate.mjs [DIR] (default deploy/kubernetes).
 // Prints one line per problem and exits 1 if there is any.
 import fs from "node:fs";
@@ -142,7 +144,8 @@ const walk = async (d) => {
 };
 await walk(root);
 
-const compare = process.env.DTACTOR_K8S_COMPARE_KUBECTL !== "0" && kubectlAvailable();
+const compareWanted = process.env.DTACTOR_K8S_COMPARE_KUBECTL !== "0";
+const compare = compareWanted && kubectlAvailable();
 const dirs = kustomizations(root);
 for (const d of dirs) {
   let out;
@@ -179,7 +182,9 @@ function loadYamlDocsFromString(text) {
 }
 
 for (const p of problems) console.log(p);
-const how = compare ? "renderings equal to kubectl kustomize" : "kubectl not found: renderings not compared with kustomize";
+const how = compare
+  ? "renderings equal to kubectl kustomize"
+  : compareWanted ? "kubectl not found: renderings not compared with kustomize" : "renderings not compared with kustomize (DTACTOR_K8S_COMPARE_KUBECTL=0)";
 if (problems.length) {
   console.log(`k8s validate: ${problems.length} problem(s) in ${rel(root)}`);
   process.exit(1);
