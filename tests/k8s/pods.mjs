@@ -9,9 +9,11 @@
 // written as the kubelet writes them: ..data symlinks, defaultMode), every
 // mount path in an argument or value -> that directory.
 //
-// Usage: node pods.mjs KUSTOMIZATION_DIR OUT_DIR [--pods WORKLOAD=N]... [--secret NAME=DIR]...
+// Usage: node pods.mjs KUSTOMIZATION_DIR OUT_DIR [--pods WORKLOAD=N]... [--secret NAME=DIR]... [--cpu-cap N]
 //   --pods: how many pods of a workload (default: its replicas)
 //   --secret: a Secret's keys, one file per key in DIR
+//   --cpu-cap: CPU quantities the downward API gives (resourceFieldRef) at
+//     most N: the machines a pod's limit counts on are not this one
 // Writes OUT_DIR/pods.tsv (workload, pod name, terminationGracePeriodSeconds,
 // in start order: StatefulSets, then Deployments) and, per pod,
 // OUT_DIR/POD/{init-N,main}.{argv,env} (NUL-separated). Exit 2 with one line
@@ -27,12 +29,15 @@ function die(msg) {
   process.exit(2);
 }
 
-const [dir, out, ...rest] = process.argv.slice(2);
-if (!dir || !out) die("usage: node pods.mjs KUSTOMIZATION_DIR OUT_DIR [--pods WORKLOAD=N]... [--secret NAME=DIR]...");
+const [dir, outArg, ...rest] = process.argv.slice(2);
+const out = outArg && path.resolve(outArg);
+if (!dir || !outArg) die("usage: node pods.mjs KUSTOMIZATION_DIR OUT_DIR [--pods WORKLOAD=N]... [--secret NAME=DIR]...");
 const podCounts = {}, secrets = {};
+let cpuCap = Infinity;
 for (let i = 0; i < rest.length; i += 2) {
   const [k, v] = (rest[i + 1] ?? "").split("=");
-  if (rest[i] === "--pods" && v) podCounts[k] = Number(v);
+  if (rest[i] === "--cpu-cap" && Number(k) > 0) cpuCap = Number(k);
+  else if (rest[i] === "--pods" && v) podCounts[k] = Number(v);
   else if (rest[i] === "--secret" && v) secrets[k] = v;
   else die(`bad argument '${rest[i]} ${rest[i + 1] ?? ""}'`);
 }
@@ -190,7 +195,7 @@ function podEnv(p, c) {
       const target = [...(p.spec.initContainers ?? []), ...p.spec.containers].find((x) => x.name === (r.containerName ?? c.name));
       const [kind, res] = r.resource.split(".");
       const q = target?.resources?.[kind]?.[res] ?? die(`${p.podName}: env ${e.name}: ${r.resource} not set (the kubelet would give the machine's)`);
-      const v = res === "cpu" ? cpuQuantity(q) / cpuQuantity(r.divisor ?? "1") : memQuantity(q) / memQuantity(r.divisor ?? "1");
+      const v = res === "cpu" ? Math.min(cpuQuantity(q), cpuCap) / cpuQuantity(r.divisor ?? "1") : memQuantity(q) / memQuantity(r.divisor ?? "1");
       env[e.name] = String(Math.ceil(v));
     } else if (vf.configMapKeyRef) {
       const cm = find("ConfigMap", vf.configMapKeyRef.name) ?? die(`ConfigMap ${vf.configMapKeyRef.name} not found`);
