@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything dtactor needs to build, test and run on Debian bookworm.
-# Only Debian packages; nothing is downloaded from anywhere else. Needs root.
+# Debian packages, and the npm packages tests/k8s/package-lock.json pins
+# (the manifest checks); nothing is downloaded from anywhere else. Needs root.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -39,6 +40,11 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm, for the offline checks of deploy/kubernetes (tests/k8s):
+# the machine's own where it has them (its node may come with its npm),
+# else Debian's (bookworm: nodejs 18, npm 9).
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
@@ -49,4 +55,7 @@ for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
   target=$(update-alternatives --list "$alt" 2>/dev/null | grep openblas-pthread | head -1 || true)
   if [ -n "$target" ]; then $SUDO update-alternatives --set "$alt" "$target" >/dev/null; fi
 done
-echo "install-deps: all packages present; libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
+# The npm packages the Kubernetes manifest checks use, at the versions
+# tests/k8s/package-lock.json pins (the npm registry; nothing else).
+(cd "$(dirname "$0")/../tests/k8s" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+echo "install-deps: all packages present; libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3); tests/k8s/node_modules from package-lock.json"
