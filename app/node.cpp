@@ -90,9 +90,11 @@ class rank_launcher : public process_launcher {
     return static_cast<int32_t>(pid);
   }
 
-  // A rank exits at once on SIGTERM; one that does not (stopped, stuck in
-  // the kernel) is killed after the grace period.
-  void terminate(int32_t pid) override { reaper_.terminate(pid, std::chrono::seconds(3)); }
+  // A rank leaves at once on SIGUSR2, the node's own signal to it (SIGTERM
+  // may come from a scheduler to the whole process tree, and then the node
+  // decides: app/rank.cpp); one that does not (stopped, stuck in the
+  // kernel) is killed after the grace period.
+  void terminate(int32_t pid) override { reaper_.terminate(pid, std::chrono::seconds(3), SIGUSR2); }
   void kill(int32_t pid) override { reaper_.kill(pid); }
 
   void stop() { reaper_.stop(); }

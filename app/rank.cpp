@@ -1,6 +1,9 @@
 // A rank process (started by its node agent, one per device), as wiring:
 // the rank actor (actors/rank_actor) that talks to the node over the
 // bridge, and the training thread (rank/rank_worker) it drives.
+#include <chrono>
+#include <csignal>
+#include <atomic>
 #include <malloc.h>
 #include <sys/prctl.h>
 #include <signal.h>
@@ -30,6 +33,10 @@ int fail(const std::string& msg, int code = 1) {
   return code;
 }
 
+// Set by SIGUSR2, the node agent's "leave now" (node.cpp's launcher).
+std::atomic<int> g_leave{0};
+extern "C" void on_leave_signal(int sig) { g_leave.store(sig); }
+
 }  // namespace
 
 int run_rank(const cluster_cli& cli) {
@@ -47,6 +54,7 @@ int run_rank(const cluster_cli& cli) {
   if (const char* t = std::getenv("GLIBC_TUNABLES"); !t || !std::strstr(t, "arena_max")) ::mallopt(M_ARENA_MAX, 1);
   // A rank never outlives its node agent (kill -9 of a node takes its ranks).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::signal(SIGUSR2, on_leave_signal);
   if (::getppid() == 1) return fail("rank started without a node agent");
   if (cli.node_endpoint.empty()) return fail("--role rank is started by a node agent (needs --node-endpoint)", 2);
 
@@ -92,9 +100,22 @@ int run_rank(const cluster_cli& cli) {
   }
   caf::anon_send(actor, start_atom::value);
   {
+    // SIGUSR2 is how the node agent ends a rank (after the drain that took
+    // it out of the generation, or when the node goes): leave at once. The
+    // agent kills a rank that is still there after its grace period.
+    // SIGTERM/SIGINT/SIGUSR1 (a scheduler signalling the whole process
+    // tree) only set the stop flag: the node decides how its ranks stop.
     caf::scoped_actor self{sys};
     self->monitor(actor);
-    self->receive([](const caf::down_msg&) {});
+    bool down = false, told = false;
+    while (!down)
+      self->receive([&](const caf::down_msg&) { down = true; },
+                    caf::after(std::chrono::milliseconds(20)) >> [&] {
+                      if (!told && g_leave.load() != 0) {
+                        told = true;
+                        caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+                      }
+                    });
   }
   // The last reports (FINISHED, a failure) leave before the socket closes;
   // a node agent that is gone does not hold the exit up past the deadline.

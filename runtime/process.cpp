@@ -232,12 +232,12 @@ void child_reaper::adopt(pid_t pid) {
   wake();
 }
 
-void child_reaper::terminate(pid_t pid, std::chrono::milliseconds grace) {
+void child_reaper::terminate(pid_t pid, std::chrono::milliseconds grace, int sig) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = children_.find(pid);
     if (it == children_.end()) return;  // already reaped: the pid may be someone else's now
-    ::kill(pid, SIGTERM);
+    ::kill(pid, sig);
     const auto at = std::chrono::steady_clock::now() + grace;
     if (!it->second.kill_at || *it->second.kill_at > at) it->second.kill_at = at;
   }

@@ -101,8 +101,8 @@ class child_reaper {
 
   // Takes over reaping `pid` (a child of this process not reaped elsewhere).
   void adopt(pid_t pid);
-  // SIGTERM now, SIGKILL if it is still running after `grace`.
-  void terminate(pid_t pid, std::chrono::milliseconds grace);
+  // `sig` (SIGTERM) now, SIGKILL if it is still running after `grace`.
+  void terminate(pid_t pid, std::chrono::milliseconds grace, int sig = 15);
   // SIGKILL now.
   void kill(pid_t pid);
   // Kills every child still running, reaps them (their exits are reported)
