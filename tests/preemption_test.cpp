@@ -80,7 +80,9 @@ void preempt_with(const std::string& cloud) {
   const double ahead = cloud == "aws" ? 120 : 30;
   EXPECT_NEAR(pn[0].at("notice_s").get<double>(), ahead, 2.0) << pn[0].dump();
   EXPECT_GT(pn[0].at("left_before_s").get<double>(), ahead - 10) << pn[0].dump();
-  if (cloud != "gcp") EXPECT_FALSE(pn[0].at("announced_time").get<std::string>().empty());
+  if (cloud != "gcp") {
+    EXPECT_FALSE(pn[0].at("announced_time").get<std::string>().empty());
+  }
   ASSERT_EQ(journal_events<ev::node_left>(j).size(), 1u);
   EXPECT_TRUE(journal_events<ev::node_lost>(j).empty()) << cl.logs();
   auto rec = journal_events<ev::recovery_done>(j);
@@ -97,7 +99,9 @@ void preempt_with(const std::string& cloud) {
                static_cast<long long>(rec[0].at("lost_steps").get<int64_t>()));
   // The documented handshake was used (AWS: a session token, then polls).
   const std::string stats = md.get("/__control/stats");
-  if (cloud == "aws") EXPECT_NE(stats.find("PUT /latest/api/token"), std::string::npos) << stats;
+  if (cloud == "aws") {
+    EXPECT_NE(stats.find("PUT /latest/api/token"), std::string::npos) << stats;
+  }
 }
 
 }  // namespace

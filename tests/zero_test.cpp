@@ -33,7 +33,9 @@ TEST(ShardPlan, ShardsCoverTheIndexSpaceAndReplicasGoToAnotherNode) {
       const auto& sh = p.shards[static_cast<size_t>(s)];
       EXPECT_EQ(sh.begin, at) << total;
       EXPECT_GE(sh.end, sh.begin);
-      if (s < 3 && sh.end < total) EXPECT_EQ(sh.end % 64, 0) << "aligned";
+      if (s < 3 && sh.end < total) {
+        EXPECT_EQ(sh.end % 64, 0) << "aligned";
+      }
       at = sh.end;
       ASSERT_EQ(sh.holders.size(), 2u);
       EXPECT_EQ(sh.holders[0], s) << "rank s is shard s's primary";
