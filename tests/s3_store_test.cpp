@@ -237,8 +237,9 @@ TEST(s3_store, a_job_checkpoints_to_s3_and_a_coordinator_with_an_empty_disk_resu
   ::setenv("AWS_ACCESS_KEY_ID", kAccess.c_str(), 1);
   ::setenv("AWS_SECRET_ACCESS_KEY", kSecret.c_str(), 1);
   testing::temp_dir first, second;
-  auto run = [&](const std::string& dir, int nodes, int steps) {
+  auto run = [&](const std::string& dir, int nodes, int steps, const std::string& key = "") {
     std::vector<std::string> a = {DTACTOR_BINARY, "local", "--nodes", std::to_string(nodes), "--run-dir", dir};
+    if (!key.empty()) a.insert(a.end(), {"--key", key});
     for (const std::string& s : std::vector<std::string>{"model.dim=16", "model.layers=1", "model.heads=2", "model.mlp_ratio=2", "train.global_batch_size=32",
                                 "train.warmup_steps=5", "eval.max_samples=500", "eval.every_steps=0", "checkpoint.every_steps=10",
                                 "train.log_every_steps=5", "checkpoint.dir=s3://jobs/run7", "checkpoint.s3_endpoint=" + rgw::endpoint,
@@ -259,7 +260,10 @@ TEST(s3_store, a_job_checkpoints_to_s3_and_a_coordinator_with_an_empty_disk_resu
   EXPECT_EQ(saved.back().at("parts"), 2);
   EXPECT_FALSE(std::filesystem::exists(first.path() + "/checkpoints")) << "nothing on the local disk";
 
-  ASSERT_EQ(run(second.path(), 3, 40), 0) << file_text(second.path() + "/local.log");
+  // The fresh machine gets the job's key (the first run's, which `local`
+  // made): the manifests are signed with it, and a key of its own would
+  // refuse them (docs/security.md).
+  ASSERT_EQ(run(second.path(), 3, 40, first.path() + "/job.key"), 0) << file_text(second.path() + "/local.log");
   auto j2 = read_journal(second.path() + "/journal.jsonl");
   auto restored = events<ev::checkpoint_restored>(j2);
   ASSERT_FALSE(restored.empty());
