@@ -90,6 +90,7 @@ int run_coordinator(const cluster_cli& cli) {
                                        cfg.get_string("checkpoint.s3_endpoint"));
   if (!opened) return fail(opened.message());
   checkpoint_store store = std::move(opened.value());
+  if (auto st = store.check_no_foreign_manifests(); !st) return fail(st.message(), 2);
 
   // A torchscript job's module goes with the job: into the store once, its
   // name and digest to every node, so a node needs no copy of its own. (A

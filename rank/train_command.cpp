@@ -44,6 +44,7 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   const checkpoint_policy policy = checkpoint_policy_of(cfg);
   auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy, default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
   if (!store) return store.err();
+  if (auto st = store->check_no_foreign_manifests(); !st) return st.err();
 
   journal jn;
   if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();

@@ -109,7 +109,10 @@ std::string encode_manifest(const pb::checkpoint_meta& meta) {
   return out;
 }
 
-result<pb::checkpoint_meta> decode_manifest(std::string_view bytes) {
+// `key`: the MAC key to check against (empty: none, a MAC is not checked);
+// `key_refused` is set when the manifest is refused for the key alone.
+result<pb::checkpoint_meta> decode_manifest(std::string_view bytes, const std::string& key, bool* key_refused = nullptr) {
+  if (key_refused) *key_refused = false;
   if (bytes.size() < prefix_size || bytes.substr(0, magic.size()) != magic) {
     if (bytes.substr(0, 8) == "DTACKPT1") return make_error("a checkpoint of the old single-file format (before format 2), which this dtactor does not read");
     return make_error("not a dtactor checkpoint manifest (bad magic)");
@@ -117,11 +120,18 @@ result<pb::checkpoint_meta> decode_manifest(std::string_view bytes) {
   const uint64_t len = get_le(bytes, magic.size(), 4);
   const uint64_t unsigned_size = prefix_size + len + trailer_size;
   const bool has_mac = bytes.size() == unsigned_size + mac_trailer_size && bytes.substr(unsigned_size, mac_tag.size()) == mac_tag;
-  if (const auto& key = mac_key_storage(); !key.empty()) {
-    if (!has_mac) return make_error("manifest is not signed with this job's key (no MAC): refused; was it written by another job, or planted?");
-    const std::string mac = hmac_sha256(key, std::string(bytes.substr(0, unsigned_size)));
-    if (!equal_constant_time(mac, std::string(bytes.substr(unsigned_size + mac_tag.size(), mac_bytes))))
+  if (!key.empty()) {
+    const bool mac_ok = has_mac && equal_constant_time(hmac_sha256(key, std::string(bytes.substr(0, unsigned_size))),
+                                                       std::string(bytes.substr(unsigned_size + mac_tag.size(), mac_bytes)));
+    if (!mac_ok) {
+      // A manifest that is whole by its own checksum is another key's (or an
+      // unsigned one): refused for the key alone. One that is not whole is
+      // corrupt, reported as such.
+      if (auto plain = decode_manifest(bytes, ""); !plain) return plain.err();
+      if (key_refused) *key_refused = true;
+      if (!has_mac) return make_error("manifest is not signed with this job's key (no MAC): refused; was it written by another job, or planted?");
       return make_error("manifest MAC does not match this job's key: refused (another job's checkpoint, or tampered with)");
+    }
   }
   // Without a key a signed manifest reads as an unsigned one (its MAC unchecked).
   if (has_mac) bytes = bytes.substr(0, unsigned_size);
@@ -270,18 +280,25 @@ std::vector<checkpoint_store::scanned> checkpoint_store::scan() {
   for (const auto& o : *all) {
     auto step = manifest_step(o.name);
     if (!step) continue;
-    scanned s{o.name, *step, std::nullopt};
-    if (auto m = read_manifest(o.name); m) s.meta = std::move(m.value());
+    scanned s{o.name, *step, std::nullopt, false, {}};
+    if (auto m = read_manifest(o.name, &s.key_refused); m) {
+      s.meta = std::move(m.value());
+    } else if (s.key_refused) {
+      // Not ours to use, nor to delete: its parts stay referenced.
+      if (auto bytes = objects_->get(o.name))
+        if (auto other = decode_manifest(bytes.value(), ""))
+          for (const auto& p : other->parts()) s.foreign_parts.push_back(p.name());
+    }
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(), [](const scanned& a, const scanned& b) { return a.step < b.step; });
   return out;
 }
 
-result<pb::checkpoint_meta> checkpoint_store::read_manifest(const std::string& name) {
+result<pb::checkpoint_meta> checkpoint_store::read_manifest(const std::string& name, bool* key_refused) {
   auto bytes = objects_->get(name);
   if (!bytes) return bytes.err();
-  auto meta = decode_manifest(bytes.value());
+  auto meta = decode_manifest(bytes.value(), mac_key_storage(), key_refused);
   if (!meta) return meta.err();
   if (auto st = check_manifest(meta.value()); !st) return st.err();
   if (auto step = manifest_step(name); step && *step != meta->step())
@@ -403,12 +420,25 @@ void checkpoint_store::sweep_orphans(int64_t up_to_step, uint64_t older_than_gen
   auto all = objects_->list();
   if (!all) return;
   std::set<std::string> referenced;
-  for (const auto& s : scan())
+  for (const auto& s : scan()) {
     if (s.meta)
       for (const auto& p : s.meta->parts()) referenced.insert(p.name());
+    referenced.insert(s.foreign_parts.begin(), s.foreign_parts.end());
+  }
   for (const auto& o : *all) {
     if (!referenced.count(o.name) && orphan(o.name)) (void)objects_->remove(o.name);
   }
+}
+
+status checkpoint_store::check_no_foreign_manifests() {
+  std::vector<std::string> foreign;
+  for (const auto& s : scan())
+    if (s.key_refused) foreign.push_back(s.name);
+  if (foreign.empty()) return {};
+  return make_error("checkpoint store " + location() + " holds checkpoints not signed with this job's key (" + foreign.back() +
+                    (foreign.size() > 1 ? " and " + std::to_string(foreign.size() - 1) + " more" : "") +
+                    "): start with the key they were written with (--key or DTACTOR_KEY_FILE; `dtactor local` keeps its own in RUN_DIR/job.key; "
+                    "no key for unsigned ones), or set another checkpoint.dir; nothing there was changed");
 }
 
 std::vector<checkpoint_entry> checkpoint_store::list() {

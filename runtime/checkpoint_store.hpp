@@ -112,7 +112,13 @@ class checkpoint_store {
 
   // A manifest and its structural checks. The error is the bare reason
   // ("manifest checksum mismatch", "part '...' is missing").
-  result<pb::checkpoint_meta> read_manifest(const std::string& name);
+  // `key_refused` is set when it is refused for the job key alone.
+  result<pb::checkpoint_meta> read_manifest(const std::string& name, bool* key_refused = nullptr);
+  // With a job key: an error (one line naming one) when the store holds
+  // manifests refused for the key alone, another key's or unsigned ones. A
+  // job must not write there: its checkpoints would overwrite theirs step
+  // for step. Their parts are never swept (commit, open).
+  status check_no_foreign_manifests();
   // Every part present with its size; with `checksums`, also read whole and
   // hashed (bounded memory).
   status verify(const pb::checkpoint_meta& meta, bool checksums);
@@ -151,6 +157,8 @@ class checkpoint_store {
     std::string name;
     int64_t step;
     std::optional<pb::checkpoint_meta> meta;
+    bool key_refused = false;                // refused for the job key alone (another key's, or unsigned while keyed)
+    std::vector<std::string> foreign_parts;  // such a manifest's parts: never swept
   };
   std::vector<scanned> scan();
   void rotate(const std::string& just_written);
