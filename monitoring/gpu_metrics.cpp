@@ -16,6 +16,15 @@ using nvml_device = void*;
 struct nvml_memory {
   unsigned long long total, free, used;
 };
+// nvmlMemory_v2_t (NVML 11.5 on): `used` without the driver's reserved
+// memory, the figure nvidia-smi shows. v1's `used` counts the reservation
+// (seen on an H200 with driver 580: 615 MiB "used" by an idle GPU that
+// nvidia-smi reports as 0 MiB).
+struct nvml_memory_v2 {
+  unsigned int version;
+  unsigned long long total, reserved, free, used;
+};
+constexpr unsigned int nvml_memory_v2_version = static_cast<unsigned int>(sizeof(nvml_memory_v2)) | (2u << 24);
 struct nvml_utilization {
   unsigned int gpu, memory;  // percent
 };
@@ -23,6 +32,7 @@ using init_fn = nvml_return (*)();
 using count_fn = nvml_return (*)(unsigned int*);
 using handle_fn = nvml_return (*)(unsigned int, nvml_device*);
 using memory_fn = nvml_return (*)(nvml_device, nvml_memory*);
+using memory_v2_fn = nvml_return (*)(nvml_device, nvml_memory_v2*);
 using util_fn = nvml_return (*)(nvml_device, nvml_utilization*);
 using shutdown_fn = nvml_return (*)();
 
@@ -31,6 +41,7 @@ using shutdown_fn = nvml_return (*)();
 struct gpu_metrics::impl {
   void* lib = nullptr;
   memory_fn memory = nullptr;
+  memory_v2_fn memory_v2 = nullptr;  // absent before NVML 11.5
   util_fn utilization = nullptr;
   shutdown_fn shutdown = nullptr;
   std::vector<nvml_device> handles;
@@ -49,6 +60,7 @@ gpu_metrics::gpu_metrics(prometheus::Registry& registry, const std::string& libr
   auto count = reinterpret_cast<count_fn>(sym("nvmlDeviceGetCount_v2"));
   auto handle = reinterpret_cast<handle_fn>(sym("nvmlDeviceGetHandleByIndex_v2"));
   im.memory = reinterpret_cast<memory_fn>(sym("nvmlDeviceGetMemoryInfo"));
+  im.memory_v2 = reinterpret_cast<memory_v2_fn>(sym("nvmlDeviceGetMemoryInfo_v2"));
   im.utilization = reinterpret_cast<util_fn>(sym("nvmlDeviceGetUtilizationRates"));
   im.shutdown = reinterpret_cast<shutdown_fn>(sym("nvmlShutdown"));
   unsigned int n = 0;
@@ -62,7 +74,7 @@ gpu_metrics::gpu_metrics(prometheus::Registry& registry, const std::string& libr
     return;
   }
   if (count(&n) != 0) n = 0;
-  auto& used = prometheus::BuildGauge().Name("dtactor_gpu_memory_used_bytes").Help("GPU memory in use, from NVML").Register(registry);
+  auto& used = prometheus::BuildGauge().Name("dtactor_gpu_memory_used_bytes").Help("GPU memory in use (without the driver's reservation, as nvidia-smi shows it), from NVML").Register(registry);
   auto& total = prometheus::BuildGauge().Name("dtactor_gpu_memory_total_bytes").Help("GPU memory, from NVML").Register(registry);
   auto& util = prometheus::BuildGauge()
                    .Name("dtactor_gpu_utilization_ratio")
@@ -91,8 +103,13 @@ void gpu_metrics::sample() {
   if (!available_) return;
   auto& im = *impl_;
   for (size_t i = 0; i < im.handles.size(); ++i) {
+    nvml_memory_v2 m2{};
+    m2.version = nvml_memory_v2_version;
     nvml_memory m{};
-    if (im.memory(im.handles[i], &m) == 0) {
+    if (im.memory_v2 && im.memory_v2(im.handles[i], &m2) == 0) {
+      im.used[i]->Set(static_cast<double>(m2.used));
+      im.total[i]->Set(static_cast<double>(m2.total));
+    } else if (im.memory(im.handles[i], &m) == 0) {
       im.used[i]->Set(static_cast<double>(m.used));
       im.total[i]->Set(static_cast<double>(m.total));
     }
