@@ -138,7 +138,21 @@ double training_state::apply_update(std::optional<double> global_norm) {
   optimizer_->step();
   optimizer_->zero_grad();
   ++step_;
+  interrupted_at_.reset();
+  last_norm_ = std::make_pair(step_, norm);
   return norm;
+}
+
+void training_state::finish_interrupted_step(double norm) {
+  if (!has_interrupted_step()) return;
+  apply_update(norm);
+  params_mixed_ = true;
+}
+
+void training_state::drop_interrupted_step() {
+  if (!interrupted_at_) return;
+  optimizer_->zero_grad();
+  interrupted_at_.reset();
 }
 
 double training_state::train_step() {
@@ -148,7 +162,10 @@ double training_state::train_step() {
   return loss;
 }
 
-void training_state::zero_grad() { optimizer_->zero_grad(); }
+void training_state::zero_grad() {
+  optimizer_->zero_grad();
+  interrupted_at_.reset();
+}
 
 result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather,
                                                               const std::function<result<double>()>& norm) {
@@ -172,7 +189,9 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   if (norm) {
     auto n = norm();
     if (!n) {
-      optimizer_->zero_grad();
+      // Kept: other ranks may have completed this allreduce and stepped
+      // (has_interrupted_step).
+      interrupted_at_ = step_;
       return n.err();
     }
     global_norm = n.value();
@@ -298,6 +317,8 @@ status training_state::reset_state() {
       if (t.name == m.name) m.t.copy_(t.t);
   }
   state_loaded(0);
+  interrupted_at_.reset();
+  last_norm_.reset();
   return {};
 }
 

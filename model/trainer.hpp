@@ -84,6 +84,24 @@ class training_state {
   bool params_mixed() const { return params_mixed_; }
   void clear_params_mixed() { params_mixed_ = false; }
 
+  // ZeRO-2: when the gradient-norm allreduce failed on this rank, its
+  // gradient shards (the whole world's sum, the exchange having completed)
+  // are kept: a collective can complete on some ranks and fail on others
+  // when a peer dies in it, and the ranks that completed it stepped their
+  // shards. The next generation finishes the step here with their norm
+  // (rank/zero: finish_interrupted_step) or drops it.
+  bool has_interrupted_step() const { return interrupted_at_ && *interrupted_at_ == step_; }
+  // The global gradient norm this rank clipped with to reach step(), when it
+  // stepped itself (not when step() came with a loaded or received state).
+  std::optional<double> norm_of_last_step() const {
+    if (last_norm_ && last_norm_->first == step_) return last_norm_->second;
+    return std::nullopt;
+  }
+  // Steps this rank's shards with the kept gradients clipped to `norm`;
+  // the other parameters stay a step behind (params_mixed()).
+  void finish_interrupted_step(double norm);
+  void drop_interrupted_step();
+
   eval_result evaluate();
 
   int64_t step() const { return step_; }
@@ -136,6 +154,8 @@ class training_state {
   int64_t micro_batch_ = 0;
   bool bf16_ = false;
   bool params_mixed_ = false;
+  std::optional<int64_t> interrupted_at_;                 // see has_interrupted_step()
+  std::optional<std::pair<int64_t, double>> last_norm_;  // (step reached, norm clipped with)
 };
 
 // Sets intra-op and BLAS threads (train.threads; 0 = all cores).

@@ -416,6 +416,19 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;
   }
+  if (impl_->cfg->get_int("train.zero") >= 2) {
+    if (!g.pg) {
+      state.drop_interrupted_step();
+    } else {
+      auto finished = finish_interrupted_step(*g.pg, state, g.timeout, g.abandon_now);
+      if (!finished) return failed(g, finished.message(), state.step());
+      if (*finished)
+        std::fprintf(stderr,
+                     "rank %d: generation %llu: finished step %lld's update of this rank's shards (its gradient-norm allreduce failed here "
+                     "and completed on other ranks, which stepped theirs)\n",
+                     g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step() - 1));
+    }
+  }
   const int64_t held_step = state.step();  // what this rank holds before any transfer
   if (g.pg) {
     const auto words = agreement_words(state.step(), g.rank);

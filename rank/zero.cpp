@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "model/flat_adamw.hpp"
+#include "model/trainer.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/grad_sync.hpp"
 
@@ -58,6 +60,43 @@ result<double> global_grad_norm(c10d::ProcessGroup& pg, flat_adamw& opt, const s
     return make_error("allreduce of the gradient norm could not start: " + m.substr(0, m.find('\n')));
   }
   return std::sqrt(t.item<double>());
+}
+
+result<bool> finish_interrupted_step(c10d::ProcessGroup& pg, training_state& state, std::chrono::milliseconds timeout,
+                                     const std::function<bool()>& abandon) {
+  const int world = pg.getSize();
+  const auto norm = state.norm_of_last_step();
+  double n = norm.value_or(0.0);
+  int64_t bits = 0;
+  std::memcpy(&bits, &n, sizeof bits);
+  // [step, norm known, the norm's bits]
+  auto row = torch::tensor({state.step(), norm ? int64_t{1} : int64_t{0}, bits}, torch::kInt64);
+  std::vector<std::vector<torch::Tensor>> rows(1);
+  for (int r = 0; r < world; ++r) rows[0].push_back(torch::empty_like(row));
+  std::vector<torch::Tensor> ins{row};
+  try {
+    if (auto st = wait_work(pg.allgather(rows, ins), clock_type::now() + timeout, abandon, "agreement on an interrupted step"); !st) return st.err();
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    return make_error("agreement on an interrupted step could not start: " + m.substr(0, m.find('\n')));
+  }
+  int64_t highest = 0;
+  std::optional<double> norm_there;
+  for (const auto& t : rows[0]) highest = std::max(highest, t[0].item<int64_t>());
+  for (const auto& t : rows[0])
+    if (t[0].item<int64_t>() == highest && t[1].item<int64_t>() != 0) {
+      const int64_t b = t[2].item<int64_t>();
+      double v = 0;
+      std::memcpy(&v, &b, sizeof v);
+      norm_there = v;
+      break;
+    }
+  if (state.has_interrupted_step() && state.step() + 1 == highest && norm_there) {
+    state.finish_interrupted_step(*norm_there);
+    return true;
+  }
+  state.drop_interrupted_step();
+  return false;
 }
 
 status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,

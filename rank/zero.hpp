@@ -31,7 +31,20 @@ class ProcessGroup;
 namespace dtactor {
 
 class flat_adamw;
+class training_state;
 struct zero2_grads;
+
+// train.zero = 2, at a generation's start before the state agreement: a
+// step whose gradient-norm allreduce completed on some ranks (they stepped
+// their shards) and failed on others (a peer died inside the collective) is
+// finished by the others, from the gradient shards they kept and the norm
+// the first ones clipped with, so that no shard is left a step behind its
+// holders' peers (which would lose it with a dead node's replica). Ranks
+// exchange (step, norm known, norm) in an all-gather; a rank one step behind
+// the highest with an interrupted step finishes it, any other drops what it
+// kept. Returns whether this rank finished a step.
+result<bool> finish_interrupted_step(c10d::ProcessGroup& pg, training_state& state, std::chrono::milliseconds timeout,
+                                     const std::function<bool()>& abandon);
 
 // train.zero = 2: what grad_sync needs to reduce-scatter the gradients into
 // `opt`'s gradient windows under `plan` (every rank's held ranges).

@@ -235,8 +235,11 @@ TEST(PreemptionNotice, CurlAgainstEachCloudsShape) {
     EXPECT_EQ(n->cloud, c);
     EXPECT_NEAR(n->announced_unix_s - n->noticed_unix_s, c == cloud_kind::aws ? 120 : 30, 2.0);
     // The other clouds' detection does not take this one's service for theirs.
-    for (cloud_kind other : {cloud_kind::aws, cloud_kind::gcp, cloud_kind::azure})
-      if (other != c) EXPECT_FALSE(metadata_poller(other, ep, http, 2000ms).detect()) << to_string(other) << " on " << to_string(c);
+    for (cloud_kind other : {cloud_kind::aws, cloud_kind::gcp, cloud_kind::azure}) {
+      if (other != c) {
+        EXPECT_FALSE(metadata_poller(other, ep, http, 2000ms).detect()) << to_string(other) << " on " << to_string(c);
+      }
+    }
     p->signal(SIGKILL);
     p->wait();
   }

@@ -20,7 +20,9 @@ class temp_dir {
     std::string tmpl = (std::filesystem::temp_directory_path() / "dtactor-test-XXXXXX").string();
     path_ = ::mkdtemp(tmpl.data());
   }
+  // DTACTOR_KEEP_TEST_DIRS=1 keeps it (logs and journals of a failing run).
   ~temp_dir() {
+    if (const char* keep = std::getenv("DTACTOR_KEEP_TEST_DIRS"); keep && *keep && std::string(keep) != "0") return;
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }

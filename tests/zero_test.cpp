@@ -370,6 +370,115 @@ TEST(Zero2, Fp32OverGlooDiffersFromZeroZeroInRoundingOnly) {
   EXPECT_LT(total / n, 1e-6);
 }
 
+// One zero-2 step over Gloo in which the gradient-norm allreduce completes
+// on every rank but `failing` sees it fail (as when a peer dies inside the
+// collective: Gloo's ring lets some ranks finish and not others): the other
+// ranks step their shards, then their parameter all-gather fails (the peer
+// is gone). Returns every rank's error.
+std::vector<std::string> interrupted_step(std::vector<std::unique_ptr<training_state>>& states, int world, const shard_plan& plan, int failing) {
+  return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[static_cast<size_t>(rank)];
+    grad_sync_options o = buckets();
+    o.carry_control = true;
+    o.zero2 = zero2_of(s.optimizer(), plan);
+    grad_sync sync(s.the_task().module()->parameters(), pg, o);
+    std::function<result<double>()> norm = [&]() -> result<double> {
+      auto n = global_grad_norm(*pg, s.optimizer(), plan, std::chrono::milliseconds(20000), {});
+      if (rank == failing) return make_error("allreduce of the gradient norm failed on this rank: a peer died inside it");
+      return n;
+    };
+    std::function<status()> gather = [&]() -> status { return make_error("parameter all-gather: a peer is gone"); };
+    auto r = s.train_step_dp(rank, world, sync, gather, norm);
+    return r ? "" : r.message();
+  });
+}
+
+// Ranks 0 and 1 of `states` as the next generation's group under `plan`:
+// with `finish`, finish_interrupted_step first (else a rank drops what it
+// kept), then the reshard. Returns whether each finished a step, and the
+// reshard's verdict ("" or what is missing) through `missing`.
+std::vector<int> next_generation(std::vector<std::unique_ptr<training_state>>& states, const shard_plan& plan, bool finish,
+                                 std::vector<std::string>* missing) {
+  std::vector<int> finished(2, 0);
+  missing->assign(2, "");
+  expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[static_cast<size_t>(rank)];
+    if (finish) {
+      auto f = finish_interrupted_step(*pg, s, std::chrono::milliseconds(20000), {});
+      if (!f) return f.message();
+      finished[static_cast<size_t>(rank)] = *f ? 1 : 0;
+    } else {
+      s.drop_interrupted_step();
+    }
+    // Every survivor holds the highest step here (agree_state's broadcast
+    // would bring a lagging one up to it).
+    const bool current = s.step() == std::max(states[0]->step(), states[1]->step());
+    auto r = reshard_optimizer(*pg, s.optimizer(), plan, current, s.params_mixed(), std::chrono::milliseconds(20000), {});
+    if (!r) return r.message();
+    (*missing)[static_cast<size_t>(rank)] = r->complete ? "" : r->missing;
+    if (r->complete) s.clear_params_mixed();
+    return "";
+  }));
+  return finished;
+}
+
+// A rank whose norm allreduce failed while the others completed it and
+// stepped: its shards would stay a step behind, and with the one other
+// holder of a shard lost (a node gone) that shard's state would be lost
+// (the job then went back to a checkpoint, or, with none, round the same
+// failure forever). The lagging rank finishes the step from the gradient
+// shards it kept and the norm the others used; the survivors reshard
+// completely and train on exactly as after an uninterrupted step.
+TEST(Zero2, AStepInterruptedOnOneRankIsFinishedThereAndNoShardIsLost) {
+  const int steps = 2;
+  run_how h;  // Gloo, fp32
+  const auto cfg = tiny_vit_config({"train.zero=2"});
+  auto ref = make_states(cfg, 3), cut = make_states(cfg, 3), dropped = make_states(cfg, 3);
+  const int64_t total = ref[0]->optimizer().total_elements();
+  const auto plan3 = make_shard_plan(total, nodes_of(3), 2);
+  const auto plan2 = make_shard_plan(total, nodes_of(2), 2);
+  // Shard 1 is held by ranks 1 and 2: with rank 2 lost, rank 1 is its only holder.
+  ASSERT_EQ(plan3.shards[1].holders, (std::vector<int>{1, 2}));
+  for (auto* v : {&ref, &cut, &dropped})
+    for (int r = 0; r < 3; ++r) (*v)[static_cast<size_t>(r)]->shard_optimizer(plan3.ranges_of(r));
+  expect_no_errors(train_how(ref, 3, steps + 1, &plan3, true, h));
+  for (auto* v : {&cut, &dropped}) {
+    expect_no_errors(train_how(*v, 3, steps, &plan3, true, h));
+    const auto errors = interrupted_step(*v, 3, plan3, 1);
+    for (int r = 0; r < 3; ++r) EXPECT_FALSE(errors[static_cast<size_t>(r)].empty()) << "rank " << r;
+    EXPECT_EQ((*v)[0]->step(), steps + 1);
+    EXPECT_EQ((*v)[1]->step(), steps);
+    EXPECT_EQ((*v)[2]->step(), steps + 1);
+    EXPECT_TRUE((*v)[1]->has_interrupted_step());
+    EXPECT_TRUE((*v)[0]->params_mixed());
+  }
+  // Rank 2 is gone. Dropping the interrupted step loses shard 1's state.
+  std::vector<std::string> missing;
+  next_generation(dropped, plan2, false, &missing);
+  EXPECT_NE(missing[0].find("[" + std::to_string(plan3.shards[1].begin) + ", "), std::string::npos) << missing[0];
+  // Finishing it: nothing is missing, and the state is the uninterrupted one.
+  EXPECT_EQ(next_generation(cut, plan2, true, &missing), (std::vector<int>{0, 1}));
+  EXPECT_EQ(missing, (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(cut[1]->step(), steps + 1);
+  EXPECT_FALSE(cut[1]->has_interrupted_step());
+  next_generation(ref, plan2, true, &missing);
+  EXPECT_EQ(missing, (std::vector<std::string>{"", ""}));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(cut[static_cast<size_t>(r)]->params_digest(), ref[0]->params_digest()) << "rank " << r;
+  expect_no_errors(train_how(ref, 2, 2, &plan2, true, h));
+  expect_no_errors(train_how(cut, 2, 2, &plan2, true, h));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(cut[static_cast<size_t>(r)]->params_digest(), ref[0]->params_digest()) << "rank " << r;
+  // The moments too: each survivor's windows equal the reference's.
+  for (int r = 0; r < 2; ++r) {
+    auto a = ref[static_cast<size_t>(r)]->state_tensors(), b = cut[static_cast<size_t>(r)]->state_tensors();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].sharded) {
+        EXPECT_TRUE(torch::equal(a[i].t, b[i].t)) << a[i].name << " rank " << r;
+      }
+    }
+  }
+}
+
 // A world of one (no reducer): autograd's gradients go into the windows at
 // the update; training equals the unsharded optimizer's bit for bit.
 TEST(Zero2, WorldOfOneTrainsAsTheUnshardedOptimizer) {
