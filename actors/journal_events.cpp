@@ -42,6 +42,7 @@ constexpr std::pair<optimizer_source, const char*> optimizer_source_names[] = {
     {optimizer_source::own, "own"},
     {optimizer_source::replica, "replica"},
     {optimizer_source::checkpoint, "checkpoint"},
+    {optimizer_source::restart, "restart"},
 };
 constexpr std::pair<outcome, const char*> outcome_names[] = {
     {outcome::finished, "finished"},

@@ -64,6 +64,7 @@ enum class optimizer_source {
   own,         // it kept the shards it holds
   replica,     // moved from the ranks holding them (a lost rank's from its replicas)
   checkpoint,  // both holders of some shard were lost: the newest checkpoint
+  restart,     // ... and no checkpoint was committed: the job started over from step 0
 };
 
 // How a job ended.

@@ -124,7 +124,13 @@ void resource_book::note(int rank, const std::string& node, const proc_usage& u,
 ev::resources resource_book::snapshot() const {
   ev::resources out;
   for (const auto& [rank, r] : ranks_) {
-    ev::rank_resources x{rank, r.node, r.u.rss_bytes, r.u.peak_rss_bytes, r.u.cpu_s, r.u.age_s};
+    ev::rank_resources x;
+    x.rank = rank;
+    x.node = r.node;
+    x.rss_bytes = r.u.rss_bytes;
+    x.peak_rss_bytes = r.u.peak_rss_bytes;
+    x.cpu_s = r.u.cpu_s;
+    x.elapsed_s = r.u.age_s;
     if (r.held.params > 0) {
       x.param_bytes = r.held.params;
       x.grad_bytes = r.held.grads;

@@ -518,26 +518,45 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
   // it to all; then every rank reads its own shards.
   std::fprintf(stderr, "rank %d: generation %llu: optimizer state of %s was held only by lost ranks; resuming from the newest checkpoint\n", g.rank,
                static_cast<unsigned long long>(g.gen), missing.c_str());
+  // With none committed, the job starts over from step 0 (every step is
+  // lost, and the journal's recovery says so): failing instead would fail
+  // the same way in every generation after.
+  bool have_checkpoint = true;
   if (g.rank == 0) {
     auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
     if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
     auto newest = store->newest_valid([](const std::string&, const std::string&) {}, false);
     if (!newest) return failed(g, "checkpoint store: " + newest.message(), state.step());
-    if (!newest->has_value())
-      return failed(g, "optimizer state of " + missing + " was lost with its holders and no checkpoint is committed", state.step());
-    const auto& meta = **newest;
-    if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st) return failed(g, st.message(), state.step());
-    if (auto st = load_checkpoint(state, store.value(), meta, load_which::replicated); !st)
-      return failed(g, "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(), state.step());
+    if (!newest->has_value()) {
+      std::fprintf(stderr, "rank 0: generation %llu: no checkpoint is committed in %s: the job starts over from step 0\n",
+                   static_cast<unsigned long long>(g.gen), g.plan.checkpoint_store().c_str());
+      if (auto st = state.reset_state(); !st) return failed(g, "starting over: " + st.message(), state.step());
+      have_checkpoint = false;
+    } else {
+      const auto& meta = **newest;
+      if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st) return failed(g, st.message(), state.step());
+      if (auto st = load_checkpoint(state, store.value(), meta, load_which::replicated); !st)
+        return failed(g, "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(), state.step());
+    }
   } else {
     (void)state.reset_state();
   }
   g.source = ev::state_source::disk;
   if (g.pg) {
-    int64_t from_disk = 1;
+    int64_t from_disk = have_checkpoint ? 1 : 0;
     auto sent = broadcast_state(*g.pg, 0, state, g.timeout, g.abandon_now, from_disk);
     if (!sent) return failed(g, sent.message(), state.step());
     g.root = 0;
+    have_checkpoint = from_disk != 0;
+  }
+  if (!have_checkpoint) {
+    // reset_state() zeroed every rank's moments: a fresh optimizer.
+    state.shard_optimizer(plan.ranges_of(g.rank));
+    state.clear_params_mixed();
+    im.shards = plan;
+    g.source = ev::state_source::fresh;
+    g.optimizer = ev::optimizer_source::restart;
+    return std::nullopt;
   }
   return shards_from_checkpoint(g, plan);
 }

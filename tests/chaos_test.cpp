@@ -727,6 +727,35 @@ TEST(Chaos, AShardLostWithItsOnlyHolderComesBackFromTheCheckpoint) {
   EXPECT_GE(partial, 2) << cl.logs();
 }
 
+// The same loss with no checkpoint committed (checkpoint.every_steps=0: only
+// at the end): nothing holds that shard's state any more, so the job starts
+// over from step 0 and finishes, and the journal's recovery says every step
+// before it was lost (it used to fail the same way in every generation).
+TEST(Chaos, AShardLostWithItsOnlyHolderAndNoCheckpointStartsTheJobOver) {
+  const auto sets = job_sets(80, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
+                                  "checkpoint.every_steps=0", "train.zero=2", "train.zero_replicas=1"});
+  temp_dir d;
+  cluster cl(d.path(), sets);
+  ASSERT_EQ(cl.start_coordinator(), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_EQ(cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::node_lost>(j).empty(); })) << cl.logs();
+  ASSERT_EQ(cl.start_node("c"), "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::job_finished>(j).empty(); }, 300)) << cl.logs();
+  const auto j = cl.journal();
+  bool restarted = false;
+  for (const auto& r : events<ev::recovery_done>(j)) {
+    if (r.value("optimizer_source", "") != "restart") continue;
+    restarted = true;
+    EXPECT_EQ(r.at("resumed_step"), 0) << r.dump();
+    EXPECT_GE(r.at("lost_steps").get<int64_t>(), 40) << r.dump();  // the crash came right after step 50
+  }
+  EXPECT_TRUE(restarted) << cl.logs();
+  EXPECT_NE(cl.logs().find("the job starts over from step 0"), std::string::npos) << cl.logs();
+  EXPECT_EQ(events<ev::job_finished>(j)[0].at("step"), 80);
+}
+
 // The whole stream of the newest committed checkpoint in a run directory.
 std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts, pb::checkpoint_meta* out_meta = nullptr) {
   auto store = checkpoint_store::open_readonly(run_dir + "/checkpoints");
