@@ -313,7 +313,10 @@ result<config> config::parse_toml(const std::string& text, const std::string& or
   config cfg;
   std::vector<std::pair<std::string, const toml::node*>> items;
   flatten(tbl, "", items);
-  for (const auto& [name, node] : items) {
+  for (const auto& item : items) {
+    // Not a structured binding: clang before 16 cannot capture one (the fuzz build).
+    const std::string& name = item.first;
+    const toml::node* node = item.second;
     const config_key* k = find_key(name);
     std::string where = origin + ":" + std::to_string(node->source().begin.line);
     if (!k) return make_error(unknown_key_message(name, where));
