@@ -8,8 +8,6 @@
 // Content-Length, a sparse file). Properties: reading, verifying and
 // listing never crash and never allocate what a size field claims; a
 // manifest that reads commits again (encode) and reads back the same.
-#include <google/protobuf/util/message_differencer.h>
-
 #include "fuzz/fuzz_util.hpp"
 #include "fuzz/memory_store.hpp"
 #include "runtime/checkpoint_store.hpp"
@@ -44,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto back = store.read_manifest(manifest_name(8));
       if (!back) fuzz::fail("a committed manifest does not read back");
       next.set_format_version(checkpoint_format_version);
-      if (!google::protobuf::util::MessageDifferencer::Equals(next, back.value())) fuzz::fail("a committed manifest reads back different");
+      if (!fuzz::same_message(next, back.value())) fuzz::fail("a committed manifest reads back different");
     }
   }
   (void)store.newest_valid([](const std::string&, const std::string&) {}, true);

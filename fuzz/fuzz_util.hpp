@@ -6,6 +6,8 @@
 // to write from captured bytes (fuzz/seeds/) and mutations stay local:
 //   record = u8 tag, u16 little-endian length, that many bytes
 // A record cut short by the end of the input takes what is left.
+#include <google/protobuf/util/field_comparator.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -81,6 +83,16 @@ class memory_file {
   int fd_ = -1;
   std::string path_;
 };
+
+// Two messages hold the same values (a NaN equals a NaN: a double field
+// may carry any bits).
+inline bool same_message(const google::protobuf::Message& a, const google::protobuf::Message& b) {
+  google::protobuf::util::DefaultFieldComparator cmp;
+  cmp.set_treat_nan_as_equal(true);
+  google::protobuf::util::MessageDifferencer d;
+  d.set_field_comparator(&cmp);
+  return d.Compare(a, b);
+}
 
 // A property of the code under test does not hold: report it as a crash.
 [[noreturn]] inline void fail(const char* what) {

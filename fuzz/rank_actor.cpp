@@ -1,17 +1,13 @@
 // The rank actor as its node reaches it (actors/rank_actor.hpp): frames on
 // the rank's ipc link (generation plans, shutdowns) decoded as the bridge
-// does; the training thread is a fake that records what it was offered and
-// reports back. Input: records. tag % 4 == 0: a frame from the node; 1: the
-// training thread reports the payload (an envelope's body) for generation
-// tag / 4; 2: the clock moves; 3: nothing (a separator). Properties:
-// nothing crashes; everything the rank sends encodes; the worker is only
-// offered plans newer than the last it took.
-#include <chrono>
-
-#include "actors/rank_actor.hpp"
-#include "fuzz/fuzz_util.hpp"
+// does; the training thread is a fake that takes plans as rank_worker does
+// (only newer ones) and reports what the input says. Input: records.
+// tag % 4 == 0: a frame from the node; 1: the training thread reports the
+// payload (an envelope holding the report) for generation tag / 4; 2: the
+// clock moves; 3: nothing. Properties: nothing crashes; everything the rank
+// sends encodes.
+#include "fuzz/actors_fixture.hpp"
 #include "runtime/wire.hpp"
-#include "tests/actor_test_util.hpp"
 
 using namespace dtactor;
 
@@ -22,7 +18,9 @@ class fake_work : public rank_work {
   rank_work_callbacks cb;
   uint64_t newest = 0;
   bool any = false;
-  explicit fake_work(rank_work_callbacks c) : cb(std::move(c)) {}
+  fake_work** self_ref;  // cleared when the actor's state (and this) goes
+  fake_work(rank_work_callbacks c, fake_work** ref) : cb(std::move(c)), self_ref(ref) { *ref = this; }
+  ~fake_work() override { *self_ref = nullptr; }
   bool offer(const pb::generation_plan& plan) override {
     if (any && plan.generation() <= newest) return false;
     any = true;
@@ -36,21 +34,14 @@ class fake_work : public rank_work {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  fake_work* work = nullptr;  // outlives the actors (declared before them)
   test_support::caf_fixture fx;
-  fake_work* work = nullptr;
-  rank_actor_options o;
-  o.header.sender = sender_id::of_rank("node-a", 0).to_string();
-  o.header.incarnation = 9;
-  o.pid = 1000;
-  o.send = [](pb::envelope env) {
+  auto send = [](pb::envelope env) {
     if (!wire::encode(env)) fuzz::fail("the rank sent a frame that does not encode");
   };
-  o.make_work = [&work](rank_work_callbacks cb) -> std::unique_ptr<rank_work> {
-    auto w = std::make_unique<fake_work>(std::move(cb));
-    work = w.get();
-    return w;
-  };
-  auto rank = fx.spawn(rank_actor, o);
+  auto rank = fx.spawn(rank_actor, fuzz::rank_options("node-a", 0, 1000, send, [&work](rank_work_callbacks cb) -> std::unique_ptr<rank_work> {
+                         return std::make_unique<fake_work>(std::move(cb), &work);
+                       }));
   caf::anon_send(rank, start_atom::value);
   fx.run();
   fuzz::reader in(data, size);
@@ -76,11 +67,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fx.run();
         break;
       }
-      case 2: {
-        const unsigned ms = payload.size() >= 2 ? static_cast<uint8_t>(payload[0]) | static_cast<uint8_t>(payload[1]) << 8 : 100;
-        fx.advance(std::chrono::milliseconds(ms % 5000));
+      case 2:
+        fx.advance(fuzz::clock_step(payload));
         break;
-      }
       default:
         break;
     }

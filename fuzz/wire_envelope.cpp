@@ -4,8 +4,6 @@
 // an envelope it accepts encodes again and decodes to the same message (what
 // a node relays for its ranks is re-encoded). rank 0's checkpoint_written
 // carries a manifest body the coordinator parses and checks: done here too.
-#include <google/protobuf/util/message_differencer.h>
-
 #include "fuzz/fuzz_util.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/wire.hpp"
@@ -27,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto bytes = wire::encode(env);
     if (!bytes) fuzz::fail("an accepted envelope does not encode");
     auto again = wire::decode(bytes.value(), job);
-    if (!again || !google::protobuf::util::MessageDifferencer::Equals(env, again.value())) fuzz::fail("an accepted envelope does not round-trip");
+    if (!again || !fuzz::same_message(env, again.value())) fuzz::fail("an accepted envelope does not round-trip");
     if (env.has_checkpoint_written()) {
       pb::checkpoint_meta meta;
       if (meta.ParseFromString(env.checkpoint_written().meta())) (void)check_manifest(meta);

@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "examples/custom_task/csv_rows.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/s3_store.hpp"
 #include "tests/test_util.hpp"
@@ -63,6 +65,23 @@ TEST(Decoders, S3UploadsOutsideThePrefixAreNotTheStores) {
   auto root = parse_multipart_uploads(xml, "");
   ASSERT_EQ(root.size(), 1u);
   EXPECT_EQ(root[0].key, "ab");
+}
+
+// fuzz_custom_task_csv: a label of 7.8e89 (or inf, nan) was converted to
+// int64_t before its range was checked: undefined behaviour, caught here by
+// UBSan (this target is built with -fsanitize=undefined).
+TEST(Decoders, ACsvLabelOutsideInt64IsRefusedBeforeItIsConverted) {
+  for (const std::string label : {"777777777777777777777777777777777777777777777777777777777777777777777777777777777777777609", "inf", "-inf", "nan", "1e19",
+                                  "-1e19", "2.5", "3"}) {
+    std::istringstream in("x,y,label\n0.5,0.25," + label + "\n");
+    auto rows = tabular::parse_csv(in, "t.csv", 3);
+    ASSERT_FALSE(rows) << label;
+    EXPECT_NE(rows.message().find("is not a class id below model.classes (3)"), std::string::npos) << rows.message();
+  }
+  std::istringstream in("0.5,0.25,2\n1,2,0\n");
+  auto rows = tabular::parse_csv(in, "t.csv", 3);
+  ASSERT_TRUE(rows) << rows.message();
+  EXPECT_EQ(rows->labels, (std::vector<int64_t>{2, 0}));
 }
 
 }  // namespace
