@@ -7,15 +7,25 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
 #include "examples/custom_task/csv_rows.hpp"
+#include "monitoring/metrics.hpp"
 #include "runtime/checkpoint_store.hpp"
+#include "runtime/job_key.hpp"
+#include "runtime/rendezvous_protocol.hpp"
+#include "runtime/rendezvous_store.hpp"
 #include "runtime/s3_store.hpp"
+#include "runtime/zap_handler.hpp"
 #include "tests/test_util.hpp"
 
 namespace dtactor {
@@ -82,6 +92,159 @@ TEST(Decoders, ACsvLabelOutsideInt64IsRefusedBeforeItIsConverted) {
   auto rows = tabular::parse_csv(in, "t.csv", 3);
   ASSERT_TRUE(rows) << rows.message();
   EXPECT_EQ(rows->labels, (std::vector<int64_t>{2, 0}));
+}
+
+// -- the decoders split from their sockets for fuzzing: what they answer ------
+
+using rendezvous_message = rendezvous_table::message;
+const std::string rid = rendezvous_protocol::encode_id(7);
+
+TEST(Decoders, TheRendezvousTableAnswersEveryOperation) {
+  rendezvous_table t(std::chrono::seconds(60));
+  const auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  auto ask = [&](std::vector<std::string> frames) {
+    rendezvous_message m{"peer", rid};
+    m.insert(m.end(), frames.begin(), frames.end());
+    return t.handle(std::move(m), now);
+  };
+  using replies = std::vector<rendezvous_message>;
+  EXPECT_EQ(ask({"set", "k", "v"}), (replies{{"peer", rid, "ok"}}));
+  EXPECT_EQ(ask({"get", "k", "1000"}), (replies{{"peer", rid, "ok", "v"}}));
+  EXPECT_EQ(ask({"add", "n", "5"}), (replies{{"peer", rid, "ok", "5"}}));
+  EXPECT_EQ(ask({"add", "n", "-2"}), (replies{{"peer", rid, "ok", "3"}}));
+  EXPECT_EQ(ask({"add", "k", "1"}), (replies{{"peer", rid, "err", "key 'k' does not hold a number"}}));
+  EXPECT_EQ(ask({"cas", "c", "", "x"}), (replies{{"peer", rid, "ok", "x"}}));
+  EXPECT_EQ(ask({"cas", "c", "y", "z"}), (replies{{"peer", rid, "ok", "x"}}));
+  EXPECT_EQ(ask({"check", "k", "c"}), (replies{{"peer", rid, "ok", "1"}}));
+  EXPECT_EQ(ask({"check", "k", "nope"}), (replies{{"peer", rid, "ok", "0"}}));
+  EXPECT_EQ(ask({"num"}), (replies{{"peer", rid, "ok", "3"}}));
+  EXPECT_EQ(ask({"del", "c"}), (replies{{"peer", rid, "ok", "1"}}));
+  EXPECT_EQ(ask({"wait", "0"}), (replies{{"peer", rid, "ok"}}));
+  // Parked until the key comes, or the deadline.
+  EXPECT_TRUE(ask({"get", "later", "500"}).empty());
+  EXPECT_TRUE(ask({"wait", "0", "later", "k"}).empty());
+  EXPECT_EQ(t.parked(), 2u);
+  EXPECT_TRUE(t.release(now).empty());
+  ask({"set", "later", "L"});
+  EXPECT_EQ(t.release(now), (replies{{"peer", rid, "ok", "L"}, {"peer", rid, "ok"}}));
+  EXPECT_TRUE(ask({"get", "never", "500"}).empty());
+  EXPECT_TRUE(t.release(now + std::chrono::milliseconds(499)).empty());
+  const auto timed_out = t.release(now + std::chrono::milliseconds(500));
+  ASSERT_EQ(timed_out.size(), 1u);
+  EXPECT_EQ(timed_out[0][2], "err");
+  EXPECT_EQ(t.parked(), 0u);
+  // Malformed: counted, never answered.
+  for (const auto& bad : std::vector<rendezvous_message>{{"peer"}, {"peer", "short", "num"}, {"peer", rid, "bogus"}, {"peer", rid, "get", "k", "-5"}}) {
+    std::string why;
+    EXPECT_TRUE(t.handle(bad, now, &why).empty());
+    EXPECT_FALSE(why.empty());
+  }
+  EXPECT_EQ(t.malformed(), 4u);
+}
+
+TEST(Decoders, TheStoreAnswersItsKeyHoldersAndNoOneElseOverSockets) {
+  auto key = generate_job_key();
+  auto other = generate_job_key();
+  ASSERT_TRUE(key && other);
+  auto shared = std::make_shared<const job_key>(key.value());
+  auto store = rendezvous_store::start(0, std::chrono::seconds(5), shared);
+  ASSERT_TRUE(store) << store.message();
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(store.value()->port());
+  zmq::context_t ctx;
+  auto ask = [&](const job_key& k, const std::vector<std::string>& frames) -> std::optional<std::vector<std::string>> {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    make_curve_client(s, key->server_public, k.client_public, k.client_secret);
+    s.connect(ep);
+    zmq::multipart_t m;
+    m.addstr(rid);
+    for (const auto& f : frames) m.addstr(f);
+    m.send(s);
+    zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(2000)) <= 0) return std::nullopt;
+    zmq::multipart_t reply;
+    if (!reply.recv(s)) return std::nullopt;
+    std::vector<std::string> out;
+    while (!reply.empty()) out.push_back(reply.popstr());
+    return out;
+  };
+  EXPECT_EQ(ask(key.value(), {"set", "k", "v"}), (std::vector<std::string>{rid, "ok"}));
+  EXPECT_EQ(ask(key.value(), {"get", "k", "1000"}), (std::vector<std::string>{rid, "ok", "v"}));
+  EXPECT_EQ(ask(other.value(), {"get", "k", "1000"}), std::nullopt) << "another job's client key is refused by the ZAP handler";
+  EXPECT_GE(store.value()->refused_handshakes(), 1u);
+}
+
+TEST(Decoders, TheZapHandlerAdmitsOnlyCurveClientsOnItsList) {
+  const std::set<std::string> allowed{std::string(32, 'k')};
+  const std::vector<std::string> ok{"1.0", "id-1", "dtactor", "127.0.0.1", "", "CURVE", std::string(32, 'k')};
+  auto d = decide_zap_request(ok, allowed);
+  EXPECT_TRUE(d.admitted);
+  EXPECT_EQ(d.reply, (std::vector<std::string>{"1.0", "id-1", "200", "OK", "", ""}));
+  auto other = ok;
+  other[6] = std::string(32, 'x');
+  EXPECT_FALSE(decide_zap_request(other, allowed).admitted);
+  auto null_mech = ok;
+  null_mech[5] = "NULL";
+  EXPECT_FALSE(decide_zap_request(null_mech, allowed).admitted);
+  auto old = ok;
+  old[0] = "0.9";
+  EXPECT_FALSE(decide_zap_request(old, allowed).admitted);
+  auto cut = decide_zap_request({"1.0", "id-2"}, allowed);
+  EXPECT_FALSE(cut.admitted);
+  EXPECT_EQ(cut.reply.size(), 6u);
+  EXPECT_EQ(cut.reply[2], "400");
+}
+
+TEST(Decoders, KeyFilesParseAndAHugeOneIsNotRead) {
+  auto key = generate_job_key();
+  ASSERT_TRUE(key);
+  testing::temp_dir dir;
+  const std::string path = dir.path() + "/job.key";
+  ASSERT_TRUE(write_job_key(path, key.value()));
+  auto back = load_job_key(path);
+  ASSERT_TRUE(back) << back.message();
+  EXPECT_EQ(back->client_public, key->client_public);
+  EXPECT_EQ(back->mac_key, key->mac_key);
+  EXPECT_FALSE(parse_job_key("server_public = x\n", "k"));
+  EXPECT_NE(parse_job_key("no equals sign\n", "k").message().find("line 1"), std::string::npos);
+  // A 2^40-byte (sparse) file with the right mode: refused by its size.
+  const std::string huge = dir.path() + "/huge.key";
+  { std::ofstream(huge) << "server_public = "; }
+  ASSERT_EQ(::chmod(huge.c_str(), 0600), 0);
+  ASSERT_EQ(::truncate(huge.c_str(), static_cast<off_t>(1) << 40), 0);
+  auto refused = load_job_key(huge);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.message().find("too long"), std::string::npos) << refused.message();
+}
+
+TEST(Decoders, S3ResponsesAsTheStoreReadsThem) {
+  const auto page = parse_list_objects(
+      "<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken>t&amp;1</NextContinuationToken>"
+      "<Contents><Key>run/a.manifest</Key><Size>12</Size></Contents><Contents><Key>run/sub/b</Key><Size>1</Size></Contents>"
+      "<Contents><Key>other/c</Key><Size>2</Size></Contents></ListBucketResult>",
+      "run/");
+  ASSERT_EQ(page.objects.size(), 1u);
+  EXPECT_EQ(page.objects[0].name, "a.manifest");
+  EXPECT_EQ(page.objects[0].size, 12u);
+  EXPECT_TRUE(page.truncated);
+  EXPECT_EQ(page.next_token, "t&1");
+  const auto e = parse_s3_error("<Error><Code>NoSuchKey</Code><Message>The key &lt;x&gt; does not exist</Message></Error>");
+  EXPECT_EQ(e.code, "NoSuchKey");
+  EXPECT_EQ(e.message, "The key <x> does not exist");
+  EXPECT_EQ(parse_upload_id("<InitiateMultipartUploadResult><UploadId>2~abc</UploadId></InitiateMultipartUploadResult>"), "2~abc");
+}
+
+TEST(Decoders, TheMetricsServerAnswersEveryRequest) {
+  metrics m("job");
+  m.add_route("/sd", "application/json", [] { return std::string("[]\n"); });
+  EXPECT_EQ(m.http_reply("GET /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+  EXPECT_NE(m.http_reply("GET /metrics HTTP/1.1\r\n\r\n").find("dtactor_"), std::string::npos);
+  EXPECT_NE(m.http_reply("GET /sd?x HTTP/1.1\r\n\r\n").find("Content-Type: application/json\r\nContent-Length: 3\r\n"), std::string::npos);
+  const auto head = m.http_reply("HEAD /sd HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << "no body for HEAD";
+  EXPECT_EQ(m.http_reply("POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  EXPECT_EQ(m.http_reply("GET /nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(m.http_reply(std::string("\0\xff", 2)).rfind("HTTP/1.1 405", 0), 0u);
 }
 
 }  // namespace
