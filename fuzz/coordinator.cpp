@@ -30,10 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   fuzz::coordinator_actors c(fx, out);
   fx.run();
-  fuzz::reader in(data, size);
-  while (!in.empty()) {
-    const uint8_t tag = in.u8();
-    const std::string payload = in.payload();
+  fuzz::for_each_record(data, size, [&](uint8_t tag, std::string payload) {
     switch (tag % 4) {
       case 0: {
         auto d = wire::decode(payload, fuzz::job_id);
@@ -55,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         c.scrape();
         break;
     }
-  }
+  });
   c.scrape();
   return 0;
 }

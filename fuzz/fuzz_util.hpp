@@ -50,6 +50,16 @@ class reader {
   size_t at_ = 0;
 };
 
+// Calls fn(tag, payload) for each record of the input, in order.
+template <class F>
+void for_each_record(const uint8_t* data, size_t size, F&& fn) {
+  reader in(data, size);
+  while (!in.empty()) {
+    const uint8_t tag = in.u8();
+    fn(tag, in.payload());
+  }
+}
+
 // Appends one record (for seed writers and regression inputs).
 inline void put_record(std::string& out, uint8_t tag, std::string_view payload) {
   const size_t n = payload.size() < 0xffff ? payload.size() : 0xffff;

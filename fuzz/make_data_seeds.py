@@ -3,7 +3,8 @@
 (docs/fuzzing.md), written the way those inputs really come about:
 .npy files written by NumPy itself, nanoGPT-style .bin token streams,
 dictd databases cut from Debian's real dict-freedict-eng-ita and dict-gcide
-(with their index offsets recomputed), HTTP requests as Prometheus and curl
+(with their index offsets recomputed), the first images of Debian's
+Fashion-MNIST (IDX), HTTP requests as Prometheus and curl
 send them, Slurm host lists as Slurm writes them, and S3 XML responses in
 the shapes of the S3 API reference (ListObjectsV2, errors,
 InitiateMultipartUpload, ListMultipartUploads). The preemption notices come
@@ -92,6 +93,13 @@ def dictd_seed(prefix, first, count, name):
 
 dictd_seed("/usr/share/dictd/freedict-eng-ita", 200, 12, "freedict-eng-ita")
 dictd_seed("/usr/share/dictd/gcide", 5000, 4, "gcide")
+
+# IDX: the first images of Debian's Fashion-MNIST test set, header recounted.
+im = gzip.open("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz").read()
+lb = gzip.open("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz").read()
+n = 2
+seed("idx_pair", "fashion-mnist-t10k-2",
+     record(0, im[:4] + struct.pack(">I", n) + im[8:16] + im[16:16 + n * 28 * 28]) + record(0, lb[:4] + struct.pack(">I", n) + lb[8:8 + n]))
 
 # HTTP requests at /metrics and /sd.
 seed("metrics_http", "prometheus-scrape",

@@ -33,10 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   launcher->agent = agent;
   caf::anon_send(agent, start_atom::value);
   fx.run();
-  fuzz::reader in(data, size);
-  while (!in.empty()) {
-    const uint8_t tag = in.u8();
-    const std::string payload = in.payload();
+  fuzz::for_each_record(data, size, [&](uint8_t tag, std::string payload) {
     switch (tag % 4) {
       case 0:
       case 1: {
@@ -63,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fx.run();
         break;
     }
-  }
+  });
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
   fx.run();
   return 0;

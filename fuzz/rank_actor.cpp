@@ -44,10 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                        }));
   caf::anon_send(rank, start_atom::value);
   fx.run();
-  fuzz::reader in(data, size);
-  while (!in.empty()) {
-    const uint8_t tag = in.u8();
-    const std::string payload = in.payload();
+  fuzz::for_each_record(data, size, [&](uint8_t tag, std::string payload) {
     switch (tag % 4) {
       case 0: {
         auto d = wire::decode(payload, "");
@@ -73,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       default:
         break;
     }
-  }
+  });
   caf::anon_send_exit(rank, caf::exit_reason::user_shutdown);
   fx.run();
   return 0;

@@ -29,11 +29,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto timeout = std::chrono::milliseconds(60000);
   rendezvous_table table(timeout);
   auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
-  fuzz::reader in(data, size);
   rendezvous_table::message m;
-  while (!in.empty()) {
-    const uint8_t tag = in.u8();
-    std::string payload = in.payload();
+  fuzz::for_each_record(data, size, [&](uint8_t tag, std::string payload) {
     switch (tag % 4) {
       case 0:
       case 1:
@@ -56,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         check(table.release(now));
         break;
     }
-  }
+  });
   // Past every deadline nothing stays parked.
   check(table.release(now + timeout));
   if (table.parked() != 0) fuzz::fail("a parked request outlived its deadline");

@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "actors/journal_events.hpp"
 #include "examples/custom_task/csv_rows.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/checkpoint_store.hpp"
@@ -92,6 +93,24 @@ TEST(Decoders, ACsvLabelOutsideInt64IsRefusedBeforeItIsConverted) {
   auto rows = tabular::parse_csv(in, "t.csv", 3);
   ASSERT_TRUE(rows) << rows.message();
   EXPECT_EQ(rows->labels, (std::vector<int64_t>{2, 0}));
+}
+
+// fuzz_journal_report: a journal line whose integer field holds 5.7e74 (or
+// 2^40 in an int32_t field) was converted anyway: undefined behaviour, and
+// `dtactor report` printed garbage. Refused now, naming the field.
+TEST(Decoders, AJournalNumberItsFieldCannotHoldIsRefused) {
+  for (const std::string bad : {R"("world_size":5.66667e74)", R"("world_size":1099511627776)", R"("world_size":-1099511627776)",
+                                R"("generation":-1)", R"("generation":1e300)", R"("start_step":9.3e18)", R"("world_size":2.5)"}) {
+    auto r = ev::parse_journal_line(R"({"event":"generation_started","t":1.7e9,)" + bad + "}");
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.message().find("field"), std::string::npos) << r.message();
+  }
+  auto ok = ev::parse_journal_line(R"({"event":"generation_started","t":1.7e9,"world_size":2147483647,"generation":1.8e19,"start_step":-9.2e18})");
+  ASSERT_TRUE(ok) << ok.message();
+  const auto& g = std::get<ev::generation_started>(ok->event);
+  EXPECT_EQ(g.world_size, 2147483647);
+  EXPECT_EQ(g.generation, 18000000000000000000ull);
+  EXPECT_EQ(g.start_step, -9200000000000000000ll);
 }
 
 // -- the decoders split from their sockets for fuzzing: what they answer ------
