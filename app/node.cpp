@@ -185,7 +185,10 @@ int run_node(const cluster_cli& cli) {
   o.liveness_from_config = [](const std::string& toml) -> std::optional<liveness_options> {
     auto c = config::parse_toml(toml, "register_ack");
     if (!c) return std::nullopt;
-    return liveness_options_from(c.value());
+    // Settings that do not make sense together keep the node's own.
+    auto l = liveness_options_from(c.value());
+    if (!validate(l).empty()) return std::nullopt;
+    return l;
   };
   o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); };
 

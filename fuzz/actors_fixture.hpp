@@ -112,7 +112,10 @@ inline node_agent_options node_options(const std::string& node_id) {
   o.liveness_from_config = [](const std::string& toml) -> std::optional<liveness_options> {
     auto c = config::parse_toml(toml, "register_ack");
     if (!c) return std::nullopt;
-    return liveness_options_from(c.value());
+    // Settings that do not make sense together keep the node's own.
+    auto l = liveness_options_from(c.value());
+    if (!validate(l).empty()) return std::nullopt;
+    return l;
   };
   o.annotate_report = [node_id](const std::string&, pb::step_report& r) { r.set_node_id(node_id); };
   return o;

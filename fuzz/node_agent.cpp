@@ -8,9 +8,10 @@
 //
 // Input: records. tag % 4 == 0: a frame from the coordinator; 1: a frame
 // from rank peer "rank-peer-<tag / 4 % 3>"; 2: the clock moves by the
-// payload's first two bytes in milliseconds; 3: with bit 4 of the tag the
-// node leaves (a preemption notice), else the rank process with pid
-// 1000 + payload[0] exits with code payload[1]. Properties: nothing
+// payload's first two bytes in milliseconds; 3: with bit 5 of the tag an
+// accepted register_ack whose config is the payload (TOML, unframed), with
+// bit 4 the node leaves (a preemption notice), else the rank process with
+// pid 1000 + payload[0] exits with code payload[1]. Properties: nothing
 // crashes; everything the node sends encodes, and goes to the coordinator
 // or to a rank peer it heard from.
 #include <set>
@@ -53,7 +54,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fx.advance(fuzz::clock_step(payload));
         break;
       default:
-        if (tag & 0x10)
+        if (tag & 0x20) {
+          // The coordinator's acceptance, with the payload as the job's
+          // config: the TOML a node parses for its heartbeat settings,
+          // without the envelope around it.
+          envelope_header h;
+          h.job_id = fuzz::job_id;
+          h.sender = sender_id::coordinator().to_string();
+          pb::envelope env = make_envelope(h, 0);
+          auto* ack = env.mutable_register_ack();
+          ack->set_accepted(true);
+          ack->set_job_id(fuzz::job_id);
+          ack->set_config_toml(payload);
+          caf::anon_send(agent, inbound{links::coordinator, "", std::move(env)});
+        } else if (tag & 0x10)
           caf::anon_send(agent, leave_atom::value, std::string("preempted"), std::string("aws"), std::string("2030-01-01T00:00:00Z"), 1.9e9, 1.89e9);
         else
           launcher->exit(1000 + (payload.empty() ? 0 : static_cast<uint8_t>(payload[0])), payload.size() > 1 ? static_cast<uint8_t>(payload[1]) : 1);

@@ -103,7 +103,9 @@ std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_
     if (!parse_int64(args[1], delta)) return ignore("bad add delta");
     auto& v = kv_[args[0]];
     if (!v.empty() && !parse_int64(v, value)) return reply("err", {"key '" + args[0] + "' does not hold a number"});
-    v = std::to_string(value + delta);
+    int64_t sum = 0;
+    if (__builtin_add_overflow(value, delta, &sum)) return reply("err", {"adding " + args[1] + " to key '" + args[0] + "' overflows"});
+    v = std::to_string(sum);
     return reply("ok", {v});
   }
   if (op == "cas" && n == 3) {

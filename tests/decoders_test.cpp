@@ -19,6 +19,8 @@
 #include <zmq_addon.hpp>
 
 #include "actors/journal_events.hpp"
+#include "actors/liveness.hpp"
+#include "dtactor/config.hpp"
 #include "examples/custom_task/csv_rows.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/checkpoint_store.hpp"
@@ -111,6 +113,38 @@ TEST(Decoders, AJournalNumberItsFieldCannotHoldIsRefused) {
   EXPECT_EQ(g.world_size, 2147483647);
   EXPECT_EQ(g.generation, 18000000000000000000ull);
   EXPECT_EQ(g.start_step, -9200000000000000000ll);
+}
+
+// fuzz_config_toml (its property on a crafted input; libFuzzer did not reach
+// it in 2 minutes): cluster.heartbeat_timeout_ms = 9.3e15 passed the checks,
+// and the failure detector's deadline (now + timeout, in nanoseconds)
+// overflowed; nodes took such values from register_ack unchecked.
+TEST(Decoders, ADurationBeyondAWeekIsRefused) {
+  auto c = config::parse_toml("[cluster]\nheartbeat_timeout_ms = 9300000000000000\n", "job.toml");
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.message(), "job.toml:2: config key 'cluster.heartbeat_timeout_ms' must be at most 604800000 (a week), got 9300000000000000");
+  config cfg;
+  EXPECT_FALSE(cfg.set("cluster.spin_wait_us", "604800000001"));
+  EXPECT_FALSE(cfg.set("cluster.settle_ms", "9223372036854775807"));
+  ASSERT_TRUE(cfg.set("cluster.heartbeat_timeout_ms", "604800000"));
+  const auto live = liveness_options_from(cfg);
+  const auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(24 * 365 * 100);
+  EXPECT_GT(lost_deadline(now, live), now);
+}
+
+// fuzz_rendezvous_request (its property on a crafted input): "add" of 1 to a
+// key holding 2^63 - 1 overflowed a signed integer in the store's thread.
+TEST(Decoders, ARendezvousAddThatOverflowsIsAnError) {
+  rendezvous_table t(std::chrono::seconds(1));
+  const auto now = std::chrono::steady_clock::now();
+  const std::string id = rendezvous_protocol::encode_id(1);
+  t.handle({"peer", id, "set", "k", "9223372036854775807"}, now);
+  const auto r = t.handle({"peer", id, "add", "k", "1"}, now);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0], (rendezvous_table::message{"peer", id, "err", "adding 1 to key 'k' overflows"}));
+  EXPECT_EQ(t.handle({"peer", id, "add", "m", "-9223372036854775807"}, now)[0][2], "ok");
+  EXPECT_EQ(t.handle({"peer", id, "add", "m", "-2"}, now)[0][2], "err");
+  EXPECT_EQ(t.handle({"peer", id, "get", "k", "0"}, now)[0][3], "9223372036854775807") << "the key keeps its value";
 }
 
 // -- the decoders split from their sockets for fuzzing: what they answer ------
