@@ -22,6 +22,7 @@
 #include "actors/liveness.hpp"
 #include "dtactor/config.hpp"
 #include "examples/custom_task/csv_rows.hpp"
+#include "model/idx.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/job_key.hpp"
@@ -145,6 +146,30 @@ TEST(Decoders, ARendezvousAddThatOverflowsIsAnError) {
   EXPECT_EQ(t.handle({"peer", id, "add", "m", "-9223372036854775807"}, now)[0][2], "ok");
   EXPECT_EQ(t.handle({"peer", id, "add", "m", "-2"}, now)[0][2], "err");
   EXPECT_EQ(t.handle({"peer", id, "get", "k", "0"}, now)[0][3], "9223372036854775807") << "the key keeps its value";
+}
+
+// fuzz_idx_pair: an IDX header of 2^22 images of 2^21 x 2^21 pixels: the
+// product (int64_t) overflowed and wrapped to 0, matching an empty file, and
+// the tensor would have been made from 2^64 bytes that are not there.
+TEST(Decoders, AnIdxHeaderWhoseSizesOverflowIsRefused) {
+  auto be = [](std::vector<uint8_t>& b, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+  };
+  std::vector<uint8_t> images, labels;
+  for (uint32_t v : {0x803u, 1u << 22, 1u << 21, 1u << 21}) be(images, v);
+  for (uint32_t v : {0x801u, 1u << 22}) be(labels, v);
+  labels.resize(8 + (size_t{1} << 22), 0);
+  auto r = check_idx_pair(images, "images.gz", labels, "labels.gz");
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("'images.gz' is truncated: header says 4194304 images of 2097152x2097152"), std::string::npos) << r.message();
+  // A real shape still reads.
+  images.clear();
+  for (uint32_t v : {0x803u, 2u, 2u, 2u}) be(images, v);
+  images.insert(images.end(), 8, 7);
+  labels.assign({0, 0, 8, 1, 0, 0, 0, 2, 3, 4});
+  auto ok = check_idx_pair(images, "images.gz", labels, "labels.gz");
+  ASSERT_TRUE(ok) << ok.message();
+  EXPECT_EQ(ok->images, 2);
 }
 
 // -- the decoders split from their sockets for fuzzing: what they answer ------
