@@ -109,14 +109,7 @@ inline node_agent_options node_options(const std::string& node_id) {
   o.nproc = ranks_per_node;
   o.header.sender = sender_id::of_node(node_id).to_string();
   o.header.incarnation = 42;
-  o.liveness_from_config = [](const std::string& toml) -> std::optional<liveness_options> {
-    auto c = config::parse_toml(toml, "register_ack");
-    if (!c) return std::nullopt;
-    // Settings that do not make sense together keep the node's own.
-    auto l = liveness_options_from(c.value());
-    if (!validate(l).empty()) return std::nullopt;
-    return l;
-  };
+  o.liveness_from_config = liveness_options_from_text<config>;
   o.annotate_report = [node_id](const std::string&, pb::step_report& r) { r.set_node_id(node_id); };
   return o;
 }
