@@ -137,15 +137,25 @@ struct field_reader {
       if (!v.is_number()) return fail(key, "is not a number");
       out = v.get<T>();
     } else if constexpr (std::is_integral_v<T>) {
+      // The range before the conversion: a number the field cannot hold is
+      // refused, never converted (5e74 as an int64_t is undefined behaviour;
+      // found by fuzz_journal_report).
+      using limits = std::numeric_limits<T>;
       if (!v.is_number()) return fail(key, "is not a number");
       if (v.is_number_float()) {
         const double d = v.get<double>();
         if (!std::isfinite(d) || d != std::floor(d)) return fail(key, "is not a whole number");
+        if (!(d >= static_cast<double>(limits::min()) && d < static_cast<double>(limits::max()) + 1.0)) return fail(key, "is out of range");
         out = static_cast<T>(d);
-      } else if (std::is_unsigned_v<T> && v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0) {
-        return fail(key, "is negative");
+      } else if (v.is_number_unsigned()) {
+        if (v.get<uint64_t>() > static_cast<uint64_t>(limits::max())) return fail(key, "is out of range");
+        out = static_cast<T>(v.get<uint64_t>());
       } else {
-        out = v.get<T>();
+        const int64_t i = v.get<int64_t>();
+        if (std::is_unsigned_v<T> && i < 0) return fail(key, "is negative");
+        if (i < static_cast<int64_t>(limits::min()) || (i > 0 && static_cast<uint64_t>(i) > static_cast<uint64_t>(limits::max())))
+          return fail(key, "is out of range");
+        out = static_cast<T>(i);
       }
     } else if constexpr (std::is_enum_v<T>) {
       if (!v.is_string()) return fail(key, "is not a string");

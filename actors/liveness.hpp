@@ -5,6 +5,7 @@
 // how dtactor notices one.
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,13 @@ liveness_options liveness_options_from(const Config& cfg) {
   return o;
 }
 
+// The heartbeat settings a node takes from its coordinator's config text
+// (register_ack's config_toml, parsed by Config::parse_toml): none when the
+// text does not parse or the settings do not make sense together, and the
+// node keeps its own. A template for the same reason as above.
+template <class Config>
+std::optional<liveness_options> liveness_options_from_text(const std::string& toml);
+
 struct lost_peer {
   std::string peer;
   // Time from the peer's last sign of life to this detection: an upper bound
@@ -68,5 +76,14 @@ inline clock_time lost_deadline(clock_time last_seen, const liveness_options& op
 
 // Empty when the options make sense, else one line saying what to change.
 std::string validate(const liveness_options& opts);
+
+template <class Config>
+std::optional<liveness_options> liveness_options_from_text(const std::string& toml) {
+  auto c = Config::parse_toml(toml, "register_ack");
+  if (!c) return std::nullopt;
+  auto l = liveness_options_from(c.value());
+  if (!validate(l).empty()) return std::nullopt;
+  return l;
+}
 
 }  // namespace dtactor

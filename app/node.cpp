@@ -182,11 +182,7 @@ int run_node(const cluster_cli& cli) {
   o.liveness.heartbeat_timeout = std::chrono::milliseconds(1000);
   // The job's own heartbeat settings (register_ack's config), read as the
   // coordinator reads them.
-  o.liveness_from_config = [](const std::string& toml) -> std::optional<liveness_options> {
-    auto c = config::parse_toml(toml, "register_ack");
-    if (!c) return std::nullopt;
-    return liveness_options_from(c.value());
-  };
+  o.liveness_from_config = liveness_options_from_text<config>;
   o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); };
 
   auto launcher = std::make_shared<rank_launcher>(std::vector<std::string>{

@@ -29,6 +29,18 @@ std::vector<std::string> top_level_items(const std::string& s) {
 
 bool all_digits(const std::string& s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos; }
 
+// A host list names at most this many hosts (Slurm's largest clusters have
+// tens of thousands): a list of huge ranges is refused, not expanded.
+constexpr size_t max_hosts = 100000;
+
+// A range bound: digits only, at most 18 of them (no overflow, no throw).
+std::optional<long> range_bound(const std::string& s) {
+  if (!all_digits(s) || s.size() > 18) return std::nullopt;
+  long v = 0;
+  for (char c : s) v = v * 10 + (c - '0');
+  return v;
+}
+
 std::optional<long> to_long(const char* v) {
   if (!v || !*v) return std::nullopt;
   char* end = nullptr;
@@ -44,6 +56,10 @@ std::vector<std::string> expand_slurm_hostlist(const std::string& list, std::str
   for (const auto& item : top_level_items(list)) {
     const auto lb = item.find('[');
     if (lb == std::string::npos) {
+      if (out.size() >= max_hosts) {
+        error = "Slurm host list '" + list.substr(0, 200) + "' names more than " + std::to_string(max_hosts) + " hosts";
+        return {};
+      }
       out.push_back(item);
       continue;
     }
@@ -61,12 +77,17 @@ std::vector<std::string> expand_slurm_hostlist(const std::string& list, std::str
       }
       const auto dash = r.find('-');
       const std::string a = r.substr(0, dash), b = dash == std::string::npos ? a : r.substr(dash + 1);
-      if (!all_digits(a) || !all_digits(b) || std::stol(b) < std::stol(a) || std::stol(b) - std::stol(a) > 100000) {
+      const auto first = range_bound(a), last = range_bound(b);
+      if (!first || !last || *last < *first) {
         error = "malformed Slurm host list '" + list + "'";
         return {};
       }
+      if (static_cast<size_t>(*last - *first) >= max_hosts - out.size()) {
+        error = "Slurm host list '" + list.substr(0, 200) + "' names more than " + std::to_string(max_hosts) + " hosts";
+        return {};
+      }
       // Zero padding as written ("[01-10]").
-      for (long n = std::stol(a); n <= std::stol(b); ++n) {
+      for (long n = *first; n <= *last; ++n) {
         std::string num = std::to_string(n);
         while (num.size() < a.size()) num = "0" + num;
         out.push_back(prefix + num + suffix);

@@ -1,5 +1,7 @@
 #include "model/fashion_mnist.hpp"
 
+#include "model/idx.hpp"
+
 #include <zlib.h>
 
 #include <cstring>
@@ -28,10 +30,6 @@ result<std::vector<uint8_t>> read_gz(const std::string& path) {
   return out;
 }
 
-uint32_t be32(const std::vector<uint8_t>& b, size_t off) {
-  return (uint32_t{b[off]} << 24) | (uint32_t{b[off + 1]} << 16) | (uint32_t{b[off + 2]} << 8) | uint32_t{b[off + 3]};
-}
-
 }  // namespace
 
 result<image_set> read_idx_pair(const std::string& images_path, const std::string& labels_path) {
@@ -41,14 +39,9 @@ result<image_set> read_idx_pair(const std::string& images_path, const std::strin
   if (!lab) return lab.err();
   const auto& ib = img.value();
   const auto& lb = lab.value();
-  if (ib.size() < 16 || be32(ib, 0) != 0x00000803) return make_error("'" + images_path + "' is not an IDX image file (bad magic number)");
-  if (lb.size() < 8 || be32(lb, 0) != 0x00000801) return make_error("'" + labels_path + "' is not an IDX label file (bad magic number)");
-  const int64_t n = be32(ib, 4), rows = be32(ib, 8), cols = be32(ib, 12), nl = be32(lb, 4);
-  if (static_cast<int64_t>(ib.size()) != 16 + n * rows * cols)
-    return make_error("'" + images_path + "' is truncated: header says " + std::to_string(n) + " images of " + std::to_string(rows) + "x" +
-                      std::to_string(cols) + " but the file holds " + std::to_string(ib.size() - 16) + " pixel bytes");
-  if (static_cast<int64_t>(lb.size()) != 8 + nl) return make_error("'" + labels_path + "' is truncated");
-  if (nl != n) return make_error("'" + images_path + "' has " + std::to_string(n) + " images but '" + labels_path + "' has " + std::to_string(nl) + " labels");
+  auto shape = check_idx_pair(ib, images_path, lb, labels_path);
+  if (!shape) return shape.err();
+  const int64_t n = shape->images, rows = shape->rows, cols = shape->cols;
   image_set s;
   s.images = torch::from_blob(const_cast<uint8_t*>(ib.data()) + 16, {n, rows, cols}, torch::kUInt8).clone();
   s.labels = torch::from_blob(const_cast<uint8_t*>(lb.data()) + 8, {n}, torch::kUInt8).to(torch::kInt64);

@@ -51,6 +51,43 @@ struct metrics_hooks {
   }
 };
 
+namespace {
+
+// The reply to one HTTP request (the bytes read, up to the blank line).
+std::string metrics_http_reply(const std::string& request, prometheus::Registry& registry, metrics_hooks& hooks) {
+  const auto line_end = request.find_first_of("\r\n");
+  const std::string line = request.substr(0, line_end);
+  const auto sp1 = line.find(' ');
+  const auto sp2 = line.find(' ', sp1 == std::string::npos ? sp1 : sp1 + 1);
+  const std::string method = line.substr(0, sp1);
+  std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
+  target = target.substr(0, target.find('?'));
+
+  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+  std::optional<metrics_hooks::route> extra;
+  if (method != "GET" && method != "HEAD") {
+    status = "405 Method Not Allowed";
+    type = "text/plain";
+    body = "use GET /metrics\n";
+  } else if (target == "/metrics" || target == "/metrics/") {
+    hooks.run_before_scrape();
+    body = prometheus::TextSerializer().Serialize(registry.Collect());
+  } else if ((extra = hooks.find(target))) {
+    type = extra->content_type;
+    body = extra->body();
+  } else {
+    status = "404 Not Found";
+    type = "text/plain";
+    body = "dtactor serves Prometheus metrics on /metrics\n";
+  }
+  std::string reply =
+      "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  if (method != "HEAD") reply += body;
+  return reply;
+}
+
+}  // namespace
+
 // A minimal HTTP/1.x server for scrapes: one thread, one connection at a
 // time, every reply closes the connection. A client that stalls holds it for
 // at most the socket timeouts (2 s read, 5 s write).
@@ -123,34 +160,7 @@ class metrics_http_server {
       if (n <= 0) break;
       request.append(buf, static_cast<std::size_t>(n));
     }
-    const auto line_end = request.find_first_of("\r\n");
-    const std::string line = request.substr(0, line_end);
-    const auto sp1 = line.find(' ');
-    const auto sp2 = line.find(' ', sp1 == std::string::npos ? sp1 : sp1 + 1);
-    const std::string method = line.substr(0, sp1);
-    std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
-    target = target.substr(0, target.find('?'));
-
-    std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-    std::optional<metrics_hooks::route> extra;
-    if (method != "GET" && method != "HEAD") {
-      status = "405 Method Not Allowed";
-      type = "text/plain";
-      body = "use GET /metrics\n";
-    } else if (target == "/metrics" || target == "/metrics/") {
-      hooks_->run_before_scrape();
-      body = prometheus::TextSerializer().Serialize(registry_->Collect());
-    } else if ((extra = hooks_->find(target))) {
-      type = extra->content_type;
-      body = extra->body();
-    } else {
-      status = "404 Not Found";
-      type = "text/plain";
-      body = "dtactor serves Prometheus metrics on /metrics\n";
-    }
-    std::string reply =
-        "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
-    if (method != "HEAD") reply += body;
+    const std::string reply = metrics_http_reply(request, *registry_, *hooks_);
     std::size_t off = 0;
     while (off < reply.size()) {
       ssize_t n = ::send(fd, reply.data() + off, reply.size() - off, MSG_NOSIGNAL);
@@ -345,6 +355,8 @@ status metrics::serve(int port, const std::string& bind_host) {
   server_ = std::move(server);
   return status::success();
 }
+
+std::string metrics::http_reply(const std::string& request) const { return metrics_http_reply(request, *registry_, *hooks_); }
 
 std::string metrics::render() const {
   hooks_->run_before_scrape();

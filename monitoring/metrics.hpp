@@ -58,6 +58,11 @@ class metrics {
 
   // The exposition text a scrape would return now (for tests and reports).
   std::string render() const;
+  // The whole HTTP reply (status line, headers, body) the server sends for
+  // one request, given the bytes it read (at most 16 KiB; anyone who reaches
+  // the port chooses them). Pure but for the routes' callbacks: tests and
+  // the fuzz target (fuzz/metrics_http.cpp) call it without a socket.
+  std::string http_reply(const std::string& request) const;
 
   // Runs `fn` before every scrape (and render()), on the server's thread: for
   // values read on demand (/proc). Must be thread-safe and quick.

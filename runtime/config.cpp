@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <optional>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -268,6 +269,26 @@ config::config() {
   for (const auto& k : config_schema()) values_[k.name] = parse_text(k, k.default_value).value();
 }
 
+namespace {
+
+// Durations (integer keys in milliseconds or microseconds) are at most a
+// week. The actors add them to steady-clock times in nanoseconds, where
+// anything beyond 2^63 ns (292 years) overflows: 9.3e15 ms did (undefined
+// behaviour; a node took it from register_ack unchecked).
+constexpr int64_t max_duration_ms = int64_t{7} * 24 * 3600 * 1000;
+
+std::optional<int64_t> duration_limit(const std::string& key) {
+  auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends_with("_ms")) return max_duration_ms;
+  if (ends_with("_us")) return max_duration_ms * 1000;
+  return std::nullopt;
+}
+
+}  // namespace
+
 status config::set_value(const std::string& key, config_value v, const std::string& origin) {
   const config_key* k = find_key(key);
   if (!k) return make_error(unknown_key_message(key, origin));
@@ -280,6 +301,9 @@ status config::set_value(const std::string& key, config_value v, const std::stri
       return make_error(origin + ": config key '" + key + "' must be at least " + least.str() + ", got " + to_string(v));
     }
   }
+  if (k->kind == vk::integer)
+    if (auto limit = duration_limit(key); limit && std::get<int64_t>(v) > *limit)
+      return make_error(origin + ": config key '" + key + "' must be at most " + std::to_string(*limit) + " (a week), got " + to_string(v));
   if (k->kind == vk::string && !k->choices.empty()) {
     const auto& s = std::get<std::string>(v);
     bool found = false;
@@ -313,7 +337,10 @@ result<config> config::parse_toml(const std::string& text, const std::string& or
   config cfg;
   std::vector<std::pair<std::string, const toml::node*>> items;
   flatten(tbl, "", items);
-  for (const auto& [name, node] : items) {
+  for (const auto& item : items) {
+    // Not a structured binding: clang before 16 cannot capture one (the fuzz build).
+    const std::string& name = item.first;
+    const toml::node* node = item.second;
     const config_key* k = find_key(name);
     std::string where = origin + ":" + std::to_string(node->source().begin.line);
     if (!k) return make_error(unknown_key_message(name, where));

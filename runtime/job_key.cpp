@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <map>
 #include <cstdio>
 #include <tuple>
@@ -24,6 +25,7 @@ namespace {
 
 constexpr std::size_t z85_key_chars = 40;
 constexpr std::size_t mac_key_bytes = 32;
+constexpr off_t max_key_file_bytes = 64 << 10;
 
 std::string to_hex(const std::string& bytes) {
   static const char* digits = "0123456789abcdef";
@@ -126,8 +128,19 @@ result<job_key> load_job_key(const std::string& path) {
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return make_error("key file '" + path + "' has mode " + mode + ", readable beyond its owner: run chmod 600 '" + path + "'");
   }
-  std::ifstream in(path);
+  // A key file is a few hundred bytes: anything much larger is not one
+  // (and is not read into memory whole).
+  if (st.st_size > max_key_file_bytes) return make_error("key file '" + path + "' is not a dtactor key file (too long)");
+  std::ifstream in(path, std::ios::binary);
   if (!in) return make_error("key file '" + path + "': cannot open it");
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return parse_job_key(text, path);
+}
+
+result<job_key> parse_job_key(const std::string& text, const std::string& path) {
+  std::istringstream in(text);
   std::map<std::string, std::string> kv;
   std::string line;
   int number = 0;

@@ -44,6 +44,10 @@ status write_job_key(const std::string& path, const job_key& key);
 // one line naming the file.
 result<job_key> load_job_key(const std::string& path);
 
+// The checks of load_job_key on a key file's text (`path` names it in
+// errors); pure, for the fuzz target (fuzz/job_key.cpp) and tests.
+result<job_key> parse_job_key(const std::string& text, const std::string& path);
+
 // The 32-byte binary form of a Z85 CURVE key (empty when malformed).
 std::string curve_key_binary(const std::string& z85);
 

@@ -22,11 +22,14 @@ status object_store::put(const std::string& name, std::string_view bytes) {
   return w.value()->commit();
 }
 
-result<std::string> object_store::get(const std::string& name) {
+result<std::string> object_store::get(const std::string& name, uint64_t max_bytes) {
   auto size = size_of(name);
   if (!size) return size.err();
   if (!size.value()) return make_error("'" + name + "' is not in " + location());
-  std::string out(*size.value(), '\0');
+  if (*size.value() > max_bytes)
+    return make_error("'" + name + "' in " + location() + " is " + std::to_string(*size.value()) + " bytes, more than the " + std::to_string(max_bytes) +
+                      " such an object can be: damaged, or not written by dtactor");
+  std::string out(static_cast<size_t>(*size.value()), '\0');
   auto n = read(name, 0, out.data(), out.size());
   if (!n) return n.err();
   out.resize(n.value());

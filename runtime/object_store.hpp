@@ -57,9 +57,12 @@ class object_store {
   // generations that are over), whoever writes them.
   virtual void sweep_stale_writes(const std::function<bool(const std::string& object)>& stale = {}) = 0;
 
-  // Whole small objects.
+  // Whole small objects (manifests). get() refuses an object the store says
+  // is larger than `max_bytes`: the size a damaged or planted file, or an S3
+  // server's Content-Length, claims never decides how much memory is taken.
   status put(const std::string& name, std::string_view bytes);
-  result<std::string> get(const std::string& name);
+  result<std::string> get(const std::string& name, uint64_t max_bytes = max_small_object_bytes);
+  static constexpr uint64_t max_small_object_bytes = 64ull << 20;
 };
 
 // A directory: objects are files written as write_file_atomic does (temp

@@ -40,135 +40,130 @@ bool parse_int64(const std::string& s, int64_t& out) {
 
 }  // namespace
 
-struct rendezvous_store::impl {
-  struct parked {
-    std::string peer;
-    std::string id;
-    bool is_get = false;
-    std::vector<std::string> keys;
-    clock_type::time_point deadline;
-  };
+bool rendezvous_table::all_present(const std::vector<std::string>& keys) const {
+  return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return kv_.count(k) != 0; });
+}
 
+std::vector<rendezvous_table::message> rendezvous_table::release(time_point now) {
+  std::vector<message> out;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (all_present(it->keys)) {
+      if (it->is_get)
+        out.push_back({it->peer, it->id, "ok", kv_[it->keys[0]]});
+      else
+        out.push_back({it->peer, it->id, "ok"});
+      it = waiting_.erase(it);
+    } else if (now >= it->deadline) {
+      out.push_back({it->peer, it->id, "err", "timed out waiting for key '" + it->keys[0] + "' in the rendezvous store"});
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_point now, std::string* why) {
+  auto ignore = [&](const char* reason) {
+    ++malformed_;
+    if (why) *why = reason;
+    return std::vector<message>{};
+  };
+  if (m.size() < 3) return ignore("fewer than 3 frames");
+  std::string peer = std::move(m[0]), id = std::move(m[1]);
+  const std::string op = std::move(m[2]);
+  if (id.size() != proto::id_bytes) return ignore("bad request id");
+  std::vector<std::string> args(std::make_move_iterator(m.begin() + 3), std::make_move_iterator(m.end()));
+  const auto n = args.size();
+  auto reply = [&](const std::string& status, std::vector<std::string> results = {}) {
+    message r{peer, id, status};
+    for (auto& x : results) r.push_back(std::move(x));
+    return std::vector<message>{std::move(r)};
+  };
+  auto deadline_of = [&](const std::string& timeout_ms, bool& ok) {
+    int64_t ms = 0;
+    ok = parse_int64(timeout_ms, ms) && ms >= 0;
+    const auto limit = ms == 0 ? timeout_ : std::min(timeout_, std::chrono::milliseconds(ms));
+    return now + limit;
+  };
+  if (op == "set" && n == 2) {
+    kv_[args[0]] = std::move(args[1]);
+    return reply("ok");
+  }
+  if (op == "get" && n == 2) {
+    bool ok = false;
+    const auto deadline = deadline_of(args[1], ok);
+    if (!ok) return ignore("bad timeout");
+    if (auto it = kv_.find(args[0]); it != kv_.end()) return reply("ok", {it->second});
+    waiting_.push_back({peer, id, true, {args[0]}, deadline});
+    return {};
+  }
+  if (op == "add" && n == 2) {
+    int64_t delta = 0, value = 0;
+    if (!parse_int64(args[1], delta)) return ignore("bad add delta");
+    auto& v = kv_[args[0]];
+    if (!v.empty() && !parse_int64(v, value)) return reply("err", {"key '" + args[0] + "' does not hold a number"});
+    int64_t sum = 0;
+    if (__builtin_add_overflow(value, delta, &sum)) return reply("err", {"adding " + args[1] + " to key '" + args[0] + "' overflows"});
+    v = std::to_string(sum);
+    return reply("ok", {v});
+  }
+  if (op == "cas" && n == 3) {
+    auto it = kv_.find(args[0]);
+    if (it == kv_.end()) {
+      // TCPStore's semantics: an absent key is created only when the
+      // expected value is empty; otherwise the expected value comes back.
+      if (args[1].empty()) kv_[args[0]] = args[2];
+      return reply("ok", {args[1].empty() ? args[2] : args[1]});
+    }
+    if (it->second == args[1]) it->second = std::move(args[2]);
+    return reply("ok", {it->second});
+  }
+  if (op == "check") return reply("ok", {all_present(args) ? "1" : "0"});
+  if (op == "del" && n == 1) return reply("ok", {kv_.erase(args[0]) ? "1" : "0"});
+  if (op == "num" && n == 0) return reply("ok", {std::to_string(kv_.size())});
+  if (op == "wait" && n >= 1) {
+    bool ok = false;
+    const auto deadline = deadline_of(args[0], ok);
+    if (!ok) return ignore("bad timeout");
+    args.erase(args.begin());
+    if (args.empty() || all_present(args)) return reply("ok");
+    waiting_.push_back({peer, id, false, std::move(args), deadline});
+    return {};
+  }
+  return ignore("unknown operation or wrong number of arguments");
+}
+
+struct rendezvous_store::impl {
   zmq::context_t ctx{1};
   zmq::socket_t sock{ctx, zmq::socket_type::router};
   std::unique_ptr<zap_handler> zap;  // with a key; destroyed before sock and ctx
-  std::chrono::milliseconds timeout{0};
+  rendezvous_table table{std::chrono::milliseconds(0)};
   int port = 0;
   std::atomic<bool> stop{false};
   std::thread thread;
-  std::map<std::string, std::string> kv;
-  std::vector<parked> waiting;
-  int malformed = 0;
 
-  void ignore(const std::string& why) {
-    ++malformed;
-    if (malformed <= max_logged)
-      std::fprintf(stderr, "dtactor: rendezvous store: ignored a malformed request (%s)%s\n", why.c_str(),
-                   malformed == max_logged ? "; further ones are not logged" : "");
-  }
-
-  void reply(const std::string& peer, const std::string& id, const std::string& status, const std::vector<std::string>& results = {}) {
-    zmq::multipart_t m;
-    m.addstr(peer);
-    m.addstr(id);
-    m.addstr(status);
-    for (const auto& r : results) m.addstr(r);
-    // A peer gone since it asked is dropped by ROUTER silently; a full
-    // queue (a peer that does not read) must not block the store either.
-    try {
-      m.send(sock, static_cast<int>(zmq::send_flags::dontwait));
-    } catch (const zmq::error_t&) {
-    }
-  }
-
-  bool all_present(const std::vector<std::string>& keys) const {
-    return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return kv.count(k) != 0; });
-  }
-
-  // Answers the parked requests whose keys are all there, and times out the
-  // ones past their deadline.
-  void release(clock_type::time_point now) {
-    for (auto it = waiting.begin(); it != waiting.end();) {
-      if (all_present(it->keys)) {
-        if (it->is_get)
-          reply(it->peer, it->id, "ok", {kv[it->keys[0]]});
-        else
-          reply(it->peer, it->id, "ok");
-        it = waiting.erase(it);
-      } else if (now >= it->deadline) {
-        reply(it->peer, it->id, "err", {"timed out waiting for key '" + it->keys[0] + "' in the rendezvous store"});
-        it = waiting.erase(it);
-      } else {
-        ++it;
+  void send_all(std::vector<rendezvous_table::message> replies) {
+    for (auto& r : replies) {
+      zmq::multipart_t m;
+      for (auto& f : r) m.addstr(std::move(f));
+      // A peer gone since it asked is dropped by ROUTER silently; a full
+      // queue (a peer that does not read) must not block the store either.
+      try {
+        m.send(sock, static_cast<int>(zmq::send_flags::dontwait));
+      } catch (const zmq::error_t&) {
       }
     }
-  }
-
-  clock_type::time_point deadline_of(const std::string& timeout_ms, bool& ok) {
-    int64_t ms = 0;
-    ok = parse_int64(timeout_ms, ms) && ms >= 0;
-    const auto limit = ms == 0 ? timeout : std::min(timeout, std::chrono::milliseconds(ms));
-    return clock_type::now() + limit;
   }
 
   void handle(zmq::multipart_t& m) {
-    if (m.size() < 3) return ignore("fewer than 3 frames");
-    const std::string peer = m.popstr();
-    const std::string id = m.popstr();
-    if (id.size() != proto::id_bytes) return ignore("bad request id");
-    const std::string op = m.popstr();
-    std::vector<std::string> args;
-    while (!m.empty()) args.push_back(m.popstr());
-    const auto n = args.size();
-    if (op == "set" && n == 2) {
-      kv[args[0]] = std::move(args[1]);
-      reply(peer, id, "ok");
-    } else if (op == "get" && n == 2) {
-      bool ok = false;
-      const auto deadline = deadline_of(args[1], ok);
-      if (!ok) return ignore("bad timeout");
-      if (auto it = kv.find(args[0]); it != kv.end())
-        reply(peer, id, "ok", {it->second});
-      else
-        waiting.push_back({peer, id, true, {args[0]}, deadline});
-    } else if (op == "add" && n == 2) {
-      int64_t delta = 0, now = 0;
-      if (!parse_int64(args[1], delta)) return ignore("bad add delta");
-      auto& v = kv[args[0]];
-      if (!v.empty() && !parse_int64(v, now)) return reply(peer, id, "err", {"key '" + args[0] + "' does not hold a number"});
-      v = std::to_string(now + delta);
-      reply(peer, id, "ok", {v});
-    } else if (op == "cas" && n == 3) {
-      auto it = kv.find(args[0]);
-      if (it == kv.end()) {
-        // TCPStore's semantics: an absent key is created only when the
-        // expected value is empty; otherwise the expected value comes back.
-        if (args[1].empty()) kv[args[0]] = args[2];
-        reply(peer, id, "ok", {args[1].empty() ? args[2] : args[1]});
-      } else {
-        if (it->second == args[1]) it->second = std::move(args[2]);
-        reply(peer, id, "ok", {it->second});
-      }
-    } else if (op == "check") {
-      reply(peer, id, "ok", {all_present(args) ? "1" : "0"});
-    } else if (op == "del" && n == 1) {
-      reply(peer, id, "ok", {kv.erase(args[0]) ? "1" : "0"});
-    } else if (op == "num" && n == 0) {
-      reply(peer, id, "ok", {std::to_string(kv.size())});
-    } else if (op == "wait" && n >= 1) {
-      bool ok = false;
-      const auto deadline = deadline_of(args[0], ok);
-      if (!ok) return ignore("bad timeout");
-      args.erase(args.begin());
-      if (all_present(args))
-        reply(peer, id, "ok");
-      else if (args.empty())
-        reply(peer, id, "ok");
-      else
-        waiting.push_back({peer, id, false, std::move(args), deadline});
-    } else {
-      return ignore("unknown operation or wrong number of arguments");
-    }
+    rendezvous_table::message request;
+    while (!m.empty()) request.push_back(m.popstr());
+    std::string why;
+    send_all(table.handle(std::move(request), clock_type::now(), &why));
+    if (!why.empty() && table.malformed() <= static_cast<uint64_t>(max_logged))
+      std::fprintf(stderr, "dtactor: rendezvous store: ignored a malformed request (%s)%s\n", why.c_str(),
+                   table.malformed() == static_cast<uint64_t>(max_logged) ? "; further ones are not logged" : "");
   }
 
   void run() {
@@ -185,7 +180,7 @@ struct rendezvous_store::impl {
         if (e.num() == ETERM) return;
         std::fprintf(stderr, "dtactor: rendezvous store: %s\n", e.what());
       }
-      release(clock_type::now());
+      send_all(table.release(clock_type::now()));
     }
   }
 };
@@ -204,7 +199,7 @@ uint64_t rendezvous_store::refused_handshakes() const { return im_->zap ? im_->z
 result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std::chrono::milliseconds timeout,
                                                                   std::shared_ptr<const job_key> key) {
   auto im = std::make_unique<impl>();
-  im->timeout = timeout;
+  im->table = rendezvous_table(timeout);
   if (key) {
     auto zap = zap_handler::start(im->ctx, {curve_key_binary(key->client_public)}, "rendezvous store");
     if (!zap) return zap.err();

@@ -8,13 +8,51 @@
 // (runtime/communicator.hpp). A malformed request is logged (the first few)
 // and ignored; it never stops the store.
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtactor/result.hpp"
 #include "runtime/job_key.hpp"
 
 namespace dtactor {
+
+// The store's keys and parked requests, and how it answers requests, without
+// the socket: the server's thread owns one, and tests and the fuzz target
+// (fuzz/rendezvous_request.cpp) drive one directly. A message is a ZeroMQ
+// multipart message as runtime/rendezvous_protocol.hpp describes it, with
+// the client's routing id in front (as a ROUTER receives and sends it).
+class rendezvous_table {
+ public:
+  using message = std::vector<std::string>;
+  using time_point = std::chrono::steady_clock::time_point;
+  explicit rendezvous_table(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  // The replies due now: one, or none for a request that is parked or
+  // malformed (counted; `why` says what was wrong, for the log).
+  std::vector<message> handle(message request, time_point now, std::string* why = nullptr);
+  // Answers the parked requests whose keys are all there, and times out the
+  // ones past their deadline.
+  std::vector<message> release(time_point now);
+  uint64_t malformed() const { return malformed_; }
+  size_t keys() const { return kv_.size(); }
+  size_t parked() const { return waiting_.size(); }
+
+ private:
+  struct parked_request {
+    std::string peer;
+    std::string id;
+    bool is_get = false;
+    std::vector<std::string> keys;
+    time_point deadline;
+  };
+  bool all_present(const std::vector<std::string>& keys) const;
+  std::chrono::milliseconds timeout_;
+  std::map<std::string, std::string> kv_;
+  std::vector<parked_request> waiting_;
+  uint64_t malformed_ = 0;
+};
 
 class rendezvous_store {
  public:

@@ -198,15 +198,10 @@ class s3_store : public object_store {
       auto r = request("GET", "", q, {}, nullptr, 0, nullptr);
       if (!r) return r.err();
       if (r->code != 200) return make_error(describe("LIST", "", *r, ""));
-      const auto keys = xml_all(r->body, "Key"), sizes = xml_all(r->body, "Size");
-      for (size_t i = 0; i < keys.size() && i < sizes.size(); ++i) {
-        if (keys[i].compare(0, pre.size(), pre) != 0) continue;
-        std::string name = keys[i].substr(pre.size());
-        if (name.empty() || name.find('/') != std::string::npos) continue;
-        out.push_back({name, std::strtoull(sizes[i].c_str(), nullptr, 10)});
-      }
-      if (xml_first(r->body, "IsTruncated") != "true") break;
-      token = xml_first(r->body, "NextContinuationToken");
+      auto page = parse_list_objects(r->body, pre);
+      for (auto& o : page.objects) out.push_back(std::move(o));
+      if (!page.truncated) break;
+      token = page.next_token;
       if (token.empty()) break;
     }
     std::sort(out.begin(), out.end(), [](const object_info& a, const object_info& b) { return a.name < b.name; });
@@ -224,9 +219,8 @@ class s3_store : public object_store {
     const std::string prefix = o_.prefix.empty() ? "" : o_.prefix + "/";
     auto r = request("GET", "", {{"uploads", ""}, {"prefix", prefix}}, {}, nullptr, 0, nullptr);
     if (!r || r->code != 200) return;
-    const auto keys = xml_all(r->body, "Key"), ids = xml_all(r->body, "UploadId");
-    for (size_t i = 0; i < keys.size() && i < ids.size(); ++i)
-      if (!stale || stale(keys[i].substr(prefix.size()))) (void)request("DELETE", keys[i], {{"uploadId", ids[i]}}, {}, nullptr, 0, nullptr);
+    for (const auto& u : parse_multipart_uploads(r->body, prefix))
+      if (!stale || stale(u.name)) (void)request("DELETE", u.key, {{"uploadId", u.upload_id}}, {}, nullptr, 0, nullptr);
   }
 
   // -- for the writer ----------------------------------------------------------
@@ -236,7 +230,8 @@ class s3_store : public object_store {
 
   std::string describe(const std::string& what, const std::string& name, const response& r, const std::string& extra_body) const {
     const std::string body = r.body + extra_body;
-    std::string code = xml_first(body, "Code"), msg = xml_first(body, "Message");
+    const auto e = parse_s3_error(body);
+    const std::string &code = e.code, &msg = e.message;
     std::string out = "S3 " + what + " " + (name.empty() ? location_ : where(name)) + " failed: HTTP " + std::to_string(r.code);
     if (!code.empty()) out += " " + code;
     if (!msg.empty()) out += " (" + msg + ")";
@@ -261,7 +256,7 @@ class s3_store : public object_store {
       }
       auto r = once(method, key, query, extra_headers, body, body_size, payload_hash, sink);
       const bool transient = !r.transport_error.empty() || r.code >= 500 || r.code == 429 ||
-                             (r.code == 503) || xml_first(r.body, "Code") == "SlowDown" || xml_first(r.body, "Code") == "RequestTimeout";
+                             (r.code == 503) || parse_s3_error(r.body).code == "SlowDown" || parse_s3_error(r.body).code == "RequestTimeout";
       if (!transient) return r;
       last = !r.transport_error.empty() ? r.transport_error : describe(method, key, r, sink ? sink->overflow : "");
     }
@@ -368,7 +363,7 @@ status s3_writer::flush_part(const char* data, size_t size) {
     auto r = s_.request("POST", s_.key(name_), {{"uploads", ""}}, {}, "", 0, nullptr);
     if (!r) return r.err();
     if (r->code != 200) return make_error(s_.describe("CreateMultipartUpload", name_, *r, ""));
-    upload_id_ = xml_first(r->body, "UploadId");
+    upload_id_ = parse_upload_id(r->body);
     if (upload_id_.empty()) return make_error("S3 CreateMultipartUpload " + s_.where(name_) + ": no UploadId in the answer");
   }
   const int number = static_cast<int>(etags_.size()) + 1;
@@ -424,7 +419,7 @@ status s3_writer::commit() {
   auto r = s_.request("POST", s_.key(name_), {{"uploadId", upload_id_}}, {}, xml.data(), xml.size(), nullptr);
   if (!r) return r.err();
   // S3 may answer 200 with an error body when the completion fails late.
-  if (r->code != 200 || !xml_first(r->body, "Code").empty()) return make_error(s_.describe("CompleteMultipartUpload", name_, *r, ""));
+  if (r->code != 200 || !parse_s3_error(r->body).code.empty()) return make_error(s_.describe("CompleteMultipartUpload", name_, *r, ""));
   done_ = true;
   return {};
 }
@@ -456,6 +451,38 @@ std::string uri_encode(const std::string& s, bool path) {
       out.push_back(d[c >> 4]);
       out.push_back(d[c & 15]);
     }
+  }
+  return out;
+}
+
+s3_list_page parse_list_objects(const std::string& xml, const std::string& prefix) {
+  s3_list_page page;
+  const auto keys = xml_all(xml, "Key"), sizes = xml_all(xml, "Size");
+  for (size_t i = 0; i < keys.size() && i < sizes.size(); ++i) {
+    if (keys[i].compare(0, prefix.size(), prefix) != 0) continue;
+    std::string name = keys[i].substr(prefix.size());
+    if (name.empty() || name.find('/') != std::string::npos) continue;
+    page.objects.push_back({name, std::strtoull(sizes[i].c_str(), nullptr, 10)});
+  }
+  page.truncated = xml_first(xml, "IsTruncated") == "true";
+  page.next_token = xml_first(xml, "NextContinuationToken");
+  return page;
+}
+
+s3_error_body parse_s3_error(const std::string& xml) { return {xml_first(xml, "Code"), xml_first(xml, "Message")}; }
+
+std::string parse_upload_id(const std::string& xml) { return xml_first(xml, "UploadId"); }
+
+std::vector<s3_upload> parse_multipart_uploads(const std::string& xml, const std::string& prefix) {
+  std::vector<s3_upload> out;
+  const auto keys = xml_all(xml, "Key"), ids = xml_all(xml, "UploadId");
+  for (size_t i = 0; i < keys.size() && i < ids.size(); ++i) {
+    // Only uploads of objects directly under the prefix are the store's:
+    // whatever else a server lists is not ours to abort.
+    if (keys[i].size() <= prefix.size() || keys[i].compare(0, prefix.size(), prefix) != 0) continue;
+    std::string name = keys[i].substr(prefix.size());
+    if (name.find('/') != std::string::npos) continue;
+    out.push_back({std::move(name), keys[i], ids[i]});
   }
   return out;
 }
@@ -530,7 +557,7 @@ status s3_create_bucket(const s3_options& options) {
   s3_store store(options);
   auto r = store.request("PUT", "", {}, {}, "", 0, nullptr);
   if (!r) return r.err();
-  if (r->code != 200 && xml_first(r->body, "Code") != "BucketAlreadyOwnedByYou") return make_error(store.describe("CreateBucket", "", *r, ""));
+  if (r->code != 200 && parse_s3_error(r->body).code != "BucketAlreadyOwnedByYou") return make_error(store.describe("CreateBucket", "", *r, ""));
   return {};
 }
 

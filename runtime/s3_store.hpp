@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/object_store.hpp"
 #include "dtactor/result.hpp"
@@ -49,6 +50,30 @@ result<std::unique_ptr<object_store>> open_s3_store(s3_options options);
 
 // Creates options.bucket (tests, scripts; dtactor itself never creates buckets).
 status s3_create_bucket(const s3_options& options);
+
+// S3's XML responses as the store reads them (pure: tests and the fuzz
+// target fuzz/s3_xml.cpp drive them without a server). S3's responses are
+// flat enough for a tag scanner; the five XML entities are decoded.
+struct s3_list_page {
+  std::vector<object_info> objects;  // directly under `prefix`, in the response's order
+  bool truncated = false;            // IsTruncated
+  std::string next_token;            // NextContinuationToken
+};
+// ListObjectsV2 (GET ?list-type=2&prefix=P). `prefix`: "" or "some/prefix/".
+s3_list_page parse_list_objects(const std::string& xml, const std::string& prefix);
+// An error response's Code and Message (empty when absent).
+struct s3_error_body {
+  std::string code, message;
+};
+s3_error_body parse_s3_error(const std::string& xml);
+// InitiateMultipartUpload: the UploadId (empty when absent).
+std::string parse_upload_id(const std::string& xml);
+// ListMultipartUploads (GET ?uploads&prefix=P): each upload in flight, as
+// (object name under `prefix`, key, upload id).
+struct s3_upload {
+  std::string name, key, upload_id;
+};
+std::vector<s3_upload> parse_multipart_uploads(const std::string& xml, const std::string& prefix);
 
 // SigV4 pieces, exposed for tests against AWS's published examples.
 std::string sha256_hex(const void* data, size_t size);

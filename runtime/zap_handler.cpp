@@ -46,31 +46,19 @@ void zap_handler::run() {
       if (!(item.revents & ZMQ_POLLIN)) continue;
       zmq::multipart_t request;
       if (!request.recv(*socket_, static_cast<int>(zmq::recv_flags::dontwait))) continue;
-      // RFC 27: version, request id, domain, address, identity, mechanism, credentials...
-      std::string version, request_id, address, mechanism, credential;
-      if (request.size() >= 6) {
-        version = request[0].to_string();
-        request_id = request[1].to_string();
-        address = request[3].to_string();
-        mechanism = request[5].to_string();
-        if (request.size() >= 7) credential = request[6].to_string();
-      }
-      const bool ok = version == "1.0" && mechanism == "CURVE" && allowed_.count(credential) != 0;
+      std::vector<std::string> frames;
+      for (const auto& f : request) frames.push_back(f.to_string());
+      const auto d = decide_zap_request(frames, allowed_);
       zmq::multipart_t reply;
-      reply.addstr("1.0");
-      reply.addstr(request_id);
-      reply.addstr(ok ? "200" : "400");
-      reply.addstr(ok ? "OK" : "not a client of this job");
-      reply.addstr("");  // user id
-      reply.addstr("");  // metadata
+      for (const auto& f : d.reply) reply.addstr(f);
       reply.send(*socket_);
-      if (ok) {
+      if (d.admitted) {
         admitted_.fetch_add(1);
       } else {
         const auto n = refused_.fetch_add(1) + 1;
         if (n <= max_logged)
           std::fprintf(stderr, "dtactor: %s: refused a %s connection from %s: not a client of this job (no or another job key)%s\n",
-                       who_.c_str(), mechanism.empty() ? "malformed" : mechanism.c_str(), address.empty() ? "?" : address.c_str(),
+                       who_.c_str(), d.mechanism.empty() ? "malformed" : d.mechanism.c_str(), d.address.empty() ? "?" : d.address.c_str(),
                        n == max_logged ? "; further refusals are counted, not logged" : "");
       }
     } catch (const zmq::error_t& e) {
@@ -78,6 +66,21 @@ void zap_handler::run() {
       std::fprintf(stderr, "dtactor: %s: ZAP handler: %s\n", who_.c_str(), e.what());
     }
   }
+}
+
+zap_decision decide_zap_request(const std::vector<std::string>& request, const std::set<std::string>& allowed) {
+  zap_decision d;
+  std::string version, request_id, credential;
+  if (request.size() >= 6) {
+    version = request[0];
+    request_id = request[1];
+    d.address = request[3];
+    d.mechanism = request[5];
+    if (request.size() >= 7) credential = request[6];
+  }
+  d.admitted = version == "1.0" && d.mechanism == "CURVE" && allowed.count(credential) != 0;
+  d.reply = {"1.0", request_id, d.admitted ? "200" : "400", d.admitted ? "OK" : "not a client of this job", "", ""};
+  return d;
 }
 
 void make_curve_server(zmq::socket_t& socket, const std::string& server_secret) {

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dtactor/result.hpp"
 
@@ -20,6 +21,18 @@ class socket_t;
 }  // namespace zmq
 
 namespace dtactor {
+
+// The answer to one ZAP request (RFC 27: version, request id, domain,
+// address, identity, mechanism, credentials...): a CURVE client whose public
+// key is in `allowed` is admitted, anything else refused. Pure, so that the
+// fuzz target (fuzz/zap_request.cpp) and tests need no sockets.
+struct zap_decision {
+  std::vector<std::string> reply;  // version, request id, status code, status text, user id, metadata
+  bool admitted = false;
+  std::string mechanism;  // as the request named it (empty: malformed)
+  std::string address;    // the peer's, for the log
+};
+zap_decision decide_zap_request(const std::vector<std::string>& request, const std::set<std::string>& allowed);
 
 class zap_handler {
  public:

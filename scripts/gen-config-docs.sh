@@ -18,7 +18,8 @@ generated from it by `scripts/gen-config-docs.sh`), and
 `dtactor config --config FILE --set ...` prints the effective config.
 
 Unknown keys, wrong types and out-of-range values are errors that name the
-key (and the file and line).
+key (and the file and line). Durations (keys ending in `_ms` or `_us`) are
+at most a week.
 
 | key | default | meaning |
 |---|---|---|

@@ -18,6 +18,8 @@ pkgs=(
   libcaf-dev libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   # command line, config, JSON, compression, tests
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libxxhash-dev libgtest-dev libgmock-dev
+  # fuzzing (scripts/fuzz.sh, docs/fuzzing.md): clang with libFuzzer and the sanitizers' runtimes
+  clang libclang-rt-14-dev
   # monitoring: the Prometheus server and promtool (alert rule tests, the scrape integration test)
   prometheus
   # data sets, read in place

@@ -20,6 +20,24 @@ TEST(SlurmEnv, ExpandsHostLists) {
   EXPECT_NE(err, "");
 }
 
+// Found by fuzz/slurm_hostlist: a bound of 20 digits made std::stol throw
+// (the node process aborted), and ranges of 100,000 hosts each added up
+// without limit.
+TEST(SlurmEnv, RefusesHostListsItCannotExpand) {
+  std::string err;
+  EXPECT_TRUE(expand_slurm_hostlist("n[99600102260010226565]", err).empty());
+  EXPECT_NE(err.find("malformed"), std::string::npos) << err;
+  err.clear();
+  EXPECT_TRUE(expand_slurm_hostlist("n[1-99999999999999999999]", err).empty());
+  EXPECT_NE(err, "");
+  err.clear();
+  std::string many = "n[0-60000],m[0-60000]";
+  EXPECT_TRUE(expand_slurm_hostlist(many, err).empty());
+  EXPECT_NE(err.find("more than 100000 hosts"), std::string::npos) << err;
+  err.clear();
+  EXPECT_EQ(expand_slurm_hostlist("n[0-49999],m[0-49999]", err).size(), 100000u) << err;
+}
+
 TEST(SlurmEnv, ReadsTheAllocation) {
   std::map<std::string, std::string> env = {{"SLURM_JOB_ID", "4321"},         {"SLURM_STEP_ID", "0"},       {"SLURMD_NODENAME", "gpu02"},
                                             {"SLURM_JOB_NODELIST", "gpu[01-02]"}, {"SLURM_NODEID", "1"},       {"SLURM_JOB_NUM_NODES", "2"},

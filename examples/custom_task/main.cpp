@@ -7,9 +7,10 @@
 // See README.md next to this file.
 #include <dtactor/dtactor.hpp>
 
+#include "csv_rows.hpp"
+
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,51 +23,16 @@ struct table {
   torch::Tensor labels;    // [rows] int64
 };
 
-// Reads "x1,x2,...,label" rows; a header line (anything not a number in the
-// first field) is skipped. Every failure is one line naming file and line.
+// Reads "x1,x2,...,label" rows (csv_rows.hpp) into tensors.
 dtactor::result<table> read_csv(const std::string& path, int64_t classes) {
   std::ifstream in(path);
   if (!in) return dtactor::make_error("cannot open '" + path + "'");
-  std::vector<float> values;
-  std::vector<int64_t> labels;
-  size_t columns = 0, line_no = 0;
-  std::string line;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.empty()) continue;
-    std::vector<double> row;
-    std::stringstream fields(line);
-    std::string field;
-    bool numeric = true;
-    while (std::getline(fields, field, ',')) {
-      char* end = nullptr;
-      double v = std::strtod(field.c_str(), &end);
-      if (end == field.c_str() || *end != '\0') {
-        numeric = false;
-        break;
-      }
-      row.push_back(v);
-    }
-    if (!numeric) {
-      if (line_no == 1) continue;  // a header
-      return dtactor::make_error("'" + path + "' line " + std::to_string(line_no) + ": '" + field + "' is not a number");
-    }
-    if (row.size() < 2) return dtactor::make_error("'" + path + "' line " + std::to_string(line_no) + ": needs features and a label");
-    if (columns == 0) columns = row.size();
-    if (row.size() != columns)
-      return dtactor::make_error("'" + path + "' line " + std::to_string(line_no) + ": " + std::to_string(row.size()) + " columns, the first row has " +
-                                 std::to_string(columns));
-    const double label = row.back();
-    if (label != static_cast<double>(static_cast<int64_t>(label)) || label < 0 || label >= static_cast<double>(classes))
-      return dtactor::make_error("'" + path + "' line " + std::to_string(line_no) + ": label " + std::to_string(label) +
-                                 " is not a class id below model.classes (" + std::to_string(classes) + ")");
-    for (size_t i = 0; i + 1 < row.size(); ++i) values.push_back(static_cast<float>(row[i]));
-    labels.push_back(static_cast<int64_t>(label));
-  }
-  if (labels.empty()) return dtactor::make_error("'" + path + "' holds no rows");
-  const auto rows = static_cast<int64_t>(labels.size());
-  return table{torch::from_blob(values.data(), {rows, static_cast<int64_t>(columns - 1)}, torch::kFloat).clone(),
-               torch::from_blob(labels.data(), {rows}, torch::kLong).clone()};
+  auto rows = tabular::parse_csv(in, path, classes);
+  if (!rows) return rows.err();
+  auto& r = rows.value();
+  const auto n = static_cast<int64_t>(r.labels.size());
+  return table{torch::from_blob(r.values.data(), {n, static_cast<int64_t>(r.columns - 1)}, torch::kFloat).clone(),
+               torch::from_blob(r.labels.data(), {n}, torch::kLong).clone()};
 }
 
 class tabular_task : public dtactor::task {
