@@ -47,6 +47,13 @@ done
 printf '\003Wed, 25 Nov 2026 08:30:00 GMT' >"$corpus/preemption_notice/seed-time-rfc1123"
 printf '\0032026-11-25T08:30:00.250Z' >"$corpus/preemption_notice/seed-time-rfc3339"
 
+# S3 responses from a real radosgw, when Ceph's packages are here.
+if command -v radosgw >/dev/null && command -v ceph-mon >/dev/null; then
+  bash fuzz/capture_s3_seeds.sh "$corpus/s3_xml"
+else
+  echo "make_corpus: no radosgw here: the S3 seeds are AWS's documented shapes only" >&2
+fi
+
 # The tabular task's CSV as its make_data.py writes it (first byte: 3 classes).
 /usr/bin/python3.11 examples/custom_task/make_data.py "$tmp/csv" >/dev/null
 mkdir -p "$corpus/custom_task_csv"
