@@ -15,11 +15,23 @@
 using namespace dtactor;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string prefix = [] {
-    std::string dir = (std::filesystem::temp_directory_path() / ("dtactor-fuzz-dictd-" + std::to_string(::getpid()))).string();
-    std::filesystem::create_directories(dir);
-    return dir + "/db";
-  }();
+  // read_dictd takes a path prefix: the two files live in a directory of
+  // this process, in memory (/dev/shm) where there is one: rewriting a file
+  // on ext4 flushes it to the disk on every input.
+  struct scratch_dir {
+    std::string path;
+    scratch_dir() {
+      const std::filesystem::path base = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
+      path = (base / ("dtactor-fuzz-dictd-" + std::to_string(::getpid()))).string();
+      std::filesystem::create_directories(path);
+    }
+    ~scratch_dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const scratch_dir dir;
+  const std::string prefix = dir.path + "/db";
   fuzz::reader in(data, size);
   (void)in.u8();
   const std::string index = in.payload();

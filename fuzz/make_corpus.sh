@@ -2,7 +2,9 @@
 # Rewrites the seed files (seed-*) of fuzz/corpus/ from real code paths and
 # real data (docs/fuzzing.md); files named regression-* (inputs fuzzing
 # found) are kept. Needs the fuzz build (scripts/fuzz.sh builds it) and
-# /usr/bin/python3.11 with NumPy. Usage: fuzz/make_corpus.sh [BUILD_DIR]
+# /usr/bin/python3.11 with NumPy; seeds from a real run need a normal build
+# (DTACTOR_BIN_DIR, default build/) and strace, the S3 ones radosgw.
+# Usage: fuzz/make_corpus.sh [FUZZ_BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-${DTACTOR_FUZZ_BUILD_DIR:-build-fuzz}}
@@ -46,6 +48,22 @@ for cloud in aws gcp azure; do
 done
 printf '\003Wed, 25 Nov 2026 08:30:00 GMT' >"$corpus/preemption_notice/seed-time-rfc1123"
 printf '\0032026-11-25T08:30:00.250Z' >"$corpus/preemption_notice/seed-time-rfc3339"
+
+# A real run of dtactor (coordinator + 2 nodes under strace), when a normal
+# build is at DTACTOR_BIN_DIR (default build/).
+bin_dir=${DTACTOR_BIN_DIR:-build}
+if [ -x "$bin_dir/dtactor" ] && [ -x "$bin_dir/dtactor-train" ] && command -v strace >/dev/null; then
+  bash fuzz/capture_real_run.sh "$bin_dir" "$corpus"
+else
+  echo "make_corpus: no dtactor build at $bin_dir (or no strace): no seeds from a real run" >&2
+fi
+
+# S3 responses from a real radosgw, when Ceph's packages are here.
+if command -v radosgw >/dev/null && command -v ceph-mon >/dev/null; then
+  bash fuzz/capture_s3_seeds.sh "$corpus/s3_xml"
+else
+  echo "make_corpus: no radosgw here: the S3 seeds are AWS's documented shapes only" >&2
+fi
 
 # The tabular task's CSV as its make_data.py writes it (first byte: 3 classes).
 /usr/bin/python3.11 examples/custom_task/make_data.py "$tmp/csv" >/dev/null

@@ -6,8 +6,9 @@ dictd databases cut from Debian's real dict-freedict-eng-ita and dict-gcide
 (with their index offsets recomputed), the first images of Debian's
 Fashion-MNIST (IDX), HTTP requests as Prometheus and curl
 send them, Slurm host lists as Slurm writes them, and S3 XML responses in
-the shapes of the S3 API reference (ListObjectsV2, errors,
-InitiateMultipartUpload, ListMultipartUploads). The preemption notices come
+the shapes of AWS's S3 API reference (ListObjectsV2, errors,
+InitiateMultipartUpload, ListMultipartUploads; radosgw's own answers come
+from capture_s3_seeds.sh). The preemption notices come
 from tests/fake_metadata.py in make_corpus.sh. Usage: make_data_seeds.py
 CORPUS_DIR (fuzz/make_corpus.sh runs it)."""
 import gzip
@@ -124,18 +125,18 @@ for name, vals in [
 
 # S3 (first byte: 0 list, 1 error, 2 initiate, 3 uploads; 0x10: prefix "ckpt/run-1/").
 ns = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
-seed("s3_xml", "list-objects-v2", bytes([0x10]) + f"""<?xml version="1.0" encoding="UTF-8"?>
+seed("s3_xml", "aws-doc-list-objects-v2", bytes([0x10]) + f"""<?xml version="1.0" encoding="UTF-8"?>
 <ListBucketResult {ns}><Name>dtactor</Name><Prefix>ckpt/run-1/</Prefix><KeyCount>3</KeyCount><MaxKeys>1000</MaxKeys>
 <IsTruncated>true</IsTruncated><NextContinuationToken>1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=</NextContinuationToken>
 <Contents><Key>ckpt/run-1/ckpt-000000500.manifest</Key><LastModified>2025-01-06T10:00:00.000Z</LastModified><ETag>&quot;9b2cf535f27731c974343645a3985328&quot;</ETag><Size>2211</Size><StorageClass>STANDARD</StorageClass></Contents>
 <Contents><Key>ckpt/run-1/ckpt-000000500.g2.r0-of-2.part</Key><LastModified>2025-01-06T09:59:59.000Z</LastModified><ETag>&quot;a1-2&quot;</ETag><Size>1646592</Size><StorageClass>STANDARD</StorageClass></Contents>
 <Contents><Key>ckpt/run-1/sub/other</Key><Size>1</Size></Contents>
 </ListBucketResult>""".encode())
-seed("s3_xml", "error", bytes([1]) + b"""<?xml version="1.0" encoding="UTF-8"?>
+seed("s3_xml", "aws-doc-error", bytes([1]) + b"""<?xml version="1.0" encoding="UTF-8"?>
 <Error><Code>SignatureDoesNotMatch</Code><Message>The request signature we calculated does not match the signature you provided.</Message><RequestId>tx000006b5</RequestId><HostId>a0b1-default</HostId></Error>""")
-seed("s3_xml", "initiate", bytes([2]) + f"""<?xml version="1.0" encoding="UTF-8"?>
+seed("s3_xml", "aws-doc-initiate", bytes([2]) + f"""<?xml version="1.0" encoding="UTF-8"?>
 <InitiateMultipartUploadResult {ns}><Bucket>dtactor</Bucket><Key>ckpt/run-1/ckpt-000000500.g2.r1-of-2.part</Key><UploadId>2~ZpL7mC0Wd8wQ1nQ5</UploadId></InitiateMultipartUploadResult>""".encode())
-seed("s3_xml", "list-uploads", bytes([0x13]) + f"""<?xml version="1.0" encoding="UTF-8"?>
+seed("s3_xml", "aws-doc-list-uploads", bytes([0x13]) + f"""<?xml version="1.0" encoding="UTF-8"?>
 <ListMultipartUploadsResult {ns}><Bucket>dtactor</Bucket><KeyMarker></KeyMarker><UploadIdMarker></UploadIdMarker><Prefix>ckpt/run-1/</Prefix><MaxUploads>1000</MaxUploads><IsTruncated>false</IsTruncated>
 <Upload><Key>ckpt/run-1/ckpt-000000500.g2.r1-of-2.part</Key><UploadId>2~ZpL7mC0Wd8wQ1nQ5</UploadId><Initiator><ID>dtactor</ID></Initiator><StorageClass>STANDARD</StorageClass><Initiated>2025-01-06T09:59:58.000Z</Initiated></Upload>
 </ListMultipartUploadsResult>""".encode())
