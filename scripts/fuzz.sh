@@ -35,6 +35,9 @@ command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found: install clang and 
 start=$(date +%s)
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -G Ninja -DDTACTOR_FUZZ=ON -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF >/dev/null
+elif ! grep -q '^DTACTOR_FUZZ:BOOL=ON' "$build/CMakeCache.txt"; then
+  echo "fuzz: $build is not a fuzz build tree (configured without -DDTACTOR_FUZZ=ON); set DTACTOR_FUZZ_BUILD_DIR to another directory" >&2
+  exit 2
 fi
 if ! cmake --build "$build" --target fuzz_all -j"${FUZZ_BUILD_JOBS:-$(nproc)}" >"$build/fuzz-build.log" 2>&1; then
   grep -E 'error|FAILED' -A5 "$build/fuzz-build.log" | head -n 60 >&2
