@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."
 out=$1
 mkdir -p "$out"
 dir=$(mktemp -d /tmp/dtactor-fuzz-rgw.XXXXXX)
+trap 'bash scripts/rgw/stop-rgw.sh "$dir" >/dev/null 2>&1 || true; rm -rf "$dir" "$dir.log"' EXIT
 RGW_PORT=${RGW_PORT:-27480} MON_PORT=${MON_PORT:-23300} bash scripts/rgw/start-rgw.sh "$dir" >/dev/null 2>"$dir.log" || { cat "$dir.log" >&2; exit 1; }
-trap 'bash scripts/rgw/stop-rgw.sh "$dir" >/dev/null 2>&1 || true; rm -f "$dir.log"' EXIT
 . "$dir/env.sh"
 empty=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855  # sha256("")
 # curl signs the query string as written: parameters in sorted order, each
