@@ -1,5 +1,8 @@
 #include "actors/membership.hpp"
 
+#include <cctype>
+#include <cstdio>
+
 #include <algorithm>
 #include <set>
 #include <sstream>
@@ -363,10 +366,39 @@ bool membership::report_failure(uint64_t generation, const std::string& node_id,
   return true;
 }
 
+std::string node_id_problem(const std::string& id) {
+  if (id.empty()) return "an empty node id";
+  std::string shown;  // printable: escapes and bytes outside ASCII as \xNN
+  bool bad = id.size() > 128;
+  for (size_t i = 0; i < id.size() && i < 64; ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    const bool ok = std::isalnum(c) || c == '.' || c == '_' || c == '-';
+    bad = bad || !ok;
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      shown += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      shown += buf;
+    }
+  }
+  for (size_t i = 64; i < id.size() && !bad; ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    bad = !(std::isalnum(c) || c == '.' || c == '_' || c == '-');
+  }
+  if (!bad) return "";
+  if (id.size() > 64) shown += "... (" + std::to_string(id.size()) + " bytes)";
+  return "node id '" + shown + "' is not 1 to 128 letters, digits, '.', '_' or '-'";
+}
+
 admission membership::admit(const node_registration& reg, clock_time now) {
   admission a;
   if (reg.node_id.empty()) {
     a.reason = "register_node without a node_id; every node needs a stable id (--node-id or its hostname)";
+    return a;
+  }
+  if (auto why = node_id_problem(reg.node_id); !why.empty()) {
+    a.reason = "register_node refused: " + why;
     return a;
   }
   if (reg.nproc < 1) {

@@ -206,6 +206,13 @@ plan_decision decide(clock_time now, const membership_state& state, const member
 // drain and cause filled from the changes since the current plan.
 plan make_plan(const membership_state& state, uint64_t generation);
 
+// Why `id` cannot name a node ("" when it can): 1 to 128 characters of
+// letters, digits, '.', '_' and '-' (host names, pod names and Slurm node
+// names fit). Node ids go into log lines, progress lines, journal events,
+// metric labels and file names; a stranger's id with terminal escapes or
+// newlines must not reach any of them. The problem is printable.
+std::string node_id_problem(const std::string& id);
+
 struct admission {
   bool accepted = false;
   int32_t node_rank = -1;

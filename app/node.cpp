@@ -8,12 +8,14 @@
 #include <caf/all.hpp>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <thread>
 
+#include "actors/membership.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
 #include "app/caf_setup.hpp"
@@ -130,6 +132,13 @@ int run_node(const cluster_cli& cli) {
     const auto a = ns.find('['), b = ns.find(']');
     default_id += "-net" + (a != std::string::npos && b != std::string::npos ? ns.substr(a + 1, b - a - 1) : std::string("ns"));
   }
+  // A host name outside the node id alphabet is mapped into it; a --node-id
+  // outside it is refused (the coordinator would refuse it too).
+  for (char& c : default_id)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  if (default_id.size() > 128) default_id.resize(128);
+  if (!cli.node_id.empty())
+    if (auto why = node_id_problem(cli.node_id); !why.empty()) return fail("--node-id: " + why, 2);
   auto claim = claim_node_id(cli.node_id.empty() ? default_id : cli.node_id, !cli.node_id.empty(), cli.coordinator);
   if (!claim) return fail(claim.message(), 2);
   if (!claim->note.empty()) std::fprintf(stderr, "node: %s\n", claim->note.c_str());

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -79,15 +80,27 @@ std::string amz_date(std::time_t t) {
   return buf;
 }
 
+// The most an answer's body may hold when it is read into memory (a LIST
+// page, an upload id, an error): a LIST page of 1,000 keys is ~300 KB. A
+// longer answer is refused, not buffered (a broken or hostile endpoint must
+// not exhaust memory). Ranged reads go to the caller's buffer instead.
+constexpr size_t max_answer_bytes = 16u << 20;
+
 struct response {
   long code = 0;
   std::string body;
   std::map<std::string, std::string> headers;  // lower-case names
   std::string transport_error;                 // curl's, when no HTTP response came
+  bool too_long = false;                       // the body passed max_answer_bytes (refused, not retried)
 };
 
 size_t to_string(char* p, size_t size, size_t n, void* ud) {
-  static_cast<std::string*>(ud)->append(p, size * n);
+  auto* r = static_cast<response*>(ud);
+  if (r->body.size() + size * n > max_answer_bytes) {
+    r->too_long = true;
+    return 0;  // curl aborts the transfer
+  }
+  r->body.append(p, size * n);
   return size * n;
 }
 
@@ -103,7 +116,11 @@ size_t to_span(char* p, size_t size, size_t n, void* ud) {
   const size_t fit = static_cast<size_t>(std::min<uint64_t>(len, s->cap - s->used));
   std::memcpy(s->dst + s->used, p, fit);
   s->used += fit;
-  if (fit < len) s->overflow.append(p + fit, len - fit);
+  if (fit < len) {
+    // More than was asked for: an error body, kept for the message, bounded.
+    if (s->overflow.size() + (len - fit) > max_answer_bytes) return 0;
+    s->overflow.append(p + fit, len - fit);
+  }
   return len;
 }
 
@@ -192,6 +209,7 @@ class s3_store : public object_store {
     std::vector<object_info> out;
     const std::string pre = o_.prefix.empty() ? "" : o_.prefix + "/";
     std::string token;
+    std::set<std::string> tokens_seen;  // a server that hands back a token twice would page forever
     for (;;) {
       std::map<std::string, std::string> q{{"list-type", "2"}, {"prefix", pre}};
       if (!token.empty()) q["continuation-token"] = token;
@@ -203,6 +221,9 @@ class s3_store : public object_store {
       if (!page.truncated) break;
       token = page.next_token;
       if (token.empty()) break;
+      if (!tokens_seen.insert(token).second)
+        return make_error("LIST " + location_ + ": the server repeated continuation token '" + token.substr(0, 64) +
+                          "' after " + std::to_string(out.size()) + " objects; refusing to page forever");
     }
     std::sort(out.begin(), out.end(), [](const object_info& a, const object_info& b) { return a.name < b.name; });
     return out;
@@ -255,6 +276,9 @@ class s3_store : public object_store {
         sink->overflow.clear();
       }
       auto r = once(method, key, query, extra_headers, body, body_size, payload_hash, sink);
+      if (r.too_long)
+        return make_error("S3 " + method + " " + location_ + (key.empty() ? "" : "/" + key.substr(o_.prefix.empty() ? 0 : o_.prefix.size() + 1)) +
+                          ": the answer is longer than " + std::to_string(max_answer_bytes >> 20) + " MiB; refused (is the endpoint an S3 server?)");
       const bool transient = !r.transport_error.empty() || r.code >= 500 || r.code == 429 ||
                              (r.code == 503) || parse_s3_error(r.body).code == "SlowDown" || parse_s3_error(r.body).code == "RequestTimeout";
       if (!transient) return r;
@@ -310,14 +334,15 @@ class s3_store : public object_store {
       curl_easy_setopt(c, CURLOPT_WRITEDATA, sink);
     } else {
       curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_string);
-      curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
+      curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     }
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);  // a stalled transfer is dropped after 60 s and retried
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
     const CURLcode rc = curl_easy_perform(c);
-    if (rc != CURLE_OK) r.transport_error = std::string("cannot reach ") + scheme_host_ + ": " + curl_easy_strerror(rc);
+    if (r.too_long) r.body.clear();
+    if (rc != CURLE_OK && !r.too_long) r.transport_error = std::string("cannot reach ") + scheme_host_ + ": " + curl_easy_strerror(rc);
     else curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
     if (sink && (r.code < 200 || r.code >= 300)) r.body = sink->overflow + std::string(sink->dst, sink->used);
     curl_slist_free_all(hl);

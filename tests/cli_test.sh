@@ -71,6 +71,7 @@ expect_error "unwritable checkpoint dir" "not writable" train "${tiny[@]}" --set
 expect_error "unwritable run dir" "not writable" train "${tiny[@]}" --run-dir "$work/blocker/run"
 expect_error "node without coordinator" "needs --coordinator" --role node
 expect_error "bad coordinator address" "not a tcp://HOST:PORT" --role node --coordinator 127.0.0.1:29400
+expect_error "node id with a terminal escape" "--node-id: node id .evil.x1b" --role node --coordinator tcp://127.0.0.1:1 --node-id "$(printf 'evil\033[2J')"
 TMPDIR=$work/no-such-tmp expect_error "node with a TMPDIR that does not exist" "no temporary directory for the ranks. ipc socket" --role node --coordinator tcp://127.0.0.1:1 --connect-timeout 1
 expect_error "bad listen address" "not a tcp://HOST:PORT" --role coordinator --listen tcp://127.0.0.1:notaport --run-dir "$work/rc"
 expect_error "unknown role" "role" --role janitor

@@ -791,3 +791,23 @@ TEST(membership, a_restarted_coordinator_uses_the_floor_not_the_start_gate) {
   ASSERT_TRUE(d.next) << d.reason;
   EXPECT_EQ(d.next->generation, 5u);
 }
+
+// Node ids reach log lines, progress lines, metric labels and file names:
+// an id with terminal escapes, newlines or odd bytes is refused at the door,
+// and the reason shows it printably.
+TEST(membership, a_node_id_outside_the_id_alphabet_is_refused_printably) {
+  membership m(opts(1));
+  for (const std::string& ok : std::vector<std::string>{"ip-10-0-3-17", "gpu_node.7", "local-0", std::string(128, 'a')}) {
+    EXPECT_EQ(node_id_problem(ok), "") << ok;
+    EXPECT_TRUE(m.admit(reg(ok, 1), t0()).accepted) << ok;
+  }
+  const std::string escape = "evil\x1b[2J\nnode";
+  auto a = m.admit(reg(escape, 1), t0());
+  EXPECT_FALSE(a.accepted);
+  EXPECT_EQ(a.reason, "register_node refused: node id 'evil\\x1b[2J\\x0anode' is not 1 to 128 letters, digits, '.', '_' or '-'");
+  for (char c : a.reason) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "unprintable byte in the reason";
+  EXPECT_FALSE(m.admit(reg(std::string(129, 'a'), 1), t0()).accepted);
+  EXPECT_FALSE(m.admit(reg("a b", 1), t0()).accepted);
+  EXPECT_FALSE(m.admit(reg("caf\xc3\xa9", 1), t0()).accepted);
+  EXPECT_EQ(m.find(escape), nullptr);
+}

@@ -12,6 +12,9 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <optional>
+#include <thread>
+#include <csignal>
 
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/process.hpp"
@@ -275,6 +278,64 @@ TEST(s3_store, a_job_checkpoints_to_s3_and_a_coordinator_with_an_empty_disk_resu
   EXPECT_EQ(fin[0].at("world_size"), 3);
   ::unsetenv("AWS_ACCESS_KEY_ID");
   ::unsetenv("AWS_SECRET_ACCESS_KEY");
+}
+
+// A broken or hostile endpoint (tests/hostile_s3.py): no Ceph needed.
+struct hostile_s3 {
+  std::optional<child_process> proc;
+  std::string endpoint;
+  hostile_s3(const std::string& mode, const std::string& dir) {
+    const std::string port_file = dir + "/port";
+    auto p = child_process::spawn({"/usr/bin/python3.11", DTACTOR_SOURCE_DIR "/tests/hostile_s3.py", "--mode", mode, "--port-file", port_file});
+    if (!p) return;
+    proc.emplace(std::move(p.value()));
+    int port = 0;
+    while (port == 0 && proc->running()) {  // until it listens (it writes the file once bound)
+      std::ifstream f(port_file);
+      if (!(f >> port)) {
+        port = 0;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    if (port) endpoint = "http://127.0.0.1:" + std::to_string(port);
+  }
+  ~hostile_s3() {
+    if (proc) {
+      proc->signal(SIGKILL);
+      proc->wait();
+    }
+  }
+};
+
+s3_options hostile_opts(const std::string& endpoint) {
+  s3_options o;
+  o.bucket = "b";
+  o.prefix = "p";
+  o.endpoint = endpoint;
+  o.credentials = {kAccess, kSecret, ""};
+  o.part_bytes = 5ull << 20;
+  o.attempts = 2;
+  return o;
+}
+
+TEST(s3_store, a_server_that_repeats_its_continuation_token_is_refused_not_paged_forever) {
+  testing::temp_dir d;
+  hostile_s3 srv("repeat-token", d.path());
+  ASSERT_FALSE(srv.endpoint.empty()) << "tests/hostile_s3.py did not start";
+  auto s = open_s3_store(hostile_opts(srv.endpoint));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("repeated continuation token 'same-token'"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
+}
+
+TEST(s3_store, an_answer_longer_than_the_cap_is_refused_without_buffering_it) {
+  testing::temp_dir d;
+  hostile_s3 srv("huge", d.path());
+  ASSERT_FALSE(srv.endpoint.empty()) << "tests/hostile_s3.py did not start";
+  auto s = open_s3_store(hostile_opts(srv.endpoint));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("the answer is longer than 16 MiB; refused"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
 }
 
 }  // namespace
