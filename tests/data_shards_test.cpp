@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include "runtime/data_shards.hpp"
 #include "runtime/hash.hpp"
@@ -24,12 +23,7 @@ namespace {
 
 using testing::temp_dir;
 
-std::string bytes_of(size_t n, int seed) {
-  std::string out(n, '\0');
-  std::mt19937 rng(seed);
-  for (auto& c : out) c = static_cast<char>(rng());
-  return out;
-}
+std::string bytes_of(size_t n, int seed) { return testing::random_bytes(n, seed); }
 
 void write(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
