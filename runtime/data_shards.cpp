@@ -505,6 +505,7 @@ struct shard_reader::impl {
   uint64_t next_generation = 0;
   std::set<size_t> done;  // of `next`: handled by the read-ahead thread
   bool idle = true, stop = false;
+  uint64_t idle_wake = 0;  // core->wake when the thread last found nothing more to do
   shard_reader_stats st;
 
   std::mutex stores_mu;
@@ -793,6 +794,15 @@ struct shard_reader::impl {
     return f ? f.value() : fetch_outcome::done;  // a failure is counted; get() tries again and says why
   }
 
+  // Nothing more to do until an event after `seen` (the wake count the
+  // decision was made at).
+  void go_idle(std::unique_lock<std::mutex>& lk, uint64_t seen) {
+    idle = true;
+    idle_wake = seen;
+    core->cv.notify_all();
+    core->cv.wait(lk, [&] { return stop || core->wake != seen; });
+  }
+
   void run() {
     std::unique_lock<std::mutex> lk(core->mu);
     while (!stop) {
@@ -806,11 +816,10 @@ struct shard_reader::impl {
       st.read_ahead_depth = depth;
       const uint64_t seen = core->wake;
       if (!pick) {
-        idle = true;
-        core->cv.notify_all();
-        core->cv.wait(lk, [&] { return stop || core->wake != seen; });
+        go_idle(lk, seen);
         continue;
       }
+      idle = false;
       const size_t j = *pick;
       const uint64_t generation = next_generation;
       busy[j] = true;
@@ -820,10 +829,7 @@ struct shard_reader::impl {
       busy[j] = false;
       core->cv.notify_all();
       if (o == fetch_outcome::no_room) {
-        // Room comes from a new hint, a get() or a released shard.
-        idle = true;
-        core->cv.notify_all();
-        core->cv.wait(lk, [&] { return stop || core->wake != seen; });
+        go_idle(lk, seen);  // room comes with a new hint, a get() or a released shard
         continue;
       }
       if (generation == next_generation) done.insert(j);
@@ -964,7 +970,9 @@ void shard_reader::read_ahead(std::vector<size_t> next) {
 bool shard_reader::wait_read_ahead(std::chrono::milliseconds timeout) {
   impl& d = *impl_;
   std::unique_lock<std::mutex> lk(d.core->mu);
-  return d.core->cv.wait_for(lk, timeout, [&] { return d.idle; });
+  if (!d.thread.joinable()) return true;
+  // Idle, and no event since it decided so (a release may have made room).
+  return d.core->cv.wait_for(lk, timeout, [&] { return d.stop || (d.idle && d.idle_wake == d.core->wake); });
 }
 
 shard_reader_stats shard_reader::stats() const {

@@ -345,6 +345,40 @@ TEST(data_shards_s3, read_ahead_makes_a_later_get_a_hit_and_a_shard_in_flight_is
   EXPECT_EQ(st.cache_hits + st.cache_misses, 2u);
 }
 
+TEST(data_shards_s3, read_ahead_never_evicts_a_shard_still_held_or_in_the_hint_and_goes_on_once_one_is_released) {
+  NEED_RGW();
+  s3_shards s("shards-held", {100000, 100000, 100000});
+  auto shards = resolve_shards(s.glob(), rgw::endpoint);
+  ASSERT_TRUE(shards) << shards.message();
+  temp_dir cache;
+  auto reader = reader_over(shards.value(), cache.path(), 200000);
+  ASSERT_TRUE(reader);
+  auto cached = [&](size_t i) { return std::filesystem::exists(cache_file(cache.path(), s.url(i))); };
+  auto zero = reader->get(0);
+  ASSERT_TRUE(zero) << zero.message();
+  reader->read_ahead({1});
+  ASSERT_TRUE(reader->wait_read_ahead(generous));
+  EXPECT_TRUE(cached(0) && cached(1));
+  reader->read_ahead({1, 2});
+  ASSERT_TRUE(reader->wait_read_ahead(generous));
+  EXPECT_TRUE(cached(0)) << "held";
+  EXPECT_TRUE(cached(1)) << "in the hint";
+  EXPECT_FALSE(cached(2)) << "no room without evicting those";
+  EXPECT_EQ(reader->stats().read_ahead_depth, 1u) << "shard 2 waits for room";
+  EXPECT_EQ(reader->stats().cache_used_bytes, 200000u);
+  zero = make_error("released");
+  ASSERT_TRUE(reader->wait_read_ahead(generous));
+  EXPECT_FALSE(cached(0)) << "released, not in the hint: evicted for shard 2";
+  EXPECT_TRUE(cached(1));
+  EXPECT_TRUE(cached(2));
+  EXPECT_EQ(reader->stats().read_ahead_depth, 0u);
+  auto two = reader->get(2);
+  ASSERT_TRUE(two) << two.message();
+  EXPECT_EQ(as_string(*two.value()), s.bytes[2]);
+  EXPECT_EQ(reader->stats().cache_hits, 1u);
+  EXPECT_EQ(reader->stats().bytes_read_s3, 300000u);
+}
+
 TEST(data_shards_s3, the_cache_never_holds_more_than_cache_bytes_while_reading_through_more_shards_than_fit) {
   NEED_RGW();
   const std::vector<size_t> sizes = {200000, 250000, 180000, 260000, 210000, 190000, 240000, 230000};
