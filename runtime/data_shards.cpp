@@ -25,11 +25,11 @@ namespace dtactor {
 
 namespace {
 
-constexpr uint64_t chunk_bytes = 8ull << 20;          // one ranged GET / one read while hashing
-constexpr uint64_t max_range_names = 1'000'000;       // what {A..B} ranges may expand to, all together
-constexpr size_t max_index_depth = 8;                 // nesting a real index never passes
-constexpr const char* locks_subdir = ".locks";        // lock files of the cache directory
-constexpr const char* space_lock_name = "space.lock"; // held while the cache's bytes are counted and reserved
+constexpr uint64_t chunk_bytes = 8ull << 20;           // one ranged GET / one read while hashing
+constexpr uint64_t max_range_names = 1'000'000;        // what {A..B} ranges may expand to, all together
+constexpr size_t max_index_depth = 8;                  // nesting a real index never passes
+constexpr const char* locks_subdir = ".locks";         // lock files of the cache directory
+constexpr const char* space_lock_name = "space.lock";  // held while the cache's bytes are counted and reserved
 
 std::string os_reason(int err) { return std::strerror(err); }
 
@@ -70,9 +70,7 @@ std::pair<std::string, std::string> split_url(const std::string& url) {
   return {loc, url.substr(slash + 1)};
 }
 
-std::string join_url(const std::string& location, const std::string& name) {
-  return location == "/" ? "/" + name : location + "/" + name;
-}
+std::string join_url(const std::string& location, const std::string& name) { return location == "/" ? "/" + name : location + "/" + name; }
 
 std::string digest_of(uint64_t bytes, uint64_t xxh3) { return std::to_string(bytes) + ":" + hex64(xxh3); }
 
@@ -126,9 +124,12 @@ size_t json_depth(const std::string& text) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -233,14 +234,13 @@ class resolver {
         ++matched;
       }
       if (matched == 0)
-        return fail(std::string(from_range ? "a name of its range matches nothing: " : "nothing matches ") + "'" + printable(join_url(location, pat)) +
-                    "'");
+        return fail(std::string(from_range ? "a name of its range matches nothing: " : "nothing matches ") + "'" +
+                    printable(join_url(location, pat)) + "'");
       return {};
     }
     auto size = store.value()->size_of(pat);
     if (!size) return fail(size.message());
-    if (!size.value())
-      return fail("'" + printable(join_url(location, pat)) + "' " + (from_range ? "of its range " : "") + "does not exist");
+    if (!size.value()) return fail("'" + printable(join_url(location, pat)) + "' " + (from_range ? "of its range " : "") + "does not exist");
     out.push_back({join_url(location, pat), *size.value(), ""});
     return {};
   }
@@ -263,7 +263,8 @@ class resolver {
         const std::string name = split_url(s->url).second;
         auto it = index->find(name);
         if (it == index->end())
-          return fail("shard " + printable(s->url) + " is not in " + printable(where) + " (added after it was written?): rerun `dtactor data index` over the shards");
+          return fail("shard " + printable(s->url) + " is not in " + printable(where) +
+                      " (added after it was written?): rerun `dtactor data index` over the shards");
         if (it->second.bytes != s->bytes)
           return fail("shard " + printable(s->url) + ": " + std::to_string(s->bytes) + " bytes, the index says " + std::to_string(it->second.bytes));
         s->digest = it->second.digest;
@@ -372,8 +373,8 @@ result<size_t> write_shard_index(const std::string& spec, const std::string& s3_
     // Keep what an older index says of other files still there unchanged.
     if (auto old_size = objects.size_of(shard_index_name); old_size && old_size.value()) {
       auto text = objects.get(shard_index_name, object_store::max_small_object_bytes);
-      auto old = text ? parse_shard_index(text.value(), join_url(location, shard_index_name))
-                      : result<std::map<std::string, shard_index_entry>>(text.err());
+      auto old =
+          text ? parse_shard_index(text.value(), join_url(location, shard_index_name)) : result<std::map<std::string, shard_index_entry>>(text.err());
       auto listed = old ? r.listing(location) : result<const std::vector<object_info>*>(make_error(""));
       if (old && listed)
         for (const auto& o : *listed.value()) {
@@ -629,7 +630,8 @@ struct shard_reader::impl {
           if (err) {
             ::close(fd);
             ::unlink(tmp.c_str());
-            return shard_error(i, "cannot make room for " + std::to_string(need) + " bytes in the data cache " + opt.cache_dir + ": " + os_reason(err));
+            return shard_error(i,
+                               "cannot make room for " + std::to_string(need) + " bytes in the data cache " + opt.cache_dir + ": " + os_reason(err));
           }
           note_usage(used + need);
           outcome = fetch_outcome::done;
@@ -642,8 +644,8 @@ struct shard_reader::impl {
         return std::make_pair(-1, std::string());
       }
       if (std::chrono::steady_clock::now() > deadline)
-        return shard_error(i, "no room in the data cache " + opt.cache_dir + " (data.cache_bytes " + std::to_string(opt.cache_bytes) +
-                                  ") for " + std::to_string(need) + " bytes after 5 minutes: other processes' fetches fill it; raise data.cache_bytes");
+        return shard_error(i, "no room in the data cache " + opt.cache_dir + " (data.cache_bytes " + std::to_string(opt.cache_bytes) + ") for " +
+                                  std::to_string(need) + " bytes after 5 minutes: other processes' fetches fill it; raise data.cache_bytes");
       std::this_thread::sleep_for(pause);  // other processes' fetches in flight hold the room: no event reaches us
     }
   }
@@ -709,8 +711,8 @@ struct shard_reader::impl {
     const std::string got = digest_of(at, h.digest());
     if (!s.digest.empty() && got != s.digest) {
       drop();
-      return count_failed(shard_error(i, "its bytes hash to " + got + ", the index says " + s.digest +
-                                             " (changed since `dtactor data index`: restore it, or index again)"));
+      return count_failed(shard_error(
+          i, "its bytes hash to " + got + ", the index says " + s.digest + " (changed since `dtactor data index`: restore it, or index again)"));
     }
     if (::fdatasync(fd) != 0 || ::close(fd) != 0) {
       const int err = errno;
@@ -916,7 +918,8 @@ result<std::shared_ptr<const shard_bytes>> shard_reader::get(size_t i) {
     if (!d.local_maps[i]) {
       auto m = mapped_file::open(d.shards[i].url);
       if (!m) return make_error("shard " + m.message() + " (changed since the shards were listed?)");
-      if (m->size() != d.shards[i].bytes) return d.shard_error(i, std::to_string(m->size()) + " bytes, " + d.says(i) + std::to_string(d.shards[i].bytes));
+      if (m->size() != d.shards[i].bytes)
+        return d.shard_error(i, std::to_string(m->size()) + " bytes, " + d.says(i) + std::to_string(d.shards[i].bytes));
       d.st.bytes_read_local += m->size();
       d.local_maps[i] = std::make_shared<mapped_shard>(std::move(m.value()), nullptr);
     }
@@ -945,8 +948,10 @@ result<std::shared_ptr<const shard_bytes>> shard_reader::get(size_t i) {
   d.core->cv.notify_all();
   if (!r) return r.err();
   d.held[i] = r->first;
-  if (r->second) ++d.st.cache_hits;
-  else ++d.st.cache_misses;
+  if (r->second)
+    ++d.st.cache_hits;
+  else
+    ++d.st.cache_misses;
   return r->first;
 }
 

@@ -15,10 +15,10 @@
 #include <fstream>
 #include <thread>
 
+#include "rgw_env.hpp"
 #include "runtime/data_shards.hpp"
 #include "runtime/hash.hpp"
 #include "runtime/process.hpp"
-#include "rgw_env.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {
@@ -134,7 +134,8 @@ TEST(data_shards_s3, the_index_written_on_s3_gives_digests_and_a_changed_size_is
   auto r = resolve_shards(s.glob(), rgw::endpoint);
   ASSERT_TRUE(r) << r.message();
   ASSERT_EQ(r->size(), 3u) << "the index is not a shard";
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ((*r)[i].digest, std::to_string(s.bytes[i].size()) + ":" + hex64(hash64(s.bytes[i].data(), s.bytes[i].size())));
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ((*r)[i].digest, std::to_string(s.bytes[i].size()) + ":" + hex64(hash64(s.bytes[i].data(), s.bytes[i].size())));
 
   ASSERT_TRUE(s.store->put(s.name(1), testing::random_bytes(2001, 7)));
   auto changed = resolve_shards(s.glob(), rgw::endpoint);
@@ -286,8 +287,9 @@ TEST(data_shards_s3, two_processes_sharing_a_cache_fetch_each_shard_once_between
   std::vector<child_process> children;
   for (int k = 0; k < 2; ++k) {
     ::setenv("DATA_SHARDS_OUT", (cache.path() + "/out" + std::to_string(k)).c_str(), 1);
-    auto c = child_process::spawn({"/proc/self/exe", "--gtest_filter=data_shards_s3_child.DISABLED_reads_every_shard", "--gtest_also_run_disabled_tests"},
-                                  false, cache.path() + "/log" + std::to_string(k));
+    auto c =
+        child_process::spawn({"/proc/self/exe", "--gtest_filter=data_shards_s3_child.DISABLED_reads_every_shard", "--gtest_also_run_disabled_tests"},
+                             false, cache.path() + "/log" + std::to_string(k));
     ASSERT_TRUE(c) << c.message();
     children.push_back(std::move(c.value()));
   }

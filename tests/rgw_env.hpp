@@ -46,7 +46,8 @@ class rgw : public ::testing::Environment {
     dir = ::mkdtemp(tmpl);
     const std::string env = "RGW_PORT=" + std::to_string(port.value()) + " MON_PORT=" + std::to_string(mon.value()) + " S3_ACCESS_KEY=" + kAccess +
                             " S3_SECRET_KEY=" + kSecret;
-    const std::string cmd = env + " bash " + std::string(DTACTOR_SOURCE_DIR) + "/scripts/rgw/start-rgw.sh " + dir + "/ceph > " + dir + "/start.log 2>&1";
+    const std::string cmd =
+        env + " bash " + std::string(DTACTOR_SOURCE_DIR) + "/scripts/rgw/start-rgw.sh " + dir + "/ceph > " + dir + "/start.log 2>&1";
     if (std::system(cmd.c_str()) != 0) {
       std::ifstream f(dir + "/start.log");
       std::stringstream ss;
@@ -64,8 +65,8 @@ class rgw : public ::testing::Environment {
   }
 };
 
-#define NEED_RGW()                                                           \
-  do {                                                                       \
+#define NEED_RGW()                                                                                   \
+  do {                                                                                               \
     if (::dtactor::testing::rgw::endpoint.empty()) GTEST_SKIP() << ::dtactor::testing::rgw::why_not; \
   } while (0)
 
