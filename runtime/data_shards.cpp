@@ -720,11 +720,21 @@ struct shard_reader::impl {
       rescan();
       return count_failed(shard_error(i, "cannot write '" + tmp + "' in the data cache: " + os_reason(err)));
     }
-    if (::rename(tmp.c_str(), cache_path(i).c_str()) != 0) {
-      const int err = errno;
+    int rename_err = 0;
+    {
+      // Under the space lock: a directory listing that runs beside a rename
+      // may see neither name (or both), and the bound rests on every count.
+      auto space = cache_lock::take(locks_dir + "/" + space_lock_name, true);
+      if (!space) {
+        ::unlink(tmp.c_str());
+        return count_failed(shard_error(i, "data cache: " + space.message()));
+      }
+      if (::rename(tmp.c_str(), cache_path(i).c_str()) != 0) rename_err = errno;
+    }
+    if (rename_err) {
       ::unlink(tmp.c_str());
       rescan();
-      return count_failed(shard_error(i, "cannot rename '" + tmp + "' in the data cache: " + os_reason(err)));
+      return count_failed(shard_error(i, "cannot rename '" + tmp + "' in the data cache: " + os_reason(rename_err)));
     }
     with_stats([&](shard_reader_stats& x) {
       ++x.shards_verified;
