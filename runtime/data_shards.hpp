@@ -125,7 +125,7 @@ class shard_reader {
   // digest: "shard s3://b/train-007.bin: 1048576 bytes, the index says
   // 1048580"); never a silent skip. A shard's file found in the cache
   // (another rank's fetch, an earlier run) is checked for its size each
-  // time and, when the index gives a digest, hashed once per process, at
+  // time and, when the index gives a digest, hashed once per reader, at
   // its first get(); a stale file is removed and fetched again.
   result<std::shared_ptr<const shard_bytes>> get(size_t i);
 
