@@ -501,7 +501,7 @@ struct shard_reader::impl {
   std::vector<std::shared_ptr<const shard_bytes>> local_maps;
   std::vector<std::weak_ptr<const shard_bytes>> held;
   std::vector<bool> busy;      // a get() or the read-ahead thread is on it in this process
-  std::vector<bool> verified;  // digest checked in this process
+  std::vector<bool> verified;  // digest checked by this reader
   std::vector<size_t> next;
   uint64_t next_generation = 0;
   std::set<size_t> done;  // of `next`: handled by the read-ahead thread
