@@ -19,6 +19,7 @@
 #include "monitoring/report.hpp"
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
+#include "runtime/data_shards.hpp"
 #include "runtime/fs.hpp"
 #include "runtime/job_key.hpp"
 #include "runtime/process.hpp"
@@ -76,7 +77,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   quiet_blas_workers();
   (void)raise_open_file_limit();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
-               "Modes: train, eval, export, tune-batch, config, local, report, keygen, and --role coordinator|node."};
+               "Modes: train, eval, export, tune-batch, config, local, report, keygen, data, and --role coordinator|node."};
   app.require_subcommand(0, 1);
 
   parsed_cli p;
@@ -188,6 +189,13 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   auto* keygen = app.add_subcommand("keygen", "Write a new job key (CURVE keys for every ZeroMQ link, a MAC key for checkpoints; docs/security.md)");
   keygen->add_option("--out", p.keygen_out, "The key file to write (mode 0600; an existing file is not overwritten)")->required();
 
+  auto* data = app.add_subcommand("data", "Sharded data sets (docs/data.md)");
+  data->require_subcommand(1);
+  auto* data_index = data->add_subcommand(
+      "index", "Read every shard of SPEC once and write dtactor-shards.json (name, bytes, xxh3) beside them, in each directory or S3 prefix");
+  data_index->add_option("spec", p.data_spec, "The shards: a glob, a {000..127} range or a comma-separated list of them, local or s3://")->required();
+  data_index->add_option("--s3-endpoint", p.data_s3_endpoint, "S3-compatible endpoint for s3:// shards (default: $AWS_ENDPOINT_URL, else AWS)");
+
   // Every process of a keyed job takes the same key file.
   const std::string key_help = "The job key file (dtactor keygen); default: $DTACTOR_KEY_FILE. Refused unless mode 0600";
   app.add_option("--key", p.key_path, key_help);
@@ -204,6 +212,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   }
   cl.fail_mode = fault_mode_names().at(fail_mode);
   if (*keygen) p.command = cli_command::keygen;
+  if (*data_index) p.command = cli_command::data_index;
 
   if (*local) p.command = cli_command::local;
   else if (!role.empty()) p.command = cli_command::role;
@@ -219,6 +228,21 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
     if (!k) return cli_fail(k.message());
     if (auto st = write_job_key(p.keygen_out, k.value()); !st) return cli_fail(st.message());
     std::printf("wrote job key %s (mode 0600): give it to every process of the job with --key or DTACTOR_KEY_FILE\n", p.keygen_out.c_str());
+    return 0;
+  }
+
+  if (p.command == cli_command::data_index) {
+    size_t places = 0;
+    uint64_t bytes = 0;
+    auto n = write_shard_index(p.data_spec, p.data_s3_endpoint, [&](const std::string& where, size_t shards, uint64_t b) {
+      std::printf("indexed %zu shard(s), %llu bytes: %s\n", shards, static_cast<unsigned long long>(b), where.c_str());
+      std::fflush(stdout);
+      ++places;
+      bytes += b;
+    });
+    if (!n) return cli_fail(n.message());
+    std::printf("data index: %zu shard(s), %llu bytes, %zu index file(s) written; readers now check every shard's size and digest against them\n",
+                n.value(), static_cast<unsigned long long>(bytes), places);
     return 0;
   }
 

@@ -18,7 +18,7 @@
 
 namespace dtactor {
 
-enum class cli_command { none, train, eval, export_checkpoint, tune_batch, config, report, local, role, keygen };
+enum class cli_command { none, train, eval, export_checkpoint, tune_batch, config, report, local, role, keygen, data_index };
 
 // Everything the command line sets, for whichever command it names.
 struct parsed_cli {
@@ -38,6 +38,7 @@ struct parsed_cli {
   std::string report_dir, report_out;
   std::string key_path;    // --key (else DTACTOR_KEY_FILE)
   std::string keygen_out;  // keygen --out
+  std::string data_spec, data_s3_endpoint;  // data index SPEC [--s3-endpoint URL]
   // The job key, loaded once run_cli has parsed the line (null: none); also
   // in cluster.key and local.key.
   std::shared_ptr<const job_key> key;

@@ -58,6 +58,18 @@ else
   echo "make_corpus: no dtactor build at $bin_dir (or no strace): no seeds from a real run" >&2
 fi
 
+# Shard indexes as `dtactor data index` writes them (docs/data.md).
+if [ -x "$bin_dir/dtactor" ]; then
+  mkdir -p "$tmp/shards" "$corpus/shard_index"
+  for i in 0 1 2; do head -c $((1000 * (i + 1))) /dev/urandom >"$tmp/shards/train-00$i.bin"; done
+  "$bin_dir/dtactor" data index "$tmp/shards/train-*.bin" >/dev/null
+  cp "$tmp/shards/dtactor-shards.json" "$corpus/shard_index/seed-three-shards"
+  "$bin_dir/dtactor" data index "$tmp/shards/train-000.bin" >/dev/null
+  cp "$tmp/shards/dtactor-shards.json" "$corpus/shard_index/seed-three-shards-indexed-twice"
+else
+  echo "make_corpus: no dtactor build at $bin_dir: no shard index seeds" >&2
+fi
+
 # S3 responses from a real radosgw, when Ceph's packages are here.
 if command -v radosgw >/dev/null && command -v ceph-mon >/dev/null; then
   bash fuzz/capture_s3_seeds.sh "$corpus/s3_xml"

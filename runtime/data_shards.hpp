@@ -7,7 +7,9 @@
 // verified, and read ahead on a thread of its own. No LibTorch here.
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,8 +60,23 @@ std::string shard_set_digest(const std::vector<shard_info>& shards);
 
 // `dtactor data index SPEC`: reads every shard once and writes
 // dtactor-shards.json (name, bytes, xxh3) into each directory / S3 prefix
-// the shards are in. Returns how many shards were indexed.
-result<size_t> write_shard_index(const std::string& spec, const std::string& s3_endpoint = "");
+// the shards are in. Returns how many shards were indexed. An index already
+// there keeps its entries for other files still present with their size
+// (indexing train-* and then val-* of one directory leaves both indexed).
+// `on_index` (optional) hears of each index written: where it is, how many
+// shards of this spec it took and their bytes.
+using shard_index_written = std::function<void(const std::string& index_url, size_t shards, uint64_t bytes)>;
+result<size_t> write_shard_index(const std::string& spec, const std::string& s3_endpoint = "", const shard_index_written& on_index = {});
+
+// The entries of a dtactor-shards.json (bytes of the file, as read), by
+// shard name: {"version":1,"shards":[{"name":N,"bytes":B,"xxh3":"<16 hex>"}]}.
+// Error: one line saying what is malformed (`where` names the file).
+// Outside bytes: fuzz/shard_index.cpp drives it.
+struct shard_index_entry {
+  uint64_t bytes = 0;
+  std::string digest;  // "<bytes>:<xxh3 hex>"
+};
+result<std::map<std::string, shard_index_entry>> parse_shard_index(const std::string& text, const std::string& where);
 
 struct shard_cache_options {
   std::string cache_dir;       // data.cache_dir (empty: $TMPDIR/dtactor-data-cache)
@@ -106,7 +123,10 @@ class shard_reader {
   // sharing one cache directory fetch a shard once (a lock file per shard).
   // Errors: one line naming the shard (missing, unreadable, wrong size or
   // digest: "shard s3://b/train-007.bin: 1048576 bytes, the index says
-  // 1048580"); never a silent skip.
+  // 1048580"); never a silent skip. A shard's file found in the cache
+  // (another rank's fetch, an earlier run) is checked for its size each
+  // time and, when the index gives a digest, hashed once per reader, at
+  // its first get(); a stale file is removed and fetched again.
   result<std::shared_ptr<const shard_bytes>> get(size_t i);
 
   // The shards needed next, most urgent first: the read-ahead thread fetches
@@ -114,6 +134,12 @@ class shard_reader {
   // shard in `next` or one handed out by get() and still held. Replaces the
   // previous hint.
   void read_ahead(std::vector<size_t> next);
+
+  // Waits until the read-ahead thread has done what it can for the current
+  // hint (each shard fetched, found in the cache, failed, or waiting for
+  // room); false if that takes longer than `timeout`. For tests and
+  // benchmarks: a reader never needs it.
+  bool wait_read_ahead(std::chrono::milliseconds timeout);
 
   shard_reader_stats stats() const;
 

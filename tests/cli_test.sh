@@ -150,6 +150,22 @@ expect_error "report of a corrupt journal" "journal.jsonl line [0-9]+ is not a j
 expect_error "report to an unwritable place" "cannot|No such file" report "$work/good" --out "$work/no/such/dir/r.md"
 expect_error "report without a run dir" "required|run_dir" report
 
+# `dtactor data index` (docs/data.md): one line per index file written and
+# a summary; bad input is one line.
+mkdir -p "$work/shards" && for i in 0 1 2; do head -c $((1000 + i)) /dev/urandom >"$work/shards/train-00$i.bin"; done
+expect_ok "data index" "data index: 3 shard\(s\), 3003 bytes, 1 index file" data index "$work/shards/train-*.bin"
+if grep -q "indexed 3 shard(s), 3003 bytes: $work/shards/dtactor-shards.json" "$work/out" &&
+   grep -q '"name":"train-002.bin"' "$work/shards/dtactor-shards.json"; then
+  ok "data index writes dtactor-shards.json beside the shards"
+else
+  bad "data index writes dtactor-shards.json beside the shards"; cat "$work/out" "$work/shards/dtactor-shards.json"
+fi
+expect_error "data index of a glob that matches nothing" "data '.*/shards/test-\*\.bin': nothing matches" data index "$work/shards/test-*.bin"
+expect_error "data index of a range with a missing member" "train-003.bin' of its range does not exist" data index "$work/shards/train-{000..003}.bin"
+AWS_ACCESS_KEY_ID=AKIDEXAMPLE AWS_SECRET_ACCESS_KEY=secret expect_error "data index over an unreachable S3 endpoint" "data 's3://.*': S3 .*gave up after" \
+  data index "s3://bucket/corpus/train-*.bin" --s3-endpoint http://127.0.0.1:1
+expect_error "data without a subcommand" "subcommand" data
+
 # No half-written files anywhere after all of the above.
 if find "$work" -name '*.tmp*' | grep -q .; then bad "temp files left behind"; find "$work" -name '*.tmp*'; else ok "no temp files left"; fi
 

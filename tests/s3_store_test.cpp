@@ -1,8 +1,6 @@
-// The S3 store against a real S3 server that checks SigV4 signatures:
-// Debian's Ceph radosgw on a one-machine cluster (scripts/rgw/start-rgw.sh:
-// one monitor, one memstore OSD, one gateway on loopback), started once for
-// this program. Without Ceph's packages every test here is skipped, saying
-// so (CI installs them: scripts/install-deps.sh).
+// The S3 store against a real S3 server that checks SigV4 signatures
+// (tests/rgw_env.hpp: Ceph's radosgw, started once for this program;
+// without Ceph's packages every test here is skipped, saying so).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include "runtime/process.hpp"
 #include "runtime/s3_store.hpp"
 #include "runtime/zmq_bridge.hpp"
+#include "rgw_env.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {
@@ -35,74 +34,13 @@ std::string file_text(const std::string& path) {
   return ss.str();
 }
 
-const std::string kAccess = "TESTACCESSKEY0000001";
-const std::string kSecret = "testsecretkey0000000000000000000000000001";
+using testing::kAccess;
+using testing::kSecret;
+using testing::open_ok;
+using testing::opts;
+using testing::rgw;
 
-// The gateway, for the whole program.
-class rgw : public ::testing::Environment {
- public:
-  static inline std::string endpoint, dir, why_not;
-  void SetUp() override {
-    if (::access("/usr/bin/radosgw", X_OK) != 0 || ::access("/usr/bin/ceph-mon", X_OK) != 0 || ::access("/usr/bin/ceph-osd", X_OK) != 0) {
-      why_not = "Ceph's radosgw, ceph-mon and ceph-osd are not installed (scripts/install-deps.sh installs them)";
-      return;
-    }
-    auto port = pick_free_tcp_port();
-    auto mon = pick_free_tcp_port();
-    if (!port || !mon) {
-      why_not = "no free port";
-      return;
-    }
-    char tmpl[] = "/tmp/dtactor-rgw-XXXXXX";
-    dir = ::mkdtemp(tmpl);
-    const std::string env = "RGW_PORT=" + std::to_string(port.value()) + " MON_PORT=" + std::to_string(mon.value()) + " S3_ACCESS_KEY=" + kAccess +
-                            " S3_SECRET_KEY=" + kSecret;
-    const std::string cmd = env + " bash " + std::string(DTACTOR_SOURCE_DIR) + "/scripts/rgw/start-rgw.sh " + dir + "/ceph > " + dir + "/start.log 2>&1";
-    if (std::system(cmd.c_str()) != 0) {
-      std::ifstream f(dir + "/start.log");
-      std::stringstream ss;
-      ss << f.rdbuf();
-      why_not = "start-rgw.sh failed:\n" + ss.str();
-      return;
-    }
-    endpoint = "http://127.0.0.1:" + std::to_string(port.value());
-  }
-  void TearDown() override {
-    if (!dir.empty()) {
-      const std::string cmd = "bash " + std::string(DTACTOR_SOURCE_DIR) + "/scripts/rgw/stop-rgw.sh " + dir + "/ceph > /dev/null 2>&1; rm -rf " + dir;
-      (void)std::system(cmd.c_str());
-    }
-  }
-};
-
-#define NEED_RGW()                                                   \
-  do {                                                               \
-    if (rgw::endpoint.empty()) GTEST_SKIP() << rgw::why_not;         \
-  } while (0)
-
-s3_options opts(const std::string& bucket, const std::string& prefix = "p", const std::string& secret = kSecret) {
-  s3_options o;
-  o.bucket = bucket;
-  o.prefix = prefix;
-  o.endpoint = rgw::endpoint;
-  o.credentials = {kAccess, secret, ""};
-  o.part_bytes = 5ull << 20;
-  return o;
-}
-
-std::unique_ptr<object_store> open_ok(const s3_options& o) {
-  EXPECT_TRUE(s3_create_bucket(o).ok());
-  auto s = open_s3_store(o);
-  EXPECT_TRUE(s.ok()) << s.message();
-  return s.ok() ? std::move(s.value()) : nullptr;
-}
-
-std::string bytes_of(size_t n, int seed) {
-  std::string out(n, '\0');
-  std::mt19937 rng(seed);
-  for (auto& c : out) c = static_cast<char>(rng());
-  return out;
-}
+std::string bytes_of(size_t n, int seed) { return testing::random_bytes(n, seed); }
 
 TEST(s3_store, objects_round_trip_small_and_multipart_with_ranged_reads) {
   NEED_RGW();
@@ -343,6 +281,6 @@ TEST(s3_store, an_answer_longer_than_the_cap_is_refused_without_buffering_it) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new dtactor::rgw);
+  ::testing::AddGlobalTestEnvironment(new dtactor::testing::rgw);
   return RUN_ALL_TESTS();
 }

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ class temp_dir {
  private:
   std::string path_;
 };
+
+// n bytes from a seeded generator.
+inline std::string random_bytes(size_t n, int seed) {
+  std::string out(n, '\0');
+  std::mt19937 rng(seed);
+  for (auto& c : out) c = static_cast<char>(rng());
+  return out;
+}
 
 // A ViT small enough to train a few dozen steps in seconds.
 inline config tiny_vit_config(const std::vector<std::string>& extra = {}) {
