@@ -9,8 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <numeric>
+#include <set>
+#include <tuple>
 
 #include "model/npy.hpp"
+#include "runtime/data_shards.hpp"
+#include "runtime/job_config.hpp"
 #include "dtactor/task.hpp"
 #include "runtime/data_wait.hpp"
 
@@ -134,6 +140,101 @@ class token_source : public sample_source {
   int64_t context_, stride_, first_, count_;
 };
 
+// Windows of token shards (runtime/data_shards, docs/data.md): sample i is
+// the window at (i - first sample of its shard) * stride in its shard;
+// windows never cross a shard's end. Shards come from a shard_reader
+// (mapped in place, or fetched from S3 into the node's cache); each shard's
+// ids are checked against the vocabulary the first time this process reads
+// it. A shard that cannot be read throws one line naming it (the rank
+// reports it and the generation fails; nothing is skipped).
+class shard_token_source : public sample_source {
+ public:
+  shard_token_source(std::shared_ptr<shard_reader> reader, std::vector<size_t> shard_ids, int64_t context, int64_t stride, uint32_t vocab)
+      : reader_(std::move(reader)), ids_(std::move(shard_ids)), context_(context), stride_(stride), vocab_(vocab) {
+    first_.push_back(0);
+    for (size_t id : ids_) {
+      const int64_t tokens = static_cast<int64_t>(reader_->shards()[id].bytes / 2);
+      const int64_t n = stride_ == 1 ? tokens - context_ : (tokens - 1) / context_;
+      per_shard_.push_back(n);
+      first_.push_back(first_.back() + n);
+    }
+  }
+  int64_t size() const override { return first_.back(); }
+  const std::vector<int64_t>& per_shard() const { return per_shard_; }
+  size_t reader_id(int64_t k) const { return ids_[static_cast<size_t>(k)]; }
+
+  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    auto x = torch::empty({n, context_}, torch::kLong), y = torch::empty({n, context_}, torch::kLong);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t i = rows[static_cast<size_t>(r)];
+      const int64_t k = std::upper_bound(first_.begin(), first_.end(), i) - first_.begin() - 1;
+      const auto& bytes = shard(k);
+      const uint8_t* p = bytes.data() + 2 * (i - first_[static_cast<size_t>(k)]) * stride_;
+      auto* xp = x[r].data_ptr<int64_t>();
+      auto* yp = y[r].data_ptr<int64_t>();
+      for (int64_t t = 0; t <= context_; ++t) {
+        const int64_t id = p[2 * t] | (p[2 * t + 1] << 8);
+        if (t < context_) xp[t] = id;
+        if (t > 0) yp[t - 1] = id;
+      }
+    }
+    return {x, y};
+  }
+
+  // Keeps the mappings of these shards (positions in this source) and lets
+  // the others go.
+  void hold_only(const std::vector<int64_t>& ks) {
+    std::map<int64_t, std::shared_ptr<const shard_bytes>> keep;
+    for (int64_t k : ks)
+      if (auto it = held_.find(k); it != held_.end()) keep.insert(*it);
+    held_.swap(keep);
+  }
+
+  // Reads shard k now (the first batch's shard, at task construction):
+  // an error is returned, not thrown.
+  status open_shard(int64_t k) {
+    try {
+      (void)shard(k);
+      return {};
+    } catch (const std::exception& e) {
+      return make_error(e.what());
+    }
+  }
+
+ private:
+  const shard_bytes& shard(int64_t k) const {
+    if (auto it = held_.find(k); it != held_.end()) return *it->second;
+    const size_t id = ids_[static_cast<size_t>(k)];
+    auto b = reader_->get(id);
+    if (!b) throw std::runtime_error(b.message());
+    const shard_bytes& bytes = *b.value();
+    const std::string& url = reader_->shards()[id].url;
+    if (bytes.size() % 2 != 0)
+      throw std::runtime_error("shard " + url + " holds " + std::to_string(bytes.size()) + " bytes, an odd number: not a stream of uint16 token ids");
+    if (checked_.insert(id).second) {
+      for (size_t t = 0; t < bytes.size() / 2; ++t) {
+        const uint32_t v = bytes.data()[2 * t] | (bytes.data()[2 * t + 1] << 8);
+        if (v >= vocab_) {
+          checked_.erase(id);
+          throw std::runtime_error("shard " + url + ": token id " + std::to_string(v) + " at position " + std::to_string(t) +
+                                   " is outside the model's vocabulary of " + std::to_string(vocab_));
+        }
+      }
+    }
+    held_[k] = b.value();
+    return bytes;
+  }
+
+  std::shared_ptr<shard_reader> reader_;
+  std::vector<size_t> ids_;  // positions in the reader's shards
+  std::vector<int64_t> per_shard_, first_;
+  int64_t context_, stride_;
+  uint32_t vocab_;
+  mutable std::map<int64_t, std::shared_ptr<const shard_bytes>> held_;
+  mutable std::set<size_t> checked_;
+};
+
 // A subset of a source's samples (the held-out share of one source).
 class subset_source : public sample_source {
  public:
@@ -153,9 +254,19 @@ class subset_source : public sample_source {
 class torchscript_task : public task {
  public:
   torchscript_task(std::shared_ptr<scripted> m, std::shared_ptr<sample_source> train, std::shared_ptr<sample_source> eval, std::string loss,
-                   bool nll)
-      : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(std::move(loss)), nll_(nll) {
+                   bool nll, std::shared_ptr<shard_reader> reader = nullptr)
+      : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(std::move(loss)), nll_(nll), reader_(std::move(reader)) {
     has_loss_method_ = m_->jit().find_method("loss").has_value();
+    sharded_train_ = std::dynamic_pointer_cast<shard_token_source>(train_);
+  }
+
+  std::vector<int64_t> train_shard_samples() const override { return sharded_train_ ? sharded_train_->per_shard() : std::vector<int64_t>{}; }
+  void upcoming_shards(const std::vector<int64_t>& shards) override {
+    if (!sharded_train_) return;
+    std::vector<size_t> ids;
+    for (int64_t k : shards) ids.push_back(sharded_train_->reader_id(k));
+    reader_->read_ahead(std::move(ids));
+    sharded_train_->hold_only(shards);
   }
 
   std::string name() const override { return "torchscript"; }
@@ -247,6 +358,8 @@ class torchscript_task : public task {
   std::shared_ptr<sample_source> train_, eval_;
   std::string loss_;
   bool nll_ = false, has_loss_method_ = false;
+  std::shared_ptr<shard_reader> reader_;
+  std::shared_ptr<shard_token_source> sharded_train_;
 };
 
 result<npy_array> open_array(const config& cfg, const std::string& key) {
@@ -255,6 +368,73 @@ result<npy_array> open_array(const config& cfg, const std::string& key) {
   auto a = npy_array::open(path);
   if (!a) return make_error(key + ": " + a.message());
   return a;
+}
+
+// data.train_tokens (and data.eval_tokens) as shards: one reader over both
+// sets. Without data.eval_tokens the last data.val_fraction of the shards
+// (at least one) is held out, whole shards, so no evaluation token is ever
+// trained on.
+using sources = std::tuple<std::shared_ptr<sample_source>, std::shared_ptr<sample_source>, std::shared_ptr<shard_reader>>;
+result<sources> sharded_tokens(const config& cfg) {
+  const int64_t context = cfg.get_int("model.context");
+  const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
+  const std::string endpoint = data_s3_endpoint(cfg);
+  auto resolve = [&](const std::string& key) -> result<std::vector<shard_info>> {
+    auto r = resolve_shards(cfg.get_string(key), endpoint);
+    if (!r) return make_error(key + ": " + r.message());
+    for (const auto& sh : r.value()) {
+      if (sh.bytes % 2 != 0)
+        return make_error(key + ": shard " + sh.url + " holds " + std::to_string(sh.bytes) + " bytes, an odd number: not a stream of uint16 token ids");
+      if (sh.bytes / 2 < static_cast<uint64_t>(context) + 2)
+        return make_error(key + ": shard " + sh.url + " holds " + std::to_string(sh.bytes / 2) + " tokens; every shard needs at least " +
+                          std::to_string(context + 2) + " (one window of model.context + 1, and one more)");
+    }
+    return r;
+  };
+  auto tr = resolve("data.train_tokens");
+  if (!tr) return tr.err();
+  std::vector<shard_info> all = tr.value();
+  std::vector<size_t> train_ids, eval_ids;
+  for (size_t i = 0; i < all.size(); ++i) train_ids.push_back(i);
+  if (!cfg.get_string("data.eval_tokens").empty()) {
+    auto ev = resolve("data.eval_tokens");
+    if (!ev) return ev.err();
+    for (auto& sh : ev.value()) {
+      eval_ids.push_back(all.size());
+      all.push_back(std::move(sh));
+    }
+  } else {
+    const size_t n = train_ids.size();
+    if (n < 2)
+      return make_error("data.train_tokens names one shard: set data.eval_tokens, or give two or more shards (the last data.val_fraction of them are held out)");
+    const size_t held = std::clamp<size_t>(static_cast<size_t>(std::llround(cfg.get_double("data.val_fraction") * static_cast<double>(n))), 1, n - 1);
+    eval_ids.assign(train_ids.end() - static_cast<std::ptrdiff_t>(held), train_ids.end());
+    train_ids.resize(n - held);
+  }
+  // The cache must hold what a step reads and what is fetched ahead of it.
+  const int64_t block = cfg.get_int("data.shuffle_block_shards");
+  const int64_t blocks = 1 + cfg.get_int("data.read_ahead_blocks");
+  std::vector<uint64_t> remote;
+  for (size_t id : train_ids)
+    if (all[id].url.rfind("s3://", 0) == 0) remote.push_back(all[id].bytes);
+  std::sort(remote.rbegin(), remote.rend());
+  const size_t needed_count = std::min(remote.size(), static_cast<size_t>(block * blocks));
+  const uint64_t needed = std::accumulate(remote.begin(), remote.begin() + static_cast<std::ptrdiff_t>(needed_count), uint64_t{0});
+  const auto cache_bytes = static_cast<uint64_t>(cfg.get_int("data.cache_bytes"));
+  if (needed > cache_bytes)
+    return make_error("data.cache_bytes (" + std::to_string(cache_bytes) + ") cannot hold " + std::to_string(needed_count) +
+                      " of the largest shards (" + std::to_string(needed) + " bytes): (1 + data.read_ahead_blocks) x data.shuffle_block_shards shards are held at once; raise data.cache_bytes or lower those");
+  shard_cache_options o;
+  o.cache_dir = cfg.get_string("data.cache_dir");
+  o.cache_bytes = cache_bytes;
+  o.s3_endpoint = endpoint;
+  auto r = shard_reader::open(std::move(all), o);
+  if (!r) return r.err();
+  std::shared_ptr<shard_reader> reader = std::move(r.value());
+  auto train = std::make_shared<shard_token_source>(reader, train_ids, context, 1, vocab);
+  auto eval = std::make_shared<shard_token_source>(reader, eval_ids, context, context, vocab);
+  if (auto st = train->open_shard(0); !st) return make_error("data.train_tokens: " + st.message());
+  return sources{train, eval, reader};
 }
 
 }  // namespace
@@ -286,8 +466,13 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     return {};
   };
   std::shared_ptr<sample_source> train, eval;
+  std::shared_ptr<shard_reader> reader;
   const bool tokens = !cfg.get_string("data.train_tokens").empty();
-  if (tokens) {
+  if (tokens && (names_shards(cfg.get_string("data.train_tokens")) || names_shards(cfg.get_string("data.eval_tokens")))) {
+    auto made = sharded_tokens(cfg);
+    if (!made) return made.err();
+    std::tie(train, eval, reader) = std::move(made.value());
+  } else if (tokens) {
     // nanoGPT's .bin token streams: a sample is a window of model.context + 1 tokens.
     const int64_t context = cfg.get_int("model.context");
     const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
@@ -339,7 +524,7 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     }
   }
   auto m = std::make_shared<scripted>(std::move(jm));
-  auto t = std::make_unique<torchscript_task>(m, train, eval, loss, cfg.get_bool("train.loss_is_nll"));
+  auto t = std::make_unique<torchscript_task>(m, train, eval, loss, cfg.get_bool("train.loss_is_nll"), reader);
   if (t->train_size() < 1) return make_error("no training samples");
   // The contract, on a first batch of two samples: one clear line when the
   // module and the data do not fit each other.

@@ -71,8 +71,15 @@ training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg
   o.beta2 = cfg.get_double("train.beta2");
   o.weight_decay = cfg.get_double("train.weight_decay");
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
-  order_ =
-      std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), task_->train_size(), cfg.get_int("train.global_batch_size"));
+  if (auto shards = task_->train_shard_samples(); !shards.empty()) {
+    block_shards_ = cfg.get_int("data.shuffle_block_shards");
+    read_ahead_shards_ = block_shards_ * (1 + cfg.get_int("data.read_ahead_blocks"));
+    order_ = std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), shard_layout{std::move(shards), block_shards_},
+                                          cfg.get_int("train.global_batch_size"));
+  } else {
+    order_ = std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), task_->train_size(),
+                                          cfg.get_int("train.global_batch_size"));
+  }
   schedule_.peak_lr = cfg.get_double("train.lr");
   schedule_.min_lr = cfg.get_double("train.min_lr");
   schedule_.warmup_steps = cfg.get_int("train.warmup_steps");
@@ -103,6 +110,8 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
   // Dropout masks are a pure function of (seed, step, rank): resuming needs no RNG state.
   torch::manual_seed(step_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")), step, rank));
   const double scale = 1.0 / static_cast<double>(order_->global_batch_size());
+  // Sharded data: what this step and the next ones read, for read-ahead.
+  if (order_->sharded()) task_->upcoming_shards(order_->shards_from(step * order_->global_batch_size(), read_ahead_shards_));
   const size_t chunk = micro_batch_ > 0 ? static_cast<size_t>(micro_batch_) : std::max<size_t>(1, samples.size());
   double total = 0;
   for (size_t i = 0; i < samples.size(); i += chunk) {

@@ -152,6 +152,7 @@ class training_state {
   int64_t step_ = 0;
   torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()
   int64_t micro_batch_ = 0;
+  int64_t block_shards_ = 1, read_ahead_shards_ = 0;  // sharded data only
   bool bf16_ = false;
   bool params_mixed_ = false;
   std::optional<int64_t> interrupted_at_;                 // see has_interrupted_step()

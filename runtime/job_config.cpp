@@ -1,5 +1,7 @@
 #include "runtime/job_config.hpp"
 
+#include "runtime/data_shards.hpp"
+
 #include <filesystem>
 
 #include "runtime/fs.hpp"
@@ -79,13 +81,34 @@ std::vector<std::string> file_keys_of(const config& cfg) {
 }
 }  // namespace
 
+std::string data_s3_endpoint(const config& cfg) {
+  const std::string& e = cfg.get_string("data.s3_endpoint");
+  return e.empty() ? cfg.get_string("checkpoint.s3_endpoint") : e;
+}
+
 void absolutize_data_paths(config& cfg) {
-  for (const std::string& key : file_keys_of(cfg)) {
-    const std::string path = cfg.get_string(key);
-    if (path.empty() || path.front() == '/') continue;
+  auto absolute = [](const std::string& path) {
+    if (path.empty() || path.front() == '/' || path.rfind("s3://", 0) == 0) return path;
     std::error_code ec;
     auto abs = std::filesystem::absolute(path, ec);
-    if (!ec) (void)cfg.set(key, abs.lexically_normal().string());
+    return ec ? path : abs.lexically_normal().string();
+  };
+  for (const std::string& key : file_keys_of(cfg)) {
+    const std::string path = cfg.get_string(key);
+    if (!names_shards(path)) {
+      (void)cfg.set(key, absolute(path));
+      continue;
+    }
+    // A list of shard specs: each item on its own.
+    std::string out;
+    size_t from = 0;
+    for (;;) {
+      const size_t comma = path.find(',', from);
+      out += (out.empty() ? "" : ",") + absolute(path.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
+    (void)cfg.set(key, out);
   }
 }
 
@@ -100,6 +123,13 @@ std::map<std::string, std::string> data_file_digests(const config& cfg, std::vec
   for (const std::string& key : file_keys_of(cfg)) {
     const std::string& path = cfg.get_string(key);
     if (path.empty()) continue;
+    if (names_shards(path)) {
+      // Shards: the set's digest (names, sizes, the index's digests).
+      auto shards = resolve_shards(path, data_s3_endpoint(cfg));
+      if (shards) out[path] = shard_set_digest(shards.value());
+      else if (missing) missing->push_back(path);
+      continue;
+    }
     auto d = file_digest(path);
     if (d) out[path] = d.value();
     else if (missing) missing->push_back(path);

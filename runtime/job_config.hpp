@@ -39,7 +39,12 @@ std::map<std::string, std::string> data_file_digests(const config& cfg, std::vec
 // started dtactor (model.file, data.train_*/eval_* of a torchscript job)
 // absolute, so that the config stored in the run directory and in every
 // checkpoint names the same files from anywhere (eval, export, the ranks).
+// Shard specs (runtime/data_shards: a glob, a range, a list, s3://) get
+// each local item made absolute; their digest is the shard set's.
 void absolutize_data_paths(config& cfg);
+
+// The S3 endpoint for s3:// data: data.s3_endpoint, else checkpoint.s3_endpoint.
+std::string data_s3_endpoint(const config& cfg);
 // One file's "<size>:<XXH3 hex>", or an error naming it.
 result<std::string> file_digest(const std::string& path);
 

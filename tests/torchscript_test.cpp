@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "dtactor/task.hpp"
 #include "model/trainer.hpp"
@@ -158,6 +160,57 @@ TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.message().find("data.train_tokens: "), std::string::npos) << bad.message();
   EXPECT_NE(bad.message().find("70"), std::string::npos) << bad.message();
+}
+
+// The same token stream cut into 8 shard files (docs/data.md): a glob or a
+// {..} range names them; the last shard is held out; the order reads a block
+// of shards at a time; the sequence model learns as from the one file.
+TEST(TorchScript, ShardedTokenStreamsTrainFromAGlobOrARange) {
+  NEED_FIXTURES();
+  temp_dir d;
+  std::ifstream in(fixtures() + "/tokens.bin", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(all.size(), 40000u);
+  for (int k = 0; k < 8; ++k) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/shard-%03d.bin", k);
+    std::ofstream(d.path() + name, std::ios::binary) << all.substr(static_cast<size_t>(k) * 5000, 5000);
+  }
+  std::ofstream(d.path() + "/other.bin", std::ios::binary) << all.substr(0, 100);  // not matched
+  for (const std::string& spec : std::vector<std::string>{d.path() + "/shard-*.bin", d.path() + "/shard-{000..007}.bin"}) {
+    auto cfg = ts_config("bigram.pt", {"data.train_inputs=", "data.train_targets=", "data.eval_inputs=", "data.eval_targets=",
+                                       "data.train_tokens=" + spec, "model.context=16", "model.vocab_size=64", "data.val_fraction=0.1",
+                                       "data.shuffle_block_shards=2", "train.max_steps=120", "train.lr=0.05"});
+    auto t = make_task(cfg);
+    ASSERT_TRUE(t) << t.message();
+    // 2,500 tokens a shard: 7 training shards of 2,484 windows, 1 held out of (2,500 - 1) / 16 windows.
+    EXPECT_EQ(t.value()->train_size(), 7 * (2500 - 16)) << spec;
+    EXPECT_EQ(t.value()->eval_size(), (2500 - 1) / 16) << spec;
+    EXPECT_EQ(t.value()->train_shard_samples(), std::vector<int64_t>(7, 2500 - 16));
+    auto r = run_training(cfg, quiet(d.path() + "/run-" + std::to_string(spec.size())));
+    ASSERT_TRUE(r) << r.message();
+    EXPECT_GT(r->last_eval.metrics.at("accuracy"), 0.95) << spec;
+  }
+  // A shard with an id outside the vocabulary: one line naming that shard.
+  std::ifstream bad_in(fixtures() + "/tokens_bad.bin", std::ios::binary);
+  std::string bad((std::istreambuf_iterator<char>(bad_in)), std::istreambuf_iterator<char>());
+  std::filesystem::create_directories(d.path() + "/bad");
+  std::ofstream(d.path() + "/bad/a.bin", std::ios::binary) << bad;
+  std::ofstream(d.path() + "/bad/b.bin", std::ios::binary) << bad;
+  auto broken = make_task(ts_config("bigram.pt", {"data.train_inputs=", "data.train_targets=", "data.eval_inputs=", "data.eval_targets=",
+                                                  "data.train_tokens=" + d.path() + "/bad/*.bin", "model.context=8", "model.vocab_size=64"}));
+  ASSERT_FALSE(broken);
+  EXPECT_NE(broken.message().find("shard " + d.path() + "/bad/a.bin: token id 70"), std::string::npos) << broken.message();
+  EXPECT_EQ(broken.message().find('\n'), std::string::npos) << broken.message();
+  // A glob that matches nothing, and one shard without data.eval_tokens.
+  auto none = make_task(ts_config("bigram.pt", {"data.train_inputs=", "data.train_targets=", "data.train_tokens=" + d.path() + "/nothing-*.bin",
+                                                "model.context=16", "model.vocab_size=64"}));
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.message().rfind("data.train_tokens: ", 0), 0u) << none.message();
+  auto one = make_task(ts_config("bigram.pt", {"data.train_inputs=", "data.train_targets=", "data.train_tokens=" + d.path() + "/shard-00[0].bin",
+                                               "model.context=16", "model.vocab_size=64"}));
+  ASSERT_FALSE(one);
+  EXPECT_NE(one.message().find("names one shard: set data.eval_tokens"), std::string::npos) << one.message();
 }
 
 TEST(TorchScript, WithoutEvalFilesAFractionOfTheTrainingArraysIsHeldOut) {

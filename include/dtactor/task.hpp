@@ -90,6 +90,18 @@ class task {
   // statistics): the data-parallel engine then gives every rank global rank
   // 0's after each step, as PyTorch DDP's broadcast_buffers does.
   virtual bool buffers_change_in_training() const { return false; }
+  // Sharded data (docs/data.md): the number of training samples in each
+  // shard, in index order (the indices of shard k follow those of shard
+  // k - 1; the sum is train_size()). When not empty, the engine's order
+  // permutes the shards each epoch and shuffles the samples within blocks of
+  // data.shuffle_block_shards consecutive shards, so that a step reads from
+  // a few shards only and the next ones can be fetched while it trains.
+  // Empty (the default): one permutation over all samples.
+  virtual std::vector<int64_t> train_shard_samples() const { return {}; }
+  // Sharded data: before each step, the shards the next steps read, most
+  // urgent first (this step's block, then data.read_ahead_blocks more). A
+  // streaming task hands them to its shard_reader's read_ahead.
+  virtual void upcoming_shards(const std::vector<int64_t>& shards) { (void)shards; }
 };
 
 // A task of your own, selected by `model.name = "<name>"`.
