@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -32,6 +33,7 @@ struct rank_usage {
   double process_age_s = 0;
   double data_wait_s = 0;                                               // per step
   uint64_t param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0;  // training state the rank holds (0 = not reported)
+  std::optional<data_reading> data;  // sharded data (absent: the rank reads no shards)
 };
 // The job ended; emitted once, after every checkpoint it sent was handled.
 // The sink journals it as job_finished, job_stopped or job_failed.

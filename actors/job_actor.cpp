@@ -84,10 +84,18 @@ void record_step(job_self self, int32_t global_rank, int64_t step) {
 void on_step_report(job_self self, const pb::step_report& r, const sender_id& sender) {
   auto& st = self->state;
   record_step(self, r.global_rank(), r.step());
-  if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0)
-    emit(st.opts.events, ev::rank_usage{r.global_rank(), r.node_id().empty() ? sender.node_name() : r.node_id(), r.cpu_s(), r.rss_bytes(),
-                                        r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered()), r.param_bytes(),
-                                        r.grad_bytes(), r.optimizer_state_bytes()});
+  if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0 || r.has_data()) {
+    ev::rank_usage u{r.global_rank(), r.node_id().empty() ? sender.node_name() : r.node_id(), r.cpu_s(), r.rss_bytes(),
+                     r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered()), r.param_bytes(),
+                     r.grad_bytes(), r.optimizer_state_bytes(), std::nullopt};
+    if (r.has_data()) {
+      const auto& d = r.data();
+      u.data = ev::data_reading{d.bytes_s3(),        d.bytes_local(),      d.cache_hits(),  d.cache_misses(),
+                                            d.shards_verified(), d.shards_failed(),    d.read_ahead_depth(), d.cache_bytes(),
+                                            d.cache_peak_bytes()};
+    }
+    emit(st.opts.events, u);
+  }
   auto done = st.steps.add(r, st.generation, st.world_size);
   if (!done) return;
   if (auto rec = complete_generation(st.recovery, done->step, done->world_size, self->clock().now())) emit(st.opts.events, *rec);

@@ -59,6 +59,11 @@ void coordinator_sink::on(const ev::generation_adopted& e) {
 
 void coordinator_sink::on(const ev::rank_usage& e) {
   if (e.data_wait_s > 0) m_.data_wait().Observe(e.data_wait_s);
+  if (e.data) {
+    const auto& d = *e.data;
+    m_.data_read(e.global_rank, e.node, d);
+    usage_.note_data(e.global_rank, e.node, d);
+  }
   if (e.peak_rss_bytes <= 0) return;
   usage_.note(e.global_rank, e.node, {e.cpu_s, e.rss_bytes, e.peak_rss_bytes, e.process_age_s},
               {e.param_bytes, e.grad_bytes, e.optimizer_state_bytes});

@@ -257,6 +257,28 @@ metrics::metrics(const std::string& job)
                           .Help("CPU time (user + system) of this node's rank processes, by local rank.")
                           .Labels(c)
                           .Register(r);
+  data_bytes_family_ = &prometheus::BuildCounter()
+                            .Name("dtactor_data_read_bytes_total")
+                            .Help("Bytes of data shards the ranks read, by source (s3: fetched into the nodes' caches; local: shards mapped in place).")
+                            .Labels(c)
+                            .Register(r);
+  auto data_counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Labels(c).Register(r).Add({});
+  };
+  data_hits_ = data_counter("dtactor_data_cache_hits_total", "Shards the ranks found ready (mapped, or in the node's cache) when a step needed them.");
+  data_misses_ = data_counter("dtactor_data_cache_misses_total", "Shards a step had to wait for (fetched while it waited).");
+  data_verified_ = data_counter("dtactor_data_shards_verified_total", "Shards fetched whose size and digest matched.");
+  data_failed_ = data_counter("dtactor_data_shards_failed_total", "Shard fetches that failed or did not verify.");
+  data_depth_family_ = &prometheus::BuildGauge()
+                            .Name("dtactor_data_read_ahead_depth")
+                            .Help("Shards a rank's read-ahead has queued or in flight, by global rank and node.")
+                            .Labels(c)
+                            .Register(r);
+  data_cache_family_ = &prometheus::BuildGauge()
+                            .Name("dtactor_data_cache_bytes")
+                            .Help("Bytes in a node's data cache directory (data.cache_bytes bounds it), by node.")
+                            .Labels(c)
+                            .Register(r);
   state_bytes_family_ = &prometheus::BuildGauge()
                              .Name("dtactor_rank_state_bytes")
                              .Help(
@@ -305,6 +327,23 @@ void metrics::state_bytes(int rank, const std::string& node, double params, doub
   state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "params"}}).Set(params);
   state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "grads"}}).Set(grads);
   state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "optimizer"}}).Set(optimizer);
+}
+
+void metrics::data_read(int rank, const std::string& node, const data_reading& now) {
+  auto& last = data_seen_[{rank, node}];
+  // A counter below the last report: a new process (it counts from 0).
+  auto grew = [](uint64_t n, uint64_t l) { return static_cast<double>(n >= l ? n - l : n); };
+  const bool restarted = now.cache_hits + now.cache_misses < last.cache_hits + last.cache_misses;
+  if (restarted) last = data_reading{};
+  data_bytes_family_->Add({{"source", "s3"}}).Increment(grew(now.bytes_s3, last.bytes_s3));
+  data_bytes_family_->Add({{"source", "local"}}).Increment(grew(now.bytes_local, last.bytes_local));
+  data_hits_->Increment(grew(now.cache_hits, last.cache_hits));
+  data_misses_->Increment(grew(now.cache_misses, last.cache_misses));
+  data_verified_->Increment(grew(now.shards_verified, last.shards_verified));
+  data_failed_->Increment(grew(now.shards_failed, last.shards_failed));
+  data_depth_family_->Add({{"rank", std::to_string(rank)}, {"node", node}}).Set(static_cast<double>(now.read_ahead_depth));
+  data_cache_family_->Add({{"node", node}}).Set(static_cast<double>(now.cache_bytes));
+  last = now;
 }
 
 prometheus::Gauge& metrics::rank_peak_resident_memory(const std::string& rank) { return rank_peak_rss_family_->Add({{"rank", rank}}); }

@@ -33,6 +33,8 @@
 #include <vector>
 
 #include "actors/journal_events.hpp"
+
+#include "actors/journal_events.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {
@@ -128,7 +130,26 @@ class metrics {
   // the training state each rank holds (train.zero shards the optimizer's).
   void state_bytes(int rank, const std::string& node, double params, double grads, double optimizer);
 
+  // ---- sharded data (coordinator; docs/data.md) ----
+  // One rank's reading since its process started (cumulative counters of
+  // that process): the job's counters grow by what is new since its last
+  // report (a restarted process starts again from 0).
+  using data_reading = ev::data_reading;
+  // dtactor_data_read_bytes_total{source="s3"|"local"}, dtactor_data_cache_hits_total,
+  // dtactor_data_cache_misses_total, dtactor_data_shards_verified_total,
+  // dtactor_data_shards_failed_total; dtactor_data_read_ahead_depth{rank, node},
+  // dtactor_data_cache_bytes{node}.
+  void data_read(int rank, const std::string& node, const data_reading& now);
+
  private:
+  std::map<std::pair<int, std::string>, data_reading> data_seen_;
+  prometheus::Family<prometheus::Counter>* data_bytes_family_ = nullptr;
+  prometheus::Counter* data_hits_ = nullptr;
+  prometheus::Counter* data_misses_ = nullptr;
+  prometheus::Counter* data_verified_ = nullptr;
+  prometheus::Counter* data_failed_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* data_depth_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* data_cache_family_ = nullptr;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<metrics_http_server> server_;
   int port_ = 0;

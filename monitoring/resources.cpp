@@ -121,6 +121,13 @@ void resource_book::note(int rank, const std::string& node, const proc_usage& u,
   changed_ = true;
 }
 
+void resource_book::note_data(int rank, const std::string& node, const ev::data_reading& d) {
+  auto& r = ranks_[rank];
+  r.node = node;
+  r.data = d;
+  changed_ = true;
+}
+
 ev::resources resource_book::snapshot() const {
   ev::resources out;
   for (const auto& [rank, r] : ranks_) {
@@ -135,6 +142,17 @@ ev::resources resource_book::snapshot() const {
       x.param_bytes = r.held.params;
       x.grad_bytes = r.held.grads;
       x.optimizer_state_bytes = r.held.optimizer;
+    }
+    if (r.data) {
+      x.data_bytes_s3 = r.data->bytes_s3;
+      x.data_bytes_local = r.data->bytes_local;
+      x.data_cache_hits = r.data->cache_hits;
+      x.data_cache_misses = r.data->cache_misses;
+      x.data_shards_verified = r.data->shards_verified;
+      x.data_shards_failed = r.data->shards_failed;
+      x.data_read_ahead_depth = r.data->read_ahead_depth;
+      x.data_cache_bytes = r.data->cache_bytes;
+      x.data_cache_peak_bytes = r.data->cache_peak_bytes;
     }
     out.ranks.push_back(std::move(x));
   }

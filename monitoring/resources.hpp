@@ -68,6 +68,8 @@ class rank_usage_tracker {
 class resource_book {
  public:
   void note(int rank, const std::string& node, const proc_usage& u, const state_bytes& held = {});
+  // Sharded data: the rank's reading (ev::rank_usage's), for the same rows.
+  void note_data(int rank, const std::string& node, const ev::data_reading& d);
   bool empty() const { return ranks_.empty(); }
   // The event; peaks are the largest seen for the rank.
   ev::resources snapshot() const;
@@ -79,6 +81,7 @@ class resource_book {
     std::string node;
     proc_usage u;
     state_bytes held;
+    std::optional<ev::data_reading> data;
   };
   std::map<int, row> ranks_;
   double last_written_ = 0;

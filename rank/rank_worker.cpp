@@ -23,6 +23,7 @@
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/data_shards.hpp"
 #include "runtime/data_wait.hpp"
 #include "runtime/grad_sync.hpp"
 #include "runtime/process.hpp"
@@ -795,6 +796,18 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       acc.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
       acc.set_lr(state.lr_at(step - 1));
       acc.set_data_wait_s(take_data_wait_s());
+      if (auto d = process_shard_reader_stats()) {
+        auto* x = acc.mutable_data();
+        x->set_bytes_s3(d->bytes_read_s3);
+        x->set_bytes_local(d->bytes_read_local);
+        x->set_cache_hits(d->cache_hits);
+        x->set_cache_misses(d->cache_misses);
+        x->set_shards_verified(d->shards_verified);
+        x->set_shards_failed(d->shards_failed);
+        x->set_read_ahead_depth(d->read_ahead_depth);
+        x->set_cache_bytes(d->cache_used_bytes);
+        x->set_cache_peak_bytes(d->cache_peak_bytes);
+      }
       acc.set_param_bytes(static_cast<uint64_t>(state.optimizer().param_bytes()));
       // The optimizer's gradients and the reducer's bucket buffers kept
       // between steps (zero=0/1: a second copy of every gradient; zero=2:

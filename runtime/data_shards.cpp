@@ -852,6 +852,18 @@ struct shard_reader::impl {
   }
 };
 
+namespace {
+struct reader_registry {
+  std::mutex mu;
+  std::set<const shard_reader*> live;
+  shard_reader_stats gone;  // counters of readers already destroyed
+};
+reader_registry& registry() {
+  static reader_registry r;
+  return r;
+}
+}  // namespace
+
 result<std::unique_ptr<shard_reader>> shard_reader::open(std::vector<shard_info> shards, shard_cache_options options) {
   auto d = std::make_unique<impl>();
   const size_t n = shards.size();
@@ -903,11 +915,29 @@ result<std::unique_ptr<shard_reader>> shard_reader::open(std::vector<shard_info>
   }
   std::unique_ptr<shard_reader> r(new shard_reader());
   r->impl_ = std::move(d);
+  {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().live.insert(r.get());
+  }
   return r;
 }
 
 shard_reader::~shard_reader() {
   if (!impl_) return;
+  {
+    // Its counters stay in the process's sums; its gauges go.
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().live.erase(this);
+    auto s = stats();
+    auto& g = registry().gone;
+    g.bytes_read_local += s.bytes_read_local;
+    g.bytes_read_s3 += s.bytes_read_s3;
+    g.cache_hits += s.cache_hits;
+    g.cache_misses += s.cache_misses;
+    g.shards_verified += s.shards_verified;
+    g.shards_failed += s.shards_failed;
+    g.cache_peak_bytes = std::max(g.cache_peak_bytes, s.cache_peak_bytes);
+  }
   impl_->stopping = true;
   {
     std::lock_guard<std::mutex> lock(impl_->core->mu);
@@ -988,6 +1018,25 @@ bool shard_reader::wait_read_ahead(std::chrono::milliseconds timeout) {
   if (!d.thread.joinable()) return true;
   // Idle, and no event since it decided so (a release may have made room).
   return d.core->cv.wait_for(lk, timeout, [&] { return d.stop || (d.idle && d.idle_wake == d.core->wake); });
+}
+
+std::optional<shard_reader_stats> process_shard_reader_stats() {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  if (registry().live.empty() && registry().gone.cache_hits + registry().gone.cache_misses == 0) return std::nullopt;
+  shard_reader_stats sum = registry().gone;
+  for (const shard_reader* r : registry().live) {
+    auto s = r->stats();
+    sum.bytes_read_local += s.bytes_read_local;
+    sum.bytes_read_s3 += s.bytes_read_s3;
+    sum.cache_hits += s.cache_hits;
+    sum.cache_misses += s.cache_misses;
+    sum.shards_verified += s.shards_verified;
+    sum.shards_failed += s.shards_failed;
+    sum.read_ahead_depth += s.read_ahead_depth;
+    sum.cache_used_bytes = std::max(sum.cache_used_bytes, s.cache_used_bytes);  // readers of one process share one directory
+    sum.cache_peak_bytes = std::max(sum.cache_peak_bytes, s.cache_peak_bytes);
+  }
+  return sum;
 }
 
 shard_reader_stats shard_reader::stats() const {

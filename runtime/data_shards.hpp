@@ -149,4 +149,10 @@ class shard_reader {
   std::unique_ptr<impl> impl_;
 };
 
+// Every shard reader of this process together (a rank's step reports carry
+// it): counters include readers already destroyed; read_ahead_depth sums the
+// live ones, cache_used_bytes is the largest a live one saw (one directory).
+// Nothing when this process never opened a reader.
+std::optional<shard_reader_stats> process_shard_reader_stats();
+
 }  // namespace dtactor

@@ -13,8 +13,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
+#include "cluster_harness.hpp"
 #include "rgw_env.hpp"
 #include "runtime/data_shards.hpp"
 #include "runtime/hash.hpp"
@@ -420,6 +422,73 @@ TEST(data_shards_s3, the_cache_never_holds_more_than_cache_bytes_while_reading_t
   EXPECT_EQ(st.shards_failed, 0u);
   EXPECT_EQ(st.cache_hits + st.cache_misses, 2 * sizes.size());
   EXPECT_GT(st.cache_hits, 0u) << "read-ahead helped";
+}
+
+// A TorchScript job trains from s3:// token shards on nodes started by hand,
+// each with an empty disk of its own (its own TMPDIR, so its own cache): a
+// node is killed with its rank mid-run, the job waits (cluster.floor_nodes
+// = 2: this tiny job would otherwise finish before a replacement starts), a
+// third node joins with nothing cached, fetches the shards it reads and
+// contributes; the job loses no step and learns the pattern.
+TEST(data_shards_s3, a_torchscript_job_trains_from_s3_shards_through_a_kill_and_a_join_with_an_empty_disk) {
+  NEED_RGW();
+  temp_dir d;
+  if (!testing::write_torchscript_fixtures(d.path() + "/fx", DTACTOR_SOURCE_DIR)) GTEST_SKIP() << "python3-torch (Debian) is not installed";
+  std::ifstream in(d.path() + "/fx/tokens.bin", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(all.size(), 40000u);
+  ASSERT_TRUE(s3_create_bucket(opts("tokens")));
+  auto store = open_ok(opts("tokens", "corpus"));
+  ASSERT_TRUE(store);
+  for (size_t k = 0; k < 10; ++k) ASSERT_TRUE(store->put(s3_shards::name(k), all.substr(k * 4000, 4000)));
+  ASSERT_TRUE(write_shard_index("s3://tokens/corpus/train-*.bin", rgw::endpoint));
+
+  const uint64_t cache_bytes = 5 * 4000;  // (1 + 1 read-ahead block) x 2 shards, and one more
+  testing::cluster c(d.path(), testing::set_flags({"model.name=torchscript", "model.file=" + d.path() + "/fx/bigram.pt",
+                                                   "data.train_tokens=s3://tokens/corpus/train-*.bin", "data.s3_endpoint=" + rgw::endpoint,
+                                                   "model.context=16", "model.vocab_size=64", "data.val_fraction=0.1",
+                                                   "data.shuffle_block_shards=2", "data.read_ahead_blocks=1",
+                                                   "data.cache_bytes=" + std::to_string(cache_bytes), "train.global_batch_size=32",
+                                                   "train.max_steps=90", "train.lr=0.05", "train.warmup_steps=10", "train.log_every_steps=5",
+                                                   "eval.every_steps=0", "checkpoint.every_steps=30", "cluster.min_nodes=2",
+                                                   "cluster.floor_nodes=2", "train.threads=1"}));
+  for (const std::string id : {"a", "b", "c"}) {
+    std::filesystem::create_directories(d.path() + "/tmp-" + id);
+    c.node_prefix[id] = {"/usr/bin/env", "TMPDIR=" + d.path() + "/tmp-" + id};
+  }
+  ASSERT_EQ(c.start({"a", "b"}), "");
+  ASSERT_TRUE(c.wait_step(20, 2, 180)) << c.logs();
+  c.signal_node("b", SIGKILL);
+  ASSERT_TRUE(c.wait_for([](const std::vector<testing::json>& j) { return !testing::journal_events<ev::job_waiting>(j).empty(); }, 180))
+      << c.logs();
+  ASSERT_EQ(c.start_node("c"), "");
+  ASSERT_TRUE(c.coord->wait(240000)) << c.logs();
+  auto j = c.journal();
+  auto fin = testing::journal_events<ev::job_finished>(j);
+  ASSERT_EQ(fin.size(), 1u) << c.logs();
+  EXPECT_EQ(fin[0].at("step"), 90);
+  EXPECT_EQ(fin[0].at("world_size"), 2);
+  EXPECT_GT(fin[0].at("accuracy").get<double>(), 0.9) << fin[0].dump();
+  for (const auto& r : testing::journal_events<ev::recovery_done>(j)) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();
+  // The joiner fetched what it read into its own, empty, cache, and
+  // verified it against the index; no shard failed anywhere.
+  auto res = testing::journal_events<ev::resources>(j);
+  ASSERT_FALSE(res.empty());
+  bool joiner_read = false;
+  for (const auto& row : res.back().at("ranks")) {
+    ASSERT_TRUE(row.contains("data_bytes_s3")) << row.dump();
+    EXPECT_EQ(row.at("data_shards_failed"), 0) << row.dump();
+    EXPECT_LE(row.at("data_cache_peak_bytes").get<uint64_t>(), cache_bytes) << row.dump();
+    if (row.at("node") == "c") {
+      joiner_read = row.at("data_bytes_s3").get<uint64_t>() > 0 && row.at("data_shards_verified").get<uint64_t>() > 0;
+    }
+  }
+  EXPECT_TRUE(joiner_read) << res.back().dump();
+  for (const std::string id : {"a", "c"}) {
+    const std::string dir = d.path() + "/tmp-" + id + "/dtactor-data-cache";
+    ASSERT_TRUE(std::filesystem::exists(dir)) << dir;
+    EXPECT_LE(cache_dir_bytes(dir), cache_bytes) << dir;
+  }
 }
 
 }  // namespace
