@@ -248,6 +248,12 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
               rr.peak_rss_bytes = std::max(rr.peak_rss_bytes, r.peak_rss_bytes);
               rr.cpu_s = r.cpu_s;
               rr.elapsed_s = r.elapsed_s;
+              if (r.data_bytes_s3 || r.data_bytes_local)
+                rr.data = ev::data_reading{r.data_bytes_s3.value_or(0),        r.data_bytes_local.value_or(0),
+                                           r.data_cache_hits.value_or(0),      r.data_cache_misses.value_or(0),
+                                           r.data_shards_verified.value_or(0), r.data_shards_failed.value_or(0),
+                                           r.data_read_ahead_depth.value_or(0), r.data_cache_bytes.value_or(0),
+                                           r.data_cache_peak_bytes.value_or(0)};
             }
           } else if constexpr (std::is_same_v<E, ev::checkpoint_saved>) {
             ++d.checkpoints_saved;
@@ -441,6 +447,22 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
         << (r.elapsed_s > 0 ? fmt("%.0f%%", 100 * r.cpu_s / r.elapsed_s) + " of one core" : std::string("?")) << " |\n";
     }
     o << "\nCPU utilization is the process's CPU time over its lifetime (100% = one core busy all the time).\n\n";
+  }
+
+  // ---- sharded data ----
+  bool sharded = false;
+  for (const auto& [k, r] : d.resources) sharded = sharded || r.data.has_value();
+  if (sharded) {
+    o << "## Data\n\n| node | rank | read from S3 | read locally | cache hits | misses | shards verified | failed | peak cache |\n"
+         "|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& [k, r] : d.resources) {
+      if (!r.data) continue;
+      const auto& x = *r.data;
+      o << "| " << cell(r.node) << " | " << r.rank << " | " << bytes(static_cast<double>(x.bytes_s3)) << " | "
+        << bytes(static_cast<double>(x.bytes_local)) << " | " << x.cache_hits << " | " << x.cache_misses << " | " << x.shards_verified << " | "
+        << x.shards_failed << " | " << bytes(static_cast<double>(x.cache_peak_bytes)) << " |\n";
+    }
+    o << "\nThe latest reading of each rank process since it started (a restarted process counts again from 0); docs/data.md.\n\n";
   }
 
   // ---- batch ----

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/journal_events.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {
@@ -55,6 +56,7 @@ struct run_digest {
     double peak_rss_bytes = 0;
     double cpu_s = 0;
     double elapsed_s = 0;
+    std::optional<ev::data_reading> data;  // sharded data: the latest reading of this rank (docs/data.md)
   };
   struct session {  // one start of a process writing the journal
     double start = 0, end = 0;

@@ -484,6 +484,15 @@ TEST(data_shards_s3, a_torchscript_job_trains_from_s3_shards_through_a_kill_and_
     }
   }
   EXPECT_TRUE(joiner_read) << res.back().dump();
+  // The log book shows the reading.
+  auto rep = child_process::spawn({DTACTOR_BINARY, "report", d.path()}, false, d.path() + "/report.log");
+  ASSERT_TRUE(rep);
+  auto rep_end = rep->wait(60000);
+  ASSERT_TRUE(rep_end && rep_end->exit_code == 0) << c.logs();
+  std::ifstream report_in(d.path() + "/report.md");
+  const std::string report((std::istreambuf_iterator<char>(report_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(report.find("## Data\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("| c | 1 |"), std::string::npos) << report;
   for (const std::string id : {"a", "c"}) {
     const std::string dir = d.path() + "/tmp-" + id + "/dtactor-data-cache";
     ASSERT_TRUE(std::filesystem::exists(dir)) << dir;
