@@ -207,17 +207,17 @@ class shard_token_source : public sample_source {
     if (auto it = held_.find(k); it != held_.end()) return *it->second;
     const size_t id = ids_[static_cast<size_t>(k)];
     auto b = reader_->get(id);
-    if (!b) throw std::runtime_error(b.message());
+    if (!b) throw data_error(b.message());
     const shard_bytes& bytes = *b.value();
     const std::string& url = reader_->shards()[id].url;
     if (bytes.size() % 2 != 0)
-      throw std::runtime_error("shard " + url + " holds " + std::to_string(bytes.size()) + " bytes, an odd number: not a stream of uint16 token ids");
+      throw data_error("shard " + url + " holds " + std::to_string(bytes.size()) + " bytes, an odd number: not a stream of uint16 token ids");
     if (checked_.insert(id).second) {
       for (size_t t = 0; t < bytes.size() / 2; ++t) {
         const uint32_t v = bytes.data()[2 * t] | (bytes.data()[2 * t + 1] << 8);
         if (v >= vocab_) {
           checked_.erase(id);
-          throw std::runtime_error("shard " + url + ": token id " + std::to_string(v) + " at position " + std::to_string(t) +
+          throw data_error("shard " + url + ": token id " + std::to_string(v) + " at position " + std::to_string(t) +
                                    " is outside the model's vocabulary of " + std::to_string(vocab_));
         }
       }

@@ -314,6 +314,11 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
       if (auto ended = build_group(g)) return *ended;
     if (auto ended = agree_state(g)) return *ended;
     return train(g);
+  } catch (const data_error& e) {
+    // A shard that cannot be read: no generation can fix it.
+    std::string what = e.what();
+    state.zero_grad();
+    return failed(g, what.substr(0, what.find('\n')), state.step(), pb::rank_status::FAILURE_DATA);
   } catch (const std::exception& e) {
     std::string what = e.what();
     state.zero_grad();

@@ -15,6 +15,7 @@
 #include "rank/step_policy.hpp"
 #include "runtime/blas_info.hpp"
 #include "runtime/checkpoint_store.hpp"
+#include "runtime/data_shards.hpp"
 #include "runtime/data_wait.hpp"
 #include "runtime/fs.hpp"
 #include "runtime/job_config.hpp"
@@ -57,6 +58,9 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   resource_book usage;
   auto note_usage = [&](bool force) {
     if (auto u = read_proc_usage()) usage.note(0, this_host_name(), *u);
+    if (auto d = process_shard_reader_stats())
+      usage.note_data(0, this_host_name(), {d->bytes_read_s3, d->bytes_read_local, d->cache_hits, d->cache_misses, d->shards_verified,
+                                           d->shards_failed, d->read_ahead_depth, d->cache_used_bytes, d->cache_peak_bytes});
     if (usage.due(unix_time_now()) || (force && !usage.empty())) jn.write(usage.snapshot());
   };
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -147,6 +148,14 @@ class shard_reader {
   shard_reader() = default;
   struct impl;
   std::unique_ptr<impl> impl_;
+};
+
+// Thrown by a task whose shard cannot be read during training (missing,
+// unreadable, not matching its index, ids outside the vocabulary): a data
+// problem no new generation can fix. The rank reports it as such and the
+// coordinator ends the job with its one line (docs/data.md).
+struct data_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Every shard reader of this process together (a rank's step reports carry

@@ -500,6 +500,42 @@ TEST(data_shards_s3, a_torchscript_job_trains_from_s3_shards_through_a_kill_and_
   }
 }
 
+// A shard that turns out bad during training (here: ids outside the
+// vocabulary in a shard first read mid-epoch) is a data problem no new
+// generation can fix: the rank reports it as such and the job ends with the
+// rank's one line naming the shard, exit non-zero, no retrying forever.
+TEST(data_shards_s3, a_bad_shard_met_in_training_ends_the_job_with_one_line_naming_it) {
+  temp_dir d;
+  if (!testing::write_torchscript_fixtures(d.path() + "/fx", DTACTOR_SOURCE_DIR)) GTEST_SKIP() << "python3-torch (Debian) is not installed";
+  std::ifstream in(d.path() + "/fx/tokens.bin", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(all.size(), 40000u);
+  std::filesystem::create_directories(d.path() + "/data");
+  for (int k = 0; k < 8; ++k) {
+    std::string shard = all.substr(static_cast<size_t>(k) * 5000, 5000);
+    if (k == 5) shard[2000] = 70;  // token 1000 of shard 5: id 70, outside a vocabulary of 64
+    char name[32];
+    std::snprintf(name, sizeof name, "/data/s-%d.bin", k);
+    std::ofstream(d.path() + name, std::ios::binary) << shard;
+  }
+  testing::cluster c(d.path() + "/run", testing::set_flags({"model.name=torchscript", "model.file=" + d.path() + "/fx/bigram.pt",
+                                                            "data.train_tokens=" + d.path() + "/data/s-*.bin", "model.context=16",
+                                                            "model.vocab_size=64", "data.val_fraction=0.1", "train.global_batch_size=32",
+                                                            "train.max_steps=2000", "train.log_every_steps=50", "eval.every_steps=0",
+                                                            "checkpoint.every_steps=0", "train.threads=1", "cluster.min_nodes=2"}));
+  std::filesystem::create_directories(c.run_dir);
+  ASSERT_EQ(c.start({"a", "b"}), "");
+  auto end = c.coord->wait(240000);
+  ASSERT_TRUE(end) << c.logs();
+  EXPECT_NE(end->exit_code, 0) << c.logs();
+  auto failed = testing::journal_events<ev::job_failed>(c.journal());
+  ASSERT_EQ(failed.size(), 1u) << c.logs();
+  const std::string reason = failed[0].at("reason");
+  EXPECT_NE(reason.find("shard " + d.path() + "/data/s-5.bin: token id 70 at position 1000"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find('\n'), std::string::npos) << reason;
+  EXPECT_LT(failed[0].at("step").get<int64_t>(), 2000);
+}
+
 }  // namespace
 }  // namespace dtactor
 
