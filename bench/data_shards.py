@@ -15,8 +15,13 @@ final `resources` row). Prints a JSON line per run, then the medians and the
 ratios dir/file and s3/file (paired: the median of the per-repeat ratios);
 writes bench/data_shards_results.json.
 
+With --pair, each mode runs side by side with `file` instead (one compute
+thread each, so each has a core): both see the same machine load, and the
+ratio of their samples/s is steadier than that of runs one after the other
+(this shared machine's load drifts by ±15% over tens of seconds).
+
 Usage: bench/data_shards.py [--repeats 3] [--steps 300] [--shards 32]
-  [--tokens 8388608] [--modes file,dir,s3] [--dtactor build/dtactor] [--out FILE]
+  [--tokens 8388608] [--modes file,dir,s3] [--pair] [--dtactor build/dtactor] [--out FILE]
 """
 import argparse
 import hashlib
@@ -104,36 +109,46 @@ def journal(rd):
     return out
 
 
-def run_once(args, mode, work, spec, endpoint):
+def start_run(args, mode, work, spec, endpoint, threads=None):
     rd = os.path.join(work, "run-%s-%d" % (mode, time.time_ns()))
-    cache = os.path.join(work, "cache-" + mode)
-    shutil.rmtree(cache, ignore_errors=True)
+    cache = os.path.join(work, "cache-%s-%d" % (mode, time.time_ns()))
     sets = ["model.name=torchscript", "model.file=" + os.path.join(work, "gpt.pt"), "data.train_tokens=" + spec,
             "data.eval_tokens=" + os.path.join(work, "eval.bin"), "model.context=64", "model.vocab_size=256",
             "train.global_batch_size=32", "train.max_steps=%d" % args.steps, "train.warmup_steps=10", "train.lr=0.001",
             "train.log_every_steps=10", "eval.every_steps=0", "eval.max_samples=64", "checkpoint.every_steps=0",
             "data.cache_dir=" + cache, "data.s3_endpoint=" + (endpoint or "")]
+    if threads:
+        sets.append("train.threads=%d" % threads)
     cmd = [args.dtactor, "train", "--run-dir", rd]
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET)
-    t0 = time.time()
-    p = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wall = time.time() - t0
-    if p.returncode != 0:
-        raise SystemExit("%s run failed (exit %d): %s" % (mode, p.returncode, p.stderr.strip().splitlines()[-1:]))
-    j = journal(rd)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return {"mode": mode, "rd": rd, "cache": cache, "p": p, "t0": time.time()}
+
+
+def finish_run(args, r):
+    _, err = r["p"].communicate()
+    wall = time.time() - r["t0"]
+    if r["p"].returncode != 0:
+        raise SystemExit("%s run failed (exit %d): %s" % (r["mode"], r["p"].returncode, err.strip().splitlines()[-1:]))
+    j = journal(r["rd"])
     steps = [e for e in j if e.get("event") == "step" and e.get("step", 0) > args.steps // 5]
     res = [e for e in j if e.get("event") == "resources"]
     row = res[-1]["ranks"][0] if res and res[-1].get("ranks") else {}
-    out = {"mode": mode, "samples_per_s": statistics.median(e["samples_per_s"] for e in steps),
+    out = {"mode": r["mode"], "samples_per_s": statistics.median(e["samples_per_s"] for e in steps),
            "data_wait_s_per_step": statistics.median(e.get("data_wait_s", 0) for e in steps),
            "wall_s": wall,
            "cache_peak_bytes": row.get("data_cache_peak_bytes", 0), "bytes_s3": row.get("data_bytes_s3", 0),
            "bytes_local": row.get("data_bytes_local", 0), "cache_misses": row.get("data_cache_misses", 0),
            "shards_verified": row.get("data_shards_verified", 0)}
-    shutil.rmtree(rd, ignore_errors=True)
+    shutil.rmtree(r["rd"], ignore_errors=True)
+    shutil.rmtree(r["cache"], ignore_errors=True)
     return out
+
+
+def run_once(args, mode, work, spec, endpoint):
+    return finish_run(args, start_run(args, mode, work, spec, endpoint))
 
 
 def main():
@@ -143,6 +158,8 @@ def main():
     ap.add_argument("--shards", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=8 << 20)
     ap.add_argument("--modes", default="file,dir,s3")
+    ap.add_argument("--pair", action="store_true",
+                    help="run each mode side by side with `file` (one compute thread each, one core each): both see the same load")
     ap.add_argument("--dtactor", default=os.path.join(ROOT, "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "data_shards_results.json"))
     args = ap.parse_args()
@@ -182,6 +199,40 @@ def main():
                            env=dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET), stdout=subprocess.DEVNULL)
         subprocess.run([args.dtactor, "data", "index", specs["dir"]], check=True, stdout=subprocess.DEVNULL)
         runs = []
+        if args.pair:
+            ratios = {}
+            for r in range(args.repeats):
+                for m in modes:
+                    if m == "file":
+                        continue
+                    a = start_run(args, "file", work, specs["file"], endpoint, threads=1)
+                    b = start_run(args, m, work, specs[m], endpoint, threads=1)
+                    xa, xb = finish_run(args, a), finish_run(args, b)
+                    for x in (xa, xb):
+                        x["repeat"] = r
+                        x["paired_with"] = m
+                        print(json.dumps(x), flush=True)
+                        runs.append(x)
+                    ratios.setdefault(m, []).append(xb["samples_per_s"] / xa["samples_per_s"])
+            summary = {}
+            for m in modes:
+                mine = [x for x in runs if x["mode"] == m]
+                summary[m] = {k: statistics.median(x[k] for x in mine)
+                              for k in ("samples_per_s", "data_wait_s_per_step", "cache_peak_bytes", "bytes_s3", "cache_misses")}
+            for m, v in ratios.items():
+                summary[m + "_over_file_samples_per_s_side_by_side_median"] = statistics.median(v)
+                summary[m + "_over_file_ratios"] = v
+            result = {"command": " ".join(["bench/data_shards.py"] + sys.argv[1:]),
+                      "setup": {"tokens": args.tokens, "shards": args.shards, "steps": args.steps,
+                                "model": "TorchScript GPT, 2 layers, d 128, context 64, vocab 256", "global_batch_size": 32,
+                                "threads": "1 compute thread per run, two runs side by side",
+                                "defaults": "data.shuffle_block_shards 4, data.read_ahead_blocks 1, data.cache_bytes 4 GiB"},
+                      "summary": summary, "runs": runs}
+            print(json.dumps(summary))
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+                f.write("\n")
+            return
         for r in range(args.repeats):
             order = modes[r % len(modes):] + modes[:r % len(modes)]
             this = {}
