@@ -74,6 +74,7 @@ bool needs_training(const parsed_cli& p) {
 }
 
 int run_cli(int argc, char** argv, const training_launcher& launcher) {
+  use_the_cpus_blas_kernels(argv, false);  // may execute this program again (the journal's job_started names the kernels)
   quiet_blas_workers();
   (void)raise_open_file_limit();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"

@@ -103,8 +103,9 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   const int64_t global_batch = cfg.get_int("train.global_batch_size");
   const step_cadence cadence = step_cadence_of(cfg);
   const blas_info blas = describe_blas();
-  jn.write(ev::job_started{tk.name(), state.parameter_count(), max_steps, global_batch, 1, state.step(), at::get_num_threads(), blas.library,
-                           cfg.digest()});
+  const std::string core = blas_core();
+  jn.write(ev::job_started{tk.name(), state.parameter_count(), max_steps, global_batch, 1, state.step(), at::get_num_threads(),
+                           core.empty() ? blas.library : blas.library + " (" + core + " kernels)", cfg.digest()});
   prog.log("training " + tk.name() + " (" + std::to_string(state.parameter_count()) + " parameters, " + std::to_string(tk.train_size()) +
            " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
 

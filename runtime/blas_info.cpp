@@ -2,7 +2,11 @@
 
 #include <dlfcn.h>
 
+#include <unistd.h>
+
+#include <cctype>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 
 namespace dtactor {
@@ -39,6 +43,46 @@ std::string quiet_blas_workers() {
   // as after a fork.
   shutdown();
   return value;
+}
+
+std::string better_blas_core(const std::string& openblas_core, bool avx2_fma, bool avx512) {
+  std::string core;
+  for (char c : openblas_core) core += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool fallback = core == "prescott" || core == "core2" || core == "katmai" || core == "northwood" || core == "nehalem" ||
+                        core == "unknown" || core == "generic";
+  if (!fallback) return {};
+  if (avx512) return "SkylakeX";
+  if (avx2_fma) return "Haswell";
+  return {};
+}
+
+std::string blas_core() {
+  using name_fn = char* (*)();
+  if (auto fn = reinterpret_cast<name_fn>(::dlsym(RTLD_DEFAULT, "openblas_get_corename")))
+    if (const char* n = fn()) return n;
+  return {};
+}
+
+void use_the_cpus_blas_kernels(char** argv, bool say) {
+  if (const char* user = std::getenv("OPENBLAS_CORETYPE"); user) return;  // the user's choice (or ours, after the exec)
+  const std::string core = blas_core();
+  if (core.empty()) return;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+#else
+  const bool avx2_fma = false, avx512 = false;
+#endif
+  const std::string better = better_blas_core(core, avx2_fma, avx512);
+  if (better.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  if (say)
+    std::fprintf(stderr, "dtactor: OpenBLAS did not recognise this CPU and chose its %s kernels; using its %s kernels (the CPU has %s; set OPENBLAS_CORETYPE to choose)\n",
+                 core.c_str(), better.c_str(), avx512 ? "AVX-512" : "AVX2");
+  ::execv("/proc/self/exe", argv);
+  // Not executed again: go on with the old kernels (children still get the setting).
 }
 
 bool set_blas_threads(int n) {

@@ -29,4 +29,25 @@ bool set_blas_threads(int n);
 std::string quiet_blas_workers();
 constexpr int kBlasThreadTimeout = 4;
 
+// OpenBLAS (built DYNAMIC_ARCH, as Debian's) picks its kernels from the
+// CPU's model number; on a CPU it does not know (a VM reporting a generic
+// "Intel(R) Xeon(R) Processor", as this project's machine does at times) it
+// falls back to its Prescott kernels (SSE3): the ViT trained at 800
+// samples/s instead of 1,830 with the AVX-512 kernels the CPU has. The
+// kernels to use instead, from the CPU's features: "SkylakeX" (AVX-512
+// F, BW, VL, DQ), "Haswell" (AVX2 and FMA), or "" (keep OpenBLAS's choice,
+// which is only overridden when it is one of the old fallbacks). Pure.
+std::string better_blas_core(const std::string& openblas_core, bool avx2_fma, bool avx512);
+
+// OpenBLAS's kernel name in this process (openblas_get_corename), "" without OpenBLAS.
+std::string blas_core();
+
+// Call first thing in main. When this process's OpenBLAS fell back to old
+// kernels on a newer CPU and OPENBLAS_CORETYPE is unset, sets it (to
+// better_blas_core's choice) and executes this program again, with the same
+// arguments and process id (OpenBLAS reads it only when it loads); the
+// processes it starts inherit it. Says so in one line when `say`. Returns
+// only when it did nothing (or the exec failed).
+void use_the_cpus_blas_kernels(char** argv, bool say);
+
 }  // namespace dtactor

@@ -48,3 +48,16 @@ TEST(Blas, IdleWorkersSleepAtOnceAndBlasStillComputes) {
   EXPECT_EQ(std::string(std::getenv("OPENBLAS_THREAD_TIMEOUT")), "12");
   ::unsetenv("OPENBLAS_THREAD_TIMEOUT");
 }
+
+// OpenBLAS's fallback kernels on a CPU it does not know are replaced by the
+// ones the CPU's features allow; its own choice of a newer kernel stays.
+TEST(Blas, FallbackKernelsAreReplacedByWhatTheCpuCanRun) {
+  EXPECT_EQ(dtactor::better_blas_core("Prescott", true, true), "SkylakeX");
+  EXPECT_EQ(dtactor::better_blas_core("prescott", true, false), "Haswell");
+  EXPECT_EQ(dtactor::better_blas_core("Core2", true, false), "Haswell");
+  EXPECT_EQ(dtactor::better_blas_core("Prescott", false, false), "");
+  EXPECT_EQ(dtactor::better_blas_core("Cooperlake", true, true), "");
+  EXPECT_EQ(dtactor::better_blas_core("Zen", true, false), "");
+  EXPECT_EQ(dtactor::better_blas_core("Haswell", true, true), "");
+  EXPECT_EQ(dtactor::better_blas_core("", true, true), "");
+}
