@@ -14,6 +14,7 @@
 #include <string>
 
 #include "app/cli.hpp"
+#include "runtime/blas_info.hpp"
 #include "runtime/process.hpp"
 
 namespace {
@@ -27,6 +28,7 @@ std::string train_binary() {
 }
 
 int exec_training(int, char** argv, const dtactor::parsed_cli&) {
+  dtactor::choose_blas_kernels_for_children();
   const std::string path = train_binary();
   ::execv(path.c_str(), argv);
   return dtactor::cli_fail("this command trains a model, which runs in " + path + ", and that could not be started (" + std::strerror(errno) +

@@ -9,12 +9,14 @@
 
 #include "app/cluster.hpp"
 #include "app/slurm_env.hpp"
+#include "runtime/blas_info.hpp"
 #include "runtime/process.hpp"
 #include "runtime/zmq_bridge.hpp"
 
 namespace dtactor {
 
 int run_local(const cluster_cli& cli) {
+  choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
   auto fail = [](const std::string& msg, int code) {
     std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
     return code;

@@ -21,6 +21,7 @@
 #include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
+#include "runtime/blas_info.hpp"
 #include "monitoring/gpu_metrics.hpp"
 #include "monitoring/metrics.hpp"
 #include "dtactor/config.hpp"
@@ -111,6 +112,7 @@ class rank_launcher : public process_launcher {
 }  // namespace
 
 int run_node(const cluster_cli& cli) {
+  choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
   if (cli.coordinator.empty()) return fail("--role node needs --coordinator tcp://HOST:PORT", 2);
   auto coord = parse_tcp_endpoint(cli.coordinator, "--coordinator");
   if (!coord) return fail(coord.message(), 2);

@@ -63,19 +63,44 @@ std::string blas_core() {
   return {};
 }
 
+namespace {
+struct cpu_features {
+  bool avx2_fma = false, avx512 = false;
+};
+cpu_features this_cpu() {
+  cpu_features f;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq");
+#endif
+  return f;
+}
+}  // namespace
+
+void choose_blas_kernels_for_children() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  if (!blas_core().empty()) return;  // OpenBLAS is in this process: use_the_cpus_blas_kernels decides
+  void* h = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (!h) return;
+  using name_fn = char* (*)();
+  std::string core;
+  if (auto fn = reinterpret_cast<name_fn>(::dlsym(h, "openblas_get_corename")))
+    if (const char* n = fn()) core = n;
+  ::dlclose(h);
+  const cpu_features f = this_cpu();
+  const std::string better = better_blas_core(core, f.avx2_fma, f.avx512);
+  if (!better.empty()) ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+}
+
 void use_the_cpus_blas_kernels(char** argv, bool say) {
   if (const char* user = std::getenv("OPENBLAS_CORETYPE"); user) return;  // the user's choice (or ours, after the exec)
   const std::string core = blas_core();
   if (core.empty()) return;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq");
-#else
-  const bool avx2_fma = false, avx512 = false;
-#endif
-  const std::string better = better_blas_core(core, avx2_fma, avx512);
+  const cpu_features f = this_cpu();
+  const bool avx512 = f.avx512;
+  const std::string better = better_blas_core(core, f.avx2_fma, f.avx512);
   if (better.empty()) return;
   ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
   if (say)

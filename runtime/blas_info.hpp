@@ -50,4 +50,12 @@ std::string blas_core();
 // only when it did nothing (or the exec failed).
 void use_the_cpus_blas_kernels(char** argv, bool say);
 
+// The same choice for the processes this one starts, in a process that has
+// no OpenBLAS loaded (the torch-free `dtactor`: a node agent before its
+// ranks, `local` before its nodes, the launcher of `dtactor-train`): loads
+// libblas.so.3 once to ask which kernels OpenBLAS picks here, and sets
+// OPENBLAS_CORETYPE when they are a fallback, so that no training process
+// has to load LibTorch twice (a replacement rank's start counts).
+void choose_blas_kernels_for_children();
+
 }  // namespace dtactor
