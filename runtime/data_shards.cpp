@@ -862,6 +862,16 @@ reader_registry& registry() {
   static reader_registry r;
   return r;
 }
+// Adds b's counters (and the larger peak) to a; gauges are the caller's.
+void add_counters(shard_reader_stats& a, const shard_reader_stats& b) {
+  a.bytes_read_local += b.bytes_read_local;
+  a.bytes_read_s3 += b.bytes_read_s3;
+  a.cache_hits += b.cache_hits;
+  a.cache_misses += b.cache_misses;
+  a.shards_verified += b.shards_verified;
+  a.shards_failed += b.shards_failed;
+  a.cache_peak_bytes = std::max(a.cache_peak_bytes, b.cache_peak_bytes);
+}
 }  // namespace
 
 result<std::unique_ptr<shard_reader>> shard_reader::open(std::vector<shard_info> shards, shard_cache_options options) {
@@ -928,15 +938,7 @@ shard_reader::~shard_reader() {
     // Its counters stay in the process's sums; its gauges go.
     std::lock_guard<std::mutex> lock(registry().mu);
     registry().live.erase(this);
-    auto s = stats();
-    auto& g = registry().gone;
-    g.bytes_read_local += s.bytes_read_local;
-    g.bytes_read_s3 += s.bytes_read_s3;
-    g.cache_hits += s.cache_hits;
-    g.cache_misses += s.cache_misses;
-    g.shards_verified += s.shards_verified;
-    g.shards_failed += s.shards_failed;
-    g.cache_peak_bytes = std::max(g.cache_peak_bytes, s.cache_peak_bytes);
+    add_counters(registry().gone, stats());
   }
   impl_->stopping = true;
   {
@@ -1025,16 +1027,10 @@ std::optional<shard_reader_stats> process_shard_reader_stats() {
   if (registry().live.empty() && registry().gone.cache_hits + registry().gone.cache_misses == 0) return std::nullopt;
   shard_reader_stats sum = registry().gone;
   for (const shard_reader* r : registry().live) {
-    auto s = r->stats();
-    sum.bytes_read_local += s.bytes_read_local;
-    sum.bytes_read_s3 += s.bytes_read_s3;
-    sum.cache_hits += s.cache_hits;
-    sum.cache_misses += s.cache_misses;
-    sum.shards_verified += s.shards_verified;
-    sum.shards_failed += s.shards_failed;
+    const auto s = r->stats();
+    add_counters(sum, s);
     sum.read_ahead_depth += s.read_ahead_depth;
     sum.cache_used_bytes = std::max(sum.cache_used_bytes, s.cache_used_bytes);  // readers of one process share one directory
-    sum.cache_peak_bytes = std::max(sum.cache_peak_bytes, s.cache_peak_bytes);
   }
   return sum;
 }
