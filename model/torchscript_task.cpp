@@ -12,9 +12,11 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <optional>
 #include <tuple>
 
-#include "model/npy.hpp"
+#include "model/sample_sources.hpp"
+#include "runtime/npy.hpp"
 #include "runtime/data_shards.hpp"
 #include "runtime/job_config.hpp"
 #include "dtactor/task.hpp"
@@ -60,213 +62,19 @@ class scripted : public torch::nn::Module {
   torch::jit::Module m_;
 };
 
-// Rows of an .npy array as a batch tensor: floating dtypes as float32,
-// integers as int64, bools as bool.
-torch::Tensor rows_of(const npy_array& a, const std::vector<int64_t>& idx) {
-  std::vector<int64_t> shape = a.shape();
-  shape[0] = static_cast<int64_t>(idx.size());
-  int64_t per_row = 1;
-  for (size_t i = 1; i < a.shape().size(); ++i) per_row *= a.shape()[i];
-  const auto d = a.dtype();
-  const bool floating = d == npy_dtype::f2 || d == npy_dtype::f4 || d == npy_dtype::f8;
-  const auto target = d == npy_dtype::b1 ? torch::kBool : floating ? torch::kFloat : torch::kLong;
-  std::optional<c10::ScalarType> source;
-  switch (d) {
-    case npy_dtype::b1: source = torch::kBool; break;
-    case npy_dtype::u1: source = torch::kByte; break;
-    case npy_dtype::i1: source = torch::kChar; break;
-    case npy_dtype::i2: source = torch::kShort; break;
-    case npy_dtype::i4: source = torch::kInt; break;
-    case npy_dtype::i8: source = torch::kLong; break;
-    case npy_dtype::f2: source = torch::kHalf; break;
-    case npy_dtype::f4: source = torch::kFloat; break;
-    case npy_dtype::f8: source = torch::kDouble; break;
-    default: break;  // unsigned 16/32/64-bit: no LibTorch dtype, converted element by element
-  }
-  auto out = torch::empty(shape, target);
-  for (size_t r = 0; r < idx.size(); ++r) {
-    auto dst = out[static_cast<int64_t>(r)].view({per_row});
-    if (source) {
-      auto src = torch::from_blob(const_cast<uint8_t*>(a.row(idx[r])), {per_row}, *source);
-      dst.copy_(src);
-    } else {
-      auto* p = dst.data_ptr<int64_t>();
-      for (int64_t k = 0; k < per_row; ++k) p[k] = static_cast<int64_t>(a.at(static_cast<uint64_t>(idx[r] * per_row + k)));
-    }
-  }
-  return out;
-}
-
-// Where a torchscript task's samples come from: rows of two .npy arrays,
-// or windows of a token stream (inputs: `context` tokens from a position,
-// targets: the same shifted by one).
-class sample_source {
- public:
-  virtual ~sample_source() = default;
-  virtual int64_t size() const = 0;
-  virtual std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const = 0;
-};
-
-class array_source : public sample_source {
- public:
-  array_source(npy_array in, npy_array tg) : in_(std::move(in)), tg_(std::move(tg)) {}
-  int64_t size() const override { return in_.rows(); }
-  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override { return {rows_of(in_, rows), rows_of(tg_, rows)}; }
-
- private:
-  npy_array in_, tg_;
-};
-
-class token_source : public sample_source {
- public:
-  // Sample i is the window starting at position i * stride.
-  token_source(std::shared_ptr<token_file> f, int64_t context, int64_t stride, int64_t first, int64_t count)
-      : f_(std::move(f)), context_(context), stride_(stride), first_(first), count_(count) {}
-  int64_t size() const override { return count_; }
-  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
-    const int64_t n = static_cast<int64_t>(rows.size());
-    auto x = torch::empty({n, context_}, torch::kLong), y = torch::empty({n, context_}, torch::kLong);
-    std::vector<int64_t> w;
-    for (int64_t r = 0; r < n; ++r) {
-      f_->window(static_cast<uint64_t>(first_ + rows[static_cast<size_t>(r)] * stride_), static_cast<uint64_t>(context_ + 1), w);
-      std::memcpy(x[r].data_ptr<int64_t>(), w.data(), static_cast<size_t>(context_) * sizeof(int64_t));
-      std::memcpy(y[r].data_ptr<int64_t>(), w.data() + 1, static_cast<size_t>(context_) * sizeof(int64_t));
-    }
-    return {x, y};
-  }
-
- private:
-  std::shared_ptr<token_file> f_;
-  int64_t context_, stride_, first_, count_;
-};
-
-// Windows of token shards (runtime/data_shards, docs/data.md): sample i is
-// the window at (i - first sample of its shard) * stride in its shard;
-// windows never cross a shard's end. Shards come from a shard_reader
-// (mapped in place, or fetched from S3 into the node's cache); each shard's
-// ids are checked against the vocabulary the first time this process reads
-// it. A shard that cannot be read throws one line naming it (the rank
-// reports it and the generation fails; nothing is skipped).
-class shard_token_source : public sample_source {
- public:
-  shard_token_source(std::shared_ptr<shard_reader> reader, std::vector<size_t> shard_ids, int64_t context, int64_t stride, uint32_t vocab)
-      : reader_(std::move(reader)), ids_(std::move(shard_ids)), context_(context), stride_(stride), vocab_(vocab) {
-    first_.push_back(0);
-    for (size_t id : ids_) {
-      const int64_t tokens = static_cast<int64_t>(reader_->shards()[id].bytes / 2);
-      const int64_t n = stride_ == 1 ? tokens - context_ : (tokens - 1) / context_;
-      per_shard_.push_back(n);
-      first_.push_back(first_.back() + n);
-    }
-  }
-  int64_t size() const override { return first_.back(); }
-  const std::vector<int64_t>& per_shard() const { return per_shard_; }
-  size_t reader_id(int64_t k) const { return ids_[static_cast<size_t>(k)]; }
-
-  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
-    const int64_t n = static_cast<int64_t>(rows.size());
-    auto x = torch::empty({n, context_}, torch::kLong), y = torch::empty({n, context_}, torch::kLong);
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t i = rows[static_cast<size_t>(r)];
-      const int64_t k = std::upper_bound(first_.begin(), first_.end(), i) - first_.begin() - 1;
-      const auto& bytes = shard(k);
-      const uint8_t* p = bytes.data() + 2 * (i - first_[static_cast<size_t>(k)]) * stride_;
-      auto* xp = x[r].data_ptr<int64_t>();
-      auto* yp = y[r].data_ptr<int64_t>();
-      for (int64_t t = 0; t <= context_; ++t) {
-        const int64_t id = p[2 * t] | (p[2 * t + 1] << 8);
-        if (t < context_) xp[t] = id;
-        if (t > 0) yp[t - 1] = id;
-      }
-    }
-    return {x, y};
-  }
-
-  // Keeps the mappings of these shards (positions in this source) and lets
-  // the others go.
-  void hold_only(const std::vector<int64_t>& ks) {
-    std::map<int64_t, std::shared_ptr<const shard_bytes>> keep;
-    for (int64_t k : ks)
-      if (auto it = held_.find(k); it != held_.end()) keep.insert(*it);
-    held_.swap(keep);
-  }
-
-  // Reads shard k now (the first batch's shard, at task construction):
-  // an error is returned, not thrown.
-  status open_shard(int64_t k) {
-    try {
-      (void)shard(k);
-      return {};
-    } catch (const std::exception& e) {
-      return make_error(e.what());
-    }
-  }
-
- private:
-  const shard_bytes& shard(int64_t k) const {
-    if (auto it = held_.find(k); it != held_.end()) return *it->second;
-    const size_t id = ids_[static_cast<size_t>(k)];
-    auto b = reader_->get(id);
-    if (!b) throw data_error(b.message());
-    const shard_bytes& bytes = *b.value();
-    const std::string& url = reader_->shards()[id].url;
-    if (bytes.size() % 2 != 0)
-      throw data_error("shard " + url + " holds " + std::to_string(bytes.size()) + " bytes, an odd number: not a stream of uint16 token ids");
-    if (checked_.insert(id).second) {
-      for (size_t t = 0; t < bytes.size() / 2; ++t) {
-        const uint32_t v = bytes.data()[2 * t] | (bytes.data()[2 * t + 1] << 8);
-        if (v >= vocab_) {
-          checked_.erase(id);
-          throw data_error("shard " + url + ": token id " + std::to_string(v) + " at position " + std::to_string(t) +
-                                   " is outside the model's vocabulary of " + std::to_string(vocab_));
-        }
-      }
-    }
-    held_[k] = b.value();
-    return bytes;
-  }
-
-  std::shared_ptr<shard_reader> reader_;
-  std::vector<size_t> ids_;  // positions in the reader's shards
-  std::vector<int64_t> per_shard_, first_;
-  int64_t context_, stride_;
-  uint32_t vocab_;
-  mutable std::map<int64_t, std::shared_ptr<const shard_bytes>> held_;
-  mutable std::set<size_t> checked_;
-};
-
-// A subset of a source's samples (the held-out share of one source).
-class subset_source : public sample_source {
- public:
-  subset_source(std::shared_ptr<sample_source> s, int64_t from, int64_t count) : s_(std::move(s)), from_(from), count_(count) {}
-  int64_t size() const override { return count_; }
-  std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
-    std::vector<int64_t> r(rows);
-    for (auto& v : r) v += from_;
-    return s_->batch(r);
-  }
-
- private:
-  std::shared_ptr<sample_source> s_;
-  int64_t from_, count_;
-};
-
 class torchscript_task : public task {
  public:
   torchscript_task(std::shared_ptr<scripted> m, std::shared_ptr<sample_source> train, std::shared_ptr<sample_source> eval, std::string loss,
-                   bool nll, std::shared_ptr<shard_reader> reader = nullptr)
-      : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(std::move(loss)), nll_(nll), reader_(std::move(reader)) {
+                   bool nll)
+      : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(std::move(loss)), nll_(nll) {
     has_loss_method_ = m_->jit().find_method("loss").has_value();
-    sharded_train_ = std::dynamic_pointer_cast<shard_token_source>(train_);
+    sharded_train_ = std::dynamic_pointer_cast<sharded_source>(train_);
+    sharded_eval_ = std::dynamic_pointer_cast<sharded_source>(eval_);
   }
 
   std::vector<int64_t> train_shard_samples() const override { return sharded_train_ ? sharded_train_->per_shard() : std::vector<int64_t>{}; }
   void upcoming_shards(const std::vector<int64_t>& shards) override {
-    if (!sharded_train_) return;
-    std::vector<size_t> ids;
-    for (int64_t k : shards) ids.push_back(sharded_train_->reader_id(k));
-    reader_->read_ahead(std::move(ids));
-    sharded_train_->hold_only(shards);
+    if (sharded_train_) sharded_train_->upcoming(shards);
   }
 
   std::string name() const override { return "torchscript"; }
@@ -329,6 +137,7 @@ class torchscript_task : public task {
       const int64_t e = std::min(n, i + batch_size);
       std::vector<int64_t> rows;
       for (int64_t k = i; k < e; ++k) rows.push_back(k);
+      if (sharded_eval_) sharded_eval_->read_ahead_from(i, 2);  // this batch's shard and the next
       auto [x, y] = eval_->batch(rows);
       torch::Tensor out;
       loss += losses(x, y, &out).sum().item<double>();
@@ -342,6 +151,7 @@ class torchscript_task : public task {
         if (classes > 5) top5_f += std::get<1>(scores.topk(5, 2)).eq(targets.unsqueeze(2)).any(2).to(torch::kDouble).sum().item<double>() / positions;
       }
     }
+    if (sharded_eval_) sharded_eval_->hold_only({});
     eval_result r;
     if (n == 0) return r;
     r.metrics["val_loss"] = loss / static_cast<double>(n);
@@ -358,8 +168,7 @@ class torchscript_task : public task {
   std::shared_ptr<sample_source> train_, eval_;
   std::string loss_;
   bool nll_ = false, has_loss_method_ = false;
-  std::shared_ptr<shard_reader> reader_;
-  std::shared_ptr<shard_token_source> sharded_train_;
+  std::shared_ptr<sharded_source> sharded_train_, sharded_eval_;
 };
 
 result<npy_array> open_array(const config& cfg, const std::string& key) {
@@ -368,73 +177,6 @@ result<npy_array> open_array(const config& cfg, const std::string& key) {
   auto a = npy_array::open(path);
   if (!a) return make_error(key + ": " + a.message());
   return a;
-}
-
-// data.train_tokens (and data.eval_tokens) as shards: one reader over both
-// sets. Without data.eval_tokens the last data.val_fraction of the shards
-// (at least one) is held out, whole shards, so no evaluation token is ever
-// trained on.
-using sources = std::tuple<std::shared_ptr<sample_source>, std::shared_ptr<sample_source>, std::shared_ptr<shard_reader>>;
-result<sources> sharded_tokens(const config& cfg) {
-  const int64_t context = cfg.get_int("model.context");
-  const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
-  const std::string endpoint = data_s3_endpoint(cfg);
-  auto resolve = [&](const std::string& key) -> result<std::vector<shard_info>> {
-    auto r = resolve_shards(cfg.get_string(key), endpoint);
-    if (!r) return make_error(key + ": " + r.message());
-    for (const auto& sh : r.value()) {
-      if (sh.bytes % 2 != 0)
-        return make_error(key + ": shard " + sh.url + " holds " + std::to_string(sh.bytes) + " bytes, an odd number: not a stream of uint16 token ids");
-      if (sh.bytes / 2 < static_cast<uint64_t>(context) + 2)
-        return make_error(key + ": shard " + sh.url + " holds " + std::to_string(sh.bytes / 2) + " tokens; every shard needs at least " +
-                          std::to_string(context + 2) + " (one window of model.context + 1, and one more)");
-    }
-    return r;
-  };
-  auto tr = resolve("data.train_tokens");
-  if (!tr) return tr.err();
-  std::vector<shard_info> all = tr.value();
-  std::vector<size_t> train_ids, eval_ids;
-  for (size_t i = 0; i < all.size(); ++i) train_ids.push_back(i);
-  if (!cfg.get_string("data.eval_tokens").empty()) {
-    auto ev = resolve("data.eval_tokens");
-    if (!ev) return ev.err();
-    for (auto& sh : ev.value()) {
-      eval_ids.push_back(all.size());
-      all.push_back(std::move(sh));
-    }
-  } else {
-    const size_t n = train_ids.size();
-    if (n < 2)
-      return make_error("data.train_tokens names one shard: set data.eval_tokens, or give two or more shards (the last data.val_fraction of them are held out)");
-    const size_t held = std::clamp<size_t>(static_cast<size_t>(std::llround(cfg.get_double("data.val_fraction") * static_cast<double>(n))), 1, n - 1);
-    eval_ids.assign(train_ids.end() - static_cast<std::ptrdiff_t>(held), train_ids.end());
-    train_ids.resize(n - held);
-  }
-  // The cache must hold what a step reads and what is fetched ahead of it.
-  const int64_t block = cfg.get_int("data.shuffle_block_shards");
-  const int64_t blocks = 1 + cfg.get_int("data.read_ahead_blocks");
-  std::vector<uint64_t> remote;
-  for (size_t id : train_ids)
-    if (all[id].url.rfind("s3://", 0) == 0) remote.push_back(all[id].bytes);
-  std::sort(remote.rbegin(), remote.rend());
-  const size_t needed_count = std::min(remote.size(), static_cast<size_t>(block * blocks));
-  const uint64_t needed = std::accumulate(remote.begin(), remote.begin() + static_cast<std::ptrdiff_t>(needed_count), uint64_t{0});
-  const auto cache_bytes = static_cast<uint64_t>(cfg.get_int("data.cache_bytes"));
-  if (needed > cache_bytes)
-    return make_error("data.cache_bytes (" + std::to_string(cache_bytes) + ") cannot hold " + std::to_string(needed_count) +
-                      " of the largest shards (" + std::to_string(needed) + " bytes): (1 + data.read_ahead_blocks) x data.shuffle_block_shards shards are held at once; raise data.cache_bytes or lower those");
-  shard_cache_options o;
-  o.cache_dir = cfg.get_string("data.cache_dir");
-  o.cache_bytes = cache_bytes;
-  o.s3_endpoint = endpoint;
-  auto r = shard_reader::open(std::move(all), o);
-  if (!r) return r.err();
-  std::shared_ptr<shard_reader> reader = std::move(r.value());
-  auto train = std::make_shared<shard_token_source>(reader, train_ids, context, 1, vocab);
-  auto eval = std::make_shared<shard_token_source>(reader, eval_ids, context, context, vocab);
-  if (auto st = train->open_shard(0); !st) return make_error("data.train_tokens: " + st.message());
-  return sources{train, eval, reader};
 }
 
 }  // namespace
@@ -466,12 +208,23 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     return {};
   };
   std::shared_ptr<sample_source> train, eval;
-  std::shared_ptr<shard_reader> reader;
   const bool tokens = !cfg.get_string("data.train_tokens").empty();
-  if (tokens && (names_shards(cfg.get_string("data.train_tokens")) || names_shards(cfg.get_string("data.eval_tokens")))) {
-    auto made = sharded_tokens(cfg);
-    if (!made) return made.err();
-    std::tie(train, eval, reader) = std::move(made.value());
+  const bool tars = !cfg.get_string("data.train_shards").empty();
+  auto sharded_key = [&](std::initializer_list<const char*> keys) {
+    for (const char* k : keys)
+      if (names_shards(cfg.get_string(k))) return true;
+    return false;
+  };
+  if (tars + tokens + !cfg.get_string("data.train_inputs").empty() > 1)
+    return make_error("set one of data.train_shards, data.train_tokens and data.train_inputs/data.train_targets: they are three kinds of data");
+  std::optional<result<sharded_split>> sharded;
+  if (tars) sharded = open_tar_shards(cfg);
+  else if (tokens && sharded_key({"data.train_tokens", "data.eval_tokens"})) sharded = open_token_shards(cfg);
+  else if (!tokens && sharded_key({"data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets"})) sharded = open_npy_shards(cfg);
+  if (sharded) {
+    if (!*sharded) return sharded->err();
+    train = sharded->value().train;
+    eval = sharded->value().eval;
   } else if (tokens) {
     // nanoGPT's .bin token streams: a sample is a window of model.context + 1 tokens.
     const int64_t context = cfg.get_int("model.context");
@@ -524,7 +277,7 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     }
   }
   auto m = std::make_shared<scripted>(std::move(jm));
-  auto t = std::make_unique<torchscript_task>(m, train, eval, loss, cfg.get_bool("train.loss_is_nll"), reader);
+  auto t = std::make_unique<torchscript_task>(m, train, eval, loss, cfg.get_bool("train.loss_is_nll"));
   if (t->train_size() < 1) return make_error("no training samples");
   // The contract, on a first batch of two samples: one clear line when the
   // module and the data do not fit each other.

@@ -1,6 +1,11 @@
 #include "model/vit.hpp"
 
+#include <optional>
+#include <sstream>
+#include <tuple>
+
 #include "model/fashion_mnist.hpp"
+#include "model/sample_sources.hpp"
 #include "dtactor/task.hpp"
 #include "runtime/data_wait.hpp"
 
@@ -80,18 +85,109 @@ class vit_task : public task {
   image_set train_, test_;
 };
 
+// The ViT on image tar shards (data.train_shards, docs/data.md): samples
+// read through a shard reader, pixels in [0, 1] normalised as Fashion-MNIST's.
+class vit_shard_task : public task {
+ public:
+  vit_shard_task(vit model, sharded_split data, int64_t classes) : model_(std::move(model)), data_(std::move(data)), classes_(classes) {}
+
+  std::string name() const override { return "vit"; }
+  std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  int64_t train_size() const override { return data_.train->size(); }
+  int64_t eval_size() const override { return data_.eval->size(); }
+  std::vector<int64_t> train_shard_samples() const override { return data_.train->per_shard(); }
+  void upcoming_shards(const std::vector<int64_t>& shards) override { data_.train->upcoming(shards); }
+
+  torch::Tensor loss_sum(const std::vector<int64_t>& indices) override {
+    torch::Tensor x, y;
+    {
+      data_wait_timer data;
+      std::tie(x, y) = batch(*data_.train, indices);
+    }
+    return torch::nn::functional::cross_entropy(model_->forward(x).to(torch::kFloat), y,
+                                                torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  }
+
+  eval_result evaluate(int64_t max_samples, int64_t batch_size) override {
+    const int64_t n = max_samples > 0 ? std::min(max_samples, eval_size()) : eval_size();
+    double loss = 0;
+    int64_t correct = 0;
+    for (int64_t i = 0; i < n; i += batch_size) {
+      std::vector<int64_t> rows;
+      for (int64_t k = i; k < std::min(n, i + batch_size); ++k) rows.push_back(k);
+      data_.eval->read_ahead_from(i, 2);
+      auto [x, y] = batch(*data_.eval, rows);
+      auto logits = model_->forward(x).to(torch::kFloat);
+      loss += torch::nn::functional::cross_entropy(logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                  .item<double>();
+      correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+    }
+    data_.eval->hold_only({});
+    eval_result r;
+    if (n == 0) return r;
+    r.metrics["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
+    r.metrics["val_loss"] = loss / static_cast<double>(n);
+    return r;
+  }
+
+  // Normalised images and class ids, checked against the model's shape.
+  std::pair<torch::Tensor, torch::Tensor> batch(const sample_source& s, const std::vector<int64_t>& rows) const {
+    auto [x, y] = s.batch(rows);
+    const auto& o = model_->opts;
+    if (x.dim() != 4 || x.size(1) != o.channels || x.size(2) != o.image_size || x.size(3) != o.image_size || x.scalar_type() != torch::kFloat) {
+      std::ostringstream m;
+      m << "vit: a batch of inputs of shape " << x.sizes() << " (" << x.scalar_type() << "); the model takes images of " << o.channels << "x"
+        << o.image_size << "x" << o.image_size << " (the first training sample's): every image of the shards must have that size";
+      throw data_error(m.str());
+    }
+    if (y.dim() != 1 || y.scalar_type() != torch::kLong)
+      throw data_error("vit: the targets must be class ids (a .cls member per sample; data.shard_targets)");
+    if (y.numel() && (y.min().item<int64_t>() < 0 || y.max().item<int64_t>() >= classes_))
+      throw data_error("vit: a class id " + std::to_string(y.min().item<int64_t>() < 0 ? y.min().item<int64_t>() : y.max().item<int64_t>()) +
+                       " is outside model.classes = " + std::to_string(classes_));
+    return {(x - kMean) / kStd, y};
+  }
+
+ private:
+  vit model_;
+  sharded_split data_;
+  int64_t classes_;
+};
+
 }  // namespace
 
 result<std::unique_ptr<task>> make_vit_task(const config& cfg) {
-  const std::string dir = cfg.get_string("data.fashion_mnist_dir");
-  auto train = load_fashion_mnist(dir, "train");
-  if (!train) return train.err();
-  auto test = load_fashion_mnist(dir, "test");
-  if (!test) return test.err();
   vit_options o;
-  o.image_size = train->images.size(1);
   o.patch = cfg.get_int("model.patch_size");
-  if (train->images.size(1) != train->images.size(2)) return make_error("vit expects square images");
+  std::optional<sharded_split> shards;
+  std::optional<image_set> train, test;
+  if (!cfg.get_string("data.train_shards").empty()) {
+    auto s = open_tar_shards(cfg);
+    if (!s) return s.err();
+    torch::Tensor x;
+    try {
+      x = s->train->batch({0}).first;
+    } catch (const std::exception& e) {
+      return make_error(std::string("data.train_shards: ") + e.what());
+    }
+    if (x.dim() != 4 || x.scalar_type() != torch::kFloat)
+      return make_error("vit: data.train_shards' inputs must be images (data.shard_inputs: png, jpg)");
+    if (x.size(2) != x.size(3)) return make_error("vit expects square images, the first training sample is " + std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)));
+    o.channels = x.size(1);
+    o.image_size = x.size(2);
+    o.classes = cfg.get_int("model.classes");
+    shards = std::move(s.value());
+  } else {
+    const std::string dir = cfg.get_string("data.fashion_mnist_dir");
+    auto tr = load_fashion_mnist(dir, "train");
+    if (!tr) return tr.err();
+    auto te = load_fashion_mnist(dir, "test");
+    if (!te) return te.err();
+    if (tr->images.size(1) != tr->images.size(2)) return make_error("vit expects square images");
+    o.image_size = tr->images.size(1);
+    train = std::move(tr.value());
+    test = std::move(te.value());
+  }
   if (o.image_size % o.patch != 0)
     return make_error("model.patch_size must divide the image size " + std::to_string(o.image_size) + ", got " + std::to_string(o.patch));
   o.layers = cfg.get_int("model.layers");
@@ -102,7 +198,8 @@ result<std::unique_ptr<task>> make_vit_task(const config& cfg) {
   o.blk.checkpointed = cfg.get_bool("train.activation_checkpointing");
   if (o.blk.dim % o.blk.heads != 0)
     return make_error("model.heads (" + std::to_string(o.blk.heads) + ") must divide model.dim (" + std::to_string(o.blk.dim) + ")");
-  return std::unique_ptr<task>(std::make_unique<vit_task>(vit(o), std::move(train.value()), std::move(test.value())));
+  if (shards) return std::unique_ptr<task>(std::make_unique<vit_shard_task>(vit(o), std::move(*shards), o.classes));
+  return std::unique_ptr<task>(std::make_unique<vit_task>(vit(o), std::move(*train), std::move(*test)));
 }
 
 }  // namespace dtactor

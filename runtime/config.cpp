@@ -25,7 +25,7 @@ std::vector<config_key> make_schema() {
   // docs/config.md is checked against this table by a test.
   return {
       // model
-      {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST), transformer (English->Italian), gpt (GCIDE text), torchscript (your PyTorch module, model.file, on .npy data).", -1e300, {"vit", "transformer", "gpt", "torchscript"}},
+      {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST, or image tar shards: data.train_shards), transformer (English->Italian), gpt (GCIDE text), torchscript (your PyTorch module, model.file, on .npy data).", -1e300, {"vit", "transformer", "gpt", "torchscript"}},
       {"model.vocab_size", vk::integer, "65536", "torchscript with token streams: every token id must be below it (checked when the files are opened).", 1, {}},
       {"model.file", vk::string, "", "torchscript: the file torch.jit.script(module).save(PATH) wrote."},
       {"model.dim", vk::integer, "64", "Width of the model (embedding size).", 8},
@@ -33,7 +33,8 @@ std::vector<config_key> make_schema() {
       {"model.heads", vk::integer, "4", "Attention heads; must divide model.dim.", 1},
       {"model.mlp_ratio", vk::floating, "4.0", "Hidden size of each MLP as a multiple of model.dim.", 0.25},
       {"model.dropout", vk::floating, "0.0", "Dropout probability in attention and MLP outputs.", 0.0},
-      {"model.patch_size", vk::integer, "7", "vit: side of the square patches; must divide 28.", 1},
+      {"model.patch_size", vk::integer, "7", "vit: side of the square patches; must divide the image side (28 for Fashion-MNIST).", 1},
+      {"model.classes", vk::integer, "10", "vit on tar shards (data.train_shards): the number of classes; every .cls id must be below it (Fashion-MNIST has 10).", 2},
       {"model.context", vk::integer, "128", "gpt, torchscript token streams: tokens per training sequence; transformer: longest word kept.", 8},
       {"model.label_smoothing", vk::floating, "0.1", "transformer: label smoothing of the cross-entropy.", 0.0},
       // data
@@ -41,12 +42,16 @@ std::vector<config_key> make_schema() {
       {"data.freedict_eng_ita", vk::string, "/usr/share/dictd/freedict-eng-ita", "FreeDict English-Italian dictd files, without .index/.dict.dz (Debian: dict-freedict-eng-ita)."},
       {"data.gcide", vk::string, "/usr/share/dictd/gcide", "GCIDE dictd files, without .index/.dict.dz (Debian: dict-gcide)."},
       {"data.val_fraction", vk::floating, "0.05", "transformer, gpt: share of the data held out for evaluation.", 0.0},
-      {"data.train_inputs", vk::string, "", "torchscript: training inputs, a NumPy .npy array (first axis = samples), memory-mapped."},
+      {"data.train_inputs", vk::string, "", "torchscript: training inputs, a NumPy .npy array (first axis = samples), memory-mapped; or .npy shards (a glob, a range, a list, s3://...), paired in order with those of data.train_targets."},
       {"data.train_targets", vk::string, "", "torchscript: training targets, .npy (class ids for cross_entropy, values for mse)."},
       {"data.eval_inputs", vk::string, "", "torchscript: held-out inputs, .npy (empty: data.val_fraction of the training arrays)."},
       {"data.eval_targets", vk::string, "", "torchscript: held-out targets, .npy."},
       {"data.train_tokens", vk::string, "", "torchscript: a token stream in nanoGPT's .bin format (flat uint16 ids); a sample is a window of model.context + 1 tokens. Shards: a glob, a {000..127} range, a comma list, or s3://bucket/prefix/train-*.bin (docs/data.md)."},
       {"data.eval_tokens", vk::string, "", "torchscript: held-out token stream, .bin, or shards as data.train_tokens (empty: the last data.val_fraction of data.train_tokens; of sharded tokens, its last shards)."},
+      {"data.train_shards", vk::string, "", "torchscript, vit: WebDataset-style tar shards (a glob, a {000000..001023} range, a comma list, or s3://bucket/prefix/train-*.tar): the files of a sample share a key, its input is the first of data.shard_inputs it has, its target the first of data.shard_targets (docs/data.md)."},
+      {"data.eval_shards", vk::string, "", "torchscript, vit: held-out tar shards (empty: the last data.val_fraction of data.train_shards' shards)."},
+      {"data.shard_inputs", vk::string, "jpg;jpeg;png;npy", "Tar shards: the member that is a sample's input, the first present of these extensions (images become float [channels, height, width] in [0, 1], .npy arrays stay as they are)."},
+      {"data.shard_targets", vk::string, "cls", "Tar shards: the member that is a sample's target, the first present of these extensions (.cls: a class id as decimal text; .npy: an array)."},
       {"data.shuffle_block_shards", vk::integer, "4", "Sharded data: samples are shuffled within blocks of this many shards (shards are permuted every epoch); the cache holds this many shards per block.", 1},
       {"data.read_ahead_blocks", vk::integer, "1", "Sharded data: blocks of shards fetched ahead of the one being trained on.", 0},
       {"data.cache_dir", vk::string, "", "Sharded data from S3: the local cache the ranks of a node share (empty: $TMPDIR/dtactor-data-cache)."},

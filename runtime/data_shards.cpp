@@ -1,6 +1,7 @@
 // Sharded data sets (runtime/data_shards.hpp, docs/data.md): shard specs,
 // the shard index, and the reader with its node-wide cache of S3 shards.
 #include "runtime/data_shards.hpp"
+#include "runtime/webdataset.hpp"
 
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -268,6 +269,7 @@ class resolver {
         if (it->second.bytes != s->bytes)
           return fail("shard " + printable(s->url) + ": " + std::to_string(s->bytes) + " bytes, the index says " + std::to_string(it->second.bytes));
         s->digest = it->second.digest;
+        s->records = it->second.records;
       }
     }
     return {};
@@ -314,7 +316,12 @@ result<std::map<std::string, shard_index_entry>> parse_shard_index(const std::st
     if (h.size() != 16 || !std::all_of(h.begin(), h.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }))
       return bad(which + " (" + printable(nm) + "): \"xxh3\" is not 16 lower-case hex digits");
     const uint64_t b = bytes->get<uint64_t>();
-    if (!out.emplace(nm, shard_index_entry{b, std::to_string(b) + ":" + h}).second) return bad("\"" + printable(nm) + "\" is listed twice");
+    int64_t records = -1;
+    if (const auto r = e.find("records"); r != e.end()) {
+      if (!r->is_number_unsigned() || r->get<uint64_t>() > b) return bad(which + " (" + printable(nm) + "): \"records\" is not a count");
+      records = static_cast<int64_t>(r->get<uint64_t>());
+    }
+    if (!out.emplace(nm, shard_index_entry{b, std::to_string(b) + ":" + h, records}).second) return bad("\"" + printable(nm) + "\" is listed twice");
   }
   return out;
 }
@@ -356,18 +363,27 @@ result<size_t> write_shard_index(const std::string& spec, const std::string& s3_
     for (const shard_info* s : group) {
       const std::string name = split_url(s->url).second;
       hasher h;
+      auto counter = record_counter::for_name(name, "shard " + printable(s->url));
       uint64_t at = 0;
       for (;;) {
         auto n = objects.read(name, at, buf.data(), buf.size());
         if (!n) return r.fail(n.message());
         h.update(buf.data(), n.value());
+        if (counter)
+          if (auto st = counter->update(reinterpret_cast<const uint8_t*>(buf.data()), n.value()); !st) return r.fail(st.message());
         at += n.value();
         if (n.value() < buf.size()) break;
       }
       if (at != s->bytes)
         return r.fail("shard " + printable(s->url) + " changed while it was indexed (" + std::to_string(s->bytes) + " bytes listed, " +
                       std::to_string(at) + " read)");
-      entries[name] = {at, digest_of(at, h.digest())};
+      int64_t records = -1;
+      if (counter) {
+        auto c = counter->finish(at);
+        if (!c) return r.fail(c.message());
+        records = c.value();
+      }
+      entries[name] = {at, digest_of(at, h.digest()), records};
       group_bytes += at;
     }
     // Keep what an older index says of other files still there unchanged.
@@ -386,7 +402,8 @@ result<size_t> write_shard_index(const std::string& spec, const std::string& s3_
     bool first = true;
     try {
       for (const auto& [name, e] : entries) {
-        const nlohmann::json j = {{"name", name}, {"bytes", e.bytes}, {"xxh3", e.digest.substr(e.digest.find(':') + 1)}};
+        nlohmann::json j = {{"name", name}, {"bytes", e.bytes}, {"xxh3", e.digest.substr(e.digest.find(':') + 1)}};
+        if (e.records >= 0) j["records"] = e.records;
         text += (first ? "" : ",\n") + j.dump();
         first = false;
       }

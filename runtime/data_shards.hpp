@@ -32,6 +32,10 @@ struct shard_info {
   // "<bytes>:<xxh3 hex>" (the form of file_digest) from the shard index
   // (dtactor-shards.json beside the shards); empty when there is no index.
   std::string digest;
+  // Records in the shard as `dtactor data index` counted them (the samples
+  // of a .tar, the rows of a .npy, the lines of a .csv/.tsv/.jsonl/.txt;
+  // runtime/webdataset.hpp), from the index; -1 when unknown.
+  int64_t records = -1;
 };
 
 // The name of the index file `dtactor data index` writes beside the shards.
@@ -76,6 +80,7 @@ result<size_t> write_shard_index(const std::string& spec, const std::string& s3_
 struct shard_index_entry {
   uint64_t bytes = 0;
   std::string digest;  // "<bytes>:<xxh3 hex>"
+  int64_t records = -1;  // "records", when the index counted them
 };
 result<std::map<std::string, shard_index_entry>> parse_shard_index(const std::string& text, const std::string& where);
 

@@ -75,7 +75,9 @@ namespace {
 std::vector<std::string> file_keys_of(const config& cfg) {
   const std::string& model = cfg.get_string("model.name");
   if (model == "torchscript")
-    return {"model.file", "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets", "data.train_tokens", "data.eval_tokens"};
+    return {"model.file",        "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets",
+            "data.train_tokens", "data.eval_tokens",  "data.train_shards",  "data.eval_shards"};
+  if (model == "vit") return {"data.train_shards", "data.eval_shards"};
   if (const auto* e = catalog_find(model)) return e->file_keys;
   return {};
 }

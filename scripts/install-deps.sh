@@ -31,6 +31,8 @@ pkgs=(
   # S3 checkpoint store: HTTP (libcurl) and SigV4's SHA-256/HMAC (OpenSSL);
   # OpenSSL also signs checkpoint manifests (HMAC-SHA256) and draws job keys' MAC keys
   libcurl4-openssl-dev libssl-dev
+  # images in tar shards (data.train_shards): PNG and JPEG decoders
+  libpng-dev libjpeg62-turbo-dev
   # a real S3 server that checks signatures, for the S3 tests: Ceph's radosgw
   # on a one-machine cluster (scripts/rgw/start-rgw.sh); iproute2 for `ss`
   radosgw ceph-mon ceph-osd iproute2 curl

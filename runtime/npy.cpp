@@ -1,4 +1,4 @@
-#include "model/npy.hpp"
+#include "runtime/npy.hpp"
 
 
 #include <cstring>
