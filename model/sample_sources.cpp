@@ -397,28 +397,15 @@ status hold_out(split_plan& p, const config& cfg, const std::string& key, const 
 
 // The cache must hold what a step reads and what is fetched ahead of it.
 result<std::shared_ptr<shard_reader>> open_reader(const config& cfg, split_plan& p) {
-  const int64_t block = cfg.get_int("data.shuffle_block_shards");
-  const int64_t blocks = 1 + cfg.get_int("data.read_ahead_blocks");
   std::vector<uint64_t> remote;
   for (const auto& k : p.train) {
     uint64_t bytes = 0;
     for (size_t id : k)
       if (p.all[id].url.rfind("s3://", 0) == 0) bytes += p.all[id].bytes;
-    if (bytes) remote.push_back(bytes);
+    remote.push_back(bytes);
   }
-  std::sort(remote.rbegin(), remote.rend());
-  const size_t needed_count = std::min(remote.size(), static_cast<size_t>(block * blocks));
-  const uint64_t needed = std::accumulate(remote.begin(), remote.begin() + static_cast<std::ptrdiff_t>(needed_count), uint64_t{0});
-  const auto cache_bytes = static_cast<uint64_t>(cfg.get_int("data.cache_bytes"));
-  if (needed > cache_bytes)
-    return make_error("data.cache_bytes (" + std::to_string(cache_bytes) + ") cannot hold " + std::to_string(needed_count) +
-                      " of the largest shards (" + std::to_string(needed) +
-                      " bytes): (1 + data.read_ahead_blocks) x data.shuffle_block_shards shards are held at once; raise data.cache_bytes or lower those");
-  shard_cache_options o;
-  o.cache_dir = cfg.get_string("data.cache_dir");
-  o.cache_bytes = cache_bytes;
-  o.s3_endpoint = data_s3_endpoint(cfg);
-  auto r = shard_reader::open(std::move(p.all), o);
+  if (auto st = check_training_cache(cfg, std::move(remote)); !st) return st.err();
+  auto r = shard_reader::open(std::move(p.all), shard_cache_options_of(cfg));
   if (!r) return r.err();
   return std::shared_ptr<shard_reader>(std::move(r.value()));
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dtactor/result.hpp"
+#include "dtactor/shards.hpp"
 #include "runtime/fs.hpp"
 
 namespace dtactor {
@@ -155,13 +156,11 @@ class shard_reader {
   std::unique_ptr<impl> impl_;
 };
 
-// Thrown by a task whose shard cannot be read during training (missing,
-// unreadable, not matching its index, ids outside the vocabulary): a data
-// problem no new generation can fix. The rank reports it as such and the
-// coordinator ends the job with its one line (docs/data.md).
-struct data_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// data_error (thrown by a task whose shard cannot be read during training:
+// missing, unreadable, not matching its index, ids outside the vocabulary)
+// is part of the public API, dtactor/shards.hpp: the rank reports it as a
+// data problem no new generation can fix, and the coordinator ends the job
+// with its one line (docs/data.md).
 
 // Every shard reader of this process together (a rank's step reports carry
 // it): counters include readers already destroyed; read_ahead_depth sums the

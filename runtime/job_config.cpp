@@ -2,7 +2,9 @@
 
 #include "runtime/data_shards.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
 
 #include "runtime/fs.hpp"
 #include "runtime/hash.hpp"
@@ -88,6 +90,29 @@ std::string data_s3_endpoint(const config& cfg) {
   return e.empty() ? cfg.get_string("checkpoint.s3_endpoint") : e;
 }
 
+shard_cache_options shard_cache_options_of(const config& cfg) {
+  shard_cache_options o;
+  o.cache_dir = cfg.get_string("data.cache_dir");
+  o.cache_bytes = static_cast<uint64_t>(cfg.get_int("data.cache_bytes"));
+  o.s3_endpoint = data_s3_endpoint(cfg);
+  return o;
+}
+
+status check_training_cache(const config& cfg, std::vector<uint64_t> remote_bytes) {
+  const int64_t block = cfg.get_int("data.shuffle_block_shards");
+  const int64_t blocks = 1 + cfg.get_int("data.read_ahead_blocks");
+  remote_bytes.erase(std::remove(remote_bytes.begin(), remote_bytes.end(), uint64_t{0}), remote_bytes.end());
+  std::sort(remote_bytes.rbegin(), remote_bytes.rend());
+  const size_t needed_count = std::min(remote_bytes.size(), static_cast<size_t>(block * blocks));
+  const uint64_t needed = std::accumulate(remote_bytes.begin(), remote_bytes.begin() + static_cast<std::ptrdiff_t>(needed_count), uint64_t{0});
+  const auto cache_bytes = static_cast<uint64_t>(cfg.get_int("data.cache_bytes"));
+  if (needed > cache_bytes)
+    return make_error("data.cache_bytes (" + std::to_string(cache_bytes) + ") cannot hold " + std::to_string(needed_count) +
+                      " of the largest shards (" + std::to_string(needed) +
+                      " bytes): (1 + data.read_ahead_blocks) x data.shuffle_block_shards shards are held at once; raise data.cache_bytes or lower those");
+  return {};
+}
+
 void absolutize_data_paths(config& cfg) {
   auto absolute = [](const std::string& path) {
     if (path.empty() || path.front() == '/' || path.rfind("s3://", 0) == 0) return path;
@@ -101,12 +126,16 @@ void absolutize_data_paths(config& cfg) {
       (void)cfg.set(key, absolute(path));
       continue;
     }
-    // A list of shard specs: each item on its own.
+    // A list of shard specs: each item on its own, without the spaces around
+    // it (which resolve_shards drops; made absolute they would be inside).
     std::string out;
     size_t from = 0;
     for (;;) {
       const size_t comma = path.find(',', from);
-      out += (out.empty() ? "" : ",") + absolute(path.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+      std::string item = path.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+      item.erase(0, item.find_first_not_of(" \t\r\n"));
+      item.erase(item.find_last_not_of(" \t\r\n") + 1);
+      if (!item.empty()) out += (out.empty() ? "" : ",") + absolute(item);
       if (comma == std::string::npos) break;
       from = comma + 1;
     }

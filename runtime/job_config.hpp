@@ -9,6 +9,7 @@
 
 #include "checkpoint.pb.h"
 #include "runtime/checkpoint_store.hpp"
+#include "runtime/data_shards.hpp"
 #include "dtactor/config.hpp"
 #include "dtactor/result.hpp"
 
@@ -45,6 +46,16 @@ void absolutize_data_paths(config& cfg);
 
 // The S3 endpoint for s3:// data: data.s3_endpoint, else checkpoint.s3_endpoint.
 std::string data_s3_endpoint(const config& cfg);
+// A shard reader's options from data.cache_dir, data.cache_bytes and the
+// endpoint above.
+shard_cache_options shard_cache_options_of(const config& cfg);
+// Before training from shards: data.cache_bytes must hold what a step reads
+// and what is fetched ahead of it, (1 + data.read_ahead_blocks) x
+// data.shuffle_block_shards of the largest remote training shards.
+// `remote_bytes`: each training shard's bytes in S3 (0 for a local one; the
+// sum of its files for a shard of several). Error: one line saying which
+// setting to change.
+status check_training_cache(const config& cfg, std::vector<uint64_t> remote_bytes);
 // One file's "<size>:<XXH3 hex>", or an error naming it.
 result<std::string> file_digest(const std::string& path);
 

@@ -5,8 +5,11 @@
 //   dtactor/config.hpp  config (typed keys) and config_key (your own keys)
 //   dtactor/task.hpp    task (model, data, loss, metrics), register_task
 //   dtactor/main.hpp    run_main: the whole dtactor command line
+//   dtactor/shards.hpp  shard_set: a data key's shards (glob, range, list,
+//                       s3://) read through the node's cache; data_error
 // No other header of dtactor is part of the API. See docs/cpp_api.md.
 #include "dtactor/config.hpp"
 #include "dtactor/main.hpp"
 #include "dtactor/result.hpp"
+#include "dtactor/shards.hpp"
 #include "dtactor/task.hpp"

@@ -90,17 +90,22 @@ class task {
   // statistics): the data-parallel engine then gives every rank global rank
   // 0's after each step, as PyTorch DDP's broadcast_buffers does.
   virtual bool buffers_change_in_training() const { return false; }
-  // Sharded data (docs/data.md): the number of training samples in each
-  // shard, in index order (the indices of shard k follow those of shard
-  // k - 1; the sum is train_size()). When not empty, the engine's order
-  // permutes the shards each epoch and shuffles the samples within blocks of
-  // data.shuffle_block_shards consecutive shards, so that a step reads from
-  // a few shards only and the next ones can be fetched while it trains.
-  // Empty (the default): one permutation over all samples.
+  // Sharded data (docs/data.md, dtactor/shards.hpp): the number of
+  // training samples in each shard, in index order (the indices of shard k
+  // follow those of shard k - 1; the sum is train_size()). Called once,
+  // after construction; it must be the same on every rank (take it from
+  // shard_set::records(), not from what a rank happened to parse). When not
+  // empty, the engine's order permutes the shards each epoch and shuffles
+  // the samples within blocks of data.shuffle_block_shards consecutive
+  // shards, so that a step reads from a few shards only and the next ones
+  // can be fetched while it trains. Empty (the default): one permutation
+  // over all samples.
   virtual std::vector<int64_t> train_shard_samples() const { return {}; }
   // Sharded data: before each step, the shards the next steps read, most
-  // urgent first (this step's block, then data.read_ahead_blocks more). A
-  // streaming task hands them to its shard_reader's read_ahead.
+  // urgent first (this step's block, then data.read_ahead_blocks more).
+  // Hand them to shard_set::read_ahead and let go of every other shard (its
+  // shard_data and what was parsed from it): the bytes a task holds stay
+  // bounded, and the cache may evict what is no longer held.
   virtual void upcoming_shards(const std::vector<int64_t>& shards) { (void)shards; }
 };
 
@@ -123,6 +128,9 @@ struct task_registration {
   // must hold identically: relative paths are made absolute where dtactor
   // starts, and every rank compares the files' size and XXH3 with the
   // coordinator's before training; a node with a different file is refused.
+  // A value that names shards (a glob, a range, a list, s3://;
+  // dtactor/shards.hpp) has each local item made absolute, and the digest
+  // compared is the whole set's (names, sizes, the shard index's digests).
   std::vector<std::string> file_keys;
   // Builds the task (see the rules above).
   std::function<result<std::unique_ptr<task>>(const config&)> make;
