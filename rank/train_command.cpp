@@ -30,7 +30,16 @@ double seconds_since(clock_type::time_point t0) { return std::chrono::duration<d
 
 }  // namespace
 
-result<train_summary> run_training(const config& cfg, const train_options& opts) {
+namespace {
+
+// A task's data_error (a shard that cannot be read or parsed) ends the
+// command with its first line, as a rank reports it in a cluster.
+std::string first_line(const std::exception& e) {
+  const std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+result<train_summary> run_training_unguarded(const config& cfg, const train_options& opts) {
   const auto start = clock_type::now();
   if (auto st = validate_training_config(cfg); !st) return st.err();
   if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
@@ -179,6 +188,12 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     for (const auto& ex : summary.last_eval.examples) prog.log("  " + ex);
   };
 
+  // A shard that cannot be read or parsed (the task's data_error): the
+  // journal and the command end with its line, as a cluster's would.
+  auto data_failed = [&](const data_error& e) -> error {
+    jn.write(ev::job_failed{state.step(), std::nullopt, first_line(e)});
+    return make_error(first_line(e));
+  };
   double window_loss = 0, window_time = 0, ema_sps = 0;
   int64_t window_steps = 0;
   while (state.step() < max_steps) {
@@ -189,7 +204,12 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     if (opts.stop_at_step >= 0 && state.step() >= opts.stop_at_step) break;
     eval_at_step.clear();
     const auto t0 = clock_type::now();
-    const double loss = state.train_step();
+    double loss = 0;
+    try {
+      loss = state.train_step();
+    } catch (const data_error& e) {
+      return data_failed(e);
+    }
     const double dt = seconds_since(t0);
     if (!std::isfinite(loss)) {
       jn.write(ev::job_failed{state.step(), std::nullopt, "non-finite loss"});
@@ -220,7 +240,13 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
     } else {
       prog.on_step(step, loss, state.lr_at(step - 1), ema_sps, 1, false);
     }
-    if (cadence.eval_due(step)) run_eval();
+    if (cadence.eval_due(step)) {
+      try {
+        run_eval();
+      } catch (const data_error& e) {
+        return data_failed(e);
+      }
+    }
     if (cadence.checkpoint_due(step)) save();
     if (auto st = commit_written(); !st) return st.err();
   }
@@ -251,6 +277,16 @@ result<train_summary> run_training(const config& cfg, const train_options& opts)
   return summary;
 }
 
+}  // namespace
+
+result<train_summary> run_training(const config& cfg, const train_options& opts) {
+  try {
+    return run_training_unguarded(cfg, opts);
+  } catch (const data_error& e) {
+    return make_error(first_line(e));
+  }
+}
+
 result<eval_result> run_evaluation(const std::string& target, const std::string& config_path, const std::vector<std::string>& overrides,
                                    int64_t* step_out) {
   auto ckpt = open_checkpoint_target(target, [](const std::string& path, const std::string& why) {
@@ -272,7 +308,11 @@ result<eval_result> run_evaluation(const std::string& target, const std::string&
   if (!created) return created.err();
   if (auto st = load_checkpoint(*created.value(), *ckpt->store, ckpt->meta); !st) return make_error("'" + ckpt->name + "': " + st.message());
   if (step_out) *step_out = ckpt->meta.step();
-  return created.value()->evaluate();
+  try {
+    return created.value()->evaluate();
+  } catch (const data_error& e) {
+    return make_error(first_line(e));
+  }
 }
 
 result<export_summary> run_export(const std::string& target, const std::string& out, bool state_dict) {
