@@ -3,6 +3,7 @@
 // data key. Torch-free, as the reader.
 #include "dtactor/shards.hpp"
 
+#include <filesystem>
 #include <variant>
 
 #include "runtime/data_shards.hpp"
@@ -30,8 +31,20 @@ result<std::unique_ptr<shard_set>> shard_set::open(const config& cfg, const std:
   if (spec.empty())
     return make_error(key +
                       " is empty: name a file, or shards (a glob such as data/train-*.csv, a {000..127} range, a comma-separated list, s3://...)");
-  auto shards = resolve_shards(spec, data_s3_endpoint(cfg));
-  if (!shards) return make_error(key + ": " + shards.message());
+  result<std::vector<shard_info>> shards = std::vector<shard_info>{};
+  if (names_shards(spec)) {
+    shards = resolve_shards(spec, data_s3_endpoint(cfg));
+    if (!shards) return make_error(key + ": " + shards.message());
+  } else {
+    // One local file: a set of one, whatever shard index its directory
+    // holds (an index covers the shards of a spec, e.g. train-*.csv beside
+    // eval.csv; the file itself is checked across nodes by its digest).
+    std::error_code ec;
+    const std::string path = std::filesystem::absolute(spec, ec).lexically_normal().string();
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec) return make_error(key + ": cannot read '" + path + "': " + ec.message());
+    shards->push_back({path, static_cast<uint64_t>(size), "", -1});
+  }
   if (use == shard_use::train) {
     std::vector<uint64_t> remote;
     for (const auto& s : shards.value()) remote.push_back(is_remote(s.url) ? s.bytes : 0);

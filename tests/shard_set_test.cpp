@@ -111,6 +111,15 @@ TEST(shard_set, one_plain_file_is_a_set_of_one_that_is_not_sharded_and_its_bytes
   auto range = shard_set::open(with("data.train_tokens", c.d + "/part-{0..1}.csv"), "data.train_tokens");
   ASSERT_TRUE(range) << range.message();
   EXPECT_EQ(range.value()->size(), 2u);
+  // One file beside an index of other shards (eval.csv beside train-*.csv):
+  // not refused for missing from it; its records are counted.
+  ASSERT_TRUE(write_shard_index(c.d + "/part-{1..2}.csv"));
+  auto beside = shard_set::open(with("data.eval_tokens", c.path("part-0.csv")), "data.eval_tokens", shard_use::eval);
+  ASSERT_TRUE(beside) << beside.message();
+  EXPECT_EQ(beside.value()->shards()[0].records, -1);
+  auto lines = beside.value()->records(0);
+  ASSERT_TRUE(lines) << lines.message();
+  EXPECT_EQ(lines.value(), 3);
 }
 
 TEST(shard_set, bad_keys_specs_and_indices_are_one_line_naming_the_key) {

@@ -84,8 +84,9 @@ enum class shard_use { train, eval };
 class shard_set {
  public:
   // Opens the shards the string key `key` names, with the job's data.*
-  // settings. The value may also be one plain file: a set of one shard
-  // (sharded() is false). Errors are one line starting with the key: an
+  // settings. The value may also be one plain local file: a set of one
+  // shard (sharded() is false; a shard index beside it is not consulted,
+  // its records are counted). Errors are one line starting with the key: an
   // empty value, nothing matching, a missing file of a range, a shard
   // whose size differs from its index, S3 unreachable, a data.cache_bytes
   // too small for `use`.
