@@ -34,7 +34,7 @@ std::vector<config_key> make_schema() {
       {"model.mlp_ratio", vk::floating, "4.0", "Hidden size of each MLP as a multiple of model.dim.", 0.25},
       {"model.dropout", vk::floating, "0.0", "Dropout probability in attention and MLP outputs.", 0.0},
       {"model.patch_size", vk::integer, "7", "vit: side of the square patches; must divide the image side (28 for Fashion-MNIST).", 1},
-      {"model.classes", vk::integer, "10", "vit on tar shards (data.train_shards): the number of classes; every .cls id must be below it (Fashion-MNIST has 10).", 2},
+      {"model.classes", vk::integer, "10", "The number of classes of a classifier: vit on tar shards (data.train_shards), where every .cls id must be below it (Fashion-MNIST has 10), and tasks of your own that read it (examples/custom_task).", 2},
       {"model.context", vk::integer, "128", "gpt, torchscript token streams: tokens per training sequence; transformer: longest word kept.", 8},
       {"model.label_smoothing", vk::floating, "0.1", "transformer: label smoothing of the cross-entropy.", 0.0},
       // data
