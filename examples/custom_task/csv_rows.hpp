@@ -1,6 +1,7 @@
 #pragma once
 // The CSV reader of the tabular task (main.cpp), without LibTorch: the rows
-// of "x1,x2,...,label" as numbers, checked. Its own header so that the fuzz
+// of "x1,x2,...,label" as numbers, checked, from a stream or from a shard's
+// bytes. Its own header so that the fuzz
 // target (fuzz/custom_task_csv.cpp in dtactor's repository) reads CSV the
 // way the task does.
 #include <dtactor/result.hpp>
@@ -10,7 +11,9 @@
 #include <cstdlib>
 #include <istream>
 #include <sstream>
+#include <streambuf>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tabular {
@@ -20,6 +23,23 @@ struct csv_rows {
   std::vector<int64_t> labels;  // one per row
   size_t columns = 0;           // features + the label
 };
+
+// The comma-separated fields of `line` as numbers into `row`; false (and the
+// first field that is not a number in `bad`) when one is not.
+inline bool numbers_of(const std::string& line, std::vector<double>& row, std::string& bad) {
+  std::stringstream fields(line);
+  std::string field;
+  while (std::getline(fields, field, ',')) {
+    char* end = nullptr;
+    double v = std::strtod(field.c_str(), &end);
+    if (end == field.c_str() || *end != '\0') {
+      bad = field;
+      return false;
+    }
+    row.push_back(v);
+  }
+  return true;
+}
 
 // Reads "x1,x2,...,label" rows; a header line (anything not a number in the
 // first field) is skipped. Every failure is one line naming `path` and the line.
@@ -31,19 +51,8 @@ inline dtactor::result<csv_rows> parse_csv(std::istream& in, const std::string& 
     ++line_no;
     if (line.empty()) continue;
     std::vector<double> row;
-    std::stringstream fields(line);
     std::string field;
-    bool numeric = true;
-    while (std::getline(fields, field, ',')) {
-      char* end = nullptr;
-      double v = std::strtod(field.c_str(), &end);
-      if (end == field.c_str() || *end != '\0') {
-        numeric = false;
-        break;
-      }
-      row.push_back(v);
-    }
-    if (!numeric) {
+    if (!numbers_of(line, row, field)) {
       if (line_no == 1) continue;  // a header
       return dtactor::make_error("'" + path + "' line " + std::to_string(line_no) + ": '" + field + "' is not a number");
     }
@@ -63,6 +72,27 @@ inline dtactor::result<csv_rows> parse_csv(std::istream& in, const std::string& 
   }
   if (out.labels.empty()) return dtactor::make_error("'" + path + "' holds no rows");
   return out;
+}
+
+// parse_csv over bytes in memory (a shard's, mapped), without copying them.
+inline dtactor::result<csv_rows> parse_csv_text(std::string_view text, const std::string& path, int64_t classes) {
+  struct view_buf : std::streambuf {
+    explicit view_buf(std::string_view t) {
+      char* p = const_cast<char*>(t.data());  // only read: std::streambuf's get area is char*
+      setg(p, p, p + t.size());
+    }
+  } buf(text);
+  std::istream in(&buf);
+  return parse_csv(in, path, classes);
+}
+
+// Whether parse_csv takes the first line of `text` for a header (a field
+// that is not a number). A CSV shard's rows are its lines, less this one.
+inline bool has_header(std::string_view text) {
+  const std::string first(text.substr(0, text.find('\n')));
+  std::vector<double> row;
+  std::string bad;
+  return !first.empty() && !numbers_of(first, row, bad);
 }
 
 }  // namespace tabular
