@@ -157,7 +157,8 @@ TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {
   auto r = run_training(cfg, quiet(d.path()));
   ASSERT_TRUE(r) << r.message();
   EXPECT_GT(r->last_eval.metrics.at("accuracy"), 0.95) << "the next token of the pattern is a function of the current one";
-  auto bad = make_task(ts_config("bigram.pt", {"data.train_tokens=" + fixtures() + "/tokens_bad.bin", "model.context=8", "model.vocab_size=64"}));
+  auto bad = make_task(ts_config("bigram.pt", {"data.train_inputs=", "data.train_targets=", "data.train_tokens=" + fixtures() + "/tokens_bad.bin",
+                                               "model.context=8", "model.vocab_size=64"}));
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.message().find("data.train_tokens: "), std::string::npos) << bad.message();
   EXPECT_NE(bad.message().find("70"), std::string::npos) << bad.message();
