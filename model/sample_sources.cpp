@@ -7,6 +7,8 @@
 #include <numeric>
 #include <optional>
 #include <string_view>
+#include <condition_variable>
+#include <thread>
 
 #include "runtime/image_decode.hpp"
 #include "runtime/job_config.hpp"
@@ -114,6 +116,7 @@ void sharded_source::read_ahead_from(int64_t row, int64_t count) {
 
 void sharded_source::hold_only(const std::vector<int64_t>& ks) {
   const std::set<int64_t> keep(ks.begin(), ks.end());
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto it = held_.begin(); it != held_.end();) {
     if (keep.count(it->first.first)) {
       ++it;
@@ -140,16 +143,20 @@ std::pair<int64_t, int64_t> sharded_source::locate(int64_t i) const {
 
 const std::string& sharded_source::url(int64_t k, size_t part) const { return reader_->shards()[ids_[static_cast<size_t>(k)][part]].url; }
 
-const shard_bytes& sharded_source::bytes(int64_t k, size_t part) const {
-  if (auto it = held_.find({k, part}); it != held_.end()) return *it->second;
+std::shared_ptr<const shard_bytes> sharded_source::bytes_ptr(int64_t k, size_t part) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = held_.find({k, part}); it != held_.end()) return it->second;
+  }
   const size_t id = ids_[static_cast<size_t>(k)][part];
-  auto b = reader_->get(id);
+  auto b = reader_->get(id);  // thread-safe; may wait for a fetch
   if (!b) throw data_error(b.message());
+  std::lock_guard<std::mutex> lock(mu_);
   if (!checked_.count(id)) {
     check_shard(k, part, *b.value());
     checked_.insert(id);
   }
-  return *(held_[{k, part}] = b.value());
+  return held_[{k, part}] = b.value();
 }
 
 namespace {
@@ -237,22 +244,81 @@ class tar_shard_source final : public sharded_source {
   tar_shard_source(std::shared_ptr<shard_reader> reader, std::vector<std::vector<size_t>> ids, std::vector<int64_t> per_shard,
                    std::vector<std::string> inputs, std::vector<std::string> targets)
       : sharded_source(std::move(reader), std::move(ids), std::move(per_shard)), inputs_(std::move(inputs)), targets_(std::move(targets)) {}
+  ~tar_shard_source() override {
+    {
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      stop_ = true;
+    }
+    ahead_cv_.notify_all();
+    if (ahead_.joinable()) ahead_.join();
+  }
 
   std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
     std::vector<value> xs, ys;
-    std::vector<std::pair<int64_t, const tar_sample*>> where;
+    std::vector<std::pair<int64_t, std::string>> where;
+    std::vector<std::shared_ptr<const shard_bytes>> keep;
     for (int64_t i : rows) {
-      const auto [k, j] = locate(i);
-      const shard_bytes& b = bytes(k);
-      const tar_sample& s = table(k, b)[static_cast<size_t>(j)];
-      xs.push_back(member(k, b, s, inputs_, "data.shard_inputs"));
-      ys.push_back(member(k, b, s, targets_, "data.shard_targets"));
-      where.emplace_back(k, &s);
+      std::optional<decoded_sample> got;
+      {
+        std::lock_guard<std::mutex> lock(ahead_mu_);
+        if (auto it = ready_.find(i); it != ready_.end()) {
+          got = std::move(it->second);
+          ready_.erase(it);
+        }
+      }
+      if (!got) got = decode(i);  // not decoded ahead (or it failed there): here, where an error is thrown
+      xs.push_back(std::move(got->x));
+      ys.push_back(std::move(got->y));
+      where.emplace_back(got->shard, std::move(got->key));
+      keep.push_back(std::move(got->keep));
     }
     return {stack(xs, where, "input"), stack(ys, where, "target")};
   }
 
+  // Decodes these samples on a thread of this source while the step runs
+  // (the engine names the next step's samples): PNG and JPEG decoding stays
+  // out of the step, as a DataLoader's workers keep it out of PyTorch's.
+  void upcoming_samples(const std::vector<int64_t>& indices) override {
+    {
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      want_ = indices;
+      ++want_generation_;
+      const std::set<int64_t> keep(indices.begin(), indices.end());
+      for (auto it = ready_.begin(); it != ready_.end();) it = keep.count(it->first) ? std::next(it) : ready_.erase(it);
+      if (!ahead_.joinable()) ahead_ = std::thread([this] { decode_ahead(); });
+    }
+    ahead_cv_.notify_all();
+  }
+
  private:
+  struct value;
+  struct decoded_sample;
+
+  void decode_ahead() {
+    std::unique_lock<std::mutex> lock(ahead_mu_);
+    uint64_t seen = 0;
+    for (;;) {
+      ahead_cv_.wait(lock, [&] { return stop_ || want_generation_ != seen; });
+      if (stop_) return;
+      seen = want_generation_;
+      const std::vector<int64_t> want = want_;
+      for (int64_t i : want) {
+        if (stop_ || want_generation_ != seen) break;
+        if (ready_.count(i)) continue;
+        lock.unlock();
+        std::optional<decoded_sample> d;
+        try {
+          d = decode(i);
+        } catch (const std::exception&) {
+          // Left to the training thread, which decodes it again and says why.
+        }
+        lock.lock();
+        if (d && want_generation_ == seen) ready_.emplace(i, std::move(*d));
+      }
+    }
+  }
+
+
   // A member read: an image (float [C, H, W] in [0, 1]), an .npy array (as
   // it is), or a class id; written straight into the batch tensor.
   struct value {
@@ -278,7 +344,24 @@ class tar_shard_source final : public sharded_source {
     }
   };
 
-  torch::Tensor stack(const std::vector<value>& vs, const std::vector<std::pair<int64_t, const tar_sample*>>& where, const char* what) const {
+  struct decoded_sample {
+    value x, y;
+    int64_t shard = 0;
+    std::string key;
+    std::shared_ptr<const shard_bytes> keep;  // an .npy member is read in place when the batch is stacked
+  };
+
+  // Sample i's input and target. Thread-safe: the shard's bytes and sample
+  // table are held by pointer while they are read.
+  decoded_sample decode(int64_t i) const {
+    const auto [k, j] = locate(i);
+    auto b = bytes_ptr(k);
+    auto t = table(k, *b);
+    const tar_sample& s = (*t)[static_cast<size_t>(j)];
+    return decoded_sample{member(k, *b, s, inputs_, "data.shard_inputs"), member(k, *b, s, targets_, "data.shard_targets"), k, s.key, b};
+  }
+
+  torch::Tensor stack(const std::vector<value>& vs, const std::vector<std::pair<int64_t, std::string>>& where, const char* what) const {
     std::vector<int64_t> shape = {static_cast<int64_t>(vs.size())};
     shape.insert(shape.end(), vs.front().shape.begin(), vs.front().shape.end());
     auto out = torch::empty(shape, vs.front().type);
@@ -287,7 +370,7 @@ class tar_shard_source final : public sharded_source {
     for (size_t r = 0; r < vs.size(); ++r) {
       if (vs[r].shape != vs.front().shape || vs[r].type != vs.front().type) {
         std::ostringstream o;
-        o << "shard " << url(where[r].first) << ": sample '" << where[r].second->key << "' has a " << what << " of shape "
+        o << "shard " << url(where[r].first) << ": sample '" << where[r].second << "' has a " << what << " of shape "
           << c10::IntArrayRef(vs[r].shape) << " (" << vs[r].type << "), the batch's first " << c10::IntArrayRef(vs.front().shape) << " ("
           << vs.front().type << "): every sample must have the same shapes";
         throw data_error(o.str());
@@ -297,17 +380,22 @@ class tar_shard_source final : public sharded_source {
     return out;
   }
 
-  const std::vector<tar_sample>& table(int64_t k, const shard_bytes& b) const {
-    auto it = tables_.find(k);
-    if (it != tables_.end()) return it->second;
+  // Shard k's samples (its headers walked once while it is held).
+  std::shared_ptr<const std::vector<tar_sample>> table(int64_t k, const shard_bytes& b) const {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = tables_.find(k); it != tables_.end()) return it->second;
+    }
     auto t = read_tar_samples(b.data(), b.size(), "shard " + url(k));
     if (!t) throw data_error(t.message());
     if (static_cast<int64_t>(t->size()) != per_shard_[static_cast<size_t>(k)])
       throw data_error("shard " + url(k) + " holds " + std::to_string(t->size()) + " samples, the shard index says " +
                        std::to_string(per_shard_[static_cast<size_t>(k)]) + " (changed since `dtactor data index`: index it again)");
-    return tables_.emplace(k, std::move(t.value())).first->second;
+    auto made = std::make_shared<const std::vector<tar_sample>>(std::move(t.value()));
+    std::lock_guard<std::mutex> lock(mu_);
+    return tables_.emplace(k, std::move(made)).first->second;
   }
-  void released(int64_t k) const override { tables_.erase(k); }
+  void released(int64_t k) const override { tables_.erase(k); }  // under mu_
 
   value member(int64_t k, const shard_bytes& b, const tar_sample& s, const std::vector<std::string>& exts, const char* key) const {
     for (const std::string& ext : exts) {
@@ -353,7 +441,15 @@ class tar_shard_source final : public sharded_source {
   }
 
   std::vector<std::string> inputs_, targets_;
-  mutable std::map<int64_t, std::vector<tar_sample>> tables_;
+  mutable std::map<int64_t, std::shared_ptr<const std::vector<tar_sample>>> tables_;  // under mu_
+  // Decoding ahead.
+  mutable std::mutex ahead_mu_;
+  std::condition_variable ahead_cv_;
+  std::vector<int64_t> want_;
+  uint64_t want_generation_ = 0;
+  bool stop_ = false;
+  mutable std::map<int64_t, decoded_sample> ready_;
+  std::thread ahead_;
 };
 
 // .npy shard pairs: row j of logical shard k is row j of input shard k and

@@ -166,6 +166,7 @@ void training_state::drop_interrupted_step() {
 
 double training_state::train_step() {
   auto samples = order_->global_batch(step_);
+  if (order_->sharded()) task_->upcoming_samples(order_->global_batch(step_ + 1));
   const double loss = forward_backward(samples, step_) / static_cast<double>(samples.size());
   apply_update();
   return loss;
@@ -180,6 +181,8 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
                                                               const std::function<result<double>()>& norm) {
   dp_step r;
   auto samples = order_->rank_slice(step_, rank, world);
+  // Sharded data: the next step's samples, decoded ahead while this one runs.
+  if (order_->sharded()) task_->upcoming_samples(order_->rank_slice(step_ + 1, rank, world));
   r.samples = static_cast<int64_t>(samples.size());
   const auto t0 = clock_type::now();
   r.loss_sum = forward_backward(samples, step_, rank, &sync);

@@ -249,8 +249,13 @@ TEST(TorchScript, TarShardsAndNpyShardsGiveTheSamplesOfTheArraysAndTrain) {
     EXPECT_EQ(t.value()->train_size(), 1024);
     EXPECT_EQ(t.value()->eval_size(), 256);
     EXPECT_EQ(t.value()->train_shard_samples(), std::vector<int64_t>(4, 256));
-    // The module is loaded from its file: equal losses mean equal samples.
+    // The module is loaded from its file: equal losses mean equal samples,
+    // whether the samples were decoded ahead on the source's thread or not.
     EXPECT_EQ(loss_of(*t.value()), want);
+    for (int round = 0; round < 20; ++round) {
+      t.value()->upcoming_samples(some);
+      ASSERT_EQ(loss_of(*t.value()), want) << "round " << round;
+    }
     auto r = run_training(*c, quiet(d.path() + "/run-" + std::to_string(c == &tars)));
     ASSERT_TRUE(r) << r.message();
     EXPECT_GT(r->last_eval.metrics.at("accuracy"), 0.6) << "10 classes: chance is 0.1";

@@ -102,6 +102,12 @@ class task {
   // urgent first (this step's block, then data.read_ahead_blocks more). A
   // streaming task hands them to its shard_reader's read_ahead.
   virtual void upcoming_shards(const std::vector<int64_t>& shards) { (void)shards; }
+  // Sharded data: before each step, the sample indices this rank's next
+  // step will most likely ask loss_sum for (if the world does not change
+  // meanwhile). A task whose samples cost time to decode (images) may
+  // prepare them on a thread of its own, touching no module and no torch
+  // state; loss_sum must give the same result whether it did or not.
+  virtual void upcoming_samples(const std::vector<int64_t>& indices) { (void)indices; }
 };
 
 // A task of your own, selected by `model.name = "<name>"`.
