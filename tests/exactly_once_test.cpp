@@ -29,13 +29,13 @@ namespace {
 using testing::cluster;
 using testing::json;
 
-constexpr int kShards = 10;               // the last one held out (data.val_fraction 0.1)
+constexpr int kShards = 10;  // the last one held out (data.val_fraction 0.1)
 constexpr int kContext = 16;
-constexpr int kTokensPerShard = 1616;     // 1600 windows of 17 tokens each
-constexpr int64_t kSamples = 9 * 1600;    // N: the training windows of 9 shards
-constexpr int64_t kBatch = 8;             // B
+constexpr int kTokensPerShard = 1616;               // 1600 windows of 17 tokens each
+constexpr int64_t kSamples = 9 * 1600;              // N: the training windows of 9 shards
+constexpr int64_t kBatch = 8;                       // B
 constexpr int64_t kEpochSteps = kSamples / kBatch;  // 1800
-constexpr int kCrashAt = 1010;            // nodes a and c die right after this step (checkpoints every 40)
+constexpr int kCrashAt = 1010;                      // nodes a and c die right after this step (checkpoints every 40)
 
 std::string file_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -76,10 +76,10 @@ struct checked {
 // bench/check_sample_log.py over `dir` (with data_order's batches).
 checked run_checker(const std::string& dir, const std::string& expected, const std::string& out) {
   checked r;
-  auto p = child_process::spawn({"/usr/bin/python3.11", std::string(DTACTOR_SOURCE_DIR) + "/bench/check_sample_log.py", dir, "--samples",
-                                 std::to_string(kSamples), "--batch", std::to_string(kBatch), "--steps", std::to_string(kEpochSteps),
-                                 "--expected", expected},
-                                false, out);
+  auto p = child_process::spawn(
+      {"/usr/bin/python3.11", std::string(DTACTOR_SOURCE_DIR) + "/bench/check_sample_log.py", dir, "--samples", std::to_string(kSamples), "--batch",
+       std::to_string(kBatch), "--steps", std::to_string(kEpochSteps), "--expected", expected},
+      false, out);
   if (!p) return r;
   auto e = p->wait(120000);
   if (!e) return r;
@@ -244,7 +244,8 @@ TEST(ExactlyOnce, EveryIndexOnceThroughAKillAJoinAndAResumeAtAnotherWorldSize) {
   const auto files = log_lines(d + "/samples");
   ASSERT_FALSE(files.empty());
   // The last run's file with the most lines: its records are the ones that count.
-  const auto& [busiest, lines] = *std::max_element(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  const auto& [busiest, lines] =
+      *std::max_element(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
   ASSERT_GT(lines.size(), 10u);
   for (const std::string doctoring : {"doubled", "short"}) {
     const std::string copy = d + "/samples-" + doctoring;
