@@ -114,8 +114,10 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
   if (order_->sharded()) task_->upcoming_shards(order_->shards_from(step * order_->global_batch_size(), read_ahead_shards_));
   const size_t chunk = micro_batch_ > 0 ? static_cast<size_t>(micro_batch_) : std::max<size_t>(1, samples.size());
   double total = 0;
+  if (record_samples_) recorded_.clear();
   for (size_t i = 0; i < samples.size(); i += chunk) {
     std::vector<int64_t> part(samples.begin() + i, samples.begin() + std::min(samples.size(), i + chunk));
+    if (record_samples_) recorded_.insert(recorded_.end(), part.begin(), part.end());
     torch::Tensor loss;
     {
       autocast_scope ac(bf16_);
