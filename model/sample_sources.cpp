@@ -281,10 +281,13 @@ class tar_shard_source final : public sharded_source {
   void upcoming_samples(const std::vector<int64_t>& indices) override {
     {
       std::lock_guard<std::mutex> lock(ahead_mu_);
+      // Kept: what was decoded for the step about to run (named by the
+      // previous call) and for the one named now; older samples go.
+      std::set<int64_t> keep(indices.begin(), indices.end());
+      keep.insert(want_.begin(), want_.end());
+      for (auto it = ready_.begin(); it != ready_.end();) it = keep.count(it->first) ? std::next(it) : ready_.erase(it);
       want_ = indices;
       ++want_generation_;
-      const std::set<int64_t> keep(indices.begin(), indices.end());
-      for (auto it = ready_.begin(); it != ready_.end();) it = keep.count(it->first) ? std::next(it) : ready_.erase(it);
       if (!ahead_.joinable()) ahead_ = std::thread([this] { decode_ahead(); });
     }
     ahead_cv_.notify_all();
@@ -313,7 +316,7 @@ class tar_shard_source final : public sharded_source {
           // Left to the training thread, which decodes it again and says why.
         }
         lock.lock();
-        if (d && want_generation_ == seen) ready_.emplace(i, std::move(*d));
+        if (d) ready_.emplace(i, std::move(*d));  // a newer call drops it if no step wants it
       }
     }
   }
