@@ -258,7 +258,7 @@ plan_decision decide(clock_time now, const membership_state& state, const member
       return d;
     }
   }
-  d.next = make_plan(state, state.last_generation + 1);
+  d.next = make_plan(state, std::max(state.last_generation, opts.generations_after) + 1);
   d.reason = describe(*d.next, ready_ids.size(), ready_ids);
   return d;
 }

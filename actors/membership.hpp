@@ -26,6 +26,12 @@ struct membership_options {
   // like torchft's min_replicas). At most min_nodes.
   int32_t floor_nodes = 1;
   int32_t max_nodes = 64;  // cluster.max_nodes: more registrations are refused
+  // The generations this coordinator starts are numbered above it: the
+  // newest generation committed to the checkpoint store (whose commits
+  // refuse an older generation), or written to data.sample_log, by earlier
+  // runs. A resumed job goes on from N + 1, not from 1 (a generation adopted
+  // from the nodes keeps its number).
+  uint64_t generations_after = 0;
   // A registration under the id of a member heard from within this window,
   // from another process (incarnation), is a second live process claiming
   // the id (a cloned machine), not a restart: refused with a reason naming

@@ -4,6 +4,7 @@
 // No LibTorch here.
 #include <caf/all.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "runtime/fs.hpp"
 #include "runtime/job_config.hpp"
 #include "runtime/rendezvous_store.hpp"
+#include "runtime/sample_log.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/zmq_bridge.hpp"
 
@@ -53,6 +55,7 @@ result<config> checked_setup(const cluster_cli& cli, int& code) {
   if (auto listen = parse_tcp_endpoint(cli.listen, "--listen"); !listen) return listen.err();
   code = 1;
   if (auto st = ensure_writable_dir(cli.run_dir); !st) return make_error("run directory: " + st.message());
+  if (auto st = check_sample_log_dir(cfg.get_string("data.sample_log")); !st) return st.err();
   if (auto who = file_lock::holder(run_dir_lock_path(cli.run_dir)); !who.empty())
     return make_error(run_dir_busy_message(cli.run_dir, "held by " + who));
   return loaded;
@@ -132,6 +135,17 @@ int run_coordinator(const cluster_cli& cli) {
       std::fprintf(stderr, "coordinator: resuming from step %lld (%s; --no-resume starts over)\n", static_cast<long long>(resume_step), path.c_str());
   }
 
+  // Earlier runs' generations (fenced commits, audit records) stay older
+  // than this run's: its first generation is numbered above them.
+  uint64_t generations_after = store.newest_generation();
+  auto logged = newest_logged_generation(cfg.get_string("data.sample_log"));
+  if (!logged) return fail(logged.message());
+  generations_after = std::max(generations_after, logged.value());
+  if (generations_after > 0)
+    std::fprintf(stderr, "coordinator: generations are numbered from %llu on (earlier runs of this checkpoint store%s reached %llu)\n",
+                 static_cast<unsigned long long>(generations_after + 1), cfg.get_string("data.sample_log").empty() ? "" : " and sample log",
+                 static_cast<unsigned long long>(generations_after));
+
   const std::string job_id = job_id_for(cli.run_dir);
   metrics m(job_id);
   m.checkpoint_last_timestamp().SetToCurrentTime();  // "checkpoint too old" counts from the start
@@ -194,6 +208,7 @@ int run_coordinator(const cluster_cli& cli) {
   copts.store_port = store_port.value();
   copts.config_toml = config_text;
   copts.initial_checkpoint_step = resume_step;
+  copts.membership.generations_after = generations_after;
   copts.checkpoint_store = store.location();
   copts.module_object = module.object;
   copts.module_digest = module.digest;

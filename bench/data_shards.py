@@ -20,7 +20,14 @@ thread each, so each has a core): both see the same machine load, and the
 ratio of their samples/s is steadier than that of runs one after the other
 (this shared machine's load drifts by ±15% over tens of seconds).
 
-Usage: bench/data_shards.py [--repeats 3] [--steps 300] [--shards 32]
+With --model vit, the built-in ViT (its defaults) on Fashion-MNIST instead:
+  - file: Debian's IDX files, decoded into memory at the start (what the
+          built-in ViT reads without data.train_shards);
+  - dir:  the same 60,000 images as 30 PNG tar shards of 2,000 samples
+          (examples/shards/make_tar_shards.py; data.train_shards by glob);
+  - s3:   those shards in S3.
+
+Usage: bench/data_shards.py [--model gpt|vit] [--repeats 3] [--steps 300] [--shards 32]
   [--tokens 8388608] [--modes file,dir,s3] [--pair] [--dtactor build/dtactor] [--out FILE]
 """
 import argparse
@@ -112,11 +119,17 @@ def journal(rd):
 def start_run(args, mode, work, spec, endpoint, threads=None):
     rd = os.path.join(work, "run-%s-%d" % (mode, time.time_ns()))
     cache = os.path.join(work, "cache-%s-%d" % (mode, time.time_ns()))
-    sets = ["model.name=torchscript", "model.file=" + os.path.join(work, "gpt.pt"), "data.train_tokens=" + spec,
-            "data.eval_tokens=" + os.path.join(work, "eval.bin"), "model.context=64", "model.vocab_size=256",
-            "train.global_batch_size=32", "train.max_steps=%d" % args.steps, "train.warmup_steps=10", "train.lr=0.001",
-            "train.log_every_steps=10", "eval.every_steps=0", "eval.max_samples=64", "checkpoint.every_steps=0",
-            "data.cache_dir=" + cache, "data.s3_endpoint=" + (endpoint or "")]
+    if args.model == "vit":
+        sets = ["model.name=vit", "train.max_steps=%d" % args.steps, "train.log_every_steps=10", "eval.every_steps=0",
+                "eval.max_samples=64", "checkpoint.every_steps=0", "data.cache_dir=" + cache, "data.s3_endpoint=" + (endpoint or "")]
+        if mode != "file":
+            sets.append("data.train_shards=" + spec)
+    else:
+        sets = ["model.name=torchscript", "model.file=" + os.path.join(work, "gpt.pt"), "data.train_tokens=" + spec,
+                "data.eval_tokens=" + os.path.join(work, "eval.bin"), "model.context=64", "model.vocab_size=256",
+                "train.global_batch_size=32", "train.max_steps=%d" % args.steps, "train.warmup_steps=10", "train.lr=0.001",
+                "train.log_every_steps=10", "eval.every_steps=0", "eval.max_samples=64", "checkpoint.every_steps=0",
+                "data.cache_dir=" + cache, "data.s3_endpoint=" + (endpoint or "")]
     if threads:
         sets.append("train.threads=%d" % threads)
     cmd = [args.dtactor, "train", "--run-dir", rd]
@@ -151,8 +164,43 @@ def run_once(args, mode, work, spec, endpoint):
     return finish_run(args, start_run(args, mode, work, spec, endpoint))
 
 
+def setup_of(args):
+    if args.model == "vit":
+        return {"model": "built-in ViT, its defaults (dim 64, 4 layers, global batch 128), Fashion-MNIST",
+                "shards": "30 PNG tar shards of 2,000 samples (examples/shards/make_tar_shards.py), 4.6 MB each"}
+    return {"tokens": args.tokens, "shards": args.shards, "global_batch_size": 32,
+            "model": "TorchScript GPT, 2 layers, d 128, context 64, vocab 256"}
+
+
+def make_gpt_shards(args, work):
+    import numpy as np
+    with open(os.path.join(work, "model.py"), "w") as f:
+        f.write(MODEL)  # a file: torch.jit.script reads the classes' source
+    subprocess.run(["/usr/bin/python3.11", os.path.join(work, "model.py"), os.path.join(work, "gpt.pt")], check=True)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, size=args.tokens, dtype=np.uint16)
+    tokens.tofile(os.path.join(work, "one.bin"))
+    rng.integers(0, 256, size=1 << 16, dtype=np.uint16).tofile(os.path.join(work, "eval.bin"))
+    os.makedirs(os.path.join(work, "shards"))
+    names = []
+    for k, part in enumerate(np.array_split(tokens, args.shards)):
+        name = "train-%04d.bin" % k
+        part.tofile(os.path.join(work, "shards", name))
+        names.append(name)
+    return names, {"file": os.path.join(work, "one.bin"), "dir": os.path.join(work, "shards", "train-*.bin")}
+
+
+def make_vit_shards(work):
+    shard_dir = os.path.join(work, "shards")
+    subprocess.run(["/usr/bin/python3.11", os.path.join(ROOT, "examples", "shards", "make_tar_shards.py"), "--out", shard_dir,
+                    "--per-shard", "2000"], check=True, stderr=subprocess.DEVNULL)
+    names = sorted(n for n in os.listdir(shard_dir) if n.endswith(".tar"))
+    return names, {"file": "", "dir": os.path.join(shard_dir, "train-*.tar")}
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt", choices=["gpt", "vit"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--shards", type=int, default=32)
@@ -161,28 +209,21 @@ def main():
     ap.add_argument("--pair", action="store_true",
                     help="run each mode side by side with `file` (one compute thread each, one core each): both see the same load")
     ap.add_argument("--dtactor", default=os.path.join(ROOT, "build", "dtactor"))
-    ap.add_argument("--out", default=os.path.join(HERE, "data_shards_results.json"))
+    ap.add_argument("--out")
     args = ap.parse_args()
+    if not args.out:
+        args.out = os.path.join(HERE, "data_shards_results.json" if args.model == "gpt" else "data_shards_vit_results.json")
     modes = args.modes.split(",")
     work = tempfile.mkdtemp(prefix="dtactor-bench-data-")
     rgw_dir = None
     endpoint = None
     try:
-        import numpy as np
-        with open(os.path.join(work, "model.py"), "w") as f:
-            f.write(MODEL)  # a file: torch.jit.script reads the classes' source
-        subprocess.run(["/usr/bin/python3.11", os.path.join(work, "model.py"), os.path.join(work, "gpt.pt")], check=True)
-        rng = np.random.default_rng(0)
-        tokens = rng.integers(0, 256, size=args.tokens, dtype=np.uint16)
-        tokens.tofile(os.path.join(work, "one.bin"))
-        rng.integers(0, 256, size=1 << 16, dtype=np.uint16).tofile(os.path.join(work, "eval.bin"))
-        os.makedirs(os.path.join(work, "shards"))
-        names = []
-        for k, part in enumerate(np.array_split(tokens, args.shards)):
-            name = "train-%04d.bin" % k
-            part.tofile(os.path.join(work, "shards", name))
-            names.append(name)
-        specs = {"file": os.path.join(work, "one.bin"), "dir": os.path.join(work, "shards", "train-*.bin")}
+        if args.model == "vit":
+            names, specs = make_vit_shards(work)
+            prefix, pattern = "/bench/imgs/", "s3://bench/imgs/train-*.tar"
+        else:
+            names, specs = make_gpt_shards(args, work)
+            prefix, pattern = "/bench/corpus/", "s3://bench/corpus/train-*.bin"
         if "s3" in modes:
             rgw_dir = os.path.join(work, "ceph")
             port = free_port()
@@ -192,9 +233,9 @@ def main():
             endpoint = "http://127.0.0.1:%d" % port
             curl_put(endpoint, "/bench")
             for n in names:
-                curl_put(endpoint, "/bench/corpus/" + n, os.path.join(work, "shards", n))
-            specs["s3"] = "s3://bench/corpus/train-*.bin"
-            # The index, so that fetched shards are verified by digest.
+                curl_put(endpoint, prefix + n, os.path.join(work, "shards", n))
+            specs["s3"] = pattern
+            # The index, so that fetched shards are verified by digest (and tar shards' samples are known).
             subprocess.run([args.dtactor, "data", "index", specs["s3"], "--s3-endpoint", endpoint], check=True,
                            env=dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET), stdout=subprocess.DEVNULL)
         subprocess.run([args.dtactor, "data", "index", specs["dir"]], check=True, stdout=subprocess.DEVNULL)
@@ -223,8 +264,7 @@ def main():
                 summary[m + "_over_file_samples_per_s_side_by_side_median"] = statistics.median(v)
                 summary[m + "_over_file_ratios"] = v
             result = {"command": " ".join(["bench/data_shards.py"] + sys.argv[1:]),
-                      "setup": {"tokens": args.tokens, "shards": args.shards, "steps": args.steps,
-                                "model": "TorchScript GPT, 2 layers, d 128, context 64, vocab 256", "global_batch_size": 32,
+                      "setup": {**setup_of(args), "steps": args.steps,
                                 "threads": "1 compute thread per run, two runs side by side",
                                 "defaults": "data.shuffle_block_shards 4, data.read_ahead_blocks 1, data.cache_bytes 4 GiB"},
                       "summary": summary, "runs": runs}
@@ -256,7 +296,7 @@ def main():
                     ratios.append(a["samples_per_s"] / b["samples_per_s"])
                 summary[m + "_over_file_samples_per_s_paired_median"] = statistics.median(ratios)
         result = {"command": " ".join(["bench/data_shards.py"] + sys.argv[1:]),
-                  "setup": {"tokens": args.tokens, "shards": args.shards, "steps": args.steps, "model": "TorchScript GPT, 2 layers, d 128, context 64, vocab 256",
+                  "setup": {**setup_of(args), "steps": args.steps,
                             "global_batch_size": 32, "defaults": "data.shuffle_block_shards 4, data.read_ahead_blocks 1, data.cache_bytes 4 GiB"},
                   "summary": summary, "runs": runs}
         print(json.dumps(summary))

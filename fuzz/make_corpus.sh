@@ -15,6 +15,12 @@ nice -n 10 cmake --build "$build" --target fuzz_make_seeds >/dev/null
 # The in-process cluster run, manifests, ZAP, key file, rendezvous, config.
 "$build/fuzz/fuzz_make_seeds" "$corpus" 2>&1 | grep '^make_seeds' || true
 /usr/bin/python3.11 fuzz/make_data_seeds.py "$corpus"
+# Tar shards as Python's tarfile writes them (ustar, prefix, GNU, pax), with PNG and JPEG members.
+mkdir -p "$corpus/tar_shard"
+tars=$(mktemp -d)
+/usr/bin/python3.11 tests/data/make_tar_fixtures.py "$tars"
+for f in "$tars"/*.tar; do cp "$f" "$corpus/tar_shard/seed-$(basename "$f")"; done
+rm -rf "$tars"
 
 # Configs: every example job, as users write them.
 for f in examples/*.toml examples/torchscript/*.toml examples/custom_task/*.toml; do

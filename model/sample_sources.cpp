@@ -7,6 +7,8 @@
 #include <numeric>
 #include <optional>
 #include <string_view>
+#include <condition_variable>
+#include <thread>
 
 #include "runtime/image_decode.hpp"
 #include "runtime/job_config.hpp"
@@ -16,39 +18,39 @@ namespace dtactor {
 
 namespace {
 
-std::optional<c10::ScalarType> torch_type_of(npy_dtype d) {
-  switch (d) {
-    case npy_dtype::b1: return torch::kBool;
-    case npy_dtype::u1: return torch::kByte;
-    case npy_dtype::i1: return torch::kChar;
-    case npy_dtype::i2: return torch::kShort;
-    case npy_dtype::i4: return torch::kInt;
-    case npy_dtype::i8: return torch::kLong;
-    case npy_dtype::f2: return torch::kHalf;
-    case npy_dtype::f4: return torch::kFloat;
-    case npy_dtype::f8: return torch::kDouble;
-    default: return std::nullopt;  // unsigned 16/32/64-bit: no LibTorch dtype, converted element by element
-  }
-}
-
 // What a sample of this dtype becomes: floats as float32, integers as int64.
 c10::ScalarType batch_type_of(npy_dtype d) {
   const bool floating = d == npy_dtype::f2 || d == npy_dtype::f4 || d == npy_dtype::f8;
   return d == npy_dtype::b1 ? torch::kBool : floating ? torch::kFloat : torch::kLong;
 }
 
-// `count` elements of dtype `d` at `p` into the float32/int64/bool `dst`.
-void copy_elements(const uint8_t* p, npy_dtype d, int64_t count, torch::Tensor dst) {
-  if (auto source = torch_type_of(d)) {
-    dst.view({count}).copy_(torch::from_blob(const_cast<uint8_t*>(p), {count}, *source));
-    return;
-  }
-  auto* out = dst.data_ptr<int64_t>();
-  const size_t w = item_bytes(d);
+template <class From, class To>
+void convert(const uint8_t* p, int64_t count, To* out) {
   for (int64_t k = 0; k < count; ++k) {
-    uint64_t v = 0;
-    std::memcpy(&v, p + static_cast<size_t>(k) * w, w);  // little-endian
-    out[k] = static_cast<int64_t>(v);
+    From v;
+    std::memcpy(&v, p + static_cast<size_t>(k) * sizeof(From), sizeof(From));  // little-endian, maybe unaligned
+    out[k] = static_cast<To>(v);
+  }
+}
+
+// `count` elements of dtype `d` at `p` into `dst`, of batch_type_of(d):
+// plain loops, no tensor operation per sample.
+void write_elements(const uint8_t* p, npy_dtype d, int64_t count, void* dst) {
+  auto* f = static_cast<float*>(dst);
+  auto* l = static_cast<int64_t*>(dst);
+  switch (d) {
+    case npy_dtype::b1: std::memcpy(dst, p, static_cast<size_t>(count)); return;
+    case npy_dtype::f2: convert<c10::Half>(p, count, f); return;
+    case npy_dtype::f4: std::memcpy(dst, p, static_cast<size_t>(count) * 4); return;
+    case npy_dtype::f8: convert<double>(p, count, f); return;
+    case npy_dtype::u1: convert<uint8_t>(p, count, l); return;
+    case npy_dtype::i1: convert<int8_t>(p, count, l); return;
+    case npy_dtype::u2: convert<uint16_t>(p, count, l); return;
+    case npy_dtype::i2: convert<int16_t>(p, count, l); return;
+    case npy_dtype::u4: convert<uint32_t>(p, count, l); return;
+    case npy_dtype::i4: convert<int32_t>(p, count, l); return;
+    case npy_dtype::u8: convert<uint64_t>(p, count, l); return;
+    case npy_dtype::i8: std::memcpy(dst, p, static_cast<size_t>(count) * 8); return;
   }
 }
 
@@ -60,7 +62,9 @@ torch::Tensor rows_of(const npy_array& a, const std::vector<int64_t>& idx) {
   int64_t per_row = 1;
   for (size_t i = 1; i < a.shape().size(); ++i) per_row *= a.shape()[i];
   auto out = torch::empty(shape, batch_type_of(a.dtype()));
-  for (size_t r = 0; r < idx.size(); ++r) copy_elements(a.row(idx[r]), a.dtype(), per_row, out[static_cast<int64_t>(r)]);
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  const size_t row_out = static_cast<size_t>(per_row) * out.element_size();
+  for (size_t r = 0; r < idx.size(); ++r) write_elements(a.row(idx[r]), a.dtype(), per_row, dst + r * row_out);
   return out;
 }
 
@@ -112,6 +116,7 @@ void sharded_source::read_ahead_from(int64_t row, int64_t count) {
 
 void sharded_source::hold_only(const std::vector<int64_t>& ks) {
   const std::set<int64_t> keep(ks.begin(), ks.end());
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto it = held_.begin(); it != held_.end();) {
     if (keep.count(it->first.first)) {
       ++it;
@@ -138,16 +143,20 @@ std::pair<int64_t, int64_t> sharded_source::locate(int64_t i) const {
 
 const std::string& sharded_source::url(int64_t k, size_t part) const { return reader_->shards()[ids_[static_cast<size_t>(k)][part]].url; }
 
-const shard_bytes& sharded_source::bytes(int64_t k, size_t part) const {
-  if (auto it = held_.find({k, part}); it != held_.end()) return *it->second;
+std::shared_ptr<const shard_bytes> sharded_source::bytes_ptr(int64_t k, size_t part) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = held_.find({k, part}); it != held_.end()) return it->second;
+  }
   const size_t id = ids_[static_cast<size_t>(k)][part];
-  auto b = reader_->get(id);
+  auto b = reader_->get(id);  // thread-safe; may wait for a fetch
   if (!b) throw data_error(b.message());
+  std::lock_guard<std::mutex> lock(mu_);
   if (!checked_.count(id)) {
     check_shard(k, part, *b.value());
     checked_.insert(id);
   }
-  return *(held_[{k, part}] = b.value());
+  return held_[{k, part}] = b.value();
 }
 
 namespace {
@@ -235,63 +244,198 @@ class tar_shard_source final : public sharded_source {
   tar_shard_source(std::shared_ptr<shard_reader> reader, std::vector<std::vector<size_t>> ids, std::vector<int64_t> per_shard,
                    std::vector<std::string> inputs, std::vector<std::string> targets)
       : sharded_source(std::move(reader), std::move(ids), std::move(per_shard)), inputs_(std::move(inputs)), targets_(std::move(targets)) {}
+  ~tar_shard_source() override {
+    {
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      stop_ = true;
+    }
+    ahead_cv_.notify_all();
+    if (ahead_.joinable()) ahead_.join();
+  }
 
   std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<int64_t>& rows) const override {
-    std::vector<torch::Tensor> xs, ys;
+    std::vector<value> xs, ys;
+    std::vector<std::pair<int64_t, std::string>> where;
+    std::vector<std::shared_ptr<const shard_bytes>> keep;
     for (int64_t i : rows) {
-      const auto [k, j] = locate(i);
-      const shard_bytes& b = bytes(k);
-      const tar_sample& s = table(k, b)[static_cast<size_t>(j)];
-      xs.push_back(member(k, b, s, inputs_, "data.shard_inputs"));
-      ys.push_back(member(k, b, s, targets_, "data.shard_targets"));
-      if (xs.size() > 1) same_shape(k, s, xs.front(), xs.back(), "input"), same_shape(k, s, ys.front(), ys.back(), "target");
+      std::optional<decoded_sample> got;
+      {
+        std::lock_guard<std::mutex> lock(ahead_mu_);
+        if (auto it = ready_.find(i); it != ready_.end()) {
+          got = std::move(it->second);
+          ready_.erase(it);
+        }
+      }
+      if (!got) got = decode(i);  // not decoded ahead (or it failed there): here, where an error is thrown
+      xs.push_back(std::move(got->x));
+      ys.push_back(std::move(got->y));
+      where.emplace_back(got->shard, std::move(got->key));
+      keep.push_back(std::move(got->keep));
     }
-    return {torch::stack(xs), torch::stack(ys)};
+    return {stack(xs, where, "input"), stack(ys, where, "target")};
+  }
+
+  // Decodes these samples on a thread of this source while the step runs
+  // (the engine names the next step's samples): PNG and JPEG decoding stays
+  // out of the step, as a DataLoader's workers keep it out of PyTorch's.
+  void upcoming_samples(const std::vector<int64_t>& indices) override {
+    {
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      // Kept: what was decoded for the step about to run (named by the
+      // previous call) and for the one named now; older samples go.
+      std::set<int64_t> keep(indices.begin(), indices.end());
+      keep.insert(want_.begin(), want_.end());
+      for (auto it = ready_.begin(); it != ready_.end();) it = keep.count(it->first) ? std::next(it) : ready_.erase(it);
+      want_ = indices;
+      ++want_generation_;
+      if (!ahead_.joinable()) ahead_ = std::thread([this] { decode_ahead(); });
+    }
+    ahead_cv_.notify_all();
   }
 
  private:
-  const std::vector<tar_sample>& table(int64_t k, const shard_bytes& b) const {
-    auto it = tables_.find(k);
-    if (it != tables_.end()) return it->second;
+  struct value;
+  struct decoded_sample;
+
+  void decode_ahead() {
+    std::unique_lock<std::mutex> lock(ahead_mu_);
+    uint64_t seen = 0;
+    for (;;) {
+      ahead_cv_.wait(lock, [&] { return stop_ || want_generation_ != seen; });
+      if (stop_) return;
+      seen = want_generation_;
+      const std::vector<int64_t> want = want_;
+      for (int64_t i : want) {
+        if (stop_ || want_generation_ != seen) break;
+        if (ready_.count(i)) continue;
+        lock.unlock();
+        std::optional<decoded_sample> d;
+        try {
+          d = decode(i);
+        } catch (const std::exception&) {
+          // Left to the training thread, which decodes it again and says why.
+        }
+        lock.lock();
+        if (d) ready_.emplace(i, std::move(*d));  // a newer call drops it if no step wants it
+      }
+    }
+  }
+
+
+  // A member read: an image (float [C, H, W] in [0, 1]), an .npy array (as
+  // it is), or a class id; written straight into the batch tensor.
+  struct value {
+    std::vector<int64_t> shape;
+    c10::ScalarType type = torch::kFloat;
+    decoded_image image;
+    const uint8_t* array = nullptr;
+    npy_dtype dtype = npy_dtype::f4;
+    int64_t cls = 0;
+    enum { image_kind, array_kind, cls_kind } kind = cls_kind;
+    int64_t count() const { return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>()); }
+    void write(void* dst) const {
+      if (kind == cls_kind) {
+        *static_cast<int64_t*>(dst) = cls;
+      } else if (kind == array_kind) {
+        write_elements(array, dtype, count(), dst);
+      } else {
+        auto* out = static_cast<float*>(dst);
+        const int64_t c = image.channels, hw = image.height * image.width;
+        for (int64_t ch = 0; ch < c; ++ch)
+          for (int64_t i = 0; i < hw; ++i) out[ch * hw + i] = static_cast<float>(image.pixels[static_cast<size_t>(i * c + ch)]) / 255.0f;
+      }
+    }
+  };
+
+  struct decoded_sample {
+    value x, y;
+    int64_t shard = 0;
+    std::string key;
+    std::shared_ptr<const shard_bytes> keep;  // an .npy member is read in place when the batch is stacked
+  };
+
+  // Sample i's input and target. Thread-safe: the shard's bytes and sample
+  // table are held by pointer while they are read.
+  decoded_sample decode(int64_t i) const {
+    const auto [k, j] = locate(i);
+    auto b = bytes_ptr(k);
+    auto t = table(k, *b);
+    const tar_sample& s = (*t)[static_cast<size_t>(j)];
+    return decoded_sample{member(k, *b, s, inputs_, "data.shard_inputs"), member(k, *b, s, targets_, "data.shard_targets"), k, s.key, b};
+  }
+
+  torch::Tensor stack(const std::vector<value>& vs, const std::vector<std::pair<int64_t, std::string>>& where, const char* what) const {
+    std::vector<int64_t> shape = {static_cast<int64_t>(vs.size())};
+    shape.insert(shape.end(), vs.front().shape.begin(), vs.front().shape.end());
+    auto out = torch::empty(shape, vs.front().type);
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    const size_t per = static_cast<size_t>(vs.front().count()) * out.element_size();
+    for (size_t r = 0; r < vs.size(); ++r) {
+      if (vs[r].shape != vs.front().shape || vs[r].type != vs.front().type) {
+        std::ostringstream o;
+        o << "shard " << url(where[r].first) << ": sample '" << where[r].second << "' has a " << what << " of shape "
+          << c10::IntArrayRef(vs[r].shape) << " (" << vs[r].type << "), the batch's first " << c10::IntArrayRef(vs.front().shape) << " ("
+          << vs.front().type << "): every sample must have the same shapes";
+        throw data_error(o.str());
+      }
+      vs[r].write(dst + r * per);
+    }
+    return out;
+  }
+
+  // Shard k's samples (its headers walked once while it is held).
+  std::shared_ptr<const std::vector<tar_sample>> table(int64_t k, const shard_bytes& b) const {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = tables_.find(k); it != tables_.end()) return it->second;
+    }
     auto t = read_tar_samples(b.data(), b.size(), "shard " + url(k));
     if (!t) throw data_error(t.message());
     if (static_cast<int64_t>(t->size()) != per_shard_[static_cast<size_t>(k)])
       throw data_error("shard " + url(k) + " holds " + std::to_string(t->size()) + " samples, the shard index says " +
                        std::to_string(per_shard_[static_cast<size_t>(k)]) + " (changed since `dtactor data index`: index it again)");
-    return tables_.emplace(k, std::move(t.value())).first->second;
+    auto made = std::make_shared<const std::vector<tar_sample>>(std::move(t.value()));
+    std::lock_guard<std::mutex> lock(mu_);
+    return tables_.emplace(k, std::move(made)).first->second;
   }
-  void released(int64_t k) const override { tables_.erase(k); }
+  void released(int64_t k) const override { tables_.erase(k); }  // under mu_
 
-  torch::Tensor member(int64_t k, const shard_bytes& b, const tar_sample& s, const std::vector<std::string>& exts, const char* key) const {
+  value member(int64_t k, const shard_bytes& b, const tar_sample& s, const std::vector<std::string>& exts, const char* key) const {
     for (const std::string& ext : exts) {
       const tar_entry* e = s.member(ext);
       if (!e) continue;
-      const std::string where = "shard " + url(k) + ": '" + e->name + "'";
+      auto where = [&] { return "shard " + url(k) + ": '" + e->name + "'"; };
       const uint8_t* p = b.data() + e->offset;
       const std::string kind = kind_of(ext);
+      value v;
       if (kind == "png" || kind == "jpg" || kind == "jpeg") {
-        auto img = decode_image(p, e->size, kind, where);
+        auto img = decode_image(p, e->size, kind, where());
         if (!img) throw data_error(img.message());
-        auto t = torch::from_blob(img->pixels.data(), {img->height, img->width, img->channels}, torch::kByte);
-        return t.permute({2, 0, 1}).to(torch::kFloat).div_(255.0).contiguous();
+        v.kind = value::image_kind;
+        v.image = std::move(img.value());
+        v.shape = {v.image.channels, v.image.height, v.image.width};
+        v.type = torch::kFloat;
+        return v;
       }
       if (kind == "npy") {
         auto h = parse_npy_header(std::string_view(reinterpret_cast<const char*>(p), std::min<uint64_t>(e->size, 65536)), e->size);
-        if (!h) throw data_error(where + ": " + h.message());
-        const int64_t count = std::accumulate(h->shape.begin(), h->shape.end(), int64_t{1}, std::multiplies<int64_t>());
-        auto t = torch::empty(h->shape, batch_type_of(h->dtype));
-        copy_elements(p + h->data_offset, h->dtype, count, t);
-        return t;
+        if (!h) throw data_error(where() + ": " + h.message());
+        v.kind = value::array_kind;
+        v.shape = h->shape;
+        v.dtype = h->dtype;
+        v.type = batch_type_of(h->dtype);
+        v.array = p + h->data_offset;
+        return v;
       }
       if (kind == "cls") {
         std::string_view text(reinterpret_cast<const char*>(p), e->size);
         while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
         while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-        int64_t v = 0;
-        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-          throw data_error(where + ": not a class id (a decimal integer)");
-        return torch::tensor(v, torch::kLong);
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v.cls);
+        if (ec != std::errc() || end != text.data() + text.size() || text.empty()) throw data_error(where() + ": not a class id (a decimal integer)");
+        v.kind = value::cls_kind;
+        v.type = torch::kLong;
+        return v;
       }
     }
     std::string wanted;
@@ -299,16 +443,16 @@ class tar_shard_source final : public sharded_source {
     throw data_error("shard " + url(k) + ": sample '" + s.key + "' has no member of " + key + " (" + wanted + ")");
   }
 
-  void same_shape(int64_t k, const tar_sample& s, const torch::Tensor& first, const torch::Tensor& t, const char* what) const {
-    if (first.sizes() == t.sizes() && first.scalar_type() == t.scalar_type()) return;
-    std::ostringstream o;
-    o << "shard " << url(k) << ": sample '" << s.key << "' has a " << what << " of shape " << t.sizes() << " (" << t.scalar_type()
-      << "), the batch's first " << first.sizes() << " (" << first.scalar_type() << "): every sample must have the same shapes";
-    throw data_error(o.str());
-  }
-
   std::vector<std::string> inputs_, targets_;
-  mutable std::map<int64_t, std::vector<tar_sample>> tables_;
+  mutable std::map<int64_t, std::shared_ptr<const std::vector<tar_sample>>> tables_;  // under mu_
+  // Decoding ahead.
+  mutable std::mutex ahead_mu_;
+  std::condition_variable ahead_cv_;
+  std::vector<int64_t> want_;
+  uint64_t want_generation_ = 0;
+  bool stop_ = false;
+  mutable std::map<int64_t, decoded_sample> ready_;
+  std::thread ahead_;
 };
 
 // .npy shard pairs: row j of logical shard k is row j of input shard k and
@@ -339,7 +483,7 @@ class npy_shard_source final : public sharded_source {
     std::vector<int64_t> shape(h->shape.begin() + 1, h->shape.end());
     const int64_t per_row = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
     auto t = torch::empty(shape, batch_type_of(h->dtype));
-    copy_elements(b.data() + h->data_offset + static_cast<size_t>(j * per_row) * item_bytes(h->dtype), h->dtype, per_row, t);
+    write_elements(b.data() + h->data_offset + static_cast<size_t>(j * per_row) * item_bytes(h->dtype), h->dtype, per_row, t.data_ptr());
     return t;
   }
   void same_shape(int64_t k, const torch::Tensor& first, const torch::Tensor& t) const {

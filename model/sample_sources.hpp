@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <set>
 #include <string>
@@ -90,13 +91,20 @@ class sharded_source : public sample_source {
   void hold_only(const std::vector<int64_t>& ks);
   // Reads (and checks) logical shard k now: an error is returned, not thrown.
   status open_shard(int64_t k);
+  // The samples this rank's next step will most likely ask for: a source
+  // whose samples cost time to decode prepares them on a thread of its own
+  // (batch() gives the same either way). Default: nothing.
+  virtual void upcoming_samples(const std::vector<int64_t>& indices) { (void)indices; }
 
  protected:
   // (logical shard, sample within it) of sample i.
   std::pair<int64_t, int64_t> locate(int64_t i) const;
   // Reader shard `part` of logical shard k, held until hold_only drops k;
   // check_shard runs the first time this process reads a reader shard.
-  const shard_bytes& bytes(int64_t k, size_t part = 0) const;
+  // Thread-safe: the pointer keeps the bytes valid even if hold_only lets
+  // them go meanwhile.
+  std::shared_ptr<const shard_bytes> bytes_ptr(int64_t k, size_t part = 0) const;
+  const shard_bytes& bytes(int64_t k, size_t part = 0) const { return *bytes_ptr(k, part); }
   virtual void check_shard(int64_t k, size_t part, const shard_bytes& b) const {
     (void)k, (void)part, (void)b;
   }
@@ -107,6 +115,7 @@ class sharded_source : public sample_source {
   std::shared_ptr<shard_reader> reader_;
   std::vector<std::vector<size_t>> ids_;
   std::vector<int64_t> per_shard_, first_;
+  mutable std::mutex mu_;  // held_, checked_, and what subclasses derive per shard (released() runs under it)
   mutable std::map<std::pair<int64_t, size_t>, std::shared_ptr<const shard_bytes>> held_;
   mutable std::set<size_t> checked_;
 };

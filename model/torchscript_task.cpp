@@ -76,6 +76,9 @@ class torchscript_task : public task {
   void upcoming_shards(const std::vector<int64_t>& shards) override {
     if (sharded_train_) sharded_train_->upcoming(shards);
   }
+  void upcoming_samples(const std::vector<int64_t>& indices) override {
+    if (sharded_train_) sharded_train_->upcoming_samples(indices);
+  }
 
   std::string name() const override { return "torchscript"; }
   std::shared_ptr<torch::nn::Module> module() override { return m_; }

@@ -114,8 +114,10 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
   if (order_->sharded()) task_->upcoming_shards(order_->shards_from(step * order_->global_batch_size(), read_ahead_shards_));
   const size_t chunk = micro_batch_ > 0 ? static_cast<size_t>(micro_batch_) : std::max<size_t>(1, samples.size());
   double total = 0;
+  if (record_samples_) recorded_.clear();
   for (size_t i = 0; i < samples.size(); i += chunk) {
     std::vector<int64_t> part(samples.begin() + i, samples.begin() + std::min(samples.size(), i + chunk));
+    if (record_samples_) recorded_.insert(recorded_.end(), part.begin(), part.end());
     torch::Tensor loss;
     {
       autocast_scope ac(bf16_);
@@ -166,6 +168,7 @@ void training_state::drop_interrupted_step() {
 
 double training_state::train_step() {
   auto samples = order_->global_batch(step_);
+  if (order_->sharded()) task_->upcoming_samples(order_->global_batch(step_ + 1));
   const double loss = forward_backward(samples, step_) / static_cast<double>(samples.size());
   apply_update();
   return loss;
@@ -180,6 +183,8 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
                                                               const std::function<result<double>()>& norm) {
   dp_step r;
   auto samples = order_->rank_slice(step_, rank, world);
+  // Sharded data: the next step's samples, decoded ahead while this one runs.
+  if (order_->sharded()) task_->upcoming_samples(order_->rank_slice(step_ + 1, rank, world));
   r.samples = static_cast<int64_t>(samples.size());
   const auto t0 = clock_type::now();
   r.loss_sum = forward_backward(samples, step_, rank, &sync);

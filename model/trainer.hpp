@@ -53,6 +53,16 @@ class training_state {
   // Drops whatever gradients were accumulated (a partial step).
   void zero_grad();
 
+  // data.sample_log: while on, forward_backward() keeps the sample indices it
+  // passes to the task's loss_sum (every micro-batch, in order) until the
+  // next forward_backward(): recorded_samples(). Off (the default): nothing
+  // is copied.
+  void record_samples(bool on) {
+    record_samples_ = on;
+    recorded_.clear();
+  }
+  const std::vector<int64_t>& recorded_samples() const { return recorded_; }
+
   // One whole step in a single process. Returns the mean loss.
   double train_step();
 
@@ -155,6 +165,8 @@ class training_state {
   int64_t block_shards_ = 1, read_ahead_shards_ = 0;  // sharded data only
   bool bf16_ = false;
   bool params_mixed_ = false;
+  bool record_samples_ = false;
+  std::vector<int64_t> recorded_;  // see recorded_samples()
   std::optional<int64_t> interrupted_at_;                 // see has_interrupted_step()
   std::optional<std::pair<int64_t, double>> last_norm_;  // (step reached, norm clipped with)
 };

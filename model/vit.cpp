@@ -97,6 +97,7 @@ class vit_shard_task : public task {
   int64_t eval_size() const override { return data_.eval->size(); }
   std::vector<int64_t> train_shard_samples() const override { return data_.train->per_shard(); }
   void upcoming_shards(const std::vector<int64_t>& shards) override { data_.train->upcoming(shards); }
+  void upcoming_samples(const std::vector<int64_t>& indices) override { data_.train->upcoming_samples(indices); }
 
   torch::Tensor loss_sum(const std::vector<int64_t>& indices) override {
     torch::Tensor x, y;

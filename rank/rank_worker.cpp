@@ -28,6 +28,7 @@
 #include "runtime/grad_sync.hpp"
 #include "runtime/process.hpp"
 #include "runtime/rendezvous_client.hpp"
+#include "runtime/sample_log.hpp"
 #include "runtime/shipped_file.hpp"
 #include "runtime/shm_group.hpp"
 
@@ -92,6 +93,14 @@ struct rank_worker::impl {
   std::unique_ptr<part_writer> writer;  // made at the first checkpoint
   // train.zero >= 1: who holds which optimizer shard in this generation.
   std::optional<shard_plan> shards;
+  // data.sample_log (null: off), and the step this rank last attempted:
+  // (step, generation, global rank, world size).
+  std::unique_ptr<sample_log> samples_log;
+  struct attempt_id {
+    int64_t step = -1;
+    uint64_t gen = 0;
+    int rank = -1, world = 0;
+  } attempt;
 };
 
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
@@ -208,6 +217,12 @@ void rank_worker::run() {
     auto created = training_state::create(load_cfg);
     if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
     im.state = std::move(created.value());
+    if (const std::string& dir = cfg.get_string("data.sample_log"); !dir.empty()) {
+      auto opened = sample_log::open(dir, opts_.node_id + "-r" + std::to_string(local));
+      if (!opened) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, opened.message());
+      im.samples_log = std::move(opened.value());
+      im.state->record_samples(true);
+    }
     im.cfg = std::move(cfg);
   } catch (const std::exception& e) {
     std::string what = e.what();
@@ -428,6 +443,10 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     } else {
       auto finished = finish_interrupted_step(*g.pg, state, g.timeout, g.abandon_now);
       if (!finished) return failed(g, finished.message(), state.step());
+      // The samples are the attempt's, of the generation that computed them.
+      if (*finished && impl_->attempt.step == state.step() - 1)
+        if (auto st = log_samples(impl_->attempt.step, impl_->attempt.gen, impl_->attempt.rank, impl_->attempt.world); !st)
+          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
       if (*finished)
         std::fprintf(stderr,
                      "rank %d: generation %llu: finished step %lld's update of this rank's shards (its gradient-norm allreduce failed here "
@@ -766,7 +785,13 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     mine.stop = stop_.load() ? 1.f : 0.f;
     mine.final_checkpoint = mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
     sync.set_control(mine);
+    const int64_t attempted = state.step();
+    im.attempt = {attempted, g.gen, g.rank, g.world};
     auto r = state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
+    // Applied (with ZeRO, to this rank's shards even when the all-gather
+    // after it failed): the step is in the audit log before anything else.
+    if (state.step() > attempted)
+      if (auto st = log_samples(attempted, g.gen, g.rank, g.world); !st) return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
     if (!r) return failed(g, r.message(), state.step());
     const int64_t step = state.step();
     if (!moving_buffers.empty()) {
@@ -856,6 +881,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   finish_checkpoints();
   report_status(g, pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());
   return outcome::finished;
+}
+
+status rank_worker::log_samples(int64_t step, uint64_t gen, int rank, int world) {
+  auto& im = *impl_;
+  if (!im.samples_log) return {};
+  return im.samples_log->append(step, gen, rank, world, im.state->recorded_samples());
 }
 
 void rank_worker::inject_fault() {

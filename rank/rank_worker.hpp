@@ -38,6 +38,7 @@
 #include <thread>
 
 #include "rank/fault_mode.hpp"
+#include "dtactor/result.hpp"
 #include "runtime/job_key.hpp"
 
 #include "actors/rank_actor.hpp"
@@ -114,6 +115,9 @@ class rank_worker : public rank_work {
   // false on quit.
   bool take_plan(uint64_t after, bool warm_up, pb::generation_plan& out, double& offered_at);
   void inject_fault();
+  // data.sample_log: the samples of the step this rank just applied (its
+  // last forward_backward's); nothing when the log is off.
+  status log_samples(int64_t step, uint64_t gen, int rank, int world);
   bool quitting() const { return quit_.load(); }
   // True when the thread must abandon generation `gen` now: quit, or a newer
   // plan without drain is waiting.

@@ -1,9 +1,11 @@
 #include "rank/train_command.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 
 #include "monitoring/journal.hpp"
@@ -19,6 +21,7 @@
 #include "runtime/data_wait.hpp"
 #include "runtime/fs.hpp"
 #include "runtime/job_config.hpp"
+#include "runtime/sample_log.hpp"
 
 namespace dtactor {
 
@@ -43,6 +46,7 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   const auto start = clock_type::now();
   if (auto st = validate_training_config(cfg); !st) return st.err();
   if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
+  if (auto st = check_sample_log_dir(cfg.get_string("data.sample_log")); !st) return st.err();
   auto run_lock = file_lock::try_acquire(run_dir_lock_path(opts.run_dir), "dtactor train");
   if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.message()));
 
@@ -55,6 +59,24 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy, default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
   if (!store) return store.err();
   if (auto st = store->check_no_foreign_manifests(); !st) return st.err();
+  // Its checkpoints carry the store's newest generation: a cluster's
+  // commits there fence older generations out (0 in a store of its own).
+  const uint64_t store_generation = store->newest_generation();
+  // data.sample_log: one process, world 1. It has no generations; its
+  // records carry one number per run, above every generation the store or
+  // the log directory holds, so that a resumed run's records of the steps it
+  // redoes supersede the earlier run's.
+  std::unique_ptr<sample_log> samples_log;
+  uint64_t log_generation = 0;
+  if (const std::string& dir = cfg.get_string("data.sample_log"); !dir.empty()) {
+    auto logged = newest_logged_generation(dir);
+    if (!logged) return logged.err();
+    log_generation = std::max(store_generation, logged.value()) + 1;
+    auto opened = sample_log::open(dir, this_host_name());
+    if (!opened) return opened.err();
+    samples_log = std::move(opened.value());
+    state.record_samples(true);
+  }
 
   journal jn;
   if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();
@@ -161,7 +183,7 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   };
   auto save = [&]() {
     const state_layout layout = layout_of(state);
-    pb::checkpoint_meta meta = state.checkpoint_meta(eval_at_step, 0);
+    pb::checkpoint_meta meta = state.checkpoint_meta(eval_at_step, store_generation);
     describe_layout(layout, meta);
     meta.set_world_size(1);
     part_writer::job j;
@@ -211,6 +233,8 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
       return data_failed(e);
     }
     const double dt = seconds_since(t0);
+    if (samples_log)
+      if (auto st = samples_log->append(state.step() - 1, log_generation, 0, 1, state.recorded_samples()); !st) return st.err();
     if (!std::isfinite(loss)) {
       jn.write(ev::job_failed{state.step(), std::nullopt, "non-finite loss"});
       return make_error("loss became " + std::to_string(loss) + " at step " + std::to_string(state.step()) +

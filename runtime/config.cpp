@@ -57,6 +57,7 @@ std::vector<config_key> make_schema() {
       {"data.cache_dir", vk::string, "", "Sharded data from S3: the local cache the ranks of a node share (empty: $TMPDIR/dtactor-data-cache)."},
       {"data.cache_bytes", vk::integer, "4294967296", "Sharded data from S3: the most the cache holds; at least (1 + data.read_ahead_blocks) x data.shuffle_block_shards of the largest shards.", 1},
       {"data.s3_endpoint", vk::string, "", "S3-compatible server for s3:// data (empty: checkpoint.s3_endpoint, else AWS_ENDPOINT_URL, else AWS)."},
+      {"data.sample_log", vk::string, "", "Audit of the data order: a directory where every training process appends, per step whose update it applied, one tab-separated line: step, generation, global rank, world size, the sample indices it trained on (files samples-<process>-<pid>.tsv; bench/check_sample_log.py checks them: every index once per epoch). Made absolute where dtactor starts; empty = off (no cost)."},
       {"data.max_text_bytes", vk::integer, "0", "gpt: use at most this many bytes of GCIDE text (0 = all).", 0},
       // train
       {"train.max_steps", vk::integer, "4000", "Optimizer steps to train.", 1},

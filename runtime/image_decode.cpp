@@ -26,20 +26,30 @@ result<decoded_image> decode_png(const uint8_t* data, size_t size, const std::st
     return make_error(where + ": a PNG of " + std::to_string(img.width) + "x" + std::to_string(img.height) + " pixels, more than the " +
                       std::to_string(max_image_pixels) + " allowed");
   }
+  // Read with the alpha channel, then drop it: what PIL's convert("RGB")
+  // (and "L") does, so pixels match what PyTorch users' loaders give.
   const bool color = (img.format & PNG_FORMAT_FLAG_COLOR) != 0;
-  img.format = color ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
-  decoded_image out;
-  out.height = img.height;
-  out.width = img.width;
-  out.channels = color ? 3 : 1;
-  out.pixels.resize(PNG_IMAGE_SIZE(img));
-  png_color black{0, 0, 0};
-  if (!png_image_finish_read(&img, &black, out.pixels.data(), 0, nullptr)) {
+  const bool alpha = (img.format & PNG_FORMAT_FLAG_ALPHA) != 0;
+  img.format = color ? (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB) : (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY);
+  std::vector<uint8_t> read(PNG_IMAGE_SIZE(img));
+  if (!png_image_finish_read(&img, nullptr, read.data(), 0, nullptr)) {
     const std::string why = img.message;
     png_image_free(&img);
     return make_error(where + ": a damaged PNG: " + why);
   }
   png_image_free(&img);
+  decoded_image out;
+  out.height = img.height;
+  out.width = img.width;
+  out.channels = color ? 3 : 1;
+  if (!alpha) {
+    out.pixels = std::move(read);
+    return out;
+  }
+  const size_t n = static_cast<size_t>(out.height * out.width), in_c = static_cast<size_t>(out.channels) + 1;
+  out.pixels.resize(n * static_cast<size_t>(out.channels));
+  for (size_t i = 0; i < n; ++i)
+    for (size_t c = 0; c < static_cast<size_t>(out.channels); ++c) out.pixels[i * static_cast<size_t>(out.channels) + c] = read[i * in_c + c];
   return out;
 }
 

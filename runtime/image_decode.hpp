@@ -2,7 +2,8 @@
 // Images of tar shards (docs/data.md "Tar shards"): PNG through libpng's
 // simplified API, JPEG through libjpeg-turbo, both Debian packages. Decoded
 // to 8-bit pixels, height x width x channels, with 1 channel for a gray
-// image and 3 for a colour one (an alpha channel is composited on black).
+// image and 3 for a colour one (an alpha channel is dropped, as PIL's
+// convert("RGB") does).
 // Outside bytes: a corrupt or truncated image is one line, never a crash or
 // a partly gray picture. No LibTorch here.
 #include <cstddef>

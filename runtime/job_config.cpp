@@ -141,6 +141,8 @@ void absolutize_data_paths(config& cfg) {
     }
     (void)cfg.set(key, out);
   }
+  // Not a data file (nothing to digest), but a path the ranks write to.
+  (void)cfg.set("data.sample_log", absolute(cfg.get_string("data.sample_log")));
 }
 
 result<std::string> file_digest(const std::string& path) {

@@ -42,6 +42,7 @@ std::map<std::string, std::string> data_file_digests(const config& cfg, std::vec
 // checkpoint names the same files from anywhere (eval, export, the ranks).
 // Shard specs (runtime/data_shards: a glob, a range, a list, s3://) get
 // each local item made absolute; their digest is the shard set's.
+// data.sample_log (a directory the ranks write to) is made absolute too.
 void absolutize_data_paths(config& cfg);
 
 // The S3 endpoint for s3:// data: data.s3_endpoint, else checkpoint.s3_endpoint.

@@ -28,6 +28,9 @@ pkgs=(
   # PyTorch (the same 1.13.1 as libtorch-dev), to write the scripted modules
   # the TorchScript tests train and to read back what `dtactor export` wrote
   python3-numpy python3-torch
+  # PIL, to write the PNG/JPEG tar shards of the tests and of
+  # examples/shards/make_tar_shards.py as PyTorch users' tools write them
+  python3-pil
   # S3 checkpoint store: HTTP (libcurl) and SigV4's SHA-256/HMAC (OpenSSL);
   # OpenSSL also signs checkpoint manifests (HMAC-SHA256) and draws job keys' MAC keys
   libcurl4-openssl-dev libssl-dev

@@ -536,6 +536,65 @@ TEST(data_shards_s3, a_bad_shard_met_in_training_ends_the_job_with_one_line_nami
   EXPECT_LT(failed[0].at("step").get<int64_t>(), 2000);
 }
 
+// The built-in ViT on image tar shards in S3 (docs/data.md "Tar shards"):
+// Fashion-MNIST written as PNG tar shards by examples/shards/make_tar_shards.py,
+// put in a bucket, indexed there (sample counts and digests), and trained by
+// a coordinator and a node started by hand, the node with an empty cache.
+// Without the index, a job is refused in one line before it trains.
+TEST(data_shards_s3, the_built_in_vit_trains_from_png_tar_shards_in_s3) {
+  NEED_RGW();
+  temp_dir d;
+  const std::string make = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/examples/shards/make_tar_shards.py";
+  if (std::system((make + " --out " + d.path() + "/imgs --limit 2400 --per-shard 400 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "python3-pil / python3-numpy / dataset-fashion-mnist (Debian) are not installed";
+  ASSERT_TRUE(s3_create_bucket(opts("imgs")));
+  auto store = open_ok(opts("imgs", "train"));
+  ASSERT_TRUE(store);
+  for (const auto& e : std::filesystem::directory_iterator(d.path() + "/imgs")) {
+    std::ifstream in(e.path(), std::ios::binary);
+    ASSERT_TRUE(store->put(e.path().filename().string(), std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>())));
+  }
+  const std::vector<std::string> job = {"model.name=vit", "data.train_shards=s3://imgs/train/train-*.tar", "data.s3_endpoint=" + rgw::endpoint,
+                                        "data.shuffle_block_shards=2", "model.dim=16", "model.layers=1", "model.heads=2",
+                                        "train.global_batch_size=32", "train.max_steps=120", "train.warmup_steps=5", "train.lr=0.003",
+                                        "train.log_every_steps=10", "eval.every_steps=0", "eval.max_samples=400", "checkpoint.every_steps=0",
+                                        "train.threads=1", "cluster.min_nodes=1"};
+  {
+    // The node cannot build its rank: the coordinator refuses it, and the
+    // node ends with that one line (the coordinator goes on waiting for nodes).
+    testing::cluster c(d.path() + "/unindexed", testing::set_flags(job));
+    std::filesystem::create_directories(c.run_dir);
+    ASSERT_EQ(c.start({"a"}), "");
+    auto end = c.nodes.at("a").wait(240000);
+    ASSERT_TRUE(end) << c.logs();
+    EXPECT_NE(end->exit_code, 0) << c.logs();
+    std::ifstream log_in(c.run_dir + "/node-a.log");
+    const std::string log((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(log.find("dtactor: refused by the coordinator: node 'a' cannot start rank 0: data.train_shards: shard s3://imgs/train/train-000000.tar "
+                       "has no sample count: run `dtactor data index 's3://imgs/train/train-*.tar'`"),
+              std::string::npos)
+        << c.logs();
+  }
+  ASSERT_TRUE(write_shard_index("s3://imgs/train/train-*.tar", rgw::endpoint));
+  testing::cluster c(d.path() + "/run", testing::set_flags(job));
+  std::filesystem::create_directories(c.run_dir);
+  std::filesystem::create_directories(d.path() + "/tmp-a");
+  c.node_prefix["a"] = {"/usr/bin/env", "TMPDIR=" + d.path() + "/tmp-a"};
+  ASSERT_EQ(c.start({"a"}), "");
+  auto end = c.coord->wait(240000);
+  ASSERT_TRUE(end && end->exit_code == 0) << c.logs();
+  auto j = c.journal();
+  auto fin = testing::journal_events<ev::job_finished>(j);
+  ASSERT_EQ(fin.size(), 1u) << c.logs();
+  EXPECT_GT(fin[0].at("accuracy").get<double>(), 0.3) << "10 classes: chance is 0.1; " << fin[0].dump();
+  auto res = testing::journal_events<ev::resources>(j);
+  ASSERT_FALSE(res.empty());
+  const auto& row = res.back().at("ranks").at(0);
+  EXPECT_GT(row.at("data_bytes_s3").get<uint64_t>(), 0u) << row.dump();
+  EXPECT_GT(row.at("data_shards_verified").get<uint64_t>(), 0u) << row.dump();
+  EXPECT_EQ(row.at("data_shards_failed"), 0) << row.dump();
+}
+
 }  // namespace
 }  // namespace dtactor
 

@@ -54,6 +54,30 @@ TEST(membership, waits_for_min_nodes_with_a_readable_reason) {
   EXPECT_EQ(d.reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]");
 }
 
+// A resumed job (its checkpoint store holds commits of generation 5): its
+// generations go on from 6, still behind the start gate, caused by a start;
+// the plans after it count on from there.
+TEST(membership, a_resumed_job_numbers_its_generations_above_the_earlier_runs) {
+  auto o = opts(2);
+  o.generations_after = 5;
+  membership m(o);
+  m.admit(reg("a"), t0());
+  auto waiting = m.decide(t0());
+  EXPECT_FALSE(waiting.next);
+  EXPECT_EQ(waiting.reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]");
+  m.admit(reg("b"), t0());
+  auto first = m.decide(t0());
+  ASSERT_TRUE(first.next);
+  EXPECT_EQ(first.next->generation, 6u);
+  EXPECT_EQ(first.next->cause, plan_cause::start);
+  EXPECT_EQ(first.next->state_root, -1);
+  trained(m, *first.next);
+  EXPECT_TRUE(m.remove("b", t0() + 1s));
+  auto next = m.decide(t0() + 1s);
+  ASSERT_TRUE(next.next);
+  EXPECT_EQ(next.next->generation, 7u);
+}
+
 TEST(membership, plan_orders_global_ranks_by_node_rank_then_local_rank) {
   membership m(opts(2));
   auto a = m.admit(reg("zeta", 2), t0());

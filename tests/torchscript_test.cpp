@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "dtactor/task.hpp"
+#include "runtime/data_shards.hpp"
 #include "model/trainer.hpp"
 #include "rank/train_command.hpp"
 #include "test_util.hpp"
@@ -156,7 +157,8 @@ TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {
   auto r = run_training(cfg, quiet(d.path()));
   ASSERT_TRUE(r) << r.message();
   EXPECT_GT(r->last_eval.metrics.at("accuracy"), 0.95) << "the next token of the pattern is a function of the current one";
-  auto bad = make_task(ts_config("bigram.pt", {"data.train_tokens=" + fixtures() + "/tokens_bad.bin", "model.context=8", "model.vocab_size=64"}));
+  auto bad = make_task(ts_config("bigram.pt", {"data.train_inputs=", "data.train_targets=", "data.train_tokens=" + fixtures() + "/tokens_bad.bin",
+                                               "model.context=8", "model.vocab_size=64"}));
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.message().find("data.train_tokens: "), std::string::npos) << bad.message();
   EXPECT_NE(bad.message().find("70"), std::string::npos) << bad.message();
@@ -211,6 +213,123 @@ TEST(TorchScript, ShardedTokenStreamsTrainFromAGlobOrARange) {
                                                "model.context=16", "model.vocab_size=64"}));
   ASSERT_FALSE(one);
   EXPECT_NE(one.message().find("names one shard: set data.eval_tokens"), std::string::npos) << one.message();
+}
+
+// The fixtures' classifier data as WebDataset-style tar shards (.npy input,
+// .cls target) and as .npy shard pairs: the same sample behind each index as
+// with the arrays, and the same learning.
+TEST(TorchScript, TarShardsAndNpyShardsGiveTheSamplesOfTheArraysAndTrain) {
+  NEED_FIXTURES();
+  temp_dir d;
+  const std::string f = fixtures();
+  const std::vector<std::string> no_arrays = {"data.train_inputs=", "data.train_targets=", "data.eval_inputs=", "data.eval_targets="};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), no_arrays.begin(), no_arrays.end());
+    extra.push_back("data.shuffle_block_shards=2");
+    return ts_config("mlp.pt", extra);
+  };
+  const config arrays = ts_config("mlp.pt");
+  const config tars = with({"data.train_shards=" + f + "/tar/train-*.tar", "data.eval_shards=" + f + "/tar/eval-*.tar"});
+  const config npys = with({"data.train_inputs=" + f + "/npyshards/train-x-*.npy", "data.train_targets=" + f + "/npyshards/train-y-{000..003}.npy",
+                            "data.eval_inputs=" + f + "/npyshards/eval-x-000.npy,", "data.eval_targets=" + f + "/npyshards/eval-y-*.npy"});
+  auto reference = make_task(arrays);
+  ASSERT_TRUE(reference) << reference.message();
+  const std::vector<int64_t> some = {0, 255, 256, 700, 1023};
+  auto loss_of = [&](task& t) {
+    torch::NoGradGuard no_grad;
+    t.module()->eval();  // no dropout
+    const double l = t.loss_sum(some).item<double>();
+    t.module()->train();
+    return l;
+  };
+  const double want = loss_of(*reference.value());
+  for (const config* c : {&tars, &npys}) {
+    auto t = make_task(*c);
+    ASSERT_TRUE(t) << t.message();
+    EXPECT_EQ(t.value()->train_size(), 1024);
+    EXPECT_EQ(t.value()->eval_size(), 256);
+    EXPECT_EQ(t.value()->train_shard_samples(), std::vector<int64_t>(4, 256));
+    // The module is loaded from its file: equal losses mean equal samples,
+    // whether the samples were decoded ahead on the source's thread or not.
+    EXPECT_EQ(loss_of(*t.value()), want);
+    for (int round = 0; round < 20; ++round) {
+      t.value()->upcoming_samples(some);
+      ASSERT_EQ(loss_of(*t.value()), want) << "round " << round;
+    }
+    auto r = run_training(*c, quiet(d.path() + "/run-" + std::to_string(c == &tars)));
+    ASSERT_TRUE(r) << r.message();
+    EXPECT_GT(r->last_eval.metrics.at("accuracy"), 0.6) << "10 classes: chance is 0.1";
+  }
+  // Held out without eval keys: the last data.val_fraction of the shards, whole.
+  auto held = make_task(with({"data.train_shards=" + f + "/tar/train-*.tar", "data.val_fraction=0.25"}));
+  ASSERT_TRUE(held) << held.message();
+  EXPECT_EQ(held.value()->train_size(), 768);
+  EXPECT_EQ(held.value()->eval_size(), 256);
+
+  // Mistakes are one line each.
+  auto refused = [&](const std::vector<std::string>& extra, const std::string& says) {
+    auto t = make_task(with(extra));
+    ASSERT_FALSE(t) << says;
+    EXPECT_NE(t.message().find(says), std::string::npos) << t.message();
+    EXPECT_EQ(t.message().find('\n'), std::string::npos) << t.message();
+  };
+  refused({"data.train_inputs=" + f + "/npyshards/train-x-*.npy", "data.train_targets=" + f + "/npyshards/train-y-00[012].npy"},
+          "data.train_inputs names 4 shard(s), data.train_targets 3: they pair in order");
+  refused({"data.train_shards=" + f + "/tar/train-*.tar", "data.shard_inputs=png"}, "sample '000000' has no member of data.shard_inputs (.png)");
+  refused({"data.train_shards=" + f + "/tar/train-*.tar", "data.shard_targets=json"}, "data.shard_targets: '.json' members cannot be read");
+  refused({"data.train_shards=" + f + "/tar/train-*.tar", "data.train_tokens=" + f + "/tokens.bin"}, "set one of data.train_shards, data.train_tokens");
+  refused({"data.train_shards=" + f + "/npyshards/train-x-*.npy"}, "is not a .tar file");
+  std::filesystem::create_directories(d.path() + "/cut");
+  for (const char* n : {"/train-000.tar", "/train-001.tar"}) std::filesystem::copy_file(f + "/tar" + n, d.path() + "/cut" + n);
+  std::filesystem::resize_file(d.path() + "/cut/train-001.tar", 5000);
+  refused({"data.train_shards=" + d.path() + "/cut/*.tar"}, "shard " + d.path() + "/cut/train-001.tar: not a valid tar archive");
+}
+
+// The built-in ViT on Fashion-MNIST written as PNG tar shards
+// (examples/shards/make_tar_shards.py): image i of the shards is image i of
+// the IDX files, and the model learns from them.
+TEST(TarShards, TheBuiltInVitTrainsFromPngShardsOfFashionMnist) {
+  temp_dir d;
+  const std::string make = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/examples/shards/make_tar_shards.py";
+  if (std::system((make + " --out " + d.path() + "/train --limit 3000 --per-shard 500 2>/dev/null").c_str()) != 0 ||
+      std::system((make + " --out " + d.path() + "/test --split test --limit 500 --per-shard 250 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "python3-pil / python3-numpy / dataset-fashion-mnist (Debian) are not installed";
+  ASSERT_TRUE(write_shard_index(d.path() + "/train/train-*.tar"));
+  const std::vector<std::string> shards = {"data.train_shards=" + d.path() + "/train/train-*.tar", "data.eval_shards=" + d.path() + "/test/*.tar",
+                                           "data.shuffle_block_shards=2", "train.max_steps=150", "eval.max_samples=500"};
+  const config from_shards = testing::tiny_vit_config(shards);
+  const config from_idx = testing::tiny_vit_config({"train.max_steps=150", "eval.max_samples=500"});
+  torch::manual_seed(5);
+  auto a = make_task(from_shards);
+  ASSERT_TRUE(a) << a.message();
+  torch::manual_seed(5);
+  auto b = make_task(from_idx);
+  ASSERT_TRUE(b) << b.message();
+  EXPECT_EQ(a.value()->train_size(), 3000);
+  EXPECT_EQ(a.value()->eval_size(), 500);
+  EXPECT_EQ(a.value()->train_shard_samples(), std::vector<int64_t>(6, 500));
+  {
+    torch::NoGradGuard no_grad;
+    const std::vector<int64_t> some = {0, 499, 500, 2999};
+    EXPECT_EQ(a.value()->loss_sum(some).item<double>(), b.value()->loss_sum(some).item<double>()) << "the same parameters and pixels";
+  }
+  auto r = run_training(from_shards, quiet(d.path() + "/run"));
+  ASSERT_TRUE(r) << r.message();
+  EXPECT_GT(r->last_eval.metrics.at("accuracy"), 0.35) << "10 classes: chance is 0.1";
+  const auto j = testing::read_journal(d.path() + "/run/journal.jsonl");
+  bool read_local = false;
+  for (const auto& e : testing::events_named(j, "resources"))
+    for (const auto& rank : e["ranks"]) read_local = read_local || rank.value("data_bytes_local", 0.0) > 0;
+  EXPECT_TRUE(read_local) << "the resources rows count the shard bytes read";
+  // Images of another size, and class ids outside model.classes: one line.
+  auto small = make_task(testing::tiny_vit_config({"data.train_shards=" + d.path() + "/train/train-*.tar", "model.classes=5", "train.max_steps=1"}));
+  ASSERT_TRUE(small) << small.message();
+  try {
+    (void)small.value()->loss_sum({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+    ADD_FAILURE() << "class ids up to 9 with model.classes = 5";
+  } catch (const data_error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside model.classes = 5"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TorchScript, WithoutEvalFilesAFractionOfTheTrainingArraysIsHeldOut) {

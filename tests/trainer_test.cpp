@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include "runtime/checkpoint_store.hpp"
 #include "test_util.hpp"
@@ -71,6 +74,84 @@ TEST(Trainer, ResumeIsExact) {
   ASSERT_EQ(restored.size(), 1u);
   EXPECT_EQ(restored[0].at("step"), 8);
   EXPECT_EQ(restored[0].at("source"), "disk");
+}
+
+// data.sample_log: one line per step, the step's global batch as
+// data_order cuts it (micro-batches included), world 1; a resumed run writes
+// a file of its own under a newer number. A directory that cannot be made
+// is one line before anything starts.
+TEST(Trainer, SampleLogRecordsEveryStepsBatch) {
+  temp_dir d;
+  const std::string dir = d.path() + "/samples";
+  auto cfg = tiny_vit_config({"train.max_steps=12", "checkpoint.every_steps=4", "train.micro_batch_size=8", "data.sample_log=" + dir});
+  auto opts = quiet(d.path());
+  opts.stop_at_step = 8;
+  ASSERT_TRUE(run_training(cfg, opts));
+  ASSERT_TRUE(run_training(cfg, quiet(d.path())));
+  auto reference = training_state::create(cfg);
+  ASSERT_TRUE(reference) << reference.message();
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 2u);
+  std::map<int64_t, uint64_t> generation_of;
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      int64_t step = 0;
+      uint64_t gen = 0;
+      int rank = -1, world = 0;
+      std::string indices;
+      fields >> step >> gen >> rank >> world >> indices;
+      EXPECT_EQ(rank, 0) << line;
+      EXPECT_EQ(world, 1) << line;
+      std::string want;
+      for (int64_t i : reference.value()->order().global_batch(step)) want += (want.empty() ? "" : ",") + std::to_string(i);
+      EXPECT_EQ(indices, want) << "step " << step;
+      EXPECT_EQ(generation_of.count(step), 0u) << "step " << step << " twice";
+      generation_of[step] = gen;
+    }
+  }
+  ASSERT_EQ(generation_of.size(), 12u);
+  EXPECT_EQ(generation_of.begin()->first, 0);
+  EXPECT_EQ(generation_of[0], 1u);
+  EXPECT_EQ(generation_of[7], 1u);
+  EXPECT_EQ(generation_of[8], 2u);
+  EXPECT_EQ(generation_of[11], 2u);
+
+  std::ofstream(d.path() + "/a-file") << "x";
+  auto bad = run_training(tiny_vit_config({"data.sample_log=" + d.path() + "/a-file/samples"}), quiet(d.path() + "/other"));
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.message().rfind("data.sample_log: directory '" + d.path() + "/a-file/samples' is not writable", 0), 0u) << bad.message();
+  EXPECT_EQ(bad.message().find('\n'), std::string::npos);
+}
+
+// A checkpoint store a cluster committed to (generation 3) takes dtactor
+// train's checkpoints: they carry the store's newest generation (a
+// generation 0 was refused by the store's fence, the final one included).
+TEST(Trainer, CommitsIntoAStoreAClusterCommittedTo) {
+  temp_dir d;
+  auto opts = quiet(d.path());
+  opts.stop_at_step = 4;
+  ASSERT_TRUE(run_training(tiny_vit_config({"train.max_steps=8", "checkpoint.every_steps=4"}), opts));
+  {
+    auto store = checkpoint_store::open(d.path() + "/checkpoints", checkpoint_policy{});
+    ASSERT_TRUE(store) << store.message();
+    auto meta = store->read_manifest(manifest_name(4));
+    ASSERT_TRUE(meta) << meta.message();
+    meta->set_generation(3);
+    ASSERT_TRUE(store->commit(meta.value()));
+  }
+  auto r = run_training(tiny_vit_config({"train.max_steps=8", "checkpoint.every_steps=4"}), quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  EXPECT_TRUE(r->finished);
+  auto store = checkpoint_store::open(d.path() + "/checkpoints", checkpoint_policy{});
+  ASSERT_TRUE(store);
+  auto last = store->read_manifest(manifest_name(8));
+  ASSERT_TRUE(last) << last.message();
+  EXPECT_EQ(last->generation(), 3u);
 }
 
 TEST(Trainer, CorruptNewestCheckpointIsSkippedAndReported) {

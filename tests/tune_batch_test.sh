@@ -67,4 +67,19 @@ assert sizes[:2] == [16, 32], sizes
 PY
 "$bin" report "$work/run" >/dev/null 2>&1 && grep -q "the largest that fits is \*\*$found\*\*" "$work/run/report.md" &&
   ok "the log book has the search" || bad "the log book has the search"
+
+# The same on sharded data (docs/data.md): the ViT on PNG tar shards; tune-batch
+# probes them, `dtactor train` trains a few steps, `dtactor eval` reads the
+# held-out shards of that run.
+if /usr/bin/python3.11 "$(dirname "$0")/../examples/shards/make_tar_shards.py" --out "$work/shards" --limit 1000 --per-shard 250 2>/dev/null; then
+  shards=(--set model.name=vit --set "data.train_shards=$work/shards/train-*.tar" --set data.shuffle_block_shards=2)
+  "$bin" tune-batch "${shards[@]}" --start 8 --up-to 16 --steps 1 --max-memory 64G --run-dir "$work/tb-shards" >"$work/out" 2>&1 &&
+    grep -q "^largest micro-batch that fits in .* per rank: 16" "$work/out" && ok "tune-batch on tar shards" ||
+    { bad "tune-batch on tar shards"; cat "$work/out"; }
+  "$bin" train "${shards[@]}" --set train.max_steps=5 --set eval.every_steps=0 --run-dir "$work/tr-shards" >"$work/out" 2>&1 &&
+    "$bin" eval "$work/tr-shards" >"$work/eval" 2>&1 && grep -q "^step 5 accuracy=" "$work/eval" && ok "dtactor eval of a run on tar shards" ||
+    { bad "dtactor eval of a run on tar shards"; cat "$work/out" "$work/eval"; }
+else
+  bad "examples/shards/make_tar_shards.py (python3-pil, python3-numpy, dataset-fashion-mnist)"
+fi
 finish

@@ -107,6 +107,12 @@ class task {
   // shard_data and what was parsed from it): the bytes a task holds stay
   // bounded, and the cache may evict what is no longer held.
   virtual void upcoming_shards(const std::vector<int64_t>& shards) { (void)shards; }
+  // Sharded data: before each step, the sample indices this rank's next
+  // step will most likely ask loss_sum for (if the world does not change
+  // meanwhile). A task whose samples cost time to decode (images) may
+  // prepare them on a thread of its own, touching no module and no torch
+  // state; loss_sum must give the same result whether it did or not.
+  virtual void upcoming_samples(const std::vector<int64_t>& indices) { (void)indices; }
 };
 
 // A task of your own, selected by `model.name = "<name>"`.

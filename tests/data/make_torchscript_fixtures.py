@@ -82,6 +82,37 @@ class Bigram(nn.Module):
 np.tile(np.arange(50, dtype=np.uint16), 400).tofile(os.path.join(out, "tokens.bin"))
 np.array([1, 2, 3, 70, 5] * 20, dtype=np.uint16).tofile(os.path.join(out, "tokens_bad.bin"))
 
+# The same classifier data as shards: WebDataset-style tar shards (an .npy
+# input and a .cls class id per sample, as webdataset's ShardWriter writes
+# them) and .npy shard pairs, 256 samples a shard.
+import io
+import tarfile
+
+
+def member(tar, name, payload):
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    tar.addfile(info, io.BytesIO(payload))
+
+
+def npy_bytes(a):
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+
+
+for split, (xs, ys) in {"train": (x, y), "eval": (xe, ye)}.items():
+    os.makedirs(os.path.join(out, "tar"), exist_ok=True)
+    os.makedirs(os.path.join(out, "npyshards"), exist_ok=True)
+    for s in range(len(xs) // 256):
+        rows = range(s * 256, (s + 1) * 256)
+        with tarfile.open(os.path.join(out, "tar", f"{split}-{s:03d}.tar"), "w") as tar:
+            for i in rows:
+                member(tar, f"{i:06d}.npy", npy_bytes(xs[i]))
+                member(tar, f"{i:06d}.cls", str(int(ys[i])).encode())
+        np.save(os.path.join(out, "npyshards", f"{split}-x-{s:03d}.npy"), xs[rows.start:rows.stop])
+        np.save(os.path.join(out, "npyshards", f"{split}-y-{s:03d}.npy"), ys[rows.start:rows.stop])
+
 torch.manual_seed(0)
 torch.jit.script(Bigram()).save(os.path.join(out, "bigram.pt"))
 torch.jit.script(WithBatchNorm()).save(os.path.join(out, "bn.pt"))

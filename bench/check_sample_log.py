@@ -1,0 +1,304 @@
+#!/usr/bin/python3.11
+"""Checks a data.sample_log directory: was every sample trained exactly once?
+
+    check_sample_log.py DIR --samples N --batch B --steps S [--expected FILE]
+
+DIR holds the samples-*.tsv files the training processes appended to, one
+line per step whose update a process applied (docs/data.md, "Auditing the
+order: data.sample_log"):
+
+    step \t generation \t global rank \t world size \t i0,i1,...
+
+For every step t < S the record that counts is the newest generation's
+(after a loss, a join or a resume, a step may have been computed more than
+once: the last computation is the one the model holds). Its lines, one per
+rank of that generation's world, concatenate in rank order to the step's
+global batch: B indices, rank r holding the r-th slice as
+data_order::rank_slice cuts it. Then, over the global positions
+t*B .. t*B + B - 1, each epoch (N positions) holds every index of [0, N)
+exactly once.
+
+A rank's line may be missing only where nothing could have written it: at
+the last step of a generation that a newer one replaced, when its process
+died (or its allreduce failed) after the step's allreduce had completed on
+another rank. A completed allreduce carries every rank's gradient, so that
+slice was trained: its positions count as inferred. With --expected (one
+line per step, "step \t i0,i1,...": data_order::global_batch) the inferred
+slices are taken from it and every line is compared with its exact slice;
+without it, the indices never seen in an epoch must be exactly as many as
+its inferred positions.
+
+Prints one JSON object; exit status 0 when everything holds, 1 when not, 2
+on a usage or I/O error.
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+
+def split_range(total, rank, world):
+    """[begin, end) of rank's part of `total` items (model/data_order.cpp)."""
+    base, extra = divmod(total, world)
+    begin = rank * base + min(rank, extra)
+    return begin, begin + base + (1 if rank < extra else 0)
+
+
+# A position whose sample no line records (a step or a slice in error: the
+# error is reported where it was found).
+UNRECORDED = object()
+
+
+class Report:
+    def __init__(self, max_errors):
+        self.errors = []
+        self.error_count = 0
+        self.max_errors = max_errors
+
+    def error(self, msg):
+        self.error_count += 1
+        if len(self.errors) < self.max_errors:
+            self.errors.append(msg)
+
+
+def parse_indices(text):
+    if text == "":
+        return []
+    return [int(x) for x in text.split(",")]
+
+
+def read_logs(directory, rep):
+    """(records, files, lines, torn): records[(step, gen, rank)] = list of (where, world, indices)."""
+    records = defaultdict(list)
+    files = lines = torn = 0
+    names = sorted(n for n in os.listdir(directory) if n.startswith("samples-") and n.endswith(".tsv"))
+    for name in names:
+        files += 1
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            data = f.read().decode("utf-8", errors="replace")
+        parts = data.split("\n")
+        # The text after the last newline is a line whose write the process
+        # did not finish (it died in it): not a record.
+        if parts[-1] != "":
+            torn += 1
+        for no, line in enumerate(parts[:-1], start=1):
+            where = f"{name}:{no}"
+            fields = line.split("\t")
+            try:
+                if len(fields) != 5:
+                    raise ValueError(f"{len(fields)} fields, not 5")
+                step, gen, rank, world = (int(x) for x in fields[:4])
+                indices = parse_indices(fields[4])
+                if step < 0 or world < 1 or not 0 <= rank < world:
+                    raise ValueError("step, rank or world size out of range")
+            except ValueError as e:
+                rep.error(f"{where}: malformed line ({e}): {line[:120]!r}")
+                continue
+            lines += 1
+            records[(step, gen, rank)].append((where, world, indices))
+    return records, files, lines, torn
+
+
+def read_expected(path):
+    out = {}
+    with open(path) as f:
+        for no, line in enumerate(f, start=1):
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            step, _, idx = line.partition("\t")
+            out[int(step)] = parse_indices(idx)
+    return out
+
+
+def check(directory, n, b, steps, expected=None, max_errors=20):
+    rep = Report(max_errors)
+    records, files, lines, torn = read_logs(directory, rep)
+
+    # Doubled lines: the same (step, generation, rank) written twice.
+    by_step = defaultdict(lambda: defaultdict(dict))  # step -> gen -> rank -> (where, world, indices)
+    doubled = 0
+    for (step, gen, rank), recs in records.items():
+        if len(recs) > 1:
+            doubled += len(recs) - 1
+            rep.error(f"step {step} generation {gen} rank {rank}: {len(recs)} lines ({', '.join(r[0] for r in recs)})")
+        by_step[step][gen][rank] = recs[0]
+
+    gen_last_step = {}
+    gen_world = {}
+    for step, gens in by_step.items():
+        for gen, ranks in gens.items():
+            gen_last_step[gen] = max(gen_last_step.get(gen, -1), step)
+            for rank, (where, world, _) in ranks.items():
+                if gen_world.setdefault(gen, world) != world:
+                    rep.error(f"{where}: generation {gen} has world size {gen_world[gen]} elsewhere, {world} here")
+    newest_gen = max(gen_last_step) if gen_last_step else None
+
+    batches = {}  # step -> B entries: an index, None (inferred, unknown) or UNRECORDED
+    steps_missing = []
+    steps_redone = 0
+    redone_differ = 0
+    inferred_lines = 0
+    inferred_at = []  # (step, generation, rank) of the lines inferred
+    overflow = defaultdict(list)  # epoch -> indices of over-long slices
+    inferred_positions = 0
+    wrong_slices = 0
+    for t in range(steps):
+        gens = by_step.get(t)
+        if not gens:
+            steps_missing.append(t)
+            rep.error(f"step {t}: no process recorded it")
+            continue
+        if len(gens) > 1:
+            steps_redone += 1
+        g = max(gens)
+        ranks = gens[g]
+        world = next(iter(ranks.values()))[1]
+        batch = [UNRECORDED] * b
+        full = {}  # the complete records of this step, by generation (for the redo comparison)
+        for gen, rs in gens.items():
+            w = next(iter(rs.values()))[1]
+            if len(rs) == w and all(len(rs[r][2]) == split_range(b, r, w)[1] - split_range(b, r, w)[0] for r in rs):
+                full[gen] = [i for r in range(w) for i in rs[r][2]]
+        if len(full) > 1:
+            first = next(iter(full.values()))
+            if any(v != first for v in full.values()):
+                redone_differ += 1
+                rep.error(f"step {t}: generations {sorted(full)} trained different batches (the order must not depend on who computes it)")
+        for r in range(world):
+            begin, end = split_range(b, r, world)
+            if r not in ranks:
+                superseded = g != newest_gen and t == gen_last_step[g]
+                if not superseded:
+                    rep.error(f"step {t} generation {g}: rank {r} of {world} recorded nothing"
+                              + ("" if g != newest_gen else " (the newest generation)")
+                              + ("" if t == gen_last_step[g] else f" (generation {g} went on to step {gen_last_step[g]})"))
+                    continue
+                inferred_lines += 1
+                inferred_at.append({"step": t, "generation": g, "rank": r, "world_size": world})
+                inferred_positions += end - begin
+                batch[begin:end] = expected[t][begin:end] if expected is not None and t in expected else [None] * (end - begin)
+                continue
+            where, w, idx = ranks[r]
+            if len(idx) != end - begin:
+                wrong_slices += 1
+                rep.error(f"{where}: step {t} rank {r} of {world} trained {len(idx)} samples, its slice holds {end - begin}")
+                # What it says it trained still counts in the epoch: in its
+                # slice's positions, any beyond them at the slice's end.
+                batch[begin:begin + min(len(idx), end - begin)] = idx[:end - begin]
+                overflow[(t * b + end - 1) // n].extend(idx[end - begin:])
+                continue
+            bad = [i for i in idx if not 0 <= i < n]
+            if bad:
+                rep.error(f"{where}: indices outside [0, {n}): {bad[:5]}")
+            if expected is not None and t in expected and idx != expected[t][begin:end]:
+                wrong_slices += 1
+                rep.error(f"{where}: step {t} rank {r} of {world} trained other samples than data_order's slice")
+            batch[begin:end] = idx
+        known = [i for i in batch if i is not None and i is not UNRECORDED]
+        if len(set(known)) != len(known):
+            rep.error(f"step {t}: an index appears twice in its batch")
+        batches[t] = batch
+    if expected is not None:
+        for t in range(steps):
+            if t not in expected:
+                rep.error(f"--expected has no batch for step {t}")
+                break
+
+    # Epochs: positions p = t*B + j; epoch p // N.
+    epochs = {}
+    total_positions = steps * b
+    for e in range((total_positions + n - 1) // n):
+        lo, hi = e * n, min((e + 1) * n, total_positions)
+        count = defaultdict(int)
+        unknown = 0
+        for p in range(lo, hi):
+            t, j = divmod(p, b)
+            i = batches.get(t, [UNRECORDED] * b)[j]
+            if i is None:
+                unknown += 1
+            elif i is not UNRECORDED:
+                count[i] += 1
+        for i in overflow.get(e, []):
+            count[i] += 1
+        complete = hi - lo == n
+        seen_once = sum(1 for c in count.values() if c == 1)
+        seen_more = sum(1 for c in count.values() if c > 1)
+        seen_0 = n - len(count)
+        ep = {
+            "epoch": e,
+            "positions": hi - lo,
+            "complete": complete,
+            "indices_seen_0": seen_0,
+            "indices_seen_once": seen_once,
+            "indices_seen_more": seen_more,
+            "positions_inferred": unknown,
+        }
+        if seen_more:
+            dup = sorted(i for i, c in count.items() if c > 1)[:5]
+            rep.error(f"epoch {e}: {seen_more} indices trained more than once (e.g. {dup})")
+        # Complete epochs: every index once, those never seen accounted for
+        # by the positions whose lines were lost with their process.
+        if complete and seen_0 != unknown:
+            missing = sorted(set(range(n)) - set(count))[:5]
+            rep.error(f"epoch {e}: {seen_0} indices never trained (e.g. {missing}), "
+                      f"{unknown} positions inferred")
+        epochs[e] = ep
+
+    first = epochs.get(0, {})
+    summary = {
+        "ok": rep.error_count == 0,
+        "samples_in_epoch": n,
+        "global_batch": b,
+        "steps": steps,
+        "files": files,
+        "lines": lines,
+        "torn_lines": torn,
+        "generations": sorted(gen_world),
+        "world_sizes": {str(g): gen_world[g] for g in sorted(gen_world)},
+        "steps_missing": len(steps_missing),
+        "steps_redone": steps_redone,
+        "redone_batches_differ": redone_differ,
+        "doubled_lines": doubled,
+        "wrong_slices": wrong_slices,
+        "rank_lines_inferred": inferred_lines,
+        "rank_lines_inferred_at": inferred_at[:max_errors],
+        "exact_batches_checked": expected is not None,
+        "epoch0_indices_seen_0": first.get("indices_seen_0"),
+        "epoch0_indices_seen_once": first.get("indices_seen_once"),
+        "epoch0_indices_seen_more": first.get("indices_seen_more"),
+        "epoch0_positions_inferred": first.get("positions_inferred"),
+        "epochs": [epochs[e] for e in sorted(epochs)],
+        "error_count": rep.error_count,
+        "errors": rep.errors,
+    }
+    return summary
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", help="the data.sample_log directory")
+    ap.add_argument("--samples", type=int, required=True, help="N: samples in the training set (an epoch)")
+    ap.add_argument("--batch", type=int, required=True, help="B: train.global_batch_size")
+    ap.add_argument("--steps", type=int, required=True, help="S: steps 0..S-1 must all be recorded (train.max_steps of a finished job)")
+    ap.add_argument("--expected", help="data_order's global batches, one line per step: step<TAB>i0,i1,...")
+    ap.add_argument("--max-errors", type=int, default=20)
+    a = ap.parse_args(argv)
+    if a.samples < 1 or a.batch < 1 or a.steps < 0:
+        print("check_sample_log: --samples and --batch must be at least 1, --steps at least 0", file=sys.stderr)
+        return 2
+    try:
+        expected = read_expected(a.expected) if a.expected else None
+        summary = check(a.dir, a.samples, a.batch, a.steps, expected, a.max_errors)
+    except (OSError, ValueError) as e:
+        print(f"check_sample_log: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=1))
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+#pragma once
+// data.sample_log (docs/data.md, "Auditing the order"): a record, from the
+// processes that trained, of which sample indices every completed step
+// trained on, so that exactly-once per epoch can be checked from outside
+// (bench/check_sample_log.py) through kills, joins and resumes.
+//
+// Each training process appends to a file of its own,
+// `<dir>/samples-<who>-<pid>.tsv` (`...-<pid>.<n>.tsv` when an earlier
+// process with that pid left one), one line per step whose optimizer update
+// it applied:
+//
+//   step \t generation \t global rank \t world size \t i0,i1,...\n
+//
+// the indices being those it passed to the task's loss_sum for that step,
+// micro-batches in order. Each line is one write(2) on an O_APPEND
+// descriptor: once append() returns, the line survives the process being
+// killed (not a machine crash: nothing is fsynced). Torch-free.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtactor/result.hpp"
+
+namespace dtactor {
+
+class sample_log {
+ public:
+  // Creates `dir` if needed and opens this process's file in it. `who` names
+  // the process in the file name (a node id and local rank, a host name);
+  // characters other than [A-Za-z0-9._-] become '_'.
+  static result<std::unique_ptr<sample_log>> open(const std::string& dir, const std::string& who);
+  ~sample_log();
+  sample_log(const sample_log&) = delete;
+  sample_log& operator=(const sample_log&) = delete;
+
+  // One line, one write(2). Error: "data.sample_log: cannot append to
+  // '/x/samples-a-r0-123.tsv': No space left on device".
+  status append(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples);
+  const std::string& path() const { return path_; }
+
+  // The line append() writes (tests, the checker's fixtures).
+  static std::string format_line(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples);
+
+ private:
+  sample_log(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+};
+
+// The newest generation any file of `dir` records (0: none, or no such
+// directory). Reads the last whole line of each samples-*.tsv only: a
+// process logs its generations in increasing order. A coordinator (and
+// `dtactor train`) numbers its generations above it, so that a resumed
+// job's records of a step it redoes supersede the earlier run's.
+result<uint64_t> newest_logged_generation(const std::string& dir);
+
+// The startup check of data.sample_log (empty: off, always fine): the
+// directory exists or can be made, and can be written. Error, one line:
+// "data.sample_log: directory '/x' is not writable: Not a directory (set it
+// to a directory this user can write, or leave it empty: no audit log)".
+status check_sample_log_dir(const std::string& dir);
+
+}  // namespace dtactor

@@ -1,0 +1,181 @@
+#!/usr/bin/python3.11
+"""bench/check_sample_log.py on logs written here: a clean history (a loss
+with a lost line, a join, a resume that redoes steps) passes; each kind of
+doctored log (a doubled line, a missing index, a sample trained twice, a
+slice from the wrong step, a missing step, a line missing mid-generation)
+fails, naming what is wrong. Usage: check_sample_log_test.py SOURCE_DIR"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SOURCE = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+CHECKER = os.path.join(SOURCE, "bench", "check_sample_log.py")
+sys.path.insert(0, os.path.join(SOURCE, "bench"))
+import check_sample_log as csl  # noqa: E402
+
+N, B = 50, 8  # 50 samples, 8 a step: epoch 0 ends inside step 6
+STEPS = 13
+
+
+def order(seed=7):
+    """A stand-in for data_order: one permutation per epoch."""
+    out = []
+    for e in range((STEPS * B) // N + 1):
+        p = list(range(N))
+        random.Random(seed * 1000 + e).shuffle(p)
+        out += p
+    return {t: out[t * B:(t + 1) * B] for t in range(STEPS)}
+
+
+def line(step, gen, rank, world, idx):
+    return f"{step}\t{gen}\t{rank}\t{world}\t{','.join(map(str, idx))}\n"
+
+
+def history(batches):
+    """Files (name -> text) of a job: generation 1 at world 2 for steps 0-4,
+    rank 1 killed after step 4's allreduce completed on rank 0 (its line
+    lost); generation 2 at world 1 for 5-6; generation 3 (a join) at world
+    3 for 7-9; everything killed after a checkpoint at step 8; the resumed
+    run, generation 4 at world 2, redoes 8-9 and finishes 10-12."""
+    files = {"samples-a-r0-1.tsv": "", "samples-b-r0-2.tsv": "", "samples-c-r0-3.tsv": "",
+             "samples-a-r0-4.tsv": "", "samples-d-r0-5.tsv": ""}
+
+    def put(name, t, gen, r, w):
+        lo, hi = csl.split_range(B, r, w)
+        files[name] += line(t, gen, r, w, batches[t][lo:hi])
+
+    for t in range(5):
+        put("samples-a-r0-1.tsv", t, 1, 0, 2)
+        if t < 4:
+            put("samples-b-r0-2.tsv", t, 1, 1, 2)
+    for t in (5, 6):
+        put("samples-a-r0-1.tsv", t, 2, 0, 1)
+    for t in (7, 8, 9):
+        put("samples-a-r0-1.tsv", t, 3, 0, 3)
+        put("samples-c-r0-3.tsv", t, 3, 1, 3)
+        put("samples-b-r0-2.tsv", t, 3, 2, 3)
+    files["samples-b-r0-2.tsv"] += "10\t3\t2\t3\t4,5"  # torn: killed in its write
+    for t in range(8, STEPS):
+        put("samples-a-r0-4.tsv", t, 4, 0, 2)
+        put("samples-d-r0-5.tsv", t, 4, 1, 2)
+    return files
+
+
+class CheckSampleLog(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.batches = order()
+        self.files = history(self.batches)
+        self.expected = os.path.join(self.tmp.name, "expected.tsv")
+        with open(self.expected, "w") as f:
+            for t in range(STEPS):
+                f.write(f"{t}\t{','.join(map(str, self.batches[t]))}\n")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_checker(self, files, expected=True):
+        d = tempfile.mkdtemp(dir=self.tmp.name)
+        for name, text in files.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+        args = [sys.executable, CHECKER, d, "--samples", str(N), "--batch", str(B), "--steps", str(STEPS)]
+        if expected:
+            args += ["--expected", self.expected]
+        p = subprocess.run(args, capture_output=True, text=True)
+        self.assertIn(p.returncode, (0, 1), p.stderr)
+        return p.returncode, json.loads(p.stdout)
+
+    def doctored(self, name, edit):
+        files = dict(self.files)
+        files[name] = edit(files[name])
+        return files
+
+    def test_a_clean_history_passes(self):
+        for expected in (True, False):
+            code, s = self.run_checker(self.files, expected)
+            self.assertEqual(code, 0, s)
+            self.assertTrue(s["ok"])
+            self.assertEqual(s["steps_redone"], 2)  # 8 and 9
+            self.assertEqual(s["rank_lines_inferred"], 1)  # step 4, rank 1
+            self.assertEqual(s["torn_lines"], 1)
+            self.assertEqual(s["generations"], [1, 2, 3, 4])
+            self.assertEqual(s["epoch0_indices_seen_once"] + s["epoch0_positions_inferred"], N)
+            self.assertEqual(s["epoch0_indices_seen_more"], 0)
+        code, s = self.run_checker(self.files, True)
+        self.assertEqual(s["epoch0_indices_seen_once"], N)
+
+    def test_a_doubled_line_fails(self):
+        files = self.doctored("samples-a-r0-4.tsv", lambda text: text + text.splitlines(True)[2])
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertEqual(s["doubled_lines"], 1)
+        self.assertTrue(any("2 lines" in e for e in s["errors"]), s["errors"])
+
+    def test_a_missing_index_fails(self):
+        def drop_one(text):
+            lines = text.splitlines(True)
+            step, gen, rank, world, idx = lines[1].rstrip("\n").split("\t")
+            lines[1] = "\t".join([step, gen, rank, world, idx.rsplit(",", 1)[0]]) + "\n"
+            return "".join(lines)
+        for expected in (True, False):
+            code, s = self.run_checker(self.doctored("samples-a-r0-1.tsv", drop_one), expected)
+            self.assertEqual(code, 1)
+            self.assertEqual(s["wrong_slices"], 1, s["errors"])
+            self.assertTrue(any("never trained" in e for e in s["errors"]), s["errors"])
+
+    def test_a_sample_trained_twice_fails(self):
+        # Rank 0's slice of step 2 replaced by step 1's: its samples twice in
+        # the epoch, step 2's never (without --expected too).
+        def reuse(text):
+            lines = text.splitlines(True)
+            lines[2] = lines[1].replace("1\t", "2\t", 1)
+            return "".join(lines)
+        for expected in (True, False):
+            code, s = self.run_checker(self.doctored("samples-a-r0-1.tsv", reuse), expected)
+            self.assertEqual(code, 1)
+            self.assertGreater(s["epoch0_indices_seen_more"], 0)
+            self.assertTrue(any("more than once" in e for e in s["errors"]), s["errors"])
+
+    def test_a_batch_other_than_data_orders_fails(self):
+        # A consistent, exactly-once history, but not data_order's: step 0
+        # and 1 swapped. Only --expected can tell.
+        b = dict(self.batches)
+        b[0], b[1] = b[1], b[0]
+        files = history(b)
+        code, s = self.run_checker(files, expected=False)
+        self.assertEqual(code, 0, s["errors"])
+        code, s = self.run_checker(files, expected=True)
+        self.assertEqual(code, 1)
+        self.assertGreater(s["wrong_slices"], 0)
+
+    def test_a_missing_step_fails(self):
+        files = {k: "".join(l for l in v.splitlines(True) if not l.startswith("12\t")) for k, v in self.files.items()}
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertEqual(s["steps_missing"], 1)
+
+    def test_a_line_missing_mid_generation_fails(self):
+        # Rank 1 of generation 1 skipped step 2 but went on: not a loss.
+        files = self.doctored("samples-b-r0-2.tsv", lambda text: "".join(l for l in text.splitlines(True) if not l.startswith("2\t1\t")))
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertTrue(any("step 2 generation 1: rank 1 of 2 recorded nothing" in e for e in s["errors"]), s["errors"])
+
+    def test_a_redo_with_another_batch_fails(self):
+        # Generation 3's step 8 (redone by 4) trained something else.
+        def change(text):
+            return "".join(l.replace("\t", "\t", 1) if not l.startswith("8\t3\t") else line(8, 3, 0, 3, self.batches[9][:3])
+                           for l in text.splitlines(True))
+        code, s = self.run_checker(self.doctored("samples-a-r0-1.tsv", change))
+        self.assertEqual(code, 1)
+        self.assertEqual(s["redone_batches_differ"], 1, s["errors"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
