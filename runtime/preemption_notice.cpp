@@ -133,11 +133,20 @@ std::optional<preemption_notice> parse_gcp_preempted(const std::string& body, do
   return n;
 }
 
+namespace {
+// A string member, or "" when it is missing or of another type (json::value
+// would throw on a number where a string is expected).
+std::string string_member(const nlohmann::json& o, const char* key) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+}  // namespace
+
 std::optional<preemption_notice> parse_azure_events(const std::string& body, const std::string& vm_name, double now) {
   auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("Events") || !j["Events"].is_array()) return std::nullopt;
   for (const auto& e : j["Events"]) {
-    if (!e.is_object() || e.value("EventType", "") != "Preempt") continue;
+    if (!e.is_object() || string_member(e, "EventType") != "Preempt") continue;
     if (!vm_name.empty() && e.contains("Resources") && e["Resources"].is_array()) {
       bool ours = false;
       for (const auto& r : e["Resources"])
@@ -147,8 +156,8 @@ std::optional<preemption_notice> parse_azure_events(const std::string& body, con
     preemption_notice n;
     n.cloud = cloud_kind::azure;
     n.noticed_unix_s = now;
-    n.announced = e.value("NotBefore", "");
-    n.detail = e.value("EventId", "");
+    n.announced = string_member(e, "NotBefore");
+    n.detail = string_member(e, "EventId");
     auto t = parse_utc_time(n.announced);
     // Azure documents at least 30 s for Preempt; NotBefore is empty once started.
     n.announced_unix_s = t ? *t : now + 30;

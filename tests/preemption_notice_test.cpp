@@ -51,6 +51,12 @@ TEST(PreemptionNotice, AzureScheduledEvents) {
   const std::string reboot =
       R"({"DocumentIncarnation": 2, "Events": [{"EventId": "x", "EventType": "Reboot", "Resources": ["vm-b"], "NotBefore": "Wed, 25 Nov 2026 08:30:00 GMT"}]})";
   EXPECT_FALSE(parse_azure_events(reboot, "vm-b", 0));
+  // Found by fuzzing: members of another type than documented are no event, never an exception.
+  EXPECT_FALSE(parse_azure_events(R"({"Events": [{"EventId": "x", "EventType": 1}]})", "", 0));
+  auto odd = parse_azure_events(R"({"Events": [{"EventId": 7, "EventType": "Preempt", "NotBefore": []}]})", "", 5.0);
+  ASSERT_TRUE(odd);
+  EXPECT_EQ(odd->detail, "");
+  EXPECT_DOUBLE_EQ(odd->announced_unix_s, 35.0);
   const std::string preempt =
       R"({"DocumentIncarnation": 2, "Events": [{"EventId": "e1", "EventType": "Preempt", "Resources": ["vm-a"], "NotBefore": "Wed, 25 Nov 2026 08:30:00 GMT"}]})";
   EXPECT_FALSE(parse_azure_events(preempt, "vm-b", 0)) << "another VM's event";
