@@ -31,7 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from data_shards import ACCESS, SECRET, curl_put, free_port, journal, make_vit_shards  # noqa: E402
+from data_shards import ACCESS, SECRET, free_port, journal, make_vit_shards, shards_to_s3  # noqa: E402
 
 
 def wait_for(rd, pred, procs, timeout=600):
@@ -120,18 +120,8 @@ def main():
         subprocess.run([args.dtactor, "data", "index", specs["dir"]], check=True, stdout=subprocess.DEVNULL)
         specs["local"] = specs.pop("dir")
         if "s3" in modes:
-            rgw_dir = os.path.join(work, "ceph")
-            port = free_port()
-            env = dict(os.environ, RGW_PORT=str(port), MON_PORT=str(free_port()), S3_ACCESS_KEY=ACCESS, S3_SECRET_KEY=SECRET)
-            subprocess.run(["bash", os.path.join(ROOT, "scripts", "rgw", "start-rgw.sh"), rgw_dir], env=env, check=True,
-                           stdout=subprocess.DEVNULL)
-            endpoint = "http://127.0.0.1:%d" % port
-            curl_put(endpoint, "/bench")
-            for n in names:
-                curl_put(endpoint, "/bench/imgs/" + n, os.path.join(work, "shards", n))
             specs["s3"] = "s3://bench/imgs/train-*.tar"
-            subprocess.run([args.dtactor, "data", "index", specs["s3"], "--s3-endpoint", endpoint], check=True,
-                           env=dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET), stdout=subprocess.DEVNULL)
+            rgw_dir, endpoint = shards_to_s3(args.dtactor, work, names, "/bench/imgs/", specs["s3"])
         runs = []
         for rep in range(args.repeats):
             for m in modes[rep % len(modes):] + modes[:rep % len(modes)]:

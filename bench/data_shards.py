@@ -164,6 +164,24 @@ def run_once(args, mode, work, spec, endpoint):
     return finish_run(args, start_run(args, mode, work, spec, endpoint))
 
 
+def shards_to_s3(dtactor, work, names, prefix, pattern):
+    """Starts radosgw under work/ceph, puts work/shards/<names> under
+    /bench<prefix>, and indexes them (digests, tar shards' sample counts).
+    Returns (rgw_dir, endpoint); stop it with scripts/rgw/stop-rgw.sh."""
+    rgw_dir = os.path.join(work, "ceph")
+    port = free_port()
+    env = dict(os.environ, RGW_PORT=str(port), MON_PORT=str(free_port()), S3_ACCESS_KEY=ACCESS, S3_SECRET_KEY=SECRET)
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "rgw", "start-rgw.sh"), rgw_dir], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    endpoint = "http://127.0.0.1:%d" % port
+    curl_put(endpoint, "/bench")
+    for n in names:
+        curl_put(endpoint, prefix + n, os.path.join(work, "shards", n))
+    subprocess.run([dtactor, "data", "index", pattern, "--s3-endpoint", endpoint], check=True,
+                   env=dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET), stdout=subprocess.DEVNULL)
+    return rgw_dir, endpoint
+
+
 def setup_of(args):
     if args.model == "vit":
         return {"model": "built-in ViT, its defaults (dim 64, 4 layers, global batch 128), Fashion-MNIST",
@@ -225,19 +243,8 @@ def main():
             names, specs = make_gpt_shards(args, work)
             prefix, pattern = "/bench/corpus/", "s3://bench/corpus/train-*.bin"
         if "s3" in modes:
-            rgw_dir = os.path.join(work, "ceph")
-            port = free_port()
-            env = dict(os.environ, RGW_PORT=str(port), MON_PORT=str(free_port()), S3_ACCESS_KEY=ACCESS, S3_SECRET_KEY=SECRET)
-            subprocess.run(["bash", os.path.join(ROOT, "scripts", "rgw", "start-rgw.sh"), rgw_dir], env=env, check=True,
-                           stdout=subprocess.DEVNULL)
-            endpoint = "http://127.0.0.1:%d" % port
-            curl_put(endpoint, "/bench")
-            for n in names:
-                curl_put(endpoint, prefix + n, os.path.join(work, "shards", n))
+            rgw_dir, endpoint = shards_to_s3(args.dtactor, work, names, prefix, pattern)
             specs["s3"] = pattern
-            # The index, so that fetched shards are verified by digest (and tar shards' samples are known).
-            subprocess.run([args.dtactor, "data", "index", specs["s3"], "--s3-endpoint", endpoint], check=True,
-                           env=dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET), stdout=subprocess.DEVNULL)
         subprocess.run([args.dtactor, "data", "index", specs["dir"]], check=True, stdout=subprocess.DEVNULL)
         runs = []
         if args.pair:
