@@ -267,6 +267,20 @@ std::vector<state_tensor> flat_adamw::state_tensors() const {
   return out;
 }
 
+std::vector<torch::Tensor> flat_adamw::flat_params() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups_) out.push_back(g.params);
+  return out;
+}
+
+std::vector<torch::Tensor> flat_adamw::flat_grads() {
+  TORCH_CHECK(!grads_sharded_, "flat_grads: the gradients are sharded (train.zero = 2)");
+  gather_grads();  // every parameter's grad is a view of its group's buffer
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups_) out.push_back(g.grads);
+  return out;
+}
+
 int64_t flat_adamw::total_elements() const {
   int64_t n = 0;
   for (const auto& g : groups_) n += g.params.numel();

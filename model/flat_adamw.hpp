@@ -118,6 +118,10 @@ class flat_adamw {
   std::pair<torch::Tensor, torch::Tensor> moments(int64_t begin, int64_t end, bool retired = false);
   void drop_retired();
 
+  // Each group's flat parameters and flat gradients (not sharded: ZeRO-2's
+  // gradients are windows), live: DiLoCo's outer step works on them.
+  std::vector<torch::Tensor> flat_params() const;
+  std::vector<torch::Tensor> flat_grads();
 
  private:
   struct slot {

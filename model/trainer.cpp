@@ -86,6 +86,14 @@ training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg
   schedule_.max_steps = cfg.get_int("train.max_steps");
   micro_batch_ = cfg.get_int("train.micro_batch_size");
   bf16_ = cfg.get_bool("train.bf16");
+  if (cfg.get_string("train.sync") == "diloco") {
+    outer_options oo;
+    oo.lr = cfg.get_double("train.outer_lr");
+    oo.momentum = cfg.get_double("train.outer_momentum");
+    oo.every = cfg.get_int("train.sync_every");
+    oo.max_steps = cfg.get_int("train.max_steps");
+    outer_ = std::make_unique<outer_optimizer>(*optimizer_, oo);
+  }
 }
 
 result<std::unique_ptr<training_state>> training_state::create(const config& cfg) {
@@ -106,10 +114,10 @@ result<std::unique_ptr<training_state>> training_state::create(const config& cfg
   return std::unique_ptr<training_state>(new training_state(cfg, std::move(t.value())));
 }
 
-double training_state::forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank, grad_sync* sync) {
+double training_state::forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank, grad_sync* sync, double divisor) {
   // Dropout masks are a pure function of (seed, step, rank): resuming needs no RNG state.
   torch::manual_seed(step_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")), step, rank));
-  const double scale = 1.0 / static_cast<double>(order_->global_batch_size());
+  const double scale = 1.0 / (divisor > 0 ? divisor : static_cast<double>(order_->global_batch_size()));
   // Sharded data: what this step and the next ones read, for read-ahead.
   if (order_->sharded()) task_->upcoming_shards(order_->shards_from(step * order_->global_batch_size(), read_ahead_shards_));
   const size_t chunk = micro_batch_ > 0 ? static_cast<size_t>(micro_batch_) : std::max<size_t>(1, samples.size());
@@ -171,7 +179,49 @@ double training_state::train_step() {
   if (order_->sharded()) task_->upcoming_samples(order_->global_batch(step_ + 1));
   const double loss = forward_backward(samples, step_) / static_cast<double>(samples.size());
   apply_update();
+  if (outer_ && outer_->due(step_)) {
+    // DiLoCo with one worker: its pseudo-gradient is the sum.
+    outer_->pseudo_gradients();
+    outer_->apply(1, step_);
+  }
   return loss;
+}
+
+result<training_state::dp_step> training_state::inner_step(int rank, int world) {
+  dp_step r;
+  auto samples = order_->rank_slice(step_, rank, world);
+  if (order_->sharded()) task_->upcoming_samples(order_->rank_slice(step_ + 1, rank, world));
+  r.samples = static_cast<int64_t>(samples.size());
+  const auto t0 = clock_type::now();
+  r.loss_sum = forward_backward(samples, step_, rank, nullptr, static_cast<double>(std::max<size_t>(1, samples.size())));
+  r.compute_s = seconds_since(t0);
+  const auto t1 = clock_type::now();
+  r.grad_norm = apply_update();
+  r.update_s = seconds_since(t1);
+  return r;
+}
+
+result<training_state::outer_step_result> training_state::outer_step(grad_sync& sync) {
+  outer_step_result r;
+  r.inner_steps = step_ - outer_->anchor();
+  r.payload_bytes = outer_->payload_bytes();
+  optimizer_->zero_grad();
+  outer_->pseudo_gradients();
+  auto synced = sync.finish();
+  if (!synced) {
+    optimizer_->zero_grad();
+    return synced.err();
+  }
+  r.exchange_s = synced->allreduce_s;
+  r.exposed_s = synced->exposed_s;
+  const auto t0 = clock_type::now();
+  r.pseudo_grad_norm = outer_->apply(sync.world(), step_);
+  r.update_s = seconds_since(t0);
+  return r;
+}
+
+void training_state::skip_to(int64_t step) {
+  if (step > step_) step_ = step;
 }
 
 void training_state::zero_grad() {
@@ -291,6 +341,8 @@ std::vector<state_tensor> training_state::state_tensors() {
   for (auto& kv : module->named_parameters()) out.push_back(state_tensor::whole("model/" + kv.key(), kv.value().detach()));
   for (auto& kv : module->named_buffers()) out.push_back(state_tensor::whole("buffer/" + kv.key(), kv.value().detach()));
   for (auto& st : optimizer_->state_tensors()) out.push_back(std::move(st));
+  if (outer_)
+    for (auto& st : outer_->state_tensors()) out.push_back(std::move(st));
   optim_steps_ = torch::tensor({optimizer_->steps_taken()}, torch::kInt64);
   out.push_back(state_tensor::whole("optim/steps", optim_steps_));
   // The generator is re-seeded from (seed, step, rank) before every step, so

@@ -23,6 +23,7 @@
 #include "dtactor/result.hpp"
 #include "dtactor/task.hpp"
 #include "model/data_order.hpp"
+#include "model/diloco.hpp"
 #include "model/flat_adamw.hpp"
 #include "model/schedule.hpp"
 #include "runtime/job_config.hpp"
@@ -44,7 +45,9 @@ class training_state {
   // `sync`, it is armed right before the last micro-batch's backward, so that
   // gradient buckets are allreduced while that backward runs (the caller
   // still calls sync->finish()).
-  double forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank = 0, grad_sync* sync = nullptr);
+  // `divisor` > 0 divides the loss sum by it instead of the global batch
+  // (DiLoCo's inner steps: the mean over this worker's own samples).
+  double forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank = 0, grad_sync* sync = nullptr, double divisor = 0);
   // Clips, sets the scheduled learning rate, steps AdamW, zeroes gradients,
   // and advances step(). Returns the gradient norm before clipping.
   // With `global_norm` (ZeRO-2: the norm of gradients sharded across the
@@ -89,6 +92,28 @@ class training_state {
   // collective); when it fails, nothing was updated.
   result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {},
                                 const std::function<result<double>()>& norm = {});
+  // train.sync = diloco (model/diloco.hpp): one inner step of this worker,
+  // `rank` of `world`: its data_order::rank_slice of the step's global
+  // batch, the gradient of its own mean loss, clipped by its own norm, its
+  // own AdamW. No collective.
+  result<dp_step> inner_step(int rank, int world);
+  // The outer step at a boundary (outer().due(step())): every worker's
+  // pseudo-gradient summed through `sync` (its control words too), then the
+  // Nesterov step; every worker then holds the same parameters. On error
+  // nothing changed (the next generation redoes the boundary).
+  struct outer_step_result {
+    double pseudo_grad_norm = 0;  // of the workers' average
+    double exchange_s = 0, exposed_s = 0, update_s = 0;
+    int64_t payload_bytes = 0;  // this worker's pseudo-gradient as handed to the exchange (fp32)
+    int64_t inner_steps = 0;    // steps of the window it closes
+  };
+  result<outer_step_result> outer_step(grad_sync& sync);
+  bool diloco() const { return outer_ != nullptr; }
+  outer_optimizer& outer() { return *outer_; }
+  // DiLoCo: move to `step` without training (a worker behind its peers
+  // after a new generation skips the steps they already took).
+  void skip_to(int64_t step);
+
   // A `gather` failed since the last clear: parameters outside this rank's
   // shards may be a mix of two steps (rank/zero repairs them).
   bool params_mixed() const { return params_mixed_; }
@@ -158,6 +183,7 @@ class training_state {
   std::unique_ptr<task> task_;
   std::unique_ptr<flat_adamw> optimizer_;
   std::unique_ptr<data_order> order_;
+  std::unique_ptr<outer_optimizer> outer_;  // train.sync = diloco
   lr_schedule schedule_;
   int64_t step_ = 0;
   torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()

@@ -274,6 +274,9 @@ struct rank_worker::generation_run {
   double transfer_s = 0;
   uint64_t reshard_bytes = 0;                                  // optimizer shards and parameters moved (train.zero >= 1)
   ev::optimizer_source optimizer = ev::optimizer_source::own;  // where its optimizer shards came from
+  // train.sync = diloco: steps this rank skipped to meet the furthest peer,
+  // and the window's steps already taken (since the anchor) when it began.
+  int64_t skipped_steps = 0, window_steps = 0;
 };
 
 void rank_worker::report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail) {
@@ -420,7 +423,11 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   // Sharded from the first generation on (a fresh rank holds all of it), so
   // that every rank's stream has the same replicated part.
   if (impl_->cfg->get_int("train.zero") >= 1 && !state.optimizer().sharded()) state.shard_optimizer({{0, state.optimizer().total_elements()}});
-  if (g.rank == 0 && g.plan.checkpoint_step() > state.step()) {
+  // DiLoCo: what a rank holds is its anchor (the last boundary it
+  // synchronised at); its steps since are its own window's.
+  const bool diloco = state.diloco();
+  auto held_of = [&] { return diloco ? state.outer().anchor() : state.step(); };
+  if (g.rank == 0 && g.plan.checkpoint_step() > held_of()) {
     // Nobody alive holds state: the newest committed checkpoint, read from
     // the store by this rank itself.
     const std::string name = manifest_name(g.plan.checkpoint_step());
@@ -456,7 +463,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   }
   const int64_t held_step = state.step();  // what this rank holds before any transfer
   if (g.pg) {
-    const auto words = agreement_words(state.step(), g.rank);
+    const auto words = agreement_words(held_of(), g.rank);
     std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
     c10d::AllreduceOptions mx;
     mx.reduceOp = c10d::ReduceOp::MAX;
@@ -465,10 +472,32 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     const auto a = read_agreement(t[0][0].item<int64_t>(), t[0][1].item<int64_t>());
     g.root = a.root;
     if (!a.everyone_holds_it()) {
+      // DiLoCo: a rank holding the agreed anchor keeps its window's own
+      // progress (parameters, buffers, inner moments, step) through the
+      // transfer; the others start their window over from the anchor.
+      const bool keep_window = diloco && held_of() == a.max_step;
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (live, copy)
+      const int64_t own_step = state.step(), own_inner_steps = state.optimizer().steps_taken();
+      if (keep_window) {
+        torch::NoGradGuard no_grad;
+        for (auto& st : state.state_tensors())
+          if (st.name.rfind("outer/", 0) != 0) kept.emplace_back(st.t, st.t.clone());
+      }
       // In place, in chunks, over the data plane (bounded extra memory).
       int64_t from_disk = g.source == ev::state_source::disk ? 1 : 0;
       auto sent = broadcast_state(*g.pg, g.root, state, g.timeout, g.abandon_now, from_disk);
       if (!sent) return failed(g, sent.message(), state.step());
+      if (diloco) {
+        torch::NoGradGuard no_grad;
+        if (keep_window) {
+          for (auto& [live, copy] : kept) live.copy_(copy);
+          state.state_loaded(own_step);
+          state.optimizer().set_steps_taken(own_inner_steps);
+        } else {
+          state.outer().reset_to_global();
+          state.state_loaded(state.outer().anchor());
+        }
+      }
       if (g.rank != g.root) {
         // The generation's state came from the store when its root loaded
         // it from there (every rank says so: one story in the journal).
@@ -480,6 +509,20 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   }
   if (impl_->cfg->get_int("train.zero") >= 1)
     if (auto ended = shard_state(g, held_step == state.step())) return ended;
+  if (diloco && g.pg) {
+    // The workers go on from the furthest step any of them reached in the
+    // window (no one's inner steps are undone); one behind skips the steps
+    // its peers took (their samples are its share no longer).
+    std::vector<torch::Tensor> t{torch::tensor({state.step()}, torch::kInt64)};
+    c10d::AllreduceOptions mx;
+    mx.reduceOp = c10d::ReduceOp::MAX;
+    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's step"); !st)
+      return failed(g, st.message(), state.step());
+    const int64_t furthest = t[0][0].item<int64_t>();
+    g.skipped_steps = furthest - state.step();
+    g.window_steps = furthest - state.outer().anchor();
+    state.skip_to(furthest);
+  }
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
   return std::nullopt;
 }
@@ -659,6 +702,12 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
     // shards it is the primary of (state_io's write_ranges).
     const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
     j.ranges = write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases());
+  } else if (state.diloco()) {
+    // DiLoCo: at a boundary the parameters and the outer state are the
+    // same everywhere, but each worker's inner moments are its own; a
+    // checkpoint is one worker's whole state (global rank 0's), not a mix.
+    // The others store an empty part at the stream's end.
+    j.ranges = {g.rank == 0 ? std::make_pair(uint64_t{0}, layout.bytes) : std::make_pair(layout.bytes, layout.bytes)};
   }
   if (g.rank == 0) {
     auto meta = state.checkpoint_meta(eval_at_step, g.gen);
@@ -763,14 +812,24 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   pb::step_report acc;  // sums since the last report
   bool first = true;    // the first step of a generation is reported at once (recovery timing)
   int64_t last_ckpt = -1;
-  if (state.step() >= cadence.max_steps && g.rank == 0) {
+  // train.sync = diloco: inner steps without a collective; at each boundary
+  // the outer step (its exchange carries the step control), and only there
+  // what needs every rank to hold the same parameters (buffers, digests,
+  // evaluation, checkpoints, stop, switch).
+  const bool diloco = state.diloco();
+  auto outer_pending = [&] { return diloco && state.outer().due(state.step()); };
+  if (state.step() >= cadence.max_steps && !outer_pending() && g.rank == 0) {
     // The job's last step is done but this generation started after it
     // (the old rank 0 may have died before its final evaluation and
     // checkpoint reached the coordinator): the new rank 0 sends both.
     send_eval(g, eval_at_step);
   }
-  if (state.step() >= cadence.max_steps) write_checkpoint(g, eval_at_step);
-  while (state.step() < cadence.max_steps) {
+  if (state.step() >= cadence.max_steps && !outer_pending()) write_checkpoint(g, eval_at_step);
+  if (diloco && (g.skipped_steps > 0 || g.window_steps > 0))
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo window goes on at step %lld, %lld step(s) after its anchor (this rank skipped %lld)\n",
+                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<long long>(g.window_steps),
+                 static_cast<long long>(g.skipped_steps));
+  while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
     const auto t0 = clock_type::now();
@@ -786,15 +845,40 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     mine.final_checkpoint = mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
     sync.set_control(mine);
     const int64_t attempted = state.step();
-    im.attempt = {attempted, g.gen, g.rank, g.world};
-    auto r = state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
-    // Applied (with ZeRO, to this rank's shards even when the all-gather
-    // after it failed): the step is in the audit log before anything else.
-    if (state.step() > attempted)
-      if (auto st = log_samples(attempted, g.gen, g.rank, g.world); !st) return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
-    if (!r) return failed(g, r.message(), state.step());
+    const int64_t window_start = diloco ? state.outer().anchor() : attempted;
+    result<training_state::dp_step> r = training_state::dp_step{};
+    if (!outer_pending()) {
+      im.attempt = {attempted, g.gen, g.rank, g.world};
+      r = diloco ? state.inner_step(g.rank, g.world) : state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
+      // Applied (with ZeRO, to this rank's shards even when the all-gather
+      // after it failed): the step is in the audit log before anything else.
+      if (state.step() > attempted)
+        if (auto st = log_samples(attempted, g.gen, g.rank, g.world); !st)
+          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+      if (!r) return failed(g, r.message(), state.step());
+    }
+    // Every rank holds the same parameters after this step.
+    bool boundary = !diloco;
+    if (outer_pending()) {
+      auto o = state.outer_step(sync);
+      if (!o) return failed(g, o.message(), state.step());
+      boundary = true;
+      r->allreduce_s += o->exchange_s;
+      r->exposed_s += o->exposed_s;
+      acc.set_outer_steps(acc.outer_steps() + 1);
+      acc.set_outer_payload_bytes(acc.outer_payload_bytes() + static_cast<uint64_t>(o->payload_bytes));
+      acc.set_outer_exchange_s(acc.outer_exchange_s() + o->exchange_s);
+      acc.set_pseudo_grad_norm(o->pseudo_grad_norm);
+      acc.set_outer_inner_steps(static_cast<uint64_t>(o->inner_steps));
+    }
     const int64_t step = state.step();
-    if (!moving_buffers.empty()) {
+    // DiLoCo: what falls due in the window runs at its boundary.
+    auto due = [&](int64_t every) {
+      if (!diloco) return cadence.due(every, step);
+      if (step >= cadence.max_steps) return true;
+      return every > 0 && step / every > window_start / every;
+    };
+    if (boundary && !moving_buffers.empty()) {
       c10d::BroadcastOptions bo;
       bo.rootRank = 0;
       torch::NoGradGuard no_grad;
@@ -807,8 +891,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     acc.set_samples(acc.samples() + r->samples);
     acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
     acc.set_allreduce_exposed_s(acc.allreduce_exposed_s() + r->exposed_s);
-    acc.set_steps_covered(acc.steps_covered() + 1);
-    if (cadence.digest_due(step)) {
+    if (step > attempted) acc.set_steps_covered(acc.steps_covered() + 1);
+    if (boundary && due(cadence.digest_every)) {
       const std::string digest = state.params_digest();
       acc.set_params_digest(digest);
       if (g.pg) {
@@ -819,7 +903,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       }
     }
     acc.set_step_s(acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
-    if (first || cadence.report_due(step)) {
+    if (first || cadence.report_due(step) || (boundary && diloco)) {
       acc.set_step(step);
       acc.set_global_rank(g.rank);
       acc.set_world_size(g.world);
@@ -843,32 +927,33 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       // between steps (zero=0/1: a second copy of every gradient; zero=2:
       // none, its buffers live only while a step's buckets are in flight).
       acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes() + sync.buffer_bytes()));
-      acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes()));
+      acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes() + (diloco ? state.outer().state_bytes() : 0)));
       if (cb_.on_step) cb_.on_step(g.gen, acc);
       acc.Clear();
       first = false;
-    }
-
-    eval_at_step.clear();
-    // Every rank evaluates (their parameters are identical, so are the
-    // results): a rank left waiting in the next collective while rank 0
-    // evaluated alone would hit the collective timeout on a long
-    // evaluation. Rank 0 reports.
-    if (cadence.eval_due(step) && step < cadence.max_steps) {
-      const double took = send_eval(g, eval_at_step);
-      if (auto ended = meet_after_eval(g, took)) return *ended;
-    } else if (cadence.eval_due(step)) {
-      send_eval(g, eval_at_step);  // the last step: nothing collective follows but the digests' comparison, already done
-    }
-    if (cadence.checkpoint_due(step)) {
-      write_checkpoint(g, eval_at_step);
-      last_ckpt = step;
     }
 
     if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected) {
       im.injected = true;
       inject_fault();
     }
+    if (!boundary) continue;
+    eval_at_step.clear();
+    // Every rank evaluates (their parameters are identical, so are the
+    // results): a rank left waiting in the next collective while rank 0
+    // evaluated alone would hit the collective timeout on a long
+    // evaluation. Rank 0 reports.
+    if (due(cadence.eval_every) && step < cadence.max_steps) {
+      const double took = send_eval(g, eval_at_step);
+      if (auto ended = meet_after_eval(g, took)) return *ended;
+    } else if (due(cadence.eval_every)) {
+      send_eval(g, eval_at_step);  // the last step: nothing collective follows but the digests' comparison, already done
+    }
+    if (due(cadence.checkpoint_every)) {
+      write_checkpoint(g, eval_at_step);
+      last_ckpt = step;
+    }
+
     const step_control& agreed = sync.control();
     if (agreed.stop_agreed()) {
       if (agreed.final_checkpoint_wanted() && last_ckpt != step) write_checkpoint(g, eval_at_step);

@@ -29,6 +29,10 @@ status validate_training_config(const config& cfg) {
   if (cfg.get_int("train.zero") > 2)
     return make_error("train.zero = " + std::to_string(cfg.get_int("train.zero")) +
                       " is not a ZeRO stage dtactor has: 0 (every rank holds the whole state), 1 (sharded optimizer state) or 2 (sharded optimizer state and gradients)");
+  if (cfg.get_string("train.sync") == "diloco" && cfg.get_int("train.zero") > 0)
+    return make_error("train.sync = diloco keeps every worker's own optimizer state whole; it does not combine with train.zero = " +
+                      std::to_string(cfg.get_int("train.zero")) + " (use train.zero = 0)");
+  if (cfg.get_double("train.outer_momentum") >= 1.0) return make_error("train.outer_momentum must be below 1");
   return {};
 }
 
