@@ -183,7 +183,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
         auto& st = self->state;
         if (p.generation > st.generation) {
           st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain, self->clock().now(),
-                                         st.last_step);
+                                         st.last_step, st.generation == 0 ? 0 : std::max(0, st.world_size - p.world_size));
           st.drained_from = p.drain ? st.generation : 0;
           st.generation = p.generation;
           st.world_size = p.world_size;

@@ -33,8 +33,9 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   return out;
 }
 
-recovery_record begin_generation(uint64_t generation, bool first, plan_cause cause, bool drain, clock_time now, int64_t steps_before) {
+recovery_record begin_generation(uint64_t generation, bool first, plan_cause cause, bool drain, clock_time now, int64_t steps_before, int lost_workers) {
   recovery_record rec;
+  rec.lost_workers = lost_workers;
   rec.generation = generation;
   rec.cause = first && cause != plan_cause::restart && cause != plan_cause::adopted ? plan_cause::start : cause;
   rec.drain = drain;
@@ -50,6 +51,8 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
     if (!rec.optimizer || static_cast<int>(os) > static_cast<int>(*rec.optimizer)) rec.optimizer = os;
     rec.reshard_bytes += s.reshard_bytes();
   }
+  if (s.has_window_steps())
+    rec.window_steps = std::max(rec.window_steps.value_or(0), s.window_steps());
   ev::state_source src = ev::state_source::local;
   if (!ev::from_string(s.state_source(), src) || (src != ev::state_source::peer && src != ev::state_source::disk) || rec.restored_logged)
     return std::nullopt;
@@ -83,6 +86,9 @@ std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64
   d.duration_s = std::chrono::duration<double>(now - rec.planned).count();
   d.optimizer = rec.optimizer;
   if (rec.optimizer) d.reshard_bytes = rec.reshard_bytes;
+  // DiLoCo: a lost worker's inner steps since the anchor went with it (the
+  // survivors' window position stands for its own).
+  if (rec.window_steps) d.lost_inner_steps = *rec.window_steps * rec.lost_workers;
   return d;
 }
 

@@ -52,13 +52,15 @@ struct recovery_record {
   bool restored_logged = false;
   std::optional<ev::optimizer_source> optimizer;  // train.zero >= 1: the furthest source a rank reported
   uint64_t reshard_bytes = 0;
+  int lost_workers = 0;                // ranks the world shrank by (a loss)
+  std::optional<int64_t> window_steps;  // train.sync = diloco: the furthest window position a rank reported
   bool done = false;
 };
 
 // The record for a new generation. `first` = no generation before it in
 // this coordinator's life (then the cause is "start" unless it is a
 // restart of a running job).
-recovery_record begin_generation(uint64_t generation, bool first, plan_cause cause, bool drain, clock_time now, int64_t steps_before);
+recovery_record begin_generation(uint64_t generation, bool first, plan_cause cause, bool drain, clock_time now, int64_t steps_before, int lost_workers = 0);
 
 // A rank of the record's generation reported READY. Returns the one
 // `checkpoint_restored` event of the generation, at the first rank that

@@ -333,10 +333,16 @@ struct recovery_done {
   // and parameters the ranks moved in the reshard.
   std::optional<optimizer_source> optimizer;
   std::optional<uint64_t> reshard_bytes;
+  // train.sync = diloco: the inner steps the lost workers had taken since
+  // the last synchronisation, gone with them (the survivors' window
+  // position times the ranks the world shrank by); the survivors keep
+  // theirs, so lost_steps stays 0.
+  std::optional<int64_t> lost_inner_steps;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("resumed_step", s.resumed_step),
-        f("lost_steps", s.lost_steps), f("duration_s", s.duration_s), f("optimizer_source", s.optimizer), f("reshard_bytes", s.reshard_bytes);
+        f("lost_steps", s.lost_steps), f("duration_s", s.duration_s), f("optimizer_source", s.optimizer), f("reshard_bytes", s.reshard_bytes),
+        f("lost_inner_steps", s.lost_inner_steps);
   }
 };
 

@@ -767,6 +767,13 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
                    std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
                    " holder(s) a shard, " + std::to_string(g.reshard_bytes) + " bytes moved";
     }
+    if (state.diloco() && g.world > 1) {
+      // The same transport carries the pseudo-gradients, once a window.
+      const auto at = transport.find("gradients");
+      if (at != std::string::npos) transport.replace(at, 9, "pseudo-gradients");
+      transport = "DiLoCo (train.sync_every=" + std::to_string(cfg.get_int("train.sync_every")) + "): " + transport + ", window at step " +
+                  std::to_string(state.step()) + " of anchor " + std::to_string(state.outer().anchor());
+    }
     if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
     ready.set_state_source(ev::to_string(g.source));
@@ -778,6 +785,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       ready.set_reshard_bytes(g.reshard_bytes);
     }
     ready.set_state_transfer_s(g.transfer_s);
+    if (state.diloco()) {
+      ready.set_window_steps(g.window_steps);
+      ready.set_skipped_steps(g.skipped_steps);
+    }
     if (cb_.on_status) cb_.on_status(g.gen, std::move(ready));
   }
 

@@ -903,3 +903,69 @@ TEST(Chaos, CoordinatorSigtermStopsWithAFinalCheckpoint) {
 
 }  // namespace
 }  // namespace dtactor
+
+namespace dtactor {
+namespace {
+
+// train.sync = diloco, one window of 200 steps: node c is killed (kill -9)
+// right after step 50, inside the window. The survivors keep their own
+// inner steps of that window (none is undone: they go on from where they
+// were, not from the anchor at 0), synchronise among themselves at 200,
+// and finish; the journal bounds the inner steps lost with c.
+TEST(Chaos, DiLoCoSurvivorsKeepTheirWindowWhenAWorkerIsKilled) {
+  temp_dir d;
+  const auto sets = job_sets(400, {"cluster.min_nodes=3", "cluster.floor_nodes=2", "train.sync=diloco", "train.sync_every=200",
+                                   "checkpoint.every_steps=200"});
+  cluster cl(d.path(), sets);
+  for (auto e : {cl.start_coordinator(), cl.start_node("a"), cl.start_node("b"), cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"})})
+    ASSERT_EQ(e, "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
+    for (const auto& r : events<ev::recovery_done>(j))
+      if (r.at("world_size") == 2) return true;
+    return false;
+  }, 300)) << cl.logs();
+  expect_finished_without_loss(cl, 400, 2);
+  const auto j = cl.journal();
+  const auto rec = events<ev::recovery_done>(j);
+  ASSERT_GE(rec.size(), 1u);
+  ASSERT_TRUE(rec.back().contains("lost_inner_steps")) << rec.back().dump();
+  EXPECT_GE(rec.back().at("lost_inner_steps").get<int64_t>(), 1) << rec.back().dump();
+  EXPECT_LE(rec.back().at("lost_inner_steps").get<int64_t>(), 200) << rec.back().dump();
+  EXPECT_GT(rec.back().at("resumed_step").get<int64_t>(), 0) << "the survivors went on inside the window, not from its anchor: " << rec.back().dump();
+  // The survivors said so, and where their window stood.
+  bool kept = false;
+  for (const char* id : {"a", "b"}) {
+    std::ifstream f(d.path() + "/node-" + id + ".log");
+    for (std::string line; std::getline(f, line);)
+      kept = kept || line.find("DiLoCo window goes on at step") != std::string::npos;
+  }
+  EXPECT_TRUE(kept) << cl.logs();
+  // The checkpoints at the two boundaries were committed, each written whole by rank 0.
+  EXPECT_GE(events<ev::checkpoint_saved>(j).size(), 2u);
+}
+
+// A node joins a running DiLoCo job: it is taken in at a boundary (the
+// plan drains at the next synchronisation) and takes the state from a peer.
+TEST(Chaos, DiLoCoJoinerIsTakenInAtABoundaryWithAPeersState) {
+  temp_dir d;
+  const auto sets = job_sets(1500, {"cluster.min_nodes=2", "cluster.floor_nodes=2", "train.sync=diloco", "train.sync_every=20"});
+  cluster cl(d.path(), sets);
+  ASSERT_EQ(cl.start({"a", "b"}), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  ASSERT_EQ(cl.start_node("c"), "");
+  expect_finished_without_loss(cl, 1500, 3);
+  const auto j = cl.journal();
+  bool joined = false;
+  for (const auto& r : events<ev::recovery_done>(j)) {
+    if (r.at("world_size") != 3) continue;
+    joined = true;
+    // Taken at a boundary (a multiple of 20): the window had not begun.
+    EXPECT_EQ(r.at("resumed_step").get<int64_t>() % 20, 0) << r.dump();
+    EXPECT_EQ(r.value("lost_inner_steps", int64_t{0}), 0) << r.dump();
+  }
+  EXPECT_TRUE(joined) << cl.logs();
+  EXPECT_GE(events<ev::checkpoint_restored>(j).size(), 1u) << "the joiner took the state from a peer";
+}
+
+}  // namespace
+}  // namespace dtactor

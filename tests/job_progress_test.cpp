@@ -120,3 +120,33 @@ TEST(verdict, below_max_steps_is_a_stop_and_different_digests_fail) {
   EXPECT_EQ(v.exit_code, 1);
   EXPECT_EQ(v.reason, "ranks finished with different parameters");
 }
+
+namespace dtactor {
+namespace {
+
+// train.sync = diloco: the survivors go on from their window (no step
+// lost); the lost workers' inner steps since the anchor are counted.
+TEST(recovery, a_diloco_window_lost_with_its_workers_is_counted_in_inner_steps) {
+  const clock_time t0{std::chrono::hours(1)};
+  auto rec = begin_generation(3, false, plan_cause::node_lost, false, t0, 130, 2);
+  auto r = ready(137, "local");
+  r.set_window_steps(37);
+  EXPECT_FALSE(note_ready(rec, r));
+  r.set_window_steps(35);
+  r.set_skipped_steps(2);
+  EXPECT_FALSE(note_ready(rec, r));
+  auto done = complete_generation(rec, 138, 2, t0 + 1s);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->lost_steps, 0);
+  ASSERT_TRUE(done->lost_inner_steps);
+  EXPECT_EQ(*done->lost_inner_steps, 74);  // 37 inner steps each of 2 lost workers
+  // Synchronous training reports none.
+  auto sync = begin_generation(4, false, plan_cause::node_lost, false, t0, 130, 1);
+  EXPECT_FALSE(note_ready(sync, ready(130, "local")));
+  auto d2 = complete_generation(sync, 131, 2, t0 + 1s);
+  ASSERT_TRUE(d2);
+  EXPECT_FALSE(d2->lost_inner_steps);
+}
+
+}  // namespace
+}  // namespace dtactor
