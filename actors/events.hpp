@@ -52,7 +52,7 @@ struct job_ended {
 
 // The rest are journal events (actors/journal_events.hpp).
 using event =
-    std::variant<node_joined, node_lost, node_left, preemption_notice, node_quarantined, job_waiting, generation_started, generation_adopted, rank_usage, step_completed,
+    std::variant<node_joined, node_lost, node_left, preemption_notice, node_quarantined, job_waiting, generation_started, generation_adopted, rank_usage, step_completed, outer_step,
                  eval_done, recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping, job_ended>;
 
 }  // namespace dtactor::ev

@@ -265,6 +265,26 @@ struct step_completed {
   }
 };
 
+// train.sync = diloco: a synchronisation (outer step) every rank took, as
+// global rank 0 reported it. The link is busy for exchange_s of the
+// window's window_s (link_busy = exchange_s / window_s).
+struct outer_step {
+  static constexpr std::string_view name = "outer_step";
+  int64_t step = 0;
+  uint64_t generation = 0;
+  int32_t world_size = 0;
+  int64_t inner_steps = 0;        // of the window it closed
+  uint64_t payload_bytes = 0;     // the pseudo-gradient each rank handed to the exchange (fp32)
+  double exchange_s = 0;          // the exchange in flight
+  double window_s = 0;            // wall time of the window, its exchange included
+  double pseudo_grad_norm = 0;    // of the workers' average
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("generation", s.generation), f("world_size", s.world_size), f("inner_steps", s.inner_steps),
+        f("payload_bytes", s.payload_bytes), f("exchange_s", s.exchange_s), f("window_s", s.window_s), f("pseudo_grad_norm", s.pseudo_grad_norm);
+  }
+};
+
 // Each rank's resource use so far (a few times a minute, and at the end).
 // Sharded data (docs/data.md): a rank process's reading since it started
 // (runtime/data_shards' counters; read_ahead_depth and cache_bytes are now).
@@ -543,7 +563,7 @@ struct batch_size_found {
 };
 
 using journal_event = std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left, preemption_notice,
-                                   node_quarantined, job_waiting, generation_started, generation_adopted, step_completed, resources, eval_done,
+                                   node_quarantined, job_waiting, generation_started, generation_adopted, step_completed, outer_step, resources, eval_done,
                                    recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping,
                                    job_started, job_finished, job_stopped, job_failed, batch_size_search_started, batch_size_trial, batch_size_found>;
 

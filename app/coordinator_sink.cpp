@@ -72,6 +72,14 @@ void coordinator_sink::on(const ev::rank_usage& e) {
                    static_cast<double>(e.optimizer_state_bytes));
 }
 
+void coordinator_sink::on(const ev::outer_step& e) {
+  jn_.write(e);
+  m_.outer_steps().Increment();
+  m_.outer_bytes().Increment(static_cast<double>(e.payload_bytes) * std::max(1, e.world_size));
+  m_.pseudo_gradient_norm().Set(e.pseudo_grad_norm);
+  if (e.window_s > 0) m_.link_busy_fraction().Set(std::min(1.0, e.exchange_s / e.window_s));
+}
+
 void coordinator_sink::on(const ev::step_completed& e) {
   m_.step().Set(static_cast<double>(e.step));
   m_.samples().Increment(static_cast<double>(e.samples));

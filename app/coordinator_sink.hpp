@@ -37,6 +37,7 @@ class coordinator_sink {
   void on(const ev::generation_started& e);
   void on(const ev::generation_adopted& e);
   void on(const ev::rank_usage& e);
+  void on(const ev::outer_step& e);
   void on(const ev::step_completed& e);
   void on(const ev::eval_done& e);
   void on(const ev::recovery_done& e);

@@ -215,6 +215,12 @@ metrics::metrics(const std::string& job)
 
   samples_ = counter(r, c, "dtactor_samples_total", "Training samples processed in committed steps.");
   lost_steps_ = counter(r, c, "dtactor_lost_steps_total", "Completed steps a recovery did not resume from (work lost).");
+  outer_steps_ = counter(r, c, "dtactor_outer_steps_total", "train.sync = diloco: synchronisations (outer steps) taken.");
+  outer_bytes_ = counter(r, c, "dtactor_outer_payload_bytes_total",
+                         "train.sync = diloco: pseudo-gradient bytes the ranks handed to the exchange (fp32; a bf16 wire sends half).");
+  pseudo_gradient_norm_ = gauge(r, c, "dtactor_pseudo_gradient_norm", "train.sync = diloco: norm of the averaged pseudo-gradient at the last synchronisation.");
+  link_busy_fraction_ = gauge(r, c, "dtactor_link_busy_fraction",
+                              "train.sync = diloco: share of the last window during which its exchange was in flight (1 = the link never idle).");
   recoveries_family_ = &prometheus::BuildCounter()
                             .Name("dtactor_recoveries_total")
                             .Help("Membership changes that rebuilt the communicators, by cause.")

@@ -91,6 +91,13 @@ class metrics {
   // (ev::plan_cause: "node_lost", "rank_exited", "node_left", ...).
   prometheus::Counter& recoveries(ev::plan_cause cause);
   prometheus::Counter& lost_steps() { return *lost_steps_; }  // completed steps a recovery did not resume from
+  // train.sync = diloco: synchronisations, pseudo-gradient bytes the ranks
+  // handed to the exchange (all ranks), the averaged pseudo-gradient's norm
+  // at the last one, and the share of its window the exchange was in flight.
+  prometheus::Counter& outer_steps() { return *outer_steps_; }
+  prometheus::Counter& outer_bytes() { return *outer_bytes_; }
+  prometheus::Gauge& pseudo_gradient_norm() { return *pseudo_gradient_norm_; }
+  prometheus::Gauge& link_busy_fraction() { return *link_busy_fraction_; }
   // dtactor_wire_dropped_frames_total{kind}: kind is wire::to_string(drop_kind).
   prometheus::Counter& wire_dropped_frames(const std::string& kind);
 
@@ -184,6 +191,10 @@ class metrics {
   prometheus::Gauge* samples_per_second_ = nullptr;
   prometheus::Counter* samples_ = nullptr;
   prometheus::Counter* lost_steps_ = nullptr;
+  prometheus::Counter* outer_steps_ = nullptr;
+  prometheus::Counter* outer_bytes_ = nullptr;
+  prometheus::Gauge* pseudo_gradient_norm_ = nullptr;
+  prometheus::Gauge* link_busy_fraction_ = nullptr;
   prometheus::Histogram* step_duration_ = nullptr;
   prometheus::Histogram* allreduce_duration_ = nullptr;
   prometheus::Histogram* failure_detection_ = nullptr;

@@ -840,6 +840,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     std::fprintf(stderr, "rank %d: generation %llu: DiLoCo window goes on at step %lld, %lld step(s) after its anchor (this rank skipped %lld)\n",
                  g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<long long>(g.window_steps),
                  static_cast<long long>(g.skipped_steps));
+  auto window_began = clock_type::now();
   while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
@@ -881,6 +882,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       acc.set_outer_exchange_s(acc.outer_exchange_s() + o->exchange_s);
       acc.set_pseudo_grad_norm(o->pseudo_grad_norm);
       acc.set_outer_inner_steps(static_cast<uint64_t>(o->inner_steps));
+      acc.set_outer_window_s(std::chrono::duration<double>(clock_type::now() - window_began).count());
+      window_began = clock_type::now();
     }
     const int64_t step = state.step();
     // DiLoCo: what falls due in the window runs at its boundary.
