@@ -1,0 +1,107 @@
+#!/usr/bin/python3.11
+"""DiLoCo over thin links: two node hosts (one rank each, one compute
+thread each) and a coordinator host, network namespaces on a test switch
+(scripts/netns/hosts.sh), every link capped by tbf at each rate. For each
+cap, side by side: train.sync = every_step (fp32 and the bf16 wire) and
+train.sync = diloco (train.sync_every = H, fp32 and bf16 pseudo-gradients),
+the ViT's default model and global batch.
+
+Figures per run: samples/s over the steady part (steps after the first
+fifth: samples / wall time between the journal's step events, so a
+window's synchronisation counts, unlike a median of per-step figures),
+payload bytes a rank hands to the exchange per sample (every_step: the
+gradients every step; diloco: the outer_step events' pseudo-gradients),
+the share of the time the link was busy (diloco: outer_step exchange_s /
+window_s), and the final evaluation (accuracy at equal samples).
+
+Usage (root): bench/diloco_links.py [--caps 10gbit,100mbit,10mbit]
+  [--steps 200] [--every 50] [--modes every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16]
+  [--dtactor build/dtactor] [--out bench/diloco_links_results.json]
+Prints one JSON line per run and writes the whole JSON at the end."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_hosts import HOSTS, each_cap  # noqa: E402
+
+TAG = "dtdl"
+EVAL = "eval"
+
+
+def run(binary, steps, sync, wire, every, log_dir, name):
+    with tempfile.TemporaryDirectory() as rd:
+        sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=1",
+                "cluster.min_nodes=2", "train.sync=" + sync, "train.sync_every=%d" % every, "cluster.wire_dtype=" + wire]
+        args = [x for s in sets for x in ("--set", s)]
+        logs = [open(os.path.join(log_dir, name + n), "w") for n in ("coordinator.log", "node1.log", "node2.log")]
+        coord = subprocess.Popen([HOSTS, "run", TAG, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
+                                  "--no-resume", *args], stdout=logs[0], stderr=subprocess.STDOUT)
+        nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), binary, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400", "--node-id",
+                                   "n%d" % h, "--threads-per-rank", "1"], stdout=logs[h], stderr=subprocess.STDOUT) for h in (1, 2)]
+        rc = coord.wait(timeout=3600)
+        for n in nodes:
+            n.wait(timeout=120)
+        if rc != 0:
+            raise SystemExit("dtactor run %s failed (exit %d); logs in %s" % (name, rc, log_dir))
+        journal = [json.loads(l) for l in open(os.path.join(rd, "journal.jsonl"))]
+    steps_ev = [e for e in journal if e["event"] == "step" and e["world_size"] == 2]
+    steady = [e for e in steps_ev if e["step"] >= steps // 5]
+    first, last = steady[0], steady[-1]
+    batch = 128
+    sps = (last["step"] - first["step"]) * batch / (last["t"] - first["t"])
+    outer = [e for e in journal if e["event"] == "outer_step"]
+    res = [e for e in journal if e["event"] == "resources"]
+    param_bytes = None
+    for e in res:
+        for r in e.get("ranks", []):
+            param_bytes = param_bytes or r.get("param_bytes")
+    evals = [e for e in journal if e["event"] == EVAL]
+    out = {"samples_per_s": round(sps, 1), "final_metrics": {k: v for k, v in evals[-1].items() if isinstance(v, float) and k not in ("t", "duration_s")} if evals else {}}
+    if outer:
+        payload = sum(e["payload_bytes"] for e in outer)
+        inner = sum(e["inner_steps"] for e in outer)
+        out["payload_bytes_per_sample"] = round(payload / (inner * batch) * (0.5 if wire == "bf16" else 1), 2)
+        out["outer_steps"] = len(outer)
+        out["exchange_s_median"] = round(statistics.median(e["exchange_s"] for e in outer), 4)
+        out["link_busy"] = round(sum(e["exchange_s"] for e in outer) / max(1e-9, sum(e["window_s"] for e in outer)), 4)
+    elif param_bytes:
+        out["payload_bytes_per_sample"] = round(param_bytes / batch * (0.5 if wire == "bf16" else 1), 2)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--caps", default="10gbit,100mbit,10mbit")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--modes", default="every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16")
+    ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
+    ap.add_argument("--out", default=os.path.join(HERE, "diloco_links_results.json"))
+    a = ap.parse_args()
+    log_dir = tempfile.mkdtemp(prefix="diloco-links-")
+    results = {"setup": "2 node hosts x 1 rank (1 thread) + a coordinator host, tbf on every link; ViT default model, global batch 128",
+               "steps": a.steps, "sync_every": a.every, "command": " ".join(sys.argv), "logs": log_dir, "caps": {}}
+    modes = [m.split(":") for m in a.modes.split(",")]
+    for cap in each_cap(TAG, a.caps.split(",")):
+        results["caps"][cap] = {}
+        for sync, wire in modes:
+            r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-" % (cap, sync, wire))
+            results["caps"][cap]["%s %s" % (sync, wire)] = r
+            print(json.dumps({cap: {"%s %s" % (sync, wire): r}}), flush=True)
+    base = results["caps"].get(a.caps.split(",")[0], {}).get("every_step fp32")
+    if base:
+        results["ratio_to_first_cap_every_step_fp32"] = {cap: {m: round(v["samples_per_s"] / base["samples_per_s"], 3) for m, v in runs.items()}
+                                                        for cap, runs in results["caps"].items()}
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
