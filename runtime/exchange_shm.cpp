@@ -214,6 +214,12 @@ std::unique_ptr<bucket_exchange> make_hierarchical_exchange(std::vector<exchange
   return std::make_unique<hierarchical_exchange>(buckets, std::move(shm), std::move(across), w);
 }
 
+namespace {
+wire_format format_of(const exchange_choice& c) {
+  return c.int8_wire ? wire_format::int8 : c.bf16_wire ? wire_format::bf16 : wire_format::fp32;
+}
+}  // namespace
+
 result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_bucket>& buckets, const exchange_choice& c,
                                                        const exchange_waits& w) {
   const int world = c.pg ? c.pg->getSize() : 1;
@@ -232,12 +238,12 @@ result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_buck
     const bool leader = !c.shm || c.shm->rank() == 0;
     if (leader && !c.hosts)
       return make_error("hierarchical gradient exchange: rank " + std::to_string(rank) + " leads its host but has no group of hosts");
-    auto across = leader ? make_wire_exchange(buckets, c.hosts, c.bf16_wire, w, "exchange across hosts") : nullptr;
+    auto across = leader ? make_wire_exchange(buckets, c.hosts, format_of(c), w, "exchange across hosts") : nullptr;
     return make_hierarchical_exchange(buckets, c.shm, std::move(across), w);
   }
   if (!c.hierarchical && c.shm && c.shm->world() == world && c.shm->rank() == rank && fits) return make_shm_exchange(buckets, c.shm, w);
   if (c.zero2) return make_zero_scatter_exchange(buckets, c.pg, c.bf16_wire, w);
-  return make_wire_exchange(buckets, c.pg, c.bf16_wire, w, "allreduce");
+  return make_wire_exchange(buckets, c.pg, format_of(c), w, c.int8_wire ? "int8 exchange" : "allreduce");
 }
 
 }  // namespace dtactor

@@ -85,6 +85,7 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
   choice.hierarchical = opts_.hierarchical;
   choice.hosts = opts_.hosts;
   choice.bf16_wire = opts_.bf16_wire;
+  choice.int8_wire = opts_.int8_wire;
   choice.zero2 = static_cast<bool>(opts_.zero2);
   auto ex = make_exchange(buckets_, choice, exchange_waits{opts_.abandon, opts_.spin_wait});
   if (!ex) {

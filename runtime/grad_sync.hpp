@@ -94,6 +94,10 @@ struct grad_sync_options {
   // fp32 (exchange.hpp: all-gather at 2 ranks, reduce-scatter + all-gather
   // from 3). The control words travel exactly (fp32).
   bool bf16_wire = false;
+  // cluster.wire_dtype = "int8" (DiLoCo's pseudo-gradients): float32
+  // buckets through a process group go as int8 with a scale per 256 values,
+  // all-gathered (exchange.hpp); the control words travel exactly.
+  bool int8_wire = false;
   // Hierarchical exchange (exchange.hpp), for a world spread over several
   // hosts with several ranks on some of them: `shm` is then this host's
   // group (null when this rank is alone on its host) and `hosts` the group

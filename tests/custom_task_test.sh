@@ -137,6 +137,16 @@ rc=$?
 [ $rc -eq 2 ] && grep -q "did you mean 'model.hidden'" err.txt && ok "a typo in the task's key is one clear line" ||
   { bad "a typo in the task's key (rc $rc)"; cat err.txt; }
 
+# The task with train.sync = diloco: two workers, a synchronisation every 10 steps.
+"$bin" local --nodes 2 --config tabular.toml --run-dir dilocorun --set train.max_steps=40 --set train.sync=diloco \
+  --set train.sync_every=10 >dilocorun.log 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "finished at step 40: accuracy=" dilocorun.log && [ "$(grep -c '"event":"outer_step"' dilocorun/journal.jsonl)" -eq 4 ]; then
+  ok "2-node local run of the registered task with train.sync = diloco (4 outer steps)"
+else
+  bad "2-node local run of the registered task with train.sync = diloco (rc $rc)"; tail -20 dilocorun.log
+fi
+
 # A 2-node local run of the task.
 "$bin" local --nodes 2 --config tabular.toml --run-dir run --set train.max_steps=60 --set eval.every_steps=30 \
   --set checkpoint.every_steps=30 >local.log 2>&1

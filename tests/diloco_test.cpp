@@ -190,3 +190,60 @@ TEST(DiLoCo, ZeroShardingIsRefusedInOneLine) {
 
 }  // namespace
 }  // namespace dtactor
+
+namespace dtactor {
+namespace {
+
+// cluster.wire_dtype = int8: the pseudo-gradients cross the group as int8
+// with a scale per 256 values. Every worker still ends on the same
+// parameters (the sum is taken in rank order everywhere), within the
+// quantization's error of the fp32 exchange.
+TEST(DiLoCo, Int8PseudoGradientsLandWithinTheQuantizationErrorAndEqualEverywhere) {
+  const int world = 3, every = 3;
+  auto fp32 = make_states(diloco_config(every), world);
+  auto int8 = make_states(diloco_config(every, {"cluster.wire_dtype=int8"}), world);
+  auto train = [&](std::vector<std::unique_ptr<training_state>>& states, bool q) {
+    return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+      auto& s = *states[static_cast<size_t>(rank)];
+      grad_sync_options o;
+      o.bucket_bytes = 16 * 1024;
+      o.carry_control = true;
+      o.int8_wire = q;
+      grad_sync sync(s.the_task().module()->parameters(), pg, o);
+      for (int i = 0; i < every; ++i)
+        if (auto r = s.inner_step(rank, world); !r) return r.message();
+      step_control c;
+      c.newer_plan = 1;
+      sync.set_control(c);
+      auto r = s.outer_step(sync);
+      if (!r) return r.message();
+      // The control words travel exactly: every rank's 1 is summed.
+      if (!sync.control().all_hold_newer_plan(world)) return "the control words were not summed exactly";
+      return "";
+    });
+  };
+  for (const auto& e : train(fp32, false)) ASSERT_EQ(e, "");
+  for (const auto& e : train(int8, true)) ASSERT_EQ(e, "");
+  EXPECT_EQ(int8[0]->params_digest(), int8[1]->params_digest());
+  EXPECT_EQ(int8[0]->params_digest(), int8[2]->params_digest());
+  EXPECT_NE(int8[0]->params_digest(), fp32[0]->params_digest()) << "quantized: not the fp32 result bit for bit";
+  // Each worker's pseudo-gradient is off by at most half a step (its
+  // block's largest magnitude / 254); the outer step scales the average by
+  // outer_lr * (1 + momentum) = 1.33 on the first boundary.
+  const auto a = int8[0]->optimizer().flat_params(), b = fp32[0]->optimizer().flat_params();
+  double worst = 0;
+  for (size_t g = 0; g < a.size(); ++g) worst = std::max(worst, (a[g] - b[g]).abs().max().item<double>());
+  EXPECT_GT(worst, 0);
+  EXPECT_LT(worst, 1e-3) << "the inner steps move a parameter by ~lr a step (3 steps of 1e-3 peak at most)";
+}
+
+TEST(DiLoCo, Int8WireWithoutDiLoCoIsRefusedInOneLine) {
+  auto c = config::load("", {"cluster.wire_dtype=int8"});
+  ASSERT_TRUE(c.ok()) << c.message();
+  auto s = training_state::create(c.value());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("train.sync = diloco"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace dtactor

@@ -102,6 +102,28 @@ TEST(TorchScript, ResumeIsExactWithDropoutInsideTheScriptedModule) {
 // train.bf16 reaches the ops inside a scripted module (LibTorch's CPU
 // autocast works at the dispatcher, below the TorchScript interpreter): the
 // run differs from the fp32 one, still learns, and resumes exactly.
+// train.sync = diloco on a scripted module (a world of one: the outer step
+// takes its own pseudo-gradient): it learns, its checkpoints carry the
+// outer state, and a resume from a boundary is exact.
+TEST(TorchScript, DiLoCoTrainsAScriptedModuleAndResumesExactly) {
+  NEED_FIXTURES();
+  temp_dir straight, interrupted;
+  auto cfg = ts_config("mlp.pt", {"train.max_steps=40", "checkpoint.every_steps=10", "train.sync=diloco", "train.sync_every=10"});
+  auto a = run_training(cfg, quiet(straight.path()));
+  ASSERT_TRUE(a) << a.message();
+  EXPECT_GT(a->last_eval.metrics.at("accuracy"), 0.3) << "10 classes: chance is 0.1";
+  auto opts = quiet(interrupted.path());
+  opts.stop_at_step = 20;
+  ASSERT_TRUE(run_training(cfg, opts));
+  auto b = run_training(cfg, quiet(interrupted.path()));
+  ASSERT_TRUE(b) << b.message();
+  EXPECT_EQ(a->params_digest, b->params_digest);
+  // Not the synchronous job's parameters.
+  auto plain = run_training(ts_config("mlp.pt", {"train.max_steps=40"}), quiet(temp_dir().path()));
+  ASSERT_TRUE(plain) << plain.message();
+  EXPECT_NE(plain->params_digest, a->params_digest);
+}
+
 TEST(TorchScript, Bf16AutocastAppliesInsideTheScriptedModule) {
   NEED_FIXTURES();
   temp_dir fp32, bf16, interrupted;

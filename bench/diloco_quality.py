@@ -1,0 +1,58 @@
+#!/usr/bin/python3.11
+"""Quality at equal samples: train.sync = every_step against diloco at
+several H (train.sync_every), the same job otherwise (`dtactor local`,
+default settings unless --set), evaluated at the end. Prints one JSON line
+per run and writes the whole JSON.
+
+Usage: bench/diloco_quality.py [--nodes 2] [--steps 1000] [--every 10,50,100]
+  [--set KEY=VALUE ...] [--dtactor build/dtactor] [--out bench/diloco_quality_results.json]"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(binary, nodes, steps, sets):
+    with tempfile.TemporaryDirectory() as rd:
+        args = [binary, "local", "--nodes", str(nodes), "--run-dir", rd, "--no-resume"]
+        for s in ["train.max_steps=%d" % steps, "checkpoint.every_steps=0", "train.log_every_steps=100", *sets]:
+            args += ["--set", s]
+        t0 = time.time()
+        p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wall = time.time() - t0
+        if p.returncode != 0:
+            raise SystemExit("run failed: " + p.stdout[-3000:])
+        journal = [json.loads(l) for l in open(os.path.join(rd, "journal.jsonl"))]
+    evals = [e for e in journal if e["event"] == "eval"]
+    return {"wall_s": round(wall, 1),
+            "evals": [{k: v for k, v in e.items() if k not in ("t", "event", "duration_s", "examples")} for e in evals]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--every", default="10,50,100")
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
+    ap.add_argument("--out", default=os.path.join(HERE, "diloco_quality_results.json"))
+    a = ap.parse_args()
+    results = {"command": " ".join(sys.argv), "nodes": a.nodes, "steps": a.steps, "sets": a.set, "runs": {}}
+    modes = [("every_step", ["train.sync=every_step"])] + [("diloco H=%s" % h, ["train.sync=diloco", "train.sync_every=" + h])
+                                                          for h in a.every.split(",")]
+    for name, sets in modes:
+        r = run(a.dtactor, a.nodes, a.steps, a.set + sets)
+        results["runs"][name] = r
+        print(json.dumps({name: r}), flush=True)
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
