@@ -9,13 +9,14 @@ the ViT's default model and global batch.
 Figures per run: samples/s over the steady part (steps after the first
 fifth: samples / wall time between the journal's step events, so a
 window's synchronisation counts, unlike a median of per-step figures),
+medians over --repeats runs (the modes interleaved in every round),
 payload bytes a rank hands to the exchange per sample (every_step: the
 gradients every step; diloco: the outer_step events' pseudo-gradients),
 the share of the time the link was busy (diloco: outer_step exchange_s /
 window_s), and the final evaluation (accuracy at equal samples).
 
 Usage (root): bench/diloco_links.py [--caps 10gbit,100mbit,10mbit]
-  [--steps 200] [--every 50] [--modes every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16]
+  [--steps 200] [--every 50] [--repeats 1] [--modes every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16]
   [--dtactor build/dtactor] [--out bench/diloco_links_results.json]
 Prints one JSON line per run and writes the whole JSON at the end."""
 import argparse
@@ -32,6 +33,9 @@ from bench_hosts import HOSTS, each_cap  # noqa: E402
 
 TAG = "dtdl"
 EVAL = "eval"
+# Bytes a rank sends per fp32 byte of payload: bf16 half; int8 one byte a
+# value and a 4-byte scale per 256 values.
+WIRE_FACTOR = {"fp32": 1.0, "bf16": 0.5, "int8": (1 + 4 / 256) / 4}
 
 
 def run(binary, steps, sync, wire, every, log_dir, name):
@@ -66,12 +70,12 @@ def run(binary, steps, sync, wire, every, log_dir, name):
     if outer:
         payload = sum(e["payload_bytes"] for e in outer)
         inner = sum(e["inner_steps"] for e in outer)
-        out["payload_bytes_per_sample"] = round(payload / (inner * batch) * (0.5 if wire == "bf16" else 1), 2)
+        out["payload_bytes_per_sample"] = round(payload / (inner * batch) * WIRE_FACTOR[wire], 2)
         out["outer_steps"] = len(outer)
         out["exchange_s_median"] = round(statistics.median(e["exchange_s"] for e in outer), 4)
         out["link_busy"] = round(sum(e["exchange_s"] for e in outer) / max(1e-9, sum(e["window_s"] for e in outer)), 4)
     elif param_bytes:
-        out["payload_bytes_per_sample"] = round(param_bytes / batch * (0.5 if wire == "bf16" else 1), 2)
+        out["payload_bytes_per_sample"] = round(param_bytes / batch * WIRE_FACTOR[wire], 2)
     return out
 
 
@@ -80,6 +84,7 @@ def main():
     ap.add_argument("--caps", default="10gbit,100mbit,10mbit")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", default="every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16")
     ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "diloco_links_results.json"))
@@ -89,11 +94,22 @@ def main():
                "steps": a.steps, "sync_every": a.every, "command": " ".join(sys.argv), "logs": log_dir, "caps": {}}
     modes = [m.split(":") for m in a.modes.split(",")]
     for cap in each_cap(TAG, a.caps.split(",")):
+        runs = {}
+        # Repeats interleaved: every mode once per round.
+        for rep in range(a.repeats):
+            for sync, wire in modes:
+                name = "%s %s" % (sync, wire)
+                r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-%d-" % (cap, sync, wire, rep))
+                runs.setdefault(name, []).append(r)
+                print(json.dumps({cap: {name: r}}), flush=True)
         results["caps"][cap] = {}
-        for sync, wire in modes:
-            r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-" % (cap, sync, wire))
-            results["caps"][cap]["%s %s" % (sync, wire)] = r
-            print(json.dumps({cap: {"%s %s" % (sync, wire): r}}), flush=True)
+        for name, rs in runs.items():
+            m = dict(rs[len(rs) // 2])
+            m["samples_per_s"] = statistics.median(r["samples_per_s"] for r in rs)
+            m["samples_per_s_runs"] = [r["samples_per_s"] for r in rs]
+            if "link_busy" in rs[0]:
+                m["link_busy"] = statistics.median(r["link_busy"] for r in rs)
+            results["caps"][cap][name] = m
     base = results["caps"].get(a.caps.split(",")[0], {}).get("every_step fp32")
     if base:
         results["ratio_to_first_cap_every_step_fp32"] = {cap: {m: round(v["samples_per_s"] / base["samples_per_s"], 3) for m, v in runs.items()}

@@ -89,11 +89,17 @@ TEST(Chaos, KillOfANodeShrinksTheJob) {
   EXPECT_EQ(rec[0].at("cause"), "node_lost");
 }
 
-void silent_node_is_declared_lost(const std::string& zero) {
+// `base` and then `more` (a variant of a test: train.sync = diloco).
+std::vector<std::string> with(const std::vector<std::string>& more, std::vector<std::string> base) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+void silent_node_is_declared_lost(const std::string& zero, const std::vector<std::string>& more = {}) {
   temp_dir d;
   // Both nodes from the start (gate 2, floor 1): on a loaded machine one can
   // be late, and its join would be the first recovery this test waits for.
-  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2", "train.zero=" + zero}));
+  cluster cl(d.path(), job_sets(300, with(more, {"cluster.min_nodes=2", "train.zero=" + zero})));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   const auto t0 = std::chrono::steady_clock::now();
@@ -114,11 +120,11 @@ TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) { silent_node_is_
 // The same with the optimizer state and gradients sharded (train.zero=2).
 TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandonedWithShardedState) { silent_node_is_declared_lost("2"); }
 
-void preemption_notice_drains_without_rollback(const std::string& zero) {
+void preemption_notice_drains_without_rollback(const std::string& zero, const std::vector<std::string>& more = {}) {
   temp_dir d;
   // Both nodes from the start (gate 2, floor 1): a late node's join would be
   // the first recovery (found under ctest -j2).
-  cluster cl(d.path(), job_sets(300, {"cluster.min_nodes=2", "train.zero=" + zero}));
+  cluster cl(d.path(), job_sets(300, with(more, {"cluster.min_nodes=2", "train.zero=" + zero})));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   cl.nodes.at("b").signal(SIGTERM);
@@ -533,9 +539,9 @@ TEST(Chaos, NodesTrainTheModuleTheCoordinatorShippedWithoutACopyOfTheirOwn) {
   }
 }
 
-void coordinator_restart_does_not_stop_training(const std::string& zero) {
+void coordinator_restart_does_not_stop_training(const std::string& zero, const std::vector<std::string>& more = {}) {
   temp_dir d;
-  cluster cl(d.path(), job_sets(2500, {"cluster.min_nodes=2", "train.zero=" + zero}));
+  cluster cl(d.path(), job_sets(2500, with(more, {"cluster.min_nodes=2", "train.zero=" + zero})));
   const int node_metrics = pick_free_tcp_port().value();
   ASSERT_EQ(cl.start_coordinator(), "");
   ASSERT_EQ(cl.start_node("a", {"--metrics-port", std::to_string(node_metrics)}), "");
@@ -877,9 +883,9 @@ namespace {
 
 // SIGTERM to the coordinator: ranks stop at a step they agree on, rank 0's
 // final checkpoint of that step is saved, then everything ends.
-TEST(Chaos, CoordinatorSigtermStopsWithAFinalCheckpoint) {
+void coordinator_sigterm_stops_with_a_final_checkpoint(const std::vector<std::string>& more) {
   temp_dir d;
-  cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=2", "checkpoint.every_steps=100000"}));
+  cluster cl(d.path(), job_sets(100000, with(more, {"cluster.min_nodes=2", "checkpoint.every_steps=100000"})));
   ASSERT_EQ(cl.start({"a", "b"}), "");
   ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
   cl.coord->signal(SIGTERM);
@@ -900,6 +906,18 @@ TEST(Chaos, CoordinatorSigtermStopsWithAFinalCheckpoint) {
     EXPECT_TRUE(e) << "node " << id << " did not stop";
   }
 }
+
+TEST(Chaos, CoordinatorSigtermStopsWithAFinalCheckpoint) { coordinator_sigterm_stops_with_a_final_checkpoint({}); }
+
+// The same faults with train.sync = diloco (windows of 20 steps): a hung
+// node, a node that leaves (taken out at the next boundary), a coordinator
+// killed and restarted (the workers' inner steps go on meanwhile), and a
+// stop with a final checkpoint (at the next boundary).
+const std::vector<std::string> kDiLoCo = {"train.sync=diloco", "train.sync_every=20"};
+TEST(Chaos, DiLoCoSilentNodeIsDeclaredLost) { silent_node_is_declared_lost("0", kDiLoCo); }
+TEST(Chaos, DiLoCoLeavingNodeDrainsAtABoundary) { preemption_notice_drains_without_rollback("0", kDiLoCo); }
+TEST(Chaos, DiLoCoCoordinatorRestartDoesNotStopTraining) { coordinator_restart_does_not_stop_training("0", kDiLoCo); }
+TEST(Chaos, DiLoCoCoordinatorSigtermStopsWithAFinalCheckpointAtABoundary) { coordinator_sigterm_stops_with_a_final_checkpoint(kDiLoCo); }
 
 }  // namespace
 }  // namespace dtactor
