@@ -48,6 +48,27 @@ class pg_exchange : public bucket_exchange {
     return dtactor::wait_work(w, deadline, waits_.abandon, buckets_[b].label, waits_.spin);
   }
   int world() const { return pg_->getSize(); }
+  // Every rank's `in` gathered into `all`, in rank order (the gather transports).
+  status allgather(size_t b, torch::Tensor& in, std::vector<torch::Tensor>& all) {
+    return issue(b, what_, [&] {
+      std::vector<std::vector<at::Tensor>> out{all};
+      std::vector<at::Tensor> v{in};
+      return pg_->allgather(out, v);
+    });
+  }
+  // Bucket b's control words, exactly (fp32), into `dst` (a message's fp32 view).
+  static void pack_control(const exchange_bucket& b, const torch::Tensor& dst) {
+    if (b.control_words() > 0) dst.copy_(b.flat.narrow(0, b.grads, b.control_words()));
+  }
+  // Rank r's control words (`words`, fp32) summed in rank order into bucket b's tail.
+  static void sum_control(exchange_bucket& b, const torch::Tensor& words, size_t r) {
+    if (b.control_words() == 0) return;
+    auto tail = b.flat.narrow(0, b.grads, b.control_words());
+    if (r == 0)
+      tail.copy_(words);
+    else
+      tail.add_(words);
+  }
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   exchange_waits waits_;
@@ -96,14 +117,9 @@ class bf16_gather_exchange final : public pg_exchange {
     {
       torch::NoGradGuard no_grad;
       m.in.narrow(0, 0, b.grads).view(torch::kBFloat16).copy_(b.flat.narrow(0, 0, b.grads));
-      if (b.control_words() > 0)
-        m.in.narrow(0, m.ctrl_at, 2 * b.control_words()).view(torch::kFloat).copy_(b.flat.narrow(0, b.grads, b.control_words()));
+      pack_control(b, m.in.narrow(0, m.ctrl_at, 2 * b.control_words()).view(torch::kFloat));
     }
-    return issue(bi, what_, [&] {
-      std::vector<std::vector<at::Tensor>> out{m.all};
-      std::vector<at::Tensor> in{m.in};
-      return pg_->allgather(out, in);
-    });
+    return allgather(bi, m.in, m.all);
   }
   status wait(size_t bi, exchange_clock::time_point deadline) override {
     if (auto st = wait_work(bi, deadline); !st) return st;
@@ -119,11 +135,7 @@ class bf16_gather_exchange final : public pg_exchange {
       auto g = all[r].narrow(0, 0, b.grads).view(torch::kBFloat16);
       if (r == 0) grads.copy_(g);
       else grads.add_(g);
-      if (ctrl > 0) {
-        auto c = all[r].narrow(0, msg_[bi].ctrl_at, 2 * ctrl).view(torch::kFloat);
-        if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(c);
-        else b.flat.narrow(0, b.grads, ctrl).add_(c);
-      }
+      sum_control(b, all[r].narrow(0, msg_[bi].ctrl_at, 2 * ctrl).view(torch::kFloat), r);
     }
     return {};
   }
@@ -418,14 +430,9 @@ class int8_gather_exchange final : public pg_exchange {
       auto q = x.mul(inv.unsqueeze(1)).round_().clamp_(-127, 127).to(torch::kChar).reshape({-1});
       m.in.narrow(0, 0, b.grads).copy_(q.narrow(0, 0, b.grads));
       m.in.narrow(0, m.scales_at, 4 * m.blocks).view(torch::kFloat).copy_(scale);
-      if (b.control_words() > 0)
-        m.in.narrow(0, m.ctrl_at, 4 * b.control_words()).view(torch::kFloat).copy_(b.flat.narrow(0, b.grads, b.control_words()));
+      pack_control(b, m.in.narrow(0, m.ctrl_at, 4 * b.control_words()).view(torch::kFloat));
     }
-    return issue(bi, what_, [&] {
-      std::vector<std::vector<at::Tensor>> out{m.all};
-      std::vector<at::Tensor> in{m.in};
-      return pg_->allgather(out, in);
-    });
+    return allgather(bi, m.in, m.all);
   }
   status wait(size_t bi, exchange_clock::time_point deadline) override {
     if (auto st = wait_work(bi, deadline); !st) return st;
@@ -442,11 +449,7 @@ class int8_gather_exchange final : public pg_exchange {
       x.mul_(m.all[r].narrow(0, m.scales_at, 4 * m.blocks).view(torch::kFloat).unsqueeze(1));
       if (r == 0) grads.copy_(m.padded.narrow(0, 0, b.grads));
       else grads.add_(m.padded.narrow(0, 0, b.grads));
-      if (ctrl > 0) {
-        auto c = m.all[r].narrow(0, m.ctrl_at, 4 * ctrl).view(torch::kFloat);
-        if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(c);
-        else b.flat.narrow(0, b.grads, ctrl).add_(c);
-      }
+      sum_control(b, m.all[r].narrow(0, m.ctrl_at, 4 * ctrl).view(torch::kFloat), r);
     }
     return {};
   }

@@ -85,18 +85,31 @@ TEST(TorchScript, AModuleWithItsOwnLossTrainsOnItAndReportsPerplexity) {
   EXPECT_LT(m.at("val_loss"), std::log(10.0));
 }
 
-TEST(TorchScript, ResumeIsExactWithDropoutInsideTheScriptedModule) {
-  NEED_FIXTURES();
+// `cfg` trained straight through, and stopped at step 20 and resumed from
+// its checkpoint: both runs' results, or the first failure.
+struct straight_and_resumed {
+  result<train_summary> straight = make_error("not run"), resumed = make_error("not run");
+};
+straight_and_resumed train_straight_and_resumed(const config& cfg) {
   temp_dir straight, interrupted;
-  auto cfg = ts_config("mlp.pt", {"train.max_steps=40", "checkpoint.every_steps=10"});
-  auto a = run_training(cfg, quiet(straight.path()));
-  ASSERT_TRUE(a) << a.message();
+  straight_and_resumed out;
+  out.straight = run_training(cfg, quiet(straight.path()));
   auto opts = quiet(interrupted.path());
   opts.stop_at_step = 20;
-  ASSERT_TRUE(run_training(cfg, opts));
-  auto b = run_training(cfg, quiet(interrupted.path()));
-  ASSERT_TRUE(b) << b.message();
-  EXPECT_EQ(a->params_digest, b->params_digest);
+  if (auto stopped = run_training(cfg, opts); !stopped) {
+    out.resumed = stopped.err();
+    return out;
+  }
+  out.resumed = run_training(cfg, quiet(interrupted.path()));
+  return out;
+}
+
+TEST(TorchScript, ResumeIsExactWithDropoutInsideTheScriptedModule) {
+  NEED_FIXTURES();
+  auto r = train_straight_and_resumed(ts_config("mlp.pt", {"train.max_steps=40", "checkpoint.every_steps=10"}));
+  ASSERT_TRUE(r.straight) << r.straight.message();
+  ASSERT_TRUE(r.resumed) << r.resumed.message();
+  EXPECT_EQ(r.straight->params_digest, r.resumed->params_digest);
 }
 
 // train.bf16 reaches the ops inside a scripted module (LibTorch's CPU
@@ -107,17 +120,13 @@ TEST(TorchScript, ResumeIsExactWithDropoutInsideTheScriptedModule) {
 // outer state, and a resume from a boundary is exact.
 TEST(TorchScript, DiLoCoTrainsAScriptedModuleAndResumesExactly) {
   NEED_FIXTURES();
-  temp_dir straight, interrupted;
-  auto cfg = ts_config("mlp.pt", {"train.max_steps=40", "checkpoint.every_steps=10", "train.sync=diloco", "train.sync_every=10"});
-  auto a = run_training(cfg, quiet(straight.path()));
-  ASSERT_TRUE(a) << a.message();
+  auto r = train_straight_and_resumed(
+      ts_config("mlp.pt", {"train.max_steps=40", "checkpoint.every_steps=10", "train.sync=diloco", "train.sync_every=10"}));
+  ASSERT_TRUE(r.straight) << r.straight.message();
+  ASSERT_TRUE(r.resumed) << r.resumed.message();
+  const auto& a = r.straight;
   EXPECT_GT(a->last_eval.metrics.at("accuracy"), 0.3) << "10 classes: chance is 0.1";
-  auto opts = quiet(interrupted.path());
-  opts.stop_at_step = 20;
-  ASSERT_TRUE(run_training(cfg, opts));
-  auto b = run_training(cfg, quiet(interrupted.path()));
-  ASSERT_TRUE(b) << b.message();
-  EXPECT_EQ(a->params_digest, b->params_digest);
+  EXPECT_EQ(a->params_digest, r.resumed->params_digest);
   // Not the synchronous job's parameters.
   auto plain = run_training(ts_config("mlp.pt", {"train.max_steps=40"}), quiet(temp_dir().path()));
   ASSERT_TRUE(plain) << plain.message();
