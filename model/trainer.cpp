@@ -92,7 +92,13 @@ training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg
     oo.momentum = cfg.get_double("train.outer_momentum");
     oo.every = cfg.get_int("train.sync_every");
     oo.max_steps = cfg.get_int("train.max_steps");
-    outer_ = std::make_unique<outer_optimizer>(*optimizer_, oo);
+    oo.fragments = static_cast<int>(cfg.get_int("train.sync_fragments"));
+    oo.overlap = resolved_overlap(cfg.get_int("train.sync_overlap"), oo.fragments);
+    oo.mix = cfg.get_double("train.sync_mix");
+    std::vector<int64_t> numels;
+    for (const auto& p : task_->module()->parameters())
+      if (p.requires_grad()) numels.push_back(p.numel());
+    outer_ = std::make_unique<outer_optimizer>(*optimizer_, numels, oo);
   }
 }
 
@@ -111,6 +117,14 @@ result<std::unique_ptr<training_state>> training_state::create(const config& cfg
     return make_error("train.global_batch_size (" + std::to_string(b) + ") is larger than the training set (" +
                           std::to_string(t.value()->train_size()) + " samples)",
                       errc::batch_exceeds_data);
+  if (cfg.get_string("train.sync") == "diloco") {
+    int64_t tensors = 0;
+    for (const auto& p : t.value()->module()->parameters())
+      if (p.requires_grad()) ++tensors;
+    if (cfg.get_int("train.sync_fragments") > tensors)
+      return make_error("train.sync_fragments = " + std::to_string(cfg.get_int("train.sync_fragments")) + " but model '" + cfg.get_string("model.name") +
+                        "' has only " + std::to_string(tensors) + " parameter tensors to cut into fragments (use at most " + std::to_string(tensors) + ")");
+  }
   return std::unique_ptr<training_state>(new training_state(cfg, std::move(t.value())));
 }
 
@@ -179,12 +193,24 @@ double training_state::train_step() {
   if (order_->sharded()) task_->upcoming_samples(order_->global_batch(step_ + 1));
   const double loss = forward_backward(samples, step_) / static_cast<double>(samples.size());
   apply_update();
-  if (outer_ && outer_->due(step_)) {
-    // DiLoCo with one worker: its pseudo-gradient is the sum.
-    outer_->pseudo_gradients();
-    outer_->apply(1, step_);
-  }
+  if (outer_) outer_alone();
   return loss;
+}
+
+void training_state::outer_alone() {
+  // A world of one: its pseudo-gradient is the sum. An overlapped fragment
+  // keeps it aside (the inner steps reuse the gradient buffers).
+  if (outer_->lands(step_)) outer_->land(1, step_);
+  const auto due = outer_->due_fragments(step_);
+  for (size_t f : due) {
+    const bool overlap = outer_->options().overlap > 0 && step_ < schedule_.max_steps && due.size() == 1;
+    outer_->launch(f, step_, overlap);
+    if (overlap) {
+      optimizer_->zero_grad();
+    } else {
+      outer_->land(1, step_);
+    }
+  }
 }
 
 result<training_state::dp_step> training_state::inner_step(int rank, int world) {
@@ -202,21 +228,47 @@ result<training_state::dp_step> training_state::inner_step(int rank, int world) 
 }
 
 result<training_state::outer_step_result> training_state::outer_step(grad_sync& sync) {
+  const auto due = outer_->due_fragments(step_);
+  return outer_launch(due.empty() ? 0 : due.front(), sync, false);
+}
+
+result<training_state::outer_step_result> training_state::outer_launch(size_t f, grad_sync& sync, bool overlap) {
   outer_step_result r;
-  r.inner_steps = step_ - outer_->anchor();
-  r.payload_bytes = outer_->payload_bytes();
+  r.fragment = f;
+  r.payload_bytes = outer_->payload_bytes(f);
+  flight_window_ = step_ - outer_->fragment_anchor(f);
+  r.inner_steps = flight_window_;
   optimizer_->zero_grad();
-  outer_->pseudo_gradients();
+  outer_->launch(f, step_, overlap && sync.world() <= 1);
+  if (overlap) {
+    // Packed and on its way: the gradient buffers are the inner steps' again.
+    sync.launch_all();
+    optimizer_->zero_grad();
+    return r;
+  }
+  return outer_land(sync);
+}
+
+result<training_state::outer_step_result> training_state::outer_land(grad_sync& sync) {
+  outer_step_result r;
+  if (!outer_->in_flight()) return make_error("no DiLoCo exchange in flight");
+  r.fragment = *outer_->in_flight();
+  r.payload_bytes = outer_->payload_bytes(r.fragment);
+  r.inner_steps = flight_window_;
+  // The inner step before this one zeroed the gradient buffers; the reducer
+  // writes the fragment's sums there.
   auto synced = sync.finish();
   if (!synced) {
+    outer_->drop_flight();
     optimizer_->zero_grad();
     return synced.err();
   }
   r.exchange_s = synced->allreduce_s;
   r.exposed_s = synced->exposed_s;
   const auto t0 = clock_type::now();
-  r.pseudo_grad_norm = outer_->apply(sync.world(), step_);
+  r.pseudo_grad_norm = outer_->land(sync.world(), step_);
   r.update_s = seconds_since(t0);
+  r.landed = true;
   return r;
 }
 
@@ -279,7 +331,25 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   return r;
 }
 
+namespace {
+// Streaming DiLoCo: the global parameters in the module while it lives (the
+// workers' own parameters differ from them, and from each other, between
+// two exchanges of a fragment).
+struct global_view {
+  outer_optimizer* o = nullptr;
+  explicit global_view(outer_optimizer* outer) : o(outer && outer->streaming() ? outer : nullptr) {
+    if (o) o->swap_global();
+  }
+  ~global_view() {
+    if (o) o->swap_global();
+  }
+  global_view(const global_view&) = delete;
+  global_view& operator=(const global_view&) = delete;
+};
+}  // namespace
+
 eval_result training_state::evaluate() {
+  global_view view(outer_.get());
   auto module = task_->module();
   module->eval();
   eval_result r;
@@ -299,6 +369,7 @@ std::vector<torch::Tensor> training_state::gradients() {
 }
 
 std::string training_state::params_digest() {
+  global_view view(outer_.get());
   auto module = task_->module();
   std::vector<std::pair<std::string, torch::Tensor>> all;
   for (auto& kv : module->named_parameters()) all.emplace_back(kv.key(), kv.value());

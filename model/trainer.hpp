@@ -100,14 +100,26 @@ class training_state {
   // The outer step at a boundary (outer().due(step())): every worker's
   // pseudo-gradient summed through `sync` (its control words too), then the
   // Nesterov step; every worker then holds the same parameters. On error
-  // nothing changed (the next generation redoes the boundary).
+  // nothing changed (the next generation redoes the boundary). Not
+  // streaming: the one fragment, without overlap.
   struct outer_step_result {
     double pseudo_grad_norm = 0;  // of the workers' average
     double exchange_s = 0, exposed_s = 0, update_s = 0;
     int64_t payload_bytes = 0;  // this worker's pseudo-gradient as handed to the exchange (fp32)
-    int64_t inner_steps = 0;    // steps of the window it closes
+    int64_t inner_steps = 0;    // steps of the window it closes (streaming: of its fragment)
+    size_t fragment = 0;
+    bool landed = false;  // false: launched, in flight (outer_land later)
   };
   result<outer_step_result> outer_step(grad_sync& sync);
+  // Streaming (model/diloco.hpp): fragment f's pseudo-gradient goes out on
+  // `sync` (that fragment's reducer, its control words too). `overlap`: the
+  // exchange is left in flight and lands with outer_land() after later
+  // inner steps; otherwise it is waited for and lands now. On error nothing
+  // changed and nothing is in flight.
+  result<outer_step_result> outer_launch(size_t f, grad_sync& sync, bool overlap);
+  // The exchange in flight lands: waited for on `sync` (its fragment's
+  // reducer), then its fragment's outer step.
+  result<outer_step_result> outer_land(grad_sync& sync);
   bool diloco() const { return outer_ != nullptr; }
   outer_optimizer& outer() { return *outer_; }
   // DiLoCo: move to `step` without training (a worker behind its peers
@@ -184,6 +196,9 @@ class training_state {
   std::unique_ptr<flat_adamw> optimizer_;
   std::unique_ptr<data_order> order_;
   std::unique_ptr<outer_optimizer> outer_;  // train.sync = diloco
+  int64_t flight_window_ = 0;               // outer_launch: its fragment's inner steps since it last synchronised
+  // A world of one (train_step): lands what is due and launches what is due.
+  void outer_alone();
   lr_schedule schedule_;
   int64_t step_ = 0;
   torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()

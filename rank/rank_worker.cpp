@@ -748,9 +748,37 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     go.zero2 = zero2_of(state.optimizer(), *im.shards);
     global_norm = [&] { return global_grad_norm(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
   }
-  grad_sync sync(state.the_task().module()->parameters(), g.pg, go);
-  // Whatever the last generation left in the gradients is a partial step.
+  // Streaming DiLoCo: one reducer a fragment (its parameters only), over
+  // the process group: their exchanges take turns, and the shared-memory
+  // transports count one reducer's buckets a segment. Otherwise one reducer.
+  const bool streaming = state.diloco() && state.outer().streaming();
+  std::vector<std::unique_ptr<grad_sync>> syncs;
+  if (streaming) {
+    std::vector<torch::Tensor> trained;
+    for (auto& p : state.the_task().module()->parameters())
+      if (p.requires_grad()) trained.push_back(p);
+    grad_sync_options fo = go;
+    fo.shm = nullptr;
+    fo.hierarchical = false;
+    fo.hosts = c10::intrusive_ptr<c10d::ProcessGroup>();
+    for (const auto& fr : state.outer().fragments()) {
+      std::vector<torch::Tensor> part(trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param),
+                                      trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param + fr.params));
+      syncs.push_back(std::make_unique<grad_sync>(std::move(part), g.pg, fo));
+    }
+  } else {
+    syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
+  }
+  grad_sync& sync = *syncs.front();
+  auto sync_buffer_bytes = [&] {
+    int64_t n = 0;
+    for (const auto& x : syncs) n += x->buffer_bytes();
+    return n;
+  };
+  // Whatever the last generation left in the gradients is a partial step,
+  // and an exchange it left in flight is gone with its reducers.
   state.zero_grad();
+  if (state.diloco()) state.outer().drop_flight();
 
   {
     // How this generation's gradients travel (shown in the rank's status).
@@ -759,6 +787,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       transport = g.exchange.describe(g.backend);
     } else if (g.world > 1) {
       std::string why = g.exchange.why_not;
+      if (streaming && (g.exchange.shm || g.exchange.hierarchical)) why = "Streaming DiLoCo's fragments take turns on the process group";
       if (why.empty() && (g.exchange.shm || g.exchange.hierarchical)) why = "the gradients are not all float32, or do not fit the segment";
       transport = "gradients over " + g.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
     }
@@ -772,8 +801,13 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       // The same transport carries the pseudo-gradients, once a window.
       const auto at = transport.find("gradients");
       if (at != std::string::npos) transport.replace(at, 9, "pseudo-gradients");
-      transport = "DiLoCo (train.sync_every=" + std::to_string(cfg.get_int("train.sync_every")) + "): " + transport + ", window at step " +
-                  std::to_string(state.step()) + " of anchor " + std::to_string(state.outer().anchor());
+      const auto& oo = state.outer().options();
+      std::string how = "train.sync_every=" + std::to_string(cfg.get_int("train.sync_every"));
+      if (streaming)
+        how += ", " + std::to_string(syncs.size()) + " fragments each over " + g.backend + ", overlap " + std::to_string(oo.overlap) + " step(s), mix " +
+               std::to_string(oo.mix).substr(0, 4);
+      transport = "DiLoCo (" + how + "): " + transport + ", window at step " + std::to_string(state.step()) + " of anchor " +
+                  std::to_string(state.outer().anchor());
     }
     if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
@@ -829,7 +863,9 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   // what needs every rank to hold the same parameters (buffers, digests,
   // evaluation, checkpoints, stop, switch).
   const bool diloco = state.diloco();
-  auto outer_pending = [&] { return diloco && state.outer().due(state.step()); };
+  // Something of DiLoCo's left to do at this step: a fragment due, or an
+  // exchange in flight that lands now.
+  auto outer_pending = [&] { return diloco && (state.outer().due(state.step()) || state.outer().lands(state.step())); };
   if (state.step() >= cadence.max_steps && !outer_pending() && g.rank == 0) {
     // The job's last step is done but this generation started after it
     // (the old rank 0 may have died before its final evaluation and
@@ -842,6 +878,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
                  g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<long long>(g.window_steps),
                  static_cast<long long>(g.skipped_steps));
   auto window_began = clock_type::now();
+  step_control agreed;  // the last exchange's sums of the ranks' controls
   while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
@@ -870,21 +907,41 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
           return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
       if (!r) return failed(g, r.message(), state.step());
     }
-    // Every rank holds the same parameters after this step.
+    if (!diloco) agreed = sync.control();
+    // Every rank holds the same parameters after this step (streaming: the
+    // same global parameters, and nothing is in flight).
     bool boundary = !diloco;
-    if (outer_pending()) {
-      auto o = state.outer_step(sync);
-      if (!o) return failed(g, o.message(), state.step());
-      boundary = true;
-      r->allreduce_s += o->exchange_s;
-      r->exposed_s += o->exposed_s;
-      acc.set_outer_steps(acc.outer_steps() + 1);
-      acc.set_outer_payload_bytes(acc.outer_payload_bytes() + static_cast<uint64_t>(o->payload_bytes));
-      acc.set_outer_exchange_s(acc.outer_exchange_s() + o->exchange_s);
-      acc.set_pseudo_grad_norm(o->pseudo_grad_norm);
-      acc.set_outer_inner_steps(static_cast<uint64_t>(o->inner_steps));
-      acc.set_outer_window_s(std::chrono::duration<double>(clock_type::now() - window_began).count());
-      window_began = clock_type::now();
+    if (diloco) {
+      auto record = [&](const training_state::outer_step_result& o) {
+        r->allreduce_s += o.exchange_s;
+        r->exposed_s += o.exposed_s;
+        acc.set_outer_steps(acc.outer_steps() + 1);
+        acc.set_outer_payload_bytes(acc.outer_payload_bytes() + static_cast<uint64_t>(o.payload_bytes));
+        acc.set_outer_exchange_s(acc.outer_exchange_s() + o.exchange_s);
+        acc.set_pseudo_grad_norm(o.pseudo_grad_norm);
+        acc.set_outer_inner_steps(static_cast<uint64_t>(o.inner_steps));
+        acc.set_outer_window_s(std::chrono::duration<double>(clock_type::now() - window_began).count());
+        window_began = clock_type::now();
+        agreed = syncs[o.fragment]->control();
+        boundary = true;
+      };
+      bool landed = false;
+      if (state.outer().lands(state.step())) {
+        auto o = state.outer_land(*syncs[*state.outer().in_flight()]);
+        if (!o) return failed(g, o.message(), state.step());
+        record(*o);
+        landed = true;
+      }
+      const auto due = state.outer().due_fragments(state.step());
+      for (size_t f : due) {
+        // Overlapped only when it is the one exchange of this step and the
+        // job goes on: a boundary never leaves an exchange in flight.
+        const bool overlap = state.outer().options().overlap > 0 && state.step() < cadence.max_steps && due.size() == 1 && !landed;
+        syncs[f]->set_control(mine);
+        auto o = state.outer_launch(f, *syncs[f], overlap);
+        if (!o) return failed(g, o.message(), state.step());
+        if (o->landed) record(*o);
+      }
     }
     const int64_t step = state.step();
     // DiLoCo: what falls due in the window runs at its boundary.
@@ -941,7 +998,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       // The optimizer's gradients and the reducer's bucket buffers kept
       // between steps (zero=0/1: a second copy of every gradient; zero=2:
       // none, its buffers live only while a step's buckets are in flight).
-      acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes() + sync.buffer_bytes()));
+      acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes() + sync_buffer_bytes()));
       acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes() + (diloco ? state.outer().state_bytes() : 0)));
       if (cb_.on_step) cb_.on_step(g.gen, acc);
       acc.Clear();
@@ -969,7 +1026,6 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       last_ckpt = step;
     }
 
-    const step_control& agreed = sync.control();
     if (agreed.stop_agreed()) {
       if (agreed.final_checkpoint_wanted() && last_ckpt != step) write_checkpoint(g, eval_at_step);
       finish_checkpoints();

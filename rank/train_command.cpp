@@ -218,12 +218,17 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   };
   double window_loss = 0, window_time = 0, ema_sps = 0;
   int64_t window_steps = 0;
+  // Streaming DiLoCo with an overlap: a fragment's exchange in flight is
+  // not part of the state, so a stop or a checkpoint waits for it to land
+  // (at most train.sync_overlap steps).
+  auto in_flight = [&] { return state.diloco() && state.outer().in_flight().has_value(); };
+  bool checkpoint_owed = false;
   while (state.step() < max_steps) {
-    if (opts.stop_signal && opts.stop_signal->load() != 0) {
+    if (opts.stop_signal && opts.stop_signal->load() != 0 && !in_flight()) {
       summary.stop_signal = opts.stop_signal->load();
       break;
     }
-    if (opts.stop_at_step >= 0 && state.step() >= opts.stop_at_step) break;
+    if (opts.stop_at_step >= 0 && state.step() >= opts.stop_at_step && !in_flight()) break;
     eval_at_step.clear();
     const auto t0 = clock_type::now();
     double loss = 0;
@@ -271,7 +276,10 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
         return data_failed(e);
       }
     }
-    if (cadence.checkpoint_due(step)) save();
+    if (cadence.checkpoint_due(step) || checkpoint_owed) {
+      checkpoint_owed = in_flight();
+      if (!checkpoint_owed) save();
+    }
     if (auto st = commit_written(); !st) return st.err();
   }
   prog.finish();

@@ -269,6 +269,13 @@ void grad_sync::fail_step(std::string why) {
   error_ = std::move(why);
 }
 
+void grad_sync::launch_all() {
+  if (world_ <= 1 || broken_ || !exchange_) return;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!slots_[i].ready) pack(i);
+  launch_ready();
+}
+
 result<grad_sync_timing> grad_sync::finish() {
   grad_sync_timing t;
   if (world_ <= 1) {

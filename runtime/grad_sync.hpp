@@ -145,6 +145,12 @@ class grad_sync {
   // this step may still be running inside the process group; this object
   // then refuses every later step: rebuild it with a new group.
   result<grad_sync_timing> finish();
+  // Packs and starts every bucket not started yet, without waiting: the
+  // exchange runs while the caller does other work (DiLoCo's overlapped
+  // outer exchange), and a later finish() waits for it. Between the two the
+  // parameters' gradients may be reused: finish() overwrites them with the
+  // sums. A transport's second phase (flush) still starts in finish().
+  void launch_all();
 
   // What this rank adds to the step's control (options.carry_control); read
   // when the first bucket is launched.

@@ -35,6 +35,20 @@ status validate_training_config(const config& cfg) {
   if (cfg.get_string("cluster.wire_dtype") == "int8" && cfg.get_string("train.sync") != "diloco")
     return make_error("cluster.wire_dtype = int8 quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");
   if (cfg.get_double("train.outer_momentum") >= 1.0) return make_error("train.outer_momentum must be below 1");
+  {
+    const bool diloco = cfg.get_string("train.sync") == "diloco";
+    const int64_t fragments = cfg.get_int("train.sync_fragments"), every = cfg.get_int("train.sync_every");
+    const int64_t overlap = cfg.get_int("train.sync_overlap") >= 0 ? cfg.get_int("train.sync_overlap") : (fragments > 1 ? 1 : 0);
+    if (!diloco && (fragments > 1 || cfg.get_int("train.sync_overlap") > 0))
+      return make_error("train.sync_fragments and train.sync_overlap are Streaming DiLoCo's (train.sync = diloco); with train.sync = every_step leave them out");
+    if (diloco && fragments > every)
+      return make_error("train.sync_fragments (" + std::to_string(fragments) + ") cannot exceed train.sync_every (" + std::to_string(every) +
+                        "): each fragment synchronises at its own step of the window");
+    if (diloco && overlap * fragments >= every)
+      return make_error("train.sync_overlap (" + std::to_string(overlap) + ") must stay below train.sync_every / train.sync_fragments (" + std::to_string(every) + "/" +
+                        std::to_string(fragments) + "): a fragment's exchange lands before the next fragment's leaves");
+    if (cfg.get_double("train.sync_mix") > 1.0) return make_error("train.sync_mix must be between 0 and 1");
+  }
   return {};
 }
 
