@@ -133,6 +133,31 @@ TEST(TorchScript, DiLoCoTrainsAScriptedModuleAndResumesExactly) {
   EXPECT_NE(plain->params_digest, a->params_digest);
 }
 
+// Streaming DiLoCo on a scripted module (two fragments, each exchange
+// landing a step after it left): the checkpoint due at step 10 and the stop
+// at step 20 fall while fragment 1's exchange is in flight, so both wait
+// for it to land (step 11, step 21), and the resume is exact.
+TEST(TorchScript, StreamingDiLoCoWaitsForTheFlightAndResumesExactly) {
+  NEED_FIXTURES();
+  auto cfg = ts_config("mlp.pt", {"train.max_steps=40", "checkpoint.every_steps=10", "train.sync=diloco", "train.sync_every=10", "train.sync_fragments=2"});
+  auto r = train_straight_and_resumed(cfg);
+  ASSERT_TRUE(r.straight) << r.straight.message();
+  ASSERT_TRUE(r.resumed) << r.resumed.message();
+  EXPECT_GT(r.straight->last_eval.metrics.at("accuracy"), 0.3) << "10 classes: chance is 0.1";
+  EXPECT_EQ(r.straight->params_digest, r.resumed->params_digest);
+  // The stop waited for the landing.
+  temp_dir d;
+  auto opts = quiet(d.path());
+  opts.stop_at_step = 20;
+  auto stopped = run_training(cfg, opts);
+  ASSERT_TRUE(stopped) << stopped.message();
+  EXPECT_EQ(stopped->step, 21);
+  // Not plain DiLoCo's parameters.
+  auto plain = run_training(ts_config("mlp.pt", {"train.max_steps=40", "train.sync=diloco", "train.sync_every=10"}), quiet(temp_dir().path()));
+  ASSERT_TRUE(plain) << plain.message();
+  EXPECT_NE(plain->params_digest, r.straight->params_digest);
+}
+
 TEST(TorchScript, Bf16AutocastAppliesInsideTheScriptedModule) {
   NEED_FIXTURES();
   temp_dir fp32, bf16, interrupted;

@@ -1,0 +1,284 @@
+// Streaming DiLoCo (model/diloco.hpp: train.sync_fragments,
+// train.sync_overlap, train.sync_mix): how the parameters are cut into
+// fragments, when each synchronises, the overlapped exchange landing tau
+// inner steps later with the merge, against the formula computed here by
+// hand from workers trained alone; the job ending on the global
+// parameters; what a new generation does with an exchange in flight; the
+// refusals. Ranks are threads over Gloo.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "model/diloco.hpp"
+#include "model/trainer.hpp"
+#include "rank_threads.hpp"
+#include "runtime/grad_sync.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::make_states;
+using testing::run_ranks;
+using testing::tiny_vit_config;
+
+config streaming_config(int every, int fragments, std::vector<std::string> extra = {}) {
+  extra.insert(extra.end(), {"train.sync=diloco", "train.sync_every=" + std::to_string(every), "train.sync_fragments=" + std::to_string(fragments)});
+  return tiny_vit_config(extra);
+}
+
+TEST(StreamingDiLoCo, FragmentsAreConsecutiveParametersOfAboutEqualSize) {
+  using cuts = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(cut_fragments({10, 10, 10, 10}, 2), (cuts{{0, 2}, {2, 2}}));
+  EXPECT_EQ(cut_fragments({10, 10, 10, 10}, 4), (cuts{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+  // One big parameter fills its fragment alone; every fragment gets one.
+  EXPECT_EQ(cut_fragments({100, 1, 1, 1}, 3), (cuts{{0, 1}, {1, 1}, {2, 2}}));
+  EXPECT_EQ(cut_fragments({1, 1, 1, 100}, 2), (cuts{{0, 3}, {3, 1}}));
+  EXPECT_EQ(cut_fragments({5}, 1), (cuts{{0, 1}}));
+  EXPECT_TRUE(cut_fragments({5, 5}, 3).empty());
+}
+
+// The fragments of a model cover each element of the flat buffers once,
+// and the sizes are balanced within one parameter.
+TEST(StreamingDiLoCo, FragmentsCoverEveryParameterElementOnce) {
+  auto s = make_states(streaming_config(12, 3), 1);
+  const auto& o = s[0]->outer();
+  ASSERT_EQ(o.fragments().size(), 3u);
+  auto flat = s[0]->optimizer().flat_params();
+  std::vector<torch::Tensor> seen;
+  for (auto& t : flat) seen.push_back(torch::zeros(t.numel(), torch::kInt32));
+  int64_t total = 0, biggest_param = 0;
+  size_t next_param = 0;
+  for (const auto& fr : o.fragments()) {
+    EXPECT_EQ(fr.first_param, next_param);
+    next_param += fr.params;
+    for (const auto& [g, off, len] : fr.ranges) seen[g].narrow(0, off, len).add_(1);
+    total += fr.elements;
+  }
+  for (auto& p : s[0]->the_task().module()->parameters()) biggest_param = std::max(biggest_param, p.numel());
+  for (auto& t : seen) EXPECT_TRUE(torch::all(t == 1).item<bool>());
+  EXPECT_EQ(total, s[0]->optimizer().total_elements());
+  for (const auto& fr : o.fragments()) EXPECT_LE(std::abs(fr.elements - total / 3), biggest_param) << fr.elements << " of " << total;
+  // Offsets staggered over the window: 4, 8, 12.
+  EXPECT_EQ(o.fragments()[0].offset, 4);
+  EXPECT_EQ(o.fragments()[1].offset, 8);
+  EXPECT_EQ(o.fragments()[2].offset, 12);
+}
+
+// The schedule (a world of one, no overlap): fragment f at (f+1)*H/F + k*H,
+// each at its own step, and all of them at the last step.
+TEST(StreamingDiLoCo, FragmentsSynchroniseAtStaggeredStepsAndAllAtTheEnd) {
+  auto s = make_states(streaming_config(6, 3, {"train.max_steps=13", "train.sync_overlap=0"}), 1);
+  auto& o = s[0]->outer();
+  EXPECT_TRUE(o.streaming());
+  std::vector<std::vector<size_t>> due_at(14);
+  for (int64_t step = 0; step <= 13; ++step) due_at[static_cast<size_t>(step)] = o.due_fragments(step);
+  // Before anything ran: what is due at a step is every scheduled sync up to it.
+  EXPECT_TRUE(due_at[1].empty());
+  EXPECT_EQ(due_at[2], (std::vector<size_t>{0}));
+  EXPECT_EQ(due_at[4], (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(o.boundary_after(2), 4);
+  EXPECT_EQ(o.boundary_after(6), 8);
+  EXPECT_EQ(o.boundary_after(12), 13);
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> anchors;
+  while (s[0]->step() < 13) {
+    s[0]->train_step();
+    anchors.push_back({s[0]->step(), {o.fragment_anchor(0), o.fragment_anchor(1), o.fragment_anchor(2)}});
+  }
+  auto at = [&](int64_t step) { return anchors[static_cast<size_t>(step - 1)].second; };
+  EXPECT_EQ(at(1), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(at(2), (std::vector<int64_t>{2, 0, 0}));
+  EXPECT_EQ(at(4), (std::vector<int64_t>{2, 4, 0}));
+  EXPECT_EQ(at(6), (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(at(8), (std::vector<int64_t>{8, 4, 6}));
+  EXPECT_EQ(at(12), (std::vector<int64_t>{8, 10, 12}));
+  EXPECT_EQ(at(13), (std::vector<int64_t>{13, 13, 13}));
+  EXPECT_EQ(o.anchor(), 13);
+}
+
+// A rank's streaming loop as the rank worker runs it: an inner step unless
+// something of DiLoCo's is due, the flight landing, the due fragments
+// leaving (overlapped when alone), until `until`.
+using reducers = std::vector<std::unique_ptr<grad_sync>>;
+// One reducer a fragment, over `pg`, as the rank worker builds them.
+reducers fragment_reducers(training_state& s, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  grad_sync_options go;
+  go.bucket_bytes = 16 * 1024;
+  go.carry_control = true;
+  std::vector<torch::Tensor> trained;
+  for (auto& p : s.the_task().module()->parameters())
+    if (p.requires_grad()) trained.push_back(p);
+  reducers syncs;
+  for (const auto& fr : s.outer().fragments())
+    syncs.push_back(std::make_unique<grad_sync>(
+        std::vector<torch::Tensor>(trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param), trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param + fr.params)),
+        pg, go));
+  return syncs;
+}
+
+std::string run_streaming(training_state& s, int rank, int world, reducers& syncs, int64_t until) {
+  const int64_t max_steps = s.outer().options().max_steps;
+  while (s.step() < until) {
+    auto& o = s.outer();
+    if (!o.due(s.step()) && !o.lands(s.step())) {
+      auto r = s.inner_step(rank, world);
+      if (!r) return r.message();
+    }
+    bool landed = false;
+    if (o.lands(s.step())) {
+      auto l = s.outer_land(*syncs[*o.in_flight()]);
+      if (!l) return l.message();
+      landed = true;
+    }
+    const auto due = o.due_fragments(s.step());
+    for (size_t f : due) {
+      const bool overlap = o.options().overlap > 0 && s.step() < max_steps && due.size() == 1 && !landed;
+      auto l = s.outer_launch(f, *syncs[f], overlap);
+      if (!l) return l.message();
+      if (l->landed == overlap) return "fragment " + std::to_string(f) + (overlap ? " landed at once" : " stayed in flight");
+    }
+  }
+  return "";
+}
+
+torch::Tensor slice_of(const std::vector<torch::Tensor>& flat, const outer_fragment& fr) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& [g, off, len] : fr.ranges) parts.push_back(flat[g].narrow(0, off, len).clone());
+  return torch::cat(parts);
+}
+
+// Two workers, two fragments, H = 8, overlap 1, mix 0.5: fragment 0's
+// pseudo-gradients leave at step 4 and land at step 5, after each worker's
+// fifth inner step. By hand: global_0 = start - lr * (1 + mu) * avg(start -
+// local@4) (the first Nesterov step), local_0 = mix * local@5 + (1 - mix) *
+// global_0; fragment 1 is each worker's own local@5. The inner step that
+// ran while the exchange was in flight saw none of the pseudo-gradient.
+TEST(StreamingDiLoCo, OverlappedExchangeLandsLaterAndMixesWithTheLocalParameters) {
+  const int world = 2;
+  const double lr = 0.7, mu = 0.9, mix = 0.5;
+  const auto cfg = streaming_config(8, 2, {"train.sync_overlap=1", "train.sync_mix=0.5"});
+  auto alone = make_states(cfg, world);
+  auto dp = make_states(cfg, world);
+  const auto& frags = dp[0]->outer().fragments();
+  ASSERT_EQ(frags.size(), 2u);
+  const auto start = dp[0]->optimizer().flat_params();
+  std::vector<torch::Tensor> at4(world), at5_f0(world), at5_f1(world);
+  for (int r = 0; r < world; ++r) {
+    auto& a = *alone[static_cast<size_t>(r)];
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(a.inner_step(r, world).ok());
+    at4[r] = slice_of(a.optimizer().flat_params(), frags[0]);
+    ASSERT_TRUE(a.inner_step(r, world).ok());
+    at5_f0[r] = slice_of(a.optimizer().flat_params(), frags[0]);
+    at5_f1[r] = slice_of(a.optimizer().flat_params(), frags[1]);
+  }
+  const auto s0 = slice_of(start, frags[0]);
+  const auto avg = ((s0 - at4[0]) + (s0 - at4[1])) / 2.0;
+  const auto global0 = s0 - lr * (1 + mu) * avg;
+
+  auto errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto& s = *dp[static_cast<size_t>(rank)];
+    auto syncs = fragment_reducers(s, pg);
+    if (auto e = run_streaming(s, rank, world, syncs, 4); !e.empty()) return e;
+    if (!s.outer().in_flight() || *s.outer().in_flight() != 0) return std::string("fragment 0 is not in flight after step 4");
+    return run_streaming(s, rank, world, syncs, 5);
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  for (int r = 0; r < world; ++r) {
+    auto& s = *dp[static_cast<size_t>(r)];
+    EXPECT_FALSE(s.outer().in_flight());
+    EXPECT_EQ(s.outer().anchor(), 5);
+    EXPECT_EQ(s.outer().fragment_anchor(0), 4);
+    EXPECT_EQ(s.outer().fragment_anchor(1), 0);
+    const auto flat = s.optimizer().flat_params();
+    const auto want0 = mix * at5_f0[r] + (1 - mix) * global0;
+    const auto got0 = slice_of(flat, frags[0]);
+    EXPECT_TRUE(torch::allclose(got0, want0, 1e-5, 1e-6)) << "rank " << r << ": " << (got0 - want0).abs().max().item<double>();
+    // Fragment 1 was not exchanged: the worker's own, exactly.
+    EXPECT_TRUE(torch::equal(slice_of(flat, frags[1]), at5_f1[r])) << "rank " << r;
+  }
+  // The two workers' fragment 0 differs (each mixed its own local part).
+  EXPECT_FALSE(torch::equal(slice_of(dp[0]->optimizer().flat_params(), frags[0]), slice_of(dp[1]->optimizer().flat_params(), frags[0])));
+}
+
+// A whole job of two workers with four fragments: every exchange lands,
+// both end on the same parameters, which are the global ones; the
+// evaluation and the digest see the global parameters mid-run.
+TEST(StreamingDiLoCo, WorkersEndOnTheGlobalParameters) {
+  const int world = 2;
+  const auto cfg = streaming_config(8, 4, {"train.max_steps=30"});
+  auto dp = make_states(cfg, world);
+  auto errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto& s = *dp[static_cast<size_t>(rank)];
+    // Mid-run (after fragment 1 landed at step 5): the workers' own
+    // parameters differ, the global ones (digest) do not.
+    auto syncs = fragment_reducers(s, pg);
+    return run_streaming(s, rank, world, syncs, 5);
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  EXPECT_FALSE(torch::equal(dp[0]->optimizer().flat_params()[0], dp[1]->optimizer().flat_params()[0]));
+  EXPECT_EQ(dp[0]->params_digest(), dp[1]->params_digest());
+  const auto local_before = dp[0]->optimizer().flat_params()[0].clone();
+  EXPECT_EQ(dp[0]->evaluate().metrics.count("accuracy"), 1u);
+  EXPECT_TRUE(torch::equal(dp[0]->optimizer().flat_params()[0], local_before)) << "the evaluation left the global parameters in place";
+  errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto& s = *dp[static_cast<size_t>(rank)];
+    auto syncs = fragment_reducers(s, pg);
+    return run_streaming(s, rank, world, syncs, 30);
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  for (int r = 0; r < world; ++r) {
+    auto& s = *dp[static_cast<size_t>(r)];
+    EXPECT_FALSE(s.outer().due(30));
+    EXPECT_FALSE(s.outer().in_flight());
+    for (size_t f = 0; f < 4; ++f) EXPECT_EQ(s.outer().fragment_anchor(f), 30);
+  }
+  const auto a = dp[0]->optimizer().flat_params(), b = dp[1]->optimizer().flat_params();
+  for (size_t g = 0; g < a.size(); ++g) EXPECT_TRUE(torch::equal(a[g], b[g])) << "group " << g;
+  // Local = global at the end: swapping them changes nothing.
+  const auto before = a[0].clone();
+  dp[0]->outer().swap_global();
+  EXPECT_TRUE(torch::equal(dp[0]->optimizer().flat_params()[0], before));
+  dp[0]->outer().swap_global();
+}
+
+// A new generation drops an exchange in flight: nothing of it was applied,
+// and its fragment is due again at once.
+TEST(StreamingDiLoCo, ADroppedFlightLeavesItsFragmentDue) {
+  auto s = make_states(streaming_config(8, 2, {"train.sync_overlap=2"}), 1);
+  auto& o = s[0]->outer();
+  for (int i = 0; i < 4; ++i) s[0]->train_step();
+  ASSERT_TRUE(o.in_flight());
+  EXPECT_EQ(*o.in_flight(), 0u);
+  EXPECT_FALSE(o.lands(5));
+  EXPECT_TRUE(o.lands(6));
+  const auto before = o.state_tensors();
+  o.drop_flight();
+  EXPECT_EQ(o.due_fragments(4), (std::vector<size_t>{0}));
+  EXPECT_EQ(o.anchor(), 0);
+  EXPECT_EQ(o.fragment_anchor(0), 0);
+  // The state names the fragments' anchors.
+  bool named = false;
+  for (const auto& st : before) named = named || st.name == "outer/fragment_anchors";
+  EXPECT_TRUE(named);
+}
+
+TEST(StreamingDiLoCo, BadSettingsAreRefusedInOneLine) {
+  auto refused = [](std::vector<std::string> sets, const std::string& want) {
+    auto c = config::load("", sets);
+    if (!c) return c.message().find(want) != std::string::npos && c.message().find('\n') == std::string::npos ? std::string() : c.message();
+    auto s = training_state::create(c.value());
+    if (s) return std::string("accepted");
+    return s.message().find(want) != std::string::npos && s.message().find('\n') == std::string::npos ? std::string() : s.message();
+  };
+  EXPECT_EQ(refused({"train.sync_fragments=2"}, "Streaming DiLoCo"), "");
+  EXPECT_EQ(refused({"train.sync=diloco", "train.sync_every=4", "train.sync_fragments=5"}, "cannot exceed train.sync_every"), "");
+  EXPECT_EQ(refused({"train.sync=diloco", "train.sync_every=8", "train.sync_fragments=4", "train.sync_overlap=2"}, "must stay below"), "");
+  EXPECT_EQ(refused({"train.sync=diloco", "train.sync_every=8", "train.sync_overlap=1", "train.sync_mix=1.5"}, "train.sync_mix"), "");
+  EXPECT_EQ(refused({"model.dim=16", "model.layers=1", "model.heads=2", "train.sync=diloco", "train.sync_every=1000", "train.sync_fragments=500"},
+                    "parameter tensors"),
+            "");
+}
+
+}  // namespace
+}  // namespace dtactor
