@@ -962,6 +962,72 @@ TEST(Chaos, DiLoCoSurvivorsKeepTheirWindowWhenAWorkerIsKilled) {
   EXPECT_GE(events<ev::checkpoint_saved>(j).size(), 2u);
 }
 
+// Streaming DiLoCo (4 fragments of a 40-step window, each exchange landing
+// a step after it left): node c is killed right after step 50, when
+// fragment 0's exchange has just left. The survivors drop that exchange,
+// keep their own inner steps, send fragment 0 again among themselves and
+// finish without losing a completed step.
+TEST(Chaos, StreamingDiLoCoSurvivorsResendTheFragmentInFlightWhenAWorkerIsKilled) {
+  temp_dir d;
+  const auto sets = job_sets(200, {"cluster.min_nodes=3", "cluster.floor_nodes=2", "train.sync=diloco", "train.sync_every=40",
+                                   "train.sync_fragments=4", "checkpoint.every_steps=40"});
+  cluster cl(d.path(), sets);
+  for (auto e : {cl.start_coordinator(), cl.start_node("a"), cl.start_node("b"), cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"})})
+    ASSERT_EQ(e, "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
+    for (const auto& r : events<ev::recovery_done>(j))
+      if (r.at("world_size") == 2) return true;
+    return false;
+  }, 300)) << cl.logs();
+  expect_finished_without_loss(cl, 200, 2);
+  const auto j = cl.journal();
+  const auto rec = events<ev::recovery_done>(j);
+  ASSERT_GE(rec.size(), 1u);
+  EXPECT_GE(rec.back().at("resumed_step").get<int64_t>(), 50) << "the survivors went on from where they were: " << rec.back().dump();
+  // Exchanges went on every 10 steps after the recovery, at the smaller world.
+  int after = 0;
+  int64_t first_after = -1;
+  for (const auto& o : events<ev::outer_step>(j))
+    if (o.at("world_size") == 2) {
+      if (first_after < 0) first_after = o.at("step").get<int64_t>();
+      ++after;
+    }
+  EXPECT_GE(after, 10) << cl.logs();
+  // Fragment 0 sent again at 51 lands at 52; had its exchange completed
+  // before the loss was noticed, the next one lands at 61.
+  EXPECT_TRUE(first_after == 52 || first_after == 61) << first_after << "\n" << cl.logs();
+  bool streaming = false;
+  for (const char* id : {"a", "b"}) {
+    std::ifstream f(d.path() + "/node-" + id + ".log");
+    for (std::string line; std::getline(f, line);) streaming = streaming || line.find("4 fragments each over") != std::string::npos;
+  }
+  EXPECT_TRUE(streaming) << cl.logs();
+}
+
+// Streaming DiLoCo: a stop with a final checkpoint happens where an
+// exchange lands (nothing in flight), and a joiner is taken in there.
+const std::vector<std::string> kStreaming = {"train.sync=diloco", "train.sync_every=20", "train.sync_fragments=2"};
+TEST(Chaos, StreamingDiLoCoCoordinatorSigtermStopsWithAFinalCheckpoint) { coordinator_sigterm_stops_with_a_final_checkpoint(kStreaming); }
+
+TEST(Chaos, StreamingDiLoCoJoinerIsTakenInWhereAnExchangeLands) {
+  temp_dir d;
+  const auto sets = job_sets(1500, {"cluster.min_nodes=2", "cluster.floor_nodes=2", "train.sync=diloco", "train.sync_every=20", "train.sync_fragments=2"});
+  cluster cl(d.path(), sets);
+  ASSERT_EQ(cl.start({"a", "b"}), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  ASSERT_EQ(cl.start_node("c"), "");
+  expect_finished_without_loss(cl, 1500, 3);
+  const auto j = cl.journal();
+  bool joined = false;
+  for (const auto& r : events<ev::recovery_done>(j)) {
+    if (r.at("world_size") != 3) continue;
+    joined = true;
+    // Fragment 0 leaves at 10 + 20k, fragment 1 at 20k; each lands a step later.
+    EXPECT_EQ(r.at("resumed_step").get<int64_t>() % 10, 1) << r.dump();
+  }
+  EXPECT_TRUE(joined) << cl.logs();
+}
+
 // A node joins a running DiLoCo job: it is taken in at a boundary (the
 // plan drains at the next synchronisation) and takes the state from a peer.
 TEST(Chaos, DiLoCoJoinerIsTakenInAtABoundaryWithAPeersState) {

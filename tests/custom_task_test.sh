@@ -147,6 +147,19 @@ else
   bad "2-node local run of the registered task with train.sync = diloco (rc $rc)"; tail -20 dilocorun.log
 fi
 
+# Streaming DiLoCo: two fragments, each exchange landing a step after it
+# left (fragment 0 at 5, 15, 25, 35, fragment 1 at 10, 20, 30, both at 40).
+"$bin" local --nodes 2 --config tabular.toml --run-dir streamrun --set train.max_steps=40 --set train.sync=diloco \
+  --set train.sync_every=10 --set train.sync_fragments=2 >streamrun.log 2>&1
+rc=$?
+outer=$(grep -c '"event":"outer_step"' streamrun/journal.jsonl 2>/dev/null)
+if [ $rc -eq 0 ] && grep -q "finished at step 40: accuracy=" streamrun.log && [ "${outer:-0}" -eq 8 ] &&
+  grep -q "2 fragments each over" streamrun/node-*.log streamrun.log 2>/dev/null; then
+  ok "2-node local run of the registered task with streaming DiLoCo (8 outer steps, 2 fragments)"
+else
+  bad "2-node local run of the registered task with streaming DiLoCo (rc $rc, $outer outer steps)"; tail -20 streamrun.log
+fi
+
 # A 2-node local run of the task.
 "$bin" local --nodes 2 --config tabular.toml --run-dir run --set train.max_steps=60 --set eval.every_steps=30 \
   --set checkpoint.every_steps=30 >local.log 2>&1
