@@ -4,7 +4,9 @@ thread each) and a coordinator host, network namespaces on a test switch
 (scripts/netns/hosts.sh), every link capped by tbf at each rate. For each
 cap, side by side: train.sync = every_step (fp32 and the bf16 wire) and
 train.sync = diloco (train.sync_every = H, fp32 and bf16 pseudo-gradients),
-the ViT's default model and global batch.
+and Streaming DiLoCo (mode "streaming": train.sync = diloco with
+train.sync_fragments = --fragments, the default overlap of one step and
+mix 0.5), the ViT's default model and global batch.
 
 Figures per run: samples/s over the steady part (steps after the first
 fifth: samples / wall time between the journal's step events, so a
@@ -16,7 +18,8 @@ the share of the time the link was busy (diloco: outer_step exchange_s /
 window_s), and the final evaluation (accuracy at equal samples).
 
 Usage (root): bench/diloco_links.py [--caps 10gbit,100mbit,10mbit]
-  [--steps 200] [--every 50] [--repeats 1] [--modes every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16]
+  [--steps 200] [--every 50] [--repeats 1] [--modes every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16,streaming:int8]
+  [--fragments 5]
   [--dtactor build/dtactor] [--out bench/diloco_links_results.json]
 Prints one JSON line per run and writes the whole JSON at the end."""
 import argparse
@@ -38,10 +41,13 @@ EVAL = "eval"
 WIRE_FACTOR = {"fp32": 1.0, "bf16": 0.5, "int8": (1 + 4 / 256) / 4}
 
 
-def run(binary, steps, sync, wire, every, log_dir, name):
+def run(binary, steps, sync, wire, every, log_dir, name, fragments=1):
     with tempfile.TemporaryDirectory() as rd:
         sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=1",
-                "cluster.min_nodes=2", "train.sync=" + sync, "train.sync_every=%d" % every, "cluster.wire_dtype=" + wire]
+                "cluster.min_nodes=2", "train.sync=" + ("diloco" if sync == "streaming" else sync), "train.sync_every=%d" % every,
+                "cluster.wire_dtype=" + wire]
+        if sync == "streaming":
+            sets.append("train.sync_fragments=%d" % fragments)
         args = [x for s in sets for x in ("--set", s)]
         logs = [open(os.path.join(log_dir, name + n), "w") for n in ("coordinator.log", "node1.log", "node2.log")]
         coord = subprocess.Popen([HOSTS, "run", TAG, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
@@ -68,9 +74,10 @@ def run(binary, steps, sync, wire, every, log_dir, name):
     evals = [e for e in journal if e["event"] == EVAL]
     out = {"samples_per_s": round(sps, 1), "final_metrics": {k: v for k, v in evals[-1].items() if isinstance(v, float) and k not in ("t", "duration_s")} if evals else {}}
     if outer:
+        # What crossed over the run per sample trained (streaming: each
+        # event is one fragment's exchange).
         payload = sum(e["payload_bytes"] for e in outer)
-        inner = sum(e["inner_steps"] for e in outer)
-        out["payload_bytes_per_sample"] = round(payload / (inner * batch) * WIRE_FACTOR[wire], 2)
+        out["payload_bytes_per_sample"] = round(payload / (outer[-1]["step"] * batch) * WIRE_FACTOR[wire], 2)
         out["outer_steps"] = len(outer)
         out["exchange_s_median"] = round(statistics.median(e["exchange_s"] for e in outer), 4)
         out["link_busy"] = round(sum(e["exchange_s"] for e in outer) / max(1e-9, sum(e["window_s"] for e in outer)), 4)
@@ -86,12 +93,13 @@ def main():
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", default="every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16")
+    ap.add_argument("--fragments", type=int, default=5)
     ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "diloco_links_results.json"))
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="diloco-links-")
     results = {"setup": "2 node hosts x 1 rank (1 thread) + a coordinator host, tbf on every link; ViT default model, global batch 128",
-               "steps": a.steps, "sync_every": a.every, "command": " ".join(sys.argv), "logs": log_dir, "caps": {}}
+               "steps": a.steps, "sync_every": a.every, "fragments": a.fragments, "command": " ".join(sys.argv), "logs": log_dir, "caps": {}}
     modes = [m.split(":") for m in a.modes.split(",")]
     for cap in each_cap(TAG, a.caps.split(",")):
         runs = {}
@@ -99,7 +107,7 @@ def main():
         for rep in range(a.repeats):
             for sync, wire in modes:
                 name = "%s %s" % (sync, wire)
-                r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-%d-" % (cap, sync, wire, rep))
+                r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-%d-" % (cap, sync, wire, rep), a.fragments)
                 runs.setdefault(name, []).append(r)
                 print(json.dumps({cap: {name: r}}), flush=True)
         results["caps"][cap] = {}

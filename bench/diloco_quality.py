@@ -5,7 +5,8 @@ default settings unless --set), evaluated at the end. Prints one JSON line
 per run and writes the whole JSON.
 
 Usage: bench/diloco_quality.py [--nodes 2] [--steps 1000] [--every 10,50,100]
-  [--set KEY=VALUE ...] [--dtactor build/dtactor] [--out bench/diloco_quality_results.json]"""
+  [--streaming 50:5:1:0.5,...] (Streaming DiLoCo runs, H:fragments:overlap:mix)
+  [--no-every-step] [--set KEY=VALUE ...] [--dtactor build/dtactor] [--out bench/diloco_quality_results.json]"""
 import argparse
 import json
 import os
@@ -38,13 +39,19 @@ def main():
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--every", default="10,50,100")
+    ap.add_argument("--streaming", default="")
+    ap.add_argument("--no-every-step", action="store_true")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "diloco_quality_results.json"))
     a = ap.parse_args()
     results = {"command": " ".join(sys.argv), "nodes": a.nodes, "steps": a.steps, "sets": a.set, "runs": {}}
-    modes = [("every_step", ["train.sync=every_step"])] + [("diloco H=%s" % h, ["train.sync=diloco", "train.sync_every=" + h])
-                                                          for h in a.every.split(",")]
+    modes = [] if a.no_every_step else [("every_step", ["train.sync=every_step"])]
+    modes += [("diloco H=%s" % h, ["train.sync=diloco", "train.sync_every=" + h]) for h in a.every.split(",") if h]
+    for spec in filter(None, a.streaming.split(",")):
+        h, f, tau, mix = spec.split(":")
+        modes.append(("streaming H=%s F=%s overlap=%s mix=%s" % (h, f, tau, mix),
+                      ["train.sync=diloco", "train.sync_every=" + h, "train.sync_fragments=" + f, "train.sync_overlap=" + tau, "train.sync_mix=" + mix]))
     for name, sets in modes:
         r = run(a.dtactor, a.nodes, a.steps, a.set + sets)
         results["runs"][name] = r
