@@ -281,15 +281,21 @@ void training_state::zero_grad() {
   interrupted_at_.reset();
 }
 
+result<training_state::dp_step> training_state::inner_step_host(int rank, int world, grad_sync& host, const std::vector<int>& host_ranks) {
+  size_t n = 0;
+  for (int r : host_ranks) n += order_->rank_slice(step_, r, world).size();
+  return train_step_dp(rank, world, host, {}, {}, static_cast<double>(std::max<size_t>(1, n)));
+}
+
 result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather,
-                                                              const std::function<result<double>()>& norm) {
+                                                              const std::function<result<double>()>& norm, double divisor) {
   dp_step r;
   auto samples = order_->rank_slice(step_, rank, world);
   // Sharded data: the next step's samples, decoded ahead while this one runs.
   if (order_->sharded()) task_->upcoming_samples(order_->rank_slice(step_ + 1, rank, world));
   r.samples = static_cast<int64_t>(samples.size());
   const auto t0 = clock_type::now();
-  r.loss_sum = forward_backward(samples, step_, rank, &sync);
+  r.loss_sum = forward_backward(samples, step_, rank, &sync, divisor);
   r.compute_s = seconds_since(t0);
   auto synced = sync.finish();
   if (!synced) {

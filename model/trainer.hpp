@@ -90,8 +90,16 @@ class training_state {
   // says the other parameters may be a mix of two steps.
   // `norm` (ZeRO-2): the global gradient norm from the ranks' shards (a
   // collective); when it fails, nothing was updated.
+  // `divisor`: what the loss is divided by (0 = the global batch).
   result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {},
-                                const std::function<result<double>()>& norm = {});
+                                const std::function<result<double>()>& norm = {}, double divisor = 0);
+  // train.diloco_worker = host: one inner step of a worker made of the
+  // ranks `host_ranks` (global ranks, this one among them): each its slice
+  // of the step's global batch, the gradients summed over `host` (the
+  // host's reducer), the mean loss of the host's samples, clipped by that
+  // gradient's norm; every rank of the host steps alike. No collective
+  // beyond the host.
+  result<dp_step> inner_step_host(int rank, int world, grad_sync& host, const std::vector<int>& host_ranks);
   // train.sync = diloco (model/diloco.hpp): one inner step of this worker,
   // `rank` of `world`: its data_order::rank_slice of the step's global
   // batch, the gradient of its own mean loss, clipped by its own norm, its

@@ -770,10 +770,29 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
   }
   grad_sync& sync = *syncs.front();
+  // train.diloco_worker = host: the ranks of a host are one worker,
+  // synchronous inside through the host's segment (taking turns with the
+  // outer exchange, which uses the same segment when hierarchical).
+  std::unique_ptr<grad_sync> host_sync;
+  std::string host_workers_why_not;
+  if (state.diloco() && cfg.get_string("train.diloco_worker") == "host" && g.world > 1) {
+    if (g.exchange.shm && g.exchange.host_ranks > 1 && (g.exchange.hierarchical || g.exchange.host_count == 1)) {
+      grad_sync_options ho;
+      ho.bucket_bytes = go.bucket_bytes;
+      ho.spin_wait = go.spin_wait;
+      ho.timeout = go.timeout;
+      ho.abandon = go.abandon;
+      ho.shm = g.exchange.shm;
+      ho.host_only = true;
+      host_sync = std::make_unique<grad_sync>(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
+    } else {
+      host_workers_why_not = g.exchange.host_ranks <= 1 ? "this rank is alone on its host" : g.exchange.why_not.empty() ? "no shared memory" : g.exchange.why_not;
+    }
+  }
   auto sync_buffer_bytes = [&] {
     int64_t n = 0;
     for (const auto& x : syncs) n += x->buffer_bytes();
-    return n;
+    return n + (host_sync ? host_sync->buffer_bytes() : 0);
   };
   // Whatever the last generation left in the gradients is a partial step,
   // and an exchange it left in flight is gone with its reducers.
@@ -806,6 +825,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       if (streaming)
         how += ", " + std::to_string(syncs.size()) + " fragments each over " + g.backend + ", overlap " + std::to_string(oo.overlap) + " step(s), mix " +
                std::to_string(oo.mix).substr(0, 4);
+      if (host_sync)
+        how += ", workers are hosts: " + std::to_string(g.exchange.host_ranks) + " ranks here, synchronous over shared memory every step";
+      else if (!host_workers_why_not.empty())
+        how += ", train.diloco_worker = host but this rank is a worker of its own (" + host_workers_why_not + ")";
       transport = "DiLoCo (" + how + "): " + transport + ", window at step " + std::to_string(state.step()) + " of anchor " +
                   std::to_string(state.outer().anchor());
     }
@@ -899,7 +922,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     result<training_state::dp_step> r = training_state::dp_step{};
     if (!outer_pending()) {
       im.attempt = {attempted, g.gen, g.rank, g.world};
-      r = diloco ? state.inner_step(g.rank, g.world) : state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
+      if (host_sync)
+        r = state.inner_step_host(g.rank, g.world, *host_sync, g.exchange.host_members);
+      else
+        r = diloco ? state.inner_step(g.rank, g.world) : state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
       // Applied (with ZeRO, to this rank's shards even when the all-gather
       // after it failed): the step is in the audit log before anything else.
       if (state.step() > attempted)

@@ -151,6 +151,11 @@ std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>
 // train.zero = 2 on `pg`: the pieces of kept_by only (fp32, or bf16 on the wire).
 std::unique_ptr<bucket_exchange> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
                                                             bool bf16, const exchange_waits& w);
+// The shared-memory transport over `shm` alone (a host's ranks, no
+// process group); an error when the buckets are not all float32 or do not
+// fit its slots.
+result<std::unique_ptr<bucket_exchange>> host_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                       const exchange_waits& w);
 std::unique_ptr<bucket_exchange> make_shm_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
                                                    const exchange_waits& w);
 // `shm`: this host's segment (null when the rank is alone on its host);
@@ -177,6 +182,7 @@ struct exchange_plan {
   bool hierarchical = false;
   int host_count = 1;  // hosts of the world
   int host_ranks = 1;  // ranks on this rank's host
+  std::vector<int> host_members;  // their global ranks, in order (this rank's among them)
   std::string why_not;  // why shared memory is not used, when it is not
   // "gradients over shared memory", "... within the host and gloo across 3 hosts", ...
   std::string describe(const std::string& backend) const;

@@ -55,6 +55,7 @@ result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& stor
         if (hosts[h][l] == rank) mine = h, local = l;
     }
     out.host_ranks = static_cast<int>(hosts[mine].size());
+    out.host_members = hosts[mine];
     if (hosts.size() == 1) {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
       auto joined = shm_group::join(*prefixed, rank, world, floats, &out.why_not);

@@ -14,7 +14,8 @@ namespace {
 // A bucket list laid out in a shm_group's slots: step k writes parity k % 2
 // (a rank can start step k+1 while a slower one still reads step k), and
 // every publish counts one bucket, so "bucket b of this step" is the count
-// step_base_ + b + 1.
+// step_base + b + 1 (the segment's counters: steps of several exchanges
+// over one segment, taking turns, are counted alike on every rank).
 class shm_slots {
  public:
   explicit shm_slots(std::shared_ptr<shm_group> shm) : shm_(std::move(shm)) {
@@ -24,11 +25,11 @@ class shm_slots {
   shm_group& group() const { return *shm_; }
   // Bucket `b`'s region in rank r's slot of this step.
   torch::Tensor region(const exchange_bucket& b, int r) const {
-    return slots_[parity_][static_cast<size_t>(r)].narrow(0, b.base, b.numel);
+    return slots_[shm_->steps().parity][static_cast<size_t>(r)].narrow(0, b.base, b.numel);
   }
   torch::Tensor mine(const exchange_bucket& b) const { return region(b, shm_->rank()); }
-  void publish() { shm_->publish(++published_); }
-  uint64_t count(size_t b) const { return step_base_ + b + 1; }
+  void publish() { shm_->publish(++shm_->steps().published); }
+  uint64_t count(size_t b) const { return shm_->steps().step_base + b + 1; }
   // The world's regions of bucket b summed into its flat tensor, in the same
   // order on every rank: bit-identical sums everywhere.
   // train.zero = 2 (kept_by): only the pieces this rank keeps and the
@@ -48,17 +49,17 @@ class shm_slots {
     b.mark_done();
   }
   void end_step() {
-    step_base_ = published_;
-    parity_ ^= 1;
+    auto& c = shm_->steps();
+    c.step_base = c.published;
+    c.parity ^= 1;
   }
 
  private:
   std::shared_ptr<shm_group> shm_;
   std::vector<torch::Tensor> slots_[2];  // [parity][rank], views of the segment
   std::vector<torch::Tensor> scratch_;   // sum_slots' temporaries
-  int parity_ = 0;
-  uint64_t published_ = 0;  // buckets this rank published in all steps
-  uint64_t step_base_ = 0;  // ... before the current step
+  // The step counters are the segment's (shm_group::steps), so that several
+  // exchanges over it can take turns.
 };
 
 // Every rank on one host: each bucket is published into this rank's slot as
@@ -202,6 +203,20 @@ void sum_slots(const torch::Tensor& dst, const std::vector<torch::Tensor>& srcs,
     out.add_(tmp);
   };
   if (!srcs.empty()) tree(dst, 0, srcs.size(), 0);
+}
+
+result<std::unique_ptr<bucket_exchange>> host_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                       const exchange_waits& w) {
+  if (!shm) return make_error("a host's reducer needs the host's shared-memory segment");
+  int64_t total = 0;
+  for (auto& b : buckets) {
+    if (b.flat.scalar_type() != torch::kFloat) return make_error("a host's reducer carries float32 gradients only");
+    b.base = total;
+    total += b.numel;
+  }
+  if (total > shm->capacity())
+    return make_error("a host's reducer needs " + std::to_string(total) + " floats a slot, the segment has " + std::to_string(shm->capacity()));
+  return std::unique_ptr<bucket_exchange>(std::make_unique<shm_exchange>(buckets, std::move(shm), w));
 }
 
 std::unique_ptr<bucket_exchange> make_shm_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,

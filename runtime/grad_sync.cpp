@@ -28,7 +28,13 @@ struct grad_sync::hook_state {
 
 grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d::ProcessGroup> pg, grad_sync_options opts)
     : pg_(std::move(pg)), opts_(opts) {
-  if (pg_) {
+  if (opts_.host_only) {
+    // This host's ranks alone, through their segment (no process group).
+    if (opts_.shm) {
+      world_ = opts_.shm->world();
+      rank_ = opts_.shm->rank();
+    }
+  } else if (pg_) {
     world_ = pg_->getSize();
     rank_ = pg_->getRank();
   }
@@ -87,7 +93,8 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
   choice.bf16_wire = opts_.bf16_wire;
   choice.int8_wire = opts_.int8_wire;
   choice.zero2 = static_cast<bool>(opts_.zero2);
-  auto ex = make_exchange(buckets_, choice, exchange_waits{opts_.abandon, opts_.spin_wait});
+  auto ex = opts_.host_only ? host_exchange(buckets_, opts_.shm, exchange_waits{opts_.abandon, opts_.spin_wait})
+                            : make_exchange(buckets_, choice, exchange_waits{opts_.abandon, opts_.spin_wait});
   if (!ex) {
     broken_ = true;
     error_ = ex.message();

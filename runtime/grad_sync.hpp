@@ -106,6 +106,12 @@ struct grad_sync_options {
   // fit shared memory (not float32, or over capacity).
   bool hierarchical = false;
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;
+  // Sum over this host's ranks only, through `shm` (its segment): the
+  // reducer's world is the segment's, and no process group is used
+  // (train.diloco_worker = host: a DiLoCo worker made of a host's ranks,
+  // synchronous inside). With no segment (alone on its host) every call is
+  // a no-op.
+  bool host_only = false;
   // train.zero = 2 (see zero2_grads); null: every rank gets every gradient.
   std::shared_ptr<const zero2_grads> zero2;
 };

@@ -48,6 +48,8 @@ status validate_training_config(const config& cfg) {
       return make_error("train.sync_overlap (" + std::to_string(overlap) + ") must stay below train.sync_every / train.sync_fragments (" + std::to_string(every) + "/" +
                         std::to_string(fragments) + "): a fragment's exchange lands before the next fragment's leaves");
     if (cfg.get_double("train.sync_mix") > 1.0) return make_error("train.sync_mix must be between 0 and 1");
+    if (!diloco && cfg.get_string("train.diloco_worker") == "host")
+      return make_error("train.diloco_worker = host makes a host's ranks one DiLoCo worker; it needs train.sync = diloco");
   }
   return {};
 }

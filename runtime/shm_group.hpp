@@ -86,6 +86,17 @@ class shm_group {
   status wait_all(uint64_t count, std::chrono::steady_clock::time_point deadline, const std::function<bool()>& abandon,
                   std::chrono::microseconds spin, const std::string& what) const;
 
+  // Where this rank stands in the segment's steps, shared by every exchange
+  // over it (a DiLoCo job's per-step host reducer and its outer exchange
+  // take turns on one segment): the parity step k writes (k % 2), the
+  // buckets this rank published in all steps, and those before the current
+  // step. Exchanges over one segment must not have steps in flight at once.
+  struct cursor {
+    int parity = 0;
+    uint64_t published = 0, step_base = 0;
+  };
+  cursor& steps() { return cursor_; }
+
  private:
   struct rank_line;
   shm_group() = default;
@@ -102,6 +113,7 @@ class shm_group {
   size_t header_bytes_ = 0, total_bytes_ = 0;
   void* base_ = nullptr;
   bool check_pids_ = false;
+  cursor cursor_;
 };
 
 }  // namespace dtactor

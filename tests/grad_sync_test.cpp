@@ -43,6 +43,7 @@ std::vector<float> words(const step_control& c) { return {c.newer_plan, c.stop, 
 using testing::make_states;
 using testing::run_ranks;
 using testing::run_ranks_shm;
+using testing::run_on_hosts;
 
 void expect_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
@@ -532,25 +533,6 @@ TEST(GradSync, SharedMemoryTooSmallFallsBackToTheGroup) {
 
 // A rank that maps a segment of another shape: nobody uses shared memory,
 // and every rank is told why (the same answer everywhere).
-// Ranks as threads on "hosts" named by keys[rank]: each sets up the
-// exchange through the store as a rank process does (setup_exchange), then
-// runs fn with its world group and the plan.
-std::vector<std::string> run_on_hosts(const std::vector<std::string>& keys, int64_t floats,
-                                      const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, const exchange_plan&)>& fn) {
-  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
-  const int world = static_cast<int>(keys.size());
-  return run_ranks(
-      world,
-      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
-        communicator_options co;
-        co.timeout = std::chrono::milliseconds(10000);
-        auto plan = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("x", store), rank, world, floats, co, keys[static_cast<size_t>(rank)]);
-        if (!plan) return plan.message();
-        return fn(rank, pg, plan.value());
-      },
-      std::chrono::milliseconds(10000), store);
-}
-
 grad_sync_options options_for(const exchange_plan& p, int64_t bucket_bytes) {
   grad_sync_options o;
   o.bucket_bytes = bucket_bytes;

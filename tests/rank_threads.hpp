@@ -11,6 +11,7 @@
 
 #include "model/trainer.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/exchange.hpp"
 #include "runtime/shm_group.hpp"
 
 namespace dtactor::testing {
@@ -59,6 +60,25 @@ inline std::vector<std::string> run_ranks_shm(int world, int64_t floats,
         return fn(rank, pg, g.value());
       },
       collective_timeout, store);
+}
+
+// Ranks as threads on "hosts" named by keys[rank]: each sets up the
+// exchange through the store as a rank process does (setup_exchange), then
+// runs fn with its world group and the plan.
+inline std::vector<std::string> run_on_hosts(const std::vector<std::string>& keys, int64_t floats,
+                                      const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, const exchange_plan&)>& fn) {
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  const int world = static_cast<int>(keys.size());
+  return run_ranks(
+      world,
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+        communicator_options co;
+        co.timeout = std::chrono::milliseconds(10000);
+        auto plan = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("x", store), rank, world, floats, co, keys[static_cast<size_t>(rank)]);
+        if (!plan) return plan.message();
+        return fn(rank, pg, plan.value());
+      },
+      std::chrono::milliseconds(10000), store);
 }
 
 // training_state::create seeds the global generator: build states one after

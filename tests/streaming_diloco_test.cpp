@@ -282,3 +282,121 @@ TEST(StreamingDiLoCo, BadSettingsAreRefusedInOneLine) {
 
 }  // namespace
 }  // namespace dtactor
+
+namespace dtactor {
+namespace {
+
+using testing::make_states;
+using testing::run_on_hosts;
+using testing::tiny_vit_config;
+
+// train.diloco_worker = host, 2 hosts x 2 ranks (threads on "hosts" named
+// by keys), H = 3: each host's ranks sum their gradients every inner step
+// through the host's segment, so they stay bit for bit equal while the two
+// hosts go apart; each host trains as one process would on the union of
+// its ranks' slices (checked against that, by hand); at the boundary the
+// hierarchical exchange (the same segment, taking turns) sums the four
+// ranks' pseudo-gradients, a host's counted once per rank, and every rank
+// ends on global = start - lr (1 + mu) avg.
+TEST(DiLoCoHostWorkers, HostRanksStaySynchronousAndHostsMeetAtTheBoundary) {
+  const int world = 4, every = 3;
+  const double lr = 0.7, mu = 0.9;
+  const auto cfg = tiny_vit_config({"train.sync=diloco", "train.sync_every=3", "train.diloco_worker=host", "cluster.bucket_kb=4"});
+  auto states = make_states(cfg, world + 2);
+  std::vector<torch::Tensor> start;
+  for (auto& t : states[0]->optimizer().flat_params()) start.push_back(t.clone());
+  int64_t floats = step_control::words;
+  for (auto& p : states[0]->the_task().module()->parameters()) floats += p.numel();
+  // By hand: one process per host on the union of its ranks' slices.
+  std::vector<std::vector<torch::Tensor>> want_host(2), want_grads(2);
+  for (int h = 0; h < 2; ++h) {
+    auto& ref = *states[static_cast<size_t>(world + h)];
+    {
+      // Step 0's gradient: the mean loss of the host's samples.
+      auto a = ref.order().rank_slice(0, 2 * h, world), b = ref.order().rank_slice(0, 2 * h + 1, world);
+      a.insert(a.end(), b.begin(), b.end());
+      ref.forward_backward(a, 0, 2 * h, nullptr, static_cast<double>(a.size()));
+      for (auto& g : ref.gradients()) want_grads[static_cast<size_t>(h)].push_back(g.clone());
+      ref.zero_grad();
+    }
+    for (int step = 0; step < every; ++step) {
+      auto a = ref.order().rank_slice(step, 2 * h, world), b = ref.order().rank_slice(step, 2 * h + 1, world);
+      a.insert(a.end(), b.begin(), b.end());
+      ref.forward_backward(a, step, 2 * h, nullptr, static_cast<double>(a.size()));
+      ref.apply_update();
+    }
+    for (auto& t : ref.optimizer().flat_params()) want_host[static_cast<size_t>(h)].push_back(t.clone());
+  }
+  std::vector<std::vector<torch::Tensor>> at_boundary(world);
+  auto errors = run_on_hosts({"h0", "h0", "h1", "h1"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) {
+    auto& s = *states[static_cast<size_t>(rank)];
+    if (!p.hierarchical || p.host_members.size() != 2) return std::string("not 2 hosts of 2");
+    grad_sync_options ho;
+    ho.bucket_bytes = 4 * 1024;
+    ho.shm = p.shm;
+    ho.host_only = true;
+    grad_sync host(s.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
+    if (host.world() != 2 || !host.uses_shm()) return std::string("the host reducer is not the host's segment");
+    grad_sync_options oo;
+    oo.bucket_bytes = 4 * 1024;
+    oo.shm = p.shm;
+    oo.hierarchical = true;
+    oo.hosts = p.hosts;
+    oo.carry_control = true;
+    grad_sync outer(s.the_task().module()->parameters(), pg, oo);
+    if (!outer.hierarchical()) return std::string("the outer exchange is not hierarchical");
+    {
+      // Step 0's gradient summed over the host (not applied).
+      s.zero_grad();
+      size_t n = 0;
+      for (int r : p.host_members) n += s.order().rank_slice(0, r, world).size();
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &host, static_cast<double>(n));
+      if (auto t = host.finish(); !t) return t.message();
+      const auto got = s.gradients();
+      const auto& want = want_grads[static_cast<size_t>(rank / 2)];
+      for (size_t i = 0; i < got.size(); ++i)
+        if (!torch::allclose(got[i], want[i], 1e-4, 1e-7))
+          return "step 0's host gradient of parameter " + std::to_string(i) + " is off by " + std::to_string((got[i] - want[i]).abs().max().item<double>());
+      s.zero_grad();
+    }
+    for (int i = 0; i < every; ++i) {
+      auto r = s.inner_step_host(rank, world, host, p.host_members);
+      if (!r) return r.message();
+    }
+    for (auto& t : s.optimizer().flat_params()) at_boundary[static_cast<size_t>(rank)].push_back(t.clone());
+    if (!s.outer().due(s.step())) return std::string("no boundary at step 3");
+    auto o = s.outer_step(outer);
+    if (!o) return o.message();
+    return std::string();
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  for (size_t g = 0; g < start.size(); ++g) {
+    EXPECT_TRUE(torch::equal(at_boundary[0][g], at_boundary[1][g])) << "host 0's ranks went apart";
+    EXPECT_TRUE(torch::equal(at_boundary[2][g], at_boundary[3][g])) << "host 1's ranks went apart";
+    EXPECT_FALSE(torch::equal(at_boundary[0][g], at_boundary[2][g])) << "the hosts trained the same";
+    for (int h = 0; h < 2; ++h)
+      // (AdamW turns the rounding of near-zero gradients into visible steps:
+      // the gradient itself is compared tightly above.)
+      EXPECT_TRUE(torch::allclose(at_boundary[static_cast<size_t>(2 * h)][g], want_host[static_cast<size_t>(h)][g], 1e-3, 1e-3))
+          << "host " << h << " group " << g << ": " << (at_boundary[static_cast<size_t>(2 * h)][g] - want_host[static_cast<size_t>(h)][g]).abs().max().item<double>();
+    const auto avg = ((start[g] - at_boundary[0][g]) * 2 + (start[g] - at_boundary[2][g]) * 2) / 4.0;
+    const auto want = start[g] - lr * (1 + mu) * avg;
+    for (int r = 0; r < world; ++r) {
+      const auto got = states[static_cast<size_t>(r)]->optimizer().flat_params()[g];
+      EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6)) << "rank " << r << " group " << g << ": " << (got - want).abs().max().item<double>();
+    }
+  }
+  EXPECT_EQ(states[0]->params_digest(), states[3]->params_digest());
+}
+
+TEST(DiLoCoHostWorkers, HostWorkersWithoutDiLoCoAreRefusedInOneLine) {
+  auto c = config::load("", {"train.diloco_worker=host"});
+  ASSERT_TRUE(c.ok()) << c.message();
+  auto s = training_state::create(c.value());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("train.sync = diloco"), std::string::npos) << s.message();
+  EXPECT_FALSE(config::load("", {"train.diloco_worker=island"}).ok());
+}
+
+}  // namespace
+}  // namespace dtactor
