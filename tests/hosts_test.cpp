@@ -457,3 +457,48 @@ TEST(Hosts, ANodeThatCannotHearTheCoordinatorSettlesAndComesBack) { one_way_cut(
 
 }  // namespace
 }  // namespace dtactor
+
+namespace dtactor {
+namespace {
+
+// DiLoCo with workers that are whole hosts (train.diloco_worker = host), 2
+// hosts x 2 ranks, H = 10: each host's ranks stay synchronous over shared
+// memory (their parameters compared at every boundary, with everyone's),
+// and only one rank per host sends the host's pseudo-gradients across.
+// Then host n2 is killed: n1 goes on alone, its two ranks still one
+// synchronous worker; no completed step is lost, none goes back.
+TEST(Hosts, DiLoCoWorkersThatAreHostsSurviveAKilledHost) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(),
+                  job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0", "train.sync=diloco", "train.sync_every=10",
+                                       "train.diloco_worker=host", "cluster.digest_every_steps=10"}));
+  ASSERT_EQ(h.cl.start_coordinator(), "");
+  for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
+  ASSERT_TRUE(h.cl.wait_step(35, 4)) << h.cl.logs();
+  for (const char* id : {"n1", "n2"}) {
+    const std::string log = read_text(d.path() + "/node-" + id + ".log");
+    EXPECT_NE(log.find("workers are hosts: 2 ranks here, synchronous over shared memory every step"), std::string::npos) << log;
+    EXPECT_NE(log.find("pseudo-gradients over shared memory within the host (2 ranks) and gloo across 2 hosts"), std::string::npos) << log;
+  }
+  int outer_at_4 = 0;
+  for (const auto& o : events<ev::outer_step>(h.cl.journal())) outer_at_4 += o.at("world_size") == 4;
+  EXPECT_GE(outer_at_4, 3) << h.cl.logs();
+  const size_t recoveries = events<ev::recovery_done>(h.cl.journal()).size();
+  h.cl.signal_node("n2", SIGKILL);
+  ASSERT_TRUE(h.cl.wait_for([&](const std::vector<json>& j) { return events<ev::recovery_done>(j).size() > recoveries; })) << h.cl.logs();
+  auto j = h.cl.journal();
+  const auto rec = events<ev::recovery_done>(j).back();
+  EXPECT_EQ(rec.at("world_size"), 2) << rec.dump();
+  EXPECT_EQ(rec.at("lost_steps"), 0) << rec.dump();
+  const int64_t alone = events<ev::step_completed>(j).back().at("step").get<int64_t>();
+  // Three boundaries alone: the digests of n1's two ranks still agree.
+  ASSERT_TRUE(h.cl.wait_step(alone + 35, 2)) << h.cl.logs();
+  const std::string log = read_text(d.path() + "/node-n1.log");
+  EXPECT_NE(log.rfind("workers are hosts: 2 ranks here"), log.find("workers are hosts: 2 ranks here")) << "n1 is still one worker of 2 ranks alone\n" << log;
+  h.stop();
+  h.expect_no_rollback();
+}
+
+}  // namespace
+}  // namespace dtactor
