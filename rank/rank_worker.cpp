@@ -739,6 +739,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   go.hosts = g.exchange.hosts;
   go.bf16_wire = cfg.get_string("cluster.wire_dtype") == "bf16";
   go.int8_wire = cfg.get_string("cluster.wire_dtype") == "int8";
+  go.int4_wire = cfg.get_string("cluster.wire_dtype") == "int4";
   // train.zero = 2: each rank receives only its shards' summed gradients,
   // straight into the optimizer's gradient windows; the clipping norm is
   // the sum of the primaries' partial sums (one small allreduce a step).

@@ -128,6 +128,7 @@ struct exchange_choice {
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;  // hierarchical, on a host's leader
   bool bf16_wire = false;
   bool int8_wire = false;  // DiLoCo's pseudo-gradients: int8 with a scale per block (wins over bf16_wire)
+  bool int4_wire = false;  // ... int4, two values a byte (wins over both)
   bool zero2 = false;  // buckets carry kept_by: the zero scatter on a process group
 };
 
@@ -140,11 +141,12 @@ result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_buck
 
 // The transports, for tests and for make_exchange.
 // How float32 buckets cross a process group (cluster.wire_dtype).
-enum class wire_format { fp32, bf16, int8 };
-// int8: values per scale (one fp32 scale per block of a bucket).
+enum class wire_format { fp32, bf16, int8, int4 };
+// int8 / int4: values per scale (one fp32 scale per block of a bucket).
 inline constexpr int64_t int8_block = 256;
+inline constexpr int64_t int4_block = 64;
 // A wire transport on `pg`: allreduce, bf16 (gather at 2, scatter from 3),
-// or int8 with a scale per block (gather). `what` names it in start errors
+// or int8 / int4 with a scale per block (gather). `what` names it in start errors
 // ("allreduce", "exchange across hosts").
 std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
                                                     wire_format f, const exchange_waits& w, std::string what);

@@ -231,7 +231,7 @@ std::unique_ptr<bucket_exchange> make_hierarchical_exchange(std::vector<exchange
 
 namespace {
 wire_format format_of(const exchange_choice& c) {
-  return c.int8_wire ? wire_format::int8 : c.bf16_wire ? wire_format::bf16 : wire_format::fp32;
+  return c.int4_wire ? wire_format::int4 : c.int8_wire ? wire_format::int8 : c.bf16_wire ? wire_format::bf16 : wire_format::fp32;
 }
 }  // namespace
 
@@ -258,7 +258,7 @@ result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_buck
   }
   if (!c.hierarchical && c.shm && c.shm->world() == world && c.shm->rank() == rank && fits) return make_shm_exchange(buckets, c.shm, w);
   if (c.zero2) return make_zero_scatter_exchange(buckets, c.pg, c.bf16_wire, w);
-  return make_wire_exchange(buckets, c.pg, format_of(c), w, c.int8_wire ? "int8 exchange" : "allreduce");
+  return make_wire_exchange(buckets, c.pg, format_of(c), w, c.int4_wire ? "int4 exchange" : c.int8_wire ? "int8 exchange" : "allreduce");
 }
 
 }  // namespace dtactor

@@ -389,31 +389,35 @@ std::unique_ptr<bucket_exchange> make_zero_scatter_exchange(std::vector<exchange
   return std::make_unique<zero_scatter_exchange>(buckets, std::move(pg), bf16, w);
 }
 
-// int8 with a per-block scale (cluster.wire_dtype = "int8", DiLoCo's
-// pseudo-gradients only): each rank quantizes its bucket in blocks of
-// int8_block elements (scale = the block's largest magnitude / 127, values
-// rounded to the nearest step), all-gathers [int8 values | fp32 scales |
-// fp32 control words], and every rank sums the world's dequantized buckets
-// in fp32 and in rank order (bit-identical on every rank). A quarter of the
-// fp32 bytes a rank sends at 2 ranks (all-gather: each rank receives every
-// other rank's message, so from 5 ranks on it sends more than a ring's 2x).
-class int8_gather_exchange final : public pg_exchange {
+// int8 or int4 with a per-block scale (cluster.wire_dtype = "int8" /
+// "int4", DiLoCo's pseudo-gradients only): each rank quantizes its bucket
+// in blocks (int8: 256 values, scale = the block's largest magnitude / 127;
+// int4: 64 values, scale = largest / 7, two values a byte), values rounded
+// to the nearest step; the ranks all-gather [values | fp32 scales | fp32
+// control words], and every rank sums the world's dequantized buckets in
+// fp32 and in rank order (bit-identical on every rank). int8 sends 1.016
+// bytes a value, int4 0.5625 (a quarter and a seventh of fp32) at 2 ranks;
+// it is an all-gather: each rank receives every other rank's message, so
+// from 5 ranks on it sends more than a ring's 2x.
+class quant_gather_exchange final : public pg_exchange {
  public:
-  static constexpr int64_t block = int8_block;
-  int8_gather_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
-                       std::string what)
-      : pg_exchange(buckets, std::move(pg), w, std::move(what)), msg_(buckets.size()) {
+  quant_gather_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
+                        std::string what, int bits)
+      : pg_exchange(buckets, std::move(pg), w, std::move(what)), msg_(buckets.size()), bits_(bits) {
+    block_ = bits_ == 4 ? int4_block : int8_block;
+    levels_ = bits_ == 4 ? 7.0 : 127.0;
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       const auto& b = buckets_[bi];
       if (!on_bf16_wire(b)) continue;
       auto& m = msg_[bi];
-      m.blocks = (b.grads + block - 1) / block;
-      m.scales_at = (b.grads + 3) / 4 * 4;
+      m.blocks = (b.grads + block_ - 1) / block_;
+      const int64_t value_bytes = bits_ == 4 ? m.blocks * block_ / 2 : b.grads;  // int4: whole blocks, two a byte
+      m.scales_at = (value_bytes + 3) / 4 * 4;
       m.ctrl_at = m.scales_at + 4 * m.blocks;
       const int64_t bytes = m.ctrl_at + 4 * b.control_words();
       m.in = torch::zeros({bytes}, torch::kChar);
       for (int r = 0; r < world(); ++r) m.all.push_back(torch::zeros({bytes}, torch::kChar));
-      m.padded = torch::zeros({m.blocks * block}, torch::kFloat);
+      m.padded = torch::zeros({m.blocks * block_}, torch::kFloat);
     }
   }
   status start(size_t bi) override {
@@ -424,11 +428,18 @@ class int8_gather_exchange final : public pg_exchange {
     {
       torch::NoGradGuard no_grad;
       m.padded.narrow(0, 0, b.grads).copy_(b.flat.narrow(0, 0, b.grads));
-      auto x = m.padded.view({m.blocks, block});
-      auto scale = x.abs().amax(1).div_(127.0);
+      auto x = m.padded.view({m.blocks, block_});
+      auto scale = x.abs().amax(1).div_(levels_);
       auto inv = torch::where(scale > 0, scale.reciprocal(), torch::zeros_like(scale));
-      auto q = x.mul(inv.unsqueeze(1)).round_().clamp_(-127, 127).to(torch::kChar).reshape({-1});
-      m.in.narrow(0, 0, b.grads).copy_(q.narrow(0, 0, b.grads));
+      auto q = x.mul(inv.unsqueeze(1)).round_().clamp_(-levels_, levels_).reshape({-1});
+      if (bits_ == 4) {
+        // 1..15 (q + 8), two a byte: the even value low, the odd one high.
+        auto u = q.add(8).to(torch::kShort).view({-1, 2});
+        auto packed = u.select(1, 0).add(u.select(1, 1).mul(16));
+        m.in.narrow(0, 0, packed.numel()).copy_(packed.to(torch::kByte).view(torch::kChar));
+      } else {
+        m.in.narrow(0, 0, b.grads).copy_(q.to(torch::kChar).narrow(0, 0, b.grads));
+      }
       m.in.narrow(0, m.scales_at, 4 * m.blocks).view(torch::kFloat).copy_(scale);
       pack_control(b, m.in.narrow(0, m.ctrl_at, 4 * b.control_words()).view(torch::kFloat));
     }
@@ -443,9 +454,17 @@ class int8_gather_exchange final : public pg_exchange {
     auto grads = b.flat.narrow(0, 0, b.grads);
     const int64_t ctrl = b.control_words();
     for (size_t r = 0; r < m.all.size(); ++r) {
-      auto x = m.padded.view({m.blocks, block});
-      m.padded.narrow(0, 0, b.grads).copy_(m.all[r].narrow(0, 0, b.grads));
-      if (b.grads < m.blocks * block) m.padded.narrow(0, b.grads, m.blocks * block - b.grads).zero_();
+      auto x = m.padded.view({m.blocks, block_});
+      if (bits_ == 4) {
+        auto packed = m.all[r].narrow(0, 0, m.blocks * block_ / 2).view(torch::kByte).to(torch::kShort);
+        auto hi = packed.div(16, "floor");
+        auto lo = packed.sub(hi.mul(16));
+        m.padded.view({-1, 2}).select(1, 0).copy_(lo.sub(8));
+        m.padded.view({-1, 2}).select(1, 1).copy_(hi.sub(8));
+      } else {
+        m.padded.narrow(0, 0, b.grads).copy_(m.all[r].narrow(0, 0, b.grads));
+        if (b.grads < m.blocks * block_) m.padded.narrow(0, b.grads, m.blocks * block_ - b.grads).zero_();
+      }
       x.mul_(m.all[r].narrow(0, m.scales_at, 4 * m.blocks).view(torch::kFloat).unsqueeze(1));
       if (r == 0) grads.copy_(m.padded.narrow(0, 0, b.grads));
       else grads.add_(m.padded.narrow(0, 0, b.grads));
@@ -461,11 +480,15 @@ class int8_gather_exchange final : public pg_exchange {
     int64_t blocks = 0, scales_at = 0, ctrl_at = 0;  // bytes
   };
   std::vector<message> msg_;
+  int bits_ = 8;
+  int64_t block_ = int8_block;
+  double levels_ = 127.0;
 };
 
 std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
                                                     wire_format f, const exchange_waits& w, std::string what) {
-  if (f == wire_format::int8) return std::make_unique<int8_gather_exchange>(buckets, std::move(pg), w, std::move(what));
+  if (f == wire_format::int8 || f == wire_format::int4)
+    return std::make_unique<quant_gather_exchange>(buckets, std::move(pg), w, std::move(what), f == wire_format::int4 ? 4 : 8);
   const bool bf16 = f == wire_format::bf16;
   if (!bf16) return std::make_unique<allreduce_exchange>(buckets, std::move(pg), w, std::move(what));
   if (pg->getSize() >= 3) return std::make_unique<bf16_scatter_exchange>(buckets, std::move(pg), w, std::move(what));

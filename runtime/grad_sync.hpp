@@ -98,6 +98,9 @@ struct grad_sync_options {
   // buckets through a process group go as int8 with a scale per 256 values,
   // all-gathered (exchange.hpp); the control words travel exactly.
   bool int8_wire = false;
+  // cluster.wire_dtype = "int4": as int8, 4 bits a value (two a byte) with
+  // a scale per 64 values.
+  bool int4_wire = false;
   // Hierarchical exchange (exchange.hpp), for a world spread over several
   // hosts with several ranks on some of them: `shm` is then this host's
   // group (null when this rank is alone on its host) and `hosts` the group

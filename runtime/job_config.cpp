@@ -32,8 +32,9 @@ status validate_training_config(const config& cfg) {
   if (cfg.get_string("train.sync") == "diloco" && cfg.get_int("train.zero") > 0)
     return make_error("train.sync = diloco keeps every worker's own optimizer state whole; it does not combine with train.zero = " +
                       std::to_string(cfg.get_int("train.zero")) + " (use train.zero = 0)");
-  if (cfg.get_string("cluster.wire_dtype") == "int8" && cfg.get_string("train.sync") != "diloco")
-    return make_error("cluster.wire_dtype = int8 quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");
+  if ((cfg.get_string("cluster.wire_dtype") == "int8" || cfg.get_string("cluster.wire_dtype") == "int4") && cfg.get_string("train.sync") != "diloco")
+    return make_error("cluster.wire_dtype = " + cfg.get_string("cluster.wire_dtype") +
+                      " quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");
   if (cfg.get_double("train.outer_momentum") >= 1.0) return make_error("train.outer_momentum must be below 1");
   {
     const bool diloco = cfg.get_string("train.sync") == "diloco";

@@ -198,17 +198,78 @@ namespace {
 // with a scale per 256 values. Every worker still ends on the same
 // parameters (the sum is taken in rank order everywhere), within the
 // quantization's error of the fp32 exchange.
-TEST(DiLoCo, Int8PseudoGradientsLandWithinTheQuantizationErrorAndEqualEverywhere) {
+// What the quantized wire delivers, by hand: each rank's values in blocks,
+// scale = the block's largest magnitude / levels, rounded to the nearest
+// step, summed in fp32 in rank order.
+torch::Tensor dequantized(const torch::Tensor& x, int64_t block, double levels) {
+  const int64_t n = x.numel(), blocks = (n + block - 1) / block;
+  auto padded = torch::zeros({blocks * block}, torch::kFloat);
+  padded.narrow(0, 0, n).copy_(x);
+  auto v = padded.view({blocks, block});
+  auto scale = v.abs().amax(1).div_(levels);
+  auto inv = torch::where(scale > 0, scale.reciprocal(), torch::zeros_like(scale));
+  auto q = v.mul(inv.unsqueeze(1)).round_().clamp_(-levels, levels);
+  return q.mul_(scale.unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
+}
+
+// The int8 and int4 wires through the reducer, 2 ranks, a parameter of 300
+// values (the last block padded) with a spike in one block: the sum is the
+// hand-dequantized values' sum exactly, and the control words are exact.
+void expect_quantized_sum(bool int4) {
+  const int world = 2;
+  const int64_t n = 300;
+  std::vector<torch::Tensor> grads;
+  for (int r = 0; r < world; ++r) {
+    auto g = torch::linspace(-1.0, 1.0, n).mul(static_cast<double>(r + 1)).add(0.013 * r);
+    g[17] = 40.0 * (r + 1);  // one block's scale dominated by a spike
+    grads.push_back(g);
+  }
+  const int64_t block = int4 ? int4_block : int8_block;
+  const double levels = int4 ? 7.0 : 127.0;
+  const auto want = dequantized(grads[0], block, levels) + dequantized(grads[1], block, levels);
+  std::vector<torch::Tensor> got(world);
+  auto errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto p = torch::zeros({n}, torch::requires_grad());
+    grad_sync_options o;
+    o.carry_control = true;
+    o.int8_wire = !int4;
+    o.int4_wire = int4;
+    grad_sync sync({p}, pg, o);
+    p.mutable_grad() = grads[static_cast<size_t>(rank)].clone();
+    step_control c;
+    c.stop = 1;
+    sync.set_control(c);
+    auto t = sync.finish();
+    if (!t) return t.message();
+    if (sync.control().stop != 2.f) return "the control words were not summed exactly";
+    got[static_cast<size_t>(rank)] = p.grad().clone();
+    return "";
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  EXPECT_TRUE(torch::equal(got[0], want)) << (got[0] - want).abs().max().item<double>();
+  EXPECT_TRUE(torch::equal(got[1], want));
+  // Not the fp32 sum: the wire rounded.
+  EXPECT_FALSE(torch::allclose(got[0], grads[0] + grads[1], 0, 1e-6));
+  // Within half a step per rank of each block's scale.
+  const double step0 = 40.0 * 2 / levels;
+  EXPECT_LT((got[0] - (grads[0] + grads[1])).abs().max().item<double>(), step0);
+}
+
+TEST(DiLoCo, Int8WireSumsTheHandQuantizedValues) { expect_quantized_sum(false); }
+TEST(DiLoCo, Int4WireSumsTheHandQuantizedValues) { expect_quantized_sum(true); }
+
+void expect_quantized_pseudo_gradients_close(const std::string& wire, double bound) {
   const int world = 3, every = 3;
   auto fp32 = make_states(diloco_config(every), world);
-  auto int8 = make_states(diloco_config(every, {"cluster.wire_dtype=int8"}), world);
+  auto int8 = make_states(diloco_config(every, {"cluster.wire_dtype=" + wire}), world);
   auto train = [&](std::vector<std::unique_ptr<training_state>>& states, bool q) {
     return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
       auto& s = *states[static_cast<size_t>(rank)];
       grad_sync_options o;
       o.bucket_bytes = 16 * 1024;
       o.carry_control = true;
-      o.int8_wire = q;
+      o.int8_wire = q && wire == "int8";
+      o.int4_wire = q && wire == "int4";
       grad_sync sync(s.the_task().module()->parameters(), pg, o);
       for (int i = 0; i < every; ++i)
         if (auto r = s.inner_step(rank, world); !r) return r.message();
@@ -234,8 +295,11 @@ TEST(DiLoCo, Int8PseudoGradientsLandWithinTheQuantizationErrorAndEqualEverywhere
   double worst = 0;
   for (size_t g = 0; g < a.size(); ++g) worst = std::max(worst, (a[g] - b[g]).abs().max().item<double>());
   EXPECT_GT(worst, 0);
-  EXPECT_LT(worst, 1e-3) << "the inner steps move a parameter by ~lr a step (3 steps of 1e-3 peak at most)";
+  EXPECT_LT(worst, bound) << "the inner steps move a parameter by ~lr a step (3 steps of 1e-3 peak at most)";
 }
+
+TEST(DiLoCo, Int8PseudoGradientsLandWithinTheQuantizationErrorAndEqualEverywhere) { expect_quantized_pseudo_gradients_close("int8", 1e-3); }
+TEST(DiLoCo, Int4PseudoGradientsLandWithinTheQuantizationErrorAndEqualEverywhere) { expect_quantized_pseudo_gradients_close("int4", 2e-3); }
 
 TEST(DiLoCo, Int8WireWithoutDiLoCoIsRefusedInOneLine) {
   auto c = config::load("", {"cluster.wire_dtype=int8"});
