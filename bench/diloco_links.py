@@ -19,7 +19,7 @@ window_s), and the final evaluation (accuracy at equal samples).
 
 Usage (root): bench/diloco_links.py [--caps 10gbit,100mbit,10mbit]
   [--steps 200] [--every 50] [--repeats 1] [--modes every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16,streaming:int8]
-  [--fragments 5]
+  [--fragments 5] [--every-step-first-cap-only]
   [--dtactor build/dtactor] [--out bench/diloco_links_results.json]
 Prints one JSON line per run and writes the whole JSON at the end."""
 import argparse
@@ -38,7 +38,7 @@ TAG = "dtdl"
 EVAL = "eval"
 # Bytes a rank sends per fp32 byte of payload: bf16 half; int8 one byte a
 # value and a 4-byte scale per 256 values.
-WIRE_FACTOR = {"fp32": 1.0, "bf16": 0.5, "int8": (1 + 4 / 256) / 4}
+WIRE_FACTOR = {"fp32": 1.0, "bf16": 0.5, "int8": (1 + 4 / 256) / 4, "int4": (0.5 + 4 / 64) / 4}
 
 
 def run(binary, steps, sync, wire, every, log_dir, name, fragments=1):
@@ -94,6 +94,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", default="every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16")
     ap.add_argument("--fragments", type=int, default=5)
+    ap.add_argument("--every-step-first-cap-only", action="store_true",
+                    help="run the every_step modes at the first cap only (the uncapped baseline), not over the thin links")
     ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "diloco_links_results.json"))
     a = ap.parse_args()
@@ -106,6 +108,8 @@ def main():
         # Repeats interleaved: every mode once per round.
         for rep in range(a.repeats):
             for sync, wire in modes:
+                if a.every_step_first_cap_only and sync == "every_step" and cap != a.caps.split(",")[0]:
+                    continue
                 name = "%s %s" % (sync, wire)
                 r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-%d-" % (cap, sync, wire, rep), a.fragments)
                 runs.setdefault(name, []).append(r)
