@@ -749,19 +749,29 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     go.zero2 = zero2_of(state.optimizer(), *im.shards);
     global_norm = [&] { return global_grad_norm(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
   }
-  // Streaming DiLoCo: one reducer a fragment (its parameters only), over
-  // the process group: their exchanges take turns, and the shared-memory
-  // transports count one reducer's buckets a segment. Otherwise one reducer.
+  // train.diloco_worker = host: the ranks of a host are one worker,
+  // synchronous inside through the host's segment (host_sync below).
+  const bool host_workers = state.diloco() && cfg.get_string("train.diloco_worker") == "host" && g.world > 1 && g.exchange.shm &&
+                            g.exchange.host_ranks > 1 && (g.exchange.hierarchical || g.exchange.host_count == 1);
+  // Streaming DiLoCo: one reducer a fragment (its parameters only); their
+  // exchanges take turns on the same transport (a segment keeps the step
+  // counts of every exchange over it), one in flight at a time. Only with
+  // host workers and an overlap do the fragments go over the process group:
+  // the host's per-step reducer uses the segment while a fragment is in
+  // flight. Otherwise one reducer.
   const bool streaming = state.diloco() && state.outer().streaming();
+  const bool fragments_off_shm = streaming && host_workers && state.outer().options().overlap > 0;
   std::vector<std::unique_ptr<grad_sync>> syncs;
   if (streaming) {
     std::vector<torch::Tensor> trained;
     for (auto& p : state.the_task().module()->parameters())
       if (p.requires_grad()) trained.push_back(p);
     grad_sync_options fo = go;
-    fo.shm = nullptr;
-    fo.hierarchical = false;
-    fo.hosts = c10::intrusive_ptr<c10d::ProcessGroup>();
+    if (fragments_off_shm) {
+      fo.shm = nullptr;
+      fo.hierarchical = false;
+      fo.hosts = c10::intrusive_ptr<c10d::ProcessGroup>();
+    }
     for (const auto& fr : state.outer().fragments()) {
       std::vector<torch::Tensor> part(trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param),
                                       trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param + fr.params));
@@ -771,13 +781,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
   }
   grad_sync& sync = *syncs.front();
-  // train.diloco_worker = host: the ranks of a host are one worker,
-  // synchronous inside through the host's segment (taking turns with the
-  // outer exchange, which uses the same segment when hierarchical).
+  // The host's per-step reducer takes turns with the outer exchange on the
+  // host's segment (the outer exchange uses it when hierarchical).
   std::unique_ptr<grad_sync> host_sync;
   std::string host_workers_why_not;
   if (state.diloco() && cfg.get_string("train.diloco_worker") == "host" && g.world > 1) {
-    if (g.exchange.shm && g.exchange.host_ranks > 1 && (g.exchange.hierarchical || g.exchange.host_count == 1)) {
+    if (host_workers) {
       grad_sync_options ho;
       ho.bucket_bytes = go.bucket_bytes;
       ho.spin_wait = go.spin_wait;
@@ -807,7 +816,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       transport = g.exchange.describe(g.backend);
     } else if (g.world > 1) {
       std::string why = g.exchange.why_not;
-      if (streaming && (g.exchange.shm || g.exchange.hierarchical)) why = "Streaming DiLoCo's fragments take turns on the process group";
+      if (fragments_off_shm) why = "overlapped fragments leave the host's segment to the host's per-step reducer";
       if (why.empty() && (g.exchange.shm || g.exchange.hierarchical)) why = "the gradients are not all float32, or do not fit the segment";
       transport = "gradients over " + g.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
     }
@@ -824,8 +833,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       const auto& oo = state.outer().options();
       std::string how = "train.sync_every=" + std::to_string(cfg.get_int("train.sync_every"));
       if (streaming)
-        how += ", " + std::to_string(syncs.size()) + " fragments each over " + g.backend + ", overlap " + std::to_string(oo.overlap) + " step(s), mix " +
-               std::to_string(oo.mix).substr(0, 4);
+        how += ", " + std::to_string(syncs.size()) + " fragments, overlap " + std::to_string(oo.overlap) + " step(s), mix " + std::to_string(oo.mix).substr(0, 4);
       if (host_sync)
         how += ", workers are hosts: " + std::to_string(g.exchange.host_ranks) + " ranks here, synchronous over shared memory every step";
       else if (!host_workers_why_not.empty())

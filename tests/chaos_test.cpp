@@ -999,7 +999,7 @@ TEST(Chaos, StreamingDiLoCoSurvivorsResendTheFragmentInFlightWhenAWorkerIsKilled
   bool streaming = false;
   for (const char* id : {"a", "b"}) {
     std::ifstream f(d.path() + "/node-" + id + ".log");
-    for (std::string line; std::getline(f, line);) streaming = streaming || line.find("4 fragments each over") != std::string::npos;
+    for (std::string line; std::getline(f, line);) streaming = streaming || line.find("4 fragments, overlap 1 step(s), mix 0.50): pseudo-gradients over shared memory") != std::string::npos;
   }
   EXPECT_TRUE(streaming) << cl.logs();
 }

@@ -154,7 +154,7 @@ fi
 rc=$?
 outer=$(grep -c '"event":"outer_step"' streamrun/journal.jsonl 2>/dev/null)
 if [ $rc -eq 0 ] && grep -q "finished at step 40: accuracy=" streamrun.log && [ "${outer:-0}" -eq 8 ] &&
-  grep -q "2 fragments each over" streamrun/node-*.log streamrun.log 2>/dev/null; then
+  grep -q "2 fragments, overlap 1" streamrun/node-*.log streamrun.log 2>/dev/null; then
   ok "2-node local run of the registered task with streaming DiLoCo (8 outer steps, 2 fragments)"
 else
   bad "2-node local run of the registered task with streaming DiLoCo (rc $rc, $outer outer steps)"; tail -20 streamrun.log

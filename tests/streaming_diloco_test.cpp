@@ -102,10 +102,11 @@ TEST(StreamingDiLoCo, FragmentsSynchroniseAtStaggeredStepsAndAllAtTheEnd) {
 // leaving (overlapped when alone), until `until`.
 using reducers = std::vector<std::unique_ptr<grad_sync>>;
 // One reducer a fragment, over `pg`, as the rank worker builds them.
-reducers fragment_reducers(training_state& s, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+reducers fragment_reducers(training_state& s, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm = nullptr) {
   grad_sync_options go;
   go.bucket_bytes = 16 * 1024;
   go.carry_control = true;
+  go.shm = std::move(shm);
   std::vector<torch::Tensor> trained;
   for (auto& p : s.the_task().module()->parameters())
     if (p.requires_grad()) trained.push_back(p);
@@ -240,6 +241,39 @@ TEST(StreamingDiLoCo, WorkersEndOnTheGlobalParameters) {
   dp[0]->outer().swap_global();
   EXPECT_TRUE(torch::equal(dp[0]->optimizer().flat_params()[0], before));
   dp[0]->outer().swap_global();
+}
+
+// The fragments' reducers take turns on one shared-memory segment (it
+// keeps the step counts of every exchange over it): a whole job of two
+// workers, four fragments, overlapped, ends on the parameters of the same
+// job over Gloo, bit for bit (a sum of two floats is the same in any order).
+TEST(StreamingDiLoCo, FragmentsTakeTurnsOnOneSharedMemorySegment) {
+  const int world = 2;
+  const auto cfg = streaming_config(8, 4, {"train.max_steps=30"});
+  auto gloo = make_states(cfg, world);
+  auto shm = make_states(cfg, world);
+  int64_t floats = step_control::words;
+  for (auto& p : gloo[0]->the_task().module()->parameters()) floats += p.numel();
+  auto e1 = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto& s = *gloo[static_cast<size_t>(rank)];
+    auto syncs = fragment_reducers(s, pg);
+    return run_streaming(s, rank, world, syncs, 30);
+  });
+  auto e2 = testing::run_ranks_shm(world, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> g) {
+    auto& s = *shm[static_cast<size_t>(rank)];
+    auto syncs = fragment_reducers(s, pg, g);
+    for (const auto& x : syncs)
+      if (!x->uses_shm()) return std::string("a fragment's reducer is not on the segment");
+    return run_streaming(s, rank, world, syncs, 30);
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(e1[static_cast<size_t>(r)], "") << "rank " << r;
+    ASSERT_EQ(e2[static_cast<size_t>(r)], "") << "rank " << r;
+  }
+  for (int r = 0; r < world; ++r) {
+    const auto a = gloo[static_cast<size_t>(r)]->optimizer().flat_params(), b = shm[static_cast<size_t>(r)]->optimizer().flat_params();
+    for (size_t g = 0; g < a.size(); ++g) EXPECT_TRUE(torch::equal(a[g], b[g])) << "rank " << r << " group " << g;
+  }
 }
 
 // A new generation drops an exchange in flight: nothing of it was applied,
