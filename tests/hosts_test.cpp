@@ -502,3 +502,34 @@ TEST(Hosts, DiLoCoWorkersThatAreHostsSurviveAKilledHost) {
 
 }  // namespace
 }  // namespace dtactor
+
+namespace dtactor {
+namespace {
+
+// Streaming DiLoCo across 2 namespace hosts x 2 ranks (every rank a
+// worker): each fragment's pseudo-gradients are summed within a host
+// through its segment and cross between hosts once per host (hierarchical),
+// overlapped with the next inner step; the global parameters (digests) agree
+// at every boundary and the job finishes at world 4.
+TEST(Hosts, StreamingDiLoCoFragmentsGoHierarchically) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  hosts_cluster h(std::move(*net), d.path(),
+                  job_sets(80, {"cluster.min_nodes=2", "cluster.max_nodes=2", "cluster.settle_ms=600000", "train.sync=diloco", "train.sync_every=10",
+                                "train.sync_fragments=2", "cluster.digest_every_steps=10"}));
+  ASSERT_EQ(h.cl.start_coordinator(), "");
+  for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
+  expect_finished_without_loss(h.cl, 80, 4);
+  for (const char* id : {"n1", "n2"}) {
+    const std::string log = read_text(d.path() + "/node-" + id + ".log");
+    EXPECT_NE(log.find("2 fragments, overlap 1 step(s), mix 0.50): pseudo-gradients over shared memory within the host (2 ranks) and gloo across 2 hosts"),
+              std::string::npos)
+        << log;
+  }
+  int outer = 0;
+  for (const auto& o : events<ev::outer_step>(h.cl.journal())) outer += o.at("world_size") == 4;
+  EXPECT_GE(outer, 15) << h.cl.logs();
+}
+
+}  // namespace
+}  // namespace dtactor
