@@ -362,6 +362,9 @@ result<export_summary> run_export(const std::string& target, const std::string& 
   if (!created) return created.err();
   training_state& state = *created.value();
   if (auto st = load_checkpoint(state, *ckpt->store, ckpt->meta); !st) return make_error("'" + ckpt->name + "': " + st.message());
+  // Streaming DiLoCo: a checkpoint taken mid-run holds rank 0's own
+  // parameters as the model; the model the job has is the global one.
+  if (state.diloco() && state.outer().streaming()) state.outer().swap_global();
   export_summary summary;
   summary.step = ckpt->meta.step();
   auto module = state.the_task().module();

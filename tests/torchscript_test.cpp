@@ -11,7 +11,9 @@
 #include "dtactor/task.hpp"
 #include "runtime/data_shards.hpp"
 #include "model/trainer.hpp"
+#include "rank/state_io.hpp"
 #include "rank/train_command.hpp"
+#include "runtime/checkpoint_store.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {
@@ -152,6 +154,25 @@ TEST(TorchScript, StreamingDiLoCoWaitsForTheFlightAndResumesExactly) {
   auto stopped = run_training(cfg, opts);
   ASSERT_TRUE(stopped) << stopped.message();
   EXPECT_EQ(stopped->step, 21);
+  // Its export is the global model, not rank 0's own parameters (which
+  // differ from it mid-run).
+  auto sd = run_export(d.path(), d.path() + "/state.pt", true);
+  ASSERT_TRUE(sd) << sd.message();
+  EXPECT_EQ(sd->step, 21);
+  std::ifstream in(d.path() + "/state.pt", std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto dict = torch::pickle_load(bytes).toGenericDict();
+  auto ckpt = open_checkpoint_target(d.path(), {});
+  ASSERT_TRUE(ckpt) << ckpt.message();
+  auto state = training_state::create(cfg);
+  ASSERT_TRUE(state) << state.message();
+  ASSERT_TRUE(load_checkpoint(*state.value(), *ckpt->store, ckpt->meta).ok());
+  auto module = state.value()->the_task().module();
+  bool own_differs = false;
+  for (const auto& kv : module->named_parameters()) own_differs = own_differs || !torch::equal(dict.at(kv.key()).toTensor(), kv.value());
+  EXPECT_TRUE(own_differs) << "the export is rank 0's own parameters";
+  state.value()->outer().swap_global();
+  for (const auto& kv : module->named_parameters()) EXPECT_TRUE(torch::equal(dict.at(kv.key()).toTensor(), kv.value())) << kv.key();
   // Not plain DiLoCo's parameters.
   auto plain = run_training(ts_config("mlp.pt", {"train.max_steps=40", "train.sync=diloco", "train.sync_every=10"}), quiet(temp_dir().path()));
   ASSERT_TRUE(plain) << plain.message();
