@@ -19,7 +19,7 @@ window_s), and the final evaluation (accuracy at equal samples).
 
 Usage (root): bench/diloco_links.py [--caps 10gbit,100mbit,10mbit]
   [--steps 200] [--every 50] [--repeats 1] [--modes every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16,streaming:int8]
-  [--fragments 5] [--every-step-first-cap-only]
+  [--fragments 5] [--hosts 2] [--every-step-first-cap-only | --every-step-caps 10gbit,100mbit]
   [--dtactor build/dtactor] [--out bench/diloco_links_results.json]
 Prints one JSON line per run and writes the whole JSON at the end."""
 import argparse
@@ -41,26 +41,26 @@ EVAL = "eval"
 WIRE_FACTOR = {"fp32": 1.0, "bf16": 0.5, "int8": (1 + 4 / 256) / 4, "int4": (0.5 + 4 / 64) / 4}
 
 
-def run(binary, steps, sync, wire, every, log_dir, name, fragments=1):
+def run(binary, steps, sync, wire, every, log_dir, name, fragments=1, n_hosts=2):
     with tempfile.TemporaryDirectory() as rd:
         sets = ["train.max_steps=%d" % steps, "eval.every_steps=0", "checkpoint.every_steps=0", "train.log_every_steps=1",
-                "cluster.min_nodes=2", "train.sync=" + ("diloco" if sync == "streaming" else sync), "train.sync_every=%d" % every,
+                "cluster.min_nodes=%d" % n_hosts, "cluster.max_nodes=%d" % n_hosts, "train.sync=" + ("diloco" if sync == "streaming" else sync), "train.sync_every=%d" % every,
                 "cluster.wire_dtype=" + wire]
         if sync == "streaming":
             sets.append("train.sync_fragments=%d" % fragments)
         args = [x for s in sets for x in ("--set", s)]
-        logs = [open(os.path.join(log_dir, name + n), "w") for n in ("coordinator.log", "node1.log", "node2.log")]
+        logs = [open(os.path.join(log_dir, name + n), "w") for n in ["coordinator.log"] + ["node%d.log" % h for h in range(1, n_hosts + 1)]]
         coord = subprocess.Popen([HOSTS, "run", TAG, "0", binary, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400", "--run-dir", rd,
                                   "--no-resume", *args], stdout=logs[0], stderr=subprocess.STDOUT)
         nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), binary, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400", "--node-id",
-                                   "n%d" % h, "--threads-per-rank", "1"], stdout=logs[h], stderr=subprocess.STDOUT) for h in (1, 2)]
+                                   "n%d" % h, "--threads-per-rank", "1"], stdout=logs[h], stderr=subprocess.STDOUT) for h in range(1, n_hosts + 1)]
         rc = coord.wait(timeout=3600)
         for n in nodes:
             n.wait(timeout=120)
         if rc != 0:
             raise SystemExit("dtactor run %s failed (exit %d); logs in %s" % (name, rc, log_dir))
         journal = [json.loads(l) for l in open(os.path.join(rd, "journal.jsonl"))]
-    steps_ev = [e for e in journal if e["event"] == "step" and e["world_size"] == 2]
+    steps_ev = [e for e in journal if e["event"] == "step" and e["world_size"] == n_hosts]
     steady = [e for e in steps_ev if e["step"] >= steps // 5]
     first, last = steady[0], steady[-1]
     batch = 128
@@ -94,24 +94,28 @@ def main():
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", default="every_step:fp32,every_step:bf16,diloco:fp32,diloco:bf16")
     ap.add_argument("--fragments", type=int, default=5)
+    ap.add_argument("--hosts", type=int, default=2, help="node hosts (one rank each)")
+    ap.add_argument("--every-step-caps", default="", help="run the every_step modes only at these caps (comma-separated)")
     ap.add_argument("--every-step-first-cap-only", action="store_true",
                     help="run the every_step modes at the first cap only (the uncapped baseline), not over the thin links")
     ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "diloco_links_results.json"))
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="diloco-links-")
-    results = {"setup": "2 node hosts x 1 rank (1 thread) + a coordinator host, tbf on every link; ViT default model, global batch 128",
+    results = {"setup": "%d node hosts x 1 rank (1 thread) + a coordinator host, tbf on every link; ViT default model, global batch 128" % a.hosts,
                "steps": a.steps, "sync_every": a.every, "fragments": a.fragments, "command": " ".join(sys.argv), "logs": log_dir, "caps": {}}
     modes = [m.split(":") for m in a.modes.split(",")]
-    for cap in each_cap(TAG, a.caps.split(",")):
+    for cap in each_cap(TAG, a.caps.split(","), a.hosts + 1):
         runs = {}
         # Repeats interleaved: every mode once per round.
         for rep in range(a.repeats):
             for sync, wire in modes:
                 if a.every_step_first_cap_only and sync == "every_step" and cap != a.caps.split(",")[0]:
                     continue
+                if a.every_step_caps and sync == "every_step" and cap not in a.every_step_caps.split(","):
+                    continue
                 name = "%s %s" % (sync, wire)
-                r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-%d-" % (cap, sync, wire, rep), a.fragments)
+                r = run(a.dtactor, a.steps, sync, wire, a.every, log_dir, "%s-%s-%s-%d-" % (cap, sync, wire, rep), a.fragments, a.hosts)
                 runs.setdefault(name, []).append(r)
                 print(json.dumps({cap: {name: r}}), flush=True)
         results["caps"][cap] = {}
