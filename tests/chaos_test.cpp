@@ -925,6 +925,13 @@ TEST(Chaos, DiLoCoCoordinatorSigtermStopsWithAFinalCheckpointAtABoundary) { coor
 namespace dtactor {
 namespace {
 
+// The journal has a recovery to a world of `world` ranks.
+bool recovered_to(const std::vector<json>& j, int world) {
+  for (const auto& r : events<ev::recovery_done>(j))
+    if (r.at("world_size") == world) return true;
+  return false;
+}
+
 // train.sync = diloco, one window of 200 steps: node c is killed (kill -9)
 // right after step 50, inside the window. The survivors keep their own
 // inner steps of that window (none is undone: they go on from where they
@@ -937,11 +944,7 @@ TEST(Chaos, DiLoCoSurvivorsKeepTheirWindowWhenAWorkerIsKilled) {
   cluster cl(d.path(), sets);
   for (auto e : {cl.start_coordinator(), cl.start_node("a"), cl.start_node("b"), cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"})})
     ASSERT_EQ(e, "");
-  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
-    for (const auto& r : events<ev::recovery_done>(j))
-      if (r.at("world_size") == 2) return true;
-    return false;
-  }, 300)) << cl.logs();
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return recovered_to(j, 2); }, 300)) << cl.logs();
   expect_finished_without_loss(cl, 400, 2);
   const auto j = cl.journal();
   const auto rec = events<ev::recovery_done>(j);
@@ -974,11 +977,7 @@ TEST(Chaos, StreamingDiLoCoSurvivorsResendTheFragmentInFlightWhenAWorkerIsKilled
   cluster cl(d.path(), sets);
   for (auto e : {cl.start_coordinator(), cl.start_node("a"), cl.start_node("b"), cl.start_node("c", {"--fail-at-step", "50", "--fail-mode", "crash"})})
     ASSERT_EQ(e, "");
-  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
-    for (const auto& r : events<ev::recovery_done>(j))
-      if (r.at("world_size") == 2) return true;
-    return false;
-  }, 300)) << cl.logs();
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return recovered_to(j, 2); }, 300)) << cl.logs();
   expect_finished_without_loss(cl, 200, 2);
   const auto j = cl.journal();
   const auto rec = events<ev::recovery_done>(j);
