@@ -23,7 +23,8 @@ std::string fmt(const char* f, double v) {
 }
 
 std::string utc(double t) {
-  if (t <= 0) return "?";
+  // A journal time past the year 9999 (or NaN) is corrupt, not a date.
+  if (!(t > 0) || t > 253402300799.0) return "?";
   const std::time_t s = static_cast<std::time_t>(t);
   std::tm tm{};
   gmtime_r(&s, &tm);
@@ -37,6 +38,7 @@ std::string duration(double s) {
   if (s < 0.1) return fmt("%.1f ms", s * 1000);
   if (s < 10) return fmt("%.2f s", s);
   if (s < 120) return fmt("%.0f s", s);
+  if (s > 1e12) return fmt("%.3g s", s);  // beyond any real run; keeps lround in range
   const long t = std::lround(s);
   char buf[48];
   if (t >= 3600)
