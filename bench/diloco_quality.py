@@ -6,7 +6,7 @@ per run and writes the whole JSON.
 
 Usage: bench/diloco_quality.py [--nodes 2] [--steps 1000] [--every 10,50,100]
   [--streaming 50:5:1:0.5,...] (Streaming DiLoCo runs, H:fragments:overlap:mix)
-  [--no-every-step] [--set KEY=VALUE ...] [--dtactor build/dtactor] [--out bench/diloco_quality_results.json]"""
+  [--no-every-step] [--config examples/gpt_gcide.toml] [--set KEY=VALUE ...] [--dtactor build/dtactor] [--out bench/diloco_quality_results.json]"""
 import argparse
 import json
 import os
@@ -18,9 +18,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(binary, nodes, steps, sets):
+def run(binary, nodes, steps, sets, config):
     with tempfile.TemporaryDirectory() as rd:
         args = [binary, "local", "--nodes", str(nodes), "--run-dir", rd, "--no-resume"]
+        if config:
+            args += ["--config", config]
         for s in ["train.max_steps=%d" % steps, "checkpoint.every_steps=0", "train.log_every_steps=100", *sets]:
             args += ["--set", s]
         t0 = time.time()
@@ -42,10 +44,11 @@ def main():
     ap.add_argument("--streaming", default="")
     ap.add_argument("--no-every-step", action="store_true")
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--config", default="", help="a job config (e.g. examples/gpt_gcide.toml); --steps and --set still apply")
     ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "diloco_quality_results.json"))
     a = ap.parse_args()
-    results = {"command": " ".join(sys.argv), "nodes": a.nodes, "steps": a.steps, "sets": a.set, "runs": {}}
+    results = {"command": " ".join(sys.argv), "config": a.config, "nodes": a.nodes, "steps": a.steps, "sets": a.set, "runs": {}}
     modes = [] if a.no_every_step else [("every_step", ["train.sync=every_step"])]
     modes += [("diloco H=%s" % h, ["train.sync=diloco", "train.sync_every=" + h]) for h in a.every.split(",") if h]
     for spec in filter(None, a.streaming.split(",")):
@@ -53,7 +56,7 @@ def main():
         modes.append(("streaming H=%s F=%s overlap=%s mix=%s" % (h, f, tau, mix),
                       ["train.sync=diloco", "train.sync_every=" + h, "train.sync_fragments=" + f, "train.sync_overlap=" + tau, "train.sync_mix=" + mix]))
     for name, sets in modes:
-        r = run(a.dtactor, a.nodes, a.steps, a.set + sets)
+        r = run(a.dtactor, a.nodes, a.steps, a.set + sets, a.config)
         results["runs"][name] = r
         print(json.dumps({name: r}), flush=True)
     with open(a.out, "w") as f:

@@ -462,6 +462,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     }
   }
   const int64_t held_step = state.step();  // what this rank holds before any transfer
+  bool kept_window = false;
   if (g.pg) {
     const auto words = agreement_words(held_of(), g.rank);
     std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
@@ -476,6 +477,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       // progress (parameters, buffers, inner moments, step) through the
       // transfer; the others start their window over from the anchor.
       const bool keep_window = diloco && held_of() == a.max_step;
+      kept_window = keep_window;
       std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (live, copy)
       const int64_t own_step = state.step(), own_inner_steps = state.optimizer().steps_taken();
       if (keep_window) {
@@ -507,6 +509,8 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       }
     }
   }
+  if (diloco && g.pg && g.rank != 0 && g.source == ev::state_source::disk && !kept_window)
+    if (auto ended = worker_section_from_checkpoint(g)) return ended;
   if (impl_->cfg->get_int("train.zero") >= 1)
     if (auto ended = shard_state(g, held_step == state.step())) return ended;
   if (diloco && g.pg) {
@@ -524,6 +528,26 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     state.skip_to(furthest);
   }
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
+  return std::nullopt;
+}
+
+// DiLoCo, a generation whose state came from a checkpoint (global rank 0
+// read it and sent it to all): a rank other than 0 takes its own inner
+// state (parameters, buffers, inner moments) from its section of the
+// checkpoint when there is one, so that a resume at the same world size is
+// exact; without one (a checkpoint of fewer workers, or diloco_workers =
+// first) it goes on with rank 0's.
+std::optional<rank_worker::outcome> rank_worker::worker_section_from_checkpoint(generation_run& g) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  const std::string name = manifest_name(g.plan.checkpoint_step());
+  auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
+  if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
+  auto meta = store->read_manifest(name);
+  if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
+  auto loaded = load_worker_section(state, store.value(), meta.value(), g.rank);
+  if (!loaded) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + loaded.message(), state.step());
+  if (*loaded) state.state_loaded(meta->step());
   return std::nullopt;
 }
 
@@ -688,7 +712,10 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
     im.writer = std::make_unique<part_writer>([this](uint64_t gen, pb::checkpoint_written w) {
       if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
     });
-  const state_layout layout = layout_of(state);
+  // DiLoCo with checkpoint.diloco_workers = all: every other worker's own
+  // inner state follows the stream as a section of its own.
+  const bool sections = state.diloco() && g.world > 1 && im.cfg->get_string("checkpoint.diloco_workers") == "all";
+  const state_layout layout = sections ? with_worker_sections(layout_of(state), g.rank, g.world) : layout_of(state);
   part_writer::job j;
   j.step = state.step();
   j.generation = g.gen;
@@ -703,11 +730,13 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
     const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
     j.ranges = write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases());
   } else if (state.diloco()) {
-    // DiLoCo: at a boundary the parameters and the outer state are the
-    // same everywhere, but each worker's inner moments are its own; a
-    // checkpoint is one worker's whole state (global rank 0's), not a mix.
-    // The others store an empty part at the stream's end.
-    j.ranges = {g.rank == 0 ? std::make_pair(uint64_t{0}, layout.bytes) : std::make_pair(layout.bytes, layout.bytes)};
+    // DiLoCo: the outer state is the same everywhere, but each worker's
+    // inner state (its moments; streaming, its parameters too) is its own.
+    // The stream is one worker's whole state (global rank 0's), not a mix;
+    // the others write their sections (or, with diloco_workers = first, an
+    // empty part at the end).
+    const uint64_t stream = sections ? section_range(layout, 1).first : layout.bytes;
+    j.ranges = {g.rank == 0 ? std::make_pair(uint64_t{0}, stream) : sections ? section_range(layout, g.rank) : std::make_pair(layout.bytes, layout.bytes)};
   }
   if (g.rank == 0) {
     auto meta = state.checkpoint_meta(eval_at_step, g.gen);

@@ -132,6 +132,54 @@ std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layo
   return out;
 }
 
+bool worker_owned(const std::string& name) {
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  return starts("model/") || starts("buffer/") || (starts("optim/") && name != "optim/steps");
+}
+
+namespace {
+std::string section_name(int rank, const std::string& name) { return worker_section_prefix + std::to_string(rank) + "/" + name; }
+}  // namespace
+
+state_layout with_worker_sections(state_layout layout, int rank, int world) {
+  const size_t n = layout.tensors.size();
+  const std::vector<state_layout::entry> main_entries = layout.entries;
+  for (int r = 1; r < world; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      const state_layout::tensor t = layout.tensors[i];
+      if (t.sharded || !worker_owned(t.name)) continue;
+      state_layout::tensor s = t;
+      s.name = section_name(r, t.name);
+      s.offset = layout.bytes;
+      layout.bytes += s.size;
+      if (r == rank)
+        for (const auto& e : main_entries)
+          if (e.name == t.name) layout.entries.push_back({s.name, e.t, s.offset + (e.offset - t.offset), e.size, false});
+      layout.tensors.push_back(std::move(s));
+    }
+  }
+  return layout;
+}
+
+std::pair<uint64_t, uint64_t> section_range(const state_layout& l, int rank) {
+  const std::string prefix = section_name(rank, "");
+  uint64_t a = 0, b = 0;
+  bool any = false;
+  for (const auto& t : l.tensors) {
+    if (t.name.rfind(prefix, 0) != 0) continue;
+    if (!any) a = t.offset;
+    any = true;
+    b = t.offset + t.size;
+  }
+  return any ? std::make_pair(a, b) : std::make_pair(l.bytes, l.bytes);
+}
+
+uint64_t stream_bytes(const pb::checkpoint_meta& meta) {
+  for (const auto& t : meta.tensors())
+    if (t.name().rfind(worker_section_prefix, 0) == 0) return t.offset();
+  return meta.state_bytes();
+}
+
 void describe_layout(const state_layout& layout, pb::checkpoint_meta& meta) {
   meta.clear_tensors();
   for (const auto& e : layout.tensors) {
@@ -153,8 +201,14 @@ void copy_range(const state_layout& layout, uint64_t begin, uint64_t end, char* 
   }
 }
 
-status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta) {
+status check_fits(const state_layout& layout, const pb::checkpoint_meta& full) {
   const std::string lead = "checkpoint does not fit this model: ";
+  // DiLoCo's worker sections follow the stream; they are checked when a
+  // rank loads its own (load_worker_section).
+  pb::checkpoint_meta meta;
+  for (const auto& t : full.tensors())
+    if (t.name().rfind(worker_section_prefix, 0) != 0) *meta.add_tensors() = t;
+  meta.set_state_bytes(stream_bytes(full));
   if (static_cast<size_t>(meta.tensors_size()) != layout.tensors.size() || meta.state_bytes() != layout.bytes) {
     // Name the first difference.
     for (const auto& e : layout.tensors) {
@@ -196,12 +250,14 @@ status load_checkpoint(training_state& state, checkpoint_store& store, const pb:
     if (which == load_which::all || (which == load_which::shards) == e.sharded) entries.push_back(e);
   state_layout mine = layout;
   mine.entries = entries;
-  // Parts that hold none of these bytes are not read at all.
+  // Parts that hold none of these bytes are not read at all (nor, with
+  // DiLoCo's worker sections, the other workers' sections).
   auto wanted = [&](uint64_t at, uint64_t n) {
     for (const auto& e : entries)
       if (e.offset < at + n && at < e.offset + e.size) return true;
     return false;
   };
+  const bool sections = stream_bytes(meta) != meta.state_bytes();
   bool touched = false;
   uint64_t read = 0;
   auto st = store.read_stream(
@@ -217,7 +273,7 @@ status load_checkpoint(training_state& state, checkpoint_store& store, const pb:
         }
         return {};
       },
-      which == load_which::all ? std::function<bool(uint64_t, uint64_t)>() : wanted);
+      which == load_which::all && !sections ? std::function<bool(uint64_t, uint64_t)>() : wanted);
   if (bytes_read) *bytes_read = read;
   if (!st) {
     if (touched) (void)state.reset_state();
@@ -225,6 +281,55 @@ status load_checkpoint(training_state& state, checkpoint_store& store, const pb:
   }
   if (which != load_which::shards) state.state_loaded(meta.step());
   return {};
+}
+
+result<bool> load_worker_section(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta, int rank) {
+  if (rank <= 0) return false;
+  const state_layout layout = layout_of(state);
+  const std::string prefix = section_name(rank, "");
+  state_layout mine;
+  for (const auto& t : meta.tensors()) {
+    if (t.name().rfind(prefix, 0) != 0) continue;
+    const std::string name = t.name().substr(prefix.size());
+    const state_layout::tensor* here = nullptr;
+    for (const auto& l : layout.tensors)
+      if (l.name == name) here = &l;
+    const std::vector<int64_t> there(t.shape().begin(), t.shape().end());
+    if (!here || !worker_owned(name) || here->sharded || t.dtype() != dtype_name(here->dtype) || here->shape != there || t.size() != here->size)
+      return make_error("checkpoint does not fit this model: its worker section tensor '" + t.name() + "' is " + t.dtype() + shape_text(there) +
+                        (here ? ", here " + dtype_name(here->dtype) + shape_text(here->shape) : ", not a worker's tensor here"));
+    for (const auto& e : layout.entries)
+      if (e.name == name) mine.entries.push_back({t.name(), e.t, t.offset() + (e.offset - here->offset), e.size, false});
+  }
+  if (mine.entries.empty()) return false;
+  std::sort(mine.entries.begin(), mine.entries.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  torch::NoGradGuard no_grad;
+  auto wanted = [&](uint64_t at, uint64_t n) {
+    for (const auto& e : mine.entries)
+      if (e.offset < at + n && at < e.offset + e.size) return true;
+    return false;
+  };
+  bool touched = false;
+  auto st = store.read_stream(
+      meta,
+      [&](uint64_t at, const char* data, size_t n) -> status {
+        const uint64_t end = at + n;
+        for (size_t i = entry_at(mine, at); i < mine.entries.size() && mine.entries[i].offset < end; ++i) {
+          const auto& e = mine.entries[i];
+          const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
+          if (a < b) {
+            touched = true;
+            std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
+          }
+        }
+        return {};
+      },
+      wanted);
+  if (!st) {
+    if (touched) (void)state.reset_state();
+    return st.err();
+  }
+  return true;
 }
 
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,

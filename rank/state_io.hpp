@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint.pb.h"
@@ -61,6 +62,21 @@ std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layo
                                                         const std::vector<std::pair<int64_t, int64_t>>& primary,
                                                         const std::vector<int64_t>& group_bases);
 
+// DiLoCo: the checkpoint holds, after the stream above (which is global
+// rank 0's whole state), each other worker's own inner state as a section
+// of its own: "workers/<r>/<name>" for ranks r = 1 .. world - 1 and every
+// parameter, buffer and inner optimizer tensor (model/, buffer/, optim/
+// but optim/steps). `layout` (layout_of) gains those tensors, and entries
+// for this rank's section only (rank 0 has none: its state is the stream).
+// The section a rank writes is section_range.
+inline constexpr const char* worker_section_prefix = "workers/";
+bool worker_owned(const std::string& tensor_name);
+state_layout with_worker_sections(state_layout layout, int rank, int world);
+std::pair<uint64_t, uint64_t> section_range(const state_layout& with_sections, int rank);
+// Where the stream proper ends in a checkpoint (the first section's offset;
+// state_bytes without sections).
+uint64_t stream_bytes(const pb::checkpoint_meta& meta);
+
 // Sets meta.tensors and meta.state_bytes from the layout.
 void describe_layout(const state_layout& layout, pb::checkpoint_meta& meta);
 
@@ -82,6 +98,14 @@ status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta);
 enum class load_which { all, replicated, shards };
 status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta, load_which which = load_which::all,
                        uint64_t* bytes_read = nullptr);
+
+// DiLoCo: loads this rank's own section of a checkpoint written with
+// worker sections into its parameters, buffers and inner moments (each part
+// read whole, its checksum checked). False, with nothing read, when the
+// checkpoint has no section for `rank` (rank 0, a checkpoint of fewer
+// workers, or checkpoint.diloco_workers = "first"). A failure after some
+// bytes landed resets the state to the initial one.
+result<bool> load_worker_section(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta, int rank);
 
 // Sends the whole state of `root` (sharded: the replicated tensors only;
 // rank/zero moves the shards) to every rank of the group in place, in

@@ -97,6 +97,7 @@ std::vector<config_key> make_schema() {
       {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
       {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
       {"checkpoint.dir", vk::string, "", "Where checkpoints go: a directory every node and the coordinator reach, or s3://bucket/prefix (empty = RUN_DIR/checkpoints)."},
+      {"checkpoint.diloco_workers", vk::string, "all", "train.sync = diloco: whose inner state a checkpoint holds. all = every worker's own parameters, buffers and inner optimizer moments (global rank 0's as the state, the others' as sections of their own: the checkpoint is about the workers' count times the inner state), so a resume at the same world size is exact; first = global rank 0's alone (one worker's size), and every worker resumes with rank 0's.", -1e300, {"all", "first"}},
       {"checkpoint.s3_endpoint", vk::string, "", "S3-compatible server for s3:// checkpoint dirs, e.g. http://10.0.0.5:7480 (empty: AWS_ENDPOINT_URL, else AWS)."},
       // cluster (coordinator, nodes, ranks)
       {"cluster.min_nodes", vk::integer, "1", "Nodes (with a ready rank) the coordinator waits for before the job's first generation: the start gate, like torchrun's --nnodes MIN. Not a floor: see cluster.floor_nodes.", 1},

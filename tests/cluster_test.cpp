@@ -41,6 +41,13 @@ std::vector<std::string> tiny_sets(int steps) {
   return out;
 }
 
+std::string file_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 // Value of an unlabelled-or-labelled sample line "name{...} value" in a scrape.
 double metric_value(const std::string& scrape, const std::string& name_regex) {
   std::smatch m;
@@ -226,6 +233,56 @@ TEST(Cluster, ResumesFromTheRunDirectory) {
   EXPECT_FALSE(fin[1].contains("error"));
 }
 
+// DiLoCo at world 2: a job stopped at a boundary and resumed at the same
+// world size ends where the same job run straight through ends, because
+// each worker resumes its own inner moments from its section of the
+// checkpoint (checkpoint.diloco_workers = all). With "first", worker 1
+// resumes with worker 0's moments and ends elsewhere (so the comparison
+// can tell the two apart). A constant learning rate after the warm-up
+// (min_lr = lr) keeps train.max_steps out of the schedule.
+std::string diloco_digest(const std::string& dir, const std::vector<int>& legs, const std::string& workers) {
+  for (int steps : legs) {
+    std::vector<std::string> args = {kBin, "local", "--nodes", "2", "--run-dir", dir};
+    for (const auto& s : tiny_sets(steps)) args.push_back(s);
+    for (const std::string& s : std::vector<std::string>{"train.sync=diloco", "train.sync_every=10", "train.min_lr=0.003", "checkpoint.every_steps=20",
+                                                         "checkpoint.diloco_workers=" + workers}) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    auto c = child_process::spawn(args, false, dir + "/local.log");
+    if (!c) return "spawn: " + c.message();
+    auto e = c->wait(180000);
+    if (!e || e->exit_code != 0) return "run failed: " + file_text(dir + "/local.log");
+  }
+  auto fin = events<ev::job_finished>(read_journal(dir + "/journal.jsonl"));
+  if (fin.size() != legs.size()) return "job_finished events: " + std::to_string(fin.size());
+  if (legs.size() > 1 && events<ev::checkpoint_restored>(read_journal(dir + "/journal.jsonl")).size() != 1) return "no checkpoint restored";
+  return fin.back().at("params_digest").get<std::string>();
+}
+
+TEST(Cluster, DiLoCoResumeAtTheSameWorldSizeIsExact) {
+  temp_dir straight, resumed, first;
+  const std::string a = diloco_digest(straight.path(), {40}, "all");
+  const std::string b = diloco_digest(resumed.path(), {20, 40}, "all");
+  const std::string c = diloco_digest(first.path(), {20, 40}, "first");
+  ASSERT_EQ(a.size(), 16u) << a;
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(c.size(), 16u) << c;
+  EXPECT_NE(a, c);
+  // The checkpoint at step 20 holds worker 1's section too: bigger by its
+  // inner state (parameters and two moments: less than twice the size,
+  // since the outer state is in the stream once).
+  auto bytes_at_20 = [](const std::string& dir) -> int64_t {
+    for (const auto& e : events<ev::checkpoint_saved>(read_journal(dir + "/journal.jsonl")))
+      if (e.at("step") == 20) return e.at("bytes").get<int64_t>();
+    return -1;
+  };
+  const int64_t all = bytes_at_20(resumed.path()), one = bytes_at_20(first.path());
+  ASSERT_GT(one, 0);
+  EXPECT_GT(all, one + one / 3);
+  EXPECT_LT(all, 2 * one);
+}
+
 // Existing torchrun-style launch scripts: the same environment on every node.
 TEST(Cluster, TorchrunStyleEnvironmentLaunches) {
   temp_dir d;
@@ -282,13 +339,6 @@ std::function<bool(const std::vector<nlohmann::json>&)> reached_step(int64_t ste
     auto s = events<ev::step_completed>(j);
     return !s.empty() && s.back().at("step").get<int64_t>() >= step;
   };
-}
-
-std::string file_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 // Two node processes on one machine, neither given --node-id: both default
