@@ -341,6 +341,54 @@ std::function<bool(const std::vector<nlohmann::json>&)> reached_step(int64_t ste
   };
 }
 
+// Streaming DiLoCo at world 2, stopped by SIGTERM: the stop waits for a
+// landing with nothing in flight, where the other fragment's parameters
+// still differ between the workers; each worker's section of the final
+// checkpoint holds its own, and the resumed job ends where the job run
+// straight through ends. With diloco_workers = first it ends elsewhere.
+std::string streaming_digest(const std::string& dir, bool stop, const std::string& workers, int64_t* stopped_at = nullptr) {
+  std::vector<std::string> args = {kBin, "local", "--nodes", "2", "--run-dir", dir};
+  for (const auto& s : tiny_sets(400)) args.push_back(s);
+  for (const std::string& s : std::vector<std::string>{"train.sync=diloco", "train.sync_every=10", "train.sync_fragments=2", "train.sync_overlap=1",
+                                                       "checkpoint.every_steps=0", "train.log_every_steps=1", "checkpoint.diloco_workers=" + workers})
+    args.insert(args.end(), {"--set", s});
+  const std::string journal = dir + "/journal.jsonl";
+  if (stop) {
+    auto c = child_process::spawn(args, true, dir + "/stopped.log");
+    if (!c) return "spawn: " + c.message();
+    if (!wait_journal(journal, *c, reached_step(15))) return "no step 15: " + file_text(dir + "/stopped.log");
+    if (::kill(-c->pid(), SIGTERM) != 0) return "kill failed";
+    auto e = c->wait(90000);
+    if (!e || e->exit_code != 128 + SIGTERM) return "no stop: " + file_text(dir + "/stopped.log");
+    auto stopped = events<ev::job_stopped>(read_journal(journal));
+    if (stopped.size() != 1) return "no job_stopped: " + file_text(dir + "/stopped.log");
+    if (stopped_at) *stopped_at = stopped[0].at("step").get<int64_t>();
+  }
+  auto c = child_process::spawn(args, false, dir + "/local.log");
+  if (!c) return "spawn: " + c.message();
+  auto e = c->wait(180000);
+  if (!e || e->exit_code != 0) return "run failed: " + file_text(dir + "/local.log");
+  auto fin = events<ev::job_finished>(read_journal(journal));
+  if (fin.size() != 1) return "job_finished events: " + std::to_string(fin.size());
+  return fin.back().at("params_digest").get<std::string>();
+}
+
+TEST(Cluster, StreamingDiLoCoStoppedAndResumedAtTheSameWorldSizeIsExact) {
+  temp_dir straight, resumed, first;
+  int64_t at = -1, at_first = -1;
+  const std::string a = streaming_digest(straight.path(), false, "all");
+  const std::string b = streaming_digest(resumed.path(), true, "all", &at);
+  const std::string c = streaming_digest(first.path(), true, "first", &at_first);
+  ASSERT_EQ(a.size(), 16u) << a;
+  ASSERT_EQ(b.size(), 16u) << b;
+  ASSERT_EQ(c.size(), 16u) << c;
+  // Stopped where a fragment landed (6 + 10k or 11 + 10k), mid-run.
+  EXPECT_EQ(at % 5, 1) << at;
+  EXPECT_LT(at, 400);
+  EXPECT_EQ(a, b) << "stopped at " << at;
+  EXPECT_NE(a, c) << "stopped at " << at_first;
+}
+
 // Two node processes on one machine, neither given --node-id: both default
 // to the host name. They must train together, not evict each other as
 // "restarted" nodes until both are quarantined.
