@@ -101,6 +101,19 @@ struct rank_worker::impl {
     uint64_t gen = 0;
     int rank = -1, world = 0;
   } attempt;
+  // The last generation this rank trained in, its global rank and world
+  // size there (world 0: none yet).
+  uint64_t trained_gen = 0;
+  int trained_rank = -1, trained_world = 0;
+  // train.sync = diloco: a rank behind its peers that kept its window trains
+  // the steps it missed on its slices of the world its peers took them in,
+  // instead of skipping them: steps before `until` (and after the previous
+  // segment's) as global rank `rank` of `world`. Ascending by `until`.
+  struct catch_up_segment {
+    int64_t until = 0;
+    int rank = 0, world = 1;
+  };
+  std::vector<catch_up_segment> catch_up;
 };
 
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
@@ -443,6 +456,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     if (auto st = load_checkpoint(state, store.value(), meta.value(), sharded ? load_which::replicated : load_which::all); !st)
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;
+    impl_->catch_up.clear();
   }
   if (impl_->cfg->get_int("train.zero") >= 2) {
     if (!g.pg) {
@@ -463,6 +477,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   }
   const int64_t held_step = state.step();  // what this rank holds before any transfer
   bool kept_window = false;
+  bool own_window = true;  // DiLoCo: this rank goes on with its own window (it held the agreed anchor)
   if (g.pg) {
     const auto words = agreement_words(held_of(), g.rank);
     std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
@@ -478,6 +493,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       // transfer; the others start their window over from the anchor.
       const bool keep_window = diloco && held_of() == a.max_step;
       kept_window = keep_window;
+      own_window = keep_window;
       std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (live, copy)
       const int64_t own_step = state.step(), own_inner_steps = state.optimizer().steps_taken();
       if (keep_window) {
@@ -517,15 +533,34 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     // The workers go on from the furthest step any of them reached in the
     // window (no one's inner steps are undone); one behind skips the steps
     // its peers took (their samples are its share no longer).
-    std::vector<torch::Tensor> t{torch::tensor({state.step()}, torch::kInt64)};
+    auto& im = *impl_;
+    std::vector<torch::Tensor> t{torch::tensor({state.step(), static_cast<int64_t>(im.trained_gen)}, torch::kInt64)};
     c10d::AllreduceOptions mx;
     mx.reduceOp = c10d::ReduceOp::MAX;
     if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's step"); !st)
       return failed(g, st.message(), state.step());
     const int64_t furthest = t[0][0].item<int64_t>();
-    g.skipped_steps = furthest - state.step();
+    const uint64_t newest_trained = static_cast<uint64_t>(t[0][1].item<int64_t>());
     g.window_steps = furthest - state.outer().anchor();
-    state.skip_to(furthest);
+    // A rank that kept its window and trained in the generation its peers
+    // took those steps in catches up on its own slices of that generation's
+    // world (no collective runs between boundaries, so it can): its samples
+    // of those steps are trained once, as if nothing had happened. With
+    // hosts as workers (their ranks step together through the host's
+    // reducer) and without such a generation, it skips them.
+    // (Steps it was still catching up on in that generation keep the
+    // slicing of theirs.)
+    const int64_t own = state.step();
+    while (!im.catch_up.empty() && im.catch_up.front().until <= own) im.catch_up.erase(im.catch_up.begin());
+    const bool catch_up = own_window && furthest > own && im.trained_world > 0 && im.trained_gen == newest_trained &&
+                          im.cfg->get_string("train.diloco_worker") != "host";
+    if (catch_up) {
+      if (im.catch_up.empty() || im.catch_up.back().until < furthest) im.catch_up.push_back({furthest, im.trained_rank, im.trained_world});
+    } else {
+      im.catch_up.clear();
+      g.skipped_steps = furthest - own;
+      state.skip_to(furthest);
+    }
   }
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
   return std::nullopt;
@@ -938,6 +973,13 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     std::fprintf(stderr, "rank %d: generation %llu: DiLoCo window goes on at step %lld, %lld step(s) after its anchor (this rank skipped %lld)\n",
                  g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<long long>(g.window_steps),
                  static_cast<long long>(g.skipped_steps));
+  if (!im.catch_up.empty())
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: catching up on steps %lld to %lld (its peers took them), on its own slices of them\n",
+                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()),
+                 static_cast<long long>(im.catch_up.back().until - 1));
+  im.trained_gen = g.gen;
+  im.trained_rank = g.rank;
+  im.trained_world = g.world;
   auto window_began = clock_type::now();
   step_control agreed;  // the last exchange's sums of the ranks' controls
   while (state.step() < cadence.max_steps || outer_pending()) {
@@ -959,15 +1001,23 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     const int64_t window_start = diloco ? state.outer().anchor() : attempted;
     result<training_state::dp_step> r = training_state::dp_step{};
     if (!outer_pending()) {
-      im.attempt = {attempted, g.gen, g.rank, g.world};
+      // DiLoCo catching up: this step's slice of the world it was taken in.
+      int slice_rank = g.rank, slice_world = g.world;
+      for (const auto& c : im.catch_up)
+        if (attempted < c.until) {
+          slice_rank = c.rank;
+          slice_world = c.world;
+          break;
+        }
+      im.attempt = {attempted, g.gen, slice_rank, slice_world};
       if (host_sync)
         r = state.inner_step_host(g.rank, g.world, *host_sync, g.exchange.host_members);
       else
-        r = diloco ? state.inner_step(g.rank, g.world) : state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
+        r = diloco ? state.inner_step(slice_rank, slice_world) : state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
       // Applied (with ZeRO, to this rank's shards even when the all-gather
       // after it failed): the step is in the audit log before anything else.
       if (state.step() > attempted)
-        if (auto st = log_samples(attempted, g.gen, g.rank, g.world); !st)
+        if (auto st = log_samples(attempted, g.gen, slice_rank, slice_world); !st)
           return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
       if (!r) return failed(g, r.message(), state.step());
     }

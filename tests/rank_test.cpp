@@ -157,25 +157,29 @@ rank_worker_options worker_opts(int local) {
 // this process, warmed up with a tiny ViT of `max_steps`.
 class rank_workers : public ::testing::Test {
  protected:
-  void start(int64_t max_steps) {
+  void start(int64_t max_steps, const std::vector<std::string>& extra = {}) {
     auto p = pick_free_tcp_port();
     ASSERT_TRUE(p) << p.message();
     port = p.value();
     auto s = rendezvous_store::start(port, std::chrono::seconds(60));
     ASSERT_TRUE(s) << s.message();
     store = std::move(s.value());
-    toml = dtactor::testing::tiny_vit_config(
-               {"train.max_steps=" + std::to_string(max_steps), "train.log_every_steps=1", "cluster.shm_allreduce=false"})
-               .to_toml();
+    std::vector<std::string> sets = {"train.max_steps=" + std::to_string(max_steps), "train.log_every_steps=1", "cluster.shm_allreduce=false"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    toml = dtactor::testing::tiny_vit_config(sets).to_toml();
     ckpt_dir = ::testing::TempDir() + "/rank-test-ckpt-" + std::to_string(::getpid()) + "-" +
                ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(ckpt_dir);
     std::filesystem::create_directories(ckpt_dir);
     a = std::make_unique<rank_worker>(worker_opts(0), seen.for_rank(0));
     b = std::make_unique<rank_worker>(worker_opts(1), seen.for_rank(1));
+    // One after the other: both build their model from train.seed through
+    // the process-wide generator (separate processes in a real job), and
+    // DiLoCo's global parameters are the initial ones, never broadcast.
     pb::generation_plan warm;
     warm.set_config_toml(toml);
     ASSERT_TRUE(a->offer(warm));
+    ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
     ASSERT_TRUE(b->offer(warm));
   }
   pb::generation_plan plan(uint64_t g, const std::vector<int>& locals, bool drain) { return plan_of(g, locals, port, toml, drain, ckpt_dir); }
@@ -224,6 +228,69 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   EXPECT_EQ(done_b->step(), 30);
   EXPECT_EQ(done_a->detail(), done_b->detail());  // the parameters' digest
   EXPECT_FALSE(done_a->detail().empty());
+}
+
+// DiLoCo: a rank that leaves a generation behind its peer (it was offered
+// the next plan first, as when a third rank is lost) catches up on the steps
+// its peer took, on its own slices of them, instead of skipping them: the
+// job ends with the parameters of the same job uninterrupted (a second pair
+// of workers, later generation numbers on the same store).
+TEST_F(rank_workers, a_diloco_rank_behind_its_peer_at_a_new_generation_catches_up_and_the_job_ends_as_if_uninterrupted) {
+  start(60, {"train.sync=diloco", "train.sync_every=40"});
+  ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
+  const auto g1 = plan(1, {0, 1}, false);
+  ASSERT_TRUE(a->offer(g1));
+  ASSERT_TRUE(b->offer(g1));
+  ASSERT_TRUE(seen.wait_step(0, 5));
+  // a leaves generation 1 at once; b trains on in its window (no collective
+  // until the boundary at 40) and is offered generation 2 later.
+  const auto g2 = plan(2, {0, 1}, false);
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(seen.wait_step(1, 20));
+  ASSERT_TRUE(b->offer(g2));
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  auto said = [&] {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    std::string out;
+    for (const auto& [l, st] : seen.statuses)
+      out += std::to_string(l) + ": " + pb::rank_status::state_Name(st.status()) + " step " + std::to_string(st.step()) + " " + st.detail() + "\n";
+    return out;
+  };
+  ASSERT_TRUE(done_a && done_b) << said();
+  EXPECT_EQ(done_a->step(), 60);
+  EXPECT_EQ(done_a->detail(), done_b->detail());
+  // Generation 2's READY statuses: a was behind b there.
+  std::vector<int64_t> ready_steps[2];
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (const auto& [l, st] : seen.statuses)
+      if (st.status() == pb::rank_status::STATE_READY) ready_steps[l].push_back(st.step());
+  }
+  ASSERT_EQ(ready_steps[0].size(), 2u);
+  ASSERT_EQ(ready_steps[1].size(), 2u);
+  EXPECT_LT(ready_steps[0][1], 20);
+  EXPECT_GE(ready_steps[1][1], 20);
+
+  reports seen2;
+  auto a2 = std::make_unique<rank_worker>(worker_opts(0), seen2.for_rank(0));
+  auto b2 = std::make_unique<rank_worker>(worker_opts(1), seen2.for_rank(1));
+  pb::generation_plan warm;
+  warm.set_config_toml(toml);
+  ASSERT_TRUE(a2->offer(warm));
+  ASSERT_TRUE(seen2.wait_for(0, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(b2->offer(warm));
+  ASSERT_TRUE(seen2.wait_for(1, pb::rank_status::STATE_IDLE));
+  const auto g10 = plan(10, {0, 1}, false);
+  ASSERT_TRUE(a2->offer(g10));
+  ASSERT_TRUE(b2->offer(g10));
+  auto straight = seen2.wait_for(0, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(straight);
+  EXPECT_EQ(straight->step(), 60);
+  EXPECT_EQ(done_a->detail(), straight->detail());
+  a2.reset();
+  b2.reset();
 }
 
 // A stop with a final checkpoint may reach one rank a moment before the
