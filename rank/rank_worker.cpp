@@ -476,7 +476,6 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
     }
   }
   const int64_t held_step = state.step();  // what this rank holds before any transfer
-  bool kept_window = false;
   bool own_window = true;  // DiLoCo: this rank goes on with its own window (it held the agreed anchor)
   if (g.pg) {
     const auto words = agreement_words(held_of(), g.rank);
@@ -492,7 +491,6 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       // progress (parameters, buffers, inner moments, step) through the
       // transfer; the others start their window over from the anchor.
       const bool keep_window = diloco && held_of() == a.max_step;
-      kept_window = keep_window;
       own_window = keep_window;
       std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (live, copy)
       const int64_t own_step = state.step(), own_inner_steps = state.optimizer().steps_taken();
@@ -525,14 +523,14 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       }
     }
   }
-  if (diloco && g.pg && g.rank != 0 && g.source == ev::state_source::disk && !kept_window)
+  if (diloco && g.pg && g.rank != 0 && g.source == ev::state_source::disk && !own_window)
     if (auto ended = worker_section_from_checkpoint(g)) return ended;
   if (impl_->cfg->get_int("train.zero") >= 1)
     if (auto ended = shard_state(g, held_step == state.step())) return ended;
   if (diloco && g.pg) {
     // The workers go on from the furthest step any of them reached in the
-    // window (no one's inner steps are undone); one behind skips the steps
-    // its peers took (their samples are its share no longer).
+    // window (no one's inner steps are undone); one behind catches up on
+    // the steps its peers took, or skips them (below).
     auto& im = *impl_;
     std::vector<torch::Tensor> t{torch::tensor({state.step(), static_cast<int64_t>(im.trained_gen)}, torch::kInt64)};
     c10d::AllreduceOptions mx;

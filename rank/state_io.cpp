@@ -132,6 +132,36 @@ std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layo
   return out;
 }
 
+namespace {
+// Reads the parts of `meta` that hold bytes of `mine`'s entries (every part
+// when `every_part`; each read whole, its checksum checked) straight into
+// the entries' tensors. `touched`: some bytes landed; `read`: bytes read.
+status read_into(checkpoint_store& store, const pb::checkpoint_meta& meta, const state_layout& mine, bool every_part, bool& touched,
+                 uint64_t& read) {
+  auto wanted = [&](uint64_t at, uint64_t n) {
+    for (const auto& e : mine.entries)
+      if (e.offset < at + n && at < e.offset + e.size) return true;
+    return false;
+  };
+  return store.read_stream(
+      meta,
+      [&](uint64_t at, const char* data, size_t n) -> status {
+        read += n;
+        const uint64_t end = at + n;
+        for (size_t i = entry_at(mine, at); i < mine.entries.size() && mine.entries[i].offset < end; ++i) {
+          const auto& e = mine.entries[i];
+          const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
+          if (a < b) {
+            touched = true;
+            std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
+          }
+        }
+        return {};
+      },
+      every_part ? std::function<bool(uint64_t, uint64_t)>() : wanted);
+}
+}  // namespace
+
 bool worker_owned(const std::string& name) {
   auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
   return starts("model/") || starts("buffer/") || (starts("optim/") && name != "optim/steps");
@@ -252,28 +282,10 @@ status load_checkpoint(training_state& state, checkpoint_store& store, const pb:
   mine.entries = entries;
   // Parts that hold none of these bytes are not read at all (nor, with
   // DiLoCo's worker sections, the other workers' sections).
-  auto wanted = [&](uint64_t at, uint64_t n) {
-    for (const auto& e : entries)
-      if (e.offset < at + n && at < e.offset + e.size) return true;
-    return false;
-  };
   const bool sections = stream_bytes(meta) != meta.state_bytes();
   bool touched = false;
   uint64_t read = 0;
-  auto st = store.read_stream(
-      meta,
-      [&](uint64_t at, const char* data, size_t n) -> status {
-        touched = true;
-        read += n;
-        const uint64_t end = at + n;
-        for (size_t i = entry_at(mine, at); i < mine.entries.size() && mine.entries[i].offset < end; ++i) {
-          const auto& e = mine.entries[i];
-          const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
-          if (a < b) std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
-        }
-        return {};
-      },
-      which == load_which::all && !sections ? std::function<bool(uint64_t, uint64_t)>() : wanted);
+  auto st = read_into(store, meta, mine, which == load_which::all && !sections, touched, read);
   if (bytes_read) *bytes_read = read;
   if (!st) {
     if (touched) (void)state.reset_state();
@@ -304,27 +316,9 @@ result<bool> load_worker_section(training_state& state, checkpoint_store& store,
   if (mine.entries.empty()) return false;
   std::sort(mine.entries.begin(), mine.entries.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   torch::NoGradGuard no_grad;
-  auto wanted = [&](uint64_t at, uint64_t n) {
-    for (const auto& e : mine.entries)
-      if (e.offset < at + n && at < e.offset + e.size) return true;
-    return false;
-  };
   bool touched = false;
-  auto st = store.read_stream(
-      meta,
-      [&](uint64_t at, const char* data, size_t n) -> status {
-        const uint64_t end = at + n;
-        for (size_t i = entry_at(mine, at); i < mine.entries.size() && mine.entries[i].offset < end; ++i) {
-          const auto& e = mine.entries[i];
-          const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
-          if (a < b) {
-            touched = true;
-            std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
-          }
-        }
-        return {};
-      },
-      wanted);
+  uint64_t read = 0;
+  auto st = read_into(store, meta, mine, false, touched, read);
   if (!st) {
     if (touched) (void)state.reset_state();
     return st.err();
