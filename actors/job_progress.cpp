@@ -53,6 +53,8 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
   }
   if (s.has_window_steps())
     rec.window_steps = std::max(rec.window_steps.value_or(0), s.window_steps());
+  if (s.has_window_steps() && s.replayed_slices() > 0)
+    rec.replayed_slices = std::max(rec.replayed_slices.value_or(0), s.replayed_slices());
   ev::state_source src = ev::state_source::local;
   if (!ev::from_string(s.state_source(), src) || (src != ev::state_source::peer && src != ev::state_source::disk) || rec.restored_logged)
     return std::nullopt;
@@ -89,6 +91,7 @@ std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64
   // DiLoCo: a lost worker's inner steps since the anchor went with it (the
   // survivors' window position stands for its own).
   if (rec.window_steps) d.lost_inner_steps = *rec.window_steps * rec.lost_workers;
+  d.replayed_slices = rec.replayed_slices;
   return d;
 }
 

@@ -54,6 +54,7 @@ struct recovery_record {
   uint64_t reshard_bytes = 0;
   int lost_workers = 0;                // ranks the world shrank by (a loss)
   std::optional<int64_t> window_steps;  // train.sync = diloco: the furthest window position a rank reported
+  std::optional<int64_t> replayed_slices;  // ... and the slices of it the survivors train again
   bool done = false;
 };
 

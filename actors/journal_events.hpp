@@ -358,11 +358,17 @@ struct recovery_done {
   // position times the ranks the world shrank by); the survivors keep
   // theirs, so lost_steps stays 0.
   std::optional<int64_t> lost_inner_steps;
+  // ... and the slices of the window's steps no survivor held (the lost
+  // workers', whether they had trained them or not), which the survivors
+  // trained again before the next boundary: every sample of the window
+  // reaches the global parameters once (one fragment, ranks as workers;
+  // docs/diloco.md, "Failures").
+  std::optional<int64_t> replayed_slices;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("resumed_step", s.resumed_step),
         f("lost_steps", s.lost_steps), f("duration_s", s.duration_s), f("optimizer_source", s.optimizer), f("reshard_bytes", s.reshard_bytes),
-        f("lost_inner_steps", s.lost_inner_steps);
+        f("lost_inner_steps", s.lost_inner_steps), f("replayed_slices", s.replayed_slices);
   }
 };
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3.11
 """Checks a data.sample_log directory: was every sample trained exactly once?
 
-    check_sample_log.py DIR --samples N --batch B --steps S [--expected FILE]
+    check_sample_log.py DIR --samples N --batch B --steps S [--expected FILE] [--diloco]
 
 DIR holds the samples-*.tsv files the training processes appended to, one
 line per step whose update a process applied (docs/data.md, "Auditing the
@@ -27,6 +27,19 @@ line per step, "step \t i0,i1,...": data_order::global_batch) the inferred
 slices are taken from it and every line is compared with its exact slice;
 without it, the indices never seen in an epoch must be exactly as many as
 its inferred positions.
+
+With --diloco (a train.sync = diloco job of one fragment), the ranks also
+write "b \t generation \t rank \t world \t synced" when an outer step
+lands at step b, and a line counts only once an outer step covers it: a
+later "synced" line of its own file with a step above its own, or any
+"synced" line of its generation with a step above its own (that exchange
+took every member's pseudo-gradient). A worker's lines that nothing covers
+went with it when it was lost (`lines_lost_with_worker`), and the
+survivors must have trained those slices again (replay). A step's slices
+may then come from several generations (a survivor catching up, a replay):
+for each step, the world of its newest counting line, and one counting
+line per rank of that world; two counting lines of one slice are an error
+unless the newer generation recorded the whole step again (a resume).
 
 Prints one JSON object; exit status 0 when everything holds, 1 when not, 2
 on a usage or I/O error.
@@ -69,10 +82,14 @@ def parse_indices(text):
     return [int(x) for x in text.split(",")]
 
 
-def read_logs(directory, rep):
-    """(records, files, lines, torn): records[(step, gen, rank)] = list of (where, world, indices)."""
+def read_logs(directory, rep, diloco=False):
+    """(records, files, lines, torn, extra): records[(step, gen, rank)] = list of (where, world, indices).
+
+    With `diloco`, only the lines an outer step covers are records; extra
+    holds the counts of "synced" lines and of lines nothing covers."""
     records = defaultdict(list)
     files = lines = torn = 0
+    per_file = []  # diloco: (name, [(where, step, gen, rank, world, indices or None for synced)])
     names = sorted(n for n in os.listdir(directory) if n.startswith("samples-") and n.endswith(".tsv"))
     for name in names:
         files += 1
@@ -84,6 +101,7 @@ def read_logs(directory, rep):
         # did not finish (it died in it): not a record.
         if parts[-1] != "":
             torn += 1
+        entries = []
         for no, line in enumerate(parts[:-1], start=1):
             where = f"{name}:{no}"
             fields = line.split("\t")
@@ -91,15 +109,53 @@ def read_logs(directory, rep):
                 if len(fields) != 5:
                     raise ValueError(f"{len(fields)} fields, not 5")
                 step, gen, rank, world = (int(x) for x in fields[:4])
-                indices = parse_indices(fields[4])
+                if diloco and fields[4] == "synced":
+                    indices = None
+                else:
+                    indices = parse_indices(fields[4])
                 if step < 0 or world < 1 or not 0 <= rank < world:
                     raise ValueError("step, rank or world size out of range")
             except ValueError as e:
                 rep.error(f"{where}: malformed line ({e}): {line[:120]!r}")
                 continue
-            lines += 1
-            records[(step, gen, rank)].append((where, world, indices))
-    return records, files, lines, torn
+            if indices is not None:
+                lines += 1
+            if diloco:
+                entries.append((where, step, gen, rank, world, indices))
+            else:
+                records[(step, gen, rank)].append((where, world, indices))
+        per_file.append((name, entries))
+    extra = {}
+    if diloco:
+        # The newest "synced" step of each generation, and a line counts when
+        # a synced line after it in its file, or of its generation anywhere,
+        # is at a later step.
+        gen_synced = defaultdict(lambda: -1)
+        synced_lines = 0
+        for _, entries in per_file:
+            for where, step, gen, rank, world, indices in entries:
+                if indices is None:
+                    synced_lines += 1
+                    gen_synced[gen] = max(gen_synced[gen], step)
+        lost = 0
+        lost_at = []
+        for _, entries in per_file:
+            later = -1  # the largest synced step after this line in its file
+            covered = []
+            for where, step, gen, rank, world, indices in reversed(entries):
+                if indices is None:
+                    later = max(later, step)
+                    continue
+                if later > step or gen_synced[gen] > step:
+                    covered.append((step, gen, rank, where, world, indices))
+                else:
+                    lost += 1
+                    if len(lost_at) < 20:
+                        lost_at.append({"where": where, "step": step, "generation": gen, "rank": rank, "world_size": world})
+            for step, gen, rank, where, world, indices in reversed(covered):
+                records[(step, gen, rank, world)].append((where, world, indices))
+        extra = {"synced_lines": synced_lines, "lines_lost_with_worker": lost, "lines_lost_at": lost_at}
+    return records, files, lines, torn, extra
 
 
 def read_expected(path):
@@ -114,18 +170,21 @@ def read_expected(path):
     return out
 
 
-def check(directory, n, b, steps, expected=None, max_errors=20):
+def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
     rep = Report(max_errors)
-    records, files, lines, torn = read_logs(directory, rep)
+    records, files, lines, torn, extra = read_logs(directory, rep, diloco)
 
     # Doubled lines: the same (step, generation, rank) written twice.
-    by_step = defaultdict(lambda: defaultdict(dict))  # step -> gen -> rank -> (where, world, indices)
+    # by_step: step -> gen -> rank -> (where, world, indices); with diloco,
+    # step -> gen -> (rank, world) -> ...
+    by_step = defaultdict(lambda: defaultdict(dict))
     doubled = 0
-    for (step, gen, rank), recs in records.items():
+    for key, recs in records.items():
+        step, gen, rank = key[:3]
         if len(recs) > 1:
             doubled += len(recs) - 1
             rep.error(f"step {step} generation {gen} rank {rank}: {len(recs)} lines ({', '.join(r[0] for r in recs)})")
-        by_step[step][gen][rank] = recs[0]
+        by_step[step][gen][(rank, recs[0][1]) if diloco else rank] = recs[0]
 
     gen_last_step = {}
     gen_world = {}
@@ -133,6 +192,11 @@ def check(directory, n, b, steps, expected=None, max_errors=20):
         for gen, ranks in gens.items():
             gen_last_step[gen] = max(gen_last_step.get(gen, -1), step)
             for rank, (where, world, _) in ranks.items():
+                # DiLoCo: a generation's catch-up and replayed lines keep
+                # the world of the generation their step was taken in.
+                if diloco:
+                    gen_world.setdefault(gen, world)
+                    continue
                 if gen_world.setdefault(gen, world) != world:
                     rep.error(f"{where}: generation {gen} has world size {gen_world[gen]} elsewhere, {world} here")
     newest_gen = max(gen_last_step) if gen_last_step else None
@@ -146,11 +210,68 @@ def check(directory, n, b, steps, expected=None, max_errors=20):
     overflow = defaultdict(list)  # epoch -> indices of over-long slices
     inferred_positions = 0
     wrong_slices = 0
+    twice = 0  # diloco: slices two counting lines trained
+
+    def fill(batch, t, r, world, where, idx):
+        """The slice r of `world` at step t as a line recorded it; False when it is wrong."""
+        nonlocal wrong_slices
+        begin, end = split_range(b, r, world)
+        if len(idx) != end - begin:
+            wrong_slices += 1
+            rep.error(f"{where}: step {t} rank {r} of {world} trained {len(idx)} samples, its slice holds {end - begin}")
+            # What it says it trained still counts in the epoch: in its
+            # slice's positions, any beyond them at the slice's end.
+            batch[begin:begin + min(len(idx), end - begin)] = idx[:end - begin]
+            overflow[(t * b + end - 1) // n].extend(idx[end - begin:])
+            return
+        bad = [i for i in idx if not 0 <= i < n]
+        if bad:
+            rep.error(f"{where}: indices outside [0, {n}): {bad[:5]}")
+        if expected is not None and t in expected and idx != expected[t][begin:end]:
+            wrong_slices += 1
+            rep.error(f"{where}: step {t} rank {r} of {world} trained other samples than data_order's slice")
+        batch[begin:end] = idx
+
+    def diloco_step(t, gens):
+        """A DiLoCo step's batch from its counting lines, whatever generations wrote them."""
+        nonlocal steps_redone, twice
+        g = max(gens)
+        worlds = {w for (_, w) in gens[g]}
+        if len(worlds) > 1:
+            rep.error(f"step {t} generation {g}: lines of world sizes {sorted(worlds)}")
+        world = max(worlds)
+        batch = [UNRECORDED] * b
+        redone = False
+        for r in range(world):
+            holders = sorted((gen for gen, rs in gens.items() if (r, world) in rs), reverse=True)
+            if not holders:
+                rep.error(f"step {t}: slice {r} of {world} is in no outer step (a lost worker's, never trained again)")
+                continue
+            if len(holders) > 1:
+                newest = holders[0]
+                if all((q, world) in gens[newest] for q in range(world)):
+                    redone = True
+                else:
+                    twice += 1
+                    rep.error(f"step {t}: slice {r} of {world} trained in generations {holders[::-1]} and an outer step took each "
+                              f"({', '.join(gens[x][(r, world)][0] for x in holders[::-1])})")
+            where, _, idx = gens[holders[0]][(r, world)]
+            fill(batch, t, r, world, where, idx)
+        steps_redone += 1 if redone or any(w != world for rs in gens.values() for (_, w) in rs) else 0
+        return batch
+
     for t in range(steps):
         gens = by_step.get(t)
         if not gens:
             steps_missing.append(t)
-            rep.error(f"step {t}: no process recorded it")
+            rep.error(f"step {t}: no process recorded it" + (" in an outer step" if diloco else ""))
+            continue
+        if diloco:
+            batch = diloco_step(t, gens)
+            known = [i for i in batch if i is not None and i is not UNRECORDED]
+            if len(set(known)) != len(known):
+                rep.error(f"step {t}: an index appears twice in its batch")
+            batches[t] = batch
             continue
         if len(gens) > 1:
             steps_redone += 1
@@ -183,21 +304,7 @@ def check(directory, n, b, steps, expected=None, max_errors=20):
                 batch[begin:end] = expected[t][begin:end] if expected is not None and t in expected else [None] * (end - begin)
                 continue
             where, w, idx = ranks[r]
-            if len(idx) != end - begin:
-                wrong_slices += 1
-                rep.error(f"{where}: step {t} rank {r} of {world} trained {len(idx)} samples, its slice holds {end - begin}")
-                # What it says it trained still counts in the epoch: in its
-                # slice's positions, any beyond them at the slice's end.
-                batch[begin:begin + min(len(idx), end - begin)] = idx[:end - begin]
-                overflow[(t * b + end - 1) // n].extend(idx[end - begin:])
-                continue
-            bad = [i for i in idx if not 0 <= i < n]
-            if bad:
-                rep.error(f"{where}: indices outside [0, {n}): {bad[:5]}")
-            if expected is not None and t in expected and idx != expected[t][begin:end]:
-                wrong_slices += 1
-                rep.error(f"{where}: step {t} rank {r} of {world} trained other samples than data_order's slice")
-            batch[begin:end] = idx
+            fill(batch, t, r, world, where, idx)
         known = [i for i in batch if i is not None and i is not UNRECORDED]
         if len(set(known)) != len(known):
             rep.error(f"step {t}: an index appears twice in its batch")
@@ -272,6 +379,8 @@ def check(directory, n, b, steps, expected=None, max_errors=20):
         "epoch0_indices_seen_more": first.get("indices_seen_more"),
         "epoch0_positions_inferred": first.get("positions_inferred"),
         "epochs": [epochs[e] for e in sorted(epochs)],
+        "diloco": diloco,
+        **({"slices_trained_twice": twice, **extra} if diloco else {}),
         "error_count": rep.error_count,
         "errors": rep.errors,
     }
@@ -285,6 +394,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, required=True, help="B: train.global_batch_size")
     ap.add_argument("--steps", type=int, required=True, help="S: steps 0..S-1 must all be recorded (train.max_steps of a finished job)")
     ap.add_argument("--expected", help="data_order's global batches, one line per step: step<TAB>i0,i1,...")
+    ap.add_argument("--diloco", action="store_true",
+                    help="a train.sync = diloco job (one fragment): only lines an outer step covers count (\"synced\" lines)")
     ap.add_argument("--max-errors", type=int, default=20)
     a = ap.parse_args(argv)
     if a.samples < 1 or a.batch < 1 or a.steps < 0:
@@ -292,7 +403,7 @@ def main(argv=None):
         return 2
     try:
         expected = read_expected(a.expected) if a.expected else None
-        summary = check(a.dir, a.samples, a.batch, a.steps, expected, a.max_errors)
+        summary = check(a.dir, a.samples, a.batch, a.steps, expected, a.max_errors, a.diloco)
     except (OSError, ValueError) as e:
         print(f"check_sample_log: {e}", file=sys.stderr)
         return 2

@@ -157,7 +157,7 @@ void training_state::shard_optimizer(const std::vector<std::pair<int64_t, int64_
   optimizer_->shard(ranges);
 }
 
-double training_state::apply_update(std::optional<double> global_norm) {
+double training_state::update_at(std::optional<double> global_norm, int64_t lr_step) {
   const double clip = cfg_.get_double("train.grad_clip");
   const double max_norm = clip > 0 ? clip : std::numeric_limits<double>::infinity();
   double norm = 0;
@@ -167,9 +167,14 @@ double training_state::apply_update(std::optional<double> global_norm) {
   } else {
     norm = optimizer_->clip_grad_norm(max_norm);
   }
-  optimizer_->set_lr(schedule_.at(step_));
+  optimizer_->set_lr(schedule_.at(lr_step));
   optimizer_->step();
   optimizer_->zero_grad();
+  return norm;
+}
+
+double training_state::apply_update(std::optional<double> global_norm) {
+  const double norm = update_at(global_norm, step_);
   ++step_;
   interrupted_at_.reset();
   last_norm_ = std::make_pair(step_, norm);
@@ -223,6 +228,19 @@ result<training_state::dp_step> training_state::inner_step(int rank, int world) 
   r.compute_s = seconds_since(t0);
   const auto t1 = clock_type::now();
   r.grad_norm = apply_update();
+  r.update_s = seconds_since(t1);
+  return r;
+}
+
+result<training_state::dp_step> training_state::replay_slice(int64_t step, int rank, int world) {
+  dp_step r;
+  auto samples = order_->rank_slice(step, rank, world);
+  r.samples = static_cast<int64_t>(samples.size());
+  const auto t0 = clock_type::now();
+  r.loss_sum = forward_backward(samples, step, rank, nullptr, static_cast<double>(std::max<size_t>(1, samples.size())));
+  r.compute_s = seconds_since(t0);
+  const auto t1 = clock_type::now();
+  r.grad_norm = update_at(std::nullopt, step);
   r.update_s = seconds_since(t1);
   return r;
 }

@@ -105,6 +105,11 @@ class training_state {
   // batch, the gradient of its own mean loss, clipped by its own norm, its
   // own AdamW. No collective.
   result<dp_step> inner_step(int rank, int world);
+  // train.sync = diloco, a lost worker's slice trained again: an inner step
+  // on `step`'s slice `rank` of `world` (its samples, its dropout seed, the
+  // learning rate of that step), applied to this worker's parameters without
+  // moving step(). No collective.
+  result<dp_step> replay_slice(int64_t step, int rank, int world);
   // The outer step at a boundary (outer().due(step())): every worker's
   // pseudo-gradient summed through `sync` (its control words too), then the
   // Nesterov step; every worker then holds the same parameters. On error
@@ -198,6 +203,10 @@ class training_state {
   status reset_state();
 
  private:
+  // Clip (by global_norm, or by this rank's own gradient norm), step the
+  // optimizer at the learning rate of step lr_step, zero the gradients;
+  // step() unchanged. The gradient norm before clipping.
+  double update_at(std::optional<double> global_norm, int64_t lr_step);
   training_state(const config& cfg, std::unique_ptr<task> t);
   config cfg_;
   std::unique_ptr<task> task_;

@@ -114,6 +114,30 @@ struct rank_worker::impl {
     int rank = 0, world = 1;
   };
   std::vector<catch_up_segment> catch_up;
+  // train.sync = diloco, one fragment, ranks as workers: the slices this
+  // rank trained (or will, catching up) since the anchor `slices_anchor`
+  // (step, global rank, world size), and the slices of the window that no
+  // survivor holds (a lost worker's) that this rank trains again before the
+  // next boundary (replay_owed_slices).
+  struct slice_id {
+    int64_t step = 0;
+    int rank = 0, world = 1;
+  };
+  int64_t slices_anchor = -1;
+  std::vector<slice_id> window_slices;
+  std::vector<slice_id> replays;
+  void note_slice(int64_t anchor, slice_id s) {
+    if (slices_anchor != anchor) {
+      window_slices.clear();
+      slices_anchor = anchor;
+    }
+    window_slices.push_back(s);
+  }
+  void forget_window() {
+    window_slices.clear();
+    replays.clear();
+    slices_anchor = -1;
+  }
 };
 
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
@@ -290,6 +314,9 @@ struct rank_worker::generation_run {
   // train.sync = diloco: steps this rank skipped to meet the furthest peer,
   // and the window's steps already taken (since the anchor) when it began.
   int64_t skipped_steps = 0, window_steps = 0;
+  // ... and the slices of the window no survivor held, trained again by the
+  // survivors before the next boundary (replay_owed_slices).
+  int64_t replayed_slices = 0;
 };
 
 void rank_worker::report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail) {
@@ -457,6 +484,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;
     impl_->catch_up.clear();
+    impl_->forget_window();
   }
   if (impl_->cfg->get_int("train.zero") >= 2) {
     if (!g.pg) {
@@ -559,6 +587,8 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       g.skipped_steps = furthest - own;
       state.skip_to(furthest);
     }
+    if (replays_lost_slices())
+      if (auto ended = replay_owed_slices(g, furthest)) return ended;
   }
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
   return std::nullopt;
@@ -581,6 +611,83 @@ std::optional<rank_worker::outcome> rank_worker::worker_section_from_checkpoint(
   auto loaded = load_worker_section(state, store.value(), meta.value(), g.rank);
   if (!loaded) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + loaded.message(), state.step());
   if (*loaded) state.state_loaded(meta->step());
+  im.forget_window();
+  return std::nullopt;
+}
+
+bool rank_worker::replays_lost_slices() const {
+  const training_state& state = *impl_->state;
+  return state.diloco() && !impl_->state->outer().streaming() && impl_->cfg->get_string("train.diloco_worker") != "host";
+}
+
+// DiLoCo (one fragment, ranks as workers), at a new generation, after the
+// agreement on the window's furthest step: the slices of the window's steps
+// (anchor to furthest) that no survivor trained or will train catching up
+// were a lost worker's (trained and gone with it, or never reached). They
+// are found from what every survivor holds, in two MAX allreduces (each
+// step's world size, then a bitmap of its slices), dealt round-robin over
+// the new world and trained again before the next boundary
+// (training_state::replay_slice), so that every sample of the window is in
+// the next outer step once. Every rank computes the same list.
+std::optional<rank_worker::outcome> rank_worker::replay_owed_slices(generation_run& g, int64_t furthest) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  im.replays.clear();
+  const int64_t anchor = state.outer().anchor();
+  const int64_t len = furthest - anchor;
+  if (len <= 0) return std::nullopt;
+  // What this rank holds: its window's slices, and those it will train catching up.
+  std::vector<impl::slice_id> held;
+  if (im.slices_anchor == anchor) held = im.window_slices;
+  int64_t from = state.step();
+  for (const auto& c : im.catch_up) {
+    for (int64_t s = from; s < c.until && s < furthest; ++s) held.push_back({s, c.rank, c.world});
+    from = std::max(from, c.until);
+  }
+  auto in_window = [&](const impl::slice_id& x) { return x.step >= anchor && x.step < furthest && x.world >= 1 && x.rank >= 0 && x.rank < x.world; };
+  // 1. Each step's world size (the world its peers took it in); the last word: the largest.
+  auto worlds = torch::zeros({len + 1}, torch::kInt64);
+  {
+    auto w = worlds.accessor<int64_t, 1>();
+    for (const auto& x : held)
+      if (in_window(x)) {
+        w[x.step - anchor] = std::max<int64_t>(w[x.step - anchor], x.world);
+        w[len] = std::max<int64_t>(w[len], x.world);
+      }
+  }
+  c10d::AllreduceOptions mx;
+  mx.reduceOp = c10d::ReduceOp::MAX;
+  {
+    std::vector<torch::Tensor> t{worlds};
+    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's slices"); !st)
+      return failed(g, st.message(), state.step());
+  }
+  const auto w = worlds.accessor<int64_t, 1>();
+  const int64_t widest = std::max<int64_t>(1, w[len]);
+  // 2. Which slices of each step someone holds (of that step's world only).
+  auto bits = torch::zeros({len, widest}, torch::kInt64);
+  {
+    auto b = bits.accessor<int64_t, 2>();
+    for (const auto& x : held)
+      if (in_window(x) && x.world == w[x.step - anchor]) b[x.step - anchor][x.rank] = 1;
+  }
+  {
+    std::vector<torch::Tensor> t{bits};
+    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's slices"); !st)
+      return failed(g, st.message(), state.step());
+  }
+  const auto b = bits.accessor<int64_t, 2>();
+  int64_t owed = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    // A step nobody alive trained at all (a survivor skipped it): its whole batch.
+    const int world = w[i] > 0 ? static_cast<int>(w[i]) : 1;
+    for (int r = 0; r < world; ++r) {
+      if (w[i] > 0 && b[i][r] != 0) continue;
+      if (owed % g.world == g.rank) im.replays.push_back({anchor + i, r, world});
+      ++owed;
+    }
+  }
+  g.replayed_slices = owed;
   return std::nullopt;
 }
 
@@ -917,6 +1024,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     if (state.diloco()) {
       ready.set_window_steps(g.window_steps);
       ready.set_skipped_steps(g.skipped_steps);
+      ready.set_replayed_slices(g.replayed_slices);
     }
     if (cb_.on_status) cb_.on_status(g.gen, std::move(ready));
   }
@@ -980,9 +1088,25 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   im.trained_world = g.world;
   auto window_began = clock_type::now();
   step_control agreed;  // the last exchange's sums of the ranks' controls
+  const bool replay_on = g.pg && replays_lost_slices();
+  if (!im.replays.empty())
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary\n",
+                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(g.replayed_slices), static_cast<long long>(state.outer().anchor()),
+                 static_cast<long long>(state.outer().anchor() + g.window_steps - 1), im.replays.size());
   while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
+    if (!im.replays.empty()) {
+      // A lost worker's slice of this window, trained again (no collective):
+      // its samples reach the next outer step once.
+      const impl::slice_id x = im.replays.front();
+      auto rr = state.replay_slice(x.step, x.rank, x.world);
+      if (!rr) return failed(g, rr.message(), state.step());
+      if (auto st = log_samples(x.step, g.gen, x.rank, x.world); !st) return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+      im.note_slice(state.outer().anchor(), x);
+      im.replays.erase(im.replays.begin());
+      continue;
+    }
     const auto t0 = clock_type::now();
     // The step's control (step_control.hpp) rides at the end of its first
     // gradient bucket, SUM-reduced with it (no collective of its own).
@@ -1018,6 +1142,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
         if (auto st = log_samples(attempted, g.gen, slice_rank, slice_world); !st)
           return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
       if (!r) return failed(g, r.message(), state.step());
+      if (replay_on) im.note_slice(state.outer().anchor(), {attempted, slice_rank, slice_world});
     }
     if (!diloco) agreed = sync.control();
     // Every rank holds the same parameters after this step (streaming: the
@@ -1054,6 +1179,11 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
         if (!o) return failed(g, o.message(), state.step());
         if (o->landed) record(*o);
       }
+      // data.sample_log: this rank's lines before this step are in the
+      // global parameters (one fragment: the landing covers the whole model).
+      if (boundary && im.samples_log && !state.outer().streaming())
+        if (auto st = im.samples_log->append_synced(state.step(), g.gen, g.rank, g.world); !st)
+          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
     }
     const int64_t step = state.step();
     // DiLoCo: what falls due in the window runs at its boundary.

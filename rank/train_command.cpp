@@ -238,8 +238,12 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
       return data_failed(e);
     }
     const double dt = seconds_since(t0);
-    if (samples_log)
+    if (samples_log) {
       if (auto st = samples_log->append(state.step() - 1, log_generation, 0, 1, state.recorded_samples()); !st) return st.err();
+      // DiLoCo (one fragment): the outer step landed with this step.
+      if (state.diloco() && !state.outer().streaming() && state.outer().anchor() == state.step())
+        if (auto st = samples_log->append_synced(state.step(), log_generation, 0, 1); !st) return st.err();
+    }
     if (!std::isfinite(loss)) {
       jn.write(ev::job_failed{state.step(), std::nullopt, "non-finite loss"});
       return make_error("loss became " + std::to_string(loss) + " at step " + std::to_string(state.step()) +

@@ -72,8 +72,20 @@ std::string sample_log::format_line(int64_t step, uint64_t generation, int globa
   return line;
 }
 
+std::string sample_log::format_synced_line(int64_t step, uint64_t generation, int global_rank, int world_size) {
+  return std::to_string(step) + '\t' + std::to_string(generation) + '\t' + std::to_string(global_rank) + '\t' + std::to_string(world_size) +
+         "\tsynced\n";
+}
+
 status sample_log::append(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples) {
-  const std::string line = format_line(step, generation, global_rank, world_size, samples);
+  return write_line(format_line(step, generation, global_rank, world_size, samples));
+}
+
+status sample_log::append_synced(int64_t step, uint64_t generation, int global_rank, int world_size) {
+  return write_line(format_synced_line(step, generation, global_rank, world_size));
+}
+
+status sample_log::write_line(const std::string& line) {
   // One write: with O_APPEND the line lands whole at the end of the file. A
   // short write (a full disk) is an error, not retried: a second write
   // would make the line two appends.

@@ -12,7 +12,14 @@
 //   step \t generation \t global rank \t world size \t i0,i1,...\n
 //
 // the indices being those it passed to the task's loss_sum for that step,
-// micro-batches in order. Each line is one write(2) on an O_APPEND
+// micro-batches in order. With train.sync = diloco (one fragment), a rank
+// also writes, when an outer step lands at step b,
+//
+//   b \t generation \t global rank \t world size \t synced\n
+//
+// saying that its lines of steps before b are in the global parameters; a
+// worker's lines that no such line covers went with it when it was lost
+// (the checker's --diloco mode). Each line is one write(2) on an O_APPEND
 // descriptor: once append() returns, the line survives the process being
 // killed (not a machine crash: nothing is fsynced). Torch-free.
 #include <cstdint>
@@ -37,13 +44,17 @@ class sample_log {
   // One line, one write(2). Error: "data.sample_log: cannot append to
   // '/x/samples-a-r0-123.tsv': No space left on device".
   status append(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples);
+  // DiLoCo: the outer step at `step` landed on this rank (the "synced" line above).
+  status append_synced(int64_t step, uint64_t generation, int global_rank, int world_size);
   const std::string& path() const { return path_; }
 
   // The line append() writes (tests, the checker's fixtures).
   static std::string format_line(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples);
+  static std::string format_synced_line(int64_t step, uint64_t generation, int global_rank, int world_size);
 
  private:
   sample_log(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  status write_line(const std::string& line);
   int fd_ = -1;
   std::string path_;
 };

@@ -177,5 +177,114 @@ class CheckSampleLog(unittest.TestCase):
         self.assertEqual(s["redone_batches_differ"], 1, s["errors"])
 
 
+def synced(step, gen, rank, world):
+    return f"{step}\t{gen}\t{rank}\t{world}\tsynced\n"
+
+
+def diloco_history(batches):
+    """Files of a DiLoCo job (train.sync_every = 4, 13 steps): generation 1
+    at world 3 (a, b, c) synchronises at 4; in the next window a trains 4-6,
+    b 4, c 4-5 and is killed. Generation 2 at world 2 (a, b): b catches up on
+    5 and 6 as rank 1 of 3; the slices no survivor holds (rank 2 of 3 at 4, 5,
+    6) are dealt round-robin and trained again (a: 4 and 6, b: 5); then 7-12
+    at world 2, synchronised at 8, 12 and 13."""
+    files = {"samples-a-r0-1.tsv": "", "samples-b-r0-2.tsv": "", "samples-c-r0-3.tsv": ""}
+
+    def put(name, t, gen, r, w):
+        lo, hi = csl.split_range(B, r, w)
+        files[name] += line(t, gen, r, w, batches[t][lo:hi])
+
+    names = ["samples-a-r0-1.tsv", "samples-b-r0-2.tsv", "samples-c-r0-3.tsv"]
+    for t in range(4):
+        for r, name in enumerate(names):
+            put(name, t, 1, r, 3)
+    for r, name in enumerate(names):
+        files[name] += synced(4, 1, r, 3)
+    for t in (4, 5, 6):
+        put(names[0], t, 1, 0, 3)
+    put(names[1], 4, 1, 1, 3)
+    for t in (4, 5):
+        put(names[2], t, 1, 2, 3)  # lost with c
+    put(names[0], 4, 2, 2, 3)  # replays
+    put(names[0], 6, 2, 2, 3)
+    put(names[1], 5, 2, 2, 3)
+    for t in (5, 6):
+        put(names[1], t, 2, 1, 3)  # catching up
+    for t in range(7, STEPS):
+        put(names[0], t, 2, 0, 2)
+        put(names[1], t, 2, 1, 2)
+        if t + 1 in (8, 12, 13):
+            files[names[0]] += synced(t + 1, 2, 0, 2)
+            files[names[1]] += synced(t + 1, 2, 1, 2)
+    return files
+
+
+class CheckSampleLogDiLoCo(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.batches = order()
+        self.files = diloco_history(self.batches)
+        self.expected = os.path.join(self.tmp.name, "expected.tsv")
+        with open(self.expected, "w") as f:
+            for t in range(STEPS):
+                f.write(f"{t}\t{','.join(map(str, self.batches[t]))}\n")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_checker(self, files, diloco=True):
+        d = tempfile.mkdtemp(dir=self.tmp.name)
+        for name, text in files.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+        args = [sys.executable, CHECKER, d, "--samples", str(N), "--batch", str(B), "--steps", str(STEPS), "--expected", self.expected]
+        if diloco:
+            args.append("--diloco")
+        p = subprocess.run(args, capture_output=True, text=True)
+        self.assertIn(p.returncode, (0, 1), p.stderr)
+        return p.returncode, json.loads(p.stdout)
+
+    def test_a_window_with_a_lost_worker_replayed_passes(self):
+        code, s = self.run_checker(self.files)
+        self.assertEqual(code, 0, s["errors"])
+        self.assertTrue(s["diloco"])
+        self.assertEqual(s["lines_lost_with_worker"], 2)  # c's 4 and 5
+        self.assertEqual(s["slices_trained_twice"], 0)
+        self.assertEqual(s["synced_lines"], 3 + 2 * 3)
+        self.assertEqual(s["epoch0_indices_seen_once"], N)
+        self.assertEqual(s["epochs"][1]["indices_seen_once"], N)
+
+    def test_without_the_replay_the_lost_slices_fail(self):
+        # The lost worker's lines are there, but no outer step took them.
+        files = {k: "".join(l for l in v.splitlines(True) if not (l.split("\t")[1] == "2" and l.split("\t")[2:4] == ["2", "3"]))
+                 for k, v in self.files.items()}
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertTrue(any("slice 2 of 3 is in no outer step" in e for e in s["errors"]), s["errors"])
+        self.assertTrue(any("never trained" in e for e in s["errors"]), s["errors"])
+
+    def test_a_slice_replayed_that_an_outer_step_already_took_fails(self):
+        files = dict(self.files)
+        lo, hi = csl.split_range(B, 0, 3)
+        files["samples-b-r0-2.tsv"] += line(4, 2, 0, 3, self.batches[4][lo:hi])
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertEqual(s["slices_trained_twice"], 1, s["errors"])
+
+    def test_a_worker_that_never_synchronised_again_loses_its_lines(self):
+        # b's lines of generation 2 without any synced line of generation 2
+        # after them: gone with b (a's too: the generation never synchronised).
+        files = {k: "".join(l for l in v.splitlines(True) if not (l.endswith("synced\n") and l.split("\t")[1] == "2"))
+                 for k, v in self.files.items()}
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertGreater(s["lines_lost_with_worker"], 2)
+
+    def test_without_diloco_the_synced_lines_are_malformed(self):
+        code, s = self.run_checker(self.files, diloco=False)
+        self.assertEqual(code, 1)
+        self.assertTrue(any("malformed" in e for e in s["errors"]), s["errors"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -142,6 +142,31 @@ TEST(DiLoCo, MomentumCarriesAcrossWindowsAndWorkersMeetAtEveryBoundary) {
 // A world of one (dtactor train): the outer step takes the worker's own
 // pseudo-gradient. With outer_lr 1 and no momentum, the global parameters
 // become the local ones: DiLoCo of one worker is plain training.
+// A lost worker's slice trained again (rank_worker's replay): the very
+// inner step that worker took on it (its samples, dropout seed and
+// learning rate), applied without moving the step counter.
+TEST(DiLoCo, AReplayedSliceIsThatSlicesInnerStepAndLeavesTheStepWhereItWas) {
+  const auto cfg = diloco_config(10, {"model.dropout=0.1", "train.warmup_steps=3"});
+  auto s = make_states(cfg, 3);
+  // s[0] and s[1] take step 0 (its slice 0 of 2) alike; then s[0] its own
+  // slice 0 of step 1, s[1] instead worker 1's slice of step 1, replayed.
+  for (int i : {0, 1}) ASSERT_TRUE(s[static_cast<size_t>(i)]->inner_step(0, 2).ok());
+  ASSERT_TRUE(s[2]->inner_step(0, 2).ok());
+  ASSERT_TRUE(s[2]->inner_step(1, 2).ok());  // s[2]: worker 1's slice of step 1, as worker 1 takes it (step 1 -> 2)
+  s[1]->record_samples(true);
+  auto r = s[1]->replay_slice(1, 1, 2);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(s[1]->step(), 1);
+  EXPECT_EQ(s[1]->recorded_samples(), s[1]->order().rank_slice(1, 1, 2));
+  EXPECT_EQ(r->samples, static_cast<int64_t>(s[1]->order().rank_slice(1, 1, 2).size()));
+  const auto replayed = flat_params(*s[1]);
+  const auto taken = flat_params(*s[2]);
+  for (size_t g = 0; g < replayed.size(); ++g) EXPECT_TRUE(torch::equal(replayed[g], taken[g])) << "group " << g;
+  // Another slice would not have given these parameters.
+  ASSERT_TRUE(s[0]->replay_slice(1, 0, 2).ok());
+  EXPECT_FALSE(torch::equal(flat_params(*s[0])[0], replayed[0]));
+}
+
 TEST(DiLoCo, OneWorkerWithUnitOuterStepTrainsAsPlainAdamW) {
   const auto cfg = diloco_config(4, {"train.outer_lr=1", "train.outer_momentum=0"});
   const auto plain_cfg = tiny_vit_config();

@@ -74,12 +74,13 @@ struct checked {
 };
 
 // bench/check_sample_log.py over `dir` (with data_order's batches).
-checked run_checker(const std::string& dir, const std::string& expected, const std::string& out) {
+checked run_checker(const std::string& dir, const std::string& expected, const std::string& out, bool diloco = false) {
   checked r;
-  auto p = child_process::spawn(
-      {"/usr/bin/python3.11", std::string(DTACTOR_SOURCE_DIR) + "/bench/check_sample_log.py", dir, "--samples", std::to_string(kSamples), "--batch",
-       std::to_string(kBatch), "--steps", std::to_string(kEpochSteps), "--expected", expected},
-      false, out);
+  std::vector<std::string> args = {"/usr/bin/python3.11", std::string(DTACTOR_SOURCE_DIR) + "/bench/check_sample_log.py", dir, "--samples",
+                                   std::to_string(kSamples), "--batch", std::to_string(kBatch), "--steps", std::to_string(kEpochSteps),
+                                   "--expected", expected};
+  if (diloco) args.push_back("--diloco");
+  auto p = child_process::spawn(args, false, out);
   if (!p) return r;
   auto e = p->wait(120000);
   if (!e) return r;
@@ -113,6 +114,115 @@ uint64_t max_generation(const std::vector<json>& j) {
   uint64_t g = 0;
   for (const auto& e : testing::journal_events<ev::generation_started>(j)) g = std::max(g, e.at("generation").get<uint64_t>());
   return g;
+}
+
+// The token shards in d/data and data_order's global batches in `expected`
+// (one line per step), from the task the ranks build.
+void write_shards_and_batches(const std::string& d, const std::string& expected, const std::vector<std::string>& settings) {
+  const std::string tokens = file_text(d + "/fx/tokens.bin");
+  ASSERT_GE(tokens.size(), static_cast<size_t>(kShards * kTokensPerShard * 2));
+  std::filesystem::create_directories(d + "/data");
+  for (int k = 0; k < kShards; ++k) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/data/train-%03d.bin", k);
+    std::ofstream(d + name, std::ios::binary) << tokens.substr(static_cast<size_t>(k) * kTokensPerShard * 2, kTokensPerShard * 2);
+  }
+  auto cfg = config::load("", settings);
+  ASSERT_TRUE(cfg) << cfg.message();
+  (void)cfg->set("train.threads", "1");
+  auto state = training_state::create(cfg.value());
+  ASSERT_TRUE(state) << state.message();
+  ASSERT_TRUE(state.value()->order().sharded());
+  ASSERT_EQ(state.value()->order().dataset_size(), kSamples);
+  std::ofstream f(expected);
+  for (int64_t t = 0; t < kEpochSteps; ++t) {
+    f << t << '\t';
+    const auto batch = state.value()->order().global_batch(t);
+    for (size_t i = 0; i < batch.size(); ++i) f << (i ? "," : "") << batch[i];
+    f << '\n';
+  }
+}
+
+// Issue 30: a DiLoCo worker killed -9 mid-window. The survivors train the
+// lost worker's slices of the window again before the next boundary
+// (replay), so every index of the epoch is in an outer step once: the
+// checker in its DiLoCo mode (a line counts once an outer step covers it)
+// finds no slice missing and none twice, and finds it missing once the
+// survivors' replayed lines are taken out of a copy of the log.
+TEST(ExactlyOnce, DiLoCoSurvivorsTrainALostWorkersSlicesAgainAndEveryIndexIsInAnOuterStepOnce) {
+  testing::temp_dir td;
+  const std::string d = td.path();
+  if (!testing::write_torchscript_fixtures(d + "/fx", DTACTOR_SOURCE_DIR)) GTEST_SKIP() << "python3-torch (Debian) is not installed";
+  auto settings = job(d, 3);
+  for (const std::string kv : {"train.sync=diloco", "train.sync_every=10"}) settings.push_back(kv);
+  const std::string expected = d + "/expected.tsv";
+  write_shards_and_batches(d, expected, settings);
+  if (HasFatalFailure()) return;
+  const std::string run_dir = d + "/run";
+  std::filesystem::create_directories(run_dir);
+  cluster c(run_dir, testing::set_flags(settings));
+  ASSERT_EQ(c.start_coordinator(), "");
+  ASSERT_EQ(c.start_node("a"), "");
+  ASSERT_EQ(c.start_node("b"), "");
+  // c crashes (kill -9 of its node and rank) once it holds step 25: its
+  // slices of steps 20..24 of the window of anchor 20 go with it.
+  ASSERT_EQ(c.start_node("c", {"--fail-at-step", "25", "--fail-mode", "crash"}), "");
+  auto done = c.coord->wait(240000);
+  ASSERT_TRUE(done) << c.logs();
+  EXPECT_EQ(done->exit_code, 0) << c.logs();
+  const auto j = c.journal();
+  auto fin = testing::journal_events<ev::job_finished>(j);
+  ASSERT_EQ(fin.size(), 1u) << c.logs();
+  EXPECT_EQ(fin[0].at("step"), kEpochSteps);
+  EXPECT_EQ(fin[0].at("world_size"), 2);
+  auto rec = testing::journal_events<ev::recovery_done>(j);
+  ASSERT_EQ(rec.size(), 1u) << c.logs();
+  ASSERT_TRUE(rec[0].contains("replayed_slices")) << rec[0].dump();
+  const int64_t replayed = rec[0].at("replayed_slices").get<int64_t>();
+  // At least c's slices of 20..24 (it trained them; they went with it), at
+  // most its slices of the whole window.
+  EXPECT_GE(replayed, 5) << rec[0].dump();
+  EXPECT_LE(replayed, 10) << rec[0].dump();
+  EXPECT_EQ(rec[0].at("lost_steps"), 0) << rec[0].dump();
+
+  auto ok = run_checker(d + "/samples", expected, d + "/check.json", true);
+  ASSERT_FALSE(ok.summary.is_discarded()) << ok.output;
+  EXPECT_EQ(ok.exit_code, 0) << ok.output << c.logs();
+  const json& s = ok.summary;
+  EXPECT_EQ(s.at("steps_missing"), 0) << ok.output;
+  EXPECT_EQ(s.at("epoch0_indices_seen_once"), kSamples) << ok.output;
+  EXPECT_EQ(s.at("epoch0_indices_seen_more"), 0) << ok.output;
+  EXPECT_EQ(s.at("slices_trained_twice"), 0) << ok.output;
+  EXPECT_EQ(s.at("wrong_slices"), 0) << ok.output;
+  // c's lines since its last outer step (20..24) count for nothing.
+  EXPECT_EQ(s.at("lines_lost_with_worker").get<int64_t>(), 5) << ok.output;
+
+  // The survivors' replayed lines (c's slices, world 3, in their files)
+  // taken out of a copy: the checker finds c's slices in no outer step.
+  const auto files = log_lines(d + "/samples");
+  int c_rank = -1;
+  for (const auto& [name, ls] : files)
+    if (name.rfind("samples-c-", 0) == 0 && !ls.empty()) c_rank = std::stoi(ls.front().substr(ls.front().find('\t', ls.front().find('\t') + 1) + 1));
+  ASSERT_GE(c_rank, 0);
+  const std::string copy = d + "/samples-without-replays";
+  std::filesystem::create_directories(copy);
+  int64_t removed = 0;
+  for (const auto& [name, ls] : files) {
+    std::vector<std::string> out;
+    for (const auto& l : ls) {
+      std::vector<std::string> f;
+      std::istringstream in(l);
+      for (std::string x; std::getline(in, x, '\t');) f.push_back(x);
+      const bool replay = name.rfind("samples-c-", 0) != 0 && f.size() == 5 && f[3] == "3" && f[2] == std::to_string(c_rank) && f[4] != "synced\n";
+      if (replay) ++removed; else out.push_back(l);
+    }
+    write_lines(copy + "/" + name, out);
+  }
+  EXPECT_EQ(removed, replayed);
+  auto bad = run_checker(copy, expected, d + "/check-without-replays.json", true);
+  ASSERT_FALSE(bad.summary.is_discarded()) << bad.output;
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("is in no outer step"), std::string::npos) << bad.output;
 }
 
 TEST(ExactlyOnce, EveryIndexOnceThroughAKillAJoinAndAResumeAtAnotherWorldSize) {

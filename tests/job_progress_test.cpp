@@ -131,6 +131,7 @@ TEST(recovery, a_diloco_window_lost_with_its_workers_is_counted_in_inner_steps) 
   auto rec = begin_generation(3, false, plan_cause::node_lost, false, t0, 130, 2);
   auto r = ready(137, "local");
   r.set_window_steps(37);
+  r.set_replayed_slices(74);  // every rank says the same
   EXPECT_FALSE(note_ready(rec, r));
   r.set_window_steps(35);
   r.set_skipped_steps(2);
@@ -140,12 +141,15 @@ TEST(recovery, a_diloco_window_lost_with_its_workers_is_counted_in_inner_steps) 
   EXPECT_EQ(done->lost_steps, 0);
   ASSERT_TRUE(done->lost_inner_steps);
   EXPECT_EQ(*done->lost_inner_steps, 74);  // 37 inner steps each of 2 lost workers
+  ASSERT_TRUE(done->replayed_slices);
+  EXPECT_EQ(*done->replayed_slices, 74);  // the survivors trained those slices again
   // Synchronous training reports none.
   auto sync = begin_generation(4, false, plan_cause::node_lost, false, t0, 130, 1);
   EXPECT_FALSE(note_ready(sync, ready(130, "local")));
   auto d2 = complete_generation(sync, 131, 2, t0 + 1s);
   ASSERT_TRUE(d2);
   EXPECT_FALSE(d2->lost_inner_steps);
+  EXPECT_FALSE(d2->replayed_slices);
 }
 
 }  // namespace

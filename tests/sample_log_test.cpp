@@ -37,6 +37,10 @@ TEST(SampleLog, OneLinePerStepInAFileOfItsOwn) {
   ASSERT_TRUE(first.value()->append(8, 3, 1, 2, {}));
   EXPECT_EQ(text_of(first.value()->path()), "7\t3\t1\t2\t5,0,42\n8\t3\t1\t2\t\n");
   EXPECT_EQ(text_of(second.value()->path()), "");
+  // DiLoCo: an outer step that landed at step 10 (its lines before are in it).
+  ASSERT_TRUE(second.value()->append_synced(10, 4, 0, 3));
+  EXPECT_EQ(text_of(second.value()->path()), "10\t4\t0\t3\tsynced\n");
+  EXPECT_EQ(newest_logged_generation(dir).value(), 4u);
 }
 
 TEST(SampleLog, NewestGenerationIsTheLastWholeLinesOfEachFile) {

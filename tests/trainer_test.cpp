@@ -131,6 +131,32 @@ TEST(Trainer, SampleLogRecordsEveryStepsBatch) {
 // A checkpoint store a cluster committed to (generation 3) takes dtactor
 // train's checkpoints: they carry the store's newest generation (a
 // generation 0 was refused by the store's fence, the final one included).
+// DiLoCo in one process: after the line of each step an outer step lands
+// at, a "synced" line (bench/check_sample_log.py --diloco counts the lines
+// before it).
+TEST(Trainer, DiLoCoSampleLogSaysWhereEachOuterStepLanded) {
+  temp_dir d;
+  const std::string dir = d.path() + "/samples";
+  auto cfg = tiny_vit_config({"train.max_steps=10", "train.sync=diloco", "train.sync_every=4", "data.sample_log=" + dir});
+  ASSERT_TRUE(run_training(cfg, quiet(d.path())));
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  std::ifstream in(files[0]);
+  std::vector<std::string> kinds;  // "s<step>" for a step's line, "synced <step>"
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    int64_t step = 0;
+    uint64_t gen = 0;
+    int rank = -1, world = 0;
+    std::string last;
+    fields >> step >> gen >> rank >> world >> last;
+    kinds.push_back(last == "synced" ? "synced " + std::to_string(step) : "s" + std::to_string(step));
+  }
+  const std::vector<std::string> want = {"s0", "s1", "s2", "s3", "synced 4", "s4", "s5", "s6", "s7", "synced 8", "s8", "s9", "synced 10"};
+  EXPECT_EQ(kinds, want);
+}
+
 TEST(Trainer, CommitsIntoAStoreAClusterCommittedTo) {
   temp_dir d;
   auto opts = quiet(d.path());
