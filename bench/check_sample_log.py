@@ -82,14 +82,28 @@ def parse_indices(text):
     return [int(x) for x in text.split(",")]
 
 
+def parse_synced(text):
+    """(fragment, fragments) of a "synced" field ("synced": (0, 1); "synced 2/5": (2, 5)); None if it is not one."""
+    if text == "synced":
+        return 0, 1
+    if not text.startswith("synced "):
+        return None
+    f, _, n = text[len("synced "):].partition("/")
+    f, n = int(f), int(n)
+    if n < 1 or not 0 <= f < n:
+        raise ValueError(f"fragment {f} of {n}")
+    return f, n
+
+
 def read_logs(directory, rep, diloco=False):
     """(records, files, lines, torn, extra): records[(step, gen, rank)] = list of (where, world, indices).
 
-    With `diloco`, only the lines an outer step covers are records; extra
-    holds the counts of "synced" lines and of lines nothing covers."""
+    With `diloco`, records[f][(step, gen, rank, world)] for each fragment f
+    of the job's outer steps: the lines an outer step of fragment f covers;
+    extra holds the counts of "synced" lines and of lines nothing covers."""
     records = defaultdict(list)
     files = lines = torn = 0
-    per_file = []  # diloco: (name, [(where, step, gen, rank, world, indices or None for synced)])
+    per_file = []  # diloco: (name, [(where, step, gen, rank, world, indices or None for synced, fragments)])
     names = sorted(n for n in os.listdir(directory) if n.startswith("samples-") and n.endswith(".tsv"))
     for name in names:
         files += 1
@@ -105,12 +119,20 @@ def read_logs(directory, rep, diloco=False):
         for no, line in enumerate(parts[:-1], start=1):
             where = f"{name}:{no}"
             fields = line.split("\t")
+            frags = None
             try:
+                synced = None
+                if diloco and len(fields) == 6 and fields[5].startswith("fragments "):
+                    frags = frozenset(int(x) for x in fields[5][len("fragments "):].split(","))
+                    fields = fields[:5]
                 if len(fields) != 5:
                     raise ValueError(f"{len(fields)} fields, not 5")
                 step, gen, rank, world = (int(x) for x in fields[:4])
-                if diloco and fields[4] == "synced":
+                if diloco:
+                    synced = parse_synced(fields[4])
+                if synced is not None:
                     indices = None
+                    frags = synced
                 else:
                     indices = parse_indices(fields[4])
                 if step < 0 or world < 1 or not 0 <= rank < world:
@@ -121,40 +143,53 @@ def read_logs(directory, rep, diloco=False):
             if indices is not None:
                 lines += 1
             if diloco:
-                entries.append((where, step, gen, rank, world, indices))
+                entries.append((where, step, gen, rank, world, indices, frags))
             else:
                 records[(step, gen, rank)].append((where, world, indices))
         per_file.append((name, entries))
     extra = {}
     if diloco:
-        # The newest "synced" step of each generation, and a line counts when
-        # a synced line after it in its file, or of its generation anywhere,
-        # is at a later step.
+        # Fragment f's newest "synced" step of each generation, and a line
+        # counts for f when a synced-f line after it in its file, or of its
+        # generation anywhere, is at a later step.
         gen_synced = defaultdict(lambda: -1)
         synced_lines = 0
+        fragment_counts = set()
         for _, entries in per_file:
-            for where, step, gen, rank, world, indices in entries:
+            for where, step, gen, rank, world, indices, frags in entries:
                 if indices is None:
                     synced_lines += 1
-                    gen_synced[gen] = max(gen_synced[gen], step)
-        lost = 0
+                    fragment_counts.add(frags[1])
+                    gen_synced[(gen, frags[0])] = max(gen_synced[(gen, frags[0])], step)
+        if len(fragment_counts) > 1:
+            rep.error(f"synced lines name different fragment counts: {sorted(fragment_counts)}")
+        n_frags = max(fragment_counts) if fragment_counts else 1
+        records = [defaultdict(list) for _ in range(n_frags)]
+        lost = pairs_lost = 0
         lost_at = []
         for _, entries in per_file:
-            later = -1  # the largest synced step after this line in its file
+            later = defaultdict(lambda: -1)  # fragment -> the largest synced step after this line in its file
             covered = []
-            for where, step, gen, rank, world, indices in reversed(entries):
+            for where, step, gen, rank, world, indices, frags in reversed(entries):
                 if indices is None:
-                    later = max(later, step)
+                    later[frags[0]] = max(later[frags[0]], step)
                     continue
-                if later > step or gen_synced[gen] > step:
-                    covered.append((step, gen, rank, where, world, indices))
-                else:
+                mine = range(n_frags) if frags is None else sorted(frags)
+                bad = [f for f in mine if not 0 <= f < n_frags]
+                if bad:
+                    rep.error(f"{where}: fragments {bad} of a job of {n_frags}")
+                took = [f for f in mine if 0 <= f < n_frags and (later[f] > step or gen_synced[(gen, f)] > step)]
+                pairs_lost += len(mine) - len(took)
+                if not took:
                     lost += 1
                     if len(lost_at) < 20:
                         lost_at.append({"where": where, "step": step, "generation": gen, "rank": rank, "world_size": world})
-            for step, gen, rank, where, world, indices in reversed(covered):
-                records[(step, gen, rank, world)].append((where, world, indices))
-        extra = {"synced_lines": synced_lines, "lines_lost_with_worker": lost, "lines_lost_at": lost_at}
+                covered.append((took, step, gen, rank, where, world, indices))
+            for took, step, gen, rank, where, world, indices in reversed(covered):
+                for f in took:
+                    records[f][(step, gen, rank, world)].append((where, world, indices))
+        extra = {"synced_lines": synced_lines, "fragments": n_frags, "lines_lost_with_worker": lost,
+                 "fragment_slices_lost_with_worker": pairs_lost, "lines_lost_at": lost_at}
     return records, files, lines, torn, extra
 
 
@@ -176,15 +211,31 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
 
     # Doubled lines: the same (step, generation, rank) written twice.
     # by_step: step -> gen -> rank -> (where, world, indices); with diloco,
-    # step -> gen -> (rank, world) -> ...
+    # by_frag[f]: step -> gen -> (rank, world) -> ... for each fragment f.
     by_step = defaultdict(lambda: defaultdict(dict))
+    by_frag = []
     doubled = 0
-    for key, recs in records.items():
-        step, gen, rank = key[:3]
-        if len(recs) > 1:
-            doubled += len(recs) - 1
-            rep.error(f"step {step} generation {gen} rank {rank}: {len(recs)} lines ({', '.join(r[0] for r in recs)})")
-        by_step[step][gen][(rank, recs[0][1]) if diloco else rank] = recs[0]
+    if diloco:
+        seen_doubled = set()
+        for f, recs_f in enumerate(records):
+            bf = defaultdict(lambda: defaultdict(dict))
+            for key, recs in recs_f.items():
+                step, gen, rank, world = key
+                wheres = tuple(sorted(r[0] for r in recs))
+                if len(recs) > 1 and wheres not in seen_doubled:
+                    seen_doubled.add(wheres)
+                    doubled += len(recs) - 1
+                    rep.error(f"step {step} generation {gen} rank {rank}: {len(recs)} lines ({', '.join(wheres)})")
+                bf[step][gen][(rank, world)] = recs[0]
+                by_step[step][gen][(rank, world)] = recs[0]
+            by_frag.append(bf)
+    else:
+        for key, recs in records.items():
+            step, gen, rank = key
+            if len(recs) > 1:
+                doubled += len(recs) - 1
+                rep.error(f"step {step} generation {gen} rank {rank}: {len(recs)} lines ({', '.join(r[0] for r in recs)})")
+            by_step[step][gen][rank] = recs[0]
 
     gen_last_step = {}
     gen_world = {}
@@ -232,20 +283,21 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
             rep.error(f"{where}: step {t} rank {r} of {world} trained other samples than data_order's slice")
         batch[begin:end] = idx
 
-    def diloco_step(t, gens):
-        """A DiLoCo step's batch from its counting lines, whatever generations wrote them."""
-        nonlocal steps_redone, twice
+    def diloco_step(t, gens, frag, n_frags):
+        """A DiLoCo step's batch from the lines fragment `frag`'s outer steps took, whatever generations wrote them."""
+        nonlocal twice
+        of = f" (fragment {frag} of {n_frags})" if n_frags > 1 else ""
         g = max(gens)
         worlds = {w for (_, w) in gens[g]}
         if len(worlds) > 1:
-            rep.error(f"step {t} generation {g}: lines of world sizes {sorted(worlds)}")
+            rep.error(f"step {t} generation {g}: lines of world sizes {sorted(worlds)}{of}")
         world = max(worlds)
         batch = [UNRECORDED] * b
         redone = False
         for r in range(world):
             holders = sorted((gen for gen, rs in gens.items() if (r, world) in rs), reverse=True)
             if not holders:
-                rep.error(f"step {t}: slice {r} of {world} is in no outer step (a lost worker's, never trained again)")
+                rep.error(f"step {t}: slice {r} of {world} is in no outer step{of} (a lost worker's, never trained again)")
                 continue
             if len(holders) > 1:
                 newest = holders[0]
@@ -253,12 +305,11 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
                     redone = True
                 else:
                     twice += 1
-                    rep.error(f"step {t}: slice {r} of {world} trained in generations {holders[::-1]} and an outer step took each "
+                    rep.error(f"step {t}: slice {r} of {world} trained in generations {holders[::-1]} and an outer step{of} took each "
                               f"({', '.join(gens[x][(r, world)][0] for x in holders[::-1])})")
             where, _, idx = gens[holders[0]][(r, world)]
             fill(batch, t, r, world, where, idx)
-        steps_redone += 1 if redone or any(w != world for rs in gens.values() for (_, w) in rs) else 0
-        return batch
+        return batch, redone or any(w != world for rs in gens.values() for (_, w) in rs)
 
     for t in range(steps):
         gens = by_step.get(t)
@@ -267,7 +318,23 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
             rep.error(f"step {t}: no process recorded it" + (" in an outer step" if diloco else ""))
             continue
         if diloco:
-            batch = diloco_step(t, gens)
+            batch = None
+            redone = False
+            for f, bf in enumerate(by_frag):
+                gf = bf.get(t)
+                if not gf:
+                    rep.error(f"step {t}: no process recorded it in an outer step" + (f" of fragment {f}" if len(by_frag) > 1 else ""))
+                    continue
+                bt, rd = diloco_step(t, gf, f, len(by_frag))
+                redone = redone or rd
+                if batch is None:
+                    batch = bt
+                elif bt != batch and UNRECORDED not in bt and UNRECORDED not in batch:
+                    rep.error(f"step {t}: fragment {f}'s outer steps took other samples than fragment 0's")
+            if batch is None:
+                steps_missing.append(t)
+                continue
+            steps_redone += 1 if redone else 0
             known = [i for i in batch if i is not None and i is not UNRECORDED]
             if len(set(known)) != len(known):
                 rep.error(f"step {t}: an index appears twice in its batch")

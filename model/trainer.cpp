@@ -232,7 +232,7 @@ result<training_state::dp_step> training_state::inner_step(int rank, int world) 
   return r;
 }
 
-result<training_state::dp_step> training_state::replay_slice(int64_t step, int rank, int world) {
+result<training_state::dp_step> training_state::replay_slice(int64_t step, int rank, int world, const std::vector<bool>& fragments) {
   dp_step r;
   auto samples = order_->rank_slice(step, rank, world);
   r.samples = static_cast<int64_t>(samples.size());
@@ -240,7 +240,41 @@ result<training_state::dp_step> training_state::replay_slice(int64_t step, int r
   r.loss_sum = forward_backward(samples, step, rank, nullptr, static_cast<double>(std::max<size_t>(1, samples.size())));
   r.compute_s = seconds_since(t0);
   const auto t1 = clock_type::now();
+  // Fragments not owed this slice: their parameters and moments as they
+  // were before the update (copies of those ranges only).
+  struct kept_range {
+    torch::Tensor live_p, live_m, live_v, p, m, v;
+  };
+  std::vector<kept_range> kept;
+  if (outer_ && !fragments.empty()) {
+    torch::NoGradGuard no_grad;
+    const auto params = optimizer_->flat_params();
+    const auto bases = optimizer_->group_bases();
+    const auto& frags = outer_->fragments();
+    for (size_t f = 0; f < frags.size(); ++f) {
+      if (f < fragments.size() && fragments[f]) continue;
+      for (const auto& [g, off, len] : frags[f].ranges) {
+        kept_range k;
+        k.live_p = params[g].narrow(0, off, len);
+        auto [m, v] = optimizer_->moments(bases[g] + off, bases[g] + off + len);
+        k.live_m = m;
+        k.live_v = v;
+        k.p = k.live_p.clone();
+        k.m = m.clone();
+        k.v = v.clone();
+        kept.push_back(std::move(k));
+      }
+    }
+  }
   r.grad_norm = update_at(std::nullopt, step);
+  if (!kept.empty()) {
+    torch::NoGradGuard no_grad;
+    for (auto& k : kept) {
+      k.live_p.copy_(k.p);
+      k.live_m.copy_(k.m);
+      k.live_v.copy_(k.v);
+    }
+  }
   r.update_s = seconds_since(t1);
   return r;
 }

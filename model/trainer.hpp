@@ -109,7 +109,11 @@ class training_state {
   // on `step`'s slice `rank` of `world` (its samples, its dropout seed, the
   // learning rate of that step), applied to this worker's parameters without
   // moving step(). No collective.
-  result<dp_step> replay_slice(int64_t step, int rank, int world);
+  // Streaming: `fragments` (one flag per fragment; empty = all) says which
+  // fragments the slice is owed to (those whose last pseudo-gradient was
+  // taken before `step`); the others' parameters and moments are left as
+  // they were (an outer step already took that slice into them).
+  result<dp_step> replay_slice(int64_t step, int rank, int world, const std::vector<bool>& fragments = {});
   // The outer step at a boundary (outer().due(step())): every worker's
   // pseudo-gradient summed through `sync` (its control words too), then the
   // Nesterov step; every worker then holds the same parameters. On error

@@ -114,24 +114,36 @@ struct rank_worker::impl {
     int rank = 0, world = 1;
   };
   std::vector<catch_up_segment> catch_up;
-  // train.sync = diloco, one fragment, ranks as workers: the slices this
-  // rank trained (or will, catching up) since the anchor `slices_anchor`
-  // (step, global rank, world size), and the slices of the window that no
-  // survivor holds (a lost worker's) that this rank trains again before the
-  // next boundary (replay_owed_slices).
+  // train.sync = diloco, ranks as workers: the slices this rank trained
+  // (step, global rank, world size; a replayed one: the fragments it went
+  // to, empty = all) since the oldest fragment anchor `slices_anchor`, and
+  // the slices of the window that no survivor holds (a lost worker's) that
+  // this rank trains again before the next boundary (replay_owed_slices).
   struct slice_id {
     int64_t step = 0;
     int rank = 0, world = 1;
+    std::vector<bool> fragments;
   };
   int64_t slices_anchor = -1;
   std::vector<slice_id> window_slices;
   std::vector<slice_id> replays;
-  void note_slice(int64_t anchor, slice_id s) {
-    if (slices_anchor != anchor) {
-      window_slices.clear();
-      slices_anchor = anchor;
+  // `start`: the oldest fragment anchor now (what is older is in every fragment).
+  void note_slice(int64_t start, slice_id s) {
+    if (slices_anchor != start) {
+      window_slices.erase(std::remove_if(window_slices.begin(), window_slices.end(), [&](const slice_id& x) { return x.step < start; }),
+                          window_slices.end());
+      slices_anchor = start;
     }
-    window_slices.push_back(s);
+    window_slices.push_back(std::move(s));
+  }
+  // A window's state read from a checkpoint: what global rank `rank` of the
+  // `world` that wrote it trained since the oldest fragment anchor `start`
+  // (its parameters and moments hold those slices).
+  void window_from_checkpoint(int64_t start, int64_t step, int rank, int world) {
+    window_slices.clear();
+    replays.clear();
+    slices_anchor = start;
+    for (int64_t s = start; s < step; ++s) window_slices.push_back({s, rank, std::max(1, world), {}});
   }
   void forget_window() {
     window_slices.clear();
@@ -139,6 +151,16 @@ struct rank_worker::impl {
     slices_anchor = -1;
   }
 };
+
+namespace {
+// DiLoCo: the oldest fragment anchor (plain DiLoCo: the anchor). A worker's
+// steps before it are in every fragment of the global parameters.
+int64_t oldest_fragment_anchor(const outer_optimizer& o) {
+  int64_t start = o.fragment_anchor(0);
+  for (size_t f = 1; f < o.fragments().size(); ++f) start = std::min(start, o.fragment_anchor(f));
+  return start;
+}
+}  // namespace
 
 rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
     : opts_(std::move(opts)), cb_(std::move(cb)), impl_(std::make_unique<impl>()) {
@@ -484,7 +506,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
     g.source = ev::state_source::disk;
     impl_->catch_up.clear();
-    impl_->forget_window();
+    if (diloco) impl_->window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), 0, meta->world_size());
   }
   if (impl_->cfg->get_int("train.zero") >= 2) {
     if (!g.pg) {
@@ -540,6 +562,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
         } else {
           state.outer().reset_to_global();
           state.state_loaded(state.outer().anchor());
+          impl_->forget_window();
         }
       }
       if (g.rank != g.root) {
@@ -611,47 +634,54 @@ std::optional<rank_worker::outcome> rank_worker::worker_section_from_checkpoint(
   auto loaded = load_worker_section(state, store.value(), meta.value(), g.rank);
   if (!loaded) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + loaded.message(), state.step());
   if (*loaded) state.state_loaded(meta->step());
-  im.forget_window();
+  // Its own section: its own slices of the checkpoint's window; else rank 0's.
+  im.window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), *loaded ? g.rank : 0, meta->world_size());
   return std::nullopt;
 }
 
 bool rank_worker::replays_lost_slices() const {
-  const training_state& state = *impl_->state;
-  return state.diloco() && !impl_->state->outer().streaming() && impl_->cfg->get_string("train.diloco_worker") != "host";
+  return impl_->state->diloco() && impl_->cfg->get_string("train.diloco_worker") != "host";
 }
 
-// DiLoCo (one fragment, ranks as workers), at a new generation, after the
-// agreement on the window's furthest step: the slices of the window's steps
-// (anchor to furthest) that no survivor trained or will train catching up
+
+// DiLoCo (ranks as workers), at a new generation, after the agreement on
+// the furthest step: the slices of the window's steps (the oldest fragment
+// anchor to furthest) that no survivor trained or will train catching up
 // were a lost worker's (trained and gone with it, or never reached). They
 // are found from what every survivor holds, in two MAX allreduces (each
-// step's world size, then a bitmap of its slices), dealt round-robin over
-// the new world and trained again before the next boundary
-// (training_state::replay_slice), so that every sample of the window is in
-// the next outer step once. Every rank computes the same list.
+// step's world size, then which fragments of each slice someone holds),
+// dealt round-robin over the new world and trained again before the next
+// boundary (training_state::replay_slice), so that every sample of the
+// window reaches every fragment's next outer step once. Streaming: a slice
+// of a step before fragment f's anchor is in f already (the lost worker's
+// pseudo-gradient was in that exchange), so it is owed to the other
+// fragments only. Every rank computes the same list.
 std::optional<rank_worker::outcome> rank_worker::replay_owed_slices(generation_run& g, int64_t furthest) {
   auto& im = *impl_;
   training_state& state = *im.state;
+  const outer_optimizer& outer = state.outer();
   im.replays.clear();
-  const int64_t anchor = state.outer().anchor();
-  const int64_t len = furthest - anchor;
+  const int64_t start = oldest_fragment_anchor(outer);
+  const int64_t len = furthest - start;
+  const int64_t frags = static_cast<int64_t>(outer.fragments().size());
   if (len <= 0) return std::nullopt;
   // What this rank holds: its window's slices, and those it will train catching up.
   std::vector<impl::slice_id> held;
-  if (im.slices_anchor == anchor) held = im.window_slices;
+  for (const auto& x : im.window_slices)
+    if (x.step >= start) held.push_back(x);
   int64_t from = state.step();
   for (const auto& c : im.catch_up) {
-    for (int64_t s = from; s < c.until && s < furthest; ++s) held.push_back({s, c.rank, c.world});
+    for (int64_t s = from; s < c.until && s < furthest; ++s) held.push_back({s, c.rank, c.world, {}});
     from = std::max(from, c.until);
   }
-  auto in_window = [&](const impl::slice_id& x) { return x.step >= anchor && x.step < furthest && x.world >= 1 && x.rank >= 0 && x.rank < x.world; };
+  auto in_window = [&](const impl::slice_id& x) { return x.step >= start && x.step < furthest && x.world >= 1 && x.rank >= 0 && x.rank < x.world; };
   // 1. Each step's world size (the world its peers took it in); the last word: the largest.
   auto worlds = torch::zeros({len + 1}, torch::kInt64);
   {
     auto w = worlds.accessor<int64_t, 1>();
     for (const auto& x : held)
       if (in_window(x)) {
-        w[x.step - anchor] = std::max<int64_t>(w[x.step - anchor], x.world);
+        w[x.step - start] = std::max<int64_t>(w[x.step - start], x.world);
         w[len] = std::max<int64_t>(w[len], x.world);
       }
   }
@@ -664,26 +694,37 @@ std::optional<rank_worker::outcome> rank_worker::replay_owed_slices(generation_r
   }
   const auto w = worlds.accessor<int64_t, 1>();
   const int64_t widest = std::max<int64_t>(1, w[len]);
-  // 2. Which slices of each step someone holds (of that step's world only).
-  auto bits = torch::zeros({len, widest}, torch::kInt64);
+  // 2. Which fragments of each slice (of that step's world only) someone holds.
+  auto bits = torch::zeros({len, widest, frags}, torch::kInt64);
   {
-    auto b = bits.accessor<int64_t, 2>();
+    auto b = bits.accessor<int64_t, 3>();
     for (const auto& x : held)
-      if (in_window(x) && x.world == w[x.step - anchor]) b[x.step - anchor][x.rank] = 1;
+      if (in_window(x) && x.world == w[x.step - start])
+        for (int64_t f = 0; f < frags; ++f)
+          if (x.fragments.empty() || (static_cast<size_t>(f) < x.fragments.size() && x.fragments[static_cast<size_t>(f)])) b[x.step - start][x.rank][f] = 1;
   }
   {
     std::vector<torch::Tensor> t{bits};
     if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's slices"); !st)
       return failed(g, st.message(), state.step());
   }
-  const auto b = bits.accessor<int64_t, 2>();
+  const auto b = bits.accessor<int64_t, 3>();
   int64_t owed = 0;
   for (int64_t i = 0; i < len; ++i) {
+    const int64_t step = start + i;
     // A step nobody alive trained at all (a survivor skipped it): its whole batch.
     const int world = w[i] > 0 ? static_cast<int>(w[i]) : 1;
     for (int r = 0; r < world; ++r) {
-      if (w[i] > 0 && b[i][r] != 0) continue;
-      if (owed % g.world == g.rank) im.replays.push_back({anchor + i, r, world});
+      std::vector<bool> to(static_cast<size_t>(frags), false);
+      bool any = false, all = true;
+      for (int64_t f = 0; f < frags; ++f) {
+        const bool need = outer.fragment_anchor(static_cast<size_t>(f)) <= step && (w[i] == 0 || b[i][r][f] == 0);
+        to[static_cast<size_t>(f)] = need;
+        any = any || need;
+        all = all && need;
+      }
+      if (!any) continue;
+      if (owed % g.world == g.rank) im.replays.push_back({step, r, world, all ? std::vector<bool>{} : to});
       ++owed;
     }
   }
@@ -1091,8 +1132,9 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   const bool replay_on = g.pg && replays_lost_slices();
   if (!im.replays.empty())
     std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary\n",
-                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(g.replayed_slices), static_cast<long long>(state.outer().anchor()),
-                 static_cast<long long>(state.outer().anchor() + g.window_steps - 1), im.replays.size());
+                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(g.replayed_slices),
+                 static_cast<long long>(oldest_fragment_anchor(state.outer())), static_cast<long long>(state.outer().anchor() + g.window_steps - 1),
+                 im.replays.size());
   while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
@@ -1100,10 +1142,11 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       // A lost worker's slice of this window, trained again (no collective):
       // its samples reach the next outer step once.
       const impl::slice_id x = im.replays.front();
-      auto rr = state.replay_slice(x.step, x.rank, x.world);
+      auto rr = state.replay_slice(x.step, x.rank, x.world, x.fragments);
       if (!rr) return failed(g, rr.message(), state.step());
-      if (auto st = log_samples(x.step, g.gen, x.rank, x.world); !st) return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
-      im.note_slice(state.outer().anchor(), x);
+      if (auto st = log_samples(x.step, g.gen, x.rank, x.world, x.fragments); !st)
+        return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+      im.note_slice(oldest_fragment_anchor(state.outer()), x);
       im.replays.erase(im.replays.begin());
       continue;
     }
@@ -1142,14 +1185,16 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
         if (auto st = log_samples(attempted, g.gen, slice_rank, slice_world); !st)
           return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
       if (!r) return failed(g, r.message(), state.step());
-      if (replay_on) im.note_slice(state.outer().anchor(), {attempted, slice_rank, slice_world});
+      if (replay_on) im.note_slice(oldest_fragment_anchor(state.outer()), {attempted, slice_rank, slice_world, {}});
     }
     if (!diloco) agreed = sync.control();
     // Every rank holds the same parameters after this step (streaming: the
     // same global parameters, and nothing is in flight).
     bool boundary = !diloco;
     if (diloco) {
+      std::vector<size_t> landed_fragments;
       auto record = [&](const training_state::outer_step_result& o) {
+        landed_fragments.push_back(o.fragment);
         r->allreduce_s += o.exchange_s;
         r->exposed_s += o.exposed_s;
         acc.set_outer_steps(acc.outer_steps() + 1);
@@ -1179,11 +1224,15 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
         if (!o) return failed(g, o.message(), state.step());
         if (o->landed) record(*o);
       }
-      // data.sample_log: this rank's lines before this step are in the
-      // global parameters (one fragment: the landing covers the whole model).
-      if (boundary && im.samples_log && !state.outer().streaming())
-        if (auto st = im.samples_log->append_synced(state.step(), g.gen, g.rank, g.world); !st)
-          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+      // data.sample_log: this rank's lines before the landed pseudo-gradient's
+      // step are in that fragment of the global parameters.
+      if (im.samples_log)
+        for (size_t f : landed_fragments)
+          if (auto st = im.samples_log->append_synced(state.outer().fragment_anchor(f), g.gen, g.rank, g.world,
+                                                      state.outer().streaming() ? static_cast<int>(f) : -1,
+                                                      static_cast<int>(state.outer().fragments().size()));
+              !st)
+            return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
     }
     const int64_t step = state.step();
     // DiLoCo: what falls due in the window runs at its boundary.
@@ -1281,10 +1330,13 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   return outcome::finished;
 }
 
-status rank_worker::log_samples(int64_t step, uint64_t gen, int rank, int world) {
+status rank_worker::log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments) {
   auto& im = *impl_;
   if (!im.samples_log) return {};
-  return im.samples_log->append(step, gen, rank, world, im.state->recorded_samples());
+  std::vector<int> to;
+  for (size_t f = 0; f < fragments.size(); ++f)
+    if (fragments[f]) to.push_back(static_cast<int>(f));
+  return im.samples_log->append(step, gen, rank, world, im.state->recorded_samples(), fragments.empty() ? nullptr : &to);
 }
 
 void rank_worker::inject_fault() {

@@ -122,7 +122,8 @@ class rank_worker : public rank_work {
   void inject_fault();
   // data.sample_log: the samples of the step this rank just applied (its
   // last forward_backward's); nothing when the log is off.
-  status log_samples(int64_t step, uint64_t gen, int rank, int world);
+  // `fragments` (DiLoCo, a slice replayed to some fragments only): those.
+  status log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments = {});
   bool quitting() const { return quit_.load(); }
   // True when the thread must abandon generation `gen` now: quit, or a newer
   // plan without drain is waiting.

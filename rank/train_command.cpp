@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 
+#include "model/diloco.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/progress.hpp"
 #include "monitoring/resources.hpp"
@@ -232,6 +233,9 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
     eval_at_step.clear();
     const auto t0 = clock_type::now();
     double loss = 0;
+    std::vector<int64_t> anchors_before;
+    if (samples_log && state.diloco())
+      for (size_t f = 0; f < state.outer().fragments().size(); ++f) anchors_before.push_back(state.outer().fragment_anchor(f));
     try {
       loss = state.train_step();
     } catch (const data_error& e) {
@@ -240,9 +244,16 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
     const double dt = seconds_since(t0);
     if (samples_log) {
       if (auto st = samples_log->append(state.step() - 1, log_generation, 0, 1, state.recorded_samples()); !st) return st.err();
-      // DiLoCo (one fragment): the outer step landed with this step.
-      if (state.diloco() && !state.outer().streaming() && state.outer().anchor() == state.step())
-        if (auto st = samples_log->append_synced(state.step(), log_generation, 0, 1); !st) return st.err();
+      // DiLoCo: the outer steps that landed with this step (their fragments' anchors moved).
+      if (state.diloco()) {
+        const outer_optimizer& o = state.outer();
+        for (size_t f = 0; f < o.fragments().size(); ++f)
+          if (o.fragment_anchor(f) != anchors_before[f])
+            if (auto st = samples_log->append_synced(o.fragment_anchor(f), log_generation, 0, 1, o.streaming() ? static_cast<int>(f) : -1,
+                                                     static_cast<int>(o.fragments().size()));
+                !st)
+              return st.err();
+      }
     }
     if (!std::isfinite(loss)) {
       jn.write(ev::job_failed{state.step(), std::nullopt, "non-finite loss"});

@@ -53,7 +53,8 @@ sample_log::~sample_log() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string sample_log::format_line(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples) {
+std::string sample_log::format_line(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples,
+                                    const std::vector<int>* fragments) {
   std::string line;
   line.reserve(48 + samples.size() * 8);
   line += std::to_string(step);
@@ -68,21 +69,29 @@ std::string sample_log::format_line(int64_t step, uint64_t generation, int globa
     if (i > 0) line += ',';
     line += std::to_string(samples[i]);
   }
+  if (fragments) {
+    line += "\tfragments ";
+    for (size_t i = 0; i < fragments->size(); ++i) {
+      if (i > 0) line += ',';
+      line += std::to_string((*fragments)[i]);
+    }
+  }
   line += '\n';
   return line;
 }
 
-std::string sample_log::format_synced_line(int64_t step, uint64_t generation, int global_rank, int world_size) {
+std::string sample_log::format_synced_line(int64_t step, uint64_t generation, int global_rank, int world_size, int fragment, int fragments) {
   return std::to_string(step) + '\t' + std::to_string(generation) + '\t' + std::to_string(global_rank) + '\t' + std::to_string(world_size) +
-         "\tsynced\n";
+         "\tsynced" + (fragment >= 0 ? " " + std::to_string(fragment) + "/" + std::to_string(fragments) : std::string()) + "\n";
 }
 
-status sample_log::append(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples) {
-  return write_line(format_line(step, generation, global_rank, world_size, samples));
+status sample_log::append(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples,
+                          const std::vector<int>* fragments) {
+  return write_line(format_line(step, generation, global_rank, world_size, samples, fragments));
 }
 
-status sample_log::append_synced(int64_t step, uint64_t generation, int global_rank, int world_size) {
-  return write_line(format_synced_line(step, generation, global_rank, world_size));
+status sample_log::append_synced(int64_t step, uint64_t generation, int global_rank, int world_size, int fragment, int fragments) {
+  return write_line(format_synced_line(step, generation, global_rank, world_size, fragment, fragments));
 }
 
 status sample_log::write_line(const std::string& line) {

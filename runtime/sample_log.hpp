@@ -12,14 +12,17 @@
 //   step \t generation \t global rank \t world size \t i0,i1,...\n
 //
 // the indices being those it passed to the task's loss_sum for that step,
-// micro-batches in order. With train.sync = diloco (one fragment), a rank
-// also writes, when an outer step lands at step b,
+// micro-batches in order. With train.sync = diloco, a rank also writes,
+// when an outer step whose pseudo-gradient was taken at step b lands,
 //
-//   b \t generation \t global rank \t world size \t synced\n
+//   b \t generation \t global rank \t world size \t synced\n          (one fragment)
+//   b \t generation \t global rank \t world size \t synced f/F\n      (streaming: fragment f of F)
 //
-// saying that its lines of steps before b are in the global parameters; a
-// worker's lines that no such line covers went with it when it was lost
-// (the checker's --diloco mode). Each line is one write(2) on an O_APPEND
+// saying that its lines of steps before b are in (that fragment of) the
+// global parameters; a worker's lines that no such line covers went with it
+// when it was lost (the checker's --diloco mode). A lost worker's slice that
+// a survivor trains again for some fragments only (those that had not
+// taken it yet) carries a sixth field: `\tfragments 0,2`. Each line is one write(2) on an O_APPEND
 // descriptor: once append() returns, the line survives the process being
 // killed (not a machine crash: nothing is fsynced). Torch-free.
 #include <cstdint>
@@ -43,14 +46,18 @@ class sample_log {
 
   // One line, one write(2). Error: "data.sample_log: cannot append to
   // '/x/samples-a-r0-123.tsv': No space left on device".
-  status append(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples);
-  // DiLoCo: the outer step at `step` landed on this rank (the "synced" line above).
-  status append_synced(int64_t step, uint64_t generation, int global_rank, int world_size);
+  // `fragments`: the sixth field above (null: none).
+  status append(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples,
+                const std::vector<int>* fragments = nullptr);
+  // DiLoCo: an outer step whose pseudo-gradient was taken at `step` landed
+  // on this rank (the "synced" line above); fragment -1: not streaming.
+  status append_synced(int64_t step, uint64_t generation, int global_rank, int world_size, int fragment = -1, int fragments = 1);
   const std::string& path() const { return path_; }
 
   // The line append() writes (tests, the checker's fixtures).
-  static std::string format_line(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples);
-  static std::string format_synced_line(int64_t step, uint64_t generation, int global_rank, int world_size);
+  static std::string format_line(int64_t step, uint64_t generation, int global_rank, int world_size, const std::vector<int64_t>& samples,
+                                 const std::vector<int>* fragments = nullptr);
+  static std::string format_synced_line(int64_t step, uint64_t generation, int global_rank, int world_size, int fragment = -1, int fragments = 1);
 
  private:
   sample_log(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}

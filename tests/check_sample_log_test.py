@@ -286,5 +286,95 @@ class CheckSampleLogDiLoCo(unittest.TestCase):
         self.assertTrue(any("malformed" in e for e in s["errors"]), s["errors"])
 
 
+def streaming_history(batches):
+    """Files of a streaming DiLoCo job of 2 fragments, 13 steps: fragment 0
+    takes its pseudo-gradient at 2, 6, 10 (and 13), fragment 1 at 4, 8, 12
+    (and 13). Generation 1 at world 3 (a, b, c): all train 0-5; then a 6-7,
+    b 6, c 6-7, and c is lost. c's 4 and 5 are in fragment 0 (its exchange
+    at 6 took them) but not in fragment 1; its 6 and 7 in neither.
+    Generation 2 at world 2: b catches up on 7 as rank 1 of 3; the owed
+    slices are dealt round-robin: a replays 4 (fragment 1 only) and 6, b 5
+    (fragment 1 only) and 7; then 8-12 at world 2."""
+    names = ["samples-a-r0-1.tsv", "samples-b-r0-2.tsv", "samples-c-r0-3.tsv"]
+    files = {n: "" for n in names}
+
+    def put(name, t, gen, r, w, frags=None):
+        lo, hi = csl.split_range(B, r, w)
+        text = line(t, gen, r, w, batches[t][lo:hi])
+        if frags is not None:
+            text = text[:-1] + "\tfragments " + ",".join(map(str, frags)) + "\n"
+        files[name] += text
+
+    def sync(name, b, gen, r, w, f):
+        files[name] += f"{b}\t{gen}\t{r}\t{w}\tsynced {f}/2\n"
+
+    for t in range(6):
+        for r, n in enumerate(names):
+            put(n, t, 1, r, 3)
+            if t + 1 in (2, 6):
+                sync(n, t + 1, 1, r, 3, 0)
+            if t + 1 == 4:
+                sync(n, 4, 1, r, 3, 1)
+    for t in (6, 7):
+        put(names[0], t, 1, 0, 3)
+        put(names[2], t, 1, 2, 3)  # lost with c
+    put(names[1], 6, 1, 1, 3)
+    put(names[0], 4, 2, 2, 3, [1])  # replays
+    put(names[0], 6, 2, 2, 3)
+    put(names[1], 5, 2, 2, 3, [1])
+    put(names[1], 7, 2, 2, 3)
+    put(names[1], 7, 2, 1, 3)  # catching up
+    for t in range(8, STEPS):
+        for r, n in enumerate(names[:2]):
+            if t == 8:
+                sync(n, 8, 2, r, 2, 1)
+            put(n, t, 2, r, 2)
+            if t + 1 == 10:
+                sync(n, 10, 2, r, 2, 0)
+            if t + 1 == 12:
+                sync(n, 12, 2, r, 2, 1)
+            if t + 1 == 13:
+                sync(n, 13, 2, r, 2, 0)
+                sync(n, 13, 2, r, 2, 1)
+    return files
+
+
+class CheckSampleLogStreaming(CheckSampleLogDiLoCo):
+    """The same checks on a streaming job: a lost worker's slice owed to the fragments that had not taken it."""
+
+    def setUp(self):
+        super().setUp()
+        self.files = streaming_history(self.batches)
+
+    def test_a_window_with_a_lost_worker_replayed_passes(self):
+        code, s = self.run_checker(self.files)
+        self.assertEqual(code, 0, s["errors"])
+        self.assertEqual(s["fragments"], 2)
+        self.assertEqual(s["lines_lost_with_worker"], 2)  # c's 6 and 7: in no fragment
+        self.assertEqual(s["fragment_slices_lost_with_worker"], 6)  # and 4, 5 in fragment 1
+        self.assertEqual(s["slices_trained_twice"], 0)
+        self.assertEqual(s["epoch0_indices_seen_once"], N)
+
+    def test_without_the_replay_the_lost_slices_fail(self):
+        files = {k: "".join(l for l in v.splitlines(True) if "fragments 1" not in l) for k, v in self.files.items()}
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertTrue(any("slice 2 of 3 is in no outer step (fragment 1 of 2)" in e for e in s["errors"]), s["errors"])
+
+    def test_a_slice_replayed_that_an_outer_step_already_took_fails(self):
+        # The replay of c's step 4 sent to both fragments: fragment 0 had it.
+        files = {k: v.replace("\tfragments 1\n", "\n", 1) if k.startswith("samples-a-") else v for k, v in self.files.items()}
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertEqual(s["slices_trained_twice"], 1, s["errors"])
+        self.assertTrue(any("(fragment 0 of 2)" in e for e in s["errors"]), s["errors"])
+
+    def test_a_worker_that_never_synchronised_again_loses_its_lines(self):
+        files = {k: "".join(l for l in v.splitlines(True) if not ("synced" in l and l.split("\t")[1] == "2")) for k, v in self.files.items()}
+        code, s = self.run_checker(files)
+        self.assertEqual(code, 1)
+        self.assertGreater(s["lines_lost_with_worker"], 2)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

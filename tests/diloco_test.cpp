@@ -167,6 +167,40 @@ TEST(DiLoCo, AReplayedSliceIsThatSlicesInnerStepAndLeavesTheStepWhereItWas) {
   EXPECT_FALSE(torch::equal(flat_params(*s[0])[0], replayed[0]));
 }
 
+// Streaming: a slice replayed to some fragments only (the others' outer
+// step took it already) moves those fragments exactly as a replay to all
+// would, and leaves the others' parameters and moments as they were.
+TEST(DiLoCo, AReplayToOneFragmentLeavesTheOtherFragmentsParametersAndMomentsAlone) {
+  const auto cfg = diloco_config(10, {"train.sync_fragments=2", "train.sync_overlap=0"});
+  auto s = make_states(cfg, 2);
+  for (auto& st : s) ASSERT_TRUE(st->inner_step(0, 2).ok());  // moments written everywhere
+  auto moments_of = [](training_state& st, size_t f) {
+    std::vector<torch::Tensor> out;
+    const auto bases = st.optimizer().group_bases();
+    for (const auto& [g, off, len] : st.outer().fragments()[f].ranges) {
+      auto [m, v] = st.optimizer().moments(bases[g] + off, bases[g] + off + len);
+      out.push_back(m.clone());
+      out.push_back(v.clone());
+      out.push_back(st.optimizer().flat_params()[g].narrow(0, off, len).clone());
+    }
+    return out;
+  };
+  const auto frag1_before = moments_of(*s[0], 1);
+  ASSERT_TRUE(s[0]->replay_slice(1, 1, 2, {true, false}).ok());
+  ASSERT_TRUE(s[1]->replay_slice(1, 1, 2).ok());
+  const auto frag0_masked = moments_of(*s[0], 0), frag0_full = moments_of(*s[1], 0);
+  ASSERT_EQ(frag0_masked.size(), frag0_full.size());
+  for (size_t i = 0; i < frag0_masked.size(); ++i) EXPECT_TRUE(torch::equal(frag0_masked[i], frag0_full[i])) << i;
+  const auto frag1_after = moments_of(*s[0], 1), frag1_full = moments_of(*s[1], 1);
+  bool moved = false;
+  for (size_t i = 0; i < frag1_after.size(); ++i) {
+    EXPECT_TRUE(torch::equal(frag1_after[i], frag1_before[i])) << i;
+    moved = moved || !torch::equal(frag1_full[i], frag1_before[i]);
+  }
+  EXPECT_TRUE(moved) << "a replay to every fragment moves fragment 1";
+  EXPECT_EQ(s[0]->step(), 1);
+}
+
 TEST(DiLoCo, OneWorkerWithUnitOuterStepTrainsAsPlainAdamW) {
   const auto cfg = diloco_config(4, {"train.outer_lr=1", "train.outer_momentum=0"});
   const auto plain_cfg = tiny_vit_config();

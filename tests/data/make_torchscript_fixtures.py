@@ -78,6 +78,16 @@ class Bigram(nn.Module):
         return self.table(x)
 
 
+class BigramWithBias(Bigram):
+    # two parameter tensors: streaming DiLoCo can cut it into two fragments
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(64))
+
+    def forward(self, x):
+        return self.table(x) + self.bias
+
+
 # nanoGPT's .bin: flat uint16 token ids; a pattern a bigram model can learn
 np.tile(np.arange(50, dtype=np.uint16), 400).tofile(os.path.join(out, "tokens.bin"))
 np.array([1, 2, 3, 70, 5] * 20, dtype=np.uint16).tofile(os.path.join(out, "tokens_bad.bin"))
@@ -115,6 +125,7 @@ for split, (xs, ys) in {"train": (x, y), "eval": (xe, ye)}.items():
 
 torch.manual_seed(0)
 torch.jit.script(Bigram()).save(os.path.join(out, "bigram.pt"))
+torch.jit.script(BigramWithBias()).save(os.path.join(out, "bigram2.pt"))
 torch.jit.script(WithBatchNorm()).save(os.path.join(out, "bn.pt"))
 torch.jit.script(MLP()).save(os.path.join(out, "mlp.pt"))
 torch.jit.script(WithLoss()).save(os.path.join(out, "mlp_loss.pt"))
