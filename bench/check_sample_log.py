@@ -153,6 +153,7 @@ def read_logs(directory, rep, diloco=False):
         # counts for f when a synced-f line after it in its file, or of its
         # generation anywhere, is at a later step.
         gen_synced = defaultdict(lambda: -1)
+        synced_world = {}  # generation -> its world size (its synced lines')
         synced_lines = 0
         fragment_counts = set()
         for _, entries in per_file:
@@ -161,6 +162,7 @@ def read_logs(directory, rep, diloco=False):
                     synced_lines += 1
                     fragment_counts.add(frags[1])
                     gen_synced[(gen, frags[0])] = max(gen_synced[(gen, frags[0])], step)
+                    synced_world.setdefault(gen, world)
         if len(fragment_counts) > 1:
             rep.error(f"synced lines name different fragment counts: {sorted(fragment_counts)}")
         n_frags = max(fragment_counts) if fragment_counts else 1
@@ -188,7 +190,7 @@ def read_logs(directory, rep, diloco=False):
             for took, step, gen, rank, where, world, indices in reversed(covered):
                 for f in took:
                     records[f][(step, gen, rank, world)].append((where, world, indices))
-        extra = {"synced_lines": synced_lines, "fragments": n_frags, "lines_lost_with_worker": lost,
+        extra = {"synced_world": synced_world, "synced_lines": synced_lines, "fragments": n_frags, "lines_lost_with_worker": lost,
                  "fragment_slices_lost_with_worker": pairs_lost, "lines_lost_at": lost_at}
     return records, files, lines, torn, extra
 
@@ -244,9 +246,10 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
             gen_last_step[gen] = max(gen_last_step.get(gen, -1), step)
             for rank, (where, world, _) in ranks.items():
                 # DiLoCo: a generation's catch-up and replayed lines keep
-                # the world of the generation their step was taken in.
+                # the world of the generation their step was taken in; its
+                # own world is its synced lines'.
                 if diloco:
-                    gen_world.setdefault(gen, world)
+                    gen_world.setdefault(gen, extra["synced_world"].get(gen, world))
                     continue
                 if gen_world.setdefault(gen, world) != world:
                     rep.error(f"{where}: generation {gen} has world size {gen_world[gen]} elsewhere, {world} here")
@@ -447,7 +450,7 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
         "epoch0_positions_inferred": first.get("positions_inferred"),
         "epochs": [epochs[e] for e in sorted(epochs)],
         "diloco": diloco,
-        **({"slices_trained_twice": twice, **extra} if diloco else {}),
+        **({"slices_trained_twice": twice, **{k: v for k, v in extra.items() if k != "synced_world"}} if diloco else {}),
         "error_count": rep.error_count,
         "errors": rep.errors,
     }

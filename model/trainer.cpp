@@ -240,6 +240,39 @@ result<training_state::dp_step> training_state::replay_slice(int64_t step, int r
   r.loss_sum = forward_backward(samples, step, rank, nullptr, static_cast<double>(std::max<size_t>(1, samples.size())));
   r.compute_s = seconds_since(t0);
   const auto t1 = clock_type::now();
+  r.grad_norm = replay_update(step, fragments);
+  r.update_s = seconds_since(t1);
+  return r;
+}
+
+result<training_state::dp_step> training_state::replay_slice_host(int64_t step, int rank, int world, int part, int parts, grad_sync& host,
+                                                                  const std::vector<bool>& fragments) {
+  dp_step r;
+  const auto slice = order_->rank_slice(step, rank, world);
+  const auto [lo, hi] = split_range(static_cast<int64_t>(slice.size()), part, std::max(1, parts));
+  const std::vector<int64_t> mine(slice.begin() + lo, slice.begin() + hi);
+  r.samples = static_cast<int64_t>(mine.size());
+  const auto t0 = clock_type::now();
+  optimizer_->zero_grad();
+  if (mine.empty()) {
+    // Nothing of this slice here: finish() sends zeros into the host's sum.
+    if (record_samples_) recorded_.clear();
+  } else {
+    r.loss_sum = forward_backward(mine, step, rank, &host, static_cast<double>(std::max<size_t>(1, slice.size())));
+  }
+  r.compute_s = seconds_since(t0);
+  auto synced = host.finish();
+  if (!synced) {
+    optimizer_->zero_grad();
+    return synced.err();
+  }
+  const auto t1 = clock_type::now();
+  r.grad_norm = replay_update(step, fragments);
+  r.update_s = seconds_since(t1);
+  return r;
+}
+
+double training_state::replay_update(int64_t step, const std::vector<bool>& fragments) {
   // Fragments not owed this slice: their parameters and moments as they
   // were before the update (copies of those ranges only).
   struct kept_range {
@@ -266,7 +299,7 @@ result<training_state::dp_step> training_state::replay_slice(int64_t step, int r
       }
     }
   }
-  r.grad_norm = update_at(std::nullopt, step);
+  const double norm = update_at(std::nullopt, step);
   if (!kept.empty()) {
     torch::NoGradGuard no_grad;
     for (auto& k : kept) {
@@ -275,8 +308,7 @@ result<training_state::dp_step> training_state::replay_slice(int64_t step, int r
       k.live_v.copy_(k.v);
     }
   }
-  r.update_s = seconds_since(t1);
-  return r;
+  return norm;
 }
 
 result<training_state::outer_step_result> training_state::outer_step(grad_sync& sync) {

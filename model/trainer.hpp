@@ -114,6 +114,12 @@ class training_state {
   // taken before `step`); the others' parameters and moments are left as
   // they were (an outer step already took that slice into them).
   result<dp_step> replay_slice(int64_t step, int rank, int world, const std::vector<bool>& fragments = {});
+  // train.diloco_worker = host: the same, by the ranks of a host together:
+  // this rank (`part` of the host's `parts` ranks) computes its part of the
+  // slice's samples, the host's reducer `host` sums the gradients (the
+  // slice's mean), and every rank of the host applies the same update.
+  result<dp_step> replay_slice_host(int64_t step, int rank, int world, int part, int parts, grad_sync& host,
+                                    const std::vector<bool>& fragments = {});
   // The outer step at a boundary (outer().due(step())): every worker's
   // pseudo-gradient summed through `sync` (its control words too), then the
   // Nesterov step; every worker then holds the same parameters. On error
@@ -211,6 +217,9 @@ class training_state {
   // optimizer at the learning rate of step lr_step, zero the gradients;
   // step() unchanged. The gradient norm before clipping.
   double update_at(std::optional<double> global_norm, int64_t lr_step);
+  // A replayed slice's update (its gradients in place): at step's learning
+  // rate, to the fragments flagged (empty: all), step() unchanged.
+  double replay_update(int64_t step, const std::vector<bool>& fragments);
   training_state(const config& cfg, std::unique_ptr<task> t);
   config cfg_;
   std::unique_ptr<task> task_;

@@ -123,6 +123,9 @@ struct rank_worker::impl {
     int64_t step = 0;
     int rank = 0, world = 1;
     std::vector<bool> fragments;
+    // A replay by a host's ranks together (train.diloco_worker = host):
+    // this rank's part of the slice's samples, of `parts`.
+    int part = 0, parts = 1;
   };
   int64_t slices_anchor = -1;
   std::vector<slice_id> window_slices;
@@ -639,8 +642,14 @@ std::optional<rank_worker::outcome> rank_worker::worker_section_from_checkpoint(
   return std::nullopt;
 }
 
-bool rank_worker::replays_lost_slices() const {
-  return impl_->state->diloco() && impl_->cfg->get_string("train.diloco_worker") != "host";
+bool rank_worker::replays_lost_slices() const { return impl_->state->diloco(); }
+
+// train.diloco_worker = host, and this rank's host is a worker of several
+// ranks, synchronous over its shared-memory segment (else every rank is a
+// worker of its own). The same on every rank of a host.
+bool rank_worker::host_worker(const generation_run& g) const {
+  return impl_->state->diloco() && impl_->cfg->get_string("train.diloco_worker") == "host" && g.world > 1 && g.exchange.shm &&
+         g.exchange.host_ranks > 1 && (g.exchange.hierarchical || g.exchange.host_count == 1);
 }
 
 
@@ -709,6 +718,31 @@ std::optional<rank_worker::outcome> rank_worker::replay_owed_slices(generation_r
       return failed(g, st.message(), state.step());
   }
   const auto b = bits.accessor<int64_t, 3>();
+  // Who replays: the workers, each rank (or, with hosts as workers, each
+  // host: its ranks together, each a part of the slice), round-robin in
+  // the order of their lowest rank. With hosts, the leaders are marked in
+  // one more allreduce (a host of one rank is a worker of its own).
+  int units = g.world, unit = g.rank, part = 0, parts = 1;
+  if (im.cfg->get_string("train.diloco_worker") == "host") {
+    const bool host = host_worker(g);
+    const int leader = host ? g.exchange.host_members.front() : g.rank;
+    auto leaders = torch::zeros({g.world}, torch::kInt64);
+    leaders[leader] = 1;
+    std::vector<torch::Tensor> t{leaders};
+    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's slices"); !st)
+      return failed(g, st.message(), state.step());
+    const auto l = leaders.accessor<int64_t, 1>();
+    units = 0;
+    for (int r = 0; r < g.world; ++r) {
+      if (r == leader) unit = units;
+      units += l[r] != 0 ? 1 : 0;
+    }
+    if (host) {
+      const auto& m = g.exchange.host_members;
+      parts = static_cast<int>(m.size());
+      part = static_cast<int>(std::find(m.begin(), m.end(), g.rank) - m.begin());
+    }
+  }
   int64_t owed = 0;
   for (int64_t i = 0; i < len; ++i) {
     const int64_t step = start + i;
@@ -724,7 +758,7 @@ std::optional<rank_worker::outcome> rank_worker::replay_owed_slices(generation_r
         all = all && need;
       }
       if (!any) continue;
-      if (owed % g.world == g.rank) im.replays.push_back({step, r, world, all ? std::vector<bool>{} : to});
+      if (owed % units == unit) im.replays.push_back({step, r, world, all ? std::vector<bool>{} : to, part, parts});
       ++owed;
     }
   }
@@ -961,8 +995,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   }
   // train.diloco_worker = host: the ranks of a host are one worker,
   // synchronous inside through the host's segment (host_sync below).
-  const bool host_workers = state.diloco() && cfg.get_string("train.diloco_worker") == "host" && g.world > 1 && g.exchange.shm &&
-                            g.exchange.host_ranks > 1 && (g.exchange.hierarchical || g.exchange.host_count == 1);
+  const bool host_workers = host_worker(g);
   // Streaming DiLoCo: one reducer a fragment (its parameters only); their
   // exchanges take turns on the same transport (a segment keeps the step
   // counts of every exchange over it), one in flight at a time. Only with
@@ -1131,10 +1164,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   step_control agreed;  // the last exchange's sums of the ranks' controls
   const bool replay_on = g.pg && replays_lost_slices();
   if (!im.replays.empty())
-    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary\n",
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary%s\n",
                  g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(g.replayed_slices),
                  static_cast<long long>(oldest_fragment_anchor(state.outer())), static_cast<long long>(state.outer().anchor() + g.window_steps - 1),
-                 im.replays.size());
+                 im.replays.size(), im.replays.front().parts > 1 ? " (its host's ranks together, each a part of every slice)" : "");
   while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
@@ -1142,10 +1175,15 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       // A lost worker's slice of this window, trained again (no collective):
       // its samples reach the next outer step once.
       const impl::slice_id x = im.replays.front();
-      auto rr = state.replay_slice(x.step, x.rank, x.world, x.fragments);
+      auto rr = x.parts > 1 && host_sync ? state.replay_slice_host(x.step, x.rank, x.world, x.part, x.parts, *host_sync, x.fragments)
+                                         : state.replay_slice(x.step, x.rank, x.world, x.fragments);
       if (!rr) return failed(g, rr.message(), state.step());
-      if (auto st = log_samples(x.step, g.gen, x.rank, x.world, x.fragments); !st)
-        return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+      // A host's replay is one line, its first rank's, of the whole slice.
+      if (x.part == 0) {
+        const auto whole = state.order().rank_slice(x.step, x.rank, x.world);
+        if (auto st = log_samples(x.step, g.gen, x.rank, x.world, x.fragments, x.parts > 1 ? &whole : nullptr); !st)
+          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+      }
       im.note_slice(oldest_fragment_anchor(state.outer()), x);
       im.replays.erase(im.replays.begin());
       continue;
@@ -1330,13 +1368,13 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   return outcome::finished;
 }
 
-status rank_worker::log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments) {
+status rank_worker::log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments, const std::vector<int64_t>* samples) {
   auto& im = *impl_;
   if (!im.samples_log) return {};
   std::vector<int> to;
   for (size_t f = 0; f < fragments.size(); ++f)
     if (fragments[f]) to.push_back(static_cast<int>(f));
-  return im.samples_log->append(step, gen, rank, world, im.state->recorded_samples(), fragments.empty() ? nullptr : &to);
+  return im.samples_log->append(step, gen, rank, world, samples ? *samples : im.state->recorded_samples(), fragments.empty() ? nullptr : &to);
 }
 
 void rank_worker::inject_fault() {

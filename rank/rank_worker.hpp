@@ -102,6 +102,7 @@ class rank_worker : public rank_work {
   // train.sync = diloco: this job trains a lost worker's slices again (one
   // fragment, ranks as workers), and the agreement on which (rank_worker.cpp).
   bool replays_lost_slices() const;
+  bool host_worker(const generation_run& g) const;
   std::optional<outcome> replay_owed_slices(generation_run& g, int64_t furthest);
   outcome train(generation_run& g);
   void fit_threads_to_host(const pb::generation_plan& plan);
@@ -123,7 +124,9 @@ class rank_worker : public rank_work {
   // data.sample_log: the samples of the step this rank just applied (its
   // last forward_backward's); nothing when the log is off.
   // `fragments` (DiLoCo, a slice replayed to some fragments only): those.
-  status log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments = {});
+  // `samples`: these instead of the last forward_backward's.
+  status log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments = {},
+                     const std::vector<int64_t>* samples = nullptr);
   bool quitting() const { return quit_.load(); }
   // True when the thread must abandon generation `gen` now: quit, or a newer
   // plan without drain is waiting.

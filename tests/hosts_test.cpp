@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <sys/wait.h>
 #include <algorithm>
+#include <set>
+#include <fstream>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "chaos_checks.hpp"
+#include "model/trainer.hpp"
 #include "cluster_harness.hpp"
 #include "netns_hosts.hpp"
 #include "test_util.hpp"
@@ -509,6 +514,108 @@ TEST(Hosts, DiLoCoWorkersThatAreHostsSurviveAKilledHost) {
 
 namespace dtactor {
 namespace {
+
+// Hosts as DiLoCo workers (2 namespace hosts x 2 ranks, H = 10), host n2
+// killed -9 mid-window (its ranks crash once they hold step 25): the
+// surviving host's two ranks train n2's slices of the window again
+// together (each a part of every slice, summed over the host's segment),
+// and data.sample_log, read by bench/check_sample_log.py --diloco, holds
+// every step's batch once in an outer step; without those replayed lines
+// (a copy of the log) n2's slices are in none.
+TEST(Hosts, DiLoCoHostWorkersTrainAKilledHostsSlicesAgain) {
+  MAKE_HOSTS(net, 3);
+  temp_dir d;
+  const int64_t steps = 60;
+  std::vector<std::string> raw = {"model.dim=16", "model.layers=1", "model.heads=2", "model.mlp_ratio=2", "train.global_batch_size=32",
+                                  "train.warmup_steps=5", "train.lr=0.003", "eval.max_samples=500", "eval.every_steps=0", "checkpoint.every_steps=0",
+                                  "train.log_every_steps=1", "cluster.digest_every_steps=10", "train.max_steps=" + std::to_string(steps),
+                                  "train.sync=diloco", "train.sync_every=10", "train.diloco_worker=host", "data.sample_log=" + d.path() + "/samples"};
+  // data_order's global batches, from the task the ranks build.
+  const std::string expected = d.path() + "/expected.tsv";
+  int64_t samples = 0;
+  {
+    auto cfg = config::load("", raw);
+    ASSERT_TRUE(cfg) << cfg.message();
+    (void)cfg->set("train.threads", "1");
+    auto state = training_state::create(cfg.value());
+    ASSERT_TRUE(state) << state.message();
+    samples = state.value()->order().dataset_size();
+    std::ofstream f(expected);
+    for (int64_t t = 0; t < steps; ++t) {
+      f << t << '\t';
+      const auto batch = state.value()->order().global_batch(t);
+      for (size_t i = 0; i < batch.size(); ++i) f << (i ? "," : "") << batch[i];
+      f << '\n';
+    }
+  }
+  hosts_cluster h(std::move(*net), d.path(), testing::set_flags(raw, {"cluster.min_nodes=2", "cluster.max_nodes=2", "cluster.settle_ms=600000"}));
+  ASSERT_EQ(h.cl.start_coordinator(), "");
+  ASSERT_EQ(h.cl.start_node("n1", {"--nproc-per-node", "2"}), "");
+  ASSERT_EQ(h.cl.start_node("n2", {"--nproc-per-node", "2", "--fail-at-step", "25", "--fail-mode", "crash"}), "");
+  expect_finished_without_loss(h.cl, steps, 2);
+  if (HasFatalFailure()) return;
+  const auto j = h.cl.journal();
+  const auto rec = events<ev::recovery_done>(j);
+  ASSERT_EQ(rec.size(), 1u) << h.cl.logs();
+  ASSERT_TRUE(rec[0].contains("replayed_slices")) << rec[0].dump();
+  const int64_t replayed = rec[0].at("replayed_slices").get<int64_t>();
+  EXPECT_GE(replayed, 2) << rec[0].dump();  // at least n2's two slices of step 20
+  const std::string n1 = read_text(d.path() + "/node-n1.log");
+  EXPECT_NE(n1.find("were held by no survivor (a lost worker's); this rank trains " + std::to_string(replayed) + " of them again"), std::string::npos) << n1;
+
+  auto check = [&](const std::string& dir, const std::string& out) {
+    const std::string cmd = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/bench/check_sample_log.py " + dir + " --samples " +
+                            std::to_string(samples) + " --batch 32 --steps " + std::to_string(steps) + " --expected " + expected + " --diloco > " + out;
+    const int rc = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(out));
+  };
+  const auto [code, out] = check(d.path() + "/samples", d.path() + "/check.json");
+  EXPECT_EQ(code, 0) << out;
+  const auto summary = json::parse(out, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << out;
+  EXPECT_EQ(summary.at("slices_trained_twice"), 0) << out;
+  EXPECT_EQ(summary.at("steps_missing"), 0) << out;
+  EXPECT_GE(summary.at("lines_lost_with_worker").get<int64_t>(), 2) << out;
+
+  // n1's replayed lines (world 4, n2's ranks) out of a copy: n2's slices are in no outer step.
+  std::set<std::string> n2_ranks;
+  const std::string copy = d.path() + "/samples-without-replays";
+  std::filesystem::create_directories(copy);
+  std::vector<std::pair<std::string, std::vector<std::string>>> files;
+  for (const auto& e : std::filesystem::directory_iterator(d.path() + "/samples")) {
+    std::vector<std::string> lines;
+    std::istringstream in(read_text(e.path().string()));
+    for (std::string l; std::getline(in, l);) lines.push_back(l + "\n");
+    const std::string name = e.path().filename().string();
+    if (name.rfind("samples-n2-", 0) == 0)
+      for (const auto& l : lines) {
+        std::istringstream f(l);
+        std::string step, gen, rank, world;
+        f >> step >> gen >> rank >> world;
+        n2_ranks.insert(rank);
+      }
+    files.emplace_back(name, std::move(lines));
+  }
+  ASSERT_EQ(n2_ranks.size(), 2u);
+  int64_t removed = 0;
+  for (const auto& [name, lines] : files) {
+    std::ofstream o(copy + "/" + name);
+    for (const auto& l : lines) {
+      std::istringstream f(l);
+      std::string step, gen, rank, world, rest;
+      f >> step >> gen >> rank >> world >> rest;
+      if (name.rfind("samples-n1-", 0) == 0 && world == "4" && n2_ranks.count(rank) && rest != "synced") {
+        ++removed;
+        continue;
+      }
+      o << l;
+    }
+  }
+  EXPECT_EQ(removed, replayed);
+  const auto [bad_code, bad_out] = check(copy, d.path() + "/check-without-replays.json");
+  EXPECT_EQ(bad_code, 1) << bad_out;
+  EXPECT_NE(bad_out.find("is in no outer step"), std::string::npos) << bad_out;
+}
 
 // Streaming DiLoCo across 2 namespace hosts x 2 ranks (every rank a
 // worker): each fragment's pseudo-gradients are summed within a host
