@@ -613,8 +613,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
       g.skipped_steps = furthest - own;
       state.skip_to(furthest);
     }
-    if (replays_lost_slices())
-      if (auto ended = replay_owed_slices(g, furthest)) return ended;
+    if (auto ended = replay_owed_slices(g, furthest)) return ended;
   }
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
   return std::nullopt;
@@ -641,8 +640,6 @@ std::optional<rank_worker::outcome> rank_worker::worker_section_from_checkpoint(
   im.window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), *loaded ? g.rank : 0, meta->world_size());
   return std::nullopt;
 }
-
-bool rank_worker::replays_lost_slices() const { return impl_->state->diloco(); }
 
 // train.diloco_worker = host, and this rank's host is a worker of several
 // ranks, synchronous over its shared-memory segment (else every rank is a
@@ -1162,7 +1159,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   im.trained_world = g.world;
   auto window_began = clock_type::now();
   step_control agreed;  // the last exchange's sums of the ranks' controls
-  const bool replay_on = g.pg && replays_lost_slices();
+  const bool replay_on = diloco && g.pg;  // the window's slices are noted (replay_owed_slices)
   if (!im.replays.empty())
     std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary%s\n",
                  g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(g.replayed_slices),

@@ -99,11 +99,11 @@ class rank_worker : public rank_work {
   std::optional<outcome> shard_state(generation_run& g, bool holds_current);
   std::optional<outcome> shards_from_checkpoint(generation_run& g, const shard_plan& plan);
   std::optional<outcome> worker_section_from_checkpoint(generation_run& g);
-  // train.sync = diloco: this job trains a lost worker's slices again (one
-  // fragment, ranks as workers), and the agreement on which (rank_worker.cpp).
-  bool replays_lost_slices() const;
-  bool host_worker(const generation_run& g) const;
+  // train.sync = diloco: the agreement on a lost worker's slices that the
+  // survivors train again before the next boundary (rank_worker.cpp), and
+  // whether this rank's host is one worker (train.diloco_worker = host).
   std::optional<outcome> replay_owed_slices(generation_run& g, int64_t furthest);
+  bool host_worker(const generation_run& g) const;
   outcome train(generation_run& g);
   void fit_threads_to_host(const pb::generation_plan& plan);
   double send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);  // seconds it took

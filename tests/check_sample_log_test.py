@@ -66,11 +66,15 @@ def history(batches):
     return files
 
 
-class CheckSampleLog(unittest.TestCase):
+class CheckerCase(unittest.TestCase):
+    """A history (`make_history`) written to files, and the checker run on them."""
+    make_history = staticmethod(history)
+    diloco = False
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.batches = order()
-        self.files = history(self.batches)
+        self.files = self.make_history(self.batches)
         self.expected = os.path.join(self.tmp.name, "expected.tsv")
         with open(self.expected, "w") as f:
             for t in range(STEPS):
@@ -79,7 +83,7 @@ class CheckSampleLog(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def run_checker(self, files, expected=True):
+    def run_checker(self, files, expected=True, diloco=None):
         d = tempfile.mkdtemp(dir=self.tmp.name)
         for name, text in files.items():
             with open(os.path.join(d, name), "w") as f:
@@ -87,10 +91,14 @@ class CheckSampleLog(unittest.TestCase):
         args = [sys.executable, CHECKER, d, "--samples", str(N), "--batch", str(B), "--steps", str(STEPS)]
         if expected:
             args += ["--expected", self.expected]
+        if self.diloco if diloco is None else diloco:
+            args.append("--diloco")
         p = subprocess.run(args, capture_output=True, text=True)
         self.assertIn(p.returncode, (0, 1), p.stderr)
         return p.returncode, json.loads(p.stdout)
 
+
+class CheckSampleLog(CheckerCase):
     def doctored(self, name, edit):
         files = dict(self.files)
         files[name] = edit(files[name])
@@ -219,30 +227,9 @@ def diloco_history(batches):
     return files
 
 
-class CheckSampleLogDiLoCo(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.batches = order()
-        self.files = diloco_history(self.batches)
-        self.expected = os.path.join(self.tmp.name, "expected.tsv")
-        with open(self.expected, "w") as f:
-            for t in range(STEPS):
-                f.write(f"{t}\t{','.join(map(str, self.batches[t]))}\n")
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def run_checker(self, files, diloco=True):
-        d = tempfile.mkdtemp(dir=self.tmp.name)
-        for name, text in files.items():
-            with open(os.path.join(d, name), "w") as f:
-                f.write(text)
-        args = [sys.executable, CHECKER, d, "--samples", str(N), "--batch", str(B), "--steps", str(STEPS), "--expected", self.expected]
-        if diloco:
-            args.append("--diloco")
-        p = subprocess.run(args, capture_output=True, text=True)
-        self.assertIn(p.returncode, (0, 1), p.stderr)
-        return p.returncode, json.loads(p.stdout)
+class CheckSampleLogDiLoCo(CheckerCase):
+    make_history = staticmethod(diloco_history)
+    diloco = True
 
     def test_a_window_with_a_lost_worker_replayed_passes(self):
         code, s = self.run_checker(self.files)
@@ -341,10 +328,7 @@ def streaming_history(batches):
 
 class CheckSampleLogStreaming(CheckSampleLogDiLoCo):
     """The same checks on a streaming job: a lost worker's slice owed to the fragments that had not taken it."""
-
-    def setUp(self):
-        super().setUp()
-        self.files = streaming_history(self.batches)
+    make_history = staticmethod(streaming_history)
 
     def test_a_window_with_a_lost_worker_replayed_passes(self):
         code, s = self.run_checker(self.files)

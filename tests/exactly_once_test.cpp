@@ -252,33 +252,10 @@ TEST(ExactlyOnce, EveryIndexOnceThroughAKillAJoinAndAResumeAtAnotherWorldSize) {
   testing::temp_dir td;
   const std::string d = td.path();
   if (!testing::write_torchscript_fixtures(d + "/fx", DTACTOR_SOURCE_DIR)) GTEST_SKIP() << "python3-torch (Debian) is not installed";
-  const std::string tokens = file_text(d + "/fx/tokens.bin");
-  ASSERT_GE(tokens.size(), static_cast<size_t>(kShards * kTokensPerShard * 2));
-  std::filesystem::create_directories(d + "/data");
-  for (int k = 0; k < kShards; ++k) {
-    char name[32];
-    std::snprintf(name, sizeof name, "/data/train-%03d.bin", k);
-    std::ofstream(d + name, std::ios::binary) << tokens.substr(static_cast<size_t>(k) * kTokensPerShard * 2, kTokensPerShard * 2);
-  }
-
-  // data_order's global batches, from the task the ranks build.
+  // The shards, and data_order's global batches, from the task the ranks build.
   const std::string expected = d + "/expected.tsv";
-  {
-    auto cfg = config::load("", job(d, 2));
-    ASSERT_TRUE(cfg) << cfg.message();
-    (void)cfg->set("train.threads", "1");
-    auto state = training_state::create(cfg.value());
-    ASSERT_TRUE(state) << state.message();
-    ASSERT_TRUE(state.value()->order().sharded());
-    ASSERT_EQ(state.value()->order().dataset_size(), kSamples);
-    std::ofstream f(expected);
-    for (int64_t t = 0; t < kEpochSteps; ++t) {
-      f << t << '\t';
-      const auto batch = state.value()->order().global_batch(t);
-      for (size_t i = 0; i < batch.size(); ++i) f << (i ? "," : "") << batch[i];
-      f << '\n';
-    }
-  }
+  write_shards_and_batches(d, expected, job(d, 2));
+  if (HasFatalFailure()) return;
 
   const std::string run_dir = d + "/run";
   std::filesystem::create_directories(run_dir);
