@@ -129,9 +129,10 @@ void on_rank_status(job_self self, const inbound& in) {
       const bool failed = s.status() == pb::rank_status::STATE_FAILED;
       emit(st.opts.events,
            ev::rank_down{failed, s.global_rank(), s.local_rank(), in.from.node_name(), s.detail(), s.exit_code(), s.step(), in.env.generation()});
-      // No new generation can fix ranks whose parameters diverged, or data
-      // that cannot be read.
-      if (failed && (s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER || s.failure() == pb::rank_status::FAILURE_DATA))
+      // No new generation can fix ranks whose parameters diverged, a loss
+      // that became NaN, or data that cannot be read.
+      if (failed && (s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER || s.failure() == pb::rank_status::FAILURE_DATA ||
+                     s.failure() == pb::rank_status::FAILURE_DIVERGED))
         fail_job(self, "rank " + std::to_string(s.global_rank()) + ": " + s.detail());
       break;
     }

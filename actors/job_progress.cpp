@@ -11,6 +11,7 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   w.steps = std::max(1, r.steps_covered());
   ++w.reports;
   w.loss_weighted += r.loss() * static_cast<double>(r.samples());
+  w.loss_mean_weighted += r.loss_mean() * static_cast<double>(r.samples());
   w.samples += r.samples();
   w.max_step_s = std::max(w.max_step_s, r.step_s());
   w.allreduce_s = std::max(w.allreduce_s, r.allreduce_s());
@@ -22,6 +23,7 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   out.world_size = w.world;
   out.generation = generation;
   out.loss = w.samples > 0 ? w.loss_weighted / static_cast<double>(w.samples) : 0.0;
+  if (w.samples > 0) out.loss_avg = w.loss_mean_weighted / static_cast<double>(w.samples);
   out.lr = w.lr;
   out.samples = w.samples;
   out.samples_per_s = w.max_step_s > 0 ? static_cast<double>(w.samples) / w.max_step_s : 0.0;

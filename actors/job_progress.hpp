@@ -32,7 +32,7 @@ class step_table {
     int world = 0;
     int reports = 0;
     int steps = 1;  // steps the reports cover
-    double loss_weighted = 0;
+    double loss_weighted = 0, loss_mean_weighted = 0;
     int64_t samples = 0;
     double max_step_s = 0;
     double allreduce_s = 0, exposed_s = 0;

@@ -248,7 +248,7 @@ struct step_completed {
   int32_t world_size = 0;
   std::optional<uint64_t> generation;  // cluster
   double loss = 0;                     // sample-weighted mean over the ranks; non-finite is written as null
-  std::optional<double> loss_avg;      // train: the mean over the steps since the last line
+  std::optional<double> loss_avg;      // the mean loss over the steps since the previous line
   double lr = 0;
   double samples_per_s = 0;
   std::optional<double> data_wait_s;          // train: per step

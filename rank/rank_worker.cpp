@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <utility>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "actors/journal_events.hpp"
@@ -79,7 +80,7 @@ int global_rank_in(const pb::generation_plan& plan, const std::string& node_id, 
 // What the training thread keeps across generations.
 struct rank_worker::impl {
   std::optional<config> cfg;
-  std::unique_ptr<training_state> state;
+  std::shared_ptr<training_state> state;
   // Groups of earlier generations: an abandoned collective may still run on
   // their threads, and a group's destructor waits for it. Kept until the
   // process ends (it ends with _exit).
@@ -276,9 +277,13 @@ void rank_worker::run() {
       }
       im.module_digest = plan.module_digest();
     }
-    auto created = training_state::create(load_cfg);
-    if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
-    im.state = std::move(created.value());
+    if (opts_.state) {
+      im.state = opts_.state;
+    } else {
+      auto created = training_state::create(load_cfg);
+      if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
+      im.state = std::move(created.value());
+    }
     if (const std::string& dir = cfg.get_string("data.sample_log"); !dir.empty()) {
       auto opened = sample_log::open(dir, opts_.node_id + "-r" + std::to_string(local));
       if (!opened) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, opened.message());
@@ -293,7 +298,8 @@ void rank_worker::run() {
   {
     // The data as this rank opened it, for the coordinator to compare.
     auto idle = status_of(pb::rank_status::STATE_IDLE, -1, local, im.state->step(), "warmed up");
-    for (auto& [path, digest] : data_file_digests(*im.cfg)) (*idle.mutable_data_digests())[path] = digest;
+    if (opts_.data_digests)
+      for (auto& [path, digest] : data_file_digests(*im.cfg)) (*idle.mutable_data_digests())[path] = digest;
     // The module it loaded is the coordinator's, wherever it came from.
     if (!im.module_digest.empty()) (*idle.mutable_data_digests())[im.cfg->get_string("model.file")] = im.module_digest;
     if (cb_.on_status) cb_.on_status(0, std::move(idle));
@@ -1129,8 +1135,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   if (im.shards && g.pg && g.world > 1) gather = [&] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
   std::map<std::string, double> eval_at_step;
   pb::step_report acc;  // sums since the last report
+  double loss_sum_steps = 0;  // its steps' mean losses since the last report
+  int64_t loss_steps = 0;
   bool first = true;    // the first step of a generation is reported at once (recovery timing)
-  int64_t last_ckpt = -1;
+  // The step of the last checkpoint this generation wrote, or of the one
+  // the caller's state was read from (nothing to write again there).
+  int64_t last_ckpt = opts_.state_checkpointed_at >= 0 && opts_.state_checkpointed_at == state.step() ? state.step() : -1;
   // train.sync = diloco: inner steps without a collective; at each boundary
   // the outer step (its exchange carries the step control), and only there
   // what needs every rank to hold the same parameters (buffers, digests,
@@ -1139,13 +1149,29 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   // Something of DiLoCo's left to do at this step: a fragment due, or an
   // exchange in flight that lands now.
   auto outer_pending = [&] { return diloco && (state.outer().due(state.step()) || state.outer().lands(state.step())); };
-  if (state.step() >= cadence.max_steps && !outer_pending() && g.rank == 0) {
+  // A rank alone (world 1: `dtactor train`, or a cluster down to one rank)
+  // has nobody to agree with: every step boundary where no DiLoCo exchange
+  // is in flight is a synchronisation boundary (its parameters are the
+  // job's), and a stop is taken before the next step. What fell due while
+  // an exchange was in flight waits for it to land.
+  const bool alone = !g.pg;
+  auto in_flight = [&] { return diloco && state.outer().in_flight().has_value(); };
+  bool eval_owed = false, checkpoint_owed = false;
+  // Stops at `step` (all ranks agreed, or alone): a final checkpoint when
+  // asked for one, every part stored, then STATE_FINISHED.
+  auto stop_here = [&](int64_t step, bool final_checkpoint) {
+    if (final_checkpoint && last_ckpt != step) write_checkpoint(g, eval_at_step);
+    finish_checkpoints();
+    report_status(g, pb::rank_status::STATE_FINISHED, step, state.params_digest());
+    return outcome::stopped;
+  };
+  if (state.step() >= cadence.max_steps && !outer_pending() && g.rank == 0 && last_ckpt != state.step()) {
     // The job's last step is done but this generation started after it
     // (the old rank 0 may have died before its final evaluation and
     // checkpoint reached the coordinator): the new rank 0 sends both.
     send_eval(g, eval_at_step);
   }
-  if (state.step() >= cadence.max_steps && !outer_pending()) write_checkpoint(g, eval_at_step);
+  if (state.step() >= cadence.max_steps && !outer_pending() && last_ckpt != state.step()) write_checkpoint(g, eval_at_step);
   if (diloco && (g.skipped_steps > 0 || g.window_steps > 0))
     std::fprintf(stderr, "rank %d: generation %llu: DiLoCo window goes on at step %lld, %lld step(s) after its anchor (this rank skipped %lld)\n",
                  g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<long long>(g.window_steps),
@@ -1168,6 +1194,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
+    if (opts_.stop_at_step >= 0 && state.step() >= opts_.stop_at_step && !stop_.load()) request_stop(true);
+    if (alone && stop_.load() && !in_flight()) return stop_here(state.step(), stop_checkpoint_.load());
     if (!im.replays.empty()) {
       // A lost worker's slice of this window, trained again (no collective):
       // its samples reach the next outer step once.
@@ -1220,6 +1248,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
         if (auto st = log_samples(attempted, g.gen, slice_rank, slice_world); !st)
           return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
       if (!r) return failed(g, r.message(), state.step());
+      // No generation can fix a loss that became NaN or infinite.
+      if (r->samples > 0 && !std::isfinite(r->loss_sum))
+        return failed(g,
+                      "loss became " + std::to_string(r->loss_sum / static_cast<double>(r->samples)) + " at step " + std::to_string(state.step()) +
+                          "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint",
+                      state.step(), pb::rank_status::FAILURE_DIVERGED);
       if (replay_on) im.note_slice(oldest_fragment_anchor(state.outer()), {attempted, slice_rank, slice_world, {}});
     }
     if (!diloco) agreed = sync.control();
@@ -1269,10 +1303,11 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
               !st)
             return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
     }
+    if (diloco && alone && !in_flight()) boundary = true;
     const int64_t step = state.step();
     // DiLoCo: what falls due in the window runs at its boundary.
     auto due = [&](int64_t every) {
-      if (!diloco) return cadence.due(every, step);
+      if (!diloco || alone) return cadence.due(every, step);
       if (step >= cadence.max_steps) return true;
       return every > 0 && step / every > window_start / every;
     };
@@ -1287,6 +1322,10 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       }
     }
     acc.set_samples(acc.samples() + r->samples);
+    if (r->samples > 0) {
+      loss_sum_steps += r->loss_sum / static_cast<double>(r->samples);
+      ++loss_steps;
+    }
     acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
     acc.set_allreduce_exposed_s(acc.allreduce_exposed_s() + r->exposed_s);
     if (step > attempted) acc.set_steps_covered(acc.steps_covered() + 1);
@@ -1301,11 +1340,14 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       }
     }
     acc.set_step_s(acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
-    if (first || cadence.report_due(step) || (boundary && diloco)) {
+    if (first || cadence.report_due(step) || (boundary && diloco && !alone)) {
       acc.set_step(step);
       acc.set_global_rank(g.rank);
       acc.set_world_size(g.world);
       acc.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
+      acc.set_loss_mean(loss_steps > 0 ? loss_sum_steps / static_cast<double>(loss_steps) : acc.loss());
+      loss_sum_steps = 0;
+      loss_steps = 0;
       acc.set_lr(state.lr_at(step - 1));
       acc.set_data_wait_s(take_data_wait_s());
       if (auto d = process_shard_reader_stats()) {
@@ -1335,29 +1377,31 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       im.injected = true;
       inject_fault();
     }
-    if (!boundary) continue;
+    if (!boundary) {
+      if (alone) {
+        eval_owed = eval_owed || cadence.eval_due(step);
+        checkpoint_owed = checkpoint_owed || cadence.checkpoint_due(step);
+      }
+      continue;
+    }
     eval_at_step.clear();
     // Every rank evaluates (their parameters are identical, so are the
     // results): a rank left waiting in the next collective while rank 0
     // evaluated alone would hit the collective timeout on a long
     // evaluation. Rank 0 reports.
-    if (due(cadence.eval_every) && step < cadence.max_steps) {
+    const bool eval_now = due(cadence.eval_every) || std::exchange(eval_owed, false);
+    if (eval_now && step < cadence.max_steps) {
       const double took = send_eval(g, eval_at_step);
       if (auto ended = meet_after_eval(g, took)) return *ended;
-    } else if (due(cadence.eval_every)) {
+    } else if (eval_now) {
       send_eval(g, eval_at_step);  // the last step: nothing collective follows but the digests' comparison, already done
     }
-    if (due(cadence.checkpoint_every)) {
+    if (due(cadence.checkpoint_every) || std::exchange(checkpoint_owed, false)) {
       write_checkpoint(g, eval_at_step);
       last_ckpt = step;
     }
 
-    if (agreed.stop_agreed()) {
-      if (agreed.final_checkpoint_wanted() && last_ckpt != step) write_checkpoint(g, eval_at_step);
-      finish_checkpoints();
-      report_status(g, pb::rank_status::STATE_FINISHED, step, state.params_digest());
-      return outcome::stopped;
-    }
+    if (agreed.stop_agreed()) return stop_here(step, agreed.final_checkpoint_wanted());
     if (agreed.all_hold_newer_plan(g.world)) return outcome::next_plan;
   }
   finish_checkpoints();

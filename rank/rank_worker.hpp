@@ -47,6 +47,7 @@
 namespace dtactor {
 
 struct shard_plan;
+class training_state;
 
 
 using rank_worker_callbacks = rank_work_callbacks;
@@ -65,6 +66,19 @@ struct rank_worker_options {
   // (SIGTERM), or crashes itself only (rank_crash). -1: off.
   int64_t fail_at_step = -1;
   fault_mode fail_mode = fault_mode::crash;
+  // The training state to start from, made (and maybe loaded from a
+  // checkpoint) by the caller: `dtactor train` runs this worker at world 1
+  // on the state it resumed. Null: the worker makes it from the first plan.
+  std::shared_ptr<training_state> state;
+  // Stop, with a final checkpoint, once this many steps are completed (as
+  // request_stop(true) then, at the same step on every rank); -1 = off.
+  int64_t stop_at_step = -1;
+  // The step of the committed checkpoint `state` was read from (-1: none):
+  // not written again when the worker starts or stops there.
+  int64_t state_checkpointed_at = -1;
+  // The warm-up's STATE_IDLE carries the digests of the job's data files,
+  // for a coordinator to compare across nodes (off with nobody to compare).
+  bool data_digests = true;
 };
 
 class rank_worker : public rank_work {

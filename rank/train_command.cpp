@@ -2,18 +2,22 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <variant>
 
 #include "model/diloco.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/progress.hpp"
 #include "monitoring/resources.hpp"
 #include "monitoring/run_observer.hpp"
-#include "rank/part_writer.hpp"
+#include "actors/job_progress.hpp"
+#include "rank/rank_worker.hpp"
 #include "rank/state_io.hpp"
 #include "rank/step_policy.hpp"
 #include "runtime/blas_info.hpp"
@@ -54,29 +58,22 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   configure_threads(cfg);
   auto created = training_state::create(cfg);
   if (!created) return created.err();
-  training_state& state = *created.value();
+  std::shared_ptr<training_state> state_ptr = std::move(created.value());
+  training_state& state = *state_ptr;
   task& tk = state.the_task();
   const checkpoint_policy policy = checkpoint_policy_of(cfg);
   auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy, default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
   if (!store) return store.err();
   if (auto st = store->check_no_foreign_manifests(); !st) return st.err();
-  // Its checkpoints carry the store's newest generation: a cluster's
-  // commits there fence older generations out (0 in a store of its own).
-  const uint64_t store_generation = store->newest_generation();
-  // data.sample_log: one process, world 1. It has no generations; its
-  // records carry one number per run, above every generation the store or
-  // the log directory holds, so that a resumed run's records of the steps it
-  // redoes supersede the earlier run's.
-  std::unique_ptr<sample_log> samples_log;
-  uint64_t log_generation = 0;
+  // The run is one generation, numbered above every generation the store
+  // (a cluster's commits there fence older generations out) and the
+  // sample log's directory hold: a resumed run's checkpoints and its
+  // records of the steps it redoes supersede the earlier run's.
+  uint64_t generation = store->newest_generation() + 1;
   if (const std::string& dir = cfg.get_string("data.sample_log"); !dir.empty()) {
     auto logged = newest_logged_generation(dir);
     if (!logged) return logged.err();
-    log_generation = std::max(store_generation, logged.value()) + 1;
-    auto opened = sample_log::open(dir, this_host_name());
-    if (!opened) return opened.err();
-    samples_log = std::move(opened.value());
-    state.record_samples(true);
+    generation = std::max(generation, logged.value() + 1);
   }
 
   journal jn;
@@ -133,7 +130,6 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
 
   const int64_t max_steps = cfg.get_int("train.max_steps");
   const int64_t global_batch = cfg.get_int("train.global_batch_size");
-  const step_cadence cadence = step_cadence_of(cfg);
   const blas_info blas = describe_blas();
   const std::string core = blas_core();
   jn.write(ev::job_started{tk.name(), state.parameter_count(), max_steps, global_batch, 1, state.step(), at::get_num_threads(),
@@ -141,170 +137,141 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   prog.log("training " + tk.name() + " (" + std::to_string(state.parameter_count()) + " parameters, " + std::to_string(tk.train_size()) +
            " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
 
-  train_summary summary;
-  int64_t last_saved = ckpt ? ckpt->step() : -1;
-  std::map<std::string, double> eval_at_step;  // metrics of an evaluation at the current step
-  // Checkpoints as a cluster writes them, with one rank: the part is copied
-  // at the step boundary and stored in the background; the loop commits it
-  // (writes the manifest) once stored.
-  std::mutex written_mu;
-  std::vector<std::pair<pb::checkpoint_written, std::string>> written;  // (report, manifest body)
-  part_writer writer([&](uint64_t, pb::checkpoint_written w) {
-    std::lock_guard<std::mutex> lock(written_mu);
-    std::string meta = w.meta();
-    written.emplace_back(std::move(w), std::move(meta));
-  });
-  auto commit_written = [&]() -> status {
-    std::vector<std::pair<pb::checkpoint_written, std::string>> ready;
+  // The steps are the cluster rank's (rank/rank_worker), at world 1 on the
+  // state resumed above: no coordinator, no sockets, no process group. What
+  // it reports comes here through a queue and is handled on this thread as
+  // a coordinator handles its ranks' reports: steps into the journal and
+  // the progress line, evaluations, checkpoint parts committed to the store.
+  using worker_event = std::variant<pb::step_report, pb::eval_report, pb::checkpoint_written, pb::rank_status>;
+  std::mutex events_mu;
+  std::condition_variable events_cv;
+  std::deque<worker_event> events;
+  auto push = [&](worker_event e) {
     {
-      std::lock_guard<std::mutex> lock(written_mu);
-      ready.swap(written);
+      std::lock_guard<std::mutex> lock(events_mu);
+      events.push_back(std::move(e));
     }
-    for (auto& [w, body] : ready) {
-      if (!w.error().empty()) return make_error("checkpoint at step " + std::to_string(w.step()) + " not saved: " + w.error());
+    events_cv.notify_all();
+  };
+  rank_worker_callbacks cb;
+  cb.on_step = [&](uint64_t, pb::step_report r) { push(std::move(r)); };
+  cb.on_eval = [&](uint64_t, pb::eval_report r) { push(std::move(r)); };
+  cb.on_checkpoint = [&](uint64_t, pb::checkpoint_written w) { push(std::move(w)); };
+  cb.on_status = [&](uint64_t, pb::rank_status s) { push(std::move(s)); };
+  rank_worker_options wo;
+  wo.node_id = this_host_name();
+  wo.state = state_ptr;
+  wo.stop_at_step = opts.stop_at_step;
+  wo.data_digests = false;
+  wo.state_checkpointed_at = ckpt && ckpt_from->location() == store->location() ? ckpt->step() : -1;
+  pb::generation_plan plan;
+  plan.set_generation(generation);
+  plan.set_world_size(1);
+  auto* me = plan.add_ranks();
+  me->set_node_id(wo.node_id);
+  me->set_local_rank(0);
+  me->set_global_rank(0);
+  me->set_host_ranks(1);
+  plan.set_start_step(state.step());
+  plan.set_state_root(-1);
+  plan.set_checkpoint_step(-1);  // the state is in place already
+  plan.set_checkpoint_store(store->location());
+  plan.set_config_toml(config_text);
+  plan.set_cause(pb::generation_plan::CAUSE_START);
+
+  train_summary summary;
+  step_table steps;
+  std::optional<std::string> failure;  // the worker's line when it failed
+  bool done = false;
+  auto handle = [&](worker_event& e) -> status {
+    if (auto* r = std::get_if<pb::step_report>(&e)) {
+      if (r->outer_steps() > 0)
+        jn.write(ev::outer_step{r->step(), generation, 1, static_cast<int64_t>(r->outer_inner_steps()), r->outer_payload_bytes() / r->outer_steps(),
+                                r->outer_exchange_s() / static_cast<double>(r->outer_steps()), r->outer_window_s(), r->pseudo_grad_norm()});
+      auto line = steps.add(*r, generation, 1);
+      if (!line) return {};
+      line->generation.reset();
+      if (r->data_wait_s() > 0) line->data_wait_s = r->data_wait_s() / std::max(1, r->steps_covered());
+      jn.write(*line);
+      prog.on_step(line->step, line->loss, line->lr, line->samples_per_s, 1, true);
+      note_usage(false);
+    } else if (auto* v = std::get_if<pb::eval_report>(&e)) {
+      ev::eval_done d;
+      d.step = v->step();
+      d.duration_s = v->duration_s();
+      for (const auto& [k, x] : v->metrics()) d.metrics[k] = x;
+      d.examples.assign(v->examples().begin(), v->examples().end());
+      jn.write(d);
+      summary.last_eval.metrics = d.metrics;
+      summary.last_eval.examples = d.examples;
+      prog.on_eval(d.step, d.metrics);
+      for (const auto& ex : d.examples) prog.log("  " + ex);
+    } else if (auto* w = std::get_if<pb::checkpoint_written>(&e)) {
+      // One rank, one part: the manifest its meta describes, committed.
+      if (!w->error().empty()) return make_error("checkpoint at step " + std::to_string(w->step()) + " not saved: " + w->error());
       pb::checkpoint_meta meta;
-      if (!meta.ParseFromString(body)) return make_error("checkpoint at step " + std::to_string(w.step()) + ": meta does not parse");
-      for (const auto& part : w.parts()) *meta.add_parts() = part;
+      if (!meta.ParseFromString(w->meta())) return make_error("checkpoint at step " + std::to_string(w->step()) + ": meta does not parse");
+      for (const auto& part : w->parts()) *meta.add_parts() = part;
       const auto t0 = clock_type::now();
-      auto done = store->commit(std::move(meta));
-      if (!done) return done.err();
+      auto committed = store->commit(std::move(meta));
+      if (!committed) return committed.err();
       ev::checkpoint_saved saved;
-      saved.step = w.step();
-      saved.path = done->location;
-      saved.bytes = static_cast<int64_t>(done->bytes);
+      saved.step = w->step();
+      saved.path = committed->location;
+      saved.bytes = static_cast<int64_t>(committed->bytes);
       saved.duration_s = seconds_since(t0);
       saved.parts = 1;
-      saved.stall_s = w.stall_s();
-      saved.write_s = w.write_s();
-      saved.bytes_per_s = w.write_s() > 0 ? static_cast<double>(done->bytes) / w.write_s() : 0.0;
+      saved.stall_s = w->stall_s();
+      saved.write_s = w->write_s();
+      saved.bytes_per_s = w->write_s() > 0 ? static_cast<double>(committed->bytes) / w->write_s() : 0.0;
       jn.write(saved);
-      prog.note_event("checkpoint " + std::to_string(w.step()));
+      prog.note_event("checkpoint " + std::to_string(w->step()));
+    } else if (auto* s = std::get_if<pb::rank_status>(&e)) {
+      if (s->status() == pb::rank_status::STATE_FAILED) {
+        failure = s->detail();
+        summary.step = s->step();
+        done = true;
+      } else if (s->status() == pb::rank_status::STATE_FINISHED) {
+        summary.step = s->step();
+        summary.params_digest = s->detail();
+        done = true;
+      }
     }
     return {};
   };
-  auto save = [&]() {
-    const state_layout layout = layout_of(state);
-    pb::checkpoint_meta meta = state.checkpoint_meta(eval_at_step, store_generation);
-    describe_layout(layout, meta);
-    meta.set_world_size(1);
-    part_writer::job j;
-    j.step = state.step();
-    j.store = store->location();
-    j.s3_endpoint = cfg.get_string("checkpoint.s3_endpoint");
-    j.node_id = this_host_name();
-    j.meta = meta.SerializeAsString();
-    writer.submit(layout, std::move(j));
-    last_saved = state.step();
-  };
-  auto run_eval = [&]() {
-    const auto t0 = clock_type::now();
-    summary.last_eval = state.evaluate();
-    eval_at_step = summary.last_eval.metrics;
-    const auto r = eval_report_of(state.step(), summary.last_eval.metrics, summary.last_eval.examples, seconds_since(t0));
-    ev::eval_done done;
-    done.step = r.step();
-    done.duration_s = r.duration_s();
-    for (const auto& [k, v] : r.metrics()) done.metrics[k] = v;
-    done.examples.assign(r.examples().begin(), r.examples().end());
-    jn.write(done);
-    prog.on_eval(state.step(), summary.last_eval.metrics);
-    for (const auto& ex : summary.last_eval.examples) prog.log("  " + ex);
-  };
 
-  // A shard that cannot be read or parsed (the task's data_error): the
-  // journal and the command end with its line, as a cluster's would.
-  auto data_failed = [&](const data_error& e) -> error {
-    jn.write(ev::job_failed{state.step(), std::nullopt, first_line(e)});
-    return make_error(first_line(e));
-  };
-  double window_loss = 0, window_time = 0, ema_sps = 0;
-  int64_t window_steps = 0;
-  // Streaming DiLoCo with an overlap: a fragment's exchange in flight is
-  // not part of the state, so a stop or a checkpoint waits for it to land
-  // (at most train.sync_overlap steps).
-  auto in_flight = [&] { return state.diloco() && state.outer().in_flight().has_value(); };
-  bool checkpoint_owed = false;
-  while (state.step() < max_steps) {
-    if (opts.stop_signal && opts.stop_signal->load() != 0 && !in_flight()) {
-      summary.stop_signal = opts.stop_signal->load();
-      break;
-    }
-    if (opts.stop_at_step >= 0 && state.step() >= opts.stop_at_step && !in_flight()) break;
-    eval_at_step.clear();
-    const auto t0 = clock_type::now();
-    double loss = 0;
-    std::vector<int64_t> anchors_before;
-    if (samples_log && state.diloco())
-      for (size_t f = 0; f < state.outer().fragments().size(); ++f) anchors_before.push_back(state.outer().fragment_anchor(f));
-    try {
-      loss = state.train_step();
-    } catch (const data_error& e) {
-      return data_failed(e);
-    }
-    const double dt = seconds_since(t0);
-    if (samples_log) {
-      if (auto st = samples_log->append(state.step() - 1, log_generation, 0, 1, state.recorded_samples()); !st) return st.err();
-      // DiLoCo: the outer steps that landed with this step (their fragments' anchors moved).
-      if (state.diloco()) {
-        const outer_optimizer& o = state.outer();
-        for (size_t f = 0; f < o.fragments().size(); ++f)
-          if (o.fragment_anchor(f) != anchors_before[f])
-            if (auto st = samples_log->append_synced(o.fragment_anchor(f), log_generation, 0, 1, o.streaming() ? static_cast<int>(f) : -1,
-                                                     static_cast<int>(o.fragments().size()));
-                !st)
-              return st.err();
+  status outcome;
+  {
+    rank_worker worker(wo, cb);
+    worker.offer(plan);
+    bool stop_asked = false;
+    while (!done && outcome) {
+      std::deque<worker_event> ready;
+      {
+        std::unique_lock<std::mutex> lock(events_mu);
+        events_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return !events.empty(); });
+        ready.swap(events);
+      }
+      for (auto& e : ready)
+        if (outcome) outcome = handle(e);
+      if (!stop_asked && opts.stop_signal && opts.stop_signal->load() != 0) {
+        summary.stop_signal = opts.stop_signal->load();
+        worker.request_stop(true);
+        stop_asked = true;
       }
     }
-    if (!std::isfinite(loss)) {
-      jn.write(ev::job_failed{state.step(), std::nullopt, "non-finite loss"});
-      return make_error("loss became " + std::to_string(loss) + " at step " + std::to_string(state.step()) +
-                        "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint");
-    }
-    window_loss += loss;
-    window_time += dt;
-    ++window_steps;
-    const double sps_now = static_cast<double>(global_batch) / std::max(dt, 1e-9);
-    ema_sps = ema_sps == 0 ? sps_now : 0.9 * ema_sps + 0.1 * sps_now;
-    const int64_t step = state.step();
-    if (cadence.report_due(step)) {
-      const double sps = static_cast<double>(window_steps * global_batch) / std::max(window_time, 1e-9);
-      ev::step_completed line;
-      line.step = step;
-      line.world_size = 1;
-      line.loss = loss;
-      line.loss_avg = window_loss / static_cast<double>(window_steps);
-      line.lr = state.lr_at(step - 1);
-      line.samples_per_s = sps;
-      line.data_wait_s = take_data_wait_s() / static_cast<double>(window_steps);
-      jn.write(line);
-      prog.on_step(step, loss, state.lr_at(step - 1), sps, 1, true);
-      note_usage(false);
-      window_loss = window_time = 0;
-      window_steps = 0;
-    } else {
-      prog.on_step(step, loss, state.lr_at(step - 1), ema_sps, 1, false);
-    }
-    if (cadence.eval_due(step)) {
-      try {
-        run_eval();
-      } catch (const data_error& e) {
-        return data_failed(e);
-      }
-    }
-    if (cadence.checkpoint_due(step) || checkpoint_owed) {
-      checkpoint_owed = in_flight();
-      if (!checkpoint_owed) save();
-    }
-    if (auto st = commit_written(); !st) return st.err();
+    worker.quit();
   }
+  // What the worker reported before it ended (a checkpoint's last parts).
+  for (auto& e : events)
+    if (outcome) outcome = handle(e);
   prog.finish();
-
-  summary.step = state.step();
-  summary.finished = state.step() >= max_steps;
-  summary.params_digest = state.params_digest();
-  if (!summary.finished && last_saved != state.step()) save();
-  writer.wait_idle();
-  if (auto st = commit_written(); !st) return st.err();
+  if (!outcome) return outcome.err();
+  if (failure) {
+    jn.write(ev::job_failed{summary.step, std::nullopt, *failure});
+    return make_error(*failure);
+  }
+  summary.finished = summary.step >= max_steps;
   summary.wall_s = seconds_since(start);
   note_usage(true);
   if (summary.finished) {

@@ -177,7 +177,8 @@ TEST(Trainer, CommitsIntoAStoreAClusterCommittedTo) {
   ASSERT_TRUE(store);
   auto last = store->read_manifest(manifest_name(8));
   ASSERT_TRUE(last) << last.message();
-  EXPECT_EQ(last->generation(), 3u);
+  // A run is one generation above every one the store holds: not fenced out.
+  EXPECT_EQ(last->generation(), 4u);
 }
 
 TEST(Trainer, CorruptNewestCheckpointIsSkippedAndReported) {
@@ -188,7 +189,8 @@ TEST(Trainer, CorruptNewestCheckpointIsSkippedAndReported) {
   ASSERT_TRUE(run_training(cfg, opts));
   // Truncate the newest checkpoint's part (step 8) as a crash mid-copy would.
   const std::string newest = d.path() + "/checkpoints/ckpt-000000008.manifest";
-  const std::string part = d.path() + "/checkpoints/ckpt-000000008.g0.r0-of-1.part";
+  // The first run in a store of its own is generation 1.
+  const std::string part = d.path() + "/checkpoints/ckpt-000000008.g1.r0-of-1.part";
   ASSERT_TRUE(std::filesystem::exists(newest));
   ASSERT_TRUE(std::filesystem::exists(part));
   std::filesystem::resize_file(part, std::filesystem::file_size(part) / 2);
