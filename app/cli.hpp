@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "app/cluster.hpp"
-#include "rank/tune_batch.hpp"  // options only: torch-free header
+#include "app/tune_batch.hpp"  // options only: torch-free header
 
 namespace dtactor {
 

@@ -11,8 +11,8 @@
 #include "app/cluster.hpp"
 #include "dtactor/config.hpp"
 #include "dtactor/main.hpp"
-#include "rank/train_command.hpp"
-#include "rank/tune_batch.hpp"
+#include "app/train_command.hpp"
+#include "app/tune_batch.hpp"
 #include "runtime/job_config.hpp"
 
 namespace dtactor {

@@ -849,6 +849,22 @@ TEST_F(coordinator_actors, a_rank_reporting_diverged_parameters_fails_the_job_an
   EXPECT_EQ(bye[0].env.shutdown().reason(), "job failed");
 }
 
+TEST_F(coordinator_actors, a_rank_whose_loss_became_nan_fails_the_job) {
+  start(coord_opts(1), 50);
+  auto code = await_end(*this, job);
+  send(joined("a", 1));
+  advance(100ms);
+  auto nan = status_from("a", 0, pb::rank_status::STATE_FAILED, 1);
+  nan.env.mutable_rank_status()->set_failure(pb::rank_status::FAILURE_DIVERGED);
+  nan.env.mutable_rank_status()->set_detail("loss became nan at step 3");
+  send(nan);
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::failed);
+  EXPECT_EQ(end[0].reason, "rank 0: loss became nan at step 3");
+  EXPECT_EQ(*code, 1);
+}
+
 TEST_F(coordinator_actors, a_stop_asks_every_node_for_a_final_checkpoint_and_ends_when_every_rank_stopped) {
   start(coord_opts(1), 100);
   auto code = await_end(*this, job);

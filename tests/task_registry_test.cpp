@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "dtactor/task.hpp"
-#include "rank/train_command.hpp"
+#include "app/train_command.hpp"
 #include "runtime/data_shards.hpp"
 #include "runtime/job_config.hpp"
 #include "test_util.hpp"

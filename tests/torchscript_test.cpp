@@ -12,7 +12,7 @@
 #include "runtime/data_shards.hpp"
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
-#include "rank/train_command.hpp"
+#include "app/train_command.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "test_util.hpp"
 

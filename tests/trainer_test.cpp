@@ -1,4 +1,4 @@
-#include "rank/train_command.hpp"
+#include "app/train_command.hpp"
 
 #include <gtest/gtest.h>
 
@@ -155,6 +155,22 @@ TEST(Trainer, DiLoCoSampleLogSaysWhereEachOuterStepLanded) {
   }
   const std::vector<std::string> want = {"s0", "s1", "s2", "s3", "synced 4", "s4", "s5", "s6", "s7", "synced 8", "s8", "s9", "synced 10"};
   EXPECT_EQ(kinds, want);
+}
+
+// A loss that becomes NaN or infinite ends the run with one line and a
+// job_failed event (the rank worker's check: a cluster fails the same way).
+TEST(Trainer, ALossThatBecomesNonFiniteEndsTheRunWithOneLine) {
+  temp_dir d;
+  auto r = run_training(tiny_vit_config({"train.max_steps=40", "train.lr=1e30", "train.warmup_steps=0", "train.grad_clip=0"}), quiet(d.path()));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.message().find("loss became"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("lower train.lr"), std::string::npos) << r.message();
+  EXPECT_EQ(r.message().find('\n'), std::string::npos);
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  auto failed = events<ev::job_failed>(j);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_LT(failed[0].at("step").get<int64_t>(), 40);
+  EXPECT_TRUE(events<ev::job_finished>(j).empty());
 }
 
 TEST(Trainer, CommitsIntoAStoreAClusterCommittedTo) {

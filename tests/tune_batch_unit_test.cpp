@@ -4,7 +4,7 @@
 
 #include "model/torch_error.hpp"
 #include "model/trainer.hpp"
-#include "rank/tune_batch.hpp"
+#include "app/tune_batch.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

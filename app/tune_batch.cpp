@@ -1,4 +1,4 @@
-#include "rank/tune_batch.hpp"
+#include "app/tune_batch.hpp"
 
 #include <csignal>
 #include <cmath>

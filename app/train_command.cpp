@@ -1,4 +1,4 @@
-#include "rank/train_command.hpp"
+#include "app/train_command.hpp"
 
 #include <algorithm>
 #include <chrono>

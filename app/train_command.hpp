@@ -1,8 +1,8 @@
 #pragma once
-// `dtactor train` and `dtactor eval`: the single-process commands over the
+// `dtactor train`, `eval` and `export`: the single-process commands over the
 // training engine (model/trainer.hpp), with the run directory's journal,
-// checkpoints and console progress. Their step cadence and evaluation
-// reports are the cluster rank's (rank/step_policy.hpp).
+// checkpoints and console progress. `train` runs the cluster rank's step
+// loop (rank/rank_worker) at world 1, so every training feature exists once.
 #include <atomic>
 #include <optional>
 #include <string>
