@@ -3,7 +3,7 @@
 // settings, every step journaled. For each kind of fault, N trials (default
 // 5); prints one JSON object with the median and max of each figure.
 //
-//   bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS] [--set key=value ...]
+//   bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS [--soak-steps N] [--soak-only faults|clean]] [--set key=value ...]
 //
 // --set adds a config key to every job (e.g. train.zero=2).
 //
@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   std::set<std::string> kinds = {"kill9", "sigstop", "sigterm", "replace", "coordinator"};
   int soak_s = 0;
   int64_t soak_steps = 12000;
+  std::string soak_only;  // --soak-only faults|clean: one half of the soak
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--trials" && i + 1 < argc) trials = std::atoi(argv[++i]);
@@ -104,9 +105,10 @@ int main(int argc, char** argv) {
       while (std::getline(ss, k, ',')) kinds.insert(k);
     } else if (a == "--soak" && i + 1 < argc) soak_s = std::atoi(argv[++i]);
     else if (a == "--soak-steps" && i + 1 < argc) soak_steps = std::atoll(argv[++i]);
+    else if (a == "--soak-only" && i + 1 < argc && (std::string(argv[i + 1]) == "faults" || std::string(argv[i + 1]) == "clean")) soak_only = argv[++i];
     else if (a == "--set" && i + 1 < argc) g_sets.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS [--soak-steps N]] [--set key=value ...]\n");
+      std::fprintf(stderr, "usage: bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS [--soak-steps N] [--soak-only faults|clean]] [--set key=value ...]\n");
       return 2;
     }
   }
@@ -265,9 +267,10 @@ int main(int argc, char** argv) {
              {"wall_s", j.empty() ? 0.0 : j.back().at("t").get<double>() - j.front().at("t").get<double>()}};
     };
     json faulty, clean;
-    run_job("soak", true, faulty);
-    run_job("soak-clean", false, clean);
+    if (soak_only != "clean") run_job("soak", true, faulty);
+    if (soak_only != "faults") run_job("soak-clean", false, clean);
     out["soak"] = {{"seconds", soak_s}, {"steps", soak_steps}, {"with_faults", faulty}, {"fault_free", clean}};
+    if (!g_sets.empty()) out["set"] = g_sets;
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
