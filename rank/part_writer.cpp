@@ -14,7 +14,7 @@ using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 }  // namespace
 
-part_writer::part_writer(done_fn done) : done_(std::move(done)) {
+part_writer::part_writer(done_fn done, bool keep_buffer) : done_(std::move(done)), keep_buffer_(keep_buffer) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -77,6 +77,11 @@ void part_writer::prepare(uint64_t bytes) {
     want_capacity_ = std::max(want_capacity_, bytes);
   }
   cv_.notify_all();
+}
+
+uint64_t part_writer::buffer_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buf_ ? capacity_ : 0;
 }
 
 void part_writer::wait_idle() {
@@ -147,6 +152,11 @@ void part_writer::run() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
+      if (!keep_buffer_ && !pending_) {
+        // checkpoint.keep_buffer = false: nothing held between checkpoints.
+        buf_.reset();
+        capacity_ = want_capacity_ = 0;
+      }
     }
     cv_.notify_all();
   }

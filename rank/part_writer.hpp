@@ -5,9 +5,11 @@
 // ZeRO shard owns several) back to back into a host buffer and goes on
 // training; a thread of its own writes each range to the checkpoint store as
 // a part of its own and reports `checkpoint_written` (a few hundred bytes)
-// when all are stored, or why not. The buffer is kept between checkpoints; a
-// checkpoint due while the previous one is still being written waits for it
-// (counted in the stall it reports).
+// when all are stored, or why not. The buffer is kept between checkpoints
+// (unless made with keep_buffer = false: then it is freed once a write is
+// stored, and allocated again at the next checkpoint); a checkpoint due
+// while the previous one is still being written waits for it (counted in
+// the stall it reports).
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -45,7 +47,7 @@ class part_writer {
   // Called on the writer thread when a part is stored (or failed).
   using done_fn = std::function<void(uint64_t generation, pb::checkpoint_written)>;
 
-  explicit part_writer(done_fn done);
+  explicit part_writer(done_fn done, bool keep_buffer = true);
   ~part_writer();  // finishes the write in flight
   part_writer(const part_writer&) = delete;
   part_writer& operator=(const part_writer&) = delete;
@@ -61,6 +63,8 @@ class part_writer {
   // the background, so that the first checkpoint's stall is a copy, not
   // page faults. Never blocks.
   void prepare(uint64_t bytes);
+  // Bytes of host buffer held now.
+  uint64_t buffer_bytes();
 
  private:
   void run();
@@ -70,6 +74,7 @@ class part_writer {
     std::string error;  // bad ranges: nothing to store
   };
   done_fn done_;
+  bool keep_buffer_ = true;
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<pending> pending_;

@@ -927,9 +927,11 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
   training_state& state = *im.state;
   if (g.plan.checkpoint_store().empty()) return;  // the plan names no store: checkpoints are off
   if (!im.writer)
-    im.writer = std::make_unique<part_writer>([this](uint64_t gen, pb::checkpoint_written w) {
-      if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
-    });
+    im.writer = std::make_unique<part_writer>(
+        [this](uint64_t gen, pb::checkpoint_written w) {
+          if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
+        },
+        im.cfg->get_bool("checkpoint.keep_buffer"));
   // DiLoCo with checkpoint.diloco_workers = all: every other worker's own
   // inner state follows the stream as a section of its own.
   const bool sections = state.diloco() && g.world > 1 && im.cfg->get_string("checkpoint.diloco_workers") == "all";
@@ -1114,11 +1116,14 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) moving_buffers.push_back(b);
   if (!g.plan.checkpoint_store().empty()) {
-    // The host buffer of this rank's part, made ahead of the first checkpoint.
+    // The host buffer of this rank's part, made ahead of the first checkpoint
+    // (checkpoint.keep_buffer; else made at each checkpoint).
     if (!im.writer)
-      im.writer = std::make_unique<part_writer>([this](uint64_t gen, pb::checkpoint_written w) {
-        if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
-      });
+      im.writer = std::make_unique<part_writer>(
+          [this](uint64_t gen, pb::checkpoint_written w) {
+            if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
+          },
+          im.cfg->get_bool("checkpoint.keep_buffer"));
     const state_layout layout = layout_of(state);
     const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
     uint64_t bytes = b - a;
@@ -1127,7 +1132,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       bytes = 0;
       for (const auto& [x, y] : write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases())) bytes += y - x;
     }
-    im.writer->prepare(bytes);
+    if (cfg.get_bool("checkpoint.keep_buffer")) im.writer->prepare(bytes);
   }
   // train.zero >= 1: after the optimizer stepped this rank's shards, the
   // others' updated parameters.

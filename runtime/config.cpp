@@ -94,6 +94,8 @@ std::vector<config_key> make_schema() {
       // checkpoint
       {"checkpoint.every_steps", vk::integer, "500", "Save a checkpoint every N steps (0 = only at the end).", 0},
       {"checkpoint.keep_last", vk::integer, "3", "Keep the newest N checkpoints.", 1},
+      {"checkpoint.keep_buffer", vk::boolean, "true",
+       "Keep the host buffer of this rank's checkpoint part (its share of the state) between checkpoints, so that a checkpoint holds training up for a copy only; false: allocated at each checkpoint and freed once stored (less memory, a longer stall)."},
       {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
       {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
       {"checkpoint.dir", vk::string, "", "Where checkpoints go: a directory every node and the coordinator reach, or s3://bucket/prefix (empty = RUN_DIR/checkpoints)."},

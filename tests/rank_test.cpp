@@ -421,6 +421,47 @@ TEST(part_writer, stores_its_byte_range_and_reports_a_store_it_cannot_use) {
   std::filesystem::remove_all(dir);
 }
 
+// checkpoint.keep_buffer: kept, the part's host buffer stays between
+// checkpoints; not kept, it is freed once a part is stored, and the next
+// checkpoint allocates it again and stores the same bytes.
+TEST(part_writer, a_buffer_not_kept_is_freed_after_each_write_and_made_again) {
+  state_layout l;
+  auto a = torch::arange(0, 3000, torch::kFloat);
+  l.entries.push_back({"a", a, 0, 12000});
+  l.bytes = 12000;
+  std::string stream(12000, '\0');
+  copy_range(l, 0, 12000, stream.data());
+  const std::string dir = ::testing::TempDir() + "/part-writer-keep-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  for (bool keep : {true, false}) {
+    std::vector<pb::checkpoint_written> got;
+    std::mutex mu;
+    part_writer w(
+        [&](uint64_t, pb::checkpoint_written r) {
+          std::lock_guard<std::mutex> lock(mu);
+          got.push_back(std::move(r));
+        },
+        keep);
+    for (int64_t step : {4, 8}) {
+      part_writer::job j;
+      j.step = step;
+      j.store = dir;
+      w.submit(l, j);
+      w.wait_idle();
+      EXPECT_EQ(w.buffer_bytes(), keep ? 12000u : 0u) << "keep " << keep << " step " << step;
+    }
+    ASSERT_EQ(got.size(), 2u);
+    for (const auto& r : got) {
+      ASSERT_TRUE(r.error().empty()) << r.error();
+      ASSERT_EQ(r.parts_size(), 1);
+      std::ifstream f(dir + "/" + r.parts(0).name(), std::ios::binary);
+      std::string stored((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(stored, stream);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // ZeRO: a rank that owns scattered ranges of the stream stores each as a
 // part of its own (the first under the usual name, the k-th with ".<k>"),
 // all in one report, in order, each with its own checksum; ranges that are
