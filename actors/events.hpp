@@ -33,6 +33,7 @@ struct rank_usage {
   double process_age_s = 0;
   double data_wait_s = 0;                                               // per step
   uint64_t param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0;  // training state the rank holds (0 = not reported)
+  uint64_t checkpoint_buffer_bytes = 0;  // its checkpoint part's host buffer (checkpoint.keep_buffer)
   std::optional<data_reading> data;  // sharded data (absent: the rank reads no shards)
 };
 // The job ended; emitted once, after every checkpoint it sent was handled.

@@ -87,7 +87,7 @@ void on_step_report(job_self self, const pb::step_report& r, const sender_id& se
   if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0 || r.has_data()) {
     ev::rank_usage u{r.global_rank(), r.node_id().empty() ? sender.node_name() : r.node_id(), r.cpu_s(), r.rss_bytes(),
                      r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered()), r.param_bytes(),
-                     r.grad_bytes(), r.optimizer_state_bytes(), std::nullopt};
+                     r.grad_bytes(), r.optimizer_state_bytes(), r.checkpoint_buffer_bytes(), std::nullopt};
     if (r.has_data()) {
       const auto& d = r.data();
       u.data = ev::data_reading{d.bytes_s3(),        d.bytes_local(),      d.cache_hits(),  d.cache_misses(),

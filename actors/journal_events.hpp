@@ -303,6 +303,8 @@ struct rank_resources {
   // Training state the rank holds (train.zero shards the optimizer's,
   // replicas included); absent when it did not say.
   std::optional<uint64_t> param_bytes, grad_bytes, optimizer_state_bytes;
+  // The host buffer of its checkpoint part (checkpoint.keep_buffer).
+  std::optional<uint64_t> checkpoint_buffer_bytes;
   // Sharded data (docs/data.md): the rank process's reading since it
   // started; absent when it reads no shards.
   std::optional<uint64_t> data_bytes_s3, data_bytes_local, data_cache_hits, data_cache_misses, data_shards_verified, data_shards_failed,
@@ -311,7 +313,7 @@ struct rank_resources {
   static void fields(S& s, F& f) {
     f("rank", s.rank), f("node", s.node), f("rss_bytes", s.rss_bytes), f("peak_rss_bytes", s.peak_rss_bytes), f("cpu_s", s.cpu_s),
         f("elapsed_s", s.elapsed_s), f("param_bytes", s.param_bytes), f("grad_bytes", s.grad_bytes),
-        f("optimizer_state_bytes", s.optimizer_state_bytes), f("data_bytes_s3", s.data_bytes_s3), f("data_bytes_local", s.data_bytes_local),
+        f("optimizer_state_bytes", s.optimizer_state_bytes), f("checkpoint_buffer_bytes", s.checkpoint_buffer_bytes), f("data_bytes_s3", s.data_bytes_s3), f("data_bytes_local", s.data_bytes_local),
         f("data_cache_hits", s.data_cache_hits), f("data_cache_misses", s.data_cache_misses), f("data_shards_verified", s.data_shards_verified),
         f("data_shards_failed", s.data_shards_failed), f("data_read_ahead_depth", s.data_read_ahead_depth),
         f("data_cache_bytes", s.data_cache_bytes), f("data_cache_peak_bytes", s.data_cache_peak_bytes);

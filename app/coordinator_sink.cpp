@@ -66,10 +66,10 @@ void coordinator_sink::on(const ev::rank_usage& e) {
   }
   if (e.peak_rss_bytes <= 0) return;
   usage_.note(e.global_rank, e.node, {e.cpu_s, e.rss_bytes, e.peak_rss_bytes, e.process_age_s},
-              {e.param_bytes, e.grad_bytes, e.optimizer_state_bytes});
+              {e.param_bytes, e.grad_bytes, e.optimizer_state_bytes, e.checkpoint_buffer_bytes});
   if (e.param_bytes > 0)
     m_.state_bytes(e.global_rank, e.node, static_cast<double>(e.param_bytes), static_cast<double>(e.grad_bytes),
-                   static_cast<double>(e.optimizer_state_bytes));
+                   static_cast<double>(e.optimizer_state_bytes), static_cast<double>(e.checkpoint_buffer_bytes));
 }
 
 void coordinator_sink::on(const ev::outer_step& e) {

@@ -85,8 +85,9 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   // Console progress and TensorBoard scalars (RUN_DIR/tensorboard), as a cluster's coordinator writes them.
   run_observer prog({opts.run_dir, cfg.get_int("train.max_steps"), interactive, opts.run_dir + "/train.log"});
   resource_book usage;
+  state_bytes held;  // what the rank's last step report said it holds
   auto note_usage = [&](bool force) {
-    if (auto u = read_proc_usage()) usage.note(0, this_host_name(), *u);
+    if (auto u = read_proc_usage()) usage.note(0, this_host_name(), *u, held);
     if (auto d = process_shard_reader_stats())
       usage.note_data(0, this_host_name(), {d->bytes_read_s3, d->bytes_read_local, d->cache_hits, d->cache_misses, d->shards_verified,
                                            d->shards_failed, d->read_ahead_depth, d->cache_used_bytes, d->cache_peak_bytes});
@@ -188,6 +189,7 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
       if (r->outer_steps() > 0)
         jn.write(ev::outer_step{r->step(), generation, 1, static_cast<int64_t>(r->outer_inner_steps()), r->outer_payload_bytes() / r->outer_steps(),
                                 r->outer_exchange_s() / static_cast<double>(r->outer_steps()), r->outer_window_s(), r->pseudo_grad_norm()});
+      if (r->param_bytes() > 0) held = {r->param_bytes(), r->grad_bytes(), r->optimizer_state_bytes(), r->checkpoint_buffer_bytes()};
       auto line = steps.add(*r, generation, 1);
       if (!line) return {};
       line->generation.reset();

@@ -3,7 +3,8 @@
 measured: runs `dtactor local` (a coordinator and N node processes on this
 machine, each with P rank processes) for a few steps and reads what each rank
 reported holding from the journal's `resources` events (param_bytes,
-grad_bytes, optimizer_state_bytes) and its peak RSS. Prints one JSON object:
+grad_bytes, optimizer_state_bytes, checkpoint_buffer_bytes) and its resident
+memory (peak, and between checkpoints). Prints one JSON object:
 per configuration the bytes per parameter of each kind (the largest rank),
 next to the formula (fp32 parameters 4; gradients 4 in the optimizer plus 4
 in the reducer's buckets at world > 1 for zero 0 and 1, 4*R/W for zero 2;
@@ -35,14 +36,20 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
         if p.returncode != 0:
             sys.exit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-3000:]}")
         ranks = {}
+        rss_between = []  # the largest rank's resident memory, each resources event before the final checkpoint
+        done_training = False
         with open(os.path.join(d, "journal.jsonl")) as f:
             for line in f:
                 e = json.loads(line)
+                if e.get("event") == "checkpoint_saved":
+                    done_training = True
                 if e.get("event") != "resources":
                     continue
                 for r in e["ranks"]:
                     if "param_bytes" in r:
                         ranks[r["rank"]] = r
+                if not done_training and e["ranks"]:
+                    rss_between.append(max(r["rss_bytes"] for r in e["ranks"]))
         if not ranks:
             sys.exit(f"{' '.join(cmd)}: no resources event with state bytes")
         world = nodes * nproc
@@ -58,6 +65,11 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
             "optimizer_bytes_per_param": per("optimizer_state_bytes"),
             "formula_optimizer_bytes_per_param": 8.0 * (r_eff / world if zero else 1.0),
             "peak_rss_bytes_max_rank": max(r["peak_rss_bytes"] for r in ranks.values()),
+            # between checkpoints (resources events before the final one): the median
+            "rss_bytes_between_checkpoints_max_rank": sorted(rss_between)[len(rss_between) // 2] if rss_between else None,
+            # the host buffer a rank's checkpoint part is staged in (checkpoint.keep_buffer), formula 12/W
+            "checkpoint_buffer_bytes_per_param": per("checkpoint_buffer_bytes") if all("checkpoint_buffer_bytes" in r for r in ranks.values()) else 0.0,
+            "formula_checkpoint_buffer_bytes_per_param": 12.0 / world,
         }
         out["total_bytes_per_param"] = out["param_bytes_per_param"] + out["grad_bytes_per_param"] + out["optimizer_bytes_per_param"]
         if zero >= 2:

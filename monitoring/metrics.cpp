@@ -328,11 +328,12 @@ prometheus::Counter& metrics::rank_cpu_seconds(const std::string& rank) { return
 
 prometheus::Gauge& metrics::rank_resident_memory(const std::string& rank) { return rank_rss_family_->Add({{"rank", rank}}); }
 
-void metrics::state_bytes(int rank, const std::string& node, double params, double grads, double optimizer) {
+void metrics::state_bytes(int rank, const std::string& node, double params, double grads, double optimizer, double checkpoint_buffer) {
   const std::string r = std::to_string(rank);
   state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "params"}}).Set(params);
   state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "grads"}}).Set(grads);
   state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "optimizer"}}).Set(optimizer);
+  state_bytes_family_->Add({{"rank", r}, {"node", node}, {"kind", "checkpoint_buffer"}}).Set(checkpoint_buffer);
 }
 
 void metrics::data_read(int rank, const std::string& node, const data_reading& now) {

@@ -133,9 +133,9 @@ class metrics {
   prometheus::Counter& rank_cpu_seconds(const std::string& rank);         // dtactor_rank_cpu_seconds_total
   prometheus::Gauge& rank_resident_memory(const std::string& rank);       // dtactor_rank_resident_memory_bytes
   prometheus::Gauge& rank_peak_resident_memory(const std::string& rank);  // dtactor_rank_peak_resident_memory_bytes
-  // Coordinator: dtactor_rank_state_bytes{rank, node, kind="params"|"grads"|"optimizer"},
+  // Coordinator: dtactor_rank_state_bytes{rank, node, kind="params"|"grads"|"optimizer"|"checkpoint_buffer"},
   // the training state each rank holds (train.zero shards the optimizer's).
-  void state_bytes(int rank, const std::string& node, double params, double grads, double optimizer);
+  void state_bytes(int rank, const std::string& node, double params, double grads, double optimizer, double checkpoint_buffer = 0);
 
   // ---- sharded data (coordinator; docs/data.md) ----
   // One rank's reading since its process started (cumulative counters of

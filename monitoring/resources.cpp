@@ -142,6 +142,7 @@ ev::resources resource_book::snapshot() const {
       x.param_bytes = r.held.params;
       x.grad_bytes = r.held.grads;
       x.optimizer_state_bytes = r.held.optimizer;
+      x.checkpoint_buffer_bytes = r.held.checkpoint_buffer;
     }
     if (r.data) {
       x.data_bytes_s3 = r.data->bytes_s3;

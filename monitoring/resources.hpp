@@ -27,6 +27,7 @@ struct proc_usage {
 // Training state a rank holds, as it reports it (0 = not reported).
 struct state_bytes {
   uint64_t params = 0, grads = 0, optimizer = 0;
+  uint64_t checkpoint_buffer = 0;
 };
 
 // This machine's host name ("localhost" when it has none).

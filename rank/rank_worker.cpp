@@ -1373,6 +1373,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       // none, its buffers live only while a step's buckets are in flight).
       acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes() + sync_buffer_bytes()));
       acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes() + (diloco ? state.outer().state_bytes() : 0)));
+      if (im.writer) acc.set_checkpoint_buffer_bytes(im.writer->buffer_bytes());
       if (cb_.on_step) cb_.on_step(g.gen, acc);
       acc.Clear();
       first = false;

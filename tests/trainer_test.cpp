@@ -52,6 +52,24 @@ TEST(Trainer, LossFallsAndJournalRecordsTheRun) {
   EXPECT_TRUE(std::filesystem::exists(d.path() + "/config.toml"));
 }
 
+// The journal's resources say what the rank holds: its parameters,
+// gradients and moments, and the host buffer its checkpoint part is staged
+// in (kept from the first checkpoint on: the whole stream at world 1).
+TEST(Trainer, ResourcesSayWhatTheRankHoldsCheckpointBufferIncluded) {
+  temp_dir d;
+  auto r = run_training(tiny_vit_config({"train.max_steps=20", "checkpoint.every_steps=10", "train.log_every_steps=1"}), quiet(d.path()));
+  ASSERT_TRUE(r) << r.message();
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  auto saved = events<ev::checkpoint_saved>(j);
+  ASSERT_EQ(saved.size(), 2u);
+  auto res = events<ev::resources>(j);
+  ASSERT_FALSE(res.empty());
+  const auto& rank = res.back().at("ranks").at(0);
+  ASSERT_TRUE(rank.contains("param_bytes")) << rank.dump();
+  EXPECT_EQ(rank.at("optimizer_state_bytes").get<uint64_t>(), 2 * rank.at("param_bytes").get<uint64_t>()) << rank.dump();
+  EXPECT_EQ(rank.at("checkpoint_buffer_bytes").get<uint64_t>(), saved[0].at("bytes").get<uint64_t>()) << rank.dump();
+}
+
 // Train 2k steps straight, or k steps, stop, resume, k more: bitwise equal.
 TEST(Trainer, ResumeIsExact) {
   temp_dir straight, interrupted;
