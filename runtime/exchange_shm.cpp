@@ -33,14 +33,16 @@ class shm_slots {
   // The world's regions of bucket b summed into its flat tensor, in the same
   // order on every rank: bit-identical sums everywhere.
   // train.zero = 2 (kept_by): only the pieces this rank keeps and the
-  // control words, each in the same order as the whole bucket's sum.
-  void sum_into(const exchange_bucket& b) {
+  // control words, each in the same order as the whole bucket's sum; with
+  // `whole` (a host's leader, whose sum crosses hosts for every rank of the
+  // world), the whole bucket all the same.
+  void sum_into(const exchange_bucket& b, bool whole = false) {
     auto sum_of = [&](int64_t off, int64_t len) {
       std::vector<torch::Tensor> srcs;
       for (int r = 0; r < shm_->world(); ++r) srcs.push_back(region(b, r).narrow(0, off, len));
       sum_slots(b.flat.narrow(0, off, len), srcs, scratch_);
     };
-    if (b.kept_by.empty()) {
+    if (b.kept_by.empty() || whole) {
       sum_of(0, b.numel);
     } else {
       for (const auto& [off, len] : b.kept_by[static_cast<size_t>(shm_->rank())]) sum_of(off, len);
@@ -161,7 +163,7 @@ class hierarchical_exchange final : public bucket_exchange {
         if (!block && !slots_->group().all_published(want)) return {};
         if (block)
           if (auto st = slots_->group().wait_all(want, deadline, waits_.abandon, waits_.spin, bk.label); !st) return st;
-        slots_->sum_into(bk);
+        slots_->sum_into(bk, true);
       }
       if (auto st = across_->start(sent_++); !st) return st;
     }

@@ -232,6 +232,9 @@ TEST(Zero, CheckpointRangesCoverTheStreamOnceAndAreHeldByTheirWriter) {
 struct run_how {
   bool shm = false, bf16 = false;
   int64_t inflight_bytes = 64 << 20;
+  // Non-empty: ranks on these hosts (equal keys share one), each host's
+  // ranks over shared memory and the hosts' leaders over Gloo (hierarchical).
+  std::vector<std::string> hosts;
 };
 
 // `steps` data-parallel steps; with a plan and zero2, the gradients go
@@ -239,11 +242,16 @@ struct run_how {
 // the errors; `norms` gets rank 0's gradient norms.
 std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>& states, int world, int steps, const shard_plan* plan, bool zero2,
                                    const run_how& h, std::vector<double>* norms = nullptr) {
-  auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+  auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm, const exchange_plan* xp) -> std::string {
     auto& s = *states[static_cast<size_t>(rank)];
     grad_sync_options o = buckets();
     o.carry_control = true;
     o.shm = shm;
+    if (xp) {
+      o.shm = xp->shm;
+      o.hierarchical = xp->hierarchical;
+      o.hosts = xp->hosts;
+    }
     o.bf16_wire = h.bf16;
     std::function<result<double>()> norm;
     if (plan && zero2) {
@@ -253,7 +261,8 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
       norm = [&] { return global_grad_norm(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
     }
     grad_sync sync(s.the_task().module()->parameters(), pg, o);
-    if (h.shm != sync.uses_shm()) return "shared memory " + std::string(sync.uses_shm() ? "used" : "not used");
+    if (xp && !sync.hierarchical()) return "not hierarchical";
+    if (!xp && h.shm != sync.uses_shm()) return "shared memory " + std::string(sync.uses_shm() ? "used" : "not used");
     std::function<status()> gather;
     if (plan) gather = [&] { return gather_params(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
     for (int i = 0; i < steps; ++i) {
@@ -266,12 +275,17 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
     }
     return "";
   };
-  if (h.shm) {
-    int64_t floats = step_control::words;
-    for (auto& p : states[0]->the_task().module()->parameters()) floats += p.numel();
-    return testing::run_ranks_shm(world, floats, body);
-  }
-  return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, nullptr); });
+  int64_t floats = step_control::words;
+  for (auto& p : states[0]->the_task().module()->parameters()) floats += p.numel();
+  if (!h.hosts.empty())
+    return testing::run_on_hosts(h.hosts, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& xp) {
+      return body(rank, pg, nullptr, &xp);
+    });
+  if (h.shm)
+    return testing::run_ranks_shm(world, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) {
+      return body(rank, pg, shm, nullptr);
+    });
+  return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, nullptr, nullptr); });
 }
 
 // Two jobs from the same start, zero=0 and zero=2 (R holders a shard); the
@@ -313,6 +327,20 @@ TEST(Zero2, SharedMemoryReduceScatterEqualsZeroZeroBitForBit) {
       EXPECT_LT(s.optimizer().grad_bytes(), p.plain[0]->optimizer().grad_bytes());
     }
   }
+}
+
+// Hierarchical (2 hosts x 2 ranks): each host's leader sums the whole of
+// its host's buckets (not only the pieces it keeps) before they cross
+// hosts, so every rank receives the world's sum of its pieces: bit for bit
+// zero=0's parameters over the same exchange. (The leader once summed only
+// its own pieces: the other ranks' shards got partial sums, and the loss
+// became NaN at the second step.)
+TEST(Zero2, HierarchicalExchangeEqualsZeroZeroBitForBit) {
+  run_how h;
+  h.hosts = {"h1", "h1", "h2", "h2"};
+  auto p = run_pair({"train.grad_clip=0"}, 4, 2, 3, h);
+  const std::string want = p.plain[0]->params_digest();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), want) << "rank " << r;
 }
 
 // Micro-batches accumulate in autograd's gradients until the step's last
