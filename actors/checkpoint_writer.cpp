@@ -1,11 +1,11 @@
 #include "actors/checkpoint_writer.hpp"
 
 #include <algorithm>
-#include <limits>
 #include <vector>
 
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
+#include "runtime/manifest_plan.hpp"
 
 namespace dtactor {
 
@@ -23,37 +23,10 @@ void try_commit(writer_self self, int64_t step) {
   if (it == st.pending.end()) return;
   auto& p = it->second;
   if (p.failed || !p.have_meta || static_cast<int32_t>(p.parts.size()) < p.world) return;
-  pb::checkpoint_meta meta;
-  std::string why;
-  if (!meta.ParseFromString(p.meta)) why = "rank 0's manifest does not parse";
-  meta.set_generation(p.generation);
-  meta.set_world_size(p.world);
-  meta.clear_parts();
-  // Ranks may own scattered ranges (ZeRO): the manifest lists all parts in
-  // stream order, and they must tile it, or a resume would read a torn state.
-  std::vector<const pb::checkpoint_part*> all;
-  for (const auto& [rank, parts] : p.parts)
-    for (const auto& part : parts) all.push_back(&part);
-  std::stable_sort(all.begin(), all.end(), [](const pb::checkpoint_part* a, const pb::checkpoint_part* b) {
-    return a->offset() != b->offset() ? a->offset() < b->offset() : a->size() < b->size();
-  });
-  auto gap = [](uint64_t a, uint64_t b) { return "no rank stored bytes [" + std::to_string(a) + ", " + std::to_string(b) + ") of the state"; };
-  uint64_t bytes = 0;  // covered so far
-  for (const auto* part : all) {
-    if (!why.empty()) break;
-    if (part->size() > std::numeric_limits<uint64_t>::max() - part->offset())
-      why = "part '" + part->name() + "' of rank " + std::to_string(part->rank()) + " has an impossible size";
-    else if (part->offset() > bytes)
-      why = gap(bytes, part->offset());
-    else if (part->offset() < bytes)
-      why = "part '" + part->name() + "' of rank " + std::to_string(part->rank()) + " overlaps bytes [" + std::to_string(part->offset()) + ", " +
-            std::to_string(std::min(bytes, part->offset() + part->size())) + ") of another part";
-    *meta.add_parts() = *part;
-    bytes = std::max(bytes, part->offset() + part->size());
-  }
-  if (why.empty() && bytes < meta.state_bytes()) why = gap(bytes, meta.state_bytes());
-  if (why.empty() && bytes > meta.state_bytes())
-    why = "the parts cover " + std::to_string(bytes) + " bytes of a " + std::to_string(meta.state_bytes()) + "-byte state";
+  auto planned = plan_manifest(p.meta, p.generation, p.world, p.parts);
+  std::string why = planned ? "" : planned.message();
+  pb::checkpoint_meta meta = planned ? std::move(planned.value()) : pb::checkpoint_meta{};
+  uint64_t bytes = meta.state_bytes();
   const double stall = p.stall_s, write = p.write_s;
   const int32_t nparts = meta.parts_size();
   const uint64_t gen = p.generation;

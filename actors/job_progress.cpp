@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "actors/wire_enums.hpp"
+
 namespace dtactor {
 
 std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint64_t generation, int32_t world_size) {
@@ -48,18 +50,17 @@ recovery_record begin_generation(uint64_t generation, bool first, plan_cause cau
 
 std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb::rank_status& s) {
   rec.resumed_step = std::max(rec.resumed_step, s.step());
-  ev::optimizer_source os = ev::optimizer_source::own;
-  if (ev::from_string(s.optimizer_source(), os)) {
-    if (!rec.optimizer || static_cast<int>(os) > static_cast<int>(*rec.optimizer)) rec.optimizer = os;
+  if (const auto os = from_wire(s.optimizer_source())) {
+    if (!rec.optimizer || static_cast<int>(*os) > static_cast<int>(*rec.optimizer)) rec.optimizer = *os;
     rec.reshard_bytes += s.reshard_bytes();
   }
   if (s.has_window_steps())
     rec.window_steps = std::max(rec.window_steps.value_or(0), s.window_steps());
   if (s.has_window_steps() && s.replayed_slices() > 0)
     rec.replayed_slices = std::max(rec.replayed_slices.value_or(0), s.replayed_slices());
-  ev::state_source src = ev::state_source::local;
-  if (!ev::from_string(s.state_source(), src) || (src != ev::state_source::peer && src != ev::state_source::disk) || rec.restored_logged)
-    return std::nullopt;
+  const auto origin = from_wire(s.state_source());
+  if (!origin || (*origin != ev::state_source::peer && *origin != ev::state_source::disk) || rec.restored_logged) return std::nullopt;
+  const ev::state_source src = *origin;
   rec.restored_logged = true;
   ev::checkpoint_restored r;
   r.step = s.step();

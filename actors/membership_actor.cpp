@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "actors/wire_enums.hpp"
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
 #include "runtime/unix_time.hpp"
@@ -271,14 +272,11 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   }
   out.set_config_toml(opts.config_toml);
   out.set_drain(p.drain);
-  out.set_cause(static_cast<pb::generation_plan::generation_cause>(p.cause));
+  out.set_cause(to_wire(p.cause));
   return out;
 }
 
-plan_cause cause_of(const pb::generation_plan& p) {
-  const int v = static_cast<int>(p.cause());
-  return v >= 0 && v <= static_cast<int>(plan_cause::adopted) ? static_cast<plan_cause>(v) : plan_cause::none;
-}
+plan_cause cause_of(const pb::generation_plan& p) { return from_wire(p.cause()); }
 
 plan from_proto(const pb::generation_plan& p) {
   plan out;

@@ -61,6 +61,91 @@ result<config> checked_setup(const cluster_cli& cli, int& code) {
   return loaded;
 }
 
+// A torchscript job's module goes with the job: into the store once, its
+// name and digest to every node, so a node needs no copy of its own. (A
+// coordinator without the file leaves it to the nodes' own copies.)
+result<shipped_file> ship_module(const config& cfg, checkpoint_store& store, journal& jn) {
+  shipped_file module;
+  if (cfg.get_string("model.name") != "torchscript" || cfg.get_string("model.file").empty() || !std::filesystem::exists(cfg.get_string("model.file")))
+    return module;
+  auto shipped = ship_file(store.objects(), cfg.get_string("model.file"), "module-", ".pt");
+  if (!shipped) return make_error("cannot ship model.file with the job: " + shipped.message());
+  module = shipped.value();
+  const std::string line = (module.uploaded ? "shipped model.file to " : "model.file is already in ") + store.location() + " as " + module.object;
+  std::fprintf(stderr, "coordinator: %s\n", line.c_str());
+  jn.write(ev::module_shipped{cfg.get_string("model.file"), module.object, module.digest, module.uploaded});
+  return module;
+}
+
+// Resume: the newest committed checkpoint whose parts check out (read
+// whole, in chunks: the coordinator never holds model bytes); -1 when none
+// (or --no-resume). Global rank 0 of the first generation loads it from the
+// store and hands it on. An error sets *code (2: a checkpoint of another job).
+result<int64_t> resume_step_of(const cluster_cli& cli, const config& cfg, checkpoint_store& store, journal& jn, int* code) {
+  *code = 1;
+  if (cli.no_resume) return int64_t{-1};
+  auto newest = store.newest_valid(
+      [&](const std::string& path, const std::string& why) {
+        std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+        jn.write(ev::checkpoint_skipped{path, why});
+      },
+      true);
+  if (!newest) return newest.err();
+  if (!newest.value()) return int64_t{-1};
+  const auto& meta = *newest.value();
+  const std::string path = store.location() + "/" + manifest_name(meta.step());
+  if (auto st = check_checkpoint_compatible(meta, cfg, path); !st) {
+    *code = 2;
+    return st.err();
+  }
+  const int64_t step = meta.step();
+  // checkpoint_restored is journaled when a rank reports it loaded it.
+  jn.write(ev::checkpoint_found{step, path});
+  if (step >= cfg.get_int("train.max_steps"))
+    std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
+                 store.location().c_str(), static_cast<long long>(step));
+  else
+    std::fprintf(stderr, "coordinator: resuming from step %lld (%s; --no-resume starts over)\n", static_cast<long long>(step), path.c_str());
+  return step;
+}
+
+// Earlier runs' generations (fenced commits, audit records) stay older than
+// this run's: its first generation is numbered above the newest of them.
+result<uint64_t> generations_after_of(const config& cfg, checkpoint_store& store) {
+  uint64_t after = store.newest_generation();
+  auto logged = newest_logged_generation(cfg.get_string("data.sample_log"));
+  if (!logged) return logged.err();
+  after = std::max(after, logged.value());
+  if (after > 0)
+    std::fprintf(stderr, "coordinator: generations are numbered from %llu on (earlier runs of this checkpoint store%s reached %llu)\n",
+                 static_cast<unsigned long long>(after + 1), cfg.get_string("data.sample_log").empty() ? "" : " and sample log",
+                 static_cast<unsigned long long>(after));
+  return after;
+}
+
+// The main thread only waits for the job actor to say the job ended, and
+// passes a stop signal on to it. Returns the exit code (128 + the signal
+// when one stopped the job).
+int wait_for_the_job(caf::actor_system& sys, const caf::actor& job, const cluster_cli& cli) {
+  int code = -1;
+  int signalled = 0;
+  caf::scoped_actor self{sys};
+  self->send(job, wait_atom::value);
+  while (code < 0) {
+    self->receive([&](done_atom, int c) { code = c; },
+                  caf::after(std::chrono::milliseconds(100)) >> [&] {
+                    const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+                    if (sig == 0 || signalled != 0) return;
+                    signalled = sig;
+                    // Ranks stop at a step boundary they agree on after a
+                    // final checkpoint; nodes leaving now (the same signal
+                    // reached them) are part of the stop: no new generation.
+                    self->send(job, stop_atom::value, "coordinator stopped by signal " + std::to_string(sig));
+                  });
+  }
+  return signalled != 0 ? 128 + signalled : code;
+}
+
 }  // namespace
 
 setup_check check_coordinator_setup(const cluster_cli& cli) {
@@ -95,56 +180,18 @@ int run_coordinator(const cluster_cli& cli) {
   checkpoint_store store = std::move(opened.value());
   if (auto st = store.check_no_foreign_manifests(); !st) return fail(st.message(), 2);
 
-  // A torchscript job's module goes with the job: into the store once, its
-  // name and digest to every node, so a node needs no copy of its own. (A
-  // coordinator without the file leaves it to the nodes' own copies.)
-  shipped_file module;
-  if (cfg.get_string("model.name") == "torchscript" && !cfg.get_string("model.file").empty() &&
-      std::filesystem::exists(cfg.get_string("model.file"))) {
-    auto shipped = ship_file(store.objects(), cfg.get_string("model.file"), "module-", ".pt");
-    if (!shipped) return fail("cannot ship model.file with the job: " + shipped.message());
-    module = shipped.value();
-    const std::string line = (module.uploaded ? "shipped model.file to " : "model.file is already in ") + store.location() + " as " + module.object;
-    std::fprintf(stderr, "coordinator: %s\n", line.c_str());
-    jn.write(ev::module_shipped{cfg.get_string("model.file"), module.object, module.digest, module.uploaded});
-  }
+  auto shipped = ship_module(cfg, store, jn);
+  if (!shipped) return fail(shipped.message());
+  const shipped_file module = shipped.value();
 
-  // Resume: the newest committed checkpoint whose parts check out (read
-  // whole, in chunks: the coordinator never holds model bytes). Global rank
-  // 0 of the first generation loads it from the store and hands it on.
-  int64_t resume_step = -1;
-  auto newest = cli.no_resume ? result<std::optional<pb::checkpoint_meta>>(std::optional<pb::checkpoint_meta>{})
-                               : store.newest_valid(
-                                     [&](const std::string& path, const std::string& why) {
-                                       std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
-                                       jn.write(ev::checkpoint_skipped{path, why});
-                                     },
-                                     true);
-  if (!newest) return fail(newest.message());
-  if (newest.value()) {
-    const auto& meta = *newest.value();
-    const std::string path = store.location() + "/" + manifest_name(meta.step());
-    if (auto st = check_checkpoint_compatible(meta, cfg, path); !st) return fail(st.message(), 2);
-    resume_step = meta.step();
-    // checkpoint_restored is journaled when a rank reports it loaded it.
-    jn.write(ev::checkpoint_found{resume_step, path});
-    if (resume_step >= max_steps)
-      std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
-                   store.location().c_str(), static_cast<long long>(resume_step));
-    else
-      std::fprintf(stderr, "coordinator: resuming from step %lld (%s; --no-resume starts over)\n", static_cast<long long>(resume_step), path.c_str());
-  }
+  int resume_code = 1;
+  auto resumed = resume_step_of(cli, cfg, store, jn, &resume_code);
+  if (!resumed) return fail(resumed.message(), resume_code);
+  const int64_t resume_step = resumed.value();
 
-  // Earlier runs' generations (fenced commits, audit records) stay older
-  // than this run's: its first generation is numbered above them.
-  uint64_t generations_after = store.newest_generation();
-  auto logged = newest_logged_generation(cfg.get_string("data.sample_log"));
-  if (!logged) return fail(logged.message());
-  generations_after = std::max(generations_after, logged.value());
-  if (generations_after > 0)
-    std::fprintf(stderr, "coordinator: generations are numbered from %llu on (earlier runs of this checkpoint store%s reached %llu)\n",
-                 static_cast<unsigned long long>(generations_after + 1), cfg.get_string("data.sample_log").empty() ? "" : " and sample log",
-                 static_cast<unsigned long long>(generations_after));
+  auto after = generations_after_of(cfg, store);
+  if (!after) return fail(after.message());
+  const uint64_t generations_after = after.value();
 
   const std::string job_id = job_id_for(cli.run_dir);
   metrics m(job_id);
@@ -252,31 +299,12 @@ int run_coordinator(const cluster_cli& cli) {
   std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", job_id.c_str(), bound.value().c_str(),
                static_cast<long long>(cfg.get_int("cluster.min_nodes")));
 
-  // The main thread only waits for the job actor to say the job ended, and
-  // passes a stop signal on to it.
-  int code = -1;
-  int signalled = 0;
-  {
-    caf::scoped_actor self{sys};
-    self->send(job, wait_atom::value);
-    while (code < 0) {
-      self->receive([&](done_atom, int c) { code = c; },
-                    caf::after(std::chrono::milliseconds(100)) >> [&] {
-                      const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
-                      if (sig == 0 || signalled != 0) return;
-                      signalled = sig;
-                      // Ranks stop at a step boundary they agree on after a
-                      // final checkpoint; nodes leaving now (the same signal
-                      // reached them) are part of the stop: no new generation.
-                      self->send(job, stop_atom::value, "coordinator stopped by signal " + std::to_string(sig));
-                    });
-    }
-  }
+  const int code = wait_for_the_job(sys, job, cli);
   // The shutdowns are queued in the bridge: they go out before it closes.
   bridge->stop(std::chrono::seconds(2));
   bridge_ptr.store(nullptr);
   stop_actors();
-  return signalled != 0 ? 128 + signalled : code;
+  return code;
 }
 
 }  // namespace dtactor

@@ -211,11 +211,10 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
     } else if (auto* w = std::get_if<pb::checkpoint_written>(&e)) {
       // One rank, one part: the manifest its meta describes, committed.
       if (!w->error().empty()) return make_error("checkpoint at step " + std::to_string(w->step()) + " not saved: " + w->error());
-      pb::checkpoint_meta meta;
-      if (!meta.ParseFromString(w->meta())) return make_error("checkpoint at step " + std::to_string(w->step()) + ": meta does not parse");
-      for (const auto& part : w->parts()) *meta.add_parts() = part;
+      auto meta = plan_manifest(w->meta(), generation, 1, {{0, {w->parts().begin(), w->parts().end()}}});
+      if (!meta) return make_error("checkpoint at step " + std::to_string(w->step()) + " not saved: " + meta.message());
       const auto t0 = clock_type::now();
-      auto committed = store->commit(std::move(meta));
+      auto committed = store->commit(std::move(meta.value()));
       if (!committed) return committed.err();
       ev::checkpoint_saved saved;
       saved.step = w->step();

@@ -12,7 +12,10 @@ Prints one JSON object of figures, from the journal and /proc:
   time to first step.
 
 Usage: bench/bench_state_path.py [--dim 1024] [--layers 16] [--steps 10]
-       [--checkpoint-dir DIR] [--bin build/dtactor]
+       [--checkpoint-dir DIR] [--bin build/dtactor] [--set train.zero=2 ...]
+With --set train.zero=2 the kill's figures (detection, first step at world
+1, the recovery's optimizer source and reshard bytes) compare with
+zero=0's from the same command without it.
 Needs ~16 GB of memory and ~8 GB of disk at the default size.
 """
 import argparse, json, os, signal, statistics, subprocess, sys, tempfile, threading, time
@@ -26,6 +29,7 @@ ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--checkpoint-dir", default="")
 ap.add_argument("--keep", action="store_true", help="keep the run directory")
 ap.add_argument("--s3", action="store_true", help="checkpoints to a Ceph radosgw started here (scripts/rgw, bluestore on a sparse file)")
+ap.add_argument("--set", action="append", default=[], help="one more config setting for every run (e.g. train.zero=2)")
 a = ap.parse_args()
 here = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,7 +58,7 @@ port = 29000 + os.getpid() % 500
 sets = ["model.name=gpt", f"model.dim={a.dim}", f"model.layers={a.layers}", f"model.heads={a.heads}", "model.context=32",
         "train.global_batch_size=4", "train.micro_batch_size=2", "train.warmup_steps=2", "train.log_every_steps=1",
         "checkpoint.every_steps=2", "checkpoint.keep_last=2", f"checkpoint.dir={ckdir}", "eval.every_steps=0", "eval.max_samples=8",
-        "data.max_text_bytes=2000000", "cluster.digest_every_steps=2"] + extra_env_sets
+        "data.max_text_bytes=2000000", "cluster.digest_every_steps=2"] + extra_env_sets + a.set
 
 
 def args_of(extra_sets):
@@ -122,8 +126,13 @@ try:
     threading.Thread(target=sample, args=(coord.pid,), daemon=True).start()
     na, nb = node("a", "node-a.log"), node("b", "node-b.log")
     wait(lambda j: any(e["step"] >= 4 for e in of(j, "checkpoint_saved")))
+    killed_at = time.time()
     os.killpg(nb.pid, signal.SIGKILL)
-    wait(lambda j: of(j, "node_lost"))
+    lost = wait(lambda j: of(j, "node_lost"))[0]
+    # The survivor's first step at world 1 (before the replacement joins),
+    # and the recovery line of that generation.
+    after_kill = wait(lambda j: [e for e in of(j, "recovery_done") if e["t"] > killed_at and e.get("cause") == "node_lost"])[0]
+    first_alone = [e for e in of(journal(), "step") if e["t"] > killed_at and e["world_size"] == 1]
     nc = node("c", "node-c.log")
     joined = wait(lambda j: [e for e in of(j, "node_joined") if e["node"] == "c"])[0]
     restored = wait(lambda j: [e for e in of(j, "checkpoint_restored") if e["source"] == "peer" and e["t"] > joined["t"]])[0]
@@ -163,6 +172,13 @@ try:
         "peer_transfer_s": round(restored.get("transfer_s", 0), 3),
         "peer_transfer_gb_per_s": round(restored.get("gb_per_s", 0), 3),
         "replacement_registered_to_first_step_s": round(first["t"] - joined["t"], 2),
+        "settings": a.set,
+        "kill_to_detected_s": round(lost["t"] - killed_at, 3),
+        "kill_to_first_step_at_world_1_s": round(first_alone[0]["t"] - killed_at, 3) if first_alone else None,
+        "kill_recovery_plan_to_first_step_s": round(after_kill.get("duration_s", 0), 3),
+        "kill_recovery_lost_steps": after_kill.get("lost_steps", 0),
+        "kill_recovery_optimizer_source": after_kill.get("optimizer_source"),
+        "kill_recovery_reshard_bytes": after_kill.get("reshard_bytes"),
         "lost_steps": sum(e.get("lost_steps", 0) for e in of(j1, "recovery_done")),
         "ranks_killed_as_hung": sum(1 for e in of(j1, "rank_exited") if e.get("exit_code") == 137),
         "coordinator_peak_rss_mb": round(peak["coordinator"] / 2**20, 1),

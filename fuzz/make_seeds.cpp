@@ -110,7 +110,7 @@ struct scripted_work : rank_work {
     }
     step = std::max(step, p.start_step());
     auto ready = status(pb::rank_status::STATE_READY);
-    ready.mutable_rank_status()->set_state_source(p.generation() == 1 ? "fresh" : "local");
+    ready.mutable_rank_status()->set_state_source(p.generation() == 1 ? pb::rank_status::ORIGIN_FRESH : pb::rank_status::ORIGIN_LOCAL);
     ready.mutable_rank_status()->set_state_root(p.state_root());
     ready.mutable_rank_status()->set_switch_s(0.012);
     report(p.generation(), ready);

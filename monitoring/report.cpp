@@ -360,14 +360,10 @@ std::string render_loss_svg(const run_digest& d) {
   return o.str();
 }
 
-std::string render_report(const run_digest& d, const std::string& run_dir, const std::string& config_toml, const std::string& svg_name) {
-  std::ostringstream o;
-  o << "# Log book: " << run_dir << "\n\n";
-  o << "Written by `dtactor report` from `journal.jsonl`";
-  if (!config_toml.empty()) o << " and `config.toml`";
-  o << " (" << d.events << " events).\n\n";
+namespace {
 
-  // ---- summary ----
+// The summary table; returns the smallest world size seen (0: none).
+int summary_section(std::ostringstream& o, const run_digest& d) {
   double train_s = 0;
   for (const auto& s : d.sessions) train_s += std::max(0.0, s.end - s.start);
   o << "## Summary\n\n| | |\n|---|---|\n";
@@ -404,8 +400,11 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
   if (max_world > 0) o << "| world size | " << (min_world == max_world ? std::to_string(max_world) : std::to_string(min_world) + " to " + std::to_string(max_world)) << " rank(s) |\n";
   o << "| recoveries | " << d.recoveries.size() << " |\n";
   o << "\n";
+  return min_world;
+}
 
-  // ---- evaluation ----
+// The final and best value of every metric evaluated.
+void evaluation_section(std::ostringstream& o, const run_digest& d) {
   o << "## Evaluation\n\n";
   if (d.evals.empty()) {
     o << "No evaluation was journaled.\n\n";
@@ -434,11 +433,10 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
     }
     o << "\n\n";
   }
+}
 
-  // ---- loss curve ----
-  if (!svg_name.empty()) o << "## Loss\n\n![training loss](" << svg_name << ")\n\n";
-
-  // ---- resources ----
+// Each rank's memory and CPU, and (sharded data) what it read.
+void resources_section(std::ostringstream& o, const run_digest& d) {
   o << "## Resources\n\n";
   if (d.resources.empty()) {
     o << "No `resources` events in the journal (written by this version's coordinator and `dtactor train`).\n\n";
@@ -466,8 +464,10 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
     }
     o << "\nThe latest reading of each rank process since it started (a restarted process counts again from 0); docs/data.md.\n\n";
   }
+}
 
-  // ---- batch ----
+// The batch a forward pass ran, and tune-batch's trials.
+void batch_section(std::ostringstream& o, const run_digest& d, const std::string& config_toml, int min_world) {
   o << "## Batch size\n\n";
   if (d.global_batch_size > 0 || !config_toml.empty()) {
     int64_t gb = d.global_batch_size;
@@ -498,8 +498,10 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
         << (t.fits ? fmt("%.0f", t.samples_per_s) : std::string("")) << " | " << cell(t.reason) << " |\n";
     o << "\n";
   }
+}
 
-  // ---- cluster ----
+// Nodes that joined and the generations.
+void cluster_section(std::ostringstream& o, const run_digest& d) {
   if (!d.generations.empty() || !d.nodes_joined.empty()) {
     o << "## Cluster membership\n\n";
     if (!d.nodes_joined.empty()) {
@@ -518,8 +520,10 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
       o << "\n";
     }
   }
+}
 
-  // ---- recoveries ----
+// Every recovery, and the failures.
+void recoveries_section(std::ostringstream& o, const run_digest& d) {
   o << "## Recoveries\n\n";
   if (d.recoveries.empty()) {
     o << "None: no node was lost or left during the run.\n\n";
@@ -541,8 +545,10 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
     for (const auto& f : d.failures) o << "- " << f << "\n";
     o << "\n";
   }
+}
 
-  // ---- checkpoints ----
+// What was saved and resumed from.
+void checkpoints_section(std::ostringstream& o, const run_digest& d) {
   o << "## Checkpoints\n\n";
   if (d.checkpoints_saved == 0) {
     o << "None saved.\n";
@@ -554,8 +560,24 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
   if (!d.restores.empty()) o << "\n";
   for (const auto& p : d.checkpoint_problems) o << "\n- " << cell(p);
   o << "\n\n";
+}
 
-  // ---- config ----
+}  // namespace
+
+std::string render_report(const run_digest& d, const std::string& run_dir, const std::string& config_toml, const std::string& svg_name) {
+  std::ostringstream o;
+  o << "# Log book: " << run_dir << "\n\n";
+  o << "Written by `dtactor report` from `journal.jsonl`";
+  if (!config_toml.empty()) o << " and `config.toml`";
+  o << " (" << d.events << " events).\n\n";
+  const int min_world = summary_section(o, d);
+  evaluation_section(o, d);
+  if (!svg_name.empty()) o << "## Loss\n\n![training loss](" << svg_name << ")\n\n";
+  resources_section(o, d);
+  batch_section(o, d, config_toml, min_world);
+  cluster_section(o, d);
+  recoveries_section(o, d);
+  checkpoints_section(o, d);
   if (!config_toml.empty()) o << "## Config\n\n```toml\n" << config_toml << (config_toml.back() == '\n' ? "" : "\n") << "```\n";
   return o.str();
 }

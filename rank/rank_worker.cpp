@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "actors/journal_events.hpp"
+#include "actors/wire_enums.hpp"
 #include "checkpoint.pb.h"
 #include "model/trainer.hpp"
 #include "rank/agreement.hpp"
@@ -1029,6 +1030,11 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
   }
   grad_sync& sync = *syncs.front();
+  // train.zero >= 1 with every rank on this host and the gradients through
+  // its segment: the parameter all-gather and the norm's sum go through it
+  // too, between the steps of the gradient exchange (no loopback TCP).
+  const bool zero_shm = im.shards && g.pg && g.world > 1 && !state.diloco() && sync.uses_shm() && !sync.hierarchical() && g.exchange.shm &&
+                        shm_fits(*g.exchange.shm, state.optimizer(), *im.shards);
   // The host's per-step reducer takes turns with the outer exchange on the
   // host's segment (the outer exchange uses it when hierarchical).
   std::unique_ptr<grad_sync> host_sync;
@@ -1072,7 +1078,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       const auto& sp = *im.shards;
       transport += "; optimizer state" + std::string(zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(zero2 ? 2 : 1) + "): this rank holds " + std::to_string(sp.held_elements(g.rank)) + " of " +
                    std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
-                   " holder(s) a shard, " + std::to_string(g.reshard_bytes) + " bytes moved";
+                   " holder(s) a shard, " + std::to_string(g.reshard_bytes) + " bytes moved, parameters gathered " +
+                   (zero_shm ? std::string("through shared memory") : "over " + g.backend);
     }
     if (state.diloco() && g.world > 1) {
       // The same transport carries the pseudo-gradients, once a window.
@@ -1091,12 +1098,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     }
     if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
-    ready.set_state_source(ev::to_string(g.source));
+    ready.set_state_source(to_wire(g.source));
     ready.set_state_root(g.root);
     ready.set_switch_s(now_s() - g.offered_at);
     ready.set_state_bytes(g.transfer_bytes);
     if (im.shards) {
-      ready.set_optimizer_source(ev::to_string(g.optimizer));
+      ready.set_optimizer_source(to_wire(g.optimizer));
       ready.set_reshard_bytes(g.reshard_bytes);
     }
     ready.set_state_transfer_s(g.transfer_s);
@@ -1138,6 +1145,12 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   // others' updated parameters.
   std::function<status()> gather;
   if (im.shards && g.pg && g.world > 1) gather = [&] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
+  if (zero_shm) {
+    auto* shm = g.exchange.shm.get();
+    gather = [&, shm] { return gather_params_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, go.spin_wait); };
+    if (global_norm)
+      global_norm = [&, shm] { return global_grad_norm_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, go.spin_wait); };
+  }
   std::map<std::string, double> eval_at_step;
   pb::step_report acc;  // sums since the last report
   double loss_sum_steps = 0;  // its steps' mean losses since the last report

@@ -10,6 +10,7 @@
 #include "model/trainer.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/grad_sync.hpp"
+#include "runtime/shm_group.hpp"
 
 namespace dtactor {
 
@@ -144,6 +145,86 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
     }
   }
   return {};
+}
+
+namespace {
+// One step of the segment's cursor: this rank fills its slot, publishes,
+// waits for every rank's, reads the slots; then the cursor moves on as a
+// gradient exchange's end_step moves it (a rank is at most one such step
+// ahead of the slowest, so the other parity is never read while written).
+status shm_round(shm_group& shm, const std::function<void(float* mine)>& fill, const std::function<void(int parity)>& read,
+                 std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin, const std::string& what) {
+  auto& c = shm.steps();
+  fill(shm.slot(c.parity, shm.rank()));
+  shm.publish(++c.published);
+  auto st = shm.wait_all(c.published, clock_type::now() + timeout, abandon, spin, what);
+  if (st) read(c.parity);
+  c.step_base = c.published;
+  c.parity ^= 1;
+  return st;
+}
+}  // namespace
+
+bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan) {
+  if (plan.world() != shm.world() || plan.total > shm.capacity() || shm.capacity() < 2) return false;
+  for (const auto& v : opt.param_views(0, plan.total))
+    if (v.scalar_type() != torch::kFloat) return false;
+  return true;
+}
+
+status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                         const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  const int world = shm.world(), rank = shm.rank();
+  if (world != plan.world())
+    return make_error("parameter all-gather: the shard plan is for " + std::to_string(plan.world()) + " ranks, the segment has " +
+                      std::to_string(world));
+  if (world == 1) return {};
+  torch::NoGradGuard no_grad;
+  // Elements [a, b) of the index space between the parameters and a slot,
+  // at the same offsets (a slot holds the whole index space).
+  auto move = [&](float* slot, int64_t a, int64_t b, bool to_slot) {
+    int64_t at = a;
+    for (auto& v : opt.param_views(a, b)) {
+      auto part = torch::from_blob(slot + at, {v.numel()}, torch::kFloat).view(v.sizes());
+      if (to_slot)
+        part.copy_(v);
+      else
+        v.copy_(part);
+      at += v.numel();
+    }
+  };
+  const auto& mine = plan.shards[static_cast<size_t>(rank)];
+  return shm_round(
+      shm, [&](float* slot) { move(slot, mine.begin, mine.end, true); },
+      [&](int parity) {
+        for (int r = 0; r < world; ++r) {
+          if (r == rank) continue;
+          const auto& sh = plan.shards[static_cast<size_t>(r)];
+          if (sh.begin < sh.end) move(shm.slot(parity, r), sh.begin, sh.end, false);
+        }
+      },
+      timeout, abandon, spin, "parameter all-gather (shared memory)");
+}
+
+result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                                    const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  const int world = shm.world(), rank = shm.rank();
+  if (rank >= plan.world()) return make_error("gradient norm: rank " + std::to_string(rank) + " has no shard in the plan");
+  const auto& own = plan.shards[static_cast<size_t>(rank)];
+  const double part = opt.grad_sum_squares({{own.begin, own.end}});
+  double sum = 0;
+  auto st = shm_round(
+      shm, [&](float* slot) { std::memcpy(slot, &part, sizeof part); },
+      [&](int parity) {
+        for (int r = 0; r < world; ++r) {
+          double v = 0;
+          std::memcpy(&v, shm.slot(parity, r), sizeof v);
+          sum += v;
+        }
+      },
+      timeout, abandon, spin, "rank " + std::to_string(rank) + ": sum of the gradient norm (shared memory)");
+  if (!st) return st.err();
+  return std::sqrt(sum);
 }
 
 result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,

@@ -31,6 +31,7 @@ class ProcessGroup;
 namespace dtactor {
 
 class flat_adamw;
+class shm_group;
 class training_state;
 struct zero2_grads;
 
@@ -56,6 +57,20 @@ result<double> global_grad_norm(c10d::ProcessGroup& pg, flat_adamw& opt, const s
 
 status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                      const std::function<bool()>& abandon, int64_t block_elements = 4 << 20);
+
+// The same two collectives through the segment of a world whose ranks all
+// share one host (the gradient exchange's, grad_sync over shared memory,
+// called between its steps: each is one step of the segment's cursor, every
+// rank writes its part into its slot and reads every slot). Gloo would move
+// them through loopback TCP, in the kernel, on the cores that compute: the
+// all-gather is every parameter, every step. Results are the same bits on
+// every rank (the norm's partial sums are added in rank order).
+// shm_fits: the parameters are all float32 and fit a slot.
+bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan);
+status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                         const std::function<bool()>& abandon, std::chrono::microseconds spin);
+result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                                    const std::function<bool()>& abandon, std::chrono::microseconds spin);
 
 struct reshard_result {
   bool complete = true;                  // false: `missing` held by nobody; the optimizer is unchanged

@@ -31,6 +31,7 @@
 
 #include "checkpoint.pb.h"
 #include "runtime/fs.hpp"
+#include "runtime/manifest_plan.hpp"
 #include "runtime/object_store.hpp"
 #include "dtactor/result.hpp"
 

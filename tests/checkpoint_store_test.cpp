@@ -676,6 +676,43 @@ TEST(shipped_file, put_once_fetched_checked_and_cached) {
   for (const auto& e : fs::directory_iterator(d.path() + "/cache")) ADD_FAILURE() << "left behind: " << e.path();
 }
 
+// The one planner: ranks' scattered ranges (ZeRO) come back in stream order
+// with the generation and world size set, a manifest the store's checks
+// accept; a short cover or an unreadable header is one line, no manifest.
+TEST(checkpoint_store, the_planner_orders_scattered_parts_and_refuses_a_torn_cover) {
+  pb::checkpoint_meta head = meta_at(3);
+  head.set_format_version(checkpoint_format_version);
+  head.set_state_bytes(100);
+  auto part = [](const std::string& name, int rank, uint64_t off, uint64_t size) {
+    pb::checkpoint_part p;
+    p.set_name(name);
+    p.set_rank(rank);
+    p.set_offset(off);
+    p.set_size(size);
+    return p;
+  };
+  std::map<int32_t, std::vector<pb::checkpoint_part>> parts;
+  parts[0] = {part("r0.b", 0, 50, 25), part("r0.a", 0, 0, 25)};
+  parts[1] = {part("r1.a", 1, 25, 25), part("r1.b", 1, 75, 25)};
+  auto m = plan_manifest(head.SerializeAsString(), 7, 2, parts);
+  ASSERT_TRUE(m) << m.message();
+  EXPECT_EQ(m->generation(), 7u);
+  EXPECT_EQ(m->world_size(), 2);
+  ASSERT_EQ(m->parts_size(), 4);
+  EXPECT_EQ(m->parts(0).name(), "r0.a");
+  EXPECT_EQ(m->parts(1).name(), "r1.a");
+  EXPECT_EQ(m->parts(2).name(), "r0.b");
+  EXPECT_EQ(m->parts(3).name(), "r1.b");
+  EXPECT_TRUE(check_manifest(*m)) << check_manifest(*m).message();
+
+  parts[1].pop_back();
+  auto short_cover = plan_manifest(head.SerializeAsString(), 7, 2, parts);
+  ASSERT_FALSE(short_cover);
+  EXPECT_EQ(short_cover.message(), "no rank stored bytes [75, 100) of the state");
+  auto garbage = plan_manifest(std::string("\xff\xff\xff", 3), 7, 2, parts);
+  ASSERT_FALSE(garbage);
+  EXPECT_EQ(garbage.message(), "rank 0's manifest does not parse");
+}
+
 }  // namespace
 }  // namespace dtactor
-

@@ -944,7 +944,7 @@ TEST_F(coordinator_actors, a_recovery_is_timed_on_the_actor_clock_and_counts_no_
   advance(250ms);
   auto ready = status_from("a", 0, pb::rank_status::STATE_READY, 2);
   ready.env.mutable_rank_status()->set_step(4);
-  ready.env.mutable_rank_status()->set_state_source("local");
+  ready.env.mutable_rank_status()->set_state_source(pb::rank_status::ORIGIN_LOCAL);
   send(ready);
   send(step_from("a", 0, 5, 2));
   auto rec = of<ev::recovery_done>();

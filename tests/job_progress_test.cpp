@@ -2,6 +2,7 @@
 // recovery accounting from a plan to its first completed step, the verdict
 // at the end. Time is passed in, never read.
 #include "actors/job_progress.hpp"
+#include "actors/wire_enums.hpp"
 
 #include <gtest/gtest.h>
 
@@ -23,11 +24,11 @@ pb::step_report report(int32_t rank, int64_t step, double loss, int64_t samples,
   return r;
 }
 
-pb::rank_status ready(int64_t step, const std::string& source, int32_t root = 0) {
+pb::rank_status ready(int64_t step, ev::state_source source, int32_t root = 0) {
   pb::rank_status s;
   s.set_status(pb::rank_status::STATE_READY);
   s.set_step(step);
-  s.set_state_source(source);
+  s.set_state_source(to_wire(source));
   s.set_state_root(root);
   return s;
 }
@@ -71,8 +72,8 @@ TEST(recovery, the_first_generation_is_the_start_and_no_recovery) {
 TEST(recovery, duration_runs_from_the_plan_to_the_first_completed_step_and_lost_steps_are_computed) {
   const clock_time t0{std::chrono::hours(1)};
   auto rec = begin_generation(3, false, plan_cause::node_lost, false, t0, 120);
-  EXPECT_FALSE(note_ready(rec, ready(118, "local")));
-  EXPECT_FALSE(note_ready(rec, ready(117, "local")));
+  EXPECT_FALSE(note_ready(rec, ready(118, ev::state_source::local)));
+  EXPECT_FALSE(note_ready(rec, ready(117, ev::state_source::local)));
   auto done = complete_generation(rec, 119, 1, t0 + 1500ms);
   ASSERT_TRUE(done);
   EXPECT_EQ(done->generation, 3u);
@@ -95,13 +96,13 @@ TEST(recovery, without_a_ready_report_the_generation_resumed_before_its_first_st
 
 TEST(recovery, state_taken_from_a_peer_or_disk_is_reported_once) {
   auto rec = begin_generation(2, false, plan_cause::node_joined, true, clock_time{}, 10);
-  auto first = note_ready(rec, ready(10, "peer", 1));
+  auto first = note_ready(rec, ready(10, ev::state_source::peer, 1));
   ASSERT_TRUE(first);
   EXPECT_EQ(first->source, ev::state_source::peer);
   EXPECT_EQ(first->root, 1);
   EXPECT_EQ(first->generation, 2u);
-  EXPECT_FALSE(note_ready(rec, ready(10, "peer", 1)));
-  EXPECT_FALSE(note_ready(rec, ready(10, "fresh")));
+  EXPECT_FALSE(note_ready(rec, ready(10, ev::state_source::peer, 1)));
+  EXPECT_FALSE(note_ready(rec, ready(10, ev::state_source::fresh)));
 }
 
 TEST(verdict, every_rank_at_max_steps_with_one_digest_is_finished) {
@@ -129,7 +130,7 @@ namespace {
 TEST(recovery, a_diloco_window_lost_with_its_workers_is_counted_in_inner_steps) {
   const clock_time t0{std::chrono::hours(1)};
   auto rec = begin_generation(3, false, plan_cause::node_lost, false, t0, 130, 2);
-  auto r = ready(137, "local");
+  auto r = ready(137, ev::state_source::local);
   r.set_window_steps(37);
   r.set_replayed_slices(74);  // every rank says the same
   EXPECT_FALSE(note_ready(rec, r));
@@ -145,7 +146,7 @@ TEST(recovery, a_diloco_window_lost_with_its_workers_is_counted_in_inner_steps) 
   EXPECT_EQ(*done->replayed_slices, 74);  // the survivors trained those slices again
   // Synchronous training reports none.
   auto sync = begin_generation(4, false, plan_cause::node_lost, false, t0, 130, 1);
-  EXPECT_FALSE(note_ready(sync, ready(130, "local")));
+  EXPECT_FALSE(note_ready(sync, ready(130, ev::state_source::local)));
   auto d2 = complete_generation(sync, 131, 2, t0 + 1s);
   ASSERT_TRUE(d2);
   EXPECT_FALSE(d2->lost_inner_steps);

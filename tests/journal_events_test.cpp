@@ -10,6 +10,8 @@
 #include <set>
 #include <type_traits>
 
+#include "actors/wire_enums.hpp"
+
 using namespace dtactor;
 using nlohmann::json;
 
@@ -153,6 +155,34 @@ TEST(journal_events, every_enum_value_has_one_name_that_reads_back) {
   check(ev::state_source::fresh);
   check(ev::outcome::failed);
   EXPECT_STREQ(ev::to_string(ev::plan_cause::rank_exited), "rank_exited");  // the name recovery_done and the metrics use
+}
+
+// The sources and causes cross the wire as the protocol's enums: every
+// value maps to its own wire value and back; a value this build does not
+// know (a newer peer's, or unset) is no value, not a guess.
+TEST(journal_events, sources_and_causes_cross_the_wire_as_enums_and_back) {
+  auto check = [](auto last) {
+    using E = decltype(last);
+    std::set<int> wire;
+    for (int i = 0; i <= static_cast<int>(last); ++i) {
+      const E v = static_cast<E>(i);
+      const auto w = to_wire(v);
+      EXPECT_NE(static_cast<int>(w), 0) << ev::to_string(v) << " is unset on the wire";
+      EXPECT_TRUE(wire.insert(static_cast<int>(w)).second) << ev::to_string(v) << " shares a wire value";
+      const auto back = from_wire(w);
+      ASSERT_TRUE(back.has_value()) << ev::to_string(v);
+      EXPECT_EQ(*back, v) << ev::to_string(v);
+    }
+    EXPECT_FALSE(from_wire(static_cast<decltype(to_wire(last))>(0)).has_value());
+    EXPECT_FALSE(from_wire(static_cast<decltype(to_wire(last))>(99)).has_value());
+  };
+  check(ev::state_source::fresh);
+  check(ev::optimizer_source::restart);
+  for (int i = 1; i <= static_cast<int>(ev::plan_cause::adopted); ++i) {
+    const auto c = static_cast<ev::plan_cause>(i);
+    EXPECT_EQ(from_wire(to_wire(c)), c) << ev::to_string(c);
+  }
+  EXPECT_EQ(from_wire(static_cast<pb::generation_plan::generation_cause>(99)), ev::plan_cause::none);
 }
 
 TEST(journal_events, lines_keep_the_names_and_keys_readers_know) {

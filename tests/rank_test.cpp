@@ -205,7 +205,7 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   ASSERT_TRUE(a->offer(plan(1, {0}, false)));
   auto ready_a = seen.wait_for(0, pb::rank_status::STATE_READY);
   ASSERT_TRUE(ready_a);
-  EXPECT_EQ(ready_a->state_source(), "fresh");
+  EXPECT_EQ(ready_a->state_source(), pb::rank_status::ORIGIN_FRESH);
   ASSERT_TRUE(seen.wait_step(0, 5));
 
   // Generation 2 (a join: drain): b comes in at step 0 and takes a's state.
@@ -214,7 +214,7 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   ASSERT_TRUE(b->offer(g2));
   auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
   ASSERT_TRUE(ready_b);
-  EXPECT_EQ(ready_b->state_source(), "peer");
+  EXPECT_EQ(ready_b->state_source(), pb::rank_status::ORIGIN_PEER);
   EXPECT_EQ(ready_b->state_root(), 0);
   EXPECT_GT(ready_b->state_bytes(), 0u);
   EXPECT_GT(ready_b->state_transfer_s(), 0.0);
@@ -313,7 +313,8 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
   EXPECT_LT(step, 100000);
 
   // Each rank: its part of step `step`, stored, before its FINISHED.
-  pb::checkpoint_meta meta;
+  std::string meta_bytes;
+  std::map<int32_t, std::vector<pb::checkpoint_part>> by_rank;
   {
     std::lock_guard<std::mutex> lock(seen.mu);
     for (int local : {0, 1}) {
@@ -332,17 +333,16 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
       EXPECT_EQ(w.world_size(), 2);
       ASSERT_EQ(w.parts_size(), 1) << "one range per rank without ZeRO";
       parts[w.global_rank()] = w.parts(0);
-      if (w.global_rank() == 0) {
-        ASSERT_TRUE(meta.ParseFromString(w.meta()));
-      }
+      if (w.global_rank() == 0) meta_bytes = w.meta();
     }
     ASSERT_EQ(parts.size(), 2u);
-    for (auto& [r, p] : parts) *meta.add_parts() = p;
+    for (auto& [r, p] : parts) by_rank[r] = {p};
   }
-  meta.set_generation(1);
+  auto meta = plan_manifest(meta_bytes, 1, 2, by_rank);
+  ASSERT_TRUE(meta) << meta.message();
   auto store = checkpoint_store::open(ckpt_dir, {});
   ASSERT_TRUE(store) << store.message();
-  auto committed = store->commit(meta);
+  auto committed = store->commit(meta.value());
   ASSERT_TRUE(committed) << committed.message();
 
   // One rank, a fresh process's worker, resumes from it: the same state.
@@ -359,7 +359,7 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
   ASSERT_TRUE(c.offer(p));
   auto ready = alone.wait_for(0, pb::rank_status::STATE_READY);
   ASSERT_TRUE(ready);
-  EXPECT_EQ(ready->state_source(), "disk");
+  EXPECT_EQ(ready->state_source(), pb::rank_status::ORIGIN_DISK);
   EXPECT_EQ(ready->step(), step);
   auto done = alone.wait_for(0, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done);

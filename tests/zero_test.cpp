@@ -265,6 +265,13 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
     if (!xp && h.shm != sync.uses_shm()) return "shared memory " + std::string(sync.uses_shm() ? "used" : "not used");
     std::function<status()> gather;
     if (plan) gather = [&] { return gather_params(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
+    // One host's world (as the rank worker does): the all-gather and the
+    // norm's sum through the gradients' segment, between their steps.
+    if (plan && shm && !xp) {
+      if (!shm_fits(*shm, s.optimizer(), *plan)) return "the parameters do not fit the segment";
+      gather = [&] { return gather_params_shm(*shm, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50)); };
+      if (norm) norm = [&] { return global_grad_norm_shm(*shm, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50)); };
+    }
     for (int i = 0; i < steps; ++i) {
       auto r = s.train_step_dp(rank, world, sync, gather, norm);
       if (!r) return r.message();
@@ -326,6 +333,24 @@ TEST(Zero2, SharedMemoryReduceScatterEqualsZeroZeroBitForBit) {
       EXPECT_EQ(s.optimizer().grad_bytes(), 4 * p.plan.held_elements(r)) << "rank " << r << " holds its shards' gradients only";
       EXPECT_LT(s.optimizer().grad_bytes(), p.plain[0]->optimizer().grad_bytes());
     }
+  }
+}
+
+// One host, clipping on (as by default): the parameters all-gathered and
+// the norm's partial sums added through the gradients' segment. Every rank
+// ends bit for bit equal to the others; the norm is the global one (zero=0
+// sums it over whole buckets, zero=2 over the shards', so to rounding).
+TEST(Zero2, SharedMemoryGatherAndNormKeepEveryRankEqual) {
+  run_how h;
+  h.shm = true;
+  auto p = run_pair({}, 4, 2, 4, h);
+  const std::string mine = p.sharded[0]->params_digest();
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), mine) << "rank " << r;
+  ASSERT_EQ(p.plain_norms.size(), p.sharded_norms.size());
+  ASSERT_EQ(p.plain_norms.size(), 4u);
+  for (size_t i = 0; i < p.plain_norms.size(); ++i) {
+    EXPECT_GT(p.plain_norms[i], 0);
+    EXPECT_NEAR(p.sharded_norms[i], p.plain_norms[i], 1e-5 * p.plain_norms[i]) << "step " << i;
   }
 }
 
