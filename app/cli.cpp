@@ -73,15 +73,10 @@ bool needs_training(const parsed_cli& p) {
   }
 }
 
-int run_cli(int argc, char** argv, const training_launcher& launcher) {
-  use_the_cpus_blas_kernels(argv, false);  // may execute this program again (the journal's job_started names the kernels)
-  quiet_blas_workers();
-  (void)raise_open_file_limit();
-  CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
-               "Modes: train, eval, export, tune-batch, config, local, report, keygen, data, and --role coordinator|node."};
-  app.require_subcommand(0, 1);
-
-  parsed_cli p;
+// The cluster roles' options (--role coordinator|node, and the internal
+// rank's). `fail_mode` is --fail-mode's text, turned into a fault_mode after
+// parsing.
+void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
   std::string& role = p.role;
   cluster_cli& cl = p.cluster;
   app.add_option("--role", role, "Run as a cluster process: coordinator or node")->check(CLI::IsMember({"coordinator", "node", "rank"}));
@@ -117,11 +112,16 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   app.add_option("--preemption-poll-ms", cl.preemption_poll_ms, "node: how often the metadata service is asked (ms)")
       ->check(CLI::Range(50, 600000))
       ->capture_default_str();
-  std::string fail_mode = to_string(cl.fail_mode);
   app.add_option("--fail-mode", fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash")
       ->check(CLI::IsMember(fault_mode_names()))
       ->capture_default_str();
+}
 
+// The subcommands, bound to `p`'s fields.
+struct subcommands {
+  CLI::App *train, *eval, *exp, *tune, *cfgcmd, *report, *local, *keygen, *data_index;
+};
+subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
   std::string &config_path = p.config_path, &run_dir = p.run_dir, &resume_from = p.resume_from, &target = p.target;
   std::vector<std::string>& overrides = p.overrides;
   int64_t& stop_at = p.stop_at;
@@ -201,7 +201,98 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   const std::string key_help = "The job key file (dtactor keygen); default: $DTACTOR_KEY_FILE. Refused unless mode 0600";
   app.add_option("--key", p.key_path, key_help);
   for (auto* sub : {train, eval, exp, tune, local}) sub->add_option("--key", p.key_path, key_help);
+  return {train, eval, exp, tune, cfgcmd, report, local, keygen, data_index};
+}
 
+// dtactor keygen --out FILE.
+int run_keygen(const parsed_cli& p) {
+  auto k = generate_job_key();
+  if (!k) return cli_fail(k.message());
+  if (auto st = write_job_key(p.keygen_out, k.value()); !st) return cli_fail(st.message());
+  std::printf("wrote job key %s (mode 0600): give it to every process of the job with --key or DTACTOR_KEY_FILE\n", p.keygen_out.c_str());
+  return 0;
+}
+
+// dtactor data index SPEC.
+int run_data_index(const parsed_cli& p) {
+  size_t places = 0;
+  uint64_t bytes = 0;
+  auto n = write_shard_index(p.data_spec, p.data_s3_endpoint, [&](const std::string& where, size_t shards, uint64_t b) {
+    std::printf("indexed %zu shard(s), %llu bytes: %s\n", shards, static_cast<unsigned long long>(b), where.c_str());
+    std::fflush(stdout);
+    ++places;
+    bytes += b;
+  });
+  if (!n) return cli_fail(n.message());
+  std::printf("data index: %zu shard(s), %llu bytes, %zu index file(s) written; readers now check every shard's size and digest against them\n",
+              n.value(), static_cast<unsigned long long>(bytes), places);
+  return 0;
+}
+
+// The job key of every command that talks to a cluster or reads its
+// checkpoints; `dtactor local` makes one in its run directory when none is
+// given. Returns a non-zero exit code when the key is refused.
+int take_job_key(parsed_cli& p) {
+  cluster_cli &cl = p.cluster, &lc = p.local;
+  auto key = resolve_job_key(p.key_path);
+  if (!key) return cli_fail(key.message(), 2);
+  p.key = key.value();
+  if (!p.key && p.command == cli_command::local) {
+    // A cluster on this machine gets a key of its own, kept in its run
+    // directory (a later `dtactor local` on it, eval and export reuse it).
+    if (auto st = ensure_writable_dir(lc.run_dir); !st) return cli_fail("run directory: " + st.message());
+    std::error_code ec;
+    const std::string path = lc.run_dir + "/job.key";
+    if (!std::filesystem::exists(path, ec)) {
+      auto fresh = generate_job_key();
+      if (!fresh) return cli_fail(fresh.message());
+      if (auto st = write_job_key(path, fresh.value()); !st) return cli_fail(st.message());
+    }
+    auto own = resolve_job_key(path);
+    if (!own) return cli_fail(own.message(), 2);
+    p.key = own.value();
+  }
+  cl.key = lc.key = p.key;
+  if (p.key) set_checkpoint_mac_key(p.key->mac_key);
+  return 0;
+}
+
+// dtactor config / report (no training, no cluster).
+int run_tool(const parsed_cli& p) {
+  if (p.command == cli_command::config) {
+    if (p.reference) {
+      std::fputs(config_reference().c_str(), stdout);
+      return 0;
+    }
+    auto cfg = config::load(p.config_path, p.overrides);
+    if (!cfg) return cli_fail(cfg.message(), 2);
+    std::fputs(cfg->to_toml().c_str(), stdout);
+    return 0;
+  }
+
+  if (p.command == cli_command::report) {
+    auto r = write_report(p.report_dir, p.report_out);
+    if (!r) return cli_fail(r.message());
+    std::printf("wrote %s and %s\n", r->markdown.c_str(), r->svg.c_str());
+    return 0;
+  }
+  return -1;
+}
+
+int run_cli(int argc, char** argv, const training_launcher& launcher) {
+  use_the_cpus_blas_kernels(argv, false);  // may execute this program again (the journal's job_started names the kernels)
+  quiet_blas_workers();
+  (void)raise_open_file_limit();
+  CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"
+               "Modes: train, eval, export, tune-batch, config, local, report, keygen, data, and --role coordinator|node."};
+  app.require_subcommand(0, 1);
+
+  parsed_cli p;
+  std::string& role = p.role;
+  cluster_cli& cl = p.cluster;
+  std::string fail_mode = to_string(cl.fail_mode);
+  add_role_options(app, p, fail_mode);
+  const subcommands sub = add_subcommands(app, p);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -212,63 +303,22 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
     return cli_fail(std::string(e.what()) + " (see dtactor --help)", 2);
   }
   cl.fail_mode = fault_mode_names().at(fail_mode);
-  if (*keygen) p.command = cli_command::keygen;
-  if (*data_index) p.command = cli_command::data_index;
+  if (*sub.keygen) p.command = cli_command::keygen;
+  if (*sub.data_index) p.command = cli_command::data_index;
 
-  if (*local) p.command = cli_command::local;
+  if (*sub.local) p.command = cli_command::local;
   else if (!role.empty()) p.command = cli_command::role;
-  else if (*tune) p.command = cli_command::tune_batch;
-  else if (*cfgcmd) p.command = cli_command::config;
-  else if (*report) p.command = cli_command::report;
-  else if (*exp) p.command = cli_command::export_checkpoint;
-  else if (*eval) p.command = cli_command::eval;
-  else if (*train) p.command = cli_command::train;
+  else if (*sub.tune) p.command = cli_command::tune_batch;
+  else if (*sub.cfgcmd) p.command = cli_command::config;
+  else if (*sub.report) p.command = cli_command::report;
+  else if (*sub.exp) p.command = cli_command::export_checkpoint;
+  else if (*sub.eval) p.command = cli_command::eval;
+  else if (*sub.train) p.command = cli_command::train;
 
-  if (p.command == cli_command::keygen) {
-    auto k = generate_job_key();
-    if (!k) return cli_fail(k.message());
-    if (auto st = write_job_key(p.keygen_out, k.value()); !st) return cli_fail(st.message());
-    std::printf("wrote job key %s (mode 0600): give it to every process of the job with --key or DTACTOR_KEY_FILE\n", p.keygen_out.c_str());
-    return 0;
-  }
-
-  if (p.command == cli_command::data_index) {
-    size_t places = 0;
-    uint64_t bytes = 0;
-    auto n = write_shard_index(p.data_spec, p.data_s3_endpoint, [&](const std::string& where, size_t shards, uint64_t b) {
-      std::printf("indexed %zu shard(s), %llu bytes: %s\n", shards, static_cast<unsigned long long>(b), where.c_str());
-      std::fflush(stdout);
-      ++places;
-      bytes += b;
-    });
-    if (!n) return cli_fail(n.message());
-    std::printf("data index: %zu shard(s), %llu bytes, %zu index file(s) written; readers now check every shard's size and digest against them\n",
-                n.value(), static_cast<unsigned long long>(bytes), places);
-    return 0;
-  }
-
-  if (needs_training(p) || p.command == cli_command::local || p.command == cli_command::role) {
-    auto key = resolve_job_key(p.key_path);
-    if (!key) return cli_fail(key.message(), 2);
-    p.key = key.value();
-    if (!p.key && p.command == cli_command::local) {
-      // A cluster on this machine gets a key of its own, kept in its run
-      // directory (a later `dtactor local` on it, eval and export reuse it).
-      if (auto st = ensure_writable_dir(lc.run_dir); !st) return cli_fail("run directory: " + st.message());
-      std::error_code ec;
-      const std::string path = lc.run_dir + "/job.key";
-      if (!std::filesystem::exists(path, ec)) {
-        auto fresh = generate_job_key();
-        if (!fresh) return cli_fail(fresh.message());
-        if (auto st = write_job_key(path, fresh.value()); !st) return cli_fail(st.message());
-      }
-      auto own = resolve_job_key(path);
-      if (!own) return cli_fail(own.message(), 2);
-      p.key = own.value();
-    }
-    cl.key = lc.key = p.key;
-    if (p.key) set_checkpoint_mac_key(p.key->mac_key);
-  }
+  if (p.command == cli_command::keygen) return run_keygen(p);
+  if (p.command == cli_command::data_index) return run_data_index(p);
+  if (needs_training(p) || p.command == cli_command::local || p.command == cli_command::role)
+    if (const int code = take_job_key(p); code != 0) return code;
 
   if (p.command == cli_command::role) {
     // A cluster started by `dtactor local` must not outlive it (kept across
@@ -280,8 +330,8 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   if (p.command == cli_command::local || p.command == cli_command::role) {
     install_stop_handlers();
     if (p.command == cli_command::local) {
-      lc.stop_signal = &g_stop;
-      return run_local(lc);
+      p.local.stop_signal = &g_stop;
+      return run_local(p.local);
     }
     cl.stop_signal = &g_stop;
     if (role == "coordinator") return run_coordinator(cl);
@@ -290,23 +340,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
     return run_node(cl);
   }
 
-  if (p.command == cli_command::config) {
-    if (reference) {
-      std::fputs(config_reference().c_str(), stdout);
-      return 0;
-    }
-    auto cfg = config::load(config_path, overrides);
-    if (!cfg) return cli_fail(cfg.message(), 2);
-    std::fputs(cfg->to_toml().c_str(), stdout);
-    return 0;
-  }
-
-  if (p.command == cli_command::report) {
-    auto r = write_report(report_dir, report_out);
-    if (!r) return cli_fail(r.message());
-    std::printf("wrote %s and %s\n", r->markdown.c_str(), r->svg.c_str());
-    return 0;
-  }
+  if (p.command == cli_command::config || p.command == cli_command::report) return run_tool(p);
 
   std::fputs(app.help().c_str(), stdout);
   return 0;

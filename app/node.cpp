@@ -109,6 +109,122 @@ class rank_launcher : public process_launcher {
   child_reaper reaper_;  // last: its thread stops before the members it uses go
 };
 
+// Default id: the host name; in a network namespace of its own (a host of
+// its own that shares the machine's host name) with the namespace added. A
+// host name outside the node id alphabet is mapped into it.
+std::string default_node_id() {
+  std::string id = host_name();
+  if (!in_initial_net_namespace()) {
+    const std::string ns = net_namespace();
+    const auto a = ns.find('['), b = ns.find(']');
+    id += "-net" + (a != std::string::npos && b != std::string::npos ? ns.substr(a + 1, b - a - 1) : std::string("ns"));
+  }
+  for (char& c : id)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  if (id.size() > 128) id.resize(128);
+  return id;
+}
+
+// The node's /metrics and its exit, from the agent's typed events (main
+// only wires them). Per-rank CPU and memory: dtactor_rank_*{rank} and the
+// step reports' usage fields.
+decltype(node_agent_options::events) events_to_metrics(metrics& m, std::atomic<zmq_bridge*>& bridge_ptr, std::shared_ptr<rank_usage_tracker> usage,
+                                                       caf::actor main_actor) {
+  return [&m, &bridge_ptr, usage, main_actor, last_step = std::make_shared<int64_t>(0)](const node_event& e) {
+    if (const auto* reg = std::get_if<nev::registered>(&e)) {
+      if (auto* b = bridge_ptr.load()) b->set_job_id(reg->job_id);
+    } else if (const auto* no = std::get_if<nev::refused>(&e)) {
+      caf::anon_send(main_actor, refused_atom::value, no->reason);
+    } else if (const auto* ack = std::get_if<nev::heartbeat_acked>(&e)) {
+      observe_heartbeat_rtt(m, ack->echoed_sent_steady_s);
+    } else if (const auto* hello = std::get_if<nev::rank_started>(&e)) {
+      usage->track(hello->peer, hello->local_rank, hello->pid);
+    } else if (const auto* plan = std::get_if<nev::plan_received>(&e)) {
+      m.generation().Set(static_cast<double>(plan->generation));
+      m.world_size().Set(plan->world_size);
+    } else if (const auto* steps = std::get_if<nev::steps_reported>(&e)) {
+      const auto& r = steps->report;
+      m.samples().Increment(static_cast<double>(r.samples()));
+      m.step_duration().Observe(r.step_s());
+      m.allreduce_duration().Observe(r.allreduce_s());
+      if (r.data_wait_s() > 0) m.data_wait().Observe(r.data_wait_s() / std::max(1, r.steps_covered()));
+      m.loss().Set(r.loss());
+      if (r.step() > *last_step) {
+        *last_step = r.step();
+        m.step().Set(static_cast<double>(*last_step));
+      }
+    }
+  };
+}
+
+// The cloud's preemption notice: a leave at the next step boundary, as on
+// SIGTERM, long before the kill. The watcher's thread sends it to the agent.
+std::unique_ptr<preemption_watcher> watch_preemption(const cluster_cli& cli, const caf::actor& agent) {
+  if (cli.preemption_notice == "off") return nullptr;
+  preemption_watch_options wo;
+  wo.cloud = cli.preemption_notice;
+  wo.endpoints = metadata_endpoints_from([](const char* k) { return std::getenv(k); }, cli.azure_metadata_endpoint);
+  wo.poll_interval = std::chrono::milliseconds(cli.preemption_poll_ms);
+  return std::make_unique<preemption_watcher>(
+      wo, curl_http(),
+      [agent](const preemption_notice& n) {
+        const double ahead = n.announced_unix_s - n.noticed_unix_s;
+        const std::string reason = std::string("preemption notice (") + to_string(n.cloud) + (n.detail.empty() ? "" : " " + n.detail) +
+                                   (n.announced.empty() ? "" : " at " + n.announced) + ", " + std::to_string(static_cast<int>(ahead)) + " s ahead)";
+        std::fprintf(stderr, "node: %s: leaving at the next step boundary\n", reason.c_str());
+        caf::anon_send(agent, leave_atom::value, reason, std::string(to_string(n.cloud)), n.announced, n.announced_unix_s, n.noticed_unix_s);
+      },
+      [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); });
+}
+
+// Waits for the agent to quit (shutdown from the coordinator, or a leave),
+// leaving on a signal or when the coordinator never answers. Returns the
+// exit code so far; a refusal's reason goes to *refusal.
+int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const cluster_cli& cli, zmq_bridge& bridge, gpu_metrics& gpu,
+                       std::string* refusal) {
+  int code = 0;
+  self->monitor(agent);
+  bool done = false, left = false;
+  uint64_t ticks = 0;
+  const auto started = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> signalled_at;
+  while (!done) {
+    self->receive([&](const caf::down_msg&) { done = true; }, [&](refused_atom, const std::string& why) { *refusal = why; },
+                  caf::after(std::chrono::milliseconds(100)) >> [&] {
+                    if (++ticks % 20 == 0) gpu.sample();
+                    // Nothing ever heard from the coordinator: a wrong address
+                    // or a coordinator that is not running.
+                    if (!left && bridge.stats().received == 0 && cli.connect_timeout_s > 0 &&
+                        std::chrono::steady_clock::now() - started > std::chrono::seconds(cli.connect_timeout_s)) {
+                      std::fprintf(stderr, "dtactor: no answer from the coordinator at %s after %d s; is it running and reachable?\n",
+                                   cli.coordinator.c_str(), cli.connect_timeout_s);
+                      left = true;
+                      code = 1;
+                      caf::anon_send(agent, leave_atom::value, std::string("coordinator unreachable"));
+                      return;
+                    }
+                    const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+                    if (sig != 0 && !left && cli.signal_waits_for_stop_s > 0) {
+                      // The whole job is being stopped (Slurm signals every task):
+                      // the coordinator's shutdown writes the final checkpoint.
+                      const auto now = std::chrono::steady_clock::now();
+                      if (!signalled_at) {
+                        signalled_at = now;
+                        std::fprintf(stderr, "node: signal %d: waiting up to %d s for the coordinator to stop the job after a final checkpoint\n",
+                                     sig, cli.signal_waits_for_stop_s);
+                      }
+                      if (now - *signalled_at < std::chrono::seconds(cli.signal_waits_for_stop_s)) return;
+                    }
+                    if (sig != 0 && !left) {
+                      left = true;
+                      code = 128 + sig;
+                      caf::anon_send(agent, leave_atom::value, std::string("signal ") + std::to_string(sig));
+                    }
+                  });
+  }
+  return code;
+}
+
 }  // namespace
 
 int run_node(const cluster_cli& cli) {
@@ -126,19 +242,8 @@ int run_node(const cluster_cli& cli) {
     if (!towards) return fail(towards.message(), 2);
     advertise = towards.value();
   }
-  // Default id: the host name; in a network namespace of its own (a host of
-  // its own that shares the machine's host name) with the namespace added.
-  std::string default_id = host_name();
-  if (!in_initial_net_namespace()) {
-    const std::string ns = net_namespace();
-    const auto a = ns.find('['), b = ns.find(']');
-    default_id += "-net" + (a != std::string::npos && b != std::string::npos ? ns.substr(a + 1, b - a - 1) : std::string("ns"));
-  }
-  // A host name outside the node id alphabet is mapped into it; a --node-id
-  // outside it is refused (the coordinator would refuse it too).
-  for (char& c : default_id)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
-  if (default_id.size() > 128) default_id.resize(128);
+  const std::string default_id = default_node_id();
+  // A --node-id outside the alphabet is refused (the coordinator would refuse it too).
   if (!cli.node_id.empty())
     if (auto why = node_id_problem(cli.node_id); !why.empty()) return fail("--node-id: " + why, 2);
   auto claim = claim_node_id(cli.node_id.empty() ? default_id : cli.node_id, !cli.node_id.empty(), cli.coordinator);
@@ -207,31 +312,7 @@ int run_node(const cluster_cli& cli) {
   auto usage = std::make_shared<rank_usage_tracker>(m);
   m.on_scrape([usage] { usage->sample_all(); });
   o.annotate_report = [usage, node_id](const std::string& peer, pb::step_report& r) { add_usage(r, usage->sample(peer), node_id); };
-  o.events = [&m, &bridge_ptr, usage, main_actor, last_step = std::make_shared<int64_t>(0)](const node_event& e) {
-    if (const auto* reg = std::get_if<nev::registered>(&e)) {
-      if (auto* b = bridge_ptr.load()) b->set_job_id(reg->job_id);
-    } else if (const auto* no = std::get_if<nev::refused>(&e)) {
-      caf::anon_send(main_actor, refused_atom::value, no->reason);
-    } else if (const auto* ack = std::get_if<nev::heartbeat_acked>(&e)) {
-      observe_heartbeat_rtt(m, ack->echoed_sent_steady_s);
-    } else if (const auto* hello = std::get_if<nev::rank_started>(&e)) {
-      usage->track(hello->peer, hello->local_rank, hello->pid);
-    } else if (const auto* plan = std::get_if<nev::plan_received>(&e)) {
-      m.generation().Set(static_cast<double>(plan->generation));
-      m.world_size().Set(plan->world_size);
-    } else if (const auto* steps = std::get_if<nev::steps_reported>(&e)) {
-      const auto& r = steps->report;
-      m.samples().Increment(static_cast<double>(r.samples()));
-      m.step_duration().Observe(r.step_s());
-      m.allreduce_duration().Observe(r.allreduce_s());
-      if (r.data_wait_s() > 0) m.data_wait().Observe(r.data_wait_s() / std::max(1, r.steps_covered()));
-      m.loss().Set(r.loss());
-      if (r.step() > *last_step) {
-        *last_step = r.step();
-        m.step().Set(static_cast<double>(*last_step));
-      }
-    }
-  };
+  o.events = events_to_metrics(m, bridge_ptr, usage, main_actor);
   auto agent = sys.spawn(node_agent, o, out, launcher);
   launcher->attach(agent);
 
@@ -252,70 +333,10 @@ int run_node(const cluster_cli& cli) {
                cli.nproc_per_node);
   caf::anon_send(agent, start_atom::value);
 
-  // The cloud's preemption notice: a leave at the next step boundary, as on
-  // SIGTERM, long before the kill. The watcher's thread sends it to the agent.
-  std::unique_ptr<preemption_watcher> watcher;
-  if (cli.preemption_notice != "off") {
-    preemption_watch_options wo;
-    wo.cloud = cli.preemption_notice;
-    wo.endpoints = metadata_endpoints_from([](const char* k) { return std::getenv(k); }, cli.azure_metadata_endpoint);
-    wo.poll_interval = std::chrono::milliseconds(cli.preemption_poll_ms);
-    watcher = std::make_unique<preemption_watcher>(
-        wo, curl_http(),
-        [agent](const preemption_notice& n) {
-          const double ahead = n.announced_unix_s - n.noticed_unix_s;
-          const std::string reason = std::string("preemption notice (") + to_string(n.cloud) + (n.detail.empty() ? "" : " " + n.detail) +
-                                     (n.announced.empty() ? "" : " at " + n.announced) + ", " + std::to_string(static_cast<int>(ahead)) + " s ahead)";
-          std::fprintf(stderr, "node: %s: leaving at the next step boundary\n", reason.c_str());
-          caf::anon_send(agent, leave_atom::value, reason, std::string(to_string(n.cloud)), n.announced, n.announced_unix_s, n.noticed_unix_s);
-        },
-        [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); });
-  }
+  std::unique_ptr<preemption_watcher> watcher = watch_preemption(cli, agent);
 
-  // Wait for the agent to quit (shutdown from the coordinator, or a leave).
-  int code = 0;
   std::string refusal;
-  {
-    self->monitor(agent);
-    bool done = false, left = false;
-    uint64_t ticks = 0;
-    const auto started = std::chrono::steady_clock::now();
-    std::optional<std::chrono::steady_clock::time_point> signalled_at;
-    while (!done) {
-      self->receive([&](const caf::down_msg&) { done = true; }, [&](refused_atom, const std::string& why) { refusal = why; },
-                    caf::after(std::chrono::milliseconds(100)) >> [&] {
-                      if (++ticks % 20 == 0) gpu.sample();
-                      // Nothing ever heard from the coordinator: a wrong address
-                      // or a coordinator that is not running.
-                      if (!left && bridge->stats().received == 0 && cli.connect_timeout_s > 0 &&
-                          std::chrono::steady_clock::now() - started > std::chrono::seconds(cli.connect_timeout_s)) {
-                        std::fprintf(stderr, "dtactor: no answer from the coordinator at %s after %d s; is it running and reachable?\n",
-                                     cli.coordinator.c_str(), cli.connect_timeout_s);
-                        left = true;
-                        code = 1;
-                        caf::anon_send(agent, leave_atom::value, std::string("coordinator unreachable"));
-                        return;
-                      }
-                      const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
-                      if (sig != 0 && !left && cli.signal_waits_for_stop_s > 0) {
-                        // The whole job is being stopped (Slurm signals every task):
-                        // the coordinator's shutdown writes the final checkpoint.
-                        const auto now = std::chrono::steady_clock::now();
-                        if (!signalled_at) {
-                          signalled_at = now;
-                          std::fprintf(stderr, "node: signal %d: waiting up to %d s for the coordinator to stop the job after a final checkpoint\n",
-                                       sig, cli.signal_waits_for_stop_s);
-                        }
-                        if (now - *signalled_at < std::chrono::seconds(cli.signal_waits_for_stop_s)) return;
-                      }
-                      if (sig != 0 && !left) {
-                        left = true;
-                        code = 128 + sig;
-                        caf::anon_send(agent, leave_atom::value, std::string("signal ") + std::to_string(sig));
-                      }
-                    });
-    }
-  }
+  int code = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal);
   watcher.reset();
   if (!refusal.empty()) {
     std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refusal.c_str());

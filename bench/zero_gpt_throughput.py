@@ -1,0 +1,70 @@
+#!/usr/bin/python3.11
+"""Step throughput of the 202M GPT with train.zero = 2 against zero = 0
+(issue 26): `dtactor local` on this machine, N nodes x P ranks, the same
+job, runs alternating A (zero=2) and B (zero=0); per run the median time
+between consecutive journaled steps after the first two (start-up, the
+first step's allocations and the reshard excluded), then the paired ratios'
+median. Prints one JSON object.
+
+Usage: bench/zero_gpt_throughput.py [--pairs 3] [--steps 8] [--nodes 2]
+       [--nproc-per-node 1] [--set key=value ...]
+The default job is bench_state_path.py's GPT (dim 1024, 16 layers, 16
+heads, context 32, global batch 4 in micro-batches of 2); zero=0 at world 2
+needs about 13 GB.
+"""
+import argparse, json, os, statistics, subprocess, sys, tempfile, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "dtactor"))
+ap.add_argument("--pairs", type=int, default=3)
+ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--nodes", type=int, default=2)
+ap.add_argument("--nproc-per-node", type=int, default=1)
+ap.add_argument("--set", action="append", default=[])
+a = ap.parse_args()
+
+job = ["model.name=gpt", "model.dim=1024", "model.layers=16", "model.heads=16", "model.context=32", "train.global_batch_size=4",
+       "train.micro_batch_size=2", "train.warmup_steps=2", "train.log_every_steps=1", "checkpoint.every_steps=0", "eval.every_steps=0",
+       "eval.max_samples=8", "data.max_text_bytes=2000000", f"train.max_steps={a.steps}", f"cluster.min_nodes={a.nodes}"] + a.set
+
+
+def run(zero):
+    d = tempfile.mkdtemp(prefix="dtactor-zgpt-")
+    argv = [a.bin, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume"]
+    for s in job + [f"train.zero={zero}"]:
+        argv += ["--set", s]
+    t0 = time.time()
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        sys.exit(f"zero={zero} failed ({p.returncode}):\n" + p.stdout[-3000:])
+    steps = []
+    transport = ""
+    with open(os.path.join(d, "journal.jsonl")) as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("event") == "step":
+                steps.append(e)
+    for line in p.stdout.splitlines():
+        if "generation" in line and ("gradients" in line or "sharded" in line):
+            transport = line.split(": ", 2)[-1]
+    subprocess.run(["rm", "-rf", d])
+    gaps = [b["t"] - x["t"] for x, b in zip(steps, steps[1:]) if b["step"] == x["step"] + 1 and x["step"] >= 2]
+    return {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport}
+
+
+rows = []
+for i in range(a.pairs):
+    A = run(2)
+    B = run(0)
+    rows.append({"zero2": A, "zero0": B, "ratio": A["step_s_median"] / B["step_s_median"]})
+    print(f"pair {i}: zero=2 {A['step_s_median']:.3f} s/step, zero=0 {B['step_s_median']:.3f} s/step", file=sys.stderr)
+ratios = sorted(r["ratio"] for r in rows)
+print(json.dumps({
+    "what": "202M GPT step time, train.zero=2 (A) against zero=0 (B), dtactor local, median gap between journaled steps from step 2 on, pairs run A B A B",
+    "nodes": a.nodes, "ranks_per_node": a.nproc_per_node, "settings": a.set, "steps": a.steps,
+    "A_step_s_median": statistics.median(r["zero2"]["step_s_median"] for r in rows),
+    "B_step_s_median": statistics.median(r["zero0"]["step_s_median"] for r in rows),
+    "A_over_B_step_paired_median": statistics.median(ratios), "A_over_B_min": ratios[0], "A_over_B_max": ratios[-1],
+    "A_transport": rows[0]["zero2"]["transport"], "B_transport": rows[0]["zero0"]["transport"],
+    "runs": rows}, indent=1))
