@@ -136,7 +136,11 @@ try:
     nc = node("c", "node-c.log")
     joined = wait(lambda j: [e for e in of(j, "node_joined") if e["node"] == "c"])[0]
     restored = wait(lambda j: [e for e in of(j, "checkpoint_restored") if e["source"] == "peer" and e["t"] > joined["t"]])[0]
-    first = wait(lambda j: [e for e in of(j, "step") if e["t"] > restored["t"] and e["world_size"] == 2])[0]
+    # The replacement's first step at world 2; none when the survivor alone
+    # reached train.max_steps before the replacement was in (the job ends
+    # at world 2 without another step).
+    first = wait(lambda j: [e for e in of(j, "step") if e["t"] > restored["t"] and e["world_size"] == 2] or
+                 ([None] if of(j, "job_finished") else []))[0]
     wait(lambda j: of(j, "job_finished"))
     coord.wait(600)
     j1 = journal()
@@ -171,7 +175,7 @@ try:
         "peer_transfer_bytes": restored.get("bytes"),
         "peer_transfer_s": round(restored.get("transfer_s", 0), 3),
         "peer_transfer_gb_per_s": round(restored.get("gb_per_s", 0), 3),
-        "replacement_registered_to_first_step_s": round(first["t"] - joined["t"], 2),
+        "replacement_registered_to_first_step_s": round(first["t"] - joined["t"], 2) if first else None,
         "settings": a.set,
         "kill_to_detected_s": round(lost["t"] - killed_at, 3),
         "kill_to_first_step_at_world_1_s": round(first_alone[0]["t"] - killed_at, 3) if first_alone else None,

@@ -974,6 +974,61 @@ void rank_worker::finish_checkpoints() {
 
 // The step loop of a generation, until the job ends, a stop every rank
 // agreed on, a switch to a newer plan, or a failure.
+namespace {
+
+// What a rank's READY status says about how its generation's gradients
+// (and, with ZeRO, parameters; with DiLoCo, pseudo-gradients) travel.
+struct transport_facts {
+  int rank = 0, world = 1;
+  std::string backend;
+  const exchange_plan* exchange = nullptr;
+  uint64_t reshard_bytes = 0;
+  bool over_shm = false;           // the reducer uses the segment (alone or hierarchical)
+  bool fragments_off_shm = false;  // streaming DiLoCo's fragments left it to the host's reducer
+  const shard_plan* shards = nullptr;
+  bool zero2 = false, zero_shm = false;
+  size_t fragments = 0;  // streaming DiLoCo: the fragments' reducers
+  bool host_sync = false;
+  std::string host_workers_why_not;
+};
+
+std::string describe_transport(const transport_facts& f, training_state& state, const config& cfg) {
+  std::string transport;
+  if (f.world > 1 && f.over_shm) {
+    transport = f.exchange->describe(f.backend);
+  } else if (f.world > 1) {
+    std::string why = f.exchange->why_not;
+    if (f.fragments_off_shm) why = "overlapped fragments leave the host's segment to the host's per-step reducer";
+    if (why.empty() && (f.exchange->shm || f.exchange->hierarchical)) why = "the gradients are not all float32, or do not fit the segment";
+    transport = "gradients over " + f.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
+  }
+  if (f.shards && f.world > 1) {
+    const auto& sp = *f.shards;
+    transport += "; optimizer state" + std::string(f.zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(f.zero2 ? 2 : 1) + "): this rank holds " + std::to_string(sp.held_elements(f.rank)) + " of " +
+                 std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
+                 " holder(s) a shard, " + std::to_string(f.reshard_bytes) + " bytes moved, parameters gathered " +
+                 (f.zero_shm ? std::string("through shared memory") : "over " + f.backend);
+  }
+  if (state.diloco() && f.world > 1) {
+    // The same transport carries the pseudo-gradients, once a window.
+    const auto at = transport.find("gradients");
+    if (at != std::string::npos) transport.replace(at, 9, "pseudo-gradients");
+    const auto& oo = state.outer().options();
+    std::string how = "train.sync_every=" + std::to_string(cfg.get_int("train.sync_every"));
+    if (f.fragments > 0)
+      how += ", " + std::to_string(f.fragments) + " fragments, overlap " + std::to_string(oo.overlap) + " step(s), mix " + std::to_string(oo.mix).substr(0, 4);
+    if (f.host_sync)
+      how += ", workers are hosts: " + std::to_string(f.exchange->host_ranks) + " ranks here, synchronous over shared memory every step";
+    else if (!f.host_workers_why_not.empty())
+      how += ", train.diloco_worker = host but this rank is a worker of its own (" + f.host_workers_why_not + ")";
+    transport = "DiLoCo (" + how + "): " + transport + ", window at step " + std::to_string(state.step()) + " of anchor " +
+                std::to_string(state.outer().anchor());
+  }
+  return transport;
+}
+
+}  // namespace
+
 rank_worker::outcome rank_worker::train(generation_run& g) {
   auto& im = *impl_;
   training_state& state = *im.state;
@@ -1065,37 +1120,21 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
 
   {
     // How this generation's gradients travel (shown in the rank's status).
-    std::string transport;
-    if (g.world > 1 && (sync.uses_shm() || sync.hierarchical())) {
-      transport = g.exchange.describe(g.backend);
-    } else if (g.world > 1) {
-      std::string why = g.exchange.why_not;
-      if (fragments_off_shm) why = "overlapped fragments leave the host's segment to the host's per-step reducer";
-      if (why.empty() && (g.exchange.shm || g.exchange.hierarchical)) why = "the gradients are not all float32, or do not fit the segment";
-      transport = "gradients over " + g.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
-    }
-    if (im.shards && g.world > 1) {
-      const auto& sp = *im.shards;
-      transport += "; optimizer state" + std::string(zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(zero2 ? 2 : 1) + "): this rank holds " + std::to_string(sp.held_elements(g.rank)) + " of " +
-                   std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
-                   " holder(s) a shard, " + std::to_string(g.reshard_bytes) + " bytes moved, parameters gathered " +
-                   (zero_shm ? std::string("through shared memory") : "over " + g.backend);
-    }
-    if (state.diloco() && g.world > 1) {
-      // The same transport carries the pseudo-gradients, once a window.
-      const auto at = transport.find("gradients");
-      if (at != std::string::npos) transport.replace(at, 9, "pseudo-gradients");
-      const auto& oo = state.outer().options();
-      std::string how = "train.sync_every=" + std::to_string(cfg.get_int("train.sync_every"));
-      if (streaming)
-        how += ", " + std::to_string(syncs.size()) + " fragments, overlap " + std::to_string(oo.overlap) + " step(s), mix " + std::to_string(oo.mix).substr(0, 4);
-      if (host_sync)
-        how += ", workers are hosts: " + std::to_string(g.exchange.host_ranks) + " ranks here, synchronous over shared memory every step";
-      else if (!host_workers_why_not.empty())
-        how += ", train.diloco_worker = host but this rank is a worker of its own (" + host_workers_why_not + ")";
-      transport = "DiLoCo (" + how + "): " + transport + ", window at step " + std::to_string(state.step()) + " of anchor " +
-                  std::to_string(state.outer().anchor());
-    }
+    transport_facts tf;
+    tf.rank = g.rank;
+    tf.world = g.world;
+    tf.backend = g.backend;
+    tf.exchange = &g.exchange;
+    tf.reshard_bytes = g.reshard_bytes;
+    tf.over_shm = sync.uses_shm() || sync.hierarchical();
+    tf.fragments_off_shm = fragments_off_shm;
+    tf.shards = im.shards ? &*im.shards : nullptr;
+    tf.zero2 = zero2;
+    tf.zero_shm = zero_shm;
+    tf.fragments = streaming ? syncs.size() : 0;
+    tf.host_sync = host_sync != nullptr;
+    tf.host_workers_why_not = host_workers_why_not;
+    const std::string transport = describe_transport(tf, state, cfg);
     if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
     auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
     ready.set_state_source(to_wire(g.source));

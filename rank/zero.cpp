@@ -30,6 +30,21 @@ status wait_p2p(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::millise
   }
 }
 
+// Rank `rank` holds shard s (as its primary or a replica): it stepped the
+// shard's parameters itself, bit for bit as the primary did (the same update
+// on the same summed gradient), so it needs none of them from the primary.
+bool holds(const shard_plan& plan, int s, int rank) {
+  const auto& h = plan.shards[static_cast<size_t>(s)].holders;
+  return std::find(h.begin(), h.end(), rank) != h.end();
+}
+// Every rank holds every shard (two ranks with two holders a shard): an
+// all-gather would move nothing anyone lacks. The same answer on every rank.
+bool everyone_holds_everything(const shard_plan& plan) {
+  for (const auto& sh : plan.shards)
+    if (static_cast<int>(sh.holders.size()) < plan.world() && sh.begin < sh.end) return false;
+  return true;
+}
+
 bool covers(const ranges& rs, int64_t a, int64_t b) {
   for (const auto& [x, y] : rs)
     if (x <= a && b <= y) return true;
@@ -106,7 +121,7 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
   if (world != plan.world())
     return make_error("parameter all-gather: the shard plan is for " + std::to_string(plan.world()) + " ranks, the group has " +
                       std::to_string(world));
-  if (world == 1) return {};
+  if (world == 1 || everyone_holds_everything(plan)) return {};
   torch::NoGradGuard no_grad;
   const int64_t largest = plan.largest();
   const int64_t block = std::max<int64_t>(1, std::min(block_elements, largest));
@@ -138,7 +153,7 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
     std::vector<torch::Tensor> ins{in};
     if (auto st = wait_work(pg.allgather(outs, ins), clock_type::now() + timeout, abandon, "parameter all-gather"); !st) return st;
     for (int r = 0; r < world; ++r) {
-      if (r == rank) continue;
+      if (r == rank || holds(plan, r, rank)) continue;
       const auto& sh = plan.shards[static_cast<size_t>(r)];
       const int64_t x = std::min(sh.begin + off, sh.end), y = std::min(sh.begin + off + block, sh.end);
       if (x < y) move(x, y, outs[0][static_cast<size_t>(r)], false);
@@ -178,7 +193,7 @@ status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan
   if (world != plan.world())
     return make_error("parameter all-gather: the shard plan is for " + std::to_string(plan.world()) + " ranks, the segment has " +
                       std::to_string(world));
-  if (world == 1) return {};
+  if (world == 1 || everyone_holds_everything(plan)) return {};
   torch::NoGradGuard no_grad;
   // Elements [a, b) of the index space between the parameters and a slot,
   // at the same offsets (a slot holds the whole index space).
@@ -194,11 +209,15 @@ status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan
     }
   };
   const auto& mine = plan.shards[static_cast<size_t>(rank)];
+  // Written only when some rank lacks this shard; read only what this rank
+  // does not hold itself.
+  bool wanted = false;
+  for (int r = 0; r < world; ++r) wanted = wanted || !holds(plan, rank, r);
   return shm_round(
-      shm, [&](float* slot) { move(slot, mine.begin, mine.end, true); },
+      shm, [&](float* slot) { if (wanted) move(slot, mine.begin, mine.end, true); },
       [&](int parity) {
         for (int r = 0; r < world; ++r) {
-          if (r == rank) continue;
+          if (r == rank || holds(plan, r, rank)) continue;
           const auto& sh = plan.shards[static_cast<size_t>(r)];
           if (sh.begin < sh.end) move(shm.slot(parity, r), sh.begin, sh.end, false);
         }

@@ -259,12 +259,7 @@ result<checkpoint_store> checkpoint_store::open(const std::string& location, che
 }
 
 result<checkpoint_store> checkpoint_store::open_readonly(const std::string& location, const std::string& s3_endpoint) {
-  if (location.rfind("s3://", 0) == 0) {
-    auto objects = open_object_store(location, default_fs_env(), s3_endpoint);
-    if (!objects) return objects.err();
-    return checkpoint_store(std::shared_ptr<object_store>(std::move(objects.value())), checkpoint_policy{});
-  }
-  auto objects = open_directory_store_readonly(location);
+  auto objects = open_object_store_readonly(location, s3_endpoint);
   if (!objects) return objects.err();
   return checkpoint_store(std::shared_ptr<object_store>(std::move(objects.value())), checkpoint_policy{});
 }

@@ -152,14 +152,7 @@ class resolver {
   result<object_store*> store_at(const std::string& location) {
     auto it = stores_.find(location);
     if (it != stores_.end()) return it->second.get();
-    result<std::unique_ptr<object_store>> s = make_error("");
-    if (is_s3(location)) {
-      auto o = s3_options_for(location, endpoint_);
-      if (!o) return fail(o.message());
-      s = open_s3_store(std::move(o.value()));
-    } else {
-      s = open_directory_store_readonly(location);
-    }
+    auto s = open_object_store_readonly(location, endpoint_);
     if (!s) return fail(s.message());
     return stores_.emplace(location, std::move(s.value())).first->second.get();
   }
@@ -554,9 +547,7 @@ struct shard_reader::impl {
     std::lock_guard<std::mutex> lock(stores_mu);
     auto it = stores.find(location);
     if (it != stores.end()) return it->second.get();
-    auto o = s3_options_for(location, opt.s3_endpoint);
-    if (!o) return shard_error(i, o.message());
-    auto s = open_s3_store(std::move(o.value()));
+    auto s = open_object_store_readonly(location, opt.s3_endpoint);
     if (!s) return shard_error(i, s.message());
     return stores.emplace(location, std::move(s.value())).first->second.get();
   }

@@ -209,4 +209,13 @@ result<std::unique_ptr<object_store>> open_object_store(const std::string& locat
   return open_directory_store(location, env);
 }
 
+result<std::unique_ptr<object_store>> open_object_store_readonly(const std::string& location, const std::string& s3_endpoint) {
+  if (location.rfind("s3://", 0) == 0) {
+    auto o = s3_options_for(location, s3_endpoint);
+    if (!o) return o.err();
+    return open_s3_store(std::move(o.value()));
+  }
+  return open_directory_store_readonly(location);
+}
+
 }  // namespace dtactor

@@ -82,6 +82,12 @@ result<std::unique_ptr<object_store>> open_directory_store_readonly(const std::s
 result<std::unique_ptr<object_store>> open_object_store(const std::string& location, fs_env& env = default_fs_env(),
                                                         const std::string& s3_endpoint = "");
 
+// The same for reading only (eval, export, data shards): a directory is
+// neither created nor probed nor swept (a read-only mount works); s3:// as
+// above. The one factory of stores from a location: every caller that
+// reads or writes by URL goes through these two.
+result<std::unique_ptr<object_store>> open_object_store_readonly(const std::string& location, const std::string& s3_endpoint = "");
+
 // The location in a form another process on another machine can use: an
 // absolute directory path, or the s3:// URL unchanged.
 std::string absolute_location(const std::string& location);
