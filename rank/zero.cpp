@@ -45,6 +45,20 @@ bool everyone_holds_everything(const shard_plan& plan) {
   return true;
 }
 
+// Elements [a, b) of the index space between the parameters and `buf` (its
+// first b - a elements): to_buffer copies parameters -> buffer.
+void move_params(flat_adamw& opt, int64_t a, int64_t b, const torch::Tensor& buf, bool to_buffer) {
+  int64_t at = 0;
+  for (auto& v : opt.param_views(a, b)) {
+    auto part = buf.narrow(0, at, v.numel()).view(v.sizes());
+    if (to_buffer)
+      part.copy_(v);
+    else
+      v.copy_(part);
+    at += v.numel();
+  }
+}
+
 bool covers(const ranges& rs, int64_t a, int64_t b) {
   for (const auto& [x, y] : rs)
     if (x <= a && b <= y) return true;
@@ -132,23 +146,10 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
   torch::Tensor in = torch::empty({block}, opts);
   std::vector<torch::Tensor> out;
   for (int r = 0; r < world; ++r) out.push_back(torch::empty({block}, opts));
-  // Copies elements [a, b) of the index space between the parameters and a
-  // buffer (to_buffer: parameters -> buffer).
-  auto move = [&](int64_t a, int64_t b, const torch::Tensor& buf, bool to_buffer) {
-    int64_t at = 0;
-    for (auto& v : opt.param_views(a, b)) {
-      auto part = buf.narrow(0, at, v.numel());
-      if (to_buffer)
-        part.copy_(v);
-      else
-        v.copy_(part);
-      at += v.numel();
-    }
-  };
   const auto& mine = plan.shards[static_cast<size_t>(rank)];
   for (int64_t off = 0; off < largest; off += block) {
     const int64_t a = std::min(mine.begin + off, mine.end), b = std::min(mine.begin + off + block, mine.end);
-    if (a < b) move(a, b, in, true);
+    if (a < b) move_params(opt, a, b, in, true);
     std::vector<std::vector<torch::Tensor>> outs{out};
     std::vector<torch::Tensor> ins{in};
     if (auto st = wait_work(pg.allgather(outs, ins), clock_type::now() + timeout, abandon, "parameter all-gather"); !st) return st;
@@ -156,7 +157,7 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
       if (r == rank || holds(plan, r, rank)) continue;
       const auto& sh = plan.shards[static_cast<size_t>(r)];
       const int64_t x = std::min(sh.begin + off, sh.end), y = std::min(sh.begin + off + block, sh.end);
-      if (x < y) move(x, y, outs[0][static_cast<size_t>(r)], false);
+      if (x < y) move_params(opt, x, y, outs[0][static_cast<size_t>(r)], false);
     }
   }
   return {};
@@ -195,31 +196,20 @@ status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan
                       std::to_string(world));
   if (world == 1 || everyone_holds_everything(plan)) return {};
   torch::NoGradGuard no_grad;
-  // Elements [a, b) of the index space between the parameters and a slot,
-  // at the same offsets (a slot holds the whole index space).
-  auto move = [&](float* slot, int64_t a, int64_t b, bool to_slot) {
-    int64_t at = a;
-    for (auto& v : opt.param_views(a, b)) {
-      auto part = torch::from_blob(slot + at, {v.numel()}, torch::kFloat).view(v.sizes());
-      if (to_slot)
-        part.copy_(v);
-      else
-        v.copy_(part);
-      at += v.numel();
-    }
-  };
+  // A slot holds the whole index space: elements [a, b) at offset a.
+  auto slot_part = [](float* slot, int64_t a, int64_t b) { return torch::from_blob(slot + a, {b - a}, torch::kFloat); };
   const auto& mine = plan.shards[static_cast<size_t>(rank)];
   // Written only when some rank lacks this shard; read only what this rank
   // does not hold itself.
   bool wanted = false;
   for (int r = 0; r < world; ++r) wanted = wanted || !holds(plan, rank, r);
   return shm_round(
-      shm, [&](float* slot) { if (wanted) move(slot, mine.begin, mine.end, true); },
+      shm, [&](float* slot) { if (wanted) move_params(opt, mine.begin, mine.end, slot_part(slot, mine.begin, mine.end), true); },
       [&](int parity) {
         for (int r = 0; r < world; ++r) {
           if (r == rank || holds(plan, r, rank)) continue;
           const auto& sh = plan.shards[static_cast<size_t>(r)];
-          if (sh.begin < sh.end) move(shm.slot(parity, r), sh.begin, sh.end, false);
+          if (sh.begin < sh.end) move_params(opt, sh.begin, sh.end, slot_part(shm.slot(parity, r), sh.begin, sh.end), false);
         }
       },
       timeout, abandon, spin, "parameter all-gather (shared memory)");
