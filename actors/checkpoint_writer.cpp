@@ -5,7 +5,7 @@
 
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
-#include "runtime/manifest_plan.hpp"
+#include "storage/manifest_plan.hpp"
 
 namespace dtactor {
 

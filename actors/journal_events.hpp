@@ -287,7 +287,7 @@ struct outer_step {
 
 // Each rank's resource use so far (a few times a minute, and at the end).
 // Sharded data (docs/data.md): a rank process's reading since it started
-// (runtime/data_shards' counters; read_ahead_depth and cache_bytes are now).
+// (data/data_shards' counters; read_ahead_depth and cache_bytes are now).
 struct data_reading {
   uint64_t bytes_s3 = 0, bytes_local = 0, cache_hits = 0, cache_misses = 0, shards_verified = 0, shards_failed = 0;
   uint64_t read_ahead_depth = 0, cache_bytes = 0, cache_peak_bytes = 0;

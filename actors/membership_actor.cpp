@@ -5,7 +5,7 @@
 #include "actors/wire_enums.hpp"
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
-#include "runtime/unix_time.hpp"
+#include "base/unix_time.hpp"
 
 namespace dtactor {
 

@@ -44,7 +44,7 @@ struct coordinator_options {
   // the running generation).
   int64_t initial_checkpoint_step = -1;
   // The job's data files as the coordinator sees them (path -> digest,
-  // runtime/job_config.hpp data_file_digests); a node whose ranks opened
+  // job/job_config.hpp data_file_digests); a node whose ranks opened
   // different ones is refused. Files missing here take the first node's.
   std::map<std::string, std::string> data_digests;
   log_fn log;         // one line per event worth a journal entry (may be empty)

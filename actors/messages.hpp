@@ -21,7 +21,7 @@
 #include "caf/meta/load_callback.hpp"
 #include "caf/meta/type_name.hpp"
 #include "caf/sec.hpp"
-#include "runtime/wire.hpp"  // envelope_header, make_envelope (header-only here)
+#include "net/wire.hpp"  // envelope_header, make_envelope (header-only here)
 #include "wire.pb.h"
 
 namespace dtactor {

@@ -17,12 +17,12 @@
 #include "app/slurm_env.hpp"
 #include "dtactor/config.hpp"
 #include "monitoring/report.hpp"
-#include "runtime/blas_info.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/data_shards.hpp"
-#include "runtime/fs.hpp"
-#include "runtime/job_key.hpp"
-#include "runtime/process.hpp"
+#include "base/blas_info.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "data/data_shards.hpp"
+#include "storage/fs.hpp"
+#include "base/job_key.hpp"
+#include "base/process.hpp"
 
 namespace dtactor {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "rank/fault_mode.hpp"
-#include "runtime/job_key.hpp"
+#include "base/job_key.hpp"
 
 namespace dtactor {
 
@@ -44,7 +44,7 @@ struct cluster_cli {
   int signal_waits_for_stop_s = 0;
   const std::atomic<int>* stop_signal = nullptr;
   // The job key (--key / DTACTOR_KEY_FILE), null for an open job; see
-  // runtime/job_key.hpp and docs/security.md.
+  // base/job_key.hpp and docs/security.md.
   std::shared_ptr<const job_key> key;
 };
 

@@ -1,6 +1,6 @@
 #include "app/cluster_util.hpp"
 
-#include "runtime/process.hpp"
+#include "base/process.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -14,7 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "runtime/hash.hpp"
+#include "base/hash.hpp"
 
 namespace dtactor {
 

@@ -2,7 +2,7 @@
 // Small helpers shared by the cluster roles.
 #include <string>
 
-#include "runtime/fs.hpp"
+#include "storage/fs.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {

@@ -21,14 +21,14 @@
 #include "monitoring/resources.hpp"
 #include "monitoring/run_observer.hpp"
 #include "monitoring/service_discovery.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/shipped_file.hpp"
-#include "runtime/fs.hpp"
-#include "runtime/job_config.hpp"
-#include "runtime/rendezvous_store.hpp"
-#include "runtime/sample_log.hpp"
-#include "runtime/wire.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "job/shipped_file.hpp"
+#include "storage/fs.hpp"
+#include "job/job_config.hpp"
+#include "net/rendezvous_store.hpp"
+#include "data/sample_log.hpp"
+#include "net/wire.hpp"
+#include "net/zmq_bridge.hpp"
 
 namespace dtactor {
 

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "runtime/fs.hpp"
+#include "storage/fs.hpp"
 
 namespace dtactor {
 

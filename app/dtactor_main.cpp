@@ -14,8 +14,8 @@
 #include <string>
 
 #include "app/cli.hpp"
-#include "runtime/blas_info.hpp"
-#include "runtime/process.hpp"
+#include "base/blas_info.hpp"
+#include "base/process.hpp"
 
 namespace {
 

@@ -9,9 +9,9 @@
 
 #include "app/cluster.hpp"
 #include "app/slurm_env.hpp"
-#include "runtime/blas_info.hpp"
-#include "runtime/process.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "base/blas_info.hpp"
+#include "base/process.hpp"
+#include "net/zmq_bridge.hpp"
 
 namespace dtactor {
 

@@ -21,15 +21,15 @@
 #include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
-#include "runtime/blas_info.hpp"
+#include "base/blas_info.hpp"
 #include "monitoring/gpu_metrics.hpp"
 #include "monitoring/metrics.hpp"
 #include "dtactor/config.hpp"
 #include "monitoring/resources.hpp"
-#include "runtime/preemption_notice.hpp"
-#include "runtime/process.hpp"
-#include "runtime/wire.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "base/preemption_notice.hpp"
+#include "base/process.hpp"
+#include "net/wire.hpp"
+#include "net/zmq_bridge.hpp"
 
 namespace dtactor {
 

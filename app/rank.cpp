@@ -21,8 +21,8 @@
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "rank/rank_worker.hpp"
-#include "runtime/wire.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "net/wire.hpp"
+#include "net/zmq_bridge.hpp"
 
 namespace dtactor {
 

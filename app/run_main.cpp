@@ -13,7 +13,7 @@
 #include "dtactor/main.hpp"
 #include "app/train_command.hpp"
 #include "app/tune_batch.hpp"
-#include "runtime/job_config.hpp"
+#include "job/job_config.hpp"
 
 namespace dtactor {
 

@@ -20,13 +20,13 @@
 #include "rank/rank_worker.hpp"
 #include "rank/state_io.hpp"
 #include "rank/step_policy.hpp"
-#include "runtime/blas_info.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/data_shards.hpp"
-#include "runtime/data_wait.hpp"
-#include "runtime/fs.hpp"
-#include "runtime/job_config.hpp"
-#include "runtime/sample_log.hpp"
+#include "base/blas_info.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "data/data_shards.hpp"
+#include "data/data_wait.hpp"
+#include "storage/fs.hpp"
+#include "job/job_config.hpp"
+#include "data/sample_log.hpp"
 
 namespace dtactor {
 

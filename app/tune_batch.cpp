@@ -14,9 +14,9 @@
 #include "model/trainer.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/resources.hpp"
-#include "runtime/fs.hpp"
-#include "runtime/job_config.hpp"
-#include "runtime/process.hpp"
+#include "storage/fs.hpp"
+#include "job/job_config.hpp"
+#include "base/process.hpp"
 
 namespace dtactor {
 

@@ -19,7 +19,7 @@
 #include <set>
 
 #include "cluster_harness.hpp"
-#include "runtime/fs.hpp"
+#include "storage/fs.hpp"
 
 using namespace dtactor;
 using namespace dtactor::testing;

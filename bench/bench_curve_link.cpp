@@ -38,8 +38,8 @@
 #include <zmq.hpp>
 
 #include "proto/wire.pb.h"
-#include "runtime/job_key.hpp"
-#include "runtime/zap_handler.hpp"
+#include "base/job_key.hpp"
+#include "net/zap_handler.hpp"
 
 using namespace dtactor;
 using clk = std::chrono::steady_clock;

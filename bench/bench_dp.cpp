@@ -36,8 +36,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/trainer.hpp"
-#include "runtime/communicator.hpp"
-#include "runtime/grad_sync.hpp"
+#include "comm/communicator.hpp"
+#include "comm/grad_sync.hpp"
 
 extern char** environ;
 

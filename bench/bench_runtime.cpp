@@ -48,7 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/journal_events.hpp"
-#include "runtime/process.hpp"
+#include "base/process.hpp"
 
 using namespace dtactor;
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/trainer.hpp"
-#include "runtime/blas_info.hpp"
+#include "base/blas_info.hpp"
 
 using namespace dtactor;
 

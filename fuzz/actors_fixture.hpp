@@ -17,7 +17,7 @@
 #include "dtactor/config.hpp"
 #include "fuzz/fuzz_util.hpp"
 #include "fuzz/memory_store.hpp"
-#include "runtime/checkpoint_store.hpp"
+#include "storage/checkpoint_store.hpp"
 #include "tests/actor_test_util.hpp"
 
 namespace dtactor::fuzz {

@@ -1,4 +1,4 @@
-// Checkpoint manifests (runtime/checkpoint_store.hpp): read at every resume,
+// Checkpoint manifests (storage/checkpoint_store.hpp): read at every resume,
 // eval and export from a directory or an S3 prefix that others may write
 // (a shared bucket, a planted file). Input: records; the first is the
 // manifest's bytes (stored as ckpt-000000007.manifest), the next ones more
@@ -10,7 +10,7 @@
 // manifest that reads commits again (encode) and reads back the same.
 #include "fuzz/fuzz_util.hpp"
 #include "fuzz/memory_store.hpp"
-#include "runtime/checkpoint_store.hpp"
+#include "storage/checkpoint_store.hpp"
 
 using namespace dtactor;
 

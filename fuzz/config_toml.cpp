@@ -1,4 +1,4 @@
-// The job's TOML config (runtime/config.hpp): read from --config files, and
+// The job's TOML config (base/config.hpp): read from --config files, and
 // by every node and rank from the coordinator's register_ack and generation
 // plans (config_toml). Properties: parse_toml never crashes; a config it
 // accepts prints (to_toml, what the coordinator sends) as TOML that parses
@@ -11,7 +11,7 @@
 #include "actors/membership.hpp"
 #include "fuzz/fuzz_util.hpp"
 #include "dtactor/config.hpp"
-#include "runtime/job_config.hpp"
+#include "job/job_config.hpp"
 
 using namespace dtactor;
 

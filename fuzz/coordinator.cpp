@@ -17,7 +17,7 @@
 #include <set>
 
 #include "fuzz/actors_fixture.hpp"
-#include "runtime/wire.hpp"
+#include "net/wire.hpp"
 
 using namespace dtactor;
 

@@ -1,4 +1,4 @@
-// nanoGPT's .bin token streams (runtime/npy.hpp token_file): flat uint16 ids,
+// nanoGPT's .bin token streams (data/npy.hpp token_file): flat uint16 ids,
 // memory-mapped and checked against the vocabulary when opened. Properties:
 // open never crashes; every id of an accepted file is below the vocabulary
 // and every window the sampler can take lies inside the file.
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/npy.hpp"
+#include "data/npy.hpp"
 
 using namespace dtactor;
 

@@ -1,4 +1,4 @@
-// NumPy .npy files (runtime/npy.hpp), the data of a torchscript job (data.*
+// NumPy .npy files (data/npy.hpp), the data of a torchscript job (data.*
 // paths, shards listed or globbed, local or fetched from S3): the header is
 // a Python dict literal with a shape that may claim any size. Properties:
 // parse_npy_header never crashes and accepts only headers whose shape and
@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/npy.hpp"
+#include "data/npy.hpp"
 
 using namespace dtactor;
 

@@ -1,4 +1,4 @@
-// Job key files (runtime/job_key.hpp): `--key FILE` or DTACTOR_KEY_FILE on
+// Job key files (base/job_key.hpp): `--key FILE` or DTACTOR_KEY_FILE on
 // every process of a job; a hand-edited or damaged file must be refused in
 // one line, never half-used. Properties: parse_job_key never crashes; a key
 // it accepts has four 40-character Z85 CURVE keys whose public halves
@@ -6,7 +6,7 @@
 #include <zmq.h>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/job_key.hpp"
+#include "base/job_key.hpp"
 
 using namespace dtactor;
 

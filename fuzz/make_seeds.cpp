@@ -21,10 +21,10 @@
 #include <set>
 
 #include "fuzz/actors_fixture.hpp"
-#include "runtime/job_key.hpp"
-#include "runtime/rendezvous_protocol.hpp"
-#include "runtime/wire.hpp"
-#include "runtime/zap_handler.hpp"
+#include "base/job_key.hpp"
+#include "net/rendezvous_protocol.hpp"
+#include "net/wire.hpp"
+#include "net/zap_handler.hpp"
 
 using namespace dtactor;
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/object_store.hpp"
+#include "storage/object_store.hpp"
 
 namespace dtactor::fuzz {
 

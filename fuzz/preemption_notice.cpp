@@ -1,4 +1,4 @@
-// The clouds' preemption notices (runtime/preemption_notice.hpp): a node
+// The clouds' preemption notices (base/preemption_notice.hpp): a node
 // polls its instance metadata service and parses what comes back (AWS
 // spot/instance-action JSON, GCP's "TRUE", Azure Scheduled Events JSON and
 // RFC 1123 / RFC 3339 times). Properties: no parser crashes; a notice it
@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/preemption_notice.hpp"
+#include "base/preemption_notice.hpp"
 
 using namespace dtactor;
 

@@ -7,7 +7,7 @@
 // clock moves; 3: nothing. Properties: nothing crashes; everything the rank
 // sends encodes.
 #include "fuzz/actors_fixture.hpp"
-#include "runtime/wire.hpp"
+#include "net/wire.hpp"
 
 using namespace dtactor;
 

@@ -1,4 +1,4 @@
-// The rendezvous store's requests (runtime/rendezvous_store.hpp,
+// The rendezvous store's requests (net/rendezvous_store.hpp,
 // rendezvous_protocol.hpp): multipart messages from any client that reaches
 // the coordinator's store port (with a job key, only from the job's own
 // processes). Input: records, each one frame; tag % 4 == 1 means more
@@ -11,7 +11,7 @@
 #include <chrono>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/rendezvous_store.hpp"
+#include "net/rendezvous_store.hpp"
 
 using namespace dtactor;
 

@@ -1,4 +1,4 @@
-// S3's XML responses (runtime/s3_store.hpp): ListObjectsV2 pages, error
+// S3's XML responses (storage/s3_store.hpp): ListObjectsV2 pages, error
 // bodies, InitiateMultipartUpload and ListMultipartUploads, as the
 // checkpoint store reads them from whatever answers at the endpoint (AWS,
 // radosgw, MinIO, a proxy, a stranger on the path without TLS). The first
@@ -6,7 +6,7 @@
 // crashes; listed objects are names directly under the prefix; the uploads
 // the store's sweep would abort all lie under its prefix.
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/s3_store.hpp"
+#include "storage/s3_store.hpp"
 
 using namespace dtactor;
 

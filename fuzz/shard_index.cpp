@@ -1,4 +1,4 @@
-// dtactor-shards.json (runtime/data_shards.hpp): the index beside a data
+// dtactor-shards.json (data/data_shards.hpp): the index beside a data
 // set's shards, in a directory or S3 prefix that others can write; every
 // reader of the shards parses it. Properties: an accepted entry names a
 // plain file (no '/'), and its digest is "<bytes>:<16 lower-case hex>" with
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/data_shards.hpp"
+#include "data/data_shards.hpp"
 
 using namespace dtactor;
 

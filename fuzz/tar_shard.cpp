@@ -1,4 +1,4 @@
-// Tar shards (runtime/webdataset.hpp) and their images (runtime/image_decode.hpp):
+// Tar shards (data/webdataset.hpp) and their images (data/image_decode.hpp):
 // shards come from a shared drive or a bucket that others write. Properties:
 // reading the archive whole and streaming it in pieces agree on the sample
 // count; every member lies inside the archive; errors are one line; images
@@ -6,8 +6,8 @@
 #include <string>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/image_decode.hpp"
-#include "runtime/webdataset.hpp"
+#include "data/image_decode.hpp"
+#include "data/webdataset.hpp"
 
 using namespace dtactor;
 

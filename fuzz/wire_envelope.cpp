@@ -1,12 +1,12 @@
-// The wire envelope (proto/wire.proto, runtime/wire.hpp): every frame that
+// The wire envelope (proto/wire.proto, net/wire.hpp): every frame that
 // reaches a coordinator, node or rank socket goes through wire::decode
 // before anything else looks at it. Properties: decode never crashes, and
 // an envelope it accepts encodes again and decodes to the same message (what
 // a node relays for its ranks is re-encoded). rank 0's checkpoint_written
 // carries a manifest body the coordinator parses and checks: done here too.
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/wire.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "net/wire.hpp"
 
 using namespace dtactor;
 

@@ -1,4 +1,4 @@
-// The ZAP handler's requests (runtime/zap_handler.hpp, ZeroMQ RFC 27): with
+// The ZAP handler's requests (net/zap_handler.hpp, ZeroMQ RFC 27): with
 // a job key, libzmq asks it about every CURVE handshake at a server socket
 // (the coordinator's, a node's for its ranks, the rendezvous store's); the
 // address and the client's public key come from the peer. Input: records,
@@ -8,7 +8,7 @@
 #include <set>
 
 #include "fuzz/fuzz_util.hpp"
-#include "runtime/zap_handler.hpp"
+#include "net/zap_handler.hpp"
 
 using namespace dtactor;
 

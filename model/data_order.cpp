@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "runtime/hash.hpp"
+#include "base/hash.hpp"
 
 namespace dtactor {
 

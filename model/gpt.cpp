@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/data_wait.hpp"
+#include "data/data_wait.hpp"
 
 namespace dtactor {
 

@@ -10,9 +10,9 @@
 #include <condition_variable>
 #include <thread>
 
-#include "runtime/image_decode.hpp"
-#include "runtime/job_config.hpp"
-#include "runtime/webdataset.hpp"
+#include "data/image_decode.hpp"
+#include "job/job_config.hpp"
+#include "data/webdataset.hpp"
 
 namespace dtactor {
 

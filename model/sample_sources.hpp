@@ -16,8 +16,8 @@
 
 #include "dtactor/config.hpp"
 #include "dtactor/result.hpp"
-#include "runtime/data_shards.hpp"
-#include "runtime/npy.hpp"
+#include "data/data_shards.hpp"
+#include "data/npy.hpp"
 
 namespace dtactor {
 

@@ -1,6 +1,6 @@
 #include "dtactor/task.hpp"
 
-#include "runtime/task_catalog.hpp"
+#include "base/task_catalog.hpp"
 
 namespace dtactor {
 

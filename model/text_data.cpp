@@ -6,7 +6,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "runtime/hash.hpp"
+#include "base/hash.hpp"
 
 namespace dtactor {
 

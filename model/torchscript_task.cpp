@@ -16,11 +16,11 @@
 #include <tuple>
 
 #include "model/sample_sources.hpp"
-#include "runtime/npy.hpp"
-#include "runtime/data_shards.hpp"
-#include "runtime/job_config.hpp"
+#include "data/npy.hpp"
+#include "data/data_shards.hpp"
+#include "job/job_config.hpp"
 #include "dtactor/task.hpp"
-#include "runtime/data_wait.hpp"
+#include "data/data_wait.hpp"
 
 namespace dtactor {
 

@@ -11,12 +11,12 @@
 #include <thread>
 
 #include "checkpoint.pb.h"
-#include "runtime/blas_info.hpp"
-#include "runtime/data_wait.hpp"
-#include "runtime/fs.hpp"
-#include "runtime/grad_sync.hpp"
-#include "runtime/hash.hpp"
-#include "runtime/unix_time.hpp"
+#include "base/blas_info.hpp"
+#include "data/data_wait.hpp"
+#include "storage/fs.hpp"
+#include "comm/grad_sync.hpp"
+#include "base/hash.hpp"
+#include "base/unix_time.hpp"
 
 namespace dtactor {
 

@@ -26,7 +26,7 @@
 #include "model/diloco.hpp"
 #include "model/flat_adamw.hpp"
 #include "model/schedule.hpp"
-#include "runtime/job_config.hpp"
+#include "job/job_config.hpp"
 
 namespace dtactor {
 

@@ -6,7 +6,7 @@
 #include <optional>
 #include <set>
 
-#include "runtime/data_wait.hpp"
+#include "data/data_wait.hpp"
 
 namespace dtactor {
 

@@ -7,7 +7,7 @@
 #include "model/fashion_mnist.hpp"
 #include "model/sample_sources.hpp"
 #include "dtactor/task.hpp"
-#include "runtime/data_wait.hpp"
+#include "data/data_wait.hpp"
 
 namespace dtactor {
 

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "actors/journal_events.hpp"
-#include "runtime/fs.hpp"
+#include "storage/fs.hpp"
 #include "dtactor/result.hpp"
-#include "runtime/unix_time.hpp"
+#include "base/unix_time.hpp"
 
 namespace dtactor {
 

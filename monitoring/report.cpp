@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "actors/journal_events.hpp"
-#include "runtime/fs.hpp"
+#include "storage/fs.hpp"
 
 namespace dtactor {
 

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "rank/state_io.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/object_store.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "storage/object_store.hpp"
 
 namespace dtactor {
 

@@ -1,7 +1,7 @@
 #pragma once
 // A rank's share of a checkpoint, stored in the background. At a checkpoint
 // step the training thread copies its byte ranges of the state (by default
-// the one range part_range of the stream, runtime/checkpoint_store.hpp; a
+// the one range part_range of the stream, storage/checkpoint_store.hpp; a
 // ZeRO shard owns several) back to back into a host buffer and goes on
 // training; a thread of its own writes each range to the checkpoint store as
 // a part of its own and reports `checkpoint_written` (a few hundred bytes)
@@ -36,7 +36,7 @@ class part_writer {
     uint64_t generation = 0;
     int rank = 0, world = 1;
     std::string node_id;
-    std::string store;  // location (runtime/object_store.hpp)
+    std::string store;  // location (storage/object_store.hpp)
     std::string s3_endpoint;
     std::string meta;   // global rank 0: serialized checkpoint_meta without parts
     // Stream bytes [first, second) this rank writes, ascending and disjoint,

@@ -39,7 +39,7 @@
 
 #include "rank/fault_mode.hpp"
 #include "dtactor/result.hpp"
-#include "runtime/job_key.hpp"
+#include "base/job_key.hpp"
 
 #include "actors/rank_actor.hpp"
 #include "wire.pb.h"

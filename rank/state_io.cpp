@@ -6,8 +6,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "model/trainer.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/communicator.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "comm/communicator.hpp"
 
 namespace dtactor {
 

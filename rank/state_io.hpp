@@ -1,6 +1,6 @@
 #pragma once
 // The training state (training_state::state_tensors) as a checkpoint's byte
-// stream (runtime/checkpoint_store.hpp) and over the data plane: what a rank
+// stream (storage/checkpoint_store.hpp) and over the data plane: what a rank
 // copies into its host buffer at a checkpoint step, what it loads from the
 // store, and what a live peer sends a joining rank.
 #include <torch/torch.h>

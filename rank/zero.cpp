@@ -8,9 +8,9 @@
 
 #include "model/flat_adamw.hpp"
 #include "model/trainer.hpp"
-#include "runtime/communicator.hpp"
-#include "runtime/grad_sync.hpp"
-#include "runtime/shm_group.hpp"
+#include "comm/communicator.hpp"
+#include "comm/grad_sync.hpp"
+#include "comm/shm_group.hpp"
 
 namespace dtactor {
 

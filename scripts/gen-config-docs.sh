@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates docs/config.md from the schema in runtime/config.cpp (through
+# Regenerates docs/config.md from the schema in base/config.cpp (through
 # `dtactor config --reference`). tests/config_test.cpp fails when a key is
 # missing from the page.  Usage: scripts/gen-config-docs.sh [path/to/dtactor]
 set -euo pipefail
@@ -13,7 +13,7 @@ Job configs are TOML files: the part of a key before the dot is the section
 (`[train]`), the rest the key. Every key has a default, so a config file only
 needs what differs. `--set key=value` overrides any key on the command line,
 in every mode. `dtactor config --reference` prints this list from the code
-itself (`runtime/config.cpp`, the one place where defaults live; this page is
+itself (`base/config.cpp`, the one place where defaults live; this page is
 generated from it by `scripts/gen-config-docs.sh`), and
 `dtactor config --config FILE --set ...` prints the effective config.
 

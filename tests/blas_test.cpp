@@ -1,7 +1,7 @@
 // OpenBLAS's idle workers: dtactor makes them sleep at once instead of
-// spinning ~0.1 s after every call (runtime/blas_info.hpp), without breaking
+// spinning ~0.1 s after every call (base/blas_info.hpp), without breaking
 // BLAS in the process that changes it.
-#include "runtime/blas_info.hpp"
+#include "base/blas_info.hpp"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

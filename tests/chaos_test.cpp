@@ -21,9 +21,9 @@
 
 #include "chaos_checks.hpp"
 #include "cluster_harness.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/process.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "base/process.hpp"
+#include "net/zmq_bridge.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

@@ -1,4 +1,4 @@
-#include "runtime/checkpoint_store.hpp"
+#include "storage/checkpoint_store.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/fs.hpp"
-#include "runtime/job_config.hpp"
-#include "runtime/shipped_file.hpp"
+#include "storage/fs.hpp"
+#include "job/job_config.hpp"
+#include "job/shipped_file.hpp"
 
 namespace dtactor {
 namespace {
@@ -629,7 +629,7 @@ TEST(fs_atomic, write_file_atomic_concatenates_pieces_and_replaces) {
   EXPECT_NE(st.message().find("No such file or directory"), std::string::npos) << st.message();
 }
 
-// A file the coordinator ships with a job (runtime/shipped_file).
+// A file the coordinator ships with a job (job/shipped_file).
 TEST(shipped_file, put_once_fetched_checked_and_cached) {
   temp_dir d;
   const std::string src = d.path() + "/module.pt";

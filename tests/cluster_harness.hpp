@@ -22,8 +22,8 @@
 
 #include "actors/journal_events.hpp"
 #include "http_get.hpp"
-#include "runtime/process.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "base/process.hpp"
+#include "net/zmq_bridge.hpp"
 
 namespace dtactor::testing {
 

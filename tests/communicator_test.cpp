@@ -1,4 +1,4 @@
-#include "runtime/communicator.hpp"
+#include "comm/communicator.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>

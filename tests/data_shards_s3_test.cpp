@@ -1,4 +1,4 @@
-// Sharded data sets in S3 (runtime/data_shards.hpp, docs/data.md) against a
+// Sharded data sets in S3 (data/data_shards.hpp, docs/data.md) against a
 // real S3 server (tests/rgw_env.hpp: Ceph's radosgw, started once for this
 // program; skipped, saying so, without Ceph's packages): resolving s3://
 // specs, the index on S3, and the reader's cache: fetched once per node,
@@ -18,9 +18,9 @@
 
 #include "cluster_harness.hpp"
 #include "rgw_env.hpp"
-#include "runtime/data_shards.hpp"
-#include "runtime/hash.hpp"
-#include "runtime/process.hpp"
+#include "data/data_shards.hpp"
+#include "base/hash.hpp"
+#include "base/process.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

@@ -1,8 +1,8 @@
-// Sharded data sets on local disks (runtime/data_shards.hpp, docs/data.md):
+// Sharded data sets on local disks (data/data_shards.hpp, docs/data.md):
 // specs, the shard index, and the reader over local shards. The S3 side
 // (the cache, read-ahead, several readers on one cache) is in
 // tests/data_shards_s3_test.cpp, against a real S3 server.
-#include "runtime/data_shards.hpp"
+#include "data/data_shards.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -13,12 +13,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/hash.hpp"
+#include "base/hash.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {
 
-result<std::string> file_digest(const std::string& path);  // runtime/job_config.cpp
+result<std::string> file_digest(const std::string& path);  // job/job_config.cpp
 
 namespace {
 

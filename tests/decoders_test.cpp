@@ -24,12 +24,12 @@
 #include "examples/custom_task/csv_rows.hpp"
 #include "model/idx.hpp"
 #include "monitoring/metrics.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/job_key.hpp"
-#include "runtime/rendezvous_protocol.hpp"
-#include "runtime/rendezvous_store.hpp"
-#include "runtime/s3_store.hpp"
-#include "runtime/zap_handler.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "base/job_key.hpp"
+#include "net/rendezvous_protocol.hpp"
+#include "net/rendezvous_store.hpp"
+#include "storage/s3_store.hpp"
+#include "net/zap_handler.hpp"
 #include "tests/test_util.hpp"
 
 namespace dtactor {

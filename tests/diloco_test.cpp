@@ -12,8 +12,8 @@
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
 #include "rank_threads.hpp"
-#include "runtime/grad_sync.hpp"
-#include "runtime/step_control.hpp"
+#include "comm/grad_sync.hpp"
+#include "comm/step_control.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

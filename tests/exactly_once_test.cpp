@@ -20,7 +20,7 @@
 
 #include "cluster_harness.hpp"
 #include "model/trainer.hpp"
-#include "runtime/process.hpp"
+#include "base/process.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

@@ -1,4 +1,4 @@
-#include "runtime/grad_sync.hpp"
+#include "comm/grad_sync.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -15,9 +15,9 @@
 
 #include "model/trainer.hpp"
 #include "rank_threads.hpp"
-#include "runtime/communicator.hpp"
-#include "runtime/process.hpp"
-#include "runtime/shm_group.hpp"
+#include "comm/communicator.hpp"
+#include "base/process.hpp"
+#include "comm/shm_group.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

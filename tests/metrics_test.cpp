@@ -10,7 +10,7 @@
 #include "monitoring/journal.hpp"
 #include "monitoring/resources.hpp"
 #include "monitoring/service_discovery.hpp"
-#include "runtime/zmq_bridge.hpp"  // pick_free_tcp_port
+#include "net/zmq_bridge.hpp"  // pick_free_tcp_port
 
 namespace dtactor {
 namespace {

@@ -1,6 +1,6 @@
 // NumPy .npy arrays read in place: the format byte for byte, every refusal
 // as one clear line, and files written by real NumPy (python3-numpy).
-#include "runtime/npy.hpp"
+#include "data/npy.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 // The preemption notice watcher without sockets: each cloud's documented
 // response shapes, the endpoint overrides, AWS's token handshake, and a
-// metadata service that never answers (runtime/preemption_notice.hpp).
-#include "runtime/preemption_notice.hpp"
-#include "runtime/unix_time.hpp"
+// metadata service that never answers (base/preemption_notice.hpp).
+#include "base/preemption_notice.hpp"
+#include "base/unix_time.hpp"
 
 #include <gtest/gtest.h>
 
@@ -212,7 +212,7 @@ TEST(PreemptionNotice, AutoPicksTheCloudThatAnswers) {
 #include <fstream>
 #include <thread>
 
-#include "runtime/process.hpp"
+#include "base/process.hpp"
 #include "test_util.hpp"
 
 TEST(PreemptionNotice, CurlAgainstEachCloudsShape) {

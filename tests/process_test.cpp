@@ -1,4 +1,4 @@
-#include "runtime/process.hpp"
+#include "base/process.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -24,8 +24,8 @@
 #include <nlohmann/json.hpp>
 
 #include "http_get.hpp"
-#include "runtime/process.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "base/process.hpp"
+#include "net/zmq_bridge.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

@@ -20,9 +20,9 @@
 #include "rank/state_io.hpp"
 #include "rank/rank_worker.hpp"
 #include "rank/step_policy.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/rendezvous_store.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "net/rendezvous_store.hpp"
+#include "net/zmq_bridge.hpp"
 #include "test_util.hpp"
 
 using namespace dtactor;

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "model/trainer.hpp"
-#include "runtime/communicator.hpp"
-#include "runtime/exchange.hpp"
-#include "runtime/shm_group.hpp"
+#include "comm/communicator.hpp"
+#include "comm/exchange.hpp"
+#include "comm/shm_group.hpp"
 
 namespace dtactor::testing {
 

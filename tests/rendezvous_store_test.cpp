@@ -1,7 +1,7 @@
 // The torch-free rendezvous store (server) and its c10d::Store client:
 // every operation, blocking and timeouts, garbage from strangers, and a
 // Gloo process group built over it.
-#include "runtime/rendezvous_store.hpp"
+#include "net/rendezvous_store.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "runtime/communicator.hpp"
-#include "runtime/rendezvous_client.hpp"
+#include "comm/communicator.hpp"
+#include "comm/rendezvous_client.hpp"
 
 namespace dtactor {
 namespace {

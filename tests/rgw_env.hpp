@@ -15,8 +15,8 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/s3_store.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "storage/s3_store.hpp"
+#include "net/zmq_bridge.hpp"
 
 namespace dtactor::testing {
 

@@ -2,7 +2,7 @@
 // Calculations for the Authorization Header"), and the s3:// URL parser.
 #include <gtest/gtest.h>
 
-#include "runtime/s3_store.hpp"
+#include "storage/s3_store.hpp"
 
 namespace dtactor {
 namespace {

@@ -14,10 +14,10 @@
 #include <thread>
 #include <csignal>
 
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/process.hpp"
-#include "runtime/s3_store.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "base/process.hpp"
+#include "storage/s3_store.hpp"
+#include "net/zmq_bridge.hpp"
 #include "rgw_env.hpp"
 #include "test_util.hpp"
 

@@ -1,6 +1,6 @@
-// runtime/sample_log: the audit record of data.sample_log (docs/data.md,
+// data/sample_log: the audit record of data.sample_log (docs/data.md,
 // "Auditing the order: data.sample_log").
-#include "runtime/sample_log.hpp"
+#include "data/sample_log.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -25,14 +25,14 @@
 #include <zmq_addon.hpp>
 
 #include "dtactor/config.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/job_key.hpp"
-#include "runtime/object_store.hpp"
-#include "runtime/process.hpp"
-#include "runtime/rendezvous_protocol.hpp"
-#include "runtime/rendezvous_store.hpp"
-#include "runtime/zap_handler.hpp"
-#include "runtime/zmq_bridge.hpp"
+#include "storage/checkpoint_store.hpp"
+#include "base/job_key.hpp"
+#include "storage/object_store.hpp"
+#include "base/process.hpp"
+#include "net/rendezvous_protocol.hpp"
+#include "net/rendezvous_store.hpp"
+#include "net/zap_handler.hpp"
+#include "net/zmq_bridge.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

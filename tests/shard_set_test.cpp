@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/data_shards.hpp"
-#include "runtime/job_config.hpp"
+#include "data/data_shards.hpp"
+#include "job/job_config.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

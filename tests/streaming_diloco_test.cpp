@@ -13,7 +13,7 @@
 #include "model/diloco.hpp"
 #include "model/trainer.hpp"
 #include "rank_threads.hpp"
-#include "runtime/grad_sync.hpp"
+#include "comm/grad_sync.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

@@ -11,8 +11,8 @@
 
 #include "dtactor/task.hpp"
 #include "app/train_command.hpp"
-#include "runtime/data_shards.hpp"
-#include "runtime/job_config.hpp"
+#include "data/data_shards.hpp"
+#include "job/job_config.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

@@ -9,11 +9,11 @@
 #include <iterator>
 
 #include "dtactor/task.hpp"
-#include "runtime/data_shards.hpp"
+#include "data/data_shards.hpp"
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
 #include "app/train_command.hpp"
-#include "runtime/checkpoint_store.hpp"
+#include "storage/checkpoint_store.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

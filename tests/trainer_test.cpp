@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "runtime/checkpoint_store.hpp"
+#include "storage/checkpoint_store.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

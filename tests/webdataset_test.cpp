@@ -1,9 +1,9 @@
-// Tar shards and their images (runtime/webdataset.hpp, runtime/image_decode.hpp,
+// Tar shards and their images (data/webdataset.hpp, data/image_decode.hpp,
 // docs/data.md "Tar shards"): archives as Python's tarfile writes them
 // (ustar, ustar with a prefix, GNU long names, pax) and images as PIL
 // writes them, from tests/data/make_tar_fixtures.py; damaged ones made
 // here. Torch-free.
-#include "runtime/webdataset.hpp"
+#include "data/webdataset.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "runtime/data_shards.hpp"
-#include "runtime/image_decode.hpp"
+#include "data/data_shards.hpp"
+#include "data/image_decode.hpp"
 #include "test_util.hpp"
 
 namespace dtactor {

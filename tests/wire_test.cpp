@@ -1,4 +1,4 @@
-#include "runtime/wire.hpp"
+#include "net/wire.hpp"
 
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "runtime/zmq_bridge.hpp"
+#include "net/zmq_bridge.hpp"
 
 #include <gtest/gtest.h>
 

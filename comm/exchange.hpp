@@ -1,0 +1,210 @@
+#pragma once
+// How a gradient bucket's bytes travel between ranks: one class per
+// transport behind one interface (the shape of PyTorch DDP's comm hooks).
+// The reducer (grad_sync) owns the buckets, the autograd hooks, the overlap
+// with backward, the step control and the timing; it does not know which
+// transport runs. An exchange only moves bytes and leaves the world's SUM
+// in each bucket's flat tensor.
+//
+// Transports (make_exchange picks one per generation, every rank alike):
+//   allreduce     fp32 ring allreduce on a process group (Gloo or NCCL)
+//   bf16 gather   cluster.wire_dtype = bf16 at 2 ranks: all-gather of bf16
+//                 buckets, summed in fp32 in rank order on every rank
+//   bf16 scatter  bf16 from 3 ranks on: all-to-all of bf16 shards (a
+//                 reduce-scatter), each rank sums its shard in fp32 and
+//                 rounds it once, then an all-gather of the shards
+//   shm           every rank on one host: buckets published in shared
+//                 memory, summed by every rank (sum_slots' order)
+//   hierarchical  several hosts with several ranks: shared memory within a
+//                 host, the host's leader runs one of the wire transports
+//                 above on the group of leaders, and hands the result back
+//                 through shared memory
+//   zero scatter  train.zero = 2 on a process group: a reduce-scatter built
+//                 from an all-to-all; each rank receives only the pieces it
+//                 keeps (its shards, replicas included) and sums them
+// With train.zero = 2 (exchange_bucket::kept_by set), shm sums only the
+// pieces this rank keeps and hierarchical sums everything (the reducer keeps
+// its pieces).
+// A new transport (ZeRO's reduce-scatter, DiLoCo's outer exchange) is a new
+// class behind bucket_exchange and a branch in make_exchange.
+//
+// Contract, per step, identical on every rank so collectives match:
+//   pack into staging(b); start(b) for b = 0, 1, ... in order (from
+//   backward's hooks or from finish); flush() once after the last start;
+//   wait(b) for b = 0, 1, ... in order; end_step() after every wait
+//   succeeded. Control words (the tail of the first bucket, see
+//   step_control.hpp) are summed exactly by every transport. Any error
+//   fails the step: the reducer calls abort() and never uses the exchange
+//   again (its group may still be inside a collective; see communicator.hpp).
+// Runs on the training thread only (start() also from backward's hooks,
+// which run on it for CPU backward).
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtactor/result.hpp"
+#include "comm/communicator.hpp"
+#include "comm/shm_group.hpp"
+
+namespace dtactor {
+
+using exchange_clock = std::chrono::steady_clock;
+
+// One bucket as the reducer lays it out and an exchange moves it.
+struct exchange_bucket {
+  // Gradients, then (first bucket only) the step's control words.
+  torch::Tensor flat;
+  int64_t grads = 0;  // leading gradient elements; the rest are control words
+  int64_t base = 0;   // offset of the bucket inside a shared-memory slot (floats)
+  std::string label;  // names the bucket's exchange in errors ("rank 2: allreduce of gradient bucket 0")
+  // When the bucket went on its way and when it arrived (steady clock ns, 0
+  // while in flight; set by the group's thread): the reducer's timing.
+  exchange_clock::time_point launched_at;
+  std::shared_ptr<std::atomic<int64_t>> done_ns = std::make_shared<std::atomic<int64_t>>(0);
+
+  // train.zero = 2: for each rank of the world, the pieces of this bucket's
+  // gradients it keeps, (offset, length) in elements, ascending; empty when
+  // every rank keeps all of it. The control words are kept by every rank.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> kept_by;
+  // Elements of `flat` (the reducer may drop `flat` between steps).
+  int64_t numel = 0;
+
+  int64_t control_words() const { return numel - grads; }
+  void mark_launched();
+  void mark_done() const;
+};
+
+// How an exchange waits: the deadline comes per call.
+struct exchange_waits {
+  // Polled while waiting: true abandons the step (a newer generation).
+  std::function<bool()> abandon;
+  // Poll (yielding) this long before sleeping (cluster.spin_wait_us).
+  std::chrono::microseconds spin{0};
+};
+
+class bucket_exchange {
+ public:
+  virtual ~bucket_exchange() = default;
+  // Where the reducer packs bucket b's gradients (and control words) this
+  // step: the bucket's flat tensor, or this rank's shared-memory slot.
+  virtual torch::Tensor staging(size_t b) { return buckets_[b].flat; }
+  // Bucket b is packed; buckets are started in order.
+  virtual status start(size_t b) = 0;
+  // Every bucket was started (a transport's second phase starts here).
+  virtual status flush(exchange_clock::time_point) { return {}; }
+  // Bucket b's SUM over the world is in its flat tensor.
+  virtual status wait(size_t b, exchange_clock::time_point deadline) = 0;
+  // The step succeeded (shared-memory parities move on).
+  virtual void end_step() {}
+  // The step failed: tell whoever waits on this rank (a host's ranks wait
+  // on their leader) instead of leaving them to time out.
+  virtual void abort() {}
+  // The rest of every bucket's label: "allreduce of gradient bucket ".
+  virtual const char* label_stem() const = 0;
+  virtual bool uses_shm() const { return false; }
+  virtual bool hierarchical() const { return false; }
+  virtual bool host_leader() const { return false; }
+  // wait(b) may run before flush() and before later buckets were started
+  // (the reducer of train.zero = 2 bounds the bytes in flight with it).
+  virtual bool waits_early() const { return false; }
+
+ protected:
+  explicit bucket_exchange(std::vector<exchange_bucket>& buckets) : buckets_(buckets) {}
+  std::vector<exchange_bucket>& buckets_;  // the reducer's, alive as long as this
+};
+
+// What make_exchange may use; the reducer fills it from grad_sync_options.
+struct exchange_choice {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // the world's group
+  std::shared_ptr<shm_group> shm;            // the world's (or, hierarchical, this host's) segment
+  bool hierarchical = false;
+  c10::intrusive_ptr<c10d::ProcessGroup> hosts;  // hierarchical, on a host's leader
+  bool bf16_wire = false;
+  bool int8_wire = false;  // DiLoCo's pseudo-gradients: int8 with a scale per block (wins over bf16_wire)
+  bool int4_wire = false;  // ... int4, two values a byte (wins over both)
+  bool zero2 = false;  // buckets carry kept_by: the zero scatter on a process group
+};
+
+// Picks the transport for these buckets (every rank alike: same buckets,
+// same capacity). Shared memory only for float32 buckets that fit a slot;
+// otherwise the process group carries them. An error when the choice is
+// inconsistent (a host leader without a group of hosts).
+result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_bucket>& buckets, const exchange_choice& c,
+                                                       const exchange_waits& w);
+
+// The transports, for tests and for make_exchange.
+// How float32 buckets cross a process group (cluster.wire_dtype).
+enum class wire_format { fp32, bf16, int8, int4 };
+// int8 / int4: values per scale (one fp32 scale per block of a bucket).
+inline constexpr int64_t int8_block = 256;
+inline constexpr int64_t int4_block = 64;
+// A wire transport on `pg`: allreduce, bf16 (gather at 2, scatter from 3),
+// or int8 / int4 with a scale per block (gather). `what` names it in start errors
+// ("allreduce", "exchange across hosts").
+std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                    wire_format f, const exchange_waits& w, std::string what);
+// train.zero = 2 on `pg`: the pieces of kept_by only (fp32, or bf16 on the wire).
+std::unique_ptr<bucket_exchange> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                            bool bf16, const exchange_waits& w);
+// The shared-memory transport over `shm` alone (a host's ranks, no
+// process group); an error when the buckets are not all float32 or do not
+// fit its slots.
+result<std::unique_ptr<bucket_exchange>> host_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                       const exchange_waits& w);
+std::unique_ptr<bucket_exchange> make_shm_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                   const exchange_waits& w);
+// `shm`: this host's segment (null when the rank is alone on its host);
+// `across`: on the host's leader, its wire transport over the group of leaders.
+std::unique_ptr<bucket_exchange> make_hierarchical_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                            std::unique_ptr<bucket_exchange> across, const exchange_waits& w);
+
+// Sums `srcs` (equal sizes) into `dst` in a fixed order, a pairwise tree
+// over their order: the first largest power of two below n, then the rest,
+// each recursively ((s0+s1)+(s2+s3), ((s0+s1)+s2), ...). The hierarchical
+// exchange of 2 hosts with 2^k ranks each adds in this same order, so its
+// result is bit-identical to one host's. `scratch` holds a temporary per
+// tree level (grown as needed).
+void sum_slots(const torch::Tensor& dst, const std::vector<torch::Tensor>& srcs, std::vector<torch::Tensor>& scratch);
+
+// How one generation's gradients travel, worked out by every rank through
+// the generation's store (setup_exchange).
+struct exchange_plan {
+  // The whole world's group (every rank on one host), or this host's
+  // (hierarchical); null when the gradients all go through the world's group.
+  std::shared_ptr<shm_group> shm;
+  // Hierarchical, on a host's leader: the group of one rank per host.
+  c10::intrusive_ptr<c10d::ProcessGroup> hosts;
+  bool hierarchical = false;
+  int host_count = 1;  // hosts of the world
+  int host_ranks = 1;  // ranks on this rank's host
+  std::vector<int> host_members;  // their global ranks, in order (this rank's among them)
+  std::string why_not;  // why shared memory is not used, when it is not
+  // "gradients over shared memory", "... within the host and gloo across 3 hosts", ...
+  std::string describe(const std::string& backend) const;
+};
+
+// Ranks grouped by host: equal keys are one host. Hosts are ordered by
+// their lowest rank; the ranks of a host in rank order.
+std::vector<std::vector<int>> group_by_host(const std::vector<std::string>& keys);
+
+// Called by every rank of a generation after its world group was built,
+// with the same `store` (the generation's, or a prefix of it) and this
+// rank's `host_key` (base/process.hpp; tests pass their own). `floats`
+// sizes a shared-memory slot (gradients and control words). All on one host:
+// one shared-memory group for the world. Every rank on a host of its own:
+// nothing (the world's group carries the gradients). Otherwise hierarchical:
+// a shared-memory group per host with several ranks, and a group of the
+// hosts' leaders (`co`: backend, timeout, this rank's address). When a host
+// cannot map its segment, every rank falls back to the world's group alike.
+// An error only when the store or a group fails.
+result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats,
+                                     const communicator_options& co, const std::string& host_key);
+
+}  // namespace dtactor

@@ -1,0 +1,102 @@
+// How one generation's gradients travel: every rank works it out through
+// the generation's store (setup_exchange). See exchange.hpp.
+#include "comm/exchange.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+
+namespace dtactor {
+
+std::vector<std::vector<int>> group_by_host(const std::vector<std::string>& keys) {
+  std::vector<std::vector<int>> hosts;
+  std::vector<std::string> seen;
+  for (size_t r = 0; r < keys.size(); ++r) {
+    const auto it = std::find(seen.begin(), seen.end(), keys[r]);
+    if (it == seen.end()) {
+      seen.push_back(keys[r]);
+      hosts.push_back({static_cast<int>(r)});
+    } else {
+      hosts[static_cast<size_t>(it - seen.begin())].push_back(static_cast<int>(r));
+    }
+  }
+  return hosts;
+}
+
+std::string exchange_plan::describe(const std::string& backend) const {
+  if (hierarchical) {
+    std::string s = host_ranks > 1 && shm ? "gradients over shared memory within the host (" + std::to_string(host_ranks) + " ranks)"
+                                          : "gradients of this host's only rank";
+    s += " and " + backend + " across " + std::to_string(host_count) + " hosts";
+    return s + (hosts ? ", this rank exchanging for its host" : "");
+  }
+  if (shm) return "gradients over shared memory";
+  return "gradients over " + backend + (why_not.empty() ? "" : " (no shared memory: " + why_not + ")");
+}
+
+namespace {
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string string_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+}  // namespace
+
+result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats,
+                                     const communicator_options& co, const std::string& host_key) {
+  exchange_plan out;
+  try {
+    store->set("host/" + std::to_string(rank), bytes_of(host_key));
+    std::vector<std::string> keys;
+    for (int r = 0; r < world; ++r) keys.push_back(string_of(store->get("host/" + std::to_string(r))));
+    const auto hosts = group_by_host(keys);
+    out.host_count = static_cast<int>(hosts.size());
+    size_t mine = 0, local = 0, most = 0;
+    for (size_t h = 0; h < hosts.size(); ++h) {
+      most = std::max(most, hosts[h].size());
+      for (size_t l = 0; l < hosts[h].size(); ++l)
+        if (hosts[h][l] == rank) mine = h, local = l;
+    }
+    out.host_ranks = static_cast<int>(hosts[mine].size());
+    out.host_members = hosts[mine];
+    if (hosts.size() == 1) {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
+      auto joined = shm_group::join(*prefixed, rank, world, floats, &out.why_not);
+      if (!joined) return joined.err();
+      out.shm = joined.value();
+      return out;
+    }
+    if (most == 1) {
+      out.why_not = "every rank on a host of its own (another machine, host name or network namespace)";
+      return out;
+    }
+    // Hierarchical: shared memory within each host, one rank per host on the wire.
+    std::string problem;
+    if (hosts[mine].size() > 1) {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm/h" + std::to_string(mine), store);
+      std::string why;
+      auto joined = shm_group::join(*prefixed, static_cast<int>(local), static_cast<int>(hosts[mine].size()), floats, &why);
+      if (!joined) return joined.err();
+      if (!joined.value()) problem = "host " + std::to_string(mine) + ": " + why;
+      out.shm = joined.value();
+    }
+    if (local == 0) store->set("hier/" + std::to_string(mine), bytes_of(problem.empty() ? "1" : "0" + problem));
+    for (size_t h = 0; h < hosts.size(); ++h) {
+      const std::string ok = string_of(store->get("hier/" + std::to_string(h)));
+      if (ok != "1" && out.why_not.empty()) out.why_not = ok.size() > 1 ? ok.substr(1) : "host " + std::to_string(h) + " could not map it";
+    }
+    if (!out.why_not.empty()) {
+      out.shm.reset();
+      return out;
+    }
+    out.hierarchical = true;
+    if (local == 0) {
+      auto g = make_process_group(c10::make_intrusive<c10d::PrefixStore>("hosts", store), static_cast<int>(mine), out.host_count, co);
+      if (!g) return make_error("the group of hosts: " + g.message());
+      out.hosts = g.value();
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return make_error("gradient exchange rendezvous: " + what.substr(0, what.find('\n')));
+  }
+  return out;
+}
+
+}  // namespace dtactor

@@ -1,0 +1,266 @@
+// The shared-memory transports of gradient buckets: the whole world on one
+// host, and the hierarchical exchange (shared memory within a host, one
+// leader per host on the wire). The choice among all transports
+// (make_exchange). See exchange.hpp for the contract.
+#include "comm/exchange.hpp"
+
+#include <functional>
+#include <optional>
+
+namespace dtactor {
+
+namespace {
+
+// A bucket list laid out in a shm_group's slots: step k writes parity k % 2
+// (a rank can start step k+1 while a slower one still reads step k), and
+// every publish counts one bucket, so "bucket b of this step" is the count
+// step_base + b + 1 (the segment's counters: steps of several exchanges
+// over one segment, taking turns, are counted alike on every rank).
+class shm_slots {
+ public:
+  explicit shm_slots(std::shared_ptr<shm_group> shm) : shm_(std::move(shm)) {
+    for (int p = 0; p < 2; ++p)
+      for (int r = 0; r < shm_->world(); ++r) slots_[p].push_back(torch::from_blob(shm_->slot(p, r), {shm_->capacity()}, torch::kFloat));
+  }
+  shm_group& group() const { return *shm_; }
+  // Bucket `b`'s region in rank r's slot of this step.
+  torch::Tensor region(const exchange_bucket& b, int r) const {
+    return slots_[shm_->steps().parity][static_cast<size_t>(r)].narrow(0, b.base, b.numel);
+  }
+  torch::Tensor mine(const exchange_bucket& b) const { return region(b, shm_->rank()); }
+  void publish() { shm_->publish(++shm_->steps().published); }
+  uint64_t count(size_t b) const { return shm_->steps().step_base + b + 1; }
+  // The world's regions of bucket b summed into its flat tensor, in the same
+  // order on every rank: bit-identical sums everywhere.
+  // train.zero = 2 (kept_by): only the pieces this rank keeps and the
+  // control words, each in the same order as the whole bucket's sum; with
+  // `whole` (a host's leader, whose sum crosses hosts for every rank of the
+  // world), the whole bucket all the same.
+  void sum_into(const exchange_bucket& b, bool whole = false) {
+    auto sum_of = [&](int64_t off, int64_t len) {
+      std::vector<torch::Tensor> srcs;
+      for (int r = 0; r < shm_->world(); ++r) srcs.push_back(region(b, r).narrow(0, off, len));
+      sum_slots(b.flat.narrow(0, off, len), srcs, scratch_);
+    };
+    if (b.kept_by.empty() || whole) {
+      sum_of(0, b.numel);
+    } else {
+      for (const auto& [off, len] : b.kept_by[static_cast<size_t>(shm_->rank())]) sum_of(off, len);
+      if (b.control_words() > 0) sum_of(b.grads, b.control_words());
+    }
+    b.mark_done();
+  }
+  void end_step() {
+    auto& c = shm_->steps();
+    c.step_base = c.published;
+    c.parity ^= 1;
+  }
+
+ private:
+  std::shared_ptr<shm_group> shm_;
+  std::vector<torch::Tensor> slots_[2];  // [parity][rank], views of the segment
+  std::vector<torch::Tensor> scratch_;   // sum_slots' temporaries
+  // The step counters are the segment's (shm_group::steps), so that several
+  // exchanges over it can take turns.
+};
+
+// Every rank on one host: each bucket is published into this rank's slot as
+// soon as backward filled it; wait() sums the ranks' slots.
+class shm_exchange final : public bucket_exchange {
+ public:
+  shm_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm, const exchange_waits& w)
+      : bucket_exchange(buckets), slots_(std::move(shm)), waits_(w) {}
+  torch::Tensor staging(size_t b) override { return slots_.mine(buckets_[b]); }
+  status start(size_t b) override {
+    buckets_[b].mark_launched();
+    slots_.publish();
+    return {};
+  }
+  status wait(size_t b, exchange_clock::time_point deadline) override {
+    if (auto st = slots_.group().wait_all(slots_.count(b), deadline, waits_.abandon, waits_.spin, buckets_[b].label); !st) return st;
+    slots_.sum_into(buckets_[b]);
+    return {};
+  }
+  void end_step() override { slots_.end_step(); }
+  const char* label_stem() const override { return ": shared-memory reduction of gradient bucket "; }
+  bool uses_shm() const override { return true; }
+  bool waits_early() const override { return true; }
+
+ private:
+  shm_slots slots_;
+  exchange_waits waits_;
+};
+
+// Several hosts with several ranks on some: the ranks of a host publish
+// their buckets into shared memory as backward fills them; the leader
+// (rank 0 of the host's group, or the host's only rank) sums them
+// (sum_slots' order), sends the host's sum across hosts with its wire
+// transport, and writes the result back into its slot for the host's other
+// ranks. Only one copy of the gradients per host crosses the network.
+class hierarchical_exchange final : public bucket_exchange {
+ public:
+  hierarchical_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm, std::unique_ptr<bucket_exchange> across,
+                        const exchange_waits& w)
+      : bucket_exchange(buckets), across_(std::move(across)), waits_(w) {
+    if (shm && shm->world() > 1) slots_.emplace(std::move(shm));
+  }
+  torch::Tensor staging(size_t b) override { return slots_ ? slots_->mine(buckets_[b]) : buckets_[b].flat; }
+  status start(size_t b) override {
+    buckets_[b].mark_launched();
+    ++started_;
+    if (slots_) slots_->publish();  // the host's leader sums it
+    return across_ ? advance(false, {}) : status{};
+  }
+  status flush(exchange_clock::time_point deadline) override {
+    if (!across_) return {};
+    if (auto st = advance(true, deadline); !st) return st;
+    return across_->flush(deadline);
+  }
+  status wait(size_t b, exchange_clock::time_point deadline) override {
+    auto& bk = buckets_[b];
+    if (across_) {
+      if (auto st = across_->wait(b, deadline); !st) return st;
+      if (slots_) {
+        // The host's ranks read the result from this rank's slot (nobody
+        // else reads it in this mode).
+        torch::NoGradGuard no_grad;
+        slots_->mine(bk).copy_(bk.flat);
+        slots_->group().publish_result(slots_->count(b));
+      }
+      return {};
+    }
+    if (auto st = slots_->group().wait_result(slots_->count(b), deadline, waits_.abandon, waits_.spin, bk.label); !st) return st;
+    torch::NoGradGuard no_grad;
+    bk.flat.copy_(slots_->region(bk, 0));
+    bk.mark_done();
+    return {};
+  }
+  void end_step() override {
+    started_ = sent_ = 0;
+    if (slots_) slots_->end_step();
+    if (across_) across_->end_step();
+  }
+  // The host's other ranks wait for results that will not come.
+  void abort() override {
+    if (across_ && slots_) slots_->group().fail();
+  }
+  const char* label_stem() const override {
+    return across_ ? ": exchange across hosts of gradient bucket " : ": result from this host's leader of gradient bucket ";
+  }
+  bool uses_shm() const override { return slots_.has_value(); }
+  bool hierarchical() const override { return true; }
+  bool host_leader() const override { return static_cast<bool>(across_); }
+
+ private:
+  // On the leader: sums the host's slots of the buckets the host has
+  // published and sends them across hosts, in bucket order; with `block`,
+  // waits for the host's ranks (flush), else only takes what is there.
+  status advance(bool block, exchange_clock::time_point deadline) {
+    while (sent_ < started_) {
+      auto& bk = buckets_[sent_];
+      if (slots_) {
+        const uint64_t want = slots_->count(sent_);
+        if (!block && !slots_->group().all_published(want)) return {};
+        if (block)
+          if (auto st = slots_->group().wait_all(want, deadline, waits_.abandon, waits_.spin, bk.label); !st) return st;
+        slots_->sum_into(bk, true);
+      }
+      if (auto st = across_->start(sent_++); !st) return st;
+    }
+    return {};
+  }
+
+  std::optional<shm_slots> slots_;           // this host's segment, when the host has several ranks
+  std::unique_ptr<bucket_exchange> across_;  // the leader's wire transport over the group of leaders
+  exchange_waits waits_;
+  size_t started_ = 0;  // buckets started in this step
+  size_t sent_ = 0;     // ... of which the leader sent across hosts
+};
+
+}  // namespace
+
+void sum_slots(const torch::Tensor& dst, const std::vector<torch::Tensor>& srcs, std::vector<torch::Tensor>& scratch) {
+  torch::NoGradGuard no_grad;
+  std::function<void(torch::Tensor, size_t, size_t, size_t)> tree = [&](torch::Tensor out, size_t lo, size_t n, size_t depth) {
+    if (n == 1) {
+      out.copy_(srcs[lo]);
+      return;
+    }
+    if (n == 2) {
+      at::add_out(out, srcs[lo], srcs[lo + 1]);
+      return;
+    }
+    size_t m = 1;
+    while (m * 2 < n) m *= 2;
+    tree(out, lo, m, depth + 1);
+    if (n - m == 1) {
+      out.add_(srcs[lo + m]);
+      return;
+    }
+    if (scratch.size() <= depth) scratch.resize(depth + 1);
+    if (!scratch[depth].defined() || scratch[depth].numel() < out.numel() || scratch[depth].scalar_type() != out.scalar_type())
+      scratch[depth] = torch::empty({out.numel()}, out.options());
+    auto tmp = scratch[depth].narrow(0, 0, out.numel());
+    tree(tmp, lo + m, n - m, depth + 1);
+    out.add_(tmp);
+  };
+  if (!srcs.empty()) tree(dst, 0, srcs.size(), 0);
+}
+
+result<std::unique_ptr<bucket_exchange>> host_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                       const exchange_waits& w) {
+  if (!shm) return make_error("a host's reducer needs the host's shared-memory segment");
+  int64_t total = 0;
+  for (auto& b : buckets) {
+    if (b.flat.scalar_type() != torch::kFloat) return make_error("a host's reducer carries float32 gradients only");
+    b.base = total;
+    total += b.numel;
+  }
+  if (total > shm->capacity())
+    return make_error("a host's reducer needs " + std::to_string(total) + " floats a slot, the segment has " + std::to_string(shm->capacity()));
+  return std::unique_ptr<bucket_exchange>(std::make_unique<shm_exchange>(buckets, std::move(shm), w));
+}
+
+std::unique_ptr<bucket_exchange> make_shm_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                   const exchange_waits& w) {
+  return std::make_unique<shm_exchange>(buckets, std::move(shm), w);
+}
+
+std::unique_ptr<bucket_exchange> make_hierarchical_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
+                                                            std::unique_ptr<bucket_exchange> across, const exchange_waits& w) {
+  return std::make_unique<hierarchical_exchange>(buckets, std::move(shm), std::move(across), w);
+}
+
+namespace {
+wire_format format_of(const exchange_choice& c) {
+  return c.int4_wire ? wire_format::int4 : c.int8_wire ? wire_format::int8 : c.bf16_wire ? wire_format::bf16 : wire_format::fp32;
+}
+}  // namespace
+
+result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_bucket>& buckets, const exchange_choice& c,
+                                                       const exchange_waits& w) {
+  const int world = c.pg ? c.pg->getSize() : 1;
+  const int rank = c.pg ? c.pg->getRank() : 0;
+  int64_t total = 0;
+  bool all_float = true;
+  for (auto& b : buckets) {
+    b.base = total;
+    total += b.numel;
+    all_float = all_float && b.flat.scalar_type() == torch::kFloat;
+  }
+  const bool fits = all_float && (!c.shm || total <= c.shm->capacity());
+  if (c.hierarchical && fits) {
+    // Every rank decides alike (same parameters, same capacity): either the
+    // whole world goes hierarchical or the whole world uses pg.
+    const bool leader = !c.shm || c.shm->rank() == 0;
+    if (leader && !c.hosts)
+      return make_error("hierarchical gradient exchange: rank " + std::to_string(rank) + " leads its host but has no group of hosts");
+    auto across = leader ? make_wire_exchange(buckets, c.hosts, format_of(c), w, "exchange across hosts") : nullptr;
+    return make_hierarchical_exchange(buckets, c.shm, std::move(across), w);
+  }
+  if (!c.hierarchical && c.shm && c.shm->world() == world && c.shm->rank() == rank && fits) return make_shm_exchange(buckets, c.shm, w);
+  if (c.zero2) return make_zero_scatter_exchange(buckets, c.pg, c.bf16_wire, w);
+  return make_wire_exchange(buckets, c.pg, format_of(c), w, c.int4_wire ? "int4 exchange" : c.int8_wire ? "int8 exchange" : "allreduce");
+}
+
+}  // namespace dtactor

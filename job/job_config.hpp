@@ -1,0 +1,67 @@
+#pragma once
+// Checks and derived settings of a job's config that need no model: what
+// the coordinator (and `dtactor config`) validate before any node trains,
+// without LibTorch. The model-specific checks (shapes, data files) happen
+// where the model is built (dtactor/task.hpp).
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checkpoint.pb.h"
+#include "storage/checkpoint_store.hpp"
+#include "data/data_shards.hpp"
+#include "dtactor/config.hpp"
+#include "dtactor/result.hpp"
+
+namespace dtactor {
+
+// Cross-key checks of train.*, model.*, data.* (one clear line each).
+status validate_training_config(const config& cfg);
+
+// A checkpoint may only be resumed by a job with the same model and data
+// order (model name and settings, global batch, seed).
+status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path);
+
+// Whether a larger value of this metric is better (accuracy: yes; losses: no).
+bool higher_is_better(const std::string& metric);
+
+// The metric that ranks checkpoints of a model by default (no task needed).
+std::string main_metric_for(const std::string& model_name);
+
+// checkpoint.dir, or RUN_DIR/checkpoints when it is empty.
+std::string checkpoint_dir_of(const config& cfg, const std::string& run_dir);
+
+// The files a job trains from that every node must hold identically (the
+// scripted module and the .npy / .bin data of a torchscript job; the
+// built-in models read Debian's packaged data sets): path -> "<size>:<XXH3
+// hex>" of those that exist here. `missing` (optional) gets the others.
+std::map<std::string, std::string> data_file_digests(const config& cfg, std::vector<std::string>* missing = nullptr);
+// Makes the job's file paths that a user gives relative to where they
+// started dtactor (model.file, data.train_*/eval_* of a torchscript job)
+// absolute, so that the config stored in the run directory and in every
+// checkpoint names the same files from anywhere (eval, export, the ranks).
+// Shard specs (data/data_shards: a glob, a range, a list, s3://) get
+// each local item made absolute; their digest is the shard set's.
+// data.sample_log (a directory the ranks write to) is made absolute too.
+void absolutize_data_paths(config& cfg);
+
+// The S3 endpoint for s3:// data: data.s3_endpoint, else checkpoint.s3_endpoint.
+std::string data_s3_endpoint(const config& cfg);
+// A shard reader's options from data.cache_dir, data.cache_bytes and the
+// endpoint above.
+shard_cache_options shard_cache_options_of(const config& cfg);
+// Before training from shards: data.cache_bytes must hold what a step reads
+// and what is fetched ahead of it, (1 + data.read_ahead_blocks) x
+// data.shuffle_block_shards of the largest remote training shards.
+// `remote_bytes`: each training shard's bytes in S3 (0 for a local one; the
+// sum of its files for a shard of several). Error: one line saying which
+// setting to change.
+status check_training_cache(const config& cfg, std::vector<uint64_t> remote_bytes);
+// One file's "<size>:<XXH3 hex>", or an error naming it.
+result<std::string> file_digest(const std::string& path);
+
+// checkpoint.keep_last, keep_best and best_metric (the model's main metric
+// when empty) as a store policy.
+checkpoint_policy checkpoint_policy_of(const config& cfg);
+
+}  // namespace dtactor

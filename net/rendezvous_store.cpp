@@ -1,0 +1,224 @@
+#include "net/rendezvous_store.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "net/rendezvous_protocol.hpp"
+#include "net/zap_handler.hpp"
+
+namespace dtactor {
+
+namespace proto = rendezvous_protocol;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+// Upper bound on one poll: how soon stop() and parked deadlines are seen.
+constexpr std::chrono::milliseconds poll_step{50};
+// Malformed requests logged; beyond it they are only counted.
+constexpr int max_logged = 20;
+
+bool parse_int64(const std::string& s, int64_t& out) {
+  if (s.empty() || s.size() > 20) return false;
+  std::size_t i = s[0] == '-' ? 1 : 0;
+  if (i == s.size()) return false;
+  int64_t v = 0;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    if (v > (INT64_MAX - (s[i] - '0')) / 10) return false;
+    v = v * 10 + (s[i] - '0');
+  }
+  out = s[0] == '-' ? -v : v;
+  return true;
+}
+
+}  // namespace
+
+bool rendezvous_table::all_present(const std::vector<std::string>& keys) const {
+  return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return kv_.count(k) != 0; });
+}
+
+std::vector<rendezvous_table::message> rendezvous_table::release(time_point now) {
+  std::vector<message> out;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (all_present(it->keys)) {
+      if (it->is_get)
+        out.push_back({it->peer, it->id, "ok", kv_[it->keys[0]]});
+      else
+        out.push_back({it->peer, it->id, "ok"});
+      it = waiting_.erase(it);
+    } else if (now >= it->deadline) {
+      out.push_back({it->peer, it->id, "err", "timed out waiting for key '" + it->keys[0] + "' in the rendezvous store"});
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_point now, std::string* why) {
+  auto ignore = [&](const char* reason) {
+    ++malformed_;
+    if (why) *why = reason;
+    return std::vector<message>{};
+  };
+  if (m.size() < 3) return ignore("fewer than 3 frames");
+  std::string peer = std::move(m[0]), id = std::move(m[1]);
+  const std::string op = std::move(m[2]);
+  if (id.size() != proto::id_bytes) return ignore("bad request id");
+  std::vector<std::string> args(std::make_move_iterator(m.begin() + 3), std::make_move_iterator(m.end()));
+  const auto n = args.size();
+  auto reply = [&](const std::string& status, std::vector<std::string> results = {}) {
+    message r{peer, id, status};
+    for (auto& x : results) r.push_back(std::move(x));
+    return std::vector<message>{std::move(r)};
+  };
+  auto deadline_of = [&](const std::string& timeout_ms, bool& ok) {
+    int64_t ms = 0;
+    ok = parse_int64(timeout_ms, ms) && ms >= 0;
+    const auto limit = ms == 0 ? timeout_ : std::min(timeout_, std::chrono::milliseconds(ms));
+    return now + limit;
+  };
+  if (op == "set" && n == 2) {
+    kv_[args[0]] = std::move(args[1]);
+    return reply("ok");
+  }
+  if (op == "get" && n == 2) {
+    bool ok = false;
+    const auto deadline = deadline_of(args[1], ok);
+    if (!ok) return ignore("bad timeout");
+    if (auto it = kv_.find(args[0]); it != kv_.end()) return reply("ok", {it->second});
+    waiting_.push_back({peer, id, true, {args[0]}, deadline});
+    return {};
+  }
+  if (op == "add" && n == 2) {
+    int64_t delta = 0, value = 0;
+    if (!parse_int64(args[1], delta)) return ignore("bad add delta");
+    auto& v = kv_[args[0]];
+    if (!v.empty() && !parse_int64(v, value)) return reply("err", {"key '" + args[0] + "' does not hold a number"});
+    int64_t sum = 0;
+    if (__builtin_add_overflow(value, delta, &sum)) return reply("err", {"adding " + args[1] + " to key '" + args[0] + "' overflows"});
+    v = std::to_string(sum);
+    return reply("ok", {v});
+  }
+  if (op == "cas" && n == 3) {
+    auto it = kv_.find(args[0]);
+    if (it == kv_.end()) {
+      // TCPStore's semantics: an absent key is created only when the
+      // expected value is empty; otherwise the expected value comes back.
+      if (args[1].empty()) kv_[args[0]] = args[2];
+      return reply("ok", {args[1].empty() ? args[2] : args[1]});
+    }
+    if (it->second == args[1]) it->second = std::move(args[2]);
+    return reply("ok", {it->second});
+  }
+  if (op == "check") return reply("ok", {all_present(args) ? "1" : "0"});
+  if (op == "del" && n == 1) return reply("ok", {kv_.erase(args[0]) ? "1" : "0"});
+  if (op == "num" && n == 0) return reply("ok", {std::to_string(kv_.size())});
+  if (op == "wait" && n >= 1) {
+    bool ok = false;
+    const auto deadline = deadline_of(args[0], ok);
+    if (!ok) return ignore("bad timeout");
+    args.erase(args.begin());
+    if (args.empty() || all_present(args)) return reply("ok");
+    waiting_.push_back({peer, id, false, std::move(args), deadline});
+    return {};
+  }
+  return ignore("unknown operation or wrong number of arguments");
+}
+
+struct rendezvous_store::impl {
+  zmq::context_t ctx{1};
+  zmq::socket_t sock{ctx, zmq::socket_type::router};
+  std::unique_ptr<zap_handler> zap;  // with a key; destroyed before sock and ctx
+  rendezvous_table table{std::chrono::milliseconds(0)};
+  int port = 0;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+
+  void send_all(std::vector<rendezvous_table::message> replies) {
+    for (auto& r : replies) {
+      zmq::multipart_t m;
+      for (auto& f : r) m.addstr(std::move(f));
+      // A peer gone since it asked is dropped by ROUTER silently; a full
+      // queue (a peer that does not read) must not block the store either.
+      try {
+        m.send(sock, static_cast<int>(zmq::send_flags::dontwait));
+      } catch (const zmq::error_t&) {
+      }
+    }
+  }
+
+  void handle(zmq::multipart_t& m) {
+    rendezvous_table::message request;
+    while (!m.empty()) request.push_back(m.popstr());
+    std::string why;
+    send_all(table.handle(std::move(request), clock_type::now(), &why));
+    if (!why.empty() && table.malformed() <= static_cast<uint64_t>(max_logged))
+      std::fprintf(stderr, "dtactor: rendezvous store: ignored a malformed request (%s)%s\n", why.c_str(),
+                   table.malformed() == static_cast<uint64_t>(max_logged) ? "; further ones are not logged" : "");
+  }
+
+  void run() {
+    while (!stop.load()) {
+      zmq::pollitem_t item{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0};
+      try {
+        zmq::poll(&item, 1, poll_step);
+        for (int i = 0; i < 256 && (item.revents & ZMQ_POLLIN); ++i) {
+          zmq::multipart_t m;
+          if (!m.recv(sock, static_cast<int>(zmq::recv_flags::dontwait))) break;
+          handle(m);
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() == ETERM) return;
+        std::fprintf(stderr, "dtactor: rendezvous store: %s\n", e.what());
+      }
+      send_all(table.release(clock_type::now()));
+    }
+  }
+};
+
+rendezvous_store::rendezvous_store(std::unique_ptr<impl> im) : im_(std::move(im)) {}
+
+rendezvous_store::~rendezvous_store() {
+  im_->stop = true;
+  if (im_->thread.joinable()) im_->thread.join();
+}
+
+int rendezvous_store::port() const { return im_->port; }
+
+uint64_t rendezvous_store::refused_handshakes() const { return im_->zap ? im_->zap->refused() : 0; }
+
+result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std::chrono::milliseconds timeout,
+                                                                  std::shared_ptr<const job_key> key) {
+  auto im = std::make_unique<impl>();
+  im->table = rendezvous_table(timeout);
+  if (key) {
+    auto zap = zap_handler::start(im->ctx, {curve_key_binary(key->client_public)}, "rendezvous store");
+    if (!zap) return zap.err();
+    im->zap = std::move(zap.value());
+  }
+  try {
+    if (key) make_curve_server(im->sock, key->server_secret);
+    im->sock.set(zmq::sockopt::linger, 0);
+    im->sock.set(zmq::sockopt::maxmsgsize, proto::max_message_bytes);
+    im->sock.bind("tcp://*:" + std::to_string(port));
+    const std::string ep = im->sock.get(zmq::sockopt::last_endpoint);
+    im->port = std::stoi(ep.substr(ep.rfind(':') + 1));
+  } catch (const std::exception& e) {
+    return make_error("cannot start the rendezvous store on port " + std::to_string(port) + ": " + e.what() +
+                      (port != 0 ? " (another process may listen there)" : ""));
+  }
+  auto* raw = im.get();
+  im->thread = std::thread([raw] { raw->run(); });
+  return std::unique_ptr<rendezvous_store>(new rendezvous_store(std::move(im)));
+}
+
+}  // namespace dtactor

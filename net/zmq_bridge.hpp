@@ -1,0 +1,203 @@
+#pragma once
+// The one place a process touches ZeroMQ. A zmq_bridge owns a context and a
+// thread; that thread creates, uses and closes every socket (ROUTERs that
+// bind, DEALERs that connect), so no socket is ever shared between threads.
+// Other threads talk to it only through send() (a locked queue plus an
+// eventfd that wakes the thread) and receive through a callback that runs on
+// the bridge thread.
+//
+// Liveness is not the bridge's job: ZeroMQ reconnects silently and never
+// reports a dead peer; heartbeats above this layer decide who is alive.
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtactor/result.hpp"
+#include "base/job_key.hpp"
+#include "net/wire.hpp"
+
+namespace zmq {
+class context_t;
+}
+
+namespace dtactor {
+
+class zap_handler;
+
+struct zmq_bridge_options {
+  // Frames over this size make ZeroMQ drop the sending peer's connection
+  // (ZMQ_MAXMSGSIZE) before any memory is spent on them.
+  int64_t max_message_bytes = int64_t{256} << 20;
+  int send_hwm = 10000;  // messages queued per peer in ZeroMQ
+  int recv_hwm = 10000;
+  // Messages waiting for the bridge thread; beyond it send() refuses.
+  std::size_t max_queued_sends = 100000;
+  // DEALER reconnect backoff: starts at reconnect_ivl, doubles up to the max.
+  int reconnect_ivl_ms = 100;
+  int reconnect_ivl_max_ms = 5000;
+  // TCP keepalive, so that a vanished machine's connection is eventually
+  // torn down by the kernel (heartbeats above are faster; this is hygiene).
+  int tcp_keepalive_idle_s = 30;
+  int tcp_keepalive_intvl_s = 5;
+  int tcp_keepalive_cnt = 3;
+  // ZMTP heartbeats: ZeroMQ closes (and a DEALER re-dials) a connection
+  // whose peer stops answering. 0 turns them off.
+  int zmtp_heartbeat_ivl_ms = 1000;
+  int zmtp_heartbeat_timeout_ms = 5000;
+  // Frames whose job_id differs from this (when both are set) are dropped.
+  // May be changed later with set_job_id().
+  std::string job_id;
+  // With a job key every link is CURVE (docs/security.md): ROUTERs are CURVE
+  // servers whose ZAP handler admits the job's client key only; DEALERs are
+  // CURVE clients that pin the job's server key, so whatever arrives on a
+  // DEALER link comes from a holder of the key. Null: plain links.
+  std::shared_ptr<const job_key> key;
+};
+
+// A snapshot of the bridge's counters.
+struct zmq_bridge_stats {
+  uint64_t received = 0;  // valid envelopes handed to the handler
+  uint64_t sent = 0;      // envelopes handed to ZeroMQ
+  std::array<uint64_t, wire::drop_kind_count> dropped{};
+
+  uint64_t dropped_of(wire::drop_kind kind) const { return dropped[static_cast<std::size_t>(kind)]; }
+  uint64_t dropped_total() const;
+};
+
+class zmq_bridge {
+ public:
+  // Called on the bridge thread for every valid envelope. It must not block
+  // and must not call add_router/add_dealer (it may call send()).
+  // `peer` is the sender's routing id on ROUTER links, empty on DEALER links.
+  using inbound_handler =
+      std::function<void(const std::string& link, const std::string& peer, pb::envelope env)>;
+  // Called on the bridge thread for every frame dropped there (inbound, or
+  // outbound: unroutable / high-water mark), e.g. to count it in Prometheus:
+  //   [&m](auto&, auto&, wire::drop_kind k) {
+  //     m.wire_dropped_frames(wire::to_string(k)).Increment(); }
+  // Must not block. (A send() refused because the local queue is full is
+  // returned to its caller and counted in stats(), not reported here.)
+  using drop_handler =
+      std::function<void(const std::string& link, const std::string& peer, wire::drop_kind kind)>;
+
+  // Starts the bridge thread. Links are added afterwards.
+  zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
+             drop_handler on_drop = nullptr);
+  ~zmq_bridge();  // stop()
+  zmq_bridge(const zmq_bridge&) = delete;
+  zmq_bridge& operator=(const zmq_bridge&) = delete;
+
+  // Binds a ROUTER socket named `link` to `endpoint` ("tcp://0.0.0.0:29400",
+  // "tcp://127.0.0.1:*", "ipc:///run/x.sock"). Returns the bound endpoint
+  // (the real port for a wildcard), or an error (address in use, bad
+  // endpoint, duplicate name, bridge stopped). Blocks until the bridge
+  // thread has done it; must not be called from the handlers.
+  result<std::string> add_router(const std::string& link, const std::string& endpoint);
+
+  // Creates a DEALER socket named `link` with ZMQ_ROUTING_ID `routing_id`
+  // (how the ROUTER at the other end addresses us) and connects it to
+  // `endpoint`. Connecting succeeds before the peer exists; ZeroMQ dials
+  // with backoff and queues sends up to the high-water mark meanwhile.
+  // Errors: bad endpoint, empty or over-255-byte routing id, duplicate name.
+  result<std::string> add_dealer(const std::string& link, const std::string& endpoint,
+                                 const std::string& routing_id);
+
+  // Closes the link's socket (pending outbound messages are discarded).
+  // From a handler it takes effect after the handler returns.
+  status remove_link(const std::string& link);
+
+  // Queues `env` for `link` (to `peer` on a ROUTER link; ignored on a
+  // DEALER link) and returns at once; thread-safe, never blocks on the
+  // network. Errors only for what the caller can know now: unknown link,
+  // unencodable envelope, queue full, bridge stopped. Delivery failures
+  // (unknown peer, peer's high-water mark) are counted and reported to the
+  // drop handler, not returned.
+  status send(const std::string& link, const std::string& peer, const pb::envelope& env);
+
+  // Job id used to refuse foreign frames; thread-safe.
+  void set_job_id(std::string job_id);
+
+  zmq_bridge_stats stats() const;  // thread-safe
+
+  // Handshakes the ZAP handler refused (0 without a key); thread-safe.
+  uint64_t refused_handshakes() const;
+
+  // Stops the thread and closes every socket. With `flush` 0, at once
+  // (linger 0: unsent messages are discarded; returns within milliseconds).
+  // With a flush deadline, everything send() accepted before the call is
+  // handed to ZeroMQ and the call returns once it is on the wire or the
+  // deadline passed (peers that are gone do not hold it up longer).
+  // Idempotent; only the first call's deadline counts.
+  void stop(std::chrono::milliseconds flush = std::chrono::milliseconds(0));
+
+ private:
+  struct outbound;
+  struct command;
+  struct link_state;
+
+  void run();
+  void post(std::unique_ptr<command> cmd);
+  void wake();
+  void drain_wake_fd();
+  void do_sends(std::deque<outbound>& batch);
+  void receive_from(link_state& link);
+  void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
+            const std::string& why);
+  result<std::string> run_add(const std::string& link, const std::string& endpoint, bool router,
+                              const std::string& routing_id);
+  status run_remove(const std::string& link);
+  result<std::string> add_link(const std::string& link, const std::string& endpoint, bool router,
+                               const std::string& routing_id);
+
+  const zmq_bridge_options options_;
+  const inbound_handler on_envelope_;
+  const drop_handler on_drop_;
+
+  mutable std::mutex mutex_;  // guards everything down to `stopped_`
+  std::deque<outbound> queue_;
+  std::deque<std::unique_ptr<command>> commands_;
+  std::set<std::string> link_names_;  // links that exist (send() checks)
+  std::string job_id_;
+  bool stopped_ = false;
+
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<int> flush_ms_{0};
+  std::atomic<bool> wake_pending_{false};
+  int wake_fd_ = -1;  // eventfd: written by any thread, read by the bridge thread
+
+  std::atomic<uint64_t> received_{0};
+  std::atomic<uint64_t> sent_{0};
+  std::array<std::atomic<uint64_t>, wire::drop_kind_count> dropped_{};
+
+  // Bridge-thread state.
+  std::unique_ptr<zmq::context_t> context_;
+  std::unique_ptr<zap_handler> zap_;  // with a key; before any CURVE server binds
+  std::vector<std::unique_ptr<link_state>> links_;
+  std::set<std::string> logged_;  // "kind\0link\0peer" already logged once
+
+  std::thread thread_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read
+// it, close). Another process may take it before you bind; tests only.
+result<int> pick_free_tcp_port();
+
+// The address a peer on this machine can connect to for a bound endpoint:
+// "tcp://0.0.0.0:N" and "tcp://*:N" become "tcp://<host>:N"; anything else
+// is returned unchanged.
+std::string connectable_endpoint(const std::string& bound, const std::string& host = "127.0.0.1");
+
+// A routing id as text for logs: printable ids as they are, others in hex.
+std::string printable_routing_id(const std::string& id);
+
+}  // namespace dtactor
