@@ -47,6 +47,231 @@ std::string first_line(const std::exception& e) {
   return what.substr(0, what.find('\n'));
 }
 
+// The checkpoint a run resumes from: the one named (--resume-from), or the
+// newest valid one of the run's own store (--resume); none when neither.
+struct resume_point {
+  pb::checkpoint_meta meta;
+  std::string path;
+  std::shared_ptr<checkpoint_store> from;
+};
+
+result<std::optional<resume_point>> find_resume_point(const train_options& opts, checkpoint_store& store, run_observer& prog, journal& jn) {
+  if (!opts.resume_from.empty()) {
+    auto one = open_checkpoint_target(opts.resume_from, {});
+    if (!one) return make_error("cannot resume from '" + opts.resume_from + "': " + one.message());
+    return std::optional<resume_point>(resume_point{std::move(one->meta), one->name, one->store});
+  }
+  if (!opts.resume) return std::optional<resume_point>();
+  auto newest = store.newest_valid(
+      [&](const std::string& path, const std::string& why) {
+        prog.log("skipping checkpoint " + path + ": " + why);
+        jn.write(ev::checkpoint_skipped{path, why});
+      },
+      true);
+  if (!newest) return newest.err();
+  if (!newest.value()) return std::optional<resume_point>();
+  resume_point p;
+  p.meta = std::move(*newest.value());
+  p.path = store.location() + "/" + manifest_name(p.meta.step());
+  p.from = std::make_shared<checkpoint_store>(store);
+  return std::optional<resume_point>(std::move(p));
+}
+
+// The one generation of a `train` run: world 1, this host's one rank, the
+// state already in place, checkpoints to the run's store.
+pb::generation_plan plan_of_one(uint64_t generation, const std::string& node_id, int64_t start_step, const std::string& store,
+                                const std::string& config_text) {
+  pb::generation_plan plan;
+  plan.set_generation(generation);
+  plan.set_world_size(1);
+  auto* me = plan.add_ranks();
+  me->set_node_id(node_id);
+  me->set_local_rank(0);
+  me->set_global_rank(0);
+  me->set_host_ranks(1);
+  plan.set_start_step(start_step);
+  plan.set_state_root(-1);
+  plan.set_checkpoint_step(-1);  // the state is in place already
+  plan.set_checkpoint_store(store);
+  plan.set_config_toml(config_text);
+  plan.set_cause(pb::generation_plan::CAUSE_START);
+  return plan;
+}
+
+// What the world-1 rank reports, handled on the command's thread as a
+// coordinator handles its ranks' reports: steps into the journal, the
+// progress line and TensorBoard, evaluations, checkpoint parts committed to
+// the store, the worker's end.
+class world_one_sink {
+ public:
+  using event = std::variant<pb::step_report, pb::eval_report, pb::checkpoint_written, pb::rank_status>;
+
+  world_one_sink(uint64_t generation, checkpoint_store& store, journal& jn, run_observer& prog)
+      : generation_(generation), store_(store), jn_(jn), prog_(prog) {}
+
+  status handle(event& e) {
+    if (auto* r = std::get_if<pb::step_report>(&e)) return on_step(*r);
+    if (auto* v = std::get_if<pb::eval_report>(&e)) return on_eval(*v);
+    if (auto* w = std::get_if<pb::checkpoint_written>(&e)) return on_checkpoint(*w);
+    if (auto* s = std::get_if<pb::rank_status>(&e)) on_status(*s);
+    return {};
+  }
+
+  // Resources (per-process usage from /proc, the data reader's figures)
+  // into the journal when due, or now with `force`.
+  void note_usage(bool force) {
+    if (auto u = read_proc_usage()) usage_.note(0, this_host_name(), *u, held_);
+    if (auto d = process_shard_reader_stats())
+      usage_.note_data(0, this_host_name(), {d->bytes_read_s3, d->bytes_read_local, d->cache_hits, d->cache_misses, d->shards_verified,
+                                             d->shards_failed, d->read_ahead_depth, d->cache_used_bytes, d->cache_peak_bytes});
+    if (usage_.due(unix_time_now()) || (force && !usage_.empty())) jn_.write(usage_.snapshot());
+  }
+
+  bool done() const { return done_; }
+  const std::optional<std::string>& failure() const { return failure_; }
+  train_summary& summary() { return summary_; }
+
+ private:
+  status on_step(const pb::step_report& r) {
+    if (r.outer_steps() > 0)
+      jn_.write(ev::outer_step{r.step(), generation_, 1, static_cast<int64_t>(r.outer_inner_steps()), r.outer_payload_bytes() / r.outer_steps(),
+                               r.outer_exchange_s() / static_cast<double>(r.outer_steps()), r.outer_window_s(), r.pseudo_grad_norm()});
+    if (r.param_bytes() > 0) held_ = {r.param_bytes(), r.grad_bytes(), r.optimizer_state_bytes(), r.checkpoint_buffer_bytes()};
+    auto line = steps_.add(r, generation_, 1);
+    if (!line) return {};
+    line->generation.reset();
+    if (r.data_wait_s() > 0) line->data_wait_s = r.data_wait_s() / std::max(1, r.steps_covered());
+    jn_.write(*line);
+    prog_.on_step(line->step, line->loss, line->lr, line->samples_per_s, 1, true);
+    note_usage(false);
+    return {};
+  }
+
+  status on_eval(const pb::eval_report& v) {
+    ev::eval_done d;
+    d.step = v.step();
+    d.duration_s = v.duration_s();
+    for (const auto& [k, x] : v.metrics()) d.metrics[k] = x;
+    d.examples.assign(v.examples().begin(), v.examples().end());
+    jn_.write(d);
+    summary_.last_eval.metrics = d.metrics;
+    summary_.last_eval.examples = d.examples;
+    prog_.on_eval(d.step, d.metrics);
+    for (const auto& ex : d.examples) prog_.log("  " + ex);
+    return {};
+  }
+
+  // One rank, one part: the manifest its meta describes, committed.
+  status on_checkpoint(const pb::checkpoint_written& w) {
+    const std::string not_saved = "checkpoint at step " + std::to_string(w.step()) + " not saved: ";
+    if (!w.error().empty()) return make_error(not_saved + w.error());
+    auto meta = plan_manifest(w.meta(), generation_, 1, {{0, {w.parts().begin(), w.parts().end()}}});
+    if (!meta) return make_error(not_saved + meta.message());
+    const auto t0 = clock_type::now();
+    auto committed = store_.commit(std::move(meta.value()));
+    if (!committed) return committed.err();
+    ev::checkpoint_saved saved;
+    saved.step = w.step();
+    saved.path = committed->location;
+    saved.bytes = static_cast<int64_t>(committed->bytes);
+    saved.duration_s = seconds_since(t0);
+    saved.parts = 1;
+    saved.stall_s = w.stall_s();
+    saved.write_s = w.write_s();
+    saved.bytes_per_s = w.write_s() > 0 ? static_cast<double>(committed->bytes) / w.write_s() : 0.0;
+    jn_.write(saved);
+    prog_.note_event("checkpoint " + std::to_string(w.step()));
+    return {};
+  }
+
+  void on_status(const pb::rank_status& s) {
+    if (s.status() == pb::rank_status::STATE_FAILED) {
+      failure_ = s.detail();
+      summary_.step = s.step();
+      done_ = true;
+    } else if (s.status() == pb::rank_status::STATE_FINISHED) {
+      summary_.step = s.step();
+      summary_.params_digest = s.detail();
+      done_ = true;
+    }
+  }
+
+  uint64_t generation_;
+  checkpoint_store& store_;
+  journal& jn_;
+  run_observer& prog_;
+  resource_book usage_;
+  state_bytes held_;  // what the rank's last step report said it holds
+  step_table steps_;
+  train_summary summary_;
+  std::optional<std::string> failure_;  // the worker's line when it failed
+  bool done_ = false;
+};
+
+// Runs the rank worker on `plan` until it ends (or the command's stop
+// signal stops it), handing what it reports to `sink` on this thread.
+status run_worker(rank_worker_options wo, const pb::generation_plan& plan, const train_options& opts, world_one_sink& sink) {
+  std::mutex events_mu;
+  std::condition_variable events_cv;
+  std::deque<world_one_sink::event> events;
+  auto push = [&](world_one_sink::event e) {
+    {
+      std::lock_guard<std::mutex> lock(events_mu);
+      events.push_back(std::move(e));
+    }
+    events_cv.notify_all();
+  };
+  rank_worker_callbacks cb;
+  cb.on_step = [&](uint64_t, pb::step_report r) { push(std::move(r)); };
+  cb.on_eval = [&](uint64_t, pb::eval_report r) { push(std::move(r)); };
+  cb.on_checkpoint = [&](uint64_t, pb::checkpoint_written w) { push(std::move(w)); };
+  cb.on_status = [&](uint64_t, pb::rank_status s) { push(std::move(s)); };
+  status outcome;
+  {
+    rank_worker worker(std::move(wo), cb);
+    worker.offer(plan);
+    bool stop_asked = false;
+    while (!sink.done() && outcome) {
+      std::deque<world_one_sink::event> ready;
+      {
+        std::unique_lock<std::mutex> lock(events_mu);
+        events_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return !events.empty(); });
+        ready.swap(events);
+      }
+      for (auto& e : ready)
+        if (outcome) outcome = sink.handle(e);
+      if (!stop_asked && opts.stop_signal && opts.stop_signal->load() != 0) {
+        sink.summary().stop_signal = opts.stop_signal->load();
+        worker.request_stop(true);
+        stop_asked = true;
+      }
+    }
+    worker.quit();
+  }
+  // What the worker reported before it ended (a checkpoint's last parts).
+  for (auto& e : events)
+    if (outcome) outcome = sink.handle(e);
+  return outcome;
+}
+
+// The run's last journal line: finished, or stopped early.
+void journal_the_end(journal& jn, const train_summary& summary) {
+  if (summary.finished) {
+    ev::job_finished finished;
+    finished.step = summary.step;
+    finished.params_digest = summary.params_digest;
+    finished.wall_s = summary.wall_s;
+    finished.metrics = summary.last_eval.metrics;
+    jn.write(finished);
+  } else {
+    ev::job_stopped stopped;
+    stopped.step = summary.step;
+    stopped.params_digest = summary.params_digest;
+    stopped.reason = summary.stop_signal ? "signal " + std::to_string(summary.stop_signal) : "stop_at_step";
+    jn.write(stopped);
+  }
+}
+
 result<train_summary> run_training_unguarded(const config& cfg, const train_options& opts) {
   const auto start = clock_type::now();
   if (auto st = validate_training_config(cfg); !st) return st.err();
@@ -84,49 +309,18 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   const bool interactive = opts.interactive.value_or(progress::stderr_is_terminal());
   // Console progress and TensorBoard scalars (RUN_DIR/tensorboard), as a cluster's coordinator writes them.
   run_observer prog({opts.run_dir, cfg.get_int("train.max_steps"), interactive, opts.run_dir + "/train.log"});
-  resource_book usage;
-  state_bytes held;  // what the rank's last step report said it holds
-  auto note_usage = [&](bool force) {
-    if (auto u = read_proc_usage()) usage.note(0, this_host_name(), *u, held);
-    if (auto d = process_shard_reader_stats())
-      usage.note_data(0, this_host_name(), {d->bytes_read_s3, d->bytes_read_local, d->cache_hits, d->cache_misses, d->shards_verified,
-                                           d->shards_failed, d->read_ahead_depth, d->cache_used_bytes, d->cache_peak_bytes});
-    if (usage.due(unix_time_now()) || (force && !usage.empty())) jn.write(usage.snapshot());
-  };
 
-  // Resume.
-  std::optional<pb::checkpoint_meta> ckpt;
-  std::string ckpt_path;
-  std::shared_ptr<checkpoint_store> ckpt_from;
-  if (!opts.resume_from.empty()) {
-    auto one = open_checkpoint_target(opts.resume_from, {});
-    if (!one) return make_error("cannot resume from '" + opts.resume_from + "': " + one.message());
-    ckpt = std::move(one->meta);
-    ckpt_path = one->name;
-    ckpt_from = one->store;
-  } else if (opts.resume) {
-    auto newest = store->newest_valid(
-        [&](const std::string& path, const std::string& why) {
-          prog.log("skipping checkpoint " + path + ": " + why);
-          jn.write(ev::checkpoint_skipped{path, why});
-        },
-        true);
-    if (!newest) return newest.err();
-    if (newest.value()) {
-      ckpt = std::move(*newest.value());
-      ckpt_path = store->location() + "/" + manifest_name(ckpt->step());
-      ckpt_from = std::make_shared<checkpoint_store>(store.value());
-    }
-  }
-  if (ckpt) {
-    if (auto st = check_checkpoint_compatible(*ckpt, cfg, ckpt_path); !st) return st.err();
-    if (auto st = load_checkpoint(state, *ckpt_from, *ckpt); !st) return make_error("'" + ckpt_path + "': " + st.message());
+  auto resume = find_resume_point(opts, store.value(), prog, jn);
+  if (!resume) return resume.err();
+  if (const auto& ckpt = resume.value()) {
+    if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
+    if (auto st = load_checkpoint(state, *ckpt->from, ckpt->meta); !st) return make_error("'" + ckpt->path + "': " + st.message());
     ev::checkpoint_restored restored;
-    restored.step = ckpt->step();
+    restored.step = ckpt->meta.step();
     restored.source = ev::state_source::disk;
-    restored.path = ckpt_path;
+    restored.path = ckpt->path;
     jn.write(restored);
-    prog.log("resumed from " + ckpt_path + " at step " + std::to_string(ckpt->step()));
+    prog.log("resumed from " + ckpt->path + " at step " + std::to_string(ckpt->meta.step()));
   }
 
   const int64_t max_steps = cfg.get_int("train.max_steps");
@@ -139,156 +333,28 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
            " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
 
   // The steps are the cluster rank's (rank/rank_worker), at world 1 on the
-  // state resumed above: no coordinator, no sockets, no process group. What
-  // it reports comes here through a queue and is handled on this thread as
-  // a coordinator handles its ranks' reports: steps into the journal and
-  // the progress line, evaluations, checkpoint parts committed to the store.
-  using worker_event = std::variant<pb::step_report, pb::eval_report, pb::checkpoint_written, pb::rank_status>;
-  std::mutex events_mu;
-  std::condition_variable events_cv;
-  std::deque<worker_event> events;
-  auto push = [&](worker_event e) {
-    {
-      std::lock_guard<std::mutex> lock(events_mu);
-      events.push_back(std::move(e));
-    }
-    events_cv.notify_all();
-  };
-  rank_worker_callbacks cb;
-  cb.on_step = [&](uint64_t, pb::step_report r) { push(std::move(r)); };
-  cb.on_eval = [&](uint64_t, pb::eval_report r) { push(std::move(r)); };
-  cb.on_checkpoint = [&](uint64_t, pb::checkpoint_written w) { push(std::move(w)); };
-  cb.on_status = [&](uint64_t, pb::rank_status s) { push(std::move(s)); };
+  // state resumed above: no coordinator, no sockets, no process group.
   rank_worker_options wo;
   wo.node_id = this_host_name();
   wo.state = state_ptr;
   wo.stop_at_step = opts.stop_at_step;
   wo.data_digests = false;
-  wo.state_checkpointed_at = ckpt && ckpt_from->location() == store->location() ? ckpt->step() : -1;
-  pb::generation_plan plan;
-  plan.set_generation(generation);
-  plan.set_world_size(1);
-  auto* me = plan.add_ranks();
-  me->set_node_id(wo.node_id);
-  me->set_local_rank(0);
-  me->set_global_rank(0);
-  me->set_host_ranks(1);
-  plan.set_start_step(state.step());
-  plan.set_state_root(-1);
-  plan.set_checkpoint_step(-1);  // the state is in place already
-  plan.set_checkpoint_store(store->location());
-  plan.set_config_toml(config_text);
-  plan.set_cause(pb::generation_plan::CAUSE_START);
-
-  train_summary summary;
-  step_table steps;
-  std::optional<std::string> failure;  // the worker's line when it failed
-  bool done = false;
-  auto handle = [&](worker_event& e) -> status {
-    if (auto* r = std::get_if<pb::step_report>(&e)) {
-      if (r->outer_steps() > 0)
-        jn.write(ev::outer_step{r->step(), generation, 1, static_cast<int64_t>(r->outer_inner_steps()), r->outer_payload_bytes() / r->outer_steps(),
-                                r->outer_exchange_s() / static_cast<double>(r->outer_steps()), r->outer_window_s(), r->pseudo_grad_norm()});
-      if (r->param_bytes() > 0) held = {r->param_bytes(), r->grad_bytes(), r->optimizer_state_bytes(), r->checkpoint_buffer_bytes()};
-      auto line = steps.add(*r, generation, 1);
-      if (!line) return {};
-      line->generation.reset();
-      if (r->data_wait_s() > 0) line->data_wait_s = r->data_wait_s() / std::max(1, r->steps_covered());
-      jn.write(*line);
-      prog.on_step(line->step, line->loss, line->lr, line->samples_per_s, 1, true);
-      note_usage(false);
-    } else if (auto* v = std::get_if<pb::eval_report>(&e)) {
-      ev::eval_done d;
-      d.step = v->step();
-      d.duration_s = v->duration_s();
-      for (const auto& [k, x] : v->metrics()) d.metrics[k] = x;
-      d.examples.assign(v->examples().begin(), v->examples().end());
-      jn.write(d);
-      summary.last_eval.metrics = d.metrics;
-      summary.last_eval.examples = d.examples;
-      prog.on_eval(d.step, d.metrics);
-      for (const auto& ex : d.examples) prog.log("  " + ex);
-    } else if (auto* w = std::get_if<pb::checkpoint_written>(&e)) {
-      // One rank, one part: the manifest its meta describes, committed.
-      if (!w->error().empty()) return make_error("checkpoint at step " + std::to_string(w->step()) + " not saved: " + w->error());
-      auto meta = plan_manifest(w->meta(), generation, 1, {{0, {w->parts().begin(), w->parts().end()}}});
-      if (!meta) return make_error("checkpoint at step " + std::to_string(w->step()) + " not saved: " + meta.message());
-      const auto t0 = clock_type::now();
-      auto committed = store->commit(std::move(meta.value()));
-      if (!committed) return committed.err();
-      ev::checkpoint_saved saved;
-      saved.step = w->step();
-      saved.path = committed->location;
-      saved.bytes = static_cast<int64_t>(committed->bytes);
-      saved.duration_s = seconds_since(t0);
-      saved.parts = 1;
-      saved.stall_s = w->stall_s();
-      saved.write_s = w->write_s();
-      saved.bytes_per_s = w->write_s() > 0 ? static_cast<double>(committed->bytes) / w->write_s() : 0.0;
-      jn.write(saved);
-      prog.note_event("checkpoint " + std::to_string(w->step()));
-    } else if (auto* s = std::get_if<pb::rank_status>(&e)) {
-      if (s->status() == pb::rank_status::STATE_FAILED) {
-        failure = s->detail();
-        summary.step = s->step();
-        done = true;
-      } else if (s->status() == pb::rank_status::STATE_FINISHED) {
-        summary.step = s->step();
-        summary.params_digest = s->detail();
-        done = true;
-      }
-    }
-    return {};
-  };
-
-  status outcome;
-  {
-    rank_worker worker(wo, cb);
-    worker.offer(plan);
-    bool stop_asked = false;
-    while (!done && outcome) {
-      std::deque<worker_event> ready;
-      {
-        std::unique_lock<std::mutex> lock(events_mu);
-        events_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return !events.empty(); });
-        ready.swap(events);
-      }
-      for (auto& e : ready)
-        if (outcome) outcome = handle(e);
-      if (!stop_asked && opts.stop_signal && opts.stop_signal->load() != 0) {
-        summary.stop_signal = opts.stop_signal->load();
-        worker.request_stop(true);
-        stop_asked = true;
-      }
-    }
-    worker.quit();
-  }
-  // What the worker reported before it ended (a checkpoint's last parts).
-  for (auto& e : events)
-    if (outcome) outcome = handle(e);
+  const auto& ckpt = resume.value();
+  wo.state_checkpointed_at = ckpt && ckpt->from->location() == store->location() ? ckpt->meta.step() : -1;
+  const pb::generation_plan plan = plan_of_one(generation, wo.node_id, state.step(), store->location(), config_text);
+  world_one_sink sink(generation, store.value(), jn, prog);
+  const status outcome = run_worker(std::move(wo), plan, opts, sink);
   prog.finish();
   if (!outcome) return outcome.err();
-  if (failure) {
-    jn.write(ev::job_failed{summary.step, std::nullopt, *failure});
-    return make_error(*failure);
+  train_summary& summary = sink.summary();
+  if (sink.failure()) {
+    jn.write(ev::job_failed{summary.step, std::nullopt, *sink.failure()});
+    return make_error(*sink.failure());
   }
   summary.finished = summary.step >= max_steps;
   summary.wall_s = seconds_since(start);
-  note_usage(true);
-  if (summary.finished) {
-    ev::job_finished finished;
-    finished.step = summary.step;
-    finished.params_digest = summary.params_digest;
-    finished.wall_s = summary.wall_s;
-    finished.metrics = summary.last_eval.metrics;
-    jn.write(finished);
-  } else {
-    ev::job_stopped stopped;
-    stopped.step = summary.step;
-    stopped.params_digest = summary.params_digest;
-    stopped.reason = summary.stop_signal ? "signal " + std::to_string(summary.stop_signal) : "stop_at_step";
-    jn.write(stopped);
-  }
+  sink.note_usage(true);
+  journal_the_end(jn, summary);
   return summary;
 }
 

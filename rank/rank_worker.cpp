@@ -1029,11 +1029,51 @@ std::string describe_transport(const transport_facts& f, training_state& state, 
 
 }  // namespace
 
-rank_worker::outcome rank_worker::train(generation_run& g) {
+// One generation's steps as train() runs them: the exchanges chosen once
+// for the generation, the step in hand, and what the steps add up between
+// two step reports.
+struct rank_worker::steps_run {
+  grad_sync_options options;
+  // One reducer, or one a streaming DiLoCo fragment (their exchanges take
+  // turns on the same transport, one in flight at a time).
+  std::vector<std::unique_ptr<grad_sync>> syncs;
+  // train.diloco_worker = host: the host's per-step reducer (it takes turns
+  // with the outer exchange on the host's segment), or why there is none.
+  std::unique_ptr<grad_sync> host_sync;
+  std::string host_workers_why_not;
+  bool zero2 = false;     // gradients reduce-scattered into the optimizer's windows
+  bool zero_shm = false;  // ZeRO's all-gather and norm through the host's segment
+  bool streaming = false, fragments_off_shm = false;
+  std::function<result<double>()> global_norm;  // zero=2: the clipping norm from the shards' partial sums
+  std::function<status()> gather;               // zero>=1: the other ranks' updated parameters
+  // Buffers training changes (BatchNorm): rank 0's go to every rank after
+  // each step (PyTorch DDP's broadcast_buffers), or the ranks' states drift
+  // apart and the digest comparison stops the job.
+  std::vector<torch::Tensor> moving_buffers;
+
+  training_state::dp_step r;  // the step in hand (DiLoCo: its outer exchanges' times added)
+  step_control mine;          // this rank's control for the step
+  step_control agreed;        // the last exchange's sums of the ranks' controls
+
+  pb::step_report acc;        // sums since the last report
+  double loss_sum_steps = 0;  // its steps' mean losses since the last report
+  int64_t loss_steps = 0;
+  bool first = true;  // the first step of a generation is reported at once (recovery timing)
+  clock_type::time_point window_began = clock_type::now();
+
+  grad_sync& sync() const { return *syncs.front(); }
+  int64_t buffer_bytes() const {
+    int64_t n = 0;
+    for (const auto& x : syncs) n += x->buffer_bytes();
+    return n + (host_sync ? host_sync->buffer_bytes() : 0);
+  }
+};
+
+void rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   auto& im = *impl_;
   training_state& state = *im.state;
   const config& cfg = *im.cfg;
-  grad_sync_options go;
+  grad_sync_options& go = s.options;
   go.bucket_bytes = cfg.get_int("cluster.bucket_kb") * 1024;
   go.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
   go.timeout = g.timeout;
@@ -1048,30 +1088,26 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   // train.zero = 2: each rank receives only its shards' summed gradients,
   // straight into the optimizer's gradient windows; the clipping norm is
   // the sum of the primaries' partial sums (one small allreduce a step).
-  const bool zero2 = im.shards && g.pg && g.world > 1 && cfg.get_int("train.zero") >= 2;
-  std::function<result<double>()> global_norm;
-  if (zero2) {
+  s.zero2 = im.shards && g.pg && g.world > 1 && cfg.get_int("train.zero") >= 2;
+  if (s.zero2) {
     go.zero2 = zero2_of(state.optimizer(), *im.shards);
-    global_norm = [&] { return global_grad_norm(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
+    s.global_norm = [&state, &im, &g] { return global_grad_norm(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
   }
   // train.diloco_worker = host: the ranks of a host are one worker,
   // synchronous inside through the host's segment (host_sync below).
   const bool host_workers = host_worker(g);
-  // Streaming DiLoCo: one reducer a fragment (its parameters only); their
-  // exchanges take turns on the same transport (a segment keeps the step
-  // counts of every exchange over it), one in flight at a time. Only with
-  // host workers and an overlap do the fragments go over the process group:
-  // the host's per-step reducer uses the segment while a fragment is in
-  // flight. Otherwise one reducer.
-  const bool streaming = state.diloco() && state.outer().streaming();
-  const bool fragments_off_shm = streaming && host_workers && state.outer().options().overlap > 0;
-  std::vector<std::unique_ptr<grad_sync>> syncs;
-  if (streaming) {
+  // Streaming DiLoCo: one reducer a fragment (its parameters only). Only
+  // with host workers and an overlap do the fragments go over the process
+  // group: the host's per-step reducer uses the segment while a fragment is
+  // in flight.
+  s.streaming = state.diloco() && state.outer().streaming();
+  s.fragments_off_shm = s.streaming && host_workers && state.outer().options().overlap > 0;
+  if (s.streaming) {
     std::vector<torch::Tensor> trained;
     for (auto& p : state.the_task().module()->parameters())
       if (p.requires_grad()) trained.push_back(p);
     grad_sync_options fo = go;
-    if (fragments_off_shm) {
+    if (s.fragments_off_shm) {
       fo.shm = nullptr;
       fo.hierarchical = false;
       fo.hosts = c10::intrusive_ptr<c10d::ProcessGroup>();
@@ -1079,21 +1115,17 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     for (const auto& fr : state.outer().fragments()) {
       std::vector<torch::Tensor> part(trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param),
                                       trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param + fr.params));
-      syncs.push_back(std::make_unique<grad_sync>(std::move(part), g.pg, fo));
+      s.syncs.push_back(std::make_unique<grad_sync>(std::move(part), g.pg, fo));
     }
   } else {
-    syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
+    s.syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
   }
-  grad_sync& sync = *syncs.front();
   // train.zero >= 1 with every rank on this host and the gradients through
   // its segment: the parameter all-gather and the norm's sum go through it
   // too, between the steps of the gradient exchange (no loopback TCP).
-  const bool zero_shm = im.shards && g.pg && g.world > 1 && !state.diloco() && sync.uses_shm() && !sync.hierarchical() && g.exchange.shm &&
-                        shm_fits(*g.exchange.shm, state.optimizer(), *im.shards);
-  // The host's per-step reducer takes turns with the outer exchange on the
-  // host's segment (the outer exchange uses it when hierarchical).
-  std::unique_ptr<grad_sync> host_sync;
-  std::string host_workers_why_not;
+  const grad_sync& sync = s.sync();
+  s.zero_shm = im.shards && g.pg && g.world > 1 && !state.diloco() && sync.uses_shm() && !sync.hierarchical() && g.exchange.shm &&
+               shm_fits(*g.exchange.shm, state.optimizer(), *im.shards);
   if (state.diloco() && cfg.get_string("train.diloco_worker") == "host" && g.world > 1) {
     if (host_workers) {
       grad_sync_options ho;
@@ -1103,98 +1135,296 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       ho.abandon = go.abandon;
       ho.shm = g.exchange.shm;
       ho.host_only = true;
-      host_sync = std::make_unique<grad_sync>(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
+      s.host_sync = std::make_unique<grad_sync>(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
     } else {
-      host_workers_why_not = g.exchange.host_ranks <= 1 ? "this rank is alone on its host" : g.exchange.why_not.empty() ? "no shared memory" : g.exchange.why_not;
+      s.host_workers_why_not = g.exchange.host_ranks <= 1 ? "this rank is alone on its host"
+                               : g.exchange.why_not.empty() ? "no shared memory"
+                                                            : g.exchange.why_not;
     }
   }
-  auto sync_buffer_bytes = [&] {
-    int64_t n = 0;
-    for (const auto& x : syncs) n += x->buffer_bytes();
-    return n + (host_sync ? host_sync->buffer_bytes() : 0);
+  // train.zero >= 1: after the optimizer stepped this rank's shards, the
+  // others' updated parameters.
+  if (im.shards && g.pg && g.world > 1)
+    s.gather = [&state, &im, &g] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
+  if (s.zero_shm) {
+    auto* shm = g.exchange.shm.get();
+    const auto spin = go.spin_wait;
+    s.gather = [&state, &im, &g, shm, spin] { return gather_params_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin); };
+    if (s.global_norm)
+      s.global_norm = [&state, &im, &g, shm, spin] {
+        return global_grad_norm_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin);
+      };
+  }
+  if (g.pg && state.the_task().buffers_change_in_training())
+    for (auto& b : state.the_task().module()->buffers()) s.moving_buffers.push_back(b);
+}
+
+// How this generation's gradients travel, shown in the rank's READY status.
+void rank_worker::report_ready(generation_run& g, const steps_run& s) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  transport_facts tf;
+  tf.rank = g.rank;
+  tf.world = g.world;
+  tf.backend = g.backend;
+  tf.exchange = &g.exchange;
+  tf.reshard_bytes = g.reshard_bytes;
+  tf.over_shm = s.sync().uses_shm() || s.sync().hierarchical();
+  tf.fragments_off_shm = s.fragments_off_shm;
+  tf.shards = im.shards ? &*im.shards : nullptr;
+  tf.zero2 = s.zero2;
+  tf.zero_shm = s.zero_shm;
+  tf.fragments = s.streaming ? s.syncs.size() : 0;
+  tf.host_sync = s.host_sync != nullptr;
+  tf.host_workers_why_not = s.host_workers_why_not;
+  const std::string transport = describe_transport(tf, state, *im.cfg);
+  if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
+  auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
+  ready.set_state_source(to_wire(g.source));
+  ready.set_state_root(g.root);
+  ready.set_switch_s(now_s() - g.offered_at);
+  ready.set_state_bytes(g.transfer_bytes);
+  if (im.shards) {
+    ready.set_optimizer_source(to_wire(g.optimizer));
+    ready.set_reshard_bytes(g.reshard_bytes);
+  }
+  ready.set_state_transfer_s(g.transfer_s);
+  if (state.diloco()) {
+    ready.set_window_steps(g.window_steps);
+    ready.set_skipped_steps(g.skipped_steps);
+    ready.set_replayed_slices(g.replayed_slices);
+  }
+  if (cb_.on_status) cb_.on_status(g.gen, std::move(ready));
+}
+
+// The host buffer of this rank's checkpoint part, made ahead of the first
+// checkpoint (checkpoint.keep_buffer; else made at each checkpoint).
+void rank_worker::prepare_part_writer(generation_run& g) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  if (g.plan.checkpoint_store().empty()) return;
+  if (!im.writer)
+    im.writer = std::make_unique<part_writer>(
+        [this](uint64_t gen, pb::checkpoint_written w) {
+          if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
+        },
+        im.cfg->get_bool("checkpoint.keep_buffer"));
+  const state_layout layout = layout_of(state);
+  const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
+  uint64_t bytes = b - a;
+  if (im.shards && layout.sharded()) {
+    const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
+    bytes = 0;
+    for (const auto& [x, y] : write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases())) bytes += y - x;
+  }
+  if (im.cfg->get_bool("checkpoint.keep_buffer")) im.writer->prepare(bytes);
+}
+
+// DiLoCo: where this generation enters the window, said once on stderr.
+void rank_worker::announce_window(generation_run& g) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  if (!state.diloco()) return;
+  if (g.skipped_steps > 0 || g.window_steps > 0)
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo window goes on at step %lld, %lld step(s) after its anchor (this rank skipped %lld)\n",
+                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<long long>(g.window_steps),
+                 static_cast<long long>(g.skipped_steps));
+  if (!im.catch_up.empty())
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: catching up on steps %lld to %lld (its peers took them), on its own slices of them\n",
+                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()),
+                 static_cast<long long>(im.catch_up.back().until - 1));
+  if (!im.replays.empty())
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary%s\n",
+                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(g.replayed_slices),
+                 static_cast<long long>(oldest_fragment_anchor(state.outer())), static_cast<long long>(state.outer().anchor() + g.window_steps - 1),
+                 im.replays.size(), im.replays.front().parts > 1 ? " (its host's ranks together, each a part of every slice)" : "");
+}
+
+// A lost worker's slice of this window, trained again (no collective): its
+// samples reach the next outer step once.
+std::optional<rank_worker::outcome> rank_worker::replay_next_slice(generation_run& g, steps_run& s) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  const impl::slice_id x = im.replays.front();
+  auto rr = x.parts > 1 && s.host_sync ? state.replay_slice_host(x.step, x.rank, x.world, x.part, x.parts, *s.host_sync, x.fragments)
+                                       : state.replay_slice(x.step, x.rank, x.world, x.fragments);
+  if (!rr) return failed(g, rr.message(), state.step());
+  // A host's replay is one line, its first rank's, of the whole slice.
+  if (x.part == 0) {
+    const auto whole = state.order().rank_slice(x.step, x.rank, x.world);
+    if (auto st = log_samples(x.step, g.gen, x.rank, x.world, x.fragments, x.parts > 1 ? &whole : nullptr); !st)
+      return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+  }
+  im.note_slice(oldest_fragment_anchor(state.outer()), x);
+  im.replays.erase(im.replays.begin());
+  return std::nullopt;
+}
+
+// The step's forward, backward and update (DiLoCo: an inner step of this
+// rank's slice, of the world it was taken in when catching up).
+std::optional<rank_worker::outcome> rank_worker::inner_step(generation_run& g, steps_run& s, bool replay_on) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  const bool diloco = state.diloco();
+  const int64_t attempted = state.step();
+  int slice_rank = g.rank, slice_world = g.world;
+  for (const auto& c : im.catch_up)
+    if (attempted < c.until) {
+      slice_rank = c.rank;
+      slice_world = c.world;
+      break;
+    }
+  im.attempt = {attempted, g.gen, slice_rank, slice_world};
+  result<training_state::dp_step> r = training_state::dp_step{};
+  if (s.host_sync)
+    r = state.inner_step_host(g.rank, g.world, *s.host_sync, g.exchange.host_members);
+  else
+    r = diloco ? state.inner_step(slice_rank, slice_world) : state.train_step_dp(g.rank, g.world, s.sync(), s.gather, s.global_norm);
+  // Applied (with ZeRO, to this rank's shards even when the all-gather
+  // after it failed): the step is in the audit log before anything else.
+  if (state.step() > attempted)
+    if (auto st = log_samples(attempted, g.gen, slice_rank, slice_world); !st)
+      return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+  if (!r) return failed(g, r.message(), state.step());
+  // No generation can fix a loss that became NaN or infinite.
+  if (r->samples > 0 && !std::isfinite(r->loss_sum))
+    return failed(g,
+                  "loss became " + std::to_string(r->loss_sum / static_cast<double>(r->samples)) + " at step " + std::to_string(state.step()) +
+                      "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint",
+                  state.step(), pb::rank_status::FAILURE_DIVERGED);
+  if (replay_on) im.note_slice(oldest_fragment_anchor(state.outer()), {attempted, slice_rank, slice_world, {}});
+  s.r = *r;
+  return std::nullopt;
+}
+
+// DiLoCo after a step: the exchange in flight that lands now, then the
+// fragments due (each exchange carries the step control). `boundary` is set
+// when one landed: every rank then holds the same global parameters.
+std::optional<rank_worker::outcome> rank_worker::outer_steps(generation_run& g, steps_run& s, int64_t max_steps, bool& boundary) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  std::vector<size_t> landed_fragments;
+  auto record = [&](const training_state::outer_step_result& o) {
+    landed_fragments.push_back(o.fragment);
+    s.r.allreduce_s += o.exchange_s;
+    s.r.exposed_s += o.exposed_s;
+    s.acc.set_outer_steps(s.acc.outer_steps() + 1);
+    s.acc.set_outer_payload_bytes(s.acc.outer_payload_bytes() + static_cast<uint64_t>(o.payload_bytes));
+    s.acc.set_outer_exchange_s(s.acc.outer_exchange_s() + o.exchange_s);
+    s.acc.set_pseudo_grad_norm(o.pseudo_grad_norm);
+    s.acc.set_outer_inner_steps(static_cast<uint64_t>(o.inner_steps));
+    s.acc.set_outer_window_s(std::chrono::duration<double>(clock_type::now() - s.window_began).count());
+    s.window_began = clock_type::now();
+    s.agreed = s.syncs[o.fragment]->control();
+    boundary = true;
   };
+  bool landed = false;
+  if (state.outer().lands(state.step())) {
+    auto o = state.outer_land(*s.syncs[*state.outer().in_flight()]);
+    if (!o) return failed(g, o.message(), state.step());
+    record(*o);
+    landed = true;
+  }
+  const auto due = state.outer().due_fragments(state.step());
+  for (size_t f : due) {
+    // Overlapped only when it is the one exchange of this step and the job
+    // goes on: a boundary never leaves an exchange in flight.
+    const bool overlap = state.outer().options().overlap > 0 && state.step() < max_steps && due.size() == 1 && !landed;
+    s.syncs[f]->set_control(s.mine);
+    auto o = state.outer_launch(f, *s.syncs[f], overlap);
+    if (!o) return failed(g, o.message(), state.step());
+    if (o->landed) record(*o);
+  }
+  // data.sample_log: this rank's lines before the landed pseudo-gradient's
+  // step are in that fragment of the global parameters.
+  if (im.samples_log)
+    for (size_t f : landed_fragments)
+      if (auto st = im.samples_log->append_synced(state.outer().fragment_anchor(f), g.gen, g.rank, g.world,
+                                                  state.outer().streaming() ? static_cast<int>(f) : -1,
+                                                  static_cast<int>(state.outer().fragments().size()));
+          !st)
+        return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+  return std::nullopt;
+}
+
+// Rank 0's moving buffers to every rank (at a synchronisation boundary).
+std::optional<rank_worker::outcome> rank_worker::broadcast_buffers(generation_run& g, const steps_run& s, int64_t step) {
+  c10d::BroadcastOptions bo;
+  bo.rootRank = 0;
+  torch::NoGradGuard no_grad;
+  for (const auto& b : s.moving_buffers) {
+    std::vector<torch::Tensor> t{b};
+    if (auto st = wait_work(g.pg->broadcast(t, bo), deadline_in(g.timeout), g.abandon_now, "buffer broadcast"); !st) return failed(g, st.message(), step);
+  }
+  return std::nullopt;
+}
+
+// The parameters' digest, compared across the ranks: a rank that drifted
+// ends the job rather than train on silently.
+std::optional<rank_worker::outcome> rank_worker::compare_digests(generation_run& g, steps_run& s, int64_t step) {
+  const std::string digest = impl_->state->params_digest();
+  s.acc.set_params_digest(digest);
+  if (!g.pg) return std::nullopt;
+  auto agree = digests_agree(*g.pg, digest, g.timeout, g.abandon_now);
+  if (!agree) return failed(g, agree.message(), step);
+  if (!agree.value()) return failed(g, "parameters differ between ranks at step " + std::to_string(step), step, pb::rank_status::FAILURE_PARAMETERS_DIFFER);
+  return std::nullopt;
+}
+
+// The step report: the sums since the last one, the data reader's figures
+// and the bytes this rank holds.
+void rank_worker::report_step(generation_run& g, steps_run& s, int64_t step) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  pb::step_report& acc = s.acc;
+  acc.set_step(step);
+  acc.set_global_rank(g.rank);
+  acc.set_world_size(g.world);
+  acc.set_loss(s.r.samples > 0 ? s.r.loss_sum / static_cast<double>(s.r.samples) : 0.0);
+  acc.set_loss_mean(s.loss_steps > 0 ? s.loss_sum_steps / static_cast<double>(s.loss_steps) : acc.loss());
+  s.loss_sum_steps = 0;
+  s.loss_steps = 0;
+  acc.set_lr(state.lr_at(step - 1));
+  acc.set_data_wait_s(take_data_wait_s());
+  if (auto d = process_shard_reader_stats()) {
+    auto* x = acc.mutable_data();
+    x->set_bytes_s3(d->bytes_read_s3);
+    x->set_bytes_local(d->bytes_read_local);
+    x->set_cache_hits(d->cache_hits);
+    x->set_cache_misses(d->cache_misses);
+    x->set_shards_verified(d->shards_verified);
+    x->set_shards_failed(d->shards_failed);
+    x->set_read_ahead_depth(d->read_ahead_depth);
+    x->set_cache_bytes(d->cache_used_bytes);
+    x->set_cache_peak_bytes(d->cache_peak_bytes);
+  }
+  acc.set_param_bytes(static_cast<uint64_t>(state.optimizer().param_bytes()));
+  // The optimizer's gradients and the reducer's bucket buffers kept between
+  // steps (zero=0/1: a second copy of every gradient; zero=2: none, its
+  // buffers live only while a step's buckets are in flight).
+  acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes() + s.buffer_bytes()));
+  acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes() + (state.diloco() ? state.outer().state_bytes() : 0)));
+  if (im.writer) acc.set_checkpoint_buffer_bytes(im.writer->buffer_bytes());
+  if (cb_.on_step) cb_.on_step(g.gen, acc);
+  acc.Clear();
+  s.first = false;
+}
+
+rank_worker::outcome rank_worker::train(generation_run& g) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  const config& cfg = *im.cfg;
+  steps_run s;
+  choose_exchanges(g, s);
   // Whatever the last generation left in the gradients is a partial step,
   // and an exchange it left in flight is gone with its reducers.
   state.zero_grad();
   if (state.diloco()) state.outer().drop_flight();
-
-  {
-    // How this generation's gradients travel (shown in the rank's status).
-    transport_facts tf;
-    tf.rank = g.rank;
-    tf.world = g.world;
-    tf.backend = g.backend;
-    tf.exchange = &g.exchange;
-    tf.reshard_bytes = g.reshard_bytes;
-    tf.over_shm = sync.uses_shm() || sync.hierarchical();
-    tf.fragments_off_shm = fragments_off_shm;
-    tf.shards = im.shards ? &*im.shards : nullptr;
-    tf.zero2 = zero2;
-    tf.zero_shm = zero_shm;
-    tf.fragments = streaming ? syncs.size() : 0;
-    tf.host_sync = host_sync != nullptr;
-    tf.host_workers_why_not = host_workers_why_not;
-    const std::string transport = describe_transport(tf, state, cfg);
-    if (g.world > 1) std::fprintf(stderr, "rank %d: generation %llu: %s\n", g.rank, static_cast<unsigned long long>(g.gen), transport.c_str());
-    auto ready = status_of(pb::rank_status::STATE_READY, g.rank, g.local, state.step(), transport);
-    ready.set_state_source(to_wire(g.source));
-    ready.set_state_root(g.root);
-    ready.set_switch_s(now_s() - g.offered_at);
-    ready.set_state_bytes(g.transfer_bytes);
-    if (im.shards) {
-      ready.set_optimizer_source(to_wire(g.optimizer));
-      ready.set_reshard_bytes(g.reshard_bytes);
-    }
-    ready.set_state_transfer_s(g.transfer_s);
-    if (state.diloco()) {
-      ready.set_window_steps(g.window_steps);
-      ready.set_skipped_steps(g.skipped_steps);
-      ready.set_replayed_slices(g.replayed_slices);
-    }
-    if (cb_.on_status) cb_.on_status(g.gen, std::move(ready));
-  }
+  report_ready(g, s);
+  prepare_part_writer(g);
 
   const step_cadence cadence = step_cadence_of(cfg);
-  // Buffers training changes (BatchNorm): rank 0's go to every rank after
-  // each step (PyTorch DDP's broadcast_buffers), or the ranks' states drift
-  // apart and the digest comparison stops the job.
-  std::vector<torch::Tensor> moving_buffers;
-  if (g.pg && state.the_task().buffers_change_in_training())
-    for (auto& b : state.the_task().module()->buffers()) moving_buffers.push_back(b);
-  if (!g.plan.checkpoint_store().empty()) {
-    // The host buffer of this rank's part, made ahead of the first checkpoint
-    // (checkpoint.keep_buffer; else made at each checkpoint).
-    if (!im.writer)
-      im.writer = std::make_unique<part_writer>(
-          [this](uint64_t gen, pb::checkpoint_written w) {
-            if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
-          },
-          im.cfg->get_bool("checkpoint.keep_buffer"));
-    const state_layout layout = layout_of(state);
-    const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
-    uint64_t bytes = b - a;
-    if (im.shards && layout.sharded()) {
-      const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
-      bytes = 0;
-      for (const auto& [x, y] : write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases())) bytes += y - x;
-    }
-    if (cfg.get_bool("checkpoint.keep_buffer")) im.writer->prepare(bytes);
-  }
-  // train.zero >= 1: after the optimizer stepped this rank's shards, the
-  // others' updated parameters.
-  std::function<status()> gather;
-  if (im.shards && g.pg && g.world > 1) gather = [&] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
-  if (zero_shm) {
-    auto* shm = g.exchange.shm.get();
-    gather = [&, shm] { return gather_params_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, go.spin_wait); };
-    if (global_norm)
-      global_norm = [&, shm] { return global_grad_norm_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, go.spin_wait); };
-  }
   std::map<std::string, double> eval_at_step;
-  pb::step_report acc;  // sums since the last report
-  double loss_sum_steps = 0;  // its steps' mean losses since the last report
-  int64_t loss_steps = 0;
-  bool first = true;    // the first step of a generation is reported at once (recovery timing)
   // The step of the last checkpoint this generation wrote, or of the one
   // the caller's state was read from (nothing to write again there).
   int64_t last_ckpt = opts_.state_checkpointed_at >= 0 && opts_.state_checkpointed_at == state.step() ? state.step() : -1;
@@ -1229,45 +1459,19 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     send_eval(g, eval_at_step);
   }
   if (state.step() >= cadence.max_steps && !outer_pending() && last_ckpt != state.step()) write_checkpoint(g, eval_at_step);
-  if (diloco && (g.skipped_steps > 0 || g.window_steps > 0))
-    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo window goes on at step %lld, %lld step(s) after its anchor (this rank skipped %lld)\n",
-                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<long long>(g.window_steps),
-                 static_cast<long long>(g.skipped_steps));
-  if (!im.catch_up.empty())
-    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: catching up on steps %lld to %lld (its peers took them), on its own slices of them\n",
-                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()),
-                 static_cast<long long>(im.catch_up.back().until - 1));
+  announce_window(g);
   im.trained_gen = g.gen;
   im.trained_rank = g.rank;
   im.trained_world = g.world;
-  auto window_began = clock_type::now();
-  step_control agreed;  // the last exchange's sums of the ranks' controls
   const bool replay_on = diloco && g.pg;  // the window's slices are noted (replay_owed_slices)
-  if (!im.replays.empty())
-    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary%s\n",
-                 g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(g.replayed_slices),
-                 static_cast<long long>(oldest_fragment_anchor(state.outer())), static_cast<long long>(state.outer().anchor() + g.window_steps - 1),
-                 im.replays.size(), im.replays.front().parts > 1 ? " (its host's ranks together, each a part of every slice)" : "");
+  s.window_began = clock_type::now();
   while (state.step() < cadence.max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
     if (opts_.stop_at_step >= 0 && state.step() >= opts_.stop_at_step && !stop_.load()) request_stop(true);
     if (alone && stop_.load() && !in_flight()) return stop_here(state.step(), stop_checkpoint_.load());
     if (!im.replays.empty()) {
-      // A lost worker's slice of this window, trained again (no collective):
-      // its samples reach the next outer step once.
-      const impl::slice_id x = im.replays.front();
-      auto rr = x.parts > 1 && host_sync ? state.replay_slice_host(x.step, x.rank, x.world, x.part, x.parts, *host_sync, x.fragments)
-                                         : state.replay_slice(x.step, x.rank, x.world, x.fragments);
-      if (!rr) return failed(g, rr.message(), state.step());
-      // A host's replay is one line, its first rank's, of the whole slice.
-      if (x.part == 0) {
-        const auto whole = state.order().rank_slice(x.step, x.rank, x.world);
-        if (auto st = log_samples(x.step, g.gen, x.rank, x.world, x.fragments, x.parts > 1 ? &whole : nullptr); !st)
-          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
-      }
-      im.note_slice(oldest_fragment_anchor(state.outer()), x);
-      im.replays.erase(im.replays.begin());
+      if (auto ended = replay_next_slice(g, s)) return *ended;
       continue;
     }
     const auto t0 = clock_type::now();
@@ -1277,89 +1481,22 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     // rank holds the newer plan, all stop if any rank was asked to, at the
     // same step boundary, and rank 0 writes the final checkpoint if any rank
     // was asked for one.
-    step_control mine;
-    mine.newer_plan = offered_gen_.load() > g.gen ? 1.f : 0.f;
-    mine.stop = stop_.load() ? 1.f : 0.f;
-    mine.final_checkpoint = mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
-    sync.set_control(mine);
+    s.mine = step_control{};
+    s.mine.newer_plan = offered_gen_.load() > g.gen ? 1.f : 0.f;
+    s.mine.stop = stop_.load() ? 1.f : 0.f;
+    s.mine.final_checkpoint = s.mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
+    s.sync().set_control(s.mine);
     const int64_t attempted = state.step();
     const int64_t window_start = diloco ? state.outer().anchor() : attempted;
-    result<training_state::dp_step> r = training_state::dp_step{};
-    if (!outer_pending()) {
-      // DiLoCo catching up: this step's slice of the world it was taken in.
-      int slice_rank = g.rank, slice_world = g.world;
-      for (const auto& c : im.catch_up)
-        if (attempted < c.until) {
-          slice_rank = c.rank;
-          slice_world = c.world;
-          break;
-        }
-      im.attempt = {attempted, g.gen, slice_rank, slice_world};
-      if (host_sync)
-        r = state.inner_step_host(g.rank, g.world, *host_sync, g.exchange.host_members);
-      else
-        r = diloco ? state.inner_step(slice_rank, slice_world) : state.train_step_dp(g.rank, g.world, sync, gather, global_norm);
-      // Applied (with ZeRO, to this rank's shards even when the all-gather
-      // after it failed): the step is in the audit log before anything else.
-      if (state.step() > attempted)
-        if (auto st = log_samples(attempted, g.gen, slice_rank, slice_world); !st)
-          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
-      if (!r) return failed(g, r.message(), state.step());
-      // No generation can fix a loss that became NaN or infinite.
-      if (r->samples > 0 && !std::isfinite(r->loss_sum))
-        return failed(g,
-                      "loss became " + std::to_string(r->loss_sum / static_cast<double>(r->samples)) + " at step " + std::to_string(state.step()) +
-                          "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint",
-                      state.step(), pb::rank_status::FAILURE_DIVERGED);
-      if (replay_on) im.note_slice(oldest_fragment_anchor(state.outer()), {attempted, slice_rank, slice_world, {}});
-    }
-    if (!diloco) agreed = sync.control();
+    s.r = training_state::dp_step{};
+    if (!outer_pending())
+      if (auto ended = inner_step(g, s, replay_on)) return *ended;
+    if (!diloco) s.agreed = s.sync().control();
     // Every rank holds the same parameters after this step (streaming: the
     // same global parameters, and nothing is in flight).
     bool boundary = !diloco;
-    if (diloco) {
-      std::vector<size_t> landed_fragments;
-      auto record = [&](const training_state::outer_step_result& o) {
-        landed_fragments.push_back(o.fragment);
-        r->allreduce_s += o.exchange_s;
-        r->exposed_s += o.exposed_s;
-        acc.set_outer_steps(acc.outer_steps() + 1);
-        acc.set_outer_payload_bytes(acc.outer_payload_bytes() + static_cast<uint64_t>(o.payload_bytes));
-        acc.set_outer_exchange_s(acc.outer_exchange_s() + o.exchange_s);
-        acc.set_pseudo_grad_norm(o.pseudo_grad_norm);
-        acc.set_outer_inner_steps(static_cast<uint64_t>(o.inner_steps));
-        acc.set_outer_window_s(std::chrono::duration<double>(clock_type::now() - window_began).count());
-        window_began = clock_type::now();
-        agreed = syncs[o.fragment]->control();
-        boundary = true;
-      };
-      bool landed = false;
-      if (state.outer().lands(state.step())) {
-        auto o = state.outer_land(*syncs[*state.outer().in_flight()]);
-        if (!o) return failed(g, o.message(), state.step());
-        record(*o);
-        landed = true;
-      }
-      const auto due = state.outer().due_fragments(state.step());
-      for (size_t f : due) {
-        // Overlapped only when it is the one exchange of this step and the
-        // job goes on: a boundary never leaves an exchange in flight.
-        const bool overlap = state.outer().options().overlap > 0 && state.step() < cadence.max_steps && due.size() == 1 && !landed;
-        syncs[f]->set_control(mine);
-        auto o = state.outer_launch(f, *syncs[f], overlap);
-        if (!o) return failed(g, o.message(), state.step());
-        if (o->landed) record(*o);
-      }
-      // data.sample_log: this rank's lines before the landed pseudo-gradient's
-      // step are in that fragment of the global parameters.
-      if (im.samples_log)
-        for (size_t f : landed_fragments)
-          if (auto st = im.samples_log->append_synced(state.outer().fragment_anchor(f), g.gen, g.rank, g.world,
-                                                      state.outer().streaming() ? static_cast<int>(f) : -1,
-                                                      static_cast<int>(state.outer().fragments().size()));
-              !st)
-            return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
-    }
+    if (diloco)
+      if (auto ended = outer_steps(g, s, cadence.max_steps, boundary)) return *ended;
     if (diloco && alone && !in_flight()) boundary = true;
     const int64_t step = state.step();
     // DiLoCo: what falls due in the window runs at its boundary.
@@ -1368,68 +1505,20 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       if (step >= cadence.max_steps) return true;
       return every > 0 && step / every > window_start / every;
     };
-    if (boundary && !moving_buffers.empty()) {
-      c10d::BroadcastOptions bo;
-      bo.rootRank = 0;
-      torch::NoGradGuard no_grad;
-      for (auto& b : moving_buffers) {
-        std::vector<torch::Tensor> t{b};
-        if (auto st = wait_work(g.pg->broadcast(t, bo), deadline_in(g.timeout), g.abandon_now, "buffer broadcast"); !st)
-          return failed(g, st.message(), step);
-      }
+    if (boundary && !s.moving_buffers.empty())
+      if (auto ended = broadcast_buffers(g, s, step)) return *ended;
+    s.acc.set_samples(s.acc.samples() + s.r.samples);
+    if (s.r.samples > 0) {
+      s.loss_sum_steps += s.r.loss_sum / static_cast<double>(s.r.samples);
+      ++s.loss_steps;
     }
-    acc.set_samples(acc.samples() + r->samples);
-    if (r->samples > 0) {
-      loss_sum_steps += r->loss_sum / static_cast<double>(r->samples);
-      ++loss_steps;
-    }
-    acc.set_allreduce_s(acc.allreduce_s() + r->allreduce_s);
-    acc.set_allreduce_exposed_s(acc.allreduce_exposed_s() + r->exposed_s);
-    if (step > attempted) acc.set_steps_covered(acc.steps_covered() + 1);
-    if (boundary && due(cadence.digest_every)) {
-      const std::string digest = state.params_digest();
-      acc.set_params_digest(digest);
-      if (g.pg) {
-        auto agree = digests_agree(*g.pg, digest, g.timeout, g.abandon_now);
-        if (!agree) return failed(g, agree.message(), step);
-        if (!agree.value())
-          return failed(g, "parameters differ between ranks at step " + std::to_string(step), step, pb::rank_status::FAILURE_PARAMETERS_DIFFER);
-      }
-    }
-    acc.set_step_s(acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
-    if (first || cadence.report_due(step) || (boundary && diloco && !alone)) {
-      acc.set_step(step);
-      acc.set_global_rank(g.rank);
-      acc.set_world_size(g.world);
-      acc.set_loss(r->samples > 0 ? r->loss_sum / static_cast<double>(r->samples) : 0.0);
-      acc.set_loss_mean(loss_steps > 0 ? loss_sum_steps / static_cast<double>(loss_steps) : acc.loss());
-      loss_sum_steps = 0;
-      loss_steps = 0;
-      acc.set_lr(state.lr_at(step - 1));
-      acc.set_data_wait_s(take_data_wait_s());
-      if (auto d = process_shard_reader_stats()) {
-        auto* x = acc.mutable_data();
-        x->set_bytes_s3(d->bytes_read_s3);
-        x->set_bytes_local(d->bytes_read_local);
-        x->set_cache_hits(d->cache_hits);
-        x->set_cache_misses(d->cache_misses);
-        x->set_shards_verified(d->shards_verified);
-        x->set_shards_failed(d->shards_failed);
-        x->set_read_ahead_depth(d->read_ahead_depth);
-        x->set_cache_bytes(d->cache_used_bytes);
-        x->set_cache_peak_bytes(d->cache_peak_bytes);
-      }
-      acc.set_param_bytes(static_cast<uint64_t>(state.optimizer().param_bytes()));
-      // The optimizer's gradients and the reducer's bucket buffers kept
-      // between steps (zero=0/1: a second copy of every gradient; zero=2:
-      // none, its buffers live only while a step's buckets are in flight).
-      acc.set_grad_bytes(static_cast<uint64_t>(state.optimizer().grad_bytes() + sync_buffer_bytes()));
-      acc.set_optimizer_state_bytes(static_cast<uint64_t>(state.optimizer().state_bytes() + (diloco ? state.outer().state_bytes() : 0)));
-      if (im.writer) acc.set_checkpoint_buffer_bytes(im.writer->buffer_bytes());
-      if (cb_.on_step) cb_.on_step(g.gen, acc);
-      acc.Clear();
-      first = false;
-    }
+    s.acc.set_allreduce_s(s.acc.allreduce_s() + s.r.allreduce_s);
+    s.acc.set_allreduce_exposed_s(s.acc.allreduce_exposed_s() + s.r.exposed_s);
+    if (step > attempted) s.acc.set_steps_covered(s.acc.steps_covered() + 1);
+    if (boundary && due(cadence.digest_every))
+      if (auto ended = compare_digests(g, s, step)) return *ended;
+    s.acc.set_step_s(s.acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
+    if (s.first || cadence.report_due(step) || (boundary && diloco && !alone)) report_step(g, s, step);
 
     if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected) {
       im.injected = true;
@@ -1459,8 +1548,8 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
       last_ckpt = step;
     }
 
-    if (agreed.stop_agreed()) return stop_here(step, agreed.final_checkpoint_wanted());
-    if (agreed.all_hold_newer_plan(g.world)) return outcome::next_plan;
+    if (s.agreed.stop_agreed()) return stop_here(step, s.agreed.final_checkpoint_wanted());
+    if (s.agreed.all_hold_newer_plan(g.world)) return outcome::next_plan;
   }
   finish_checkpoints();
   report_status(g, pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());

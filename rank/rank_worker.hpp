@@ -118,7 +118,24 @@ class rank_worker : public rank_work {
   // whether this rank's host is one worker (train.diloco_worker = host).
   std::optional<outcome> replay_owed_slices(generation_run& g, int64_t furthest);
   bool host_worker(const generation_run& g) const;
+  // The steps of a generation (train), in its parts: the exchanges chosen
+  // once, the READY status, the part writer's buffer, DiLoCo's window
+  // lines; then each step: a lost worker's slice replayed, the inner step,
+  // DiLoCo's outer exchanges, the buffers' broadcast, the digests'
+  // comparison, the step report. Each part returns an outcome only when it
+  // ends the generation.
+  struct steps_run;  // the generation's exchanges and step sums (rank_worker.cpp)
   outcome train(generation_run& g);
+  void choose_exchanges(generation_run& g, steps_run& s);
+  void report_ready(generation_run& g, const steps_run& s);
+  void prepare_part_writer(generation_run& g);
+  void announce_window(generation_run& g);
+  std::optional<outcome> replay_next_slice(generation_run& g, steps_run& s);
+  std::optional<outcome> inner_step(generation_run& g, steps_run& s, bool replay_on);
+  std::optional<outcome> outer_steps(generation_run& g, steps_run& s, int64_t max_steps, bool& boundary);
+  std::optional<outcome> broadcast_buffers(generation_run& g, const steps_run& s, int64_t step);
+  std::optional<outcome> compare_digests(generation_run& g, steps_run& s, int64_t step);
+  void report_step(generation_run& g, steps_run& s, int64_t step);
   void fit_threads_to_host(const pb::generation_plan& plan);
   double send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);  // seconds it took
   std::optional<outcome> meet_after_eval(generation_run& g, double eval_s);

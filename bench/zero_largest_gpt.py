@@ -1,0 +1,147 @@
+#!/usr/bin/python3.11
+"""The largest GPT this machine trains at world 4 (2 nodes x 2 ranks,
+`dtactor local`) with train.zero = 0, 1 and 2 (issue 26).
+
+For each level: two GPT sizes (dim 1024, 16 heads, context 32; the layer
+count varies, 12.6M parameters a layer) run a few steps each while this
+script samples the machine's memory in use (MemTotal - MemAvailable, every
+0.1 s: shared-memory segments counted once, unlike the ranks' summed RSS);
+a line through the two peaks (bytes above the idle machine against
+parameters) predicts the most layers that fit in the machine's memory less
+a margin; that size is then run, and one layer less each time it does not
+finish (a watchdog ends a run when MemAvailable drops below the margin, so
+the machine never reaches the OOM killer). Prints one JSON object.
+
+Usage: bench/zero_largest_gpt.py [--levels 0,1,2] [--probe-layers 4,8]
+       [--steps 3] [--margin-gib 1.5] [--set key=value ...]
+"""
+import argparse, json, os, signal, subprocess, sys, tempfile, threading, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "dtactor"))
+ap.add_argument("--levels", default="0,1,2")
+ap.add_argument("--probe-layers", default="4,8")
+ap.add_argument("--steps", type=int, default=3)
+ap.add_argument("--nodes", type=int, default=2)
+ap.add_argument("--nproc-per-node", type=int, default=2)
+ap.add_argument("--margin-gib", type=float, default=1.5)
+ap.add_argument("--max-tries", type=int, default=3)
+ap.add_argument("--set", action="append", default=[])
+a = ap.parse_args()
+GiB = 1 << 30
+
+
+def meminfo():
+    m = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            m[k] = int(v.split()[0]) * 1024
+    return m
+
+
+def job(layers, zero):
+    return ["model.name=gpt", "model.dim=1024", f"model.layers={layers}", "model.heads=16", "model.context=32",
+            "train.global_batch_size=4", "train.micro_batch_size=1", "train.warmup_steps=1", "train.log_every_steps=1",
+            "checkpoint.every_steps=0", "eval.every_steps=0", "eval.max_samples=8", "data.max_text_bytes=2000000",
+            f"train.max_steps={a.steps}", f"cluster.min_nodes={a.nodes}", f"cluster.max_nodes={a.nodes}", "cluster.settle_ms=600000",
+            f"train.zero={zero}"] + a.set
+
+
+def run(layers, zero):
+    d = tempfile.mkdtemp(prefix="dtactor-zlarge-")
+    argv = [a.bin, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume"]
+    for s in job(layers, zero):
+        argv += ["--set", s]
+    idle = meminfo()
+    idle_used = idle["MemTotal"] - idle["MemAvailable"]
+    peak = [idle_used]
+    killed = [False]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            m = meminfo()
+            peak[0] = max(peak[0], m["MemTotal"] - m["MemAvailable"])
+            if m["MemAvailable"] < a.margin_gib * GiB / 2 and not killed[0]:
+                killed[0] = True
+                os.killpg(p.pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    t0 = time.time()
+    out = p.communicate()[0]
+    done.set()
+    t.join()
+    wall = time.time() - t0
+    params, steps, rss_peak = None, [], 0.0
+    try:
+        with open(os.path.join(d, "journal.jsonl")) as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("event") == "job_started":
+                    params = e.get("parameters")
+                elif e.get("event") == "step":
+                    steps.append(e)
+                elif e.get("event") == "resources":
+                    for r in e.get("ranks", []):
+                        rss_peak = max(rss_peak, r.get("peak_rss_bytes") or 0)
+    except FileNotFoundError:
+        pass
+    subprocess.run(["rm", "-rf", d])
+    ok = p.returncode == 0 and not killed[0] and any(s["step"] >= a.steps for s in steps)
+    gaps = [b["t"] - x["t"] for x, b in zip(steps, steps[1:]) if b["step"] == x["step"] + 1]
+    row = {"layers": layers, "zero": zero, "parameters": params, "ok": ok, "killed_for_memory": killed[0], "exit": p.returncode,
+           "peak_used_above_idle_bytes": peak[0] - idle_used, "idle_used_bytes": idle_used, "largest_rank_peak_rss_bytes": rss_peak,
+           "last_step_s": gaps[-1] if gaps else None, "wall_s": wall}
+    if not ok and not killed[0]:
+        row["tail"] = out[-1500:]
+    print(f"zero={zero} layers={layers}: {'ok' if ok else 'FAILED'} params={params} peak above idle "
+          f"{(peak[0] - idle_used) / GiB:.2f} GiB, rank RSS peak {rss_peak / GiB:.2f} GiB, {wall:.0f} s", file=sys.stderr)
+    return row
+
+
+total = meminfo()["MemTotal"]
+budget = total - a.margin_gib * GiB
+probes = [int(x) for x in a.probe_layers.split(",")]
+out = {"what": "largest GPT (dim 1024, 16 heads, context 32) trained at world "
+               f"{a.nodes * a.nproc_per_node} ({a.nodes} nodes x {a.nproc_per_node} ranks, dtactor local) per train.zero level; "
+               "memory = the machine's MemTotal - MemAvailable above idle, sampled every 0.1 s",
+       "mem_total_bytes": total, "margin_gib": a.margin_gib, "steps": a.steps, "settings": a.set, "levels": {}}
+for zero in [int(x) for x in a.levels.split(",")]:
+    rows = [run(L, zero) for L in probes]
+    good = [r for r in rows if r["ok"]]
+    lvl = {"probes": rows}
+    if len(good) == 2 and good[1]["parameters"] != good[0]["parameters"]:
+        (r0, r1) = good
+        slope = (r1["peak_used_above_idle_bytes"] - r0["peak_used_above_idle_bytes"]) / (r1["parameters"] - r0["parameters"])
+        per_layer = (r1["parameters"] - r0["parameters"]) / (r1["layers"] - r0["layers"])
+        base_params = r0["parameters"] - per_layer * r0["layers"]
+        fixed = r0["peak_used_above_idle_bytes"] - slope * r0["parameters"]
+        room = budget - r0["idle_used_bytes"] - fixed
+        predicted = int((room / slope - base_params) // per_layer)
+        lvl.update({"bytes_per_parameter_machine": slope, "fixed_bytes": fixed, "predicted_layers": predicted,
+                    "predicted_parameters": int(base_params + per_layer * predicted)})
+        tries = []
+        L = predicted
+        while L > probes[-1] and len(tries) < a.max_tries:
+            r = run(L, zero)
+            tries.append(r)
+            if r["ok"]:
+                break
+            L -= 1
+        lvl["tries"] = tries
+        fit = [r for r in tries if r["ok"]]
+        best = fit[0] if fit else good[-1]
+        lvl["largest_layers"] = best["layers"]
+        lvl["largest_parameters"] = best["parameters"]
+        lvl["largest_verified"] = bool(fit)
+    out["levels"][str(zero)] = lvl
+if "0" in out["levels"] and out["levels"]["0"].get("largest_parameters"):
+    base = out["levels"]["0"]["largest_parameters"]
+    for k, v in out["levels"].items():
+        if v.get("largest_parameters"):
+            v["largest_over_zero0"] = v["largest_parameters"] / base
+print(json.dumps(out, indent=1))
