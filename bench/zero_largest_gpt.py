@@ -8,14 +8,15 @@ script samples the machine's memory in use (MemTotal - MemAvailable, every
 0.1 s: shared-memory segments counted once, unlike the ranks' summed RSS);
 a line through the two peaks (bytes above the idle machine against
 parameters) predicts the most layers that fit in the machine's memory less
-a margin; that size is then run, and one layer less each time it does not
-finish (a watchdog ends a run when MemAvailable drops below the margin, so
+a margin; that size is then run, then one layer more while it fits (or one less
+while it does not), so that a size that fits and one that does not bracket
+the answer (a watchdog ends a run when MemAvailable drops below the margin, so
 the machine never reaches the OOM killer). Prints one JSON object.
 
 Usage: bench/zero_largest_gpt.py [--levels 0,1,2] [--probe-layers 4,8]
        [--steps 3] [--margin-gib 1.5] [--set key=value ...]
 """
-import argparse, json, os, signal, subprocess, sys, tempfile, threading, time
+import argparse, json, os, subprocess, sys, tempfile, threading, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "dtactor"))
@@ -25,7 +26,7 @@ ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--nodes", type=int, default=2)
 ap.add_argument("--nproc-per-node", type=int, default=2)
 ap.add_argument("--margin-gib", type=float, default=1.5)
-ap.add_argument("--max-tries", type=int, default=3)
+ap.add_argument("--max-tries", type=int, default=4)
 ap.add_argument("--set", action="append", default=[])
 a = ap.parse_args()
 GiB = 1 << 30
@@ -66,7 +67,9 @@ def run(layers, zero):
             peak[0] = max(peak[0], m["MemTotal"] - m["MemAvailable"])
             if m["MemAvailable"] < a.margin_gib * GiB / 2 and not killed[0]:
                 killed[0] = True
-                os.killpg(p.pid, signal.SIGKILL)
+                # every process of the run: each has a process group of its
+                # own, all share the session started for it
+                subprocess.run(["pkill", "-KILL", "-s", str(p.pid)])
             time.sleep(0.1)
 
     t = threading.Thread(target=watch)
@@ -75,19 +78,23 @@ def run(layers, zero):
     out = p.communicate()[0]
     done.set()
     t.join()
+    # The next run starts once nothing of this one is left (a rank ends
+    # when it notices its node gone).
+    while subprocess.run(["pgrep", "-s", str(p.pid)], stdout=subprocess.DEVNULL).returncode == 0:
+        time.sleep(0.2)
     wall = time.time() - t0
     params, steps, rss_peak = None, [], 0.0
     try:
         with open(os.path.join(d, "journal.jsonl")) as f:
             for line in f:
                 e = json.loads(line)
-                if e.get("event") == "job_started":
-                    params = e.get("parameters")
-                elif e.get("event") == "step":
+                if e.get("event") == "step":
                     steps.append(e)
                 elif e.get("event") == "resources":
                     for r in e.get("ranks", []):
                         rss_peak = max(rss_peak, r.get("peak_rss_bytes") or 0)
+                        if r.get("param_bytes"):
+                            params = r["param_bytes"] // 4  # fp32: every rank holds every parameter
     except FileNotFoundError:
         pass
     subprocess.run(["rm", "-rf", d])
@@ -124,20 +131,30 @@ for zero in [int(x) for x in a.levels.split(",")]:
         predicted = int((room / slope - base_params) // per_layer)
         lvl.update({"bytes_per_parameter_machine": slope, "fixed_bytes": fixed, "predicted_layers": predicted,
                     "predicted_parameters": int(base_params + per_layer * predicted)})
+        # From the prediction: up one layer at a time while it fits, down
+        # while it does not, so that the answer is bracketed by a run that
+        # fits and one that does not.
         tries = []
-        L = predicted
-        while L > probes[-1] and len(tries) < a.max_tries:
+        L = max(predicted, probes[-1] + 1)
+        first = run(L, zero)
+        tries.append(first)
+        step = 1 if first["ok"] else -1
+        while len(tries) < a.max_tries:
+            L += step
+            if L <= probes[-1]:
+                break
             r = run(L, zero)
             tries.append(r)
-            if r["ok"]:
+            if r["ok"] != first["ok"]:
                 break
-            L -= 1
         lvl["tries"] = tries
         fit = [r for r in tries if r["ok"]]
-        best = fit[0] if fit else good[-1]
+        over = [r for r in tries if not r["ok"]]
+        best = max(fit, key=lambda r: r["layers"]) if fit else good[-1]
         lvl["largest_layers"] = best["layers"]
         lvl["largest_parameters"] = best["parameters"]
         lvl["largest_verified"] = bool(fit)
+        lvl["smallest_not_fitting_layers"] = min(r["layers"] for r in over) if over else None
     out["levels"][str(zero)] = lvl
 if "0" in out["levels"] and out["levels"]["0"].get("largest_parameters"):
     base = out["levels"]["0"]["largest_parameters"]
