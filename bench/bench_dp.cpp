@@ -38,6 +38,8 @@
 #include "model/trainer.hpp"
 #include "comm/communicator.hpp"
 #include "comm/grad_sync.hpp"
+#include "comm/shm_group.hpp"
+#include "comm/step_control.hpp"
 
 extern char** environ;
 
@@ -122,11 +124,16 @@ int run_rank(const options& o) {
     }
     pg = made.value();
     if (cfg->get_bool("cluster.shm_allreduce")) {
-      int64_t floats = 0;
-      for (const auto& p : s.the_task().module()->parameters()) floats += p.numel();
+      int64_t floats = step_control::words, largest = 0;
+      for (const auto& p : s.the_task().module()->parameters()) {
+        floats += p.numel();
+        largest = std::max<int64_t>(largest, p.numel());
+      }
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
       std::string why;
-      auto joined = shm_group::join(*prefixed, o.rank, o.world, floats, &why);
+      largest += cfg->get_int("cluster.bucket_kb") * 256 + step_control::words;
+      auto joined = shm_group::join(*prefixed, o.rank, o.world,
+                                    shm_slot_floats(floats, largest, cfg->get_int("cluster.shm_ring_mb") * (int64_t{1} << 18), false), &why);
       if (!joined) {
         std::fprintf(stderr, "bench_dp: %s\n", joined.message().c_str());
         return 1;

@@ -62,7 +62,6 @@ struct exchange_bucket {
   // Gradients, then (first bucket only) the step's control words.
   torch::Tensor flat;
   int64_t grads = 0;  // leading gradient elements; the rest are control words
-  int64_t base = 0;   // offset of the bucket inside a shared-memory slot (floats)
   std::string label;  // names the bucket's exchange in errors ("rank 2: allreduce of gradient bucket 0")
   // When the bucket went on its way and when it arrived (steady clock ns, 0
   // while in flight; set by the group's thread): the reducer's timing.
@@ -87,6 +86,9 @@ struct exchange_waits {
   std::function<bool()> abandon;
   // Poll (yielding) this long before sleeping (cluster.spin_wait_us).
   std::chrono::microseconds spin{0};
+  // How long start() may wait (for a shared-memory ring's region to be
+  // free): the collective timeout.
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
 };
 
 class bucket_exchange {
@@ -197,7 +199,10 @@ std::vector<std::vector<int>> group_by_host(const std::vector<std::string>& keys
 // Called by every rank of a generation after its world group was built,
 // with the same `store` (the generation's, or a prefix of it) and this
 // rank's `host_key` (base/process.hpp; tests pass their own). `floats`
-// sizes a shared-memory slot (gradients and control words). All on one host:
+// is a step's gradients and control words, `largest_floats` the largest
+// bucket's, `ring_floats` the bound of a shared-memory slot (0: two steps,
+// never bounded); shm_slot_floats sizes the slots from them, with room for
+// a whole step and its largest bucket in the hierarchical case. All on one host:
 // one shared-memory group for the world. Every rank on a host of its own:
 // nothing (the world's group carries the gradients). Otherwise hierarchical:
 // a shared-memory group per host with several ranks, and a group of the
@@ -205,6 +210,7 @@ std::vector<std::vector<int>> group_by_host(const std::vector<std::string>& keys
 // cannot map its segment, every rank falls back to the world's group alike.
 // An error only when the store or a group fails.
 result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats,
-                                     const communicator_options& co, const std::string& host_key);
+                                     const communicator_options& co, const std::string& host_key, int64_t largest_floats = 0,
+                                     int64_t ring_floats = 0);
 
 }  // namespace dtactor

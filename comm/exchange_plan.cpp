@@ -40,7 +40,8 @@ std::string string_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end(
 }  // namespace
 
 result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats,
-                                     const communicator_options& co, const std::string& host_key) {
+                                     const communicator_options& co, const std::string& host_key, int64_t largest_floats,
+                                     int64_t ring_floats) {
   exchange_plan out;
   try {
     store->set("host/" + std::to_string(rank), bytes_of(host_key));
@@ -58,7 +59,7 @@ result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& stor
     out.host_members = hosts[mine];
     if (hosts.size() == 1) {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
-      auto joined = shm_group::join(*prefixed, rank, world, floats, &out.why_not);
+      auto joined = shm_group::join(*prefixed, rank, world, shm_slot_floats(floats, largest_floats, ring_floats, false), &out.why_not);
       if (!joined) return joined.err();
       out.shm = joined.value();
       return out;
@@ -72,7 +73,8 @@ result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& stor
     if (hosts[mine].size() > 1) {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm/h" + std::to_string(mine), store);
       std::string why;
-      auto joined = shm_group::join(*prefixed, static_cast<int>(local), static_cast<int>(hosts[mine].size()), floats, &why);
+      auto joined = shm_group::join(*prefixed, static_cast<int>(local), static_cast<int>(hosts[mine].size()),
+                                    shm_slot_floats(floats, largest_floats, ring_floats, true), &why);
       if (!joined) return joined.err();
       if (!joined.value()) problem = "host " + std::to_string(mine) + ": " + why;
       out.shm = joined.value();

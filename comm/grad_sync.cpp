@@ -94,8 +94,8 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
   choice.int8_wire = opts_.int8_wire;
   choice.int4_wire = opts_.int4_wire;
   choice.zero2 = static_cast<bool>(opts_.zero2);
-  auto ex = opts_.host_only ? host_exchange(buckets_, opts_.shm, exchange_waits{opts_.abandon, opts_.spin_wait})
-                            : make_exchange(buckets_, choice, exchange_waits{opts_.abandon, opts_.spin_wait});
+  auto ex = opts_.host_only ? host_exchange(buckets_, opts_.shm, exchange_waits{opts_.abandon, opts_.spin_wait, opts_.timeout})
+                            : make_exchange(buckets_, choice, exchange_waits{opts_.abandon, opts_.spin_wait, opts_.timeout});
   if (!ex) {
     broken_ = true;
     error_ = ex.message();

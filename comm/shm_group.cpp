@@ -66,21 +66,91 @@ struct shm_group::rank_line {
   std::atomic<int64_t> pid;
   std::atomic<uint64_t> results;  // rank 0 of a host's group: results published (hierarchical exchange)
   std::atomic<uint64_t> failed;   // rank 0: 1 once its exchange across hosts failed
-  char pad[32];
+  std::atomic<uint64_t> consumed;  // regions up to this count read by this rank
+  char pad[24];
 };
-static_assert(sizeof(std::atomic<uint64_t>) * 4 + 32 == 64, "one cache line per rank");
+static_assert(sizeof(std::atomic<uint64_t>) * 5 + 24 == 64, "one cache line per rank");
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<int64_t>) == 8);
 
 shm_group::rank_line* shm_group::line(int r) const {
   return reinterpret_cast<rank_line*>(static_cast<char*>(base_) + sizeof(segment_head) + 64 * static_cast<size_t>(r));
 }
 
-float* shm_group::slot(int parity, int r) const {
-  const size_t index = static_cast<size_t>(parity & 1) * static_cast<size_t>(world_) + static_cast<size_t>(r);
-  return reinterpret_cast<float*>(static_cast<char*>(base_) + header_bytes_) + index * static_cast<size_t>(slot_stride_);
+int64_t shm_slot_floats(int64_t step_floats, int64_t largest_floats, int64_t ring_floats, bool whole_step) {
+  // Regions are rounded to 16 floats: a bucket of gradients wastes at most
+  // 15 of its thousands; the constant covers ZeRO's rounds and the norm.
+  const int64_t step = step_floats + step_floats / 1024 + 4096;
+  if (ring_floats <= 0) return 2 * step;
+  const int64_t ring = std::max(ring_floats, 2 * (largest_floats + 16));
+  return std::min(2 * step, whole_step ? step + ring : ring);
 }
 
-void shm_group::publish(uint64_t count) { line(rank_)->published.store(count, std::memory_order_release); }
+float* shm_group::at(int r, const region& g) const {
+  return reinterpret_cast<float*>(static_cast<char*>(base_) + header_bytes_) + static_cast<size_t>(r) * static_cast<size_t>(slot_stride_) +
+         static_cast<size_t>(g.offset);
+}
+
+result<shm_group::region> shm_group::reserve(int64_t floats) {
+  const int64_t n = static_cast<int64_t>(round_up(static_cast<size_t>(std::max<int64_t>(floats, 1)), 16));
+  if (n > slot_stride_)
+    return make_error("a shared-memory region of " + std::to_string(floats) + " floats does not fit the segment's slot of " +
+                      std::to_string(capacity_));
+  // The live regions lie in the ring in reservation order from ring_pos_
+  // on (oldest first): the ones the new region covers are a prefix of
+  // them. Wrapping skips the end of the ring: what lies there is older
+  // than what the new region covers at the start, so it goes too. A region
+  // leaves the list once anything covers part of it, but its rest is still
+  // read until it is consumed: so a new region waits for the newest region
+  // ever covered (popped_), not only for those it covers itself.
+  region g;
+  g.floats = floats;
+  g.offset = ring_pos_;
+  auto pop = [this] {
+    popped_ = live_.front().count;
+    live_.pop_front();
+  };
+  if (g.offset + n > slot_stride_) {
+    while (!live_.empty() && live_.front().offset >= ring_pos_) pop();
+    g.offset = 0;
+  }
+  while (!live_.empty() && live_.front().offset < g.offset + n && live_.front().offset >= g.offset) pop();
+  g.free_after = popped_;
+  g.count = ++reserved_;
+  ring_pos_ = g.offset + n;
+  live_.push_back(g);
+  return g;
+}
+
+bool shm_group::is_free(const region& g) const {
+  for (int r = 0; r < world_; ++r)
+    if (consumed(r) < g.free_after) return false;
+  return true;
+}
+
+status shm_group::wait_free(const region& g, std::chrono::steady_clock::time_point deadline, const std::function<bool()>& abandon,
+                            std::chrono::microseconds spin, const std::string& what, const std::function<status()>& progress) const {
+  status failed;
+  return wait_until(
+      [&] {
+        if (is_free(g)) return true;
+        if (progress && failed.ok()) failed = progress();
+        return is_free(g);
+      },
+      [&] {
+        if (!failed.ok()) return failed.message();
+        for (int r = 0; r < world_; ++r)
+          if (consumed(r) < g.free_after)
+            if (auto gn = gone(r); !gn.empty()) return gn;
+        return std::string();
+      },
+      deadline, abandon, spin, what);
+}
+
+void shm_group::publish(const region& g) { line(rank_)->published.store(g.count, std::memory_order_release); }
+
+void shm_group::consume(uint64_t count) { line(rank_)->consumed.store(count, std::memory_order_release); }
+
+uint64_t shm_group::consumed(int r) const { return line(r)->consumed.load(std::memory_order_acquire); }
 
 uint64_t shm_group::published(int r) const { return line(r)->published.load(std::memory_order_acquire); }
 
@@ -155,7 +225,7 @@ result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank,
   g->capacity_ = capacity;
   g->slot_stride_ = static_cast<int64_t>(round_up(static_cast<size_t>(std::max<int64_t>(capacity, 1)), 16));
   g->header_bytes_ = round_up(sizeof(segment_head) + 64 * static_cast<size_t>(world), 4096);
-  g->total_bytes_ = g->header_bytes_ + 2 * static_cast<size_t>(world) * static_cast<size_t>(g->slot_stride_) * sizeof(float);
+  g->total_bytes_ = g->header_bytes_ + static_cast<size_t>(world) * static_cast<size_t>(g->slot_stride_) * sizeof(float);
 
   std::string name, problem;
   uint64_t nonce = 0;

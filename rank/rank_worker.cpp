@@ -439,20 +439,27 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
   const std::string host = g.plan.store_host().empty() ? opts_.default_store_host : g.plan.store_host();
   const auto port = static_cast<uint16_t>(g.plan.store_port());
   // Gradient floats (+ the control words) a shared-memory slot must hold.
-  int64_t shm_floats = step_control::words;
+  // The largest bucket is at most a bucket's worth and the largest
+  // parameter (a bucket closes once it holds bucket_kb).
+  int64_t shm_floats = step_control::words, largest_param = 0;
   for (const auto& p : im.state->the_task().module()->parameters())
-    if (p.requires_grad()) shm_floats += p.numel();
+    if (p.requires_grad()) {
+      shm_floats += p.numel();
+      largest_param = std::max<int64_t>(largest_param, p.numel());
+    }
+  const int64_t largest_floats = cfg.get_int("cluster.bucket_kb") * 256 + largest_param + step_control::words;
+  const int64_t ring_floats = cfg.get_int("cluster.shm_ring_mb") * (int64_t{1} << 18);
   g.backend = resolve_backend(co);
   const bool want_shm = cfg.get_bool("cluster.shm_allreduce") && g.backend == "gloo";
   const int rank = g.rank, world = g.world;
-  std::thread([b, co, host, port, rank, world, rendezvous_timeout, want_shm, shm_floats, key = opts_.key] {
+  std::thread([b, co, host, port, rank, world, rendezvous_timeout, want_shm, shm_floats, largest_floats, ring_floats, key = opts_.key] {
     result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
     try {
       auto store = c10::make_intrusive<rendezvous_client>(host, port, rendezvous_timeout, key);
       r = make_process_group(store, rank, world, co);
       if (r.ok() && want_shm) {
         auto ex = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(co.generation) + "/exchange", store), rank, world,
-                                 shm_floats, co, host_key());
+                                 shm_floats, co, host_key(), largest_floats, ring_floats);
         if (!ex)
           r = ex.err();
         else {

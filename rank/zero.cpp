@@ -164,25 +164,29 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
 }
 
 namespace {
-// One step of the segment's cursor: this rank fills its slot, publishes,
-// waits for every rank's, reads the slots; then the cursor moves on as a
-// gradient exchange's end_step moves it (a rank is at most one such step
-// ahead of the slowest, so the other parity is never read while written).
-status shm_round(shm_group& shm, const std::function<void(float* mine)>& fill, const std::function<void(int parity)>& read,
-                 std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin, const std::string& what) {
-  auto& c = shm.steps();
-  fill(shm.slot(c.parity, shm.rank()));
-  shm.publish(++c.published);
-  auto st = shm.wait_all(c.published, clock_type::now() + timeout, abandon, spin, what);
-  if (st) read(c.parity);
-  c.step_base = c.published;
-  c.parity ^= 1;
-  return st;
+// One round over the segment's ring: a region of `floats` reserved (alike on
+// every rank), this rank fills its copy once what was there is consumed,
+// publishes, waits for every rank's, reads the copies, and says it
+// consumed them. Rounds are in lockstep, so a region waits only for the
+// slowest rank to finish reading the round a ring before.
+status shm_round(shm_group& shm, int64_t floats, const std::function<void(float* mine)>& fill,
+                 const std::function<void(const shm_group::region&)>& read, std::chrono::milliseconds timeout,
+                 const std::function<bool()>& abandon, std::chrono::microseconds spin, const std::string& what) {
+  auto g = shm.reserve(floats);
+  if (!g) return make_error(what + ": " + g.message());
+  const auto deadline = clock_type::now() + timeout;
+  if (auto st = shm.wait_free(g.value(), deadline, abandon, spin, what); !st) return st;
+  fill(shm.at(shm.rank(), g.value()));
+  shm.publish(g.value());
+  if (auto st = shm.wait_all(g.value().count, deadline, abandon, spin, what); !st) return st;
+  read(g.value());
+  shm.consume(g.value().count);
+  return {};
 }
 }  // namespace
 
 bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan) {
-  if (plan.world() != shm.world() || plan.total > shm.capacity() || shm.capacity() < 2) return false;
+  if (plan.world() != shm.world() || shm.capacity() < 64) return false;
   for (const auto& v : opt.param_views(0, plan.total))
     if (v.scalar_type() != torch::kFloat) return false;
   return true;
@@ -196,23 +200,36 @@ status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan
                       std::to_string(world));
   if (world == 1 || everyone_holds_everything(plan)) return {};
   torch::NoGradGuard no_grad;
-  // A slot holds the whole index space: elements [a, b) at offset a.
-  auto slot_part = [](float* slot, int64_t a, int64_t b) { return torch::from_blob(slot + a, {b - a}, torch::kFloat); };
+  // In rounds of half the ring (a round never waits for the one before):
+  // round i carries elements [begin + i*block, ...) of every rank's shard.
+  const int64_t largest = plan.largest();
+  const int64_t block = std::max<int64_t>(1, std::min(largest, shm.capacity() / 2 / 16 * 16));
   const auto& mine = plan.shards[static_cast<size_t>(rank)];
   // Written only when some rank lacks this shard; read only what this rank
   // does not hold itself.
   bool wanted = false;
   for (int r = 0; r < world; ++r) wanted = wanted || !holds(plan, rank, r);
-  return shm_round(
-      shm, [&](float* slot) { if (wanted) move_params(opt, mine.begin, mine.end, slot_part(slot, mine.begin, mine.end), true); },
-      [&](int parity) {
-        for (int r = 0; r < world; ++r) {
-          if (r == rank || holds(plan, r, rank)) continue;
-          const auto& sh = plan.shards[static_cast<size_t>(r)];
-          if (sh.begin < sh.end) move_params(opt, sh.begin, sh.end, slot_part(shm.slot(parity, r), sh.begin, sh.end), false);
-        }
-      },
-      timeout, abandon, spin, "parameter all-gather (shared memory)");
+  auto piece = [block](const shard_plan::shard& sh, int64_t off) {
+    return std::make_pair(std::min(sh.begin + off, sh.end), std::min(sh.begin + off + block, sh.end));
+  };
+  for (int64_t off = 0; off < largest; off += block) {
+    auto st = shm_round(
+        shm, block,
+        [&](float* slot) {
+          const auto [a, b] = piece(mine, off);
+          if (wanted && a < b) move_params(opt, a, b, torch::from_blob(slot, {b - a}, torch::kFloat), true);
+        },
+        [&](const shm_group::region& g) {
+          for (int r = 0; r < world; ++r) {
+            if (r == rank || holds(plan, r, rank)) continue;
+            const auto [a, b] = piece(plan.shards[static_cast<size_t>(r)], off);
+            if (a < b) move_params(opt, a, b, torch::from_blob(shm.at(r, g), {b - a}, torch::kFloat), false);
+          }
+        },
+        timeout, abandon, spin, "parameter all-gather (shared memory)");
+    if (!st) return st;
+  }
+  return {};
 }
 
 result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
@@ -223,11 +240,11 @@ result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard
   const double part = opt.grad_sum_squares({{own.begin, own.end}});
   double sum = 0;
   auto st = shm_round(
-      shm, [&](float* slot) { std::memcpy(slot, &part, sizeof part); },
-      [&](int parity) {
+      shm, 2, [&](float* slot) { std::memcpy(slot, &part, sizeof part); },
+      [&](const shm_group::region& g) {
         for (int r = 0; r < world; ++r) {
           double v = 0;
-          std::memcpy(&v, shm.slot(parity, r), sizeof v);
+          std::memcpy(&v, shm.at(r, g), sizeof v);
           sum += v;
         }
       },

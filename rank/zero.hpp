@@ -60,12 +60,13 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
 
 // The same two collectives through the segment of a world whose ranks all
 // share one host (the gradient exchange's, grad_sync over shared memory,
-// called between its steps: each is one step of the segment's cursor, every
-// rank writes its part into its slot and reads every slot). Gloo would move
+// called between its steps: rounds over the segment's ring, every rank
+// writes its part into its region and reads every rank's; the all-gather in
+// rounds of half the ring). Gloo would move
 // them through loopback TCP, in the kernel, on the cores that compute: the
 // all-gather is every parameter, every step. Results are the same bits on
 // every rank (the norm's partial sums are added in rank order).
-// shm_fits: the parameters are all float32 and fit a slot.
+// shm_fits: the parameters are all float32 and the plan is the segment's world.
 bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan);
 status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                          const std::function<bool()>& abandon, std::chrono::microseconds spin);

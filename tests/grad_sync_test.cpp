@@ -515,19 +515,21 @@ TEST(GradSync, SharedMemoryTrainingStepsKeepRanksEqual) {
   EXPECT_FALSE(digests[0].empty());
 }
 
-// A group too small for the gradients is not used: the process group
-// carries them (same result).
+// A group whose slot cannot hold the largest bucket is not used: the
+// process group carries them (same result). (A slot of 4 floats is 16: its
+// size rounded up to 64 bytes.)
 TEST(GradSync, SharedMemoryTooSmallFallsBackToTheGroup) {
   expect_no_errors(run_ranks_shm(2, 4, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
-    auto p = torch::zeros({8}, torch::requires_grad());
+    if (shm->capacity() != 16) return "a slot of " + std::to_string(shm->capacity()) + " floats";
+    auto p = torch::zeros({40}, torch::requires_grad());
     grad_sync_options o;
     o.shm = shm;
     grad_sync sync({p}, pg, o);
-    if (sync.uses_shm()) return "8 floats went into a 4-float group";
+    if (sync.uses_shm()) return "a bucket of 40 floats went into a 16-float slot";
     sync.arm();
     (p * static_cast<float>(rank + 1)).sum().backward();
     if (auto t = sync.finish(); !t) return t.message();
-    return torch::equal(p.grad(), torch::full({8}, 3.f)) ? "" : "wrong sum";
+    return torch::equal(p.grad(), torch::full({40}, 3.f)) ? "" : "wrong sum";
   }));
 }
 
@@ -789,10 +791,15 @@ TEST(ShmGroup, EveryRankGetsTheSameAnswer) {
       auto g = shm_group::join(*store2, r, world, 64, &why[r]);
       got[r] = g && g.value() ? 1 : 0;
       if (got[r]) {
-        g.value()->slot(1, r)[63] = static_cast<float>(r);
-        g.value()->publish(1);
+        auto region = g.value()->reserve(64);
+        if (!region) {
+          got[r] = 3;
+          return;
+        }
+        g.value()->at(r, region.value())[63] = static_cast<float>(r);
+        g.value()->publish(region.value());
         auto st = g.value()->wait_all(1, std::chrono::steady_clock::now() + std::chrono::seconds(10), {}, std::chrono::microseconds(0), "test");
-        if (!st || g.value()->slot(1, (r + 1) % world)[63] != static_cast<float>((r + 1) % world)) got[r] = 2;
+        if (!st || g.value()->at((r + 1) % world, region.value())[63] != static_cast<float>((r + 1) % world)) got[r] = 2;
       }
     });
   for (auto& t : threads) t.join();
@@ -802,6 +809,104 @@ TEST(ShmGroup, EveryRankGetsTheSameAnswer) {
 // How a waiting rank tells that a peer on its host died: a live process, a
 // zombie (exited, parent never reaped it: what a killed rank of a killed
 // node agent becomes in a container whose init does not reap) and a reaped one.
+// The ring: regions follow each other, wrap to the start when the next one
+// does not fit, and each names the last region it covers (what every rank
+// must have consumed before it is written); waiting for it ends at the
+// deadline with one line, and consuming frees it.
+TEST(ShmGroup, RingRegionsWaitForWhatTheyCover) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string why;
+  auto joined = shm_group::join(*store, 0, 1, 64, &why);
+  ASSERT_TRUE(joined && joined.value()) << why;
+  auto& g = *joined.value();
+  std::vector<shm_group::region> r;
+  for (int i = 0; i < 4; ++i) r.push_back(g.reserve(10).value());  // rounded to 16
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r[i].offset, 16 * i);
+    EXPECT_EQ(r[i].count, static_cast<uint64_t>(i + 1));
+    EXPECT_EQ(r[i].free_after, 0u);
+    EXPECT_EQ(g.at(0, r[i]), g.at(0, r[0]) + 16 * i);
+  }
+  auto e = g.reserve(16).value();  // wraps onto the first
+  EXPECT_EQ(e.offset, 0);
+  EXPECT_EQ(e.free_after, 1u);
+  auto f = g.reserve(40).value();  // covers the second, third and fourth
+  EXPECT_EQ(f.offset, 16);
+  EXPECT_EQ(f.free_after, 4u);
+  auto h = g.reserve(16).value();  // 56 + 16 > 64: wraps, covering e
+  EXPECT_EQ(h.offset, 0);
+  EXPECT_EQ(h.free_after, e.count);
+  // f is partly covered by i and left the list, but its rest is still read
+  // until it is consumed: j, which covers only that rest, waits for it too.
+  auto i = g.reserve(16).value();
+  EXPECT_EQ(i.offset, 16);
+  EXPECT_EQ(i.free_after, f.count);
+  auto j = g.reserve(16).value();
+  EXPECT_EQ(j.offset, 32);
+  EXPECT_EQ(j.free_after, f.count);
+  auto big = g.reserve(65);
+  ASSERT_FALSE(big);
+  EXPECT_NE(big.message().find("does not fit"), std::string::npos) << big.message();
+
+  EXPECT_FALSE(g.is_free(h));
+  EXPECT_FALSE(g.is_free(j));
+  int progress_calls = 0;
+  auto st = g.wait_free(h, std::chrono::steady_clock::now() + std::chrono::milliseconds(20), {}, std::chrono::microseconds(0), "ring test",
+                        [&] {
+                          ++progress_calls;
+                          return status{};
+                        });
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("ring test timed out"), std::string::npos) << st.message();
+  EXPECT_GT(progress_calls, 0);
+  // Progress that consumes frees it.
+  st = g.wait_free(h, std::chrono::steady_clock::now() + std::chrono::seconds(10), {}, std::chrono::microseconds(0), "ring test", [&] {
+    g.consume(e.count);
+    return status{};
+  });
+  EXPECT_TRUE(st) << st.message();
+  EXPECT_TRUE(g.is_free(h));
+  EXPECT_EQ(g.consumed(0), e.count);
+}
+
+// Gradient buckets through a ring of two of the largest buckets, far less
+// than a step: the same sums as one process, bit-identical on every rank,
+// over several steps.
+TEST(GradSync, SharedMemoryRingSmallerThanAStepMatchesSingleProcess) {
+  const int world = 3;
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=1"});
+  auto states = make_states(cfg, world + 1);
+  const auto want = single_process_gradients(*states[world]);
+  int64_t largest = 0;
+  for (auto& p : params_of(*states[0])) largest = std::max<int64_t>(largest, p.numel());
+  const int64_t step = gradient_floats(*states[0]) + step_control::words;
+  const int64_t slot = 2 * (256 + largest + step_control::words + 16);
+  ASSERT_LT(slot, step) << "the ring should hold less than a step";
+  std::vector<std::vector<torch::Tensor>> got(world);
+  expect_no_errors(run_ranks_shm(world, slot, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+    auto& s = *states[rank];
+    grad_sync_options o;
+    o.bucket_bytes = 1024;
+    o.carry_control = true;
+    o.shm = shm;
+    grad_sync sync(params_of(s), pg, o);
+    if (!sync.uses_shm()) return "shared memory not used";
+    for (int step = 0; step < 4; ++step) {
+      sync.set_control(ctl(static_cast<float>(rank + step), 0.f));
+      s.zero_grad();
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+      auto t = sync.finish();
+      if (!t) return t.message();
+      if (sync.control().newer_plan != static_cast<float>(3 + 3 * step)) return "control word not summed";
+      if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
+    }
+    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
+    return "";
+  }));
+  for (int r = 1; r < world; ++r)
+    for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
+}
+
 TEST(ShmGroup, ProcessExitedSeesZombiesAndReapedProcesses) {
   EXPECT_FALSE(process_exited(static_cast<int>(::getpid())));
   const pid_t child = ::fork();

@@ -232,6 +232,10 @@ TEST(Zero, CheckpointRangesCoverTheStreamOnceAndAreHeldByTheirWriter) {
 struct run_how {
   bool shm = false, bf16 = false;
   int64_t inflight_bytes = 64 << 20;
+  // Shared memory's ring as small as it may be (room for two of the
+  // largest buckets), far less than a step: regions wait to be read and
+  // the all-gather goes in many rounds.
+  bool small_ring = false;
   // Non-empty: ranks on these hosts (equal keys share one), each host's
   // ranks over shared memory and the hosts' leaders over Gloo (hierarchical).
   std::vector<std::string> hosts;
@@ -242,9 +246,18 @@ struct run_how {
 // the errors; `norms` gets rank 0's gradient norms.
 std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>& states, int world, int steps, const shard_plan* plan, bool zero2,
                                    const run_how& h, std::vector<double>* norms = nullptr) {
+  int64_t floats = step_control::words, largest = 0;
+  for (auto& p : states[0]->the_task().module()->parameters()) {
+    floats += p.numel();
+    largest = std::max<int64_t>(largest, p.numel());
+  }
+  // small_ring: buckets of 1 KB, so that a step is many of them.
+  const int64_t bucket_bytes = h.small_ring ? 1024 : buckets().bucket_bytes;
+  const int64_t slot = h.small_ring ? 2 * (bucket_bytes / 4 + largest + step_control::words + 16) : floats;
   auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm, const exchange_plan* xp) -> std::string {
     auto& s = *states[static_cast<size_t>(rank)];
     grad_sync_options o = buckets();
+    o.bucket_bytes = bucket_bytes;
     o.carry_control = true;
     o.shm = shm;
     if (xp) {
@@ -262,6 +275,7 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
     }
     grad_sync sync(s.the_task().module()->parameters(), pg, o);
     if (xp && !sync.hierarchical()) return "not hierarchical";
+    if (h.small_ring && shm && shm->capacity() >= floats) return "the ring holds " + std::to_string(shm->capacity()) + " floats of a step's " + std::to_string(floats);
     if (!xp && h.shm != sync.uses_shm()) return "shared memory " + std::string(sync.uses_shm() ? "used" : "not used");
     std::function<status()> gather;
     if (plan) gather = [&] { return gather_params(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
@@ -282,14 +296,12 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
     }
     return "";
   };
-  int64_t floats = step_control::words;
-  for (auto& p : states[0]->the_task().module()->parameters()) floats += p.numel();
   if (!h.hosts.empty())
     return testing::run_on_hosts(h.hosts, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& xp) {
       return body(rank, pg, nullptr, &xp);
     });
   if (h.shm)
-    return testing::run_ranks_shm(world, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) {
+    return testing::run_ranks_shm(world, slot, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) {
       return body(rank, pg, shm, nullptr);
     });
   return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, nullptr, nullptr); });
@@ -334,6 +346,38 @@ TEST(Zero2, SharedMemoryReduceScatterEqualsZeroZeroBitForBit) {
       EXPECT_LT(s.optimizer().grad_bytes(), p.plain[0]->optimizer().grad_bytes());
     }
   }
+}
+
+// The segment's ring far smaller than a step (two of the largest buckets):
+// backward packs a bucket into its flat tensor when its region is still
+// being read and waits for it, ranks sum earlier buckets while they wait,
+// and the parameter all-gather goes in rounds of half the ring. The sums
+// keep their order: zero=0 is bit for bit zero=0 with a whole-step ring,
+// and zero=2 bit for bit zero=0, also when every bucket waits at once.
+TEST(Zero2, SharedMemoryRingSmallerThanAStepChangesNoBit) {
+  run_how whole;
+  whole.shm = true;
+  auto w = run_pair({"train.grad_clip=0"}, 3, 2, 4, whole);
+  const std::string want = w.plain[0]->params_digest();
+  for (int64_t inflight : {int64_t{64} << 20, int64_t{1}}) {
+    SCOPED_TRACE("inflight_bytes " + std::to_string(inflight));
+    run_how h;
+    h.shm = true;
+    h.small_ring = true;
+    h.inflight_bytes = inflight;
+    auto p = run_pair({"train.grad_clip=0"}, 3, 2, 4, h);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(p.plain[static_cast<size_t>(r)]->params_digest(), want) << "zero=0, rank " << r;
+      EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), want) << "zero=2, rank " << r;
+    }
+  }
+  // Clipping on: the norm's round through the ring as well.
+  run_how h;
+  h.shm = true;
+  h.small_ring = true;
+  auto p = run_pair({}, 4, 2, 3, h);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), p.sharded[0]->params_digest()) << "rank " << r;
+  for (size_t i = 0; i < p.plain_norms.size(); ++i) EXPECT_NEAR(p.sharded_norms[i], p.plain_norms[i], 1e-5 * p.plain_norms[i]) << "step " << i;
 }
 
 // One host, clipping on (as by default): the parameters all-gathered and
