@@ -1,13 +1,17 @@
 #!/usr/bin/python3.11
 """Step throughput of the 202M GPT with train.zero = 2 against zero = 0
-(issue 26): `dtactor local` on this machine, N nodes x P ranks, the same
-job, runs alternating A (zero=2) and B (zero=0); per run the median time
+(issue 26), or any two settings: `dtactor local` on this machine, N nodes x
+P ranks, the same job, runs alternating A (zero=2) and B (zero=0); per run the median time
 between consecutive journaled steps after the first two (start-up, the
 first step's allocations and the reshard excluded), then the paired ratios'
 median. Prints one JSON object.
 
 Usage: bench/zero_gpt_throughput.py [--pairs 3] [--steps 8] [--nodes 2]
        [--nproc-per-node 1] [--set key=value ...]
+       [--a key=value ...] [--b key=value ...]
+--a / --b replace what A and B set (default train.zero=2 / train.zero=0):
+e.g. --a cluster.shm_ring_mb=64 --b cluster.shm_ring_mb=4096 measures what
+the shared-memory ring's bound costs at zero = 0.
 The default job is bench_state_path.py's GPT (dim 1024, 16 layers, 16
 heads, context 32, global batch 4 in micro-batches of 2); zero=0 at world 2
 needs about 13 GB.
@@ -21,23 +25,27 @@ ap.add_argument("--steps", type=int, default=8)
 ap.add_argument("--nodes", type=int, default=2)
 ap.add_argument("--nproc-per-node", type=int, default=1)
 ap.add_argument("--set", action="append", default=[])
+ap.add_argument("--a", action="append", default=None)
+ap.add_argument("--b", action="append", default=None)
 a = ap.parse_args()
+A_SET = a.a or ["train.zero=2"]
+B_SET = a.b or ["train.zero=0"]
 
 job = ["model.name=gpt", "model.dim=1024", "model.layers=16", "model.heads=16", "model.context=32", "train.global_batch_size=4",
        "train.micro_batch_size=2", "train.warmup_steps=2", "train.log_every_steps=1", "checkpoint.every_steps=0", "eval.every_steps=0",
        "eval.max_samples=8", "data.max_text_bytes=2000000", f"train.max_steps={a.steps}", f"cluster.min_nodes={a.nodes}"] + a.set
 
 
-def run(zero):
+def run(extra):
     d = tempfile.mkdtemp(prefix="dtactor-zgpt-")
     argv = [a.bin, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume"]
-    for s in job + [f"train.zero={zero}"]:
+    for s in job + extra:
         argv += ["--set", s]
     t0 = time.time()
     p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.time() - t0
     if p.returncode != 0:
-        sys.exit(f"zero={zero} failed ({p.returncode}):\n" + p.stdout[-3000:])
+        sys.exit(f"{' '.join(extra)} failed ({p.returncode}):\n" + p.stdout[-3000:])
     steps = []
     transport = ""
     with open(os.path.join(d, "journal.jsonl")) as f:
@@ -55,16 +63,17 @@ def run(zero):
 
 rows = []
 for i in range(a.pairs):
-    A = run(2)
-    B = run(0)
-    rows.append({"zero2": A, "zero0": B, "ratio": A["step_s_median"] / B["step_s_median"]})
-    print(f"pair {i}: zero=2 {A['step_s_median']:.3f} s/step, zero=0 {B['step_s_median']:.3f} s/step", file=sys.stderr)
+    A = run(A_SET)
+    B = run(B_SET)
+    rows.append({"A": A, "B": B, "ratio": A["step_s_median"] / B["step_s_median"]})
+    print(f"pair {i}: A {A['step_s_median']:.3f} s/step, B {B['step_s_median']:.3f} s/step", file=sys.stderr)
 ratios = sorted(r["ratio"] for r in rows)
 print(json.dumps({
-    "what": "202M GPT step time, train.zero=2 (A) against zero=0 (B), dtactor local, median gap between journaled steps from step 2 on, pairs run A B A B",
+    "what": "202M GPT step time, A against B, dtactor local, median gap between journaled steps from step 2 on, pairs run A B A B",
+    "A": A_SET, "B": B_SET,
     "nodes": a.nodes, "ranks_per_node": a.nproc_per_node, "settings": a.set, "steps": a.steps,
-    "A_step_s_median": statistics.median(r["zero2"]["step_s_median"] for r in rows),
-    "B_step_s_median": statistics.median(r["zero0"]["step_s_median"] for r in rows),
+    "A_step_s_median": statistics.median(r["A"]["step_s_median"] for r in rows),
+    "B_step_s_median": statistics.median(r["B"]["step_s_median"] for r in rows),
     "A_over_B_step_paired_median": statistics.median(ratios), "A_over_B_min": ratios[0], "A_over_B_max": ratios[-1],
-    "A_transport": rows[0]["zero2"]["transport"], "B_transport": rows[0]["zero0"]["transport"],
+    "A_transport": rows[0]["A"]["transport"], "B_transport": rows[0]["B"]["transport"],
     "runs": rows}, indent=1))
