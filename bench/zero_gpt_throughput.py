@@ -11,7 +11,8 @@ Usage: bench/zero_gpt_throughput.py [--pairs 3] [--steps 8] [--nodes 2]
        [--a key=value ...] [--b key=value ...]
 --a / --b replace what A and B set (default train.zero=2 / train.zero=0):
 e.g. --a cluster.shm_ring_mb=64 --b cluster.shm_ring_mb=4096 measures what
-the shared-memory ring's bound costs at zero = 0.
+the shared-memory ring's bound costs at zero = 0; an item env:NAME=VALUE
+goes into that run's environment instead (e.g. GLIBC_TUNABLES).
 The default job is bench_state_path.py's GPT (dim 1024, 16 layers, 16
 heads, context 32, global batch 4 in micro-batches of 2); zero=0 at world 2
 needs about 13 GB.
@@ -39,10 +40,15 @@ job = ["model.name=gpt", "model.dim=1024", "model.layers=16", "model.heads=16", 
 def run(extra):
     d = tempfile.mkdtemp(prefix="dtactor-zgpt-")
     argv = [a.bin, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume"]
+    env = dict(os.environ)
     for s in job + extra:
-        argv += ["--set", s]
+        if s.startswith("env:"):
+            k, v = s[4:].split("=", 1)
+            env[k] = v
+        else:
+            argv += ["--set", s]
     t0 = time.time()
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     wall = time.time() - t0
     if p.returncode != 0:
         sys.exit(f"{' '.join(extra)} failed ({p.returncode}):\n" + p.stdout[-3000:])
