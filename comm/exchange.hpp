@@ -103,7 +103,7 @@ class bucket_exchange {
   virtual status flush(exchange_clock::time_point) { return {}; }
   // Bucket b's SUM over the world is in its flat tensor.
   virtual status wait(size_t b, exchange_clock::time_point deadline) = 0;
-  // The step succeeded (shared-memory parities move on).
+  // The step succeeded (a shared-memory exchange reserves the next step's regions afresh).
   virtual void end_step() {}
   // The step failed: tell whoever waits on this rank (a host's ranks wait
   // on their leader) instead of leaving them to time out.

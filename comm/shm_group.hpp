@@ -16,7 +16,7 @@
 // it. A region is written again only after every rank consumed what was
 // there (wait_free): so a rank runs at most a ring ahead of the slowest
 // reader, and the segment holds what is in flight, not the whole model
-// (before 2026-11-28: two parities of whole-model slots, 8 bytes a
+// (until 2026-11-27: two parities of whole-model slots, 8 bytes a
 // parameter a rank). A ring that holds two steps never waits.
 //
 // Readers sum the slots in a fixed order (sum_slots: a pairwise tree over
