@@ -174,7 +174,10 @@ rank_worker::rank_worker(rank_worker_options opts, rank_worker_callbacks cb)
     // Named for top/perf (it would inherit the spawning CAF thread's name).
     ::pthread_setname_np(::pthread_self(), "dtactor-train");
     run();
-    done_.store(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // else join_for may miss the wake-up
+      done_.store(true);
+    }
     cv_.notify_all();
   });
 }
@@ -214,7 +217,14 @@ void rank_worker::request_stop(bool checkpoint) {
 }
 
 void rank_worker::quit() {
-  quit_.store(true);
+  {
+    // Under the lock: take_plan checks quit_ under it and then sleeps; a
+    // store between the two was a lost wake-up, and the destructor joined a
+    // thread that slept for ever (seen once in the suite under load, in
+    // rank_workers.a_diloco_rank_behind_its_peer_...).
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_.store(true);
+  }
   cv_.notify_all();
 }
 
