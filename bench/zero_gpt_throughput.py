@@ -64,6 +64,10 @@ def run(extra):
             transport = line.split(": ", 2)[-1]
     subprocess.run(["rm", "-rf", d])
     gaps = [b["t"] - x["t"] for x, b in zip(steps, steps[1:]) if b["step"] == x["step"] + 1 and x["step"] >= 2]
+    if not gaps:
+        # A run that ends with no two consecutive steps from step 2 on (out
+        # of memory, a stop) has no step time: say so instead of a median of nothing.
+        sys.exit(f"{' '.join(extra)}: no step time (journaled steps: {[x['step'] for x in steps]}; exit {p.returncode}):\n" + p.stdout[-2000:])
     return {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport}
 
 
