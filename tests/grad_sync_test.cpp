@@ -456,26 +456,26 @@ TEST(GradSync, AbandonEndsAPollingWait) {
   expect_no_errors(errors);
 }
 
-// Ranks on one host exchange buckets through shared memory: the same
-// gradients as one process, the control word summed, and every rank's
-// gradients bit-identical (each sums the slots in rank order), over steps
-// that alternate the two slot sets.
-TEST(GradSync, SharedMemoryMatchesSingleProcessAndRanksAreIdentical) {
+// `steps` steps of 3 ranks through shared memory (buckets of `bucket_kb`,
+// slots of slot_floats(the state) floats): every rank's gradients are one
+// process's, the control word is summed, and the ranks' gradients are
+// bit-identical (each sums the regions in rank order).
+void expect_shm_matches_single_process(int bucket_kb, const std::function<int64_t(training_state&)>& slot_floats, int steps) {
   const int world = 3;
-  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=" + std::to_string(bucket_kb)});
   auto states = make_states(cfg, world + 1);
   const auto want = single_process_gradients(*states[world]);
   std::vector<std::vector<torch::Tensor>> got(world);
-  expect_no_errors(run_ranks_shm(world, gradient_floats(*states[0]) + step_control::words,
+  expect_no_errors(run_ranks_shm(world, slot_floats(*states[0]),
                                  [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
                                    auto& s = *states[rank];
                                    grad_sync_options o;
-                                   o.bucket_bytes = 4 * 1024;
+                                   o.bucket_bytes = bucket_kb * 1024;
                                    o.carry_control = true;
                                    o.shm = shm;
                                    grad_sync sync(params_of(s), pg, o);
                                    if (!sync.uses_shm()) return "shared memory not used";
-                                   for (int step = 0; step < 3; ++step) {
+                                   for (int step = 0; step < steps; ++step) {
                                      sync.set_control(ctl(static_cast<float>(rank + step), 0.f));
                                      s.zero_grad();
                                      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
@@ -491,6 +491,11 @@ TEST(GradSync, SharedMemoryMatchesSingleProcessAndRanksAreIdentical) {
                                  }));
   for (int r = 1; r < world; ++r)
     for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
+}
+
+// Ranks on one host exchange buckets through shared memory, slots of a step.
+TEST(GradSync, SharedMemoryMatchesSingleProcessAndRanksAreIdentical) {
+  expect_shm_matches_single_process(4, [](training_state& s) { return gradient_floats(s) + step_control::words; }, 3);
 }
 
 // Whole training steps over shared memory keep the ranks' parameters equal.
@@ -873,38 +878,16 @@ TEST(ShmGroup, RingRegionsWaitForWhatTheyCover) {
 // than a step: the same sums as one process, bit-identical on every rank,
 // over several steps.
 TEST(GradSync, SharedMemoryRingSmallerThanAStepMatchesSingleProcess) {
-  const int world = 3;
-  auto cfg = tiny_vit_config({"cluster.bucket_kb=1"});
-  auto states = make_states(cfg, world + 1);
-  const auto want = single_process_gradients(*states[world]);
-  int64_t largest = 0;
-  for (auto& p : params_of(*states[0])) largest = std::max<int64_t>(largest, p.numel());
-  const int64_t step = gradient_floats(*states[0]) + step_control::words;
-  const int64_t slot = 2 * (256 + largest + step_control::words + 16);
-  ASSERT_LT(slot, step) << "the ring should hold less than a step";
-  std::vector<std::vector<torch::Tensor>> got(world);
-  expect_no_errors(run_ranks_shm(world, slot, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
-    auto& s = *states[rank];
-    grad_sync_options o;
-    o.bucket_bytes = 1024;
-    o.carry_control = true;
-    o.shm = shm;
-    grad_sync sync(params_of(s), pg, o);
-    if (!sync.uses_shm()) return "shared memory not used";
-    for (int step = 0; step < 4; ++step) {
-      sync.set_control(ctl(static_cast<float>(rank + step), 0.f));
-      s.zero_grad();
-      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
-      auto t = sync.finish();
-      if (!t) return t.message();
-      if (sync.control().newer_plan != static_cast<float>(3 + 3 * step)) return "control word not summed";
-      if (auto e = compare_gradients(s, want); !e.empty()) return "step " + std::to_string(step) + ": " + e;
-    }
-    for (auto& g : s.gradients()) got[rank].push_back(g.clone());
-    return "";
-  }));
-  for (int r = 1; r < world; ++r)
-    for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(torch::equal(got[0][i], got[r][i])) << "rank " << r << " gradient " << i;
+  expect_shm_matches_single_process(
+      1,
+      [](training_state& s) {
+        int64_t largest = 0;
+        for (auto& p : params_of(s)) largest = std::max<int64_t>(largest, p.numel());
+        const int64_t slot = 2 * (256 + largest + step_control::words + 16);
+        EXPECT_LT(slot, gradient_floats(s) + step_control::words) << "the ring should hold less than a step";
+        return slot;
+      },
+      4);
 }
 
 TEST(ShmGroup, ProcessExitedSeesZombiesAndReapedProcesses) {
