@@ -158,18 +158,23 @@ void stop_job(job_self self, const std::string& reason) {
   st.stopping = true;
   emit(st.opts.events, ev::job_stopping{reason});
   log_line(st.opts.log, reason + "; stopping the ranks after a final checkpoint");
-  if (st.members) {
-    self->send(st.members, stop_atom::value);
-    self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, true).then([](bool) {}, [](caf::error&) {});
-  }
-  if (st.generation == 0 || !st.members) {
-    // Nothing is training: nothing to checkpoint.
+  // Nothing is training: nothing to checkpoint, nobody to wait for.
+  auto end_now = [self](const std::string& why) {
     ev::job_ended e;
     e.how = ev::outcome::stopped;
-    e.step = st.committed_step;
-    e.reason = reason;
+    e.step = self->state.committed_step;
+    e.reason = why;
     e.final_checkpoint = false;
     end_job(self, std::move(e));
+  };
+  if (st.members) {
+    self->send(st.members, stop_atom::value);
+    // No node connected (every one left or was lost): no rank will answer.
+    self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, true)
+        .then([end_now, reason](bool told) { if (!told) end_now(reason + "; no node is connected"); }, [](caf::error&) {});
+  }
+  if (st.generation == 0 || !st.members) {
+    end_now(reason);
     return;
   }
   self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);

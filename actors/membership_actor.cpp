@@ -357,7 +357,7 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
         env.mutable_shutdown()->set_reason(reason);
         env.mutable_shutdown()->set_checkpoint(checkpoint);
         for (const auto& [id, peer] : st.peers) send_to_node(self, peer, env);
-        return true;
+        return !st.members.state().nodes.empty();  // some member node was told
       },
   };
 }

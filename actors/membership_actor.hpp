@@ -91,7 +91,8 @@ struct membership_actor_state {
 // sends generation_plan to every node in it and every node leaving it. An
 // adopted plan goes to `job` only. After (stop_atom) it plans nothing more.
 // (ckpt_atom, step, blob): the newest checkpoint. (shutdown_atom, reason,
-// checkpoint) -> bool: `shutdown` to every node that ever registered.
+// checkpoint) -> bool: `shutdown` to every node that ever registered; true
+// while some node is a member.
 caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, caf::actor job);
 
 // Builds the wire plan: shared with tests. A plan without a state holder

@@ -73,7 +73,9 @@ using ckpt_atom = caf::atom_constant<caf::atom("ckpt")>;
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
 // (shutdown_atom, std::string reason, bool checkpoint) -> bool: job actor ->
 // membership actor: send `shutdown` to every node that registered (with
-// checkpoint: ranks stop after a final checkpoint). Answered once queued.
+// checkpoint: ranks stop after a final checkpoint). Answered once queued:
+// true while some node is a member (false: every node left or was lost,
+// nobody will answer a stop).
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 // (wait_atom): anyone -> job actor; answered with (done_atom, int exit_code)
 // when the job has ended.
@@ -91,6 +93,9 @@ using report_atom = caf::atom_constant<caf::atom("report")>;
 // (refused_atom, std::string reason): a node's process learns that the
 // coordinator refused its node for good (node_event nev::refused).
 using refused_atom = caf::atom_constant<caf::atom("refused")>;
+// (gave_up_atom, std::string reason): a node's process learns that its node
+// gave every rank up and left the job (node_event nev::gave_up).
+using gave_up_atom = caf::atom_constant<caf::atom("gaveup")>;
 
 // -- wire messages ------------------------------------------------------------
 

@@ -133,7 +133,7 @@ void start_rank(agent_self self, int32_t local_rank) {
 void start_missing_ranks(agent_self self) {
   auto& st = self->state;
   for (int32_t l = 0; l < static_cast<int32_t>(st.ranks.size()); ++l)
-    if (!st.ranks[l].alive && !st.ranks[l].restart_pending) start_rank(self, l);
+    if (!st.ranks[l].alive && !st.ranks[l].restart_pending && !st.ranks[l].given_up) start_rank(self, l);
 }
 
 void send_plan_to_rank(agent_self self, const rank_process& r) {
@@ -210,6 +210,8 @@ void on_coordinator(agent_self self, const inbound& in) {
         st.module_digest = ack.module_digest();
         if (st.opts.liveness_from_config)
           if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
+        if (st.opts.rank_exit_limit_from_config)
+          if (auto l = st.opts.rank_exit_limit_from_config(st.config_toml)) st.opts.rank_exit_limit = *l;
         ++st.register_epoch;  // cancels the pending retry
         log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
         emit(self, nev::registered{st.job_id, st.node_rank});
@@ -305,6 +307,11 @@ void on_rank(agent_self self, inbound& in) {
     }
     case pb::envelope::kStepReport:
       st.last_step = std::max(st.last_step, env.step_report().step());
+      for (auto& r : st.ranks)
+        if (r.alive && r.peer == in.peer && env.step_report().step() > r.best_step) {
+          r.best_step = env.step_report().step();
+          r.exits_without_step = 0;
+        }
       if (st.opts.annotate_report) st.opts.annotate_report(in.peer, *env.mutable_step_report());
       emit(self, nev::steps_reported{env.step_report()});
       break;
@@ -372,6 +379,17 @@ void on_tick(agent_self self) {
   to_coordinator(self, std::move(env));
 }
 
+void leave(agent_self self, const std::string& reason, const pb::preemption_notice* notice);
+
+// What an exit code says about how the process ended, for a log line.
+std::string exit_code_hint(int32_t code) {
+  if (code == 128 + 9) return " (SIGKILL: the kernel's out-of-memory killer, unless someone sent it; see dmesg)";
+  if (code == 128 + 6) return " (SIGABRT)";
+  if (code == 128 + 11) return " (SIGSEGV)";
+  if (code > 128 && code < 128 + 65) return " (signal " + std::to_string(code - 128) + ")";
+  return "";
+}
+
 void on_rank_exit(agent_self self, int32_t pid, int32_t exit_code) {
   auto& st = self->state;
   // The rank whose running process this was; none for an older process.
@@ -382,15 +400,34 @@ void on_rank_exit(agent_self self, int32_t pid, int32_t exit_code) {
   auto& r = st.ranks[local_rank];
   r.alive = false;
   r.peer.clear();
-  auto detail = "rank " + std::to_string(local_rank) + " (pid " + std::to_string(pid) + ") exited with code " + std::to_string(exit_code);
-  report_rank(self, local_rank, pb::rank_status::STATE_EXITED, exit_code, detail);
+  auto detail = "rank " + std::to_string(local_rank) + " (pid " + std::to_string(pid) + ") exited with code " + std::to_string(exit_code) +
+                exit_code_hint(exit_code);
   if (winding_down(st)) {
+    report_rank(self, local_rank, pb::rank_status::STATE_EXITED, exit_code, detail);
     quit_if_done(self);
     return;
   }
   ++r.failures;
-  log_line(self, detail + "; restarting");
-  schedule_restart(self, local_rank);
+  if (exit_code != 0) ++r.exits_without_step;
+  const auto limit = st.opts.rank_exit_limit;
+  // The same death again and again (out of memory at the same step, a
+  // crash there): restarting it only churns generations. The job goes on
+  // with this node's other ranks; a node left with none leaves the job.
+  r.given_up = limit > 0 && r.exits_without_step >= static_cast<uint32_t>(limit);
+  if (r.given_up)
+    detail += "; " + std::to_string(r.exits_without_step) + " exits in a row without a completed step (cluster.rank_exit_limit = " +
+              std::to_string(limit) + "): not restarting it";
+  report_rank(self, local_rank, pb::rank_status::STATE_EXITED, exit_code, detail);
+  if (!r.given_up) {
+    log_line(self, detail + "; restarting");
+    schedule_restart(self, local_rank);
+    return;
+  }
+  log_line(self, detail);
+  for (const auto& o : st.ranks)
+    if (!o.given_up) return;
+  emit(self, nev::gave_up{detail});
+  leave(self, "every rank given up: " + detail, nullptr);
 }
 
 void leave(agent_self self, const std::string& reason, const pb::preemption_notice* notice) {

@@ -95,8 +95,15 @@ struct plan_received {
 struct steps_reported {
   pb::step_report report;
 };
+// Every rank of this node was given up (node_agent_options::rank_exit_limit):
+// the node leaves the job, and its process exits 1 with `reason`. Emitted
+// before the agent quits.
+struct gave_up {
+  std::string reason;
+};
 }  // namespace nev
-using node_event = std::variant<nev::registered, nev::refused, nev::heartbeat_acked, nev::rank_started, nev::plan_received, nev::steps_reported>;
+using node_event =
+    std::variant<nev::registered, nev::refused, nev::heartbeat_acked, nev::rank_started, nev::plan_received, nev::steps_reported, nev::gave_up>;
 using node_event_sink = std::function<void(const node_event&)>;
 
 struct node_agent_options {
@@ -123,6 +130,15 @@ struct node_agent_options {
   // Reads the job's heartbeat settings from the config in register_ack
   // (may be empty: the options above stay).
   std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;
+  // A rank whose process exits (non-zero) this many times in a row without
+  // completing a step in between is not started again (cluster.rank_exit_limit:
+  // out of memory at the same step, or broken there); the job goes on with
+  // the node's other ranks, and a node left with none leaves the job. 0:
+  // restarted forever.
+  int32_t rank_exit_limit = 5;
+  // Reads cluster.rank_exit_limit from the config in register_ack (may be
+  // empty; nullopt keeps the option above).
+  std::function<std::optional<int32_t>(const std::string& config_toml)> rank_exit_limit_from_config;
   log_fn log;
   // Everything worth a metric or the process's exit (may be empty).
   node_event_sink events;
@@ -149,6 +165,13 @@ struct rank_process {
   std::optional<pb::envelope> finished;
   uint32_t starts = 0;         // successful spawns
   uint32_t failures = 0;       // exits/spawn failures since it last reported STATE_READY
+  // Non-zero exits since a process of this rank last reported a step beyond
+  // any it reported before (a rank resumed from an older checkpoint that
+  // dies at the same step again made no progress), and whether the node
+  // gave the rank up for that (rank_exit_limit).
+  uint32_t exits_without_step = 0;
+  int64_t best_step = -1;
+  bool given_up = false;
   uint64_t restart_epoch = 0;  // matches the pending restart_atom timer
   bool restart_pending = false;
 };

@@ -112,7 +112,7 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
   app.add_option("--preemption-poll-ms", cl.preemption_poll_ms, "node: how often the metadata service is asked (ms)")
       ->check(CLI::Range(50, 600000))
       ->capture_default_str();
-  app.add_option("--fail-mode", fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash")
+  app.add_option("--fail-mode", fail_mode, "node, for tests: crash (kill -9 of the node), hang (SIGSTOP of the node), leave (SIGTERM), rank-crash, rank-oom (kill -9 of local rank 0 as it begins the step after N, in every process of it)")
       ->check(CLI::IsMember(fault_mode_names()))
       ->capture_default_str();
 }
@@ -186,6 +186,9 @@ subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
   local->add_option("--metrics-port", lc.metrics_port, "Coordinator's /metrics port; node i uses the next ports (0 = none)");
   local->add_option("--metrics-addr", lc.metrics_addr, "Address the /metrics endpoints bind")->capture_default_str();
   local->add_flag("--no-resume", lc.no_resume, "Start over even if the run directory holds checkpoints");
+  // For tests: node 0 gets the fault (as `--role node --fail-at-step`).
+  local->add_option("--fail-at-step", lc.fail_at_step, "for tests: node 0's --fail-at-step")->group("");
+  local->add_option("--fail-mode", p.local_fail_mode, "for tests: node 0's --fail-mode")->check(CLI::IsMember(fault_mode_names()))->group("");
 
   auto* keygen = app.add_subcommand("keygen", "Write a new job key (CURVE keys for every ZeroMQ link, a MAC key for checkpoints; docs/security.md)");
   keygen->add_option("--out", p.keygen_out, "The key file to write (mode 0600; an existing file is not overwritten)")->required();
@@ -303,6 +306,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
     return cli_fail(std::string(e.what()) + " (see dtactor --help)", 2);
   }
   cl.fail_mode = fault_mode_names().at(fail_mode);
+  p.local.fail_mode = fault_mode_names().at(p.local_fail_mode);
   if (*sub.keygen) p.command = cli_command::keygen;
   if (*sub.data_index) p.command = cli_command::data_index;
 

@@ -26,6 +26,7 @@ struct parsed_cli {
   std::string role;  // with cli_command::role: coordinator | node | rank
   cluster_cli cluster;
   cluster_cli local;
+  std::string local_fail_mode = "crash";  // local --fail-mode (for tests), into local.fail_mode
   std::string config_path, run_dir = "runs/default", resume_from, target;
   std::vector<std::string> overrides;
   int64_t stop_at = -1;

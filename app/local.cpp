@@ -1,7 +1,9 @@
 // `dtactor local`: a coordinator and N node processes on this machine, over
-// loopback, on free ports. Its exit code is the coordinator's.
+// loopback, on free ports. Its exit code is the coordinator's (1 when
+// every node process ended first and the job was stopped for it).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -56,6 +58,8 @@ int run_local(const cluster_cli& cli) {
                                      "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1",
                                      "--threads-per-rank", std::to_string(per_rank), "--die-with-parent"};
     if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i), "--metrics-addr", cli.metrics_addr});
+    if (i == 0 && cli.fail_at_step >= 0)
+      args.insert(args.end(), {"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)});
     auto n = child_process::spawn(args, true);
     if (!n) {
       c->signal(SIGTERM);
@@ -66,14 +70,25 @@ int run_local(const cluster_cli& cli) {
   std::fprintf(stderr, "local: coordinator on %s, %d node(s) x %d rank(s), run dir %s\n", endpoint.c_str(), cli.nodes, cli.nproc_per_node,
                cli.run_dir.c_str());
 
-  // Wait for the coordinator; pass a SIGINT/SIGTERM on to it once.
-  bool forwarded = false;
+  // Wait for the coordinator; pass a SIGINT/SIGTERM on to it once. Nothing
+  // replaces a local node: once every node process has ended, one of them
+  // in failure (it gave its ranks up, say), the job is stopped and ends failed.
+  bool forwarded = false, nodes_gone = false;
   std::optional<child_exit> done;
   while (!(done = c->wait(100))) {
     const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
     if (sig != 0 && !forwarded) {
       forwarded = true;
       c->signal(sig);
+    }
+    // (Nodes the coordinator shut down at the job's end exit 0 before it does.)
+    if (!nodes_gone && std::all_of(nodes.begin(), nodes.end(), [](child_process& n) { return n.poll().has_value(); }) &&
+        std::any_of(nodes.begin(), nodes.end(), [](child_process& n) { return n.poll()->signaled || n.poll()->exit_code != 0; })) {
+      nodes_gone = true;
+      std::string how;
+      for (auto& n : nodes) how += (how.empty() ? "" : ", ") + n.poll()->describe();
+      std::fprintf(stderr, "local: every node process has ended (%s); stopping the coordinator\n", how.c_str());
+      c->signal(SIGTERM);
     }
   }
   // The coordinator told the nodes to shut down; give them a few seconds.
@@ -82,6 +97,7 @@ int run_local(const cluster_cli& cli) {
   for (auto& n : nodes)
     if (!n.wait(5000)) n.signal(SIGKILL);
   for (auto& n : nodes) n.wait();
+  if (nodes_gone) return 1;  // the coordinator ended because this process stopped it
   if (done->signaled) return 128 + done->signal;
   return done->exit_code;
 }

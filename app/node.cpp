@@ -63,10 +63,11 @@ void add_usage(pb::step_report& r, const std::optional<proc_usage>& u, const std
 // thread, reporting each exit to the node agent as a rank_exit message.
 class rank_launcher : public process_launcher {
  public:
-  // `fault_args` go to the first start of local rank 0 only (fault injection).
+  // `fault_args` go to the first start of local rank 0 only (fault injection;
+  // to every start of it when `every_start`: --fail-mode rank-oom).
   // Exits go to `agent` (set before any rank starts).
-  rank_launcher(std::vector<std::string> base_args, std::vector<std::string> fault_args)
-      : base_(std::move(base_args)), fault_(std::move(fault_args)), reaper_([this](pid_t pid, int code) {
+  rank_launcher(std::vector<std::string> base_args, std::vector<std::string> fault_args, bool every_start)
+      : base_(std::move(base_args)), fault_(std::move(fault_args)), fault_every_start_(every_start), reaper_([this](pid_t pid, int code) {
           caf::anon_send(agent_, rank_exit_atom::value, static_cast<int32_t>(pid), static_cast<int32_t>(code));
         }) {}
   ~rank_launcher() override { stop(); }
@@ -80,7 +81,7 @@ class rank_launcher : public process_launcher {
     args.push_back(std::to_string(local_rank));
     if (local_rank == 0 && !fault_.empty()) {
       args.insert(args.end(), fault_.begin(), fault_.end());
-      fault_.clear();
+      if (!fault_every_start_) fault_.clear();
     }
     // Ranks are in a process group of their own: a signal to the node's
     // group (a terminal's Ctrl-C) reaches the node, which decides how its
@@ -105,6 +106,7 @@ class rank_launcher : public process_launcher {
  private:
   std::vector<std::string> base_;
   std::vector<std::string> fault_;
+  bool fault_every_start_ = false;
   caf::actor agent_;
   child_reaper reaper_;  // last: its thread stops before the members it uses go
 };
@@ -135,6 +137,8 @@ decltype(node_agent_options::events) events_to_metrics(metrics& m, std::atomic<z
       if (auto* b = bridge_ptr.load()) b->set_job_id(reg->job_id);
     } else if (const auto* no = std::get_if<nev::refused>(&e)) {
       caf::anon_send(main_actor, refused_atom::value, no->reason);
+    } else if (const auto* up = std::get_if<nev::gave_up>(&e)) {
+      caf::anon_send(main_actor, gave_up_atom::value, up->reason);
     } else if (const auto* ack = std::get_if<nev::heartbeat_acked>(&e)) {
       observe_heartbeat_rtt(m, ack->echoed_sent_steady_s);
     } else if (const auto* hello = std::get_if<nev::rank_started>(&e)) {
@@ -181,7 +185,7 @@ std::unique_ptr<preemption_watcher> watch_preemption(const cluster_cli& cli, con
 // leaving on a signal or when the coordinator never answers. Returns the
 // exit code so far; a refusal's reason goes to *refusal.
 int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const cluster_cli& cli, zmq_bridge& bridge, gpu_metrics& gpu,
-                       std::string* refusal) {
+                       std::string* refusal, std::string* gave_up) {
   int code = 0;
   self->monitor(agent);
   bool done = false, left = false;
@@ -190,6 +194,7 @@ int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const c
   std::optional<std::chrono::steady_clock::time_point> signalled_at;
   while (!done) {
     self->receive([&](const caf::down_msg&) { done = true; }, [&](refused_atom, const std::string& why) { *refusal = why; },
+                  [&](gave_up_atom, const std::string& why) { *gave_up = why; },
                   caf::after(std::chrono::milliseconds(100)) >> [&] {
                     if (++ticks % 20 == 0) gpu.sample();
                     // Nothing ever heard from the coordinator: a wrong address
@@ -299,6 +304,11 @@ int run_node(const cluster_cli& cli) {
   // The job's own heartbeat settings (register_ack's config), read as the
   // coordinator reads them.
   o.liveness_from_config = liveness_options_from_text<config>;
+  o.rank_exit_limit_from_config = [](const std::string& toml) -> std::optional<int32_t> {
+    auto c = config::parse_toml(toml, "register_ack");
+    if (!c) return std::nullopt;
+    return static_cast<int32_t>(c.value().get_int("cluster.rank_exit_limit"));
+  };
   o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); };
 
   auto launcher = std::make_shared<rank_launcher>(std::vector<std::string>{
@@ -306,7 +316,8 @@ int run_node(const cluster_cli& cli) {
       "--advertise-addr", advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node), "--threads-per-rank",
       std::to_string(cli.threads_per_rank)},
       cli.fail_at_step >= 0 ? std::vector<std::string>{"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)}
-                            : std::vector<std::string>{});
+                            : std::vector<std::string>{},
+      cli.fail_mode == fault_mode::rank_oom);
   // The node's /metrics and its exit, from the agent's typed events. Per-rank
   // CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
   auto usage = std::make_shared<rank_usage_tracker>(m);
@@ -335,11 +346,15 @@ int run_node(const cluster_cli& cli) {
 
   std::unique_ptr<preemption_watcher> watcher = watch_preemption(cli, agent);
 
-  std::string refusal;
-  int code = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal);
+  std::string refusal, gave_up;
+  int code = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal, &gave_up);
   watcher.reset();
   if (!refusal.empty()) {
     std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refusal.c_str());
+    code = 1;
+  }
+  if (!gave_up.empty()) {
+    std::fprintf(stderr, "dtactor: node '%s' left the job, every rank given up: %s\n", node_id.c_str(), gave_up.c_str());
     code = 1;
   }
   // A signal that arrived while the job was ending (the coordinator's stop

@@ -8,7 +8,11 @@ median. Prints one JSON object.
 
 Usage: bench/zero_gpt_throughput.py [--pairs 3] [--steps 8] [--nodes 2]
        [--nproc-per-node 1] [--set key=value ...]
-       [--a key=value ...] [--b key=value ...]
+       [--a key=value ...] [--b key=value ...] [--hosts [--cap RATE]]
+--hosts (root): the nodes on separate network-namespace hosts
+(scripts/netns/hosts.sh), the coordinator on a host of its own, each link
+capped at --cap (default 10gbit) by tbf: 2 nodes x 2 ranks is the issue's
+"world 4 = 2 hosts x 2 ranks", hierarchical by default.
 --a / --b replace what A and B set (default train.zero=2 / train.zero=0):
 e.g. --a cluster.shm_ring_mb=64 --b cluster.shm_ring_mb=4096 measures what
 the shared-memory ring's bound costs at zero = 0; an item env:NAME=VALUE
@@ -28,6 +32,8 @@ ap.add_argument("--nproc-per-node", type=int, default=1)
 ap.add_argument("--set", action="append", default=[])
 ap.add_argument("--a", action="append", default=None)
 ap.add_argument("--b", action="append", default=None)
+ap.add_argument("--hosts", action="store_true")
+ap.add_argument("--cap", default="10gbit")
 a = ap.parse_args()
 A_SET = a.a or ["train.zero=2"]
 B_SET = a.b or ["train.zero=0"]
@@ -37,18 +43,49 @@ job = ["model.name=gpt", "model.dim=1024", "model.layers=16", "model.heads=16", 
        "eval.max_samples=8", "data.max_text_bytes=2000000", f"train.max_steps={a.steps}", f"cluster.min_nodes={a.nodes}"] + a.set
 
 
+HOSTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "netns", "hosts.sh")
+TAG = "dtzg"
+
+
+class Done:
+    def __init__(self, returncode, stdout):
+        self.returncode, self.stdout = returncode, stdout
+
+
+def on_hosts(argv_sets, d, env):
+    """The coordinator on host 0, node i on host i; their output together."""
+    outs = [tempfile.TemporaryFile("w+") for _ in range(a.nodes + 1)]
+    coord = subprocess.Popen([HOSTS, "run", TAG, "0", a.bin, "--role", "coordinator", "--listen", "tcp://198.18.0.1:29400",
+                              "--run-dir", d, "--no-resume", *argv_sets], stdout=outs[0], stderr=subprocess.STDOUT, env=env)
+    nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), a.bin, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400",
+                               "--node-id", "n%d" % h, "--nproc-per-node", str(a.nproc_per_node)],
+                              stdout=outs[h], stderr=subprocess.STDOUT, env=env) for h in range(1, a.nodes + 1)]
+    rc = coord.wait()
+    for n in nodes:
+        n.wait()
+    text = ""
+    for o in outs:
+        o.seek(0)
+        text += o.read()
+    return Done(rc, text)
+
+
 def run(extra):
     d = tempfile.mkdtemp(prefix="dtactor-zgpt-")
-    argv = [a.bin, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume"]
+    sets = []
     env = dict(os.environ)
     for s in job + extra:
         if s.startswith("env:"):
             k, v = s[4:].split("=", 1)
             env[k] = v
         else:
-            argv += ["--set", s]
+            sets += ["--set", s]
     t0 = time.time()
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if a.hosts:
+        p = on_hosts(sets, d, env)
+    else:
+        argv = [a.bin, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume", *sets]
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     wall = time.time() - t0
     if p.returncode != 0:
         sys.exit(f"{' '.join(extra)} failed ({p.returncode}):\n" + p.stdout[-3000:])
@@ -71,17 +108,28 @@ def run(extra):
     return {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport}
 
 
+if a.hosts:
+    if os.geteuid() != 0:
+        sys.exit("zero_gpt_throughput.py: --hosts needs root (network namespaces)")
+    subprocess.run([HOSTS, "down", TAG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([HOSTS, "up", TAG, str(a.nodes + 1)], check=True, stdout=subprocess.DEVNULL)
+    for h in range(a.nodes + 1):
+        subprocess.run([HOSTS, "cap", TAG, str(h), a.cap], check=True)
 rows = []
-for i in range(a.pairs):
-    A = run(A_SET)
-    B = run(B_SET)
-    rows.append({"A": A, "B": B, "ratio": A["step_s_median"] / B["step_s_median"]})
-    print(f"pair {i}: A {A['step_s_median']:.3f} s/step, B {B['step_s_median']:.3f} s/step", file=sys.stderr)
+try:
+    for i in range(a.pairs):
+        A = run(A_SET)
+        B = run(B_SET)
+        rows.append({"A": A, "B": B, "ratio": A["step_s_median"] / B["step_s_median"]})
+        print(f"pair {i}: A {A['step_s_median']:.3f} s/step, B {B['step_s_median']:.3f} s/step", file=sys.stderr)
+finally:
+    if a.hosts:
+        subprocess.run([HOSTS, "down", TAG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 ratios = sorted(r["ratio"] for r in rows)
 print(json.dumps({
-    "what": "202M GPT step time, A against B, dtactor local, median gap between journaled steps from step 2 on, pairs run A B A B",
+    "what": "202M GPT step time, A against B, " + (f"separate namespace hosts, links capped at {a.cap}" if a.hosts else "dtactor local") + ", median gap between journaled steps from step 2 on, pairs run A B A B",
     "A": A_SET, "B": B_SET,
-    "nodes": a.nodes, "ranks_per_node": a.nproc_per_node, "settings": a.set, "steps": a.steps,
+    "hosts": a.hosts, "nodes": a.nodes, "ranks_per_node": a.nproc_per_node, "settings": a.set, "steps": a.steps,
     "A_step_s_median": statistics.median(r["A"]["step_s_median"] for r in rows),
     "B_step_s_median": statistics.median(r["B"]["step_s_median"] for r in rows),
     "A_over_B_step_paired_median": statistics.median(ratios), "A_over_B_min": ratios[0], "A_over_B_max": ratios[-1],

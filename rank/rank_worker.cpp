@@ -1498,6 +1498,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
     if (opts_.stop_at_step >= 0 && state.step() >= opts_.stop_at_step && !stop_.load()) request_stop(true);
+    if (opts_.fail_mode == fault_mode::rank_oom && opts_.fail_at_step >= 0 && state.step() >= opts_.fail_at_step) inject_fault();
     if (alone && stop_.load() && !in_flight()) return stop_here(state.step(), stop_checkpoint_.load());
     if (!im.replays.empty()) {
       if (auto ended = replay_next_slice(g, s)) return *ended;
@@ -1549,7 +1550,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     s.acc.set_step_s(s.acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
     if (s.first || cadence.report_due(step) || (boundary && diloco && !alone)) report_step(g, s, step);
 
-    if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected) {
+    if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected && opts_.fail_mode != fault_mode::rank_oom) {
       im.injected = true;
       inject_fault();
     }
@@ -1611,6 +1612,7 @@ void rank_worker::inject_fault() {
       ::kill(node, SIGTERM);
       break;
     case fault_mode::rank_crash:
+    case fault_mode::rank_oom:
       ::raise(SIGKILL);
       break;
   }

@@ -179,6 +179,59 @@ TEST(Cluster, LocalModeRunsAWholeJob) {
   EXPECT_EQ(fin[0].at("step"), 20);
 }
 
+// A rank killed at the same step every time it starts (as the kernel's OOM
+// killer does to a rank that does not fit) is not restarted forever: with
+// cluster.rank_exit_limit = 1 its node gives it up at once, and the job goes
+// on with the node's other rank to the end, no step lost.
+TEST(Cluster, ARankThatKeepsDyingIsGivenUpAndTheJobGoesOn) {
+  temp_dir d;
+  std::vector<std::string> args = {kBin, "local", "--nodes", "1", "--nproc-per-node", "2", "--run-dir", d.path(),
+                                   "--fail-at-step", "3", "--fail-mode", "rank-oom", "--set", "cluster.rank_exit_limit=1"};
+  for (const auto& s : tiny_sets(20)) args.push_back(s);
+  auto c = child_process::spawn(args, false, d.path() + "/out.log");
+  ASSERT_TRUE(c) << c.message();
+  auto e = c->wait(120000);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->exit_code, 0) << e->describe() << file_text(d.path() + "/out.log");
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  auto exited = events_named(j, ev::rank_down::exited_name);
+  ASSERT_EQ(exited.size(), 1u) << file_text(d.path() + "/out.log");
+  EXPECT_EQ(exited[0].at("exit_code"), 137);
+  EXPECT_NE(exited[0].at("detail").get<std::string>().find("not restarting it"), std::string::npos) << exited[0].dump();
+  auto fin = events<ev::job_finished>(j);
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].at("step"), 20);
+  EXPECT_EQ(fin[0].at("world_size"), 1);
+  EXPECT_TRUE(events<ev::node_left>(j).empty());
+}
+
+// When every rank of every node is given up nothing is left to train: the
+// node leaves the job with the reason, `local` stops the coordinator, and
+// the command ends with exit 1 instead of waiting for nodes forever. The
+// rank dies at step 3 again after each restart from scratch (no checkpoint
+// before step 10): repeating steps it did before is no progress.
+TEST(Cluster, ANodeWhoseEveryRankWasGivenUpEndsALocalJob) {
+  temp_dir d;
+  std::vector<std::string> args = {kBin, "local", "--nodes", "1", "--nproc-per-node", "1", "--run-dir", d.path(),
+                                   "--fail-at-step", "3", "--fail-mode", "rank-oom", "--set", "cluster.rank_exit_limit=2"};
+  for (const auto& s : tiny_sets(20)) args.push_back(s);
+  auto c = child_process::spawn(args, false, d.path() + "/out.log");
+  ASSERT_TRUE(c) << c.message();
+  auto e = c->wait(120000);
+  ASSERT_TRUE(e);
+  const auto out = file_text(d.path() + "/out.log");
+  EXPECT_EQ(e->exit_code, 1) << e->describe() << out;
+  EXPECT_NE(out.find("left the job, every rank given up: rank 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 exits in a row without a completed step"), std::string::npos) << out;
+  EXPECT_NE(out.find("local: every node process has ended (exit code 1); stopping the coordinator"), std::string::npos) << out;
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  EXPECT_EQ(events_named(j, ev::rank_down::exited_name).size(), 2u);
+  auto left = events<ev::node_left>(j);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_NE(left[0].at("reason").get<std::string>().find("every rank given up"), std::string::npos) << left[0].dump();
+  EXPECT_TRUE(events<ev::job_finished>(j).empty());
+}
+
 // An evaluation longer than a collective's timeout must not fail the ranks
 // that are not evaluating (they used to wait in the next allreduce).
 TEST(Cluster, LongEvaluationDoesNotTimeOutPeers) {

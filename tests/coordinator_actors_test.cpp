@@ -926,6 +926,34 @@ TEST_F(coordinator_actors, a_stop_before_any_generation_ends_at_once) {
   EXPECT_EQ(*code, 0);
 }
 
+// Every node left (each gave its ranks up, say): a stop has nobody to wait
+// for and ends at once instead of after the stop timeout.
+TEST_F(coordinator_actors, a_stop_after_every_node_left_ends_at_once) {
+  start(coord_opts(1), 100);
+  auto code = await_end(*this, job);
+  send(joined("a", 1));
+  advance(100ms);
+  ASSERT_EQ(of<ev::generation_started>().size(), 1u);
+  send(leave_from("a", "every rank given up"));
+  caf::anon_send(job, stop_atom::value, std::string("stop"));
+  run();
+  ASSERT_EQ(of<ev::job_ended>().size(), 1u);
+  EXPECT_EQ(of<ev::job_ended>()[0].how, ev::outcome::stopped);
+  EXPECT_EQ(of<ev::job_ended>()[0].reason, "stop; no node is connected");
+  EXPECT_FALSE(of<ev::job_ended>()[0].final_checkpoint);
+  EXPECT_EQ(*code, 0);
+}
+
+// While a node is there, a stop waits for its ranks (up to the stop timeout).
+TEST_F(coordinator_actors, a_stop_with_a_node_there_waits_for_its_ranks) {
+  start(coord_opts(1), 100);
+  send(joined("a", 1));
+  advance(100ms);
+  caf::anon_send(job, stop_atom::value, std::string("stop"));
+  run();
+  EXPECT_TRUE(of<ev::job_ended>().empty());
+}
+
 TEST_F(coordinator_actors, a_recovery_is_timed_on_the_actor_clock_and_counts_no_lost_step) {
   start(coord_opts(1), 100);
   send(joined("a", 1));

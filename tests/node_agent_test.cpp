@@ -144,6 +144,16 @@ class node_agent_test : public ::testing::Test, public caf_fixture {
     in.env.mutable_shutdown()->set_checkpoint(true);
     return in;
   }
+  // The rank's current process exits with `code`; then the longest restart
+  // backoff passes (1 s here) while the coordinator keeps talking.
+  void rank_dies(int32_t local_rank, int32_t code) {
+    caf::anon_send(agent, rank_exit_atom::value, launcher->last_pid_of(local_rank), code);
+    run();
+    for (int i = 0; i < 2; ++i) {
+      send(inbound{links::coordinator, "", from_coordinator()});
+      advance(500ms);
+    }
+  }
   node_agent_state& st() { return state_of<node_agent_state>(agent); }
   size_t registers() const { return wire.count(pb::envelope::kRegisterNode); }
 
@@ -272,6 +282,73 @@ TEST_F(node_agent_test, restarts_a_rank_that_exited_with_backoff_and_reports_it)
   ready.env.mutable_rank_status()->set_local_rank(0);
   send(ready);
   EXPECT_EQ(st().ranks[0].failures, 0u);
+}
+
+// A rank that dies again and again before completing a step (the kernel's
+// OOM killer at the same step each generation) is given up after
+// rank_exit_limit exits in a row (5 by default); a step beyond any it
+// reported before starts the count again, and the node's other ranks go on.
+TEST_F(node_agent_test, a_rank_that_keeps_exiting_without_a_step_is_given_up_and_the_others_go_on) {
+  registered();
+  ASSERT_EQ(st().opts.rank_exit_limit, 5);
+  auto die = [&] { rank_dies(0, 137); };
+  for (int i = 0; i < 4; ++i) die();
+  ASSERT_EQ(launcher->spawns_of(0), 5u);
+  // The fifth process completes a step: the count starts again.
+  send(hello(0, launcher->last_pid_of(0)));
+  auto step = from_rank("r0");
+  step.env.mutable_step_report()->set_step(3);
+  send(step);
+  EXPECT_EQ(st().ranks[0].exits_without_step, 0u);
+  for (int i = 0; i < 4; ++i) die();
+  EXPECT_EQ(launcher->spawns_of(0), 9u);
+  // The ninth reports step 3 again (resumed from an older checkpoint, or
+  // the same step once more): no progress, the count goes on.
+  send(hello(0, launcher->last_pid_of(0)));
+  send(step);
+  EXPECT_EQ(st().ranks[0].exits_without_step, 4u);
+  EXPECT_FALSE(st().ranks[0].given_up);
+  die();  // the fifth exit in a row without a step
+  EXPECT_TRUE(st().ranks[0].given_up);
+  EXPECT_EQ(launcher->spawns_of(0), 9u);  // not started again
+  auto last = wire.with(pb::envelope::kRankStatus).back().env.rank_status();
+  rank_dies(1, 0);  // time passes (the other rank ended cleanly: restarted)
+  EXPECT_EQ(launcher->spawns_of(0), 9u);
+  EXPECT_EQ(last.status(), pb::rank_status::STATE_EXITED);
+  EXPECT_EQ(last.exit_code(), 137);
+  EXPECT_NE(last.detail().find("out-of-memory killer"), std::string::npos) << last.detail();
+  EXPECT_NE(last.detail().find("5 exits in a row without a completed step"), std::string::npos) << last.detail();
+  EXPECT_NE(last.detail().find("not restarting it"), std::string::npos) << last.detail();
+  // The other rank goes on; the node stays in the job. An exit with code 0
+  // is no death: it does not count.
+  EXPECT_EQ(launcher->spawns_of(1), 2u);
+  EXPECT_TRUE(st().ranks[1].alive);
+  EXPECT_EQ(st().ranks[1].exits_without_step, 0u);
+  EXPECT_EQ(wire.count(pb::envelope::kLeave), 0u);
+  EXPECT_TRUE(events_of<nev::gave_up>().empty());
+}
+
+// A node whose every rank was given up leaves the job (its process exits 1
+// with the reason: app/node.cpp); 0 turns the limit off.
+TEST_F(node_agent_test, a_node_whose_every_rank_was_given_up_leaves_the_job) {
+  registered(1);
+  st().opts.rank_exit_limit = 2;
+  for (int i = 0; i < 2; ++i) rank_dies(0, 139);
+  EXPECT_EQ(launcher->spawns_of(0), 2u);
+  auto leave = wire.with(pb::envelope::kLeave);
+  ASSERT_EQ(leave.size(), 1u);
+  EXPECT_NE(leave[0].env.leave().reason().find("every rank given up: rank 0 (pid"), std::string::npos) << leave[0].env.leave().reason();
+  EXPECT_NE(leave[0].env.leave().reason().find("SIGSEGV"), std::string::npos) << leave[0].env.leave().reason();
+  ASSERT_EQ(events_of<nev::gave_up>().size(), 1u);
+  EXPECT_EQ(st().phase, node_phase::leaving);
+}
+
+TEST_F(node_agent_test, with_no_exit_limit_a_rank_is_restarted_forever) {
+  registered(1);
+  st().opts.rank_exit_limit = 0;
+  for (int i = 0; i < 12; ++i) rank_dies(0, 137);
+  EXPECT_EQ(launcher->spawns_of(0), 13u);
+  EXPECT_EQ(wire.count(pb::envelope::kLeave), 0u);
 }
 
 TEST_F(node_agent_test, a_rank_that_cannot_be_spawned_is_reported_and_retried) {
