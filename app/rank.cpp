@@ -64,7 +64,11 @@ int run_rank(const cluster_cli& cli) {
   // heap keeps its peak within a step, which the step reaches anyway.
   // Allocations above 32 MiB (glibc's largest mmap threshold) are still
   // mapped and unmapped on their own. A user's own tunables win.
-  if (const char* t = std::getenv("GLIBC_TUNABLES"); !t || !std::strstr(t, "mmap_threshold")) ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  const bool own_mmap_threshold = [] {
+    const char* t = std::getenv("GLIBC_TUNABLES");
+    return t && std::strstr(t, "mmap_threshold");
+  }();
+  if (!own_mmap_threshold) ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   if (const char* t = std::getenv("GLIBC_TUNABLES"); !t || !std::strstr(t, "trim_threshold")) ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // A rank never outlives its node agent (kill -9 of a node takes its ranks).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -80,6 +84,15 @@ int run_rank(const cluster_cli& cli) {
   w.advertise_addr = cli.advertise_addr;
   w.fail_at_step = cli.fail_at_step;
   w.fail_mode = cli.fail_mode;
+  // While the training state is built, a tensor of 1 MiB or more gets a
+  // mapping of its own: the module's parameters (16 MB each for a GPT MLP
+  // weight) are freed as the optimizer's flat buffers take their place, and
+  // under the 32 MiB threshold they stayed on the heap until the trim after
+  // set-up, 4 bytes a parameter above the state at that moment.
+  if (!own_mmap_threshold) {
+    w.setup_mmap_threshold = 1 << 20;
+    w.step_mmap_threshold = 32 << 20;
+  }
   w.key = cli.key;
   // An empty store host in the plan means: the coordinator's host as this node reaches it.
   if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;

@@ -4,7 +4,8 @@
 P ranks, the same job, runs alternating A (zero=2) and B (zero=0); per run the median time
 between consecutive journaled steps after the first two (start-up, the
 first step's allocations and the reshard excluded), then the paired ratios'
-median. Prints one JSON object.
+median, and each run's peak RSS per rank from the journal's resources
+events. Prints one JSON object.
 
 Usage: bench/zero_gpt_throughput.py [--pairs 3] [--steps 8] [--nodes 2]
        [--nproc-per-node 1] [--set key=value ...]
@@ -91,11 +92,15 @@ def run(extra):
         sys.exit(f"{' '.join(extra)} failed ({p.returncode}):\n" + p.stdout[-3000:])
     steps = []
     transport = ""
+    peak = {}  # global rank -> the highest peak RSS its resources events gave
     with open(os.path.join(d, "journal.jsonl")) as f:
         for line in f:
             e = json.loads(line)
             if e.get("event") == "step":
                 steps.append(e)
+            elif e.get("event") == "resources":
+                for r in e["ranks"]:
+                    peak[r["rank"]] = max(peak.get(r["rank"], 0), r["peak_rss_bytes"])
     for line in p.stdout.splitlines():
         if "generation" in line and ("gradients" in line or "sharded" in line):
             transport = line.split(": ", 2)[-1]
@@ -105,7 +110,8 @@ def run(extra):
         # A run that ends with no two consecutive steps from step 2 on (out
         # of memory, a stop) has no step time: say so instead of a median of nothing.
         sys.exit(f"{' '.join(extra)}: no step time (journaled steps: {[x['step'] for x in steps]}; exit {p.returncode}):\n" + p.stdout[-2000:])
-    return {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport}
+    return {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport,
+            "peak_rss_bytes_by_rank": [peak[r] for r in sorted(peak)]}
 
 
 if a.hosts:
@@ -134,4 +140,8 @@ print(json.dumps({
     "B_step_s_median": statistics.median(r["B"]["step_s_median"] for r in rows),
     "A_over_B_step_paired_median": statistics.median(ratios), "A_over_B_min": ratios[0], "A_over_B_max": ratios[-1],
     "A_transport": rows[0]["A"]["transport"], "B_transport": rows[0]["B"]["transport"],
+    # The rank processes' peak RSS (VmHWM, from the journal's resources
+    # events; shared-memory pages a rank touched count in it), the largest rank.
+    "A_peak_rss_largest_rank_bytes": max((max(r["A"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
+    "B_peak_rss_largest_rank_bytes": max((max(r["B"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
     "runs": rows}, indent=1))

@@ -1,5 +1,7 @@
 #include "model/flat_adamw.hpp"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <limits>
 
@@ -12,6 +14,17 @@ namespace {
 // of one element): a fresh optimizer that is sharded before its first step
 // never allocates the moments it gives away.
 torch::Tensor lazy_zeros(int64_t n, const torch::TensorOptions& o) { return n > 1 ? torch::zeros({1}, o).expand({n}) : torch::zeros({n}, o); }
+// A dense CPU buffer of zeros whose pages are the kernel's until written
+// (an anonymous mapping; torch::zeros writes every byte at once): the full
+// gradient buffers of a `train.zero = 2` rank, dropped before any backward
+// writes them, never become resident (4 bytes a parameter less at set-up).
+torch::Tensor untouched_zeros(int64_t n, const torch::TensorOptions& o) {
+  const size_t bytes = static_cast<size_t>(n) * o.dtype().itemsize();
+  if (!o.device().is_cpu() || bytes < (size_t{1} << 20)) return torch::zeros({n}, o);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return torch::zeros({n}, o);
+  return torch::from_blob(p, {n}, [bytes](void* q) { ::munmap(q, bytes); }, o);
+}
 bool is_lazy(const torch::Tensor& t) { return t.defined() && t.numel() > 1 && t.stride(0) == 0; }
 torch::Tensor dense_of(const torch::Tensor& t) { return is_lazy(t) ? torch::zeros({t.numel()}, t.options()) : t; }
 }  // namespace
@@ -50,7 +63,7 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
     gr.base = base;
     base += filled[g];
     gr.params = torch::empty({filled[g]}, opts);
-    gr.grads = torch::zeros({filled[g]}, opts);
+    gr.grads = untouched_zeros(filled[g], opts);
     gr.windows.push_back(window{0, lazy_zeros(filled[g], opts), lazy_zeros(filled[g], opts), torch::Tensor()});
   }
   for (auto& s : slots_) {

@@ -292,7 +292,9 @@ void rank_worker::run() {
     if (opts_.state) {
       im.state = opts_.state;
     } else {
+      if (opts_.setup_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.setup_mmap_threshold);
       auto created = training_state::create(load_cfg);
+      if (opts_.step_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.step_mmap_threshold);
       if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
       im.state = std::move(created.value());
       // The module's own parameter tensors, freed once the optimizer copied

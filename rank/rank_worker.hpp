@@ -66,6 +66,11 @@ struct rank_worker_options {
   // (SIGTERM), or crashes itself only (rank_crash). -1: off.
   int64_t fail_at_step = -1;
   fault_mode fail_mode = fault_mode::crash;
+  // glibc's mmap threshold while the training state is built, and after
+  // (0: left alone). A low one at set-up gives the module's own parameter
+  // tensors a mapping each, so that those the optimizer's flat buffers
+  // replace go back to the kernel as they are freed (app/rank.cpp).
+  int setup_mmap_threshold = 0, step_mmap_threshold = 0;
   // The training state to start from, made (and maybe loaded from a
   // checkpoint) by the caller: `dtactor train` runs this worker at world 1
   // on the state it resumed. Null: the worker makes it from the first plan.
