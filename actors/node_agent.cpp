@@ -307,11 +307,10 @@ void on_rank(agent_self self, inbound& in) {
     }
     case pb::envelope::kStepReport:
       st.last_step = std::max(st.last_step, env.step_report().step());
-      for (auto& r : st.ranks)
-        if (r.alive && r.peer == in.peer && env.step_report().step() > r.best_step) {
-          r.best_step = env.step_report().step();
-          r.exits_without_step = 0;
-        }
+      if (env.step_report().step() > st.best_step) {
+        st.best_step = env.step_report().step();
+        st.exits_without_step = 0;
+      }
       if (st.opts.annotate_report) st.opts.annotate_report(in.peer, *env.mutable_step_report());
       emit(self, nev::steps_reported{env.step_report()});
       break;
@@ -408,15 +407,17 @@ void on_rank_exit(agent_self self, int32_t pid, int32_t exit_code) {
     return;
   }
   ++r.failures;
-  if (exit_code != 0) ++r.exits_without_step;
+  if (exit_code != 0) ++st.exits_without_step;
   const auto limit = st.opts.rank_exit_limit;
   // The same death again and again (out of memory at the same step, a
   // crash there): restarting it only churns generations. The job goes on
   // with this node's other ranks; a node left with none leaves the job.
-  r.given_up = limit > 0 && r.exits_without_step >= static_cast<uint32_t>(limit);
-  if (r.given_up)
-    detail += "; " + std::to_string(r.exits_without_step) + " exits in a row without a completed step (cluster.rank_exit_limit = " +
+  r.given_up = exit_code != 0 && limit > 0 && st.exits_without_step >= static_cast<uint32_t>(limit);
+  if (r.given_up) {
+    detail += "; " + std::to_string(st.exits_without_step) + " rank exits on this node in a row without a completed step (cluster.rank_exit_limit = " +
               std::to_string(limit) + "): not restarting it";
+    st.exits_without_step = 0;  // the node's next rank to go gets the same chances
+  }
   report_rank(self, local_rank, pb::rank_status::STATE_EXITED, exit_code, detail);
   if (!r.given_up) {
     log_line(self, detail + "; restarting");

@@ -130,8 +130,9 @@ struct node_agent_options {
   // Reads the job's heartbeat settings from the config in register_ack
   // (may be empty: the options above stay).
   std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;
-  // A rank whose process exits (non-zero) this many times in a row without
-  // completing a step in between is not started again (cluster.rank_exit_limit:
+  // After this many non-zero exits of the node's ranks in a row with no step
+  // beyond those reported before, the rank that exited last is not started
+  // again (cluster.rank_exit_limit:
   // out of memory at the same step, or broken there); the job goes on with
   // the node's other ranks, and a node left with none leaves the job. 0:
   // restarted forever.
@@ -165,12 +166,7 @@ struct rank_process {
   std::optional<pb::envelope> finished;
   uint32_t starts = 0;         // successful spawns
   uint32_t failures = 0;       // exits/spawn failures since it last reported STATE_READY
-  // Non-zero exits since a process of this rank last reported a step beyond
-  // any it reported before (a rank resumed from an older checkpoint that
-  // dies at the same step again made no progress), and whether the node
-  // gave the rank up for that (rank_exit_limit).
-  uint32_t exits_without_step = 0;
-  int64_t best_step = -1;
+  // The node gave this rank up (rank_exit_limit).
   bool given_up = false;
   uint64_t restart_epoch = 0;  // matches the pending restart_atom timer
   bool restart_pending = false;
@@ -194,6 +190,13 @@ struct node_agent_state {
   std::optional<pb::generation_plan> plan;
   std::vector<rank_process> ranks;
   int64_t last_step = 0;
+  // Non-zero exits of this node's ranks since one of them last reported a
+  // step beyond any reported before (a rank resumed from an older checkpoint
+  // that dies at the same step again made no progress). Counted for the node,
+  // not a rank: the kernel's OOM killer picks whichever rank is largest, a
+  // different one from one generation to the next.
+  uint32_t exits_without_step = 0;
+  int64_t best_step = -1;
   // The coordinator is stopping the job (shutdown with a checkpoint came):
   // a leave of this node (its own SIGINT/SIGTERM, as when a terminal's
   // Ctrl-C reaches every process) no longer stops the ranks early; they stop

@@ -120,7 +120,7 @@ std::vector<config_key> make_schema() {
       {"cluster.flap_max_failures", vk::integer, "3", "A node lost this many times within cluster.flap_window_ms is quarantined.", 1},
       {"cluster.flap_window_ms", vk::integer, "60000", "Window in which a node's losses count towards quarantine.", 1},
       {"cluster.quarantine_ms", vk::integer, "10000", "First quarantine of a flapping node; doubles on each repeat, at most 5 minutes.", 0},
-      {"cluster.rank_exit_limit", vk::integer, "5", "A node stops restarting a rank whose process exited (non-zero) this many times in a row without completing a step beyond those it completed before (out of memory at that step, or broken there); the job goes on with the other ranks, and a node left with none leaves the job (0 = restart forever).", 0},
+      {"cluster.rank_exit_limit", vk::integer, "5", "A node whose rank processes exited (non-zero) this many times in a row, with no step completed beyond those completed before, stops restarting the rank that exited last (out of memory at that step, or broken there); the job goes on with the other ranks, and a node left with none leaves the job (0 = restart forever).", 0},
   };
 }
 

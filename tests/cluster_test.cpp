@@ -222,7 +222,7 @@ TEST(Cluster, ANodeWhoseEveryRankWasGivenUpEndsALocalJob) {
   const auto out = file_text(d.path() + "/out.log");
   EXPECT_EQ(e->exit_code, 1) << e->describe() << out;
   EXPECT_NE(out.find("left the job, every rank given up: rank 0"), std::string::npos) << out;
-  EXPECT_NE(out.find("2 exits in a row without a completed step"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 rank exits on this node in a row without a completed step"), std::string::npos) << out;
   EXPECT_NE(out.find("local: every node process has ended (exit code 1); stopping the coordinator"), std::string::npos) << out;
   auto j = read_journal(d.path() + "/journal.jsonl");
   EXPECT_EQ(events_named(j, ev::rank_down::exited_name).size(), 2u);

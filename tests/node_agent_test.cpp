@@ -286,8 +286,8 @@ TEST_F(node_agent_test, restarts_a_rank_that_exited_with_backoff_and_reports_it)
 
 // A rank that dies again and again before completing a step (the kernel's
 // OOM killer at the same step each generation) is given up after
-// rank_exit_limit exits in a row (5 by default); a step beyond any it
-// reported before starts the count again, and the node's other ranks go on.
+// rank_exit_limit exits in a row on its node (5 by default); a step beyond
+// any reported before starts the count again, and the node's other ranks go on.
 TEST_F(node_agent_test, a_rank_that_keeps_exiting_without_a_step_is_given_up_and_the_others_go_on) {
   registered();
   ASSERT_EQ(st().opts.rank_exit_limit, 5);
@@ -299,14 +299,14 @@ TEST_F(node_agent_test, a_rank_that_keeps_exiting_without_a_step_is_given_up_and
   auto step = from_rank("r0");
   step.env.mutable_step_report()->set_step(3);
   send(step);
-  EXPECT_EQ(st().ranks[0].exits_without_step, 0u);
+  EXPECT_EQ(st().exits_without_step, 0u);
   for (int i = 0; i < 4; ++i) die();
   EXPECT_EQ(launcher->spawns_of(0), 9u);
   // The ninth reports step 3 again (resumed from an older checkpoint, or
   // the same step once more): no progress, the count goes on.
   send(hello(0, launcher->last_pid_of(0)));
   send(step);
-  EXPECT_EQ(st().ranks[0].exits_without_step, 4u);
+  EXPECT_EQ(st().exits_without_step, 4u);
   EXPECT_FALSE(st().ranks[0].given_up);
   die();  // the fifth exit in a row without a step
   EXPECT_TRUE(st().ranks[0].given_up);
@@ -317,15 +317,27 @@ TEST_F(node_agent_test, a_rank_that_keeps_exiting_without_a_step_is_given_up_and
   EXPECT_EQ(last.status(), pb::rank_status::STATE_EXITED);
   EXPECT_EQ(last.exit_code(), 137);
   EXPECT_NE(last.detail().find("out-of-memory killer"), std::string::npos) << last.detail();
-  EXPECT_NE(last.detail().find("5 exits in a row without a completed step"), std::string::npos) << last.detail();
+  EXPECT_NE(last.detail().find("5 rank exits on this node in a row without a completed step"), std::string::npos) << last.detail();
   EXPECT_NE(last.detail().find("not restarting it"), std::string::npos) << last.detail();
   // The other rank goes on; the node stays in the job. An exit with code 0
   // is no death: it does not count.
   EXPECT_EQ(launcher->spawns_of(1), 2u);
   EXPECT_TRUE(st().ranks[1].alive);
-  EXPECT_EQ(st().ranks[1].exits_without_step, 0u);
   EXPECT_EQ(wire.count(pb::envelope::kLeave), 0u);
   EXPECT_TRUE(events_of<nev::gave_up>().empty());
+}
+
+// The OOM killer ends whichever rank is largest: the count is the node's.
+TEST_F(node_agent_test, exits_of_different_ranks_count_together) {
+  registered();
+  for (int i = 0; i < 4; ++i) rank_dies(i % 2, 137);
+  EXPECT_FALSE(st().ranks[0].given_up);
+  EXPECT_FALSE(st().ranks[1].given_up);
+  rank_dies(1, 137);
+  EXPECT_FALSE(st().ranks[0].given_up);
+  EXPECT_TRUE(st().ranks[1].given_up);
+  EXPECT_EQ(st().exits_without_step, 0u);  // rank 0 starts with a fresh count
+  EXPECT_EQ(wire.count(pb::envelope::kLeave), 0u);
 }
 
 // A node whose every rank was given up leaves the job (its process exits 1
