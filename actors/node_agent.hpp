@@ -131,11 +131,10 @@ struct node_agent_options {
   // (may be empty: the options above stay).
   std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;
   // After this many non-zero exits of the node's ranks in a row with no step
-  // beyond those reported before, the rank that exited last is not started
-  // again (cluster.rank_exit_limit:
-  // out of memory at the same step, or broken there); the job goes on with
-  // the node's other ranks, and a node left with none leaves the job. 0:
-  // restarted forever.
+  // beyond those reported before (out of memory at the same step, or broken
+  // there), the rank that exited last is not started again
+  // (cluster.rank_exit_limit); the job goes on with the node's other ranks,
+  // and a node left with none leaves the job. 0: restarted forever.
   int32_t rank_exit_limit = 5;
   // Reads cluster.rank_exit_limit from the config in register_ack (may be
   // empty; nullopt keeps the option above).

@@ -183,19 +183,27 @@ TEST(Cluster, LocalModeRunsAWholeJob) {
 // killer does to a rank that does not fit) is not restarted forever: with
 // cluster.rank_exit_limit = 1 its node gives it up at once, and the job goes
 // on with the node's other rank to the end, no step lost.
-TEST(Cluster, ARankThatKeepsDyingIsGivenUpAndTheJobGoesOn) {
-  temp_dir d;
-  std::vector<std::string> args = {kBin, "local", "--nodes", "1", "--nproc-per-node", "2", "--run-dir", d.path(),
-                                   "--fail-at-step", "3", "--fail-mode", "rank-oom", "--set", "cluster.rank_exit_limit=1"};
+// `dtactor local` of 1 node x `ranks` with local rank 0 killed as it begins
+// step 4 in every process of it (--fail-mode rank-oom), 20 tiny steps; its
+// exit code (-1: did not end in 120 s) and its output.
+std::pair<int, std::string> local_with_a_dying_rank(const temp_dir& d, int ranks, int exit_limit) {
+  std::vector<std::string> args = {kBin, "local", "--nodes", "1", "--nproc-per-node", std::to_string(ranks), "--run-dir", d.path(),
+                                   "--fail-at-step", "3", "--fail-mode", "rank-oom", "--set",
+                                   "cluster.rank_exit_limit=" + std::to_string(exit_limit)};
   for (const auto& s : tiny_sets(20)) args.push_back(s);
   auto c = child_process::spawn(args, false, d.path() + "/out.log");
-  ASSERT_TRUE(c) << c.message();
+  if (!c) return {-1, c.message()};
   auto e = c->wait(120000);
-  ASSERT_TRUE(e);
-  EXPECT_EQ(e->exit_code, 0) << e->describe() << file_text(d.path() + "/out.log");
+  return {e ? e->exit_code : -1, file_text(d.path() + "/out.log")};
+}
+
+TEST(Cluster, ARankThatKeepsDyingIsGivenUpAndTheJobGoesOn) {
+  temp_dir d;
+  const auto [code, out] = local_with_a_dying_rank(d, 2, 1);
+  EXPECT_EQ(code, 0) << out;
   auto j = read_journal(d.path() + "/journal.jsonl");
   auto exited = events_named(j, ev::rank_down::exited_name);
-  ASSERT_EQ(exited.size(), 1u) << file_text(d.path() + "/out.log");
+  ASSERT_EQ(exited.size(), 1u) << out;
   EXPECT_EQ(exited[0].at("exit_code"), 137);
   EXPECT_NE(exited[0].at("detail").get<std::string>().find("not restarting it"), std::string::npos) << exited[0].dump();
   auto fin = events<ev::job_finished>(j);
@@ -212,15 +220,8 @@ TEST(Cluster, ARankThatKeepsDyingIsGivenUpAndTheJobGoesOn) {
 // before step 10): repeating steps it did before is no progress.
 TEST(Cluster, ANodeWhoseEveryRankWasGivenUpEndsALocalJob) {
   temp_dir d;
-  std::vector<std::string> args = {kBin, "local", "--nodes", "1", "--nproc-per-node", "1", "--run-dir", d.path(),
-                                   "--fail-at-step", "3", "--fail-mode", "rank-oom", "--set", "cluster.rank_exit_limit=2"};
-  for (const auto& s : tiny_sets(20)) args.push_back(s);
-  auto c = child_process::spawn(args, false, d.path() + "/out.log");
-  ASSERT_TRUE(c) << c.message();
-  auto e = c->wait(120000);
-  ASSERT_TRUE(e);
-  const auto out = file_text(d.path() + "/out.log");
-  EXPECT_EQ(e->exit_code, 1) << e->describe() << out;
+  const auto [code, out] = local_with_a_dying_rank(d, 1, 2);
+  EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("left the job, every rank given up: rank 0"), std::string::npos) << out;
   EXPECT_NE(out.find("2 rank exits on this node in a row without a completed step"), std::string::npos) << out;
   EXPECT_NE(out.find("local: every node process has ended (exit code 1); stopping the coordinator"), std::string::npos) << out;
