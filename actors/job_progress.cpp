@@ -18,6 +18,9 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   w.max_step_s = std::max(w.max_step_s, r.step_s());
   w.allreduce_s = std::max(w.allreduce_s, r.allreduce_s());
   w.exposed_s = std::max(w.exposed_s, r.allreduce_exposed_s());
+  w.compute_s = std::max(w.compute_s, r.compute_s());
+  w.update_s = std::max(w.update_s, r.update_s());
+  w.gather_s = std::max(w.gather_s, r.gather_s());
   w.lr = r.lr();
   if (w.reports < w.world) return std::nullopt;
   ev::step_completed out;
@@ -33,6 +36,9 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   out.step_s = w.max_step_s * per_step;
   out.allreduce_s = w.allreduce_s * per_step;
   out.allreduce_exposed_s = w.exposed_s * per_step;
+  if (w.compute_s > 0) out.compute_s = w.compute_s * per_step;
+  if (w.update_s > 0) out.update_s = w.update_s * per_step;
+  if (w.gather_s > 0) out.gather_s = w.gather_s * per_step;
   rows_.erase(rows_.begin(), rows_.upper_bound(r.step()));
   return out;
 }

@@ -254,6 +254,9 @@ struct step_completed {
   std::optional<double> data_wait_s;          // train: per step
   std::optional<double> allreduce_s;          // cluster: per step
   std::optional<double> allreduce_exposed_s;  // cluster: per step
+  std::optional<double> compute_s;            // cluster: per step, forward and backward (slowest rank)
+  std::optional<double> update_s;             // cluster: per step, the optimizer (zero >= 1: and the parameter all-gather)
+  std::optional<double> gather_s;             // cluster, zero >= 1: per step, of update_s the parameter all-gather
   // Not journaled (metrics only).
   int64_t samples = 0;  // over the steps the reports covered
   double step_s = 0;    // per step (the slowest rank)
@@ -261,7 +264,8 @@ struct step_completed {
   static void fields(S& s, F& f) {
     f("step", s.step), f("world_size", s.world_size), f("generation", s.generation), f("loss", s.loss), f("loss_avg", s.loss_avg), f("lr", s.lr),
         f("samples_per_s", s.samples_per_s), f("data_wait_s", s.data_wait_s), f("allreduce_s", s.allreduce_s),
-        f("allreduce_exposed_s", s.allreduce_exposed_s);
+        f("allreduce_exposed_s", s.allreduce_exposed_s), f("compute_s", s.compute_s), f("update_s", s.update_s),
+        f("gather_s", s.gather_s);
   }
 };
 

@@ -110,8 +110,15 @@ def run(extra):
         # A run that ends with no two consecutive steps from step 2 on (out
         # of memory, a stop) has no step time: say so instead of a median of nothing.
         sys.exit(f"{' '.join(extra)}: no step time (journaled steps: {[x['step'] for x in steps]}; exit {p.returncode}):\n" + p.stdout[-2000:])
+    # Where a step's time went (the step events' per-step parts, the slowest
+    # rank's each), medians over the same steps as the gaps.
+    parts = {}
+    for k in ("compute_s", "allreduce_s", "allreduce_exposed_s", "update_s", "gather_s"):
+        v = [x[k] for x in steps if x["step"] >= 3 and x.get(k) is not None]
+        if v:
+            parts[k + "_median"] = statistics.median(v)
     return {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport,
-            "peak_rss_bytes_by_rank": [peak[r] for r in sorted(peak)]}
+            "peak_rss_bytes_by_rank": [peak[r] for r in sorted(peak)], **parts}
 
 
 if a.hosts:
@@ -127,7 +134,9 @@ try:
         A = run(A_SET)
         B = run(B_SET)
         rows.append({"A": A, "B": B, "ratio": A["step_s_median"] / B["step_s_median"]})
-        print(f"pair {i}: A {A['step_s_median']:.3f} s/step, B {B['step_s_median']:.3f} s/step", file=sys.stderr)
+        def parts(x):
+            return ", ".join(f"{k[:-9]} {x[k]:.3f}" for k in x if k.endswith("_s_median") and k != "step_s_median")
+        print(f"pair {i}: A {A['step_s_median']:.3f} s/step ({parts(A)}), B {B['step_s_median']:.3f} s/step ({parts(B)})", file=sys.stderr)
 finally:
     if a.hosts:
         subprocess.run([HOSTS, "down", TAG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

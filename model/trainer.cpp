@@ -413,10 +413,12 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   // which the next generation repairs from the shards' holders (rank/zero).
   // Nothing is undone, so nothing needs saving.
   r.grad_norm = apply_update(global_norm);
+  const auto t2 = clock_type::now();
   if (auto st = gather(); !st) {
     params_mixed_ = true;
     return st.err();
   }
+  r.gather_s = seconds_since(t2);
   r.update_s = seconds_since(t1);
   return r;
 }

@@ -80,7 +80,8 @@ class training_state {
     int64_t samples = 0;                    // this rank's share of the global batch
     double grad_norm = 0;                   // of the global gradient, before clipping
     double compute_s = 0;                   // forward + backward (including overlapped allreduce)
-    double update_s = 0;                    // clip + optimizer
+    double update_s = 0;                    // clip + optimizer (+ gather)
+    double gather_s = 0;                    // of update_s: the parameter all-gather (train.zero >= 1)
     double allreduce_s = 0, exposed_s = 0;  // see grad_sync_timing
     int buckets = 0, launched_in_backward = 0;
   };

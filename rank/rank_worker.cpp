@@ -1546,6 +1546,9 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
     }
     s.acc.set_allreduce_s(s.acc.allreduce_s() + s.r.allreduce_s);
     s.acc.set_allreduce_exposed_s(s.acc.allreduce_exposed_s() + s.r.exposed_s);
+    s.acc.set_compute_s(s.acc.compute_s() + s.r.compute_s);
+    s.acc.set_update_s(s.acc.update_s() + s.r.update_s);
+    s.acc.set_gather_s(s.acc.gather_s() + s.r.gather_s);
     if (step > attempted) s.acc.set_steps_covered(s.acc.steps_covered() + 1);
     if (boundary && due(cadence.digest_every))
       if (auto ended = compare_digests(g, s, step)) return *ended;
