@@ -187,6 +187,7 @@ struct exchange_plan {
   int host_count = 1;  // hosts of the world
   int host_ranks = 1;  // ranks on this rank's host
   std::vector<int> host_members;  // their global ranks, in order (this rank's among them)
+  std::vector<std::vector<int>> host_groups;  // every host's global ranks (group_by_host), alike on every rank
   std::string why_not;  // why shared memory is not used, when it is not
   // "gradients over shared memory", "... within the host and gloo across 3 hosts", ...
   std::string describe(const std::string& backend) const;

@@ -57,6 +57,7 @@ result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& stor
     }
     out.host_ranks = static_cast<int>(hosts[mine].size());
     out.host_members = hosts[mine];
+    out.host_groups = hosts;
     if (hosts.size() == 1) {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
       auto joined = shm_group::join(*prefixed, rank, world, shm_slot_floats(floats, largest_floats, ring_floats, false), &out.why_not);

@@ -1009,7 +1009,7 @@ struct transport_facts {
   bool over_shm = false;           // the reducer uses the segment (alone or hierarchical)
   bool fragments_off_shm = false;  // streaming DiLoCo's fragments left it to the host's reducer
   const shard_plan* shards = nullptr;
-  bool zero2 = false, zero_shm = false;
+  bool zero2 = false, zero_shm = false, zero_host = false;
   size_t fragments = 0;  // streaming DiLoCo: the fragments' reducers
   bool host_sync = false;
   std::string host_workers_why_not;
@@ -1030,7 +1030,9 @@ std::string describe_transport(const transport_facts& f, training_state& state, 
     transport += "; optimizer state" + std::string(f.zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(f.zero2 ? 2 : 1) + "): this rank holds " + std::to_string(sp.held_elements(f.rank)) + " of " +
                  std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
                  " holder(s) a shard, " + std::to_string(f.reshard_bytes) + " bytes moved, parameters gathered " +
-                 (f.zero_shm ? std::string("through shared memory") : "over " + f.backend);
+                 (f.zero_shm    ? std::string("through shared memory")
+                  : f.zero_host ? std::string("within each host through shared memory (every host holds every shard)")
+                                : "over " + f.backend);
   }
   if (state.diloco() && f.world > 1) {
     // The same transport carries the pseudo-gradients, once a window.
@@ -1066,6 +1068,7 @@ struct rank_worker::steps_run {
   std::string host_workers_why_not;
   bool zero2 = false;     // gradients reduce-scattered into the optimizer's windows
   bool zero_shm = false;  // ZeRO's all-gather and norm through the host's segment
+  bool zero_host = false;  // ZeRO's all-gather through each host's segment (hierarchical, every host holds every shard)
   bool streaming = false, fragments_off_shm = false;
   std::function<result<double>()> global_norm;  // zero=2: the clipping norm from the shards' partial sums
   std::function<status()> gather;               // zero>=1: the other ranks' updated parameters
@@ -1169,6 +1172,26 @@ void rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   // others' updated parameters.
   if (im.shards && g.pg && g.world > 1)
     s.gather = [&state, &im, &g] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
+  // Several hosts, hierarchical, and every host holding every shard
+  // between its ranks (2 hosts, two holders a shard): nothing a rank lacks
+  // is on another host, so the all-gather is a round of the host's segment
+  // (a rank alone on its host then holds everything: nothing to gather).
+  // Decided from the plan and the hosts, alike on every rank.
+  s.zero_host = im.shards && g.pg && g.world > 1 && !state.diloco() && !s.zero_shm && g.exchange.hierarchical &&
+                hosts_cover_every_shard(*im.shards, g.exchange.host_groups);
+  if (s.zero_host) {
+    for (const auto& v : state.optimizer().param_views(0, im.shards->total))
+      if (v.scalar_type() != torch::kFloat) s.zero_host = false;
+  }
+  if (s.zero_host) {
+    auto* shm = g.exchange.shm.get();
+    const auto spin = go.spin_wait;
+    const auto members = g.exchange.host_members;
+    s.gather = [&state, &im, &g, shm, spin, members]() -> status {
+      if (!shm) return {};  // alone on this host: it holds every shard
+      return gather_params_host(*shm, members, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin);
+    };
+  }
   if (s.zero_shm) {
     auto* shm = g.exchange.shm.get();
     const auto spin = go.spin_wait;
@@ -1197,6 +1220,7 @@ void rank_worker::report_ready(generation_run& g, const steps_run& s) {
   tf.shards = im.shards ? &*im.shards : nullptr;
   tf.zero2 = s.zero2;
   tf.zero_shm = s.zero_shm;
+  tf.zero_host = s.zero_host;
   tf.fragments = s.streaming ? s.syncs.size() : 0;
   tf.host_sync = s.host_sync != nullptr;
   tf.host_workers_why_not = s.host_workers_why_not;

@@ -192,44 +192,102 @@ bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& pla
   return true;
 }
 
-status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
-                         const std::function<bool()>& abandon, std::chrono::microseconds spin) {
-  const int world = shm.world(), rank = shm.rank();
-  if (world != plan.world())
-    return make_error("parameter all-gather: the shard plan is for " + std::to_string(plan.world()) + " ranks, the segment has " +
-                      std::to_string(world));
-  if (world == 1 || everyone_holds_everything(plan)) return {};
+bool hosts_cover_every_shard(const shard_plan& plan, const std::vector<std::vector<int>>& hosts) {
+  if (hosts.empty()) return false;
+  for (const auto& members : hosts)
+    for (int s = 0; s < plan.world(); ++s) {
+      const auto& sh = plan.shards[static_cast<size_t>(s)];
+      if (sh.begin >= sh.end) continue;
+      bool held = false;
+      for (int m : members) held = held || holds(plan, s, m);
+      if (!held) return false;
+    }
+  return true;
+}
+
+status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
+                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  const int n = shm.world(), me = shm.rank();
+  if (static_cast<int>(members.size()) != n)
+    return make_error("parameter all-gather: the segment has " + std::to_string(n) + " ranks, the host " + std::to_string(members.size()));
+  for (int m : members)
+    if (m < 0 || m >= plan.world())
+      return make_error("parameter all-gather: rank " + std::to_string(m) + " has no shard in a plan for " + std::to_string(plan.world()) + " ranks");
+  const int rank = members[static_cast<size_t>(me)];
   torch::NoGradGuard no_grad;
+  // Each shard some rank here lacks comes from one rank here that holds it:
+  // its primary when that is here, else the first holder in the segment's
+  // order. A rank's stream is the shards it provides, back to back.
+  const int shards = plan.world();
+  std::vector<int> provider(static_cast<size_t>(shards), -1);
+  std::vector<int64_t> at(static_cast<size_t>(shards), 0), stream(static_cast<size_t>(n), 0);
+  for (int s = 0; s < shards; ++s) {
+    const auto& sh = plan.shards[static_cast<size_t>(s)];
+    if (sh.begin >= sh.end) continue;
+    bool lacked = false;
+    int p = -1;
+    for (int i = 0; i < n; ++i) {
+      const bool h = holds(plan, s, members[static_cast<size_t>(i)]);
+      lacked = lacked || !h;
+      if (h && (p < 0 || members[static_cast<size_t>(i)] == sh.holders.front())) p = i;
+    }
+    if (!lacked) continue;
+    if (p < 0)
+      return make_error("parameter all-gather: no rank of this host holds shard " + std::to_string(s) + " (elements [" + std::to_string(sh.begin) +
+                        ", " + std::to_string(sh.end) + "))");
+    provider[static_cast<size_t>(s)] = p;
+    at[static_cast<size_t>(s)] = stream[static_cast<size_t>(p)];
+    stream[static_cast<size_t>(p)] += sh.end - sh.begin;
+  }
+  const int64_t longest = *std::max_element(stream.begin(), stream.end());
+  if (longest == 0) return {};
   // In rounds of half the ring (a round never waits for the one before):
-  // round i carries elements [begin + i*block, ...) of every rank's shard.
-  const int64_t largest = plan.largest();
-  const int64_t block = std::max<int64_t>(1, std::min(largest, shm.capacity() / 2 / 16 * 16));
-  const auto& mine = plan.shards[static_cast<size_t>(rank)];
-  // Written only when some rank lacks this shard; read only what this rank
-  // does not hold itself.
-  bool wanted = false;
-  for (int r = 0; r < world; ++r) wanted = wanted || !holds(plan, rank, r);
-  auto piece = [block](const shard_plan::shard& sh, int64_t off) {
-    return std::make_pair(std::min(sh.begin + off, sh.end), std::min(sh.begin + off + block, sh.end));
+  // round i carries elements [i*block, (i+1)*block) of every rank's stream.
+  const int64_t block = std::max<int64_t>(1, std::min(longest, shm.capacity() / 2 / 16 * 16));
+  // Shard s's elements in the round at `off`, as [x, y) of its provider's stream.
+  auto piece = [&](int s, int64_t off) {
+    const auto& sh = plan.shards[static_cast<size_t>(s)];
+    const int64_t a = at[static_cast<size_t>(s)];
+    return std::make_pair(std::max(a, off), std::min(a + (sh.end - sh.begin), off + block));
   };
-  for (int64_t off = 0; off < largest; off += block) {
+  for (int64_t off = 0; off < longest; off += block) {
     auto st = shm_round(
         shm, block,
         [&](float* slot) {
-          const auto [a, b] = piece(mine, off);
-          if (wanted && a < b) move_params(opt, a, b, torch::from_blob(slot, {b - a}, torch::kFloat), true);
+          for (int s = 0; s < shards; ++s) {
+            if (provider[static_cast<size_t>(s)] != me) continue;
+            const auto [x, y] = piece(s, off);
+            if (x >= y) continue;
+            const int64_t base = plan.shards[static_cast<size_t>(s)].begin - at[static_cast<size_t>(s)];
+            move_params(opt, base + x, base + y, torch::from_blob(slot + (x - off), {y - x}, torch::kFloat), true);
+          }
         },
         [&](const shm_group::region& g) {
-          for (int r = 0; r < world; ++r) {
-            if (r == rank || holds(plan, r, rank)) continue;
-            const auto [a, b] = piece(plan.shards[static_cast<size_t>(r)], off);
-            if (a < b) move_params(opt, a, b, torch::from_blob(shm.at(r, g), {b - a}, torch::kFloat), false);
+          for (int s = 0; s < shards; ++s) {
+            const int p = provider[static_cast<size_t>(s)];
+            if (p < 0 || p == me || holds(plan, s, rank)) continue;
+            const auto [x, y] = piece(s, off);
+            if (x >= y) continue;
+            const int64_t base = plan.shards[static_cast<size_t>(s)].begin - at[static_cast<size_t>(s)];
+            move_params(opt, base + x, base + y, torch::from_blob(shm.at(p, g) + (x - off), {y - x}, torch::kFloat), false);
           }
         },
         timeout, abandon, spin, "parameter all-gather (shared memory)");
     if (!st) return st;
   }
   return {};
+}
+
+status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
+                         const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  const int world = shm.world();
+  if (world != plan.world())
+    return make_error("parameter all-gather: the shard plan is for " + std::to_string(plan.world()) + " ranks, the segment has " +
+                      std::to_string(world));
+  if (world == 1 || everyone_holds_everything(plan)) return {};
+  std::vector<int> members(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) members[static_cast<size_t>(r)] = r;
+  return gather_params_host(shm, members, opt, plan, timeout, abandon, spin);
 }
 
 result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtactor/result.hpp"
 #include "model/shard_plan.hpp"
@@ -70,6 +71,23 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
 bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan);
 status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                          const std::function<bool()>& abandon, std::chrono::microseconds spin);
+
+// Several hosts (the hierarchical exchange): when every host's ranks hold
+// every shard between them (2 hosts with two holders a shard: each host
+// holds the primaries of its ranks and replicas of the other's), a rank
+// needs nothing from another host after the update, and the all-gather is
+// a round of the host's segment instead of Gloo across all ranks (which
+// would send every shard across the link to ranks that hold it already).
+// `hosts`: every host's global ranks (exchange_plan::host_groups), alike on every
+// rank, so every rank decides alike. A host of one rank covers every shard
+// only when that rank holds them all: it then has nothing to gather.
+bool hosts_cover_every_shard(const shard_plan& plan, const std::vector<std::vector<int>>& hosts);
+// The segment `shm` of this host's ranks `members` (global ranks, in the
+// segment's order): each shard some of them lacks is written once, by its
+// primary when it is here, else by the first of them holding it, and read
+// by those lacking it. With the world's segment this is gather_params_shm.
+status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
+                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin);
 result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                                     const std::function<bool()>& abandon, std::chrono::microseconds spin);
 

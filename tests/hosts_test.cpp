@@ -226,6 +226,16 @@ void survive_a_killed_rank_and_a_killed_host(test_network net, const std::string
     const auto all = events<ev::recovery_done>(j);
     ASSERT_GE(all.size(), 2u);
     for (const auto& r : all) EXPECT_EQ(r.at("optimizer_source"), "replica") << r.dump();
+    // At world 4 each host's two ranks hold every shard between them (each
+    // shard's replica is on the other host): the parameters are gathered
+    // within each host, none cross.
+    int hierarchical = 0;
+    for (const auto& l : lines)
+      if (l.find("across") != std::string::npos) {
+        ++hierarchical;
+        EXPECT_NE(l.find("parameters gathered within each host through shared memory"), std::string::npos) << l;
+      }
+    EXPECT_GE(hierarchical, 1);
   }
   h.stop();
   h.expect_no_rollback();

@@ -4,10 +4,13 @@
 #include "rank/zero.hpp"
 
 #include <gtest/gtest.h>
+
+#include <atomic>
 #include <torch/torch.h>
 
 #include <algorithm>
 
+#include "model/flat_adamw.hpp"
 #include "model/shard_plan.hpp"
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
@@ -239,6 +242,11 @@ struct run_how {
   // Non-empty: ranks on these hosts (equal keys share one), each host's
   // ranks over shared memory and the hosts' leaders over Gloo (hierarchical).
   std::vector<std::string> hosts;
+  // With hosts: the parameter all-gather through each host's segment, as
+  // the rank worker does when every host holds every shard (an error when
+  // the plan does not let it); `host_gathers` counts those that ran.
+  bool host_gather = false;
+  std::atomic<int>* host_gathers = nullptr;
 };
 
 // `steps` data-parallel steps; with a plan and zero2, the gradients go
@@ -286,6 +294,13 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
       gather = [&] { return gather_params_shm(*shm, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50)); };
       if (norm) norm = [&] { return global_grad_norm_shm(*shm, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50)); };
     }
+    if (plan && xp && h.host_gather) {
+      if (!xp->hierarchical || !hosts_cover_every_shard(*plan, xp->host_groups)) return "the hosts do not each hold every shard";
+      gather = [&]() -> status {
+        if (h.host_gathers) ++*h.host_gathers;
+        return gather_params_host(*xp->shm, xp->host_members, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50));
+      };
+    }
     for (int i = 0; i < steps; ++i) {
       auto r = s.train_step_dp(rank, world, sync, gather, norm);
       if (!r) return r.message();
@@ -314,16 +329,21 @@ struct zero2_pair {
   shard_plan plan;
   std::vector<double> plain_norms, sharded_norms;
 };
-zero2_pair run_pair(const std::vector<std::string>& extra, int world, int replicas, int steps, const run_how& h) {
+// `level`: the sharded run's train.zero; `nodes`: the plan's node of each
+// rank (empty: a node per rank).
+zero2_pair run_pair(const std::vector<std::string>& extra, int world, int replicas, int steps, const run_how& h, int level = 2,
+                    std::vector<std::string> nodes = {}) {
   std::vector<std::string> o0 = extra, o2 = extra;
-  o2.push_back("train.zero=2");
+  o2.push_back("train.zero=" + std::to_string(level));
   zero2_pair p;
   p.plain = make_states(tiny_vit_config(o0), world);
   p.sharded = make_states(tiny_vit_config(o2), world);
-  p.plan = make_shard_plan(p.sharded[0]->optimizer().total_elements(), nodes_of(world), replicas);
+  p.plan = make_shard_plan(p.sharded[0]->optimizer().total_elements(), nodes.empty() ? nodes_of(world) : nodes, replicas);
   for (int r = 0; r < world; ++r) p.sharded[static_cast<size_t>(r)]->shard_optimizer(p.plan.ranges_of(r));
-  expect_no_errors(train_how(p.plain, world, steps, nullptr, false, h, &p.plain_norms));
-  expect_no_errors(train_how(p.sharded, world, steps, &p.plan, true, h, &p.sharded_norms));
+  run_how plain = h;
+  plain.host_gather = false;
+  expect_no_errors(train_how(p.plain, world, steps, nullptr, false, plain, &p.plain_norms));
+  expect_no_errors(train_how(p.sharded, world, steps, &p.plan, level >= 2, h, &p.sharded_norms));
   return p;
 }
 
@@ -410,6 +430,97 @@ TEST(Zero2, HierarchicalExchangeEqualsZeroZeroBitForBit) {
   auto p = run_pair({"train.grad_clip=0"}, 4, 2, 3, h);
   const std::string want = p.plain[0]->params_digest();
   for (int r = 0; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), want) << "rank " << r;
+}
+
+// The same 2 hosts x 2 ranks with the nodes as the hosts (the plan puts each
+// shard's replica on the other host): each host's two ranks hold every
+// shard between them, so the parameter all-gather is a round of each
+// host's segment, not Gloo across the four: still bit for bit zero=0's, at
+// zero=1 and zero=2.
+TEST(Zero2, HierarchicalWithEveryShardOnEachHostGathersWithinTheHostsBitForBit) {
+  for (int level : {1, 2}) {
+    SCOPED_TRACE("train.zero=" + std::to_string(level));
+    std::atomic<int> gathers{0};
+    run_how h;
+    h.hosts = {"h1", "h1", "h2", "h2"};
+    h.host_gather = true;
+    h.host_gathers = &gathers;
+    auto p = run_pair({"train.grad_clip=0"}, 4, 2, 3, h, level, h.hosts);
+    EXPECT_EQ(gathers.load(), 4 * 3);
+    const std::string want = p.plain[0]->params_digest();
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), want) << "rank " << r;
+  }
+}
+
+// Which plans let each host gather alone: 2 hosts with two holders a shard
+// do; one holder a shard, or 3 hosts with two, do not (a host lacks the
+// shards of the host that is neither a primary's nor its replica's).
+TEST(Zero, HostsCoverEveryShardOnlyWhenEachHostHoldsThemAll) {
+  const std::vector<std::string> two = {"a", "a", "b", "b"}, three = {"a", "a", "b", "b", "c", "c"};
+  const std::vector<std::vector<int>> hosts2 = {{0, 1}, {2, 3}}, hosts3 = {{0, 1}, {2, 3}, {4, 5}};
+  EXPECT_TRUE(hosts_cover_every_shard(make_shard_plan(1000, two, 2), hosts2));
+  EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, two, 1), hosts2));
+  EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, three, 2), hosts3));
+  // Three holders on 3 hosts need not be one a host: a replica goes to the
+  // rank of another node holding the fewest shards, whatever its host.
+  EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, three, 3), hosts3));
+  // A node per rank puts replicas by rank order, not by host.
+  EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, nodes_of(4), 2), hosts2));
+  // A host of one rank covers them when it holds them all: here it is the
+  // replica of both of the other host's shards.
+  const auto lone = make_shard_plan(1000, {"a", "a", "b"}, 2);
+  ASSERT_EQ(lone.held_by(2), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(hosts_cover_every_shard(lone, {{0, 1}, {2}}));
+  EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, {"a", "a", "b"}, 1), {{0, 1}, {2}}));
+  EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, two, 2), {}));
+}
+
+// The host's all-gather in many rounds of a small segment: ranks 0 and 1
+// of 2 hosts x 2 ranks (host a), each with only its own shards right
+// (primaries and replicas, streams of two shards each) and garbage
+// elsewhere, end with every parameter right.
+TEST(Zero, TheHostAllGatherInRoundsOfASmallSegmentBringsEveryShardTheHostLacks) {
+  auto cfg = tiny_vit_config({"train.zero=1"});
+  auto states = make_states(cfg, 2);
+  const int64_t total = states[0]->optimizer().total_elements();
+  const auto plan = make_shard_plan(total, {"a", "a", "b", "b"}, 2);
+  ASSERT_EQ(plan.held_by(0), (std::vector<int>{0, 2}));
+  ASSERT_EQ(plan.held_by(1), (std::vector<int>{1, 3}));
+  torch::manual_seed(7);
+  const auto truth = torch::randn({total});
+  auto set = [](flat_adamw& opt, int64_t a, int64_t b, const torch::Tensor& v) {
+    torch::NoGradGuard ng;
+    int64_t at = 0;
+    for (auto& t : opt.param_views(a, b)) {
+      t.copy_(v.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  };
+  for (int r = 0; r < 2; ++r) {
+    auto& opt = states[static_cast<size_t>(r)]->optimizer();
+    set(opt, 0, total, torch::full({total}, -1000.f));
+    for (int sh : plan.held_by(r)) {
+      const auto& x = plan.shards[static_cast<size_t>(sh)];
+      set(opt, x.begin, x.end, truth.narrow(0, x.begin, x.end - x.begin));
+    }
+  }
+  expect_no_errors(testing::run_ranks_shm(2, 256, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup>, std::shared_ptr<shm_group> shm) -> std::string {
+    if (shm->capacity() >= total / 4) return "the segment holds a whole shard: one round";
+    for (int i = 0; i < 2; ++i)  // twice: the ring's regions are free again after a gather
+      if (auto st = gather_params_host(*shm, {0, 1}, states[static_cast<size_t>(rank)]->optimizer(), plan, std::chrono::milliseconds(20000), {},
+                                       std::chrono::microseconds(50));
+          !st)
+        return st.message();
+    return "";
+  }));
+  for (int r = 0; r < 2; ++r) {
+    auto got = torch::cat([&] {
+      std::vector<torch::Tensor> v;
+      for (auto& t : states[static_cast<size_t>(r)]->optimizer().param_views(0, total)) v.push_back(t.detach().reshape({-1}));
+      return v;
+    }());
+    EXPECT_TRUE(torch::equal(got, truth)) << "rank " << r;
+  }
 }
 
 // Micro-batches accumulate in autograd's gradients until the step's last
