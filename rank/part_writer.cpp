@@ -14,7 +14,7 @@ using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 }  // namespace
 
-part_writer::part_writer(done_fn done, bool keep_buffer) : done_(std::move(done)), keep_buffer_(keep_buffer) {
+part_writer::part_writer(done_fn done, bool keep_buffer, bool direct) : done_(std::move(done)), keep_buffer_(keep_buffer), direct_(direct) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -43,6 +43,23 @@ double part_writer::submit(const state_layout& layout, job j) {
     total += b - a;
   }
   if (!error.empty()) total = 0;
+  if (direct_) {
+    // One piece's buffer, kept; the writer thread reads the state while
+    // this thread waits for it.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_ && !pending_; });
+    if (!buf_ || capacity_ < direct_piece_bytes) {
+      buf_.reset(new char[direct_piece_bytes]);
+      capacity_ = direct_piece_bytes;
+    }
+    pending p{std::move(j), 0.0, std::move(error)};
+    p.direct = &layout;
+    p.submitted = t0;
+    pending_ = std::move(p);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return !busy_ && !pending_; });
+    return since(t0);
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_ && !pending_; });
@@ -72,6 +89,7 @@ double part_writer::submit(const state_layout& layout, job j) {
 }
 
 void part_writer::prepare(uint64_t bytes) {
+  if (direct_) return;  // no part-sized buffer, ever
   {
     std::lock_guard<std::mutex> lock(mu_);
     want_capacity_ = std::max(want_capacity_, bytes);
@@ -134,7 +152,11 @@ void part_writer::run() {
       for (size_t k = 0; k < p.j.ranges.size(); ++k) {
         const auto [a, b] = p.j.ranges[k];
         const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world, static_cast<int>(k));
-        auto part = write_part(*store, name, a, buf_.get() + at, b - a);
+        const state_layout* layout = p.direct;
+        auto part = layout ? write_part(
+                                 *store, name, a, b - a, [layout, a = a](uint64_t x, uint64_t n, char* dst) { copy_range(*layout, a + x, a + x + n, dst); },
+                                 buf_.get(), capacity_)
+                           : write_part(*store, name, a, buf_.get() + at, b - a);
         if (!part) {
           // The parts stored so far are orphans the next sweep takes.
           w.clear_parts();
@@ -148,11 +170,12 @@ void part_writer::run() {
       }
     }
     w.set_write_s(since(t0));
+    if (p.direct) w.set_stall_s(since(p.submitted));  // training waited for all of it
     if (done_) done_(p.j.generation, std::move(w));
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
-      if (!keep_buffer_ && !pending_) {
+      if (!keep_buffer_ && !direct_ && !pending_) {
         // checkpoint.keep_buffer = false: nothing held between checkpoints.
         buf_.reset();
         capacity_ = want_capacity_ = 0;

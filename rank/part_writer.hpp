@@ -10,6 +10,14 @@
 // stored, and allocated again at the next checkpoint); a checkpoint due
 // while the previous one is still being written waits for it (counted in
 // the stall it reports).
+//
+// Direct (checkpoint.direct): no part-sized buffer at all. submit() holds
+// training up for the whole write: the writer thread copies the ranges
+// from the state itself, a piece of `direct_piece_bytes` at a time, into
+// one piece's buffer and stores it, while the training thread waits (so the
+// state does not change under it). 12 bytes a parameter / world less memory
+// at every checkpoint, for a stall as long as the write.
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -47,14 +55,16 @@ class part_writer {
   // Called on the writer thread when a part is stored (or failed).
   using done_fn = std::function<void(uint64_t generation, pb::checkpoint_written)>;
 
-  explicit part_writer(done_fn done, bool keep_buffer = true);
+  explicit part_writer(done_fn done, bool keep_buffer = true, bool direct = false);
+  static constexpr uint64_t direct_piece_bytes = 8ull << 20;
   ~part_writer();  // finishes the write in flight
   part_writer(const part_writer&) = delete;
   part_writer& operator=(const part_writer&) = delete;
 
   // Waits for the previous write, copies this rank's ranges into the buffer
   // and returns the seconds training was held up (the stall); the write goes
-  // on in the background. Ranges that are not ascending, disjoint and inside
+  // on in the background (direct: returns once the write is over, which is
+  // the stall; `layout`'s tensors are read meanwhile). Ranges that are not ascending, disjoint and inside
   // the stream are copied nowhere and reported as the write's error.
   double submit(const state_layout& layout, job j);
   // Waits until no write is in flight.
@@ -72,9 +82,11 @@ class part_writer {
     job j;  // j.ranges: never empty here
     double stall_s = 0;
     std::string error;  // bad ranges: nothing to store
+    const state_layout* direct = nullptr;  // direct: read the ranges from here (submit waits)
+    std::chrono::steady_clock::time_point submitted{};
   };
   done_fn done_;
-  bool keep_buffer_ = true;
+  bool keep_buffer_ = true, direct_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<pending> pending_;

@@ -955,7 +955,7 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
         [this](uint64_t gen, pb::checkpoint_written w) {
           if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
         },
-        im.cfg->get_bool("checkpoint.keep_buffer"));
+        im.cfg->get_bool("checkpoint.keep_buffer"), im.cfg->get_bool("checkpoint.direct"));
   // DiLoCo with checkpoint.diloco_workers = all: every other worker's own
   // inner state follows the stream as a section of its own.
   const bool sections = state.diloco() && g.world > 1 && im.cfg->get_string("checkpoint.diloco_workers") == "all";
@@ -1255,7 +1255,7 @@ void rank_worker::prepare_part_writer(generation_run& g) {
         [this](uint64_t gen, pb::checkpoint_written w) {
           if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
         },
-        im.cfg->get_bool("checkpoint.keep_buffer"));
+        im.cfg->get_bool("checkpoint.keep_buffer"), im.cfg->get_bool("checkpoint.direct"));
   const state_layout layout = layout_of(state);
   const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
   uint64_t bytes = b - a;
@@ -1264,7 +1264,7 @@ void rank_worker::prepare_part_writer(generation_run& g) {
     bytes = 0;
     for (const auto& [x, y] : write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases())) bytes += y - x;
   }
-  if (im.cfg->get_bool("checkpoint.keep_buffer")) im.writer->prepare(bytes);
+  if (im.cfg->get_bool("checkpoint.keep_buffer") && !im.cfg->get_bool("checkpoint.direct")) im.writer->prepare(bytes);
 }
 
 // DiLoCo: where this generation enters the window, said once on stderr.

@@ -203,6 +203,27 @@ result<pb::checkpoint_part> write_part(object_store& store, const std::string& n
   return p;
 }
 
+result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, uint64_t size,
+                                       const std::function<void(uint64_t at, uint64_t n, char* dst)>& fill, char* scratch, uint64_t scratch_bytes) {
+  if (scratch_bytes == 0 && size > 0) return make_error("writing part '" + name + "': no room to stage it in");
+  auto w = store.create(name);
+  if (!w) return w.err();
+  hasher h;
+  for (uint64_t at = 0; at < size; at += scratch_bytes) {
+    const uint64_t n = std::min<uint64_t>(scratch_bytes, size - at);
+    fill(at, n, scratch);
+    h.update(scratch, n);
+    if (auto st = w.value()->write(scratch, n); !st) return st.err();
+  }
+  if (auto st = w.value()->commit(); !st) return st.err();
+  pb::checkpoint_part p;
+  p.set_name(name);
+  p.set_offset(offset);
+  p.set_size(size);
+  p.set_xxh3(h.digest());
+  return p;
+}
+
 status check_manifest(const pb::checkpoint_meta& meta) {
   if (meta.format_version() != checkpoint_format_version)
     return make_error("unsupported checkpoint format version " + std::to_string(meta.format_version()) + " (this build reads " +

@@ -81,6 +81,12 @@ std::pair<uint64_t, uint64_t> part_range(uint64_t n, int rank, int world);
 // hashing as it goes. Returns the part's entry for the manifest (name,
 // offset, size, xxh3; rank and node_id left for the caller).
 result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, const char* data, uint64_t size);
+// The same with the bytes made piece by piece: fill(at, n, dst) puts bytes
+// [at, at + n) of the part into dst, n at most `scratch_bytes`, and `scratch`
+// is where (checkpoint.direct: a part written from the training state
+// itself, with no part-sized buffer).
+result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, uint64_t size,
+                                       const std::function<void(uint64_t at, uint64_t n, char* dst)>& fill, char* scratch, uint64_t scratch_bytes);
 
 // The meta's structural checks (format version, parts covering the stream
 // exactly, tensors inside it with sizes their dtype and shape imply).

@@ -462,6 +462,69 @@ TEST(part_writer, a_buffer_not_kept_is_freed_after_each_write_and_made_again) {
   }
 }
 
+// checkpoint.direct: no part-sized buffer; submit returns once every range
+// is stored, read from the state itself a piece at a time (a 12 MB tensor:
+// two pieces and a half), so changing the state after it returns changes
+// nothing stored. The parts and their checksums are the buffered writer's.
+TEST(part_writer, direct_writes_from_the_state_in_pieces_before_submit_returns) {
+  state_layout l;
+  auto a = torch::arange(0, 3 << 20, torch::kFloat);
+  auto b = torch::arange(0, 1000, torch::kLong);
+  const uint64_t abytes = uint64_t{3} << 22;
+  l.entries.push_back({"a", a, 0, abytes});
+  l.entries.push_back({"b", b, abytes, 8000});
+  l.bytes = abytes + 8000;
+  std::string stream(l.bytes, '\0');
+  copy_range(l, 0, l.bytes, stream.data());
+  const std::string dir = ::testing::TempDir() + "/part-writer-direct-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  // Two ranges (a ZeRO rank's): most of `a`, and the end of `a` with `b`.
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {{4096, abytes - 4000}, {abytes - 1000, l.bytes}};
+  std::map<bool, pb::checkpoint_written> got;
+  for (bool direct : {false, true}) {
+    std::mutex mu;
+    part_writer w(
+        [&](uint64_t, pb::checkpoint_written r) {
+          std::lock_guard<std::mutex> lock(mu);
+          got[direct] = std::move(r);
+        },
+        true, direct);
+    part_writer::job j;
+    j.step = direct ? 2 : 1;
+    j.store = dir;
+    j.ranges = ranges;
+    w.submit(l, j);
+    if (direct) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ASSERT_EQ(got.count(true), 1u) << "submit returned before the write was reported";
+      }
+      EXPECT_EQ(w.buffer_bytes(), part_writer::direct_piece_bytes);
+      EXPECT_LT(w.buffer_bytes(), ranges[0].second - ranges[0].first);
+      torch::NoGradGuard ng;
+      a.fill_(-1);  // after submit: must not reach the stored parts
+    }
+    w.wait_idle();
+  }
+  a.copy_(torch::arange(0, 3 << 20, torch::kFloat));
+  for (bool direct : {false, true}) {
+    const auto& r = got.at(direct);
+    ASSERT_TRUE(r.error().empty()) << r.error();
+    ASSERT_EQ(r.parts_size(), 2);
+    for (int k = 0; k < 2; ++k) {
+      const auto [x, y] = ranges[static_cast<size_t>(k)];
+      EXPECT_EQ(r.parts(k).offset(), x);
+      EXPECT_EQ(r.parts(k).size(), y - x);
+      EXPECT_EQ(r.parts(k).xxh3(), got.at(false).parts(k).xxh3()) << "part " << k;
+      std::ifstream f(dir + "/" + r.parts(k).name(), std::ios::binary);
+      std::string stored((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      EXPECT_TRUE(stored == stream.substr(x, y - x)) << (direct ? "direct" : "buffered") << " part " << k;
+    }
+  }
+  EXPECT_GE(got.at(true).stall_s(), got.at(true).write_s());
+  std::filesystem::remove_all(dir);
+}
+
 // ZeRO: a rank that owns scattered ranges of the stream stores each as a
 // part of its own (the first under the usual name, the k-th with ".<k>"),
 // all in one report, in order, each with its own checksum; ranges that are
