@@ -183,7 +183,19 @@ void flat_adamw::shard_grads() {
   gather_grads();  // whatever is in the full buffers now
   grads_sharded_ = true;
   for (auto& g : groups_) {
-    for (auto& w : g.windows) w.grad = g.grads.narrow(0, w.begin, w.exp_avg.numel()).clone();
+    // Pages of the window only where the full buffer has a nonzero value
+    // (between steps it has none): a fresh rank's first window is the whole
+    // model, and copying its zeros made 4 bytes a parameter resident at
+    // set-up for nothing (shard() replaces the window at once).
+    for (auto& w : g.windows) {
+      const int64_t n = w.exp_avg.numel();
+      w.grad = untouched_zeros(n, g.params.options());
+      constexpr int64_t chunk = int64_t{1} << 20;
+      for (int64_t at = 0; at < n; at += chunk) {
+        auto src = g.grads.narrow(0, w.begin + at, std::min(chunk, n - at));
+        if (src.ne(0).any().item<bool>()) w.grad.narrow(0, at, src.numel()).copy_(src);
+      }
+    }
     g.grads = torch::empty({0}, g.params.options());
   }
   for (auto& s : slots_) {
@@ -350,7 +362,9 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
       }
       window w{lo, lazy ? lazy_zeros(hi - lo, g.params.options()) : torch::zeros({hi - lo}, g.params.options()),
                lazy ? lazy_zeros(hi - lo, g.params.options()) : torch::zeros({hi - lo}, g.params.options()), {}};
-      if (grads_sharded_) w.grad = torch::zeros({hi - lo}, g.params.options());
+      // Untouched until a step delivers into it: at a fresh rank's first
+      // generation this window is the whole model for a moment.
+      if (grads_sharded_) w.grad = untouched_zeros(hi - lo, g.params.options());
       // Keep what was held already.
       for (const auto& old : g.windows) {
         const int64_t olo = std::max(lo, old.begin), ohi = std::min(hi, old.begin + old.exp_avg.numel());
