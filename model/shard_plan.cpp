@@ -52,17 +52,24 @@ shard_plan make_shard_plan(int64_t total, const std::vector<std::string>& node_o
     sh.begin = std::min(total, per * s);
     sh.end = std::min(total, per * (s + 1));
     sh.holders.push_back(s);
-    // Each replica: a rank on another node when there is one (a lost machine
-    // must leave a copy), else on the same node; among those, the one
-    // holding the fewest shards so far, the nearest after the primary on a
-    // tie (so that every rank holds about `replicas` shards).
+    // Each replica: a rank on a node that holds no copy of the shard yet
+    // when there is one (R holders on R nodes: any R - 1 lost machines leave
+    // a copy), else on another node than the primary's, else on the same
+    // node; among those, the one holding the fewest shards so far, the
+    // nearest after the primary on a tie (so that every rank holds about
+    // `replicas` shards).
     while (static_cast<int>(sh.holders.size()) < replicas) {
       int best = -1;
-      for (int pass = 0; pass < 2 && best < 0; ++pass)
+      for (int pass = 0; pass < 3 && best < 0; ++pass)
         for (int k = 1; k < world; ++k) {
           const int r = (s + k) % world;
-          const bool other_node = node_of_rank[static_cast<size_t>(r)] != node_of_rank[static_cast<size_t>(s)];
-          if ((pass == 0) != other_node) continue;
+          const auto& node = node_of_rank[static_cast<size_t>(r)];
+          const bool other_node = node != node_of_rank[static_cast<size_t>(s)];
+          bool new_node = true;
+          for (int h : sh.holders) new_node = new_node && node != node_of_rank[static_cast<size_t>(h)];
+          if (pass == 0 && !new_node) continue;
+          if (pass == 1 && !other_node) continue;
+          if (pass == 2 && other_node) continue;
           if (std::find(sh.holders.begin(), sh.holders.end(), r) != sh.holders.end()) continue;
           if (best < 0 || load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
         }

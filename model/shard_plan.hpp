@@ -7,9 +7,11 @@
 // keep a copy current by applying the same update to the same summed
 // gradient, so that a lost rank or machine loses no optimizer state.
 //
-// A replica goes to a rank on another node (on the same node only when there
-// is no other), the one holding the fewest shards so far, the nearest after
-// the primary on a tie: with equal nodes every rank holds `replicas` shards.
+// A replica goes to a rank on a node holding no copy of the shard yet (else
+// on another node than the primary's; on the same node only when there is
+// no other), the one holding the fewest shards so far, the nearest after
+// the primary on a tie: with equal nodes every rank holds `replicas` shards,
+// and with at least R nodes a shard's R holders are on R nodes.
 // The plan is a pure
 // function of (total, nodes of the ranks, replicas): every rank computes the
 // same plan without a message.

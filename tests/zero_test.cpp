@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <set>
 
 #include "model/flat_adamw.hpp"
 #include "model/shard_plan.hpp"
@@ -58,6 +59,33 @@ TEST(ShardPlan, ShardsCoverTheIndexSpaceAndReplicasGoToAnotherNode) {
   EXPECT_EQ(one.shards[2].holders, (std::vector<int>{2, 0, 1}));
   EXPECT_EQ(default_replicas({"a", "a"}), 1);
   EXPECT_EQ(default_replicas({"a", "b"}), 2);
+}
+
+// Three holders with 3 nodes or more: one a node, so any two lost machines
+// leave a copy of every shard (the second replica once went to the fewest-
+// loaded rank of any node but the primary's, possibly beside the first);
+// every rank still holds R shards. With 2 nodes the third holder shares a
+// node, as before.
+TEST(ShardPlan, RHoldersGoToRNodesWhenThereAreThatMany) {
+  for (const std::vector<std::string>& nodes : {std::vector<std::string>{"a", "a", "b", "b", "c", "c"},
+                                                 std::vector<std::string>{"a", "b", "c", "d", "e"},
+                                                 std::vector<std::string>{"a", "a", "a", "b", "c", "c"}}) {
+    const auto p = make_shard_plan(6000, nodes, 3);
+    std::vector<int> load(nodes.size(), 0);
+    for (const auto& sh : p.shards) {
+      ASSERT_EQ(sh.holders.size(), 3u);
+      std::set<std::string> on;
+      for (int h : sh.holders) on.insert(nodes[static_cast<size_t>(h)]), ++load[static_cast<size_t>(h)];
+      EXPECT_EQ(on.size(), 3u) << "shard " << sh.begin << ": holders on " << on.size() << " nodes";
+    }
+    if (nodes[0] != nodes[2])  // equal nodes: every rank holds R shards
+      for (size_t r = 0; r < nodes.size(); ++r) EXPECT_EQ(load[r], 3) << "rank " << r;
+  }
+  const auto two = make_shard_plan(4000, {"a", "a", "b", "b"}, 3);
+  for (const auto& sh : two.shards) {
+    std::set<int> distinct(sh.holders.begin(), sh.holders.end());
+    EXPECT_EQ(distinct.size(), 3u);
+  }
 }
 
 grad_sync_options buckets() {
@@ -461,9 +489,8 @@ TEST(Zero, HostsCoverEveryShardOnlyWhenEachHostHoldsThemAll) {
   EXPECT_TRUE(hosts_cover_every_shard(make_shard_plan(1000, two, 2), hosts2));
   EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, two, 1), hosts2));
   EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, three, 2), hosts3));
-  // Three holders on 3 hosts need not be one a host: a replica goes to the
-  // rank of another node holding the fewest shards, whatever its host.
-  EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, three, 3), hosts3));
+  // Three holders on 3 hosts (the nodes): one on each, so each host holds all.
+  EXPECT_TRUE(hosts_cover_every_shard(make_shard_plan(1000, three, 3), hosts3));
   // A node per rank puts replicas by rank order, not by host.
   EXPECT_FALSE(hosts_cover_every_shard(make_shard_plan(1000, nodes_of(4), 2), hosts2));
   // A host of one rank covers them when it holds them all: here it is the
