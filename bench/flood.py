@@ -227,13 +227,17 @@ def main():
         run = rd + "/run"
         wait_for("the coordinator", lambda: any(e.get("event") == "coordinator_started" for e in journal(run)), procs)
         store_port = next(e["store_port"] for e in journal(run) if e.get("event") == "coordinator_started")
+        node_started = time.time()
         node = subprocess.Popen([a.dtactor, "--role", "node", "--coordinator", "tcp://127.0.0.1:%d" % port, "--node-id", "n1",
                                  "--advertise-addr", "127.0.0.1", "--threads-per-rank", "1", *key_args],
                                 stdout=logs[1], stderr=subprocess.STDOUT, env=env, preexec_fn=limit)
         procs.append(node)
         wait_for("step 20", lambda: last_step(run) >= 20, procs)
         ranks = children(node.pid)
-        ipc = glob.glob("/tmp/dtactor-%d-*.ipc" % node.pid)
+        # This node's socket: a node killed earlier (kill -9 leaves its
+        # socket file) whose pid this one reuses has a stale one of the same
+        # prefix, which refuses connections.
+        ipc = [p for p in glob.glob("/tmp/dtactor-%d-*.ipc" % node.pid) if os.stat(p).st_mtime >= node_started - 1]
         if not ranks or not ipc:
             fail("no rank process or no ipc socket of the node (ranks %s, ipc %s)" % (ranks, ipc))
         pids = {"coordinator": coord.pid, "node": node.pid, "rank": ranks[0]}
