@@ -946,16 +946,23 @@ std::optional<rank_worker::outcome> rank_worker::meet_after_eval(generation_run&
   return std::nullopt;
 }
 
+// The writer of this rank's checkpoint parts, made once (checkpoint.keep_buffer,
+// checkpoint.direct).
+void rank_worker::ensure_part_writer() {
+  auto& im = *impl_;
+  if (im.writer) return;
+  im.writer = std::make_unique<part_writer>(
+      [this](uint64_t gen, pb::checkpoint_written w) {
+        if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
+      },
+      im.cfg->get_bool("checkpoint.keep_buffer"), im.cfg->get_bool("checkpoint.direct"));
+}
+
 void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step) {
   auto& im = *impl_;
   training_state& state = *im.state;
   if (g.plan.checkpoint_store().empty()) return;  // the plan names no store: checkpoints are off
-  if (!im.writer)
-    im.writer = std::make_unique<part_writer>(
-        [this](uint64_t gen, pb::checkpoint_written w) {
-          if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
-        },
-        im.cfg->get_bool("checkpoint.keep_buffer"), im.cfg->get_bool("checkpoint.direct"));
+  ensure_part_writer();
   // DiLoCo with checkpoint.diloco_workers = all: every other worker's own
   // inner state follows the stream as a section of its own.
   const bool sections = state.diloco() && g.world > 1 && im.cfg->get_string("checkpoint.diloco_workers") == "all";
@@ -1178,11 +1185,7 @@ void rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   // (a rank alone on its host then holds everything: nothing to gather).
   // Decided from the plan and the hosts, alike on every rank.
   s.zero_host = im.shards && g.pg && g.world > 1 && !state.diloco() && !s.zero_shm && g.exchange.hierarchical &&
-                hosts_cover_every_shard(*im.shards, g.exchange.host_groups);
-  if (s.zero_host) {
-    for (const auto& v : state.optimizer().param_views(0, im.shards->total))
-      if (v.scalar_type() != torch::kFloat) s.zero_host = false;
-  }
+                hosts_cover_every_shard(*im.shards, g.exchange.host_groups) && params_float32(state.optimizer(), *im.shards);
   if (s.zero_host) {
     auto* shm = g.exchange.shm.get();
     const auto spin = go.spin_wait;
@@ -1250,12 +1253,7 @@ void rank_worker::prepare_part_writer(generation_run& g) {
   auto& im = *impl_;
   training_state& state = *im.state;
   if (g.plan.checkpoint_store().empty()) return;
-  if (!im.writer)
-    im.writer = std::make_unique<part_writer>(
-        [this](uint64_t gen, pb::checkpoint_written w) {
-          if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
-        },
-        im.cfg->get_bool("checkpoint.keep_buffer"), im.cfg->get_bool("checkpoint.direct"));
+  ensure_part_writer();
   const state_layout layout = layout_of(state);
   const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
   uint64_t bytes = b - a;

@@ -134,6 +134,7 @@ class rank_worker : public rank_work {
   void choose_exchanges(generation_run& g, steps_run& s);
   void report_ready(generation_run& g, const steps_run& s);
   void prepare_part_writer(generation_run& g);
+  void ensure_part_writer();
   void announce_window(generation_run& g);
   std::optional<outcome> replay_next_slice(generation_run& g, steps_run& s);
   std::optional<outcome> inner_step(generation_run& g, steps_run& s, bool replay_on);

@@ -185,11 +185,14 @@ status shm_round(shm_group& shm, int64_t floats, const std::function<void(float*
 }
 }  // namespace
 
-bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan) {
-  if (plan.world() != shm.world() || shm.capacity() < 64) return false;
+bool params_float32(const flat_adamw& opt, const shard_plan& plan) {
   for (const auto& v : opt.param_views(0, plan.total))
     if (v.scalar_type() != torch::kFloat) return false;
   return true;
+}
+
+bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan) {
+  return plan.world() == shm.world() && shm.capacity() >= 64 && params_float32(opt, plan);
 }
 
 bool hosts_cover_every_shard(const shard_plan& plan, const std::vector<std::vector<int>>& hosts) {

@@ -69,6 +69,8 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
 // every rank (the norm's partial sums are added in rank order).
 // shm_fits: the parameters are all float32 and the plan is the segment's world.
 bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan);
+// Every parameter of the plan's index space is float32 (what the segments carry).
+bool params_float32(const flat_adamw& opt, const shard_plan& plan);
 status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                          const std::function<bool()>& abandon, std::chrono::microseconds spin);
 

@@ -185,14 +185,20 @@ int dtype_size(const std::string& d) {
   return 0;
 }
 
-result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, const char* data, uint64_t size) {
+namespace {
+// Stores `size` bytes as `name`, a piece of at most `piece` bytes at a time:
+// next(at, n) gives bytes [at, at + n) of the part (valid until the next
+// call), hashed and written as they come.
+result<pb::checkpoint_part> write_pieces(object_store& store, const std::string& name, uint64_t offset, uint64_t size, uint64_t piece,
+                                         const std::function<const char*(uint64_t at, uint64_t n)>& next) {
   auto w = store.create(name);
   if (!w) return w.err();
   hasher h;
-  for (uint64_t at = 0; at < size; at += chunk_bytes) {
-    const uint64_t n = std::min<uint64_t>(chunk_bytes, size - at);
-    h.update(data + at, n);
-    if (auto st = w.value()->write(data + at, n); !st) return st.err();
+  for (uint64_t at = 0; at < size; at += piece) {
+    const uint64_t n = std::min<uint64_t>(piece, size - at);
+    const char* bytes = next(at, n);
+    h.update(bytes, n);
+    if (auto st = w.value()->write(bytes, n); !st) return st.err();
   }
   if (auto st = w.value()->commit(); !st) return st.err();
   pb::checkpoint_part p;
@@ -202,26 +208,19 @@ result<pb::checkpoint_part> write_part(object_store& store, const std::string& n
   p.set_xxh3(h.digest());
   return p;
 }
+}  // namespace
+
+result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, const char* data, uint64_t size) {
+  return write_pieces(store, name, offset, size, chunk_bytes, [data](uint64_t at, uint64_t) { return data + at; });
+}
 
 result<pb::checkpoint_part> write_part(object_store& store, const std::string& name, uint64_t offset, uint64_t size,
                                        const std::function<void(uint64_t at, uint64_t n, char* dst)>& fill, char* scratch, uint64_t scratch_bytes) {
   if (scratch_bytes == 0 && size > 0) return make_error("writing part '" + name + "': no room to stage it in");
-  auto w = store.create(name);
-  if (!w) return w.err();
-  hasher h;
-  for (uint64_t at = 0; at < size; at += scratch_bytes) {
-    const uint64_t n = std::min<uint64_t>(scratch_bytes, size - at);
+  return write_pieces(store, name, offset, size, scratch_bytes, [&](uint64_t at, uint64_t n) -> const char* {
     fill(at, n, scratch);
-    h.update(scratch, n);
-    if (auto st = w.value()->write(scratch, n); !st) return st.err();
-  }
-  if (auto st = w.value()->commit(); !st) return st.err();
-  pb::checkpoint_part p;
-  p.set_name(name);
-  p.set_offset(offset);
-  p.set_size(size);
-  p.set_xxh3(h.digest());
-  return p;
+    return scratch;
+  });
 }
 
 status check_manifest(const pb::checkpoint_meta& meta) {
