@@ -78,8 +78,9 @@ TEST(ShardPlan, RHoldersGoToRNodesWhenThereAreThatMany) {
       for (int h : sh.holders) on.insert(nodes[static_cast<size_t>(h)]), ++load[static_cast<size_t>(h)];
       EXPECT_EQ(on.size(), 3u) << "shard " << sh.begin << ": holders on " << on.size() << " nodes";
     }
-    if (nodes[0] != nodes[2])  // equal nodes: every rank holds R shards
+    if (nodes[0] != nodes[2]) {  // equal nodes: every rank holds R shards
       for (size_t r = 0; r < nodes.size(); ++r) EXPECT_EQ(load[r], 3) << "rank " << r;
+    }
   }
   const auto two = make_shard_plan(4000, {"a", "a", "b", "b"}, 3);
   for (const auto& sh : two.shards) {
