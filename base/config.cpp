@@ -97,7 +97,7 @@ std::vector<config_key> make_schema() {
       {"checkpoint.keep_buffer", vk::boolean, "true",
        "Keep the host buffer of this rank's checkpoint part (its share of the state) between checkpoints, so that a checkpoint holds training up for a copy only; false: allocated at each checkpoint and freed once stored (less memory, a longer stall)."},
       {"checkpoint.direct", vk::boolean, "false",
-       "Write this rank's checkpoint part straight from the training state, 8 MB at a time, while training waits: no part-sized host buffer (12 bytes a parameter / world less at the memory peak, which binds for the largest model a job fits), for a stall as long as the write. false: staged in a buffer and written in the background (checkpoint.keep_buffer)."},
+       "Write this rank's checkpoint part straight from the training state, 8 MB at a time, while the next step computes its gradients (its update waits for the write): no part-sized host buffer (12 bytes a parameter / world less at the memory peak, which binds for the largest model a job fits), for a stall of the write's part that the forward and backward do not cover. false: staged in a buffer and written in the background (checkpoint.keep_buffer)."},
       {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
       {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
       {"checkpoint.dir", vk::string, "", "Where checkpoints go: a directory every node and the coordinator reach, or s3://bucket/prefix (empty = RUN_DIR/checkpoints)."},

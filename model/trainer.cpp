@@ -153,11 +153,13 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
 }
 
 void training_state::shard_optimizer(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  before_update();
   if (cfg_.get_int("train.zero") >= 2) optimizer_->shard_grads();
   optimizer_->shard(ranges);
 }
 
 double training_state::update_at(std::optional<double> global_norm, int64_t lr_step) {
+  before_update();
   const double clip = cfg_.get_double("train.grad_clip");
   const double max_norm = clip > 0 ? clip : std::numeric_limits<double>::infinity();
   double norm = 0;
@@ -203,6 +205,7 @@ double training_state::train_step() {
 }
 
 void training_state::outer_alone() {
+  before_update();
   // A world of one: its pseudo-gradient is the sum. An overlapped fragment
   // keeps it aside (the inner steps reuse the gradient buffers).
   if (outer_->lands(step_)) outer_->land(1, step_);
@@ -317,6 +320,7 @@ result<training_state::outer_step_result> training_state::outer_step(grad_sync& 
 }
 
 result<training_state::outer_step_result> training_state::outer_launch(size_t f, grad_sync& sync, bool overlap) {
+  before_update();
   outer_step_result r;
   r.fragment = f;
   r.payload_bytes = outer_->payload_bytes(f);
@@ -334,6 +338,7 @@ result<training_state::outer_step_result> training_state::outer_launch(size_t f,
 }
 
 result<training_state::outer_step_result> training_state::outer_land(grad_sync& sync) {
+  before_update();
   outer_step_result r;
   if (!outer_->in_flight()) return make_error("no DiLoCo exchange in flight");
   r.fragment = *outer_->in_flight();
@@ -441,6 +446,7 @@ struct global_view {
 }  // namespace
 
 eval_result training_state::evaluate() {
+  before_update();
   global_view view(outer_.get());
   auto module = task_->module();
   module->eval();
@@ -461,6 +467,7 @@ std::vector<torch::Tensor> training_state::gradients() {
 }
 
 std::string training_state::params_digest() {
+  before_update();
   global_view view(outer_.get());
   auto module = task_->module();
   std::vector<std::pair<std::string, torch::Tensor>> all;
@@ -532,6 +539,7 @@ void training_state::state_loaded(int64_t step) {
 }
 
 status training_state::reset_state() {
+  before_update();
   auto fresh = create(cfg_);
   if (!fresh) return fresh.err();
   torch::NoGradGuard no_grad;

@@ -213,7 +213,19 @@ class training_state {
   // state again, as create() built it (step 0).
   status reset_state();
 
+  // checkpoint.direct (rank/part_writer): called before anything here
+  // changes the parameters, the optimizer's moments or DiLoCo's outer state
+  // (the update, an outer step, a reshard, a reset; the swap to the global
+  // parameters for an evaluation or a digest), so that a checkpoint write
+  // still reading them finishes first. A step's forward and backward do not
+  // call it. Empty: nothing to wait for.
+  void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
+
  private:
+  void before_update() {
+    if (before_update_) before_update_();
+  }
+  std::function<void()> before_update_;
   // Clip (by global_norm, or by this rank's own gradient norm), step the
   // optimizer at the learning rate of step lr_step, zero the gradients;
   // step() unchanged. The gradient norm before clipping.

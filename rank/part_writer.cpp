@@ -45,19 +45,31 @@ double part_writer::submit(const state_layout& layout, job j) {
   if (!error.empty()) total = 0;
   if (direct_) {
     // One piece's buffer, kept; the writer thread reads the state while
-    // this thread waits for it.
+    // training computes the next step's gradients. What that may change is
+    // cloned now.
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_ && !pending_; });
     if (!buf_ || capacity_ < direct_piece_bytes) {
       buf_.reset(new char[direct_piece_bytes]);
       capacity_ = direct_piece_bytes;
     }
-    pending p{std::move(j), 0.0, std::move(error)};
-    p.direct = &layout;
-    p.submitted = t0;
+    lock.unlock();
+    auto kept = std::make_shared<state_layout>(layout);
+    if (error.empty()) {
+      torch::NoGradGuard no_grad;
+      for (auto& e : kept->entries) {
+        if (stable_until_update(e.name)) continue;
+        bool read = false;
+        for (const auto& [a, b] : j.ranges) read = read || (a < e.offset + e.size && e.offset < b);
+        if (read) e.t = e.t.clone(at::MemoryFormat::Contiguous);
+      }
+    }
+    pending p{std::move(j), since(t0), std::move(error)};
+    p.direct = std::move(kept);
+    lock.lock();
     pending_ = std::move(p);
+    lock.unlock();
     cv_.notify_all();
-    cv_.wait(lock, [&] { return !busy_ && !pending_; });
     return since(t0);
   }
   {
@@ -102,9 +114,14 @@ uint64_t part_writer::buffer_bytes() {
   return buf_ ? capacity_ : 0;
 }
 
-void part_writer::wait_idle() {
+double part_writer::fence() {
   std::unique_lock<std::mutex> lock(mu_);
+  if (!busy_ && !pending_) return 0;
+  const auto t0 = clock_type::now();
+  fenced_since_ = t0;
   cv_.wait(lock, [&] { return !busy_ && !pending_; });
+  fenced_since_.reset();
+  return since(t0);
 }
 
 void part_writer::run() {
@@ -152,7 +169,7 @@ void part_writer::run() {
       for (size_t k = 0; k < p.j.ranges.size(); ++k) {
         const auto [a, b] = p.j.ranges[k];
         const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world, static_cast<int>(k));
-        const state_layout* layout = p.direct;
+        const state_layout* layout = p.direct.get();
         auto part = layout ? write_part(
                                  *store, name, a, b - a, [layout, a = a](uint64_t x, uint64_t n, char* dst) { copy_range(*layout, a + x, a + x + n, dst); },
                                  buf_.get(), capacity_)
@@ -170,7 +187,13 @@ void part_writer::run() {
       }
     }
     w.set_write_s(since(t0));
-    if (p.direct) w.set_stall_s(since(p.submitted));  // training waited for all of it
+    if (p.direct) {
+      // Direct: the stall is submit's and, if the training thread is
+      // waiting in fence() for this write, that wait so far (it ends now).
+      std::lock_guard<std::mutex> lock(mu_);
+      w.set_stall_s(p.stall_s + (fenced_since_ ? since(*fenced_since_) : 0.0));
+    }
+    p.direct.reset();  // the layout's clones go before the write is reported
     if (done_) done_(p.j.generation, std::move(w));
     {
       std::lock_guard<std::mutex> lock(mu_);

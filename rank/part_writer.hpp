@@ -11,12 +11,18 @@
 // while the previous one is still being written waits for it (counted in
 // the stall it reports).
 //
-// Direct (checkpoint.direct): no part-sized buffer at all. submit() holds
-// training up for the whole write: the writer thread copies the ranges
-// from the state itself, a piece of `direct_piece_bytes` at a time, into
-// one piece's buffer and stores it, while the training thread waits (so the
-// state does not change under it). 12 bytes a parameter / world less memory
-// at every checkpoint, for a stall as long as the write.
+// Direct (checkpoint.direct): no part-sized buffer at all. The writer
+// thread copies the ranges from the state itself, a piece of
+// `direct_piece_bytes` at a time, into one piece's buffer and stores it,
+// while training goes on with the next step's forward and backward, which
+// change no parameter and no optimizer moment. What may change there (a
+// module's buffers, such as BatchNorm's running statistics; the step
+// counter and generator entries) is cloned at submit(): small. Whatever is
+// about to change the parameters or moments (the update, a reshard, a load,
+// DiLoCo's outer step) calls fence() first and waits for the write. The
+// stall a checkpoint reports is submit()'s time plus that wait: the part of
+// the write that the next forward and backward did not cover. 12 bytes a
+// parameter / world less memory at every checkpoint.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -63,12 +69,19 @@ class part_writer {
 
   // Waits for the previous write, copies this rank's ranges into the buffer
   // and returns the seconds training was held up (the stall); the write goes
-  // on in the background (direct: returns once the write is over, which is
-  // the stall; `layout`'s tensors are read meanwhile). Ranges that are not ascending, disjoint and inside
-  // the stream are copied nowhere and reported as the write's error.
+  // on in the background. Direct: the write reads `layout`'s tensors
+  // (a copy of the layout is kept, so the tensors stay alive) until fence();
+  // only the entries that are not stable_until_update (rank/state_io) are
+  // cloned here. Ranges that are not ascending, disjoint and inside the
+  // stream are copied nowhere and reported as the write's error.
   double submit(const state_layout& layout, job j);
-  // Waits until no write is in flight.
-  void wait_idle();
+  // Waits until no write is in flight and returns the seconds waited. The
+  // training thread calls it before it changes the parameters or optimizer
+  // moments (direct: the write reads them); the wait counts in the stall the
+  // checkpoint reports.
+  double fence();
+  // The same (finishing every write).
+  void wait_idle() { fence(); }
   // Has the writer thread allocate (and touch) a buffer of `bytes` now, in
   // the background, so that the first checkpoint's stall is a copy, not
   // page faults. Never blocks.
@@ -82,8 +95,7 @@ class part_writer {
     job j;  // j.ranges: never empty here
     double stall_s = 0;
     std::string error;  // bad ranges: nothing to store
-    const state_layout* direct = nullptr;  // direct: read the ranges from here (submit waits)
-    std::chrono::steady_clock::time_point submitted{};
+    std::shared_ptr<const state_layout> direct = nullptr;  // direct: read the ranges from here (until fence)
   };
   done_fn done_;
   bool keep_buffer_ = true, direct_ = false;
@@ -91,6 +103,9 @@ class part_writer {
   std::condition_variable cv_;
   std::optional<pending> pending_;
   bool busy_ = false, quit_ = false;
+  // Set while the training thread waits in fence() for a direct write: the
+  // wait, added to the stall that write reports.
+  std::optional<std::chrono::steady_clock::time_point> fenced_since_;
   uint64_t want_capacity_ = 0;  // prepare()
   std::unique_ptr<char[]> buf_;
   uint64_t capacity_ = 0;

@@ -415,6 +415,17 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     return outcome::idle;
   }
   fit_threads_to_host(plan);
+  // However the generation ends, a checkpoint write still reading the state
+  // (checkpoint.direct) is over before anything else touches it: the next
+  // generation's reshard or load, the caller's state after quit.
+  struct write_over {
+    rank_worker* w;
+    training_state& s;
+    ~write_over() {
+      w->finish_checkpoints();
+      s.set_before_update(nullptr);
+    }
+  } over{this, state};
   try {
     if (g.world > 1)
       if (auto ended = build_group(g)) return *ended;
@@ -995,6 +1006,10 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
     meta.set_world_size(g.world);
     j.meta = meta.SerializeAsString();
   }
+  // checkpoint.direct: the write reads the parameters and moments while
+  // the next step computes its gradients; its update (or whatever else
+  // changes them first) waits for the write.
+  if (im.cfg->get_bool("checkpoint.direct")) state.set_before_update([w = im.writer.get()] { w->fence(); });
   im.writer->submit(layout, std::move(j));
 }
 

@@ -171,6 +171,17 @@ namespace {
 std::string section_name(int rank, const std::string& name) { return worker_section_prefix + std::to_string(rank) + "/" + name; }
 }  // namespace
 
+bool stable_until_update(const std::string& name) {
+  std::string base = name;
+  if (base.rfind(worker_section_prefix, 0) == 0) {
+    const auto slash = base.find('/', std::char_traits<char>::length(worker_section_prefix));
+    base = slash == std::string::npos ? std::string() : base.substr(slash + 1);
+  }
+  for (const char* p : {"model/", "optim/exp_avg.", "optim/exp_avg_sq.", "outer/global.", "outer/momentum."})
+    if (base.rfind(p, 0) == 0) return true;
+  return false;
+}
+
 state_layout with_worker_sections(state_layout layout, int rank, int world) {
   const size_t n = layout.tensors.size();
   const std::vector<state_layout::entry> main_entries = layout.entries;

@@ -83,6 +83,16 @@ void describe_layout(const state_layout& layout, pb::checkpoint_meta& meta);
 // Copies stream bytes [begin, end) into dst (end - begin bytes).
 void copy_range(const state_layout& layout, uint64_t begin, uint64_t end, char* dst);
 
+// Whether the state tensor `name` (a layout entry's, a DiLoCo worker
+// section's included) stays as it is through a step's forward and backward
+// and changes only in what calls training_state's before-update hook: the
+// parameters (model/), the optimizer's moments (optim/exp_avg*) and
+// DiLoCo's outer parameters and momentum. Everything else (a module's
+// buffers, which a forward may change; the step counter, the generator,
+// anchors) is not. checkpoint.direct reads the first kind live and clones
+// the rest.
+bool stable_until_update(const std::string& name);
+
 // Whether a checkpoint's tensors are this state's: same names, dtypes and
 // shapes in the same order. "checkpoint does not fit this model: tensor
 // 'model/fc.weight' is [10, 64] in the checkpoint, [10, 32] here".

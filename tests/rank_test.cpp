@@ -462,17 +462,20 @@ TEST(part_writer, a_buffer_not_kept_is_freed_after_each_write_and_made_again) {
   }
 }
 
-// checkpoint.direct: no part-sized buffer; submit returns once every range
-// is stored, read from the state itself a piece at a time (a 12 MB tensor:
-// two pieces and a half), so changing the state after it returns changes
-// nothing stored. The parts and their checksums are the buffered writer's.
-TEST(part_writer, direct_writes_from_the_state_in_pieces_before_submit_returns) {
+// checkpoint.direct: no part-sized buffer; the writer reads the state
+// itself a piece at a time (a 12 MB parameter: two pieces and a half) while
+// the training thread goes on until fence(). What a forward may change (a
+// module buffer) is cloned at submit, so changing it right after submit
+// returns changes nothing stored; the parameter is read live, and once
+// fence() returns the write is reported and the parameter may change. The
+// parts and their checksums are the buffered writer's.
+TEST(part_writer, direct_reads_the_state_until_fence_and_clones_what_a_forward_may_change) {
   state_layout l;
   auto a = torch::arange(0, 3 << 20, torch::kFloat);
   auto b = torch::arange(0, 1000, torch::kLong);
   const uint64_t abytes = uint64_t{3} << 22;
-  l.entries.push_back({"a", a, 0, abytes});
-  l.entries.push_back({"b", b, abytes, 8000});
+  l.entries.push_back({"model/a", a, 0, abytes});
+  l.entries.push_back({"buffer/b", b, abytes, 8000});
   l.bytes = abytes + 8000;
   std::string stream(l.bytes, '\0');
   copy_range(l, 0, l.bytes, stream.data());
@@ -495,18 +498,20 @@ TEST(part_writer, direct_writes_from_the_state_in_pieces_before_submit_returns) 
     j.ranges = ranges;
     w.submit(l, j);
     if (direct) {
+      torch::NoGradGuard ng;
+      b.fill_(-1);  // a buffer, after submit: cloned, so not stored
+      EXPECT_GE(w.fence(), 0.0);
       {
         std::lock_guard<std::mutex> lock(mu);
-        ASSERT_EQ(got.count(true), 1u) << "submit returned before the write was reported";
+        ASSERT_EQ(got.count(true), 1u) << "fence returned before the write was reported";
       }
       EXPECT_EQ(w.buffer_bytes(), part_writer::direct_piece_bytes);
       EXPECT_LT(w.buffer_bytes(), ranges[0].second - ranges[0].first);
-      torch::NoGradGuard ng;
-      a.fill_(-1);  // after submit: must not reach the stored parts
+      a.fill_(-1);  // after fence: must not reach the stored parts
+      EXPECT_EQ(w.fence(), 0.0) << "nothing in flight";
     }
     w.wait_idle();
   }
-  a.copy_(torch::arange(0, 3 << 20, torch::kFloat));
   for (bool direct : {false, true}) {
     const auto& r = got.at(direct);
     ASSERT_TRUE(r.error().empty()) << r.error();
@@ -521,8 +526,18 @@ TEST(part_writer, direct_writes_from_the_state_in_pieces_before_submit_returns) 
       EXPECT_TRUE(stored == stream.substr(x, y - x)) << (direct ? "direct" : "buffered") << " part " << k;
     }
   }
-  EXPECT_GE(got.at(true).stall_s(), got.at(true).write_s());
   std::filesystem::remove_all(dir);
+}
+
+// What checkpoint.direct reads live (it changes only after the before-update
+// hook) and what it clones at submit.
+TEST(part_writer, only_parameters_moments_and_outer_state_are_read_live) {
+  for (const char* live : {"model/fc.weight", "optim/exp_avg.0", "optim/exp_avg_sq.1", "outer/global.0", "outer/momentum.2", "workers/3/model/fc.bias",
+                           "workers/12/optim/exp_avg.0"})
+    EXPECT_TRUE(stable_until_update(live)) << live;
+  for (const char* cloned : {"buffer/bn.running_mean", "optim/steps", "train/rng", "outer/anchor", "outer/fragment_anchors", "workers/2/buffer/bn.running_var",
+                             "workers/", "modelx/a", ""})
+    EXPECT_FALSE(stable_until_update(cloned)) << cloned;
 }
 
 // ZeRO: a rank that owns scattered ranges of the stream stores each as a

@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "model/trainer.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "test_util.hpp"
 
@@ -92,6 +93,71 @@ TEST(Trainer, ResumeIsExact) {
   ASSERT_EQ(restored.size(), 1u);
   EXPECT_EQ(restored[0].at("step"), 8);
   EXPECT_EQ(restored[0].at("source"), "disk");
+}
+
+// checkpoint.direct: the checkpoints at steps 4 and 8 are read from the
+// state while steps 5 and 9 compute their gradients (their updates wait);
+// the parts hold the bytes a buffered checkpoint holds, and the run ends
+// where the buffered one does.
+TEST(Trainer, DirectCheckpointsReadDuringTheNextStepHoldTheBufferedBytes) {
+  temp_dir buffered, direct;
+  const std::vector<std::string> base = {"train.max_steps=12", "checkpoint.every_steps=4", "model.dropout=0.1"};
+  auto a = run_training(tiny_vit_config(base), quiet(buffered.path()));
+  ASSERT_TRUE(a) << a.message();
+  auto with = base;
+  with.push_back("checkpoint.direct=true");
+  auto b = run_training(tiny_vit_config(with), quiet(direct.path()));
+  ASSERT_TRUE(b) << b.message();
+  EXPECT_EQ(b->params_digest, a->params_digest);
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  for (const char* step : {"000000004", "000000008", "000000012"}) {
+    const std::string name = std::string("/checkpoints/ckpt-") + step + ".g1.r0-of-1.part";
+    const std::string x = bytes(buffered.path() + name), y = bytes(direct.path() + name);
+    ASSERT_FALSE(x.empty()) << name;
+    EXPECT_TRUE(x == y) << name << " differs between the buffered and the direct write";
+  }
+}
+
+// The hook checkpoint.direct waits in: never during a step's forward and
+// backward, once before the update, while the parameters are still the
+// step's; and before whatever else changes or swaps them.
+TEST(Trainer, TheBeforeUpdateHookRunsBeforeTheUpdateAndNotDuringForwardBackward) {
+  auto cfg = tiny_vit_config({"train.max_steps=4"});
+  auto created = training_state::create(cfg);
+  ASSERT_TRUE(created) << created.message();
+  training_state& s = *created.value();
+  auto params = [&] {
+    std::vector<torch::Tensor> out;
+    for (auto& p : s.the_task().module()->parameters()) out.push_back(p.detach().clone());
+    return out;
+  };
+  auto same = [](const std::vector<torch::Tensor>& x, const std::vector<torch::Tensor>& y) {
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!torch::equal(x[i], y[i])) return false;
+    return x.size() == y.size();
+  };
+  const auto before = params();
+  int calls = 0;
+  bool unchanged_at_hook = false;
+  s.set_before_update([&] {
+    ++calls;
+    unchanged_at_hook = same(params(), before);
+  });
+  s.forward_backward(s.order().global_batch(0), 0);
+  EXPECT_EQ(calls, 0) << "forward and backward do not wait for a checkpoint write";
+  s.apply_update();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(unchanged_at_hook) << "the hook ran after the parameters changed";
+  EXPECT_FALSE(same(params(), before)) << "the update changed nothing";
+  (void)s.params_digest();
+  EXPECT_EQ(calls, 2);
+  ASSERT_TRUE(s.reset_state());
+  EXPECT_GE(calls, 3);
+  s.set_before_update(nullptr);
+  s.apply_update();
 }
 
 // data.sample_log: one line per step, the step's global batch as
