@@ -28,6 +28,7 @@ void try_commit(writer_self self, int64_t step) {
   pb::checkpoint_meta meta = planned ? std::move(planned.value()) : pb::checkpoint_meta{};
   uint64_t bytes = meta.state_bytes();
   const double stall = p.stall_s, write = p.write_s;
+  const int32_t direct = p.direct;
   const int32_t nparts = meta.parts_size();
   const uint64_t gen = p.generation;
   st.pending.erase(it);
@@ -40,6 +41,7 @@ void try_commit(writer_self self, int64_t step) {
       e.write_s = write;
       e.bytes_per_s = write > 0 ? static_cast<double>(bytes) / write : 0;
       e.parts = nparts;
+      e.direct_ranks = direct;
       emit(st.opts.events, e);
       if (step >= st.newest_step) {
         st.newest_step = step;
@@ -77,6 +79,7 @@ caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts
         p.write_s = std::max(p.write_s, w.write_s());
         if (w.global_rank() < 0 || w.global_rank() >= w.world_size()) return;
         ++p.reports;
+        if (w.direct()) ++p.direct;
         if (!w.error().empty() || w.parts().empty()) {
           if (!p.failed) {
             p.failed = true;

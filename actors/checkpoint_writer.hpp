@@ -46,6 +46,7 @@ struct checkpoint_writer_state {
     bool failed = false;              // a rank could not store its parts: never committed
     int32_t reports = 0;              // one per rank's report, however many parts it carries
     double stall_s = 0, write_s = 0;  // the slowest rank's
+    int32_t direct = 0;               // ranks that wrote from the state (checkpoint.direct)
   };
   checkpoint_writer_options opts;
   std::map<int64_t, part_set> pending;  // by step

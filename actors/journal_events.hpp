@@ -439,10 +439,11 @@ struct checkpoint_saved {
   double stall_s = 0;      // training held up at the step boundary (the slowest rank)
   double write_s = 0;      // storing the parts in the background (the slowest rank)
   double bytes_per_s = 0;  // bytes / write_s
+  int32_t direct_ranks = 0;  // ranks that wrote their part straight from the state (checkpoint.direct)
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("step", s.step), f("path", s.path), f("bytes", s.bytes), f("generation", s.generation), f("duration_s", s.duration_s), f("parts", s.parts),
-        f("stall_s", s.stall_s), f("write_s", s.write_s), f("bytes_per_s", s.bytes_per_s);
+        f("stall_s", s.stall_s), f("write_s", s.write_s), f("bytes_per_s", s.bytes_per_s), f("direct_ranks", s.direct_ranks);
   }
 };
 

@@ -179,6 +179,7 @@ class world_one_sink {
     saved.stall_s = w.stall_s();
     saved.write_s = w.write_s();
     saved.bytes_per_s = w.write_s() > 0 ? static_cast<double>(committed->bytes) / w.write_s() : 0.0;
+    saved.direct_ranks = w.direct() ? 1 : 0;
     jn_.write(saved);
     prog_.note_event("checkpoint " + std::to_string(w.step()));
     return {};

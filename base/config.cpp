@@ -96,8 +96,8 @@ std::vector<config_key> make_schema() {
       {"checkpoint.keep_last", vk::integer, "3", "Keep the newest N checkpoints.", 1},
       {"checkpoint.keep_buffer", vk::boolean, "true",
        "Keep the host buffer of this rank's checkpoint part (its share of the state) between checkpoints, so that a checkpoint holds training up for a copy only; false: allocated at each checkpoint and freed once stored (less memory, a longer stall)."},
-      {"checkpoint.direct", vk::boolean, "false",
-       "Write this rank's checkpoint part straight from the training state, 8 MB at a time, while the next step computes its gradients (its update waits for the write): no part-sized host buffer (12 bytes a parameter / world less at the memory peak, which binds for the largest model a job fits), for a stall of the write's part that the forward and backward do not cover. false: staged in a buffer and written in the background (checkpoint.keep_buffer)."},
+      {"checkpoint.direct", vk::string, "auto",
+       "true: write this rank's checkpoint part straight from the training state, 8 MB at a time, while the next step computes its gradients (its update waits for the write): no part-sized host buffer (12 bytes a parameter / world less at the memory peak, which binds for the largest model a job fits), for a stall of the write's part that the forward and backward do not cover. false: copied into a host buffer (checkpoint.keep_buffer) and written in the background. auto: the buffer when this host has room for one per rank beside each rank's step peak, else straight from the state (decided at each checkpoint; a buffer once made is used).", -1e300, {"auto", "true", "false"}},
       {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
       {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
       {"checkpoint.dir", vk::string, "", "Where checkpoints go: a directory every node and the coordinator reach, or s3://bucket/prefix (empty = RUN_DIR/checkpoints)."},
@@ -391,6 +391,12 @@ result<config> config::parse_toml(const std::string& text, const std::string& or
         v = node->as_boolean()->get();
         break;
       case vk::string:
+        // A key whose choices are true and false (and more, such as auto)
+        // takes a TOML boolean too.
+        if (node->is_boolean() && std::find(k->choices.begin(), k->choices.end(), "true") != k->choices.end()) {
+          v = std::string(node->as_boolean()->get() ? "true" : "false");
+          break;
+        }
         if (!node->is_string()) return wrong();
         v = node->as_string()->get();
         break;

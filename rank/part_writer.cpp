@@ -1,7 +1,11 @@
 #include "rank/part_writer.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "rank/state_io.hpp"
 #include "storage/checkpoint_store.hpp"
@@ -14,7 +18,68 @@ using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 }  // namespace
 
-part_writer::part_writer(done_fn done, bool keep_buffer, bool direct) : done_(std::move(done)), keep_buffer_(keep_buffer), direct_(direct) {
+memory_room read_memory_room() {
+  memory_room r;
+  auto field = [](const std::string& path, const std::string& key) -> int64_t {
+    std::ifstream in(path);
+    std::string k;
+    double v = 0;
+    std::string unit;
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      if (ls >> k >> v && k == key) {
+        ls >> unit;
+        return static_cast<int64_t>(unit == "kB" ? v * 1024 : v);
+      }
+    }
+    return -1;
+  };
+  r.available = field("/proc/meminfo", "MemAvailable:");
+  r.total = std::max<int64_t>(0, field("/proc/meminfo", "MemTotal:"));
+  const int64_t hwm = field("/proc/self/status", "VmHWM:"), rss = field("/proc/self/status", "VmRSS:");
+  if (hwm > 0 && rss > 0) r.step_headroom = std::max<int64_t>(0, hwm - rss);
+  // A container's memory limit (cgroup v2, or v1's memory controller):
+  // what is left below it, the file cache it may drop not counted as used.
+  // A cgroup namespace shows the process's own cgroup as the root.
+  auto limit_left = [&](const std::string& limit_file, const std::string& usage_file, const std::string& stat_file, const char* inactive_key) {
+    std::ifstream lf(limit_file), uf(usage_file);
+    std::string limit_text;
+    int64_t usage = -1;
+    if (!(lf >> limit_text) || limit_text == "max" || !(uf >> usage)) return false;
+    const int64_t limit = std::atoll(limit_text.c_str());
+    if (limit <= 0 || limit >= (int64_t{1} << 60)) return true;  // no limit set
+    const int64_t inactive = std::max<int64_t>(0, field(stat_file, inactive_key));
+    const int64_t left = std::max<int64_t>(0, limit - std::max<int64_t>(0, usage - inactive));
+    r.available = r.available < 0 ? left : std::min(r.available, left);
+    r.total = r.total > 0 ? std::min(r.total, limit) : limit;
+    return true;
+  };
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {
+    const auto c1 = line.find(':'), c2 = c1 == std::string::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(c1 + 1, c2 - c1 - 1) + ",", path = line.substr(c2 + 1);
+    for (const std::string& dir : {"/sys/fs/cgroup/memory" + path, std::string("/sys/fs/cgroup/memory")})
+      if (controllers.find(",memory,") != std::string::npos &&
+          limit_left(dir + "/memory.limit_in_bytes", dir + "/memory.usage_in_bytes", dir + "/memory.stat", "total_inactive_file"))
+        break;
+    if (controllers == ",,")
+      for (const std::string& dir : {"/sys/fs/cgroup" + path, std::string("/sys/fs/cgroup")})
+        if (limit_left(dir + "/memory.max", dir + "/memory.current", dir + "/memory.stat", "inactive_file")) break;
+  }
+  return r;
+}
+
+bool part_buffer_fits(uint64_t bytes, int ranks, const memory_room& room) {
+  if (room.available < 0) return true;
+  const double margin = std::max(512.0 * (1 << 20), 0.05 * static_cast<double>(room.total));
+  const double need = std::max(1, ranks) * (static_cast<double>(bytes) + static_cast<double>(room.step_headroom));
+  return static_cast<double>(room.available) - need >= margin;
+}
+
+part_writer::part_writer(done_fn done, bool keep_buffer) : done_(std::move(done)), keep_buffer_(keep_buffer) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -28,7 +93,7 @@ part_writer::~part_writer() {
   if (thread_.joinable()) thread_.join();
 }
 
-double part_writer::submit(const state_layout& layout, job j) {
+double part_writer::submit(const state_layout& layout, job j, bool direct) {
   const auto t0 = clock_type::now();
   if (j.ranges.empty()) j.ranges.push_back(part_range(layout.bytes, j.rank, j.world));
   std::string error;
@@ -43,8 +108,8 @@ double part_writer::submit(const state_layout& layout, job j) {
     total += b - a;
   }
   if (!error.empty()) total = 0;
-  if (direct_) {
-    // One piece's buffer, kept; the writer thread reads the state while
+  if (direct) {
+    // One piece's buffer (or the part buffer an earlier checkpoint kept), kept; the writer thread reads the state while
     // training computes the next step's gradients. What that may change is
     // cloned now.
     std::unique_lock<std::mutex> lock(mu_);
@@ -101,7 +166,6 @@ double part_writer::submit(const state_layout& layout, job j) {
 }
 
 void part_writer::prepare(uint64_t bytes) {
-  if (direct_) return;  // no part-sized buffer, ever
   {
     std::lock_guard<std::mutex> lock(mu_);
     want_capacity_ = std::max(want_capacity_, bytes);
@@ -187,18 +251,20 @@ void part_writer::run() {
       }
     }
     w.set_write_s(since(t0));
+    w.set_direct(p.direct != nullptr);
     if (p.direct) {
       // Direct: the stall is submit's and, if the training thread is
       // waiting in fence() for this write, that wait so far (it ends now).
       std::lock_guard<std::mutex> lock(mu_);
       w.set_stall_s(p.stall_s + (fenced_since_ ? since(*fenced_since_) : 0.0));
     }
+    const bool was_direct = p.direct != nullptr;
     p.direct.reset();  // the layout's clones go before the write is reported
     if (done_) done_(p.j.generation, std::move(w));
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
-      if (!keep_buffer_ && !direct_ && !pending_) {
+      if (!keep_buffer_ && !was_direct && !pending_) {
         // checkpoint.keep_buffer = false: nothing held between checkpoints.
         buf_.reset();
         capacity_ = want_capacity_ = 0;

@@ -11,7 +11,8 @@
 // while the previous one is still being written waits for it (counted in
 // the stall it reports).
 //
-// Direct (checkpoint.direct): no part-sized buffer at all. The writer
+// Direct (checkpoint.direct = true, or auto where the host has no room for
+// the buffer: part_buffer_fits): no part-sized buffer at all. The writer
 // thread copies the ranges from the state itself, a piece of
 // `direct_piece_bytes` at a time, into one piece's buffer and stores it,
 // while training goes on with the next step's forward and backward, which
@@ -43,6 +44,20 @@ namespace dtactor {
 struct state_layout;
 class object_store;
 
+// What checkpoint.direct = auto weighs: the memory this host can still
+// give, and this rank's own step peak above what it holds now.
+struct memory_room {
+  int64_t available = -1;     // MemAvailable, or the cgroup's limit less its usage when lower; -1: unknown
+  int64_t total = 0;          // MemTotal, or the cgroup's limit when lower
+  int64_t step_headroom = 0;  // this process's peak RSS (VmHWM) less its RSS now: what its next step takes again
+};
+// Read from /proc/meminfo, /proc/self/status and the process's cgroup (v2).
+memory_room read_memory_room();
+// Whether `ranks` part buffers of `bytes` each (one per rank of this host)
+// fit, each rank's step headroom with them, leaving the larger of 512 MiB
+// and 5% of the total. Unknown memory: true (the buffered default).
+bool part_buffer_fits(uint64_t bytes, int ranks, const memory_room& room);
+
 class part_writer {
  public:
   struct job {
@@ -61,7 +76,7 @@ class part_writer {
   // Called on the writer thread when a part is stored (or failed).
   using done_fn = std::function<void(uint64_t generation, pb::checkpoint_written)>;
 
-  explicit part_writer(done_fn done, bool keep_buffer = true, bool direct = false);
+  explicit part_writer(done_fn done, bool keep_buffer = true);
   static constexpr uint64_t direct_piece_bytes = 8ull << 20;
   ~part_writer();  // finishes the write in flight
   part_writer(const part_writer&) = delete;
@@ -74,7 +89,7 @@ class part_writer {
   // only the entries that are not stable_until_update (rank/state_io) are
   // cloned here. Ranges that are not ascending, disjoint and inside the
   // stream are copied nowhere and reported as the write's error.
-  double submit(const state_layout& layout, job j);
+  double submit(const state_layout& layout, job j, bool direct = false);
   // Waits until no write is in flight and returns the seconds waited. The
   // training thread calls it before it changes the parameters or optimizer
   // moments (direct: the write reads them); the wait counts in the stall the
@@ -98,7 +113,7 @@ class part_writer {
     std::shared_ptr<const state_layout> direct = nullptr;  // direct: read the ranges from here (until fence)
   };
   done_fn done_;
-  bool keep_buffer_ = true, direct_ = false;
+  bool keep_buffer_ = true;
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<pending> pending_;

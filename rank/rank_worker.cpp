@@ -94,6 +94,7 @@ struct rank_worker::impl {
   std::string module_digest;  // of the shipped module it loaded ("" = none shipped)
   int threads = 0;
   std::unique_ptr<part_writer> writer;  // made at the first checkpoint
+  std::optional<bool> wrote_direct;     // how the last checkpoint's part was written (checkpoint.direct = auto says when it changes)
   // train.zero >= 1: who holds which optimizer shard in this generation.
   std::optional<shard_plan> shards;
   // data.sample_log (null: off), and the step this rank last attempted:
@@ -966,7 +967,33 @@ void rank_worker::ensure_part_writer() {
       [this](uint64_t gen, pb::checkpoint_written w) {
         if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
       },
-      im.cfg->get_bool("checkpoint.keep_buffer"), im.cfg->get_bool("checkpoint.direct"));
+      im.cfg->get_bool("checkpoint.keep_buffer"));
+}
+
+// checkpoint.direct: true, false, or (auto) straight from the state when
+// this host has no room for a part buffer per rank (part_buffer_fits); a
+// buffer this rank already holds is used.
+bool rank_worker::checkpoint_direct(generation_run& g, uint64_t bytes, int64_t step) {
+  auto& im = *impl_;
+  const std::string mode = im.cfg->get_string("checkpoint.direct");
+  if (mode != "auto") return mode == "true";
+  if (im.writer->buffer_bytes() >= bytes) return false;
+  const int ranks = std::max<int>({1, static_cast<int>(g.exchange.host_members.size()), opts_.local_world});
+  const memory_room room = read_memory_room();
+  const bool direct = !part_buffer_fits(bytes, ranks, room);
+  if (im.wrote_direct != direct) {
+    auto gb = [](double b) { return b / 1e9; };
+    if (direct)
+      std::fprintf(stderr,
+                   "rank %d: checkpoint at step %lld written straight from the state during the next step (checkpoint.direct = auto): no room for "
+                   "%d part buffers of %.2f GB beside the steps (%.2f GB available on this host, this rank's step takes %.2f GB more than it holds)\n",
+                   g.rank, static_cast<long long>(step), ranks, gb(static_cast<double>(bytes)), gb(static_cast<double>(room.available)),
+                   gb(static_cast<double>(room.step_headroom)));
+    else if (im.wrote_direct)
+      std::fprintf(stderr, "rank %d: checkpoint at step %lld copied into a %.2f GB buffer again (checkpoint.direct = auto: there is room now)\n", g.rank,
+                   static_cast<long long>(step), gb(static_cast<double>(bytes)));
+  }
+  return direct;
 }
 
 void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step) {
@@ -1006,11 +1033,19 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
     meta.set_world_size(g.world);
     j.meta = meta.SerializeAsString();
   }
-  // checkpoint.direct: the write reads the parameters and moments while
-  // the next step computes its gradients; its update (or whatever else
-  // changes them first) waits for the write.
-  if (im.cfg->get_bool("checkpoint.direct")) state.set_before_update([w = im.writer.get()] { w->fence(); });
-  im.writer->submit(layout, std::move(j));
+  uint64_t bytes = 0;
+  if (j.ranges.empty()) {
+    const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
+    bytes = b - a;
+  }
+  for (const auto& [a, b] : j.ranges) bytes += b - a;
+  const bool direct = checkpoint_direct(g, bytes, j.step);
+  im.wrote_direct = direct;
+  // Direct: the write reads the parameters and moments while the next step
+  // computes its gradients; its update (or whatever else changes them
+  // first) waits for the write.
+  if (direct) state.set_before_update([w = im.writer.get()] { w->fence(); });
+  im.writer->submit(layout, std::move(j), direct);
 }
 
 void rank_worker::finish_checkpoints() {
@@ -1263,7 +1298,8 @@ void rank_worker::report_ready(generation_run& g, const steps_run& s) {
 }
 
 // The host buffer of this rank's checkpoint part, made ahead of the first
-// checkpoint (checkpoint.keep_buffer; else made at each checkpoint).
+// checkpoint (checkpoint.direct = false and checkpoint.keep_buffer; else
+// made at a checkpoint that uses it).
 void rank_worker::prepare_part_writer(generation_run& g) {
   auto& im = *impl_;
   training_state& state = *im.state;
@@ -1277,7 +1313,9 @@ void rank_worker::prepare_part_writer(generation_run& g) {
     bytes = 0;
     for (const auto& [x, y] : write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases())) bytes += y - x;
   }
-  if (im.cfg->get_bool("checkpoint.keep_buffer") && !im.cfg->get_bool("checkpoint.direct")) im.writer->prepare(bytes);
+  // auto: not ahead of time (the first checkpoint sees whether there is
+  // room for it beside the steps).
+  if (im.cfg->get_bool("checkpoint.keep_buffer") && im.cfg->get_string("checkpoint.direct") == "false") im.writer->prepare(bytes);
 }
 
 // DiLoCo: where this generation enters the window, said once on stderr.

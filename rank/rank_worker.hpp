@@ -150,6 +150,7 @@ class rank_worker : public rank_work {
   void write_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step);
   // Before STATE_FINISHED: every part handed to the writer is stored.
   void finish_checkpoints();
+  bool checkpoint_direct(generation_run& g, uint64_t bytes, int64_t step);
   void report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail);
   outcome failed(generation_run& g, const std::string& why, int64_t step,
                  pb::rank_status::failure_kind kind = pb::rank_status::FAILURE_UNSPECIFIED);

@@ -762,12 +762,20 @@ TEST(Chaos, AShardLostWithItsOnlyHolderAndNoCheckpointStartsTheJobOver) {
 }
 
 // The whole stream of the newest committed checkpoint in a run directory.
-std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts, pb::checkpoint_meta* out_meta = nullptr) {
+// The stream of the newest valid checkpoint (or of the one at step `at`).
+std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts, pb::checkpoint_meta* out_meta = nullptr, int64_t at = -1) {
   auto store = checkpoint_store::open_readonly(run_dir + "/checkpoints");
   if (!store) return "";
-  auto newest = store->newest_valid([](const std::string&, const std::string&) {}, true);
-  if (!newest || !newest->has_value()) return "";
-  const auto& meta = **newest;
+  pb::checkpoint_meta meta;
+  if (at >= 0) {
+    auto m = store->read_manifest(manifest_name(at));
+    if (!m || !store->verify(m.value(), true)) return "";
+    meta = std::move(m.value());
+  } else {
+    auto newest = store->newest_valid([](const std::string&, const std::string&) {}, true);
+    if (!newest || !newest->has_value()) return "";
+    meta = **newest;
+  }
   step = meta.step();
   parts = meta.parts_size();
   if (out_meta) *out_meta = meta;
@@ -788,7 +796,8 @@ std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts,
 // all end alike. Clipping is off: zero=2's clipping norm is summed from the
 // shards in another order, which would change the last bits. The zero=2
 // runs write their parts straight from the state (checkpoint.direct): the
-// same bytes, with no part-sized buffer.
+// same bytes, with no part-sized buffer, at step 20 read while step 21
+// computed its gradients as well as at the final step.
 TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
   auto sets = [](int steps, int nodes, const std::string& zero) {
     return job_sets(steps, {"cluster.min_nodes=" + std::to_string(nodes), "cluster.max_nodes=" + std::to_string(nodes), "cluster.settle_ms=600000",
@@ -802,18 +811,24 @@ TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
     ASSERT_EQ(cl.start({"a", "b", "c"}), "");
     expect_finished_without_loss(cl, 40, 3);
   }
-  int64_t s0 = -1;
-  int p0 = 0;
-  const std::string replicated = newest_stream(d0.path(), s0, p0);
-  ASSERT_FALSE(replicated.empty());
-  EXPECT_EQ(s0, 40);
-  EXPECT_EQ(p0, 3);
-  for (const char* zero : {"1", "2"}) {
-    SCOPED_TRACE(std::string("zero=") + zero);
+  for (const auto& [zero, dir] : dirs) {
+    auto j = read_journal(dir + "/journal.jsonl");
+    auto saved = events<ev::checkpoint_saved>(j);
+    ASSERT_EQ(saved.size(), 2u) << "zero=" << zero;
+    for (const auto& e : saved) EXPECT_EQ(e.at("direct_ranks").get<int>(), zero == "2" ? 3 : 0) << e.dump();
+  }
+  for (const auto& [at, zero] : std::vector<std::pair<int64_t, std::string>>{{20, "1"}, {20, "2"}, {40, "1"}, {40, "2"}}) {
+    SCOPED_TRACE("zero=" + zero + " at step " + std::to_string(at));
+    int64_t s0 = -1;
+    int p0 = 0;
+    const std::string replicated = newest_stream(d0.path(), s0, p0, nullptr, at);
+    ASSERT_FALSE(replicated.empty());
+    EXPECT_EQ(s0, at);
+    EXPECT_EQ(p0, 3);
     int64_t s1 = -1;
     int p1 = 0;
     pb::checkpoint_meta meta;
-    const std::string sharded = newest_stream(dirs.at(zero), s1, p1, &meta);
+    const std::string sharded = newest_stream(dirs.at(zero), s1, p1, &meta, at);
     // Where they differ first, by tensor. Not compared: train/rng, the CPU
     // generator of whichever rank wrote those bytes (ranks re-seed it from
     // (seed, step, rank) before every step, so it differs between ranks and
@@ -826,7 +841,7 @@ TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
       for (uint64_t i = t.offset(); i < t.offset() + t.size() && first_diff.empty(); ++i)
         if (replicated[i] != sharded[i]) first_diff = t.name() + " at byte " + std::to_string(i - t.offset());
     }
-    EXPECT_EQ(s1, 40);
+    EXPECT_EQ(s1, at);
     EXPECT_GT(p1, 3) << "sharded ranks write several ranges each";
     EXPECT_EQ(first_diff, "") << "the sharded checkpoint's stream differs from zero=0's";
   }

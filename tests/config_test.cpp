@@ -34,6 +34,29 @@ TEST(Config, ParsesTomlSectionsAndOverrides) {
   EXPECT_EQ(c->get_int("train.max_steps"), 200);
 }
 
+// checkpoint.direct is auto, true or false: a TOML boolean is taken for
+// true and false (the key was a boolean before auto), anything else is
+// refused with the choices.
+TEST(Config, CheckpointDirectTakesAutoOrABoolean) {
+  EXPECT_EQ(config{}.get_string("checkpoint.direct"), "auto");
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"direct = true", "true"}, {"direct = false", "false"}, {"direct = \"auto\"", "auto"}, {"direct = \"true\"", "true"}}) {
+    auto c = config::parse_toml("[checkpoint]\n" + text + "\n", "job.toml");
+    ASSERT_TRUE(c) << text << ": " << c.message();
+    EXPECT_EQ(c->get_string("checkpoint.direct"), want) << text;
+  }
+  auto bad = config::parse_toml("[checkpoint]\ndirect = \"sometimes\"\n", "job.toml");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.message().find("must be one of auto, true, false, got 'sometimes'"), std::string::npos) << bad.message();
+  auto number = config::parse_toml("[checkpoint]\ndirect = 1\n", "job.toml");
+  ASSERT_FALSE(number);
+  config d;
+  EXPECT_TRUE(d.set("checkpoint.direct", "true"));
+  EXPECT_FALSE(d.set("checkpoint.direct", "yes"));
+  auto tb = config::parse_toml("[train]\nbf16 = \"true\"\n", "job.toml");
+  EXPECT_FALSE(tb) << "a boolean key still wants a boolean";
+}
+
 TEST(Config, UnknownKeyIsAnErrorWithSuggestion) {
   auto c = config::parse_toml("[train]\nmax_step = 7\n", "job.toml");
   ASSERT_FALSE(c);

@@ -491,12 +491,12 @@ TEST(part_writer, direct_reads_the_state_until_fence_and_clones_what_a_forward_m
           std::lock_guard<std::mutex> lock(mu);
           got[direct] = std::move(r);
         },
-        true, direct);
+        true);
     part_writer::job j;
     j.step = direct ? 2 : 1;
     j.store = dir;
     j.ranges = ranges;
-    w.submit(l, j);
+    w.submit(l, j, direct);
     if (direct) {
       torch::NoGradGuard ng;
       b.fill_(-1);  // a buffer, after submit: cloned, so not stored
@@ -511,6 +511,7 @@ TEST(part_writer, direct_reads_the_state_until_fence_and_clones_what_a_forward_m
       EXPECT_EQ(w.fence(), 0.0) << "nothing in flight";
     }
     w.wait_idle();
+    EXPECT_EQ(got.at(direct).direct(), direct);
   }
   for (bool direct : {false, true}) {
     const auto& r = got.at(direct);
@@ -527,6 +528,29 @@ TEST(part_writer, direct_reads_the_state_until_fence_and_clones_what_a_forward_m
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// checkpoint.direct = auto: a part buffer per rank of the host, each rank's
+// step headroom with it, and a margin (512 MiB, or 5% of the memory when
+// more) must fit in what the host still has; unknown memory keeps the
+// buffer. What this machine reports is read, and is sane.
+TEST(part_writer, auto_takes_the_buffer_only_where_every_ranks_buffer_and_step_fit) {
+  const int64_t gib = int64_t{1} << 30;
+  memory_room r;
+  r.total = 24 * gib;
+  r.available = 6 * gib;
+  r.step_headroom = gib / 2;
+  EXPECT_TRUE(part_buffer_fits(uint64_t(gib), 2, r)) << "2 x (1 + 0.5) GiB + 1.2 GiB margin <= 6 GiB";
+  EXPECT_FALSE(part_buffer_fits(uint64_t(gib), 4, r)) << "4 x 1.5 GiB leaves no margin";
+  EXPECT_FALSE(part_buffer_fits(uint64_t(3 * gib), 1, memory_room{4 * gib, 24 * gib, gib / 2})) << "3.5 GiB leaves 0.5 GiB, under 5% of 24";
+  EXPECT_TRUE(part_buffer_fits(uint64_t(3 * gib), 1, memory_room{4 * gib, 4 * gib, 0})) << "the margin is 512 MiB on a 4 GiB host";
+  EXPECT_TRUE(part_buffer_fits(uint64_t(100) * gib, 8, memory_room{-1, 0, 0})) << "unknown: the buffered default";
+  EXPECT_FALSE(part_buffer_fits(0, 1, memory_room{100 << 20, gib, 0})) << "below the margin already";
+  const memory_room here = read_memory_room();
+  EXPECT_GT(here.available, 0);
+  EXPECT_GT(here.total, 0);
+  EXPECT_LE(here.available, here.total);
+  EXPECT_GE(here.step_headroom, 0);
 }
 
 // What checkpoint.direct reads live (it changes only after the before-update

@@ -102,7 +102,9 @@ TEST(Trainer, ResumeIsExact) {
 TEST(Trainer, DirectCheckpointsReadDuringTheNextStepHoldTheBufferedBytes) {
   temp_dir buffered, direct;
   const std::vector<std::string> base = {"train.max_steps=12", "checkpoint.every_steps=4", "model.dropout=0.1"};
-  auto a = run_training(tiny_vit_config(base), quiet(buffered.path()));
+  auto without = base;
+  without.push_back("checkpoint.direct=false");
+  auto a = run_training(tiny_vit_config(without), quiet(buffered.path()));
   ASSERT_TRUE(a) << a.message();
   auto with = base;
   with.push_back("checkpoint.direct=true");
@@ -118,6 +120,11 @@ TEST(Trainer, DirectCheckpointsReadDuringTheNextStepHoldTheBufferedBytes) {
     const std::string x = bytes(buffered.path() + name), y = bytes(direct.path() + name);
     ASSERT_FALSE(x.empty()) << name;
     EXPECT_TRUE(x == y) << name << " differs between the buffered and the direct write";
+  }
+  for (const auto& [dir, want] : {std::make_pair(buffered.path(), 0), std::make_pair(direct.path(), 1)}) {
+    auto saved = events<ev::checkpoint_saved>(read_journal(dir + "/journal.jsonl"));
+    ASSERT_EQ(saved.size(), 3u);
+    for (const auto& e : saved) EXPECT_EQ(e.at("direct_ranks").get<int>(), want) << e.dump();
   }
 }
 
