@@ -71,7 +71,10 @@ void on_register(membership_self self, const inbound& in) {
                               (a.rejoined ? ", its previous rank)" : ")"));
     emit(self, ev::node_joined{r.node_id(), in.peer, r.advertise_addr(), r.metrics_port()});
   }
-  if (a.accepted) st.peers[r.node_id()] = in.peer;
+  if (a.accepted) {
+    st.peers[r.node_id()] = in.peer;
+    st.draining.erase(r.node_id());
+  }
   send_to_node(self, in.peer, std::move(env));
 }
 
@@ -85,6 +88,7 @@ void on_heartbeat(membership_self self, const inbound& in) {
     ack->set_echoed_sent_steady_s(in.env.heartbeat().sent_steady_s());
   } else {
     ++st.refused_heartbeats;
+    if (auto d = st.draining.find(id); d != st.draining.end()) d->second = self->clock().now();
     auto* ack = env.mutable_register_ack();
     ack->set_accepted(false);
     ack->set_node_rank(-1);
@@ -100,6 +104,7 @@ void on_leave(membership_self self, const inbound& in) {
   const auto* n = st.members.find(id);
   if (!n || n->incarnation != in.env.incarnation()) return;
   st.members.remove(id, self->clock().now(), departure::left);
+  if (in.env.leave().draining()) st.draining[id] = self->clock().now();
   log_line(st.opts.log, "node '" + id + "' left: " + in.env.leave().reason());
   emit(self, ev::node_left{id, in.env.leave().reason()});
   if (in.env.leave().has_notice()) {
@@ -357,7 +362,15 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
         env.mutable_shutdown()->set_reason(reason);
         env.mutable_shutdown()->set_checkpoint(checkpoint);
         for (const auto& [id, peer] : st.peers) send_to_node(self, peer, env);
-        return !st.members.state().nodes.empty();  // some member node was told
+        if (!st.members.state().nodes.empty()) return true;  // some member node was told
+        // Every node left, but one whose ranks still train (it left in the
+        // same moment as this stop: Ctrl-C to a shell job reaches all) and
+        // that is still heard from stops with the job, its ranks after the
+        // final checkpoint.
+        const auto now = self->clock().now();
+        for (const auto& [id, heard] : st.draining)
+          if (now - heard < st.opts.liveness.heartbeat_timeout) return true;
+        return false;
       },
   };
 }

@@ -75,6 +75,10 @@ struct membership_actor_state {
   bool stopping = false;            // stop_atom received: no more plans
   int64_t newest_checkpoint_step = -1;       // what a plan without a state holder names
   std::map<std::string, std::string> peers;  // node id -> routing id of its newest registration
+  // Nodes that left while their ranks trained on (leave.draining), and when
+  // they were last heard from (their leave, then their refused heartbeats):
+  // a stop still reaches their ranks, which write its final checkpoint.
+  std::map<std::string, caf::actor_clock::time_point> draining;
   static inline const char* name = "dtactor.membership";
 };
 

@@ -447,6 +447,7 @@ void leave(agent_self self, const std::string& reason, const pb::preemption_noti
     auto env = envelope(self);
     env.mutable_leave()->set_reason(reason);
     env.mutable_leave()->set_at_step(st.last_step);
+    env.mutable_leave()->set_draining(drain);
     if (notice) *env.mutable_leave()->mutable_notice() = *notice;
     to_coordinator(self, std::move(env));
   }

@@ -560,7 +560,9 @@ TEST(Cluster, CtrlCToCoordinatorAndNodesTogetherStillStopsAfterAFinalCheckpoint)
   EXPECT_FALSE(stopped[0].contains("error")) << stopped[0].dump();
   auto saved = events<ev::checkpoint_saved>(j);
   ASSERT_FALSE(saved.empty());
-  EXPECT_EQ(saved.back().at("step"), stopped[0].at("step"));
+  EXPECT_EQ(saved.back().at("step"), stopped[0].at("step"))
+      << file_text(d.path() + "/coordinator.log") << "\n--- node 0\n" << file_text(d.path() + "/node0.log") << "\n--- node 1\n"
+      << file_text(d.path() + "/node1.log") << "\n--- journal\n" << file_text(journal);
   // A node's leave may reach the coordinator before its own signal does (a
   // drain generation then starts); no completed step is lost either way.
   for (const auto& r : events<ev::recovery_done>(j)) EXPECT_EQ(r.at("lost_steps"), 0) << r.dump();

@@ -944,6 +944,58 @@ TEST_F(coordinator_actors, a_stop_after_every_node_left_ends_at_once) {
   EXPECT_EQ(*code, 0);
 }
 
+// Ctrl-C to a shell job reaches the coordinator and every node at once, and
+// every node's leave (its ranks still training) may come before the
+// coordinator's own stop. Those ranks get the stop too (through their
+// nodes) and write its final checkpoint: the stop waits for them while
+// their nodes are heard from (refused heartbeats count), and ends at once
+// once they are not. Before, it ended at once ("no node is connected") and
+// the job stopped without its final checkpoint.
+TEST_F(coordinator_actors, a_stop_just_after_every_node_left_draining_waits_for_their_ranks) {
+  start(coord_opts(1), 100);
+  auto code = await_end(*this, job);
+  send(joined("a", 1));
+  advance(100ms);
+  ASSERT_EQ(of<ev::generation_started>().size(), 1u);
+  send(step_from("a", 0, 7, 1));
+  auto leave = leave_from("a", "signal 2");
+  leave.env.mutable_leave()->set_draining(true);
+  send(leave);
+  advance(600ms);
+  inbound hb{links::nodes, "peer-a", node_envelope("a", 1)};
+  hb.env.mutable_heartbeat()->set_seq(1);
+  send(hb);  // refused (not a member), but heard from
+  advance(600ms);
+  caf::anon_send(job, stop_atom::value, std::string("stop"));
+  run();
+  EXPECT_TRUE(of<ev::job_ended>().empty()) << "the draining node's rank was told to stop and is waited for";
+  auto fin = status_from("a", 0, pb::rank_status::STATE_FINISHED, 1);
+  fin.env.mutable_rank_status()->set_step(8);
+  send(fin);
+  run();
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::stopped);
+  EXPECT_EQ(end[0].reason.find("no node is connected"), std::string::npos) << end[0].reason;
+  EXPECT_EQ(*code, 0);
+}
+
+TEST_F(coordinator_actors, a_stop_after_a_draining_node_fell_silent_ends_at_once) {
+  start(coord_opts(1), 100);
+  auto code = await_end(*this, job);
+  send(joined("a", 1));
+  advance(100ms);
+  auto leave = leave_from("a", "signal 2");
+  leave.env.mutable_leave()->set_draining(true);
+  send(leave);
+  advance(1100ms);  // past the heartbeat timeout: its ranks stopped with it
+  caf::anon_send(job, stop_atom::value, std::string("stop"));
+  run();
+  ASSERT_EQ(of<ev::job_ended>().size(), 1u);
+  EXPECT_EQ(of<ev::job_ended>()[0].reason, "stop; no node is connected");
+  EXPECT_EQ(*code, 0);
+}
+
 // While a node is there, a stop waits for its ranks (up to the stop timeout).
 TEST_F(coordinator_actors, a_stop_with_a_node_there_waits_for_its_ranks) {
   start(coord_opts(1), 100);
