@@ -109,9 +109,9 @@ double part_writer::submit(const state_layout& layout, job j, bool direct) {
   }
   if (!error.empty()) total = 0;
   if (direct) {
-    // One piece's buffer (or the part buffer an earlier checkpoint kept), kept; the writer thread reads the state while
-    // training computes the next step's gradients. What that may change is
-    // cloned now.
+    // One piece's buffer (or the part buffer an earlier checkpoint kept),
+    // kept; the writer thread reads the state while training computes the
+    // next step's gradients. What that may change is cloned now.
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_ && !pending_; });
     if (!buf_ || capacity_ < direct_piece_bytes) {
