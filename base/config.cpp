@@ -370,7 +370,15 @@ result<config> config::parse_toml(const std::string& text, const std::string& or
     const config_key* k = find_key(name);
     std::string where = origin + ":" + std::to_string(node->source().begin.line);
     if (!k) return make_error(unknown_key_message(name, where));
-    auto wrong = [&] { return make_error(where + ": config key '" + name + "' must be " + kind_name(k->kind)); };
+    auto wrong = [&] {
+      // A key with choices names them (a TOML boolean is taken where true and false are among them).
+      std::string what = kind_name(k->kind);
+      if (!k->choices.empty()) {
+        what = "one of";
+        for (size_t i = 0; i < k->choices.size(); ++i) what += (i ? ", " : " ") + k->choices[i];
+      }
+      return make_error(where + ": config key '" + name + "' must be " + what);
+    };
     config_value v;
     switch (k->kind) {
       case vk::integer:

@@ -50,6 +50,7 @@ TEST(Config, CheckpointDirectTakesAutoOrABoolean) {
   EXPECT_NE(bad.message().find("must be one of auto, true, false, got 'sometimes'"), std::string::npos) << bad.message();
   auto number = config::parse_toml("[checkpoint]\ndirect = 1\n", "job.toml");
   ASSERT_FALSE(number);
+  EXPECT_EQ(number.message(), "job.toml:2: config key 'checkpoint.direct' must be one of auto, true, false");
   config d;
   EXPECT_TRUE(d.set("checkpoint.direct", "true"));
   EXPECT_FALSE(d.set("checkpoint.direct", "yes"));
