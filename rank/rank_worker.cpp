@@ -1033,11 +1033,8 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
     meta.set_world_size(g.world);
     j.meta = meta.SerializeAsString();
   }
+  if (j.ranges.empty()) j.ranges.push_back(part_range(layout.bytes, g.rank, g.world));
   uint64_t bytes = 0;
-  if (j.ranges.empty()) {
-    const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
-    bytes = b - a;
-  }
   for (const auto& [a, b] : j.ranges) bytes += b - a;
   const bool direct = checkpoint_direct(g, bytes, j.step);
   im.wrote_direct = direct;
