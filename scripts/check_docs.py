@@ -283,6 +283,32 @@ class Checker:
             for lm in re.finditer(r"^\s*\[[^\]]+\]:\s*(\S+)", prose):
                 self.check_link(where, md_path, lm.group(1))
 
+    def check_journal_table(self, files):
+        """docs/usage.md, the journal's home, lists every event the journal's
+        schema (actors/journal_events.hpp) declares, and no other."""
+        home = os.path.join(self.root, "docs/usage.md")
+        if home not in files:
+            return
+        with open(os.path.join(self.root, "actors/journal_events.hpp"), encoding="utf-8") as f:
+            events = set(re.findall(r'std::string_view\s+\w*name\s*=\s*"(\w+)"', f.read()))
+        with open(home, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        start = next((i for i, l in enumerate(lines) if re.match(r"#+\s+The journal\s*$", l)), None)
+        if start is None:
+            self.problem(("docs/usage.md", 1), "no section 'The journal' listing the journal's events")
+            return
+        listed = set()
+        for l in lines[start + 1:]:
+            if l.startswith("#"):
+                break
+            m = re.match(r"\|\s*((?:`\w+`(?:,\s*)?)+)\s*\|", l)
+            if m:
+                listed.update(re.findall(r"`(\w+)`", m.group(1)))
+        for e in sorted(events - listed):
+            self.problem(("docs/usage.md", start + 1), "the journal event %s (actors/journal_events.hpp) is not in the table" % e)
+        for e in sorted(listed - events):
+            self.problem(("docs/usage.md", start + 1), "the table lists %s, which actors/journal_events.hpp does not declare" % e)
+
     def scan_block_line(self, where, line, lang):
         if not hasattr(self, "_cont"):
             self._cont = ""
@@ -329,6 +355,7 @@ def main(argv):
     for path in files:
         checker._section, checker._cont = None, ""
         checker.check_file(path)
+    checker.check_journal_table(files)
     for p in checker.problems:
         print(p)
     if checker.problems:
