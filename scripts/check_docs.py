@@ -27,7 +27,7 @@ FOREIGN_FLAGS = {
     "--max_restarts", "--master_addr", "--master_port", "--standalone",
     "--signal", "--requeue", "--array", "--ntasks-per-node", "--nodes=N", "--kill-on-bad-exit", "--overlap",
     "--entrypoint", "--rm", "--target", "--build", "--output-on-failure", "--test-dir",
-    "--from-file", "--dry-run", "--runs", "--check",
+    "--from-file", "--dry-run", "--runs", "--check", "--test",
 }
 # Words after `dtactor` that are not a command: a placeholder or prose in a
 # code span.
