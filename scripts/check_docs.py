@@ -129,7 +129,9 @@ class Checker:
         self.problems = []
 
     def problem(self, where, what):
-        self.problems.append("%s:%d: %s" % (where[0], where[1], what))
+        line = "%s:%d: %s" % (where[0], where[1], what)
+        if line not in self.problems:
+            self.problems.append(line)
 
     # (b) config keys
     def check_key(self, where, key):
