@@ -49,6 +49,7 @@ class Cli:
     def __init__(self, text):
         self.var_to_cmd = {"app": ""}  # C++ variable -> command path ("" = the top level)
         self.flags = {}  # command path -> set of flags
+        self.shown = {}  # command path -> flags `--help` shows (not in the hidden group(""))
         self.commands = set()
         for m in re.finditer(r'(?:auto\*\s+)?(\w+)\s*=\s*(\w+)(?:->|\.)add_subcommand\(\s*"([\w-]+)"', text):
             var, parent, name = m.groups()
@@ -62,20 +63,24 @@ class Cli:
             if var not in self.var_to_cmd:
                 continue
             self._add(self.var_to_cmd[var], names)
+            statement = text[m.end():text.find(";", m.end())]
+            if '->group("")' not in statement:
+                self._add(self.var_to_cmd[var], names, self.shown)
         for m in re.finditer(r'for\s*\(\s*auto\*\s*(\w+)\s*:\s*\{([^}]*)\}\s*\)\s*\1->add_(?:option|flag)\(\s*"([^"]+)"', text):
             _, subs, names = m.groups()
             for var in re.findall(r"\w+", subs):
                 if var in self.var_to_cmd:
                     self._add(self.var_to_cmd[var], names)
+                    self._add(self.var_to_cmd[var], names, self.shown)
         for path in list(self.flags) + [""] + list(self.commands):
             self.flags.setdefault(path, set()).update({"--help", "-h"})
         self.all_flags = set().union(*self.flags.values())
 
-    def _add(self, path, names):
+    def _add(self, path, names, into=None):
         for n in names.split(","):
             n = n.strip()
             if n.startswith("-"):
-                self.flags.setdefault(path, set()).add(n)
+                (self.flags if into is None else into).setdefault(path, set()).add(n)
 
 
 def load_keys(root):
@@ -285,6 +290,32 @@ class Checker:
             for lm in re.finditer(r"^\s*\[[^\]]+\]:\s*(\S+)", prose):
                 self.check_link(where, md_path, lm.group(1))
 
+    def check_usage_lists_the_cli(self, files):
+        """docs/usage.md, the commands' home, names every command and every
+        flag `--help` shows in its "Commands" section."""
+        home = os.path.join(self.root, "docs/usage.md")
+        if home not in files:
+            return
+        with open(home, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        start = next((i for i, l in enumerate(lines) if re.match(r"#+\s+Commands\s*$", l)), None)
+        if start is None:
+            self.problem(("docs/usage.md", 1), "no section 'Commands' listing dtactor's commands and flags")
+            return
+        end = next((i for i in range(start + 1, len(lines)) if re.match(r"##?\s", lines[i])), len(lines))
+        section = "\n".join(lines[start:end])
+        for cmd in sorted(self.cli.commands):
+            if not re.search(r"dtactor %s\b" % re.escape(cmd), section):
+                self.problem(("docs/usage.md", start + 1), "the command 'dtactor %s' (app/cli.cpp) is not listed" % cmd)
+        for path, flags in sorted(self.cli.shown.items()):
+            # The rows of that command: `dtactor local ...`, or `dtactor --role ...`.
+            lead = r"dtactor %s(?![\w-])" % re.escape(path) if path else r"dtactor --role\b"
+            rows = "\n".join(l for l in lines[start:end] if re.search(lead, l))
+            for flag in sorted(flags):
+                if not re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(flag), rows):
+                    self.problem(("docs/usage.md", start + 1), "the flag %s of 'dtactor %s' (app/cli.cpp) is not listed"
+                                 % (flag, path or "--role ..."))
+
     def check_journal_table(self, files):
         """docs/usage.md, the journal's home, lists every event the journal's
         schema (actors/journal_events.hpp) declares, and no other."""
@@ -358,6 +389,7 @@ def main(argv):
         checker._section, checker._cont = None, ""
         checker.check_file(path)
     checker.check_journal_table(files)
+    checker.check_usage_lists_the_cli(files)
     for p in checker.problems:
         print(p)
     if checker.problems:
