@@ -153,6 +153,9 @@ class Checker:
     # (a) command lines
     def scan_commands(self, where, code):
         for m in re.finditer(r"(?:^|(?<=[\s`($=\"']))(?:[\w./-]*/)?dtactor(?:-train)?(?=\s|$)", code):
+            before = code[:m.start()].split()
+            if before and before[-1].startswith("-"):
+                continue  # the value of another program's option (--baseline-bin PRE/build/dtactor)
             tokens = code[m.end():].split()
             cmd_tokens = []
             for t in tokens:
