@@ -5,7 +5,9 @@
 //
 //   bench_chaos [--trials N] [--kinds kill9,sigstop,sigterm,replace,coordinator] [--soak SECONDS [--soak-steps N] [--soak-only faults|clean]] [--set key=value ...]
 //
-// --set adds a config key to every job (e.g. train.zero=2).
+// --set adds a config key to every job (e.g. train.zero=2). For bench/*.json
+// (the benchmark page), pipe the JSON through `bench/bench_meta.py stamp
+// FILE --kind chaos --command "..."`, which adds the command, machine and date.
 //
 // Times come from the coordinator's journal (`t`, unix seconds, written when
 // every rank has reported a step) against the wall clock at the fault, so

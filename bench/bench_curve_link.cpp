@@ -22,6 +22,8 @@
 // ±15%); this is the figure that can.
 //
 //   build/bench/bench_curve_link [--round-trips 20000] [--repeats 5] [--out FILE]
+// For bench/*.json: then `bench/bench_meta.py stamp FILE --in FILE --kind
+// curve_link --command "..."` adds the command, machine and date.
 #include <sys/resource.h>
 #include <unistd.h>
 

@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import tempfile
 
+import bench_meta
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HOSTS = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
@@ -78,10 +80,20 @@ def report_cap(results, cap, summary):
     print(json.dumps({cap: {k: (v["samples_per_s"] if isinstance(v, dict) else v) for k, v in summary.items()}}), flush=True)
 
 
-def write_results(results, out):
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
-    print(json.dumps(results))
+def write_results(results, out, title, figures):
+    """Writes results with bench_meta's header (command, machine, date) and
+    the figures the page shows, those whose values the run produced."""
+    present = []
+    for f in figures:
+        try:
+            bench_meta.lookup(results, f["at"])
+            if "anchor_at" in f:
+                bench_meta.lookup(results, f["anchor_at"])
+            present.append(f)
+        except (KeyError, IndexError):
+            pass
+    out_json = bench_meta.write(out, results, title, "Throughput", present)
+    print(json.dumps(out_json))
 
 
 def run_ddp(steps, fp16):
@@ -140,7 +152,16 @@ def main():
         if "ddp_fp16_hook" in summary and "dtactor_bf16" in summary:
             summary["bf16_vs_ddp_fp16_hook"] = summary["dtactor_bf16"]["samples_per_s"] / summary["ddp_fp16_hook"]["samples_per_s"]
         report_cap(results, cap, summary)
-    write_results(results, a.out)
+    F = bench_meta.figure
+    figures = []
+    for cap in results["caps"]:
+        for wire, ddp, anchor in (("fp32", "ddp", "PyTorch DDP"), ("bf16", "ddp_fp16_hook", "DDP with its fp16 compression hook")):
+            figures.append(F("%s: samples/s%s" % (cap, "" if wire == "fp32" else " with the bf16 wire"),
+                             ["caps", cap, "dtactor_" + wire, "samples_per_s"], "samples/s", anchor, ["caps", cap, ddp, "samples_per_s"]))
+    figures.sort(key=lambda f: "bf16" in f["what"])
+    write_results(results, a.out,
+                  "Two hosts (network namespaces) x 1 rank over capped links against PyTorch DDP under torchrun, the ViT, %d repeats"
+                  % a.repeats, figures)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 import time
 
+import bench_meta
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HOSTS = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
@@ -122,8 +124,15 @@ def main():
     finally:
         subprocess.run([HOSTS, "down", TAG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     res = {"trials": trials, "medians": {k: statistics.median(t[k] for t in trials) for k in trials[0]}}
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    F = bench_meta.figure
+    bench_meta.write(a.out, res, "Faults on separate hosts (network namespaces): a node's link cut and healed, the coordinator's link "
+                     "cut, %d trials" % a.trials, "Recovery from faults", [
+                         F("a node's link cut: detected (median)", ["medians", "cut_detected_s"], "s"),
+                         F("a node's link cut: the first step at world 1 (median)", ["medians", "cut_first_step_world1_s"], "s"),
+                         F("the link healed: the first step at world 2 again (median)", ["medians", "heal_first_step_world2_s"], "s"),
+                         F("completed steps lost", ["medians", "lost_steps"], "steps"),
+                         F("the coordinator's link cut for 4 s: steps trained meanwhile (median)",
+                           ["medians", "coordinator_cut_steps_during_4s"], "steps")])
     print(json.dumps(res["medians"]))
 
 

@@ -26,6 +26,7 @@ import os
 import statistics
 import tempfile
 
+import bench_meta
 from bench_hosts import each_cap, report_cap, run_dtactor, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,7 +69,13 @@ def main():
             if a_ in summary and b_ in summary:
                 summary["%s_vs_%s" % (a_, b_)] = summary[a_]["samples_per_s"] / summary[b_]["samples_per_s"]
         report_cap(results, cap, summary)
-    write_results(results, a.out)
+    F = bench_meta.figure
+    figures = [F("%s: samples/s, 2 hosts x 2 ranks" % cap, ["caps", cap, "2x2", "samples_per_s"], "samples/s", "1 host x 4 ranks",
+                 ["caps", cap, "1x4", "samples_per_s"]) for cap in results["caps"]]
+    figures += [F("%s: samples/s, 2 hosts x 2 ranks" % cap, ["caps", cap, "2x2", "samples_per_s"], "samples/s",
+                  "a flat ring over the 4 ranks", ["caps", cap, "2x2-flat", "samples_per_s"]) for cap in list(results["caps"])[:1]]
+    write_results(results, a.out, "Several ranks a host: 2 namespace hosts x 2 ranks (hierarchical) against 1 host x 4, capped links, "
+                  "%d repeats" % a.repeats, figures)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,15 @@ Benches written in C++ or shell pipe their JSON through the command line:
 
     build/bench/bench_chaos --trials 5 | python3 bench/bench_meta.py stamp \\
         bench/chaos_results.json --kind chaos --command "build/bench/bench_chaos --trials 5"
+    build/bench/bench_runtime --steps 400 --repeats 5 | python3 bench/bench_meta.py stamp \\
+        bench/runtime_results.json --kind runtime --command "build/bench/bench_runtime --steps 400 --repeats 5"
+    build/bench/bench_curve_link --repeats 5 --out bench/curve_link_results.json && python3 bench/bench_meta.py \\
+        stamp bench/curve_link_results.json --in bench/curve_link_results.json --kind curve_link \\
+        --command "build/bench/bench_curve_link --repeats 5"
 
-which takes the title, group and figures of that kind from KINDS below.
+which takes the title, group and figures of that kind from KINDS below
+(scripts/fuzz.sh --json, bench/torchscript_vs_builtin.sh and
+bench/wire_accuracy.sh call it themselves).
 Stdlib only.
 """
 import argparse
@@ -140,45 +147,131 @@ def write(path, result, title, group, figures, cmd=None, notes=None):
 
 
 # Title, group and figures of the benches that are not Python (C++ and
-# shell): `bench_meta.py stamp --kind K` applies them to the JSON they print.
+# shell): `bench_meta.py stamp --kind K` applies them to the JSON they print,
+# keeping the figures that the run produced (a bench's --modes or --kinds
+# choose what it measures).
+F = figure
 KINDS = {
     "chaos": {
         "title": "Recovery from faults: coordinator + 2 nodes x 1 rank, default ViT, real processes",
         "group": "Recovery from faults",
         "figures": [
-            figure("a node killed -9: the first step at the new world size after the kill (median)",
-                   ["kill9", "first_step_at_new_world_s", "median"], "s"),
-            figure("a node killed -9: the loss detected (median)", ["kill9", "detected_s", "median"], "s"),
-            figure("a node killed -9: completed steps lost (worst trial)", ["kill9", "lost_steps", "max"], "steps"),
-            figure("a node stopped (SIGSTOP, a hung machine): the first step at the new world size (median)",
-                   ["sigstop", "first_step_at_new_world_s", "median"], "s"),
-            figure("a node leaving (SIGTERM): the survivor's pause beyond one step (median)",
-                   ["sigterm", "pause_beyond_one_step_s", "median"], "s"),
-            figure("a replacement node: from its registration to its first step in the job (median)",
-                   ["replace", "contributing_after_register_s", "median"], "s"),
-            figure("a replacement node: the others' pause beyond one step while it joins (median)",
-                   ["replace", "others_paused_beyond_one_step_s", "median"], "s"),
-            figure("the coordinator killed -9 and restarted 3 s later: steps trained while it was down (median)",
-                   ["coordinator", "steps_completed_while_down_3s", "median"], "steps"),
-            figure("the coordinator killed -9: completed steps lost (worst trial)", ["coordinator", "lost_steps", "max"], "steps"),
+            F("a node killed -9: the first step at the new world size after the kill (median)",
+              ["kill9", "first_step_at_new_world_s", "median"], "s"),
+            F("a node killed -9: the loss detected (median)", ["kill9", "detected_s", "median"], "s"),
+            F("a node killed -9: completed steps lost (worst trial)", ["kill9", "lost_steps", "max"], "steps"),
+            F("a node stopped (SIGSTOP, a hung machine): the first step at the new world size (median)",
+              ["sigstop", "first_step_at_new_world_s", "median"], "s"),
+            F("a node leaving (SIGTERM): the survivor's pause beyond one step (median)",
+              ["sigterm", "pause_beyond_one_step_s", "median"], "s"),
+            F("a replacement node: from its registration to its first step in the job (median)",
+              ["replace", "contributing_after_register_s", "median"], "s"),
+            F("a replacement node: the others' pause beyond one step while it joins (median)",
+              ["replace", "others_paused_beyond_one_step_s", "median"], "s"),
+            F("the coordinator killed -9 and restarted 3 s later: steps trained while it was down (median)",
+              ["coordinator", "steps_completed_while_down_3s", "median"], "steps"),
+            F("the coordinator killed -9: completed steps lost (worst trial)", ["coordinator", "lost_steps", "max"], "steps"),
+            # --soak
+            F("soak: faults injected", ["soak", "with_faults", "faults"], "count"),
+            F("soak: recoveries", ["soak", "with_faults", "recoveries"], "count"),
+            F("soak: completed steps lost", ["soak", "with_faults", "lost_steps"], "steps"),
+            F("soak: test accuracy at the end, with faults", ["soak", "with_faults", "accuracy"], "accuracy",
+              "the same job fault-free", ["soak", "fault_free", "accuracy"]),
+        ],
+    },
+    "runtime": {
+        "title": "The runtime against one process: the ViT, global batch 128",
+        "group": "Throughput",
+        "figures": [
+            F("dtactor local, 2 ranks: samples/s", ["modes", "local2", "samples_per_s_median"], "samples/s",
+              "dtactor train, one process", ["modes", "train", "samples_per_s_median"]),
+            F("2 ranks over one process (median of the per-repeat ratios)", ["ratio_2_ranks_vs_1_process_paired_median"], "x"),
+            F("dtactor local, 1 rank: samples/s", ["modes", "local1", "samples_per_s_median"], "samples/s",
+              "dtactor train, one process", ["modes", "train", "samples_per_s_median"]),
+            F("dtactor local, 2 ranks, default settings: samples/s", ["modes", "local2_default", "samples_per_s_median"], "samples/s",
+              "dtactor train, default settings", ["modes", "train_default", "samples_per_s_median"]),
+            F("2 ranks over one process, default settings (median of the per-repeat ratios)",
+              ["ratio_2_ranks_vs_1_process_default_settings_paired_median"], "x"),
+            F("dtactor local, 2 ranks: samples/s", ["modes", "local2", "samples_per_s_median"], "samples/s",
+              "the baseline build (--baseline-bin)", ["modes", "base_local2", "samples_per_s_median"]),
+            F("dtactor local, 1 rank over dtactor train side by side (median of the ratios)", ["ratio_local1_vs_train_median"], "x"),
+        ],
+    },
+    "curve_link": {
+        "title": "CURVE's cost per control-plane message (one link, round trips)",
+        "group": "Control plane and security",
+        "figures": [
+            F("tcp, a heartbeat (70 B): extra CPU per message with CURVE (median of the pairs)",
+              ["tcp", "heartbeat", "extra_cpu_us_per_message_paired_median"], "us"),
+            F("tcp, a step report (198 B): extra CPU per message with CURVE", ["tcp", "step_report", "extra_cpu_us_per_message_paired_median"], "us"),
+            F("tcp, a 4 KiB frame: round trip with CURVE", ["tcp", "4KiB", "keyed", "us_per_round_trip"], "us",
+              "open link", ["tcp", "4KiB", "open", "us_per_round_trip"]),
+            F("tcp: the handshake with CURVE", ["tcp", "heartbeat", "keyed", "handshake_ms"], "ms",
+              "open link", ["tcp", "heartbeat", "open", "handshake_ms"]),
+            F("at the default settings: CURVE's extra CPU of a rank process, as a share of a core",
+              ["default_settings_bound", "rank_process_extra_cpu_fraction_of_a_core"], "fraction"),
+        ],
+    },
+    "torchscript_vs_builtin": {
+        "title": "The ViT written in PyTorch and scripted against the built-in ViT: dtactor train, default settings",
+        "group": "Throughput",
+        "figures": [F("TorchScript over built-in, samples/s (ratio of the medians)", ["ratio_of_medians"], "x")],
+    },
+    "wire_accuracy": {
+        "title": "The bf16 wire's effect on accuracy: 2 namespace hosts x 1 rank",
+        "group": "DiLoCo and thin links",
+        "figures": [
+            F("test accuracy with the bf16 wire", ["bf16", "accuracy"], "accuracy", "fp32 wire", ["fp32", "accuracy"]),
+            F("validation loss with the bf16 wire", ["bf16", "val_loss"], "loss", "fp32 wire", ["fp32", "val_loss"]),
+        ],
+    },
+    "fuzz": {
+        "title": "Every fuzz target (libFuzzer, ASan, UBSan)",
+        "group": "Fuzzing",
+        "figures": [
+            F("targets that failed (crash, leak, out of memory, timeout)", ["failed"], "count"),
+            F("wall time of the run", ["total_s"], "s"),
         ],
     },
 }
+del F
 
 
 def main():
-    ap = argparse.ArgumentParser(description="stamp a bench's JSON (stdin) with meta and figures")
+    ap = argparse.ArgumentParser(description="stamp a bench's JSON with meta and the figures of its kind")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stamp")
-    s.add_argument("out", help="the bench/*.json to write")
+    s.add_argument("out", help="the bench/*.json to write, or - for stdout")
+    s.add_argument("--in", dest="src", default="-", help="the bench's JSON (default: stdin)")
     s.add_argument("--kind", required=True, choices=sorted(KINDS))
     s.add_argument("--command", required=True, help="the bench's command line, as typed")
+    s.add_argument("--title", help="instead of the kind's title")
     s.add_argument("--notes")
     a = ap.parse_args()
-    result = json.load(sys.stdin)
+    if a.src == "-":
+        result = json.load(sys.stdin)
+    else:
+        with open(a.src) as f:
+            result = json.load(f)
     k = KINDS[a.kind]
-    write(a.out, result, k["title"], k["group"], k["figures"], a.command, a.notes)
-    print("bench_meta: wrote " + a.out)
+    figures = []
+    for f in k["figures"]:
+        try:
+            lookup(result, f["at"])
+            if "anchor_at" in f:
+                lookup(result, f["anchor_at"])
+        except (KeyError, IndexError, TypeError):
+            continue
+        figures.append(f)
+    if not figures:
+        sys.exit("bench_meta: none of the %s figures is in this JSON" % a.kind)
+    title = a.title or k["title"]
+    if a.out == "-":
+        json.dump(stamped(result, title, k["group"], figures, a.command, a.notes), sys.stdout, indent=1)
+        print()
+    else:
+        write(a.out, result, title, k["group"], figures, a.command, a.notes)
+        print("bench_meta: wrote " + a.out, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@
 //                             [--steps 600] [--repeats 3] [--work DIR] [--baseline-bin B]
 //                             [--modes train,local1,local2,train_default,local1_default,local2_default,base_local1,base_local2]
 //                             [--pair train,local1]
+// For bench/*.json: pipe the JSON through `bench/bench_meta.py stamp FILE
+// --kind runtime --command "..."`, which adds the command, machine and date.
 #include <sys/resource.h>
 
 #include <algorithm>

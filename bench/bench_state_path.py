@@ -32,6 +32,8 @@ ap.add_argument("--s3", action="store_true", help="checkpoints to a Ceph radosgw
 ap.add_argument("--set", action="append", default=[], help="one more config setting for every run (e.g. train.zero=2)")
 a = ap.parse_args()
 here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, here)
+import bench_meta  # noqa: E402
 
 work = tempfile.mkdtemp(prefix="dtactor-state-")
 run = os.path.join(work, "run")
@@ -190,7 +192,20 @@ try:
         "resume_start_to_first_step_s": round(first2["t"] - t0, 2),
         "run_dir": run if a.keep else None,
     }
-    print(json.dumps(out))
+    F = bench_meta.figure
+    store = "S3" if a.s3 else "directory"
+    print(json.dumps(bench_meta.stamped(out, "The state path at %s: coordinator + 2 nodes, a checkpoint every 2 steps to a %s store, "
+                                        "node b killed -9 and replaced, then resumed at world 1%s"
+                                        % (out["model"], store, " (%s)" % ", ".join(a.set) if a.set else ""),
+                                        "Checkpoints and the state path", [
+        F("training stalled for a checkpoint (median)", ["stall_s_median"], "s"),
+        F("checkpoint write rate (median)", ["write_gb_per_s_median"], "GB/s"),
+        F("kill -9 of node b: the first step at world 1", ["kill_to_first_step_at_world_1_s"], "s"),
+        F("completed steps lost", ["lost_steps"], "steps"),
+        F("state to the replacement from a live peer", ["peer_transfer_gb_per_s"], "GB/s"),
+        F("the replacement: registration to its first step", ["replacement_registered_to_first_step_s"], "s"),
+        F("resume at world 1 from the checkpoint: start to the first step", ["resume_start_to_first_step_s"], "s"),
+        F("the coordinator's peak resident memory", ["coordinator_peak_rss_mb"], "MB")])))
 finally:
     stop_sampling.set()
     for p in procs:

@@ -17,6 +17,9 @@ with train.zero = 2 at world 2: a 2.4 GB checkpoint.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_meta  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "dtactor"))
 ap.add_argument("--pairs", type=int, default=3)
@@ -78,9 +81,18 @@ for i in range(a.pairs):
     print(f"pair {i}: A {A['per_step_s']:.3f} s/step (stall {A['stall_s_median']:.2f}, write {A['write_s_median']:.2f}), "
           f"B {B['per_step_s']:.3f} s/step (stall {B['stall_s_median']:.2f}, write {B['write_s_median']:.2f})", file=sys.stderr)
 med = lambda k, w: statistics.median(r[w][k] for r in rows)
-print(json.dumps({"a": A_SET, "b": B_SET, "job": job, "nodes": a.nodes, "nproc_per_node": a.nproc_per_node,
-                  "per_step_ratio_median": statistics.median(r["per_step_ratio"] for r in rows),
-                  "a_per_step_s_median": med("per_step_s", "A"), "b_per_step_s_median": med("per_step_s", "B"),
-                  "a_stall_s_median": med("stall_s_median", "A"), "b_stall_s_median": med("stall_s_median", "B"),
-                  "a_peak_rss_max": max(max(r["A"]["peak_rss_bytes_by_rank"]) for r in rows),
-                  "b_peak_rss_max": max(max(r["B"]["peak_rss_bytes_by_rank"]) for r in rows), "runs": rows}, indent=1))
+result = {"a": A_SET, "b": B_SET, "job": job, "nodes": a.nodes, "nproc_per_node": a.nproc_per_node,
+          "per_step_ratio_median": statistics.median(r["per_step_ratio"] for r in rows),
+          "a_per_step_s_median": med("per_step_s", "A"), "b_per_step_s_median": med("per_step_s", "B"),
+          "a_stall_s_median": med("stall_s_median", "A"), "b_stall_s_median": med("stall_s_median", "B"),
+          "a_peak_rss_max": max(max(r["A"]["peak_rss_bytes_by_rank"]) for r in rows),
+          "b_peak_rss_max": max(max(r["B"]["peak_rss_bytes_by_rank"]) for r in rows), "runs": rows}
+F = bench_meta.figure
+B_NAME = " ".join(B_SET)
+print(json.dumps(bench_meta.stamped(result, "%s against %s: world %d, a checkpoint every %d steps, %d pairs"
+                                    % (" ".join(A_SET), B_NAME, a.nodes * a.nproc_per_node, a.every, a.pairs),
+                                    "Checkpoints and the state path", [
+    F("time a step, checkpoints included (median)", ["a_per_step_s_median"], "s", B_NAME, ["b_per_step_s_median"]),
+    F("A over B, time a step (median of the pairs)", ["per_step_ratio_median"], "x"),
+    F("training stalled for a checkpoint (median)", ["a_stall_s_median"], "s", B_NAME, ["b_stall_s_median"]),
+    F("peak resident memory of a rank", ["a_peak_rss_max"], "bytes", B_NAME, ["b_peak_rss_max"])]), indent=1))

@@ -5,7 +5,8 @@
 directory; the process is then stopped with SIGTERM.
 
 Usage: bench/coordinator_footprint.py [--runs 7] [--settle 0.5] BINARY [BINARY...]
-Prints one JSON object per binary.
+Prints one JSON object: a row per binary; the last is the figure, the first
+its anchor (the same run).
 """
 import argparse
 import json
@@ -17,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_meta  # noqa: E402
 
 
 def free_port():
@@ -69,9 +73,10 @@ def main():
     for _ in range(a.runs):  # interleaved, so that both see the same host load
         for b in a.binaries:
             results[b].append(one_run(b, a.settle))
+    rows = []
     for b, runs in results.items():
         start = [r[0] for r in runs]
-        print(json.dumps({
+        rows.append({
             "binary": b,
             "runs": len(runs),
             "start_s_median": round(statistics.median(start), 4),
@@ -79,7 +84,18 @@ def main():
             "start_s_max": round(max(start), 4),
             "vmrss_mib_median": round(statistics.median(r[1] for r in runs) / 1024, 1),
             "vmhwm_mib_median": round(statistics.median(r[2] for r in runs) / 1024, 1),
-        }))
+        })
+    # The last binary is the one measured; the first, where there are two or
+    # more, its anchor (e.g. the build before a change), in the same run.
+    F = bench_meta.figure
+    last, first = len(rows) - 1, 0
+    anchor = (lambda at: {"anchor": "%s (the first binary given)" % rows[0]["binary"], "anchor_at": ["results", first, at]}) \
+        if len(rows) > 1 else (lambda at: {})
+    figures = [dict(F("start, process start to listening (median)", ["results", last, "start_s_median"], "s"), **anchor("start_s_median")),
+               dict(F("resident memory (VmRSS) %.1f s after the start (median)" % a.settle, ["results", last, "vmrss_mib_median"], "MiB"),
+                    **anchor("vmrss_mib_median"))]
+    print(json.dumps(bench_meta.stamped({"results": rows}, "The coordinator process: start and resident memory, median of %d"
+                                        % a.runs, "Control plane and security", figures), indent=1))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import subprocess
 import tempfile
 import time
 
+import bench_meta
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HOSTS = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
@@ -156,11 +158,21 @@ def main():
         s["keyed_over_open_first_step_after_kill_paired_median"] = statistics.median(
             k["first_step_after_kill_s"] / o["first_step_after_kill_s"] for o, k in pairs)
         summary[where] = s
-    out = {"command": "bench/curve_cost.py --modes %s --repeats %d --steps %d --kill-at %d%s" %
-                      (a.modes, a.repeats, a.steps, a.kill_at, " --cap " + a.cap if a.cap else ""),
-           "summary": summary, "runs": runs}
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
+    out = {"summary": summary, "runs": runs}
+    F = bench_meta.figure
+    names = {"local": "local", "hosts": "separate hosts"}
+    figures = []
+    for where in modes:
+        s = ["summary", where]
+        figures += [F("%s: samples/s with a key" % names[where], s + ["keyed", "samples_per_s"], "samples/s", "open job", s + ["open", "samples_per_s"]),
+                    F("%s: keyed over open samples/s (median of the pairs)" % names[where],
+                      s + ["keyed_over_open_samples_per_s_paired_median"], "x"),
+                    F("%s: kill -9 of a node to the first step, with a key" % names[where], s + ["keyed", "first_step_after_kill_s"], "s",
+                      "open job", s + ["open", "first_step_after_kill_s"]),
+                    F("%s: a node's registration with a key" % names[where], s + ["keyed", "registration_s"], "s", "open job",
+                      s + ["open", "registration_s"])]
+    bench_meta.write(a.out, out, "A job key (CURVE on every control-plane link) against an open job, %d interleaved pairs" % a.repeats,
+                     "Control plane and security", figures)
     print(json.dumps(summary))
 
 

@@ -31,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
 from data_shards import ACCESS, SECRET, free_port, journal, make_vit_shards, shards_to_s3  # noqa: E402
 
 
@@ -136,15 +137,25 @@ def main():
         if "local" in summary and "s3" in summary:
             summary["s3_minus_local_contributing_after_register_s"] = (summary["s3"]["contributing_after_register_s"] -
                                                                         summary["local"]["contributing_after_register_s"])
-        result = {"command": " ".join(["bench/data_join.py"] + sys.argv[1:]),
-                  "setup": {"model": "built-in ViT, its defaults, Fashion-MNIST as 30 PNG tar shards of 2,000 samples (4.6 MB each)",
+        result = {"setup": {"model": "built-in ViT, its defaults, Fashion-MNIST as 30 PNG tar shards of 2,000 samples (4.6 MB each)",
                             "nodes": "coordinator and 2 nodes by hand on 127.0.0.1, 1 thread per rank; b joins at step %d" % args.join_at,
                             "defaults": "data.shuffle_block_shards 4, data.read_ahead_blocks 1, data.cache_bytes 4 GiB"},
                   "summary": summary, "runs": runs}
         print(json.dumps(summary))
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        F = bench_meta.figure
+        figures = []
+        if "local" in summary and "s3" in summary:
+            figures = [F("shards from S3 to an empty disk: the joiner's registration to its first contribution",
+                         ["summary", "s3", "contributing_after_register_s"], "s", "shards on its local disk",
+                         ["summary", "local", "contributing_after_register_s"]),
+                       F("the job's pause beyond one step while it joins, shards from S3", ["summary", "s3", "job_paused_beyond_one_step_s"],
+                         "s", "shards on its local disk", ["summary", "local", "job_paused_beyond_one_step_s"]),
+                       F("bytes the joiner read from S3", ["summary", "s3", "b_data_bytes_s3"], "bytes")]
+        else:
+            figures = [F("%s: the joiner's registration to its first contribution" % m, ["summary", m, "contributing_after_register_s"], "s")
+                       for m in modes]
+        bench_meta.write(args.out, result, "A node joining mid-run: built-in ViT from 30 PNG tar shards, %d repeats" % args.repeats,
+                         "Data", figures)
     finally:
         if rgw_dir:
             subprocess.run(["bash", os.path.join(ROOT, "scripts", "rgw", "stop-rgw.sh"), rgw_dir], stdout=subprocess.DEVNULL,

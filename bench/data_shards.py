@@ -43,6 +43,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
 ROOT = os.path.dirname(HERE)
 ACCESS = "TESTACCESSKEY0000001"
 SECRET = "testsecretkey0000000000000000000000000001"
@@ -216,6 +218,25 @@ def make_vit_shards(work):
     return names, {"file": "", "dir": os.path.join(shard_dir, "train-*.tar")}
 
 
+def write(args, result, modes, ratio, how):
+    """args.out with bench_meta's header; figures: each mode against the one file."""
+    F = bench_meta.figure
+    names = {"dir": "a directory of shards", "s3": "S3 (Ceph radosgw)"}
+    figures = []
+    for m in modes:
+        if m == "file" or "file" not in modes:
+            continue
+        figures += [F("samples/s from %s" % names.get(m, m), ["summary", m, "samples_per_s"], "samples/s", "one file (IDX / .bin)",
+                      ["summary", "file", "samples_per_s"]),
+                    F("%s over one file (%s)" % (names.get(m, m), "median of the side-by-side ratios" if "side" in ratio else "median of the pairs"),
+                      ["summary", "%s_over_file_samples_per_s_%s" % (m, ratio)], "x")]
+        if m == "s3":
+            figures.append(F("a step's wait for data from S3", ["summary", "s3", "data_wait_s_per_step"], "s", "one file",
+                             ["summary", "file", "data_wait_s_per_step"]))
+    model = "built-in ViT from 30 PNG tar shards" if args.model == "vit" else "TorchScript GPT from %d token shards" % args.shards
+    bench_meta.write(args.out, result, "%s, %s, %d repeats" % (model, how, args.repeats), "Data", figures)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt", choices=["gpt", "vit"])
@@ -270,15 +291,12 @@ def main():
             for m, v in ratios.items():
                 summary[m + "_over_file_samples_per_s_side_by_side_median"] = statistics.median(v)
                 summary[m + "_over_file_ratios"] = v
-            result = {"command": " ".join(["bench/data_shards.py"] + sys.argv[1:]),
-                      "setup": {**setup_of(args), "steps": args.steps,
+            result = {"setup": {**setup_of(args), "steps": args.steps,
                                 "threads": "1 compute thread per run, two runs side by side",
                                 "defaults": "data.shuffle_block_shards 4, data.read_ahead_blocks 1, data.cache_bytes 4 GiB"},
                       "summary": summary, "runs": runs}
             print(json.dumps(summary))
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
-                f.write("\n")
+            write(args, result, modes, "side_by_side_median", "side by side with the one-file data set")
             return
         for r in range(args.repeats):
             order = modes[r % len(modes):] + modes[:r % len(modes)]
@@ -302,14 +320,11 @@ def main():
                     b = [x for x in runs if x["repeat"] == r and x["mode"] == "file"][0]
                     ratios.append(a["samples_per_s"] / b["samples_per_s"])
                 summary[m + "_over_file_samples_per_s_paired_median"] = statistics.median(ratios)
-        result = {"command": " ".join(["bench/data_shards.py"] + sys.argv[1:]),
-                  "setup": {**setup_of(args), "steps": args.steps,
+        result = {"setup": {**setup_of(args), "steps": args.steps,
                             "global_batch_size": 32, "defaults": "data.shuffle_block_shards 4, data.read_ahead_blocks 1, data.cache_bytes 4 GiB"},
                   "summary": summary, "runs": runs}
         print(json.dumps(summary))
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        write(args, result, modes, "paired_median", "one run after the other")
     finally:
         if rgw_dir:
             subprocess.run(["bash", os.path.join(ROOT, "scripts", "rgw", "stop-rgw.sh"), rgw_dir], stdout=subprocess.DEVNULL,

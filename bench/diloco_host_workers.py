@@ -22,6 +22,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
 from bench_hosts import HOSTS, each_cap  # noqa: E402
 
 TAG = "dthw"
@@ -72,14 +73,26 @@ def main():
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="diloco-host-workers-")
     results = {"setup": "2 node hosts x 2 ranks (1 thread each) + a coordinator host, tbf on every link; ViT default model, global batch 128",
-               "command": " ".join(sys.argv), "cap": a.cap, "steps": a.steps, "sync_every": a.every, "logs": log_dir, "runs": {}}
+               "cap": a.cap, "steps": a.steps, "sync_every": a.every, "logs": log_dir, "runs": {}}
     for cap in each_cap(TAG, [a.cap]):
         for mode in a.modes.split(","):
             r = run(a.dtactor, a.steps, a.every, a.eval, mode, a.set, log_dir, "%s-%s-" % (cap, mode.replace(":", "-")))
             results["runs"][mode] = r
             print(json.dumps({mode: r}), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
+    F = bench_meta.figure
+    runs = results["runs"]
+    figures = []
+    for mode in runs:
+        if mode == "every_step" or not runs[mode].get("evals"):
+            continue
+        who = {"diloco:host": "each host a worker", "diloco:rank": "each rank a worker"}.get(mode, mode)
+        anchor = "every_step" if runs.get("every_step", {}).get("evals") else None
+        figures.append(F("test accuracy at step %s, %s" % (runs[mode]["evals"][-1].get("step"), who), ["runs", mode, "evals", -1, "accuracy"],
+                         "accuracy", anchor, ["runs", "every_step", "evals", -1, "accuracy"] if anchor else None))
+        figures.append(F("samples/s, %s" % who, ["runs", mode, "samples_per_s"], "samples/s", anchor,
+                         ["runs", "every_step", "samples_per_s"] if anchor else None))
+    bench_meta.write(a.out, results, "Hosts as DiLoCo workers: 2 namespace hosts x 2 ranks at %s, %d steps, H = %d%s"
+                     % (a.cap, a.steps, a.every, " (%s)" % ", ".join(a.set) if a.set else ""), "DiLoCo and thin links", figures)
     print(json.dumps(results))
 
 

@@ -32,6 +32,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
 from bench_hosts import HOSTS, each_cap  # noqa: E402
 
 TAG = "dtdl"
@@ -103,7 +104,7 @@ def main():
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="diloco-links-")
     results = {"setup": "%d node hosts x 1 rank (1 thread) + a coordinator host, tbf on every link; ViT default model, global batch 128" % a.hosts,
-               "steps": a.steps, "sync_every": a.every, "fragments": a.fragments, "command": " ".join(sys.argv), "logs": log_dir, "caps": {}}
+               "steps": a.steps, "sync_every": a.every, "fragments": a.fragments, "logs": log_dir, "caps": {}}
     modes = [m.split(":") for m in a.modes.split(",")]
     for cap in each_cap(TAG, a.caps.split(","), a.hosts + 1):
         runs = {}
@@ -130,8 +131,28 @@ def main():
     if base:
         results["ratio_to_first_cap_every_step_fp32"] = {cap: {m: round(v["samples_per_s"] / base["samples_per_s"], 3) for m, v in runs.items()}
                                                         for cap, runs in results["caps"].items()}
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
+    # The page's figures: every mode at the thinnest cap, against every_step
+    # fp32 at that cap where it ran there, else uncapped (the first cap).
+    F = bench_meta.figure
+    caps = a.caps.split(",")
+    first, last = caps[0], caps[-1]
+    figures = []
+    at_last = results["caps"].get(last, {})
+    if "every_step fp32" in at_last:
+        anchor, anchor_at = "every_step fp32 at %s" % last, ["caps", last, "every_step fp32", "samples_per_s"]
+    else:
+        anchor, anchor_at = "every_step fp32 uncapped (%s)" % first, ["caps", first, "every_step fp32", "samples_per_s"]
+    for name in at_last:
+        if name == "every_step fp32" and anchor_at[1] == last:
+            continue
+        has_anchor = base is not None
+        figures.append(F("%s: samples/s, %s" % (last, name), ["caps", last, name, "samples_per_s"], "samples/s",
+                         anchor if has_anchor else None, anchor_at if has_anchor else None))
+        if has_anchor and not name.startswith("every_step"):
+            figures.append(F("%s: %s over the uncapped synchronous throughput" % (last, name),
+                             ["ratio_to_first_cap_every_step_fp32", last, name], "x"))
+    bench_meta.write(a.out, results, "%s over capped links: %d namespace hosts x 1 rank, %d steps, H = %d, %d repeat(s)"
+                     % (", ".join(sorted({s for s, _ in modes})), a.hosts, a.steps, a.every, a.repeats), "DiLoCo and thin links", figures)
     print(json.dumps(results))
 
 

@@ -16,6 +16,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
 
 
 def run(binary, nodes, steps, sets, config):
@@ -48,7 +50,7 @@ def main():
     ap.add_argument("--dtactor", default=os.path.join(os.path.dirname(HERE), "build", "dtactor"))
     ap.add_argument("--out", default=os.path.join(HERE, "diloco_quality_results.json"))
     a = ap.parse_args()
-    results = {"command": " ".join(sys.argv), "config": a.config, "nodes": a.nodes, "steps": a.steps, "sets": a.set, "runs": {}}
+    results = {"config": a.config, "nodes": a.nodes, "steps": a.steps, "sets": a.set, "runs": {}}
     modes = [] if a.no_every_step else [("every_step", ["train.sync=every_step"])]
     modes += [("diloco H=%s" % h, ["train.sync=diloco", "train.sync_every=" + h]) for h in a.every.split(",") if h]
     for spec in filter(None, a.streaming.split(",")):
@@ -59,8 +61,23 @@ def main():
         r = run(a.dtactor, a.nodes, a.steps, a.set + sets, a.config)
         results["runs"][name] = r
         print(json.dumps({name: r}), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
+    # The page's figures: each run's last evaluation (accuracy, else the
+    # validation loss) against every_step's where it ran.
+    F = bench_meta.figure
+    runs = results["runs"]
+    figures = []
+    for name, r in runs.items():
+        if name == "every_step" or not r.get("evals"):
+            continue
+        last = r["evals"][-1]
+        metric, unit = ("accuracy", "accuracy") if "accuracy" in last else ("val_loss", "loss")
+        what = "%s at step %s, %s" % ("test accuracy" if metric == "accuracy" else "validation loss", last.get("step"), name)
+        anchor = "every_step" if runs.get("every_step", {}).get("evals") and metric in runs["every_step"]["evals"][-1] else None
+        figures.append(F(what, ["runs", name, "evals", -1, metric], unit, anchor,
+                         ["runs", "every_step", "evals", -1, metric] if anchor else None))
+    bench_meta.write(a.out, results, "DiLoCo's quality at equal samples: %s, %d workers, %d steps%s"
+                     % (a.config or "the ViT (default job)", a.nodes, a.steps, " (%s)" % ", ".join(a.set) if a.set else ""),
+                     "DiLoCo and thin links", figures)
     print(json.dumps(results))
 
 

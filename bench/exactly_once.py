@@ -39,6 +39,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
 ROOT = os.path.dirname(HERE)
 CONTEXT = 16
 
@@ -232,7 +234,6 @@ def main():
         s = json.loads(chk.stdout)
         result = {
             "bench": "exactly_once",
-            "command": " ".join(["bench/exactly_once.py"] + sys.argv[1:]),
             "ok": s["ok"],
             "samples_in_epoch": n,
             "global_batch": a.batch,
@@ -262,10 +263,14 @@ def main():
             "wall_s": {"first_run": round(run1_s, 1), "resumed_run": round(run2_s, 1), "check": round(check_s, 1),
                        "total": round(time.monotonic() - t_start, 1)},
         }
-        text = json.dumps(result, indent=1)
-        print(text)
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+        F = bench_meta.figure
+        out = bench_meta.write(a.out, result, "Exactly once per epoch through a kill -9, a join and a whole-job kill and resume "
+                               "(%s samples, %s steps)" % ("{:,}".format(result["samples_in_epoch"]), "{:,}".format(result["steps"])), "Data", [
+            F("sample indices seen more than once in the epoch", ["indices_seen_more_than_once"], "count"),
+            F("sample indices seen exactly once", ["indices_seen_once"], "count", "samples in the epoch", ["samples_in_epoch"]),
+            F("steps trained again after the resume from the checkpoint", ["steps_redone_after_the_resume"], "steps"),
+            F("the checker's verdict", ["ok"], "count")])
+        print(json.dumps(out, indent=1))
         return 0 if s["ok"] else 1
     finally:
         for j in jobs:

@@ -38,6 +38,8 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
 ROOT = os.path.dirname(HERE)
 
 
@@ -295,9 +297,14 @@ def main():
         if not a.key and dropped < shares[0] * 0.99:
             fail("the coordinator counted %d dropped frames of the %d sent to it" % (dropped, shares[0]))
         if a.out:
-            with open(a.out, "w") as f:
-                json.dump(dict(result, command="bench/flood.py --frames %d --half-open %d%s" % (a.frames, a.half_open, " --key" if a.key else "")),
-                          f, indent=1)
+            F = bench_meta.figure
+            bench_meta.write(a.out, result, "Garbage frames and half-open connections at the coordinator, %s" % ("a keyed job" if a.key else "an open job"),
+                             "Control plane and security", [
+                                 F("steps trained during the flood", ["steps_during_flood"], "steps"),
+                                 F("membership changes caused (new generations)", ["new_generations"], "count"),
+                                 F("events lost", ["lost_events"], "count"),
+                                 F("coordinator resident memory after the flood", ["rss_mb_after", "coordinator"], "MB", "before it",
+                                   ["rss_mb_before", "coordinator"])])
     finally:
         for s in held:
             s.close()

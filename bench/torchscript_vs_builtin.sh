@@ -4,7 +4,8 @@
 # trained through the TorchScript path (model.name = torchscript, Fashion-MNIST
 # as .npy), `dtactor train` with the default settings otherwise, the two
 # interleaved in each repeat; samples/s from the journal between step 100 and
-# the last. Prints one JSON object.
+# the last. Prints one JSON object, with bench/bench_meta.py's header (the
+# command, the machine, the date; bench/torchscript_vs_builtin_results.json).
 set -euo pipefail
 R=${1:-3}; N=${2:-400}
 B=$(cd "$(dirname "$0")/.." && pwd)/build/dtactor
@@ -19,7 +20,8 @@ for i in $(seq 1 "$R"); do
   "$B" train "${common[@]}" --set eval.max_samples=1000 --run-dir "$D/builtin$i" > /dev/null 2>&1
   "$B" train "${common[@]}" "${ts[@]}" --run-dir "$D/ts$i" > /dev/null 2>&1
 done
-/usr/bin/python3.11 - "$D" "$R" <<'PY'
+/usr/bin/python3.11 - "$D" "$R" <<'PY' | /usr/bin/python3.11 "$(dirname "$0")/bench_meta.py" stamp - --kind torchscript_vs_builtin \
+  --command "bench/torchscript_vs_builtin.sh $R $N" --title "The ViT written in PyTorch and scripted against the built-in ViT: dtactor train, default settings, $R pairs of $N steps"
 import json, statistics, sys
 d, r = sys.argv[1], int(sys.argv[2])
 def sps(run):

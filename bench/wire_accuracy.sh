@@ -4,7 +4,8 @@
 # namespaces, scripts/netns/hosts.sh; 1 rank each, 1 thread), fp32 then
 # bf16 gradients on the wire; prints the final evaluation of each (the
 # job_finished metrics: accuracy for ViT, val_loss and perplexity for GPT)
-# as JSON. Needs root. Usage: bench/wire_accuracy.sh [CONFIG] [STEPS]
+# as JSON, with bench/bench_meta.py's header (the command, the machine, the
+# date). Needs root. Usage: bench/wire_accuracy.sh [CONFIG] [STEPS]
 # (the GPT example: bench/wire_accuracy.sh examples/gpt_gcide.toml 3000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +35,5 @@ print(json.dumps({k: v for k, v in e.items() if k in ("accuracy", "val_loss", "p
   out="$out\"$wire\": {$metrics, \"wall_s\": $(($(date +%s) - start))}, "
   rm -rf "$rd"
 done
-echo "${out%, }, \"config\": \"$config\", \"steps\": $steps}"
+echo "${out%, }, \"config\": \"$config\", \"steps\": $steps}" | /usr/bin/python3.11 bench/bench_meta.py stamp - --kind wire_accuracy \
+  --command "bench/wire_accuracy.sh $config $steps" --title "The bf16 wire's effect on $config: 2 namespace hosts x 1 rank, $steps steps"

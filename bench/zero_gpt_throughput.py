@@ -24,6 +24,9 @@ needs about 13 GB.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_meta  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "dtactor"))
 ap.add_argument("--pairs", type=int, default=3)
@@ -141,7 +144,7 @@ finally:
     if a.hosts:
         subprocess.run([HOSTS, "down", TAG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 ratios = sorted(r["ratio"] for r in rows)
-print(json.dumps({
+result = {
     "what": "202M GPT step time, A against B, " + (f"separate namespace hosts, links capped at {a.cap}" if a.hosts else "dtactor local") + ", median gap between journaled steps from step 2 on, pairs run A B A B",
     "A": A_SET, "B": B_SET,
     "hosts": a.hosts, "nodes": a.nodes, "ranks_per_node": a.nproc_per_node, "settings": a.set, "steps": a.steps,
@@ -153,4 +156,15 @@ print(json.dumps({
     # events; shared-memory pages a rank touched count in it), the largest rank.
     "A_peak_rss_largest_rank_bytes": max((max(r["A"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
     "B_peak_rss_largest_rank_bytes": max((max(r["B"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
-    "runs": rows}, indent=1))
+    "runs": rows}
+F = bench_meta.figure
+A_NAME, B_NAME = " ".join(A_SET), " ".join(B_SET)
+where = "%d namespace hosts x %d ranks, links at %s" % (a.nodes, a.nproc_per_node, a.cap) if a.hosts else \
+    "world %d (%d nodes x %d ranks)" % (a.nodes * a.nproc_per_node, a.nodes, a.nproc_per_node)
+print(json.dumps(bench_meta.stamped(result, "%s against %s: 202M GPT at %s, time a step, %d pairs%s"
+                                    % (A_NAME, B_NAME, where, a.pairs, " (%s)" % ", ".join(a.set) if a.set else ""),
+                                    "Sharded state (ZeRO)", [
+    F("time a step, %s (median)" % A_NAME, ["A_step_s_median"], "s", B_NAME, ["B_step_s_median"]),
+    F("%s over %s, time a step (median of the pairs)" % (A_NAME, B_NAME), ["A_over_B_step_paired_median"], "x"),
+    F("peak resident memory of the largest rank, %s" % A_NAME, ["A_peak_rss_largest_rank_bytes"], "bytes", B_NAME,
+      ["B_peak_rss_largest_rank_bytes"])]), indent=1))

@@ -18,6 +18,9 @@ Usage: bench/zero_largest_gpt.py [--levels 0,1,2] [--probe-layers 4,8]
 """
 import argparse, json, os, subprocess, sys, tempfile, threading, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_meta  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "dtactor"))
 ap.add_argument("--levels", default="0,1,2")
@@ -161,4 +164,14 @@ if "0" in out["levels"] and out["levels"]["0"].get("largest_parameters"):
     for k, v in out["levels"].items():
         if v.get("largest_parameters"):
             v["largest_over_zero0"] = v["largest_parameters"] / base
-print(json.dumps(out, indent=1))
+F = bench_meta.figure
+figures = []
+for k, v in out["levels"].items():
+    if not v.get("largest_verified"):
+        continue
+    anchor = k != "0" and out["levels"].get("0", {}).get("largest_verified")
+    figures.append(F("largest GPT, zero=%s" % k, ["levels", k, "largest_parameters"], "parameters", "zero=0" if anchor else None,
+                     ["levels", "0", "largest_parameters"] if anchor else None))
+print(json.dumps(bench_meta.stamped(out, "The largest GPT that trains at world %d (%d nodes x %d ranks) by train.zero level%s"
+                                    % (a.nodes * a.nproc_per_node, a.nodes, a.nproc_per_node, " (%s)" % ", ".join(a.set) if a.set else ""),
+                                    "Sharded state (ZeRO)", figures), indent=1))

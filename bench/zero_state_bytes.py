@@ -20,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_meta  # noqa: E402
+
 
 def run(binary, nodes, nproc, zero, replicas, steps, extra):
     with tempfile.TemporaryDirectory() as d:
@@ -99,7 +102,24 @@ def main():
     for (n, p, z, r) in configs:
         rows.append(run(a.binary, n, p, z, r, a.steps, a.set))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print(json.dumps({"command": " ".join(sys.argv), "settings": a.set, "rows": rows}, indent=1))
+    # The page's figures: at the largest world, the state a rank holds a
+    # parameter at each level, against zero=0 in the same layout.
+    F = bench_meta.figure
+    world = max(r["world"] for r in rows)
+    figures = []
+    for i, r in enumerate(rows):
+        if r["world"] != world:
+            continue
+        base = [j for j, b in enumerate(rows) if b["zero"] == 0 and (b["nodes"], b["ranks_per_node"]) == (r["nodes"], r["ranks_per_node"])]
+        if r["zero"] == 0 and len(rows) > 1 and base:
+            continue
+        what = "world %d (%d nodes x %d), zero=%d%s: state bytes a parameter on a rank" % (
+            r["world"], r["nodes"], r["ranks_per_node"], r["zero"], ", R = %s" % r["replicas"] if r.get("replicas") else "")
+        figures.append(F(what, ["rows", i, "total_bytes_per_param"], "B/param", "zero=0" if base else None,
+                         ["rows", base[0], "total_bytes_per_param"] if base else None))
+    print(json.dumps(bench_meta.stamped({"settings": a.set, "rows": rows},
+                                        "State a rank holds by train.zero level, from each rank's report%s"
+                                        % (" (%s)" % ", ".join(a.set) if a.set else ""), "Sharded state (ZeRO)", figures), indent=1))
 
 
 if __name__ == "__main__":

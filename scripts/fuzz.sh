@@ -16,6 +16,7 @@
 # allocation allowed), FUZZ_UNIT_TIMEOUT (seconds one input may take, default 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fuzz_args="$*"
 seconds=30 jobs=1 only="" json=""
 while [ $# -gt 0 ]; do
   case $1 in
@@ -118,5 +119,8 @@ if [ -n "$json" ]; then
     for i in "${!lines[@]}"; do printf '  %s%s\n' "${lines[$i]}" "$([ "$i" -lt $(( ${#lines[@]} - 1 )) ] && echo ,)"; done
     printf ']}\n'
   } >"$json"
+  # bench/bench_meta.py's header: the command, the machine, the date.
+  python3 bench/bench_meta.py stamp "$json" --in "$json" --kind fuzz \
+    --command "scripts/fuzz.sh $fuzz_args" --title "Every fuzz target for $seconds s (libFuzzer, ASan, UBSan)"
 fi
 [ "$failed" -eq 0 ]
