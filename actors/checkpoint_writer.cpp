@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/printable.hpp"
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
 #include "storage/manifest_plan.hpp"
@@ -43,10 +44,9 @@ void try_commit(writer_self self, int64_t step) {
       e.parts = nparts;
       e.direct_ranks = direct;
       emit(st.opts.events, e);
-      if (step >= st.newest_step) {
-        st.newest_step = step;
-        if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step);
-      }
+      st.newest_step = std::max(st.newest_step, step);
+      // Older ones too: a step a rank refused may be committed again.
+      if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step, std::move(saved->kept));
       return;
     }
     why = saved.message();
@@ -84,8 +84,8 @@ caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts
           if (!p.failed) {
             p.failed = true;
             ++st.failed;
-            const std::string why = "rank " + std::to_string(w.global_rank()) + " (" + in.from.node_name() +
-                                    ") could not store its part: " + (w.error().empty() ? "it reported no parts" : w.error());
+            const std::string why = "rank " + std::to_string(w.global_rank()) + " (" + printable(in.from.node_name()) + ") could not store its part: " +
+                                    (w.error().empty() ? "it reported no parts" : printable(w.error(), printable_max_detail_chars));
             log_line(st.opts.log, "checkpoint at step " + std::to_string(w.step()) + " not saved: " + why);
             emit(st.opts.events, ev::checkpoint_failed{w.step(), why});
           }

@@ -27,13 +27,14 @@ struct saved_checkpoint {
   std::string path;
   int64_t bytes = 0;
   double duration_s = 0;  // the commit (manifest, checks, rotation)
+  std::vector<int64_t> kept;  // steps of the checkpoints left in the store after rotation (empty: not known)
 };
 struct checkpoint_writer_options {
   // meta: the manifest (rank 0's meta with every part, generation set).
   std::function<result<saved_checkpoint>(pb::checkpoint_meta)> commit;
   log_fn log;
   event_sink events;
-  caf::actor members;  // gets (ckpt_atom, step); also set by (members_atom, actor)
+  caf::actor members;  // gets (ckpt_atom, step, kept); also set by (members_atom, actor)
 };
 
 struct checkpoint_writer_state {
@@ -61,10 +62,10 @@ struct checkpoint_writer_state {
 // one's); when every rank's are in, the checkpoint is committed through
 // opts.commit with all ranks' parts in offset order: `checkpoint_saved`
 // (with the stall and write rate) or `checkpoint_failed` (also when any rank
-// could not store its parts, or the parts do not cover the stream exactly). A
-// committed checkpoint newer than any before goes to the membership actor
-// as (ckpt_atom, step). (flush_atom) -> true once every report received
-// before it was handled.
+// could not store its parts, or the parts do not cover the stream exactly).
+// Every committed checkpoint goes to the membership actor as (ckpt_atom,
+// step, kept). (flush_atom) -> true once every report received before it
+// was handled.
 caf::behavior checkpoint_writer(caf::stateful_actor<checkpoint_writer_state>* self, checkpoint_writer_options opts);
 
 }  // namespace dtactor

@@ -35,6 +35,24 @@ struct rank_usage {
   uint64_t param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0;  // training state the rank holds (0 = not reported)
   uint64_t checkpoint_buffer_bytes = 0;  // its checkpoint part's host buffer (checkpoint.keep_buffer)
   std::optional<data_reading> data;  // sharded data (absent: the rank reads no shards)
+  int64_t step = -1;                 // the step the report is for
+};
+
+// The members as the failure detector sees them, a few times a second (not
+// journaled: the status page's member table).
+struct member_seen {
+  std::string node;
+  std::string host;  // its advertised address
+  int32_t node_rank = -1;
+  int32_t nproc = 0;        // rank processes it runs
+  int32_t ready_ranks = 0;  // of them, ready to be planned
+  bool in_plan = false;     // in the current generation
+  double heartbeat_age_s = 0;
+};
+struct members_view {
+  uint64_t generation = 0;
+  std::vector<member_seen> members;
+  std::vector<std::string> draining;  // left, their ranks finishing the step in flight
 };
 // The job ended; emitted once, after every checkpoint it sent was handled.
 // The sink journals it as job_finished, job_stopped or job_failed.
@@ -48,13 +66,15 @@ struct job_ended {
   std::string reason;                     // failed, or stopped without every rank
   bool digests_differ = false;            // ranks finished with different parameters
   bool final_checkpoint = true;           // stopped: every rank stopped after the final checkpoint
+  bool resumable = true;                  // failed: starting again resumes (false: every checkpoint was refused)
   int exit_code = 0;
 };
 
 // The rest are journal events (actors/journal_events.hpp).
 using event =
     std::variant<node_joined, node_lost, node_left, preemption_notice, node_quarantined, job_waiting, generation_started, generation_adopted, rank_usage, step_completed, outer_step,
-                 eval_done, recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping, job_ended>;
+                 eval_done, recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, checkpoint_refused, job_stopping, job_ended,
+                 members_view>;
 
 }  // namespace dtactor::ev
 

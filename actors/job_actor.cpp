@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "caf/event_based_actor.hpp"
+#include "base/printable.hpp"
 #include "caf/stateful_actor.hpp"
 
 namespace dtactor {
@@ -57,9 +58,10 @@ void check_finished(job_self self) {
   end_job(self, std::move(e));
 }
 
-void fail_job(job_self self, const std::string& reason) {
+void fail_job(job_self self, const std::string& reason, bool resumable = true) {
   auto& st = self->state;
   ev::job_ended e;
+  e.resumable = resumable;
   e.how = ev::outcome::failed;
   e.step = st.last_step;
   e.generation = st.generation;
@@ -84,8 +86,9 @@ void record_step(job_self self, int32_t global_rank, int64_t step) {
 void on_step_report(job_self self, const pb::step_report& r, const sender_id& sender) {
   auto& st = self->state;
   record_step(self, r.global_rank(), r.step());
-  if (r.peak_rss_bytes() > 0 || r.data_wait_s() > 0 || r.has_data()) {
-    ev::rank_usage u{r.global_rank(), r.node_id().empty() ? sender.node_name() : r.node_id(), r.cpu_s(), r.rss_bytes(),
+  {
+    // The node name becomes a metric label: printable.
+    ev::rank_usage u{r.global_rank(), printable(r.node_id().empty() ? sender.node_name() : r.node_id()), r.cpu_s(), r.rss_bytes(),
                      r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered()), r.param_bytes(),
                      r.grad_bytes(), r.optimizer_state_bytes(), r.checkpoint_buffer_bytes(), std::nullopt};
     if (r.has_data()) {
@@ -94,6 +97,7 @@ void on_step_report(job_self self, const pb::step_report& r, const sender_id& se
                                             d.shards_verified(), d.shards_failed(),    d.read_ahead_depth(), d.cache_bytes(),
                                             d.cache_peak_bytes()};
     }
+    u.step = r.step();
     emit(st.opts.events, u);
   }
   if (r.outer_steps() > 0 && r.global_rank() == 0)
@@ -127,13 +131,14 @@ void on_rank_status(job_self self, const inbound& in) {
       // Recorded; the membership actor re-plans (a new generation without
       // the lost rank, or the same members re-formed).
       const bool failed = s.status() == pb::rank_status::STATE_FAILED;
-      emit(st.opts.events,
-           ev::rank_down{failed, s.global_rank(), s.local_rank(), in.from.node_name(), s.detail(), s.exit_code(), s.step(), in.env.generation()});
+      const std::string detail = printable(s.detail(), printable_max_detail_chars);
+      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), printable(in.from.node_name()), detail, s.exit_code(), s.step(),
+                                         in.env.generation()});
       // No new generation can fix ranks whose parameters diverged, a loss
       // that became NaN, or data that cannot be read.
       if (failed && (s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER || s.failure() == pb::rank_status::FAILURE_DATA ||
                      s.failure() == pb::rank_status::FAILURE_DIVERGED))
-        fail_job(self, "rank " + std::to_string(s.global_rank()) + ": " + s.detail());
+        fail_job(self, "rank " + std::to_string(s.global_rank()) + ": " + detail);
       break;
     }
     default:
@@ -147,7 +152,7 @@ void on_eval(job_self self, const pb::eval_report& e) {
   d.step = e.step();
   d.duration_s = e.duration_s();
   for (const auto& [k, v] : e.metrics()) d.metrics[k] = v;
-  d.examples.assign(e.examples().begin(), e.examples().end());
+  for (const auto& x : e.examples()) d.examples.push_back(printable(x, 4096));  // model output, already one line
   st.last_eval = d.metrics;
   emit(st.opts.events, d);
 }
@@ -229,7 +234,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
             if (st.checkpoints) self->send(st.checkpoints, std::move(in));
             break;
           case pb::envelope::kJobError:
-            emit(st.opts.events, ev::job_error{in.from.node_name(), in.env.job_error().message()});
+            emit(st.opts.events, ev::job_error{printable(in.from.node_name()), printable(in.env.job_error().message(), printable_max_detail_chars)});
             break;
           default:
             ++st.stale_reports;
@@ -237,6 +242,7 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
         }
       },
       [=](stop_atom, const std::string& reason) { stop_job(self, reason); },
+      [=](fail_atom, const std::string& reason) { fail_job(self, reason, false); },
       [=](stop_due_atom) {
         auto& st = self->state;
         if (st.ending) return;

@@ -89,6 +89,7 @@ struct job_actor_state {
 //   (others are counted and dropped).
 // (lost_atom, node_id, detected_after_s): counted and logged.
 // (stop_atom, reason): stop the job after a final checkpoint.
+// (fail_atom, reason): the job fails with this line (nothing can go on).
 // (wait_atom): the sender gets (done_atom, int exit_code) when the job ended.
 caf::behavior job_actor(caf::stateful_actor<job_actor_state>* self, job_options opts, caf::actor checkpoints);
 

@@ -457,6 +457,23 @@ struct checkpoint_failed {
   }
 };
 
+// A rank refused the checkpoint it was to load (its bytes do not check
+// out, or it does not fit the job): marked bad for this job, never planned
+// again (actors/checkpoint_choice.hpp).
+struct checkpoint_refused {
+  static constexpr std::string_view name = "checkpoint_refused";
+  int64_t step = 0;  // the refused checkpoint's
+  int32_t rank = 0;
+  std::string node;
+  uint64_t generation = 0;
+  std::string reason;          // the rank's
+  int64_t fallback_step = -1;  // what the next plan loads; -1: none is left, the job fails
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("step", s.step), f("rank", s.rank), f("node", s.node), f("generation", s.generation), f("reason", s.reason), f("fallback_step", s.fallback_step);
+  }
+};
+
 // A stop was asked for (a signal): ranks stop after a final checkpoint.
 struct job_stopping {
   static constexpr std::string_view name = "job_stopping";
@@ -577,7 +594,7 @@ struct batch_size_found {
 
 using journal_event = std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left, preemption_notice,
                                    node_quarantined, job_waiting, generation_started, generation_adopted, step_completed, outer_step, resources, eval_done,
-                                   recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, job_stopping,
+                                   recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, checkpoint_refused, job_stopping,
                                    job_started, job_finished, job_stopped, job_failed, batch_size_search_started, batch_size_trial, batch_size_found>;
 
 // The event's name on disk.

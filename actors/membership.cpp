@@ -1,5 +1,7 @@
 #include "actors/membership.hpp"
 
+#include "base/printable.hpp"
+
 #include <cctype>
 #include <cstdio>
 
@@ -368,27 +370,13 @@ bool membership::report_failure(uint64_t generation, const std::string& node_id,
 
 std::string node_id_problem(const std::string& id) {
   if (id.empty()) return "an empty node id";
-  std::string shown;  // printable: escapes and bytes outside ASCII as \xNN
   bool bad = id.size() > 128;
-  for (size_t i = 0; i < id.size() && i < 64; ++i) {
-    const unsigned char c = static_cast<unsigned char>(id[i]);
-    const bool ok = std::isalnum(c) || c == '.' || c == '_' || c == '-';
-    bad = bad || !ok;
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      shown += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      shown += buf;
-    }
-  }
-  for (size_t i = 64; i < id.size() && !bad; ++i) {
+  for (size_t i = 0; i < id.size() && !bad; ++i) {
     const unsigned char c = static_cast<unsigned char>(id[i]);
     bad = !(std::isalnum(c) || c == '.' || c == '_' || c == '-');
   }
   if (!bad) return "";
-  if (id.size() > 64) shown += "... (" + std::to_string(id.size()) + " bytes)";
-  return "node id '" + shown + "' is not 1 to 128 letters, digits, '.', '_' or '-'";
+  return "node id '" + printable(id, 64) + "' is not 1 to 128 letters, digits, '.', '_' or '-'";
 }
 
 admission membership::admit(const node_registration& reg, clock_time now) {

@@ -1,10 +1,12 @@
 #include "actors/membership_actor.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "actors/wire_enums.hpp"
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
+#include "base/printable.hpp"
 #include "base/unix_time.hpp"
 
 namespace dtactor {
@@ -65,11 +67,11 @@ void on_register(membership_self self, const inbound& in) {
     if (a.quarantined) quarantined(self, r.node_id(), st.members.state().flaps.at(r.node_id()).reason);
   }
   if (!a.accepted)
-    log_line(st.opts.log, "refused node '" + r.node_id() + "': " + a.reason);
+    log_line(st.opts.log, "refused node '" + printable(r.node_id()) + "': " + printable(a.reason, 0));
   else if (a.joined) {
     log_line(st.opts.log, "node '" + r.node_id() + "' joined as node rank " + std::to_string(a.node_rank) + " (nproc " + std::to_string(r.nproc()) +
                               (a.rejoined ? ", its previous rank)" : ")"));
-    emit(self, ev::node_joined{r.node_id(), in.peer, r.advertise_addr(), r.metrics_port()});
+    emit(self, ev::node_joined{r.node_id(), in.peer, printable(r.advertise_addr()), r.metrics_port()});
   }
   if (a.accepted) {
     st.peers[r.node_id()] = in.peer;
@@ -105,11 +107,12 @@ void on_leave(membership_self self, const inbound& in) {
   if (!n || n->incarnation != in.env.incarnation()) return;
   st.members.remove(id, self->clock().now(), departure::left);
   if (in.env.leave().draining()) st.draining[id] = self->clock().now();
-  log_line(st.opts.log, "node '" + id + "' left: " + in.env.leave().reason());
-  emit(self, ev::node_left{id, in.env.leave().reason()});
+  const std::string reason = printable(in.env.leave().reason());
+  log_line(st.opts.log, "node '" + id + "' left: " + reason);
+  emit(self, ev::node_left{id, reason});
   if (in.env.leave().has_notice()) {
     const auto& n = in.env.leave().notice();
-    emit(self, ev::preemption_notice{id, n.cloud(), n.announced_time(), n.announced_unix_s(), in.env.leave().at_step(),
+    emit(self, ev::preemption_notice{id, printable(n.cloud()), printable(n.announced_time()), n.announced_unix_s(), in.env.leave().at_step(),
                                      n.announced_unix_s() - n.noticed_unix_s(), n.announced_unix_s() - unix_time_now()});
   }
 }
@@ -134,10 +137,11 @@ void refuse_node(membership_self self, const std::string& id, const std::string&
 void on_rank_status(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& s = in.env.rank_status();
-  auto id = node_id_of(in);
+  // Peer text from here on is printable (logs, journal, labels).
+  auto id = printable(node_id_of(in));
   uint64_t incarnation = in.env.incarnation();
   if (in.from.who == sender_id::role::rank) {
-    id = in.from.node;
+    id = printable(in.from.node);
     if (const auto* n = st.members.find(id)) incarnation = n->incarnation;
   }
   if (id.empty()) return;
@@ -147,8 +151,8 @@ void on_rank_status(membership_self self, const inbound& in) {
       for (const auto& [path, digest] : s.data_digests()) {
         auto [ref, first] = st.opts.data_digests.emplace(path, digest);
         if (first || ref->second == digest) continue;
-        refuse_node(self, id, "data file '" + path + "' on node '" + id + "' differs from the coordinator's (" + digest + ", expected " + ref->second +
-                                  "): the node is refused");
+        refuse_node(self, id, "data file '" + printable(path) + "' on node '" + id + "' differs from the coordinator's (" + printable(digest) +
+                                  ", expected " + printable(ref->second) + "): the node is refused");
         return;
       }
       st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
@@ -165,16 +169,34 @@ void on_rank_status(membership_self self, const inbound& in) {
       if (in.env.generation() == 0 && s.global_rank() < 0) {
         // The warm-up failed (the model or the data could not be loaded):
         // no generation can use this node as it is.
-        refuse_node(self, id, "node '" + id + "' cannot start rank " + std::to_string(s.local_rank()) + ": " + s.detail());
+        refuse_node(self, id, "node '" + id + "' cannot start rank " + std::to_string(s.local_rank()) + ": " + printable(s.detail(), printable_max_detail_chars));
         return;
       }
       if (st.members.report_failure(in.env.generation(), id, s.local_rank(), now))
         log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' failed in generation " +
-                                  std::to_string(in.env.generation()) + " (" + s.detail() + "); suspecting silent nodes");
+                                  std::to_string(in.env.generation()) + " (" + printable(s.detail(), printable_max_detail_chars) + "); suspecting silent nodes");
       break;
     default:
       break;
   }
+}
+
+// A rank refused the checkpoint it was to load: marked bad for the job,
+// journaled once. Returns the job's failure line when none is left (and
+// plans nothing more).
+std::optional<std::string> on_checkpoint_refused(membership_self self, const inbound& in) {
+  auto& st = self->state;
+  const auto& s = in.env.rank_status();
+  if (s.status() != pb::rank_status::STATE_FAILED || s.failure() != pb::rank_status::FAILURE_CHECKPOINT) return std::nullopt;
+  const std::string who = "rank " + std::to_string(s.global_rank()) + " on node '" + in.from.node_name() + "'";
+  auto r = refuse_checkpoint(st.checkpoints, s.refused_checkpoint_step(), who, s.detail());
+  if (r.newly_bad) {
+    if (!r.exhausted) log_line(st.opts.log, r.line);  // else the job's failure says it
+    emit(self, ev::checkpoint_refused{s.refused_checkpoint_step(), s.global_rank(), in.from.node_name(), in.env.generation(), s.detail(), r.fallback});
+  }
+  if (!r.exhausted || st.stopping) return std::nullopt;
+  st.stopping = true;
+  return r.line;
 }
 
 void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
@@ -182,7 +204,7 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   // A newer generation was planned while we waited for the start step.
   if (current_generation(st) != p.generation) return;
   auto env = make_envelope(st.opts.header, p.generation);
-  *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.newest_checkpoint_step);
+  *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.checkpoints);
   const auto& wp = env.generation_plan();
   ev::generation_started started{p.generation, p.world_size, p.cause, p.drain, start_step, wp.state_root(), {}};
   for (const auto& n : p.nodes) started.nodes.push_back(n.node_id);
@@ -222,9 +244,34 @@ void announce(membership_self self, const plan& p) {
           });
 }
 
+// The members for the status page, at most twice a second.
+void report_members(membership_self self, clock_time now) {
+  auto& st = self->state;
+  if (!st.opts.events || now - st.last_view < std::chrono::milliseconds(500)) return;
+  st.last_view = now;
+  ev::members_view v;
+  v.generation = current_generation(st);
+  const auto& current = st.members.state().current;
+  for (const auto& [id, n] : st.members.state().nodes) {
+    ev::member_seen m;
+    m.node = id;
+    m.host = n.advertise_addr;
+    m.node_rank = n.node_rank;
+    m.nproc = n.nproc;
+    m.ready_ranks = static_cast<int32_t>(n.ready.size());
+    const auto* planned = current ? current->find(id) : nullptr;
+    m.in_plan = planned && planned->incarnation == n.incarnation;
+    m.heartbeat_age_s = std::chrono::duration<double>(now - n.last_seen).count();
+    v.members.push_back(std::move(m));
+  }
+  for (const auto& [id, heard] : st.draining) v.draining.push_back(id);
+  emit(self, std::move(v));
+}
+
 void on_tick(membership_self self) {
   auto& st = self->state;
   auto now = self->clock().now();
+  report_members(self, now);
   for (auto& l : find_lost(now, st.members.last_seen(), st.opts.liveness, st.members.suspecting())) {
     auto removed = st.members.remove(l.peer, now);
     log_line(st.opts.log, "node '" + l.peer + "' lost: silent for " + std::to_string(l.detected_after_s) + " s" +
@@ -251,7 +298,7 @@ void on_tick(membership_self self) {
 
 }  // namespace
 
-pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, int64_t newest_checkpoint_step) {
+pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const checkpoint_ledger& checkpoints) {
   pb::generation_plan out;
   out.set_generation(p.generation);
   out.set_world_size(p.world_size);
@@ -271,10 +318,11 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   out.set_state_root(p.state_root);
   out.set_checkpoint_store(opts.checkpoint_store);
   out.set_checkpoint_step(-1);
-  if (p.state_root < 0 && newest_checkpoint_step >= 0) {
+  if (const int64_t ckpt = plan_checkpoint(checkpoints); p.state_root < 0 && ckpt >= 0) {
     out.set_state_root(0);
-    out.set_checkpoint_step(newest_checkpoint_step);
+    out.set_checkpoint_step(ckpt);
   }
+  for (int64_t bad : checkpoints.bad) out.add_bad_checkpoint_steps(bad);
   out.set_config_toml(opts.config_toml);
   out.set_drain(p.drain);
   out.set_cause(to_wire(p.cause));
@@ -312,7 +360,7 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
   self->state.opts = std::move(opts);
   self->state.out = std::move(out);
   self->state.job = std::move(job);
-  self->state.newest_checkpoint_step = self->state.opts.initial_checkpoint_step;
+  self->state.checkpoints = self->state.opts.checkpoints;
   self->send(self, tick_atom::value);
   return {
       [=](inbound& in) {
@@ -326,9 +374,18 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
           case pb::envelope::kLeave:
             on_leave(self, in);
             break;
-          case pb::envelope::kRankStatus:
+          case pb::envelope::kRankStatus: {
             on_rank_status(self, in);
-            [[fallthrough]];
+            auto fail = on_checkpoint_refused(self, in);
+            if (!self->state.job) {
+              ++self->state.dropped;
+              break;
+            }
+            // The rank's report first: the job journals it before it fails.
+            self->send(self->state.job, std::move(in));
+            if (fail) self->send(self->state.job, fail_atom::value, *fail);
+            break;
+          }
           case pb::envelope::kStepReport:
           case pb::envelope::kEvalReport:
           case pb::envelope::kCheckpointWritten:
@@ -351,11 +408,7 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
         if (!self->state.stopping) log_line(self->state.opts.log, "stopping: no further generations");
         self->state.stopping = true;
       },
-      [=](ckpt_atom, int64_t step) {
-        auto& st = self->state;
-        if (step < st.newest_checkpoint_step) return;
-        st.newest_checkpoint_step = step;
-      },
+      [=](ckpt_atom, int64_t step, const std::vector<int64_t>& kept) { checkpoint_committed(self->state.checkpoints, step, kept); },
       [=](shutdown_atom, const std::string& reason, bool checkpoint) {
         auto& st = self->state;
         auto env = make_envelope(st.opts.header, current_generation(st));

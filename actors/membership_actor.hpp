@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/checkpoint_choice.hpp"
 #include "actors/events.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/liveness.hpp"
@@ -37,12 +38,14 @@ struct coordinator_options {
   // coordinator ("module-<xxh3>.pt", and its "<size>:<xxh3 hex>"), sent in
   // register_ack: a node needs no copy of its own.
   std::string module_object, module_digest;
-  // The committed checkpoint resumed from (-1: none); newer ones arrive as
-  // (ckpt_atom, step). A plan with no surviving state holder names the
-  // newest; global rank 0 loads it from the store unless it holds newer
-  // state (every node was lost, or a coordinator restarted without adopting
-  // the running generation).
-  int64_t initial_checkpoint_step = -1;
+  // The committed checkpoints at start: the one resumed from and those
+  // before it (ledger_at_start; empty: none, or starting over); newer ones
+  // arrive as (ckpt_atom, step, kept). A plan with no surviving state
+  // holder names the newest that no rank refused (actors/checkpoint_choice.hpp);
+  // global rank 0 loads it from the store unless it holds newer state
+  // (every node was lost, or a coordinator restarted without adopting the
+  // running generation).
+  checkpoint_ledger checkpoints;
   // The job's data files as the coordinator sees them (path -> digest,
   // job/job_config.hpp data_file_digests); a node whose ranks opened
   // different ones is refused. Files missing here take the first node's.
@@ -73,12 +76,13 @@ struct membership_actor_state {
   uint64_t dropped = 0;             // inbound envelopes this actor has no use for
   uint64_t adopted = 0;             // generations taken over from the nodes
   bool stopping = false;            // stop_atom received: no more plans
-  int64_t newest_checkpoint_step = -1;       // what a plan without a state holder names
+  checkpoint_ledger checkpoints;             // what a plan without a state holder may name, and what ranks refused
   std::map<std::string, std::string> peers;  // node id -> routing id of its newest registration
   // Nodes that left while their ranks trained on (leave.draining), and when
   // they were last heard from (their leave, then their refused heartbeats):
   // a stop still reaches their ranks, which write its final checkpoint.
   std::map<std::string, caf::actor_clock::time_point> draining;
+  caf::actor_clock::time_point last_view{};  // the last members_view emitted
   static inline const char* name = "dtactor.membership";
 };
 
@@ -94,14 +98,17 @@ struct membership_actor_state {
 // decide(), and for a new plan asks `job` for the start step (plan_atom) and
 // sends generation_plan to every node in it and every node leaving it. An
 // adopted plan goes to `job` only. After (stop_atom) it plans nothing more.
-// (ckpt_atom, step, blob): the newest checkpoint. (shutdown_atom, reason,
+// (ckpt_atom, step, kept): a committed checkpoint. A rank's STATE_FAILED
+// with FAILURE_CHECKPOINT marks that checkpoint bad (checkpoint_refused);
+// when no checkpoint is left, (fail_atom, reason) to `job` and no more plans. (shutdown_atom, reason,
 // checkpoint) -> bool: `shutdown` to every node that ever registered; true
 // while some node is a member.
 caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, caf::actor job);
 
 // Builds the wire plan: shared with tests. A plan without a state holder
-// carries `newest_checkpoint` (when not empty) to global rank 0.
-pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, int64_t newest_checkpoint_step = -1);
+// names the newest checkpoint no rank refused (when there is one) to global
+// rank 0; every plan lists the refused ones.
+pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const checkpoint_ledger& checkpoints = {});
 
 // The plan a node reports in register_node.current_plan: generation, world
 // size, state root, drain, cause and rank slots; nodes in global rank order

@@ -9,6 +9,7 @@ void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<rank_slot>("dtactor::rank_slot");
   cfg.add_message_type<std::vector<plan_node>>("std::vector<dtactor::plan_node>");
   cfg.add_message_type<std::vector<rank_slot>>("std::vector<dtactor::rank_slot>");
+  cfg.add_message_type<std::vector<int64_t>>("std::vector<int64_t>");
 }
 
 }  // namespace dtactor

@@ -64,10 +64,16 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 // (members_atom, caf::actor membership): wiring -> job actor, once both
 // exist: the job's end goes out to the nodes through the membership actor.
 using members_atom = caf::atom_constant<caf::atom("members")>;
-// (ckpt_atom, int64_t step): checkpoint committer -> membership actor: the
-// newest checkpoint committed, what a generation with no surviving state
-// starts from (its global rank 0 loads it from the store).
+// (ckpt_atom, int64_t step, std::vector<int64_t> kept): checkpoint
+// committer -> membership actor: a checkpoint committed, and the steps of
+// those left in the store after its rotation (empty: not known). A
+// generation with no surviving state starts from the newest no rank refused
+// (its global rank 0 loads it from the store; actors/checkpoint_choice.hpp).
 using ckpt_atom = caf::atom_constant<caf::atom("ckpt")>;
+// (fail_atom, std::string reason): membership actor -> job actor: nothing
+// can go on (every checkpoint a plan could name was refused by a rank): the
+// job fails with this line.
+using fail_atom = caf::atom_constant<caf::atom("fail")>;
 // (flush_atom) -> bool: job actor -> checkpoint writer; answered once every
 // checkpoint sent before it was handled.
 using flush_atom = caf::atom_constant<caf::atom("flush")>;

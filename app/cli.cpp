@@ -183,9 +183,15 @@ subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
   local->add_option("--config", lc.config_path, "Job config file (TOML)");
   local->add_option("--set", lc.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
   local->add_option("--run-dir", lc.run_dir, "Where the journal and checkpoints go")->capture_default_str();
-  local->add_option("--metrics-port", lc.metrics_port, "Coordinator's /metrics port; node i uses the next ports (0 = none)");
+  local->add_option("--metrics-port", lc.metrics_port,
+                    "Coordinator's /metrics and status page port; node i uses the next ports (default: a free port on 127.0.0.1 for the "
+                    "coordinator's status page alone)");
   local->add_option("--metrics-addr", lc.metrics_addr, "Address the /metrics endpoints bind")->capture_default_str();
   local->add_flag("--no-resume", lc.no_resume, "Start over even if the run directory holds checkpoints");
+  local->add_flag("--chaos", lc.chaos, "Kill a node with SIGKILL at intervals and start a replacement; print each recovery's figures");
+  local->add_option("--chaos-every", lc.chaos_every_s, "With --chaos: seconds of training between a recovery and the next kill")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
   // For tests: node 0 gets the fault (as `--role node --fail-at-step`).
   local->add_option("--fail-at-step", lc.fail_at_step, "for tests: node 0's --fail-at-step")->group("");
   local->add_option("--fail-mode", p.local_fail_mode, "for tests: node 0's --fail-mode")->check(CLI::IsMember(fault_mode_names()))->group("");

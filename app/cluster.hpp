@@ -27,6 +27,8 @@ struct cluster_cli {
   int metrics_port = 0;
   std::string metrics_addr = "0.0.0.0";       // address /metrics binds (unauthenticated: choose it)
   int nodes = 2;                               // local
+  bool chaos = false;                          // local: kill a node at intervals, start a replacement (app/chaos.hpp)
+  double chaos_every_s = 20;                   // local --chaos: seconds of training between recoveries and kills
   int connect_timeout_s = 120;
   bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies
   bool no_resume = false;                      // coordinator, local: start over even if the run directory holds checkpoints

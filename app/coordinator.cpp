@@ -16,11 +16,13 @@
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "app/coordinator_sink.hpp"
+#include "base/printable.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/metrics.hpp"
 #include "monitoring/resources.hpp"
 #include "monitoring/run_observer.hpp"
 #include "monitoring/service_discovery.hpp"
+#include "monitoring/status_board.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "job/shipped_file.hpp"
 #include "storage/fs.hpp"
@@ -200,20 +202,25 @@ int run_coordinator(const cluster_cli& cli) {
   // Prometheus finds the nodes through GET /sd (http_sd_configs); see monitoring/service_discovery.hpp.
   sd_targets sd(job_id);
   m.add_route("/sd", "application/json", [&sd] { return sd.json(); });
+  // The status page (docs/monitoring.md): on the same port, as unauthenticated as /metrics.
+  status_board board(status_options{job_id, max_steps, cli.key != nullptr});
+  m.add_route("/", "text/html; charset=utf-8", [] { return status_board::page(); });
+  m.add_route("/status.json", "application/json", [&board] { return board.json(unix_time_now()); });
   if (cli.metrics_port > 0)
     if (auto st = m.serve(cli.metrics_port, cli.metrics_addr); !st) return fail(st.message());
   sd.set_coordinator(!cli.advertise_addr.empty() ? cli.advertise_addr : listen->host == "0.0.0.0" || listen->host == "*" ? host_name() : listen->host,
                      m.port());
 
   // The c10d store ranks build their communicators through; ranks of a
-  // generation may arrive seconds apart.
+  // generation may arrive seconds apart. It listens where --listen does.
   auto store_port = pick_free_tcp_port();
   if (!store_port) return fail(store_port.message());
   auto rendezvous = rendezvous_store::start(
       store_port.value(),
       std::max<std::chrono::milliseconds>(std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms")), std::chrono::seconds(60)),
-      cli.key);
+      cli.key, listen->host);
   if (!rendezvous) return fail(rendezvous.message());
+  rendezvous_store* const rendezvous_ptr = rendezvous.value().get();
 
   caf::actor_system_config sys_cfg;
   configure_caf(sys_cfg, 2);
@@ -226,8 +233,16 @@ int run_coordinator(const cluster_cli& cli) {
 
   // Everything the actors report goes through this one sink.
   coordinator_sink sink(jn, m, obs, sd);
+  const event_sink events = [&sink, &board, rendezvous_ptr](const ev::event& e) {
+    // The store's limits follow the largest world planned (rendezvous_limits_for).
+    if (const auto* g = std::get_if<ev::generation_started>(&e)) rendezvous_ptr->expect_world(g->world_size);
+    board.on(e, unix_time_now());
+    sink(e);
+  };
   // Through the progress line's owner: a log line never runs into the live line.
-  const log_fn log = [&obs](const std::string& line) { obs.log("coordinator: " + line); };
+  // Peer text in a line is escaped where it is put in; the whole line once
+  // more, so that no byte from outside ever breaks or steers a log line.
+  const log_fn log = [&obs](const std::string& line) { obs.log("coordinator: " + printable(line, 0)); };
 
   // Actors send through this pointer; it is set once the bridge exists and
   // cleared before the bridge stops (actors may still be running then).
@@ -241,12 +256,13 @@ int run_coordinator(const cluster_cli& cli) {
   // writes manifests only; the ranks write the state.
   checkpoint_writer_options wopts;
   wopts.log = log;
-  wopts.events = sink.as_sink();
+  wopts.events = events;
   wopts.commit = [&store](pb::checkpoint_meta meta) -> result<saved_checkpoint> {
     const auto t0 = std::chrono::steady_clock::now();
     auto done = store.commit(std::move(meta));
     if (!done) return done.err();
-    return saved_checkpoint{done->location, static_cast<int64_t>(done->bytes), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    return saved_checkpoint{done->location, static_cast<int64_t>(done->bytes), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                            std::move(done->kept)};
   };
 
   coordinator_options copts = coordinator_options_from(cfg);
@@ -254,20 +270,23 @@ int run_coordinator(const cluster_cli& cli) {
   copts.store_host = cli.advertise_addr.empty() ? (listen->host == "0.0.0.0" || listen->host == "*" ? "" : listen->host) : cli.advertise_addr;
   copts.store_port = store_port.value();
   copts.config_toml = config_text;
-  copts.initial_checkpoint_step = resume_step;
+  // What a plan may fall back to when a rank refuses the one resumed from.
+  std::vector<int64_t> stored;
+  for (const auto& c : store.list()) stored.push_back(c.step);
+  copts.checkpoints = ledger_at_start(stored, resume_step);
   copts.membership.generations_after = generations_after;
   copts.checkpoint_store = store.location();
   copts.module_object = module.object;
   copts.module_digest = module.digest;
   copts.data_digests = data_file_digests(cfg);
   copts.log = log;
-  copts.events = sink.as_sink();
+  copts.events = events;
 
   job_options jopts = job_options_from(cfg);
   jopts.header = header;
   jopts.initial_step = std::max<int64_t>(0, resume_step);
   jopts.log = log;
-  jopts.events = sink.as_sink();
+  jopts.events = events;
 
   auto writer = sys.spawn<caf::detached>(checkpoint_writer, wopts);
   auto job = sys.spawn(job_actor, jopts, writer);

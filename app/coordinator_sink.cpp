@@ -125,6 +125,11 @@ void coordinator_sink::on(const ev::checkpoint_saved& e) {
 
 void coordinator_sink::on(const ev::checkpoint_failed& e) { jn_.write(e); }
 
+void coordinator_sink::on(const ev::checkpoint_refused& e) {
+  jn_.write(e);
+  obs_.note_event("checkpoint " + std::to_string(e.step) + " refused");
+}
+
 void coordinator_sink::on(const ev::job_stopping& e) { jn_.write(e); }
 
 void coordinator_sink::on(const ev::job_ended& e) {
@@ -132,8 +137,8 @@ void coordinator_sink::on(const ev::job_ended& e) {
   if (e.how == ev::outcome::failed) {
     jn_.write(ev::job_failed{e.step, e.generation, e.reason});
     obs_.finish();
-    std::fprintf(stderr, "dtactor: the job stops at step %lld: %s; start it again to resume from the newest checkpoint\n",
-                 static_cast<long long>(e.step), e.reason.c_str());
+    std::fprintf(stderr, "dtactor: the job stops at step %lld: %s%s\n", static_cast<long long>(e.step), e.reason.c_str(),
+                 e.resumable ? "; start it again to resume from the newest checkpoint" : "");
     return;
   }
   const bool stopped = e.how == ev::outcome::stopped;

@@ -46,8 +46,10 @@ class coordinator_sink {
   void on(const ev::job_error& e);
   void on(const ev::checkpoint_saved& e);
   void on(const ev::checkpoint_failed& e);
+  void on(const ev::checkpoint_refused& e);
   void on(const ev::job_stopping& e);
   void on(const ev::job_ended& e);
+  void on(const ev::members_view&) {}  // the status page's alone
 
   journal& jn_;
   metrics& m_;

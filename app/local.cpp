@@ -2,77 +2,152 @@
 // loopback, on free ports. Its exit code is the coordinator's (1 when
 // every node process ended first and the job was stopped for it).
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <functional>
+#include <memory>
 #include <thread>
 
+#include "app/chaos.hpp"
 #include "app/cluster.hpp"
 #include "app/slurm_env.hpp"
 #include "base/blas_info.hpp"
 #include "base/process.hpp"
+#include "base/unix_time.hpp"
 #include "net/zmq_bridge.hpp"
 
 namespace dtactor {
 
-int run_local(const cluster_cli& cli) {
-  choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
-  auto fail = [](const std::string& msg, int code) {
-    std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
-    return code;
-  };
-  if (cli.nodes < 1 || cli.nodes > 64) return fail("--nodes must be 1..64", 2);
-  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 64) return fail("--nproc-per-node must be 1..64", 2);
-  // Everything the coordinator would refuse, refused before any process
-  // starts: one line, as `train` gives.
-  cluster_cli as_coordinator = cli;
-  as_coordinator.overrides.push_back("cluster.min_nodes=" + std::to_string(cli.nodes));
-  if (auto c = check_coordinator_setup(as_coordinator); c.code != 0) return fail(c.message, c.code);
-  auto port = pick_free_tcp_port();
-  if (!port) return fail(port.message(), 1);
-  const std::string exe = self_executable();
-  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port.value());
+namespace {
 
+int local_fail(const std::string& msg, int code) {
+  std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+  return code;
+}
+
+struct local_node {
+  std::string id;
+  child_process proc;
+};
+
+// The coordinator's command line. Without --metrics-port, it serves its
+// status page (and /metrics) on a free loopback port: `port`.
+std::vector<std::string> coordinator_args(const cluster_cli& cli, const std::string& exe, const std::string& endpoint, int status_port) {
   std::vector<std::string> coord = {exe, "--role", "coordinator", "--listen", endpoint, "--run-dir", cli.run_dir, "--die-with-parent"};
   if (!cli.config_path.empty()) coord.insert(coord.end(), {"--config", cli.config_path});
   for (const auto& o : cli.overrides) coord.insert(coord.end(), {"--set", o});
   // A local job starts when all its nodes are there.
   coord.insert(coord.end(), {"--set", "cluster.min_nodes=" + std::to_string(cli.nodes)});
-  if (cli.metrics_port > 0) coord.insert(coord.end(), {"--metrics-port", std::to_string(cli.metrics_port), "--metrics-addr", cli.metrics_addr});
+  const std::string addr = cli.metrics_port > 0 ? cli.metrics_addr : "127.0.0.1";
+  coord.insert(coord.end(), {"--metrics-port", std::to_string(status_port), "--metrics-addr", addr});
   if (cli.no_resume) coord.push_back("--no-resume");
+  return coord;
+}
+
+// Node `index` (id local-INDEX); its ranks share the machine's cores with `ranks_total` others.
+result<child_process> start_node(const cluster_cli& cli, const std::string& exe, const std::string& endpoint, int index, int per_rank) {
+  std::vector<std::string> args = {exe, "--role", "node", "--coordinator", endpoint, "--nproc-per-node", std::to_string(cli.nproc_per_node),
+                                   "--node-id", "local-" + std::to_string(index), "--advertise-addr", "127.0.0.1",
+                                   "--threads-per-rank", std::to_string(per_rank), "--die-with-parent"};
+  if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + index), "--metrics-addr", cli.metrics_addr});
+  if (index == 0 && cli.fail_at_step >= 0)
+    args.insert(args.end(), {"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)});
+  // The cluster's processes get a process group of their own (see run_local).
+  return child_process::spawn(args, true);
+}
+
+// dtactor local --chaos: the monkey over this process's node children.
+std::unique_ptr<chaos_monkey> make_monkey(const cluster_cli& cli, std::vector<local_node>& nodes, std::function<std::optional<std::string>()> start) {
+  chaos_monkey::hooks h;
+  h.alive = [&nodes] {
+    std::vector<std::string> ids;
+    for (auto& n : nodes)
+      if (!n.proc.poll()) ids.push_back(n.id);
+    return ids;
+  };
+  h.kill = [&nodes](const std::string& id) {
+    for (auto& n : nodes)
+      if (n.id == id) n.proc.signal(SIGKILL);
+  };
+  h.start = std::move(start);
+  h.say = [](const std::string& line) { std::fprintf(stderr, "%schaos: %s\n", ::isatty(2) ? "\r\033[K" : "", line.c_str()); };
+  chaos_options o;
+  o.every_s = cli.chaos_every_s;
+  return std::make_unique<chaos_monkey>(o, std::move(h));
+}
+
+// Every node process ended, one of them in failure (and none was killed on purpose).
+bool nodes_all_failed(std::vector<local_node>& nodes) {
+  return std::all_of(nodes.begin(), nodes.end(), [](local_node& n) { return n.proc.poll().has_value(); }) &&
+         std::any_of(nodes.begin(), nodes.end(), [](local_node& n) { return n.proc.poll()->signaled || n.proc.poll()->exit_code != 0; });
+}
+
+}  // namespace
+
+int run_local(const cluster_cli& cli) {
+  choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
+  if (cli.nodes < 1 || cli.nodes > 64) return local_fail("--nodes must be 1..64", 2);
+  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 64) return local_fail("--nproc-per-node must be 1..64", 2);
+  if (cli.chaos && cli.nodes < 2) return local_fail("--chaos needs --nodes 2 or more (a lost node needs survivors)", 2);
+  // Everything the coordinator would refuse, refused before any process
+  // starts: one line, as `train` gives.
+  cluster_cli as_coordinator = cli;
+  as_coordinator.overrides.push_back("cluster.min_nodes=" + std::to_string(cli.nodes));
+  if (auto c = check_coordinator_setup(as_coordinator); c.code != 0) return local_fail(c.message, c.code);
+  auto port = pick_free_tcp_port();
+  if (!port) return local_fail(port.message(), 1);
+  auto status_port = cli.metrics_port > 0 ? result<int>(cli.metrics_port) : pick_free_tcp_port();
+  if (!status_port) return local_fail(status_port.message(), 1);
+  const std::string exe = self_executable();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port.value());
+
   // The cluster's processes get a process group of their own: a terminal's
   // Ctrl-C (or SIGTERM to this process group) reaches only this process,
   // which hands it to the coordinator, so the job stops as one, after a
   // final checkpoint, instead of every node taking it for a preemption.
-  auto c = child_process::spawn(coord, true);
-  if (!c) return fail(c.message(), 1);
+  auto c = child_process::spawn(coordinator_args(cli, exe, endpoint, status_port.value()), true);
+  if (!c) return local_fail(c.message(), 1);
 
   // All the ranks share this machine's cores.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int per_rank = std::max(1, cores / (cli.nodes * cli.nproc_per_node));
-  std::vector<child_process> nodes;
+  std::vector<local_node> nodes;
+  nodes.reserve(256);
   for (int i = 0; i < cli.nodes; ++i) {
-    std::vector<std::string> args = {exe, "--role", "node", "--coordinator", endpoint, "--nproc-per-node", std::to_string(cli.nproc_per_node),
-                                     "--node-id", "local-" + std::to_string(i), "--advertise-addr", "127.0.0.1",
-                                     "--threads-per-rank", std::to_string(per_rank), "--die-with-parent"};
-    if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + i), "--metrics-addr", cli.metrics_addr});
-    if (i == 0 && cli.fail_at_step >= 0)
-      args.insert(args.end(), {"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)});
-    auto n = child_process::spawn(args, true);
+    auto n = start_node(cli, exe, endpoint, i, per_rank);
     if (!n) {
       c->signal(SIGTERM);
-      return fail(n.message(), 1);
+      return local_fail(n.message(), 1);
     }
-    nodes.push_back(std::move(n.value()));
+    nodes.push_back({"local-" + std::to_string(i), std::move(n.value())});
   }
-  std::fprintf(stderr, "local: coordinator on %s, %d node(s) x %d rank(s), run dir %s\n", endpoint.c_str(), cli.nodes, cli.nproc_per_node,
-               cli.run_dir.c_str());
+  const std::string host = cli.metrics_port > 0 && cli.metrics_addr != "0.0.0.0" ? cli.metrics_addr : "127.0.0.1";
+  std::fprintf(stderr, "local: coordinator on %s, %d node(s) x %d rank(s), run dir %s\nlocal: status page http://%s:%d/\n", endpoint.c_str(), cli.nodes,
+               cli.nproc_per_node, cli.run_dir.c_str(), host.c_str(), status_port.value());
+
+  std::unique_ptr<chaos_monkey> monkey;
+  std::optional<journal_tail> tail;
+  if (cli.chaos) {
+    int next_index = cli.nodes;
+    monkey = make_monkey(cli, nodes, [&]() -> std::optional<std::string> {
+      if (nodes.size() >= nodes.capacity()) return std::nullopt;
+      const int index = next_index++;
+      auto n = start_node(cli, exe, endpoint, index, per_rank);
+      if (!n) return std::nullopt;
+      nodes.push_back({"local-" + std::to_string(index), std::move(n.value())});
+      return nodes.back().id;
+    });
+    tail.emplace(cli.run_dir + "/journal.jsonl");
+    tail->read_new();  // an earlier session's lines are not this run's
+  }
 
   // Wait for the coordinator; pass a SIGINT/SIGTERM on to it once. Nothing
-  // replaces a local node: once every node process has ended, one of them
-  // in failure (it gave its ranks up, say), the job is stopped and ends failed.
+  // replaces a local node (but --chaos's own): once every node process has
+  // ended, one of them in failure, the job is stopped and ends failed.
   bool forwarded = false, nodes_gone = false;
   std::optional<child_exit> done;
   while (!(done = c->wait(100))) {
@@ -81,22 +156,26 @@ int run_local(const cluster_cli& cli) {
       forwarded = true;
       c->signal(sig);
     }
+    if (monkey) {
+      for (auto& line : tail->read_new()) monkey->on(line.event, line.t);
+      if (!forwarded) monkey->tick(unix_time_now());
+    }
     // (Nodes the coordinator shut down at the job's end exit 0 before it does.)
-    if (!nodes_gone && std::all_of(nodes.begin(), nodes.end(), [](child_process& n) { return n.poll().has_value(); }) &&
-        std::any_of(nodes.begin(), nodes.end(), [](child_process& n) { return n.poll()->signaled || n.poll()->exit_code != 0; })) {
+    if (!nodes_gone && nodes_all_failed(nodes)) {
       nodes_gone = true;
       std::string how;
-      for (auto& n : nodes) how += (how.empty() ? "" : ", ") + n.poll()->describe();
+      for (auto& n : nodes) how += (how.empty() ? "" : ", ") + n.proc.poll()->describe();
       std::fprintf(stderr, "local: every node process has ended (%s); stopping the coordinator\n", how.c_str());
       c->signal(SIGTERM);
     }
   }
+  if (monkey && !monkey->summary().empty()) std::fprintf(stderr, "chaos: %s\n", monkey->summary().c_str());
   // The coordinator told the nodes to shut down; give them a few seconds.
   for (auto& n : nodes)
-    if (!n.wait(5000)) n.signal(SIGTERM);
+    if (!n.proc.wait(5000)) n.proc.signal(SIGTERM);
   for (auto& n : nodes)
-    if (!n.wait(5000)) n.signal(SIGKILL);
-  for (auto& n : nodes) n.wait();
+    if (!n.proc.wait(5000)) n.proc.signal(SIGKILL);
+  for (auto& n : nodes) n.proc.wait();
   if (nodes_gone) return 1;  // the coordinator ended because this process stopped it
   if (done->signaled) return 128 + done->signal;
   return done->exit_code;

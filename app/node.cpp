@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/printable.hpp"
 #include "actors/membership.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
@@ -309,7 +310,7 @@ int run_node(const cluster_cli& cli) {
     if (!c) return std::nullopt;
     return static_cast<int32_t>(c.value().get_int("cluster.rank_exit_limit"));
   };
-  o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); };
+  o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", printable(line, 0).c_str()); };
 
   auto launcher = std::make_shared<rank_launcher>(std::vector<std::string>{
       self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", node_id, "--coordinator", cli.coordinator,
@@ -350,7 +351,7 @@ int run_node(const cluster_cli& cli) {
   int code = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal, &gave_up);
   watcher.reset();
   if (!refusal.empty()) {
-    std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", refusal.c_str());
+    std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", printable(refusal, printable_max_detail_chars).c_str());
     code = 1;
   }
   if (!gave_up.empty()) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <sys/stat.h>
 #include <fstream>
 #include <sstream>
 
@@ -414,14 +415,37 @@ result<config> config::parse_toml(const std::string& text, const std::string& or
   return cfg;
 }
 
+namespace {
+
+// A config file's text: a regular file (a directory reads as nothing, and
+// /dev/zero never ends) of at most max_config_bytes, read no further.
+result<std::string> read_config_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return make_error("cannot read config file '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return make_error("config file '" + path + "' is not a regular file (" + (S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket") +
+                      "); give --config a TOML file");
+  if (static_cast<uint64_t>(st.st_size) > max_config_bytes)
+    return make_error("config file '" + path + "' is " + std::to_string(st.st_size) + " bytes, over the limit of " + std::to_string(max_config_bytes) +
+                      " bytes; a job config is a few KB");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error("cannot read config file '" + path + "': " + std::strerror(errno));
+  std::string text(max_config_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > max_config_bytes)
+    return make_error("config file '" + path + "' grew over the limit of " + std::to_string(max_config_bytes) + " bytes while it was read");
+  return text;
+}
+
+}  // namespace
+
 result<config> config::load(const std::string& path, const std::vector<std::string>& overrides) {
   result<config> cfg = config{};
   if (!path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return make_error("cannot read config file '" + path + "': " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    cfg = parse_toml(ss.str(), path);
+    auto text = read_config_file(path);
+    if (!text) return text.err();
+    cfg = parse_toml(text.value(), path);
     if (!cfg) return cfg;
   }
   for (const auto& o : overrides) {

@@ -153,7 +153,7 @@ def write(path, result, title, group, figures, cmd=None, notes=None):
 F = figure
 KINDS = {
     "chaos": {
-        "title": "Recovery from faults: coordinator + 2 nodes x 1 rank, default ViT, real processes",
+        "title": "Faults on one machine: coordinator + 2 nodes x 1 rank, the default ViT job, real processes",
         "group": "Recovery from faults",
         "figures": [
             F("a node killed -9: the first step at the new world size after the kill (median)",

@@ -102,17 +102,6 @@ n = 2
 seed("idx_pair", "fashion-mnist-t10k-2",
      record(0, im[:4] + struct.pack(">I", n) + im[8:16] + im[16:16 + n * 28 * 28]) + record(0, lb[:4] + struct.pack(">I", n) + lb[8:8 + n]))
 
-# HTTP requests at /metrics and /sd.
-seed("metrics_http", "prometheus-scrape",
-     "GET /metrics HTTP/1.1\r\nHost: 10.0.0.2:9400\r\nUser-Agent: Prometheus/2.42.0\r\n"
-     "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n"
-     "Accept-Encoding: gzip\r\nX-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n")
-seed("metrics_http", "prometheus-sd",
-     "GET /sd HTTP/1.1\r\nHost: 127.0.0.1:9400\r\nUser-Agent: Prometheus/2.42.0\r\nAccept: application/json\r\n"
-     "X-Prometheus-Refresh-Interval-Seconds: 1\r\n\r\n")
-seed("metrics_http", "curl-head", "HEAD /metrics?x=1 HTTP/1.1\r\nHost: localhost:9400\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n")
-seed("metrics_http", "post", "POST /metrics HTTP/1.0\n\n")
-
 # Slurm: SLURM_JOB_NODELIST, then SLURM_JOB_ID, SLURMD_NODENAME, SLURM_NODEID,
 # SLURM_JOB_NUM_NODES, DTACTOR_COORDINATOR_PORT, SLURM_GPUS_ON_NODE,
 # SLURM_RESTART_COUNT (records, in that order).

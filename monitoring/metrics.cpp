@@ -1,23 +1,13 @@
 #include "monitoring/metrics.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <prometheus/text_serializer.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "monitoring/resources.hpp"
@@ -53,128 +43,18 @@ struct metrics_hooks {
 
 namespace {
 
-// The reply to one HTTP request (the bytes read, up to the blank line).
-std::string metrics_http_reply(const std::string& request, prometheus::Registry& registry, metrics_hooks& hooks) {
-  const auto line_end = request.find_first_of("\r\n");
-  const std::string line = request.substr(0, line_end);
-  const auto sp1 = line.find(' ');
-  const auto sp2 = line.find(' ', sp1 == std::string::npos ? sp1 : sp1 + 1);
-  const std::string method = line.substr(0, sp1);
-  std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
-  target = target.substr(0, target.find('?'));
-
-  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-  std::optional<metrics_hooks::route> extra;
-  if (method != "GET" && method != "HEAD") {
-    status = "405 Method Not Allowed";
-    type = "text/plain";
-    body = "use GET /metrics\n";
-  } else if (target == "/metrics" || target == "/metrics/") {
+// What GET `path` returns: /metrics, or a route added with add_route.
+http_response metrics_reply(const std::string& method, const std::string& path, prometheus::Registry& registry, metrics_hooks& hooks) {
+  if (method != "GET" && method != "HEAD") return {405, "text/plain; charset=utf-8", "use GET\n"};
+  if (path == "/metrics" || path == "/metrics/") {
     hooks.run_before_scrape();
-    body = prometheus::TextSerializer().Serialize(registry.Collect());
-  } else if ((extra = hooks.find(target))) {
-    type = extra->content_type;
-    body = extra->body();
-  } else {
-    status = "404 Not Found";
-    type = "text/plain";
-    body = "dtactor serves Prometheus metrics on /metrics\n";
+    return {200, "text/plain; version=0.0.4; charset=utf-8", prometheus::TextSerializer().Serialize(registry.Collect())};
   }
-  std::string reply =
-      "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
-  if (method != "HEAD") reply += body;
-  return reply;
+  if (auto extra = hooks.find(path)) return {200, extra->content_type, extra->body()};
+  return {404, "text/plain; charset=utf-8", "dtactor serves Prometheus metrics on /metrics\n"};
 }
 
 }  // namespace
-
-// A minimal HTTP/1.x server for scrapes: one thread, one connection at a
-// time, every reply closes the connection. A client that stalls holds it for
-// at most the socket timeouts (2 s read, 5 s write).
-class metrics_http_server {
- public:
-  ~metrics_http_server() {
-    if (thread_.joinable()) {
-      uint64_t one = 1;
-      [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
-      thread_.join();
-    }
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-  }
-
-  // Binds and starts serving; returns the bound port.
-  result<int> start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry, std::shared_ptr<metrics_hooks> hooks) {
-    registry_ = std::move(registry);
-    hooks_ = std::move(hooks);
-    const std::string address = host + ":" + std::to_string(port);
-    auto fail = [&](const std::string& why) -> result<int> { return make_error("metrics: cannot serve /metrics on " + address + ": " + why); };
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
-      return fail("'" + host + "' is not an IPv4 address (use 0.0.0.0 for all interfaces)");
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) return fail(std::strerror(errno));
-    int yes = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      const int err = errno;
-      return fail(std::string(std::strerror(err)) + (err == EADDRINUSE ? " (choose another metrics port, or 0 to turn metrics off)" : ""));
-    }
-    if (::listen(listen_fd_, 16) != 0) return fail(std::strerror(errno));
-    socklen_t len = sizeof addr;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wake_fd_ < 0) return fail(std::strerror(errno));
-    thread_ = std::thread([this] { run(); });
-    return static_cast<int>(ntohs(addr.sin_port));
-  }
-
- private:
-  void run() {
-    for (;;) {
-      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        std::fprintf(stderr, "dtactor: metrics: poll failed (%s); /metrics is no longer served\n", std::strerror(errno));
-        return;
-      }
-      if (fds[1].revents) return;
-      if (!(fds[0].revents & POLLIN)) continue;
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      handle(fd);
-      ::close(fd);
-    }
-  }
-
-  void handle(int fd) {
-    timeval rcv{2, 0}, snd{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv);
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
-    std::string request;
-    char buf[2048];
-    while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos && request.size() < 16384) {
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      request.append(buf, static_cast<std::size_t>(n));
-    }
-    const std::string reply = metrics_http_reply(request, *registry_, *hooks_);
-    std::size_t off = 0;
-    while (off < reply.size()) {
-      ssize_t n = ::send(fd, reply.data() + off, reply.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      off += static_cast<std::size_t>(n);
-    }
-  }
-
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::shared_ptr<metrics_hooks> hooks_;
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;
-  std::thread thread_;
-};
 
 namespace {
 
@@ -394,15 +274,16 @@ status metrics::serve(int port, const std::string& bind_host) {
   if (port == 0) return status::success();
   if (server_) return make_error("metrics: already serving on port " + std::to_string(port_));
   if (port < 0 || port > 65535) return make_error("metrics: port " + std::to_string(port) + " is out of range; use 1-65535, or 0 for off");
-  auto server = std::make_unique<metrics_http_server>();
-  auto bound = server->start(bind_host, port, registry_, hooks_);
-  if (!bound) return bound.err();
-  port_ = bound.value();
-  server_ = std::move(server);
+  auto server = http_server::start(bind_host, port, [registry = registry_, hooks = hooks_](const std::string& method, const std::string& path) {
+    return metrics_reply(method, path, *registry, *hooks);
+  });
+  if (!server) return make_error("metrics: cannot serve /metrics on " + server.message());
+  port_ = server.value()->port();
+  server_ = std::move(server.value());
   return status::success();
 }
 
-std::string metrics::http_reply(const std::string& request) const { return metrics_http_reply(request, *registry_, *hooks_); }
+http_response metrics::respond(const std::string& method, const std::string& path) const { return metrics_reply(method, path, *registry_, *hooks_); }
 
 std::string metrics::render() const {
   hooks_->run_before_scrape();

@@ -1,13 +1,7 @@
 #pragma once
 // dtactor's Prometheus metrics: one registry per process (prometheus-cpp),
-// served as text on GET /metrics by a small HTTP server of our own.
-//
-// Why not prometheus-cpp's Exposer: it runs on civetweb, whose Debian build
-// creates its threads with a fixed 100 KiB stack; in a process that links
-// LibTorch the static TLS alone (OpenBLAS 60 KiB, glog 30 KiB, ...) is larger
-// than that, pthread_create fails with EINVAL and the Exposer throws
-// "null context when constructing CivetServer". Our server thread has a
-// normal stack.
+// served as text on GET /metrics by civetweb (monitoring/http_server.hpp),
+// with whatever routes the process adds (/sd, the status page).
 //
 // Naming follows Prometheus conventions: base units (seconds, bytes),
 // counters end in _total, durations are histograms. Labels only where they
@@ -34,12 +28,11 @@
 
 #include "actors/journal_events.hpp"
 
-#include "actors/journal_events.hpp"
 #include "dtactor/result.hpp"
+#include "monitoring/http_server.hpp"
 
 namespace dtactor {
 
-class metrics_http_server;
 struct metrics_hooks;
 
 class metrics {
@@ -50,8 +43,8 @@ class metrics {
   metrics(const metrics&) = delete;
   metrics& operator=(const metrics&) = delete;
 
-  // Serves GET /metrics on bind_host:port (an IPv4 address) from one
-  // thread, until destruction. Port 0 means "off" and succeeds without
+  // Serves GET /metrics on bind_host:port (an IPv4 address) from civetweb's
+  // workers, until destruction. Port 0 means "off" and succeeds without
   // serving. Fails with one clear line when the port is taken or the address
   // is bad. Call at most once.
   status serve(int port, const std::string& bind_host = "0.0.0.0");
@@ -60,11 +53,9 @@ class metrics {
 
   // The exposition text a scrape would return now (for tests and reports).
   std::string render() const;
-  // The whole HTTP reply (status line, headers, body) the server sends for
-  // one request, given the bytes it read (at most 16 KiB; anyone who reaches
-  // the port chooses them). Pure but for the routes' callbacks: tests and
-  // the fuzz target (fuzz/metrics_http.cpp) call it without a socket.
-  std::string http_reply(const std::string& request) const;
+  // The reply the server sends for one request (civetweb parsed it). Pure
+  // but for the routes' callbacks: tests call it without a socket.
+  http_response respond(const std::string& method, const std::string& path) const;
 
   // Runs `fn` before every scrape (and render()), on the server's thread: for
   // values read on demand (/proc). Must be thread-safe and quick.
@@ -158,7 +149,7 @@ class metrics {
   prometheus::Family<prometheus::Gauge>* data_depth_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* data_cache_family_ = nullptr;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<metrics_http_server> server_;
+  std::unique_ptr<http_server> server_;
   int port_ = 0;
   prometheus::Labels constant_;
   std::shared_ptr<metrics_hooks> hooks_;

@@ -27,9 +27,11 @@
 namespace dtactor::rendezvous_protocol {
 
 constexpr std::size_t id_bytes = 8;
-// Largest message the server takes: keys and values are addresses and small
-// blobs, so anything bigger is a stranger (ZeroMQ drops its connection).
-constexpr int64_t max_message_bytes = 16 << 20;
+// Largest frame the server takes: a control frame, as on every other
+// dtactor socket (net/wire.hpp, max_control_message_bytes; libzmq buffers
+// a frame before the handshake authenticates its sender). Keys and values
+// are addresses and small blobs (net/rendezvous_store.hpp, rendezvous_limits).
+constexpr int64_t max_message_bytes = int64_t{2} << 20;
 
 inline std::string encode_id(uint64_t id) {
   std::string s(id_bytes, '\0');

@@ -4,18 +4,23 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "base/log_limiter.hpp"
+#include "base/printable.hpp"
 #include "net/rendezvous_protocol.hpp"
+#include "net/wire.hpp"
 #include "net/zap_handler.hpp"
 
 namespace dtactor {
 
 namespace proto = rendezvous_protocol;
 using clock_type = std::chrono::steady_clock;
+static_assert(proto::max_message_bytes == wire::max_control_message_bytes, "the store's frames are control frames");
 
 namespace {
 
@@ -38,7 +43,76 @@ bool parse_int64(const std::string& s, int64_t& out) {
   return true;
 }
 
+// The generation of a key under a generation's prefix ("g12/..." -> 12).
+std::optional<uint64_t> generation_of(const std::string& key) {
+  if (key.size() < 3 || key[0] != 'g') return std::nullopt;
+  uint64_t g = 0;
+  std::size_t i = 1;
+  for (; i < key.size() && i < 21 && key[i] >= '0' && key[i] <= '9'; ++i) g = g * 10 + static_cast<uint64_t>(key[i] - '0');
+  if (i == 1 || i >= key.size() || key[i] != '/') return std::nullopt;
+  return g;
+}
+
 }  // namespace
+
+rendezvous_limits rendezvous_limits_for(int64_t world) {
+  const auto w = static_cast<std::size_t>(std::clamp<int64_t>(world, 0, 1 << 20));
+  rendezvous_limits l;
+  l.max_value_bytes = std::min<std::size_t>((std::size_t{64} << 10) + 256 * w, proto::max_message_bytes - 4096);
+  l.max_total_bytes = (std::size_t{8} << 20) + 256 * w * w;
+  l.max_parked = 1024 + 8 * w;
+  return l;
+}
+
+std::size_t rendezvous_table::parked_bytes(const parked_request& p) {
+  std::size_t n = rendezvous_entry_overhead + p.peer.size() + p.id.size();
+  for (const auto& k : p.keys) n += k.size();
+  return n;
+}
+
+void rendezvous_table::store(const std::string& key, std::string value) {
+  largest_value_ = std::max(largest_value_, value.size());
+  auto [it, fresh] = kv_.try_emplace(key);
+  if (fresh) bytes_ += rendezvous_entry_overhead + key.size();
+  bytes_ = bytes_ - it->second.size() + value.size();
+  it->second = std::move(value);
+}
+
+void rendezvous_table::erase(std::map<std::string, std::string>::iterator it) {
+  bytes_ -= rendezvous_entry_overhead + it->first.size() + it->second.size();
+  kv_.erase(it);
+}
+
+bool rendezvous_table::evict_oldest_generation(const std::string& incoming) {
+  std::optional<uint64_t> oldest, newest = generation_of(incoming);
+  for (const auto& [k, v] : kv_)
+    if (auto g = generation_of(k)) {
+      oldest = std::min(oldest.value_or(*g), *g);
+      newest = std::max(newest.value_or(*g), *g);
+    }
+  if (!oldest || *oldest == *newest) return false;
+  for (auto it = kv_.begin(); it != kv_.end();) {
+    auto next = std::next(it);
+    if (generation_of(it->first) == oldest) erase(it);
+    it = next;
+  }
+  return true;
+}
+
+std::string rendezvous_table::make_room(const std::string& key, std::size_t value_bytes) {
+  if (value_bytes > limits_.max_value_bytes)
+    return "a value of " + std::to_string(value_bytes) + " bytes is over the rendezvous store's limit of " +
+           std::to_string(limits_.max_value_bytes) + " bytes a value";
+  auto need = [&] {
+    auto it = kv_.find(key);
+    const std::size_t now = it == kv_.end() ? 0 : rendezvous_entry_overhead + key.size() + it->second.size();
+    return bytes_ - now + rendezvous_entry_overhead + key.size() + value_bytes;
+  };
+  while (need() > limits_.max_total_bytes)
+    if (!evict_oldest_generation(key))
+      return "the rendezvous store is full (" + std::to_string(bytes_) + " of " + std::to_string(limits_.max_total_bytes) + " bytes)";
+  return {};
+}
 
 bool rendezvous_table::all_present(const std::vector<std::string>& keys) const {
   return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return kv_.count(k) != 0; });
@@ -52,9 +126,11 @@ std::vector<rendezvous_table::message> rendezvous_table::release(time_point now)
         out.push_back({it->peer, it->id, "ok", kv_[it->keys[0]]});
       else
         out.push_back({it->peer, it->id, "ok"});
+      bytes_ -= parked_bytes(*it);
       it = waiting_.erase(it);
     } else if (now >= it->deadline) {
       out.push_back({it->peer, it->id, "err", "timed out waiting for key '" + it->keys[0] + "' in the rendezvous store"});
+      bytes_ -= parked_bytes(*it);
       it = waiting_.erase(it);
     } else {
       ++it;
@@ -63,7 +139,7 @@ std::vector<rendezvous_table::message> rendezvous_table::release(time_point now)
   return out;
 }
 
-std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_point now, std::string* why) {
+std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_point now, std::string* why, std::string* refused) {
   auto ignore = [&](const char* reason) {
     ++malformed_;
     if (why) *why = reason;
@@ -80,6 +156,19 @@ std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_
     for (auto& x : results) r.push_back(std::move(x));
     return std::vector<message>{std::move(r)};
   };
+  auto refuse = [&](std::string reason) {
+    ++refused_;
+    if (refused) *refused = op + ": " + reason;
+    return reply("err", {std::move(reason)});
+  };
+  auto park = [&](parked_request p) {
+    const std::size_t n = parked_bytes(p);
+    if (waiting_.size() >= limits_.max_parked || bytes_ + n > limits_.max_total_bytes)
+      return refuse("the rendezvous store has " + std::to_string(waiting_.size()) + " requests waiting, its limit");
+    bytes_ += n;
+    waiting_.push_back(std::move(p));
+    return std::vector<message>{};
+  };
   auto deadline_of = [&](const std::string& timeout_ms, bool& ok) {
     int64_t ms = 0;
     ok = parse_int64(timeout_ms, ms) && ms >= 0;
@@ -87,7 +176,8 @@ std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_
     return now + limit;
   };
   if (op == "set" && n == 2) {
-    kv_[args[0]] = std::move(args[1]);
+    if (auto full = make_room(args[0], args[1].size()); !full.empty()) return refuse(full);
+    store(args[0], std::move(args[1]));
     return reply("ok");
   }
   if (op == "get" && n == 2) {
@@ -95,32 +185,40 @@ std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_
     const auto deadline = deadline_of(args[1], ok);
     if (!ok) return ignore("bad timeout");
     if (auto it = kv_.find(args[0]); it != kv_.end()) return reply("ok", {it->second});
-    waiting_.push_back({peer, id, true, {args[0]}, deadline});
-    return {};
+    return park({peer, id, true, {args[0]}, deadline});
   }
   if (op == "add" && n == 2) {
     int64_t delta = 0, value = 0;
     if (!parse_int64(args[1], delta)) return ignore("bad add delta");
-    auto& v = kv_[args[0]];
-    if (!v.empty() && !parse_int64(v, value)) return reply("err", {"key '" + args[0] + "' does not hold a number"});
+    auto it = kv_.find(args[0]);
+    if (it != kv_.end() && !it->second.empty() && !parse_int64(it->second, value))
+      return reply("err", {"key '" + args[0] + "' does not hold a number"});
     int64_t sum = 0;
     if (__builtin_add_overflow(value, delta, &sum)) return reply("err", {"adding " + args[1] + " to key '" + args[0] + "' overflows"});
-    v = std::to_string(sum);
+    std::string v = std::to_string(sum);
+    if (auto full = make_room(args[0], v.size()); !full.empty()) return refuse(full);
+    store(args[0], v);
     return reply("ok", {v});
   }
   if (op == "cas" && n == 3) {
     auto it = kv_.find(args[0]);
-    if (it == kv_.end()) {
-      // TCPStore's semantics: an absent key is created only when the
-      // expected value is empty; otherwise the expected value comes back.
-      if (args[1].empty()) kv_[args[0]] = args[2];
-      return reply("ok", {args[1].empty() ? args[2] : args[1]});
+    // TCPStore's semantics: an absent key is created only when the expected
+    // value is empty; otherwise the expected value comes back.
+    const bool writes = it == kv_.end() ? args[1].empty() : it->second == args[1];
+    if (writes) {
+      if (auto full = make_room(args[0], args[2].size()); !full.empty()) return refuse(full);
+      store(args[0], args[2]);
+      return reply("ok", {args[2]});
     }
-    if (it->second == args[1]) it->second = std::move(args[2]);
-    return reply("ok", {it->second});
+    return reply("ok", {it == kv_.end() ? args[1] : it->second});
   }
   if (op == "check") return reply("ok", {all_present(args) ? "1" : "0"});
-  if (op == "del" && n == 1) return reply("ok", {kv_.erase(args[0]) ? "1" : "0"});
+  if (op == "del" && n == 1) {
+    auto it = kv_.find(args[0]);
+    if (it == kv_.end()) return reply("ok", {"0"});
+    erase(it);
+    return reply("ok", {"1"});
+  }
   if (op == "num" && n == 0) return reply("ok", {std::to_string(kv_.size())});
   if (op == "wait" && n >= 1) {
     bool ok = false;
@@ -128,8 +226,7 @@ std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_
     if (!ok) return ignore("bad timeout");
     args.erase(args.begin());
     if (args.empty() || all_present(args)) return reply("ok");
-    waiting_.push_back({peer, id, false, std::move(args), deadline});
-    return {};
+    return park({peer, id, false, std::move(args), deadline});
   }
   return ignore("unknown operation or wrong number of arguments");
 }
@@ -141,6 +238,9 @@ struct rendezvous_store::impl {
   rendezvous_table table{std::chrono::milliseconds(0)};
   int port = 0;
   std::atomic<bool> stop{false};
+  std::atomic<int64_t> world{0};  // the largest world planned (expect_world)
+  int64_t limits_world = 0;       // the world table's limits are for (store thread)
+  log_limiter log_limit;
   std::thread thread;
 
   void send_all(std::vector<rendezvous_table::message> replies) {
@@ -159,15 +259,23 @@ struct rendezvous_store::impl {
   void handle(zmq::multipart_t& m) {
     rendezvous_table::message request;
     while (!m.empty()) request.push_back(m.popstr());
-    std::string why;
-    send_all(table.handle(std::move(request), clock_type::now(), &why));
+    std::string why, refused;
+    const std::string peer = request.empty() ? std::string() : request[0];
+    send_all(table.handle(std::move(request), clock_type::now(), &why, &refused));
     if (!why.empty() && table.malformed() <= static_cast<uint64_t>(max_logged))
       std::fprintf(stderr, "dtactor: rendezvous store: ignored a malformed request (%s)%s\n", why.c_str(),
                    table.malformed() == static_cast<uint64_t>(max_logged) ? "; further ones are not logged" : "");
+    if (!refused.empty())
+      log_limit.log("refused", "dtactor: rendezvous store: refused a request of peer " + printable(peer.size() == 5 && peer[0] == '\0' ? "(anonymous)" : peer) +
+                                   ": " + refused);
   }
 
   void run() {
     while (!stop.load()) {
+      if (const int64_t w = world.load(); w > limits_world) {
+        limits_world = w;
+        table.set_limits(rendezvous_limits_for(w));
+      }
       zmq::pollitem_t item{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0};
       try {
         zmq::poll(&item, 1, poll_step);
@@ -194,10 +302,16 @@ rendezvous_store::~rendezvous_store() {
 
 int rendezvous_store::port() const { return im_->port; }
 
+void rendezvous_store::expect_world(int64_t world) {
+  int64_t seen = im_->world.load();
+  while (world > seen && !im_->world.compare_exchange_weak(seen, world)) {
+  }
+}
+
 uint64_t rendezvous_store::refused_handshakes() const { return im_->zap ? im_->zap->refused() : 0; }
 
 result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std::chrono::milliseconds timeout,
-                                                                  std::shared_ptr<const job_key> key) {
+                                                                  std::shared_ptr<const job_key> key, const std::string& host) {
   auto im = std::make_unique<impl>();
   im->table = rendezvous_table(timeout);
   if (key) {
@@ -209,11 +323,12 @@ result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std:
     if (key) make_curve_server(im->sock, key->server_secret);
     im->sock.set(zmq::sockopt::linger, 0);
     im->sock.set(zmq::sockopt::maxmsgsize, proto::max_message_bytes);
-    im->sock.bind("tcp://*:" + std::to_string(port));
+    im->sock.set(zmq::sockopt::handshake_ivl, wire::handshake_timeout_ms);
+    im->sock.bind("tcp://" + host + ":" + std::to_string(port));
     const std::string ep = im->sock.get(zmq::sockopt::last_endpoint);
     im->port = std::stoi(ep.substr(ep.rfind(':') + 1));
   } catch (const std::exception& e) {
-    return make_error("cannot start the rendezvous store on port " + std::to_string(port) + ": " + e.what() +
+    return make_error("cannot start the rendezvous store on port " + std::to_string(port) + " of " + host + ": " + e.what() +
                       (port != 0 ? " (another process may listen there)" : ""));
   }
   auto* raw = im.get();

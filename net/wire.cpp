@@ -5,6 +5,8 @@
 #include <random>
 #include <thread>
 
+#include "base/printable.hpp"
+
 namespace dtactor::wire {
 
 const char* to_string(drop_kind kind) noexcept {
@@ -48,17 +50,17 @@ decoded decode(const void* data, std::size_t size, std::string_view expected_job
                                                       " bytes is no envelope (no version, no body)"));
   if (env.protocol_version() != protocol_version)
     return decoded(drop_kind::version_mismatch,
-                   make_error("wire: peer '" + env.sender() + "' speaks protocol version " +
+                   make_error("wire: peer '" + printable(env.sender()) + "' speaks protocol version " +
                               std::to_string(env.protocol_version()) + ", this build speaks " +
                               std::to_string(protocol_version) +
                               "; run the same dtactor release everywhere"));
   if (!has_body)
     return decoded(drop_kind::garbage,
-                   make_error("wire: envelope from '" + env.sender() +
+                   make_error("wire: envelope from '" + printable(env.sender()) +
                               "' has no body (a message type this build does not know?)"));
   if (!expected_job_id.empty() && !env.job_id().empty() && env.job_id() != expected_job_id)
     return decoded(drop_kind::foreign_job,
-                   make_error("wire: peer '" + env.sender() + "' belongs to job '" + env.job_id() +
+                   make_error("wire: peer '" + printable(env.sender()) + "' belongs to job '" + printable(env.job_id()) +
                               "', this process to job '" + std::string(expected_job_id) +
                               "'; check the --coordinator address"));
   return decoded(std::move(env));

@@ -17,6 +17,27 @@ namespace dtactor::wire {
 // (adding an optional field or a new message type does not).
 constexpr uint32_t protocol_version = 1;
 
+// The largest control message (one ZeroMQ frame) a dtactor socket takes
+// (ZMQ_MAXMSGSIZE) or sends. libzmq reads a whole frame before it hands it
+// to the CURVE handshake, so this is also what one connection of a stranger
+// can cost before it is refused; it is kept to what the protocol needs.
+// The largest envelopes are a generation plan (the coordinator's, with the
+// job's config; and the one a node reports in register_node after a
+// coordinator restart, without it): about 140 bytes per rank with a
+// 128-character node id, plus the config (at most max_config_bytes,
+// 256 KiB). Measured (tests/hardening_test.cpp, ControlMessages): a plan of
+// 1,000 nodes x 8 ranks with 64-character ids and a 256 KiB config is
+// about 0.9 MB, with 128-character ids about 1.4 MB; 2 MiB leaves ~40%
+// headroom over the worst of them. Model state, checkpoints and data never
+// cross the control plane (the store and the data plane carry them).
+constexpr int64_t max_control_message_bytes = int64_t{2} << 20;
+
+// How long a connection may take to finish its ZMTP (and CURVE) handshake
+// before libzmq drops it (ZMQ_HANDSHAKE_IVL; libzmq's default is 30 s). A
+// real peer needs milliseconds; a stranger's half-open or slow connection
+// and whatever it sent are released after this.
+constexpr int handshake_timeout_ms = 3000;
+
 // Why a frame was refused. decode() yields the first four; the bridge adds
 // the framing and delivery kinds. Values index arrays: keep `count_` last.
 enum class drop_kind : uint8_t {

@@ -13,6 +13,7 @@
 #include <future>
 #include <zmq.hpp>
 
+#include "base/printable.hpp"
 #include "net/zap_handler.hpp"
 
 namespace dtactor {
@@ -200,6 +201,10 @@ status zmq_bridge::remove_link(const std::string& link) {
 status zmq_bridge::send(const std::string& link, const std::string& peer, const pb::envelope& env) {
   auto bytes = wire::encode(env);
   if (!bytes) return bytes.err();
+  if (static_cast<int64_t>(bytes->size()) > options_.max_message_bytes)
+    return make_error("wire: cannot send " + std::string(wire::body_name(env)) + " on link '" + link + "': " + std::to_string(bytes->size()) +
+                      " bytes, over the control plane's limit of " + std::to_string(options_.max_message_bytes) +
+                      " bytes (peers would drop the connection)");
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopped_) return make_error("wire: cannot send on link '" + link + "': the bridge is stopped");
@@ -245,6 +250,7 @@ result<std::string> zmq_bridge::run_add(const std::string& name, const std::stri
     auto& s = link->socket;
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
+    s.set(zmq::sockopt::handshake_ivl, options_.handshake_timeout_ms);
     s.set(zmq::sockopt::sndhwm, options_.send_hwm);
     s.set(zmq::sockopt::rcvhwm, options_.recv_hwm);
     s.set(zmq::sockopt::tcp_keepalive, 1);
@@ -301,12 +307,10 @@ void zmq_bridge::drop(const std::string& link, const std::string& peer, wire::dr
                       const std::string& why) {
   dropped_[static_cast<std::size_t>(kind)].fetch_add(1);
   std::string key = std::string(wire::to_string(kind)) + '\0' + link + '\0' + peer;
-  if (logged_.size() < max_logged_keys && logged_.insert(std::move(key)).second) {
-    std::fprintf(stderr,
-                 "dtactor: wire: dropped %s frame, link '%s', peer '%s': %s (further ones from this "
-                 "peer are counted, not logged)\n",
-                 wire::to_string(kind), link.c_str(), printable_routing_id(peer).c_str(), why.c_str());
-  }
+  if (logged_.size() < max_logged_keys && logged_.insert(std::move(key)).second)
+    log_limit_.log(wire::to_string(kind), "dtactor: wire: dropped " + std::string(wire::to_string(kind)) + " frame, link '" + link + "', peer '" +
+                                              printable_routing_id(peer) + "': " + printable(why, printable_max_detail_chars) +
+                                              " (further ones from this peer are counted, not logged)");
   if (on_drop_) {
     try {
       on_drop_(link, peer, kind);
@@ -488,16 +492,20 @@ std::string connectable_endpoint(const std::string& bound, const std::string& ho
 }
 
 std::string printable_routing_id(const std::string& id) {
-  bool printable = !id.empty();
+  bool text = !id.empty();
   for (unsigned char c : id)
-    if (c < 0x20 || c > 0x7e) printable = false;
-  if (printable) return id;
+    if (c < 0x20 || c > 0x7e) text = false;
+  if (text) return printable(id);
+  // libzmq's own ids (a zero byte and four random ones) and other binary
+  // ids in hex, the first 32 bytes.
   static const char* digits = "0123456789abcdef";
   std::string out = "0x";
-  for (unsigned char c : id) {
+  for (std::size_t i = 0; i < id.size() && i < 32; ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
     out += digits[c >> 4];
     out += digits[c & 15];
   }
+  if (id.size() > 32) out += "...(" + std::to_string(id.size()) + " bytes)";
   return out;
 }
 

@@ -24,6 +24,7 @@
 
 #include "dtactor/result.hpp"
 #include "base/job_key.hpp"
+#include "base/log_limiter.hpp"
 #include "net/wire.hpp"
 
 namespace zmq {
@@ -36,8 +37,12 @@ class zap_handler;
 
 struct zmq_bridge_options {
   // Frames over this size make ZeroMQ drop the sending peer's connection
-  // (ZMQ_MAXMSGSIZE) before any memory is spent on them.
-  int64_t max_message_bytes = int64_t{256} << 20;
+  // (ZMQ_MAXMSGSIZE) as soon as their header arrives; send() refuses
+  // envelopes over it (wire.hpp says why it is small).
+  int64_t max_message_bytes = wire::max_control_message_bytes;
+  // A connection that has not finished its handshake after this long is
+  // dropped (ZMQ_HANDSHAKE_IVL).
+  int handshake_timeout_ms = wire::handshake_timeout_ms;
   int send_hwm = 10000;  // messages queued per peer in ZeroMQ
   int recv_hwm = 10000;
   // Messages waiting for the bridge thread; beyond it send() refuses.
@@ -119,7 +124,8 @@ class zmq_bridge {
   // Queues `env` for `link` (to `peer` on a ROUTER link; ignored on a
   // DEALER link) and returns at once; thread-safe, never blocks on the
   // network. Errors only for what the caller can know now: unknown link,
-  // unencodable envelope, queue full, bridge stopped. Delivery failures
+  // unencodable envelope, one over max_message_bytes, queue full, bridge
+  // stopped. Delivery failures
   // (unknown peer, peer's high-water mark) are counted and reported to the
   // drop handler, not returned.
   status send(const std::string& link, const std::string& peer, const pb::envelope& env);
@@ -184,6 +190,7 @@ class zmq_bridge {
   std::unique_ptr<zap_handler> zap_;  // with a key; before any CURVE server binds
   std::vector<std::unique_ptr<link_state>> links_;
   std::set<std::string> logged_;  // "kind\0link\0peer" already logged once
+  log_limiter log_limit_;         // and per kind at most a line a second after a burst
 
   std::thread thread_;
 };

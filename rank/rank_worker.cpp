@@ -382,6 +382,17 @@ rank_worker::outcome rank_worker::failed(generation_run& g, const std::string& w
   return outcome::failed;
 }
 
+rank_worker::outcome rank_worker::checkpoint_unusable(generation_run& g, int64_t checkpoint_step, const std::string& why, bool refused) {
+  if (!refused) return failed(g, why, impl_->state->step());
+  if (quitting()) return outcome::quit;
+  if (abandon(g.gen)) return outcome::next_plan;
+  auto s = status_of(pb::rank_status::STATE_FAILED, g.rank, g.local, impl_->state->step(), why);
+  s.set_failure(pb::rank_status::FAILURE_CHECKPOINT);
+  s.set_refused_checkpoint_step(checkpoint_step);
+  if (cb_.on_status) cb_.on_status(g.gen, std::move(s));
+  return outcome::failed;
+}
+
 void rank_worker::fit_threads_to_host(const pb::generation_plan& plan) {
   auto& im = *impl_;
   if (!im.auto_threads) return;
@@ -537,18 +548,22 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   if (g.rank == 0 && g.plan.checkpoint_step() > held_of()) {
     // Nobody alive holds state: the newest committed checkpoint, read from
     // the store by this rank itself.
-    const std::string name = manifest_name(g.plan.checkpoint_step());
+    const int64_t ckpt = g.plan.checkpoint_step();
+    const std::string name = manifest_name(ckpt);
     auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), impl_->cfg->get_string("checkpoint.s3_endpoint"));
     if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
     auto meta = store->read_manifest(name);
-    if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
+    if (!meta)
+      return checkpoint_unusable(g, ckpt, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(),
+                                 meta.code() == errc::corrupt_checkpoint);
     if (auto st = check_checkpoint_compatible(meta.value(), *impl_->cfg, g.plan.checkpoint_store() + "/" + name); !st)
-      return failed(g, st.message(), state.step());
+      return checkpoint_unusable(g, ckpt, st.message(), true);
     // Sharded (train.zero >= 1): this rank reads the replicated part only;
     // every rank reads its own shards after the agreement (shard_state).
     const bool sharded = impl_->cfg->get_int("train.zero") >= 1;
     if (auto st = load_checkpoint(state, store.value(), meta.value(), sharded ? load_which::replicated : load_which::all); !st)
-      return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
+      return checkpoint_unusable(g, ckpt, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(),
+                                 st.code() == errc::corrupt_checkpoint);
     g.source = ev::state_source::disk;
     impl_->catch_up.clear();
     if (diloco) impl_->window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), 0, meta->world_size());
@@ -674,9 +689,13 @@ std::optional<rank_worker::outcome> rank_worker::worker_section_from_checkpoint(
   auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
   if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
   auto meta = store->read_manifest(name);
-  if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
+  if (!meta)
+    return checkpoint_unusable(g, g.plan.checkpoint_step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(),
+                               meta.code() == errc::corrupt_checkpoint);
   auto loaded = load_worker_section(state, store.value(), meta.value(), g.rank);
-  if (!loaded) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + loaded.message(), state.step());
+  if (!loaded)
+    return checkpoint_unusable(g, g.plan.checkpoint_step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + loaded.message(),
+                               loaded.code() == errc::corrupt_checkpoint);
   if (*loaded) state.state_loaded(meta->step());
   // Its own section: its own slices of the checkpoint's window; else rank 0's.
   im.window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), *loaded ? g.rank : 0, meta->world_size());
@@ -871,7 +890,8 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
   if (g.rank == 0) {
     auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
     if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
-    auto newest = store->newest_valid([](const std::string&, const std::string&) {}, false);
+    const std::set<int64_t> refused(g.plan.bad_checkpoint_steps().begin(), g.plan.bad_checkpoint_steps().end());
+    auto newest = store->newest_valid([](const std::string&, const std::string&) {}, false, refused);
     if (!newest) return failed(g, "checkpoint store: " + newest.message(), state.step());
     if (!newest->has_value()) {
       std::fprintf(stderr, "rank 0: generation %llu: no checkpoint is committed in %s: the job starts over from step 0\n",
@@ -880,9 +900,11 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
       have_checkpoint = false;
     } else {
       const auto& meta = **newest;
-      if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st) return failed(g, st.message(), state.step());
+      if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st)
+        return checkpoint_unusable(g, meta.step(), st.message(), true);
       if (auto st = load_checkpoint(state, store.value(), meta, load_which::replicated); !st)
-        return failed(g, "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(), state.step());
+        return checkpoint_unusable(g, meta.step(), "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(),
+                                   st.code() == errc::corrupt_checkpoint);
     }
   } else {
     (void)state.reset_state();
@@ -918,12 +940,15 @@ std::optional<rank_worker::outcome> rank_worker::shards_from_checkpoint(generati
   auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
   if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
   auto meta = store->read_manifest(name);
-  if (!meta) return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(), state.step());
+  if (!meta)
+    return checkpoint_unusable(g, state.step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(),
+                               meta.code() == errc::corrupt_checkpoint);
   if (auto st = check_checkpoint_compatible(meta.value(), *im.cfg, g.plan.checkpoint_store() + "/" + name); !st)
-    return failed(g, st.message(), state.step());
+    return checkpoint_unusable(g, state.step(), st.message(), true);
   uint64_t read = 0;
   if (auto st = load_checkpoint(state, store.value(), meta.value(), load_which::shards, &read); !st)
-    return failed(g, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(), state.step());
+    return checkpoint_unusable(g, state.step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(),
+                               st.code() == errc::corrupt_checkpoint);
   std::fprintf(stderr, "rank %d: generation %llu: optimizer shards read from the checkpoint at step %lld: %llu of its %llu bytes\n", g.rank,
                static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<unsigned long long>(read),
                static_cast<unsigned long long>(meta->state_bytes()));

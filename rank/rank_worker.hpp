@@ -154,6 +154,12 @@ class rank_worker : public rank_work {
   void report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail);
   outcome failed(generation_run& g, const std::string& why, int64_t step,
                  pb::rank_status::failure_kind kind = pb::rank_status::FAILURE_UNSPECIFIED);
+  // The checkpoint at `checkpoint_step` could not be loaded. `refused` (its
+  // bytes do not check out, errc::corrupt_checkpoint, or it does not fit
+  // the job): FAILURE_CHECKPOINT, and the coordinator marks it bad for the
+  // job and plans from the previous one. Otherwise (the store unreachable,
+  // an I/O error) a plain failure, which a new generation may get past.
+  outcome checkpoint_unusable(generation_run& g, int64_t checkpoint_step, const std::string& why, bool refused);
   // Waits for a plan newer than `after`; false on quit.
   // Waits for a plan newer than `after` (or, with `warm_up`, any plan);
   // false on quit.

@@ -38,6 +38,12 @@ GROUPS = [
 RATIO_FREE_UNITS = ("x", "accuracy", "loss", "%", "fraction")
 
 
+# Shown first in their sections, in this order (the figures the README
+# quotes); the other files follow by name.
+LEAD = ["torchrun_recovery_results.json", "chaos_results.json", "ddp_local_results.json", "hosts_results.json",
+        "install_cost_results.json"]
+
+
 class PageError(Exception):
     pass
 
@@ -205,7 +211,7 @@ def render(runs, off):
         w("")
         w("| What is measured | dtactor | Anchor, same run | Ratio | Command | Machine | Date |")
         w("|---|---|---|---|---|---|---|")
-        for name, meta, rows in sorted(by_group[g], key=lambda r: (r[1]["title"], r[0])):
+        for name, meta, rows in sorted(by_group[g], key=lambda r: (LEAD.index(r[0]) if r[0] in LEAD else len(LEAD), r[0])):
             w("| **%s** ([%s](../bench/%s)) | | | | | | |" % (cell(meta["title"]), name, name))
             for f, ours, anchor in rows:
                 anchor_text, ratio = "", ""

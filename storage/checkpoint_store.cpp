@@ -34,6 +34,13 @@ void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
+// An error of a checkpoint's own bytes (not of the store's reachability): a
+// rank that meets it refuses the checkpoint for good.
+error corrupt(error e) {
+  e.code = errc::corrupt_checkpoint;
+  return e;
+}
+
 uint64_t get_le(std::string_view in, size_t at, int bytes) {
   uint64_t v = 0;
   for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
@@ -312,12 +319,18 @@ std::vector<checkpoint_store::scanned> checkpoint_store::scan() {
 
 result<pb::checkpoint_meta> checkpoint_store::read_manifest(const std::string& name, bool* key_refused) {
   auto bytes = objects_->get(name);
-  if (!bytes) return bytes.err();
+  if (!bytes) {
+    // Gone, or larger than a manifest can be, is the checkpoint's fault;
+    // an error reaching the store is not.
+    auto size = objects_->size_of(name);
+    if (size && (!size.value() || *size.value() > object_store::max_small_object_bytes)) return corrupt(bytes.err());
+    return bytes.err();
+  }
   auto meta = decode_manifest(bytes.value(), mac_key_storage(), key_refused);
-  if (!meta) return meta.err();
-  if (auto st = check_manifest(meta.value()); !st) return st.err();
+  if (!meta) return corrupt(meta.err());
+  if (auto st = check_manifest(meta.value()); !st) return corrupt(st.err());
   if (auto step = manifest_step(name); step && *step != meta->step())
-    return make_error("name says step " + std::to_string(*step) + " but the manifest says step " + std::to_string(meta->step()));
+    return corrupt(make_error("name says step " + std::to_string(*step) + " but the manifest says step " + std::to_string(meta->step())));
   return meta;
 }
 
@@ -325,9 +338,10 @@ status checkpoint_store::verify(const pb::checkpoint_meta& meta, bool checksums)
   for (const auto& p : meta.parts()) {
     auto size = objects_->size_of(p.name());
     if (!size) return size.err();
-    if (!size.value()) return make_error("part '" + p.name() + "'" + (p.node_id().empty() ? "" : " (written on node '" + p.node_id() + "')") + " is missing");
+    if (!size.value())
+      return corrupt(make_error("part '" + p.name() + "'" + (p.node_id().empty() ? "" : " (written on node '" + p.node_id() + "')") + " is missing"));
     if (*size.value() != p.size())
-      return make_error("part '" + p.name() + "' is " + std::to_string(*size.value()) + " bytes, the manifest says " + std::to_string(p.size()));
+      return corrupt(make_error("part '" + p.name() + "' is " + std::to_string(*size.value()) + " bytes, the manifest says " + std::to_string(p.size())));
   }
   if (!checksums) return {};
   return read_stream(meta, [](uint64_t, const char*, size_t) { return status{}; });
@@ -342,25 +356,29 @@ status checkpoint_store::read_stream(const pb::checkpoint_meta& meta, const std:
     for (uint64_t at = 0; at < p.size();) {
       const uint64_t want = std::min<uint64_t>(buf.size(), p.size() - at);
       auto n = objects_->read(p.name(), at, buf.data(), want);
-      if (!n) return n.err();
+      if (!n) {
+        auto size = objects_->size_of(p.name());
+        return size && !size.value() ? corrupt(make_error("part '" + p.name() + "' is missing")) : n.err();
+      }
       if (n.value() != want)
-        return make_error("part '" + p.name() + "' is truncated: " + std::to_string(at + n.value()) + " of " + std::to_string(p.size()) + " bytes");
+        return corrupt(
+            make_error("part '" + p.name() + "' is truncated: " + std::to_string(at + n.value()) + " of " + std::to_string(p.size()) + " bytes"));
       h.update(buf.data(), want);
       if (auto st = fn(p.offset() + at, buf.data(), want); !st) return st;
       at += want;
     }
-    if (h.digest() != p.xxh3()) return make_error("checksum mismatch in part '" + p.name() + "'");
+    if (h.digest() != p.xxh3()) return corrupt(make_error("checksum mismatch in part '" + p.name() + "'"));
   }
   return {};
 }
 
 result<std::optional<pb::checkpoint_meta>> checkpoint_store::newest_valid(
-    const std::function<void(const std::string&, const std::string&)>& on_skip, bool checksums) {
+    const std::function<void(const std::string&, const std::string&)>& on_skip, bool checksums, const std::set<int64_t>& excluded) {
   auto all = objects_->list();
   if (!all) return all.err();
   std::vector<std::pair<int64_t, std::string>> manifests;
   for (const auto& o : *all)
-    if (auto step = manifest_step(o.name)) manifests.emplace_back(*step, o.name);
+    if (auto step = manifest_step(o.name); step && !excluded.count(*step)) manifests.emplace_back(*step, o.name);
   std::sort(manifests.rbegin(), manifests.rend());
   // Checkpoints of the old single-file format are said, not silently passed
   // over (a run would otherwise start again from step 0 unannounced).
@@ -390,12 +408,12 @@ result<committed_checkpoint> checkpoint_store::commit(pb::checkpoint_meta meta) 
                   " (every node and the coordinator must reach the same checkpoint store: a shared directory or s3://)");
   const std::string name = manifest_name(meta.step());
   if (auto st = objects_->put(name, encode_manifest(meta)); !st) return refuse(st.message());
-  rotate(name);
+  auto kept = rotate(name);
   sweep_orphans(meta.step(), meta.generation());
-  return committed_checkpoint{name, location() + "/" + name, meta.state_bytes()};
+  return committed_checkpoint{name, location() + "/" + name, meta.state_bytes(), std::move(kept)};
 }
 
-void checkpoint_store::rotate(const std::string& just_written) {
+std::vector<int64_t> checkpoint_store::rotate(const std::string& just_written) {
   std::vector<scanned> valid;
   for (auto& s : scan())
     if (s.meta) valid.push_back(std::move(s));
@@ -416,11 +434,15 @@ void checkpoint_store::rotate(const std::string& just_written) {
   }
   // The manifest goes first: a checkpoint half removed is no checkpoint,
   // and its parts are orphans the next sweep takes.
+  std::vector<int64_t> kept;
   for (const auto& s : valid) {
-    if (keep.count(s.name)) continue;
-    if (!objects_->remove(s.name)) continue;
+    if (keep.count(s.name) || !objects_->remove(s.name)) {
+      kept.push_back(s.step);
+      continue;
+    }
     for (const auto& p : s.meta->parts()) (void)objects_->remove(p.name());
   }
+  return kept;
 }
 
 void checkpoint_store::sweep_orphans(int64_t up_to_step, uint64_t older_than_generation) {

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,7 @@ struct committed_checkpoint {
   std::string name;      // manifest object name
   std::string location;  // store location + "/" + name, for messages
   uint64_t bytes = 0;    // state bytes
+  std::vector<int64_t> kept;  // steps of the valid checkpoints left after rotation, ascending
 };
 
 // Manifest signing (docs/security.md), for the whole process: with a
@@ -118,7 +120,10 @@ class checkpoint_store {
   result<committed_checkpoint> commit(pb::checkpoint_meta meta);
 
   // A manifest and its structural checks. The error is the bare reason
-  // ("manifest checksum mismatch", "part '...' is missing").
+  // ("manifest checksum mismatch", "part '...' is missing"). Errors of a
+  // checkpoint's own bytes (here, verify and read_stream: undecodable,
+  // missing, short, a checksum) carry errc::corrupt_checkpoint; errors
+  // reaching the store do not.
   // `key_refused` is set when it is refused for the job key alone.
   result<pb::checkpoint_meta> read_manifest(const std::string& name, bool* key_refused = nullptr);
   // With a job key: an error (one line naming one) when the store holds
@@ -131,9 +136,10 @@ class checkpoint_store {
   status verify(const pb::checkpoint_meta& meta, bool checksums);
   // The newest checkpoint whose manifest and parts check out (with
   // `checksums`, read whole). Each newer one that does not is reported
-  // through on_skip(name, reason). nullopt when none.
+  // through on_skip(name, reason). nullopt when none. Steps in `excluded`
+  // (refused by a rank of the job) are passed over unread.
   result<std::optional<pb::checkpoint_meta>> newest_valid(const std::function<void(const std::string&, const std::string&)>& on_skip,
-                                                          bool checksums);
+                                                          bool checksums, const std::set<int64_t>& excluded = {});
 
   // The state stream of a checkpoint, in order, in chunks:
   // fn(stream_offset, data, size). Each part's checksum is checked when its
@@ -168,7 +174,8 @@ class checkpoint_store {
     std::vector<std::string> foreign_parts;  // such a manifest's parts: never swept
   };
   std::vector<scanned> scan();
-  void rotate(const std::string& just_written);
+  // Returns the steps of the valid checkpoints it kept, ascending.
+  std::vector<int64_t> rotate(const std::string& just_written);
 
   std::shared_ptr<object_store> objects_;
   checkpoint_policy policy_;

@@ -165,9 +165,15 @@ TEST_F(actor_messages, atom_messages_round_trip) {
     EXPECT_EQ(m.get_as<int32_t>(2), 137);
   }
   {
-    auto m = message_round_trip(sys(), caf::make_message(ckpt_atom::value, int64_t{40}));
-    ASSERT_TRUE((m.match_elements<ckpt_atom, int64_t>()));
+    auto m = message_round_trip(sys(), caf::make_message(ckpt_atom::value, int64_t{40}, std::vector<int64_t>{30, 40}));
+    ASSERT_TRUE((m.match_elements<ckpt_atom, int64_t, std::vector<int64_t>>()));
     EXPECT_EQ(m.get_as<int64_t>(1), 40);
+    EXPECT_EQ(m.get_as<std::vector<int64_t>>(2), (std::vector<int64_t>{30, 40}));
+  }
+  {
+    auto m = message_round_trip(sys(), caf::make_message(fail_atom::value, std::string("no checkpoint left")));
+    ASSERT_TRUE((m.match_elements<fail_atom, std::string>()));
+    EXPECT_EQ(m.get_as<std::string>(1), "no checkpoint left");
   }
   {
     auto m = message_round_trip(sys(), caf::make_message(shutdown_atom::value, std::string("job stopped"), true));

@@ -352,6 +352,96 @@ TEST(checkpoint_store, a_corrupt_or_truncated_part_is_skipped_reported_and_kept)
   EXPECT_EQ(st.message(), "checksum mismatch in part '" + part_name(3, 1, 1, 2) + "'");
 }
 
+// A store that cannot be reached (a network mount gone, S3 down) while it
+// is `down`: every read fails, and nobody can tell what is there.
+class unreachable_store : public object_store {
+ public:
+  explicit unreachable_store(std::unique_ptr<object_store> inner) : inner_(std::move(inner)) {}
+  bool down = false;
+  const std::string& location() const override { return inner_->location(); }
+  result<std::unique_ptr<object_writer>> create(const std::string& name) override { return inner_->create(name); }
+  result<uint64_t> read(const std::string& name, uint64_t offset, void* dst, uint64_t size) override {
+    if (down) return make_error("cannot read '" + name + "': Input/output error");
+    return inner_->read(name, offset, dst, size);
+  }
+  result<std::optional<uint64_t>> size_of(const std::string& name) override {
+    if (down) return make_error("cannot stat '" + name + "': Input/output error");
+    return inner_->size_of(name);
+  }
+  result<std::vector<object_info>> list() override { return inner_->list(); }
+  status remove(const std::string& name) override { return inner_->remove(name); }
+  void sweep_stale_writes(const std::function<bool(const std::string&)>& stale) override { inner_->sweep_stale_writes(stale); }
+
+ private:
+  std::unique_ptr<object_store> inner_;
+};
+
+// A checkpoint's own bytes at fault (a checksum, a part missing or cut
+// short, a manifest gone or undecodable) carry errc::corrupt_checkpoint: a
+// rank refuses such a checkpoint for good. A store that cannot be reached
+// is not the checkpoint's fault: no code, a new generation may get through.
+TEST(checkpoint_store, errors_of_a_checkpoints_own_bytes_carry_their_code_and_those_of_the_store_do_not) {
+  temp_dir dir;
+  auto store = open_store(dir.path(), {5, false, "", true});
+  for (int64_t s = 1; s <= 3; ++s) commit_ok(store, meta_at(s));
+  auto m3 = store.read_manifest(manifest_name(3));
+  ASSERT_TRUE(m3.ok());
+  status st;
+  std::string bytes = slurp(dir / part_name(3, 1, 1, 2));
+  bytes[bytes.size() / 2] ^= 0x20;
+  spit(dir / part_name(3, 1, 1, 2), bytes);
+  read_all(store, m3.value(), &st);
+  EXPECT_EQ(st.code(), errc::corrupt_checkpoint) << st.message();
+  spit(dir / part_name(3, 1, 0, 2), "short");
+  read_all(store, m3.value(), &st);
+  EXPECT_NE(st.message().find("is truncated"), std::string::npos) << st.message();
+  EXPECT_EQ(st.code(), errc::corrupt_checkpoint);
+  EXPECT_EQ(store.verify(m3.value(), false).code(), errc::corrupt_checkpoint);
+  ASSERT_TRUE(store.objects().remove(part_name(3, 1, 0, 2)));
+  read_all(store, m3.value(), &st);
+  EXPECT_EQ(st.message(), "part '" + part_name(3, 1, 0, 2) + "' is missing");
+  EXPECT_EQ(st.code(), errc::corrupt_checkpoint);
+  EXPECT_EQ(store.verify(m3.value(), false).code(), errc::corrupt_checkpoint);
+  spit(dir / manifest_name(2), "garbage!garbage!");
+  EXPECT_EQ(store.read_manifest(manifest_name(2)).code(), errc::corrupt_checkpoint);
+  ASSERT_TRUE(store.objects().remove(manifest_name(2)));
+  EXPECT_EQ(store.read_manifest(manifest_name(2)).code(), errc::corrupt_checkpoint);
+
+  auto inner = open_directory_store(dir.path());
+  ASSERT_TRUE(inner.ok()) << inner.message();
+  auto flaky = std::make_shared<unreachable_store>(std::move(inner.value()));
+  auto over = checkpoint_store::over(flaky, {5, false, "", true});
+  auto m1 = over.read_manifest(manifest_name(1));
+  ASSERT_TRUE(m1.ok()) << m1.message();
+  flaky->down = true;
+  auto gone = over.read_manifest(manifest_name(1));
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.code(), errc::unspecified) << gone.message();
+  read_all(over, m1.value(), &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), errc::unspecified) << st.message();
+  EXPECT_EQ(over.verify(m1.value(), false).code(), errc::unspecified);
+}
+
+// A rank picking the newest checkpoint itself (shards lost with their
+// holders) passes over those a rank of the job refused.
+TEST(checkpoint_store, newest_valid_passes_over_excluded_steps_and_a_commit_says_what_rotation_kept) {
+  temp_dir dir;
+  auto store = open_store(dir.path(), {2, false, "", true});
+  commit_ok(store, meta_at(1));
+  commit_ok(store, meta_at(2));
+  auto m = write_parts(store, meta_at(3), stream_for(3), 2);
+  auto done = store.commit(m);
+  ASSERT_TRUE(done.ok()) << done.message();
+  EXPECT_EQ(done->kept, (std::vector<int64_t>{2, 3}));
+  auto n = store.newest_valid({}, true, {3});
+  ASSERT_TRUE(n.ok() && n->has_value());
+  EXPECT_EQ((*n)->step(), 2);
+  auto none = store.newest_valid({}, true, {2, 3});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
 TEST(checkpoint_store, bad_manifests_give_one_clear_reason) {
   temp_dir dir;
   auto store = open_store(dir.path());

@@ -90,6 +90,8 @@ inbound step_from(const std::string& node_id, int32_t global_rank, int64_t step,
 
 class coordinator_actors : public ::testing::Test, public caf_fixture {
  protected:
+  std::vector<int64_t> kept;  // what the commit says the store keeps (empty: not known)
+
   void start(coordinator_options o, int64_t max_steps = 100) {
     job_options jo;
     jo.max_steps = max_steps;
@@ -104,7 +106,7 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
         if (fail_saves) return make_error("disk full");
         saved.emplace_back(m.generation(), m.step());
         manifests.push_back(m);
-        return saved_checkpoint{"ckpt-" + std::to_string(m.step()), static_cast<int64_t>(m.state_bytes()), 0.5};
+        return saved_checkpoint{"ckpt-" + std::to_string(m.step()), static_cast<int64_t>(m.state_bytes()), 0.5, kept};
       };
       writer = spawn(checkpoint_writer, wo);
     }
@@ -1049,7 +1051,7 @@ TEST_F(coordinator_actors, checkpoints_are_saved_before_the_end_and_the_newest_g
   EXPECT_EQ(saved[0], std::make_pair(uint64_t{1}, int64_t{3}));
   ASSERT_EQ(of<ev::checkpoint_saved>().size(), 1u);
   EXPECT_EQ(of<ev::checkpoint_saved>()[0].path, "ckpt-3");
-  EXPECT_EQ(ms().newest_checkpoint_step, 3);
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), 3);
   // a is lost and comes back as a new process: the new generation has no
   // state holder and starts from the checkpoint.
   advance(1200ms);
@@ -1144,7 +1146,7 @@ TEST_F(coordinator_actors, a_checkpoint_is_committed_once_every_rank_stored_its_
   EXPECT_DOUBLE_EQ(ev[0].stall_s, 0.02) << "the slowest rank's";
   EXPECT_DOUBLE_EQ(ev[0].write_s, 1.0);
   EXPECT_DOUBLE_EQ(ev[0].bytes_per_s, 1000.0);
-  EXPECT_EQ(ms().newest_checkpoint_step, 4);
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), 4);
 
   // A rank that could not store its part: reported once, never committed.
   send(checkpoint_from("a", 8, gen, 0, 2));
@@ -1154,7 +1156,7 @@ TEST_F(coordinator_actors, a_checkpoint_is_committed_once_every_rank_stored_its_
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_EQ(failed[0].step, 8);
   EXPECT_EQ(failed[0].reason, "rank 1 (b) could not store its part: cannot write '/ckpt/x' (write): No space left on device");
-  EXPECT_EQ(ms().newest_checkpoint_step, 4);
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), 4);
 
   // Parts of an older generation are fenced off by the job actor.
   send(checkpoint_from("a", 12, gen - 1, 0, 1));
@@ -1189,7 +1191,7 @@ TEST_F(coordinator_actors, ranks_with_several_parts_each_commit_one_manifest_of_
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].parts, 4);
   EXPECT_TRUE(of<ev::checkpoint_failed>().empty());
-  EXPECT_EQ(ms().newest_checkpoint_step, 4);
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), 4);
 }
 
 // Parts that do not tile the stream (a gap, an overlap) are never committed:
@@ -1223,7 +1225,7 @@ TEST_F(coordinator_actors, parts_that_leave_a_gap_or_overlap_are_reported_and_ne
   EXPECT_EQ(of<ev::checkpoint_failed>()[2].reason, "part 'part-8-1' of rank 1 overlaps bytes [20, 25) of another part");
   EXPECT_TRUE(saved.empty());
   EXPECT_TRUE(of<ev::checkpoint_saved>().empty());
-  EXPECT_EQ(ms().newest_checkpoint_step, -1);
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), -1);
 
   // A report with neither parts nor an error is a failure too.
   send(checkpoint_parts_from("a", 10, gen, 0, 2, {{0, 20}}, 40));
@@ -1242,7 +1244,95 @@ TEST_F(coordinator_actors, a_checkpoint_the_store_refuses_is_reported_and_not_of
   send(checkpoint_from("a", 3, 1));
   ASSERT_EQ(of<ev::checkpoint_failed>().size(), 1u);
   EXPECT_EQ(of<ev::checkpoint_failed>()[0].reason, "disk full");
-  EXPECT_EQ(ms().newest_checkpoint_step, -1);
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), -1);
+}
+
+namespace {
+// A rank that refused the checkpoint at `step` (FAILURE_CHECKPOINT).
+inbound refusal_from(const std::string& node_id, uint64_t generation, int64_t step) {
+  auto in = status_from(node_id, 0, pb::rank_status::STATE_FAILED, generation);
+  auto* s = in.env.mutable_rank_status();
+  s->set_failure(pb::rank_status::FAILURE_CHECKPOINT);
+  s->set_refused_checkpoint_step(step);
+  s->set_detail("checkpoint /ckpt/ckpt-" + std::to_string(step) + ".manifest: checksum mismatch in part 'p'");
+  return in;
+}
+}  // namespace
+
+// A checkpoint damaged after the coordinator's start-up check: the rank
+// refuses it; it is marked bad for the job (journaled once), the next plan
+// loads the previous one, and with none left the job fails with one line
+// and plans nothing more (before: the same checkpoint, generation after
+// generation).
+TEST_F(coordinator_actors, a_checkpoint_a_rank_refuses_is_never_planned_again_and_the_next_plan_falls_back) {
+  auto o = coord_opts(1);
+  o.checkpoints = ledger_at_start({10, 20, 30}, 20);  // 30 did not check out at start
+  start(o, 100);
+  auto code = await_end(*this, job);
+  send(joined("a", 1));
+  keep_alive({"a"}, 100ms);
+  const auto g1 = last_plan("peer-a");
+  ASSERT_EQ(g1.checkpoint_step(), 20);
+  EXPECT_EQ(g1.bad_checkpoint_steps_size(), 0);
+  send(refusal_from("a", g1.generation(), 20));
+  send(refusal_from("a", g1.generation(), 20));  // the same, reported again: one mark
+  auto refused = of<ev::checkpoint_refused>();
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].step, 20);
+  EXPECT_EQ(refused[0].node, "a");
+  EXPECT_EQ(refused[0].generation, g1.generation());
+  EXPECT_EQ(refused[0].fallback_step, 10);
+  EXPECT_EQ(refused[0].reason, "checkpoint /ckpt/ckpt-20.manifest: checksum mismatch in part 'p'");
+  keep_alive({"a"}, 400ms);
+  const auto g2 = last_plan("peer-a");
+  ASSERT_GT(g2.generation(), g1.generation());
+  EXPECT_EQ(g2.state_root(), 0);
+  EXPECT_EQ(g2.checkpoint_step(), 10);
+  ASSERT_EQ(g2.bad_checkpoint_steps_size(), 1);
+  EXPECT_EQ(g2.bad_checkpoint_steps(0), 20);
+  EXPECT_TRUE(of<ev::job_ended>().empty());
+
+  const auto plans = wire.count(pb::envelope::kGenerationPlan, "peer-a");
+  send(refusal_from("a", g2.generation(), 10));
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::failed);
+  EXPECT_EQ(end[0].reason,
+            "rank 0 on node 'a' refused the checkpoint at step 10 (checkpoint /ckpt/ckpt-10.manifest: checksum mismatch in part 'p'): no other "
+            "committed checkpoint is left that no rank refused; the job cannot resume (restore the checkpoint store, or start over with "
+            "--no-resume)");
+  EXPECT_FALSE(end[0].resumable) << "no checkpoint is left to resume from";
+  EXPECT_EQ(*code, 1);
+  EXPECT_LT(index_of<ev::rank_down>(events), index_of<ev::job_ended>(events));
+  keep_alive({"a"}, 1000ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), plans) << "nothing is planned after the job failed";
+}
+
+// A step a rank refused and the job committed again (it trained there from
+// the previous checkpoint) is another checkpoint: planned again. Rotated
+// ones are not planned at all.
+TEST_F(coordinator_actors, a_step_committed_again_after_a_refusal_is_planned_and_rotated_checkpoints_are_not) {
+  with_writer = true;
+  auto o = coord_opts(1);
+  o.checkpoints = ledger_at_start({5, 10}, 10);
+  start(o, 100);
+  send(joined("a", 1));
+  keep_alive({"a"}, 100ms);
+  const auto g1 = last_plan("peer-a");
+  ASSERT_EQ(g1.checkpoint_step(), 10);
+  send(refusal_from("a", g1.generation(), 10));
+  keep_alive({"a"}, 400ms);
+  const auto g2 = last_plan("peer-a");
+  ASSERT_EQ(g2.checkpoint_step(), 5);
+  kept = {5, 10};
+  send(checkpoint_from("a", 10, g2.generation()));
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_TRUE(ms().checkpoints.bad.empty());
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), 10);
+  kept = {10, 15};  // checkpoint.keep_last = 2: 5 went
+  send(checkpoint_from("a", 15, g2.generation()));
+  EXPECT_EQ(ms().checkpoints.committed, (std::set<int64_t>{10, 15}));
+  EXPECT_EQ(plan_checkpoint(ms().checkpoints), 15);
 }
 
 TEST_F(coordinator_actors, step_reports_become_one_completed_step_with_the_sample_weighted_loss) {

@@ -312,17 +312,19 @@ TEST(Decoders, S3ResponsesAsTheStoreReadsThem) {
   EXPECT_EQ(parse_upload_id("<InitiateMultipartUploadResult><UploadId>2~abc</UploadId></InitiateMultipartUploadResult>"), "2~abc");
 }
 
-TEST(Decoders, TheMetricsServerAnswersEveryRequest) {
+TEST(Decoders, TheMetricsEndpointRoutesEveryRequest) {
   metrics m("job");
   m.add_route("/sd", "application/json", [] { return std::string("[]\n"); });
-  EXPECT_EQ(m.http_reply("GET /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
-  EXPECT_NE(m.http_reply("GET /metrics HTTP/1.1\r\n\r\n").find("dtactor_"), std::string::npos);
-  EXPECT_NE(m.http_reply("GET /sd?x HTTP/1.1\r\n\r\n").find("Content-Type: application/json\r\nContent-Length: 3\r\n"), std::string::npos);
-  const auto head = m.http_reply("HEAD /sd HTTP/1.1\r\n\r\n");
-  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << "no body for HEAD";
-  EXPECT_EQ(m.http_reply("POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
-  EXPECT_EQ(m.http_reply("GET /nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
-  EXPECT_EQ(m.http_reply(std::string("\0\xff", 2)).rfind("HTTP/1.1 405", 0), 0u);
+  const auto scrape = m.respond("GET", "/metrics");
+  EXPECT_EQ(scrape.status, 200);
+  EXPECT_NE(scrape.body.find("dtactor_"), std::string::npos);
+  const auto sd = m.respond("GET", "/sd");
+  EXPECT_EQ(sd.status, 200);
+  EXPECT_EQ(sd.content_type, "application/json");
+  EXPECT_EQ(sd.body, "[]\n");
+  EXPECT_EQ(m.respond("POST", "/metrics").status, 405);
+  EXPECT_EQ(m.respond("GET", "/nope").status, 404);
+  EXPECT_EQ(m.respond(std::string("\0\xff", 2), "/metrics").status, 405);
 }
 
 }  // namespace

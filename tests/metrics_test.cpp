@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "http_get.hpp"
 #include "monitoring/journal.hpp"
@@ -210,6 +213,34 @@ TEST(metrics, http_sd_lists_the_coordinator_and_admitted_nodes) {
   const auto body = nlohmann::json::parse(reply.substr(reply.find("\r\n\r\n") + 4));
   EXPECT_EQ(body[0]["labels"]["role"], "coordinator");
   EXPECT_NE(http_get(m.port(), "/metrics").find("200 OK"), std::string::npos);
+}
+
+// Clients that connect and send nothing (or trickle) hold one worker each
+// until the request timeout; a scrape beside them is answered at once (one
+// thread serving one connection at a time made it wait for every one of
+// them in turn: 20 x 2 s here, past http_get's 10 s).
+TEST(metrics, idle_clients_do_not_hold_a_scrape) {
+  metrics m("job-idle");
+  auto port = pick_free_tcp_port();
+  ASSERT_TRUE(port);
+  ASSERT_TRUE(m.serve(port.value(), "127.0.0.1"));
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(m.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    if (i % 2) {
+      ASSERT_EQ(::send(fd, "GET /met", 8, 0), 8);  // half a request line, never finished
+    }
+    idle.push_back(fd);
+  }
+  const std::string r = http_get(m.port(), "/metrics");
+  EXPECT_NE(r.find("200 OK"), std::string::npos) << r.substr(0, 200);
+  for (int fd : idle) ::close(fd);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // get_double(), get_bool() and get_string(); asking for a key that does not
 // exist, or with the wrong type, is a programming error (std::out_of_range /
 // std::bad_variant_access).
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -34,13 +35,20 @@ const std::vector<config_key>& config_schema();
 
 using config_value = std::variant<int64_t, double, bool, std::string>;
 
+// The largest config file read, and the largest effective config a
+// coordinator sends (every plan and registration answer carries it over the
+// control plane, whose messages are bounded: net/wire.hpp). A job config is
+// a few KB; anything near this is a mistake (or /dev/zero).
+constexpr std::size_t max_config_bytes = std::size_t{256} << 10;
+
 class config {
  public:
   // The defaults alone.
   config();
 
   // Reads a TOML file (empty path: defaults only), then applies overrides of
-  // the form "key=value" in order.
+  // the form "key=value" in order. The file must be a regular file (not a
+  // directory, a device or a pipe) of at most max_config_bytes.
   static result<config> load(const std::string& path, const std::vector<std::string>& overrides);
   static result<config> parse_toml(const std::string& text, const std::string& origin);
 

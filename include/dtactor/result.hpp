@@ -15,6 +15,7 @@ enum class errc {
   unspecified = 0,
   out_of_memory,        // an allocation failed (host or device memory)
   batch_exceeds_data,   // train.global_batch_size is larger than the training set
+  corrupt_checkpoint,   // a checkpoint's manifest or parts do not check out (checksum, size, missing, undecodable)
 };
 
 struct error {

@@ -1,0 +1,118 @@
+#include "monitoring/http_server.hpp"
+
+#include <arpa/inet.h>
+#include <civetweb.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtactor {
+
+struct http_server::impl {
+  http_handler handler;
+  mg_context* ctx = nullptr;
+  ~impl() {
+    if (ctx) mg_stop(ctx);  // joins every worker: no handler runs after this
+  }
+};
+
+namespace {
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    default: return "Error";
+  }
+}
+
+// civetweb's request handler: one reply, then the connection closes.
+int on_request(mg_connection* conn, void* cbdata) {
+  const auto& handler = static_cast<http_server::impl*>(cbdata)->handler;
+  const mg_request_info* ri = mg_get_request_info(conn);
+  const std::string method = ri && ri->request_method ? ri->request_method : "";
+  const std::string path = ri && ri->local_uri ? ri->local_uri : "";
+  http_response r;
+  try {
+    r = handler(method, path);
+  } catch (const std::exception&) {
+    r = {500, "text/plain; charset=utf-8", "internal error\n"};
+  }
+  std::string head = "HTTP/1.1 " + std::to_string(r.status) + " " + reason_phrase(r.status) + "\r\nContent-Type: " + r.content_type +
+                     "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n";
+  mg_write(conn, head.data(), head.size());
+  if (method != "HEAD") mg_write(conn, r.body.data(), r.body.size());
+  return static_cast<int>(r.status);
+}
+
+// civetweb's own messages (a client that went away, a bad request) are
+// about clients, not about the job: not printed.
+int quiet(const mg_connection*, const char*) { return 1; }
+
+std::once_flag library_once;
+
+// Why host:port cannot be bound ("" when it can): civetweb's own message
+// says only that it failed.
+std::string bind_problem(in_addr host, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::strerror(errno);
+  int yes = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr = host;
+  std::string why;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    const int err = errno;
+    why = std::strerror(err);
+    if (err == EADDRINUSE) why += " (choose another metrics port, or 0 for none)";
+  }
+  ::close(fd);
+  return why;
+}
+
+}  // namespace
+
+result<std::unique_ptr<http_server>> http_server::start(const std::string& host, int port, http_handler handler, http_limits limits) {
+  const std::string address = host + ":" + std::to_string(port);
+  auto fail = [&](const std::string& why) -> result<std::unique_ptr<http_server>> { return make_error(address + ": " + why); };
+  in_addr parsed{};
+  if (::inet_pton(AF_INET, host.c_str(), &parsed) != 1) return fail("'" + host + "' is not an IPv4 address (use 0.0.0.0 for all interfaces)");
+  if (port < 1 || port > 65535) return fail("the port must be 1..65535");
+  if (auto why = bind_problem(parsed, port); !why.empty()) return fail(why);
+  std::call_once(library_once, [] { mg_init_library(0); });
+
+  std::unique_ptr<http_server> s(new http_server());
+  s->impl_ = std::make_unique<impl>();
+  s->impl_->handler = std::move(handler);
+  const std::string workers = std::to_string(limits.workers), timeout = std::to_string(limits.request_timeout_ms),
+                    max_request = std::to_string(limits.max_request_bytes);
+  const char* options[] = {"listening_ports", address.c_str(), "num_threads", workers.c_str(), "request_timeout_ms", timeout.c_str(),
+                           "max_request_size", max_request.c_str(), "enable_keep_alive", "no", "linger_timeout_ms", "0", nullptr};
+  mg_callbacks callbacks{};
+  callbacks.log_message = quiet;
+  mg_init_data init{&callbacks, nullptr, options};
+  char text[256] = {0};
+  unsigned code = 0;
+  mg_error_data error{&code, text, sizeof text};
+  s->impl_->ctx = mg_start2(&init, &error);
+  if (!s->impl_->ctx) {
+    return fail(std::string("civetweb: ") + (text[0] ? text : "could not start"));
+  }
+  mg_set_request_handler(s->impl_->ctx, "**", on_request, s->impl_.get());
+  s->port_ = port;
+  return s;
+}
+
+http_server::~http_server() = default;
+
+}  // namespace dtactor

@@ -1,0 +1,62 @@
+#pragma once
+// The HTTP endpoint of a coordinator or node (/metrics, /sd, the status
+// page): civetweb, the server prometheus-cpp's Exposer is built on, used
+// directly. civetweb parses the requests and serves them from a pool of
+// worker threads with a time limit per request, so one slow or idle client
+// holds one worker for at most `request_timeout_ms`, never the endpoint.
+//
+// What is served is decided by a pure function of (method, path): the
+// server never sees the handlers' state, and tests call the function
+// without a socket.
+//
+// civetweb's Debian build gives its threads a fixed 100 KiB stack. That is
+// enough for the handlers here (they build strings on the heap) and for
+// processes that link no LibTorch: the `dtactor` binary, which runs the
+// coordinator and the node agents. A process with LibTorch's static TLS
+// cannot start these threads; none serves HTTP.
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dtactor/result.hpp"
+
+namespace dtactor {
+
+struct http_response {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+};
+
+// (method, path without the query) -> the reply. Called on civetweb's
+// worker threads, several at once: must be thread-safe.
+using http_handler = std::function<http_response(const std::string& method, const std::string& path)>;
+
+struct http_limits {
+  // Workers: concurrent requests. A slow client holds one for at most
+  // request_timeout_ms, so `workers - 1` slow clients cannot delay a scrape.
+  int workers = 32;
+  int request_timeout_ms = 2000;
+  int max_request_bytes = 16384;  // request line and headers
+};
+
+class http_server {
+ public:
+  // Serves `handler` on host:port (an IPv4 address). Fails with one clear
+  // line when the address is bad or the port taken.
+  static result<std::unique_ptr<http_server>> start(const std::string& host, int port, http_handler handler, http_limits limits = {});
+  ~http_server();
+  http_server(const http_server&) = delete;
+  http_server& operator=(const http_server&) = delete;
+
+  int port() const { return port_; }
+
+  struct impl;  // civetweb's context and the handler
+
+ private:
+  http_server() = default;
+  std::unique_ptr<impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace dtactor

@@ -1,0 +1,248 @@
+// Issue 47's hardening, the parts that need no process: peer text made
+// printable, logs rate-limited per cause, the control plane's message limit
+// measured against the largest real envelopes, the rendezvous store's
+// limits, config files that are not files. The attacks themselves run as
+// processes (tests/adversarial_test.py). Torch-free.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "base/log_limiter.hpp"
+#include "base/printable.hpp"
+#include "dtactor/config.hpp"
+#include "net/rendezvous_protocol.hpp"
+#include "net/rendezvous_store.hpp"
+#include "net/wire.hpp"
+#include "net/zmq_bridge.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool one_printable_line(const std::string& s) {
+  for (unsigned char c : s)
+    if (c < 0x20 || c == 0x7f) return false;
+  return true;
+}
+
+TEST(Printable, EscapesWhatWouldBreakOrSteerALine) {
+  EXPECT_EQ(printable("ip-10-0-3-17"), "ip-10-0-3-17");
+  EXPECT_EQ(printable("a\nb"), "a\\x0ab");
+  EXPECT_EQ(printable("\x1b[2Jgone"), "\\x1b[2Jgone");
+  EXPECT_EQ(printable(std::string("nul\0cut", 7)), "nul\\x00cut");
+  EXPECT_EQ(printable("del\x7f"), "del\\x7f");
+  EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9") << "valid UTF-8 stays";
+  EXPECT_EQ(printable("bad\xc3("), "bad\\xc3(") << "a broken sequence";
+  EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80") << "a surrogate";
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf") << "an overlong '/'";
+  EXPECT_EQ(printable("\xc2\x85"), "\\u{0085}") << "C1 next-line";
+  EXPECT_EQ(printable("a\xe2\x80\xaez"), "a\\u{202e}z") << "right-to-left override";
+  EXPECT_EQ(printable("x\xe2\x80\xa8y"), "x\\u{2028}y") << "line separator";
+  const std::string once = printable("evil\x1b]0;title\x07\r\n");
+  EXPECT_EQ(printable(once), once) << "escaping twice changes nothing";
+}
+
+TEST(Printable, CutsLongTextAndSaysHowLongItWas) {
+  const std::string big(10 * 1024, 'a');
+  const std::string shown = printable(big);
+  EXPECT_EQ(shown, std::string(printable_max_chars, 'a') + "...(10240 bytes)");
+  // An escape is never split by the cut.
+  const std::string escapes(1000, '\n');
+  const std::string e = printable(escapes, 10);
+  EXPECT_EQ(e, "\\x0a\\x0a...(1000 bytes)");
+  EXPECT_EQ(printable(big, 0).size(), big.size()) << "0: no cut";
+  // Whatever the bytes, one bounded printable line.
+  std::string all;
+  for (int i = 0; i < 10240; ++i) all += static_cast<char>(i * 7 % 256);
+  const std::string line = printable(all);
+  EXPECT_TRUE(one_printable_line(line));
+  EXPECT_LE(line.size(), printable_max_chars + 32);
+}
+
+struct fake_clock {
+  log_limiter::clock::time_point t{};
+  std::function<log_limiter::clock::time_point()> fn() {
+    return [this] { return t; };
+  }
+};
+
+TEST(LogLimiter, ABurstThenALineAnIntervalSayingHowManyWereHeldBack) {
+  fake_clock clock;
+  std::vector<std::string> lines;
+  log_limiter limit([&](const std::string& l) { lines.push_back(l); }, {3, 1000ms, 4}, clock.fn());
+  for (int i = 0; i < 100; ++i) limit.log("garbage", "garbage " + std::to_string(i));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(limit.held_back(), 97u);
+  // Another cause is not held up by the flood of the first.
+  EXPECT_TRUE(limit.log("handshake", "handshake 0"));
+  clock.t += 999ms;
+  EXPECT_FALSE(limit.log("garbage", "garbage 100"));
+  clock.t += 1ms;
+  EXPECT_TRUE(limit.log("garbage", "garbage 101"));
+  EXPECT_EQ(lines.back(), "garbage 101 (98 similar lines not logged)");
+  clock.t += 1000ms;
+  EXPECT_TRUE(limit.log("garbage", "garbage 102"));
+  EXPECT_EQ(lines.back(), "garbage 102");
+  // Causes beyond max_causes share one budget.
+  for (int c = 0; c < 100; ++c) limit.log("cause " + std::to_string(c), "x");
+  EXPECT_LE(lines.size(), 5u + 2u + 3u + 3u);
+}
+
+// The largest control messages the protocol sends, measured against
+// max_control_message_bytes: the plan a coordinator sends for a world of
+// 1,000 nodes x 8 ranks with the largest config it sends, and the plan a
+// node reports in register_node (without the config).
+pb::envelope big_plan(int nodes, int ranks_per_node, std::size_t id_chars, std::size_t config_bytes) {
+  pb::envelope env;
+  env.set_protocol_version(wire::protocol_version);
+  env.set_job_id("job-0123456789abcdef");
+  env.set_sender("coordinator");
+  env.set_incarnation(~uint64_t{0});
+  env.set_generation(123456);
+  auto* p = env.mutable_generation_plan();
+  p->set_generation(123456);
+  p->set_world_size(nodes * ranks_per_node);
+  p->set_store_host("coordinator-host.example.internal");
+  p->set_store_port(65535);
+  for (int n = 0; n < nodes; ++n) {
+    std::string id = "node-" + std::to_string(n);
+    id += std::string(id_chars - id.size(), 'x');
+    for (int r = 0; r < ranks_per_node; ++r) {
+      auto* a = p->add_ranks();
+      a->set_node_id(id);
+      a->set_local_rank(r);
+      a->set_global_rank(n * ranks_per_node + r);
+      a->set_host_ranks(ranks_per_node);
+    }
+  }
+  p->set_start_step(int64_t{1} << 40);
+  p->set_state_root(4095);
+  p->set_config_toml(std::string(config_bytes, 'c'));
+  p->set_checkpoint_store("s3://a-bucket-of-checkpoints/with/a/long/prefix/for/this/job");
+  p->set_checkpoint_step(int64_t{1} << 40);
+  p->set_module_object("module-0123456789abcdef.pt");
+  p->set_module_digest("123456789:0123456789abcdef");
+  return env;
+}
+
+TEST(ControlMessages, TheLargestPlansFitTheControlPlanesLimitWithHeadroom) {
+  const auto limit = static_cast<std::size_t>(wire::max_control_message_bytes);
+  struct { int nodes, ranks; std::size_t id, config; const char* what; } cases[] = {
+      {1000, 8, 64, max_config_bytes, "plan, 1,000 nodes x 8 ranks, 64-character ids, 256 KiB config"},
+      {1000, 8, 128, max_config_bytes, "plan, 1,000 nodes x 8 ranks, 128-character ids, 256 KiB config"},
+      {1000, 8, 128, 0, "registration's plan, 1,000 nodes x 8 ranks, 128-character ids"},
+  };
+  for (const auto& c : cases) {
+    auto bytes = wire::encode(big_plan(c.nodes, c.ranks, c.id, c.config));
+    ASSERT_TRUE(bytes) << bytes.message();
+    std::printf("%s: %zu bytes (%.0f%% of the %zu-byte limit)\n", c.what, bytes->size(), 100.0 * bytes->size() / limit, limit);
+    EXPECT_LT(bytes->size() * 10, limit * 8) << c.what << ": under 80% of the limit";
+  }
+}
+
+TEST(ControlMessages, TheBridgeRefusesToSendAnEnvelopeOverTheLimit) {
+  zmq_bridge_options o;
+  o.max_message_bytes = 64 * 1024;
+  zmq_bridge b(o, [](const std::string&, const std::string&, pb::envelope) {});
+  ASSERT_TRUE(b.add_router("nodes", "tcp://127.0.0.1:*"));
+  auto st = b.send("nodes", "someone", big_plan(10, 8, 16, 128 * 1024));
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("over the control plane's limit of 65536 bytes"), std::string::npos) << st.message();
+  EXPECT_TRUE(b.send("nodes", "someone", big_plan(10, 8, 16, 1024))) << "a small one goes";
+}
+
+using message = rendezvous_table::message;
+const std::string rid = rendezvous_protocol::encode_id(9);
+
+std::vector<message> ask(rendezvous_table& t, std::vector<std::string> frames, std::string* refused = nullptr) {
+  message m{"peer", rid};
+  m.insert(m.end(), frames.begin(), frames.end());
+  return t.handle(std::move(m), std::chrono::steady_clock::time_point{} + 1h, nullptr, refused);
+}
+
+TEST(RendezvousLimits, AValueOverItsLimitIsRefusedWithAReason) {
+  rendezvous_table t(60s);
+  const auto l = rendezvous_limits_for(0);
+  std::string refused;
+  auto r = ask(t, {"set", "k", std::string(l.max_value_bytes + 1, 'v')}, &refused);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0][2], "err");
+  EXPECT_NE(r[0][3].find("over the rendezvous store's limit of 65536 bytes a value"), std::string::npos) << r[0][3];
+  EXPECT_FALSE(refused.empty());
+  EXPECT_EQ(t.keys(), 0u);
+  EXPECT_EQ(ask(t, {"set", "k", std::string(l.max_value_bytes, 'v')})[0][2], "ok");
+  // cas may not grow a value past it either.
+  EXPECT_EQ(ask(t, {"cas", "c", "", std::string(l.max_value_bytes + 1, 'v')})[0][2], "err");
+}
+
+TEST(RendezvousLimits, AFullStoreDropsOldGenerationsFirstThenRefuses) {
+  rendezvous_table t(60s);
+  const auto l = rendezvous_limits_for(0);
+  const std::string value(l.max_value_bytes, 'v');
+  const std::size_t per_entry = value.size() + rendezvous_entry_overhead + 8;
+  const std::size_t fit = l.max_total_bytes / per_entry;
+  // Generation 1 fills the store; generation 2's keys push it out.
+  for (std::size_t i = 0; i < fit; ++i) ASSERT_EQ(ask(t, {"set", "g1/" + std::to_string(i + 10000), value})[0][2], "ok") << i;
+  EXPECT_LE(t.bytes(), l.max_total_bytes);
+  for (std::size_t i = 0; i < fit; ++i) ASSERT_EQ(ask(t, {"set", "g2/" + std::to_string(i + 10000), value})[0][2], "ok") << i;
+  EXPECT_LE(t.bytes(), l.max_total_bytes);
+  EXPECT_EQ(ask(t, {"check", "g1/10000"})[0][3], "0") << "generation 1 made room";
+  // Keys outside any generation, or of the newest one, are never dropped:
+  // beyond the limit a write is refused.
+  std::string refused;
+  std::vector<message> r;
+  for (std::size_t i = 0; i < 4 && (r.empty() || r[0][2] == "ok"); ++i) r = ask(t, {"set", "x" + std::to_string(i), value}, &refused);
+  ASSERT_EQ(r[0][2], "err");
+  EXPECT_NE(r[0][3].find("the rendezvous store is full"), std::string::npos) << r[0][3];
+  EXPECT_LE(t.bytes(), l.max_total_bytes);
+  EXPECT_EQ(t.refused(), 1u);
+  // A larger world raises the limits.
+  t.set_limits(rendezvous_limits_for(1000));
+  EXPECT_EQ(ask(t, {"set", "y", value})[0][2], "ok");
+}
+
+TEST(RendezvousLimits, ParkedRequestsAreBounded) {
+  rendezvous_table t(60s);
+  const auto l = rendezvous_limits_for(0);
+  for (std::size_t i = 0; i < l.max_parked; ++i) ASSERT_TRUE(ask(t, {"get", "never" + std::to_string(i), "0"}).empty()) << i;
+  auto r = ask(t, {"get", "one-more", "0"});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0][2], "err");
+  EXPECT_EQ(t.parked(), l.max_parked);
+}
+
+TEST(ConfigFiles, ADirectoryADeviceAndAHugeFileAreRefused) {
+  testing::temp_dir dir;
+  auto d = config::load(dir.path(), {});
+  ASSERT_FALSE(d);
+  EXPECT_NE(d.message().find("is not a regular file (a directory)"), std::string::npos) << d.message();
+  auto z = config::load("/dev/zero", {});
+  ASSERT_FALSE(z);
+  EXPECT_NE(z.message().find("is not a regular file (a device, pipe or socket)"), std::string::npos) << z.message();
+  const std::string big = dir.path() + "/big.toml";
+  {
+    std::ofstream f(big);
+    f << "# " << std::string(max_config_bytes, 'x') << "\n";
+  }
+  auto b = config::load(big, {});
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.message().find("over the limit of 262144 bytes"), std::string::npos) << b.message();
+  const std::string ok = dir.path() + "/ok.toml";
+  {
+    std::ofstream f(ok);
+    f << "[train]\nmax_steps = 7\n";
+  }
+  auto k = config::load(ok, {});
+  ASSERT_TRUE(k) << k.message();
+  EXPECT_EQ(k->get_int("train.max_steps"), 7);
+}
+
+}  // namespace
+}  // namespace dtactor
