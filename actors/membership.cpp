@@ -393,6 +393,11 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     a.reason = "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + "; it must run at least one rank";
     return a;
   }
+  if (reg.nproc > opts_.max_ranks_per_node) {
+    a.reason = "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + ", more than cluster.max_ranks_per_node (" +
+               std::to_string(opts_.max_ranks_per_node) + "); start it with fewer ranks (--nproc-per-node) or raise the limit";
+    return a;
+  }
   if (auto q = quarantine_reason(reg.node_id, now); !q.empty()) {
     a.quarantined = true;
     a.reason = q;

@@ -3,6 +3,7 @@
 // CAF, no sockets, no clock reads): who is a member, which node rank each one
 // holds, and whether a new generation should start. Shaped after torchft's
 // lighthouse: decide(now, state, options) returns a plan or a readable reason.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -26,6 +27,8 @@ struct membership_options {
   // like torchft's min_replicas). At most min_nodes.
   int32_t floor_nodes = 1;
   int32_t max_nodes = 64;  // cluster.max_nodes: more registrations are refused
+  // cluster.max_ranks_per_node: a registration claiming more ranks is refused.
+  int32_t max_ranks_per_node = 256;
   // The generations this coordinator starts are numbered above it: the
   // newest generation committed to the checkpoint store (whose commits
   // refuse an older generation), or written to data.sample_log, by earlier
@@ -70,6 +73,7 @@ membership_options membership_options_from(const Config& cfg) {
   o.floor_nodes = static_cast<int32_t>(cfg.get_int("cluster.floor_nodes"));
   o.duplicate_window = 3 * ms(cfg.get_int("cluster.heartbeat_interval_ms"));
   o.max_nodes = static_cast<int32_t>(cfg.get_int("cluster.max_nodes"));
+  o.max_ranks_per_node = static_cast<int32_t>(std::min<int64_t>(cfg.get_int("cluster.max_ranks_per_node"), INT32_MAX));
   o.settle = ms(cfg.get_int("cluster.settle_ms"));
   o.suspect_timeout = ms(cfg.get_int("cluster.suspect_timeout_ms"));
   o.adopt_timeout = 2 * ms(cfg.get_int("cluster.heartbeat_timeout_ms"));

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <arpa/inet.h>
 #include <sys/prctl.h>
 
 #include <csignal>
@@ -18,6 +19,8 @@
 #include "dtactor/config.hpp"
 #include "monitoring/report.hpp"
 #include "base/blas_info.hpp"
+#include "base/printable.hpp"
+#include "job/job_config.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "data/data_shards.hpp"
 #include "storage/fs.hpp"
@@ -83,7 +86,7 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
   app.add_option("--listen", cl.listen, "coordinator: address to bind")->capture_default_str();
   app.add_option("--coordinator", cl.coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
   app.add_option("--nproc-per-node", cl.nproc_per_node, "node: rank processes to start (one per device)")->capture_default_str();
-  app.add_option("--metrics-port", cl.metrics_port, "Port of the Prometheus /metrics endpoint (0 = none)");
+  app.add_option("--metrics-port", cl.metrics_port, "Port of the Prometheus /metrics endpoint (0 = none)")->check(CLI::Range(0, 65535));
   app.add_option("--metrics-addr", cl.metrics_addr, "Address the /metrics endpoint binds (it is unauthenticated)")->capture_default_str();
   app.add_option("--advertise-addr", cl.advertise_addr,
                  "node: address peers use to reach this machine (default: the one that routes to the coordinator); coordinator: its host "
@@ -185,7 +188,8 @@ subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
   local->add_option("--run-dir", lc.run_dir, "Where the journal and checkpoints go")->capture_default_str();
   local->add_option("--metrics-port", lc.metrics_port,
                     "Coordinator's /metrics and status page port; node i uses the next ports (default: a free port on 127.0.0.1 for the "
-                    "coordinator's status page alone)");
+                    "coordinator's status page alone)")
+      ->check(CLI::Range(0, 65535));
   local->add_option("--metrics-addr", lc.metrics_addr, "Address the /metrics endpoints bind")->capture_default_str();
   local->add_flag("--no-resume", lc.no_resume, "Start over even if the run directory holds checkpoints");
   local->add_flag("--chaos", lc.chaos, "Kill a node with SIGKILL at intervals and start a replacement; print each recovery's figures");
@@ -211,6 +215,34 @@ subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
   app.add_option("--key", p.key_path, key_help);
   for (auto* sub : {train, eval, exp, tune, local}) sub->add_option("--key", p.key_path, key_help);
   return {train, eval, exp, tune, cfgcmd, report, local, keygen, data_index};
+}
+
+// The checks of counts and addresses CLI11 cannot make alone, before
+// anything (a run directory, a key, a lock) is created: 0, or 2 with one
+// line.
+int check_arguments(const parsed_cli& p) {
+  const auto is_ip = [](const std::string& a) {
+    in6_addr buf{};
+    return ::inet_pton(AF_INET, a.c_str(), &buf) == 1 || ::inet_pton(AF_INET6, a.c_str(), &buf) == 1;
+  };
+  for (const cluster_cli* c : {&p.cluster, &p.local})
+    if (!is_ip(c->metrics_addr))
+      return cli_fail("--metrics-addr '" + printable(c->metrics_addr) + "' is not an IP address (e.g. 0.0.0.0 for every interface, or 127.0.0.1)", 2);
+  if (p.command == cli_command::local && p.local.metrics_port > 0 && p.local.metrics_port + p.local.nodes > 65535)
+    return cli_fail("--metrics-port " + std::to_string(p.local.metrics_port) + ": its " + std::to_string(p.local.nodes) +
+                        " nodes would use ports above 65535; choose a lower port", 2);
+  const int most = max_compute_threads();
+  for (const cluster_cli* c : {&p.cluster, &p.local})
+    if (c->threads_per_rank > most)
+      return cli_fail("--threads-per-rank " + std::to_string(c->threads_per_rank) + " is more than this machine can use (at most " +
+                          std::to_string(most) + ")", 2);
+  if (p.command == cli_command::local) {
+    const int64_t ranks = int64_t{p.local.nodes} * p.local.nproc_per_node;
+    if (p.local.nodes < 1 || p.local.nproc_per_node < 1 || ranks > most)
+      return cli_fail("dtactor local --nodes " + std::to_string(p.local.nodes) + " --nproc-per-node " + std::to_string(p.local.nproc_per_node) +
+                          ": at least 1 each, and at most " + std::to_string(most) + " rank processes on this machine", 2);
+  }
+  return 0;
 }
 
 // dtactor keygen --out FILE.
@@ -325,6 +357,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   else if (*sub.eval) p.command = cli_command::eval;
   else if (*sub.train) p.command = cli_command::train;
 
+  if (const int code = check_arguments(p); code != 0) return code;
   if (p.command == cli_command::keygen) return run_keygen(p);
   if (p.command == cli_command::data_index) return run_data_index(p);
   if (needs_training(p) || p.command == cli_command::local || p.command == cli_command::role)

@@ -52,6 +52,10 @@ result<config> checked_setup(const cluster_cli& cli, int& code) {
   absolutize_data_paths(loaded.value());
   const config& cfg = loaded.value();
   if (auto st = validate_training_config(cfg); !st) return st.err();
+  // Every plan carries the config over the control plane (net/wire.hpp).
+  if (const auto n = cfg.to_toml().size(); n > max_config_bytes)
+    return make_error("the effective config is " + std::to_string(n) + " bytes, over the limit of " + std::to_string(max_config_bytes) +
+                      " that plans carry to the nodes; shorten the values set with --set");
   if (auto why = validate(liveness_options_from(cfg)); !why.empty()) return make_error(why);
   if (auto why = validate(membership_options_from(cfg)); !why.empty()) return make_error(why);
   if (auto listen = parse_tcp_endpoint(cli.listen, "--listen"); !listen) return listen.err();

@@ -86,7 +86,7 @@ std::vector<config_key> make_schema() {
       {"train.sync_mix", vk::floating, "0.5", "train.sync = diloco with an overlap: after a fragment's exchange lands, its local parameters become mix * local + (1 - mix) * global (Streaming DiLoCo's merge; 0 = take the global ones).", 0.0},
       {"train.bf16", vk::boolean, "false", "Run forward passes under bf16 autocast (CPU autocast of LibTorch)."},
       {"train.activation_checkpointing", vk::boolean, "false", "Recompute each block's activations in backward instead of storing them."},
-      {"train.threads", vk::integer, "0", "Compute threads per process (0 = the machine's cores, split between the ranks a generation runs on it); they go to OpenBLAS, whose idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4 unless set), and LibTorch's own pool is kept at 1 to avoid oversubscription.", 0},
+      {"train.threads", vk::integer, "0", "Compute threads per process (0 = the machine's cores, split between the ranks a generation runs on it); they go to OpenBLAS, whose idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4 unless set), and LibTorch's own pool is kept at 1 to avoid oversubscription. At most 4 x the machine's cores (256 on smaller machines).", 0},
       {"train.log_every_steps", vk::integer, "50", "Write a `step` journal event and a log line every N steps.", 1},
       // eval
       {"eval.every_steps", vk::integer, "1000", "Evaluate on held-out data every N steps (0 = only at the end).", 0},
@@ -108,6 +108,9 @@ std::vector<config_key> make_schema() {
       {"cluster.min_nodes", vk::integer, "1", "Nodes (with a ready rank) the coordinator waits for before the job's first generation: the start gate, like torchrun's --nnodes MIN. Not a floor: see cluster.floor_nodes.", 1},
       {"cluster.floor_nodes", vk::integer, "1", "Once the job has started, the fewest nodes it keeps training with after losses; below it, it waits for nodes (journal: job_waiting). At most cluster.min_nodes.", 1},
       {"cluster.max_nodes", vk::integer, "64", "Most nodes admitted; later ones are told to wait or leave.", 1},
+      {"cluster.max_ranks_per_node", vk::integer, "256",
+       "Most rank processes one node may register with (its --nproc-per-node); a registration claiming more is refused, so that no "
+       "one node can make the coordinator plan a world it cannot run.", 1},
       {"cluster.heartbeat_interval_ms", vk::integer, "100", "Heartbeat period on every link (coordinator<->node, node<->rank).", 1},
       {"cluster.heartbeat_timeout_ms", vk::integer, "1000", "Silence after which a peer is declared lost.", 1},
       {"cluster.backend", vk::string, "auto", "Collectives: auto (NCCL for CUDA tensors in CUDA builds, else Gloo), gloo or nccl.", -1e300, {"auto", "gloo", "nccl"}},

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include "storage/fs.hpp"
 #include "base/hash.hpp"
@@ -12,7 +13,12 @@
 
 namespace dtactor {
 
+int max_compute_threads() { return std::max(256, 4 * static_cast<int>(std::thread::hardware_concurrency())); }
+
 status validate_training_config(const config& cfg) {
+  if (cfg.get_int("train.threads") > max_compute_threads())
+    return make_error("train.threads = " + std::to_string(cfg.get_int("train.threads")) + " is more than this machine can use (at most " +
+                      std::to_string(max_compute_threads()) + ": 4 x its cores, at least 256); 0 takes the machine's cores");
   const int64_t b = cfg.get_int("train.global_batch_size"), mb = cfg.get_int("train.micro_batch_size");
   if (mb > b)
     return make_error("train.micro_batch_size (" + std::to_string(mb) + ") cannot exceed train.global_batch_size (" + std::to_string(b) + ")");

@@ -18,6 +18,12 @@ namespace dtactor {
 // Cross-key checks of train.*, model.*, data.* (one clear line each).
 status validate_training_config(const config& cfg);
 
+// The most compute threads a process may be given (train.threads,
+// --threads-per-rank): 4 x this machine's cores, at least 256 (a
+// coordinator on a small machine checks a config meant for larger nodes).
+// More is a mistake that would start thousands of threads.
+int max_compute_threads();
+
 // A checkpoint may only be resumed by a job with the same model and data
 // order (model name and settings, global batch, seed).
 status check_checkpoint_compatible(const pb::checkpoint_meta& meta, const config& cfg, const std::string& path);

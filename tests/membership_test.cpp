@@ -233,6 +233,7 @@ TEST(membership, options_from_config_keys) {
                                                        {"cluster.floor_nodes", 2},
                                                        {"cluster.heartbeat_interval_ms", 120},
                                                        {"cluster.max_nodes", 5},
+                                                       {"cluster.max_ranks_per_node", 12},
                                                        {"cluster.settle_ms", 250},
                                                        {"cluster.suspect_timeout_ms", 400},
                                                        {"cluster.heartbeat_timeout_ms", 900},
@@ -251,6 +252,7 @@ TEST(membership, options_from_config_keys) {
   EXPECT_NE(validate(o).find("cluster.floor_nodes (4) cannot exceed cluster.min_nodes (3)"), std::string::npos) << validate(o);
   o.floor_nodes = 2;
   EXPECT_EQ(o.max_nodes, 5);
+  EXPECT_EQ(o.max_ranks_per_node, 12);
   EXPECT_EQ(o.settle, 250ms);
   EXPECT_EQ(o.suspect_timeout, 400ms);
   EXPECT_EQ(o.adopt_timeout, 1800ms);
@@ -814,6 +816,22 @@ TEST(membership, a_restarted_coordinator_uses_the_floor_not_the_start_gate) {
   auto d = m.decide(t0() + 2s);
   ASSERT_TRUE(d.next) << d.reason;
   EXPECT_EQ(d.next->generation, 5u);
+}
+
+// Issue 47: one registration claiming 2^31 - 1 ranks made an open
+// coordinator plan a world of 100,001. A claim over
+// cluster.max_ranks_per_node is refused with the reason; the members stay.
+TEST(membership, a_registration_claiming_more_ranks_than_the_limit_is_refused) {
+  auto o = opts(1);
+  o.max_ranks_per_node = 8;
+  membership m(o);
+  EXPECT_TRUE(m.admit(reg("a", 8), t0()).accepted);
+  auto a = m.admit(reg("huge", 2147483647), t0());
+  EXPECT_FALSE(a.accepted);
+  EXPECT_EQ(a.reason, "node 'huge' registered with nproc 2147483647, more than cluster.max_ranks_per_node (8); start it with fewer ranks "
+                      "(--nproc-per-node) or raise the limit");
+  EXPECT_EQ(m.find("huge"), nullptr);
+  EXPECT_EQ(m.state().nodes.size(), 1u);
 }
 
 // Node ids reach log lines, progress lines, metric labels and file names:
