@@ -314,7 +314,7 @@ int run_tool(const parsed_cli& p) {
   if (p.command == cli_command::report) {
     auto r = write_report(p.report_dir, p.report_out);
     if (!r) return cli_fail(r.message());
-    std::printf("wrote %s and %s\n", r->markdown.c_str(), r->svg.c_str());
+    std::printf("wrote %s, %s and %s\n", r->markdown.c_str(), r->svg.c_str(), r->timeline.c_str());
     return 0;
   }
   return -1;

@@ -32,6 +32,7 @@ int local_fail(const std::string& msg, int code) {
 struct local_node {
   std::string id;
   child_process proc;
+  bool killed = false;  // by --chaos, on purpose
 };
 
 // The coordinator's command line. Without --metrics-port, it serves its
@@ -71,7 +72,10 @@ std::unique_ptr<chaos_monkey> make_monkey(const cluster_cli& cli, std::vector<lo
   };
   h.kill = [&nodes](const std::string& id) {
     for (auto& n : nodes)
-      if (n.id == id) n.proc.signal(SIGKILL);
+      if (n.id == id) {
+        n.killed = true;
+        n.proc.signal(SIGKILL);
+      }
   };
   h.start = std::move(start);
   h.say = [](const std::string& line) { std::fprintf(stderr, "%schaos: %s\n", ::isatty(2) ? "\r\033[K" : "", line.c_str()); };
@@ -80,10 +84,11 @@ std::unique_ptr<chaos_monkey> make_monkey(const cluster_cli& cli, std::vector<lo
   return std::make_unique<chaos_monkey>(o, std::move(h));
 }
 
-// Every node process ended, one of them in failure (and none was killed on purpose).
+// Every node process ended, one of them in failure (those --chaos killed
+// do not count: they were replaced).
 bool nodes_all_failed(std::vector<local_node>& nodes) {
   return std::all_of(nodes.begin(), nodes.end(), [](local_node& n) { return n.proc.poll().has_value(); }) &&
-         std::any_of(nodes.begin(), nodes.end(), [](local_node& n) { return n.proc.poll()->signaled || n.proc.poll()->exit_code != 0; });
+         std::any_of(nodes.begin(), nodes.end(), [](local_node& n) { return !n.killed && (n.proc.poll()->signaled || n.proc.poll()->exit_code != 0); });
 }
 
 }  // namespace
@@ -131,8 +136,8 @@ int run_local(const cluster_cli& cli) {
 
   std::unique_ptr<chaos_monkey> monkey;
   std::optional<journal_tail> tail;
+  int next_index = cli.nodes;  // replacements are local-N, local-N+1, ...
   if (cli.chaos) {
-    int next_index = cli.nodes;
     monkey = make_monkey(cli, nodes, [&]() -> std::optional<std::string> {
       if (nodes.size() >= nodes.capacity()) return std::nullopt;
       const int index = next_index++;

@@ -14,6 +14,49 @@
 
 namespace dtactor {
 
+namespace report_svg {
+
+std::string escape_xml(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+// 1, 2 or 5 times a power of ten, giving about `n` intervals over [lo, hi].
+double nice_step(double lo, double hi, int n) {
+  const double raw = (hi - lo) / std::max(1, n);
+  if (!(raw > 0) || !std::isfinite(raw)) return 1;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * p) return m * p;
+  return 10 * p;
+}
+
+std::string tick_label(double v, double step) {
+  char buf[64];
+  if (std::fabs(v) >= 10000 && step >= 1000) {
+    std::snprintf(buf, sizeof buf, "%.0fk", v / 1000);
+  } else if (step >= 1) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else {
+    const int digits = std::min(6, static_cast<int>(std::ceil(-std::log10(step))));
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  }
+  return buf;
+}
+
+}  // namespace report_svg
+
+using report_svg::escape_xml;
+using report_svg::nice_step;
+using report_svg::tick_label;
+
 namespace {
 
 std::string fmt(const char* f, double v) {
@@ -60,18 +103,6 @@ std::string metric_value(const std::string& name, double v) {
   return fmt("%.4f", v);
 }
 
-std::string escape_xml(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
-  return out;
-}
-
 // Markdown table cells must not contain a bare '|' or a newline.
 std::string cell(std::string s) {
   std::string out;
@@ -81,25 +112,6 @@ std::string cell(std::string s) {
     else out += c;
   }
   return out;
-}
-
-// 1, 2 or 5 times a power of ten, giving about `n` intervals over [lo, hi].
-double nice_step(double lo, double hi, int n) {
-  const double raw = (hi - lo) / std::max(1, n);
-  if (!(raw > 0) || !std::isfinite(raw)) return 1;
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (raw <= m * p) return m * p;
-  return 10 * p;
-}
-
-std::string tick_label(double v, double step) {
-  if (std::fabs(v) >= 10000 && step >= 1000) return fmt("%.0fk", v / 1000);
-  if (step >= 1) return fmt("%.0f", v);
-  const int digits = std::min(6, static_cast<int>(std::ceil(-std::log10(step))));
-  char f[16];
-  std::snprintf(f, sizeof f, "%%.%df", digits);
-  return fmt(f, v);
 }
 
 // The value of `key` under [section] in the effective config (written by
@@ -210,6 +222,7 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
             d.generations.push_back({e.generation, t, e.world_size, e.start_step, e.nodes});
           } else if constexpr (std::is_same_v<E, ev::node_joined>) {
             d.nodes_joined.push_back(e.node.empty() ? "?" : e.node);
+            d.marks.push_back({t, run_digest::mark::kind::joined, e.node});
           } else if constexpr (std::is_same_v<E, ev::node_lost> || std::is_same_v<E, ev::node_left>) {
             run_digest::recovery r;
             r.t = t;
@@ -222,6 +235,7 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
             }
             d.recoveries.push_back(r);
             open_losses[r.node] = d.recoveries.size() - 1;
+            d.marks.push_back({t, std::is_same_v<E, ev::node_lost> ? run_digest::mark::kind::lost : run_digest::mark::kind::left, r.node});
           } else if constexpr (std::is_same_v<E, ev::recovery_done>) {
             // Closes every loss it recovered from; a recovery with no journaled
             // loss before it (e.g. a rank restart) gets its own row.
@@ -233,6 +247,7 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
               r.world_size = e.world_size;
             };
             for (auto& [node, idx] : open_losses) close(d.recoveries[idx]);
+            d.marks.push_back({t, run_digest::mark::kind::recovered, "world " + std::to_string(e.world_size)});
             if (open_losses.empty()) {
               run_digest::recovery r;
               r.t = t;
@@ -259,6 +274,7 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
             }
           } else if constexpr (std::is_same_v<E, ev::checkpoint_saved>) {
             ++d.checkpoints_saved;
+            d.marks.push_back({t, run_digest::mark::kind::checkpoint, std::to_string(e.step)});
             d.last_checkpoint_step = e.step;
             d.last_checkpoint_bytes = static_cast<double>(e.bytes);
             d.checkpoint_seconds_total += e.duration_s;
@@ -572,7 +588,7 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
   o << " (" << d.events << " events).\n\n";
   const int min_world = summary_section(o, d);
   evaluation_section(o, d);
-  if (!svg_name.empty()) o << "## Loss\n\n![training loss](" << svg_name << ")\n\n";
+  if (!svg_name.empty()) o << "## Timeline\n\n![world size, samples/s and loss against wall time](timeline.svg)\n\n## Loss\n\n![training loss](" << svg_name << ")\n\n";
   resources_section(o, d);
   batch_section(o, d, config_toml, min_world);
   cluster_section(o, d);
@@ -615,6 +631,8 @@ result<report_files> write_report(const std::string& run_dir, const std::string&
   files.svg = (md_dir.empty() ? fs::path("loss.svg") : md_dir / "loss.svg").string();
   const std::string svg = render_loss_svg(d.value());
   if (auto st = write_file_atomic(files.svg, {svg}); !st) return make_error("report: " + st.message());
+  files.timeline = (md_dir.empty() ? fs::path("timeline.svg") : md_dir / "timeline.svg").string();
+  if (auto st = write_file_atomic(files.timeline, {render_timeline_svg(d.value())}); !st) return make_error("report: " + st.message());
   const std::string md = render_report(d.value(), run_dir, config_toml, "loss.svg");
   if (auto st = write_file_atomic(files.markdown, {md}); !st) return make_error("report: " + st.message());
   return files;

@@ -63,6 +63,16 @@ struct run_digest {
     std::string kind;  // "train" or "cluster"
   };
 
+  // What the timeline marks: a node lost or leaving, a node joining, training
+  // running again after a change, a checkpoint committed.
+  struct mark {
+    enum class kind { lost, left, joined, recovered, checkpoint };
+    double t = 0;
+    kind what = kind::checkpoint;
+    std::string label;
+  };
+  std::vector<mark> marks;
+
   std::string model;
   std::string job_id;
   int64_t parameters = 0;
@@ -119,7 +129,21 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
 struct report_files {
   std::string markdown;
   std::string svg;
+  std::string timeline;  // timeline.svg beside it
 };
+
+// The run against wall time (SVG): world size, samples/s and loss, with
+// nodes lost, leaving and joining, recoveries and checkpoints marked
+// (monitoring/timeline_svg.cpp).
+std::string render_timeline_svg(const run_digest& d);
+
+// What the report's drawings share.
+namespace report_svg {
+std::string escape_xml(const std::string& s);
+// 1, 2 or 5 times a power of ten, giving about `n` intervals over [lo, hi].
+double nice_step(double lo, double hi, int n);
+std::string tick_label(double v, double step);
+}  // namespace report_svg
 
 // Writes the log book to `out` (default RUN_DIR/report.md) and the loss curve
 // next to it (loss.svg). Errors are one line: a missing run directory or

@@ -17,6 +17,7 @@ Usage: scripts/check_docs.py [REPO_ROOT] [FILE.md ...]
 """
 import glob
 import os
+import subprocess
 import re
 import sys
 
@@ -129,8 +130,14 @@ class Checker:
             self.cli = Cli(f.read())
         self.keys = load_keys(root)
         self.sections = {k.split(".")[0] for k in self.keys}
-        self.top_dirs = {d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")}
-        self.top_dirs.discard("build")
+        # The repository's own folders: those git tracks (a run directory such
+        # as runs/ or a build folder beside them is not the repository's).
+        tracked = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True)
+        if tracked.returncode == 0 and tracked.stdout:
+            self.top_dirs = {f.split("/")[0] for f in tracked.stdout.splitlines() if "/" in f and not f.startswith(".")}
+        else:
+            self.top_dirs = {d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")}
+            self.top_dirs -= {"build", "runs"}
         self.problems = []
 
     def problem(self, where, what):

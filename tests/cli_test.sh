@@ -134,7 +134,7 @@ expect_error "export with another job's key" "ckpt-0*3.manifest.*not signed with
 chmod 0644 "$work/other.key"
 expect_error "a key file others can read" "other.key.*0644|mode" eval "$work/signed" --key "$work/other.key"
 # The log book of that run, and bad input to `report`.
-expect_ok "report of a train run" "wrote .*report.md and .*loss.svg" report "$work/good"
+expect_ok "report of a train run" "wrote .*report.md, .*loss.svg and .*timeline.svg" report "$work/good"
 if grep -q "| outcome | \*\*finished\*\* |" "$work/good/report.md" && grep -q "<polyline" "$work/good/loss.svg" &&
    grep -q "peak resident memory" "$work/good/report.md"; then
   ok "report content"

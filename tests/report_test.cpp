@@ -105,6 +105,29 @@ TEST(report, svg_is_drawn_from_the_steps) {
   EXPECT_NE(svg.find("<circle"), std::string::npos);                   // validation losses
 }
 
+TEST(report, the_timeline_marks_losses_joins_recoveries_and_checkpoints) {
+  std::istringstream in(k_journal);
+  auto d = digest_journal(in, "journal.jsonl");
+  ASSERT_TRUE(d) << d.message();
+  const std::string svg = render_timeline_svg(d.value());
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  // Three panels (world size, samples/s, loss), one point per step event each
+  // (the world size as steps: a corner before each change).
+  std::size_t polylines = 0;
+  for (auto at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++polylines;
+  EXPECT_EQ(polylines, 3u);
+  EXPECT_NE(svg.find("<title>node lost: n1</title>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<title>node joined: n0</title>"), std::string::npos);
+  EXPECT_NE(svg.find("<title>training again: world 1</title>"), std::string::npos);
+  EXPECT_NE(svg.find("node lost (1)"), std::string::npos);
+  EXPECT_NE(svg.find("checkpoint (1)"), std::string::npos);
+  // The lost node's line sits at its time: 1030 of 1000..1082.
+  const auto lost = svg.rfind("<line x1=\"", svg.find("<title>node lost"));
+  const double x = std::stod(svg.substr(lost + 10));
+  EXPECT_NEAR(x, 70 + 30.0 / 82 * (900 - 70 - 150), 1.0);
+}
+
 TEST(report, resumed_runs_count_each_start) {
   const std::string j = R"({"event":"job_started","model":"gpt","max_steps":10,"global_batch_size":8,"t":100}
 {"event":"step","step":5,"loss":3.0,"lr":0.1,"samples_per_s":10,"world_size":1,"t":110}
@@ -166,6 +189,7 @@ TEST(report, write_report_files_and_errors) {
   ASSERT_TRUE(r) << r.message();
   EXPECT_EQ(r->markdown, dir.path() + "/report.md");
   EXPECT_EQ(r->svg, dir.path() + "/loss.svg");
+  EXPECT_TRUE(std::filesystem::exists(r->timeline)) << r->timeline;
   EXPECT_TRUE(std::filesystem::file_size(r->markdown) > 500);
   EXPECT_TRUE(std::filesystem::file_size(r->svg) > 500);
 
