@@ -33,9 +33,10 @@ struct http_response {
 using http_handler = std::function<http_response(const std::string& method, const std::string& path)>;
 
 struct http_limits {
-  // Workers: concurrent requests. A slow client holds one for at most
+  // Workers: concurrent requests (idle ones cost a thread each, its 100 KiB
+  // stack mapped but barely touched). A slow client holds one for at most
   // request_timeout_ms, so `workers - 1` slow clients cannot delay a scrape.
-  int workers = 32;
+  int workers = 128;
   int request_timeout_ms = 2000;
   int max_request_bytes = 16384;  // request line and headers
 };
