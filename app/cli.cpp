@@ -21,6 +21,7 @@
 #include "base/blas_info.hpp"
 #include "base/printable.hpp"
 #include "job/job_config.hpp"
+#include "net/wire.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "data/data_shards.hpp"
 #include "storage/fs.hpp"
@@ -322,6 +323,7 @@ int run_tool(const parsed_cli& p) {
 
 int run_cli(int argc, char** argv, const training_launcher& launcher) {
   use_the_cpus_blas_kernels(argv, false);  // may execute this program again (the journal's job_started names the kernels)
+  wire::route_protobuf_logs();  // before any thread: a stranger's frames must not flood the log
   quiet_blas_workers();
   (void)raise_open_file_limit();
   CLI::App app{"dtactor: data-parallel LibTorch training that survives the loss of machines.\n"

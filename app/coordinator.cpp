@@ -306,7 +306,9 @@ int run_coordinator(const cluster_cli& cli) {
   bo.key = cli.key;
   bridge = std::make_unique<zmq_bridge>(
       bo, [&members](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(members, inbound{link, peer, std::move(env)}); },
-      [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); });
+      [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); },
+      // Strangers refused in the handshake (the bridge logs them, rate-limited, with their address).
+      [&m](const std::string&, bool, handshake_failure why, const std::string&) { m.refused_handshakes(to_string(why)).Increment(); });
   bridge_ptr.store(bridge.get());
   auto bound = bridge->add_router(links::nodes, cli.listen);
   if (!bound) {

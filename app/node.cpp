@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/log_limiter.hpp"
 #include "base/printable.hpp"
 #include "actors/membership.hpp"
 #include "actors/messages.hpp"
@@ -186,7 +187,7 @@ std::unique_ptr<preemption_watcher> watch_preemption(const cluster_cli& cli, con
 // leaving on a signal or when the coordinator never answers. Returns the
 // exit code so far; a refusal's reason goes to *refusal.
 int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const cluster_cli& cli, zmq_bridge& bridge, gpu_metrics& gpu,
-                       std::string* refusal, std::string* gave_up) {
+                       std::string* refusal, std::string* gave_up, const std::atomic<uint64_t>& coordinator_refusals) {
   int code = 0;
   self->monitor(agent);
   bool done = false, left = false;
@@ -202,8 +203,12 @@ int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const c
                     // or a coordinator that is not running.
                     if (!left && bridge.stats().received == 0 && cli.connect_timeout_s > 0 &&
                         std::chrono::steady_clock::now() - started > std::chrono::seconds(cli.connect_timeout_s)) {
-                      std::fprintf(stderr, "dtactor: no answer from the coordinator at %s after %d s; is it running and reachable?\n",
-                                   cli.coordinator.c_str(), cli.connect_timeout_s);
+                      if (coordinator_refusals.load() > 0)
+                        std::fprintf(stderr, "dtactor: the coordinator at %s refused our key (or we have none) for %d s; every process of the job needs the same --key\n",
+                                     cli.coordinator.c_str(), cli.connect_timeout_s);
+                      else
+                        std::fprintf(stderr, "dtactor: no answer from the coordinator at %s after %d s; is it running and reachable?\n",
+                                     cli.coordinator.c_str(), cli.connect_timeout_s);
                       left = true;
                       code = 1;
                       caf::anon_send(agent, leave_atom::value, std::string("coordinator unreachable"));
@@ -334,9 +339,20 @@ int run_node(const cluster_cli& cli) {
   // from a holder of the key, never from a stranger at that address.
   zmq_bridge_options bo;
   bo.key = cli.key;
-  bridge = std::make_unique<zmq_bridge>(bo, [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    caf::anon_send(agent, inbound{link, peer, std::move(env)});
-  });
+  // A refused handshake to the coordinator is a key problem, not a full
+  // queue or an unreachable coordinator: said so, at most once a second
+  // after the first few.
+  auto refusals = std::make_shared<log_limiter>(nullptr, log_limiter::options{1, std::chrono::seconds(5)});
+  auto coordinator_refusals = std::make_shared<std::atomic<uint64_t>>(0);  // shared: the bridge thread may outlive this scope's end
+  bridge = std::make_unique<zmq_bridge>(
+      bo, [&](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(agent, inbound{link, peer, std::move(env)}); },
+      nullptr,
+      [refusals, coordinator_refusals, coordinator = cli.coordinator](const std::string& link, bool router, handshake_failure why, const std::string&) {
+        if (router || link != links::coordinator) return;
+        coordinator_refusals->fetch_add(1);
+        refusals->log(to_string(why), "dtactor: the coordinator at " + coordinator + " refused our key (or we have none): handshake failed (" +
+                                          to_string(why) + "); give every process of the job the same --key (or none to all)");
+      });
   bridge_ptr.store(bridge.get());
   if (auto r = bridge->add_router(links::ranks, ranks_endpoint); !r) return fail("cannot open " + ranks_endpoint + ": " + r.message());
   if (auto r = bridge->add_dealer(links::coordinator, cli.coordinator, sender_id::of_node(node_id).to_string() + "/" + std::to_string(incarnation)); !r)
@@ -348,7 +364,7 @@ int run_node(const cluster_cli& cli) {
   std::unique_ptr<preemption_watcher> watcher = watch_preemption(cli, agent);
 
   std::string refusal, gave_up;
-  int code = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal, &gave_up);
+  int code = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal, &gave_up, *coordinator_refusals);
   watcher.reset();
   if (!refusal.empty()) {
     std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", printable(refusal, printable_max_detail_chars).c_str());

@@ -117,6 +117,12 @@ metrics::metrics(const std::string& job)
                          .Help("ZeroMQ frames refused or undeliverable, by kind.")
                          .Labels(c)
                          .Register(r);
+  handshakes_family_ = &prometheus::BuildCounter()
+                            .Name("dtactor_refused_handshakes_total")
+                            .Help("Connections to the control port whose handshake failed (no key, unknown key, bad frame), by reason.")
+                            .Labels(c)
+                            .Register(r);
+  for (const char* reason : {"no_key", "unknown_key", "bad_frame"}) refused_handshakes(reason);
 
   step_duration_ =
       histogram(r, c, "dtactor_step_duration_seconds", "Wall time of one training step.", {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
@@ -203,6 +209,8 @@ metrics::~metrics() { server_.reset(); }  // no scrape may run while members go
 prometheus::Counter& metrics::recoveries(ev::plan_cause cause) { return recoveries_family_->Add({{"cause", ev::to_string(cause)}}); }
 
 prometheus::Counter& metrics::wire_dropped_frames(const std::string& kind) { return dropped_family_->Add({{"kind", kind}}); }
+
+prometheus::Counter& metrics::refused_handshakes(const std::string& reason) { return handshakes_family_->Add({{"reason", reason}}); }
 
 prometheus::Counter& metrics::rank_cpu_seconds(const std::string& rank) { return rank_cpu_family_->Add({{"rank", rank}}); }
 

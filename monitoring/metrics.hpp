@@ -91,6 +91,10 @@ class metrics {
   prometheus::Gauge& link_busy_fraction() { return *link_busy_fraction_; }
   // dtactor_wire_dropped_frames_total{kind}: kind is wire::to_string(drop_kind).
   prometheus::Counter& wire_dropped_frames(const std::string& kind);
+  // dtactor_refused_handshakes_total{reason}: connections whose ZMTP/CURVE
+  // handshake failed (reason: to_string(handshake_failure): no_key,
+  // unknown_key, bad_frame); each is exported at 0 from the start.
+  prometheus::Counter& refused_handshakes(const std::string& reason);
 
   // ---- histograms (seconds) ----
   prometheus::Histogram& step_duration() { return *step_duration_; }
@@ -158,6 +162,7 @@ class metrics {
 
   prometheus::Family<prometheus::Counter>* recoveries_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* dropped_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* handshakes_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* rank_cpu_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* rank_rss_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* rank_peak_rss_family_ = nullptr;

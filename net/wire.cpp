@@ -2,9 +2,13 @@
 
 #include <chrono>
 #include <climits>
+#include <mutex>
 #include <random>
 #include <thread>
 
+#include <google/protobuf/stubs/logging.h>
+
+#include "base/log_limiter.hpp"
 #include "base/printable.hpp"
 
 namespace dtactor::wire {
@@ -21,6 +25,25 @@ const char* to_string(drop_kind kind) noexcept {
     case drop_kind::count_: break;
   }
   return "unknown";
+}
+
+namespace {
+
+void on_protobuf_log(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  static log_limiter limit;
+  static const char* const names[] = {"INFO", "WARNING", "ERROR", "FATAL"};
+  const char* name = level >= 0 && level <= google::protobuf::LOGLEVEL_FATAL ? names[level] : "?";
+  // One cause per place in libprotobuf that logs (the same complaint about
+  // every hostile frame comes from the same line).
+  const std::string where = std::string(file ? file : "?") + ":" + std::to_string(line);
+  limit.log(where, std::string("dtactor: libprotobuf ") + name + " " + where + ": " + printable(message, printable_max_detail_chars));
+}
+
+}  // namespace
+
+void route_protobuf_logs() {
+  static std::once_flag once;
+  std::call_once(once, [] { google::protobuf::SetLogHandler(&on_protobuf_log); });
 }
 
 result<std::string> encode(const pb::envelope& env) {

@@ -56,6 +56,13 @@ constexpr std::size_t drop_kind_count = static_cast<std::size_t>(drop_kind::coun
 // Stable lower-case names, used as the Prometheus `kind` label and in logs.
 const char* to_string(drop_kind kind) noexcept;
 
+// Sends libprotobuf's own log lines (e.g. "String field ... contains invalid
+// UTF-8" for every such frame a stranger sends) through a per-cause rate
+// limit (base/log_limiter.hpp) to stderr, instead of one line per frame.
+// Call it once, early in main, before other threads start (protobuf's
+// SetLogHandler is not thread-safe); later calls do nothing.
+void route_protobuf_logs();
+
 // Serializes `env`. Fails only for envelopes over 2 GiB (protobuf's limit)
 // or without a body (a peer would refuse it as garbage).
 result<std::string> encode(const pb::envelope& env);

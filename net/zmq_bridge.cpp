@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <map>
+#include <optional>
 #include <zmq.hpp>
 
 #include "base/printable.hpp"
@@ -59,7 +61,74 @@ struct zmq_bridge::link_state {
   bool router = false;
   std::string endpoint;
   zmq::socket_t socket;
+  // libzmq's socket monitor (handshake events), read on the bridge thread.
+  zmq::socket_t monitor;
+  std::map<int, std::string> accepted;        // fd -> the peer's "ip:port" (ROUTER)
+  std::optional<handshake_failure> pending;   // a failure whose connection has not closed yet
+  bool refused_us = false;                    // DEALER: the last handshake failed
+  ~link_state() {
+    if (monitor) (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
+  }
 };
+
+namespace {
+
+// Events of the socket monitor the bridge reads.
+constexpr int monitored_events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+// Distinct accepted connections remembered for their address.
+constexpr std::size_t max_remembered_peers = 65536;
+
+std::string peer_address_of(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return {};
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+  } else {
+    return "local";
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+// What the failed handshake says about the peer.
+handshake_failure classify(uint16_t event, uint32_t value) {
+  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) return handshake_failure::unknown_key;
+  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) return handshake_failure::no_key;
+    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC || value == ZMQ_PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE) return handshake_failure::unknown_key;
+  }
+  return handshake_failure::bad_frame;
+}
+
+const char* meaning(handshake_failure f) {
+  switch (f) {
+    case handshake_failure::no_key: return "its side and ours differ in having a job key (a process without --key, or one with a key for an open job)";
+    case handshake_failure::unknown_key: return "its key is not this job's (another job's key, or an old one)";
+    default: return "no valid handshake (garbage, an oversized frame, or a connection dropped or timed out mid-way)";
+  }
+}
+
+}  // namespace
+
+const char* to_string(handshake_failure f) noexcept {
+  switch (f) {
+    case handshake_failure::no_key: return "no_key";
+    case handshake_failure::unknown_key: return "unknown_key";
+    case handshake_failure::bad_frame: return "bad_frame";
+    case handshake_failure::count_: break;
+  }
+  return "unknown";
+}
 
 uint64_t zmq_bridge_stats::dropped_total() const {
   uint64_t n = 0;
@@ -68,12 +137,14 @@ uint64_t zmq_bridge_stats::dropped_total() const {
 }
 
 zmq_bridge::zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
-                       drop_handler on_drop)
+                       drop_handler on_drop, handshake_handler on_handshake)
     : options_(std::move(options)),
       on_envelope_(std::move(on_envelope)),
       on_drop_(std::move(on_drop)),
+      on_handshake_(std::move(on_handshake)),
       job_id_(options_.job_id) {
   for (auto& d : dropped_) d.store(0);
+  for (auto& h : handshake_failures_) h.store(0);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   context_ = std::make_unique<zmq::context_t>(1);
   if (options_.key) {
@@ -233,6 +304,8 @@ zmq_bridge_stats zmq_bridge::stats() const {
   s.received = received_.load();
   s.sent = sent_.load();
   for (std::size_t i = 0; i < wire::drop_kind_count; ++i) s.dropped[i] = dropped_[i].load();
+  for (std::size_t i = 0; i < handshake_failure_count; ++i) s.handshake_failures[i] = handshake_failures_[i].load();
+  s.handshakes_succeeded = handshakes_succeeded_.load();
   return s;
 }
 
@@ -251,6 +324,13 @@ result<std::string> zmq_bridge::run_add(const std::string& name, const std::stri
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
     s.set(zmq::sockopt::handshake_ivl, options_.handshake_timeout_ms);
+    // Before bind/connect, so that the first connection's events are seen.
+    static std::atomic<uint64_t> monitors{0};
+    const std::string monitor_ep = "inproc://dtactor-monitor-" + std::to_string(monitors.fetch_add(1));
+    if (zmq_socket_monitor(s.handle(), monitor_ep.c_str(), monitored_events) != 0) throw zmq::error_t();
+    link->monitor = zmq::socket_t(*context_, zmq::socket_type::pair);
+    link->monitor.set(zmq::sockopt::linger, 0);
+    link->monitor.connect(monitor_ep);
     s.set(zmq::sockopt::sndhwm, options_.send_hwm);
     s.set(zmq::sockopt::rcvhwm, options_.recv_hwm);
     s.set(zmq::sockopt::tcp_keepalive, 1);
@@ -345,7 +425,8 @@ void zmq_bridge::do_sends(std::deque<outbound>& batch) {
       }
       if (!link->socket.send(payload, zmq::send_flags::dontwait)) {
         drop(out.link, out.peer, wire::drop_kind::send_overflow,
-             std::string("cannot send ") + out.body + ": the queue to the peer is full");
+             std::string("cannot send ") + out.body +
+                 (link->refused_us ? ": no connection, the peer refused our handshake (our key, or we have none)" : ": the queue to the peer is full"));
         continue;
       }
       sent_.fetch_add(1);
@@ -409,6 +490,60 @@ void zmq_bridge::receive_from(link_state& link) {
   }
 }
 
+void zmq_bridge::handshake_failed(link_state& link, handshake_failure why, const std::string& address) {
+  handshake_failures_[static_cast<std::size_t>(why)].fetch_add(1);
+  const std::string cause = std::string("handshake ") + to_string(why) + " on " + link.name;
+  if (link.router)
+    log_limit_.log(cause, "dtactor: wire: refused a connection on link '" + link.name + "' from " + (address.empty() ? "?" : address) + ": " +
+                              to_string(why) + ", " + meaning(why));
+  else if (!on_handshake_)
+    log_limit_.log(cause, "dtactor: wire: " + link.endpoint + " (link '" + link.name + "') refused our handshake: " + to_string(why) + ", " +
+                              meaning(why));
+  if (on_handshake_) {
+    try {
+      on_handshake_(link.name, link.router, why, address);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dtactor: wire: handshake handler threw: %s\n", e.what());
+    }
+  }
+}
+
+void zmq_bridge::read_monitor(link_state& link) {
+  for (int i = 0; i < max_receives_per_round; ++i) {
+    zmq::message_t head, where;
+    try {
+      if (!link.monitor.recv(head, zmq::recv_flags::dontwait)) return;
+      if (head.more()) (void)link.monitor.recv(where, zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (head.size() < 6) continue;
+    uint16_t event = 0;
+    uint32_t value = 0;
+    std::memcpy(&event, head.data(), sizeof event);
+    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof value);
+    const int fd = static_cast<int>(value);
+    if (event == ZMQ_EVENT_ACCEPTED) {
+      if (link.accepted.size() < max_remembered_peers) link.accepted[fd] = peer_address_of(fd);
+    } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      handshakes_succeeded_.fetch_add(1);
+      link.refused_us = false;
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+      // libzmq's one I/O thread reports a failed handshake and then the
+      // disconnect of the same connection, so the failure has its address.
+      auto it = link.accepted.find(fd);
+      const std::string address = it == link.accepted.end() ? std::string() : it->second;
+      if (it != link.accepted.end()) link.accepted.erase(it);
+      if (link.pending) handshake_failed(link, *link.pending, address);
+      link.pending.reset();
+    } else {
+      if (link.pending) handshake_failed(link, *link.pending, "");
+      link.pending = classify(event, value);
+      if (!link.router) link.refused_us = true;
+    }
+  }
+}
+
 void zmq_bridge::run() {
   std::vector<zmq_pollitem_t> items;
   for (;;) {
@@ -425,7 +560,10 @@ void zmq_bridge::run() {
 
     items.clear();
     items.push_back(zmq_pollitem_t{nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    for (auto& l : links_) items.push_back(zmq_pollitem_t{l->socket.handle(), 0, ZMQ_POLLIN, 0});
+    for (auto& l : links_) {
+      items.push_back(zmq_pollitem_t{l->socket.handle(), 0, ZMQ_POLLIN, 0});
+      items.push_back(zmq_pollitem_t{l->monitor.handle(), 0, ZMQ_POLLIN, 0});
+    }
     try {
       zmq::poll(items, idle_poll);
     } catch (const zmq::error_t& e) {
@@ -435,8 +573,10 @@ void zmq_bridge::run() {
     }
     if (items[0].revents & ZMQ_POLLIN) drain_wake_fd();
     // links_ is unchanged since items were built (only this thread edits it).
-    for (std::size_t i = 1; i < items.size(); ++i)
-      if (items[i].revents & ZMQ_POLLIN) receive_from(*links_[i - 1]);
+    for (std::size_t i = 0; i < links_.size(); ++i) {
+      if (items[1 + 2 * i].revents & ZMQ_POLLIN) receive_from(*links_[i]);
+      if (items[2 + 2 * i].revents & ZMQ_POLLIN) read_monitor(*links_[i]);
+    }
   }
 
   std::deque<std::unique_ptr<command>> leftover;

@@ -69,11 +69,27 @@ struct zmq_bridge_options {
   std::shared_ptr<const job_key> key;
 };
 
+// Why a ZMTP handshake failed, from libzmq's socket monitor. Strangers
+// without the job's key are refused by CURVE before the ZAP handler sees
+// them; these make them visible (a metric by reason, a rate-limited log
+// line with the peer's address).
+enum class handshake_failure : uint8_t {
+  no_key,       // the mechanisms differ: one side has a job key, the other none
+  unknown_key,  // a CURVE key that is not the job's (another server key, or a client key ZAP refuses)
+  bad_frame,    // no valid handshake: garbage, an oversized frame, a connection dropped or timed out mid-way
+  count_,
+};
+constexpr std::size_t handshake_failure_count = static_cast<std::size_t>(handshake_failure::count_);
+// Stable lower-case names, the Prometheus `reason` label.
+const char* to_string(handshake_failure f) noexcept;
+
 // A snapshot of the bridge's counters.
 struct zmq_bridge_stats {
   uint64_t received = 0;  // valid envelopes handed to the handler
   uint64_t sent = 0;      // envelopes handed to ZeroMQ
   std::array<uint64_t, wire::drop_kind_count> dropped{};
+  std::array<uint64_t, handshake_failure_count> handshake_failures{};  // every link's
+  uint64_t handshakes_succeeded = 0;
 
   uint64_t dropped_of(wire::drop_kind kind) const { return dropped[static_cast<std::size_t>(kind)]; }
   uint64_t dropped_total() const;
@@ -94,10 +110,17 @@ class zmq_bridge {
   // returned to its caller and counted in stats(), not reported here.)
   using drop_handler =
       std::function<void(const std::string& link, const std::string& peer, wire::drop_kind kind)>;
+  // Called on the bridge thread for every failed handshake on a link: on a
+  // ROUTER a peer that could not authenticate (`peer_address` "ip:port" of
+  // the connection, "" when unknown), on a DEALER the peer refusing us.
+  // The bridge logs ROUTER failures itself (rate-limited per link and
+  // reason), and DEALER failures when no handler is given. Must not block.
+  using handshake_handler =
+      std::function<void(const std::string& link, bool router, handshake_failure why, const std::string& peer_address)>;
 
   // Starts the bridge thread. Links are added afterwards.
   zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
-             drop_handler on_drop = nullptr);
+             drop_handler on_drop = nullptr, handshake_handler on_handshake = nullptr);
   ~zmq_bridge();  // stop()
   zmq_bridge(const zmq_bridge&) = delete;
   zmq_bridge& operator=(const zmq_bridge&) = delete;
@@ -157,6 +180,8 @@ class zmq_bridge {
   void drain_wake_fd();
   void do_sends(std::deque<outbound>& batch);
   void receive_from(link_state& link);
+  void read_monitor(link_state& link);
+  void handshake_failed(link_state& link, handshake_failure why, const std::string& address);
   void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
             const std::string& why);
   result<std::string> run_add(const std::string& link, const std::string& endpoint, bool router,
@@ -168,6 +193,7 @@ class zmq_bridge {
   const zmq_bridge_options options_;
   const inbound_handler on_envelope_;
   const drop_handler on_drop_;
+  const handshake_handler on_handshake_;
 
   mutable std::mutex mutex_;  // guards everything down to `stopped_`
   std::deque<outbound> queue_;
@@ -184,6 +210,8 @@ class zmq_bridge {
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> sent_{0};
   std::array<std::atomic<uint64_t>, wire::drop_kind_count> dropped_{};
+  std::array<std::atomic<uint64_t>, handshake_failure_count> handshake_failures_{};
+  std::atomic<uint64_t> handshakes_succeeded_{0};
 
   // Bridge-thread state.
   std::unique_ptr<zmq::context_t> context_;

@@ -296,9 +296,16 @@ TEST(Security, NodesWithoutTheJobsKeyAreRefusedAndTheJobIsUntouched) {
     ::unsetenv(key_file_env);
     auto [code, out] = run(argv, d.path() + "/stranger-" + which + ".log");
     EXPECT_NE(code, 0) << out;
-    EXPECT_NE(out.find("no answer from the coordinator"), std::string::npos) << out;
+    // Issue 47: the node says why (not a full queue, not "no answer").
+    EXPECT_NE(out.find("the coordinator at " + ep + " refused our key (or we have none)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("no answer from the coordinator"), std::string::npos) << out;
+    EXPECT_EQ(out.find("the queue to the peer is full"), std::string::npos) << out;
   }
   ASSERT_TRUE(coord->running()) << slurp(d.path() + "/coordinator.log");
+  // And the coordinator saw them: one line per reason (rate-limited) with
+  // the stranger's address.
+  const std::string clog = slurp(d.path() + "/coordinator.log");
+  EXPECT_NE(clog.find("dtactor: wire: refused a connection on link 'nodes' from 127.0.0.1:"), std::string::npos) << clog;
   auto j = read_journal(run_dir + "/journal.jsonl");
   EXPECT_EQ(events_named(j, "node_joined").size(), 0u);
   EXPECT_EQ(events_named(j, "generation_started").size(), 0u);
