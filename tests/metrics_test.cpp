@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -156,7 +157,13 @@ TEST(metrics, proc_usage_of_this_process_and_a_gone_one) {
   ASSERT_TRUE(u);
   EXPECT_GT(u->rss_bytes, 1e6);
   EXPECT_GE(u->peak_rss_bytes, u->rss_bytes);
-  EXPECT_GE(u->cpu_s, 0);
+  // CPU time counts (in clock ticks): spin for 50 ms of it.
+  const auto t0 = std::chrono::steady_clock::now();
+  volatile uint64_t spin = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(50)) spin = spin + 1;
+  auto later = read_proc_usage();
+  ASSERT_TRUE(later);
+  EXPECT_GE(later->cpu_s - u->cpu_s, 0.02);
   EXPECT_NEAR(u->start_unix + u->age_s, unix_time_now(), 5);
   auto self = read_proc_usage(::getpid());
   ASSERT_TRUE(self);

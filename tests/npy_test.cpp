@@ -159,7 +159,8 @@ TEST(npy, corrupted_headers_never_crash_and_never_overrun) {
 // Files written by NumPy itself (Debian's python3-numpy, installed by
 // scripts/install-deps.sh).
 TEST(npy, files_numpy_writes_read_back_the_same) {
-  if (std::system("/usr/bin/python3.11 -c 'import numpy' > /dev/null 2>&1") != 0) GTEST_SKIP() << "python3-numpy is not installed (scripts/install-deps.sh installs it)";
+  if (auto e = dtactor::testing::run_fixture("python3-numpy (scripts/install-deps.sh installs it)", "/usr/bin/python3.11 -c 'import numpy'"); !e.empty())
+    SKIP_OR_FAIL_IN_CI(e);
   dtactor::testing::temp_dir d;
   const std::string script = d.path() + "/make.py";
   std::ofstream(script) << "import numpy as np, sys\n"
@@ -231,7 +232,8 @@ TEST(token_file, bad_streams_are_one_clear_line) {
 }
 
 TEST(token_file, a_stream_numpy_writes_as_nanogpt_does_reads_back) {
-  if (std::system("/usr/bin/python3.11 -c 'import numpy' > /dev/null 2>&1") != 0) GTEST_SKIP() << "python3-numpy is not installed (scripts/install-deps.sh installs it)";
+  if (auto e = dtactor::testing::run_fixture("python3-numpy (scripts/install-deps.sh installs it)", "/usr/bin/python3.11 -c 'import numpy'"); !e.empty())
+    SKIP_OR_FAIL_IN_CI(e);
   dtactor::testing::temp_dir d;
   // nanoGPT's prepare.py: np.array(ids, dtype=np.uint16).tofile('train.bin')
   const std::string cmd = "/usr/bin/python3.11 -c \"import numpy as np; np.array([7, 40000, 65535, 0], dtype=np.uint16).tofile('" + d.path() +

@@ -400,7 +400,7 @@ TEST(part_writer, stores_its_byte_range_and_reports_a_store_it_cannot_use) {
     j.world = 2;
     j.node_id = "n";
     j.store = dir;
-    EXPECT_GE(w.submit(l, j), 0.0);
+    w.submit(l, j);
     j.store = "/proc/dtactor-cannot-be-here";
     w.submit(l, j);
     w.wait_idle();
@@ -500,7 +500,7 @@ TEST(part_writer, direct_reads_the_state_until_fence_and_clones_what_a_forward_m
     if (direct) {
       torch::NoGradGuard ng;
       b.fill_(-1);  // a buffer, after submit: cloned, so not stored
-      EXPECT_GE(w.fence(), 0.0);
+      w.fence();
       {
         std::lock_guard<std::mutex> lock(mu);
         ASSERT_EQ(got.count(true), 1u) << "fence returned before the write was reported";
@@ -546,11 +546,17 @@ TEST(part_writer, auto_takes_the_buffer_only_where_every_ranks_buffer_and_step_f
   EXPECT_TRUE(part_buffer_fits(uint64_t(3 * gib), 1, memory_room{4 * gib, 4 * gib, 0})) << "the margin is 512 MiB on a 4 GiB host";
   EXPECT_TRUE(part_buffer_fits(uint64_t(100) * gib, 8, memory_room{-1, 0, 0})) << "unknown: the buffered default";
   EXPECT_FALSE(part_buffer_fits(0, 1, memory_room{100 << 20, gib, 0})) << "below the margin already";
+  {
+    // A peak this process reached and left (mmapped, so returned at once):
+    // what its next step would take again.
+    std::vector<char> peak(size_t(64) << 20, 1);
+    EXPECT_EQ(peak[peak.size() / 2], 1);
+  }
   const memory_room here = read_memory_room();
   EXPECT_GT(here.available, 0);
   EXPECT_GT(here.total, 0);
   EXPECT_LE(here.available, here.total);
-  EXPECT_GE(here.step_headroom, 0);
+  EXPECT_GE(here.step_headroom, int64_t(48) << 20) << "VmHWM - VmRSS after a 64 MiB peak";
 }
 
 // What checkpoint.direct reads live (it changes only after the before-update
@@ -596,7 +602,7 @@ TEST(part_writer, stores_several_ranges_as_parts_of_their_own) {
     j.node_id = "n";
     j.store = dir;
     j.ranges = ranges;
-    EXPECT_GE(w.submit(l, j), 0.0);
+    w.submit(l, j);
     j.step = 1201;
     j.ranges = {{0, 100}, {50, 200}};  // overlapping
     w.submit(l, j);

@@ -9,8 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "dtactor/config.hpp"
+#include "skip.hpp"
 
 namespace dtactor::testing {
 
@@ -54,10 +55,11 @@ inline config tiny_vit_config(const std::vector<std::string>& extra = {}) {
 
 // Scripted PyTorch modules and .npy / .bin data written by Debian's
 // python3-torch and NumPy (tests/data/make_torchscript_fixtures.py) into
-// `dir`; false when python3-torch is not installed (tests then skip, saying so).
-inline bool write_torchscript_fixtures(const std::string& dir, const std::string& source_dir) {
-  const std::string cmd = "/usr/bin/python3.11 " + source_dir + "/tests/data/make_torchscript_fixtures.py " + dir + " > /dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0;
+// `dir`. Empty when written; else why not, with the script's own output
+// (tests skip with it, or fail under CI: SKIP_OR_FAIL_IN_CI).
+inline std::string write_torchscript_fixtures(const std::string& dir, const std::string& source_dir) {
+  return run_fixture("tests/data/make_torchscript_fixtures.py (python3-torch and python3-numpy, Debian; scripts/install-deps.sh --test)",
+                     "/usr/bin/python3.11 " + source_dir + "/tests/data/make_torchscript_fixtures.py " + dir);
 }
 
 inline std::vector<nlohmann::json> read_journal(const std::string& path) {

@@ -21,18 +21,24 @@ namespace {
 
 using testing::temp_dir;
 
-// The fixtures, written once per test program.
-const std::string& fixtures() {
-  static std::string dir = [] {
-    std::string d = (std::filesystem::temp_directory_path() / ("dtactor-ts-" + std::to_string(::getpid()))).string();
-    return testing::write_torchscript_fixtures(d, DTACTOR_SOURCE_DIR) ? d : std::string();
+// The fixtures, written once per test program; `error`: why not.
+struct fixture_dir {
+  std::string dir, error;
+};
+const fixture_dir& fixture_files() {
+  static fixture_dir f = [] {
+    fixture_dir out;
+    out.dir = (std::filesystem::temp_directory_path() / ("dtactor-ts-" + std::to_string(::getpid()))).string();
+    out.error = testing::write_torchscript_fixtures(out.dir, DTACTOR_SOURCE_DIR);
+    return out;
   }();
-  return dir;
+  return f;
 }
+const std::string& fixtures() { return fixture_files().dir; }
 
-#define NEED_FIXTURES()                                                                              \
-  do {                                                                                               \
-    if (fixtures().empty()) GTEST_SKIP() << "python3-torch (Debian) is not installed: no scripted modules to train"; \
+#define NEED_FIXTURES()                                                                         \
+  do {                                                                                          \
+    if (!fixture_files().error.empty()) SKIP_OR_FAIL_IN_CI(fixture_files().error);              \
   } while (0)
 
 config ts_config(const std::string& module, const std::vector<std::string>& extra = {}) {
@@ -368,9 +374,10 @@ TEST(TorchScript, TarShardsAndNpyShardsGiveTheSamplesOfTheArraysAndTrain) {
 TEST(TarShards, TheBuiltInVitTrainsFromPngShardsOfFashionMnist) {
   temp_dir d;
   const std::string make = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/examples/shards/make_tar_shards.py";
-  if (std::system((make + " --out " + d.path() + "/train --limit 3000 --per-shard 500 2>/dev/null").c_str()) != 0 ||
-      std::system((make + " --out " + d.path() + "/test --split test --limit 500 --per-shard 250 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "python3-pil / python3-numpy / dataset-fashion-mnist (Debian) are not installed";
+  const std::string what = "examples/shards/make_tar_shards.py (python3-pil, python3-numpy, dataset-fashion-mnist)";
+  if (auto e = testing::run_fixture(what, make + " --out " + d.path() + "/train --limit 3000 --per-shard 500"); !e.empty()) SKIP_OR_FAIL_IN_CI(e);
+  if (auto e = testing::run_fixture(what, make + " --out " + d.path() + "/test --split test --limit 500 --per-shard 250"); !e.empty())
+    SKIP_OR_FAIL_IN_CI(e);
   ASSERT_TRUE(write_shard_index(d.path() + "/train/train-*.tar"));
   const std::vector<std::string> shards = {"data.train_shards=" + d.path() + "/train/train-*.tar", "data.eval_shards=" + d.path() + "/test/*.tar",
                                            "data.shuffle_block_shards=2", "train.max_steps=150", "eval.max_samples=500"};

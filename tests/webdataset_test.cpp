@@ -46,18 +46,25 @@ std::string b64decode(const std::string& in) {
 }
 
 // The fixtures, written once per test program (python3-pil, python3-numpy).
+// Why they could not be written (empty: they were).
+const std::string& fixtures_error() {
+  static const std::string error =
+      testing::run_fixture("tests/data/make_tar_fixtures.py (python3-pil, python3-numpy; scripts/install-deps.sh --test)",
+                           "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/tests/data/make_tar_fixtures.py " +
+                               (std::filesystem::temp_directory_path() / ("dtactor-tar-" + std::to_string(::getpid()))).string());
+  return error;
+}
 const std::string& fixtures() {
-  static std::string dir = [] {
+  static const std::string dir = [] {
     std::string d = (std::filesystem::temp_directory_path() / ("dtactor-tar-" + std::to_string(::getpid()))).string();
-    const std::string cmd = "/usr/bin/python3.11 " + std::string(DTACTOR_SOURCE_DIR) + "/tests/data/make_tar_fixtures.py " + d;
-    return std::system(cmd.c_str()) == 0 ? d : std::string();
+    return fixtures_error().empty() ? d : std::string();
   }();
   return dir;
 }
 
 #define NEED_FIXTURES()                                                                                  \
   do {                                                                                                   \
-    if (fixtures().empty()) GTEST_SKIP() << "python3-pil / python3-numpy (Debian) are not installed"; \
+    if (fixtures().empty()) SKIP_OR_FAIL_IN_CI(fixtures_error());                                 \
   } while (0)
 
 nlohmann::json expected() { return nlohmann::json::parse(read_all(fixtures() + "/expected.json")); }
