@@ -9,8 +9,9 @@ keys it holds:
     "title":   what this run measures, a line,
     "group":   the page's section (one of bench_page.GROUPS),
     "command": the command line that wrote the file, from the repository root,
-    "machine": {"cores", "mem_total_bytes", "cpu", "kernel", "os"} read from
-               /proc and /etc/os-release at the time of the run, plus
+    "machine": {"cores", "mem_total_bytes", "cpu", "kernel", "os",
+               "load_average_1m"} read from /proc and
+               /etc/os-release when the header is made, plus
                "description" where a person described it,
     "date":    the UTC time of the run (ISO 8601), and
     "date_is": "run" (stamped by the bench) or "committed" (a file written
@@ -85,8 +86,11 @@ def machine():
     for line in _read("/etc/os-release").splitlines():
         if line.startswith("PRETTY_NAME="):
             os_name = line.split("=", 1)[1].strip().strip('"')
+    load = _read("/proc/loadavg").split()
+    # The load as the header is made (the end of the run): on a shared
+    # machine, a sign of what else ran beside it.
     return {"cores": os.cpu_count(), "mem_total_bytes": mem, "cpu": cpu or platform.processor(),
-            "kernel": platform.release(), "os": os_name}
+            "kernel": platform.release(), "os": os_name, "load_average_1m": float(load[0]) if load else None}
 
 
 def command(argv=None):

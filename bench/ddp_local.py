@@ -78,7 +78,7 @@ def main():
                          F("samples/s, 2 ranks on one machine (median of the repeats)", ["dtactor_samples_per_s_median"], "samples/s",
                            "PyTorch DDP under torchrun", ["ddp_samples_per_s_median"]),
                          F("dtactor over DDP, the median of the per-repeat ratios", ["dtactor_over_ddp_paired_median"], "x"),
-                     ])
+                     ], notes="dtactor's samples/s: bench_runtime's, from the wall time between journaled steps (everything between steps counts); DDP's: the global batch over ddp_vit.py's median step time after the first fifth (the batch indexing excluded)")
     print(json.dumps(result, indent=1))
 
 

@@ -191,7 +191,10 @@ def main():
         figures = [F("torchrun --max_restarts=3: kill -9 of a worker to the first step after the restart (median)",
                      ["torchrun", "kill_to_first_step_after_restart_s_median"], "s")]
     bench_meta.write(a.out, result, "kill -9 of one of two workers on one machine: dtactor against torchrun's elastic restart",
-                     "Recovery from faults", figures)
+                     "Recovery from faults", figures,
+                     notes="torchrun's time runs from the kill to the first step after the restart: the agent's monitor interval (the failure is noticed at its next tick, "
+             "up to 5 s), both workers started again and the checkpoint loaded; its steps lost are those since its last checkpoint "
+             "(every %d steps here). dtactor's: from the kill to the survivors' first step at the new world size." % a.checkpoint_every)
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
 
 

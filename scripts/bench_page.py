@@ -30,12 +30,13 @@ GROUPS = [
     ("Data", "Sharded data sets from a directory or S3, exactly-once sample order through faults."),
     ("Control plane and security", "The coordinator's footprint, CURVE's cost, floods of garbage frames."),
     ("Fuzzing", "Every decoder of outside bytes under libFuzzer."),
-    ("Install and build", "What `scripts/install-deps.sh` installs on a bare machine."),
+    ("Install and documentation", "What `scripts/install-deps.sh` installs on a bare machine, and how much there is to read."),
 ]
 
 
-# Units whose ratio says nothing (a ratio of ratios, of accuracies, of losses).
-RATIO_FREE_UNITS = ("x", "accuracy", "loss", "%", "fraction")
+# Units whose ratio says nothing (a ratio of ratios, of accuracies, of
+# losses, of counts that are often 0).
+RATIO_FREE_UNITS = ("x", "accuracy", "loss", "%", "fraction", "steps", "count")
 
 
 # Shown first in their sections, in this order (the figures the README
