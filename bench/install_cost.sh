@@ -4,7 +4,7 @@
 # set (--test, what scripts/test.sh installs), each from its own fresh copy of
 # a bare system. Packages installed, bytes downloaded (the .deb archives apt
 # fetched) and the wall time of the script (apt-get update, the downloads and
-# the unpacking; with --test also npm ci in tests/k8s).
+# the unpacking; with --test also npm ci in tests/k8s and tests/browser).
 #
 # The bare machine is emulated: `debootstrap bookworm` (Debian's default
 # variant: the required and important packages, as a minimal server image)
@@ -52,9 +52,15 @@ measure() {
   rm -rf "$dir"
   cp -a "$work/base" "$dir"
   cp /etc/resolv.conf "$dir/etc/resolv.conf"
-  mkdir -p "$dir/src/scripts" "$dir/src/tests/k8s"
+  mkdir -p "$dir/src/scripts"
   cp "$root/scripts/install-deps.sh" "$dir/src/scripts/"
-  cp "$root/tests/k8s/package.json" "$root/tests/k8s/package-lock.json" "$dir/src/tests/k8s/"
+  # The npm packages --test installs: every tests/*/ with a package-lock.json.
+  for lock in "$root"/tests/*/package-lock.json; do
+    local t
+    t=$(basename "$(dirname "$lock")")
+    mkdir -p "$dir/src/tests/$t"
+    cp "$root/tests/$t/package.json" "$lock" "$dir/src/tests/$t/"
+  done
   # Where this machine reaches the internet through a proxy with its own
   # certificate authority (as here), the chroot gets that CA too, for npm
   # (apt uses plain http); a bare machine on an open network needs none.
@@ -97,7 +103,7 @@ res = {"bare_machine": "debootstrap bookworm (default variant) in a chroot, /pro
        "bare_root_bytes": base_bytes, "light": light, "full": full}
 F = bench_meta.figure
 bench_meta.write(out, res, "scripts/install-deps.sh on a bare Debian bookworm (debootstrap chroot): the light set against --test",
-                 "Install and build", [
+                 "Install and documentation", [
     F("packages installed by scripts/install-deps.sh (the README's first command)", ["light", "packages_installed"], "count",
       "with --test (scripts/test.sh)", ["full", "packages_installed"]),
     F("bytes downloaded (.deb archives)", ["light", "deb_bytes_downloaded"], "bytes",
@@ -106,6 +112,7 @@ bench_meta.write(out, res, "scripts/install-deps.sh on a bare Debian bookworm (d
       "with --test", ["full", "wall_s"]),
     F("disk used by the system after the install", ["light", "root_bytes_after"], "bytes",
       "with --test", ["full", "root_bytes_after"]),
-], cmd)
+], cmd, notes="the apt part only (the build is not in it); the downloads come from deb.debian.org over this machine's link, so "
+             "their time depends on it; --test also fetched %s of npm packages" % "{:,} bytes".format(full["npm_cache_bytes"]))
 print("install_cost: wrote " + out)
 EOF

@@ -3,9 +3,10 @@
 #   scripts/install-deps.sh          to build dtactor and run its jobs and examples
 #   scripts/install-deps.sh --test   also what the test suite and the fuzzing
 #                                    need (scripts/test.sh and .ci/run call it)
-# With --test it also installs the npm packages tests/k8s/package-lock.json
-# pins (the Kubernetes manifest checks); nothing else is downloaded from
-# anywhere but Debian's mirror. Needs root (or sudo).
+# With --test it also installs the npm packages that tests/k8s/ (the
+# Kubernetes manifest checks) and tests/browser/ (playwright-core, driving
+# Debian's chromium) pin in their package-lock.json; nothing else is
+# downloaded from anywhere but Debian's mirror. Needs root (or sudo).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -84,17 +85,16 @@ for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
   if [ -n "$target" ]; then $SUDO update-alternatives --set "$alt" "$target" >/dev/null; fi
 done
 if $test_stack; then
-  # The npm packages the tests use, at the versions tests/k8s/package-lock.json
-  # pins (the npm registry).
-  # Again only when the lock file is newer than the last install.
-  # tests/browser's (playwright-core, which drives the Debian chromium above) the same way.
+  # The npm packages the tests use, at the versions each package-lock.json
+  # pins (the npm registry); again only when the lock file is newer than the
+  # last install.
   for dir in tests/k8s tests/browser; do
     d="$(dirname "$0")/../$dir"
     if [ ! "$d/node_modules/.package-lock.json" -nt "$d/package-lock.json" ]; then
       (cd "$d" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
     fi
   done
-  echo "install-deps: build, run and test packages present; libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3); tests/k8s/node_modules from package-lock.json"
+  echo "install-deps: build, run and test packages present; libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3); tests/k8s and tests/browser node_modules from their package-lock.json"
 else
   echo "install-deps: build and run packages present; libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3) (the tests' packages: scripts/install-deps.sh --test)"
 fi
