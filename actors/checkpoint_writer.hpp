@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/events.hpp"
+#include "job/events.hpp"
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
 #include "caf/behavior.hpp"

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/events.hpp"
+#include "job/events.hpp"
 #include "actors/job_progress.hpp"
 #include "actors/checkpoint_writer.hpp"
 #include "actors/messages.hpp"

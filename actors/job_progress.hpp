@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "actors/events.hpp"
+#include "job/events.hpp"
 #include "actors/liveness.hpp"
 #include "actors/membership.hpp"
 #include "wire.pb.h"

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "actors/liveness.hpp"
 
 namespace dtactor {
 
-// Why a generation starts: its names are the journal's (actors/journal_events.hpp).
+// Why a generation starts: its names are the journal's (job/journal_events.hpp).
 using ev::plan_cause;
 
 struct membership_options {

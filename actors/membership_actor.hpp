@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "actors/checkpoint_choice.hpp"
-#include "actors/events.hpp"
+#include "job/events.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/liveness.hpp"
 #include "actors/membership.hpp"

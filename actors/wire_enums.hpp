@@ -1,10 +1,10 @@
 #pragma once
-// The journal's enums (actors/journal_events.hpp) on the wire: one mapping
+// The journal's enums (job/journal_events.hpp) on the wire: one mapping
 // each way, so neither side matches text. A value this build does not know
 // (a newer peer's) reads as nullopt / plan_cause::none.
 #include <optional>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "wire.pb.h"
 
 namespace dtactor {

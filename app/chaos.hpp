@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 
 namespace dtactor {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "rank/fault_mode.hpp"
+#include "base/fault_mode.hpp"
 #include "base/job_key.hpp"
 
 namespace dtactor {

@@ -1,5 +1,5 @@
 #pragma once
-// Where the coordinator's actors' events (actors/events.hpp) become journal
+// Where the coordinator's actors' events (job/events.hpp) become journal
 // lines, Prometheus metrics, console lines and scrape targets: the one
 // translation from what happened to how it is shown. Called on the
 // emitting actor's thread: the journal, the metrics, the console and the
@@ -7,7 +7,7 @@
 // the job actor's events (rank_usage, step_completed, job_ended), one at a
 // time as CAF runs an actor.
 
-#include "actors/events.hpp"
+#include "job/events.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/metrics.hpp"
 #include "monitoring/resources.hpp"

@@ -49,7 +49,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "base/process.hpp"
 
 using namespace dtactor;

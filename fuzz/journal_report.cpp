@@ -1,11 +1,11 @@
-// The journal and the log book (actors/journal_events.hpp,
+// The journal and the log book (job/journal_events.hpp,
 // monitoring/report.hpp): `dtactor report RUN_DIR` reads journal.jsonl, a
 // file any process of the run appends to and a user may edit or truncate.
 // Properties: every line parses or is refused in one line; a journal that
 // digests renders as Markdown and SVG without crashing.
 #include <sstream>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "fuzz/fuzz_util.hpp"
 #include "monitoring/report.hpp"
 

@@ -1,7 +1,7 @@
 #pragma once
 // The run's journal: JSON Lines, one event per line, each with `t` (unix time,
 // seconds, float) and `event`; the events and their fields are the schema's
-// (actors/journal_events.hpp). Lines are written whole and flushed, so a
+// (job/journal_events.hpp). Lines are written whole and flushed, so a
 // crash never leaves a half line for readers (at worst a missing one).
 #include <nlohmann/json.hpp>
 
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "storage/fs.hpp"
 #include "dtactor/result.hpp"
 #include "base/unix_time.hpp"

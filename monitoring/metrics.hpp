@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 
 #include "dtactor/result.hpp"
 #include "monitoring/http_server.hpp"

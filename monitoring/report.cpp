@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "storage/fs.hpp"
 
 namespace dtactor {

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 
 namespace dtactor {
 

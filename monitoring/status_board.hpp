@@ -1,7 +1,7 @@
 #pragma once
 // The coordinator's status page: what a person opens to see the job (GET /
 // on the metrics port) and the same data as JSON (GET /status.json). Fed by
-// the coordinator's events (actors/events.hpp) through its sink; read by the
+// the coordinator's events (job/events.hpp) through its sink; read by the
 // HTTP workers. Every method is thread-safe.
 //
 // It shows the job's state, generation and world size; the step and
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/events.hpp"
+#include "job/events.hpp"
 
 namespace dtactor {
 

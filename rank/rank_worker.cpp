@@ -14,7 +14,7 @@
 #include <utility>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "actors/wire_enums.hpp"
 #include "checkpoint.pb.h"
 #include "model/trainer.hpp"

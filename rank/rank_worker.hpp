@@ -24,7 +24,7 @@
 // agreement picks the highest step any survivor holds, and nothing applied is
 // ever undone.
 //
-// It is the `rank_work` the rank actor (actors/rank_actor.hpp) drives. No
+// It is the `rank_work` (actors/rank_work.hpp) the rank actor drives. No
 // LibTorch in this header.
 #include <atomic>
 #include <condition_variable>
@@ -37,11 +37,11 @@
 #include <string>
 #include <thread>
 
-#include "rank/fault_mode.hpp"
+#include "base/fault_mode.hpp"
 #include "dtactor/result.hpp"
 #include "base/job_key.hpp"
 
-#include "actors/rank_actor.hpp"
+#include "actors/rank_work.hpp"
 #include "wire.pb.h"
 
 namespace dtactor {

@@ -328,11 +328,11 @@ class Checker:
 
     def check_journal_table(self, files):
         """docs/usage.md, the journal's home, lists every event the journal's
-        schema (actors/journal_events.hpp) declares, and no other."""
+        schema (job/journal_events.hpp) declares, and no other."""
         home = os.path.join(self.root, "docs/usage.md")
         if home not in files:
             return
-        with open(os.path.join(self.root, "actors/journal_events.hpp"), encoding="utf-8") as f:
+        with open(os.path.join(self.root, "job/journal_events.hpp"), encoding="utf-8") as f:
             events = set(re.findall(r'std::string_view\s+\w*name\s*=\s*"(\w+)"', f.read()))
         with open(home, encoding="utf-8") as f:
             lines = f.read().split("\n")
@@ -348,9 +348,9 @@ class Checker:
             if m:
                 listed.update(re.findall(r"`(\w+)`", m.group(1)))
         for e in sorted(events - listed):
-            self.problem(("docs/usage.md", start + 1), "the journal event %s (actors/journal_events.hpp) is not in the table" % e)
+            self.problem(("docs/usage.md", start + 1), "the journal event %s (job/journal_events.hpp) is not in the table" % e)
         for e in sorted(listed - events):
-            self.problem(("docs/usage.md", start + 1), "the table lists %s, which actors/journal_events.hpp does not declare" % e)
+            self.problem(("docs/usage.md", start + 1), "the table lists %s, which job/journal_events.hpp does not declare" % e)
 
     def scan_block_line(self, where, line, lang):
         if not hasattr(self, "_cont"):

@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "http_get.hpp"
 #include "base/process.hpp"
 #include "net/zmq_bridge.hpp"

@@ -18,7 +18,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "actors/liveness.hpp"
 #include "dtactor/config.hpp"
 #include "examples/custom_task/csv_rows.hpp"

@@ -1,7 +1,7 @@
-// The journal's schema (actors/journal_events.hpp): every event survives
+// The journal's schema (job/journal_events.hpp): every event survives
 // to_json -> from_json with every field set, the lines on disk keep their
 // names and keys, and garbage is refused with one clear line.
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 #include "dtactor/config.hpp"
 #include "skip.hpp"
 

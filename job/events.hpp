@@ -18,7 +18,7 @@
 #include <variant>
 #include <vector>
 
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 
 namespace dtactor::ev {
 
@@ -70,7 +70,7 @@ struct job_ended {
   int exit_code = 0;
 };
 
-// The rest are journal events (actors/journal_events.hpp).
+// The rest are journal events (job/journal_events.hpp).
 using event =
     std::variant<node_joined, node_lost, node_left, preemption_notice, node_quarantined, job_waiting, generation_started, generation_adopted, rank_usage, step_completed, outer_step,
                  eval_done, recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, checkpoint_refused, job_stopping, job_ended,

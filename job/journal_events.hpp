@@ -1,7 +1,7 @@
 #pragma once
 // The journal's schema: every event a run's journal.jsonl holds, one type
 // each, with its name on disk and its fields, and the one JSON codec over
-// them (actors/journal_events.cpp). The coordinator's sink, `dtactor train`,
+// them (job/journal_events.cpp). The coordinator's sink, `dtactor train`,
 // `dtactor tune-batch`, the report and the tests all read and write the
 // journal through these types; no site builds or matches a journal line by
 // hand. Causes and sources are enums with one name table each.

@@ -1,4 +1,4 @@
-#include "actors/journal_events.hpp"
+#include "job/journal_events.hpp"
 
 #include <cmath>
 #include <limits>
