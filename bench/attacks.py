@@ -248,7 +248,7 @@ def register_node(node_id, nproc=1, advertise=b"127.0.0.1"):
     return f_bytes(1, node_id) + f_bytes(2, advertise) + f_int(3, nproc)
 
 
-REGISTER, RANK_STATUS, CHECKPOINT_WRITTEN, LEAVE, JOB_ERROR = 10, 15, 23, 19, 22
+REGISTER, RANK_STATUS, STEP_REPORT, CHECKPOINT_WRITTEN, LEAVE, JOB_ERROR = 10, 15, 16, 23, 19, 22
 
 
 # ---- the attacks ------------------------------------------------------------
@@ -358,6 +358,7 @@ def hostile_texts(port):
         send(envelope(12, f_int(1, 1), sender="node/" + h, job_id=h))     # foreign_job: job '<job_id>'
     send(envelope(REGISTER, register_node("evil", advertise="\x1b[31m127.0.0.1\n")))
     for h in HOSTILE:
+        send(envelope(STEP_REPORT, f_int(1, 1) + f_int(2, 0) + f_bytes(24, h)))  # a metric label and the status page
         send(envelope(JOB_ERROR, f_bytes(1, h), sender="node/" + h))
         send(envelope(JOB_ERROR, f_bytes(1, h)))
         send(envelope(CHECKPOINT_WRITTEN, f_int(1, 5) + f_int(2, 0) + f_int(3, 1) + f_bytes(8, h), sender="node/" + h))

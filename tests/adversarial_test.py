@@ -107,12 +107,14 @@ def strings_in(v):
 
 
 def hostile_ids(dtactor):
-    with Coordinator(dtactor, False) as c:
+    with Coordinator(dtactor, False, metrics=True) as c:
         s, sent = attacks.hostile_texts(c.port)
         # Every envelope read: the bridge counted or handed each on.
         time.sleep(0.5)
         end = time.time() + 30
-        while time.time() < end and c.raw_log().count(b"left:") < len(attacks.HOSTILE):
+        # Each leave that parses is logged (invalid UTF-8 does not parse).
+        leaves = sum(1 for h in attacks.HOSTILE if "\udcff" not in h)
+        while time.time() < end and c.raw_log().count(b"left:") < leaves:
             time.sleep(0.1)
         s.close()
         check(c.alive(), "the coordinator died: " + c.text()[-2000:])
@@ -133,6 +135,14 @@ def hostile_ids(dtactor):
         text = logs["stderr"]
         for want in (b"refused node 'evil\\x1b[2J", b"left: ", b"more than cluster.max_ranks_per_node"):
             check(want in text, "the coordinator's log lacks %r (did the attack reach it?): %s" % (want, text[-3000:].decode(errors="replace")))
+        import urllib.request
+        for path in ("/metrics", "/status.json"):
+            body = urllib.request.urlopen("http://127.0.0.1:%d%s" % (c.metrics_port, path), timeout=10).read()
+            for l in body.split(b"\n"):
+                check(printable_line(l) and (path != "/metrics" or len(l) <= 4000), "%s: an unprintable or long line: %r" % (path, l[:300]))
+            if path == "/status.json":
+                for v in strings_in(json.loads(body)):
+                    check(all(ord(ch) >= 0x20 and ord(ch) != 0x7F for ch in v) and len(v) <= 2000, "/status.json holds an unprintable or long string %r" % v[:200])
         for e in attacks.journal(c.run):
             for v in strings_in(e):
                 check(all(ord(ch) >= 0x20 and ord(ch) != 0x7F and not 0x80 <= ord(ch) <= 0x9F for ch in v),
