@@ -174,16 +174,6 @@ std::string part_name(int64_t step, uint64_t generation, int rank, int world, in
   return buf;
 }
 
-std::pair<uint64_t, uint64_t> part_range(uint64_t n, int rank, int world) {
-  if (world <= 1) return {0, n};
-  constexpr uint64_t align = 4096;
-  const uint64_t w = static_cast<uint64_t>(world);
-  const uint64_t share = ((n + w - 1) / w + align - 1) / align * align;
-  const uint64_t a = std::min<uint64_t>(n, share * static_cast<uint64_t>(rank));
-  const uint64_t b = rank == world - 1 ? n : std::min<uint64_t>(n, a + share);
-  return {a, b};
-}
-
 int dtype_size(const std::string& d) {
   if (d == "float32" || d == "int32") return 4;
   if (d == "float64" || d == "int64") return 8;
@@ -352,23 +342,48 @@ status checkpoint_store::read_stream(const pb::checkpoint_meta& meta, const std:
   std::string buf(static_cast<size_t>(std::min<uint64_t>(chunk_bytes, std::max<uint64_t>(1, meta.state_bytes()))), '\0');
   for (const auto& p : meta.parts()) {
     if (wanted && !wanted(p.offset(), p.size())) continue;
-    hasher h;
-    for (uint64_t at = 0; at < p.size();) {
-      const uint64_t want = std::min<uint64_t>(buf.size(), p.size() - at);
-      auto n = objects_->read(p.name(), at, buf.data(), want);
-      if (!n) {
-        auto size = objects_->size_of(p.name());
-        return size && !size.value() ? corrupt(make_error("part '" + p.name() + "' is missing")) : n.err();
-      }
-      if (n.value() != want)
-        return corrupt(
-            make_error("part '" + p.name() + "' is truncated: " + std::to_string(at + n.value()) + " of " + std::to_string(p.size()) + " bytes"));
-      h.update(buf.data(), want);
-      if (auto st = fn(p.offset() + at, buf.data(), want); !st) return st;
-      at += want;
-    }
-    if (h.digest() != p.xxh3()) return corrupt(make_error("checksum mismatch in part '" + p.name() + "'"));
+    if (auto st = read_part(p, buf, fn); !st) return st;
   }
+  return {};
+}
+
+status checkpoint_store::read_planned(const pb::checkpoint_meta& meta, const load_plan& plan,
+                                      const std::function<status(uint64_t, const char*, size_t)>& fn) {
+  std::string buf(static_cast<size_t>(std::min<uint64_t>(chunk_bytes, std::max<uint64_t>(1, meta.state_bytes()))), '\0');
+  for (const auto& r : plan.reads) {
+    if (r.part < 0 || r.part >= meta.parts_size())
+      return make_error("the load plan names part " + std::to_string(r.part) + " of a manifest of " + std::to_string(meta.parts_size()));
+    auto st = read_part(meta.parts(r.part), buf, [&](uint64_t at, const char* data, size_t n) -> status {
+      const uint64_t end = at + n;
+      for (const auto& [a, b] : r.keep) {
+        const uint64_t lo = std::max(a, at), hi = std::min(b, end);
+        if (lo < hi)
+          if (auto kept = fn(lo, data + (lo - at), static_cast<size_t>(hi - lo)); !kept) return kept;
+      }
+      return {};
+    });
+    if (!st) return st;
+  }
+  return {};
+}
+
+status checkpoint_store::read_part(const pb::checkpoint_part& p, std::string& buf, const std::function<status(uint64_t, const char*, size_t)>& fn) {
+  hasher h;
+  for (uint64_t at = 0; at < p.size();) {
+    const uint64_t want = std::min<uint64_t>(buf.size(), p.size() - at);
+    auto n = objects_->read(p.name(), at, buf.data(), want);
+    if (!n) {
+      auto size = objects_->size_of(p.name());
+      return size && !size.value() ? corrupt(make_error("part '" + p.name() + "' is missing")) : n.err();
+    }
+    if (n.value() != want)
+      return corrupt(
+          make_error("part '" + p.name() + "' is truncated: " + std::to_string(at + n.value()) + " of " + std::to_string(p.size()) + " bytes"));
+    h.update(buf.data(), want);
+    if (auto st = fn(p.offset() + at, buf.data(), want); !st) return st;
+    at += want;
+  }
+  if (h.digest() != p.xxh3()) return corrupt(make_error("checksum mismatch in part '" + p.name() + "'"));
   return {};
 }
 

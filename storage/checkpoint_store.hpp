@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "checkpoint.pb.h"
+#include "storage/checkpoint_plan.hpp"
 #include "storage/fs.hpp"
 #include "storage/manifest_plan.hpp"
 #include "storage/object_store.hpp"
@@ -75,9 +76,8 @@ std::string manifest_name(int64_t step);
 // range `index` > 0 (a ZeRO shard's scattered ranges) is
 // "ckpt-000001200.g7.r0-of-2.<index>.part".
 std::string part_name(int64_t step, uint64_t generation, int rank, int world, int index = 0);
-// Bytes [first, second) of an n-byte stream that part `rank` of `world` holds
-// (balanced; every part but possibly the last is a multiple of 4096 bytes).
-std::pair<uint64_t, uint64_t> part_range(uint64_t n, int rank, int world);
+// Which ranges a rank writes and reads: storage/checkpoint_plan.hpp
+// (part_range, rank_ranges, plan_load).
 
 // Stores `size` bytes as object `name` in chunks (never a second whole copy),
 // hashing as it goes. Returns the part's entry for the manifest (name,
@@ -150,6 +150,10 @@ class checkpoint_store {
   // of a sharded job reads the parts that hold its shards.
   status read_stream(const pb::checkpoint_meta& meta, const std::function<status(uint64_t, const char*, size_t)>& fn,
                      const std::function<bool(uint64_t, uint64_t)>& wanted = {});
+  // What a load plan (plan_load) names: each of its parts read whole, its
+  // checksum checked when its last byte has been read, and fn given only
+  // the bytes the plan keeps, in stream order (the same caveat on errors).
+  status read_planned(const pb::checkpoint_meta& meta, const load_plan& plan, const std::function<status(uint64_t, const char*, size_t)>& fn);
 
   // Committed checkpoints (manifests), ascending by step.
   std::vector<checkpoint_entry> list();
@@ -174,6 +178,8 @@ class checkpoint_store {
     std::vector<std::string> foreign_parts;  // such a manifest's parts: never swept
   };
   std::vector<scanned> scan();
+  // Part `p` whole, through `buf`, hashed: fn(stream_offset, data, size).
+  status read_part(const pb::checkpoint_part& p, std::string& buf, const std::function<status(uint64_t, const char*, size_t)>& fn);
   // Returns the steps of the valid checkpoints it kept, ascending.
   std::vector<int64_t> rotate(const std::string& just_written);
 

@@ -1,5 +1,6 @@
 #pragma once
-// A checkpoint's manifest from what its ranks stored: torch-free and
+// The global save plan: a checkpoint's manifest from what its ranks stored
+// (each rank's local plan: storage/checkpoint_plan.hpp). Torch-free and
 // store-free, so the coordinator's committer (actors/), `dtactor train` and
 // the tests build manifests through this one function.
 #include <cstdint>
