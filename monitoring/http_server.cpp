@@ -1,6 +1,9 @@
 #include "monitoring/http_server.hpp"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
 #include <civetweb.h>
 
 #include <netinet/in.h>
@@ -12,6 +15,38 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+// civetweb's Debian build asks for 100 KiB thread stacks (its compile-time
+// USE_STACK_SIZE), less than the static TLS of a process that links
+// LibTorch (a program on the C++ API that runs the coordinator or a node in
+// its own process): pthread_create then fails with EINVAL and no worker
+// starts. A request below what the loaded objects' static TLS needs plus
+// 256 KiB is raised to that; every other request passes unchanged.
+namespace {
+
+int add_tls(dl_phdr_info* info, size_t, void* total) {
+  for (int i = 0; i < info->dlpi_phnum; ++i)
+    if (info->dlpi_phdr[i].p_type == PT_TLS) *static_cast<size_t*>(total) += info->dlpi_phdr[i].p_memsz;
+  return 0;
+}
+
+size_t smallest_stack() {
+  static const size_t floor = [] {
+    size_t tls = 0;
+    dl_iterate_phdr(add_tls, &tls);
+    return tls + 256 * 1024;
+  }();
+  return floor;
+}
+
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using fn = int (*)(pthread_attr_t*, size_t);
+  static const fn real = reinterpret_cast<fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  if (!real) return ENOSYS;
+  return real(attr, size < smallest_stack() ? smallest_stack() : size);
+}
 
 namespace dtactor {
 

@@ -9,11 +9,10 @@
 // server never sees the handlers' state, and tests call the function
 // without a socket.
 //
-// civetweb's Debian build gives its threads a fixed 100 KiB stack. That is
-// enough for the handlers here (they build strings on the heap) and for
-// processes that link no LibTorch: the `dtactor` binary, which runs the
-// coordinator and the node agents. A process with LibTorch's static TLS
-// cannot start these threads; none serves HTTP.
+// civetweb's Debian build asks for a fixed 100 KiB thread stack, too small
+// beside LibTorch's static TLS; http_server.cpp raises such requests to what
+// the process's TLS needs (a program on the C++ API runs the coordinator in
+// its own, torch-linked process).
 #include <functional>
 #include <memory>
 #include <string>
