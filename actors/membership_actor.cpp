@@ -318,9 +318,12 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   out.set_state_root(p.state_root);
   out.set_checkpoint_store(opts.checkpoint_store);
   out.set_checkpoint_step(-1);
-  if (const int64_t ckpt = plan_checkpoint(checkpoints); p.state_root < 0 && ckpt >= 0) {
-    out.set_state_root(0);
-    out.set_checkpoint_step(ckpt);
+  if (const int64_t ckpt = plan_checkpoint(checkpoints); ckpt >= 0) {
+    out.set_fallback_checkpoint_step(ckpt);
+    if (p.state_root < 0) {
+      out.set_state_root(0);
+      out.set_checkpoint_step(ckpt);
+    }
   }
   for (int64_t bad : checkpoints.bad) out.add_bad_checkpoint_steps(bad);
   out.set_config_toml(opts.config_toml);

@@ -531,6 +531,17 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
   return std::nullopt;
 }
 
+// What a generation loads of a checkpoint (load_from_checkpoint), and what
+// the load found.
+struct rank_worker::checkpoint_load {
+  int64_t step = -1;  // the plan's choice
+  load_which which = load_which::all;
+  bool own_section = false;  // DiLoCo: this rank's own section instead of `which`
+  pb::checkpoint_meta meta;  // its manifest, once read
+  uint64_t bytes_read = 0;   // of parts
+  bool loaded = false;       // own_section: the checkpoint has one for this rank
+};
+
 // The generation's starting state: the newest disk checkpoint when the plan
 // carries one (everyone was lost, or the job resumes) and global rank 0
 // holds nothing newer; then the highest step any member holds, taken from
@@ -546,27 +557,17 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   const bool diloco = state.diloco();
   auto held_of = [&] { return diloco ? state.outer().anchor() : state.step(); };
   if (g.rank == 0 && g.plan.checkpoint_step() > held_of()) {
-    // Nobody alive holds state: the newest committed checkpoint, read from
-    // the store by this rank itself.
-    const int64_t ckpt = g.plan.checkpoint_step();
-    const std::string name = manifest_name(ckpt);
-    auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), impl_->cfg->get_string("checkpoint.s3_endpoint"));
-    if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
-    auto meta = store->read_manifest(name);
-    if (!meta)
-      return checkpoint_unusable(g, ckpt, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(),
-                                 meta.code() == errc::corrupt_checkpoint);
-    if (auto st = check_checkpoint_compatible(meta.value(), *impl_->cfg, g.plan.checkpoint_store() + "/" + name); !st)
-      return checkpoint_unusable(g, ckpt, st.message(), true);
-    // Sharded (train.zero >= 1): this rank reads the replicated part only;
-    // every rank reads its own shards after the agreement (shard_state).
-    const bool sharded = impl_->cfg->get_int("train.zero") >= 1;
-    if (auto st = load_checkpoint(state, store.value(), meta.value(), sharded ? load_which::replicated : load_which::all); !st)
-      return checkpoint_unusable(g, ckpt, "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(),
-                                 st.code() == errc::corrupt_checkpoint);
+    // Nobody alive holds state: the checkpoint the plan names, read from
+    // the store by this rank itself. Sharded (train.zero >= 1): its
+    // replicated part only; every rank reads its own shards after the
+    // agreement (shard_state).
+    checkpoint_load l;
+    l.step = g.plan.checkpoint_step();
+    l.which = impl_->cfg->get_int("train.zero") >= 1 ? load_which::replicated : load_which::all;
+    if (auto ended = load_from_checkpoint(g, l)) return ended;
     g.source = ev::state_source::disk;
     impl_->catch_up.clear();
-    if (diloco) impl_->window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), 0, meta->world_size());
+    if (diloco) impl_->window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), 0, l.meta.world_size());
   }
   if (impl_->cfg->get_int("train.zero") >= 2) {
     if (!g.pg) {
@@ -685,20 +686,41 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
 std::optional<rank_worker::outcome> rank_worker::worker_section_from_checkpoint(generation_run& g) {
   auto& im = *impl_;
   training_state& state = *im.state;
-  const std::string name = manifest_name(g.plan.checkpoint_step());
+  checkpoint_load l;
+  l.step = g.plan.checkpoint_step();
+  l.own_section = true;
+  if (auto ended = load_from_checkpoint(g, l)) return ended;
+  if (l.loaded) state.state_loaded(l.meta.step());
+  // Its own section: its own slices of the checkpoint's window; else rank 0's.
+  im.window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), l.loaded ? g.rank : 0, l.meta.world_size());
+  return std::nullopt;
+}
+
+// The one path of every checkpoint load: open the plan's store, read the
+// manifest of the step the plan names, check that it fits this job, then
+// read what the load planner names for this rank (rank/state_io's
+// load_checkpoint and load_worker_section, storage/checkpoint_plan).
+std::optional<rank_worker::outcome> rank_worker::load_from_checkpoint(generation_run& g, checkpoint_load& l) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  const std::string name = manifest_name(l.step);
+  const std::string where = g.plan.checkpoint_store() + "/" + name;
   auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
   if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
   auto meta = store->read_manifest(name);
-  if (!meta)
-    return checkpoint_unusable(g, g.plan.checkpoint_step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(),
-                               meta.code() == errc::corrupt_checkpoint);
-  auto loaded = load_worker_section(state, store.value(), meta.value(), g.rank);
-  if (!loaded)
-    return checkpoint_unusable(g, g.plan.checkpoint_step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + loaded.message(),
-                               loaded.code() == errc::corrupt_checkpoint);
-  if (*loaded) state.state_loaded(meta->step());
-  // Its own section: its own slices of the checkpoint's window; else rank 0's.
-  im.window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), *loaded ? g.rank : 0, meta->world_size());
+  if (!meta) return checkpoint_unusable(g, l.step, "checkpoint " + where + ": " + meta.message(), meta.code() == errc::corrupt_checkpoint);
+  if (auto st = check_checkpoint_compatible(meta.value(), *im.cfg, where); !st) return checkpoint_unusable(g, l.step, st.message(), true);
+  status st;
+  if (l.own_section) {
+    auto section = load_worker_section(state, store.value(), meta.value(), g.rank);
+    if (!section) st = section.err();
+    l.loaded = section && *section;
+  } else {
+    st = load_checkpoint(state, store.value(), meta.value(), l.which, &l.bytes_read);
+    l.loaded = st.ok();
+  }
+  if (!st) return checkpoint_unusable(g, l.step, "checkpoint " + where + ": " + st.message(), st.code() == errc::corrupt_checkpoint);
+  l.meta = std::move(meta.value());
   return std::nullopt;
 }
 
@@ -852,7 +874,7 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
       return failed(g, st.message(), state.step());
     from_disk = t[0][0].item<int64_t>() > 0;
   }
-  if (from_disk) return shards_from_checkpoint(g, plan);
+  if (from_disk) return shards_from_checkpoint(g, plan, g.plan.checkpoint_step());
   std::string missing;
   if (!g.pg) {
     // Alone: this rank must hold everything.
@@ -878,34 +900,26 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
     }
     missing = r->missing;
   }
-  // Some optimizer state is lost with its holders: back to the newest
-  // committed checkpoint. Global rank 0 reads its replicated part and sends
-  // it to all; then every rank reads its own shards.
-  std::fprintf(stderr, "rank %d: generation %llu: optimizer state of %s was held only by lost ranks; resuming from the newest checkpoint\n", g.rank,
+  // Some optimizer state is lost with its holders: back to the checkpoint
+  // the plan names for that (the coordinator's choice, never this rank's).
+  // Global rank 0 reads its replicated part and sends it to all; then every
+  // rank reads its own shards.
+  std::fprintf(stderr, "rank %d: generation %llu: optimizer state of %s was held only by lost ranks; resuming from the plan's checkpoint\n", g.rank,
                static_cast<unsigned long long>(g.gen), missing.c_str());
   // With none committed, the job starts over from step 0 (every step is
   // lost, and the journal's recovery says so): failing instead would fail
   // the same way in every generation after.
-  bool have_checkpoint = true;
-  if (g.rank == 0) {
-    auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
-    if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
-    const std::set<int64_t> refused(g.plan.bad_checkpoint_steps().begin(), g.plan.bad_checkpoint_steps().end());
-    auto newest = store->newest_valid([](const std::string&, const std::string&) {}, false, refused);
-    if (!newest) return failed(g, "checkpoint store: " + newest.message(), state.step());
-    if (!newest->has_value()) {
-      std::fprintf(stderr, "rank 0: generation %llu: no checkpoint is committed in %s: the job starts over from step 0\n",
-                   static_cast<unsigned long long>(g.gen), g.plan.checkpoint_store().c_str());
-      if (auto st = state.reset_state(); !st) return failed(g, "starting over: " + st.message(), state.step());
-      have_checkpoint = false;
-    } else {
-      const auto& meta = **newest;
-      if (auto st = check_checkpoint_compatible(meta, *im.cfg, g.plan.checkpoint_store()); !st)
-        return checkpoint_unusable(g, meta.step(), st.message(), true);
-      if (auto st = load_checkpoint(state, store.value(), meta, load_which::replicated); !st)
-        return checkpoint_unusable(g, meta.step(), "checkpoint at step " + std::to_string(meta.step()) + ": " + st.message(),
-                                   st.code() == errc::corrupt_checkpoint);
-    }
+  const int64_t fallback = g.plan.has_fallback_checkpoint_step() ? g.plan.fallback_checkpoint_step() : -1;
+  bool have_checkpoint = fallback >= 0;
+  if (g.rank == 0 && have_checkpoint) {
+    checkpoint_load l;
+    l.step = fallback;
+    l.which = load_which::replicated;
+    if (auto ended = load_from_checkpoint(g, l)) return ended;
+  } else if (g.rank == 0) {
+    std::fprintf(stderr, "rank 0: generation %llu: the plan names no checkpoint to go back to (none is committed in %s that no rank refused): "
+                 "the job starts over from step 0\n", static_cast<unsigned long long>(g.gen), g.plan.checkpoint_store().c_str());
+    if (auto st = state.reset_state(); !st) return failed(g, "starting over: " + st.message(), state.step());
   } else {
     (void)state.reset_state();
   }
@@ -926,36 +940,31 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
     g.optimizer = ev::optimizer_source::restart;
     return std::nullopt;
   }
-  return shards_from_checkpoint(g, plan);
+  return shards_from_checkpoint(g, plan, fallback);
 }
 
-// Every rank of a generation whose state came from a checkpoint: its own
-// shards' moments, read from the parts that hold them (each part whole, its
+// Every rank of a generation whose state came from the checkpoint at `step`
+// (the plan's: global rank 0 loaded it and sent it to all): its own shards'
+// moments, read from the parts that hold them (each part whole, its
 // checksum checked), not the whole checkpoint.
-std::optional<rank_worker::outcome> rank_worker::shards_from_checkpoint(generation_run& g, const shard_plan& plan) {
+std::optional<rank_worker::outcome> rank_worker::shards_from_checkpoint(generation_run& g, const shard_plan& plan, int64_t step) {
   auto& im = *impl_;
   training_state& state = *im.state;
+  if (step != state.step())
+    return failed(g, "the agreed state is at step " + std::to_string(state.step()) + ", the plan's checkpoint at step " + std::to_string(step),
+                  state.step());
   state.shard_optimizer(plan.ranges_of(g.rank));
-  const std::string name = manifest_name(state.step());
-  auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), im.cfg->get_string("checkpoint.s3_endpoint"));
-  if (!store) return failed(g, "checkpoint store: " + store.message(), state.step());
-  auto meta = store->read_manifest(name);
-  if (!meta)
-    return checkpoint_unusable(g, state.step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + meta.message(),
-                               meta.code() == errc::corrupt_checkpoint);
-  if (auto st = check_checkpoint_compatible(meta.value(), *im.cfg, g.plan.checkpoint_store() + "/" + name); !st)
-    return checkpoint_unusable(g, state.step(), st.message(), true);
-  uint64_t read = 0;
-  if (auto st = load_checkpoint(state, store.value(), meta.value(), load_which::shards, &read); !st)
-    return checkpoint_unusable(g, state.step(), "checkpoint " + g.plan.checkpoint_store() + "/" + name + ": " + st.message(),
-                               st.code() == errc::corrupt_checkpoint);
+  checkpoint_load l;
+  l.step = step;
+  l.which = load_which::shards;
+  if (auto ended = load_from_checkpoint(g, l)) return ended;
   std::fprintf(stderr, "rank %d: generation %llu: optimizer shards read from the checkpoint at step %lld: %llu of its %llu bytes\n", g.rank,
-               static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<unsigned long long>(read),
-               static_cast<unsigned long long>(meta->state_bytes()));
+               static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step()), static_cast<unsigned long long>(l.bytes_read),
+               static_cast<unsigned long long>(l.meta.state_bytes()));
   state.clear_params_mixed();
   im.shards = plan;
   g.optimizer = ev::optimizer_source::checkpoint;
-  g.reshard_bytes = read;
+  g.reshard_bytes = l.bytes_read;
   return std::nullopt;
 }
 
@@ -1021,15 +1030,42 @@ bool rank_worker::checkpoint_direct(generation_run& g, uint64_t bytes, int64_t s
   return direct;
 }
 
+namespace {
+// The stream a checkpoint of this generation holds: the state's layout and,
+// DiLoCo with checkpoint.diloco_workers = all, every other worker's own
+// inner state after it as a section of its own.
+state_layout checkpoint_layout(training_state& state, const config& cfg, int rank, int world) {
+  const bool sections = state.diloco() && world > 1 && cfg.get_string("checkpoint.diloco_workers") == "all";
+  return sections ? with_worker_sections(layout_of(state), rank, world) : layout_of(state);
+}
+
+// This rank's byte ranges of it, as the save planner decides them
+// (storage/checkpoint_plan through state_io's save_ranges): sharded, its
+// share of the replicated bytes and the windows of the shards it is the
+// primary of; DiLoCo, worker 0 the stream proper (global rank 0's whole
+// state, not a mix) and each other worker its section (none: an empty part);
+// else its balanced share.
+std::vector<byte_range> checkpoint_ranges(training_state& state, const std::optional<shard_plan>& shards, const state_layout& layout, int rank,
+                                          int world) {
+  rank_share share;
+  share.rank = rank;
+  share.world = world;
+  share.per_worker = state.diloco();
+  if (shards && layout.sharded()) {
+    const auto& mine = shards->shards[static_cast<size_t>(rank)];
+    share.primary = {{mine.begin, mine.end}};
+    share.held = shards->ranges_of(rank);
+  }
+  return save_ranges(layout, share, state.optimizer().group_bases());
+}
+}  // namespace
+
 void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step) {
   auto& im = *impl_;
   training_state& state = *im.state;
   if (g.plan.checkpoint_store().empty()) return;  // the plan names no store: checkpoints are off
   ensure_part_writer();
-  // DiLoCo with checkpoint.diloco_workers = all: every other worker's own
-  // inner state follows the stream as a section of its own.
-  const bool sections = state.diloco() && g.world > 1 && im.cfg->get_string("checkpoint.diloco_workers") == "all";
-  const state_layout layout = sections ? with_worker_sections(layout_of(state), g.rank, g.world) : layout_of(state);
+  const state_layout layout = checkpoint_layout(state, *im.cfg, g.rank, g.world);
   part_writer::job j;
   j.step = state.step();
   j.generation = g.gen;
@@ -1038,27 +1074,13 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
   j.node_id = opts_.node_id;
   j.store = g.plan.checkpoint_store();
   j.s3_endpoint = im.cfg->get_string("checkpoint.s3_endpoint");
-  if (im.shards && layout.sharded()) {
-    // Sharded: its share of the replicated bytes and the windows of the
-    // shards it is the primary of (state_io's write_ranges).
-    const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
-    j.ranges = write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases());
-  } else if (state.diloco()) {
-    // DiLoCo: the outer state is the same everywhere, but each worker's
-    // inner state (its moments; streaming, its parameters too) is its own.
-    // The stream is one worker's whole state (global rank 0's), not a mix;
-    // the others write their sections (or, with diloco_workers = first, an
-    // empty part at the end).
-    const uint64_t stream = sections ? section_range(layout, 1).first : layout.bytes;
-    j.ranges = {g.rank == 0 ? std::make_pair(uint64_t{0}, stream) : sections ? section_range(layout, g.rank) : std::make_pair(layout.bytes, layout.bytes)};
-  }
+  j.ranges = checkpoint_ranges(state, im.shards, layout, g.rank, g.world);
   if (g.rank == 0) {
     auto meta = state.checkpoint_meta(eval_at_step, g.gen);
     describe_layout(layout, meta);
     meta.set_world_size(g.world);
     j.meta = meta.SerializeAsString();
   }
-  if (j.ranges.empty()) j.ranges.push_back(part_range(layout.bytes, g.rank, g.world));
   uint64_t bytes = 0;
   for (const auto& [a, b] : j.ranges) bytes += b - a;
   const bool direct = checkpoint_direct(g, bytes, j.step);
@@ -1327,14 +1349,9 @@ void rank_worker::prepare_part_writer(generation_run& g) {
   training_state& state = *im.state;
   if (g.plan.checkpoint_store().empty()) return;
   ensure_part_writer();
-  const state_layout layout = layout_of(state);
-  const auto [a, b] = part_range(layout.bytes, g.rank, g.world);
-  uint64_t bytes = b - a;
-  if (im.shards && layout.sharded()) {
-    const auto& mine = im.shards->shards[static_cast<size_t>(g.rank)];
-    bytes = 0;
-    for (const auto& [x, y] : write_ranges(layout, g.rank, g.world, {{mine.begin, mine.end}}, state.optimizer().group_bases())) bytes += y - x;
-  }
+  const state_layout layout = checkpoint_layout(state, *im.cfg, g.rank, g.world);
+  uint64_t bytes = 0;
+  for (const auto& [a, b] : checkpoint_ranges(state, im.shards, layout, g.rank, g.world)) bytes += b - a;
   // auto: not ahead of time (the first checkpoint sees whether there is
   // room for it beside the steps).
   if (im.cfg->get_bool("checkpoint.keep_buffer") && im.cfg->get_string("checkpoint.direct") == "false") im.writer->prepare(bytes);

@@ -116,8 +116,12 @@ class rank_worker : public rank_work {
   std::optional<outcome> build_group(generation_run& g);
   std::optional<outcome> agree_state(generation_run& g);
   std::optional<outcome> shard_state(generation_run& g, bool holds_current);
-  std::optional<outcome> shards_from_checkpoint(generation_run& g, const shard_plan& plan);
+  std::optional<outcome> shards_from_checkpoint(generation_run& g, const shard_plan& plan, int64_t step);
   std::optional<outcome> worker_section_from_checkpoint(generation_run& g);
+  // Every checkpoint load of a generation: the plan's store and step, the
+  // manifest checked, what the load planner names for this rank read.
+  struct checkpoint_load;  // what to load, and what it read (rank_worker.cpp)
+  std::optional<outcome> load_from_checkpoint(generation_run& g, checkpoint_load& l);
   // train.sync = diloco: the agreement on a lost worker's slices that the
   // survivors train again before the next boundary (rank_worker.cpp), and
   // whether this rank's host is one worker (train.diloco_worker = host).

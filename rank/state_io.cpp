@@ -1,7 +1,9 @@
 #include "rank/state_io.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -96,69 +98,60 @@ state_layout layout_of(training_state& state) {
   return l;
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layout, int rank, int world,
-                                                        const std::vector<std::pair<int64_t, int64_t>>& primary,
-                                                        const std::vector<int64_t>& group_bases) {
-  std::vector<std::pair<uint64_t, uint64_t>> out;
-  auto add = [&](uint64_t a, uint64_t b) {
-    if (a >= b) return;
-    if (!out.empty() && out.back().second == a)
-      out.back().second = b;
-    else
-      out.emplace_back(a, b);
-  };
-  // This rank's share of the replicated bytes, mapped onto the stream.
-  const auto [ra, rb] = part_range(layout.replicated_bytes(), rank, world);
-  uint64_t seen = 0;
+namespace {
+// Each sharded tensor's index base: "optim/exp_avg.<g>" / "optim/exp_avg_sq.<g>"
+// start at group g's first element.
+std::map<std::string, int64_t> shard_bases(const state_layout& layout, const std::vector<int64_t>& group_bases) {
+  std::map<std::string, int64_t> out;
   for (const auto& t : layout.tensors) {
-    if (t.sharded) {
-      // "optim/exp_avg.<g>" / "optim/exp_avg_sq.<g>": group g's part of each primary range.
-      const size_t dot = t.name.rfind('.');
-      const size_t g = static_cast<size_t>(std::stoul(t.name.substr(dot + 1)));
-      const int64_t base = g < group_bases.size() ? group_bases[g] : 0;
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      const uint64_t esize = n > 0 ? t.size / static_cast<uint64_t>(n) : 0;
-      for (const auto& [a, b] : primary) {
-        const int64_t lo = std::max<int64_t>(a - base, 0), hi = std::min<int64_t>(b - base, n);
-        if (lo < hi) add(t.offset + static_cast<uint64_t>(lo) * esize, t.offset + static_cast<uint64_t>(hi) * esize);
-      }
-      continue;
-    }
-    const uint64_t a = std::max(ra, seen), b = std::min(rb, seen + t.size);
-    if (a < b) add(t.offset + (a - seen), t.offset + (b - seen));
-    seen += t.size;
+    if (!t.sharded) continue;
+    const size_t dot = t.name.rfind('.');
+    const size_t g = dot == std::string::npos ? 0 : static_cast<size_t>(std::strtoull(t.name.c_str() + dot + 1, nullptr, 10));
+    out[t.name] = g < group_bases.size() ? group_bases[g] : 0;
   }
   return out;
 }
+}  // namespace
+
+std::vector<stream_tensor> stream_tensors(const state_layout& layout, const std::vector<int64_t>& group_bases) {
+  pb::checkpoint_meta meta;
+  describe_layout(layout, meta);
+  return stream_of(meta, shard_bases(layout, group_bases));
+}
+
+std::vector<byte_range> save_ranges(const state_layout& layout, const rank_share& share, const std::vector<int64_t>& group_bases) {
+  return local_save_plan(stream_tensors(layout, group_bases), share);
+}
 
 namespace {
-// Reads the parts of `meta` that hold bytes of `mine`'s entries (every part
-// when `every_part`; each read whole, its checksum checked) straight into
-// the entries' tensors. `touched`: some bytes landed; `read`: bytes read.
-status read_into(checkpoint_store& store, const pb::checkpoint_meta& meta, const state_layout& mine, bool every_part, bool& touched,
-                 uint64_t& read) {
-  auto wanted = [&](uint64_t at, uint64_t n) {
-    for (const auto& e : mine.entries)
-      if (e.offset < at + n && at < e.offset + e.size) return true;
-    return false;
-  };
-  return store.read_stream(
-      meta,
-      [&](uint64_t at, const char* data, size_t n) -> status {
-        read += n;
-        const uint64_t end = at + n;
-        for (size_t i = entry_at(mine, at); i < mine.entries.size() && mine.entries[i].offset < end; ++i) {
-          const auto& e = mine.entries[i];
-          const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
-          if (a < b) {
-            touched = true;
-            std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
-          }
-        }
-        return {};
-      },
-      every_part ? std::function<bool(uint64_t, uint64_t)>() : wanted);
+// Reads the bytes `ranges` of `meta` (through the load planner: the parts
+// holding them, each whole, its checksum checked) straight into `mine`'s
+// entries, which must hold them all. `touched`: some bytes landed; `read`:
+// bytes of the parts read.
+status read_into(checkpoint_store& store, const pb::checkpoint_meta& meta, const state_layout& mine, const std::vector<byte_range>& ranges,
+                 bool& touched, uint64_t& read) {
+  auto plan = plan_load(meta, ranges);
+  if (!plan) return plan.err();
+  uint64_t landed = 0;
+  auto st = store.read_planned(meta, plan.value(), [&](uint64_t at, const char* data, size_t n) -> status {
+    const uint64_t end = at + n;
+    for (size_t i = entry_at(mine, at); i < mine.entries.size() && mine.entries[i].offset < end; ++i) {
+      const auto& e = mine.entries[i];
+      const uint64_t a = std::max(at, e.offset), b = std::min(end, e.offset + e.size);
+      if (a < b) {
+        touched = true;
+        landed += b - a;
+        std::memcpy(bytes_of(e.t) + (a - e.offset), data + (a - at), b - a);
+      }
+    }
+    return {};
+  });
+  read = plan->read_bytes;
+  if (!st) return st;
+  if (landed != plan->kept_bytes)
+    return make_error("the load plan names " + std::to_string(plan->kept_bytes) + " bytes of the checkpoint and this rank holds " +
+                      std::to_string(landed) + " of them");
+  return {};
 }
 }  // namespace
 
@@ -286,17 +279,19 @@ status load_checkpoint(training_state& state, checkpoint_store& store, const pb:
   const state_layout layout = layout_of(state);
   if (auto st = check_fits(layout, meta); !st) return st;
   torch::NoGradGuard no_grad;
-  std::vector<state_layout::entry> entries;
-  for (const auto& e : layout.entries)
-    if (which == load_which::all || (which == load_which::shards) == e.sharded) entries.push_back(e);
-  state_layout mine = layout;
-  mine.entries = entries;
-  // Parts that hold none of these bytes are not read at all (nor, with
-  // DiLoCo's worker sections, the other workers' sections).
-  const bool sections = stream_bytes(meta) != meta.state_bytes();
+  // This rank's bytes, as the load planner decides them from what it holds
+  // (parts holding none of them are not read at all, nor, with DiLoCo's
+  // worker sections, the other workers' sections).
+  const auto& opt = state.optimizer();
+  rank_share share;
+  if (layout.sharded()) share.held = opt.held_ranges();
+  const stream_scope scope = which == load_which::replicated ? stream_scope::replicated
+                             : which == load_which::shards   ? stream_scope::shards
+                                                             : stream_scope::whole;
+  const auto ranges = rank_ranges(stream_of(meta, shard_bases(layout, opt.group_bases())), share, scope);
   bool touched = false;
   uint64_t read = 0;
-  auto st = read_into(store, meta, mine, which == load_which::all && !sections, touched, read);
+  auto st = read_into(store, meta, layout, ranges, touched, read);
   if (bytes_read) *bytes_read = read;
   if (!st) {
     if (touched) (void)state.reset_state();
@@ -327,9 +322,11 @@ result<bool> load_worker_section(training_state& state, checkpoint_store& store,
   if (mine.entries.empty()) return false;
   std::sort(mine.entries.begin(), mine.entries.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   torch::NoGradGuard no_grad;
+  rank_share share;
+  share.rank = rank;
   bool touched = false;
   uint64_t read = 0;
-  auto st = read_into(store, meta, mine, false, touched, read);
+  auto st = read_into(store, meta, mine, rank_ranges(stream_of(meta), share, stream_scope::own_section), touched, read);
   if (!st) {
     if (touched) (void)state.reset_state();
     return st.err();

@@ -14,6 +14,7 @@
 
 #include "checkpoint.pb.h"
 #include "dtactor/result.hpp"
+#include "storage/checkpoint_plan.hpp"
 
 namespace c10d {
 class ProcessGroup;
@@ -53,14 +54,15 @@ struct state_layout {
 // The state's tensors at consecutive offsets (training_state order).
 state_layout layout_of(training_state& state);
 
-// The stream byte ranges this rank writes into a checkpoint: its share
-// (part_range) of the replicated bytes and, sharded, the windows of the
-// shards it is the primary of (`primary`: index-space element ranges,
-// model/shard_plan). Ascending, disjoint; over all ranks they cover the
-// stream exactly.
-std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layout, int rank, int world,
-                                                        const std::vector<std::pair<int64_t, int64_t>>& primary,
-                                                        const std::vector<int64_t>& group_bases);
+// The planners' view of this rank's stream (storage/checkpoint_plan): the
+// layout's tensors, the sharded ones (ZeRO's moments, "optim/exp_avg.<g>")
+// with their index base (`group_bases`: each parameter group's first
+// element, flat_adamw::group_bases).
+std::vector<stream_tensor> stream_tensors(const state_layout& layout, const std::vector<int64_t>& group_bases);
+// The byte ranges this rank writes into a checkpoint: its local save plan
+// (local_save_plan over stream_tensors). Ascending, disjoint; over all
+// ranks of the world they cover the stream exactly.
+std::vector<byte_range> save_ranges(const state_layout& layout, const rank_share& share, const std::vector<int64_t>& group_bases);
 
 // DiLoCo: the checkpoint holds, after the stream above (which is global
 // rank 0's whole state), each other worker's own inner state as a section
@@ -69,7 +71,7 @@ std::vector<std::pair<uint64_t, uint64_t>> write_ranges(const state_layout& layo
 // but optim/steps). `layout` (layout_of) gains those tensors, and entries
 // for this rank's section only (rank 0 has none: its state is the stream).
 // The section a rank writes is section_range.
-inline constexpr const char* worker_section_prefix = "workers/";
+// (worker_section_prefix: storage/checkpoint_plan.hpp.)
 bool worker_owned(const std::string& tensor_name);
 state_layout with_worker_sections(state_layout layout, int rank, int world);
 std::pair<uint64_t, uint64_t> section_range(const state_layout& with_sections, int rank);
@@ -99,12 +101,15 @@ bool stable_until_update(const std::string& name);
 status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta);
 
 // Loads a committed checkpoint into the state (straight into its tensors,
-// chunk by chunk; each part's checksum checked). When it fails after some
-// bytes landed, the state is reset to the initial one (never left torn).
-// `which` (sharded states): `replicated` reads only the parts holding the
-// replicated tensors (and sets step() and the scalars), `shards` only the
-// parts overlapping this rank's windows of the sharded ones (step() is left
-// alone: the replicated part came from elsewhere). `bytes_read`: of parts.
+// chunk by chunk; each part's checksum checked), reading what the load
+// planner (storage/checkpoint_plan: rank_ranges, plan_load) names for this
+// rank, whatever world size and ZeRO level wrote it. When it fails after
+// some bytes landed, the state is reset to the initial one (never left
+// torn). `which` (sharded states): `replicated` reads only the parts holding
+// the replicated tensors (and sets step() and the scalars), `shards` only
+// the parts overlapping this rank's windows of the sharded ones (step() is
+// left alone: the replicated part came from elsewhere). `bytes_read`: of
+// parts.
 enum class load_which { all, replicated, shards };
 status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta, load_which which = load_which::all,
                        uint64_t* bytes_read = nullptr);

@@ -727,6 +727,32 @@ TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registra
   EXPECT_EQ(back.ranks[2].global_rank, 2);
 }
 
+// Every plan names the checkpoint a generation falls back to when state is
+// lost although ranks survive (ZeRO: both holders of a shard lost): the
+// newest committed one no rank refused. The plan, not a rank, picks it.
+TEST(coordinator_wire, every_plan_names_the_checkpoint_to_fall_back_to) {
+  plan p;
+  p.generation = 4;
+  p.world_size = 1;
+  p.state_root = 0;
+  p.nodes = {plan_node{"a", "a.local", "peer-a", 0, 1, 0, 1, {0}}};
+  p.ranks = {rank_slot{"a", 0, 0, 1}};
+  checkpoint_ledger l;
+  l.committed = {10, 20, 30};
+  l.bad = {30};
+  auto wire = to_proto(p, coord_opts(1), 25, l);
+  EXPECT_EQ(wire.state_root(), 0);
+  EXPECT_EQ(wire.checkpoint_step(), -1) << "a survivor holds the state";
+  ASSERT_TRUE(wire.has_fallback_checkpoint_step());
+  EXPECT_EQ(wire.fallback_checkpoint_step(), 20);
+  EXPECT_FALSE(to_proto(p, coord_opts(1), 25, {}).has_fallback_checkpoint_step()) << "none committed: none named";
+  p.state_root = -1;
+  wire = to_proto(p, coord_opts(1), 25, l);
+  EXPECT_EQ(wire.state_root(), 0);
+  EXPECT_EQ(wire.checkpoint_step(), 20);
+  EXPECT_EQ(wire.fallback_checkpoint_step(), 20);
+}
+
 // -- the job actor's end, stop, failure, recovery and checkpoints -------------
 
 namespace {
@@ -1274,6 +1300,7 @@ TEST_F(coordinator_actors, a_checkpoint_a_rank_refuses_is_never_planned_again_an
   const auto g1 = last_plan("peer-a");
   ASSERT_EQ(g1.checkpoint_step(), 20);
   EXPECT_EQ(g1.bad_checkpoint_steps_size(), 0);
+  EXPECT_EQ(g1.fallback_checkpoint_step(), 20);
   send(refusal_from("a", g1.generation(), 20));
   send(refusal_from("a", g1.generation(), 20));  // the same, reported again: one mark
   auto refused = of<ev::checkpoint_refused>();
@@ -1289,6 +1316,7 @@ TEST_F(coordinator_actors, a_checkpoint_a_rank_refuses_is_never_planned_again_an
   EXPECT_EQ(g2.state_root(), 0);
   EXPECT_EQ(g2.checkpoint_step(), 10);
   ASSERT_EQ(g2.bad_checkpoint_steps_size(), 1);
+  EXPECT_EQ(g2.fallback_checkpoint_step(), 10) << "the refused one is not fallen back to either";
   EXPECT_EQ(g2.bad_checkpoint_steps(0), 20);
   EXPECT_TRUE(of<ev::job_ended>().empty());
 

@@ -233,7 +233,12 @@ TEST(Zero, CheckpointRangesCoverTheStreamOnceAndAreHeldByTheirWriter) {
     EXPECT_TRUE(layout.sharded());
     bytes = layout.bytes;
     const auto& sh = plan.shards[static_cast<size_t>(r)];
-    const auto ranges = write_ranges(layout, r, world, {{sh.begin, sh.end}}, states[static_cast<size_t>(r)]->optimizer().group_bases());
+    rank_share share;
+    share.rank = r;
+    share.world = world;
+    share.primary = {{sh.begin, sh.end}};
+    share.held = plan.ranges_of(r);
+    const auto ranges = save_ranges(layout, share, states[static_cast<size_t>(r)]->optimizer().group_bases());
     for (const auto& [a, b] : ranges) {
       // Inside the rank's entries.
       uint64_t covered = 0;
@@ -253,7 +258,10 @@ TEST(Zero, CheckpointRangesCoverTheStreamOnceAndAreHeldByTheirWriter) {
   // Unsharded, one range per rank: today's part_range.
   auto plain = make_states(cfg, 1);
   const auto layout = layout_of(*plain[0]);
-  EXPECT_EQ(write_ranges(layout, 1, 2, {}, plain[0]->optimizer().group_bases()),
+  rank_share second;
+  second.rank = 1;
+  second.world = 2;
+  EXPECT_EQ(save_ranges(layout, second, plain[0]->optimizer().group_bases()),
             (std::vector<std::pair<uint64_t, uint64_t>>{part_range(layout.bytes, 1, 2)}));
 }
 
