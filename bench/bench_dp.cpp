@@ -145,6 +145,13 @@ int run_rank(const options& o) {
   grad_sync_options gso;
   gso.bucket_bytes = cfg->get_int("cluster.bucket_kb") * 1024;
   gso.spin_wait = std::chrono::microseconds(cfg->get_int("cluster.spin_wait_us"));
+  auto spec = exchange_spec_of(*cfg);
+  if (!spec) {
+    std::fprintf(stderr, "bench_dp: %s\n", spec.message().c_str());
+    return 1;
+  }
+  gso.exchange = spec.value();
+  gso.exchange.transport = shm ? exchange_transport::shared_memory : exchange_transport::process_group;
   gso.shm = shm;
   gso.timeout = std::chrono::milliseconds(cfg->get_int("cluster.collective_timeout_ms"));
   grad_sync sync(s.the_task().module()->parameters(), pg, gso);

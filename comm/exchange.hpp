@@ -6,27 +6,29 @@
 // transport runs. An exchange only moves bytes and leaves the world's SUM
 // in each bucket's flat tensor.
 //
-// Transports (make_exchange picks one per generation, every rank alike):
-//   allreduce     fp32 ring allreduce on a process group (Gloo or NCCL)
-//   bf16 gather   cluster.wire_dtype = bf16 at 2 ranks: all-gather of bf16
-//                 buckets, summed in fp32 in rank order on every rank
-//   bf16 scatter  bf16 from 3 ranks on: all-to-all of bf16 shards (a
-//                 reduce-scatter), each rank sums its shard in fp32 and
-//                 rounds it once, then an all-gather of the shards
-//   shm           every rank on one host: buckets published in shared
-//                 memory, summed by every rank (sum_slots' order)
-//   hierarchical  several hosts with several ranks: shared memory within a
-//                 host, the host's leader runs one of the wire transports
-//                 above on the group of leaders, and hands the result back
-//                 through shared memory
-//   zero scatter  train.zero = 2 on a process group: a reduce-scatter built
-//                 from an all-to-all; each rank receives only the pieces it
-//                 keeps (its shards, replicas included) and sums them
+// Transports (make_exchange picks one per generation from its
+// exchange_spec, exchange_spec.hpp, every rank alike):
+//   process group  the world's group (Gloo or NCCL): fp32 ring allreduce,
+//                  or the spec's codec (exchange_registry.hpp: bf16, int8,
+//                  int4) around an all-gather of every rank's encoded
+//                  bucket or, for bf16 from 3 ranks on, a reduce-scatter
+//                  and an all-gather of the encoded shards
+//   zero scatter   train.zero = 2 on a process group: a reduce-scatter built
+//                  from an all-to-all; each rank receives only the pieces it
+//                  keeps (its shards, replicas included) and sums them (the
+//                  codec's encoding on the wire)
+//   shared memory  every rank on one host: buckets published in shared
+//                  memory, summed by every rank (sum_slots' order)
+//   hierarchical   several hosts with several ranks: shared memory within a
+//                  host, the host's leader runs the process-group exchange
+//                  above (with the codec) on the group of leaders, and
+//                  hands the result back through shared memory
+//   host           a host's ranks alone through its segment, no group
 // With train.zero = 2 (exchange_bucket::kept_by set), shm sums only the
 // pieces this rank keeps and hierarchical sums everything (the reducer keeps
 // its pieces).
-// A new transport (ZeRO's reduce-scatter, DiLoCo's outer exchange) is a new
-// class behind bucket_exchange and a branch in make_exchange.
+// A new codec is a class and a registration (exchange_registry.hpp); a new
+// transport is a class behind bucket_exchange and a case in make_exchange.
 //
 // Contract, per step, identical on every rank so collectives match:
 //   pack into staging(b); start(b) for b = 0, 1, ... in order (from
@@ -51,6 +53,8 @@
 
 #include "dtactor/result.hpp"
 #include "comm/communicator.hpp"
+#include "comm/exchange_registry.hpp"
+#include "comm/exchange_spec.hpp"
 #include "comm/shm_group.hpp"
 
 namespace dtactor {
@@ -122,39 +126,33 @@ class bucket_exchange {
   std::vector<exchange_bucket>& buckets_;  // the reducer's, alive as long as this
 };
 
-// What make_exchange may use; the reducer fills it from grad_sync_options.
-struct exchange_choice {
+// The groups a transport may use; the reducer fills it from grad_sync_options.
+struct exchange_groups {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // the world's group
-  std::shared_ptr<shm_group> shm;            // the world's (or, hierarchical, this host's) segment
-  bool hierarchical = false;
+  std::shared_ptr<shm_group> shm;            // the world's (or, hierarchical and host, this host's) segment
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;  // hierarchical, on a host's leader
-  bool bf16_wire = false;
-  bool int8_wire = false;  // DiLoCo's pseudo-gradients: int8 with a scale per block (wins over bf16_wire)
-  bool int4_wire = false;  // ... int4, two values a byte (wins over both)
   bool zero2 = false;  // buckets carry kept_by: the zero scatter on a process group
 };
 
-// Picks the transport for these buckets (every rank alike: same buckets,
-// same capacity). Shared memory only for float32 buckets that fit a slot;
-// otherwise the process group carries them. An error when the choice is
-// inconsistent (a host leader without a group of hosts).
-result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_bucket>& buckets, const exchange_choice& c,
+// Builds the spec's transport for these buckets (every rank alike: same
+// buckets, same capacity). Shared memory only for float32 buckets that fit
+// a slot; otherwise the process group carries them. An error when the
+// choice is inconsistent (a host leader without a group of hosts, a
+// segment handed to the process-group transport) or the codec is not
+// registered.
+result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_bucket>& buckets, const exchange_spec& spec, const exchange_groups& g,
                                                        const exchange_waits& w);
 
 // The transports, for tests and for make_exchange.
-// How float32 buckets cross a process group (cluster.wire_dtype).
-enum class wire_format { fp32, bf16, int8, int4 };
-// int8 / int4: values per scale (one fp32 scale per block of a bucket).
-inline constexpr int64_t int8_block = 256;
-inline constexpr int64_t int4_block = 64;
-// A wire transport on `pg`: allreduce, bf16 (gather at 2, scatter from 3),
-// or int8 / int4 with a scale per block (gather). `what` names it in start errors
-// ("allreduce", "exchange across hosts").
-std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                    wire_format f, const exchange_waits& w, std::string what);
-// train.zero = 2 on `pg`: the pieces of kept_by only (fp32, or bf16 on the wire).
-std::unique_ptr<bucket_exchange> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                            bool bf16, const exchange_waits& w);
+// The world's process-group exchange of codec `c`: fp32 allreduce, or the
+// codec's gather or scatter. `what` names it in start errors ("exchange
+// across hosts"; empty: "allreduce", "int8 exchange", ...).
+result<std::unique_ptr<bucket_exchange>> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                            wire_codec c, const exchange_waits& w, std::string what = {});
+// train.zero = 2 on `pg`: the pieces of kept_by only (fp32, or the codec's encoding on the wire).
+result<std::unique_ptr<bucket_exchange>> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets,
+                                                                    c10::intrusive_ptr<c10d::ProcessGroup> pg, wire_codec c,
+                                                                    const exchange_waits& w);
 // The shared-memory transport over `shm` alone (a host's ranks, no
 // process group); an error when the buckets are not all float32 or do not
 // fit its slots.
@@ -192,6 +190,11 @@ struct exchange_plan {
   // "gradients over shared memory", "... within the host and gloo across 3 hosts", ...
   std::string describe(const std::string& backend) const;
 };
+
+// The transport this generation's plan allows a spec: one that asks for
+// shared memory gets hierarchical, shared_memory, or process_group (no
+// segment); any other keeps its own.
+exchange_transport transport_for(const exchange_spec& spec, const exchange_plan& plan);
 
 // Ranks grouped by host: equal keys are one host. Hosts are ordered by
 // their lowest rank; the ranks of a host in rank order.

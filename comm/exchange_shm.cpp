@@ -1,7 +1,6 @@
 // The shared-memory transports of gradient buckets: the whole world on one
 // host, and the hierarchical exchange (shared memory within a host, one
-// leader per host on the wire). The choice among all transports
-// (make_exchange). See exchange.hpp for the contract.
+// leader per host on the wire). See exchange.hpp for the contract.
 #include "comm/exchange.hpp"
 
 #include <functional>
@@ -287,42 +286,6 @@ std::unique_ptr<bucket_exchange> make_shm_exchange(std::vector<exchange_bucket>&
 std::unique_ptr<bucket_exchange> make_hierarchical_exchange(std::vector<exchange_bucket>& buckets, std::shared_ptr<shm_group> shm,
                                                             std::unique_ptr<bucket_exchange> across, const exchange_waits& w) {
   return std::make_unique<hierarchical_exchange>(buckets, std::move(shm), std::move(across), w);
-}
-
-namespace {
-wire_format format_of(const exchange_choice& c) {
-  return c.int4_wire ? wire_format::int4 : c.int8_wire ? wire_format::int8 : c.bf16_wire ? wire_format::bf16 : wire_format::fp32;
-}
-}  // namespace
-
-result<std::unique_ptr<bucket_exchange>> make_exchange(std::vector<exchange_bucket>& buckets, const exchange_choice& c,
-                                                       const exchange_waits& w) {
-  const int world = c.pg ? c.pg->getSize() : 1;
-  const int rank = c.pg ? c.pg->getRank() : 0;
-  // Shared memory reserves each bucket rounded to 16 floats in a ring: the
-  // flat exchange needs room for its largest bucket, the hierarchical one
-  // for a whole step and its largest bucket (wrapping wastes at most one).
-  int64_t total = 0, largest = 0;
-  bool all_float = true;
-  for (auto& b : buckets) {
-    const int64_t rounded = (b.numel + 15) / 16 * 16;
-    total += rounded;
-    largest = std::max(largest, rounded);
-    all_float = all_float && b.flat.scalar_type() == torch::kFloat;
-  }
-  const bool fits = all_float && (!c.shm || (c.hierarchical ? total + largest : largest) <= c.shm->capacity());
-  if (c.hierarchical && fits) {
-    // Every rank decides alike (same parameters, same capacity): either the
-    // whole world goes hierarchical or the whole world uses pg.
-    const bool leader = !c.shm || c.shm->rank() == 0;
-    if (leader && !c.hosts)
-      return make_error("hierarchical gradient exchange: rank " + std::to_string(rank) + " leads its host but has no group of hosts");
-    auto across = leader ? make_wire_exchange(buckets, c.hosts, format_of(c), w, "exchange across hosts") : nullptr;
-    return make_hierarchical_exchange(buckets, c.shm, std::move(across), w);
-  }
-  if (!c.hierarchical && c.shm && c.shm->world() == world && c.shm->rank() == rank && fits) return make_shm_exchange(buckets, c.shm, w);
-  if (c.zero2) return make_zero_scatter_exchange(buckets, c.pg, c.bf16_wire, w);
-  return make_wire_exchange(buckets, c.pg, format_of(c), w, c.int4_wire ? "int4 exchange" : c.int8_wire ? "int8 exchange" : "allreduce");
 }
 
 }  // namespace dtactor

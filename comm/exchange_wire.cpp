@@ -1,8 +1,11 @@
-// The wire transports of gradient buckets, on a c10d process group:
-// fp32 allreduce, and the bf16 wire (all-gather at 2 ranks, reduce-scatter
-// + all-gather from 3). See exchange.hpp for the contract.
+// The wire transports of gradient buckets, on a c10d process group: fp32
+// allreduce, and a codec's exchange (the registry's, exchange_registry.hpp:
+// an all-gather of every rank's encoded bucket, or a reduce-scatter and an
+// all-gather of the encoded shards), and ZeRO-2's reduce-scatter. See
+// exchange.hpp for the contract.
 #include "comm/communicator.hpp"
 #include "comm/exchange.hpp"
+#include "comm/exchange_registry.hpp"
 
 namespace dtactor {
 
@@ -87,114 +90,116 @@ class allreduce_exchange final : public pg_exchange {
   status wait(size_t b, exchange_clock::time_point deadline) override { return wait_work(b, deadline); }
 };
 
-bool on_bf16_wire(const exchange_bucket& b) { return b.flat.scalar_type() == torch::kFloat; }  // other dtypes go as they are
+// A float32 bucket goes through the codec; other dtypes go as they are.
+bool coded(const exchange_bucket& b) { return b.flat.scalar_type() == torch::kFloat; }
 
-// bf16 at 2 ranks: each rank's bucket as bf16 (padded to 4 bytes, then the
-// control words in fp32; as kHalf, a type Gloo moves) is all-gathered, and
-// every rank sums the world's buckets itself, in fp32 and in rank order
-// (bit-identical on every rank; one rounding per rank's gradient, none in
-// the sum): half a ring allreduce's bytes at 2 ranks.
-class bf16_gather_exchange final : public pg_exchange {
+// What every codec's exchange shares (DDP's compression wrapper around a
+// hook): a bucket a codec does not take is allreduced as it is; a coded
+// one is encoded, moved and decoded by the pattern below it. Control words
+// travel exactly (fp32) after the encoded values.
+class coded_exchange : public pg_exchange {
  public:
-  bf16_gather_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
-                       std::string what)
-      : pg_exchange(buckets, std::move(pg), w, std::move(what)), msg_(buckets.size()) {
-    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-      const auto& b = buckets_[bi];
-      if (!on_bf16_wire(b)) continue;
-      auto& m = msg_[bi];
-      m.ctrl_at = (b.grads + 1) / 2 * 2;
-      const int64_t halves = m.ctrl_at + 2 * b.control_words();
-      m.in = torch::zeros({halves}, torch::kHalf);
-      for (int r = 0; r < world(); ++r) m.all.push_back(torch::zeros({halves}, torch::kHalf));
-    }
-  }
-  status start(size_t bi) override {
-    auto& b = buckets_[bi];
-    b.mark_launched();
-    if (!on_bf16_wire(b)) return allreduce(bi);
-    auto& m = msg_[bi];
-    {
-      torch::NoGradGuard no_grad;
-      m.in.narrow(0, 0, b.grads).view(torch::kBFloat16).copy_(b.flat.narrow(0, 0, b.grads));
-      pack_control(b, m.in.narrow(0, m.ctrl_at, 2 * b.control_words()).view(torch::kFloat));
-    }
-    return allgather(bi, m.in, m.all);
-  }
-  status wait(size_t bi, exchange_clock::time_point deadline) override {
-    if (auto st = wait_work(bi, deadline); !st) return st;
-    auto& b = buckets_[bi];
-    if (!on_bf16_wire(b)) return {};
+  coded_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w, std::string what,
+                 std::unique_ptr<bucket_codec> codec)
+      : pg_exchange(buckets, std::move(pg), w, std::move(what)), codec_(std::move(codec)) {}
+  status start(size_t b) final {
+    buckets_[b].mark_launched();
+    if (!coded(buckets_[b])) return allreduce(b);
     torch::NoGradGuard no_grad;
-    auto grads = b.flat.narrow(0, 0, b.grads);
-    const int64_t ctrl = b.control_words();
-    // Rank order on every rank: bit-identical sums everywhere, in fp32.
-    const auto& all = msg_[bi].all;
-    for (size_t r = 0; r < all.size(); ++r) {
-      // Mixed-dtype copy_/add_ widen bf16 to fp32 on the fly: no temporary per rank.
-      auto g = all[r].narrow(0, 0, b.grads).view(torch::kBFloat16);
-      if (r == 0) grads.copy_(g);
-      else grads.add_(g);
-      sum_control(b, all[r].narrow(0, msg_[bi].ctrl_at, 2 * ctrl).view(torch::kFloat), r);
-    }
+    return start_coded(b);
+  }
+  status wait(size_t b, exchange_clock::time_point deadline) final {
+    if (auto st = wait_work(b, deadline); !st) return st;
+    if (!coded(buckets_[b])) return {};
+    torch::NoGradGuard no_grad;
+    finish_coded(b);
     return {};
   }
 
+ protected:
+  // Packs bucket b's message and starts its first collective.
+  virtual status start_coded(size_t b) = 0;
+  // Its last collective completed: the world's sum into its flat tensor.
+  virtual void finish_coded(size_t b) = 0;
+  // `n` fp32 control words at byte `at` of a kChar message.
+  static torch::Tensor words_at(const torch::Tensor& msg, int64_t at, int64_t n) { return msg.narrow(0, at, 4 * n).view(torch::kFloat); }
+
+  std::unique_ptr<bucket_codec> codec_;
+};
+
+// Every rank's encoded bucket [values | control words] is all-gathered and
+// every rank decodes and sums the world's, in fp32 and in rank order
+// (bit-identical on every rank; one rounding per rank's gradient, none in
+// the sum). bf16 at 2 ranks: half a ring allreduce's bytes.
+class gather_exchange final : public coded_exchange {
+ public:
+  gather_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w, std::string what,
+                  std::unique_ptr<bucket_codec> codec)
+      : coded_exchange(buckets, std::move(pg), w, std::move(what), std::move(codec)), msg_(buckets.size()) {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const auto& b = buckets_[bi];
+      if (!coded(b)) continue;
+      auto& m = msg_[bi];
+      m.ctrl_at = codec_->bytes(b.grads);
+      const int64_t bytes = m.ctrl_at + 4 * b.control_words();
+      m.in = torch::zeros({bytes}, torch::kChar);
+      for (int r = 0; r < world(); ++r) m.all.push_back(torch::zeros({bytes}, torch::kChar));
+    }
+  }
+
  private:
+  status start_coded(size_t bi) override {
+    auto& b = buckets_[bi];
+    auto& m = msg_[bi];
+    codec_->encode(b.flat.narrow(0, 0, b.grads), m.in);
+    pack_control(b, words_at(m.in, m.ctrl_at, b.control_words()));
+    return allgather(bi, m.in, m.all);
+  }
+  void finish_coded(size_t bi) override {
+    auto& b = buckets_[bi];
+    const auto& m = msg_[bi];
+    auto grads = b.flat.narrow(0, 0, b.grads);
+    for (size_t r = 0; r < m.all.size(); ++r) {
+      codec_->decode(m.all[r], grads, r > 0);
+      sum_control(b, words_at(m.all[r], m.ctrl_at, b.control_words()), r);
+    }
+  }
+
   struct message {
     torch::Tensor in;
     std::vector<torch::Tensor> all;
-    int64_t ctrl_at = 0;  // where the control words start (halves)
+    int64_t ctrl_at = 0;  // bytes
   };
   std::vector<message> msg_;
 };
 
-// bf16 from 3 ranks on (where all-gathering whole buckets would cost as
-// much as fp32 or more), a reduce-scatter then an all-gather: the message
-// holds one chunk per rank (a shard of `shard` bf16 gradients, then the
-// control words in fp32); an all-to-all gives each rank every rank's chunk
-// of its shard; it sums them in fp32 in rank order, rounds its shard to
-// bf16 once and all-gathers the shards. Half a ring allreduce's bytes at
-// any size; control words exact (each chunk carries its sender's).
-class bf16_scatter_exchange final : public pg_exchange {
+// A reduce-scatter then an all-gather (bf16 from 3 ranks on, where
+// all-gathering whole buckets would cost as much as fp32 or more): the
+// message holds one chunk per rank (rank r's shard of the values, encoded,
+// then the control words in fp32); an all-to-all gives each rank every
+// rank's chunk of its shard; it decodes and sums them in fp32 in rank
+// order, encodes its shard's sum once and all-gathers the encoded shards.
+// Half a ring allreduce's bytes at any size for bf16; control words exact
+// (each chunk carries its sender's).
+class scatter_exchange final : public coded_exchange {
  public:
-  bf16_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
-                        std::string what)
-      : pg_exchange(buckets, std::move(pg), w, std::move(what)), msg_(buckets.size()) {
+  scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w, std::string what,
+                   std::unique_ptr<bucket_codec> codec)
+      : coded_exchange(buckets, std::move(pg), w, std::move(what), std::move(codec)), msg_(buckets.size()) {
     const int64_t n = world();
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       const auto& b = buckets_[bi];
-      if (!on_bf16_wire(b)) continue;
+      if (!coded(b)) continue;
       auto& m = msg_[bi];
-      // Shards of an even number of halves keep every chunk's control words 4-byte aligned.
-      m.shard = ((b.grads + n - 1) / n + 1) / 2 * 2;
-      m.chunk = m.shard + 2 * b.control_words();
-      m.in = torch::zeros({n * m.chunk}, torch::kHalf);
-      m.out = torch::zeros({n * m.chunk}, torch::kHalf);
-      m.mine = torch::zeros({m.shard}, torch::kHalf);
+      m.shard = (b.grads + n - 1) / n;
+      m.shard_bytes = codec_->bytes(m.shard);
+      m.chunk = m.shard_bytes + 4 * b.control_words();
+      m.in = torch::zeros({n * m.chunk}, torch::kChar);
+      m.out = torch::zeros({n * m.chunk}, torch::kChar);
+      m.mine = torch::zeros({m.shard_bytes}, torch::kChar);
       m.sum = torch::zeros({m.shard}, torch::kFloat);
-      for (int64_t r = 0; r < n; ++r) m.all.push_back(torch::zeros({m.shard}, torch::kHalf));
+      for (int64_t r = 0; r < n; ++r) m.all.push_back(torch::zeros({m.shard_bytes}, torch::kChar));
     }
-  }
-  status start(size_t bi) override {
-    auto& b = buckets_[bi];
-    b.mark_launched();
-    if (!on_bf16_wire(b)) return allreduce(bi);
-    auto& m = msg_[bi];
-    {
-      torch::NoGradGuard no_grad;
-      const int64_t ctrl = b.control_words();
-      for (int64_t r = 0; r < world(); ++r) {
-        auto c = m.in.narrow(0, r * m.chunk, m.chunk);
-        const int64_t from = r * m.shard, n = std::min(m.shard, b.grads - from);
-        if (n > 0) c.narrow(0, 0, n).view(torch::kBFloat16).copy_(b.flat.narrow(0, from, n));  // the padding stays zero
-        if (ctrl > 0) c.narrow(0, m.shard, 2 * ctrl).view(torch::kFloat).copy_(b.flat.narrow(0, b.grads, ctrl));
-      }
-    }
-    return issue(bi, what_, [&] {
-      std::vector<int64_t> equal_splits;  // empty: equal parts
-      return pg_->alltoall_base(m.out, m.in, equal_splits, equal_splits);
-    });
   }
   // Every bucket's all-to-all was started (in bucket order, like every
   // rank); now each one's shard is summed and its all-gather started, in
@@ -202,30 +207,46 @@ class bf16_scatter_exchange final : public pg_exchange {
   // on every rank.
   status flush(exchange_clock::time_point deadline) override {
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-      if (!on_bf16_wire(buckets_[bi])) continue;
+      if (!coded(buckets_[bi])) continue;
       if (auto st = wait_work(bi, deadline); !st) return st;
       if (auto st = reduce_shard(bi); !st) return st;
     }
     return {};
   }
-  status wait(size_t bi, exchange_clock::time_point deadline) override {
-    if (auto st = wait_work(bi, deadline); !st) return st;
-    auto& b = buckets_[bi];
-    if (!on_bf16_wire(b)) return {};
-    torch::NoGradGuard no_grad;
-    // The world's rounded shards, end to end (the control words were summed by reduce_shard).
-    auto grads = b.flat.narrow(0, 0, b.grads);
-    const auto& m = msg_[bi];
-    for (size_t r = 0; r < m.all.size(); ++r) {
-      const int64_t from = static_cast<int64_t>(r) * m.shard;
-      const int64_t n = std::min(m.shard, b.grads - from);
-      if (n <= 0) break;
-      grads.narrow(0, from, n).copy_(m.all[r].narrow(0, 0, n).view(torch::kBFloat16));
-    }
-    return {};
-  }
 
  private:
+  struct message {
+    torch::Tensor in, out, mine, sum;
+    std::vector<torch::Tensor> all;
+    int64_t shard = 0, shard_bytes = 0, chunk = 0;  // values, bytes, bytes
+    // Values of rank r's shard (the last ones may be short or empty).
+    int64_t count(int64_t r, int64_t grads) const { return std::clamp<int64_t>(grads - r * shard, 0, shard); }
+  };
+
+  status start_coded(size_t bi) override {
+    auto& b = buckets_[bi];
+    auto& m = msg_[bi];
+    const int64_t ctrl = b.control_words();
+    for (int64_t r = 0; r < world(); ++r) {
+      auto c = m.in.narrow(0, r * m.chunk, m.chunk);
+      if (const int64_t k = m.count(r, b.grads); k > 0) codec_->encode(b.flat.narrow(0, r * m.shard, k), c);
+      if (ctrl > 0) words_at(c, m.shard_bytes, ctrl).copy_(b.flat.narrow(0, b.grads, ctrl));
+    }
+    return issue(bi, what_, [&] {
+      std::vector<int64_t> equal_splits;  // empty: equal parts
+      return pg_->alltoall_base(m.out, m.in, equal_splits, equal_splits);
+    });
+  }
+  void finish_coded(size_t bi) override {
+    // The world's encoded shards, end to end (the control words were summed by reduce_shard).
+    auto& b = buckets_[bi];
+    const auto& m = msg_[bi];
+    for (size_t r = 0; r < m.all.size(); ++r) {
+      const int64_t k = m.count(static_cast<int64_t>(r), b.grads);
+      if (k <= 0) break;
+      codec_->decode(m.all[r], b.flat.narrow(0, static_cast<int64_t>(r) * m.shard, k), false);
+    }
+  }
   status reduce_shard(size_t bi) {
     auto& b = buckets_[bi];
     auto& m = msg_[bi];
@@ -233,19 +254,14 @@ class bf16_scatter_exchange final : public pg_exchange {
     {
       torch::NoGradGuard no_grad;
       // Every rank's chunk of this rank's shard, summed in fp32 in rank
-      // order, and rounded to bf16 once: the shard everyone receives.
+      // order, and encoded once: the shard everyone receives.
+      auto sum = m.sum.narrow(0, 0, m.count(pg_->getRank(), b.grads));
       for (size_t r = 0; r < m.all.size(); ++r) {
         auto c = m.out.narrow(0, static_cast<int64_t>(r) * m.chunk, m.chunk);
-        auto g = c.narrow(0, 0, m.shard).view(torch::kBFloat16);
-        if (r == 0) m.sum.copy_(g);
-        else m.sum.add_(g);
-        if (ctrl > 0) {
-          auto w = c.narrow(0, m.shard, 2 * ctrl).view(torch::kFloat);
-          if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(w);
-          else b.flat.narrow(0, b.grads, ctrl).add_(w);
-        }
+        if (sum.numel() > 0) codec_->decode(c, sum, r > 0);
+        sum_control(b, words_at(c, m.shard_bytes, ctrl), r);
       }
-      m.mine.view(torch::kBFloat16).copy_(m.sum);
+      if (sum.numel() > 0) codec_->encode(sum, m.mine);
     }
     return issue(bi, "all-gather of the reduced shards", [&] {
       std::vector<std::vector<at::Tensor>> out{m.all};
@@ -254,11 +270,6 @@ class bf16_scatter_exchange final : public pg_exchange {
     });
   }
 
-  struct message {
-    torch::Tensor in, out, mine, sum;
-    std::vector<torch::Tensor> all;
-    int64_t shard = 0, chunk = 0;  // halves
-  };
   std::vector<message> msg_;
 };
 
@@ -266,15 +277,17 @@ class bf16_scatter_exchange final : public pg_exchange {
 // Gloo group has none). Each rank sends every rank the pieces of the bucket
 // that rank keeps (its shards, replicas included: kept_by) and the control
 // words; each rank sums what it receives in rank order, in fp32, and writes
-// the sums into its own pieces of the flat tensor. With the bf16 wire the
-// pieces travel as bf16 (control words fp32) and, from 3 ranks on, the sum
-// is rounded to bf16 once, as the bf16 scatter exchange does: zero=2 then
-// equals zero=0 bit for bit. Bytes a rank sends per bucket: what the other
-// ranks keep of it (R/W of the bucket each with R holders a shard).
+// the sums into its own pieces of the flat tensor. With a codec the pieces
+// travel encoded (control words fp32) and, where the codec's own exchange
+// would reduce-scatter (bf16 from 3 ranks on), the sum is encoded and
+// decoded once more, as that exchange rounds it: zero=2 then equals zero=0
+// bit for bit. Bytes a rank sends per bucket: what the other ranks keep of
+// it (R/W of the bucket each with R holders a shard).
 class zero_scatter_exchange final : public pg_exchange {
  public:
-  zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, bool bf16, const exchange_waits& w)
-      : pg_exchange(buckets, std::move(pg), w, "reduce-scatter"), bf16_(bf16), msg_(buckets.size()) {}
+  zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::unique_ptr<bucket_codec> codec,
+                        bool round_sum, const exchange_waits& w)
+      : pg_exchange(buckets, std::move(pg), w, "reduce-scatter"), codec_(std::move(codec)), round_sum_(round_sum), msg_(buckets.size()) {}
   const char* label_stem() const override { return ": reduce-scatter of gradient bucket "; }
   bool waits_early() const override { return true; }
 
@@ -283,47 +296,20 @@ class zero_scatter_exchange final : public pg_exchange {
     b.mark_launched();
     auto& m = msg_[bi];
     const int n = world(), me = pg_->getRank();
-    const bool half = bf16_ && on_bf16_wire(b);
-    const int64_t ctrl = b.control_words();
-    // A chunk per destination: its pieces end to end (bf16: padded to an
-    // even count of halves), then the control words; never empty.
-    auto chunk_of = [&](int j, int64_t* kept) {
-      int64_t k = 0;
-      for (const auto& [off, len] : b.kept_by[static_cast<size_t>(j)]) k += len;
-      if (kept) *kept = k;
-      const int64_t c = half ? (k + 1) / 2 * 2 + 2 * ctrl : k + ctrl;
-      return std::max<int64_t>(c, 1);
-    };
-    m.half = half;
+    m.coded = codec_ && coded(b);
     m.out_splits.assign(static_cast<size_t>(n), 0);
     int64_t total = 0;
-    for (int j = 0; j < n; ++j) total += m.out_splits[static_cast<size_t>(j)] = chunk_of(j, nullptr);
-    m.chunk = chunk_of(me, &m.kept);
+    for (int j = 0; j < n; ++j) total += m.out_splits[static_cast<size_t>(j)] = chunk_of(b, m.coded, j, nullptr);
+    m.chunk = chunk_of(b, m.coded, me, &m.kept);
     m.in_splits.assign(static_cast<size_t>(n), m.chunk);
-    const auto dtype = half ? torch::kHalf : b.flat.scalar_type();
+    const auto dtype = m.coded ? torch::kChar : b.flat.scalar_type();
     m.send = torch::zeros({total}, torch::TensorOptions(dtype));
     m.recv = torch::empty({n * m.chunk}, torch::TensorOptions(dtype));
     {
       torch::NoGradGuard no_grad;
       int64_t at = 0;
       for (int j = 0; j < n; ++j) {
-        auto c = m.send.narrow(0, at, m.out_splits[static_cast<size_t>(j)]);
-        int64_t pos = 0;
-        for (const auto& [off, len] : b.kept_by[static_cast<size_t>(j)]) {
-          auto src = b.flat.narrow(0, off, len);
-          if (half)
-            c.narrow(0, pos, len).view(torch::kBFloat16).copy_(src);
-          else
-            c.narrow(0, pos, len).copy_(src);
-          pos += len;
-        }
-        if (ctrl > 0) {
-          auto words = b.flat.narrow(0, b.grads, ctrl);
-          if (half)
-            c.narrow(0, (pos + 1) / 2 * 2, 2 * ctrl).view(torch::kFloat).copy_(words);
-          else
-            c.narrow(0, pos, ctrl).copy_(words);
-        }
+        pack_for(b, m, j, m.send.narrow(0, at, m.out_splits[static_cast<size_t>(j)]));
         at += m.out_splits[static_cast<size_t>(j)];
       }
     }
@@ -334,27 +320,11 @@ class zero_scatter_exchange final : public pg_exchange {
     if (auto st = wait_work(bi, deadline); !st) return st;
     auto& b = buckets_[bi];
     auto& m = msg_[bi];
-    const int n = world(), me = pg_->getRank();
-    const int64_t ctrl = b.control_words();
     {
       torch::NoGradGuard no_grad;
-      // Every rank's chunk of this rank's pieces, summed in rank order.
-      auto sum = torch::empty({m.kept}, torch::TensorOptions(m.half ? torch::kFloat : b.flat.scalar_type()));
-      const int64_t ctrl_at = m.half ? (m.kept + 1) / 2 * 2 : m.kept;
-      for (int r = 0; r < n; ++r) {
-        auto c = m.recv.narrow(0, r * m.chunk, m.chunk);
-        auto g = m.half ? c.narrow(0, 0, m.kept).view(torch::kBFloat16) : c.narrow(0, 0, m.kept);
-        if (r == 0) sum.copy_(g);
-        else sum.add_(g);
-        if (ctrl > 0) {
-          auto w = m.half ? c.narrow(0, ctrl_at, 2 * ctrl).view(torch::kFloat) : c.narrow(0, ctrl_at, ctrl);
-          if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(w);
-          else b.flat.narrow(0, b.grads, ctrl).add_(w);
-        }
-      }
-      if (m.half && n >= 3) sum.copy_(sum.to(torch::kBFloat16));
+      auto sum = sum_received(b, m);
       int64_t pos = 0;
-      for (const auto& [off, len] : b.kept_by[static_cast<size_t>(me)]) {
+      for (const auto& [off, len] : b.kept_by[static_cast<size_t>(pg_->getRank())]) {
         b.flat.narrow(0, off, len).copy_(sum.narrow(0, pos, len));
         pos += len;
       }
@@ -367,11 +337,76 @@ class zero_scatter_exchange final : public pg_exchange {
   struct message {
     torch::Tensor send, recv;
     std::vector<int64_t> out_splits, in_splits;
-    int64_t chunk = 0;  // what each rank sends this rank
+    int64_t chunk = 0;  // what each rank sends this rank (bytes when coded, else elements)
     int64_t kept = 0;   // gradient elements this rank keeps of the bucket
-    bool half = false;
+    bool coded = false;
   };
-  bool bf16_;
+
+  // Where a chunk's control words start: after the values (coded: after
+  // their bytes, a multiple of 4).
+  int64_t ctrl_at(bool coded_chunk, int64_t kept) const { return coded_chunk ? codec_->bytes(kept) : kept; }
+  // Rank j's chunk: its pieces end to end, then the control words; never empty.
+  int64_t chunk_of(const exchange_bucket& b, bool coded_chunk, int j, int64_t* kept) const {
+    int64_t k = 0;
+    for (const auto& [off, len] : b.kept_by[static_cast<size_t>(j)]) k += len;
+    if (kept) *kept = k;
+    const int64_t words = coded_chunk ? 4 * b.control_words() : b.control_words();
+    return std::max<int64_t>(ctrl_at(coded_chunk, k) + words, coded_chunk ? 4 : 1);
+  }
+  // `pieces` of bucket b end to end at the start of `dst`.
+  static void join(const exchange_bucket& b, const std::vector<std::pair<int64_t, int64_t>>& pieces, const torch::Tensor& dst) {
+    int64_t pos = 0;
+    for (const auto& [off, len] : pieces) {
+      dst.narrow(0, pos, len).copy_(b.flat.narrow(0, off, len));
+      pos += len;
+    }
+  }
+  // Rank j's pieces of bucket b and the control words into `c`.
+  void pack_for(const exchange_bucket& b, const message& m, int j, const torch::Tensor& c) const {
+    const auto& pieces = b.kept_by[static_cast<size_t>(j)];
+    int64_t k = 0;
+    for (const auto& [off, len] : pieces) k += len;
+    if (m.coded) {
+      // One piece is encoded in place; several are joined first.
+      torch::Tensor values = pieces.size() == 1 ? b.flat.narrow(0, pieces[0].first, pieces[0].second) : torch::empty({k}, torch::kFloat);
+      if (pieces.size() != 1) join(b, pieces, values);
+      codec_->encode(values, c);
+    } else {
+      join(b, pieces, c);
+    }
+    const int64_t ctrl = b.control_words();
+    if (ctrl == 0) return;
+    auto words = b.flat.narrow(0, b.grads, ctrl);
+    if (m.coded) c.narrow(0, ctrl_at(true, k), 4 * ctrl).view(torch::kFloat).copy_(words);
+    else c.narrow(0, k, ctrl).copy_(words);
+  }
+  // Every rank's chunk of this rank's pieces, summed in rank order (the
+  // control words into the bucket's tail).
+  torch::Tensor sum_received(exchange_bucket& b, const message& m) {
+    const int n = world();
+    const int64_t ctrl = b.control_words(), at = ctrl_at(m.coded, m.kept);
+    auto sum = torch::empty({m.kept}, torch::TensorOptions(m.coded ? torch::kFloat : b.flat.scalar_type()));
+    for (int r = 0; r < n; ++r) {
+      auto c = m.recv.narrow(0, r * m.chunk, m.chunk);
+      if (m.coded) codec_->decode(c, sum, r > 0);
+      else if (r == 0) sum.copy_(c.narrow(0, 0, m.kept));
+      else sum.add_(c.narrow(0, 0, m.kept));
+      if (ctrl > 0) {
+        auto w = m.coded ? c.narrow(0, at, 4 * ctrl).view(torch::kFloat) : c.narrow(0, at, ctrl);
+        if (r == 0) b.flat.narrow(0, b.grads, ctrl).copy_(w);
+        else b.flat.narrow(0, b.grads, ctrl).add_(w);
+      }
+    }
+    if (m.coded && round_sum_ && m.kept > 0) {
+      auto bytes = torch::empty({codec_->bytes(m.kept)}, torch::kChar);
+      codec_->encode(sum, bytes);
+      codec_->decode(bytes, sum, false);
+    }
+    return sum;
+  }
+
+  std::unique_ptr<bucket_codec> codec_;  // null: the pieces go as they are
+  bool round_sum_;
   std::vector<message> msg_;
 };
 
@@ -384,115 +419,29 @@ void exchange_bucket::mark_launched() {
 
 void exchange_bucket::mark_done() const { done_ns->store(now_ns()); }
 
-std::unique_ptr<bucket_exchange> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                            bool bf16, const exchange_waits& w) {
-  return std::make_unique<zero_scatter_exchange>(buckets, std::move(pg), bf16, w);
+result<std::unique_ptr<bucket_exchange>> make_zero_scatter_exchange(std::vector<exchange_bucket>& buckets,
+                                                                    c10::intrusive_ptr<c10d::ProcessGroup> pg, wire_codec c,
+                                                                    const exchange_waits& w) {
+  const codec_entry* e = find_codec(c);
+  if (!e) return make_error("train.zero = 2: no codec " + name_of(c) + " is registered");
+  const bool round_sum = e->make && e->scatter_from > 0 && pg->getSize() >= e->scatter_from;
+  return std::unique_ptr<bucket_exchange>(
+      std::make_unique<zero_scatter_exchange>(buckets, std::move(pg), e->make ? e->make() : nullptr, round_sum, w));
 }
 
-// int8 or int4 with a per-block scale (cluster.wire_dtype = "int8" /
-// "int4", DiLoCo's pseudo-gradients only): each rank quantizes its bucket
-// in blocks (int8: 256 values, scale = the block's largest magnitude / 127;
-// int4: 64 values, scale = largest / 7, two values a byte), values rounded
-// to the nearest step; the ranks all-gather [values | fp32 scales | fp32
-// control words], and every rank sums the world's dequantized buckets in
-// fp32 and in rank order (bit-identical on every rank). int8 sends 1.016
-// bytes a value, int4 0.5625 (a quarter and a seventh of fp32) at 2 ranks;
-// it is an all-gather: each rank receives every other rank's message, so
-// from 5 ranks on it sends more than a ring's 2x.
-class quant_gather_exchange final : public pg_exchange {
- public:
-  quant_gather_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_waits& w,
-                        std::string what, int bits)
-      : pg_exchange(buckets, std::move(pg), w, std::move(what)), msg_(buckets.size()), bits_(bits) {
-    block_ = bits_ == 4 ? int4_block : int8_block;
-    levels_ = bits_ == 4 ? 7.0 : 127.0;
-    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-      const auto& b = buckets_[bi];
-      if (!on_bf16_wire(b)) continue;
-      auto& m = msg_[bi];
-      m.blocks = (b.grads + block_ - 1) / block_;
-      const int64_t value_bytes = bits_ == 4 ? m.blocks * block_ / 2 : b.grads;  // int4: whole blocks, two a byte
-      m.scales_at = (value_bytes + 3) / 4 * 4;
-      m.ctrl_at = m.scales_at + 4 * m.blocks;
-      const int64_t bytes = m.ctrl_at + 4 * b.control_words();
-      m.in = torch::zeros({bytes}, torch::kChar);
-      for (int r = 0; r < world(); ++r) m.all.push_back(torch::zeros({bytes}, torch::kChar));
-      m.padded = torch::zeros({m.blocks * block_}, torch::kFloat);
-    }
-  }
-  status start(size_t bi) override {
-    auto& b = buckets_[bi];
-    b.mark_launched();
-    if (!on_bf16_wire(b)) return allreduce(bi);
-    auto& m = msg_[bi];
-    {
-      torch::NoGradGuard no_grad;
-      m.padded.narrow(0, 0, b.grads).copy_(b.flat.narrow(0, 0, b.grads));
-      auto x = m.padded.view({m.blocks, block_});
-      auto scale = x.abs().amax(1).div_(levels_);
-      auto inv = torch::where(scale > 0, scale.reciprocal(), torch::zeros_like(scale));
-      auto q = x.mul(inv.unsqueeze(1)).round_().clamp_(-levels_, levels_).reshape({-1});
-      if (bits_ == 4) {
-        // 1..15 (q + 8), two a byte: the even value low, the odd one high.
-        auto u = q.add(8).to(torch::kShort).view({-1, 2});
-        auto packed = u.select(1, 0).add(u.select(1, 1).mul(16));
-        m.in.narrow(0, 0, packed.numel()).copy_(packed.to(torch::kByte).view(torch::kChar));
-      } else {
-        m.in.narrow(0, 0, b.grads).copy_(q.to(torch::kChar).narrow(0, 0, b.grads));
-      }
-      m.in.narrow(0, m.scales_at, 4 * m.blocks).view(torch::kFloat).copy_(scale);
-      pack_control(b, m.in.narrow(0, m.ctrl_at, 4 * b.control_words()).view(torch::kFloat));
-    }
-    return allgather(bi, m.in, m.all);
-  }
-  status wait(size_t bi, exchange_clock::time_point deadline) override {
-    if (auto st = wait_work(bi, deadline); !st) return st;
-    auto& b = buckets_[bi];
-    if (!on_bf16_wire(b)) return {};
-    torch::NoGradGuard no_grad;
-    auto& m = msg_[bi];
-    auto grads = b.flat.narrow(0, 0, b.grads);
-    const int64_t ctrl = b.control_words();
-    for (size_t r = 0; r < m.all.size(); ++r) {
-      auto x = m.padded.view({m.blocks, block_});
-      if (bits_ == 4) {
-        auto packed = m.all[r].narrow(0, 0, m.blocks * block_ / 2).view(torch::kByte).to(torch::kShort);
-        auto hi = packed.div(16, "floor");
-        auto lo = packed.sub(hi.mul(16));
-        m.padded.view({-1, 2}).select(1, 0).copy_(lo.sub(8));
-        m.padded.view({-1, 2}).select(1, 1).copy_(hi.sub(8));
-      } else {
-        m.padded.narrow(0, 0, b.grads).copy_(m.all[r].narrow(0, 0, b.grads));
-        if (b.grads < m.blocks * block_) m.padded.narrow(0, b.grads, m.blocks * block_ - b.grads).zero_();
-      }
-      x.mul_(m.all[r].narrow(0, m.scales_at, 4 * m.blocks).view(torch::kFloat).unsqueeze(1));
-      if (r == 0) grads.copy_(m.padded.narrow(0, 0, b.grads));
-      else grads.add_(m.padded.narrow(0, 0, b.grads));
-      sum_control(b, m.all[r].narrow(0, m.ctrl_at, 4 * ctrl).view(torch::kFloat), r);
-    }
-    return {};
-  }
-
- private:
-  struct message {
-    torch::Tensor in, padded;
-    std::vector<torch::Tensor> all;
-    int64_t blocks = 0, scales_at = 0, ctrl_at = 0;  // bytes
-  };
-  std::vector<message> msg_;
-  int bits_ = 8;
-  int64_t block_ = int8_block;
-  double levels_ = 127.0;
-};
-
-std::unique_ptr<bucket_exchange> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                    wire_format f, const exchange_waits& w, std::string what) {
-  if (f == wire_format::int8 || f == wire_format::int4)
-    return std::make_unique<quant_gather_exchange>(buckets, std::move(pg), w, std::move(what), f == wire_format::int4 ? 4 : 8);
-  const bool bf16 = f == wire_format::bf16;
-  if (!bf16) return std::make_unique<allreduce_exchange>(buckets, std::move(pg), w, std::move(what));
-  if (pg->getSize() >= 3) return std::make_unique<bf16_scatter_exchange>(buckets, std::move(pg), w, std::move(what));
-  return std::make_unique<bf16_gather_exchange>(buckets, std::move(pg), w, std::move(what));
+result<std::unique_ptr<bucket_exchange>> make_wire_exchange(std::vector<exchange_bucket>& buckets, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                            wire_codec c, const exchange_waits& w, std::string what) {
+  const codec_entry* e = find_codec(c);
+  if (!e) return make_error("gradient exchange: no codec " + name_of(c) + " is registered");
+  if (what.empty()) what = e->make ? e->name + " exchange" : "allreduce";
+  std::unique_ptr<bucket_exchange> out;
+  if (!e->make)
+    out = std::make_unique<allreduce_exchange>(buckets, std::move(pg), w, std::move(what));
+  else if (e->scatter_from > 0 && pg->getSize() >= e->scatter_from)
+    out = std::make_unique<scatter_exchange>(buckets, std::move(pg), w, std::move(what), e->make());
+  else
+    out = std::make_unique<gather_exchange>(buckets, std::move(pg), w, std::move(what), e->make());
+  return out;
 }
 
 }  // namespace dtactor

@@ -28,7 +28,7 @@ struct grad_sync::hook_state {
 
 grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d::ProcessGroup> pg, grad_sync_options opts)
     : pg_(std::move(pg)), opts_(opts) {
-  if (opts_.host_only) {
+  if (opts_.exchange.transport == exchange_transport::host) {
     // This host's ranks alone, through their segment (no process group).
     if (opts_.shm) {
       world_ = opts_.shm->world();
@@ -85,17 +85,12 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     if (broken_) return;
   }
 
-  exchange_choice choice;
-  choice.pg = pg_;
-  choice.shm = opts_.shm;
-  choice.hierarchical = opts_.hierarchical;
-  choice.hosts = opts_.hosts;
-  choice.bf16_wire = opts_.bf16_wire;
-  choice.int8_wire = opts_.int8_wire;
-  choice.int4_wire = opts_.int4_wire;
-  choice.zero2 = static_cast<bool>(opts_.zero2);
-  auto ex = opts_.host_only ? host_exchange(buckets_, opts_.shm, exchange_waits{opts_.abandon, opts_.spin_wait, opts_.timeout})
-                            : make_exchange(buckets_, choice, exchange_waits{opts_.abandon, opts_.spin_wait, opts_.timeout});
+  exchange_groups groups;
+  groups.pg = pg_;
+  groups.shm = opts_.shm;
+  groups.hosts = opts_.hosts;
+  groups.zero2 = static_cast<bool>(opts_.zero2);
+  auto ex = make_exchange(buckets_, opts_.exchange, groups, exchange_waits{opts_.abandon, opts_.spin_wait, opts_.timeout});
   if (!ex) {
     broken_ = true;
     error_ = ex.message();

@@ -19,8 +19,8 @@
 //
 // How a bucket's bytes travel is not this class's business: it hands each
 // packed bucket to a bucket_exchange (exchange.hpp) that make_exchange
-// picks from the options (shared memory, Gloo, the bf16 wire, the
-// hierarchical path).
+// builds from the options' exchange_spec (a transport and a codec from the
+// registry, exchange_registry.hpp).
 //
 // Not thread-safe across steps: arm(), backward and finish() run on the
 // training thread (LibTorch runs a CPU backward on the calling thread).
@@ -83,38 +83,30 @@ struct grad_sync_options {
   // it: the step's control at no extra collective (set_control() before the
   // step, control() after finish()).
   bool carry_control = false;
-  // When set (every rank of the group on this host, see shm_group), buckets
-  // are exchanged through shared memory instead of Gloo: each bucket is
-  // published into this rank's slot as soon as backward filled it, and
-  // finish() sums the ranks' slots. Used only for float32 parameters that
-  // fit the group's capacity; otherwise the process group carries them.
+  // Which exchange moves the buckets (exchange_spec.hpp): the transport and
+  // the codec of float32 buckets on a process group's wire (cluster.wire_dtype:
+  // fp32 exact; bf16 half the bytes, all-gather at 2 ranks, reduce-scatter
+  // + all-gather from 3; int8 / int4 with a scale per block, DiLoCo's
+  // pseudo-gradients). Control words travel exactly (fp32).
+  //   process_group  every bucket through pg (`shm` must be null)
+  //   shared_memory  every rank of the group on this host (see shm_group):
+  //                  each bucket is published into this rank's slot of `shm`
+  //                  as soon as backward filled it, and finish() sums the
+  //                  ranks' slots; only float32 buckets that fit its
+  //                  capacity, else pg carries them all
+  //   hierarchical   a world over several hosts with several ranks on some:
+  //                  `shm` is this host's group (null when this rank is alone
+  //                  on its host) and `hosts` the group of one rank per host,
+  //                  set on that rank (the host's leader) only; falls back to
+  //                  pg on every rank alike when the buckets do not fit
+  //   host           this host's ranks only, through `shm`: the reducer's
+  //                  world is the segment's, and pg is not used
+  //                  (train.diloco_worker = host: a DiLoCo worker made of a
+  //                  host's ranks, synchronous inside); with no segment
+  //                  (alone on its host) every call is a no-op
+  exchange_spec exchange;
   std::shared_ptr<shm_group> shm;
-  // cluster.wire_dtype = "bf16": float32 buckets that go through a process
-  // group (not shared memory) cross the wire as bfloat16, half the bytes of
-  // fp32 (exchange.hpp: all-gather at 2 ranks, reduce-scatter + all-gather
-  // from 3). The control words travel exactly (fp32).
-  bool bf16_wire = false;
-  // cluster.wire_dtype = "int8" (DiLoCo's pseudo-gradients): float32
-  // buckets through a process group go as int8 with a scale per 256 values,
-  // all-gathered (exchange.hpp); the control words travel exactly.
-  bool int8_wire = false;
-  // cluster.wire_dtype = "int4": as int8, 4 bits a value (two a byte) with
-  // a scale per 64 values.
-  bool int4_wire = false;
-  // Hierarchical exchange (exchange.hpp), for a world spread over several
-  // hosts with several ranks on some of them: `shm` is then this host's
-  // group (null when this rank is alone on its host) and `hosts` the group
-  // of one rank per host, set on that rank (the host's leader) only. Falls
-  // back to the world group on every rank alike when the gradients do not
-  // fit shared memory (not float32, or over capacity).
-  bool hierarchical = false;
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;
-  // Sum over this host's ranks only, through `shm` (its segment): the
-  // reducer's world is the segment's, and no process group is used
-  // (train.diloco_worker = host: a DiLoCo worker made of a host's ranks,
-  // synchronous inside). With no segment (alone on its host) every call is
-  // a no-op.
-  bool host_only = false;
   // train.zero = 2 (see zero2_grads); null: every rank gets every gradient.
   std::shared_ptr<const zero2_grads> zero2;
 };
@@ -172,7 +164,7 @@ class grad_sync {
   // True when the buckets go through shared memory (options.shm was usable),
   // for the whole world or, hierarchical, within this host.
   bool uses_shm() const { return exchange_ && exchange_->uses_shm(); }
-  // True when the exchange is hierarchical (options.hierarchical was usable).
+  // True when the exchange is hierarchical (the transport asked for it and the buckets fit).
   bool hierarchical() const { return exchange_ && exchange_->hierarchical(); }
   // Hierarchical: this rank exchanges its host's sum with the other hosts.
   bool host_leader() const { return exchange_ && exchange_->host_leader(); }

@@ -1196,22 +1196,22 @@ struct rank_worker::steps_run {
   }
 };
 
-void rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
+status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   auto& im = *impl_;
   training_state& state = *im.state;
   const config& cfg = *im.cfg;
+  auto spec = exchange_spec_of(cfg);
+  if (!spec) return spec.err();
   grad_sync_options& go = s.options;
   go.bucket_bytes = cfg.get_int("cluster.bucket_kb") * 1024;
   go.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
   go.timeout = g.timeout;
   go.abandon = g.abandon_now;
   go.carry_control = true;
+  go.exchange = spec.value();
+  go.exchange.transport = transport_for(spec.value(), g.exchange);
   go.shm = g.exchange.shm;
-  go.hierarchical = g.exchange.hierarchical;
   go.hosts = g.exchange.hosts;
-  go.bf16_wire = cfg.get_string("cluster.wire_dtype") == "bf16";
-  go.int8_wire = cfg.get_string("cluster.wire_dtype") == "int8";
-  go.int4_wire = cfg.get_string("cluster.wire_dtype") == "int4";
   // train.zero = 2: each rank receives only its shards' summed gradients,
   // straight into the optimizer's gradient windows; the clipping norm is
   // the sum of the primaries' partial sums (one small allreduce a step).
@@ -1235,8 +1235,8 @@ void rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
       if (p.requires_grad()) trained.push_back(p);
     grad_sync_options fo = go;
     if (s.fragments_off_shm) {
+      fo.exchange.transport = exchange_transport::process_group;
       fo.shm = nullptr;
-      fo.hierarchical = false;
       fo.hosts = c10::intrusive_ptr<c10d::ProcessGroup>();
     }
     for (const auto& fr : state.outer().fragments()) {
@@ -1261,7 +1261,7 @@ void rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
       ho.timeout = go.timeout;
       ho.abandon = go.abandon;
       ho.shm = g.exchange.shm;
-      ho.host_only = true;
+      ho.exchange.transport = exchange_transport::host;
       s.host_sync = std::make_unique<grad_sync>(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
     } else {
       s.host_workers_why_not = g.exchange.host_ranks <= 1 ? "this rank is alone on its host"
@@ -1300,6 +1300,7 @@ void rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   }
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) s.moving_buffers.push_back(b);
+  return {};
 }
 
 // How this generation's gradients travel, shown in the rank's READY status.
@@ -1552,7 +1553,7 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   training_state& state = *im.state;
   const config& cfg = *im.cfg;
   steps_run s;
-  choose_exchanges(g, s);
+  if (auto st = choose_exchanges(g, s); !st) return failed(g, st.message(), state.step());
   // Whatever the last generation left in the gradients is a partial step,
   // and an exchange it left in flight is gone with its reducers.
   state.zero_grad();

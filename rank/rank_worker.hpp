@@ -135,7 +135,7 @@ class rank_worker : public rank_work {
   // ends the generation.
   struct steps_run;  // the generation's exchanges and step sums (rank_worker.cpp)
   outcome train(generation_run& g);
-  void choose_exchanges(generation_run& g, steps_run& s);
+  status choose_exchanges(generation_run& g, steps_run& s);
   void report_ready(generation_run& g, const steps_run& s);
   void prepare_part_writer(generation_run& g);
   void ensure_part_writer();

@@ -42,6 +42,7 @@ std::string run_windows(training_state& s, int rank, int world, c10::intrusive_p
   grad_sync_options o;
   o.bucket_bytes = 16 * 1024;
   o.carry_control = true;
+  o.exchange.transport = exchange_transport::shared_memory;
   o.shm = std::move(shm);
   grad_sync sync(s.the_task().module()->parameters(), pg, o);
   for (int w = 0; w < windows; ++w) {
@@ -291,8 +292,7 @@ void expect_quantized_sum(bool int4) {
     auto p = torch::zeros({n}, torch::requires_grad());
     grad_sync_options o;
     o.carry_control = true;
-    o.int8_wire = !int4;
-    o.int4_wire = int4;
+    o.exchange.codec = int4 ? wire_codec::int4 : wire_codec::int8;
     grad_sync sync({p}, pg, o);
     p.mutable_grad() = grads[static_cast<size_t>(rank)].clone();
     step_control c;
@@ -327,8 +327,7 @@ void expect_quantized_pseudo_gradients_close(const std::string& wire, double bou
       grad_sync_options o;
       o.bucket_bytes = 16 * 1024;
       o.carry_control = true;
-      o.int8_wire = q && wire == "int8";
-      o.int4_wire = q && wire == "int4";
+      if (q) o.exchange.codec = codec_named(wire).value();
       grad_sync sync(s.the_task().module()->parameters(), pg, o);
       for (int i = 0; i < every; ++i)
         if (auto r = s.inner_step(rank, world); !r) return r.message();

@@ -305,7 +305,7 @@ TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
       grad_sync_options o;
       o.bucket_bytes = 4 * 1024;
       o.carry_control = true;
-      o.bf16_wire = true;
+      o.exchange.codec = wire_codec::bf16;
       grad_sync sync(params_of(s), pg, o);
       sync.set_control(ctl(1000.f + static_cast<float>(rank), 0.125f * static_cast<float>(rank + 1)));
       s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
@@ -350,7 +350,7 @@ TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *again[rank];
     grad_sync_options o = bucket_of(16 * 1024);
-    o.bf16_wire = true;
+    o.exchange.codec = wire_codec::bf16;
     grad_sync sync(params_of(s), pg, o);
     for (int i = 0; i < 5; ++i)
       if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
@@ -472,6 +472,7 @@ void expect_shm_matches_single_process(int bucket_kb, const std::function<int64_
                                    grad_sync_options o;
                                    o.bucket_bytes = bucket_kb * 1024;
                                    o.carry_control = true;
+                                   o.exchange.transport = exchange_transport::shared_memory;
                                    o.shm = shm;
                                    grad_sync sync(params_of(s), pg, o);
                                    if (!sync.uses_shm()) return "shared memory not used";
@@ -509,6 +510,7 @@ TEST(GradSync, SharedMemoryTrainingStepsKeepRanksEqual) {
                                    auto& s = *states[rank];
                                    grad_sync_options o;
                                    o.bucket_bytes = 16 * 1024;
+                                   o.exchange.transport = exchange_transport::shared_memory;
                                    o.shm = shm;
                                    grad_sync sync(params_of(s), pg, o);
                                    for (int i = 0; i < steps; ++i)
@@ -528,6 +530,7 @@ TEST(GradSync, SharedMemoryTooSmallFallsBackToTheGroup) {
     if (shm->capacity() != 16) return "a slot of " + std::to_string(shm->capacity()) + " floats";
     auto p = torch::zeros({40}, torch::requires_grad());
     grad_sync_options o;
+    o.exchange.transport = exchange_transport::shared_memory;
     o.shm = shm;
     grad_sync sync({p}, pg, o);
     if (sync.uses_shm()) return "a bucket of 40 floats went into a 16-float slot";
@@ -543,8 +546,8 @@ TEST(GradSync, SharedMemoryTooSmallFallsBackToTheGroup) {
 grad_sync_options options_for(const exchange_plan& p, int64_t bucket_bytes) {
   grad_sync_options o;
   o.bucket_bytes = bucket_bytes;
+  o.exchange.transport = transport_for({exchange_transport::shared_memory, wire_codec::fp32}, p);
   o.shm = p.shm;
-  o.hierarchical = p.hierarchical;
   o.hosts = p.hosts;
   return o;
 }
@@ -697,7 +700,7 @@ TEST(GradSync, HierarchicalBf16WireKeepsRanksEqual) {
     expect_no_errors(run_on_hosts(keys, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
       auto& s = *states[rank];
       auto o = options_for(p, 4 * 1024);
-      o.bf16_wire = true;
+      o.exchange.codec = wire_codec::bf16;
       grad_sync sync(params_of(s), pg, o);
       if (!sync.hierarchical()) return "not hierarchical";
       s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
@@ -728,7 +731,7 @@ TEST(GradSync, HierarchicalBf16WireKeepsRanksEqual) {
       run_on_hosts({"a", "a", "b", "b"}, floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& p) -> std::string {
         auto& s = *again[rank];
         auto o = options_for(p, 16 * 1024);
-        o.bf16_wire = true;
+        o.exchange.codec = wire_codec::bf16;
         grad_sync sync(params_of(s), pg, o);
         for (int i = 0; i < 5; ++i)
           if (auto r = s.train_step_dp(rank, 4, sync); !r) return r.message();
@@ -916,6 +919,7 @@ TEST(GradSync, SharedMemoryWaitEndsOnTimeoutOrAbandon) {
         }
         auto p = torch::ones({8}, torch::requires_grad());
         grad_sync_options o;
+        o.exchange.transport = exchange_transport::shared_memory;
         o.shm = shm;
         o.spin_wait = std::chrono::microseconds(spin_us);
         o.timeout = std::chrono::milliseconds(abandon ? 30000 : 150);

@@ -106,6 +106,7 @@ reducers fragment_reducers(training_state& s, c10::intrusive_ptr<c10d::ProcessGr
   grad_sync_options go;
   go.bucket_bytes = 16 * 1024;
   go.carry_control = true;
+  go.exchange.transport = exchange_transport::shared_memory;
   go.shm = std::move(shm);
   std::vector<torch::Tensor> trained;
   for (auto& p : s.the_task().module()->parameters())
@@ -367,14 +368,14 @@ TEST(DiLoCoHostWorkers, HostRanksStaySynchronousAndHostsMeetAtTheBoundary) {
     if (!p.hierarchical || p.host_members.size() != 2) return std::string("not 2 hosts of 2");
     grad_sync_options ho;
     ho.bucket_bytes = 4 * 1024;
+    ho.exchange.transport = exchange_transport::host;
     ho.shm = p.shm;
-    ho.host_only = true;
     grad_sync host(s.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
     if (host.world() != 2 || !host.uses_shm()) return std::string("the host reducer is not the host's segment");
     grad_sync_options oo;
     oo.bucket_bytes = 4 * 1024;
+    oo.exchange.transport = exchange_transport::hierarchical;
     oo.shm = p.shm;
-    oo.hierarchical = true;
     oo.hosts = p.hosts;
     oo.carry_control = true;
     grad_sync outer(s.the_task().module()->parameters(), pg, oo);

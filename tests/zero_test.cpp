@@ -304,13 +304,14 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
     grad_sync_options o = buckets();
     o.bucket_bytes = bucket_bytes;
     o.carry_control = true;
+    o.exchange.transport = exchange_transport::shared_memory;
     o.shm = shm;
     if (xp) {
+      o.exchange.transport = transport_for(o.exchange, *xp);
       o.shm = xp->shm;
-      o.hierarchical = xp->hierarchical;
       o.hosts = xp->hosts;
     }
-    o.bf16_wire = h.bf16;
+    if (h.bf16) o.exchange.codec = wire_codec::bf16;
     std::function<result<double>()> norm;
     if (plan && zero2) {
       auto z = std::const_pointer_cast<zero2_grads>(zero2_of(s.optimizer(), *plan));
