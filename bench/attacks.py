@@ -253,9 +253,10 @@ REGISTER, RANK_STATUS, STEP_REPORT, CHECKPOINT_WRITTEN, LEAVE, JOB_ERROR = 10, 1
 
 # ---- the attacks ------------------------------------------------------------
 
-def big_frame(port, mechanism, connections=8, claimed=268 * MB, send_mb=64, null_first=False):
+def big_frame(port, mechanism, connections=8, claimed=256 * MB - 64, send_mb=64, null_first=False):
     """Each connection: a greeting, then (open: after the NULL handshake) a
-    frame header claiming `claimed` bytes, then up to `send_mb` MB of it, all
+    frame header claiming `claimed` bytes (268 MB: just under the 256 MiB
+    the sockets took before issue 47), then up to `send_mb` MB of it, all
     connections at once, held open. Returns the sockets (close them) and the
     MB the coordinator took before it dropped them."""
     held, sent = [], 0

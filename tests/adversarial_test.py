@@ -197,12 +197,13 @@ def store_bind(dtactor):
 
 
 def bad_command_lines(dtactor):
+    listen = "tcp://127.0.0.1:%d" % attacks.free_port()  # valid, never bound: each case is refused before
     cases = [
-        ["--role", "coordinator", "--listen", "tcp://127.0.0.1:0", "--metrics-port", "70000"],
-        ["--role", "coordinator", "--listen", "tcp://127.0.0.1:0", "--metrics-port", "9", "--metrics-addr", "999.1.1.1"],
-        ["--role", "coordinator", "--listen", "tcp://127.0.0.1:0", "--config", "/dev/zero"],
-        ["--role", "coordinator", "--listen", "tcp://127.0.0.1:0", "--config", "/"],
-        ["--role", "coordinator", "--listen", "tcp://127.0.0.1:0", "--set", "train.threads=100000"],
+        ["--role", "coordinator", "--listen", listen, "--metrics-port", "70000"],
+        ["--role", "coordinator", "--listen", listen, "--metrics-port", "9", "--metrics-addr", "999.1.1.1"],
+        ["--role", "coordinator", "--listen", listen, "--config", "/dev/zero"],
+        ["--role", "coordinator", "--listen", listen, "--config", "/"],
+        ["--role", "coordinator", "--listen", listen, "--set", "train.threads=100000"],
         ["train", "--config", "/"],
         ["train", "--config", "/dev/zero"],
         ["train", "--set", "train.threads=100000"],
