@@ -280,6 +280,10 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
             d.checkpoint_seconds_total += e.duration_s;
           } else if constexpr (std::is_same_v<E, ev::checkpoint_skipped>) {
             d.checkpoint_problems.push_back(std::string(E::name) + ": " + e.path + " (" + (e.reason.empty() ? "?" : e.reason) + ")");
+          } else if constexpr (std::is_same_v<E, ev::checkpoint_refused>) {
+            d.checkpoint_problems.push_back(std::string(E::name) + ": step " + std::to_string(e.step) + " by rank " + std::to_string(e.rank) + " (" +
+                                            (e.reason.empty() ? "?" : e.reason) + "); " +
+                                            (e.fallback_step >= 0 ? "fell back to step " + std::to_string(e.fallback_step) : "none left: the job failed"));
           } else if constexpr (std::is_same_v<E, ev::checkpoint_failed>) {
             d.checkpoint_problems.push_back(std::string(E::name) + ": step " + std::to_string(e.step) + " (" + (e.reason.empty() ? "?" : e.reason) + ")");
           } else if constexpr (std::is_same_v<E, ev::checkpoint_restored>) {

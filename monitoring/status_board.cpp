@@ -198,6 +198,11 @@ void status_board::handle(const ev::checkpoint_failed& e, double now) {
   error(now, "checkpoint at step " + std::to_string(e.step) + " failed" + (opts_.keyed ? "" : ": " + e.reason));
 }
 
+void status_board::handle(const ev::checkpoint_refused& e, double now) {
+  error(now, "checkpoint at step " + std::to_string(e.step) + " refused by rank " + std::to_string(e.rank) + (opts_.keyed ? "" : ": " + e.reason) +
+                 (e.fallback_step >= 0 ? "; training goes on from step " + std::to_string(e.fallback_step) : "; no checkpoint left"));
+}
+
 void status_board::handle(const ev::job_stopping&, double) { state_ = job_state::stopping; }
 
 void status_board::handle(const ev::job_ended& e, double now) {

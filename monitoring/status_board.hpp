@@ -96,6 +96,7 @@ class status_board {
   void handle(const ev::job_error& e, double now);
   void handle(const ev::checkpoint_saved& e, double now);
   void handle(const ev::checkpoint_failed& e, double now);
+  void handle(const ev::checkpoint_refused& e, double now);
   void handle(const ev::job_stopping& e, double now);
   void handle(const ev::job_ended& e, double now);
   void error(double now, const std::string& text);

@@ -24,6 +24,7 @@ const char* const k_journal = R"({"event":"coordinator_started","job_id":"job-ab
 {"event":"step","step":100,"loss":0.9,"lr":0.002,"samples_per_s":3200,"world_size":2,"t":1020.0}
 {"event":"eval","step":100,"accuracy":0.81,"val_loss":0.55,"duration_s":1.0,"examples":["a -> b"],"t":1021.0}
 {"event":"checkpoint_saved","step":100,"path":"x/ckpt-100.dtc","bytes":2097152,"duration_s":0.02,"t":1021.5}
+{"event":"checkpoint_refused","step":90,"rank":1,"node":"n1","generation":1,"reason":"checksum mismatch","fallback_step":80,"t":1025.0}
 {"event":"node_lost","node":"n1","cause":"heartbeat_timeout","detected_after_s":3.1,"t":1030.0}
 {"event":"recovery_done","generation":2,"world_size":1,"resumed_step":118,"lost_steps":2,"duration_s":4.5,"t":1034.5}
 {"event":"generation_started","generation":2,"world_size":1,"start_step":118,"nodes":["n0"],"t":1034.4}
@@ -87,6 +88,7 @@ TEST(report, markdown_has_the_log_book) {
   EXPECT_TRUE(has("forward pass ran was **32**")) << md;
   EXPECT_TRUE(has("```toml\n[train]")) << md;
   EXPECT_TRUE(has("| 2 | +34 s | 1 | 118 | n0 |")) << md;
+  EXPECT_TRUE(has("checkpoint_refused: step 90 by rank 1 (checksum mismatch); fell back to step 80")) << md;
 }
 
 TEST(report, svg_is_drawn_from_the_steps) {

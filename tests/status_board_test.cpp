@@ -115,6 +115,12 @@ TEST(status_board, prints_what_peers_sent_as_bounded_text_and_hides_it_when_keye
   EXPECT_NE(shown.find("bytes)"), std::string::npos);
   EXPECT_EQ(j["checkpoints"][0]["location"], "/data/ckpt/step-5.manifest");
 
+  ev::checkpoint_refused refused;
+  refused.step = 20, refused.rank = 1, refused.reason = "checksum mismatch", refused.fallback_step = 10;
+  open.on(refused, 13);
+  const auto last = json::parse(open.json(13))["errors"].back()["text"].get<std::string>();
+  EXPECT_EQ(last, "checkpoint at step 20 refused by rank 1: checksum mismatch; training goes on from step 10");
+
   status_board keyed(status_options{"job", 10, true});
   keyed.on(ev::job_error{"n1", hostile}, 10);
   keyed.on(c, 11);
