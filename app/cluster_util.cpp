@@ -104,14 +104,14 @@ result<node_id_claim> claim_node_id(const std::string& wanted, bool explicit_id,
     c.lock = std::move(first.value());
     return c;
   }
-  if (first.message().rfind("held by ", 0) != 0) {
+  if (first.code() != errc::busy) {
     // The lock directory is unusable (read-only /tmp): the coordinator still
     // refuses a second live process under one id.
     c.id = wanted;
     return c;
   }
   if (explicit_id)
-    return make_error("node id '" + wanted + "' is already used by another node of this job on this machine (" + first.message() +
+    return make_error("node id '" + wanted + "' is already used by another node of this job on this machine (held by " + first.message() +
                       "); give every node its own --node-id");
   for (int i = 2; i <= 1024; ++i) {
     const std::string id = wanted + "-" + std::to_string(i);

@@ -63,7 +63,7 @@ result<config> checked_setup(const cluster_cli& cli, int& code) {
   if (auto st = ensure_writable_dir(cli.run_dir); !st) return make_error("run directory: " + st.message());
   if (auto st = check_sample_log_dir(cfg.get_string("data.sample_log")); !st) return st.err();
   if (auto who = file_lock::holder(run_dir_lock_path(cli.run_dir)); !who.empty())
-    return make_error(run_dir_busy_message(cli.run_dir, "held by " + who));
+    return make_error(run_dir_busy_message(cli.run_dir, make_error(who, errc::busy)));
   return loaded;
 }
 
@@ -173,7 +173,7 @@ int run_coordinator(const cluster_cli& cli) {
   // would interleave its journal and checkpoints with this one's. A crashed
   // holder's lock is free again.
   auto run_lock = file_lock::try_acquire(run_dir_lock_path(cli.run_dir), "dtactor coordinator on " + cli.listen);
-  if (!run_lock) return fail(run_dir_busy_message(cli.run_dir, run_lock.message()));
+  if (!run_lock) return fail(run_dir_busy_message(cli.run_dir, run_lock.err()));
   journal jn;
   if (auto st = jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
   const std::string config_text = cfg.to_toml();

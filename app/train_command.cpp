@@ -279,7 +279,7 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
   if (auto st = check_sample_log_dir(cfg.get_string("data.sample_log")); !st) return st.err();
   auto run_lock = file_lock::try_acquire(run_dir_lock_path(opts.run_dir), "dtactor train");
-  if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.message()));
+  if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.err()));
 
   configure_threads(cfg);
   auto created = training_state::create(cfg);

@@ -136,7 +136,7 @@ result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_opt
 
   if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
   auto run_lock = file_lock::try_acquire(run_dir_lock_path(opts.run_dir), "dtactor tune-batch");
-  if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.message()));
+  if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.err()));
   journal jn;
   if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();
   if (!std::filesystem::exists(opts.run_dir + "/config.toml"))

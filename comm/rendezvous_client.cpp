@@ -39,11 +39,15 @@ rendezvous_client::rendezvous_client(const std::string& host, int port, std::chr
     im_->sock.set(zmq::sockopt::reconnect_ivl_max, 1000);
     im_->sock.connect(im_->endpoint);
   } catch (const zmq::error_t& e) {
-    TORCH_CHECK(false, "rendezvous store at ", im_->endpoint, ": ", e.what());
+    fail(e.what());
   }
 }
 
 rendezvous_client::~rendezvous_client() = default;
+
+void rendezvous_client::fail(const std::string& what) const {
+  throw rendezvous_error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "rendezvous store at " + im_->endpoint + ": " + what);
+}
 
 std::vector<std::string> rendezvous_client::call(const std::vector<std::string>& request, std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -55,7 +59,7 @@ std::vector<std::string> rendezvous_client::call(const std::vector<std::string>&
   try {
     m.send(im_->sock);
   } catch (const zmq::error_t& e) {
-    TORCH_CHECK(false, "rendezvous store at ", im_->endpoint, ": ", request[0], " failed: ", e.what());
+    fail(request[0] + " failed: " + e.what());
   }
   using clock_type = std::chrono::steady_clock;
   const bool forever = timeout.count() == 0;
@@ -72,7 +76,7 @@ std::vector<std::string> rendezvous_client::call(const std::vector<std::string>&
       if (!answer.recv(im_->sock, static_cast<int>(zmq::recv_flags::dontwait))) continue;
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
-      TORCH_CHECK(false, "rendezvous store at ", im_->endpoint, ": ", request[0], " failed: ", e.what());
+      fail(request[0] + " failed: " + e.what());
     }
     if (answer.size() < 2) continue;
     const std::string got_id = answer.popstr();
@@ -81,13 +85,13 @@ std::vector<std::string> rendezvous_client::call(const std::vector<std::string>&
     const std::string status = answer.popstr();
     std::vector<std::string> results;
     while (!answer.empty()) results.push_back(answer.popstr());
-    if (status != "ok") TORCH_CHECK(false, "rendezvous store at ", im_->endpoint, ": ", results.empty() ? status : results[0]);
+    if (status != "ok") fail(results.empty() ? status : results[0]);
     return results;
   }
   std::string what = request[0];
   if (request.size() > 1 && (request[0] == "get" || request[0] == "wait"))
     what += " of key '" + (request[0] == "get" ? request[1] : request.size() > 2 ? request[2] : std::string()) + "'";
-  TORCH_CHECK(false, "rendezvous store at ", im_->endpoint, ": ", what, " timed out after ", timeout.count(), " ms");
+  fail(what + " timed out after " + std::to_string(timeout.count()) + " ms");
 }
 
 void rendezvous_client::set(const std::string& key, const std::vector<uint8_t>& value) { call({"set", key, as_string(value)}, timeout_); }
@@ -95,23 +99,23 @@ void rendezvous_client::set(const std::string& key, const std::vector<uint8_t>& 
 std::vector<uint8_t> rendezvous_client::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                                    const std::vector<uint8_t>& desired) {
   auto r = call({"cas", key, as_string(expected), as_string(desired)}, timeout_);
-  TORCH_CHECK(r.size() == 1, "rendezvous store at ", im_->endpoint, ": malformed compareSet answer");
+  if (r.size() != 1) fail("malformed compareSet answer");
   return as_bytes(r[0]);
 }
 
 std::vector<uint8_t> rendezvous_client::get(const std::string& key) {
   auto r = call({"get", key, millis(timeout_)}, timeout_);
-  TORCH_CHECK(r.size() == 1, "rendezvous store at ", im_->endpoint, ": malformed get answer");
+  if (r.size() != 1) fail("malformed get answer");
   return as_bytes(r[0]);
 }
 
 int64_t rendezvous_client::add(const std::string& key, int64_t value) {
   auto r = call({"add", key, std::to_string(value)}, timeout_);
-  TORCH_CHECK(r.size() == 1, "rendezvous store at ", im_->endpoint, ": malformed add answer");
+  if (r.size() != 1) fail("malformed add answer");
   try {
     return std::stoll(r[0]);
   } catch (const std::exception&) {
-    TORCH_CHECK(false, "rendezvous store at ", im_->endpoint, ": add answered '", r[0], "', not a number");
+    fail("add answered '" + r[0] + "', not a number");
   }
 }
 
@@ -129,7 +133,7 @@ bool rendezvous_client::check(const std::vector<std::string>& keys) {
 
 int64_t rendezvous_client::getNumKeys() {
   auto r = call({"num"}, timeout_);
-  TORCH_CHECK(r.size() == 1, "rendezvous store at ", im_->endpoint, ": malformed getNumKeys answer");
+  if (r.size() != 1) fail("malformed getNumKeys answer");
   return std::stoll(r[0]);
 }
 

@@ -4,8 +4,8 @@
 // ZeroMQ DEALER socket. Behaves as c10d's TCPStore client does: get and wait
 // block until the keys exist or the timeout passes (getTimeout() for get and
 // the one-argument wait; 0 = kNoTimeout, wait as long as the server parks);
-// every failure, a timeout included, throws c10::Error. Thread-safe (one
-// request at a time).
+// every failure, a timeout included, throws rendezvous_error. Thread-safe
+// (one request at a time).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,6 +17,15 @@
 #include "base/job_key.hpp"
 
 namespace dtactor {
+
+// A failure of the rendezvous store's client: a c10::Error, which is what
+// c10d's callers (Gloo's group) catch, of its own type, so that a caller
+// tells the store's failures from the rest by type; its message names the
+// store ("rendezvous store at tcp://HOST:PORT: ...").
+class rendezvous_error : public c10::Error {
+ public:
+  using c10::Error::Error;
+};
 
 class rendezvous_client : public c10d::Store {
  public:
@@ -39,10 +48,12 @@ class rendezvous_client : public c10d::Store {
 
  private:
   struct impl;
-  // Sends one request and returns the answer's results; throws c10::Error
+  // Sends one request and returns the answer's results; throws rendezvous_error
   // on an "err" answer or when no answer comes within `timeout` (0: never
   // give up).
   std::vector<std::string> call(const std::vector<std::string>& request, std::chrono::milliseconds timeout);
+  // Throws rendezvous_error "rendezvous store at ENDPOINT: what".
+  [[noreturn]] void fail(const std::string& what) const;
   std::unique_ptr<impl> im_;
   std::mutex mu_;
 };

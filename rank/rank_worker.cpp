@@ -506,11 +506,14 @@ std::optional<rank_worker::outcome> rank_worker::build_group(generation_run& g) 
           b->exchange = std::move(ex.value());
         }
       }
+    } catch (const rendezvous_error& e) {
+      // The store's own errors name it already.
+      const std::string what = e.what_without_backtrace();
+      r = make_error(what.substr(0, what.find('\n')));
     } catch (const std::exception& e) {
       std::string what = e.what();
       what = what.substr(0, what.find('\n'));
-      // rendezvous_client's errors name the store already.
-      r = make_error(what.rfind("rendezvous store at ", 0) == 0 ? what : "rendezvous store at " + host + ":" + std::to_string(port) + ": " + what);
+      r = make_error("rendezvous store at " + host + ":" + std::to_string(port) + ": " + what);
     }
     std::lock_guard<std::mutex> lock(b->mu);
     b->r = std::move(r);

@@ -190,7 +190,7 @@ result<file_lock> file_lock::try_acquire(const std::string& path, const std::str
     const int err = errno;
     std::string who = err == EWOULDBLOCK ? read_holder(fd) : std::string{};
     ::close(fd);
-    if (err == EWOULDBLOCK) return make_error("held by " + who);
+    if (err == EWOULDBLOCK) return make_error(who, errc::busy);
     return make_error("cannot lock '" + path + "': " + os_reason(err));
   }
   const std::string text = "pid " + std::to_string(::getpid()) + " (" + what + ")\n";
@@ -230,9 +230,9 @@ file_lock::~file_lock() {
 
 std::string run_dir_lock_path(const std::string& run_dir) { return run_dir + "/.dtactor.lock"; }
 
-std::string run_dir_busy_message(const std::string& run_dir, const std::string& why) {
-  if (why.rfind("held by ", 0) != 0) return "run directory '" + run_dir + "': " + why;
-  return "run directory '" + run_dir + "' is in use by another dtactor (" + why.substr(8) +
+std::string run_dir_busy_message(const std::string& run_dir, const error& why) {
+  if (why.code != errc::busy) return "run directory '" + run_dir + "': " + why.message;
+  return "run directory '" + run_dir + "' is in use by another dtactor (" + why.message +
          "); wait for it to end, stop it, or choose another --run-dir";
 }
 

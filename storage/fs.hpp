@@ -59,8 +59,9 @@ status remove_file(const std::string& path);
 // close-on-exec: child processes never inherit the lock.
 class file_lock {
  public:
-  // Takes the lock without waiting. Error: "held by pid 1234 (what)", or
-  // "cannot open '/x': reason".
+  // Takes the lock without waiting. Error: errc::busy with the holder's
+  // description, "pid 1234 (what)", when a live process holds it; else
+  // "cannot open '/x': reason" (or cannot lock).
   static result<file_lock> try_acquire(const std::string& path, const std::string& what);
   // The description "pid N (what)" of the live holder of `path`'s lock, or
   // "" when nobody holds it (also when the file does not exist).
@@ -82,8 +83,9 @@ class file_lock {
 // writes a run directory at a time.
 std::string run_dir_lock_path(const std::string& run_dir);
 // "run directory 'D' is in use by another dtactor (pid N (...)); ..." for
-// the `why` of a failed try_acquire of its lock.
-std::string run_dir_busy_message(const std::string& run_dir, const std::string& why);
+// the failed try_acquire of its lock (errc::busy), "run directory 'D': why"
+// for any other failure.
+std::string run_dir_busy_message(const std::string& run_dir, const error& why);
 
 // A whole file mapped read-only (data files read in place, never copied
 // whole into memory). Errors name the file: "'x': No such file or

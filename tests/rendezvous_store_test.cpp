@@ -98,12 +98,12 @@ TEST_F(store_fixture, WaitIsReleasedWhenAllKeysExist) {
 TEST_F(store_fixture, TimeoutsThrowAndTheClientStaysUsable) {
   auto c = client(300ms);
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_THROW(c->get("never"), c10::Error);
+  EXPECT_THROW(c->get("never"), rendezvous_error);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   try {
     c->wait({"never"}, 200ms);
     FAIL() << "wait did not throw";
-  } catch (const c10::Error& e) {
+  } catch (const rendezvous_error& e) {
     EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
   }
   // The late answers of the requests given up on (the key arrives now) must
@@ -122,6 +122,15 @@ TEST(RendezvousStore, AnUnreachableStoreIsATimeout) {
     port = s.value()->port();
   }  // stopped: nobody listens there now
   auto c = c10::make_intrusive<rendezvous_client>("127.0.0.1", port, 300ms);
+  // Its own type (what the rank's group builder tells from other failures
+  // by), a c10::Error for c10d's callers, and it names the store.
+  try {
+    c->set("k", bytes("v"));
+    FAIL() << "set did not throw";
+  } catch (const rendezvous_error& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_EQ(what.rfind("rendezvous store at tcp://127.0.0.1:" + std::to_string(port) + ": set timed out", 0), 0u) << what;
+  }
   EXPECT_THROW(c->set("k", bytes("v")), c10::Error);
 }
 
@@ -173,7 +182,7 @@ TEST_F(store_fixture, GarbageFromStrangersIsIgnored) {
   // A string key is fine even if it once held garbage; a non-number add fails cleanly.
   auto c = client();
   c->set("text", bytes("abc"));
-  EXPECT_THROW(c->add("text", 1), c10::Error);
+  EXPECT_THROW(c->add("text", 1), rendezvous_error);
   c->set("k", bytes("v"));
   EXPECT_EQ(text(c->get("k")), "v");
   EXPECT_EQ(c->getNumKeys(), 2);

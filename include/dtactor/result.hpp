@@ -16,6 +16,7 @@ enum class errc {
   out_of_memory,        // an allocation failed (host or device memory)
   batch_exceeds_data,   // train.global_batch_size is larger than the training set
   corrupt_checkpoint,   // a checkpoint's manifest or parts do not check out (checksum, size, missing, undecodable)
+  busy,                 // held by another live process (a lock): the message names the holder
 };
 
 struct error {
