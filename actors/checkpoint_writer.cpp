@@ -6,7 +6,6 @@
 #include "base/printable.hpp"
 #include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
-#include "storage/manifest_plan.hpp"
 
 namespace dtactor {
 
@@ -18,43 +17,34 @@ using writer_self = caf::stateful_actor<checkpoint_writer_state>*;
 
 namespace {
 
+// Commits `step` once every rank's parts are in (commit_checkpoint), or
+// says why not.
 void try_commit(writer_self self, int64_t step) {
   auto& st = self->state;
   auto it = st.pending.find(step);
   if (it == st.pending.end()) return;
-  auto& p = it->second;
+  const auto& p = it->second;
   if (p.failed || !p.have_meta || static_cast<int32_t>(p.parts.size()) < p.world) return;
-  auto planned = plan_manifest(p.meta, p.generation, p.world, p.parts);
-  std::string why = planned ? "" : planned.message();
-  pb::checkpoint_meta meta = planned ? std::move(planned.value()) : pb::checkpoint_meta{};
-  uint64_t bytes = meta.state_bytes();
-  const double stall = p.stall_s, write = p.write_s;
-  const int32_t direct = p.direct;
-  const int32_t nparts = meta.parts_size();
-  const uint64_t gen = p.generation;
-  st.pending.erase(it);
-  if (why.empty() && st.opts.commit) {
-    auto saved = st.opts.commit(std::move(meta));
-    if (saved) {
-      ++st.saved;
-      ev::checkpoint_saved e{step, saved->path, saved->bytes, gen, saved->duration_s};
-      e.stall_s = stall;
-      e.write_s = write;
-      e.bytes_per_s = write > 0 ? static_cast<double>(bytes) / write : 0;
-      e.parts = nparts;
-      e.direct_ranks = direct;
-      emit(st.opts.events, e);
-      st.newest_step = std::max(st.newest_step, step);
-      // Older ones too: a step a rank refused may be committed again.
-      if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step, std::move(saved->kept));
-      return;
-    }
-    why = saved.message();
+  if (!st.opts.commit) {  // no store: nothing to commit to
+    st.pending.erase(it);
+    return;
   }
-  if (why.empty()) return;  // no store: nothing to commit to
-  ++st.failed;
-  log_line(st.opts.log, "checkpoint at step " + std::to_string(step) + " not saved: " + why);
-  emit(st.opts.events, ev::checkpoint_failed{step, why});
+  auto done = commit_checkpoint(step, p, st.opts.commit);
+  st.pending.erase(it);
+  if (!done) {
+    ++st.failed;
+    log_line(st.opts.log, "checkpoint at step " + std::to_string(step) + " not saved: " + done.message());
+    ev::checkpoint_failed failed;
+    failed.step = step;
+    failed.reason = done.message();
+    emit(st.opts.events, failed);
+    return;
+  }
+  ++st.saved;
+  emit(st.opts.events, done->saved);
+  st.newest_step = std::max(st.newest_step, step);
+  // Older ones too: a step a rank refused may be committed again.
+  if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step, std::move(done->kept));
 }
 
 }  // namespace

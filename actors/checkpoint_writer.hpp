@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "job/checkpoint_commit.hpp"
 #include "job/events.hpp"
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
@@ -22,32 +23,22 @@ namespace dtactor {
 // The checkpoint committer: collects the ranks' checkpoint_written reports
 // and commits a checkpoint (writes its manifest through opts.commit, which
 // may block: the committer runs detached) once every rank of the generation
-// that wrote it has stored its parts.
-struct saved_checkpoint {
-  std::string path;
-  int64_t bytes = 0;
-  double duration_s = 0;  // the commit (manifest, checks, rotation)
-  std::vector<int64_t> kept;  // steps of the checkpoints left in the store after rotation (empty: not known)
-};
+// that wrote it has stored its parts (commit_checkpoint, as `dtactor train`).
 struct checkpoint_writer_options {
   // meta: the manifest (rank 0's meta with every part, generation set).
-  std::function<result<saved_checkpoint>(pb::checkpoint_meta)> commit;
+  // Empty: no store, nothing committed.
+  commit_fn commit;
   log_fn log;
   event_sink events;
   caf::actor members;  // gets (ckpt_atom, step, kept); also set by (members_atom, actor)
 };
 
 struct checkpoint_writer_state {
-  struct part_set {
-    uint64_t generation = 0;
-    int32_t world = 0;
-    std::map<int32_t, std::vector<pb::checkpoint_part>> parts;  // by global rank: each rank's, one or several ranges
-    std::string meta;                                           // rank 0's
+  // What the ranks reported so far (written_parts), and how the gathering stands.
+  struct part_set : written_parts {
     bool have_meta = false;
-    bool failed = false;              // a rank could not store its parts: never committed
-    int32_t reports = 0;              // one per rank's report, however many parts it carries
-    double stall_s = 0, write_s = 0;  // the slowest rank's
-    int32_t direct = 0;               // ranks that wrote from the state (checkpoint.direct)
+    bool failed = false;  // a rank could not store its parts: never committed
+    int32_t reports = 0;  // one per rank's report, however many parts it carries
   };
   checkpoint_writer_options opts;
   std::map<int64_t, part_set> pending;  // by step

@@ -27,6 +27,7 @@
 #include "job/shipped_file.hpp"
 #include "storage/fs.hpp"
 #include "job/job_config.hpp"
+#include "job/resume_point.hpp"
 #include "net/rendezvous_store.hpp"
 #include "data/sample_log.hpp"
 #include "net/wire.hpp"
@@ -89,24 +90,23 @@ result<shipped_file> ship_module(const config& cfg, checkpoint_store& store, jou
 // store and hands it on. An error sets *code (2: a checkpoint of another job).
 result<int64_t> resume_step_of(const cluster_cli& cli, const config& cfg, checkpoint_store& store, journal& jn, int* code) {
   *code = 1;
-  if (cli.no_resume) return int64_t{-1};
-  auto newest = store.newest_valid(
-      [&](const std::string& path, const std::string& why) {
-        std::fprintf(stderr, "dtactor: skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
-        jn.write(ev::checkpoint_skipped{path, why});
-      },
-      true);
-  if (!newest) return newest.err();
-  if (!newest.value()) return int64_t{-1};
-  const auto& meta = *newest.value();
-  const std::string path = store.location() + "/" + manifest_name(meta.step());
-  if (auto st = check_checkpoint_compatible(meta, cfg, path); !st) {
+  resume_reports reports;
+  reports.log = [](const std::string& line) { std::fprintf(stderr, "dtactor: %s\n", line.c_str()); };
+  reports.journal = [&jn](const ev::journal_event& e) { jn.write(e); };
+  auto found = find_resume_point(resume_request{!cli.no_resume, ""}, store, reports);
+  if (!found) return found.err();
+  if (!found.value()) return int64_t{-1};
+  const std::string& path = found.value()->path;
+  const int64_t step = found.value()->meta.step();
+  if (auto st = check_checkpoint_compatible(found.value()->meta, cfg, path); !st) {
     *code = 2;
     return st.err();
   }
-  const int64_t step = meta.step();
   // checkpoint_restored is journaled when a rank reports it loaded it.
-  jn.write(ev::checkpoint_found{step, path});
+  ev::checkpoint_found e;
+  e.step = step;
+  e.path = path;
+  jn.write(e);
   if (step >= cfg.get_int("train.max_steps"))
     std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
                  store.location().c_str(), static_cast<long long>(step));
@@ -118,10 +118,9 @@ result<int64_t> resume_step_of(const cluster_cli& cli, const config& cfg, checkp
 // Earlier runs' generations (fenced commits, audit records) stay older than
 // this run's: its first generation is numbered above the newest of them.
 result<uint64_t> generations_after_of(const config& cfg, checkpoint_store& store) {
-  uint64_t after = store.newest_generation();
-  auto logged = newest_logged_generation(cfg.get_string("data.sample_log"));
-  if (!logged) return logged.err();
-  after = std::max(after, logged.value());
+  auto before = generations_before(store, cfg.get_string("data.sample_log"));
+  if (!before) return before.err();
+  const uint64_t after = before.value();
   if (after > 0)
     std::fprintf(stderr, "coordinator: generations are numbered from %llu on (earlier runs of this checkpoint store%s reached %llu)\n",
                  static_cast<unsigned long long>(after + 1), cfg.get_string("data.sample_log").empty() ? "" : " and sample log",
@@ -261,13 +260,7 @@ int run_coordinator(const cluster_cli& cli) {
   checkpoint_writer_options wopts;
   wopts.log = log;
   wopts.events = events;
-  wopts.commit = [&store](pb::checkpoint_meta meta) -> result<saved_checkpoint> {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto done = store.commit(std::move(meta));
-    if (!done) return done.err();
-    return saved_checkpoint{done->location, static_cast<int64_t>(done->bytes), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                            std::move(done->kept)};
-  };
+  wopts.commit = commit_to(store);
 
   coordinator_options copts = coordinator_options_from(cfg);
   copts.header = header;

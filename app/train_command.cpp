@@ -25,7 +25,9 @@
 #include "data/data_shards.hpp"
 #include "data/data_wait.hpp"
 #include "storage/fs.hpp"
+#include "job/checkpoint_commit.hpp"
 #include "job/job_config.hpp"
+#include "job/resume_point.hpp"
 #include "data/sample_log.hpp"
 
 namespace dtactor {
@@ -45,36 +47,6 @@ namespace {
 std::string first_line(const std::exception& e) {
   const std::string what = e.what();
   return what.substr(0, what.find('\n'));
-}
-
-// The checkpoint a run resumes from: the one named (--resume-from), or the
-// newest valid one of the run's own store (--resume); none when neither.
-struct resume_point {
-  pb::checkpoint_meta meta;
-  std::string path;
-  std::shared_ptr<checkpoint_store> from;
-};
-
-result<std::optional<resume_point>> find_resume_point(const train_options& opts, checkpoint_store& store, run_observer& prog, journal& jn) {
-  if (!opts.resume_from.empty()) {
-    auto one = open_checkpoint_target(opts.resume_from, {});
-    if (!one) return make_error("cannot resume from '" + opts.resume_from + "': " + one.message());
-    return std::optional<resume_point>(resume_point{std::move(one->meta), one->name, one->store});
-  }
-  if (!opts.resume) return std::optional<resume_point>();
-  auto newest = store.newest_valid(
-      [&](const std::string& path, const std::string& why) {
-        prog.log("skipping checkpoint " + path + ": " + why);
-        jn.write(ev::checkpoint_skipped{path, why});
-      },
-      true);
-  if (!newest) return newest.err();
-  if (!newest.value()) return std::optional<resume_point>();
-  resume_point p;
-  p.meta = std::move(*newest.value());
-  p.path = store.location() + "/" + manifest_name(p.meta.step());
-  p.from = std::make_shared<checkpoint_store>(store);
-  return std::optional<resume_point>(std::move(p));
 }
 
 // The one generation of a `train` run: world 1, this host's one rank, the
@@ -106,8 +78,8 @@ class world_one_sink {
  public:
   using event = std::variant<pb::step_report, pb::eval_report, pb::checkpoint_written, pb::rank_status>;
 
-  world_one_sink(uint64_t generation, checkpoint_store& store, journal& jn, run_observer& prog)
-      : generation_(generation), store_(store), jn_(jn), prog_(prog) {}
+  world_one_sink(uint64_t generation, commit_fn commit, journal& jn, run_observer& prog)
+      : generation_(generation), commit_(std::move(commit)), jn_(jn), prog_(prog) {}
 
   status handle(event& e) {
     if (auto* r = std::get_if<pb::step_report>(&e)) return on_step(*r);
@@ -133,9 +105,7 @@ class world_one_sink {
 
  private:
   status on_step(const pb::step_report& r) {
-    if (r.outer_steps() > 0)
-      jn_.write(ev::outer_step{r.step(), generation_, 1, static_cast<int64_t>(r.outer_inner_steps()), r.outer_payload_bytes() / r.outer_steps(),
-                               r.outer_exchange_s() / static_cast<double>(r.outer_steps()), r.outer_window_s(), r.pseudo_grad_norm()});
+    if (r.outer_steps() > 0) jn_.write(outer_step_of(r));
     if (r.param_bytes() > 0) held_ = {r.param_bytes(), r.grad_bytes(), r.optimizer_state_bytes(), r.checkpoint_buffer_bytes()};
     auto line = steps_.add(r, generation_, 1);
     if (!line) return {};
@@ -165,24 +135,36 @@ class world_one_sink {
   status on_checkpoint(const pb::checkpoint_written& w) {
     const std::string not_saved = "checkpoint at step " + std::to_string(w.step()) + " not saved: ";
     if (!w.error().empty()) return make_error(not_saved + w.error());
-    auto meta = plan_manifest(w.meta(), generation_, 1, {{0, {w.parts().begin(), w.parts().end()}}});
-    if (!meta) return make_error(not_saved + meta.message());
-    const auto t0 = clock_type::now();
-    auto committed = store_.commit(std::move(meta.value()));
-    if (!committed) return committed.err();
-    ev::checkpoint_saved saved;
-    saved.step = w.step();
-    saved.path = committed->location;
-    saved.bytes = static_cast<int64_t>(committed->bytes);
-    saved.duration_s = seconds_since(t0);
-    saved.parts = 1;
-    saved.stall_s = w.stall_s();
-    saved.write_s = w.write_s();
-    saved.bytes_per_s = w.write_s() > 0 ? static_cast<double>(committed->bytes) / w.write_s() : 0.0;
-    saved.direct_ranks = w.direct() ? 1 : 0;
+    written_parts parts;
+    parts.generation = generation_;
+    parts.world = 1;
+    parts.parts[0].assign(w.parts().begin(), w.parts().end());
+    parts.meta = w.meta();
+    parts.stall_s = w.stall_s();
+    parts.write_s = w.write_s();
+    parts.direct = w.direct() ? 1 : 0;
+    auto done = commit_checkpoint(w.step(), parts, commit_);
+    if (!done) return make_error(not_saved + done.message(), done.code());
+    ev::checkpoint_saved& saved = done->saved;
+    saved.generation.reset();  // a run of its own: no generations in its journal
     jn_.write(saved);
     prog_.note_event("checkpoint " + std::to_string(w.step()));
     return {};
+  }
+
+  // A report that closed DiLoCo windows: the last one's figures, the
+  // payload and exchange per window.
+  ev::outer_step outer_step_of(const pb::step_report& r) const {
+    ev::outer_step e;
+    e.step = r.step();
+    e.generation = generation_;
+    e.world_size = 1;
+    e.inner_steps = static_cast<int64_t>(r.outer_inner_steps());
+    e.payload_bytes = r.outer_payload_bytes() / r.outer_steps();
+    e.exchange_s = r.outer_exchange_s() / static_cast<double>(r.outer_steps());
+    e.window_s = r.outer_window_s();
+    e.pseudo_grad_norm = r.pseudo_grad_norm();
+    return e;
   }
 
   void on_status(const pb::rank_status& s) {
@@ -198,7 +180,7 @@ class world_one_sink {
   }
 
   uint64_t generation_;
-  checkpoint_store& store_;
+  commit_fn commit_;
   journal& jn_;
   run_observer& prog_;
   resource_book usage_;
@@ -255,6 +237,48 @@ status run_worker(rank_worker_options wo, const pb::generation_plan& plan, const
   return outcome;
 }
 
+// The checkpoint the run resumes from (find_resume_point, as a
+// coordinator's), loaded into `state` and journaled; none when it starts
+// over.
+result<std::optional<resume_point>> resume_training(training_state& state, const config& cfg, const train_options& opts, checkpoint_store& store,
+                                                    journal& jn, run_observer& prog) {
+  resume_reports reports;
+  reports.log = [&prog](const std::string& line) { prog.log(line); };
+  reports.journal = [&jn](const ev::journal_event& e) { jn.write(e); };
+  auto resume = find_resume_point(resume_request{opts.resume, opts.resume_from}, store, reports);
+  if (!resume || !resume.value()) return resume;
+  const resume_point& ckpt = *resume.value();
+  if (auto st = check_checkpoint_compatible(ckpt.meta, cfg, ckpt.path); !st) return st.err();
+  if (auto st = load_checkpoint(state, *ckpt.from, ckpt.meta); !st) return make_error("'" + ckpt.path + "': " + st.message());
+  ev::checkpoint_restored restored;
+  restored.step = ckpt.meta.step();
+  restored.source = ev::state_source::disk;
+  restored.path = ckpt.path;
+  jn.write(restored);
+  prog.log("resumed from " + ckpt.path + " at step " + std::to_string(ckpt.meta.step()));
+  return resume;
+}
+
+// The run's first lines: job_started in the journal, what it trains on the console.
+void journal_the_start(training_state& state, const config& cfg, const std::string& run_dir, journal& jn, run_observer& prog) {
+  task& tk = state.the_task();
+  const blas_info blas = describe_blas();
+  const std::string core = blas_core();
+  ev::job_started started;
+  started.model = tk.name();
+  started.parameters = state.parameter_count();
+  started.max_steps = cfg.get_int("train.max_steps");
+  started.global_batch_size = cfg.get_int("train.global_batch_size");
+  started.world_size = 1;
+  started.start_step = state.step();
+  started.threads = at::get_num_threads();
+  started.blas = core.empty() ? blas.library : blas.library + " (" + core + " kernels)";
+  started.config_digest = cfg.digest();
+  jn.write(started);
+  prog.log("training " + tk.name() + " (" + std::to_string(state.parameter_count()) + " parameters, " + std::to_string(tk.train_size()) +
+           " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(started.max_steps) + ", run dir " + run_dir);
+}
+
 // The run's last journal line: finished, or stopped early.
 void journal_the_end(journal& jn, const train_summary& summary) {
   if (summary.finished) {
@@ -286,21 +310,15 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   if (!created) return created.err();
   std::shared_ptr<training_state> state_ptr = std::move(created.value());
   training_state& state = *state_ptr;
-  task& tk = state.the_task();
   const checkpoint_policy policy = checkpoint_policy_of(cfg);
   auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy, default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
   if (!store) return store.err();
   if (auto st = store->check_no_foreign_manifests(); !st) return st.err();
-  // The run is one generation, numbered above every generation the store
-  // (a cluster's commits there fence older generations out) and the
-  // sample log's directory hold: a resumed run's checkpoints and its
-  // records of the steps it redoes supersede the earlier run's.
-  uint64_t generation = store->newest_generation() + 1;
-  if (const std::string& dir = cfg.get_string("data.sample_log"); !dir.empty()) {
-    auto logged = newest_logged_generation(dir);
-    if (!logged) return logged.err();
-    generation = std::max(generation, logged.value() + 1);
-  }
+  // The run is one generation, numbered above every earlier run's (as a
+  // coordinator numbers its first).
+  auto before = generations_before(store.value(), cfg.get_string("data.sample_log"));
+  if (!before) return before.err();
+  const uint64_t generation = before.value() + 1;
 
   journal jn;
   if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();
@@ -311,27 +329,10 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   // Console progress and TensorBoard scalars (RUN_DIR/tensorboard), as a cluster's coordinator writes them.
   run_observer prog({opts.run_dir, cfg.get_int("train.max_steps"), interactive, opts.run_dir + "/train.log"});
 
-  auto resume = find_resume_point(opts, store.value(), prog, jn);
+  auto resume = resume_training(state, cfg, opts, store.value(), jn, prog);
   if (!resume) return resume.err();
-  if (const auto& ckpt = resume.value()) {
-    if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->path); !st) return st.err();
-    if (auto st = load_checkpoint(state, *ckpt->from, ckpt->meta); !st) return make_error("'" + ckpt->path + "': " + st.message());
-    ev::checkpoint_restored restored;
-    restored.step = ckpt->meta.step();
-    restored.source = ev::state_source::disk;
-    restored.path = ckpt->path;
-    jn.write(restored);
-    prog.log("resumed from " + ckpt->path + " at step " + std::to_string(ckpt->meta.step()));
-  }
-
+  journal_the_start(state, cfg, opts.run_dir, jn, prog);
   const int64_t max_steps = cfg.get_int("train.max_steps");
-  const int64_t global_batch = cfg.get_int("train.global_batch_size");
-  const blas_info blas = describe_blas();
-  const std::string core = blas_core();
-  jn.write(ev::job_started{tk.name(), state.parameter_count(), max_steps, global_batch, 1, state.step(), at::get_num_threads(),
-                           core.empty() ? blas.library : blas.library + " (" + core + " kernels)", cfg.digest()});
-  prog.log("training " + tk.name() + " (" + std::to_string(state.parameter_count()) + " parameters, " + std::to_string(tk.train_size()) +
-           " training samples) from step " + std::to_string(state.step()) + " to " + std::to_string(max_steps) + ", run dir " + opts.run_dir);
 
   // The steps are the cluster rank's (rank/rank_worker), at world 1 on the
   // state resumed above: no coordinator, no sockets, no process group.
@@ -343,13 +344,16 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   const auto& ckpt = resume.value();
   wo.state_checkpointed_at = ckpt && ckpt->from->location() == store->location() ? ckpt->meta.step() : -1;
   const pb::generation_plan plan = plan_of_one(generation, wo.node_id, state.step(), store->location(), config_text);
-  world_one_sink sink(generation, store.value(), jn, prog);
+  world_one_sink sink(generation, commit_to(store.value()), jn, prog);
   const status outcome = run_worker(std::move(wo), plan, opts, sink);
   prog.finish();
   if (!outcome) return outcome.err();
   train_summary& summary = sink.summary();
   if (sink.failure()) {
-    jn.write(ev::job_failed{summary.step, std::nullopt, *sink.failure()});
+    ev::job_failed failed;
+    failed.step = summary.step;
+    failed.reason = *sink.failure();
+    jn.write(failed);
     return make_error(*sink.failure());
   }
   summary.finished = summary.step >= max_steps;
