@@ -240,6 +240,9 @@ struct rendezvous_store::impl {
   std::atomic<bool> stop{false};
   std::atomic<int64_t> world{0};  // the largest world planned (expect_world)
   int64_t limits_world = 0;       // the world table's limits are for (store thread)
+  // The table's figures, published by the store thread for usage().
+  std::atomic<std::size_t> keys{0}, bytes{0}, largest_value{0};
+  std::atomic<uint64_t> refused{0};
   log_limiter log_limit;
   std::thread thread;
 
@@ -289,6 +292,10 @@ struct rendezvous_store::impl {
         std::fprintf(stderr, "dtactor: rendezvous store: %s\n", e.what());
       }
       send_all(table.release(clock_type::now()));
+      keys.store(table.keys());
+      bytes.store(table.bytes());
+      largest_value.store(table.largest_value());
+      refused.store(table.refused());
     }
   }
 };
@@ -306,6 +313,10 @@ void rendezvous_store::expect_world(int64_t world) {
   int64_t seen = im_->world.load();
   while (world > seen && !im_->world.compare_exchange_weak(seen, world)) {
   }
+}
+
+rendezvous_store::usage_stats rendezvous_store::usage() const {
+  return {im_->keys.load(), im_->bytes.load(), im_->largest_value.load(), im_->refused.load()};
 }
 
 uint64_t rendezvous_store::refused_handshakes() const { return im_->zap ? im_->zap->refused() : 0; }

@@ -113,6 +113,12 @@ class rendezvous_store {
   void expect_world(int64_t world);
   // Handshakes refused for want of the job's key (0 without a key).
   uint64_t refused_handshakes() const;
+  // What the store holds, as of its thread's last round (thread-safe).
+  struct usage_stats {
+    std::size_t keys = 0, bytes = 0, largest_value = 0;
+    uint64_t refused = 0;
+  };
+  usage_stats usage() const;
   // Stops serving; parked requests get no answer (their clients time out).
   ~rendezvous_store();
   int port() const;

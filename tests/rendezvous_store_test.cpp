@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -214,6 +215,42 @@ TEST_F(store_fixture, GlooGroupOverTheStore) {
     ASSERT_TRUE(errors[r].empty()) << errors[r];
     EXPECT_TRUE(torch::equal(results[r], torch::full({5}, 6.f)));
   }
+}
+
+// What Gloo's rendezvous stores, measured against the store's limits
+// (rendezvous_limits_for): each rank one value listing its address for
+// every peer (~136 bytes a peer), so a group of W ranks ~136 W^2 bytes.
+// Eight ranks as threads build one group over the store.
+TEST_F(store_fixture, GlooGroupFitsTheStoreLimits) {
+  constexpr int world = 8;
+  std::vector<std::string> errors(world);
+  auto run = [&](int rank) {
+    communicator_options o;
+    o.generation = 5;
+    o.timeout = 60s;
+    auto pg = make_process_group(client(60s), rank, world, o);
+    if (!pg) {
+      errors[rank] = pg.message();
+      return;
+    }
+    std::vector<torch::Tensor> t{torch::ones({4})};
+    pg.value()->allreduce(t)->wait();
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r) ts.emplace_back(run, r);
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(errors[r].empty()) << errors[r];
+  // The store thread publishes its figures each round (at most 50 ms).
+  std::this_thread::sleep_for(200ms);
+  const auto u = server->usage();
+  const auto limits = rendezvous_limits_for(world);
+  std::printf("Gloo group of %d over the store: %zu keys, %zu bytes (%.0f a rank pair), the largest value %zu bytes (%.0f a peer); "
+              "limits for world %d: %zu a value, %zu in all\n",
+              world, u.keys, u.bytes, static_cast<double>(u.bytes) / (world * world), u.largest_value,
+              static_cast<double>(u.largest_value) / (world - 1), world, limits.max_value_bytes, limits.max_total_bytes);
+  EXPECT_EQ(u.refused, 0u);
+  EXPECT_LE(u.largest_value, 256u * world) << "a value grows by more than the 256 bytes a rank the limits allow";
+  EXPECT_LE(u.bytes, 256u * world * world + 64u * 1024) << "the group stores more than the limits' 256 W^2";
 }
 
 }  // namespace
