@@ -139,96 +139,115 @@ std::vector<rendezvous_table::message> rendezvous_table::release(time_point now)
   return out;
 }
 
-std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_point now, std::string* why, std::string* refused) {
-  auto ignore = [&](const char* reason) {
-    ++malformed_;
-    if (why) *why = reason;
-    return std::vector<message>{};
-  };
-  if (m.size() < 3) return ignore("fewer than 3 frames");
-  std::string peer = std::move(m[0]), id = std::move(m[1]);
-  const std::string op = std::move(m[2]);
-  if (id.size() != proto::id_bytes) return ignore("bad request id");
-  std::vector<std::string> args(std::make_move_iterator(m.begin() + 3), std::make_move_iterator(m.end()));
-  const auto n = args.size();
-  auto reply = [&](const std::string& status, std::vector<std::string> results = {}) {
+// One request being answered: who asked, what, and where the reasons go.
+struct rendezvous_table::request {
+  std::string peer, id, op;
+  std::vector<std::string> args;
+  std::string* why = nullptr;
+  std::string* refused = nullptr;
+  std::vector<message> reply(const std::string& status, std::vector<std::string> results = {}) const {
     message r{peer, id, status};
     for (auto& x : results) r.push_back(std::move(x));
-    return std::vector<message>{std::move(r)};
+    return {std::move(r)};
+  }
+};
+
+std::vector<rendezvous_table::message> rendezvous_table::ignore(request& r, const char* reason) {
+  ++malformed_;
+  if (r.why) *r.why = reason;
+  return {};
+}
+
+std::vector<rendezvous_table::message> rendezvous_table::refuse(request& r, std::string reason) {
+  ++refused_;
+  if (r.refused) *r.refused = r.op + ": " + reason;
+  return r.reply("err", {std::move(reason)});
+}
+
+std::vector<rendezvous_table::message> rendezvous_table::park(request& r, bool is_get, std::vector<std::string> keys, time_point deadline) {
+  parked_request p{r.peer, r.id, is_get, std::move(keys), deadline};
+  const std::size_t n = parked_bytes(p);
+  if (waiting_.size() >= limits_.max_parked || bytes_ + n > limits_.max_total_bytes)
+    return refuse(r, "the rendezvous store has " + std::to_string(waiting_.size()) + " requests waiting, its limit");
+  bytes_ += n;
+  waiting_.push_back(std::move(p));
+  return {};
+}
+
+// set, add and cas: the operations that store a value (within the limits).
+std::optional<std::vector<rendezvous_table::message>> rendezvous_table::write(request& r) {
+  auto& args = r.args;
+  const auto n = args.size();
+  auto put = [&](const std::string& key, std::string value, std::vector<std::string> results) -> std::vector<message> {
+    if (auto full = make_room(key, value.size()); !full.empty()) return refuse(r, full);
+    store(key, std::move(value));
+    return r.reply("ok", std::move(results));
   };
-  auto refuse = [&](std::string reason) {
-    ++refused_;
-    if (refused) *refused = op + ": " + reason;
-    return reply("err", {std::move(reason)});
-  };
-  auto park = [&](parked_request p) {
-    const std::size_t n = parked_bytes(p);
-    if (waiting_.size() >= limits_.max_parked || bytes_ + n > limits_.max_total_bytes)
-      return refuse("the rendezvous store has " + std::to_string(waiting_.size()) + " requests waiting, its limit");
-    bytes_ += n;
-    waiting_.push_back(std::move(p));
-    return std::vector<message>{};
-  };
+  if (r.op == "set" && n == 2) return put(args[0], std::move(args[1]), {});
+  if (r.op == "add" && n == 2) {
+    int64_t delta = 0, value = 0;
+    if (!parse_int64(args[1], delta)) return ignore(r, "bad add delta");
+    auto it = kv_.find(args[0]);
+    if (it != kv_.end() && !it->second.empty() && !parse_int64(it->second, value))
+      return r.reply("err", {"key '" + args[0] + "' does not hold a number"});
+    int64_t sum = 0;
+    if (__builtin_add_overflow(value, delta, &sum)) return r.reply("err", {"adding " + args[1] + " to key '" + args[0] + "' overflows"});
+    return put(args[0], std::to_string(sum), {std::to_string(sum)});
+  }
+  if (r.op == "cas" && n == 3) {
+    auto it = kv_.find(args[0]);
+    // TCPStore's semantics: an absent key is created only when the expected
+    // value is empty; otherwise the expected value comes back.
+    const bool writes = it == kv_.end() ? args[1].empty() : it->second == args[1];
+    if (writes) return put(args[0], args[2], {args[2]});
+    return r.reply("ok", {it == kv_.end() ? args[1] : it->second});
+  }
+  return std::nullopt;
+}
+
+std::vector<rendezvous_table::message> rendezvous_table::handle(message m, time_point now, std::string* why, std::string* refused) {
+  request r;
+  r.why = why;
+  r.refused = refused;
+  if (m.size() < 3) return ignore(r, "fewer than 3 frames");
+  r.peer = std::move(m[0]);
+  r.id = std::move(m[1]);
+  r.op = std::move(m[2]);
+  if (r.id.size() != proto::id_bytes) return ignore(r, "bad request id");
+  r.args.assign(std::make_move_iterator(m.begin() + 3), std::make_move_iterator(m.end()));
+  auto& args = r.args;
+  const auto n = args.size();
   auto deadline_of = [&](const std::string& timeout_ms, bool& ok) {
     int64_t ms = 0;
     ok = parse_int64(timeout_ms, ms) && ms >= 0;
     const auto limit = ms == 0 ? timeout_ : std::min(timeout_, std::chrono::milliseconds(ms));
     return now + limit;
   };
-  if (op == "set" && n == 2) {
-    if (auto full = make_room(args[0], args[1].size()); !full.empty()) return refuse(full);
-    store(args[0], std::move(args[1]));
-    return reply("ok");
-  }
-  if (op == "get" && n == 2) {
+  if (auto written = write(r)) return std::move(*written);
+  if (r.op == "get" && n == 2) {
     bool ok = false;
     const auto deadline = deadline_of(args[1], ok);
-    if (!ok) return ignore("bad timeout");
-    if (auto it = kv_.find(args[0]); it != kv_.end()) return reply("ok", {it->second});
-    return park({peer, id, true, {args[0]}, deadline});
+    if (!ok) return ignore(r, "bad timeout");
+    if (auto it = kv_.find(args[0]); it != kv_.end()) return r.reply("ok", {it->second});
+    return park(r, true, {args[0]}, deadline);
   }
-  if (op == "add" && n == 2) {
-    int64_t delta = 0, value = 0;
-    if (!parse_int64(args[1], delta)) return ignore("bad add delta");
+  if (r.op == "check") return r.reply("ok", {all_present(args) ? "1" : "0"});
+  if (r.op == "del" && n == 1) {
     auto it = kv_.find(args[0]);
-    if (it != kv_.end() && !it->second.empty() && !parse_int64(it->second, value))
-      return reply("err", {"key '" + args[0] + "' does not hold a number"});
-    int64_t sum = 0;
-    if (__builtin_add_overflow(value, delta, &sum)) return reply("err", {"adding " + args[1] + " to key '" + args[0] + "' overflows"});
-    std::string v = std::to_string(sum);
-    if (auto full = make_room(args[0], v.size()); !full.empty()) return refuse(full);
-    store(args[0], v);
-    return reply("ok", {v});
-  }
-  if (op == "cas" && n == 3) {
-    auto it = kv_.find(args[0]);
-    // TCPStore's semantics: an absent key is created only when the expected
-    // value is empty; otherwise the expected value comes back.
-    const bool writes = it == kv_.end() ? args[1].empty() : it->second == args[1];
-    if (writes) {
-      if (auto full = make_room(args[0], args[2].size()); !full.empty()) return refuse(full);
-      store(args[0], args[2]);
-      return reply("ok", {args[2]});
-    }
-    return reply("ok", {it == kv_.end() ? args[1] : it->second});
-  }
-  if (op == "check") return reply("ok", {all_present(args) ? "1" : "0"});
-  if (op == "del" && n == 1) {
-    auto it = kv_.find(args[0]);
-    if (it == kv_.end()) return reply("ok", {"0"});
+    if (it == kv_.end()) return r.reply("ok", {"0"});
     erase(it);
-    return reply("ok", {"1"});
+    return r.reply("ok", {"1"});
   }
-  if (op == "num" && n == 0) return reply("ok", {std::to_string(kv_.size())});
-  if (op == "wait" && n >= 1) {
+  if (r.op == "num" && n == 0) return r.reply("ok", {std::to_string(kv_.size())});
+  if (r.op == "wait" && n >= 1) {
     bool ok = false;
     const auto deadline = deadline_of(args[0], ok);
-    if (!ok) return ignore("bad timeout");
+    if (!ok) return ignore(r, "bad timeout");
     args.erase(args.begin());
-    if (args.empty() || all_present(args)) return reply("ok");
-    return park({peer, id, false, std::move(args), deadline});
+    if (args.empty() || all_present(args)) return r.reply("ok");
+    return park(r, false, std::move(args), deadline);
   }
-  return ignore("unknown operation or wrong number of arguments");
+  return ignore(r, "unknown operation or wrong number of arguments");
 }
 
 struct rendezvous_store::impl {

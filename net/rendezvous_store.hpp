@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,11 @@ class rendezvous_table {
     std::vector<std::string> keys;
     time_point deadline;
   };
+  struct request;
+  std::vector<message> ignore(request& r, const char* reason);
+  std::vector<message> refuse(request& r, std::string reason);
+  std::vector<message> park(request& r, bool is_get, std::vector<std::string> keys, time_point deadline);
+  std::optional<std::vector<message>> write(request& r);
   bool all_present(const std::vector<std::string>& keys) const;
   // Room for `key` to hold `value_bytes` (evicting old generations if need
   // be); otherwise the reason it does not fit.
