@@ -22,7 +22,9 @@
 #include "rank/part_writer.hpp"
 #include "rank/state_io.hpp"
 #include "rank/step_policy.hpp"
+#include "rank/sync_diloco.hpp"
 #include "rank/zero.hpp"
+#include "rank/zero_sync.hpp"
 #include "base/blas_info.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "comm/communicator.hpp"
@@ -69,6 +71,18 @@ result<bool> digests_agree(c10d::ProcessGroup& pg, const std::string& hex, std::
   return t[0][0].item<int64_t>() == -t[0][1].item<int64_t>();
 }
 
+// The element-wise MAX of every rank's `words`, in place (same length on every rank).
+status max_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, clock_type::time_point deadline, const abandon_fn& abandon,
+                     const char* what) {
+  std::vector<torch::Tensor> t{torch::tensor(words, torch::kInt64)};
+  c10d::AllreduceOptions mx;
+  mx.reduceOp = c10d::ReduceOp::MAX;
+  if (auto st = wait_work(pg.allreduce(t, mx), deadline, abandon, what); !st) return st;
+  const auto a = t[0].accessor<int64_t, 1>();
+  for (size_t i = 0; i < words.size(); ++i) words[i] = a[static_cast<int64_t>(i)];
+  return {};
+}
+
 double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
 
 }  // namespace
@@ -113,24 +127,14 @@ struct rank_worker::impl {
   // the steps it missed on its slices of the world its peers took them in,
   // instead of skipping them: steps before `until` (and after the previous
   // segment's) as global rank `rank` of `world`. Ascending by `until`.
-  struct catch_up_segment {
-    int64_t until = 0;
-    int rank = 0, world = 1;
-  };
+  using catch_up_segment = dtactor::catch_up_segment;
   std::vector<catch_up_segment> catch_up;
   // train.sync = diloco, ranks as workers: the slices this rank trained
   // (step, global rank, world size; a replayed one: the fragments it went
   // to, empty = all) since the oldest fragment anchor `slices_anchor`, and
   // the slices of the window that no survivor holds (a lost worker's) that
   // this rank trains again before the next boundary (replay_owed_slices).
-  struct slice_id {
-    int64_t step = 0;
-    int rank = 0, world = 1;
-    std::vector<bool> fragments;
-    // A replay by a host's ranks together (train.diloco_worker = host):
-    // this rank's part of the slice's samples, of `parts`.
-    int part = 0, parts = 1;
-  };
+  using slice_id = window_slice;  // rank/sync_diloco.hpp
   int64_t slices_anchor = -1;
   std::vector<slice_id> window_slices;
   std::vector<slice_id> replays;
@@ -753,99 +757,39 @@ std::optional<rank_worker::outcome> rank_worker::replay_owed_slices(generation_r
   training_state& state = *im.state;
   const outer_optimizer& outer = state.outer();
   im.replays.clear();
-  const int64_t start = oldest_fragment_anchor(outer);
-  const int64_t len = furthest - start;
-  const int64_t frags = static_cast<int64_t>(outer.fragments().size());
-  if (len <= 0) return std::nullopt;
-  // What this rank holds: its window's slices, and those it will train catching up.
-  std::vector<impl::slice_id> held;
-  for (const auto& x : im.window_slices)
-    if (x.step >= start) held.push_back(x);
-  int64_t from = state.step();
-  for (const auto& c : im.catch_up) {
-    for (int64_t s = from; s < c.until && s < furthest; ++s) held.push_back({s, c.rank, c.world, {}});
-    from = std::max(from, c.until);
-  }
-  auto in_window = [&](const impl::slice_id& x) { return x.step >= start && x.step < furthest && x.world >= 1 && x.rank >= 0 && x.rank < x.world; };
-  // 1. Each step's world size (the world its peers took it in); the last word: the largest.
-  auto worlds = torch::zeros({len + 1}, torch::kInt64);
-  {
-    auto w = worlds.accessor<int64_t, 1>();
-    for (const auto& x : held)
-      if (in_window(x)) {
-        w[x.step - start] = std::max<int64_t>(w[x.step - start], x.world);
-        w[len] = std::max<int64_t>(w[len], x.world);
-      }
-  }
-  c10d::AllreduceOptions mx;
-  mx.reduceOp = c10d::ReduceOp::MAX;
-  {
-    std::vector<torch::Tensor> t{worlds};
-    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's slices"); !st)
-      return failed(g, st.message(), state.step());
-  }
-  const auto w = worlds.accessor<int64_t, 1>();
-  const int64_t widest = std::max<int64_t>(1, w[len]);
-  // 2. Which fragments of each slice (of that step's world only) someone holds.
-  auto bits = torch::zeros({len, widest, frags}, torch::kInt64);
-  {
-    auto b = bits.accessor<int64_t, 3>();
-    for (const auto& x : held)
-      if (in_window(x) && x.world == w[x.step - start])
-        for (int64_t f = 0; f < frags; ++f)
-          if (x.fragments.empty() || (static_cast<size_t>(f) < x.fragments.size() && x.fragments[static_cast<size_t>(f)])) b[x.step - start][x.rank][f] = 1;
-  }
-  {
-    std::vector<torch::Tensor> t{bits};
-    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's slices"); !st)
-      return failed(g, st.message(), state.step());
-  }
-  const auto b = bits.accessor<int64_t, 3>();
+  const window_span w{oldest_fragment_anchor(outer), furthest};
+  if (w.len() <= 0) return std::nullopt;
+  std::vector<int64_t> anchors;
+  for (size_t f = 0; f < outer.fragments().size(); ++f) anchors.push_back(outer.fragment_anchor(f));
+  const auto held = held_slices(im.window_slices, im.catch_up, state.step(), w);
+  const char* what = "agreement on the window's slices";
+  // 1. Each step's world size (the world its peers took it in); 2. which
+  // fragments of each slice (of that step's world only) someone holds.
+  auto worlds = slice_world_words(held, w);
+  if (auto st = max_allreduce(*g.pg, worlds, deadline_in(g.timeout), g.abandon_now, what); !st) return failed(g, st.message(), state.step());
+  auto bits = slice_fragment_words(held, w, worlds, static_cast<int64_t>(anchors.size()));
+  if (auto st = max_allreduce(*g.pg, bits, deadline_in(g.timeout), g.abandon_now, what); !st) return failed(g, st.message(), state.step());
   // Who replays: the workers, each rank (or, with hosts as workers, each
   // host: its ranks together, each a part of the slice), round-robin in
   // the order of their lowest rank. With hosts, the leaders are marked in
   // one more allreduce (a host of one rank is a worker of its own).
-  int units = g.world, unit = g.rank, part = 0, parts = 1;
+  replay_unit u{g.world, g.rank, 0, 1};
   if (im.cfg->get_string("train.diloco_worker") == "host") {
     const bool host = host_worker(g);
     const int leader = host ? g.exchange.host_members.front() : g.rank;
-    auto leaders = torch::zeros({g.world}, torch::kInt64);
-    leaders[leader] = 1;
-    std::vector<torch::Tensor> t{leaders};
-    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's slices"); !st)
-      return failed(g, st.message(), state.step());
-    const auto l = leaders.accessor<int64_t, 1>();
-    units = 0;
-    for (int r = 0; r < g.world; ++r) {
-      if (r == leader) unit = units;
-      units += l[r] != 0 ? 1 : 0;
-    }
+    std::vector<int64_t> leaders(static_cast<size_t>(g.world), 0);
+    leaders[static_cast<size_t>(leader)] = 1;
+    if (auto st = max_allreduce(*g.pg, leaders, deadline_in(g.timeout), g.abandon_now, what); !st) return failed(g, st.message(), state.step());
+    count_units(leaders, leader, u);
     if (host) {
       const auto& m = g.exchange.host_members;
-      parts = static_cast<int>(m.size());
-      part = static_cast<int>(std::find(m.begin(), m.end(), g.rank) - m.begin());
+      u.parts = static_cast<int>(m.size());
+      u.part = static_cast<int>(std::find(m.begin(), m.end(), g.rank) - m.begin());
     }
   }
-  int64_t owed = 0;
-  for (int64_t i = 0; i < len; ++i) {
-    const int64_t step = start + i;
-    // A step nobody alive trained at all (a survivor skipped it): its whole batch.
-    const int world = w[i] > 0 ? static_cast<int>(w[i]) : 1;
-    for (int r = 0; r < world; ++r) {
-      std::vector<bool> to(static_cast<size_t>(frags), false);
-      bool any = false, all = true;
-      for (int64_t f = 0; f < frags; ++f) {
-        const bool need = outer.fragment_anchor(static_cast<size_t>(f)) <= step && (w[i] == 0 || b[i][r][f] == 0);
-        to[static_cast<size_t>(f)] = need;
-        any = any || need;
-        all = all && need;
-      }
-      if (!any) continue;
-      if (owed % units == unit) im.replays.push_back({step, r, world, all ? std::vector<bool>{} : to, part, parts});
-      ++owed;
-    }
-  }
-  g.replayed_slices = owed;
+  auto dealt = deal_owed_slices(w, worlds, bits, anchors, u);
+  im.replays = std::move(dealt.mine);
+  g.replayed_slices = dealt.owed;
   return std::nullopt;
 }
 

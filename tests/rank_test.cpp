@@ -4,6 +4,7 @@
 // that joins later takes the state from its peer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -20,12 +21,94 @@
 #include "rank/state_io.hpp"
 #include "rank/rank_worker.hpp"
 #include "rank/step_policy.hpp"
+#include "rank/sync_diloco.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "net/rendezvous_store.hpp"
 #include "net/zmq_bridge.hpp"
 #include "test_util.hpp"
 
 using namespace dtactor;
+
+namespace {
+std::vector<int64_t> elementwise_max(const std::vector<std::vector<int64_t>>& all) {
+  std::vector<int64_t> m = all.front();
+  for (const auto& v : all)
+    for (size_t i = 0; i < m.size(); ++i) m[i] = std::max(m[i], v[i]);
+  return m;
+}
+}  // namespace
+
+// Three workers trained steps 10..13 at world 3; worker 2 is lost. The two
+// survivors agree on what nobody holds (worker 2's slices) and deal them
+// between themselves, each once.
+TEST(diloco_replay, a_lost_workers_slices_are_dealt_once_over_the_survivors) {
+  const window_span w{10, 14};
+  std::vector<std::vector<window_slice>> held(2);
+  for (int r = 0; r < 2; ++r)
+    for (int64_t s = 10; s < 14; ++s) held[static_cast<size_t>(r)].push_back({s, r, 3, {}});
+  std::vector<std::vector<int64_t>> worlds_in, bits_in;
+  for (const auto& h : held) worlds_in.push_back(slice_world_words(h, w));
+  const auto worlds = elementwise_max(worlds_in);
+  EXPECT_EQ(worlds, (std::vector<int64_t>{3, 3, 3, 3, 3}));
+  for (const auto& h : held) bits_in.push_back(slice_fragment_words(h, w, worlds, 1));
+  const auto bits = elementwise_max(bits_in);
+  std::vector<int64_t> steps;
+  for (int r = 0; r < 2; ++r) {
+    const auto dealt = deal_owed_slices(w, worlds, bits, {10}, replay_unit{2, r, 0, 1});
+    EXPECT_EQ(dealt.owed, 4);
+    for (const auto& x : dealt.mine) {
+      EXPECT_EQ(x.rank, 2);
+      EXPECT_EQ(x.world, 3);
+      EXPECT_TRUE(x.fragments.empty());
+      steps.push_back(x.step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 11, 12, 13}));
+}
+
+// Streaming: a slice of a step before a fragment's anchor is in that
+// fragment already, so it is owed to the other fragments only; a step
+// nobody alive trained is owed whole, as world 1.
+TEST(diloco_replay, a_slice_before_a_fragments_anchor_is_owed_to_the_other_fragments_only) {
+  const window_span w{10, 13};
+  // One survivor, rank 0 of world 2 at steps 10 and 11; step 12 nobody reached.
+  const std::vector<window_slice> held{{10, 0, 2, {}}, {11, 0, 2, {}}};
+  const auto worlds = slice_world_words(held, w);
+  EXPECT_EQ(worlds, (std::vector<int64_t>{2, 2, 0, 2}));
+  const auto bits = slice_fragment_words(held, w, worlds, 2);
+  const auto dealt = deal_owed_slices(w, worlds, bits, {10, 11}, replay_unit{1, 0, 0, 1});
+  ASSERT_EQ(dealt.mine.size(), 3u);
+  EXPECT_EQ(dealt.mine[0].step, 10);  // rank 1's slice, fragment 0 only (fragment 1's anchor is 11)
+  EXPECT_EQ(dealt.mine[0].rank, 1);
+  EXPECT_EQ(dealt.mine[0].fragments, (std::vector<bool>{true, false}));
+  EXPECT_EQ(dealt.mine[1].step, 11);
+  EXPECT_TRUE(dealt.mine[1].fragments.empty());
+  EXPECT_EQ(dealt.mine[2].step, 12);
+  EXPECT_EQ(dealt.mine[2].world, 1);
+  EXPECT_TRUE(dealt.mine[2].fragments.empty());
+}
+
+// Hosts as workers: the units are the leaders, in the order of their rank.
+TEST(diloco_replay, the_units_are_the_hosts_leaders_in_rank_order) {
+  replay_unit u;
+  count_units({1, 0, 1, 0, 0, 1}, 2, u);
+  EXPECT_EQ(u.units, 3);
+  EXPECT_EQ(u.unit, 1);
+}
+
+// A rank catching up holds the steps it will train, on the slicing of its
+// segments.
+TEST(diloco_replay, a_catching_up_rank_holds_the_steps_it_will_train) {
+  const auto held = held_slices({{9, 0, 2, {}}, {10, 0, 2, {}}}, {{12, 1, 3}, {14, 0, 2}}, 11, window_span{10, 13});
+  ASSERT_EQ(held.size(), 3u);
+  EXPECT_EQ(held[0].step, 10);
+  EXPECT_EQ(held[1].step, 11);
+  EXPECT_EQ(held[1].rank, 1);
+  EXPECT_EQ(held[1].world, 3);
+  EXPECT_EQ(held[2].step, 12);
+  EXPECT_EQ(held[2].world, 2);
+}
 
 TEST(agreement, the_highest_step_wins_and_its_lowest_holder_is_the_root) {
   // Ranks 0..3 hold steps 7, 9, 9, 3.
