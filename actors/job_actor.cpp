@@ -101,9 +101,7 @@ void on_step_report(job_self self, const pb::step_report& r, const sender_id& se
     emit(st.opts.events, u);
   }
   if (r.outer_steps() > 0 && r.global_rank() == 0)
-    emit(st.opts.events, ev::outer_step{r.step(), st.generation, st.world_size, static_cast<int64_t>(r.outer_inner_steps()),
-                                        r.outer_payload_bytes() / r.outer_steps(), r.outer_exchange_s() / static_cast<double>(r.outer_steps()),
-                                        r.outer_window_s(), r.pseudo_grad_norm()});
+    emit(st.opts.events, outer_step_of(r, st.generation, st.world_size));
   auto done = st.steps.add(r, st.generation, st.world_size);
   if (!done) return;
   if (auto rec = complete_generation(st.recovery, done->step, done->world_size, self->clock().now())) emit(st.opts.events, *rec);

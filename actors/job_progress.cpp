@@ -43,6 +43,19 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   return out;
 }
 
+ev::outer_step outer_step_of(const pb::step_report& r, uint64_t generation, int32_t world_size) {
+  ev::outer_step e;
+  e.step = r.step();
+  e.generation = generation;
+  e.world_size = world_size;
+  e.inner_steps = static_cast<int64_t>(r.outer_inner_steps());
+  e.payload_bytes = r.outer_payload_bytes() / r.outer_steps();
+  e.exchange_s = r.outer_exchange_s() / static_cast<double>(r.outer_steps());
+  e.window_s = r.outer_window_s();
+  e.pseudo_grad_norm = r.pseudo_grad_norm();
+  return e;
+}
+
 recovery_record begin_generation(uint64_t generation, bool first, plan_cause cause, bool drain, clock_time now, int64_t steps_before, int lost_workers) {
   recovery_record rec;
   rec.lost_workers = lost_workers;

@@ -41,6 +41,11 @@ class step_table {
   std::map<int64_t, row> rows_;
 };
 
+// A step report that closed DiLoCo windows (r.outer_steps() > 0), as the
+// journal's outer_step: the last window's figures, the payload and the
+// exchange per window. The job actor and `dtactor train` (world 1) alike.
+ev::outer_step outer_step_of(const pb::step_report& r, uint64_t generation, int32_t world_size);
+
 // A generation's accounting, from its plan to its first completed step.
 struct recovery_record {
   uint64_t generation = 0;

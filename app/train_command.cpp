@@ -105,7 +105,7 @@ class world_one_sink {
 
  private:
   status on_step(const pb::step_report& r) {
-    if (r.outer_steps() > 0) jn_.write(outer_step_of(r));
+    if (r.outer_steps() > 0) jn_.write(outer_step_of(r, generation_, 1));
     if (r.param_bytes() > 0) held_ = {r.param_bytes(), r.grad_bytes(), r.optimizer_state_bytes(), r.checkpoint_buffer_bytes()};
     auto line = steps_.add(r, generation_, 1);
     if (!line) return {};
@@ -150,21 +150,6 @@ class world_one_sink {
     jn_.write(saved);
     prog_.note_event("checkpoint " + std::to_string(w.step()));
     return {};
-  }
-
-  // A report that closed DiLoCo windows: the last one's figures, the
-  // payload and exchange per window.
-  ev::outer_step outer_step_of(const pb::step_report& r) const {
-    ev::outer_step e;
-    e.step = r.step();
-    e.generation = generation_;
-    e.world_size = 1;
-    e.inner_steps = static_cast<int64_t>(r.outer_inner_steps());
-    e.payload_bytes = r.outer_payload_bytes() / r.outer_steps();
-    e.exchange_s = r.outer_exchange_s() / static_cast<double>(r.outer_steps());
-    e.window_s = r.outer_window_s();
-    e.pseudo_grad_norm = r.pseudo_grad_norm();
-    return e;
   }
 
   void on_status(const pb::rank_status& s) {

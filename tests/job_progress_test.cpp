@@ -76,6 +76,25 @@ TEST(step_table, a_completed_step_forgets_older_incomplete_ones) {
   EXPECT_EQ(t.pending(), 0u);
 }
 
+TEST(outer_step, a_report_that_closed_two_windows_gives_the_payload_and_exchange_per_window) {
+  auto r = report(0, 40, 1.0, 10, 0.3);
+  r.set_outer_steps(2);
+  r.set_outer_inner_steps(20);
+  r.set_outer_payload_bytes(8000);
+  r.set_outer_exchange_s(0.5);
+  r.set_outer_window_s(3.0);
+  r.set_pseudo_grad_norm(0.75);
+  const ev::outer_step e = outer_step_of(r, 6, 3);
+  EXPECT_EQ(e.step, 40);
+  EXPECT_EQ(e.generation, 6u);
+  EXPECT_EQ(e.world_size, 3);
+  EXPECT_EQ(e.inner_steps, 20);
+  EXPECT_EQ(e.payload_bytes, 4000u);
+  EXPECT_DOUBLE_EQ(e.exchange_s, 0.25);
+  EXPECT_DOUBLE_EQ(e.window_s, 3.0);
+  EXPECT_DOUBLE_EQ(e.pseudo_grad_norm, 0.75);
+}
+
 TEST(recovery, the_first_generation_is_the_start_and_no_recovery) {
   const clock_time t0{std::chrono::hours(1)};
   auto rec = begin_generation(1, true, plan_cause::node_joined, false, t0, 0);
