@@ -36,6 +36,7 @@
 
 #include "dtactor/result.hpp"
 #include "comm/exchange.hpp"
+#include "comm/param_sync.hpp"
 #include "comm/step_control.hpp"
 
 namespace dtactor {
@@ -160,6 +161,11 @@ class grad_sync {
   // (this rank's own with a world of one).
   const step_control& control() const { return control_out_; }
 
+  // A sharded optimizer's parameter sync for this reducer's steps (ZeRO:
+  // comm/param_sync.hpp), or null (none: every rank holds every parameter).
+  void set_parameter_sync(std::unique_ptr<param_sync> p) { param_sync_ = std::move(p); }
+  param_sync* parameter_sync() const { return param_sync_.get(); }
+
   int world() const { return world_; }
   // True when the buckets go through shared memory (options.shm was usable),
   // for the whole world or, hierarchical, within this host.
@@ -215,6 +221,7 @@ class grad_sync {
   std::vector<exchange_bucket> buckets_;  // moved by exchange_
   std::vector<bucket_fill> fills_;        // parallel to buckets_
   std::unique_ptr<bucket_exchange> exchange_;
+  std::unique_ptr<param_sync> param_sync_;
   step_control control_in_, control_out_;
   int64_t control_offset_ = 0;  // in the first bucket's flat tensor
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

@@ -373,11 +373,10 @@ void training_state::zero_grad() {
 result<training_state::dp_step> training_state::inner_step_host(int rank, int world, grad_sync& host, const std::vector<int>& host_ranks) {
   size_t n = 0;
   for (int r : host_ranks) n += order_->rank_slice(step_, r, world).size();
-  return train_step_dp(rank, world, host, {}, {}, static_cast<double>(std::max<size_t>(1, n)));
+  return train_step_dp(rank, world, host, static_cast<double>(std::max<size_t>(1, n)));
 }
 
-result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather,
-                                                              const std::function<result<double>()>& norm, double divisor) {
+result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, double divisor) {
   dp_step r;
   auto samples = order_->rank_slice(step_, rank, world);
   // Sharded data: the next step's samples, decoded ahead while this one runs.
@@ -396,9 +395,10 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   r.buckets = synced->buckets;
   r.launched_in_backward = synced->launched_in_backward;
   const auto t1 = clock_type::now();
+  param_sync* ps = sync.parameter_sync();
   std::optional<double> global_norm;
-  if (norm) {
-    auto n = norm();
+  if (ps && ps->sharded_norm()) {
+    auto n = ps->global_norm();
     if (!n) {
       // Kept: other ranks may have completed this allreduce and stepped
       // (has_interrupted_step).
@@ -407,7 +407,7 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
     }
     global_norm = n.value();
   }
-  if (!gather) {
+  if (!ps) {
     r.grad_norm = apply_update(global_norm);
     r.update_s = seconds_since(t1);
     return r;
@@ -419,7 +419,7 @@ result<training_state::dp_step> training_state::train_step_dp(int rank, int worl
   // Nothing is undone, so nothing needs saving.
   r.grad_norm = apply_update(global_norm);
   const auto t2 = clock_type::now();
-  if (auto st = gather(); !st) {
+  if (auto st = ps->gather(); !st) {
     params_mixed_ = true;
     return st.err();
   }

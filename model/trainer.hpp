@@ -85,15 +85,15 @@ class training_state {
     double allreduce_s = 0, exposed_s = 0;  // see grad_sync_timing
     int buckets = 0, launched_in_backward = 0;
   };
-  // `gather` (ZeRO, rank/zero): run after the optimizer stepped the shards
-  // this rank holds, to bring the others' parameters; when it fails, step()
-  // has advanced (this rank's shards are the next step's) and params_mixed()
-  // says the other parameters may be a mix of two steps.
-  // `norm` (ZeRO-2): the global gradient norm from the ranks' shards (a
-  // collective); when it fails, nothing was updated.
+  // A sharded optimizer (ZeRO) syncs through the reducer's parameter sync
+  // (grad_sync::parameter_sync, comm/param_sync.hpp): its global norm
+  // (train.zero = 2) clips, and its gather runs after the optimizer stepped
+  // the shards this rank holds, to bring the others' parameters; when the
+  // gather fails, step() has advanced (this rank's shards are the next
+  // step's) and params_mixed() says the other parameters may be a mix of
+  // two steps; when the norm fails, nothing was updated.
   // `divisor`: what the loss is divided by (0 = the global batch).
-  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, const std::function<status()>& gather = {},
-                                const std::function<result<double>()>& norm = {}, double divisor = 0);
+  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, double divisor = 0);
   // train.diloco_worker = host: one inner step of a worker made of the
   // ranks `host_ranks` (global ranks, this one among them): each its slice
   // of the step's global batch, the gradients summed over `host` (the

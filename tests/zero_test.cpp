@@ -15,6 +15,7 @@
 #include "model/shard_plan.hpp"
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
+#include "rank/zero_sync.hpp"
 #include "rank_threads.hpp"
 #include "comm/grad_sync.hpp"
 #include "comm/step_control.hpp"
@@ -89,6 +90,17 @@ TEST(ShardPlan, RHoldersGoToRNodesWhenThereAreThatMany) {
   }
 }
 
+// ZeRO's parameter sync over `pg` (and its segments), the norm from the
+// shards with `sharded_norm` (train.zero = 2).
+zero_sync_settings zero_sync(c10::intrusive_ptr<c10d::ProcessGroup> pg, bool sharded_norm) {
+  zero_sync_settings z;
+  z.pg = std::move(pg);
+  z.sharded_norm = sharded_norm;
+  z.timeout = std::chrono::milliseconds(20000);
+  z.spin = std::chrono::microseconds(50);
+  return z;
+}
+
 grad_sync_options buckets() {
   grad_sync_options o;
   o.bucket_bytes = 16 * 1024;
@@ -101,10 +113,9 @@ std::vector<std::string> train(std::vector<std::unique_ptr<training_state>>& sta
   return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[static_cast<size_t>(rank)];
     grad_sync sync(s.the_task().module()->parameters(), pg, buckets());
-    std::function<status()> gather;
-    if (plan) gather = [&] { return gather_params(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
+    if (plan) sync.set_parameter_sync(zero_sync_over_group(s.optimizer(), *plan, zero_sync(pg, false)));
     for (int i = 0; i < steps; ++i) {
-      auto r = s.train_step_dp(rank, world, sync, gather);
+      auto r = s.train_step_dp(rank, world, sync);
       if (!r) return r.message();
     }
     return "";
@@ -286,6 +297,23 @@ struct run_how {
   std::atomic<int>* host_gathers = nullptr;
 };
 
+// A parameter sync that counts the gathers of the one it wraps.
+class counted_gathers final : public param_sync {
+ public:
+  counted_gathers(std::unique_ptr<param_sync> inner, std::atomic<int>* n) : inner_(std::move(inner)), n_(n) {}
+  bool sharded_norm() const override { return inner_->sharded_norm(); }
+  result<double> global_norm() override { return inner_->global_norm(); }
+  status gather() override {
+    if (n_) ++*n_;
+    return inner_->gather();
+  }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  std::unique_ptr<param_sync> inner_;
+  std::atomic<int>* n_;
+};
+
 // `steps` data-parallel steps; with a plan and zero2, the gradients go
 // only to their holders and the norm is the shards' (rank/zero). Returns
 // the errors; `norms` gets rank 0's gradient norms.
@@ -312,35 +340,31 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
       o.hosts = xp->hosts;
     }
     if (h.bf16) o.exchange.codec = wire_codec::bf16;
-    std::function<result<double>()> norm;
     if (plan && zero2) {
       auto z = std::const_pointer_cast<zero2_grads>(zero2_of(s.optimizer(), *plan));
       z->inflight_bytes = h.inflight_bytes;
       o.zero2 = z;
-      norm = [&] { return global_grad_norm(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
     }
     grad_sync sync(s.the_task().module()->parameters(), pg, o);
     if (xp && !sync.hierarchical()) return "not hierarchical";
     if (h.small_ring && shm && shm->capacity() >= floats) return "the ring holds " + std::to_string(shm->capacity()) + " floats of a step's " + std::to_string(floats);
     if (!xp && h.shm != sync.uses_shm()) return "shared memory " + std::string(sync.uses_shm() ? "used" : "not used");
-    std::function<status()> gather;
-    if (plan) gather = [&] { return gather_params(*pg, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}); };
+    const zero_sync_settings zs = zero_sync(pg, plan && zero2);
+    std::unique_ptr<param_sync> ps;
+    if (plan) ps = zero_sync_over_group(s.optimizer(), *plan, zs);
     // One host's world (as the rank worker does): the all-gather and the
     // norm's sum through the gradients' segment, between their steps.
     if (plan && shm && !xp) {
       if (!shm_fits(*shm, s.optimizer(), *plan)) return "the parameters do not fit the segment";
-      gather = [&] { return gather_params_shm(*shm, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50)); };
-      if (norm) norm = [&] { return global_grad_norm_shm(*shm, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50)); };
+      ps = zero_sync_over_segment(shm, s.optimizer(), *plan, zs);
     }
     if (plan && xp && h.host_gather) {
       if (!xp->hierarchical || !hosts_cover_every_shard(*plan, xp->host_groups)) return "the hosts do not each hold every shard";
-      gather = [&]() -> status {
-        if (h.host_gathers) ++*h.host_gathers;
-        return gather_params_host(*xp->shm, xp->host_members, s.optimizer(), *plan, std::chrono::milliseconds(20000), {}, std::chrono::microseconds(50));
-      };
+      ps = std::make_unique<counted_gathers>(zero_sync_within_hosts(xp->shm, xp->host_members, s.optimizer(), *plan, zs), h.host_gathers);
     }
+    sync.set_parameter_sync(std::move(ps));
     for (int i = 0; i < steps; ++i) {
-      auto r = s.train_step_dp(rank, world, sync, gather, norm);
+      auto r = s.train_step_dp(rank, world, sync);
       if (!r) return r.message();
       if (norms && rank == 0) norms->push_back(r->grad_norm);
       if (zero2)
@@ -615,6 +639,26 @@ TEST(Zero2, Fp32OverGlooDiffersFromZeroZeroInRoundingOnly) {
   EXPECT_LT(total / n, 1e-6);
 }
 
+// Zero-2's sync over the group whose norm's allreduce completes everywhere
+// but fails on this rank when `fail_norm` (a peer died inside it), and
+// whose all-gather fails (the peer is gone).
+class interrupted_sync final : public param_sync {
+ public:
+  interrupted_sync(std::unique_ptr<param_sync> real, bool fail_norm) : real_(std::move(real)), fail_norm_(fail_norm) {}
+  bool sharded_norm() const override { return true; }
+  result<double> global_norm() override {
+    auto n = real_->global_norm();
+    if (fail_norm_) return make_error("allreduce of the gradient norm failed on this rank: a peer died inside it");
+    return n;
+  }
+  status gather() override { return make_error("parameter all-gather: a peer is gone"); }
+  std::string describe() const override { return "interrupted"; }
+
+ private:
+  std::unique_ptr<param_sync> real_;
+  bool fail_norm_;
+};
+
 // One zero-2 step over Gloo in which the gradient-norm allreduce completes
 // on every rank but `failing` sees it fail (as when a peer dies inside the
 // collective: Gloo's ring lets some ranks finish and not others): the other
@@ -627,13 +671,9 @@ std::vector<std::string> interrupted_step(std::vector<std::unique_ptr<training_s
     o.carry_control = true;
     o.zero2 = zero2_of(s.optimizer(), plan);
     grad_sync sync(s.the_task().module()->parameters(), pg, o);
-    std::function<result<double>()> norm = [&]() -> result<double> {
-      auto n = global_grad_norm(*pg, s.optimizer(), plan, std::chrono::milliseconds(20000), {});
-      if (rank == failing) return make_error("allreduce of the gradient norm failed on this rank: a peer died inside it");
-      return n;
-    };
-    std::function<status()> gather = [&]() -> status { return make_error("parameter all-gather: a peer is gone"); };
-    auto r = s.train_step_dp(rank, world, sync, gather, norm);
+    sync.set_parameter_sync(std::make_unique<interrupted_sync>(zero_sync_over_group(s.optimizer(), plan, zero_sync(pg, true)),
+                                                               rank == failing));
+    auto r = s.train_step_dp(rank, world, sync);
     return r ? "" : r.message();
   });
 }
