@@ -563,124 +563,156 @@ std::optional<rank_worker::outcome> rank_worker::agree_state(generation_run& g) 
   // synchronised at); its steps since are its own window's.
   const bool diloco = state.diloco();
   auto held_of = [&] { return diloco ? state.outer().anchor() : state.step(); };
-  if (g.rank == 0 && g.plan.checkpoint_step() > held_of()) {
-    // Nobody alive holds state: the checkpoint the plan names, read from
-    // the store by this rank itself. Sharded (train.zero >= 1): its
-    // replicated part only; every rank reads its own shards after the
-    // agreement (shard_state).
-    checkpoint_load l;
-    l.step = g.plan.checkpoint_step();
-    l.which = impl_->cfg->get_int("train.zero") >= 1 ? load_which::replicated : load_which::all;
-    if (auto ended = load_from_checkpoint(g, l)) return ended;
-    g.source = ev::state_source::disk;
-    impl_->catch_up.clear();
-    if (diloco) impl_->window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), 0, l.meta.world_size());
-  }
-  if (impl_->cfg->get_int("train.zero") >= 2) {
-    if (!g.pg) {
-      state.drop_interrupted_step();
-    } else {
-      auto finished = finish_interrupted_step(*g.pg, state, g.timeout, g.abandon_now);
-      if (!finished) return failed(g, finished.message(), state.step());
-      // The samples are the attempt's, of the generation that computed them.
-      if (*finished && impl_->attempt.step == state.step() - 1)
-        if (auto st = log_samples(impl_->attempt.step, impl_->attempt.gen, impl_->attempt.rank, impl_->attempt.world); !st)
-          return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
-      if (*finished)
-        std::fprintf(stderr,
-                     "rank %d: generation %llu: finished step %lld's update of this rank's shards (its gradient-norm allreduce failed here "
-                     "and completed on other ranks, which stepped theirs)\n",
-                     g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step() - 1));
-    }
-  }
+  if (g.rank == 0 && g.plan.checkpoint_step() > held_of())
+    if (auto ended = state_from_plan_checkpoint(g)) return ended;
+  if (impl_->cfg->get_int("train.zero") >= 2)
+    if (auto ended = finish_zero2_step(g)) return ended;
   const int64_t held_step = state.step();  // what this rank holds before any transfer
   bool own_window = true;  // DiLoCo: this rank goes on with its own window (it held the agreed anchor)
-  if (g.pg) {
-    const auto words = agreement_words(held_of(), g.rank);
-    std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
-    c10d::AllreduceOptions mx;
-    mx.reduceOp = c10d::ReduceOp::MAX;
-    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "state agreement"); !st)
-      return failed(g, st.message(), state.step());
-    const auto a = read_agreement(t[0][0].item<int64_t>(), t[0][1].item<int64_t>());
-    g.root = a.root;
-    if (!a.everyone_holds_it()) {
-      // DiLoCo: a rank holding the agreed anchor keeps its window's own
-      // progress (parameters, buffers, inner moments, step) through the
-      // transfer; the others start their window over from the anchor.
-      const bool keep_window = diloco && held_of() == a.max_step;
-      own_window = keep_window;
-      std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (live, copy)
-      const int64_t own_step = state.step(), own_inner_steps = state.optimizer().steps_taken();
-      if (keep_window) {
-        torch::NoGradGuard no_grad;
-        for (auto& st : state.state_tensors())
-          if (st.name.rfind("outer/", 0) != 0) kept.emplace_back(st.t, st.t.clone());
-      }
-      // In place, in chunks, over the data plane (bounded extra memory).
-      int64_t from_disk = g.source == ev::state_source::disk ? 1 : 0;
-      auto sent = broadcast_state(*g.pg, g.root, state, g.timeout, g.abandon_now, from_disk);
-      if (!sent) return failed(g, sent.message(), state.step());
-      if (diloco) {
-        torch::NoGradGuard no_grad;
-        if (keep_window) {
-          for (auto& [live, copy] : kept) live.copy_(copy);
-          state.state_loaded(own_step);
-          state.optimizer().set_steps_taken(own_inner_steps);
-        } else {
-          state.outer().reset_to_global();
-          state.state_loaded(state.outer().anchor());
-          impl_->forget_window();
-        }
-      }
-      if (g.rank != g.root) {
-        // The generation's state came from the store when its root loaded
-        // it from there (every rank says so: one story in the journal).
-        g.source = from_disk ? ev::state_source::disk : ev::state_source::peer;
-        g.transfer_bytes = sent->bytes;
-        g.transfer_s = sent->seconds;
-      }
-    }
-  }
+  if (g.pg)
+    if (auto ended = take_agreed_state(g, own_window)) return ended;
   if (diloco && g.pg && g.rank != 0 && g.source == ev::state_source::disk && !own_window)
     if (auto ended = worker_section_from_checkpoint(g)) return ended;
   if (impl_->cfg->get_int("train.zero") >= 1)
     if (auto ended = shard_state(g, held_step == state.step())) return ended;
-  if (diloco && g.pg) {
-    // The workers go on from the furthest step any of them reached in the
-    // window (no one's inner steps are undone); one behind catches up on
-    // the steps its peers took, or skips them (below).
-    auto& im = *impl_;
-    std::vector<torch::Tensor> t{torch::tensor({state.step(), static_cast<int64_t>(im.trained_gen)}, torch::kInt64)};
-    c10d::AllreduceOptions mx;
-    mx.reduceOp = c10d::ReduceOp::MAX;
-    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's step"); !st)
-      return failed(g, st.message(), state.step());
-    const int64_t furthest = t[0][0].item<int64_t>();
-    const uint64_t newest_trained = static_cast<uint64_t>(t[0][1].item<int64_t>());
-    g.window_steps = furthest - state.outer().anchor();
-    // A rank that kept its window and trained in the generation its peers
-    // took those steps in catches up on its own slices of that generation's
-    // world (no collective runs between boundaries, so it can): its samples
-    // of those steps are trained once, as if nothing had happened. With
-    // hosts as workers (their ranks step together through the host's
-    // reducer) and without such a generation, it skips them.
-    // (Steps it was still catching up on in that generation keep the
-    // slicing of theirs.)
-    const int64_t own = state.step();
-    while (!im.catch_up.empty() && im.catch_up.front().until <= own) im.catch_up.erase(im.catch_up.begin());
-    const bool catch_up = own_window && furthest > own && im.trained_world > 0 && im.trained_gen == newest_trained &&
-                          im.cfg->get_string("train.diloco_worker") != "host";
-    if (catch_up) {
-      if (im.catch_up.empty() || im.catch_up.back().until < furthest) im.catch_up.push_back({furthest, im.trained_rank, im.trained_world});
-    } else {
-      im.catch_up.clear();
-      g.skipped_steps = furthest - own;
-      state.skip_to(furthest);
-    }
-    if (auto ended = replay_owed_slices(g, furthest)) return ended;
-  }
+  if (diloco && g.pg)
+    if (auto ended = agree_window(g, own_window)) return ended;
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;
+  return std::nullopt;
+}
+
+// Nobody alive holds state (agree_state, global rank 0): the checkpoint the
+// plan names, read from the store by this rank itself. Sharded (train.zero
+// >= 1): its replicated part only; every rank reads its own shards after
+// the agreement (shard_state).
+std::optional<rank_worker::outcome> rank_worker::state_from_plan_checkpoint(generation_run& g) {
+  training_state& state = *impl_->state;
+  checkpoint_load l;
+  l.step = g.plan.checkpoint_step();
+  l.which = impl_->cfg->get_int("train.zero") >= 1 ? load_which::replicated : load_which::all;
+  if (auto ended = load_from_checkpoint(g, l)) return ended;
+  g.source = ev::state_source::disk;
+  impl_->catch_up.clear();
+  if (state.diloco()) impl_->window_from_checkpoint(oldest_fragment_anchor(state.outer()), state.step(), 0, l.meta.world_size());
+  return std::nullopt;
+}
+
+// train.zero >= 2, before the agreement: the step whose gradient-norm
+// allreduce failed here after other ranks completed it is finished (this
+// rank's shards updated), or dropped without a group.
+std::optional<rank_worker::outcome> rank_worker::finish_zero2_step(generation_run& g) {
+  training_state& state = *impl_->state;
+  if (!g.pg) {
+    state.drop_interrupted_step();
+  } else {
+    auto finished = finish_interrupted_step(*g.pg, state, g.timeout, g.abandon_now);
+    if (!finished) return failed(g, finished.message(), state.step());
+    // The samples are the attempt's, of the generation that computed them.
+    if (*finished && impl_->attempt.step == state.step() - 1)
+      if (auto st = log_samples(impl_->attempt.step, impl_->attempt.gen, impl_->attempt.rank, impl_->attempt.world); !st)
+        return failed(g, st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+    if (*finished)
+      std::fprintf(stderr,
+                   "rank %d: generation %llu: finished step %lld's update of this rank's shards (its gradient-norm allreduce failed here "
+                   "and completed on other ranks, which stepped theirs)\n",
+                   g.rank, static_cast<unsigned long long>(g.gen), static_cast<long long>(state.step() - 1));
+  }
+  return std::nullopt;
+}
+
+// The one state agreement (MAX of agreement_words): the highest step (DiLoCo:
+// anchor) any member holds and the lowest rank holding it, the root; when
+// not everyone holds it, the state is broadcast from the root. `own_window`
+// (DiLoCo): whether this rank keeps its window's own progress.
+std::optional<rank_worker::outcome> rank_worker::take_agreed_state(generation_run& g, bool& own_window) {
+  training_state& state = *impl_->state;
+  const bool diloco = state.diloco();
+  auto held_of = [&] { return diloco ? state.outer().anchor() : state.step(); };
+  const auto words = agreement_words(held_of(), g.rank);
+  std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
+  c10d::AllreduceOptions mx;
+  mx.reduceOp = c10d::ReduceOp::MAX;
+  if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "state agreement"); !st)
+    return failed(g, st.message(), state.step());
+  const auto a = read_agreement(t[0][0].item<int64_t>(), t[0][1].item<int64_t>());
+  g.root = a.root;
+  if (!a.everyone_holds_it()) {
+    // DiLoCo: a rank holding the agreed anchor keeps its window's own
+    // progress (parameters, buffers, inner moments, step) through the
+    // transfer; the others start their window over from the anchor.
+    const bool keep_window = diloco && held_of() == a.max_step;
+    own_window = keep_window;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (live, copy)
+    const int64_t own_step = state.step(), own_inner_steps = state.optimizer().steps_taken();
+    if (keep_window) {
+      torch::NoGradGuard no_grad;
+      for (auto& st : state.state_tensors())
+        if (st.name.rfind("outer/", 0) != 0) kept.emplace_back(st.t, st.t.clone());
+    }
+    // In place, in chunks, over the data plane (bounded extra memory).
+    int64_t from_disk = g.source == ev::state_source::disk ? 1 : 0;
+    auto sent = broadcast_state(*g.pg, g.root, state, g.timeout, g.abandon_now, from_disk);
+    if (!sent) return failed(g, sent.message(), state.step());
+    if (diloco) {
+      torch::NoGradGuard no_grad;
+      if (keep_window) {
+        for (auto& [live, copy] : kept) live.copy_(copy);
+        state.state_loaded(own_step);
+        state.optimizer().set_steps_taken(own_inner_steps);
+      } else {
+        state.outer().reset_to_global();
+        state.state_loaded(state.outer().anchor());
+        impl_->forget_window();
+      }
+    }
+    if (g.rank != g.root) {
+      // The generation's state came from the store when its root loaded
+      // it from there (every rank says so: one story in the journal).
+      g.source = from_disk ? ev::state_source::disk : ev::state_source::peer;
+      g.transfer_bytes = sent->bytes;
+      g.transfer_s = sent->seconds;
+    }
+  }
+  return std::nullopt;
+}
+
+// DiLoCo, after the state agreement: the furthest step any worker reached in
+// the window, the catch-up or skip of this rank, and the replay of a lost
+// worker's slices (replay_owed_slices).
+std::optional<rank_worker::outcome> rank_worker::agree_window(generation_run& g, bool own_window) {
+  training_state& state = *impl_->state;
+  // The workers go on from the furthest step any of them reached in the
+  // window (no one's inner steps are undone); one behind catches up on
+  // the steps its peers took, or skips them (below).
+  auto& im = *impl_;
+  std::vector<torch::Tensor> t{torch::tensor({state.step(), static_cast<int64_t>(im.trained_gen)}, torch::kInt64)};
+  c10d::AllreduceOptions mx;
+  mx.reduceOp = c10d::ReduceOp::MAX;
+  if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the window's step"); !st)
+    return failed(g, st.message(), state.step());
+  const int64_t furthest = t[0][0].item<int64_t>();
+  const uint64_t newest_trained = static_cast<uint64_t>(t[0][1].item<int64_t>());
+  g.window_steps = furthest - state.outer().anchor();
+  // A rank that kept its window and trained in the generation its peers
+  // took those steps in catches up on its own slices of that generation's
+  // world (no collective runs between boundaries, so it can): its samples
+  // of those steps are trained once, as if nothing had happened. With
+  // hosts as workers (their ranks step together through the host's
+  // reducer) and without such a generation, it skips them.
+  // (Steps it was still catching up on in that generation keep the
+  // slicing of theirs.)
+  const int64_t own = state.step();
+  while (!im.catch_up.empty() && im.catch_up.front().until <= own) im.catch_up.erase(im.catch_up.begin());
+  const bool catch_up = own_window && furthest > own && im.trained_world > 0 && im.trained_gen == newest_trained &&
+                        im.cfg->get_string("train.diloco_worker") != "host";
+  if (catch_up) {
+    if (im.catch_up.empty() || im.catch_up.back().until < furthest) im.catch_up.push_back({furthest, im.trained_rank, im.trained_world});
+  } else {
+    im.catch_up.clear();
+    g.skipped_steps = furthest - own;
+    state.skip_to(furthest);
+  }
+  if (auto ended = replay_owed_slices(g, furthest)) return ended;
   return std::nullopt;
 }
 
@@ -1057,8 +1089,7 @@ struct transport_facts {
   bool over_shm = false;           // the reducer uses the segment (alone or hierarchical)
   bool fragments_off_shm = false;  // streaming DiLoCo's fragments left it to the host's reducer
   const shard_plan* shards = nullptr;
-  bool zero2 = false;
-  const param_sync* zero_sync = nullptr;  // how the parameters are gathered (train.zero >= 1)
+  bool zero2 = false, zero_shm = false, zero_host = false;
   size_t fragments = 0;  // streaming DiLoCo: the fragments' reducers
   bool host_sync = false;
   std::string host_workers_why_not;
@@ -1079,7 +1110,9 @@ std::string describe_transport(const transport_facts& f, training_state& state, 
     transport += "; optimizer state" + std::string(f.zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(f.zero2 ? 2 : 1) + "): this rank holds " + std::to_string(sp.held_elements(f.rank)) + " of " +
                  std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
                  " holder(s) a shard, " + std::to_string(f.reshard_bytes) + " bytes moved, parameters gathered " +
-                 (f.zero_sync ? f.zero_sync->describe() : "over " + f.backend);
+                 (f.zero_shm    ? std::string("through shared memory")
+                  : f.zero_host ? std::string("within each host through shared memory (every host holds every shard)")
+                                : "over " + f.backend);
   }
   if (state.diloco() && f.world > 1) {
     // The same transport carries the pseudo-gradients, once a window.
@@ -1114,7 +1147,11 @@ struct rank_worker::steps_run {
   std::unique_ptr<grad_sync> host_sync;
   std::string host_workers_why_not;
   bool zero2 = false;     // gradients reduce-scattered into the optimizer's windows
+  bool zero_shm = false;  // ZeRO's all-gather and norm through the host's segment
+  bool zero_host = false;  // ZeRO's all-gather through each host's segment (hierarchical, every host holds every shard)
   bool streaming = false, fragments_off_shm = false;
+  std::function<result<double>()> global_norm;  // zero=2: the clipping norm from the shards' partial sums
+  std::function<status()> gather;               // zero>=1: the other ranks' updated parameters
   // Buffers training changes (BatchNorm): rank 0's go to every rank after
   // each step (PyTorch DDP's broadcast_buffers), or the ranks' states drift
   // apart and the digest comparison stops the job.
@@ -1158,7 +1195,10 @@ status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   // straight into the optimizer's gradient windows; the clipping norm is
   // the sum of the primaries' partial sums (one small allreduce a step).
   s.zero2 = im.shards && g.pg && g.world > 1 && cfg.get_int("train.zero") >= 2;
-  if (s.zero2) go.zero2 = zero2_of(state.optimizer(), *im.shards);
+  if (s.zero2) {
+    go.zero2 = zero2_of(state.optimizer(), *im.shards);
+    s.global_norm = [&state, &im, &g] { return global_grad_norm(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
+  }
   // train.diloco_worker = host: the ranks of a host are one worker,
   // synchronous inside through the host's segment (host_sync below).
   const bool host_workers = host_worker(g);
@@ -1186,11 +1226,13 @@ status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   } else {
     s.syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
   }
-  // train.zero >= 1: the reducer's parameter sync (the all-gather after
-  // the update, zero=2's norm), over the path the ranks' places allow.
-  s.sync().set_parameter_sync(zero_sync_for(s.sync(), g.exchange, state.optimizer(), im.shards ? &*im.shards : nullptr,
-                                            {g.pg, s.zero2, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
-  if (state.diloco() && im.modes.diloco_worker == diloco_worker_kind::host && g.world > 1) {
+  // train.zero >= 1 with every rank on this host and the gradients through
+  // its segment: the parameter all-gather and the norm's sum go through it
+  // too, between the steps of the gradient exchange (no loopback TCP).
+  const grad_sync& sync = s.sync();
+  s.zero_shm = im.shards && g.pg && g.world > 1 && !state.diloco() && sync.uses_shm() && !sync.hierarchical() && g.exchange.shm &&
+               shm_fits(*g.exchange.shm, state.optimizer(), *im.shards);
+  if (state.diloco() && cfg.get_string("train.diloco_worker") == "host" && g.world > 1) {
     if (host_workers) {
       grad_sync_options ho;
       ho.bucket_bytes = go.bucket_bytes;
@@ -1205,6 +1247,35 @@ status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
                                : g.exchange.why_not.empty() ? "no shared memory"
                                                             : g.exchange.why_not;
     }
+  }
+  // train.zero >= 1: after the optimizer stepped this rank's shards, the
+  // others' updated parameters.
+  if (im.shards && g.pg && g.world > 1)
+    s.gather = [&state, &im, &g] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
+  // Several hosts, hierarchical, and every host holding every shard
+  // between its ranks (2 hosts, two holders a shard): nothing a rank lacks
+  // is on another host, so the all-gather is a round of the host's segment
+  // (a rank alone on its host then holds everything: nothing to gather).
+  // Decided from the plan and the hosts, alike on every rank.
+  s.zero_host = im.shards && g.pg && g.world > 1 && !state.diloco() && !s.zero_shm && g.exchange.hierarchical &&
+                hosts_cover_every_shard(*im.shards, g.exchange.host_groups) && params_float32(state.optimizer(), *im.shards);
+  if (s.zero_host) {
+    auto* shm = g.exchange.shm.get();
+    const auto spin = go.spin_wait;
+    const auto members = g.exchange.host_members;
+    s.gather = [&state, &im, &g, shm, spin, members]() -> status {
+      if (!shm) return {};  // alone on this host: it holds every shard
+      return gather_params_host(*shm, members, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin);
+    };
+  }
+  if (s.zero_shm) {
+    auto* shm = g.exchange.shm.get();
+    const auto spin = go.spin_wait;
+    s.gather = [&state, &im, &g, shm, spin] { return gather_params_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin); };
+    if (s.global_norm)
+      s.global_norm = [&state, &im, &g, shm, spin] {
+        return global_grad_norm_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin);
+      };
   }
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) s.moving_buffers.push_back(b);
@@ -1225,7 +1296,8 @@ void rank_worker::report_ready(generation_run& g, const steps_run& s) {
   tf.fragments_off_shm = s.fragments_off_shm;
   tf.shards = im.shards ? &*im.shards : nullptr;
   tf.zero2 = s.zero2;
-  tf.zero_sync = s.sync().parameter_sync();
+  tf.zero_shm = s.zero_shm;
+  tf.zero_host = s.zero_host;
   tf.fragments = s.streaming ? s.syncs.size() : 0;
   tf.host_sync = s.host_sync != nullptr;
   tf.host_workers_why_not = s.host_workers_why_not;
@@ -1324,7 +1396,7 @@ std::optional<rank_worker::outcome> rank_worker::inner_step(generation_run& g, s
   if (s.host_sync)
     r = state.inner_step_host(g.rank, g.world, *s.host_sync, g.exchange.host_members);
   else
-    r = diloco ? state.inner_step(slice_rank, slice_world) : state.train_step_dp(g.rank, g.world, s.sync());
+    r = diloco ? state.inner_step(slice_rank, slice_world) : state.train_step_dp(g.rank, g.world, s.sync(), s.gather, s.global_norm);
   // Applied (with ZeRO, to this rank's shards even when the all-gather
   // after it failed): the step is in the audit log before anything else.
   if (state.step() > attempted)

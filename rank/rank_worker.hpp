@@ -115,6 +115,12 @@ class rank_worker : public rank_work {
   outcome run_generation(const pb::generation_plan& plan, double offered_at);
   std::optional<outcome> build_group(generation_run& g);
   std::optional<outcome> agree_state(generation_run& g);
+  // agree_state's parts: the plan's checkpoint read by rank 0, ZeRO-2's
+  // interrupted step, the one agreement and transfer, DiLoCo's window.
+  std::optional<outcome> state_from_plan_checkpoint(generation_run& g);
+  std::optional<outcome> finish_zero2_step(generation_run& g);
+  std::optional<outcome> take_agreed_state(generation_run& g, bool& own_window);
+  std::optional<outcome> agree_window(generation_run& g, bool own_window);
   std::optional<outcome> shard_state(generation_run& g, bool holds_current);
   std::optional<outcome> shards_from_checkpoint(generation_run& g, const shard_plan& plan, int64_t step);
   std::optional<outcome> worker_section_from_checkpoint(generation_run& g);
