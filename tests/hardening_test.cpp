@@ -5,7 +5,9 @@
 // processes (tests/adversarial_test.py). Torch-free.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +20,12 @@
 #include "net/rendezvous_protocol.hpp"
 #include "net/rendezvous_store.hpp"
 #include "net/wire.hpp"
+#include "net/zap_handler.hpp"
 #include "net/zmq_bridge.hpp"
+#include "base/job_key.hpp"
+#include <zmq.hpp>
+#include <atomic>
+#include <mutex>
 #include "test_util.hpp"
 
 namespace dtactor {
@@ -156,6 +163,52 @@ TEST(ControlMessages, TheBridgeRefusesToSendAnEnvelopeOverTheLimit) {
   ASSERT_FALSE(st);
   EXPECT_NE(st.message().find("over the control plane's limit of 65536 bytes"), std::string::npos) << st.message();
   EXPECT_TRUE(b.send("nodes", "someone", big_plan(10, 8, 16, 1024))) << "a small one goes";
+}
+
+// Strangers refused by CURVE before ZAP sees them are counted by reason,
+// and the handler hears each with the peer's address.
+TEST(Handshakes, ARefusedStrangerIsCountedByReasonWithItsAddress) {
+  auto key = generate_job_key();
+  auto other = generate_job_key();
+  ASSERT_TRUE(key && other);
+  zmq_bridge_options o;
+  o.key = std::make_shared<const job_key>(key.value());
+  std::mutex mu;
+  std::vector<std::string> addresses;
+  zmq_bridge b(o, [](const std::string&, const std::string&, pb::envelope) {}, nullptr,
+               [&](const std::string&, bool router, handshake_failure, const std::string& address) {
+                 std::lock_guard<std::mutex> lock(mu);
+                 if (router) addresses.push_back(address);
+               });
+  auto bound = b.add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(bound) << bound.message();
+  zmq::context_t ctx;
+  auto dial = [&](const job_key* k, const std::string& server_public) {
+    auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+    s->set(zmq::sockopt::linger, 0);
+    if (k) make_curve_client(*s, server_public, k->client_public, k->client_secret);
+    s->connect(bound.value());
+    s->send(zmq::str_buffer("hello"), zmq::send_flags::dontwait);
+    return s;
+  };
+  auto none = dial(nullptr, "");                                       // no key at all
+  auto foreign = dial(&other.value(), other->server_public);           // another job's keys
+  auto half = dial(&other.value(), key->server_public);                // our server key, a stranger's client key (ZAP)
+  auto count = [&](handshake_failure f) { return b.stats().handshake_failures[static_cast<std::size_t>(f)]; };
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  // A keyless libzmq peer that sees our CURVE greeting first hangs up
+  // before sending its mechanism: that reads as bad_frame here (no_key on
+  // its side); a raw one that sends its greeting whole is no_key.
+  auto keyless = [&] { return count(handshake_failure::no_key) + count(handshake_failure::bad_frame); };
+  while ((keyless() == 0 || count(handshake_failure::unknown_key) < 2) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_GE(keyless(), 1u);
+  EXPECT_GE(count(handshake_failure::unknown_key), 2u) << "another job's key, and a client key ZAP refuses";
+  EXPECT_EQ(b.stats().received, 0u);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_FALSE(addresses.empty());
+  EXPECT_TRUE(std::any_of(addresses.begin(), addresses.end(), [](const std::string& a) { return a.rfind("127.0.0.1:", 0) == 0; }))
+      << "no failure carried the peer's address";
 }
 
 using message = rendezvous_table::message;
