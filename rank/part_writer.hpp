@@ -1,15 +1,15 @@
 #pragma once
 // A rank's share of a checkpoint, stored in the background. At a checkpoint
-// step the training thread copies its byte ranges of the state (by default
-// the one range part_range of the stream, storage/checkpoint_store.hpp; a
-// ZeRO shard owns several) back to back into a host buffer and goes on
-// training; a thread of its own writes each range to the checkpoint store as
-// a part of its own and reports `checkpoint_written` (a few hundred bytes)
-// when all are stored, or why not. The buffer is kept between checkpoints
-// (unless made with keep_buffer = false: then it is freed once a write is
-// stored, and allocated again at the next checkpoint); a checkpoint due
-// while the previous one is still being written waits for it (counted in
-// the stall it reports).
+// step the training thread copies its byte ranges of the state (the save
+// planner's, storage/checkpoint_plan.hpp: by default one balanced range of
+// the stream; a ZeRO shard owns several) back to back into a host buffer
+// and goes on training; a thread of its own writes each range to the
+// checkpoint store as a part of its own and reports `checkpoint_written` (a
+// few hundred bytes) when all are stored, or why not. The buffer is kept
+// between checkpoints (unless made with keep_buffer = false: then it is
+// freed once a write is stored, and allocated again at the next
+// checkpoint); a checkpoint due while the previous one is still being
+// written waits for it (counted in the stall it reports).
 //
 // Direct (checkpoint.direct = true, or auto where the host has no room for
 // the buffer: part_buffer_fits): no part-sized buffer at all. The writer
@@ -69,8 +69,9 @@ class part_writer {
     std::string s3_endpoint;
     std::string meta;   // global rank 0: serialized checkpoint_meta without parts
     // Stream bytes [first, second) this rank writes, ascending and disjoint,
-    // each its own part (part_name index k for the k-th). Empty: the one
-    // range part_range(layout.bytes, rank, world).
+    // each its own part (part_name index k for the k-th). Empty: the
+    // balanced share of an unsharded stream, part_range(layout.bytes, rank,
+    // world) (the rank worker always passes the save planner's ranges).
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
   };
   // Called on the writer thread when a part is stored (or failed).
