@@ -1,4 +1,5 @@
 #include "job/job_config.hpp"
+#include "job/modes.hpp"
 
 #include "data/data_shards.hpp"
 
@@ -16,6 +17,7 @@ namespace dtactor {
 int max_compute_threads() { return std::max(256, 4 * static_cast<int>(std::thread::hardware_concurrency())); }
 
 status validate_training_config(const config& cfg) {
+  if (auto modes = job_modes_of(cfg); !modes) return modes.err();
   if (cfg.get_int("train.threads") > max_compute_threads())
     return make_error("train.threads = " + std::to_string(cfg.get_int("train.threads")) + " is more than this machine can use (at most " +
                       std::to_string(max_compute_threads()) + ": 4 x its cores, at least 256); 0 takes the machine's cores");

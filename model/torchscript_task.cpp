@@ -19,6 +19,7 @@
 #include "data/npy.hpp"
 #include "data/data_shards.hpp"
 #include "job/job_config.hpp"
+#include "job/modes.hpp"
 #include "dtactor/task.hpp"
 #include "data/data_wait.hpp"
 
@@ -64,9 +65,9 @@ class scripted : public torch::nn::Module {
 
 class torchscript_task : public task {
  public:
-  torchscript_task(std::shared_ptr<scripted> m, std::shared_ptr<sample_source> train, std::shared_ptr<sample_source> eval, std::string loss,
+  torchscript_task(std::shared_ptr<scripted> m, std::shared_ptr<sample_source> train, std::shared_ptr<sample_source> eval, loss_kind loss,
                    bool nll)
-      : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(std::move(loss)), nll_(nll) {
+      : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(loss), nll_(nll) {
     has_loss_method_ = m_->jit().find_method("loss").has_value();
     sharded_train_ = std::dynamic_pointer_cast<sharded_source>(train_);
     sharded_eval_ = std::dynamic_pointer_cast<sharded_source>(eval_);
@@ -102,7 +103,7 @@ class torchscript_task : public task {
     }
     auto out = m_->jit().forward({x}).toTensor().to(torch::kFloat);
     if (outputs) *outputs = out;
-    if (loss_ == "cross_entropy") {
+    if (loss_ == loss_kind::cross_entropy) {
       TORCH_CHECK(y.scalar_type() == torch::kLong, "with train.loss = cross_entropy, the targets must be integer class ids");
       if (out.dim() == 3 && y.dim() == 2) {  // sequences: [batch, positions, classes]; a sample's loss is its positions' mean
         TORCH_CHECK(out.size(0) == n && out.size(1) == y.size(1), "forward returned ", out.sizes(), " for targets of shape ", y.sizes());
@@ -144,7 +145,7 @@ class torchscript_task : public task {
       auto [x, y] = eval_->batch(rows);
       torch::Tensor out;
       loss += losses(x, y, &out).sum().item<double>();
-      if (out.defined() && loss_ == "cross_entropy") {
+      if (out.defined() && loss_ == loss_kind::cross_entropy) {
         // Sequences count every position (token accuracy), averaged per sample.
         auto scores = out.dim() == 3 ? out : out.unsqueeze(1);
         auto targets = y.dim() == 2 ? y : y.unsqueeze(1);
@@ -158,7 +159,7 @@ class torchscript_task : public task {
     eval_result r;
     if (n == 0) return r;
     r.metrics["val_loss"] = loss / static_cast<double>(n);
-    if (!has_loss_method_ && loss_ == "cross_entropy") {
+    if (!has_loss_method_ && loss_ == loss_kind::cross_entropy) {
       r.metrics["accuracy"] = correct_f / static_cast<double>(n);
       if (classes > 5) r.metrics["top5_accuracy"] = top5_f / static_cast<double>(n);
     }
@@ -169,7 +170,7 @@ class torchscript_task : public task {
  private:
   std::shared_ptr<scripted> m_;
   std::shared_ptr<sample_source> train_, eval_;
-  std::string loss_;
+  loss_kind loss_;
   bool nll_ = false, has_loss_method_ = false;
   std::shared_ptr<sharded_source> sharded_train_, sharded_eval_;
 };
@@ -197,8 +198,8 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     return make_error("model.file '" + file + "' is not a TorchScript file torch::jit::load can read: " + what.substr(0, what.find('\n')));
   }
   if (!jm.find_method("forward")) return make_error("model.file '" + file + "': the module has no forward method");
-  const std::string loss = cfg.get_string("train.loss");
-  if (loss != "cross_entropy" && loss != "mse") return make_error("train.loss must be cross_entropy or mse, got '" + loss + "'");
+  const auto loss = mode_of<loss_kind>(cfg);
+  if (!loss) return loss.err();
   const double val_fraction = cfg.get_double("data.val_fraction");
   // The held-out share of a source: its last samples.
   auto hold_out = [&](std::shared_ptr<sample_source> all, std::shared_ptr<sample_source>& train, std::shared_ptr<sample_source>& eval) -> status {
@@ -280,7 +281,7 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     }
   }
   auto m = std::make_shared<scripted>(std::move(jm));
-  auto t = std::make_unique<torchscript_task>(m, train, eval, loss, cfg.get_bool("train.loss_is_nll"));
+  auto t = std::make_unique<torchscript_task>(m, train, eval, loss.value(), cfg.get_bool("train.loss_is_nll"));
   if (t->train_size() < 1) return make_error("no training samples");
   // The contract, on a first batch of two samples: one clear line when the
   // module and the data do not fit each other.

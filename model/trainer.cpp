@@ -17,6 +17,7 @@
 #include "comm/grad_sync.hpp"
 #include "base/hash.hpp"
 #include "base/unix_time.hpp"
+#include "job/modes.hpp"
 
 namespace dtactor {
 
@@ -86,7 +87,8 @@ training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg
   schedule_.max_steps = cfg.get_int("train.max_steps");
   micro_batch_ = cfg.get_int("train.micro_batch_size");
   bf16_ = cfg.get_bool("train.bf16");
-  if (cfg.get_string("train.sync") == "diloco") {
+  // create() checked the modes (validate_training_config).
+  if (mode_of<sync_mode>(cfg).value() == sync_mode::diloco) {
     outer_options oo;
     oo.lr = cfg.get_double("train.outer_lr");
     oo.momentum = cfg.get_double("train.outer_momentum");
@@ -117,7 +119,7 @@ result<std::unique_ptr<training_state>> training_state::create(const config& cfg
     return make_error("train.global_batch_size (" + std::to_string(b) + ") is larger than the training set (" +
                           std::to_string(t.value()->train_size()) + " samples)",
                       errc::batch_exceeds_data);
-  if (cfg.get_string("train.sync") == "diloco") {
+  if (mode_of<sync_mode>(cfg).value() == sync_mode::diloco) {
     int64_t tensors = 0;
     for (const auto& p : t.value()->module()->parameters())
       if (p.requires_grad()) ++tensors;

@@ -34,6 +34,7 @@
 #include "base/process.hpp"
 #include "comm/rendezvous_client.hpp"
 #include "data/sample_log.hpp"
+#include "job/modes.hpp"
 #include "job/shipped_file.hpp"
 #include "comm/shm_group.hpp"
 
@@ -96,6 +97,7 @@ int global_rank_in(const pb::generation_plan& plan, const std::string& node_id, 
 // What the training thread keeps across generations.
 struct rank_worker::impl {
   std::optional<config> cfg;
+  job_modes modes;  // cfg's modes, read with it
   std::shared_ptr<training_state> state;
   // Groups of earlier generations: an abandoned collective may still run on
   // their threads, and a group's destructor waits for it. Kept until the
@@ -312,6 +314,9 @@ void rank_worker::run() {
       im.samples_log = std::move(opened.value());
       im.state->record_samples(true);
     }
+    auto modes = job_modes_of(cfg);
+    if (!modes) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, modes.message());
+    im.modes = modes.value();
     im.cfg = std::move(cfg);
   } catch (const std::exception& e) {
     std::string what = e.what();
@@ -704,7 +709,7 @@ std::optional<rank_worker::outcome> rank_worker::agree_window(generation_run& g,
   const int64_t own = state.step();
   while (!im.catch_up.empty() && im.catch_up.front().until <= own) im.catch_up.erase(im.catch_up.begin());
   const bool catch_up = own_window && furthest > own && im.trained_world > 0 && im.trained_gen == newest_trained &&
-                        im.cfg->get_string("train.diloco_worker") != "host";
+                        im.modes.diloco_worker != diloco_worker_kind::host;
   if (catch_up) {
     if (im.catch_up.empty() || im.catch_up.back().until < furthest) im.catch_up.push_back({furthest, im.trained_rank, im.trained_world});
   } else {
@@ -767,7 +772,7 @@ std::optional<rank_worker::outcome> rank_worker::load_from_checkpoint(generation
 // ranks, synchronous over its shared-memory segment (else every rank is a
 // worker of its own). The same on every rank of a host.
 bool rank_worker::host_worker(const generation_run& g) const {
-  return impl_->state->diloco() && impl_->cfg->get_string("train.diloco_worker") == "host" && g.world > 1 && g.exchange.shm &&
+  return impl_->state->diloco() && impl_->modes.diloco_worker == diloco_worker_kind::host && g.world > 1 && g.exchange.shm &&
          g.exchange.host_ranks > 1 && (g.exchange.hierarchical || g.exchange.host_count == 1);
 }
 
@@ -806,7 +811,7 @@ std::optional<rank_worker::outcome> rank_worker::replay_owed_slices(generation_r
   // the order of their lowest rank. With hosts, the leaders are marked in
   // one more allreduce (a host of one rank is a worker of its own).
   replay_unit u{g.world, g.rank, 0, 1};
-  if (im.cfg->get_string("train.diloco_worker") == "host") {
+  if (im.modes.diloco_worker == diloco_worker_kind::host) {
     const bool host = host_worker(g);
     const int leader = host ? g.exchange.host_members.front() : g.rank;
     std::vector<int64_t> leaders(static_cast<size_t>(g.world), 0);
@@ -988,8 +993,7 @@ void rank_worker::ensure_part_writer() {
 // buffer this rank already holds is used.
 bool rank_worker::checkpoint_direct(generation_run& g, uint64_t bytes, int64_t step) {
   auto& im = *impl_;
-  const std::string mode = im.cfg->get_string("checkpoint.direct");
-  if (mode != "auto") return mode == "true";
+  if (im.modes.direct != direct_checkpoint::automatic) return im.modes.direct == direct_checkpoint::on;
   if (im.writer->buffer_bytes() >= bytes) return false;
   const int ranks = std::max<int>({1, static_cast<int>(g.exchange.host_members.size()), opts_.local_world});
   const memory_room room = read_memory_room();
@@ -1013,8 +1017,8 @@ namespace {
 // The stream a checkpoint of this generation holds: the state's layout and,
 // DiLoCo with checkpoint.diloco_workers = all, every other worker's own
 // inner state after it as a section of its own.
-state_layout checkpoint_layout(training_state& state, const config& cfg, int rank, int world) {
-  const bool sections = state.diloco() && world > 1 && cfg.get_string("checkpoint.diloco_workers") == "all";
+state_layout checkpoint_layout(training_state& state, const job_modes& modes, int rank, int world) {
+  const bool sections = state.diloco() && world > 1 && modes.checkpoint_workers == diloco_checkpoint_workers::all;
   return sections ? with_worker_sections(layout_of(state), rank, world) : layout_of(state);
 }
 
@@ -1044,7 +1048,7 @@ void rank_worker::write_checkpoint(generation_run& g, const std::map<std::string
   training_state& state = *im.state;
   if (g.plan.checkpoint_store().empty()) return;  // the plan names no store: checkpoints are off
   ensure_part_writer();
-  const state_layout layout = checkpoint_layout(state, *im.cfg, g.rank, g.world);
+  const state_layout layout = checkpoint_layout(state, im.modes, g.rank, g.world);
   part_writer::job j;
   j.step = state.step();
   j.generation = g.gen;
@@ -1232,7 +1236,7 @@ status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   const grad_sync& sync = s.sync();
   s.zero_shm = im.shards && g.pg && g.world > 1 && !state.diloco() && sync.uses_shm() && !sync.hierarchical() && g.exchange.shm &&
                shm_fits(*g.exchange.shm, state.optimizer(), *im.shards);
-  if (state.diloco() && cfg.get_string("train.diloco_worker") == "host" && g.world > 1) {
+  if (state.diloco() && im.modes.diloco_worker == diloco_worker_kind::host && g.world > 1) {
     if (host_workers) {
       grad_sync_options ho;
       ho.bucket_bytes = go.bucket_bytes;
@@ -1329,12 +1333,12 @@ void rank_worker::prepare_part_writer(generation_run& g) {
   training_state& state = *im.state;
   if (g.plan.checkpoint_store().empty()) return;
   ensure_part_writer();
-  const state_layout layout = checkpoint_layout(state, *im.cfg, g.rank, g.world);
+  const state_layout layout = checkpoint_layout(state, im.modes, g.rank, g.world);
   uint64_t bytes = 0;
   for (const auto& [a, b] : checkpoint_ranges(state, im.shards, layout, g.rank, g.world)) bytes += b - a;
   // auto: not ahead of time (the first checkpoint sees whether there is
   // room for it beside the steps).
-  if (im.cfg->get_bool("checkpoint.keep_buffer") && im.cfg->get_string("checkpoint.direct") == "false") im.writer->prepare(bytes);
+  if (im.cfg->get_bool("checkpoint.keep_buffer") && im.modes.direct == direct_checkpoint::off) im.writer->prepare(bytes);
 }
 
 // DiLoCo: where this generation enters the window, said once on stderr.

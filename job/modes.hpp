@@ -1,0 +1,90 @@
+#pragma once
+// The config's modes as enums, read once where a component takes its
+// config (job_modes_of), so that no site compares a mode's text. The names
+// are the config's spelling; base/config.cpp lists the same as each key's
+// choices (tests/modes_test.cpp checks that the two agree). The wire codec
+// and the exchange are comm/exchange_spec.hpp's.
+#include <array>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "dtactor/config.hpp"
+#include "dtactor/result.hpp"
+
+namespace dtactor {
+
+enum class sync_mode { every_step, diloco };          // train.sync
+enum class diloco_worker_kind { rank, host };         // train.diloco_worker: what one DiLoCo worker is
+enum class diloco_checkpoint_workers { all, first };  // checkpoint.diloco_workers: whose inner state a checkpoint holds
+enum class direct_checkpoint { automatic, on, off };  // checkpoint.direct: auto | true | false
+enum class loss_kind { cross_entropy, mse };          // train.loss (a torchscript task's)
+
+// One table per enum: its config key and the name of each value.
+template <class E>
+struct mode_names;
+template <>
+struct mode_names<sync_mode> {
+  static constexpr std::string_view key = "train.sync";
+  static constexpr std::array<std::pair<std::string_view, sync_mode>, 2> table{{{"every_step", sync_mode::every_step}, {"diloco", sync_mode::diloco}}};
+};
+template <>
+struct mode_names<diloco_worker_kind> {
+  static constexpr std::string_view key = "train.diloco_worker";
+  static constexpr std::array<std::pair<std::string_view, diloco_worker_kind>, 2> table{
+      {{"rank", diloco_worker_kind::rank}, {"host", diloco_worker_kind::host}}};
+};
+template <>
+struct mode_names<diloco_checkpoint_workers> {
+  static constexpr std::string_view key = "checkpoint.diloco_workers";
+  static constexpr std::array<std::pair<std::string_view, diloco_checkpoint_workers>, 2> table{
+      {{"all", diloco_checkpoint_workers::all}, {"first", diloco_checkpoint_workers::first}}};
+};
+template <>
+struct mode_names<direct_checkpoint> {
+  static constexpr std::string_view key = "checkpoint.direct";
+  static constexpr std::array<std::pair<std::string_view, direct_checkpoint>, 3> table{
+      {{"auto", direct_checkpoint::automatic}, {"true", direct_checkpoint::on}, {"false", direct_checkpoint::off}}};
+};
+template <>
+struct mode_names<loss_kind> {
+  static constexpr std::string_view key = "train.loss";
+  static constexpr std::array<std::pair<std::string_view, loss_kind>, 2> table{{{"cross_entropy", loss_kind::cross_entropy}, {"mse", loss_kind::mse}}};
+};
+
+// The value named `name`, or none.
+template <class E>
+std::optional<E> mode_from_string(std::string_view name) {
+  for (const auto& [n, v] : mode_names<E>::table)
+    if (n == name) return v;
+  return std::nullopt;
+}
+
+template <class E, class = decltype(mode_names<E>::table)>
+std::string_view to_string(E value) {
+  for (const auto& [n, v] : mode_names<E>::table)
+    if (v == value) return n;
+  return {};
+}
+
+// The mode the config sets for E's key. Error: its value is none of E's
+// names (a config the schema let through that this table does not know).
+template <class E>
+result<E> mode_of(const config& cfg) {
+  const std::string key(mode_names<E>::key);
+  const std::string value = cfg.get_string(key);
+  if (auto v = mode_from_string<E>(value)) return *v;
+  return make_error(key + " = '" + value + "' is not a mode this build knows");
+}
+
+// Every mode of a job's config, read once.
+struct job_modes {
+  sync_mode sync = sync_mode::every_step;
+  diloco_worker_kind diloco_worker = diloco_worker_kind::rank;
+  diloco_checkpoint_workers checkpoint_workers = diloco_checkpoint_workers::all;
+  direct_checkpoint direct = direct_checkpoint::automatic;
+  loss_kind loss = loss_kind::cross_entropy;
+};
+result<job_modes> job_modes_of(const config& cfg);
+
+}  // namespace dtactor
