@@ -222,13 +222,14 @@ subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
 // anything (a run directory, a key, a lock) is created: 0, or 2 with one
 // line.
 int check_arguments(const parsed_cli& p) {
-  const auto is_ip = [](const std::string& a) {
-    in6_addr buf{};
-    return ::inet_pton(AF_INET, a.c_str(), &buf) == 1 || ::inet_pton(AF_INET6, a.c_str(), &buf) == 1;
+  // The HTTP server binds IPv4 addresses (monitoring/http_server.cpp).
+  const auto is_ipv4 = [](const std::string& a) {
+    in_addr buf{};
+    return ::inet_pton(AF_INET, a.c_str(), &buf) == 1;
   };
   for (const cluster_cli* c : {&p.cluster, &p.local})
-    if (!is_ip(c->metrics_addr))
-      return cli_fail("--metrics-addr '" + printable(c->metrics_addr) + "' is not an IP address (e.g. 0.0.0.0 for every interface, or 127.0.0.1)", 2);
+    if (!is_ipv4(c->metrics_addr))
+      return cli_fail("--metrics-addr '" + printable(c->metrics_addr) + "' is not an IPv4 address (e.g. 0.0.0.0 for every interface, or 127.0.0.1)", 2);
   if (p.command == cli_command::local && p.local.metrics_port > 0 && p.local.metrics_port + p.local.nodes > 65535)
     return cli_fail("--metrics-port " + std::to_string(p.local.metrics_port) + ": its " + std::to_string(p.local.nodes) +
                         " nodes would use ports above 65535; choose a lower port", 2);
@@ -237,12 +238,11 @@ int check_arguments(const parsed_cli& p) {
     if (c->threads_per_rank > most)
       return cli_fail("--threads-per-rank " + std::to_string(c->threads_per_rank) + " is more than this machine can use (at most " +
                           std::to_string(most) + ")", 2);
-  if (p.command == cli_command::local) {
-    const int64_t ranks = int64_t{p.local.nodes} * p.local.nproc_per_node;
-    if (p.local.nodes < 1 || p.local.nproc_per_node < 1 || ranks > most)
-      return cli_fail("dtactor local --nodes " + std::to_string(p.local.nodes) + " --nproc-per-node " + std::to_string(p.local.nproc_per_node) +
-                          ": at least 1 each, and at most " + std::to_string(most) + " rank processes on this machine", 2);
-  }
+  // (Counts below 1 are run_local's to refuse.)
+  if (const int64_t ranks = int64_t{p.local.nodes} * p.local.nproc_per_node; p.command == cli_command::local && ranks > most)
+    return cli_fail("dtactor local --nodes " + std::to_string(p.local.nodes) + " --nproc-per-node " + std::to_string(p.local.nproc_per_node) +
+                        ": " + std::to_string(ranks) + " rank processes, more than this machine can run (at most " + std::to_string(most) + ")",
+                    2);
   return 0;
 }
 
