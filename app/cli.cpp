@@ -72,7 +72,7 @@ bool needs_training(const parsed_cli& p) {
     case cli_command::eval:
     case cli_command::export_checkpoint:
     case cli_command::tune_batch: return true;
-    case cli_command::role: return p.role == "rank";
+    case cli_command::role: return p.role == process_role::rank;
     default: return false;
   }
 }
@@ -81,9 +81,8 @@ bool needs_training(const parsed_cli& p) {
 // rank's). `fail_mode` is --fail-mode's text, turned into a fault_mode after
 // parsing.
 void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
-  std::string& role = p.role;
   cluster_cli& cl = p.cluster;
-  app.add_option("--role", role, "Run as a cluster process: coordinator or node")->check(CLI::IsMember({"coordinator", "node", "rank"}));
+  app.add_option("--role", p.role, "Run as a cluster process: coordinator or node")->transform(CLI::CheckedTransformer(process_role_names()));
   app.add_option("--listen", cl.listen, "coordinator: address to bind")->capture_default_str();
   app.add_option("--coordinator", cl.coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
   app.add_option("--nproc-per-node", cl.nproc_per_node, "node: rank processes to start (one per device)")->capture_default_str();
@@ -331,7 +330,6 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   app.require_subcommand(0, 1);
 
   parsed_cli p;
-  std::string& role = p.role;
   cluster_cli& cl = p.cluster;
   std::string fail_mode = to_string(cl.fail_mode);
   add_role_options(app, p, fail_mode);
@@ -351,7 +349,7 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
   if (*sub.data_index) p.command = cli_command::data_index;
 
   if (*sub.local) p.command = cli_command::local;
-  else if (!role.empty()) p.command = cli_command::role;
+  else if (p.role != process_role::none) p.command = cli_command::role;
   else if (*sub.tune) p.command = cli_command::tune_batch;
   else if (*sub.cfgcmd) p.command = cli_command::config;
   else if (*sub.report) p.command = cli_command::report;
@@ -379,9 +377,9 @@ int run_cli(int argc, char** argv, const training_launcher& launcher) {
       return run_local(p.local);
     }
     cl.stop_signal = &g_stop;
-    if (role == "coordinator") return run_coordinator(cl);
-    if (role == "node" && cl.coordinator.empty() && std::getenv("MASTER_ADDR")) return run_static_node(cl);
-    if (role == "node" && cl.coordinator.empty() && under_srun([](const char* k) { return std::getenv(k); })) return run_slurm_node(cl);
+    if (p.role == process_role::coordinator) return run_coordinator(cl);
+    if (p.role == process_role::node && cl.coordinator.empty() && std::getenv("MASTER_ADDR")) return run_static_node(cl);
+    if (p.role == process_role::node && cl.coordinator.empty() && under_srun([](const char* k) { return std::getenv(k); })) return run_slurm_node(cl);
     return run_node(cl);
   }
 

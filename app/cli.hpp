@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,18 @@ namespace dtactor {
 
 enum class cli_command { none, train, eval, export_checkpoint, tune_batch, config, report, local, role, keygen, data_index };
 
+// --role: a cluster process (a rank is started by its node, not by hand).
+enum class process_role { none, coordinator, node, rank };
+// --role's names, the one table its parsing reads.
+inline const std::map<std::string, process_role>& process_role_names() {
+  static const std::map<std::string, process_role> names{{"coordinator", process_role::coordinator}, {"node", process_role::node}, {"rank", process_role::rank}};
+  return names;
+}
+
 // Everything the command line sets, for whichever command it names.
 struct parsed_cli {
   cli_command command = cli_command::none;
-  std::string role;  // with cli_command::role: coordinator | node | rank
+  process_role role = process_role::none;  // with cli_command::role
   cluster_cli cluster;
   cluster_cli local;
   std::string local_fail_mode = "crash";  // local --fail-mode (for tests), into local.fail_mode
