@@ -161,90 +161,146 @@ setup_check check_coordinator_setup(const cluster_cli& cli) {
   return c;
 }
 
-int run_coordinator(const cluster_cli& cli) {
-  int setup_code = 0;
-  auto loaded = checked_setup(cli, setup_code);
-  if (!loaded) return fail(loaded.message(), setup_code);
-  const config cfg = std::move(loaded.value());
-  const int64_t max_steps = cfg.get_int("train.max_steps");
-  auto listen = parse_tcp_endpoint(cli.listen, "--listen");
-  // One writer per run directory: a second coordinator (or `dtactor train`)
-  // would interleave its journal and checkpoints with this one's. A crashed
-  // holder's lock is free again.
-  auto run_lock = file_lock::try_acquire(run_dir_lock_path(cli.run_dir), "dtactor coordinator on " + cli.listen);
-  if (!run_lock) return fail(run_dir_busy_message(cli.run_dir, run_lock.err()));
-  journal jn;
-  if (auto st = jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
-  const std::string config_text = cfg.to_toml();
-  if (auto st = write_file_atomic(cli.run_dir + "/config.toml", {config_text}); !st) return fail(st.message());
-  run_observer obs(run_observer::options{cli.run_dir, max_steps, progress::stderr_is_terminal(), cli.run_dir + "/train.log"});
+namespace {
 
+// Where the job starts, read from its checkpoint store before anything
+// serves.
+struct job_start {
+  checkpoint_store store;
+  shipped_file module;
+  int64_t resume_step = -1;
+  uint64_t generations_after = 0;
+};
+
+// Opens the job's checkpoint store, ships its module and finds where it
+// resumes and how its generations are numbered. An error sets *code (2: a
+// store of another job, a checkpoint of another job).
+result<job_start> open_job_start(const cluster_cli& cli, const config& cfg, journal& jn, int* code) {
+  *code = 1;
   auto opened = checkpoint_store::open(checkpoint_dir_of(cfg, cli.run_dir), checkpoint_policy_of(cfg), default_fs_env(),
                                        cfg.get_string("checkpoint.s3_endpoint"));
-  if (!opened) return fail(opened.message());
+  if (!opened) return opened.err();
   checkpoint_store store = std::move(opened.value());
-  if (auto st = store.check_no_foreign_manifests(); !st) return fail(st.message(), 2);
-
+  if (auto st = store.check_no_foreign_manifests(); !st) {
+    *code = 2;
+    return st.err();
+  }
   auto shipped = ship_module(cfg, store, jn);
-  if (!shipped) return fail(shipped.message());
-  const shipped_file module = shipped.value();
-
-  int resume_code = 1;
-  auto resumed = resume_step_of(cli, cfg, store, jn, &resume_code);
-  if (!resumed) return fail(resumed.message(), resume_code);
-  const int64_t resume_step = resumed.value();
-
+  if (!shipped) return shipped.err();
+  auto resumed = resume_step_of(cli, cfg, store, jn, code);
+  if (!resumed) return resumed.err();
   auto after = generations_after_of(cfg, store);
-  if (!after) return fail(after.message());
-  const uint64_t generations_after = after.value();
+  if (!after) return after.err();
+  return job_start{std::move(store), shipped.value(), resumed.value(), after.value()};
+}
 
-  const std::string job_id = job_id_for(cli.run_dir);
-  metrics m(job_id);
+// What the coordinator holds for the whole run, set up before it serves.
+struct coordinator_run {
+  const cluster_cli& cli;
+  const config& cfg;
+  tcp_endpoint listen;
+  std::string config_text;
+  std::string job_id;
+  journal& jn;
+  run_observer& obs;
+  job_start& start;
+};
+
+// The address ranks reach this host at: --advertise-addr, else the
+// --listen host (`wildcard` when it listens on every interface).
+std::string advertised_host(const coordinator_run& run, const std::string& wildcard) {
+  if (!run.cli.advertise_addr.empty()) return run.cli.advertise_addr;
+  return run.listen.host == "0.0.0.0" || run.listen.host == "*" ? wildcard : run.listen.host;
+}
+
+// /metrics, Prometheus' node discovery (GET /sd, http_sd_configs; see
+// monitoring/service_discovery.hpp) and the status page (docs/monitoring.md:
+// on the same port, as unauthenticated as /metrics).
+status serve_pages(const coordinator_run& run, metrics& m, sd_targets& sd, status_board& board) {
   m.checkpoint_last_timestamp().SetToCurrentTime();  // "checkpoint too old" counts from the start
-  m.max_steps().Set(static_cast<double>(max_steps));
-  // Prometheus finds the nodes through GET /sd (http_sd_configs); see monitoring/service_discovery.hpp.
-  sd_targets sd(job_id);
+  m.max_steps().Set(static_cast<double>(run.cfg.get_int("train.max_steps")));
   m.add_route("/sd", "application/json", [&sd] { return sd.json(); });
-  // The status page (docs/monitoring.md): on the same port, as unauthenticated as /metrics.
-  status_board board(status_options{job_id, max_steps, cli.key != nullptr});
   m.add_route("/", "text/html; charset=utf-8", [] { return status_board::page(); });
   m.add_route("/status.json", "application/json", [&board] { return board.json(unix_time_now()); });
-  if (cli.metrics_port > 0)
-    if (auto st = m.serve(cli.metrics_port, cli.metrics_addr); !st) return fail(st.message());
-  sd.set_coordinator(!cli.advertise_addr.empty() ? cli.advertise_addr : listen->host == "0.0.0.0" || listen->host == "*" ? host_name() : listen->host,
-                     m.port());
+  if (run.cli.metrics_port > 0)
+    if (auto st = m.serve(run.cli.metrics_port, run.cli.metrics_addr); !st) return st;
+  sd.set_coordinator(advertised_host(run, host_name()), m.port());
+  return {};
+}
 
-  // The c10d store ranks build their communicators through; ranks of a
-  // generation may arrive seconds apart. It listens where --listen does.
-  auto store_port = pick_free_tcp_port();
-  if (!store_port) return fail(store_port.message());
-  auto rendezvous = rendezvous_store::start(
-      store_port.value(),
-      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(cfg.get_int("cluster.collective_timeout_ms")), std::chrono::seconds(60)),
-      cli.key, listen->host);
-  if (!rendezvous) return fail(rendezvous.message());
-  rendezvous_store* const rendezvous_ptr = rendezvous.value().get();
+// The membership actor's options: the config's, and what the start found.
+coordinator_options membership_options_of(const coordinator_run& run, int store_port) {
+  coordinator_options copts = coordinator_options_from(run.cfg);
+  copts.store_host = advertised_host(run, "");
+  copts.store_port = store_port;
+  copts.config_toml = run.config_text;
+  // What a plan may fall back to when a rank refuses the one resumed from.
+  std::vector<int64_t> stored;
+  for (const auto& c : run.start.store.list()) stored.push_back(c.step);
+  copts.checkpoints = ledger_at_start(stored, run.start.resume_step);
+  copts.membership.generations_after = run.start.generations_after;
+  copts.checkpoint_store = run.start.store.location();
+  copts.module_object = run.start.module.object;
+  copts.module_digest = run.start.module.digest;
+  copts.data_digests = data_file_digests(run.cfg);
+  return copts;
+}
 
+// The coordinator's bridge: what arrives goes to `members`; dropped frames
+// and strangers refused in the handshake (the bridge logs them,
+// rate-limited, with their address) are counted.
+std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const caf::actor& members, metrics& m) {
+  zmq_bridge_options bo;
+  bo.job_id = run.job_id;
+  bo.key = run.cli.key;
+  return std::make_unique<zmq_bridge>(
+      bo, [members](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(members, inbound{link, peer, std::move(env)}); },
+      [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); },
+      [&m](const std::string&, bool, handshake_failure why, const std::string&) { m.refused_handshakes(to_string(why)).Increment(); });
+}
+
+// Nodes may register now: the journal and the console say where.
+void announce(const coordinator_run& run, const std::string& bound, int store_port) {
+  if (!run.cli.key && !is_loopback_host(run.listen.host))
+    std::fprintf(stderr,
+                 "dtactor: warning: no job key: anyone who can reach %s can join, steer or stop this job (dtactor keygen, then --key on "
+                 "every process; docs/security.md)\n",
+                 bound.c_str());
+  ev::coordinator_started started;
+  started.listen = bound;
+  started.job_id = run.job_id;
+  started.store_port = store_port;
+  started.metrics_port = run.cli.metrics_port;
+  started.resume_step = run.start.resume_step;
+  run.jn.write(started);
+  std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", run.job_id.c_str(), bound.c_str(),
+               static_cast<long long>(run.cfg.get_int("cluster.min_nodes")));
+}
+
+// The actors and the bridge to the nodes, until the job ends. Returns the
+// exit code.
+int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_board& board, rendezvous_store& rendezvous, int store_port) {
   caf::actor_system_config sys_cfg;
   configure_caf(sys_cfg, 2);
   caf::actor_system sys{sys_cfg};
 
   envelope_header header;
-  header.job_id = job_id;
+  header.job_id = run.job_id;
   header.sender = sender_id::coordinator().to_string();
   header.incarnation = wire::new_incarnation();
 
   // Everything the actors report goes through this one sink.
-  coordinator_sink sink(jn, m, obs, sd);
-  const event_sink events = [&sink, &board, rendezvous_ptr](const ev::event& e) {
+  coordinator_sink sink(run.jn, m, run.obs, sd);
+  const event_sink events = [&sink, &board, &rendezvous](const ev::event& e) {
     // The store's limits follow the largest world planned (rendezvous_limits_for).
-    if (const auto* g = std::get_if<ev::generation_started>(&e)) rendezvous_ptr->expect_world(g->world_size);
+    if (const auto* g = std::get_if<ev::generation_started>(&e)) rendezvous.expect_world(g->world_size);
     board.on(e, unix_time_now());
     sink(e);
   };
   // Through the progress line's owner: a log line never runs into the live line.
   // Peer text in a line is escaped where it is put in; the whole line once
   // more, so that no byte from outside ever breaks or steers a log line.
+  run_observer& obs = run.obs;
   const log_fn log = [&obs](const std::string& line) { obs.log("coordinator: " + printable(line, 0)); };
 
   // Actors send through this pointer; it is set once the bridge exists and
@@ -260,28 +316,16 @@ int run_coordinator(const cluster_cli& cli) {
   checkpoint_writer_options wopts;
   wopts.log = log;
   wopts.events = events;
-  wopts.commit = commit_to(store);
+  wopts.commit = commit_to(run.start.store);
 
-  coordinator_options copts = coordinator_options_from(cfg);
+  coordinator_options copts = membership_options_of(run, store_port);
   copts.header = header;
-  copts.store_host = cli.advertise_addr.empty() ? (listen->host == "0.0.0.0" || listen->host == "*" ? "" : listen->host) : cli.advertise_addr;
-  copts.store_port = store_port.value();
-  copts.config_toml = config_text;
-  // What a plan may fall back to when a rank refuses the one resumed from.
-  std::vector<int64_t> stored;
-  for (const auto& c : store.list()) stored.push_back(c.step);
-  copts.checkpoints = ledger_at_start(stored, resume_step);
-  copts.membership.generations_after = generations_after;
-  copts.checkpoint_store = store.location();
-  copts.module_object = module.object;
-  copts.module_digest = module.digest;
-  copts.data_digests = data_file_digests(cfg);
   copts.log = log;
   copts.events = events;
 
-  job_options jopts = job_options_from(cfg);
+  job_options jopts = job_options_from(run.cfg);
   jopts.header = header;
-  jopts.initial_step = std::max<int64_t>(0, resume_step);
+  jopts.initial_step = std::max<int64_t>(0, run.start.resume_step);
   jopts.log = log;
   jopts.events = events;
 
@@ -294,35 +338,66 @@ int run_coordinator(const cluster_cli& cli) {
     for (const auto& a : {members, job, writer}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
 
-  zmq_bridge_options bo;
-  bo.job_id = job_id;
-  bo.key = cli.key;
-  bridge = std::make_unique<zmq_bridge>(
-      bo, [&members](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(members, inbound{link, peer, std::move(env)}); },
-      [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); },
-      // Strangers refused in the handshake (the bridge logs them, rate-limited, with their address).
-      [&m](const std::string&, bool, handshake_failure why, const std::string&) { m.refused_handshakes(to_string(why)).Increment(); });
+  bridge = make_bridge(run, members, m);
   bridge_ptr.store(bridge.get());
-  auto bound = bridge->add_router(links::nodes, cli.listen);
+  auto bound = bridge->add_router(links::nodes, run.cli.listen);
   if (!bound) {
     stop_actors();
-    return fail("cannot listen on " + cli.listen + ": " + bound.message());
+    return fail("cannot listen on " + run.cli.listen + ": " + bound.message());
   }
-  if (!cli.key && !is_loopback_host(listen->host))
-    std::fprintf(stderr,
-                 "dtactor: warning: no job key: anyone who can reach %s can join, steer or stop this job (dtactor keygen, then --key on "
-                 "every process; docs/security.md)\n",
-                 bound.value().c_str());
-  jn.write(ev::coordinator_started{bound.value(), job_id, store_port.value(), cli.metrics_port, resume_step});
-  std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", job_id.c_str(), bound.value().c_str(),
-               static_cast<long long>(cfg.get_int("cluster.min_nodes")));
+  announce(run, bound.value(), store_port);
 
-  const int code = wait_for_the_job(sys, job, cli);
+  const int code = wait_for_the_job(sys, job, run.cli);
   // The shutdowns are queued in the bridge: they go out before it closes.
   bridge->stop(std::chrono::seconds(2));
   bridge_ptr.store(nullptr);
   stop_actors();
   return code;
+}
+
+// The pages, the c10d store ranks build their communicators through (ranks
+// of a generation may arrive seconds apart; it listens where --listen
+// does), then the actors. Returns the exit code.
+int serve_job(const coordinator_run& run) {
+  const int64_t max_steps = run.cfg.get_int("train.max_steps");
+  metrics m(run.job_id);
+  sd_targets sd(run.job_id);
+  status_board board(status_options{run.job_id, max_steps, run.cli.key != nullptr});
+  if (auto st = serve_pages(run, m, sd, board); !st) return fail(st.message());
+
+  auto store_port = pick_free_tcp_port();
+  if (!store_port) return fail(store_port.message());
+  auto rendezvous = rendezvous_store::start(
+      store_port.value(),
+      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(run.cfg.get_int("cluster.collective_timeout_ms")), std::chrono::seconds(60)),
+      run.cli.key, run.listen.host);
+  if (!rendezvous) return fail(rendezvous.message());
+  return run_actors(run, m, sd, board, *rendezvous.value(), store_port.value());
+}
+
+}  // namespace
+
+int run_coordinator(const cluster_cli& cli) {
+  int setup_code = 0;
+  auto loaded = checked_setup(cli, setup_code);
+  if (!loaded) return fail(loaded.message(), setup_code);
+  const config cfg = std::move(loaded.value());
+  auto listen = parse_tcp_endpoint(cli.listen, "--listen");
+  // One writer per run directory: a second coordinator (or `dtactor train`)
+  // would interleave its journal and checkpoints with this one's. A crashed
+  // holder's lock is free again.
+  auto run_lock = file_lock::try_acquire(run_dir_lock_path(cli.run_dir), "dtactor coordinator on " + cli.listen);
+  if (!run_lock) return fail(run_dir_busy_message(cli.run_dir, run_lock.err()));
+  journal jn;
+  if (auto st = jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
+  const std::string config_text = cfg.to_toml();
+  if (auto st = write_file_atomic(cli.run_dir + "/config.toml", {config_text}); !st) return fail(st.message());
+  run_observer obs(run_observer::options{cli.run_dir, cfg.get_int("train.max_steps"), progress::stderr_is_terminal(), cli.run_dir + "/train.log"});
+
+  int start_code = 1;
+  auto start = open_job_start(cli, cfg, jn, &start_code);
+  if (!start) return fail(start.message(), start_code);
+  return serve_job(coordinator_run{cli, cfg, listen.value(), config_text, job_id_for(cli.run_dir), jn, obs, start.value()});
 }
 
 }  // namespace dtactor
