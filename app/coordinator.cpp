@@ -80,7 +80,12 @@ result<shipped_file> ship_module(const config& cfg, checkpoint_store& store, jou
   module = shipped.value();
   const std::string line = (module.uploaded ? "shipped model.file to " : "model.file is already in ") + store.location() + " as " + module.object;
   std::fprintf(stderr, "coordinator: %s\n", line.c_str());
-  jn.write(ev::module_shipped{cfg.get_string("model.file"), module.object, module.digest, module.uploaded});
+  ev::module_shipped e;
+  e.file = cfg.get_string("model.file");
+  e.object = module.object;
+  e.digest = module.digest;
+  e.uploaded = module.uploaded;
+  jn.write(e);
   return module;
 }
 
