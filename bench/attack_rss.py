@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The coordinator's peak resident memory above idle under each attack of
-issue 47 (bench/attacks.py), keyed (--key) and open, a fresh coordinator
+the outside attack (bench/attacks.py), keyed (--key) and open, a fresh coordinator
 for each: VmHWM after the attack less VmRSS when idle (/proc/PID/status).
 
   big_frame_268mb      8 connections each claim a 268 MB frame and send
@@ -85,7 +85,7 @@ def main():
         print(name, json.dumps(result["attacks"][name]), flush=True)
     F = bench_meta.figure
     figures = [
-        F("keyed: 8 frames claiming 268 MB before the handshake (issue 47's attack)",
+        F("keyed: 8 frames claiming 268 MB before the handshake",
           ["attacks", "big_frame_268mb", "keyed", "above_idle_mb"], "MB"),
         F("keyed: 16 frames of just under 2 MiB held before the handshake", ["attacks", "near_limit_16", "keyed", "above_idle_mb"], "MB"),
         F("keyed: 64 frames of just under 2 MiB held (2 MiB a connection, for 3 s)", ["attacks", "near_limit_64", "keyed", "above_idle_mb"], "MB"),
@@ -93,7 +93,7 @@ def main():
         F("open: the rendezvous store flooded (8 MB values, then 2,000 of 60 KB)", ["attacks", "store_flood", "open", "above_idle_mb"], "MB"),
         F("open: 20,000 envelopes with invalid UTF-8", ["attacks", "utf8_flood", "open", "above_idle_mb"], "MB"),
     ]
-    bench_meta.write(a.out, result, title="The coordinator's peak memory above idle under a stranger's attacks (issue 47)",
+    bench_meta.write(a.out, result, title="The coordinator's peak memory above idle under a stranger's attacks",
                      group="Control plane and security", figures=figures,
                      notes="A fresh coordinator alone per attack and mode; VmHWM after the attack less VmRSS when idle.")
     print(json.dumps(result, indent=1))

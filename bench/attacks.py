@@ -1,4 +1,4 @@
-"""Attacks on a coordinator from a stranger on the network (issue 47), as raw
+"""Attacks on a coordinator from a stranger on the network, as raw
 sockets: hand-made ZMTP greetings and frames, hand-encoded Protobuf
 envelopes, no ZeroMQ or Protobuf library. Used by tests/adversarial_test.py
 (each attack with its bound, in CI) and bench/attack_rss.py (the
@@ -256,7 +256,7 @@ REGISTER, RANK_STATUS, STEP_REPORT, CHECKPOINT_WRITTEN, LEAVE, JOB_ERROR = 10, 1
 def big_frame(port, mechanism, connections=8, claimed=256 * MB - 64, send_mb=64, null_first=False):
     """Each connection: a greeting, then (open: after the NULL handshake) a
     frame header claiming `claimed` bytes (268 MB: just under the 256 MiB
-    the sockets took before issue 47), then up to `send_mb` MB of it, all
+    the sockets took before their limits), then up to `send_mb` MB of it, all
     connections at once, held open. Returns the sockets (close them) and the
     MB the coordinator took before it dropped them."""
     held, sent = [], 0
