@@ -1531,11 +1531,35 @@ void rank_worker::report_step(generation_run& g, steps_run& s, int64_t step) {
   s.first = false;
 }
 
-rank_worker::outcome rank_worker::train(generation_run& g) {
-  auto& im = *impl_;
-  training_state& state = *im.state;
-  const config& cfg = *im.cfg;
-  steps_run s;
+// The loop's own state (train): the cadence, what this generation
+// evaluated and checkpointed last, what a rank alone owes at its next
+// boundary.
+struct rank_worker::step_loop {
+  step_cadence cadence;
+  std::map<std::string, double> eval_at_step;
+  // The step of the last checkpoint this generation wrote, or of the one
+  // the caller's state was read from (nothing to write again there).
+  int64_t last_ckpt = -1;
+  bool diloco = false;
+  // A rank alone (world 1: `dtactor train`, or a cluster down to one rank)
+  // has nobody to agree with: every step boundary where no DiLoCo exchange
+  // is in flight is a synchronisation boundary (its parameters are the
+  // job's), and a stop is taken before the next step. What fell due while
+  // an exchange was in flight waits for it to land.
+  bool alone = false;
+  bool eval_owed = false, checkpoint_owed = false;
+  // DiLoCo: what falls due in the window [window_start, step] runs at its boundary.
+  bool due(int64_t every, int64_t step, int64_t window_start) const {
+    if (!diloco || alone) return cadence.due(every, step);
+    if (step >= cadence.max_steps) return true;
+    return every > 0 && step / every > window_start / every;
+  }
+};
+
+// Before the first step of a generation: the exchanges, the gradients and
+// DiLoCo's flight cleared, memory handed back, READY, the part writer.
+std::optional<rank_worker::outcome> rank_worker::begin_steps(generation_run& g, steps_run& s) {
+  training_state& state = *impl_->state;
   if (auto st = choose_exchanges(g, s); !st) return failed(g, st.message(), state.step());
   // Whatever the last generation left in the gradients is a partial step,
   // and an exchange it left in flight is gone with its reducers.
@@ -1551,138 +1575,155 @@ rank_worker::outcome rank_worker::train(generation_run& g) {
   ::malloc_trim(0);
   report_ready(g, s);
   prepare_part_writer(g);
+  return std::nullopt;
+}
 
-  const step_cadence cadence = step_cadence_of(cfg);
-  std::map<std::string, double> eval_at_step;
-  // The step of the last checkpoint this generation wrote, or of the one
-  // the caller's state was read from (nothing to write again there).
-  int64_t last_ckpt = opts_.state_checkpointed_at >= 0 && opts_.state_checkpointed_at == state.step() ? state.step() : -1;
+// Stops at `step` (all ranks agreed, or alone): a final checkpoint when
+// asked for one, every part stored, then STATE_FINISHED.
+rank_worker::outcome rank_worker::stop_here(generation_run& g, step_loop& L, int64_t step, bool final_checkpoint) {
+  if (final_checkpoint && L.last_ckpt != step) write_checkpoint(g, L.eval_at_step);
+  finish_checkpoints();
+  report_status(g, pb::rank_status::STATE_FINISHED, step, impl_->state->params_digest());
+  return outcome::stopped;
+}
+
+// The step's control (step_control.hpp) rides at the end of its first
+// gradient bucket, SUM-reduced with it (no collective of its own). Every
+// rank reads the same sums after the step: all switch once every rank holds
+// the newer plan, all stop if any rank was asked to, at the same step
+// boundary, and rank 0 writes the final checkpoint if any rank was asked
+// for one.
+void rank_worker::set_step_control(generation_run& g, steps_run& s) {
+  s.mine = step_control{};
+  s.mine.newer_plan = offered_gen_.load() > g.gen ? 1.f : 0.f;
+  s.mine.stop = stop_.load() ? 1.f : 0.f;
+  s.mine.final_checkpoint = s.mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
+  s.sync().set_control(s.mine);
+}
+
+// The step's figures into the report's sums.
+void rank_worker::add_step_sums(steps_run& s, int64_t step, int64_t attempted) {
+  s.acc.set_samples(s.acc.samples() + s.r.samples);
+  if (s.r.samples > 0) {
+    s.loss_sum_steps += s.r.loss_sum / static_cast<double>(s.r.samples);
+    ++s.loss_steps;
+  }
+  s.acc.set_allreduce_s(s.acc.allreduce_s() + s.r.allreduce_s);
+  s.acc.set_allreduce_exposed_s(s.acc.allreduce_exposed_s() + s.r.exposed_s);
+  s.acc.set_compute_s(s.acc.compute_s() + s.r.compute_s);
+  s.acc.set_update_s(s.acc.update_s() + s.r.update_s);
+  s.acc.set_gather_s(s.acc.gather_s() + s.r.gather_s);
+  if (step > attempted) s.acc.set_steps_covered(s.acc.steps_covered() + 1);
+}
+
+// At a boundary (every rank holds the same parameters): the evaluation and
+// the checkpoint that fell due, then the agreed stop or switch.
+std::optional<rank_worker::outcome> rank_worker::at_boundary(generation_run& g, steps_run& s, step_loop& L, int64_t step,
+                                                             int64_t window_start) {
+  L.eval_at_step.clear();
+  // Every rank evaluates (their parameters are identical, so are the
+  // results): a rank left waiting in the next collective while rank 0
+  // evaluated alone would hit the collective timeout on a long
+  // evaluation. Rank 0 reports.
+  const bool eval_now = L.due(L.cadence.eval_every, step, window_start) || std::exchange(L.eval_owed, false);
+  if (eval_now && step < L.cadence.max_steps) {
+    const double took = send_eval(g, L.eval_at_step);
+    if (auto ended = meet_after_eval(g, took)) return ended;
+  } else if (eval_now) {
+    send_eval(g, L.eval_at_step);  // the last step: nothing collective follows but the digests' comparison, already done
+  }
+  if (L.due(L.cadence.checkpoint_every, step, window_start) || std::exchange(L.checkpoint_owed, false)) {
+    write_checkpoint(g, L.eval_at_step);
+    L.last_ckpt = step;
+  }
+  if (s.agreed.stop_agreed()) return stop_here(g, L, step, s.agreed.final_checkpoint_wanted());
+  if (s.agreed.all_hold_newer_plan(g.world)) return outcome::next_plan;
+  return std::nullopt;
+}
+
+// After a step: DiLoCo's outer exchanges, the buffers, the sums, the
+// digests, the report, an injected fault; at a boundary, at_boundary.
+std::optional<rank_worker::outcome> rank_worker::after_step(generation_run& g, steps_run& s, step_loop& L, int64_t attempted,
+                                                            int64_t window_start, clock_type::time_point t0) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  // Every rank holds the same parameters after this step (streaming: the
+  // same global parameters, and nothing is in flight).
+  bool boundary = !L.diloco;
+  if (L.diloco)
+    if (auto ended = outer_steps(g, s, L.cadence.max_steps, boundary)) return ended;
+  if (L.diloco && L.alone && !state.outer().in_flight().has_value()) boundary = true;
+  const int64_t step = state.step();
+  if (boundary && !s.moving_buffers.empty())
+    if (auto ended = broadcast_buffers(g, s, step)) return ended;
+  add_step_sums(s, step, attempted);
+  if (boundary && L.due(L.cadence.digest_every, step, window_start))
+    if (auto ended = compare_digests(g, s, step)) return ended;
+  s.acc.set_step_s(s.acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
+  if (s.first || L.cadence.report_due(step) || (boundary && L.diloco && !L.alone)) report_step(g, s, step);
+  if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected && opts_.fail_mode != fault_mode::rank_oom) {
+    im.injected = true;
+    inject_fault();
+  }
+  if (boundary) return at_boundary(g, s, L, step, window_start);
+  if (L.alone) {
+    L.eval_owed = L.eval_owed || L.cadence.eval_due(step);
+    L.checkpoint_owed = L.checkpoint_owed || L.cadence.checkpoint_due(step);
+  }
+  return std::nullopt;
+}
+
+rank_worker::outcome rank_worker::train(generation_run& g) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
+  steps_run s;
+  if (auto ended = begin_steps(g, s)) return *ended;
+  step_loop L;
+  L.cadence = step_cadence_of(*im.cfg);
+  L.last_ckpt = opts_.state_checkpointed_at >= 0 && opts_.state_checkpointed_at == state.step() ? state.step() : -1;
   // train.sync = diloco: inner steps without a collective; at each boundary
   // the outer step (its exchange carries the step control), and only there
   // what needs every rank to hold the same parameters (buffers, digests,
   // evaluation, checkpoints, stop, switch).
-  const bool diloco = state.diloco();
+  L.diloco = state.diloco();
+  L.alone = !g.pg;
   // Something of DiLoCo's left to do at this step: a fragment due, or an
   // exchange in flight that lands now.
-  auto outer_pending = [&] { return diloco && (state.outer().due(state.step()) || state.outer().lands(state.step())); };
-  // A rank alone (world 1: `dtactor train`, or a cluster down to one rank)
-  // has nobody to agree with: every step boundary where no DiLoCo exchange
-  // is in flight is a synchronisation boundary (its parameters are the
-  // job's), and a stop is taken before the next step. What fell due while
-  // an exchange was in flight waits for it to land.
-  const bool alone = !g.pg;
-  auto in_flight = [&] { return diloco && state.outer().in_flight().has_value(); };
-  bool eval_owed = false, checkpoint_owed = false;
-  // Stops at `step` (all ranks agreed, or alone): a final checkpoint when
-  // asked for one, every part stored, then STATE_FINISHED.
-  auto stop_here = [&](int64_t step, bool final_checkpoint) {
-    if (final_checkpoint && last_ckpt != step) write_checkpoint(g, eval_at_step);
-    finish_checkpoints();
-    report_status(g, pb::rank_status::STATE_FINISHED, step, state.params_digest());
-    return outcome::stopped;
-  };
-  if (state.step() >= cadence.max_steps && !outer_pending() && g.rank == 0 && last_ckpt != state.step()) {
+  auto outer_pending = [&] { return L.diloco && (state.outer().due(state.step()) || state.outer().lands(state.step())); };
+  auto in_flight = [&] { return L.diloco && state.outer().in_flight().has_value(); };
+  const int64_t max_steps = L.cadence.max_steps;
+  if (state.step() >= max_steps && !outer_pending() && g.rank == 0 && L.last_ckpt != state.step()) {
     // The job's last step is done but this generation started after it
     // (the old rank 0 may have died before its final evaluation and
     // checkpoint reached the coordinator): the new rank 0 sends both.
-    send_eval(g, eval_at_step);
+    send_eval(g, L.eval_at_step);
   }
-  if (state.step() >= cadence.max_steps && !outer_pending() && last_ckpt != state.step()) write_checkpoint(g, eval_at_step);
+  if (state.step() >= max_steps && !outer_pending() && L.last_ckpt != state.step()) write_checkpoint(g, L.eval_at_step);
   announce_window(g);
   im.trained_gen = g.gen;
   im.trained_rank = g.rank;
   im.trained_world = g.world;
-  const bool replay_on = diloco && g.pg;  // the window's slices are noted (replay_owed_slices)
+  const bool replay_on = L.diloco && g.pg;  // the window's slices are noted (replay_owed_slices)
   s.window_began = clock_type::now();
-  while (state.step() < cadence.max_steps || outer_pending()) {
+  while (state.step() < max_steps || outer_pending()) {
     if (quitting()) return outcome::quit;
     if (abandon(g.gen)) return outcome::next_plan;
     if (opts_.stop_at_step >= 0 && state.step() >= opts_.stop_at_step && !stop_.load()) request_stop(true);
     if (opts_.fail_mode == fault_mode::rank_oom && opts_.fail_at_step >= 0 && state.step() >= opts_.fail_at_step) inject_fault();
-    if (alone && stop_.load() && !in_flight()) return stop_here(state.step(), stop_checkpoint_.load());
+    if (L.alone && stop_.load() && !in_flight()) return stop_here(g, L, state.step(), stop_checkpoint_.load());
     if (!im.replays.empty()) {
       if (auto ended = replay_next_slice(g, s)) return *ended;
       continue;
     }
     const auto t0 = clock_type::now();
-    // The step's control (step_control.hpp) rides at the end of its first
-    // gradient bucket, SUM-reduced with it (no collective of its own).
-    // Every rank reads the same sums after the step: all switch once every
-    // rank holds the newer plan, all stop if any rank was asked to, at the
-    // same step boundary, and rank 0 writes the final checkpoint if any rank
-    // was asked for one.
-    s.mine = step_control{};
-    s.mine.newer_plan = offered_gen_.load() > g.gen ? 1.f : 0.f;
-    s.mine.stop = stop_.load() ? 1.f : 0.f;
-    s.mine.final_checkpoint = s.mine.stop > 0 && stop_checkpoint_.load() ? 1.f : 0.f;
-    s.sync().set_control(s.mine);
+    set_step_control(g, s);
     const int64_t attempted = state.step();
-    const int64_t window_start = diloco ? state.outer().anchor() : attempted;
+    const int64_t window_start = L.diloco ? state.outer().anchor() : attempted;
     s.r = training_state::dp_step{};
     if (!outer_pending())
       if (auto ended = inner_step(g, s, replay_on)) return *ended;
-    if (!diloco) s.agreed = s.sync().control();
-    // Every rank holds the same parameters after this step (streaming: the
-    // same global parameters, and nothing is in flight).
-    bool boundary = !diloco;
-    if (diloco)
-      if (auto ended = outer_steps(g, s, cadence.max_steps, boundary)) return *ended;
-    if (diloco && alone && !in_flight()) boundary = true;
-    const int64_t step = state.step();
-    // DiLoCo: what falls due in the window runs at its boundary.
-    auto due = [&](int64_t every) {
-      if (!diloco || alone) return cadence.due(every, step);
-      if (step >= cadence.max_steps) return true;
-      return every > 0 && step / every > window_start / every;
-    };
-    if (boundary && !s.moving_buffers.empty())
-      if (auto ended = broadcast_buffers(g, s, step)) return *ended;
-    s.acc.set_samples(s.acc.samples() + s.r.samples);
-    if (s.r.samples > 0) {
-      s.loss_sum_steps += s.r.loss_sum / static_cast<double>(s.r.samples);
-      ++s.loss_steps;
-    }
-    s.acc.set_allreduce_s(s.acc.allreduce_s() + s.r.allreduce_s);
-    s.acc.set_allreduce_exposed_s(s.acc.allreduce_exposed_s() + s.r.exposed_s);
-    s.acc.set_compute_s(s.acc.compute_s() + s.r.compute_s);
-    s.acc.set_update_s(s.acc.update_s() + s.r.update_s);
-    s.acc.set_gather_s(s.acc.gather_s() + s.r.gather_s);
-    if (step > attempted) s.acc.set_steps_covered(s.acc.steps_covered() + 1);
-    if (boundary && due(cadence.digest_every))
-      if (auto ended = compare_digests(g, s, step)) return *ended;
-    s.acc.set_step_s(s.acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
-    if (s.first || cadence.report_due(step) || (boundary && diloco && !alone)) report_step(g, s, step);
-
-    if (opts_.fail_at_step >= 0 && step >= opts_.fail_at_step && !im.injected && opts_.fail_mode != fault_mode::rank_oom) {
-      im.injected = true;
-      inject_fault();
-    }
-    if (!boundary) {
-      if (alone) {
-        eval_owed = eval_owed || cadence.eval_due(step);
-        checkpoint_owed = checkpoint_owed || cadence.checkpoint_due(step);
-      }
-      continue;
-    }
-    eval_at_step.clear();
-    // Every rank evaluates (their parameters are identical, so are the
-    // results): a rank left waiting in the next collective while rank 0
-    // evaluated alone would hit the collective timeout on a long
-    // evaluation. Rank 0 reports.
-    const bool eval_now = due(cadence.eval_every) || std::exchange(eval_owed, false);
-    if (eval_now && step < cadence.max_steps) {
-      const double took = send_eval(g, eval_at_step);
-      if (auto ended = meet_after_eval(g, took)) return *ended;
-    } else if (eval_now) {
-      send_eval(g, eval_at_step);  // the last step: nothing collective follows but the digests' comparison, already done
-    }
-    if (due(cadence.checkpoint_every) || std::exchange(checkpoint_owed, false)) {
-      write_checkpoint(g, eval_at_step);
-      last_ckpt = step;
-    }
-
-    if (s.agreed.stop_agreed()) return stop_here(step, s.agreed.final_checkpoint_wanted());
-    if (s.agreed.all_hold_newer_plan(g.world)) return outcome::next_plan;
+    if (!L.diloco) s.agreed = s.sync().control();
+    if (auto ended = after_step(g, s, L, attempted, window_start, t0)) return *ended;
   }
   finish_checkpoints();
   report_status(g, pb::rank_status::STATE_FINISHED, state.step(), state.params_digest());

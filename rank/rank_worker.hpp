@@ -27,6 +27,7 @@
 // It is the `rank_work` (actors/rank_work.hpp) the rank actor drives. No
 // LibTorch in this header.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -141,6 +142,14 @@ class rank_worker : public rank_work {
   // ends the generation.
   struct steps_run;  // the generation's exchanges and step sums (rank_worker.cpp)
   outcome train(generation_run& g);
+  struct step_loop;  // the loop's cadence, owed evaluation and checkpoint (rank_worker.cpp)
+  std::optional<outcome> begin_steps(generation_run& g, steps_run& s);
+  void set_step_control(generation_run& g, steps_run& s);
+  std::optional<outcome> after_step(generation_run& g, steps_run& s, step_loop& L, int64_t attempted, int64_t window_start,
+                                    std::chrono::steady_clock::time_point t0);
+  void add_step_sums(steps_run& s, int64_t step, int64_t attempted);
+  std::optional<outcome> at_boundary(generation_run& g, steps_run& s, step_loop& L, int64_t step, int64_t window_start);
+  outcome stop_here(generation_run& g, step_loop& L, int64_t step, bool final_checkpoint);
   status choose_exchanges(generation_run& g, steps_run& s);
   void report_ready(generation_run& g, const steps_run& s);
   void prepare_part_writer(generation_run& g);
