@@ -851,12 +851,10 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
   // to know (the others held that step already).
   bool from_disk = g.source == ev::state_source::disk;
   if (g.pg) {
-    std::vector<torch::Tensor> t{torch::tensor({from_disk ? int64_t{1} : int64_t{0}}, torch::kInt64)};
-    c10d::AllreduceOptions mx;
-    mx.reduceOp = c10d::ReduceOp::MAX;
-    if (auto st = wait_work(g.pg->allreduce(t, mx), deadline_in(g.timeout), g.abandon_now, "agreement on the optimizer state's source"); !st)
+    std::vector<int64_t> word{from_disk ? 1 : 0};
+    if (auto st = max_allreduce(*g.pg, word, deadline_in(g.timeout), g.abandon_now, "agreement on the optimizer state's source"); !st)
       return failed(g, st.message(), state.step());
-    from_disk = t[0][0].item<int64_t>() > 0;
+    from_disk = word[0] > 0;
   }
   if (from_disk) return shards_from_checkpoint(g, plan, g.plan.checkpoint_step());
   std::string missing;
@@ -884,10 +882,16 @@ std::optional<rank_worker::outcome> rank_worker::shard_state(generation_run& g, 
     }
     missing = r->missing;
   }
-  // Some optimizer state is lost with its holders: back to the checkpoint
-  // the plan names for that (the coordinator's choice, never this rank's).
-  // Global rank 0 reads its replicated part and sends it to all; then every
-  // rank reads its own shards.
+  return shards_from_fallback(g, plan, missing);
+}
+
+// Some optimizer state is lost with its holders (shard_state: `missing`):
+// back to the checkpoint the plan names for that (the coordinator's choice,
+// never this rank's). Global rank 0 reads its replicated part and sends it
+// to all; then every rank reads its own shards.
+std::optional<rank_worker::outcome> rank_worker::shards_from_fallback(generation_run& g, const shard_plan& plan, const std::string& missing) {
+  auto& im = *impl_;
+  training_state& state = *im.state;
   std::fprintf(stderr, "rank %d: generation %llu: optimizer state of %s was held only by lost ranks; resuming from the plan's checkpoint\n", g.rank,
                static_cast<unsigned long long>(g.gen), missing.c_str());
   // With none committed, the job starts over from step 0 (every step is

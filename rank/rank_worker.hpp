@@ -124,6 +124,7 @@ class rank_worker : public rank_work {
   std::optional<outcome> agree_window(generation_run& g, bool own_window);
   std::optional<outcome> shard_state(generation_run& g, bool holds_current);
   std::optional<outcome> shards_from_checkpoint(generation_run& g, const shard_plan& plan, int64_t step);
+  std::optional<outcome> shards_from_fallback(generation_run& g, const shard_plan& plan, const std::string& missing);
   std::optional<outcome> worker_section_from_checkpoint(generation_run& g);
   // Every checkpoint load of a generation: the plan's store and step, the
   // manifest checked, what the load planner names for this rank read.
