@@ -255,18 +255,38 @@ bool rank_worker::take_plan(uint64_t after, bool warm_up, pb::generation_plan& o
   return true;
 }
 
-void rank_worker::run() {
-  const int local = opts_.local_rank;
-  auto status = [&](uint64_t gen, pb::rank_status::state s, int rank, int64_t step, const std::string& detail) {
-    if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local, step, detail));
-  };
-  pb::generation_plan plan;
-  double offered_at = 0;
-  if (!take_plan(0, true, plan, offered_at)) return;
+namespace {
+// The module the coordinator shipped (plan.module_object): this node's own
+// model.file when it is the same file, else a checked copy fetched from the
+// store. Returns the config to load the model with; `module_digest`: the
+// shipped module's (unchanged when none is shipped).
+result<config> with_shipped_module(const pb::generation_plan& plan, const config& cfg, int local, std::string& module_digest) {
+  config load_cfg = cfg;
+  if (!plan.module_object().empty()) {
+    auto store = open_object_store(plan.checkpoint_store(), default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
+    if (!store) return make_error("cannot open the checkpoint store for the shipped module: " + store.message());
+    auto got = fetch_shipped_file(*store.value(), plan.module_object(), plan.module_digest(), cfg.get_string("model.file"), shipped_cache_dir());
+    if (!got) return got.err();
+    if (got->path != cfg.get_string("model.file")) {
+      std::fprintf(stderr, "rank %d: model.file %s here: using the coordinator's, %s (%s)\n", local,
+                   std::filesystem::exists(cfg.get_string("model.file")) ? "differs" : "is missing", got->path.c_str(),
+                   got->fetched ? "fetched from the checkpoint store" : "fetched before");
+      (void)load_cfg.set("model.file", got->path);
+    }
+    module_digest = plan.module_digest();
+  }
+  return load_cfg;
+}
+}  // namespace
+
+// The rank's set-up from the warm-up plan: its config (the threads fitted
+// to the machine), the module the coordinator shipped, the training state,
+// the sample log, the modes. An error is one line.
+status rank_worker::warm_up(const pb::generation_plan& plan) {
   auto& im = *impl_;
   try {
     auto parsed = config::parse_toml(plan.config_toml(), "generation plan");
-    if (!parsed) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, parsed.message());
+    if (!parsed) return parsed.err();
     config cfg = std::move(parsed.value());
     // Ranks sharing a machine share its cores: until a plan says how many
     // ranks run here, this node's.
@@ -280,48 +300,47 @@ void rank_worker::run() {
     configure_threads(cfg);
     // The module the coordinator shipped: this node's own model.file when it
     // is the same file, else a checked copy fetched from the store.
-    config load_cfg = cfg;
-    if (!plan.module_object().empty()) {
-      auto store = open_object_store(plan.checkpoint_store(), default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
-      if (!store)
-        return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0,
-                      "cannot open the checkpoint store for the shipped module: " + store.message());
-      auto got = fetch_shipped_file(*store.value(), plan.module_object(), plan.module_digest(), cfg.get_string("model.file"), shipped_cache_dir());
-      if (!got) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, got.message());
-      if (got->path != cfg.get_string("model.file")) {
-        std::fprintf(stderr, "rank %d: model.file %s here: using the coordinator's, %s (%s)\n", local,
-                     std::filesystem::exists(cfg.get_string("model.file")) ? "differs" : "is missing", got->path.c_str(),
-                     got->fetched ? "fetched from the checkpoint store" : "fetched before");
-        (void)load_cfg.set("model.file", got->path);
-      }
-      im.module_digest = plan.module_digest();
-    }
+    auto load_cfg = with_shipped_module(plan, cfg, opts_.local_rank, im.module_digest);
+    if (!load_cfg) return load_cfg.err();
     if (opts_.state) {
       im.state = opts_.state;
     } else {
       if (opts_.setup_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.setup_mmap_threshold);
-      auto created = training_state::create(load_cfg);
+      auto created = training_state::create(load_cfg.value());
       if (opts_.step_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.step_mmap_threshold);
-      if (!created) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, created.message());
+      if (!created) return created.err();
       im.state = std::move(created.value());
       // The module's own parameter tensors, freed once the optimizer copied
       // them into its flat buffers, go back to the kernel (see train()).
       ::malloc_trim(0);
     }
     if (const std::string& dir = cfg.get_string("data.sample_log"); !dir.empty()) {
-      auto opened = sample_log::open(dir, opts_.node_id + "-r" + std::to_string(local));
-      if (!opened) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, opened.message());
+      auto opened = sample_log::open(dir, opts_.node_id + "-r" + std::to_string(opts_.local_rank));
+      if (!opened) return opened.err();
       im.samples_log = std::move(opened.value());
       im.state->record_samples(true);
     }
     auto modes = job_modes_of(cfg);
-    if (!modes) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, modes.message());
+    if (!modes) return modes.err();
     im.modes = modes.value();
     im.cfg = std::move(cfg);
   } catch (const std::exception& e) {
     std::string what = e.what();
-    return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, what.substr(0, what.find('\n')));
+    return make_error(what.substr(0, what.find('\n')));
   }
+  return {};
+}
+
+void rank_worker::run() {
+  const int local = opts_.local_rank;
+  auto status = [&](uint64_t gen, pb::rank_status::state s, int rank, int64_t step, const std::string& detail) {
+    if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local, step, detail));
+  };
+  pb::generation_plan plan;
+  double offered_at = 0;
+  if (!take_plan(0, true, plan, offered_at)) return;
+  auto& im = *impl_;
+  if (auto st = warm_up(plan); !st) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, st.message());
   {
     // The data as this rank opened it, for the coordinator to compare.
     auto idle = status_of(pb::rank_status::STATE_IDLE, -1, local, im.state->step(), "warmed up");

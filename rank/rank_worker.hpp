@@ -110,6 +110,7 @@ class rank_worker : public rank_work {
   enum class outcome { next_plan, failed, finished, stopped, idle, quit };
   struct generation_run;  // one generation's group, state source, timeouts (rank_worker.cpp)
   void run();
+  status warm_up(const pb::generation_plan& plan);
   // A generation: the group (build_group), the starting state (agree_state),
   // then the steps (train). The first two return an outcome only when it
   // ends the generation early.
