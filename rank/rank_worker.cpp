@@ -1116,7 +1116,8 @@ struct transport_facts {
   bool over_shm = false;           // the reducer uses the segment (alone or hierarchical)
   bool fragments_off_shm = false;  // streaming DiLoCo's fragments left it to the host's reducer
   const shard_plan* shards = nullptr;
-  bool zero2 = false, zero_shm = false, zero_host = false;
+  bool zero2 = false;
+  const param_sync* zero_sync = nullptr;  // how the parameters are gathered (train.zero >= 1)
   size_t fragments = 0;  // streaming DiLoCo: the fragments' reducers
   bool host_sync = false;
   std::string host_workers_why_not;
@@ -1137,9 +1138,7 @@ std::string describe_transport(const transport_facts& f, training_state& state, 
     transport += "; optimizer state" + std::string(f.zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(f.zero2 ? 2 : 1) + "): this rank holds " + std::to_string(sp.held_elements(f.rank)) + " of " +
                  std::to_string(sp.total) + " elements, " + std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) +
                  " holder(s) a shard, " + std::to_string(f.reshard_bytes) + " bytes moved, parameters gathered " +
-                 (f.zero_shm    ? std::string("through shared memory")
-                  : f.zero_host ? std::string("within each host through shared memory (every host holds every shard)")
-                                : "over " + f.backend);
+                 (f.zero_sync ? f.zero_sync->describe() : "over " + f.backend);
   }
   if (state.diloco() && f.world > 1) {
     // The same transport carries the pseudo-gradients, once a window.
@@ -1174,11 +1173,7 @@ struct rank_worker::steps_run {
   std::unique_ptr<grad_sync> host_sync;
   std::string host_workers_why_not;
   bool zero2 = false;     // gradients reduce-scattered into the optimizer's windows
-  bool zero_shm = false;  // ZeRO's all-gather and norm through the host's segment
-  bool zero_host = false;  // ZeRO's all-gather through each host's segment (hierarchical, every host holds every shard)
   bool streaming = false, fragments_off_shm = false;
-  std::function<result<double>()> global_norm;  // zero=2: the clipping norm from the shards' partial sums
-  std::function<status()> gather;               // zero>=1: the other ranks' updated parameters
   // Buffers training changes (BatchNorm): rank 0's go to every rank after
   // each step (PyTorch DDP's broadcast_buffers), or the ranks' states drift
   // apart and the digest comparison stops the job.
@@ -1222,10 +1217,7 @@ status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   // straight into the optimizer's gradient windows; the clipping norm is
   // the sum of the primaries' partial sums (one small allreduce a step).
   s.zero2 = im.shards && g.pg && g.world > 1 && cfg.get_int("train.zero") >= 2;
-  if (s.zero2) {
-    go.zero2 = zero2_of(state.optimizer(), *im.shards);
-    s.global_norm = [&state, &im, &g] { return global_grad_norm(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
-  }
+  if (s.zero2) go.zero2 = zero2_of(state.optimizer(), *im.shards);
   // train.diloco_worker = host: the ranks of a host are one worker,
   // synchronous inside through the host's segment (host_sync below).
   const bool host_workers = host_worker(g);
@@ -1253,12 +1245,10 @@ status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
   } else {
     s.syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
   }
-  // train.zero >= 1 with every rank on this host and the gradients through
-  // its segment: the parameter all-gather and the norm's sum go through it
-  // too, between the steps of the gradient exchange (no loopback TCP).
-  const grad_sync& sync = s.sync();
-  s.zero_shm = im.shards && g.pg && g.world > 1 && !state.diloco() && sync.uses_shm() && !sync.hierarchical() && g.exchange.shm &&
-               shm_fits(*g.exchange.shm, state.optimizer(), *im.shards);
+  // train.zero >= 1: the reducer's parameter sync (the all-gather after
+  // the update, zero=2's norm), over the path the ranks' places allow.
+  s.sync().set_parameter_sync(zero_sync_for(s.sync(), g.exchange, state.optimizer(), im.shards ? &*im.shards : nullptr,
+                                            {g.pg, s.zero2, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
   if (state.diloco() && im.modes.diloco_worker == diloco_worker_kind::host && g.world > 1) {
     if (host_workers) {
       grad_sync_options ho;
@@ -1274,35 +1264,6 @@ status rank_worker::choose_exchanges(generation_run& g, steps_run& s) {
                                : g.exchange.why_not.empty() ? "no shared memory"
                                                             : g.exchange.why_not;
     }
-  }
-  // train.zero >= 1: after the optimizer stepped this rank's shards, the
-  // others' updated parameters.
-  if (im.shards && g.pg && g.world > 1)
-    s.gather = [&state, &im, &g] { return gather_params(*g.pg, state.optimizer(), *im.shards, g.timeout, g.abandon_now); };
-  // Several hosts, hierarchical, and every host holding every shard
-  // between its ranks (2 hosts, two holders a shard): nothing a rank lacks
-  // is on another host, so the all-gather is a round of the host's segment
-  // (a rank alone on its host then holds everything: nothing to gather).
-  // Decided from the plan and the hosts, alike on every rank.
-  s.zero_host = im.shards && g.pg && g.world > 1 && !state.diloco() && !s.zero_shm && g.exchange.hierarchical &&
-                hosts_cover_every_shard(*im.shards, g.exchange.host_groups) && params_float32(state.optimizer(), *im.shards);
-  if (s.zero_host) {
-    auto* shm = g.exchange.shm.get();
-    const auto spin = go.spin_wait;
-    const auto members = g.exchange.host_members;
-    s.gather = [&state, &im, &g, shm, spin, members]() -> status {
-      if (!shm) return {};  // alone on this host: it holds every shard
-      return gather_params_host(*shm, members, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin);
-    };
-  }
-  if (s.zero_shm) {
-    auto* shm = g.exchange.shm.get();
-    const auto spin = go.spin_wait;
-    s.gather = [&state, &im, &g, shm, spin] { return gather_params_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin); };
-    if (s.global_norm)
-      s.global_norm = [&state, &im, &g, shm, spin] {
-        return global_grad_norm_shm(*shm, state.optimizer(), *im.shards, g.timeout, g.abandon_now, spin);
-      };
   }
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) s.moving_buffers.push_back(b);
@@ -1323,8 +1284,7 @@ void rank_worker::report_ready(generation_run& g, const steps_run& s) {
   tf.fragments_off_shm = s.fragments_off_shm;
   tf.shards = im.shards ? &*im.shards : nullptr;
   tf.zero2 = s.zero2;
-  tf.zero_shm = s.zero_shm;
-  tf.zero_host = s.zero_host;
+  tf.zero_sync = s.sync().parameter_sync();
   tf.fragments = s.streaming ? s.syncs.size() : 0;
   tf.host_sync = s.host_sync != nullptr;
   tf.host_workers_why_not = s.host_workers_why_not;
@@ -1423,7 +1383,7 @@ std::optional<rank_worker::outcome> rank_worker::inner_step(generation_run& g, s
   if (s.host_sync)
     r = state.inner_step_host(g.rank, g.world, *s.host_sync, g.exchange.host_members);
   else
-    r = diloco ? state.inner_step(slice_rank, slice_world) : state.train_step_dp(g.rank, g.world, s.sync(), s.gather, s.global_norm);
+    r = diloco ? state.inner_step(slice_rank, slice_world) : state.train_step_dp(g.rank, g.world, s.sync());
   // Applied (with ZeRO, to this rank's shards even when the all-gather
   // after it failed): the step is in the audit log before anything else.
   if (state.step() > attempted)
