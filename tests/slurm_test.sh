@@ -88,6 +88,7 @@ leave_rejoin)
         --export=ALL,DTACTOR="$DTACTOR",COORDINATOR="tcp://127.0.0.1:$PORT" "$SRC/examples/slurm/nodes.sbatch" --advertise-addr 127.0.0.1 --threads-per-rank 1)
   wait_for 120 "[e for e in named('step') if e['step'] >= 5]"
   t0=$(date +%s.%N)
+  host=$(squeue -h -j "${j}_1" -o %N)
   scontrol requeue "${j}_1"
   wait_for 60 "named('node_left')"
   wait_for 60 "[e for e in named('recovery_done') if e['cause'] == 'node_left']"
@@ -96,9 +97,12 @@ leave_rejoin)
   [ "$(journal "[e['lost_steps'] for e in named('recovery_done') if e['cause']=='node_left'][0]")" = 0 ] || fail "steps lost on the leave"
   [ "$(journal "len(named('node_lost'))")" = 0 ] || fail "a node was lost, not left"
   t1=$(date +%s.%N)
-  # Requeued: pending until its begin time; start it now rather than wait Slurm's delay.
+  # Requeued: pending until its begin time; start it now rather than wait Slurm's delay,
+  # on another node: the slurmd it ran on refuses a launch of the job it has just
+  # killed ("Job N already killed, do not launch batch job"; the task then fails)
+  # until its cleanup is through.
   for ((i = 0; i < 100; i++)); do [ "$(job_state "${j}_1")" = PENDING ] && break; sleep 0.2; done
-  scontrol update JobId="${j}_1" StartTime=now >/dev/null 2>&1 || true
+  scontrol update JobId="${j}_1" ExcNodeList="$host" StartTime=now >/dev/null 2>&1 || true
   wait_for 120 "len([e for e in named('node_joined') if e['node'] == '${j}-1']) >= 2"
   wait_for 120 "[e for e in named('recovery_done') if e['cause'] in ('node_joined', 'rank_ready') and e['world_size'] == 2]"
   t2=$(date +%s.%N)
