@@ -21,14 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_meta  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from attacks import free_port, status_kb  # noqa: E402
 
 
 def scrape(port):
@@ -68,14 +61,6 @@ def slow_client(port, trickle, stop):
             time.sleep(0.05)
 
 
-def rss_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=100)
@@ -95,7 +80,7 @@ def main():
             except OSError:
                 time.sleep(0.1)
         idle = [scrape(http) for _ in range(a.scrapes)]
-        rss_idle = rss_kb(coord.pid)
+        rss_idle = status_kb(coord.pid, "VmRSS")
         stop = threading.Event()
         threads = [threading.Thread(target=slow_client, args=(http, i % 2 == 1, stop), daemon=True) for i in range(a.clients)]
         for t in threads:
@@ -105,7 +90,7 @@ def main():
         for _ in range(a.scrapes):
             under.append(scrape(http))
             time.sleep(0.2)
-        rss_attack = rss_kb(coord.pid)
+        rss_attack = status_kb(coord.pid, "VmRSS")
         stop.set()
     finally:
         coord.terminate()
