@@ -237,7 +237,8 @@ int check_arguments(const parsed_cli& p) {
     if (c->threads_per_rank > most)
       return cli_fail("--threads-per-rank " + std::to_string(c->threads_per_rank) + " is more than this machine can use (at most " +
                           std::to_string(most) + ")", 2);
-  // (Counts below 1 are run_local's to refuse.)
+  if (p.command == cli_command::local)
+    if (auto why = local_arguments_problem(p.local); !why.empty()) return cli_fail(why, 2);
   if (const int64_t ranks = int64_t{p.local.nodes} * p.local.nproc_per_node; p.command == cli_command::local && ranks > most)
     return cli_fail("dtactor local --nodes " + std::to_string(p.local.nodes) + " --nproc-per-node " + std::to_string(p.local.nproc_per_node) +
                         ": " + std::to_string(ranks) + " rank processes, more than this machine can run (at most " + std::to_string(most) + ")",

@@ -63,6 +63,9 @@ setup_check check_coordinator_setup(const cluster_cli& cli);
 int run_node(const cluster_cli& cli);
 int run_rank(const cluster_cli& cli);
 int run_local(const cluster_cli& cli);
+// Why `dtactor local`'s node and rank counts (and --chaos) cannot run ("" when
+// they can): checked before anything, the run directory included, is made.
+std::string local_arguments_problem(const cluster_cli& cli);
 
 // torchrun-style static launch: `--role node` without --coordinator but with
 // MASTER_ADDR, MASTER_PORT, WORLD_SIZE (all ranks) and NODE_RANK in the

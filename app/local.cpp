@@ -93,11 +93,16 @@ bool nodes_all_failed(std::vector<local_node>& nodes) {
 
 }  // namespace
 
+std::string local_arguments_problem(const cluster_cli& cli) {
+  if (cli.nodes < 1 || cli.nodes > 64) return "--nodes must be 1..64";
+  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 64) return "--nproc-per-node must be 1..64";
+  if (cli.chaos && cli.nodes < 2) return "--chaos needs --nodes 2 or more (a lost node needs survivors)";
+  return "";
+}
+
 int run_local(const cluster_cli& cli) {
   choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
-  if (cli.nodes < 1 || cli.nodes > 64) return local_fail("--nodes must be 1..64", 2);
-  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 64) return local_fail("--nproc-per-node must be 1..64", 2);
-  if (cli.chaos && cli.nodes < 2) return local_fail("--chaos needs --nodes 2 or more (a lost node needs survivors)", 2);
+  if (auto why = local_arguments_problem(cli); !why.empty()) return local_fail(why, 2);
   // Everything the coordinator would refuse, refused before any process
   // starts: one line, as `train` gives.
   cluster_cli as_coordinator = cli;

@@ -78,6 +78,10 @@ expect_error "unknown role" "role" --role janitor
 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 expect_error "static mode without WORLD_SIZE" "needs WORLD_SIZE" --role node
 MASTER_ADDR=127.0.0.1 WORLD_SIZE=3 expect_error "static mode, WORLD_SIZE not a multiple" "not a multiple" --role node --nproc-per-node 2
 expect_error "local with no nodes" "--nodes must be" local --nodes 0 --run-dir "$work/rl"
+expect_error "chaos with one node" "--chaos needs --nodes 2 or more" local --nodes 1 --chaos --run-dir "$work/rl"
+expect_error "chaos every 0 s" "--chaos-every" local --chaos --chaos-every 0 --run-dir "$work/rl"
+# Refused before anything is made: no run directory, no job key.
+[ ! -e "$work/rl" ] || bad "local with bad counts made its run directory"
 expect_error "coordinator with bad config" "unknown config key" --role coordinator --listen tcp://127.0.0.1:1 --set train.nope=1 --run-dir "$work/rc"
 expect_error "suspect timeout shorter than a heartbeat" "cluster.suspect_timeout_ms .50. must be larger" --role coordinator --listen tcp://127.0.0.1:1 --set cluster.suspect_timeout_ms=50 --run-dir "$work/rc"
 expect_error "bad fault injection mode" "not in .crash,hang,leave,rank-crash" --role node --coordinator tcp://127.0.0.1:1 --fail-mode bogus
