@@ -142,173 +142,217 @@ bool report_lower_is_better(const std::string& metric) {
   return metric.find("loss") != std::string::npos || metric == "perplexity";
 }
 
+namespace {
+
+// Folds a journal's events, in order, into a run_digest. One handler per
+// event the report shows; every other event only moves the run's times.
+class digest_builder {
+ public:
+  // `t` is the event's time (0: none journaled).
+  void add(double t, const ev::journal_event& event) {
+    if (take_batch_search(event)) return;
+    if (t > 0) {
+      if (d_.first_t == 0) d_.first_t = t;
+      d_.last_t = std::max(d_.last_t, t);
+    }
+    track_session(t, event);
+    std::visit([&](const auto& e) { on(t, e); }, event);
+  }
+  run_digest& digest() { return d_; }
+
+ private:
+  // `dtactor tune-batch` runs before (or between) trainings: its events are
+  // not part of a training session. True when `event` was one of them.
+  bool take_batch_search(const ev::journal_event& event) {
+    if (auto* e = std::get_if<ev::batch_size_search_started>(&event)) {
+      d_.batch_trials.clear();
+      d_.batch_found = -1;
+      d_.batch_budget_bytes = static_cast<double>(e->max_memory_bytes);
+      return true;
+    }
+    if (auto* e = std::get_if<ev::batch_size_trial>(&event)) {
+      d_.batch_trials.push_back({e->micro_batch, e->fits, e->peak_rss_bytes, e->samples_per_s.value_or(0), e->reason.value_or("")});
+      return true;
+    }
+    if (auto* e = std::get_if<ev::batch_size_found>(&event)) {
+      d_.batch_found = e->micro_batch;
+      d_.batch_limited_by_up_to = e->limited_by_up_to.value_or(false);
+      return true;
+    }
+    return false;
+  }
+
+  run_digest::session* current() { return d_.sessions.empty() ? nullptr : &d_.sessions.back(); }
+
+  // One session per start event: a coordinator_started, or a job_started
+  // (`dtactor train`) outside a coordinator's session. What a process
+  // journals before its start event (a coordinator's checkpoint search, its
+  // shipped module) belongs to that start; a session of kind "unknown" is
+  // left only for a journal with no start event before its first events
+  // (older writers).
+  void track_session(double t, const ev::journal_event& event) {
+    const auto* job_start = std::get_if<ev::job_started>(&event);
+    const auto* coordinator_start = std::get_if<ev::coordinator_started>(&event);
+    const bool in_cluster = current() && current()->kind == "cluster";
+    if (coordinator_start || (job_start && !in_cluster)) {
+      const std::string kind = job_start ? "train" : "cluster";
+      if (current() && current()->kind == "unknown")
+        current()->kind = kind;
+      else
+        d_.sessions.push_back({t, t, kind});
+      d_.outcome = "interrupted";
+      d_.outcome_detail.clear();
+      open_losses_.clear();
+    } else if (!current() && t > 0) {
+      d_.sessions.push_back({t, t, "unknown"});
+    }
+    if (current() && t > 0) current()->end = std::max(current()->end, t);
+  }
+
+  template <class E>
+  void on(double, const E&) {}  // an event the report does not show
+
+  void on(double, const ev::job_started& e) {
+    if (!e.model.empty()) d_.model = e.model;
+    if (e.parameters) d_.parameters = e.parameters;
+    if (e.max_steps) d_.max_steps = e.max_steps;
+    if (e.global_batch_size) d_.global_batch_size = e.global_batch_size;
+  }
+  void on(double, const ev::coordinator_started& e) {
+    if (!e.job_id.empty()) d_.job_id = e.job_id;
+  }
+  void on(double t, const ev::step_completed& e) {
+    run_digest::point p;
+    p.step = e.step;
+    p.t = t;
+    p.loss = e.loss;
+    p.samples_per_s = e.samples_per_s;
+    p.world_size = e.world_size > 0 ? e.world_size : 1;
+    d_.steps.push_back(p);
+    d_.last_step = std::max(d_.last_step, p.step);
+  }
+  void on(double t, const ev::eval_done& e) { d_.evals.push_back({e.step, t, e.metrics, e.examples}); }
+  void on(double t, const ev::generation_started& e) { d_.generations.push_back({e.generation, t, e.world_size, e.start_step, e.nodes}); }
+  void on(double t, const ev::node_joined& e) {
+    d_.nodes_joined.push_back(e.node.empty() ? "?" : e.node);
+    d_.marks.push_back({t, run_digest::mark::kind::joined, e.node});
+  }
+  void on(double t, const ev::node_lost& e) {
+    open_loss(t, e.node, ev::to_string(e.cause), e.detected_after_s, run_digest::mark::kind::lost);
+  }
+  void on(double t, const ev::node_left& e) {
+    open_loss(t, e.node, std::string(ev::node_left::name) + (e.reason.empty() ? "" : ": " + e.reason), -1, run_digest::mark::kind::left);
+  }
+  // A row that the next recovery_done closes.
+  void open_loss(double t, const std::string& node, std::string cause, double detected_after_s, run_digest::mark::kind mark) {
+    run_digest::recovery r;
+    r.t = t;
+    r.node = node.empty() ? "?" : node;
+    r.cause = std::move(cause);
+    r.detected_after_s = detected_after_s;
+    d_.recoveries.push_back(r);
+    open_losses_.push_back(d_.recoveries.size() - 1);
+    d_.marks.push_back({t, mark, r.node});
+  }
+  // Closes every loss since the last recovery (a node lost twice before it
+  // included); a recovery with no journaled loss before it (e.g. a rank
+  // restart) gets its own row.
+  void on(double t, const ev::recovery_done& e) {
+    ++d_.recoveries_done;
+    auto close = [&e](run_digest::recovery& r) {
+      r.duration_s = e.duration_s;
+      r.lost_steps = e.lost_steps;
+      r.resumed_step = e.resumed_step;
+      r.generation = e.generation;
+      r.world_size = e.world_size;
+    };
+    for (size_t idx : open_losses_) close(d_.recoveries[idx]);
+    d_.marks.push_back({t, run_digest::mark::kind::recovered, "world " + std::to_string(e.world_size)});
+    if (open_losses_.empty()) {
+      run_digest::recovery r;
+      r.t = t;
+      r.cause = e.cause == ev::plan_cause::none ? "recovery" : ev::to_string(e.cause);
+      close(r);
+      d_.recoveries.push_back(r);
+    }
+    open_losses_.clear();
+  }
+  void on(double, const ev::resources& e) {
+    for (const auto& r : e.ranks) {
+      const std::string node = r.node.empty() ? "?" : r.node;
+      auto& rr = d_.resources[node + "/" + std::to_string(r.rank)];
+      rr.node = node;
+      rr.rank = r.rank;
+      rr.peak_rss_bytes = std::max(rr.peak_rss_bytes, r.peak_rss_bytes);
+      rr.cpu_s = r.cpu_s;
+      rr.elapsed_s = r.elapsed_s;
+      if (r.data_bytes_s3 || r.data_bytes_local)
+        rr.data = ev::data_reading{r.data_bytes_s3.value_or(0),         r.data_bytes_local.value_or(0),     r.data_cache_hits.value_or(0),
+                                   r.data_cache_misses.value_or(0),     r.data_shards_verified.value_or(0), r.data_shards_failed.value_or(0),
+                                   r.data_read_ahead_depth.value_or(0), r.data_cache_bytes.value_or(0),     r.data_cache_peak_bytes.value_or(0)};
+    }
+  }
+  void on(double t, const ev::checkpoint_saved& e) {
+    ++d_.checkpoints_saved;
+    d_.marks.push_back({t, run_digest::mark::kind::checkpoint, std::to_string(e.step)});
+    d_.last_checkpoint_step = e.step;
+    d_.last_checkpoint_bytes = static_cast<double>(e.bytes);
+    d_.checkpoint_seconds_total += e.duration_s;
+  }
+  void on(double, const ev::checkpoint_skipped& e) {
+    d_.checkpoint_problems.push_back(std::string(e.name) + ": " + e.path + " (" + or_unknown(e.reason) + ")");
+  }
+  void on(double, const ev::checkpoint_refused& e) {
+    d_.checkpoint_problems.push_back(std::string(e.name) + ": step " + std::to_string(e.step) + " by rank " + std::to_string(e.rank) + " (" +
+                                     or_unknown(e.reason) + "); " +
+                                     (e.fallback_step >= 0 ? "fell back to step " + std::to_string(e.fallback_step) : "none left: the job failed"));
+  }
+  void on(double, const ev::checkpoint_failed& e) {
+    d_.checkpoint_problems.push_back(std::string(e.name) + ": step " + std::to_string(e.step) + " (" + or_unknown(e.reason) + ")");
+  }
+  void on(double, const ev::checkpoint_restored& e) { d_.restores.emplace_back(e.step, ev::to_string(e.source)); }
+  void on(double, const ev::rank_down& e) {
+    d_.failures.push_back(std::string(ev::name_of(e)) + ": rank " + std::to_string(e.rank) + " on " + (e.node.empty() ? "?" : e.node) + " at step " +
+                          std::to_string(e.step) + " (" + (e.detail.empty() ? "exit code " + std::to_string(e.exit_code) : e.detail) + ")");
+  }
+  void on(double, const ev::job_finished& e) {
+    d_.outcome = e.error ? "failed" : "finished";
+    d_.outcome_detail = e.error.value_or("");
+    d_.last_step = std::max(d_.last_step, e.step);
+  }
+  void on(double, const ev::job_failed& e) {
+    d_.outcome = "failed";
+    d_.outcome_detail = e.reason;
+    d_.failures.push_back(std::string(e.name) + " at step " + std::to_string(e.step) + ": " + or_unknown(e.reason));
+  }
+  void on(double, const ev::job_stopped& e) {
+    d_.outcome = "stopped";
+    d_.outcome_detail = e.reason.value_or("");
+  }
+
+  static std::string or_unknown(const std::string& s) { return s.empty() ? "?" : s; }
+
+  run_digest d_;
+  std::vector<size_t> open_losses_;  // rows of d_.recoveries that the next recovery_done closes
+};
+
+}  // namespace
+
 result<run_digest> digest_journal(std::istream& in, const std::string& name) {
-  run_digest d;
+  digest_builder b;
   std::string text;
   int64_t line_no = 0;
-  run_digest::session* current = nullptr;
-  std::map<std::string, size_t> open_losses;  // node -> index in recoveries awaiting recovery_done
   while (std::getline(in, text)) {
     ++line_no;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto read = ev::read_journal_line(text);
     if (!read)
       return make_error(name + " line " + std::to_string(line_no) + " is not a journal event (" + read.message() + "); fix or remove that line");
-    ++d.events;
-    if (!read.value()) continue;  // a newer writer's event
-    const double t = read.value()->t;
-    const ev::journal_event& event = read.value()->event;
-    // `dtactor tune-batch` runs before (or between) trainings: its events
-    // are not part of a training session.
-    if (auto* e = std::get_if<ev::batch_size_search_started>(&event)) {
-      d.batch_trials.clear();
-      d.batch_found = -1;
-      d.batch_budget_bytes = static_cast<double>(e->max_memory_bytes);
-      continue;
-    }
-    if (auto* e = std::get_if<ev::batch_size_trial>(&event)) {
-      d.batch_trials.push_back({e->micro_batch, e->fits, e->peak_rss_bytes, e->samples_per_s.value_or(0), e->reason.value_or("")});
-      continue;
-    }
-    if (auto* e = std::get_if<ev::batch_size_found>(&event)) {
-      d.batch_found = e->micro_batch;
-      d.batch_limited_by_up_to = e->limited_by_up_to.value_or(false);
-      continue;
-    }
-    if (t > 0) {
-      if (d.first_t == 0) d.first_t = t;
-      d.last_t = std::max(d.last_t, t);
-    }
-    // A start of `dtactor train` (job_started) or of a coordinator: a new
-    // session, except a job_started inside a coordinator's session.
-    const auto* job_start = std::get_if<ev::job_started>(&event);
-    const auto* coordinator_start = std::get_if<ev::coordinator_started>(&event);
-    if (coordinator_start || (job_start && !(current && current->kind == "cluster"))) {
-      d.sessions.push_back({t, t, job_start ? "train" : "cluster"});
-      current = &d.sessions.back();
-      d.outcome = "interrupted";
-      d.outcome_detail.clear();
-      open_losses.clear();
-    }
-    if (job_start) {
-      d.model = job_start->model.empty() ? d.model : job_start->model;
-      if (job_start->parameters) d.parameters = job_start->parameters;
-      if (job_start->max_steps) d.max_steps = job_start->max_steps;
-      if (job_start->global_batch_size) d.global_batch_size = job_start->global_batch_size;
-    } else if (coordinator_start) {
-      if (!coordinator_start->job_id.empty()) d.job_id = coordinator_start->job_id;
-    } else if (!current && t > 0) {
-      // A journal that does not begin with a start event (older writers).
-      d.sessions.push_back({t, t, "unknown"});
-      current = &d.sessions.back();
-    }
-    if (current && t > 0) current->end = std::max(current->end, t);
-
-    std::visit(
-        [&](const auto& e) {
-          using E = std::decay_t<decltype(e)>;
-          if constexpr (std::is_same_v<E, ev::step_completed>) {
-            run_digest::point p;
-            p.step = e.step;
-            p.t = t;
-            p.loss = e.loss;
-            p.samples_per_s = e.samples_per_s;
-            p.world_size = e.world_size > 0 ? e.world_size : 1;
-            d.steps.push_back(p);
-            d.last_step = std::max(d.last_step, p.step);
-          } else if constexpr (std::is_same_v<E, ev::eval_done>) {
-            d.evals.push_back({e.step, t, e.metrics, e.examples});
-          } else if constexpr (std::is_same_v<E, ev::generation_started>) {
-            d.generations.push_back({e.generation, t, e.world_size, e.start_step, e.nodes});
-          } else if constexpr (std::is_same_v<E, ev::node_joined>) {
-            d.nodes_joined.push_back(e.node.empty() ? "?" : e.node);
-            d.marks.push_back({t, run_digest::mark::kind::joined, e.node});
-          } else if constexpr (std::is_same_v<E, ev::node_lost> || std::is_same_v<E, ev::node_left>) {
-            run_digest::recovery r;
-            r.t = t;
-            r.node = e.node.empty() ? "?" : e.node;
-            if constexpr (std::is_same_v<E, ev::node_left>) {
-              r.cause = std::string(ev::node_left::name) + (e.reason.empty() ? "" : ": " + e.reason);
-            } else {
-              r.cause = ev::to_string(e.cause);
-              r.detected_after_s = e.detected_after_s;
-            }
-            d.recoveries.push_back(r);
-            open_losses[r.node] = d.recoveries.size() - 1;
-            d.marks.push_back({t, std::is_same_v<E, ev::node_lost> ? run_digest::mark::kind::lost : run_digest::mark::kind::left, r.node});
-          } else if constexpr (std::is_same_v<E, ev::recovery_done>) {
-            // Closes every loss it recovered from; a recovery with no journaled
-            // loss before it (e.g. a rank restart) gets its own row.
-            auto close = [&e](run_digest::recovery& r) {
-              r.duration_s = e.duration_s;
-              r.lost_steps = e.lost_steps;
-              r.resumed_step = e.resumed_step;
-              r.generation = e.generation;
-              r.world_size = e.world_size;
-            };
-            for (auto& [node, idx] : open_losses) close(d.recoveries[idx]);
-            d.marks.push_back({t, run_digest::mark::kind::recovered, "world " + std::to_string(e.world_size)});
-            if (open_losses.empty()) {
-              run_digest::recovery r;
-              r.t = t;
-              r.cause = e.cause == ev::plan_cause::none ? "recovery" : ev::to_string(e.cause);
-              close(r);
-              d.recoveries.push_back(r);
-            }
-            open_losses.clear();
-          } else if constexpr (std::is_same_v<E, ev::resources>) {
-            for (const auto& r : e.ranks) {
-              const std::string node = r.node.empty() ? "?" : r.node;
-              auto& rr = d.resources[node + "/" + std::to_string(r.rank)];
-              rr.node = node;
-              rr.rank = r.rank;
-              rr.peak_rss_bytes = std::max(rr.peak_rss_bytes, r.peak_rss_bytes);
-              rr.cpu_s = r.cpu_s;
-              rr.elapsed_s = r.elapsed_s;
-              if (r.data_bytes_s3 || r.data_bytes_local)
-                rr.data = ev::data_reading{r.data_bytes_s3.value_or(0),        r.data_bytes_local.value_or(0),
-                                           r.data_cache_hits.value_or(0),      r.data_cache_misses.value_or(0),
-                                           r.data_shards_verified.value_or(0), r.data_shards_failed.value_or(0),
-                                           r.data_read_ahead_depth.value_or(0), r.data_cache_bytes.value_or(0),
-                                           r.data_cache_peak_bytes.value_or(0)};
-            }
-          } else if constexpr (std::is_same_v<E, ev::checkpoint_saved>) {
-            ++d.checkpoints_saved;
-            d.marks.push_back({t, run_digest::mark::kind::checkpoint, std::to_string(e.step)});
-            d.last_checkpoint_step = e.step;
-            d.last_checkpoint_bytes = static_cast<double>(e.bytes);
-            d.checkpoint_seconds_total += e.duration_s;
-          } else if constexpr (std::is_same_v<E, ev::checkpoint_skipped>) {
-            d.checkpoint_problems.push_back(std::string(E::name) + ": " + e.path + " (" + (e.reason.empty() ? "?" : e.reason) + ")");
-          } else if constexpr (std::is_same_v<E, ev::checkpoint_refused>) {
-            d.checkpoint_problems.push_back(std::string(E::name) + ": step " + std::to_string(e.step) + " by rank " + std::to_string(e.rank) + " (" +
-                                            (e.reason.empty() ? "?" : e.reason) + "); " +
-                                            (e.fallback_step >= 0 ? "fell back to step " + std::to_string(e.fallback_step) : "none left: the job failed"));
-          } else if constexpr (std::is_same_v<E, ev::checkpoint_failed>) {
-            d.checkpoint_problems.push_back(std::string(E::name) + ": step " + std::to_string(e.step) + " (" + (e.reason.empty() ? "?" : e.reason) + ")");
-          } else if constexpr (std::is_same_v<E, ev::checkpoint_restored>) {
-            d.restores.emplace_back(e.step, ev::to_string(e.source));
-          } else if constexpr (std::is_same_v<E, ev::rank_down>) {
-            d.failures.push_back(std::string(ev::name_of(e)) + ": rank " + std::to_string(e.rank) + " on " + (e.node.empty() ? "?" : e.node) +
-                                 " at step " + std::to_string(e.step) + " (" +
-                                 (e.detail.empty() ? "exit code " + std::to_string(e.exit_code) : e.detail) + ")");
-          } else if constexpr (std::is_same_v<E, ev::job_finished>) {
-            d.outcome = e.error ? "failed" : "finished";
-            d.outcome_detail = e.error.value_or("");
-            d.last_step = std::max(d.last_step, e.step);
-          } else if constexpr (std::is_same_v<E, ev::job_failed>) {
-            d.outcome = "failed";
-            d.outcome_detail = e.reason;
-            d.failures.push_back(std::string(E::name) + " at step " + std::to_string(e.step) + ": " + (e.reason.empty() ? "?" : e.reason));
-          } else if constexpr (std::is_same_v<E, ev::job_stopped>) {
-            d.outcome = "stopped";
-            d.outcome_detail = e.reason.value_or("");
-          }
-        },
-        event);
+    ++b.digest().events;
+    if (read.value()) b.add(read.value()->t, read.value()->event);  // none: a newer writer's event
   }
-  if (d.events == 0) return make_error(name + " has no events; is the run still starting?");
-  return d;
+  if (b.digest().events == 0) return make_error(name + " has no events; is the run still starting?");
+  return std::move(b.digest());
 }
 
 std::string render_loss_svg(const run_digest& d) {
@@ -418,7 +462,9 @@ int summary_section(std::ostringstream& o, const run_digest& d) {
     min_world = min_world == 0 ? p.world_size : std::min(min_world, p.world_size);
   }
   if (max_world > 0) o << "| world size | " << (min_world == max_world ? std::to_string(max_world) : std::to_string(min_world) + " to " + std::to_string(max_world)) << " rank(s) |\n";
-  o << "| recoveries | " << d.recoveries.size() << " |\n";
+  o << "| recoveries | " << d.recoveries_done << " |\n";
+  if (const auto losses = std::count_if(d.recoveries.begin(), d.recoveries.end(), [](const auto& r) { return !r.node.empty(); }))
+    o << "| nodes lost or left | " << losses << " |\n";
   o << "\n";
   return min_world;
 }

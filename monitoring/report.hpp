@@ -82,11 +82,14 @@ struct run_digest {
   std::string outcome_detail;
   int64_t last_step = 0;
   double first_t = 0, last_t = 0;
+  // One per start event (coordinator_started, or job_started outside a
+  // coordinator's session): the summary's "starts".
   std::vector<session> sessions;
   std::vector<point> steps;
   std::vector<eval_point> evals;
   std::vector<generation> generations;
-  std::vector<recovery> recoveries;
+  std::vector<recovery> recoveries;  // a row per node lost or left, and per recovery_done with no loss before it
+  int recoveries_done = 0;           // recovery_done events: the summary's "recoveries"
   std::vector<std::string> nodes_joined;
   std::map<std::string, rank_resources> resources;  // by "node/rank"
   int checkpoints_saved = 0;

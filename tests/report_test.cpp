@@ -149,6 +149,43 @@ TEST(report, resumed_runs_count_each_start) {
   EXPECT_NE(md.find("None: no node was lost"), std::string::npos);
 }
 
+// A coordinator that resumed (checkpoint_found journaled before its
+// coordinator_started), a node declared lost and rejoining several times
+// (lost twice before the first recovery was done), a step committed twice:
+// one start, two recoveries, as the journal holds.
+TEST(report, a_flapping_node_counts_the_journals_starts_and_recoveries) {
+  const std::string j = R"({"event":"checkpoint_found","step":40,"path":"s/ckpt-40","t":99}
+{"event":"coordinator_started","job_id":"job-f","t":100}
+{"event":"generation_started","generation":1,"world_size":2,"start_step":40,"nodes":["n0","n1"],"t":101}
+{"event":"step","step":41,"loss":2.0,"lr":0.1,"samples_per_s":10,"world_size":2,"t":102}
+{"event":"node_lost","node":"n1","cause":"heartbeat_timeout","detected_after_s":1.0,"t":103}
+{"event":"node_joined","node":"n1","node_rank":1,"t":104}
+{"event":"node_lost","node":"n1","cause":"heartbeat_timeout","detected_after_s":1.0,"t":105}
+{"event":"recovery_done","generation":2,"world_size":1,"resumed_step":41,"lost_steps":0,"duration_s":2.0,"t":107}
+{"event":"step","step":42,"loss":1.9,"lr":0.1,"samples_per_s":10,"world_size":1,"t":108}
+{"event":"step","step":42,"loss":1.9,"lr":0.1,"samples_per_s":10,"world_size":1,"t":108.5}
+{"event":"node_joined","node":"n1","node_rank":1,"t":109}
+{"event":"node_lost","node":"n1","cause":"heartbeat_timeout","detected_after_s":1.0,"t":110}
+{"event":"node_joined","node":"n1","node_rank":1,"t":111}
+{"event":"node_left","node":"n1","reason":"preempted","t":112}
+{"event":"recovery_done","generation":3,"world_size":1,"resumed_step":42,"lost_steps":0,"duration_s":1.5,"t":113}
+{"event":"job_finished","step":42,"t":114}
+)";
+  std::istringstream in(j);
+  auto d = digest_journal(in, "j");
+  ASSERT_TRUE(d) << d.message();
+  EXPECT_EQ(d->sessions.size(), 1u);
+  EXPECT_EQ(d->recoveries_done, 2);
+  // Each loss and leave is a row, each closed by the recovery after it.
+  ASSERT_EQ(d->recoveries.size(), 4u);
+  for (const auto& r : d->recoveries) EXPECT_GE(r.duration_s, 0) << r.node << " at " << r.t;
+  const std::string md = render_report(d.value(), "r", "", "");
+  EXPECT_EQ(md.find(" starts (resumed"), std::string::npos) << md;
+  EXPECT_NE(md.find("| training time | 15 s |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| recoveries | 2 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| nodes lost or left | 4 |"), std::string::npos) << md;
+}
+
 TEST(report, a_corrupt_line_is_one_clear_error) {
   std::istringstream in(std::string("{\"event\":\"job_started\",\"t\":1}\n{\"event\":\"step\",\"st\n"));
   auto d = digest_journal(in, "runs/x/journal.jsonl");
