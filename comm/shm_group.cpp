@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -218,6 +219,113 @@ status shm_group::wait_result(uint64_t count, std::chrono::steady_clock::time_po
                     deadline, abandon, spin, what);
 }
 
+namespace {
+
+// What rank 0 publishes in the store: the segment's name, its nonce (also
+// in the segment's head, so that a stale segment of the same name is told
+// apart) and rank 0's network namespace.
+struct segment_id {
+  std::string name;
+  uint64_t nonce = 0;
+  std::string net;
+};
+
+std::string published_text(const segment_id& id) { return id.name + " " + std::to_string(id.nonce) + " " + id.net; }
+
+// Parses published_text; nullopt for "" (rank 0 could not create it).
+// Throws (std::stoull) on a nonce that is not a number.
+std::optional<segment_id> parse_published(const std::string& v) {
+  const auto sp = v.find(' ');
+  if (v.empty() || sp == std::string::npos) return std::nullopt;
+  segment_id id;
+  id.name = v.substr(0, sp);
+  const auto sp2 = v.find(' ', sp + 1);
+  id.nonce = std::stoull(v.substr(sp + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp - 1));
+  id.net = sp2 == std::string::npos ? std::string() : v.substr(sp2 + 1);
+  return id;
+}
+
+// Maps `bytes` of `fd` shared and closes `fd`: the mapping, or null with
+// the reason in `problem`.
+void* map_segment(int fd, size_t bytes, std::string& problem) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p != MAP_FAILED) return p;
+  problem = errno_text("mmap of " + std::to_string(bytes) + " bytes");
+  return nullptr;
+}
+
+// Rank 0: creates a new segment of `bytes` under a fresh name (into `id`,
+// set before anything can fail, so that the caller unlinks it) and maps
+// it. Returns the mapping, or null with the reason in `problem`.
+void* create_segment(size_t bytes, segment_id& id, std::string& problem) {
+  std::random_device rd;
+  id.nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  id.net = net_namespace();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "/dtactor-%d-%016llx", static_cast<int>(::getpid()), static_cast<unsigned long long>(id.nonce));
+  id.name = buf;
+  const int fd = ::shm_open(id.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    problem = errno_text("shm_open " + id.name);
+    return nullptr;
+  }
+  // Reserve the pages now: a tmpfs too small would otherwise SIGBUS on first touch.
+  if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
+    problem = "reserving " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(e);
+    ::close(fd);
+    return nullptr;
+  }
+  return map_segment(fd, bytes, problem);
+}
+
+// Ranks other than 0: maps the segment rank 0 published, if it is of this
+// host (network namespace), of `bytes` and of this group (`world`,
+// `capacity`, the nonce). Returns the mapping (left to the caller even when
+// the head does not match), or null; the reason in `problem`.
+void* open_segment(const segment_id& id, size_t bytes, int64_t world, int64_t capacity, std::string& problem) {
+  // Processes in different network namespaces are different hosts as far
+  // as the network goes (the project's test hosts share /dev/shm): their
+  // gradients must cross the network, not this segment.
+  if (id.net != net_namespace()) {
+    problem = "another network namespace (" + id.net + " and " + net_namespace() + "): a separate host";
+    return nullptr;
+  }
+  const int fd = ::shm_open(id.name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    problem = errno_text("shm_open " + id.name);  // another host or IPC namespace
+    return nullptr;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    problem = "segment " + id.name + " has another size";
+    ::close(fd);
+    return nullptr;
+  }
+  void* base = map_segment(fd, bytes, problem);
+  if (!base) return nullptr;
+  const auto* head = static_cast<const segment_head*>(base);
+  if (head->magic != kMagic || head->nonce != id.nonce || head->world != world || head->capacity != capacity)
+    problem = "segment " + id.name + " belongs to another group";
+  return base;
+}
+
+// Tells the others whether this rank mapped the segment (`problem` empty)
+// and hears whether all did: returns this rank's problem, "peer" when only
+// others failed; the first failing rank's reason goes to *why_not. Throws
+// what the store throws.
+std::string agree_on_segment(c10d::Store& store, int rank, int world, std::string problem, std::string* why_not) {
+  store.set("shm_ok/" + std::to_string(rank), bytes_of(problem.empty() ? "1" : "0 rank " + std::to_string(rank) + ": " + problem));
+  for (int r = 0; r < world; ++r) {
+    const std::string ok = string_of(store.get("shm_ok/" + std::to_string(r)));
+    if (ok != "1" && why_not && why_not->empty()) *why_not = ok.size() > 2 ? ok.substr(2) : "rank " + std::to_string(r) + " could not map it";
+    if (ok != "1") problem = problem.empty() ? "peer" : problem;
+  }
+  return problem;
+}
+
+}  // namespace
+
 result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank, int world, int64_t capacity, std::string* why_not) {
   std::shared_ptr<shm_group> g(new shm_group());
   g->rank_ = rank;
@@ -227,85 +335,36 @@ result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank,
   g->header_bytes_ = round_up(sizeof(segment_head) + 64 * static_cast<size_t>(world), 4096);
   g->total_bytes_ = g->header_bytes_ + static_cast<size_t>(world) * static_cast<size_t>(g->slot_stride_) * sizeof(float);
 
-  std::string name, problem;
-  uint64_t nonce = 0;
-  auto map_fd = [&](int fd) {
-    void* p = ::mmap(nullptr, g->total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      problem = errno_text("mmap of " + std::to_string(g->total_bytes_) + " bytes");
-      return false;
-    }
-    g->base_ = p;
-    return true;
-  };
+  segment_id id;
+  std::string problem;
   try {
     if (rank == 0) {
-      std::random_device rd;
-      nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "/dtactor-%d-%016llx", static_cast<int>(::getpid()), static_cast<unsigned long long>(nonce));
-      name = buf;
-      const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0) {
-        problem = errno_text("shm_open " + name);
-      } else if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(g->total_bytes_)); e != 0) {
-        // Reserve the pages now: a tmpfs too small would otherwise SIGBUS on first touch.
-        problem = "reserving " + std::to_string(g->total_bytes_) + " bytes in /dev/shm: " + std::strerror(e);
-        ::close(fd);
-      } else if (map_fd(fd)) {
+      g->base_ = create_segment(g->total_bytes_, id, problem);
+      if (g->base_) {
         auto* head = new (g->base_) segment_head{};
         for (int r = 0; r < world; ++r) new (g->line(r)) rank_line{};
-        head->nonce = nonce;
+        head->nonce = id.nonce;
         head->world = world;
         head->capacity = capacity;
         std::atomic_thread_fence(std::memory_order_release);
         head->magic = kMagic;
       }
-      store.set("shm_name", bytes_of(problem.empty() ? name + " " + std::to_string(nonce) + " " + net_namespace() : std::string()));
+      store.set("shm_name", bytes_of(problem.empty() ? published_text(id) : std::string()));
+    } else if (auto published = parse_published(string_of(store.get("shm_name")))) {
+      id = *published;
+      g->base_ = open_segment(id, g->total_bytes_, world, capacity, problem);
     } else {
-      const std::string v = string_of(store.get("shm_name"));
-      const auto sp = v.find(' ');
-      if (v.empty() || sp == std::string::npos) {
-        problem = "rank 0 could not create the segment";
-      } else {
-        name = v.substr(0, sp);
-        const auto sp2 = v.find(' ', sp + 1);
-        nonce = std::stoull(v.substr(sp + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp - 1));
-        const std::string their_net = sp2 == std::string::npos ? std::string() : v.substr(sp2 + 1);
-        // Processes in different network namespaces are different hosts as
-        // far as the network goes (the project's test hosts share /dev/shm):
-        // their gradients must cross the network, not this segment.
-        const int fd = their_net != net_namespace() ? -1 : ::shm_open(name.c_str(), O_RDWR, 0);
-        struct stat st {};
-        if (their_net != net_namespace()) {
-          problem = "another network namespace (" + their_net + " and " + net_namespace() + "): a separate host";
-        } else if (fd < 0) {
-          problem = errno_text("shm_open " + name);  // another host or IPC namespace
-        } else if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != g->total_bytes_) {
-          problem = "segment " + name + " has another size";
-          ::close(fd);
-        } else if (map_fd(fd)) {
-          const auto* head = static_cast<const segment_head*>(g->base_);
-          if (head->magic != kMagic || head->nonce != nonce || head->world != world || head->capacity != capacity)
-            problem = "segment " + name + " belongs to another group";
-        }
-      }
+      problem = "rank 0 could not create the segment";
     }
     if (problem.empty()) g->line(rank)->pid.store(static_cast<int64_t>(::getpid()), std::memory_order_release);
-    store.set("shm_ok/" + std::to_string(rank), bytes_of(problem.empty() ? "1" : "0 rank " + std::to_string(rank) + ": " + problem));
-    for (int r = 0; r < world; ++r) {
-      const std::string ok = string_of(store.get("shm_ok/" + std::to_string(r)));
-      if (ok != "1" && why_not && why_not->empty()) *why_not = ok.size() > 2 ? ok.substr(2) : "rank " + std::to_string(r) + " could not map it";
-      if (ok != "1") problem = problem.empty() ? "peer" : problem;
-    }
+    problem = agree_on_segment(store, rank, world, problem, why_not);
   } catch (const std::exception& e) {
-    if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
+    if (rank == 0 && !id.name.empty()) ::shm_unlink(id.name.c_str());
     std::string what = e.what();
     return make_error("shared-memory rendezvous: " + what.substr(0, what.find('\n')));
   }
   // Everyone has mapped it (or given up): the name is no longer needed.
-  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
+  if (rank == 0 && !id.name.empty()) ::shm_unlink(id.name.c_str());
   if (!problem.empty()) return std::shared_ptr<shm_group>();
 
   // Peers' pids are used to notice their death; only where they are visible
