@@ -1,39 +1,46 @@
 #pragma once
-// The plan of the rank's generation lifecycle (issue 48), which
-// rank/rank_worker.cpp is being split into, step by step. Today's state: the
-// loop and most strategies still live in rank_worker.cpp; DiLoCo's replay
-// arithmetic is in rank/sync_diloco (the first piece moved out). This header
-// holds the plan only; each class gets its own header when it is extracted.
+// The rank's generation lifecycle, and where each part lives.
 //
-// One small loop (rank_worker::run_generation):
-//   join the group (build_group) -> agree on the state (ONE MAX allreduce
-//   of an agreement vector) -> take it from its source -> run steps until
-//   the generation ends -> report.
+// One small loop (rank_worker::run_generation, rank/rank_worker.cpp):
+//   join the group (build_group, rank/group_builder) -> agree on the state
+//   and take it from its source (starting_state, rank/state_source) -> run
+//   steps until the generation ends (step_loop, rank/step_loop) -> report.
 //
-// What differs between modes sits behind two interfaces:
+// What the pieces share (rank/generation.hpp): rank_state, what the
+// training thread keeps across generations (the config and modes, the
+// training state, parked groups, the shard plan, the sample log, the
+// checkpoint saver, DiLoCo's window); generation_run, one generation's
+// group and where its state came from, which also reports the failure that
+// ends it (generation_run::failed, checkpoint_unusable). Each piece returns
+// a generation_end (rank/outcome.hpp): nothing to go on, or the outcome.
 //
-//   sync_strategy (rank/sync_strategy.hpp), one per train.sync mode, found
-//   in a registry by the typed sync mode, one registration line each:
-//     - sync_every_step (rank/sync_every_step.cpp): the reducer every step;
-//       ZeRO's interrupted step (finish_interrupted_step) is its field.
-//     - sync_diloco (rank/sync_diloco.cpp), streaming as its option: the
-//       window (anchor, slices, catch-up), the replay of a lost worker's
-//       slices (replay_owed_slices), the outer exchanges, the worker
-//       sections of a checkpoint, the report's window fields.
-//     - sync_host_workers (rank/sync_host_workers.cpp): DiLoCo with a
-//       host's ranks as one worker; the leaders' word in the agreement.
-//   Each contributes int64 words to one agreement vector (its
-//   `agreement_fields`: how many words, what this rank puts there, how it
-//   reads the element-wise MAX), so that the four allreduces of today's
-//   agree_state (state, interrupted ZeRO-2 step, shard holders, DiLoCo
-//   window) become one. Its replay, its checkpoint sections and its report
-//   fields are methods of the same class.
+//   rank/group_builder    the c10d group and the shared-memory exchange
+//                         plan, built on a helper thread that a newer plan
+//                         abandons.
+//   rank/state_source     the plan's checkpoint read by rank 0, ZeRO-2's
+//                         interrupted step, the state agreement (MAX of
+//                         agreement_words, rank/agreement) and the transfer
+//                         from the root, the ZeRO shards from their holders
+//                         or from the plan's (fallback) checkpoint, DiLoCo's
+//                         worker sections. The plan's checkpoint steps stay
+//                         the one authority on which checkpoint a generation
+//                         uses; no rank picks one itself.
+//   rank/diloco_window    train.sync = diloco: the window kept across
+//                         generations (slices, catch-up, owed replays), its
+//                         agreement and the replay of a lost worker's
+//                         slices; the arithmetic is rank/sync_diloco's.
+//   rank/exchange_choice  the generation's reducers (one, or one a
+//                         streaming fragment, and a host's reducer with
+//                         hosts as workers) and the READY line about them.
+//   rank/step_loop        the steps: control word, inner step, DiLoCo's
+//                         outer exchanges, boundaries (buffers, digests,
+//                         evaluation, checkpoint, stop, switch), reports,
+//                         fault injection.
+//   rank/checkpoint_saver this rank's part of a checkpoint (save planner
+//                         ranges, checkpoint.direct, the part writer).
 //
-//   state_source (rank/state_source.hpp), decided once from that one
-//   agreement round: peer (broadcast_state from the root), replica (ZeRO
-//   shards from their surviving holders), checkpoint (load_from_checkpoint
-//   through the load planner, storage/checkpoint_plan). The plan's
-//   checkpoint_step stays the one authority on which checkpoint a
-//   generation uses; no rank picks one itself.
-//
-// A new sync mode or recovery source: a new class and one registration line.
+// The agreement at a generation's start is still several MAX allreduces
+// (state, interrupted ZeRO-2 step, shard source, DiLoCo window and slices),
+// each in the piece that needs it. The sync modes differ by branches on
+// training_state::diloco() and job_modes in state_source, diloco_window,
+// exchange_choice and step_loop; no strategy interface or registry yet.

@@ -47,8 +47,11 @@
 
 namespace dtactor {
 
-struct shard_plan;
 class training_state;
+struct rank_state;
+struct step_loop_options;
+// How a generation ends (rank/outcome.hpp).
+enum class generation_outcome : int;
 
 
 using rank_worker_callbacks = rank_work_callbacks;
@@ -107,101 +110,26 @@ class rank_worker : public rank_work {
   bool join_for(std::chrono::milliseconds timeout);
 
  private:
-  enum class outcome { next_plan, failed, finished, stopped, idle, quit };
-  struct generation_run;  // one generation's group, state source, timeouts (rank_worker.cpp)
+  using outcome = generation_outcome;
   void run();
   status warm_up(const pb::generation_plan& plan);
-  // A generation: the group (build_group), the starting state (agree_state),
-  // then the steps (train). The first two return an outcome only when it
-  // ends the generation early.
+  // A generation: the group (rank/group_builder), the starting state
+  // (rank/state_source), then the steps (rank/step_loop).
   outcome run_generation(const pb::generation_plan& plan, double offered_at);
-  std::optional<outcome> build_group(generation_run& g);
-  std::optional<outcome> agree_state(generation_run& g);
-  // agree_state's parts: the plan's checkpoint read by rank 0, ZeRO-2's
-  // interrupted step, the one agreement and transfer, DiLoCo's window.
-  std::optional<outcome> state_from_plan_checkpoint(generation_run& g);
-  std::optional<outcome> finish_zero2_step(generation_run& g);
-  std::optional<outcome> take_agreed_state(generation_run& g, bool& own_window);
-  std::optional<outcome> agree_window(generation_run& g, bool own_window);
-  std::optional<outcome> shard_state(generation_run& g, bool holds_current);
-  std::optional<outcome> shards_from_checkpoint(generation_run& g, const shard_plan& plan, int64_t step);
-  std::optional<outcome> shards_from_fallback(generation_run& g, const shard_plan& plan, const std::string& missing);
-  std::optional<outcome> worker_section_from_checkpoint(generation_run& g);
-  // Every checkpoint load of a generation: the plan's store and step, the
-  // manifest checked, what the load planner names for this rank read.
-  struct checkpoint_load;  // what to load, and what it read (rank_worker.cpp)
-  std::optional<outcome> load_from_checkpoint(generation_run& g, checkpoint_load& l);
-  // train.sync = diloco: the agreement on a lost worker's slices that the
-  // survivors train again before the next boundary (rank_worker.cpp), and
-  // whether this rank's host is one worker (train.diloco_worker = host).
-  std::optional<outcome> replay_owed_slices(generation_run& g, int64_t furthest);
-  bool host_worker(const generation_run& g) const;
-  // The steps of a generation (train), in its parts: the exchanges chosen
-  // once, the READY status, the part writer's buffer, DiLoCo's window
-  // lines; then each step: a lost worker's slice replayed, the inner step,
-  // DiLoCo's outer exchanges, the buffers' broadcast, the digests'
-  // comparison, the step report. Each part returns an outcome only when it
-  // ends the generation.
-  struct steps_run;  // the generation's exchanges and step sums (rank_worker.cpp)
-  outcome train(generation_run& g);
-  struct step_loop;  // the loop's cadence, owed evaluation and checkpoint (rank_worker.cpp)
-  std::optional<outcome> begin_steps(generation_run& g, steps_run& s);
-  void set_step_control(generation_run& g, steps_run& s);
-  std::optional<outcome> after_step(generation_run& g, steps_run& s, step_loop& L, int64_t attempted, int64_t window_start,
-                                    std::chrono::steady_clock::time_point t0);
-  void add_step_sums(steps_run& s, int64_t step, int64_t attempted);
-  std::optional<outcome> at_boundary(generation_run& g, steps_run& s, step_loop& L, int64_t step, int64_t window_start);
-  outcome stop_here(generation_run& g, step_loop& L, int64_t step, bool final_checkpoint);
-  status choose_exchanges(generation_run& g, steps_run& s);
-  void report_ready(generation_run& g, const steps_run& s);
-  void prepare_part_writer(generation_run& g);
-  void ensure_part_writer();
-  void announce_window(generation_run& g);
-  std::optional<outcome> replay_next_slice(generation_run& g, steps_run& s);
-  std::optional<outcome> inner_step(generation_run& g, steps_run& s, bool replay_on);
-  std::optional<outcome> outer_steps(generation_run& g, steps_run& s, int64_t max_steps, bool& boundary);
-  std::optional<outcome> broadcast_buffers(generation_run& g, const steps_run& s, int64_t step);
-  std::optional<outcome> compare_digests(generation_run& g, steps_run& s, int64_t step);
-  void report_step(generation_run& g, steps_run& s, int64_t step);
   void fit_threads_to_host(const pb::generation_plan& plan);
-  double send_eval(generation_run& g, std::map<std::string, double>& eval_at_step);  // seconds it took
-  std::optional<outcome> meet_after_eval(generation_run& g, double eval_s);
-  // This rank's part of a checkpoint of the current step: copied at once,
-  // stored in the background (rank/part_writer).
-  void write_checkpoint(generation_run& g, const std::map<std::string, double>& eval_at_step);
-  // Before STATE_FINISHED: every part handed to the writer is stored.
-  void finish_checkpoints();
-  bool checkpoint_direct(generation_run& g, uint64_t bytes, int64_t step);
-  void report_status(generation_run& g, pb::rank_status::state s, int64_t step, const std::string& detail);
-  outcome failed(generation_run& g, const std::string& why, int64_t step,
-                 pb::rank_status::failure_kind kind = pb::rank_status::FAILURE_UNSPECIFIED);
-  // The checkpoint at `checkpoint_step` could not be loaded. `refused` (its
-  // bytes do not check out, errc::corrupt_checkpoint, or it does not fit
-  // the job): FAILURE_CHECKPOINT, and the coordinator marks it bad for the
-  // job and plans from the previous one. Otherwise (the store unreachable,
-  // an I/O error) a plain failure, which a new generation may get past.
-  outcome checkpoint_unusable(generation_run& g, int64_t checkpoint_step, const std::string& why, bool refused);
-  // Waits for a plan newer than `after`; false on quit.
+  step_loop_options loop_options(uint64_t gen);  // what the step loop reads of this worker
   // Waits for a plan newer than `after` (or, with `warm_up`, any plan);
   // false on quit.
   bool take_plan(uint64_t after, bool warm_up, pb::generation_plan& out, double& offered_at);
-  void inject_fault();
-  // data.sample_log: the samples of the step this rank just applied (its
-  // last forward_backward's); nothing when the log is off.
-  // `fragments` (DiLoCo, a slice replayed to some fragments only): those.
-  // `samples`: these instead of the last forward_backward's.
-  status log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments = {},
-                     const std::vector<int64_t>* samples = nullptr);
   bool quitting() const { return quit_.load(); }
   // True when the thread must abandon generation `gen` now: quit, or a newer
   // plan without drain is waiting.
   bool abandon(uint64_t gen) const;
   bool newer_plan_waiting(uint64_t gen) const { return offered_gen_.load() > gen; }
 
-  struct impl;
   rank_worker_options opts_;
   rank_worker_callbacks cb_;
-  std::unique_ptr<impl> impl_;
+  std::unique_ptr<rank_state> impl_;  // what the thread keeps across generations (rank/generation.hpp)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

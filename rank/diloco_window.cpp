@@ -1,0 +1,165 @@
+#include "rank/diloco_window.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "comm/communicator.hpp"
+#include "model/trainer.hpp"
+#include "rank/generation.hpp"
+
+namespace dtactor {
+
+int64_t oldest_fragment_anchor(const outer_optimizer& o) {
+  int64_t start = o.fragment_anchor(0);
+  for (size_t f = 1; f < o.fragments().size(); ++f) start = std::min(start, o.fragment_anchor(f));
+  return start;
+}
+
+void diloco_window::note_slice(int64_t start, window_slice s) {
+  if (slices_anchor_ != start) {
+    window_slices_.erase(
+        std::remove_if(window_slices_.begin(), window_slices_.end(), [&](const window_slice& x) { return x.step < start; }),
+        window_slices_.end());
+    slices_anchor_ = start;
+  }
+  window_slices_.push_back(std::move(s));
+}
+
+void diloco_window::from_checkpoint(int64_t start, int64_t step, int rank, int world) {
+  window_slices_.clear();
+  replays_.clear();
+  slices_anchor_ = start;
+  for (int64_t s = start; s < step; ++s) window_slices_.push_back({s, rank, std::max(1, world), {}});
+}
+
+void diloco_window::forget() {
+  window_slices_.clear();
+  replays_.clear();
+  slices_anchor_ = -1;
+}
+
+std::pair<int, int> diloco_window::slice_of(int64_t step, int rank, int world) const {
+  for (const auto& c : catch_up_)
+    if (step < c.until) return {c.rank, c.world};
+  return {rank, world};
+}
+
+generation_end diloco_window::agree(generation_run& g, rank_state& rs, bool own_window) {
+  training_state& state = *rs.state;
+  // The workers go on from the furthest step any of them reached in the
+  // window (no one's inner steps are undone); one behind catches up on
+  // the steps its peers took, or skips them (below).
+  std::vector<int64_t> words{state.step(), static_cast<int64_t>(rs.trained_gen)};
+  if (auto st = max_allreduce(*g.pg, words, deadline_in(g.timeout), g.abandon_now, "agreement on the window's step"); !st)
+    return g.failed(st.message(), state.step());
+  const int64_t furthest = words[0];
+  const uint64_t newest_trained = static_cast<uint64_t>(words[1]);
+  g.window_steps = furthest - state.outer().anchor();
+  // A rank that kept its window and trained in the generation its peers
+  // took those steps in catches up on its own slices of that generation's
+  // world (no collective runs between boundaries, so it can): its samples
+  // of those steps are trained once, as if nothing had happened. With
+  // hosts as workers (their ranks step together through the host's
+  // reducer) and without such a generation, it skips them.
+  // (Steps it was still catching up on in that generation keep the
+  // slicing of theirs.)
+  const int64_t own = state.step();
+  while (!catch_up_.empty() && catch_up_.front().until <= own) catch_up_.erase(catch_up_.begin());
+  const bool catch_up = own_window && furthest > own && rs.trained_world > 0 && rs.trained_gen == newest_trained &&
+                        rs.modes.diloco_worker != diloco_worker_kind::host;
+  if (catch_up) {
+    if (catch_up_.empty() || catch_up_.back().until < furthest) catch_up_.push_back({furthest, rs.trained_rank, rs.trained_world});
+  } else {
+    catch_up_.clear();
+    g.skipped_steps = furthest - own;
+    state.skip_to(furthest);
+  }
+  return replay_owed_slices(g, rs, furthest);
+}
+
+// Ranks as workers, after the agreement on the furthest step: the slices of
+// the window's steps (the oldest fragment anchor to furthest) that no
+// survivor trained or will train catching up were a lost worker's (trained
+// and gone with it, or never reached). They are found from what every
+// survivor holds, in two MAX allreduces (each step's world size, then which
+// fragments of each slice someone holds), dealt round-robin over the new
+// world and trained again before the next boundary
+// (training_state::replay_slice), so that every sample of the window
+// reaches every fragment's next outer step once. Streaming: a slice of a
+// step before fragment f's anchor is in f already (the lost worker's
+// pseudo-gradient was in that exchange), so it is owed to the other
+// fragments only. Every rank computes the same list.
+generation_end diloco_window::replay_owed_slices(generation_run& g, rank_state& rs, int64_t furthest) {
+  training_state& state = *rs.state;
+  const outer_optimizer& outer = state.outer();
+  replays_.clear();
+  const window_span w{oldest_fragment_anchor(outer), furthest};
+  if (w.len() <= 0) return std::nullopt;
+  std::vector<int64_t> anchors;
+  for (size_t f = 0; f < outer.fragments().size(); ++f) anchors.push_back(outer.fragment_anchor(f));
+  const auto held = held_slices(window_slices_, catch_up_, state.step(), w);
+  const char* what = "agreement on the window's slices";
+  // 1. Each step's world size (the world its peers took it in); 2. which
+  // fragments of each slice (of that step's world only) someone holds.
+  auto worlds = slice_world_words(held, w);
+  if (auto st = max_allreduce(*g.pg, worlds, deadline_in(g.timeout), g.abandon_now, what); !st) return g.failed(st.message(), state.step());
+  auto bits = slice_fragment_words(held, w, worlds, static_cast<int64_t>(anchors.size()));
+  if (auto st = max_allreduce(*g.pg, bits, deadline_in(g.timeout), g.abandon_now, what); !st) return g.failed(st.message(), state.step());
+  // Who replays: the workers, each rank (or, with hosts as workers, each
+  // host: its ranks together, each a part of the slice), round-robin in
+  // the order of their lowest rank. With hosts, the leaders are marked in
+  // one more allreduce (a host of one rank is a worker of its own).
+  replay_unit u{g.world, g.rank, 0, 1};
+  if (rs.modes.diloco_worker == diloco_worker_kind::host) {
+    const bool host = host_worker(g, rs);
+    const int leader = host ? g.exchange.host_members.front() : g.rank;
+    std::vector<int64_t> leaders(static_cast<size_t>(g.world), 0);
+    leaders[static_cast<size_t>(leader)] = 1;
+    if (auto st = max_allreduce(*g.pg, leaders, deadline_in(g.timeout), g.abandon_now, what); !st) return g.failed(st.message(), state.step());
+    count_units(leaders, leader, u);
+    if (host) {
+      const auto& m = g.exchange.host_members;
+      u.parts = static_cast<int>(m.size());
+      u.part = static_cast<int>(std::find(m.begin(), m.end(), g.rank) - m.begin());
+    }
+  }
+  auto dealt = deal_owed_slices(w, worlds, bits, anchors, u);
+  replays_ = std::move(dealt.mine);
+  g.replayed_slices = dealt.owed;
+  return std::nullopt;
+}
+
+void diloco_window::announce(const generation_run& g, training_state& state) const {
+  if (!state.diloco()) return;
+  const auto gen = static_cast<unsigned long long>(g.gen);
+  if (g.skipped_steps > 0 || g.window_steps > 0)
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo window goes on at step %lld, %lld step(s) after its anchor (this rank skipped %lld)\n",
+                 g.rank, gen, static_cast<long long>(state.step()), static_cast<long long>(g.window_steps), static_cast<long long>(g.skipped_steps));
+  if (!catch_up_.empty())
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: catching up on steps %lld to %lld (its peers took them), on its own slices of them\n",
+                 g.rank, gen, static_cast<long long>(state.step()), static_cast<long long>(catch_up_.back().until - 1));
+  if (!replays_.empty())
+    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary%s\n",
+                 g.rank, gen, static_cast<long long>(g.replayed_slices), static_cast<long long>(oldest_fragment_anchor(state.outer())),
+                 static_cast<long long>(state.outer().anchor() + g.window_steps - 1), replays_.size(),
+                 replays_.front().parts > 1 ? " (its host's ranks together, each a part of every slice)" : "");
+}
+
+generation_end diloco_window::replay_next(generation_run& g, rank_state& rs, grad_sync* host_sync) {
+  training_state& state = *rs.state;
+  const window_slice x = replays_.front();
+  auto rr = x.parts > 1 && host_sync ? state.replay_slice_host(x.step, x.rank, x.world, x.part, x.parts, *host_sync, x.fragments)
+                                     : state.replay_slice(x.step, x.rank, x.world, x.fragments);
+  if (!rr) return g.failed(rr.message(), state.step());
+  // A host's replay is one line, its first rank's, of the whole slice.
+  if (x.part == 0) {
+    const auto whole = state.order().rank_slice(x.step, x.rank, x.world);
+    if (auto st = rs.log_samples(x.step, g.gen, x.rank, x.world, x.fragments, x.parts > 1 ? &whole : nullptr); !st)
+      return g.failed(st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+  }
+  note_slice(oldest_fragment_anchor(state.outer()), x);
+  replays_.erase(replays_.begin());
+  return std::nullopt;
+}
+
+}  // namespace dtactor

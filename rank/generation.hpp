@@ -1,0 +1,132 @@
+#pragma once
+// What the pieces of a rank's generation share (rank/lifecycle.hpp): the
+// worker's state kept across generations (rank_state), one generation's
+// group and starting state as it runs (generation_run), and how a piece
+// ends the generation (an outcome; a failure reported once, here).
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/rank_work.hpp"
+#include "comm/exchange.hpp"
+#include "dtactor/config.hpp"
+#include "dtactor/result.hpp"
+#include "job/journal_events.hpp"
+#include "job/modes.hpp"
+#include "model/shard_plan.hpp"
+#include "rank/diloco_window.hpp"
+#include "rank/outcome.hpp"
+#include "wire.pb.h"
+
+namespace dtactor {
+
+class training_state;
+class sample_log;
+class checkpoint_saver;
+
+using abandon_fn = std::function<bool()>;
+
+std::chrono::steady_clock::time_point deadline_in(std::chrono::milliseconds d);
+double now_s();  // steady clock seconds
+
+// The element-wise MAX of every rank's `words`, in place (same length on every rank).
+status max_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, std::chrono::steady_clock::time_point deadline,
+                     const abandon_fn& abandon, const char* what);
+
+pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, int64_t step, const std::string& detail);
+
+// What the training thread keeps across generations.
+struct rank_state {
+  rank_state();
+  ~rank_state();
+  std::optional<config> cfg;
+  job_modes modes;  // cfg's modes, read with it
+  std::shared_ptr<training_state> state;
+  // Groups of earlier generations: an abandoned collective may still run on
+  // their threads, and a group's destructor waits for it. Kept until the
+  // process ends (it ends with _exit).
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> parked;
+  bool injected = false;
+  // Neither train.threads nor --threads-per-rank fixed the thread count:
+  // each generation splits the machine's cores over the ranks it plans there.
+  bool auto_threads = false;
+  std::string module_digest;  // of the shipped module it loaded ("" = none shipped)
+  int threads = 0;
+  std::unique_ptr<checkpoint_saver> saver;  // made at warm-up
+  // train.zero >= 1: who holds which optimizer shard in this generation.
+  std::optional<shard_plan> shards;
+  // data.sample_log (null: off), and the step this rank last attempted:
+  // (step, generation, global rank, world size).
+  std::unique_ptr<sample_log> samples_log;
+  struct attempt_id {
+    int64_t step = -1;
+    uint64_t gen = 0;
+    int rank = -1, world = 0;
+  } attempt;
+  // The last generation this rank trained in, its global rank and world
+  // size there (world 0: none yet).
+  uint64_t trained_gen = 0;
+  int trained_rank = -1, trained_world = 0;
+  diloco_window window;  // train.sync = diloco
+
+  // data.sample_log: the samples of the step this rank just applied (its
+  // last forward_backward's); nothing when the log is off. `fragments`
+  // (DiLoCo, a slice replayed to some fragments only): those. `samples`:
+  // these instead of the last forward_backward's.
+  status log_samples(int64_t step, uint64_t gen, int rank, int world, const std::vector<bool>& fragments = {},
+                     const std::vector<int64_t>* samples = nullptr);
+};
+
+// One generation as the training thread runs it.
+struct generation_run {
+  generation_run(const pb::generation_plan& p, const rank_work_callbacks& c) : plan(p), cb(c) {}
+  const pb::generation_plan& plan;
+  const rank_work_callbacks& cb;
+  uint64_t gen = 0;
+  int local = 0;
+  int rank = -1;
+  int world = 0;
+  double offered_at = 0;
+  std::chrono::milliseconds timeout{0};
+  abandon_fn abandon_now;  // quit, or a newer plan without drain
+  std::function<bool()> quitting, newer_plan_waiting;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
+  exchange_plan exchange;                     // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
+  std::string backend;
+  ev::state_source source = ev::state_source::local;  // where the starting state came from
+  int root = 0;                                       // global rank the state came from
+  uint64_t transfer_bytes = 0;                        // state received from a peer
+  double transfer_s = 0;
+  uint64_t reshard_bytes = 0;                                  // optimizer shards and parameters moved (train.zero >= 1)
+  ev::optimizer_source optimizer = ev::optimizer_source::own;  // where its optimizer shards came from
+  // train.sync = diloco: steps this rank skipped to meet the furthest peer,
+  // and the window's steps already taken (since the anchor) when it began.
+  int64_t skipped_steps = 0, window_steps = 0;
+  // ... and the slices of the window no survivor held, trained again by the
+  // survivors before the next boundary (diloco_window::agree).
+  int64_t replayed_slices = 0;
+
+  void report_status(pb::rank_status::state s, int64_t step, const std::string& detail) const;
+  // STATE_FAILED with `why`, unless the generation is being abandoned (a
+  // newer plan, or quit): then that outcome, and nothing reported.
+  generation_outcome failed(const std::string& why, int64_t step, pb::rank_status::failure_kind kind = pb::rank_status::FAILURE_UNSPECIFIED) const;
+  // The checkpoint at `checkpoint_step` could not be loaded. `refused` (its
+  // bytes do not check out, errc::corrupt_checkpoint, or it does not fit
+  // the job): FAILURE_CHECKPOINT, and the coordinator marks it bad for the
+  // job and plans from the previous one. Otherwise (the store unreachable,
+  // an I/O error) a plain failure, which a new generation may get past.
+  generation_outcome checkpoint_unusable(int64_t checkpoint_step, const std::string& why, bool refused, int64_t step) const;
+};
+
+// train.diloco_worker = host, and this rank's host is a worker of several
+// ranks, synchronous over its shared-memory segment (else every rank is a
+// worker of its own). The same on every rank of a host.
+bool host_worker(const generation_run& g, const rank_state& rs);
+
+}  // namespace dtactor

@@ -1,0 +1,122 @@
+#include "rank/group_builder.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "base/process.hpp"
+#include "comm/communicator.hpp"
+#include "comm/rendezvous_client.hpp"
+#include "comm/step_control.hpp"
+#include "model/trainer.hpp"
+#include "rank/generation.hpp"
+
+namespace dtactor {
+
+namespace {
+
+// What the helper thread needs, copied: it may outlive the generation.
+struct group_request {
+  communicator_options co;
+  std::string host;
+  uint16_t port = 0;
+  int rank = 0, world = 1;
+  std::chrono::milliseconds timeout{0};
+  std::shared_ptr<const job_key> key;
+  bool want_shm = false;
+  // Gradient floats (+ the control words) a shared-memory slot must hold,
+  // the largest bucket's, and the ring's.
+  int64_t shm_floats = 0, largest_floats = 0, ring_floats = 0;
+};
+
+struct build {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::optional<result<c10::intrusive_ptr<c10d::ProcessGroup>>> r;
+  exchange_plan exchange;
+};
+
+// The largest bucket is at most a bucket's worth and the largest parameter
+// (a bucket closes once it holds bucket_kb).
+void size_shm(group_request& q, training_state& state, const config& cfg) {
+  int64_t shm_floats = step_control::words, largest_param = 0;
+  for (const auto& p : state.the_task().module()->parameters())
+    if (p.requires_grad()) {
+      shm_floats += p.numel();
+      largest_param = std::max<int64_t>(largest_param, p.numel());
+    }
+  q.shm_floats = shm_floats;
+  q.largest_floats = cfg.get_int("cluster.bucket_kb") * 256 + largest_param + step_control::words;
+  q.ring_floats = cfg.get_int("cluster.shm_ring_mb") * (int64_t{1} << 18);
+}
+
+// On the helper thread: the rendezvous, the group, the exchange plan.
+void make_group(const group_request& q, build& b) {
+  result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
+  try {
+    auto store = c10::make_intrusive<rendezvous_client>(q.host, q.port, q.timeout, q.key);
+    r = make_process_group(store, q.rank, q.world, q.co);
+    if (r.ok() && q.want_shm) {
+      auto ex = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(q.co.generation) + "/exchange", store), q.rank, q.world,
+                               q.shm_floats, q.co, host_key(), q.largest_floats, q.ring_floats);
+      if (!ex)
+        r = ex.err();
+      else {
+        std::lock_guard<std::mutex> lock(b.mu);
+        b.exchange = std::move(ex.value());
+      }
+    }
+  } catch (const rendezvous_error& e) {
+    // The store's own errors name it already.
+    const std::string what = e.what_without_backtrace();
+    r = make_error(what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    r = make_error("rendezvous store at " + q.host + ":" + std::to_string(q.port) + ": " + what);
+  }
+  std::lock_guard<std::mutex> lock(b.mu);
+  b.r = std::move(r);
+  b.done = true;
+  b.cv.notify_all();
+}
+
+}  // namespace
+
+generation_end build_group(generation_run& g, rank_state& rs, const group_endpoint& at) {
+  const config& cfg = *rs.cfg;
+  group_request q;
+  q.timeout = std::max<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(60));
+  q.co.backend = cfg.get_string("cluster.backend");
+  q.co.timeout = q.timeout;
+  q.co.generation = g.gen;
+  q.co.hostname = at.advertise_addr.empty() ? "127.0.0.1" : at.advertise_addr;
+  q.host = g.plan.store_host().empty() ? at.default_store_host : g.plan.store_host();
+  q.port = static_cast<uint16_t>(g.plan.store_port());
+  q.rank = g.rank;
+  q.world = g.world;
+  q.key = at.key;
+  size_shm(q, *rs.state, cfg);
+  g.backend = resolve_backend(q.co);
+  q.want_shm = cfg.get_bool("cluster.shm_allreduce") && g.backend == "gloo";
+  auto b = std::make_shared<build>();
+  std::thread([b, q] { make_group(q, *b); }).detach();
+  std::unique_lock<std::mutex> lock(b->mu);
+  while (!b->done) {
+    if (g.quitting()) return generation_outcome::quit;
+    if (g.newer_plan_waiting()) return generation_outcome::next_plan;
+    b->cv.wait_for(lock, std::chrono::milliseconds(5));
+  }
+  if (!b->r->ok()) return g.failed(b->r->message(), rs.state->step());
+  g.pg = b->r->value();
+  rs.parked.push_back(g.pg);  // outlives this generation (see rank_state::parked)
+  g.exchange = b->exchange;
+  if (g.exchange.hosts) rs.parked.push_back(g.exchange.hosts);
+  return std::nullopt;
+}
+
+}  // namespace dtactor
