@@ -42,7 +42,20 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
 
   for (auto& p : params)
     if (p.requires_grad()) slots_.push_back(param_slot{p, 0, 0, p.numel(), false});
+  assign_buckets();
+  allocate_buckets();
+  if (opts_.zero2) {
+    plan_zero2();
+    if (broken_) return;
+  }
+  if (!open_exchange()) return;
+  // zero2: a bucket's buffer exists only from its first gradient to its delivery.
+  if (opts_.zero2)
+    for (auto& b : buckets_) b.flat = torch::Tensor();
+  install_hooks();
+}
 
+void grad_sync::assign_buckets() {
   // Buckets in reverse parameter order; a bucket holds one dtype and closes
   // at bucket_bytes.
   const int64_t cap = std::max<int64_t>(1, opts_.bucket_bytes);
@@ -62,6 +75,9 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     filled += s.numel * static_cast<int64_t>(s.param.element_size());
   }
   if (fills_.empty() && opts_.carry_control) fills_.emplace_back();  // no parameters: the control alone
+}
+
+void grad_sync::allocate_buckets() {
   buckets_.resize(fills_.size());
   for (size_t bi = 0; bi < fills_.size(); ++bi) {
     auto& f = fills_[bi];
@@ -80,11 +96,9 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
     f.options = o;
     f.pending = static_cast<int>(f.slots.size());
   }
-  if (opts_.zero2) {
-    plan_zero2();
-    if (broken_) return;
-  }
+}
 
+bool grad_sync::open_exchange() {
   exchange_groups groups;
   groups.pg = pg_;
   groups.shm = opts_.shm;
@@ -94,14 +108,14 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
   if (!ex) {
     broken_ = true;
     error_ = ex.message();
-    return;
+    return false;
   }
   exchange_ = std::move(ex.value());
-  // zero2: a bucket's buffer exists only from its first gradient to its delivery.
-  if (opts_.zero2)
-    for (auto& b : buckets_) b.flat = torch::Tensor();
   for (size_t bi = 0; bi < buckets_.size(); ++bi) buckets_[bi].label = "rank " + std::to_string(rank_) + exchange_->label_stem() + std::to_string(bi);
+  return true;
+}
 
+void grad_sync::install_hooks() {
   // A post-hook on each parameter's gradient accumulator runs right after
   // the gradient was added to param.grad() (the mechanism c10d's Reducer uses).
   hooks_ = std::make_shared<hook_state>();
@@ -297,20 +311,43 @@ result<grad_sync_timing> grad_sync::finish() {
   launch_ready();
 
   torch::Tensor used;
-  c10::intrusive_ptr<c10d::Work> used_work;
-  if (opts_.find_unused_parameters && !failed_) {
-    used = torch::empty({static_cast<int64_t>(slots_.size())}, torch::kFloat);
-    float* u = used.data_ptr<float>();
-    for (size_t i = 0; i < slots_.size(); ++i) u[i] = slots_[i].used ? 1.f : 0.f;
-    try {
-      std::vector<at::Tensor> v{used};
-      used_work = pg_->allreduce(v);
-    } catch (const std::exception& e) {
-      fail_step(std::string("allreduce of the used-parameter mask could not start: ") + first_line(e.what()));
-    }
+  c10::intrusive_ptr<c10d::Work> used_work = start_used_mask(used);
+  wait_step(used_work, entered + opts_.timeout);
+  const auto waited = clock_type::now();
+  if (failed_) {
+    exchange_->abort();
+    broken_ = true;
+    armed_ = false;
+    if (opts_.zero2)
+      for (auto& b : buckets_) b.flat = torch::Tensor();
+    return make_error(error_);
   }
+  t.allreduce_s = busy_seconds(waited);
+  t.exposed_s = seconds_between(entered, waited);
+  if (!opts_.zero2) write_grads(used);
+  end_step();
+  if (misuse_) {
+    misuse_ = false;
+    return make_error("a parameter received a second gradient after its bucket was sent: call arm() right before the step's last backward only");
+  }
+  return t;
+}
 
-  const auto deadline = entered + opts_.timeout;
+c10::intrusive_ptr<c10d::Work> grad_sync::start_used_mask(torch::Tensor& used) {
+  if (!opts_.find_unused_parameters || failed_) return {};
+  used = torch::empty({static_cast<int64_t>(slots_.size())}, torch::kFloat);
+  float* u = used.data_ptr<float>();
+  for (size_t i = 0; i < slots_.size(); ++i) u[i] = slots_[i].used ? 1.f : 0.f;
+  try {
+    std::vector<at::Tensor> v{used};
+    return pg_->allreduce(v);
+  } catch (const std::exception& e) {
+    fail_step(std::string("allreduce of the used-parameter mask could not start: ") + first_line(e.what()));
+  }
+  return {};
+}
+
+void grad_sync::wait_step(const c10::intrusive_ptr<c10d::Work>& used_work, std::chrono::steady_clock::time_point deadline) {
   if (!failed_)
     if (auto st = exchange_->flush(deadline); !st) fail_step(st.message());
   for (size_t bi = next_wait_; bi < buckets_.size() && !failed_; ++bi)
@@ -321,16 +358,9 @@ result<grad_sync_timing> grad_sync::finish() {
         !st)
       fail_step(st.message());
   for (size_t bi = next_wait_; bi < buckets_.size() && !failed_; ++bi) take(bi);
-  const auto waited = clock_type::now();
-  if (failed_) {
-    exchange_->abort();
-    broken_ = true;
-    armed_ = false;
-    if (opts_.zero2)
-      for (auto& b : buckets_) b.flat = torch::Tensor();
-    return make_error(error_);
-  }
+}
 
+double grad_sync::busy_seconds(std::chrono::steady_clock::time_point waited) const {
   // Union of the buckets' in-flight intervals (they may run concurrently on
   // the group's threads); launches are in time order.
   const int64_t waited_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(waited.time_since_epoch()).count();
@@ -345,22 +375,23 @@ result<grad_sync_timing> grad_sync::finish() {
     if (end > from) busy += static_cast<double>(end - from) * 1e-9;
     span_end = std::max(span_end, end);
   }
-  t.allreduce_s = busy;
-  t.exposed_s = seconds_between(entered, waited);
+  return busy;
+}
 
-  if (!opts_.zero2) {
-    torch::NoGradGuard no_grad;
-    const float* u = used.defined() ? used.data_ptr<float>() : nullptr;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      auto& s = slots_[i];
-      auto reduced = buckets_[s.bucket].flat.narrow(0, s.offset, s.numel).view(s.param.sizes());
-      if (s.param.grad().defined())
-        s.param.mutable_grad().copy_(reduced);
-      else if (!u || u[i] > 0)
-        s.param.mutable_grad() = reduced.clone();
-    }
+void grad_sync::write_grads(const torch::Tensor& used) {
+  torch::NoGradGuard no_grad;
+  const float* u = used.defined() ? used.data_ptr<float>() : nullptr;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto& s = slots_[i];
+    auto reduced = buckets_[s.bucket].flat.narrow(0, s.offset, s.numel).view(s.param.sizes());
+    if (s.param.grad().defined())
+      s.param.mutable_grad().copy_(reduced);
+    else if (!u || u[i] > 0)
+      s.param.mutable_grad() = reduced.clone();
   }
+}
 
+void grad_sync::end_step() {
   for (auto& s : slots_) s.ready = false;
   for (auto& f : fills_) f.pending = static_cast<int>(f.slots.size());
   next_launch_ = 0;
@@ -368,11 +399,6 @@ result<grad_sync_timing> grad_sync::finish() {
   inflight_bytes_ = 0;
   armed_ = false;
   exchange_->end_step();
-  if (misuse_) {
-    misuse_ = false;
-    return make_error("a parameter received a second gradient after its bucket was sent: call arm() right before the step's last backward only");
-  }
-  return t;
 }
 
 }  // namespace dtactor

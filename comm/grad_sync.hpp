@@ -217,6 +217,31 @@ class grad_sync {
   void take(size_t b);
   void plan_zero2();
 
+  // Construction, in order: slots_ into buckets (fills_: reverse parameter
+  // order, one dtype each, closed at bucket_bytes); each bucket's flat
+  // tensor (the first also carries the control words); the exchange (false,
+  // with broken_ and error_ set, when it cannot be made); the hooks.
+  void assign_buckets();
+  void allocate_buckets();
+  bool open_exchange();
+  void install_hooks();
+
+  // finish()'s parts. find_unused_parameters: starts the allreduce of the
+  // used-parameter mask into `used` (null, and the step failed, when it
+  // could not start; null when not needed).
+  c10::intrusive_ptr<c10d::Work> start_used_mask(torch::Tensor& used);
+  // Waits (until `deadline`) for the exchange and the mask, and takes every
+  // bucket; a failure goes to fail_step.
+  void wait_step(const c10::intrusive_ptr<c10d::Work>& used_work, std::chrono::steady_clock::time_point deadline);
+  // Seconds some bucket was in flight up to `waited` (the union of their
+  // intervals).
+  double busy_seconds(std::chrono::steady_clock::time_point waited) const;
+  // Copies the reduced buckets into the parameters' grads (a parameter
+  // without a grad gets one unless the mask says no rank used it).
+  void write_grads(const torch::Tensor& used);
+  // Ready for the next armed step.
+  void end_step();
+
   std::vector<param_slot> slots_;
   std::vector<exchange_bucket> buckets_;  // moved by exchange_
   std::vector<bucket_fill> fills_;        // parallel to buckets_
