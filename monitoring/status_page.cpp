@@ -5,8 +5,10 @@
 
 namespace dtactor {
 
-const std::string& status_board::page() {
-  static const std::string html = R"HTML(<!doctype html>
+namespace {
+
+// The document head: title and the whole style sheet (no outside assets).
+constexpr const char* k_head = R"HTML(<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>dtactor</title>
@@ -33,7 +35,10 @@ svg{width:100%;height:160px}
 .empty{color:#8a92a3;font-style:italic}
 ul{margin:0;padding-left:18px;font-family:ui-monospace,monospace;font-size:12px}
 </style></head>
-<body>
+)HTML";
+
+// The page's frame: the header and one section per part of status.json, each filled by the script.
+constexpr const char* k_body = R"HTML(<body>
 <header><h1>dtactor</h1><span id="job"></span><span id="state" class="badge"></span><span id="conn"></span></header>
 <main>
 <section class="wide"><h2>Job</h2>
@@ -62,7 +67,10 @@ ul{margin:0;padding-left:18px;font-family:ui-monospace,monospace;font-size:12px}
 <tbody id="checkpoints"></tbody></table></section>
 <section class="wide"><h2>Last errors</h2><ul id="errors"></ul></section>
 </main>
-<script>
+)HTML";
+
+// The script's start and its helpers: formatting, table rows, the chart. Every value goes in through textContent.
+constexpr const char* k_script_helpers = R"JS(<script>
 "use strict";
 const $ = id => document.getElementById(id);
 function text(el, v) { el.textContent = v; return el; }
@@ -93,7 +101,10 @@ function chart(series) {
   line(p => p.samples_per_s, maxS * 1.1, "#3b6fd8", 1.5);
   text($("scale"), "(top: " + (maxS * 1.1).toFixed(0) + " samples/s, world " + (maxW * 1.1).toFixed(1) + ")");
 }
-function render(s) {
+)JS";
+
+// render() writes one status.json into the page; poll() fetches it once a second. Closes the script and the document.
+constexpr const char* k_script_render = R"JS(function render(s) {
   const j = s.job;
   text($("job"), "job " + j.id);
   const st = $("state"); text(st, j.state); st.className = "badge " + j.state.split(" ")[0];
@@ -126,7 +137,12 @@ async function poll() {
 poll();
 </script>
 </body></html>
-)HTML";
+)JS";
+
+}  // namespace
+
+const std::string& status_board::page() {
+  static const std::string html = std::string(k_head) + k_body + k_script_helpers + k_script_render;
   return html;
 }
 
