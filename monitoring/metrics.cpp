@@ -67,12 +67,18 @@ Labels constant_labels(const std::string& job) {
   return l;
 }
 
-prometheus::Gauge* gauge(prometheus::Registry& r, const Labels& c, const char* name, const char* help) {
-  return &prometheus::BuildGauge().Name(name).Help(help).Labels(c).Register(r).Add({});
+prometheus::Family<prometheus::Gauge>* gauge_family(prometheus::Registry& r, const Labels& c, const char* name, const char* help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Labels(c).Register(r);
 }
 
+prometheus::Family<prometheus::Counter>* counter_family(prometheus::Registry& r, const Labels& c, const char* name, const char* help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Labels(c).Register(r);
+}
+
+prometheus::Gauge* gauge(prometheus::Registry& r, const Labels& c, const char* name, const char* help) { return &gauge_family(r, c, name, help)->Add({}); }
+
 prometheus::Counter* counter(prometheus::Registry& r, const Labels& c, const char* name, const char* help) {
-  return &prometheus::BuildCounter().Name(name).Help(help).Labels(c).Register(r).Add({});
+  return &counter_family(r, c, name, help)->Add({});
 }
 
 prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& c, const char* name, const char* help, Histogram::BucketBoundaries buckets) {
@@ -81,8 +87,18 @@ prometheus::Histogram* histogram(prometheus::Registry& r, const Labels& c, const
 
 }  // namespace
 
+// The families register in this order, which is the exposition's order.
 metrics::metrics(const std::string& job)
     : registry_(std::make_shared<prometheus::Registry>()), constant_(constant_labels(job)), hooks_(std::make_shared<metrics_hooks>()) {
+  register_training();
+  register_control_plane();
+  register_durations();
+  register_checkpoints_and_eval();
+  register_ranks_and_data();
+  register_process();
+}
+
+void metrics::register_training() {
   auto& r = *registry_;
   const Labels& c = constant_;
   world_size_ = gauge(r, c, "dtactor_world_size", "Ranks in the current generation.");
@@ -101,29 +117,27 @@ metrics::metrics(const std::string& job)
   pseudo_gradient_norm_ = gauge(r, c, "dtactor_pseudo_gradient_norm", "train.sync = diloco: norm of the averaged pseudo-gradient at the last synchronisation.");
   link_busy_fraction_ = gauge(r, c, "dtactor_link_busy_fraction",
                               "train.sync = diloco: share of the last window during which its exchange was in flight (1 = the link never idle).");
-  recoveries_family_ = &prometheus::BuildCounter()
-                            .Name("dtactor_recoveries_total")
-                            .Help("Membership changes that rebuilt the communicators, by cause.")
-                            .Labels(c)
-                            .Register(r);
+}
+
+void metrics::register_control_plane() {
+  auto& r = *registry_;
+  const Labels& c = constant_;
+  recoveries_family_ = counter_family(r, c, "dtactor_recoveries_total", "Membership changes that rebuilt the communicators, by cause.");
   // Exported at 0 from the start, so that increase() and rate() see the first
   // recovery of each cause (a series born at 1 shows no increase): every
   // cause a recovery_done can carry (not start, adopted or none).
   for (auto cause : {ev::plan_cause::node_lost, ev::plan_cause::rank_exited, ev::plan_cause::collective_failure, ev::plan_cause::node_left,
                      ev::plan_cause::node_joined, ev::plan_cause::rank_ready, ev::plan_cause::restart})
     recoveries(cause);
-  dropped_family_ = &prometheus::BuildCounter()
-                         .Name("dtactor_wire_dropped_frames_total")
-                         .Help("ZeroMQ frames refused or undeliverable, by kind.")
-                         .Labels(c)
-                         .Register(r);
-  handshakes_family_ = &prometheus::BuildCounter()
-                            .Name("dtactor_refused_handshakes_total")
-                            .Help("Connections to the control port whose handshake failed (no key, unknown key, bad frame), by reason.")
-                            .Labels(c)
-                            .Register(r);
-  for (const char* reason : {"no_key", "unknown_key", "bad_frame"}) refused_handshakes(reason);
+  dropped_family_ = counter_family(r, c, "dtactor_wire_dropped_frames_total", "ZeroMQ frames refused or undeliverable, by kind.");
+  handshakes_family_ = counter_family(r, c, "dtactor_refused_handshakes_total",
+                                      "Connections to the control port whose handshake failed (no key, unknown key, bad frame), by reason.");
+  for (const char* reason : {"no_key", "unknown_key", "bad_frame", "busy"}) refused_handshakes(reason);
+}
 
+void metrics::register_durations() {
+  auto& r = *registry_;
+  const Labels& c = constant_;
   step_duration_ =
       histogram(r, c, "dtactor_step_duration_seconds", "Wall time of one training step.", {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   allreduce_duration_ = histogram(r, c, "dtactor_allreduce_duration_seconds", "Time spent in gradient allreduce per step.",
@@ -138,56 +152,44 @@ metrics::metrics(const std::string& job)
                                {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120});
   data_wait_ = histogram(r, c, "dtactor_data_wait_seconds", "Time a rank's step spent assembling its batch (data loading), per step.",
                          {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+}
+
+void metrics::register_checkpoints_and_eval() {
+  auto& r = *registry_;
+  const Labels& c = constant_;
   max_steps_ = gauge(r, c, "dtactor_max_steps", "The step training ends at (train.max_steps).");
   checkpoint_size_bytes_ = gauge(r, c, "dtactor_checkpoint_size_bytes", "Size of the newest checkpoint written.");
   checkpoint_last_step_ = gauge(r, c, "dtactor_checkpoint_last_step", "Step of the newest checkpoint written.");
   checkpoint_last_timestamp_ =
       gauge(r, c, "dtactor_checkpoint_last_timestamp_seconds", "Unix time of the newest checkpoint written (the job's start while there is none).");
   eval_step_ = gauge(r, c, "dtactor_eval_step", "Step of the last evaluation.");
-  rank_cpu_family_ = &prometheus::BuildCounter()
-                          .Name("dtactor_rank_cpu_seconds_total")
-                          .Help("CPU time (user + system) of this node's rank processes, by local rank.")
-                          .Labels(c)
-                          .Register(r);
-  data_bytes_family_ = &prometheus::BuildCounter()
-                            .Name("dtactor_data_read_bytes_total")
-                            .Help("Bytes of data shards the ranks read, by source (s3: fetched into the nodes' caches; local: shards mapped in place).")
-                            .Labels(c)
-                            .Register(r);
-  auto data_counter = [&](const char* name, const char* help) {
-    return &prometheus::BuildCounter().Name(name).Help(help).Labels(c).Register(r).Add({});
-  };
-  data_hits_ = data_counter("dtactor_data_cache_hits_total", "Shards the ranks found ready (mapped, or in the node's cache) when a step needed them.");
-  data_misses_ = data_counter("dtactor_data_cache_misses_total", "Shards a step had to wait for (fetched while it waited).");
-  data_verified_ = data_counter("dtactor_data_shards_verified_total", "Shards fetched whose size and digest matched.");
-  data_failed_ = data_counter("dtactor_data_shards_failed_total", "Shard fetches that failed or did not verify.");
-  data_depth_family_ = &prometheus::BuildGauge()
-                            .Name("dtactor_data_read_ahead_depth")
-                            .Help("Shards a rank's read-ahead has queued or in flight, by global rank and node.")
-                            .Labels(c)
-                            .Register(r);
-  data_cache_family_ = &prometheus::BuildGauge()
-                            .Name("dtactor_data_cache_bytes")
-                            .Help("Bytes in a node's data cache directory (data.cache_bytes bounds it), by node.")
-                            .Labels(c)
-                            .Register(r);
-  state_bytes_family_ = &prometheus::BuildGauge()
-                             .Name("dtactor_rank_state_bytes")
-                             .Help(
-                                 "Training state a rank holds, by global rank, node and kind (params, grads, optimizer; train.zero shards the "
-                                 "optimizer's, replicas included).")
-                             .Labels(c)
-                             .Register(r);
-  rank_rss_family_ = &prometheus::BuildGauge()
-                          .Name("dtactor_rank_resident_memory_bytes")
-                          .Help("Resident memory of this node's rank processes, by local rank.")
-                          .Labels(c)
-                          .Register(r);
-  rank_peak_rss_family_ = &prometheus::BuildGauge()
-                               .Name("dtactor_rank_peak_resident_memory_bytes")
-                               .Help("Peak resident memory of this node's rank processes, by local rank.")
-                               .Labels(c)
-                               .Register(r);
+}
+
+void metrics::register_ranks_and_data() {
+  auto& r = *registry_;
+  const Labels& c = constant_;
+  rank_cpu_family_ = counter_family(r, c, "dtactor_rank_cpu_seconds_total", "CPU time (user + system) of this node's rank processes, by local rank.");
+  data_bytes_family_ = counter_family(r, c, "dtactor_data_read_bytes_total",
+                                      "Bytes of data shards the ranks read, by source (s3: fetched into the nodes' caches; local: shards mapped in place).");
+  data_hits_ = counter(r, c, "dtactor_data_cache_hits_total", "Shards the ranks found ready (mapped, or in the node's cache) when a step needed them.");
+  data_misses_ = counter(r, c, "dtactor_data_cache_misses_total", "Shards a step had to wait for (fetched while it waited).");
+  data_verified_ = counter(r, c, "dtactor_data_shards_verified_total", "Shards fetched whose size and digest matched.");
+  data_failed_ = counter(r, c, "dtactor_data_shards_failed_total", "Shard fetches that failed or did not verify.");
+  data_depth_family_ =
+      gauge_family(r, c, "dtactor_data_read_ahead_depth", "Shards a rank's read-ahead has queued or in flight, by global rank and node.");
+  data_cache_family_ = gauge_family(r, c, "dtactor_data_cache_bytes", "Bytes in a node's data cache directory (data.cache_bytes bounds it), by node.");
+  state_bytes_family_ = gauge_family(r, c, "dtactor_rank_state_bytes",
+                                     "Training state a rank holds, by global rank, node and kind (params, grads, optimizer; train.zero shards the "
+                                     "optimizer's, replicas included).");
+  rank_rss_family_ = gauge_family(r, c, "dtactor_rank_resident_memory_bytes", "Resident memory of this node's rank processes, by local rank.");
+  rank_peak_rss_family_ =
+      gauge_family(r, c, "dtactor_rank_peak_resident_memory_bytes", "Peak resident memory of this node's rank processes, by local rank.");
+}
+
+// The standard process_* metrics, read from /proc at each scrape.
+void metrics::register_process() {
+  auto& r = *registry_;
+  const Labels& c = constant_;
   process_cpu_ = counter(r, c, "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.");
   process_rss_ = gauge(r, c, "process_resident_memory_bytes", "Resident memory size in bytes.");
   process_start_ = gauge(r, c, "process_start_time_seconds", "Start time of the process since unix epoch in seconds.");

@@ -93,7 +93,7 @@ class metrics {
   prometheus::Counter& wire_dropped_frames(const std::string& kind);
   // dtactor_refused_handshakes_total{reason}: connections whose ZMTP/CURVE
   // handshake failed (reason: to_string(handshake_failure): no_key,
-  // unknown_key, bad_frame); each is exported at 0 from the start.
+  // unknown_key, bad_frame, busy); each is exported at 0 from the start.
   prometheus::Counter& refused_handshakes(const std::string& reason);
 
   // ---- histograms (seconds) ----
@@ -144,6 +144,14 @@ class metrics {
   void data_read(int rank, const std::string& node, const data_reading& now);
 
  private:
+  // The constructor's parts, in registration (exposition) order.
+  void register_training();              // step, loss, throughput, DiLoCo
+  void register_control_plane();         // recoveries, dropped frames, refused handshakes
+  void register_durations();             // the histograms
+  void register_checkpoints_and_eval();  // max steps, newest checkpoint, eval step
+  void register_ranks_and_data();        // per-rank CPU, memory and state; data reading
+  void register_process();               // process_cpu/rss/start, refreshed on scrape
+
   std::map<std::pair<int, std::string>, data_reading> data_seen_;
   prometheus::Family<prometheus::Counter>* data_bytes_family_ = nullptr;
   prometheus::Counter* data_hits_ = nullptr;
