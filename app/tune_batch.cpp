@@ -119,18 +119,201 @@ int run_batch_probe(const config& base, int64_t micro_batch, int steps) {
   }
 }
 
-result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_options& opts) {
-  if (auto st = validate_training_config(cfg); !st) return st.err();
+namespace {
+
+// The per-rank memory budget: --max-memory, else 90% of MemAvailable shared
+// by the host's ranks.
+result<int64_t> memory_budget(const tune_batch_options& opts) {
+  if (opts.max_memory > 0) return opts.max_memory;
+  const int64_t avail = mem_available_bytes();
+  if (avail <= 0) return make_error("cannot read MemAvailable from /proc/meminfo; give --max-memory");
+  return static_cast<int64_t>(static_cast<double>(avail) * 0.9) / opts.ranks_per_host;
+}
+
+status check_options(const tune_batch_options& opts) {
   if (opts.start < 1) return make_error("--start must be at least 1");
   if (opts.steps < 1) return make_error("--steps must be at least 1");
   if (opts.ranks_per_host < 1) return make_error("--nproc-per-node must be at least 1");
-  tune_batch_result res;
-  res.max_memory = opts.max_memory;
-  if (res.max_memory <= 0) {
-    const int64_t avail = mem_available_bytes();
-    if (avail <= 0) return make_error("cannot read MemAvailable from /proc/meminfo; give --max-memory");
-    res.max_memory = static_cast<int64_t>(static_cast<double>(avail) * 0.9) / opts.ranks_per_host;
+  return {};
+}
+
+// One trial is a fresh `dtactor tune-batch --probe B` process watched for
+// its resident memory. It ends in a batch_trial (it fits, or why not), or in
+// an error that ends the search: the probe's own line for an error that is
+// not about memory or the data's size, or a stop signal.
+class probe_runner {
+ public:
+  probe_runner(const tune_batch_options& opts, int64_t budget)
+      : opts_(opts), budget_(budget), exe_(self_executable()), out_path_(opts.run_dir + "/tune-batch-probe.log") {}
+
+  result<batch_trial> run(int64_t b) {
+    std::vector<std::string> argv{exe_, "tune-batch", "--probe", std::to_string(b), "--steps", std::to_string(opts_.steps)};
+    argv.insert(argv.end(), opts_.probe_args.begin(), opts_.probe_args.end());
+    std::filesystem::remove(out_path_);
+    auto child = child_process::spawn(argv, false, out_path_);
+    if (!child) return make_error("cannot start a probe: " + child.message());
+    auto seen = watch(child.value());
+    if (!seen) return seen.err();
+    return judge(b, seen.value());
   }
+
+  // The probe's output file, once the search is over.
+  void remove_output() const { std::filesystem::remove(out_path_); }
+
+ private:
+  struct watched {
+    child_exit exit;
+    double peak_rss_bytes = 0;  // the largest resident size seen
+    bool over = false;          // killed for going over the budget
+  };
+
+  // Polls the probe until it exits, killing it once it goes over the budget
+  // (or on a stop signal: an error).
+  result<watched> watch(child_process& child) {
+    watched w;
+    std::optional<child_exit> ex;
+    while (!(ex = child.poll())) {
+      if (opts_.stop_signal && opts_.stop_signal->load() != 0) {
+        child.signal(SIGKILL);
+        child.wait();
+        return make_error("stopped by a signal");
+      }
+      if (auto u = read_proc_usage(child.pid())) {
+        w.peak_rss_bytes = std::max(w.peak_rss_bytes, u->rss_bytes);
+        if (u->rss_bytes > static_cast<double>(budget_)) {
+          w.over = true;
+          child.signal(SIGKILL);
+          ex = child.wait();
+          break;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    w.exit = *ex;
+    return w;
+  }
+
+  // What the probe's end and its output say about micro-batch `b`.
+  result<batch_trial> judge(int64_t b, const watched& w) const {
+    const std::string output = read_whole(out_path_);
+    batch_trial t;
+    t.micro_batch = b;
+    t.peak_rss_bytes = w.peak_rss_bytes;
+    if (w.over) {
+      t.why = "over the budget (resident " + human_bytes(w.peak_rss_bytes) + ", killed)";
+      return t;
+    }
+    if (w.exit.signaled) {
+      // Killed from outside (the kernel's OOM killer, say): does not fit.
+      t.why = "the probe was " + w.exit.describe();
+      return t;
+    }
+    if (w.exit.exit_code == probe_out_of_memory || w.exit.exit_code == probe_too_large_for_data) {
+      t.why = last_line(output);
+      return t;
+    }
+    if (w.exit.exit_code != 0) return make_error("micro-batch " + std::to_string(b) + ": " + last_line(output));
+    // The probe's own report is its last JSON line.
+    std::istringstream lines(output);
+    std::string line, json_line;
+    while (std::getline(lines, line))
+      if (!line.empty() && line.front() == '{') json_line = line;
+    auto j = nlohmann::json::parse(json_line, nullptr, false);
+    if (j.is_discarded() || !j.contains("peak_rss_bytes")) return make_error("micro-batch " + std::to_string(b) + ": the probe reported nothing");
+    t.peak_rss_bytes = std::max(w.peak_rss_bytes, j.at("peak_rss_bytes").get<double>());
+    t.samples_per_s = j.at("samples_per_s").get<double>();
+    t.fits = t.peak_rss_bytes <= static_cast<double>(budget_);
+    if (!t.fits) t.why = "peak " + human_bytes(t.peak_rss_bytes) + " is over the budget";
+    return t;
+  }
+
+  const tune_batch_options& opts_;
+  const int64_t budget_;
+  const std::string exe_;
+  const std::string out_path_;
+};
+
+// A trial into the result, the journal (batch_size_trial) and the console.
+void record(const batch_trial& t, tune_batch_result& res, journal& jn) {
+  res.trials.push_back(t);
+  ev::batch_size_trial line{t.micro_batch, t.fits, t.peak_rss_bytes, std::nullopt, std::nullopt};
+  if (t.fits) line.samples_per_s = t.samples_per_s;
+  else line.reason = t.why;
+  jn.write(line);
+  if (t.fits)
+    std::printf("  micro-batch %lld: fits, peak %s, %.0f samples/s\n", static_cast<long long>(t.micro_batch), human_bytes(t.peak_rss_bytes).c_str(),
+                t.samples_per_s);
+  else
+    std::printf("  micro-batch %lld: does not fit: %s\n", static_cast<long long>(t.micro_batch), t.why.c_str());
+  std::fflush(stdout);
+}
+
+// The search's bounds: the largest size that fit and the smallest that did
+// not (0: none).
+struct search_bounds {
+  int64_t lo = 0, hi = 0;
+};
+
+// Doubles from opts.start up to `up_to`, then bisects (Lightning's
+// "binsearch" mode), at most opts.max_trials trials, each recorded.
+result<search_bounds> search(probe_runner& probe, const tune_batch_options& opts, int64_t up_to, tune_batch_result& res, journal& jn) {
+  search_bounds sb;
+  int trials = 0;
+  auto try_size = [&](int64_t b) -> result<bool> {
+    auto t = probe.run(b);
+    if (!t) return t.err();
+    ++trials;
+    record(t.value(), res, jn);
+    return t->fits;
+  };
+  for (int64_t b = opts.start; trials < opts.max_trials; b = std::min(b * 2, up_to)) {
+    auto fits = try_size(b);
+    if (!fits) return fits.err();
+    if (!fits.value()) {
+      sb.hi = b;
+      break;
+    }
+    sb.lo = b;
+    if (b >= up_to) break;
+  }
+  // Bisect to within 1/32 of the size: memory peaks vary by a few MiB from
+  // run to run, so finer steps near the budget measure noise.
+  while (sb.hi > 0 && sb.lo > 0 && sb.hi - sb.lo > std::max<int64_t>(1, sb.lo / 32) && trials < opts.max_trials) {
+    const int64_t mid = sb.lo + (sb.hi - sb.lo) / 2;
+    auto fits = try_size(mid);
+    if (!fits) return fits.err();
+    (fits.value() ? sb.lo : sb.hi) = mid;
+  }
+  return sb;
+}
+
+// The search's end into the result and the journal (batch_size_found).
+// Error: not even opts.start fit.
+result<tune_batch_result> conclude(tune_batch_result res, search_bounds sb, int64_t up_to, const tune_batch_options& opts, journal& jn) {
+  if (sb.lo == 0) {
+    jn.write(ev::batch_size_found{0, res.max_memory, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+    return make_error("even micro-batch " + std::to_string(opts.start) + " does not fit in " + human_bytes(static_cast<double>(res.max_memory)) +
+                      " per rank: " + res.trials.front().why);
+  }
+  res.micro_batch = sb.lo;
+  res.limited_by_up_to = sb.hi == 0 && sb.lo >= up_to;
+  const batch_trial* best = nullptr;
+  for (const auto& t : res.trials)
+    if (t.fits && t.micro_batch == sb.lo) best = &t;
+  jn.write(ev::batch_size_found{sb.lo, res.max_memory, best ? best->peak_rss_bytes : 0.0, best ? best->samples_per_s : 0.0, res.limited_by_up_to,
+                                static_cast<int64_t>(res.trials.size())});
+  return res;
+}
+
+}  // namespace
+
+result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_options& opts) {
+  if (auto st = validate_training_config(cfg); !st) return st.err();
+  if (auto st = check_options(opts); !st) return st.err();
+  tune_batch_result res;
+  auto budget = memory_budget(opts);
+  if (!budget) return budget.err();
+  res.max_memory = budget.value();
   const int64_t up_to = opts.up_to > 0 ? opts.up_to : cfg.get_int("train.global_batch_size");
   if (up_to < opts.start) return make_error("--up-to (" + std::to_string(up_to) + ") is below --start (" + std::to_string(opts.start) + ")");
 
@@ -147,125 +330,11 @@ result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_opt
               human_bytes(static_cast<double>(res.max_memory)).c_str(), opts.steps);
   std::fflush(stdout);
 
-  const std::string exe = self_executable();
-  const std::string out_path = opts.run_dir + "/tune-batch-probe.log";
-  auto stopped = [&] { return opts.stop_signal && opts.stop_signal->load() != 0; };
-
-  // One trial in a fresh process. An error that is not about memory or the
-  // data's size ends the search with the probe's own line.
-  auto trial = [&](int64_t b) -> result<batch_trial> {
-    std::vector<std::string> argv{exe, "tune-batch", "--probe", std::to_string(b), "--steps", std::to_string(opts.steps)};
-    argv.insert(argv.end(), opts.probe_args.begin(), opts.probe_args.end());
-    std::filesystem::remove(out_path);
-    auto child = child_process::spawn(argv, false, out_path);
-    if (!child) return make_error("cannot start a probe: " + child.message());
-    batch_trial t;
-    t.micro_batch = b;
-    double seen = 0;
-    bool over = false;
-    std::optional<child_exit> ex;
-    while (!(ex = child->poll())) {
-      if (stopped()) {
-        child->signal(SIGKILL);
-        child->wait();
-        return make_error("stopped by a signal");
-      }
-      if (auto u = read_proc_usage(child->pid())) {
-        seen = std::max(seen, u->rss_bytes);
-        if (u->rss_bytes > static_cast<double>(res.max_memory)) {
-          over = true;
-          child->signal(SIGKILL);
-          ex = child->wait();
-          break;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    const std::string output = read_whole(out_path);
-    t.peak_rss_bytes = seen;
-    if (over) {
-      t.why = "over the budget (resident " + human_bytes(seen) + ", killed)";
-      return t;
-    }
-    if (ex->signaled) {
-      // Killed from outside (the kernel's OOM killer, say): does not fit.
-      t.why = "the probe was " + ex->describe();
-      return t;
-    }
-    if (ex->exit_code == probe_out_of_memory || ex->exit_code == probe_too_large_for_data) {
-      t.why = last_line(output);
-      return t;
-    }
-    if (ex->exit_code != 0) return make_error("micro-batch " + std::to_string(b) + ": " + last_line(output));
-    // The probe's own report is its last JSON line.
-    std::istringstream lines(output);
-    std::string line, json_line;
-    while (std::getline(lines, line))
-      if (!line.empty() && line.front() == '{') json_line = line;
-    auto j = nlohmann::json::parse(json_line, nullptr, false);
-    if (j.is_discarded() || !j.contains("peak_rss_bytes")) return make_error("micro-batch " + std::to_string(b) + ": the probe reported nothing");
-    t.peak_rss_bytes = std::max(seen, j.at("peak_rss_bytes").get<double>());
-    t.samples_per_s = j.at("samples_per_s").get<double>();
-    t.fits = t.peak_rss_bytes <= static_cast<double>(res.max_memory);
-    if (!t.fits) t.why = "peak " + human_bytes(t.peak_rss_bytes) + " is over the budget";
-    return t;
-  };
-  auto record = [&](const batch_trial& t) {
-    res.trials.push_back(t);
-    ev::batch_size_trial line{t.micro_batch, t.fits, t.peak_rss_bytes, std::nullopt, std::nullopt};
-    if (t.fits) line.samples_per_s = t.samples_per_s;
-    else line.reason = t.why;
-    jn.write(line);
-    if (t.fits)
-      std::printf("  micro-batch %lld: fits, peak %s, %.0f samples/s\n", static_cast<long long>(t.micro_batch), human_bytes(t.peak_rss_bytes).c_str(),
-                  t.samples_per_s);
-    else
-      std::printf("  micro-batch %lld: does not fit: %s\n", static_cast<long long>(t.micro_batch), t.why.c_str());
-    std::fflush(stdout);
-  };
-
-  // Double, then bisect (Lightning's "binsearch" mode).
-  int64_t lo = 0, hi = 0;  // largest that fit, smallest that did not
-  int64_t b = opts.start;
-  int trials = 0;
-  while (trials < opts.max_trials) {
-    auto t = trial(b);
-    if (!t) return t.err();
-    ++trials;
-    record(t.value());
-    if (!t->fits) {
-      hi = b;
-      break;
-    }
-    lo = b;
-    if (b >= up_to) break;
-    b = std::min(b * 2, up_to);
-  }
-  // Bisect to within 1/32 of the size: memory peaks vary by a few MiB from
-  // run to run, so finer steps near the budget measure noise.
-  while (hi > 0 && lo > 0 && hi - lo > std::max<int64_t>(1, lo / 32) && trials < opts.max_trials) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    auto t = trial(mid);
-    if (!t) return t.err();
-    ++trials;
-    record(t.value());
-    if (t->fits) lo = mid;
-    else hi = mid;
-  }
-  std::filesystem::remove(out_path);
-  if (lo == 0) {
-    jn.write(ev::batch_size_found{0, res.max_memory, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
-    return make_error("even micro-batch " + std::to_string(opts.start) + " does not fit in " + human_bytes(static_cast<double>(res.max_memory)) +
-                      " per rank: " + res.trials.front().why);
-  }
-  res.micro_batch = lo;
-  res.limited_by_up_to = hi == 0 && lo >= up_to;
-  const batch_trial* best = nullptr;
-  for (const auto& t : res.trials)
-    if (t.fits && t.micro_batch == lo) best = &t;
-  jn.write(ev::batch_size_found{lo, res.max_memory, best ? best->peak_rss_bytes : 0.0, best ? best->samples_per_s : 0.0, res.limited_by_up_to,
-                                static_cast<int64_t>(res.trials.size())});
-  return res;
+  probe_runner probe(opts, res.max_memory);
+  auto sb = search(probe, opts, up_to, res, jn);
+  if (!sb) return sb.err();
+  probe.remove_output();
+  return conclude(std::move(res), sb.value(), up_to, opts, jn);
 }
 
 }  // namespace dtactor
