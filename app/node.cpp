@@ -236,74 +236,62 @@ int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const c
   return code;
 }
 
-}  // namespace
+// Who this node is and where its ranks are reached: from the command line
+// and the network, before anything starts.
+struct node_identity {
+  std::string id;         // claimed: no live process on this machine holds it
+  std::string advertise;  // the address the ranks' peers reach them at
+};
 
-int run_node(const cluster_cli& cli) {
-  choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
-  if (cli.coordinator.empty()) return fail("--role node needs --coordinator tcp://HOST:PORT", 2);
+// Errors are usage errors (exit code 2): a missing or unresolvable
+// --coordinator, a bad --nproc-per-node or --node-id, an id in use.
+result<node_identity> identify_node(const cluster_cli& cli) {
+  if (cli.coordinator.empty()) return make_error("--role node needs --coordinator tcp://HOST:PORT");
   auto coord = parse_tcp_endpoint(cli.coordinator, "--coordinator");
-  if (!coord) return fail(coord.message(), 2);
-  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 1024) return fail("--nproc-per-node must be 1..1024", 2);
+  if (!coord) return coord.err();
+  if (cli.nproc_per_node < 1 || cli.nproc_per_node > 1024) return make_error("--nproc-per-node must be 1..1024");
   // Also with --advertise-addr: a coordinator name that does not resolve
   // would otherwise end in a connect timeout.
-  if (auto why = resolution_error(coord->host, coord->port); !why.empty()) return fail(why, 2);
-  std::string advertise = cli.advertise_addr;
-  if (advertise.empty()) {
+  if (auto why = resolution_error(coord->host, coord->port); !why.empty()) return make_error(why);
+  node_identity who;
+  who.advertise = cli.advertise_addr;
+  if (who.advertise.empty()) {
     auto towards = local_address_towards(coord->host, coord->port);
-    if (!towards) return fail(towards.message(), 2);
-    advertise = towards.value();
+    if (!towards) return towards.err();
+    who.advertise = towards.value();
   }
-  const std::string default_id = default_node_id();
   // A --node-id outside the alphabet is refused (the coordinator would refuse it too).
   if (!cli.node_id.empty())
-    if (auto why = node_id_problem(cli.node_id); !why.empty()) return fail("--node-id: " + why, 2);
-  auto claim = claim_node_id(cli.node_id.empty() ? default_id : cli.node_id, !cli.node_id.empty(), cli.coordinator);
-  if (!claim) return fail(claim.message(), 2);
+    if (auto why = node_id_problem(cli.node_id); !why.empty()) return make_error("--node-id: " + why);
+  auto claim = claim_node_id(cli.node_id.empty() ? default_node_id() : cli.node_id, !cli.node_id.empty(), cli.coordinator);
+  if (!claim) return claim.err();
   if (!claim->note.empty()) std::fprintf(stderr, "node: %s\n", claim->note.c_str());
-  const std::string node_id = claim->id;
-  const uint64_t incarnation = wire::new_incarnation();
+  who.id = claim->id;
+  return who;
+}
 
-  metrics m;  // the job label is not known before registration
-  if (cli.metrics_port > 0)
-    if (auto st = m.serve(cli.metrics_port, cli.metrics_addr); !st) return fail(st.message());
-  // GPU memory and utilisation when the NVIDIA driver's NVML is present.
-  gpu_metrics gpu(m.registry());
-  if (gpu.available()) std::fprintf(stderr, "node: NVML: %d GPU(s) exported on /metrics\n", gpu.devices());
-
-  // Ranks reach their node over an ipc socket private to this process.
-  std::error_code tmp_ec;
-  const auto tmp_dir = std::filesystem::temp_directory_path(tmp_ec);
-  if (tmp_ec) {
+// The path of the ipc socket private to this process, which its ranks
+// reach it at.
+result<std::string> ranks_ipc_path(uint64_t incarnation) {
+  std::error_code ec;
+  const auto tmp_dir = std::filesystem::temp_directory_path(ec);
+  if (ec) {
     const char* t = std::getenv("TMPDIR");
-    return fail("no temporary directory for the ranks' ipc socket (TMPDIR='" + std::string(t ? t : "") + "'): " + tmp_ec.message());
+    return make_error("no temporary directory for the ranks' ipc socket (TMPDIR='" + std::string(t ? t : "") + "'): " + ec.message());
   }
-  const std::string ipc_path = (tmp_dir / ("dtactor-" + std::to_string(::getpid()) + "-" + std::to_string(incarnation % 100000) + ".ipc")).string();
-  const std::string ranks_endpoint = "ipc://" + ipc_path;
+  return (tmp_dir / ("dtactor-" + std::to_string(::getpid()) + "-" + std::to_string(incarnation % 100000) + ".ipc")).string();
+}
 
-  caf::actor_system_config sys_cfg;
-  configure_caf(sys_cfg, 2);
-  caf::actor_system sys{sys_cfg};
-
-  // Actors send through this pointer; it is set once the bridge exists and
-  // cleared before the bridge stops (actors may still be running then).
-  std::unique_ptr<zmq_bridge> bridge;
-  std::atomic<zmq_bridge*> bridge_ptr{nullptr};
-  outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
-    if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
-  };
-
-  // The process's own actor: the agent's refusal reaches it as a message,
-  // and it waits for the agent to quit.
-  caf::scoped_actor self{sys};
-  const caf::actor main_actor = caf::actor_cast<caf::actor>(self);
-
+// The agent's options that the command line and the identity decide (its
+// events and report annotations are wired by run_node).
+node_agent_options agent_options(const cluster_cli& cli, const node_identity& who, uint64_t incarnation) {
   node_agent_options o;
-  o.node_id = node_id;
-  o.advertise_addr = advertise;
+  o.node_id = who.id;
+  o.advertise_addr = who.advertise;
   o.hostname = host_name();
   o.nproc = cli.nproc_per_node;
   o.metrics_port = cli.metrics_port;
-  o.header.sender = sender_id::of_node(node_id).to_string();
+  o.header.sender = sender_id::of_node(who.id).to_string();
   o.header.incarnation = incarnation;
   o.liveness.heartbeat_interval = std::chrono::milliseconds(100);
   o.liveness.heartbeat_timeout = std::chrono::milliseconds(1000);
@@ -316,36 +304,35 @@ int run_node(const cluster_cli& cli) {
     return static_cast<int32_t>(c.value().get_int("cluster.rank_exit_limit"));
   };
   o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", printable(line, 0).c_str()); };
+  return o;
+}
 
-  auto launcher = std::make_shared<rank_launcher>(std::vector<std::string>{
-      self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", node_id, "--coordinator", cli.coordinator,
-      "--advertise-addr", advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node), "--threads-per-rank",
-      std::to_string(cli.threads_per_rank)},
+// Starts this binary as `--role rank` for each local rank, with the fault
+// injection of --fail-at-step for local rank 0.
+std::shared_ptr<rank_launcher> make_launcher(const cluster_cli& cli, const node_identity& who, const std::string& ranks_endpoint) {
+  return std::make_shared<rank_launcher>(
+      std::vector<std::string>{self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", who.id, "--coordinator",
+                               cli.coordinator, "--advertise-addr", who.advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node),
+                               "--threads-per-rank", std::to_string(cli.threads_per_rank)},
       cli.fail_at_step >= 0 ? std::vector<std::string>{"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)}
                             : std::vector<std::string>{},
       cli.fail_mode == fault_mode::rank_oom);
-  // The node's /metrics and its exit, from the agent's typed events. Per-rank
-  // CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
-  auto usage = std::make_shared<rank_usage_tracker>(m);
-  m.on_scrape([usage] { usage->sample_all(); });
-  o.annotate_report = [usage, node_id](const std::string& peer, pb::step_report& r) { add_usage(r, usage->sample(peer), node_id); };
-  o.events = events_to_metrics(m, bridge_ptr, usage, main_actor);
-  auto agent = sys.spawn(node_agent, o, out, launcher);
-  launcher->attach(agent);
+}
 
-  // With a key both links are CURVE: the ranks' ROUTER admits the job's
-  // client key only, and the DEALER to the coordinator pins the job's
-  // server key, so a plan (and the module it names) reaches this node only
-  // from a holder of the key, never from a stranger at that address.
+// The bridge, delivering every inbound frame to `agent`. With a key both
+// links are CURVE: the ranks' ROUTER admits the job's client key only, and
+// the DEALER to the coordinator pins the job's server key, so a plan (and
+// the module it names) reaches this node only from a holder of the key,
+// never from a stranger at that address. A refused handshake to the
+// coordinator is a key problem, not a full queue or an unreachable
+// coordinator: said so (at most once a second after the first few) and
+// counted in `coordinator_refusals`.
+std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const caf::actor& agent, std::shared_ptr<std::atomic<uint64_t>> coordinator_refusals) {
   zmq_bridge_options bo;
   bo.key = cli.key;
-  // A refused handshake to the coordinator is a key problem, not a full
-  // queue or an unreachable coordinator: said so, at most once a second
-  // after the first few.
   auto refusals = std::make_shared<log_limiter>(nullptr, log_limiter::options{1, std::chrono::seconds(5)});
-  auto coordinator_refusals = std::make_shared<std::atomic<uint64_t>>(0);  // shared: the bridge thread may outlive this scope's end
-  bridge = std::make_unique<zmq_bridge>(
-      bo, [&](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(agent, inbound{link, peer, std::move(env)}); },
+  return std::make_unique<zmq_bridge>(
+      bo, [agent](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(agent, inbound{link, peer, std::move(env)}); },
       nullptr,
       [refusals, coordinator_refusals, coordinator = cli.coordinator](const std::string& link, bool router, handshake_failure why, const std::string&) {
         if (router || link != links::coordinator) return;
@@ -353,19 +340,25 @@ int run_node(const cluster_cli& cli) {
         refusals->log(to_string(why), "dtactor: the coordinator at " + coordinator + " refused our key (or we have none): handshake failed (" +
                                           to_string(why) + "); give every process of the job the same --key (or none to all)");
       });
-  bridge_ptr.store(bridge.get());
-  if (auto r = bridge->add_router(links::ranks, ranks_endpoint); !r) return fail("cannot open " + ranks_endpoint + ": " + r.message());
-  if (auto r = bridge->add_dealer(links::coordinator, cli.coordinator, sender_id::of_node(node_id).to_string() + "/" + std::to_string(incarnation)); !r)
-    return fail("cannot connect to " + cli.coordinator + ": " + r.message());
-  std::fprintf(stderr, "node: '%s' (%s) connecting to %s with %d rank(s)\n", node_id.c_str(), advertise.c_str(), cli.coordinator.c_str(),
+}
+
+// The bridge's two links: the ranks' ROUTER on `ranks_endpoint`, and the
+// DEALER to the coordinator, its identity the node's sender id and
+// incarnation. Error: one line naming the address.
+status open_links(zmq_bridge& bridge, const cluster_cli& cli, const node_identity& who, const std::string& ranks_endpoint, uint64_t incarnation) {
+  if (auto r = bridge.add_router(links::ranks, ranks_endpoint); !r) return make_error("cannot open " + ranks_endpoint + ": " + r.message());
+  if (auto r = bridge.add_dealer(links::coordinator, cli.coordinator, sender_id::of_node(who.id).to_string() + "/" + std::to_string(incarnation)); !r)
+    return make_error("cannot connect to " + cli.coordinator + ": " + r.message());
+  std::fprintf(stderr, "node: '%s' (%s) connecting to %s with %d rank(s)\n", who.id.c_str(), who.advertise.c_str(), cli.coordinator.c_str(),
                cli.nproc_per_node);
-  caf::anon_send(agent, start_atom::value);
+  return {};
+}
 
-  std::unique_ptr<preemption_watcher> watcher = watch_preemption(cli, agent);
-
-  std::string refusal, gave_up;
-  int code = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal, &gave_up, *coordinator_refusals);
-  watcher.reset();
+// The node's exit code from how the wait ended: a refusal or an agent that
+// gave every rank up is 1 (said on stderr); a signal that arrived while the
+// job was ending (the coordinator's stop can be quicker than the wait's
+// tick) still names how the node ended.
+int node_exit_code(int code, const std::string& refusal, const std::string& gave_up, const std::string& node_id, const cluster_cli& cli) {
   if (!refusal.empty()) {
     std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", printable(refusal, printable_max_detail_chars).c_str());
     code = 1;
@@ -374,15 +367,71 @@ int run_node(const cluster_cli& cli) {
     std::fprintf(stderr, "dtactor: node '%s' left the job, every rank given up: %s\n", node_id.c_str(), gave_up.c_str());
     code = 1;
   }
-  // A signal that arrived while the job was ending (the coordinator's stop
-  // can be quicker than this loop's tick) still names how the node ended.
   if (code == 0 && cli.stop_signal && cli.stop_signal->load() != 0) code = 128 + cli.stop_signal->load();
+  return code;
+}
+
+}  // namespace
+
+int run_node(const cluster_cli& cli) {
+  choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
+  auto who = identify_node(cli);
+  if (!who) return fail(who.message(), 2);
+  const std::string& node_id = who->id;
+  const uint64_t incarnation = wire::new_incarnation();
+
+  metrics m;  // the job label is not known before registration
+  if (cli.metrics_port > 0)
+    if (auto st = m.serve(cli.metrics_port, cli.metrics_addr); !st) return fail(st.message());
+  // GPU memory and utilisation when the NVIDIA driver's NVML is present.
+  gpu_metrics gpu(m.registry());
+  if (gpu.available()) std::fprintf(stderr, "node: NVML: %d GPU(s) exported on /metrics\n", gpu.devices());
+  auto ipc_path = ranks_ipc_path(incarnation);
+  if (!ipc_path) return fail(ipc_path.message());
+  const std::string ranks_endpoint = "ipc://" + ipc_path.value();
+
+  caf::actor_system_config sys_cfg;
+  configure_caf(sys_cfg, 2);
+  caf::actor_system sys{sys_cfg};
+  // Actors send through this pointer; it is set once the bridge exists and
+  // cleared before the bridge stops (actors may still be running then).
+  std::unique_ptr<zmq_bridge> bridge;
+  std::atomic<zmq_bridge*> bridge_ptr{nullptr};
+  outbound out = [&](const std::string& link, const std::string& peer, pb::envelope env) {
+    if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
+  };
+  // The process's own actor: the agent's refusal reaches it as a message,
+  // and it waits for the agent to quit.
+  caf::scoped_actor self{sys};
+
+  node_agent_options o = agent_options(cli, who.value(), incarnation);
+  auto launcher = make_launcher(cli, who.value(), ranks_endpoint);
+  // The node's /metrics and its exit, from the agent's typed events. Per-rank
+  // CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
+  auto usage = std::make_shared<rank_usage_tracker>(m);
+  m.on_scrape([usage] { usage->sample_all(); });
+  o.annotate_report = [usage, node_id](const std::string& peer, pb::step_report& r) { add_usage(r, usage->sample(peer), node_id); };
+  o.events = events_to_metrics(m, bridge_ptr, usage, caf::actor_cast<caf::actor>(self));
+  auto agent = sys.spawn(node_agent, o, out, launcher);
+  launcher->attach(agent);
+
+  auto coordinator_refusals = std::make_shared<std::atomic<uint64_t>>(0);  // shared: the bridge thread may outlive this scope's end
+  bridge = make_bridge(cli, agent, coordinator_refusals);
+  bridge_ptr.store(bridge.get());
+  if (auto st = open_links(*bridge, cli, who.value(), ranks_endpoint, incarnation); !st) return fail(st.message());
+  caf::anon_send(agent, start_atom::value);
+
+  std::unique_ptr<preemption_watcher> watcher = watch_preemption(cli, agent);
+  std::string refusal, gave_up;
+  const int waited = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal, &gave_up, *coordinator_refusals);
+  watcher.reset();
+  const int code = node_exit_code(waited, refusal, gave_up, node_id, cli);
   launcher->stop();
   // What the agent sent last (its ranks' exits, a leave) goes out first.
   bridge->stop(std::chrono::seconds(1));
   bridge_ptr.store(nullptr);
   std::error_code ec;
-  std::filesystem::remove(ipc_path, ec);
+  std::filesystem::remove(ipc_path.value(), ec);
   return code;
 }
 
