@@ -37,9 +37,9 @@ int fail(const std::string& msg, int code = 1) {
 std::atomic<int> g_leave{0};
 extern "C" void on_leave_signal(int sig) { g_leave.store(sig); }
 
-}  // namespace
-
-int run_rank(const cluster_cli& cli) {
+// The process's malloc settings for a training step (the user's own
+// GLIBC_TUNABLES win). Returns whether the user set the mmap threshold.
+bool tune_malloc() {
   // One malloc arena for the whole process. The training thread is not this
   // process's main thread, so glibc would give it an arena of its own, made
   // of 64 MiB heaps: a step's largest activations did not fit the first
@@ -70,12 +70,12 @@ int run_rank(const cluster_cli& cli) {
   }();
   if (!own_mmap_threshold) ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   if (const char* t = std::getenv("GLIBC_TUNABLES"); !t || !std::strstr(t, "trim_threshold")) ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  // A rank never outlives its node agent (kill -9 of a node takes its ranks).
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  std::signal(SIGUSR2, on_leave_signal);
-  if (::getppid() == 1) return fail("rank started without a node agent");
-  if (cli.node_endpoint.empty()) return fail("--role rank is started by a node agent (needs --node-endpoint)", 2);
+  return own_mmap_threshold;
+}
 
+// The training thread's options, from the node agent's command line.
+// `own_mmap_threshold`: the user's, which the worker then leaves alone.
+rank_worker_options worker_options(const cluster_cli& cli, bool own_mmap_threshold) {
   rank_worker_options w;
   w.node_id = cli.node_id;
   w.local_rank = cli.local_rank;
@@ -96,6 +96,40 @@ int run_rank(const cluster_cli& cli) {
   w.key = cli.key;
   // An empty store host in the plan means: the coordinator's host as this node reaches it.
   if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;
+  return w;
+}
+
+// Blocks until the rank actor is down, telling it to leave once SIGUSR2 came.
+void wait_for_the_actor(caf::actor_system& sys, const caf::actor& actor) {
+  // SIGUSR2 is how the node agent ends a rank (after the drain that took
+  // it out of the generation, or when the node goes): leave at once. The
+  // agent kills a rank that is still there after its grace period.
+  // SIGTERM/SIGINT/SIGUSR1 (a scheduler signalling the whole process
+  // tree) only set the stop flag: the node decides how its ranks stop.
+  caf::scoped_actor self{sys};
+  self->monitor(actor);
+  bool down = false, told = false;
+  while (!down)
+    self->receive([&](const caf::down_msg&) { down = true; },
+                  caf::after(std::chrono::milliseconds(20)) >> [&] {
+                    if (!told && g_leave.load() != 0) {
+                      told = true;
+                      caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+                    }
+                  });
+}
+
+}  // namespace
+
+int run_rank(const cluster_cli& cli) {
+  const bool own_mmap_threshold = tune_malloc();
+  // A rank never outlives its node agent (kill -9 of a node takes its ranks).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::signal(SIGUSR2, on_leave_signal);
+  if (::getppid() == 1) return fail("rank started without a node agent");
+  if (cli.node_endpoint.empty()) return fail("--role rank is started by a node agent (needs --node-endpoint)", 2);
+
+  const rank_worker_options w = worker_options(cli, own_mmap_threshold);
 
   envelope_header header;
   header.sender = sender_id::of_rank(cli.node_id, cli.local_rank).to_string();
@@ -126,24 +160,7 @@ int run_rank(const cluster_cli& cli) {
     return fail("cannot reach the node agent at " + cli.node_endpoint + ": " + r.message());
   }
   caf::anon_send(actor, start_atom::value);
-  {
-    // SIGUSR2 is how the node agent ends a rank (after the drain that took
-    // it out of the generation, or when the node goes): leave at once. The
-    // agent kills a rank that is still there after its grace period.
-    // SIGTERM/SIGINT/SIGUSR1 (a scheduler signalling the whole process
-    // tree) only set the stop flag: the node decides how its ranks stop.
-    caf::scoped_actor self{sys};
-    self->monitor(actor);
-    bool down = false, told = false;
-    while (!down)
-      self->receive([&](const caf::down_msg&) { down = true; },
-                    caf::after(std::chrono::milliseconds(20)) >> [&] {
-                      if (!told && g_leave.load() != 0) {
-                        told = true;
-                        caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-                      }
-                    });
-  }
+  wait_for_the_actor(sys, actor);
   // The last reports (FINISHED, a failure) leave before the socket closes;
   // a node agent that is gone does not hold the exit up past the deadline.
   bridge->stop(std::chrono::seconds(1));
