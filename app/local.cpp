@@ -91,6 +91,111 @@ bool nodes_all_failed(std::vector<local_node>& nodes) {
          std::any_of(nodes.begin(), nodes.end(), [](local_node& n) { return !n.killed && (n.proc.poll()->signaled || n.proc.poll()->exit_code != 0); });
 }
 
+// The node processes of a local run: the first --nodes, then --chaos's
+// replacements (local-N, local-N+1, ...). The list never reallocates (the
+// monkey's hooks hold it by reference): at most 256 nodes.
+class local_nodes {
+ public:
+  local_nodes(const cluster_cli& cli, std::string exe, std::string endpoint)
+      : cli_(cli), exe_(std::move(exe)), endpoint_(std::move(endpoint)), next_index_(cli.nodes) {
+    // All the ranks share this machine's cores.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    per_rank_ = std::max(1, cores / (cli.nodes * cli.nproc_per_node));
+    nodes_.reserve(256);
+  }
+
+  // Starts local-0 .. local-(--nodes - 1). Error: one could not start.
+  status start_first() {
+    for (int i = 0; i < cli_.nodes; ++i) {
+      auto n = start_node(cli_, exe_, endpoint_, i, per_rank_);
+      if (!n) return n.err();
+      nodes_.push_back({"local-" + std::to_string(i), std::move(n.value())});
+    }
+    return {};
+  }
+
+  // A replacement's id; none when the list is full or it could not start.
+  std::optional<std::string> start_replacement() {
+    if (nodes_.size() >= nodes_.capacity()) return std::nullopt;
+    const int index = next_index_++;
+    auto n = start_node(cli_, exe_, endpoint_, index, per_rank_);
+    if (!n) return std::nullopt;
+    nodes_.push_back({"local-" + std::to_string(index), std::move(n.value())});
+    return nodes_.back().id;
+  }
+
+  std::vector<local_node>& all() { return nodes_; }
+
+  // The coordinator told the nodes to shut down: a few seconds each, then
+  // SIGTERM, then SIGKILL.
+  void reap() {
+    for (auto& n : nodes_)
+      if (!n.proc.wait(5000)) n.proc.signal(SIGTERM);
+    for (auto& n : nodes_)
+      if (!n.proc.wait(5000)) n.proc.signal(SIGKILL);
+    for (auto& n : nodes_) n.proc.wait();
+  }
+
+ private:
+  const cluster_cli& cli_;
+  const std::string exe_;
+  const std::string endpoint_;
+  int per_rank_ = 1;
+  int next_index_;
+  std::vector<local_node> nodes_;
+};
+
+// --chaos: the monkey over `nodes`, fed from the journal's new lines (an
+// earlier session's lines are not this run's).
+struct local_chaos {
+  std::unique_ptr<chaos_monkey> monkey;
+  std::optional<journal_tail> tail;
+};
+local_chaos start_chaos(const cluster_cli& cli, local_nodes& nodes) {
+  local_chaos c;
+  if (!cli.chaos) return c;
+  c.monkey = make_monkey(cli, nodes.all(), [&nodes] { return nodes.start_replacement(); });
+  c.tail.emplace(cli.run_dir + "/journal.jsonl");
+  c.tail->read_new();
+  return c;
+}
+
+// How the coordinator ended; `nodes_gone`: this process stopped it because
+// every node process had ended, one of them in failure.
+struct local_end {
+  child_exit exit;
+  bool nodes_gone = false;
+};
+
+// Waits for the coordinator, passing a SIGINT/SIGTERM on to it once.
+// Nothing replaces a local node (but --chaos's own): once every node
+// process has ended, one of them in failure, the job is stopped and ends
+// failed.
+local_end watch_coordinator(const cluster_cli& cli, child_process& coordinator, local_nodes& nodes, local_chaos& chaos) {
+  bool forwarded = false, nodes_gone = false;
+  std::optional<child_exit> done;
+  while (!(done = coordinator.wait(100))) {
+    const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+    if (sig != 0 && !forwarded) {
+      forwarded = true;
+      coordinator.signal(sig);
+    }
+    if (chaos.monkey) {
+      for (auto& line : chaos.tail->read_new()) chaos.monkey->on(line.event, line.t);
+      if (!forwarded) chaos.monkey->tick(unix_time_now());
+    }
+    // (Nodes the coordinator shut down at the job's end exit 0 before it does.)
+    if (!nodes_gone && nodes_all_failed(nodes.all())) {
+      nodes_gone = true;
+      std::string how;
+      for (auto& n : nodes.all()) how += (how.empty() ? "" : ", ") + n.proc.poll()->describe();
+      std::fprintf(stderr, "local: every node process has ended (%s); stopping the coordinator\n", how.c_str());
+      coordinator.signal(SIGTERM);
+    }
+  }
+  return {*done, nodes_gone};
+}
+
 }  // namespace
 
 std::string local_arguments_problem(const cluster_cli& cli) {
@@ -121,74 +226,22 @@ int run_local(const cluster_cli& cli) {
   // final checkpoint, instead of every node taking it for a preemption.
   auto c = child_process::spawn(coordinator_args(cli, exe, endpoint, status_port.value()), true);
   if (!c) return local_fail(c.message(), 1);
-
-  // All the ranks share this machine's cores.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int per_rank = std::max(1, cores / (cli.nodes * cli.nproc_per_node));
-  std::vector<local_node> nodes;
-  nodes.reserve(256);
-  for (int i = 0; i < cli.nodes; ++i) {
-    auto n = start_node(cli, exe, endpoint, i, per_rank);
-    if (!n) {
-      c->signal(SIGTERM);
-      return local_fail(n.message(), 1);
-    }
-    nodes.push_back({"local-" + std::to_string(i), std::move(n.value())});
+  local_nodes nodes(cli, exe, endpoint);
+  if (auto st = nodes.start_first(); !st) {
+    c->signal(SIGTERM);
+    return local_fail(st.message(), 1);
   }
   const std::string host = cli.metrics_port > 0 && cli.metrics_addr != "0.0.0.0" ? cli.metrics_addr : "127.0.0.1";
   std::fprintf(stderr, "local: coordinator on %s, %d node(s) x %d rank(s), run dir %s\nlocal: status page http://%s:%d/\n", endpoint.c_str(), cli.nodes,
                cli.nproc_per_node, cli.run_dir.c_str(), host.c_str(), status_port.value());
 
-  std::unique_ptr<chaos_monkey> monkey;
-  std::optional<journal_tail> tail;
-  int next_index = cli.nodes;  // replacements are local-N, local-N+1, ...
-  if (cli.chaos) {
-    monkey = make_monkey(cli, nodes, [&]() -> std::optional<std::string> {
-      if (nodes.size() >= nodes.capacity()) return std::nullopt;
-      const int index = next_index++;
-      auto n = start_node(cli, exe, endpoint, index, per_rank);
-      if (!n) return std::nullopt;
-      nodes.push_back({"local-" + std::to_string(index), std::move(n.value())});
-      return nodes.back().id;
-    });
-    tail.emplace(cli.run_dir + "/journal.jsonl");
-    tail->read_new();  // an earlier session's lines are not this run's
-  }
-
-  // Wait for the coordinator; pass a SIGINT/SIGTERM on to it once. Nothing
-  // replaces a local node (but --chaos's own): once every node process has
-  // ended, one of them in failure, the job is stopped and ends failed.
-  bool forwarded = false, nodes_gone = false;
-  std::optional<child_exit> done;
-  while (!(done = c->wait(100))) {
-    const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
-    if (sig != 0 && !forwarded) {
-      forwarded = true;
-      c->signal(sig);
-    }
-    if (monkey) {
-      for (auto& line : tail->read_new()) monkey->on(line.event, line.t);
-      if (!forwarded) monkey->tick(unix_time_now());
-    }
-    // (Nodes the coordinator shut down at the job's end exit 0 before it does.)
-    if (!nodes_gone && nodes_all_failed(nodes)) {
-      nodes_gone = true;
-      std::string how;
-      for (auto& n : nodes) how += (how.empty() ? "" : ", ") + n.proc.poll()->describe();
-      std::fprintf(stderr, "local: every node process has ended (%s); stopping the coordinator\n", how.c_str());
-      c->signal(SIGTERM);
-    }
-  }
-  if (monkey && !monkey->summary().empty()) std::fprintf(stderr, "chaos: %s\n", monkey->summary().c_str());
-  // The coordinator told the nodes to shut down; give them a few seconds.
-  for (auto& n : nodes)
-    if (!n.proc.wait(5000)) n.proc.signal(SIGTERM);
-  for (auto& n : nodes)
-    if (!n.proc.wait(5000)) n.proc.signal(SIGKILL);
-  for (auto& n : nodes) n.proc.wait();
-  if (nodes_gone) return 1;  // the coordinator ended because this process stopped it
-  if (done->signaled) return 128 + done->signal;
-  return done->exit_code;
+  local_chaos chaos = start_chaos(cli, nodes);
+  const local_end end = watch_coordinator(cli, c.value(), nodes, chaos);
+  if (chaos.monkey && !chaos.monkey->summary().empty()) std::fprintf(stderr, "chaos: %s\n", chaos.monkey->summary().c_str());
+  nodes.reap();
+  if (end.nodes_gone) return 1;  // the coordinator ended because this process stopped it
+  if (end.exit.signaled) return 128 + end.exit.signal;
+  return end.exit.exit_code;
 }
 
 int run_static_node(const cluster_cli& cli) {
