@@ -124,60 +124,70 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
 struct subcommands {
   CLI::App *train, *eval, *exp, *tune, *cfgcmd, *report, *local, *keygen, *data_index;
 };
-subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
-  std::string &config_path = p.config_path, &run_dir = p.run_dir, &resume_from = p.resume_from, &target = p.target;
-  std::vector<std::string>& overrides = p.overrides;
-  int64_t& stop_at = p.stop_at;
-  bool &no_resume = p.no_resume, &print_config = p.print_config, &reference = p.reference;
 
+// One function per subcommand: its options, bound to `p`'s fields.
+CLI::App* add_train(CLI::App& app, parsed_cli& p) {
   auto* train = app.add_subcommand("train", "Train one model in this process (single process, all cores)");
-  train->add_option("--config", config_path, "Job config file (TOML); defaults for every key otherwise");
-  train->add_option("--set", overrides, "Override a config key: --set train.max_steps=200 (repeatable)")->allow_extra_args(false);
-  train->add_option("--run-dir", run_dir, "Where the journal, logs and checkpoints go")->capture_default_str();
-  train->add_option("--stop-at-step", stop_at, "Stop after this many completed steps, with a checkpoint, as a preemption would");
-  train->add_flag("--no-resume", no_resume, "Start from scratch even if the run directory holds checkpoints");
-  train->add_option("--resume-from", resume_from, "Resume from this checkpoint (a ckpt-*.manifest file, or a checkpoint directory: its newest valid one)");
-  train->add_flag("--print-config", print_config, "Print the effective config as TOML and exit");
+  train->add_option("--config", p.config_path, "Job config file (TOML); defaults for every key otherwise");
+  train->add_option("--set", p.overrides, "Override a config key: --set train.max_steps=200 (repeatable)")->allow_extra_args(false);
+  train->add_option("--run-dir", p.run_dir, "Where the journal, logs and checkpoints go")->capture_default_str();
+  train->add_option("--stop-at-step", p.stop_at, "Stop after this many completed steps, with a checkpoint, as a preemption would");
+  train->add_flag("--no-resume", p.no_resume, "Start from scratch even if the run directory holds checkpoints");
+  train->add_option("--resume-from", p.resume_from, "Resume from this checkpoint (a ckpt-*.manifest file, or a checkpoint directory: its newest valid one)");
+  train->add_flag("--print-config", p.print_config, "Print the effective config as TOML and exit");
+  return train;
+}
 
+CLI::App* add_eval(CLI::App& app, parsed_cli& p) {
   auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the held-out data");
-  eval->add_option("target", target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
-  eval->add_option("--config", config_path, "Config file (default: the config stored in the checkpoint)");
-  eval->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  eval->add_option("target", p.target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
+  eval->add_option("--config", p.config_path, "Config file (default: the config stored in the checkpoint)");
+  eval->add_option("--set", p.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  return eval;
+}
 
-  std::string& export_out = p.export_out;
-  bool& export_state_dict = p.export_state_dict;
+CLI::App* add_export(CLI::App& app, parsed_cli& p) {
   auto* exp = app.add_subcommand("export", "Write a checkpoint as a PyTorch file: the scripted module (torchscript jobs) or a state_dict");
-  exp->add_option("target", target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
-  exp->add_option("--out", export_out, "The file to write (torch.jit.load / torch.load read it)")->required();
-  exp->add_flag("--state-dict", export_state_dict, "Write a state_dict (torch.load) even for a torchscript job");
+  exp->add_option("target", p.target, "A checkpoint (a ckpt-*.manifest file), a checkpoint directory, or a run directory (its newest valid checkpoint)")->required();
+  exp->add_option("--out", p.export_out, "The file to write (torch.jit.load / torch.load read it)")->required();
+  exp->add_flag("--state-dict", p.export_state_dict, "Write a state_dict (torch.load) even for a torchscript job");
+  return exp;
+}
 
-  std::string& tb_max_memory = p.tb_max_memory;
-  int64_t& tb_probe = p.tb_probe;
+CLI::App* add_tune_batch(CLI::App& app, parsed_cli& p) {
   tune_batch_options& tb = p.tb;
   auto* tune = app.add_subcommand("tune-batch",
                                   "Find the largest per-rank micro-batch that fits a memory budget (doubling, then bisecting, one probe "
                                   "process per size); results go to the run's journal and log book");
-  tune->add_option("--config", config_path, "Job config file (TOML)");
-  tune->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
-  tune->add_option("--run-dir", run_dir, "Whose journal and log book get the results (the run you will train in)")->capture_default_str();
-  tune->add_option("--max-memory", tb_max_memory, "Memory one rank may use, e.g. 6G (default: MemAvailable less 10%, over --nproc-per-node)");
+  tune->add_option("--config", p.config_path, "Job config file (TOML)");
+  tune->add_option("--set", p.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  tune->add_option("--run-dir", p.run_dir, "Whose journal and log book get the results (the run you will train in)")->capture_default_str();
+  tune->add_option("--max-memory", p.tb_max_memory, "Memory one rank may use, e.g. 6G (default: MemAvailable less 10%, over --nproc-per-node)");
   tune->add_option("--nproc-per-node", tb.ranks_per_host, "Ranks that will share this machine's memory")->check(CLI::Range(1, 100000000))->capture_default_str();
   tune->add_option("--start", tb.start, "First micro-batch tried")->check(CLI::Range(1, 100000000))->capture_default_str();
   tune->add_option("--up-to", tb.up_to, "Largest micro-batch tried (default: train.global_batch_size)");
   tune->add_option("--steps", tb.steps, "Training steps per size (the first is not timed)")->check(CLI::Range(1, 100000000))->capture_default_str();
   tune->add_option("--max-trials", tb.max_trials, "Most sizes tried")->check(CLI::Range(1, 100000000))->capture_default_str();
-  tune->add_option("--probe", tb_probe, "(internal) train this micro-batch and report peak memory")->group("");
+  tune->add_option("--probe", p.tb_probe, "(internal) train this micro-batch and report peak memory")->group("");
+  return tune;
+}
 
+CLI::App* add_config(CLI::App& app, parsed_cli& p) {
   auto* cfgcmd = app.add_subcommand("config", "Print the effective config (or, with --reference, every key with its default and meaning)");
-  cfgcmd->add_option("--config", config_path, "Job config file (TOML)");
-  cfgcmd->add_option("--set", overrides, "Override a config key (repeatable)")->allow_extra_args(false);
-  cfgcmd->add_flag("--reference", reference, "List every key, its default and what it does");
+  cfgcmd->add_option("--config", p.config_path, "Job config file (TOML)");
+  cfgcmd->add_option("--set", p.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
+  cfgcmd->add_flag("--reference", p.reference, "List every key, its default and what it does");
+  return cfgcmd;
+}
 
-  std::string &report_dir = p.report_dir, &report_out = p.report_out;
+CLI::App* add_report(CLI::App& app, parsed_cli& p) {
   auto* report = app.add_subcommand("report", "Write a Markdown log book of a run (config, metrics, time, memory, recoveries, loss curve)");
-  report->add_option("run_dir", report_dir, "The run directory (holds journal.jsonl and config.toml)")->required();
-  report->add_option("--out", report_out, "Markdown file to write (default RUN_DIR/report.md; loss.svg goes next to it)");
+  report->add_option("run_dir", p.report_dir, "The run directory (holds journal.jsonl and config.toml)")->required();
+  report->add_option("--out", p.report_out, "Markdown file to write (default RUN_DIR/report.md; loss.svg goes next to it)");
+  return report;
+}
 
+CLI::App* add_local(CLI::App& app, parsed_cli& p) {
   cluster_cli& lc = p.local;
   lc.run_dir = "runs/local";
   auto* local = app.add_subcommand("local", "A whole cluster on this machine: a coordinator and N node processes over loopback");
@@ -199,22 +209,43 @@ subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
   // For tests: node 0 gets the fault (as `--role node --fail-at-step`).
   local->add_option("--fail-at-step", lc.fail_at_step, "for tests: node 0's --fail-at-step")->group("");
   local->add_option("--fail-mode", p.local_fail_mode, "for tests: node 0's --fail-mode")->check(CLI::IsMember(fault_mode_names()))->group("");
+  return local;
+}
 
+CLI::App* add_keygen(CLI::App& app, parsed_cli& p) {
   auto* keygen = app.add_subcommand("keygen", "Write a new job key (CURVE keys for every ZeroMQ link, a MAC key for checkpoints; docs/security.md)");
   keygen->add_option("--out", p.keygen_out, "The key file to write (mode 0600; an existing file is not overwritten)")->required();
+  return keygen;
+}
 
+// `data index` (the `data` group requires one of its subcommands).
+CLI::App* add_data_index(CLI::App& app, parsed_cli& p) {
   auto* data = app.add_subcommand("data", "Sharded data sets (docs/data.md)");
   data->require_subcommand(1);
   auto* data_index = data->add_subcommand(
       "index", "Read every shard of SPEC once and write dtactor-shards.json (name, bytes, xxh3) beside them, in each directory or S3 prefix");
   data_index->add_option("spec", p.data_spec, "The shards: a glob, a {000..127} range or a comma-separated list of them, local or s3://")->required();
   data_index->add_option("--s3-endpoint", p.data_s3_endpoint, "S3-compatible endpoint for s3:// shards (default: $AWS_ENDPOINT_URL, else AWS)");
+  return data_index;
+}
 
+// In the order `dtactor --help` lists them.
+subcommands add_subcommands(CLI::App& app, parsed_cli& p) {
+  subcommands s;
+  s.train = add_train(app, p);
+  s.eval = add_eval(app, p);
+  s.exp = add_export(app, p);
+  s.tune = add_tune_batch(app, p);
+  s.cfgcmd = add_config(app, p);
+  s.report = add_report(app, p);
+  s.local = add_local(app, p);
+  s.keygen = add_keygen(app, p);
+  s.data_index = add_data_index(app, p);
   // Every process of a keyed job takes the same key file.
   const std::string key_help = "The job key file (dtactor keygen); default: $DTACTOR_KEY_FILE. Refused unless mode 0600";
   app.add_option("--key", p.key_path, key_help);
-  for (auto* sub : {train, eval, exp, tune, local}) sub->add_option("--key", p.key_path, key_help);
-  return {train, eval, exp, tune, cfgcmd, report, local, keygen, data_index};
+  for (auto* sub : {s.train, s.eval, s.exp, s.tune, s.local}) sub->add_option("--key", p.key_path, key_help);
+  return s;
 }
 
 // The checks of counts and addresses CLI11 cannot make alone, before
