@@ -183,10 +183,13 @@ result<npy_array> open_array(const config& cfg, const std::string& key) {
   return a;
 }
 
-}  // namespace
+// A task's training and held-out samples.
+struct split_sources {
+  std::shared_ptr<sample_source> train, eval;
+};
 
-result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
-  const std::string& file = cfg.get_string("model.file");
+// model.file, loaded. Errors name the file: missing, not TorchScript, no forward.
+result<torch::jit::Module> load_module(const std::string& file) {
   if (file.empty()) return make_error("model.name = torchscript needs model.file, a file written by torch.jit.script(module).save(PATH)");
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) return make_error("model.file '" + file + "' does not exist (or is not a file)");
@@ -198,20 +201,77 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     return make_error("model.file '" + file + "' is not a TorchScript file torch::jit::load can read: " + what.substr(0, what.find('\n')));
   }
   if (!jm.find_method("forward")) return make_error("model.file '" + file + "': the module has no forward method");
-  const auto loss = mode_of<loss_kind>(cfg);
-  if (!loss) return loss.err();
-  const double val_fraction = cfg.get_double("data.val_fraction");
-  // The held-out share of a source: its last samples.
-  auto hold_out = [&](std::shared_ptr<sample_source> all, std::shared_ptr<sample_source>& train, std::shared_ptr<sample_source>& eval) -> status {
-    const int64_t n = all->size();
-    const int64_t held = std::clamp<int64_t>(static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))), n > 1 ? 1 : 0,
-                                             std::max<int64_t>(0, n - 1));
-    if (n - held < 1) return make_error("no training samples left after data.val_fraction");
-    train = std::make_shared<subset_source>(all, 0, n - held);
-    eval = std::make_shared<subset_source>(all, n - held, held);
-    return {};
+  return jm;
+}
+
+// The held-out share of a source: its last samples (at least one, and at
+// least one left to train on).
+result<split_sources> hold_out(std::shared_ptr<sample_source> all, double val_fraction) {
+  const int64_t n = all->size();
+  const int64_t held =
+      std::clamp<int64_t>(static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))), n > 1 ? 1 : 0, std::max<int64_t>(0, n - 1));
+  if (n - held < 1) return make_error("no training samples left after data.val_fraction");
+  return split_sources{std::make_shared<subset_source>(all, 0, n - held), std::make_shared<subset_source>(all, n - held, held)};
+}
+
+// nanoGPT's .bin token streams (data.train_tokens, data.eval_tokens): a
+// sample is a window of model.context + 1 tokens. Training takes every start
+// position; evaluation windows side by side.
+result<split_sources> open_token_sources(const config& cfg) {
+  const int64_t context = cfg.get_int("model.context");
+  const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
+  auto open_tokens = [&](const std::string& key) -> result<std::shared_ptr<token_file>> {
+    auto f = token_file::open(cfg.get_string(key), vocab, static_cast<uint64_t>(context) + 2);
+    if (!f) return make_error(key + ": " + f.message());
+    return std::make_shared<token_file>(std::move(f.value()));
   };
-  std::shared_ptr<sample_source> train, eval;
+  auto tf = open_tokens("data.train_tokens");
+  if (!tf) return tf.err();
+  if (!cfg.get_string("data.eval_tokens").empty()) {
+    auto ef = open_tokens("data.eval_tokens");
+    if (!ef) return ef.err();
+    return split_sources{std::make_shared<token_source>(tf.value(), context, 1, 0, static_cast<int64_t>(tf.value()->size()) - context),
+                         std::make_shared<token_source>(ef.value(), context, context, 0, (static_cast<int64_t>(ef.value()->size()) - 1) / context)};
+  }
+  // Held out: the stream's last share, cut at a window boundary so no
+  // evaluation token is ever trained on.
+  const int64_t n = static_cast<int64_t>(tf.value()->size());
+  const double val_fraction = cfg.get_double("data.val_fraction");
+  const int64_t cut = n - std::max<int64_t>(context + 1, static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))));
+  if (cut < context + 1) return make_error("data.train_tokens: too few tokens to hold out data.val_fraction and still train");
+  return split_sources{std::make_shared<token_source>(tf.value(), context, 1, 0, cut - context),
+                       std::make_shared<token_source>(tf.value(), context, context, cut, (n - cut - 1) / context)};
+}
+
+// .npy arrays (data.train_inputs/targets, data.eval_inputs/targets), each
+// pair with the same first axis; without eval arrays, data.val_fraction of
+// the training ones is held out.
+result<split_sources> open_array_sources(const config& cfg) {
+  auto tin = open_array(cfg, "data.train_inputs");
+  if (!tin) return tin.err();
+  auto ttg = open_array(cfg, "data.train_targets");
+  if (!ttg) return ttg.err();
+  if (tin->rows() != ttg->rows())
+    return make_error("data.train_inputs has " + std::to_string(tin->rows()) + " samples ('" + tin->path() + "'), data.train_targets " +
+                      std::to_string(ttg->rows()) + " ('" + ttg->path() + "'): they must have the same first axis");
+  auto all = std::make_shared<array_source>(std::move(tin.value()), std::move(ttg.value()));
+  if (cfg.get_string("data.eval_inputs").empty() && cfg.get_string("data.eval_targets").empty()) {
+    if (all->size() < 2) return make_error("data.train_inputs has fewer than 2 samples: nothing to hold out for evaluation");
+    return hold_out(all, cfg.get_double("data.val_fraction"));
+  }
+  auto a = open_array(cfg, "data.eval_inputs");
+  if (!a) return a.err();
+  auto b = open_array(cfg, "data.eval_targets");
+  if (!b) return b.err();
+  if (a->rows() != b->rows())
+    return make_error("data.eval_inputs has " + std::to_string(a->rows()) + " samples, data.eval_targets " + std::to_string(b->rows()) +
+                      ": they must have the same first axis");
+  return split_sources{all, std::make_shared<array_source>(std::move(a.value()), std::move(b.value()))};
+}
+
+// The task's data: one of three kinds (tar shards, token streams, arrays),
+// sharded when a key names shards.
+result<split_sources> open_sources(const config& cfg) {
   const bool tokens = !cfg.get_string("data.train_tokens").empty();
   const bool tars = !cfg.get_string("data.train_shards").empty();
   auto sharded_key = [&](std::initializer_list<const char*> keys) {
@@ -227,69 +287,19 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
   else if (!tokens && sharded_key({"data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets"})) sharded = open_npy_shards(cfg);
   if (sharded) {
     if (!*sharded) return sharded->err();
-    train = sharded->value().train;
-    eval = sharded->value().eval;
-  } else if (tokens) {
-    // nanoGPT's .bin token streams: a sample is a window of model.context + 1 tokens.
-    const int64_t context = cfg.get_int("model.context");
-    const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
-    auto open_tokens = [&](const std::string& key) -> result<std::shared_ptr<token_file>> {
-      auto f = token_file::open(cfg.get_string(key), vocab, static_cast<uint64_t>(context) + 2);
-      if (!f) return make_error(key + ": " + f.message());
-      return std::make_shared<token_file>(std::move(f.value()));
-    };
-    auto tf = open_tokens("data.train_tokens");
-    if (!tf) return tf.err();
-    // Training: every start position; evaluation: windows side by side.
-    auto all = std::make_shared<token_source>(tf.value(), context, 1, 0, static_cast<int64_t>(tf.value()->size()) - context);
-    if (!cfg.get_string("data.eval_tokens").empty()) {
-      auto ef = open_tokens("data.eval_tokens");
-      if (!ef) return ef.err();
-      train = all;
-      eval = std::make_shared<token_source>(ef.value(), context, context, 0, (static_cast<int64_t>(ef.value()->size()) - 1) / context);
-    } else {
-      // Held out: the stream's last share, cut at a window boundary so no
-      // evaluation token is ever trained on.
-      const int64_t n = static_cast<int64_t>(tf.value()->size());
-      const int64_t cut = n - std::max<int64_t>(context + 1, static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))));
-      if (cut < context + 1) return make_error("data.train_tokens: too few tokens to hold out data.val_fraction and still train");
-      train = std::make_shared<token_source>(tf.value(), context, 1, 0, cut - context);
-      eval = std::make_shared<token_source>(tf.value(), context, context, cut, (n - cut - 1) / context);
-    }
-  } else {
-    auto tin = open_array(cfg, "data.train_inputs");
-    if (!tin) return tin.err();
-    auto ttg = open_array(cfg, "data.train_targets");
-    if (!ttg) return ttg.err();
-    if (tin->rows() != ttg->rows())
-      return make_error("data.train_inputs has " + std::to_string(tin->rows()) + " samples ('" + tin->path() + "'), data.train_targets " +
-                        std::to_string(ttg->rows()) + " ('" + ttg->path() + "'): they must have the same first axis");
-    auto all = std::make_shared<array_source>(std::move(tin.value()), std::move(ttg.value()));
-    if (!cfg.get_string("data.eval_inputs").empty() || !cfg.get_string("data.eval_targets").empty()) {
-      auto a = open_array(cfg, "data.eval_inputs");
-      if (!a) return a.err();
-      auto b = open_array(cfg, "data.eval_targets");
-      if (!b) return b.err();
-      if (a->rows() != b->rows())
-        return make_error("data.eval_inputs has " + std::to_string(a->rows()) + " samples, data.eval_targets " + std::to_string(b->rows()) +
-                          ": they must have the same first axis");
-      train = all;
-      eval = std::make_shared<array_source>(std::move(a.value()), std::move(b.value()));
-    } else {
-      if (all->size() < 2) return make_error("data.train_inputs has fewer than 2 samples: nothing to hold out for evaluation");
-      if (auto st = hold_out(all, train, eval); !st) return st.err();
-    }
+    return split_sources{sharded->value().train, sharded->value().eval};
   }
-  auto m = std::make_shared<scripted>(std::move(jm));
-  auto t = std::make_unique<torchscript_task>(m, train, eval, loss.value(), cfg.get_bool("train.loss_is_nll"));
-  if (t->train_size() < 1) return make_error("no training samples");
-  // The contract, on a first batch of two samples: one clear line when the
-  // module and the data do not fit each other.
+  return tokens ? open_token_sources(cfg) : open_array_sources(cfg);
+}
+
+// The contract, on a first batch of two samples: one clear line when the
+// module and the data do not fit each other.
+status check_first_batch(torchscript_task& t, const std::string& file) {
   try {
     torch::NoGradGuard no_grad;
     std::vector<int64_t> first{0};
-    if (t->train_size() > 1) first.push_back(1);
-    auto l = t->loss_sum(first);
+    if (t.train_size() > 1) first.push_back(1);
+    auto l = t.loss_sum(first);
     if (!l.defined() || l.numel() != 1 || !std::isfinite(l.item<double>()))
       return make_error("model.file '" + file + "': the loss of a first batch is not one finite value");
   } catch (const c10::Error& e) {
@@ -299,6 +309,23 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
     std::string what = e.what();
     return make_error("model.file '" + file + "' does not fit the data: " + what.substr(0, what.find('\n')));
   }
+  return {};
+}
+
+}  // namespace
+
+result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
+  const std::string& file = cfg.get_string("model.file");
+  auto jm = load_module(file);
+  if (!jm) return jm.err();
+  const auto loss = mode_of<loss_kind>(cfg);
+  if (!loss) return loss.err();
+  auto data = open_sources(cfg);
+  if (!data) return data.err();
+  auto m = std::make_shared<scripted>(std::move(jm.value()));
+  auto t = std::make_unique<torchscript_task>(m, data->train, data->eval, loss.value(), cfg.get_bool("train.loss_is_nll"));
+  if (t->train_size() < 1) return make_error("no training samples");
+  if (auto st = check_first_batch(*t, file); !st) return st.err();
   return std::unique_ptr<task>(std::move(t));
 }
 
