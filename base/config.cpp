@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <cerrno>
 #include <cmath>
@@ -21,113 +22,148 @@ namespace {
 
 using vk = value_kind;
 
-std::vector<config_key> make_schema() {
-  // The one place where every key, its default and its meaning are written.
-  // docs/config.md is checked against this table by a test.
+// model.*: which model and its shape.
+std::vector<config_key> model_keys() {
   return {
-      // model
-      {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST, or image tar shards: data.train_shards), transformer (English->Italian), gpt (GCIDE text), torchscript (your PyTorch module, model.file, on .npy data).", -1e300, {"vit", "transformer", "gpt", "torchscript"}},
-      {"model.vocab_size", vk::integer, "65536", "torchscript with token streams: every token id must be below it (checked when the files are opened).", 1, {}},
-      {"model.file", vk::string, "", "torchscript: the file torch.jit.script(module).save(PATH) wrote."},
-      {"model.dim", vk::integer, "64", "Width of the model (embedding size).", 8},
-      {"model.layers", vk::integer, "4", "Number of blocks (encoder and decoder each, for transformer).", 1},
-      {"model.heads", vk::integer, "4", "Attention heads; must divide model.dim.", 1},
-      {"model.mlp_ratio", vk::floating, "4.0", "Hidden size of each MLP as a multiple of model.dim.", 0.25},
-      {"model.dropout", vk::floating, "0.0", "Dropout probability in attention and MLP outputs.", 0.0},
-      {"model.patch_size", vk::integer, "7", "vit: side of the square patches; must divide the image side (28 for Fashion-MNIST).", 1},
-      {"model.classes", vk::integer, "10", "The number of classes of a classifier: vit on tar shards (data.train_shards), where every .cls id must be below it (Fashion-MNIST has 10), and tasks of your own that read it (examples/custom_task).", 2},
-      {"model.context", vk::integer, "128", "gpt, torchscript token streams: tokens per training sequence; transformer: longest word kept.", 8},
-      {"model.label_smoothing", vk::floating, "0.1", "transformer: label smoothing of the cross-entropy.", 0.0},
-      // data
-      {"data.fashion_mnist_dir", vk::string, "/usr/share/datasets/fashion-mnist", "Folder with the Fashion-MNIST IDX .gz files (Debian: dataset-fashion-mnist)."},
-      {"data.freedict_eng_ita", vk::string, "/usr/share/dictd/freedict-eng-ita", "FreeDict English-Italian dictd files, without .index/.dict.dz (Debian: dict-freedict-eng-ita)."},
-      {"data.gcide", vk::string, "/usr/share/dictd/gcide", "GCIDE dictd files, without .index/.dict.dz (Debian: dict-gcide)."},
-      {"data.val_fraction", vk::floating, "0.05", "transformer, gpt: share of the data held out for evaluation.", 0.0},
-      {"data.train_inputs", vk::string, "", "torchscript: training inputs, a NumPy .npy array (first axis = samples), memory-mapped; or .npy shards (a glob, a range, a list, s3://...), paired in order with those of data.train_targets."},
-      {"data.train_targets", vk::string, "", "torchscript: training targets, .npy (class ids for cross_entropy, values for mse)."},
-      {"data.eval_inputs", vk::string, "", "torchscript: held-out inputs, .npy (empty: data.val_fraction of the training arrays)."},
-      {"data.eval_targets", vk::string, "", "torchscript: held-out targets, .npy."},
-      {"data.train_tokens", vk::string, "", "torchscript: a token stream in nanoGPT's .bin format (flat uint16 ids); a sample is a window of model.context + 1 tokens. Shards: a glob, a {000..127} range, a comma list, or s3://bucket/prefix/train-*.bin (docs/data.md)."},
-      {"data.eval_tokens", vk::string, "", "torchscript: held-out token stream, .bin, or shards as data.train_tokens (empty: the last data.val_fraction of data.train_tokens; of sharded tokens, its last shards)."},
-      {"data.train_shards", vk::string, "", "torchscript, vit: WebDataset-style tar shards (a glob, a {000000..001023} range, a comma list, or s3://bucket/prefix/train-*.tar): the files of a sample share a key, its input is the first of data.shard_inputs it has, its target the first of data.shard_targets (docs/data.md)."},
-      {"data.eval_shards", vk::string, "", "torchscript, vit: held-out tar shards (empty: the last data.val_fraction of data.train_shards' shards)."},
-      {"data.shard_inputs", vk::string, "jpg;jpeg;png;npy", "Tar shards: the member that is a sample's input, the first present of these extensions (images become float [channels, height, width] in [0, 1], .npy arrays stay as they are)."},
-      {"data.shard_targets", vk::string, "cls", "Tar shards: the member that is a sample's target, the first present of these extensions (.cls: a class id as decimal text; .npy: an array)."},
-      {"data.shuffle_block_shards", vk::integer, "4", "Sharded data: samples are shuffled within blocks of this many shards (shards are permuted every epoch); the cache holds this many shards per block.", 1},
-      {"data.read_ahead_blocks", vk::integer, "1", "Sharded data: blocks of shards fetched ahead of the one being trained on.", 0},
-      {"data.cache_dir", vk::string, "", "Sharded data from S3: the local cache the ranks of a node share (empty: $TMPDIR/dtactor-data-cache)."},
-      {"data.cache_bytes", vk::integer, "4294967296", "Sharded data from S3: the most the cache holds; at least (1 + data.read_ahead_blocks) x data.shuffle_block_shards of the largest shards.", 1},
-      {"data.s3_endpoint", vk::string, "", "S3-compatible server for s3:// data (empty: checkpoint.s3_endpoint, else AWS_ENDPOINT_URL, else AWS)."},
-      {"data.sample_log", vk::string, "", "Audit of the data order: a directory where every training process appends, per step whose update it applied, one tab-separated line: step, generation, global rank, world size, the sample indices it trained on (files samples-<process>-<pid>.tsv; bench/check_sample_log.py checks them: every index once per epoch). Made absolute where dtactor starts; empty = off (no cost)."},
-      {"data.max_text_bytes", vk::integer, "0", "gpt: use at most this many bytes of GCIDE text (0 = all).", 0},
-      // train
-      {"train.max_steps", vk::integer, "4000", "Optimizer steps to train.", 1},
-      {"train.global_batch_size", vk::integer, "128", "Samples per optimizer step, summed over all ranks; independent of the world size.", 1},
-      {"train.micro_batch_size", vk::integer, "0", "Samples per forward/backward pass on a rank; smaller than the rank's share means gradient accumulation (0 = the whole share).", 0},
-      {"train.seed", vk::integer, "1234", "Seed of initialisation, data order and dropout.", 0},
-      {"train.loss", vk::string, "cross_entropy", "torchscript without a loss() method: the loss of forward's output.", -1e300, {"cross_entropy", "mse"}},
-      {"train.loss_is_nll", vk::boolean, "false", "torchscript: the loss is a negative log-likelihood (evaluation adds perplexity)."},
-      {"train.lr", vk::floating, "0.002", "Peak learning rate (AdamW).", 0.0},
-      {"train.min_lr", vk::floating, "0.00002", "Learning rate at the end of the cosine decay.", 0.0},
-      {"train.warmup_steps", vk::integer, "200", "Steps of linear warm-up from 0 to train.lr.", 0},
-      {"train.weight_decay", vk::floating, "0.05", "AdamW decoupled weight decay.", 0.0},
-      {"train.beta1", vk::floating, "0.9", "AdamW beta1.", 0.0},
-      {"train.beta2", vk::floating, "0.999", "AdamW beta2.", 0.0},
-      {"train.grad_clip", vk::floating, "1.0", "Clip the global gradient norm to this value (0 = off).", 0.0},
-      {"train.zero", vk::integer, "0", "Shard the training state across the ranks (ZeRO): 0 = every rank holds all of it; 1 = each rank keeps and updates only its shards of the AdamW moments (and their replicas), then the updated parameters are all-gathered; 2 = the gradients are reduce-scattered as well, so each rank receives and keeps only its shards' summed gradients. Parameters come out bit for bit as with 0 (2: where the reduction order is kept, see docs/zero.md).", 0},
-      {"train.zero_replicas", vk::integer, "0", "train.zero >= 1: ranks holding each shard of the optimizer state, kept current every step, so that a lost rank or machine loses none of it (0 = 2 when the job spans more than one node, else 1).", 0},
-      {"train.sync", vk::string, "every_step", "How the ranks' work is combined: every_step = the gradients are summed every step (synchronous data parallelism); diloco = each rank takes train.sync_every steps of its own AdamW on its share of the data, then the ranks average the change of their parameters and apply an outer Nesterov step (DiLoCo: far fewer bytes on the wire, for thin links; docs/diloco.md).", -1e300, {"every_step", "diloco"}},
-      {"train.sync_every", vk::integer, "50", "train.sync = diloco: inner steps between two synchronisations (DiLoCo's H); boundaries fall at multiples of it and at train.max_steps.", 1},
-      {"train.outer_lr", vk::floating, "0.7", "train.sync = diloco: learning rate of the outer Nesterov step (the DiLoCo paper's 0.7).", 0.0},
-      {"train.outer_momentum", vk::floating, "0.9", "train.sync = diloco: momentum of the outer Nesterov step (the DiLoCo paper's 0.9).", 0.0},
-      {"train.diloco_worker", vk::string, "rank", "train.sync = diloco: what one DiLoCo worker is. rank = every rank trains alone between synchronisations; host = the ranks of one host (machine) are one worker, synchronous inside (their gradients summed every step through shared memory, cluster.shm_allreduce), and only the hosts' pseudo-gradients cross the links between hosts (hierarchically: one rank per host sends).", -1e300, {"rank", "host"}},
-      {"train.sync_fragments", vk::integer, "1", "train.sync = diloco: Streaming DiLoCo's fragments. The parameters (in module order) are cut into this many fragments of about equal size, synchronised at staggered steps (fragment f at (f+1)*H/F + k*H), so 1/F of the model crosses the link every H/F steps instead of all of it every H (docs/diloco.md).", 1},
-      {"train.sync_overlap", vk::integer, "-1", "train.sync = diloco: inner steps a fragment's exchange overlaps (Streaming DiLoCo's tau): it leaves at its step and lands this many steps later while the workers train on; below train.sync_every / train.sync_fragments. -1 = 1 with several fragments, 0 with one.", -1},
-      {"train.sync_mix", vk::floating, "0.5", "train.sync = diloco with an overlap: after a fragment's exchange lands, its local parameters become mix * local + (1 - mix) * global (Streaming DiLoCo's merge; 0 = take the global ones).", 0.0},
-      {"train.bf16", vk::boolean, "false", "Run forward passes under bf16 autocast (CPU autocast of LibTorch)."},
-      {"train.activation_checkpointing", vk::boolean, "false", "Recompute each block's activations in backward instead of storing them."},
-      {"train.threads", vk::integer, "0", "Compute threads per process (0 = the machine's cores, split between the ranks a generation runs on it); they go to OpenBLAS, whose idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4 unless set), and LibTorch's own pool is kept at 1 to avoid oversubscription. At most 4 x the machine's cores (256 on smaller machines).", 0},
-      {"train.log_every_steps", vk::integer, "50", "Write a `step` journal event and a log line every N steps.", 1},
-      // eval
-      {"eval.every_steps", vk::integer, "1000", "Evaluate on held-out data every N steps (0 = only at the end).", 0},
-      {"eval.batch_size", vk::integer, "500", "Samples per evaluation batch.", 1},
-      {"eval.max_samples", vk::integer, "0", "Evaluate on at most this many held-out samples (0 = all).", 0},
-      // checkpoint
-      {"checkpoint.every_steps", vk::integer, "500", "Save a checkpoint every N steps (0 = only at the end).", 0},
-      {"checkpoint.keep_last", vk::integer, "3", "Keep the newest N checkpoints.", 1},
-      {"checkpoint.keep_buffer", vk::boolean, "true",
-       "Keep the host buffer of this rank's checkpoint part (its share of the state) between checkpoints, so that a checkpoint holds training up for a copy only; false: allocated at each checkpoint and freed once stored (less memory, a longer stall)."},
-      {"checkpoint.direct", vk::string, "auto",
-       "true: write this rank's checkpoint part straight from the training state, 8 MB at a time, while the next step computes its gradients (its update waits for the write): no part-sized host buffer (12 bytes a parameter / world less at the memory peak, which binds for the largest model a job fits), for a stall of the write's part that the forward and backward do not cover. false: copied into a host buffer (checkpoint.keep_buffer) and written in the background. auto: the buffer when this host has room for one per rank beside each rank's step peak, else straight from the state (decided at each checkpoint; a buffer once made is used).", -1e300, {"auto", "true", "false"}},
-      {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
-      {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
-      {"checkpoint.dir", vk::string, "", "Where checkpoints go: a directory every node and the coordinator reach, or s3://bucket/prefix (empty = RUN_DIR/checkpoints)."},
-      {"checkpoint.diloco_workers", vk::string, "all", "train.sync = diloco: whose inner state a checkpoint holds. all = every worker's own parameters, buffers and inner optimizer moments (global rank 0's as the state, the others' as sections of their own: the checkpoint is about the workers' count times the inner state), so a resume at the same world size is exact; first = global rank 0's alone (one worker's size), and every worker resumes with rank 0's.", -1e300, {"all", "first"}},
-      {"checkpoint.s3_endpoint", vk::string, "", "S3-compatible server for s3:// checkpoint dirs, e.g. http://10.0.0.5:7480 (empty: AWS_ENDPOINT_URL, else AWS)."},
-      // cluster (coordinator, nodes, ranks)
-      {"cluster.min_nodes", vk::integer, "1", "Nodes (with a ready rank) the coordinator waits for before the job's first generation: the start gate, like torchrun's --nnodes MIN. Not a floor: see cluster.floor_nodes.", 1},
-      {"cluster.floor_nodes", vk::integer, "1", "Once the job has started, the fewest nodes it keeps training with after losses; below it, it waits for nodes (journal: job_waiting). At most cluster.min_nodes.", 1},
-      {"cluster.max_nodes", vk::integer, "64", "Most nodes admitted; later ones are told to wait or leave.", 1},
-      {"cluster.max_ranks_per_node", vk::integer, "256",
-       "Most rank processes one node may register with (its --nproc-per-node); a registration claiming more is refused, so that no "
-       "one node can make the coordinator plan a world it cannot run.", 1},
-      {"cluster.heartbeat_interval_ms", vk::integer, "100", "Heartbeat period on every link (coordinator<->node, node<->rank).", 1},
-      {"cluster.heartbeat_timeout_ms", vk::integer, "1000", "Silence after which a peer is declared lost.", 1},
-      {"cluster.backend", vk::string, "auto", "Collectives: auto (NCCL for CUDA tensors in CUDA builds, else Gloo), gloo or nccl.", -1e300, {"auto", "gloo", "nccl"}},
-      {"cluster.bucket_kb", vk::integer, "128", "Gradient bucket size for allreduce; buckets are reduced while backward still runs (the smaller the last bucket, the less of the exchange waits after backward).", 1},
-      {"cluster.shm_allreduce", vk::boolean, "true", "Exchange gradient buckets through shared memory between the ranks of one host instead of Gloo over loopback TCP; with ranks on several hosts and several on a host, hierarchically (each host sums through shared memory, one rank per host allreduces across hosts). Falls back to Gloo for every rank when /dev/shm cannot hold them."},
-      {"cluster.shm_ring_mb", vk::integer, "64", "Bound of a rank's slot in the shared-memory segment (MB): gradient buckets, ZeRO's parameter all-gather and DiLoCo's exchanges pass through it as a ring, a rank running at most this far ahead of the slowest reader. A model whose step needs under half of it never waits (the slot then holds two steps); the largest bucket always fits.", 1},
-      {"cluster.wire_dtype", vk::string, "fp32", "Gradients that cross hosts (Gloo, not shared memory): fp32 (exact), bf16 (half the bytes; each rank's gradient rounded to bf16, summed in fp32), or int8 (train.sync = diloco only: a quarter of the bytes at 2 ranks; each rank's pseudo-gradient in int8 with one fp32 scale per 256 values, all-gathered and summed in fp32), or int4 (train.sync = diloco only: 4 bits a value with one fp32 scale per 64 values, 0.56 bytes a value).", -1e300, {"fp32", "bf16", "int8", "int4"}},
-      {"cluster.spin_wait_us", vk::integer, "10000", "A rank waiting for its gradient allreduce polls (yielding the core) this long before it sleeps; keeps virtual CPUs from halting mid-collective (0 = sleep at once).", 0},
-      {"cluster.collective_timeout_ms", vk::integer, "30000", "Upper bound of one collective (a dead peer is normally noticed much sooner).", 100},
-      {"cluster.digest_every_steps", vk::integer, "100", "Every N steps all ranks compare a checksum of their parameters; a mismatch stops the job.", 0},
-      {"cluster.suspect_timeout_ms", vk::integer, "300", "After a rank reports a failed collective, a node silent this long is declared lost (a live node heartbeats every interval).", 1},
-      {"cluster.settle_ms", vk::integer, "300", "After nodes or ranks join, wait this long for more before re-planning (losses are re-planned at once).", 0},
-      {"cluster.flap_max_failures", vk::integer, "3", "A node lost this many times within cluster.flap_window_ms is quarantined.", 1},
-      {"cluster.flap_window_ms", vk::integer, "60000", "Window in which a node's losses count towards quarantine.", 1},
-      {"cluster.quarantine_ms", vk::integer, "10000", "First quarantine of a flapping node; doubles on each repeat, at most 5 minutes.", 0},
-      {"cluster.rank_exit_limit", vk::integer, "5", "A node whose rank processes exited (non-zero) this many times in a row, with no step completed beyond those completed before, stops restarting the rank that exited last (out of memory at that step, or broken there); the job goes on with the other ranks, and a node left with none leaves the job (0 = restart forever).", 0},
+    {"model.name", vk::string, "vit", "Model to train: vit (Fashion-MNIST, or image tar shards: data.train_shards), transformer (English->Italian), gpt (GCIDE text), torchscript (your PyTorch module, model.file, on .npy data).", -1e300, {"vit", "transformer", "gpt", "torchscript"}},
+    {"model.vocab_size", vk::integer, "65536", "torchscript with token streams: every token id must be below it (checked when the files are opened).", 1, {}},
+    {"model.file", vk::string, "", "torchscript: the file torch.jit.script(module).save(PATH) wrote."},
+    {"model.dim", vk::integer, "64", "Width of the model (embedding size).", 8},
+    {"model.layers", vk::integer, "4", "Number of blocks (encoder and decoder each, for transformer).", 1},
+    {"model.heads", vk::integer, "4", "Attention heads; must divide model.dim.", 1},
+    {"model.mlp_ratio", vk::floating, "4.0", "Hidden size of each MLP as a multiple of model.dim.", 0.25},
+    {"model.dropout", vk::floating, "0.0", "Dropout probability in attention and MLP outputs.", 0.0},
+    {"model.patch_size", vk::integer, "7", "vit: side of the square patches; must divide the image side (28 for Fashion-MNIST).", 1},
+    {"model.classes", vk::integer, "10", "The number of classes of a classifier: vit on tar shards (data.train_shards), where every .cls id must be below it (Fashion-MNIST has 10), and tasks of your own that read it (examples/custom_task).", 2},
+    {"model.context", vk::integer, "128", "gpt, torchscript token streams: tokens per training sequence; transformer: longest word kept.", 8},
+    {"model.label_smoothing", vk::floating, "0.1", "transformer: label smoothing of the cross-entropy.", 0.0},
   };
+}
+
+// data.*: where the data is, and how sharded data is read and cached.
+std::vector<config_key> data_keys() {
+  return {
+    {"data.fashion_mnist_dir", vk::string, "/usr/share/datasets/fashion-mnist", "Folder with the Fashion-MNIST IDX .gz files (Debian: dataset-fashion-mnist)."},
+    {"data.freedict_eng_ita", vk::string, "/usr/share/dictd/freedict-eng-ita", "FreeDict English-Italian dictd files, without .index/.dict.dz (Debian: dict-freedict-eng-ita)."},
+    {"data.gcide", vk::string, "/usr/share/dictd/gcide", "GCIDE dictd files, without .index/.dict.dz (Debian: dict-gcide)."},
+    {"data.val_fraction", vk::floating, "0.05", "transformer, gpt: share of the data held out for evaluation.", 0.0},
+    {"data.train_inputs", vk::string, "", "torchscript: training inputs, a NumPy .npy array (first axis = samples), memory-mapped; or .npy shards (a glob, a range, a list, s3://...), paired in order with those of data.train_targets."},
+    {"data.train_targets", vk::string, "", "torchscript: training targets, .npy (class ids for cross_entropy, values for mse)."},
+    {"data.eval_inputs", vk::string, "", "torchscript: held-out inputs, .npy (empty: data.val_fraction of the training arrays)."},
+    {"data.eval_targets", vk::string, "", "torchscript: held-out targets, .npy."},
+    {"data.train_tokens", vk::string, "", "torchscript: a token stream in nanoGPT's .bin format (flat uint16 ids); a sample is a window of model.context + 1 tokens. Shards: a glob, a {000..127} range, a comma list, or s3://bucket/prefix/train-*.bin (docs/data.md)."},
+    {"data.eval_tokens", vk::string, "", "torchscript: held-out token stream, .bin, or shards as data.train_tokens (empty: the last data.val_fraction of data.train_tokens; of sharded tokens, its last shards)."},
+    {"data.train_shards", vk::string, "", "torchscript, vit: WebDataset-style tar shards (a glob, a {000000..001023} range, a comma list, or s3://bucket/prefix/train-*.tar): the files of a sample share a key, its input is the first of data.shard_inputs it has, its target the first of data.shard_targets (docs/data.md)."},
+    {"data.eval_shards", vk::string, "", "torchscript, vit: held-out tar shards (empty: the last data.val_fraction of data.train_shards' shards)."},
+    {"data.shard_inputs", vk::string, "jpg;jpeg;png;npy", "Tar shards: the member that is a sample's input, the first present of these extensions (images become float [channels, height, width] in [0, 1], .npy arrays stay as they are)."},
+    {"data.shard_targets", vk::string, "cls", "Tar shards: the member that is a sample's target, the first present of these extensions (.cls: a class id as decimal text; .npy: an array)."},
+    {"data.shuffle_block_shards", vk::integer, "4", "Sharded data: samples are shuffled within blocks of this many shards (shards are permuted every epoch); the cache holds this many shards per block.", 1},
+    {"data.read_ahead_blocks", vk::integer, "1", "Sharded data: blocks of shards fetched ahead of the one being trained on.", 0},
+    {"data.cache_dir", vk::string, "", "Sharded data from S3: the local cache the ranks of a node share (empty: $TMPDIR/dtactor-data-cache)."},
+    {"data.cache_bytes", vk::integer, "4294967296", "Sharded data from S3: the most the cache holds; at least (1 + data.read_ahead_blocks) x data.shuffle_block_shards of the largest shards.", 1},
+    {"data.s3_endpoint", vk::string, "", "S3-compatible server for s3:// data (empty: checkpoint.s3_endpoint, else AWS_ENDPOINT_URL, else AWS)."},
+    {"data.sample_log", vk::string, "", "Audit of the data order: a directory where every training process appends, per step whose update it applied, one tab-separated line: step, generation, global rank, world size, the sample indices it trained on (files samples-<process>-<pid>.tsv; bench/check_sample_log.py checks them: every index once per epoch). Made absolute where dtactor starts; empty = off (no cost)."},
+    {"data.max_text_bytes", vk::integer, "0", "gpt: use at most this many bytes of GCIDE text (0 = all).", 0},
+  };
+}
+
+// train.*: the optimizer, the batch, sharding (ZeRO) and the sync mode.
+std::vector<config_key> train_keys() {
+  return {
+    {"train.max_steps", vk::integer, "4000", "Optimizer steps to train.", 1},
+    {"train.global_batch_size", vk::integer, "128", "Samples per optimizer step, summed over all ranks; independent of the world size.", 1},
+    {"train.micro_batch_size", vk::integer, "0", "Samples per forward/backward pass on a rank; smaller than the rank's share means gradient accumulation (0 = the whole share).", 0},
+    {"train.seed", vk::integer, "1234", "Seed of initialisation, data order and dropout.", 0},
+    {"train.loss", vk::string, "cross_entropy", "torchscript without a loss() method: the loss of forward's output.", -1e300, {"cross_entropy", "mse"}},
+    {"train.loss_is_nll", vk::boolean, "false", "torchscript: the loss is a negative log-likelihood (evaluation adds perplexity)."},
+    {"train.lr", vk::floating, "0.002", "Peak learning rate (AdamW).", 0.0},
+    {"train.min_lr", vk::floating, "0.00002", "Learning rate at the end of the cosine decay.", 0.0},
+    {"train.warmup_steps", vk::integer, "200", "Steps of linear warm-up from 0 to train.lr.", 0},
+    {"train.weight_decay", vk::floating, "0.05", "AdamW decoupled weight decay.", 0.0},
+    {"train.beta1", vk::floating, "0.9", "AdamW beta1.", 0.0},
+    {"train.beta2", vk::floating, "0.999", "AdamW beta2.", 0.0},
+    {"train.grad_clip", vk::floating, "1.0", "Clip the global gradient norm to this value (0 = off).", 0.0},
+    {"train.zero", vk::integer, "0", "Shard the training state across the ranks (ZeRO): 0 = every rank holds all of it; 1 = each rank keeps and updates only its shards of the AdamW moments (and their replicas), then the updated parameters are all-gathered; 2 = the gradients are reduce-scattered as well, so each rank receives and keeps only its shards' summed gradients. Parameters come out bit for bit as with 0 (2: where the reduction order is kept, see docs/zero.md).", 0},
+    {"train.zero_replicas", vk::integer, "0", "train.zero >= 1: ranks holding each shard of the optimizer state, kept current every step, so that a lost rank or machine loses none of it (0 = 2 when the job spans more than one node, else 1).", 0},
+    {"train.sync", vk::string, "every_step", "How the ranks' work is combined: every_step = the gradients are summed every step (synchronous data parallelism); diloco = each rank takes train.sync_every steps of its own AdamW on its share of the data, then the ranks average the change of their parameters and apply an outer Nesterov step (DiLoCo: far fewer bytes on the wire, for thin links; docs/diloco.md).", -1e300, {"every_step", "diloco"}},
+    {"train.sync_every", vk::integer, "50", "train.sync = diloco: inner steps between two synchronisations (DiLoCo's H); boundaries fall at multiples of it and at train.max_steps.", 1},
+    {"train.outer_lr", vk::floating, "0.7", "train.sync = diloco: learning rate of the outer Nesterov step (the DiLoCo paper's 0.7).", 0.0},
+    {"train.outer_momentum", vk::floating, "0.9", "train.sync = diloco: momentum of the outer Nesterov step (the DiLoCo paper's 0.9).", 0.0},
+    {"train.diloco_worker", vk::string, "rank", "train.sync = diloco: what one DiLoCo worker is. rank = every rank trains alone between synchronisations; host = the ranks of one host (machine) are one worker, synchronous inside (their gradients summed every step through shared memory, cluster.shm_allreduce), and only the hosts' pseudo-gradients cross the links between hosts (hierarchically: one rank per host sends).", -1e300, {"rank", "host"}},
+    {"train.sync_fragments", vk::integer, "1", "train.sync = diloco: Streaming DiLoCo's fragments. The parameters (in module order) are cut into this many fragments of about equal size, synchronised at staggered steps (fragment f at (f+1)*H/F + k*H), so 1/F of the model crosses the link every H/F steps instead of all of it every H (docs/diloco.md).", 1},
+    {"train.sync_overlap", vk::integer, "-1", "train.sync = diloco: inner steps a fragment's exchange overlaps (Streaming DiLoCo's tau): it leaves at its step and lands this many steps later while the workers train on; below train.sync_every / train.sync_fragments. -1 = 1 with several fragments, 0 with one.", -1},
+    {"train.sync_mix", vk::floating, "0.5", "train.sync = diloco with an overlap: after a fragment's exchange lands, its local parameters become mix * local + (1 - mix) * global (Streaming DiLoCo's merge; 0 = take the global ones).", 0.0},
+    {"train.bf16", vk::boolean, "false", "Run forward passes under bf16 autocast (CPU autocast of LibTorch)."},
+    {"train.activation_checkpointing", vk::boolean, "false", "Recompute each block's activations in backward instead of storing them."},
+    {"train.threads", vk::integer, "0", "Compute threads per process (0 = the machine's cores, split between the ranks a generation runs on it); they go to OpenBLAS, whose idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4 unless set), and LibTorch's own pool is kept at 1 to avoid oversubscription. At most 4 x the machine's cores (256 on smaller machines).", 0},
+    {"train.log_every_steps", vk::integer, "50", "Write a `step` journal event and a log line every N steps.", 1},
+  };
+}
+
+// eval.*: held-out evaluation.
+std::vector<config_key> eval_keys() {
+  return {
+    {"eval.every_steps", vk::integer, "1000", "Evaluate on held-out data every N steps (0 = only at the end).", 0},
+    {"eval.batch_size", vk::integer, "500", "Samples per evaluation batch.", 1},
+    {"eval.max_samples", vk::integer, "0", "Evaluate on at most this many held-out samples (0 = all).", 0},
+  };
+}
+
+// checkpoint.*: what is saved, when and where.
+std::vector<config_key> checkpoint_keys() {
+  return {
+    {"checkpoint.every_steps", vk::integer, "500", "Save a checkpoint every N steps (0 = only at the end).", 0},
+    {"checkpoint.keep_last", vk::integer, "3", "Keep the newest N checkpoints.", 1},
+    {"checkpoint.keep_buffer", vk::boolean, "true",
+     "Keep the host buffer of this rank's checkpoint part (its share of the state) between checkpoints, so that a checkpoint holds training up for a copy only; false: allocated at each checkpoint and freed once stored (less memory, a longer stall)."},
+    {"checkpoint.direct", vk::string, "auto",
+     "true: write this rank's checkpoint part straight from the training state, 8 MB at a time, while the next step computes its gradients (its update waits for the write): no part-sized host buffer (12 bytes a parameter / world less at the memory peak, which binds for the largest model a job fits), for a stall of the write's part that the forward and backward do not cover. false: copied into a host buffer (checkpoint.keep_buffer) and written in the background. auto: the buffer when this host has room for one per rank beside each rank's step peak, else straight from the state (decided at each checkpoint; a buffer once made is used).", -1e300, {"auto", "true", "false"}},
+    {"checkpoint.keep_best", vk::boolean, "true", "Also keep the checkpoint with the best evaluation metric."},
+    {"checkpoint.best_metric", vk::string, "", "Metric that ranks checkpoints (empty = the model's main metric: accuracy for vit, exact_match for transformer, val_loss for gpt)."},
+    {"checkpoint.dir", vk::string, "", "Where checkpoints go: a directory every node and the coordinator reach, or s3://bucket/prefix (empty = RUN_DIR/checkpoints)."},
+    {"checkpoint.diloco_workers", vk::string, "all", "train.sync = diloco: whose inner state a checkpoint holds. all = every worker's own parameters, buffers and inner optimizer moments (global rank 0's as the state, the others' as sections of their own: the checkpoint is about the workers' count times the inner state), so a resume at the same world size is exact; first = global rank 0's alone (one worker's size), and every worker resumes with rank 0's.", -1e300, {"all", "first"}},
+    {"checkpoint.s3_endpoint", vk::string, "", "S3-compatible server for s3:// checkpoint dirs, e.g. http://10.0.0.5:7480 (empty: AWS_ENDPOINT_URL, else AWS)."},
+  };
+}
+
+// cluster.*: the coordinator, nodes and ranks: membership, liveness, collectives.
+std::vector<config_key> cluster_keys() {
+  return {
+    {"cluster.min_nodes", vk::integer, "1", "Nodes (with a ready rank) the coordinator waits for before the job's first generation: the start gate, like torchrun's --nnodes MIN. Not a floor: see cluster.floor_nodes.", 1},
+    {"cluster.floor_nodes", vk::integer, "1", "Once the job has started, the fewest nodes it keeps training with after losses; below it, it waits for nodes (journal: job_waiting). At most cluster.min_nodes.", 1},
+    {"cluster.max_nodes", vk::integer, "64", "Most nodes admitted; later ones are told to wait or leave.", 1},
+    {"cluster.max_ranks_per_node", vk::integer, "256",
+     "Most rank processes one node may register with (its --nproc-per-node); a registration claiming more is refused, so that no "
+     "one node can make the coordinator plan a world it cannot run.", 1},
+    {"cluster.heartbeat_interval_ms", vk::integer, "100", "Heartbeat period on every link (coordinator<->node, node<->rank).", 1},
+    {"cluster.heartbeat_timeout_ms", vk::integer, "1000", "Silence after which a peer is declared lost.", 1},
+    {"cluster.backend", vk::string, "auto", "Collectives: auto (NCCL for CUDA tensors in CUDA builds, else Gloo), gloo or nccl.", -1e300, {"auto", "gloo", "nccl"}},
+    {"cluster.bucket_kb", vk::integer, "128", "Gradient bucket size for allreduce; buckets are reduced while backward still runs (the smaller the last bucket, the less of the exchange waits after backward).", 1},
+    {"cluster.shm_allreduce", vk::boolean, "true", "Exchange gradient buckets through shared memory between the ranks of one host instead of Gloo over loopback TCP; with ranks on several hosts and several on a host, hierarchically (each host sums through shared memory, one rank per host allreduces across hosts). Falls back to Gloo for every rank when /dev/shm cannot hold them."},
+    {"cluster.shm_ring_mb", vk::integer, "64", "Bound of a rank's slot in the shared-memory segment (MB): gradient buckets, ZeRO's parameter all-gather and DiLoCo's exchanges pass through it as a ring, a rank running at most this far ahead of the slowest reader. A model whose step needs under half of it never waits (the slot then holds two steps); the largest bucket always fits.", 1},
+    {"cluster.wire_dtype", vk::string, "fp32", "Gradients that cross hosts (Gloo, not shared memory): fp32 (exact), bf16 (half the bytes; each rank's gradient rounded to bf16, summed in fp32), or int8 (train.sync = diloco only: a quarter of the bytes at 2 ranks; each rank's pseudo-gradient in int8 with one fp32 scale per 256 values, all-gathered and summed in fp32), or int4 (train.sync = diloco only: 4 bits a value with one fp32 scale per 64 values, 0.56 bytes a value).", -1e300, {"fp32", "bf16", "int8", "int4"}},
+    {"cluster.spin_wait_us", vk::integer, "10000", "A rank waiting for its gradient allreduce polls (yielding the core) this long before it sleeps; keeps virtual CPUs from halting mid-collective (0 = sleep at once).", 0},
+    {"cluster.collective_timeout_ms", vk::integer, "30000", "Upper bound of one collective (a dead peer is normally noticed much sooner).", 100},
+    {"cluster.digest_every_steps", vk::integer, "100", "Every N steps all ranks compare a checksum of their parameters; a mismatch stops the job.", 0},
+    {"cluster.suspect_timeout_ms", vk::integer, "300", "After a rank reports a failed collective, a node silent this long is declared lost (a live node heartbeats every interval).", 1},
+    {"cluster.settle_ms", vk::integer, "300", "After nodes or ranks join, wait this long for more before re-planning (losses are re-planned at once).", 0},
+    {"cluster.flap_max_failures", vk::integer, "3", "A node lost this many times within cluster.flap_window_ms is quarantined.", 1},
+    {"cluster.flap_window_ms", vk::integer, "60000", "Window in which a node's losses count towards quarantine.", 1},
+    {"cluster.quarantine_ms", vk::integer, "10000", "First quarantine of a flapping node; doubles on each repeat, at most 5 minutes.", 0},
+    {"cluster.rank_exit_limit", vk::integer, "5", "A node whose rank processes exited (non-zero) this many times in a row, with no step completed beyond those completed before, stops restarting the rank that exited last (out of memory at that step, or broken there); the job goes on with the other ranks, and a node left with none leaves the job (0 = restart forever).", 0},
+  };
+}
+
+// The one place where every key, its default and its meaning are written
+// (one function per section, in the order `dtactor config --reference`
+// lists them). docs/config.md is checked against this table by a test.
+std::vector<config_key> make_schema() {
+  std::vector<config_key> schema;
+  for (auto section : {model_keys, data_keys, train_keys, eval_keys, checkpoint_keys, cluster_keys}) {
+    auto keys = section();
+    schema.insert(schema.end(), std::make_move_iterator(keys.begin()), std::make_move_iterator(keys.end()));
+  }
+  return schema;
 }
 
 std::string kind_name(value_kind k) {
