@@ -298,7 +298,14 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   coordinator_sink sink(run.jn, m, run.obs, sd);
   const event_sink events = [&sink, &board, &rendezvous](const ev::event& e) {
     // The store's limits follow the largest world planned (rendezvous_limits_for).
-    if (const auto* g = std::get_if<ev::generation_started>(&e)) rendezvous.expect_world(g->world_size);
+    // Eviction keeps the newest planned generation's keys.
+    if (const auto* g = std::get_if<ev::generation_started>(&e)) {
+      rendezvous.expect_world(g->world_size);
+      rendezvous.expect_generation(g->generation);
+    } else if (const auto* a = std::get_if<ev::generation_adopted>(&e)) {
+      rendezvous.expect_world(a->world_size);
+      rendezvous.expect_generation(a->generation);
+    }
     board.on(e, unix_time_now());
     sink(e);
   };

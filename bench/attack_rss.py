@@ -11,6 +11,13 @@ for each: VmHWM after the attack less VmRSS when idle (/proc/PID/status).
                        connection can cost (keyed: released after the 3 s
                        handshake limit)
   half_open_garbage    1,000 half-open connections held, 1,000 of random bytes
+  near_limit_256_both  keyed: 256 such connections at the control port and
+                       256 at the rendezvous store's, at once, from one
+                       address: what the handshake gate bounds
+                       (net/handshake_gate.hpp; 4 places an address)
+  near_limit_256_both_64_addresses
+                       the same from 64 addresses (127.0.0.1-64): the gate's
+                       12 places a port
   store_flood          open: 32 values of 8 MB and 2,000 of 60 KB at the
                        rendezvous store; keyed: 16 near-limit frames at its
                        port before the handshake
@@ -58,11 +65,16 @@ def attacks_table():
         "half_open_garbage": lambda c: attacks.half_open_and_garbage(c.port, connections=1000, garbage=1000),
         "store_flood": lambda c: (attacks.near_limit_frames(c.store_port, "CURVE", 16) if c.keyed else (attacks.store_flood(c.store_port), [])[1]),
     }
+    keyed_only = {
+        "near_limit_256_both": lambda c: near(256)(c) + attacks.near_limit_frames(c.store_port, "CURVE", 256),
+        "near_limit_256_both_64_addresses": lambda c: (attacks.near_limit_frames(c.port, "CURVE", 256, sources=64) +
+                                                       attacks.near_limit_frames(c.store_port, "CURVE", 256, sources=64)),
+    }
     open_only = {
         "utf8_flood": lambda c: [attacks.utf8_flood(c.port)[0]],
         "hostile_ids": lambda c: [attacks.hostile_texts(c.port)[0]],
     }
-    return both, open_only
+    return both, keyed_only, open_only
 
 
 def main():
@@ -73,12 +85,15 @@ def main():
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    both, open_only = attacks_table()
-    result = {"limits": {"max_control_message_bytes": 2 * attacks.MB, "handshake_timeout_s": 3, "store_total_bytes_before_any_plan": 8 * attacks.MB,
+    both, keyed_only, open_only = attacks_table()
+    result = {"limits": {"max_control_message_bytes": 2 * attacks.MB, "handshake_timeout_s": 3, "max_pending_handshakes": 12, "max_pending_handshakes_per_address": 4, "store_total_bytes_before_any_plan": 8 * attacks.MB,
                          "store_value_bytes_before_any_plan": 64 * 1024},
               "attacks": {}}
     for name, attack in both.items():
         result["attacks"][name] = {"keyed": measure(a.dtactor, True, attack), "open": measure(a.dtactor, False, attack)}
+        print(name, json.dumps(result["attacks"][name]), flush=True)
+    for name, attack in keyed_only.items():
+        result["attacks"][name] = {"keyed": measure(a.dtactor, True, attack)}
         print(name, json.dumps(result["attacks"][name]), flush=True)
     for name, attack in open_only.items():
         result["attacks"][name] = {"open": measure(a.dtactor, False, attack)}
@@ -89,6 +104,10 @@ def main():
           ["attacks", "big_frame_268mb", "keyed", "above_idle_mb"], "MB"),
         F("keyed: 16 frames of just under 2 MiB held before the handshake", ["attacks", "near_limit_16", "keyed", "above_idle_mb"], "MB"),
         F("keyed: 64 frames of just under 2 MiB held (2 MiB a connection, for 3 s)", ["attacks", "near_limit_64", "keyed", "above_idle_mb"], "MB"),
+        F("keyed: 256 frames of just under 2 MiB at the control port and 256 at the store's, at once, from one address",
+          ["attacks", "near_limit_256_both", "keyed", "above_idle_mb"], "MB"),
+        F("keyed: the same from 64 addresses",
+          ["attacks", "near_limit_256_both_64_addresses", "keyed", "above_idle_mb"], "MB"),
         F("keyed: 1,000 half-open and 1,000 garbage connections", ["attacks", "half_open_garbage", "keyed", "above_idle_mb"], "MB"),
         F("open: the rendezvous store flooded (8 MB values, then 2,000 of 60 KB)", ["attacks", "store_flood", "open", "above_idle_mb"], "MB"),
         F("open: 20,000 envelopes with invalid UTF-8", ["attacks", "utf8_flood", "open", "above_idle_mb"], "MB"),

@@ -169,8 +169,10 @@ def ready(socket_type=b"DEALER", identity=b""):
     return b"\x06" + len(body).to_bytes(8, "big") + body
 
 
-def connect(port, host="127.0.0.1", timeout=10):
-    s = socket.create_connection((host, port), timeout=timeout)
+def connect(port, host="127.0.0.1", timeout=10, source=None):
+    """A TCP connection; `source`: the local address to connect from (any
+    127.x.y.z works on loopback, so one machine can play many peers)."""
+    s = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
     return s
 
 
@@ -282,16 +284,17 @@ def big_frame(port, mechanism, connections=8, claimed=256 * MB - 64, send_mb=64,
     return held, sent
 
 
-def near_limit_frames(port, mechanism, connections, limit=2 * MB, null_first=False):
+def near_limit_frames(port, mechanism, connections, limit=2 * MB, null_first=False, sources=1):
     """The most a connection can make the coordinator hold: a frame just
     under the control plane's limit (net/wire.hpp), all of it but its last
     byte, on `connections` connections at once, held open (keyed: before the
-    handshake, released after its 3 s limit). Returns the sockets."""
+    handshake, released after its 3 s limit), from `sources` addresses
+    (127.0.0.1, 127.0.0.2, ...) in turn. Returns the sockets."""
     claimed = limit - 64
     held = []
-    for _ in range(connections):
+    for i in range(connections):
         try:
-            s = null_session(port) if null_first else connect(port)
+            s = null_session(port) if null_first else connect(port, source="127.0.0.%d" % (1 + i % sources))
             if not null_first:
                 s.sendall(greeting(mechanism))
             s.sendall(frame_header(claimed))

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include "base/log_limiter.hpp"
 #include "base/printable.hpp"
+#include "net/handshake_gate.hpp"
 #include "net/rendezvous_protocol.hpp"
 #include "net/wire.hpp"
 #include "net/zap_handler.hpp"
@@ -83,17 +85,28 @@ void rendezvous_table::erase(std::map<std::string, std::string>::iterator it) {
   kv_.erase(it);
 }
 
-bool rendezvous_table::evict_oldest_generation(const std::string& incoming) {
-  std::optional<uint64_t> oldest, newest = generation_of(incoming);
-  for (const auto& [k, v] : kv_)
-    if (auto g = generation_of(k)) {
-      oldest = std::min(oldest.value_or(*g), *g);
-      newest = std::max(newest.value_or(*g), *g);
-    }
-  if (!oldest || *oldest == *newest) return false;
+std::optional<uint64_t> rendezvous_table::generation_to_evict(const std::string& incoming) const {
+  const auto own = generation_of(incoming);
+  std::optional<uint64_t> oldest, newest = own, unplanned;
+  for (const auto& [k, v] : kv_) {
+    const auto g = generation_of(k);
+    if (!g) continue;
+    oldest = std::min(oldest.value_or(*g), *g);
+    newest = std::max(newest.value_or(*g), *g);
+    if (planned_ > 0 && *g > planned_ + 1 && g != own) unplanned = std::max(unplanned.value_or(*g), *g);
+  }
+  if (!oldest) return std::nullopt;
+  if (planned_ == 0) return *oldest == *newest ? std::nullopt : oldest;
+  if (*oldest < planned_) return oldest;
+  return unplanned;
+}
+
+bool rendezvous_table::evict_a_generation(const std::string& incoming) {
+  const auto victim = generation_to_evict(incoming);
+  if (!victim) return false;
   for (auto it = kv_.begin(); it != kv_.end();) {
     auto next = std::next(it);
-    if (generation_of(it->first) == oldest) erase(it);
+    if (generation_of(it->first) == victim) erase(it);
     it = next;
   }
   return true;
@@ -109,7 +122,7 @@ std::string rendezvous_table::make_room(const std::string& key, std::size_t valu
     return bytes_ - now + rendezvous_entry_overhead + key.size() + value_bytes;
   };
   while (need() > limits_.max_total_bytes)
-    if (!evict_oldest_generation(key))
+    if (!evict_a_generation(key))
       return "the rendezvous store is full (" + std::to_string(bytes_) + " of " + std::to_string(limits_.max_total_bytes) + " bytes)";
   return {};
 }
@@ -254,10 +267,16 @@ struct rendezvous_store::impl {
   zmq::context_t ctx{1};
   zmq::socket_t sock{ctx, zmq::socket_type::router};
   std::unique_ptr<zap_handler> zap;  // with a key; destroyed before sock and ctx
+  // libzmq's socket monitor of sock, and the gate that bounds connections in
+  // their handshake (net/handshake_gate.hpp).
+  zmq::socket_t monitor{ctx, zmq::socket_type::pair};
+  std::optional<handshake_gate> gate;
+  uint64_t shed_logged = 0;
   rendezvous_table table{std::chrono::milliseconds(0)};
   int port = 0;
   std::atomic<bool> stop{false};
   std::atomic<int64_t> world{0};  // the largest world planned (expect_world)
+  std::atomic<uint64_t> generation{0};  // the newest generation planned (expect_generation)
   int64_t limits_world = 0;       // the world table's limits are for (store thread)
   // The table's figures, published by the store thread for usage().
   std::atomic<std::size_t> keys{0}, bytes{0}, largest_value{0};
@@ -292,16 +311,34 @@ struct rendezvous_store::impl {
                                    ": " + refused);
   }
 
+  void read_monitor() {
+    for (int i = 0; i < 256; ++i) {
+      zmq::message_t head, where;
+      if (!monitor.recv(head, zmq::recv_flags::dontwait)) return;
+      if (head.more()) (void)monitor.recv(where, zmq::recv_flags::dontwait);
+      if (head.size() < 6 || !gate) continue;
+      uint16_t event = 0;
+      uint32_t value = 0;
+      std::memcpy(&event, head.data(), sizeof event);
+      std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof value);
+      if (gate->on_event(event, value, clock_type::now()) == handshake_gate::verdict::shed)
+        log_limit.log("shed", "dtactor: rendezvous store: shut down a connection as it came: " + std::to_string(gate->max_pending()) +
+                                  " others were in their handshake (a flood?); " + std::to_string(gate->shed()) + " so far");
+    }
+  }
+
   void run() {
     while (!stop.load()) {
       if (const int64_t w = world.load(); w > limits_world) {
         limits_world = w;
         table.set_limits(rendezvous_limits_for(w));
       }
-      zmq::pollitem_t item{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0};
+      table.set_planned_generation(generation.load());
+      zmq::pollitem_t items[] = {{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0}, {static_cast<void*>(monitor), 0, ZMQ_POLLIN, 0}};
       try {
-        zmq::poll(&item, 1, poll_step);
-        for (int i = 0; i < 256 && (item.revents & ZMQ_POLLIN); ++i) {
+        zmq::poll(items, 2, poll_step);
+        if (items[1].revents & ZMQ_POLLIN) read_monitor();
+        for (int i = 0; i < 256 && (items[0].revents & ZMQ_POLLIN); ++i) {
           zmq::multipart_t m;
           if (!m.recv(sock, static_cast<int>(zmq::recv_flags::dontwait))) break;
           handle(m);
@@ -334,6 +371,12 @@ void rendezvous_store::expect_world(int64_t world) {
   }
 }
 
+void rendezvous_store::expect_generation(uint64_t g) {
+  uint64_t seen = im_->generation.load();
+  while (g > seen && !im_->generation.compare_exchange_weak(seen, g)) {
+  }
+}
+
 rendezvous_store::usage_stats rendezvous_store::usage() const {
   return {im_->keys.load(), im_->bytes.load(), im_->largest_value.load(), im_->refused.load()};
 }
@@ -354,9 +397,15 @@ result<std::unique_ptr<rendezvous_store>> rendezvous_store::start(int port, std:
     im->sock.set(zmq::sockopt::linger, 0);
     im->sock.set(zmq::sockopt::maxmsgsize, proto::max_message_bytes);
     im->sock.set(zmq::sockopt::handshake_ivl, wire::handshake_timeout_ms);
+    static std::atomic<uint64_t> monitors{0};
+    const std::string monitor_ep = "inproc://dtactor-store-monitor-" + std::to_string(monitors.fetch_add(1));
+    if (zmq_socket_monitor(im->sock.handle(), monitor_ep.c_str(), handshake_gate::monitored_events()) != 0) throw zmq::error_t();
+    im->monitor.set(zmq::sockopt::linger, 0);
+    im->monitor.connect(monitor_ep);
     im->sock.bind("tcp://" + host + ":" + std::to_string(port));
     const std::string ep = im->sock.get(zmq::sockopt::last_endpoint);
     im->port = std::stoi(ep.substr(ep.rfind(':') + 1));
+    im->gate.emplace(wire::max_pending_handshakes, wire::max_pending_handshakes_per_address, im->port, std::chrono::milliseconds(wire::handshake_timeout_ms));
   } catch (const std::exception& e) {
     return make_error("cannot start the rendezvous store on port " + std::to_string(port) + " of " + host + ": " + e.what() +
                       (port != 0 ? " (another process may listen there)" : ""));

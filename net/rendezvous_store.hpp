@@ -67,6 +67,9 @@ class rendezvous_table {
   size_t largest_value() const { return largest_value_; }  // ever stored
   uint64_t refused() const { return refused_; }
   void set_limits(rendezvous_limits limits) { limits_ = limits; }
+  // The newest generation the coordinator planned (keys "g<N>/..."): what
+  // eviction must keep. 0: none known.
+  void set_planned_generation(uint64_t generation) { planned_ = generation; }
   const rendezvous_limits& limits() const { return limits_; }
 
  private:
@@ -86,14 +89,22 @@ class rendezvous_table {
   // Room for `key` to hold `value_bytes` (evicting old generations if need
   // be); otherwise the reason it does not fit.
   std::string make_room(const std::string& key, std::size_t value_bytes);
-  // Drops the keys of the oldest generation stored, when one is newer (or
-  // `incoming` is a key of a newer one); false when there is none to drop.
-  bool evict_oldest_generation(const std::string& incoming);
+  // Drops the keys of one generation to make room; false when none may go.
+  // With a planned generation P known (set_planned_generation): the oldest
+  // generation before P, else the newest beyond P + 1 (nobody planned it: a
+  // stranger's keys on an open store; P + 1 may be written by ranks before
+  // the store hears of its plan). P's keys never go, so an open store's
+  // flood of invented generations cannot push out the running group's.
+  // Without one: the oldest generation, when one newer is stored or is
+  // `incoming`'s.
+  bool evict_a_generation(const std::string& incoming);
+  std::optional<uint64_t> generation_to_evict(const std::string& incoming) const;
   void store(const std::string& key, std::string value);
   void erase(std::map<std::string, std::string>::iterator it);
   static std::size_t parked_bytes(const parked_request& p);
   std::chrono::milliseconds timeout_;
   rendezvous_limits limits_;
+  uint64_t planned_ = 0;
   std::map<std::string, std::string> kv_;
   std::vector<parked_request> waiting_;
   std::size_t bytes_ = 0;
@@ -117,6 +128,9 @@ class rendezvous_store {
   // The largest world a plan has asked for so far: the limits grow to
   // rendezvous_limits_for(world) (never shrink). Thread-safe.
   void expect_world(int64_t world);
+  // The newest generation planned (or adopted): eviction keeps its keys
+  // (rendezvous_table::set_planned_generation). Thread-safe.
+  void expect_generation(uint64_t generation);
   // Handshakes refused for want of the job's key (0 without a key).
   uint64_t refused_handshakes() const;
   // What the store holds, as of its thread's last round (thread-safe).

@@ -38,6 +38,17 @@ constexpr int64_t max_control_message_bytes = int64_t{2} << 20;
 // and whatever it sent are released after this.
 constexpr int handshake_timeout_ms = 3000;
 
+// How many connections of one listening socket may be in their handshake at
+// once, and how many of them from one address (net/handshake_gate.hpp); one
+// more is shut down as it is accepted. With max_control_message_bytes a
+// connection, strangers hold at most 12 x 2 MiB = 24 MiB a socket before
+// they authenticate, 48 MiB for a coordinator's two (the control link and
+// the rendezvous store), and one address at most a third of the places. A
+// real handshake takes about a millisecond, so 12 at once is far above what
+// a start of thousands of nodes needs; a peer shed in a flood reconnects.
+constexpr std::size_t max_pending_handshakes = 12;
+constexpr std::size_t max_pending_handshakes_per_address = 4;
+
 // Why a frame was refused. decode() yields the first four; the bridge adds
 // the framing and delivery kinds. Values index arrays: keep `count_` last.
 enum class drop_kind : uint8_t {

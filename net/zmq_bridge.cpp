@@ -16,6 +16,7 @@
 #include <zmq.hpp>
 
 #include "base/printable.hpp"
+#include "net/handshake_gate.hpp"
 #include "net/zap_handler.hpp"
 
 namespace dtactor {
@@ -64,6 +65,7 @@ struct zmq_bridge::link_state {
   // libzmq's socket monitor (handshake events), read on the bridge thread.
   zmq::socket_t monitor;
   std::map<int, std::string> accepted;        // fd -> the peer's "ip:port" (ROUTER)
+  std::optional<handshake_gate> gate;         // ROUTER: bounds connections in their handshake
   std::optional<handshake_failure> pending;   // a failure whose connection has not closed yet
   bool refused_us = false;                    // DEALER: the last handshake failed
   ~link_state() {
@@ -74,11 +76,19 @@ struct zmq_bridge::link_state {
 namespace {
 
 // Events of the socket monitor the bridge reads.
-constexpr int monitored_events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
-                                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
 // Distinct accepted connections remembered for their address.
 constexpr std::size_t max_remembered_peers = 65536;
+
+// The port of a bound endpoint ("tcp://1.2.3.4:5555" -> 5555); 0 for none.
+int port_of(const std::string& endpoint) {
+  const auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || endpoint.compare(0, 6, "tcp://") != 0) return 0;
+  try {
+    return std::stoi(endpoint.substr(colon + 1));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
 
 std::string peer_address_of(int fd) {
   sockaddr_storage ss{};
@@ -114,6 +124,7 @@ const char* meaning(handshake_failure f) {
   switch (f) {
     case handshake_failure::no_key: return "its side and ours differ in having a job key (a process without --key, or one with a key for an open job)";
     case handshake_failure::unknown_key: return "its key is not this job's (another job's key, or an old one)";
+    case handshake_failure::busy: return "too many connections were in their handshake at once (a flood?); it was shut down as it came, and a real peer retries";
     default: return "no valid handshake (garbage, an oversized frame, or a connection dropped or timed out mid-way)";
   }
 }
@@ -125,6 +136,7 @@ const char* to_string(handshake_failure f) noexcept {
     case handshake_failure::no_key: return "no_key";
     case handshake_failure::unknown_key: return "unknown_key";
     case handshake_failure::bad_frame: return "bad_frame";
+    case handshake_failure::busy: return "busy";
     case handshake_failure::count_: break;
   }
   return "unknown";
@@ -306,6 +318,8 @@ zmq_bridge_stats zmq_bridge::stats() const {
   for (std::size_t i = 0; i < wire::drop_kind_count; ++i) s.dropped[i] = dropped_[i].load();
   for (std::size_t i = 0; i < handshake_failure_count; ++i) s.handshake_failures[i] = handshake_failures_[i].load();
   s.handshakes_succeeded = handshakes_succeeded_.load();
+  s.handshakes_in_progress = handshakes_in_progress_.load();
+  s.handshakes_shed = s.handshake_failures[static_cast<std::size_t>(handshake_failure::busy)];
   return s;
 }
 
@@ -327,7 +341,7 @@ result<std::string> zmq_bridge::run_add(const std::string& name, const std::stri
     // Before bind/connect, so that the first connection's events are seen.
     static std::atomic<uint64_t> monitors{0};
     const std::string monitor_ep = "inproc://dtactor-monitor-" + std::to_string(monitors.fetch_add(1));
-    if (zmq_socket_monitor(s.handle(), monitor_ep.c_str(), monitored_events) != 0) throw zmq::error_t();
+    if (zmq_socket_monitor(s.handle(), monitor_ep.c_str(), handshake_gate::monitored_events()) != 0) throw zmq::error_t();
     link->monitor = zmq::socket_t(*context_, zmq::socket_type::pair);
     link->monitor.set(zmq::sockopt::linger, 0);
     link->monitor.connect(monitor_ep);
@@ -354,6 +368,8 @@ result<std::string> zmq_bridge::run_add(const std::string& name, const std::stri
       s.set(zmq::sockopt::router_handover, true);
       s.bind(endpoint);
       link->endpoint = s.get(zmq::sockopt::last_endpoint);
+      link->gate.emplace(options_.max_pending_handshakes, options_.max_pending_handshakes_per_address, port_of(link->endpoint),
+                         std::chrono::milliseconds(options_.handshake_timeout_ms));
     } else {
       s.set(zmq::sockopt::routing_id, routing_id);
       s.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
@@ -509,6 +525,14 @@ void zmq_bridge::handshake_failed(link_state& link, handshake_failure why, const
 }
 
 void zmq_bridge::read_monitor(link_state& link) {
+  read_monitor_events(link);
+  uint64_t in_progress = 0;
+  for (const auto& l : links_)
+    if (l->gate) in_progress += l->gate->pending();
+  handshakes_in_progress_.store(in_progress);
+}
+
+void zmq_bridge::read_monitor_events(link_state& link) {
   for (int i = 0; i < max_receives_per_round; ++i) {
     zmq::message_t head, where;
     try {
@@ -523,6 +547,8 @@ void zmq_bridge::read_monitor(link_state& link) {
     std::memcpy(&event, head.data(), sizeof event);
     std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof value);
     const int fd = static_cast<int>(value);
+    using verdict = handshake_gate::verdict;
+    const verdict v = link.gate ? link.gate->on_event(event, value, std::chrono::steady_clock::now()) : verdict::none;
     if (event == ZMQ_EVENT_ACCEPTED) {
       if (link.accepted.size() < max_remembered_peers) link.accepted[fd] = peer_address_of(fd);
     } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
@@ -531,9 +557,15 @@ void zmq_bridge::read_monitor(link_state& link) {
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
       // libzmq's one I/O thread reports a failed handshake and then the
       // disconnect of the same connection, so the failure has its address.
+      // A peer refused at the greeting (garbage on a keyed socket) gets no
+      // failure event: the gate knows it closed mid-handshake.
       auto it = link.accepted.find(fd);
       const std::string address = it == link.accepted.end() ? std::string() : it->second;
       if (it != link.accepted.end()) link.accepted.erase(it);
+      if (v == verdict::shed_closed)
+        link.pending = handshake_failure::busy;
+      else if (v == verdict::closed_in_handshake && !link.pending)
+        link.pending = handshake_failure::bad_frame;
       if (link.pending) handshake_failed(link, *link.pending, address);
       link.pending.reset();
     } else {

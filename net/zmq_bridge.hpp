@@ -43,6 +43,12 @@ struct zmq_bridge_options {
   // A connection that has not finished its handshake after this long is
   // dropped (ZMQ_HANDSHAKE_IVL).
   int handshake_timeout_ms = wire::handshake_timeout_ms;
+  // A ROUTER shuts down a connection as it is accepted while this many others
+  // are in their handshake, or the per-address number from its address
+  // (net/handshake_gate.hpp): what strangers hold before authenticating is
+  // at most max_pending_handshakes x max_message_bytes.
+  std::size_t max_pending_handshakes = wire::max_pending_handshakes;
+  std::size_t max_pending_handshakes_per_address = wire::max_pending_handshakes_per_address;
   int send_hwm = 10000;  // messages queued per peer in ZeroMQ
   int recv_hwm = 10000;
   // Messages waiting for the bridge thread; beyond it send() refuses.
@@ -77,6 +83,7 @@ enum class handshake_failure : uint8_t {
   no_key,       // the mechanisms differ: one side has a job key, the other none
   unknown_key,  // a CURVE key that is not the job's (another server key, or a client key ZAP refuses)
   bad_frame,    // no valid handshake: garbage, an oversized frame, a connection dropped or timed out mid-way
+  busy,         // shut down as it was accepted: max_pending_handshakes others were in their handshake (a flood?)
   count_,
 };
 constexpr std::size_t handshake_failure_count = static_cast<std::size_t>(handshake_failure::count_);
@@ -90,6 +97,8 @@ struct zmq_bridge_stats {
   std::array<uint64_t, wire::drop_kind_count> dropped{};
   std::array<uint64_t, handshake_failure_count> handshake_failures{};  // every link's
   uint64_t handshakes_succeeded = 0;
+  uint64_t handshakes_in_progress = 0;  // ROUTER connections accepted, handshake not yet over
+  uint64_t handshakes_shed = 0;         // shut down as accepted (handshake_failure::busy)
 
   uint64_t dropped_of(wire::drop_kind kind) const { return dropped[static_cast<std::size_t>(kind)]; }
   uint64_t dropped_total() const;
@@ -181,6 +190,7 @@ class zmq_bridge {
   void do_sends(std::deque<outbound>& batch);
   void receive_from(link_state& link);
   void read_monitor(link_state& link);
+  void read_monitor_events(link_state& link);
   void handshake_failed(link_state& link, handshake_failure why, const std::string& address);
   void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
             const std::string& why);
@@ -212,6 +222,7 @@ class zmq_bridge {
   std::array<std::atomic<uint64_t>, wire::drop_kind_count> dropped_{};
   std::array<std::atomic<uint64_t>, handshake_failure_count> handshake_failures_{};
   std::atomic<uint64_t> handshakes_succeeded_{0};
+  std::atomic<uint64_t> handshakes_in_progress_{0};
 
   // Bridge-thread state.
   std::unique_ptr<zmq::context_t> context_;

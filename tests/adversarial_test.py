@@ -10,7 +10,11 @@ Usage: tests/adversarial_test.py DTACTOR CASE
                                     coordinator's peak RSS stays within 64 MB
                                     of idle (it was 2 GB: 256 MiB a frame)
   garbage_keyed, garbage_open       200 half-open connections and 200 of
-                                    random bytes: within 64 MB, still serving
+                                    random bytes: within 64 MB, still serving,
+                                    each counted (keyed: the garbage too)
+  handshake_flood_keyed             256 near-limit frames before the
+                                    handshake at each port from 64
+                                    addresses: within 64 MB, shed as busy
   hostile_ids                       escapes, newlines, NUL, bidi overrides,
                                     invalid UTF-8 and 10 KB in every field an
                                     open coordinator prints: every log and
@@ -71,21 +75,43 @@ def garbage(dtactor, keyed):
         idle = c.settle()
         held = attacks.half_open_and_garbage(c.port) + attacks.half_open_and_garbage(c.store_port, connections=50, garbage=50)
         memory_bound(c, idle, "garbage and half-open (%s)" % ("keyed" if keyed else "open"))
-        # Still serving: /metrics answers, and counts the half-open
-        # connections as refused handshakes once libzmq's handshake limit
-        # (3 s) drops them. (Garbage that libzmq drops at the greeting, as
-        # a keyed socket does with a ZMTP 1.0 peer, has no event to count.)
+        # Still serving: /metrics answers, and counts every connection as a
+        # refused handshake: the half-open ones shed as they came (busy) or
+        # dropped at libzmq's handshake limit (3 s), and the garbage,
+        # including what a keyed socket refuses at the greeting with no
+        # event of libzmq's own (net/handshake_gate.hpp).
         import urllib.request
 
         def refused():
             text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % c.metrics_port, timeout=10).read().decode()
             return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("dtactor_refused_handshakes_total"))
         end = time.time() + 30
-        while refused() < 200 and time.time() < end:
+        expected = 400 if keyed else 200
+        while refused() < expected and time.time() < end:
             time.sleep(0.2)
         print("refused handshakes counted: %d" % refused())
-        check(refused() >= 200, "the coordinator counted %d refused handshakes of 200 half-open connections" % refused())
+        check(refused() >= expected, "the coordinator counted %d refused handshakes of 200 half-open and 200 garbage connections, expected %d" %
+              (refused(), expected))
         check(b"refused a connection on link 'nodes' from 127.0.0.1:" in c.raw_log(), "no log line names a refused peer's address")
+        for s in held:
+            s.close()
+
+
+def handshake_flood(dtactor):
+    """256 connections at each of the keyed coordinator's two ports, from 64
+    addresses, each holding a frame just under the 2 MiB limit before its
+    handshake: the gate keeps 12 a port, so within 64 MB; the shed ones are
+    counted as busy."""
+    with Coordinator(dtactor, True, metrics=True) as c:
+        idle = c.settle()
+        held = (attacks.near_limit_frames(c.port, "CURVE", 256, sources=64) +
+                attacks.near_limit_frames(c.store_port, "CURVE", 256, sources=64))
+        memory_bound(c, idle, "handshake flood from 64 addresses (keyed)")
+        import urllib.request
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % c.metrics_port, timeout=10).read().decode()
+        busy = sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith('dtactor_refused_handshakes_total{') and 'reason="busy"' in l)
+        print("shed as busy at the control port: %d" % busy)
+        check(busy >= 200, "only %d of 256 connections at the control port were shed (busy)" % busy)
         for s in held:
             s.close()
 
@@ -233,6 +259,7 @@ def main():
         "big_frame_open": lambda: big_frame(dtactor, False),
         "garbage_keyed": lambda: garbage(dtactor, True),
         "garbage_open": lambda: garbage(dtactor, False),
+        "handshake_flood_keyed": lambda: handshake_flood(dtactor),
         "hostile_ids": lambda: hostile_ids(dtactor),
         "utf8_flood": lambda: utf8_flood(dtactor),
         "store_flood": lambda: store_flood(dtactor),

@@ -5,7 +5,13 @@
 // processes (tests/adversarial_test.py). Torch-free.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 #include <cstdio>
@@ -211,6 +217,168 @@ TEST(Handshakes, ARefusedStrangerIsCountedByReasonWithItsAddress) {
       << "no failure carried the peer's address";
 }
 
+// A plain TCP connection to 127.0.0.1:port (-1 on failure), with a receive
+// timeout so that reads below never hang.
+int raw_connect(int port, const char* from = nullptr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (from) {
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from, &src.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{0, 100 * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True once the server has closed the connection (a read sees its end).
+bool closed_by_server(int fd) {
+  char buf[512];
+  for (;;) {
+    const auto n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
+    if (n < 0) return false;  // nothing more for now: still open
+  }
+}
+
+int port_of_endpoint(const std::string& ep) { return std::stoi(ep.substr(ep.rfind(':') + 1)); }
+
+// Connections that stay in their handshake are bounded: beyond
+// max_pending_handshakes, each is shut down as it is accepted (counted as
+// `busy`), long before the handshake limit; once they are gone, a holder of
+// the key gets in.
+TEST(Handshakes, ConnectionsBeyondTheLimitInTheirHandshakeAreShedAsTheyCome) {
+  auto key = generate_job_key();
+  ASSERT_TRUE(key);
+  zmq_bridge_options o;
+  o.key = std::make_shared<const job_key>(key.value());
+  o.max_pending_handshakes = 4;
+  o.max_pending_handshakes_per_address = 4;
+  o.handshake_timeout_ms = 60000;  // so that only the gate can close them within the test
+  std::atomic<int> received{0};
+  zmq_bridge b(o, [&](const std::string&, const std::string&, pb::envelope) { received.fetch_add(1); });
+  auto bound = b.add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(bound) << bound.message();
+  const int port = port_of_endpoint(bound.value());
+  std::vector<int> fds;
+  for (int i = 0; i < 12; ++i) {
+    const int fd = raw_connect(port);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  auto busy = [&] { return b.stats().handshake_failures[static_cast<std::size_t>(handshake_failure::busy)]; };
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::size_t closed = 0;
+  std::vector<bool> seen(fds.size(), false);
+  while ((closed < 8 || busy() < 8) && std::chrono::steady_clock::now() < deadline) {
+    for (std::size_t i = 0; i < fds.size(); ++i)
+      if (!seen[i] && closed_by_server(fds[i])) seen[i] = true, ++closed;
+  }
+  EXPECT_EQ(closed, 8u) << "12 connections in their handshake, 4 allowed";
+  EXPECT_EQ(busy(), 8u);
+  while (b.stats().handshakes_in_progress != 4u && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(b.stats().handshakes_in_progress, 4u) << "the first four, still in their handshake";
+  for (int fd : fds) ::close(fd);
+  // The flood is gone: a holder of the key connects and is heard.
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  make_curve_client(s, key->server_public, key->client_public, key->client_secret);
+  s.connect(bound.value());
+  pb::envelope env;
+  env.set_protocol_version(wire::protocol_version);
+  env.mutable_heartbeat();
+  auto bytes = wire::encode(env);
+  ASSERT_TRUE(bytes);
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (received.load() == 0 && std::chrono::steady_clock::now() < until) {
+    s.send(zmq::buffer(bytes.value()), zmq::send_flags::dontwait);
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_GE(received.load(), 1) << "a real peer got in after the flood";
+}
+
+// One address cannot take every place in the handshake: beyond its share
+// its connections are shed, and another address's still get in.
+TEST(Handshakes, OneAddressCannotTakeEveryPlaceInTheHandshake) {
+  auto key = generate_job_key();
+  ASSERT_TRUE(key);
+  zmq_bridge_options o;
+  o.key = std::make_shared<const job_key>(key.value());
+  o.max_pending_handshakes = 6;
+  o.max_pending_handshakes_per_address = 2;
+  o.handshake_timeout_ms = 60000;
+  zmq_bridge b(o, [](const std::string&, const std::string&, pb::envelope) {});
+  auto bound = b.add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(bound) << bound.message();
+  const int port = port_of_endpoint(bound.value());
+  std::vector<int> flood, other;
+  for (int i = 0; i < 5; ++i) flood.push_back(raw_connect(port, "127.0.0.1"));
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  auto busy = [&] { return b.stats().handshake_failures[static_cast<std::size_t>(handshake_failure::busy)]; };
+  while (busy() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(busy(), 3u) << "five from one address, two allowed";
+  for (int i = 0; i < 2; ++i) other.push_back(raw_connect(port, "127.0.0.2"));
+  for (int fd : other) ASSERT_GE(fd, 0);
+  while (b.stats().handshakes_in_progress < 4 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(b.stats().handshakes_in_progress, 4u);
+  EXPECT_EQ(busy(), 3u) << "another address's connections were shed";
+  for (int fd : other) EXPECT_FALSE(closed_by_server(fd));
+  for (int fd : flood) ::close(fd);
+  for (int fd : other) ::close(fd);
+}
+
+// Garbage on a keyed socket is refused at the greeting, where libzmq emits
+// no failure event of its own: it is still counted, with the address.
+TEST(Handshakes, GarbageRefusedAtTheGreetingIsCountedWithItsAddress) {
+  auto key = generate_job_key();
+  ASSERT_TRUE(key);
+  zmq_bridge_options o;
+  o.key = std::make_shared<const job_key>(key.value());
+  std::mutex mu;
+  std::vector<std::string> addresses;
+  zmq_bridge b(o, [](const std::string&, const std::string&, pb::envelope) {}, nullptr,
+               [&](const std::string&, bool, handshake_failure why, const std::string& address) {
+                 std::lock_guard<std::mutex> lock(mu);
+                 if (why == handshake_failure::bad_frame) addresses.push_back(address);
+               });
+  auto bound = b.add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(bound) << bound.message();
+  const int fd = raw_connect(port_of_endpoint(bound.value()));
+  ASSERT_GE(fd, 0);
+  // Once the bridge has seen the connection accepted, it knows its address.
+  const auto accepted_by = std::chrono::steady_clock::now() + 20s;
+  while (b.stats().handshakes_in_progress == 0 && std::chrono::steady_clock::now() < accepted_by) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(b.stats().handshakes_in_progress, 1u);
+  const std::string garbage = "GET / HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(::send(fd, garbage.data(), garbage.size(), MSG_NOSIGNAL), static_cast<ssize_t>(garbage.size()));
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  auto heard = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return !addresses.empty();
+  };
+  while (!heard() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  ::close(fd);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(addresses.size(), 1u) << "the refused greeting was not reported";
+  EXPECT_EQ(addresses[0].rfind("127.0.0.1:", 0), 0u) << addresses[0];
+  while (b.stats().handshakes_in_progress != 0u && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(b.stats().handshakes_in_progress, 0u);
+}
+
 using message = rendezvous_table::message;
 const std::string rid = rendezvous_protocol::encode_id(9);
 
@@ -259,6 +427,31 @@ TEST(RendezvousLimits, AFullStoreDropsOldGenerationsFirstThenRefuses) {
   // A larger world raises the limits.
   t.set_limits(rendezvous_limits_for(1000));
   EXPECT_EQ(ask(t, {"set", "y", value})[0][2], "ok");
+}
+
+// On an open store anyone may write; keys of generations nobody planned go
+// first when it is full, and the planned generation's keys never do.
+TEST(RendezvousLimits, InventedGenerationsNeverPushOutThePlannedOnesKeys) {
+  rendezvous_table t(60s);
+  const auto l = rendezvous_limits_for(0);
+  t.set_planned_generation(5);
+  ASSERT_EQ(ask(t, {"set", "g5/rank0", "addr0"})[0][2], "ok");
+  ASSERT_EQ(ask(t, {"set", "g4/rank0", "old"})[0][2], "ok");
+  const std::string value(l.max_value_bytes, 'v');
+  std::vector<message> r;
+  for (std::size_t i = 0; i < 1000 && (r.empty() || r[0][2] == "ok"); ++i) r = ask(t, {"set", "g999999/" + std::to_string(i), value});
+  ASSERT_EQ(r[0][2], "err") << "the flood's own generation is never evicted for itself";
+  EXPECT_EQ(ask(t, {"check", "g4/rank0"})[0][3], "0") << "an older generation made room first";
+  EXPECT_EQ(ask(t, {"check", "g5/rank0"})[0][3], "1") << "the planned generation's key was pushed out";
+  // The running group's next write evicts the invented generation.
+  EXPECT_EQ(ask(t, {"set", "g5/rank1", value})[0][2], "ok");
+  EXPECT_EQ(ask(t, {"check", "g5/rank0", "g5/rank1"})[0][3], "1");
+  EXPECT_LE(t.bytes(), l.max_total_bytes);
+  // The generation after the planned one may be written before its plan is heard of: kept too.
+  EXPECT_EQ(ask(t, {"set", "g6/rank0", "addr"})[0][2], "ok");
+  r.clear();
+  for (std::size_t i = 0; i < 1000 && (r.empty() || r[0][2] == "ok"); ++i) r = ask(t, {"set", "g777/" + std::to_string(i), value});
+  EXPECT_EQ(ask(t, {"check", "g5/rank0", "g6/rank0"})[0][3], "1");
 }
 
 TEST(RendezvousLimits, ParkedRequestsAreBounded) {
