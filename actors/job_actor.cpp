@@ -183,6 +183,86 @@ void stop_job(job_self self, const std::string& reason) {
   self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
 }
 
+// A newer generation's plan starts its recovery record and clears the
+// per-generation state. Returns the committed step (where the plan starts).
+int64_t on_plan(job_self self, const plan& p) {
+  auto& st = self->state;
+  if (p.generation > st.generation) {
+    st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain, self->clock().now(),
+                                   st.last_step, st.generation == 0 ? 0 : std::max(0, st.world_size - p.world_size));
+    st.drained_from = p.drain ? st.generation : 0;
+    st.generation = p.generation;
+    st.world_size = p.world_size;
+    st.nodes = p.nodes;
+    st.rank_steps.clear();
+    st.finished_ranks.clear();
+    st.steps.clear();
+  }
+  return st.committed_step;
+}
+
+// A rank's report, fenced by generation, to its handler.
+void on_inbound(job_self self, inbound& in) {
+  auto& st = self->state;
+  // Fencing: reports from another generation than the current one are
+  // dropped (a zombie can neither steer the job nor commit state);
+  // parts of a checkpoint of the generation this one drained from
+  // are the same line of state.
+  const bool drained_part = in.env.has_checkpoint_written() && st.drained_from != 0 && in.env.generation() == st.drained_from;
+  if ((in.env.generation() != st.generation && !drained_part) || st.ended) {
+    ++st.stale_reports;
+    return;
+  }
+  switch (in.env.body_case()) {
+    case pb::envelope::kStepReport:
+      on_step_report(self, in.env.step_report(), in.from);
+      break;
+    case pb::envelope::kRankStatus:
+      on_rank_status(self, in);
+      break;
+    case pb::envelope::kEvalReport:
+      on_eval(self, in.env.eval_report());
+      break;
+    case pb::envelope::kCheckpointWritten:
+      if (st.checkpoints) self->send(st.checkpoints, std::move(in));
+      break;
+    case pb::envelope::kJobError:
+      emit(st.opts.events, ev::job_error{printable(in.from.node_name()), printable(in.env.job_error().message(), printable_max_detail_chars)});
+      break;
+    default:
+      ++st.stale_reports;
+      break;
+  }
+}
+
+// The stop's deadline passed with ranks still running: the job ends
+// stopped, without its final checkpoint.
+void on_stop_due(job_self self) {
+  auto& st = self->state;
+  if (st.ending) return;
+  ev::job_ended e;
+  e.how = ev::outcome::stopped;
+  e.step = st.committed_step;
+  e.generation = st.generation;
+  e.world_size = st.world_size;
+  e.reason = "not every rank stopped within " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(st.opts.stop_timeout).count()) +
+             " s of the stop";
+  e.final_checkpoint = false;
+  end_job(self, std::move(e));
+}
+
+// The sender hears done with the exit code when the job has ended (now,
+// or later).
+void on_wait(job_self self) {
+  auto& st = self->state;
+  auto who = self->current_sender();
+  if (st.ended) {
+    if (auto a = caf::actor_cast<caf::actor>(who)) self->send(a, done_atom::value, st.exit_code);
+    return;
+  }
+  st.waiters.push_back(caf::actor_cast<caf::actor_addr>(who));
+}
+
 }  // namespace
 
 caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints) {
@@ -192,77 +272,12 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
   self->state.checkpoints = std::move(checkpoints);
   return {
       [=](members_atom, caf::actor members) { self->state.members = std::move(members); },
-      [=](plan_atom, const plan& p) -> int64_t {
-        auto& st = self->state;
-        if (p.generation > st.generation) {
-          st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain, self->clock().now(),
-                                         st.last_step, st.generation == 0 ? 0 : std::max(0, st.world_size - p.world_size));
-          st.drained_from = p.drain ? st.generation : 0;
-          st.generation = p.generation;
-          st.world_size = p.world_size;
-          st.nodes = p.nodes;
-          st.rank_steps.clear();
-          st.finished_ranks.clear();
-          st.steps.clear();
-        }
-        return st.committed_step;
-      },
-      [=](inbound& in) {
-        auto& st = self->state;
-        // Fencing: reports from another generation than the current one are
-        // dropped (a zombie can neither steer the job nor commit state);
-        // parts of a checkpoint of the generation this one drained from
-        // are the same line of state.
-        const bool drained_part = in.env.has_checkpoint_written() && st.drained_from != 0 && in.env.generation() == st.drained_from;
-        if ((in.env.generation() != st.generation && !drained_part) || st.ended) {
-          ++st.stale_reports;
-          return;
-        }
-        switch (in.env.body_case()) {
-          case pb::envelope::kStepReport:
-            on_step_report(self, in.env.step_report(), in.from);
-            break;
-          case pb::envelope::kRankStatus:
-            on_rank_status(self, in);
-            break;
-          case pb::envelope::kEvalReport:
-            on_eval(self, in.env.eval_report());
-            break;
-          case pb::envelope::kCheckpointWritten:
-            if (st.checkpoints) self->send(st.checkpoints, std::move(in));
-            break;
-          case pb::envelope::kJobError:
-            emit(st.opts.events, ev::job_error{printable(in.from.node_name()), printable(in.env.job_error().message(), printable_max_detail_chars)});
-            break;
-          default:
-            ++st.stale_reports;
-            break;
-        }
-      },
+      [=](plan_atom, const plan& p) -> int64_t { return on_plan(self, p); },
+      [=](inbound& in) { on_inbound(self, in); },
       [=](stop_atom, const std::string& reason) { stop_job(self, reason); },
       [=](fail_atom, const std::string& reason) { fail_job(self, reason, false); },
-      [=](stop_due_atom) {
-        auto& st = self->state;
-        if (st.ending) return;
-        ev::job_ended e;
-        e.how = ev::outcome::stopped;
-        e.step = st.committed_step;
-        e.generation = st.generation;
-        e.world_size = st.world_size;
-        e.reason = "not every rank stopped within " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(st.opts.stop_timeout).count()) +
-                   " s of the stop";
-        e.final_checkpoint = false;
-        end_job(self, std::move(e));
-      },
-      [=](wait_atom) {
-        auto& st = self->state;
-        auto who = self->current_sender();
-        if (st.ended) {
-          if (auto a = caf::actor_cast<caf::actor>(who)) self->send(a, done_atom::value, st.exit_code);
-          return;
-        }
-        st.waiters.push_back(caf::actor_cast<caf::actor_addr>(who));
-      },
+      [=](stop_due_atom) { on_stop_due(self); },
+      [=](wait_atom) { on_wait(self); },
       [=](lost_atom, const std::string& node_id, double detected_after_s) {
         ++self->state.nodes_lost;
         log_line(self->state.opts.log, "job: node '" + node_id + "' lost after " + std::to_string(detected_after_s) + " s of silence");

@@ -379,23 +379,26 @@ std::string node_id_problem(const std::string& id) {
   return "node id '" + printable(id, 64) + "' is not 1 to 128 letters, digits, '.', '_' or '-'";
 }
 
+namespace {
+
+// Why a registration cannot be admitted whatever the state ("" when it can):
+// no id, a malformed id, no ranks or more than `max_ranks_per_node`.
+std::string registration_problem(const node_registration& reg, int32_t max_ranks_per_node) {
+  if (reg.node_id.empty()) return "register_node without a node_id; every node needs a stable id (--node-id or its hostname)";
+  if (auto why = node_id_problem(reg.node_id); !why.empty()) return "register_node refused: " + why;
+  if (reg.nproc < 1) return "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + "; it must run at least one rank";
+  if (reg.nproc > max_ranks_per_node)
+    return "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + ", more than cluster.max_ranks_per_node (" +
+           std::to_string(max_ranks_per_node) + "); start it with fewer ranks (--nproc-per-node) or raise the limit";
+  return "";
+}
+
+}  // namespace
+
 admission membership::admit(const node_registration& reg, clock_time now) {
   admission a;
-  if (reg.node_id.empty()) {
-    a.reason = "register_node without a node_id; every node needs a stable id (--node-id or its hostname)";
-    return a;
-  }
-  if (auto why = node_id_problem(reg.node_id); !why.empty()) {
-    a.reason = "register_node refused: " + why;
-    return a;
-  }
-  if (reg.nproc < 1) {
-    a.reason = "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + "; it must run at least one rank";
-    return a;
-  }
-  if (reg.nproc > opts_.max_ranks_per_node) {
-    a.reason = "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + ", more than cluster.max_ranks_per_node (" +
-               std::to_string(opts_.max_ranks_per_node) + "); start it with fewer ranks (--nproc-per-node) or raise the limit";
+  if (auto why = registration_problem(reg, opts_.max_ranks_per_node); !why.empty()) {
+    a.reason = why;
     return a;
   }
   if (auto q = quarantine_reason(reg.node_id, now); !q.empty()) {
@@ -403,46 +406,18 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     a.reason = q;
     return a;
   }
-  state_.last_generation = std::max(state_.last_generation, reg.last_generation);
-  if (!state_.current) {
-    if (!state_.first_registration) state_.first_registration = now;
-    if (reg.current_plan) {
-      state_.last_generation = std::max(state_.last_generation, reg.current_plan->generation);
-      if (!state_.reported_plan || reg.current_plan->generation > state_.reported_plan->generation) state_.reported_plan = reg.current_plan;
-    }
-  }
-  const uint64_t plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
-  std::set<int32_t> ready(reg.ready_ranks.begin(), reg.ready_ranks.end());
+  adopt_reported(reg, now);
+  const std::set<int32_t> ready(reg.ready_ranks.begin(), reg.ready_ranks.end());
   auto it = state_.nodes.find(reg.node_id);
-  if (it != state_.nodes.end() && it->second.incarnation == reg.incarnation && it->second.nproc == reg.nproc) {
-    // A retried register, or the node reconnected: its ready ranks may differ.
-    auto& n = it->second;
-    n.peer = reg.peer;
-    n.last_seen = std::max(n.last_seen, now);
-    n.plan_generation = plan_generation;
-    if (n.advertise_addr != reg.advertise_addr) {
-      n.advertise_addr = reg.advertise_addr;
-      note_addition(plan_cause::node_joined, now);
-      a.changed = true;
-    }
-    std::vector<int32_t> gone;
-    for (const auto& [l, serial] : n.ready)
-      if (!ready.count(l)) gone.push_back(l);
-    for (int32_t l : gone) a.changed |= mark_ready(n, l, false, now);
-    for (int32_t l : ready) a.changed |= mark_ready(n, l, true, now);
-    a.accepted = true;
-    a.node_rank = n.node_rank;
-    a.rejoined = true;
-    return a;
-  }
+  if (it != state_.nodes.end() && it->second.incarnation == reg.incarnation && it->second.nproc == reg.nproc)
+    return readmit(it->second, reg, ready, now);
   if (it != state_.nodes.end() && it->second.incarnation != reg.incarnation && now - it->second.last_seen < opts_.duplicate_window) {
     // The member's process is alive (heard from just now): this is a second
     // process under the same id (a machine cloned from one image, two nodes
     // on one host), not a restart. Taking it for a restart would throw the
     // live member out, and each would keep evicting the other.
-    const auto& old = it->second;
     std::ostringstream why;
-    why << "node id '" << reg.node_id << "' is in use by a live node (at " << old.advertise_addr
+    why << "node id '" << reg.node_id << "' is in use by a live node (at " << it->second.advertise_addr
         << "); give every node its own --node-id (a machine cloned from another keeps its host name)";
     a.duplicate = true;
     a.reason = why.str();
@@ -461,19 +436,53 @@ admission membership::admit(const node_registration& reg, clock_time now) {
       a.reason = quarantine_reason(reg.node_id, now);
       return a;
     }
-  } else {
-    auto members = static_cast<int32_t>(state_.nodes.size());
-    if (members >= opts_.max_nodes) {
-      a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " + std::to_string(opts_.max_nodes) +
-                 "; node '" + reg.node_id + "' was not admitted (raise cluster.max_nodes or stop a node)";
-      return a;
-    }
+  } else if (auto members = static_cast<int32_t>(state_.nodes.size()); members >= opts_.max_nodes) {
+    a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " + std::to_string(opts_.max_nodes) +
+               "; node '" + reg.node_id + "' was not admitted (raise cluster.max_nodes or stop a node)";
+    return a;
   }
+  join_node(reg, ready, now, a);
+  return a;
+}
+
+void membership::adopt_reported(const node_registration& reg, clock_time now) {
+  state_.last_generation = std::max(state_.last_generation, reg.last_generation);
+  if (state_.current) return;
+  if (!state_.first_registration) state_.first_registration = now;
+  if (reg.current_plan) {
+    state_.last_generation = std::max(state_.last_generation, reg.current_plan->generation);
+    if (!state_.reported_plan || reg.current_plan->generation > state_.reported_plan->generation) state_.reported_plan = reg.current_plan;
+  }
+}
+
+admission membership::readmit(node_info& n, const node_registration& reg, const std::set<int32_t>& ready, clock_time now) {
+  admission a;
+  n.peer = reg.peer;
+  n.last_seen = std::max(n.last_seen, now);
+  n.plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
+  if (n.advertise_addr != reg.advertise_addr) {
+    n.advertise_addr = reg.advertise_addr;
+    note_addition(plan_cause::node_joined, now);
+    a.changed = true;
+  }
+  std::vector<int32_t> gone;
+  for (const auto& [l, serial] : n.ready)
+    if (!ready.count(l)) gone.push_back(l);
+  for (int32_t l : gone) a.changed |= mark_ready(n, l, false, now);
+  for (int32_t l : ready) a.changed |= mark_ready(n, l, true, now);
+  a.accepted = true;
+  a.node_rank = n.node_rank;
+  a.rejoined = true;
+  return a;
+}
+
+void membership::join_node(const node_registration& reg, const std::set<int32_t>& ready, clock_time now, admission& a) {
   state_.leaving.erase(reg.node_id);
   auto remembered = state_.remembered_ranks.find(reg.node_id);
   int32_t rank = assign_rank(reg.node_id);
   a.rejoined = remembered != state_.remembered_ranks.end() && remembered->second == rank;
   state_.remembered_ranks[reg.node_id] = rank;
+  const uint64_t plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
   auto& n = state_.nodes[reg.node_id] =
       node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation, {}};
   note_addition(plan_cause::node_joined, now);
@@ -482,7 +491,6 @@ admission membership::admit(const node_registration& reg, clock_time now) {
   a.changed = true;
   a.joined = true;
   a.node_rank = rank;
-  return a;
 }
 
 removal membership::remove(const std::string& node_id, clock_time now, departure why) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -308,6 +309,15 @@ class membership {
   // Counts a loss of `node_id`; true when it reaches quarantine.
   bool note_failure(const std::string& node_id, clock_time now);
   bool mark_ready(node_info& n, int32_t local_rank, bool ready, clock_time now);
+  // admit()'s parts. Takes the generation (and, before the first plan, the
+  // plan) a registering node reports.
+  void adopt_reported(const node_registration& reg, clock_time now);
+  // The member `n` registered again with its incarnation and nproc (a retry
+  // or a reconnect): its address, peer and ready ranks are refreshed.
+  admission readmit(node_info& n, const node_registration& reg, const std::set<int32_t>& ready, clock_time now);
+  // A node not (or no longer) a member joins: a rank (its remembered one
+  // when free), its ready ranks; sets `a` accepted and joined.
+  void join_node(const node_registration& reg, const std::set<int32_t>& ready, clock_time now, admission& a);
 
   membership_options opts_;
   membership_state state_;

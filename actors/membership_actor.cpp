@@ -296,6 +296,66 @@ void on_tick(membership_self self) {
   announce(self, p);
 }
 
+// A node's message, by kind: membership's own, or the job's (rank status
+// after membership has read it). Nothing for the job without a job actor.
+void on_node_message(membership_self self, inbound& in) {
+  switch (in.env.body_case()) {
+    case pb::envelope::kRegisterNode:
+      on_register(self, in);
+      break;
+    case pb::envelope::kHeartbeat:
+      on_heartbeat(self, in);
+      break;
+    case pb::envelope::kLeave:
+      on_leave(self, in);
+      break;
+    case pb::envelope::kRankStatus: {
+      on_rank_status(self, in);
+      auto fail = on_checkpoint_refused(self, in);
+      if (!self->state.job) {
+        ++self->state.dropped;
+        break;
+      }
+      // The rank's report first: the job journals it before it fails.
+      self->send(self->state.job, std::move(in));
+      if (fail) self->send(self->state.job, fail_atom::value, *fail);
+      break;
+    }
+    case pb::envelope::kStepReport:
+    case pb::envelope::kEvalReport:
+    case pb::envelope::kCheckpointWritten:
+    case pb::envelope::kJobError:
+      if (self->state.job) {
+        self->send(self->state.job, std::move(in));
+        break;
+      }
+      [[fallthrough]];
+    default:
+      ++self->state.dropped;
+      break;
+  }
+}
+
+// Tells every connected node to shut down (with `checkpoint`: after a final
+// one). True when some member node, or a draining node still heard from,
+// was told: someone will answer.
+bool shut_down_nodes(membership_self self, const std::string& reason, bool checkpoint) {
+  auto& st = self->state;
+  auto env = make_envelope(st.opts.header, current_generation(st));
+  env.mutable_shutdown()->set_reason(reason);
+  env.mutable_shutdown()->set_checkpoint(checkpoint);
+  for (const auto& [id, peer] : st.peers) send_to_node(self, peer, env);
+  if (!st.members.state().nodes.empty()) return true;  // some member node was told
+  // Every node left, but one whose ranks still train (it left in the
+  // same moment as this stop: Ctrl-C to a shell job reaches all) and
+  // that is still heard from stops with the job, its ranks after the
+  // final checkpoint.
+  const auto now = self->clock().now();
+  for (const auto& [id, heard] : st.draining)
+    if (now - heard < st.opts.liveness.heartbeat_timeout) return true;
+  return false;
+}
+
 }  // namespace
 
 pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const checkpoint_ledger& checkpoints) {
@@ -366,43 +426,7 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
   self->state.checkpoints = self->state.opts.checkpoints;
   self->send(self, tick_atom::value);
   return {
-      [=](inbound& in) {
-        switch (in.env.body_case()) {
-          case pb::envelope::kRegisterNode:
-            on_register(self, in);
-            break;
-          case pb::envelope::kHeartbeat:
-            on_heartbeat(self, in);
-            break;
-          case pb::envelope::kLeave:
-            on_leave(self, in);
-            break;
-          case pb::envelope::kRankStatus: {
-            on_rank_status(self, in);
-            auto fail = on_checkpoint_refused(self, in);
-            if (!self->state.job) {
-              ++self->state.dropped;
-              break;
-            }
-            // The rank's report first: the job journals it before it fails.
-            self->send(self->state.job, std::move(in));
-            if (fail) self->send(self->state.job, fail_atom::value, *fail);
-            break;
-          }
-          case pb::envelope::kStepReport:
-          case pb::envelope::kEvalReport:
-          case pb::envelope::kCheckpointWritten:
-          case pb::envelope::kJobError:
-            if (self->state.job) {
-              self->send(self->state.job, std::move(in));
-              break;
-            }
-            [[fallthrough]];
-          default:
-            ++self->state.dropped;
-            break;
-        }
-      },
+      [=](inbound& in) { on_node_message(self, in); },
       [=](tick_atom) {
         on_tick(self);
         self->delayed_send(self, self->state.opts.liveness.heartbeat_interval, tick_atom::value);
@@ -412,22 +436,7 @@ caf::behavior membership_actor(membership_self self, coordinator_options opts, o
         self->state.stopping = true;
       },
       [=](ckpt_atom, int64_t step, const std::vector<int64_t>& kept) { checkpoint_committed(self->state.checkpoints, step, kept); },
-      [=](shutdown_atom, const std::string& reason, bool checkpoint) {
-        auto& st = self->state;
-        auto env = make_envelope(st.opts.header, current_generation(st));
-        env.mutable_shutdown()->set_reason(reason);
-        env.mutable_shutdown()->set_checkpoint(checkpoint);
-        for (const auto& [id, peer] : st.peers) send_to_node(self, peer, env);
-        if (!st.members.state().nodes.empty()) return true;  // some member node was told
-        // Every node left, but one whose ranks still train (it left in the
-        // same moment as this stop: Ctrl-C to a shell job reaches all) and
-        // that is still heard from stops with the job, its ranks after the
-        // final checkpoint.
-        const auto now = self->clock().now();
-        for (const auto& [id, heard] : st.draining)
-          if (now - heard < st.opts.liveness.heartbeat_timeout) return true;
-        return false;
-      },
+      [=](shutdown_atom, const std::string& reason, bool checkpoint) { return shut_down_nodes(self, reason, checkpoint); },
   };
 }
 

@@ -192,114 +192,155 @@ void quit_if_done(agent_self self) {
   self->quit();
 }
 
-void on_coordinator(agent_self self, const inbound& in) {
+// The coordinator accepted this node (or refused it: logged once per
+// reason; a member goes back to registering).
+void on_register_ack(agent_self self, const pb::register_ack& ack) {
   auto& st = self->state;
-  st.last_heard = self->clock().now();
+  if (!ack.accepted()) {
+    // Once per reason, not once per retry.
+    if (ack.reason() != st.last_refusal) log_line(self, "registration refused: " + ack.reason());
+    st.last_refusal = ack.reason();
+    if (member(st)) enter_registering(self, ack.reason());
+    // While registering, the retry timer keeps trying.
+    return;
+  }
+  if (st.phase != node_phase::registering) return;  // duplicate ack of a retried register
+  st.phase = node_phase::registered;
+  st.node_rank = ack.node_rank();
+  st.job_id = ack.job_id();
+  st.config_toml = ack.config_toml();
+  st.checkpoint_store = ack.checkpoint_store();
+  st.module_object = ack.module_object();
+  st.module_digest = ack.module_digest();
+  if (st.opts.liveness_from_config)
+    if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
+  if (st.opts.rank_exit_limit_from_config)
+    if (auto l = st.opts.rank_exit_limit_from_config(st.config_toml)) st.opts.rank_exit_limit = *l;
+  ++st.register_epoch;  // cancels the pending retry
+  log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
+  emit(self, nev::registered{st.job_id, st.node_rank});
+  start_missing_ranks(self);
+  for (const auto& r : st.ranks)
+    if (r.alive && r.finished) to_coordinator(self, *r.finished);
+}
+
+// A newer plan goes to every rank; fenced: an older or equal one is dropped.
+void on_generation_plan(agent_self self, const pb::generation_plan& plan) {
+  auto& st = self->state;
+  if (st.phase == node_phase::stopped || st.phase == node_phase::unregistered) return;
+  if (st.plan && plan.generation() <= st.plan->generation()) return;  // fenced: not newer
+  st.plan = plan;
+  emit(self, nev::plan_received{st.plan->generation(), st.plan->world_size()});
+  if (st.phase == node_phase::leaving) {
+    // The drain plan without us: ranks finish their step, report IDLE
+    // and are stopped then.
+    for (const auto& r : st.ranks) send_plan_to_rank(self, r);
+    return;
+  }
+  if (st.phase == node_phase::registering) ++st.register_epoch;  // a plan naming us implies we are a member
+  st.phase = node_phase::running;
+  for (const auto& r : st.ranks) send_plan_to_rank(self, r);
+}
+
+// A checkpointed stop is relayed to the ranks (they stop at an agreed
+// step); any other shutdown stops this node.
+void on_shutdown(agent_self self, const pb::shutdown& shutdown) {
+  auto& st = self->state;
+  if (shutdown.checkpoint()) {
+    // Ranks stop at an agreed step after rank 0's final checkpoint; the
+    // coordinator sends the final shutdown afterwards.
+    log_line(self, "stopping at the next step boundary: " + shutdown.reason());
+    if (!st.job_stopping && st.phase == node_phase::leaving) {
+      // This node's own signal arrived with the coordinator's: part of
+      // the stop, not a preemption. The ranks stop with the job.
+      log_line(self, "the coordinator is stopping the job: the ranks stop with it");
+      self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
+    }
+    st.job_stopping = true;
+    for (const auto& r : st.ranks)
+      if (r.alive && !r.peer.empty()) {
+        auto out = envelope(self);
+        *out.mutable_shutdown() = shutdown;
+        st.out(links::ranks, r.peer, std::move(out));
+      }
+    return;
+  }
+  if (st.phase == node_phase::stopped) return;  // the coordinator may say it twice
+  log_line(self, "shutdown: " + shutdown.reason());
+  if (shutdown.refused()) emit(self, nev::refused{shutdown.reason()});
+  wind_down(self, node_phase::stopped, shutdown.reason());
+  quit_if_done(self);
+}
+
+void on_coordinator(agent_self self, const inbound& in) {
+  self->state.last_heard = self->clock().now();
   const auto& env = in.env;
   switch (env.body_case()) {
-    case pb::envelope::kRegisterAck: {
-      const auto& ack = env.register_ack();
-      if (ack.accepted()) {
-        if (st.phase != node_phase::registering) return;  // duplicate ack of a retried register
-        st.phase = node_phase::registered;
-        st.node_rank = ack.node_rank();
-        st.job_id = ack.job_id();
-        st.config_toml = ack.config_toml();
-        st.checkpoint_store = ack.checkpoint_store();
-        st.module_object = ack.module_object();
-        st.module_digest = ack.module_digest();
-        if (st.opts.liveness_from_config)
-          if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
-        if (st.opts.rank_exit_limit_from_config)
-          if (auto l = st.opts.rank_exit_limit_from_config(st.config_toml)) st.opts.rank_exit_limit = *l;
-        ++st.register_epoch;  // cancels the pending retry
-        log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
-        emit(self, nev::registered{st.job_id, st.node_rank});
-        start_missing_ranks(self);
-        for (const auto& r : st.ranks)
-          if (r.alive && r.finished) to_coordinator(self, *r.finished);
-      } else {
-        // Once per reason, not once per retry.
-        if (ack.reason() != st.last_refusal) log_line(self, "registration refused: " + ack.reason());
-        st.last_refusal = ack.reason();
-        if (member(st)) enter_registering(self, ack.reason());
-        // While registering, the retry timer keeps trying.
-      }
+    case pb::envelope::kRegisterAck:
+      on_register_ack(self, env.register_ack());
       break;
-    }
     case pb::envelope::kHeartbeatAck:
       emit(self, nev::heartbeat_acked{env.heartbeat_ack().echoed_sent_steady_s()});
       break;
-    case pb::envelope::kGenerationPlan: {
-      if (st.phase == node_phase::stopped || st.phase == node_phase::unregistered) return;
-      if (st.plan && env.generation_plan().generation() <= st.plan->generation()) return;  // fenced: not newer
-      st.plan = env.generation_plan();
-      emit(self, nev::plan_received{st.plan->generation(), st.plan->world_size()});
-      if (st.phase == node_phase::leaving) {
-        // The drain plan without us: ranks finish their step, report IDLE
-        // and are stopped then.
-        for (const auto& r : st.ranks) send_plan_to_rank(self, r);
-        return;
-      }
-      if (st.phase == node_phase::registering) ++st.register_epoch;  // a plan naming us implies we are a member
-      st.phase = node_phase::running;
-      for (const auto& r : st.ranks) send_plan_to_rank(self, r);
+    case pb::envelope::kGenerationPlan:
+      on_generation_plan(self, env.generation_plan());
       break;
-    }
     case pb::envelope::kShutdown:
-      if (env.shutdown().checkpoint()) {
-        // Ranks stop at an agreed step after rank 0's final checkpoint; the
-        // coordinator sends the final shutdown afterwards.
-        log_line(self, "stopping at the next step boundary: " + env.shutdown().reason());
-        if (!st.job_stopping && st.phase == node_phase::leaving) {
-          // This node's own signal arrived with the coordinator's: part of
-          // the stop, not a preemption. The ranks stop with the job.
-          log_line(self, "the coordinator is stopping the job: the ranks stop with it");
-          self->delayed_send(self, st.opts.stop_timeout, stop_due_atom::value);
-        }
-        st.job_stopping = true;
-        for (const auto& r : st.ranks)
-          if (r.alive && !r.peer.empty()) {
-            auto out = envelope(self);
-            *out.mutable_shutdown() = env.shutdown();
-            st.out(links::ranks, r.peer, std::move(out));
-          }
-        break;
-      }
-      if (st.phase == node_phase::stopped) return;  // the coordinator may say it twice
-      log_line(self, "shutdown: " + env.shutdown().reason());
-      if (env.shutdown().refused()) emit(self, nev::refused{env.shutdown().reason()});
-      wind_down(self, node_phase::stopped, env.shutdown().reason());
-      quit_if_done(self);
+      on_shutdown(self, env.shutdown());
       break;
     default:
       break;
   }
 }
 
+// A process this node started says hello: its peer is known now; it gets
+// the warm-up (and the plan, if one names it already), or is stopped when
+// the node winds down. A hello from another process is ignored.
+void on_rank_hello(agent_self self, const inbound& in) {
+  auto& st = self->state;
+  const auto& hello = in.env.rank_hello();
+  auto l = hello.local_rank();
+  if (l < 0 || l >= static_cast<int32_t>(st.ranks.size())) return;
+  auto& r = st.ranks[l];
+  if (!r.alive || r.pid != hello.pid()) return;  // not the process we started
+  r.peer = in.peer;
+  r.last_seen = self->clock().now();
+  emit(self, nev::rank_started{l, r.pid, r.peer});
+  if (winding_down(st)) {
+    stop_rank(self, r);
+  } else {
+    send_warm_up(self, r);
+    // A plan that already names this rank's first process (planned
+    // before it said hello) goes along; a restarted process is not part
+    // of the running generation and waits for the next one.
+    if (r.starts == 1 && global_rank_of(st, l) >= 0) send_plan_to_rank(self, r);
+  }
+}
+
+// What a rank's status tells this node about the rank (ready, finished,
+// idle while leaving: stopped); the status itself is relayed by the caller.
+void note_rank_status(agent_self self, const inbound& in) {
+  auto& st = self->state;
+  const auto& s = in.env.rank_status();
+  if (s.local_rank() < 0 || s.local_rank() >= static_cast<int32_t>(st.ranks.size())) return;
+  auto& r = st.ranks[s.local_rank()];
+  if (r.peer != in.peer) return;
+  r.last_seen = self->clock().now();
+  if (s.status() == pb::rank_status::STATE_READY) r.failures = 0;
+  if (s.status() == pb::rank_status::STATE_READY || s.status() == pb::rank_status::STATE_IDLE) r.ready = true;
+  if (s.status() == pb::rank_status::STATE_FINISHED) r.finished = in.env;
+  if (s.status() == pb::rank_status::STATE_READY) r.finished.reset();
+  // A leaving node's rank that finished its last step.
+  if (st.phase == node_phase::leaving && s.status() == pb::rank_status::STATE_IDLE) stop_rank(self, r);
+}
+
 void on_rank(agent_self self, inbound& in) {
   auto& st = self->state;
   auto& env = in.env;
   switch (env.body_case()) {
-    case pb::envelope::kRankHello: {
-      auto l = env.rank_hello().local_rank();
-      if (l < 0 || l >= static_cast<int32_t>(st.ranks.size())) return;
-      auto& r = st.ranks[l];
-      if (!r.alive || r.pid != env.rank_hello().pid()) return;  // not the process we started
-      r.peer = in.peer;
-      r.last_seen = self->clock().now();
-      emit(self, nev::rank_started{l, r.pid, r.peer});
-      if (winding_down(st)) {
-        stop_rank(self, r);
-      } else {
-        send_warm_up(self, r);
-        // A plan that already names this rank's first process (planned
-        // before it said hello) goes along; a restarted process is not part
-        // of the running generation and waits for the next one.
-        if (r.starts == 1 && global_rank_of(st, l) >= 0) send_plan_to_rank(self, r);
-      }
+    case pb::envelope::kRankHello:
+      on_rank_hello(self, in);
       return;
-    }
     case pb::envelope::kHeartbeat: {
       for (auto& r : st.ranks)
         if (r.alive && r.peer == in.peer) r.last_seen = self->clock().now();
@@ -314,22 +355,9 @@ void on_rank(agent_self self, inbound& in) {
       if (st.opts.annotate_report) st.opts.annotate_report(in.peer, *env.mutable_step_report());
       emit(self, nev::steps_reported{env.step_report()});
       break;
-    case pb::envelope::kRankStatus: {
-      const auto& s = env.rank_status();
-      if (s.local_rank() >= 0 && s.local_rank() < static_cast<int32_t>(st.ranks.size())) {
-        auto& r = st.ranks[s.local_rank()];
-        if (r.peer == in.peer) {
-          r.last_seen = self->clock().now();
-          if (s.status() == pb::rank_status::STATE_READY) r.failures = 0;
-          if (s.status() == pb::rank_status::STATE_READY || s.status() == pb::rank_status::STATE_IDLE) r.ready = true;
-          if (s.status() == pb::rank_status::STATE_FINISHED) r.finished = env;
-          if (s.status() == pb::rank_status::STATE_READY) r.finished.reset();
-          // A leaving node's rank that finished its last step.
-          if (st.phase == node_phase::leaving && s.status() == pb::rank_status::STATE_IDLE) stop_rank(self, r);
-        }
-      }
+    case pb::envelope::kRankStatus:
+      note_rank_status(self, in);
       break;
-    }
     case pb::envelope::kEvalReport:
     case pb::envelope::kCheckpointWritten:
     case pb::envelope::kJobError:
@@ -459,6 +487,46 @@ void leave(agent_self self, const std::string& reason, const pb::preemption_noti
   quit_if_done(self);
 }
 
+// The register retry timer: another register while still registering
+// (a stale epoch: an ack or a plan came meanwhile).
+void on_register_retry(agent_self self, uint64_t epoch) {
+  auto& st = self->state;
+  if (st.phase != node_phase::registering || epoch != st.register_epoch) return;
+  ++st.register_attempt;
+  send_register(self);
+  schedule_register_retry(self);
+}
+
+// A rank's restart delay passed: start it, unless the restart was
+// cancelled (a newer epoch), it runs again, or the node winds down.
+void on_restart_due(agent_self self, int32_t local_rank, uint64_t epoch) {
+  auto& st = self->state;
+  if (local_rank < 0 || local_rank >= static_cast<int32_t>(st.ranks.size())) return;
+  auto& r = st.ranks[local_rank];
+  if (epoch != r.restart_epoch || r.alive || winding_down(st)) return;
+  start_rank(self, local_rank);
+}
+
+// The leave timeout: no drain plan came; stop the ranks now.
+void on_leave_due(agent_self self) {
+  auto& st = self->state;
+  if (st.phase != node_phase::leaving) return;
+  // The drain timer while the job stops: the stop's own timer decides.
+  if (st.job_stopping) return;
+  log_line(self, "stopping ranks: no drain plan in time");
+  for (auto& r : st.ranks) stop_rank(self, r);
+  quit_if_done(self);
+}
+
+// The stop timeout: the job is stopping and no final shutdown came.
+void on_stop_due(agent_self self) {
+  auto& st = self->state;
+  if (st.phase != node_phase::leaving) return;
+  log_line(self, "stopping ranks: no final shutdown from the coordinator in time");
+  for (auto& r : st.ranks) stop_rank(self, r);
+  quit_if_done(self);
+}
+
 }  // namespace
 
 caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out, std::shared_ptr<process_launcher> launcher) {
@@ -473,13 +541,7 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
         enter_registering(self, "start");
         self->send(self, tick_atom::value);
       },
-      [=](retry_atom, uint64_t epoch) {
-        auto& st = self->state;
-        if (st.phase != node_phase::registering || epoch != st.register_epoch) return;
-        ++st.register_attempt;
-        send_register(self);
-        schedule_register_retry(self);
-      },
+      [=](retry_atom, uint64_t epoch) { on_register_retry(self, epoch); },
       [=](tick_atom) {
         if (self->state.phase == node_phase::stopped) return;
         on_tick(self);
@@ -492,13 +554,7 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
           on_coordinator(self, in);
       },
       [=](rank_exit_atom, int32_t pid, int32_t exit_code) { on_rank_exit(self, pid, exit_code); },
-      [=](restart_atom, int32_t local_rank, uint64_t epoch) {
-        auto& st = self->state;
-        if (local_rank < 0 || local_rank >= static_cast<int32_t>(st.ranks.size())) return;
-        auto& r = st.ranks[local_rank];
-        if (epoch != r.restart_epoch || r.alive || winding_down(st)) return;
-        start_rank(self, local_rank);
-      },
+      [=](restart_atom, int32_t local_rank, uint64_t epoch) { on_restart_due(self, local_rank, epoch); },
       [=](leave_atom, const std::string& reason) { leave(self, reason, nullptr); },
       // The cloud's preemption notice (app/node.cpp): a leave the coordinator
       // journals as preemption_notice.
@@ -511,24 +567,8 @@ caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out,
         n.set_noticed_unix_s(noticed_unix_s);
         leave(self, reason, &n);
       },
-      // The leave timeout: no drain plan came; stop the ranks now.
-      [=](leave_due_atom) {
-        auto& st = self->state;
-        if (st.phase != node_phase::leaving) return;
-        // The drain timer while the job stops: the stop's own timer decides.
-        if (st.job_stopping) return;
-        log_line(self, "stopping ranks: no drain plan in time");
-        for (auto& r : st.ranks) stop_rank(self, r);
-        quit_if_done(self);
-      },
-      // The stop timeout: the job is stopping and no final shutdown came.
-      [=](stop_due_atom) {
-        auto& st = self->state;
-        if (st.phase != node_phase::leaving) return;
-        log_line(self, "stopping ranks: no final shutdown from the coordinator in time");
-        for (auto& r : st.ranks) stop_rank(self, r);
-        quit_if_done(self);
-      },
+      [=](leave_due_atom) { on_leave_due(self); },
+      [=](stop_due_atom) { on_stop_due(self); },
   };
 }
 

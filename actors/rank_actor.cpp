@@ -7,14 +7,15 @@ namespace dtactor {
 
 using rank_self = caf::stateful_actor<rank_actor_state>*;
 
-caf::behavior rank_actor(rank_self self, rank_actor_options opts) {
-  auto& st = self->state;
-  st.opts = std::move(opts);
-  // The training thread's reports come back to this actor as messages.
+namespace {
+
+// The callbacks the training thread reports through: each puts its
+// message into the matching body of an envelope and sends it to this actor
+// (report_atom), which stamps and forwards it.
+rank_work_callbacks report_callbacks(rank_self self) {
   auto relay = [self](uint64_t gen, pb::envelope env) {
     caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, gen, inbound{"node", "", std::move(env)});
   };
-  // Each callback puts its message into the matching body of an envelope.
   auto into = [relay](auto mutable_body) {
     return [relay, mutable_body](uint64_t gen, auto msg) {
       pb::envelope e;
@@ -27,7 +28,33 @@ caf::behavior rank_actor(rank_self self, rank_actor_options opts) {
   cb.on_eval = into(&pb::envelope::mutable_eval_report);
   cb.on_checkpoint = into(&pb::envelope::mutable_checkpoint_written);
   cb.on_status = into(&pb::envelope::mutable_rank_status);
-  if (st.opts.make_work) st.work = st.opts.make_work(std::move(cb));
+  return cb;
+}
+
+// The node agent's message: a plan goes to the work (the newest it took is
+// what heartbeats carry); a checkpointed shutdown asks the work to stop at
+// an agreed step, any other ends the work and this actor.
+void on_node_message(rank_self self, const inbound& in) {
+  auto& st = self->state;
+  if (in.env.has_generation_plan()) {
+    if (!in.env.job_id().empty()) st.opts.header.job_id = in.env.job_id();
+    if (st.work && st.work->offer(in.env.generation_plan())) st.newest_plan = std::max(st.newest_plan, in.env.generation_plan().generation());
+  } else if (in.env.has_shutdown()) {
+    if (in.env.shutdown().checkpoint()) {
+      if (st.work) st.work->request_stop(true);
+      return;
+    }
+    if (st.work) st.work->quit();
+    self->quit();
+  }
+}
+
+}  // namespace
+
+caf::behavior rank_actor(rank_self self, rank_actor_options opts) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  if (st.opts.make_work) st.work = st.opts.make_work(report_callbacks(self));
   return {
       [=](start_atom) {
         auto& st = self->state;
@@ -52,21 +79,7 @@ caf::behavior rank_actor(rank_self self, rank_actor_options opts) {
         ++st.reports;
         st.opts.send(std::move(env));
       },
-      [=](inbound& in) {
-        auto& st = self->state;
-        if (in.env.has_generation_plan()) {
-          if (!in.env.job_id().empty()) st.opts.header.job_id = in.env.job_id();
-          if (st.work && st.work->offer(in.env.generation_plan()))
-            st.newest_plan = std::max(st.newest_plan, in.env.generation_plan().generation());
-        } else if (in.env.has_shutdown()) {
-          if (in.env.shutdown().checkpoint()) {
-            if (st.work) st.work->request_stop(true);
-            return;
-          }
-          if (st.work) st.work->quit();
-          self->quit();
-        }
-      },
+      [=](inbound& in) { on_node_message(self, in); },
   };
 }
 
