@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -48,7 +50,38 @@ extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
   return real(attr, size < smallest_stack() ? smallest_stack() : size);
 }
 
+// civetweb 1.15's master thread polls its listening sockets and, when
+// accept() fails, polls again at once. Out of file descriptors (EMFILE,
+// ENFILE) the waiting connection stays, poll() returns at once, and the
+// thread spins a core until a descriptor frees. An accept() that fails for
+// want of descriptors therefore waits 50 ms before it returns: 20 tries a
+// second instead of a spin. Every other call passes unchanged; libzmq calls
+// accept4(), which this leaves alone.
+namespace {
+std::atomic<uint64_t> accepts_without_descriptors{0};
+}  // namespace
+
+extern "C" int accept(int fd, sockaddr* addr, socklen_t* len) {
+  using fn = int (*)(int, sockaddr*, socklen_t*);
+  static const fn real = reinterpret_cast<fn>(dlsym(RTLD_NEXT, "accept"));
+  if (!real) {
+    errno = ENOSYS;
+    return -1;
+  }
+  const int r = real(fd, addr, len);
+  if (r < 0 && (errno == EMFILE || errno == ENFILE)) {
+    const int e = errno;
+    if (accepts_without_descriptors.fetch_add(1) == 0)
+      std::fprintf(stderr, "dtactor: http: out of file descriptors, connections wait (raise ulimit -n)\n");
+    ::usleep(50 * 1000);
+    errno = e;
+  }
+  return r;
+}
+
 namespace dtactor {
+
+uint64_t http_accepts_without_descriptors() { return accepts_without_descriptors.load(); }
 
 struct http_server::impl {
   http_handler handler;

@@ -13,6 +13,7 @@
 // beside LibTorch's static TLS; http_server.cpp raises such requests to what
 // the process's TLS needs (a program on the C++ API runs the coordinator in
 // its own, torch-linked process).
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,6 +40,10 @@ struct http_limits {
   int request_timeout_ms = 2000;
   int max_request_bytes = 16384;  // request line and headers
 };
+
+// accept() calls that failed for want of file descriptors since the process
+// started (each then waited 50 ms instead of letting civetweb spin).
+uint64_t http_accepts_without_descriptors();
 
 class http_server {
  public:
