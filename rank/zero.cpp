@@ -208,22 +208,25 @@ bool hosts_cover_every_shard(const shard_plan& plan, const std::vector<std::vect
   return true;
 }
 
-status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
-                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
-  const int n = shm.world(), me = shm.rank();
-  if (static_cast<int>(members.size()) != n)
-    return make_error("parameter all-gather: the segment has " + std::to_string(n) + " ranks, the host " + std::to_string(members.size()));
-  for (int m : members)
-    if (m < 0 || m >= plan.world())
-      return make_error("parameter all-gather: rank " + std::to_string(m) + " has no shard in a plan for " + std::to_string(plan.world()) + " ranks");
-  const int rank = members[static_cast<size_t>(me)];
-  torch::NoGradGuard no_grad;
-  // Each shard some rank here lacks comes from one rank here that holds it:
-  // its primary when that is here, else the first holder in the segment's
-  // order. A rank's stream is the shards it provides, back to back.
-  const int shards = plan.world();
-  std::vector<int> provider(static_cast<size_t>(shards), -1);
-  std::vector<int64_t> at(static_cast<size_t>(shards), 0), stream(static_cast<size_t>(n), 0);
+namespace {
+
+// Who sends what in a host's parameter all-gather: each shard some member
+// lacks comes from one member that holds it (its primary when that is
+// here, else the first holder in the segment's order); a member's stream is
+// the shards it provides, back to back.
+struct host_streams {
+  std::vector<int> provider;    // per shard: the member (index in `members`) that sends it, -1: nobody needs it
+  std::vector<int64_t> at;      // per shard: where it starts in its provider's stream
+  std::vector<int64_t> stream;  // per member: its stream's length
+};
+
+// Error: a shard some member lacks that no member holds.
+result<host_streams> plan_host_streams(const shard_plan& plan, const std::vector<int>& members) {
+  const int shards = plan.world(), n = static_cast<int>(members.size());
+  host_streams out;
+  out.provider.assign(static_cast<size_t>(shards), -1);
+  out.at.assign(static_cast<size_t>(shards), 0);
+  out.stream.assign(static_cast<size_t>(n), 0);
   for (int s = 0; s < shards; ++s) {
     const auto& sh = plan.shards[static_cast<size_t>(s)];
     if (sh.begin >= sh.end) continue;
@@ -238,10 +241,31 @@ status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_
     if (p < 0)
       return make_error("parameter all-gather: no rank of this host holds shard " + std::to_string(s) + " (elements [" + std::to_string(sh.begin) +
                         ", " + std::to_string(sh.end) + "))");
-    provider[static_cast<size_t>(s)] = p;
-    at[static_cast<size_t>(s)] = stream[static_cast<size_t>(p)];
-    stream[static_cast<size_t>(p)] += sh.end - sh.begin;
+    out.provider[static_cast<size_t>(s)] = p;
+    out.at[static_cast<size_t>(s)] = out.stream[static_cast<size_t>(p)];
+    out.stream[static_cast<size_t>(p)] += sh.end - sh.begin;
   }
+  return out;
+}
+
+}  // namespace
+
+status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
+                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  const int n = shm.world(), me = shm.rank();
+  if (static_cast<int>(members.size()) != n)
+    return make_error("parameter all-gather: the segment has " + std::to_string(n) + " ranks, the host " + std::to_string(members.size()));
+  for (int m : members)
+    if (m < 0 || m >= plan.world())
+      return make_error("parameter all-gather: rank " + std::to_string(m) + " has no shard in a plan for " + std::to_string(plan.world()) + " ranks");
+  const int rank = members[static_cast<size_t>(me)];
+  torch::NoGradGuard no_grad;
+  auto streams = plan_host_streams(plan, members);
+  if (!streams) return streams.err();
+  const int shards = plan.world();
+  const std::vector<int>& provider = streams->provider;
+  const std::vector<int64_t>& at = streams->at;
+  const std::vector<int64_t>& stream = streams->stream;
   const int64_t longest = *std::max_element(stream.begin(), stream.end());
   if (longest == 0) return {};
   // In rounds of half the ring (a round never waits for the one before):
@@ -314,21 +338,24 @@ result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard
   return std::sqrt(sum);
 }
 
-result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
-                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon) {
-  const auto t0 = clock_type::now();
-  const int world = pg.getSize(), rank = pg.getRank();
-  const int64_t total = opt.total_elements();
-  if (next.world() != world || next.total != total)
-    return make_error("optimizer reshard: the shard plan is for " + std::to_string(next.world()) + " ranks and " + std::to_string(next.total) +
-                      " elements, the group has " + std::to_string(world) + " ranks and the optimizer " + std::to_string(total));
-  torch::NoGradGuard no_grad;
-  // Who holds what at the agreed step: every rank's held ranges, in a
-  // fixed-size row of the all-gather ([count, a0, b0, a1, b1, ...]).
+namespace {
+
+// Every rank's held ranges at the agreed step, and whether any rank's
+// parameters may be a mix of two steps.
+struct holdings {
+  std::vector<ranges> held;
+  bool any_mixed = false;
+};
+
+// All-gathers who holds what: each rank's held ranges (none unless
+// `holds_current`) and its `params_mixed`, in a fixed-size row
+// ([count, a0, b0, ..., a31, b31, parameters mixed]).
+result<holdings> gather_holdings(c10d::ProcessGroup& pg, flat_adamw& opt, bool holds_current, bool params_mixed, std::chrono::milliseconds timeout,
+                                 const std::function<bool()>& abandon) {
   constexpr int64_t max_ranges = 32;
+  const int world = pg.getSize();
   const ranges mine = holds_current ? opt.held_ranges() : ranges{};
   if (static_cast<int64_t>(mine.size()) > max_ranges) return make_error("optimizer reshard: this rank holds more than 32 ranges");
-  // [count, a0, b0, ..., a31, b31, parameters mixed]
   auto row = torch::zeros({2 + 2 * max_ranges}, torch::kInt64);
   row[0] = static_cast<int64_t>(mine.size());
   row[1 + 2 * max_ranges] = params_mixed ? 1 : 0;
@@ -340,26 +367,35 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   for (int r = 0; r < world; ++r) rows[0].push_back(torch::empty_like(row));
   std::vector<torch::Tensor> ins{row};
   if (auto st = wait_work(pg.allgather(rows, ins), clock_type::now() + timeout, abandon, "optimizer reshard (who holds what)"); !st) return st.err();
-  std::vector<ranges> held(static_cast<size_t>(world));
-  bool any_mixed = false;
+  holdings h;
+  h.held.resize(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     auto v = rows[0][static_cast<size_t>(r)];
-    any_mixed = any_mixed || v[1 + 2 * max_ranges].item<int64_t>() != 0;
+    h.any_mixed = h.any_mixed || v[1 + 2 * max_ranges].item<int64_t>() != 0;
     const int64_t n = std::clamp<int64_t>(v[0].item<int64_t>(), 0, max_ranges);
-    for (int64_t i = 0; i < n; ++i) held[static_cast<size_t>(r)].emplace_back(v[1 + 2 * i].item<int64_t>(), v[2 + 2 * i].item<int64_t>());
+    for (int64_t i = 0; i < n; ++i) h.held[static_cast<size_t>(r)].emplace_back(v[1 + 2 * i].item<int64_t>(), v[2 + 2 * i].item<int64_t>());
   }
-  // Segments: every boundary anyone's old or new ranges or a parameter group has.
+  return h;
+}
+
+// The segments of [0, total) cut at every boundary anyone's old or new
+// ranges or a parameter group has: each has one holder set and one wanter set.
+ranges cut_segments(const std::vector<ranges>& held, const shard_plan& next, flat_adamw& opt, int64_t total) {
   std::set<int64_t> cuts{0, total};
   for (const auto& h : held)
     for (const auto& [a, b] : h) cuts.insert(a), cuts.insert(b);
-  for (int r = 0; r < world; ++r)
+  for (int r = 0; r < next.world(); ++r)
     for (const auto& [a, b] : next.ranges_of(r)) cuts.insert(a), cuts.insert(b);
   for (int64_t base : opt.group_bases()) cuts.insert(base);
-  std::vector<std::pair<int64_t, int64_t>> segments;
+  ranges segments;
   for (auto it = cuts.begin(); std::next(it) != cuts.end(); ++it)
     if (*it < *std::next(it) && *std::next(it) <= total) segments.emplace_back(*it, *std::next(it));
-  // Every element must have a holder, or nothing moves.
-  reshard_result res;
+  return segments;
+}
+
+// "elements [a, b), [c, d)": the segments nobody holds, adjacent ones
+// merged; "" when every element has a holder.
+std::string unheld(const ranges& segments, const std::vector<ranges>& held) {
   ranges lost;
   for (const auto& [a, b] : segments) {
     bool any = false;
@@ -370,22 +406,31 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
     else
       lost.emplace_back(a, b);
   }
-  if (!lost.empty()) {
-    res.complete = false;
-    for (const auto& [a, b] : lost) res.missing += (res.missing.empty() ? "elements [" : ", [") + std::to_string(a) + ", " + std::to_string(b) + ")";
-    return res;
-  }
-  const ranges wanted = next.ranges_of(rank);
-  opt.shard(wanted);  // keeps what this rank held of them; the old windows stay until the sends are done
+  std::string missing;
+  for (const auto& [a, b] : lost) missing += (missing.empty() ? "elements [" : ", [") + std::to_string(a) + ", " + std::to_string(b) + ")";
+  return missing;
+}
+
+// The lowest rank holding all of [a, b) (-1: none); every rank picks the same.
+int first_holder(const std::vector<ranges>& held, int64_t a, int64_t b) {
+  for (size_t r = 0; r < held.size(); ++r)
+    if (covers(held[r], a, b)) return static_cast<int>(r);
+  return -1;
+}
+
+// Sends each segment's moments from its first holder to every rank that
+// wants it and lacks it, point to point (tags in segment order, the same on
+// every rank); waits for this rank's receives, then its sends.
+status move_moments(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges& segments, const std::vector<ranges>& held, const shard_plan& next,
+                    std::chrono::milliseconds timeout, reshard_result& res) {
+  const int world = pg.getSize(), rank = pg.getRank();
   std::vector<ranges> wants(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) wants[static_cast<size_t>(r)] = next.ranges_of(r);
   int tag = 0;
   std::vector<c10::intrusive_ptr<c10d::Work>> sends;
   std::vector<std::vector<torch::Tensor>> keep;  // tensors of sends in flight
   for (const auto& [a, b] : segments) {
-    int source = -1;
-    for (int r = 0; r < world && source < 0; ++r)
-      if (covers(held[static_cast<size_t>(r)], a, b)) source = r;
+    const int source = first_holder(held, a, b);
     for (int r = 0; r < world; ++r) {
       if (r == source || !covers(wants[static_cast<size_t>(r)], a, b) || covers(held[static_cast<size_t>(r)], a, b)) continue;
       if (rank == source) {
@@ -408,16 +453,16 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   }
   for (auto& w : sends)
     if (auto st = wait_p2p(w, timeout, "optimizer reshard (sending)"); !st) return st.err();
-  opt.drop_retired();
-  // The parameters too, from the same holders, when a rank's last all-gather
-  // failed after it stepped its own shards, so its other parameters may be
-  // a mix of two steps (and it may be the root the others took the
-  // replicated state from); the holders' are the agreed step's.
+  return {};
+}
+
+// Broadcasts every segment's parameters from its first holder, whose are
+// the agreed step's.
+status repair_params(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges& segments, const std::vector<ranges>& held,
+                     std::chrono::milliseconds timeout, const std::function<bool()>& abandon, reshard_result& res) {
+  const int rank = pg.getRank();
   for (const auto& [a, b] : segments) {
-    if (!any_mixed) break;
-    int source = -1;
-    for (int r = 0; r < world && source < 0; ++r)
-      if (covers(held[static_cast<size_t>(r)], a, b)) source = r;
+    const int source = first_holder(held, a, b);
     c10d::BroadcastOptions bo;
     bo.rootRank = source;
     for (auto& v : opt.param_views(a, b)) {
@@ -429,6 +474,40 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
         res.bytes_in += static_cast<uint64_t>(v.numel() * v.element_size());
     }
   }
+  return {};
+}
+
+}  // namespace
+
+result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
+                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon) {
+  const auto t0 = clock_type::now();
+  const int world = pg.getSize(), rank = pg.getRank();
+  const int64_t total = opt.total_elements();
+  if (next.world() != world || next.total != total)
+    return make_error("optimizer reshard: the shard plan is for " + std::to_string(next.world()) + " ranks and " + std::to_string(next.total) +
+                      " elements, the group has " + std::to_string(world) + " ranks and the optimizer " + std::to_string(total));
+  torch::NoGradGuard no_grad;
+  auto who = gather_holdings(pg, opt, holds_current, params_mixed, timeout, abandon);
+  if (!who) return who.err();
+  const std::vector<ranges>& held = who->held;
+  const ranges segments = cut_segments(held, next, opt, total);
+  // Every element must have a holder, or nothing moves.
+  reshard_result res;
+  res.missing = unheld(segments, held);
+  if (!res.missing.empty()) {
+    res.complete = false;
+    return res;
+  }
+  opt.shard(next.ranges_of(rank));  // keeps what this rank held of them; the old windows stay until the sends are done
+  if (auto st = move_moments(pg, opt, segments, held, next, timeout, res); !st) return st.err();
+  opt.drop_retired();
+  // The parameters too, from the same holders, when a rank's last all-gather
+  // failed after it stepped its own shards, so its other parameters may be
+  // a mix of two steps (and it may be the root the others took the
+  // replicated state from).
+  if (who->any_mixed)
+    if (auto st = repair_params(pg, opt, segments, held, timeout, abandon, res); !st) return st.err();
   res.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   return res;
 }
