@@ -93,50 +93,47 @@ part_writer::~part_writer() {
   if (thread_.joinable()) thread_.join();
 }
 
-double part_writer::submit(const state_layout& layout, job j, bool direct) {
-  const auto t0 = clock_type::now();
-  if (j.ranges.empty()) j.ranges.push_back(part_range(layout.bytes, j.rank, j.world));
-  std::string error;
-  uint64_t total = 0, end = 0;
-  for (const auto& [a, b] : j.ranges) {
-    if (a < end || b < a || b > layout.bytes) {
-      error = "checkpoint range [" + std::to_string(a) + ", " + std::to_string(b) + ") is not ascending, disjoint and inside the " +
-              std::to_string(layout.bytes) + "-byte state";
-      break;
+namespace {
+
+// Why `ranges` cannot be stored ("" when they can: ascending, disjoint,
+// inside the state's `state_bytes`); `total`: their bytes, 0 when not.
+std::string range_problem(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t state_bytes, uint64_t& total) {
+  uint64_t end = 0;
+  total = 0;
+  for (const auto& [a, b] : ranges) {
+    if (a < end || b < a || b > state_bytes) {
+      total = 0;
+      return "checkpoint range [" + std::to_string(a) + ", " + std::to_string(b) + ") is not ascending, disjoint and inside the " +
+             std::to_string(state_bytes) + "-byte state";
     }
     end = b;
     total += b - a;
   }
-  if (!error.empty()) total = 0;
-  if (direct) {
-    // One piece's buffer (or the part buffer an earlier checkpoint kept),
-    // kept; the writer thread reads the state while training computes the
-    // next step's gradients. What that may change is cloned now.
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !busy_ && !pending_; });
-    if (!buf_ || capacity_ < direct_piece_bytes) {
-      buf_.reset(new char[direct_piece_bytes]);
-      capacity_ = direct_piece_bytes;
-    }
-    lock.unlock();
-    auto kept = std::make_shared<state_layout>(layout);
-    if (error.empty()) {
-      torch::NoGradGuard no_grad;
-      for (auto& e : kept->entries) {
-        if (stable_until_update(e.name)) continue;
-        bool read = false;
-        for (const auto& [a, b] : j.ranges) read = read || (a < e.offset + e.size && e.offset < b);
-        if (read) e.t = e.t.clone(at::MemoryFormat::Contiguous);
-      }
-    }
-    pending p{std::move(j), since(t0), std::move(error)};
-    p.direct = std::move(kept);
-    lock.lock();
-    pending_ = std::move(p);
-    lock.unlock();
-    cv_.notify_all();
-    return since(t0);
+  return "";
+}
+
+// What a direct write reads: `layout`, with the entries a forward may
+// change before the write ends, and that `ranges` read, cloned now.
+std::shared_ptr<const state_layout> keep_for_direct(const state_layout& layout, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  auto kept = std::make_shared<state_layout>(layout);
+  torch::NoGradGuard no_grad;
+  for (auto& e : kept->entries) {
+    if (stable_until_update(e.name)) continue;
+    bool read = false;
+    for (const auto& [a, b] : ranges) read = read || (a < e.offset + e.size && e.offset < b);
+    if (read) e.t = e.t.clone(at::MemoryFormat::Contiguous);
   }
+  return kept;
+}
+
+}  // namespace
+
+double part_writer::submit(const state_layout& layout, job j, bool direct) {
+  const auto t0 = clock_type::now();
+  if (j.ranges.empty()) j.ranges.push_back(part_range(layout.bytes, j.rank, j.world));
+  uint64_t total = 0;
+  std::string error = range_problem(j.ranges, layout.bytes, total);
+  if (direct) return submit_direct(layout, std::move(j), std::move(error), t0);
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_ && !pending_; });
@@ -165,6 +162,27 @@ double part_writer::submit(const state_layout& layout, job j, bool direct) {
   return stall;
 }
 
+double part_writer::submit_direct(const state_layout& layout, job j, std::string error, std::chrono::steady_clock::time_point t0) {
+  // One piece's buffer (or the part buffer an earlier checkpoint kept),
+  // kept; the writer thread reads the state while training computes the
+  // next step's gradients. What that may change is cloned now.
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (!buf_ || capacity_ < direct_piece_bytes) {
+    buf_.reset(new char[direct_piece_bytes]);
+    capacity_ = direct_piece_bytes;
+  }
+  lock.unlock();
+  auto kept = error.empty() ? keep_for_direct(layout, j.ranges) : std::make_shared<const state_layout>(layout);
+  pending p{std::move(j), since(t0), std::move(error)};
+  p.direct = std::move(kept);
+  lock.lock();
+  pending_ = std::move(p);
+  lock.unlock();
+  cv_.notify_all();
+  return since(t0);
+}
+
 void part_writer::prepare(uint64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -189,78 +207,20 @@ double part_writer::fence() {
 }
 
 void part_writer::run() {
-  for (;;) {
-    pending p;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return quit_ || pending_ || (want_capacity_ > capacity_ && !busy_); });
-      if (!pending_ && !quit_ && want_capacity_ > capacity_) {
-        busy_ = true;
-        const uint64_t n = want_capacity_;
-        lock.unlock();
-        buf_.reset();
-        std::unique_ptr<char[]> fresh(new char[n]);
-        std::memset(fresh.get(), 0, n);  // the pages, faulted in here rather than at the step boundary
-        lock.lock();
-        buf_ = std::move(fresh);
-        capacity_ = n;
-        busy_ = false;
-        cv_.notify_all();
-        continue;
-      }
-      if (!pending_) return;
-      p = std::move(*pending_);
-      pending_.reset();
-      busy_ = true;
-    }
+  while (auto p = next_write()) {
     const auto t0 = clock_type::now();
-    pb::checkpoint_written w;
-    w.set_step(p.j.step);
-    w.set_global_rank(p.j.rank);
-    w.set_world_size(p.j.world);
-    w.set_meta(p.j.meta);
-    w.set_stall_s(p.stall_s);
-    auto& store = stores_[p.j.store];
-    if (!p.error.empty()) {
-      w.set_error(p.error);
-    } else if (!store) {
-      auto opened = open_object_store(p.j.store, default_fs_env(), p.j.s3_endpoint);
-      if (opened) store = std::shared_ptr<object_store>(std::move(opened.value()));
-      else w.set_error("checkpoint store: " + opened.message());
-    }
-    if (store && p.error.empty()) {
-      uint64_t at = 0;  // in the buffer: the ranges back to back
-      for (size_t k = 0; k < p.j.ranges.size(); ++k) {
-        const auto [a, b] = p.j.ranges[k];
-        const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world, static_cast<int>(k));
-        const state_layout* layout = p.direct.get();
-        auto part = layout ? write_part(
-                                 *store, name, a, b - a, [layout, a = a](uint64_t x, uint64_t n, char* dst) { copy_range(*layout, a + x, a + x + n, dst); },
-                                 buf_.get(), capacity_)
-                           : write_part(*store, name, a, buf_.get() + at, b - a);
-        if (!part) {
-          // The parts stored so far are orphans the next sweep takes.
-          w.clear_parts();
-          w.set_error(part.message());
-          break;
-        }
-        part->set_rank(p.j.rank);
-        part->set_node_id(p.j.node_id);
-        *w.add_parts() = std::move(part.value());
-        at += b - a;
-      }
-    }
+    pb::checkpoint_written w = store_parts(*p);
     w.set_write_s(since(t0));
-    w.set_direct(p.direct != nullptr);
-    if (p.direct) {
+    w.set_direct(p->direct != nullptr);
+    if (p->direct) {
       // Direct: the stall is submit's and, if the training thread is
       // waiting in fence() for this write, that wait so far (it ends now).
       std::lock_guard<std::mutex> lock(mu_);
-      w.set_stall_s(p.stall_s + (fenced_since_ ? since(*fenced_since_) : 0.0));
+      w.set_stall_s(p->stall_s + (fenced_since_ ? since(*fenced_since_) : 0.0));
     }
-    const bool was_direct = p.direct != nullptr;
-    p.direct.reset();  // the layout's clones go before the write is reported
-    if (done_) done_(p.j.generation, std::move(w));
+    const bool was_direct = p->direct != nullptr;
+    p->direct.reset();  // the layout's clones go before the write is reported
+    if (done_) done_(p->j.generation, std::move(w));
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
@@ -272,6 +232,78 @@ void part_writer::run() {
     }
     cv_.notify_all();
   }
+}
+
+std::optional<part_writer::pending> part_writer::next_write() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return quit_ || pending_ || (want_capacity_ > capacity_ && !busy_); });
+    if (pending_ || quit_ || want_capacity_ <= capacity_) break;
+    grow_buffer(lock);
+  }
+  if (!pending_) return std::nullopt;
+  std::optional<pending> p = std::move(pending_);
+  pending_.reset();
+  busy_ = true;
+  return p;
+}
+
+void part_writer::grow_buffer(std::unique_lock<std::mutex>& lock) {
+  busy_ = true;
+  const uint64_t n = want_capacity_;
+  lock.unlock();
+  buf_.reset();
+  std::unique_ptr<char[]> fresh(new char[n]);
+  std::memset(fresh.get(), 0, n);  // the pages, faulted in here rather than at the step boundary
+  lock.lock();
+  buf_ = std::move(fresh);
+  capacity_ = n;
+  busy_ = false;
+  cv_.notify_all();
+}
+
+pb::checkpoint_written part_writer::store_parts(const pending& p) {
+  pb::checkpoint_written w;
+  w.set_step(p.j.step);
+  w.set_global_rank(p.j.rank);
+  w.set_world_size(p.j.world);
+  w.set_meta(p.j.meta);
+  w.set_stall_s(p.stall_s);
+  auto& store = stores_[p.j.store];
+  if (!p.error.empty()) {
+    w.set_error(p.error);
+    return w;
+  }
+  if (!store) {
+    auto opened = open_object_store(p.j.store, default_fs_env(), p.j.s3_endpoint);
+    if (!opened) {
+      w.set_error("checkpoint store: " + opened.message());
+      return w;
+    }
+    store = std::shared_ptr<object_store>(std::move(opened.value()));
+  }
+  uint64_t at = 0;  // in the buffer: the ranges back to back
+  for (size_t k = 0; k < p.j.ranges.size(); ++k) {
+    const auto [a, b] = p.j.ranges[k];
+    const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world, static_cast<int>(k));
+    const state_layout* layout = p.direct.get();
+    auto part = layout
+                    ? write_part(
+                          *store, name, a, b - a, [layout, a = a](uint64_t x, uint64_t n, char* dst) { copy_range(*layout, a + x, a + x + n, dst); },
+                          buf_.get(), capacity_)
+                    : write_part(*store, name, a, buf_.get() + at, b - a);
+    if (!part) {
+      // The parts stored so far are orphans the next sweep takes.
+      w.clear_parts();
+      w.set_error(part.message());
+      break;
+    }
+    part->set_rank(p.j.rank);
+    part->set_node_id(p.j.node_id);
+    *w.add_parts() = std::move(part.value());
+    at += b - a;
+  }
+  return w;
 }
 
 }  // namespace dtactor

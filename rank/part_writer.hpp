@@ -113,6 +113,20 @@ class part_writer {
     std::string error;  // bad ranges: nothing to store
     std::shared_ptr<const state_layout> direct = nullptr;  // direct: read the ranges from here (until fence)
   };
+  // submit() of a direct write (`error`: its ranges' problem, or ""):
+  // keeps one piece's buffer and the layout (what may change cloned), and
+  // queues the write. Returns the stall since `t0`.
+  double submit_direct(const state_layout& layout, job j, std::string error, std::chrono::steady_clock::time_point t0);
+  // Waits for the next write, growing the buffer meanwhile when prepare()
+  // asked for more; marks the writer busy. nullopt once quit with nothing
+  // pending.
+  std::optional<pending> next_write();
+  // Allocates (and faults in) want_capacity_ bytes with `lock` released,
+  // busy meanwhile.
+  void grow_buffer(std::unique_lock<std::mutex>& lock);
+  // Stores p's ranges as parts (opening the store once per location): the
+  // report, with the parts or the error (no parts then).
+  pb::checkpoint_written store_parts(const pending& p);
   done_fn done_;
   bool keep_buffer_ = true;
   std::mutex mu_;
