@@ -39,6 +39,45 @@ std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()
 std::string string_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 }  // namespace
 
+namespace {
+
+// Hierarchical: shared memory within each host (`hosts`: the ranks of each,
+// this rank the `local`th of host `mine`), one rank per host on the wire.
+// Into `out`: the host's segment and, on each host's first rank, the group
+// of hosts; or why_not (and no segment) when some host could not map its
+// segment. Throws what the store throws.
+status join_hierarchical(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<std::vector<int>>& hosts, size_t mine, size_t local,
+                         int64_t floats, int64_t largest_floats, int64_t ring_floats, const communicator_options& co, exchange_plan& out) {
+  std::string problem;
+  if (hosts[mine].size() > 1) {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm/h" + std::to_string(mine), store);
+    std::string why;
+    auto joined = shm_group::join(*prefixed, static_cast<int>(local), static_cast<int>(hosts[mine].size()),
+                                  shm_slot_floats(floats, largest_floats, ring_floats, true), &why);
+    if (!joined) return joined.err();
+    if (!joined.value()) problem = "host " + std::to_string(mine) + ": " + why;
+    out.shm = joined.value();
+  }
+  if (local == 0) store->set("hier/" + std::to_string(mine), bytes_of(problem.empty() ? "1" : "0" + problem));
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    const std::string ok = string_of(store->get("hier/" + std::to_string(h)));
+    if (ok != "1" && out.why_not.empty()) out.why_not = ok.size() > 1 ? ok.substr(1) : "host " + std::to_string(h) + " could not map it";
+  }
+  if (!out.why_not.empty()) {
+    out.shm.reset();
+    return {};
+  }
+  out.hierarchical = true;
+  if (local == 0) {
+    auto g = make_process_group(c10::make_intrusive<c10d::PrefixStore>("hosts", store), static_cast<int>(mine), out.host_count, co);
+    if (!g) return make_error("the group of hosts: " + g.message());
+    out.hosts = g.value();
+  }
+  return {};
+}
+
+}  // namespace
+
 result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats,
                                      const communicator_options& co, const std::string& host_key, int64_t largest_floats,
                                      int64_t ring_floats) {
@@ -69,32 +108,7 @@ result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& stor
       out.why_not = "every rank on a host of its own (another machine, host name or network namespace)";
       return out;
     }
-    // Hierarchical: shared memory within each host, one rank per host on the wire.
-    std::string problem;
-    if (hosts[mine].size() > 1) {
-      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm/h" + std::to_string(mine), store);
-      std::string why;
-      auto joined = shm_group::join(*prefixed, static_cast<int>(local), static_cast<int>(hosts[mine].size()),
-                                    shm_slot_floats(floats, largest_floats, ring_floats, true), &why);
-      if (!joined) return joined.err();
-      if (!joined.value()) problem = "host " + std::to_string(mine) + ": " + why;
-      out.shm = joined.value();
-    }
-    if (local == 0) store->set("hier/" + std::to_string(mine), bytes_of(problem.empty() ? "1" : "0" + problem));
-    for (size_t h = 0; h < hosts.size(); ++h) {
-      const std::string ok = string_of(store->get("hier/" + std::to_string(h)));
-      if (ok != "1" && out.why_not.empty()) out.why_not = ok.size() > 1 ? ok.substr(1) : "host " + std::to_string(h) + " could not map it";
-    }
-    if (!out.why_not.empty()) {
-      out.shm.reset();
-      return out;
-    }
-    out.hierarchical = true;
-    if (local == 0) {
-      auto g = make_process_group(c10::make_intrusive<c10d::PrefixStore>("hosts", store), static_cast<int>(mine), out.host_count, co);
-      if (!g) return make_error("the group of hosts: " + g.message());
-      out.hosts = g.value();
-    }
+    if (auto st = join_hierarchical(store, hosts, mine, local, floats, largest_floats, ring_floats, co, out); !st) return st.err();
   } catch (const std::exception& e) {
     std::string what = e.what();
     return make_error("gradient exchange rendezvous: " + what.substr(0, what.find('\n')));

@@ -92,21 +92,11 @@ float half_to_float(uint16_t h) {
 const char* to_string(npy_dtype t) { return info(t).name; }
 std::size_t item_bytes(npy_dtype t) { return info(t).bytes; }
 
-result<npy_header> parse_npy_header(std::string_view b, uint64_t file_size) {
-  if (b.size() < 10 || b.substr(0, 6) != magic) return make_error("not a .npy file (no \\x93NUMPY magic)");
-  const int major = static_cast<uint8_t>(b[6]);
-  if (major < 1 || major > 3) return make_error(".npy format version " + std::to_string(major) + " is not supported (1, 2 and 3 are)");
-  const std::size_t len_bytes = major == 1 ? 2 : 4;
-  if (b.size() < 8 + len_bytes) return make_error("the .npy header is cut short");
-  const uint64_t header_len = le(b, 8, len_bytes);
-  npy_header h;
-  h.data_offset = 8 + len_bytes + static_cast<std::size_t>(header_len);
-  if (h.data_offset > file_size) return make_error("the .npy header claims " + std::to_string(header_len) + " bytes; the file is shorter");
-  if (h.data_offset > b.size()) return make_error("the .npy header is over 64 KiB");
-  const std::string_view dict = b.substr(8 + len_bytes, static_cast<std::size_t>(header_len));
-  if (dict.find('{') == std::string_view::npos) return make_error("the .npy header is not a dict");
+namespace {
 
-  // descr: '<f4', '|u1', ...
+// The header dict's dtype ('descr': '<f4', '|u1', ...): a supported one,
+// little-endian (or single-byte).
+result<const dtype_info*> parse_descr(std::string_view dict) {
   auto descr = value_of(dict, "descr");
   if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"') || descr.back() != descr.front())
     return make_error("the .npy header has no dtype ('descr')");
@@ -119,12 +109,12 @@ result<npy_header> parse_npy_header(std::string_view b, uint64_t file_size) {
   if (!found) return make_error("dtype '" + std::string(descr) + "' is not supported (numbers and bool only: uint8..int64, float16/32/64, bool)");
   if (order == '>' && found->bytes > 1) return make_error("dtype '" + std::string(descr) + "' is big-endian; save it little-endian (astype('<" + found->descr + "'))");
   if (order != '<' && order != '|' && order != '=' && order != '>') return make_error("dtype '" + std::string(descr) + "' has an unknown byte order");
-  h.dtype = found->type;
+  return found;
+}
 
-  const auto fortran = value_of(dict, "fortran_order");
-  if (fortran == "True") return make_error("the array is stored in Fortran order; save np.ascontiguousarray(a) instead");
-  if (fortran != "False") return make_error("the .npy header has no 'fortran_order'");
-
+// The header dict's 'shape' tuple, appended to `dims`: the element count
+// (every dimension and the product within 64 bits).
+result<uint64_t> parse_shape(std::string_view dict, std::vector<int64_t>& dims) {
   auto shape = value_of(dict, "shape");
   if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') return make_error("the .npy header has no 'shape' tuple");
   shape = shape.substr(1, shape.size() - 2);
@@ -143,13 +133,42 @@ result<npy_header> parse_npy_header(std::string_view b, uint64_t file_size) {
     }
     if (digits == 0) return make_error("the .npy shape '(" + std::string(shape) + ")' is not a tuple of sizes");
     if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return make_error("a .npy dimension is too large");
-    h.shape.push_back(static_cast<int64_t>(v));
+    dims.push_back(static_cast<int64_t>(v));
     if (v != 0 && elements > std::numeric_limits<uint64_t>::max() / v) return make_error("the .npy shape is too large");
     elements *= v;
   }
+  return elements;
+}
+
+}  // namespace
+
+result<npy_header> parse_npy_header(std::string_view b, uint64_t file_size) {
+  if (b.size() < 10 || b.substr(0, 6) != magic) return make_error("not a .npy file (no \\x93NUMPY magic)");
+  const int major = static_cast<uint8_t>(b[6]);
+  if (major < 1 || major > 3) return make_error(".npy format version " + std::to_string(major) + " is not supported (1, 2 and 3 are)");
+  const std::size_t len_bytes = major == 1 ? 2 : 4;
+  if (b.size() < 8 + len_bytes) return make_error("the .npy header is cut short");
+  const uint64_t header_len = le(b, 8, len_bytes);
+  npy_header h;
+  h.data_offset = 8 + len_bytes + static_cast<std::size_t>(header_len);
+  if (h.data_offset > file_size) return make_error("the .npy header claims " + std::to_string(header_len) + " bytes; the file is shorter");
+  if (h.data_offset > b.size()) return make_error("the .npy header is over 64 KiB");
+  const std::string_view dict = b.substr(8 + len_bytes, static_cast<std::size_t>(header_len));
+  if (dict.find('{') == std::string_view::npos) return make_error("the .npy header is not a dict");
+
+  auto found = parse_descr(dict);
+  if (!found) return found.err();
+  h.dtype = found.value()->type;
+
+  const auto fortran = value_of(dict, "fortran_order");
+  if (fortran == "True") return make_error("the array is stored in Fortran order; save np.ascontiguousarray(a) instead");
+  if (fortran != "False") return make_error("the .npy header has no 'fortran_order'");
+
+  auto elements = parse_shape(dict, h.shape);
+  if (!elements) return elements.err();
   if (h.shape.empty()) return make_error("the array is a scalar; the first axis must be the samples");
-  if (elements > std::numeric_limits<uint64_t>::max() / found->bytes) return make_error("the .npy shape is too large");
-  h.data_bytes = elements * found->bytes;
+  if (elements.value() > std::numeric_limits<uint64_t>::max() / found.value()->bytes) return make_error("the .npy shape is too large");
+  h.data_bytes = elements.value() * found.value()->bytes;
   const uint64_t have = file_size - h.data_offset;
   if (have != h.data_bytes)
     return make_error("the header says " + std::to_string(h.data_bytes) + " bytes of data (shape and dtype), the file holds " + std::to_string(have) +
