@@ -27,6 +27,7 @@
 #include "job/shipped_file.hpp"
 #include "storage/fs.hpp"
 #include "job/job_config.hpp"
+#include "job/modes.hpp"
 #include "job/resume_point.hpp"
 #include "net/rendezvous_store.hpp"
 #include "data/sample_log.hpp"
@@ -73,7 +74,7 @@ result<config> checked_setup(const cluster_cli& cli, int& code) {
 // coordinator without the file leaves it to the nodes' own copies.)
 result<shipped_file> ship_module(const config& cfg, checkpoint_store& store, journal& jn) {
   shipped_file module;
-  if (cfg.get_string("model.name") != "torchscript" || cfg.get_string("model.file").empty() || !std::filesystem::exists(cfg.get_string("model.file")))
+  if (builtin_model_of(cfg) != builtin_model::torchscript || cfg.get_string("model.file").empty() || !std::filesystem::exists(cfg.get_string("model.file")))
     return module;
   auto shipped = ship_file(store.objects(), cfg.get_string("model.file"), "module-", ".pt");
   if (!shipped) return make_error("cannot ship model.file with the job: " + shipped.message());

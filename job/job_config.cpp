@@ -17,15 +17,17 @@ namespace dtactor {
 int max_compute_threads() { return std::max(256, 4 * static_cast<int>(std::thread::hardware_concurrency())); }
 
 status validate_training_config(const config& cfg) {
-  if (auto modes = job_modes_of(cfg); !modes) return modes.err();
+  const auto modes = job_modes_of(cfg);
+  if (!modes) return modes.err();
+  const bool diloco = modes->sync == sync_mode::diloco;
   if (cfg.get_int("train.threads") > max_compute_threads())
     return make_error("train.threads = " + std::to_string(cfg.get_int("train.threads")) + " is more than this machine can use (at most " +
                       std::to_string(max_compute_threads()) + ": 4 x its cores, at least 256); 0 takes the machine's cores");
   const int64_t b = cfg.get_int("train.global_batch_size"), mb = cfg.get_int("train.micro_batch_size");
   if (mb > b)
     return make_error("train.micro_batch_size (" + std::to_string(mb) + ") cannot exceed train.global_batch_size (" + std::to_string(b) + ")");
-  const std::string& model = cfg.get_string("model.name");
-  if ((model == "vit" || model == "transformer" || model == "gpt") && cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
+  const auto builtin = builtin_model_of(cfg);
+  if (builtin && *builtin != builtin_model::torchscript && cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
     return make_error("model.heads (" + std::to_string(cfg.get_int("model.heads")) + ") must divide model.dim (" +
                       std::to_string(cfg.get_int("model.dim")) + ")");
   if (cfg.get_double("train.min_lr") > cfg.get_double("train.lr"))
@@ -37,15 +39,14 @@ status validate_training_config(const config& cfg) {
   if (cfg.get_int("train.zero") > 2)
     return make_error("train.zero = " + std::to_string(cfg.get_int("train.zero")) +
                       " is not a ZeRO stage dtactor has: 0 (every rank holds the whole state), 1 (sharded optimizer state) or 2 (sharded optimizer state and gradients)");
-  if (cfg.get_string("train.sync") == "diloco" && cfg.get_int("train.zero") > 0)
+  if (diloco && cfg.get_int("train.zero") > 0)
     return make_error("train.sync = diloco keeps every worker's own optimizer state whole; it does not combine with train.zero = " +
                       std::to_string(cfg.get_int("train.zero")) + " (use train.zero = 0)");
-  if ((cfg.get_string("cluster.wire_dtype") == "int8" || cfg.get_string("cluster.wire_dtype") == "int4") && cfg.get_string("train.sync") != "diloco")
+  if ((cfg.get_string("cluster.wire_dtype") == "int8" || cfg.get_string("cluster.wire_dtype") == "int4") && !diloco)
     return make_error("cluster.wire_dtype = " + cfg.get_string("cluster.wire_dtype") +
                       " quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");
   if (cfg.get_double("train.outer_momentum") >= 1.0) return make_error("train.outer_momentum must be below 1");
   {
-    const bool diloco = cfg.get_string("train.sync") == "diloco";
     const int64_t fragments = cfg.get_int("train.sync_fragments"), every = cfg.get_int("train.sync_every");
     const int64_t overlap = cfg.get_int("train.sync_overlap") >= 0 ? cfg.get_int("train.sync_overlap") : (fragments > 1 ? 1 : 0);
     if (!diloco && (fragments > 1 || cfg.get_int("train.sync_overlap") > 0))
@@ -57,7 +58,7 @@ status validate_training_config(const config& cfg) {
       return make_error("train.sync_overlap (" + std::to_string(overlap) + ") must stay below train.sync_every / train.sync_fragments (" + std::to_string(every) + "/" +
                         std::to_string(fragments) + "): a fragment's exchange lands before the next fragment's leaves");
     if (cfg.get_double("train.sync_mix") > 1.0) return make_error("train.sync_mix must be between 0 and 1");
-    if (!diloco && cfg.get_string("train.diloco_worker") == "host")
+    if (!diloco && modes->diloco_worker == diloco_worker_kind::host)
       return make_error("train.diloco_worker = host makes a host's ranks one DiLoCo worker; it needs train.sync = diloco");
   }
   return {};
@@ -84,8 +85,9 @@ bool higher_is_better(const std::string& metric) {
 
 std::string main_metric_for(const std::string& model_name) {
   if (const auto* e = catalog_find(model_name)) return e->main_metric;
-  if (model_name == "vit") return "accuracy";
-  if (model_name == "transformer") return "exact_match";
+  const auto builtin = mode_from_string<builtin_model>(model_name);
+  if (builtin == builtin_model::vit) return "accuracy";
+  if (builtin == builtin_model::transformer) return "exact_match";
   return "val_loss";
 }
 
@@ -106,12 +108,12 @@ checkpoint_policy checkpoint_policy_of(const config& cfg) {
 namespace {
 // The keys of this job that name files every node must hold identically.
 std::vector<std::string> file_keys_of(const config& cfg) {
-  const std::string& model = cfg.get_string("model.name");
-  if (model == "torchscript")
+  const auto builtin = builtin_model_of(cfg);
+  if (builtin == builtin_model::torchscript)
     return {"model.file",        "data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets",
             "data.train_tokens", "data.eval_tokens",  "data.train_shards",  "data.eval_shards"};
-  if (model == "vit") return {"data.train_shards", "data.eval_shards"};
-  if (const auto* e = catalog_find(model)) return e->file_keys;
+  if (builtin == builtin_model::vit) return {"data.train_shards", "data.eval_shards"};
+  if (const auto* e = catalog_find(cfg.get_string("model.name"))) return e->file_keys;
   return {};
 }
 }  // namespace

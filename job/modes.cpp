@@ -19,6 +19,9 @@ result<job_modes> job_modes_of(const config& cfg) {
   auto loss = mode_of<loss_kind>(cfg);
   if (!loss) return loss.err();
   m.loss = loss.value();
+  auto backend = mode_of<comm_backend>(cfg);
+  if (!backend) return backend.err();
+  m.backend = backend.value();
   return m;
 }
 

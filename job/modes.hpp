@@ -19,6 +19,11 @@ enum class diloco_worker_kind { rank, host };         // train.diloco_worker: wh
 enum class diloco_checkpoint_workers { all, first };  // checkpoint.diloco_workers: whose inner state a checkpoint holds
 enum class direct_checkpoint { automatic, on, off };  // checkpoint.direct: auto | true | false
 enum class loss_kind { cross_entropy, mse };          // train.loss (a torchscript task's)
+enum class comm_backend { automatic, gloo, nccl };    // cluster.backend: auto | gloo | nccl
+// model.name's built-in models. A task the program registered
+// (register_task, dtactor/task.hpp) is none of them: read model.name with
+// builtin_model_of, not mode_of.
+enum class builtin_model { vit, transformer, gpt, torchscript };
 
 // One table per enum: its config key and the name of each value.
 template <class E>
@@ -52,6 +57,21 @@ struct mode_names<loss_kind> {
   static constexpr std::array<std::pair<std::string_view, loss_kind>, 2> table{{{"cross_entropy", loss_kind::cross_entropy}, {"mse", loss_kind::mse}}};
 };
 
+template <>
+struct mode_names<comm_backend> {
+  static constexpr std::string_view key = "cluster.backend";
+  static constexpr std::array<std::pair<std::string_view, comm_backend>, 3> table{
+      {{"auto", comm_backend::automatic}, {"gloo", comm_backend::gloo}, {"nccl", comm_backend::nccl}}};
+};
+template <>
+struct mode_names<builtin_model> {
+  static constexpr std::string_view key = "model.name";
+  static constexpr std::array<std::pair<std::string_view, builtin_model>, 4> table{{{"vit", builtin_model::vit},
+                                                                                     {"transformer", builtin_model::transformer},
+                                                                                     {"gpt", builtin_model::gpt},
+                                                                                     {"torchscript", builtin_model::torchscript}}};
+};
+
 // The value named `name`, or none.
 template <class E>
 std::optional<E> mode_from_string(std::string_view name) {
@@ -77,6 +97,10 @@ result<E> mode_of(const config& cfg) {
   return make_error(key + " = '" + value + "' is not a mode this build knows");
 }
 
+// The built-in model model.name names; none: a task the program registered
+// (or a name the schema would have refused).
+inline std::optional<builtin_model> builtin_model_of(const config& cfg) { return mode_from_string<builtin_model>(cfg.get_string("model.name")); }
+
 // Every mode of a job's config, read once.
 struct job_modes {
   sync_mode sync = sync_mode::every_step;
@@ -84,6 +108,7 @@ struct job_modes {
   diloco_checkpoint_workers checkpoint_workers = diloco_checkpoint_workers::all;
   direct_checkpoint direct = direct_checkpoint::automatic;
   loss_kind loss = loss_kind::cross_entropy;
+  comm_backend backend = comm_backend::automatic;
 };
 result<job_modes> job_modes_of(const config& cfg);
 

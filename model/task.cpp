@@ -1,6 +1,7 @@
 #include "dtactor/task.hpp"
 
 #include "base/task_catalog.hpp"
+#include "job/modes.hpp"
 
 namespace dtactor {
 
@@ -23,7 +24,8 @@ status register_task(task_registration r) {
 
 result<std::unique_ptr<task>> make_task(const config& cfg) {
   const auto& name = cfg.get_string("model.name");
-  if (name == "torchscript") return make_torchscript_task(cfg);
+  const std::optional<builtin_model> builtin = builtin_model_of(cfg);
+  if (builtin == builtin_model::torchscript) return make_torchscript_task(cfg);
   if (auto it = factories().find(name); it != factories().end()) {
     auto t = it->second(cfg);
     if (t && !t.value()) return make_error("task '" + name + "': its factory returned no task");
@@ -32,9 +34,9 @@ result<std::unique_ptr<task>> make_task(const config& cfg) {
   if (cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
     return make_error("model.heads (" + std::to_string(cfg.get_int("model.heads")) + ") must divide model.dim (" +
                       std::to_string(cfg.get_int("model.dim")) + ")");
-  if (name == "vit") return make_vit_task(cfg);
-  if (name == "transformer") return make_transformer_task(cfg);
-  if (name == "gpt") return make_gpt_task(cfg);
+  if (builtin == builtin_model::vit) return make_vit_task(cfg);
+  if (builtin == builtin_model::transformer) return make_transformer_task(cfg);
+  if (builtin == builtin_model::gpt) return make_gpt_task(cfg);
   return make_error("unknown model '" + name + "' (model.name must be vit, transformer, gpt or torchscript, or a task registered by the program)");
 }
 

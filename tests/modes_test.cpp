@@ -46,6 +46,16 @@ TEST(Modes, EachEnumNamesExactlyItsKeysChoices) {
   check_mode<diloco_checkpoint_workers>();
   check_mode<direct_checkpoint>();
   check_mode<loss_kind>();
+  check_mode<comm_backend>();
+  check_mode<builtin_model>();  // no task registered here: the schema's choices are the built-in ones
+}
+
+TEST(Modes, ATaskTheProgramRegisteredIsNoBuiltinModel) {
+  config cfg;
+  EXPECT_EQ(builtin_model_of(cfg), builtin_model::vit);  // the default
+  ASSERT_TRUE(cfg.set("model.name", "torchscript"));
+  EXPECT_EQ(builtin_model_of(cfg), builtin_model::torchscript);
+  EXPECT_FALSE(mode_from_string<builtin_model>("my_task").has_value());
 }
 
 TEST(Modes, TheDefaultsAndAConfigsModesReadOnce) {
@@ -56,8 +66,9 @@ TEST(Modes, TheDefaultsAndAConfigsModesReadOnce) {
   EXPECT_EQ(d->checkpoint_workers, diloco_checkpoint_workers::all);
   EXPECT_EQ(d->direct, direct_checkpoint::automatic);
   EXPECT_EQ(d->loss, loss_kind::cross_entropy);
+  EXPECT_EQ(d->backend, comm_backend::automatic);
   auto c = config::parse_toml(
-      "[train]\nsync = \"diloco\"\ndiloco_worker = \"host\"\nloss = \"mse\"\n[checkpoint]\ndiloco_workers = \"first\"\ndirect = false\n", "job.toml");
+      "[train]\nsync = \"diloco\"\ndiloco_worker = \"host\"\nloss = \"mse\"\n[checkpoint]\ndiloco_workers = \"first\"\ndirect = false\n[cluster]\nbackend = \"gloo\"\n", "job.toml");
   ASSERT_TRUE(c) << c.message();
   auto m = job_modes_of(c.value());
   ASSERT_TRUE(m) << m.message();
@@ -66,4 +77,5 @@ TEST(Modes, TheDefaultsAndAConfigsModesReadOnce) {
   EXPECT_EQ(m->checkpoint_workers, diloco_checkpoint_workers::first);
   EXPECT_EQ(m->direct, direct_checkpoint::off);
   EXPECT_EQ(m->loss, loss_kind::mse);
+  EXPECT_EQ(m->backend, comm_backend::gloo);
 }
