@@ -289,6 +289,34 @@ class s3_store : public object_store {
   }
 
  private:
+  // The request's headers, signed (SigV4, now): host, date, payload hash,
+  // session token, `extra_headers`, Authorization; and Expect and
+  // Content-Type cleared. The caller frees the list.
+  curl_slist* signed_headers(const std::string& method, const std::string& path, const std::string& qs,
+                             const std::map<std::string, std::string>& extra_headers, const std::string& payload_hash) const {
+    const std::string date = amz_date(std::time(nullptr));
+    std::map<std::string, std::string> h{{"host", host_}, {"x-amz-date", date}, {"x-amz-content-sha256", payload_hash}};
+    if (!o_.credentials.session_token.empty()) h["x-amz-security-token"] = o_.credentials.session_token;
+    for (const auto& [k, v] : extra_headers) h[k] = v;
+    std::string canon_headers, signed_names;
+    for (const auto& [k, v] : h) {
+      canon_headers += k + ":" + trim(v) + "\n";
+      signed_names += (signed_names.empty() ? "" : ";") + k;
+    }
+    const std::string canonical = method + "\n" + path + "\n" + qs + "\n" + canon_headers + "\n" + signed_names + "\n" + payload_hash;
+    const std::string day = date.substr(0, 8);
+    const std::string scope = day + "/" + o_.region + "/s3/aws4_request";
+    const std::string to_sign = "AWS4-HMAC-SHA256\n" + date + "\n" + scope + "\n" + sha256_hex(canonical.data(), canonical.size());
+    const std::string auth = "AWS4-HMAC-SHA256 Credential=" + o_.credentials.access_key + "/" + scope + ", SignedHeaders=" + signed_names +
+                             ", Signature=" + sigv4_signature(o_.credentials.secret_key, day, o_.region, "s3", to_sign);
+    curl_slist* hl = nullptr;
+    for (const auto& [k, v] : h) hl = curl_slist_append(hl, (k + ": " + v).c_str());
+    hl = curl_slist_append(hl, ("Authorization: " + auth).c_str());
+    hl = curl_slist_append(hl, "Expect:");
+    hl = curl_slist_append(hl, "Content-Type:");
+    return hl;
+  }
+
   response once(const std::string& method, const std::string& key, const std::map<std::string, std::string>& query,
                 const std::map<std::string, std::string>& extra_headers, const char* body, size_t body_size, const std::string& payload_hash,
                 span_sink* sink) {
@@ -296,28 +324,8 @@ class s3_store : public object_store {
     const std::string path = base_path_ + uri_encode(key, true);
     std::string qs;
     for (const auto& [k, v] : query) qs += (qs.empty() ? "" : "&") + uri_encode(k, false) + "=" + uri_encode(v, false);
-    const std::string date = amz_date(std::time(nullptr));
-    std::map<std::string, std::string> h{{"host", host_}, {"x-amz-date", date}, {"x-amz-content-sha256", payload_hash}};
-    if (!o_.credentials.session_token.empty()) h["x-amz-security-token"] = o_.credentials.session_token;
-    for (const auto& [k, v] : extra_headers) h[k] = v;
-    std::string canon_headers, signed_headers;
-    for (const auto& [k, v] : h) {
-      canon_headers += k + ":" + trim(v) + "\n";
-      signed_headers += (signed_headers.empty() ? "" : ";") + k;
-    }
-    const std::string canonical = method + "\n" + path + "\n" + qs + "\n" + canon_headers + "\n" + signed_headers + "\n" + payload_hash;
-    const std::string day = date.substr(0, 8);
-    const std::string scope = day + "/" + o_.region + "/s3/aws4_request";
-    const std::string to_sign = "AWS4-HMAC-SHA256\n" + date + "\n" + scope + "\n" + sha256_hex(canonical.data(), canonical.size());
-    const std::string auth = "AWS4-HMAC-SHA256 Credential=" + o_.credentials.access_key + "/" + scope + ", SignedHeaders=" + signed_headers +
-                             ", Signature=" + sigv4_signature(o_.credentials.secret_key, day, o_.region, "s3", to_sign);
-
+    curl_slist* hl = signed_headers(method, path, qs, extra_headers, payload_hash);
     CURL* c = take();
-    curl_slist* hl = nullptr;
-    for (const auto& [k, v] : h) hl = curl_slist_append(hl, (k + ": " + v).c_str());
-    hl = curl_slist_append(hl, ("Authorization: " + auth).c_str());
-    hl = curl_slist_append(hl, "Expect:");
-    hl = curl_slist_append(hl, "Content-Type:");
     const std::string url = scheme_host_ + path + (qs.empty() ? "" : "?" + qs);
     curl_easy_setopt(c, CURLOPT_URL, url.c_str());
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
