@@ -138,6 +138,18 @@ std::string toml_value(const std::string& toml, const std::string& section, cons
 
 }  // namespace
 
+std::string_view to_string(run_digest::outcome_kind o) {
+  switch (o) {
+    case run_digest::outcome_kind::unknown: return "unknown";
+    case run_digest::outcome_kind::finished: return "finished";
+    case run_digest::outcome_kind::failed: return "failed";
+    case run_digest::outcome_kind::stopped: return "stopped";
+    case run_digest::outcome_kind::interrupted: return "interrupted";
+    case run_digest::outcome_kind::running: return "running";
+  }
+  return "unknown";
+}
+
 bool report_lower_is_better(const std::string& metric) {
   return metric.find("loss") != std::string::npos || metric == "perplexity";
 }
@@ -187,24 +199,25 @@ class digest_builder {
   // One session per start event: a coordinator_started, or a job_started
   // (`dtactor train`) outside a coordinator's session. What a process
   // journals before its start event (a coordinator's checkpoint search, its
-  // shipped module) belongs to that start; a session of kind "unknown" is
+  // shipped module) belongs to that start; a session of kind unknown is
   // left only for a journal with no start event before its first events
   // (older writers).
   void track_session(double t, const ev::journal_event& event) {
     const auto* job_start = std::get_if<ev::job_started>(&event);
     const auto* coordinator_start = std::get_if<ev::coordinator_started>(&event);
-    const bool in_cluster = current() && current()->kind == "cluster";
+    using kind = run_digest::session::kind;
+    const bool in_cluster = current() && current()->what == kind::cluster;
     if (coordinator_start || (job_start && !in_cluster)) {
-      const std::string kind = job_start ? "train" : "cluster";
-      if (current() && current()->kind == "unknown")
-        current()->kind = kind;
+      const kind started = job_start ? kind::train : kind::cluster;
+      if (current() && current()->what == kind::unknown)
+        current()->what = started;
       else
-        d_.sessions.push_back({t, t, kind});
-      d_.outcome = "interrupted";
+        d_.sessions.push_back({t, t, started});
+      d_.outcome = run_digest::outcome_kind::interrupted;
       d_.outcome_detail.clear();
       open_losses_.clear();
     } else if (!current() && t > 0) {
-      d_.sessions.push_back({t, t, "unknown"});
+      d_.sessions.push_back({t, t, kind::unknown});
     }
     if (current() && t > 0) current()->end = std::max(current()->end, t);
   }
@@ -316,17 +329,17 @@ class digest_builder {
                           std::to_string(e.step) + " (" + (e.detail.empty() ? "exit code " + std::to_string(e.exit_code) : e.detail) + ")");
   }
   void on(double, const ev::job_finished& e) {
-    d_.outcome = e.error ? "failed" : "finished";
+    d_.outcome = e.error ? run_digest::outcome_kind::failed : run_digest::outcome_kind::finished;
     d_.outcome_detail = e.error.value_or("");
     d_.last_step = std::max(d_.last_step, e.step);
   }
   void on(double, const ev::job_failed& e) {
-    d_.outcome = "failed";
+    d_.outcome = run_digest::outcome_kind::failed;
     d_.outcome_detail = e.reason;
     d_.failures.push_back(std::string(e.name) + " at step " + std::to_string(e.step) + ": " + or_unknown(e.reason));
   }
   void on(double, const ev::job_stopped& e) {
-    d_.outcome = "stopped";
+    d_.outcome = run_digest::outcome_kind::stopped;
     d_.outcome_detail = e.reason.value_or("");
   }
 
@@ -433,7 +446,7 @@ int summary_section(std::ostringstream& o, const run_digest& d) {
   o << "## Summary\n\n| | |\n|---|---|\n";
   if (!d.model.empty()) o << "| model | " << cell(d.model) << (d.parameters ? " (" + std::to_string(d.parameters) + " parameters)" : "") << " |\n";
   if (!d.job_id.empty()) o << "| job | " << cell(d.job_id) << " |\n";
-  o << "| outcome | **" << d.outcome << "**" << (d.outcome_detail.empty() ? "" : ": " + cell(d.outcome_detail)) << " |\n";
+  o << "| outcome | **" << to_string(d.outcome) << "**" << (d.outcome_detail.empty() ? "" : ": " + cell(d.outcome_detail)) << " |\n";
   o << "| steps | " << d.last_step;
   if (d.max_steps > 0) o << " of " << d.max_steps;
   o << " |\n";
@@ -667,9 +680,9 @@ result<report_files> write_report(const std::string& run_dir, const std::string&
   auto& dg = d.value();
   // The last session has no end event: still running if a dtactor holds the
   // run directory's lock, else it was interrupted.
-  if (dg.outcome == "interrupted")
+  if (dg.outcome == run_digest::outcome_kind::interrupted)
     if (auto who = file_lock::holder(run_dir_lock_path(run_dir)); !who.empty()) {
-      dg.outcome = "running";
+      dg.outcome = run_digest::outcome_kind::running;
       dg.outcome_detail = who;
     }
   if (dg.model.empty()) dg.model = toml_value(config_toml, "model", "name");

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -59,8 +60,9 @@ struct run_digest {
     std::optional<ev::data_reading> data;  // sharded data: the latest reading of this rank (docs/data.md)
   };
   struct session {  // one start of a process writing the journal
+    enum class kind { train, cluster, unknown };  // `dtactor train`, a coordinator, a journal with no start event
     double start = 0, end = 0;
-    std::string kind;  // "train" or "cluster"
+    kind what = kind::unknown;
   };
 
   // What the timeline marks: a node lost or leaving, a node joining, training
@@ -78,7 +80,10 @@ struct run_digest {
   int64_t parameters = 0;
   int64_t max_steps = 0;
   int64_t global_batch_size = 0;
-  std::string outcome = "unknown";  // finished, failed, stopped, interrupted
+  // How the last session ended: interrupted (no end event), or running (a
+  // dtactor holds the run directory's lock: write_report's reading).
+  enum class outcome_kind { unknown, finished, failed, stopped, interrupted, running };
+  outcome_kind outcome = outcome_kind::unknown;
   std::string outcome_detail;
   int64_t last_step = 0;
   double first_t = 0, last_t = 0;
@@ -117,6 +122,9 @@ struct run_digest {
 // Reads a journal (one JSON object per line). A line that is not a JSON
 // object is an error naming the line; unknown events are ignored.
 result<run_digest> digest_journal(std::istream& in, const std::string& name);
+
+// The outcome as the log book writes it: "finished", "interrupted", ...
+std::string_view to_string(run_digest::outcome_kind o);
 
 // Lower is better for losses and perplexity; higher for everything else.
 bool report_lower_is_better(const std::string& metric);

@@ -43,7 +43,7 @@ TEST(report, digest_reads_every_kind_of_event) {
   ASSERT_TRUE(d) << d.message();
   EXPECT_EQ(d->model, "vit");
   EXPECT_EQ(d->job_id, "job-abc");
-  EXPECT_EQ(d->outcome, "finished");
+  EXPECT_EQ(d->outcome, run_digest::outcome_kind::finished);
   EXPECT_EQ(d->last_step, 200);
   EXPECT_EQ(d->steps.size(), 4u);
   EXPECT_EQ(d->evals.size(), 3u);
@@ -142,7 +142,7 @@ TEST(report, resumed_runs_count_each_start) {
   auto d = digest_journal(in, "j");
   ASSERT_TRUE(d) << d.message();
   EXPECT_EQ(d->sessions.size(), 2u);
-  EXPECT_EQ(d->outcome, "interrupted");  // the second start has no end event
+  EXPECT_EQ(d->outcome, run_digest::outcome_kind::interrupted);  // the second start has no end event
   const std::string md = render_report(d.value(), "r", "", "");
   EXPECT_NE(md.find("| training time | 26 s over 2 starts (resumed 1 time(s)) |"), std::string::npos) << md;
   EXPECT_NE(md.find("resumed from step 5 (disk)"), std::string::npos) << md;
@@ -210,7 +210,7 @@ TEST(report, a_newer_writers_event_is_passed_over) {
   std::istringstream in(std::string(k_journal) + "{\"event\":\"from_the_future\",\"x\":1,\"t\":1090.0}\n");
   auto d = digest_journal(in, "j");
   ASSERT_TRUE(d) << d.message();
-  EXPECT_EQ(d->outcome, "finished");
+  EXPECT_EQ(d->outcome, run_digest::outcome_kind::finished);
 }
 
 TEST(report, write_report_files_and_errors) {
