@@ -25,6 +25,17 @@ std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clo
   return lost;
 }
 
+clock_duration pause_tracker::on_tick(clock_time now, clock_duration interval) {
+  const auto previous = last_;
+  last_ = now;
+  if (!previous || now <= *previous) return clock_duration{0};
+  const auto late = (now - *previous) - interval;
+  if (late <= interval / 2) return clock_duration{0};
+  total_ += late;
+  longest_ = std::max(longest_, late);
+  return late;
+}
+
 std::string validate(const liveness_options& opts) {
   if (opts.heartbeat_interval.count() <= 0) return "cluster.heartbeat_interval_ms must be positive";
   if (opts.heartbeat_timeout <= opts.heartbeat_interval)

@@ -3,6 +3,7 @@
 // the style of torchft's lighthouse: no clocks are read here, so tests move
 // timestamps instead of sleeping. ZeroMQ never reports a dead peer; this is
 // how dtactor notices one.
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -70,6 +71,35 @@ std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clo
 // shorter of heartbeat_timeout and suspect_timeout, and peers lost only
 // because of that are marked `suspected`.
 std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts, bool suspecting);
+
+// The watcher's own pauses. Silence is evidence only while the watcher was
+// there to hear: when its tick comes late (its process descheduled on a
+// machine loaded past its cores, swapped out, or stopped), nobody could be
+// heard meanwhile, and their heartbeats wait in its queue behind the tick.
+// Without this, one stall of the coordinator declares every node lost at
+// once. Each tick's lateness beyond half an interval is a pause, credited to
+// every peer (credit_pause): a peer is lost after heartbeat_timeout of
+// silence the watcher was awake for. A watcher slowed for good (ticks
+// always late) still detects, later in proportion: the bound is the
+// timeout of awake time.
+class pause_tracker {
+ public:
+  // Called at every tick of period `interval`; the pause since the previous
+  // tick (zero on the first, and when on time).
+  clock_duration on_tick(clock_time now, clock_duration interval);
+  // Pauses credited so far, and the longest.
+  clock_duration total() const { return total_; }
+  clock_duration longest() const { return longest_; }
+
+ private:
+  std::optional<clock_time> last_;
+  clock_duration total_{0}, longest_{0};
+};
+
+// Moves a last-seen time forward by `pause`, never past `now`.
+inline clock_time credit_pause(clock_time last_seen, clock_duration pause, clock_time now) {
+  return last_seen >= now ? last_seen : std::min(now, last_seen + pause);
+}
 
 // When `peer` (last seen at `last_seen`) will be declared lost.
 inline clock_time lost_deadline(clock_time last_seen, const liveness_options& opts) { return last_seen + opts.heartbeat_timeout; }

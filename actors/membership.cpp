@@ -559,6 +559,10 @@ const plan& membership::commit(plan p) {
   return *state_.current;
 }
 
+void membership::credit_pause(clock_duration pause, clock_time now) {
+  for (auto& [id, n] : state_.nodes) n.last_seen = dtactor::credit_pause(n.last_seen, pause, now);
+}
+
 std::map<std::string, clock_time> membership::last_seen() const {
   std::map<std::string, clock_time> out;
   for (const auto& [id, n] : state_.nodes) out[id] = n.last_seen;

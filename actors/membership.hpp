@@ -296,6 +296,9 @@ class membership {
   // adopted plan also gives its nodes node ranks in its global rank order.
   const plan& commit(plan p);
 
+  // The watcher paused for `pause` (pause_tracker): every node's silence
+  // so far is moved forward by it, never past `now`.
+  void credit_pause(clock_duration pause, clock_time now);
   std::map<std::string, clock_time> last_seen() const;
   const node_info* find(const std::string& node_id) const;
   const membership_state& state() const { return state_; }

@@ -271,6 +271,15 @@ void report_members(membership_self self, clock_time now) {
 void on_tick(membership_self self) {
   auto& st = self->state;
   auto now = self->clock().now();
+  // A late tick is this process's stall, not the nodes' silence: their
+  // heartbeats wait in the mailbox behind it (pause_tracker).
+  if (const auto pause = st.pauses.on_tick(now, st.opts.liveness.heartbeat_interval); pause > clock_duration{0}) {
+    st.members.credit_pause(pause, now);
+    for (auto& [id, heard] : st.draining) heard = credit_pause(heard, pause, now);
+    if (pause >= st.opts.liveness.heartbeat_timeout / 4)
+      log_line(st.opts.log, "the coordinator stalled " + std::to_string(std::chrono::duration<double>(pause).count()) +
+                                " s (a machine loaded past its cores?); nodes' silence during it is not held against them");
+  }
   report_members(self, now);
   for (auto& l : find_lost(now, st.members.last_seen(), st.opts.liveness, st.members.suspecting())) {
     auto removed = st.members.remove(l.peer, now);

@@ -83,6 +83,7 @@ struct membership_actor_state {
   // a stop still reaches their ranks, which write its final checkpoint.
   std::map<std::string, caf::actor_clock::time_point> draining;
   caf::actor_clock::time_point last_view{};  // the last members_view emitted
+  pause_tracker pauses;                      // this actor's own stalls, credited to every node's silence
   static inline const char* name = "dtactor.membership";
 };
 

@@ -392,6 +392,12 @@ void check_ranks(agent_self self, clock_time now) {
 void on_tick(agent_self self) {
   auto& st = self->state;
   auto now = self->clock().now();
+  // A late tick is this process's stall: what arrived meanwhile waits in
+  // the mailbox behind it (pause_tracker).
+  if (const auto pause = st.pauses.on_tick(now, st.opts.liveness.heartbeat_interval); pause > clock_duration{0}) {
+    st.last_heard = credit_pause(st.last_heard, pause, now);
+    for (auto& r : st.ranks) r.last_seen = credit_pause(r.last_seen, pause, now);
+  }
   if (!winding_down(st)) check_ranks(self, now);
   if (!member(st)) return;
   if (!find_lost(now, {{"coordinator", st.last_heard}}, st.opts.liveness).empty()) {

@@ -185,6 +185,7 @@ struct node_agent_state {
   std::string checkpoint_store, module_object, module_digest;  // from register_ack, for warm-up plans
   std::string last_refusal;
   clock_time last_heard{};  // last envelope from the coordinator
+  pause_tracker pauses;     // this agent's own stalls, credited to the coordinator's and the ranks' silence
   uint64_t heartbeat_seq = 0;
   std::optional<pb::generation_plan> plan;
   std::vector<rank_process> ranks;

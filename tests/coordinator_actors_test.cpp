@@ -307,6 +307,34 @@ TEST_F(coordinator_actors, a_silent_node_is_declared_lost_and_a_new_generation_e
   EXPECT_EQ(ms().refused_heartbeats, 1u);
 }
 
+// The coordinator's own stall (its process descheduled 1.4 s on a machine
+// loaded past its cores): the nodes' heartbeats of that time wait in its
+// mailbox behind the late tick. Nobody is declared lost for it; a node that
+// stays silent afterwards still is, a timeout of awake time later.
+TEST_F(coordinator_actors, a_stall_of_the_coordinator_declares_nobody_lost_and_real_silence_still_is) {
+  start(coord_opts(1));
+  send(joined("a", 1));
+  send(joined("b", 1));
+  keep_alive({"a", "b"}, 300ms);
+  ASSERT_EQ(ms().members.state().current->generation, 1u);
+  trained();
+  // The stall: the clock jumps 1.4 s with no tick run; the heartbeats sent
+  // meanwhile are in the mailbox when the late tick comes.
+  sched.clock().advance_time(1400ms);
+  caf::anon_send(members, heartbeat_from("a", seq++));
+  caf::anon_send(members, heartbeat_from("b", seq++));
+  run();
+  EXPECT_TRUE(ms().lost.empty()) << "a stall of the coordinator declared " << ms().lost.size() << " node(s) lost";
+  EXPECT_EQ(ms().members.state().current->generation, 1u);
+  EXPECT_GE(ms().pauses.longest(), 1200ms);
+  // b then falls silent for real: lost after the timeout.
+  const auto silent_from = now();
+  keep_alive({"a"}, 1200ms);
+  ASSERT_EQ(ms().lost.size(), 1u);
+  EXPECT_EQ(ms().lost[0].peer, "b");
+  EXPECT_LE(ms().lost[0].detected_after_s, std::chrono::duration<double>(now() - silent_from).count() + 0.2);
+}
+
 TEST_F(coordinator_actors, below_min_nodes_no_plan_and_the_reason_says_why) {
   std::vector<std::string> log;
   auto o = coord_opts(2);

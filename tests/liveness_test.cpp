@@ -94,3 +94,37 @@ TEST(liveness, options_from_config_keys) {
   EXPECT_EQ(o.heartbeat_timeout, 700ms);
   EXPECT_EQ(o.suspect_timeout, 250ms);
 }
+
+TEST(liveness, a_late_tick_is_a_pause_of_the_watcher_and_on_time_ones_are_not) {
+  pause_tracker p;
+  EXPECT_EQ(p.on_tick(t0(), 100ms), 0ms) << "the first tick has nothing to compare with";
+  EXPECT_EQ(p.on_tick(t0() + 100ms, 100ms), 0ms);
+  EXPECT_EQ(p.on_tick(t0() + 240ms, 100ms), 0ms) << "40 ms late is scheduling, not a pause";
+  EXPECT_EQ(p.on_tick(t0() + 1640ms, 100ms), 1300ms) << "1.4 s between ticks of 100 ms";
+  EXPECT_EQ(p.on_tick(t0() + 1740ms, 100ms), 0ms);
+  EXPECT_EQ(p.total(), 1300ms);
+  EXPECT_EQ(p.longest(), 1300ms);
+}
+
+// The coordinator stalled 1.4 s (a machine loaded past its cores): every
+// node's heartbeats waited in its queue. Crediting the pause keeps them
+// members; a node that really went silent is still lost once the watcher
+// has been awake for the timeout.
+TEST(liveness, a_watchers_pause_does_not_declare_every_peer_lost_but_real_silence_still_is) {
+  pause_tracker p;
+  std::map<std::string, clock_time> seen{{"a", t0() + 100ms}, {"b", t0() + 100ms}, {"dead", t0() - 900ms}};
+  p.on_tick(t0() + 100ms, 100ms);
+  const clock_time now = t0() + 1500ms;  // the next tick, 1.4 s later
+  const auto pause = p.on_tick(now, 100ms);
+  ASSERT_EQ(pause, 1300ms);
+  EXPECT_EQ(find_lost(now, seen, opts()).size(), 3u) << "without the credit, everyone is lost";
+  for (auto& [peer, t] : seen) t = credit_pause(t, pause, now);
+  auto lost = find_lost(now, seen, opts());
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].peer, "dead") << "silent 1 s before the pause: 1.1 s of awake silence";
+  // a and b's heartbeats queued behind the tick arrive; they stay.
+  seen["a"] = seen["b"] = now + 1ms;
+  EXPECT_TRUE(find_lost(now + 900ms, {{"a", seen["a"]}, {"b", seen["b"]}}, opts()).empty());
+  // A last-seen time is never moved past now.
+  EXPECT_EQ(credit_pause(t0(), 10s, t0() + 1s), t0() + 1s);
+}
