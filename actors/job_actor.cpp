@@ -152,7 +152,29 @@ void on_eval(job_self self, const pb::eval_report& e) {
   for (const auto& [k, v] : e.metrics()) d.metrics[k] = v;
   for (const auto& x : e.examples()) d.examples.push_back(printable(x, 4096));  // model output, already one line
   st.last_eval = d.metrics;
+  st.last_eval_step = d.step;
   emit(st.opts.events, d);
+}
+
+// The job's result is complete: every rank took the last step, every part
+// of the final checkpoint is stored, and the final evaluation is reported.
+// What is left (ranks saying FINISHED, exiting) needs no node.
+bool result_complete(const job_actor_state& st) {
+  return st.opts.max_steps > 0 && st.committed_step >= st.opts.max_steps && st.last_eval_step >= st.opts.max_steps &&
+         static_cast<int32_t>(st.final_parts.size()) >= st.world_size;
+}
+
+// A node lost once the result is complete ends the job with it. A new
+// generation would load the final checkpoint, commit it again and evaluate
+// again, and a node lost at the very end (as on a machine loaded past its
+// cores) would make the job's end flap.
+void on_lost(job_self self, const std::string& node_id, double detected_after_s) {
+  auto& st = self->state;
+  ++st.nodes_lost;
+  log_line(st.opts.log, "job: node '" + node_id + "' lost after " + std::to_string(detected_after_s) + " s of silence");
+  if (st.ending || !result_complete(st)) return;
+  log_line(st.opts.log, "job: the final checkpoint and evaluation are done; the job ends without node '" + node_id + "'");
+  end_job(self, verdict(st.finished_ranks, st.committed_step, st.opts.max_steps, st.generation, st.world_size, st.last_eval));
 }
 
 void stop_job(job_self self, const std::string& reason) {
@@ -196,6 +218,7 @@ int64_t on_plan(job_self self, const plan& p) {
     st.nodes = p.nodes;
     st.rank_steps.clear();
     st.finished_ranks.clear();
+    st.final_parts.clear();
     st.steps.clear();
   }
   return st.committed_step;
@@ -224,6 +247,8 @@ void on_inbound(job_self self, inbound& in) {
       on_eval(self, in.env.eval_report());
       break;
     case pb::envelope::kCheckpointWritten:
+      if (const auto& w = in.env.checkpoint_written(); st.opts.max_steps > 0 && w.step() >= st.opts.max_steps && w.error().empty() && w.parts_size() > 0)
+        st.final_parts.insert(w.global_rank());
       if (st.checkpoints) self->send(st.checkpoints, std::move(in));
       break;
     case pb::envelope::kJobError:
@@ -272,16 +297,14 @@ caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints)
   self->state.checkpoints = std::move(checkpoints);
   return {
       [=](members_atom, caf::actor members) { self->state.members = std::move(members); },
-      [=](plan_atom, const plan& p) -> int64_t { return on_plan(self, p); },
+      // -1: the job is ending, send no plan.
+      [=](plan_atom, const plan& p) -> int64_t { return self->state.ending ? int64_t{-1} : on_plan(self, p); },
       [=](inbound& in) { on_inbound(self, in); },
       [=](stop_atom, const std::string& reason) { stop_job(self, reason); },
       [=](fail_atom, const std::string& reason) { fail_job(self, reason, false); },
       [=](stop_due_atom) { on_stop_due(self); },
       [=](wait_atom) { on_wait(self); },
-      [=](lost_atom, const std::string& node_id, double detected_after_s) {
-        ++self->state.nodes_lost;
-        log_line(self->state.opts.log, "job: node '" + node_id + "' lost after " + std::to_string(detected_after_s) + " s of silence");
-      },
+      [=](lost_atom, const std::string& node_id, double detected_after_s) { on_lost(self, node_id, detected_after_s); },
   };
 }
 

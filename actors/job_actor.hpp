@@ -72,6 +72,10 @@ struct job_actor_state {
   step_table steps;
   recovery_record recovery;
   std::map<std::string, double> last_eval;
+  int64_t last_eval_step = -1;
+  // Global ranks of the current generation whose parts of the checkpoint at
+  // max_steps were stored (checkpoint_written without an error).
+  std::set<int32_t> final_parts;
   bool stopping = false;  // a stop was asked for: the end is a stop
   bool ending = false;    // the end is decided (job_ended follows)
   bool ended = false;     // job_ended emitted

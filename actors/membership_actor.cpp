@@ -232,6 +232,7 @@ void announce(membership_self self, const plan& p) {
   self->request(st.job, st.opts.liveness.heartbeat_timeout, plan_atom::value, p)
       .then(
           [=](int64_t start_step) {
+            if (start_step < 0) return;  // the job is ending: no plan goes out
             self->state.last_start_step = start_step;
             send_it(start_step);
           },

@@ -1413,3 +1413,60 @@ TEST_F(coordinator_actors, step_reports_become_one_completed_step_with_the_sampl
   EXPECT_EQ(done[0].samples, 40);
   EXPECT_DOUBLE_EQ(done[0].samples_per_s, 200.0);  // the slowest rank's time
 }
+
+// A node lost at the very end, once every rank took the last step, the final
+// checkpoint's parts are all stored and the final evaluation is in: the job
+// ends with it. No new generation would load the final checkpoint, commit it
+// again and evaluate again (as a node flapping on a loaded machine made it).
+TEST_F(coordinator_actors, a_node_lost_after_the_final_checkpoint_and_evaluation_ends_the_job_without_a_new_generation) {
+  start(coord_opts(1), 5);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  ASSERT_EQ(ms().members.state().current->generation, 1u);
+  trained();
+  send(step_from("a", 0, 5, 1));
+  send(step_from("b", 1, 5, 1));
+  send(checkpoint_from("a", 5, 1, 0, 2));
+  send(checkpoint_from("b", 5, 1, 1, 2));
+  inbound eval{links::nodes, "peer-a", node_envelope("a", 1, 1)};
+  eval.env.mutable_eval_report()->set_step(5);
+  (*eval.env.mutable_eval_report()->mutable_metrics())["accuracy"] = 0.9;
+  send(eval);
+  EXPECT_FALSE(js().ending) << "the ranks still say FINISHED";
+  wire.clear();
+  // b falls silent before its ranks said FINISHED.
+  for (int i = 0; i < 12 && !js().ended; ++i) {
+    send(heartbeat_from("a", seq++));
+    advance(100ms);
+  }
+  ASSERT_EQ(ms().lost.size(), 1u);
+  EXPECT_TRUE(js().ended);
+  auto end = of<ev::job_ended>();
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].how, ev::outcome::finished);
+  EXPECT_EQ(end[0].step, 5);
+  EXPECT_DOUBLE_EQ(end[0].metrics.at("accuracy"), 0.9);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 0u) << "a new generation was planned after the job's result was complete";
+  EXPECT_GE(wire.count(pb::envelope::kShutdown), 1u);
+}
+
+// Before the final checkpoint is stored, a loss is recovered as any other.
+TEST_F(coordinator_actors, a_node_lost_before_the_final_checkpoint_is_stored_is_recovered_as_usual) {
+  start(coord_opts(1), 5);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  trained();
+  send(step_from("a", 0, 5, 1));
+  send(step_from("b", 1, 5, 1));
+  send(checkpoint_from("a", 5, 1, 0, 2));
+  wire.clear();
+  for (int i = 0; i < 12; ++i) {
+    send(heartbeat_from("a", seq++));
+    advance(100ms);
+  }
+  ASSERT_EQ(ms().lost.size(), 1u);
+  EXPECT_FALSE(js().ending);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 1u);
+}
