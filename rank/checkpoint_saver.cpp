@@ -75,14 +75,15 @@ bool checkpoint_saver::direct(const generation_run& g, uint64_t bytes, int64_t s
   if (wrote_direct_ != direct) {
     auto gb = [](double b) { return b / 1e9; };
     if (direct)
-      std::fprintf(stderr,
-                   "rank %d: checkpoint at step %lld written straight from the state during the next step (checkpoint.direct = auto): no room for "
-                   "%d part buffers of %.2f GB beside the steps (%.2f GB available on this host, this rank's step takes %.2f GB more than it holds)\n",
-                   g.rank, static_cast<long long>(step), ranks, gb(static_cast<double>(bytes)), gb(static_cast<double>(room.available)),
-                   gb(static_cast<double>(room.step_headroom)));
+      std::fprintf(
+          stderr,
+          "rank %d: checkpoint at step %lld written straight from the state during the next step (checkpoint.direct = auto): no room for "
+          "%d part buffers of %.2f GB beside the steps (%.2f GB available on this host, this rank's step takes %.2f GB more than it holds)\n",
+          g.rank, static_cast<long long>(step), ranks, gb(static_cast<double>(bytes)), gb(static_cast<double>(room.available)),
+          gb(static_cast<double>(room.step_headroom)));
     else if (wrote_direct_)
-      std::fprintf(stderr, "rank %d: checkpoint at step %lld copied into a %.2f GB buffer again (checkpoint.direct = auto: there is room now)\n", g.rank,
-                   static_cast<long long>(step), gb(static_cast<double>(bytes)));
+      std::fprintf(stderr, "rank %d: checkpoint at step %lld copied into a %.2f GB buffer again (checkpoint.direct = auto: there is room now)\n",
+                   g.rank, static_cast<long long>(step), gb(static_cast<double>(bytes)));
   }
   return direct;
 }

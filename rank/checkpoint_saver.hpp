@@ -21,10 +21,10 @@ struct generation_run;
 
 struct checkpoint_saver_options {
   std::string node_id;
-  std::string s3_endpoint;   // checkpoint.s3_endpoint
-  bool keep_buffer = true;   // checkpoint.keep_buffer
-  job_modes modes;           // checkpoint.direct, checkpoint.diloco_workers
-  int local_world = 1;       // ranks of this node (each may want a buffer)
+  std::string s3_endpoint;  // checkpoint.s3_endpoint
+  bool keep_buffer = true;  // checkpoint.keep_buffer
+  job_modes modes;          // checkpoint.direct, checkpoint.diloco_workers
+  int local_world = 1;      // ranks of this node (each may want a buffer)
   part_writer::done_fn on_written;
 };
 

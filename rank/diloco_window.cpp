@@ -4,8 +4,12 @@
 #include <cstdio>
 
 #include "comm/communicator.hpp"
+#include "data/sample_log.hpp"
 #include "model/trainer.hpp"
+#include "rank/exchange_choice.hpp"
 #include "rank/generation.hpp"
+#include "rank/step_policy.hpp"
+#include "rank/sync_strategy.hpp"
 
 namespace dtactor {
 
@@ -17,9 +21,8 @@ int64_t oldest_fragment_anchor(const outer_optimizer& o) {
 
 void diloco_window::note_slice(int64_t start, window_slice s) {
   if (slices_anchor_ != start) {
-    window_slices_.erase(
-        std::remove_if(window_slices_.begin(), window_slices_.end(), [&](const window_slice& x) { return x.step < start; }),
-        window_slices_.end());
+    window_slices_.erase(std::remove_if(window_slices_.begin(), window_slices_.end(), [&](const window_slice& x) { return x.step < start; }),
+                         window_slices_.end());
     slices_anchor_ = start;
   }
   window_slices_.push_back(std::move(s));
@@ -65,8 +68,8 @@ generation_end diloco_window::agree(generation_run& g, rank_state& rs, bool own_
   // slicing of theirs.)
   const int64_t own = state.step();
   while (!catch_up_.empty() && catch_up_.front().until <= own) catch_up_.erase(catch_up_.begin());
-  const bool catch_up = own_window && furthest > own && rs.trained_world > 0 && rs.trained_gen == newest_trained &&
-                        rs.modes.diloco_worker != diloco_worker_kind::host;
+  const bool catch_up =
+      own_window && furthest > own && rs.trained_world > 0 && rs.trained_gen == newest_trained && rs.modes.diloco_worker != diloco_worker_kind::host;
   if (catch_up) {
     if (catch_up_.empty() || catch_up_.back().until < furthest) catch_up_.push_back({furthest, rs.trained_rank, rs.trained_world});
   } else {
@@ -139,7 +142,9 @@ void diloco_window::announce(const generation_run& g, training_state& state) con
     std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: catching up on steps %lld to %lld (its peers took them), on its own slices of them\n",
                  g.rank, gen, static_cast<long long>(state.step()), static_cast<long long>(catch_up_.back().until - 1));
   if (!replays_.empty())
-    std::fprintf(stderr, "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); this rank trains %zu of them again before the boundary%s\n",
+    std::fprintf(stderr,
+                 "rank %d: generation %llu: DiLoCo: %lld slice(s) of the window's steps %lld to %lld were held by no survivor (a lost worker's); "
+                 "this rank trains %zu of them again before the boundary%s\n",
                  g.rank, gen, static_cast<long long>(g.replayed_slices), static_cast<long long>(oldest_fragment_anchor(state.outer())),
                  static_cast<long long>(state.outer().anchor() + g.window_steps - 1), replays_.size(),
                  replays_.front().parts > 1 ? " (its host's ranks together, each a part of every slice)" : "");
@@ -161,5 +166,110 @@ generation_end diloco_window::replay_next(generation_run& g, rank_state& rs, gra
   replays_.erase(replays_.begin());
   return std::nullopt;
 }
+
+namespace {
+
+// train.sync = diloco: inner steps without a collective; at each boundary
+// the outer step (its exchange carries the step control), and only there
+// what needs every rank to hold the same parameters (buffers, digests,
+// evaluation, checkpoints, stop, switch). Streaming: one exchange a
+// fragment, maybe overlapped with the next steps.
+class sync_diloco final : public sync_strategy {
+ public:
+  int64_t held_step(training_state& state) const override { return state.outer().anchor(); }
+  generation_end after_agreement(generation_run& g, rank_state& rs, bool own_window) override { return rs.window.agree(g, rs, own_window); }
+  void begin(training_state& state) override { state.outer().drop_flight(); }
+  void announce(const generation_run& g, rank_state& rs) const override { rs.window.announce(g, *rs.state); }
+  void ready_fields(const generation_run& g, pb::rank_status& ready) const override {
+    ready.set_window_steps(g.window_steps);
+    ready.set_skipped_steps(g.skipped_steps);
+    ready.set_replayed_slices(g.replayed_slices);
+  }
+  bool outer_pending(training_state& state) const override { return state.outer().due(state.step()) || state.outer().lands(state.step()); }
+  bool in_flight(training_state& state) const override { return state.outer().in_flight().has_value(); }
+  int64_t window_start(training_state& state, int64_t) const override { return state.outer().anchor(); }
+  bool due(const step_cadence& c, int64_t every, int64_t step, int64_t window_start, bool alone) const override {
+    if (alone) return c.due(every, step);
+    if (step >= c.max_steps) return true;
+    return every > 0 && step / every > window_start / every;
+  }
+  result<training_state::dp_step> step(const generation_run& g, rank_state& rs, exchanges& x, int slice_rank, int slice_world) override {
+    if (x.host_sync) return rs.state->inner_step_host(g.rank, g.world, *x.host_sync, g.exchange.host_members);
+    return rs.state->inner_step(slice_rank, slice_world);
+  }
+  // With a group, the window's slices are noted (diloco_window::agree).
+  void note_step(const generation_run& g, rank_state& rs, int64_t attempted, int slice_rank, int slice_world) override {
+    if (g.pg) rs.window.note_slice(oldest_fragment_anchor(rs.state->outer()), {attempted, slice_rank, slice_world, {}});
+  }
+  generation_end after_step(generation_run& g, rank_state& rs, exchanges& x, step_in_hand& h, const step_cadence& c, bool alone,
+                            bool& boundary) override {
+    boundary = false;
+    if (auto ended = outer_steps(g, rs, x, h, c.max_steps, boundary)) return ended;
+    if (alone && !rs.state->outer().in_flight().has_value()) boundary = true;
+    return std::nullopt;
+  }
+  bool reports_each_boundary() const override { return true; }
+
+ private:
+  static void record(const training_state::outer_step_result& o, exchanges& x, step_in_hand& h);
+  generation_end outer_steps(generation_run& g, rank_state& rs, exchanges& x, step_in_hand& h, int64_t max_steps, bool& boundary);
+};
+
+void sync_diloco::record(const training_state::outer_step_result& o, exchanges& x, step_in_hand& h) {
+  using clock_type = std::chrono::steady_clock;
+  h.r.allreduce_s += o.exchange_s;
+  h.r.exposed_s += o.exposed_s;
+  h.acc.set_outer_steps(h.acc.outer_steps() + 1);
+  h.acc.set_outer_payload_bytes(h.acc.outer_payload_bytes() + static_cast<uint64_t>(o.payload_bytes));
+  h.acc.set_outer_exchange_s(h.acc.outer_exchange_s() + o.exchange_s);
+  h.acc.set_pseudo_grad_norm(o.pseudo_grad_norm);
+  h.acc.set_outer_inner_steps(static_cast<uint64_t>(o.inner_steps));
+  h.acc.set_outer_window_s(std::chrono::duration<double>(clock_type::now() - h.window_began).count());
+  h.window_began = clock_type::now();
+  h.agreed = x.syncs[o.fragment]->control();
+}
+
+// After a step: the exchange in flight that lands now, then the fragments
+// due (each exchange carries the step control). `boundary` is set when one
+// landed: every rank then holds the same global parameters.
+generation_end sync_diloco::outer_steps(generation_run& g, rank_state& rs, exchanges& x, step_in_hand& h, int64_t max_steps, bool& boundary) {
+  training_state& state = *rs.state;
+  std::vector<size_t> landed_fragments;
+  bool landed = false;
+  if (state.outer().lands(state.step())) {
+    auto o = state.outer_land(*x.syncs[*state.outer().in_flight()]);
+    if (!o) return g.failed(o.message(), state.step());
+    record(*o, x, h);
+    landed_fragments.push_back(o->fragment);
+    boundary = landed = true;
+  }
+  const auto due = state.outer().due_fragments(state.step());
+  for (size_t f : due) {
+    // Overlapped only when it is the one exchange of this step and the job
+    // goes on: a boundary never leaves an exchange in flight.
+    const bool overlap = state.outer().options().overlap > 0 && state.step() < max_steps && due.size() == 1 && !landed;
+    x.syncs[f]->set_control(h.mine);
+    auto o = state.outer_launch(f, *x.syncs[f], overlap);
+    if (!o) return g.failed(o.message(), state.step());
+    if (!o->landed) continue;
+    record(*o, x, h);
+    landed_fragments.push_back(o->fragment);
+    boundary = true;
+  }
+  // data.sample_log: this rank's lines before the landed pseudo-gradient's
+  // step are in that fragment of the global parameters.
+  if (rs.samples_log)
+    for (size_t f : landed_fragments)
+      if (auto st =
+              rs.samples_log->append_synced(state.outer().fragment_anchor(f), g.gen, g.rank, g.world,
+                                            state.outer().streaming() ? static_cast<int>(f) : -1, static_cast<int>(state.outer().fragments().size()));
+          !st)
+        return g.failed(st.message(), state.step(), pb::rank_status::FAILURE_DATA);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::unique_ptr<sync_strategy> make_sync_diloco() { return std::make_unique<sync_diloco>(); }
 
 }  // namespace dtactor

@@ -51,7 +51,7 @@ void host_reducer(const generation_run& g, training_state& state, bool host_work
     ho.exchange.transport = exchange_transport::host;
     x.host_sync = std::make_unique<grad_sync>(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
   } else {
-    x.host_workers_why_not = g.exchange.host_ranks <= 1 ? "this rank is alone on its host"
+    x.host_workers_why_not = g.exchange.host_ranks <= 1   ? "this rank is alone on its host"
                              : g.exchange.why_not.empty() ? "no shared memory"
                                                           : g.exchange.why_not;
   }
@@ -113,7 +113,8 @@ std::string describe_diloco(const generation_run& g, const exchanges& x, trainin
   std::string how = "train.sync_every=" + std::to_string(cfg.get_int("train.sync_every"));
   const size_t fragments = x.streaming ? x.syncs.size() : 0;
   if (fragments > 0)
-    how += ", " + std::to_string(fragments) + " fragments, overlap " + std::to_string(oo.overlap) + " step(s), mix " + std::to_string(oo.mix).substr(0, 4);
+    how += ", " + std::to_string(fragments) + " fragments, overlap " + std::to_string(oo.overlap) + " step(s), mix " +
+           std::to_string(oo.mix).substr(0, 4);
   if (x.host_sync)
     how += ", workers are hosts: " + std::to_string(g.exchange.host_ranks) + " ranks here, synchronous over shared memory every step";
   else if (!x.host_workers_why_not.empty())

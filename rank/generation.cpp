@@ -4,6 +4,7 @@
 #include "data/sample_log.hpp"
 #include "model/trainer.hpp"
 #include "rank/checkpoint_saver.hpp"
+#include "rank/sync_strategy.hpp"
 
 namespace dtactor {
 

@@ -3,14 +3,13 @@
 // worker's state kept across generations (rank_state), one generation's
 // group and starting state as it runs (generation_run), and how a piece
 // ends the generation (an outcome; a failure reported once, here).
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
 #include "actors/rank_work.hpp"
@@ -29,6 +28,7 @@ namespace dtactor {
 class training_state;
 class sample_log;
 class checkpoint_saver;
+class sync_strategy;
 
 using abandon_fn = std::function<bool()>;
 
@@ -36,8 +36,8 @@ std::chrono::steady_clock::time_point deadline_in(std::chrono::milliseconds d);
 double now_s();  // steady clock seconds
 
 // The element-wise MAX of every rank's `words`, in place (same length on every rank).
-status max_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, std::chrono::steady_clock::time_point deadline,
-                     const abandon_fn& abandon, const char* what);
+status max_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, std::chrono::steady_clock::time_point deadline, const abandon_fn& abandon,
+                     const char* what);
 
 pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, int64_t step, const std::string& detail);
 
@@ -59,6 +59,7 @@ struct rank_state {
   std::string module_digest;  // of the shipped module it loaded ("" = none shipped)
   int threads = 0;
   std::unique_ptr<checkpoint_saver> saver;  // made at warm-up
+  std::unique_ptr<sync_strategy> sync;      // train.sync's, made at warm-up
   // train.zero >= 1: who holds which optimizer shard in this generation.
   std::optional<shard_plan> shards;
   // data.sample_log (null: off), and the step this rank last attempted:

@@ -1,11 +1,10 @@
 #include "rank/group_builder.hpp"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "base/process.hpp"
 #include "comm/communicator.hpp"

@@ -32,15 +32,25 @@
 //   rank/exchange_choice  the generation's reducers (one, or one a
 //                         streaming fragment, and a host's reducer with
 //                         hosts as workers) and the READY line about them.
-//   rank/step_loop        the steps: control word, inner step, DiLoCo's
-//                         outer exchanges, boundaries (buffers, digests,
-//                         evaluation, checkpoint, stop, switch), reports,
-//                         fault injection.
+//   rank/step_loop        the steps: control word, the step, boundaries
+//                         (buffers, digests, evaluation, checkpoint, stop,
+//                         switch), reports, fault injection.
+//   rank/sync_strategy    what differs between the train.sync modes: the
+//                         step held for the agreement, the agreement after
+//                         it, the step and its exchanges, when a boundary
+//                         is, what falls due there, the READY fields. One
+//                         class a mode (sync_every_step in sync_strategy.cpp;
+//                         sync_diloco, streaming as its option, in
+//                         diloco_window.cpp), found by the typed sync mode
+//                         in a registry of one line each.
 //   rank/checkpoint_saver this rank's part of a checkpoint (save planner
 //                         ranges, checkpoint.direct, the part writer).
 //
 // The agreement at a generation's start is still several MAX allreduces
 // (state, interrupted ZeRO-2 step, shard source, DiLoCo window and slices),
-// each in the piece that needs it. The sync modes differ by branches on
-// training_state::diloco() and job_modes in state_source, diloco_window,
-// exchange_choice and step_loop; no strategy interface or registry yet.
+// each in the piece that needs it, not one agreement vector. DiLoCo's
+// window kept through the state transfer and its worker sections of a
+// checkpoint are still branches in state_source, its fragment reducers and
+// host workers branches in exchange_choice; train.diloco_worker = host has
+// no class of its own. The state sources (peer, replica, checkpoint) are
+// methods of starting_state, not classes behind an interface.

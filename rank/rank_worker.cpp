@@ -17,6 +17,7 @@
 #include "rank/group_builder.hpp"
 #include "rank/state_source.hpp"
 #include "rank/step_loop.hpp"
+#include "rank/sync_strategy.hpp"
 #include "storage/checkpoint_store.hpp"
 
 namespace dtactor {
@@ -175,16 +176,8 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
     auto modes = job_modes_of(cfg);
     if (!modes) return modes.err();
     im.modes = modes.value();
-    checkpoint_saver_options so;
-    so.node_id = opts_.node_id;
-    so.s3_endpoint = cfg.get_string("checkpoint.s3_endpoint");
-    so.keep_buffer = cfg.get_bool("checkpoint.keep_buffer");
-    so.modes = im.modes;
-    so.local_world = opts_.local_world;
-    so.on_written = [this](uint64_t gen, pb::checkpoint_written w) {
-      if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
-    };
-    im.saver = std::make_unique<checkpoint_saver>(std::move(so));
+    im.saver = make_saver(cfg, im.modes);
+    im.sync = make_sync_strategy(im.modes.sync);
     im.cfg = std::move(cfg);
   } catch (const std::exception& e) {
     std::string what = e.what();
@@ -293,6 +286,19 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     state.zero_grad();
     return g.failed(what.substr(0, what.find('\n')), state.step());
   }
+}
+
+std::unique_ptr<checkpoint_saver> rank_worker::make_saver(const config& cfg, const job_modes& modes) {
+  checkpoint_saver_options so;
+  so.node_id = opts_.node_id;
+  so.s3_endpoint = cfg.get_string("checkpoint.s3_endpoint");
+  so.keep_buffer = cfg.get_bool("checkpoint.keep_buffer");
+  so.modes = modes;
+  so.local_world = opts_.local_world;
+  so.on_written = [this](uint64_t gen, pb::checkpoint_written w) {
+    if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));
+  };
+  return std::make_unique<checkpoint_saver>(std::move(so));
 }
 
 step_loop_options rank_worker::loop_options(uint64_t gen) {

@@ -8,6 +8,7 @@
 #include "rank/agreement.hpp"
 #include "rank/generation.hpp"
 #include "rank/state_io.hpp"
+#include "rank/sync_strategy.hpp"
 #include "rank/zero.hpp"
 #include "storage/checkpoint_store.hpp"
 
@@ -15,9 +16,7 @@ namespace dtactor {
 
 starting_state::starting_state(generation_run& g, rank_state& rs) : g_(g), rs_(rs), state_(*rs.state) {}
 
-// DiLoCo: what a rank holds is its anchor (the last boundary it
-// synchronised at); its steps since are its own window's.
-int64_t starting_state::held_step() const { return state_.diloco() ? state_.outer().anchor() : state_.step(); }
+int64_t starting_state::held_step() const { return rs_.sync->held_step(state_); }
 
 // What a generation loads of a checkpoint (load), and what
 // the load found.
@@ -45,15 +44,15 @@ generation_end starting_state::agree() {
   if (rs_.cfg->get_int("train.zero") >= 2)
     if (auto ended = finish_zero2_step()) return ended;
   const int64_t held_before = state_.step();  // what this rank holds before any transfer
-  bool own_window = true;  // DiLoCo: this rank goes on with its own window (it held the agreed anchor)
+  bool own_window = true;                     // DiLoCo: this rank goes on with its own window (it held the agreed anchor)
   if (g_.pg)
     if (auto ended = take_agreed_state(own_window)) return ended;
   if (diloco && g_.pg && g_.rank != 0 && g_.source == ev::state_source::disk && !own_window)
     if (auto ended = worker_section_from_checkpoint()) return ended;
   if (rs_.cfg->get_int("train.zero") >= 1)
     if (auto ended = shard_state(held_before == state_.step())) return ended;
-  if (diloco && g_.pg)
-    if (auto ended = rs_.window.agree(g_, rs_, own_window)) return ended;
+  if (g_.pg)
+    if (auto ended = rs_.sync->after_agreement(g_, rs_, own_window)) return ended;
   if (g_.source == ev::state_source::local && state_.step() == 0) g_.source = ev::state_source::fresh;
   return std::nullopt;
 }
@@ -149,7 +148,6 @@ generation_end starting_state::take_agreed_state(bool& own_window) {
   return std::nullopt;
 }
 
-
 // DiLoCo, a generation whose state came from a checkpoint (global rank 0
 // read it and sent it to all): a rank other than 0 takes its own inner
 // state (parameters, buffers, inner moments) from its section of the
@@ -177,8 +175,10 @@ generation_end starting_state::load(checkpoint_load& l) {
   auto store = checkpoint_store::open_readonly(g_.plan.checkpoint_store(), rs_.cfg->get_string("checkpoint.s3_endpoint"));
   if (!store) return g_.failed("checkpoint store: " + store.message(), state_.step());
   auto meta = store->read_manifest(name);
-  if (!meta) return g_.checkpoint_unusable(l.step, "checkpoint " + where + ": " + meta.message(), meta.code() == errc::corrupt_checkpoint, state_.step());
-  if (auto st = check_checkpoint_compatible(meta.value(), *rs_.cfg, where); !st) return g_.checkpoint_unusable(l.step, st.message(), true, state_.step());
+  if (!meta)
+    return g_.checkpoint_unusable(l.step, "checkpoint " + where + ": " + meta.message(), meta.code() == errc::corrupt_checkpoint, state_.step());
+  if (auto st = check_checkpoint_compatible(meta.value(), *rs_.cfg, where); !st)
+    return g_.checkpoint_unusable(l.step, st.message(), true, state_.step());
   status st;
   if (l.own_section) {
     auto section = load_worker_section(state_, store.value(), meta.value(), g_.rank);
@@ -192,7 +192,6 @@ generation_end starting_state::load(checkpoint_load& l) {
   l.meta = std::move(meta.value());
   return std::nullopt;
 }
-
 
 // train.zero >= 1, after the agreement: this generation's shard plan, and
 // every rank's optimizer moments resharded to it from whoever holds them at
@@ -265,8 +264,10 @@ generation_end starting_state::shards_from_fallback(const shard_plan& plan, cons
     l.which = load_which::replicated;
     if (auto ended = load(l)) return ended;
   } else if (g_.rank == 0) {
-    std::fprintf(stderr, "rank 0: generation %llu: the plan names no checkpoint to go back to (none is committed in %s that no rank refused): "
-                 "the job starts over from step 0\n", static_cast<unsigned long long>(g_.gen), g_.plan.checkpoint_store().c_str());
+    std::fprintf(stderr,
+                 "rank 0: generation %llu: the plan names no checkpoint to go back to (none is committed in %s that no rank refused): "
+                 "the job starts over from step 0\n",
+                 static_cast<unsigned long long>(g_.gen), g_.plan.checkpoint_store().c_str());
     if (auto st = state_.reset_state(); !st) return g_.failed("starting over: " + st.message(), state_.step());
   } else {
     (void)state_.reset_state();
@@ -298,7 +299,7 @@ generation_end starting_state::shards_from_fallback(const shard_plan& plan, cons
 generation_end starting_state::shards_from_checkpoint(const shard_plan& plan, int64_t step) {
   if (step != state_.step())
     return g_.failed("the agreed state is at step " + std::to_string(state_.step()) + ", the plan's checkpoint at step " + std::to_string(step),
-                  state_.step());
+                     state_.step());
   state_.shard_optimizer(plan.ranges_of(g_.rank));
   checkpoint_load l;
   l.step = step;
@@ -313,6 +314,5 @@ generation_end starting_state::shards_from_checkpoint(const shard_plan& plan, in
   g_.reshard_bytes = l.bytes_read;
   return std::nullopt;
 }
-
 
 }  // namespace dtactor

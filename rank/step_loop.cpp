@@ -54,38 +54,26 @@ void inject_fault(fault_mode mode, int64_t at_step) {
   }
 }
 
-step_loop::step_loop(generation_run& g, rank_state& rs, step_loop_options o) : g_(g), rs_(rs), state_(*rs.state), o_(std::move(o)) {
+step_loop::step_loop(generation_run& g, rank_state& rs, step_loop_options o) : g_(g), rs_(rs), state_(*rs.state), sync_(*rs.sync), o_(std::move(o)) {
   cadence_ = step_cadence_of(*rs_.cfg);
   last_ckpt_ = o_.state_checkpointed_at >= 0 && o_.state_checkpointed_at == state_.step() ? state_.step() : -1;
-  // train.sync = diloco: inner steps without a collective; at each boundary
-  // the outer step (its exchange carries the step control), and only there
-  // what needs every rank to hold the same parameters (buffers, digests,
-  // evaluation, checkpoints, stop, switch).
-  diloco_ = state_.diloco();
   alone_ = !g_.pg;
 }
 
-bool step_loop::due(int64_t every, int64_t step, int64_t window_start) const {
-  if (!diloco_ || alone_) return cadence_.due(every, step);
-  if (step >= cadence_.max_steps) return true;
-  return every > 0 && step / every > window_start / every;
-}
+bool step_loop::due(int64_t every, int64_t step, int64_t window_start) const { return sync_.due(cadence_, every, step, window_start, alone_); }
 
-// Something of DiLoCo's left to do at this step: a fragment due, or an
-// exchange in flight that lands now.
-bool step_loop::outer_pending() const { return diloco_ && (state_.outer().due(state_.step()) || state_.outer().lands(state_.step())); }
+bool step_loop::outer_pending() const { return sync_.outer_pending(state_); }
 
-bool step_loop::in_flight() const { return diloco_ && state_.outer().in_flight().has_value(); }
+bool step_loop::in_flight() const { return sync_.in_flight(state_); }
 
 generation_outcome step_loop::run() {
   if (auto ended = begin()) return *ended;
   finish_job_already_done();
-  rs_.window.announce(g_, state_);
+  sync_.announce(g_, rs_);
   rs_.trained_gen = g_.gen;
   rs_.trained_rank = g_.rank;
   rs_.trained_world = g_.world;
-  const bool replay_on = diloco_ && g_.pg;  // the window's slices are noted (diloco_window::agree)
-  window_began_ = clock_type::now();
+  h_.window_began = clock_type::now();
   while (state_.step() < cadence_.max_steps || outer_pending()) {
     if (g_.quitting()) return generation_outcome::quit;
     if (g_.abandon_now()) return generation_outcome::next_plan;
@@ -99,11 +87,10 @@ generation_outcome step_loop::run() {
     const auto t0 = clock_type::now();
     set_control();
     const int64_t attempted = state_.step();
-    const int64_t window_start = diloco_ ? state_.outer().anchor() : attempted;
-    r_ = training_state::dp_step{};
+    const int64_t window_start = sync_.window_start(state_, attempted);
+    h_.r = training_state::dp_step{};
     if (!outer_pending())
-      if (auto ended = inner_step(replay_on)) return *ended;
-    if (!diloco_) agreed_ = x_.sync().control();
+      if (auto ended = inner_step()) return *ended;
     if (auto ended = after_step(attempted, window_start, t0)) return *ended;
   }
   rs_.saver->finish();
@@ -127,7 +114,7 @@ generation_end step_loop::begin() {
   // Whatever the last generation left in the gradients is a partial step,
   // and an exchange it left in flight is gone with its reducers.
   state_.zero_grad();
-  if (state_.diloco()) state_.outer().drop_flight();
+  sync_.begin(state_);
   // What set-up freed goes back to the kernel now: the module's own
   // parameter tensors once the optimizer copied them into its flat buffers
   // (16 MB each for a GPT layer's MLP), the shards a reshard handed over.
@@ -155,11 +142,7 @@ void step_loop::report_ready() {
     ready.set_reshard_bytes(g_.reshard_bytes);
   }
   ready.set_state_transfer_s(g_.transfer_s);
-  if (state_.diloco()) {
-    ready.set_window_steps(g_.window_steps);
-    ready.set_skipped_steps(g_.skipped_steps);
-    ready.set_replayed_slices(g_.replayed_slices);
-  }
+  sync_.ready_fields(g_, ready);
   if (g_.cb.on_status) g_.cb.on_status(g_.gen, std::move(ready));
 }
 
@@ -170,24 +153,20 @@ void step_loop::report_ready() {
 // boundary, and rank 0 writes the final checkpoint if any rank was asked
 // for one.
 void step_loop::set_control() {
-  mine_ = step_control{};
-  mine_.newer_plan = o_.newer_plan() ? 1.f : 0.f;
-  mine_.stop = o_.stop() ? 1.f : 0.f;
-  mine_.final_checkpoint = mine_.stop > 0 && o_.stop_checkpoint() ? 1.f : 0.f;
-  x_.sync().set_control(mine_);
+  h_.mine = step_control{};
+  h_.mine.newer_plan = o_.newer_plan() ? 1.f : 0.f;
+  h_.mine.stop = o_.stop() ? 1.f : 0.f;
+  h_.mine.final_checkpoint = h_.mine.stop > 0 && o_.stop_checkpoint() ? 1.f : 0.f;
+  x_.sync().set_control(h_.mine);
 }
 
 // The step's forward, backward and update (DiLoCo: an inner step of this
 // rank's slice, of the world it was taken in when catching up).
-generation_end step_loop::inner_step(bool replay_on) {
+generation_end step_loop::inner_step() {
   const int64_t attempted = state_.step();
   const auto [slice_rank, slice_world] = rs_.window.slice_of(attempted, g_.rank, g_.world);
   rs_.attempt = {attempted, g_.gen, slice_rank, slice_world};
-  result<training_state::dp_step> r = training_state::dp_step{};
-  if (x_.host_sync)
-    r = state_.inner_step_host(g_.rank, g_.world, *x_.host_sync, g_.exchange.host_members);
-  else
-    r = diloco_ ? state_.inner_step(slice_rank, slice_world) : state_.train_step_dp(g_.rank, g_.world, x_.sync());
+  auto r = sync_.step(g_, rs_, x_, slice_rank, slice_world);
   // Applied (with ZeRO, to this rank's shards even when the all-gather
   // after it failed): the step is in the audit log before anything else.
   if (state_.step() > attempted)
@@ -199,76 +178,26 @@ generation_end step_loop::inner_step(bool replay_on) {
     return g_.failed("loss became " + std::to_string(r->loss_sum / static_cast<double>(r->samples)) + " at step " + std::to_string(state_.step()) +
                          "; lower train.lr, keep train.grad_clip on, or resume from an earlier checkpoint",
                      state_.step(), pb::rank_status::FAILURE_DIVERGED);
-  if (replay_on) rs_.window.note_slice(oldest_fragment_anchor(state_.outer()), {attempted, slice_rank, slice_world, {}});
-  r_ = *r;
+  sync_.note_step(g_, rs_, attempted, slice_rank, slice_world);
+  h_.r = *r;
   return std::nullopt;
 }
 
-// DiLoCo after a step: the exchange in flight that lands now, then the
-// fragments due (each exchange carries the step control). `boundary` is set
-// when one landed: every rank then holds the same global parameters.
-generation_end step_loop::outer_steps(bool& boundary) {
-  std::vector<size_t> landed_fragments;
-  auto record = [&](const training_state::outer_step_result& o) {
-    landed_fragments.push_back(o.fragment);
-    r_.allreduce_s += o.exchange_s;
-    r_.exposed_s += o.exposed_s;
-    acc_.set_outer_steps(acc_.outer_steps() + 1);
-    acc_.set_outer_payload_bytes(acc_.outer_payload_bytes() + static_cast<uint64_t>(o.payload_bytes));
-    acc_.set_outer_exchange_s(acc_.outer_exchange_s() + o.exchange_s);
-    acc_.set_pseudo_grad_norm(o.pseudo_grad_norm);
-    acc_.set_outer_inner_steps(static_cast<uint64_t>(o.inner_steps));
-    acc_.set_outer_window_s(std::chrono::duration<double>(clock_type::now() - window_began_).count());
-    window_began_ = clock_type::now();
-    agreed_ = x_.syncs[o.fragment]->control();
-    boundary = true;
-  };
-  bool landed = false;
-  if (state_.outer().lands(state_.step())) {
-    auto o = state_.outer_land(*x_.syncs[*state_.outer().in_flight()]);
-    if (!o) return g_.failed(o.message(), state_.step());
-    record(*o);
-    landed = true;
-  }
-  const auto due = state_.outer().due_fragments(state_.step());
-  for (size_t f : due) {
-    // Overlapped only when it is the one exchange of this step and the job
-    // goes on: a boundary never leaves an exchange in flight.
-    const bool overlap = state_.outer().options().overlap > 0 && state_.step() < cadence_.max_steps && due.size() == 1 && !landed;
-    x_.syncs[f]->set_control(mine_);
-    auto o = state_.outer_launch(f, *x_.syncs[f], overlap);
-    if (!o) return g_.failed(o.message(), state_.step());
-    if (o->landed) record(*o);
-  }
-  // data.sample_log: this rank's lines before the landed pseudo-gradient's
-  // step are in that fragment of the global parameters.
-  if (rs_.samples_log)
-    for (size_t f : landed_fragments)
-      if (auto st = rs_.samples_log->append_synced(state_.outer().fragment_anchor(f), g_.gen, g_.rank, g_.world,
-                                                   state_.outer().streaming() ? static_cast<int>(f) : -1,
-                                                   static_cast<int>(state_.outer().fragments().size()));
-          !st)
-        return g_.failed(st.message(), state_.step(), pb::rank_status::FAILURE_DATA);
-  return std::nullopt;
-}
-
-// After a step: DiLoCo's outer exchanges, the buffers, the sums, the
+// After a step: the strategy's exchanges, the buffers, the sums, the
 // digests, the report, an injected fault; at a boundary, at_boundary.
 generation_end step_loop::after_step(int64_t attempted, int64_t window_start, clock_type::time_point t0) {
   // Every rank holds the same parameters after this step (streaming: the
   // same global parameters, and nothing is in flight).
-  bool boundary = !diloco_;
-  if (diloco_)
-    if (auto ended = outer_steps(boundary)) return ended;
-  if (diloco_ && alone_ && !state_.outer().in_flight().has_value()) boundary = true;
+  bool boundary = false;
+  if (auto ended = sync_.after_step(g_, rs_, x_, h_, cadence_, alone_, boundary)) return ended;
   const int64_t step = state_.step();
   if (boundary && !x_.moving_buffers.empty())
     if (auto ended = broadcast_buffers(step)) return ended;
   add_step_sums(step, attempted);
   if (boundary && due(cadence_.digest_every, step, window_start))
     if (auto ended = compare_digests(step)) return ended;
-  acc_.set_step_s(acc_.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
-  if (first_ || cadence_.report_due(step) || (boundary && diloco_ && !alone_)) report_step(step);
+  h_.acc.set_step_s(h_.acc.step_s() + std::chrono::duration<double>(clock_type::now() - t0).count());
+  if (first_ || cadence_.report_due(step) || (boundary && sync_.reports_each_boundary() && !alone_)) report_step(step);
   if (o_.fail_at_step >= 0 && step >= o_.fail_at_step && !rs_.injected && o_.fail_mode != fault_mode::rank_oom) {
     rs_.injected = true;
     inject_fault(o_.fail_mode, o_.fail_at_step);
@@ -283,17 +212,17 @@ generation_end step_loop::after_step(int64_t attempted, int64_t window_start, cl
 
 // The step's figures into the report's sums.
 void step_loop::add_step_sums(int64_t step, int64_t attempted) {
-  acc_.set_samples(acc_.samples() + r_.samples);
-  if (r_.samples > 0) {
-    loss_sum_steps_ += r_.loss_sum / static_cast<double>(r_.samples);
+  h_.acc.set_samples(h_.acc.samples() + h_.r.samples);
+  if (h_.r.samples > 0) {
+    loss_sum_steps_ += h_.r.loss_sum / static_cast<double>(h_.r.samples);
     ++loss_steps_;
   }
-  acc_.set_allreduce_s(acc_.allreduce_s() + r_.allreduce_s);
-  acc_.set_allreduce_exposed_s(acc_.allreduce_exposed_s() + r_.exposed_s);
-  acc_.set_compute_s(acc_.compute_s() + r_.compute_s);
-  acc_.set_update_s(acc_.update_s() + r_.update_s);
-  acc_.set_gather_s(acc_.gather_s() + r_.gather_s);
-  if (step > attempted) acc_.set_steps_covered(acc_.steps_covered() + 1);
+  h_.acc.set_allreduce_s(h_.acc.allreduce_s() + h_.r.allreduce_s);
+  h_.acc.set_allreduce_exposed_s(h_.acc.allreduce_exposed_s() + h_.r.exposed_s);
+  h_.acc.set_compute_s(h_.acc.compute_s() + h_.r.compute_s);
+  h_.acc.set_update_s(h_.acc.update_s() + h_.r.update_s);
+  h_.acc.set_gather_s(h_.acc.gather_s() + h_.r.gather_s);
+  if (step > attempted) h_.acc.set_steps_covered(h_.acc.steps_covered() + 1);
 }
 
 // Rank 0's moving buffers to every rank (at a synchronisation boundary).
@@ -313,28 +242,29 @@ generation_end step_loop::broadcast_buffers(int64_t step) {
 // ends the job rather than train on silently.
 generation_end step_loop::compare_digests(int64_t step) {
   const std::string digest = state_.params_digest();
-  acc_.set_params_digest(digest);
+  h_.acc.set_params_digest(digest);
   if (!g_.pg) return std::nullopt;
   auto agree = digests_agree(*g_.pg, digest, g_.timeout, g_.abandon_now);
   if (!agree) return g_.failed(agree.message(), step);
-  if (!agree.value()) return g_.failed("parameters differ between ranks at step " + std::to_string(step), step, pb::rank_status::FAILURE_PARAMETERS_DIFFER);
+  if (!agree.value())
+    return g_.failed("parameters differ between ranks at step " + std::to_string(step), step, pb::rank_status::FAILURE_PARAMETERS_DIFFER);
   return std::nullopt;
 }
 
 // The step report: the sums since the last one, the data reader's figures
 // and the bytes this rank holds.
 void step_loop::report_step(int64_t step) {
-  acc_.set_step(step);
-  acc_.set_global_rank(g_.rank);
-  acc_.set_world_size(g_.world);
-  acc_.set_loss(r_.samples > 0 ? r_.loss_sum / static_cast<double>(r_.samples) : 0.0);
-  acc_.set_loss_mean(loss_steps_ > 0 ? loss_sum_steps_ / static_cast<double>(loss_steps_) : acc_.loss());
+  h_.acc.set_step(step);
+  h_.acc.set_global_rank(g_.rank);
+  h_.acc.set_world_size(g_.world);
+  h_.acc.set_loss(h_.r.samples > 0 ? h_.r.loss_sum / static_cast<double>(h_.r.samples) : 0.0);
+  h_.acc.set_loss_mean(loss_steps_ > 0 ? loss_sum_steps_ / static_cast<double>(loss_steps_) : h_.acc.loss());
   loss_sum_steps_ = 0;
   loss_steps_ = 0;
-  acc_.set_lr(state_.lr_at(step - 1));
-  acc_.set_data_wait_s(take_data_wait_s());
+  h_.acc.set_lr(state_.lr_at(step - 1));
+  h_.acc.set_data_wait_s(take_data_wait_s());
   if (auto d = process_shard_reader_stats()) {
-    auto* x = acc_.mutable_data();
+    auto* x = h_.acc.mutable_data();
     x->set_bytes_s3(d->bytes_read_s3);
     x->set_bytes_local(d->bytes_read_local);
     x->set_cache_hits(d->cache_hits);
@@ -345,15 +275,15 @@ void step_loop::report_step(int64_t step) {
     x->set_cache_bytes(d->cache_used_bytes);
     x->set_cache_peak_bytes(d->cache_peak_bytes);
   }
-  acc_.set_param_bytes(static_cast<uint64_t>(state_.optimizer().param_bytes()));
+  h_.acc.set_param_bytes(static_cast<uint64_t>(state_.optimizer().param_bytes()));
   // The optimizer's gradients and the reducer's bucket buffers kept between
   // steps (zero=0/1: a second copy of every gradient; zero=2: none, its
   // buffers live only while a step's buckets are in flight).
-  acc_.set_grad_bytes(static_cast<uint64_t>(state_.optimizer().grad_bytes() + x_.buffer_bytes()));
-  acc_.set_optimizer_state_bytes(static_cast<uint64_t>(state_.optimizer().state_bytes() + (state_.diloco() ? state_.outer().state_bytes() : 0)));
-  if (auto held = rs_.saver->buffer_bytes()) acc_.set_checkpoint_buffer_bytes(*held);
-  if (g_.cb.on_step) g_.cb.on_step(g_.gen, acc_);
-  acc_.Clear();
+  h_.acc.set_grad_bytes(static_cast<uint64_t>(state_.optimizer().grad_bytes() + x_.buffer_bytes()));
+  h_.acc.set_optimizer_state_bytes(static_cast<uint64_t>(state_.optimizer().state_bytes() + (state_.diloco() ? state_.outer().state_bytes() : 0)));
+  if (auto held = rs_.saver->buffer_bytes()) h_.acc.set_checkpoint_buffer_bytes(*held);
+  if (g_.cb.on_step) g_.cb.on_step(g_.gen, h_.acc);
+  h_.acc.Clear();
   first_ = false;
 }
 
@@ -376,8 +306,8 @@ generation_end step_loop::at_boundary(int64_t step, int64_t window_start) {
     write_checkpoint();
     last_ckpt_ = step;
   }
-  if (agreed_.stop_agreed()) return stop_here(step, agreed_.final_checkpoint_wanted());
-  if (agreed_.all_hold_newer_plan(g_.world)) return generation_outcome::next_plan;
+  if (h_.agreed.stop_agreed()) return stop_here(step, h_.agreed.final_checkpoint_wanted());
+  if (h_.agreed.all_hold_newer_plan(g_.world)) return generation_outcome::next_plan;
   return std::nullopt;
 }
 

@@ -1,10 +1,10 @@
 #pragma once
 // The steps of a generation, until the job ends, a stop every rank agreed
 // on, a switch to a newer plan, or a failure: the exchanges chosen once,
-// each step's control word, the inner step (DiLoCo: and its outer
-// exchanges), what a synchronisation boundary does (buffers, digests,
-// evaluation, checkpoint, stop, switch), the step reports and an injected
-// fault.
+// each step's control word, the step and its exchanges (the sync strategy's,
+// rank/sync_strategy), what a synchronisation boundary does (buffers,
+// digests, evaluation, checkpoint, stop, switch), the step reports and an
+// injected fault.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -12,11 +12,10 @@
 #include <string>
 
 #include "base/fault_mode.hpp"
-#include "comm/step_control.hpp"
-#include "model/trainer.hpp"
 #include "rank/exchange_choice.hpp"
 #include "rank/outcome.hpp"
 #include "rank/step_policy.hpp"
+#include "rank/sync_strategy.hpp"
 
 namespace dtactor {
 
@@ -28,9 +27,9 @@ struct step_loop_options {
   // --fail-at-step/--fail-mode (rank_worker_options): -1 = off.
   int64_t fail_at_step = -1;
   fault_mode fail_mode = fault_mode::crash;
-  int64_t stop_at_step = -1;           // stop with a final checkpoint there; -1 = off
-  int64_t state_checkpointed_at = -1;  // the step of the checkpoint the caller's state was read from
-  std::function<bool()> newer_plan;    // a plan newer than this generation is offered
+  int64_t stop_at_step = -1;                    // stop with a final checkpoint there; -1 = off
+  int64_t state_checkpointed_at = -1;           // the step of the checkpoint the caller's state was read from
+  std::function<bool()> newer_plan;             // a plan newer than this generation is offered
   std::function<bool()> stop, stop_checkpoint;  // a stop (with a final checkpoint) was requested
   std::function<void()> request_final_stop;     // request_stop(true)
 };
@@ -52,8 +51,7 @@ class step_loop {
   bool outer_pending() const;
   bool in_flight() const;
   void set_control();
-  generation_end inner_step(bool replay_on);
-  generation_end outer_steps(bool& boundary);
+  generation_end inner_step();
   generation_end after_step(int64_t attempted, int64_t window_start, clock_type::time_point t0);
   void add_step_sums(int64_t step, int64_t attempted);
   generation_end broadcast_buffers(int64_t step);
@@ -64,31 +62,25 @@ class step_loop {
   generation_end meet_after_eval(double eval_s);
   generation_outcome stop_here(int64_t step, bool final_checkpoint);
   void write_checkpoint();
-  // DiLoCo: what falls due in the window [window_start, step] runs at its boundary.
   bool due(int64_t every, int64_t step, int64_t window_start) const;
 
   generation_run& g_;
   rank_state& rs_;
   training_state& state_;
+  sync_strategy& sync_;
   step_loop_options o_;
   exchanges x_;
 
-  training_state::dp_step r_;  // the step in hand (DiLoCo: its outer exchanges' times added)
-  step_control mine_;          // this rank's control for the step
-  step_control agreed_;        // the last exchange's sums of the ranks' controls
-
-  pb::step_report acc_;       // sums since the last report
+  step_in_hand h_;
   double loss_sum_steps_ = 0;  // its steps' mean losses since the last report
   int64_t loss_steps_ = 0;
   bool first_ = true;  // the first step of a generation is reported at once (recovery timing)
-  clock_type::time_point window_began_ = clock_type::now();
 
   step_cadence cadence_;
   std::map<std::string, double> eval_at_step_;
   // The step of the last checkpoint this generation wrote, or of the one
   // the caller's state was read from (nothing to write again there).
   int64_t last_ckpt_ = -1;
-  bool diloco_ = false;
   // A rank alone (world 1: `dtactor train`, or a cluster down to one rank)
   // has nobody to agree with: every step boundary where no DiLoCo exchange
   // is in flight is a synchronisation boundary (its parameters are the
