@@ -189,6 +189,44 @@ TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) { node_joining_mid_run_gets_sta
 // The same with the optimizer state and gradients sharded (train.zero=2).
 TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeerWithShardedState) { node_joining_mid_run_gets_state_from_a_peer("2"); }
 
+// A node that joined mid-run ends the job with the others, on a machine
+// loaded past its cores (a busy loop beside the job): c killed, d joined,
+// then the final checkpoint, the final evaluation and the end. This once
+// flapped: the coordinator, stalled, declared healthy nodes lost (all of them
+// at once, or the newcomer again and again at the end), and the final step
+// was checkpointed twice. Only c is lost, the final step is checkpointed
+// once, and the job ends at world 3.
+TEST(Chaos, ANodeThatJoinedMidRunEndsTheJobWithTheOthersOnALoadedMachine) {
+  temp_dir d;
+  auto busy = child_process::spawn({"/bin/sh", "-c", "while :; do :; done"});
+  ASSERT_TRUE(busy) << busy.message();
+  // Long enough for d's join on a slow machine (its rank's start takes
+  // seconds); checkpoints every 500 steps.
+  constexpr int64_t steps = 3000;
+  cluster cl(d.path(), job_sets(steps, {"cluster.min_nodes=3", "train.zero=2", "checkpoint.every_steps=500", "eval.max_samples=2000"}));
+  ASSERT_EQ(cl.start({"a", "b", "c"}), "");
+  ASSERT_TRUE(cl.wait_step(60, 3)) << cl.logs();
+  cl.signal_node("c", SIGKILL);
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !events<ev::recovery_done>(j).empty(); })) << cl.logs();
+  ASSERT_TRUE(cl.wait_step(100, 2)) << cl.logs();
+  ASSERT_EQ(cl.start_node("d"), "");
+  ASSERT_TRUE(cl.wait_for([](const std::vector<json>& j) {
+    for (const auto& r : events<ev::recovery_done>(j))
+      if (r.at("world_size") == 3) return true;
+    return false;
+  })) << cl.logs();
+  expect_finished_without_loss(cl, steps, 3);
+  busy.value().signal(SIGKILL);
+  auto j = cl.journal();
+  auto lost = events<ev::node_lost>(j);
+  ASSERT_EQ(lost.size(), 1u) << cl.logs();
+  EXPECT_EQ(lost[0].at("node"), "c");
+  int final_saves = 0;
+  for (const auto& e : events<ev::checkpoint_saved>(j)) final_saves += e.at("step") == steps ? 1 : 0;
+  EXPECT_EQ(final_saves, 1) << "the final step was checkpointed " << final_saves << " times";
+  EXPECT_EQ(events<ev::generation_started>(j).size(), 3u) << "start, c lost, d joined; no generation more";
+}
+
 TEST(Chaos, EveryNodeLostThenNewNodesResumeFromDisk) {
   temp_dir d;
   cluster cl(d.path(), job_sets(200, {"cluster.min_nodes=2"}));
