@@ -285,6 +285,19 @@ void announce(const coordinator_run& run, const std::string& bound, int store_po
 
 // The actors and the bridge to the nodes, until the job ends. Returns the
 // exit code.
+// The store's limits follow the largest world planned
+// (rendezvous_limits_for), and its eviction keeps the newest planned (or
+// adopted) generation's keys.
+void follow_plans(rendezvous_store& rendezvous, const ev::event& e) {
+  if (const auto* g = std::get_if<ev::generation_started>(&e)) {
+    rendezvous.expect_world(g->world_size);
+    rendezvous.expect_generation(g->generation);
+  } else if (const auto* a = std::get_if<ev::generation_adopted>(&e)) {
+    rendezvous.expect_world(a->world_size);
+    rendezvous.expect_generation(a->generation);
+  }
+}
+
 int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_board& board, rendezvous_store& rendezvous, int store_port) {
   caf::actor_system_config sys_cfg;
   configure_caf(sys_cfg, 2);
@@ -298,15 +311,7 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   // Everything the actors report goes through this one sink.
   coordinator_sink sink(run.jn, m, run.obs, sd);
   const event_sink events = [&sink, &board, &rendezvous](const ev::event& e) {
-    // The store's limits follow the largest world planned (rendezvous_limits_for).
-    // Eviction keeps the newest planned generation's keys.
-    if (const auto* g = std::get_if<ev::generation_started>(&e)) {
-      rendezvous.expect_world(g->world_size);
-      rendezvous.expect_generation(g->generation);
-    } else if (const auto* a = std::get_if<ev::generation_adopted>(&e)) {
-      rendezvous.expect_world(a->world_size);
-      rendezvous.expect_generation(a->generation);
-    }
+    follow_plans(rendezvous, e);
     board.on(e, unix_time_now());
     sink(e);
   };
