@@ -83,20 +83,37 @@ void record_step(job_self self, int32_t global_rank, int64_t step) {
   st.committed_step = std::max(st.committed_step, low);
 }
 
+ev::data_reading data_reading_of(const pb::data_reading& d) {
+  ev::data_reading x;
+  x.bytes_s3 = d.bytes_s3();
+  x.bytes_local = d.bytes_local();
+  x.cache_hits = d.cache_hits();
+  x.cache_misses = d.cache_misses();
+  x.shards_verified = d.shards_verified();
+  x.shards_failed = d.shards_failed();
+  x.read_ahead_depth = d.read_ahead_depth();
+  x.cache_bytes = d.cache_bytes();
+  x.cache_peak_bytes = d.cache_peak_bytes();
+  return x;
+}
+
 void on_step_report(job_self self, const pb::step_report& r, const sender_id& sender) {
   auto& st = self->state;
   record_step(self, r.global_rank(), r.step());
   {
-    // The node name becomes a metric label: printable.
-    ev::rank_usage u{r.global_rank(), printable(r.node_id().empty() ? sender.node_name() : r.node_id()), r.cpu_s(), r.rss_bytes(),
-                     r.peak_rss_bytes(), r.process_age_s(), r.data_wait_s() / std::max(1, r.steps_covered()), r.param_bytes(),
-                     r.grad_bytes(), r.optimizer_state_bytes(), r.checkpoint_buffer_bytes(), std::nullopt};
-    if (r.has_data()) {
-      const auto& d = r.data();
-      u.data = ev::data_reading{d.bytes_s3(),        d.bytes_local(),      d.cache_hits(),  d.cache_misses(),
-                                            d.shards_verified(), d.shards_failed(),    d.read_ahead_depth(), d.cache_bytes(),
-                                            d.cache_peak_bytes()};
-    }
+    ev::rank_usage u;
+    u.global_rank = r.global_rank();
+    u.node = printable(r.node_id().empty() ? sender.node_name() : r.node_id());  // a metric label: printable
+    u.cpu_s = r.cpu_s();
+    u.rss_bytes = r.rss_bytes();
+    u.peak_rss_bytes = r.peak_rss_bytes();
+    u.process_age_s = r.process_age_s();
+    u.data_wait_s = r.data_wait_s() / std::max(1, r.steps_covered());
+    u.param_bytes = r.param_bytes();
+    u.grad_bytes = r.grad_bytes();
+    u.optimizer_state_bytes = r.optimizer_state_bytes();
+    u.checkpoint_buffer_bytes = r.checkpoint_buffer_bytes();
+    if (r.has_data()) u.data = data_reading_of(r.data());
     u.step = r.step();
     emit(st.opts.events, u);
   }
@@ -130,8 +147,16 @@ void on_rank_status(job_self self, const inbound& in) {
       // the lost rank, or the same members re-formed).
       const bool failed = s.status() == pb::rank_status::STATE_FAILED;
       const std::string detail = printable(s.detail(), printable_max_detail_chars);
-      emit(st.opts.events, ev::rank_down{failed, s.global_rank(), s.local_rank(), printable(in.from.node_name()), detail, s.exit_code(), s.step(),
-                                         in.env.generation()});
+      ev::rank_down down;
+      down.failed = failed;
+      down.rank = s.global_rank();
+      down.local_rank = s.local_rank();
+      down.node = printable(in.from.node_name());
+      down.detail = detail;
+      down.exit_code = s.exit_code();
+      down.step = s.step();
+      down.generation = in.env.generation();
+      emit(st.opts.events, down);
       // No new generation can fix ranks whose parameters diverged, a loss
       // that became NaN, or data that cannot be read.
       if (failed && (s.failure() == pb::rank_status::FAILURE_PARAMETERS_DIFFER || s.failure() == pb::rank_status::FAILURE_DATA ||

@@ -112,8 +112,15 @@ void on_leave(membership_self self, const inbound& in) {
   emit(self, ev::node_left{id, reason});
   if (in.env.leave().has_notice()) {
     const auto& n = in.env.leave().notice();
-    emit(self, ev::preemption_notice{id, printable(n.cloud()), printable(n.announced_time()), n.announced_unix_s(), in.env.leave().at_step(),
-                                     n.announced_unix_s() - n.noticed_unix_s(), n.announced_unix_s() - unix_time_now()});
+    ev::preemption_notice e;
+    e.node = id;
+    e.cloud = printable(n.cloud());
+    e.announced_time = printable(n.announced_time());
+    e.announced_unix_s = n.announced_unix_s();
+    e.at_step = in.env.leave().at_step();
+    e.notice_s = n.announced_unix_s() - n.noticed_unix_s();
+    e.left_before_s = n.announced_unix_s() - unix_time_now();
+    emit(self, e);
   }
 }
 
@@ -192,7 +199,14 @@ std::optional<std::string> on_checkpoint_refused(membership_self self, const inb
   auto r = refuse_checkpoint(st.checkpoints, s.refused_checkpoint_step(), who, s.detail());
   if (r.newly_bad) {
     if (!r.exhausted) log_line(st.opts.log, r.line);  // else the job's failure says it
-    emit(self, ev::checkpoint_refused{s.refused_checkpoint_step(), s.global_rank(), in.from.node_name(), in.env.generation(), s.detail(), r.fallback});
+    ev::checkpoint_refused e;
+    e.step = s.refused_checkpoint_step();
+    e.rank = s.global_rank();
+    e.node = in.from.node_name();
+    e.generation = in.env.generation();
+    e.reason = s.detail();
+    e.fallback_step = r.fallback;
+    emit(self, e);
   }
   if (!r.exhausted || st.stopping) return std::nullopt;
   st.stopping = true;
@@ -301,7 +315,10 @@ void on_tick(membership_self self) {
   const auto& p = st.members.commit(std::move(*d.next));
   if (p.adopted) {
     ++st.adopted;
-    emit(self, ev::generation_adopted{p.generation, p.world_size});
+    ev::generation_adopted e;
+    e.generation = p.generation;
+    e.world_size = p.world_size;
+    emit(self, e);
   }
   announce(self, p);
 }

@@ -291,7 +291,9 @@ result<search_bounds> search(probe_runner& probe, const tune_batch_options& opts
 // Error: not even opts.start fit.
 result<tune_batch_result> conclude(tune_batch_result res, search_bounds sb, int64_t up_to, const tune_batch_options& opts, journal& jn) {
   if (sb.lo == 0) {
-    jn.write(ev::batch_size_found{0, res.max_memory, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+    ev::batch_size_found none;
+    none.max_memory_bytes = res.max_memory;
+    jn.write(none);
     return make_error("even micro-batch " + std::to_string(opts.start) + " does not fit in " + human_bytes(static_cast<double>(res.max_memory)) +
                       " per rank: " + res.trials.front().why);
   }
@@ -300,8 +302,14 @@ result<tune_batch_result> conclude(tune_batch_result res, search_bounds sb, int6
   const batch_trial* best = nullptr;
   for (const auto& t : res.trials)
     if (t.fits && t.micro_batch == sb.lo) best = &t;
-  jn.write(ev::batch_size_found{sb.lo, res.max_memory, best ? best->peak_rss_bytes : 0.0, best ? best->samples_per_s : 0.0, res.limited_by_up_to,
-                                static_cast<int64_t>(res.trials.size())});
+  ev::batch_size_found found;
+  found.micro_batch = sb.lo;
+  found.max_memory_bytes = res.max_memory;
+  found.peak_rss_bytes = best ? best->peak_rss_bytes : 0.0;
+  found.samples_per_s = best ? best->samples_per_s : 0.0;
+  found.limited_by_up_to = res.limited_by_up_to;
+  found.trials = static_cast<int64_t>(res.trials.size());
+  jn.write(found);
   return res;
 }
 

@@ -158,6 +158,21 @@ namespace {
 
 // Folds a journal's events, in order, into a run_digest. One handler per
 // event the report shows; every other event only moves the run's times.
+// What a journaled rank's resources say of its data reading.
+ev::data_reading data_reading_of(const ev::rank_resources& r) {
+  ev::data_reading x;
+  x.bytes_s3 = r.data_bytes_s3.value_or(0);
+  x.bytes_local = r.data_bytes_local.value_or(0);
+  x.cache_hits = r.data_cache_hits.value_or(0);
+  x.cache_misses = r.data_cache_misses.value_or(0);
+  x.shards_verified = r.data_shards_verified.value_or(0);
+  x.shards_failed = r.data_shards_failed.value_or(0);
+  x.read_ahead_depth = r.data_read_ahead_depth.value_or(0);
+  x.cache_bytes = r.data_cache_bytes.value_or(0);
+  x.cache_peak_bytes = r.data_cache_peak_bytes.value_or(0);
+  return x;
+}
+
 class digest_builder {
  public:
   // `t` is the event's time (0: none journaled).
@@ -300,9 +315,7 @@ class digest_builder {
       rr.cpu_s = r.cpu_s;
       rr.elapsed_s = r.elapsed_s;
       if (r.data_bytes_s3 || r.data_bytes_local)
-        rr.data = ev::data_reading{r.data_bytes_s3.value_or(0),         r.data_bytes_local.value_or(0),     r.data_cache_hits.value_or(0),
-                                   r.data_cache_misses.value_or(0),     r.data_shards_verified.value_or(0), r.data_shards_failed.value_or(0),
-                                   r.data_read_ahead_depth.value_or(0), r.data_cache_bytes.value_or(0),     r.data_cache_peak_bytes.value_or(0)};
+        rr.data = data_reading_of(r);
     }
   }
   void on(double t, const ev::checkpoint_saved& e) {
