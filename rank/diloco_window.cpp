@@ -177,6 +177,7 @@ namespace {
 class sync_diloco final : public sync_strategy {
  public:
   int64_t held_step(training_state& state) const override { return state.outer().anchor(); }
+  std::function<void()> keep_through_transfer(rank_state& rs, bool holds_agreed) override;
   generation_end after_agreement(generation_run& g, rank_state& rs, bool own_window) override { return rs.window.agree(g, rs, own_window); }
   void begin(training_state& state) override { state.outer().drop_flight(); }
   void announce(const generation_run& g, rank_state& rs) const override { rs.window.announce(g, *rs.state); }
@@ -214,6 +215,30 @@ class sync_diloco final : public sync_strategy {
   static void record(const training_state::outer_step_result& o, exchanges& x, step_in_hand& h);
   generation_end outer_steps(generation_run& g, rank_state& rs, exchanges& x, step_in_hand& h, int64_t max_steps, bool& boundary);
 };
+
+std::function<void()> sync_diloco::keep_through_transfer(rank_state& rs, bool holds_agreed) {
+  training_state& state = *rs.state;
+  if (!holds_agreed)
+    return [&rs, &state] {
+      torch::NoGradGuard no_grad;
+      state.outer().reset_to_global();
+      state.state_loaded(state.outer().anchor());
+      rs.window.forget();
+    };
+  auto kept = std::make_shared<std::vector<std::pair<torch::Tensor, torch::Tensor>>>();  // (live, copy)
+  const int64_t own_step = state.step(), own_inner_steps = state.optimizer().steps_taken();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& st : state.state_tensors())
+      if (st.name.rfind("outer/", 0) != 0) kept->emplace_back(st.t, st.t.clone());
+  }
+  return [kept, &state, own_step, own_inner_steps] {
+    torch::NoGradGuard no_grad;
+    for (auto& [live, copy] : *kept) live.copy_(copy);
+    state.state_loaded(own_step);
+    state.optimizer().set_steps_taken(own_inner_steps);
+  };
+}
 
 void sync_diloco::record(const training_state::outer_step_result& o, exchanges& x, step_in_hand& h) {
   using clock_type = std::chrono::steady_clock;

@@ -36,7 +36,8 @@
 //                         (buffers, digests, evaluation, checkpoint, stop,
 //                         switch), reports, fault injection.
 //   rank/sync_strategy    what differs between the train.sync modes: the
-//                         step held for the agreement, the agreement after
+//                         step held for the agreement, what a rank keeps
+//                         through the state transfer, the agreement after
 //                         it, the step and its exchanges, when a boundary
 //                         is, what falls due there, the READY fields. One
 //                         class a mode (sync_every_step in sync_strategy.cpp;
@@ -49,8 +50,7 @@
 // The agreement at a generation's start is still several MAX allreduces
 // (state, interrupted ZeRO-2 step, shard source, DiLoCo window and slices),
 // each in the piece that needs it, not one agreement vector. DiLoCo's
-// window kept through the state transfer and its worker sections of a
-// checkpoint are still branches in state_source, its fragment reducers and
-// host workers branches in exchange_choice; train.diloco_worker = host has
-// no class of its own. The state sources (peer, replica, checkpoint) are
+// worker sections of a checkpoint are still a branch in state_source, its
+// fragment reducers and host workers branches in exchange_choice;
+// train.diloco_worker = host has no class of its own. The state sources (peer, replica, checkpoint) are
 // methods of starting_state, not classes behind an interface.

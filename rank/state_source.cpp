@@ -96,10 +96,10 @@ generation_end starting_state::finish_zero2_step() {
 
 // The one state agreement (MAX of agreement_words): the highest step (DiLoCo:
 // anchor) any member holds and the lowest rank holding it, the root; when
-// not everyone holds it, the state is broadcast from the root. `own_window`
-// (DiLoCo): whether this rank keeps its window's own progress.
+// not everyone holds it, the state is broadcast from the root, and the sync
+// strategy keeps what this rank keeps through it. `own_window` (DiLoCo):
+// whether this rank keeps its window's own progress.
 generation_end starting_state::take_agreed_state(bool& own_window) {
-  const bool diloco = state_.diloco();
   const auto words = agreement_words(held_step(), g_.rank);
   std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
   c10d::AllreduceOptions mx;
@@ -109,34 +109,14 @@ generation_end starting_state::take_agreed_state(bool& own_window) {
   const auto a = read_agreement(t[0][0].item<int64_t>(), t[0][1].item<int64_t>());
   g_.root = a.root;
   if (!a.everyone_holds_it()) {
-    // DiLoCo: a rank holding the agreed anchor keeps its window's own
-    // progress (parameters, buffers, inner moments, step) through the
-    // transfer; the others start their window over from the anchor.
-    const bool keep_window = diloco && held_step() == a.max_step;
-    own_window = keep_window;
-    std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (live, copy)
-    const int64_t own_step = state_.step(), own_inner_steps = state_.optimizer().steps_taken();
-    if (keep_window) {
-      torch::NoGradGuard no_grad;
-      for (auto& st : state_.state_tensors())
-        if (st.name.rfind("outer/", 0) != 0) kept.emplace_back(st.t, st.t.clone());
-    }
+    const bool holds_agreed = held_step() == a.max_step;
+    own_window = holds_agreed;
+    auto after_transfer = rs_.sync->keep_through_transfer(rs_, holds_agreed);
     // In place, in chunks, over the data plane (bounded extra memory).
     int64_t from_disk = g_.source == ev::state_source::disk ? 1 : 0;
     auto sent = broadcast_state(*g_.pg, g_.root, state_, g_.timeout, g_.abandon_now, from_disk);
     if (!sent) return g_.failed(sent.message(), state_.step());
-    if (diloco) {
-      torch::NoGradGuard no_grad;
-      if (keep_window) {
-        for (auto& [live, copy] : kept) live.copy_(copy);
-        state_.state_loaded(own_step);
-        state_.optimizer().set_steps_taken(own_inner_steps);
-      } else {
-        state_.outer().reset_to_global();
-        state_.state_loaded(state_.outer().anchor());
-        rs_.window.forget();
-      }
-    }
+    after_transfer();
     if (g_.rank != g_.root) {
       // The generation's state came from the store when its root loaded
       // it from there (every rank says so: one story in the journal).

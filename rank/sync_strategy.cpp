@@ -15,6 +15,9 @@ namespace {
 class sync_every_step final : public sync_strategy {
  public:
   int64_t held_step(training_state& state) const override { return state.step(); }
+  std::function<void()> keep_through_transfer(rank_state&, bool) override {
+    return [] {};
+  }
   generation_end after_agreement(generation_run&, rank_state&, bool) override { return std::nullopt; }
   void begin(training_state&) override {}
   void announce(const generation_run&, rank_state&) const override {}

@@ -7,6 +7,7 @@
 // (make_sync_strategy).
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "comm/step_control.hpp"
@@ -39,6 +40,13 @@ class sync_strategy {
   // What this rank holds for the state agreement: its step, or DiLoCo's
   // anchor (the last boundary it synchronised at).
   virtual int64_t held_step(training_state& state) const = 0;
+  // Around a state transfer from the agreement's root: what this rank
+  // keeps of its own through it (`holds_agreed`: it held the agreed step).
+  // The function returned runs after the transfer (every step: nothing;
+  // DiLoCo: a rank holding the agreed anchor keeps its window's progress,
+  // parameters, buffers, inner moments and step; the others start their
+  // window over from the anchor).
+  virtual std::function<void()> keep_through_transfer(rank_state& rs, bool holds_agreed) = 0;
   // After the state agreement and transfer: the strategy's own (DiLoCo:
   // the window's furthest step and owed slices). Only with a group.
   virtual generation_end after_agreement(generation_run& g, rank_state& rs, bool own_window) = 0;
