@@ -241,6 +241,7 @@ int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const c
 struct node_identity {
   std::string id;         // claimed: no live process on this machine holds it
   std::string advertise;  // the address the ranks' peers reach them at
+  file_lock claim;        // the id's claim, held as long as the node runs
 };
 
 // Errors are usage errors (exit code 2): a missing or unresolvable
@@ -267,6 +268,7 @@ result<node_identity> identify_node(const cluster_cli& cli) {
   if (!claim) return claim.err();
   if (!claim->note.empty()) std::fprintf(stderr, "node: %s\n", claim->note.c_str());
   who.id = claim->id;
+  who.claim = std::move(claim->lock);
   return who;
 }
 
