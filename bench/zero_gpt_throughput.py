@@ -17,7 +17,10 @@ capped at --cap (default 10gbit) by tbf: 2 nodes x 2 ranks is the issue's
 --a / --b replace what A and B set (default train.zero=2 / train.zero=0):
 e.g. --a cluster.shm_ring_mb=64 --b cluster.shm_ring_mb=4096 measures what
 the shared-memory ring's bound costs at zero = 0; an item env:NAME=VALUE
-goes into that run's environment instead (e.g. GLIBC_TUNABLES).
+goes into that run's environment instead (e.g. GLIBC_TUNABLES), and an
+item bin:PATH runs that side with another build's dtactor (its libraries
+from its own directory): --a train.zero=2 --b train.zero=2 --b bin:OLD
+is a paired A/B of two builds on the same job.
 The default job is bench_state_path.py's GPT (dim 1024, 16 layers, 16
 heads, context 32, global batch 4 in micro-batches of 2); zero=0 at world 2
 needs about 13 GB.
@@ -78,8 +81,12 @@ def run(extra):
     d = tempfile.mkdtemp(prefix="dtactor-zgpt-")
     sets = []
     env = dict(os.environ)
+    binary = a.bin
     for s in job + extra:
-        if s.startswith("env:"):
+        if s.startswith("bin:"):
+            binary = os.path.abspath(s[4:])
+            env["LD_LIBRARY_PATH"] = os.path.dirname(binary)
+        elif s.startswith("env:"):
             k, v = s[4:].split("=", 1)
             env[k] = v
         else:
@@ -88,7 +95,7 @@ def run(extra):
     if a.hosts:
         p = on_hosts(sets, d, env)
     else:
-        argv = [a.bin, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume", *sets]
+        argv = [binary, "local", "--nodes", str(a.nodes), "--nproc-per-node", str(a.nproc_per_node), "--run-dir", d, "--no-resume", *sets]
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     wall = time.time() - t0
     if p.returncode != 0:
@@ -158,7 +165,13 @@ result = {
     "B_peak_rss_largest_rank_bytes": max((max(r["B"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
     "runs": rows}
 F = bench_meta.figure
-A_NAME, B_NAME = " ".join(A_SET), " ".join(B_SET)
+def side_name(sets):
+    # A bin:PATH item reads as "the other build", not its temporary path.
+    name = " ".join(x for x in sets if not x.startswith("bin:"))
+    return name + (" (the other build)" if any(x.startswith("bin:") for x in sets) else "")
+
+
+A_NAME, B_NAME = side_name(A_SET), side_name(B_SET)
 where = "%d namespace hosts x %d ranks, links at %s" % (a.nodes, a.nproc_per_node, a.cap) if a.hosts else \
     "world %d (%d nodes x %d ranks)" % (a.nodes * a.nproc_per_node, a.nodes, a.nproc_per_node)
 print(json.dumps(bench_meta.stamped(result, "%s against %s: 202M GPT at %s, time a step, %d pairs%s"

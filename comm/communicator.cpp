@@ -65,22 +65,23 @@ bool nccl_available() {
 #endif
 }
 
-std::string resolve_backend(const communicator_options& o) {
-  if (o.backend != "auto") return o.backend;
-  return o.cuda_tensors && nccl_available() ? "nccl" : "gloo";
+comm_backend resolve_backend(const communicator_options& o) {
+  if (o.backend != comm_backend::automatic) return o.backend;
+  return o.cuda_tensors && nccl_available() ? comm_backend::nccl : comm_backend::gloo;
 }
 
 result<c10::intrusive_ptr<c10d::ProcessGroup>> make_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
                                                                   const communicator_options& o) {
-  const std::string backend = resolve_backend(o);
+  const comm_backend chosen = resolve_backend(o);
+  const std::string backend(to_string(chosen));
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(o.generation), store);
   try {
-    if (backend == "gloo") {
+    if (chosen == comm_backend::gloo) {
       auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.hostname));
       return c10::intrusive_ptr<c10d::ProcessGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, opts));
     }
-    if (backend == "nccl") {
+    if (chosen == comm_backend::nccl) {
 #ifdef DTACTOR_WITH_CUDA
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = o.timeout;
@@ -95,7 +96,7 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> make_process_group(const c10::int
     return make_error(backend + " process group (rank " + std::to_string(rank) + " of " + std::to_string(world) +
                       ") could not be built: " + what.substr(0, nl));
   }
-  return make_error("unknown communication backend '" + backend + "' (use auto, gloo or nccl)");
+  return make_error("no communication backend resolved from '" + backend + "' (use auto, gloo or nccl)");
 }
 
 }  // namespace dtactor

@@ -12,11 +12,12 @@
 #include <string>
 
 #include "dtactor/result.hpp"
+#include "job/modes.hpp"
 
 namespace dtactor {
 
 struct communicator_options {
-  std::string backend = "auto";            // auto | gloo | nccl
+  comm_backend backend = comm_backend::automatic;  // cluster.backend
   bool cuda_tensors = false;               // auto picks nccl for CUDA tensors (CUDA builds only)
   std::chrono::milliseconds timeout{30000};  // each collective's own limit
   std::string hostname = "127.0.0.1";      // interface Gloo binds to (the node's advertised address)
@@ -26,8 +27,9 @@ struct communicator_options {
 // True when this binary can use NCCL.
 bool nccl_available();
 
-// The backend `auto` resolves to.
-std::string resolve_backend(const communicator_options& o);
+// The backend the options name, `automatic` resolved: nccl for CUDA tensors
+// when this build has it, else gloo. Never `automatic`.
+comm_backend resolve_backend(const communicator_options& o);
 
 // Waits for `work` until it completes, `deadline` passes, or `abandon()`
 // (polled every few milliseconds; may be empty) returns true. An abandoned

@@ -90,7 +90,7 @@ generation_end build_group(generation_run& g, rank_state& rs, const group_endpoi
   const config& cfg = *rs.cfg;
   group_request q;
   q.timeout = std::max<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(60));
-  q.co.backend = cfg.get_string("cluster.backend");
+  q.co.backend = rs.modes.backend;
   q.co.timeout = q.timeout;
   q.co.generation = g.gen;
   q.co.hostname = at.advertise_addr.empty() ? "127.0.0.1" : at.advertise_addr;
@@ -100,8 +100,9 @@ generation_end build_group(generation_run& g, rank_state& rs, const group_endpoi
   q.world = g.world;
   q.key = at.key;
   size_shm(q, *rs.state, cfg);
-  g.backend = resolve_backend(q.co);
-  q.want_shm = cfg.get_bool("cluster.shm_allreduce") && g.backend == "gloo";
+  const comm_backend backend = resolve_backend(q.co);
+  g.backend = std::string(to_string(backend));
+  q.want_shm = cfg.get_bool("cluster.shm_allreduce") && backend == comm_backend::gloo;
   auto b = std::make_shared<build>();
   std::thread([b, q] { make_group(q, *b); }).detach();
   std::unique_lock<std::mutex> lock(b->mu);
