@@ -14,7 +14,7 @@ for each: VmHWM after the attack less VmRSS when idle (/proc/PID/status).
   near_limit_256_both  keyed: 256 such connections at the control port and
                        256 at the rendezvous store's, at once, from one
                        address: what the handshake gate bounds
-                       (net/handshake_gate.hpp; 4 places an address)
+                       (net/handshake_gate.hpp; 8 places an address)
   near_limit_256_both_64_addresses
                        the same from 64 addresses (127.0.0.1-64): the gate's
                        12 places a port
@@ -86,7 +86,7 @@ def main():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     both, keyed_only, open_only = attacks_table()
-    result = {"limits": {"max_control_message_bytes": 2 * attacks.MB, "handshake_timeout_s": 3, "max_pending_handshakes": 12, "max_pending_handshakes_per_address": 4, "store_total_bytes_before_any_plan": 8 * attacks.MB,
+    result = {"limits": {"max_control_message_bytes": 2 * attacks.MB, "handshake_timeout_s": 3, "max_pending_handshakes": 12, "max_pending_handshakes_per_address": 8, "store_total_bytes_before_any_plan": 8 * attacks.MB,
                          "store_value_bytes_before_any_plan": 64 * 1024},
               "attacks": {}}
     for name, attack in both.items():

@@ -43,11 +43,13 @@ constexpr int handshake_timeout_ms = 3000;
 // more is shut down as it is accepted. With max_control_message_bytes a
 // connection, strangers hold at most 12 x 2 MiB = 24 MiB a socket before
 // they authenticate, 48 MiB for a coordinator's two (the control link and
-// the rendezvous store), and one address at most a third of the places. A
-// real handshake takes about a millisecond, so 12 at once is far above what
-// a start of thousands of nodes needs; a peer shed in a flood reconnects.
+// the rendezvous store), and one address at most 8 of the 12 places: the
+// ranks of an 8-GPU host meeting at the store at once all get in, and a
+// flood from one address leaves 4 places to everyone else. A real handshake
+// takes about a millisecond, so 12 at once is far above what a start of
+// thousands of nodes needs; a peer shed in a flood reconnects.
 constexpr std::size_t max_pending_handshakes = 12;
-constexpr std::size_t max_pending_handshakes_per_address = 4;
+constexpr std::size_t max_pending_handshakes_per_address = 8;
 
 // Why a frame was refused. decode() yields the first four; the bridge adds
 // the framing and delivery kinds. Values index arrays: keep `count_` last.
