@@ -44,9 +44,9 @@ def main():
     }
     F = bench_meta.figure
     figures = [
-        F("nodes declared lost (the one killed: 1)", ["nodes_lost"], ""),
-        F("generations (start, the loss, the join: 3)", ["generations"], ""),
-        F("checkpoints of the final step", ["final_step_checkpoints"], ""),
+        F("nodes declared lost (the one killed: 1)", ["nodes_lost"], "count"),
+        F("generations (start, the loss, the join: 3)", ["generations"], "count"),
+        F("checkpoints of the final step", ["final_step_checkpoints"], "count"),
         F("longest stall of the coordinator, credited to the nodes' silence", ["longest_stall_s"], "s"),
     ]
     bench_meta.write(a.out, result, title="A loss, a join and the end of a job on a machine loaded past its cores",
