@@ -74,9 +74,17 @@ void send_register(agent_self self) {
   to_coordinator(self, std::move(env));
 }
 
+// A registering node sends nothing but registers, and the coordinator
+// counts a peer silent for heartbeat_timeout as lost: retries stay a third
+// of the timeout apart at most (the job's timeout once register_ack said
+// it), so that one lost or late register never costs the membership.
+std::chrono::milliseconds register_backoff_cap(const node_agent_options& o) {
+  return std::min(o.register_backoff_max, std::max(o.liveness.heartbeat_timeout / 3, std::chrono::milliseconds(1)));
+}
+
 void schedule_register_retry(agent_self self) {
   auto& st = self->state;
-  auto delay = backoff_delay(st.opts.register_backoff_initial, st.opts.register_backoff_max, st.register_attempt);
+  auto delay = backoff_delay(st.opts.register_backoff_initial, register_backoff_cap(st.opts), st.register_attempt);
   self->delayed_send(self, delay, retry_atom::value, st.register_epoch);
 }
 

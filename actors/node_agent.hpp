@@ -114,9 +114,11 @@ struct node_agent_options {
   int32_t metrics_port = 0;
   envelope_header header;     // sender "node/<node_id>", this process's incarnation
   liveness_options liveness;  // heartbeat period; coordinator silence that triggers re-registration
-  // Registers are retried 100 ms, 200 ms, ... apart, at most 1 s: a node cut
-  // off for a while is back within about a second of the heal (a register
-  // is a few hundred bytes).
+  // Registers are retried 100 ms, 200 ms, ... apart, at most 1 s and never
+  // more than a third of liveness.heartbeat_timeout (a registering member
+  // sends nothing else, and silence for the timeout is a loss): a node cut
+  // off for a while is back soon after the heal (a register is a few
+  // hundred bytes).
   std::chrono::milliseconds register_backoff_initial{100};
   std::chrono::milliseconds register_backoff_max{1000};
   std::chrono::milliseconds restart_backoff_initial{100};

@@ -156,6 +156,21 @@ class node_agent_test : public ::testing::Test, public caf_fixture {
   }
   node_agent_state& st() { return state_of<node_agent_state>(agent); }
   size_t registers() const { return wire.count(pb::envelope::kRegisterNode); }
+  // The longest time without a register while the coordinator stays silent
+  // for `span` (from the last register sent, to the end of `span`).
+  int64_t longest_register_gap_ms(std::chrono::milliseconds span) {
+    auto last = now();
+    auto count = registers();
+    clock_duration longest{0};
+    for (auto t = 0ms; t < span; t += 1ms) {
+      advance(1ms, 1ms);
+      if (registers() == count) continue;
+      longest = std::max(longest, now() - last);
+      last = now();
+      count = registers();
+    }
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(longest, now() - last)).count();
+  }
 
   template <class E>
   std::vector<E> events_of() const {
@@ -189,9 +204,11 @@ TEST_F(node_agent_test, retries_registration_with_backoff_until_acked) {
   EXPECT_EQ(registers(), 2u);
   advance(200ms);  // t = 300 ms
   EXPECT_EQ(registers(), 3u);
-  advance(400ms);  // t = 700 ms
+  advance(330ms);  // t = 630 ms
+  EXPECT_EQ(registers(), 3u);
+  advance(10ms);  // t = 640 ms: 400 ms, capped at a third of the 1 s heartbeat timeout (333 ms)
   EXPECT_EQ(registers(), 4u);
-  advance(400ms);  // t = 1100 ms: capped at 400 ms
+  advance(460ms);  // t = 1100 ms: another 333 ms later
   EXPECT_EQ(registers(), 5u);
   EXPECT_EQ(wire.count(pb::envelope::kHeartbeat), 0u);
 
@@ -209,6 +226,34 @@ TEST_F(node_agent_test, retries_registration_with_backoff_until_acked) {
   EXPECT_EQ(registers(), 5u);  // retries stopped
   EXPECT_GE(wire.count(pb::envelope::kHeartbeat), 4u);
   EXPECT_LE(wire.count(pb::envelope::kHeartbeat), 6u);
+}
+
+// A node that registers (again) sends nothing but registers, and the
+// coordinator counts a peer silent for heartbeat_timeout as lost: however
+// long the coordinator stays silent, registers stay well inside the timeout
+// (at least two in any timeout), the job's own timeout once it is known.
+TEST_F(node_agent_test, register_retries_stay_well_inside_the_heartbeat_timeout) {
+  auto o = agent_opts("a", 1);
+  o.register_backoff_max = 1000ms;  // the node process's setting, as long as its timeout
+  o.liveness_from_config = [](const std::string& toml) -> std::optional<liveness_options> {
+    if (toml == "fast") return liveness_options{50ms, 600ms};
+    return std::nullopt;
+  };
+  agent = spawn(node_agent, o, wire.sink(), launcher);
+  caf::anon_send(agent, start_atom::value);
+  run();
+  ASSERT_EQ(registers(), 1u);
+  EXPECT_LT(longest_register_gap_ms(4000ms), 1000 / 2);
+  ASSERT_GE(registers(), 9u);
+
+  auto fast = ack(true, 0);
+  fast.env.mutable_register_ack()->set_config_toml("fast");
+  send(fast);
+  ASSERT_EQ(st().phase, node_phase::registered);
+  wire.clear();
+  while (st().phase != node_phase::registering) advance(1ms, 1ms);  // the coordinator falls silent
+  EXPECT_EQ(registers(), 1u);
+  EXPECT_LT(longest_register_gap_ms(4000ms), 600 / 2);
 }
 
 TEST_F(node_agent_test, a_refusal_keeps_it_retrying_and_records_the_reason) {
