@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "job/events.hpp"
+#include "job/settings.hpp"
 #include "actors/job_progress.hpp"
 #include "actors/checkpoint_writer.hpp"
 #include "actors/messages.hpp"
@@ -45,10 +46,9 @@ struct job_options {
   event_sink events;
 };
 
-template <class Config>
-job_options job_options_from(const Config& cfg) {
+inline job_options job_options_from(const train_settings& t) {
   job_options o;
-  o.max_steps = cfg.get_int("train.max_steps");
+  o.max_steps = t.max_steps;
   return o;
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "job/settings.hpp"
+
 namespace dtactor {
 
 // The clock every actor-side decision uses. It is caf::actor_clock's
@@ -30,22 +32,19 @@ struct liveness_options {
   std::chrono::milliseconds suspect_timeout{300};
 };
 
-// Reads cluster.heartbeat_interval_ms / heartbeat_timeout_ms /
-// suspect_timeout_ms from a dtactor::config (a template so this library does
-// not link the config implementation).
-template <class Config>
-liveness_options liveness_options_from(const Config& cfg) {
+// cluster.heartbeat_interval_ms / heartbeat_timeout_ms / suspect_timeout_ms.
+inline liveness_options liveness_options_from(const cluster_settings& c) {
   liveness_options o;
-  o.heartbeat_interval = std::chrono::milliseconds(cfg.get_int("cluster.heartbeat_interval_ms"));
-  o.heartbeat_timeout = std::chrono::milliseconds(cfg.get_int("cluster.heartbeat_timeout_ms"));
-  o.suspect_timeout = std::chrono::milliseconds(cfg.get_int("cluster.suspect_timeout_ms"));
+  o.heartbeat_interval = c.heartbeat_interval;
+  o.heartbeat_timeout = c.heartbeat_timeout;
+  o.suspect_timeout = c.suspect_timeout;
   return o;
 }
 
 // The heartbeat settings a node takes from its coordinator's config text
 // (register_ack's config_toml, parsed by Config::parse_toml): none when the
 // text does not parse or the settings do not make sense together, and the
-// node keeps its own. A template for the same reason as above.
+// node keeps its own. A template so that a test can hand in its own parser.
 template <class Config>
 std::optional<liveness_options> liveness_options_from_text(const std::string& toml);
 
@@ -111,7 +110,9 @@ template <class Config>
 std::optional<liveness_options> liveness_options_from_text(const std::string& toml) {
   auto c = Config::parse_toml(toml, "register_ack");
   if (!c) return std::nullopt;
-  auto l = liveness_options_from(c.value());
+  auto cluster = cluster_settings_of(c.value());
+  if (!cluster) return std::nullopt;
+  auto l = liveness_options_from(cluster.value());
   if (!validate(l).empty()) return std::nullopt;
   return l;
 }

@@ -64,23 +64,20 @@ struct membership_options {
   clock_duration quarantine_max{std::chrono::minutes(5)};
 };
 
-// Reads the cluster.* keys above from a dtactor::config (a template so this
-// library does not link the config implementation).
-template <class Config>
-membership_options membership_options_from(const Config& cfg) {
-  using ms = std::chrono::milliseconds;
+// The options above from the cluster.* settings.
+inline membership_options membership_options_from(const cluster_settings& c) {
   membership_options o;
-  o.min_nodes = static_cast<int32_t>(cfg.get_int("cluster.min_nodes"));
-  o.floor_nodes = static_cast<int32_t>(cfg.get_int("cluster.floor_nodes"));
-  o.duplicate_window = 3 * ms(cfg.get_int("cluster.heartbeat_interval_ms"));
-  o.max_nodes = static_cast<int32_t>(cfg.get_int("cluster.max_nodes"));
-  o.max_ranks_per_node = static_cast<int32_t>(std::min<int64_t>(cfg.get_int("cluster.max_ranks_per_node"), INT32_MAX));
-  o.settle = ms(cfg.get_int("cluster.settle_ms"));
-  o.suspect_timeout = ms(cfg.get_int("cluster.suspect_timeout_ms"));
-  o.adopt_timeout = 2 * ms(cfg.get_int("cluster.heartbeat_timeout_ms"));
-  o.flap_max_failures = static_cast<int32_t>(cfg.get_int("cluster.flap_max_failures"));
-  o.flap_window = ms(cfg.get_int("cluster.flap_window_ms"));
-  o.quarantine = ms(cfg.get_int("cluster.quarantine_ms"));
+  o.min_nodes = c.min_nodes;
+  o.floor_nodes = c.floor_nodes;
+  o.duplicate_window = 3 * c.heartbeat_interval;
+  o.max_nodes = c.max_nodes;
+  o.max_ranks_per_node = c.max_ranks_per_node;
+  o.settle = c.settle;
+  o.suspect_timeout = c.suspect_timeout;
+  o.adopt_timeout = 2 * c.heartbeat_timeout;
+  o.flap_max_failures = c.flap_max_failures;
+  o.flap_window = c.flap_window;
+  o.quarantine = c.quarantine;
   return o;
 }
 

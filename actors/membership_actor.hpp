@@ -54,12 +54,13 @@ struct coordinator_options {
   event_sink events;  // node_joined, node_lost, node_left, node_quarantined, job_waiting, generation_started, generation_adopted
 };
 
-template <class Config>
-coordinator_options coordinator_options_from(const Config& cfg) {
+// The options the cluster.* settings set; `config_toml`: the effective
+// config, as every plan carries it.
+inline coordinator_options coordinator_options_from(const cluster_settings& c, std::string config_toml) {
   coordinator_options o;
-  o.membership = membership_options_from(cfg);
-  o.liveness = liveness_options_from(cfg);
-  o.config_toml = cfg.to_toml();
+  o.membership = membership_options_from(c);
+  o.liveness = liveness_options_from(c);
+  o.config_toml = std::move(config_toml);
   return o;
 }
 

@@ -28,6 +28,7 @@
 #include "storage/fs.hpp"
 #include "job/job_config.hpp"
 #include "job/modes.hpp"
+#include "job/settings.hpp"
 #include "job/resume_point.hpp"
 #include "net/rendezvous_store.hpp"
 #include "data/sample_log.hpp"
@@ -47,42 +48,49 @@ int fail(const std::string& msg, int code = 1) {
   return code;
 }
 
-result<config> checked_setup(const cluster_cli& cli, int& code) {
+// The job's config and its settings, read once.
+struct checked_config {
+  config cfg;
+  job_settings settings;
+};
+
+result<checked_config> checked_setup(const cluster_cli& cli, int& code) {
   code = 2;
   auto loaded = config::load(cli.config_path, cli.overrides);
   if (!loaded) return loaded.err();
   absolutize_data_paths(loaded.value());
   const config& cfg = loaded.value();
-  if (auto st = validate_training_config(cfg); !st) return st.err();
+  auto settings = job_settings_of(cfg);
+  if (!settings) return settings.err();
+  const job_settings& s = settings.value();
   // Every plan carries the config over the control plane (net/wire.hpp).
   if (const auto n = cfg.to_toml().size(); n > max_config_bytes)
     return make_error("the effective config is " + std::to_string(n) + " bytes, over the limit of " + std::to_string(max_config_bytes) +
                       " that plans carry to the nodes; shorten the values set with --set");
-  if (auto why = validate(liveness_options_from(cfg)); !why.empty()) return make_error(why);
-  if (auto why = validate(membership_options_from(cfg)); !why.empty()) return make_error(why);
+  if (auto why = validate(liveness_options_from(s.cluster)); !why.empty()) return make_error(why);
+  if (auto why = validate(membership_options_from(s.cluster)); !why.empty()) return make_error(why);
   if (auto listen = parse_tcp_endpoint(cli.listen, "--listen"); !listen) return listen.err();
   code = 1;
   if (auto st = ensure_writable_dir(cli.run_dir); !st) return make_error("run directory: " + st.message());
-  if (auto st = check_sample_log_dir(cfg.get_string("data.sample_log")); !st) return st.err();
+  if (auto st = check_sample_log_dir(s.data.sample_log); !st) return st.err();
   if (auto who = file_lock::holder(run_dir_lock_path(cli.run_dir)); !who.empty())
     return make_error(run_dir_busy_message(cli.run_dir, make_error(who, errc::busy)));
-  return loaded;
+  return checked_config{std::move(loaded.value()), std::move(settings.value())};
 }
 
 // A torchscript job's module goes with the job: into the store once, its
 // name and digest to every node, so a node needs no copy of its own. (A
 // coordinator without the file leaves it to the nodes' own copies.)
-result<shipped_file> ship_module(const config& cfg, checkpoint_store& store, journal& jn) {
+result<shipped_file> ship_module(const model_settings& model, checkpoint_store& store, journal& jn) {
   shipped_file module;
-  if (builtin_model_of(cfg) != builtin_model::torchscript || cfg.get_string("model.file").empty() || !std::filesystem::exists(cfg.get_string("model.file")))
-    return module;
-  auto shipped = ship_file(store.objects(), cfg.get_string("model.file"), "module-", ".pt");
+  if (model.builtin != builtin_model::torchscript || model.file.empty() || !std::filesystem::exists(model.file)) return module;
+  auto shipped = ship_file(store.objects(), model.file, "module-", ".pt");
   if (!shipped) return make_error("cannot ship model.file with the job: " + shipped.message());
   module = shipped.value();
   const std::string line = (module.uploaded ? "shipped model.file to " : "model.file is already in ") + store.location() + " as " + module.object;
   std::fprintf(stderr, "coordinator: %s\n", line.c_str());
   ev::module_shipped e;
-  e.file = cfg.get_string("model.file");
+  e.file = model.file;
   e.object = module.object;
   e.digest = module.digest;
   e.uploaded = module.uploaded;
@@ -94,7 +102,7 @@ result<shipped_file> ship_module(const config& cfg, checkpoint_store& store, jou
 // whole, in chunks: the coordinator never holds model bytes); -1 when none
 // (or --no-resume). Global rank 0 of the first generation loads it from the
 // store and hands it on. An error sets *code (2: a checkpoint of another job).
-result<int64_t> resume_step_of(const cluster_cli& cli, const config& cfg, checkpoint_store& store, journal& jn, int* code) {
+result<int64_t> resume_step_of(const cluster_cli& cli, const checked_config& job, checkpoint_store& store, journal& jn, int* code) {
   *code = 1;
   resume_reports reports;
   reports.log = [](const std::string& line) { std::fprintf(stderr, "dtactor: %s\n", line.c_str()); };
@@ -104,7 +112,7 @@ result<int64_t> resume_step_of(const cluster_cli& cli, const config& cfg, checkp
   if (!found.value()) return int64_t{-1};
   const std::string& path = found.value()->path;
   const int64_t step = found.value()->meta.step();
-  if (auto st = check_checkpoint_compatible(found.value()->meta, cfg, path); !st) {
+  if (auto st = check_checkpoint_compatible(found.value()->meta, job.settings.model, job.settings.train, job.cfg.digest({"model."}), path); !st) {
     *code = 2;
     return st.err();
   }
@@ -113,7 +121,7 @@ result<int64_t> resume_step_of(const cluster_cli& cli, const config& cfg, checkp
   e.step = step;
   e.path = path;
   jn.write(e);
-  if (step >= cfg.get_int("train.max_steps"))
+  if (step >= job.settings.train.max_steps)
     std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
                  store.location().c_str(), static_cast<long long>(step));
   else
@@ -123,13 +131,13 @@ result<int64_t> resume_step_of(const cluster_cli& cli, const config& cfg, checkp
 
 // Earlier runs' generations (fenced commits, audit records) stay older than
 // this run's: its first generation is numbered above the newest of them.
-result<uint64_t> generations_after_of(const config& cfg, checkpoint_store& store) {
-  auto before = generations_before(store, cfg.get_string("data.sample_log"));
+result<uint64_t> generations_after_of(const std::string& sample_log, checkpoint_store& store) {
+  auto before = generations_before(store, sample_log);
   if (!before) return before.err();
   const uint64_t after = before.value();
   if (after > 0)
     std::fprintf(stderr, "coordinator: generations are numbered from %llu on (earlier runs of this checkpoint store%s reached %llu)\n",
-                 static_cast<unsigned long long>(after + 1), cfg.get_string("data.sample_log").empty() ? "" : " and sample log",
+                 static_cast<unsigned long long>(after + 1), sample_log.empty() ? "" : " and sample log",
                  static_cast<unsigned long long>(after));
   return after;
 }
@@ -181,21 +189,21 @@ struct job_start {
 // Opens the job's checkpoint store, ships its module and finds where it
 // resumes and how its generations are numbered. An error sets *code (2: a
 // store of another job, a checkpoint of another job).
-result<job_start> open_job_start(const cluster_cli& cli, const config& cfg, journal& jn, int* code) {
+result<job_start> open_job_start(const cluster_cli& cli, const checked_config& job, journal& jn, int* code) {
   *code = 1;
-  auto opened = checkpoint_store::open(checkpoint_dir_of(cfg, cli.run_dir), checkpoint_policy_of(cfg), default_fs_env(),
-                                       cfg.get_string("checkpoint.s3_endpoint"));
+  const checkpoint_settings& ckpt = job.settings.checkpoint;
+  auto opened = checkpoint_store::open(checkpoint_dir_of(ckpt, cli.run_dir), checkpoint_policy_of(ckpt), default_fs_env(), ckpt.s3_endpoint);
   if (!opened) return opened.err();
   checkpoint_store store = std::move(opened.value());
   if (auto st = store.check_no_foreign_manifests(); !st) {
     *code = 2;
     return st.err();
   }
-  auto shipped = ship_module(cfg, store, jn);
+  auto shipped = ship_module(job.settings.model, store, jn);
   if (!shipped) return shipped.err();
-  auto resumed = resume_step_of(cli, cfg, store, jn, code);
+  auto resumed = resume_step_of(cli, job, store, jn, code);
   if (!resumed) return resumed.err();
-  auto after = generations_after_of(cfg, store);
+  auto after = generations_after_of(job.settings.data.sample_log, store);
   if (!after) return after.err();
   return job_start{std::move(store), shipped.value(), resumed.value(), after.value()};
 }
@@ -204,6 +212,7 @@ result<job_start> open_job_start(const cluster_cli& cli, const config& cfg, jour
 struct coordinator_run {
   const cluster_cli& cli;
   const config& cfg;
+  const job_settings& settings;
   tcp_endpoint listen;
   std::string config_text;
   std::string job_id;
@@ -224,7 +233,7 @@ std::string advertised_host(const coordinator_run& run, const std::string& wildc
 // on the same port, as unauthenticated as /metrics).
 status serve_pages(const coordinator_run& run, metrics& m, sd_targets& sd, status_board& board) {
   m.checkpoint_last_timestamp().SetToCurrentTime();  // "checkpoint too old" counts from the start
-  m.max_steps().Set(static_cast<double>(run.cfg.get_int("train.max_steps")));
+  m.max_steps().Set(static_cast<double>(run.settings.train.max_steps));
   m.add_route("/sd", "application/json", [&sd] { return sd.json(); });
   m.add_route("/", "text/html; charset=utf-8", [] { return status_board::page(); });
   m.add_route("/status.json", "application/json", [&board] { return board.json(unix_time_now()); });
@@ -236,10 +245,9 @@ status serve_pages(const coordinator_run& run, metrics& m, sd_targets& sd, statu
 
 // The membership actor's options: the config's, and what the start found.
 coordinator_options membership_options_of(const coordinator_run& run, int store_port) {
-  coordinator_options copts = coordinator_options_from(run.cfg);
+  coordinator_options copts = coordinator_options_from(run.settings.cluster, run.config_text);
   copts.store_host = advertised_host(run, "");
   copts.store_port = store_port;
-  copts.config_toml = run.config_text;
   // What a plan may fall back to when a rank refuses the one resumed from.
   std::vector<int64_t> stored;
   for (const auto& c : run.start.store.list()) stored.push_back(c.step);
@@ -280,7 +288,7 @@ void announce(const coordinator_run& run, const std::string& bound, int store_po
   started.resume_step = run.start.resume_step;
   run.jn.write(started);
   std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", run.job_id.c_str(), bound.c_str(),
-               static_cast<long long>(run.cfg.get_int("cluster.min_nodes")));
+               static_cast<long long>(run.settings.cluster.min_nodes));
 }
 
 // The actors and the bridge to the nodes, until the job ends. Returns the
@@ -341,7 +349,7 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   copts.log = log;
   copts.events = events;
 
-  job_options jopts = job_options_from(run.cfg);
+  job_options jopts = job_options_from(run.settings.train);
   jopts.header = header;
   jopts.initial_step = std::max<int64_t>(0, run.start.resume_step);
   jopts.log = log;
@@ -377,7 +385,7 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
 // of a generation may arrive seconds apart; it listens where --listen
 // does), then the actors. Returns the exit code.
 int serve_job(const coordinator_run& run) {
-  const int64_t max_steps = run.cfg.get_int("train.max_steps");
+  const int64_t max_steps = run.settings.train.max_steps;
   metrics m(run.job_id);
   sd_targets sd(run.job_id);
   status_board board(status_options{run.job_id, max_steps, run.cli.key != nullptr});
@@ -387,7 +395,7 @@ int serve_job(const coordinator_run& run) {
   if (!store_port) return fail(store_port.message());
   auto rendezvous = rendezvous_store::start(
       store_port.value(),
-      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(run.cfg.get_int("cluster.collective_timeout_ms")), std::chrono::seconds(60)),
+      std::max<std::chrono::milliseconds>(run.settings.cluster.collective_timeout, std::chrono::seconds(60)),
       run.cli.key, run.listen.host);
   if (!rendezvous) return fail(rendezvous.message());
   return run_actors(run, m, sd, board, *rendezvous.value(), store_port.value());
@@ -399,7 +407,8 @@ int run_coordinator(const cluster_cli& cli) {
   int setup_code = 0;
   auto loaded = checked_setup(cli, setup_code);
   if (!loaded) return fail(loaded.message(), setup_code);
-  const config cfg = std::move(loaded.value());
+  const checked_config job = std::move(loaded.value());
+  const config& cfg = job.cfg;
   auto listen = parse_tcp_endpoint(cli.listen, "--listen");
   // One writer per run directory: a second coordinator (or `dtactor train`)
   // would interleave its journal and checkpoints with this one's. A crashed
@@ -410,12 +419,12 @@ int run_coordinator(const cluster_cli& cli) {
   if (auto st = jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
   const std::string config_text = cfg.to_toml();
   if (auto st = write_file_atomic(cli.run_dir + "/config.toml", {config_text}); !st) return fail(st.message());
-  run_observer obs(run_observer::options{cli.run_dir, cfg.get_int("train.max_steps"), progress::stderr_is_terminal(), cli.run_dir + "/train.log"});
+  run_observer obs(run_observer::options{cli.run_dir, job.settings.train.max_steps, progress::stderr_is_terminal(), cli.run_dir + "/train.log"});
 
   int start_code = 1;
-  auto start = open_job_start(cli, cfg, jn, &start_code);
+  auto start = open_job_start(cli, job, jn, &start_code);
   if (!start) return fail(start.message(), start_code);
-  return serve_job(coordinator_run{cli, cfg, listen.value(), config_text, job_id_for(cli.run_dir), jn, obs, start.value()});
+  return serve_job(coordinator_run{cli, cfg, job.settings, listen.value(), config_text, job_id_for(cli.run_dir), jn, obs, start.value()});
 }
 
 }  // namespace dtactor

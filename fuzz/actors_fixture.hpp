@@ -71,14 +71,13 @@ struct coordinator_actors {
       if (!done) return done.err();
       return saved_checkpoint{done->location, static_cast<int64_t>(done->bytes), 0.0};
     };
-    coordinator_options copts = coordinator_options_from(job_config());
+    coordinator_options copts = coordinator_options_from(cluster_settings_of(job_config()).value(), job_config().to_toml());
     copts.header = coordinator_header();
     copts.store_host = "127.0.0.1";
     copts.store_port = 29500;
-    copts.config_toml = job_config().to_toml();
     copts.checkpoint_store = objects->location();
     copts.events = sink.as_sink();
-    job_options jopts = job_options_from(job_config());
+    job_options jopts = job_options_from(train_settings_of(job_config()).value());
     jopts.header = copts.header;
     jopts.events = sink.as_sink();
     writer = fx.spawn(checkpoint_writer, wopts);

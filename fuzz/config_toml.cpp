@@ -27,13 +27,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!again) fuzz::fail("to_toml wrote a config parse_toml refuses");
   if (again->digest({}) != cfg->digest({})) fuzz::fail("to_toml does not round-trip");
   (void)validate_training_config(cfg.value());
-  const auto live = liveness_options_from(cfg.value());
+  const auto cluster = cluster_settings_of(cfg.value());
+  if (!cluster) return 0;
+  const auto live = liveness_options_from(cluster.value());
   if (validate(live).empty()) {
     // What the actors compute from these options on every tick.
     const auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(24 * 365);
     (void)lost_deadline(now, live);
     (void)find_lost(now, {{"n", now - live.heartbeat_interval}}, live, true);
   }
-  (void)validate(membership_options_from(cfg.value()));
+  (void)validate(membership_options_from(cluster.value()));
   return 0;
 }

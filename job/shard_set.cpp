@@ -31,9 +31,10 @@ result<std::unique_ptr<shard_set>> shard_set::open(const config& cfg, const std:
   if (spec.empty())
     return make_error(key +
                       " is empty: name a file, or shards (a glob such as data/train-*.csv, a {000..127} range, a comma-separated list, s3://...)");
+  const shard_read_settings reads = shard_read_settings_of(cfg);
   result<std::vector<shard_info>> shards = std::vector<shard_info>{};
   if (names_shards(spec)) {
-    shards = resolve_shards(spec, data_s3_endpoint(cfg));
+    shards = resolve_shards(spec, reads.cache.s3_endpoint);
     if (!shards) return make_error(key + ": " + shards.message());
   } else {
     // One local file: a set of one, whatever shard index its directory
@@ -48,14 +49,14 @@ result<std::unique_ptr<shard_set>> shard_set::open(const config& cfg, const std:
   if (use == shard_use::train) {
     std::vector<uint64_t> remote;
     for (const auto& s : shards.value()) remote.push_back(is_remote(s.url) ? s.bytes : 0);
-    if (auto st = check_training_cache(cfg, std::move(remote)); !st) return make_error(key + ": " + st.message());
+    if (auto st = check_training_cache(reads, std::move(remote)); !st) return make_error(key + ": " + st.message());
   }
   auto d = std::make_unique<impl>();
   d->key = key;
   d->spec = spec;
   d->sharded = names_shards(spec);
   for (const auto& s : shards.value()) d->entries.push_back({s.url, s.bytes, s.records});
-  auto reader = shard_reader::open(std::move(shards.value()), shard_cache_options_of(cfg));
+  auto reader = shard_reader::open(std::move(shards.value()), reads.cache);
   if (!reader) return make_error(key + ": " + reader.message());
   d->reader = std::move(reader.value());
   std::unique_ptr<shard_set> out(new shard_set);

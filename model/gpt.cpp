@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "data/data_wait.hpp"
+#include "model/builtin_tasks.hpp"
 
 namespace dtactor {
 
@@ -71,18 +72,18 @@ std::string gpt_impl::generate(const std::string& prompt, int64_t count) {
   return text.substr(prompt.empty() ? 1 : 0);
 }
 
-gpt_task::gpt_task(const config& cfg, text_corpus corpus) : context_(cfg.get_int("model.context")) {
+gpt_task::gpt_task(const job_settings& s, text_corpus corpus) : context_(s.model.context) {
   TORCH_CHECK(static_cast<int64_t>(corpus.train.size()) > context_, "training text has fewer than model.context + 1 bytes");
   train_ = bytes_tensor(corpus.train);
   held_out_ = bytes_tensor(corpus.held_out);
   gpt_options o;
-  o.dim = cfg.get_int("model.dim");
-  o.layers = cfg.get_int("model.layers");
-  o.heads = cfg.get_int("model.heads");
-  o.mlp_ratio = cfg.get_double("model.mlp_ratio");
-  o.dropout = cfg.get_double("model.dropout");
+  o.dim = s.model.dim;
+  o.layers = s.model.layers;
+  o.heads = s.model.heads;
+  o.mlp_ratio = s.model.mlp_ratio;
+  o.dropout = s.model.dropout;
   o.context = context_;
-  o.checkpointed = cfg.get_bool("train.activation_checkpointing");
+  o.checkpointed = s.train.activation_checkpointing;
   model_ = gpt(o);
 }
 
@@ -137,10 +138,15 @@ eval_result gpt_task::evaluate(int64_t max_samples, int64_t batch_size) {
 }
 
 result<std::unique_ptr<task>> make_gpt_task(const config& cfg) {
-  const int64_t dim = cfg.get_int("model.dim"), heads = cfg.get_int("model.heads"), context = cfg.get_int("model.context");
-  if (dim % heads != 0)
-    return make_error("model.dim (" + std::to_string(dim) + ") must be divisible by model.heads (" + std::to_string(heads) + ")");
-  auto corpus = load_gcide_corpus(cfg.get_string("data.gcide"), cfg.get_double("data.val_fraction"), cfg.get_int("data.max_text_bytes"));
+  auto s = job_settings_of(cfg);
+  if (!s) return s.err();
+  return make_gpt_task(s.value());
+}
+
+// model_settings_of checked that model.heads divides model.dim.
+result<std::unique_ptr<task>> make_gpt_task(const job_settings& s) {
+  const int64_t context = s.model.context;
+  auto corpus = load_gcide_corpus(s.data.gcide, s.data.val_fraction, s.data.max_text_bytes);
   if (!corpus) return corpus.err();
   if (static_cast<int64_t>(corpus->train.size()) <= context)
     return make_error("the GCIDE training text has " + std::to_string(corpus->train.size()) + " bytes, fewer than model.context + 1 (" +
@@ -149,7 +155,7 @@ result<std::unique_ptr<task>> make_gpt_task(const config& cfg) {
     return make_error("the held-out GCIDE text has " + std::to_string(corpus->held_out.size()) + " bytes, fewer than model.context + 1 (" +
                       std::to_string(context + 1) + "); raise data.val_fraction or data.max_text_bytes");
   try {
-    return std::unique_ptr<task>(std::make_unique<gpt_task>(cfg, std::move(corpus.value())));
+    return std::unique_ptr<task>(std::make_unique<gpt_task>(s, std::move(corpus.value())));
   } catch (const std::exception& e) {
     return make_error(std::string("cannot build the GPT: ") + e.what());
   }

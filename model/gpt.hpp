@@ -10,6 +10,7 @@
 #include "model/layers.hpp"
 #include "dtactor/task.hpp"
 #include "model/text_data.hpp"
+#include "job/settings.hpp"
 
 namespace dtactor {
 
@@ -48,7 +49,7 @@ class gpt_task : public task {
  public:
   // Reads model.*, train.activation_checkpointing; the module is initialised
   // from the current torch seed. Both texts must hold at least one window.
-  gpt_task(const config& cfg, text_corpus corpus);
+  gpt_task(const job_settings& s, text_corpus corpus);
 
   std::string name() const override { return "gpt"; }
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }

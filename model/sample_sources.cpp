@@ -502,8 +502,15 @@ struct split_plan {
   std::vector<std::vector<size_t>> train, eval;
 };
 
-result<std::vector<shard_info>> resolve_key(const config& cfg, const std::string& key) {
-  auto r = resolve_shards(cfg.get_string(key), data_s3_endpoint(cfg));
+// A data key and its value, a shard spec (the key names it in errors).
+struct keyed_spec {
+  std::string key;
+  std::string spec;
+};
+
+result<std::vector<shard_info>> resolve_key(const shard_read_settings& reads, const keyed_spec& k) {
+  const std::string& key = k.key;
+  auto r = resolve_shards(k.spec, reads.cache.s3_endpoint);
   if (!r) return make_error(key + ": " + r.message());
   return r;
 }
@@ -530,17 +537,17 @@ result<std::vector<std::vector<size_t>>> add_logical(split_plan& p, const std::s
 // Without an eval key, the last data.val_fraction of the logical shards (at
 // least one, whole shards) are held out, so no evaluation sample is ever
 // trained on.
-status hold_out(split_plan& p, const config& cfg, const std::string& key, const std::string& eval_key) {
+status hold_out(split_plan& p, double val_fraction, const std::string& key, const std::string& eval_key) {
   const size_t n = p.train.size();
   if (n < 2) return make_error(key + " names one shard: set " + eval_key + ", or give two or more shards (the last data.val_fraction of them are held out)");
-  const size_t held = std::clamp<size_t>(static_cast<size_t>(std::llround(cfg.get_double("data.val_fraction") * static_cast<double>(n))), 1, n - 1);
+  const size_t held = std::clamp<size_t>(static_cast<size_t>(std::llround(val_fraction * static_cast<double>(n))), 1, n - 1);
   p.eval.assign(p.train.end() - static_cast<std::ptrdiff_t>(held), p.train.end());
   p.train.resize(n - held);
   return {};
 }
 
 // The cache must hold what a step reads and what is fetched ahead of it.
-result<std::shared_ptr<shard_reader>> open_reader(const config& cfg, split_plan& p) {
+result<std::shared_ptr<shard_reader>> open_reader(const shard_read_settings& reads, split_plan& p) {
   std::vector<uint64_t> remote;
   for (const auto& k : p.train) {
     uint64_t bytes = 0;
@@ -548,8 +555,8 @@ result<std::shared_ptr<shard_reader>> open_reader(const config& cfg, split_plan&
       if (p.all[id].url.rfind("s3://", 0) == 0) bytes += p.all[id].bytes;
     remote.push_back(bytes);
   }
-  if (auto st = check_training_cache(cfg, std::move(remote)); !st) return st.err();
-  auto r = shard_reader::open(std::move(p.all), shard_cache_options_of(cfg));
+  if (auto st = check_training_cache(reads, std::move(remote)); !st) return st.err();
+  auto r = shard_reader::open(std::move(p.all), reads.cache);
   if (!r) return r.err();
   return std::shared_ptr<shard_reader>(std::move(r.value()));
 }
@@ -582,11 +589,11 @@ result<std::vector<int64_t>> records_of(shard_reader& reader, const std::vector<
 
 }  // namespace
 
-result<sharded_split> open_token_shards(const config& cfg) {
-  const int64_t context = cfg.get_int("model.context");
-  const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
-  auto resolve = [&](const std::string& key) -> result<std::vector<shard_info>> {
-    auto r = resolve_key(cfg, key);
+result<sharded_split> open_token_shards(const model_settings& m, const data_settings& d) {
+  const int64_t context = m.context;
+  const auto vocab = static_cast<uint32_t>(m.vocab_size);
+  auto resolve = [&](const std::string& key, const std::string& spec) -> result<std::vector<shard_info>> {
+    auto r = resolve_key(d.shards, {key, spec});
     if (!r) return r;
     for (const auto& sh : r.value()) {
       if (sh.bytes % 2 != 0)
@@ -598,17 +605,17 @@ result<sharded_split> open_token_shards(const config& cfg) {
     return r;
   };
   split_plan p;
-  auto tr = resolve("data.train_tokens");
+  auto tr = resolve("data.train_tokens", d.train_tokens);
   if (!tr) return tr.err();
   p.train = add_logical(p, "data.train_tokens", std::move(tr.value())).value();
-  if (!cfg.get_string("data.eval_tokens").empty()) {
-    auto ev = resolve("data.eval_tokens");
+  if (!d.eval_tokens.empty()) {
+    auto ev = resolve("data.eval_tokens", d.eval_tokens);
     if (!ev) return ev.err();
     p.eval = add_logical(p, "data.eval_tokens", std::move(ev.value())).value();
-  } else if (auto st = hold_out(p, cfg, "data.train_tokens", "data.eval_tokens"); !st) {
+  } else if (auto st = hold_out(p, d.val_fraction, "data.train_tokens", "data.eval_tokens"); !st) {
     return st.err();
   }
-  auto reader = open_reader(cfg, p);
+  auto reader = open_reader(d.shards, p);
   if (!reader) return reader.err();
   sharded_split out;
   out.reader = reader.value();
@@ -618,9 +625,9 @@ result<sharded_split> open_token_shards(const config& cfg) {
   return out;
 }
 
-result<sharded_split> open_tar_shards(const config& cfg) {
-  const auto inputs = split_list(cfg.get_string("data.shard_inputs"));
-  const auto targets = split_list(cfg.get_string("data.shard_targets"));
+result<sharded_split> open_tar_shards(const data_settings& d) {
+  const auto inputs = split_list(d.shard_inputs);
+  const auto targets = split_list(d.shard_targets);
   if (inputs.empty()) return make_error("data.shard_inputs is empty: name the members that are a sample's input, e.g. \"jpg;png\"");
   if (targets.empty()) return make_error("data.shard_targets is empty: name the members that are a sample's target, e.g. \"cls\"");
   for (const auto* list : {&inputs, &targets})
@@ -637,24 +644,25 @@ result<sharded_split> open_tar_shards(const config& cfg) {
     return {};
   };
   split_plan p;
-  auto tr = resolve_key(cfg, "data.train_shards");
+  const keyed_spec train_key{"data.train_shards", d.train_shards};
+  const keyed_spec eval_key = d.eval_shards.empty() ? train_key : keyed_spec{"data.eval_shards", d.eval_shards};
+  auto tr = resolve_key(d.shards, train_key);
   if (!tr) return tr.err();
   if (auto st = check("data.train_shards", tr.value()); !st) return st.err();
   p.train = add_logical(p, "data.train_shards", std::move(tr.value())).value();
-  if (!cfg.get_string("data.eval_shards").empty()) {
-    auto ev = resolve_key(cfg, "data.eval_shards");
+  if (!d.eval_shards.empty()) {
+    auto ev = resolve_key(d.shards, eval_key);
     if (!ev) return ev.err();
     if (auto st = check("data.eval_shards", ev.value()); !st) return st.err();
     p.eval = add_logical(p, "data.eval_shards", std::move(ev.value())).value();
-  } else if (auto st = hold_out(p, cfg, "data.train_shards", "data.eval_shards"); !st) {
+  } else if (auto st = hold_out(p, d.val_fraction, "data.train_shards", "data.eval_shards"); !st) {
     return st.err();
   }
-  auto reader = open_reader(cfg, p);
+  auto reader = open_reader(d.shards, p);
   if (!reader) return reader.err();
-  auto train_n = records_of(*reader.value(), p.train, "data.train_shards", cfg.get_string("data.train_shards"));
+  auto train_n = records_of(*reader.value(), p.train, train_key.key, train_key.spec);
   if (!train_n) return train_n.err();
-  const std::string eval_key = cfg.get_string("data.eval_shards").empty() ? "data.train_shards" : "data.eval_shards";
-  auto eval_n = records_of(*reader.value(), p.eval, eval_key, cfg.get_string(eval_key));
+  auto eval_n = records_of(*reader.value(), p.eval, eval_key.key, eval_key.spec);
   if (!eval_n) return eval_n.err();
   sharded_split out;
   out.reader = reader.value();
@@ -664,43 +672,46 @@ result<sharded_split> open_tar_shards(const config& cfg) {
   return out;
 }
 
-result<sharded_split> open_npy_shards(const config& cfg) {
-  auto pair = [&](const std::string& in_key, const std::string& tg_key) -> result<std::pair<std::vector<shard_info>, std::vector<shard_info>>> {
-    auto a = resolve_key(cfg, in_key);
+result<sharded_split> open_npy_shards(const data_settings& d) {
+  const keyed_spec train_in{"data.train_inputs", d.train_inputs}, train_tg{"data.train_targets", d.train_targets};
+  const keyed_spec eval_in{"data.eval_inputs", d.eval_inputs}, eval_tg{"data.eval_targets", d.eval_targets};
+  auto pair = [&](const keyed_spec& in, const keyed_spec& tg) -> result<std::pair<std::vector<shard_info>, std::vector<shard_info>>> {
+    auto a = resolve_key(d.shards, in);
     if (!a) return a.err();
-    auto b = resolve_key(cfg, tg_key);
+    auto b = resolve_key(d.shards, tg);
     if (!b) return b.err();
     for (const auto* set : {&a.value(), &b.value()})
       for (const auto& s : *set)
         if (s.url.size() < 4 || s.url.substr(s.url.size() - 4) != ".npy")
-          return make_error((set == &a.value() ? in_key : tg_key) + ": shard " + s.url + " is not a .npy file");
+          return make_error((set == &a.value() ? in.key : tg.key) + ": shard " + s.url + " is not a .npy file");
     return std::make_pair(std::move(a.value()), std::move(b.value()));
   };
   split_plan p;
-  auto tr = pair("data.train_inputs", "data.train_targets");
+  auto tr = pair(train_in, train_tg);
   if (!tr) return tr.err();
   auto train = add_logical(p, "data.train_inputs", std::move(tr->first), "data.train_targets", std::move(tr->second));
   if (!train) return train.err();
   p.train = std::move(train.value());
-  const bool eval_keys = !cfg.get_string("data.eval_inputs").empty() || !cfg.get_string("data.eval_targets").empty();
+  const bool eval_keys = !d.eval_inputs.empty() || !d.eval_targets.empty();
   if (eval_keys) {
-    auto ev = pair("data.eval_inputs", "data.eval_targets");
+    auto ev = pair(eval_in, eval_tg);
     if (!ev) return ev.err();
     auto eval = add_logical(p, "data.eval_inputs", std::move(ev->first), "data.eval_targets", std::move(ev->second));
     if (!eval) return eval.err();
     p.eval = std::move(eval.value());
-  } else if (auto st = hold_out(p, cfg, "data.train_inputs", "data.eval_inputs"); !st) {
+  } else if (auto st = hold_out(p, d.val_fraction, "data.train_inputs", "data.eval_inputs"); !st) {
     return st.err();
   }
-  auto reader = open_reader(cfg, p);
+  auto reader = open_reader(d.shards, p);
   if (!reader) return reader.err();
   // Rows: of the input shard; its target shard must say the same.
-  auto rows = [&](const std::vector<std::vector<size_t>>& ks, const std::string& in_key, const std::string& tg_key) -> result<std::vector<int64_t>> {
-    auto a = records_of(*reader.value(), ks, in_key, cfg.get_string(in_key));
+  auto rows = [&](const std::vector<std::vector<size_t>>& ks, const keyed_spec& in, const keyed_spec& tg) -> result<std::vector<int64_t>> {
+    const std::string& in_key = in.key;
+    auto a = records_of(*reader.value(), ks, in.key, in.spec);
     if (!a) return a.err();
     std::vector<std::vector<size_t>> targets;
     for (const auto& k : ks) targets.push_back({k[1]});
-    auto b = records_of(*reader.value(), targets, tg_key, cfg.get_string(tg_key));
+    auto b = records_of(*reader.value(), targets, tg.key, tg.spec);
     if (!b) return b.err();
     for (size_t i = 0; i < ks.size(); ++i)
       if (a.value()[i] != b.value()[i])
@@ -708,9 +719,9 @@ result<sharded_split> open_npy_shards(const config& cfg) {
                           reader.value()->shards()[ks[i][1]].url + " " + std::to_string(b.value()[i]) + ": paired shards must hold as many");
     return a;
   };
-  auto train_n = rows(p.train, "data.train_inputs", "data.train_targets");
+  auto train_n = rows(p.train, train_in, train_tg);
   if (!train_n) return train_n.err();
-  auto eval_n = eval_keys ? rows(p.eval, "data.eval_inputs", "data.eval_targets") : rows(p.eval, "data.train_inputs", "data.train_targets");
+  auto eval_n = eval_keys ? rows(p.eval, eval_in, eval_tg) : rows(p.eval, train_in, train_tg);
   if (!eval_n) return eval_n.err();
   sharded_split out;
   out.reader = reader.value();

@@ -18,6 +18,7 @@
 #include "dtactor/result.hpp"
 #include "data/data_shards.hpp"
 #include "data/npy.hpp"
+#include "job/settings.hpp"
 
 namespace dtactor {
 
@@ -129,16 +130,16 @@ struct sharded_split {
 // data.train_tokens / data.eval_tokens as shards of uint16 token ids
 // (windows of model.context + 1 tokens; training at every position,
 // evaluation side by side).
-result<sharded_split> open_token_shards(const config& cfg);
+result<sharded_split> open_token_shards(const model_settings& m, const data_settings& d);
 // data.train_shards / data.eval_shards: WebDataset-style tar shards; the
 // input of a sample is its first member among data.shard_inputs, the
 // target its first among data.shard_targets (images decoded to float
 // [channels, height, width] in [0, 1], .npy arrays as they are, .cls class
 // ids as int64).
-result<sharded_split> open_tar_shards(const config& cfg);
+result<sharded_split> open_tar_shards(const data_settings& d);
 // data.train_inputs / data.train_targets (and the eval keys) as shards of
 // .npy arrays, paired in order: the k-th input shard and the k-th target
 // shard hold the same number of rows.
-result<sharded_split> open_npy_shards(const config& cfg);
+result<sharded_split> open_npy_shards(const data_settings& d);
 
 }  // namespace dtactor

@@ -2,6 +2,7 @@
 
 #include "base/task_catalog.hpp"
 #include "job/modes.hpp"
+#include "model/builtin_tasks.hpp"
 
 namespace dtactor {
 
@@ -23,21 +24,27 @@ status register_task(task_registration r) {
 }
 
 result<std::unique_ptr<task>> make_task(const config& cfg) {
-  const auto& name = cfg.get_string("model.name");
-  const std::optional<builtin_model> builtin = builtin_model_of(cfg);
-  if (builtin == builtin_model::torchscript) return make_torchscript_task(cfg);
-  if (auto it = factories().find(name); it != factories().end()) {
+  auto model = model_settings_of(cfg);
+  if (!model) return model.err();
+  const std::string& name = model->name;
+  if (!model->builtin) {
+    auto it = factories().find(name);
+    if (it == factories().end())
+      return make_error("unknown model '" + name + "' (model.name must be vit, transformer, gpt or torchscript, or a task registered by the program)");
     auto t = it->second(cfg);
     if (t && !t.value()) return make_error("task '" + name + "': its factory returned no task");
     return t;
   }
-  if (cfg.get_int("model.dim") % cfg.get_int("model.heads") != 0)
-    return make_error("model.heads (" + std::to_string(cfg.get_int("model.heads")) + ") must divide model.dim (" +
-                      std::to_string(cfg.get_int("model.dim")) + ")");
-  if (builtin == builtin_model::vit) return make_vit_task(cfg);
-  if (builtin == builtin_model::transformer) return make_transformer_task(cfg);
-  if (builtin == builtin_model::gpt) return make_gpt_task(cfg);
-  return make_error("unknown model '" + name + "' (model.name must be vit, transformer, gpt or torchscript, or a task registered by the program)");
+  // The built-in models read the settings once, here.
+  auto s = job_settings_of(cfg);
+  if (!s) return s.err();
+  switch (*model->builtin) {
+    case builtin_model::torchscript: return make_torchscript_task(s.value());
+    case builtin_model::vit: return make_vit_task(s.value());
+    case builtin_model::transformer: return make_transformer_task(s.value());
+    case builtin_model::gpt: return make_gpt_task(s.value());
+  }
+  return make_error("model.name = '" + name + "' is not a model this build knows");
 }
 
 }  // namespace dtactor

@@ -21,6 +21,7 @@
 #include "job/job_config.hpp"
 #include "job/modes.hpp"
 #include "dtactor/task.hpp"
+#include "model/builtin_tasks.hpp"
 #include "data/data_wait.hpp"
 
 namespace dtactor {
@@ -175,8 +176,8 @@ class torchscript_task : public task {
   std::shared_ptr<sharded_source> sharded_train_, sharded_eval_;
 };
 
-result<npy_array> open_array(const config& cfg, const std::string& key) {
-  const std::string& path = cfg.get_string(key);
+// The .npy array at `path`, which `key` names.
+result<npy_array> open_array(const std::string& key, const std::string& path) {
   if (path.empty()) return make_error(key + " is not set (model.name = torchscript trains on .npy arrays: set data.train_inputs and data.train_targets)");
   auto a = npy_array::open(path);
   if (!a) return make_error(key + ": " + a.message());
@@ -217,18 +218,18 @@ result<split_sources> hold_out(std::shared_ptr<sample_source> all, double val_fr
 // nanoGPT's .bin token streams (data.train_tokens, data.eval_tokens): a
 // sample is a window of model.context + 1 tokens. Training takes every start
 // position; evaluation windows side by side.
-result<split_sources> open_token_sources(const config& cfg) {
-  const int64_t context = cfg.get_int("model.context");
-  const auto vocab = static_cast<uint32_t>(cfg.get_int("model.vocab_size"));
-  auto open_tokens = [&](const std::string& key) -> result<std::shared_ptr<token_file>> {
-    auto f = token_file::open(cfg.get_string(key), vocab, static_cast<uint64_t>(context) + 2);
+result<split_sources> open_token_sources(const model_settings& m, const data_settings& d) {
+  const int64_t context = m.context;
+  const auto vocab = static_cast<uint32_t>(m.vocab_size);
+  auto open_tokens = [&](const std::string& key, const std::string& path) -> result<std::shared_ptr<token_file>> {
+    auto f = token_file::open(path, vocab, static_cast<uint64_t>(context) + 2);
     if (!f) return make_error(key + ": " + f.message());
     return std::make_shared<token_file>(std::move(f.value()));
   };
-  auto tf = open_tokens("data.train_tokens");
+  auto tf = open_tokens("data.train_tokens", d.train_tokens);
   if (!tf) return tf.err();
-  if (!cfg.get_string("data.eval_tokens").empty()) {
-    auto ef = open_tokens("data.eval_tokens");
+  if (!d.eval_tokens.empty()) {
+    auto ef = open_tokens("data.eval_tokens", d.eval_tokens);
     if (!ef) return ef.err();
     return split_sources{std::make_shared<token_source>(tf.value(), context, 1, 0, static_cast<int64_t>(tf.value()->size()) - context),
                          std::make_shared<token_source>(ef.value(), context, context, 0, (static_cast<int64_t>(ef.value()->size()) - 1) / context)};
@@ -236,7 +237,7 @@ result<split_sources> open_token_sources(const config& cfg) {
   // Held out: the stream's last share, cut at a window boundary so no
   // evaluation token is ever trained on.
   const int64_t n = static_cast<int64_t>(tf.value()->size());
-  const double val_fraction = cfg.get_double("data.val_fraction");
+  const double val_fraction = d.val_fraction;
   const int64_t cut = n - std::max<int64_t>(context + 1, static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n))));
   if (cut < context + 1) return make_error("data.train_tokens: too few tokens to hold out data.val_fraction and still train");
   return split_sources{std::make_shared<token_source>(tf.value(), context, 1, 0, cut - context),
@@ -246,22 +247,22 @@ result<split_sources> open_token_sources(const config& cfg) {
 // .npy arrays (data.train_inputs/targets, data.eval_inputs/targets), each
 // pair with the same first axis; without eval arrays, data.val_fraction of
 // the training ones is held out.
-result<split_sources> open_array_sources(const config& cfg) {
-  auto tin = open_array(cfg, "data.train_inputs");
+result<split_sources> open_array_sources(const data_settings& d) {
+  auto tin = open_array("data.train_inputs", d.train_inputs);
   if (!tin) return tin.err();
-  auto ttg = open_array(cfg, "data.train_targets");
+  auto ttg = open_array("data.train_targets", d.train_targets);
   if (!ttg) return ttg.err();
   if (tin->rows() != ttg->rows())
     return make_error("data.train_inputs has " + std::to_string(tin->rows()) + " samples ('" + tin->path() + "'), data.train_targets " +
                       std::to_string(ttg->rows()) + " ('" + ttg->path() + "'): they must have the same first axis");
   auto all = std::make_shared<array_source>(std::move(tin.value()), std::move(ttg.value()));
-  if (cfg.get_string("data.eval_inputs").empty() && cfg.get_string("data.eval_targets").empty()) {
+  if (d.eval_inputs.empty() && d.eval_targets.empty()) {
     if (all->size() < 2) return make_error("data.train_inputs has fewer than 2 samples: nothing to hold out for evaluation");
-    return hold_out(all, cfg.get_double("data.val_fraction"));
+    return hold_out(all, d.val_fraction);
   }
-  auto a = open_array(cfg, "data.eval_inputs");
+  auto a = open_array("data.eval_inputs", d.eval_inputs);
   if (!a) return a.err();
-  auto b = open_array(cfg, "data.eval_targets");
+  auto b = open_array("data.eval_targets", d.eval_targets);
   if (!b) return b.err();
   if (a->rows() != b->rows())
     return make_error("data.eval_inputs has " + std::to_string(a->rows()) + " samples, data.eval_targets " + std::to_string(b->rows()) +
@@ -271,25 +272,25 @@ result<split_sources> open_array_sources(const config& cfg) {
 
 // The task's data: one of three kinds (tar shards, token streams, arrays),
 // sharded when a key names shards.
-result<split_sources> open_sources(const config& cfg) {
-  const bool tokens = !cfg.get_string("data.train_tokens").empty();
-  const bool tars = !cfg.get_string("data.train_shards").empty();
-  auto sharded_key = [&](std::initializer_list<const char*> keys) {
-    for (const char* k : keys)
-      if (names_shards(cfg.get_string(k))) return true;
+result<split_sources> open_sources(const model_settings& m, const data_settings& d) {
+  const bool tokens = !d.train_tokens.empty();
+  const bool tars = !d.train_shards.empty();
+  auto sharded_key = [](std::initializer_list<const std::string*> specs) {
+    for (const std::string* spec : specs)
+      if (names_shards(*spec)) return true;
     return false;
   };
-  if (tars + tokens + !cfg.get_string("data.train_inputs").empty() > 1)
+  if (tars + tokens + !d.train_inputs.empty() > 1)
     return make_error("set one of data.train_shards, data.train_tokens and data.train_inputs/data.train_targets: they are three kinds of data");
   std::optional<result<sharded_split>> sharded;
-  if (tars) sharded = open_tar_shards(cfg);
-  else if (tokens && sharded_key({"data.train_tokens", "data.eval_tokens"})) sharded = open_token_shards(cfg);
-  else if (!tokens && sharded_key({"data.train_inputs", "data.train_targets", "data.eval_inputs", "data.eval_targets"})) sharded = open_npy_shards(cfg);
+  if (tars) sharded = open_tar_shards(d);
+  else if (tokens && sharded_key({&d.train_tokens, &d.eval_tokens})) sharded = open_token_shards(m, d);
+  else if (!tokens && sharded_key({&d.train_inputs, &d.train_targets, &d.eval_inputs, &d.eval_targets})) sharded = open_npy_shards(d);
   if (sharded) {
     if (!*sharded) return sharded->err();
     return split_sources{sharded->value().train, sharded->value().eval};
   }
-  return tokens ? open_token_sources(cfg) : open_array_sources(cfg);
+  return tokens ? open_token_sources(m, d) : open_array_sources(d);
 }
 
 // The contract, on a first batch of two samples: one clear line when the
@@ -315,15 +316,19 @@ status check_first_batch(torchscript_task& t, const std::string& file) {
 }  // namespace
 
 result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
-  const std::string& file = cfg.get_string("model.file");
+  auto s = job_settings_of(cfg);
+  if (!s) return s.err();
+  return make_torchscript_task(s.value());
+}
+
+result<std::unique_ptr<task>> make_torchscript_task(const job_settings& s) {
+  const std::string& file = s.model.file;
   auto jm = load_module(file);
   if (!jm) return jm.err();
-  const auto loss = mode_of<loss_kind>(cfg);
-  if (!loss) return loss.err();
-  auto data = open_sources(cfg);
+  auto data = open_sources(s.model, s.data);
   if (!data) return data.err();
   auto m = std::make_shared<scripted>(std::move(jm.value()));
-  auto t = std::make_unique<torchscript_task>(m, data->train, data->eval, loss.value(), cfg.get_bool("train.loss_is_nll"));
+  auto t = std::make_unique<torchscript_task>(m, data->train, data->eval, s.modes.loss, s.train.loss_is_nll);
   if (t->train_size() < 1) return make_error("no training samples");
   if (auto st = check_first_batch(*t, file); !st) return st.err();
   return std::unique_ptr<task>(std::move(t));

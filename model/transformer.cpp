@@ -7,6 +7,7 @@
 #include <set>
 
 #include "data/data_wait.hpp"
+#include "model/builtin_tasks.hpp"
 
 namespace dtactor {
 
@@ -130,20 +131,17 @@ std::vector<std::vector<int64_t>> seq2seq_impl::greedy(const torch::Tensor& src,
   return out;
 }
 
-transformer_task::transformer_task(const config& cfg, word_pairs data)
-    : data_(std::move(data)),
-      vocab_(data_.train),
-      max_chars_(cfg.get_int("model.context")),
-      label_smoothing_(cfg.get_double("model.label_smoothing")) {
+transformer_task::transformer_task(const job_settings& s, word_pairs data)
+    : data_(std::move(data)), vocab_(data_.train), max_chars_(s.model.context), label_smoothing_(s.model.label_smoothing) {
   seq2seq_options o;
   o.vocab = vocab_.size();
-  o.dim = cfg.get_int("model.dim");
-  o.layers = cfg.get_int("model.layers");
-  o.heads = cfg.get_int("model.heads");
-  o.mlp_ratio = cfg.get_double("model.mlp_ratio");
-  o.dropout = cfg.get_double("model.dropout");
+  o.dim = s.model.dim;
+  o.layers = s.model.layers;
+  o.heads = s.model.heads;
+  o.mlp_ratio = s.model.mlp_ratio;
+  o.dropout = s.model.dropout;
   o.max_len = max_chars_ + 1;  // characters plus bos (decoder input) or eos
-  o.checkpointed = cfg.get_bool("train.activation_checkpointing");
+  o.checkpointed = s.train.activation_checkpointing;
   model_ = seq2seq(o);
   for (const auto& p : data_.train) longest_target_ = std::max(longest_target_, utf8_length(p.italian));
 }
@@ -243,15 +241,19 @@ eval_result transformer_task::evaluate(int64_t max_samples, int64_t batch_size) 
 }
 
 result<std::unique_ptr<task>> make_transformer_task(const config& cfg) {
-  const int64_t dim = cfg.get_int("model.dim"), heads = cfg.get_int("model.heads");
-  if (dim % heads != 0)
-    return make_error("model.dim (" + std::to_string(dim) + ") must be divisible by model.heads (" + std::to_string(heads) + ")");
-  auto data = load_eng_ita_pairs(cfg.get_string("data.freedict_eng_ita"), cfg.get_int("model.context"), cfg.get_double("data.val_fraction"));
+  auto s = job_settings_of(cfg);
+  if (!s) return s.err();
+  return make_transformer_task(s.value());
+}
+
+// model_settings_of checked that model.heads divides model.dim.
+result<std::unique_ptr<task>> make_transformer_task(const job_settings& s) {
+  auto data = load_eng_ita_pairs(s.data.freedict_eng_ita, s.model.context, s.data.val_fraction);
   if (!data) return data.err();
   if (data->train.empty()) return make_error("data.val_fraction holds out every English->Italian pair; lower it below 1");
   if (data->held_out.empty()) return make_error("no English->Italian pair is held out for evaluation; raise data.val_fraction");
   try {
-    return std::unique_ptr<task>(std::make_unique<transformer_task>(cfg, std::move(data.value())));
+    return std::unique_ptr<task>(std::make_unique<transformer_task>(s, std::move(data.value())));
   } catch (const std::exception& e) {
     return make_error(std::string("cannot build the transformer: ") + e.what());
   }

@@ -12,6 +12,7 @@
 #include "model/layers.hpp"
 #include "dtactor/task.hpp"
 #include "model/text_data.hpp"
+#include "job/settings.hpp"
 
 namespace dtactor {
 
@@ -76,7 +77,7 @@ class transformer_task : public task {
  public:
   // Reads model.*, train.activation_checkpointing; the module is initialised
   // from the current torch seed.
-  transformer_task(const config& cfg, word_pairs data);
+  transformer_task(const job_settings& s, word_pairs data);
 
   std::string name() const override { return "transformer"; }
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }

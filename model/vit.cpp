@@ -7,6 +7,7 @@
 #include "model/fashion_mnist.hpp"
 #include "model/sample_sources.hpp"
 #include "dtactor/task.hpp"
+#include "model/builtin_tasks.hpp"
 #include "data/data_wait.hpp"
 
 namespace dtactor {
@@ -158,16 +159,23 @@ class vit_shard_task : public task {
 }  // namespace
 
 result<std::unique_ptr<task>> make_vit_task(const config& cfg) {
+  auto s = job_settings_of(cfg);
+  if (!s) return s.err();
+  return make_vit_task(s.value());
+}
+
+result<std::unique_ptr<task>> make_vit_task(const job_settings& s) {
+  const model_settings& m = s.model;
   vit_options o;
-  o.patch = cfg.get_int("model.patch_size");
+  o.patch = m.patch_size;
   std::optional<sharded_split> shards;
   std::optional<image_set> train, test;
-  if (!cfg.get_string("data.train_shards").empty()) {
-    auto s = open_tar_shards(cfg);
-    if (!s) return s.err();
+  if (!s.data.train_shards.empty()) {
+    auto sh = open_tar_shards(s.data);
+    if (!sh) return sh.err();
     torch::Tensor x;
     try {
-      x = s->train->batch({0}).first;
+      x = sh->train->batch({0}).first;
     } catch (const std::exception& e) {
       return make_error(std::string("data.train_shards: ") + e.what());
     }
@@ -176,10 +184,10 @@ result<std::unique_ptr<task>> make_vit_task(const config& cfg) {
     if (x.size(2) != x.size(3)) return make_error("vit expects square images, the first training sample is " + std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)));
     o.channels = x.size(1);
     o.image_size = x.size(2);
-    o.classes = cfg.get_int("model.classes");
-    shards = std::move(s.value());
+    o.classes = m.classes;
+    shards = std::move(sh.value());
   } else {
-    const std::string dir = cfg.get_string("data.fashion_mnist_dir");
+    const std::string& dir = s.data.fashion_mnist_dir;
     auto tr = load_fashion_mnist(dir, "train");
     if (!tr) return tr.err();
     auto te = load_fashion_mnist(dir, "test");
@@ -191,12 +199,12 @@ result<std::unique_ptr<task>> make_vit_task(const config& cfg) {
   }
   if (o.image_size % o.patch != 0)
     return make_error("model.patch_size must divide the image size " + std::to_string(o.image_size) + ", got " + std::to_string(o.patch));
-  o.layers = cfg.get_int("model.layers");
-  o.blk.dim = cfg.get_int("model.dim");
-  o.blk.heads = cfg.get_int("model.heads");
-  o.blk.mlp_ratio = cfg.get_double("model.mlp_ratio");
-  o.blk.dropout = cfg.get_double("model.dropout");
-  o.blk.checkpointed = cfg.get_bool("train.activation_checkpointing");
+  o.layers = m.layers;
+  o.blk.dim = m.dim;
+  o.blk.heads = m.heads;
+  o.blk.mlp_ratio = m.mlp_ratio;
+  o.blk.dropout = m.dropout;
+  o.blk.checkpointed = s.train.activation_checkpointing;
   if (o.blk.dim % o.blk.heads != 0)
     return make_error("model.heads (" + std::to_string(o.blk.heads) + ") must divide model.dim (" + std::to_string(o.blk.dim) + ")");
   if (shards) return std::unique_ptr<task>(std::make_unique<vit_shard_task>(vit(o), std::move(*shards), o.classes));

@@ -128,7 +128,9 @@ TEST(Decoders, ADurationBeyondAWeekIsRefused) {
   EXPECT_FALSE(cfg.set("cluster.spin_wait_us", "604800000001"));
   EXPECT_FALSE(cfg.set("cluster.settle_ms", "9223372036854775807"));
   ASSERT_TRUE(cfg.set("cluster.heartbeat_timeout_ms", "604800000"));
-  const auto live = liveness_options_from(cfg);
+  const auto cluster = cluster_settings_of(cfg);
+  ASSERT_TRUE(cluster) << cluster.message();
+  const auto live = liveness_options_from(cluster.value());
   const auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(24 * 365 * 100);
   EXPECT_GT(lost_deadline(now, live), now);
 }

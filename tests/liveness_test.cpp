@@ -82,14 +82,14 @@ TEST(liveness, suspect_timeout_must_exceed_the_heartbeat_interval) {
 }
 
 TEST(liveness, options_from_config_keys) {
-  struct fake_config {
-    int64_t get_int(const std::string& k) const {
-      static const std::map<std::string, int64_t> keys{
-          {"cluster.heartbeat_interval_ms", 50}, {"cluster.heartbeat_timeout_ms", 700}, {"cluster.suspect_timeout_ms", 250}};
-      return keys.at(k);
-    }
-  };
-  auto o = liveness_options_from(fake_config{});
+  config cfg;
+  for (const char* kv : {"cluster.heartbeat_interval_ms=50", "cluster.heartbeat_timeout_ms=700", "cluster.suspect_timeout_ms=250"}) {
+    const std::string s(kv);
+    ASSERT_TRUE(cfg.set(s.substr(0, s.find('=')), s.substr(s.find('=') + 1))) << s;
+  }
+  auto cluster = cluster_settings_of(cfg);
+  ASSERT_TRUE(cluster) << cluster.message();
+  auto o = liveness_options_from(cluster.value());
   EXPECT_EQ(o.heartbeat_interval, 50ms);
   EXPECT_EQ(o.heartbeat_timeout, 700ms);
   EXPECT_EQ(o.suspect_timeout, 250ms);

@@ -227,23 +227,22 @@ TEST(membership, decide_is_pure) {
 }
 
 TEST(membership, options_from_config_keys) {
-  struct fake_config {
-    int64_t get_int(const std::string& k) const {
-      static const std::map<std::string, int64_t> keys{{"cluster.min_nodes", 3},
-                                                       {"cluster.floor_nodes", 2},
-                                                       {"cluster.heartbeat_interval_ms", 120},
-                                                       {"cluster.max_nodes", 5},
-                                                       {"cluster.max_ranks_per_node", 12},
-                                                       {"cluster.settle_ms", 250},
-                                                       {"cluster.suspect_timeout_ms", 400},
-                                                       {"cluster.heartbeat_timeout_ms", 900},
-                                                       {"cluster.flap_max_failures", 4},
-                                                       {"cluster.flap_window_ms", 30000},
-                                                       {"cluster.quarantine_ms", 7000}};
-      return keys.at(k);
-    }
-  };
-  auto o = membership_options_from(fake_config{});
+  const std::map<std::string, std::string> keys{{"cluster.min_nodes", "3"},
+                                                {"cluster.floor_nodes", "2"},
+                                                {"cluster.heartbeat_interval_ms", "120"},
+                                                {"cluster.max_nodes", "5"},
+                                                {"cluster.max_ranks_per_node", "12"},
+                                                {"cluster.settle_ms", "250"},
+                                                {"cluster.suspect_timeout_ms", "400"},
+                                                {"cluster.heartbeat_timeout_ms", "900"},
+                                                {"cluster.flap_max_failures", "4"},
+                                                {"cluster.flap_window_ms", "30000"},
+                                                {"cluster.quarantine_ms", "7000"}};
+  config cfg;
+  for (const auto& [k, v] : keys) ASSERT_TRUE(cfg.set(k, v)) << k;
+  auto cluster = cluster_settings_of(cfg);
+  ASSERT_TRUE(cluster) << cluster.message();
+  auto o = membership_options_from(cluster.value());
   EXPECT_EQ(o.min_nodes, 3);
   EXPECT_EQ(o.floor_nodes, 2);
   EXPECT_EQ(o.duplicate_window, 360ms);

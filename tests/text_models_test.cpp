@@ -53,9 +53,11 @@ std::unique_ptr<task> make_small(const std::string& which, uint64_t seed, bool c
   config c = small_config(which == "gpt" ? 32 : 16);
   EXPECT_TRUE(c.set("train.activation_checkpointing", checkpointed ? "true" : "false").ok());
   EXPECT_TRUE(c.set("model.layers", std::to_string(layers)).ok());
+  auto s = job_settings_of(c);
+  EXPECT_TRUE(s.ok()) << s.message();
   torch::manual_seed(seed);
-  if (which == "gpt") return std::make_unique<gpt_task>(c, corpus());
-  return std::make_unique<transformer_task>(c, pairs());
+  if (which == "gpt") return std::make_unique<gpt_task>(s.value(), corpus());
+  return std::make_unique<transformer_task>(s.value(), pairs());
 }
 
 // Trains on one fixed batch; returns the losses (mean per sample) before and after.
