@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/grad_sync.hpp"
 #include "model/torch_error.hpp"
 #include "model/trainer.hpp"
 #include "monitoring/journal.hpp"
@@ -78,6 +79,19 @@ result<int64_t> parse_bytes(const std::string& text) {
   return static_cast<int64_t>(v * mult);
 }
 
+namespace {
+
+// One step of the probe, as rank/step_loop takes it at world 1.
+status probe_step(training_state& state, const step_context& ctx, grad_sync& local) {
+  if (auto r = state.train_step(ctx); !r) return r.err();
+  if (!state.diloco()) return {};
+  return state.outer().after_inner_step(
+      state.step(), state.outer().options().max_steps, [&local](size_t) -> grad_sync& { return local; }, std::nullopt,
+      [](const outer_step_result&) {});
+}
+
+}  // namespace
+
 int run_batch_probe(const config& base, int64_t micro_batch, int steps) {
   config cfg = base;
   for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{{"train.global_batch_size", std::to_string(micro_batch)},
@@ -95,11 +109,19 @@ int run_batch_probe(const config& base, int64_t micro_batch, int steps) {
       return created.code() == errc::batch_exceeds_data ? probe_too_large_for_data : 1;
     }
     training_state& state = *created.value();
+    // The step training runs at world 1 (rank/sync_strategy,
+    // rank/diloco_window): the job's sync mode through a reducer without a
+    // group, then DiLoCo's outer step where one is due.
+    grad_sync local(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>());
+    const auto ctx = step_context::of_job(state.diloco(), 0, 1, local);
     double timed_s = 0;
     int timed = 0;
     for (int s = 0; s < std::max(steps, 1); ++s) {
       const auto t0 = clock_type::now();
-      state.train_step();
+      if (auto st = probe_step(state, ctx, local); !st) {
+        std::fprintf(stderr, "%s\n", st.message().c_str());
+        return 1;
+      }
       if (s > 0 || steps == 1) {
         timed_s += std::chrono::duration<double>(clock_type::now() - t0).count();
         ++timed;

@@ -158,7 +158,7 @@ int run_rank(const options& o) {
 
   std::vector<training_state::dp_step> records;
   auto step = [&]() -> bool {
-    auto r = s.train_step_dp(o.rank < 0 ? 0 : o.rank, o.world, sync);
+    auto r = s.train_step(step_context::every_step(o.rank < 0 ? 0 : o.rank, o.world, sync));
     if (!r) {
       std::fprintf(stderr, "bench_dp: rank %d: %s\n", o.rank, r.message().c_str());
       return false;

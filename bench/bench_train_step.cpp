@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/grad_sync.hpp"
 #include "model/trainer.hpp"
 #include "base/blas_info.hpp"
 
@@ -68,18 +69,26 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto& s = *st.value();
-    for (int i = 0; i < 3; ++i) s.train_step();  // warm-up: allocator, thread pools
+    // The step `dtactor train` takes at world 1: through a reducer without a group.
+    grad_sync local(s.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>());
+    const auto ctx = step_context::every_step(0, 1, local);
+    for (int i = 0; i < 3; ++i)  // warm-up: allocator, thread pools
+      if (auto w = s.train_step(ctx); !w) {
+        std::fprintf(stderr, "bench_train_step: %s\n", w.message().c_str());
+        return 1;
+      }
     std::vector<double> sps, update_ms;
     for (int r = 0; r < repeats; ++r) {
-      // train_step() in two timed halves: forward + backward, and the update
-      // (clipping, optimizer step, zeroing).
+      // The update's share (clipping, optimizer step, zeroing) as the step times it.
       double update_s = 0;
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < steps; ++i) {
-        s.forward_backward(s.order().global_batch(s.step()), s.step());
-        const auto u0 = std::chrono::steady_clock::now();
-        s.apply_update();
-        update_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - u0).count();
+        auto done = s.train_step(ctx);
+        if (!done) {
+          std::fprintf(stderr, "bench_train_step: %s\n", done.message().c_str());
+          return 1;
+        }
+        update_s += done->update_s;
       }
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sps.push_back(steps * static_cast<double>(cfg->get_int("train.global_batch_size")) / dt);

@@ -1,8 +1,11 @@
 #include "model/diloco.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
+
+#include "comm/grad_sync.hpp"
 
 namespace dtactor {
 
@@ -178,6 +181,74 @@ double outer_optimizer::land(int workers, int64_t step) {
 void outer_optimizer::drop_flight() {
   flying_.reset();
   kept_.clear();
+}
+
+status outer_optimizer::after_inner_step(int64_t at, int64_t max_steps, const fragment_sync& sync_of, const std::optional<step_control>& control,
+                                         const std::function<void(const outer_step_result&)>& each) {
+  bool landed = false;
+  if (lands(at)) {
+    auto o = land_exchange(at, sync_of(*flying_));
+    if (!o) return o.err();
+    each(*o);
+    landed = true;
+  }
+  const auto due = due_fragments(at);
+  for (size_t f : due) {
+    grad_sync& sync = sync_of(f);
+    if (control) sync.set_control(*control);
+    const bool overlap = o_.overlap > 0 && at < max_steps && due.size() == 1 && !landed;
+    auto o = launch_exchange(f, at, sync, overlap);
+    if (!o) return o.err();
+    each(*o);
+  }
+  return {};
+}
+
+result<outer_step_result> outer_optimizer::step(int64_t at, grad_sync& sync) {
+  const auto due = due_fragments(at);
+  return launch_exchange(due.empty() ? 0 : due.front(), at, sync, false);
+}
+
+result<outer_step_result> outer_optimizer::launch_exchange(size_t f, int64_t at, grad_sync& sync, bool overlap) {
+  if (before_update_) before_update_();
+  outer_step_result r;
+  r.fragment = f;
+  r.payload_bytes = payload_bytes(f);
+  flight_window_ = at - fragment_anchor(f);
+  r.inner_steps = flight_window_;
+  inner_.zero_grad();
+  launch(f, at, overlap && sync.world() <= 1);
+  if (overlap) {
+    // Packed and on its way: the gradient buffers are the inner steps' again.
+    sync.launch_all();
+    inner_.zero_grad();
+    return r;
+  }
+  return land_exchange(at, sync);
+}
+
+result<outer_step_result> outer_optimizer::land_exchange(int64_t at, grad_sync& sync) {
+  if (before_update_) before_update_();
+  outer_step_result r;
+  if (!flying_) return make_error("no DiLoCo exchange in flight");
+  r.fragment = *flying_;
+  r.payload_bytes = payload_bytes(r.fragment);
+  r.inner_steps = flight_window_;
+  // The inner step before this one zeroed the gradient buffers; the reducer
+  // writes the fragment's sums there.
+  auto synced = sync.finish();
+  if (!synced) {
+    drop_flight();
+    inner_.zero_grad();
+    return synced.err();
+  }
+  r.exchange_s = synced->allreduce_s;
+  r.exposed_s = synced->exposed_s;
+  const auto t0 = std::chrono::steady_clock::now();
+  r.pseudo_grad_norm = land(sync.world(), at);
+  r.update_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.landed = true;
+  return r;
 }
 
 void outer_optimizer::reset_to_global() {

@@ -39,15 +39,20 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "comm/step_control.hpp"
+#include "dtactor/result.hpp"
 #include "model/flat_adamw.hpp"
 #include "model/state_tensor.hpp"
 
 namespace dtactor {
+
+class grad_sync;
 
 struct outer_options {
   double lr = 0.7;        // train.outer_lr
@@ -77,6 +82,26 @@ struct outer_fragment {
 // parameters than fragments.
 std::vector<std::pair<size_t, size_t>> cut_fragments(const std::vector<int64_t>& numels, int fragments);
 
+// One outer exchange: launched, or launched and landed.
+struct outer_step_result {
+  double pseudo_grad_norm = 0;  // of the workers' average
+  double exchange_s = 0, exposed_s = 0, update_s = 0;
+  int64_t payload_bytes = 0;  // this worker's pseudo-gradient as handed to the exchange (fp32)
+  int64_t inner_steps = 0;    // steps of the window it closes (streaming: of its fragment)
+  size_t fragment = 0;
+  bool landed = false;  // false: launched, in flight (land_exchange later)
+};
+
+// The reducer that carries fragment f's pseudo-gradient (its parameters
+// only when streaming). A world of one may answer one reducer without a
+// group for every fragment: its exchanges do nothing.
+using fragment_sync = std::function<grad_sync&(size_t f)>;
+
+// DiLoCo's outer optimizer, a wrapper around the inner one (flat_adamw):
+// it owns the global parameters and the Nesterov momentum, and at a
+// boundary takes the workers' summed pseudo-gradients from a reducer
+// (comm/grad_sync) and applies their average. The inner steps are the
+// training_state's (training_state::step); this class runs after them.
 class outer_optimizer {
  public:
   // The global parameters start as the inner optimizer's current ones.
@@ -124,6 +149,32 @@ class outer_optimizer {
   // The flight's exchange is gone (a new generation): nothing changed, the
   // fragment is due again.
   void drop_flight();
+  // The exchanges through reducers. On error nothing changed and nothing
+  // is in flight (the next generation redoes the boundary).
+  //
+  // After the inner step that reached `at`: the flight that lands now,
+  // then every fragment due, each through sync_of(f) with `control` as
+  // its control words. A fragment is left in flight (overlapped) only
+  // when it is the one exchange of this step and at < max_steps: a
+  // boundary never leaves an exchange in flight. `each` sees every
+  // exchange, landed or launched, in order.
+  status after_inner_step(int64_t at, int64_t max_steps, const fragment_sync& sync_of, const std::optional<step_control>& control,
+                          const std::function<void(const outer_step_result&)>& each);
+  // The outer step at a boundary (due(at)), not streaming: the one
+  // fragment through `sync`, without overlap; every worker then holds the
+  // same parameters.
+  result<outer_step_result> step(int64_t at, grad_sync& sync);
+  // Fragment f's pseudo-gradient goes out on `sync`. `overlap`: left in
+  // flight, it lands with land_exchange() after later inner steps;
+  // otherwise it is waited for and lands now.
+  result<outer_step_result> launch_exchange(size_t f, int64_t at, grad_sync& sync, bool overlap);
+  // The exchange in flight lands at `at`: waited for on `sync` (its
+  // fragment's reducer), then its fragment's outer step.
+  result<outer_step_result> land_exchange(int64_t at, grad_sync& sync);
+  // checkpoint.direct: called before an exchange changes the parameters or
+  // the outer state (training_state::set_before_update). Empty: nothing.
+  void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
+
   // Local parameters back to the global ones (a worker that took the state
   // of a peer mid-window starts its window over from the anchor).
   void reset_to_global();
@@ -156,6 +207,8 @@ class outer_optimizer {
   std::optional<size_t> flying_;
   int64_t launched_at_ = 0;
   std::vector<torch::Tensor> kept_;  // the flight's pseudo-gradient, per range (keep)
+  int64_t flight_window_ = 0;        // the flight's fragment's inner steps since it last synchronised
+  std::function<void()> before_update_;
 };
 
 }  // namespace dtactor

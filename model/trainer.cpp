@@ -197,82 +197,100 @@ void training_state::drop_interrupted_step() {
   interrupted_at_.reset();
 }
 
-double training_state::train_step() {
-  auto samples = order_->global_batch(step_);
-  if (order_->sharded()) task_->upcoming_samples(order_->global_batch(step_ + 1));
-  const double loss = forward_backward(samples, step_) / static_cast<double>(samples.size());
-  apply_update();
-  if (outer_) outer_alone();
-  return loss;
-}
-
-void training_state::outer_alone() {
-  before_update();
-  // A world of one: its pseudo-gradient is the sum. An overlapped fragment
-  // keeps it aside (the inner steps reuse the gradient buffers).
-  if (outer_->lands(step_)) outer_->land(1, step_);
-  const auto due = outer_->due_fragments(step_);
-  for (size_t f : due) {
-    const bool overlap = outer_->options().overlap > 0 && step_ < schedule_.max_steps && due.size() == 1;
-    outer_->launch(f, step_, overlap);
-    if (overlap) {
-      optimizer_->zero_grad();
-    } else {
-      outer_->land(1, step_);
-    }
-  }
-}
-
-result<training_state::dp_step> training_state::inner_step(int rank, int world) {
+result<training_state::dp_step> training_state::train_step(const step_context& c) {
   dp_step r;
-  auto samples = order_->rank_slice(step_, rank, world);
-  if (order_->sharded()) task_->upcoming_samples(order_->rank_slice(step_ + 1, rank, world));
+  double divisor = 0;
+  const auto samples = samples_of(c, divisor);
   r.samples = static_cast<int64_t>(samples.size());
+  const int64_t at = c.replay ? c.replay->step : step_;
   const auto t0 = clock_type::now();
-  r.loss_sum = forward_backward(samples, step_, rank, nullptr, static_cast<double>(std::max<size_t>(1, samples.size())));
-  r.compute_s = seconds_since(t0);
-  const auto t1 = clock_type::now();
-  r.grad_norm = apply_update();
-  r.update_s = seconds_since(t1);
-  return r;
-}
-
-result<training_state::dp_step> training_state::replay_slice(int64_t step, int rank, int world, const std::vector<bool>& fragments) {
-  dp_step r;
-  auto samples = order_->rank_slice(step, rank, world);
-  r.samples = static_cast<int64_t>(samples.size());
-  const auto t0 = clock_type::now();
-  r.loss_sum = forward_backward(samples, step, rank, nullptr, static_cast<double>(std::max<size_t>(1, samples.size())));
-  r.compute_s = seconds_since(t0);
-  const auto t1 = clock_type::now();
-  r.grad_norm = replay_update(step, fragments);
-  r.update_s = seconds_since(t1);
-  return r;
-}
-
-result<training_state::dp_step> training_state::replay_slice_host(int64_t step, int rank, int world, int part, int parts, grad_sync& host,
-                                                                  const std::vector<bool>& fragments) {
-  dp_step r;
-  const auto slice = order_->rank_slice(step, rank, world);
-  const auto [lo, hi] = split_range(static_cast<int64_t>(slice.size()), part, std::max(1, parts));
-  const std::vector<int64_t> mine(slice.begin() + lo, slice.begin() + hi);
-  r.samples = static_cast<int64_t>(mine.size());
-  const auto t0 = clock_type::now();
-  optimizer_->zero_grad();
-  if (mine.empty()) {
-    // Nothing of this slice here: finish() sends zeros into the host's sum.
+  // A replay by a host's ranks: a part with nothing of the slice sends
+  // zeros into the host's sum (finish()).
+  const bool host_replay = c.replay && c.sync;
+  if (host_replay) optimizer_->zero_grad();
+  if (host_replay && samples.empty()) {
     if (record_samples_) recorded_.clear();
   } else {
-    r.loss_sum = forward_backward(mine, step, rank, &host, static_cast<double>(std::max<size_t>(1, slice.size())));
+    r.loss_sum = forward_backward(samples, at, c.rank, c.sync, divisor);
   }
   r.compute_s = seconds_since(t0);
-  auto synced = host.finish();
-  if (!synced) {
-    optimizer_->zero_grad();
-    return synced.err();
+  if (c.sync) {
+    auto synced = c.sync->finish();
+    if (!synced) {
+      optimizer_->zero_grad();  // the next attempt of this step starts from zero
+      return synced.err();
+    }
+    r.allreduce_s = synced->allreduce_s;
+    r.exposed_s = synced->exposed_s;
+    r.buckets = synced->buckets;
+    r.launched_in_backward = synced->launched_in_backward;
   }
+  if (c.replay) {
+    const auto t1 = clock_type::now();
+    r.grad_norm = replay_update(c.replay->step, c.replay->fragments);
+    r.update_s = seconds_since(t1);
+    return r;
+  }
+  return update_after_sync(c, r);
+}
+
+// This rank's samples of the step (a replay's: its part of the slice), and
+// what their loss sum is divided by (0: the global batch).
+std::vector<int64_t> training_state::samples_of(const step_context& c, double& divisor) {
+  const int64_t at = c.replay ? c.replay->step : step_;
+  auto slice = order_->rank_slice(at, c.rank, c.world);
+  // Sharded data: the next step's samples, decoded ahead while this one runs.
+  if (!c.replay && order_->sharded()) task_->upcoming_samples(order_->rank_slice(step_ + 1, c.rank, c.world));
+  switch (c.mean) {
+    case loss_mean::global_batch:
+      divisor = 0;
+      break;
+    case loss_mean::own_slice:
+      divisor = static_cast<double>(std::max<size_t>(1, slice.size()));
+      break;
+    case loss_mean::ranks: {
+      size_t n = 0;
+      for (int r : c.mean_ranks) n += order_->rank_slice(at, r, c.world).size();
+      divisor = static_cast<double>(std::max<size_t>(1, n));
+      break;
+    }
+  }
+  if (!c.replay || !c.sync || c.replay->parts <= 1) return slice;
+  const auto [lo, hi] = split_range(static_cast<int64_t>(slice.size()), c.replay->part, std::max(1, c.replay->parts));
+  return std::vector<int64_t>(slice.begin() + lo, slice.begin() + hi);
+}
+
+// The update after the reducer summed the gradients. A sharded optimizer
+// (ZeRO) clips by the reducer's parameter sync's global norm (train.zero =
+// 2) and gathers the others' parameters after it stepped its own shards.
+result<training_state::dp_step> training_state::update_after_sync(const step_context& c, dp_step r) {
   const auto t1 = clock_type::now();
-  r.grad_norm = replay_update(step, fragments);
+  param_sync* ps = c.sync ? c.sync->parameter_sync() : nullptr;
+  std::optional<double> global_norm;
+  if (ps && ps->sharded_norm()) {
+    auto n = ps->global_norm();
+    if (!n) {
+      // Kept: other ranks may have completed this allreduce and stepped
+      // (has_interrupted_step).
+      interrupted_at_ = step_;
+      return n.err();
+    }
+    global_norm = n.value();
+  }
+  // The update of this rank's shards is complete and stays (its summed
+  // gradient was the whole world's): if the all-gather fails, this rank is
+  // at the next step for its shards and holds a mix of two steps elsewhere,
+  // which the next generation repairs from the shards' holders (rank/zero).
+  // Nothing is undone, so nothing needs saving.
+  r.grad_norm = apply_update(global_norm);
+  if (ps) {
+    const auto t2 = clock_type::now();
+    if (auto st = ps->gather(); !st) {
+      params_mixed_ = true;
+      return st.err();
+    }
+    r.gather_s = seconds_since(t2);
+  }
   r.update_s = seconds_since(t1);
   return r;
 }
@@ -316,51 +334,9 @@ double training_state::replay_update(int64_t step, const std::vector<bool>& frag
   return norm;
 }
 
-result<training_state::outer_step_result> training_state::outer_step(grad_sync& sync) {
-  const auto due = outer_->due_fragments(step_);
-  return outer_launch(due.empty() ? 0 : due.front(), sync, false);
-}
-
-result<training_state::outer_step_result> training_state::outer_launch(size_t f, grad_sync& sync, bool overlap) {
-  before_update();
-  outer_step_result r;
-  r.fragment = f;
-  r.payload_bytes = outer_->payload_bytes(f);
-  flight_window_ = step_ - outer_->fragment_anchor(f);
-  r.inner_steps = flight_window_;
-  optimizer_->zero_grad();
-  outer_->launch(f, step_, overlap && sync.world() <= 1);
-  if (overlap) {
-    // Packed and on its way: the gradient buffers are the inner steps' again.
-    sync.launch_all();
-    optimizer_->zero_grad();
-    return r;
-  }
-  return outer_land(sync);
-}
-
-result<training_state::outer_step_result> training_state::outer_land(grad_sync& sync) {
-  before_update();
-  outer_step_result r;
-  if (!outer_->in_flight()) return make_error("no DiLoCo exchange in flight");
-  r.fragment = *outer_->in_flight();
-  r.payload_bytes = outer_->payload_bytes(r.fragment);
-  r.inner_steps = flight_window_;
-  // The inner step before this one zeroed the gradient buffers; the reducer
-  // writes the fragment's sums there.
-  auto synced = sync.finish();
-  if (!synced) {
-    outer_->drop_flight();
-    optimizer_->zero_grad();
-    return synced.err();
-  }
-  r.exchange_s = synced->allreduce_s;
-  r.exposed_s = synced->exposed_s;
-  const auto t0 = clock_type::now();
-  r.pseudo_grad_norm = outer_->land(sync.world(), step_);
-  r.update_s = seconds_since(t0);
-  r.landed = true;
-  return r;
+void training_state::set_before_update(std::function<void()> f) {
+  before_update_ = std::move(f);
+  if (outer_) outer_->set_before_update(before_update_);
 }
 
 void training_state::skip_to(int64_t step) {
@@ -370,64 +346,6 @@ void training_state::skip_to(int64_t step) {
 void training_state::zero_grad() {
   optimizer_->zero_grad();
   interrupted_at_.reset();
-}
-
-result<training_state::dp_step> training_state::inner_step_host(int rank, int world, grad_sync& host, const std::vector<int>& host_ranks) {
-  size_t n = 0;
-  for (int r : host_ranks) n += order_->rank_slice(step_, r, world).size();
-  return train_step_dp(rank, world, host, static_cast<double>(std::max<size_t>(1, n)));
-}
-
-result<training_state::dp_step> training_state::train_step_dp(int rank, int world, grad_sync& sync, double divisor) {
-  dp_step r;
-  auto samples = order_->rank_slice(step_, rank, world);
-  // Sharded data: the next step's samples, decoded ahead while this one runs.
-  if (order_->sharded()) task_->upcoming_samples(order_->rank_slice(step_ + 1, rank, world));
-  r.samples = static_cast<int64_t>(samples.size());
-  const auto t0 = clock_type::now();
-  r.loss_sum = forward_backward(samples, step_, rank, &sync, divisor);
-  r.compute_s = seconds_since(t0);
-  auto synced = sync.finish();
-  if (!synced) {
-    optimizer_->zero_grad();  // the next attempt of this step starts from zero
-    return synced.err();
-  }
-  r.allreduce_s = synced->allreduce_s;
-  r.exposed_s = synced->exposed_s;
-  r.buckets = synced->buckets;
-  r.launched_in_backward = synced->launched_in_backward;
-  const auto t1 = clock_type::now();
-  param_sync* ps = sync.parameter_sync();
-  std::optional<double> global_norm;
-  if (ps && ps->sharded_norm()) {
-    auto n = ps->global_norm();
-    if (!n) {
-      // Kept: other ranks may have completed this allreduce and stepped
-      // (has_interrupted_step).
-      interrupted_at_ = step_;
-      return n.err();
-    }
-    global_norm = n.value();
-  }
-  if (!ps) {
-    r.grad_norm = apply_update(global_norm);
-    r.update_s = seconds_since(t1);
-    return r;
-  }
-  // The update of this rank's shards is complete and stays (its summed
-  // gradient was the whole world's): if the all-gather fails, this rank is
-  // at the next step for its shards and holds a mix of two steps elsewhere,
-  // which the next generation repairs from the shards' holders (rank/zero).
-  // Nothing is undone, so nothing needs saving.
-  r.grad_norm = apply_update(global_norm);
-  const auto t2 = clock_type::now();
-  if (auto st = ps->gather(); !st) {
-    params_mixed_ = true;
-    return st.err();
-  }
-  r.gather_s = seconds_since(t2);
-  r.update_s = seconds_since(t1);
-  return r;
 }
 
 namespace {

@@ -34,6 +34,64 @@ class journal;
 class checkpoint_store;
 class grad_sync;
 
+// How training_state::train_step takes a step (see there): as data.
+
+// What the loss sum of this rank's samples is divided by.
+enum class loss_mean {
+  global_batch,  // every step: the SUM over the ranks is the global-batch mean's gradient
+  own_slice,     // DiLoCo's inner step (and a replay): the mean over this worker's own slice
+  ranks,         // DiLoCo with hosts as workers: the mean over the slices of step_context::mean_ranks
+};
+// train.sync = diloco, a lost worker's slice trained again: `step`'s
+// slice (its samples, its dropout seed, the learning rate of that step),
+// applied to this worker's parameters without moving step(). Streaming:
+// `fragments` (one flag per fragment; empty = all) says which fragments
+// it is owed to (those whose last pseudo-gradient was taken before
+// `step`); the others' parameters and moments are left as they were.
+// With a reducer (the ranks of a host together), this rank computes its
+// `part` of the slice's samples split in `parts`, and every rank of the
+// host applies the same update.
+struct replayed_slice {
+  int64_t step = 0;
+  std::vector<bool> fragments;
+  int part = 0, parts = 1;
+};
+
+struct step_context {
+  int rank = 0, world = 1;  // whose data_order::rank_slice
+  // Sums the gradients over its ranks while backward runs (the caller
+  // still owns it): the generation's reducer (a world-1 job's has no group
+  // and does nothing; train.zero: its parameter_sync gathers after the
+  // update and, at 2, gives the norm), or a host's. Null: no collective
+  // at all (DiLoCo's inner step of a worker of its own).
+  grad_sync* sync = nullptr;
+  loss_mean mean = loss_mean::global_batch;
+  std::vector<int> mean_ranks;  // loss_mean::ranks (global ranks)
+  std::optional<replayed_slice> replay;
+
+  // train.sync = every_step: the reducer sums the global-batch mean's gradient.
+  static step_context every_step(int rank, int world, grad_sync& sync) { return {rank, world, &sync, loss_mean::global_batch, {}, {}}; }
+  // train.sync = diloco, a worker of its own: its slice, its own mean,
+  // clipped by its own norm, its own AdamW; no collective.
+  static step_context diloco_inner(int rank, int world) { return {rank, world, nullptr, loss_mean::own_slice, {}, {}}; }
+  // train.diloco_worker = host: the host's ranks `host_ranks` (this one
+  // among them) each take their slice, `host` sums the gradients, the
+  // loss is the mean of the host's samples; no collective beyond the host.
+  static step_context diloco_host(int rank, int world, grad_sync& host, std::vector<int> host_ranks) {
+    return {rank, world, &host, loss_mean::ranks, std::move(host_ranks), {}};
+  }
+  // A replayed slice (rank, world: the slice's); `host` with parts > 1.
+  static step_context replay_of(int rank, int world, replayed_slice r, grad_sync* host = nullptr) {
+    return {rank, world, host, loss_mean::own_slice, {}, std::move(r)};
+  }
+  // The step a job trains at `rank` of `world` with its reducer `sync`
+  // (`diloco`, training_state::diloco(): an inner step; the reducer then
+  // carries the outer exchanges).
+  static step_context of_job(bool diloco, int rank, int world, grad_sync& sync) {
+    return diloco ? diloco_inner(rank, world) : every_step(rank, world, sync);
+  }
+};
+
 // The model, optimizer and data order of one process; no I/O of its own.
 class training_state {
  public:
@@ -66,15 +124,19 @@ class training_state {
   }
   const std::vector<int64_t>& recorded_samples() const { return recorded_; }
 
-  // One whole step in a single process. Returns the mean loss.
-  double train_step();
-
-  // One data-parallel step of `rank` in a world of `world` ranks; every rank
-  // calls it for the same step() with a grad_sync over the same group. This
-  // rank computes its data_order::rank_slice, the buckets are summed across
-  // ranks while backward runs, then apply_update() steps on the global-batch
-  // mean gradient. On error (a failed or timed-out collective) the optimizer
-  // has not stepped and step() is unchanged.
+  // The one step entry: the rank's step loop (every sync mode, any world,
+  // `dtactor train` at world 1), tune-batch, the benches and the tests all
+  // train through train_step(step_context). What differs between them is data in
+  // the context (whose slice, which reducer, what the loss is the mean of,
+  // a replayed slice), never another entry. DiLoCo's outer step is not a
+  // step of this class: outer() runs it after the inner steps
+  // (outer_optimizer::after_inner_step).
+  //
+  // This rank computes its data_order::rank_slice of the step's global
+  // batch (of c.replay->step for a replay, else of step()), the reducer
+  // c.sync sums the gradients across its ranks while backward runs, then
+  // the optimizer steps. On error (a failed or timed-out collective) the
+  // optimizer has not stepped and step() is unchanged.
   struct dp_step {
     double loss_sum = 0;                    // this rank's samples only
     int64_t samples = 0;                    // this rank's share of the global batch
@@ -85,6 +147,7 @@ class training_state {
     double allreduce_s = 0, exposed_s = 0;  // see grad_sync_timing
     int buckets = 0, launched_in_backward = 0;
   };
+  result<dp_step> train_step(const step_context& c);
   // A sharded optimizer (ZeRO) syncs through the reducer's parameter sync
   // (grad_sync::parameter_sync, comm/param_sync.hpp): its global norm
   // (train.zero = 2) clips, and its gather runs after the optimizer stepped
@@ -92,60 +155,12 @@ class training_state {
   // gather fails, step() has advanced (this rank's shards are the next
   // step's) and params_mixed() says the other parameters may be a mix of
   // two steps; when the norm fails, nothing was updated.
-  // `divisor`: what the loss is divided by (0 = the global batch).
-  result<dp_step> train_step_dp(int rank, int world, grad_sync& sync, double divisor = 0);
-  // train.diloco_worker = host: one inner step of a worker made of the
-  // ranks `host_ranks` (global ranks, this one among them): each its slice
-  // of the step's global batch, the gradients summed over `host` (the
-  // host's reducer), the mean loss of the host's samples, clipped by that
-  // gradient's norm; every rank of the host steps alike. No collective
-  // beyond the host.
-  result<dp_step> inner_step_host(int rank, int world, grad_sync& host, const std::vector<int>& host_ranks);
-  // train.sync = diloco (model/diloco.hpp): one inner step of this worker,
-  // `rank` of `world`: its data_order::rank_slice of the step's global
-  // batch, the gradient of its own mean loss, clipped by its own norm, its
-  // own AdamW. No collective.
-  result<dp_step> inner_step(int rank, int world);
-  // train.sync = diloco, a lost worker's slice trained again: an inner step
-  // on `step`'s slice `rank` of `world` (its samples, its dropout seed, the
-  // learning rate of that step), applied to this worker's parameters without
-  // moving step(). No collective.
-  // Streaming: `fragments` (one flag per fragment; empty = all) says which
-  // fragments the slice is owed to (those whose last pseudo-gradient was
-  // taken before `step`); the others' parameters and moments are left as
-  // they were (an outer step already took that slice into them).
-  result<dp_step> replay_slice(int64_t step, int rank, int world, const std::vector<bool>& fragments = {});
-  // train.diloco_worker = host: the same, by the ranks of a host together:
-  // this rank (`part` of the host's `parts` ranks) computes its part of the
-  // slice's samples, the host's reducer `host` sums the gradients (the
-  // slice's mean), and every rank of the host applies the same update.
-  result<dp_step> replay_slice_host(int64_t step, int rank, int world, int part, int parts, grad_sync& host,
-                                    const std::vector<bool>& fragments = {});
-  // The outer step at a boundary (outer().due(step())): every worker's
-  // pseudo-gradient summed through `sync` (its control words too), then the
-  // Nesterov step; every worker then holds the same parameters. On error
-  // nothing changed (the next generation redoes the boundary). Not
-  // streaming: the one fragment, without overlap.
-  struct outer_step_result {
-    double pseudo_grad_norm = 0;  // of the workers' average
-    double exchange_s = 0, exposed_s = 0, update_s = 0;
-    int64_t payload_bytes = 0;  // this worker's pseudo-gradient as handed to the exchange (fp32)
-    int64_t inner_steps = 0;    // steps of the window it closes (streaming: of its fragment)
-    size_t fragment = 0;
-    bool landed = false;  // false: launched, in flight (outer_land later)
-  };
-  result<outer_step_result> outer_step(grad_sync& sync);
-  // Streaming (model/diloco.hpp): fragment f's pseudo-gradient goes out on
-  // `sync` (that fragment's reducer, its control words too). `overlap`: the
-  // exchange is left in flight and lands with outer_land() after later
-  // inner steps; otherwise it is waited for and lands now. On error nothing
-  // changed and nothing is in flight.
-  result<outer_step_result> outer_launch(size_t f, grad_sync& sync, bool overlap);
-  // The exchange in flight lands: waited for on `sync` (its fragment's
-  // reducer), then its fragment's outer step.
-  result<outer_step_result> outer_land(grad_sync& sync);
+
+  // train.sync = diloco (model/diloco.hpp): the outer optimizer, which runs
+  // the outer step at the boundaries.
   bool diloco() const { return outer_ != nullptr; }
   outer_optimizer& outer() { return *outer_; }
+  const outer_optimizer& outer() const { return *outer_; }
   // DiLoCo: move to `step` without training (a worker behind its peers
   // after a new generation skips the steps they already took).
   void skip_to(int64_t step);
@@ -219,7 +234,7 @@ class training_state {
   // parameters for an evaluation or a digest), so that a checkpoint write
   // still reading them finishes first. A step's forward and backward do not
   // call it. Empty: nothing to wait for.
-  void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
+  void set_before_update(std::function<void()> f);
 
  private:
   void before_update() {
@@ -239,9 +254,9 @@ class training_state {
   std::unique_ptr<flat_adamw> optimizer_;
   std::unique_ptr<data_order> order_;
   std::unique_ptr<outer_optimizer> outer_;  // train.sync = diloco
-  int64_t flight_window_ = 0;               // outer_launch: its fragment's inner steps since it last synchronised
-  // A world of one (train_step): lands what is due and launches what is due.
-  void outer_alone();
+  // step()'s halves: the samples, and the update after the reducer.
+  std::vector<int64_t> samples_of(const step_context& c, double& divisor);
+  result<dp_step> update_after_sync(const step_context& c, dp_step r);
   lr_schedule schedule_;
   int64_t step_ = 0;
   torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()

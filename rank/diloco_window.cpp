@@ -86,8 +86,8 @@ generation_end diloco_window::agree(generation_run& g, rank_state& rs, bool own_
 // and gone with it, or never reached). They are found from what every
 // survivor holds, in two MAX allreduces (each step's world size, then which
 // fragments of each slice someone holds), dealt round-robin over the new
-// world and trained again before the next boundary
-// (training_state::replay_slice), so that every sample of the window
+// world and trained again before the next boundary (training_state::
+// train_step with a replayed_slice), so that every sample of the window
 // reaches every fragment's next outer step once. Streaming: a slice of a
 // step before fragment f's anchor is in f already (the lost worker's
 // pseudo-gradient was in that exchange), so it is owed to the other
@@ -153,8 +153,9 @@ void diloco_window::announce(const generation_run& g, training_state& state) con
 generation_end diloco_window::replay_next(generation_run& g, rank_state& rs, grad_sync* host_sync) {
   training_state& state = *rs.state;
   const window_slice x = replays_.front();
-  auto rr = x.parts > 1 && host_sync ? state.replay_slice_host(x.step, x.rank, x.world, x.part, x.parts, *host_sync, x.fragments)
-                                     : state.replay_slice(x.step, x.rank, x.world, x.fragments);
+  const bool by_host = x.parts > 1 && host_sync;
+  auto rr = state.train_step(step_context::replay_of(x.rank, x.world, {x.step, x.fragments, by_host ? x.part : 0, by_host ? x.parts : 1},
+                                                     by_host ? host_sync : nullptr));
   if (!rr) return g.failed(rr.message(), state.step());
   // A host's replay is one line, its first rank's, of the whole slice.
   if (x.part == 0) {
@@ -195,8 +196,8 @@ class sync_diloco final : public sync_strategy {
     return every > 0 && step / every > window_start / every;
   }
   result<training_state::dp_step> step(const generation_run& g, rank_state& rs, exchanges& x, int slice_rank, int slice_world) override {
-    if (x.host_sync) return rs.state->inner_step_host(g.rank, g.world, *x.host_sync, g.exchange.host_members);
-    return rs.state->inner_step(slice_rank, slice_world);
+    if (x.host_sync) return rs.state->train_step(step_context::diloco_host(g.rank, g.world, *x.host_sync, g.exchange.host_members));
+    return rs.state->train_step(step_context::diloco_inner(slice_rank, slice_world));
   }
   // With a group, the window's slices are noted (diloco_window::agree).
   void note_step(const generation_run& g, rank_state& rs, int64_t attempted, int slice_rank, int slice_world) override {
@@ -212,7 +213,7 @@ class sync_diloco final : public sync_strategy {
   bool reports_each_boundary() const override { return true; }
 
  private:
-  static void record(const training_state::outer_step_result& o, exchanges& x, step_in_hand& h);
+  static void record(const outer_step_result& o, exchanges& x, step_in_hand& h);
   generation_end outer_steps(generation_run& g, rank_state& rs, exchanges& x, step_in_hand& h, int64_t max_steps, bool& boundary);
 };
 
@@ -240,7 +241,7 @@ std::function<void()> sync_diloco::keep_through_transfer(rank_state& rs, bool ho
   };
 }
 
-void sync_diloco::record(const training_state::outer_step_result& o, exchanges& x, step_in_hand& h) {
+void sync_diloco::record(const outer_step_result& o, exchanges& x, step_in_hand& h) {
   using clock_type = std::chrono::steady_clock;
   h.r.allreduce_s += o.exchange_s;
   h.r.exposed_s += o.exposed_s;
@@ -260,27 +261,15 @@ void sync_diloco::record(const training_state::outer_step_result& o, exchanges& 
 generation_end sync_diloco::outer_steps(generation_run& g, rank_state& rs, exchanges& x, step_in_hand& h, int64_t max_steps, bool& boundary) {
   training_state& state = *rs.state;
   std::vector<size_t> landed_fragments;
-  bool landed = false;
-  if (state.outer().lands(state.step())) {
-    auto o = state.outer_land(*x.syncs[*state.outer().in_flight()]);
-    if (!o) return g.failed(o.message(), state.step());
-    record(*o, x, h);
-    landed_fragments.push_back(o->fragment);
-    boundary = landed = true;
-  }
-  const auto due = state.outer().due_fragments(state.step());
-  for (size_t f : due) {
-    // Overlapped only when it is the one exchange of this step and the job
-    // goes on: a boundary never leaves an exchange in flight.
-    const bool overlap = state.outer().options().overlap > 0 && state.step() < max_steps && due.size() == 1 && !landed;
-    x.syncs[f]->set_control(h.mine);
-    auto o = state.outer_launch(f, *x.syncs[f], overlap);
-    if (!o) return g.failed(o.message(), state.step());
-    if (!o->landed) continue;
-    record(*o, x, h);
-    landed_fragments.push_back(o->fragment);
-    boundary = true;
-  }
+  auto ex = state.outer().after_inner_step(
+      state.step(), max_steps, [&x](size_t f) -> grad_sync& { return *x.syncs[f]; }, h.mine,
+      [&](const outer_step_result& o) {
+        if (!o.landed) return;
+        record(o, x, h);
+        landed_fragments.push_back(o.fragment);
+        boundary = true;
+      });
+  if (!ex) return g.failed(ex.message(), state.step());
   // data.sample_log: this rank's lines before the landed pseudo-gradient's
   // step are in that fragment of the global parameters.
   if (rs.samples_log)

@@ -27,7 +27,7 @@ class sync_every_step final : public sync_strategy {
   int64_t window_start(training_state&, int64_t attempted) const override { return attempted; }
   bool due(const step_cadence& c, int64_t every, int64_t step, int64_t, bool) const override { return c.due(every, step); }
   result<training_state::dp_step> step(const generation_run& g, rank_state& rs, exchanges& x, int, int) override {
-    return rs.state->train_step_dp(g.rank, g.world, x.sync());
+    return rs.state->train_step(step_context::every_step(g.rank, g.world, x.sync()));
   }
   void note_step(const generation_run&, rank_state&, int64_t, int, int) override {}
   generation_end after_step(generation_run&, rank_state&, exchanges& x, step_in_hand& h, const step_cadence&, bool, bool& boundary) override {

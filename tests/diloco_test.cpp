@@ -48,14 +48,14 @@ std::string run_windows(training_state& s, int rank, int world, c10::intrusive_p
   for (int w = 0; w < windows; ++w) {
     for (int i = 0; i < every; ++i) {
       if (s.outer().due(s.step())) return "a boundary fell inside the window at step " + std::to_string(s.step());
-      auto r = s.inner_step(rank, world);
+      auto r = s.train_step(step_context::diloco_inner(rank, world));
       if (!r) return r.message();
     }
     if (!s.outer().due(s.step())) return "no boundary at step " + std::to_string(s.step());
     step_control c;
     c.stop = rank == 1 ? 1.f : 0.f;
     sync.set_control(c);
-    auto o2 = s.outer_step(sync);
+    auto o2 = s.outer().step(s.step(), sync);
     if (!o2) return o2.message();
     if (o2->inner_steps != every) return "the window had " + std::to_string(o2->inner_steps) + " inner steps";
     if (agreed) *agreed = sync.control();
@@ -73,7 +73,7 @@ void expect_outer_step_matches_the_formula(bool shared_memory) {
   auto dp = make_states(cfg, world);
   const auto start = flat_params(*alone[0]);
   for (int r = 0; r < world; ++r)
-    for (int i = 0; i < every; ++i) ASSERT_TRUE(alone[static_cast<size_t>(r)]->inner_step(r, world).ok());
+    for (int i = 0; i < every; ++i) ASSERT_TRUE(alone[static_cast<size_t>(r)]->train_step(step_context::diloco_inner(r, world)).ok());
   // The workers went apart in their window: each saw its own samples.
   EXPECT_FALSE(torch::equal(alone[0]->optimizer().flat_params()[0], alone[1]->optimizer().flat_params()[0]));
   std::vector<torch::Tensor> want;
@@ -151,11 +151,11 @@ TEST(DiLoCo, AReplayedSliceIsThatSlicesInnerStepAndLeavesTheStepWhereItWas) {
   auto s = make_states(cfg, 3);
   // s[0] and s[1] take step 0 (its slice 0 of 2) alike; then s[0] its own
   // slice 0 of step 1, s[1] instead worker 1's slice of step 1, replayed.
-  for (int i : {0, 1}) ASSERT_TRUE(s[static_cast<size_t>(i)]->inner_step(0, 2).ok());
-  ASSERT_TRUE(s[2]->inner_step(0, 2).ok());
-  ASSERT_TRUE(s[2]->inner_step(1, 2).ok());  // s[2]: worker 1's slice of step 1, as worker 1 takes it (step 1 -> 2)
+  for (int i : {0, 1}) ASSERT_TRUE(s[static_cast<size_t>(i)]->train_step(step_context::diloco_inner(0, 2)).ok());
+  ASSERT_TRUE(s[2]->train_step(step_context::diloco_inner(0, 2)).ok());
+  ASSERT_TRUE(s[2]->train_step(step_context::diloco_inner(1, 2)).ok());  // s[2]: worker 1's slice of step 1, as worker 1 takes it (step 1 -> 2)
   s[1]->record_samples(true);
-  auto r = s[1]->replay_slice(1, 1, 2);
+  auto r = s[1]->train_step(step_context::replay_of(1, 2, {1, {}}));
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(s[1]->step(), 1);
   EXPECT_EQ(s[1]->recorded_samples(), s[1]->order().rank_slice(1, 1, 2));
@@ -164,7 +164,7 @@ TEST(DiLoCo, AReplayedSliceIsThatSlicesInnerStepAndLeavesTheStepWhereItWas) {
   const auto taken = flat_params(*s[2]);
   for (size_t g = 0; g < replayed.size(); ++g) EXPECT_TRUE(torch::equal(replayed[g], taken[g])) << "group " << g;
   // Another slice would not have given these parameters.
-  ASSERT_TRUE(s[0]->replay_slice(1, 0, 2).ok());
+  ASSERT_TRUE(s[0]->train_step(step_context::replay_of(0, 2, {1, {}})).ok());
   EXPECT_FALSE(torch::equal(flat_params(*s[0])[0], replayed[0]));
 }
 
@@ -174,7 +174,7 @@ TEST(DiLoCo, AReplayedSliceIsThatSlicesInnerStepAndLeavesTheStepWhereItWas) {
 TEST(DiLoCo, AReplayToOneFragmentLeavesTheOtherFragmentsParametersAndMomentsAlone) {
   const auto cfg = diloco_config(10, {"train.sync_fragments=2", "train.sync_overlap=0"});
   auto s = make_states(cfg, 2);
-  for (auto& st : s) ASSERT_TRUE(st->inner_step(0, 2).ok());  // moments written everywhere
+  for (auto& st : s) ASSERT_TRUE(st->train_step(step_context::diloco_inner(0, 2)).ok());  // moments written everywhere
   auto moments_of = [](training_state& st, size_t f) {
     std::vector<torch::Tensor> out;
     const auto bases = st.optimizer().group_bases();
@@ -187,8 +187,8 @@ TEST(DiLoCo, AReplayToOneFragmentLeavesTheOtherFragmentsParametersAndMomentsAlon
     return out;
   };
   const auto frag1_before = moments_of(*s[0], 1);
-  ASSERT_TRUE(s[0]->replay_slice(1, 1, 2, {true, false}).ok());
-  ASSERT_TRUE(s[1]->replay_slice(1, 1, 2).ok());
+  ASSERT_TRUE(s[0]->train_step(step_context::replay_of(1, 2, {1, {true, false}})).ok());
+  ASSERT_TRUE(s[1]->train_step(step_context::replay_of(1, 2, {1, {}})).ok());
   const auto frag0_masked = moments_of(*s[0], 0), frag0_full = moments_of(*s[1], 0);
   ASSERT_EQ(frag0_masked.size(), frag0_full.size());
   for (size_t i = 0; i < frag0_masked.size(); ++i) EXPECT_TRUE(torch::equal(frag0_masked[i], frag0_full[i])) << i;
@@ -208,8 +208,8 @@ TEST(DiLoCo, OneWorkerWithUnitOuterStepTrainsAsPlainAdamW) {
   auto d = make_states(cfg, 1);
   auto p = make_states(plain_cfg, 1);
   for (int i = 0; i < 4; ++i) {
-    d[0]->train_step();
-    p[0]->train_step();
+    testing::train_alone(*d[0]);
+    testing::train_alone(*p[0]);
   }
   EXPECT_EQ(d[0]->outer().anchor(), 4);
   // global - 1 * (global - local): the local parameters up to rounding
@@ -218,7 +218,7 @@ TEST(DiLoCo, OneWorkerWithUnitOuterStepTrainsAsPlainAdamW) {
   for (size_t g = 0; g < a.size(); ++g) EXPECT_TRUE(torch::allclose(a[g], b[g], 0, 1e-6)) << (a[g] - b[g]).abs().max().item<double>();
   // With the paper's outer step the result differs (the test can fail).
   auto n = make_states(diloco_config(4), 1);
-  for (int i = 0; i < 4; ++i) n[0]->train_step();
+  for (int i = 0; i < 4; ++i) testing::train_alone(*n[0]);
   EXPECT_FALSE(torch::allclose(n[0]->optimizer().flat_params()[0], b[0], 0, 1e-4));
 }
 
@@ -232,7 +232,7 @@ TEST(DiLoCo, BoundariesFallAtMultiplesOfSyncEveryAndAtTheLastStep) {
   EXPECT_TRUE(o.due(10));
   EXPECT_EQ(o.boundary_after(5), 8);
   EXPECT_EQ(o.boundary_after(9), 10);
-  for (int i = 0; i < 4; ++i) s[0]->train_step();
+  for (int i = 0; i < 4; ++i) testing::train_alone(*s[0]);
   EXPECT_EQ(o.anchor(), 4);
   EXPECT_FALSE(o.due(4));  // taken
 }
@@ -330,11 +330,11 @@ void expect_quantized_pseudo_gradients_close(const std::string& wire, double bou
       if (q) o.exchange.codec = codec_named(wire).value();
       grad_sync sync(s.the_task().module()->parameters(), pg, o);
       for (int i = 0; i < every; ++i)
-        if (auto r = s.inner_step(rank, world); !r) return r.message();
+        if (auto r = s.train_step(step_context::diloco_inner(rank, world)); !r) return r.message();
       step_control c;
       c.newer_plan = 1;
       sync.set_control(c);
-      auto r = s.outer_step(sync);
+      auto r = s.outer().step(s.step(), sync);
       if (!r) return r.message();
       // The control words travel exactly: every rank's 1 is summed.
       if (!sync.control().all_hold_newer_plan(world)) return "the control words were not summed exactly";

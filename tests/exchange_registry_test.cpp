@@ -159,7 +159,7 @@ TEST(ExchangeRegistry, ATestCodecRunsInATwoRankJob) {
     o.exchange.codec = fp16_gather;
     grad_sync sync(s.the_task().module()->parameters(), pg, o);
     for (int i = 0; i < 3; ++i)
-      if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
+      if (auto r = s.train_step(step_context::every_step(rank, world, sync)); !r) return r.message();
     digests[static_cast<size_t>(rank)] = s.params_digest();
     return "";
   }));

@@ -97,13 +97,13 @@ TEST(GradSync, TrainingStepsMatchSingleProcessAndRanksAgree) {
   auto cfg = tiny_vit_config();
   auto states = make_states(cfg, world + 1);
   auto& ref = *states[world];
-  for (int i = 0; i < steps; ++i) ref.train_step();
+  for (int i = 0; i < steps; ++i) testing::train_alone(ref);
   std::vector<std::string> digests(world);
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[rank];
     grad_sync sync(params_of(s), pg, bucket_of(16 * 1024));
     for (int i = 0; i < steps; ++i) {
-      auto r = s.train_step_dp(rank, world, sync);
+      auto r = s.train_step(step_context::every_step(rank, world, sync));
       if (!r) return r.message();
       if (r->samples != 16) return "rank slice of " + std::to_string(r->samples) + " samples";
     }
@@ -158,11 +158,11 @@ TEST(GradSync, WorldOfOneNeedsNoGroupAndMatchesTrainStep) {
   EXPECT_EQ(sync.world(), 1);
   EXPECT_EQ(sync.bucket_count(), 0u);
   for (int i = 0; i < 4; ++i) {
-    auto r = states[0]->train_step_dp(0, 1, sync);
+    auto r = states[0]->train_step(step_context::every_step(0, 1, sync));
     ASSERT_TRUE(r) << r.message();
     EXPECT_EQ(r->samples, 32);
     EXPECT_EQ(r->buckets, 0);
-    states[1]->train_step();
+    testing::train_alone(*states[1]);
   }
   EXPECT_EQ(states[0]->params_digest(), states[1]->params_digest());
 }
@@ -353,7 +353,7 @@ TEST(GradSync, Bf16WireRoundsEachRanksGradientOnceAndRanksAgree) {
     o.exchange.codec = wire_codec::bf16;
     grad_sync sync(params_of(s), pg, o);
     for (int i = 0; i < 5; ++i)
-      if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
+      if (auto r = s.train_step(step_context::every_step(rank, world, sync)); !r) return r.message();
     digests[rank] = s.params_digest();
     return "";
   }));
@@ -514,7 +514,7 @@ TEST(GradSync, SharedMemoryTrainingStepsKeepRanksEqual) {
                                    o.shm = shm;
                                    grad_sync sync(params_of(s), pg, o);
                                    for (int i = 0; i < steps; ++i)
-                                     if (auto r = s.train_step_dp(rank, world, sync); !r) return r.message();
+                                     if (auto r = s.train_step(step_context::every_step(rank, world, sync)); !r) return r.message();
                                    digests[rank] = s.params_digest();
                                    return "";
                                  }));
@@ -734,7 +734,7 @@ TEST(GradSync, HierarchicalBf16WireKeepsRanksEqual) {
         o.exchange.codec = wire_codec::bf16;
         grad_sync sync(params_of(s), pg, o);
         for (int i = 0; i < 5; ++i)
-          if (auto r = s.train_step_dp(rank, 4, sync); !r) return r.message();
+          if (auto r = s.train_step(step_context::every_step(rank, 4, sync)); !r) return r.message();
         digests[rank] = s.params_digest();
         return "";
       }));

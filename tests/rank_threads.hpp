@@ -11,6 +11,7 @@
 
 #include "model/trainer.hpp"
 #include "comm/communicator.hpp"
+#include "comm/grad_sync.hpp"
 #include "comm/exchange.hpp"
 #include "comm/shm_group.hpp"
 
@@ -92,6 +93,22 @@ inline std::vector<std::unique_ptr<training_state>> make_states(const config& cf
     out.push_back(std::move(s.value()));
   }
   return out;
+}
+
+// One step of a world-1 job as rank/step_loop takes it: the job's step
+// (training_state::train_step) through a reducer without a group, then
+// DiLoCo's outer step where one is due. Returns the mean loss.
+inline double train_alone(training_state& s) {
+  grad_sync local(s.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>());
+  auto r = s.train_step(step_context::of_job(s.diloco(), 0, 1, local));
+  if (!r) throw std::runtime_error(r.message());
+  if (s.diloco()) {
+    auto st = s.outer().after_inner_step(
+        s.step(), s.outer().options().max_steps, [&local](size_t) -> grad_sync& { return local; }, std::nullopt,
+        [](const outer_step_result&) {});
+    if (!st) throw std::runtime_error(st.message());
+  }
+  return r->loss_sum / static_cast<double>(r->samples);
 }
 
 }  // namespace dtactor::testing

@@ -83,7 +83,7 @@ TEST(StreamingDiLoCo, FragmentsSynchroniseAtStaggeredStepsAndAllAtTheEnd) {
   EXPECT_EQ(o.boundary_after(12), 13);
   std::vector<std::pair<int64_t, std::vector<int64_t>>> anchors;
   while (s[0]->step() < 13) {
-    s[0]->train_step();
+    testing::train_alone(*s[0]);
     anchors.push_back({s[0]->step(), {o.fragment_anchor(0), o.fragment_anchor(1), o.fragment_anchor(2)}});
   }
   auto at = [&](int64_t step) { return anchors[static_cast<size_t>(step - 1)].second; };
@@ -124,19 +124,19 @@ std::string run_streaming(training_state& s, int rank, int world, reducers& sync
   while (s.step() < until) {
     auto& o = s.outer();
     if (!o.due(s.step()) && !o.lands(s.step())) {
-      auto r = s.inner_step(rank, world);
+      auto r = s.train_step(step_context::diloco_inner(rank, world));
       if (!r) return r.message();
     }
     bool landed = false;
     if (o.lands(s.step())) {
-      auto l = s.outer_land(*syncs[*o.in_flight()]);
+      auto l = s.outer().land_exchange(s.step(), *syncs[*o.in_flight()]);
       if (!l) return l.message();
       landed = true;
     }
     const auto due = o.due_fragments(s.step());
     for (size_t f : due) {
       const bool overlap = o.options().overlap > 0 && s.step() < max_steps && due.size() == 1 && !landed;
-      auto l = s.outer_launch(f, *syncs[f], overlap);
+      auto l = s.outer().launch_exchange(f, s.step(), *syncs[f], overlap);
       if (!l) return l.message();
       if (l->landed == overlap) return "fragment " + std::to_string(f) + (overlap ? " landed at once" : " stayed in flight");
     }
@@ -168,9 +168,9 @@ TEST(StreamingDiLoCo, OverlappedExchangeLandsLaterAndMixesWithTheLocalParameters
   std::vector<torch::Tensor> at4(world), at5_f0(world), at5_f1(world);
   for (int r = 0; r < world; ++r) {
     auto& a = *alone[static_cast<size_t>(r)];
-    for (int i = 0; i < 4; ++i) ASSERT_TRUE(a.inner_step(r, world).ok());
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(a.train_step(step_context::diloco_inner(r, world)).ok());
     at4[r] = slice_of(a.optimizer().flat_params(), frags[0]);
-    ASSERT_TRUE(a.inner_step(r, world).ok());
+    ASSERT_TRUE(a.train_step(step_context::diloco_inner(r, world)).ok());
     at5_f0[r] = slice_of(a.optimizer().flat_params(), frags[0]);
     at5_f1[r] = slice_of(a.optimizer().flat_params(), frags[1]);
   }
@@ -282,7 +282,7 @@ TEST(StreamingDiLoCo, FragmentsTakeTurnsOnOneSharedMemorySegment) {
 TEST(StreamingDiLoCo, ADroppedFlightLeavesItsFragmentDue) {
   auto s = make_states(streaming_config(8, 2, {"train.sync_overlap=2"}), 1);
   auto& o = s[0]->outer();
-  for (int i = 0; i < 4; ++i) s[0]->train_step();
+  for (int i = 0; i < 4; ++i) testing::train_alone(*s[0]);
   ASSERT_TRUE(o.in_flight());
   EXPECT_EQ(*o.in_flight(), 0u);
   EXPECT_FALSE(o.lands(5));
@@ -395,12 +395,12 @@ TEST(DiLoCoHostWorkers, HostRanksStaySynchronousAndHostsMeetAtTheBoundary) {
       s.zero_grad();
     }
     for (int i = 0; i < every; ++i) {
-      auto r = s.inner_step_host(rank, world, host, p.host_members);
+      auto r = s.train_step(step_context::diloco_host(rank, world, host, p.host_members));
       if (!r) return r.message();
     }
     for (auto& t : s.optimizer().flat_params()) at_boundary[static_cast<size_t>(rank)].push_back(t.clone());
     if (!s.outer().due(s.step())) return std::string("no boundary at step 3");
-    auto o = s.outer_step(outer);
+    auto o = s.outer().step(s.step(), outer);
     if (!o) return o.message();
     return std::string();
   });

@@ -115,7 +115,7 @@ std::vector<std::string> train(std::vector<std::unique_ptr<training_state>>& sta
     grad_sync sync(s.the_task().module()->parameters(), pg, buckets());
     if (plan) sync.set_parameter_sync(zero_sync_over_group(s.optimizer(), *plan, zero_sync(pg, false)));
     for (int i = 0; i < steps; ++i) {
-      auto r = s.train_step_dp(rank, world, sync);
+      auto r = s.train_step(step_context::every_step(rank, world, sync));
       if (!r) return r.message();
     }
     return "";
@@ -364,7 +364,7 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
     }
     sync.set_parameter_sync(std::move(ps));
     for (int i = 0; i < steps; ++i) {
-      auto r = s.train_step_dp(rank, world, sync);
+      auto r = s.train_step(step_context::every_step(rank, world, sync));
       if (!r) return r.message();
       if (norms && rank == 0) norms->push_back(r->grad_norm);
       if (zero2)
@@ -673,7 +673,7 @@ std::vector<std::string> interrupted_step(std::vector<std::unique_ptr<training_s
     grad_sync sync(s.the_task().module()->parameters(), pg, o);
     sync.set_parameter_sync(std::make_unique<interrupted_sync>(zero_sync_over_group(s.optimizer(), plan, zero_sync(pg, true)),
                                                                rank == failing));
-    auto r = s.train_step_dp(rank, world, sync);
+    auto r = s.train_step(step_context::every_step(rank, world, sync));
     return r ? "" : r.message();
   });
 }
@@ -772,8 +772,8 @@ TEST(Zero2, WorldOfOneTrainsAsTheUnshardedOptimizer) {
   sharded[0]->shard_optimizer({{0, sharded[0]->optimizer().total_elements()}});
   ASSERT_TRUE(sharded[0]->optimizer().grads_sharded());
   for (int i = 0; i < 3; ++i) {
-    plain[0]->train_step();
-    sharded[0]->train_step();
+    testing::train_alone(*plain[0]);
+    testing::train_alone(*sharded[0]);
   }
   EXPECT_EQ(sharded[0]->params_digest(), plain[0]->params_digest());
 }
