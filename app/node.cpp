@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/async_log.hpp"
 #include "base/log_limiter.hpp"
 #include "base/printable.hpp"
 #include "actors/membership.hpp"
@@ -38,7 +39,7 @@ namespace dtactor {
 namespace {
 
 int fail(const std::string& msg, int code = 1) {
-  std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+  stderr_line("dtactor: " + msg);
   return code;
 }
 
@@ -177,10 +178,10 @@ std::unique_ptr<preemption_watcher> watch_preemption(const cluster_cli& cli, con
         const double ahead = n.announced_unix_s - n.noticed_unix_s;
         const std::string reason = std::string("preemption notice (") + to_string(n.cloud) + (n.detail.empty() ? "" : " " + n.detail) +
                                    (n.announced.empty() ? "" : " at " + n.announced) + ", " + std::to_string(static_cast<int>(ahead)) + " s ahead)";
-        std::fprintf(stderr, "node: %s: leaving at the next step boundary\n", reason.c_str());
+        stderr_line("node: " + reason + ": leaving at the next step boundary");
         caf::anon_send(agent, leave_atom::value, reason, std::string(to_string(n.cloud)), n.announced, n.announced_unix_s, n.noticed_unix_s);
       },
-      [](const std::string& line) { std::fprintf(stderr, "node: %s\n", line.c_str()); });
+      [](const std::string& line) { stderr_line("node: " + line); });
 }
 
 // Waits for the agent to quit (shutdown from the coordinator, or a leave),
@@ -204,11 +205,11 @@ int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const c
                     if (!left && bridge.stats().received == 0 && cli.connect_timeout_s > 0 &&
                         std::chrono::steady_clock::now() - started > std::chrono::seconds(cli.connect_timeout_s)) {
                       if (coordinator_refusals.load() > 0)
-                        std::fprintf(stderr, "dtactor: the coordinator at %s refused our key (or we have none) for %d s; every process of the job needs the same --key\n",
-                                     cli.coordinator.c_str(), cli.connect_timeout_s);
+                        stderr_line("dtactor: the coordinator at " + cli.coordinator + " refused our key (or we have none) for " +
+                                    std::to_string(cli.connect_timeout_s) + " s; every process of the job needs the same --key");
                       else
-                        std::fprintf(stderr, "dtactor: no answer from the coordinator at %s after %d s; is it running and reachable?\n",
-                                     cli.coordinator.c_str(), cli.connect_timeout_s);
+                        stderr_line("dtactor: no answer from the coordinator at " + cli.coordinator + " after " +
+                                    std::to_string(cli.connect_timeout_s) + " s; is it running and reachable?");
                       left = true;
                       code = 1;
                       caf::anon_send(agent, leave_atom::value, std::string("coordinator unreachable"));
@@ -221,8 +222,8 @@ int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const c
                       const auto now = std::chrono::steady_clock::now();
                       if (!signalled_at) {
                         signalled_at = now;
-                        std::fprintf(stderr, "node: signal %d: waiting up to %d s for the coordinator to stop the job after a final checkpoint\n",
-                                     sig, cli.signal_waits_for_stop_s);
+                        stderr_line("node: signal " + std::to_string(sig) + ": waiting up to " + std::to_string(cli.signal_waits_for_stop_s) +
+                                    " s for the coordinator to stop the job after a final checkpoint");
                       }
                       if (now - *signalled_at < std::chrono::seconds(cli.signal_waits_for_stop_s)) return;
                     }
@@ -266,7 +267,7 @@ result<node_identity> identify_node(const cluster_cli& cli) {
     if (auto why = node_id_problem(cli.node_id); !why.empty()) return make_error("--node-id: " + why);
   auto claim = claim_node_id(cli.node_id.empty() ? default_node_id() : cli.node_id, !cli.node_id.empty(), cli.coordinator);
   if (!claim) return claim.err();
-  if (!claim->note.empty()) std::fprintf(stderr, "node: %s\n", claim->note.c_str());
+  if (!claim->note.empty()) stderr_line("node: " + claim->note);
   who.id = claim->id;
   who.claim = std::move(claim->lock);
   return who;
@@ -305,7 +306,8 @@ node_agent_options agent_options(const cluster_cli& cli, const node_identity& wh
     if (!c) return std::nullopt;
     return static_cast<int32_t>(c.value().get_int("cluster.rank_exit_limit"));
   };
-  o.log = [](const std::string& line) { std::fprintf(stderr, "node: %s\n", printable(line, 0).c_str()); };
+  // Never blocks the agent (a stderr nobody reads would stop its heartbeats).
+  o.log = [](const std::string& line) { stderr_line("node: " + printable(line, 0)); };
   return o;
 }
 
@@ -351,8 +353,8 @@ status open_links(zmq_bridge& bridge, const cluster_cli& cli, const node_identit
   if (auto r = bridge.add_router(links::ranks, ranks_endpoint); !r) return make_error("cannot open " + ranks_endpoint + ": " + r.message());
   if (auto r = bridge.add_dealer(links::coordinator, cli.coordinator, sender_id::of_node(who.id).to_string() + "/" + std::to_string(incarnation)); !r)
     return make_error("cannot connect to " + cli.coordinator + ": " + r.message());
-  std::fprintf(stderr, "node: '%s' (%s) connecting to %s with %d rank(s)\n", who.id.c_str(), who.advertise.c_str(), cli.coordinator.c_str(),
-               cli.nproc_per_node);
+  stderr_line("node: '" + who.id + "' (" + who.advertise + ") connecting to " + cli.coordinator + " with " + std::to_string(cli.nproc_per_node) +
+              " rank(s)");
   return {};
 }
 
@@ -362,11 +364,11 @@ status open_links(zmq_bridge& bridge, const cluster_cli& cli, const node_identit
 // tick) still names how the node ended.
 int node_exit_code(int code, const std::string& refusal, const std::string& gave_up, const std::string& node_id, const cluster_cli& cli) {
   if (!refusal.empty()) {
-    std::fprintf(stderr, "dtactor: refused by the coordinator: %s\n", printable(refusal, printable_max_detail_chars).c_str());
+    stderr_line("dtactor: refused by the coordinator: " + printable(refusal, printable_max_detail_chars));
     code = 1;
   }
   if (!gave_up.empty()) {
-    std::fprintf(stderr, "dtactor: node '%s' left the job, every rank given up: %s\n", node_id.c_str(), gave_up.c_str());
+    stderr_line("dtactor: node '" + node_id + "' left the job, every rank given up: " + gave_up);
     code = 1;
   }
   if (code == 0 && cli.stop_signal && cli.stop_signal->load() != 0) code = 128 + cli.stop_signal->load();
@@ -376,6 +378,11 @@ int node_exit_code(int code, const std::string& refusal, const std::string& gave
 }  // namespace
 
 int run_node(const cluster_cli& cli) {
+  // Every line of this process goes through one writer thread: a stderr
+  // that is not being read (a stopped terminal, a slow `| tee`, ssh) drops
+  // lines (counted, said once it is read again) instead of blocking the
+  // agent's heartbeats or the bridge. Flushed (at most 2 s) at the end.
+  stderr_log_scope async_stderr(async_log_options{4096, "dtactor node"});
   choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
   auto who = identify_node(cli);
   if (!who) return fail(who.message(), 2);
@@ -387,7 +394,7 @@ int run_node(const cluster_cli& cli) {
     if (auto st = m.serve(cli.metrics_port, cli.metrics_addr); !st) return fail(st.message());
   // GPU memory and utilisation when the NVIDIA driver's NVML is present.
   gpu_metrics gpu(m.registry());
-  if (gpu.available()) std::fprintf(stderr, "node: NVML: %d GPU(s) exported on /metrics\n", gpu.devices());
+  if (gpu.available()) stderr_line("node: NVML: " + std::to_string(gpu.devices()) + " GPU(s) exported on /metrics");
   auto ipc_path = ranks_ipc_path(incarnation);
   if (!ipc_path) return fail(ipc_path.message());
   const std::string ranks_endpoint = "ipc://" + ipc_path.value();

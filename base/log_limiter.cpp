@@ -1,12 +1,12 @@
 #include "base/log_limiter.hpp"
 
-#include <cstdio>
+#include "base/async_log.hpp"
 
 namespace dtactor {
 
 log_limiter::log_limiter(sink out, options opts, std::function<clock::time_point()> now)
     : out_(std::move(out)), opts_(opts), now_(std::move(now)) {
-  if (!out_) out_ = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  if (!out_) out_ = [](const std::string& line) { stderr_line(line); };
   if (!now_) now_ = [] { return clock::now(); };
 }
 

@@ -28,7 +28,8 @@ class log_limiter {
   using options = log_limiter_options;
   using sink = std::function<void(const std::string& line)>;
 
-  // `out` receives each line that passes (default: stderr with a newline);
+  // `out` receives each line that passes (default: stderr_line, which never
+  // blocks where a stderr_log_scope is installed: base/async_log.hpp);
   // `now` is the clock (tests move it).
   explicit log_limiter(sink out = nullptr, options opts = {}, std::function<clock::time_point()> now = nullptr);
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <zmq.hpp>
 
+#include "base/async_log.hpp"
 #include "base/printable.hpp"
 #include "net/handshake_gate.hpp"
 #include "net/zap_handler.hpp"
@@ -162,7 +163,7 @@ zmq_bridge::zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
   if (options_.key) {
     auto zap = zap_handler::start(*context_, {curve_key_binary(options_.key->client_public)}, "wire");
     if (!zap) {
-      std::fprintf(stderr, "dtactor: %s; the ZeroMQ bridge is not running\n", zap.message().c_str());
+      stderr_line("dtactor: " + zap.message() + "; the ZeroMQ bridge is not running");
       std::lock_guard<std::mutex> lock(mutex_);
       stopped_ = true;
       return;
@@ -172,8 +173,7 @@ zmq_bridge::zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
   if (wake_fd_ < 0) {
     // Without a wake fd the thread would only notice work once per idle_poll;
     // refuse to run rather than be silently slow.
-    std::fprintf(stderr, "dtactor: wire: eventfd failed (%s); the ZeroMQ bridge is not running\n",
-                 std::strerror(errno));
+    stderr_line(std::string("dtactor: wire: eventfd failed (") + std::strerror(errno) + "); the ZeroMQ bridge is not running");
     std::lock_guard<std::mutex> lock(mutex_);
     stopped_ = true;
     return;
@@ -411,7 +411,7 @@ void zmq_bridge::drop(const std::string& link, const std::string& peer, wire::dr
     try {
       on_drop_(link, peer, kind);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dtactor: wire: drop handler threw: %s\n", e.what());
+      stderr_line(std::string("dtactor: wire: drop handler threw: ") + e.what());
     }
   }
 }
@@ -475,7 +475,7 @@ void zmq_bridge::receive_from(link_state& link) {
         ++n;
       }
     } catch (const zmq::error_t& e) {
-      std::fprintf(stderr, "dtactor: wire: receive on link '%s' failed: %s\n", link.name.c_str(), e.what());
+      stderr_line("dtactor: wire: receive on link '" + link.name + "' failed: " + e.what());
       return;
     }
     if (n == 0) return;  // nothing more waiting
@@ -500,8 +500,7 @@ void zmq_bridge::receive_from(link_state& link) {
     try {
       on_envelope_(link.name, peer, std::move(env).value());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dtactor: wire: envelope handler threw on link '%s': %s\n",
-                   link.name.c_str(), e.what());
+      stderr_line("dtactor: wire: envelope handler threw on link '" + link.name + "': " + e.what());
     }
   }
 }
@@ -519,7 +518,7 @@ void zmq_bridge::handshake_failed(link_state& link, handshake_failure why, const
     try {
       on_handshake_(link.name, link.router, why, address);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dtactor: wire: handshake handler threw: %s\n", e.what());
+      stderr_line(std::string("dtactor: wire: handshake handler threw: ") + e.what());
     }
   }
 }
@@ -600,7 +599,7 @@ void zmq_bridge::run() {
       zmq::poll(items, idle_poll);
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
-      std::fprintf(stderr, "dtactor: wire: poll failed: %s; the ZeroMQ bridge stops\n", e.what());
+      stderr_line(std::string("dtactor: wire: poll failed: ") + e.what() + "; the ZeroMQ bridge stops");
       break;
     }
     if (items[0].revents & ZMQ_POLLIN) drain_wake_fd();

@@ -169,7 +169,8 @@ struct cluster {
   std::string logs() const {
     std::string out;
     for (const auto& e : std::filesystem::directory_iterator(run_dir))
-      if (e.path().extension() == ".log") {
+      // (Regular files only: a test may make a process's output a FIFO.)
+      if (e.path().extension() == ".log" && e.is_regular_file()) {
         std::ifstream f(e.path());
         std::stringstream ss;
         ss << f.rdbuf();
