@@ -94,8 +94,10 @@ async_log::~async_log() {
   const auto wait = s_->stuck ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000);
   const bool exited = s_->done.wait_for(lock, wait, [&] { return s_->exited; });
   lock.unlock();
-  if (exited) thread_.join();
-  else thread_.detach();
+  if (exited)
+    thread_.join();
+  else
+    thread_.detach();
 }
 
 bool async_log::write(std::string line) {

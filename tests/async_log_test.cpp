@@ -2,19 +2,18 @@
 // nobody reads) never blocks the caller; lines beyond the queue are dropped,
 // counted and reported once the writer can write again, in their place;
 // nothing is reordered.
+#include "base/async_log.hpp"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include "base/async_log.hpp"
 
 namespace dtactor {
 namespace {
@@ -72,7 +71,7 @@ TEST(AsyncLog, EndsWithoutWaitingForAWriterThatNeverReturns) {
     log.write("stuck");
     w->wait_entered(1);
     EXPECT_FALSE(log.flush(std::chrono::milliseconds(20)));
-  }  // returns: the writer thread is left behind
+  }              // returns: the writer thread is left behind
   w->release();  // (it holds `w`, and ends now)
 }
 

@@ -84,13 +84,15 @@ TEST(Chaos, NodeWhoseStderrIsNotReadIsNotDeclaredLost) {
   // The exit reached the coordinator (the agent logs it next), then 4 heartbeat
   // timeouts' worth of heartbeats were answered, or the node was lost.
   int64_t acked_after_exit = -1;
-  const bool decided = cl.wait_for([&](const std::vector<json>& j) {
-    if (!events<ev::node_lost>(j).empty()) return true;
-    if (events_named(j, ev::rank_down::exited_name).empty()) return false;
-    const int64_t acked = heartbeats_acked(port);
-    if (acked_after_exit < 0) acked_after_exit = acked;
-    return acked >= acked_after_exit + 40;
-  }, 60);
+  const bool decided = cl.wait_for(
+      [&](const std::vector<json>& j) {
+        if (!events<ev::node_lost>(j).empty()) return true;
+        if (events_named(j, ev::rank_down::exited_name).empty()) return false;
+        const int64_t acked = heartbeats_acked(port);
+        if (acked_after_exit < 0) acked_after_exit = acked;
+        return acked >= acked_after_exit + 40;
+      },
+      60);
   const auto j = cl.journal();
   EXPECT_TRUE(decided) << "heartbeats acked since the rank's exit: " << heartbeats_acked(port) - acked_after_exit << "\n" << cl.logs();
   EXPECT_TRUE(events<ev::node_lost>(j).empty()) << "the node was declared lost while its stderr was full\n" << cl.logs();
