@@ -28,6 +28,7 @@
 #include "job/checkpoint_commit.hpp"
 #include "job/job_config.hpp"
 #include "job/resume_point.hpp"
+#include "job/settings.hpp"
 #include "data/sample_log.hpp"
 
 namespace dtactor {
@@ -245,15 +246,16 @@ result<std::optional<resume_point>> resume_training(training_state& state, const
 }
 
 // The run's first lines: job_started in the journal, what it trains on the console.
-void journal_the_start(training_state& state, const config& cfg, const std::string& run_dir, journal& jn, run_observer& prog) {
+void journal_the_start(training_state& state, const config& cfg, const train_settings& train, const std::string& run_dir, journal& jn,
+                       run_observer& prog) {
   task& tk = state.the_task();
   const blas_info blas = describe_blas();
   const std::string core = blas_core();
   ev::job_started started;
   started.model = tk.name();
   started.parameters = state.parameter_count();
-  started.max_steps = cfg.get_int("train.max_steps");
-  started.global_batch_size = cfg.get_int("train.global_batch_size");
+  started.max_steps = train.max_steps;
+  started.global_batch_size = train.global_batch_size;
   started.world_size = 1;
   started.start_step = state.step();
   started.threads = at::get_num_threads();
@@ -284,9 +286,11 @@ void journal_the_end(journal& jn, const train_summary& summary) {
 
 result<train_summary> run_training_unguarded(const config& cfg, const train_options& opts) {
   const auto start = clock_type::now();
-  if (auto st = validate_training_config(cfg); !st) return st.err();
+  auto settings = job_settings_of(cfg);
+  if (!settings) return settings.err();
+  const job_settings& s = settings.value();
   if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
-  if (auto st = check_sample_log_dir(cfg.get_string("data.sample_log")); !st) return st.err();
+  if (auto st = check_sample_log_dir(s.data.sample_log); !st) return st.err();
   auto run_lock = file_lock::try_acquire(run_dir_lock_path(opts.run_dir), "dtactor train");
   if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.err()));
 
@@ -295,13 +299,13 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   if (!created) return created.err();
   std::shared_ptr<training_state> state_ptr = std::move(created.value());
   training_state& state = *state_ptr;
-  const checkpoint_policy policy = checkpoint_policy_of(cfg);
-  auto store = checkpoint_store::open(checkpoint_dir_of(cfg, opts.run_dir), policy, default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
+  auto store = checkpoint_store::open(checkpoint_dir_of(s.checkpoint, opts.run_dir), checkpoint_policy_of(s.checkpoint), default_fs_env(),
+                                      s.checkpoint.s3_endpoint);
   if (!store) return store.err();
   if (auto st = store->check_no_foreign_manifests(); !st) return st.err();
   // The run is one generation, numbered above every earlier run's (as a
   // coordinator numbers its first).
-  auto before = generations_before(store.value(), cfg.get_string("data.sample_log"));
+  auto before = generations_before(store.value(), s.data.sample_log);
   if (!before) return before.err();
   const uint64_t generation = before.value() + 1;
 
@@ -312,12 +316,12 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
 
   const bool interactive = opts.interactive.value_or(progress::stderr_is_terminal());
   // Console progress and TensorBoard scalars (RUN_DIR/tensorboard), as a cluster's coordinator writes them.
-  run_observer prog({opts.run_dir, cfg.get_int("train.max_steps"), interactive, opts.run_dir + "/train.log"});
+  run_observer prog({opts.run_dir, s.train.max_steps, interactive, opts.run_dir + "/train.log"});
 
   auto resume = resume_training(state, cfg, opts, store.value(), jn, prog);
   if (!resume) return resume.err();
-  journal_the_start(state, cfg, opts.run_dir, jn, prog);
-  const int64_t max_steps = cfg.get_int("train.max_steps");
+  journal_the_start(state, cfg, s.train, opts.run_dir, jn, prog);
+  const int64_t max_steps = s.train.max_steps;
 
   // The steps are the cluster rank's (rank/rank_worker), at world 1 on the
   // state resumed above: no coordinator, no sockets, no process group.
