@@ -5,10 +5,11 @@
 // I/O beyond reading data: the `train` command and the cluster rank
 // (rank/) drive it.
 //
-// The step is split so that a data-parallel engine can put an allreduce
-// between the two halves: forward_backward() accumulates this process's share
-// of the gradient of the global-batch mean loss; apply_update() clips and
-// steps the optimizer.
+// Every step is taken through one entry, train_step(step_context), with a
+// reducer (comm/grad_sync) between its two halves: forward_backward()
+// accumulates this process's share of the gradient; apply_update() clips and
+// steps the optimizer. The halves stay public for tests that inspect a
+// gradient before the update; no caller trains through them instead.
 #include <torch/torch.h>
 
 #include <atomic>
@@ -126,10 +127,10 @@ class training_state {
 
   // The one step entry: the rank's step loop (every sync mode, any world,
   // `dtactor train` at world 1), tune-batch, the benches and the tests all
-  // train through train_step(step_context). What differs between them is data in
-  // the context (whose slice, which reducer, what the loss is the mean of,
-  // a replayed slice), never another entry. DiLoCo's outer step is not a
-  // step of this class: outer() runs it after the inner steps
+  // train through train_step(step_context). What differs between them is
+  // data in the context (whose slice, which reducer, what the loss is the
+  // mean of, a replayed slice), never another entry. DiLoCo's outer step
+  // is not a step of this class: outer() runs it after the inner steps
   // (outer_optimizer::after_inner_step).
   //
   // This rank computes its data_order::rank_slice of the step's global
@@ -137,6 +138,14 @@ class training_state {
   // c.sync sums the gradients across its ranks while backward runs, then
   // the optimizer steps. On error (a failed or timed-out collective) the
   // optimizer has not stepped and step() is unchanged.
+  //
+  // A sharded optimizer (ZeRO) syncs through the reducer's parameter sync
+  // (grad_sync::parameter_sync, comm/param_sync.hpp): its global norm
+  // (train.zero = 2) clips, and its gather runs after the optimizer stepped
+  // the shards this rank holds, to bring the others' parameters; when the
+  // gather fails, step() has advanced (this rank's shards are the next
+  // step's) and params_mixed() says the other parameters may be a mix of
+  // two steps; when the norm fails, nothing was updated.
   struct dp_step {
     double loss_sum = 0;                    // this rank's samples only
     int64_t samples = 0;                    // this rank's share of the global batch
@@ -148,13 +157,6 @@ class training_state {
     int buckets = 0, launched_in_backward = 0;
   };
   result<dp_step> train_step(const step_context& c);
-  // A sharded optimizer (ZeRO) syncs through the reducer's parameter sync
-  // (grad_sync::parameter_sync, comm/param_sync.hpp): its global norm
-  // (train.zero = 2) clips, and its gather runs after the optimizer stepped
-  // the shards this rank holds, to bring the others' parameters; when the
-  // gather fails, step() has advanced (this rank's shards are the next
-  // step's) and params_mixed() says the other parameters may be a mix of
-  // two steps; when the norm fails, nothing was updated.
 
   // train.sync = diloco (model/diloco.hpp): the outer optimizer, which runs
   // the outer step at the boundaries.

@@ -54,6 +54,20 @@ TEST(TuneBatch, ABatchLargerThanTheDataIsATypedError) {
   EXPECT_EQ(r.code(), errc::batch_exceeds_data) << r.message();
 }
 
+// A probe takes the step a world-1 job trains (training_state::train_step
+// through a reducer without a group), and with DiLoCo the outer step at its
+// boundaries too (max_steps = 3, sync_every = 2: at steps 2 and 3).
+TEST(TuneBatch, AProbeTakesTheJobsStepWithDiLoCosOuterStep) {
+  for (const char* sync : {"train.sync=every_step", "train.sync=diloco"}) {
+    ::testing::internal::CaptureStdout();
+    const int rc = run_batch_probe(testing::tiny_vit_config({sync, "train.sync_every=2"}), 8, 3);
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(rc, 0) << sync;
+    EXPECT_NE(out.find("\"micro_batch\":8"), std::string::npos) << sync << ": " << out;
+    EXPECT_NE(out.find("\"samples_per_s\""), std::string::npos) << sync << ": " << out;
+  }
+}
+
 TEST(TuneBatch, RefusesImpossibleBoundsBeforeAnyProbe) {
   tune_batch_options o;
   o.run_dir = "/nonexistent-never-created";
