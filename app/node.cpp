@@ -378,10 +378,8 @@ int node_exit_code(int code, const std::string& refusal, const std::string& gave
 }  // namespace
 
 int run_node(const cluster_cli& cli) {
-  // Every line of this process goes through one writer thread: a stderr
-  // that is not being read (a stopped terminal, a slow `| tee`, ssh) drops
-  // lines (counted, said once it is read again) instead of blocking the
-  // agent's heartbeats or the bridge. Flushed (at most 2 s) at the end.
+  // Lines never block (an unread stderr drops them, counted, rather than
+  // stop the agent's heartbeats); flushed for at most 2 s at the end.
   stderr_log_scope async_stderr(async_log_options{4096, "dtactor node"});
   choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
   auto who = identify_node(cli);
