@@ -51,6 +51,13 @@ status check_sync(const job_settings& s) {
   const int64_t overlap = t.sync_overlap >= 0 ? t.sync_overlap : (fragments > 1 ? 1 : 0);
   if (!diloco && (fragments > 1 || t.sync_overlap > 0))
     return make_error("train.sync_fragments and train.sync_overlap are Streaming DiLoCo's (train.sync = diloco); with train.sync = every_step leave them out");
+  // A window is agreed at a new generation as an offset of 20 bits from
+  // its anchor (rank/agreement.hpp, window_word); half that leaves room for
+  // a window's overlapped steps.
+  constexpr int64_t max_every = int64_t{1} << 19;
+  if (diloco && every >= max_every)
+    return make_error("train.sync_every (" + std::to_string(every) + ") must be below " + std::to_string(max_every) +
+                      ": a DiLoCo window longer than that cannot be agreed when a worker is lost");
   if (diloco && fragments > every)
     return make_error("train.sync_fragments (" + std::to_string(fragments) + ") cannot exceed train.sync_every (" + std::to_string(every) +
                       "): each fragment synchronises at its own step of the window");

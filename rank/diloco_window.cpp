@@ -6,6 +6,7 @@
 #include "comm/communicator.hpp"
 #include "data/sample_log.hpp"
 #include "model/trainer.hpp"
+#include "rank/agreement.hpp"
 #include "rank/exchange_choice.hpp"
 #include "rank/generation.hpp"
 #include "rank/step_policy.hpp"
@@ -47,16 +48,25 @@ std::pair<int, int> diloco_window::slice_of(int64_t step, int rank, int world) c
   return {rank, world};
 }
 
-generation_end diloco_window::agree(generation_run& g, rank_state& rs, bool own_window) {
+result<std::vector<int64_t>> diloco_window::agreement_words(const rank_state& rs) const {
   training_state& state = *rs.state;
-  // The workers go on from the furthest step any of them reached in the
-  // window (no one's inner steps are undone); one behind catches up on
-  // the steps its peers took, or skips them (below).
-  std::vector<int64_t> words{state.step(), static_cast<int64_t>(rs.trained_gen)};
-  if (auto st = max_allreduce(*g.pg, words, deadline_in(g.timeout), g.abandon_now, "agreement on the window's step"); !st)
-    return g.failed(st.message(), state.step());
-  const int64_t furthest = words[0];
-  const uint64_t newest_trained = static_cast<uint64_t>(words[1]);
+  const int64_t anchor = state.outer().anchor();
+  const auto window = window_word(anchor, state.step());
+  if (!window)
+    return make_error("the DiLoCo window from step " + std::to_string(anchor) + " to " + std::to_string(state.step()) +
+                      " cannot be agreed: a window holds fewer than " + std::to_string(int64_t{1} << window_offset_bits) +
+                      " inner steps (train.sync_every)");
+  return std::vector<int64_t>{*window, static_cast<int64_t>(rs.trained_gen)};
+}
+
+generation_end diloco_window::agree(generation_run& g, rank_state& rs, bool own_window, const std::vector<int64_t>& agreed) {
+  training_state& state = *rs.state;
+  // The workers go on from the furthest step any of them holding the
+  // agreed anchor reached in the window (no one's inner steps are undone);
+  // one behind catches up on the steps its peers took, or skips them
+  // (below). Agreed in the generation's one round (agreement_words).
+  const int64_t furthest = furthest_of_window_word(agreed.at(0));
+  const uint64_t newest_trained = static_cast<uint64_t>(agreed.at(1));
   g.window_steps = furthest - state.outer().anchor();
   // A rank that kept its window and trained in the generation its peers
   // took those steps in catches up on its own slices of that generation's
@@ -179,7 +189,10 @@ class sync_diloco final : public sync_strategy {
  public:
   int64_t held_step(training_state& state) const override { return state.outer().anchor(); }
   std::function<void()> keep_through_transfer(rank_state& rs, bool holds_agreed) override;
-  generation_end after_agreement(generation_run& g, rank_state& rs, bool own_window) override { return rs.window.agree(g, rs, own_window); }
+  result<std::vector<int64_t>> agreement_words(const rank_state& rs) const override { return rs.window.agreement_words(rs); }
+  generation_end after_agreement(generation_run& g, rank_state& rs, bool own_window, const std::vector<int64_t>& agreed) override {
+    return rs.window.agree(g, rs, own_window, agreed);
+  }
   void begin(training_state& state) override { state.outer().drop_flight(); }
   void announce(const generation_run& g, rank_state& rs) const override { rs.window.announce(g, *rs.state); }
   void ready_fields(const generation_run& g, pb::rank_status& ready) const override {

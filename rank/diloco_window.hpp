@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtactor/result.hpp"
 #include "rank/outcome.hpp"
 #include "rank/sync_diloco.hpp"
 
@@ -40,10 +41,16 @@ class diloco_window {
   std::pair<int, int> slice_of(int64_t step, int rank, int world) const;
   bool replay_owed() const { return !replays_.empty(); }
 
-  // After the state agreement: the furthest step any worker reached in the
-  // window, the catch-up or skip of this rank, and the replay of a lost
-  // worker's slices. `own_window`: this rank held the agreed anchor.
-  generation_end agree(generation_run& g, rank_state& rs, bool own_window);
+  // This rank's words in the generation's one agreement round: its window
+  // (anchor and step, rank/agreement.hpp's window_word) and the newest
+  // generation it trained in. Error: a window too long to agree on.
+  result<std::vector<int64_t>> agreement_words(const rank_state& rs) const;
+  // After the agreement (`agreed`: the MAX of every rank's
+  // agreement_words) and the state transfer: the furthest step any worker
+  // reached in the window, the catch-up or skip of this rank, and the
+  // replay of a lost worker's slices. `own_window`: this rank held the
+  // agreed anchor.
+  generation_end agree(generation_run& g, rank_state& rs, bool own_window, const std::vector<int64_t>& agreed);
   // Where this generation enters the window, said once on stderr.
   void announce(const generation_run& g, training_state& state) const;
   // A lost worker's slice of this window, trained again (no collective):

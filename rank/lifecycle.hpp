@@ -18,13 +18,20 @@
 //                         plan, built on a helper thread that a newer plan
 //                         abandons.
 //   rank/state_source     the plan's checkpoint read by rank 0, ZeRO-2's
-//                         interrupted step, the state agreement (MAX of
-//                         agreement_words, rank/agreement) and the transfer
-//                         from the root, the ZeRO shards from their holders
-//                         or from the plan's (fallback) checkpoint, DiLoCo's
-//                         worker sections. The plan's checkpoint steps stay
-//                         the one authority on which checkpoint a generation
-//                         uses; no rank picks one itself.
+//                         interrupted step, the generation's one agreement
+//                         round and the transfer from the root, the ZeRO
+//                         shards from their holders or from the plan's
+//                         (fallback) checkpoint, DiLoCo's worker sections.
+//                         The plan's checkpoint steps stay the one
+//                         authority on which checkpoint a generation uses;
+//                         no rank picks one itself.
+//   rank/agreement        the one agreement round (agreement_round): one
+//                         MAX allreduce to which each piece adds its
+//                         words: the state's (highest step and its root),
+//                         the optimizer shards' source (the plan's
+//                         checkpoint or the holders), and the sync
+//                         strategy's (sync_strategy::agreement_words;
+//                         DiLoCo: its window).
 //   rank/diloco_window    train.sync = diloco: the window kept across
 //                         generations (slices, catch-up, owed replays), its
 //                         agreement and the replay of a lost worker's
@@ -47,10 +54,14 @@
 //   rank/checkpoint_saver this rank's part of a checkpoint (save planner
 //                         ranges, checkpoint.direct, the part writer).
 //
-// The agreement at a generation's start is still several MAX allreduces
-// (state, interrupted ZeRO-2 step, shard source, DiLoCo window and slices),
-// each in the piece that needs it, not one agreement vector. DiLoCo's
+// Besides the one agreement round, a generation's start runs collectives
+// that move data rather than agree: ZeRO-2's interrupted step takes the
+// gradient norm its peers computed (an all-gather, before the round, since
+// finishing the step changes the step a rank holds), and DiLoCo's replay
+// finds a lost worker's slices from what each survivor holds (two MAX
+// allreduces, three with hosts as workers, after the round). DiLoCo's
 // worker sections of a checkpoint are still a branch in state_source, its
 // fragment reducers and host workers branches in exchange_choice;
-// train.diloco_worker = host has no class of its own. The state sources (peer, replica, checkpoint) are
-// methods of starting_state, not classes behind an interface.
+// train.diloco_worker = host has no class of its own. The state sources
+// (peer, replica, checkpoint) are methods of starting_state, not classes
+// behind an interface.

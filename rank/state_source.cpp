@@ -52,7 +52,7 @@ generation_end starting_state::agree() {
   if (rs_.cfg->get_int("train.zero") >= 1)
     if (auto ended = shard_state(held_before == state_.step())) return ended;
   if (g_.pg)
-    if (auto ended = rs_.sync->after_agreement(g_, rs_, own_window)) return ended;
+    if (auto ended = rs_.sync->after_agreement(g_, rs_, own_window, strategy_agreed_)) return ended;
   if (g_.source == ev::state_source::local && state_.step() == 0) g_.source = ev::state_source::fresh;
   return std::nullopt;
 }
@@ -94,36 +94,44 @@ generation_end starting_state::finish_zero2_step() {
   return std::nullopt;
 }
 
-// The one state agreement (MAX of agreement_words): the highest step (DiLoCo:
-// anchor) any member holds and the lowest rank holding it, the root; when
-// not everyone holds it, the state is broadcast from the root, and the sync
+// The generation's one agreement round (rank/agreement.hpp), one MAX
+// allreduce of every piece's words: the state (the highest step, DiLoCo:
+// anchor, any member holds and the lowest rank holding it, the root),
+// whether that state is the plan's checkpoint global rank 0 read (the
+// optimizer shards' source), and the sync strategy's words. When not
+// everyone holds the agreed state, it is broadcast from the root, and the
 // strategy keeps what this rank keeps through it. `own_window` (DiLoCo):
 // whether this rank keeps its window's own progress.
 generation_end starting_state::take_agreed_state(bool& own_window) {
-  const auto words = agreement_words(held_step(), g_.rank);
-  std::vector<torch::Tensor> t{torch::tensor({words.first, words.second}, torch::kInt64)};
-  c10d::AllreduceOptions mx;
-  mx.reduceOp = c10d::ReduceOp::MAX;
-  if (auto st = wait_work(g_.pg->allreduce(t, mx), deadline_in(g_.timeout), g_.abandon_now, "state agreement"); !st)
+  agreement_round round;
+  const auto [w0, w1] = agreement_words(held_step(), g_.rank);
+  const auto state_slot = round.add({w0, w1});
+  const auto disk_slot = round.add({disk_word(g_.source == ev::state_source::disk, held_step())});
+  auto strategy_words = rs_.sync->agreement_words(rs_);
+  if (!strategy_words) return g_.failed(strategy_words.message(), state_.step());
+  const auto strategy_slot = round.add(*strategy_words);
+  if (auto st = max_allreduce(*g_.pg, round.words(), deadline_in(g_.timeout), g_.abandon_now, "state agreement"); !st)
     return g_.failed(st.message(), state_.step());
-  const auto a = read_agreement(t[0][0].item<int64_t>(), t[0][1].item<int64_t>());
+  const auto agreed_state = round.read(state_slot);
+  const auto a = read_agreement(agreed_state[0], agreed_state[1]);
+  agreed_from_disk_ = agreed_from_disk(round.read(disk_slot)[0], a);
+  strategy_agreed_ = round.read(strategy_slot);
   g_.root = a.root;
-  if (!a.everyone_holds_it()) {
-    const bool holds_agreed = held_step() == a.max_step;
-    own_window = holds_agreed;
-    auto after_transfer = rs_.sync->keep_through_transfer(rs_, holds_agreed);
-    // In place, in chunks, over the data plane (bounded extra memory).
-    int64_t from_disk = g_.source == ev::state_source::disk ? 1 : 0;
-    auto sent = broadcast_state(*g_.pg, g_.root, state_, g_.timeout, g_.abandon_now, from_disk);
-    if (!sent) return g_.failed(sent.message(), state_.step());
-    after_transfer();
-    if (g_.rank != g_.root) {
-      // The generation's state came from the store when its root loaded
-      // it from there (every rank says so: one story in the journal).
-      g_.source = from_disk ? ev::state_source::disk : ev::state_source::peer;
-      g_.transfer_bytes = sent->bytes;
-      g_.transfer_s = sent->seconds;
-    }
+  if (a.everyone_holds_it()) return std::nullopt;
+  const bool holds_agreed = held_step() == a.max_step;
+  own_window = holds_agreed;
+  auto after_transfer = rs_.sync->keep_through_transfer(rs_, holds_agreed);
+  // In place, in chunks, over the data plane (bounded extra memory).
+  int64_t from_disk = g_.source == ev::state_source::disk ? 1 : 0;
+  auto sent = broadcast_state(*g_.pg, g_.root, state_, g_.timeout, g_.abandon_now, from_disk);
+  if (!sent) return g_.failed(sent.message(), state_.step());
+  after_transfer();
+  if (g_.rank != g_.root) {
+    // The generation's state came from the store when its root loaded
+    // it from there (every rank says so: one story in the journal).
+    g_.source = from_disk ? ev::state_source::disk : ev::state_source::peer;
+    g_.transfer_bytes = sent->bytes;
+    g_.transfer_s = sent->seconds;
   }
   return std::nullopt;
 }
@@ -188,15 +196,9 @@ generation_end starting_state::shard_state(bool holds_current) {
   const int replicas = want_replicas > 0 ? static_cast<int>(want_replicas) : default_replicas(nodes);
   auto plan = make_shard_plan(total, nodes, replicas);
   // The agreed state came from a checkpoint: each rank reads its own
-  // shards from it. Agreed, since the rank that read it may be the only one
-  // to know (the others held that step already).
-  bool from_disk = g_.source == ev::state_source::disk;
-  if (g_.pg) {
-    std::vector<int64_t> word{from_disk ? 1 : 0};
-    if (auto st = max_allreduce(*g_.pg, word, deadline_in(g_.timeout), g_.abandon_now, "agreement on the optimizer state's source"); !st)
-      return g_.failed(st.message(), state_.step());
-    from_disk = word[0] > 0;
-  }
+  // shards from it. Agreed (take_agreed_state), since the rank that read it
+  // may be the only one to know (the others held that step already).
+  const bool from_disk = g_.pg ? agreed_from_disk_ : g_.source == ev::state_source::disk;
   if (from_disk) return shards_from_checkpoint(plan, g_.plan.checkpoint_step());
   std::string missing;
   if (!g_.pg) {

@@ -9,6 +9,7 @@
 // checkpoint a generation uses; no rank picks one itself.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "rank/outcome.hpp"
 
@@ -41,6 +42,10 @@ class starting_state {
   generation_run& g_;
   rank_state& rs_;
   training_state& state_;
+  // What the agreement round (take_agreed_state) said beyond the state:
+  // the agreed state is the plan's checkpoint, and the sync strategy's words.
+  bool agreed_from_disk_ = false;
+  std::vector<int64_t> strategy_agreed_;
 };
 
 }  // namespace dtactor

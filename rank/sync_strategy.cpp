@@ -18,7 +18,8 @@ class sync_every_step final : public sync_strategy {
   std::function<void()> keep_through_transfer(rank_state&, bool) override {
     return [] {};
   }
-  generation_end after_agreement(generation_run&, rank_state&, bool) override { return std::nullopt; }
+  result<std::vector<int64_t>> agreement_words(const rank_state&) const override { return std::vector<int64_t>{}; }
+  generation_end after_agreement(generation_run&, rank_state&, bool, const std::vector<int64_t>&) override { return std::nullopt; }
   void begin(training_state&) override {}
   void announce(const generation_run&, rank_state&) const override {}
   void ready_fields(const generation_run&, pb::rank_status&) const override {}

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "comm/step_control.hpp"
 #include "job/modes.hpp"
@@ -47,9 +48,15 @@ class sync_strategy {
   // parameters, buffers, inner moments and step; the others start their
   // window over from the anchor).
   virtual std::function<void()> keep_through_transfer(rank_state& rs, bool holds_agreed) = 0;
-  // After the state agreement and transfer: the strategy's own (DiLoCo:
-  // the window's furthest step and owed slices). Only with a group.
-  virtual generation_end after_agreement(generation_run& g, rank_state& rs, bool own_window) = 0;
+  // The strategy's words in the generation's one agreement round
+  // (rank/agreement.hpp), taken before any state moves (every step: none;
+  // DiLoCo: its window's). Error: what cannot be agreed, one line.
+  virtual result<std::vector<int64_t>> agreement_words(const rank_state& rs) const = 0;
+  // After the agreement and the state transfer, with the MAX of every
+  // rank's agreement_words: the strategy's own (DiLoCo: the window's
+  // furthest step, this rank's catch-up or skip, and the replay of a lost
+  // worker's slices). Only with a group.
+  virtual generation_end after_agreement(generation_run& g, rank_state& rs, bool own_window, const std::vector<int64_t>& agreed) = 0;
 
   // Before the first step: what the last generation left in flight is gone.
   virtual void begin(training_state& state) = 0;

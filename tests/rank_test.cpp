@@ -126,6 +126,62 @@ TEST(agreement, the_highest_step_wins_and_its_lowest_holder_is_the_root) {
   EXPECT_FALSE(a.everyone_holds_it());
 }
 
+// The generation's one round: every piece's words side by side, reduced
+// together, each read back from its own slot.
+TEST(agreement, one_round_carries_every_pieces_words_and_each_reads_its_own) {
+  // Ranks 0..2: rank 0 read the plan's checkpoint at step 40 and the others
+  // hold 40 (DiLoCo anchors); their windows reached 40+3, 40+7, 40+5, and
+  // rank 2 trained in generation 4, the others in 3.
+  const std::vector<int64_t> anchors{40, 40, 40}, steps{43, 47, 45}, trained{3, 3, 4};
+  std::vector<int64_t> reduced;
+  agreement_round::slot state_slot, disk_slot, window_slot;
+  for (int r = 0; r < 3; ++r) {
+    agreement_round round;
+    const auto [w0, w1] = agreement_words(anchors[r], r);
+    state_slot = round.add({w0, w1});
+    disk_slot = round.add({disk_word(r == 0, anchors[r])});
+    window_slot = round.add({*window_word(anchors[r], steps[r]), trained[r]});
+    if (reduced.empty()) reduced = round.words();
+    for (size_t i = 0; i < reduced.size(); ++i) reduced[i] = std::max(reduced[i], round.words()[i]);
+  }
+  agreement_round out;
+  out.add(reduced);
+  const auto st = out.read(state_slot);
+  const auto a = read_agreement(st[0], st[1]);
+  EXPECT_TRUE(a.everyone_holds_it());
+  EXPECT_EQ(a.root, 0);
+  EXPECT_TRUE(agreed_from_disk(out.read(disk_slot)[0], a));
+  const auto w = out.read(window_slot);
+  EXPECT_EQ(furthest_of_window_word(w[0]), 47);
+  EXPECT_EQ(w[1], 4);
+}
+
+// The shards come from the checkpoint only when the agreed state is the one
+// rank 0 read from it: a peer holding a newer step wins over the disk.
+TEST(agreement, a_newer_step_held_by_a_peer_is_not_from_disk) {
+  const auto [a0, b0] = agreement_words(40, 0);
+  const auto [a1, b1] = agreement_words(52, 1);
+  const auto a = read_agreement(std::max(a0, a1), std::max(b0, b1));
+  EXPECT_EQ(a.max_step, 52);
+  EXPECT_FALSE(agreed_from_disk(std::max(disk_word(true, 40), disk_word(false, 52)), a));
+  EXPECT_FALSE(agreed_from_disk(disk_word(false, 52), a));
+}
+
+// A window word orders by anchor first: a rank behind the highest anchor
+// (it starts its window over from it) never sets the furthest step, however
+// far its own window went.
+TEST(agreement, the_furthest_window_step_is_a_holder_of_the_highest_anchors) {
+  const auto behind = window_word(20, 39);  // anchor 20, 19 steps on
+  const auto ahead = window_word(40, 42);   // anchor 40, 2 steps on
+  ASSERT_TRUE(behind && ahead);
+  EXPECT_EQ(furthest_of_window_word(std::max(*behind, *ahead)), 42);
+  EXPECT_EQ(furthest_of_window_word(*window_word(0, 0)), 0);
+  // A window of 2^20 steps or more, or steps before the anchor, cannot be agreed.
+  EXPECT_FALSE(window_word(10, 10 + (int64_t{1} << window_offset_bits)).has_value());
+  EXPECT_TRUE(window_word(10, 10 + (int64_t{1} << window_offset_bits) - 1).has_value());
+  EXPECT_FALSE(window_word(10, 9).has_value());
+}
+
 TEST(agreement, everyone_at_the_same_step_takes_nothing_and_rank_0_is_the_root) {
   int64_t w0 = INT64_MIN, w1 = INT64_MIN;
   for (int r = 0; r < 3; ++r) {

@@ -123,6 +123,9 @@ TEST(Settings, ABadValueIsOneLineNamingTheKey) {
   EXPECT_EQ(refused({{"cluster.wire_dtype", "int4"}}).rfind("cluster.wire_dtype = int4 quantizes DiLoCo's pseudo-gradients only", 0), 0u);
   EXPECT_EQ(refused({{"train.sync", "diloco"}, {"train.sync_every", "4"}, {"train.sync_fragments", "5"}}),
             "train.sync_fragments (5) cannot exceed train.sync_every (4): each fragment synchronises at its own step of the window");
+  EXPECT_EQ(refused({{"train.sync", "diloco"}, {"train.sync_every", "524288"}}),
+            "train.sync_every (524288) must be below 524288: a DiLoCo window longer than that cannot be agreed when a worker is lost");
+  EXPECT_EQ(refused({{"train.sync", "diloco"}, {"train.sync_every", "524287"}}), "");
   // Each section's own parse gives the same line.
   EXPECT_EQ(model_settings_of(with({{"model.dropout", "1"}})).message(), "model.dropout must be below 1");
   EXPECT_EQ(train_settings_of(with({{"train.beta2", "1"}})).message(), "train.beta1 and train.beta2 must be below 1");
