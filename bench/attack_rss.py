@@ -17,7 +17,7 @@ for each: VmHWM after the attack less VmRSS when idle (/proc/PID/status).
                        (net/handshake_gate.hpp; 8 places an address)
   near_limit_256_both_64_addresses
                        the same from 64 addresses (127.0.0.1-64): the gate's
-                       12 places a port
+                       10 places a port
   store_flood          open: 32 values of 8 MB and 2,000 of 60 KB at the
                        rendezvous store; keyed: 16 near-limit frames at its
                        port before the handshake
@@ -86,7 +86,7 @@ def main():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     both, keyed_only, open_only = attacks_table()
-    result = {"limits": {"max_control_message_bytes": 2 * attacks.MB, "handshake_timeout_s": 3, "max_pending_handshakes": 12, "max_pending_handshakes_per_address": 8, "store_total_bytes_before_any_plan": 8 * attacks.MB,
+    result = {"limits": {"max_control_message_bytes": 2 * attacks.MB, "handshake_timeout_s": 3, "max_pending_handshakes": 10, "max_pending_handshakes_per_address": 8, "store_total_bytes_before_any_plan": 8 * attacks.MB,
                          "store_value_bytes_before_any_plan": 64 * 1024},
               "attacks": {}}
     for name, attack in both.items():

@@ -100,7 +100,7 @@ def garbage(dtactor, keyed):
 def handshake_flood(dtactor):
     """256 connections at each of the keyed coordinator's two ports, from 64
     addresses, each holding a frame just under the 2 MiB limit before its
-    handshake: the gate keeps 12 a port, so within 64 MB; the shed ones are
+    handshake: the gate keeps 10 a port, so within 64 MB; the shed ones are
     counted as busy."""
     with Coordinator(dtactor, True, metrics=True) as c:
         idle = c.settle()
