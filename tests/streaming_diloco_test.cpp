@@ -127,19 +127,13 @@ std::string run_streaming(training_state& s, int rank, int world, reducers& sync
       auto r = s.train_step(step_context::diloco_inner(rank, world));
       if (!r) return r.message();
     }
-    bool landed = false;
-    if (o.lands(s.step())) {
-      auto l = s.outer().land_exchange(s.step(), *syncs[*o.in_flight()]);
-      if (!l) return l.message();
-      landed = true;
-    }
-    const auto due = o.due_fragments(s.step());
-    for (size_t f : due) {
-      const bool overlap = o.options().overlap > 0 && s.step() < max_steps && due.size() == 1 && !landed;
-      auto l = s.outer().launch_exchange(f, s.step(), *syncs[f], overlap);
-      if (!l) return l.message();
-      if (l->landed == overlap) return "fragment " + std::to_string(f) + (overlap ? " landed at once" : " stayed in flight");
-    }
+    std::string wrong;
+    auto st = o.after_inner_step(
+        s.step(), max_steps, [&syncs](size_t f) -> grad_sync& { return *syncs[f]; }, std::nullopt, [&](const outer_step_result& l) {
+          if (!l.landed && (o.options().overlap == 0 || s.step() >= max_steps)) wrong = "fragment " + std::to_string(l.fragment) + " stayed in flight";
+        });
+    if (!st) return st.message();
+    if (!wrong.empty()) return wrong;
   }
   return "";
 }
