@@ -101,7 +101,7 @@ using fragment_sync = std::function<grad_sync&(size_t f)>;
 // it owns the global parameters and the Nesterov momentum, and at a
 // boundary takes the workers' summed pseudo-gradients from a reducer
 // (comm/grad_sync) and applies their average. The inner steps are the
-// training_state's (training_state::step); this class runs after them.
+// training_state's (training_state::train_step); this class runs after them.
 class outer_optimizer {
  public:
   // The global parameters start as the inner optimizer's current ones.
@@ -149,8 +149,8 @@ class outer_optimizer {
   // The flight's exchange is gone (a new generation): nothing changed, the
   // fragment is due again.
   void drop_flight();
-  // The exchanges through reducers. On error nothing changed and nothing
-  // is in flight (the next generation redoes the boundary).
+  // The exchanges through reducers. When an exchange fails, it changed
+  // nothing and nothing is in flight (the next generation redoes it).
   //
   // After the inner step that reached `at`: the flight that lands now,
   // then every fragment due, each through sync_of(f) with `control` as
