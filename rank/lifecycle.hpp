@@ -17,14 +17,21 @@
 //   rank/group_builder    the c10d group and the shared-memory exchange
 //                         plan, built on a helper thread that a newer plan
 //                         abandons.
-//   rank/state_source     the plan's checkpoint read by rank 0, ZeRO-2's
-//                         interrupted step, the generation's one agreement
-//                         round and the transfer from the root, the ZeRO
-//                         shards from their holders or from the plan's
-//                         (fallback) checkpoint, DiLoCo's worker sections.
-//                         The plan's checkpoint steps stay the one
-//                         authority on which checkpoint a generation uses;
-//                         no rank picks one itself.
+//   rank/state_source     the start in order: the plan's checkpoint read
+//                         by rank 0, ZeRO-2's interrupted step, the one
+//                         agreement round, then the sources it chose, each
+//                         a class behind one of two interfaces: the state
+//                         (own_state, peer_state: the root's broadcast)
+//                         and the ZeRO shards (replica_shards: from their
+//                         surviving holders; checkpoint_source). The plan's
+//                         checkpoint steps stay the one authority on which
+//                         checkpoint a generation uses; no rank picks one
+//                         itself.
+//   rank/checkpoint_source every checkpoint load of a generation's start
+//                         through the load planner: rank 0's replicated
+//                         part, a DiLoCo worker's section, a rank's shards,
+//                         the fallback when both holders of a shard are
+//                         lost.
 //   rank/agreement        the one agreement round (agreement_round): one
 //                         MAX allreduce to which each piece adds its
 //                         words: the state's (highest step and its root),
@@ -62,6 +69,4 @@
 // allreduces, three with hosts as workers, after the round). DiLoCo's
 // worker sections of a checkpoint are still a branch in state_source, its
 // fragment reducers and host workers branches in exchange_choice;
-// train.diloco_worker = host has no class of its own. The state sources
-// (peer, replica, checkpoint) are methods of starting_state, not classes
-// behind an interface.
+// train.diloco_worker = host has no class of its own.
