@@ -4,14 +4,13 @@
 #include <vector>
 
 #include "base/printable.hpp"
-#include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
 
 namespace dtactor {
 
 namespace {
 
-using writer_self = caf::stateful_actor<checkpoint_writer_state>*;
+using writer_self = checkpoint_writer_handle::stateful_pointer<checkpoint_writer_state>;
 
 }  // namespace
 
@@ -44,12 +43,13 @@ void try_commit(writer_self self, int64_t step) {
   emit(st.opts.events, done->saved);
   st.newest_step = std::max(st.newest_step, step);
   // Older ones too: a step a rank refused may be committed again.
-  if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step, std::move(done->kept));
+  // anon_send: a typed actor's send() takes typed receivers only (CAF 0.17).
+  if (st.opts.members) self->anon_send(st.opts.members, ckpt_atom::value, step, std::move(done->kept));
 }
 
 }  // namespace
 
-caf::behavior checkpoint_writer(writer_self self, checkpoint_writer_options opts) {
+checkpoint_writer_handle::behavior_type checkpoint_writer(writer_self self, checkpoint_writer_options opts) {
   self->state.opts = std::move(opts);
   return {
       [=](inbound& in) {

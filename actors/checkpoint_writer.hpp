@@ -15,10 +15,20 @@
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
 #include "caf/behavior.hpp"
+#include "caf/replies_to.hpp"
 #include "caf/stateful_actor.hpp"
+#include "caf/typed_actor.hpp"
+#include "caf/typed_event_based_actor.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {
+
+// What the checkpoint writer takes (its behaviour below): a rank's
+// checkpoint_written report (inbound, fenced by the job actor), a flush that
+// answers once every report sent before it was handled, and the membership
+// actor that hears of every committed checkpoint.
+using checkpoint_writer_handle =
+    caf::typed_actor<caf::reacts_to<inbound>, caf::replies_to<flush_atom>::with<bool>, caf::reacts_to<members_atom, caf::actor>>;
 
 // The checkpoint committer: collects the ranks' checkpoint_written reports
 // and commits a checkpoint (writes its manifest through opts.commit, which
@@ -57,6 +67,7 @@ struct checkpoint_writer_state {
 // Every committed checkpoint goes to the membership actor as (ckpt_atom,
 // step, kept). (flush_atom) -> true once every report received before it
 // was handled.
-caf::behavior checkpoint_writer(caf::stateful_actor<checkpoint_writer_state>* self, checkpoint_writer_options opts);
+checkpoint_writer_handle::behavior_type checkpoint_writer(checkpoint_writer_handle::stateful_pointer<checkpoint_writer_state> self,
+                                                          checkpoint_writer_options opts);
 
 }  // namespace dtactor

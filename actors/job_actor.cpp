@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "caf/event_based_actor.hpp"
 #include "base/printable.hpp"
 #include "caf/stateful_actor.hpp"
 
@@ -10,7 +9,10 @@ namespace dtactor {
 
 namespace {
 
-using job_self = caf::stateful_actor<job_actor_state>*;
+// A typed actor sends to untyped ones (the membership actor, whoever waits
+// for the end) with anon_send (CAF 0.17 refuses a typed send() there);
+// nobody answers those messages.
+using job_self = job_handle::stateful_pointer<job_actor_state>;
 
 // The end is decided: every checkpoint forwarded so far is handled first
 // (the final one arrives before the ranks' FINISHED), then the end is
@@ -28,7 +30,7 @@ void end_job(job_self self, ev::job_ended e) {
     st.exit_code = e.exit_code;
     auto answer = [self] {
       for (const auto& w : self->state.waiters)
-        if (auto a = caf::actor_cast<caf::actor>(w)) self->send(a, done_atom::value, self->state.exit_code);
+        if (auto a = caf::actor_cast<caf::actor>(w)) self->anon_send(a, done_atom::value, self->state.exit_code);
       self->state.waiters.clear();
     };
     if (!st.members) {
@@ -218,7 +220,7 @@ void stop_job(job_self self, const std::string& reason) {
     end_job(self, std::move(e));
   };
   if (st.members) {
-    self->send(st.members, stop_atom::value);
+    self->anon_send(st.members, stop_atom::value);
     // No node connected (every one left or was lost): no rank will answer.
     self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, true)
         .then([end_now, reason](bool told) { if (!told) end_now(reason + "; no node is connected"); }, [](caf::error&) {});
@@ -307,7 +309,7 @@ void on_wait(job_self self) {
   auto& st = self->state;
   auto who = self->current_sender();
   if (st.ended) {
-    if (auto a = caf::actor_cast<caf::actor>(who)) self->send(a, done_atom::value, st.exit_code);
+    if (auto a = caf::actor_cast<caf::actor>(who)) self->anon_send(a, done_atom::value, st.exit_code);
     return;
   }
   st.waiters.push_back(caf::actor_cast<caf::actor_addr>(who));
@@ -315,7 +317,7 @@ void on_wait(job_self self) {
 
 }  // namespace
 
-caf::behavior job_actor(job_self self, job_options opts, caf::actor checkpoints) {
+job_handle::behavior_type job_actor(job_self self, job_options opts, checkpoint_writer_handle checkpoints) {
   self->state.committed_step = opts.initial_step;
   self->state.last_step = opts.initial_step;
   self->state.opts = std::move(opts);

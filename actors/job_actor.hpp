@@ -31,7 +31,10 @@
 #include "caf/behavior.hpp"
 #include "caf/event_based_actor.hpp"
 #include "caf/response_promise.hpp"
+#include "caf/replies_to.hpp"
 #include "caf/stateful_actor.hpp"
+#include "caf/typed_actor.hpp"
+#include "caf/typed_event_based_actor.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {
@@ -55,7 +58,7 @@ inline job_options job_options_from(const train_settings& t) {
 struct job_actor_state {
   job_options opts;
   caf::actor members;      // (members_atom, actor): shutdowns go out through it
-  caf::actor checkpoints;  // checkpoint_written goes there (may be invalid: dropped)
+  checkpoint_writer_handle checkpoints;  // checkpoint_written goes there (may be invalid: dropped)
   uint64_t generation = 0;
   // The generation before, when this one began by a drain (every rank of it
   // alive, switching at a step boundary): parts of a checkpoint it was still
@@ -86,15 +89,23 @@ struct job_actor_state {
   static inline const char* name = "dtactor.job";
 };
 
+// What the job actor takes:
 // (members_atom, actor): the membership actor (set once after both exist).
-// (plan_atom, plan) -> int64_t committed step: a new generation.
+// (plan_atom, plan) -> int64_t committed step: a new generation (-1: the
+//   job is ending, send no plan).
 // inbound step_report, eval_report, rank_status, job_error of the current
 //   generation, checkpoint_written of it or of the one it drained from
 //   (others are counted and dropped).
-// (lost_atom, node_id, detected_after_s): counted and logged.
 // (stop_atom, reason): stop the job after a final checkpoint.
 // (fail_atom, reason): the job fails with this line (nothing can go on).
-// (wait_atom): the sender gets (done_atom, int exit_code) when the job ended.
-caf::behavior job_actor(caf::stateful_actor<job_actor_state>* self, job_options opts, caf::actor checkpoints);
+// (stop_due_atom): its own timer: a stop's deadline passed.
+// (wait_atom): the sender gets (done_atom, int exit_code) when the job
+//   ended, as a message of its own (not a reply: it may come much later).
+// (lost_atom, node_id, detected_after_s): counted and logged.
+using job_handle = caf::typed_actor<caf::reacts_to<members_atom, caf::actor>, caf::replies_to<plan_atom, plan>::with<int64_t>, caf::reacts_to<inbound>,
+                                    caf::reacts_to<stop_atom, std::string>, caf::reacts_to<fail_atom, std::string>, caf::reacts_to<stop_due_atom>,
+                                    caf::reacts_to<wait_atom>, caf::reacts_to<lost_atom, std::string, double>>;
+
+job_handle::behavior_type job_actor(job_handle::stateful_pointer<job_actor_state> self, job_options opts, checkpoint_writer_handle checkpoints);
 
 }  // namespace dtactor

@@ -445,7 +445,7 @@ plan from_proto(const pb::generation_plan& p) {
   return out;
 }
 
-caf::behavior membership_actor(membership_self self, coordinator_options opts, outbound out, caf::actor job) {
+caf::behavior membership_actor(membership_self self, coordinator_options opts, outbound out, job_handle job) {
   self->state.members = membership(opts.membership);
   self->state.opts = std::move(opts);
   self->state.out = std::move(out);

@@ -68,7 +68,7 @@ struct membership_actor_state {
   membership members;
   coordinator_options opts;
   outbound out;
-  caf::actor job;                   // may be invalid: then start_step is always 0
+  job_handle job;                   // may be invalid: then start_step is always 0
   int64_t last_start_step = 0;      // the job actor's last answer
   std::string last_reason;          // last decision's reason (logged when it changes)
   std::vector<lost_peer> lost;      // every node declared lost, in order
@@ -105,7 +105,7 @@ struct membership_actor_state {
 // when no checkpoint is left, (fail_atom, reason) to `job` and no more plans. (shutdown_atom, reason,
 // checkpoint) -> bool: `shutdown` to every node that ever registered; true
 // while some node is a member.
-caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, caf::actor job);
+caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, job_handle job);
 
 // Builds the wire plan: shared with tests. A plan without a state holder
 // names the newest checkpoint no rank refused (when there is one) to global

@@ -145,7 +145,7 @@ result<uint64_t> generations_after_of(const std::string& sample_log, checkpoint_
 // The main thread only waits for the job actor to say the job ended, and
 // passes a stop signal on to it. Returns the exit code (128 + the signal
 // when one stopped the job).
-int wait_for_the_job(caf::actor_system& sys, const caf::actor& job, const cluster_cli& cli) {
+int wait_for_the_job(caf::actor_system& sys, const job_handle& job, const cluster_cli& cli) {
   int code = -1;
   int signalled = 0;
   caf::scoped_actor self{sys};
@@ -361,7 +361,8 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   caf::anon_send(job, members_atom::value, members);
   caf::anon_send(writer, members_atom::value, members);
   auto stop_actors = [&] {
-    for (const auto& a : {members, job, writer}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (const auto& a : {members, caf::actor_cast<caf::actor>(job), caf::actor_cast<caf::actor>(writer)})
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
 
   bridge = make_bridge(run, members, m);

@@ -58,7 +58,9 @@ struct coordinator_actors {
   run_observer obs{run_observer::options{"", 12, false, ""}};
   sd_targets sd{job_id};
   coordinator_sink sink{jn, m, obs, sd};
-  caf::actor members, job, writer;
+  caf::actor members;
+  job_handle job;
+  checkpoint_writer_handle writer;
 
   coordinator_actors(test_support::caf_fixture& f, outbound out, const std::string& journal_path = "/dev/null") : fx(f) {
     if (!jn.open(journal_path)) fail("cannot open the journal");
@@ -88,7 +90,9 @@ struct coordinator_actors {
   }
   ~coordinator_actors() {
     // Before the sink and the store they write to go.
-    for (const auto& a : {members, job, writer}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(members, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(job, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(writer, caf::exit_reason::user_shutdown);
     fx.run();
   }
   // What Prometheus reads: /metrics and /sd.

@@ -16,6 +16,7 @@
 #include "caf/scheduler/test_coordinator.hpp"
 #include "caf/send.hpp"
 #include "caf/stateful_actor.hpp"
+#include "caf/typed_actor.hpp"
 
 namespace dtactor::test_support {
 
@@ -32,10 +33,11 @@ class caf_fixture {
 
   caf::actor_system& sys() { return sys_; }
 
+  // The handle the actor's function declares: caf::actor, or a typed one.
   template <class F, class... Ts>
-  caf::actor spawn(F fun, Ts&&... xs) {
+  auto spawn(F fun, Ts&&... xs) {
     auto a = sys_.spawn(fun, std::forward<Ts>(xs)...);
-    spawned_.push_back(a);
+    spawned_.push_back(caf::actor_cast<caf::actor>(a));
     return a;
   }
 
@@ -57,6 +59,12 @@ class caf_fixture {
   State& state_of(const caf::actor& a) {
     auto* ptr = caf::actor_cast<caf::abstract_actor*>(a);
     return dynamic_cast<caf::stateful_actor<State>&>(*ptr).state;
+  }
+
+  template <class State, class... Sigs>
+  State& state_of(const caf::typed_actor<Sigs...>& a) {
+    auto* ptr = caf::actor_cast<caf::abstract_actor*>(a);
+    return dynamic_cast<typename caf::typed_actor<Sigs...>::template stateful_base<State>&>(*ptr).state;
   }
 
  private:

@@ -167,13 +167,13 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
   job_actor_state& js() { return state_of<job_actor_state>(job); }
 
   wire_log wire;
-  caf::actor job;
+  job_handle job;
   caf::actor members;
   std::vector<ev::event> events;
   uint64_t seq = 0;
   bool with_writer = false;
   bool fail_saves = false;
-  caf::actor writer;
+  checkpoint_writer_handle writer;
   std::vector<std::pair<uint64_t, int64_t>> saved;  // (generation, step) the fake store committed
   std::vector<pb::checkpoint_meta> manifests;        // what it was given
 };
@@ -455,7 +455,7 @@ TEST_F(coordinator_actors, job_finishes_when_every_rank_reports_finished) {
 
 TEST_F(coordinator_actors, without_a_job_actor_plans_start_at_step_0) {
   auto o = coord_opts(1);
-  members = spawn(membership_actor, o, wire.sink(), caf::actor{});
+  members = spawn(membership_actor, o, wire.sink(), job_handle{});
   run();
   send(joined("a", 1));
   advance(100ms);
@@ -842,14 +842,14 @@ struct waiter_state {
   std::shared_ptr<int> code;
   static inline const char* name = "test.waiter";
 };
-caf::behavior waiter(caf::stateful_actor<waiter_state>* self, caf::actor job, std::shared_ptr<int> code) {
+caf::behavior waiter(caf::stateful_actor<waiter_state>* self, job_handle job, std::shared_ptr<int> code) {
   self->state.code = code;
   self->send(job, wait_atom::value);
   return {[=](done_atom, int c) { *self->state.code = c; }};
 }
 
 // The exit code the job ends with (-1 until it ended), as the main thread sees it.
-std::shared_ptr<int> await_end(caf_fixture& f, const caf::actor& job) {
+std::shared_ptr<int> await_end(caf_fixture& f, const job_handle& job) {
   auto code = std::make_shared<int>(-1);
   f.spawn(waiter, job, code);
   return code;

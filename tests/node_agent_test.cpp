@@ -605,7 +605,7 @@ TEST_F(cluster_test, a_partitioned_node_is_dropped_then_rejoins_with_its_rank) {
   co.header = envelope_header{1, "job", "coordinator", 1};
   job_options jo;
   jo.max_steps = 100;
-  auto job = spawn(job_actor, jo, caf::actor{});
+  auto job = spawn(job_actor, jo, checkpoint_writer_handle{});
   net.coordinator = spawn(membership_actor, co, net.coordinator_out(), job);
   std::map<std::string, std::shared_ptr<fake_launcher>> launchers;
   for (std::string id : {"a", "b"}) {
