@@ -8,12 +8,12 @@ namespace dtactor {
 
 namespace {
 
-// The whole of `text` to fd 2, or as much as it takes before an error other
+// The whole of `text` to `fd`, or as much as it takes before an error other
 // than EINTR (a closed stderr loses the line, as fprintf would).
-void write_stderr(const std::string& text) {
+void write_fd(int fd, const std::string& text) {
   std::size_t done = 0;
   while (done < text.size()) {
-    const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
     done += static_cast<std::size_t>(n);
@@ -32,7 +32,12 @@ struct async_log::shared {
   std::mutex mu;
   std::condition_variable wake;  // the writer: lines, drops or stop
   std::condition_variable done;  // flush(): lines written
-  std::deque<std::string> queue;
+  struct entry {
+    int fd;
+    std::string text;
+  };
+  std::deque<entry> queue;
+  bool line_open = false;  // the writer thread's: stderr's last text did not end a line
   uint64_t queued = 0;      // lines accepted, ever
   uint64_t written = 0;     // of those, written (or given to the writer, which failed)
   uint64_t unreported = 0;  // dropped since the writer last said so
@@ -41,12 +46,13 @@ struct async_log::shared {
   bool stop = false;
   bool exited = false;  // run() returned
 
-  void write_one(const std::string& text) {
+  void write_one(int fd, const std::string& text) {
     try {
-      out(text);
+      out(fd, text);
     } catch (...) {
       // A writer that throws loses its line, never the thread.
     }
+    if (fd == STDERR_FILENO && !text.empty()) line_open = text.back() != '\n';
   }
 
   // The writer thread: takes the whole queue at once, then the count of
@@ -61,16 +67,14 @@ struct async_log::shared {
         done.notify_all();
         return;
       }
-      std::deque<std::string> batch;
+      std::deque<entry> batch;
       batch.swap(queue);
       const uint64_t drops = unreported;
       unreported = 0;
       lock.unlock();
-      for (auto& line : batch) {
-        line += '\n';
-        write_one(line);
-      }
-      if (drops > 0) write_one(dropped_note(opts.who, drops));
+      for (const auto& e : batch) write_one(e.fd, e.text);
+      // (Below a live progress line, not inside it.)
+      if (drops > 0) write_one(STDERR_FILENO, (line_open ? "\n" : "") + dropped_note(opts.who, drops));
       lock.lock();
       written += batch.size();
       stuck = false;
@@ -80,7 +84,7 @@ struct async_log::shared {
 };
 
 async_log::async_log(writer out, async_log_options opts) : s_(std::make_shared<shared>()) {
-  s_->out = out ? std::move(out) : writer(write_stderr);
+  s_->out = out ? std::move(out) : writer(write_fd);
   s_->opts = std::move(opts);
   thread_ = std::thread([s = s_] { s->run(); });
 }
@@ -101,6 +105,11 @@ async_log::~async_log() {
 }
 
 bool async_log::write(std::string line) {
+  line += '\n';
+  return write_text(STDERR_FILENO, std::move(line));
+}
+
+bool async_log::write_text(int fd, std::string text) {
   {
     std::lock_guard<std::mutex> lock(s_->mu);
     if (s_->queue.size() >= s_->opts.max_queued_lines) {
@@ -108,7 +117,7 @@ bool async_log::write(std::string line) {
       ++s_->unreported;
       return false;
     }
-    s_->queue.push_back(std::move(line));
+    s_->queue.push_back(shared::entry{fd, std::move(text)});
     ++s_->queued;
   }
   s_->wake.notify_one();
@@ -139,20 +148,32 @@ std::shared_ptr<async_log>& installed() {
   return log;
 }
 
-}  // namespace
-
-void stderr_line(std::string line) {
+// `text` to `fd` through the installed sink, or at once.
+void std_text(int fd, std::string text) {
   std::shared_ptr<async_log> log;
   {
     std::lock_guard<std::mutex> lock(installed_mu());
     log = installed();
   }
   if (log) {
-    log->write(std::move(line));
+    log->write_text(fd, std::move(text));
     return;
   }
+  write_fd(fd, text);
+}
+
+}  // namespace
+
+void stderr_line(std::string line) {
   line += '\n';
-  write_stderr(line);
+  std_text(STDERR_FILENO, std::move(line));
+}
+
+void stderr_text(std::string text) { std_text(STDERR_FILENO, std::move(text)); }
+
+void stdout_line(std::string line) {
+  line += '\n';
+  std_text(STDOUT_FILENO, std::move(line));
 }
 
 stderr_log_scope::stderr_log_scope(async_log_options opts, std::chrono::milliseconds flush_timeout)

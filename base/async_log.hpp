@@ -28,11 +28,12 @@ struct async_log_options {
 
 class async_log {
  public:
-  // Writes one whole line (with its newline); may block. Called on the
-  // writer thread only.
-  using writer = std::function<void(const std::string& line_with_newline)>;
+  // Writes `text` (a whole line with its newline, or write_text's text) to
+  // `fd` (STDOUT_FILENO or STDERR_FILENO); may block. Called on the writer
+  // thread only.
+  using writer = std::function<void(int fd, const std::string& text)>;
 
-  // `out` defaults to write(2) on stderr (never stdio's locked FILE, so a
+  // `out` defaults to write(2) on the fd (never stdio's locked FILE, so a
   // writer blocked in the pipe holds no lock another thread needs).
   explicit async_log(writer out = nullptr, async_log_options opts = {});
   // Writes what is queued, waiting at most a second (not at all once a
@@ -46,6 +47,10 @@ class async_log {
   // full and the line was dropped. Lines are written in the order queued.
   // Thread-safe.
   bool write(std::string line);
+  // Queues `text` as it is (no newline added: a terminal's live line and its
+  // control sequences) for `fd` (1 or 2); one entry of the queue, written
+  // whole or dropped whole, in order with every other entry.
+  bool write_text(int fd, std::string text);
   // Waits up to `timeout` until every line queued so far has been written;
   // returns whether they were.
   bool flush(std::chrono::milliseconds timeout);
@@ -61,8 +66,15 @@ class async_log {
 // stderr_log_scope installed (never blocks), or written at once when none
 // is installed. Thread-safe.
 void stderr_line(std::string line);
+// `text` as it is (no newline added) to stderr, the same way: a live
+// progress line ("\r\033[K...") stays one write, in order with the lines.
+void stderr_text(std::string text);
+// One line to stdout, the same way (through the same queue, so stdout and
+// stderr keep their order on a terminal that shows both).
+void stdout_line(std::string line);
 
-// Installs an async_log as the process's stderr sink (stderr_line) for its
+// Installs an async_log as the process's stdout and stderr sink
+// (stderr_line, stderr_text, stdout_line) for its
 // lifetime; at its end what is queued is flushed (waiting at most
 // `flush_timeout`) and lines are written directly again. One at a time.
 class stderr_log_scope {

@@ -92,6 +92,15 @@ result<child_process> child_process::spawn(const std::vector<std::string>& argv,
 }
 
 result<child_process> child_process::spawn_in_group(const std::vector<std::string>& argv, pid_t group, const std::string& output_path) {
+  return launch(argv, group, output_path, -1);
+}
+
+result<child_process> child_process::spawn_to_fd(const std::vector<std::string>& argv, bool new_group, int output_fd) {
+  if (output_fd < 0) return make_error("spawn: no output descriptor");
+  return launch(argv, new_group ? 0 : -1, "", output_fd);
+}
+
+result<child_process> child_process::launch(const std::vector<std::string>& argv, pid_t group, const std::string& output_path, int output_fd) {
   const bool new_group = group >= 0;
   if (argv.empty()) return make_error("spawn: empty command");
   std::vector<char*> args;
@@ -114,7 +123,11 @@ result<child_process> child_process::spawn_in_group(const std::vector<std::strin
   posix_spawnattr_setflags(&attr, flags);
   posix_spawn_file_actions_t files;
   posix_spawn_file_actions_init(&files);
-  if (!output_path.empty()) {
+  if (output_fd >= 0) {
+    // (dup2 clears close-on-exec on 1 and 2, not on output_fd itself.)
+    posix_spawn_file_actions_adddup2(&files, output_fd, 1);
+    posix_spawn_file_actions_adddup2(&files, output_fd, 2);
+  } else if (!output_path.empty()) {
     posix_spawn_file_actions_addopen(&files, 1, output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&files, 1, 2);
   }

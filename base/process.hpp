@@ -58,6 +58,10 @@ class child_process {
   // The same, joining the existing process group `group` (a shell job's
   // processes share one: a terminal's signals reach them all).
   static result<child_process> spawn_in_group(const std::vector<std::string>& argv, pid_t group, const std::string& output_path = "");
+  // The same, the child's stdout and stderr going to `output_fd` (e.g. a
+  // pipe's write end, from line_forwarder::open_pipe); the caller keeps its
+  // own copy of the descriptor and closes it.
+  static result<child_process> spawn_to_fd(const std::vector<std::string>& argv, bool new_group, int output_fd);
 
   child_process() = default;
   child_process(child_process&& o) noexcept;
@@ -81,6 +85,10 @@ class child_process {
   }
 
  private:
+  // group: < 0 the parent's, 0 a new one, else that one; output to
+  // output_fd when >= 0, else to output_path when not empty.
+  static result<child_process> launch(const std::vector<std::string>& argv, pid_t group, const std::string& output_path, int output_fd);
+
   pid_t pid_ = -1;
   std::optional<child_exit> exit_;
 };

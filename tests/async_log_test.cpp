@@ -27,7 +27,7 @@ struct gated_writer {
   std::vector<std::string> lines;
 
   async_log::writer fn() {
-    return [this](const std::string& line) {
+    return [this](int, const std::string& line) {
       std::unique_lock<std::mutex> lock(mu);
       ++entered;
       cv.notify_all();
@@ -62,6 +62,30 @@ TEST(AsyncLog, ABlockedWriterDropsAndCountsLinesThenReportsThemInOrder) {
   std::lock_guard<std::mutex> lock(w->mu);
   EXPECT_EQ(w->lines, (std::vector<std::string>{"line 0\n", "line 1\n", "line 2\n", "line 3\n", "line 4\n",
                                                 "dtactor node: 3 log lines dropped: stderr was not being read\n", "line 8\n"}));
+}
+
+// A live progress line (text without a newline) is one entry, written as it
+// is, to its fd; a note of dropped lines starts below it, not inside it.
+TEST(AsyncLog, TextIsWrittenAsItIsAndTheDropNoteStartsOnALineOfItsOwn) {
+  auto w = std::make_shared<gated_writer>();
+  std::vector<int> fds;
+  async_log log(
+      [w, &fds](int fd, const std::string& text) {
+        w->fn()(fd, text);
+        fds.push_back(fd);
+      },
+      async_log_options{2, "dtactor coordinator"});
+  ASSERT_TRUE(log.write("first"));
+  w->wait_entered(1);
+  EXPECT_TRUE(log.write_text(2, "\r\033[Kstep 1/10"));
+  EXPECT_TRUE(log.write_text(1, "finished\n"));
+  EXPECT_FALSE(log.write("dropped"));
+  w->release();
+  ASSERT_TRUE(log.flush(std::chrono::seconds(10)));
+  std::lock_guard<std::mutex> lock(w->mu);
+  EXPECT_EQ(w->lines, (std::vector<std::string>{"first\n", "\r\033[Kstep 1/10", "finished\n",
+                                                "\ndtactor coordinator: 1 log line dropped: stderr was not being read\n"}));
+  EXPECT_EQ(fds, (std::vector<int>{2, 2, 1, 2}));
 }
 
 TEST(AsyncLog, EndsWithoutWaitingForAWriterThatNeverReturns) {
