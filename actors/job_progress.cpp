@@ -73,6 +73,11 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
     if (!rec.optimizer || static_cast<int>(*os) > static_cast<int>(*rec.optimizer)) rec.optimizer = *os;
     rec.reshard_bytes += s.reshard_bytes();
   }
+  if (s.status() == pb::rank_status::STATE_READY) {
+    rec.ready_s = std::max(rec.ready_s.value_or(0.0), s.switch_s());
+    rec.group_s = std::max(rec.group_s, s.group_s());
+    rec.state_s = std::max(rec.state_s, std::max(0.0, s.switch_s() - s.group_s()));
+  }
   if (s.has_window_steps())
     rec.window_steps = std::max(rec.window_steps.value_or(0), s.window_steps());
   if (s.has_window_steps() && s.replayed_slices() > 0)
@@ -114,6 +119,12 @@ std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64
   // survivors' window position stands for its own).
   if (rec.window_steps) d.lost_inner_steps = *rec.window_steps * rec.lost_workers;
   d.replayed_slices = rec.replayed_slices;
+  if (rec.ready_s) {
+    d.ready_s = *rec.ready_s;
+    d.group_s = rec.group_s;
+    d.state_s = rec.state_s;
+    d.first_step_s = std::max(0.0, d.duration_s - *rec.ready_s);
+  }
   return d;
 }
 

@@ -370,11 +370,20 @@ struct recovery_done {
   // reaches the global parameters once (one fragment, ranks as workers;
   // docs/diloco.md, "Failures").
   std::optional<int64_t> replayed_slices;
+  // Where duration_s went, from the ranks' READY reports (absent when no
+  // rank reported one): ready_s, the slowest rank's time from receiving the
+  // plan to READY, made of group_s (the slowest rank's group: the
+  // rendezvous and connections) and state_s (the slowest rank's agreement
+  // and state transfer or reshard); first_step_s, the rest of duration_s
+  // (the plan's delivery, the first step). Detection is node_lost's
+  // detected_after_s.
+  std::optional<double> ready_s, group_s, state_s, first_step_s;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("resumed_step", s.resumed_step),
         f("lost_steps", s.lost_steps), f("duration_s", s.duration_s), f("optimizer_source", s.optimizer), f("reshard_bytes", s.reshard_bytes),
-        f("lost_inner_steps", s.lost_inner_steps), f("replayed_slices", s.replayed_slices);
+        f("lost_inner_steps", s.lost_inner_steps), f("replayed_slices", s.replayed_slices), f("ready_s", s.ready_s), f("group_s", s.group_s),
+        f("state_s", s.state_s), f("first_step_s", s.first_step_s);
   }
 };
 

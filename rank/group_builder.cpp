@@ -116,6 +116,7 @@ generation_end build_group(generation_run& g, rank_state& rs, const group_endpoi
   rs.parked.push_back(g.pg);  // outlives this generation (see rank_state::parked)
   g.exchange = b->exchange;
   if (g.exchange.hosts) rs.parked.push_back(g.exchange.hosts);
+  g.group_s = now_s() - g.offered_at;
   return std::nullopt;
 }
 

@@ -136,6 +136,7 @@ void step_loop::report_ready() {
   ready.set_state_source(to_wire(g_.source));
   ready.set_state_root(g_.root);
   ready.set_switch_s(now_s() - g_.offered_at);
+  ready.set_group_s(g_.group_s);
   ready.set_state_bytes(g_.transfer_bytes);
   if (rs_.shards) {
     ready.set_optimizer_source(to_wire(g_.optimizer));

@@ -129,6 +129,35 @@ TEST(recovery, without_a_ready_report_the_generation_resumed_before_its_first_st
   EXPECT_TRUE(done->drain);
 }
 
+// Where a recovery's time went: the slowest rank's plan-to-READY (its
+// group, then its agreement and state, each the slowest rank's), and the
+// rest of the duration up to the first step.
+TEST(recovery, its_duration_is_split_into_the_slowest_ranks_group_and_state_and_the_first_step) {
+  const clock_time t0{std::chrono::hours(1)};
+  auto rec = begin_generation(3, false, plan_cause::node_lost, false, t0, 40, 1);
+  auto a = ready(40, ev::state_source::local);
+  a.set_switch_s(0.20);
+  a.set_group_s(0.15);
+  auto b = ready(40, ev::state_source::peer, 0);
+  b.set_switch_s(0.30);
+  b.set_group_s(0.10);
+  note_ready(rec, a);
+  note_ready(rec, b);
+  auto done = complete_generation(rec, 41, 2, t0 + 450ms);
+  ASSERT_TRUE(done);
+  EXPECT_DOUBLE_EQ(done->duration_s, 0.45);
+  ASSERT_TRUE(done->ready_s && done->group_s && done->state_s && done->first_step_s);
+  EXPECT_DOUBLE_EQ(*done->ready_s, 0.30);
+  EXPECT_DOUBLE_EQ(*done->group_s, 0.15);
+  EXPECT_NEAR(*done->state_s, 0.20, 1e-12);  // b: 0.30 - 0.10
+  EXPECT_NEAR(*done->first_step_s, 0.15, 1e-12);
+  // Without a READY report there is nothing to split.
+  auto quiet = begin_generation(4, false, plan_cause::node_lost, false, t0, 41, 1);
+  auto q = complete_generation(quiet, 42, 1, t0 + 100ms);
+  ASSERT_TRUE(q);
+  EXPECT_FALSE(q->ready_s || q->group_s || q->state_s || q->first_step_s);
+}
+
 TEST(recovery, state_taken_from_a_peer_or_disk_is_reported_once) {
   auto rec = begin_generation(2, false, plan_cause::node_joined, true, clock_time{}, 10);
   auto first = note_ready(rec, ready(10, ev::state_source::peer, 1));
