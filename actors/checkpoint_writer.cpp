@@ -43,8 +43,7 @@ void try_commit(writer_self self, int64_t step) {
   emit(st.opts.events, done->saved);
   st.newest_step = std::max(st.newest_step, step);
   // Older ones too: a step a rank refused may be committed again.
-  // anon_send: a typed actor's send() takes typed receivers only (CAF 0.17).
-  if (st.opts.members) self->anon_send(st.opts.members, ckpt_atom::value, step, std::move(done->kept));
+  if (st.opts.members) self->send(st.opts.members, ckpt_atom::value, step, std::move(done->kept));
 }
 
 }  // namespace
@@ -93,7 +92,7 @@ checkpoint_writer_handle::behavior_type checkpoint_writer(writer_self self, chec
         try_commit(self, w.step());
       },
       [=](flush_atom) { return true; },
-      [=](members_atom, caf::actor members) { self->state.opts.members = std::move(members); },
+      [=](members_atom, membership_handle members) { self->state.opts.members = std::move(members); },
   };
 }
 

@@ -12,6 +12,7 @@
 
 #include "job/checkpoint_commit.hpp"
 #include "job/events.hpp"
+#include "actors/membership_handle.hpp"
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
 #include "caf/behavior.hpp"
@@ -28,7 +29,7 @@ namespace dtactor {
 // answers once every report sent before it was handled, and the membership
 // actor that hears of every committed checkpoint.
 using checkpoint_writer_handle =
-    caf::typed_actor<caf::reacts_to<inbound>, caf::replies_to<flush_atom>::with<bool>, caf::reacts_to<members_atom, caf::actor>>;
+    caf::typed_actor<caf::reacts_to<inbound>, caf::replies_to<flush_atom>::with<bool>, caf::reacts_to<members_atom, membership_handle>>;
 
 // The checkpoint committer: collects the ranks' checkpoint_written reports
 // and commits a checkpoint (writes its manifest through opts.commit, which
@@ -40,7 +41,7 @@ struct checkpoint_writer_options {
   commit_fn commit;
   log_fn log;
   event_sink events;
-  caf::actor members;  // gets (ckpt_atom, step, kept); also set by (members_atom, actor)
+  membership_handle members;  // gets (ckpt_atom, step, kept); also set by (members_atom, membership)
 };
 
 struct checkpoint_writer_state {

@@ -9,9 +9,8 @@ namespace dtactor {
 
 namespace {
 
-// A typed actor sends to untyped ones (the membership actor, whoever waits
-// for the end) with anon_send (CAF 0.17 refuses a typed send() there);
-// nobody answers those messages.
+// A typed actor sends to untyped ones (whoever waits for the end) with
+// anon_send (CAF 0.17 refuses a typed send() there); nobody answers them.
 using job_self = job_handle::stateful_pointer<job_actor_state>;
 
 // The end is decided: every checkpoint forwarded so far is handled first
@@ -220,7 +219,7 @@ void stop_job(job_self self, const std::string& reason) {
     end_job(self, std::move(e));
   };
   if (st.members) {
-    self->anon_send(st.members, stop_atom::value);
+    self->send(st.members, stop_atom::value);
     // No node connected (every one left or was lost): no rank will answer.
     self->request(st.members, std::chrono::seconds(5), shutdown_atom::value, reason, true)
         .then([end_now, reason](bool told) { if (!told) end_now(reason + "; no node is connected"); }, [](caf::error&) {});
@@ -323,7 +322,7 @@ job_handle::behavior_type job_actor(job_self self, job_options opts, checkpoint_
   self->state.opts = std::move(opts);
   self->state.checkpoints = std::move(checkpoints);
   return {
-      [=](members_atom, caf::actor members) { self->state.members = std::move(members); },
+      [=](members_atom, membership_handle members) { self->state.members = std::move(members); },
       // -1: the job is ending, send no plan.
       [=](plan_atom, const plan& p) -> int64_t { return self->state.ending ? int64_t{-1} : on_plan(self, p); },
       [=](inbound& in) { on_inbound(self, in); },

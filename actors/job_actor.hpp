@@ -26,6 +26,7 @@
 #include "job/settings.hpp"
 #include "actors/job_progress.hpp"
 #include "actors/checkpoint_writer.hpp"
+#include "actors/membership_handle.hpp"
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
 #include "caf/behavior.hpp"
@@ -57,7 +58,7 @@ inline job_options job_options_from(const train_settings& t) {
 
 struct job_actor_state {
   job_options opts;
-  caf::actor members;      // (members_atom, actor): shutdowns go out through it
+  membership_handle members;  // (members_atom, membership): shutdowns go out through it
   checkpoint_writer_handle checkpoints;  // checkpoint_written goes there (may be invalid: dropped)
   uint64_t generation = 0;
   // The generation before, when this one began by a drain (every rank of it
@@ -90,7 +91,7 @@ struct job_actor_state {
 };
 
 // What the job actor takes:
-// (members_atom, actor): the membership actor (set once after both exist).
+// (members_atom, membership): the membership actor (set once after both exist).
 // (plan_atom, plan) -> int64_t committed step: a new generation (-1: the
 //   job is ending, send no plan).
 // inbound step_report, eval_report, rank_status, job_error of the current
@@ -102,7 +103,7 @@ struct job_actor_state {
 // (wait_atom): the sender gets (done_atom, int exit_code) when the job
 //   ended, as a message of its own (not a reply: it may come much later).
 // (lost_atom, node_id, detected_after_s): counted and logged.
-using job_handle = caf::typed_actor<caf::reacts_to<members_atom, caf::actor>, caf::replies_to<plan_atom, plan>::with<int64_t>, caf::reacts_to<inbound>,
+using job_handle = caf::typed_actor<caf::reacts_to<members_atom, membership_handle>, caf::replies_to<plan_atom, plan>::with<int64_t>, caf::reacts_to<inbound>,
                                     caf::reacts_to<stop_atom, std::string>, caf::reacts_to<fail_atom, std::string>, caf::reacts_to<stop_due_atom>,
                                     caf::reacts_to<wait_atom>, caf::reacts_to<lost_atom, std::string, double>>;
 

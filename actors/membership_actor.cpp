@@ -4,7 +4,6 @@
 #include <optional>
 
 #include "actors/wire_enums.hpp"
-#include "caf/event_based_actor.hpp"
 #include "caf/stateful_actor.hpp"
 #include "base/printable.hpp"
 #include "base/unix_time.hpp"
@@ -20,7 +19,7 @@ const std::string& node_id_of(const inbound& in) {
 }
 
 
-using membership_self = caf::stateful_actor<membership_actor_state>*;
+using membership_self = membership_handle::stateful_pointer<membership_actor_state>;
 
 uint64_t current_generation(const membership_actor_state& st) { return st.members.state().current ? st.members.state().current->generation : 0; }
 
@@ -445,7 +444,7 @@ plan from_proto(const pb::generation_plan& p) {
   return out;
 }
 
-caf::behavior membership_actor(membership_self self, coordinator_options opts, outbound out, job_handle job) {
+membership_handle::behavior_type membership_actor(membership_self self, coordinator_options opts, outbound out, job_handle job) {
   self->state.members = membership(opts.membership);
   self->state.opts = std::move(opts);
   self->state.out = std::move(out);

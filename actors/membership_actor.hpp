@@ -16,6 +16,7 @@
 #include "actors/job_actor.hpp"
 #include "actors/liveness.hpp"
 #include "actors/membership.hpp"
+#include "actors/membership_handle.hpp"
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
 #include "caf/behavior.hpp"
@@ -105,7 +106,8 @@ struct membership_actor_state {
 // when no checkpoint is left, (fail_atom, reason) to `job` and no more plans. (shutdown_atom, reason,
 // checkpoint) -> bool: `shutdown` to every node that ever registered; true
 // while some node is a member.
-caf::behavior membership_actor(caf::stateful_actor<membership_actor_state>* self, coordinator_options opts, outbound out, job_handle job);
+membership_handle::behavior_type membership_actor(membership_handle::stateful_pointer<membership_actor_state> self, coordinator_options opts, outbound out,
+                                                  job_handle job);
 
 // Builds the wire plan: shared with tests. A plan without a state holder
 // names the newest checkpoint no rank refused (when there is one) to global

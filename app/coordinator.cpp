@@ -263,7 +263,7 @@ coordinator_options membership_options_of(const coordinator_run& run, int store_
 // The coordinator's bridge: what arrives goes to `members`; dropped frames
 // and strangers refused in the handshake (the bridge logs them,
 // rate-limited, with their address) are counted.
-std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const caf::actor& members, metrics& m) {
+std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const membership_handle& members, metrics& m) {
   zmq_bridge_options bo;
   bo.job_id = run.job_id;
   bo.key = run.cli.key;
@@ -361,8 +361,9 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   caf::anon_send(job, members_atom::value, members);
   caf::anon_send(writer, members_atom::value, members);
   auto stop_actors = [&] {
-    for (const auto& a : {members, caf::actor_cast<caf::actor>(job), caf::actor_cast<caf::actor>(writer)})
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(members, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(job, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(writer, caf::exit_reason::user_shutdown);
   };
 
   bridge = make_bridge(run, members, m);

@@ -58,7 +58,7 @@ struct coordinator_actors {
   run_observer obs{run_observer::options{"", 12, false, ""}};
   sd_targets sd{job_id};
   coordinator_sink sink{jn, m, obs, sd};
-  caf::actor members;
+  membership_handle members;
   job_handle job;
   checkpoint_writer_handle writer;
 
@@ -71,7 +71,7 @@ struct coordinator_actors {
     wopts.commit = [this](pb::checkpoint_meta meta) -> result<saved_checkpoint> {
       auto done = store.commit(std::move(meta));
       if (!done) return done.err();
-      return saved_checkpoint{done->location, static_cast<int64_t>(done->bytes), 0.0};
+      return saved_checkpoint{done->location, static_cast<int64_t>(done->bytes), 0.0, {}};
     };
     coordinator_options copts = coordinator_options_from(cluster_settings_of(job_config()).value(), job_config().to_toml());
     copts.header = coordinator_header();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "actor_test_util.hpp"
+#include "actors/membership_handle.hpp"
 #include "actors/messages.hpp"
 #include "caf/binary_deserializer.hpp"
 #include "caf/binary_serializer.hpp"
@@ -212,6 +213,28 @@ TEST_F(actor_messages, atom_messages_round_trip) {
     ASSERT_TRUE(m.match_elements<int64_t>());
     EXPECT_EQ(m.get_as<int64_t>(0), 500);
   }
+}
+
+namespace {
+
+// Stands for the membership actor: takes what its interface lists.
+membership_handle::behavior_type any_membership() {
+  return {
+      [](inbound&) {},
+      [](tick_atom) {},
+      [](stop_atom) {},
+      [](ckpt_atom, int64_t, const std::vector<int64_t>&) {},
+      [](shutdown_atom, const std::string&, bool) { return true; },
+  };
+}
+
+}  // namespace
+
+TEST_F(actor_messages, a_membership_handle_round_trips_in_members_atom_messages) {
+  auto members = spawn(any_membership);
+  auto m = message_round_trip(sys(), caf::make_message(members_atom::value, members));
+  ASSERT_TRUE((m.match_elements<members_atom, membership_handle>()));
+  EXPECT_EQ(m.get_as<membership_handle>(1), members);
 }
 
 TEST_F(actor_messages, messages_render_for_logs) {

@@ -168,7 +168,7 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
 
   wire_log wire;
   job_handle job;
-  caf::actor members;
+  membership_handle members;
   std::vector<ev::event> events;
   uint64_t seq = 0;
   bool with_writer = false;

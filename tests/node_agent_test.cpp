@@ -572,7 +572,7 @@ namespace {
 // Routes envelopes between the coordinator and node agents with CAF messages,
 // and drops them for partitioned nodes (both directions).
 struct in_memory_net {
-  caf::actor coordinator;
+  membership_handle coordinator;
   std::map<std::string, caf::actor> agents;  // by peer ("peer-<id>")
   std::set<std::string> partitioned;         // node ids
   wire_log to_ranks;
