@@ -294,7 +294,7 @@ result<train_summary> run_training_unguarded(const config& cfg, const train_opti
   auto run_lock = file_lock::try_acquire(run_dir_lock_path(opts.run_dir), "dtactor train");
   if (!run_lock) return make_error(run_dir_busy_message(opts.run_dir, run_lock.err()));
 
-  configure_threads(cfg);
+  configure_threads(s.train.threads);
   auto created = training_state::create(cfg);
   if (!created) return created.err();
   std::shared_ptr<training_state> state_ptr = std::move(created.value());
@@ -378,7 +378,9 @@ result<eval_result> run_evaluation(const std::string& target, const std::string&
     if (auto st = cfg.set(o.substr(0, eq), o.substr(eq + 1)); !st) return st.err();
   }
   if (auto st = check_checkpoint_compatible(ckpt->meta, cfg, ckpt->name); !st) return st.err();
-  configure_threads(cfg);
+  auto settings = job_settings_of(cfg);  // create()'s first check
+  if (!settings) return settings.err();
+  configure_threads(settings->train.threads);
   auto created = training_state::create(cfg);
   if (!created) return created.err();
   if (auto st = load_checkpoint(*created.value(), *ckpt->store, ckpt->meta); !st) return make_error("'" + ckpt->name + "': " + st.message());
@@ -400,7 +402,7 @@ result<export_summary> run_export(const std::string& target, const std::string& 
   if (!cfg) return cfg.err();
   // One thread is plenty to rebuild the module; no data beyond what the task reads.
   (void)cfg->set("train.threads", "1");
-  configure_threads(cfg.value());
+  configure_threads(1);
   auto created = training_state::create(cfg.value());
   if (!created) return created.err();
   training_state& state = *created.value();

@@ -102,7 +102,12 @@ int run_batch_probe(const config& base, int64_t micro_batch, int steps) {
       return 1;
     }
   try {
-    configure_threads(cfg);
+    auto settings = job_settings_of(cfg);  // create()'s first check
+    if (!settings) {
+      std::fprintf(stderr, "%s\n", settings.message().c_str());
+      return 1;
+    }
+    configure_threads(settings->train.threads);
     auto created = training_state::create(cfg);
     if (!created) {
       std::fprintf(stderr, "%s\n", created.message().c_str());
@@ -338,13 +343,15 @@ result<tune_batch_result> conclude(tune_batch_result res, search_bounds sb, int6
 }  // namespace
 
 result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_options& opts) {
-  if (auto st = validate_training_config(cfg); !st) return st.err();
+  auto settings = job_settings_of(cfg);
+  if (!settings) return settings.err();
+  const job_settings& s = settings.value();
   if (auto st = check_options(opts); !st) return st.err();
   tune_batch_result res;
   auto budget = memory_budget(opts);
   if (!budget) return budget.err();
   res.max_memory = budget.value();
-  const int64_t up_to = opts.up_to > 0 ? opts.up_to : cfg.get_int("train.global_batch_size");
+  const int64_t up_to = opts.up_to > 0 ? opts.up_to : s.train.global_batch_size;
   if (up_to < opts.start) return make_error("--up-to (" + std::to_string(up_to) + ") is below --start (" + std::to_string(opts.start) + ")");
 
   if (auto st = ensure_writable_dir(opts.run_dir); !st) return make_error("run directory: " + st.message());
@@ -354,10 +361,10 @@ result<tune_batch_result> run_tune_batch(const config& cfg, const tune_batch_opt
   if (auto st = jn.open(opts.run_dir + "/journal.jsonl"); !st) return st.err();
   if (!std::filesystem::exists(opts.run_dir + "/config.toml"))
     if (auto st = write_file_atomic(opts.run_dir + "/config.toml", {cfg.to_toml()}); !st) return st.err();
-  jn.write(ev::batch_size_search_started{cfg.get_string("model.name"), res.max_memory, opts.start, up_to, opts.steps});
-  std::printf("searching the largest micro-batch of %s from %lld up to %lld within %s per rank (%d steps per size)\n",
-              cfg.get_string("model.name").c_str(), static_cast<long long>(opts.start), static_cast<long long>(up_to),
-              human_bytes(static_cast<double>(res.max_memory)).c_str(), opts.steps);
+  jn.write(ev::batch_size_search_started{s.model.name, res.max_memory, opts.start, up_to, opts.steps});
+  std::printf("searching the largest micro-batch of %s from %lld up to %lld within %s per rank (%d steps per size)\n", s.model.name.c_str(),
+              static_cast<long long>(opts.start), static_cast<long long>(up_to), human_bytes(static_cast<double>(res.max_memory)).c_str(),
+              opts.steps);
   std::fflush(stdout);
 
   probe_runner probe(opts, res.max_memory);

@@ -98,7 +98,7 @@ int run_rank(const options& o) {
     std::fprintf(stderr, "bench_dp: %s\n", cfg.message().c_str());
     return 1;
   }
-  configure_threads(cfg.value());
+  configure_threads(1);  // train.threads=1
   auto created = training_state::create(cfg.value());
   if (!created) {
     std::fprintf(stderr, "bench_dp: %s\n", created.message().c_str());
@@ -142,15 +142,15 @@ int run_rank(const options& o) {
       shm = joined.value();
     }
   }
-  grad_sync_options gso;
-  gso.bucket_bytes = cfg->get_int("cluster.bucket_kb") * 1024;
-  gso.spin_wait = std::chrono::microseconds(cfg->get_int("cluster.spin_wait_us"));
-  auto spec = exchange_spec_of(*cfg);
-  if (!spec) {
-    std::fprintf(stderr, "bench_dp: %s\n", spec.message().c_str());
+  auto cluster = cluster_settings_of(*cfg);
+  if (!cluster) {
+    std::fprintf(stderr, "bench_dp: %s\n", cluster.message().c_str());
     return 1;
   }
-  gso.exchange = spec.value();
+  grad_sync_options gso;
+  gso.bucket_bytes = cluster->bucket_kb * 1024;
+  gso.spin_wait = cluster->spin_wait;
+  gso.exchange = exchange_spec_of(cluster.value());
   gso.exchange.transport = shm ? exchange_transport::shared_memory : exchange_transport::process_group;
   gso.shm = shm;
   gso.timeout = std::chrono::milliseconds(cfg->get_int("cluster.collective_timeout_ms"));

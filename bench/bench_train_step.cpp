@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_train_step: %s\n", cfg.message().c_str());
       return 1;
     }
-    configure_threads(cfg.value());
+    configure_threads(threads);
     auto st = training_state::create(cfg.value());
     if (!st) {
       std::fprintf(stderr, "bench_train_step: %s\n", st.message().c_str());

@@ -73,12 +73,24 @@ std::string name_of(wire_codec c) {
   return e ? e->name : "codec " + std::to_string(static_cast<int>(c));
 }
 
-result<exchange_spec> exchange_spec_of(const config& cfg) {
-  auto codec = codec_named(cfg.get_string("cluster.wire_dtype"));
-  if (!codec) return codec.err();
+wire_codec codec_of(wire_dtype d) {
+  switch (d) {
+    case wire_dtype::fp32:
+      return wire_codec::fp32;
+    case wire_dtype::bf16:
+      return wire_codec::bf16;
+    case wire_dtype::int8:
+      return wire_codec::int8;
+    case wire_dtype::int4:
+      return wire_codec::int4;
+  }
+  return wire_codec::fp32;
+}
+
+exchange_spec exchange_spec_of(const cluster_settings& cluster) {
   exchange_spec s;
-  s.codec = codec.value();
-  s.transport = cfg.get_bool("cluster.shm_allreduce") ? exchange_transport::shared_memory : exchange_transport::process_group;
+  s.codec = codec_of(cluster.wire);
+  s.transport = cluster.shm_allreduce ? exchange_transport::shared_memory : exchange_transport::process_group;
   return s;
 }
 

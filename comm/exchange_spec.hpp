@@ -1,14 +1,15 @@
 #pragma once
 // Which exchange moves a generation's gradient buckets, as typed settings:
 // the transport (where the bytes go) and the codec (how float32 values
-// look on a process group's wire). Parsed once from the config
+// look on a process group's wire). Made from the parsed cluster settings
 // (exchange_spec_of); make_exchange (exchange.hpp) builds the exchange, the
 // codec taken from the registry (exchange_registry.hpp). No LibTorch here.
 #include <cstdint>
 #include <string>
 
-#include "dtactor/config.hpp"
 #include "dtactor/result.hpp"
+#include "job/modes.hpp"
+#include "job/settings.hpp"
 
 namespace dtactor {
 
@@ -30,11 +31,13 @@ struct exchange_spec {
   wire_codec codec = wire_codec::fp32;
 };
 
-// cluster.wire_dtype (a registered codec's name) and
-// cluster.shm_allreduce: shared_memory when the ranks may share memory
-// (what a generation's hosts allow decides the rest: exchange.hpp's
-// transport_for), else process_group. An error names an unknown codec.
-result<exchange_spec> exchange_spec_of(const config& cfg);
+// The built-in codec of cluster.wire_dtype (the same four: the enum is the
+// config's, job/modes.hpp; the codec set is open to registrations).
+wire_codec codec_of(wire_dtype d);
+// cluster.wire_dtype's codec and cluster.shm_allreduce: shared_memory when
+// the ranks may share memory (what a generation's hosts allow decides the
+// rest: exchange.hpp's transport_for), else process_group.
+exchange_spec exchange_spec_of(const cluster_settings& cluster);
 // A registered codec by its name ("bf16"); an error lists the known ones.
 result<wire_codec> codec_named(const std::string& name);
 // Its registered name ("codec 200" for one nobody registered).

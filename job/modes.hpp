@@ -2,8 +2,9 @@
 // The config's modes as enums, read once where a component takes its
 // config (job_modes_of), so that no site compares a mode's text. The names
 // are the config's spelling; base/config.cpp lists the same as each key's
-// choices (tests/modes_test.cpp checks that the two agree). The wire codec
-// and the exchange are comm/exchange_spec.hpp's.
+// choices (tests/modes_test.cpp checks that the two agree). The exchange
+// and the codec registry are comm/'s (exchange_spec.hpp maps a wire_dtype to
+// its wire_codec).
 #include <array>
 #include <optional>
 #include <string_view>
@@ -20,6 +21,10 @@ enum class diloco_checkpoint_workers { all, first };  // checkpoint.diloco_worke
 enum class direct_checkpoint { automatic, on, off };  // checkpoint.direct: auto | true | false
 enum class loss_kind { cross_entropy, mse };          // train.loss (a torchscript task's)
 enum class comm_backend { automatic, gloo, nccl };    // cluster.backend: auto | gloo | nccl
+// cluster.wire_dtype: how float32 values cross hosts. int8 and int4
+// quantize (DiLoCo's pseudo-gradients only).
+enum class wire_dtype { fp32, bf16, int8, int4 };
+inline bool quantized(wire_dtype d) { return d == wire_dtype::int8 || d == wire_dtype::int4; }
 // model.name's built-in models. A task the program registered
 // (register_task, dtactor/task.hpp) is none of them: read model.name with
 // builtin_model_of, not mode_of.
@@ -62,6 +67,12 @@ struct mode_names<comm_backend> {
   static constexpr std::string_view key = "cluster.backend";
   static constexpr std::array<std::pair<std::string_view, comm_backend>, 3> table{
       {{"auto", comm_backend::automatic}, {"gloo", comm_backend::gloo}, {"nccl", comm_backend::nccl}}};
+};
+template <>
+struct mode_names<wire_dtype> {
+  static constexpr std::string_view key = "cluster.wire_dtype";
+  static constexpr std::array<std::pair<std::string_view, wire_dtype>, 4> table{
+      {{"fp32", wire_dtype::fp32}, {"bf16", wire_dtype::bf16}, {"int8", wire_dtype::int8}, {"int4", wire_dtype::int4}}};
 };
 template <>
 struct mode_names<builtin_model> {

@@ -44,8 +44,8 @@ status check_sync(const job_settings& s) {
   if (diloco && t.zero > 0)
     return make_error("train.sync = diloco keeps every worker's own optimizer state whole; it does not combine with train.zero = " +
                       std::to_string(t.zero) + " (use train.zero = 0)");
-  if (s.cluster.quantized_wire && !diloco)
-    return make_error("cluster.wire_dtype = " + s.cluster.wire_dtype +
+  if (quantized(s.cluster.wire) && !diloco)
+    return make_error("cluster.wire_dtype = " + std::string(to_string(s.cluster.wire)) +
                       " quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");
   const int64_t fragments = t.sync_fragments, every = t.sync_every;
   const int64_t overlap = t.sync_overlap >= 0 ? t.sync_overlap : (fragments > 1 ? 1 : 0);
@@ -137,16 +137,31 @@ result<train_settings> train_settings_of(const config& cfg) {
   t.min_lr = cfg.get_double("train.min_lr");
   t.beta1 = cfg.get_double("train.beta1");
   t.beta2 = cfg.get_double("train.beta2");
+  t.weight_decay = cfg.get_double("train.weight_decay");
+  t.warmup_steps = cfg.get_int("train.warmup_steps");
+  t.grad_clip = cfg.get_double("train.grad_clip");
+  t.bf16 = cfg.get_bool("train.bf16");
   t.zero = cfg.get_int("train.zero");
+  t.zero_replicas = cfg.get_int("train.zero_replicas");
   t.sync_every = cfg.get_int("train.sync_every");
+  t.outer_lr = cfg.get_double("train.outer_lr");
   t.outer_momentum = cfg.get_double("train.outer_momentum");
   t.sync_fragments = cfg.get_int("train.sync_fragments");
   t.sync_overlap = cfg.get_int("train.sync_overlap");
   t.sync_mix = cfg.get_double("train.sync_mix");
   t.activation_checkpointing = cfg.get_bool("train.activation_checkpointing");
   t.threads = cfg.get_int("train.threads");
+  t.log_every_steps = cfg.get_int("train.log_every_steps");
   if (auto st = check_train(t); !st) return st.err();
   return t;
+}
+
+eval_settings eval_settings_of(const config& cfg) {
+  eval_settings e;
+  e.every_steps = cfg.get_int("eval.every_steps");
+  e.batch_size = cfg.get_int("eval.batch_size");
+  e.max_samples = cfg.get_int("eval.max_samples");
+  return e;
 }
 
 result<cluster_settings> cluster_settings_of(const config& cfg) {
@@ -165,8 +180,15 @@ result<cluster_settings> cluster_settings_of(const config& cfg) {
   c.flap_window = ms(cfg.get_int("cluster.flap_window_ms"));
   c.quarantine = ms(cfg.get_int("cluster.quarantine_ms"));
   c.collective_timeout = ms(cfg.get_int("cluster.collective_timeout_ms"));
-  c.wire_dtype = cfg.get_string("cluster.wire_dtype");
-  c.quantized_wire = c.wire_dtype == "int8" || c.wire_dtype == "int4";
+  c.digest_every_steps = cfg.get_int("cluster.digest_every_steps");
+  c.rank_exit_limit = cfg.get_int("cluster.rank_exit_limit");
+  auto wire = mode_of<wire_dtype>(cfg);
+  if (!wire) return wire.err();
+  c.wire = wire.value();
+  c.bucket_kb = cfg.get_int("cluster.bucket_kb");
+  c.shm_allreduce = cfg.get_bool("cluster.shm_allreduce");
+  c.shm_ring_mb = cfg.get_int("cluster.shm_ring_mb");
+  c.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
   return c;
 }
 
@@ -178,6 +200,8 @@ checkpoint_settings checkpoint_settings_of(const config& cfg) {
   const std::string& metric = cfg.get_string("checkpoint.best_metric");
   c.best_metric = metric.empty() ? main_metric_for(cfg.get_string("model.name")) : metric;
   c.s3_endpoint = cfg.get_string("checkpoint.s3_endpoint");
+  c.every_steps = cfg.get_int("checkpoint.every_steps");
+  c.keep_buffer = cfg.get_bool("checkpoint.keep_buffer");
   return c;
 }
 
@@ -195,6 +219,7 @@ result<job_settings> job_settings_of(const config& cfg) {
   auto data = data_settings_of(cfg);
   if (!data) return data.err();
   s.data = std::move(data.value());
+  s.eval = eval_settings_of(cfg);
   auto cluster = cluster_settings_of(cfg);
   if (!cluster) return cluster.err();
   s.cluster = std::move(cluster.value());

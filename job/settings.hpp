@@ -72,7 +72,7 @@ struct data_settings {
 // Error: data.val_fraction >= 1.
 result<data_settings> data_settings_of(const config& cfg);
 
-// train.*: the keys of the optimizer and the sync that are checked together.
+// train.*: the optimizer, the schedule, precision and the sync.
 struct train_settings {
   int64_t max_steps = 4000;                 // train.max_steps
   int64_t global_batch_size = 128;          // train.global_batch_size
@@ -82,20 +82,36 @@ struct train_settings {
   double lr = 0.002;                        // train.lr
   double min_lr = 0.00002;                  // train.min_lr
   double beta1 = 0.9, beta2 = 0.999;        // train.beta1, train.beta2
+  double weight_decay = 0.05;               // train.weight_decay
+  int64_t warmup_steps = 200;               // train.warmup_steps
+  double grad_clip = 1.0;                   // train.grad_clip (0: off)
+  bool bf16 = false;                        // train.bf16: forward passes under bf16 autocast
   int64_t zero = 0;                         // train.zero
+  int64_t zero_replicas = 0;                // train.zero_replicas (0: 2 across nodes, else 1)
   int64_t sync_every = 50;                  // train.sync_every
+  double outer_lr = 0.7;                    // train.outer_lr
   double outer_momentum = 0.9;              // train.outer_momentum
   int64_t sync_fragments = 1;               // train.sync_fragments
   int64_t sync_overlap = -1;                // train.sync_overlap (-1: 1 with several fragments, 0 with one)
   double sync_mix = 0.5;                    // train.sync_mix
   bool activation_checkpointing = false;    // train.activation_checkpointing
-  int64_t threads = 0;                      // train.threads
+  int64_t threads = 0;                      // train.threads (0: the machine's cores)
+  int64_t log_every_steps = 50;             // train.log_every_steps
 };
 // Error: a key out of its range or two that contradict each other (the
 // checks that need train.sync are job_settings_of's).
 result<train_settings> train_settings_of(const config& cfg);
 
-// cluster.*: membership, the failure detector and collectives.
+// eval.*: when and how much held-out data is evaluated.
+struct eval_settings {
+  int64_t every_steps = 1000;  // eval.every_steps (0: only at the end)
+  int64_t batch_size = 500;    // eval.batch_size
+  int64_t max_samples = 0;     // eval.max_samples (0: all)
+};
+// Nothing to refuse: the schema bounds each key.
+eval_settings eval_settings_of(const config& cfg);
+
+// cluster.*: membership, the failure detector, collectives and exchanges.
 struct cluster_settings {
   int32_t min_nodes = 1;                                        // cluster.min_nodes
   int32_t floor_nodes = 1;                                      // cluster.floor_nodes
@@ -109,14 +125,19 @@ struct cluster_settings {
   std::chrono::milliseconds flap_window{60000};                 // cluster.flap_window_ms
   std::chrono::milliseconds quarantine{10000};                  // cluster.quarantine_ms
   std::chrono::milliseconds collective_timeout{30000};          // cluster.collective_timeout_ms
-  // cluster.wire_dtype: a registered codec's name (comm/exchange_spec.hpp
-  // reads it as its wire_codec); whether it quantizes is all that is
-  // checked here.
-  std::string wire_dtype = "fp32";
-  bool quantized_wire = false;  // wire_dtype is int8 or int4 (DiLoCo's pseudo-gradients only)
+  int64_t digest_every_steps = 100;                             // cluster.digest_every_steps (0: only at the end)
+  int64_t rank_exit_limit = 5;                                  // cluster.rank_exit_limit (0: restart forever)
+  // cluster.wire_dtype (comm/exchange_spec.hpp maps it to its codec);
+  // quantized(wire): DiLoCo's pseudo-gradients only.
+  wire_dtype wire = wire_dtype::fp32;
+  int64_t bucket_kb = 128;                     // cluster.bucket_kb
+  bool shm_allreduce = true;                   // cluster.shm_allreduce
+  int64_t shm_ring_mb = 64;                    // cluster.shm_ring_mb
+  std::chrono::microseconds spin_wait{10000};  // cluster.spin_wait_us
 };
 // Error: a count (cluster.min_nodes, floor_nodes, max_nodes,
-// flap_max_failures) beyond what a 32-bit count holds.
+// flap_max_failures) beyond what a 32-bit count holds, or a wire_dtype
+// this build does not know.
 result<cluster_settings> cluster_settings_of(const config& cfg);
 
 // checkpoint.*: where checkpoints go and which are kept.
@@ -128,6 +149,8 @@ struct checkpoint_settings {
   // model.name (job_config.hpp main_metric_for).
   std::string best_metric = "accuracy";
   std::string s3_endpoint;         // checkpoint.s3_endpoint
+  int64_t every_steps = 500;       // checkpoint.every_steps (0: only at the end)
+  bool keep_buffer = true;         // checkpoint.keep_buffer
 };
 // Nothing to refuse: the schema bounds each key.
 checkpoint_settings checkpoint_settings_of(const config& cfg);
@@ -138,6 +161,7 @@ struct job_settings {
   model_settings model;
   data_settings data;
   train_settings train;
+  eval_settings eval;
   cluster_settings cluster;
   checkpoint_settings checkpoint;
 };

@@ -9,6 +9,9 @@
 
 namespace dtactor {
 
+// make_task over settings already read from `cfg` (a registered task's
+// factory takes cfg itself).
+result<std::unique_ptr<task>> make_task(const config& cfg, const job_settings& s);
 result<std::unique_ptr<task>> make_vit_task(const job_settings& s);
 result<std::unique_ptr<task>> make_transformer_task(const job_settings& s);
 result<std::unique_ptr<task>> make_gpt_task(const job_settings& s);

@@ -18,6 +18,7 @@
 #include "base/hash.hpp"
 #include "base/unix_time.hpp"
 #include "job/modes.hpp"
+#include "model/builtin_tasks.hpp"
 
 namespace dtactor {
 
@@ -51,8 +52,8 @@ struct autocast_scope {
 
 }  // namespace
 
-void configure_threads(const config& cfg) {
-  int n = static_cast<int>(cfg.get_int("train.threads"));
+void configure_threads(int64_t threads) {
+  int n = static_cast<int>(threads);
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // LibTorch's OpenMP pool and OpenBLAS's pthreads pool spin on the same
   // cores when both have n threads: a ViT step ran 2.3x slower that way here
@@ -65,38 +66,35 @@ void configure_threads(const config& cfg) {
   }
 }
 
-training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg_(cfg), task_(std::move(t)) {
+training_state::training_state(const config& cfg, job_settings s, std::unique_ptr<task> t)
+    : cfg_(cfg), settings_(std::move(s)), task_(std::move(t)) {
+  const train_settings& ts = settings_.train;
   flat_adamw_options o;
-  o.lr = cfg.get_double("train.lr");
-  o.beta1 = cfg.get_double("train.beta1");
-  o.beta2 = cfg.get_double("train.beta2");
-  o.weight_decay = cfg.get_double("train.weight_decay");
+  o.lr = ts.lr;
+  o.beta1 = ts.beta1;
+  o.beta2 = ts.beta2;
+  o.weight_decay = ts.weight_decay;
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
   if (auto shards = task_->train_shard_samples(); !shards.empty()) {
-    block_shards_ = cfg.get_int("data.shuffle_block_shards");
-    read_ahead_shards_ = block_shards_ * (1 + cfg.get_int("data.read_ahead_blocks"));
-    order_ = std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), shard_layout{std::move(shards), block_shards_},
-                                          cfg.get_int("train.global_batch_size"));
+    block_shards_ = settings_.data.shards.shuffle_block_shards;
+    read_ahead_shards_ = block_shards_ * (1 + settings_.data.shards.read_ahead_blocks);
+    order_ = std::make_unique<data_order>(static_cast<uint64_t>(ts.seed), shard_layout{std::move(shards), block_shards_}, ts.global_batch_size);
   } else {
-    order_ = std::make_unique<data_order>(static_cast<uint64_t>(cfg.get_int("train.seed")), task_->train_size(),
-                                          cfg.get_int("train.global_batch_size"));
+    order_ = std::make_unique<data_order>(static_cast<uint64_t>(ts.seed), task_->train_size(), ts.global_batch_size);
   }
-  schedule_.peak_lr = cfg.get_double("train.lr");
-  schedule_.min_lr = cfg.get_double("train.min_lr");
-  schedule_.warmup_steps = cfg.get_int("train.warmup_steps");
-  schedule_.max_steps = cfg.get_int("train.max_steps");
-  micro_batch_ = cfg.get_int("train.micro_batch_size");
-  bf16_ = cfg.get_bool("train.bf16");
-  // create() checked the modes (validate_training_config).
-  if (mode_of<sync_mode>(cfg).value() == sync_mode::diloco) {
+  schedule_.peak_lr = ts.lr;
+  schedule_.min_lr = ts.min_lr;
+  schedule_.warmup_steps = ts.warmup_steps;
+  schedule_.max_steps = ts.max_steps;
+  if (settings_.modes.sync == sync_mode::diloco) {
     outer_options oo;
-    oo.lr = cfg.get_double("train.outer_lr");
-    oo.momentum = cfg.get_double("train.outer_momentum");
-    oo.every = cfg.get_int("train.sync_every");
-    oo.max_steps = cfg.get_int("train.max_steps");
-    oo.fragments = static_cast<int>(cfg.get_int("train.sync_fragments"));
-    oo.overlap = resolved_overlap(cfg.get_int("train.sync_overlap"), oo.fragments);
-    oo.mix = cfg.get_double("train.sync_mix");
+    oo.lr = ts.outer_lr;
+    oo.momentum = ts.outer_momentum;
+    oo.every = ts.sync_every;
+    oo.max_steps = ts.max_steps;
+    oo.fragments = static_cast<int>(ts.sync_fragments);
+    oo.overlap = resolved_overlap(ts.sync_overlap, oo.fragments);
+    oo.mix = ts.sync_mix;
     std::vector<int64_t> numels;
     for (const auto& p : task_->module()->parameters())
       if (p.requires_grad()) numels.push_back(p.numel());
@@ -105,38 +103,42 @@ training_state::training_state(const config& cfg, std::unique_ptr<task> t) : cfg
 }
 
 result<std::unique_ptr<training_state>> training_state::create(const config& cfg) {
-  if (auto st = validate_training_config(cfg); !st) return st.err();
-  torch::manual_seed(static_cast<uint64_t>(cfg.get_int("train.seed")));
+  // The settings, read once (validate_training_config's check).
+  auto settings = job_settings_of(cfg);
+  if (!settings) return settings.err();
+  const job_settings& s = settings.value();
+  torch::manual_seed(static_cast<uint64_t>(s.train.seed));
   result<std::unique_ptr<task>> t = make_error("");
   try {
-    t = make_task(cfg);
+    t = make_task(cfg, s);
   } catch (const c10::Error& e) {
-    return make_error("cannot build model '" + cfg.get_string("model.name") + "': " + e.what_without_backtrace());
+    return make_error("cannot build model '" + s.model.name + "': " + e.what_without_backtrace());
   }
   if (!t) return t.err();
-  const int64_t b = cfg.get_int("train.global_batch_size");
+  const int64_t b = s.train.global_batch_size;
   if (b > t.value()->train_size())
     return make_error("train.global_batch_size (" + std::to_string(b) + ") is larger than the training set (" +
                           std::to_string(t.value()->train_size()) + " samples)",
                       errc::batch_exceeds_data);
-  if (mode_of<sync_mode>(cfg).value() == sync_mode::diloco) {
+  if (s.modes.sync == sync_mode::diloco) {
     int64_t tensors = 0;
     for (const auto& p : t.value()->module()->parameters())
       if (p.requires_grad()) ++tensors;
-    if (cfg.get_int("train.sync_fragments") > tensors)
-      return make_error("train.sync_fragments = " + std::to_string(cfg.get_int("train.sync_fragments")) + " but model '" + cfg.get_string("model.name") +
-                        "' has only " + std::to_string(tensors) + " parameter tensors to cut into fragments (use at most " + std::to_string(tensors) + ")");
+    if (s.train.sync_fragments > tensors)
+      return make_error("train.sync_fragments = " + std::to_string(s.train.sync_fragments) + " but model '" + s.model.name + "' has only " +
+                        std::to_string(tensors) + " parameter tensors to cut into fragments (use at most " + std::to_string(tensors) + ")");
   }
-  return std::unique_ptr<training_state>(new training_state(cfg, std::move(t.value())));
+  return std::unique_ptr<training_state>(new training_state(cfg, std::move(settings.value()), std::move(t.value())));
 }
 
 double training_state::forward_backward(const std::vector<int64_t>& samples, int64_t step, int rank, grad_sync* sync, double divisor) {
   // Dropout masks are a pure function of (seed, step, rank): resuming needs no RNG state.
-  torch::manual_seed(step_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")), step, rank));
+  torch::manual_seed(step_seed(static_cast<uint64_t>(settings_.train.seed), step, rank));
   const double scale = 1.0 / (divisor > 0 ? divisor : static_cast<double>(order_->global_batch_size()));
   // Sharded data: what this step and the next ones read, for read-ahead.
   if (order_->sharded()) task_->upcoming_shards(order_->shards_from(step * order_->global_batch_size(), read_ahead_shards_));
-  const size_t chunk = micro_batch_ > 0 ? static_cast<size_t>(micro_batch_) : std::max<size_t>(1, samples.size());
+  const int64_t micro_batch = settings_.train.micro_batch_size;
+  const size_t chunk = micro_batch > 0 ? static_cast<size_t>(micro_batch) : std::max<size_t>(1, samples.size());
   double total = 0;
   if (record_samples_) recorded_.clear();
   for (size_t i = 0; i < samples.size(); i += chunk) {
@@ -144,7 +146,7 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
     if (record_samples_) recorded_.insert(recorded_.end(), part.begin(), part.end());
     torch::Tensor loss;
     {
-      autocast_scope ac(bf16_);
+      autocast_scope ac(settings_.train.bf16);
       loss = task_->loss_sum(part);
     }
     if (sync && i + chunk >= samples.size()) sync->arm();
@@ -156,13 +158,13 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
 
 void training_state::shard_optimizer(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   before_update();
-  if (cfg_.get_int("train.zero") >= 2) optimizer_->shard_grads();
+  if (settings_.train.zero >= 2) optimizer_->shard_grads();
   optimizer_->shard(ranges);
 }
 
 double training_state::update_at(std::optional<double> global_norm, int64_t lr_step) {
   before_update();
-  const double clip = cfg_.get_double("train.grad_clip");
+  const double clip = settings_.train.grad_clip;
   const double max_norm = clip > 0 ? clip : std::numeric_limits<double>::infinity();
   double norm = 0;
   if (global_norm) {
@@ -373,8 +375,8 @@ eval_result training_state::evaluate() {
   eval_result r;
   {
     torch::NoGradGuard no_grad;
-    autocast_scope ac(bf16_);
-    r = task_->evaluate(cfg_.get_int("eval.max_samples"), cfg_.get_int("eval.batch_size"));
+    autocast_scope ac(settings_.train.bf16);
+    r = task_->evaluate(settings_.eval.max_samples, settings_.eval.batch_size);
   }
   module->train();
   return r;
@@ -411,12 +413,12 @@ int64_t training_state::parameter_count() {
 
 pb::checkpoint_meta training_state::checkpoint_meta(const std::map<std::string, double>& metrics, uint64_t generation) const {
   pb::checkpoint_meta meta;
-  meta.set_model(cfg_.get_string("model.name"));
+  meta.set_model(settings_.model.name);
   meta.set_step(step_);
   meta.set_arch_digest(cfg_.digest({"model."}));
   meta.set_config_digest(cfg_.digest());
   meta.set_generation(generation);
-  meta.set_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")));
+  meta.set_seed(static_cast<uint64_t>(settings_.train.seed));
   meta.set_global_batch_size(order_->global_batch_size());
   meta.set_samples_seen(step_ * order_->global_batch_size());
   meta.set_unix_time(unix_time_now());

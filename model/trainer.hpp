@@ -195,6 +195,7 @@ class training_state {
   int64_t step() const { return step_; }
   double lr_at(int64_t step) const { return schedule_.at(step); }
   const config& cfg() const { return cfg_; }
+  const job_settings& settings() const { return settings_; }  // cfg(), read once
   task& the_task() { return *task_; }
   const data_order& order() const { return *order_; }
   std::vector<torch::Tensor> gradients();
@@ -250,8 +251,9 @@ class training_state {
   // A replayed slice's update (its gradients in place): at step's learning
   // rate, to the fragments flagged (empty: all), step() unchanged.
   double replay_update(int64_t step, const std::vector<bool>& fragments);
-  training_state(const config& cfg, std::unique_ptr<task> t);
-  config cfg_;
+  training_state(const config& cfg, job_settings s, std::unique_ptr<task> t);
+  config cfg_;             // as create() was given it (a checkpoint's meta carries it)
+  job_settings settings_;  // cfg_, read once by create()
   std::unique_ptr<task> task_;
   std::unique_ptr<flat_adamw> optimizer_;
   std::unique_ptr<data_order> order_;
@@ -262,9 +264,7 @@ class training_state {
   lr_schedule schedule_;
   int64_t step_ = 0;
   torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()
-  int64_t micro_batch_ = 0;
   int64_t block_shards_ = 1, read_ahead_shards_ = 0;  // sharded data only
-  bool bf16_ = false;
   bool params_mixed_ = false;
   bool record_samples_ = false;
   std::vector<int64_t> recorded_;  // see recorded_samples()
@@ -272,7 +272,8 @@ class training_state {
   std::optional<std::pair<int64_t, double>> last_norm_;  // (step reached, norm clipped with)
 };
 
-// Sets intra-op and BLAS threads (train.threads; 0 = all cores).
-void configure_threads(const config& cfg);
+// Sets intra-op and BLAS threads (train.threads, train_settings::threads;
+// 0 = all cores).
+void configure_threads(int64_t threads);
 
 }  // namespace dtactor

@@ -31,7 +31,7 @@ generation_end checkpoint_source::load(start_context& c, load_request& l) {
   generation_run& g = c.g;
   const std::string name = manifest_name(l.step);
   const std::string where = g.plan.checkpoint_store() + "/" + name;
-  auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), c.rs.cfg->get_string("checkpoint.s3_endpoint"));
+  auto store = checkpoint_store::open_readonly(g.plan.checkpoint_store(), c.rs.settings.checkpoint.s3_endpoint);
   if (!store) return g.failed("checkpoint store: " + store.message(), c.state.step());
   auto meta = store->read_manifest(name);
   if (!meta) return g.checkpoint_unusable(l.step, "checkpoint " + where + ": " + meta.message(), meta.code() == errc::corrupt_checkpoint, c.state.step());
@@ -55,7 +55,7 @@ generation_end checkpoint_source::load(start_context& c, load_request& l) {
 generation_end checkpoint_source::replicated_part(start_context& c) {
   load_request l;
   l.step = c.g.plan.checkpoint_step();
-  l.which = c.rs.cfg->get_int("train.zero") >= 1 ? load_which::replicated : load_which::all;
+  l.which = c.rs.settings.train.zero >= 1 ? load_which::replicated : load_which::all;
   if (auto ended = load(c, l)) return ended;
   c.g.source = ev::state_source::disk;
   c.rs.window.clear_catch_up();

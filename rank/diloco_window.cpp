@@ -79,7 +79,7 @@ generation_end diloco_window::agree(generation_run& g, rank_state& rs, bool own_
   const int64_t own = state.step();
   while (!catch_up_.empty() && catch_up_.front().until <= own) catch_up_.erase(catch_up_.begin());
   const bool catch_up =
-      own_window && furthest > own && rs.trained_world > 0 && rs.trained_gen == newest_trained && rs.modes.diloco_worker != diloco_worker_kind::host;
+      own_window && furthest > own && rs.trained_world > 0 && rs.trained_gen == newest_trained && rs.settings.modes.diloco_worker != diloco_worker_kind::host;
   if (catch_up) {
     if (catch_up_.empty() || catch_up_.back().until < furthest) catch_up_.push_back({furthest, rs.trained_rank, rs.trained_world});
   } else {
@@ -123,7 +123,7 @@ generation_end diloco_window::replay_owed_slices(generation_run& g, rank_state& 
   // the order of their lowest rank. With hosts, the leaders are marked in
   // one more allreduce (a host of one rank is a worker of its own).
   replay_unit u{g.world, g.rank, 0, 1};
-  if (rs.modes.diloco_worker == diloco_worker_kind::host) {
+  if (rs.settings.modes.diloco_worker == diloco_worker_kind::host) {
     const bool host = host_worker(g, rs);
     const int leader = host ? g.exchange.host_members.front() : g.rank;
     std::vector<int64_t> leaders(static_cast<size_t>(g.world), 0);

@@ -61,23 +61,22 @@ void host_reducer(const generation_run& g, training_state& state, bool host_work
 
 status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   training_state& state = *rs.state;
-  const config& cfg = *rs.cfg;
-  auto spec = exchange_spec_of(cfg);
-  if (!spec) return spec.err();
+  const job_settings& s = rs.settings;
+  const exchange_spec spec = exchange_spec_of(s.cluster);
   grad_sync_options& go = x.options;
-  go.bucket_bytes = cfg.get_int("cluster.bucket_kb") * 1024;
-  go.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
+  go.bucket_bytes = s.cluster.bucket_kb * 1024;
+  go.spin_wait = s.cluster.spin_wait;
   go.timeout = g.timeout;
   go.abandon = g.abandon_now;
   go.carry_control = true;
-  go.exchange = spec.value();
-  go.exchange.transport = transport_for(spec.value(), g.exchange);
+  go.exchange = spec;
+  go.exchange.transport = transport_for(spec, g.exchange);
   go.shm = g.exchange.shm;
   go.hosts = g.exchange.hosts;
   // train.zero = 2: each rank receives only its shards' summed gradients,
   // straight into the optimizer's gradient windows; the clipping norm is
   // the sum of the primaries' partial sums (one small allreduce a step).
-  x.zero2 = rs.shards && g.pg && g.world > 1 && cfg.get_int("train.zero") >= 2;
+  x.zero2 = rs.shards && g.pg && g.world > 1 && s.train.zero >= 2;
   if (x.zero2) go.zero2 = zero2_of(state.optimizer(), *rs.shards);
   const bool host_workers = host_worker(g, rs);
   x.streaming = state.diloco() && state.outer().streaming();
@@ -90,7 +89,7 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   // the update, zero=2's norm), over the path the ranks' places allow.
   x.sync().set_parameter_sync(zero_sync_for(x.sync(), g.exchange, state.optimizer(), rs.shards ? &*rs.shards : nullptr,
                                             {g.pg, x.zero2, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
-  if (state.diloco() && rs.modes.diloco_worker == diloco_worker_kind::host && g.world > 1) host_reducer(g, state, host_workers, x);
+  if (state.diloco() && rs.settings.modes.diloco_worker == diloco_worker_kind::host && g.world > 1) host_reducer(g, state, host_workers, x);
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) x.moving_buffers.push_back(b);
   return {};
@@ -106,11 +105,11 @@ std::string describe_shards(const generation_run& g, const exchanges& x, const s
 }
 
 // The same transport carries the pseudo-gradients, once a window.
-std::string describe_diloco(const generation_run& g, const exchanges& x, training_state& state, const config& cfg, std::string transport) {
+std::string describe_diloco(const generation_run& g, const exchanges& x, training_state& state, const train_settings& train, std::string transport) {
   const auto at = transport.find("gradients");
   if (at != std::string::npos) transport.replace(at, 9, "pseudo-gradients");
   const auto& oo = state.outer().options();
-  std::string how = "train.sync_every=" + std::to_string(cfg.get_int("train.sync_every"));
+  std::string how = "train.sync_every=" + std::to_string(train.sync_every);
   const size_t fragments = x.streaming ? x.syncs.size() : 0;
   if (fragments > 0)
     how += ", " + std::to_string(fragments) + " fragments, overlap " + std::to_string(oo.overlap) + " step(s), mix " +
@@ -137,7 +136,7 @@ std::string describe_transport(const generation_run& g, const exchanges& x, rank
     transport = "gradients over " + g.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
   }
   if (rs.shards && g.world > 1) transport += describe_shards(g, x, *rs.shards);
-  if (state.diloco() && g.world > 1) transport = describe_diloco(g, x, state, *rs.cfg, std::move(transport));
+  if (state.diloco() && g.world > 1) transport = describe_diloco(g, x, state, rs.settings.train, std::move(transport));
   return transport;
 }
 

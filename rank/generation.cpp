@@ -73,7 +73,7 @@ generation_outcome generation_run::checkpoint_unusable(int64_t checkpoint_step, 
 }
 
 bool host_worker(const generation_run& g, const rank_state& rs) {
-  return rs.state->diloco() && rs.modes.diloco_worker == diloco_worker_kind::host && g.world > 1 && g.exchange.shm && g.exchange.host_ranks > 1 &&
+  return rs.state->diloco() && rs.settings.modes.diloco_worker == diloco_worker_kind::host && g.world > 1 && g.exchange.shm && g.exchange.host_ranks > 1 &&
          (g.exchange.hierarchical || g.exchange.host_count == 1);
 }
 

@@ -18,6 +18,7 @@
 #include "dtactor/result.hpp"
 #include "job/journal_events.hpp"
 #include "job/modes.hpp"
+#include "job/settings.hpp"
 #include "model/shard_plan.hpp"
 #include "rank/diloco_window.hpp"
 #include "rank/outcome.hpp"
@@ -45,8 +46,11 @@ pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, in
 struct rank_state {
   rank_state();
   ~rank_state();
+  // The plan's config (train.threads fitted to this host), and the same
+  // read once into the typed settings where it arrives (warm_up), with
+  // the modes (settings.modes); the pieces read the settings.
   std::optional<config> cfg;
-  job_modes modes;  // cfg's modes, read with it
+  job_settings settings;
   std::shared_ptr<training_state> state;
   // Groups of earlier generations: an abandoned collective may still run on
   // their threads, and a group's destructor waits for it. Kept until the

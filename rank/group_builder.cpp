@@ -41,7 +41,7 @@ struct build {
 
 // The largest bucket is at most a bucket's worth and the largest parameter
 // (a bucket closes once it holds bucket_kb).
-void size_shm(group_request& q, training_state& state, const config& cfg) {
+void size_shm(group_request& q, training_state& state, const cluster_settings& cluster) {
   int64_t shm_floats = step_control::words, largest_param = 0;
   for (const auto& p : state.the_task().module()->parameters())
     if (p.requires_grad()) {
@@ -49,8 +49,8 @@ void size_shm(group_request& q, training_state& state, const config& cfg) {
       largest_param = std::max<int64_t>(largest_param, p.numel());
     }
   q.shm_floats = shm_floats;
-  q.largest_floats = cfg.get_int("cluster.bucket_kb") * 256 + largest_param + step_control::words;
-  q.ring_floats = cfg.get_int("cluster.shm_ring_mb") * (int64_t{1} << 18);
+  q.largest_floats = cluster.bucket_kb * 256 + largest_param + step_control::words;
+  q.ring_floats = cluster.shm_ring_mb * (int64_t{1} << 18);
 }
 
 // On the helper thread: the rendezvous, the group, the exchange plan.
@@ -87,10 +87,10 @@ void make_group(const group_request& q, build& b) {
 }  // namespace
 
 generation_end build_group(generation_run& g, rank_state& rs, const group_endpoint& at) {
-  const config& cfg = *rs.cfg;
+  const job_settings& s = rs.settings;
   group_request q;
   q.timeout = std::max<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(60));
-  q.co.backend = rs.modes.backend;
+  q.co.backend = rs.settings.modes.backend;
   q.co.timeout = q.timeout;
   q.co.generation = g.gen;
   q.co.hostname = at.advertise_addr.empty() ? "127.0.0.1" : at.advertise_addr;
@@ -99,10 +99,10 @@ generation_end build_group(generation_run& g, rank_state& rs, const group_endpoi
   q.rank = g.rank;
   q.world = g.world;
   q.key = at.key;
-  size_shm(q, *rs.state, cfg);
+  size_shm(q, *rs.state, s.cluster);
   const comm_backend backend = resolve_backend(q.co);
   g.backend = std::string(to_string(backend));
-  q.want_shm = cfg.get_bool("cluster.shm_allreduce") && backend == comm_backend::gloo;
+  q.want_shm = s.cluster.shm_allreduce && backend == comm_backend::gloo;
   auto b = std::make_shared<build>();
   std::thread([b, q] { make_group(q, *b); }).detach();
   std::unique_lock<std::mutex> lock(b->mu);

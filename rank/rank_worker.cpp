@@ -113,16 +113,16 @@ namespace {
 // model.file when it is the same file, else a checked copy fetched from the
 // store. Returns the config to load the model with; `module_digest`: the
 // shipped module's (unchanged when none is shipped).
-result<config> with_shipped_module(const pb::generation_plan& plan, const config& cfg, int local, std::string& module_digest) {
+result<config> with_shipped_module(const pb::generation_plan& plan, const config& cfg, const job_settings& s, int local, std::string& module_digest) {
   config load_cfg = cfg;
   if (!plan.module_object().empty()) {
-    auto store = open_object_store(plan.checkpoint_store(), default_fs_env(), cfg.get_string("checkpoint.s3_endpoint"));
+    auto store = open_object_store(plan.checkpoint_store(), default_fs_env(), s.checkpoint.s3_endpoint);
     if (!store) return make_error("cannot open the checkpoint store for the shipped module: " + store.message());
-    auto got = fetch_shipped_file(*store.value(), plan.module_object(), plan.module_digest(), cfg.get_string("model.file"), shipped_cache_dir());
+    auto got = fetch_shipped_file(*store.value(), plan.module_object(), plan.module_digest(), s.model.file, shipped_cache_dir());
     if (!got) return got.err();
-    if (got->path != cfg.get_string("model.file")) {
+    if (got->path != s.model.file) {
       std::fprintf(stderr, "rank %d: model.file %s here: using the coordinator's, %s (%s)\n", local,
-                   std::filesystem::exists(cfg.get_string("model.file")) ? "differs" : "is missing", got->path.c_str(),
+                   std::filesystem::exists(s.model.file) ? "differs" : "is missing", got->path.c_str(),
                    got->fetched ? "fetched from the checkpoint store" : "fetched before");
       (void)load_cfg.set("model.file", got->path);
     }
@@ -141,19 +141,24 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
     auto parsed = config::parse_toml(plan.config_toml(), "generation plan");
     if (!parsed) return parsed.err();
     config cfg = std::move(parsed.value());
+    // The settings and the modes, read once here.
+    auto settings = job_settings_of(cfg);
+    if (!settings) return settings.err();
+    job_settings& s = settings.value();
     // Ranks sharing a machine share its cores: until a plan says how many
     // ranks run here, this node's.
-    if (cfg.get_int("train.threads") == 0) {
+    if (s.train.threads == 0) {
       const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       im.auto_threads = opts_.threads <= 0;
       const int n = opts_.threads > 0 ? opts_.threads : std::max(1, hw / std::max(1, opts_.local_world));
       (void)cfg.set("train.threads", std::to_string(n));
+      s.train.threads = n;
     }
-    im.threads = static_cast<int>(cfg.get_int("train.threads"));
-    configure_threads(cfg);
+    im.threads = static_cast<int>(s.train.threads);
+    configure_threads(s.train.threads);
     // The module the coordinator shipped: this node's own model.file when it
     // is the same file, else a checked copy fetched from the store.
-    auto load_cfg = with_shipped_module(plan, cfg, opts_.local_rank, im.module_digest);
+    auto load_cfg = with_shipped_module(plan, cfg, s, opts_.local_rank, im.module_digest);
     if (!load_cfg) return load_cfg.err();
     if (opts_.state) {
       im.state = opts_.state;
@@ -167,17 +172,15 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
       // them into its flat buffers, go back to the kernel (see train()).
       ::malloc_trim(0);
     }
-    if (const std::string& dir = cfg.get_string("data.sample_log"); !dir.empty()) {
+    if (const std::string& dir = s.data.sample_log; !dir.empty()) {
       auto opened = sample_log::open(dir, opts_.node_id + "-r" + std::to_string(opts_.local_rank));
       if (!opened) return opened.err();
       im.samples_log = std::move(opened.value());
       im.state->record_samples(true);
     }
-    auto modes = job_modes_of(cfg);
-    if (!modes) return modes.err();
-    im.modes = modes.value();
-    im.saver = make_saver(cfg, im.modes);
-    im.sync = make_sync_strategy(im.modes.sync);
+    im.saver = make_saver(s);
+    im.sync = make_sync_strategy(s.modes.sync);
+    im.settings = std::move(s);
     im.cfg = std::move(cfg);
   } catch (const std::exception& e) {
     std::string what = e.what();
@@ -202,7 +205,7 @@ void rank_worker::run() {
     if (opts_.data_digests)
       for (auto& [path, digest] : data_file_digests(*im.cfg)) (*idle.mutable_data_digests())[path] = digest;
     // The module it loaded is the coordinator's, wherever it came from.
-    if (!im.module_digest.empty()) (*idle.mutable_data_digests())[im.cfg->get_string("model.file")] = im.module_digest;
+    if (!im.module_digest.empty()) (*idle.mutable_data_digests())[im.settings.model.file] = im.module_digest;
     if (cb_.on_status) cb_.on_status(0, std::move(idle));
   }
 
@@ -236,7 +239,8 @@ void rank_worker::fit_threads_to_host(const pb::generation_plan& plan) {
   const int n = host_ranks > 0 ? std::max(1, hw / host_ranks) : im.threads;
   if (n != im.threads) {
     (void)im.cfg->set("train.threads", std::to_string(n));
-    configure_threads(*im.cfg);
+    im.settings.train.threads = n;
+    configure_threads(n);
     im.threads = n;
   }
 }
@@ -250,7 +254,7 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
   g.rank = global_rank_in(plan, opts_.node_id, g.local);
   g.world = plan.world_size();
   g.offered_at = offered_at;
-  g.timeout = std::chrono::milliseconds(im.cfg->get_int("cluster.collective_timeout_ms"));
+  g.timeout = im.settings.cluster.collective_timeout;
   g.abandon_now = [this, gen = g.gen] { return abandon(gen); };
   g.quitting = [this] { return quitting(); };
   g.newer_plan_waiting = [this, gen = g.gen] { return newer_plan_waiting(gen); };
@@ -288,12 +292,12 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
   }
 }
 
-std::unique_ptr<checkpoint_saver> rank_worker::make_saver(const config& cfg, const job_modes& modes) {
+std::unique_ptr<checkpoint_saver> rank_worker::make_saver(const job_settings& s) {
   checkpoint_saver_options so;
   so.node_id = opts_.node_id;
-  so.s3_endpoint = cfg.get_string("checkpoint.s3_endpoint");
-  so.keep_buffer = cfg.get_bool("checkpoint.keep_buffer");
-  so.modes = modes;
+  so.s3_endpoint = s.checkpoint.s3_endpoint;
+  so.keep_buffer = s.checkpoint.keep_buffer;
+  so.modes = s.modes;
   so.local_world = opts_.local_world;
   so.on_written = [this](uint64_t gen, pb::checkpoint_written w) {
     if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));

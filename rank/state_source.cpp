@@ -89,7 +89,7 @@ shard_plan generation_shard_plan(const start_context& c) {
   std::vector<std::string> nodes(static_cast<size_t>(c.g.world));
   for (const auto& r : c.g.plan.ranks())
     if (r.global_rank() >= 0 && r.global_rank() < c.g.world) nodes[static_cast<size_t>(r.global_rank())] = r.node_id();
-  const int64_t want_replicas = c.rs.cfg->get_int("train.zero_replicas");
+  const int64_t want_replicas = c.rs.settings.train.zero_replicas;
   const int replicas = want_replicas > 0 ? static_cast<int>(want_replicas) : default_replicas(nodes);
   return make_shard_plan(c.state.optimizer().total_elements(), nodes, replicas);
 }
@@ -117,7 +117,7 @@ int64_t starting_state::held_step() const { return c_.rs.sync->held_step(c_.stat
 generation_end starting_state::agree() {
   generation_run& g = c_.g;
   training_state& state = c_.state;
-  const int64_t zero = c_.rs.cfg->get_int("train.zero");
+  const int64_t zero = c_.rs.settings.train.zero;
   // Sharded from the first generation on (a fresh rank holds all of it), so
   // that every rank's stream has the same replicated part.
   if (zero >= 1 && !state.optimizer().sharded()) state.shard_optimizer({{0, state.optimizer().total_elements()}});

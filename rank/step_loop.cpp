@@ -55,7 +55,7 @@ void inject_fault(fault_mode mode, int64_t at_step) {
 }
 
 step_loop::step_loop(generation_run& g, rank_state& rs, step_loop_options o) : g_(g), rs_(rs), state_(*rs.state), sync_(*rs.sync), o_(std::move(o)) {
-  cadence_ = step_cadence_of(*rs_.cfg);
+  cadence_ = step_cadence_of(rs_.settings);
   last_ckpt_ = o_.state_checkpointed_at >= 0 && o_.state_checkpointed_at == state_.step() ? state_.step() : -1;
   alone_ = !g_.pg;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "job/settings.hpp"
 #include "wire.pb.h"
 
 namespace dtactor {
@@ -27,15 +28,14 @@ struct step_cadence {
   bool digest_due(int64_t step) const { return due(digest_every, step); }
 };
 
-// From a dtactor::config (a template: no link dependency on it here).
-template <class Config>
-step_cadence step_cadence_of(const Config& cfg) {
+// From the job's settings (job/settings.hpp).
+inline step_cadence step_cadence_of(const job_settings& s) {
   step_cadence c;
-  c.max_steps = cfg.get_int("train.max_steps");
-  c.report_every = cfg.get_int("train.log_every_steps");
-  c.eval_every = cfg.get_int("eval.every_steps");
-  c.checkpoint_every = cfg.get_int("checkpoint.every_steps");
-  c.digest_every = cfg.get_int("cluster.digest_every_steps");
+  c.max_steps = s.train.max_steps;
+  c.report_every = s.train.log_every_steps;
+  c.eval_every = s.eval.every_steps;
+  c.checkpoint_every = s.checkpoint.every_steps;
+  c.digest_every = s.cluster.digest_every_steps;
   return c;
 }
 

@@ -57,14 +57,18 @@ void expect_no_errors(const std::vector<std::string>& errors) {
 }
 
 TEST(ExchangeRegistry, SpecIsParsedFromTheConfig) {
-  auto spec = exchange_spec_of(tiny_vit_config());
-  ASSERT_TRUE(spec) << spec.message();
-  EXPECT_EQ(spec->codec, wire_codec::fp32);
-  EXPECT_EQ(spec->transport, exchange_transport::shared_memory);
-  spec = exchange_spec_of(tiny_vit_config({"cluster.wire_dtype=int4", "cluster.shm_allreduce=false"}));
-  ASSERT_TRUE(spec) << spec.message();
-  EXPECT_EQ(spec->codec, wire_codec::int4);
-  EXPECT_EQ(spec->transport, exchange_transport::process_group);
+  auto cluster = cluster_settings_of(tiny_vit_config());
+  ASSERT_TRUE(cluster) << cluster.message();
+  auto spec = exchange_spec_of(cluster.value());
+  EXPECT_EQ(spec.codec, wire_codec::fp32);
+  EXPECT_EQ(spec.transport, exchange_transport::shared_memory);
+  cluster = cluster_settings_of(tiny_vit_config({"cluster.wire_dtype=int4", "cluster.shm_allreduce=false"}));
+  ASSERT_TRUE(cluster) << cluster.message();
+  spec = exchange_spec_of(cluster.value());
+  EXPECT_EQ(spec.codec, wire_codec::int4);
+  EXPECT_EQ(spec.transport, exchange_transport::process_group);
+  // Each of the config's wire dtypes is the built-in codec of its name.
+  for (const auto& [name, dtype] : mode_names<wire_dtype>::table) EXPECT_EQ(name_of(codec_of(dtype)), name);
   EXPECT_EQ(codec_named("bf16").value(), wire_codec::bf16);
   EXPECT_EQ(name_of(wire_codec::int8), "int8");
   EXPECT_FALSE(codec_named("fp8"));

@@ -47,6 +47,7 @@ TEST(Modes, EachEnumNamesExactlyItsKeysChoices) {
   check_mode<direct_checkpoint>();
   check_mode<loss_kind>();
   check_mode<comm_backend>();
+  check_mode<wire_dtype>();
   check_mode<builtin_model>();  // no task registered here: the schema's choices are the built-in ones
 }
 

@@ -85,7 +85,7 @@ inline std::vector<std::string> run_on_hosts(const std::vector<std::string>& key
 // training_state::create seeds the global generator: build states one after
 // another, before any rank thread starts, so that every rank starts equal.
 inline std::vector<std::unique_ptr<training_state>> make_states(const config& cfg, int n) {
-  configure_threads(cfg);
+  configure_threads(train_settings_of(cfg).value().threads);
   std::vector<std::unique_ptr<training_state>> out;
   for (int i = 0; i < n; ++i) {
     auto s = training_state::create(cfg);

@@ -59,25 +59,32 @@ TEST(Settings, TheStructsDefaultsAreTheSchemas) {
   EXPECT_FIELD(data, shards.read_ahead_blocks);
   for (auto f : {&train_settings::max_steps, &train_settings::global_batch_size, &train_settings::micro_batch_size, &train_settings::seed,
                  &train_settings::zero, &train_settings::sync_every, &train_settings::sync_fragments, &train_settings::sync_overlap,
-                 &train_settings::threads})
+                 &train_settings::threads, &train_settings::warmup_steps, &train_settings::zero_replicas, &train_settings::log_every_steps})
     EXPECT_EQ(parsed.train.*f, defaults.train.*f);
   for (auto f : {&train_settings::lr, &train_settings::min_lr, &train_settings::beta1, &train_settings::beta2, &train_settings::outer_momentum,
-                 &train_settings::sync_mix})
+                 &train_settings::sync_mix, &train_settings::weight_decay, &train_settings::grad_clip, &train_settings::outer_lr})
     EXPECT_EQ(parsed.train.*f, defaults.train.*f);
   EXPECT_FIELD(train, loss_is_nll);
   EXPECT_FIELD(train, activation_checkpointing);
+  EXPECT_FIELD(train, bf16);
+  for (auto f : {&eval_settings::every_steps, &eval_settings::batch_size, &eval_settings::max_samples}) EXPECT_EQ(parsed.eval.*f, defaults.eval.*f);
   for (auto f : {&cluster_settings::min_nodes, &cluster_settings::floor_nodes, &cluster_settings::max_nodes, &cluster_settings::max_ranks_per_node,
                  &cluster_settings::flap_max_failures})
     EXPECT_EQ(parsed.cluster.*f, defaults.cluster.*f);
   for (auto f : {&cluster_settings::heartbeat_interval, &cluster_settings::heartbeat_timeout, &cluster_settings::suspect_timeout, &cluster_settings::settle,
                  &cluster_settings::flap_window, &cluster_settings::quarantine, &cluster_settings::collective_timeout})
     EXPECT_EQ(parsed.cluster.*f, defaults.cluster.*f);
-  EXPECT_FIELD(cluster, wire_dtype);
-  EXPECT_FIELD(cluster, quantized_wire);
+  for (auto f : {&cluster_settings::digest_every_steps, &cluster_settings::rank_exit_limit, &cluster_settings::bucket_kb, &cluster_settings::shm_ring_mb})
+    EXPECT_EQ(parsed.cluster.*f, defaults.cluster.*f);
+  EXPECT_FIELD(cluster, wire);
+  EXPECT_FIELD(cluster, shm_allreduce);
+  EXPECT_FIELD(cluster, spin_wait);
   for (auto f : {&checkpoint_settings::dir, &checkpoint_settings::best_metric, &checkpoint_settings::s3_endpoint})
     EXPECT_EQ(parsed.checkpoint.*f, defaults.checkpoint.*f);
   EXPECT_FIELD(checkpoint, keep_last);
   EXPECT_FIELD(checkpoint, keep_best);
+  EXPECT_FIELD(checkpoint, every_steps);
+  EXPECT_FIELD(checkpoint, keep_buffer);
   EXPECT_FIELD(modes, sync);
   EXPECT_FIELD(modes, loss);
   EXPECT_FIELD(modes, backend);
@@ -107,9 +114,55 @@ TEST(Settings, EachFieldReadsItsKey) {
   EXPECT_EQ(s->checkpoint.best_metric, "val_loss") << "checkpoint.best_metric empty: the model's main metric";
   EXPECT_EQ(s->train.max_steps, 7);
   EXPECT_EQ(s->modes.sync, sync_mode::diloco);
-  EXPECT_TRUE(s->cluster.quantized_wire);
+  EXPECT_EQ(s->cluster.wire, wire_dtype::int8);
+  EXPECT_TRUE(quantized(s->cluster.wire));
   EXPECT_EQ(s->cluster.heartbeat_timeout, std::chrono::milliseconds(700));
   EXPECT_EQ(s->cluster.max_ranks_per_node, 2147483647) << "a larger value is held at the most a 32-bit count holds";
+}
+
+// The keys the training state, the step loop and the exchanges read.
+TEST(Settings, TheTrainingAndExchangeFieldsReadTheirKeys) {
+  auto s = job_settings_of(with({{"train.weight_decay", "0.01"},
+                                 {"train.warmup_steps", "7"},
+                                 {"train.grad_clip", "0"},
+                                 {"train.bf16", "true"},
+                                 {"train.zero", "1"},
+                                 {"train.zero_replicas", "3"},
+                                 {"train.outer_lr", "0.5"},
+                                 {"train.log_every_steps", "9"},
+                                 {"eval.every_steps", "11"},
+                                 {"eval.batch_size", "13"},
+                                 {"eval.max_samples", "17"},
+                                 {"checkpoint.every_steps", "19"},
+                                 {"checkpoint.keep_buffer", "false"},
+                                 {"cluster.digest_every_steps", "23"},
+                                 {"cluster.rank_exit_limit", "0"},
+                                 {"cluster.wire_dtype", "bf16"},
+                                 {"cluster.bucket_kb", "29"},
+                                 {"cluster.shm_allreduce", "false"},
+                                 {"cluster.shm_ring_mb", "31"},
+                                 {"cluster.spin_wait_us", "37"}}));
+  ASSERT_TRUE(s) << s.message();
+  EXPECT_EQ(s->train.weight_decay, 0.01);
+  EXPECT_EQ(s->train.warmup_steps, 7);
+  EXPECT_EQ(s->train.grad_clip, 0.0);
+  EXPECT_TRUE(s->train.bf16);
+  EXPECT_EQ(s->train.zero_replicas, 3);
+  EXPECT_EQ(s->train.outer_lr, 0.5);
+  EXPECT_EQ(s->train.log_every_steps, 9);
+  EXPECT_EQ(s->eval.every_steps, 11);
+  EXPECT_EQ(s->eval.batch_size, 13);
+  EXPECT_EQ(s->eval.max_samples, 17);
+  EXPECT_EQ(s->checkpoint.every_steps, 19);
+  EXPECT_FALSE(s->checkpoint.keep_buffer);
+  EXPECT_EQ(s->cluster.digest_every_steps, 23);
+  EXPECT_EQ(s->cluster.rank_exit_limit, 0);
+  EXPECT_EQ(s->cluster.wire, wire_dtype::bf16);
+  EXPECT_FALSE(quantized(s->cluster.wire));
+  EXPECT_EQ(s->cluster.bucket_kb, 29);
+  EXPECT_FALSE(s->cluster.shm_allreduce);
+  EXPECT_EQ(s->cluster.shm_ring_mb, 31);
+  EXPECT_EQ(s->cluster.spin_wait, std::chrono::microseconds(37));
 }
 
 TEST(Settings, ABadValueIsOneLineNamingTheKey) {
