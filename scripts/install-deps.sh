@@ -60,6 +60,8 @@ if $test_stack; then
     slurmctld slurmd slurm-client munge
     # a real browser for the status page's test (headless, driven by playwright-core)
     chromium
+    # a real etcd for the leader lease's tests (tests/etcd_lease_test.cpp)
+    etcd-server
   )
 fi
 

@@ -6,8 +6,8 @@ labels come from `ctest --show-only=json-v1` there)
 
 Prints how many tests skipped and, for each, its labels and why. Under
 CI=true a skip in a group this machine must run fails: exit 1. The groups
-are DTACTOR_CI_GROUPS, by default "s3 slurm hosts prometheus k8s" (a
-gateway, Slurm, network namespaces, Prometheus or Node.js that did not
+are DTACTOR_CI_GROUPS, by default "s3 slurm hosts prometheus k8s etcd" (a
+gateway, Slurm, network namespaces, Prometheus, Node.js or etcd that did not
 start or is missing: scripts/install-deps.sh --test installs them all).
 Outside CI a skip stays a skip: exit 0.
 """
@@ -62,7 +62,7 @@ def main():
         print(f"  {name} [{', '.join(labels.get(name, []))}]: {reason(c)}")
     if os.environ.get("CI") != "true":
         return 0
-    groups = os.environ.get("DTACTOR_CI_GROUPS", "s3 slurm hosts prometheus k8s").split()
+    groups = os.environ.get("DTACTOR_CI_GROUPS", "s3 slurm hosts prometheus k8s etcd").split()
     bad = [c for c in skipped if set(labels.get(c.get("name"), [])) & set(groups)]
     if not bad:
         return 0

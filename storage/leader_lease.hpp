@@ -1,0 +1,76 @@
+#pragma once
+// Who coordinates a job: one coordinator holds the job's leader lease, with
+// an epoch that grows at every takeover; a standby coordinator takes the
+// lease over when its holder stops renewing it. The epoch is the fencing
+// token a holder stamps on its decisions, so that nodes and ranks can
+// refuse an older coordinator's.
+//
+// Where the lease lives, and what it relies on:
+//   etcd://HOST:PORT[/PREFIX]  a real etcd (v3, its JSON gateway): a lease
+//       with a TTL and a leader key created only where absent (a
+//       transaction on its create revision), as Kubernetes' and
+//       TorchElastic's etcd elections do; the epoch is the key's create
+//       revision, which etcd never hands out twice. etcd expires the lease.
+//   a directory (a shared file system)  epoch-N files created with O_EXCL
+//       (one creator wins), and a heartbeat file the holder replaces
+//       (rename) at every renewal. A standby that sees the heartbeat
+//       unchanged for the TTL, on its own clock, takes epoch N+1; the old
+//       holder finds epoch N+1 at its next renewal and is deposed.
+//   s3://  refused in one line: a lease there needs conditional writes
+//       (If-None-Match), which not every S3 server has.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dtactor/result.hpp"
+
+namespace dtactor {
+
+struct lease_holder {
+  uint64_t epoch = 0;   // 0: nobody has held the lease yet
+  std::string holder;   // the coordinator's id
+  std::string address;  // where nodes reach it (tcp://HOST:PORT)
+};
+
+struct lease_claim {
+  bool taken = false;    // ours now, at current.epoch
+  lease_holder current;  // taken: us; else who holds it
+};
+
+enum class renewal { renewed, deposed };
+
+class leader_lease {
+ public:
+  virtual ~leader_lease() = default;
+  // One try to take the lease for `me` (its epoch is ignored): taken when
+  // nobody holds it, or its holder let it lapse (no renewal for the TTL)
+  // or released it; else who holds it. A standby calls it again about
+  // every third of the TTL.
+  virtual result<lease_claim> try_acquire(const lease_holder& me) = 0;
+  // The holder renews at least every third of the TTL; deposed once
+  // another holds a newer epoch: the caller stops deciding at once.
+  virtual result<renewal> renew() = 0;
+  // Who holds the lease now (epoch 0: nobody yet).
+  virtual result<lease_holder> current() = 0;
+  // Gives the lease up (a clean exit): a standby may take it at once.
+  virtual status release() = 0;
+};
+
+struct lease_options {
+  std::chrono::milliseconds ttl{3000};
+  // The clock a directory lease measures the holder's silence on (tests
+  // pass a fake one); empty: the steady clock.
+  std::function<std::chrono::steady_clock::time_point()> now;
+  std::chrono::milliseconds request_timeout{2000};  // etcd: one HTTP request
+};
+
+// The lease at `where` (above); an unknown or unusable place is one line.
+result<std::unique_ptr<leader_lease>> open_leader_lease(const std::string& where, lease_options o = {});
+
+// The backends, for open_leader_lease and tests.
+result<std::unique_ptr<leader_lease>> open_directory_lease(const std::string& dir, lease_options o);
+result<std::unique_ptr<leader_lease>> open_etcd_lease(const std::string& host_port, const std::string& prefix, lease_options o);
+
+}  // namespace dtactor
