@@ -105,6 +105,7 @@ int run_rank(const options& o) {
     return 1;
   }
   auto& s = *created.value();
+  const cluster_settings& cluster = s.settings().cluster;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<shm_group> shm;
@@ -116,14 +117,14 @@ int run_rank(const options& o) {
     so.timeout = std::chrono::seconds(120);
     store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
     communicator_options co;
-    co.timeout = std::chrono::milliseconds(cfg->get_int("cluster.collective_timeout_ms"));
+    co.timeout = cluster.collective_timeout;
     auto made = make_process_group(store, o.rank, o.world, co);
     if (!made) {
       std::fprintf(stderr, "bench_dp: %s\n", made.message().c_str());
       return 1;
     }
     pg = made.value();
-    if (cfg->get_bool("cluster.shm_allreduce")) {
+    if (cluster.shm_allreduce) {
       int64_t floats = step_control::words, largest = 0;
       for (const auto& p : s.the_task().module()->parameters()) {
         floats += p.numel();
@@ -131,9 +132,9 @@ int run_rank(const options& o) {
       }
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shm", store);
       std::string why;
-      largest += cfg->get_int("cluster.bucket_kb") * 256 + step_control::words;
+      largest += cluster.bucket_kb * 256 + step_control::words;
       auto joined = shm_group::join(*prefixed, o.rank, o.world,
-                                    shm_slot_floats(floats, largest, cfg->get_int("cluster.shm_ring_mb") * (int64_t{1} << 18), false), &why);
+                                    shm_slot_floats(floats, largest, cluster.shm_ring_mb * (int64_t{1} << 18), false), &why);
       if (!joined) {
         std::fprintf(stderr, "bench_dp: %s\n", joined.message().c_str());
         return 1;
@@ -142,18 +143,13 @@ int run_rank(const options& o) {
       shm = joined.value();
     }
   }
-  auto cluster = cluster_settings_of(*cfg);
-  if (!cluster) {
-    std::fprintf(stderr, "bench_dp: %s\n", cluster.message().c_str());
-    return 1;
-  }
   grad_sync_options gso;
-  gso.bucket_bytes = cluster->bucket_kb * 1024;
-  gso.spin_wait = cluster->spin_wait;
-  gso.exchange = exchange_spec_of(cluster.value());
+  gso.bucket_bytes = cluster.bucket_kb * 1024;
+  gso.spin_wait = cluster.spin_wait;
+  gso.exchange = exchange_spec_of(cluster);
   gso.exchange.transport = shm ? exchange_transport::shared_memory : exchange_transport::process_group;
   gso.shm = shm;
-  gso.timeout = std::chrono::milliseconds(cfg->get_int("cluster.collective_timeout_ms"));
+  gso.timeout = cluster.collective_timeout;
   grad_sync sync(s.the_task().module()->parameters(), pg, gso);
 
   std::vector<training_state::dp_step> records;
@@ -169,7 +165,7 @@ int run_rank(const options& o) {
   for (int i = 0; i < o.warmup; ++i)
     if (!step()) return 1;
   records.clear();
-  const double global_batch = static_cast<double>(cfg->get_int("train.global_batch_size"));
+  const double global_batch = static_cast<double>(s.settings().train.global_batch_size);
   std::vector<double> sps, step_s;
   const double cpu0 = cpu_seconds();
   for (int r = 0; r < o.repeats; ++r) {
@@ -200,7 +196,7 @@ int run_rank(const options& o) {
                         {"exposed_allreduce_s_per_step", mean(exposed)},
                         {"buckets", sync.bucket_count()},
                         {"shared_memory", sync.uses_shm()},
-                        {"bucket_kb", cfg->get_int("cluster.bucket_kb")},
+                        {"bucket_kb", cluster.bucket_kb},
                         {"samples_per_rank", records.empty() ? 0 : records.back().samples},
                         {"params_digest", s.params_digest()}};
   std::ofstream(o.out) << out.dump() << "\n";

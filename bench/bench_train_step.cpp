@@ -91,13 +91,13 @@ int main(int argc, char** argv) {
         update_s += done->update_s;
       }
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      sps.push_back(steps * static_cast<double>(cfg->get_int("train.global_batch_size")) / dt);
+      sps.push_back(steps * static_cast<double>(s.settings().train.global_batch_size) / dt);
       update_ms.push_back(1000 * update_s / steps);
     }
     out["models"][model] = {{"samples_per_s_median", median(sps)},
                             {"samples_per_s_runs", sps},
                             {"update_ms_per_step_median", median(update_ms)},
-                            {"global_batch_size", cfg->get_int("train.global_batch_size")},
+                            {"global_batch_size", s.settings().train.global_batch_size},
                             {"parameters", s.parameter_count()},
                             {"compute_threads", threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency())},
                             {"intra_op_threads", at::get_num_threads()}};
