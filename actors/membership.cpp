@@ -35,7 +35,7 @@ bool has_ready(const node_info& n) { return !n.ready.empty(); }
 std::vector<std::string> node_ids(const membership_state& s, bool ready) {
   std::vector<std::string> out;
   for (const auto& [id, n] : s.nodes)
-    if (has_ready(n) == ready) out.push_back(id);
+    if (has_ready(n) == ready) out.push_back(id.str());
   return out;
 }
 
@@ -69,7 +69,7 @@ bool same_members(const plan& p, const membership_state& s) {
       return false;
   }
   for (const auto& r : p.ranks) {
-    const auto& ready = s.nodes.at(r.node_id).ready;
+    const auto& ready = s.nodes.at(node_id{r.node_id}).ready;
     auto it = ready.find(r.local_rank);
     if (it == ready.end() || it->second != r.ready_serial) return false;
   }
@@ -78,7 +78,7 @@ bool same_members(const plan& p, const membership_state& s) {
 
 // The same rank process is still ready (same node incarnation, same serial).
 bool still_ready(const membership_state& s, const plan& prev, const rank_slot& r) {
-  auto it = s.nodes.find(r.node_id);
+  auto it = s.nodes.find(node_id{r.node_id});
   if (it == s.nodes.end()) return false;
   const auto* pn = prev.find(r.node_id);
   if (!pn || pn->incarnation != it->second.incarnation) return false;
@@ -96,7 +96,7 @@ bool holds_state_of(const node_info& n, int32_t local_rank, uint64_t g) {
 bool can_drain(const membership_state& s) {
   if (!s.current || s.suspect_since) return false;
   for (const auto& r : s.current->ranks)
-    if (!s.leaving.count(r.node_id) && !still_ready(s, *s.current, r)) return false;
+    if (!s.leaving.count(node_id{r.node_id}) && !still_ready(s, *s.current, r)) return false;
   return true;
 }
 
@@ -118,7 +118,7 @@ bool full(const membership_state& s, const membership_options& opts) {
 std::string adoption_gap(const membership_state& s) {
   const auto& p = *s.reported_plan;
   for (const auto& pn : p.nodes) {
-    auto it = s.nodes.find(pn.node_id);
+    auto it = s.nodes.find(node_id{pn.node_id});
     if (it == s.nodes.end()) return "node '" + pn.node_id + "' has not registered";
     if (it->second.plan_generation != p.generation) return "node '" + pn.node_id + "' is in generation " + std::to_string(it->second.plan_generation);
     for (int32_t l : pn.local_ranks)
@@ -133,14 +133,14 @@ plan adopted_plan(const membership_state& s) {
   p.leaving.clear();
   int32_t node_rank = 0;
   for (auto& pn : p.nodes) {
-    const auto& n = s.nodes.at(pn.node_id);
+    const auto& n = s.nodes.at(node_id{pn.node_id});
     pn.advertise_addr = n.advertise_addr;
     pn.peer = n.peer;
     pn.incarnation = n.incarnation;
     pn.nproc = n.nproc;
     pn.node_rank = node_rank++;
   }
-  for (auto& r : p.ranks) r.ready_serial = s.nodes.at(r.node_id).ready.at(r.local_rank);
+  for (auto& r : p.ranks) r.ready_serial = s.nodes.at(node_id{r.node_id}).ready.at(r.local_rank);
   return p;
 }
 
@@ -267,15 +267,15 @@ plan_decision decide(clock_time now, const membership_state& state, const member
 
 membership::membership(membership_options opts) : opts_(opts) {}
 
-int32_t membership::assign_rank(const std::string& node_id) {
+int32_t membership::assign_rank(const node_id& id) {
   std::set<int32_t> held;
-  for (const auto& [id, n] : state_.nodes)
-    if (id != node_id) held.insert(n.node_rank);
-  auto mine = state_.remembered_ranks.find(node_id);
+  for (const auto& [other, n] : state_.nodes)
+    if (other != id) held.insert(n.node_rank);
+  auto mine = state_.remembered_ranks.find(id);
   if (mine != state_.remembered_ranks.end() && !held.count(mine->second)) return mine->second;
-  std::map<int32_t, std::string> reserved;  // rank -> departed node that last held it
-  for (const auto& [id, r] : state_.remembered_ranks)
-    if (id != node_id && !state_.nodes.count(id)) reserved[r] = id;
+  std::map<int32_t, node_id> reserved;  // rank -> departed node that last held it
+  for (const auto& [other, r] : state_.remembered_ranks)
+    if (other != id && !state_.nodes.count(other)) reserved[r] = other;
   for (int32_t r = 0; r < opts_.max_nodes; ++r)
     if (!held.count(r) && !reserved.count(r)) return r;
   // Every free rank below max_nodes is claimed by a departed node: take the
@@ -308,8 +308,8 @@ void membership::note_loss(plan_cause cause, bool in_plan, clock_time now) {
   if (severity(cause) < severity(state_.pending_cause)) state_.pending_cause = cause;
 }
 
-bool membership::note_failure(const std::string& node_id, clock_time now) {
-  auto& f = state_.flaps[node_id];
+bool membership::note_failure(const node_id& id, clock_time now) {
+  auto& f = state_.flaps[id];
   f.failures.erase(std::remove_if(f.failures.begin(), f.failures.end(), [&](clock_time t) { return now - t >= opts_.flap_window; }),
                    f.failures.end());
   f.failures.push_back(now);
@@ -319,14 +319,14 @@ bool membership::note_failure(const std::string& node_id, clock_time now) {
   length = std::min(length, opts_.quarantine_max);
   ++f.quarantines;
   f.until = now + length;
-  f.reason = "node '" + node_id + "' is quarantined for " + seconds_text(length) + " s after " + std::to_string(f.failures.size()) + " failures in " +
+  f.reason = "node '" + id.str() + "' is quarantined for " + seconds_text(length) + " s after " + std::to_string(f.failures.size()) + " failures in " +
              seconds_text(opts_.flap_window) + " s (flapping)";
   f.failures.clear();
   return true;
 }
 
-std::string membership::quarantine_reason(const std::string& node_id, clock_time now) const {
-  auto it = state_.flaps.find(node_id);
+std::string membership::quarantine_reason(const std::string& id, clock_time now) const {
+  auto it = state_.flaps.find(node_id{id});
   if (it == state_.flaps.end() || !it->second.until || now >= *it->second.until) return {};
   return it->second.reason + "; " + seconds_text(*it->second.until - now) + " s left";
 }
@@ -345,14 +345,14 @@ bool membership::mark_ready(node_info& n, int32_t local_rank, bool ready, clock_
   return true;
 }
 
-bool membership::set_rank_ready(const std::string& node_id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now) {
-  auto it = state_.nodes.find(node_id);
+bool membership::set_rank_ready(const std::string& id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now) {
+  auto it = state_.nodes.find(node_id{id});
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
   return mark_ready(it->second, local_rank, ready, now);
 }
 
-void membership::note_synced(const std::string& node_id, uint64_t incarnation, int32_t local_rank, uint64_t generation) {
-  auto it = state_.nodes.find(node_id);
+void membership::note_synced(const std::string& id, uint64_t incarnation, int32_t local_rank, uint64_t generation) {
+  auto it = state_.nodes.find(node_id{id});
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return;
   auto r = it->second.ready.find(local_rank);
   if (r == it->second.ready.end()) return;
@@ -408,7 +408,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
   }
   adopt_reported(reg, now);
   const std::set<int32_t> ready(reg.ready_ranks.begin(), reg.ready_ranks.end());
-  auto it = state_.nodes.find(reg.node_id);
+  auto it = state_.nodes.find(node_id{reg.node_id});
   if (it != state_.nodes.end() && it->second.incarnation == reg.incarnation && it->second.nproc == reg.nproc)
     return readmit(it->second, reg, ready, now);
   if (it != state_.nodes.end() && it->second.incarnation != reg.incarnation && now - it->second.last_seen < opts_.duplicate_window) {
@@ -430,7 +430,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     a.silent_s = seconds(now - std::min(now, it->second.last_seen));
     note_loss(plan_cause::node_lost, in_current(reg.node_id, it->second.incarnation), now);
     state_.nodes.erase(it);
-    if (a.restarted && note_failure(reg.node_id, now)) {
+    if (a.restarted && note_failure(node_id{reg.node_id}, now)) {
       a.quarantined = true;
       a.changed = true;
       a.reason = quarantine_reason(reg.node_id, now);
@@ -477,13 +477,14 @@ admission membership::readmit(node_info& n, const node_registration& reg, const 
 }
 
 void membership::join_node(const node_registration& reg, const std::set<int32_t>& ready, clock_time now, admission& a) {
-  state_.leaving.erase(reg.node_id);
-  auto remembered = state_.remembered_ranks.find(reg.node_id);
-  int32_t rank = assign_rank(reg.node_id);
+  const node_id id{reg.node_id};
+  state_.leaving.erase(id);
+  auto remembered = state_.remembered_ranks.find(id);
+  int32_t rank = assign_rank(id);
   a.rejoined = remembered != state_.remembered_ranks.end() && remembered->second == rank;
-  state_.remembered_ranks[reg.node_id] = rank;
+  state_.remembered_ranks[id] = rank;
   const uint64_t plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
-  auto& n = state_.nodes[reg.node_id] =
+  auto& n = state_.nodes[id] =
       node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation, {}};
   note_addition(plan_cause::node_joined, now);
   for (int32_t l : ready) mark_ready(n, l, true, now);
@@ -493,14 +494,15 @@ void membership::join_node(const node_registration& reg, const std::set<int32_t>
   a.node_rank = rank;
 }
 
-removal membership::remove(const std::string& node_id, clock_time now, departure why) {
+removal membership::remove(const std::string& text, clock_time now, departure why) {
   removal r;
-  auto it = state_.nodes.find(node_id);
+  const node_id id{text};
+  auto it = state_.nodes.find(id);
   if (it == state_.nodes.end()) return r;
-  const bool planned = in_current(node_id, it->second.incarnation);
+  const bool planned = in_current(text, it->second.incarnation);
   if (why == departure::left) {
     if (planned) {
-      auto& leaving = state_.leaving[node_id] = *state_.current->find(node_id);
+      auto& leaving = state_.leaving[id] = *state_.current->find(text);
       leaving.peer = it->second.peer;  // where it is reachable now
     }
     note_loss(plan_cause::node_left, planned, now);
@@ -509,15 +511,15 @@ removal membership::remove(const std::string& node_id, clock_time now, departure
   }
   state_.nodes.erase(it);
   r.removed = true;
-  if (why == departure::lost && note_failure(node_id, now)) {
+  if (why == departure::lost && note_failure(id, now)) {
     r.quarantined = true;
-    r.reason = state_.flaps[node_id].reason;
+    r.reason = state_.flaps[id].reason;
   }
   return r;
 }
 
-bool membership::touch(const std::string& node_id, uint64_t incarnation, clock_time now, const std::string& peer) {
-  auto it = state_.nodes.find(node_id);
+bool membership::touch(const std::string& id, uint64_t incarnation, clock_time now, const std::string& peer) {
+  auto it = state_.nodes.find(node_id{id});
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
   if (!peer.empty()) it->second.peer = peer;
   it->second.last_seen = std::max(it->second.last_seen, now);
@@ -531,12 +533,12 @@ const plan& membership::commit(plan p) {
     // move to free ranks after them.
     std::set<int32_t> held;
     for (const auto& pn : p.nodes) {
-      state_.nodes.at(pn.node_id).node_rank = pn.node_rank;
-      state_.remembered_ranks[pn.node_id] = pn.node_rank;
+      state_.nodes.at(node_id{pn.node_id}).node_rank = pn.node_rank;
+      state_.remembered_ranks[node_id{pn.node_id}] = pn.node_rank;
       held.insert(pn.node_rank);
     }
     for (auto& [id, n] : state_.nodes) {
-      if (p.find(id)) continue;
+      if (p.find(id.str())) continue;
       int32_t r = 0;
       while (held.count(r)) ++r;
       n.node_rank = r;
@@ -565,12 +567,12 @@ void membership::credit_pause(clock_duration pause, clock_time now) {
 
 std::map<std::string, clock_time> membership::last_seen() const {
   std::map<std::string, clock_time> out;
-  for (const auto& [id, n] : state_.nodes) out[id] = n.last_seen;
+  for (const auto& [id, n] : state_.nodes) out[id.str()] = n.last_seen;
   return out;
 }
 
-const node_info* membership::find(const std::string& node_id) const {
-  auto it = state_.nodes.find(node_id);
+const node_info* membership::find(const std::string& id) const {
+  auto it = state_.nodes.find(node_id{id});
   return it == state_.nodes.end() ? nullptr : &it->second;
 }
 

@@ -13,6 +13,7 @@
 
 #include "job/journal_events.hpp"
 #include "actors/liveness.hpp"
+#include "actors/node_id.hpp"
 
 namespace dtactor {
 
@@ -170,8 +171,8 @@ struct flap_record {
 };
 
 struct membership_state {
-  std::map<std::string, node_info> nodes;           // live members by node_id
-  std::map<std::string, int32_t> remembered_ranks;  // node_id -> node rank it last held (members and departed)
+  std::map<node_id, node_info> nodes;           // live members by node id
+  std::map<node_id, int32_t> remembered_ranks;  // node id -> node rank it last held (members and departed)
   std::optional<plan> current;                      // the last plan committed
   uint64_t last_generation = 0;
   clock_time last_change{};
@@ -182,14 +183,14 @@ struct membership_state {
   std::optional<clock_time> settling_since;
   bool loss_pending = false;
   plan_cause pending_cause = plan_cause::none;
-  std::map<std::string, plan_node> leaving;
+  std::map<node_id, plan_node> leaving;
   // First STATE_FAILED of a rank of the current generation.
   std::optional<clock_time> suspect_since;
   // Coordinator restart: the newest plan nodes said they train in, and when
   // the first node registered with a coordinator that had no plan.
   std::optional<plan> reported_plan;
   std::optional<clock_time> first_registration;
-  std::map<std::string, flap_record> flaps;
+  std::map<node_id, flap_record> flaps;
 };
 
 struct plan_decision {
@@ -302,12 +303,12 @@ class membership {
   const membership_options& options() const { return opts_; }
 
  private:
-  int32_t assign_rank(const std::string& node_id);
+  int32_t assign_rank(const node_id& id);
   bool in_current(const std::string& node_id, uint64_t incarnation) const;
   void note_addition(plan_cause cause, clock_time now);
   void note_loss(plan_cause cause, bool in_plan, clock_time now);
-  // Counts a loss of `node_id`; true when it reaches quarantine.
-  bool note_failure(const std::string& node_id, clock_time now);
+  // Counts a loss of `id`; true when it reaches quarantine.
+  bool note_failure(const node_id& id, clock_time now);
   bool mark_ready(node_info& n, int32_t local_rank, bool ready, clock_time now);
   // admit()'s parts. Takes the generation (and, before the first plan, the
   // plan) a registering node reports.

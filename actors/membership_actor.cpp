@@ -63,7 +63,7 @@ void on_register(membership_self self, const inbound& in) {
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
     node_lost(self, r.node_id(), ev::loss_cause::restarted, a.silent_s);
-    if (a.quarantined) quarantined(self, r.node_id(), st.members.state().flaps.at(r.node_id()).reason);
+    if (a.quarantined) quarantined(self, r.node_id(), st.members.state().flaps.at(node_id{r.node_id()}).reason);
   }
   if (!a.accepted)
     log_line(st.opts.log, "refused node '" + printable(r.node_id()) + "': " + printable(a.reason, 0));
@@ -73,8 +73,8 @@ void on_register(membership_self self, const inbound& in) {
     emit(self, ev::node_joined{r.node_id(), in.peer, printable(r.advertise_addr()), r.metrics_port()});
   }
   if (a.accepted) {
-    st.peers[r.node_id()] = in.peer;
-    st.draining.erase(r.node_id());
+    st.peers[node_id{r.node_id()}] = in.peer;
+    st.draining.erase(node_id{r.node_id()});
   }
   send_to_node(self, in.peer, std::move(env));
 }
@@ -89,7 +89,7 @@ void on_heartbeat(membership_self self, const inbound& in) {
     ack->set_echoed_sent_steady_s(in.env.heartbeat().sent_steady_s());
   } else {
     ++st.refused_heartbeats;
-    if (auto d = st.draining.find(id); d != st.draining.end()) d->second = self->clock().now();
+    if (auto d = st.draining.find(node_id{id}); d != st.draining.end()) d->second = self->clock().now();
     auto* ack = env.mutable_register_ack();
     ack->set_accepted(false);
     ack->set_node_rank(-1);
@@ -105,7 +105,7 @@ void on_leave(membership_self self, const inbound& in) {
   const auto* n = st.members.find(id);
   if (!n || n->incarnation != in.env.incarnation()) return;
   st.members.remove(id, self->clock().now(), departure::left);
-  if (in.env.leave().draining()) st.draining[id] = self->clock().now();
+  if (in.env.leave().draining()) st.draining[node_id{id}] = self->clock().now();
   const std::string reason = printable(in.env.leave().reason());
   log_line(st.opts.log, "node '" + id + "' left: " + reason);
   emit(self, ev::node_left{id, reason});
@@ -134,7 +134,7 @@ void refuse_node(membership_self self, const std::string& id, const std::string&
   auto env = make_envelope(st.opts.header, current_generation(st));
   env.mutable_shutdown()->set_reason(why);
   env.mutable_shutdown()->set_refused(true);
-  if (auto p = st.peers.find(id); p != st.peers.end()) st.out(links::nodes, p->second, std::move(env));
+  if (auto p = st.peers.find(node_id{id}); p != st.peers.end()) st.out(links::nodes, p->second, std::move(env));
 }
 
 // Readiness and failures of a node's ranks. The node agent relays them as
@@ -268,17 +268,17 @@ void report_members(membership_self self, clock_time now) {
   const auto& current = st.members.state().current;
   for (const auto& [id, n] : st.members.state().nodes) {
     ev::member_seen m;
-    m.node = id;
+    m.node = id.str();
     m.host = n.advertise_addr;
     m.node_rank = n.node_rank;
     m.nproc = n.nproc;
     m.ready_ranks = static_cast<int32_t>(n.ready.size());
-    const auto* planned = current ? current->find(id) : nullptr;
+    const auto* planned = current ? current->find(id.str()) : nullptr;
     m.in_plan = planned && planned->incarnation == n.incarnation;
     m.heartbeat_age_s = std::chrono::duration<double>(now - n.last_seen).count();
     v.members.push_back(std::move(m));
   }
-  for (const auto& [id, heard] : st.draining) v.draining.push_back(id);
+  for (const auto& [id, heard] : st.draining) v.draining.push_back(id.str());
   emit(self, std::move(v));
 }
 

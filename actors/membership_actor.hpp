@@ -79,11 +79,11 @@ struct membership_actor_state {
   uint64_t adopted = 0;             // generations taken over from the nodes
   bool stopping = false;            // stop_atom received: no more plans
   checkpoint_ledger checkpoints;             // what a plan without a state holder may name, and what ranks refused
-  std::map<std::string, std::string> peers;  // node id -> routing id of its newest registration
+  std::map<node_id, std::string> peers;      // node id -> routing id of its newest registration
   // Nodes that left while their ranks trained on (leave.draining), and when
   // they were last heard from (their leave, then their refused heartbeats):
   // a stop still reaches their ranks, which write its final checkpoint.
-  std::map<std::string, caf::actor_clock::time_point> draining;
+  std::map<node_id, caf::actor_clock::time_point> draining;
   caf::actor_clock::time_point last_view{};  // the last members_view emitted
   pause_tracker pauses;                      // this actor's own stalls, credited to every node's silence
   static inline const char* name = "dtactor.membership";

@@ -469,7 +469,7 @@ TEST(membership, a_leave_drains_and_the_plan_goes_to_the_leaving_node_too) {
   ASSERT_EQ(p.leaving.size(), 1u);
   EXPECT_EQ(p.leaving[0].node_id, "b");
   EXPECT_EQ(p.leaving[0].peer, "peer-b");
-  EXPECT_EQ(m.state().remembered_ranks.at("b"), 1);
+  EXPECT_EQ(m.state().remembered_ranks.at(node_id{"b"}), 1);
   EXPECT_TRUE(m.state().flaps.empty());  // a clean leave is no failure
   // The next plan is not sent to b again.
   m.admit(reg("c", 1), t0() + 2s);
@@ -588,8 +588,8 @@ TEST(membership, quarantine_length_is_capped_at_five_minutes) {
     ASSERT_TRUE(m.remove("a", t).quarantined);
     t += 1h;
   }
-  EXPECT_EQ(m.state().flaps.at("a").quarantines, 4);
-  EXPECT_EQ(*m.state().flaps.at("a").until - (t - 1h), 300s);  // 100, 200, 300, 300
+  EXPECT_EQ(m.state().flaps.at(node_id{"a"}).quarantines, 4);
+  EXPECT_EQ(*m.state().flaps.at(node_id{"a"}).until - (t - 1h), 300s);  // 100, 200, 300, 300
 }
 
 TEST(membership, a_member_restarting_counts_as_a_failure_and_can_be_quarantined) {
