@@ -16,6 +16,7 @@
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
 #include "app/coordinator_sink.hpp"
+#include "base/async_log.hpp"
 #include "base/printable.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/metrics.hpp"
@@ -44,7 +45,7 @@ bool is_loopback_host(const std::string& host) {
 }
 
 int fail(const std::string& msg, int code = 1) {
-  std::fprintf(stderr, "dtactor: %s\n", msg.c_str());
+  stderr_line("dtactor: " + msg);
   return code;
 }
 
@@ -88,7 +89,7 @@ result<shipped_file> ship_module(const model_settings& model, checkpoint_store& 
   if (!shipped) return make_error("cannot ship model.file with the job: " + shipped.message());
   module = shipped.value();
   const std::string line = (module.uploaded ? "shipped model.file to " : "model.file is already in ") + store.location() + " as " + module.object;
-  std::fprintf(stderr, "coordinator: %s\n", line.c_str());
+  stderr_line("coordinator: " + line);
   ev::module_shipped e;
   e.file = model.file;
   e.object = module.object;
@@ -105,7 +106,7 @@ result<shipped_file> ship_module(const model_settings& model, checkpoint_store& 
 result<int64_t> resume_step_of(const cluster_cli& cli, const checked_config& job, checkpoint_store& store, journal& jn, int* code) {
   *code = 1;
   resume_reports reports;
-  reports.log = [](const std::string& line) { std::fprintf(stderr, "dtactor: %s\n", line.c_str()); };
+  reports.log = [](const std::string& line) { stderr_line("dtactor: " + line); };
   reports.journal = [&jn](const ev::journal_event& e) { jn.write(e); };
   auto found = find_resume_point(resume_request{!cli.no_resume, ""}, store, reports);
   if (!found) return found.err();
@@ -122,10 +123,10 @@ result<int64_t> resume_step_of(const cluster_cli& cli, const checked_config& job
   e.path = path;
   jn.write(e);
   if (step >= job.settings.train.max_steps)
-    std::fprintf(stderr, "coordinator: %s already holds a checkpoint at step %lld, at train.max_steps: nothing left to train (--no-resume starts over)\n",
-                 store.location().c_str(), static_cast<long long>(step));
+    stderr_line("coordinator: " + store.location() + " already holds a checkpoint at step " + std::to_string(step) +
+                ", at train.max_steps: nothing left to train (--no-resume starts over)");
   else
-    std::fprintf(stderr, "coordinator: resuming from step %lld (%s; --no-resume starts over)\n", static_cast<long long>(step), path.c_str());
+    stderr_line("coordinator: resuming from step " + std::to_string(step) + " (" + path + "; --no-resume starts over)");
   return step;
 }
 
@@ -136,9 +137,8 @@ result<uint64_t> generations_after_of(const std::string& sample_log, checkpoint_
   if (!before) return before.err();
   const uint64_t after = before.value();
   if (after > 0)
-    std::fprintf(stderr, "coordinator: generations are numbered from %llu on (earlier runs of this checkpoint store%s reached %llu)\n",
-                 static_cast<unsigned long long>(after + 1), sample_log.empty() ? "" : " and sample log",
-                 static_cast<unsigned long long>(after));
+    stderr_line("coordinator: generations are numbered from " + std::to_string(after + 1) + " on (earlier runs of this checkpoint store" +
+                (sample_log.empty() ? "" : " and sample log") + " reached " + std::to_string(after) + ")");
   return after;
 }
 
@@ -276,10 +276,8 @@ std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const member
 // Nodes may register now: the journal and the console say where.
 void announce(const coordinator_run& run, const std::string& bound, int store_port) {
   if (!run.cli.key && !is_loopback_host(run.listen.host))
-    std::fprintf(stderr,
-                 "dtactor: warning: no job key: anyone who can reach %s can join, steer or stop this job (dtactor keygen, then --key on "
-                 "every process; docs/security.md)\n",
-                 bound.c_str());
+    stderr_line("dtactor: warning: no job key: anyone who can reach " + bound +
+                " can join, steer or stop this job (dtactor keygen, then --key on every process; docs/security.md)");
   ev::coordinator_started started;
   started.listen = bound;
   started.job_id = run.job_id;
@@ -287,8 +285,8 @@ void announce(const coordinator_run& run, const std::string& bound, int store_po
   started.metrics_port = run.cli.metrics_port;
   started.resume_step = run.start.resume_step;
   run.jn.write(started);
-  std::fprintf(stderr, "coordinator: job %s listening on %s, waiting for %lld node(s)\n", run.job_id.c_str(), bound.c_str(),
-               static_cast<long long>(run.settings.cluster.min_nodes));
+  stderr_line("coordinator: job " + run.job_id + " listening on " + bound + ", waiting for " + std::to_string(run.settings.cluster.min_nodes) +
+              " node(s)");
 }
 
 // The actors and the bridge to the nodes, until the job ends. Returns the
@@ -406,6 +404,12 @@ int serve_job(const coordinator_run& run) {
 }  // namespace
 
 int run_coordinator(const cluster_cli& cli) {
+  // Every console line of this process (its own, the actors' through the
+  // progress line, the bridge's, the final result on stdout) goes through
+  // one writer thread: a stdout or stderr nobody reads (a stopped terminal,
+  // a slow `| tee`, ssh) drops lines, counted, instead of blocking the
+  // actors that answer the nodes' heartbeats. Flushed for at most 2 s at the end.
+  stderr_log_scope async_output(async_log_options{4096, "dtactor coordinator"});
   int setup_code = 0;
   auto loaded = checked_setup(cli, setup_code);
   if (!loaded) return fail(loaded.message(), setup_code);

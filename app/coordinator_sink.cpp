@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "base/async_log.hpp"
 #include "storage/fs.hpp"
 
 namespace dtactor {
@@ -137,8 +138,8 @@ void coordinator_sink::on(const ev::job_ended& e) {
   if (e.how == ev::outcome::failed) {
     jn_.write(ev::job_failed{e.step, e.generation, e.reason});
     obs_.finish();
-    std::fprintf(stderr, "dtactor: the job stops at step %lld: %s%s\n", static_cast<long long>(e.step), e.reason.c_str(),
-                 e.resumable ? "; start it again to resume from the newest checkpoint" : "");
+    stderr_line("dtactor: the job stops at step " + std::to_string(e.step) + ": " + e.reason +
+                (e.resumable ? "; start it again to resume from the newest checkpoint" : ""));
     return;
   }
   const bool stopped = e.how == ev::outcome::stopped;
@@ -151,8 +152,7 @@ void coordinator_sink::on(const ev::job_ended& e) {
     j.final_checkpoint = false;
     jn_.write(j);
     obs_.finish();
-    std::fprintf(stdout, "stopped at step %lld without a final checkpoint: %s\n", static_cast<long long>(e.step), e.reason.c_str());
-    std::fflush(stdout);
+    stdout_line("stopped at step " + std::to_string(e.step) + " without a final checkpoint: " + e.reason);
     return;
   }
   // job_finished and job_stopped (with every rank) carry the same fields.
@@ -173,10 +173,13 @@ void coordinator_sink::on(const ev::job_ended& e) {
     jn_.write(with_end(ev::job_finished{}));
   }
   obs_.finish();
-  std::fprintf(stdout, "%s at step %lld:", stopped ? "stopped" : "finished", static_cast<long long>(e.step));
-  for (const auto& [k, v] : e.metrics) std::fprintf(stdout, " %s=%.4f", k.c_str(), v);
-  std::fprintf(stdout, " params_digest=%s world_size=%d\n", e.params_digest.c_str(), e.world_size);
-  std::fflush(stdout);
+  std::string line = std::string(stopped ? "stopped" : "finished") + " at step " + std::to_string(e.step) + ":";
+  for (const auto& [k, v] : e.metrics) {
+    char value[64];
+    std::snprintf(value, sizeof value, "%.4f", v);
+    line += " " + k + "=" + value;
+  }
+  stdout_line(line + " params_digest=" + e.params_digest + " world_size=" + std::to_string(e.world_size));
 }
 
 }  // namespace dtactor

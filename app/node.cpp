@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/async_log.hpp"
+#include "base/line_forwarder.hpp"
 #include "base/log_limiter.hpp"
 #include "base/printable.hpp"
 #include "actors/membership.hpp"
@@ -90,7 +91,7 @@ class rank_launcher : public process_launcher {
     // group (a terminal's Ctrl-C) reaches the node, which decides how its
     // ranks stop (at a step boundary, after a final checkpoint); they die
     // with it if it dies (PR_SET_PDEATHSIG).
-    auto c = child_process::spawn(args, true);
+    auto c = spawn_rank(args);
     if (!c) return c.err();
     const pid_t pid = c->release();
     reaper_.adopt(pid);
@@ -104,14 +105,31 @@ class rank_launcher : public process_launcher {
   void terminate(int32_t pid) override { reaper_.terminate(pid, std::chrono::seconds(3), SIGUSR2); }
   void kill(int32_t pid) override { reaper_.kill(pid); }
 
-  void stop() { reaper_.stop(); }
+  // The ranks are killed and reaped, then what they wrote last is passed on.
+  void stop() {
+    reaper_.stop();
+    output_.stop();
+  }
 
  private:
+  // A rank writes its stdout and stderr into a pipe the node reads
+  // (output_), whose lines go out through the node's non-blocking stderr:
+  // a stderr nobody reads never blocks a rank's training thread. Without
+  // a pipe (no descriptors left) the rank shares the node's stderr.
+  result<child_process> spawn_rank(const std::vector<std::string>& args) {
+    auto pipe = output_.open_pipe();
+    if (!pipe) return child_process::spawn(args, true);
+    auto c = child_process::spawn_to_fd(args, true, pipe.value());
+    ::close(pipe.value());
+    return c;
+  }
+
   std::vector<std::string> base_;
   std::vector<std::string> fault_;
   bool fault_every_start_ = false;
   caf::actor agent_;
-  child_reaper reaper_;  // last: its thread stops before the members it uses go
+  line_forwarder output_;  // the ranks' lines to stderr_line; stops after the reaper
+  child_reaper reaper_;    // last: its thread stops before the members it uses go
 };
 
 // Default id: the host name; in a network namespace of its own (a host of

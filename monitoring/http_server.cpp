@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "base/async_log.hpp"
+
 // civetweb's Debian build asks for 100 KiB thread stacks (its compile-time
 // USE_STACK_SIZE), less than the static TLS of a process that links
 // LibTorch (a program on the C++ API that runs the coordinator or a node in
@@ -72,7 +74,7 @@ extern "C" int accept(int fd, sockaddr* addr, socklen_t* len) {
   if (r < 0 && (errno == EMFILE || errno == ENFILE)) {
     const int e = errno;
     if (accepts_without_descriptors.fetch_add(1) == 0)
-      std::fprintf(stderr, "dtactor: http: out of file descriptors, connections wait (raise ulimit -n)\n");
+      dtactor::stderr_line("dtactor: http: out of file descriptors, connections wait (raise ulimit -n)");
     ::usleep(50 * 1000);
     errno = e;
   }

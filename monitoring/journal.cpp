@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/async_log.hpp"
+
 namespace dtactor {
 
 journal::~journal() {
@@ -44,8 +46,7 @@ void journal::write(std::string_view event, const nlohmann::json& fields) {
   if (int err = env_->write_all(fd_, text.data(), text.size()); err != 0) {
     if (end >= 0) (void)::ftruncate(fd_, end);
     if (failed_++ == 0)
-      std::fprintf(stderr, "dtactor: cannot write to the journal '%s': %s; its lines are missing until the disk takes them again\n", path_.c_str(),
-                   std::strerror(err));
+      stderr_line("dtactor: cannot write to the journal '" + path_ + "': " + std::strerror(err) + "; its lines are missing until the disk takes them again");
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "base/async_log.hpp"
+
 namespace dtactor {
 
 progress::progress(bool interactive, const std::string& log_path) : interactive_(interactive) {
@@ -45,7 +47,7 @@ void progress::update(const progress_state& s, bool force) {
   const std::string line = render(s);
   if (!interactive_) {
     if (!force) return;
-    std::fprintf(stderr, "%s\n", line.c_str());
+    stderr_line(line);
     if (log_) std::fprintf(log_, "%s\n", line.c_str()), std::fflush(log_);
     return;
   }
@@ -53,27 +55,24 @@ void progress::update(const progress_state& s, bool force) {
   if (!force && now - last_draw_ < std::chrono::milliseconds(250)) return;
   last_draw_ = now;
   last_line_ = line;
-  std::fprintf(stderr, "\r\033[K%s", line.c_str());
-  std::fflush(stderr);
+  stderr_text("\r\033[K" + line);
   live_ = true;
   if (force && log_) std::fprintf(log_, "%s\n", line.c_str()), std::fflush(log_);
 }
 
 void progress::log(const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (interactive_ && live_) std::fprintf(stderr, "\r\033[K");
-  std::fprintf(stderr, "%s\n", line.c_str());
-  if (interactive_ && live_) std::fprintf(stderr, "%s", last_line_.c_str());
-  std::fflush(stderr);
+  // One write: the line above the live line, which is drawn again below it.
+  if (interactive_ && live_)
+    stderr_text("\r\033[K" + line + "\n" + last_line_);
+  else
+    stderr_line(line);
   if (log_) std::fprintf(log_, "%s\n", line.c_str()), std::fflush(log_);
 }
 
 void progress::finish() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (interactive_ && live_) {
-    std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  }
+  if (interactive_ && live_) stderr_text("\n");
   live_ = false;
 }
 

@@ -4,6 +4,9 @@
 // second. Otherwise: plain lines, only for forced updates (the caller's log
 // interval).
 // Either way, every log() line also goes to the run's log file. Thread-safe.
+// The console writes go through stderr_line / stderr_text
+// (base/async_log.hpp): they never block where the process installed a
+// stderr_log_scope; the log file is written directly.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "base/async_log.hpp"
 #include "monitoring/journal.hpp"
 
 namespace dtactor {
@@ -10,7 +11,7 @@ namespace dtactor {
 run_observer::run_observer(const options& o) : opts_(o), progress_(o.interactive, o.log_path) {
   if (!o.run_dir.empty())
     if (auto st = tb_.open(o.run_dir + "/tensorboard"); !st)
-      std::fprintf(stderr, "dtactor: %s; training goes on without TensorBoard events\n", st.message().c_str());
+      stderr_line("dtactor: " + st.message() + "; training goes on without TensorBoard events");
 }
 
 run_observer::~run_observer() { progress_.finish(); }

@@ -11,6 +11,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "base/async_log.hpp"
 #include "base/log_limiter.hpp"
 #include "base/printable.hpp"
 #include "net/handshake_gate.hpp"
@@ -304,8 +305,8 @@ struct rendezvous_store::impl {
     const std::string peer = request.empty() ? std::string() : request[0];
     send_all(table.handle(std::move(request), clock_type::now(), &why, &refused));
     if (!why.empty() && table.malformed() <= static_cast<uint64_t>(max_logged))
-      std::fprintf(stderr, "dtactor: rendezvous store: ignored a malformed request (%s)%s\n", why.c_str(),
-                   table.malformed() == static_cast<uint64_t>(max_logged) ? "; further ones are not logged" : "");
+      stderr_line("dtactor: rendezvous store: ignored a malformed request (" + why + ")" +
+                  (table.malformed() == static_cast<uint64_t>(max_logged) ? "; further ones are not logged" : ""));
     if (!refused.empty())
       log_limit.log("refused", "dtactor: rendezvous store: refused a request of peer " + printable(peer.size() == 5 && peer[0] == '\0' ? "(anonymous)" : peer) +
                                    ": " + refused);
@@ -345,7 +346,7 @@ struct rendezvous_store::impl {
         }
       } catch (const zmq::error_t& e) {
         if (e.num() == ETERM) return;
-        std::fprintf(stderr, "dtactor: rendezvous store: %s\n", e.what());
+        stderr_line(std::string("dtactor: rendezvous store: ") + e.what());
       }
       send_all(table.release(clock_type::now()));
       keys.store(table.keys());

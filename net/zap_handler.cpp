@@ -4,6 +4,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "base/async_log.hpp"
+
 namespace dtactor {
 
 namespace {
@@ -57,13 +59,13 @@ void zap_handler::run() {
       } else {
         const auto n = refused_.fetch_add(1) + 1;
         if (n <= max_logged)
-          std::fprintf(stderr, "dtactor: %s: refused a %s connection from %s: not a client of this job (no or another job key)%s\n",
-                       who_.c_str(), d.mechanism.empty() ? "malformed" : d.mechanism.c_str(), d.address.empty() ? "?" : d.address.c_str(),
-                       n == max_logged ? "; further refusals are counted, not logged" : "");
+          stderr_line("dtactor: " + who_ + ": refused a " + (d.mechanism.empty() ? std::string("malformed") : d.mechanism) + " connection from " +
+                      (d.address.empty() ? std::string("?") : d.address) + ": not a client of this job (no or another job key)" +
+                      (n == max_logged ? "; further refusals are counted, not logged" : ""));
       }
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;
-      std::fprintf(stderr, "dtactor: %s: ZAP handler: %s\n", who_.c_str(), e.what());
+      stderr_line("dtactor: " + who_ + ": ZAP handler: " + e.what());
     }
   }
 }

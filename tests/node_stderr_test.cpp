@@ -1,8 +1,8 @@
-// A node whose stderr is a pipe nobody reads (a terminal in copy mode, a
-// slow `| tee`, ssh) keeps its membership: its log lines are dropped and
-// counted (base/async_log.hpp), never waited for by the agent that
-// heartbeats. A real coordinator and node on loopback; the node's stderr is
-// a FIFO the test holds open and fills, and never reads.
+// A process whose stderr is a pipe nobody reads (a terminal in copy mode, a
+// slow `| tee`, ssh) goes on: its log lines are dropped and counted
+// (base/async_log.hpp), never waited for by an actor that heartbeats or a
+// rank's training thread. A real coordinator and nodes on loopback; one
+// process's output is a FIFO the test holds open and fills, and never reads.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -97,6 +97,54 @@ TEST(Chaos, NodeWhoseStderrIsNotReadIsNotDeclaredLost) {
   EXPECT_TRUE(decided) << "heartbeats acked since the rank's exit: " << heartbeats_acked(port) - acked_after_exit << "\n" << cl.logs();
   EXPECT_TRUE(events<ev::node_lost>(j).empty()) << "the node was declared lost while its stderr was full\n" << cl.logs();
   EXPECT_TRUE(cl.nodes.at("a").running());
+}
+
+// The job's end, within `timeout_s`: job_finished, or the coordinator's end.
+bool finished(cluster& cl, int timeout_s) {
+  return cl.wait_for([](const std::vector<json>& j) { return !events<ev::job_finished>(j).empty(); }, timeout_s);
+}
+
+// The coordinator's stdout and stderr are a full pipe before it starts: its
+// first line (and every progress line after it) would block the thread that
+// writes it, the actors that answer heartbeats among them. The job must
+// train to its end, no node lost, and the coordinator exit on its own.
+TEST(Chaos, CoordinatorWhoseStderrIsNotReadTrainsToTheEnd) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(30, {"cluster.min_nodes=2"}));
+  unread_pipe pipe(d.path() + "/coordinator.log");
+  ASSERT_TRUE(pipe.ok());
+  pipe.fill();
+  ASSERT_EQ(cl.start({"a", "b"}), "");
+  EXPECT_TRUE(finished(cl, 90)) << "the job did not finish while the coordinator's stderr was full\n" << cl.logs();
+  const auto j = cl.journal();
+  const auto fin = events<ev::job_finished>(j);
+  ASSERT_EQ(fin.size(), 1u) << cl.logs();
+  EXPECT_EQ(fin[0].at("step"), 30);
+  EXPECT_TRUE(events<ev::node_lost>(j).empty()) << cl.logs();
+  // Its last lines (the result on stdout) wait at most 2 s for the pipe.
+  const auto done = cl.coord->wait(30000);
+  ASSERT_TRUE(done) << "the coordinator did not exit\n" << cl.logs();
+  EXPECT_EQ(done->exit_code, 0) << done->describe();
+}
+
+// Node a's output, which its ranks share, is a full pipe before it starts:
+// each rank's lines (the transport it chose at every generation of world 2,
+// anything LibTorch or Gloo says) would block its training thread. The
+// node reads its ranks' output itself: steps keep coming to the end.
+TEST(Chaos, RanksWhoseStderrIsNotReadKeepTraining) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(30, {"cluster.min_nodes=2"}));
+  unread_pipe pipe(d.path() + "/node-a.log");
+  ASSERT_TRUE(pipe.ok());
+  pipe.fill();
+  ASSERT_EQ(cl.start({"a", "b"}), "");
+  EXPECT_TRUE(finished(cl, 90)) << "the job did not finish while node a's stderr was full\n" << cl.logs();
+  const auto j = cl.journal();
+  const auto fin = events<ev::job_finished>(j);
+  ASSERT_EQ(fin.size(), 1u) << "steps journaled: " << events<ev::step_completed>(j).size() << "\n" << cl.logs();
+  EXPECT_EQ(fin[0].at("step"), 30);
+  EXPECT_EQ(fin[0].at("world_size"), 2);
+  EXPECT_TRUE(events<ev::node_lost>(j).empty()) << cl.logs();
 }
 
 }  // namespace
