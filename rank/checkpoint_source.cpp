@@ -35,7 +35,8 @@ generation_end checkpoint_source::load(start_context& c, load_request& l) {
   if (!store) return g.failed("checkpoint store: " + store.message(), c.state.step());
   auto meta = store->read_manifest(name);
   if (!meta) return g.checkpoint_unusable(l.step, "checkpoint " + where + ": " + meta.message(), meta.code() == errc::corrupt_checkpoint, c.state.step());
-  if (auto st = check_checkpoint_compatible(meta.value(), *c.rs.cfg, where); !st) return g.checkpoint_unusable(l.step, st.message(), true, c.state.step());
+  if (auto st = check_checkpoint_compatible(meta.value(), c.rs.settings.model, c.rs.settings.train, c.rs.cfg->digest({"model."}), where); !st)
+    return g.checkpoint_unusable(l.step, st.message(), true, c.state.step());
   status st;
   if (l.own_section) {
     auto section = load_worker_section(c.state, store.value(), meta.value(), g.rank);
