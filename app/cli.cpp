@@ -100,6 +100,11 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
   app.add_option("--threads-per-rank", cl.threads_per_rank,
                  "node: compute threads of each rank when train.threads is 0 (default: this machine's cores / --nproc-per-node)");
   app.add_flag("--no-resume", cl.no_resume, "coordinator: start over even if the run directory holds checkpoints");
+  app.add_option("--lease", cl.lease,
+                 "coordinator: the job's leader lease, etcd://HOST:PORT[/PREFIX] or a directory on a shared file system: one coordinator "
+                 "decides at a time");
+  app.add_flag("--standby", cl.standby, "coordinator (with --lease): wait while another holds the lease, and take over when it is gone");
+  app.add_option("--lease-ttl-ms", cl.lease_ttl_ms, "coordinator: how long a lease not renewed stays held")->check(CLI::Range(300, 600000))->capture_default_str();
   app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");
   app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");

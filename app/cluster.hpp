@@ -32,6 +32,12 @@ struct cluster_cli {
   int connect_timeout_s = 120;
   bool die_with_parent = false;                // coordinator, node: SIGTERM when the parent (dtactor local) dies
   bool no_resume = false;                      // coordinator, local: start over even if the run directory holds checkpoints
+  // coordinator: the job's leader lease (etcd://HOST:PORT[/PREFIX] or a
+  // shared directory; app/coordinator_lease.hpp), whether to wait for it
+  // while another holds it, and its TTL.
+  std::string lease;
+  bool standby = false;
+  int lease_ttl_ms = 2000;
   int64_t fail_at_step = -1;                   // node, rank: fault injection for tests (rank_worker_options)
   fault_mode fail_mode = fault_mode::crash;
   // node: watch the cloud's instance metadata service for a preemption

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <unistd.h>
 
 #include "actors/membership_actor.hpp"
 #include "actors/job_actor.hpp"
@@ -15,6 +16,7 @@
 #include "app/caf_setup.hpp"
 #include "app/cluster.hpp"
 #include "app/cluster_util.hpp"
+#include "app/coordinator_lease.hpp"
 #include "app/coordinator_sink.hpp"
 #include "base/async_log.hpp"
 #include "base/printable.hpp"
@@ -44,6 +46,19 @@ bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
 }
 
+lease_settings lease_settings_of(const cluster_cli& cli) {
+  lease_settings s;
+  s.where = cli.lease;
+  s.standby = cli.standby;
+  s.ttl = std::chrono::milliseconds(cli.lease_ttl_ms);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  s.holder = std::string(host) + ":" + std::to_string(::getpid());
+  s.address = cli.listen;
+  s.stop_signal = cli.stop_signal;
+  return s;
+}
+
 int fail(const std::string& msg, int code = 1) {
   stderr_line("dtactor: " + msg);
   return code;
@@ -71,10 +86,13 @@ result<checked_config> checked_setup(const cluster_cli& cli, int& code) {
   if (auto why = validate(liveness_options_from(s.cluster)); !why.empty()) return make_error(why);
   if (auto why = validate(membership_options_from(s.cluster)); !why.empty()) return make_error(why);
   if (auto listen = parse_tcp_endpoint(cli.listen, "--listen"); !listen) return listen.err();
+  if (cli.standby && cli.lease.empty()) return make_error("--standby waits for the job's lease: name it with --lease");
   code = 1;
   if (auto st = ensure_writable_dir(cli.run_dir); !st) return make_error("run directory: " + st.message());
   if (auto st = check_sample_log_dir(s.data.sample_log); !st) return st.err();
-  if (auto who = file_lock::holder(run_dir_lock_path(cli.run_dir)); !who.empty())
+  // (A standby shares the holder's run directory: it takes the lock once
+  // it holds the job's lease.)
+  if (auto who = file_lock::holder(run_dir_lock_path(cli.run_dir)); !who.empty() && !cli.standby)
     return make_error(run_dir_busy_message(cli.run_dir, make_error(who, errc::busy)));
   return checked_config{std::move(loaded.value()), std::move(settings.value())};
 }
@@ -416,6 +434,15 @@ int run_coordinator(const cluster_cli& cli) {
   const checked_config job = std::move(loaded.value());
   const config& cfg = job.cfg;
   auto listen = parse_tcp_endpoint(cli.listen, "--listen");
+  // The job's lease first: a standby waits here, before it touches the
+  // run directory or the port.
+  std::unique_ptr<coordinator_lease> lease;
+  if (!cli.lease.empty()) {
+    int lease_code = 2;
+    auto taken = coordinator_lease::take(lease_settings_of(cli), [](const std::string& l) { stderr_line("dtactor: coordinator: " + l); }, &lease_code);
+    if (!taken) return fail(taken.message(), lease_code);
+    lease = std::move(taken.value());
+  }
   // One writer per run directory: a second coordinator (or `dtactor train`)
   // would interleave its journal and checkpoints with this one's. A crashed
   // holder's lock is free again.

@@ -1,0 +1,88 @@
+#include "app/coordinator_lease.hpp"
+
+#include <unistd.h>
+
+#include "base/printable.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::string describe(const lease_holder& h) {
+  return printable(h.holder) + " (" + printable(h.address) + ", epoch " + std::to_string(h.epoch) + ")";
+}
+
+std::chrono::milliseconds renew_period(std::chrono::milliseconds ttl) { return std::max(ttl / 6, std::chrono::milliseconds(20)); }
+
+}  // namespace
+
+result<std::unique_ptr<coordinator_lease>> coordinator_lease::take(const lease_settings& s, const std::function<void(const std::string&)>& say,
+                                                                   int* code) {
+  *code = 2;
+  lease_options o;
+  o.ttl = s.ttl;
+  auto opened = open_leader_lease(s.where, o);
+  if (!opened) return opened.err();
+  auto lease = std::move(opened.value());
+  bool said = false;
+  while (!(s.stop_signal && s.stop_signal->load())) {
+    auto claim = lease->try_acquire({0, s.holder, s.address});
+    if (claim && claim->taken) {
+      say("holds the job's lease at " + printable(s.where) + ", epoch " + std::to_string(claim->current.epoch));
+      return std::unique_ptr<coordinator_lease>(new coordinator_lease(std::move(lease), s, claim->current.epoch));
+    }
+    if (!s.standby) {
+      if (!claim) return claim.err();
+      return make_error("the job's lease at " + printable(s.where) + " is held by " + describe(claim->current) +
+                        ": another coordinator runs this job; add --standby to take over when it is gone");
+    }
+    if (!said) {
+      say(claim ? "standing by: the job's lease is held by " + describe(claim->current) : "standing by: " + claim.message());
+      said = true;
+    }
+    std::this_thread::sleep_for(renew_period(s.ttl));  // a standby polls the lease; nothing signals its lapse
+  }
+  *code = 0;
+  return make_error("stopped while standing by");
+}
+
+coordinator_lease::coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch)
+    : lease_(std::move(lease)), s_(std::move(s)), epoch_(epoch) {
+  renewer_ = std::thread([this] { renew_loop(); });
+}
+
+coordinator_lease::~coordinator_lease() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (renewer_.joinable()) renewer_.join();
+  (void)lease_->release();
+}
+
+void coordinator_lease::renew_loop() {
+  auto last_renewed = clock_type::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, renew_period(s_.ttl), [this] { return stopping_; })) {
+    lock.unlock();
+    auto r = lease_->renew();
+    if (r && *r == renewal::deposed) stop_deciding("another coordinator took the job's lease (this one held epoch " + std::to_string(epoch_) + ")");
+    if (r) last_renewed = clock_type::now();
+    else if (clock_type::now() - last_renewed >= s_.ttl / 2)
+      stop_deciding("the job's lease could not be renewed for half its TTL (" + r.message() + "); a standby may hold it now");
+    lock.lock();
+  }
+}
+
+// Written straight to fd 2 (the console's queue may never drain); the
+// actors, the bridge and the store end with the process.
+void coordinator_lease::stop_deciding(const std::string& why) {
+  const std::string line = "dtactor: coordinator: stops deciding: " + why + "\n";
+  (void)!::write(2, line.data(), line.size());
+  ::_exit(3);
+}
+
+}  // namespace dtactor

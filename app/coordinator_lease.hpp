@@ -1,0 +1,61 @@
+#pragma once
+// The coordinator's hold on the job's leader lease (--lease WHERE;
+// storage/leader_lease.hpp). It is taken before the coordinator starts
+// anything (its run directory, journal, port): a second coordinator either
+// stops with one line naming the holder, or, with --standby, waits until
+// the holder lets the lease lapse (its machine lost) or releases it, then
+// starts as a restarted coordinator does, adopting the running generation
+// from the nodes. Held, it is renewed on a thread of its own about every
+// sixth of the TTL; when another coordinator took a newer epoch, or no
+// renewal succeeded for half the TTL, this process stops deciding at once:
+// one line, exit code 3.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "dtactor/result.hpp"
+#include "storage/leader_lease.hpp"
+
+namespace dtactor {
+
+struct lease_settings {
+  std::string where;  // --lease: etcd://HOST:PORT[/PREFIX] or a directory on a shared file system
+  bool standby = false;
+  std::chrono::milliseconds ttl{2000};
+  std::string holder;   // this coordinator's id (host:pid)
+  std::string address;  // where nodes reach it (--listen)
+  const std::atomic<int>* stop_signal = nullptr;  // standing by ends on a stop signal
+};
+
+class coordinator_lease {
+ public:
+  // Takes the lease (standing by while another holds it, with --standby);
+  // `say` gets the lines an operator should see. Error: one line (exit 2:
+  // held by another without --standby, or a place that cannot hold a
+  // lease); a standby stopped by a signal returns nothing (exit 0).
+  static result<std::unique_ptr<coordinator_lease>> take(const lease_settings& s, const std::function<void(const std::string&)>& say, int* code);
+  ~coordinator_lease();  // stops renewing and releases the lease
+
+  uint64_t epoch() const { return epoch_; }
+
+ private:
+  coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch);
+  void renew_loop();
+  [[noreturn]] static void stop_deciding(const std::string& why);
+
+  std::unique_ptr<leader_lease> lease_;
+  lease_settings s_;
+  uint64_t epoch_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread renewer_;
+};
+
+}  // namespace dtactor

@@ -1,0 +1,105 @@
+// A standby coordinator (--lease, --standby; app/coordinator_lease.hpp):
+// real coordinators and nodes on loopback sharing a lease in a directory.
+// The standby waits while the first holds the lease, takes it over when
+// the first is killed, and runs the job to its end from the same address
+// and run directory (as a floating address or a Service would give it); a
+// coordinator that finds a newer epoch stops deciding; a second one without
+// --standby is refused in one line.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "chaos_checks.hpp"
+#include "cluster_harness.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::cluster;
+using testing::job_sets;
+using testing::temp_dir;
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Until `path` holds `text`, or `p` ended, or 60 s.
+bool wait_for_text(const std::string& path, const std::string& text, child_process& p) {
+  for (int i = 0; i < 3000; ++i) {
+    if (read_text(path).find(text) != std::string::npos) return true;
+    if (!p.running()) return read_text(path).find(text) != std::string::npos;
+    p.wait(20);
+  }
+  return false;
+}
+
+std::vector<std::string> coordinator_args(const cluster& cl, const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {DTACTOR_BINARY, "--role", "coordinator", "--listen", cl.endpoint, "--run-dir", cl.run_dir};
+  a.insert(a.end(), cl.sets.begin(), cl.sets.end());
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST(Standby, AStandbyTakesOverWhenTheCoordinatorIsKilledAndTheJobFinishesWithoutLoss) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000"};
+  cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2"}));
+  ASSERT_EQ(cl.start_coordinator(leased), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  // The standby: same address and run directory, waiting for the lease.
+  auto standby_args = coordinator_args(cl, leased);
+  standby_args.push_back("--standby");
+  const std::string standby_log = cl.run_dir + "/standby.log";
+  auto standby = child_process::spawn(standby_args, false, standby_log);
+  ASSERT_TRUE(standby) << standby.message();
+  ASSERT_TRUE(wait_for_text(standby_log, "standing by: the job's lease is held by", *standby)) << read_text(standby_log);
+  ASSERT_TRUE(cl.wait_step(60)) << cl.logs();
+  EXPECT_TRUE(standby->running()) << "the standby must wait while the coordinator renews: " << read_text(standby_log);
+  cl.coord->signal(SIGKILL);
+  ASSERT_TRUE(cl.coord->wait(10000));
+  ASSERT_TRUE(wait_for_text(standby_log, "holds the job's lease at " + lease.path() + ", epoch 2", *standby)) << read_text(standby_log);
+  // The standby is the coordinator now: it adopts the running generation
+  // and ends the job.
+  cl.coord.emplace(std::move(standby.value()));
+  testing::expect_finished_without_loss(cl, 1500, 2);
+}
+
+TEST(Standby, ACoordinatorThatFindsANewerEpochStopsDecidingAndASecondOneIsRefused) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000"};
+  cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=1"}));
+  ASSERT_EQ(cl.start_coordinator(leased), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_TRUE(cl.wait_step(10)) << cl.logs();
+  // Without --standby, a second coordinator of the job is refused.
+  temp_dir other;
+  auto second_args = coordinator_args(cl, leased);
+  second_args[6] = other.path();  // --run-dir
+  auto second = child_process::spawn(second_args, false, other.path() + "/second.log");
+  ASSERT_TRUE(second);
+  auto second_done = second->wait(30000);
+  ASSERT_TRUE(second_done);
+  EXPECT_EQ(second_done->exit_code, 2);
+  const std::string refused = read_text(other.path() + "/second.log");
+  EXPECT_NE(refused.find("another coordinator runs this job; add --standby"), std::string::npos) << refused;
+  // A standby elsewhere took epoch 2 (its view: this one went silent).
+  { std::ofstream(lease.path() + "/epoch-2") << R"({"holder":"elsewhere","address":"tcp://198.18.0.9:29400"})"; }
+  auto done = cl.coord->wait(10000);
+  ASSERT_TRUE(done) << "the deposed coordinator went on deciding\n" << cl.logs();
+  EXPECT_EQ(done->exit_code, 3);
+  EXPECT_NE(read_text(cl.run_dir + "/coordinator.log").find("stops deciding: another coordinator took the job's lease"), std::string::npos)
+      << cl.logs();
+}
+
+}  // namespace
+}  // namespace dtactor
