@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "caf/event_based_actor.hpp"
+#include "caf/stateful_actor.hpp"
 
 namespace dtactor {
 
@@ -32,7 +32,7 @@ const char* to_string(node_phase p) {
 
 namespace {
 
-using agent_self = caf::stateful_actor<node_agent_state>*;
+using agent_self = node_agent_handle::stateful_pointer<node_agent_state>;
 
 void log_line(agent_self self, const std::string& line) {
   if (self->state.opts.log) self->state.opts.log(line);
@@ -543,7 +543,7 @@ void on_stop_due(agent_self self) {
 
 }  // namespace
 
-caf::behavior node_agent(agent_self self, node_agent_options opts, outbound out, std::shared_ptr<process_launcher> launcher) {
+node_agent_handle::behavior_type node_agent(agent_self self, node_agent_options opts, outbound out, std::shared_ptr<process_launcher> launcher) {
   auto& st = self->state;
   st.opts = std::move(opts);
   st.out = std::move(out);

@@ -35,9 +35,10 @@
 
 #include "actors/liveness.hpp"
 #include "actors/messages.hpp"
-#include "caf/behavior.hpp"
-#include "caf/event_based_actor.hpp"
+#include "caf/replies_to.hpp"
 #include "caf/stateful_actor.hpp"
+#include "caf/typed_actor.hpp"
+#include "caf/typed_event_based_actor.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {
@@ -207,7 +208,23 @@ struct node_agent_state {
   static inline const char* name = "dtactor.node_agent";
 };
 
-caf::behavior node_agent(caf::stateful_actor<node_agent_state>* self, node_agent_options opts, outbound out,
-                         std::shared_ptr<process_launcher> launcher);
+// What the node agent takes:
+// (start_atom): register, then heartbeat every interval.
+// inbound: a frame from the coordinator (links::coordinator) or a rank (links::ranks).
+// (rank_exit_atom, pid, exit_code): a rank process ended (its launcher's owner).
+// (leave_atom, reason): leave the job (a signal, the coordinator unreachable).
+// (leave_atom, reason, cloud, announced, announced_unix_s, noticed_unix_s):
+//   the cloud's preemption notice, a leave the coordinator journals.
+// Its own timers: (tick_atom) heartbeat; (retry_atom, register_epoch) a
+// register retry; (restart_atom, local_rank, restart_epoch) a rank's restart
+// delay; (leave_due_atom) the leave timeout; (stop_due_atom) the stop timeout.
+using node_agent_handle =
+    caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<inbound>, caf::reacts_to<rank_exit_atom, int32_t, int32_t>,
+                     caf::reacts_to<leave_atom, std::string>, caf::reacts_to<leave_atom, std::string, std::string, std::string, double, double>,
+                     caf::reacts_to<tick_atom>, caf::reacts_to<retry_atom, uint64_t>, caf::reacts_to<restart_atom, int32_t, uint64_t>,
+                     caf::reacts_to<leave_due_atom>, caf::reacts_to<stop_due_atom>>;
+
+node_agent_handle::behavior_type node_agent(node_agent_handle::stateful_pointer<node_agent_state> self, node_agent_options opts, outbound out,
+                                            std::shared_ptr<process_launcher> launcher);
 
 }  // namespace dtactor

@@ -1,11 +1,11 @@
 #include "actors/rank_actor.hpp"
 
-#include "caf/event_based_actor.hpp"
 #include "caf/send.hpp"
+#include "caf/stateful_actor.hpp"
 
 namespace dtactor {
 
-using rank_self = caf::stateful_actor<rank_actor_state>*;
+using rank_self = rank_actor_handle::stateful_pointer<rank_actor_state>;
 
 namespace {
 
@@ -14,7 +14,7 @@ namespace {
 // (report_atom), which stamps and forwards it.
 rank_work_callbacks report_callbacks(rank_self self) {
   auto relay = [self](uint64_t gen, pb::envelope env) {
-    caf::anon_send(caf::actor_cast<caf::actor>(self), report_atom::value, gen, inbound{"node", "", std::move(env)});
+    caf::anon_send(caf::actor_cast<rank_actor_handle>(self), report_atom::value, gen, inbound{"node", "", std::move(env)});
   };
   auto into = [relay](auto mutable_body) {
     return [relay, mutable_body](uint64_t gen, auto msg) {
@@ -51,7 +51,7 @@ void on_node_message(rank_self self, const inbound& in) {
 
 }  // namespace
 
-caf::behavior rank_actor(rank_self self, rank_actor_options opts) {
+rank_actor_handle::behavior_type rank_actor(rank_self self, rank_actor_options opts) {
   auto& st = self->state;
   st.opts = std::move(opts);
   if (st.opts.make_work) st.work = st.opts.make_work(report_callbacks(self));

@@ -12,9 +12,10 @@
 
 #include "actors/messages.hpp"
 #include "actors/rank_work.hpp"
-#include "caf/behavior.hpp"
-#include "caf/event_based_actor.hpp"
+#include "caf/replies_to.hpp"
 #include "caf/stateful_actor.hpp"
+#include "caf/typed_actor.hpp"
+#include "caf/typed_event_based_actor.hpp"
 #include "wire.pb.h"
 
 namespace dtactor {
@@ -39,10 +40,15 @@ struct rank_actor_state {
   static inline const char* name = "dtactor.rank";
 };
 
+// What the rank actor takes:
 // (start_atom): hello to the node, then a heartbeat every interval.
+// (tick_atom): its own timer: a heartbeat to the node.
 // (report_atom, generation, inbound): a report from the training thread.
-// inbound generation_plan -> offered to the worker; shutdown with
-// checkpoint -> request_stop(true); shutdown -> quit() and the actor ends.
-caf::behavior rank_actor(caf::stateful_actor<rank_actor_state>* self, rank_actor_options opts);
+// inbound from the node: generation_plan -> offered to the worker; shutdown
+//   with checkpoint -> request_stop(true); shutdown -> quit() and the actor ends.
+using rank_actor_handle =
+    caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<tick_atom>, caf::reacts_to<report_atom, uint64_t, inbound>, caf::reacts_to<inbound>>;
+
+rank_actor_handle::behavior_type rank_actor(rank_actor_handle::stateful_pointer<rank_actor_state> self, rank_actor_options opts);
 
 }  // namespace dtactor

@@ -77,7 +77,7 @@ class rank_launcher : public process_launcher {
   ~rank_launcher() override { stop(); }
 
   // Before the agent starts (it spawns ranks once started).
-  void attach(caf::actor agent) { agent_ = std::move(agent); }
+  void attach(node_agent_handle agent) { agent_ = std::move(agent); }
 
   result<int32_t> spawn(int32_t local_rank) override {
     auto args = base_;
@@ -127,7 +127,7 @@ class rank_launcher : public process_launcher {
   std::vector<std::string> base_;
   std::vector<std::string> fault_;
   bool fault_every_start_ = false;
-  caf::actor agent_;
+  node_agent_handle agent_;
   line_forwarder output_;  // the ranks' lines to stderr_line; stops after the reaper
   child_reaper reaper_;    // last: its thread stops before the members it uses go
 };
@@ -184,7 +184,7 @@ decltype(node_agent_options::events) events_to_metrics(metrics& m, std::atomic<z
 
 // The cloud's preemption notice: a leave at the next step boundary, as on
 // SIGTERM, long before the kill. The watcher's thread sends it to the agent.
-std::unique_ptr<preemption_watcher> watch_preemption(const cluster_cli& cli, const caf::actor& agent) {
+std::unique_ptr<preemption_watcher> watch_preemption(const cluster_cli& cli, const node_agent_handle& agent) {
   if (cli.preemption_notice == "off") return nullptr;
   preemption_watch_options wo;
   wo.cloud = cli.preemption_notice;
@@ -205,7 +205,7 @@ std::unique_ptr<preemption_watcher> watch_preemption(const cluster_cli& cli, con
 // Waits for the agent to quit (shutdown from the coordinator, or a leave),
 // leaving on a signal or when the coordinator never answers. Returns the
 // exit code so far; a refusal's reason goes to *refusal.
-int wait_for_the_agent(caf::scoped_actor& self, const caf::actor& agent, const cluster_cli& cli, zmq_bridge& bridge, gpu_metrics& gpu,
+int wait_for_the_agent(caf::scoped_actor& self, const node_agent_handle& agent, const cluster_cli& cli, zmq_bridge& bridge, gpu_metrics& gpu,
                        std::string* refusal, std::string* gave_up, const std::atomic<uint64_t>& coordinator_refusals) {
   int code = 0;
   self->monitor(agent);
@@ -349,7 +349,7 @@ std::shared_ptr<rank_launcher> make_launcher(const cluster_cli& cli, const node_
 // coordinator is a key problem, not a full queue or an unreachable
 // coordinator: said so (at most once a second after the first few) and
 // counted in `coordinator_refusals`.
-std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const caf::actor& agent, std::shared_ptr<std::atomic<uint64_t>> coordinator_refusals) {
+std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const node_agent_handle& agent, std::shared_ptr<std::atomic<uint64_t>> coordinator_refusals) {
   zmq_bridge_options bo;
   bo.key = cli.key;
   auto refusals = std::make_shared<log_limiter>(nullptr, log_limiter::options{1, std::chrono::seconds(5)});

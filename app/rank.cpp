@@ -100,7 +100,7 @@ rank_worker_options worker_options(const cluster_cli& cli, bool own_mmap_thresho
 }
 
 // Blocks until the rank actor is down, telling it to leave once SIGUSR2 came.
-void wait_for_the_actor(caf::actor_system& sys, const caf::actor& actor) {
+void wait_for_the_actor(caf::actor_system& sys, const rank_actor_handle& actor) {
   // SIGUSR2 is how the node agent ends a rank (after the drain that took
   // it out of the generation, or when the node goes): leave at once. The
   // agent kills a rank that is still there after its grace period.
@@ -149,7 +149,7 @@ int run_rank(const cluster_cli& cli) {
   ro.pid = static_cast<int32_t>(::getpid());
   ro.send = send;
   ro.make_work = [w](rank_work_callbacks cb) -> std::unique_ptr<rank_work> { return std::make_unique<rank_worker>(w, std::move(cb)); };
-  caf::actor actor = sys.spawn(rank_actor, ro);
+  rank_actor_handle actor = sys.spawn(rank_actor, ro);
   zmq_bridge_options bo;
   bo.key = cli.key;
   bridge = std::make_unique<zmq_bridge>(bo, [actor](const std::string& link, const std::string& peer, pb::envelope env) {

@@ -122,7 +122,7 @@ inline node_agent_options node_options(const std::string& node_id) {
 class fake_launcher : public process_launcher {
  public:
   explicit fake_launcher(int32_t first_pid) : next_pid_(first_pid) {}
-  caf::actor agent;
+  node_agent_handle agent;
   std::function<void(int32_t local_rank, int32_t pid)> on_spawn;
   std::map<int32_t, int32_t> running;  // pid -> local rank
   result<int32_t> spawn(int32_t local_rank) override {

@@ -218,9 +218,9 @@ struct cluster_run {
   std::vector<std::string> frames;  // every frame, encoded
   conversation to_coordinator, to_node_a, to_rank_a0;
   std::unique_ptr<fuzz::coordinator_actors> coord;
-  std::map<std::string, caf::actor> agents;                                  // node id -> agent
+  std::map<std::string, node_agent_handle> agents;                           // node id -> agent
   std::map<std::string, std::shared_ptr<fuzz::fake_launcher>> launchers;     // node id -> launcher
-  std::map<std::pair<std::string, int32_t>, caf::actor> ranks;               // (node, local) -> rank actor
+  std::map<std::pair<std::string, int32_t>, rank_actor_handle> ranks;        // (node, local) -> rank actor
   std::map<std::pair<std::string, int32_t>, scripted_work*> works;
 
   static std::string peer_of(const std::string& node) { return node == "node-a" ? "peer-0" : "peer-1"; }

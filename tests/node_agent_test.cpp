@@ -182,7 +182,7 @@ class node_agent_test : public ::testing::Test, public caf_fixture {
 
   std::shared_ptr<fake_launcher> launcher = std::make_shared<fake_launcher>();
   wire_log wire;
-  caf::actor agent;
+  node_agent_handle agent;
   std::vector<node_event> events;
 };
 
@@ -573,8 +573,8 @@ namespace {
 // and drops them for partitioned nodes (both directions).
 struct in_memory_net {
   membership_handle coordinator;
-  std::map<std::string, caf::actor> agents;  // by peer ("peer-<id>")
-  std::set<std::string> partitioned;         // node ids
+  std::map<std::string, node_agent_handle> agents;  // by peer ("peer-<id>")
+  std::set<std::string> partitioned;                // node ids
   wire_log to_ranks;
 
   outbound coordinator_out() {

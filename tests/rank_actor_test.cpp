@@ -77,7 +77,7 @@ class rank_actor_test : public ::testing::Test, public caf_fixture {
 
   std::shared_ptr<std::vector<pb::envelope>> sent = std::make_shared<std::vector<pb::envelope>>();
   std::shared_ptr<fake_work> work = std::make_shared<fake_work>();
-  caf::actor actor;
+  rank_actor_handle actor;
 };
 
 }  // namespace
