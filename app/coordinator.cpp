@@ -237,6 +237,7 @@ struct coordinator_run {
   journal& jn;
   run_observer& obs;
   job_start& start;
+  uint64_t epoch = 0;  // the job's lease epoch this coordinator holds (0: no --lease)
 };
 
 // The address ranks reach this host at: --advertise-addr, else the
@@ -331,6 +332,7 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   header.job_id = run.job_id;
   header.sender = sender_id::coordinator().to_string();
   header.incarnation = wire::new_incarnation();
+  header.epoch = run.epoch;  // every message, so that nodes drop a deposed coordinator's
 
   // Everything the actors report goes through this one sink.
   coordinator_sink sink(run.jn, m, run.obs, sd);
@@ -457,7 +459,8 @@ int run_coordinator(const cluster_cli& cli) {
   int start_code = 1;
   auto start = open_job_start(cli, job, jn, &start_code);
   if (!start) return fail(start.message(), start_code);
-  return serve_job(coordinator_run{cli, cfg, job.settings, listen.value(), config_text, job_id_for(cli.run_dir), jn, obs, start.value()});
+  return serve_job(
+      coordinator_run{cli, cfg, job.settings, listen.value(), config_text, job_id_for(cli.run_dir), jn, obs, start.value(), lease ? lease->epoch() : 0});
 }
 
 }  // namespace dtactor

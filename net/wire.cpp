@@ -22,6 +22,7 @@ const char* to_string(drop_kind kind) noexcept {
     case drop_kind::bad_multipart: return "bad_multipart";
     case drop_kind::unroutable: return "unroutable";
     case drop_kind::send_overflow: return "send_overflow";
+    case drop_kind::stale_epoch: return "stale_epoch";
     case drop_kind::count_: break;
   }
   return "unknown";

@@ -67,6 +67,7 @@ enum class drop_kind : uint8_t {
   bad_multipart,     // a message with the wrong number of frames
   unroutable,        // outbound: the peer is not connected (ROUTER_MANDATORY)
   send_overflow,     // outbound: high-water mark or local queue full
+  stale_epoch,       // inbound on a DEALER link: an older lease epoch than one seen there (a deposed coordinator)
   count_,
 };
 
@@ -171,6 +172,7 @@ struct envelope_header {
   std::string job_id;  // empty only before a node has learnt it
   std::string sender;  // sender_id::to_string()
   uint64_t incarnation = 0;  // wire::new_incarnation() once per process start
+  uint64_t epoch = 0;        // the coordinator's lease epoch (0: none)
 };
 
 // An envelope with the header's fields and `generation` (0 = none yet) and
@@ -182,6 +184,7 @@ inline pb::envelope make_envelope(const envelope_header& h, uint64_t generation)
   env.set_sender(h.sender);
   env.set_incarnation(h.incarnation);
   env.set_generation(generation);
+  env.set_epoch(h.epoch);
   return env;
 }
 

@@ -69,6 +69,7 @@ struct zmq_bridge::link_state {
   std::optional<handshake_gate> gate;         // ROUTER: bounds connections in their handshake
   std::optional<handshake_failure> pending;   // a failure whose connection has not closed yet
   bool refused_us = false;                    // DEALER: the last handshake failed
+  uint64_t epoch = 0;                         // DEALER: the highest lease epoch received (a newer coordinator's)
   ~link_state() {
     if (monitor) (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
   }
@@ -496,6 +497,15 @@ void zmq_bridge::receive_from(link_state& link) {
       drop(link.name, peer, env.kind(), env.message());
       continue;
     }
+    // A DEALER follows one coordinator at a time: once a newer lease epoch
+    // spoke, an older one (a deposed coordinator, partitioned) is dropped.
+    if (!link.router && env.value().epoch() < link.epoch) {
+      drop(link.name, peer, wire::drop_kind::stale_epoch,
+           "a message of lease epoch " + std::to_string(env.value().epoch()) + ", older than epoch " + std::to_string(link.epoch) +
+               " already heard: a deposed coordinator");
+      continue;
+    }
+    if (!link.router) link.epoch = env.value().epoch();
     received_.fetch_add(1);
     try {
       on_envelope_(link.name, peer, std::move(env).value());

@@ -204,6 +204,35 @@ TEST(zmq_bridge, invalid_frames_are_counted_dropped_and_do_not_stall_the_receive
   EXPECT_EQ(after->env.heartbeat().seq(), 4u);
 }
 
+// A node follows one coordinator at a time: once a coordinator of a newer
+// lease epoch spoke, the messages of an older one (a deposed coordinator,
+// partitioned) are dropped and counted as stale_epoch.
+TEST(zmq_bridge, a_dealer_drops_messages_of_an_older_lease_epoch_than_one_it_heard) {
+  inbox coord_in, node_in;
+  zmq_bridge coordinator(test_options(), coord_in.handler());
+  zmq_bridge node(test_options(), node_in.handler(), node_in.drop_handler());
+  auto bound = coordinator.add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(bound) << bound.message();
+  ASSERT_TRUE(node.add_dealer("coordinator", connectable_endpoint(bound.value()), "node/alpha"));
+  ASSERT_TRUE(node.send("coordinator", "", heartbeat("node/alpha", 1)));
+  ASSERT_TRUE(coord_in.next());
+  auto from_epoch = [](uint64_t epoch, uint64_t seq) {
+    auto env = heartbeat("coordinator", seq);
+    env.set_epoch(epoch);
+    return env;
+  };
+  for (const auto& [epoch, seq] : std::vector<std::pair<uint64_t, uint64_t>>{{2, 10}, {1, 11}, {3, 12}, {2, 13}, {0, 14}, {3, 15}})
+    ASSERT_TRUE(coordinator.send("nodes", "node/alpha", from_epoch(epoch, seq)));
+  std::vector<uint64_t> heard;
+  for (int i = 0; i < 3; ++i) {
+    auto r = node_in.next();
+    ASSERT_TRUE(r);
+    heard.push_back(r->env.heartbeat().seq());
+  }
+  EXPECT_EQ(heard, (std::vector<uint64_t>{10, 12, 15}));
+  EXPECT_EQ(node.stats().dropped_of(wire::drop_kind::stale_epoch), 3u);
+}
+
 TEST(zmq_bridge, oversized_frame_is_refused_and_the_receiver_keeps_working) {
   inbox coord_in;
   auto options = test_options();
