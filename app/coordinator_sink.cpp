@@ -7,6 +7,33 @@
 
 namespace dtactor {
 
+coordinator_sink::coordinator_sink(journal& jn, metrics& m, run_observer& obs, sd_targets& sd) : jn_(jn), m_(m), obs_(obs), sd_(sd) {
+  goodput_.begin_session(unix_time_now());
+}
+
+template <class E>
+ev::goodput coordinator_sink::note_goodput(const E& e) {
+  ev::goodput g;
+  {
+    std::lock_guard<std::mutex> lock(goodput_mutex_);
+    const double now = unix_time_now();
+    goodput_.on(now, e);
+    g = goodput_.figures(now);
+  }
+  m_.goodput(g);
+  return g;
+}
+
+ev::goodput coordinator_sink::goodput_now() {
+  ev::goodput g;
+  {
+    std::lock_guard<std::mutex> lock(goodput_mutex_);
+    g = goodput_.figures(unix_time_now());
+  }
+  m_.goodput(g);
+  return g;
+}
+
 void coordinator_sink::operator()(const ev::event& e) {
   std::visit([this](const auto& x) { on(x); }, e);
 }
@@ -38,11 +65,13 @@ void coordinator_sink::on(const ev::node_quarantined& e) { jn_.write(e); }
 
 void coordinator_sink::on(const ev::job_waiting& e) {
   jn_.write(e);
+  note_goodput(e);
   obs_.note_event("waiting for nodes (below cluster.floor_nodes)");
 }
 
 void coordinator_sink::on(const ev::generation_started& e) {
   jn_.write(e);
+  note_goodput(e);
   m_.nodes_alive().Set(static_cast<double>(e.nodes.size()));
   m_.generation().Set(static_cast<double>(e.generation));
   m_.world_size().Set(e.world_size);
@@ -90,12 +119,17 @@ void coordinator_sink::on(const ev::step_completed& e) {
   m_.step_duration().Observe(e.step_s);
   m_.allreduce_duration().Observe(e.allreduce_s.value_or(0));
   jn_.write(e);
+  const ev::goodput g = note_goodput(e);
   obs_.on_step(e.step, e.loss, e.lr, e.samples_per_s, e.world_size);
-  if (usage_.due(unix_time_now())) jn_.write(usage_.snapshot());
+  if (usage_.due(unix_time_now())) {
+    jn_.write(usage_.snapshot());
+    jn_.write(g);
+  }
 }
 
 void coordinator_sink::on(const ev::eval_done& e) {
   jn_.write(e);
+  note_goodput(e);
   obs_.on_eval(e.step, e.metrics);
   for (const auto& [k, v] : e.metrics) m_.eval_metric(k).Set(v);
   m_.eval_step().Set(static_cast<double>(e.step));
@@ -103,6 +137,7 @@ void coordinator_sink::on(const ev::eval_done& e) {
 
 void coordinator_sink::on(const ev::recovery_done& e) {
   jn_.write(e);
+  note_goodput(e);
   m_.recoveries(e.cause).Increment();
   m_.recovery().Observe(e.duration_s);
   if (e.lost_steps > 0) m_.lost_steps().Increment(static_cast<double>(e.lost_steps));
@@ -122,6 +157,7 @@ void coordinator_sink::on(const ev::checkpoint_saved& e) {
   m_.checkpoint_saved(e.step, static_cast<double>(e.bytes), e.duration_s);
   obs_.note_event("checkpoint " + std::to_string(e.step));
   jn_.write(e);
+  note_goodput(e);
 }
 
 void coordinator_sink::on(const ev::checkpoint_failed& e) { jn_.write(e); }
@@ -135,6 +171,7 @@ void coordinator_sink::on(const ev::job_stopping& e) { jn_.write(e); }
 
 void coordinator_sink::on(const ev::job_ended& e) {
   if (!usage_.empty()) jn_.write(usage_.snapshot());
+  jn_.write(goodput_now());
   if (e.how == ev::outcome::failed) {
     jn_.write(ev::job_failed{e.step, e.generation, e.reason});
     obs_.finish();

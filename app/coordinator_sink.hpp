@@ -3,11 +3,15 @@
 // lines, Prometheus metrics, console lines and scrape targets: the one
 // translation from what happened to how it is shown. Called on the
 // emitting actor's thread: the journal, the metrics, the console and the
-// scrape targets are thread-safe; the ranks' usage book is touched only by
-// the job actor's events (rank_usage, step_completed, job_ended), one at a
-// time as CAF runs an actor.
+// scrape targets are thread-safe, the goodput book is behind its mutex;
+// the ranks' usage book is touched only by the job actor's events
+// (rank_usage, step_completed, job_ended), one at a time as CAF runs an
+// actor.
+
+#include <mutex>
 
 #include "job/events.hpp"
+#include "monitoring/goodput.hpp"
 #include "monitoring/journal.hpp"
 #include "monitoring/metrics.hpp"
 #include "monitoring/resources.hpp"
@@ -18,7 +22,8 @@ namespace dtactor {
 
 class coordinator_sink {
  public:
-  coordinator_sink(journal& jn, metrics& m, run_observer& obs, sd_targets& sd) : jn_(jn), m_(m), obs_(obs), sd_(sd) {}
+  // Goodput counts from now: the coordinator's start.
+  coordinator_sink(journal& jn, metrics& m, run_observer& obs, sd_targets& sd);
 
   void operator()(const ev::event& e);
 
@@ -51,11 +56,19 @@ class coordinator_sink {
   void on(const ev::job_ended& e);
   void on(const ev::members_view&) {}  // the status page's alone
 
+  // Feeds the goodput book an event that moves a bucket and sets the
+  // gauges; the figures as of now.
+  template <class E>
+  ev::goodput note_goodput(const E& e);
+  ev::goodput goodput_now();
+
   journal& jn_;
   metrics& m_;
   run_observer& obs_;
   sd_targets& sd_;
   resource_book usage_;  // the job actor's events only
+  std::mutex goodput_mutex_;  // the book is fed by several actors' events
+  goodput_book goodput_;
 };
 
 }  // namespace dtactor

@@ -257,13 +257,13 @@ struct step_completed {
   std::optional<double> compute_s;            // cluster: per step, forward and backward (slowest rank)
   std::optional<double> update_s;             // cluster: per step, the optimizer (zero >= 1: and the parameter all-gather)
   std::optional<double> gather_s;             // cluster, zero >= 1: per step, of update_s the parameter all-gather
+  double step_s = 0;  // per step (the slowest rank); 0: not measured (`dtactor train`)
   // Not journaled (metrics only).
   int64_t samples = 0;  // over the steps the reports covered
-  double step_s = 0;    // per step (the slowest rank)
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("step", s.step), f("world_size", s.world_size), f("generation", s.generation), f("loss", s.loss), f("loss_avg", s.loss_avg), f("lr", s.lr),
-        f("samples_per_s", s.samples_per_s), f("data_wait_s", s.data_wait_s), f("allreduce_s", s.allreduce_s),
+        f("samples_per_s", s.samples_per_s), f("step_s", s.step_s), f("data_wait_s", s.data_wait_s), f("allreduce_s", s.allreduce_s),
         f("allreduce_exposed_s", s.allreduce_exposed_s), f("compute_s", s.compute_s), f("update_s", s.update_s),
         f("gather_s", s.gather_s);
   }
@@ -559,6 +559,21 @@ struct job_failed {
   }
 };
 
+// The job's goodput so far (monitoring/goodput.hpp defines the buckets):
+// productive seconds over wall seconds since the coordinator started, and
+// where the rest went. Beside each resources line and before the job's end line.
+struct goodput {
+  static constexpr std::string_view name = "goodput";
+  double ratio = 0;  // productive_s / wall_s
+  double wall_s = 0;
+  double productive_s = 0, start_s = 0, recovery_s = 0, waiting_s = 0, checkpoint_s = 0, eval_s = 0, other_s = 0;
+  template <class S, class F>
+  static void fields(S& s, F& f) {
+    f("ratio", s.ratio), f("wall_s", s.wall_s), f("productive_s", s.productive_s), f("start_s", s.start_s), f("recovery_s", s.recovery_s),
+        f("waiting_s", s.waiting_s), f("checkpoint_s", s.checkpoint_s), f("eval_s", s.eval_s), f("other_s", s.other_s);
+  }
+};
+
 // `dtactor tune-batch`.
 struct batch_size_search_started {
   static constexpr std::string_view name = "batch_size_search_started";
@@ -604,7 +619,7 @@ struct batch_size_found {
 using journal_event = std::variant<coordinator_started, module_shipped, checkpoint_skipped, checkpoint_found, node_joined, node_lost, node_left, preemption_notice,
                                    node_quarantined, job_waiting, generation_started, generation_adopted, step_completed, outer_step, resources, eval_done,
                                    recovery_done, checkpoint_restored, rank_down, job_error, checkpoint_saved, checkpoint_failed, checkpoint_refused, job_stopping,
-                                   job_started, job_finished, job_stopped, job_failed, batch_size_search_started, batch_size_trial, batch_size_found>;
+                                   job_started, job_finished, job_stopped, job_failed, goodput, batch_size_search_started, batch_size_trial, batch_size_found>;
 
 // The event's name on disk.
 std::string_view name_of(const journal_event& e);

@@ -117,6 +117,17 @@ void metrics::register_training() {
   pseudo_gradient_norm_ = gauge(r, c, "dtactor_pseudo_gradient_norm", "train.sync = diloco: norm of the averaged pseudo-gradient at the last synchronisation.");
   link_busy_fraction_ = gauge(r, c, "dtactor_link_busy_fraction",
                               "train.sync = diloco: share of the last window during which its exchange was in flight (1 = the link never idle).");
+  goodput_ratio_ = gauge(r, c, "dtactor_goodput_ratio", "Productive training time over wall time since the coordinator started (0 to 1).");
+  goodput_seconds_family_ = gauge_family(r, c, "dtactor_goodput_seconds",
+                                         "Wall time since the coordinator started, by what it went to (the buckets add up to it).");
+}
+
+void metrics::goodput(const ev::goodput& g) {
+  goodput_ratio_->Set(g.ratio);
+  const std::pair<const char*, double> buckets[] = {{"productive", g.productive_s}, {"start", g.start_s},     {"recovery", g.recovery_s},
+                                                    {"waiting", g.waiting_s},       {"checkpoint", g.checkpoint_s}, {"eval", g.eval_s},
+                                                    {"other", g.other_s}};
+  for (const auto& [bucket, seconds] : buckets) goodput_seconds_family_->Add({{"bucket", bucket}}).Set(seconds);
 }
 
 void metrics::register_control_plane() {

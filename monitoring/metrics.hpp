@@ -124,6 +124,12 @@ class metrics {
   prometheus::Gauge& eval_metric(const std::string& name);
   prometheus::Gauge& eval_step() { return *eval_step_; }  // step of the last evaluation
 
+  // ---- goodput (coordinator; monitoring/goodput.hpp) ----
+  // dtactor_goodput_ratio (productive / wall since the coordinator started)
+  // and dtactor_goodput_seconds{bucket="productive"|"start"|"recovery"|
+  // "waiting"|"checkpoint"|"eval"|"other"}.
+  void goodput(const ev::goodput& g);
+
   // ---- per-rank resources (the node's endpoint; rank = local rank) ----
   prometheus::Counter& rank_cpu_seconds(const std::string& rank);         // dtactor_rank_cpu_seconds_total
   prometheus::Gauge& rank_resident_memory(const std::string& rank);       // dtactor_rank_resident_memory_bytes
@@ -175,6 +181,8 @@ class metrics {
   prometheus::Family<prometheus::Gauge>* rank_rss_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* rank_peak_rss_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* state_bytes_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* goodput_seconds_family_ = nullptr;
+  prometheus::Gauge* goodput_ratio_ = nullptr;
   prometheus::Counter* process_cpu_ = nullptr;
   prometheus::Gauge* process_rss_ = nullptr;
   prometheus::Gauge* process_start_ = nullptr;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "job/journal_events.hpp"
+#include "monitoring/goodput.hpp"
 #include "storage/fs.hpp"
 
 namespace dtactor {
@@ -183,9 +184,14 @@ class digest_builder {
       d_.last_t = std::max(d_.last_t, t);
     }
     track_session(t, event);
+    goodput_.add(t, event);
     std::visit([&](const auto& e) { on(t, e); }, event);
   }
   run_digest& digest() { return d_; }
+  // The figures once every line is in.
+  void finish() {
+    if (goodput_.started()) d_.goodput = goodput_.figures();
+  }
 
  private:
   // `dtactor tune-batch` runs before (or between) trainings: its events are
@@ -359,6 +365,7 @@ class digest_builder {
   static std::string or_unknown(const std::string& s) { return s.empty() ? "?" : s; }
 
   run_digest d_;
+  goodput_book goodput_;
   std::vector<size_t> open_losses_;  // rows of d_.recoveries that the next recovery_done closes
 };
 
@@ -378,6 +385,7 @@ result<run_digest> digest_journal(std::istream& in, const std::string& name) {
     if (read.value()) b.add(read.value()->t, read.value()->event);  // none: a newer writer's event
   }
   if (b.digest().events == 0) return make_error(name + " has no events; is the run still starting?");
+  b.finish();
   return std::move(b.digest());
 }
 
@@ -614,6 +622,25 @@ void cluster_section(std::ostringstream& o, const run_digest& d) {
   }
 }
 
+// Productive time over wall time, and where the rest went
+// (monitoring/goodput.hpp defines the buckets).
+void goodput_section(std::ostringstream& o, const run_digest& d) {
+  if (!d.goodput || !(d.goodput->wall_s > 0)) return;
+  const ev::goodput& g = *d.goodput;
+  o << "## Goodput\n\n**" << fmt("%.1f%%", 100 * g.ratio) << "** of " << duration(g.wall_s)
+    << " went into training steps (productive time over wall time since the first start).\n\n"
+    << "| where the time went | time | share |\n|---|---|---|\n";
+  const std::pair<const char*, double> rows[] = {{"productive (training steps)", g.productive_s},
+                                                 {"start (to the first step)", g.start_s},
+                                                 {"recovery (detection, new generation, first step)", g.recovery_s},
+                                                 {"waiting for nodes (cluster.floor_nodes)", g.waiting_s},
+                                                 {"checkpoint stalls", g.checkpoint_s},
+                                                 {"evaluation", g.eval_s},
+                                                 {"other (reporting, the end, downtime between starts)", g.other_s}};
+  for (const auto& [what, s] : rows) o << "| " << what << " | " << duration(s) << " | " << fmt("%.1f%%", 100 * s / g.wall_s) << " |\n";
+  o << "\n";
+}
+
 // Every recovery, and the failures.
 void recoveries_section(std::ostringstream& o, const run_digest& d) {
   o << "## Recoveries\n\n";
@@ -667,6 +694,7 @@ std::string render_report(const run_digest& d, const std::string& run_dir, const
   if (!svg_name.empty()) o << "## Timeline\n\n![world size, samples/s and loss against wall time](timeline.svg)\n\n## Loss\n\n![training loss](" << svg_name << ")\n\n";
   resources_section(o, d);
   batch_section(o, d, config_toml, min_world);
+  goodput_section(o, d);
   cluster_section(o, d);
   recoveries_section(o, d);
   checkpoints_section(o, d);

@@ -116,6 +116,8 @@ struct run_digest {
   int64_t batch_found = -1;               // its result (0: nothing fit; -1: no search)
   double batch_budget_bytes = 0;
   bool batch_limited_by_up_to = false;
+  // Productive time over wall time since the first start (monitoring/goodput.hpp); none without a timed event.
+  std::optional<ev::goodput> goodput;
   int events = 0;
 };
 

@@ -177,6 +177,14 @@ TEST(Cluster, LocalModeRunsAWholeJob) {
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_EQ(fin[0].at("world_size"), 2);
   EXPECT_EQ(fin[0].at("step"), 20);
+  // Goodput before the end line: some of the wall time went into steps.
+  auto gp = events<ev::goodput>(j);
+  ASSERT_FALSE(gp.empty());
+  const double ratio = gp.back().at("ratio").get<double>();
+  EXPECT_GT(ratio, 0.0);
+  EXPECT_LE(ratio, 1.0);
+  EXPECT_GT(gp.back().at("productive_s").get<double>(), 0.0);
+  EXPECT_GT(gp.back().at("start_s").get<double>(), 0.0);
 }
 
 // A rank killed at the same step every time it starts (as the kernel's OOM

@@ -195,9 +195,10 @@ TEST(journal_events, lines_keep_the_names_and_keys_readers_know) {
   s.samples_per_s = 100;
   s.allreduce_s = 0.25;
   s.allreduce_exposed_s = 0.125;
+  s.step_s = 0.5;
   s.samples = 640;  // not journaled
   EXPECT_EQ(ev::name_of(s), "step");
-  EXPECT_EQ(ev::to_json(s), json::parse(R"({"step":10,"world_size":2,"generation":3,"loss":1.5,"lr":0.1,"samples_per_s":100.0,
+  EXPECT_EQ(ev::to_json(s), json::parse(R"({"step":10,"world_size":2,"generation":3,"loss":1.5,"lr":0.1,"samples_per_s":100.0,"step_s":0.5,
                                              "allreduce_s":0.25,"allreduce_exposed_s":0.125})"));
 
   ev::eval_done e;

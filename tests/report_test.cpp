@@ -91,6 +91,37 @@ TEST(report, markdown_has_the_log_book) {
   EXPECT_TRUE(has("checkpoint_refused: step 90 by rank 1 (checksum mismatch); fell back to step 80")) << md;
 }
 
+// The goodput section: a cluster run whose steps carry step_s, with a
+// checkpoint stall, an evaluation and a recovery (monitoring/goodput.hpp).
+TEST(report, the_goodput_section_says_where_the_time_went) {
+  std::istringstream in(R"({"event":"coordinator_started","job_id":"j","t":1000.0}
+{"event":"generation_started","generation":1,"world_size":2,"start_step":0,"t":1010.0}
+{"event":"step","step":1,"generation":1,"world_size":2,"step_s":1.0,"t":1020.0}
+{"event":"step","step":11,"generation":1,"world_size":2,"step_s":2.0,"t":1041.0}
+{"event":"checkpoint_saved","step":11,"stall_s":2.0,"t":1043.0}
+{"event":"eval","step":11,"duration_s":4.0,"t":1048.0}
+{"event":"node_lost","node":"n1","t":1050.0}
+{"event":"generation_started","generation":2,"world_size":1,"start_step":11,"t":1055.0}
+{"event":"recovery_done","generation":2,"world_size":1,"resumed_step":11,"duration_s":6.0,"t":1061.0}
+{"event":"step","step":12,"generation":2,"world_size":1,"step_s":1.0,"t":1061.0}
+{"event":"job_finished","step":12,"t":1100.0}
+)");
+  auto d = digest_journal(in, "journal.jsonl");
+  ASSERT_TRUE(d) << d.message();
+  ASSERT_TRUE(d.value().goodput);
+  // productive 1 + 20 + 1 = 22 of 100 s; start 20 - 1 = 19; recovery
+  // (1055 - 1041) + (6 - 1) = 19; checkpoint 2; eval 4; other 34.
+  EXPECT_DOUBLE_EQ(d.value().goodput->ratio, 0.22);
+  const std::string md = render_report(d.value(), "runs/x", "", "");
+  auto has = [&](const std::string& s) { return md.find(s) != std::string::npos; };
+  EXPECT_TRUE(has("## Goodput\n\n**22.0%** of 100 s went into training steps")) << md;
+  EXPECT_TRUE(has("| start (to the first step) | 19 s | 19.0% |")) << md;
+  EXPECT_TRUE(has("| recovery (detection, new generation, first step) | 19 s | 19.0% |")) << md;
+  EXPECT_TRUE(has("| checkpoint stalls | 2.00 s | 2.0% |")) << md;
+  EXPECT_TRUE(has("| evaluation | 4.00 s | 4.0% |")) << md;
+  EXPECT_TRUE(has("| other (reporting, the end, downtime between starts) | 34 s | 34.0% |")) << md;
+}
+
 TEST(report, svg_is_drawn_from_the_steps) {
   std::istringstream in(k_journal);
   auto d = digest_journal(in, "journal.jsonl");
