@@ -152,6 +152,25 @@ TEST(metrics, observability_series_have_prometheus_names) {
   EXPECT_GT(std::atof(r.c_str() + r.find("} ", rss) + 2), 1e6);
 }
 
+// Goodput's gauges: the ratio and one series per bucket (monitoring/goodput.hpp).
+TEST(metrics, goodput_is_a_ratio_and_seconds_by_bucket) {
+  metrics m("j");
+  ev::goodput g;
+  g.ratio = 0.75;
+  g.wall_s = 100;
+  g.productive_s = 75;
+  g.recovery_s = 20;
+  g.other_s = 5;
+  m.goodput(g);
+  const std::string r = m.render();
+  EXPECT_TRUE(has_line(r, "# TYPE dtactor_goodput_ratio gauge")) << r;
+  EXPECT_TRUE(has_line(r, "dtactor_goodput_ratio{job=\"j\"} 0.75")) << r;
+  EXPECT_TRUE(has_line(r, "dtactor_goodput_seconds{job=\"j\",bucket=\"productive\"} 75")) << r;
+  EXPECT_TRUE(has_line(r, "dtactor_goodput_seconds{job=\"j\",bucket=\"recovery\"} 20")) << r;
+  EXPECT_TRUE(has_line(r, "dtactor_goodput_seconds{job=\"j\",bucket=\"waiting\"} 0")) << r;
+  EXPECT_EQ(r.find("bucket=\"wall\""), std::string::npos);  // wall is not a bucket: the buckets add up to it
+}
+
 TEST(metrics, proc_usage_of_this_process_and_a_gone_one) {
   auto u = read_proc_usage();
   ASSERT_TRUE(u);
