@@ -53,20 +53,29 @@ void goodput_book::on(double t, const ev::step_completed& e) {
     gen_last_step_ = e.step - 1;
     gen_stepped_ = false;
   }
-  const double covered = static_cast<double>(std::max<int64_t>(0, e.step - gen_last_step_));
+  // Steps at or below one already counted were computed again (a resume
+  // from before them): recovery, not progress.
+  const int64_t from = std::max(gen_last_step_, credited_through_);
+  const double fresh = static_cast<double>(std::max<int64_t>(0, e.step - from));
+  const double again = static_cast<double>(std::max<int64_t>(0, std::min(e.step, from) - gen_last_step_));
   double credit = 0;
-  if (e.step_s > 0)
-    credit = e.step_s * covered;
-  else if (gen_stepped_)
+  if (e.step_s > 0) {
+    credit = e.step_s * fresh;
+    recovery_ += e.step_s * again;
+    last_step_s_ = e.step_s;
+  } else if (gen_stepped_) {
     credit = std::max(0.0, t - mark_t_);
+  }
   productive_ += credit;
+  credited_through_ = std::max(credited_through_, e.step);
   last_credit_ = credit;
   if (!session_stepped_) {
     start_ += std::max(0.0, since_mark(t) - credit);
     session_stepped_ = true;
     pending_recovery_ = 0;
   } else if (!gen_stepped_) {
-    recovery_ += std::max(0.0, pending_recovery_ - credit);
+    // duration_s ran to the end of the generation's first step, counted above.
+    recovery_ += std::max(0.0, pending_recovery_ - (e.step_s > 0 ? e.step_s : credit));
     pending_recovery_ = 0;
   }
   mark_t_ = std::max(mark_t_, t);
@@ -80,7 +89,8 @@ void goodput_book::on(double t, const ev::generation_started& e) {
   if (waiting_since_ > 0) waiting_ += std::max(0.0, t - waiting_since_);
   waiting_since_ = 0;
   // Before the session's first step, the time is the start's.
-  if (session_stepped_) recovery_ += since_mark(t);
+  last_gap_ = session_stepped_ ? since_mark(t) : 0.0;
+  recovery_ += last_gap_;
   generation_ = e.generation;
   gen_last_step_ = e.start_step;
   gen_stepped_ = false;
@@ -95,6 +105,17 @@ void goodput_book::on(double t, const ev::job_waiting&) {
 void goodput_book::on(double t, const ev::recovery_done& e) {
   touch(t);
   if (!session_stepped_) return;
+  if (generation_ == e.generation && !gen_stepped_ && e.resumed_step > gen_last_step_) {
+    // The survivors held steps no line reported (completed before the
+    // failure, after the last line): progress, out of the detection time.
+    const double held = static_cast<double>(std::max<int64_t>(0, e.resumed_step - credited_through_)) * last_step_s_;
+    const double moved = std::min(held, last_gap_);
+    productive_ += moved;
+    recovery_ -= moved;
+    last_gap_ -= moved;
+    credited_through_ = std::max(credited_through_, e.resumed_step);
+    gen_last_step_ = e.resumed_step;
+  }
   if (gen_stepped_ && generation_ == e.generation)  // its first step's line came first
     recovery_ += std::max(0.0, e.duration_s - last_credit_);
   else
@@ -109,6 +130,12 @@ void goodput_book::on(double t, const ev::checkpoint_saved& e) {
 void goodput_book::on(double t, const ev::eval_done& e) {
   touch(t);
   eval_ += std::max(0.0, e.duration_s);
+  // Training waits for an evaluation: the time since the last step line is
+  // the evaluation's (and other), never a later plan's detection time.
+  if (session_stepped_) {
+    mark_t_ = std::max(mark_t_, t);
+    waiting_at_mark_ = waiting_;
+  }
 }
 
 ev::goodput goodput_book::figures(double now) const {

@@ -10,12 +10,17 @@
 // - productive: the steps every rank completed, each as long as the slowest
 //   rank measured it (step_s, per step, times the steps a `step` line
 //   covers: since the previous line of the same generation, or since the
-//   generation's start_step). A line without step_s (`dtactor train`, older
-//   journals) counts the time since the previous line of its generation.
+//   generation's start_step, or since recovery_done's resumed_step), each
+//   step once: a step computed again (a resume from before it) counts as
+//   recovery. Steps the survivors resumed from that no line reported (done
+//   after the last line, before the failure) move from recovery to
+//   productive at the latest step_s. A line without step_s (`dtactor
+//   train`, older journals) counts the time since the previous line of its
+//   generation.
 // - start: from a session's start to its first completed step, less that
 //   step's productive time and any waiting for a floor.
 // - recovery: for each generation planned after the session's first step,
-//   from the last step completed before its plan to its plan (detection,
+//   from the last step line (or evaluation) before its plan to its plan (detection,
 //   planning; less waiting for a floor), plus recovery_done's duration_s
 //   less the generation's first step's productive time (rendezvous, state,
 //   the first step's delivery).
@@ -76,6 +81,9 @@ class goodput_book {
   bool gen_stepped_ = false;
   double pending_recovery_ = 0;  // recovery_done's duration_s, until its generation's first step line
   double last_credit_ = 0;       // the latest step line's productive seconds
+  double last_step_s_ = 0;       // the latest step line's step_s
+  int64_t credited_through_ = 0;  // the highest step counted as productive
+  double last_gap_ = 0;          // the detection time counted at the latest plan
   double waiting_since_ = 0;     // 0: not waiting
   double productive_ = 0, start_ = 0, recovery_ = 0, waiting_ = 0, checkpoint_ = 0, eval_ = 0;
 };

@@ -41,9 +41,11 @@ goodput_book a_job_with_everything() {
   e.duration_s = 1.5;
   b.add(1025, e);
   b.add(1030, step(9, 1, 1.0));  // 4 steps of 1 s
+  e.duration_s = 1;
+  b.add(1031, e);  // the detection runs from here
   b.add(1033, ev::node_lost{});
   b.add(1034, ev::job_waiting{});
-  b.add(1040, plan(2, 9));  // waited 6; recovery 10 - 6 = 4
+  b.add(1040, plan(2, 9));  // waited 6; recovery 9 - 6 = 3
   ev::recovery_done r;
   r.generation = 2;
   r.duration_s = 7;
@@ -58,11 +60,11 @@ TEST(goodput, every_bucket_of_a_job_with_a_recovery) {
   EXPECT_DOUBLE_EQ(g.wall_s, 50);
   EXPECT_DOUBLE_EQ(g.productive_s, 1 + 8 + 4 + 1.5);
   EXPECT_DOUBLE_EQ(g.start_s, 11);
-  EXPECT_DOUBLE_EQ(g.recovery_s, 4 + 5.5);
+  EXPECT_DOUBLE_EQ(g.recovery_s, 3 + 5.5);
   EXPECT_DOUBLE_EQ(g.waiting_s, 6);
   EXPECT_DOUBLE_EQ(g.checkpoint_s, 0.5);
-  EXPECT_DOUBLE_EQ(g.eval_s, 1.5);
-  EXPECT_DOUBLE_EQ(g.other_s, 50 - 14.5 - 11 - 9.5 - 6 - 0.5 - 1.5);
+  EXPECT_DOUBLE_EQ(g.eval_s, 1.5 + 1);
+  EXPECT_DOUBLE_EQ(g.other_s, 50 - 14.5 - 11 - 8.5 - 6 - 0.5 - 2.5);
   EXPECT_DOUBLE_EQ(g.ratio, 14.5 / 50);
 }
 
@@ -99,6 +101,35 @@ TEST(goodput, a_recovery_that_failed_again_is_counted_once) {
   EXPECT_DOUBLE_EQ(g.recovery_s, 9);
   EXPECT_DOUBLE_EQ(g.productive_s, 2);
   EXPECT_DOUBLE_EQ(g.other_s, 0);
+}
+
+// Steps done after the last line and held by the survivors are progress;
+// steps computed again after a resume from before them are recovery.
+TEST(goodput, held_steps_are_progress_and_recomputed_steps_are_recovery) {
+  goodput_book b;
+  b.add(10, ev::coordinator_started{});
+  b.add(10, plan(1, 0));
+  b.add(12, step(2, 1, 1.0));  // productive 2, start 0
+  b.add(20, plan(2, 2));       // detection 8, of which steps 3..5 (below)
+  ev::recovery_done r;
+  r.generation = 2;
+  r.resumed_step = 5;
+  r.duration_s = 3;
+  b.add(23, r);                // steps 3..5 held: productive 5, recovery 5
+  b.add(23, step(6, 2, 1.0));  // productive 6, recovery + 3 - 1
+  EXPECT_DOUBLE_EQ(b.figures().productive_s, 6);
+  EXPECT_DOUBLE_EQ(b.figures().recovery_s, 7);
+  b.add(30, plan(3, 4));  // every holder of 5 and 6 lost: from the checkpoint at 4; detection 7
+  r.generation = 3;
+  r.resumed_step = 4;
+  r.duration_s = 2;
+  b.add(32, r);
+  b.add(36, step(8, 3, 1.0));  // 5 and 6 again (recovery 2, the first inside duration_s), 7 and 8 new
+  const auto g = b.figures();
+  EXPECT_DOUBLE_EQ(g.productive_s, 8);
+  EXPECT_DOUBLE_EQ(g.recovery_s, 7 + 7 + 2 + 1);
+  EXPECT_DOUBLE_EQ(g.other_s, 1);
+  EXPECT_DOUBLE_EQ(g.wall_s, 26);
 }
 
 // `dtactor train` lines carry no step_s: the time between lines counts.
@@ -143,7 +174,7 @@ TEST(goodput, the_journal_line_round_trips) {
   line["event"] = "goodput";
   auto back = ev::from_json(line);
   ASSERT_TRUE(back) << back.message();
-  EXPECT_DOUBLE_EQ(std::get<ev::goodput>(back.value()).recovery_s, 9.5);
+  EXPECT_DOUBLE_EQ(std::get<ev::goodput>(back.value()).recovery_s, 8.5);
 }
 
 }  // namespace
