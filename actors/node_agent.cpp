@@ -418,6 +418,14 @@ void on_tick(agent_self self) {
   hb->set_sent_steady_s(std::chrono::duration<double>(now.time_since_epoch()).count());
   hb->set_step(st.last_step);
   to_coordinator(self, std::move(env));
+  // A finished rank's FINISHED is said again about once a second until the
+  // job ends: one sent while no coordinator listened (a takeover by a
+  // standby) or before a new coordinator adopted the generation would
+  // otherwise be lost, and the job would never end.
+  const auto every = std::max<int64_t>(1, std::chrono::seconds(1) / st.opts.liveness.heartbeat_interval);
+  if (st.heartbeat_seq % static_cast<uint64_t>(every) == 0)
+    for (const auto& r : st.ranks)
+      if (r.alive && r.finished) to_coordinator(self, *r.finished);
 }
 
 void leave(agent_self self, const std::string& reason, const pb::preemption_notice* notice);

@@ -84,7 +84,8 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
   cluster_cli& cl = p.cluster;
   app.add_option("--role", p.role, "Run as a cluster process: coordinator or node")->transform(CLI::CheckedTransformer(process_role_names()));
   app.add_option("--listen", cl.listen, "coordinator: address to bind")->capture_default_str();
-  app.add_option("--coordinator", cl.coordinator, "node: the coordinator's address, e.g. tcp://COORD_HOST:29400");
+  app.add_option("--coordinator", cl.coordinator,
+                 "node: the coordinator's address, e.g. tcp://COORD_HOST:29400; or several, comma-separated: a coordinator and its standbys (--standby)");
   app.add_option("--nproc-per-node", cl.nproc_per_node, "node: rank processes to start (one per device)")->capture_default_str();
   app.add_option("--metrics-port", cl.metrics_port, "Port of the Prometheus /metrics endpoint (0 = none)")->check(CLI::Range(0, 65535));
   app.add_option("--metrics-addr", cl.metrics_addr, "Address the /metrics endpoint binds (it is unauthenticated)")->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include "base/process.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -34,6 +35,20 @@ result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::
   if (port.empty() || *end != '\0' || p < 1 || p > 65535) return bad("port must be 1..65535");
   e.port = static_cast<int>(p);
   return e;
+}
+
+result<std::vector<tcp_endpoint>> parse_tcp_endpoints(const std::string& endpoints, const std::string& what) {
+  std::vector<tcp_endpoint> out;
+  size_t at = 0;
+  while (at <= endpoints.size()) {
+    const size_t comma = std::min(endpoints.find(',', at), endpoints.size());
+    auto e = parse_tcp_endpoint(endpoints.substr(at, comma - at), what);
+    if (!e) return e.err();
+    out.push_back(e.value());
+    at = comma + 1;
+  }
+  if (out.size() > 8) return make_error(what + " names " + std::to_string(out.size()) + " addresses; at most 8 (a coordinator and its standbys)");
+  return out;
 }
 
 std::string resolution_error(const std::string& host, int port) {

@@ -1,6 +1,7 @@
 #pragma once
 // Small helpers shared by the cluster roles.
 #include <string>
+#include <vector>
 
 #include "storage/fs.hpp"
 #include "dtactor/result.hpp"
@@ -14,6 +15,9 @@ struct tcp_endpoint {
 
 // "tcp://HOST:PORT" -> {HOST, PORT}; errors say what is wrong with the text.
 result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::string& what);
+// A comma-separated list of them (a node's --coordinator A,B: a coordinator
+// and its standbys); at least one, at most 8.
+result<std::vector<tcp_endpoint>> parse_tcp_endpoints(const std::string& endpoints, const std::string& what);
 
 // Empty when `host` resolves to an IPv4 address, else one line saying it
 // does not (a node then fails at once instead of timing out).

@@ -267,8 +267,11 @@ struct node_identity {
 // --coordinator, a bad --nproc-per-node or --node-id, an id in use.
 result<node_identity> identify_node(const cluster_cli& cli) {
   if (cli.coordinator.empty()) return make_error("--role node needs --coordinator tcp://HOST:PORT");
-  auto coord = parse_tcp_endpoint(cli.coordinator, "--coordinator");
-  if (!coord) return coord.err();
+  // A coordinator and its standbys (--coordinator A,B): the node speaks
+  // to whichever listens (the one holding the job's lease).
+  auto coords = parse_tcp_endpoints(cli.coordinator, "--coordinator");
+  if (!coords) return coords.err();
+  const tcp_endpoint* coord = &coords->front();
   if (cli.nproc_per_node < 1 || cli.nproc_per_node > 1024) return make_error("--nproc-per-node must be 1..1024");
   // Also with --advertise-addr: a coordinator name that does not resolve
   // would otherwise end in a connect timeout.

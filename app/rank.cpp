@@ -95,7 +95,9 @@ rank_worker_options worker_options(const cluster_cli& cli, bool own_mmap_thresho
   }
   w.key = cli.key;
   // An empty store host in the plan means: the coordinator's host as this node reaches it.
-  if (auto c = parse_tcp_endpoint(cli.coordinator, "--coordinator")) w.default_store_host = c->host;
+  // (With several coordinator addresses, the first: coordinators that take
+  // over from each other name their store's host in the plan, --advertise-addr.)
+  if (auto c = parse_tcp_endpoints(cli.coordinator, "--coordinator")) w.default_store_host = c->front().host;
   return w;
 }
 

@@ -375,7 +375,17 @@ result<std::string> zmq_bridge::run_add(const std::string& name, const std::stri
       s.set(zmq::sockopt::routing_id, routing_id);
       s.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
       s.set(zmq::sockopt::reconnect_ivl_max, options_.reconnect_ivl_max_ms);
-      s.connect(endpoint);
+      // Several endpoints ("A,B": a coordinator and its standbys, of which
+      // one listens at a time): messages go only to a connection that
+      // completed its handshake (ZMQ_IMMEDIATE), never queue for one that
+      // is not there.
+      const bool several = endpoint.find(',') != std::string::npos;
+      if (several) s.set(zmq::sockopt::immediate, true);
+      for (size_t at = 0; at <= endpoint.size();) {
+        const size_t comma = std::min(endpoint.find(',', at), endpoint.size());
+        s.connect(endpoint.substr(at, comma - at));
+        at = comma + 1;
+      }
       link->endpoint = endpoint;
     }
   } catch (const zmq::error_t& e) {

@@ -143,7 +143,8 @@ class zmq_bridge {
 
   // Creates a DEALER socket named `link` with ZMQ_ROUTING_ID `routing_id`
   // (how the ROUTER at the other end addresses us) and connects it to
-  // `endpoint`. Connecting succeeds before the peer exists; ZeroMQ dials
+  // `endpoint`, or to each of "A,B,..." (a coordinator and its standbys:
+  // messages then go only to connections that completed their handshake). Connecting succeeds before the peer exists; ZeroMQ dials
   // with backoff and queues sends up to the high-water mark meanwhile.
   // Errors: bad endpoint, empty or over-255-byte routing id, duplicate name.
   result<std::string> add_dealer(const std::string& link, const std::string& endpoint,

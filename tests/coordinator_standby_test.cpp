@@ -6,7 +6,10 @@
 // coordinator that finds a newer epoch stops deciding; a second one without
 // --standby is refused in one line.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -41,6 +44,22 @@ bool wait_for_text(const std::string& path, const std::string& text, child_proce
   return false;
 }
 
+// A free port below the kernel's ephemeral range (32768 and up here), for
+// a coordinator that binds it seconds later: the ranks' connections and
+// Gloo's listeners, which take ephemeral ports meanwhile, cannot take it.
+int port_outside_the_ephemeral_range() {
+  for (int port = 20000 + static_cast<int>(::getpid() % 5000);; port = port >= 32000 ? 20000 : port + 7) {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(s);
+    if (free) return port;
+  }
+}
+
 std::vector<std::string> coordinator_args(const cluster& cl, const std::vector<std::string>& extra) {
   std::vector<std::string> a = {DTACTOR_BINARY, "--role", "coordinator", "--listen", cl.endpoint, "--run-dir", cl.run_dir};
   a.insert(a.end(), cl.sets.begin(), cl.sets.end());
@@ -70,6 +89,33 @@ TEST(Standby, AStandbyTakesOverWhenTheCoordinatorIsKilledAndTheJobFinishesWithou
   ASSERT_TRUE(wait_for_text(standby_log, "holds the job's lease at " + lease.path() + ", epoch 2", *standby)) << read_text(standby_log);
   // The standby is the coordinator now: it adopts the running generation
   // and ends the job.
+  cl.coord.emplace(std::move(standby.value()));
+  testing::expect_finished_without_loss(cl, 1500, 2);
+}
+
+// Nodes given both coordinators' addresses (--coordinator A,B) move to the
+// standby on its own address once it holds the lease.
+TEST(Standby, NodesGivenBothAddressesMoveToTheStandbyOnItsOwnAddress) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1"};
+  cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2"}));
+  ASSERT_EQ(cl.start_coordinator(leased), "");
+  const std::string first = cl.endpoint;
+  const std::string second = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
+  cl.endpoint = first + "," + second;  // what the nodes are given
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  auto standby_args = coordinator_args(cl, leased);
+  standby_args[4] = second;  // --listen
+  standby_args.push_back("--standby");
+  const std::string standby_log = cl.run_dir + "/standby.log";
+  auto standby = child_process::spawn(standby_args, false, standby_log);
+  ASSERT_TRUE(standby) << standby.message();
+  ASSERT_TRUE(wait_for_text(standby_log, "standing by: the job's lease is held by", *standby)) << read_text(standby_log);
+  cl.coord->signal(SIGKILL);
+  ASSERT_TRUE(cl.coord->wait(10000));
+  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + second, *standby)) << read_text(standby_log);
   cl.coord.emplace(std::move(standby.value()));
   testing::expect_finished_without_loss(cl, 1500, 2);
 }

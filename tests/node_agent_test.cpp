@@ -549,6 +549,25 @@ TEST_F(node_agent_test, a_leave_followed_by_the_coordinators_stop_lets_the_ranks
   EXPECT_EQ(launcher->terminated.size(), 2u);
 }
 
+// A rank's FINISHED sent while no coordinator listened (a standby taking
+// over) or before a new one adopted the generation would be lost: the node
+// says it again about once a second while the coordinator talks to it.
+TEST_F(node_agent_test, a_finished_ranks_status_is_said_again_about_once_a_second) {
+  running();
+  auto fin = from_rank("r0");
+  fin.env.mutable_rank_status()->set_local_rank(0);
+  fin.env.mutable_rank_status()->set_status(pb::rank_status::STATE_FINISHED);
+  send(fin);
+  wire.clear();
+  for (int i = 0; i < 30; ++i) {  // 3 s of heartbeats, the coordinator answering
+    send(inbound{links::coordinator, "", from_coordinator(1)});
+    advance(st().opts.liveness.heartbeat_interval);
+  }
+  const auto again = wire.count(pb::envelope::kRankStatus);
+  EXPECT_GE(again, 2u);
+  EXPECT_LE(again, 4u);
+}
+
 // The coordinator's stop first, the node's own signal second: no leave is
 // announced (nothing to re-plan), the ranks stop with the job.
 TEST_F(node_agent_test, a_signal_during_the_jobs_stop_is_not_a_preemption) {
