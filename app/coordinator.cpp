@@ -87,6 +87,8 @@ result<checked_config> checked_setup(const cluster_cli& cli, int& code) {
   if (auto why = validate(membership_options_from(s.cluster)); !why.empty()) return make_error(why);
   if (auto listen = parse_tcp_endpoint(cli.listen, "--listen"); !listen) return listen.err();
   if (cli.standby && cli.lease.empty()) return make_error("--standby waits for the job's lease: name it with --lease");
+  if (!cli.lease.empty())
+    if (auto why = lease_place_problem(cli.lease); !why.empty()) return make_error(why);
   code = 1;
   if (auto st = ensure_writable_dir(cli.run_dir); !st) return make_error("run directory: " + st.message());
   if (auto st = check_sample_log_dir(s.data.sample_log); !st) return st.err();

@@ -184,22 +184,29 @@ result<std::unique_ptr<leader_lease>> open_directory_lease(const std::string& di
   return std::unique_ptr<leader_lease>(std::make_unique<directory_lease>(fs::path(dir), std::move(o)));
 }
 
+std::string lease_place_problem(const std::string& where) {
+  if (where.empty()) return "leader lease: no place given (etcd://HOST:PORT[/PREFIX] or a directory)";
+  if (where.rfind("etcd://", 0) == 0) {
+    if (where.size() == 7 || where[7] == '/') return "leader lease: " + printable(where) + " names no etcd host (etcd://HOST:PORT[/PREFIX])";
+    return {};
+  }
+  if (where.rfind("s3://", 0) == 0)
+    return "leader lease: " + printable(where) +
+           ": a lease in S3 needs conditional writes (If-None-Match), which not every S3 server has; use etcd://HOST:PORT or a "
+           "directory on a shared file system";
+  if (where.find("://") != std::string::npos) return "leader lease: " + printable(where) + " is neither etcd://HOST:PORT[/PREFIX] nor a directory";
+  return {};
+}
+
 result<std::unique_ptr<leader_lease>> open_leader_lease(const std::string& where, lease_options o) {
   if (o.ttl < std::chrono::milliseconds(100)) return make_error("leader lease: a TTL under 100 ms cannot be renewed in time");
+  if (auto why = lease_place_problem(where); !why.empty()) return make_error(why);
   if (where.rfind("etcd://", 0) == 0) {
     const std::string rest = where.substr(7);
     const auto slash = rest.find('/');
-    const std::string host_port = rest.substr(0, slash);
     const std::string prefix = slash == std::string::npos ? "/dtactor" : rest.substr(slash);
-    if (host_port.empty()) return make_error("leader lease: " + printable(where) + " names no etcd host (etcd://HOST:PORT[/PREFIX])");
-    return open_etcd_lease(host_port, prefix, std::move(o));
+    return open_etcd_lease(rest.substr(0, slash), prefix, std::move(o));
   }
-  if (where.rfind("s3://", 0) == 0)
-    return make_error("leader lease: " + printable(where) +
-                      ": a lease in S3 needs conditional writes (If-None-Match), which not every S3 server has; use etcd://HOST:PORT or a "
-                      "directory on a shared file system");
-  if (where.find("://") != std::string::npos)
-    return make_error("leader lease: " + printable(where) + " is neither etcd://HOST:PORT[/PREFIX] nor a directory");
   return open_directory_lease(where, std::move(o));
 }
 

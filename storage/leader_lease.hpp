@@ -68,6 +68,9 @@ struct lease_options {
 
 // The lease at `where` (above); an unknown or unusable place is one line.
 result<std::unique_ptr<leader_lease>> open_leader_lease(const std::string& where, lease_options o = {});
+// What is wrong with `where` as a place for a lease, judged from its text
+// alone (nothing is touched): one line, or empty.
+std::string lease_place_problem(const std::string& where);
 
 // The backends, for open_leader_lease and tests.
 result<std::unique_ptr<leader_lease>> open_directory_lease(const std::string& dir, lease_options o);

@@ -121,6 +121,14 @@ TEST(LeaderLease, PlacesItCannotUseAreOneLine) {
   EXPECT_NE(other.message().find("neither etcd://"), std::string::npos) << other.message();
   auto no_host = open_leader_lease("etcd:///prefix");
   EXPECT_FALSE(no_host);
+  // Judged from the text alone, before anything is made (a coordinator
+  // refuses a bad --lease before it creates its run directory).
+  EXPECT_NE(lease_place_problem("s3://bucket/job"), "");
+  EXPECT_NE(lease_place_problem("etcd://"), "");
+  EXPECT_NE(lease_place_problem(""), "");
+  EXPECT_EQ(lease_place_problem("etcd://10.0.0.5:2379/jobs/vit"), "");
+  EXPECT_EQ(lease_place_problem("/shared/leases/vit"), "");
+  EXPECT_FALSE(std::filesystem::exists("/shared/leases/vit"));
   lease_options fast;
   fast.ttl = 10ms;
   EXPECT_FALSE(open_leader_lease("/tmp", fast));
