@@ -29,6 +29,7 @@
 #include "monitoring/gpu_metrics.hpp"
 #include "monitoring/metrics.hpp"
 #include "dtactor/config.hpp"
+#include "job/settings.hpp"
 #include "monitoring/resources.hpp"
 #include "base/preemption_notice.hpp"
 #include "base/process.hpp"
@@ -325,7 +326,9 @@ node_agent_options agent_options(const cluster_cli& cli, const node_identity& wh
   o.rank_exit_limit_from_config = [](const std::string& toml) -> std::optional<int32_t> {
     auto c = config::parse_toml(toml, "register_ack");
     if (!c) return std::nullopt;
-    return static_cast<int32_t>(c.value().get_int("cluster.rank_exit_limit"));
+    auto cluster = cluster_settings_of(c.value());
+    if (!cluster) return std::nullopt;
+    return static_cast<int32_t>(cluster.value().rank_exit_limit);
   };
   // Never blocks the agent (a stderr nobody reads would stop its heartbeats).
   o.log = [](const std::string& line) { stderr_line("node: " + printable(line, 0)); };
