@@ -156,6 +156,15 @@ def write(path, result, title, group, figures, cmd=None, notes=None):
 # choose what it measures).
 F = figure
 KINDS = {
+    "inflate": {
+        "title": "The default job's data at a rank's start: Fashion-MNIST's four .gz files inflated, libdeflate (what ranks use) against zlib, alternating in one run",
+        "group": "Data",
+        "figures": [
+            F("the four files inflated by libdeflate, whole (median)", ["libdeflate_s_median"], "s",
+              "zlib's streaming read", ["zlib_s_median"]),
+            F("zlib's time over libdeflate's, paired by repeat (median)", ["zlib_over_libdeflate_paired_median"], "x"),
+        ],
+    },
     "chaos": {
         "title": "Faults on one machine: coordinator + 2 nodes x 1 rank, the default ViT job, real processes",
         "group": "Recovery from faults",

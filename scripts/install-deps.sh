@@ -28,7 +28,7 @@ pkgs=(
   # CURVE for job keys, docs/security.md); prometheus-cpp brings civetweb
   libcaf-dev libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   # command line, config, JSON, compression, checksums
-  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libxxhash-dev
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libdeflate-dev libxxhash-dev
   # S3 checkpoint store and data: HTTP (libcurl) and SigV4's SHA-256/HMAC
   # (OpenSSL); OpenSSL also signs checkpoint manifests and draws job keys
   libcurl4-openssl-dev libssl-dev

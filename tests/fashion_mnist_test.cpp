@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <fstream>
+#include <iterator>
+
 #include "test_util.hpp"
 
 namespace dtactor {
@@ -60,6 +63,70 @@ TEST(FashionMnist, CorruptFilesAreErrors) {
   r = read_idx_pair(img, lab);
   ASSERT_TRUE(r) << r.message();
   EXPECT_EQ(r->labels[0].item<int64_t>(), 3);
+}
+
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+void put_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST(FashionMnist, BothInflatersGiveTheSameBytes) {
+  for (const char* name : {"train-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    auto fast = inflate_gz_file(kDir + "/" + name, gz_inflater::libdeflate);
+    auto streamed = inflate_gz_file(kDir + "/" + name, gz_inflater::zlib);
+    ASSERT_TRUE(fast) << fast.message();
+    ASSERT_TRUE(streamed) << streamed.message();
+    EXPECT_GT(fast->size(), 16u);
+    EXPECT_TRUE(fast.value() == streamed.value()) << name;
+  }
+}
+
+// Two gzip members one after the other (what `cat a.gz b.gz` makes) are one
+// stream to gzip; libdeflate inflates one member a call, so the read falls
+// back to zlib and still returns both.
+TEST(FashionMnist, SeveralMembersReadWhole) {
+  testing::temp_dir d;
+  write_gz(d.path() + "/a.gz", {1, 2, 3});
+  write_gz(d.path() + "/b.gz", {4, 5});
+  auto both = file_bytes(d.path() + "/a.gz");
+  const auto b = file_bytes(d.path() + "/b.gz");
+  both.insert(both.end(), b.begin(), b.end());
+  put_bytes(d.path() + "/ab.gz", both);
+  auto r = inflate_gz_file(d.path() + "/ab.gz");
+  ASSERT_TRUE(r) << r.message();
+  EXPECT_EQ(r.value(), (std::vector<uint8_t>{1, 2, 3, 4, 5}));
+}
+
+// A flipped byte, a cut file, and a trailer claiming 4 GiB for a few bytes
+// of input are each one error, never bytes handed on or a huge allocation.
+TEST(FashionMnist, DamagedGzipIsAnError) {
+  testing::temp_dir d;
+  std::vector<uint8_t> data(100000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 7919) % 251);
+  write_gz(d.path() + "/good.gz", data);
+  const auto good = file_bytes(d.path() + "/good.gz");
+  auto ok = inflate_gz_file(d.path() + "/good.gz");
+  ASSERT_TRUE(ok) << ok.message();
+  EXPECT_EQ(ok.value(), data);
+
+  auto flipped = good;
+  flipped[flipped.size() / 2] ^= 0x40;
+  put_bytes(d.path() + "/flipped.gz", flipped);
+  auto cut = good;
+  cut.resize(good.size() / 2);
+  put_bytes(d.path() + "/cut.gz", cut);
+  auto huge = good;
+  for (size_t i = huge.size() - 4; i < huge.size(); ++i) huge[i] = 0xff;
+  put_bytes(d.path() + "/huge.gz", huge);
+  for (const char* name : {"flipped.gz", "cut.gz", "huge.gz"}) {
+    auto r = inflate_gz_file(d.path() + "/" + name);
+    ASSERT_FALSE(r) << name;
+    EXPECT_NE(r.message().find(name), std::string::npos) << r.message();
+  }
 }
 
 }  // namespace
