@@ -8,17 +8,25 @@
 namespace dtactor {
 
 coordinator_sink::coordinator_sink(journal& jn, metrics& m, run_observer& obs, sd_targets& sd) : jn_(jn), m_(m), obs_(obs), sd_(sd) {
-  goodput_.begin_session(unix_time_now());
+  goodput_->book.begin_session(unix_time_now());
+  m_.on_scrape([g = goodput_, m = &m_] {
+    ev::goodput now;
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      now = g->book.figures(unix_time_now());
+    }
+    m->goodput(now);
+  });
 }
 
 template <class E>
 ev::goodput coordinator_sink::note_goodput(const E& e) {
   ev::goodput g;
   {
-    std::lock_guard<std::mutex> lock(goodput_mutex_);
+    std::lock_guard<std::mutex> lock(goodput_->mu);
     const double now = unix_time_now();
-    goodput_.on(now, e);
-    g = goodput_.figures(now);
+    goodput_->book.on(now, e);
+    g = goodput_->book.figures(now);
   }
   m_.goodput(g);
   return g;
@@ -27,8 +35,8 @@ ev::goodput coordinator_sink::note_goodput(const E& e) {
 ev::goodput coordinator_sink::goodput_now() {
   ev::goodput g;
   {
-    std::lock_guard<std::mutex> lock(goodput_mutex_);
-    g = goodput_.figures(unix_time_now());
+    std::lock_guard<std::mutex> lock(goodput_->mu);
+    g = goodput_->book.figures(unix_time_now());
   }
   m_.goodput(g);
   return g;

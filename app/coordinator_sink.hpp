@@ -8,6 +8,7 @@
 // (rank_usage, step_completed, job_ended), one at a time as CAF runs an
 // actor.
 
+#include <memory>
 #include <mutex>
 
 #include "job/events.hpp"
@@ -22,7 +23,8 @@ namespace dtactor {
 
 class coordinator_sink {
  public:
-  // Goodput counts from now: the coordinator's start.
+  // Goodput counts from now: the coordinator's start. Every scrape of
+  // /metrics sets the goodput gauges as of the scrape.
   coordinator_sink(journal& jn, metrics& m, run_observer& obs, sd_targets& sd);
 
   void operator()(const ev::event& e);
@@ -67,8 +69,14 @@ class coordinator_sink {
   run_observer& obs_;
   sd_targets& sd_;
   resource_book usage_;  // the job actor's events only
-  std::mutex goodput_mutex_;  // the book is fed by several actors' events
-  goodput_book goodput_;
+  // The book is fed by several actors' events and read by every scrape of
+  // /metrics (so that the ratio falls live while no step completes); the
+  // scrape hook shares it, and may outlive the sink.
+  struct goodput_state {
+    std::mutex mu;
+    goodput_book book;
+  };
+  std::shared_ptr<goodput_state> goodput_ = std::make_shared<goodput_state>();
 };
 
 }  // namespace dtactor
