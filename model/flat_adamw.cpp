@@ -115,23 +115,9 @@ void flat_adamw::gather_grads() {
 
 double flat_adamw::clip_grad_norm(double max_norm) {
   gather_grads();
-  torch::NoGradGuard no_grad;
   if (groups_.empty()) return 0;
-  std::vector<torch::Tensor> norms;
-  for (auto& g : groups_) {
-    if (!grads_sharded_) {
-      norms.push_back(g.grads.norm());
-      continue;
-    }
-    // One window per group when all is held (a world of one): the same
-    // reduction as the full buffer's.
-    std::vector<torch::Tensor> parts;
-    for (auto& w : g.windows) parts.push_back(w.grad.norm());
-    if (!parts.empty()) norms.push_back(parts.size() == 1 ? parts[0] : torch::stack(parts).norm());
-  }
-  if (norms.empty()) return 0;
-  auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm();
-  const double n = total.item<double>();
+  const auto ranges = norm_ranges();
+  const double n = norm_of_parts(grad_range_squares(ranges, 0, ranges.size()));
   clip_to(n, max_norm);
   return n;
 }
@@ -151,30 +137,37 @@ void flat_adamw::clip_to(double norm, double max_norm) {
   }
 }
 
-double flat_adamw::grad_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+index_ranges flat_adamw::norm_ranges() const { return dtactor::norm_ranges(total_elements(), group_bases()); }
+
+torch::Tensor flat_adamw::held_grads(int64_t begin, int64_t end) const {
+  for (const auto& g : groups_) {
+    if (begin < g.base || end > g.base + g.params.numel()) continue;
+    if (!grads_sharded_) return g.grads.narrow(0, begin - g.base, end - begin);
+    return grad_window(begin, end);
+  }
+  TORCH_CHECK(false, "elements [", begin, ", ", end, ") lie in no one parameter group");
+}
+
+std::vector<double> flat_adamw::grad_range_squares(const index_ranges& ranges, size_t first, size_t last) {
   gather_grads();
   torch::NoGradGuard no_grad;
-  double sum = 0;
-  for (auto& g : groups_)
-    for (auto& w : g.windows) {
-      const int64_t n = w.exp_avg.numel();
-      if (n == 0) continue;
-      auto grads = grads_of(g, w);
-      for (const auto& [a, b] : ranges) {
-        const int64_t lo = std::max(a - g.base, w.begin), hi = std::min(b - g.base, w.begin + n);
-        if (lo >= hi) continue;
-        // In double, a chunk at a time: a whole window's double copy and
-        // its square were two fresh temporaries of 8 bytes an element each
-        // step (the 202M GPT's step at zero=2 spent about a second clearing
-        // their new pages).
-        constexpr int64_t chunk = int64_t{1} << 20;
-        for (int64_t off = lo; off < hi; off += chunk) {
-          auto c = grads.narrow(0, off - w.begin, std::min(chunk, hi - off)).to(torch::kDouble);
-          sum += c.mul_(c).sum().item<double>();
-        }
-      }
+  std::vector<double> out(last - first, 0.0);
+  std::vector<torch::Tensor> grads;
+  for (size_t i = first; i < last; ++i) {
+    auto t = held_grads(ranges[i].first, ranges[i].second);
+    // Float32 is read in place; other dtypes go through a double copy of
+    // the range (the same values, so the same bits).
+    grads.push_back(t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble ? t.contiguous() : t.to(torch::kDouble).contiguous());
+  }
+  // One range a task: each range's sum is one serial loop whatever the
+  // thread count.
+  at::parallel_for(0, static_cast<int64_t>(grads.size()), 1, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      const auto& t = grads[static_cast<size_t>(i)];
+      out[static_cast<size_t>(i)] = t.scalar_type() == torch::kFloat ? sum_squares(t.data_ptr<float>(), t.numel()) : sum_squares(t.data_ptr<double>(), t.numel());
     }
-  return sum;
+  });
+  return out;
 }
 
 void flat_adamw::shard_grads() {

@@ -5,7 +5,8 @@
 // step instead of a handful per parameter, and the step itself is one fused
 // loop over float32 CPU buffers (model/adamw_kernel). The arithmetic is
 // torch::optim::AdamW's (1.13), element by element, so results match it to
-// rounding; the gradient norm is summed in another order.
+// rounding; the gradient norm is summed in another order (model/grad_norm:
+// the same at every ZeRO level and world size).
 //
 // Gradients stay views of the flat buffer as long as nobody replaces
 // param.grad(): autograd accumulates into a defined gradient in place. If a
@@ -33,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/grad_norm.hpp"
 #include "model/state_tensor.hpp"
 
 namespace dtactor {
@@ -49,8 +51,10 @@ class flat_adamw {
   flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_options& o);
 
   void set_lr(double lr) { opts_.lr = lr; }
-  // Global 2-norm of the gradients; scales them to max_norm when above it
-  // (as torch::nn::utils::clip_grad_norm_). Returns the norm before clipping.
+  // Global 2-norm of the gradients (the canonical one of model/grad_norm,
+  // over every range: all of them must be held); scales them to max_norm
+  // when above it (as torch::nn::utils::clip_grad_norm_). Returns the norm
+  // before clipping.
   double clip_grad_norm(double max_norm);
   void step();
   void zero_grad();
@@ -91,10 +95,13 @@ class flat_adamw {
   // The gradients of [begin, end) (one group, one held window) as a view:
   // where the reducer delivers the summed gradients.
   torch::Tensor grad_window(int64_t begin, int64_t end) const;
-  // Sum of squares of the held gradients within the index-space ranges
-  // (each rank passes the ranges it is the primary of, so that their sum
-  // over the world is the global norm's square).
-  double grad_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges);
+  // The gradient norm's ranges over this optimizer's index space
+  // (model/grad_norm: chunks cut at group boundaries).
+  index_ranges norm_ranges() const;
+  // Sum of squares of the held gradients of each of ranges[first, last)
+  // (ranges of norm_ranges(), each held here), in double: the same bits
+  // whoever holds the range.
+  std::vector<double> grad_range_squares(const index_ranges& ranges, size_t first, size_t last);
   // Clipping with a norm worked out elsewhere (the global norm of sharded
   // gradients): scales the held gradients as clip_grad_norm would.
   void clip_to(double norm, double max_norm);
@@ -145,6 +152,9 @@ class flat_adamw {
   };
   torch::Tensor view(const torch::Tensor& flat, const slot& s) const { return flat.narrow(0, s.offset, s.numel).view(s.param.sizes()); }
   void materialize();   // lazy zero moments become real tensors
+  // The held gradients of [begin, end), within one group (and, sharded,
+  // one held window).
+  torch::Tensor held_grads(int64_t begin, int64_t end) const;
   void gather_grads();  // grads that are not views of the buffer are copied into it (sharded: into the windows, then reset)
   torch::Tensor grads_of(const group& g, const window& w) const {
     return grads_sharded_ ? w.grad : g.grads.narrow(0, w.begin, w.exp_avg.numel());

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "model/grad_norm.hpp"
+
 namespace dtactor {
 
 std::vector<int> shard_plan::held_by(int rank) const {
@@ -37,12 +39,12 @@ int64_t shard_plan::largest() const {
   return n;
 }
 
-shard_plan make_shard_plan(int64_t total, const std::vector<std::string>& node_of_rank, int replicas, int64_t align) {
+shard_plan make_shard_plan(int64_t total, const std::vector<std::string>& node_of_rank, int replicas) {
   shard_plan p;
   p.total = total;
   const int world = static_cast<int>(node_of_rank.size());
   if (world == 0) return p;
-  align = std::max<int64_t>(align, 1);
+  const int64_t align = norm_chunk(total);
   replicas = std::clamp(replicas, 1, world);
   // Equal shards rounded up to `align`; the last ones may be shorter or empty.
   const int64_t per = ((total + world - 1) / world + align - 1) / align * align;

@@ -43,8 +43,10 @@ struct shard_plan {
 
 // node_of_rank[r]: the node (machine) of global rank r. replicas: holders of
 // each shard (1 = no copy; clamped to the world size). Shard boundaries are
-// multiples of `align` elements (but the last).
-shard_plan make_shard_plan(int64_t total, const std::vector<std::string>& node_of_rank, int replicas, int64_t align = 64);
+// multiples of the gradient norm's chunk (model/grad_norm: norm_chunk(total),
+// a multiple of 64 elements), so that a rank holding shards computes whole
+// ranges of the norm.
+shard_plan make_shard_plan(int64_t total, const std::vector<std::string>& node_of_rank, int replicas);
 
 // train.zero_replicas' default: 2 when the job spans more than one node, else 1.
 int default_replicas(const std::vector<std::string>& node_of_rank);

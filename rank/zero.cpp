@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "model/flat_adamw.hpp"
+#include "model/grad_norm.hpp"
 #include "model/trainer.hpp"
 #include "comm/communicator.hpp"
 #include "comm/grad_sync.hpp"
@@ -74,12 +75,34 @@ std::shared_ptr<const zero2_grads> zero2_of(flat_adamw& opt, const shard_plan& p
   return z;
 }
 
+namespace {
+// Indices [first, last) of the gradient norm's ranges in shard s, checked:
+// the plan's boundaries must be range boundaries (make_shard_plan cuts them
+// so), else a rank would sum part of a range.
+result<std::pair<size_t, size_t>> norm_slice(const index_ranges& rs, const shard_plan& plan, int s) {
+  const auto& sh = plan.shards[static_cast<size_t>(s)];
+  const auto slice = ranges_within(rs, sh.begin, sh.end);
+  const int64_t from = slice.first < rs.size() ? rs[slice.first].first : plan.total;
+  const int64_t to = slice.second < rs.size() ? rs[slice.second].first : plan.total;
+  if (sh.begin < sh.end && (from != sh.begin || to != sh.end))
+    return make_error("gradient norm: shard " + std::to_string(s) + " [" + std::to_string(sh.begin) + ", " + std::to_string(sh.end) +
+                      ") does not begin and end at the norm's range boundaries");
+  return slice;
+}
+}  // namespace
+
 result<double> global_grad_norm(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                                 const std::function<bool()>& abandon) {
   const int rank = pg.getRank();
   if (rank >= plan.world()) return make_error("gradient norm: rank " + std::to_string(rank) + " has no shard in the plan");
-  const auto& own = plan.shards[static_cast<size_t>(rank)];
-  auto t = torch::tensor({opt.grad_sum_squares({{own.begin, own.end}})}, torch::kDouble);
+  const auto rs = opt.norm_ranges();
+  const auto slice = norm_slice(rs, plan, rank);
+  if (!slice) return slice.err();
+  // The other ranks' values are zeros here: the allreduce adds exact zeros
+  // to each value, in whatever order, so every rank gets every range's bits.
+  auto t = torch::zeros({static_cast<int64_t>(rs.size())}, torch::kDouble);
+  const auto mine = opt.grad_range_squares(rs, slice->first, slice->second);
+  std::copy(mine.begin(), mine.end(), t.data_ptr<double>() + slice->first);
   std::vector<torch::Tensor> v{t};
   try {
     if (auto st = wait_work(pg.allreduce(v), clock_type::now() + timeout, abandon, "rank " + std::to_string(rank) + ": allreduce of the gradient norm");
@@ -89,7 +112,7 @@ result<double> global_grad_norm(c10d::ProcessGroup& pg, flat_adamw& opt, const s
     std::string m = e.what();
     return make_error("allreduce of the gradient norm could not start: " + m.substr(0, m.find('\n')));
   }
-  return std::sqrt(t.item<double>());
+  return norm_of_parts(std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel()));
 }
 
 result<bool> finish_interrupted_step(c10d::ProcessGroup& pg, training_state& state, std::chrono::milliseconds timeout,
@@ -320,22 +343,44 @@ status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan
 result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                                     const std::function<bool()>& abandon, std::chrono::microseconds spin) {
   const int world = shm.world(), rank = shm.rank();
-  if (rank >= plan.world()) return make_error("gradient norm: rank " + std::to_string(rank) + " has no shard in the plan");
-  const auto& own = plan.shards[static_cast<size_t>(rank)];
-  const double part = opt.grad_sum_squares({{own.begin, own.end}});
-  double sum = 0;
-  auto st = shm_round(
-      shm, 2, [&](float* slot) { std::memcpy(slot, &part, sizeof part); },
-      [&](const shm_group::region& g) {
-        for (int r = 0; r < world; ++r) {
-          double v = 0;
-          std::memcpy(&v, shm.at(r, g), sizeof v);
-          sum += v;
-        }
-      },
-      timeout, abandon, spin, "rank " + std::to_string(rank) + ": sum of the gradient norm (shared memory)");
-  if (!st) return st.err();
-  return std::sqrt(sum);
+  if (rank >= plan.world() || world != plan.world())
+    return make_error("gradient norm: rank " + std::to_string(rank) + " of " + std::to_string(world) + " has no shard in a plan for " +
+                      std::to_string(plan.world()) + " ranks");
+  const auto rs = opt.norm_ranges();
+  std::vector<std::pair<size_t, size_t>> slices;
+  size_t longest = 0;
+  for (int r = 0; r < world; ++r) {
+    auto sl = norm_slice(rs, plan, r);
+    if (!sl) return sl.err();
+    slices.push_back(*sl);
+    longest = std::max(longest, sl->second - sl->first);
+  }
+  const auto [first, last] = slices[static_cast<size_t>(rank)];
+  std::vector<double> parts(rs.size(), 0.0);
+  const auto mine = opt.grad_range_squares(rs, first, last);
+  std::copy(mine.begin(), mine.end(), parts.begin() + static_cast<std::ptrdiff_t>(first));
+  // Each rank's values in rounds of half the ring; round i carries values
+  // [i*block, (i+1)*block) of every rank's slice (doubles: two floats each).
+  const size_t block = static_cast<size_t>(std::max<int64_t>(1, shm.capacity() / 4));
+  auto count = [&](int r, size_t off) {
+    const auto& sl = slices[static_cast<size_t>(r)];
+    return std::min(block, sl.second - sl.first - std::min(off, sl.second - sl.first));
+  };
+  for (size_t off = 0; off < longest; off += block) {
+    auto st = shm_round(
+        shm, static_cast<int64_t>(2 * std::min(block, longest - off)),
+        [&](float* slot) {
+          if (const size_t n = count(rank, off)) std::memcpy(slot, mine.data() + off, sizeof(double) * n);
+        },
+        [&](const shm_group::region& g) {
+          for (int r = 0; r < world; ++r)
+            if (const size_t n = count(r, off); r != rank && n > 0)
+              std::memcpy(parts.data() + slices[static_cast<size_t>(r)].first + off, shm.at(r, g), sizeof(double) * n);
+        },
+        timeout, abandon, spin, "rank " + std::to_string(rank) + ": sum of the gradient norm (shared memory)");
+    if (!st) return st.err();
+  }
+  return norm_of_parts(parts);
 }
 
 namespace {

@@ -51,8 +51,10 @@ result<bool> finish_interrupted_step(c10d::ProcessGroup& pg, training_state& sta
 // train.zero = 2: what grad_sync needs to reduce-scatter the gradients into
 // `opt`'s gradient windows under `plan` (every rank's held ranges).
 std::shared_ptr<const zero2_grads> zero2_of(flat_adamw& opt, const shard_plan& plan);
-// The global gradient norm of sharded gradients: each rank's sum of squares
-// over the shard it is the primary of, allreduced.
+// The global gradient norm of sharded gradients (model/grad_norm's): each
+// rank computes the norm's ranges of the shard it is the primary of, one
+// allreduce of every range's value (zeros but the owner's) gives every rank
+// all of them, added in index order: the bits of the whole gradient's norm.
 result<double> global_grad_norm(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                                 const std::function<bool()>& abandon);
 
@@ -66,7 +68,8 @@ status gather_params(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& 
 // rounds of half the ring). Gloo would move
 // them through loopback TCP, in the kernel, on the cores that compute: the
 // all-gather is every parameter, every step. Results are the same bits on
-// every rank (the norm's partial sums are added in rank order).
+// every rank (the norm's per-range values, exchanged in rounds of half the
+// ring, are added in index order).
 // shm_fits: the parameters are all float32 and the plan is the segment's world.
 bool shm_fits(const shm_group& shm, const flat_adamw& opt, const shard_plan& plan);
 // Every parameter of the plan's index space is float32 (what the segments carry).

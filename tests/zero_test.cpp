@@ -12,6 +12,7 @@
 #include <set>
 
 #include "model/flat_adamw.hpp"
+#include "model/grad_norm.hpp"
 #include "model/shard_plan.hpp"
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
@@ -60,6 +61,55 @@ TEST(ShardPlan, ShardsCoverTheIndexSpaceAndReplicasGoToAnotherNode) {
   EXPECT_EQ(one.shards[2].holders, (std::vector<int>{2, 0, 1}));
   EXPECT_EQ(default_replicas({"a", "a"}), 1);
   EXPECT_EQ(default_replicas({"a", "b"}), 2);
+}
+
+// The gradient norm's ranges: chunks of a size that depends on the model's
+// size only, cut at group bases, at most max_norm_chunks + groups of them;
+// every shard of every world begins and ends at a range boundary, so a rank
+// holding shards computes whole ranges.
+TEST(ShardPlan, ShardBoundariesAreTheNormsRangeBoundariesAtEveryWorld) {
+  for (int64_t total : {int64_t{0}, int64_t{1}, int64_t{100}, int64_t{12345}, int64_t{1} << 20, int64_t{202'000'001}}) {
+    const std::vector<int64_t> bases = {0, total / 3, total / 3 + 7};
+    const auto rs = norm_ranges(total, bases);
+    EXPECT_LE(static_cast<int64_t>(rs.size()), max_norm_chunks + 2) << total;
+    EXPECT_EQ(norm_chunk(total) % 64, 0);
+    std::set<int64_t> starts;
+    int64_t at = 0;
+    for (const auto& [a, b] : rs) {
+      EXPECT_EQ(a, at);
+      EXPECT_LT(a, b);
+      at = b;
+      starts.insert(a);
+    }
+    EXPECT_EQ(at, total);
+    for (int64_t b : bases)
+      EXPECT_TRUE(b >= total || starts.count(b)) << "group base " << b;
+    for (int world = 1; world <= 9; ++world) {
+      const auto p = make_shard_plan(total, std::vector<std::string>(static_cast<size_t>(world), "a"), 2);
+      for (const auto& sh : p.shards) {
+        if (sh.begin == sh.end) continue;
+        EXPECT_TRUE(starts.count(sh.begin)) << "world " << world << ": a shard begins at " << sh.begin << ", inside a range";
+        EXPECT_TRUE(sh.end == total || starts.count(sh.end)) << "world " << world << ": a shard ends at " << sh.end << ", inside a range";
+        const auto [first, last] = ranges_within(rs, sh.begin, sh.end);
+        EXPECT_EQ(rs[first].first, sh.begin);
+        EXPECT_EQ(rs[last - 1].second, sh.end);
+      }
+    }
+  }
+}
+
+// A range's sum of squares is one fixed order of double additions:
+// the same bits from the float values and from their double copies, and
+// from a copy at another address.
+TEST(ShardPlan, TheNormsSumOfSquaresDependsOnTheValuesOnly) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({1001});
+  const auto y = x.clone(), d = x.to(torch::kDouble);
+  const double a = sum_squares(x.data_ptr<float>(), x.numel());
+  EXPECT_EQ(a, sum_squares(y.data_ptr<float>(), y.numel()));
+  EXPECT_EQ(a, sum_squares(d.data_ptr<double>(), d.numel()));
+  EXPECT_NEAR(a, d.pow(2).sum().item<double>(), 1e-12 * a);
+  EXPECT_EQ(norm_of_parts({a, 0.0, 2.0}), std::sqrt(a + 0.0 + 2.0));
 }
 
 // Three holders with 3 nodes or more: one a node, so any two lost machines
@@ -453,31 +503,55 @@ TEST(Zero2, SharedMemoryRingSmallerThanAStepChangesNoBit) {
       EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), want) << "zero=2, rank " << r;
     }
   }
-  // Clipping on: the norm's round through the ring as well.
+  // Clipping on: the norm's values in rounds through the ring as well (a
+  // round carries at most a quarter of the ring's floats in doubles).
   run_how h;
   h.shm = true;
   h.small_ring = true;
   auto p = run_pair({}, 4, 2, 3, h);
-  for (int r = 1; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), p.sharded[0]->params_digest()) << "rank " << r;
-  for (size_t i = 0; i < p.plain_norms.size(); ++i) EXPECT_NEAR(p.sharded_norms[i], p.plain_norms[i], 1e-5 * p.plain_norms[i]) << "step " << i;
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), p.plain[0]->params_digest()) << "rank " << r;
+  EXPECT_EQ(p.sharded_norms, p.plain_norms);
+}
+
+// Clipping on: 1.0 (the default ViT's) and 0.01 (below every step's norm,
+// so every step clips). The norm is model/grad_norm's at every level: the
+// same ranges summed in double and added in index order whether a rank
+// holds the whole gradient or its shards, so over shared memory zero=1 and
+// zero=2 end bit for bit where zero=0 ends, with the same norms, at worlds
+// 2 and 3 (whose shards cut the index space elsewhere).
+TEST(Zero2, ClippingOnSharedMemoryEveryLevelEqualsZeroZeroBitForBit) {
+  for (const std::string clip : {"1.0", "0.01"})
+    for (int world : {2, 3})
+      for (int level : {1, 2}) {
+        SCOPED_TRACE("grad_clip " + clip + ", world " + std::to_string(world) + ", zero " + std::to_string(level));
+        run_how h;
+        h.shm = true;
+        auto p = run_pair({"train.grad_clip=" + clip}, world, 2, 5, h, level);
+        const std::string want = p.plain[0]->params_digest();
+        for (int r = 0; r < world; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), want) << "rank " << r;
+        ASSERT_EQ(p.plain_norms.size(), 5u);
+        ASSERT_EQ(p.sharded_norms.size(), 5u);
+        for (size_t i = 0; i < p.plain_norms.size(); ++i) {
+          EXPECT_EQ(p.sharded_norms[i], p.plain_norms[i]) << "step " << i;
+          if (clip == "0.01") {
+            EXPECT_GT(p.plain_norms[i], 0.01) << "step " << i << " did not clip";
+          }
+        }
+      }
 }
 
 // One host, clipping on (as by default): the parameters all-gathered and
-// the norm's partial sums added through the gradients' segment. Every rank
-// ends bit for bit equal to the others; the norm is the global one (zero=0
-// sums it over whole buckets, zero=2 over the shards', so to rounding).
+// the norm's per-range values exchanged through the gradients' segment.
+// Every rank ends bit for bit equal to the others and to zero=0, with
+// zero=0's norms.
 TEST(Zero2, SharedMemoryGatherAndNormKeepEveryRankEqual) {
   run_how h;
   h.shm = true;
   auto p = run_pair({}, 4, 2, 4, h);
-  const std::string mine = p.sharded[0]->params_digest();
-  for (int r = 1; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), mine) << "rank " << r;
-  ASSERT_EQ(p.plain_norms.size(), p.sharded_norms.size());
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(p.sharded[static_cast<size_t>(r)]->params_digest(), p.plain[0]->params_digest()) << "rank " << r;
   ASSERT_EQ(p.plain_norms.size(), 4u);
-  for (size_t i = 0; i < p.plain_norms.size(); ++i) {
-    EXPECT_GT(p.plain_norms[i], 0);
-    EXPECT_NEAR(p.sharded_norms[i], p.plain_norms[i], 1e-5 * p.plain_norms[i]) << "step " << i;
-  }
+  for (double n : p.plain_norms) EXPECT_GT(n, 0);
+  EXPECT_EQ(p.sharded_norms, p.plain_norms);
 }
 
 // Hierarchical (2 hosts x 2 ranks): each host's leader sums the whole of
