@@ -25,6 +25,22 @@ std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clo
   return lost;
 }
 
+std::vector<lost_peer> find_closed(clock_time now, const std::map<std::string, clock_time>& closed, const std::map<std::string, clock_time>& last_seen,
+                                   const liveness_options& opts, bool suspecting) {
+  std::vector<lost_peer> lost;
+  for (const auto& [peer, at] : closed) {
+    const clock_duration since = now > at ? now - at : clock_duration{0};
+    const bool graced = since >= opts.closed_grace;
+    if (!graced && !suspecting) continue;
+    const auto seen = last_seen.find(peer);
+    const double silent = seen == last_seen.end() || seen->second > now ? 0 : seconds(now - seen->second);
+    lost_peer l{peer, silent, graced ? seconds(since - opts.closed_grace) : 0, !graced};
+    l.closed = true;
+    lost.push_back(std::move(l));
+  }
+  return lost;
+}
+
 clock_duration pause_tracker::on_tick(clock_time now, clock_duration interval) {
   const auto previous = last_;
   last_ = now;

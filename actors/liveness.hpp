@@ -30,7 +30,19 @@ struct liveness_options {
   // (cluster.suspect_timeout_ms): a live peer heartbeats every interval, and a
   // dead one has stalled its peers' collectives.
   std::chrono::milliseconds suspect_timeout{300};
+  // A peer whose control connection closed (its process ended, so its kernel
+  // sent FIN or RST) and that was not heard from since is lost this long
+  // after the close: a live peer whose connection merely dropped redials and
+  // heartbeats within it (three intervals, at most the heartbeat timeout;
+  // set by liveness_options_from). While a collective failure is suspected,
+  // a closed connection is a loss at once: two signals agree.
+  std::chrono::milliseconds closed_grace{300};
 };
+
+// Three heartbeat intervals, at most the heartbeat timeout.
+inline std::chrono::milliseconds closed_grace_of(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
+  return std::min(3 * interval, timeout);
+}
 
 // cluster.heartbeat_interval_ms / heartbeat_timeout_ms / suspect_timeout_ms.
 inline liveness_options liveness_options_from(const cluster_settings& c) {
@@ -38,6 +50,7 @@ inline liveness_options liveness_options_from(const cluster_settings& c) {
   o.heartbeat_interval = c.heartbeat_interval;
   o.heartbeat_timeout = c.heartbeat_timeout;
   o.suspect_timeout = c.suspect_timeout;
+  o.closed_grace = closed_grace_of(o.heartbeat_interval, o.heartbeat_timeout);
   return o;
 }
 
@@ -59,6 +72,8 @@ struct lost_peer {
   // Lost only because a collective failure was suspected (silent for the
   // suspect timeout, not yet for the heartbeat timeout).
   bool suspected = false;
+  // Lost because its connection closed (find_closed), not for silence.
+  bool closed = false;
 };
 
 // Peers silent for at least `heartbeat_timeout` at `now`, ordered by name.
@@ -70,6 +85,14 @@ std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clo
 // shorter of heartbeat_timeout and suspect_timeout, and peers lost only
 // because of that are marked `suspected`.
 std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts, bool suspecting);
+
+// Peers whose connection closed at `closed[peer]` and that have not been
+// heard from since (the caller keeps only those), lost at `now`: after
+// closed_grace, or at once while `suspecting` (then marked `suspected` when
+// the grace has not run out). `last_seen` gives detected_after_s (0 for a
+// peer it lacks). Ordered by name; never blocks.
+std::vector<lost_peer> find_closed(clock_time now, const std::map<std::string, clock_time>& closed, const std::map<std::string, clock_time>& last_seen,
+                                   const liveness_options& opts, bool suspecting);
 
 // The watcher's own pauses. Silence is evidence only while the watcher was
 // there to hear: when its tick comes late (its process descheduled on a

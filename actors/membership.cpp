@@ -459,6 +459,7 @@ admission membership::readmit(node_info& n, const node_registration& reg, const 
   admission a;
   n.peer = reg.peer;
   n.last_seen = std::max(n.last_seen, now);
+  n.closed.reset();
   n.plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
   if (n.advertise_addr != reg.advertise_addr) {
     n.advertise_addr = reg.advertise_addr;
@@ -485,7 +486,7 @@ void membership::join_node(const node_registration& reg, const std::set<int32_t>
   state_.remembered_ranks[id] = rank;
   const uint64_t plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
   auto& n = state_.nodes[id] =
-      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, {}, plan_generation, {}};
+      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, std::nullopt, {}, plan_generation, {}};
   note_addition(plan_cause::node_joined, now);
   for (int32_t l : ready) mark_ready(n, l, true, now);
   a.accepted = true;
@@ -523,7 +524,24 @@ bool membership::touch(const std::string& id, uint64_t incarnation, clock_time n
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
   if (!peer.empty()) it->second.peer = peer;
   it->second.last_seen = std::max(it->second.last_seen, now);
+  it->second.closed.reset();
   return true;
+}
+
+std::string membership::connection_closed(const std::string& peer, clock_time now) {
+  for (auto& [id, n] : state_.nodes) {
+    if (n.peer != peer) continue;
+    if (!n.closed) n.closed = now;
+    return id.str();
+  }
+  return {};
+}
+
+std::map<std::string, clock_time> membership::closed() const {
+  std::map<std::string, clock_time> out;
+  for (const auto& [id, n] : state_.nodes)
+    if (n.closed) out[id.str()] = *n.closed;
+  return out;
 }
 
 const plan& membership::commit(plan p) {
@@ -562,7 +580,10 @@ const plan& membership::commit(plan p) {
 }
 
 void membership::credit_pause(clock_duration pause, clock_time now) {
-  for (auto& [id, n] : state_.nodes) n.last_seen = dtactor::credit_pause(n.last_seen, pause, now);
+  for (auto& [id, n] : state_.nodes) {
+    n.last_seen = dtactor::credit_pause(n.last_seen, pause, now);
+    if (n.closed) n.closed = dtactor::credit_pause(*n.closed, pause, now);
+  }
 }
 
 std::map<std::string, clock_time> membership::last_seen() const {

@@ -153,6 +153,8 @@ struct node_info {
   uint64_t incarnation = 0;
   clock_time joined{};
   clock_time last_seen{};
+  // When its connection closed, if it has not been heard from since.
+  std::optional<clock_time> closed;
   std::map<int32_t, uint64_t> ready;  // ready local rank -> its readiness serial
   uint64_t plan_generation = 0;       // generation of the current_plan in its registration (0: none)
   // local rank -> (readiness serial, newest generation that process reported
@@ -288,6 +290,13 @@ class membership {
   // non-empty `peer` replaces the routing id (the node reconnected).
   bool touch(const std::string& node_id, uint64_t incarnation, clock_time now, const std::string& peer = {});
 
+  // The connection of the member at routing id `peer` closed: it is marked
+  // until it is heard from again (touch, a registration). Returns its node
+  // id; empty when no member is at that routing id (it reconnected).
+  std::string connection_closed(const std::string& peer, clock_time now);
+  // Members whose connection closed and that were not heard from since.
+  std::map<std::string, clock_time> closed() const;
+
   plan_decision decide(clock_time now) const { return dtactor::decide(now, state_, opts_); }
 
   // Records `p` as the current generation (what decide() returned). An
@@ -295,7 +304,8 @@ class membership {
   const plan& commit(plan p);
 
   // The watcher paused for `pause` (pause_tracker): every node's silence
-  // so far is moved forward by it, never past `now`.
+  // so far, and the time since a closed connection, move forward by it,
+  // never past `now`.
   void credit_pause(clock_duration pause, clock_time now);
   std::map<std::string, clock_time> last_seen() const;
   const node_info* find(const std::string& node_id) const;

@@ -140,7 +140,8 @@ void refuse_node(membership_self self, const std::string& id, const std::string&
 // Readiness and failures of a node's ranks. The node agent relays them as
 // "node/<id>" (its incarnation) or passes a rank's own envelope on as
 // "rank/<id>/<local_rank>" (the rank's incarnation: the node's is assumed).
-void on_rank_status(membership_self self, const inbound& in) {
+// True when a collective failure starts suspicion.
+bool on_rank_status(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& s = in.env.rank_status();
   // Peer text from here on is printable (logs, journal, labels).
@@ -150,7 +151,7 @@ void on_rank_status(membership_self self, const inbound& in) {
     id = printable(in.from.node);
     if (const auto* n = st.members.find(id)) incarnation = n->incarnation;
   }
-  if (id.empty()) return;
+  if (id.empty()) return false;
   auto now = self->clock().now();
   switch (s.status()) {
     case pb::rank_status::STATE_IDLE:
@@ -159,7 +160,7 @@ void on_rank_status(membership_self self, const inbound& in) {
         if (first || ref->second == digest) continue;
         refuse_node(self, id, "data file '" + printable(path) + "' on node '" + id + "' differs from the coordinator's (" + printable(digest) +
                                   ", expected " + printable(ref->second) + "): the node is refused");
-        return;
+        return false;
       }
       st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
       break;
@@ -176,15 +177,19 @@ void on_rank_status(membership_self self, const inbound& in) {
         // The warm-up failed (the model or the data could not be loaded):
         // no generation can use this node as it is.
         refuse_node(self, id, "node '" + id + "' cannot start rank " + std::to_string(s.local_rank()) + ": " + printable(s.detail(), printable_max_detail_chars));
-        return;
+        return false;
       }
-      if (st.members.report_failure(in.env.generation(), id, s.local_rank(), now))
+      if (st.members.report_failure(in.env.generation(), id, s.local_rank(), now)) {
         log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' failed in generation " +
-                                  std::to_string(in.env.generation()) + " (" + printable(s.detail(), printable_max_detail_chars) + "); suspecting silent nodes");
+                                  std::to_string(in.env.generation()) + " (" + printable(s.detail(), printable_max_detail_chars) +
+                                  "); suspecting silent nodes and closed connections");
+        return true;
+      }
       break;
     default:
       break;
   }
+  return false;
 }
 
 // A rank refused the checkpoint it was to load: marked bad for the job,
@@ -282,27 +287,35 @@ void report_members(membership_self self, clock_time now) {
   emit(self, std::move(v));
 }
 
-void on_tick(membership_self self) {
+ev::loss_cause cause_of(const lost_peer& l) {
+  if (l.closed) return ev::loss_cause::connection_closed;
+  return l.suspected ? ev::loss_cause::suspected_after_collective_failure : ev::loss_cause::heartbeat_timeout;
+}
+
+void declare_lost(membership_self self, std::vector<lost_peer> lost, clock_time now) {
   auto& st = self->state;
-  auto now = self->clock().now();
-  // A late tick is this process's stall, not the nodes' silence: their
-  // heartbeats wait in the mailbox behind it (pause_tracker).
-  if (const auto pause = st.pauses.on_tick(now, st.opts.liveness.heartbeat_interval); pause > clock_duration{0}) {
-    st.members.credit_pause(pause, now);
-    for (auto& [id, heard] : st.draining) heard = credit_pause(heard, pause, now);
-    if (pause >= st.opts.liveness.heartbeat_timeout / 4)
-      log_line(st.opts.log, "the coordinator stalled " + std::to_string(std::chrono::duration<double>(pause).count()) +
-                                " s (a machine loaded past its cores?); nodes' silence during it is not held against them");
-  }
-  report_members(self, now);
-  for (auto& l : find_lost(now, st.members.last_seen(), st.opts.liveness, st.members.suspecting())) {
+  for (auto& l : lost) {
     auto removed = st.members.remove(l.peer, now);
-    log_line(st.opts.log, "node '" + l.peer + "' lost: silent for " + std::to_string(l.detected_after_s) + " s" +
-                              (l.suspected ? " after a collective failure" : ""));
-    node_lost(self, l.peer, l.suspected ? ev::loss_cause::suspected_after_collective_failure : ev::loss_cause::heartbeat_timeout, l.detected_after_s);
+    if (!removed) continue;
+    const std::string why = l.closed ? std::string(l.suspected ? "its connection closed after a collective failure" : "its connection closed")
+                                     : std::string(l.suspected ? "silent after a collective failure" : "silent");
+    log_line(st.opts.log, "node '" + l.peer + "' lost: " + why + " (last heard " + std::to_string(l.detected_after_s) + " s ago)");
+    node_lost(self, l.peer, cause_of(l), l.detected_after_s);
     if (removed.quarantined) quarantined(self, l.peer, removed.reason);
     st.lost.push_back(std::move(l));
   }
+}
+
+// Members whose connection closed: lost after the grace, or at once while
+// a collective failure is suspected.
+void declare_closed_lost(membership_self self, clock_time now) {
+  auto& st = self->state;
+  declare_lost(self, find_closed(now, st.members.closed(), st.members.last_seen(), st.opts.liveness, st.members.suspecting()), now);
+}
+
+// A new generation when the membership calls for one.
+void plan_if_due(membership_self self, clock_time now) {
+  auto& st = self->state;
   if (st.stopping) return;
   auto d = st.members.decide(now);
   if (d.reason != st.last_reason) {
@@ -322,6 +335,35 @@ void on_tick(membership_self self) {
   announce(self, p);
 }
 
+// Between ticks, on a closed connection or a collective failure: only the
+// closed-connection losses, which need no silence measured (silence is
+// judged on ticks, where this process's own stalls are credited).
+void on_closed_evidence(membership_self self) {
+  auto& st = self->state;
+  const auto now = self->clock().now();
+  const auto before = st.lost.size();
+  declare_closed_lost(self, now);
+  if (st.lost.size() != before) plan_if_due(self, now);
+}
+
+void on_tick(membership_self self) {
+  auto& st = self->state;
+  auto now = self->clock().now();
+  // A late tick is this process's stall, not the nodes' silence: their
+  // heartbeats wait in the mailbox behind it (pause_tracker).
+  if (const auto pause = st.pauses.on_tick(now, st.opts.liveness.heartbeat_interval); pause > clock_duration{0}) {
+    st.members.credit_pause(pause, now);
+    for (auto& [id, heard] : st.draining) heard = credit_pause(heard, pause, now);
+    if (pause >= st.opts.liveness.heartbeat_timeout / 4)
+      log_line(st.opts.log, "the coordinator stalled " + std::to_string(std::chrono::duration<double>(pause).count()) +
+                                " s (a machine loaded past its cores?); nodes' silence during it is not held against them");
+  }
+  report_members(self, now);
+  declare_lost(self, find_lost(now, st.members.last_seen(), st.opts.liveness, st.members.suspecting()), now);
+  declare_closed_lost(self, now);
+  plan_if_due(self, now);
+}
+
 // A node's message, by kind: membership's own, or the job's (rank status
 // after membership has read it). Nothing for the job without a job actor.
 void on_node_message(membership_self self, inbound& in) {
@@ -336,15 +378,17 @@ void on_node_message(membership_self self, inbound& in) {
       on_leave(self, in);
       break;
     case pb::envelope::kRankStatus: {
-      on_rank_status(self, in);
+      const bool suspecting = on_rank_status(self, in);
       auto fail = on_checkpoint_refused(self, in);
       if (!self->state.job) {
         ++self->state.dropped;
-        break;
+      } else {
+        // The rank's report first: the job journals it before it fails.
+        self->send(self->state.job, std::move(in));
+        if (fail) self->send(self->state.job, fail_atom::value, *fail);
       }
-      // The rank's report first: the job journals it before it fails.
-      self->send(self->state.job, std::move(in));
-      if (fail) self->send(self->state.job, fail_atom::value, *fail);
+      // The failure's report reaches the job before the plan it causes.
+      if (suspecting) on_closed_evidence(self);
       break;
     }
     case pb::envelope::kStepReport:
@@ -453,6 +497,9 @@ membership_handle::behavior_type membership_actor(membership_self self, coordina
   self->send(self, tick_atom::value);
   return {
       [=](inbound& in) { on_node_message(self, in); },
+      [=](closed_atom, const std::string& peer) {
+        if (!self->state.members.connection_closed(peer, self->clock().now()).empty()) on_closed_evidence(self);
+      },
       [=](tick_atom) {
         on_tick(self);
         self->delayed_send(self, self->state.opts.liveness.heartbeat_interval, tick_atom::value);

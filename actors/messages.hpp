@@ -102,6 +102,9 @@ using refused_atom = caf::atom_constant<caf::atom("refused")>;
 // (gave_up_atom, std::string reason): a node's process learns that its node
 // gave every rank up and left the job (node_event nev::gave_up).
 using gave_up_atom = caf::atom_constant<caf::atom("gaveup")>;
+// (closed_atom, std::string peer): the coordinator's bridge -> membership
+// actor: the connection of the node at routing id `peer` closed.
+using closed_atom = caf::atom_constant<caf::atom("closed")>;
 
 // -- wire messages ------------------------------------------------------------
 

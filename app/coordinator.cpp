@@ -281,9 +281,9 @@ coordinator_options membership_options_of(const coordinator_run& run, int store_
   return copts;
 }
 
-// The coordinator's bridge: what arrives goes to `members`; dropped frames
-// and strangers refused in the handshake (the bridge logs them,
-// rate-limited, with their address) are counted.
+// The coordinator's bridge: what arrives, and nodes' closed connections, go
+// to `members`; dropped frames and strangers refused in the handshake (the
+// bridge logs them, rate-limited, with their address) are counted.
 std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const membership_handle& members, metrics& m) {
   zmq_bridge_options bo;
   bo.job_id = run.job_id;
@@ -291,7 +291,8 @@ std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const member
   return std::make_unique<zmq_bridge>(
       bo, [members](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(members, inbound{link, peer, std::move(env)}); },
       [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); },
-      [&m](const std::string&, bool, handshake_failure why, const std::string&) { m.refused_handshakes(to_string(why)).Increment(); });
+      [&m](const std::string&, bool, handshake_failure why, const std::string&) { m.refused_handshakes(to_string(why)).Increment(); },
+      [members](const std::string&, const std::string& peer) { caf::anon_send(members, closed_atom::value, peer); });
 }
 
 // Nodes may register now: the journal and the console say where.

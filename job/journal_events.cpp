@@ -31,6 +31,7 @@ constexpr std::pair<loss_cause, const char*> loss_cause_names[] = {
     {loss_cause::heartbeat_timeout, "heartbeat_timeout"},
     {loss_cause::suspected_after_collective_failure, "suspected_after_collective_failure"},
     {loss_cause::restarted, "restarted"},
+    {loss_cause::connection_closed, "connection_closed"},
 };
 constexpr std::pair<state_source, const char*> state_source_names[] = {
     {state_source::local, "local"},

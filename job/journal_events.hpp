@@ -47,6 +47,7 @@ enum class loss_cause {
   heartbeat_timeout,                   // silent for cluster.heartbeat_timeout_ms
   suspected_after_collective_failure,  // silent for the suspect timeout after a peer's collective failed
   restarted,                           // registered again as a new process (incarnation)
+  connection_closed,                   // its connection closed and it was not heard from again (at once after a peer's collective failed)
 };
 
 // Where a rank's starting state in a generation came from (pb::rank_status's

@@ -66,6 +66,10 @@ struct zmq_bridge::link_state {
   // libzmq's socket monitor (handshake events), read on the bridge thread.
   zmq::socket_t monitor;
   std::map<int, std::string> accepted;        // fd -> the peer's "ip:port" (ROUTER)
+  // ROUTER: the connection (fd) each peer last sent a valid envelope on, and
+  // back, so that a disconnect names the peer it cut off.
+  std::map<std::string, int> fd_of_peer;
+  std::map<int, std::string> peer_of_fd;
   std::optional<handshake_gate> gate;         // ROUTER: bounds connections in their handshake
   std::optional<handshake_failure> pending;   // a failure whose connection has not closed yet
   bool refused_us = false;                    // DEALER: the last handshake failed
@@ -151,11 +155,12 @@ uint64_t zmq_bridge_stats::dropped_total() const {
 }
 
 zmq_bridge::zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
-                       drop_handler on_drop, handshake_handler on_handshake)
+                       drop_handler on_drop, handshake_handler on_handshake, closed_handler on_closed)
     : options_(std::move(options)),
       on_envelope_(std::move(on_envelope)),
       on_drop_(std::move(on_drop)),
       on_handshake_(std::move(on_handshake)),
+      on_closed_(std::move(on_closed)),
       job_id_(options_.job_id) {
   for (auto& d : dropped_) d.store(0);
   for (auto& h : handshake_failures_) h.store(0);
@@ -516,12 +521,48 @@ void zmq_bridge::receive_from(link_state& link) {
       continue;
     }
     if (!link.router) link.epoch = env.value().epoch();
+    // ZMQ_SRCFD: the connection the frame came in on (deprecated in libzmq,
+    // yet the only stable way to tie a routing id to its connection).
+    if (link.router) note_peer_fd(link, peer, zmq_msg_get(parts[0].handle(), ZMQ_SRCFD));
     received_.fetch_add(1);
     try {
       on_envelope_(link.name, peer, std::move(env).value());
     } catch (const std::exception& e) {
       stderr_line("dtactor: wire: envelope handler threw on link '" + link.name + "': " + e.what());
     }
+  }
+}
+
+void zmq_bridge::note_peer_fd(link_state& link, const std::string& peer, int fd) {
+  if (fd < 0) return;
+  auto known = link.fd_of_peer.find(peer);
+  if (known != link.fd_of_peer.end() && known->second == fd) return;
+  if (known == link.fd_of_peer.end() && link.fd_of_peer.size() >= max_remembered_peers) return;
+  if (known != link.fd_of_peer.end()) link.peer_of_fd.erase(known->second);
+  link.fd_of_peer[peer] = fd;
+  link.peer_of_fd[fd] = peer;
+}
+
+void zmq_bridge::connection_closed(link_state& link, int fd) {
+  // What came in before the close goes first: a heartbeat read after it
+  // would look like a sign of life after it, and a peer whose first frames
+  // arrive with the close would be unknown. (A newer connection that took
+  // the same descriptor and already sent frames is read here too, before
+  // its own accept event; it would be reported closed, and its next
+  // heartbeat clears that.)
+  receive_from(link);
+  auto it = link.peer_of_fd.find(fd);
+  if (it == link.peer_of_fd.end()) return;
+  const std::string peer = it->second;
+  link.peer_of_fd.erase(it);
+  auto now_on = link.fd_of_peer.find(peer);
+  if (now_on == link.fd_of_peer.end() || now_on->second != fd) return;  // it speaks on a newer connection
+  link.fd_of_peer.erase(now_on);
+  if (!on_closed_) return;
+  try {
+    on_closed_(link.name, peer);
+  } catch (const std::exception& e) {
+    stderr_line(std::string("dtactor: wire: closed handler threw: ") + e.what());
   }
 }
 
@@ -587,6 +628,7 @@ void zmq_bridge::read_monitor_events(link_state& link) {
         link.pending = handshake_failure::bad_frame;
       if (link.pending) handshake_failed(link, *link.pending, address);
       link.pending.reset();
+      if (link.router) connection_closed(link, fd);
     } else {
       if (link.pending) handshake_failed(link, *link.pending, "");
       link.pending = classify(event, value);
@@ -624,9 +666,11 @@ void zmq_bridge::run() {
     }
     if (items[0].revents & ZMQ_POLLIN) drain_wake_fd();
     // links_ is unchanged since items were built (only this thread edits it).
+    // The monitor first: a connection's disconnect is read before the
+    // frames of a newer one that may reuse its file descriptor.
     for (std::size_t i = 0; i < links_.size(); ++i) {
-      if (items[1 + 2 * i].revents & ZMQ_POLLIN) receive_from(*links_[i]);
       if (items[2 + 2 * i].revents & ZMQ_POLLIN) read_monitor(*links_[i]);
+      if (items[1 + 2 * i].revents & ZMQ_POLLIN) receive_from(*links_[i]);
     }
   }
 

@@ -6,8 +6,11 @@
 // eventfd that wakes the thread) and receive through a callback that runs on
 // the bridge thread.
 //
-// Liveness is not the bridge's job: ZeroMQ reconnects silently and never
-// reports a dead peer; heartbeats above this layer decide who is alive.
+// Liveness is decided above this layer (heartbeats): ZeroMQ reconnects
+// silently. What the bridge adds is the one fast signal TCP gives: a ROUTER
+// peer's connection closed (its process ended and its kernel sent FIN or
+// RST), reported to the closed handler. A machine that goes silent closes
+// nothing; only heartbeats find it.
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -127,9 +130,17 @@ class zmq_bridge {
   using handshake_handler =
       std::function<void(const std::string& link, bool router, handshake_failure why, const std::string& peer_address)>;
 
+  // Called on the bridge thread when the connection a ROUTER peer last
+  // sent a valid envelope on closes (libzmq's monitor reports the
+  // disconnect; its envelopes already received were handed over first). A
+  // peer that has since sent on a newer connection is not reported. Must
+  // not block.
+  using closed_handler = std::function<void(const std::string& link, const std::string& peer)>;
+
   // Starts the bridge thread. Links are added afterwards.
   zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
-             drop_handler on_drop = nullptr, handshake_handler on_handshake = nullptr);
+             drop_handler on_drop = nullptr, handshake_handler on_handshake = nullptr,
+             closed_handler on_closed = nullptr);
   ~zmq_bridge();  // stop()
   zmq_bridge(const zmq_bridge&) = delete;
   zmq_bridge& operator=(const zmq_bridge&) = delete;
@@ -193,6 +204,8 @@ class zmq_bridge {
   void read_monitor(link_state& link);
   void read_monitor_events(link_state& link);
   void handshake_failed(link_state& link, handshake_failure why, const std::string& address);
+  void note_peer_fd(link_state& link, const std::string& peer, int fd);
+  void connection_closed(link_state& link, int fd);
   void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
             const std::string& why);
   result<std::string> run_add(const std::string& link, const std::string& endpoint, bool router,
@@ -205,6 +218,7 @@ class zmq_bridge {
   const inbound_handler on_envelope_;
   const drop_handler on_drop_;
   const handshake_handler on_handshake_;
+  const closed_handler on_closed_;
 
   mutable std::mutex mutex_;  // guards everything down to `stopped_`
   std::deque<outbound> queue_;

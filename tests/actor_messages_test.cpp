@@ -172,6 +172,11 @@ TEST_F(actor_messages, atom_messages_round_trip) {
     EXPECT_EQ(m.get_as<std::vector<int64_t>>(2), (std::vector<int64_t>{30, 40}));
   }
   {
+    auto m = message_round_trip(sys(), caf::make_message(closed_atom::value, std::string("node/b")));
+    ASSERT_TRUE((m.match_elements<closed_atom, std::string>()));
+    EXPECT_EQ(m.get_as<std::string>(1), "node/b");
+  }
+  {
     auto m = message_round_trip(sys(), caf::make_message(fail_atom::value, std::string("no checkpoint left")));
     ASSERT_TRUE((m.match_elements<fail_atom, std::string>()));
     EXPECT_EQ(m.get_as<std::string>(1), "no checkpoint left");
@@ -221,6 +226,7 @@ namespace {
 membership_handle::behavior_type any_membership() {
   return {
       [](inbound&) {},
+      [](closed_atom, const std::string&) {},
       [](tick_atom) {},
       [](stop_atom) {},
       [](ckpt_atom, int64_t, const std::vector<int64_t>&) {},

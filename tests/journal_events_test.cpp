@@ -151,7 +151,7 @@ TEST(journal_events, every_enum_value_has_one_name_that_reads_back) {
     EXPECT_EQ(untouched, last);
   };
   check(ev::plan_cause::adopted);
-  check(ev::loss_cause::restarted);
+  check(ev::loss_cause::connection_closed);
   check(ev::state_source::fresh);
   check(ev::outcome::failed);
   EXPECT_STREQ(ev::to_string(ev::plan_cause::rank_exited), "rank_exited");  // the name recovery_done and the metrics use

@@ -128,3 +128,42 @@ TEST(liveness, a_watchers_pause_does_not_declare_every_peer_lost_but_real_silenc
   // A last-seen time is never moved past now.
   EXPECT_EQ(credit_pause(t0(), 10s, t0() + 1s), t0() + 1s);
 }
+
+// A closed connection: the peer's process ended (its kernel sent FIN or
+// RST). Alone it is a loss after the grace, in which a live peer whose
+// connection merely dropped redials and heartbeats (the caller then no
+// longer passes it); with a suspected collective failure, at once.
+TEST(liveness, a_closed_connection_is_lost_after_the_grace_or_at_once_while_suspecting) {
+  liveness_options o{100ms, 1000ms, 300ms};
+  o.closed_grace = 300ms;
+  std::map<std::string, clock_time> seen{{"a", t0() - 50ms}, {"b", t0()}};
+  std::map<std::string, clock_time> closed{{"a", t0()}};
+  EXPECT_TRUE(find_closed(t0() + 299ms, closed, seen, o, false).empty());
+  auto graced = find_closed(t0() + 310ms, closed, seen, o, false);
+  ASSERT_EQ(graced.size(), 1u);
+  EXPECT_EQ(graced[0].peer, "a");
+  EXPECT_TRUE(graced[0].closed);
+  EXPECT_FALSE(graced[0].suspected);
+  EXPECT_NEAR(graced[0].detected_after_s, 0.36, 1e-9);
+  EXPECT_NEAR(graced[0].overdue_s, 0.01, 1e-9);
+  auto at_once = find_closed(t0() + 2ms, closed, seen, o, true);
+  ASSERT_EQ(at_once.size(), 1u);
+  EXPECT_EQ(at_once[0].peer, "a");
+  EXPECT_TRUE(at_once[0].closed);
+  EXPECT_TRUE(at_once[0].suspected);
+  EXPECT_NEAR(at_once[0].detected_after_s, 0.052, 1e-9);
+  // Silence alone is not this function's business: b is silent, not closed.
+  EXPECT_TRUE(find_closed(t0() + 5s, {}, seen, o, true).empty());
+  // A close stamped after `now` (clock skew between threads) waits its grace.
+  EXPECT_TRUE(find_closed(t0(), {{"a", t0() + 1ms}}, seen, o, false).empty());
+}
+
+TEST(liveness, the_closed_grace_is_three_intervals_at_most_the_timeout) {
+  EXPECT_EQ(closed_grace_of(100ms, 1000ms), 300ms);
+  EXPECT_EQ(closed_grace_of(100ms, 250ms), 250ms);
+  config cfg;
+  ASSERT_TRUE(cfg.set("cluster.heartbeat_interval_ms", "50"));
+  auto cluster = cluster_settings_of(cfg);
+  ASSERT_TRUE(cluster) << cluster.message();
+  EXPECT_EQ(liveness_options_from(cluster.value()).closed_grace, 150ms);
+}

@@ -43,6 +43,15 @@ class inbox {
       cv_.notify_all();
     };
   }
+  // Records a closed connection in the same queue as the envelopes (an
+  // empty envelope whose link is "closed"), so that tests see the order.
+  zmq_bridge::closed_handler closed_handler() {
+    return [this](const std::string&, const std::string& peer) {
+      std::lock_guard<std::mutex> lock(mu_);
+      items_.push_back(received{"closed", peer, {}});
+      cv_.notify_all();
+    };
+  }
   // The next envelope, or nullopt after `patience`.
   std::optional<received> next(std::chrono::milliseconds timeout = patience) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -231,6 +240,40 @@ TEST(zmq_bridge, a_dealer_drops_messages_of_an_older_lease_epoch_than_one_it_hea
   }
   EXPECT_EQ(heard, (std::vector<uint64_t>{10, 12, 15}));
   EXPECT_EQ(node.stats().dropped_of(wire::drop_kind::stale_epoch), 3u);
+}
+
+TEST(zmq_bridge, a_router_reports_a_peers_closed_connection_after_what_it_sent) {
+  inbox coord_in, alpha_in, beta_in;
+  zmq_bridge coordinator(test_options(), coord_in.handler(), nullptr, nullptr, coord_in.closed_handler());
+  auto bound = coordinator.add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(bound) << bound.message();
+  auto alpha = std::make_unique<zmq_bridge>(test_options(), alpha_in.handler());
+  zmq_bridge beta(test_options(), beta_in.handler());
+  ASSERT_TRUE(alpha->add_dealer("coordinator", connectable_endpoint(bound.value()), "node/alpha"));
+  ASSERT_TRUE(beta.add_dealer("coordinator", connectable_endpoint(bound.value()), "node/beta"));
+  ASSERT_TRUE(beta.send("coordinator", "", heartbeat("node/beta", 1)));
+  auto first = coord_in.next();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->peer, "node/beta");
+  for (uint64_t i = 1; i <= 5; ++i) ASSERT_TRUE(alpha->send("coordinator", "", heartbeat("node/alpha", i)));
+  alpha->stop(std::chrono::seconds(2));  // its sockets close: the kernel ends the connection
+  alpha.reset();
+  for (uint64_t i = 1; i <= 5; ++i) {
+    auto r = coord_in.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->link, "nodes");
+    EXPECT_EQ(r->env.heartbeat().seq(), i);
+  }
+  auto closed = coord_in.next();
+  ASSERT_TRUE(closed);
+  EXPECT_EQ(closed->link, "closed");
+  EXPECT_EQ(closed->peer, "node/alpha");
+  // The other peer's connection is untouched.
+  ASSERT_TRUE(beta.send("coordinator", "", heartbeat("node/beta", 2)));
+  auto after = coord_in.next();
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->peer, "node/beta");
+  EXPECT_EQ(after->env.heartbeat().seq(), 2u);
 }
 
 TEST(zmq_bridge, oversized_frame_is_refused_and_the_receiver_keeps_working) {
