@@ -133,6 +133,14 @@ result<int64_t> resume_step_of(const cluster_cli& cli, const checked_config& job
   if (!found.value()) return int64_t{-1};
   const std::string& path = found.value()->path;
   const int64_t step = found.value()->meta.step();
+  // A standby takes the lease over also when its holder ended on its own;
+  // after the job's end that leaves nothing to lead, and waiting for nodes
+  // that are gone would keep its Slurm step or pod running forever.
+  if (cli.standby && step >= job.settings.train.max_steps) {
+    *code = 0;
+    return make_error("coordinator: the job is finished (" + store.location() + " holds its checkpoint at train.max_steps, step " +
+                      std::to_string(step) + "): nothing for a standby to take over");
+  }
   if (auto st = check_checkpoint_compatible(found.value()->meta, job.settings.model, job.settings.train, job.cfg.digest({"model."}), path); !st) {
     *code = 2;
     return st.err();

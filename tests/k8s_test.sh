@@ -4,15 +4,20 @@
 #             Kubernetes API schemas (tests/k8s/validate.mjs: npm
 #             kubernetes-models, @kubernetes-models/prometheus-operator); then
 #             copies broken on purpose (a wrong field type, a wrong type in the
-#             PodMonitor, an undefined $(VAR)) must be refused, naming the field
+#             PodMonitor, an undefined $(VAR), a node given a coordinator pod
+#             the StatefulSet does not have) must be refused, naming the field
 #   pods      the shared-volume variant's pods as local processes with the exact
 #             command, args and env of the manifests (tests/k8s/pods.mjs: pod
 #             names, the pod IP, the coordinator Service -> 127.0.0.1, ports,
 #             volumes as directories): a coordinator and two nodes train; SIGTERM
 #             to one node's process (what deleting its pod does) -> it leaves at
 #             a step boundary within its terminationGracePeriodSeconds, exit 143,
-#             0 steps lost, the job goes on; a replacement pod joins; SIGTERM to
-#             the coordinator -> a final checkpoint on the shared volume, job_stopped
+#             0 steps lost, the job goes on; a replacement pod joins; kill -9 of
+#             the leading coordinator pod's process -> its standby (the
+#             StatefulSet's second pod, the lease on the claim) leads, no
+#             step lost or trained twice, world 2 again; the pod made again stands
+#             by; SIGTERM to the leader -> a final checkpoint on the shared
+#             volume, job_stopped
 # Usage: k8s_test.sh BUILD_DIR SOURCE_DIR CASE. Exit 77 (skipped, one line)
 # without node or tests/k8s/node_modules (scripts/install-deps.sh runs npm ci).
 set -euo pipefail
@@ -58,6 +63,8 @@ validate)
   refused podmonitor_type monitoring/podmonitor.yaml 's/honorLabels: true/honorLabels: "yes"/' \
     "PodMonitor/dtactor: data/spec/podMetricsEndpoints/0/honorLabels must be boolean"
   refused undefined_var base/nodes.yaml 's/- \$(POD_IP)$/- $(POD_ADDR)/' "refers to \$(POD_ADDR), which is not in its env"
+  refused missing_standby shared-volume/kustomization.yaml 's/^        value: 2$/        value: 1/' \
+    "names pod dtactor-coordinator-1, but StatefulSet dtactor-coordinator has 1 replica(s)"
   refused unknown_field base/coordinator.yaml 's/terminationGracePeriodSeconds: 120/terminationGracePeriodSecond: 120/' \
     "StatefulSet/dtactor-coordinator: unknown field spec.template.spec.terminationGracePeriodSecond"
   echo "PASS validate"
@@ -75,9 +82,12 @@ pods)
     --secret dtactor-job-key="$TMP/secret/dtactor-job-key" --cpu-cap 1 || fail "pods.mjs could not plan the pods"
   mapfile -t PODS < <(cut -f2 "$TMP/out/pods.tsv")
   grace() { awk -F'\t' -v p="$1" '$2 == p {print $3}' "$TMP/out/pods.tsv"; }
-  COORD=${PODS[0]}; N1=${PODS[1]}; N2=${PODS[2]}; N3=${PODS[3]}
+  COORD=${PODS[0]}; STANDBY=${PODS[1]}; N1=${PODS[2]}; N2=${PODS[3]}; N3=${PODS[4]}
   [ "$COORD" = dtactor-coordinator-0 ] || fail "the first pod is '$COORD', not dtactor-coordinator-0"
-  JOURNAL=$TMP/out/pvc/run-$COORD/run/journal.jsonl
+  [ "$STANDBY" = dtactor-coordinator-1 ] || fail "the second pod is '$STANDBY', not dtactor-coordinator-1"
+  # Both coordinator pods share the run directory and the lease on the claim.
+  JOURNAL=$TMP/out/pvc/dtactor-checkpoints/coordinator/run/journal.jsonl
+  LEASE=$TMP/out/pvc/dtactor-checkpoints/coordinator/lease
   # A tiny job (as the Slurm test picks): the only change to the manifests' commands.
   SETS=(--set model.dim=16 --set model.layers=1 --set model.heads=2 --set model.mlp_ratio=2 --set train.global_batch_size=32
         --set train.warmup_steps=5 --set train.lr=0.003 --set eval.max_samples=500 --set eval.every_steps=0 --set train.log_every_steps=1
@@ -123,7 +133,17 @@ print($1)"; }
     fail "$1 still running $2 s after SIGTERM: past its terminationGracePeriodSeconds, the kubelet would SIGKILL it"
   }
 
+  log_has() {  # POD TEXT SECONDS: waits for TEXT in the pod's log
+    local i
+    for ((i = 0; i < $3 * 10; i++)); do grep -qF -- "$2" "$TMP/logs/$1.log" 2>/dev/null && return 0; sleep 0.1; done
+    fail "$1 did not say '$2' within $3 s"
+  }
+  # The coordinator first, then its standby (in a cluster both start at
+  # once, podManagementPolicy Parallel; whichever takes the lease leads).
   run_pod "$COORD" "${SETS[@]}"
+  log_has "$COORD" "holds the job's lease at $LEASE, epoch 1" 30
+  run_pod "$STANDBY" "${SETS[@]}"
+  log_has "$STANDBY" "standing by: the job's lease is held by" 30
   run_pod "$N1"
   run_pod "$N2"
   wait_for 120 "[e for e in named('step') if e['step'] >= 5 and e['world_size'] == 2]"
@@ -151,7 +171,32 @@ print($1)"; }
   [ "$(journal "len([e for e in named('node_joined') if e['node'] == '$N3'])")" -ge 1 ] || fail "the replacement did not join as $N3"
   wait_for 60 "[e for e in named('checkpoint_saved') if e['path'].startswith('$TMP/out/pvc/dtactor-checkpoints/')]"
 
-  # Deleting the coordinator's pod: the job stops after a final checkpoint.
+  # The leading coordinator's machine lost: its process killed (kill -9);
+  # the standby takes the lease over and adopts the running generation.
+  at=$(journal "max(e['step'] for e in named('step'))")
+  t2=$(date +%s.%N)
+  kill -9 "${PID[$COORD]}"
+  wait "${PID[$COORD]}" 2>/dev/null || true
+  log_has "$STANDBY" "holds the job's lease at $LEASE, epoch 2" 30
+  wait_for 30 "len(named('coordinator_started')) == 2"
+  t3=$(date +%s.%N)
+  # It adopts the running generation, or (a node that did not register
+  # again within its wait) plans a new one from the highest step a rank
+  # holds: either way nothing is lost.
+  wait_for 60 "[e for e in named('step') if e['step'] >= $at + 10 and e['world_size'] == 2 and e['t'] > named('coordinator_started')[1]['t']]"
+  [ "$(journal "[e['lost_steps'] for e in named('recovery_done') if e['lost_steps']]")" = "[]" ] || fail "steps lost over the takeover"
+  how=$(journal "'adopted the running generation' if named('generation_adopted') else 'planned a new generation'")
+  # No step trained twice (a rollback); steps the ranks took while no
+  # coordinator listened are not journaled (their reports had nowhere to go).
+  [ "$(journal "len(named('step')) == len(set(e['step'] for e in named('step')))")" = True ] \
+    || fail "steps journaled twice (trained again) around the takeover: $(journal "sorted(s for s in set(e['step'] for e in named('step')) if [e['step'] for e in named('step')].count(s) > 1)[:20]")"
+  unreported=$(journal "len(set(range(1, max(e['step'] for e in named('step')) + 1)) - set(e['step'] for e in named('step')))")
+  # The StatefulSet makes the pod again: it stands by for the new leader.
+  run_pod "$COORD" "${SETS[@]}"
+  log_has "$COORD" "standing by: the job's lease is held by" 30
+
+  # Deleting the leading coordinator's pod: the job stops after a final checkpoint.
+  COORD=$STANDBY
   kill -TERM "${PID[$COORD]}"
   wait_exit "$COORD" "$(grace "$COORD")"
   wait_for 10 "named('job_stopped')"
@@ -161,7 +206,7 @@ print($1)"; }
   ls "$TMP/out/pvc/dtactor-checkpoints/" | grep -q "ckpt-0*$stopped.manifest" || fail "no manifest of step $stopped on the shared volume"
   codes=()
   for p in "$N1" "$N3"; do wait_exit "$p" 60; codes+=("$RC"); done
-  /usr/bin/python3.11 -c "print('PASS pods: coordinator + 2 node pods trained; SIGTERM to $N2: out of the membership (node_left) after %.2f s, process exit 143 after %.2f s (grace $(grace "$N2") s), 0 steps lost, world 1 went on; replacement $N3 joined (world 2); coordinator SIGTERM: final checkpoint at step $stopped on the shared volume, job_stopped; the nodes exited ${codes[*]}' % ($left_t - $t0, $t1 - $t0))"
+  /usr/bin/python3.11 -c "print('PASS pods: coordinator + 2 node pods trained; SIGTERM to $N2: out of the membership (node_left) after %.2f s, process exit 143 after %.2f s (grace $(grace "$N2") s), 0 steps lost, world 1 went on; replacement $N3 joined (world 2); kill -9 of the leading coordinator at step $at: its standby led %.2f s later ($how), no step trained twice ($unreported taken while no coordinator listened, not journaled); leader SIGTERM: final checkpoint at step $stopped on the shared volume, job_stopped; the nodes exited ${codes[*]}' % ($left_t - $t0, $t1 - $t0, $t3 - $t2))"
   ;;
 *) echo "unknown case '$CASE' (validate, pods)"; exit 2;;
 esac

@@ -10,6 +10,11 @@
 #                    0 steps lost, the other goes on; the requeued task rejoins
 #   scancel_resume   scancel of a whole train.sbatch job -> a final checkpoint
 #                    and job_stopped; a resubmission resumes from it
+#   standby_takeover the coordinator and its standby (coordinator.sbatch, the
+#                    lease in the run directory) and nodes given both
+#                    addresses (nodes.sbatch): kill -9 of the leading
+#                    coordinator's step -> the standby leads, no step lost or
+#                    trained twice, the job finishes, both jobs COMPLETED
 # Usage: slurm_test.sh BUILD_DIR SOURCE_DIR CASE. Exit 77 (skipped, one line)
 # where Slurm cannot start. Waits poll the journal or Slurm, bounded.
 set -euo pipefail
@@ -133,5 +138,48 @@ scancel_resume)
   [ "$(journal "named('job_finished')[-1]['step']")" = "$target" ] || fail "the resubmission did not train to $target"
   echo "PASS scancel_resume: job $j ($st) stopped at step $stopped with its final checkpoint; job $j2 resumed there and finished at $target"
   ;;
-*) echo "unknown case '$CASE' (train, leave_rejoin, scancel_resume)"; exit 2;;
+standby_takeover)
+  # coordinator.sbatch: a coordinator and its standby (two steps of one job,
+  # the lease in the run directory), each on a port of its own (both Slurm
+  # nodes are this machine); nodes.sbatch given both addresses.
+  free_port() { /usr/bin/python3.11 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  P0=$(free_port); P1=$(free_port)
+  jc=$(cd "$TMP" && sbatch --parsable -o "$TMP/coordinator-%j.out" \
+         --export=ALL,DTACTOR="$DTACTOR",CONFIG=,RUN_DIR="$RUN",PORT="$P0",STANDBY_PORT="$P1" "$SRC/examples/slurm/coordinator.sbatch" \
+         "${SETS[@]}" --set train.max_steps=4000 --set cluster.min_nodes=2 --set cluster.floor_nodes=1 --lease-ttl-ms 1000)
+  jn=$(cd "$TMP" && COORDINATOR="tcp://127.0.0.1:$P0,tcp://127.0.0.1:$P1" DTACTOR="$DTACTOR" \
+         sbatch --parsable --array=0-1 -o "$TMP/nodes-%A_%a.out" "$SRC/examples/slurm/nodes.sbatch" --advertise-addr 127.0.0.1 --threads-per-rank 1)
+  wait_for 120 "[e for e in named('step') if e['step'] >= 5 and e['world_size'] == 2]"
+  # The leader: the coordinator that started the run; its step by name.
+  lead_port=$(journal "named('coordinator_started')[0]['listen'].rsplit(':', 1)[1]")
+  if [ "$lead_port" = "$P0" ]; then lead=coordinator-0; else lead=coordinator-1; fi
+  [ "$lead_port" = "$P0" ] || [ "$lead_port" = "$P1" ] || fail "the first coordinator listens on $lead_port, neither $P0 nor $P1"
+  step_id=$(squeue -h -s -j "$jc" -o '%i %j' | awk -v n="$lead" '$2 == n {print $1}')
+  [ -n "$step_id" ] || fail "no step named $lead in job $jc: $(squeue -h -s -j "$jc" -o '%i %j' | tr '\n' ';')"
+  at=$(last_step)
+  t0=$(date +%s.%N)
+  scancel --signal=KILL "$step_id"   # kill -9 of the leader's task
+  wait_for 60 "len(named('coordinator_started')) == 2"
+  t1=$(date +%s.%N)
+  [ "$(journal "len(named('coordinator_started'))")" = 2 ] || fail "not one takeover: $(journal "[e['listen'] for e in named('coordinator_started')]")"
+  [ "$(journal "named('coordinator_started')[1]['listen'].rsplit(':', 1)[1]")" != "$lead_port" ] || fail "the same coordinator started twice"
+  wait_for 300 "named('job_finished')"
+  [ "$(journal "named('job_finished')[0]['step']")" = 4000 ] || fail "did not train to step 4000"
+  [ "$(journal "len(named('node_left'))")" = 0 ] || fail "a node left over the takeover"
+  # No step trained twice (a rollback) and none lost; steps the ranks took
+  # while no coordinator listened are not journaled (their reports had
+  # nowhere to go).
+  [ "$(journal "len(named('step')) == len(set(e['step'] for e in named('step')))")" = True ] || fail "steps journaled twice (trained again)"
+  [ "$(journal "[e['lost_steps'] for e in named('recovery_done') if e['lost_steps']]")" = "[]" ] || fail "steps lost"
+  how=$(journal "'adopted the running generation' if named('generation_adopted') else 'planned a new generation (a node registered late)'")
+  st=$(wait_job_end "$jc" 60)
+  [ "$st" = COMPLETED ] || fail "coordinator job $jc ended $st (its batch script exits 0 when the coordinator that led to the end did)"
+  for t in 0 1; do
+    s=$(wait_job_end "${jn}_$t" 60)
+    [ "$s" = COMPLETED ] || fail "node task ${jn}_$t ended $s"
+  done
+  grep -q "holds the job's lease at $RUN/lease, epoch 2" "$TMP"/coordinator-"$jc".out || fail "the standby did not say it holds the lease at epoch 2"
+  /usr/bin/python3.11 -c "print('PASS standby_takeover: kill -9 of $lead (step $step_id) at step $at; the standby led %.2f s later ($how); no step trained twice or lost, step 4000 reached; both Slurm jobs COMPLETED' % ($t1 - $t0))"
+  ;;
+*) echo "unknown case '$CASE' (train, leave_rejoin, scancel_resume, standby_takeover)"; exit 2;;
 esac

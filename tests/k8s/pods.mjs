@@ -3,11 +3,12 @@
 // each container's argv and environment with what the kubelet substitutes
 // (the downward API: pod name, pod IP = 127.0.0.1; ConfigMap and Secret
 // values; $(VAR) in command and args), and what a cluster gives that one
-// machine does not, translated: every Service name -> 127.0.0.1, every
-// container port -> a free local port of its own (a pod has its own network
-// namespace), every volume -> a directory (ConfigMap and Secret volumes
-// written as the kubelet writes them: ..data symlinks, defaultMode), every
-// mount path in an argument or value -> that directory.
+// machine does not, translated: every Service name -> 127.0.0.1 (a headless
+// Service's POD.SERVICE -> that pod's ports), every container port -> a
+// free local port of its own (a pod has its own network namespace), every
+// volume -> a directory (a mount's subPath: a directory in it; ConfigMap
+// and Secret volumes written as the kubelet writes them: ..data symlinks,
+// defaultMode), every mount path in an argument or value -> that directory.
 //
 // Usage: node pods.mjs KUSTOMIZATION_DIR OUT_DIR [--pods WORKLOAD=N]... [--secret NAME=DIR]... [--cpu-cap N]
 //   --pods: how many pods of a workload (default: its replicas)
@@ -96,19 +97,30 @@ const esc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
 // A Service name (and its namespace-qualified forms) with a Service port ->
 // 127.0.0.1 and the local port of the container port it targets.
+// A headless Service also names each pod of the StatefulSet it governs
+// (POD.SERVICE): that pod's own port, before the Service's own name.
 function serviceRewrites(p) {
   const rules = [];
   for (const svc of objects.filter((o) => o.kind === "Service")) {
     const targets = pods.filter((t) => selects(svc, t));
-    const host = `${esc(svc.metadata.name)}(?:\\.[a-z0-9-]+(?:\\.svc(?:\\.cluster\\.local)?)?)?`;
+    const qualified = `(?:\\.[a-z0-9-]+(?:\\.svc(?:\\.cluster\\.local)?)?)?`;
+    const host = `${esc(svc.metadata.name)}${qualified}`;
+    const headless = svc.spec.clusterIP === "None";
     for (const sp of svc.spec.ports ?? []) {
-      const t = targets[0];
-      if (!t) continue;
       const tp = sp.targetPort ?? sp.port;
-      const entry = [...t.ports.entries()].find(([num, v]) => (typeof tp === "number" ? num === tp : v.name === tp));
-      if (!entry) die(`Service ${svc.metadata.name} port ${sp.port}: no container port ${tp} in ${t.podName}`);
-      rules.push([new RegExp(`(?<![\\w.-])${host}:${sp.port}(?!\\d)`, "g"), `127.0.0.1:${entry[1].local}`]);
+      const portOf = (t) => {
+        const entry = [...t.ports.entries()].find(([num, v]) => (typeof tp === "number" ? num === tp : v.name === tp));
+        if (!entry) die(`Service ${svc.metadata.name} port ${sp.port}: no container port ${tp} in ${t.podName}`);
+        return entry[1].local;
+      };
+      if (headless)
+        for (const t of targets.filter((x) => x.workload.kind === "StatefulSet" && x.workload.spec.serviceName === svc.metadata.name))
+          rules.push([new RegExp(`(?<![\\w.-])${esc(t.podName)}\\.${host}:${sp.port}(?!\\d)`, "g"), `127.0.0.1:${portOf(t)}`]);
+      if (targets[0]) rules.push([new RegExp(`(?<![\\w.-])${host}:${sp.port}(?!\\d)`, "g"), `127.0.0.1:${portOf(targets[0])}`]);
     }
+    if (headless)
+      for (const t of targets.filter((x) => x.workload.kind === "StatefulSet" && x.workload.spec.serviceName === svc.metadata.name))
+        rules.push([new RegExp(`(?<![\\w.-])${esc(t.podName)}\\.${host}(?![\\w-])`, "g"), "127.0.0.1"]);
     rules.push([new RegExp(`(?<![\\w.-])${host}(?![\\w-])`, "g"), "127.0.0.1"]);
   }
   return rules;
@@ -207,6 +219,15 @@ function podEnv(p, c) {
   return env;
 }
 
+// A mount's subPath: a directory inside the volume, made when missing (as the kubelet does).
+function subPathDir(volDir, subPath) {
+  if (!subPath) return volDir;
+  if (path.isAbsolute(subPath) || subPath.split("/").includes("..")) die(`subPath '${subPath}' must be a relative path inside the volume`);
+  const d = path.join(volDir, subPath);
+  fs.mkdirSync(d, { recursive: true });
+  return d;
+}
+
 fs.mkdirSync(out, { recursive: true });
 const lines = [];
 for (const p of pods) {
@@ -222,7 +243,7 @@ for (const p of pods) {
   for (const [tag, c] of containers) {
     if (!c.command) die(`${p.podName}: container ${c.name} has no command (the image's entrypoint is not known here)`);
     const mounts = (c.volumeMounts ?? [])
-      .map((m) => [m.mountPath, vols.get(m.name) ?? die(`${p.podName}: mount ${m.name}: no volume`)])
+      .map((m) => [m.mountPath, subPathDir(vols.get(m.name) ?? die(`${p.podName}: mount ${m.name}: no volume`), m.subPath)])
       .sort((a, b) => b[0].length - a[0].length);
     const env = podEnv(p, c);
     const argv = [...c.command, ...(c.args ?? [])].map((s) => translate(expand(s, env), p, mounts));

@@ -5,7 +5,9 @@
 // checks the API server or the kubelet would make at apply or pod start:
 // the selector matches the template's labels, every mount names a volume,
 // every $(VAR) in command/args names an env entry defined before it, every
-// ConfigMap, PVC and Service the objects refer to is in the same kustomization.
+// ConfigMap, PVC and Service the objects refer to is in the same kustomization,
+// every StatefulSet pod named through its headless Service (POD-I.SERVICE)
+// is one of its replicas.
 // Unknown fields are refused too (tests/k8s/strict_fields.mjs). Where kubectl
 // is installed, each rendering is compared with `kubectl kustomize`
 // (DTACTOR_K8S_COMPARE_KUBECTL=0: not).
@@ -98,8 +100,27 @@ function checkReferences(objects, where) {
       for (const s of [...(c.command ?? []), ...(c.args ?? [])])
         for (const m of String(s).matchAll(/(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g))
           if (!defined.includes(m[1])) say(cw, `'${s}' refers to $(${m[1]}), which is not in its env`);
+      for (const s of [...(c.command ?? []), ...(c.args ?? []), ...(c.env ?? []).map((e) => e.value ?? "")])
+        for (const why of podNameProblems(objects, String(s))) say(cw, why);
     }
   }
+}
+
+// A StatefulSet pod's DNS name (POD-I.SERVICE, its headless Service) that
+// names a pod the StatefulSet does not have: nothing refuses it, and the
+// name never resolves.
+function podNameProblems(objects, text) {
+  const out = [];
+  for (const m of text.matchAll(/(?<![\w.-])([a-z0-9-]+)-(\d+)\.([a-z0-9-]+)(?![\w-])/g)) {
+    const [, set, index, service] = m;
+    const svc = objects.find((o) => o.kind === "Service" && o.metadata?.name === service);
+    const sts = objects.find((o) => o.kind === "StatefulSet" && o.metadata?.name === set && o.spec?.serviceName === service);
+    if (!svc || !sts) continue;
+    const replicas = sts.spec.replicas ?? 1;
+    if (Number(index) >= replicas) out.push(`'${text}' names pod ${set}-${index}, but StatefulSet ${set} has ${replicas} replica(s)`);
+    if (svc.spec?.clusterIP !== "None") out.push(`'${text}' names pod ${set}-${index} through Service ${service}, which is not headless (no per-pod names)`);
+  }
+  return out;
 }
 
 function byKey(objects) {
