@@ -522,8 +522,9 @@ void zmq_bridge::receive_from(link_state& link) {
     }
     if (!link.router) link.epoch = env.value().epoch();
     // ZMQ_SRCFD: the connection the frame came in on (deprecated in libzmq,
-    // yet the only stable way to tie a routing id to its connection).
-    if (link.router) note_peer_fd(link, peer, zmq_msg_get(parts[0].handle(), ZMQ_SRCFD));
+    // yet the only stable way to tie a routing id to its connection). The
+    // payload's: the routing id frame ROUTER builds after a poll has none.
+    if (link.router && on_closed_) note_peer_fd(link, peer, zmq_msg_get(payload.handle(), ZMQ_SRCFD));
     received_.fetch_add(1);
     try {
       on_envelope_(link.name, peer, std::move(env).value());
@@ -558,7 +559,6 @@ void zmq_bridge::connection_closed(link_state& link, int fd) {
   auto now_on = link.fd_of_peer.find(peer);
   if (now_on == link.fd_of_peer.end() || now_on->second != fd) return;  // it speaks on a newer connection
   link.fd_of_peer.erase(now_on);
-  if (!on_closed_) return;
   try {
     on_closed_(link.name, peer);
   } catch (const std::exception& e) {
@@ -628,7 +628,7 @@ void zmq_bridge::read_monitor_events(link_state& link) {
         link.pending = handshake_failure::bad_frame;
       if (link.pending) handshake_failed(link, *link.pending, address);
       link.pending.reset();
-      if (link.router) connection_closed(link, fd);
+      if (link.router && on_closed_) connection_closed(link, fd);
     } else {
       if (link.pending) handshake_failed(link, *link.pending, "");
       link.pending = classify(event, value);
