@@ -6,15 +6,17 @@
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
 #include "rank/state_io.hpp"
+#include "rank/sync_strategy.hpp"
 
 namespace dtactor {
 
 namespace {
 // The stream a checkpoint of this generation holds: the state's layout and,
-// DiLoCo with checkpoint.diloco_workers = all, every other worker's own
-// inner state after it as a section of its own.
-state_layout checkpoint_layout(training_state& state, const job_modes& modes, int rank, int world) {
-  const bool sections = state.diloco() && world > 1 && modes.checkpoint_workers == diloco_checkpoint_workers::all;
+// where the sync strategy writes them (DiLoCo with
+// checkpoint.diloco_workers = all), every other worker's own inner state
+// after it as a section of its own.
+state_layout checkpoint_layout(training_state& state, const checkpoint_saver_options& o, int rank, int world) {
+  const bool sections = o.sync && o.sync->writes_worker_sections(o.modes, world);
   return sections ? with_worker_sections(layout_of(state), rank, world) : layout_of(state);
 }
 
@@ -56,7 +58,7 @@ void checkpoint_saver::ensure_writer() {
 void checkpoint_saver::prepare(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g) {
   if (g.plan.checkpoint_store().empty()) return;
   ensure_writer();
-  const state_layout layout = checkpoint_layout(state, o_.modes, g.rank, g.world);
+  const state_layout layout = checkpoint_layout(state, o_, g.rank, g.world);
   const uint64_t bytes = bytes_of(checkpoint_ranges(state, shards, layout, g.rank, g.world));
   // auto: not ahead of time (the first checkpoint sees whether there is
   // room for it beside the steps).
@@ -92,7 +94,7 @@ void checkpoint_saver::write(training_state& state, const std::optional<shard_pl
                              const std::map<std::string, double>& eval_at_step) {
   if (g.plan.checkpoint_store().empty()) return;  // the plan names no store: checkpoints are off
   ensure_writer();
-  const state_layout layout = checkpoint_layout(state, o_.modes, g.rank, g.world);
+  const state_layout layout = checkpoint_layout(state, o_, g.rank, g.world);
   part_writer::job j;
   j.step = state.step();
   j.generation = g.gen;

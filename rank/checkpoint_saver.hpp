@@ -18,12 +18,14 @@ namespace dtactor {
 class training_state;
 struct shard_plan;
 struct generation_run;
+class sync_strategy;
 
 struct checkpoint_saver_options {
   std::string node_id;
   std::string s3_endpoint;  // checkpoint.s3_endpoint
   bool keep_buffer = true;  // checkpoint.keep_buffer
   job_modes modes;          // checkpoint.direct, checkpoint.diloco_workers
+  const sync_strategy* sync = nullptr;  // train.sync's: its sections of a checkpoint; outlives the saver
   int local_world = 1;      // ranks of this node (each may want a buffer)
   part_writer::done_fn on_written;
 };

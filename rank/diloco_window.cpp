@@ -9,6 +9,7 @@
 #include "rank/agreement.hpp"
 #include "rank/exchange_choice.hpp"
 #include "rank/generation.hpp"
+#include "rank/state_source.hpp"
 #include "rank/step_policy.hpp"
 #include "rank/sync_strategy.hpp"
 
@@ -224,6 +225,15 @@ class sync_diloco final : public sync_strategy {
     return std::nullopt;
   }
   bool reports_each_boundary() const override { return true; }
+  bool writes_worker_sections(const job_modes& modes, int world) const override {
+    return world > 1 && modes.checkpoint_workers == diloco_checkpoint_workers::all;
+  }
+  // Global rank 0 read the checkpoint and sent its state to all; the
+  // others take their own inner state from their sections.
+  generation_end take_own_section(start_context& c) override {
+    if (c.g.pg && c.g.rank != 0 && c.g.source == ev::state_source::disk && !c.own_window) return checkpoint_source::worker_section(c);
+    return std::nullopt;
+  }
 
  private:
   static void record(const outer_step_result& o, exchanges& x, step_in_hand& h);

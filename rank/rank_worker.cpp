@@ -178,8 +178,8 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
       im.samples_log = std::move(opened.value());
       im.state->record_samples(true);
     }
-    im.saver = make_saver(s);
     im.sync = make_sync_strategy(s.modes.sync);
+    im.saver = make_saver(s, *im.sync);
     im.settings = std::move(s);
     im.cfg = std::move(cfg);
   } catch (const std::exception& e) {
@@ -292,8 +292,9 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
   }
 }
 
-std::unique_ptr<checkpoint_saver> rank_worker::make_saver(const job_settings& s) {
+std::unique_ptr<checkpoint_saver> rank_worker::make_saver(const job_settings& s, const sync_strategy& sync) {
   checkpoint_saver_options so;
+  so.sync = &sync;
   so.node_id = opts_.node_id;
   so.s3_endpoint = s.checkpoint.s3_endpoint;
   so.keep_buffer = s.checkpoint.keep_buffer;

@@ -51,6 +51,7 @@ class training_state;
 struct rank_state;
 struct step_loop_options;
 class checkpoint_saver;
+class sync_strategy;
 struct job_settings;
 // How a generation ends (rank/outcome.hpp).
 enum class generation_outcome : int;
@@ -120,7 +121,7 @@ class rank_worker : public rank_work {
   outcome run_generation(const pb::generation_plan& plan, double offered_at);
   void fit_threads_to_host(const pb::generation_plan& plan);
   step_loop_options loop_options(uint64_t gen);  // what the step loop reads of this worker
-  std::unique_ptr<checkpoint_saver> make_saver(const job_settings& s);
+  std::unique_ptr<checkpoint_saver> make_saver(const job_settings& s, const sync_strategy& sync);
   // Waits for a plan newer than `after` (or, with `warm_up`, any plan);
   // false on quit.
   bool take_plan(uint64_t after, bool warm_up, pb::generation_plan& out, double& offered_at);

@@ -129,8 +129,7 @@ generation_end starting_state::agree() {
   if (g.pg)
     if (auto ended = run_agreement()) return ended;
   if (auto ended = choose_state_source(c_)->take(c_)) return ended;
-  if (state.diloco() && g.pg && g.rank != 0 && g.source == ev::state_source::disk && !c_.own_window)
-    if (auto ended = checkpoint_source::worker_section(c_)) return ended;
+  if (auto ended = c_.rs.sync->take_own_section(c_)) return ended;
   if (zero >= 1)
     if (auto ended = choose_shard_source(c_)->take(c_, generation_shard_plan(c_))) return ended;
   if (g.pg)

@@ -37,6 +37,8 @@ class sync_every_step final : public sync_strategy {
     return std::nullopt;
   }
   bool reports_each_boundary() const override { return false; }
+  bool writes_worker_sections(const job_modes&, int) const override { return false; }
+  generation_end take_own_section(start_context&) override { return std::nullopt; }
 };
 
 }  // namespace

@@ -23,6 +23,7 @@ struct exchanges;
 struct generation_run;
 struct rank_state;
 struct step_cadence;
+struct start_context;
 
 // The step in hand and what the steps add up between two step reports
 // (rank/step_loop), which a strategy's exchanges add to.
@@ -87,6 +88,17 @@ class sync_strategy {
                                     bool& boundary) = 0;
   // Every boundary is reported (DiLoCo with a group), besides the cadence.
   virtual bool reports_each_boundary() const = 0;
+
+  // The strategy's sections of a checkpoint, beside the state's stream
+  // proper: whether this rank's part carries a section of this worker's own
+  // inner state (DiLoCo with checkpoint.diloco_workers = all at a world
+  // over 1; every step: never).
+  virtual bool writes_worker_sections(const job_modes& modes, int world) const = 0;
+  // After the state source, what this rank takes of its own from the
+  // checkpoint the agreed state came from (DiLoCo: a worker that did not
+  // hold the agreed anchor reads its section when there is one; every
+  // step: nothing).
+  virtual generation_end take_own_section(start_context& c) = 0;
 };
 
 // The strategy of `mode`; every sync_mode has one.
