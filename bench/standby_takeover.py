@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""A standby coordinator taking over: kill -9 of the leading coordinator
+while two nodes train the default-config ViT job, the job's lease in a
+directory both coordinators share (docs/fault_handling.md, "A standby
+coordinator"). Each trial, on loopback:
+
+  coordinator A  --lease DIR --standby, on its own port (it leads)
+  coordinator B  --lease DIR --standby, on another port (it stands by)
+  nodes x, y     --coordinator A,B
+
+After 15 steps at world 2, A is killed (SIGKILL). Measured from the kill:
+  lease_s      B says it holds the job's lease (its stderr, polled every 10 ms)
+  listening_s  B's coordinator_started (it binds its port: nodes can reach it)
+  adopted_s    B's generation_adopted (it leads the running generation), or
+               its first generation_started where a node registered too late
+and over the takeover:
+  steps_lost         steps journaled twice (trained again after a rollback)
+                     plus recovery_done lost_steps after the kill
+  steps_taken_while_no_coordinator_listened
+                     the steps between the last step line before the kill
+                     and the first after the takeover: the ranks trained
+                     them with no coordinator (their reports had nowhere to
+                     go, so the journal has no line for them)
+  step_s_across_takeover
+                     (t of the first step line after - t of the last before)
+                     / the steps between them: the ranks' pace over the
+                     takeover, against step_s_after (the median gap of the
+                     20 step lines after) and step_s_before: training paused
+                     if it is much slower
+Then a checkpoint committed by B (after the takeover) is evaluated with
+`dtactor eval` (it loads as a resume point: the manifest, every rank's part,
+the checksums).
+
+  flock /tmp/dtactor-build.lock /usr/bin/python3 bench/standby_takeover.py [--trials 5] [--out FILE]
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+DTACTOR = os.path.join(ROOT, "build", "dtactor")
+KILL_AT_STEP = 15
+CHECKPOINT_EVERY = 20
+SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000",
+        "checkpoint.every_steps=%d" % CHECKPOINT_EVERY, "train.max_steps=1000000", "cluster.min_nodes=2"]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def journal(run):
+    path = os.path.join(run, "journal.jsonl")
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass  # a line being written
+    return out
+
+
+def named(ev, name):
+    return [e for e in ev if e.get("event") == name]
+
+
+def wait(cond, limit_s, what, poll_s=0.05):
+    end = time.time() + limit_s
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(poll_s)
+    raise RuntimeError("timed out after %d s waiting for %s" % (limit_s, what))
+
+
+def text_of(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+class trial_run:
+    def __init__(self, work, ttl_ms):
+        self.work, self.run, self.lease = work, os.path.join(work, "run"), os.path.join(work, "lease")
+        self.ttl_ms = ttl_ms
+        self.procs = {}
+
+    def start(self, name, args):
+        log = open(os.path.join(self.work, name + ".log"), "w")
+        self.procs[name] = subprocess.Popen([DTACTOR] + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def coordinator(self, name, port):
+        self.start(name, ["--role", "coordinator", "--listen", "tcp://127.0.0.1:%d" % port, "--advertise-addr", "127.0.0.1",
+                          "--run-dir", self.run, "--lease", self.lease, "--standby", "--lease-ttl-ms", str(self.ttl_ms)]
+                   + [x for s in SETS for x in ("--set", s)])
+
+    def log(self, name):
+        return text_of(os.path.join(self.work, name + ".log"))
+
+    def kill_all(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def one_trial(work, ttl_ms):
+    t = trial_run(work, ttl_ms)
+    pa, pb = free_port(), free_port()
+    try:
+        t.coordinator("a", pa)
+        wait(lambda: "holds the job's lease" in t.log("a"), 60, "coordinator a to hold the lease")
+        t.coordinator("b", pb)
+        wait(lambda: "standing by" in t.log("b"), 60, "coordinator b to stand by")
+        coords = "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d" % (pa, pb)
+        for n in ("x", "y"):
+            t.start(n, ["--role", "node", "--coordinator", coords, "--node-id", n, "--advertise-addr", "127.0.0.1", "--threads-per-rank", "1"])
+        wait(lambda: [e for e in named(journal(t.run), "step") if e["step"] >= KILL_AT_STEP and e["world_size"] == 2], 300, "step %d at world 2" % KILL_AT_STEP)
+        before = named(journal(t.run), "step")
+        kill_step = max(e["step"] for e in before)
+        t_kill = time.time()
+        os.killpg(t.procs["a"].pid, signal.SIGKILL)
+        t.procs["a"].wait()
+        lease_t = wait(lambda: "holds the job's lease" in t.log("b") and time.time(), 30, "coordinator b to take the lease", 0.01)
+        # Led: 21 step lines after it took the lease, and a checkpoint it
+        # committed (a resume point).
+        ev = wait(lambda: (lambda e: e if len([x for x in named(e, "step") if x["t"] > lease_t]) >= 21
+                           and [c for c in named(e, "checkpoint_saved") if c["t"] > lease_t] else None)(journal(t.run)), 300,
+                  "21 steps and a checkpoint after the takeover")
+        started = named(ev, "coordinator_started")
+        led = [e for e in named(ev, "generation_adopted") + named(ev, "generation_started") if e["t"] > lease_t]
+        ckpt = [c for c in named(ev, "checkpoint_saved") if c["t"] > lease_t][0]
+        steps = [e["step"] for e in named(ev, "step")]
+        repeated = len(steps) - len(set(steps))
+        lost = sum(r.get("lost_steps", 0) for r in named(ev, "recovery_done") if r["t"] > t_kill)
+        times = sorted((e["step"], e["t"]) for e in named(ev, "step"))
+        first = [x for x in times if x[0] <= kill_step]
+        after = [x for x in times if x[1] > lease_t]
+        normal = statistics.median(b[1] - a[1] for a, b in zip(first[-10:], first[-9:]))
+        after_s = statistics.median(b[1] - a[1] for a, b in zip(after[:20], after[1:21]))
+        last_before, first_after = first[-1], after[0]
+        across = (first_after[1] - last_before[1]) / (first_after[0] - last_before[0])
+        t.kill_all()
+        ev_out = subprocess.run([DTACTOR, "eval", ckpt["path"], "--set", "eval.max_samples=1000"], capture_output=True, text=True, timeout=300)
+        return {
+            "kill_step": kill_step,
+            "lease_s": lease_t - t_kill,
+            "listening_s": started[-1]["t"] - t_kill if len(started) == 2 else None,
+            "adopted_s": min(e["t"] for e in led) - t_kill,
+            "how": "adopted the running generation" if named(ev, "generation_adopted") else "planned a new generation",
+            "coordinators_started": len(started),
+            "steps_repeated": repeated,
+            "steps_lost": repeated + lost,
+            "steps_taken_while_no_coordinator_listened": first_after[0] - last_before[0] - 1,
+            "step_s_before": normal,
+            "step_s_after": after_s,
+            "step_s_across_takeover": across,
+            "across_over_after": across / after_s,
+            "journal_silence_s": first_after[1] - last_before[1],
+            "checkpoint_after_takeover": {"step": ckpt["step"], "committed_after_lease_s": ckpt["t"] - lease_t,
+                                          "eval_exit": ev_out.returncode, "eval_line": (ev_out.stdout.strip().splitlines() or [""])[-1][:200]},
+            "lost_nodes": len(named(ev, "node_lost")),
+        }
+    finally:
+        t.kill_all()
+
+
+def summary(trials, key):
+    vals = [x[key] for x in trials if x.get(key) is not None]
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--lease-ttl-ms", type=int, default=2000)
+    ap.add_argument("--out", default=os.path.join(HERE, "standby_takeover_results.json"))
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    trials = []
+    for i in range(a.trials):
+        work = tempfile.mkdtemp(prefix="dtactor-standby-bench-")
+        r = one_trial(work, a.lease_ttl_ms)
+        print("trial %d: %s" % (i + 1, json.dumps(r)), file=sys.stderr)
+        trials.append(r)
+        if not a.keep:
+            subprocess.run(["rm", "-rf", work])
+    result = {"lease_ttl_ms": a.lease_ttl_ms, "trials": trials, "takeover": {
+        k: summary(trials, k) for k in ("lease_s", "listening_s", "adopted_s", "step_s_before", "step_s_after", "step_s_across_takeover",
+                                        "across_over_after", "journal_silence_s", "steps_taken_while_no_coordinator_listened")}}
+    result["takeover"]["steps_lost_worst"] = max(x["steps_lost"] for x in trials)
+    result["takeover"]["nodes_lost_worst"] = max(x["lost_nodes"] for x in trials)
+    result["takeover"]["trials_count"] = len(trials)
+    result["takeover"]["checkpoints_after_takeover_that_evaluate"] = sum(1 for x in trials if x["checkpoint_after_takeover"]["eval_exit"] == 0)
+    F = bench_meta.figure
+    out = bench_meta.write(a.out, result, "A standby coordinator takes over: kill -9 of the leading coordinator while 2 nodes train the "
+                           "default-config ViT job, the lease in a shared directory (TTL %d ms), %d trials (medians)" % (a.lease_ttl_ms, a.trials),
+                           "Recovery from faults", [
+                               F("the kill to the standby holding the lease", ["takeover", "lease_s", "median"], "s"),
+                               F("the kill to the standby listening (nodes can reach it)", ["takeover", "listening_s", "median"], "s"),
+                               F("the kill to the standby leading the running generation (generation_adopted)", ["takeover", "adopted_s", "median"], "s"),
+                               F("steps lost or trained twice (worst trial)", ["takeover", "steps_lost_worst"], "steps"),
+                               F("steps the ranks trained while no coordinator listened (kept, reported later)",
+                                 ["takeover", "steps_taken_while_no_coordinator_listened", "median"], "steps"),
+                               F("the ranks' mean step time across the takeover (last step line before the kill to the first after)",
+                                 ["takeover", "step_s_across_takeover", "median"], "s", "the step time after it", ["takeover", "step_s_after", "median"]),
+                               F("the journal's silence over the takeover (no step lines: no coordinator to report to)",
+                                 ["takeover", "journal_silence_s", "median"], "s"),
+                               F("trials whose first checkpoint committed after the takeover evaluates (dtactor eval)",
+                                 ["takeover", "checkpoints_after_takeover_that_evaluate"], "count", "trials", ["takeover", "trials_count"]),
+                           ], notes="Loopback, both coordinators and both nodes on the project's 2-core build machine, shared with other "
+                                    "builds and tests while it ran (timings are loaded-machine figures). The directory lease is taken "
+                                    "over once the holder's heartbeat has not changed for the TTL on the standby's clock, polled every "
+                                    "TTL/6, so the lease figure is about the TTL. Leading the running generation waits for the nodes "
+                                    "to register with the new coordinator (seconds after it listens; a node that comes after its "
+                                    "2 s adoption wait gets a new generation, from the highest step a rank holds). The ranks train "
+                                    "on meanwhile: no step line is journaled while no coordinator listens, so the journal's "
+                                    "silence is not a pause; the pace across the takeover is.")
+    print(json.dumps(out["takeover"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
