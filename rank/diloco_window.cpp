@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "comm/communicator.hpp"
+#include "comm/exchange_spec.hpp"
 #include "data/sample_log.hpp"
 #include "model/trainer.hpp"
 #include "rank/agreement.hpp"
@@ -181,6 +182,47 @@ generation_end diloco_window::replay_next(generation_run& g, rank_state& rs, gra
 
 namespace {
 
+// Streaming DiLoCo: one reducer a fragment (its parameters only). Only
+// with host workers and an overlap do the fragments go over the process
+// group: the host's per-step reducer uses the segment while a fragment is
+// in flight.
+void fragment_reducers(const generation_run& g, training_state& state, exchanges& x) {
+  std::vector<torch::Tensor> trained;
+  for (auto& p : state.the_task().module()->parameters())
+    if (p.requires_grad()) trained.push_back(p);
+  grad_sync_options fo = x.options;
+  if (x.fragments_off_shm) {
+    fo.exchange.transport = exchange_transport::process_group;
+    fo.shm = nullptr;
+    fo.hosts = c10::intrusive_ptr<c10d::ProcessGroup>();
+  }
+  for (const auto& fr : state.outer().fragments()) {
+    std::vector<torch::Tensor> part(trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param),
+                                    trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param + fr.params));
+    x.syncs.push_back(std::make_unique<grad_sync>(std::move(part), g.pg, fo));
+  }
+}
+
+// train.diloco_worker = host: the ranks of a host are one worker,
+// synchronous inside through the host's segment; or why this rank is a
+// worker of its own.
+void host_reducer(const generation_run& g, training_state& state, bool host_workers, exchanges& x) {
+  if (host_workers) {
+    grad_sync_options ho;
+    ho.bucket_bytes = x.options.bucket_bytes;
+    ho.spin_wait = x.options.spin_wait;
+    ho.timeout = x.options.timeout;
+    ho.abandon = x.options.abandon;
+    ho.shm = g.exchange.shm;
+    ho.exchange.transport = exchange_transport::host;
+    x.host_sync = std::make_unique<grad_sync>(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
+  } else {
+    x.host_workers_why_not = g.exchange.host_ranks <= 1   ? "this rank is alone on its host"
+                             : g.exchange.why_not.empty() ? "no shared memory"
+                                                          : g.exchange.why_not;
+  }
+}
+
 // train.sync = diloco: inner steps without a collective; at each boundary
 // the outer step (its exchange carries the step control), and only there
 // what needs every rank to hold the same parameters (buffers, digests,
@@ -208,6 +250,17 @@ class sync_diloco final : public sync_strategy {
     if (alone) return c.due(every, step);
     if (step >= c.max_steps) return true;
     return every > 0 && step / every > window_start / every;
+  }
+  void add_reducers(const generation_run& g, rank_state& rs, exchanges& x) override {
+    training_state& state = *rs.state;
+    const bool host_workers = host_worker(g, rs);
+    x.streaming = state.outer().streaming();
+    x.fragments_off_shm = x.streaming && host_workers && state.outer().options().overlap > 0;
+    if (x.streaming)
+      fragment_reducers(g, state, x);
+    else
+      x.syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, x.options));
+    if (rs.settings.modes.diloco_worker == diloco_worker_kind::host && g.world > 1) host_reducer(g, state, host_workers, x);
   }
   result<training_state::dp_step> step(const generation_run& g, rank_state& rs, exchanges& x, int slice_rank, int slice_world) override {
     if (x.host_sync) return rs.state->train_step(step_context::diloco_host(g.rank, g.world, *x.host_sync, g.exchange.host_members));

@@ -3,6 +3,7 @@
 #include "comm/exchange_spec.hpp"
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
+#include "rank/sync_strategy.hpp"
 #include "rank/zero.hpp"
 #include "rank/zero_sync.hpp"
 
@@ -13,51 +14,6 @@ int64_t exchanges::buffer_bytes() const {
   for (const auto& s : syncs) n += s->buffer_bytes();
   return n + (host_sync ? host_sync->buffer_bytes() : 0);
 }
-
-namespace {
-
-// Streaming DiLoCo: one reducer a fragment (its parameters only). Only
-// with host workers and an overlap do the fragments go over the process
-// group: the host's per-step reducer uses the segment while a fragment is
-// in flight.
-void fragment_reducers(const generation_run& g, training_state& state, exchanges& x) {
-  std::vector<torch::Tensor> trained;
-  for (auto& p : state.the_task().module()->parameters())
-    if (p.requires_grad()) trained.push_back(p);
-  grad_sync_options fo = x.options;
-  if (x.fragments_off_shm) {
-    fo.exchange.transport = exchange_transport::process_group;
-    fo.shm = nullptr;
-    fo.hosts = c10::intrusive_ptr<c10d::ProcessGroup>();
-  }
-  for (const auto& fr : state.outer().fragments()) {
-    std::vector<torch::Tensor> part(trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param),
-                                    trained.begin() + static_cast<std::ptrdiff_t>(fr.first_param + fr.params));
-    x.syncs.push_back(std::make_unique<grad_sync>(std::move(part), g.pg, fo));
-  }
-}
-
-// train.diloco_worker = host: the ranks of a host are one worker,
-// synchronous inside through the host's segment; or why this rank is a
-// worker of its own.
-void host_reducer(const generation_run& g, training_state& state, bool host_workers, exchanges& x) {
-  if (host_workers) {
-    grad_sync_options ho;
-    ho.bucket_bytes = x.options.bucket_bytes;
-    ho.spin_wait = x.options.spin_wait;
-    ho.timeout = x.options.timeout;
-    ho.abandon = x.options.abandon;
-    ho.shm = g.exchange.shm;
-    ho.exchange.transport = exchange_transport::host;
-    x.host_sync = std::make_unique<grad_sync>(state.the_task().module()->parameters(), c10::intrusive_ptr<c10d::ProcessGroup>(), ho);
-  } else {
-    x.host_workers_why_not = g.exchange.host_ranks <= 1   ? "this rank is alone on its host"
-                             : g.exchange.why_not.empty() ? "no shared memory"
-                                                          : g.exchange.why_not;
-  }
-}
-
-}  // namespace
 
 status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   training_state& state = *rs.state;
@@ -78,18 +34,13 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   // the sum of the primaries' partial sums (one small allreduce a step).
   x.zero2 = rs.shards && g.pg && g.world > 1 && s.train.zero >= 2;
   if (x.zero2) go.zero2 = zero2_of(state.optimizer(), *rs.shards);
-  const bool host_workers = host_worker(g, rs);
-  x.streaming = state.diloco() && state.outer().streaming();
-  x.fragments_off_shm = x.streaming && host_workers && state.outer().options().overlap > 0;
-  if (x.streaming)
-    fragment_reducers(g, state, x);
-  else
-    x.syncs.push_back(std::make_unique<grad_sync>(state.the_task().module()->parameters(), g.pg, go));
+  // The sync strategy's reducers: one, or DiLoCo's (a fragment's each,
+  // and the host's with hosts as workers).
+  rs.sync->add_reducers(g, rs, x);
   // train.zero >= 1: the reducer's parameter sync (the all-gather after
   // the update, zero=2's norm), over the path the ranks' places allow.
   x.sync().set_parameter_sync(zero_sync_for(x.sync(), g.exchange, state.optimizer(), rs.shards ? &*rs.shards : nullptr,
                                             {g.pg, x.zero2, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
-  if (state.diloco() && rs.settings.modes.diloco_worker == diloco_worker_kind::host && g.world > 1) host_reducer(g, state, host_workers, x);
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) x.moving_buffers.push_back(b);
   return {};

@@ -66,7 +66,8 @@
 // gradient norm its peers computed (an all-gather, before the round, since
 // finishing the step changes the step a rank holds), and DiLoCo's replay
 // finds a lost worker's slices from what each survivor holds (two MAX
-// allreduces, three with hosts as workers, after the round). DiLoCo's
-// worker sections of a checkpoint are still a branch in state_source, its
-// fragment reducers and host workers branches in exchange_choice;
-// train.diloco_worker = host has no class of its own.
+// allreduces, three with hosts as workers, after the round). The sync
+// strategy also makes the generation's reducers (add_reducers: DiLoCo's
+// fragments and, with train.diloco_worker = host, the host's per-step
+// reducer, an option of sync_diloco as streaming is) and owns its
+// checkpoint sections (writes_worker_sections, take_own_section).

@@ -27,6 +27,9 @@ class sync_every_step final : public sync_strategy {
   bool in_flight(training_state&) const override { return false; }
   int64_t window_start(training_state&, int64_t attempted) const override { return attempted; }
   bool due(const step_cadence& c, int64_t every, int64_t step, int64_t, bool) const override { return c.due(every, step); }
+  void add_reducers(const generation_run& g, rank_state& rs, exchanges& x) override {
+    x.syncs.push_back(std::make_unique<grad_sync>(rs.state->the_task().module()->parameters(), g.pg, x.options));
+  }
   result<training_state::dp_step> step(const generation_run& g, rank_state& rs, exchanges& x, int, int) override {
     return rs.state->train_step(step_context::every_step(g.rank, g.world, x.sync()));
   }

@@ -77,6 +77,10 @@ class sync_strategy {
   // [window_start, step], at its boundary).
   virtual bool due(const step_cadence& c, int64_t every, int64_t step, int64_t window_start, bool alone) const = 0;
 
+  // The generation's reducers, into `x` whose options are set (every step:
+  // one over every parameter; DiLoCo: one, or one a streaming fragment,
+  // and with hosts as workers the host's per-step reducer).
+  virtual void add_reducers(const generation_run& g, rank_state& rs, exchanges& x) = 0;
   // The step's forward, backward and update, as global rank `slice_rank`
   // of `slice_world` (DiLoCo catching up: of the world it was taken in).
   virtual result<training_state::dp_step> step(const generation_run& g, rank_state& rs, exchanges& x, int slice_rank, int slice_world) = 0;
