@@ -1,10 +1,13 @@
 #include "model/flat_adamw.hpp"
 
 #include "model/adamw_kernel.hpp"
+#include "model/grad_norm.hpp"
+#include "model/shard_plan.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -240,6 +243,55 @@ TEST(AdamWKernel, EveryLengthMatchesTheScalarFormulaBitForBit) {
       ASSERT_EQ(v[i], static_cast<float>(vi)) << "n=" << n << " element " << i;
     }
   }
+}
+
+// The gradient norm's ranges: chunks of a size that depends on the model's
+// size only, cut at group bases, at most max_norm_chunks + groups of them;
+// every shard of every world begins and ends at a range boundary, so a rank
+// holding shards computes whole ranges.
+TEST(GradNorm, ShardBoundariesAreTheNormsRangeBoundariesAtEveryWorld) {
+  for (int64_t total : {int64_t{0}, int64_t{1}, int64_t{100}, int64_t{12345}, int64_t{1} << 20, int64_t{202'000'001}}) {
+    const std::vector<int64_t> bases = {0, total / 3, total / 3 + 7};
+    const auto rs = norm_ranges(total, bases);
+    EXPECT_LE(static_cast<int64_t>(rs.size()), max_norm_chunks + 2) << total;
+    EXPECT_EQ(norm_chunk(total) % 64, 0);
+    std::set<int64_t> starts;
+    int64_t at = 0;
+    for (const auto& [a, b] : rs) {
+      EXPECT_EQ(a, at);
+      EXPECT_LT(a, b);
+      at = b;
+      starts.insert(a);
+    }
+    EXPECT_EQ(at, total);
+    for (int64_t b : bases)
+      EXPECT_TRUE(b >= total || starts.count(b)) << "group base " << b;
+    for (int world = 1; world <= 9; ++world) {
+      const auto p = make_shard_plan(total, std::vector<std::string>(static_cast<size_t>(world), "a"), 2);
+      for (const auto& sh : p.shards) {
+        if (sh.begin == sh.end) continue;
+        EXPECT_TRUE(starts.count(sh.begin)) << "world " << world << ": a shard begins at " << sh.begin << ", inside a range";
+        EXPECT_TRUE(sh.end == total || starts.count(sh.end)) << "world " << world << ": a shard ends at " << sh.end << ", inside a range";
+        const auto [first, last] = ranges_within(rs, sh.begin, sh.end);
+        EXPECT_EQ(rs[first].first, sh.begin);
+        EXPECT_EQ(rs[last - 1].second, sh.end);
+      }
+    }
+  }
+}
+
+// A range's sum of squares is one fixed order of double additions:
+// the same bits from the float values and from their double copies, and
+// from a copy at another address.
+TEST(GradNorm, TheSumOfSquaresDependsOnTheValuesOnly) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({1001});
+  const auto y = x.clone(), d = x.to(torch::kDouble);
+  const double a = sum_squares(x.data_ptr<float>(), x.numel());
+  EXPECT_EQ(a, sum_squares(y.data_ptr<float>(), y.numel()));
+  EXPECT_EQ(a, sum_squares(d.data_ptr<double>(), d.numel()));
+  EXPECT_NEAR(a, d.pow(2).sum().item<double>(), 1e-12 * a);
+  EXPECT_EQ(norm_of_parts({a, 0.0, 2.0}), std::sqrt(a + 0.0 + 2.0));
 }
 
 }  // namespace
