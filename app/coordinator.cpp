@@ -248,6 +248,7 @@ struct coordinator_run {
   run_observer& obs;
   job_start& start;
   uint64_t epoch = 0;  // the job's lease epoch this coordinator holds (0: no --lease)
+  const coordinator_lease* lease = nullptr;  // with --lease: whether it may still decide
 };
 
 // The address ranks reach this host at: --advertise-addr, else the
@@ -347,7 +348,11 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
 
   // Everything the actors report goes through this one sink.
   coordinator_sink sink(run.jn, m, run.obs, sd);
-  const event_sink events = [&sink, &board, &rendezvous](const ev::event& e) {
+  // A leader stopped or cut off for over half the lease's TTL writes
+  // nothing more of the job (its journal, its metrics) once it runs again:
+  // a standby may lead by now, and its renewer ends it.
+  const event_sink events = [&sink, &board, &rendezvous, lease = run.lease](const ev::event& e) {
+    if (lease && !lease->surely_held()) return;
     follow_plans(rendezvous, e);
     board.on(e, unix_time_now());
     sink(e);
@@ -458,9 +463,15 @@ int run_coordinator(const cluster_cli& cli) {
   }
   // One writer per run directory: a second coordinator (or `dtactor train`)
   // would interleave its journal and checkpoints with this one's. A crashed
-  // holder's lock is free again.
+  // holder's lock is free again. Under a lease, the lease is what keeps a
+  // second leader out (its epoch fences every decision at the nodes): a
+  // deposed leader that is alive but stopped or cut off still holds the
+  // lock, and the new leader goes on without it.
   auto run_lock = file_lock::try_acquire(run_dir_lock_path(cli.run_dir), "dtactor coordinator on " + cli.listen);
-  if (!run_lock) return fail(run_dir_busy_message(cli.run_dir, run_lock.err()));
+  if (!run_lock && !(lease && run_lock.code() == errc::busy)) return fail(run_dir_busy_message(cli.run_dir, run_lock.err()));
+  if (!run_lock)
+    stderr_line("dtactor: coordinator: the run directory's lock is still held by " + printable(run_lock.message(), 200) +
+                ", a deposed leader: going on under the lease (epoch " + std::to_string(lease->epoch()) + "), which fences it");
   journal jn;
   if (auto st = jn.open(cli.run_dir + "/journal.jsonl"); !st) return fail(st.message());
   const std::string config_text = cfg.to_toml();
@@ -471,7 +482,7 @@ int run_coordinator(const cluster_cli& cli) {
   auto start = open_job_start(cli, job, jn, &start_code);
   if (!start) return fail(start.message(), start_code);
   return serve_job(
-      coordinator_run{cli, cfg, job.settings, listen.value(), config_text, job_id_for(cli.run_dir), jn, obs, start.value(), lease ? lease->epoch() : 0});
+      coordinator_run{cli, cfg, job.settings, listen.value(), config_text, job_id_for(cli.run_dir), jn, obs, start.value(), lease ? lease->epoch() : 0, lease.get()});
 }
 
 }  // namespace dtactor

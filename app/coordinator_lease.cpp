@@ -49,7 +49,7 @@ result<std::unique_ptr<coordinator_lease>> coordinator_lease::take(const lease_s
 }
 
 coordinator_lease::coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch)
-    : lease_(std::move(lease)), s_(std::move(s)), epoch_(epoch) {
+    : lease_(std::move(lease)), s_(std::move(s)), epoch_(epoch), last_renewed_ns_(clock_type::now().time_since_epoch().count()) {
   renewer_ = std::thread([this] { renew_loop(); });
 }
 
@@ -63,15 +63,24 @@ coordinator_lease::~coordinator_lease() {
   (void)lease_->release();
 }
 
+bool coordinator_lease::surely_held() const {
+  const clock_type::duration since(clock_type::now().time_since_epoch().count() - last_renewed_ns_.load());
+  return since < s_.ttl / 2;
+}
+
 void coordinator_lease::renew_loop() {
-  auto last_renewed = clock_type::now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, renew_period(s_.ttl), [this] { return stopping_; })) {
     lock.unlock();
+    // Stopped or starved past half the TTL (SIGSTOP, a hung machine): a
+    // standby may lead by now, whatever a renewal would say.
+    if (!surely_held())
+      stop_deciding("this coordinator was stopped or cut off for over half the lease's TTL; a standby may hold the lease now");
     auto r = lease_->renew();
     if (r && *r == renewal::deposed) stop_deciding("another coordinator took the job's lease (this one held epoch " + std::to_string(epoch_) + ")");
-    if (r) last_renewed = clock_type::now();
-    else if (clock_type::now() - last_renewed >= s_.ttl / 2)
+    if (r)
+      last_renewed_ns_ = clock_type::now().time_since_epoch().count();
+    else if (!surely_held())
       stop_deciding("the job's lease could not be renewed for half its TTL (" + r.message() + "); a standby may hold it now");
     lock.lock();
   }

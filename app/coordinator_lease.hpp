@@ -7,8 +7,9 @@
 // starts as a restarted coordinator does, adopting the running generation
 // from the nodes. Held, it is renewed on a thread of its own about every
 // sixth of the TTL; when another coordinator took a newer epoch, or no
-// renewal succeeded for half the TTL, this process stops deciding at once:
-// one line, exit code 3.
+// renewal succeeded for half the TTL (also when the process itself was
+// stopped that long), this process stops deciding at once: one line, exit
+// code 3; until then surely_held() says whether it may still decide.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -43,6 +44,11 @@ class coordinator_lease {
   ~coordinator_lease();  // stops renewing and releases the lease
 
   uint64_t epoch() const { return epoch_; }
+  // Whether this coordinator may still decide: its last renewal is less
+  // than half the TTL old. A process stopped or cut off for longer (a
+  // standby may lead by now) changes nothing from the moment it runs
+  // again, before its renewer finds out and ends it. Any thread.
+  bool surely_held() const;
 
  private:
   coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch);
@@ -52,6 +58,7 @@ class coordinator_lease {
   std::unique_ptr<leader_lease> lease_;
   lease_settings s_;
   uint64_t epoch_ = 0;
+  std::atomic<int64_t> last_renewed_ns_;  // steady clock, of the last renewal (or the take)
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

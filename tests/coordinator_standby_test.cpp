@@ -3,8 +3,9 @@
 // The standby waits while the first holds the lease, takes it over when
 // the first is killed, and runs the job to its end from the same address
 // and run directory (as a floating address or a Service would give it); a
-// coordinator that finds a newer epoch stops deciding; a second one without
-// --standby is refused in one line.
+// coordinator that finds a newer epoch stops deciding; a leader cut off and
+// healed stops deciding on its own; a second one without --standby is
+// refused in one line.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -145,6 +146,42 @@ TEST(Standby, ACoordinatorThatFindsANewerEpochStopsDecidingAndASecondOneIsRefuse
   EXPECT_EQ(done->exit_code, 3);
   EXPECT_NE(read_text(cl.run_dir + "/coordinator.log").find("stops deciding: another coordinator took the job's lease"), std::string::npos)
       << cl.logs();
+}
+
+// A leader cut off (stopped: as silent as a partition makes it) is replaced
+// by the standby, though it still holds the run directory's lock. Let go
+// (the heal), it stops deciding (exit 3) before it journals anything of
+// what queued up while it was stopped, and the job ends under the standby
+// without a step lost or journaled twice.
+TEST(Standby, ACutOffLeaderIsReplacedAndWhenHealedStopsDecidingWithNothingLost) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1"};
+  cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2"}));
+  ASSERT_EQ(cl.start_coordinator(leased), "");
+  const std::string first = cl.endpoint;
+  const std::string second = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
+  cl.endpoint = first + "," + second;
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  auto standby_args = coordinator_args(cl, leased);
+  standby_args[4] = second;  // --listen
+  standby_args.push_back("--standby");
+  const std::string standby_log = cl.run_dir + "/standby.log";
+  auto standby = child_process::spawn(standby_args, false, standby_log);
+  ASSERT_TRUE(standby) << standby.message();
+  ASSERT_TRUE(wait_for_text(standby_log, "standing by: the job's lease is held by", *standby)) << read_text(standby_log);
+  cl.coord->signal(SIGSTOP);
+  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + second, *standby)) << read_text(standby_log);
+  EXPECT_NE(read_text(standby_log).find("still held by"), std::string::npos) << read_text(standby_log);
+  child_process old = std::move(*cl.coord);
+  cl.coord.emplace(std::move(standby.value()));
+  old.signal(SIGCONT);
+  auto done = old.wait(30000);
+  ASSERT_TRUE(done) << "the healed leader went on deciding\n" << read_text(cl.run_dir + "/coordinator.log");
+  EXPECT_EQ(done->exit_code, 3) << read_text(cl.run_dir + "/coordinator.log");
+  EXPECT_NE(read_text(cl.run_dir + "/coordinator.log").find("stops deciding"), std::string::npos) << read_text(cl.run_dir + "/coordinator.log");
+  testing::expect_finished_without_loss(cl, 1500, 2);
 }
 
 }  // namespace
