@@ -8,38 +8,44 @@ namespace {
 double seconds(clock_duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
-std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts) {
-  return find_lost(now, last_seen, opts, false);
-}
-
-std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts, bool suspecting) {
+template <class Key>
+std::vector<lost_of<Key>> find_lost(clock_time now, const std::map<Key, clock_time>& last_seen, const liveness_options& opts, bool suspecting) {
   const clock_duration timeout =
       suspecting ? std::min<clock_duration>(opts.heartbeat_timeout, opts.suspect_timeout) : clock_duration{opts.heartbeat_timeout};
-  std::vector<lost_peer> lost;
+  std::vector<lost_of<Key>> lost;
   for (const auto& [peer, seen] : last_seen) {
     if (seen > now) continue;
     auto silent = now - seen;
     if (silent < timeout) continue;
-    lost.push_back(lost_peer{peer, seconds(silent), seconds(silent - timeout), silent < opts.heartbeat_timeout});
+    lost.push_back(lost_of<Key>{peer, seconds(silent), seconds(silent - timeout), silent < opts.heartbeat_timeout});
   }
   return lost;
 }
 
-std::vector<lost_peer> find_closed(clock_time now, const std::map<std::string, clock_time>& closed, const std::map<std::string, clock_time>& last_seen,
-                                   const liveness_options& opts, bool suspecting) {
-  std::vector<lost_peer> lost;
+template <class Key>
+std::vector<lost_of<Key>> find_closed(clock_time now, const std::map<Key, clock_time>& closed, const std::map<Key, clock_time>& last_seen,
+                                      const liveness_options& opts, bool suspecting) {
+  std::vector<lost_of<Key>> lost;
   for (const auto& [peer, at] : closed) {
     const clock_duration since = now > at ? now - at : clock_duration{0};
     const bool graced = since >= opts.closed_grace;
     if (!graced && !suspecting) continue;
     const auto seen = last_seen.find(peer);
     const double silent = seen == last_seen.end() || seen->second > now ? 0 : seconds(now - seen->second);
-    lost_peer l{peer, silent, graced ? seconds(since - opts.closed_grace) : 0, !graced};
+    lost_of<Key> l{peer, silent, graced ? seconds(since - opts.closed_grace) : 0, !graced};
     l.closed = true;
     lost.push_back(std::move(l));
   }
   return lost;
 }
+
+// The watchers' keys: a node agent's plain names, the coordinator's node ids.
+template std::vector<lost_peer> find_lost(clock_time, const std::map<std::string, clock_time>&, const liveness_options&, bool);
+template std::vector<lost_node> find_lost(clock_time, const std::map<node_id, clock_time>&, const liveness_options&, bool);
+template std::vector<lost_peer> find_closed(clock_time, const std::map<std::string, clock_time>&, const std::map<std::string, clock_time>&,
+                                            const liveness_options&, bool);
+template std::vector<lost_node> find_closed(clock_time, const std::map<node_id, clock_time>&, const std::map<node_id, clock_time>&,
+                                            const liveness_options&, bool);
 
 clock_duration pause_tracker::on_tick(clock_time now, clock_duration interval) {
   const auto previous = last_;

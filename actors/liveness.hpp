@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/node_id.hpp"
 #include "job/settings.hpp"
 
 namespace dtactor {
@@ -61,8 +62,12 @@ inline liveness_options liveness_options_from(const cluster_settings& c) {
 template <class Config>
 std::optional<liveness_options> liveness_options_from_text(const std::string& toml);
 
-struct lost_peer {
-  std::string peer;
+// A peer declared lost, keyed as its watcher keys it: a node id (the
+// coordinator's members) or a plain name (a node agent's ranks, its
+// coordinator).
+template <class Key>
+struct lost_of {
+  Key peer;
   // Time from the peer's last sign of life to this detection: an upper bound
   // of how long the failure went unnoticed (the `detected_after_s` metric).
   double detected_after_s = 0;
@@ -75,24 +80,25 @@ struct lost_peer {
   // Lost because its connection closed (find_closed), not for silence.
   bool closed = false;
 };
+using lost_peer = lost_of<std::string>;
+using lost_node = lost_of<node_id>;
 
 // Peers silent for at least `heartbeat_timeout` at `now`, ordered by name.
 // Never blocks; last-seen times in the future (clock skew between ticks) count
-// as "just seen".
-std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts);
-
-// The same, while `suspecting` a collective failure: the timeout is the
+// as "just seen". While `suspecting` a collective failure, the timeout is the
 // shorter of heartbeat_timeout and suspect_timeout, and peers lost only
-// because of that are marked `suspected`.
-std::vector<lost_peer> find_lost(clock_time now, const std::map<std::string, clock_time>& last_seen, const liveness_options& opts, bool suspecting);
+// because of that are marked `suspected`. Key: std::string or node_id.
+template <class Key = std::string>
+std::vector<lost_of<Key>> find_lost(clock_time now, const std::map<Key, clock_time>& last_seen, const liveness_options& opts, bool suspecting = false);
 
 // Peers whose connection closed at `closed[peer]` and that have not been
 // heard from since (the caller keeps only those), lost at `now`: after
 // closed_grace, or at once while `suspecting` (then marked `suspected` when
 // the grace has not run out). `last_seen` gives detected_after_s (0 for a
 // peer it lacks). Ordered by name; never blocks.
-std::vector<lost_peer> find_closed(clock_time now, const std::map<std::string, clock_time>& closed, const std::map<std::string, clock_time>& last_seen,
-                                   const liveness_options& opts, bool suspecting);
+template <class Key>
+std::vector<lost_of<Key>> find_closed(clock_time now, const std::map<Key, clock_time>& closed, const std::map<Key, clock_time>& last_seen,
+                                      const liveness_options& opts, bool suspecting);
 
 // The watcher's own pauses. Silence is evidence only while the watcher was
 // there to hear: when its tick comes late (its process descheduled on a

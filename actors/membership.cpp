@@ -21,21 +21,21 @@ std::string seconds_text(clock_duration d) {
   return out.str();
 }
 
-std::string join(const std::vector<std::string>& xs) {
+std::string join(const std::vector<node_id>& xs) {
   std::string out = "[";
   for (const auto& x : xs) {
     if (out.size() > 1) out += ", ";
-    out += x;
+    out += x.str();
   }
   return out + "]";
 }
 
 bool has_ready(const node_info& n) { return !n.ready.empty(); }
 
-std::vector<std::string> node_ids(const membership_state& s, bool ready) {
-  std::vector<std::string> out;
+std::vector<node_id> node_ids(const membership_state& s, bool ready) {
+  std::vector<node_id> out;
   for (const auto& [id, n] : s.nodes)
-    if (has_ready(n) == ready) out.push_back(id.str());
+    if (has_ready(n) == ready) out.push_back(id);
   return out;
 }
 
@@ -69,7 +69,7 @@ bool same_members(const plan& p, const membership_state& s) {
       return false;
   }
   for (const auto& r : p.ranks) {
-    const auto& ready = s.nodes.at(node_id{r.node_id}).ready;
+    const auto& ready = s.nodes.at(r.node_id).ready;
     auto it = ready.find(r.local_rank);
     if (it == ready.end() || it->second != r.ready_serial) return false;
   }
@@ -78,7 +78,7 @@ bool same_members(const plan& p, const membership_state& s) {
 
 // The same rank process is still ready (same node incarnation, same serial).
 bool still_ready(const membership_state& s, const plan& prev, const rank_slot& r) {
-  auto it = s.nodes.find(node_id{r.node_id});
+  auto it = s.nodes.find(r.node_id);
   if (it == s.nodes.end()) return false;
   const auto* pn = prev.find(r.node_id);
   if (!pn || pn->incarnation != it->second.incarnation) return false;
@@ -96,7 +96,7 @@ bool holds_state_of(const node_info& n, int32_t local_rank, uint64_t g) {
 bool can_drain(const membership_state& s) {
   if (!s.current || s.suspect_since) return false;
   for (const auto& r : s.current->ranks)
-    if (!s.leaving.count(node_id{r.node_id}) && !still_ready(s, *s.current, r)) return false;
+    if (!s.leaving.count(r.node_id) && !still_ready(s, *s.current, r)) return false;
   return true;
 }
 
@@ -118,11 +118,11 @@ bool full(const membership_state& s, const membership_options& opts) {
 std::string adoption_gap(const membership_state& s) {
   const auto& p = *s.reported_plan;
   for (const auto& pn : p.nodes) {
-    auto it = s.nodes.find(node_id{pn.node_id});
-    if (it == s.nodes.end()) return "node '" + pn.node_id + "' has not registered";
-    if (it->second.plan_generation != p.generation) return "node '" + pn.node_id + "' is in generation " + std::to_string(it->second.plan_generation);
+    auto it = s.nodes.find(pn.node_id);
+    if (it == s.nodes.end()) return "node '" + pn.node_id.str() + "' has not registered";
+    if (it->second.plan_generation != p.generation) return "node '" + pn.node_id.str() + "' is in generation " + std::to_string(it->second.plan_generation);
     for (int32_t l : pn.local_ranks)
-      if (!it->second.ready.count(l)) return "rank " + std::to_string(l) + " of node '" + pn.node_id + "' is not ready";
+      if (!it->second.ready.count(l)) return "rank " + std::to_string(l) + " of node '" + pn.node_id.str() + "' is not ready";
   }
   return {};
 }
@@ -133,18 +133,18 @@ plan adopted_plan(const membership_state& s) {
   p.leaving.clear();
   int32_t node_rank = 0;
   for (auto& pn : p.nodes) {
-    const auto& n = s.nodes.at(node_id{pn.node_id});
+    const auto& n = s.nodes.at(pn.node_id);
     pn.advertise_addr = n.advertise_addr;
     pn.peer = n.peer;
     pn.incarnation = n.incarnation;
     pn.nproc = n.nproc;
     pn.node_rank = node_rank++;
   }
-  for (auto& r : p.ranks) r.ready_serial = s.nodes.at(node_id{r.node_id}).ready.at(r.local_rank);
+  for (auto& r : p.ranks) r.ready_serial = s.nodes.at(r.node_id).ready.at(r.local_rank);
   return p;
 }
 
-std::string describe(const plan& p, size_t ready_nodes, const std::vector<std::string>& ids) {
+std::string describe(const plan& p, size_t ready_nodes, const std::vector<node_id>& ids) {
   std::ostringstream why;
   why << "generation " << p.generation << ": " << ready_nodes << " node" << (ready_nodes == 1 ? "" : "s") << " " << join(ids) << ", world size "
       << p.world_size << ", cause " << to_string(p.cause);
@@ -169,15 +169,15 @@ std::string validate(const membership_options& o) {
   return {};
 }
 
-const plan_node* plan::find(const std::string& node_id) const {
+const plan_node* plan::find(const node_id& id) const {
   for (const auto& n : nodes)
-    if (n.node_id == node_id) return &n;
+    if (n.node_id == id) return &n;
   return nullptr;
 }
 
-const rank_slot* plan::find(const std::string& node_id, int32_t local_rank) const {
+const rank_slot* plan::find(const node_id& id, int32_t local_rank) const {
   for (const auto& r : ranks)
-    if (r.node_id == node_id && r.local_rank == local_rank) return &r;
+    if (r.node_id == id && r.local_rank == local_rank) return &r;
   return nullptr;
 }
 
@@ -288,9 +288,9 @@ int32_t membership::assign_rank(const node_id& id) {
   }
 }
 
-bool membership::in_current(const std::string& node_id, uint64_t incarnation) const {
+bool membership::in_current(const node_id& id, uint64_t incarnation) const {
   if (!state_.current) return false;
-  const auto* pn = state_.current->find(node_id);
+  const auto* pn = state_.current->find(id);
   return pn && pn->incarnation == incarnation;
 }
 
@@ -325,8 +325,8 @@ bool membership::note_failure(const node_id& id, clock_time now) {
   return true;
 }
 
-std::string membership::quarantine_reason(const std::string& id, clock_time now) const {
-  auto it = state_.flaps.find(node_id{id});
+std::string membership::quarantine_reason(const node_id& id, clock_time now) const {
+  auto it = state_.flaps.find(id);
   if (it == state_.flaps.end() || !it->second.until || now >= *it->second.until) return {};
   return it->second.reason + "; " + seconds_text(*it->second.until - now) + " s left";
 }
@@ -345,14 +345,14 @@ bool membership::mark_ready(node_info& n, int32_t local_rank, bool ready, clock_
   return true;
 }
 
-bool membership::set_rank_ready(const std::string& id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now) {
-  auto it = state_.nodes.find(node_id{id});
+bool membership::set_rank_ready(const node_id& id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now) {
+  auto it = state_.nodes.find(id);
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
   return mark_ready(it->second, local_rank, ready, now);
 }
 
-void membership::note_synced(const std::string& id, uint64_t incarnation, int32_t local_rank, uint64_t generation) {
-  auto it = state_.nodes.find(node_id{id});
+void membership::note_synced(const node_id& id, uint64_t incarnation, int32_t local_rank, uint64_t generation) {
+  auto it = state_.nodes.find(id);
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return;
   auto r = it->second.ready.find(local_rank);
   if (r == it->second.ready.end()) return;
@@ -361,9 +361,9 @@ void membership::note_synced(const std::string& id, uint64_t incarnation, int32_
   s.second = std::max(s.second, generation);
 }
 
-bool membership::report_failure(uint64_t generation, const std::string& node_id, int32_t local_rank, clock_time now) {
+bool membership::report_failure(uint64_t generation, const node_id& id, int32_t local_rank, clock_time now) {
   if (!state_.current || state_.current->generation != generation || state_.suspect_since) return false;
-  if (!state_.current->find(node_id, local_rank)) return false;
+  if (!state_.current->find(id, local_rank)) return false;
   state_.suspect_since = now;
   return true;
 }
@@ -385,10 +385,10 @@ namespace {
 // no id, a malformed id, no ranks or more than `max_ranks_per_node`.
 std::string registration_problem(const node_registration& reg, int32_t max_ranks_per_node) {
   if (reg.node_id.empty()) return "register_node without a node_id; every node needs a stable id (--node-id or its hostname)";
-  if (auto why = node_id_problem(reg.node_id); !why.empty()) return "register_node refused: " + why;
-  if (reg.nproc < 1) return "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + "; it must run at least one rank";
+  if (auto why = node_id_problem(reg.node_id.str()); !why.empty()) return "register_node refused: " + why;
+  if (reg.nproc < 1) return "node '" + reg.node_id.str() + "' registered with nproc " + std::to_string(reg.nproc) + "; it must run at least one rank";
   if (reg.nproc > max_ranks_per_node)
-    return "node '" + reg.node_id + "' registered with nproc " + std::to_string(reg.nproc) + ", more than cluster.max_ranks_per_node (" +
+    return "node '" + reg.node_id.str() + "' registered with nproc " + std::to_string(reg.nproc) + ", more than cluster.max_ranks_per_node (" +
            std::to_string(max_ranks_per_node) + "); start it with fewer ranks (--nproc-per-node) or raise the limit";
   return "";
 }
@@ -408,7 +408,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
   }
   adopt_reported(reg, now);
   const std::set<int32_t> ready(reg.ready_ranks.begin(), reg.ready_ranks.end());
-  auto it = state_.nodes.find(node_id{reg.node_id});
+  auto it = state_.nodes.find(reg.node_id);
   if (it != state_.nodes.end() && it->second.incarnation == reg.incarnation && it->second.nproc == reg.nproc)
     return readmit(it->second, reg, ready, now);
   if (it != state_.nodes.end() && it->second.incarnation != reg.incarnation && now - it->second.last_seen < opts_.duplicate_window) {
@@ -417,7 +417,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     // on one host), not a restart. Taking it for a restart would throw the
     // live member out, and each would keep evicting the other.
     std::ostringstream why;
-    why << "node id '" << reg.node_id << "' is in use by a live node (at " << it->second.advertise_addr
+    why << "node id '" << reg.node_id.str() << "' is in use by a live node (at " << it->second.advertise_addr
         << "); give every node its own --node-id (a machine cloned from another keeps its host name)";
     a.duplicate = true;
     a.reason = why.str();
@@ -430,7 +430,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     a.silent_s = seconds(now - std::min(now, it->second.last_seen));
     note_loss(plan_cause::node_lost, in_current(reg.node_id, it->second.incarnation), now);
     state_.nodes.erase(it);
-    if (a.restarted && note_failure(node_id{reg.node_id}, now)) {
+    if (a.restarted && note_failure(reg.node_id, now)) {
       a.quarantined = true;
       a.changed = true;
       a.reason = quarantine_reason(reg.node_id, now);
@@ -438,7 +438,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     }
   } else if (auto members = static_cast<int32_t>(state_.nodes.size()); members >= opts_.max_nodes) {
     a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " + std::to_string(opts_.max_nodes) +
-               "; node '" + reg.node_id + "' was not admitted (raise cluster.max_nodes or stop a node)";
+               "; node '" + reg.node_id.str() + "' was not admitted (raise cluster.max_nodes or stop a node)";
     return a;
   }
   join_node(reg, ready, now, a);
@@ -478,7 +478,7 @@ admission membership::readmit(node_info& n, const node_registration& reg, const 
 }
 
 void membership::join_node(const node_registration& reg, const std::set<int32_t>& ready, clock_time now, admission& a) {
-  const node_id id{reg.node_id};
+  const node_id& id = reg.node_id;
   state_.leaving.erase(id);
   auto remembered = state_.remembered_ranks.find(id);
   int32_t rank = assign_rank(id);
@@ -495,15 +495,14 @@ void membership::join_node(const node_registration& reg, const std::set<int32_t>
   a.node_rank = rank;
 }
 
-removal membership::remove(const std::string& text, clock_time now, departure why) {
+removal membership::remove(const node_id& id, clock_time now, departure why) {
   removal r;
-  const node_id id{text};
   auto it = state_.nodes.find(id);
   if (it == state_.nodes.end()) return r;
-  const bool planned = in_current(text, it->second.incarnation);
+  const bool planned = in_current(id, it->second.incarnation);
   if (why == departure::left) {
     if (planned) {
-      auto& leaving = state_.leaving[id] = *state_.current->find(text);
+      auto& leaving = state_.leaving[id] = *state_.current->find(id);
       leaving.peer = it->second.peer;  // where it is reachable now
     }
     note_loss(plan_cause::node_left, planned, now);
@@ -519,8 +518,8 @@ removal membership::remove(const std::string& text, clock_time now, departure wh
   return r;
 }
 
-bool membership::touch(const std::string& id, uint64_t incarnation, clock_time now, const std::string& peer) {
-  auto it = state_.nodes.find(node_id{id});
+bool membership::touch(const node_id& id, uint64_t incarnation, clock_time now, const std::string& peer) {
+  auto it = state_.nodes.find(id);
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
   if (!peer.empty()) it->second.peer = peer;
   it->second.last_seen = std::max(it->second.last_seen, now);
@@ -528,19 +527,19 @@ bool membership::touch(const std::string& id, uint64_t incarnation, clock_time n
   return true;
 }
 
-std::string membership::connection_closed(const std::string& peer, clock_time now) {
+node_id membership::connection_closed(const std::string& peer, clock_time now) {
   for (auto& [id, n] : state_.nodes) {
     if (n.peer != peer) continue;
     if (!n.closed) n.closed = now;
-    return id.str();
+    return id;
   }
   return {};
 }
 
-std::map<std::string, clock_time> membership::closed() const {
-  std::map<std::string, clock_time> out;
+std::map<node_id, clock_time> membership::closed() const {
+  std::map<node_id, clock_time> out;
   for (const auto& [id, n] : state_.nodes)
-    if (n.closed) out[id.str()] = *n.closed;
+    if (n.closed) out[id] = *n.closed;
   return out;
 }
 
@@ -551,12 +550,12 @@ const plan& membership::commit(plan p) {
     // move to free ranks after them.
     std::set<int32_t> held;
     for (const auto& pn : p.nodes) {
-      state_.nodes.at(node_id{pn.node_id}).node_rank = pn.node_rank;
-      state_.remembered_ranks[node_id{pn.node_id}] = pn.node_rank;
+      state_.nodes.at(pn.node_id).node_rank = pn.node_rank;
+      state_.remembered_ranks[pn.node_id] = pn.node_rank;
       held.insert(pn.node_rank);
     }
     for (auto& [id, n] : state_.nodes) {
-      if (p.find(id.str())) continue;
+      if (p.find(id)) continue;
       int32_t r = 0;
       while (held.count(r)) ++r;
       n.node_rank = r;
@@ -586,14 +585,14 @@ void membership::credit_pause(clock_duration pause, clock_time now) {
   }
 }
 
-std::map<std::string, clock_time> membership::last_seen() const {
-  std::map<std::string, clock_time> out;
-  for (const auto& [id, n] : state_.nodes) out[id.str()] = n.last_seen;
+std::map<node_id, clock_time> membership::last_seen() const {
+  std::map<node_id, clock_time> out;
+  for (const auto& [id, n] : state_.nodes) out[id] = n.last_seen;
   return out;
 }
 
-const node_info* membership::find(const std::string& id) const {
-  auto it = state_.nodes.find(node_id{id});
+const node_info* membership::find(const node_id& id) const {
+  auto it = state_.nodes.find(id);
   return it == state_.nodes.end() ? nullptr : &it->second;
 }
 

@@ -86,7 +86,7 @@ inline membership_options membership_options_from(const cluster_settings& c) {
 std::string validate(const membership_options& o);
 
 struct plan_node {
-  std::string node_id;
+  dtactor::node_id node_id;
   std::string advertise_addr;
   std::string peer;
   int32_t node_rank = -1;
@@ -97,7 +97,7 @@ struct plan_node {
 };
 
 struct rank_slot {
-  std::string node_id;
+  dtactor::node_id node_id;
   int32_t local_rank = 0;
   int32_t global_rank = 0;
   // Which readiness of that rank this is: a rank process that exited and came
@@ -128,13 +128,13 @@ struct plan {
   // they get it too, so their ranks agree on the switch boundary.
   std::vector<plan_node> leaving;
 
-  const plan_node* find(const std::string& node_id) const;
-  const rank_slot* find(const std::string& node_id, int32_t local_rank) const;
+  const plan_node* find(const node_id& id) const;
+  const rank_slot* find(const node_id& id, int32_t local_rank) const;
 };
 
 // What a node says about itself in register_node (+ its envelope incarnation).
 struct node_registration {
-  std::string node_id;
+  dtactor::node_id node_id;
   std::string advertise_addr;
   int32_t nproc = 0;
   uint64_t incarnation = 0;
@@ -145,7 +145,7 @@ struct node_registration {
 };
 
 struct node_info {
-  std::string node_id;
+  dtactor::node_id node_id;
   std::string advertise_addr;
   std::string peer;
   int32_t nproc = 0;
@@ -265,37 +265,37 @@ class membership {
   // A lost or departed node leaves; its rank is remembered. A loss counts
   // towards quarantine; a leave of a node in the current plan lets the next
   // plan drain and sends it that plan. Not removed: it was not a member.
-  removal remove(const std::string& node_id, clock_time now, departure why = departure::lost);
+  removal remove(const node_id& id, clock_time now, departure why = departure::lost);
 
   // Marks a local rank of a member (this incarnation) ready to be planned, or
   // not (its process exited). True if that changed anything.
-  bool set_rank_ready(const std::string& node_id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now);
+  bool set_rank_ready(const node_id& id, uint64_t incarnation, int32_t local_rank, bool ready, clock_time now);
   // The rank reported STATE_READY in `generation`: it holds that
   // generation's state. Only such ranks of the current plan (or of an
   // adopted one) are state roots of the next plan; without one, the plan
   // carries the newest checkpoint.
-  void note_synced(const std::string& node_id, uint64_t incarnation, int32_t local_rank, uint64_t generation);
+  void note_synced(const node_id& id, uint64_t incarnation, int32_t local_rank, uint64_t generation);
 
   // A rank reported a failed collective in `generation`. Starts suspicion
   // (true) when that is the current generation, the rank is in it, and no
   // suspicion is running; a commit ends it.
-  bool report_failure(uint64_t generation, const std::string& node_id, int32_t local_rank, clock_time now);
+  bool report_failure(uint64_t generation, const node_id& id, int32_t local_rank, clock_time now);
   bool suspecting() const { return state_.suspect_since.has_value(); }
 
-  // Non-empty while `node_id` is quarantined at `now`: why, and for how long.
-  std::string quarantine_reason(const std::string& node_id, clock_time now) const;
+  // Non-empty while `id` is quarantined at `now`: why, and for how long.
+  std::string quarantine_reason(const node_id& id, clock_time now) const;
 
-  // A sign of life (heartbeat). False, and nothing recorded, if `node_id` is
+  // A sign of life (heartbeat). False, and nothing recorded, if `id` is
   // not a member with this incarnation (declared lost, or an old process). A
   // non-empty `peer` replaces the routing id (the node reconnected).
-  bool touch(const std::string& node_id, uint64_t incarnation, clock_time now, const std::string& peer = {});
+  bool touch(const node_id& id, uint64_t incarnation, clock_time now, const std::string& peer = {});
 
   // The connection of the member at routing id `peer` closed: it is marked
   // until it is heard from again (touch, a registration). Returns its node
   // id; empty when no member is at that routing id (it reconnected).
-  std::string connection_closed(const std::string& peer, clock_time now);
+  node_id connection_closed(const std::string& peer, clock_time now);
   // Members whose connection closed and that were not heard from since.
-  std::map<std::string, clock_time> closed() const;
+  std::map<node_id, clock_time> closed() const;
 
   plan_decision decide(clock_time now) const { return dtactor::decide(now, state_, opts_); }
 
@@ -307,14 +307,14 @@ class membership {
   // so far, and the time since a closed connection, move forward by it,
   // never past `now`.
   void credit_pause(clock_duration pause, clock_time now);
-  std::map<std::string, clock_time> last_seen() const;
-  const node_info* find(const std::string& node_id) const;
+  std::map<node_id, clock_time> last_seen() const;
+  const node_info* find(const node_id& id) const;
   const membership_state& state() const { return state_; }
   const membership_options& options() const { return opts_; }
 
  private:
   int32_t assign_rank(const node_id& id);
-  bool in_current(const std::string& node_id, uint64_t incarnation) const;
+  bool in_current(const node_id& id, uint64_t incarnation) const;
   void note_addition(plan_cause cause, clock_time now);
   void note_loss(plan_cause cause, bool in_plan, clock_time now);
   // Counts a loss of `id`; true when it reaches quarantine.

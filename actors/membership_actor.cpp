@@ -13,10 +13,7 @@ namespace dtactor {
 namespace {
 
 // The node id of a node's envelope; empty when the sender is not a node.
-const std::string& node_id_of(const inbound& in) {
-  static const std::string none;
-  return in.from.who == sender_id::role::node ? in.from.node : none;
-}
+node_id node_id_of(const inbound& in) { return in.from.who == sender_id::role::node ? node_id{in.from.node} : node_id{}; }
 
 
 using membership_self = membership_handle::stateful_pointer<membership_actor_state>;
@@ -29,22 +26,23 @@ void emit(membership_self self, ev::event e) {
   if (self->state.opts.events) self->state.opts.events(e);
 }
 
-void node_lost(membership_self self, const std::string& id, ev::loss_cause cause, double detected_after_s) {
+void node_lost(membership_self self, const node_id& id, ev::loss_cause cause, double detected_after_s) {
   auto& st = self->state;
-  emit(self, ev::node_lost{id, cause, detected_after_s});
-  if (st.job) self->send(st.job, lost_atom::value, id, detected_after_s);
+  emit(self, ev::node_lost{id.str(), cause, detected_after_s});
+  if (st.job) self->send(st.job, lost_atom::value, id.str(), detected_after_s);
 }
 
-void quarantined(membership_self self, const std::string& id, const std::string& reason) {
+void quarantined(membership_self self, const node_id& id, const std::string& reason) {
   log_line(self->state.opts.log, reason);
-  emit(self, ev::node_quarantined{id, reason});
+  emit(self, ev::node_quarantined{id.str(), reason});
 }
 
 void on_register(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& r = in.env.register_node();
+  const node_id id{r.node_id()};
   node_registration reg{
-      r.node_id(),         r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer, {r.ready_ranks().begin(), r.ready_ranks().end()},
+      id,         r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer, {r.ready_ranks().begin(), r.ready_ranks().end()},
       r.last_generation(), std::nullopt};
   if (r.has_current_plan() && r.current_plan().generation() > 0) reg.current_plan = from_proto(r.current_plan());
   auto a = st.members.admit(reg, self->clock().now());
@@ -62,8 +60,8 @@ void on_register(membership_self self, const inbound& in) {
   }
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
-    node_lost(self, r.node_id(), ev::loss_cause::restarted, a.silent_s);
-    if (a.quarantined) quarantined(self, r.node_id(), st.members.state().flaps.at(node_id{r.node_id()}).reason);
+    node_lost(self, id, ev::loss_cause::restarted, a.silent_s);
+    if (a.quarantined) quarantined(self, id, st.members.state().flaps.at(id).reason);
   }
   if (!a.accepted)
     log_line(st.opts.log, "refused node '" + printable(r.node_id()) + "': " + printable(a.reason, 0));
@@ -73,8 +71,8 @@ void on_register(membership_self self, const inbound& in) {
     emit(self, ev::node_joined{r.node_id(), in.peer, printable(r.advertise_addr()), r.metrics_port()});
   }
   if (a.accepted) {
-    st.peers[node_id{r.node_id()}] = in.peer;
-    st.draining.erase(node_id{r.node_id()});
+    st.peers[id] = in.peer;
+    st.draining.erase(id);
   }
   send_to_node(self, in.peer, std::move(env));
 }
@@ -89,12 +87,12 @@ void on_heartbeat(membership_self self, const inbound& in) {
     ack->set_echoed_sent_steady_s(in.env.heartbeat().sent_steady_s());
   } else {
     ++st.refused_heartbeats;
-    if (auto d = st.draining.find(node_id{id}); d != st.draining.end()) d->second = self->clock().now();
+    if (auto d = st.draining.find(id); d != st.draining.end()) d->second = self->clock().now();
     auto* ack = env.mutable_register_ack();
     ack->set_accepted(false);
     ack->set_node_rank(-1);
     ack->set_job_id(st.opts.header.job_id);
-    ack->set_reason("node '" + id + "' is not a member (declared lost, restarted, or the coordinator restarted); register again");
+    ack->set_reason("node '" + id.str() + "' is not a member (declared lost, restarted, or the coordinator restarted); register again");
   }
   send_to_node(self, in.peer, std::move(env));
 }
@@ -105,14 +103,14 @@ void on_leave(membership_self self, const inbound& in) {
   const auto* n = st.members.find(id);
   if (!n || n->incarnation != in.env.incarnation()) return;
   st.members.remove(id, self->clock().now(), departure::left);
-  if (in.env.leave().draining()) st.draining[node_id{id}] = self->clock().now();
+  if (in.env.leave().draining()) st.draining[id] = self->clock().now();
   const std::string reason = printable(in.env.leave().reason());
-  log_line(st.opts.log, "node '" + id + "' left: " + reason);
-  emit(self, ev::node_left{id, reason});
+  log_line(st.opts.log, "node '" + id.str() + "' left: " + reason);
+  emit(self, ev::node_left{id.str(), reason});
   if (in.env.leave().has_notice()) {
     const auto& n = in.env.leave().notice();
     ev::preemption_notice e;
-    e.node = id;
+    e.node = id.str();
     e.cloud = printable(n.cloud());
     e.announced_time = printable(n.announced_time());
     e.announced_unix_s = n.announced_unix_s();
@@ -126,15 +124,15 @@ void on_leave(membership_self self, const inbound& in) {
 // A node that must not train (its data differs, its ranks cannot start):
 // out of the membership, told why in a shutdown (its log and exit say it),
 // journaled; the job goes on without it.
-void refuse_node(membership_self self, const std::string& id, const std::string& why) {
+void refuse_node(membership_self self, const node_id& id, const std::string& why) {
   auto& st = self->state;
   log_line(st.opts.log, why);
-  emit(self, ev::job_error{id, why});
+  emit(self, ev::job_error{id.str(), why});
   st.members.remove(id, self->clock().now(), departure::left);
   auto env = make_envelope(st.opts.header, current_generation(st));
   env.mutable_shutdown()->set_reason(why);
   env.mutable_shutdown()->set_refused(true);
-  if (auto p = st.peers.find(node_id{id}); p != st.peers.end()) st.out(links::nodes, p->second, std::move(env));
+  if (auto p = st.peers.find(id); p != st.peers.end()) st.out(links::nodes, p->second, std::move(env));
 }
 
 // Readiness and failures of a node's ranks. The node agent relays them as
@@ -145,10 +143,10 @@ bool on_rank_status(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& s = in.env.rank_status();
   // Peer text from here on is printable (logs, journal, labels).
-  auto id = printable(node_id_of(in));
+  node_id id{printable(node_id_of(in).str())};
   uint64_t incarnation = in.env.incarnation();
   if (in.from.who == sender_id::role::rank) {
-    id = printable(in.from.node);
+    id = node_id{printable(in.from.node)};
     if (const auto* n = st.members.find(id)) incarnation = n->incarnation;
   }
   if (id.empty()) return false;
@@ -158,7 +156,7 @@ bool on_rank_status(membership_self self, const inbound& in) {
       for (const auto& [path, digest] : s.data_digests()) {
         auto [ref, first] = st.opts.data_digests.emplace(path, digest);
         if (first || ref->second == digest) continue;
-        refuse_node(self, id, "data file '" + printable(path) + "' on node '" + id + "' differs from the coordinator's (" + printable(digest) +
+        refuse_node(self, id, "data file '" + printable(path) + "' on node '" + id.str() + "' differs from the coordinator's (" + printable(digest) +
                                   ", expected " + printable(ref->second) + "): the node is refused");
         return false;
       }
@@ -170,17 +168,17 @@ bool on_rank_status(membership_self self, const inbound& in) {
       break;
     case pb::rank_status::STATE_EXITED:
       if (st.members.set_rank_ready(id, incarnation, s.local_rank(), false, now))
-        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' exited (code " + std::to_string(s.exit_code()) + ")");
+        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id.str() + "' exited (code " + std::to_string(s.exit_code()) + ")");
       break;
     case pb::rank_status::STATE_FAILED:
       if (in.env.generation() == 0 && s.global_rank() < 0) {
         // The warm-up failed (the model or the data could not be loaded):
         // no generation can use this node as it is.
-        refuse_node(self, id, "node '" + id + "' cannot start rank " + std::to_string(s.local_rank()) + ": " + printable(s.detail(), printable_max_detail_chars));
+        refuse_node(self, id, "node '" + id.str() + "' cannot start rank " + std::to_string(s.local_rank()) + ": " + printable(s.detail(), printable_max_detail_chars));
         return false;
       }
       if (st.members.report_failure(in.env.generation(), id, s.local_rank(), now)) {
-        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id + "' failed in generation " +
+        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id.str() + "' failed in generation " +
                                   std::to_string(in.env.generation()) + " (" + printable(s.detail(), printable_max_detail_chars) +
                                   "); suspecting silent nodes and closed connections");
         return true;
@@ -225,7 +223,7 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.checkpoints);
   const auto& wp = env.generation_plan();
   ev::generation_started started{p.generation, p.world_size, p.cause, p.drain, start_step, wp.state_root(), {}};
-  for (const auto& n : p.nodes) started.nodes.push_back(n.node_id);
+  for (const auto& n : p.nodes) started.nodes.push_back(n.node_id.str());
   emit(self, std::move(started));
   for (const auto& n : p.nodes) {
     const auto* member = st.members.find(n.node_id);
@@ -278,7 +276,7 @@ void report_members(membership_self self, clock_time now) {
     m.node_rank = n.node_rank;
     m.nproc = n.nproc;
     m.ready_ranks = static_cast<int32_t>(n.ready.size());
-    const auto* planned = current ? current->find(id.str()) : nullptr;
+    const auto* planned = current ? current->find(id) : nullptr;
     m.in_plan = planned && planned->incarnation == n.incarnation;
     m.heartbeat_age_s = std::chrono::duration<double>(now - n.last_seen).count();
     v.members.push_back(std::move(m));
@@ -287,19 +285,19 @@ void report_members(membership_self self, clock_time now) {
   emit(self, std::move(v));
 }
 
-ev::loss_cause cause_of(const lost_peer& l) {
+ev::loss_cause cause_of(const lost_node& l) {
   if (l.closed) return ev::loss_cause::connection_closed;
   return l.suspected ? ev::loss_cause::suspected_after_collective_failure : ev::loss_cause::heartbeat_timeout;
 }
 
-void declare_lost(membership_self self, std::vector<lost_peer> lost, clock_time now) {
+void declare_lost(membership_self self, std::vector<lost_node> lost, clock_time now) {
   auto& st = self->state;
   for (auto& l : lost) {
     auto removed = st.members.remove(l.peer, now);
     if (!removed) continue;
     const std::string why = l.closed ? std::string(l.suspected ? "its connection closed after a collective failure" : "its connection closed")
                                      : std::string(l.suspected ? "silent after a collective failure" : "silent");
-    log_line(st.opts.log, "node '" + l.peer + "' lost: " + why + " (last heard " + std::to_string(l.detected_after_s) + " s ago)");
+    log_line(st.opts.log, "node '" + l.peer.str() + "' lost: " + why + " (last heard " + std::to_string(l.detected_after_s) + " s ago)");
     node_lost(self, l.peer, cause_of(l), l.detected_after_s);
     if (removed.quarantined) quarantined(self, l.peer, removed.reason);
     st.lost.push_back(std::move(l));
@@ -438,7 +436,7 @@ pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int
   for (const auto& n : p.nodes) per_host[n.advertise_addr] += static_cast<int32_t>(n.local_ranks.size());
   for (const auto& r : p.ranks) {
     auto* a = out.add_ranks();
-    a->set_node_id(r.node_id);
+    a->set_node_id(r.node_id.str());
     a->set_local_rank(r.local_rank);
     a->set_global_rank(r.global_rank);
     const auto* n = p.find(r.node_id);
@@ -475,10 +473,11 @@ plan from_proto(const pb::generation_plan& p) {
   for (const auto& r : p.ranks()) order.push_back(&r);
   std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->global_rank() < b->global_rank(); });
   for (const auto* r : order) {
-    out.ranks.push_back(rank_slot{r->node_id(), r->local_rank(), r->global_rank(), 0});
-    if (out.nodes.empty() || out.nodes.back().node_id != r->node_id()) {
+    const node_id id{r->node_id()};
+    out.ranks.push_back(rank_slot{id, r->local_rank(), r->global_rank(), 0});
+    if (out.nodes.empty() || out.nodes.back().node_id != id) {
       plan_node n;
-      n.node_id = r->node_id();
+      n.node_id = id;
       n.first_global_rank = r->global_rank();
       out.nodes.push_back(std::move(n));
     }

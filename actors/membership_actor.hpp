@@ -72,7 +72,7 @@ struct membership_actor_state {
   job_handle job;                   // may be invalid: then start_step is always 0
   int64_t last_start_step = 0;      // the job actor's last answer
   std::string last_reason;          // last decision's reason (logged when it changes)
-  std::vector<lost_peer> lost;      // every node declared lost, in order
+  std::vector<lost_node> lost;      // every node declared lost, in order
   uint64_t plans_sent = 0;          // generation_plan envelopes sent
   uint64_t refused_heartbeats = 0;  // heartbeats from non-members (told to register again)
   uint64_t dropped = 0;             // inbound envelopes this actor has no use for

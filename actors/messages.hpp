@@ -156,6 +156,17 @@ inline void log_line(const log_fn& log, const std::string& line) {
 
 // -- inspect overloads for plan (travels in plan_atom messages) --------------
 
+// A node id travels as its text.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_id& x) {
+  std::string text = x.str();
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    x = node_id{std::move(text)};
+    return caf::none;
+  });
+  return f(caf::meta::type_name("dtactor::node_id"), text, load);
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, plan_node& x) {
   return f(caf::meta::type_name("dtactor::plan_node"), x.node_id, x.advertise_addr, x.peer, x.node_rank, x.nproc, x.first_global_rank, x.incarnation,

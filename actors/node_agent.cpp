@@ -51,7 +51,7 @@ void to_coordinator(agent_self self, pb::envelope env) { self->state.out(links::
 int32_t global_rank_of(const node_agent_state& st, int32_t local_rank) {
   if (!st.plan) return -1;
   for (const auto& a : st.plan->ranks())
-    if (a.node_id() == st.opts.node_id && a.local_rank() == local_rank) return a.global_rank();
+    if (a.node_id() == st.opts.node_id.str() && a.local_rank() == local_rank) return a.global_rank();
   return -1;
 }
 
@@ -59,7 +59,7 @@ void send_register(agent_self self) {
   auto& st = self->state;
   auto env = envelope(self);
   auto* r = env.mutable_register_node();
-  r->set_node_id(st.opts.node_id);
+  r->set_node_id(st.opts.node_id.str());
   r->set_advertise_addr(st.opts.advertise_addr);
   r->set_nproc(st.opts.nproc);
   r->set_hostname(st.opts.hostname);
@@ -90,7 +90,7 @@ void schedule_register_retry(agent_self self) {
 
 void enter_registering(agent_self self, const std::string& why) {
   auto& st = self->state;
-  if (st.phase != node_phase::unregistered) log_line(self, "node '" + st.opts.node_id + "' registers again: " + why);
+  if (st.phase != node_phase::unregistered) log_line(self, "node '" + st.opts.node_id.str() + "' registers again: " + why);
   st.phase = node_phase::registering;
   ++st.register_epoch;
   st.register_attempt = 0;
@@ -225,7 +225,7 @@ void on_register_ack(agent_self self, const pb::register_ack& ack) {
   if (st.opts.rank_exit_limit_from_config)
     if (auto l = st.opts.rank_exit_limit_from_config(st.config_toml)) st.opts.rank_exit_limit = *l;
   ++st.register_epoch;  // cancels the pending retry
-  log_line(self, "node '" + st.opts.node_id + "' registered as node rank " + std::to_string(st.node_rank));
+  log_line(self, "node '" + st.opts.node_id.str() + "' registered as node rank " + std::to_string(st.node_rank));
   emit(self, nev::registered{st.job_id, st.node_rank});
   start_missing_ranks(self);
   for (const auto& r : st.ranks)

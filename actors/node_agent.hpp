@@ -35,6 +35,7 @@
 
 #include "actors/liveness.hpp"
 #include "actors/messages.hpp"
+#include "actors/node_id.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/stateful_actor.hpp"
 #include "caf/typed_actor.hpp"
@@ -108,7 +109,7 @@ using node_event =
 using node_event_sink = std::function<void(const node_event&)>;
 
 struct node_agent_options {
-  std::string node_id;
+  dtactor::node_id node_id;
   std::string advertise_addr;
   std::string hostname;
   int32_t nproc = 1;

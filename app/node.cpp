@@ -55,8 +55,8 @@ void observe_heartbeat_rtt(metrics& m, double echoed_steady_s) {
 
 // The usage of the rank process behind a step report, for the coordinator's
 // `resources` journal events.
-void add_usage(pb::step_report& r, const std::optional<proc_usage>& u, const std::string& node_id) {
-  r.set_node_id(node_id);
+void add_usage(pb::step_report& r, const std::optional<proc_usage>& u, const node_id& id) {
+  r.set_node_id(id.str());
   if (!u) return;
   r.set_cpu_s(u->cpu_s);
   r.set_rss_bytes(u->rss_bytes);
@@ -259,7 +259,7 @@ int wait_for_the_agent(caf::scoped_actor& self, const node_agent_handle& agent, 
 // Who this node is and where its ranks are reached: from the command line
 // and the network, before anything starts.
 struct node_identity {
-  std::string id;         // claimed: no live process on this machine holds it
+  node_id id;             // claimed: no live process on this machine holds it
   std::string advertise;  // the address the ranks' peers reach them at
   file_lock claim;        // the id's claim, held as long as the node runs
 };
@@ -290,7 +290,7 @@ result<node_identity> identify_node(const cluster_cli& cli) {
   auto claim = claim_node_id(cli.node_id.empty() ? default_node_id() : cli.node_id, !cli.node_id.empty(), cli.coordinator);
   if (!claim) return claim.err();
   if (!claim->note.empty()) stderr_line("node: " + claim->note);
-  who.id = claim->id;
+  who.id = node_id{claim->id};
   who.claim = std::move(claim->lock);
   return who;
 }
@@ -316,7 +316,7 @@ node_agent_options agent_options(const cluster_cli& cli, const node_identity& wh
   o.hostname = host_name();
   o.nproc = cli.nproc_per_node;
   o.metrics_port = cli.metrics_port;
-  o.header.sender = sender_id::of_node(who.id).to_string();
+  o.header.sender = sender_id::of_node(who.id.str()).to_string();
   o.header.incarnation = incarnation;
   o.liveness.heartbeat_interval = std::chrono::milliseconds(100);
   o.liveness.heartbeat_timeout = std::chrono::milliseconds(1000);
@@ -339,7 +339,7 @@ node_agent_options agent_options(const cluster_cli& cli, const node_identity& wh
 // injection of --fail-at-step for local rank 0.
 std::shared_ptr<rank_launcher> make_launcher(const cluster_cli& cli, const node_identity& who, const std::string& ranks_endpoint) {
   return std::make_shared<rank_launcher>(
-      std::vector<std::string>{self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", who.id, "--coordinator",
+      std::vector<std::string>{self_executable(), "--role", "rank", "--node-endpoint", ranks_endpoint, "--node-id", who.id.str(), "--coordinator",
                                cli.coordinator, "--advertise-addr", who.advertise, "--nproc-per-node", std::to_string(cli.nproc_per_node),
                                "--threads-per-rank", std::to_string(cli.threads_per_rank)},
       cli.fail_at_step >= 0 ? std::vector<std::string>{"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)}
@@ -375,9 +375,9 @@ std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const node_agent
 // incarnation. Error: one line naming the address.
 status open_links(zmq_bridge& bridge, const cluster_cli& cli, const node_identity& who, const std::string& ranks_endpoint, uint64_t incarnation) {
   if (auto r = bridge.add_router(links::ranks, ranks_endpoint); !r) return make_error("cannot open " + ranks_endpoint + ": " + r.message());
-  if (auto r = bridge.add_dealer(links::coordinator, cli.coordinator, sender_id::of_node(who.id).to_string() + "/" + std::to_string(incarnation)); !r)
+  if (auto r = bridge.add_dealer(links::coordinator, cli.coordinator, sender_id::of_node(who.id.str()).to_string() + "/" + std::to_string(incarnation)); !r)
     return make_error("cannot connect to " + cli.coordinator + ": " + r.message());
-  stderr_line("node: '" + who.id + "' (" + who.advertise + ") connecting to " + cli.coordinator + " with " + std::to_string(cli.nproc_per_node) +
+  stderr_line("node: '" + who.id.str() + "' (" + who.advertise + ") connecting to " + cli.coordinator + " with " + std::to_string(cli.nproc_per_node) +
               " rank(s)");
   return {};
 }
@@ -386,13 +386,13 @@ status open_links(zmq_bridge& bridge, const cluster_cli& cli, const node_identit
 // gave every rank up is 1 (said on stderr); a signal that arrived while the
 // job was ending (the coordinator's stop can be quicker than the wait's
 // tick) still names how the node ended.
-int node_exit_code(int code, const std::string& refusal, const std::string& gave_up, const std::string& node_id, const cluster_cli& cli) {
+int node_exit_code(int code, const std::string& refusal, const std::string& gave_up, const node_id& id, const cluster_cli& cli) {
   if (!refusal.empty()) {
     stderr_line("dtactor: refused by the coordinator: " + printable(refusal, printable_max_detail_chars));
     code = 1;
   }
   if (!gave_up.empty()) {
-    stderr_line("dtactor: node '" + node_id + "' left the job, every rank given up: " + gave_up);
+    stderr_line("dtactor: node '" + id.str() + "' left the job, every rank given up: " + gave_up);
     code = 1;
   }
   if (code == 0 && cli.stop_signal && cli.stop_signal->load() != 0) code = 128 + cli.stop_signal->load();
@@ -408,7 +408,7 @@ int run_node(const cluster_cli& cli) {
   choose_blas_kernels_for_children();  // before any rank starts: none loads LibTorch twice
   auto who = identify_node(cli);
   if (!who) return fail(who.message(), 2);
-  const std::string& node_id = who->id;
+  const node_id& id = who->id;
   const uint64_t incarnation = wire::new_incarnation();
 
   metrics m;  // the job label is not known before registration
@@ -441,7 +441,7 @@ int run_node(const cluster_cli& cli) {
   // CPU and memory: dtactor_rank_*{rank} and the step reports' usage fields.
   auto usage = std::make_shared<rank_usage_tracker>(m);
   m.on_scrape([usage] { usage->sample_all(); });
-  o.annotate_report = [usage, node_id](const std::string& peer, pb::step_report& r) { add_usage(r, usage->sample(peer), node_id); };
+  o.annotate_report = [usage, id](const std::string& peer, pb::step_report& r) { add_usage(r, usage->sample(peer), id); };
   o.events = events_to_metrics(m, bridge_ptr, usage, caf::actor_cast<caf::actor>(self));
   auto agent = sys.spawn(node_agent, o, out, launcher);
   launcher->attach(agent);
@@ -456,7 +456,7 @@ int run_node(const cluster_cli& cli) {
   std::string refusal, gave_up;
   const int waited = wait_for_the_agent(self, agent, cli, *bridge, gpu, &refusal, &gave_up, *coordinator_refusals);
   watcher.reset();
-  const int code = node_exit_code(waited, refusal, gave_up, node_id, cli);
+  const int code = node_exit_code(waited, refusal, gave_up, id, cli);
   launcher->stop();
   // What the agent sent last (its ranks' exits, a leave) goes out first.
   bridge->stop(std::chrono::seconds(1));

@@ -106,7 +106,7 @@ struct coordinator_actors {
 // from the config in register_ack).
 inline node_agent_options node_options(const std::string& node_id) {
   node_agent_options o;
-  o.node_id = node_id;
+  o.node_id = dtactor::node_id{node_id};
   o.advertise_addr = "10.0.0.2";
   o.hostname = node_id;
   o.nproc = ranks_per_node;

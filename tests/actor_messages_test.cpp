@@ -39,12 +39,12 @@ plan sample_plan() {
   p.generation = 7;
   p.world_size = 3;
   p.state_root = 1;
-  p.nodes = {plan_node{"a", "a.local", "peer-a", 0, 1, 0, 11, {0}}, plan_node{"b", "b.local", "peer-b", 2, 3, 1, 12, {0, 2}}};
-  p.ranks = {rank_slot{"a", 0, 0, 5}, rank_slot{"b", 0, 1, 6}, rank_slot{"b", 2, 2, 9}};
+  p.nodes = {plan_node{node_id{"a"}, "a.local", "peer-a", 0, 1, 0, 11, {0}}, plan_node{node_id{"b"}, "b.local", "peer-b", 2, 3, 1, 12, {0, 2}}};
+  p.ranks = {rank_slot{node_id{"a"}, 0, 0, 5}, rank_slot{node_id{"b"}, 0, 1, 6}, rank_slot{node_id{"b"}, 2, 2, 9}};
   p.drain = true;
   p.cause = plan_cause::node_left;
   p.adopted = true;
-  p.leaving = {plan_node{"c", "c.local", "peer-c", 1, 1, 0, 13, {0}}};
+  p.leaving = {plan_node{node_id{"c"}, "c.local", "peer-c", 1, 1, 0, 13, {0}}};
   return p;
 }
 

@@ -118,7 +118,7 @@ TEST_F(closed_connection, a_node_heard_from_again_within_the_grace_stays) {
   keep_alive({"a"}, 100ms);
   keep_alive({"a", "b"}, 1500ms);  // b redialled and heartbeats again
   EXPECT_TRUE(lost.empty());
-  EXPECT_NE(ms().members.find("b"), nullptr);
+  EXPECT_NE(ms().members.find(node_id{"b"}), nullptr);
   EXPECT_EQ(generation(), 1u);
   // A later collective failure does not hold the old close against it.
   send(failed_in("a", 1));
@@ -129,7 +129,7 @@ TEST_F(closed_connection, a_suspected_node_that_answers_is_kept) {
   send(failed_in("a", 1));
   keep_alive({"a", "b"}, 1000ms);
   EXPECT_TRUE(lost.empty());
-  EXPECT_NE(ms().members.find("b"), nullptr);
+  EXPECT_NE(ms().members.find(node_id{"b"}), nullptr);
   EXPECT_EQ(last_plan("peer-b").world_size(), 2) << "the same members start over";
 }
 

@@ -161,7 +161,7 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
     const plan cur = *ms().members.state().current;
     for (const auto& r : cur.ranks) {
       const auto* n = ms().members.find(r.node_id);
-      send(status_from(r.node_id, r.local_rank, pb::rank_status::STATE_READY, cur.generation, n ? n->incarnation : 1));
+      send(status_from(r.node_id.str(), r.local_rank, pb::rank_status::STATE_READY, cur.generation, n ? n->incarnation : 1));
     }
   }
   job_actor_state& js() { return state_of<job_actor_state>(job); }
@@ -251,7 +251,7 @@ TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
   const auto& cur = *ms().members.state().current;
   EXPECT_EQ(cur.generation, 3u);
   EXPECT_EQ(cur.world_size, 4);
-  EXPECT_EQ(cur.nodes[1].node_id, "b");
+  EXPECT_EQ(cur.nodes[1].node_id.str(), "b");
   EXPECT_EQ(cur.state_root, 0);
 }
 
@@ -285,10 +285,10 @@ TEST_F(coordinator_actors, a_silent_node_is_declared_lost_and_a_new_generation_e
     advance(100ms);
   }
   ASSERT_EQ(ms().lost.size(), 1u);
-  EXPECT_EQ(ms().lost[0].peer, "b");
+  EXPECT_EQ(ms().lost[0].peer.str(), "b");
   EXPECT_GE(ms().lost[0].detected_after_s, 1.0);
   EXPECT_LE(ms().lost[0].detected_after_s, std::chrono::duration<double>(now() - partitioned_at).count());
-  EXPECT_EQ(ms().members.find("b"), nullptr);
+  EXPECT_EQ(ms().members.find(node_id{"b"}), nullptr);
   EXPECT_EQ(js().nodes_lost, 1u);
 
   auto plans = wire.with(pb::envelope::kGenerationPlan);
@@ -331,7 +331,7 @@ TEST_F(coordinator_actors, a_stall_of_the_coordinator_declares_nobody_lost_and_r
   const auto silent_from = now();
   keep_alive({"a"}, 1200ms);
   ASSERT_EQ(ms().lost.size(), 1u);
-  EXPECT_EQ(ms().lost[0].peer, "b");
+  EXPECT_EQ(ms().lost[0].peer.str(), "b");
   EXPECT_LE(ms().lost[0].detected_after_s, std::chrono::duration<double>(now() - silent_from).count() + 0.2);
 }
 
@@ -545,7 +545,7 @@ TEST_F(coordinator_actors, a_leaving_node_gets_the_drain_plan_that_excludes_it) 
   advance(100ms);
   wire.clear();
   send(leave_from("b", "SIGTERM"));
-  EXPECT_EQ(ms().members.find("b"), nullptr);
+  EXPECT_EQ(ms().members.find(node_id{"b"}), nullptr);
   advance(100ms);
   auto to_b = wire.with(pb::envelope::kGenerationPlan, "peer-b");
   ASSERT_EQ(to_b.size(), 1u);
@@ -572,7 +572,7 @@ TEST_F(coordinator_actors, after_a_failed_collective_a_silent_node_is_lost_at_th
   EXPECT_TRUE(ms().members.suspecting());
   keep_alive({"a"}, 400ms);
   ASSERT_EQ(ms().lost.size(), 1u);
-  EXPECT_EQ(ms().lost[0].peer, "b");
+  EXPECT_EQ(ms().lost[0].peer.str(), "b");
   EXPECT_GE(ms().lost[0].detected_after_s, 0.3);
   EXPECT_LT(ms().lost[0].detected_after_s, 0.41);
   EXPECT_LT(std::chrono::duration<double>(now() - silent_from).count(), 1.0);  // well before the heartbeat timeout
@@ -639,7 +639,7 @@ TEST_F(coordinator_actors, a_new_coordinator_adopts_the_running_generation_witho
   EXPECT_EQ(ms().adopted, 1u);
   const auto& cur = *ms().members.state().current;
   EXPECT_EQ(cur.generation, 5u);
-  EXPECT_EQ(ms().members.find("a")->node_rank, 0);
+  EXPECT_EQ(ms().members.find(node_id{"a"})->node_rank, 0);
   EXPECT_EQ(js().generation, 5u);
   EXPECT_EQ(js().world_size, 3);
   auto adopted = of<ev::generation_adopted>();
@@ -729,8 +729,8 @@ TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registra
   p.state_root = 1;
   p.drain = true;
   p.cause = plan_cause::node_joined;
-  p.nodes = {plan_node{"b", "b.local", "peer-b", 0, 2, 0, 3, {1}}, plan_node{"a", "a.local", "peer-a", 1, 2, 1, 4, {0, 1}}};
-  p.ranks = {rank_slot{"b", 1, 0, 1}, rank_slot{"a", 0, 1, 2}, rank_slot{"a", 1, 2, 3}};
+  p.nodes = {plan_node{node_id{"b"}, "b.local", "peer-b", 0, 2, 0, 3, {1}}, plan_node{node_id{"a"}, "a.local", "peer-a", 1, 2, 1, 4, {0, 1}}};
+  p.ranks = {rank_slot{node_id{"b"}, 1, 0, 1}, rank_slot{node_id{"a"}, 0, 1, 2}, rank_slot{node_id{"a"}, 1, 2, 3}};
   auto wire = to_proto(p, coord_opts(1), 17);
   EXPECT_TRUE(wire.drain());
   EXPECT_EQ(cause_of(wire), plan_cause::node_joined);
@@ -744,13 +744,13 @@ TEST(coordinator_wire, plans_carry_drain_and_cause_and_read_back_from_a_registra
   EXPECT_TRUE(back.drain);
   EXPECT_EQ(back.cause, plan_cause::node_joined);
   ASSERT_EQ(back.nodes.size(), 2u);
-  EXPECT_EQ(back.nodes[0].node_id, "b");
+  EXPECT_EQ(back.nodes[0].node_id.str(), "b");
   EXPECT_EQ(back.nodes[0].local_ranks, (std::vector<int32_t>{1}));
-  EXPECT_EQ(back.nodes[1].node_id, "a");
+  EXPECT_EQ(back.nodes[1].node_id.str(), "a");
   EXPECT_EQ(back.nodes[1].first_global_rank, 1);
   EXPECT_EQ(back.nodes[1].local_ranks, (std::vector<int32_t>{0, 1}));
   ASSERT_EQ(back.ranks.size(), 3u);
-  EXPECT_EQ(back.ranks[0].node_id, "b");
+  EXPECT_EQ(back.ranks[0].node_id.str(), "b");
   EXPECT_EQ(back.ranks[0].local_rank, 1);
   EXPECT_EQ(back.ranks[2].global_rank, 2);
 }
@@ -763,8 +763,8 @@ TEST(coordinator_wire, every_plan_names_the_checkpoint_to_fall_back_to) {
   p.generation = 4;
   p.world_size = 1;
   p.state_root = 0;
-  p.nodes = {plan_node{"a", "a.local", "peer-a", 0, 1, 0, 1, {0}}};
-  p.ranks = {rank_slot{"a", 0, 0, 1}};
+  p.nodes = {plan_node{node_id{"a"}, "a.local", "peer-a", 0, 1, 0, 1, {0}}};
+  p.ranks = {rank_slot{node_id{"a"}, 0, 0, 1}};
   checkpoint_ledger l;
   l.committed = {10, 20, 30};
   l.bad = {30};

@@ -17,7 +17,7 @@ std::vector<int32_t> all_ranks(int32_t nproc) {
 
 // A node whose ranks are all up (ready_ranks lists them).
 node_registration reg(const std::string& id, int32_t nproc = 2, uint64_t incarnation = 1) {
-  return node_registration{id, id + ".local", nproc, incarnation, "peer-" + id, all_ranks(nproc), 0, std::nullopt};
+  return node_registration{node_id{id}, id + ".local", nproc, incarnation, "peer-" + id, all_ranks(nproc), 0, std::nullopt};
 }
 
 // A node whose rank processes are still starting.
@@ -72,7 +72,7 @@ TEST(membership, a_resumed_job_numbers_its_generations_above_the_earlier_runs) {
   EXPECT_EQ(first.next->cause, plan_cause::start);
   EXPECT_EQ(first.next->state_root, -1);
   trained(m, *first.next);
-  EXPECT_TRUE(m.remove("b", t0() + 1s));
+  EXPECT_TRUE(m.remove(node_id{"b"}, t0() + 1s));
   auto next = m.decide(t0() + 1s);
   ASSERT_TRUE(next.next);
   EXPECT_EQ(next.next->generation, 7u);
@@ -91,14 +91,14 @@ TEST(membership, plan_orders_global_ranks_by_node_rank_then_local_rank) {
   EXPECT_EQ(p.world_size, 5);
   EXPECT_EQ(p.state_root, -1);
   ASSERT_EQ(p.nodes.size(), 2u);
-  EXPECT_EQ(p.nodes[0].node_id, "zeta");
-  EXPECT_EQ(p.nodes[1].node_id, "alpha");
+  EXPECT_EQ(p.nodes[0].node_id.str(), "zeta");
+  EXPECT_EQ(p.nodes[1].node_id.str(), "alpha");
   EXPECT_EQ(p.nodes[1].first_global_rank, 2);
   ASSERT_EQ(p.ranks.size(), 5u);
   for (int32_t g = 0; g < 5; ++g) EXPECT_EQ(p.ranks[g].global_rank, g);
-  EXPECT_EQ(p.ranks[1].node_id, "zeta");
+  EXPECT_EQ(p.ranks[1].node_id.str(), "zeta");
   EXPECT_EQ(p.ranks[1].local_rank, 1);
-  EXPECT_EQ(p.ranks[2].node_id, "alpha");
+  EXPECT_EQ(p.ranks[2].node_id.str(), "alpha");
   EXPECT_EQ(p.ranks[2].local_rank, 0);
   EXPECT_NE(d.reason.find("generation 1: 2 nodes [alpha, zeta], world size 5"), std::string::npos) << d.reason;
 }
@@ -121,8 +121,8 @@ TEST(membership, no_new_generation_without_a_change_and_one_per_change) {
   EXPECT_EQ(g2.generation, 2u);
   EXPECT_EQ(g2.world_size, 4);
   EXPECT_EQ(g2.state_root, 0);  // a survived and holds global rank 0
-  EXPECT_TRUE(m.remove("b", t0() + 3s));
-  EXPECT_FALSE(m.remove("b", t0() + 3s));
+  EXPECT_TRUE(m.remove(node_id{"b"}, t0() + 3s));
+  EXPECT_FALSE(m.remove(node_id{"b"}, t0() + 3s));
   auto g3 = trained(m, *m.decide(t0() + 3s).next);
   EXPECT_EQ(g3.generation, 3u);
   EXPECT_EQ(g3.world_size, 2);
@@ -147,7 +147,7 @@ TEST(membership, a_returning_node_gets_its_old_rank_when_free) {
   m.admit(reg("a"), t0());
   m.admit(reg("b"), t0());
   m.admit(reg("c"), t0());
-  m.remove("b", t0() + 1s);
+  m.remove(node_id{"b"}, t0() + 1s);
   // A newcomer does not take b's remembered rank while another is free.
   EXPECT_EQ(m.admit(reg("d"), t0() + 2s).node_rank, 3);
   auto back = m.admit(reg("b", 2, 7), t0() + 3s);
@@ -160,11 +160,11 @@ TEST(membership, remembered_ranks_yield_when_only_they_are_free_below_max_nodes)
   membership m(opts(1, 2));
   m.admit(reg("a"), t0());
   m.admit(reg("b"), t0());
-  m.remove("b", t0());
+  m.remove(node_id{"b"}, t0());
   auto c = m.admit(reg("c"), t0());
   EXPECT_EQ(c.node_rank, 1);
   EXPECT_FALSE(c.rejoined);
-  m.remove("a", t0());
+  m.remove(node_id{"a"}, t0());
   auto b = m.admit(reg("b"), t0());  // its rank 1 is held by c now
   EXPECT_EQ(b.node_rank, 0);
 }
@@ -193,12 +193,12 @@ TEST(membership, refuses_malformed_registrations) {
 TEST(membership, touch_only_counts_for_members_of_the_same_incarnation) {
   membership m;
   m.admit(reg("a", 1, 5), t0());
-  EXPECT_TRUE(m.touch("a", 5, t0() + 1s, "peer-new"));
-  EXPECT_EQ(m.last_seen().at("a"), t0() + 1s);
-  EXPECT_EQ(m.find("a")->peer, "peer-new");
-  EXPECT_FALSE(m.touch("a", 4, t0() + 2s));
-  EXPECT_FALSE(m.touch("x", 5, t0() + 2s));
-  EXPECT_EQ(m.last_seen().at("a"), t0() + 1s);
+  EXPECT_TRUE(m.touch(node_id{"a"}, 5, t0() + 1s, "peer-new"));
+  EXPECT_EQ(m.last_seen().at(node_id{"a"}), t0() + 1s);
+  EXPECT_EQ(m.find(node_id{"a"})->peer, "peer-new");
+  EXPECT_FALSE(m.touch(node_id{"a"}, 4, t0() + 2s));
+  EXPECT_FALSE(m.touch(node_id{"x"}, 5, t0() + 2s));
+  EXPECT_EQ(m.last_seen().at(node_id{"a"}), t0() + 1s);
 }
 
 TEST(membership, settle_batches_arrivals_unless_the_cluster_is_full) {
@@ -269,22 +269,22 @@ TEST(membership, only_ready_ranks_are_planned_and_quorum_counts_nodes_with_one) 
   auto d = m.decide(t0());
   EXPECT_FALSE(d.next);
   EXPECT_EQ(d.reason, "waiting for 2 nodes (cluster.min_nodes), have 0; no ready rank yet: [a, b]");
-  EXPECT_TRUE(m.set_rank_ready("a", 1, 2, true, t0()));
-  EXPECT_TRUE(m.set_rank_ready("a", 1, 0, true, t0()));
-  EXPECT_FALSE(m.set_rank_ready("a", 1, 0, true, t0()));  // no change
-  EXPECT_FALSE(m.set_rank_ready("a", 2, 1, true, t0()));  // another incarnation
-  EXPECT_FALSE(m.set_rank_ready("a", 1, 3, true, t0()));  // no such local rank
-  EXPECT_FALSE(m.set_rank_ready("x", 1, 0, true, t0()));
+  EXPECT_TRUE(m.set_rank_ready(node_id{"a"}, 1, 2, true, t0()));
+  EXPECT_TRUE(m.set_rank_ready(node_id{"a"}, 1, 0, true, t0()));
+  EXPECT_FALSE(m.set_rank_ready(node_id{"a"}, 1, 0, true, t0()));  // no change
+  EXPECT_FALSE(m.set_rank_ready(node_id{"a"}, 2, 1, true, t0()));  // another incarnation
+  EXPECT_FALSE(m.set_rank_ready(node_id{"a"}, 1, 3, true, t0()));  // no such local rank
+  EXPECT_FALSE(m.set_rank_ready(node_id{"x"}, 1, 0, true, t0()));
   EXPECT_EQ(m.decide(t0()).reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]; no ready rank yet: [b]");
-  EXPECT_TRUE(m.set_rank_ready("b", 1, 1, true, t0()));
+  EXPECT_TRUE(m.set_rank_ready(node_id{"b"}, 1, 1, true, t0()));
   auto p = *m.decide(t0()).next;
   EXPECT_EQ(p.world_size, 3);
   ASSERT_EQ(p.ranks.size(), 3u);
-  EXPECT_EQ(p.ranks[0].node_id, "a");
+  EXPECT_EQ(p.ranks[0].node_id.str(), "a");
   EXPECT_EQ(p.ranks[0].local_rank, 0);
   EXPECT_EQ(p.ranks[1].local_rank, 2);  // the real local rank, the next global rank
   EXPECT_EQ(p.ranks[1].global_rank, 1);
-  EXPECT_EQ(p.ranks[2].node_id, "b");
+  EXPECT_EQ(p.ranks[2].node_id.str(), "b");
   EXPECT_EQ(p.ranks[2].local_rank, 1);
   EXPECT_EQ(p.ranks[2].global_rank, 2);
   EXPECT_EQ(p.nodes[1].first_global_rank, 2);
@@ -301,7 +301,7 @@ TEST(membership, a_node_without_a_ready_rank_is_a_member_but_not_planned) {
   EXPECT_TRUE(m.admit(cold("b", 1), t0() + 1s).accepted);
   auto d = m.decide(t0() + 1s);
   EXPECT_FALSE(d.next) << d.reason;  // nothing to plan yet: b's rank is not ready
-  m.set_rank_ready("b", 1, 0, true, t0() + 2s);
+  m.set_rank_ready(node_id{"b"}, 1, 0, true, t0() + 2s);
   auto p = *m.decide(t0() + 2s).next;
   EXPECT_EQ(p.world_size, 2);
   EXPECT_EQ(p.cause, plan_cause::node_joined);  // its first ready rank is its join
@@ -312,7 +312,7 @@ TEST(membership, a_planned_rank_that_exited_aborts_and_its_return_is_a_new_rank)
   membership m(opts(1));
   m.admit(reg("a", 2), t0());
   trained(m, *m.decide(t0()).next);
-  EXPECT_TRUE(m.set_rank_ready("a", 1, 0, false, t0() + 1s));
+  EXPECT_TRUE(m.set_rank_ready(node_id{"a"}, 1, 0, false, t0() + 1s));
   auto g2 = trained(m, *m.decide(t0() + 1s).next);
   EXPECT_EQ(g2.world_size, 1);
   EXPECT_EQ(g2.ranks[0].local_rank, 1);
@@ -320,7 +320,7 @@ TEST(membership, a_planned_rank_that_exited_aborts_and_its_return_is_a_new_rank)
   EXPECT_FALSE(g2.drain);
   EXPECT_EQ(g2.state_root, 0);  // local rank 1 survived
   // Back (a restarted process): planned again, without state, and it drains.
-  m.set_rank_ready("a", 1, 0, true, t0() + 2s);
+  m.set_rank_ready(node_id{"a"}, 1, 0, true, t0() + 2s);
   auto g3 = trained(m, *m.decide(t0() + 2s).next);
   EXPECT_EQ(g3.world_size, 2);
   EXPECT_EQ(g3.cause, plan_cause::rank_ready);
@@ -332,8 +332,8 @@ TEST(membership, a_rank_that_exits_and_returns_between_decisions_is_still_a_chan
   membership m(opts(1));
   m.admit(reg("a", 2), t0());
   trained(m, *m.decide(t0()).next);
-  m.set_rank_ready("a", 1, 0, false, t0() + 1s);
-  m.set_rank_ready("a", 1, 0, true, t0() + 1s);
+  m.set_rank_ready(node_id{"a"}, 1, 0, false, t0() + 1s);
+  m.set_rank_ready(node_id{"a"}, 1, 0, true, t0() + 1s);
   auto d = m.decide(t0() + 1s);
   ASSERT_TRUE(d.next) << d.reason;
   EXPECT_EQ(d.next->cause, plan_cause::rank_exited);
@@ -350,7 +350,7 @@ TEST(membership, registration_ready_ranks_replace_the_ready_set) {
   auto a = m.admit(r, t0() + 1s);  // same process, reconnected: rank 0 is gone
   EXPECT_TRUE(a.changed);
   EXPECT_FALSE(a.joined);
-  EXPECT_EQ(m.find("a")->ready.size(), 1u);
+  EXPECT_EQ(m.find(node_id{"a"})->ready.size(), 1u);
   EXPECT_EQ(m.decide(t0() + 1s).next->cause, plan_cause::rank_exited);
 }
 
@@ -361,9 +361,9 @@ TEST(membership, the_first_generation_and_joins_settle_from_the_last_addition) {
   o.settle = 300ms;
   membership m(o);
   m.admit(cold("a", 2), t0());
-  m.set_rank_ready("a", 1, 0, true, t0() + 100ms);
+  m.set_rank_ready(node_id{"a"}, 1, 0, true, t0() + 100ms);
   EXPECT_FALSE(m.decide(t0() + 350ms).next);  // settles from the rank, not the join
-  m.set_rank_ready("a", 1, 1, true, t0() + 350ms);
+  m.set_rank_ready(node_id{"a"}, 1, 1, true, t0() + 350ms);
   EXPECT_FALSE(m.decide(t0() + 600ms).next);
   auto g1 = trained(m, *m.decide(t0() + 650ms).next);
   EXPECT_EQ(g1.world_size, 2);
@@ -383,7 +383,7 @@ TEST(membership, a_loss_does_not_settle_and_takes_whatever_is_ready) {
   trained(m, *m.decide(t0() + 300ms).next);
   m.admit(reg("c", 1), t0() + 1s);  // settling until 1.3 s
   EXPECT_FALSE(m.decide(t0() + 1100ms).next);
-  EXPECT_TRUE(m.remove("b", t0() + 1100ms));
+  EXPECT_TRUE(m.remove(node_id{"b"}, t0() + 1100ms));
   m.admit(reg("d", 1), t0() + 1150ms);  // an addition after the loss does not delay it
   auto p = *m.decide(t0() + 1150ms).next;
   EXPECT_EQ(p.cause, plan_cause::node_lost);
@@ -399,7 +399,7 @@ TEST(membership, a_loss_outside_the_plan_does_not_cut_settling_short) {
   trained(m, *m.decide(t0() + 300ms).next);
   m.admit(reg("b", 1), t0() + 1s);
   m.admit(cold("c", 1), t0() + 1s);
-  EXPECT_TRUE(m.remove("c", t0() + 1100ms));  // never planned
+  EXPECT_TRUE(m.remove(node_id{"c"}, t0() + 1100ms));  // never planned
   EXPECT_FALSE(m.decide(t0() + 1100ms).next);
   EXPECT_EQ(m.decide(t0() + 1300ms).next->cause, plan_cause::node_joined);
 }
@@ -410,9 +410,9 @@ TEST(membership, a_full_cluster_does_not_settle) {
   membership m(o);
   m.admit(reg("a", 1), t0());
   m.admit(cold("b", 2), t0());
-  m.set_rank_ready("b", 1, 0, true, t0());
+  m.set_rank_ready(node_id{"b"}, 1, 0, true, t0());
   EXPECT_FALSE(m.decide(t0()).next);  // b's rank 1 is not up: not full yet
-  m.set_rank_ready("b", 1, 1, true, t0());
+  m.set_rank_ready(node_id{"b"}, 1, 1, true, t0());
   EXPECT_EQ(m.decide(t0()).next->world_size, 3);
 }
 
@@ -426,7 +426,7 @@ TEST(membership, a_join_drains_and_a_loss_aborts) {
   auto g2 = trained(m, *m.decide(t0() + 1s).next);
   EXPECT_EQ(g2.cause, plan_cause::node_joined);
   EXPECT_TRUE(g2.drain);
-  m.remove("a", t0() + 2s);
+  m.remove(node_id{"a"}, t0() + 2s);
   auto g3 = trained(m, *m.decide(t0() + 2s).next);
   EXPECT_EQ(g3.cause, plan_cause::node_lost);
   EXPECT_FALSE(g3.drain);
@@ -442,7 +442,7 @@ TEST(membership, a_rank_planned_in_but_never_ready_is_no_state_root) {
   trained(m, *m.decide(t0()).next);
   m.admit(reg("b", 1), t0() + 1s);
   m.commit(*m.decide(t0() + 1s).next);  // generation 2: nobody reported READY in it yet
-  m.remove("a", t0() + 2s);
+  m.remove(node_id{"a"}, t0() + 2s);
   auto g3 = m.commit(*m.decide(t0() + 2s).next);
   EXPECT_EQ(g3.state_root, -1);
   // Had b reported READY in generation 2, it would hold the state.
@@ -451,8 +451,8 @@ TEST(membership, a_rank_planned_in_but_never_ready_is_no_state_root) {
   trained(m2, *m2.decide(t0()).next);
   m2.admit(reg("b", 1), t0() + 1s);
   const auto g2 = m2.commit(*m2.decide(t0() + 1s).next);
-  m2.note_synced("b", 1, 0, g2.generation);
-  m2.remove("a", t0() + 2s);
+  m2.note_synced(node_id{"b"}, 1, 0, g2.generation);
+  m2.remove(node_id{"a"}, t0() + 2s);
   EXPECT_EQ(m2.commit(*m2.decide(t0() + 2s).next).state_root, 0);
 }
 
@@ -461,13 +461,13 @@ TEST(membership, a_leave_drains_and_the_plan_goes_to_the_leaving_node_too) {
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 2), t0());
   trained(m, *m.decide(t0()).next);
-  EXPECT_TRUE(m.remove("b", t0() + 1s, departure::left));
+  EXPECT_TRUE(m.remove(node_id{"b"}, t0() + 1s, departure::left));
   auto p = trained(m, *m.decide(t0() + 1s).next);
   EXPECT_EQ(p.cause, plan_cause::node_left);
   EXPECT_TRUE(p.drain);
   EXPECT_EQ(p.world_size, 1);
   ASSERT_EQ(p.leaving.size(), 1u);
-  EXPECT_EQ(p.leaving[0].node_id, "b");
+  EXPECT_EQ(p.leaving[0].node_id.str(), "b");
   EXPECT_EQ(p.leaving[0].peer, "peer-b");
   EXPECT_EQ(m.state().remembered_ranks.at(node_id{"b"}), 1);
   EXPECT_TRUE(m.state().flaps.empty());  // a clean leave is no failure
@@ -482,8 +482,8 @@ TEST(membership, a_leave_with_a_loss_aborts_and_the_loss_names_it) {
   m.admit(reg("b", 1), t0());
   m.admit(reg("c", 1), t0());
   trained(m, *m.decide(t0()).next);
-  m.remove("b", t0() + 1s, departure::left);
-  m.remove("c", t0() + 1s);
+  m.remove(node_id{"b"}, t0() + 1s, departure::left);
+  m.remove(node_id{"c"}, t0() + 1s);
   auto p = *m.decide(t0() + 1s).next;
   EXPECT_EQ(p.cause, plan_cause::node_lost);
   EXPECT_FALSE(p.drain);
@@ -499,11 +499,11 @@ TEST(membership, a_failed_collective_with_no_change_forces_a_generation_after_th
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 1), t0());
   trained(m, *m.decide(t0()).next);
-  EXPECT_FALSE(m.report_failure(0, "a", 0, t0() + 1s));  // an older generation
-  EXPECT_FALSE(m.report_failure(1, "a", 1, t0() + 1s));  // not a rank of the plan
+  EXPECT_FALSE(m.report_failure(0, node_id{"a"}, 0, t0() + 1s));  // an older generation
+  EXPECT_FALSE(m.report_failure(1, node_id{"a"}, 1, t0() + 1s));  // not a rank of the plan
   EXPECT_FALSE(m.suspecting());
-  EXPECT_TRUE(m.report_failure(1, "a", 0, t0() + 1s));
-  EXPECT_FALSE(m.report_failure(1, "b", 0, t0() + 1100ms));  // already suspecting: the first report counts
+  EXPECT_TRUE(m.report_failure(1, node_id{"a"}, 0, t0() + 1s));
+  EXPECT_FALSE(m.report_failure(1, node_id{"b"}, 0, t0() + 1100ms));  // already suspecting: the first report counts
   EXPECT_TRUE(m.suspecting());
   auto d = m.decide(t0() + 1299ms);
   EXPECT_FALSE(d.next);
@@ -523,7 +523,7 @@ TEST(membership, while_suspecting_a_join_does_not_drain) {
   membership m(o);
   m.admit(reg("a", 1), t0());
   trained(m, *m.decide(t0()).next);
-  m.report_failure(1, "a", 0, t0() + 1s);
+  m.report_failure(1, node_id{"a"}, 0, t0() + 1s);
   m.admit(reg("b", 1), t0() + 1s);
   auto p = *m.decide(t0() + 1s).next;
   EXPECT_EQ(p.cause, plan_cause::node_joined);
@@ -541,7 +541,7 @@ TEST(membership, a_node_lost_too_often_is_quarantined_with_doubling_length) {
   auto t = t0();
   auto lose = [&](clock_time at) {
     EXPECT_TRUE(m.admit(reg("a"), at).accepted);
-    return m.remove("a", at);
+    return m.remove(node_id{"a"}, at);
   };
   EXPECT_FALSE(lose(t).quarantined);
   EXPECT_FALSE(lose(t + 20s).quarantined);
@@ -552,16 +552,16 @@ TEST(membership, a_node_lost_too_often_is_quarantined_with_doubling_length) {
   EXPECT_FALSE(refused.accepted);
   EXPECT_TRUE(refused.quarantined);
   EXPECT_EQ(refused.reason, "node 'a' is quarantined for 10 s after 3 failures in 60 s (flapping); 5 s left");
-  EXPECT_EQ(m.find("a"), nullptr);
+  EXPECT_EQ(m.find(node_id{"a"}), nullptr);
   // After it, a fresh count; the second quarantine lasts twice as long.
   EXPECT_FALSE(lose(t + 50s).quarantined);
   EXPECT_FALSE(lose(t + 51s).quarantined);
   auto again = lose(t + 52s);
   EXPECT_TRUE(again.quarantined);
-  EXPECT_EQ(m.quarantine_reason("a", t + 52s), "node 'a' is quarantined for 20 s after 3 failures in 60 s (flapping); 20 s left");
+  EXPECT_EQ(m.quarantine_reason(node_id{"a"}, t + 52s), "node 'a' is quarantined for 20 s after 3 failures in 60 s (flapping); 20 s left");
   EXPECT_FALSE(m.admit(reg("a"), t + 71s).accepted);
   EXPECT_TRUE(m.admit(reg("a"), t + 72s).accepted);
-  EXPECT_TRUE(m.quarantine_reason("a", t + 72s).empty());
+  EXPECT_TRUE(m.quarantine_reason(node_id{"a"}, t + 72s).empty());
 }
 
 TEST(membership, failures_outside_the_window_do_not_count) {
@@ -570,11 +570,11 @@ TEST(membership, failures_outside_the_window_do_not_count) {
   o.flap_window = 10s;
   membership m(o);
   m.admit(reg("a"), t0());
-  EXPECT_FALSE(m.remove("a", t0()).quarantined);
+  EXPECT_FALSE(m.remove(node_id{"a"}, t0()).quarantined);
   m.admit(reg("a"), t0() + 10s);
-  EXPECT_FALSE(m.remove("a", t0() + 10s).quarantined);  // the first is 10 s old: out
+  EXPECT_FALSE(m.remove(node_id{"a"}, t0() + 10s).quarantined);  // the first is 10 s old: out
   m.admit(reg("a"), t0() + 12s);
-  EXPECT_TRUE(m.remove("a", t0() + 12s).quarantined);
+  EXPECT_TRUE(m.remove(node_id{"a"}, t0() + 12s).quarantined);
 }
 
 TEST(membership, quarantine_length_is_capped_at_five_minutes) {
@@ -585,7 +585,7 @@ TEST(membership, quarantine_length_is_capped_at_five_minutes) {
   auto t = t0();
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(m.admit(reg("a"), t).accepted) << i;
-    ASSERT_TRUE(m.remove("a", t).quarantined);
+    ASSERT_TRUE(m.remove(node_id{"a"}, t).quarantined);
     t += 1h;
   }
   EXPECT_EQ(m.state().flaps.at(node_id{"a"}).quarantines, 4);
@@ -612,7 +612,7 @@ TEST(membership, a_member_restarting_counts_as_a_failure_and_can_be_quarantined)
   EXPECT_TRUE(r2.quarantined);
   EXPECT_TRUE(r2.restarted);
   EXPECT_NE(r2.reason.find("after 2 failures"), std::string::npos) << r2.reason;
-  EXPECT_EQ(m.find("a"), nullptr);  // removed
+  EXPECT_EQ(m.find(node_id{"a"}), nullptr);  // removed
   EXPECT_EQ(m.decide(t0() + 3s).next->world_size, 1);
 }
 
@@ -628,8 +628,8 @@ plan running(uint64_t g) {
   p.state_root = 0;
   p.cause = plan_cause::node_joined;
   p.drain = true;
-  p.nodes = {plan_node{"a", "", "", -1, 2, 0, 0, {0, 1}}, plan_node{"b", "", "", -1, 1, 2, 0, {0}}};
-  p.ranks = {rank_slot{"a", 0, 0, 0}, rank_slot{"a", 1, 1, 0}, rank_slot{"b", 0, 2, 0}};
+  p.nodes = {plan_node{node_id{"a"}, "", "", -1, 2, 0, 0, {0, 1}}, plan_node{node_id{"b"}, "", "", -1, 1, 2, 0, {0}}};
+  p.ranks = {rank_slot{node_id{"a"}, 0, 0, 0}, rank_slot{node_id{"a"}, 1, 1, 0}, rank_slot{node_id{"b"}, 0, 2, 0}};
   return p;
 }
 
@@ -656,8 +656,8 @@ TEST(membership, a_new_coordinator_adopts_the_generation_its_nodes_train_in) {
   a.current_plan = running(7);
   m.admit(a, t0() + 200ms);
   EXPECT_NE(m.decide(t0() + 200ms).reason.find("rank 0 of node 'a' is not ready"), std::string::npos);
-  m.set_rank_ready("a", 1, 0, true, t0() + 300ms);
-  m.set_rank_ready("a", 1, 1, true, t0() + 300ms);
+  m.set_rank_ready(node_id{"a"}, 1, 0, true, t0() + 300ms);
+  m.set_rank_ready(node_id{"a"}, 1, 1, true, t0() + 300ms);
   auto adopted = m.decide(t0() + 300ms);  // no settling: nothing new starts
   ASSERT_TRUE(adopted.next) << adopted.reason;
   const auto& p = m.commit(*adopted.next);
@@ -666,8 +666,8 @@ TEST(membership, a_new_coordinator_adopts_the_generation_its_nodes_train_in) {
   EXPECT_EQ(p.world_size, 3);
   EXPECT_EQ(p.nodes[0].peer, "peer-a");
   EXPECT_EQ(p.nodes[0].incarnation, 1u);
-  EXPECT_EQ(m.find("a")->node_rank, 0);  // node ranks follow the plan's order
-  EXPECT_EQ(m.find("b")->node_rank, 1);
+  EXPECT_EQ(m.find(node_id{"a"})->node_rank, 0);  // node ranks follow the plan's order
+  EXPECT_EQ(m.find(node_id{"b"})->node_rank, 1);
   EXPECT_FALSE(m.decide(t0() + 1s).next);  // it is current as it is
   // A member outside the adopted plan joins it with a normal drain plan.
   m.admit(reg("c", 1), t0() + 1s);
@@ -676,7 +676,7 @@ TEST(membership, a_new_coordinator_adopts_the_generation_its_nodes_train_in) {
   EXPECT_EQ(g8.cause, plan_cause::node_joined);
   EXPECT_TRUE(g8.drain);
   EXPECT_EQ(g8.world_size, 4);
-  EXPECT_EQ(g8.ranks[2].node_id, "b");
+  EXPECT_EQ(g8.ranks[2].node_id.str(), "b");
   EXPECT_EQ(g8.state_root, 0);
 }
 
@@ -724,8 +724,8 @@ TEST(membership, the_leaving_node_gets_the_plan_where_it_is_reachable_now) {
   m.admit(reg("a", 1), t0());
   m.admit(reg("b", 1), t0());
   trained(m, *m.decide(t0()).next);
-  EXPECT_TRUE(m.touch("b", 1, t0() + 1s, "peer-b-reconnected"));
-  m.remove("b", t0() + 1s, departure::left);
+  EXPECT_TRUE(m.touch(node_id{"b"}, 1, t0() + 1s, "peer-b-reconnected"));
+  m.remove(node_id{"b"}, t0() + 1s, departure::left);
   auto p = *m.decide(t0() + 1s).next;
   ASSERT_EQ(p.leaving.size(), 1u);
   EXPECT_EQ(p.leaving[0].peer, "peer-b-reconnected");
@@ -739,7 +739,7 @@ TEST(membership, a_new_nproc_from_the_same_process_is_no_failure) {
   auto r = m.admit(reg("a", 2), t0() + 1s);
   EXPECT_TRUE(r.accepted);
   EXPECT_FALSE(r.restarted);
-  EXPECT_EQ(m.find("a")->nproc, 2);
+  EXPECT_EQ(m.find(node_id{"a"})->nproc, 2);
   EXPECT_TRUE(m.state().flaps.empty());
 }
 
@@ -749,7 +749,7 @@ TEST(membership, a_second_live_process_under_a_members_id_is_refused_not_taken_f
   membership m(opts(1));
   m.admit(reg("vm", 1, 1), t0());
   trained(m, *m.decide(t0()).next);
-  m.touch("vm", 1, t0() + 100ms);
+  m.touch(node_id{"vm"}, 1, t0() + 100ms);
   auto r = m.admit(reg("vm", 1, 2), t0() + 150ms);  // the member was heard 50 ms ago
   EXPECT_FALSE(r.accepted);
   EXPECT_TRUE(r.duplicate);
@@ -757,12 +757,12 @@ TEST(membership, a_second_live_process_under_a_members_id_is_refused_not_taken_f
   EXPECT_NE(r.reason.find("node id 'vm' is in use by a live node (at vm.local"), std::string::npos) << r.reason;
   EXPECT_NE(r.reason.find("--node-id"), std::string::npos) << r.reason;
   // The member is untouched: same process, no loss counted, no new generation.
-  ASSERT_NE(m.find("vm"), nullptr);
-  EXPECT_EQ(m.find("vm")->incarnation, 1u);
+  ASSERT_NE(m.find(node_id{"vm"}), nullptr);
+  EXPECT_EQ(m.find(node_id{"vm"})->incarnation, 1u);
   EXPECT_TRUE(m.state().flaps.empty());
   EXPECT_FALSE(m.decide(t0() + 150ms).next);
   // Every retry while the member lives is refused the same way.
-  m.touch("vm", 1, t0() + 250ms);
+  m.touch(node_id{"vm"}, 1, t0() + 250ms);
   EXPECT_TRUE(m.admit(reg("vm", 1, 2), t0() + 300ms).duplicate);
 }
 
@@ -770,12 +770,12 @@ TEST(membership, a_restart_is_recognised_once_the_old_process_is_silent) {
   membership m(opts(1));
   m.admit(reg("vm", 1, 1), t0());
   trained(m, *m.decide(t0()).next);
-  m.touch("vm", 1, t0() + 100ms);
+  m.touch(node_id{"vm"}, 1, t0() + 100ms);
   auto r = m.admit(reg("vm", 1, 2), t0() + 100ms + m.options().duplicate_window);
   EXPECT_TRUE(r.accepted);
   EXPECT_TRUE(r.restarted);
   EXPECT_FALSE(r.duplicate);
-  EXPECT_EQ(m.find("vm")->incarnation, 2u);
+  EXPECT_EQ(m.find(node_id{"vm"})->incarnation, 2u);
 }
 
 // -- the start gate (min_nodes) and the floor (floor_nodes) --------------------
@@ -788,7 +788,7 @@ TEST(membership, min_nodes_gates_the_start_and_the_floor_the_shrink) {
   EXPECT_FALSE(m.decide(t0()).below_floor);  // not started: waiting at the gate
   m.admit(reg("b", 1), t0());
   trained(m, *m.decide(t0()).next);
-  m.remove("b", t0() + 1s);
+  m.remove(node_id{"b"}, t0() + 1s);
   auto d = m.decide(t0() + 1s);
   ASSERT_TRUE(d.next) << d.reason;
   EXPECT_EQ(d.next->world_size, 1);
@@ -798,7 +798,7 @@ TEST(membership, min_nodes_gates_the_start_and_the_floor_the_shrink) {
   f.admit(reg("a", 1), t0());
   f.admit(reg("b", 1), t0());
   trained(f, *f.decide(t0()).next);
-  f.remove("b", t0() + 1s);
+  f.remove(node_id{"b"}, t0() + 1s);
   auto w = f.decide(t0() + 1s);
   EXPECT_FALSE(w.next);
   EXPECT_TRUE(w.below_floor);
@@ -829,7 +829,7 @@ TEST(membership, a_registration_claiming_more_ranks_than_the_limit_is_refused) {
   EXPECT_FALSE(a.accepted);
   EXPECT_EQ(a.reason, "node 'huge' registered with nproc 2147483647, more than cluster.max_ranks_per_node (8); start it with fewer ranks "
                       "(--nproc-per-node) or raise the limit");
-  EXPECT_EQ(m.find("huge"), nullptr);
+  EXPECT_EQ(m.find(node_id{"huge"}), nullptr);
   EXPECT_EQ(m.state().nodes.size(), 1u);
 }
 
@@ -850,5 +850,5 @@ TEST(membership, a_node_id_outside_the_id_alphabet_is_refused_printably) {
   EXPECT_FALSE(m.admit(reg(std::string(129, 'a'), 1), t0()).accepted);
   EXPECT_FALSE(m.admit(reg("a b", 1), t0()).accepted);
   EXPECT_FALSE(m.admit(reg("caf\xc3\xa9", 1), t0()).accepted);
-  EXPECT_EQ(m.find(escape), nullptr);
+  EXPECT_EQ(m.find(node_id{escape}), nullptr);
 }

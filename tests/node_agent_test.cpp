@@ -51,7 +51,7 @@ class fake_launcher : public process_launcher {
 
 node_agent_options agent_opts(const std::string& id, int32_t nproc) {
   node_agent_options o;
-  o.node_id = id;
+  o.node_id = node_id{id};
   o.advertise_addr = id + ".local";
   o.hostname = id;
   o.nproc = nproc;
@@ -660,7 +660,7 @@ TEST_F(cluster_test, a_partitioned_node_is_dropped_then_rejoins_with_its_rank) {
   net.partitioned.insert("b");
   advance(1500ms);
   ASSERT_EQ(coord.lost.size(), 1u);
-  EXPECT_EQ(coord.lost[0].peer, "b");
+  EXPECT_EQ(coord.lost[0].peer.str(), "b");
   EXPECT_EQ(agent("a").plan->generation(), 2u);
   EXPECT_EQ(agent("a").plan->world_size(), 2);
   // a's ranks agree on their state in generation 2 (READY): they hold it.
