@@ -335,28 +335,40 @@ void follow_plans(rendezvous_store& rendezvous, const ev::event& e) {
   }
 }
 
-int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_board& board, rendezvous_store& rendezvous, int store_port) {
-  caf::actor_system_config sys_cfg;
-  configure_caf(sys_cfg, 2);
-  caf::actor_system sys{sys_cfg};
-
+// What every message of this coordinator says of it: the job, the
+// sender, this process's incarnation, and the lease's epoch (so that nodes
+// drop a deposed coordinator's).
+envelope_header header_of(const coordinator_run& run) {
   envelope_header header;
   header.job_id = run.job_id;
   header.sender = sender_id::coordinator().to_string();
   header.incarnation = wire::new_incarnation();
-  header.epoch = run.epoch;  // every message, so that nodes drop a deposed coordinator's
+  header.epoch = run.epoch;
+  return header;
+}
 
-  // Everything the actors report goes through this one sink.
-  coordinator_sink sink(run.jn, m, run.obs, sd);
-  // A leader stopped or cut off for over half the lease's TTL writes
-  // nothing more of the job (its journal, its metrics) once it runs again:
-  // a standby may lead by now, and its renewer ends it.
-  const event_sink events = [&sink, &board, &rendezvous, lease = run.lease](const ev::event& e) {
+// The actors' events to the rendezvous store's plans, the status page and
+// the sink. A leader stopped or cut off for over half the lease's TTL
+// writes nothing more of the job (its journal, its metrics) once it runs
+// again: a standby may lead by now, and its renewer ends it.
+event_sink events_to(coordinator_sink& sink, status_board& board, rendezvous_store& rendezvous, const coordinator_lease* lease) {
+  return [&sink, &board, &rendezvous, lease](const ev::event& e) {
     if (lease && !lease->surely_held()) return;
     follow_plans(rendezvous, e);
     board.on(e, unix_time_now());
     sink(e);
   };
+}
+
+int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_board& board, rendezvous_store& rendezvous, int store_port) {
+  caf::actor_system_config sys_cfg;
+  configure_caf(sys_cfg, 2);
+  caf::actor_system sys{sys_cfg};
+
+  const envelope_header header = header_of(run);
+  // Everything the actors report goes through this one sink.
+  coordinator_sink sink(run.jn, m, run.obs, sd);
+  const event_sink events = events_to(sink, board, rendezvous, run.lease);
   // Through the progress line's owner: a log line never runs into the live line.
   // Peer text in a line is escaped where it is put in; the whole line once
   // more, so that no byte from outside ever breaks or steers a log line.
