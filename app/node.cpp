@@ -269,7 +269,8 @@ struct node_identity {
 result<node_identity> identify_node(const cluster_cli& cli) {
   if (cli.coordinator.empty()) return make_error("--role node needs --coordinator tcp://HOST:PORT");
   // A coordinator and its standbys (--coordinator A,B): the node speaks
-  // to whichever listens (the one holding the job's lease).
+  // to the one holding the newest lease epoch it has heard (zmq_bridge's
+  // add_dealer).
   auto coords = parse_tcp_endpoints(cli.coordinator, "--coordinator");
   if (!coords) return coords.err();
   const tcp_endpoint* coord = &coords->front();

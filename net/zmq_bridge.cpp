@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "base/async_log.hpp"
 #include "base/printable.hpp"
+#include "net/dealer_group.hpp"
 #include "net/handshake_gate.hpp"
 #include "net/zap_handler.hpp"
 
@@ -50,6 +52,7 @@ struct zmq_bridge::outbound {
   std::string peer;
   std::string bytes;
   const char* body = "none";
+  bool to_all = false;  // on a DEALER link of several endpoints (dealer_group.hpp)
 };
 
 struct zmq_bridge::command {
@@ -74,6 +77,10 @@ struct zmq_bridge::link_state {
   std::optional<handshake_failure> pending;   // a failure whose connection has not closed yet
   bool refused_us = false;                    // DEALER: the last handshake failed
   uint64_t epoch = 0;                         // DEALER: the highest lease epoch received (a newer coordinator's)
+  // DEALER to several endpoints: one link_state per endpoint, all of the
+  // same name, sharing the group (its epoch replaces `epoch`).
+  std::shared_ptr<dealer_group> group;
+  std::size_t member = 0;
   ~link_state() {
     if (monitor) (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
   }
@@ -304,7 +311,7 @@ status zmq_bridge::send(const std::string& link, const std::string& peer, const 
       return make_error("wire: cannot send on link '" + link + "': " +
                         std::to_string(queue_.size()) + " messages already waiting");
     }
-    queue_.push_back(outbound{link, peer, std::move(bytes).value(), wire::body_name(env)});
+    queue_.push_back(outbound{link, peer, std::move(bytes).value(), wire::body_name(env), env.body_case() == pb::envelope::kRegisterNode});
   }
   wake();
   return status::success();
@@ -335,84 +342,97 @@ result<std::string> zmq_bridge::run_add(const std::string& name, const std::stri
                                         bool router, const std::string& routing_id) {
   for (auto& l : links_)
     if (l->name == name) return make_error("wire: a link named '" + name + "' already exists");
-  auto link = std::make_unique<link_state>();
-  link->name = name;
-  link->router = router;
-  try {
-    link->socket = zmq::socket_t(*context_, router ? zmq::socket_type::router : zmq::socket_type::dealer);
-    auto& s = link->socket;
-    s.set(zmq::sockopt::linger, 0);
-    s.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
-    s.set(zmq::sockopt::handshake_ivl, options_.handshake_timeout_ms);
-    // Before bind/connect, so that the first connection's events are seen.
-    static std::atomic<uint64_t> monitors{0};
-    const std::string monitor_ep = "inproc://dtactor-monitor-" + std::to_string(monitors.fetch_add(1));
-    if (zmq_socket_monitor(s.handle(), monitor_ep.c_str(), handshake_gate::monitored_events()) != 0) throw zmq::error_t();
-    link->monitor = zmq::socket_t(*context_, zmq::socket_type::pair);
-    link->monitor.set(zmq::sockopt::linger, 0);
-    link->monitor.connect(monitor_ep);
-    s.set(zmq::sockopt::sndhwm, options_.send_hwm);
-    s.set(zmq::sockopt::rcvhwm, options_.recv_hwm);
-    s.set(zmq::sockopt::tcp_keepalive, 1);
-    s.set(zmq::sockopt::tcp_keepalive_idle, options_.tcp_keepalive_idle_s);
-    s.set(zmq::sockopt::tcp_keepalive_intvl, options_.tcp_keepalive_intvl_s);
-    s.set(zmq::sockopt::tcp_keepalive_cnt, options_.tcp_keepalive_cnt);
-    if (options_.zmtp_heartbeat_ivl_ms > 0) {
-      s.set(zmq::sockopt::heartbeat_ivl, options_.zmtp_heartbeat_ivl_ms);
-      s.set(zmq::sockopt::heartbeat_timeout, options_.zmtp_heartbeat_timeout_ms);
-    }
-    if (options_.key) {
-      if (router)
-        make_curve_server(s, options_.key->server_secret);
-      else
-        make_curve_client(s, options_.key->server_public, options_.key->client_public, options_.key->client_secret);
-    }
-    if (router) {
-      // Unknown peers fail the send (counted) instead of vanishing silently;
-      // a peer reconnecting with the same id (a restarted node) takes over.
-      s.set(zmq::sockopt::router_mandatory, true);
-      s.set(zmq::sockopt::router_handover, true);
-      s.bind(endpoint);
-      link->endpoint = s.get(zmq::sockopt::last_endpoint);
-      link->gate.emplace(options_.max_pending_handshakes, options_.max_pending_handshakes_per_address, port_of(link->endpoint),
-                         std::chrono::milliseconds(options_.handshake_timeout_ms));
-    } else {
-      s.set(zmq::sockopt::routing_id, routing_id);
-      s.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
-      s.set(zmq::sockopt::reconnect_ivl_max, options_.reconnect_ivl_max_ms);
-      // Several endpoints ("A,B": a coordinator and its standbys, of which
-      // one listens at a time): messages go only to a connection that
-      // completed its handshake (ZMQ_IMMEDIATE), never queue for one that
-      // is not there.
-      const bool several = endpoint.find(',') != std::string::npos;
-      if (several) s.set(zmq::sockopt::immediate, true);
-      for (size_t at = 0; at <= endpoint.size();) {
-        const size_t comma = std::min(endpoint.find(',', at), endpoint.size());
-        s.connect(endpoint.substr(at, comma - at));
-        at = comma + 1;
-      }
-      link->endpoint = endpoint;
-    }
-  } catch (const zmq::error_t& e) {
-    return make_error("wire: cannot " + std::string(router ? "bind" : "connect") + " link '" +
-                      name + "' to '" + endpoint + "': " + e.what() + hint_for(e.num()));
+  // A DEALER given "A,B,...": a socket per endpoint (dealer_group.hpp).
+  std::vector<std::string> endpoints;
+  for (size_t at = 0; at <= endpoint.size() && !router;) {
+    const size_t comma = std::min(endpoint.find(',', at), endpoint.size());
+    endpoints.push_back(endpoint.substr(at, comma - at));
+    at = comma + 1;
   }
-  std::string bound = link->endpoint;
-  links_.push_back(std::move(link));
+  if (router) endpoints.push_back(endpoint);
+  auto group = endpoints.size() > 1 ? std::make_shared<dealer_group>(endpoints.size()) : nullptr;
+  std::vector<std::unique_ptr<link_state>> made;
+  for (std::size_t i = 0; i < endpoints.size(); ++i) {
+    auto link = std::make_unique<link_state>();
+    link->name = name;
+    link->router = router;
+    link->group = group;
+    link->member = i;
+    try {
+      open_socket(*link, endpoints[i], routing_id);
+    } catch (const zmq::error_t& e) {
+      return make_error("wire: cannot " + std::string(router ? "bind" : "connect") + " link '" +
+                        name + "' to '" + endpoint + "': " + e.what() + hint_for(e.num()));
+    }
+    made.push_back(std::move(link));
+  }
+  std::string bound = router ? made.front()->endpoint : endpoint;
+  for (auto& link : made) links_.push_back(std::move(link));
   std::lock_guard<std::mutex> lock(mutex_);
   link_names_.insert(name);
   return bound;
 }
 
-status zmq_bridge::run_remove(const std::string& name) {
-  for (auto it = links_.begin(); it != links_.end(); ++it) {
-    if ((*it)->name != name) continue;
-    links_.erase(it);  // closes the socket; linger 0 discards what is queued
-    std::lock_guard<std::mutex> lock(mutex_);
-    link_names_.erase(name);
-    return status::success();
+void zmq_bridge::open_socket(link_state& link, const std::string& endpoint, const std::string& routing_id) {
+  const bool router = link.router;
+  link.socket = zmq::socket_t(*context_, router ? zmq::socket_type::router : zmq::socket_type::dealer);
+  auto& s = link.socket;
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
+  s.set(zmq::sockopt::handshake_ivl, options_.handshake_timeout_ms);
+  // Before bind/connect, so that the first connection's events are seen.
+  static std::atomic<uint64_t> monitors{0};
+  const std::string monitor_ep = "inproc://dtactor-monitor-" + std::to_string(monitors.fetch_add(1));
+  if (zmq_socket_monitor(s.handle(), monitor_ep.c_str(), handshake_gate::monitored_events()) != 0) throw zmq::error_t();
+  link.monitor = zmq::socket_t(*context_, zmq::socket_type::pair);
+  link.monitor.set(zmq::sockopt::linger, 0);
+  link.monitor.connect(monitor_ep);
+  s.set(zmq::sockopt::sndhwm, options_.send_hwm);
+  s.set(zmq::sockopt::rcvhwm, options_.recv_hwm);
+  s.set(zmq::sockopt::tcp_keepalive, 1);
+  s.set(zmq::sockopt::tcp_keepalive_idle, options_.tcp_keepalive_idle_s);
+  s.set(zmq::sockopt::tcp_keepalive_intvl, options_.tcp_keepalive_intvl_s);
+  s.set(zmq::sockopt::tcp_keepalive_cnt, options_.tcp_keepalive_cnt);
+  if (options_.zmtp_heartbeat_ivl_ms > 0) {
+    s.set(zmq::sockopt::heartbeat_ivl, options_.zmtp_heartbeat_ivl_ms);
+    s.set(zmq::sockopt::heartbeat_timeout, options_.zmtp_heartbeat_timeout_ms);
   }
-  return make_error("wire: cannot remove link '" + name + "': no such link");
+  if (options_.key) {
+    if (router)
+      make_curve_server(s, options_.key->server_secret);
+    else
+      make_curve_client(s, options_.key->server_public, options_.key->client_public, options_.key->client_secret);
+  }
+  if (router) {
+    // Unknown peers fail the send (counted) instead of vanishing silently;
+    // a peer reconnecting with the same id (a restarted node) takes over.
+    s.set(zmq::sockopt::router_mandatory, true);
+    s.set(zmq::sockopt::router_handover, true);
+    s.bind(endpoint);
+    link.endpoint = s.get(zmq::sockopt::last_endpoint);
+    link.gate.emplace(options_.max_pending_handshakes, options_.max_pending_handshakes_per_address, port_of(link.endpoint),
+                      std::chrono::milliseconds(options_.handshake_timeout_ms));
+    return;
+  }
+  s.set(zmq::sockopt::routing_id, routing_id);
+  s.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
+  s.set(zmq::sockopt::reconnect_ivl_max, options_.reconnect_ivl_max_ms);
+  // One of several endpoints (of which one leader listens): a message is
+  // refused while this one's connection has not completed its handshake,
+  // rather than queued for a peer that is not there.
+  if (link.group) s.set(zmq::sockopt::immediate, true);
+  s.connect(endpoint);
+  link.endpoint = endpoint;
+}
+
+status zmq_bridge::run_remove(const std::string& name) {
+  // Closes the sockets (every endpoint's); linger 0 discards what is queued.
+  const auto kept = std::remove_if(links_.begin(), links_.end(), [&](const auto& l) { return l->name == name; });
+  if (kept == links_.end()) return make_error("wire: cannot remove link '" + name + "': no such link");
+  links_.erase(kept, links_.end());
+  std::lock_guard<std::mutex> lock(mutex_);
+  link_names_.erase(name);
+  return status::success();
 }
 
 void zmq_bridge::drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
@@ -455,7 +475,16 @@ void zmq_bridge::do_sends(std::deque<outbound>& batch) {
           continue;
         }
       }
-      if (!link->socket.send(payload, zmq::send_flags::dontwait)) {
+      if (link->group) {
+        std::vector<zmq::socket_t*> sockets(link->group->size(), nullptr);
+        for (auto& l : links_)
+          if (l->group == link->group) sockets[l->member] = &l->socket;
+        if (link->group->send(sockets, payload, out.to_all) == 0) {
+          drop(out.link, out.peer, wire::drop_kind::send_overflow,
+               std::string("cannot send ") + out.body + ": no connection to any of the link's endpoints is up, or every queue is full");
+          continue;
+        }
+      } else if (!link->socket.send(payload, zmq::send_flags::dontwait)) {
         drop(out.link, out.peer, wire::drop_kind::send_overflow,
              std::string("cannot send ") + out.body +
                  (link->refused_us ? ": no connection, the peer refused our handshake (our key, or we have none)" : ": the queue to the peer is full"));
@@ -512,15 +541,7 @@ void zmq_bridge::receive_from(link_state& link) {
       drop(link.name, peer, env.kind(), env.message());
       continue;
     }
-    // A DEALER follows one coordinator at a time: once a newer lease epoch
-    // spoke, an older one (a deposed coordinator, partitioned) is dropped.
-    if (!link.router && env.value().epoch() < link.epoch) {
-      drop(link.name, peer, wire::drop_kind::stale_epoch,
-           "a message of lease epoch " + std::to_string(env.value().epoch()) + ", older than epoch " + std::to_string(link.epoch) +
-               " already heard: a deposed coordinator");
-      continue;
-    }
-    if (!link.router) link.epoch = env.value().epoch();
+    if (!link.router && !follows_epoch(link, env.value().epoch())) continue;
     // ZMQ_SRCFD: the connection the frame came in on (deprecated in libzmq,
     // yet the only stable way to tie a routing id to its connection). The
     // payload's: the routing id frame ROUTER builds after a poll has none.
@@ -532,6 +553,23 @@ void zmq_bridge::receive_from(link_state& link) {
       stderr_line("dtactor: wire: envelope handler threw on link '" + link.name + "': " + e.what());
     }
   }
+}
+
+bool zmq_bridge::follows_epoch(link_state& link, uint64_t epoch) {
+  // A DEALER follows one coordinator at a time: once a newer lease epoch
+  // spoke, an older one (a deposed coordinator, partitioned) is dropped.
+  const uint64_t newest = link.group ? link.group->epoch() : link.epoch;
+  if (epoch < newest) {
+    drop(link.name, "", wire::drop_kind::stale_epoch,
+         "a message of lease epoch " + std::to_string(epoch) + ", older than epoch " + std::to_string(newest) +
+             " already heard: a deposed coordinator");
+    return false;
+  }
+  if (link.group)
+    link.group->heard(link.member, epoch);
+  else
+    link.epoch = epoch;
+  return true;
 }
 
 void zmq_bridge::note_peer_fd(link_state& link, const std::string& peer, int fd) {
@@ -629,6 +667,7 @@ void zmq_bridge::read_monitor_events(link_state& link) {
       if (link.pending) handshake_failed(link, *link.pending, address);
       link.pending.reset();
       if (link.router && on_closed_) connection_closed(link, fd);
+      if (link.group) link.group->lost(link.member);
     } else {
       if (link.pending) handshake_failed(link, *link.pending, "");
       link.pending = classify(event, value);

@@ -154,9 +154,15 @@ class zmq_bridge {
 
   // Creates a DEALER socket named `link` with ZMQ_ROUTING_ID `routing_id`
   // (how the ROUTER at the other end addresses us) and connects it to
-  // `endpoint`, or to each of "A,B,..." (a coordinator and its standbys:
-  // messages then go only to connections that completed their handshake). Connecting succeeds before the peer exists; ZeroMQ dials
+  // `endpoint`. Connecting succeeds before the peer exists; ZeroMQ dials
   // with backoff and queues sends up to the high-water mark meanwhile.
+  // "A,B,..." (a coordinator and its standbys) makes a socket per endpoint
+  // under the one name, each with the same options: a message goes to the
+  // endpoint that last delivered an envelope at the newest lease epoch
+  // heard on the link, and to every endpoint whose connection is up while
+  // there is none (nothing heard yet, its connection closed) and for a
+  // registration; nothing is queued for an endpoint that is not connected
+  // (net/dealer_group.hpp).
   // Errors: bad endpoint, empty or over-255-byte routing id, duplicate name.
   result<std::string> add_dealer(const std::string& link, const std::string& endpoint,
                                  const std::string& routing_id);
@@ -204,12 +210,14 @@ class zmq_bridge {
   void read_monitor(link_state& link);
   void read_monitor_events(link_state& link);
   void handshake_failed(link_state& link, handshake_failure why, const std::string& address);
+  bool follows_epoch(link_state& link, uint64_t epoch);  // DEALER: false (dropped) for a deposed coordinator's
   void note_peer_fd(link_state& link, const std::string& peer, int fd);
   void connection_closed(link_state& link, int fd);
   void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
             const std::string& why);
   result<std::string> run_add(const std::string& link, const std::string& endpoint, bool router,
                               const std::string& routing_id);
+  void open_socket(link_state& link, const std::string& endpoint, const std::string& routing_id);  // throws zmq::error_t
   status run_remove(const std::string& link);
   result<std::string> add_link(const std::string& link, const std::string& endpoint, bool router,
                                const std::string& routing_id);

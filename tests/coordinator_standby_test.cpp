@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -26,6 +27,8 @@ namespace {
 
 using testing::cluster;
 using testing::job_sets;
+using testing::journal_events;
+using testing::json;
 using testing::temp_dir;
 
 std::string read_text(const std::string& path) {
@@ -182,6 +185,60 @@ TEST(Standby, ACutOffLeaderIsReplacedAndWhenHealedStopsDecidingWithNothingLost) 
   EXPECT_EQ(done->exit_code, 3) << read_text(cl.run_dir + "/coordinator.log");
   EXPECT_NE(read_text(cl.run_dir + "/coordinator.log").find("stops deciding"), std::string::npos) << read_text(cl.run_dir + "/coordinator.log");
   testing::expect_finished_without_loss(cl, 1500, 2);
+}
+
+// The standby leads for a while beside a leader stopped with its
+// connections open: the nodes speak to the standby alone (the newest epoch
+// they heard), so it journals every step, not the share of them whose
+// reports did not go to the stopped one. Healed, the old leader stops
+// deciding and the job ends without loss.
+TEST(Standby, WhileTheStoppedLeaderKeepsItsConnectionsTheNodesSpeakToTheStandbyAlone) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1"};
+  const int64_t max_steps = 8000;
+  cluster cl(d.path(), job_sets(static_cast<int>(max_steps), {"cluster.min_nodes=2"}));
+  ASSERT_EQ(cl.start_coordinator(leased), "");
+  const std::string first = cl.endpoint;
+  const std::string second = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
+  cl.endpoint = first + "," + second;
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  auto standby_args = coordinator_args(cl, leased);
+  standby_args[4] = second;  // --listen
+  standby_args.push_back("--standby");
+  const std::string standby_log = cl.run_dir + "/standby.log";
+  auto standby = child_process::spawn(standby_args, false, standby_log);
+  ASSERT_TRUE(standby) << standby.message();
+  ASSERT_TRUE(wait_for_text(standby_log, "standing by: the job's lease is held by", *standby)) << read_text(standby_log);
+  cl.coord->signal(SIGSTOP);
+  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + second, *standby)) << read_text(standby_log);
+  child_process old = std::move(*cl.coord);
+  cl.coord.emplace(std::move(standby.value()));
+  // The old leader journals nothing while stopped. From 50 steps after the
+  // standby's first journaled step, a window of 200 steps (ranks report
+  // every step): each must have its line.
+  const auto before = journal_events<ev::step_completed>(cl.journal());
+  const int64_t old_last = before.empty() ? 0 : before.back().at("step").get<int64_t>();
+  int64_t from = -1;
+  ASSERT_TRUE(cl.wait_for([&](const std::vector<json>& j) {
+    const auto steps = journal_events<ev::step_completed>(j);
+    if (steps.empty() || steps.back().at("step").get<int64_t>() <= old_last) return false;
+    if (from < 0)
+      for (const auto& e : steps)
+        if (from < 0 && e.at("step").get<int64_t>() > old_last) from = e.at("step").get<int64_t>() + 50;
+    return steps.back().at("step").get<int64_t>() >= from + 200;
+  })) << "the standby journaled no steps past " << from + 200 << "\n" << cl.logs();
+  std::set<int64_t> journaled;
+  for (const auto& e : journal_events<ev::step_completed>(cl.journal()))
+    if (const auto s = e.at("step").get<int64_t>(); s > from && s <= from + 200) journaled.insert(s);
+  EXPECT_GE(journaled.size(), 190u) << "steps " << from + 1 << "-" << from + 200 << " under the standby: most reports went to the stopped leader\n"
+                                    << cl.logs();
+  old.signal(SIGCONT);
+  auto done = old.wait(30000);
+  ASSERT_TRUE(done) << "the healed leader went on deciding\n" << read_text(cl.run_dir + "/coordinator.log");
+  EXPECT_EQ(done->exit_code, 3) << read_text(cl.run_dir + "/coordinator.log");
+  testing::expect_finished_without_loss(cl, max_steps, 2);
 }
 
 }  // namespace

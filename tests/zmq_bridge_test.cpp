@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <zmq.hpp>
 
 #include "tests/test_util.hpp"
@@ -240,6 +241,68 @@ TEST(zmq_bridge, a_dealer_drops_messages_of_an_older_lease_epoch_than_one_it_hea
   }
   EXPECT_EQ(heard, (std::vector<uint64_t>{10, 12, 15}));
   EXPECT_EQ(node.stats().dropped_of(wire::drop_kind::stale_epoch), 3u);
+}
+
+// The seqs of the heartbeats `from` received, until none came for `quiet`.
+std::vector<uint64_t> drain_seqs(inbox& from, std::chrono::milliseconds quiet) {
+  std::vector<uint64_t> seqs;
+  while (auto r = from.next(quiet)) seqs.push_back(r->env.heartbeat().seq());
+  return seqs;
+}
+
+// A node given a coordinator and its standby (two endpoints) speaks to the
+// one that last spoke at the newest lease epoch, not to both in turn: an
+// old leader that is stopped but keeps its connection open gets nothing.
+// Before anyone spoke, and once the leader's connection closed, every
+// endpoint that is up gets each message; a registration always does.
+TEST(zmq_bridge, a_dealer_of_several_endpoints_sends_to_the_newest_epochs_endpoint_only) {
+  inbox a_in, b_in, node_in;
+  zmq_bridge a(test_options(), a_in.handler());
+  auto b = std::make_unique<zmq_bridge>(test_options(), b_in.handler());
+  zmq_bridge node(test_options(), node_in.handler());
+  auto a_bound = a.add_router("nodes", "tcp://127.0.0.1:*");
+  auto b_bound = b->add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(a_bound && b_bound);
+  ASSERT_TRUE(node.add_dealer("coordinator", connectable_endpoint(a_bound.value()) + "," + connectable_endpoint(b_bound.value()), "node/alpha"));
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (node.stats().handshakes_succeeded < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(node.stats().handshakes_succeeded, 2u);
+
+  ASSERT_TRUE(node.send("coordinator", "", heartbeat("node/alpha", 1)));
+  EXPECT_EQ(drain_seqs(a_in, 300ms), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(drain_seqs(b_in, 300ms), (std::vector<uint64_t>{1}));
+
+  auto from_epoch = [](uint64_t epoch, uint64_t seq) {
+    auto env = heartbeat("coordinator", seq);
+    env.set_epoch(epoch);
+    return env;
+  };
+  ASSERT_TRUE(a.send("nodes", "node/alpha", from_epoch(1, 10)));
+  ASSERT_TRUE(node_in.next());
+  ASSERT_TRUE(b->send("nodes", "node/alpha", from_epoch(2, 20)));
+  ASSERT_TRUE(node_in.next());
+  std::vector<uint64_t> sent;
+  for (uint64_t seq = 100; seq < 140; ++seq) {
+    ASSERT_TRUE(node.send("coordinator", "", heartbeat("node/alpha", seq)));
+    sent.push_back(seq);
+  }
+  EXPECT_EQ(drain_seqs(b_in, 300ms), sent);
+  EXPECT_EQ(drain_seqs(a_in, 100ms), std::vector<uint64_t>{}) << "the old leader got messages meant for the new one";
+
+  auto registration = heartbeat("node/alpha", 0);
+  registration.mutable_register_node()->set_node_id("alpha");
+  ASSERT_TRUE(node.send("coordinator", "", registration));
+  ASSERT_TRUE(a_in.next());
+  ASSERT_TRUE(b_in.next());
+
+  // The leader's connection closes: the others get what follows.
+  b.reset();
+  bool reached_a = false;
+  for (uint64_t seq = 200; seq < 400 && !reached_a; ++seq) {
+    ASSERT_TRUE(node.send("coordinator", "", heartbeat("node/alpha", seq)));
+    reached_a = a_in.next(50ms).has_value();
+  }
+  EXPECT_TRUE(reached_a) << "nothing reached the remaining endpoint after the leader's connection closed";
 }
 
 TEST(zmq_bridge, a_router_reports_a_peers_closed_connection_after_what_it_sent) {
