@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -71,6 +72,34 @@ std::vector<std::string> coordinator_args(const cluster& cl, const std::vector<s
   return a;
 }
 
+// A leased leader on cl.endpoint, nodes a and b given its address and the
+// standby's (--coordinator A,B), and the standby on an address of its own.
+struct standby_pair {
+  std::string address;  // the standby's --listen
+  std::string log;
+  std::optional<child_process> standby;
+
+  // "" once the leader trained 30 steps and the standby stands by, else
+  // what went wrong.
+  std::string start(cluster& cl, const std::vector<std::string>& leased) {
+    if (auto e = cl.start_coordinator(leased); !e.empty()) return e;
+    address = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
+    cl.endpoint += "," + address;  // what the nodes are given
+    for (const char* node : {"a", "b"})
+      if (auto e = cl.start_node(node); !e.empty()) return e;
+    if (!cl.wait_step(30)) return "no step 30 under the leader\n" + cl.logs();
+    auto args = coordinator_args(cl, leased);
+    args[4] = address;  // --listen
+    args.push_back("--standby");
+    log = cl.run_dir + "/standby.log";
+    auto spawned = child_process::spawn(args, false, log);
+    if (!spawned) return spawned.message();
+    standby.emplace(std::move(spawned.value()));
+    if (!wait_for_text(log, "standing by: the job's lease is held by", *standby)) return "the standby did not stand by\n" + read_text(log);
+    return "";
+  }
+};
+
 TEST(Standby, AStandbyTakesOverWhenTheCoordinatorIsKilledAndTheJobFinishesWithoutLoss) {
   temp_dir d, lease;
   const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000"};
@@ -103,24 +132,12 @@ TEST(Standby, NodesGivenBothAddressesMoveToTheStandbyOnItsOwnAddress) {
   temp_dir d, lease;
   const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1"};
   cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2"}));
-  ASSERT_EQ(cl.start_coordinator(leased), "");
-  const std::string first = cl.endpoint;
-  const std::string second = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
-  cl.endpoint = first + "," + second;  // what the nodes are given
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
-  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
-  auto standby_args = coordinator_args(cl, leased);
-  standby_args[4] = second;  // --listen
-  standby_args.push_back("--standby");
-  const std::string standby_log = cl.run_dir + "/standby.log";
-  auto standby = child_process::spawn(standby_args, false, standby_log);
-  ASSERT_TRUE(standby) << standby.message();
-  ASSERT_TRUE(wait_for_text(standby_log, "standing by: the job's lease is held by", *standby)) << read_text(standby_log);
+  standby_pair pair;
+  ASSERT_EQ(pair.start(cl, leased), "");
   cl.coord->signal(SIGKILL);
   ASSERT_TRUE(cl.coord->wait(10000));
-  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + second, *standby)) << read_text(standby_log);
-  cl.coord.emplace(std::move(standby.value()));
+  ASSERT_TRUE(wait_for_text(pair.log, "listening on " + pair.address, *pair.standby)) << read_text(pair.log);
+  cl.coord.emplace(std::move(pair.standby.value()));
   testing::expect_finished_without_loss(cl, 1500, 2);
 }
 
@@ -160,22 +177,12 @@ TEST(Standby, ACutOffLeaderIsReplacedAndWhenHealedStopsDecidingWithNothingLost) 
   temp_dir d, lease;
   const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1"};
   cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2"}));
-  ASSERT_EQ(cl.start_coordinator(leased), "");
-  const std::string first = cl.endpoint;
-  const std::string second = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
-  cl.endpoint = first + "," + second;
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
-  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
-  auto standby_args = coordinator_args(cl, leased);
-  standby_args[4] = second;  // --listen
-  standby_args.push_back("--standby");
-  const std::string standby_log = cl.run_dir + "/standby.log";
-  auto standby = child_process::spawn(standby_args, false, standby_log);
-  ASSERT_TRUE(standby) << standby.message();
-  ASSERT_TRUE(wait_for_text(standby_log, "standing by: the job's lease is held by", *standby)) << read_text(standby_log);
+  standby_pair pair;
+  ASSERT_EQ(pair.start(cl, leased), "");
+  auto& standby = pair.standby;
+  const std::string& standby_log = pair.log;
   cl.coord->signal(SIGSTOP);
-  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + second, *standby)) << read_text(standby_log);
+  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + pair.address, *standby)) << read_text(standby_log);
   EXPECT_NE(read_text(standby_log).find("still held by"), std::string::npos) << read_text(standby_log);
   child_process old = std::move(*cl.coord);
   cl.coord.emplace(std::move(standby.value()));
@@ -197,22 +204,12 @@ TEST(Standby, WhileTheStoppedLeaderKeepsItsConnectionsTheNodesSpeakToTheStandbyA
   const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1"};
   const int64_t max_steps = 8000;
   cluster cl(d.path(), job_sets(static_cast<int>(max_steps), {"cluster.min_nodes=2"}));
-  ASSERT_EQ(cl.start_coordinator(leased), "");
-  const std::string first = cl.endpoint;
-  const std::string second = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
-  cl.endpoint = first + "," + second;
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b"), "");
-  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
-  auto standby_args = coordinator_args(cl, leased);
-  standby_args[4] = second;  // --listen
-  standby_args.push_back("--standby");
-  const std::string standby_log = cl.run_dir + "/standby.log";
-  auto standby = child_process::spawn(standby_args, false, standby_log);
-  ASSERT_TRUE(standby) << standby.message();
-  ASSERT_TRUE(wait_for_text(standby_log, "standing by: the job's lease is held by", *standby)) << read_text(standby_log);
+  standby_pair pair;
+  ASSERT_EQ(pair.start(cl, leased), "");
+  auto& standby = pair.standby;
+  const std::string& standby_log = pair.log;
   cl.coord->signal(SIGSTOP);
-  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + second, *standby)) << read_text(standby_log);
+  ASSERT_TRUE(wait_for_text(standby_log, "listening on " + pair.address, *standby)) << read_text(standby_log);
   child_process old = std::move(*cl.coord);
   cl.coord.emplace(std::move(standby.value()));
   // The old leader journals nothing while stopped. From 50 steps after the
