@@ -348,12 +348,14 @@ envelope_header header_of(const coordinator_run& run) {
 }
 
 // The actors' events to the rendezvous store's plans, the status page and
-// the sink. A leader stopped or cut off for over half the lease's TTL
-// writes nothing more of the job (its journal, its metrics) once it runs
-// again: a standby may lead by now, and its renewer ends it.
+// the sink. Under a lease, an event waits while the last renewal is over
+// half the TTL old: a leader stopped or cut off writes nothing more of the
+// job (its journal, its plans, its metrics) once it runs again, since a
+// standby may lead by now and its renewer ends it; a leader merely slow
+// to renew (a loaded machine) goes on once it has.
 event_sink events_to(coordinator_sink& sink, status_board& board, rendezvous_store& rendezvous, const coordinator_lease* lease) {
   return [&sink, &board, &rendezvous, lease](const ev::event& e) {
-    if (lease && !lease->surely_held()) return;
+    if (lease) lease->wait_until_held();
     follow_plans(rendezvous, e);
     board.on(e, unix_time_now());
     sink(e);

@@ -28,10 +28,11 @@ result<std::unique_ptr<coordinator_lease>> coordinator_lease::take(const lease_s
   auto lease = std::move(opened.value());
   bool said = false;
   while (!(s.stop_signal && s.stop_signal->load())) {
+    const int64_t began = clock_type::now().time_since_epoch().count();
     auto claim = lease->try_acquire({0, s.holder, s.address});
     if (claim && claim->taken) {
       say("holds the job's lease at " + printable(s.where) + ", epoch " + std::to_string(claim->current.epoch));
-      return std::unique_ptr<coordinator_lease>(new coordinator_lease(std::move(lease), s, claim->current.epoch));
+      return std::unique_ptr<coordinator_lease>(new coordinator_lease(std::move(lease), s, claim->current.epoch, began));
     }
     if (!s.standby) {
       if (!claim) return claim.err();
@@ -48,8 +49,8 @@ result<std::unique_ptr<coordinator_lease>> coordinator_lease::take(const lease_s
   return make_error("stopped while standing by");
 }
 
-coordinator_lease::coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch)
-    : lease_(std::move(lease)), s_(std::move(s)), epoch_(epoch), last_renewed_ns_(clock_type::now().time_since_epoch().count()) {
+coordinator_lease::coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch, int64_t taken_ns)
+    : lease_(std::move(lease)), s_(std::move(s)), epoch_(epoch), last_renewed_ns_(taken_ns) {
   renewer_ = std::thread([this] { renew_loop(); });
 }
 
@@ -63,26 +64,44 @@ coordinator_lease::~coordinator_lease() {
   (void)lease_->release();
 }
 
-bool coordinator_lease::surely_held() const {
-  const clock_type::duration since(clock_type::now().time_since_epoch().count() - last_renewed_ns_.load());
-  return since < s_.ttl / 2;
+std::chrono::nanoseconds coordinator_lease::since_renewed() const {
+  return std::chrono::nanoseconds(clock_type::now().time_since_epoch().count() - last_renewed_ns_.load());
 }
 
+bool coordinator_lease::surely_held() const { return since_renewed() < s_.ttl / 2; }
+
+void coordinator_lease::wait_until_held() const {
+  if (surely_held()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!surely_held()) {
+    // A standby may lead from a TTL after the last renewal began; a
+    // renewer that cannot finish by then (a hung file system) ends it here.
+    const auto left = s_.ttl - since_renewed();
+    if (left <= std::chrono::nanoseconds(0)) stop_deciding("the job's lease was not renewed within its TTL; a standby may hold it now");
+    renewed_.wait_for(lock, left);
+  }
+}
+
+// A standby leads only after it saw the heartbeat unchanged for the TTL,
+// watched from after the renewal that wrote it began. So while each
+// renewal finishes within the TTL of the one before began, no standby can
+// lead; a renewal late by up to half the TTL (a loaded machine) holds it
+// still, and only deciding waits for it (wait_until_held).
 void coordinator_lease::renew_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, renew_period(s_.ttl), [this] { return stopping_; })) {
     lock.unlock();
-    // Stopped or starved past half the TTL (SIGSTOP, a hung machine): a
-    // standby may lead by now, whatever a renewal would say.
-    if (!surely_held())
-      stop_deciding("this coordinator was stopped or cut off for over half the lease's TTL; a standby may hold the lease now");
+    const int64_t began = clock_type::now().time_since_epoch().count();
+    if (since_renewed() >= s_.ttl)
+      stop_deciding("this coordinator was stopped or cut off for the lease's TTL; a standby may hold the lease now");
     auto r = lease_->renew();
     if (r && *r == renewal::deposed) stop_deciding("another coordinator took the job's lease (this one held epoch " + std::to_string(epoch_) + ")");
-    if (r)
-      last_renewed_ns_ = clock_type::now().time_since_epoch().count();
-    else if (!surely_held())
-      stop_deciding("the job's lease could not be renewed for half its TTL (" + r.message() + "); a standby may hold it now");
+    if (since_renewed() >= s_.ttl)
+      stop_deciding("the job's lease was not renewed within its TTL" + (r ? std::string() : " (" + r.message() + ")") +
+                    "; a standby may hold it now");
+    if (r) last_renewed_ns_ = began;
     lock.lock();
+    renewed_.notify_all();
   }
 }
 

@@ -7,9 +7,11 @@
 // starts as a restarted coordinator does, adopting the running generation
 // from the nodes. Held, it is renewed on a thread of its own about every
 // sixth of the TTL; when another coordinator took a newer epoch, or no
-// renewal succeeded for half the TTL (also when the process itself was
+// renewal succeeded within the TTL (also when the process itself was
 // stopped that long), this process stops deciding at once: one line, exit
-// code 3; until then surely_held() says whether it may still decide.
+// code 3. It decides only while its last renewal began less than half the
+// TTL ago (surely_held); past that, deciding waits for the next renewal
+// (wait_until_held), so a loaded machine delays decisions, never drops them.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -49,18 +51,23 @@ class coordinator_lease {
   // standby may lead by now) changes nothing from the moment it runs
   // again, before its renewer finds out and ends it. Any thread.
   bool surely_held() const;
+  // Returns once surely_held(); ends the process (exit 3) when the lease
+  // was not renewed within its TTL. Any thread; what a decision calls.
+  void wait_until_held() const;
 
  private:
-  coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch);
+  coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch, int64_t taken_ns);
   void renew_loop();
   [[noreturn]] static void stop_deciding(const std::string& why);
+  std::chrono::nanoseconds since_renewed() const;
 
   std::unique_ptr<leader_lease> lease_;
   lease_settings s_;
   uint64_t epoch_ = 0;
-  std::atomic<int64_t> last_renewed_ns_;  // steady clock, of the last renewal (or the take)
-  std::mutex mu_;
-  std::condition_variable cv_;
+  std::atomic<int64_t> last_renewed_ns_;  // steady clock: when the last renewal (or the take) began
+  mutable std::mutex mu_;
+  std::condition_variable cv_;                // the renewer's period; the destructor ends it
+  mutable std::condition_variable renewed_;  // each renewal, for wait_until_held
   bool stopping_ = false;
   std::thread renewer_;
 };

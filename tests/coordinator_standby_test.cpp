@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "chaos_checks.hpp"
 #include "cluster_harness.hpp"
@@ -192,6 +193,27 @@ TEST(Standby, ACutOffLeaderIsReplacedAndWhenHealedStopsDecidingWithNothingLost) 
   EXPECT_EQ(done->exit_code, 3) << read_text(cl.run_dir + "/coordinator.log");
   EXPECT_NE(read_text(cl.run_dir + "/coordinator.log").find("stops deciding"), std::string::npos) << read_text(cl.run_dir + "/coordinator.log");
   testing::expect_finished_without_loss(cl, 1500, 2);
+}
+
+// A leader whose renewal comes late, past half the TTL but within it (a
+// loaded machine: here stopped for 0.6 of the TTL), still holds the
+// lease: a standby leads only after a TTL without a renewal. It goes on
+// leading, its decisions held back only until it has renewed, and the
+// standby keeps standing by.
+TEST(Standby, ALeaderLateToRenewWithinTheTTLGoesOnLeading) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "3000", "--advertise-addr", "127.0.0.1"};
+  // Nodes wait out the stopped coordinator's silence (not the subject here).
+  cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2", "cluster.heartbeat_timeout_ms=6000"}));
+  standby_pair pair;
+  ASSERT_EQ(pair.start(cl, leased), "");
+  cl.coord->signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1800));  // the delay is the input
+  cl.coord->signal(SIGCONT);
+  testing::expect_finished_without_loss(cl, 1500, 2);
+  EXPECT_EQ(read_text(cl.run_dir + "/coordinator.log").find("stops deciding"), std::string::npos) << read_text(cl.run_dir + "/coordinator.log");
+  EXPECT_TRUE(pair.standby->running()) << read_text(pair.log);
+  EXPECT_EQ(read_text(pair.log).find("listening on"), std::string::npos) << read_text(pair.log);
 }
 
 // The standby leads for a while beside a leader stopped with its

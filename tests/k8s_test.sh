@@ -160,7 +160,9 @@ print($1)"; }
   wait_for 30 "[e for e in named('recovery_done') if e['cause'] == 'node_left']"
   [ "$(journal "[e['node'] for e in named('node_left')]")" = "['$N2']" ] || fail "node_left does not name $N2 alone"
   [ "$(journal "[e['lost_steps'] for e in named('recovery_done') if e['cause'] == 'node_left'][0]")" = 0 ] || fail "steps lost on the leave"
-  [ "$(journal "len([e for e in named('node_lost') if e['node'] == '$N2'])")" = 0 ] || fail "$N2 was lost, not left"
+  # (On a loaded machine a node may be lost and register again before
+  # this; what counts is how the SIGTERM ended it.)
+  [ "$(journal "len([e for e in named('node_lost') if e['node'] == '$N2' and e['t'] >= $t0])")" = 0 ] || fail "$N2 was lost, not left"
   left_at=$(journal "max(e['step'] for e in named('step'))")
   left_t=$(journal "named('node_left')[0]['t']")
   wait_for 60 "[e for e in named('step') if e['step'] >= $left_at + 5 and e['world_size'] == 1]"
@@ -175,6 +177,7 @@ print($1)"; }
   # the standby takes the lease over and adopts the running generation.
   at=$(journal "max(e['step'] for e in named('step'))")
   t2=$(date +%s.%N)
+  kill -0 "${PID[$COORD]}" 2>/dev/null || { RC=0; wait "${PID[$COORD]}" || RC=$?; fail "$COORD exited (code $RC) before it was killed"; }
   kill -9 "${PID[$COORD]}"
   wait "${PID[$COORD]}" 2>/dev/null || true
   log_has "$STANDBY" "holds the job's lease at $LEASE, epoch 2" 30
