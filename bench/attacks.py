@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from bench_net import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -27,14 +28,6 @@ def fail(why):
 
 
 # ---- processes -------------------------------------------------------------
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
 
 def journal(run_dir):
     out = []

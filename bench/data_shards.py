@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
+from bench_net import free_port  # noqa: E402
 ROOT = os.path.dirname(HERE)
 ACCESS = "TESTACCESSKEY0000001"
 SECRET = "testsecretkey0000000000000000000000000001"
@@ -86,14 +86,6 @@ class GPT(nn.Module):
 torch.manual_seed(0)
 torch.jit.script(GPT(256, 64, 128, 2, 4)).save(sys.argv[1])
 '''
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def curl_put(endpoint, path, data_file=None):

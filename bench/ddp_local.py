@@ -16,7 +16,6 @@ Usage: bench/ddp_local.py [--repeats 3] [--steps 400] [--runtime build/bench/ben
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,12 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_net import free_port  # noqa: E402
 
 
 def run_dtactor(a):

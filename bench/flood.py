@@ -40,6 +40,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
+from bench_net import free_port  # noqa: E402
 ROOT = os.path.dirname(HERE)
 
 
@@ -182,14 +183,6 @@ def dropped_frames(metrics_port):
     except OSError:
         return 0
     return sum(float(m.group(1)) for m in re.finditer(r'^dtactor_wire_dropped_frames_total\{[^}]*\} (\S+)$', text, re.M))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def main():
