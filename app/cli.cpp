@@ -102,8 +102,8 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
                  "node: compute threads of each rank when train.threads is 0 (default: this machine's cores / --nproc-per-node)");
   app.add_flag("--no-resume", cl.no_resume, "coordinator: start over even if the run directory holds checkpoints");
   app.add_option("--lease", cl.lease,
-                 "coordinator: the job's leader lease, etcd://HOST:PORT[/PREFIX] or a directory on a shared file system: one coordinator "
-                 "decides at a time");
+                 "coordinator: the job's leader lease, etcd://HOST:PORT[/PREFIX], s3://BUCKET/PREFIX (a server with conditional writes) or "
+                 "a directory on a shared file system: one coordinator decides at a time");
   app.add_flag("--standby", cl.standby, "coordinator (with --lease): wait while another holds the lease, and take over when it is gone");
   app.add_option("--lease-ttl-ms", cl.lease_ttl_ms, "coordinator: how long a lease not renewed stays held")->check(CLI::Range(300, 600000))->capture_default_str();
   app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");

@@ -46,9 +46,10 @@ bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
 }
 
-lease_settings lease_settings_of(const cluster_cli& cli) {
+lease_settings lease_settings_of(const cluster_cli& cli, const job_settings& job) {
   lease_settings s;
   s.where = cli.lease;
+  s.s3_endpoint = job.checkpoint.s3_endpoint;
   s.standby = cli.standby;
   s.ttl = std::chrono::milliseconds(cli.lease_ttl_ms);
   char host[256] = {};
@@ -471,7 +472,7 @@ int run_coordinator(const cluster_cli& cli) {
   std::unique_ptr<coordinator_lease> lease;
   if (!cli.lease.empty()) {
     int lease_code = 2;
-    auto taken = coordinator_lease::take(lease_settings_of(cli), [](const std::string& l) { stderr_line("dtactor: coordinator: " + l); }, &lease_code);
+    auto taken = coordinator_lease::take(lease_settings_of(cli, job.settings), [](const std::string& l) { stderr_line("dtactor: coordinator: " + l); }, &lease_code);
     if (!taken) return fail(taken.message(), lease_code);
     lease = std::move(taken.value());
   }

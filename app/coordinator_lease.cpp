@@ -23,6 +23,7 @@ result<std::unique_ptr<coordinator_lease>> coordinator_lease::take(const lease_s
   *code = 2;
   lease_options o;
   o.ttl = s.ttl;
+  o.s3_endpoint = s.s3_endpoint;
   auto opened = open_leader_lease(s.where, o);
   if (!opened) return opened.err();
   auto lease = std::move(opened.value());

@@ -28,7 +28,8 @@
 namespace dtactor {
 
 struct lease_settings {
-  std::string where;  // --lease: etcd://HOST:PORT[/PREFIX] or a directory on a shared file system
+  std::string where;  // --lease: etcd://HOST:PORT[/PREFIX], s3://BUCKET/PREFIX or a directory on a shared file system
+  std::string s3_endpoint;  // s3://: checkpoint.s3_endpoint (empty: AWS_ENDPOINT_URL, else AWS)
   bool standby = false;
   std::chrono::milliseconds ttl{2000};
   std::string holder;   // this coordinator's id (host:pid)

@@ -16,8 +16,12 @@
 //       (rename) at every renewal. A standby that sees the heartbeat
 //       unchanged for the TTL, on its own clock, takes epoch N+1; the old
 //       holder finds epoch N+1 at its next renewal and is deposed.
-//   s3://  refused in one line: a lease there needs conditional writes
-//       (If-None-Match), which not every S3 server has.
+//   s3://BUCKET/PREFIX  the same files as objects: epoch-N created with
+//       a conditional write (If-None-Match: *, which the server refuses
+//       for an object that exists), the heartbeat replaced by a PUT. S3's
+//       reads and lists are strongly consistent. A server that ignores
+//       the condition is refused in one line when the lease is opened (a
+//       probe object created twice).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -64,6 +68,7 @@ struct lease_options {
   // pass a fake one); empty: the steady clock.
   std::function<std::chrono::steady_clock::time_point()> now;
   std::chrono::milliseconds request_timeout{2000};  // etcd: one HTTP request
+  std::string s3_endpoint;  // s3://: an S3-compatible server's URL; empty: AWS_ENDPOINT_URL, else AWS
 };
 
 // The lease at `where` (above); an unknown or unusable place is one line.
@@ -74,6 +79,9 @@ std::string lease_place_problem(const std::string& where);
 
 // The backends, for open_leader_lease and tests.
 result<std::unique_ptr<leader_lease>> open_directory_lease(const std::string& dir, lease_options o);
+class object_store;
+// A lease in `store` (s3:// above), after the probe of its conditional writes.
+result<std::unique_ptr<leader_lease>> open_store_lease(std::unique_ptr<object_store> store, lease_options o);
 result<std::unique_ptr<leader_lease>> open_etcd_lease(const std::string& host_port, const std::string& prefix, lease_options o);
 
 }  // namespace dtactor

@@ -175,6 +175,10 @@ class dir_store : public object_store {
 
 }  // namespace
 
+result<bool> object_store::put_if_absent(const std::string& name, std::string_view) {
+  return make_error("'" + location() + "/" + name + "': this store cannot create an object only where absent");
+}
+
 std::string absolute_location(const std::string& location) {
   if (location.rfind("s3://", 0) == 0) return location;
   std::error_code ec;

@@ -57,6 +57,11 @@ class object_store {
   // generations that are over), whoever writes them.
   virtual void sweep_stale_writes(const std::function<bool(const std::string& object)>& stale = {}) = 0;
 
+  // Creates `name` with `bytes` only where no object of that name exists,
+  // atomically against other creators: false when one existed. Stores
+  // that cannot promise it say so (an error): only S3 creates this way.
+  virtual result<bool> put_if_absent(const std::string& name, std::string_view bytes);
+
   // Whole small objects (manifests). get() refuses an object the store says
   // is larger than `max_bytes`: the size a damaged or planted file, or an S3
   // server's Content-Length, claims never decides how much memory is taken.

@@ -229,6 +229,17 @@ class s3_store : public object_store {
     return out;
   }
 
+  // PUT with If-None-Match: *: 412 when the object exists; 409
+  // (ConditionalRequestConflict) while another such PUT of it is in flight.
+  result<bool> put_if_absent(const std::string& name, std::string_view bytes) override {
+    if (name.empty() || name.find('/') != std::string::npos) return make_error("bad object name '" + name + "'");
+    auto r = request("PUT", key(name), {}, {{"if-none-match", "*"}}, bytes.data(), bytes.size(), nullptr);
+    if (!r) return r.err();
+    if (r->code == 200) return true;
+    if (r->code == 412 || r->code == 409) return false;
+    return make_error(describe("PUT (only where absent)", name, *r, ""));
+  }
+
   status remove(const std::string& name) override {
     auto r = request("DELETE", key(name), {}, {}, nullptr, 0, nullptr);
     if (!r) return r.err();

@@ -5,7 +5,9 @@ S3 store's tests: every request gets one of
   repeat-token  200, a ListObjectsV2 page with one object, IsTruncated true
                 and the same NextContinuationToken every time (a client that
                 trusts it pages forever);
-  huge          200 with a body of --mb MiB (streamed, never buffered here).
+  huge          200 with a body of --mb MiB (streamed, never buffered here);
+  unconditional 200 to everything, an empty listing to a list: a PUT with
+                If-None-Match: * succeeds though the object exists.
 
 Binds 127.0.0.1:0 and writes its port to --port-file once listening.
 Counts requests; GET /__control/stats -> JSON {"requests": N}.
@@ -21,7 +23,7 @@ lock = threading.Lock()
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["repeat-token", "huge"], required=True)
+    ap.add_argument("--mode", choices=["repeat-token", "huge", "unconditional"], required=True)
     ap.add_argument("--mb", type=int, default=64)
     ap.add_argument("--port-file", required=True)
     a = ap.parse_args()
@@ -50,6 +52,15 @@ def main():
                 body = ("<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>true</IsTruncated>"
                         "<Contents><Key>p/x</Key><Size>1</Size></Contents>"
                         "<NextContinuationToken>same-token</NextContinuationToken></ListBucketResult>").encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            if a.mode == "unconditional":
+                body = b""
+                if self.command == "GET" and "list-type=2" in self.path:
+                    body = b"<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include <csignal>
 
 #include "storage/checkpoint_store.hpp"
+#include "storage/leader_lease.hpp"
 #include "base/process.hpp"
 #include "storage/s3_store.hpp"
 #include "net/zmq_bridge.hpp"
@@ -274,6 +277,81 @@ TEST(s3_store, an_answer_longer_than_the_cap_is_refused_without_buffering_it) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("the answer is longer than 16 MiB; refused"), std::string::npos) << s.message();
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
+}
+
+// The job's leader lease as objects in S3 (storage/leader_lease.hpp): the
+// epoch taken by a conditional write, which radosgw refuses for an object
+// that exists. The standbys' clock is a fake one.
+TEST(s3_lease, of_eight_standbys_exactly_one_takes_a_lapsed_lease_and_the_old_holder_is_deposed) {
+  NEED_RGW();
+  std::atomic<int64_t> offset_ms{0};
+  lease_options o;
+  o.ttl = std::chrono::milliseconds(2000);
+  o.now = [&offset_ms] { return std::chrono::steady_clock::time_point(std::chrono::milliseconds(offset_ms.load())); };
+  auto open = [&]() {
+    auto l = open_store_lease(open_ok(opts("leases", "job")), o);
+    EXPECT_TRUE(l.ok()) << l.message();
+    return l.ok() ? std::move(l.value()) : nullptr;
+  };
+  auto holder = open();
+  ASSERT_TRUE(holder);
+  auto mine = holder->try_acquire({0, "coord-a", "tcp://10.0.0.1:29500"});
+  ASSERT_TRUE(mine.ok()) << mine.message();
+  ASSERT_TRUE(mine->taken);
+  EXPECT_EQ(mine->current.epoch, 1u);
+  std::vector<std::unique_ptr<leader_lease>> standbys;
+  for (int i = 0; i < 8; ++i) {
+    standbys.push_back(open());
+    ASSERT_TRUE(standbys.back());
+    auto c = standbys.back()->try_acquire({0, "s" + std::to_string(i), ""});
+    ASSERT_TRUE(c.ok()) << c.message();
+    EXPECT_FALSE(c->taken);
+    EXPECT_EQ(c->current.holder, "coord-a");
+  }
+  // Renewed within the TTL: held still.
+  offset_ms += 1500;
+  ASSERT_EQ(holder->renew().value(), renewal::renewed);
+  offset_ms += 1500;
+  EXPECT_FALSE(standbys[0]->try_acquire({0, "s0", ""})->taken);
+  for (size_t i = 1; i < standbys.size(); ++i) EXPECT_FALSE(standbys[i]->try_acquire({0, "s" + std::to_string(i), ""})->taken);
+  // Silent for the TTL: the standbys race, and one wins epoch 2.
+  offset_ms += 2000;
+  std::vector<int> won(standbys.size(), 0);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < standbys.size(); ++i)
+    ts.emplace_back([&, i] {
+      auto c = standbys[i]->try_acquire({0, "s" + std::to_string(i), ""});
+      won[i] = c.ok() && c->taken ? 1 : 0;
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(std::count(won.begin(), won.end(), 1), 1);
+  auto now_held = holder->current();
+  ASSERT_TRUE(now_held.ok()) << now_held.message();
+  EXPECT_EQ(now_held->epoch, 2u);
+  auto r = holder->renew();
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(*r, renewal::deposed);
+  // Released: the next standby takes it at once.
+  const size_t winner = static_cast<size_t>(std::find(won.begin(), won.end(), 1) - won.begin());
+  ASSERT_LT(winner, standbys.size());
+  ASSERT_TRUE(standbys[winner]->release().ok());
+  const size_t next = (winner + 1) % standbys.size();
+  auto after = standbys[next]->try_acquire({0, "s" + std::to_string(next), ""});
+  ASSERT_TRUE(after.ok()) << after.message();
+  EXPECT_TRUE(after->taken);
+  EXPECT_EQ(after->current.epoch, 3u);
+}
+
+TEST(s3_lease, a_server_that_ignores_conditional_writes_is_refused_in_one_line) {
+  testing::temp_dir d;
+  hostile_s3 srv("unconditional", d.path());
+  ASSERT_FALSE(srv.endpoint.empty()) << "tests/hostile_s3.py did not start";
+  auto store = open_s3_store(hostile_opts(srv.endpoint));
+  ASSERT_TRUE(store.ok()) << store.message();
+  auto l = open_store_lease(std::move(store.value()), lease_options{});
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.message().find("does not honour conditional writes (If-None-Match: *)"), std::string::npos) << l.message();
+  EXPECT_EQ(l.message().find('\n'), std::string::npos) << "one line: " << l.message();
 }
 
 }  // namespace
