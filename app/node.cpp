@@ -265,6 +265,18 @@ struct node_identity {
 };
 
 // Errors are usage errors (exit code 2): a missing or unresolvable
+// The first coordinator address whose name resolves: the leader's host may
+// be gone (its name with it) while a standby's resolves. Error: none does.
+result<tcp_endpoint> first_resolvable(const std::vector<tcp_endpoint>& coords) {
+  std::string first_why;
+  for (const auto& c : coords) {
+    const std::string why = resolution_error(c.host, c.port);
+    if (why.empty()) return c;
+    if (first_why.empty()) first_why = why;
+  }
+  return make_error(coords.size() > 1 ? first_why + "; no other --coordinator address resolves either" : first_why);
+}
+
 // --coordinator, a bad --nproc-per-node or --node-id, an id in use.
 result<node_identity> identify_node(const cluster_cli& cli) {
   if (cli.coordinator.empty()) return make_error("--role node needs --coordinator tcp://HOST:PORT");
@@ -273,11 +285,11 @@ result<node_identity> identify_node(const cluster_cli& cli) {
   // add_dealer).
   auto coords = parse_tcp_endpoints(cli.coordinator, "--coordinator");
   if (!coords) return coords.err();
-  const tcp_endpoint* coord = &coords->front();
   if (cli.nproc_per_node < 1 || cli.nproc_per_node > 1024) return make_error("--nproc-per-node must be 1..1024");
-  // Also with --advertise-addr: a coordinator name that does not resolve
+  // Also with --advertise-addr: coordinator names of which none resolves
   // would otherwise end in a connect timeout.
-  if (auto why = resolution_error(coord->host, coord->port); !why.empty()) return make_error(why);
+  auto coord = first_resolvable(coords.value());
+  if (!coord) return coord.err();
   node_identity who;
   who.advertise = cli.advertise_addr;
   if (who.advertise.empty()) {

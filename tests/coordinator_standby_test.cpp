@@ -195,6 +195,18 @@ TEST(Standby, ACutOffLeaderIsReplacedAndWhenHealedStopsDecidingWithNothingLost) 
   testing::expect_finished_without_loss(cl, 1500, 2);
 }
 
+// A node given the coordinators' addresses starts while the first one's
+// host name no longer resolves (its machine gone, its name with it): it
+// takes the next one that resolves, joins and trains.
+TEST(Standby, ANodeWhoseFirstCoordinatorNameDoesNotResolveJoinsThroughTheNext) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(40, {"cluster.min_nodes=1"}));
+  ASSERT_EQ(cl.start_coordinator(), "");
+  cl.endpoint = "tcp://no-such-host.invalid:29400," + cl.endpoint;
+  ASSERT_EQ(cl.start_node("a"), "");
+  testing::expect_finished_without_loss(cl, 40, 1);
+}
+
 // A leader whose renewal comes late, past half the TTL but within it (a
 // loaded machine: here stopped for 0.6 of the TTL), still holds the
 // lease: a standby leads only after a TTL without a renewal. It goes on
