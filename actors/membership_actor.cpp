@@ -37,6 +37,12 @@ void quarantined(membership_self self, const node_id& id, const std::string& rea
   emit(self, ev::node_quarantined{id.str(), reason});
 }
 
+void plan_if_due(membership_self self, clock_time now);
+
+// Whether a restarted or new leader is waiting for the nodes of the
+// generation they report (membership's adoption_gap).
+bool adopting(const membership_state& s) { return !s.current && s.reported_plan; }
+
 void on_register(membership_self self, const inbound& in) {
   auto& st = self->state;
   const auto& r = in.env.register_node();
@@ -75,6 +81,9 @@ void on_register(membership_self self, const inbound& in) {
     st.draining.erase(id);
   }
   send_to_node(self, in.peer, std::move(env));
+  // The registration that completes the generation's members adopts it
+  // now, not at the next tick.
+  if (a.accepted && adopting(st.members.state())) plan_if_due(self, self->clock().now());
 }
 
 void on_heartbeat(membership_self self, const inbound& in) {

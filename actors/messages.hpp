@@ -105,6 +105,10 @@ using gave_up_atom = caf::atom_constant<caf::atom("gaveup")>;
 // (closed_atom, std::string peer): the coordinator's bridge -> membership
 // actor: the connection of the node at routing id `peer` closed.
 using closed_atom = caf::atom_constant<caf::atom("closed")>;
+// (reachable_atom, std::string endpoint): a node's bridge -> node agent:
+// its connection to the coordinator address `endpoint` came up (a
+// coordinator listens there now).
+using reachable_atom = caf::atom_constant<caf::atom("reachable")>;
 
 // -- wire messages ------------------------------------------------------------
 

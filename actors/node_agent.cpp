@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/printable.hpp"
 #include "caf/stateful_actor.hpp"
 
 namespace dtactor {
@@ -540,6 +541,21 @@ void on_leave_due(agent_self self) {
   quit_if_done(self);
 }
 
+// A connection to a coordinator address came up: whoever listens there now
+// leads (a standby binds only once it holds the lease) or restarted, and
+// adopts the running generation once its nodes registered. So a node
+// registers with it at once instead of after the heartbeat timeout (a
+// member) or its next retry (registering). An old leader still alive takes
+// the register as a readmission; what the node follows is fenced by the
+// lease epoch of what it hears, not by this.
+void on_coordinator_reachable(agent_self self, const std::string& endpoint) {
+  auto& st = self->state;
+  if (member(st))
+    enter_registering(self, "a coordinator listens at " + printable(endpoint) + " (its connection came up)");
+  else if (st.phase == node_phase::registering)
+    send_register(self);
+}
+
 // The stop timeout: the job is stopping and no final shutdown came.
 void on_stop_due(agent_self self) {
   auto& st = self->state;
@@ -591,6 +607,7 @@ node_agent_handle::behavior_type node_agent(agent_self self, node_agent_options 
       },
       [=](leave_due_atom) { on_leave_due(self); },
       [=](stop_due_atom) { on_stop_due(self); },
+      [=](reachable_atom, const std::string& endpoint) { on_coordinator_reachable(self, endpoint); },
   };
 }
 

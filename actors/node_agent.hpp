@@ -4,8 +4,9 @@
 //
 //   unregistered --start--> registering --register_ack(accepted)--> registered
 //   registered --generation_plan--> running
-//   registered|running --coordinator silent past the timeout, or told
-//                        "not a member"--> registering (ranks keep running)
+//   registered|running --coordinator silent past the timeout, told "not a
+//                        member", or a connection to a coordinator address
+//                        came up--> registering (ranks keep running)
 //   any --leave_atom--> leaving (ranks finish their step: the coordinator's
 //       drain plan leaves them out, they report STATE_IDLE and are stopped)
 //   any --shutdown--> stopped  (shutdown with `checkpoint` is only relayed:
@@ -213,6 +214,8 @@ struct node_agent_state {
 // (start_atom): register, then heartbeat every interval.
 // inbound: a frame from the coordinator (links::coordinator) or a rank (links::ranks).
 // (rank_exit_atom, pid, exit_code): a rank process ended (its launcher's owner).
+// (reachable_atom, endpoint): the connection to a coordinator address came
+//   up: a registering node registers at once, a member registers again.
 // (leave_atom, reason): leave the job (a signal, the coordinator unreachable).
 // (leave_atom, reason, cloud, announced, announced_unix_s, noticed_unix_s):
 //   the cloud's preemption notice, a leave the coordinator journals.
@@ -223,7 +226,7 @@ using node_agent_handle =
     caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<inbound>, caf::reacts_to<rank_exit_atom, int32_t, int32_t>,
                      caf::reacts_to<leave_atom, std::string>, caf::reacts_to<leave_atom, std::string, std::string, std::string, double, double>,
                      caf::reacts_to<tick_atom>, caf::reacts_to<retry_atom, uint64_t>, caf::reacts_to<restart_atom, int32_t, uint64_t>,
-                     caf::reacts_to<leave_due_atom>, caf::reacts_to<stop_due_atom>>;
+                     caf::reacts_to<leave_due_atom>, caf::reacts_to<stop_due_atom>, caf::reacts_to<reachable_atom, std::string>>;
 
 node_agent_handle::behavior_type node_agent(node_agent_handle::stateful_pointer<node_agent_state> self, node_agent_options opts, outbound out,
                                             std::shared_ptr<process_launcher> launcher);

@@ -367,7 +367,8 @@ std::shared_ptr<rank_launcher> make_launcher(const cluster_cli& cli, const node_
 // never from a stranger at that address. A refused handshake to the
 // coordinator is a key problem, not a full queue or an unreachable
 // coordinator: said so (at most once a second after the first few) and
-// counted in `coordinator_refusals`.
+// counted in `coordinator_refusals`. A connection to a coordinator address
+// that comes up is told to the agent (it registers there at once).
 std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const node_agent_handle& agent, std::shared_ptr<std::atomic<uint64_t>> coordinator_refusals) {
   zmq_bridge_options bo;
   bo.key = cli.key;
@@ -380,6 +381,10 @@ std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const node_agent
         coordinator_refusals->fetch_add(1);
         refusals->log(to_string(why), "dtactor: the coordinator at " + coordinator + " refused our key (or we have none): handshake failed (" +
                                           to_string(why) + "); give every process of the job the same --key (or none to all)");
+      },
+      nullptr,
+      [agent](const std::string& link, const std::string& endpoint) {
+        if (link == links::coordinator) caf::anon_send(agent, reachable_atom::value, endpoint);
       });
 }
 

@@ -162,12 +162,14 @@ uint64_t zmq_bridge_stats::dropped_total() const {
 }
 
 zmq_bridge::zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
-                       drop_handler on_drop, handshake_handler on_handshake, closed_handler on_closed)
+                       drop_handler on_drop, handshake_handler on_handshake, closed_handler on_closed,
+                       connected_handler on_connected)
     : options_(std::move(options)),
       on_envelope_(std::move(on_envelope)),
       on_drop_(std::move(on_drop)),
       on_handshake_(std::move(on_handshake)),
       on_closed_(std::move(on_closed)),
+      on_connected_(std::move(on_connected)),
       job_id_(options_.job_id) {
   for (auto& d : dropped_) d.store(0);
   for (auto& h : handshake_failures_) h.store(0);
@@ -416,7 +418,7 @@ void zmq_bridge::open_socket(link_state& link, const std::string& endpoint, cons
   }
   s.set(zmq::sockopt::routing_id, routing_id);
   s.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
-  s.set(zmq::sockopt::reconnect_ivl_max, options_.reconnect_ivl_max_ms);
+  s.set(zmq::sockopt::reconnect_ivl_max, link.group ? options_.group_reconnect_ivl_max_ms : options_.reconnect_ivl_max_ms);
   // One of several endpoints (of which one leader listens): a message is
   // refused while this one's connection has not completed its handshake,
   // rather than queued for a peer that is not there.
@@ -622,6 +624,15 @@ void zmq_bridge::handshake_failed(link_state& link, handshake_failure why, const
   }
 }
 
+void zmq_bridge::connected(link_state& link) {
+  if (!on_connected_) return;
+  try {
+    on_connected_(link.name, link.endpoint);
+  } catch (const std::exception& e) {
+    stderr_line(std::string("dtactor: wire: connected handler threw: ") + e.what());
+  }
+}
+
 void zmq_bridge::read_monitor(link_state& link) {
   read_monitor_events(link);
   uint64_t in_progress = 0;
@@ -652,6 +663,7 @@ void zmq_bridge::read_monitor_events(link_state& link) {
     } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       handshakes_succeeded_.fetch_add(1);
       link.refused_us = false;
+      if (!link.router) connected(link);
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
       // libzmq's one I/O thread reports a failed handshake and then the
       // disconnect of the same connection, so the failure has its address.

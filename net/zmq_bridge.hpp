@@ -59,6 +59,13 @@ struct zmq_bridge_options {
   // DEALER reconnect backoff: starts at reconnect_ivl, doubles up to the max.
   int reconnect_ivl_ms = 100;
   int reconnect_ivl_max_ms = 5000;
+  // The same for each socket of a DEALER to several endpoints (a
+  // coordinator and its standbys); 0: no backoff, a dial every
+  // reconnect_ivl (plus up to as much again of jitter). A standby binds its
+  // address only once it holds the lease, so its nodes have dialled it in
+  // vain since they started: backed off to reconnect_ivl_max, they would
+  // find the new leader up to that long after it listens.
+  int group_reconnect_ivl_max_ms = 0;
   // TCP keepalive, so that a vanished machine's connection is eventually
   // torn down by the kernel (heartbeats above are faster; this is hygiene).
   int tcp_keepalive_idle_s = 30;
@@ -137,10 +144,16 @@ class zmq_bridge {
   // not block.
   using closed_handler = std::function<void(const std::string& link, const std::string& peer)>;
 
+  // Called on the bridge thread when a DEALER link's connection to
+  // `endpoint` (one of its endpoints) completed its handshake: a peer
+  // listens there now (on a node's link to its coordinators: a new leader,
+  // or a restarted one). Must not block.
+  using connected_handler = std::function<void(const std::string& link, const std::string& endpoint)>;
+
   // Starts the bridge thread. Links are added afterwards.
   zmq_bridge(zmq_bridge_options options, inbound_handler on_envelope,
              drop_handler on_drop = nullptr, handshake_handler on_handshake = nullptr,
-             closed_handler on_closed = nullptr);
+             closed_handler on_closed = nullptr, connected_handler on_connected = nullptr);
   ~zmq_bridge();  // stop()
   zmq_bridge(const zmq_bridge&) = delete;
   zmq_bridge& operator=(const zmq_bridge&) = delete;
@@ -157,7 +170,8 @@ class zmq_bridge {
   // `endpoint`. Connecting succeeds before the peer exists; ZeroMQ dials
   // with backoff and queues sends up to the high-water mark meanwhile.
   // "A,B,..." (a coordinator and its standbys) makes a socket per endpoint
-  // under the one name, each with the same options: a message goes to the
+  // under the one name, each with the same options (but for the reconnect
+  // backoff: group_reconnect_ivl_max_ms): a message goes to the
   // endpoint that last delivered an envelope at the newest lease epoch
   // heard on the link, and to every endpoint whose connection is up while
   // there is none (nothing heard yet, its connection closed) and for a
@@ -213,6 +227,7 @@ class zmq_bridge {
   bool follows_epoch(link_state& link, uint64_t epoch);  // DEALER: false (dropped) for a deposed coordinator's
   void note_peer_fd(link_state& link, const std::string& peer, int fd);
   void connection_closed(link_state& link, int fd);
+  void connected(link_state& link);  // DEALER: a connection's handshake succeeded
   void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
             const std::string& why);
   result<std::string> run_add(const std::string& link, const std::string& endpoint, bool router,
@@ -227,6 +242,7 @@ class zmq_bridge {
   const drop_handler on_drop_;
   const handshake_handler on_handshake_;
   const closed_handler on_closed_;
+  const connected_handler on_connected_;
 
   mutable std::mutex mutex_;  // guards everything down to `stopped_`
   std::deque<outbound> queue_;

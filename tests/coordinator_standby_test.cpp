@@ -195,6 +195,42 @@ TEST(Standby, ACutOffLeaderIsReplacedAndWhenHealedStopsDecidingWithNothingLost) 
   testing::expect_finished_without_loss(cl, 1500, 2);
 }
 
+// The leader's machine is lost without a FIN (stopped here: its
+// connections stay open and say nothing). Each node registers with the
+// standby the moment its connection to the standby's address comes up, not
+// after its heartbeat timeout (6 s here), though it dialled that address in
+// vain for seconds (a single link's backoff would be at its 5 s maximum by
+// then): the standby leads the running generation well within 1.5 s of
+// listening. Healed, the old leader stops deciding; nothing is lost.
+TEST(Standby, TheNodesRegisterWithTheStandbyAsSoonAsItListens) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1"};
+  const int64_t max_steps = 8000;
+  cluster cl(d.path(), job_sets(static_cast<int>(max_steps), {"cluster.min_nodes=2", "cluster.heartbeat_timeout_ms=6000"}));
+  standby_pair pair;
+  ASSERT_EQ(pair.start(cl, leased), "");
+  std::this_thread::sleep_for(std::chrono::seconds(5));  // the input: how long the standby stood by
+  cl.coord->signal(SIGSTOP);
+  json started, adopted;
+  ASSERT_TRUE(cl.wait_for([&](const std::vector<json>& j) {
+    const auto s = journal_events<ev::coordinator_started>(j);
+    const auto a = journal_events<ev::generation_adopted>(j);
+    if (s.size() < 2 || a.empty()) return false;
+    started = s.back();
+    adopted = a.back();
+    return true;
+  })) << "the standby did not adopt the running generation\n" << read_text(pair.log) << cl.logs();
+  const double after_s = adopted.at("t").get<double>() - started.at("t").get<double>();
+  EXPECT_LT(after_s, 1.5) << "the standby led " << after_s << " s after it listened\n" << read_text(pair.log);
+  child_process old = std::move(*cl.coord);
+  cl.coord.emplace(std::move(pair.standby.value()));
+  old.signal(SIGCONT);
+  auto done = old.wait(30000);
+  ASSERT_TRUE(done) << "the healed leader went on deciding\n" << read_text(cl.run_dir + "/coordinator.log");
+  EXPECT_EQ(done->exit_code, 3) << read_text(cl.run_dir + "/coordinator.log");
+  testing::expect_finished_without_loss(cl, max_steps, 2);
+}
+
 // A node given the coordinators' addresses starts while the first one's
 // host name no longer resolves (its machine gone, its name with it): it
 // takes the next one that resolves, joins and trains.

@@ -289,6 +289,35 @@ TEST_F(node_agent_test, heartbeats_every_interval_and_registers_again_when_the_c
   EXPECT_EQ(registers(), 2u);
 }
 
+// A connection to a coordinator address came up (a standby took the lease
+// and listens, or the coordinator restarted): the node registers there at
+// once, not after the heartbeat timeout or its next retry, and training
+// goes on in the generation it holds.
+TEST_F(node_agent_test, registers_at_once_when_a_connection_to_a_coordinator_comes_up) {
+  running();
+  wire.clear();
+  caf::anon_send(agent, reachable_atom::value, std::string("tcp://standby:29400"));
+  run();
+  EXPECT_EQ(st().phase, node_phase::registering);
+  ASSERT_EQ(registers(), 1u);
+  const auto& r = wire.with(pb::envelope::kRegisterNode)[0].env.register_node();
+  EXPECT_EQ(r.current_plan().generation(), 1u);  // what the new leader adopts
+  EXPECT_TRUE(launcher->terminated.empty());
+  send(ack(true, 1));
+  EXPECT_EQ(st().phase, node_phase::registered);
+  EXPECT_EQ(st().plan->generation(), 1u);
+
+  // While registering (the heartbeat timeout came first), a register goes
+  // out at once too, before the retry is due.
+  advance(1000ms);
+  ASSERT_EQ(st().phase, node_phase::registering);
+  const auto before = registers();
+  caf::anon_send(agent, reachable_atom::value, std::string("tcp://standby:29400"));
+  run();
+  EXPECT_EQ(registers(), before + 1);
+  EXPECT_EQ(st().phase, node_phase::registering);
+}
+
 TEST_F(node_agent_test, restarts_a_rank_that_exited_with_backoff_and_reports_it) {
   registered();
   auto first = launcher->last_pid_of(0);

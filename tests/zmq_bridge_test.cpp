@@ -53,6 +53,15 @@ class inbox {
       cv_.notify_all();
     };
   }
+  // Records a DEALER connection that came up the same way (link
+  // "connected", the endpoint as its peer).
+  zmq_bridge::connected_handler connected_handler() {
+    return [this](const std::string&, const std::string& endpoint) {
+      std::lock_guard<std::mutex> lock(mu_);
+      items_.push_back(received{"connected", endpoint, {}});
+      cv_.notify_all();
+    };
+  }
   // The next envelope, or nullopt after `patience`.
   std::optional<received> next(std::chrono::milliseconds timeout = patience) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -303,6 +312,44 @@ TEST(zmq_bridge, a_dealer_of_several_endpoints_sends_to_the_newest_epochs_endpoi
     reached_a = a_in.next(50ms).has_value();
   }
   EXPECT_TRUE(reached_a) << "nothing reached the remaining endpoint after the leader's connection closed";
+}
+
+// A standby binds its address only once it holds the lease; its nodes
+// dial it meanwhile. Each endpoint of a DEALER to several is dialled every
+// reconnect interval without backing off, and a connection that comes up
+// is reported (a node registers there at once): the node finds the new
+// leader within a reconnect interval of its listening, not after a backoff
+// grown while the standby stood by (from 20 ms to 1.28 s here, 5 s at most).
+TEST(zmq_bridge, a_dealer_of_several_endpoints_finds_a_late_listener_within_a_reconnect_interval) {
+  inbox leader_in, standby_in, node_in;
+  auto o = test_options();
+  o.reconnect_ivl_max_ms = 5000;  // a single endpoint's backoff
+  zmq_bridge leader(o, leader_in.handler());
+  zmq_bridge node(o, node_in.handler(), nullptr, nullptr, nullptr, node_in.connected_handler());
+  auto bound = leader.add_router("nodes", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(bound);
+  const std::string leader_endpoint = connectable_endpoint(bound.value()), standby_endpoint = tcp_endpoint();
+  ASSERT_TRUE(node.add_dealer("coordinator", leader_endpoint + "," + standby_endpoint, "node/alpha"));
+  auto up = node_in.next();
+  ASSERT_TRUE(up);
+  EXPECT_EQ(up->link, "connected");
+  EXPECT_EQ(up->peer, leader_endpoint);
+  std::this_thread::sleep_for(1300ms);  // the standby stands by: every dial to its address is refused
+
+  zmq_bridge standby(o, standby_in.handler());
+  const auto listening = std::chrono::steady_clock::now();
+  ASSERT_TRUE(standby.add_router("nodes", standby_endpoint));
+  up = node_in.next();
+  const auto found = std::chrono::steady_clock::now() - listening;
+  ASSERT_TRUE(up);
+  EXPECT_EQ(up->link, "connected");
+  EXPECT_EQ(up->peer, standby_endpoint);
+  EXPECT_LT(found, 700ms) << "the node's connection to the standby came up "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(found).count() << " ms after it listened";
+  auto registration = heartbeat("node/alpha", 0);
+  registration.mutable_register_node()->set_node_id("alpha");
+  ASSERT_TRUE(node.send("coordinator", "", registration));
+  ASSERT_TRUE(standby_in.next());
 }
 
 TEST(zmq_bridge, a_router_reports_a_peers_closed_connection_after_what_it_sent) {
