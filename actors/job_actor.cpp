@@ -157,6 +157,7 @@ void on_rank_status(job_self self, const inbound& in) {
       down.exit_code = s.exit_code();
       down.step = s.step();
       down.generation = in.env.generation();
+      if (s.spare_takes_over()) down.spare = true;
       emit(st.opts.events, down);
       // No new generation can fix ranks whose parameters diverged, a loss
       // that became NaN, or data that cannot be read.

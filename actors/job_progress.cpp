@@ -78,6 +78,7 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
     rec.group_s = std::max(rec.group_s, s.group_s());
     rec.state_s = std::max(rec.state_s, std::max(0.0, s.switch_s() - s.group_s()));
   }
+  if (s.from_spare()) ++rec.spare_ranks;
   if (s.has_window_steps())
     rec.window_steps = std::max(rec.window_steps.value_or(0), s.window_steps());
   if (s.has_window_steps() && s.replayed_slices() > 0)
@@ -119,6 +120,7 @@ std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64
   // survivors' window position stands for its own).
   if (rec.window_steps) d.lost_inner_steps = *rec.window_steps * rec.lost_workers;
   d.replayed_slices = rec.replayed_slices;
+  if (rec.spare_ranks > 0) d.spare_ranks = rec.spare_ranks;
   if (rec.ready_s) {
     d.ready_s = *rec.ready_s;
     d.group_s = rec.group_s;

@@ -64,6 +64,7 @@ struct recovery_record {
   // seconds (its own clock); none before a READY.
   std::optional<double> ready_s;
   double group_s = 0, state_s = 0;
+  int32_t spare_ranks = 0;  // READY ranks that were a node's warm spares
   bool done = false;
 };
 

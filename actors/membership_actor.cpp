@@ -177,7 +177,12 @@ bool on_rank_status(membership_self self, const inbound& in) {
       break;
     case pb::rank_status::STATE_EXITED:
       if (st.members.set_rank_ready(id, incarnation, s.local_rank(), false, now))
-        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id.str() + "' exited (code " + std::to_string(s.exit_code()) + ")");
+        log_line(st.opts.log, "rank " + std::to_string(s.local_rank()) + " of node '" + id.str() + "' exited (code " + std::to_string(s.exit_code()) + ")" +
+                                  (s.spare_takes_over() ? "; a warm spare takes its place" : ""));
+      // The node handed the slot to a warm spare, already loaded: ready
+      // again at once (a new process), so that the next plan, made now,
+      // takes it in instead of shrinking first and growing a settle later.
+      if (s.spare_takes_over()) st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
       break;
     case pb::rank_status::STATE_FAILED:
       if (in.env.generation() == 0 && s.global_rank() < 0) {
@@ -386,6 +391,8 @@ void on_node_message(membership_self self, inbound& in) {
       break;
     case pb::envelope::kRankStatus: {
       const bool suspecting = on_rank_status(self, in);
+      // A spare took an exited rank's place: nothing to wait for.
+      const bool spare = in.env.rank_status().status() == pb::rank_status::STATE_EXITED && in.env.rank_status().spare_takes_over();
       auto fail = on_checkpoint_refused(self, in);
       if (!self->state.job) {
         ++self->state.dropped;
@@ -396,6 +403,7 @@ void on_node_message(membership_self self, inbound& in) {
       }
       // The failure's report reaches the job before the plan it causes.
       if (suspecting) on_closed_evidence(self);
+      if (spare) plan_if_due(self, self->clock().now());
       break;
     }
     case pb::envelope::kStepReport:

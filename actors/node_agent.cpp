@@ -99,7 +99,8 @@ void enter_registering(agent_self self, const std::string& why) {
   schedule_register_retry(self);
 }
 
-void report_rank(agent_self self, int32_t local_rank, pb::rank_status::state state, int32_t exit_code, const std::string& detail) {
+void report_rank(agent_self self, int32_t local_rank, pb::rank_status::state state, int32_t exit_code, const std::string& detail,
+                 bool spare_takes_over = false) {
   auto& st = self->state;
   if (!relaying(st)) return;
   auto env = envelope(self);
@@ -110,6 +111,7 @@ void report_rank(agent_self self, int32_t local_rank, pb::rank_status::state sta
   s->set_exit_code(exit_code);
   s->set_detail(detail);
   s->set_step(st.last_step);
+  s->set_spare_takes_over(spare_takes_over);
   to_coordinator(self, std::move(env));
 }
 
@@ -155,9 +157,9 @@ void send_plan_to_rank(agent_self self, const rank_process& r) {
 
 // Generation 0 carries the job's config (and where to fetch a shipped module
 // file): the rank loads its model and data, then reports STATE_IDLE.
-void send_warm_up(agent_self self, const rank_process& r) {
+void send_warm_up(agent_self self, const std::string& peer) {
   auto& st = self->state;
-  if (st.config_toml.empty() || r.peer.empty()) return;
+  if (st.config_toml.empty() || peer.empty()) return;
   auto env = make_envelope(st.opts.header, 0);
   env.set_job_id(st.job_id);
   env.mutable_generation_plan()->set_generation(0);
@@ -165,7 +167,7 @@ void send_warm_up(agent_self self, const rank_process& r) {
   env.mutable_generation_plan()->set_checkpoint_store(st.checkpoint_store);
   env.mutable_generation_plan()->set_module_object(st.module_object);
   env.mutable_generation_plan()->set_module_digest(st.module_digest);
-  st.out(links::ranks, r.peer, std::move(env));
+  st.out(links::ranks, peer, std::move(env));
 }
 
 void stop_rank(agent_self self, rank_process& r) {
@@ -187,6 +189,8 @@ void wind_down(agent_self self, node_phase phase, const std::string& reason, boo
       st.launcher->terminate(r.pid);
     }
   }
+  // Spares are no part of a drain or a stop.
+  for (const auto& p : st.spares.processes()) st.launcher->terminate(p.pid);
 }
 
 void emit(agent_self self, node_event e) {
@@ -198,7 +202,106 @@ void quit_if_done(agent_self self) {
   if (!winding_down(st)) return;
   for (const auto& r : st.ranks)
     if (r.alive) return;
+  if (!st.spares.processes().empty()) return;
   self->quit();
+}
+
+// ---- warm spares (actors/spare_pool.hpp) ----
+
+std::string exit_code_hint(int32_t code);
+
+int32_t spares_wanted(const node_agent_state& st) {
+  if (st.opts.spares) return *st.opts.spares;
+  if (!st.opts.spares_from_config) return 0;
+  return st.opts.spares_from_config(st.config_toml).value_or(0);
+}
+
+void note_spares(agent_self self, int32_t taken) { emit(self, nev::spares{self->state.spares.warm(), taken}); }
+
+// Starts the spares the pool wants now.
+void start_spares(agent_self self, clock_time now) {
+  auto& st = self->state;
+  for (int32_t n = st.spares.due(now); n > 0; --n) {
+    auto pid = st.launcher->spawn_spare();
+    if (!pid.ok()) {
+      log_line(self, "could not start a spare rank process: " + pid.message());
+      st.spares.start_failed(now);
+      return;
+    }
+    st.spares.started(*pid, now);
+  }
+}
+
+// A spare this node started says hello (with no local rank): it gets the
+// warm-up, or is stopped when the node winds down. False: not a spare.
+bool on_spare_hello(agent_self self, const inbound& in) {
+  auto& st = self->state;
+  const auto& hello = in.env.rank_hello();
+  auto* sp = hello.local_rank() < 0 ? st.spares.by_pid(hello.pid()) : nullptr;
+  if (!sp) return false;
+  sp->peer = in.peer;
+  sp->last_seen = self->clock().now();
+  if (winding_down(st))
+    st.launcher->terminate(sp->pid);
+  else
+    send_warm_up(self, sp->peer);
+  return true;
+}
+
+// What a waiting spare says (heartbeats, the end of its warm-up) stays on
+// this node: it is no rank of the job yet. False: not from a spare.
+bool on_spare_message(agent_self self, const inbound& in) {
+  auto& st = self->state;
+  auto* sp = st.spares.by_peer(in.peer);
+  if (!sp) return false;
+  sp->last_seen = self->clock().now();
+  if (!in.env.has_rank_status()) return true;
+  const auto& s = in.env.rank_status();
+  if (s.status() == pb::rank_status::STATE_IDLE && !sp->warm) {
+    st.spares.warmed(*sp);
+    log_line(self, "spare rank process (pid " + std::to_string(sp->pid) + ") warmed up: waiting to take a rank's place");
+    note_spares(self, 0);
+  } else if (s.status() == pb::rank_status::STATE_FAILED) {
+    log_line(self, "spare rank process (pid " + std::to_string(sp->pid) + ") failed: " + s.detail() + "; stopping it");
+    st.launcher->terminate(sp->pid);
+  }
+  return true;
+}
+
+// The slot of an exited rank goes to the oldest warm spare, told so before
+// any plan reaches it; the pool starts its place again later. The spare's
+// pid, or none when no spare is warm.
+std::optional<int32_t> hand_slot_to_spare(agent_self self, int32_t local_rank) {
+  auto& st = self->state;
+  const auto now = self->clock().now();
+  auto spare = st.spares.take(now);
+  if (!spare) return std::nullopt;
+  auto& r = st.ranks[local_rank];
+  r.pid = spare->pid;
+  r.alive = true;
+  r.ready = true;  // warmed up: the coordinator plans it in at once (spare_takes_over)
+  r.peer = spare->peer;
+  r.last_seen = now;
+  r.finished.reset();
+  ++r.starts;
+  auto env = envelope(self);
+  env.mutable_spare_slot()->set_local_rank(local_rank);
+  st.out(links::ranks, r.peer, std::move(env));
+  emit(self, nev::rank_started{local_rank, r.pid, r.peer});
+  note_spares(self, 1);
+  return r.pid;
+}
+
+// A waiting spare ended (killed, crashed, stopped with the node): another
+// starts after the pool's backoff.
+void on_spare_exit(agent_self self, int32_t pid, int32_t exit_code) {
+  auto& st = self->state;
+  if (!st.spares.exited(pid, self->clock().now())) return;
+  if (!winding_down(st))
+    log_line(self, "spare rank process (pid " + std::to_string(pid) + ") exited with code " + std::to_string(exit_code) + exit_code_hint(exit_code) +
+                       "; starting another");
+  note_spares(self, 0);
+  quit_if_done(self);
 }
 
 // The coordinator accepted this node (or refused it: logged once per
@@ -225,6 +328,7 @@ void on_register_ack(agent_self self, const pb::register_ack& ack) {
     if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
   if (st.opts.rank_exit_limit_from_config)
     if (auto l = st.opts.rank_exit_limit_from_config(st.config_toml)) st.opts.rank_exit_limit = *l;
+  st.spares.resize(spares_wanted(st), self->clock().now());
   ++st.register_epoch;  // cancels the pending retry
   log_line(self, "node '" + st.opts.node_id.str() + "' registered as node rank " + std::to_string(st.node_rank));
   emit(self, nev::registered{st.job_id, st.node_rank});
@@ -307,6 +411,7 @@ void on_coordinator(agent_self self, const inbound& in) {
 // the node winds down. A hello from another process is ignored.
 void on_rank_hello(agent_self self, const inbound& in) {
   auto& st = self->state;
+  if (on_spare_hello(self, in)) return;
   const auto& hello = in.env.rank_hello();
   auto l = hello.local_rank();
   if (l < 0 || l >= static_cast<int32_t>(st.ranks.size())) return;
@@ -318,7 +423,7 @@ void on_rank_hello(agent_self self, const inbound& in) {
   if (winding_down(st)) {
     stop_rank(self, r);
   } else {
-    send_warm_up(self, r);
+    send_warm_up(self, r.peer);
     // A plan that already names this rank's first process (planned
     // before it said hello) goes along; a restarted process is not part
     // of the running generation and waits for the next one.
@@ -346,6 +451,7 @@ void note_rank_status(agent_self self, const inbound& in) {
 void on_rank(agent_self self, inbound& in) {
   auto& st = self->state;
   auto& env = in.env;
+  if (env.body_case() != pb::envelope::kRankHello && on_spare_message(self, in)) return;
   switch (env.body_case()) {
     case pb::envelope::kRankHello:
       on_rank_hello(self, in);
@@ -361,6 +467,7 @@ void on_rank(agent_self self, inbound& in) {
         st.best_step = env.step_report().step();
         st.exits_without_step = 0;
       }
+      st.spares.training(self->clock().now());  // a recovery is over: missing spares may start
       if (st.opts.annotate_report) st.opts.annotate_report(in.peer, *env.mutable_step_report());
       emit(self, nev::steps_reported{env.step_report()});
       break;
@@ -384,6 +491,8 @@ void check_ranks(agent_self self, clock_time now) {
   std::map<std::string, clock_time> seen;
   for (const auto& r : st.ranks)
     if (r.alive && !r.peer.empty()) seen[std::to_string(r.pid)] = r.last_seen;
+  for (const auto& p : st.spares.processes())
+    if (!p.peer.empty()) seen[std::to_string(p.pid)] = p.last_seen;
   // Lenient: a falsely killed rank costs a recovery, and a rank's control
   // thread competes with training for the cores.
   auto lenient = st.opts.liveness;
@@ -394,6 +503,13 @@ void check_ranks(agent_self self, clock_time now) {
         log_line(self, "rank with pid " + lost.peer + " silent for " + std::to_string(lost.detected_after_s) + " s; killing it");
         r.last_seen = now;  // killed once; its exit follows
         st.launcher->kill(r.pid);
+      }
+    for (const auto& p : st.spares.processes())
+      if (std::to_string(p.pid) == lost.peer) {
+        log_line(self, "spare rank process with pid " + lost.peer + " silent; killing it");
+        st.spares.by_pid(p.pid)->last_seen = now;
+        st.launcher->kill(p.pid);
+        break;
       }
   }
 }
@@ -406,8 +522,10 @@ void on_tick(agent_self self) {
   if (const auto pause = st.pauses.on_tick(now, st.opts.liveness.heartbeat_interval); pause > clock_duration{0}) {
     st.last_heard = credit_pause(st.last_heard, pause, now);
     for (auto& r : st.ranks) r.last_seen = credit_pause(r.last_seen, pause, now);
+    st.spares.credit_pause(pause, now);
   }
   if (!winding_down(st)) check_ranks(self, now);
+  if (!winding_down(st) && !st.config_toml.empty()) start_spares(self, now);
   if (!member(st)) return;
   if (!find_lost(now, {{"coordinator", st.last_heard}}, st.opts.liveness).empty()) {
     enter_registering(self, "no word from the coordinator for " + std::to_string(std::chrono::duration<double>(now - st.last_heard).count()) + " s");
@@ -446,7 +564,7 @@ void on_rank_exit(agent_self self, int32_t pid, int32_t exit_code) {
   int32_t local_rank = -1;
   for (size_t l = 0; l < st.ranks.size(); ++l)
     if (st.ranks[l].alive && st.ranks[l].pid == pid) local_rank = static_cast<int32_t>(l);
-  if (local_rank < 0) return;
+  if (local_rank < 0) return on_spare_exit(self, pid, exit_code);
   auto& r = st.ranks[local_rank];
   r.alive = false;
   r.peer.clear();
@@ -469,7 +587,13 @@ void on_rank_exit(agent_self self, int32_t pid, int32_t exit_code) {
               std::to_string(limit) + "): not restarting it";
     st.exits_without_step = 0;  // the node's next rank to go gets the same chances
   }
-  report_rank(self, local_rank, pb::rank_status::STATE_EXITED, exit_code, detail);
+  const auto spare = r.given_up ? std::nullopt : hand_slot_to_spare(self, local_rank);
+  if (spare) detail += "; a warm spare (pid " + std::to_string(*spare) + ") takes its place";
+  report_rank(self, local_rank, pb::rank_status::STATE_EXITED, exit_code, detail, spare.has_value());
+  if (spare) {
+    log_line(self, detail);
+    return;
+  }
   if (!r.given_up) {
     log_line(self, detail + "; restarting");
     schedule_restart(self, local_rank);
@@ -573,6 +697,7 @@ node_agent_handle::behavior_type node_agent(agent_self self, node_agent_options 
   st.out = std::move(out);
   st.launcher = std::move(launcher);
   st.ranks.resize(static_cast<size_t>(std::max(st.opts.nproc, 0)));
+  st.spares = spare_pool(st.opts.spare_pool);
   return {
       [=](start_atom) {
         if (self->state.phase != node_phase::unregistered) return;

@@ -37,6 +37,7 @@
 #include "actors/liveness.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_id.hpp"
+#include "actors/spare_pool.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/stateful_actor.hpp"
 #include "caf/typed_actor.hpp"
@@ -54,6 +55,10 @@ class process_launcher {
   virtual ~process_launcher() = default;
   // Starts the rank process for `local_rank`; its pid, or one line saying why not.
   virtual result<int32_t> spawn(int32_t local_rank) = 0;
+  // Starts a warm spare rank process (no local rank until the agent gives
+  // it one: actors/spare_pool.hpp); its pid, or why not. Its exit is
+  // reported as a rank's.
+  virtual result<int32_t> spawn_spare() { return make_error("this node starts no spare rank processes"); }
   // Asks the process to end (SIGTERM; SIGKILL after a grace period if it
   // does not); its exit is still reported.
   virtual void terminate(int32_t pid) = 0;
@@ -98,6 +103,12 @@ struct plan_received {
 struct steps_reported {
   pb::step_report report;
 };
+// The node's warm spares changed: `warm` wait now; `taken` of them took
+// a rank's place just now (0 or 1).
+struct spares {
+  int32_t warm = 0;
+  int32_t taken = 0;
+};
 // Every rank of this node was given up (node_agent_options::rank_exit_limit):
 // the node leaves the job, and its process exits 1 with `reason`. Emitted
 // before the agent quits.
@@ -106,7 +117,7 @@ struct gave_up {
 };
 }  // namespace nev
 using node_event =
-    std::variant<nev::registered, nev::refused, nev::heartbeat_acked, nev::rank_started, nev::plan_received, nev::steps_reported, nev::gave_up>;
+    std::variant<nev::registered, nev::refused, nev::heartbeat_acked, nev::rank_started, nev::plan_received, nev::steps_reported, nev::gave_up, nev::spares>;
 using node_event_sink = std::function<void(const node_event&)>;
 
 struct node_agent_options {
@@ -144,6 +155,12 @@ struct node_agent_options {
   // Reads cluster.rank_exit_limit from the config in register_ack (may be
   // empty; nullopt keeps the option above).
   std::function<std::optional<int32_t>(const std::string& config_toml)> rank_exit_limit_from_config;
+  // Warm spare rank processes to keep (--spares; actors/spare_pool.hpp);
+  // none: the job's cluster.spare_ranks, read by spares_from_config from
+  // the config in register_ack (0 when that is empty too).
+  std::optional<int32_t> spares;
+  std::function<std::optional<int32_t>(const std::string& config_toml)> spares_from_config;
+  spare_pool_options spare_pool;
   log_fn log;
   // Everything worth a metric or the process's exit (may be empty).
   node_event_sink events;
@@ -194,6 +211,7 @@ struct node_agent_state {
   uint64_t heartbeat_seq = 0;
   std::optional<pb::generation_plan> plan;
   std::vector<rank_process> ranks;
+  spare_pool spares;  // warm spare rank processes, waiting for a slot
   int64_t last_step = 0;
   // Non-zero exits of this node's ranks since one of them last reported a
   // step beyond any reported before (a rank resumed from an older checkpoint

@@ -39,6 +39,13 @@ void on_node_message(rank_self self, const inbound& in) {
   if (in.env.has_generation_plan()) {
     if (!in.env.job_id().empty()) st.opts.header.job_id = in.env.job_id();
     if (st.work && st.work->offer(in.env.generation_plan())) st.newest_plan = std::max(st.newest_plan, in.env.generation_plan().generation());
+  } else if (in.env.has_spare_slot()) {
+    // Once, and only while a spare: its reports speak for that rank now.
+    const int32_t l = in.env.spare_slot().local_rank();
+    if (st.opts.local_rank >= 0 || l < 0) return;
+    st.opts.local_rank = l;
+    st.opts.header.sender = sender_id::of_rank(st.opts.node_id, l).to_string();
+    if (st.work) st.work->take_slot(l);
   } else if (in.env.has_shutdown()) {
     if (in.env.shutdown().checkpoint()) {
       if (st.work) st.work->request_stop(true);

@@ -22,8 +22,9 @@ namespace dtactor {
 
 struct rank_actor_options {
   envelope_header header;  // sender "rank/<node>/<local rank>", this process's incarnation
-  int32_t local_rank = 0;
-  int32_t pid = 0;  // this process, for the node's hello
+  std::string node_id;
+  int32_t local_rank = 0;  // -1: a warm spare until the node gives it a slot (spare_slot)
+  int32_t pid = 0;         // this process, for the node's hello
   std::chrono::milliseconds heartbeat_interval{100};
   // Sends one envelope to the node agent (enqueues; never blocks).
   std::function<void(pb::envelope)> send;
@@ -45,7 +46,8 @@ struct rank_actor_state {
 // (tick_atom): its own timer: a heartbeat to the node.
 // (report_atom, generation, inbound): a report from the training thread.
 // inbound from the node: generation_plan -> offered to the worker; shutdown
-//   with checkpoint -> request_stop(true); shutdown -> quit() and the actor ends.
+//   with checkpoint -> request_stop(true); shutdown -> quit() and the actor ends;
+//   spare_slot (a spare only) -> it is that local rank from now on.
 using rank_actor_handle =
     caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<tick_atom>, caf::reacts_to<report_atom, uint64_t, inbound>, caf::reacts_to<inbound>>;
 

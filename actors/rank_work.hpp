@@ -39,6 +39,10 @@ class rank_work {
   virtual void request_stop(bool checkpoint) = 0;
   // Leaves at once: abandons any collective, the thread ends.
   virtual void quit() = 0;
+  // A warm spare (started without a local rank) becomes local rank
+  // `local_rank` of its node; called before any plan that names it is
+  // offered. Its first READY in the slot says so (from_spare).
+  virtual void take_slot(int32_t local_rank) = 0;
 };
 
 }  // namespace dtactor

@@ -109,6 +109,11 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
   app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");
   app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
+  app.add_flag("--spare", cl.spare, "rank (started by the node agent): a warm spare, given its local rank when it takes a rank's place")->group("");
+  app.add_option("--spares", cl.spares,
+                 "node: spare rank processes to keep started and warmed up, each taking the place of a rank process that exits "
+                 "(default: the job's cluster.spare_ranks)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--fail-at-step", cl.fail_at_step,
                  "node, for tests: after step N, local rank 0 injects the fault given by --fail-mode (default: off)");
   app.add_option("--preemption-notice", cl.preemption_notice,

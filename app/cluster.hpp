@@ -23,6 +23,8 @@ struct cluster_cli {
   std::string node_endpoint;                   // rank: its node's ipc endpoint
   int nproc_per_node = 1;
   int local_rank = 0;                          // rank
+  bool spare = false;                          // rank: started as a warm spare, without a local rank (node_spares)
+  int spares = -1;                             // node: spare rank processes to keep warm (-1: cluster.spare_ranks)
   int threads_per_rank = 0;                    // node, rank: cores each rank uses when train.threads = 0 (0: cores / nproc)
   int metrics_port = 0;
   std::string metrics_addr = "0.0.0.0";       // address /metrics binds (unauthenticated: choose it)

@@ -147,6 +147,7 @@ void coordinator_sink::on(const ev::recovery_done& e) {
   jn_.write(e);
   note_goodput(e);
   m_.recoveries(e.cause).Increment();
+  if (e.spare_ranks) m_.spare_takeovers().Increment(*e.spare_ranks);
   m_.recovery().Observe(e.duration_s);
   if (e.lost_steps > 0) m_.lost_steps().Increment(static_cast<double>(e.lost_steps));
   char line[160];

@@ -99,6 +99,18 @@ class rank_launcher : public process_launcher {
     return static_cast<int32_t>(pid);
   }
 
+  // A warm spare: the ranks' arguments without a local rank (and without
+  // fault injection, which is local rank 0's first process's).
+  result<int32_t> spawn_spare() override {
+    auto args = base_;
+    args.push_back("--spare");
+    auto c = spawn_rank(args);
+    if (!c) return c.err();
+    const pid_t pid = c->release();
+    reaper_.adopt(pid);
+    return static_cast<int32_t>(pid);
+  }
+
   // A rank leaves at once on SIGUSR2, the node's own signal to it (SIGTERM
   // may come from a scheduler to the whole process tree, and then the node
   // decides: app/rank.cpp); one that does not (stopped, stuck in the
@@ -168,6 +180,9 @@ decltype(node_agent_options::events) events_to_metrics(metrics& m, std::atomic<z
     } else if (const auto* plan = std::get_if<nev::plan_received>(&e)) {
       m.generation().Set(static_cast<double>(plan->generation));
       m.world_size().Set(plan->world_size);
+    } else if (const auto* sp = std::get_if<nev::spares>(&e)) {
+      m.spare_ranks().Set(sp->warm);
+      if (sp->taken > 0) m.spare_takeovers().Increment(sp->taken);
     } else if (const auto* steps = std::get_if<nev::steps_reported>(&e)) {
       const auto& r = steps->report;
       m.samples().Increment(static_cast<double>(r.samples()));
@@ -342,6 +357,14 @@ node_agent_options agent_options(const cluster_cli& cli, const node_identity& wh
     auto cluster = cluster_settings_of(c.value());
     if (!cluster) return std::nullopt;
     return static_cast<int32_t>(cluster.value().rank_exit_limit);
+  };
+  if (cli.spares >= 0) o.spares = cli.spares;
+  o.spares_from_config = [](const std::string& toml) -> std::optional<int32_t> {
+    auto c = config::parse_toml(toml, "register_ack");
+    if (!c) return std::nullopt;
+    auto cluster = cluster_settings_of(c.value());
+    if (!cluster) return std::nullopt;
+    return cluster.value().spare_ranks;
   };
   // Never blocks the agent (a stderr nobody reads would stop its heartbeats).
   o.log = [](const std::string& line) { stderr_line("node: " + printable(line, 0)); };

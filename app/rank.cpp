@@ -78,7 +78,8 @@ bool tune_malloc() {
 rank_worker_options worker_options(const cluster_cli& cli, bool own_mmap_threshold) {
   rank_worker_options w;
   w.node_id = cli.node_id;
-  w.local_rank = cli.local_rank;
+  // A warm spare has no slot until its node gives it one (spare_slot).
+  w.local_rank = cli.spare ? -1 : cli.local_rank;
   w.local_world = cli.nproc_per_node;
   w.threads = cli.threads_per_rank;
   w.advertise_addr = cli.advertise_addr;
@@ -134,7 +135,9 @@ int run_rank(const cluster_cli& cli) {
   const rank_worker_options w = worker_options(cli, own_mmap_threshold);
 
   envelope_header header;
-  header.sender = sender_id::of_rank(cli.node_id, cli.local_rank).to_string();
+  // A spare's "rank/<node>/-1" names no rank: its node goes by the
+  // connection, and nothing a spare sends before it has a slot is relayed.
+  header.sender = sender_id::of_rank(cli.node_id, w.local_rank).to_string();
   header.incarnation = wire::new_incarnation();
 
   caf::actor_system_config sys_cfg;
@@ -147,7 +150,8 @@ int run_rank(const cluster_cli& cli) {
   auto send = [&bridge](pb::envelope env) { (void)bridge->send("node", "", env); };
   rank_actor_options ro;
   ro.header = header;
-  ro.local_rank = cli.local_rank;
+  ro.node_id = cli.node_id;
+  ro.local_rank = w.local_rank;
   ro.pid = static_cast<int32_t>(::getpid());
   ro.send = send;
   ro.make_work = [w](rank_work_callbacks cb) -> std::unique_ptr<rank_work> { return std::make_unique<rank_worker>(w, std::move(cb)); };

@@ -150,6 +150,8 @@ std::vector<config_key> cluster_keys() {
     {"cluster.flap_max_failures", vk::integer, "3", "A node lost this many times within cluster.flap_window_ms is quarantined.", 1},
     {"cluster.flap_window_ms", vk::integer, "60000", "Window in which a node's losses count towards quarantine.", 1},
     {"cluster.quarantine_ms", vk::integer, "10000", "First quarantine of a flapping node; doubles on each repeat, at most 5 minutes.", 0},
+    {"cluster.spare_ranks", vk::integer, "0",
+     "Spare rank processes each node keeps started and warmed up (LibTorch loaded, model built, data opened), waiting: when a rank process of the node exits, a spare takes its place at once and the world is back at full size at the next generation, without a process start; the node then starts a new spare in the background. Each spare costs a rank's memory. A node's --spares overrides it (0 = none; at most 64).", 0},
     {"cluster.rank_exit_limit", vk::integer, "5", "A node whose rank processes exited (non-zero) this many times in a row, with no step completed beyond those completed before, stops restarting the rank that exited last (out of memory at that step, or broken there); the job goes on with the other ranks, and a node left with none leaves the job (0 = restart forever).", 0},
   };
 }

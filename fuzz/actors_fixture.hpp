@@ -146,6 +146,7 @@ inline rank_actor_options rank_options(const std::string& node_id, int32_t local
   rank_actor_options o;
   o.header.sender = sender_id::of_rank(node_id, local_rank).to_string();
   o.header.incarnation = 9 + static_cast<uint64_t>(pid);
+  o.node_id = node_id;
   o.local_rank = local_rank;
   o.pid = pid;
   o.send = std::move(send);

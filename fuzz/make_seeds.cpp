@@ -118,6 +118,7 @@ struct scripted_work : rank_work {
   }
   void request_stop(bool) override { stop_asked = true; }
   void quit() override {}
+  void take_slot(int32_t l) override { local = l; }
 
   // One step of the current generation (called every 50 ms of the clock).
   void tick() {

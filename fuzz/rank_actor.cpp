@@ -29,6 +29,7 @@ class fake_work : public rank_work {
   }
   void request_stop(bool) override {}
   void quit() override {}
+  void take_slot(int32_t) override {}
 };
 
 }  // namespace

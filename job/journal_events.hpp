@@ -379,12 +379,15 @@ struct recovery_done {
   // (the plan's delivery, the first step). Detection is node_lost's
   // detected_after_s.
   std::optional<double> ready_s, group_s, state_s, first_step_s;
+  // Ranks of the generation that were a node's warm spares, taking the
+  // place of a rank process that exited (absent: none).
+  std::optional<int32_t> spare_ranks;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("resumed_step", s.resumed_step),
         f("lost_steps", s.lost_steps), f("duration_s", s.duration_s), f("optimizer_source", s.optimizer), f("reshard_bytes", s.reshard_bytes),
         f("lost_inner_steps", s.lost_inner_steps), f("replayed_slices", s.replayed_slices), f("ready_s", s.ready_s), f("group_s", s.group_s),
-        f("state_s", s.state_s), f("first_step_s", s.first_step_s);
+        f("state_s", s.state_s), f("first_step_s", s.first_step_s), f("spare_ranks", s.spare_ranks);
   }
 };
 
@@ -420,10 +423,12 @@ struct rank_down {
   int32_t exit_code = 0;
   int64_t step = 0;
   uint64_t generation = 0;
+  // rank_exited: a warm spare of its node took its place (absent: none did).
+  std::optional<bool> spare;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("rank", s.rank), f("local_rank", s.local_rank), f("node", s.node), f("detail", s.detail), f("exit_code", s.exit_code), f("step", s.step),
-        f("generation", s.generation);
+        f("generation", s.generation), f("spare", s.spare);
   }
 };
 

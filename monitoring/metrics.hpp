@@ -82,6 +82,12 @@ class metrics {
   // (ev::plan_cause: "node_lost", "rank_exited", "node_left", ...).
   prometheus::Counter& recoveries(ev::plan_cause cause);
   prometheus::Counter& lost_steps() { return *lost_steps_; }  // completed steps a recovery did not resume from
+  // dtactor_spare_takeovers_total: rank processes that took a rank's place
+  // from a node's warm spares (the coordinator: ranks planned in so, from
+  // recovery_done's spare_ranks; a node: its own takeovers).
+  prometheus::Counter& spare_takeovers() { return *spare_takeovers_; }
+  // dtactor_spare_ranks (a node): its warm spares waiting now.
+  prometheus::Gauge& spare_ranks() { return *spare_ranks_; }
   // train.sync = diloco: synchronisations, pseudo-gradient bytes the ranks
   // handed to the exchange (all ranks), the averaged pseudo-gradient's norm
   // at the last one, and the share of its window the exchange was in flight.
@@ -203,6 +209,8 @@ class metrics {
   prometheus::Gauge* samples_per_second_ = nullptr;
   prometheus::Counter* samples_ = nullptr;
   prometheus::Counter* lost_steps_ = nullptr;
+  prometheus::Counter* spare_takeovers_ = nullptr;
+  prometheus::Gauge* spare_ranks_ = nullptr;
   prometheus::Counter* outer_steps_ = nullptr;
   prometheus::Counter* outer_bytes_ = nullptr;
   prometheus::Gauge* pseudo_gradient_norm_ = nullptr;

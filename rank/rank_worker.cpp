@@ -88,6 +88,47 @@ void rank_worker::quit() {
   cv_.notify_all();
 }
 
+void rank_worker::take_slot(int32_t local_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (opts_.local_rank >= 0 || local_rank < 0) return;
+  opts_.local_rank = local_rank;
+  from_spare_ = true;
+}
+
+int rank_worker::local_rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return opts_.local_rank;
+}
+
+rank_worker_callbacks rank_worker::generation_callbacks() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!from_spare_) return cb_;
+  }
+  rank_worker_callbacks cb = cb_;
+  cb.on_status = [this](uint64_t gen, pb::rank_status s) {
+    if (s.status() == pb::rank_status::STATE_READY) {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.set_from_spare(from_spare_);
+      from_spare_ = false;
+    }
+    if (cb_.on_status) cb_.on_status(gen, std::move(s));
+  };
+  return cb;
+}
+
+status rank_worker::open_sample_log() {
+  auto& im = *impl_;
+  const std::string& dir = im.settings.data.sample_log;
+  const int local = local_rank();
+  if (dir.empty() || local < 0 || im.samples_log) return {};
+  auto opened = sample_log::open(dir, opts_.node_id + "-r" + std::to_string(local));
+  if (!opened) return opened.err();
+  im.samples_log = std::move(opened.value());
+  im.state->record_samples(true);
+  return {};
+}
+
 bool rank_worker::join_for(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return done_.load(); })) return false;
@@ -172,16 +213,11 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
       // them into its flat buffers, go back to the kernel (see train()).
       ::malloc_trim(0);
     }
-    if (const std::string& dir = s.data.sample_log; !dir.empty()) {
-      auto opened = sample_log::open(dir, opts_.node_id + "-r" + std::to_string(opts_.local_rank));
-      if (!opened) return opened.err();
-      im.samples_log = std::move(opened.value());
-      im.state->record_samples(true);
-    }
     im.sync = make_sync_strategy(s.modes.sync);
     im.saver = make_saver(s, *im.sync);
     im.settings = std::move(s);
     im.cfg = std::move(cfg);
+    if (auto opened = open_sample_log(); !opened) return opened;
   } catch (const std::exception& e) {
     std::string what = e.what();
     return make_error(what.substr(0, what.find('\n')));
@@ -190,9 +226,8 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
 }
 
 void rank_worker::run() {
-  const int local = opts_.local_rank;
   auto status = [&](uint64_t gen, pb::rank_status::state s, int rank, int64_t step, const std::string& detail) {
-    if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local, step, detail));
+    if (cb_.on_status) cb_.on_status(gen, status_of(s, rank, local_rank(), step, detail));
   };
   pb::generation_plan plan;
   double offered_at = 0;
@@ -201,7 +236,7 @@ void rank_worker::run() {
   if (auto st = warm_up(plan); !st) return status(plan.generation(), pb::rank_status::STATE_FAILED, -1, 0, st.message());
   {
     // The data as this rank opened it, for the coordinator to compare.
-    auto idle = status_of(pb::rank_status::STATE_IDLE, -1, local, im.state->step(), "warmed up");
+    auto idle = status_of(pb::rank_status::STATE_IDLE, -1, local_rank(), im.state->step(), "warmed up");
     if (opts_.data_digests)
       for (auto& [path, digest] : data_file_digests(*im.cfg)) (*idle.mutable_data_digests())[path] = digest;
     // The module it loaded is the coordinator's, wherever it came from.
@@ -234,7 +269,7 @@ void rank_worker::fit_threads_to_host(const pb::generation_plan& plan) {
   // counts every rank of the generation on this machine.
   int host_ranks = 0;
   for (const auto& a : plan.ranks())
-    if (a.node_id() == opts_.node_id && a.local_rank() == opts_.local_rank) host_ranks = a.host_ranks();
+    if (a.node_id() == opts_.node_id && a.local_rank() == local_rank()) host_ranks = a.host_ranks();
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int n = host_ranks > 0 ? std::max(1, hw / host_ranks) : im.threads;
   if (n != im.threads) {
@@ -248,9 +283,10 @@ void rank_worker::fit_threads_to_host(const pb::generation_plan& plan) {
 rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan, double offered_at) {
   auto& im = *impl_;
   training_state& state = *im.state;
-  generation_run g(plan, cb_);
+  const rank_worker_callbacks cb = generation_callbacks();
+  generation_run g(plan, cb);
   g.gen = plan.generation();
-  g.local = opts_.local_rank;
+  g.local = local_rank();
   g.rank = global_rank_in(plan, opts_.node_id, g.local);
   g.world = plan.world_size();
   g.offered_at = offered_at;
@@ -264,6 +300,7 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
     return outcome::idle;
   }
   fit_threads_to_host(plan);
+  if (auto opened = open_sample_log(); !opened) return g.failed(opened.message(), state.step());
   // However the generation ends, a checkpoint write still reading the state
   // (checkpoint.direct) is over before anything else touches it: the next
   // generation's reshard or load, the caller's state after quit.

@@ -61,7 +61,7 @@ using rank_worker_callbacks = rank_work_callbacks;
 
 struct rank_worker_options {
   std::string node_id;
-  int local_rank = 0;
+  int local_rank = 0;              // -1: a warm spare, until take_slot
   int local_world = 1;             // ranks of this node (the machine's cores are split between them)
   int threads = 0;                 // compute threads when train.threads = 0 (0: cores / local_world)
   std::string advertise_addr;      // this machine's address for the collectives
@@ -109,6 +109,9 @@ class rank_worker : public rank_work {
   void request_stop(bool checkpoint) override;
   // Leaves at once: abandons any collective, the thread ends.
   void quit() override;
+  // A warm spare becomes local rank `local_rank` (before any plan naming
+  // it); its first READY there carries from_spare.
+  void take_slot(int32_t local_rank) override;
   // Waits up to `timeout` for the thread to end; false if it did not.
   bool join_for(std::chrono::milliseconds timeout);
 
@@ -130,6 +133,13 @@ class rank_worker : public rank_work {
   // plan without drain is waiting.
   bool abandon(uint64_t gen) const;
   bool newer_plan_waiting(uint64_t gen) const { return offered_gen_.load() > gen; }
+  int local_rank() const;  // opts_.local_rank, which take_slot sets once
+  // The sample log (data.sample_log) under this rank's name: at the
+  // warm-up, or for a spare once it has a slot.
+  status open_sample_log();
+  // The callbacks of a generation: a spare's first READY in its slot says
+  // it was one.
+  rank_worker_callbacks generation_callbacks();
 
   rank_worker_options opts_;
   rank_worker_callbacks cb_;
@@ -144,6 +154,7 @@ class rank_worker : public rank_work {
   std::atomic<uint64_t> abort_gen_{0};     // newest generation offered without drain
   std::atomic<uint64_t> running_gen_{0};   // the generation the training thread runs (0: none yet)
   std::atomic<bool> stop_{false}, stop_checkpoint_{false}, quit_{false}, done_{false};
+  bool from_spare_ = false;  // took a slot as a spare and has not reported READY in it yet (mu_)
   std::thread thread_;
 };
 

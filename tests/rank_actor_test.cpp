@@ -28,14 +28,18 @@ struct fake_work : rank_work {
   }
   void request_stop(bool checkpoint) override { stops.push_back(checkpoint); }
   void quit() override { quit_called = true; }
+  void take_slot(int32_t l) override { slots.push_back(l); }
+  std::vector<int32_t> slots;  // take_slot's local ranks
 };
 
 class rank_actor_test : public ::testing::Test, public caf_fixture {
  protected:
-  void start() {
+  // local_rank -1: a warm spare.
+  void start(int32_t local_rank = 1) {
     rank_actor_options o;
-    o.header = envelope_header{1, "job", "rank/a/1", 9};
-    o.local_rank = 1;
+    o.header = envelope_header{1, "job", "rank/a/" + std::to_string(local_rank), 9};
+    o.node_id = "a";
+    o.local_rank = local_rank;
     o.pid = 4242;
     o.heartbeat_interval = 100ms;
     auto log = sent;
@@ -49,6 +53,7 @@ class rank_actor_test : public ::testing::Test, public caf_fixture {
         bool offer(const pb::generation_plan& p) override { return w->offer(p); }
         void request_stop(bool c) override { w->request_stop(c); }
         void quit() override { w->quit(); }
+        void take_slot(int32_t l) override { w->take_slot(l); }
       };
       auto h = std::make_unique<handle>();
       h->w = w;
@@ -140,4 +145,24 @@ TEST_F(rank_actor_test, a_shutdown_with_checkpoint_stops_at_a_step_boundary_and_
   bye.mutable_shutdown()->set_reason("job finished");
   from_node(bye);
   EXPECT_TRUE(work->quit_called);
+}
+
+// A warm spare says hello without a local rank; the node's spare_slot makes
+// it that rank (once): its worker is told, and what it sends names the rank.
+TEST_F(rank_actor_test, a_spare_takes_the_slot_its_node_gives_it_once) {
+  start(-1);
+  auto hello = with(pb::envelope::kRankHello);
+  ASSERT_EQ(hello.size(), 1u);
+  EXPECT_EQ(hello[0].rank_hello().local_rank(), -1);
+  pb::envelope slot;
+  slot.mutable_spare_slot()->set_local_rank(2);
+  from_node(slot);
+  slot.mutable_spare_slot()->set_local_rank(3);
+  from_node(slot);  // a second one changes nothing
+  EXPECT_EQ(work->slots, std::vector<int32_t>{2});
+  sent->clear();
+  advance(100ms);
+  auto hb = with(pb::envelope::kHeartbeat);
+  ASSERT_FALSE(hb.empty());
+  EXPECT_EQ(hb.back().sender(), "rank/a/2");
 }
