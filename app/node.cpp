@@ -391,10 +391,16 @@ std::shared_ptr<rank_launcher> make_launcher(const cluster_cli& cli, const node_
 // coordinator is a key problem, not a full queue or an unreachable
 // coordinator: said so (at most once a second after the first few) and
 // counted in `coordinator_refusals`. A connection to a coordinator address
-// that comes up is told to the agent (it registers there at once).
+// that comes up is told to the agent (it registers there at once). The
+// coordinator's address is dialled every 100-200 ms while nobody listens
+// there, without backing off (as each of several addresses is): one
+// address in front of a coordinator and its standby (a floating address, a
+// Service) gets the new leader's port a TTL after the loss, and a backoff
+// grown meanwhile would find it seconds later.
 std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const node_agent_handle& agent, std::shared_ptr<std::atomic<uint64_t>> coordinator_refusals) {
   zmq_bridge_options bo;
   bo.key = cli.key;
+  bo.reconnect_ivl_max_ms = bo.group_reconnect_ivl_max_ms;
   auto refusals = std::make_shared<log_limiter>(nullptr, log_limiter::options{1, std::chrono::seconds(5)});
   return std::make_unique<zmq_bridge>(
       bo, [agent](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(agent, inbound{link, peer, std::move(env)}); },

@@ -127,15 +127,16 @@ class trial_run:
                 p.wait()
 
 
-def one_trial(work, ttl_ms):
+def one_trial(work, ttl_ms, one_address=False):
     t = trial_run(work, ttl_ms)
-    pa, pb = free_port(), free_port()
+    pa = free_port()
+    pb = pa if one_address else free_port()
     try:
         t.coordinator("a", pa)
         wait(lambda: "holds the job's lease" in t.log("a"), 60, "coordinator a to hold the lease")
         t.coordinator("b", pb)
         wait(lambda: "standing by" in t.log("b"), 60, "coordinator b to stand by")
-        coords = "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d" % (pa, pb)
+        coords = "tcp://127.0.0.1:%d" % pa if one_address else "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d" % (pa, pb)
         for n in ("x", "y"):
             t.start(n, ["--role", "node", "--coordinator", coords, "--node-id", n, "--advertise-addr", "127.0.0.1", "--threads-per-rank", "1"])
         wait(lambda: [e for e in named(journal(t.run), "step") if e["step"] >= KILL_AT_STEP and e["world_size"] == 2], 300, "step %d at world 2" % KILL_AT_STEP)
@@ -202,11 +203,13 @@ def main():
     ap.add_argument("--lease-ttl-ms", type=int, default=2000)
     ap.add_argument("--out", default=os.path.join(HERE, "standby_takeover_results.json"))
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--one-address", action="store_true",
+                    help="both coordinators on one address, the nodes given it alone (as behind a floating address or a Service)")
     a = ap.parse_args()
     trials = []
     for i in range(a.trials):
         work = tempfile.mkdtemp(prefix="dtactor-standby-bench-")
-        r = one_trial(work, a.lease_ttl_ms)
+        r = one_trial(work, a.lease_ttl_ms, a.one_address)
         print("trial %d: %s" % (i + 1, json.dumps(r)), file=sys.stderr)
         trials.append(r)
         if not a.keep:
@@ -220,7 +223,8 @@ def main():
     result["takeover"]["checkpoints_after_takeover_that_evaluate"] = sum(1 for x in trials if x["checkpoint_after_takeover"]["eval_exit"] == 0)
     F = bench_meta.figure
     out = bench_meta.write(a.out, result, "A standby coordinator takes over: kill -9 of the leading coordinator while 2 nodes train the "
-                           "default-config ViT job, the lease in a shared directory (TTL %d ms), %d trials (medians)" % (a.lease_ttl_ms, a.trials),
+                           "default-config ViT job, the lease in a shared directory (TTL %d ms)%s, %d trials (medians)"
+                           % (a.lease_ttl_ms, ", both coordinators on one address" if a.one_address else "", a.trials),
                            "Recovery from faults", [
                                F("the kill to the standby holding the lease", ["takeover", "lease_s", "median"], "s"),
                                F("the kill to the standby listening (nodes can reach it)", ["takeover", "listening_s", "median"], "s"),
