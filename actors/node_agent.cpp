@@ -651,6 +651,12 @@ void on_restart_due(agent_self self, int32_t local_rank, uint64_t epoch) {
   if (local_rank < 0 || local_rank >= static_cast<int32_t>(st.ranks.size())) return;
   auto& r = st.ranks[local_rank];
   if (epoch != r.restart_epoch || r.alive || winding_down(st)) return;
+  // A spare warmed up meanwhile: it says STATE_IDLE as this rank, and is
+  // planned in as a restarted process would be, a start sooner.
+  if (const auto spare = hand_slot_to_spare(self, local_rank)) {
+    log_line(self, "rank " + std::to_string(local_rank) + ": a warm spare (pid " + std::to_string(*spare) + ") takes its place");
+    return;
+  }
   start_rank(self, local_rank);
 }
 

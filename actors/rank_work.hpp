@@ -41,7 +41,8 @@ class rank_work {
   virtual void quit() = 0;
   // A warm spare (started without a local rank) becomes local rank
   // `local_rank` of its node; called before any plan that names it is
-  // offered. Its first READY in the slot says so (from_spare).
+  // offered. A spare already warmed up says STATE_IDLE again as that rank;
+  // its first READY in the slot says it was a spare (from_spare).
   virtual void take_slot(int32_t local_rank) = 0;
 };
 

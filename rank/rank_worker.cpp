@@ -89,10 +89,17 @@ void rank_worker::quit() {
 }
 
 void rank_worker::take_slot(int32_t local_rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (opts_.local_rank >= 0 || local_rank < 0) return;
-  opts_.local_rank = local_rank;
-  from_spare_ = true;
+  std::optional<pb::rank_status> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (opts_.local_rank >= 0 || local_rank < 0) return;
+    opts_.local_rank = local_rank;
+    from_spare_ = true;
+    idle = warmed_up_;
+  }
+  if (!idle || !cb_.on_status) return;
+  idle->set_local_rank(local_rank);
+  cb_.on_status(0, std::move(*idle));
 }
 
 int rank_worker::local_rank() const {
@@ -241,6 +248,10 @@ void rank_worker::run() {
       for (auto& [path, digest] : data_file_digests(*im.cfg)) (*idle.mutable_data_digests())[path] = digest;
     // The module it loaded is the coordinator's, wherever it came from.
     if (!im.module_digest.empty()) (*idle.mutable_data_digests())[im.settings.model.file] = im.module_digest;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (opts_.local_rank < 0) warmed_up_ = idle;
+    }
     if (cb_.on_status) cb_.on_status(0, std::move(idle));
   }
 

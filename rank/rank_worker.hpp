@@ -110,7 +110,9 @@ class rank_worker : public rank_work {
   // Leaves at once: abandons any collective, the thread ends.
   void quit() override;
   // A warm spare becomes local rank `local_rank` (before any plan naming
-  // it); its first READY there carries from_spare.
+  // it): it says its warm-up's STATE_IDLE again as that rank (with the data
+  // digests, for the coordinator), and its first READY there carries
+  // from_spare.
   void take_slot(int32_t local_rank) override;
   // Waits up to `timeout` for the thread to end; false if it did not.
   bool join_for(std::chrono::milliseconds timeout);
@@ -155,6 +157,7 @@ class rank_worker : public rank_work {
   std::atomic<uint64_t> running_gen_{0};   // the generation the training thread runs (0: none yet)
   std::atomic<bool> stop_{false}, stop_checkpoint_{false}, quit_{false}, done_{false};
   bool from_spare_ = false;  // took a slot as a spare and has not reported READY in it yet (mu_)
+  std::optional<pb::rank_status> warmed_up_;  // the warm-up's STATE_IDLE, said again as the slot's rank (mu_)
   std::thread thread_;
 };
 

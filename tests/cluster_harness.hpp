@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <regex>
@@ -81,6 +83,22 @@ inline std::vector<pid_t> descendants(pid_t pid) {
   return out;
 }
 
+// Whether `pid` is a node's warm spare rank process (started with --spare).
+inline bool is_spare_process(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return cmd.find(std::string("--spare") + '\0') != std::string::npos;
+}
+
+// A node's rank processes (its children that are no spare), or with
+// `spares` its waiting spares.
+inline std::vector<pid_t> rank_processes(pid_t node_pid, bool spares = false) {
+  std::vector<pid_t> out;
+  for (pid_t p : descendants(node_pid))
+    if (is_spare_process(p) == spares) out.push_back(p);
+  return out;
+}
+
 struct cluster {
   std::string run_dir;
   std::string endpoint;
@@ -123,6 +141,10 @@ struct cluster {
     // Nodes share this machine's cores (as `dtactor local` splits them).
     a.insert(a.end(), {std::string(DTACTOR_BINARY), "--role", "node", "--coordinator", endpoint, "--node-id", id, "--threads-per-rank", "1"});
     if (loopback) a.insert(a.end(), {"--advertise-addr", "127.0.0.1"});
+    // DTACTOR_TEST_SPARES=N: every node keeps N warm spare rank processes
+    // (the fault tests with spares on); a test's own --spares wins.
+    if (const char* n = std::getenv("DTACTOR_TEST_SPARES"); n && *n && std::find(extra.begin(), extra.end(), "--spares") == extra.end())
+      a.insert(a.end(), {"--spares", n});
     a.insert(a.end(), extra.begin(), extra.end());
     auto n = child_process::spawn(a, false, run_dir + "/node-" + id + ".log");
     if (!n) return n.message();

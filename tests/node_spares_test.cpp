@@ -170,6 +170,22 @@ TEST_F(node_spares_test, without_a_warm_spare_the_rank_is_restarted_cold) {
   EXPECT_NE(st().ranks[0].pid, launcher->spares[0]);
 }
 
+TEST_F(node_spares_test, a_spare_warm_by_the_time_a_restart_is_due_takes_the_slot_instead) {
+  registered();
+  advance(600ms);
+  ASSERT_EQ(launcher->spares.size(), 1u);
+  const int32_t spare = launcher->spares[0];
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{1000}, int32_t{137});
+  run();
+  send(said(peer_of(spare), -1, spare));
+  send(status(peer_of(spare), pb::rank_status::STATE_IDLE));
+  wire.clear();
+  advance(150ms);  // the restart's backoff: 100 ms
+  EXPECT_EQ(wire.with(pb::envelope::kSpareSlot, peer_of(spare)).size(), 1u);
+  EXPECT_EQ(st().ranks[0].pid, spare);
+  EXPECT_EQ(launcher->next_pid, 1002);  // no cold start
+}
+
 TEST_F(node_spares_test, a_spare_that_dies_is_replaced_and_training_is_not_told) {
   registered();
   const int32_t spare = warm_spare();

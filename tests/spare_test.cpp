@@ -49,19 +49,8 @@ bool eventually(const std::function<bool()>& pred, int timeout_s = 90) {
   return pred();
 }
 
-bool is_spare(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
-  std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return cmd.find(std::string("--spare") + '\0') != std::string::npos;
-}
-
 // The node's rank processes (spare = false) or its waiting spares.
-std::vector<pid_t> processes(cluster& cl, const std::string& node, bool spare) {
-  std::vector<pid_t> out;
-  for (pid_t p : descendants(cl.nodes.at(node).pid()))
-    if (is_spare(p) == spare) out.push_back(p);
-  return out;
-}
+std::vector<pid_t> processes(cluster& cl, const std::string& node, bool spare) { return testing::rank_processes(cl.nodes.at(node).pid(), spare); }
 
 int free_port() { return pick_free_tcp_port().value(); }
 
@@ -190,7 +179,7 @@ TEST(Spares, AStopWithSparesWaitingEndsEveryProcess) {
     EXPECT_EQ(e->exit_code, 0) << id << ": " << e->describe() << "\n" << cl.logs();
   }
   // Every rank and spare ended with its node (reaped: no /proc entry left).
-  for (pid_t p : all) EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(p) + "/cmdline") && is_spare(p)) << p;
+  for (pid_t p : all) EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(p) + "/cmdline") && testing::is_spare_process(p)) << p;
 }
 
 }  // namespace
