@@ -15,7 +15,9 @@ order (docs/zero.md), so the digests are equal. Over Gloo the ring (zero
 world 3 the parameters drift apart by rounding. One run a configuration: the runs are
 deterministic (a configuration repeated gives the same digest), so there
 is nothing to take a median of but the step time, which is printed for
-reference only (the machine is shared).
+reference only (the machine is shared). A run whose job re-planned (a node
+lost for a while on a loaded machine: steps at another world size) is
+discarded and repeated.
 
 Usage: bench/zero_levels_equal.py [--steps 1000] [--levels 0,1,2]
        [--worlds 2,3] [--transports gloo,shm] [--bin build/dtactor] [--out FILE]
@@ -82,6 +84,24 @@ def run(world, transport, level, d):
             "median_step_s": statistics.median(steps) if steps else None, "wall_s": round(wall, 1)}, out
 
 
+def comparable_run(world, transport, level, top, tries=3):
+    """A run that trained in one generation. A job that re-planned (on a
+    loaded machine a node may miss its heartbeat timeout and be lost for a
+    while) trained some steps at another world size, so its parameters say
+    nothing about the ZeRO level: such a run is repeated, and the row says
+    how many were discarded."""
+    for attempt in range(tries):
+        d = os.path.join(top, f"w{world}-{transport}-zero{level}-{attempt}")
+        os.makedirs(d)
+        row, path = run(world, transport, level, d)
+        if row["generations"] == 1:
+            row["runs_discarded_for_a_replan"] = attempt
+            return row, path
+        print(f"world {world} {transport} zero={level}: the job re-planned ({row['generations']} generations); running it again",
+              file=sys.stderr, flush=True)
+    sys.exit(f"world {world} {transport} zero={level}: the job re-planned in each of {tries} runs; nothing comparable")
+
+
 def params(path):
     import torch
     sd = torch.load(path)
@@ -101,9 +121,7 @@ def main():
             for transport in TRANSPORTS:
                 ref = None
                 for level in LEVELS:
-                    d = os.path.join(top, f"w{world}-{transport}-zero{level}")
-                    os.makedirs(d)
-                    row, path = run(world, transport, level, d)
+                    row, path = comparable_run(world, transport, level, top)
                     p = params(path)
                     if level == 0:
                         ref, ref_digest = p, row["params_digest"]
