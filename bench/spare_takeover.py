@@ -150,6 +150,7 @@ def one_trial(work, spares):
             "full_world_s": first["t"] - t_kill,
             "shrank": any(g["world_size"] < 2 for g in gens),
             "generations": len(gens),
+            "causes": [g["cause"] for g in gens],
             "lost_steps": sum(r.get("lost_steps", 0) for r in named(ev, "recovery_done") if r["t"] > t_kill),
             "spare_ranks": sum(r.get("spare_ranks", 0) for r in named(ev, "recovery_done") if r["t"] > t_kill),
         })
