@@ -21,6 +21,7 @@
 #include "base/process.hpp"
 #include "storage/s3_store.hpp"
 #include "net/zmq_bridge.hpp"
+#include "chaos_checks.hpp"
 #include "rgw_env.hpp"
 #include "test_util.hpp"
 
@@ -340,6 +341,46 @@ TEST(s3_lease, of_eight_standbys_exactly_one_takes_a_lapsed_lease_and_the_old_ho
   ASSERT_TRUE(after.ok()) << after.message();
   EXPECT_TRUE(after->taken);
   EXPECT_EQ(after->current.epoch, 3u);
+}
+
+// A coordinator and its standby sharing the job's lease in S3: kill -9 of
+// the leader, and the standby takes epoch 2 on the same address and run
+// directory, adopts the running generation and ends the job without loss.
+TEST(s3_lease, a_standby_coordinator_takes_over_a_lease_in_s3_and_the_job_finishes_without_loss) {
+  NEED_RGW();
+  ASSERT_TRUE(s3_create_bucket(opts("leases")));
+  ::setenv("AWS_ACCESS_KEY_ID", kAccess.c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", kSecret.c_str(), 1);
+  testing::temp_dir d;
+  testing::cluster cl(d.path(), testing::job_sets(1500, {"cluster.min_nodes=2", "checkpoint.s3_endpoint=" + rgw::endpoint}));
+  const std::vector<std::string> leased = {"--lease", "s3://leases/job9", "--lease-ttl-ms", "1000", "--standby"};
+  ASSERT_EQ(cl.start_coordinator(leased), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  std::vector<std::string> args = {DTACTOR_BINARY, "--role", "coordinator", "--listen", cl.endpoint, "--run-dir", cl.run_dir};
+  args.insert(args.end(), cl.sets.begin(), cl.sets.end());
+  args.insert(args.end(), leased.begin(), leased.end());
+  const std::string standby_log = cl.run_dir + "/standby.log";
+  auto standby = child_process::spawn(args, false, standby_log);
+  ASSERT_TRUE(standby) << standby.message();
+  // Until its log says `text`, or it ended, or 60 s.
+  auto says = [&](const std::string& text) {
+    for (int i = 0; i < 3000; ++i) {
+      if (file_text(standby_log).find(text) != std::string::npos) return true;
+      if (!standby->running()) break;
+      standby->wait(20);
+    }
+    return file_text(standby_log).find(text) != std::string::npos;
+  };
+  ASSERT_TRUE(says("standing by: the job's lease is held by")) << file_text(standby_log);
+  cl.coord->signal(SIGKILL);
+  ASSERT_TRUE(cl.coord->wait(10000));
+  ASSERT_TRUE(says("holds the job's lease at s3://leases/job9, epoch 2")) << file_text(standby_log);
+  cl.coord.emplace(std::move(standby.value()));
+  testing::expect_finished_without_loss(cl, 1500, 2);
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
 }
 
 TEST(s3_lease, a_server_that_ignores_conditional_writes_is_refused_in_one_line) {
