@@ -507,6 +507,32 @@ TEST_F(coordinator_actors, ranks_are_planned_as_they_report_idle_and_an_exit_abo
   EXPECT_TRUE(planned[1].drain);
 }
 
+// A rank whose place a node's warm spare took (EXITED with
+// spare_takes_over): the slot is ready again at once, and the next plan,
+// made in the same moment (no tick, no settling), keeps the world at full
+// size; rank_exited journals the spare.
+TEST_F(coordinator_actors, a_rank_replaced_by_a_warm_spare_is_planned_in_at_once_at_full_size) {
+  auto o = coord_opts(1);
+  o.membership.settle = 300ms;
+  start(o);
+  send(register_from("a", 2));
+  send(status_from("a", 0, pb::rank_status::STATE_IDLE));
+  send(status_from("a", 1, pb::rank_status::STATE_IDLE));
+  advance(400ms);
+  ASSERT_EQ(last_plan("peer-a").world_size(), 2);
+  trained();
+  const auto plans = wire.count(pb::envelope::kGenerationPlan);
+  inbound exited = status_from("a", 1, pb::rank_status::STATE_EXITED, last_plan("peer-a").generation());
+  exited.env.mutable_rank_status()->set_spare_takes_over(true);
+  send(exited);  // no time passes
+  ASSERT_EQ(wire.count(pb::envelope::kGenerationPlan), plans + 1);
+  auto g = last_plan("peer-a");
+  expect_plan(g, g.generation(), 2, "rank_exited", false);
+  auto down = of<ev::rank_down>();
+  ASSERT_FALSE(down.empty());
+  EXPECT_EQ(down.back().spare, std::optional<bool>(true));
+}
+
 TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_a_drain_plan) {
   auto o = coord_opts(1);
   o.membership.settle = 300ms;

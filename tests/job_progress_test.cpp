@@ -219,3 +219,23 @@ TEST(recovery, a_diloco_window_lost_with_its_workers_is_counted_in_inner_steps) 
 
 }  // namespace
 }  // namespace dtactor
+
+// A generation some of whose ranks were a node's warm spares says how many
+// (recovery_done's spare_ranks); one without says nothing.
+TEST(recovery, ranks_that_were_warm_spares_are_counted) {
+  const clock_time t0{std::chrono::hours(1)};
+  auto rec = begin_generation(5, false, plan_cause::rank_exited, false, t0, 50);
+  auto spare = ready(50, ev::state_source::peer);
+  spare.set_from_spare(true);
+  (void)note_ready(rec, spare);
+  (void)note_ready(rec, ready(50, ev::state_source::local));
+  auto done = complete_generation(rec, 51, 2, t0 + 100ms);
+  ASSERT_TRUE(done);
+  ASSERT_TRUE(done->spare_ranks);
+  EXPECT_EQ(*done->spare_ranks, 1);
+  auto plain = begin_generation(6, false, plan_cause::rank_exited, false, t0, 60);
+  (void)note_ready(plain, ready(60, ev::state_source::local));
+  auto none = complete_generation(plain, 61, 2, t0 + 100ms);
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->spare_ranks);
+}
