@@ -144,6 +144,9 @@ pb::envelope sample(pb::envelope::BodyCase body) {
     case pb::envelope::kJobError:
       env.mutable_job_error()->set_message("dataset not found");
       break;
+    case pb::envelope::kSpareSlot:
+      env.mutable_spare_slot()->set_local_rank(3);
+      break;
     default:
       ADD_FAILURE() << "no sample for body field " << static_cast<int>(body)
                     << ": add one to wire_test.cpp";
