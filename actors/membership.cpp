@@ -47,19 +47,46 @@ int severity(plan_cause cause) {
   return cause == plan_cause::none || v > static_cast<int>(plan_cause::rank_ready) ? 1000 : v;
 }
 
-// Members with a ready rank, in plan order (node rank, then id).
-std::vector<const node_info*> planned_nodes(const membership_state& s) {
+// The member `n` is in the current plan, as the same process.
+bool in_plan(const membership_state& s, const node_info& n) {
+  const auto* pn = s.current ? s.current->find(n.node_id) : nullptr;
+  return pn && pn->incarnation == n.incarnation;
+}
+
+bool by_node_rank(const node_info* a, const node_info* b) {
+  return a->node_rank != b->node_rank ? a->node_rank < b->node_rank : a->node_id < b->node_id;
+}
+
+// Members with a ready rank, in plan order (node rank, then id), at most
+// max_nodes of them: members of the current plan keep their places and
+// standbys fill the rest by node rank; the others wait outside.
+std::vector<const node_info*> planned_nodes(const membership_state& s, int32_t max_nodes) {
   std::vector<const node_info*> order;
   for (const auto& [id, n] : s.nodes)
     if (has_ready(n)) order.push_back(&n);
-  std::sort(order.begin(), order.end(), [](const node_info* a, const node_info* b) {
-    return a->node_rank != b->node_rank ? a->node_rank < b->node_rank : a->node_id < b->node_id;
-  });
+  if (static_cast<int32_t>(order.size()) > max_nodes) {
+    std::sort(order.begin(), order.end(), [&](const node_info* a, const node_info* b) {
+      const bool pa = in_plan(s, *a), pb = in_plan(s, *b);
+      return pa != pb ? pa : by_node_rank(a, b);
+    });
+    order.resize(static_cast<size_t>(std::max(max_nodes, 0)));
+  }
+  std::sort(order.begin(), order.end(), by_node_rank);
   return order;
 }
 
-bool same_members(const plan& p, const membership_state& s) {
-  auto order = planned_nodes(s);
+// Planned nodes that waited outside a world at max_nodes: standbys promoted
+// into the next plan.
+std::vector<node_id> promoted_standbys(const membership_state& s, const std::vector<const node_info*>& planned, const membership_options& opts) {
+  std::vector<node_id> out;
+  if (opts.standby_nodes <= 0 || !s.current || static_cast<int32_t>(s.current->nodes.size()) < opts.max_nodes) return out;
+  for (const auto* n : planned)
+    if (!in_plan(s, *n)) out.push_back(n->node_id);
+  return out;
+}
+
+bool same_members(const plan& p, const membership_state& s, int32_t max_nodes) {
+  auto order = planned_nodes(s, max_nodes);
   if (p.nodes.size() != order.size()) return false;
   for (size_t i = 0; i < order.size(); ++i) {
     const auto& pn = p.nodes[i];
@@ -106,11 +133,14 @@ plan_cause cause_of_next(const membership_state& s) {
   return s.suspect_since ? plan_cause::collective_failure : plan_cause::node_joined;
 }
 
+// Every place in the world (max_nodes) is taken by a member with all its
+// ranks ready: nothing that joins now could be planned in (standbys wait
+// outside), so there is nothing to settle for.
 bool full(const membership_state& s, const membership_options& opts) {
-  if (static_cast<int32_t>(s.nodes.size()) < opts.max_nodes) return false;
+  int32_t complete = 0;
   for (const auto& [id, n] : s.nodes)
-    if (static_cast<int32_t>(n.ready.size()) < n.nproc) return false;
-  return true;
+    if (static_cast<int32_t>(n.ready.size()) >= n.nproc) ++complete;
+  return complete >= opts.max_nodes;
 }
 
 // Empty when every node and rank of the reported plan is back, else what is
@@ -154,6 +184,7 @@ std::string describe(const plan& p, size_t ready_nodes, const std::vector<node_i
     why << ", state from global rank " << p.state_root;
   else
     why << ", no surviving state holder (the newest checkpoint, if any)";
+  if (!p.promoted.empty()) why << ", standby promoted: " << join(p.promoted);
   return why.str();
 }
 
@@ -181,13 +212,15 @@ const rank_slot* plan::find(const node_id& id, int32_t local_rank) const {
   return nullptr;
 }
 
-plan make_plan(const membership_state& state, uint64_t generation) {
+plan make_plan(const membership_state& state, uint64_t generation, const membership_options& opts) {
   plan p;
   p.generation = generation;
   p.drain = can_drain(state);
   p.cause = cause_of_next(state);
   int32_t global = 0;
-  for (const auto* n : planned_nodes(state)) {
+  const auto planned = planned_nodes(state, opts.max_nodes);
+  p.promoted = promoted_standbys(state, planned, opts);
+  for (const auto* n : planned) {
     plan_node pn{n->node_id, n->advertise_addr, n->peer, n->node_rank, n->nproc, global, n->incarnation, {}};
     for (const auto& [l, serial] : n->ready) {
       rank_slot r{n->node_id, l, global++, serial};
@@ -243,10 +276,12 @@ plan_decision decide(clock_time now, const membership_state& state, const member
     d.reason = why.str();
     return d;
   }
-  if (state.current && same_members(*state.current, state)) {
+  if (state.current && same_members(*state.current, state, opts.max_nodes)) {
     if (!state.suspect_since || now - *state.suspect_since < opts.suspect_timeout) {
-      why << "generation " << state.current->generation << " is current: " << have << " node" << (have == 1 ? "" : "s") << ", world size "
+      const auto planned = state.current->nodes.size();
+      why << "generation " << state.current->generation << " is current: " << planned << " node" << (planned == 1 ? "" : "s") << ", world size "
           << state.current->world_size;
+      if (static_cast<int32_t>(planned) < have) why << "; " << have - static_cast<int32_t>(planned) << " standby waiting";
       if (state.suspect_since) why << "; a collective failed, waiting up to " << seconds(opts.suspect_timeout) << " s for a membership change";
       d.reason = why.str();
       return d;
@@ -260,8 +295,11 @@ plan_decision decide(clock_time now, const membership_state& state, const member
       return d;
     }
   }
-  d.next = make_plan(state, std::max(state.last_generation, opts.generations_after) + 1);
-  d.reason = describe(*d.next, ready_ids.size(), ready_ids);
+  d.next = make_plan(state, std::max(state.last_generation, opts.generations_after) + 1, opts);
+  std::vector<node_id> planned_ids;
+  for (const auto& n : d.next->nodes) planned_ids.push_back(n.node_id);
+  std::sort(planned_ids.begin(), planned_ids.end());
+  d.reason = describe(*d.next, planned_ids.size(), planned_ids);
   return d;
 }
 
@@ -276,7 +314,7 @@ int32_t membership::assign_rank(const node_id& id) {
   std::map<int32_t, node_id> reserved;  // rank -> departed node that last held it
   for (const auto& [other, r] : state_.remembered_ranks)
     if (other != id && !state_.nodes.count(other)) reserved[r] = other;
-  for (int32_t r = 0; r < opts_.max_nodes; ++r)
+  for (int32_t r = 0; r < opts_.max_nodes + opts_.standby_nodes; ++r)
     if (!held.count(r) && !reserved.count(r)) return r;
   // Every free rank below max_nodes is claimed by a departed node: take the
   // lowest and forget that claim.
@@ -393,6 +431,14 @@ std::string registration_problem(const node_registration& reg, int32_t max_ranks
   return "";
 }
 
+// Why a registration beyond max_nodes + standby_nodes is refused.
+std::string full_reason(int32_t members, const node_id& id, const membership_options& o) {
+  std::string limit = "cluster.max_nodes is " + std::to_string(o.max_nodes);
+  if (o.standby_nodes > 0) limit += " and cluster.standby_nodes is " + std::to_string(o.standby_nodes);
+  return "cluster is full: " + std::to_string(members) + " nodes are members and " + limit + "; node '" + id.str() +
+         "' was not admitted (raise cluster.max_nodes or stop a node)";
+}
+
 }  // namespace
 
 admission membership::admit(const node_registration& reg, clock_time now) {
@@ -436,9 +482,8 @@ admission membership::admit(const node_registration& reg, clock_time now) {
       a.reason = quarantine_reason(reg.node_id, now);
       return a;
     }
-  } else if (auto members = static_cast<int32_t>(state_.nodes.size()); members >= opts_.max_nodes) {
-    a.reason = "cluster is full: " + std::to_string(members) + " nodes are members and cluster.max_nodes is " + std::to_string(opts_.max_nodes) +
-               "; node '" + reg.node_id.str() + "' was not admitted (raise cluster.max_nodes or stop a node)";
+  } else if (auto members = static_cast<int32_t>(state_.nodes.size()); members >= opts_.max_nodes + opts_.standby_nodes) {
+    a.reason = full_reason(members, reg.node_id, opts_);
     return a;
   }
   join_node(reg, ready, now, a);

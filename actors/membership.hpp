@@ -28,7 +28,13 @@ struct membership_options {
   // nodes it keeps training with; below it, it waits for nodes (the floor,
   // like torchft's min_replicas). At most min_nodes.
   int32_t floor_nodes = 1;
-  int32_t max_nodes = 64;  // cluster.max_nodes: more registrations are refused
+  // cluster.max_nodes: the most nodes planned into the world (the world's
+  // target); registrations beyond max_nodes + standby_nodes are refused.
+  int32_t max_nodes = 64;
+  // cluster.standby_nodes: nodes admitted beyond max_nodes that wait outside
+  // the world, their ranks warm, and are planned in (promoted) in the same
+  // re-plan that drops a lost member, so that the world keeps its size.
+  int32_t standby_nodes = 0;
   // cluster.max_ranks_per_node: a registration claiming more ranks is refused.
   int32_t max_ranks_per_node = 256;
   // The generations this coordinator starts are numbered above it: the
@@ -72,6 +78,7 @@ inline membership_options membership_options_from(const cluster_settings& c) {
   o.floor_nodes = c.floor_nodes;
   o.duplicate_window = 3 * c.heartbeat_interval;
   o.max_nodes = c.max_nodes;
+  o.standby_nodes = c.standby_nodes;
   o.max_ranks_per_node = c.max_ranks_per_node;
   o.settle = c.settle;
   o.suspect_timeout = c.suspect_timeout;
@@ -127,6 +134,9 @@ struct plan {
   // Nodes of the previous plan that announced leave: not in this plan, but
   // they get it too, so their ranks agree on the switch boundary.
   std::vector<plan_node> leaving;
+  // Standby nodes planned in: they waited outside a world at max_nodes and
+  // take the place of members this plan no longer has.
+  std::vector<node_id> promoted;
 
   const plan_node* find(const node_id& id) const;
   const rank_slot* find(const node_id& id, int32_t local_rank) const;
@@ -214,8 +224,10 @@ struct plan_decision {
 plan_decision decide(clock_time now, const membership_state& state, const membership_options& opts);
 
 // The plan `state`'s members would form as `generation` (no checks), with
-// drain and cause filled from the changes since the current plan.
-plan make_plan(const membership_state& state, uint64_t generation);
+// drain and cause filled from the changes since the current plan. At most
+// opts.max_nodes nodes are planned (members of the current plan first, then
+// by node rank); the others wait outside as standbys.
+plan make_plan(const membership_state& state, uint64_t generation, const membership_options& opts = {});
 
 // Why `id` cannot name a node ("" when it can): 1 to 128 characters of
 // letters, digits, '.', '_' and '-' (host names, pod names and Slurm node
@@ -258,7 +270,7 @@ class membership {
   // (counted for flapping), unless the old process was heard from within
   // duplicate_window: then two live processes claim one id and the newcomer
   // is refused (the member stays). The registration's ready_ranks replace the
-  // node's ready set. Refused with a reason beyond max_nodes, or while
+  // node's ready set. Refused with a reason beyond max_nodes + standby_nodes, or while
   // quarantined.
   admission admit(const node_registration& reg, clock_time now);
 

@@ -238,6 +238,10 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   const auto& wp = env.generation_plan();
   ev::generation_started started{p.generation, p.world_size, p.cause, p.drain, start_step, wp.state_root(), {}};
   for (const auto& n : p.nodes) started.nodes.push_back(n.node_id.str());
+  if (!p.promoted.empty()) {
+    started.standby_promoted.emplace();
+    for (const auto& id : p.promoted) started.standby_promoted->push_back(id.str());
+  }
   emit(self, std::move(started));
   for (const auto& n : p.nodes) {
     const auto* member = st.members.find(n.node_id);

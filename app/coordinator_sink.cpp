@@ -81,6 +81,7 @@ void coordinator_sink::on(const ev::generation_started& e) {
   jn_.write(e);
   note_goodput(e);
   m_.nodes_alive().Set(static_cast<double>(e.nodes.size()));
+  if (e.standby_promoted) m_.standby_promotions().Increment(static_cast<double>(e.standby_promoted->size()));
   m_.generation().Set(static_cast<double>(e.generation));
   m_.world_size().Set(e.world_size);
   obs_.on_generation(e.generation, e.world_size, e.start_step);

@@ -131,7 +131,9 @@ std::vector<config_key> cluster_keys() {
   return {
     {"cluster.min_nodes", vk::integer, "1", "Nodes (with a ready rank) the coordinator waits for before the job's first generation: the start gate, like torchrun's --nnodes MIN. Not a floor: see cluster.floor_nodes.", 1},
     {"cluster.floor_nodes", vk::integer, "1", "Once the job has started, the fewest nodes it keeps training with after losses; below it, it waits for nodes (journal: job_waiting). At most cluster.min_nodes.", 1},
-    {"cluster.max_nodes", vk::integer, "64", "Most nodes admitted; later ones are told to wait or leave.", 1},
+    {"cluster.max_nodes", vk::integer, "64", "Most nodes planned into the world; further nodes wait outside as standbys (cluster.standby_nodes), and beyond those, registrations are refused (the node keeps asking).", 1},
+    {"cluster.standby_nodes", vk::integer, "0",
+     "Nodes admitted beyond cluster.max_nodes that wait outside the world as warm standbys (ranks started, model built, data opened, not counted in the world): when a member node is lost, the coordinator plans the first standby in at once, in the same re-plan, so the world keeps its size without waiting for cluster.settle_ms. Each standby costs a node's ranks' memory (at most 1024).", 0},
     {"cluster.max_ranks_per_node", vk::integer, "256",
      "Most rank processes one node may register with (its --nproc-per-node); a registration claiming more is refused, so that no "
      "one node can make the coordinator plan a world it cannot run.", 1},

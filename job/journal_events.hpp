@@ -223,10 +223,13 @@ struct generation_started {
   int64_t start_step = 0;
   int32_t state_root = -1;  // global rank whose state everyone takes (-1: each keeps its own)
   std::vector<std::string> nodes;
+  // Standby nodes (cluster.standby_nodes) planned in to take lost members'
+  // places (absent: none).
+  std::optional<std::vector<std::string>> standby_promoted = std::nullopt;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("start_step", s.start_step),
-        f("state_root", s.state_root), f("nodes", s.nodes);
+        f("state_root", s.state_root), f("nodes", s.nodes), f("standby_promoted", s.standby_promoted);
   }
 };
 

@@ -183,6 +183,7 @@ result<cluster_settings> cluster_settings_of(const config& cfg) {
   c.digest_every_steps = cfg.get_int("cluster.digest_every_steps");
   c.rank_exit_limit = cfg.get_int("cluster.rank_exit_limit");
   c.spare_ranks = static_cast<int32_t>(std::min<int64_t>(cfg.get_int("cluster.spare_ranks"), 64));
+  c.standby_nodes = static_cast<int32_t>(std::min<int64_t>(cfg.get_int("cluster.standby_nodes"), 1024));
   auto wire = mode_of<wire_dtype>(cfg);
   if (!wire) return wire.err();
   c.wire = wire.value();

@@ -116,6 +116,7 @@ struct cluster_settings {
   int32_t min_nodes = 1;                                        // cluster.min_nodes
   int32_t floor_nodes = 1;                                      // cluster.floor_nodes
   int32_t max_nodes = 64;                                       // cluster.max_nodes
+  int32_t standby_nodes = 0;                                    // cluster.standby_nodes
   int32_t max_ranks_per_node = 256;                             // cluster.max_ranks_per_node (larger: INT32_MAX)
   std::chrono::milliseconds heartbeat_interval{100};            // cluster.heartbeat_interval_ms
   std::chrono::milliseconds heartbeat_timeout{1000};            // cluster.heartbeat_timeout_ms

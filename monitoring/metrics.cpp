@@ -112,6 +112,7 @@ void metrics::register_training() {
   samples_ = counter(r, c, "dtactor_samples_total", "Training samples processed in committed steps.");
   lost_steps_ = counter(r, c, "dtactor_lost_steps_total", "Completed steps a recovery did not resume from (work lost).");
   spare_takeovers_ = counter(r, c, "dtactor_spare_takeovers_total", "Rank processes that took a rank's place from a node's warm spares.");
+  standby_promotions_ = counter(r, c, "dtactor_standby_promotions_total", "Standby nodes planned into the world to take a lost member node's place.");
   spare_ranks_ = gauge(r, c, "dtactor_spare_ranks", "A node's warm spare rank processes waiting to take a rank's place.");
   outer_steps_ = counter(r, c, "dtactor_outer_steps_total", "train.sync = diloco: synchronisations (outer steps) taken.");
   outer_bytes_ = counter(r, c, "dtactor_outer_payload_bytes_total",

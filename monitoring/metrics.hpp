@@ -86,6 +86,10 @@ class metrics {
   // from a node's warm spares (the coordinator: ranks planned in so, from
   // recovery_done's spare_ranks; a node: its own takeovers).
   prometheus::Counter& spare_takeovers() { return *spare_takeovers_; }
+  // dtactor_standby_promotions_total (the coordinator): standby nodes
+  // planned in to take a lost member's place (generation_started's
+  // standby_promoted).
+  prometheus::Counter& standby_promotions() { return *standby_promotions_; }
   // dtactor_spare_ranks (a node): its warm spares waiting now.
   prometheus::Gauge& spare_ranks() { return *spare_ranks_; }
   // train.sync = diloco: synchronisations, pseudo-gradient bytes the ranks
@@ -210,6 +214,7 @@ class metrics {
   prometheus::Counter* samples_ = nullptr;
   prometheus::Counter* lost_steps_ = nullptr;
   prometheus::Counter* spare_takeovers_ = nullptr;
+  prometheus::Counter* standby_promotions_ = nullptr;
   prometheus::Gauge* spare_ranks_ = nullptr;
   prometheus::Counter* outer_steps_ = nullptr;
   prometheus::Counter* outer_bytes_ = nullptr;

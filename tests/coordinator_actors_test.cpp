@@ -269,6 +269,43 @@ TEST_F(coordinator_actors, refuses_nodes_beyond_max_nodes) {
   EXPECT_EQ(ms().members.state().current->world_size, 2);
 }
 
+// cluster.standby_nodes = 1 at max_nodes 2: c is admitted and waits outside
+// (no plan reaches it); when b falls silent, the tick that declares it lost
+// plans c in at once, settling or not: one generation at world 2 with c,
+// never one at world 1, and generation_started names the promoted standby.
+TEST_F(coordinator_actors, a_standby_node_waits_outside_and_takes_a_lost_members_place_in_one_plan) {
+  auto o = coord_opts(2, 2);
+  o.membership.standby_nodes = 1;
+  o.membership.settle = 600s;
+  start(o);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  ASSERT_EQ(ms().members.state().current->generation, 1u);
+  trained();
+  send(joined("c", 1));
+  auto acked = wire.with(pb::envelope::kRegisterAck, "peer-c");
+  ASSERT_EQ(acked.size(), 1u);
+  EXPECT_TRUE(acked[0].env.register_ack().accepted()) << acked[0].env.register_ack().reason();
+  keep_alive({"a", "b", "c"}, 500ms);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-c"), 0u);
+  EXPECT_EQ(ms().members.state().current->generation, 1u);
+  wire.clear();
+  keep_alive({"a", "c"}, 1200ms);  // b silent past the heartbeat timeout
+  ASSERT_EQ(ms().lost.size(), 1u);
+  EXPECT_EQ(ms().lost[0].peer.str(), "b");
+  auto plans = wire.with(pb::envelope::kGenerationPlan);
+  ASSERT_EQ(plans.size(), 2u);  // one generation, to a and c
+  for (const auto& p : plans) expect_plan(p.env.generation_plan(), 2, 2, "node_lost", false);
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-c"), 1u);
+  auto started = of<ev::generation_started>();
+  ASSERT_EQ(started.size(), 2u);
+  EXPECT_EQ(started[1].nodes, (std::vector<std::string>{"a", "c"}));
+  ASSERT_TRUE(started[1].standby_promoted);
+  EXPECT_EQ(*started[1].standby_promoted, std::vector<std::string>{"c"});
+  EXPECT_FALSE(started[0].standby_promoted);
+}
+
 // Mesos partition-test shape: b stops heartbeating (its messages are dropped),
 // the clock moves past the timeout, b is removed and a plans without it.
 TEST_F(coordinator_actors, a_silent_node_is_declared_lost_and_a_new_generation_excludes_it) {
