@@ -14,6 +14,21 @@ void dealer_group::lost(std::size_t member) {
   if (leader_ == member) leader_.reset();
 }
 
+void dealer_group::up(std::size_t member) {
+  if (member < members_) up_[member] = true;
+}
+
+void dealer_group::down(std::size_t member) {
+  if (member < members_) up_[member] = false;
+  lost(member);
+}
+
+bool dealer_group::any_up() const {
+  for (bool u : up_)
+    if (u) return true;
+  return false;
+}
+
 std::size_t dealer_group::send(const std::vector<zmq::socket_t*>& sockets, zmq::message_t& payload, bool to_all) {
   if (leader_ && !to_all && *leader_ < sockets.size() && sockets[*leader_]) {
     if (sockets[*leader_]->send(payload, zmq::send_flags::dontwait)) return 1;

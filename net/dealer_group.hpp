@@ -28,7 +28,7 @@ namespace dtactor {
 
 class dealer_group {
  public:
-  explicit dealer_group(std::size_t members) : members_(members) {}
+  explicit dealer_group(std::size_t members) : members_(members), up_(members, false) {}
 
   std::size_t size() const { return members_; }
 
@@ -44,6 +44,15 @@ class dealer_group {
   // the leader, messages go to every member until a leader speaks again.
   void lost(std::size_t member);
 
+  // `member`'s connection completed its handshake (up) or closed (down,
+  // which is also lost()), as the socket monitor reports them.
+  void up(std::size_t member);
+  void down(std::size_t member);
+  // Whether some member's connection is up. When none is (none has come up
+  // yet, or every one closed), a message nobody took is no overflow: there
+  // is nowhere to send it, and a node registers again as one comes up.
+  bool any_up() const;
+
   // The member messages go to now; none: every member that takes them.
   std::optional<std::size_t> leader() const { return leader_; }
 
@@ -57,6 +66,7 @@ class dealer_group {
   std::size_t members_;
   uint64_t epoch_ = 0;
   std::optional<std::size_t> leader_;
+  std::vector<bool> up_;
 };
 
 }  // namespace dtactor

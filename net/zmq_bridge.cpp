@@ -18,17 +18,13 @@
 
 #include "base/async_log.hpp"
 #include "base/printable.hpp"
-#include "net/dealer_group.hpp"
-#include "net/handshake_gate.hpp"
 #include "net/zap_handler.hpp"
+#include "net/zmq_bridge_link.hpp"
 
 namespace dtactor {
 
 namespace {
 
-// Messages taken from one socket per poll round, so that one busy peer
-// cannot starve the outbound queue or the other links.
-constexpr int max_receives_per_round = 256;
 // Distinct (kind, link, peer) triples logged; beyond it drops are only counted.
 constexpr std::size_t max_logged_keys = 4096;
 // Upper bound on one poll when nothing wakes us: a safety net only.
@@ -42,6 +38,17 @@ std::string hint_for(int err) {
     case EPROTONOSUPPORT: return "; supported transports: tcp://, ipc://";
     case EACCES: return "; permission denied: use a port above 1023 or a writable ipc path";
     default: return "";
+  }
+}
+
+// The port of a bound endpoint ("tcp://1.2.3.4:5555" -> 5555); 0 for none.
+int port_of(const std::string& endpoint) {
+  const auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || endpoint.compare(0, 6, "tcp://") != 0) return 0;
+  try {
+    return std::stoi(endpoint.substr(colon + 1));
+  } catch (const std::exception&) {
+    return 0;
   }
 }
 
@@ -60,100 +67,6 @@ struct zmq_bridge::command {
   // and the command must only report failure.
   std::function<void(bool stopping)> run;
 };
-
-struct zmq_bridge::link_state {
-  std::string name;
-  bool router = false;
-  std::string endpoint;
-  zmq::socket_t socket;
-  // libzmq's socket monitor (handshake events), read on the bridge thread.
-  zmq::socket_t monitor;
-  std::map<int, std::string> accepted;        // fd -> the peer's "ip:port" (ROUTER)
-  // ROUTER: the connection (fd) each peer last sent a valid envelope on, and
-  // back, so that a disconnect names the peer it cut off.
-  std::map<std::string, int> fd_of_peer;
-  std::map<int, std::string> peer_of_fd;
-  std::optional<handshake_gate> gate;         // ROUTER: bounds connections in their handshake
-  std::optional<handshake_failure> pending;   // a failure whose connection has not closed yet
-  bool refused_us = false;                    // DEALER: the last handshake failed
-  uint64_t epoch = 0;                         // DEALER: the highest lease epoch received (a newer coordinator's)
-  // DEALER to several endpoints: one link_state per endpoint, all of the
-  // same name, sharing the group (its epoch replaces `epoch`).
-  std::shared_ptr<dealer_group> group;
-  std::size_t member = 0;
-  ~link_state() {
-    if (monitor) (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
-  }
-};
-
-namespace {
-
-// Events of the socket monitor the bridge reads.
-// Distinct accepted connections remembered for their address.
-constexpr std::size_t max_remembered_peers = 65536;
-
-// The port of a bound endpoint ("tcp://1.2.3.4:5555" -> 5555); 0 for none.
-int port_of(const std::string& endpoint) {
-  const auto colon = endpoint.rfind(':');
-  if (colon == std::string::npos || endpoint.compare(0, 6, "tcp://") != 0) return 0;
-  try {
-    return std::stoi(endpoint.substr(colon + 1));
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
-
-std::string peer_address_of(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return {};
-  char host[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    port = ntohs(a->sin6_port);
-  } else {
-    return "local";
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
-
-// What the failed handshake says about the peer.
-handshake_failure classify(uint16_t event, uint32_t value) {
-  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) return handshake_failure::unknown_key;
-  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
-    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) return handshake_failure::no_key;
-    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC || value == ZMQ_PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE) return handshake_failure::unknown_key;
-  }
-  return handshake_failure::bad_frame;
-}
-
-const char* meaning(handshake_failure f) {
-  switch (f) {
-    case handshake_failure::no_key: return "its side and ours differ in having a job key (a process without --key, or one with a key for an open job)";
-    case handshake_failure::unknown_key: return "its key is not this job's (another job's key, or an old one)";
-    case handshake_failure::busy: return "too many connections were in their handshake at once (a flood?); it was shut down as it came, and a real peer retries";
-    default: return "no valid handshake (garbage, an oversized frame, or a connection dropped or timed out mid-way)";
-  }
-}
-
-}  // namespace
-
-const char* to_string(handshake_failure f) noexcept {
-  switch (f) {
-    case handshake_failure::no_key: return "no_key";
-    case handshake_failure::unknown_key: return "unknown_key";
-    case handshake_failure::bad_frame: return "bad_frame";
-    case handshake_failure::busy: return "busy";
-    case handshake_failure::count_: break;
-  }
-  return "unknown";
-}
 
 uint64_t zmq_bridge_stats::dropped_total() const {
   uint64_t n = 0;
@@ -439,12 +352,19 @@ status zmq_bridge::run_remove(const std::string& name) {
 
 void zmq_bridge::drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
                       const std::string& why) {
-  dropped_[static_cast<std::size_t>(kind)].fetch_add(1);
   std::string key = std::string(wire::to_string(kind)) + '\0' + link + '\0' + peer;
+  // A DEALER link's peer is the one at its other end: it has no routing id to name.
+  const std::string from = peer.empty() ? std::string() : ", peer '" + printable_routing_id(peer) + "'";
   if (logged_.size() < max_logged_keys && logged_.insert(std::move(key)).second)
-    log_limit_.log(wire::to_string(kind), "dtactor: wire: dropped " + std::string(wire::to_string(kind)) + " frame, link '" + link + "', peer '" +
-                                              printable_routing_id(peer) + "': " + printable(why, printable_max_detail_chars) +
-                                              " (further ones from this peer are counted, not logged)");
+    log_limit_.log(wire::to_string(kind), "dtactor: wire: dropped " + std::string(wire::to_string(kind)) + " frame, link '" + link + "'" + from +
+                                              ": " + printable(why, printable_max_detail_chars) +
+                                              (peer.empty() ? " (further ones on this link are counted, not logged)"
+                                                            : " (further ones from this peer are counted, not logged)"));
+  count_drop(link, peer, kind);
+}
+
+void zmq_bridge::count_drop(const std::string& link, const std::string& peer, wire::drop_kind kind) {
+  dropped_[static_cast<std::size_t>(kind)].fetch_add(1);
   if (on_drop_) {
     try {
       on_drop_(link, peer, kind);
@@ -478,15 +398,10 @@ void zmq_bridge::do_sends(std::deque<outbound>& batch) {
         }
       }
       if (link->group) {
-        std::vector<zmq::socket_t*> sockets(link->group->size(), nullptr);
-        for (auto& l : links_)
-          if (l->group == link->group) sockets[l->member] = &l->socket;
-        if (link->group->send(sockets, payload, out.to_all) == 0) {
-          drop(out.link, out.peer, wire::drop_kind::send_overflow,
-               std::string("cannot send ") + out.body + ": no connection to any of the link's endpoints is up, or every queue is full");
-          continue;
-        }
-      } else if (!link->socket.send(payload, zmq::send_flags::dontwait)) {
+        send_to_group(*link, out, payload);
+        continue;
+      }
+      if (!link->socket.send(payload, zmq::send_flags::dontwait)) {
         drop(out.link, out.peer, wire::drop_kind::send_overflow,
              std::string("cannot send ") + out.body +
                  (link->refused_us ? ": no connection, the peer refused our handshake (our key, or we have none)" : ": the queue to the peer is full"));
@@ -504,9 +419,29 @@ void zmq_bridge::do_sends(std::deque<outbound>& batch) {
   }
 }
 
+void zmq_bridge::send_to_group(link_state& link, outbound& out, zmq::message_t& payload) {
+  std::vector<zmq::socket_t*> sockets(link.group->size(), nullptr);
+  for (auto& l : links_)
+    if (l->group == link.group) sockets[l->member] = &l->socket;
+  if (link.group->send(sockets, payload, out.to_all) > 0) {
+    sent_.fetch_add(1);
+    return;
+  }
+  // No connection is up (none has come up yet: a node's first registration,
+  // sent while its standbys do not listen; or every one closed): nowhere to
+  // send it, nothing to say; a node registers again as a connection comes
+  // up. Counted all the same. A connection up that refused it is full.
+  if (!link.group->any_up()) {
+    count_drop(out.link, out.peer, wire::drop_kind::send_overflow);
+    return;
+  }
+  drop(out.link, out.peer, wire::drop_kind::send_overflow,
+       std::string("cannot send ") + out.body + ": the queue of every connection up to the link's endpoints is full");
+}
+
 void zmq_bridge::receive_from(link_state& link) {
   const std::size_t expected_parts = link.router ? 2 : 1;
-  for (int i = 0; i < max_receives_per_round; ++i) {
+  for (int i = 0; i < bridge_max_receives_per_round; ++i) {
     std::array<zmq::message_t, 3> parts;
     std::size_t n = 0;
     bool more = true;
@@ -572,120 +507,6 @@ bool zmq_bridge::follows_epoch(link_state& link, uint64_t epoch) {
   else
     link.epoch = epoch;
   return true;
-}
-
-void zmq_bridge::note_peer_fd(link_state& link, const std::string& peer, int fd) {
-  if (fd < 0) return;
-  auto known = link.fd_of_peer.find(peer);
-  if (known != link.fd_of_peer.end() && known->second == fd) return;
-  if (known == link.fd_of_peer.end() && link.fd_of_peer.size() >= max_remembered_peers) return;
-  if (known != link.fd_of_peer.end()) link.peer_of_fd.erase(known->second);
-  link.fd_of_peer[peer] = fd;
-  link.peer_of_fd[fd] = peer;
-}
-
-void zmq_bridge::connection_closed(link_state& link, int fd) {
-  // What came in before the close goes first: a heartbeat read after it
-  // would look like a sign of life after it, and a peer whose first frames
-  // arrive with the close would be unknown. (A newer connection that took
-  // the same descriptor and already sent frames is read here too, before
-  // its own accept event; it would be reported closed, and its next
-  // heartbeat clears that.)
-  receive_from(link);
-  auto it = link.peer_of_fd.find(fd);
-  if (it == link.peer_of_fd.end()) return;
-  const std::string peer = it->second;
-  link.peer_of_fd.erase(it);
-  auto now_on = link.fd_of_peer.find(peer);
-  if (now_on == link.fd_of_peer.end() || now_on->second != fd) return;  // it speaks on a newer connection
-  link.fd_of_peer.erase(now_on);
-  try {
-    on_closed_(link.name, peer);
-  } catch (const std::exception& e) {
-    stderr_line(std::string("dtactor: wire: closed handler threw: ") + e.what());
-  }
-}
-
-void zmq_bridge::handshake_failed(link_state& link, handshake_failure why, const std::string& address) {
-  handshake_failures_[static_cast<std::size_t>(why)].fetch_add(1);
-  const std::string cause = std::string("handshake ") + to_string(why) + " on " + link.name;
-  if (link.router)
-    log_limit_.log(cause, "dtactor: wire: refused a connection on link '" + link.name + "' from " + (address.empty() ? "?" : address) + ": " +
-                              to_string(why) + ", " + meaning(why));
-  else if (!on_handshake_)
-    log_limit_.log(cause, "dtactor: wire: " + link.endpoint + " (link '" + link.name + "') refused our handshake: " + to_string(why) + ", " +
-                              meaning(why));
-  if (on_handshake_) {
-    try {
-      on_handshake_(link.name, link.router, why, address);
-    } catch (const std::exception& e) {
-      stderr_line(std::string("dtactor: wire: handshake handler threw: ") + e.what());
-    }
-  }
-}
-
-void zmq_bridge::connected(link_state& link) {
-  if (!on_connected_) return;
-  try {
-    on_connected_(link.name, link.endpoint);
-  } catch (const std::exception& e) {
-    stderr_line(std::string("dtactor: wire: connected handler threw: ") + e.what());
-  }
-}
-
-void zmq_bridge::read_monitor(link_state& link) {
-  read_monitor_events(link);
-  uint64_t in_progress = 0;
-  for (const auto& l : links_)
-    if (l->gate) in_progress += l->gate->pending();
-  handshakes_in_progress_.store(in_progress);
-}
-
-void zmq_bridge::read_monitor_events(link_state& link) {
-  for (int i = 0; i < max_receives_per_round; ++i) {
-    zmq::message_t head, where;
-    try {
-      if (!link.monitor.recv(head, zmq::recv_flags::dontwait)) return;
-      if (head.more()) (void)link.monitor.recv(where, zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (head.size() < 6) continue;
-    uint16_t event = 0;
-    uint32_t value = 0;
-    std::memcpy(&event, head.data(), sizeof event);
-    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof value);
-    const int fd = static_cast<int>(value);
-    using verdict = handshake_gate::verdict;
-    const verdict v = link.gate ? link.gate->on_event(event, value, std::chrono::steady_clock::now()) : verdict::none;
-    if (event == ZMQ_EVENT_ACCEPTED) {
-      if (link.accepted.size() < max_remembered_peers) link.accepted[fd] = peer_address_of(fd);
-    } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-      handshakes_succeeded_.fetch_add(1);
-      link.refused_us = false;
-      if (!link.router) connected(link);
-    } else if (event == ZMQ_EVENT_DISCONNECTED) {
-      // libzmq's one I/O thread reports a failed handshake and then the
-      // disconnect of the same connection, so the failure has its address.
-      // A peer refused at the greeting (garbage on a keyed socket) gets no
-      // failure event: the gate knows it closed mid-handshake.
-      auto it = link.accepted.find(fd);
-      const std::string address = it == link.accepted.end() ? std::string() : it->second;
-      if (it != link.accepted.end()) link.accepted.erase(it);
-      if (v == verdict::shed_closed)
-        link.pending = handshake_failure::busy;
-      else if (v == verdict::closed_in_handshake && !link.pending)
-        link.pending = handshake_failure::bad_frame;
-      if (link.pending) handshake_failed(link, *link.pending, address);
-      link.pending.reset();
-      if (link.router && on_closed_) connection_closed(link, fd);
-      if (link.group) link.group->lost(link.member);
-    } else {
-      if (link.pending) handshake_failed(link, *link.pending, "");
-      link.pending = classify(event, value);
-      if (!link.router) link.refused_us = true;
-    }
-  }
 }
 
 void zmq_bridge::run() {

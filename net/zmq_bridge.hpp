@@ -32,6 +32,7 @@
 
 namespace zmq {
 class context_t;
+class message_t;
 }
 
 namespace dtactor {
@@ -228,8 +229,12 @@ class zmq_bridge {
   void note_peer_fd(link_state& link, const std::string& peer, int fd);
   void connection_closed(link_state& link, int fd);
   void connected(link_state& link);  // DEALER: a connection's handshake succeeded
+  // Counts a dropped frame and reports it to the drop handler; drop() also
+  // logs it (once per kind, link and peer), count_drop() does not.
   void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,
             const std::string& why);
+  void count_drop(const std::string& link, const std::string& peer, wire::drop_kind kind);
+  void send_to_group(link_state& link, outbound& out, zmq::message_t& payload);
   result<std::string> run_add(const std::string& link, const std::string& endpoint, bool router,
                               const std::string& routing_id);
   void open_socket(link_state& link, const std::string& endpoint, const std::string& routing_id);  // throws zmq::error_t

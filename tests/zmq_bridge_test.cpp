@@ -354,6 +354,58 @@ TEST(zmq_bridge, a_dealer_of_several_endpoints_finds_a_late_listener_within_a_re
   ASSERT_TRUE(standby_in.next());
 }
 
+// A node given a coordinator and its standby registers at once, before
+// any connection's handshake completed (and the standby does not listen
+// yet): the registration has nowhere to go. That is counted, as every drop
+// is, but not logged: it is no error (the node registers again as a
+// connection comes up), and a first line saying "dropped" reads as one.
+TEST(zmq_bridge, a_dealer_of_several_endpoints_counts_without_a_line_what_it_sends_before_any_connection_is_up) {
+  inbox node_in;
+  zmq_bridge node(test_options(), node_in.handler(), node_in.drop_handler());
+  ::testing::internal::CaptureStderr();
+  const bool added = static_cast<bool>(node.add_dealer("coordinator", tcp_endpoint() + "," + tcp_endpoint(), "node/alpha"));
+  auto registration = heartbeat("node/alpha", 0);
+  registration.mutable_register_node()->set_node_id("alpha");
+  const bool sent = node.send("coordinator", "", registration) && node.send("coordinator", "", heartbeat("node/alpha", 1));
+  const bool counted = node_in.wait_drops(wire::drop_kind::send_overflow, 2);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(added && sent && counted);
+  EXPECT_EQ(node.stats().dropped_of(wire::drop_kind::send_overflow), 2u);
+  EXPECT_EQ(node.stats().sent, 0u);
+  EXPECT_EQ(said, "") << "a send before any connection was up was logged";
+}
+
+// A connection is up but its queue is full (a coordinator that does not
+// read): that is an overflow, and it is logged, once.
+TEST(zmq_bridge, a_dealer_of_several_endpoints_logs_a_full_queue_while_a_connection_is_up) {
+  zmq::context_t context(1);
+  zmq::socket_t deaf(context, zmq::socket_type::router);  // never reads
+  deaf.set(zmq::sockopt::rcvhwm, 1);
+  deaf.set(zmq::sockopt::rcvbuf, 64 << 10);  // no autotuning: the kernel holds little for it
+  deaf.set(zmq::sockopt::linger, 0);
+  deaf.bind("tcp://127.0.0.1:*");
+  inbox node_in;
+  auto o = test_options();
+  o.send_hwm = 1;
+  zmq_bridge node(o, node_in.handler(), node_in.drop_handler());
+  ASSERT_TRUE(node.add_dealer("coordinator", deaf.get(zmq::sockopt::last_endpoint) + "," + tcp_endpoint(), "node/alpha"));
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (node.stats().handshakes_succeeded < 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(node.stats().handshakes_succeeded, 1u);
+  auto big = heartbeat("node/alpha", 0);
+  big.mutable_register_node()->set_node_id(std::string(1 << 20, 'x'));  // the socket buffers fill in a few
+  ::testing::internal::CaptureStderr();
+  bool sent = true;
+  for (int i = 0; i < 64; ++i) sent = sent && node.send("coordinator", "", big);
+  const bool counted = node_in.wait_drops(wire::drop_kind::send_overflow, 1);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(sent && counted);
+  EXPECT_NE(said.find("dtactor: wire: dropped send_overflow frame, link 'coordinator': cannot send register_node: the queue of every connection up"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("peer '"), std::string::npos) << "a DEALER link's peer has no routing id to name\n" << said;
+}
+
 TEST(zmq_bridge, a_router_reports_a_peers_closed_connection_after_what_it_sent) {
   inbox coord_in, alpha_in, beta_in;
   zmq_bridge coordinator(test_options(), coord_in.handler(), nullptr, nullptr, coord_in.closed_handler());
