@@ -1,0 +1,174 @@
+#!/usr/bin/python3
+"""A warm standby node taking a lost node's place (docs/fault_handling.md,
+"A standby node"): kill -9 of a member node (the node process and its rank
+processes) of a job whose world is 2 nodes (cluster.max_nodes = 2) of the
+default config (the ViT on Fashion-MNIST), with a third node waiting as a
+warm standby (cluster.standby_nodes = 1) and without one (the world
+shrinks to 1), alternating in one run. Each trial, on loopback:
+
+  a coordinator, nodes x and y (one rank each) and, with a standby, node z
+
+z starts once x and y train (so that it is the node outside the world).
+Once the job trains at world 2 past step 15 (and z, with a standby, is
+registered with its rank warmed up: ready on the coordinator's
+/status.json), node x is
+killed (SIGKILL to its process group). Measured:
+  full_world_s   from the kill to the first step journaled at world size 2
+                 in a generation after the one the kill hit (the journal's
+                 step lines, train.log_every_steps = 1)
+  first_step_s   from the kill to the first step journaled at any world size
+                 after the kill's generation
+  shrank         whether a generation at world size 1 came in between
+  lost_steps     recovery_done lost_steps after the kill (sum)
+  promoted       standby nodes planned in after the kill (generation_started's
+                 standby_promoted)
+
+--modes picks the arms: standby (z with cluster.standby_nodes = 1), extra
+(z with cluster.standby_nodes = 0: a third node beyond cluster.max_nodes,
+refused until a place is free, then it starts its rank), none (no z).
+
+  flock /tmp/dtactor-build.lock /usr/bin/python3 bench/standby_node_takeover.py [--trials 5] [--out FILE]
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_meta  # noqa: E402
+from bench_net import free_port  # noqa: E402
+from spare_takeover import journal, named, wait  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+DTACTOR = os.path.join(ROOT, "build", "dtactor")
+KILL_AT_STEP = 15
+SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=100000",
+        "train.max_steps=1000000", "cluster.min_nodes=2", "cluster.max_nodes=2"]
+MODES = {"standby": (3, ["cluster.standby_nodes=1"]), "none": (2, []), "extra": (3, [])}
+
+
+def member(port, node):
+    """Node `node` as the coordinator's /status.json lists it ({} when not a member)."""
+    try:
+        status = json.loads(urllib.request.urlopen("http://127.0.0.1:%d/status.json" % port, timeout=2).read().decode())
+    except (OSError, ValueError):
+        return {}
+    return next((m for m in status.get("members", []) if m.get("node") == node), {})
+
+
+def one_trial(work, mode):
+    run = os.path.join(work, "run")
+    procs = {}
+    nodes, extra_sets = MODES[mode]
+
+    def start(name, args):
+        log = open(os.path.join(work, name + ".log"), "w")
+        procs[name] = subprocess.Popen([DTACTOR] + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    port, status_port = free_port(), free_port()
+    try:
+        start("coordinator", ["--role", "coordinator", "--listen", "tcp://127.0.0.1:%d" % port, "--advertise-addr", "127.0.0.1",
+                              "--run-dir", run, "--metrics-port", str(status_port), "--metrics-addr", "127.0.0.1"] +
+              [x for s in SETS + extra_sets for x in ("--set", s)])
+        def node(n):
+            start(n, ["--role", "node", "--coordinator", "tcp://127.0.0.1:%d" % port, "--node-id", n, "--advertise-addr", "127.0.0.1",
+                      "--threads-per-rank", "1"])
+
+        node("x")
+        node("y")
+        wait(lambda: [e for e in named(journal(run), "step") if e["step"] >= KILL_AT_STEP and e["world_size"] == 2], 300,
+             "step %d at world 2" % KILL_AT_STEP, 0.05)
+        if nodes == 3:  # z after x and y train, so that it is the one outside
+            node("z")
+            if mode == "extra":  # no place for it: refused, it keeps asking
+                wait(lambda: "registration refused" in open(os.path.join(work, "z.log")).read(), 60, "z to be refused", 0.05)
+        if mode == "standby":
+            # z's rank is up, warmed and ready (the coordinator's status page).
+            wait(lambda: member(status_port, "z").get("ready_ranks") == 1, 120, "z's rank to be ready", 0.05)
+        out = {"mode": mode}
+        gen_at_kill = max(e["generation"] for e in named(journal(run), "generation_started"))
+        t_kill = time.time()
+        os.killpg(procs["x"].pid, signal.SIGKILL)
+        first = wait(lambda: [e for e in named(journal(run), "step") if e.get("generation", 0) > gen_at_kill], 120,
+                     "a step after the kill", 0.005)[0]
+        full = None
+        if mode != "none":  # without a third node the world stays at 1
+            full = wait(lambda: [e for e in named(journal(run), "step") if e.get("generation", 0) > gen_at_kill and e["world_size"] == 2],
+                        120, "a step at world 2 after the kill", 0.005)
+        ev = journal(run)
+        last_t = (full[0] if full else first)["t"]
+        gens = [g for g in named(ev, "generation_started") if g["generation"] > gen_at_kill and g["t"] <= last_t]
+        out.update({
+            "full_world_s": full[0]["t"] - t_kill if full else None,
+            "first_step_s": first["t"] - t_kill,
+            "first_step_world": first["world_size"],
+            "shrank": any(g["world_size"] < 2 for g in gens),
+            "generations": len(gens),
+            "causes": [g["cause"] for g in gens],
+            "lost_steps": sum(r.get("lost_steps", 0) for r in named(ev, "recovery_done") if r["t"] > t_kill),
+            "promoted": sum(len(g.get("standby_promoted", [])) for g in gens),
+        })
+        return out
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def summary(trials, key):
+    vals = [x[key] for x in trials if x.get(key) is not None]
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--modes", default="standby,extra,none")
+    ap.add_argument("--out", default=os.path.join(HERE, "standby_node_takeover_results.json"))
+    a = ap.parse_args()
+    modes = a.modes.split(",")
+    runs = {m: [] for m in modes}
+    for i in range(a.trials):
+        for mode in modes:
+            work = tempfile.mkdtemp(prefix="dtactor-standby-bench-")
+            r = one_trial(work, mode)
+            print("trial %d %s: %s" % (i + 1, mode, json.dumps(r)), file=sys.stderr)
+            runs[mode].append(r)
+            subprocess.run(["rm", "-rf", work])
+    result = {"trials": runs}
+    for mode in modes:
+        result[mode] = {k: summary(runs[mode], k) for k in ("full_world_s", "first_step_s")}
+        result[mode]["shrank_trials"] = sum(1 for x in runs[mode] if x["shrank"])
+    result["lost_steps_worst"] = max(x["lost_steps"] for m in modes for x in runs[m])
+    if a.out == "-" or set(modes) != {"standby", "extra", "none"}:
+        print(json.dumps(result, indent=1))
+        return 0
+    F = bench_meta.figure
+    out = bench_meta.write(a.out, result, "A warm standby node takes a lost node's place: kill -9 of a member node of a default-config job "
+                           "at world 2 (cluster.max_nodes = 2), with a third node waiting as a standby (cluster.standby_nodes = 1), "
+                           "with a third node beyond cluster.max_nodes and no standby place (refused until the loss), and with no "
+                           "third node, %d trials each, alternating (medians)" % a.trials,
+                           "Recovery from faults", [
+                               F("the kill to the first step at full world size, with a standby node", ["standby", "full_world_s", "median"], "s",
+                                 "a third node without a standby place (the world shrinks, then it joins cold)", ["extra", "full_world_s", "median"]),
+                               F("the kill to the first step, with a standby node (at full size)", ["standby", "first_step_s", "median"], "s",
+                                 "without a third node (at world 1)", ["none", "first_step_s", "median"]),
+                               F("steps lost (worst trial)", ["lost_steps_worst"], "steps"),
+                           ], notes="Loopback, the coordinator and the nodes on the project's 2-core build machine (one compute thread "
+                                    "a rank). The times are the coordinator's journal's (a step line is written once every rank "
+                                    "reported that step). The node is killed by SIGKILL to its process group (the node and its rank); "
+                                    "its closed connection and its peer's failed collective are how the loss is seen.")
+    print(json.dumps({k: out[k] for k in modes + ["lost_steps_worst"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
