@@ -37,40 +37,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
 from bench_net import free_port  # noqa: E402
+from bench_jobs import journal, named, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
 KILL_AT_STEP = 15
 SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=100000",
         "train.max_steps=1000000", "cluster.min_nodes=2"]
-
-
-def journal(run):
-    path = os.path.join(run, "journal.jsonl")
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-    return out
-
-
-def named(ev, name):
-    return [e for e in ev if e.get("event") == name]
-
-
-def wait(cond, limit_s, what, poll_s=0.01):
-    end = time.time() + limit_s
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(poll_s)
-    raise RuntimeError("timed out after %d s waiting for %s" % (limit_s, what))
 
 
 def metric(port, name):

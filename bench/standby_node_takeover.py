@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
 from bench_net import free_port  # noqa: E402
-from spare_takeover import journal, named, wait  # noqa: E402
+from bench_jobs import journal, named, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")

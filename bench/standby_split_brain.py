@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
 from bench_net import free_port  # noqa: E402
-from spare_takeover import journal, named, wait  # noqa: E402
+from bench_jobs import journal, lease_trial, named, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
@@ -52,40 +52,6 @@ STOP_AT_STEP = 15
 STEPS_UNDER_EACH = 20
 SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=100000",
         "train.max_steps=1000000", "cluster.min_nodes=2"]
-
-
-def text_of(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-class trial_run:
-    def __init__(self, work, ttl_ms):
-        self.work, self.run, self.lease = work, os.path.join(work, "run"), os.path.join(work, "lease")
-        self.ttl_ms = ttl_ms
-        self.procs = {}
-
-    def start(self, name, args):
-        log = open(os.path.join(self.work, name + ".log"), "w")
-        self.procs[name] = subprocess.Popen([DTACTOR] + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def coordinator(self, name, port):
-        self.start(name, ["--role", "coordinator", "--listen", "tcp://127.0.0.1:%d" % port, "--advertise-addr", "127.0.0.1",
-                          "--run-dir", self.run, "--lease", self.lease, "--standby", "--lease-ttl-ms", str(self.ttl_ms)]
-                   + [x for s in SETS for x in ("--set", s)])
-
-    def log(self, name):
-        return text_of(os.path.join(self.work, name + ".log"))
-
-    def kill_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGCONT)
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
 
 
 def start_job(t):
@@ -111,7 +77,7 @@ def led_by_b(ev, lease_t):
 
 
 def one_trial(work, ttl_ms):
-    t = trial_run(work, ttl_ms)
+    t = lease_trial(work, ttl_ms, DTACTOR, SETS)
     try:
         start_job(t)
         t_stop = time.time()

@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
+from bench_jobs import journal, lease_trial, named, wait  # noqa: E402
+from bench_net import free_port  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
@@ -58,77 +59,8 @@ SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000"
         "checkpoint.every_steps=%d" % CHECKPOINT_EVERY, "train.max_steps=1000000", "cluster.min_nodes=2"]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def journal(run):
-    path = os.path.join(run, "journal.jsonl")
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-    return out
-
-
-def named(ev, name):
-    return [e for e in ev if e.get("event") == name]
-
-
-def wait(cond, limit_s, what, poll_s=0.05):
-    end = time.time() + limit_s
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(poll_s)
-    raise RuntimeError("timed out after %d s waiting for %s" % (limit_s, what))
-
-
-def text_of(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-class trial_run:
-    def __init__(self, work, ttl_ms):
-        self.work, self.run, self.lease = work, os.path.join(work, "run"), os.path.join(work, "lease")
-        self.ttl_ms = ttl_ms
-        self.procs = {}
-
-    def start(self, name, args):
-        log = open(os.path.join(self.work, name + ".log"), "w")
-        self.procs[name] = subprocess.Popen([DTACTOR] + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def coordinator(self, name, port):
-        self.start(name, ["--role", "coordinator", "--listen", "tcp://127.0.0.1:%d" % port, "--advertise-addr", "127.0.0.1",
-                          "--run-dir", self.run, "--lease", self.lease, "--standby", "--lease-ttl-ms", str(self.ttl_ms)]
-                   + [x for s in SETS for x in ("--set", s)])
-
-    def log(self, name):
-        return text_of(os.path.join(self.work, name + ".log"))
-
-    def kill_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-
-
 def one_trial(work, ttl_ms, one_address=False):
-    t = trial_run(work, ttl_ms)
+    t = lease_trial(work, ttl_ms, DTACTOR, SETS)
     pa = free_port()
     pb = pa if one_address else free_port()
     try:
