@@ -89,15 +89,23 @@ void kill_rank_and_expect_spare(cluster& cl, const std::string& node, int world)
   for (const auto& g : journal_events<ev::generation_started>(after)) EXPECT_EQ(g.at("world_size"), world) << "shrank first: " << g.dump();
 }
 
+// The coordinator, node a, and node b with one spare and its metrics on
+// `port`; "" once the job trained `step` steps at world 2 and b's spare is
+// warm, else what went wrong.
+std::string start_with_a_spare_on_b(cluster& cl, int port, int64_t step) {
+  if (auto e = cl.start_coordinator(); !e.empty()) return e;
+  if (auto e = cl.start_node("a"); !e.empty()) return e;
+  if (auto e = cl.start_node("b", metrics_flags(port, {"--spares", "1"})); !e.empty()) return e;
+  if (!cl.wait_step(step, 2)) return "no step " + std::to_string(step) + " at world 2\n" + cl.logs();
+  if (!eventually([&] { return spare_warm(port); })) return "b's spare did not warm up\n" + cl.logs();
+  return "";
+}
+
 TEST(Spares, AKilledRankProcessIsReplacedByAWarmSpareAtFullSize) {
   temp_dir d;
   cluster cl(d.path(), job_sets(3000, {"cluster.min_nodes=2"}));
   const int port = free_port();
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b", metrics_flags(port, {"--spares", "1"})), "");
-  ASSERT_TRUE(cl.wait_step(30, 2)) << cl.logs();
-  ASSERT_TRUE(eventually([&] { return spare_warm(port); })) << cl.logs();
+  ASSERT_EQ(start_with_a_spare_on_b(cl, port, 30), "");
   const auto spare = processes(cl, "b", true);
   ASSERT_EQ(spare.size(), 1u);
   kill_rank_and_expect_spare(cl, "b", 2);
@@ -113,11 +121,7 @@ TEST(Spares, ASpareThatIsKilledIsReplacedWithoutDisturbingTraining) {
   temp_dir d;
   cluster cl(d.path(), job_sets(3000, {"cluster.min_nodes=2"}));
   const int port = free_port();
-  ASSERT_EQ(cl.start_coordinator(), "");
-  ASSERT_EQ(cl.start_node("a"), "");
-  ASSERT_EQ(cl.start_node("b", metrics_flags(port, {"--spares", "1"})), "");
-  ASSERT_TRUE(cl.wait_step(20, 2)) << cl.logs();
-  ASSERT_TRUE(eventually([&] { return spare_warm(port); })) << cl.logs();
+  ASSERT_EQ(start_with_a_spare_on_b(cl, port, 20), "");
   auto first = processes(cl, "b", true);
   ASSERT_EQ(first.size(), 1u);
   const auto generations = journal_events<ev::generation_started>(cl.journal()).size();
