@@ -58,6 +58,22 @@ clock_duration pause_tracker::on_tick(clock_time now, clock_duration interval) {
   return late;
 }
 
+std::chrono::milliseconds heartbeat_interval_for(const liveness_options& opts, size_t members) {
+  using std::chrono::milliseconds;
+  const int64_t spread_ms = static_cast<int64_t>(members) * 1000 / coordinator_heartbeats_per_s;
+  const milliseconds ceiling = std::max(opts.heartbeat_interval, opts.heartbeat_timeout / 4);
+  return std::clamp(milliseconds(spread_ms), opts.heartbeat_interval, ceiling);
+}
+
+liveness_options liveness_at(const liveness_options& opts, std::chrono::milliseconds interval) {
+  if (interval <= opts.heartbeat_interval) return opts;
+  liveness_options o = opts;
+  const auto stretched = closed_grace_of(interval, opts.heartbeat_timeout);
+  o.suspect_timeout = std::max(opts.suspect_timeout, stretched);
+  o.closed_grace = std::max(opts.closed_grace, stretched);
+  return o;
+}
+
 std::string validate(const liveness_options& opts) {
   if (opts.heartbeat_interval.count() <= 0) return "cluster.heartbeat_interval_ms must be positive";
   if (opts.heartbeat_timeout <= opts.heartbeat_interval)

@@ -55,6 +55,33 @@ inline liveness_options liveness_options_from(const cluster_settings& c) {
   return o;
 }
 
+// The coordinator's budget of node heartbeats a second. Below it (up to
+// about 1,000 nodes at the default 100 ms) nodes heartbeat every
+// cluster.heartbeat_interval_ms; past it the coordinator asks them to
+// heartbeat less often (heartbeat_interval_for), so that its load grows with
+// the heartbeat timeout's floor, not with the configured interval.
+inline constexpr int64_t coordinator_heartbeats_per_s = 10000;
+
+// The interval a coordinator with `members` nodes asks them to heartbeat at:
+// opts.heartbeat_interval, longer where `members` beating at it would exceed
+// coordinator_heartbeats_per_s, and never past a quarter of the heartbeat
+// timeout (a live node stays four beats inside it). Detection is unchanged:
+// a node is lost heartbeat_timeout after its last sign of life, whatever
+// the interval.
+std::chrono::milliseconds heartbeat_interval_for(const liveness_options& opts, size_t members);
+
+// The options for judging silence while nodes beat every `interval` (from
+// heartbeat_interval_for): the suspect timeout and the closed-connection
+// grace stretched to three such intervals (at most the heartbeat timeout);
+// unchanged at the configured interval.
+liveness_options liveness_at(const liveness_options& opts, std::chrono::milliseconds interval);
+
+// A node asks its coordinator to answer a heartbeat (heartbeat.no_ack
+// unset) when it last asked this long ago or more: a quarter of the
+// heartbeat timeout, so a live coordinator is heard from four times within
+// the timeout the node judges it by.
+inline clock_duration ack_every(const liveness_options& opts) { return opts.heartbeat_timeout / 4; }
+
 // The heartbeat settings a node takes from its coordinator's config text
 // (register_ack's config_toml, parsed by Config::parse_toml): none when the
 // text does not parse or the settings do not make sense together, and the

@@ -20,6 +20,20 @@ using membership_self = membership_handle::stateful_pointer<membership_actor_sta
 
 uint64_t current_generation(const membership_actor_state& st) { return st.members.state().current ? st.members.state().current->generation : 0; }
 
+// The interval this coordinator asks its nodes to heartbeat at, for its
+// number of members (actors/liveness.hpp), and 0 at the configured one.
+std::chrono::milliseconds node_interval(const membership_actor_state& st) {
+  return heartbeat_interval_for(st.opts.liveness, st.members.state().nodes.size());
+}
+
+uint32_t asked_interval_ms(const membership_actor_state& st) {
+  const auto every = node_interval(st);
+  return every > st.opts.liveness.heartbeat_interval ? static_cast<uint32_t>(every.count()) : 0;
+}
+
+// Silence judged at the interval the nodes were asked to beat at.
+liveness_options judged_liveness(const membership_actor_state& st) { return liveness_at(st.opts.liveness, node_interval(st)); }
+
 void send_to_node(membership_self self, const std::string& peer, pb::envelope env) { self->state.out(links::nodes, peer, std::move(env)); }
 
 void emit(membership_self self, ev::event e) {
@@ -64,6 +78,7 @@ void on_register(membership_self self, const inbound& in) {
     ack->set_module_object(st.opts.module_object);
     ack->set_module_digest(st.opts.module_digest);
   }
+    ack->set_heartbeat_interval_ms(asked_interval_ms(st));
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
     node_lost(self, id, ev::loss_cause::restarted, a.silent_s);
@@ -92,9 +107,11 @@ void on_heartbeat(membership_self self, const inbound& in) {
   auto env = make_envelope(st.opts.header, current_generation(st));
   if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
     auto* ack = env.mutable_heartbeat_ack();
+    if (in.env.heartbeat().no_ack()) return;  // the node asks for one often enough
     ack->set_seq(in.env.heartbeat().seq());
     ack->set_echoed_sent_steady_s(in.env.heartbeat().sent_steady_s());
   } else {
+    ack->set_interval_ms(asked_interval_ms(st));
     ++st.refused_heartbeats;
     if (auto d = st.draining.find(id); d != st.draining.end()) d->second = self->clock().now();
     auto* ack = env.mutable_register_ack();
@@ -326,7 +343,7 @@ void declare_lost(membership_self self, std::vector<lost_node> lost, clock_time 
 // a collective failure is suspected.
 void declare_closed_lost(membership_self self, clock_time now) {
   auto& st = self->state;
-  declare_lost(self, find_closed(now, st.members.closed(), st.members.last_seen(), st.opts.liveness, st.members.suspecting()), now);
+  declare_lost(self, find_closed(now, st.members.closed(), st.members.last_seen(), judged_liveness(st), st.members.suspecting()), now);
 }
 
 // A new generation when the membership calls for one.
@@ -375,7 +392,7 @@ void on_tick(membership_self self) {
                                 " s (a machine loaded past its cores?); nodes' silence during it is not held against them");
   }
   report_members(self, now);
-  declare_lost(self, find_lost(now, st.members.last_seen(), st.opts.liveness, st.members.suspecting()), now);
+  declare_lost(self, find_lost(now, st.members.last_seen(), judged_liveness(st), st.members.suspecting()), now);
   declare_closed_lost(self, now);
   plan_if_due(self, now);
 }

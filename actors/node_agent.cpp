@@ -325,6 +325,7 @@ void on_register_ack(agent_self self, const pb::register_ack& ack) {
   st.module_object = ack.module_object();
   st.module_digest = ack.module_digest();
   if (st.opts.liveness_from_config)
+  st.heartbeat_every = std::chrono::milliseconds(ack.heartbeat_interval_ms());
     if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
   if (st.opts.rank_exit_limit_from_config)
     if (auto l = st.opts.rank_exit_limit_from_config(st.config_toml)) st.opts.rank_exit_limit = *l;
@@ -394,6 +395,7 @@ void on_coordinator(agent_self self, const inbound& in) {
       break;
     case pb::envelope::kHeartbeatAck:
       emit(self, nev::heartbeat_acked{env.heartbeat_ack().echoed_sent_steady_s()});
+      self->state.heartbeat_every = std::chrono::milliseconds(env.heartbeat_ack().interval_ms());
       break;
     case pb::envelope::kGenerationPlan:
       on_generation_plan(self, env.generation_plan());
@@ -515,6 +517,32 @@ void check_ranks(agent_self self, clock_time now) {
 }
 
 void on_tick(agent_self self) {
+// The interval this agent beats at: the coordinator's ask, else the job's.
+std::chrono::milliseconds beat_interval(const node_agent_state& st) {
+  return st.heartbeat_every.count() > 0 ? st.heartbeat_every : st.opts.liveness.heartbeat_interval;
+}
+
+// Ticks come every configured interval; a beat goes on the tick nearest to
+// a whole asked-for interval after the last one.
+bool beat_due(const node_agent_state& st, clock_time now) {
+  return st.heartbeat_seq == 0 || now - st.last_beat + st.opts.liveness.heartbeat_interval / 2 >= beat_interval(st);
+}
+
+// One heartbeat, asking for an ack when the last ask is ack_every old.
+void send_heartbeat(agent_self self, clock_time now) {
+  auto& st = self->state;
+  auto env = envelope(self);
+  auto* hb = env.mutable_heartbeat();
+  hb->set_seq(++st.heartbeat_seq);
+  hb->set_sent_steady_s(std::chrono::duration<double>(now.time_since_epoch()).count());
+  hb->set_step(st.last_step);
+  const bool ask = st.heartbeat_seq == 1 || now - st.ack_asked >= ack_every(st.opts.liveness);
+  hb->set_no_ack(!ask);
+  if (ask) st.ack_asked = now;
+  st.last_beat = now;
+  to_coordinator(self, std::move(env));
+}
+
   auto& st = self->state;
   auto now = self->clock().now();
   // A late tick is this process's stall: what arrived meanwhile waits in
@@ -531,17 +559,13 @@ void on_tick(agent_self self) {
     enter_registering(self, "no word from the coordinator for " + std::to_string(std::chrono::duration<double>(now - st.last_heard).count()) + " s");
     return;
   }
-  auto env = envelope(self);
-  auto* hb = env.mutable_heartbeat();
-  hb->set_seq(++st.heartbeat_seq);
-  hb->set_sent_steady_s(std::chrono::duration<double>(now.time_since_epoch()).count());
-  hb->set_step(st.last_step);
-  to_coordinator(self, std::move(env));
+  if (!beat_due(st, now)) return;
+  send_heartbeat(self, now);
   // A finished rank's FINISHED is said again about once a second until the
   // job ends: one sent while no coordinator listened (a takeover by a
   // standby) or before a new coordinator adopted the generation would
   // otherwise be lost, and the job would never end.
-  const auto every = std::max<int64_t>(1, std::chrono::seconds(1) / st.opts.liveness.heartbeat_interval);
+  const auto every = std::max<int64_t>(1, std::chrono::seconds(1) / beat_interval(st));
   if (st.heartbeat_seq % static_cast<uint64_t>(every) == 0)
     for (const auto& r : st.ranks)
       if (r.alive && r.finished) to_coordinator(self, *r.finished);

@@ -228,6 +228,38 @@ TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_pl
   EXPECT_EQ(wire.with(pb::envelope::kHeartbeatAck, "peer-b").back().env.heartbeat_ack().seq(), 19u);
 }
 
+// A beat that asks for no answer keeps its node in and gets none; one that
+// asks is answered, with no interval override at this size.
+TEST_F(coordinator_actors, a_heartbeat_without_an_ack_wanted_keeps_the_node_in_unanswered) {
+  start(coord_opts(1));
+  send(joined("a", 1));
+  advance(100ms);
+  const auto acks = wire.count(pb::envelope::kHeartbeatAck, "peer-a");
+  for (uint64_t i = 0; i < 30; ++i) {
+    auto hb = heartbeat_from("a", i);
+    hb.env.mutable_heartbeat()->set_no_ack(i % 3 != 0);
+    send(hb);
+    advance(100ms);
+  }
+  EXPECT_EQ(wire.count(pb::envelope::kHeartbeatAck, "peer-a") - acks, 10u);
+  EXPECT_EQ(wire.with(pb::envelope::kHeartbeatAck, "peer-a").back().env.heartbeat_ack().interval_ms(), 0u);
+  EXPECT_EQ(ms().members.state().nodes.count(node_id{"a"}), 1u);  // 3 s of beats: still a member
+}
+
+// Past the heartbeat budget (10,000 beats a second) the coordinator asks
+// its nodes for a longer interval, from registration on and in its acks.
+TEST_F(coordinator_actors, many_nodes_are_asked_to_beat_less_often) {
+  start(coord_opts(1, 3000));
+  for (int i = 0; i < 2500; ++i) send(joined("n" + std::to_string(i), 1));
+  const auto acks = wire.with(pb::envelope::kRegisterAck);
+  ASSERT_EQ(acks.size(), 2500u);
+  EXPECT_EQ(acks.front().env.register_ack().heartbeat_interval_ms(), 0u);  // alone: as configured
+  EXPECT_EQ(acks[1999].env.register_ack().heartbeat_interval_ms(), 200u);  // the 2,000th: 2,000 x 5 a second
+  EXPECT_EQ(acks.back().env.register_ack().heartbeat_interval_ms(), 250u);  // capped at a quarter of the timeout
+  send(heartbeat_from("n7", 1));
+  EXPECT_EQ(wire.with(pb::envelope::kHeartbeatAck, "peer-n7").back().env.heartbeat_ack().interval_ms(), 250u);
+}
+
 TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
   start(coord_opts(1));
   send(joined("a", 1));

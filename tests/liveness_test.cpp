@@ -81,6 +81,40 @@ TEST(liveness, suspect_timeout_must_exceed_the_heartbeat_interval) {
   EXPECT_EQ(validate(liveness_options{100ms, 1000ms, 300ms}), "");
 }
 
+// Past the coordinator's heartbeat budget, nodes are asked to beat less
+// often, never past a quarter of the timeout; below it, as configured.
+TEST(liveness, the_interval_asked_of_nodes_grows_past_the_budget_up_to_a_quarter_of_the_timeout) {
+  EXPECT_EQ(heartbeat_interval_for(opts(), 0), 100ms);
+  EXPECT_EQ(heartbeat_interval_for(opts(), 1000), 100ms);                  // 10,000 beats a second: the budget
+  EXPECT_EQ(heartbeat_interval_for(opts(), 2000), 200ms);                  // spread to stay at the budget
+  EXPECT_EQ(heartbeat_interval_for(opts(), 3000), 250ms);                  // a quarter of the 1 s timeout
+  EXPECT_EQ(heartbeat_interval_for(opts(), 10000), 250ms);
+  EXPECT_EQ(heartbeat_interval_for(liveness_options{100ms, 4000ms}, 3000), 300ms);
+  EXPECT_EQ(heartbeat_interval_for(liveness_options{500ms, 1000ms}, 10000), 500ms);  // never below the configured interval
+}
+
+// Judging silence at a stretched interval: a live node beats every 250 ms,
+// so a suspect window of 300 ms would catch live nodes; it stretches to
+// three intervals (at most the timeout). The timeout itself never moves.
+TEST(liveness, a_stretched_interval_stretches_the_suspect_window_and_the_closed_grace_not_the_timeout) {
+  auto o = opts();
+  o.suspect_timeout = 300ms;
+  o.closed_grace = 300ms;
+  const auto same = liveness_at(o, 100ms);
+  EXPECT_EQ(same.suspect_timeout, 300ms);
+  EXPECT_EQ(same.closed_grace, 300ms);
+  const auto wide = liveness_at(o, 250ms);
+  EXPECT_EQ(wide.suspect_timeout, 750ms);
+  EXPECT_EQ(wide.closed_grace, 750ms);
+  EXPECT_EQ(wide.heartbeat_timeout, 1000ms);
+  EXPECT_EQ(wide.heartbeat_interval, 100ms);  // the watcher's tick stays
+  // A live node 600 ms silent while suspecting: lost at the configured
+  // window, alive at the stretched one.
+  const std::map<std::string, clock_time> seen{{"a", t0() - 600ms}};
+  EXPECT_EQ(find_lost(t0(), seen, o, true).size(), 1u);
+  EXPECT_TRUE(find_lost(t0(), seen, wide, true).empty());
+}
+
 TEST(liveness, options_from_config_keys) {
   config cfg;
   for (const char* kv : {"cluster.heartbeat_interval_ms=50", "cluster.heartbeat_timeout_ms=700", "cluster.suspect_timeout_ms=250"}) {

@@ -289,6 +289,28 @@ TEST_F(node_agent_test, heartbeats_every_interval_and_registers_again_when_the_c
   EXPECT_EQ(registers(), 2u);
 }
 
+// Every beat goes, but only one in three asks for an answer (at least every
+// quarter of the timeout); a coordinator that asks for a longer interval
+// gets beats that far apart, and the node still hears from it in time.
+TEST_F(node_agent_test, heartbeats_ask_for_an_ack_every_quarter_timeout_and_follow_the_asked_interval) {
+  registered();
+  std::vector<bool> asked;
+  for (int i = 0; i < 6; ++i) {
+    advance(100ms);
+    asked.push_back(!wire.with(pb::envelope::kHeartbeat).back().env.heartbeat().no_ack());
+  }
+  ASSERT_EQ(wire.with(pb::envelope::kHeartbeat).size(), 6u);
+  EXPECT_EQ(asked, (std::vector<bool>{true, false, false, true, false, false}));
+  inbound a{links::coordinator, "", from_coordinator()};
+  a.env.mutable_heartbeat_ack()->set_interval_ms(300);
+  send(a);
+  for (int i = 0; i < 9; ++i) advance(100ms);
+  EXPECT_EQ(wire.with(pb::envelope::kHeartbeat).size(), 9u);  // 6, then one every 300 ms
+  for (const auto& hb : wire.with(pb::envelope::kHeartbeat)) EXPECT_GT(hb.env.heartbeat().seq(), 0u);
+  EXPECT_FALSE(wire.with(pb::envelope::kHeartbeat).back().env.heartbeat().no_ack());  // 300 ms since the last ask
+  EXPECT_EQ(registers(), 0u);
+}
+
 // A connection to a coordinator address came up (a standby took the lease
 // and listens, or the coordinator restarted): the node registers there at
 // once, not after the heartbeat timeout or its next retry, and training
