@@ -1,0 +1,634 @@
+// Simulated nodes for the coordinator's scale bench (bench/scale_nodes.py):
+// one process plays K nodes, each a ZeroMQ DEALER to one real coordinator
+// that speaks what a node agent speaks (actors/node_agent.cpp) with the
+// job's CURVE client keys, and no rank process and no LibTorch.
+//
+// Per node: register_node (retried with the agent's backoff, capped at a
+// third of the heartbeat timeout); on register_ack its one simulated rank
+// says STATE_IDLE as a warmed-up rank does; a heartbeat every interval of
+// the job's config (register_ack's config_toml, read as the agent reads
+// it); back to registering after a heartbeat timeout without word from the
+// coordinator, or when told it is no member; on a newer generation_plan that
+// names it, STATE_READY for its rank, then step reports at wall-clock
+// multiples of --report-every-s (all nodes report the same steps, so the
+// coordinator completes them); shutdown stops it.
+//
+// Commands, one a line on stdin: "silent N" (N running nodes stop sending
+// and keep their socket: a hung agent whose ZeroMQ thread still answers),
+// "close N" (N running nodes close their socket at once, linger 0: a
+// process that died), "quit". Output: JSON lines on stdout (times are
+// CLOCK_REALTIME seconds, as the coordinator's journal's "t"): registered,
+// plan (each node's receipt of each newer plan), silenced / closed, stats.
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/job_key.hpp"
+#include "base/printable.hpp"
+#include "base/unix_time.hpp"
+#include "dtactor/config.hpp"
+#include "job/settings.hpp"
+#include "net/wire.hpp"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
+namespace dtactor {
+namespace {
+
+using steady = std::chrono::steady_clock;
+using ms = std::chrono::milliseconds;
+
+struct sim_options {
+  std::string coordinator;           // tcp://HOST:PORT
+  std::string key_path;              // the job key (dtactor keygen)
+  int nodes = 100;
+  std::string prefix = "sim";        // node ids: PREFIX-<i>
+  std::vector<std::string> sources;  // loopback source addresses, round robin
+  double report_every_s = 5;         // step reports at wall-clock multiples of this
+  int64_t steps_per_report = 50;     // train.log_every_steps' worth of steps per report
+  int io_threads = 1;
+  double stats_every_s = 5;
+};
+
+enum class phase : uint8_t { registering, member, stopped };
+
+struct sim_node {
+  std::string id;
+  std::string source;
+  void* socket = nullptr;
+  int fd = -1;  // ZMQ_FD, watched by epoll
+  uint64_t incarnation = 0;
+  uint64_t rank_incarnation = 0;
+  phase ph = phase::registering;
+  bool silent = false;
+  bool closed = false;
+  bool running = false;  // a plan named it
+  uint64_t generation = 0;
+  int32_t global_rank = -1;
+  int32_t world = 0;
+  int64_t last_step = 0;
+  int64_t report_slot = 0;  // wall-clock slot of the plan or the last report
+  uint64_t hb_seq = 0;
+  uint32_t register_attempt = 0;
+  ms asked_every{0};  // the coordinator's heartbeat interval for it (0: the job's)
+  steady::time_point last_beat{};
+  steady::time_point ack_asked{};
+  steady::time_point next_tick{};
+  steady::time_point next_register{};
+  steady::time_point last_heard{};
+  double last_sent_unix = 0;
+};
+
+struct counters {
+  uint64_t sent = 0, send_failed = 0, received = 0, dropped = 0;
+  uint64_t registers = 0, re_registers = 0, refusals = 0, plans = 0, reports = 0;
+};
+
+// The heartbeat-rate fields a node reads and writes (register_ack's
+// heartbeat_interval_ms, heartbeat_ack's interval_ms, heartbeat's no_ack),
+// through reflection: a wire.proto without them reads 0 and sets nothing,
+// as an older node would.
+uint32_t uint32_field(const google::protobuf::Message& m, const char* name) {
+  const auto* f = m.GetDescriptor()->FindFieldByName(name);
+  if (!f || f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT32 || f->is_repeated()) return 0;
+  return m.GetReflection()->GetUInt32(m, f);
+}
+
+bool set_bool_field(google::protobuf::Message* m, const char* name, bool v) {
+  const auto* f = m->GetDescriptor()->FindFieldByName(name);
+  if (!f || f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_BOOL || f->is_repeated()) return false;
+  m->GetReflection()->SetBool(m, f, v);
+  return true;
+}
+
+double steady_s(steady::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
+
+void print_line(const nlohmann::json& j) {
+  std::fputs((j.dump() + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+class simulator {
+ public:
+  simulator(sim_options o, job_key key) : o_(std::move(o)), key_(std::move(key)) {}
+  int run();
+
+ private:
+  bool open_sockets();
+  void open_socket(sim_node& n, size_t index);
+  void loop();
+  void drain(size_t index);
+  void on_envelope(sim_node& n, const pb::envelope& env);
+  void on_register_ack(sim_node& n, const pb::register_ack& ack);
+  void on_plan(sim_node& n, const pb::generation_plan& plan);
+  void timers(steady::time_point now);
+  void tick(sim_node& n, steady::time_point now);
+  void enter_registering(sim_node& n, steady::time_point now);
+  void send_register(sim_node& n);
+  void send_heartbeat(sim_node& n, steady::time_point now);
+  void send_rank_status(sim_node& n, pb::rank_status::state s);
+  void send_step_report(sim_node& n, int64_t slot);
+  void send(sim_node& n, const pb::envelope& env);
+  pb::envelope node_envelope(const sim_node& n) const;
+  pb::envelope rank_envelope(const sim_node& n) const;
+  void take_liveness(const std::string& config_toml);
+  ms register_cap() const;
+  void command(const std::string& line);
+  void stop_nodes(const std::string& how, int count);
+  void print_stats();
+
+  sim_options o_;
+  job_key key_;
+  void* ctx_ = nullptr;
+  int epoll_ = -1;
+  std::vector<sim_node> nodes_;
+  std::vector<size_t> touched_;  // nodes sent to since their last drain
+  ms interval_{100};             // liveness_options' defaults, as a node starts
+  ms timeout_{1000};
+  std::string parsed_config_;    // the config text the two above came from
+  std::string job_id_;
+  counters c_;
+  std::string stdin_buf_;
+  bool quit_ = false;
+};
+
+// The heartbeat settings of the job, read from register_ack's config as the
+// agent reads them (liveness_options_from_text): parsed once per text.
+void simulator::take_liveness(const std::string& config_toml) {
+  if (config_toml.empty() || config_toml == parsed_config_) return;
+  parsed_config_ = config_toml;
+  auto c = config::parse_toml(config_toml, "register_ack");
+  if (!c) return;
+  auto cluster = cluster_settings_of(c.value());
+  if (!cluster) return;
+  interval_ = cluster.value().heartbeat_interval;
+  timeout_ = cluster.value().heartbeat_timeout;
+}
+
+// node_agent's register_backoff_cap: at most 1 s, at most a third of the timeout.
+ms simulator::register_cap() const { return std::min(ms(1000), std::max(timeout_ / 3, ms(1))); }
+
+pb::envelope simulator::node_envelope(const sim_node& n) const {
+  envelope_header h;
+  h.sender = sender_id::of_node(n.id).to_string();
+  h.incarnation = n.incarnation;
+  return make_envelope(h, n.generation);
+}
+
+// What a rank sends through its node: its own sender and incarnation.
+pb::envelope simulator::rank_envelope(const sim_node& n) const {
+  envelope_header h;
+  h.sender = sender_id::of_rank(n.id, 0).to_string();
+  h.incarnation = n.rank_incarnation;
+  h.job_id = job_id_;
+  return make_envelope(h, n.generation);
+}
+
+void simulator::send(sim_node& n, const pb::envelope& env) {
+  if (n.closed || !n.socket) return;
+  auto bytes = wire::encode(env);
+  if (!bytes) return;
+  if (zmq_send(n.socket, bytes.value().data(), bytes.value().size(), ZMQ_DONTWAIT) < 0) {
+    ++c_.send_failed;
+    return;
+  }
+  ++c_.sent;
+  n.last_sent_unix = unix_time_now();
+  touched_.push_back(static_cast<size_t>(&n - nodes_.data()));
+}
+
+void simulator::send_register(sim_node& n) {
+  auto env = node_envelope(n);
+  auto* r = env.mutable_register_node();
+  r->set_node_id(n.id);
+  r->set_advertise_addr(n.source);
+  r->set_nproc(1);
+  r->set_hostname(n.id);
+  r->set_last_step(n.last_step);
+  r->set_last_generation(n.generation);
+  if (n.ph != phase::registering || n.running) r->add_ready_ranks(0);
+  ++c_.registers;
+  send(n, env);
+}
+
+void simulator::enter_registering(sim_node& n, steady::time_point now) {
+  if (n.ph == phase::member) ++c_.re_registers;
+  n.ph = phase::registering;
+  n.register_attempt = 0;
+  send_register(n);
+  n.next_register = now + std::min(ms(100), register_cap());
+}
+
+void simulator::send_heartbeat(sim_node& n, steady::time_point now) {
+  auto env = node_envelope(n);
+  auto* hb = env.mutable_heartbeat();
+  hb->set_seq(++n.hb_seq);
+  hb->set_sent_steady_s(steady_s(now));
+  hb->set_step(n.last_step);
+  // node_agent's send_heartbeat: an ack asked for every quarter timeout.
+  const bool ask = n.hb_seq == 1 || now - n.ack_asked >= timeout_ / 4;
+  if (set_bool_field(hb, "no_ack", !ask) && ask) n.ack_asked = now;
+  n.last_beat = now;
+  send(n, env);
+}
+
+void simulator::send_rank_status(sim_node& n, pb::rank_status::state s) {
+  auto env = rank_envelope(n);
+  auto* st = env.mutable_rank_status();
+  st->set_global_rank(s == pb::rank_status::STATE_IDLE ? -1 : n.global_rank);
+  st->set_local_rank(0);
+  st->set_status(s);
+  st->set_step(n.last_step);
+  if (s == pb::rank_status::STATE_READY) {
+    st->set_state_source(pb::rank_status::ORIGIN_LOCAL);
+    st->set_state_root(0);
+    st->set_switch_s(0.001);
+  }
+  send(n, env);
+}
+
+void simulator::send_step_report(sim_node& n, int64_t slot) {
+  n.last_step += (slot - n.report_slot) * o_.steps_per_report;
+  n.report_slot = slot;
+  auto env = rank_envelope(n);
+  auto* r = env.mutable_step_report();
+  r->set_step(n.last_step);
+  r->set_global_rank(n.global_rank);
+  r->set_world_size(n.world);
+  r->set_loss(1.0);
+  r->set_loss_mean(1.0);
+  r->set_steps_covered(static_cast<int32_t>(o_.steps_per_report));
+  r->set_step_s(o_.report_every_s);
+  r->set_samples(o_.steps_per_report);
+  r->set_lr(1e-3);
+  r->set_node_id(n.id);
+  ++c_.reports;
+  send(n, env);
+}
+
+void simulator::on_register_ack(sim_node& n, const pb::register_ack& ack) {
+  const auto now = steady::now();
+  if (!ack.accepted()) {
+    ++c_.refusals;
+    if (n.ph == phase::member) enter_registering(n, now);
+    return;
+  }
+  if (n.ph != phase::registering) return;  // a duplicate ack of a retried register
+  n.ph = phase::member;
+  if (job_id_.empty()) job_id_ = ack.job_id();
+  take_liveness(ack.config_toml());
+  n.asked_every = ms(uint32_field(ack, "heartbeat_interval_ms"));
+  n.next_tick = now + interval_;
+  print_line({{"event", "registered"}, {"node", n.id}, {"t", unix_time_now()}});
+  // Its rank is up and warmed at once (a real one loads its model first).
+  if (!n.running) send_rank_status(n, pb::rank_status::STATE_IDLE);
+}
+
+void simulator::on_plan(sim_node& n, const pb::generation_plan& plan) {
+  if (n.ph == phase::stopped || plan.generation() <= n.generation || plan.generation() == 0) return;
+  const double t = unix_time_now();
+  n.generation = plan.generation();
+  n.world = plan.world_size();
+  n.ph = phase::member;
+  n.global_rank = -1;
+  for (const auto& a : plan.ranks())
+    if (a.node_id() == n.id && a.local_rank() == 0) n.global_rank = a.global_rank();
+  n.running = n.global_rank >= 0;
+  ++c_.plans;
+  print_line({{"event", "plan"}, {"node", n.id}, {"generation", n.generation}, {"t", t}, {"in_plan", n.running}, {"world", n.world}});
+  if (!n.running) return;
+  n.last_step = std::max(n.last_step, plan.start_step());
+  n.report_slot = static_cast<int64_t>(t / o_.report_every_s);
+  send_rank_status(n, pb::rank_status::STATE_READY);
+}
+
+void simulator::on_envelope(sim_node& n, const pb::envelope& env) {
+  if (n.silent || n.ph == phase::stopped) return;  // a hung agent reads nothing either
+  n.last_heard = steady::now();
+  switch (env.body_case()) {
+    case pb::envelope::kRegisterAck:
+      on_register_ack(n, env.register_ack());
+      break;
+    case pb::envelope::kGenerationPlan:
+      on_plan(n, env.generation_plan());
+      break;
+    case pb::envelope::kHeartbeatAck:
+      n.asked_every = ms(uint32_field(env.heartbeat_ack(), "interval_ms"));
+      break;
+    case pb::envelope::kShutdown:
+      if (!env.shutdown().checkpoint()) n.ph = phase::stopped;
+      break;
+    default:
+      break;
+  }
+}
+
+// Every frame the socket holds now; ZMQ_EVENTS also resets its ZMQ_FD.
+void simulator::drain(size_t index) {
+  auto& n = nodes_[index];
+  for (;;) {
+    if (n.closed || !n.socket) return;
+    int events = 0;
+    size_t len = sizeof events;
+    if (zmq_getsockopt(n.socket, ZMQ_EVENTS, &events, &len) != 0 || !(events & ZMQ_POLLIN)) return;
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, n.socket, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&msg);
+      return;
+    }
+    auto env = wire::decode(zmq_msg_data(&msg), zmq_msg_size(&msg), "");
+    zmq_msg_close(&msg);
+    if (!env) {
+      ++c_.dropped;
+      continue;
+    }
+    ++c_.received;
+    on_envelope(n, env.value());
+  }
+}
+
+// What the agent's tick does, per node: the coordinator's silence, the
+// heartbeat, and (for its rank) a step report when the wall-clock slot moved.
+void simulator::tick(sim_node& n, steady::time_point now) {
+  n.next_tick = now + interval_;
+  if (now - n.last_heard >= timeout_) {
+    enter_registering(n, now);
+    return;
+  }
+  // node_agent's beat_due: ticks every configured interval, a beat on the
+  // tick nearest a whole asked-for interval after the last one.
+  const ms every = n.asked_every.count() > 0 ? n.asked_every : interval_;
+  if (n.hb_seq != 0 && now - n.last_beat + interval_ / 2 < every) return;
+  send_heartbeat(n, now);
+  if (!n.running) return;
+  const auto slot = static_cast<int64_t>(unix_time_now() / o_.report_every_s);
+  if (slot > n.report_slot) send_step_report(n, slot);
+}
+
+void simulator::timers(steady::time_point now) {
+  for (auto& n : nodes_) {
+    if (n.closed || n.silent || n.ph == phase::stopped) continue;
+    if (n.ph == phase::registering && now >= n.next_register) {
+      ++n.register_attempt;
+      send_register(n);
+      auto delay = ms(100);
+      for (uint32_t i = 0; i < n.register_attempt && delay < register_cap(); ++i) delay *= 2;
+      n.next_register = now + std::min(delay, register_cap());
+    } else if (n.ph == phase::member && now >= n.next_tick) {
+      tick(n, now);
+    }
+  }
+}
+
+void simulator::open_socket(sim_node& n, size_t index) {
+  n.socket = zmq_socket(ctx_, ZMQ_DEALER);
+  auto set_int = [&](int opt, int v) { zmq_setsockopt(n.socket, opt, &v, sizeof v); };
+  const int64_t max_msg = wire::max_control_message_bytes;
+  zmq_setsockopt(n.socket, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+  // As zmq_bridge opens a node's DEALER (net/zmq_bridge.cpp, app/node.cpp).
+  set_int(ZMQ_LINGER, 0);
+  set_int(ZMQ_HANDSHAKE_IVL, wire::handshake_timeout_ms);
+  set_int(ZMQ_SNDHWM, 10000);
+  set_int(ZMQ_RCVHWM, 10000);
+  set_int(ZMQ_TCP_KEEPALIVE, 1);
+  set_int(ZMQ_TCP_KEEPALIVE_IDLE, 30);
+  set_int(ZMQ_TCP_KEEPALIVE_INTVL, 5);
+  set_int(ZMQ_TCP_KEEPALIVE_CNT, 3);
+  set_int(ZMQ_HEARTBEAT_IVL, 1000);
+  set_int(ZMQ_HEARTBEAT_TIMEOUT, 5000);
+  set_int(ZMQ_RECONNECT_IVL, 100);
+  set_int(ZMQ_RECONNECT_IVL_MAX, 0);
+  zmq_setsockopt(n.socket, ZMQ_CURVE_SERVERKEY, key_.server_public.data(), key_.server_public.size());
+  zmq_setsockopt(n.socket, ZMQ_CURVE_PUBLICKEY, key_.client_public.data(), key_.client_public.size());
+  zmq_setsockopt(n.socket, ZMQ_CURVE_SECRETKEY, key_.client_secret.data(), key_.client_secret.size());
+  const std::string routing = sender_id::of_node(n.id).to_string() + "/" + std::to_string(n.incarnation);
+  zmq_setsockopt(n.socket, ZMQ_ROUTING_ID, routing.data(), routing.size());
+  const std::string hostport = o_.coordinator.substr(6);  // after "tcp://"
+  const std::string endpoint = n.source.empty() ? o_.coordinator : "tcp://" + n.source + ":0;" + hostport;
+  if (zmq_connect(n.socket, endpoint.c_str()) != 0)
+    print_line({{"event", "error"}, {"node", n.id}, {"what", std::string("connect: ") + zmq_strerror(zmq_errno())}});
+  size_t len = sizeof n.fd;
+  zmq_getsockopt(n.socket, ZMQ_FD, &n.fd, &len);
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.u64 = index;
+  epoll_ctl(epoll_, EPOLL_CTL_ADD, n.fd, &e);
+}
+
+bool simulator::open_sockets() {
+  ctx_ = zmq_ctx_new();
+  zmq_ctx_set(ctx_, ZMQ_IO_THREADS, o_.io_threads);
+  zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, o_.nodes + 64);
+  epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  if (!ctx_ || epoll_ < 0) return false;
+  epoll_event in{};
+  in.events = EPOLLIN;
+  in.data.u64 = UINT64_MAX;  // stdin
+  epoll_ctl(epoll_, EPOLL_CTL_ADD, 0, &in);
+  nodes_.resize(static_cast<size_t>(o_.nodes));
+  const auto now = steady::now();
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    auto& n = nodes_[i];
+    n.id = o_.prefix + "-" + std::to_string(i);
+    n.source = o_.sources.empty() ? std::string() : o_.sources[i % o_.sources.size()];
+    n.incarnation = wire::new_incarnation();
+    n.rank_incarnation = wire::new_incarnation();
+    open_socket(n, i);
+    if (!n.socket) return false;
+    n.last_heard = now;
+    enter_registering(n, now);
+  }
+  return true;
+}
+
+// "silent N" / "close N": the last N running nodes not yet stopped.
+void simulator::stop_nodes(const std::string& how, int count) {
+  for (auto it = nodes_.rbegin(); it != nodes_.rend() && count > 0; ++it) {
+    auto& n = *it;
+    if (!n.running || n.silent || n.closed || n.ph != phase::member) continue;
+    --count;
+    const double last_sent = n.last_sent_unix;
+    if (how == "close") {
+      epoll_ctl(epoll_, EPOLL_CTL_DEL, n.fd, nullptr);
+      zmq_close(n.socket);
+      n.socket = nullptr;
+      n.closed = true;
+    } else {
+      n.silent = true;
+    }
+    print_line({{"event", how == "close" ? "closed" : "silenced"}, {"node", n.id}, {"t", unix_time_now()}, {"last_sent_t", last_sent}});
+  }
+}
+
+void simulator::command(const std::string& line) {
+  std::string word;
+  int count = 0;
+  char buf[32] = {0};
+  if (std::sscanf(line.c_str(), "%31s %d", buf, &count) < 1) return;
+  word = buf;
+  if (word == "quit") {
+    quit_ = true;
+  } else if ((word == "silent" || word == "close") && count > 0) {
+    stop_nodes(word, count);
+  } else if (word == "stats") {
+    print_stats();
+  } else {
+    print_line({{"event", "error"}, {"what", "unknown command: " + printable(line)}});
+  }
+}
+
+void simulator::print_stats() {
+  size_t registering = 0, members = 0, running = 0, stopped = 0;
+  for (const auto& n : nodes_) {
+    if (n.closed || n.silent) continue;
+    registering += n.ph == phase::registering;
+    members += n.ph == phase::member;
+    running += n.ph == phase::member && n.running;
+    stopped += n.ph == phase::stopped;
+  }
+  print_line({{"event", "stats"}, {"t", unix_time_now()}, {"registering", registering}, {"members", members}, {"running", running},
+              {"stopped", stopped}, {"sent", c_.sent}, {"send_failed", c_.send_failed}, {"received", c_.received}, {"dropped", c_.dropped},
+              {"registers", c_.registers}, {"re_registers", c_.re_registers}, {"refusals", c_.refusals}, {"plans", c_.plans},
+              {"reports", c_.reports}, {"heartbeat_interval_ms", interval_.count()}, {"heartbeat_timeout_ms", timeout_.count()}});
+}
+
+// One thread: epoll over the sockets' ZMQ_FDs and stdin, the timers every
+// few milliseconds, and a drain of every socket sent to (libzmq's FD may not
+// signal again for frames that arrived during a send).
+void simulator::loop() {
+  std::vector<epoll_event> ready(1024);
+  auto next_stats = steady::now();
+  while (!quit_) {
+    const int got = epoll_wait(epoll_, ready.data(), static_cast<int>(ready.size()), 5);
+    for (int i = 0; i < got; ++i) {
+      const uint64_t which = ready[i].data.u64;
+      if (which != UINT64_MAX) {
+        drain(static_cast<size_t>(which));
+        continue;
+      }
+      char buf[4096];
+      const ssize_t r = ::read(0, buf, sizeof buf);
+      if (r <= 0) {
+        quit_ = true;  // the driver is gone
+        break;
+      }
+      stdin_buf_.append(buf, static_cast<size_t>(r));
+      for (size_t nl; (nl = stdin_buf_.find('\n')) != std::string::npos;) {
+        command(stdin_buf_.substr(0, nl));
+        stdin_buf_.erase(0, nl + 1);
+      }
+    }
+    const auto now = steady::now();
+    timers(now);
+    auto touched = std::move(touched_);
+    touched_.clear();
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (size_t i : touched) drain(i);
+    if (now >= next_stats) {
+      print_stats();
+      next_stats = now + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(o_.stats_every_s));
+    }
+  }
+}
+
+int simulator::run() {
+  if (!open_sockets()) {
+    print_line({{"event", "error"}, {"what", std::string("cannot open the sockets: ") + zmq_strerror(zmq_errno())}});
+    return 1;
+  }
+  print_line({{"event", "started"}, {"t", unix_time_now()}, {"nodes", o_.nodes}, {"prefix", printable(o_.prefix)}});
+  loop();
+  print_stats();
+  for (auto& n : nodes_)
+    if (n.socket) zmq_close(n.socket);
+  zmq_ctx_term(ctx_);
+  return 0;
+}
+
+// As many descriptors as the hard limit allows: two a socket (its TCP
+// connection and its mailbox) and some.
+void raise_fd_limit(int nodes) {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(nodes) * 2 + 256;
+  if (r.rlim_cur >= want) return;
+  r.rlim_cur = std::min(want, r.rlim_max);
+  setrlimit(RLIMIT_NOFILE, &r);
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!part.empty()) out.push_back(part);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+const char* usage =
+    "usage: scale_nodes --coordinator tcp://HOST:PORT --key FILE [--nodes K] [--prefix P]\n"
+    "                   [--sources 127.0.0.2,127.0.0.3] [--report-every-s S] [--io-threads T] [--stats-every-s S]\n";
+
+result<sim_options> parse_args(int argc, char** argv) {
+  sim_options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return make_error("missing value after " + printable(a));
+    const std::string v = argv[++i];
+    try {
+      if (a == "--coordinator") o.coordinator = v;
+      else if (a == "--key") o.key_path = v;
+      else if (a == "--nodes") o.nodes = std::stoi(v);
+      else if (a == "--prefix") o.prefix = v;
+      else if (a == "--sources") o.sources = split_commas(v);
+      else if (a == "--report-every-s") o.report_every_s = std::stod(v);
+      else if (a == "--io-threads") o.io_threads = std::stoi(v);
+      else if (a == "--stats-every-s") o.stats_every_s = std::stod(v);
+      else return make_error("unknown option " + printable(a));
+    } catch (const std::exception&) {
+      return make_error("bad value for " + printable(a) + ": " + printable(v));
+    }
+  }
+  if (o.coordinator.rfind("tcp://", 0) != 0) return make_error("--coordinator must be tcp://HOST:PORT");
+  if (o.key_path.empty()) return make_error("--key is required (CURVE is on: dtactor keygen)");
+  if (o.nodes < 1 || o.nodes > 20000) return make_error("--nodes must be 1..20000");
+  if (o.report_every_s <= 0 || o.io_threads < 1 || o.stats_every_s <= 0) return make_error("--report-every-s, --io-threads and --stats-every-s must be positive");
+  return o;
+}
+
+}  // namespace
+}  // namespace dtactor
+
+int main(int argc, char** argv) {
+  using namespace dtactor;
+  auto o = parse_args(argc, argv);
+  if (!o) {
+    std::fprintf(stderr, "scale_nodes: %s\n%s", o.message().c_str(), usage);
+    return 2;
+  }
+  auto key = load_job_key(o.value().key_path);
+  if (!key) {
+    std::fprintf(stderr, "scale_nodes: %s\n", printable(key.message(), 0).c_str());
+    return 2;
+  }
+  raise_fd_limit(o.value().nodes);
+  simulator sim(o.value(), key.value());
+  return sim.run();
+}
