@@ -231,6 +231,47 @@ TEST(Standby, TheNodesRegisterWithTheStandbyAsSoonAsItListens) {
   testing::expect_finished_without_loss(cl, max_steps, 2);
 }
 
+// Both coordinators started in the same moment, both --standby, each on
+// its own address: exactly one takes the free lease (epoch 1) and leads,
+// the other stands by. Nodes given both addresses train under the leader;
+// killed, it is replaced by the other (epoch 2) and the job ends without
+// loss.
+TEST(Standby, TwoCoordinatorsStartedAtOnceOneLeadsTheOtherStandsByAndTakesOver) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000", "--advertise-addr", "127.0.0.1", "--standby"};
+  cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2"}));
+  const std::string second = "tcp://127.0.0.1:" + std::to_string(port_outside_the_ephemeral_range());
+  std::vector<child_process> coords;
+  std::vector<std::string> logs;
+  for (const std::string& address : {cl.endpoint, second}) {
+    auto args = coordinator_args(cl, leased);
+    args[4] = address;  // --listen
+    logs.push_back(cl.run_dir + "/coordinator-" + std::to_string(coords.size()) + ".log");
+    auto c = child_process::spawn(args, false, logs.back());
+    ASSERT_TRUE(c) << c.message();
+    coords.push_back(std::move(c.value()));
+  }
+  // Each either leads or stands by; not both lead.
+  auto said = [&](size_t i, const std::string& text) { return read_text(logs[i]).find(text) != std::string::npos; };
+  auto settled = [&](size_t i) { return said(i, "holds the job's lease") || said(i, "standing by"); };
+  for (int i = 0; i < 3000 && !(settled(0) && settled(1)); ++i)
+    coords[0].wait(20);
+  const size_t leader = said(0, "holds the job's lease") ? 0 : 1, standby = 1 - leader;
+  ASSERT_TRUE(said(leader, "holds the job's lease at " + lease.path() + ", epoch 1")) << read_text(logs[0]) << read_text(logs[1]);
+  EXPECT_TRUE(said(standby, "standing by: the job's lease is held by")) << read_text(logs[standby]);
+  EXPECT_FALSE(said(standby, "holds the job's lease")) << read_text(logs[standby]);
+  cl.endpoint += "," + second;  // what the nodes are given
+  for (const char* node : {"a", "b"}) ASSERT_EQ(cl.start_node(node), "");
+  cl.coord.emplace(std::move(coords[leader]));
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  EXPECT_TRUE(coords[standby].running()) << read_text(logs[standby]);
+  cl.coord->signal(SIGKILL);
+  ASSERT_TRUE(cl.coord->wait(10000));
+  ASSERT_TRUE(wait_for_text(logs[standby], "holds the job's lease at " + lease.path() + ", epoch 2", coords[standby])) << read_text(logs[standby]);
+  cl.coord.emplace(std::move(coords[standby]));
+  testing::expect_finished_without_loss(cl, 1500, 2);
+}
+
 // A node given the coordinators' addresses starts while the first one's
 // host name no longer resolves (its machine gone, its name with it): it
 // takes the next one that resolves, joins and trains.
