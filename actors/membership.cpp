@@ -57,36 +57,59 @@ bool by_node_rank(const node_info* a, const node_info* b) {
   return a->node_rank != b->node_rank ? a->node_rank < b->node_rank : a->node_id < b->node_id;
 }
 
+// A node registered as a standby (--standby-node) holds a place in the
+// world: it is in the current plan as this process or, before a plan was
+// committed, in the plan its nodes reported (a coordinator restart).
+bool seated(const membership_state& s, const node_info& n) {
+  if (s.current) return in_plan(s, n);
+  return s.reported_plan && s.reported_plan->find(n.node_id);
+}
+
+bool waits_as_standby(const membership_state& s, const node_info& n) { return n.standby && !seated(s, n); }
+
+// The world's places that standbys by flag may fill: those of the current
+// plan (or, before one, of the reported plan), at most max_nodes.
+size_t world_places(const membership_state& s, int32_t max_nodes) {
+  const plan* p = s.current ? &*s.current : s.reported_plan ? &*s.reported_plan : nullptr;
+  return p ? std::min(p->nodes.size(), static_cast<size_t>(std::max(max_nodes, 0))) : 0;
+}
+
 // Members with a ready rank, in plan order (node rank, then id), at most
 // max_nodes of them: members of the current plan keep their places and
-// standbys fill the rest by node rank; the others wait outside.
-std::vector<const node_info*> planned_nodes(const membership_state& s, int32_t max_nodes) {
-  std::vector<const node_info*> order;
+// other nodes fill the rest by node rank; the others wait outside
+// (cluster.standby_nodes). Standbys by flag then fill, by node rank, the
+// world's places nobody else took.
+std::vector<const node_info*> planned_nodes(const membership_state& s, const membership_options& opts) {
+  std::vector<const node_info*> order, standbys;
   for (const auto& [id, n] : s.nodes)
-    if (has_ready(n)) order.push_back(&n);
-  if (static_cast<int32_t>(order.size()) > max_nodes) {
+    if (has_ready(n)) (waits_as_standby(s, n) ? standbys : order).push_back(&n);
+  if (static_cast<int32_t>(order.size()) > opts.max_nodes) {
     std::sort(order.begin(), order.end(), [&](const node_info* a, const node_info* b) {
       const bool pa = in_plan(s, *a), pb = in_plan(s, *b);
       return pa != pb ? pa : by_node_rank(a, b);
     });
-    order.resize(static_cast<size_t>(std::max(max_nodes, 0)));
+    order.resize(static_cast<size_t>(std::max(opts.max_nodes, 0)));
   }
+  std::sort(standbys.begin(), standbys.end(), by_node_rank);
+  const size_t places = world_places(s, opts.max_nodes);
+  for (size_t i = 0; i < standbys.size() && order.size() < places; ++i) order.push_back(standbys[i]);
   std::sort(order.begin(), order.end(), by_node_rank);
   return order;
 }
 
-// Planned nodes that waited outside a world at max_nodes: standbys promoted
-// into the next plan.
+// Planned nodes that waited outside the world: standbys by flag, and, while
+// the current plan is at max_nodes, nodes beyond it (cluster.standby_nodes):
+// standbys promoted into the next plan.
 std::vector<node_id> promoted_standbys(const membership_state& s, const std::vector<const node_info*>& planned, const membership_options& opts) {
+  const bool at_max = opts.standby_nodes > 0 && s.current && static_cast<int32_t>(s.current->nodes.size()) >= opts.max_nodes;
   std::vector<node_id> out;
-  if (opts.standby_nodes <= 0 || !s.current || static_cast<int32_t>(s.current->nodes.size()) < opts.max_nodes) return out;
   for (const auto* n : planned)
-    if (!in_plan(s, *n)) out.push_back(n->node_id);
+    if (waits_as_standby(s, *n) || (at_max && !in_plan(s, *n))) out.push_back(n->node_id);
   return out;
 }
 
-bool same_members(const plan& p, const membership_state& s, int32_t max_nodes) {
-  auto order = planned_nodes(s, max_nodes);
+bool same_members(const plan& p, const membership_state& s, const membership_options& opts) {
+  auto order = planned_nodes(s, opts);
   if (p.nodes.size() != order.size()) return false;
   for (size_t i = 0; i < order.size(); ++i) {
     const auto& pn = p.nodes[i];
@@ -139,7 +162,7 @@ plan_cause cause_of_next(const membership_state& s) {
 bool full(const membership_state& s, const membership_options& opts) {
   int32_t complete = 0;
   for (const auto& [id, n] : s.nodes)
-    if (static_cast<int32_t>(n.ready.size()) >= n.nproc) ++complete;
+    if (static_cast<int32_t>(n.ready.size()) >= n.nproc && !waits_as_standby(s, n)) ++complete;
   return complete >= opts.max_nodes;
 }
 
@@ -172,6 +195,30 @@ plan adopted_plan(const membership_state& s) {
   }
   for (auto& r : p.ranks) r.ready_serial = s.nodes.at(r.node_id).ready.at(r.local_rank);
   return p;
+}
+
+std::vector<node_id> ids_of(const std::vector<const node_info*>& nodes) {
+  std::vector<node_id> out;
+  for (const auto* n : nodes) out.push_back(n->node_id);
+  return out;
+}
+
+// Why the job waits for nodes: `planned` (what a plan would hold now) is
+// below `need` (the floor once `started`, else min_nodes).
+std::string waiting_reason(const membership_state& s, const std::vector<const node_info*>& planned, int32_t need, bool started) {
+  std::ostringstream why;
+  const auto have = static_cast<int32_t>(planned.size());
+  if (started)
+    why << "waiting for nodes: " << have << " node" << (have == 1 ? "" : "s") << " with a ready rank, below the floor of " << need << " (cluster.floor_nodes)";
+  else
+    why << "waiting for " << need << " node" << (need == 1 ? "" : "s") << " (cluster.min_nodes), have " << have;
+  if (have > 0) why << " " << join(ids_of(planned));
+  std::vector<node_id> standbys;
+  for (const auto& [id, n] : s.nodes)
+    if (has_ready(n) && waits_as_standby(s, n)) standbys.push_back(id);
+  if (!standbys.empty()) why << "; standby (--standby-node, not counted): " << join(standbys);
+  if (auto idle = node_ids(s, false); !idle.empty()) why << "; no ready rank yet: " << join(idle);
+  return why.str();
 }
 
 std::string describe(const plan& p, size_t ready_nodes, const std::vector<node_id>& ids) {
@@ -218,7 +265,7 @@ plan make_plan(const membership_state& state, uint64_t generation, const members
   p.drain = can_drain(state);
   p.cause = cause_of_next(state);
   int32_t global = 0;
-  const auto planned = planned_nodes(state, opts.max_nodes);
+  const auto planned = planned_nodes(state, opts);
   p.promoted = promoted_standbys(state, planned, opts);
   for (const auto* n : planned) {
     plan_node pn{n->node_id, n->advertise_addr, n->peer, n->node_rank, n->nproc, global, n->incarnation, {}};
@@ -256,32 +303,24 @@ plan_decision decide(clock_time now, const membership_state& state, const member
       return d;
     }
   }
-  auto ready_ids = node_ids(state, true);
-  auto idle_ids = node_ids(state, false);
-  auto have = static_cast<int32_t>(ready_ids.size());
+  const auto planned = planned_nodes(state, opts);
+  const auto have = static_cast<int32_t>(planned.size());
   // Before the first generation the job waits for min_nodes (the start gate);
   // once it has trained (here or, after a coordinator restart, under an
   // earlier coordinator) it goes on with as few as floor_nodes.
   const bool started = state.current.has_value() || state.last_generation > 0;
   const int32_t need = started ? opts.floor_nodes : opts.min_nodes;
   if (have < need || have == 0) {
-    if (started)
-      why << "waiting for nodes: " << have << " node" << (have == 1 ? "" : "s") << " with a ready rank, below the floor of " << need
-          << " (cluster.floor_nodes)";
-    else
-      why << "waiting for " << need << " node" << (need == 1 ? "" : "s") << " (cluster.min_nodes), have " << have;
-    if (have > 0) why << " " << join(ready_ids);
-    if (!idle_ids.empty()) why << "; no ready rank yet: " << join(idle_ids);
     d.below_floor = started;
-    d.reason = why.str();
+    d.reason = waiting_reason(state, planned, need, started);
     return d;
   }
-  if (state.current && same_members(*state.current, state, opts.max_nodes)) {
+  if (state.current && same_members(*state.current, state, opts)) {
     if (!state.suspect_since || now - *state.suspect_since < opts.suspect_timeout) {
-      const auto planned = state.current->nodes.size();
-      why << "generation " << state.current->generation << " is current: " << planned << " node" << (planned == 1 ? "" : "s") << ", world size "
+      const auto in_world = state.current->nodes.size(), ready = node_ids(state, true).size();
+      why << "generation " << state.current->generation << " is current: " << in_world << " node" << (in_world == 1 ? "" : "s") << ", world size "
           << state.current->world_size;
-      if (static_cast<int32_t>(planned) < have) why << "; " << have - static_cast<int32_t>(planned) << " standby waiting";
+      if (ready > in_world) why << "; " << ready - in_world << " standby waiting";
       if (state.suspect_since) why << "; a collective failed, waiting up to " << seconds(opts.suspect_timeout) << " s for a membership change";
       d.reason = why.str();
       return d;
@@ -290,7 +329,7 @@ plan_decision decide(clock_time now, const membership_state& state, const member
     auto since = now - *state.settling_since;
     if (since < opts.settle) {
       why << "nodes or ranks joined; settling for " << seconds(opts.settle) << " s before planning with " << have << " node" << (have == 1 ? "" : "s")
-          << " " << join(ready_ids);
+          << " " << join(ids_of(planned));
       d.reason = why.str();
       return d;
     }
@@ -301,6 +340,15 @@ plan_decision decide(clock_time now, const membership_state& state, const member
   std::sort(planned_ids.begin(), planned_ids.end());
   d.reason = describe(*d.next, planned_ids.size(), planned_ids);
   return d;
+}
+
+std::set<node_id> waiting_standbys(const membership_state& state, const membership_options& opts) {
+  const auto planned = planned_nodes(state, opts);
+  std::set<node_id> out;
+  for (const auto& [id, n] : state.nodes)
+    if (!in_plan(state, n) && (waits_as_standby(state, n) || (has_ready(n) && std::find(planned.begin(), planned.end(), &n) == planned.end())))
+      out.insert(id);
+  return out;
 }
 
 membership::membership(membership_options opts) : opts_(opts) {}
@@ -431,12 +479,15 @@ std::string registration_problem(const node_registration& reg, int32_t max_ranks
   return "";
 }
 
-// Why a registration beyond max_nodes + standby_nodes is refused.
-std::string full_reason(int32_t members, const node_id& id, const membership_options& o) {
+// Why a registration beyond max_nodes + standby_nodes is refused. A node
+// started with --standby-node counts like any other: the limit bounds what
+// the coordinator holds, whoever registers.
+std::string full_reason(int32_t members, const node_registration& reg, const membership_options& o) {
   std::string limit = "cluster.max_nodes is " + std::to_string(o.max_nodes);
   if (o.standby_nodes > 0) limit += " and cluster.standby_nodes is " + std::to_string(o.standby_nodes);
-  return "cluster is full: " + std::to_string(members) + " nodes are members and " + limit + "; node '" + id.str() +
-         "' was not admitted (raise cluster.max_nodes or stop a node)";
+  const std::string what = reg.standby ? "standby node '" + reg.node_id.str() + "' (--standby-node) was not admitted (raise cluster.standby_nodes"
+                                       : "node '" + reg.node_id.str() + "' was not admitted (raise cluster.max_nodes";
+  return "cluster is full: " + std::to_string(members) + " nodes are members and " + limit + "; " + what + " or stop a node)";
 }
 
 }  // namespace
@@ -483,7 +534,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
       return a;
     }
   } else if (auto members = static_cast<int32_t>(state_.nodes.size()); members >= opts_.max_nodes + opts_.standby_nodes) {
-    a.reason = full_reason(members, reg.node_id, opts_);
+    a.reason = full_reason(members, reg, opts_);
     return a;
   }
   join_node(reg, ready, now, a);
@@ -531,7 +582,7 @@ void membership::join_node(const node_registration& reg, const std::set<int32_t>
   state_.remembered_ranks[id] = rank;
   const uint64_t plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
   auto& n = state_.nodes[id] =
-      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, std::nullopt, {}, plan_generation, {}};
+      node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, std::nullopt, {}, plan_generation, {}, reg.standby};
   note_addition(plan_cause::node_joined, now);
   for (int32_t l : ready) mark_ready(n, l, true, now);
   a.accepted = true;

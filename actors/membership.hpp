@@ -29,7 +29,8 @@ struct membership_options {
   // like torchft's min_replicas). At most min_nodes.
   int32_t floor_nodes = 1;
   // cluster.max_nodes: the most nodes planned into the world (the world's
-  // target); registrations beyond max_nodes + standby_nodes are refused.
+  // target); registrations beyond max_nodes + standby_nodes are refused
+  // (nodes started with --standby-node count among them).
   int32_t max_nodes = 64;
   // cluster.standby_nodes: nodes admitted beyond max_nodes that wait outside
   // the world, their ranks warm, and are planned in (promoted) in the same
@@ -152,6 +153,10 @@ struct node_registration {
   std::vector<int32_t> ready_ranks;  // local ranks up and warmed (idle or training)
   uint64_t last_generation = 0;      // the newest generation the node has seen
   std::optional<plan> current_plan;  // the generation its ranks train in (after a coordinator restart)
+  // Started with --standby-node: it waits outside the world, its ranks warm,
+  // and is planned in only to take the place of a member the current plan
+  // loses (whatever cluster.standby_nodes says).
+  bool standby = false;
 };
 
 struct node_info {
@@ -172,6 +177,7 @@ struct node_info {
   // the generation's state. Being in a plan is not enough (a rank may be
   // planned in and lose its peers before it got any state).
   std::map<int32_t, std::pair<uint64_t, uint64_t>> synced;
+  bool standby = false;  // registered with --standby-node (node_registration::standby)
 };
 
 // A node's recent losses, for flap detection.
@@ -226,8 +232,18 @@ plan_decision decide(clock_time now, const membership_state& state, const member
 // The plan `state`'s members would form as `generation` (no checks), with
 // drain and cause filled from the changes since the current plan. At most
 // opts.max_nodes nodes are planned (members of the current plan first, then
-// by node rank); the others wait outside as standbys.
+// by node rank); the others wait outside as standbys. A node registered as a
+// standby (--standby-node) is planned only into a place of the current plan
+// (after a coordinator restart, of the plan its nodes reported) that no
+// other node fills: it replaces a lost or departed member, never grows the
+// world; once planned it stays in the world like any member.
 plan make_plan(const membership_state& state, uint64_t generation, const membership_options& opts = {});
+
+// Members that wait outside the world as standbys now: nodes started with
+// --standby-node that hold no place, and nodes with a ready rank that a plan
+// made now would leave out (beyond max_nodes: cluster.standby_nodes). A
+// node joining into room is not one (it is planned at the next plan).
+std::set<node_id> waiting_standbys(const membership_state& state, const membership_options& opts);
 
 // Why `id` cannot name a node ("" when it can): 1 to 128 characters of
 // letters, digits, '.', '_' and '-' (host names, pod names and Slurm node

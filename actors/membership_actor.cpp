@@ -65,6 +65,7 @@ void on_register(membership_self self, const inbound& in) {
       id,         r.advertise_addr(), r.nproc(), in.env.incarnation(), in.peer, {r.ready_ranks().begin(), r.ready_ranks().end()},
       r.last_generation(), std::nullopt};
   if (r.has_current_plan() && r.current_plan().generation() > 0) reg.current_plan = from_proto(r.current_plan());
+  reg.standby = r.standby();
   auto a = st.members.admit(reg, self->clock().now());
   auto env = make_envelope(st.opts.header, current_generation(st));
   auto* ack = env.mutable_register_ack();
@@ -304,6 +305,7 @@ void report_members(membership_self self, clock_time now) {
   ev::members_view v;
   v.generation = current_generation(st);
   const auto& current = st.members.state().current;
+  const auto standbys = waiting_standbys(st.members.state(), st.members.options());
   for (const auto& [id, n] : st.members.state().nodes) {
     ev::member_seen m;
     m.node = id.str();
@@ -313,6 +315,7 @@ void report_members(membership_self self, clock_time now) {
     m.ready_ranks = static_cast<int32_t>(n.ready.size());
     const auto* planned = current ? current->find(id) : nullptr;
     m.in_plan = planned && planned->incarnation == n.incarnation;
+    m.standby = standbys.count(id) > 0;
     m.heartbeat_age_s = std::chrono::duration<double>(now - n.last_seen).count();
     v.members.push_back(std::move(m));
   }

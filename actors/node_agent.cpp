@@ -67,6 +67,7 @@ void send_register(agent_self self) {
   r->set_metrics_port(st.opts.metrics_port);
   r->set_last_step(st.last_step);
   r->set_last_generation(generation(st));
+  r->set_standby(st.opts.standby);
   // After a coordinator restart the new one can adopt the running generation.
   if (st.plan) *r->mutable_current_plan() = *st.plan;
   for (int32_t l = 0; l < static_cast<int32_t>(st.ranks.size()); ++l)

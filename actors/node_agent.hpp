@@ -126,6 +126,9 @@ struct node_agent_options {
   std::string hostname;
   int32_t nproc = 1;
   int32_t metrics_port = 0;
+  // --standby-node: registers as a standby, kept outside the world until a
+  // member is lost (register_node.standby; actors/membership.hpp).
+  bool standby = false;
   envelope_header header;     // sender "node/<node_id>", this process's incarnation
   liveness_options liveness;  // heartbeat period; coordinator silence that triggers re-registration
   // Registers are retried 100 ms, 200 ms, ... apart, at most 1 s and never

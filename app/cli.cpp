@@ -114,6 +114,9 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
                  "node: spare rank processes to keep started and warmed up, each taking the place of a rank process that exits "
                  "(default: the job's cluster.spare_ranks)")
       ->check(CLI::Range(0, 64));
+  app.add_flag("--standby-node", cl.standby_node,
+               "node: join as a standby node: wait outside the world, ranks started and warm, and take the place of a node the job "
+               "loses (not --standby, which is the coordinator's)");
   app.add_option("--fail-at-step", cl.fail_at_step,
                  "node, for tests: after step N, local rank 0 injects the fault given by --fail-mode (default: off)");
   app.add_option("--preemption-notice", cl.preemption_notice,
@@ -271,6 +274,8 @@ int check_arguments(const parsed_cli& p) {
   for (const cluster_cli* c : {&p.cluster, &p.local})
     if (!is_ipv4(c->metrics_addr))
       return cli_fail("--metrics-addr '" + printable(c->metrics_addr) + "' is not an IPv4 address (e.g. 0.0.0.0 for every interface, or 127.0.0.1)", 2);
+  if (p.cluster.standby_node && (p.command != cli_command::role || p.role != process_role::node))
+    return cli_fail("--standby-node is a node's flag (--role node); a standby coordinator is --role coordinator --standby", 2);
   if (p.command == cli_command::local && p.local.metrics_port > 0 && p.local.metrics_port + p.local.nodes > 65535)
     return cli_fail("--metrics-port " + std::to_string(p.local.metrics_port) + ": its " + std::to_string(p.local.nodes) +
                         " nodes would use ports above 65535; choose a lower port", 2);

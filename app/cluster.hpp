@@ -25,6 +25,7 @@ struct cluster_cli {
   int local_rank = 0;                          // rank
   bool spare = false;                          // rank: started as a warm spare, without a local rank (node_spares)
   int spares = -1;                             // node: spare rank processes to keep warm (-1: cluster.spare_ranks)
+  bool standby_node = false;                   // node: register as a standby, outside the world until a member is lost
   int threads_per_rank = 0;                    // node, rank: cores each rank uses when train.threads = 0 (0: cores / nproc)
   int metrics_port = 0;
   std::string metrics_addr = "0.0.0.0";       // address /metrics binds (unauthenticated: choose it)

@@ -344,6 +344,7 @@ node_agent_options agent_options(const cluster_cli& cli, const node_identity& wh
   o.hostname = host_name();
   o.nproc = cli.nproc_per_node;
   o.metrics_port = cli.metrics_port;
+  o.standby = cli.standby_node;
   o.header.sender = sender_id::of_node(who.id.str()).to_string();
   o.header.incarnation = incarnation;
   o.liveness.heartbeat_interval = std::chrono::milliseconds(100);

@@ -47,6 +47,7 @@ struct member_seen {
   int32_t nproc = 0;        // rank processes it runs
   int32_t ready_ranks = 0;  // of them, ready to be planned
   bool in_plan = false;     // in the current generation
+  bool standby = false;     // waits outside the world as a standby node (membership's waiting_standbys)
   double heartbeat_age_s = 0;
 };
 struct members_view {

@@ -45,6 +45,7 @@ const char* status_board::to_string(job_state s) {
 const char* status_board::to_string(member_state s) {
   switch (s) {
     case member_state::joining: return "joining";
+    case member_state::standby: return "standby";
     case member_state::training: return "training";
     case member_state::draining: return "draining";
     case member_state::lost: return "lost";
@@ -81,7 +82,8 @@ void status_board::handle(const ev::members_view& e, double now) {
     m.ready_ranks = s.ready_ranks;
     m.heard_at = now - s.heartbeat_age_s;
     m.left_at = 0;
-    if (m.state != member_state::quarantined) m.state = s.in_plan ? member_state::training : member_state::joining;
+    if (m.state != member_state::quarantined)
+      m.state = s.in_plan ? member_state::training : s.standby ? member_state::standby : member_state::joining;
   }
   for (const auto& id : e.draining) {
     auto& m = members_[id];
@@ -91,7 +93,7 @@ void status_board::handle(const ev::members_view& e, double now) {
   for (auto& [id, m] : members_)
     if (m.left_at < 0) {  // gone without an event saying how (a leave that finished draining)
       m.left_at = now;
-      if (m.state == member_state::training || m.state == member_state::joining || m.state == member_state::draining) m.state = member_state::draining;
+      if (m.state != member_state::lost && m.state != member_state::quarantined) m.state = member_state::draining;
     }
   forget_departed(now);
 }
@@ -134,7 +136,8 @@ void status_board::handle(const ev::generation_started& e, double) {
   if (state_ != job_state::stopping) state_ = after_loss ? job_state::recovering : job_state::training;
   for (auto& [id, m] : members_) m.rank_steps.clear();  // global ranks are numbered afresh each generation
   for (auto& [id, m] : members_)
-    if (std::find(e.nodes.begin(), e.nodes.end(), id) != e.nodes.end() && m.state == member_state::joining) m.state = member_state::training;
+    if (std::find(e.nodes.begin(), e.nodes.end(), id) != e.nodes.end() && (m.state == member_state::joining || m.state == member_state::standby))
+      m.state = member_state::training;
 }
 
 void status_board::handle(const ev::generation_adopted& e, double) {

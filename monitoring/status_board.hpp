@@ -43,7 +43,7 @@ class status_board {
 
   // The job's state as the page names it.
   enum class job_state { starting, waiting, training, recovering, stopping, finished, stopped, failed };
-  enum class member_state { joining, training, draining, lost, quarantined };
+  enum class member_state { joining, standby, training, draining, lost, quarantined };
   static const char* to_string(job_state s);
   static const char* to_string(member_state s);
 

@@ -27,6 +27,7 @@ h2{font-size:13px;text-transform:uppercase;letter-spacing:.05em;color:#5b6475;ma
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;background:#e4e7ec}
 .training,.finished{background:#d3f2dc;color:#11612b}.recovering,.joining,.draining,.stopping,.waiting{background:#fdf0c8;color:#7a5300}
 .lost,.failed,.quarantined{background:#fbd5d5;color:#8a1616}
+.standby{background:#dde7fb;color:#1f4a9c}
 table{width:100%;border-collapse:collapse;font-size:13px}
 th{text-align:left;color:#5b6475;font-weight:500;border-bottom:1px solid #e4e7ec;padding:4px 6px}
 td{border-bottom:1px solid #f0f1f4;padding:4px 6px;font-variant-numeric:tabular-nums}

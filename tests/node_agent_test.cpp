@@ -756,3 +756,19 @@ TEST_F(node_agent_test, a_rank_that_falls_silent_is_killed_not_asked_to_end) {
   EXPECT_EQ(launcher->killed[0], launcher->last_pid_of(0));
   EXPECT_TRUE(launcher->terminated.empty());
 }
+
+TEST_F(node_agent_test, a_standby_node_says_so_in_every_registration) {
+  start();
+  EXPECT_FALSE(wire.with(pb::envelope::kRegisterNode)[0].env.register_node().standby());
+  auto o = agent_opts("s", 2);
+  o.standby = true;  // --standby-node
+  auto standby = spawn(node_agent, o, wire.sink(), launcher);
+  caf::anon_send(standby, start_atom::value);
+  run();
+  const auto sent = wire.with(pb::envelope::kRegisterNode);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[1].env.register_node().node_id(), "s");
+  EXPECT_TRUE(sent[1].env.register_node().standby());
+  caf::anon_send_exit(standby, caf::exit_reason::user_shutdown);
+  run();
+}

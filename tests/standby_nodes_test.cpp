@@ -136,3 +136,140 @@ TEST(standby_nodes, the_setting_reaches_the_membership_options) {
   c.standby_nodes = 3;
   EXPECT_EQ(membership_options_from(c).standby_nodes, 3);
 }
+
+// Standby nodes by flag (--standby-node, register_node.standby): with
+// cluster.standby_nodes at 0 and room in the world, such a node still waits
+// outside it and is planned in only into a place a member left.
+namespace {
+
+node_registration standby(const std::string& id, int32_t nproc = 2, uint64_t incarnation = 1) {
+  auto r = warm(id, nproc, incarnation);
+  r.standby = true;
+  return r;
+}
+
+// Room for 64 nodes, no cluster.standby_nodes; settling long enough that a
+// plan made before it ends can only be a loss's.
+membership_options room_for_more() {
+  membership_options o;
+  o.min_nodes = 2;
+  o.settle = 10min;
+  return o;
+}
+
+// a and b planned in generation 1 (trained), s registered by flag after
+// them.
+membership world_with_flagged_standby() {
+  membership m(room_for_more());
+  EXPECT_TRUE(m.admit(warm("a"), t0()).accepted);
+  EXPECT_TRUE(m.admit(warm("b"), t0()).accepted);
+  EXPECT_TRUE(m.admit(standby("s"), t0()).accepted);
+  auto first = m.decide(t0() + 10min);
+  EXPECT_TRUE(first.next) << first.reason;
+  if (first.next) trained(m, *first.next);
+  return m;
+}
+
+}  // namespace
+
+TEST(standby_node_flag, waits_outside_a_world_with_room_and_is_not_counted_towards_min_nodes) {
+  membership m(room_for_more());
+  ASSERT_TRUE(m.admit(warm("a"), t0()).accepted);
+  ASSERT_TRUE(m.admit(standby("s"), t0()).accepted);
+  auto wait = m.decide(t0() + 20min);
+  EXPECT_FALSE(wait.next) << wait.reason;
+  EXPECT_EQ(wait.reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]; standby (--standby-node, not counted): [s]");
+  ASSERT_TRUE(m.admit(warm("b"), t0() + 20min).accepted);
+  auto first = m.decide(t0() + 40min);
+  ASSERT_TRUE(first.next) << first.reason;
+  EXPECT_EQ(ids(*first.next), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(first.next->promoted.empty());
+}
+
+TEST(standby_node_flag, stays_outside_while_the_world_is_whole) {
+  auto m = world_with_flagged_standby();
+  EXPECT_EQ(ids(*m.state().current), (std::vector<std::string>{"a", "b"}));
+  auto d = m.decide(t0() + 1h);
+  EXPECT_FALSE(d.next) << d.reason;
+  EXPECT_EQ(d.reason, "generation 1 is current: 2 nodes, world size 4; 1 standby waiting");
+}
+
+TEST(standby_node_flag, a_members_loss_promotes_it_in_the_same_plan_without_settling) {
+  auto m = world_with_flagged_standby();
+  ASSERT_TRUE(m.remove(node_id{"a"}, t0() + 11min));
+  auto d = m.decide(t0() + 11min);
+  ASSERT_TRUE(d.next) << d.reason;
+  EXPECT_EQ(ids(*d.next), (std::vector<std::string>{"b", "s"}));
+  EXPECT_EQ(d.next->world_size, 4);
+  EXPECT_EQ(strs(d.next->promoted), (std::vector<std::string>{"s"}));
+  EXPECT_EQ(d.next->cause, plan_cause::node_lost);
+  EXPECT_EQ(d.next->state_root, 0);  // b's first rank
+}
+
+TEST(standby_node_flag, a_node_that_left_is_replaced_too) {
+  auto m = world_with_flagged_standby();
+  ASSERT_TRUE(m.remove(node_id{"b"}, t0() + 11min, departure::left));
+  auto d = m.decide(t0() + 11min);
+  ASSERT_TRUE(d.next) << d.reason;
+  EXPECT_EQ(ids(*d.next), (std::vector<std::string>{"a", "s"}));
+  EXPECT_EQ(strs(d.next->promoted), (std::vector<std::string>{"s"}));
+}
+
+TEST(standby_node_flag, a_lost_rank_of_a_member_promotes_nobody) {
+  auto m = world_with_flagged_standby();
+  const auto inc = m.find(node_id{"a"})->incarnation;
+  ASSERT_TRUE(m.set_rank_ready(node_id{"a"}, inc, 1, false, t0() + 11min));
+  auto d = m.decide(t0() + 11min);
+  ASSERT_TRUE(d.next) << d.reason;
+  EXPECT_EQ(ids(*d.next), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(d.next->world_size, 3);
+  EXPECT_TRUE(d.next->promoted.empty());
+}
+
+TEST(standby_node_flag, a_node_joining_with_the_loss_takes_the_place_before_it) {
+  auto m = world_with_flagged_standby();
+  ASSERT_TRUE(m.remove(node_id{"a"}, t0() + 11min));
+  ASSERT_TRUE(m.admit(warm("c"), t0() + 11min).accepted);
+  auto d = m.decide(t0() + 11min);
+  ASSERT_TRUE(d.next) << d.reason;
+  EXPECT_EQ(ids(*d.next), (std::vector<std::string>{"b", "c"}));
+  EXPECT_TRUE(d.next->promoted.empty());
+}
+
+TEST(standby_node_flag, once_promoted_it_trains_like_any_member) {
+  auto m = world_with_flagged_standby();
+  ASSERT_TRUE(m.remove(node_id{"a"}, t0() + 11min));
+  auto promoted = m.decide(t0() + 11min);
+  ASSERT_TRUE(promoted.next);
+  trained(m, *promoted.next);
+  // a comes back as a new process: a join, planned after settling; s keeps
+  // its place.
+  ASSERT_TRUE(m.admit(warm("a", 2, 2), t0() + 12min).accepted);
+  auto grown = m.decide(t0() + 30min);
+  ASSERT_TRUE(grown.next) << grown.reason;
+  EXPECT_EQ(ids(*grown.next), (std::vector<std::string>{"a", "b", "s"}));
+  EXPECT_TRUE(grown.next->promoted.empty());
+}
+
+TEST(standby_node_flag, counts_against_the_registration_limit) {
+  membership_options o = room_for_more();
+  o.max_nodes = 2;
+  membership m(o);
+  ASSERT_TRUE(m.admit(warm("a"), t0()).accepted);
+  ASSERT_TRUE(m.admit(warm("b"), t0()).accepted);
+  auto s = m.admit(standby("s"), t0());
+  EXPECT_FALSE(s.accepted);
+  EXPECT_EQ(m.find(node_id{"s"}), nullptr);
+  EXPECT_EQ(s.reason,
+            "cluster is full: 2 nodes are members and cluster.max_nodes is 2; standby node 's' (--standby-node) was not admitted (raise "
+            "cluster.standby_nodes or stop a node)");
+}
+
+TEST(standby_node_flag, the_status_page_calls_both_kinds_standby_but_not_a_node_joining_into_room) {
+  auto flagged = world_with_flagged_standby();
+  EXPECT_EQ(waiting_standbys(flagged.state(), flagged.options()), (std::set<node_id>{node_id{"s"}}));
+  auto by_config = world_with_standby();
+  EXPECT_EQ(waiting_standbys(by_config.state(), by_config.options()), (std::set<node_id>{node_id{"c"}}));
+  ASSERT_TRUE(flagged.admit(warm("c"), t0() + 11min).accepted);  // room: planned once settled
+  EXPECT_EQ(waiting_standbys(flagged.state(), flagged.options()), (std::set<node_id>{node_id{"s"}}));
+}

@@ -96,6 +96,28 @@ TEST(status_board, follows_a_loss_and_a_replacement) {
   EXPECT_EQ(member(json::parse(b.json(2000)), "a"), nullptr);
 }
 
+TEST(status_board, shows_a_standby_node_as_standby_until_it_is_planned_in) {
+  status_board b(status_options{"job-1", 100, false});
+  for (const char* id : {"a", "b", "s"}) b.on(ev::node_joined{id, "p", "10.0.0.9", 0}, 1000);
+  b.on(ev::generation_started{1, 2, ev::plan_cause::start, false, 0, -1, {"a", "b"}}, 1001);
+  auto v = view({{"a", true}, {"b", true}, {"s", false}});
+  v.members[2].standby = true;
+  b.on(v, 1001.5);
+  auto j = json::parse(b.json(1002));
+  EXPECT_EQ((*member(j, "a"))["state"], "training");
+  EXPECT_EQ((*member(j, "s"))["state"], "standby");
+  EXPECT_GE((*member(j, "s"))["heartbeat_age_s"].get<double>(), 0.0);
+
+  // a is lost; the plan that drops it names s (promoted).
+  b.on(ev::node_lost{"a", ev::loss_cause::connection_closed, 0.01}, 1003);
+  b.on(ev::generation_started{2, 2, ev::plan_cause::node_lost, false, 10, 0, {"b", "s"}}, 1003.1);
+  EXPECT_EQ((*member(json::parse(b.json(1003.2)), "s"))["state"], "training");
+  b.on(view({{"b", true}, {"s", true}}), 1003.5);
+  j = json::parse(b.json(1004));
+  EXPECT_EQ((*member(j, "s"))["state"], "training");
+  EXPECT_EQ((*member(j, "a"))["state"], "lost");
+}
+
 TEST(status_board, prints_what_peers_sent_as_bounded_text_and_hides_it_when_keyed) {
   std::string hostile = "\x1b[2J\nfinished at step 999999";
   hostile += '\0';

@@ -30,6 +30,7 @@ pb::envelope sample(pb::envelope::BodyCase body) {
       m->set_metrics_port(9401);
       m->set_last_step(1234);
       m->set_last_generation(6);
+      m->set_standby(true);
       break;
     }
     case pb::envelope::kRegisterAck: {
