@@ -217,7 +217,11 @@ int32_t spares_wanted(const node_agent_state& st) {
   return st.opts.spares_from_config(st.config_toml).value_or(0);
 }
 
-void note_spares(agent_self self, int32_t taken) { emit(self, nev::spares{self->state.spares.warm(), taken}); }
+void note_spares(agent_self self, int32_t taken) {
+  std::vector<int32_t> pids;
+  for (const auto& p : self->state.spares.processes()) pids.push_back(p.pid);
+  emit(self, nev::spares{self->state.spares.warm(), taken, std::move(pids)});
+}
 
 // Starts the spares the pool wants now.
 void start_spares(agent_self self, clock_time now) {
@@ -230,6 +234,7 @@ void start_spares(agent_self self, clock_time now) {
       return;
     }
     st.spares.started(*pid, now);
+    note_spares(self, 0);
   }
 }
 

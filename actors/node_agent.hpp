@@ -108,6 +108,7 @@ struct steps_reported {
 struct spares {
   int32_t warm = 0;
   int32_t taken = 0;
+  std::vector<int32_t> pids;  // every spare process waiting now, warming up or warm (their memory: /metrics)
 };
 // Every rank of this node was given up (node_agent_options::rank_exit_limit):
 // the node leaves the job, and its process exits 1 with `reason`. Emitted

@@ -182,6 +182,7 @@ decltype(node_agent_options::events) events_to_metrics(metrics& m, std::atomic<z
       m.world_size().Set(plan->world_size);
     } else if (const auto* sp = std::get_if<nev::spares>(&e)) {
       m.spare_ranks().Set(sp->warm);
+      usage->track_spares({sp->pids.begin(), sp->pids.end()});
       if (sp->taken > 0) m.spare_takeovers().Increment(sp->taken);
     } else if (const auto* steps = std::get_if<nev::steps_reported>(&e)) {
       const auto& r = steps->report;

@@ -114,6 +114,8 @@ void metrics::register_training() {
   spare_takeovers_ = counter(r, c, "dtactor_spare_takeovers_total", "Rank processes that took a rank's place from a node's warm spares.");
   standby_promotions_ = counter(r, c, "dtactor_standby_promotions_total", "Standby nodes planned into the world to take a lost member node's place.");
   spare_ranks_ = gauge(r, c, "dtactor_spare_ranks", "A node's warm spare rank processes waiting to take a rank's place.");
+  spare_rss_ = gauge(r, c, "dtactor_spare_resident_memory_bytes",
+                     "Resident memory of a node's spare rank processes waiting now (warming up or warm), summed.");
   outer_steps_ = counter(r, c, "dtactor_outer_steps_total", "train.sync = diloco: synchronisations (outer steps) taken.");
   outer_bytes_ = counter(r, c, "dtactor_outer_payload_bytes_total",
                          "train.sync = diloco: pseudo-gradient bytes the ranks handed to the exchange (fp32; a bf16 wire sends half).");

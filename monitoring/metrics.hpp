@@ -92,6 +92,10 @@ class metrics {
   prometheus::Counter& standby_promotions() { return *standby_promotions_; }
   // dtactor_spare_ranks (a node): its warm spares waiting now.
   prometheus::Gauge& spare_ranks() { return *spare_ranks_; }
+  // dtactor_spare_resident_memory_bytes (a node): resident memory of its
+  // spare rank processes waiting now (warming up or warm), summed; kept
+  // apart from dtactor_rank_resident_memory_bytes, which holds the ranks'.
+  prometheus::Gauge& spare_resident_memory() { return *spare_rss_; }
   // train.sync = diloco: synchronisations, pseudo-gradient bytes the ranks
   // handed to the exchange (all ranks), the averaged pseudo-gradient's norm
   // at the last one, and the share of its window the exchange was in flight.
@@ -216,6 +220,7 @@ class metrics {
   prometheus::Counter* spare_takeovers_ = nullptr;
   prometheus::Counter* standby_promotions_ = nullptr;
   prometheus::Gauge* spare_ranks_ = nullptr;
+  prometheus::Gauge* spare_rss_ = nullptr;
   prometheus::Counter* outer_steps_ = nullptr;
   prometheus::Counter* outer_bytes_ = nullptr;
   prometheus::Gauge* pseudo_gradient_norm_ = nullptr;

@@ -105,10 +105,19 @@ std::optional<proc_usage> rank_usage_tracker::sample(const std::string& peer) {
   return u;
 }
 
+void rank_usage_tracker::track_spares(std::vector<pid_t> pids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  spares_ = std::move(pids);
+}
+
 void rank_usage_tracker::sample_all() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [peer, e] : by_peer_)
     if (auto u = read_proc_usage(e.pid)) update(e, *u);
+  double spare_bytes = 0;
+  for (pid_t pid : spares_)
+    if (auto u = pid > 0 ? read_proc_usage(pid) : std::nullopt) spare_bytes += u->rss_bytes;
+  m_.spare_resident_memory().Set(spare_bytes);
 }
 
 void resource_book::note(int rank, const std::string& node, const proc_usage& u, const state_bytes& held) {

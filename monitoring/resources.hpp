@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "job/journal_events.hpp"
 
@@ -48,7 +49,12 @@ class rank_usage_tracker {
   void track(const std::string& peer, int local_rank, pid_t pid);
   // Samples the rank behind `peer` now; nothing when unknown or gone.
   std::optional<proc_usage> sample(const std::string& peer);
-  // Samples every tracked rank (the metrics endpoint calls it per scrape).
+  // The node's waiting spare processes now (nev::spares): their resident
+  // memory, summed, is dtactor_spare_resident_memory_bytes, not a rank's
+  // series (a spare that takes a slot is tracked as that rank from its hello).
+  void track_spares(std::vector<pid_t> pids);
+  // Samples every tracked rank and the spares (the metrics endpoint calls it
+  // per scrape).
   void sample_all();
 
  private:
@@ -61,6 +67,7 @@ class rank_usage_tracker {
   metrics& m_;
   std::mutex mu_;
   std::map<std::string, entry> by_peer_;
+  std::vector<pid_t> spares_;
 };
 
 // The coordinator's (and `dtactor train`'s) book of each rank's latest usage,

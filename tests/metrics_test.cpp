@@ -201,6 +201,28 @@ TEST(metrics, rank_usage_tracker_fills_rank_series) {
   EXPECT_NE(r.find("dtactor_rank_cpu_seconds_total{rank=\"3\"} "), std::string::npos) << r;
 }
 
+// The value of an unlabelled series in `text`, -1 when absent.
+double series_value(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
+TEST(metrics, waiting_spares_memory_is_its_own_gauge_not_a_ranks_series) {
+  metrics m;
+  rank_usage_tracker t(m);
+  t.track("peer-a", 0, ::getpid());
+  t.track_spares({::getpid(), 0x3fffffff});  // a live one and one already gone
+  t.sample_all();
+  std::string r = m.render();
+  const double self_rss = read_proc_usage(::getpid())->rss_bytes;
+  EXPECT_NEAR(series_value(r, "dtactor_spare_resident_memory_bytes"), self_rss, self_rss * 0.5) << r;
+  EXPECT_NE(r.find("dtactor_rank_resident_memory_bytes{rank=\"0\"} "), std::string::npos) << r;
+  EXPECT_EQ(r.find("dtactor_rank_resident_memory_bytes{rank=\"-1\"}"), std::string::npos) << r;
+  t.track_spares({});  // the spare took a rank's place
+  t.sample_all();
+  EXPECT_EQ(series_value(m.render(), "dtactor_spare_resident_memory_bytes"), 0.0);
+}
+
 TEST(metrics, http_sd_lists_the_coordinator_and_admitted_nodes) {
   sd_targets sd("job-x");
   EXPECT_EQ(nlohmann::json::parse(sd.json()), nlohmann::json::array());

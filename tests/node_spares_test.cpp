@@ -216,3 +216,20 @@ TEST_F(node_spares_test, a_stop_ends_the_spares_and_the_agent_waits_for_them) {
 }
 
 }  // namespace
+
+TEST_F(node_spares_test, the_spares_event_names_every_waiting_spare_process_for_its_memory_gauge) {
+  registered();
+  advance(600ms);
+  ASSERT_EQ(launcher->spares.size(), 1u);
+  const int32_t spare = launcher->spares[0];
+  ASSERT_FALSE(spare_events.empty());
+  EXPECT_EQ(spare_events.back().pids, (std::vector<int32_t>{spare}));  // warming up: its memory counts already
+  EXPECT_EQ(spare_events.back().warm, 0);
+  send(said(peer_of(spare), -1, spare));
+  send(status(peer_of(spare), pb::rank_status::STATE_IDLE));
+  EXPECT_EQ(spare_events.back().pids, (std::vector<int32_t>{spare}));
+  caf::anon_send(agent, rank_exit_atom::value, int32_t{1000}, int32_t{137});
+  run();
+  EXPECT_EQ(spare_events.back().taken, 1);
+  EXPECT_TRUE(spare_events.back().pids.empty());  // a rank now: tracked as one
+}
