@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <regex>
 #include <string>
@@ -90,6 +91,34 @@ TEST(StandbyNodes, AKilledMemberNodeIsReplacedByTheWarmStandbyInOneRecovery) {
   EXPECT_EQ(rec[0].at("world_size"), 2) << rec[0].dump();
   EXPECT_EQ(rec[0].at("lost_steps"), 0) << rec[0].dump();
   EXPECT_EQ(metric(port, "dtactor_standby_promotions_total"), 1);
+  expect_finished_without_loss(cl, 3000, 2);
+}
+
+// A node started with --standby-node waits outside a world that has room
+// (cluster.standby_nodes is 0, max_nodes 64) and takes a killed member's
+// place in one recovery; the status page calls it `standby` until then.
+TEST(StandbyNodes, ANodeStartedWithTheFlagWaitsOutsideARoomyWorldAndReplacesAKilledMember) {
+  temp_dir d;
+  cluster cl(d.path(), job_sets(3000, {"cluster.min_nodes=2"}));
+  const int port = pick_free_tcp_port().value();
+  ASSERT_EQ(cl.start_coordinator({"--metrics-port", std::to_string(port), "--metrics-addr", "127.0.0.1"}), "");
+  ASSERT_EQ(cl.start_node("x"), "");
+  ASSERT_EQ(cl.start_node("y"), "");
+  ASSERT_EQ(cl.start_node("z", {"--standby-node"}), "");
+  ASSERT_TRUE(eventually([&] { return member(port, "z") == std::make_pair(1, std::string("standby")); })) << cl.logs();
+  ASSERT_TRUE(cl.wait_step(40, 2)) << cl.logs();
+  EXPECT_EQ(member(port, "z").second, "standby");
+  for (const auto& g : journal_events<ev::generation_started>(cl.journal())) EXPECT_EQ(g.at("world_size"), 2) << g.dump();
+
+  const auto before = cl.journal().size();
+  cl.signal_node("x", SIGKILL);
+  ASSERT_TRUE(cl.wait_for([&](const std::vector<json>& j) { return !journal_events<ev::recovery_done>(since(j, before)).empty(); })) << cl.logs();
+  auto started = journal_events<ev::generation_started>(since(cl.journal(), before));
+  ASSERT_EQ(started.size(), 1u) << cl.logs();
+  auto nodes = started[0].at("nodes").get<std::vector<std::string>>();
+  std::sort(nodes.begin(), nodes.end());  // by node rank: registration order
+  EXPECT_EQ(nodes, (std::vector<std::string>{"y", "z"})) << started[0].dump();
+  EXPECT_EQ(started[0].value("standby_promoted", json::array()), json({"z"})) << started[0].dump();
   expect_finished_without_loss(cl, 3000, 2);
 }
 
