@@ -75,6 +75,9 @@ expect_error "node id with a terminal escape" "--node-id: node id .evil.x1b" --r
 TMPDIR=$work/no-such-tmp expect_error "node with a TMPDIR that does not exist" "no temporary directory for the ranks. ipc socket" --role node --coordinator tcp://127.0.0.1:1 --connect-timeout 1
 expect_error "bad listen address" "not a tcp://HOST:PORT" --role coordinator --listen tcp://127.0.0.1:notaport --run-dir "$work/rc"
 expect_error "unknown role" "role" --role janitor
+expect_error "--standby-node on a coordinator" "--standby-node is a node's flag .*--role coordinator --standby" --role coordinator --standby-node --run-dir "$work/rc"
+expect_error "--standby-node with a value" "standby-node" --role node --coordinator tcp://127.0.0.1:1 --standby-node=maybe
+expect_ok "node help names --standby-node" "--standby-node" --role node --help
 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 expect_error "static mode without WORLD_SIZE" "needs WORLD_SIZE" --role node
 MASTER_ADDR=127.0.0.1 WORLD_SIZE=3 expect_error "static mode, WORLD_SIZE not a multiple" "not a multiple" --role node --nproc-per-node 2
 expect_error "local with no nodes" "--nodes must be" local --nodes 0 --run-dir "$work/rl"
