@@ -170,6 +170,11 @@ bool full(const membership_state& s, const membership_options& opts) {
 // missing.
 std::string adoption_gap(const membership_state& s) {
   const auto& p = *s.reported_plan;
+  // Each node reports its own slice: the generation is whole once the
+  // slices cover its world.
+  if (static_cast<int32_t>(p.ranks.size()) < p.world_size)
+    return "the nodes of " + std::to_string(p.world_size - static_cast<int32_t>(p.ranks.size())) + " of its " + std::to_string(p.world_size) +
+           " ranks have not registered";
   for (const auto& pn : p.nodes) {
     auto it = s.nodes.find(pn.node_id);
     if (it == s.nodes.end()) return "node '" + pn.node_id.str() + "' has not registered";
@@ -245,6 +250,40 @@ std::string validate(const membership_options& o) {
     return "cluster.min_nodes (" + std::to_string(o.min_nodes) + ") cannot exceed cluster.max_nodes (" + std::to_string(o.max_nodes) +
            "): the job would never start";
   return {};
+}
+
+void group_ranks_by_node(plan& p) {
+  std::sort(p.ranks.begin(), p.ranks.end(), [](const rank_slot& a, const rank_slot& b) { return a.global_rank < b.global_rank; });
+  p.nodes.clear();
+  for (const auto& r : p.ranks) {
+    if (p.nodes.empty() || p.nodes.back().node_id != r.node_id) {
+      plan_node n;
+      n.node_id = r.node_id;
+      n.first_global_rank = r.global_rank;
+      p.nodes.push_back(std::move(n));
+    }
+    p.nodes.back().local_ranks.push_back(r.local_rank);
+    p.nodes.back().nproc = static_cast<int32_t>(p.nodes.back().local_ranks.size());
+  }
+}
+
+void merge_slice(plan& into, const plan& slice) {
+  // Both keep their ranks in global rank order, each node's consecutive: a
+  // node's ranks go in as one block where they belong (a binary search),
+  // unless some of them are held already (a registration said twice).
+  size_t offset = 0;
+  for (const auto& n : slice.nodes) {
+    const size_t count = n.local_ranks.size();
+    const int32_t first = n.first_global_rank, end = first + static_cast<int32_t>(count);
+    const auto from = slice.ranks.begin() + static_cast<std::ptrdiff_t>(offset);
+    offset += count;
+    if (first < 0 || end > into.world_size || offset > slice.ranks.size()) continue;
+    auto at = std::lower_bound(into.ranks.begin(), into.ranks.end(), first, [](const rank_slot& r, int32_t g) { return r.global_rank < g; });
+    if (at != into.ranks.end() && at->global_rank < end) continue;
+    into.ranks.insert(at, from, from + static_cast<std::ptrdiff_t>(count));
+    auto node_at = std::lower_bound(into.nodes.begin(), into.nodes.end(), first, [](const plan_node& x, int32_t g) { return x.first_global_rank < g; });
+    into.nodes.insert(node_at, n);
+  }
 }
 
 const plan_node* plan::find(const node_id& id) const {
@@ -547,7 +586,10 @@ void membership::adopt_reported(const node_registration& reg, clock_time now) {
   if (!state_.first_registration) state_.first_registration = now;
   if (reg.current_plan) {
     state_.last_generation = std::max(state_.last_generation, reg.current_plan->generation);
-    if (!state_.reported_plan || reg.current_plan->generation > state_.reported_plan->generation) state_.reported_plan = reg.current_plan;
+    if (!state_.reported_plan || reg.current_plan->generation > state_.reported_plan->generation)
+      state_.reported_plan = reg.current_plan;
+    else if (reg.current_plan->generation == state_.reported_plan->generation)
+      merge_slice(*state_.reported_plan, *reg.current_plan);
   }
 }
 

@@ -143,6 +143,14 @@ struct plan {
   const rank_slot* find(const node_id& id, int32_t local_rank) const;
 };
 
+// Rebuilds p.nodes from p.ranks (sorted by global rank): each node's ranks
+// are consecutive global ranks.
+void group_ranks_by_node(plan& p);
+// Adds the ranks of `slice` (one node's report of the same generation)
+// that `into` lacks, within its world: a new coordinator assembles the
+// running generation from the slices its nodes report.
+void merge_slice(plan& into, const plan& slice);
+
 // What a node says about itself in register_node (+ its envelope incarnation).
 struct node_registration {
   dtactor::node_id node_id;

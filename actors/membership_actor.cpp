@@ -78,8 +78,8 @@ void on_register(membership_self self, const inbound& in) {
     ack->set_checkpoint_store(st.opts.checkpoint_store);
     ack->set_module_object(st.opts.module_object);
     ack->set_module_digest(st.opts.module_digest);
-  }
     ack->set_heartbeat_interval_ms(asked_interval_ms(st));
+  }
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
     node_lost(self, id, ev::loss_cause::restarted, a.silent_s);
@@ -107,12 +107,12 @@ void on_heartbeat(membership_self self, const inbound& in) {
   auto id = node_id_of(in);
   auto env = make_envelope(st.opts.header, current_generation(st));
   if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
-    auto* ack = env.mutable_heartbeat_ack();
     if (in.env.heartbeat().no_ack()) return;  // the node asks for one often enough
+    auto* ack = env.mutable_heartbeat_ack();
     ack->set_seq(in.env.heartbeat().seq());
     ack->set_echoed_sent_steady_s(in.env.heartbeat().sent_steady_s());
-  } else {
     ack->set_interval_ms(asked_interval_ms(st));
+  } else {
     ++st.refused_heartbeats;
     if (auto d = st.draining.find(id); d != st.draining.end()) d->second = self->clock().now();
     auto* ack = env.mutable_register_ack();
@@ -252,7 +252,7 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
   // A newer generation was planned while we waited for the start step.
   if (current_generation(st) != p.generation) return;
   auto env = make_envelope(st.opts.header, p.generation);
-  *env.mutable_generation_plan() = to_proto(p, st.opts, start_step, st.checkpoints);
+  *env.mutable_generation_plan() = plan_common(p, st.opts, start_step, st.checkpoints);
   const auto& wp = env.generation_plan();
   ev::generation_started started{p.generation, p.world_size, p.cause, p.drain, start_step, wp.state_root(), {}};
   for (const auto& n : p.nodes) started.nodes.push_back(n.node_id.str());
@@ -261,9 +261,14 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
     for (const auto& id : p.promoted) started.standby_promoted->push_back(id.str());
   }
   emit(self, std::move(started));
+  // Each node gets its own slice: the plan stays the same size however
+  // many nodes there are.
+  const auto per_host = ranks_per_host(p);
   for (const auto& n : p.nodes) {
     const auto* member = st.members.find(n.node_id);
-    send_to_node(self, member ? member->peer : n.peer, env);
+    auto mine = env;
+    add_ranks_of(*mine.mutable_generation_plan(), n, per_host.at(n.advertise_addr));
+    send_to_node(self, member ? member->peer : n.peer, std::move(mine));
     ++st.plans_sent;
   }
   for (const auto& n : p.leaving) {
@@ -467,22 +472,36 @@ bool shut_down_nodes(membership_self self, const std::string& reason, bool check
 
 }  // namespace
 
+std::map<std::string, int32_t> ranks_per_host(const plan& p) {
+  std::map<std::string, int32_t> per_host;
+  for (const auto& n : p.nodes) per_host[n.advertise_addr] += static_cast<int32_t>(n.local_ranks.size());
+  return per_host;
+}
+
+void add_ranks_of(pb::generation_plan& out, const plan_node& n, int32_t host_ranks) {
+  for (size_t i = 0; i < n.local_ranks.size(); ++i) {
+    auto* a = out.add_ranks();
+    a->set_node_id(n.node_id.str());
+    a->set_local_rank(n.local_ranks[i]);
+    a->set_global_rank(n.first_global_rank + static_cast<int32_t>(i));
+    a->set_host_ranks(host_ranks);
+  }
+}
+
 pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const checkpoint_ledger& checkpoints) {
+  auto out = plan_common(p, opts, start_step, checkpoints);
+  const auto per_host = ranks_per_host(p);
+  for (const auto& n : p.nodes) add_ranks_of(out, n, per_host.at(n.advertise_addr));
+  return out;
+}
+
+pb::generation_plan plan_common(const plan& p, const coordinator_options& opts, int64_t start_step, const checkpoint_ledger& checkpoints) {
   pb::generation_plan out;
   out.set_generation(p.generation);
   out.set_world_size(p.world_size);
   out.set_store_host(opts.store_host);
   out.set_store_port(opts.store_port);
-  std::map<std::string, int32_t> per_host;  // advertise address -> ranks there
-  for (const auto& n : p.nodes) per_host[n.advertise_addr] += static_cast<int32_t>(n.local_ranks.size());
-  for (const auto& r : p.ranks) {
-    auto* a = out.add_ranks();
-    a->set_node_id(r.node_id.str());
-    a->set_local_rank(r.local_rank);
-    a->set_global_rank(r.global_rank);
-    const auto* n = p.find(r.node_id);
-    a->set_host_ranks(n ? per_host[n->advertise_addr] : 0);
-  }
+  for (const auto& n : p.nodes) out.add_node_ranks(static_cast<int32_t>(n.local_ranks.size()));
   out.set_start_step(start_step);
   out.set_state_root(p.state_root);
   out.set_checkpoint_store(opts.checkpoint_store);
@@ -510,21 +529,8 @@ plan from_proto(const pb::generation_plan& p) {
   out.state_root = p.state_root();
   out.drain = p.drain();
   out.cause = cause_of(p);
-  std::vector<const pb::rank_assignment*> order;
-  for (const auto& r : p.ranks()) order.push_back(&r);
-  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->global_rank() < b->global_rank(); });
-  for (const auto* r : order) {
-    const node_id id{r->node_id()};
-    out.ranks.push_back(rank_slot{id, r->local_rank(), r->global_rank(), 0});
-    if (out.nodes.empty() || out.nodes.back().node_id != id) {
-      plan_node n;
-      n.node_id = id;
-      n.first_global_rank = r->global_rank();
-      out.nodes.push_back(std::move(n));
-    }
-    out.nodes.back().local_ranks.push_back(r->local_rank());
-    out.nodes.back().nproc = static_cast<int32_t>(out.nodes.back().local_ranks.size());
-  }
+  for (const auto& r : p.ranks()) out.ranks.push_back(rank_slot{node_id{r.node_id()}, r.local_rank(), r.global_rank(), 0});
+  group_ranks_by_node(out);
   return out;
 }
 

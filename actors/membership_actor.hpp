@@ -109,10 +109,17 @@ struct membership_actor_state {
 membership_handle::behavior_type membership_actor(membership_handle::stateful_pointer<membership_actor_state> self, coordinator_options opts, outbound out,
                                                   job_handle job);
 
-// Builds the wire plan: shared with tests. A plan without a state holder
-// names the newest checkpoint no rank refused (when there is one) to global
-// rank 0; every plan lists the refused ones.
+// Builds the whole wire plan, every node's ranks in it (tests compare it).
+// A plan without a state holder names the newest checkpoint no rank
+// refused (when there is one) to global rank 0; every plan lists the
+// refused ones. What a node gets is plan_common plus its own slice.
 pb::generation_plan to_proto(const plan& p, const coordinator_options& opts, int64_t start_step, const checkpoint_ledger& checkpoints = {});
+// The plan as every node gets it, without any node's ranks (node_ranks
+// gives the layout); add_ranks_of adds one node's slice, with the ranks of
+// the generation on its host (ranks_per_host, by advertise address).
+pb::generation_plan plan_common(const plan& p, const coordinator_options& opts, int64_t start_step, const checkpoint_ledger& checkpoints = {});
+std::map<std::string, int32_t> ranks_per_host(const plan& p);
+void add_ranks_of(pb::generation_plan& out, const plan_node& n, int32_t host_ranks);
 
 // The plan a node reports in register_node.current_plan: generation, world
 // size, state root, drain, cause and rank slots; nodes in global rank order

@@ -330,8 +330,8 @@ void on_register_ack(agent_self self, const pb::register_ack& ack) {
   st.checkpoint_store = ack.checkpoint_store();
   st.module_object = ack.module_object();
   st.module_digest = ack.module_digest();
-  if (st.opts.liveness_from_config)
   st.heartbeat_every = std::chrono::milliseconds(ack.heartbeat_interval_ms());
+  if (st.opts.liveness_from_config)
     if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
   if (st.opts.rank_exit_limit_from_config)
     if (auto l = st.opts.rank_exit_limit_from_config(st.config_toml)) st.opts.rank_exit_limit = *l;
@@ -400,8 +400,8 @@ void on_coordinator(agent_self self, const inbound& in) {
       on_register_ack(self, env.register_ack());
       break;
     case pb::envelope::kHeartbeatAck:
-      emit(self, nev::heartbeat_acked{env.heartbeat_ack().echoed_sent_steady_s()});
       self->state.heartbeat_every = std::chrono::milliseconds(env.heartbeat_ack().interval_ms());
+      emit(self, nev::heartbeat_acked{env.heartbeat_ack().echoed_sent_steady_s()});
       break;
     case pb::envelope::kGenerationPlan:
       on_generation_plan(self, env.generation_plan());
@@ -522,7 +522,6 @@ void check_ranks(agent_self self, clock_time now) {
   }
 }
 
-void on_tick(agent_self self) {
 // The interval this agent beats at: the coordinator's ask, else the job's.
 std::chrono::milliseconds beat_interval(const node_agent_state& st) {
   return st.heartbeat_every.count() > 0 ? st.heartbeat_every : st.opts.liveness.heartbeat_interval;
@@ -549,6 +548,7 @@ void send_heartbeat(agent_self self, clock_time now) {
   to_coordinator(self, std::move(env));
 }
 
+void on_tick(agent_self self) {
   auto& st = self->state;
   auto now = self->clock().now();
   // A late tick is this process's stall: what arrived meanwhile waits in

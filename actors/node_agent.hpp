@@ -213,14 +213,14 @@ struct node_agent_state {
   clock_time last_heard{};  // last envelope from the coordinator
   pause_tracker pauses;     // this agent's own stalls, credited to the coordinator's and the ranks' silence
   uint64_t heartbeat_seq = 0;
-  std::optional<pb::generation_plan> plan;
-  std::vector<rank_process> ranks;
-  spare_pool spares;  // warm spare rank processes, waiting for a slot
   // The interval the coordinator asked for (register_ack, heartbeat_ack;
   // 0: opts.liveness.heartbeat_interval), when this agent last beat, and
   // when it last asked for an ack (actors/liveness.hpp ack_every).
   std::chrono::milliseconds heartbeat_every{0};
   clock_time last_beat{}, ack_asked{};
+  std::optional<pb::generation_plan> plan;
+  std::vector<rank_process> ranks;
+  spare_pool spares;  // warm spare rank processes, waiting for a slot
   int64_t last_step = 0;
   // Non-zero exits of this node's ranks since one of them last reported a
   // step beyond any reported before (a rank resumed from an older checkpoint

@@ -40,7 +40,7 @@ struct cluster_cli {
   // while another holds it, and its TTL.
   std::string lease;
   bool standby = false;
-  int lease_ttl_ms = 2000;
+  int lease_ttl_ms = 1500;
   int64_t fail_at_step = -1;                   // node, rank: fault injection for tests (rank_worker_options)
   fault_mode fail_mode = fault_mode::crash;
   // node: watch the cloud's instance metadata service for a preemption

@@ -31,7 +31,7 @@ struct lease_settings {
   std::string where;  // --lease: etcd://HOST:PORT[/PREFIX], s3://BUCKET/PREFIX or a directory on a shared file system
   std::string s3_endpoint;  // s3://: checkpoint.s3_endpoint (empty: AWS_ENDPOINT_URL, else AWS)
   bool standby = false;
-  std::chrono::milliseconds ttl{2000};
+  std::chrono::milliseconds ttl{1500};
   std::string holder;   // this coordinator's id (host:pid)
   std::string address;  // where nodes reach it (--listen)
   const std::atomic<int>* stop_signal = nullptr;  // standing by ends on a stop signal

@@ -132,7 +132,7 @@ def summary(trials, key):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--lease-ttl-ms", type=int, default=2000)
+    ap.add_argument("--lease-ttl-ms", type=int, default=1500)
     ap.add_argument("--out", default=os.path.join(HERE, "standby_takeover_results.json"))
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--one-address", action="store_true",

@@ -83,12 +83,26 @@ class replica_shards final : public shard_source {
   }
 };
 
+// Which node each global rank of the generation is on (a name per node,
+// equal for ranks of one node): from the plan's layout (node_ranks), or
+// from its ranks where a plan names them all (one made by hand).
+std::vector<std::string> node_of_each_rank(const pb::generation_plan& plan, int world) {
+  std::vector<std::string> nodes(static_cast<size_t>(std::max(world, 0)));
+  if (plan.node_ranks_size() > 0) {
+    int32_t g = 0;
+    for (int i = 0; i < plan.node_ranks_size(); ++i)
+      for (int32_t k = 0; k < plan.node_ranks(i) && g < world; ++k) nodes[static_cast<size_t>(g++)] = "node#" + std::to_string(i);
+    return nodes;
+  }
+  for (const auto& r : plan.ranks())
+    if (r.global_rank() >= 0 && r.global_rank() < world) nodes[static_cast<size_t>(r.global_rank())] = r.node_id();
+  return nodes;
+}
+
 // This generation's shard plan: each shard on train.zero_replicas ranks
 // of different nodes (default: as many as make sense for the nodes).
 shard_plan generation_shard_plan(const start_context& c) {
-  std::vector<std::string> nodes(static_cast<size_t>(c.g.world));
-  for (const auto& r : c.g.plan.ranks())
-    if (r.global_rank() >= 0 && r.global_rank() < c.g.world) nodes[static_cast<size_t>(r.global_rank())] = r.node_id();
+  const std::vector<std::string> nodes = node_of_each_rank(c.g.plan, c.g.world);
   const int64_t want_replicas = c.rs.settings.train.zero_replicas;
   const int replicas = want_replicas > 0 ? static_cast<int>(want_replicas) : default_replicas(nodes);
   return make_shard_plan(c.state.optimizer().total_elements(), nodes, replicas);
