@@ -129,9 +129,9 @@ class simulator {
   void open_socket(sim_node& n, size_t index);
   void loop();
   void drain(size_t index);
-  void on_envelope(sim_node& n, const pb::envelope& env);
+  void on_envelope(sim_node& n, const pb::envelope& env, size_t frame_bytes);
   void on_register_ack(sim_node& n, const pb::register_ack& ack);
-  void on_plan(sim_node& n, const pb::generation_plan& plan);
+  void on_plan(sim_node& n, const pb::generation_plan& plan, size_t frame_bytes);
   void timers(steady::time_point now);
   void tick(sim_node& n, steady::time_point now);
   void enter_registering(sim_node& n, steady::time_point now);
@@ -295,7 +295,7 @@ void simulator::on_register_ack(sim_node& n, const pb::register_ack& ack) {
   if (!n.running) send_rank_status(n, pb::rank_status::STATE_IDLE);
 }
 
-void simulator::on_plan(sim_node& n, const pb::generation_plan& plan) {
+void simulator::on_plan(sim_node& n, const pb::generation_plan& plan, size_t frame_bytes) {
   if (n.ph == phase::stopped || plan.generation() <= n.generation || plan.generation() == 0) return;
   const double t = unix_time_now();
   n.generation = plan.generation();
@@ -306,14 +306,15 @@ void simulator::on_plan(sim_node& n, const pb::generation_plan& plan) {
     if (a.node_id() == n.id && a.local_rank() == 0) n.global_rank = a.global_rank();
   n.running = n.global_rank >= 0;
   ++c_.plans;
-  print_line({{"event", "plan"}, {"node", n.id}, {"generation", n.generation}, {"t", t}, {"in_plan", n.running}, {"world", n.world}});
+  print_line({{"event", "plan"}, {"node", n.id}, {"generation", n.generation}, {"t", t}, {"in_plan", n.running}, {"world", n.world},
+              {"bytes", frame_bytes}});
   if (!n.running) return;
   n.last_step = std::max(n.last_step, plan.start_step());
   n.report_slot = static_cast<int64_t>(t / o_.report_every_s);
   send_rank_status(n, pb::rank_status::STATE_READY);
 }
 
-void simulator::on_envelope(sim_node& n, const pb::envelope& env) {
+void simulator::on_envelope(sim_node& n, const pb::envelope& env, size_t frame_bytes) {
   if (n.silent || n.ph == phase::stopped) return;  // a hung agent reads nothing either
   n.last_heard = steady::now();
   switch (env.body_case()) {
@@ -321,7 +322,7 @@ void simulator::on_envelope(sim_node& n, const pb::envelope& env) {
       on_register_ack(n, env.register_ack());
       break;
     case pb::envelope::kGenerationPlan:
-      on_plan(n, env.generation_plan());
+      on_plan(n, env.generation_plan(), frame_bytes);
       break;
     case pb::envelope::kHeartbeatAck:
       n.asked_every = ms(uint32_field(env.heartbeat_ack(), "interval_ms"));
@@ -348,14 +349,15 @@ void simulator::drain(size_t index) {
       zmq_msg_close(&msg);
       return;
     }
-    auto env = wire::decode(zmq_msg_data(&msg), zmq_msg_size(&msg), "");
+    const size_t bytes = zmq_msg_size(&msg);
+    auto env = wire::decode(zmq_msg_data(&msg), bytes, "");
     zmq_msg_close(&msg);
     if (!env) {
       ++c_.dropped;
       continue;
     }
     ++c_.received;
-    on_envelope(n, env.value());
+    on_envelope(n, env.value(), bytes);
   }
 }
 
@@ -491,8 +493,10 @@ void simulator::command(const std::string& line) {
 
 void simulator::print_stats() {
   size_t registering = 0, members = 0, running = 0, stopped = 0;
+  int64_t asked_max = 0;  // the longest interval the coordinator asked a node to beat at
   for (const auto& n : nodes_) {
     if (n.closed || n.silent) continue;
+    asked_max = std::max<int64_t>(asked_max, n.asked_every.count());
     registering += n.ph == phase::registering;
     members += n.ph == phase::member;
     running += n.ph == phase::member && n.running;
@@ -501,7 +505,8 @@ void simulator::print_stats() {
   print_line({{"event", "stats"}, {"t", unix_time_now()}, {"registering", registering}, {"members", members}, {"running", running},
               {"stopped", stopped}, {"sent", c_.sent}, {"send_failed", c_.send_failed}, {"received", c_.received}, {"dropped", c_.dropped},
               {"registers", c_.registers}, {"re_registers", c_.re_registers}, {"refusals", c_.refusals}, {"plans", c_.plans},
-              {"reports", c_.reports}, {"heartbeat_interval_ms", interval_.count()}, {"heartbeat_timeout_ms", timeout_.count()}});
+              {"reports", c_.reports}, {"heartbeat_interval_ms", interval_.count()}, {"heartbeat_timeout_ms", timeout_.count()},
+              {"asked_interval_ms_max", asked_max}});
 }
 
 // One thread: epoll over the sockets' ZMQ_FDs and stdin, the timers every
