@@ -76,12 +76,17 @@ void fail_job(job_self self, const std::string& reason, bool resumable = true) {
 void record_step(job_self self, int32_t global_rank, int64_t step) {
   auto& st = self->state;
   if (global_rank < 0 || global_rank >= st.world_size) return;
-  auto& s = st.rank_steps[global_rank];
-  s = std::max(s, step);
+  // The lowest step of all ranks, kept by a count of ranks per step: a
+  // report costs a look-up, not a pass over the world.
+  auto [it, fresh] = st.rank_steps.try_emplace(global_rank, std::max<int64_t>(0, step));
+  if (!fresh) {
+    if (step <= it->second) return;
+    if (auto c = st.ranks_at_step.find(it->second); c != st.ranks_at_step.end() && --c->second == 0) st.ranks_at_step.erase(c);
+    it->second = step;
+  }
+  ++st.ranks_at_step[it->second];
   if (static_cast<int32_t>(st.rank_steps.size()) < st.world_size) return;
-  int64_t low = st.rank_steps.begin()->second;
-  for (const auto& [r, v] : st.rank_steps) low = std::min(low, v);
-  st.committed_step = std::max(st.committed_step, low);
+  st.committed_step = std::max(st.committed_step, st.ranks_at_step.begin()->first);
 }
 
 ev::data_reading data_reading_of(const pb::data_reading& d) {
@@ -244,6 +249,7 @@ int64_t on_plan(job_self self, const plan& p) {
     st.world_size = p.world_size;
     st.nodes = p.nodes;
     st.rank_steps.clear();
+    st.ranks_at_step.clear();
     st.finished_ranks.clear();
     st.final_parts.clear();
     st.steps.clear();

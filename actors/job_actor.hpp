@@ -72,6 +72,7 @@ struct job_actor_state {
   int64_t committed_step = 0;
   int64_t last_step = 0;                  // highest step every rank reported
   std::map<int32_t, int64_t> rank_steps;  // global rank -> completed steps, this generation
+  std::map<int64_t, int32_t> ranks_at_step;  // completed steps -> how many ranks are there (rank_steps' values counted)
   std::map<int32_t, std::string> finished_ranks;  // global rank -> its parameters' digest
   step_table steps;
   recovery_record recovery;

@@ -440,6 +440,12 @@ TEST_F(coordinator_actors, job_commits_steps_and_fences_old_generations) {
   send(step_from("b", 1, 4, 0));  // generation 0: fenced
   EXPECT_EQ(js().stale_reports, 1u);
   EXPECT_EQ(js().committed_step, 2);
+  send(step_from("b", 1, 7, 1));  // b overtakes a: the lowest is a's 3
+  EXPECT_EQ(js().committed_step, 3);
+  send(step_from("a", 0, 1, 1));  // an older report of a changes nothing
+  EXPECT_EQ(js().committed_step, 3);
+  send(step_from("a", 0, 9, 1));
+  EXPECT_EQ(js().committed_step, 7);
 
   // b is lost; generation 2 resumes from the committed step.
   for (int i = 0; i < 11; ++i) {
