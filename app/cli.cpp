@@ -207,6 +207,10 @@ CLI::App* add_local(CLI::App& app, parsed_cli& p) {
   auto* local = app.add_subcommand("local", "A whole cluster on this machine: a coordinator and N node processes over loopback");
   local->add_option("--nodes", lc.nodes, "Node processes to start")->capture_default_str();
   local->add_option("--nproc-per-node", lc.nproc_per_node, "Rank processes per node")->capture_default_str();
+  local->add_option("--standby-nodes", lc.standby_nodes,
+                    "Node processes started beside --nodes with --standby-node: each waits warm outside the world and takes the place of "
+                    "a node the job loses")
+      ->capture_default_str();
   local->add_option("--config", lc.config_path, "Job config file (TOML)");
   local->add_option("--set", lc.overrides, "Override a config key (repeatable)")->allow_extra_args(false);
   local->add_option("--run-dir", lc.run_dir, "Where the journal and checkpoints go")->capture_default_str();
@@ -276,8 +280,8 @@ int check_arguments(const parsed_cli& p) {
       return cli_fail("--metrics-addr '" + printable(c->metrics_addr) + "' is not an IPv4 address (e.g. 0.0.0.0 for every interface, or 127.0.0.1)", 2);
   if (p.cluster.standby_node && (p.command != cli_command::role || p.role != process_role::node))
     return cli_fail("--standby-node is a node's flag (--role node); a standby coordinator is --role coordinator --standby", 2);
-  if (p.command == cli_command::local && p.local.metrics_port > 0 && p.local.metrics_port + p.local.nodes > 65535)
-    return cli_fail("--metrics-port " + std::to_string(p.local.metrics_port) + ": its " + std::to_string(p.local.nodes) +
+  if (p.command == cli_command::local && p.local.metrics_port > 0 && p.local.metrics_port + p.local.nodes + p.local.standby_nodes > 65535)
+    return cli_fail("--metrics-port " + std::to_string(p.local.metrics_port) + ": its " + std::to_string(p.local.nodes + p.local.standby_nodes) +
                         " nodes would use ports above 65535; choose a lower port", 2);
   const int most = max_compute_threads();
   for (const cluster_cli* c : {&p.cluster, &p.local})
@@ -286,8 +290,10 @@ int check_arguments(const parsed_cli& p) {
                           std::to_string(most) + ")", 2);
   if (p.command == cli_command::local)
     if (auto why = local_arguments_problem(p.local); !why.empty()) return cli_fail(why, 2);
-  if (const int64_t ranks = int64_t{p.local.nodes} * p.local.nproc_per_node; p.command == cli_command::local && ranks > most)
-    return cli_fail("dtactor local --nodes " + std::to_string(p.local.nodes) + " --nproc-per-node " + std::to_string(p.local.nproc_per_node) +
+  if (const int64_t ranks = int64_t{p.local.nodes + p.local.standby_nodes} * p.local.nproc_per_node; p.command == cli_command::local && ranks > most)
+    return cli_fail("dtactor local --nodes " + std::to_string(p.local.nodes) +
+                        (p.local.standby_nodes > 0 ? " --standby-nodes " + std::to_string(p.local.standby_nodes) : "") + " --nproc-per-node " +
+                        std::to_string(p.local.nproc_per_node) +
                         ": " + std::to_string(ranks) + " rank processes, more than this machine can run (at most " + std::to_string(most) + ")",
                     2);
   return 0;

@@ -30,6 +30,7 @@ struct cluster_cli {
   int metrics_port = 0;
   std::string metrics_addr = "0.0.0.0";       // address /metrics binds (unauthenticated: choose it)
   int nodes = 2;                               // local
+  int standby_nodes = 0;                       // local: nodes started beside them with --standby-node
   bool chaos = false;                          // local: kill a node at intervals, start a replacement (app/chaos.hpp)
   double chaos_every_s = 20;                   // local --chaos: seconds of training between recoveries and kills
   int connect_timeout_s = 120;

@@ -49,13 +49,20 @@ std::vector<std::string> coordinator_args(const cluster_cli& cli, const std::str
   return coord;
 }
 
-// Node `index` (id local-INDEX); its ranks share the machine's cores with `ranks_total` others.
-result<child_process> start_node(const cluster_cli& cli, const std::string& exe, const std::string& endpoint, int index, int per_rank) {
+// Node `index` (id local-INDEX), or standby node `index` (id
+// local-standby-INDEX, --standby-node) whose metrics port follows the
+// nodes'; its ranks use `per_rank` of the machine's cores.
+result<child_process> start_node(const cluster_cli& cli, const std::string& exe, const std::string& endpoint, int index, int per_rank,
+                                 bool standby = false) {
+  const std::string id = (standby ? "local-standby-" : "local-") + std::to_string(index);
   std::vector<std::string> args = {exe, "--role", "node", "--coordinator", endpoint, "--nproc-per-node", std::to_string(cli.nproc_per_node),
-                                   "--node-id", "local-" + std::to_string(index), "--advertise-addr", "127.0.0.1",
+                                   "--node-id", id, "--advertise-addr", "127.0.0.1",
                                    "--threads-per-rank", std::to_string(per_rank), "--die-with-parent"};
-  if (cli.metrics_port > 0) args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + index), "--metrics-addr", cli.metrics_addr});
-  if (index == 0 && cli.fail_at_step >= 0)
+  if (standby) args.push_back("--standby-node");
+  const int port_index = standby ? cli.nodes + index : index;
+  if (cli.metrics_port > 0)
+    args.insert(args.end(), {"--metrics-port", std::to_string(cli.metrics_port + 1 + port_index), "--metrics-addr", cli.metrics_addr});
+  if (!standby && index == 0 && cli.fail_at_step >= 0)
     args.insert(args.end(), {"--fail-at-step", std::to_string(cli.fail_at_step), "--fail-mode", to_string(cli.fail_mode)});
   // The cluster's processes get a process group of their own (see run_local).
   return child_process::spawn(args, true);
@@ -91,25 +98,29 @@ bool nodes_all_failed(std::vector<local_node>& nodes) {
          std::any_of(nodes.begin(), nodes.end(), [](local_node& n) { return !n.killed && (n.proc.poll()->signaled || n.proc.poll()->exit_code != 0); });
 }
 
-// The node processes of a local run: the first --nodes, then --chaos's
-// replacements (local-N, local-N+1, ...). The list never reallocates (the
+// The node processes of a local run: the first --nodes and the
+// --standby-nodes, then --chaos's replacements (local-N, local-N+1, ...). The list never reallocates (the
 // monkey's hooks hold it by reference): at most 256 nodes.
 class local_nodes {
  public:
   local_nodes(const cluster_cli& cli, std::string exe, std::string endpoint)
-      : cli_(cli), exe_(std::move(exe)), endpoint_(std::move(endpoint)), next_index_(cli.nodes) {
-    // All the ranks share this machine's cores.
+      : cli_(cli), exe_(std::move(exe)), endpoint_(std::move(endpoint)), next_index_(cli.nodes + cli.standby_nodes) {
+    // All the ranks share this machine's cores (a standby's too: it trains
+    // once promoted).
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    per_rank_ = std::max(1, cores / (cli.nodes * cli.nproc_per_node));
+    per_rank_ = std::max(1, cores / ((cli.nodes + cli.standby_nodes) * cli.nproc_per_node));
     nodes_.reserve(256);
   }
 
-  // Starts local-0 .. local-(--nodes - 1). Error: one could not start.
+  // Starts local-0 .. local-(--nodes - 1), then local-standby-0 ..
+  // local-standby-(--standby-nodes - 1). Error: one could not start.
   status start_first() {
-    for (int i = 0; i < cli_.nodes; ++i) {
-      auto n = start_node(cli_, exe_, endpoint_, i, per_rank_);
+    for (int i = 0; i < cli_.nodes + cli_.standby_nodes; ++i) {
+      const bool standby = i >= cli_.nodes;
+      const int index = standby ? i - cli_.nodes : i;
+      auto n = start_node(cli_, exe_, endpoint_, index, per_rank_, standby);
       if (!n) return n.err();
-      nodes_.push_back({"local-" + std::to_string(i), std::move(n.value())});
+      nodes_.push_back({(standby ? "local-standby-" : "local-") + std::to_string(index), std::move(n.value())});
     }
     return {};
   }
@@ -202,6 +213,7 @@ std::string local_arguments_problem(const cluster_cli& cli) {
   if (cli.nodes < 1 || cli.nodes > 64) return "--nodes must be 1..64";
   if (cli.nproc_per_node < 1 || cli.nproc_per_node > 64) return "--nproc-per-node must be 1..64";
   if (cli.chaos && cli.nodes < 2) return "--chaos needs --nodes 2 or more (a lost node needs survivors)";
+  if (cli.standby_nodes < 0 || cli.standby_nodes > 64) return "--standby-nodes must be 0..64";
   return "";
 }
 
@@ -232,8 +244,9 @@ int run_local(const cluster_cli& cli) {
     return local_fail(st.message(), 1);
   }
   const std::string host = cli.metrics_port > 0 && cli.metrics_addr != "0.0.0.0" ? cli.metrics_addr : "127.0.0.1";
-  std::fprintf(stderr, "local: coordinator on %s, %d node(s) x %d rank(s), run dir %s\nlocal: status page http://%s:%d/\n", endpoint.c_str(), cli.nodes,
-               cli.nproc_per_node, cli.run_dir.c_str(), host.c_str(), status_port.value());
+  const std::string standbys = cli.standby_nodes > 0 ? " and " + std::to_string(cli.standby_nodes) + " standby node(s)" : "";
+  std::fprintf(stderr, "local: coordinator on %s, %d node(s)%s x %d rank(s), run dir %s\nlocal: status page http://%s:%d/\n", endpoint.c_str(),
+               cli.nodes, standbys.c_str(), cli.nproc_per_node, cli.run_dir.c_str(), host.c_str(), status_port.value());
 
   local_chaos chaos = start_chaos(cli, nodes);
   const local_end end = watch_coordinator(cli, c.value(), nodes, chaos);

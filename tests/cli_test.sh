@@ -81,6 +81,7 @@ expect_ok "node help names --standby-node" "--standby-node" --role node --help
 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 expect_error "static mode without WORLD_SIZE" "needs WORLD_SIZE" --role node
 MASTER_ADDR=127.0.0.1 WORLD_SIZE=3 expect_error "static mode, WORLD_SIZE not a multiple" "not a multiple" --role node --nproc-per-node 2
 expect_error "local with no nodes" "--nodes must be" local --nodes 0 --run-dir "$work/rl"
+expect_error "local with too many standby nodes" "--standby-nodes must be 0..64" local --standby-nodes 65 --run-dir "$work/rl"
 expect_error "chaos with one node" "--chaos needs --nodes 2 or more" local --nodes 1 --chaos --run-dir "$work/rl"
 expect_error "chaos every 0 s" "--chaos-every" local --chaos --chaos-every 0 --run-dir "$work/rl"
 # Refused before anything is made: no run directory, no job key.
