@@ -51,19 +51,23 @@ class lease_trial:
     WORK/lease and the run directory WORK/run, and nodes; each in a session
     of its own, its output in WORK/NAME.log."""
 
-    def __init__(self, work, ttl_ms, dtactor, sets):
-        self.work, self.run, self.lease = work, os.path.join(work, "run"), os.path.join(work, "lease")
+    def __init__(self, work, ttl_ms, dtactor, sets, lease=None):
+        """lease: where the lease lives (--lease); WORK/lease where None."""
+        self.work, self.run, self.lease = work, os.path.join(work, "run"), lease or os.path.join(work, "lease")
         self.ttl_ms, self.dtactor, self.sets = ttl_ms, dtactor, sets
         self.procs = {}
 
-    def start(self, name, args):
+    def start(self, name, args, prefix=(), program=None):
+        """Starts program (dtactor where None) with args, after prefix (a
+        command that runs it elsewhere, e.g. scripts/netns/hosts.sh run TAG H)."""
         log = open(os.path.join(self.work, name + ".log"), "w")
-        self.procs[name] = subprocess.Popen([self.dtactor] + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(list(prefix) + [program or self.dtactor] + args, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
 
-    def coordinator(self, name, port):
-        self.start(name, ["--role", "coordinator", "--listen", "tcp://127.0.0.1:%d" % port, "--advertise-addr", "127.0.0.1",
+    def coordinator(self, name, port, address="127.0.0.1", prefix=()):
+        self.start(name, ["--role", "coordinator", "--listen", "tcp://%s:%d" % (address, port), "--advertise-addr", address,
                           "--run-dir", self.run, "--lease", self.lease, "--standby", "--lease-ttl-ms", str(self.ttl_ms)]
-                   + [x for s in self.sets for x in ("--set", s)])
+                   + [x for s in self.sets for x in ("--set", s)], prefix)
 
     def log(self, name):
         return text_of(os.path.join(self.work, name + ".log"))
@@ -74,3 +78,53 @@ class lease_trial:
                 os.killpg(p.pid, signal.SIGCONT)  # a stopped one too
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+class netns_hosts:
+    """Hosts on this machine, made by scripts/netns/hosts.sh (root): network
+    namespaces TAG-h0 .. TAG-h(n-1), host h at 198.18.0.(h+1) on one test
+    switch. Use as a context manager: the hosts and everything that runs in
+    them are removed on leaving, also on errors."""
+
+    def __init__(self, script, tag, n):
+        self.script, self.tag, self.n = script, tag, n
+
+    def _do(self, *args, check=True):
+        return subprocess.run([self.script, *args], check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self):
+        self._do("down", self.tag, check=False)
+        self._do("up", self.tag, str(self.n))
+        return self
+
+    def __exit__(self, *exc):
+        self._do("down", self.tag, check=False)
+
+    @staticmethod
+    def address(h):
+        return "198.18.0.%d" % (h + 1)
+
+    def run(self, h):
+        """The command prefix that runs a program on host h."""
+        return [self.script, "run", self.tag, str(h)]
+
+    def cut(self, h):
+        """Host h's link passes nothing, either way (no FIN, no reset reaches anyone)."""
+        self._do("cut", self.tag, str(h))
+
+    def heal(self, h):
+        self._do("heal", self.tag, str(h))
+
+    def pids(self, h):
+        out = subprocess.run(["ip", "netns", "pids", "%s-h%d" % (self.tag, h)], capture_output=True, text=True).stdout
+        return [int(x) for x in out.split()]
+
+    def kill(self, h):
+        """kill -9 of every process on host h; returns how many there were."""
+        pids = self.pids(h)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(pids)
