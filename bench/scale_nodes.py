@@ -204,7 +204,9 @@ def plan_to_all(t, gen):
     got = [e for e in t.sim_events("plan") if e.get("generation") == gen and e.get("in_plan")]
     want = len(started[0].get("nodes", []))
     last = max((e["t"] for e in got), default=None)
+    frame = max((e.get("bytes", 0) for e in got), default=0)
     return {"generation": gen, "world_size": started[0].get("world_size"), "nodes_received": len(got), "nodes_planned": want,
+            "plan_frame_bytes": frame, "plan_bytes_to_all": frame * want,
             "to_last_s": rounded(last - started[0]["t"]) if last is not None and len(got) >= want else None,
             "to_median_s": rounded(sorted(e["t"] for e in got)[len(got) // 2] - started[0]["t"]) if got else None}
 
@@ -406,6 +408,8 @@ def figures_for(result):
         n = "{:,}".format(int(key))
         for what, at, unit in (
                 ("%s nodes: all registered after the cold start storm" % n, ["registered", "all_s"], "s"),
+                ("%s nodes: nodes registered within the storm's limit" % n, ["registered", "nodes"], "count"),
+                ("%s nodes: nodes declared lost during the storm" % n, ["registered", "nodes_lost_meanwhile"], "count"),
                 ("%s nodes: coordinator CPU at steady state" % n, ["steady", "coordinator_cores"], "cores"),
                 ("%s nodes: coordinator resident memory at steady state" % n, ["steady", "coordinator_rss_bytes"], "bytes"),
                 ("%s nodes: a silent node's loss in the journal after its last message (worst of them)" % n,
@@ -427,7 +431,8 @@ NOTES = ("One real coordinator (CURVE on, heartbeat settings at their defaults) 
          "from up to 2,500 nodes per process, each process on 4 loopback source addresses. What the machine limits: its 2 cores "
          "are shared by the coordinator and the simulators (their CPU is in the JSON), the descriptor limit is raised to the hard "
          "limit, loopback connections to one port are bounded by the ephemeral port range per source address, and every "
-         "simulated node's plan is decoded on those same 2 cores.")
+         "simulated node's plan is decoded on those same 2 cores. Other builds and tests ran on the machine meanwhile: each "
+         "run's 1-minute load average at its start is in the JSON.")
 
 
 def main():
