@@ -59,6 +59,7 @@ struct sim_options {
   int64_t steps_per_report = 50;     // train.log_every_steps' worth of steps per report
   int io_threads = 1;
   double stats_every_s = 5;
+  int zmtp_heartbeat_ms = 1000;  // as a node's bridge (0: off, for experiments)
 };
 
 enum class phase : uint8_t { registering, member, stopped };
@@ -408,8 +409,10 @@ void simulator::open_socket(sim_node& n, size_t index) {
   set_int(ZMQ_TCP_KEEPALIVE_IDLE, 30);
   set_int(ZMQ_TCP_KEEPALIVE_INTVL, 5);
   set_int(ZMQ_TCP_KEEPALIVE_CNT, 3);
-  set_int(ZMQ_HEARTBEAT_IVL, 1000);
-  set_int(ZMQ_HEARTBEAT_TIMEOUT, 5000);
+  if (o_.zmtp_heartbeat_ms > 0) {
+    set_int(ZMQ_HEARTBEAT_IVL, o_.zmtp_heartbeat_ms);
+    set_int(ZMQ_HEARTBEAT_TIMEOUT, 5 * o_.zmtp_heartbeat_ms);
+  }
   set_int(ZMQ_RECONNECT_IVL, 100);
   set_int(ZMQ_RECONNECT_IVL_MAX, 0);
   zmq_setsockopt(n.socket, ZMQ_CURVE_SERVERKEY, key_.server_public.data(), key_.server_public.size());
@@ -589,7 +592,8 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 const char* usage =
     "usage: scale_nodes --coordinator tcp://HOST:PORT --key FILE [--nodes K] [--prefix P]\n"
-    "                   [--sources 127.0.0.2,127.0.0.3] [--report-every-s S] [--io-threads T] [--stats-every-s S]\n";
+    "                   [--sources 127.0.0.2,127.0.0.3] [--report-every-s S] [--io-threads T] [--stats-every-s S]\n"
+    "                   [--zmtp-heartbeat-ms MS (0: off)]\n";
 
 result<sim_options> parse_args(int argc, char** argv) {
   sim_options o;
@@ -606,6 +610,7 @@ result<sim_options> parse_args(int argc, char** argv) {
       else if (a == "--report-every-s") o.report_every_s = std::stod(v);
       else if (a == "--io-threads") o.io_threads = std::stoi(v);
       else if (a == "--stats-every-s") o.stats_every_s = std::stod(v);
+      else if (a == "--zmtp-heartbeat-ms") o.zmtp_heartbeat_ms = std::stoi(v);
       else return make_error("unknown option " + printable(a));
     } catch (const std::exception&) {
       return make_error("bad value for " + printable(a) + ": " + printable(v));
