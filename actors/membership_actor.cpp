@@ -130,6 +130,7 @@ void on_leave(membership_self self, const inbound& in) {
   const auto* n = st.members.find(id);
   if (!n || n->incarnation != in.env.incarnation()) return;
   st.members.remove(id, self->clock().now(), departure::left);
+  st.last_loss_silent = false;
   if (in.env.leave().draining()) st.draining[id] = self->clock().now();
   const std::string reason = printable(in.env.leave().reason());
   log_line(st.opts.log, "node '" + id.str() + "' left: " + reason);
@@ -342,6 +343,7 @@ void declare_lost(membership_self self, std::vector<lost_node> lost, clock_time 
                                      : std::string(l.suspected ? "silent after a collective failure" : "silent");
     log_line(st.opts.log, "node '" + l.peer.str() + "' lost: " + why + " (last heard " + std::to_string(l.detected_after_s) + " s ago)");
     node_lost(self, l.peer, cause_of(l), l.detected_after_s);
+    st.last_loss_silent = !l.closed;
     if (removed.quarantined) quarantined(self, l.peer, removed.reason);
     st.lost.push_back(std::move(l));
   }
@@ -387,6 +389,20 @@ void on_closed_evidence(membership_self self) {
   if (st.lost.size() != before) plan_if_due(self, now);
 }
 
+// Every member lost to silence and no node heard from for orphan_after:
+// this coordinator is cut off from the nodes, which cannot reach it
+// either (opts.orphaned, once).
+void check_orphaned(membership_self self, clock_time now) {
+  auto& st = self->state;
+  if (!st.opts.orphaned || st.orphaned || st.stopping || !st.last_loss_silent || !st.members.state().nodes.empty()) return;
+  if (now - st.heard_any < st.opts.orphan_after) return;
+  st.orphaned = true;
+  const std::string why = "every node was lost to silence and none has been heard from for " +
+                          std::to_string(std::chrono::duration<double>(now - st.heard_any).count()) + " s: this coordinator is cut off from them";
+  log_line(st.opts.log, why);
+  st.opts.orphaned(why);
+}
+
 void on_tick(membership_self self) {
   auto& st = self->state;
   auto now = self->clock().now();
@@ -403,11 +419,13 @@ void on_tick(membership_self self) {
   declare_lost(self, find_lost(now, st.members.last_seen(), judged_liveness(st), st.members.suspecting()), now);
   declare_closed_lost(self, now);
   plan_if_due(self, now);
+  check_orphaned(self, now);
 }
 
 // A node's message, by kind: membership's own, or the job's (rank status
 // after membership has read it). Nothing for the job without a job actor.
 void on_node_message(membership_self self, inbound& in) {
+  self->state.heard_any = self->clock().now();
   switch (in.env.body_case()) {
     case pb::envelope::kRegisterNode:
       on_register(self, in);

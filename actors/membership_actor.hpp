@@ -51,6 +51,12 @@ struct coordinator_options {
   // job/job_config.hpp data_file_digests); a node whose ranks opened
   // different ones is refused. Files missing here take the first node's.
   std::map<std::string, std::string> data_digests;
+  // Called once (then nothing more is decided here) when every member was
+  // lost to silence and no node has been heard from for orphan_after:
+  // this coordinator is cut off from the nodes. Empty: never (a
+  // coordinator without a standby waits for them).
+  std::function<void(const std::string&)> orphaned;
+  std::chrono::milliseconds orphan_after{0};
   log_fn log;         // one line per event worth a journal entry (may be empty)
   event_sink events;  // node_joined, node_lost, node_left, node_quarantined, job_waiting, generation_started, generation_adopted
 };
@@ -78,6 +84,9 @@ struct membership_actor_state {
   uint64_t dropped = 0;             // inbound envelopes this actor has no use for
   uint64_t adopted = 0;             // generations taken over from the nodes
   bool stopping = false;            // stop_atom received: no more plans
+  clock_time heard_any{};           // the last message from any node
+  bool last_loss_silent = false;    // the last member to go was lost to silence (not a close, not a leave)
+  bool orphaned = false;            // opts.orphaned was called
   checkpoint_ledger checkpoints;             // what a plan without a state holder may name, and what ranks refused
   std::map<node_id, std::string> peers;      // node id -> routing id of its newest registration
   // Nodes that left while their ranks trained on (leave.draining), and when

@@ -249,7 +249,7 @@ struct coordinator_run {
   run_observer& obs;
   job_start& start;
   uint64_t epoch = 0;  // the job's lease epoch this coordinator holds (0: no --lease)
-  const coordinator_lease* lease = nullptr;  // with --lease: whether it may still decide
+  coordinator_lease* lease = nullptr;  // with --lease: whether it may still decide
 };
 
 // The address ranks reach this host at: --advertise-addr, else the
@@ -397,6 +397,12 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   copts.header = header;
   copts.log = log;
   copts.events = events;
+  if (run.lease && run.cli.standby) {
+    // One of a pair: cut off from every node, it lets the lease go to the
+    // standby they can reach (docs/fault_handling.md).
+    copts.orphaned = [lease = run.lease](const std::string& why) { lease->give_up(why); };
+    copts.orphan_after = 2 * copts.liveness.heartbeat_timeout;
+  }
 
   job_options jopts = job_options_from(run.settings.train);
   jopts.header = header;

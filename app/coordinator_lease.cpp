@@ -113,6 +113,17 @@ void coordinator_lease::renew_loop() {
   }
 }
 
+void coordinator_lease::give_up(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (renewer_.joinable() && renewer_.get_id() != std::this_thread::get_id()) renewer_.join();  // its renewal in flight ends first
+  (void)lease_->release();
+  stop_deciding(why + "; let the job's lease go (epoch " + std::to_string(epoch_) + ") for a standby to lead");
+}
+
 // Written straight to fd 2 (the console's queue may never drain); the
 // actors, the bridge and the store end with the process.
 void coordinator_lease::stop_deciding(const std::string& why) {

@@ -55,6 +55,12 @@ class coordinator_lease {
   // Returns once surely_held(); ends the process (exit 3) when the lease
   // was not renewed within its TTL. Any thread; what a decision calls.
   void wait_until_held() const;
+  // Lets the lease go at once (its renewals end, the lease is released, so
+  // a standby may take it at its next look) and stops deciding: one line,
+  // exit code 3. For a leader that lost every node to silence while its
+  // lease still holds (cut off from the nodes, not from the lease): the
+  // standby the nodes can reach leads instead. Any thread.
+  [[noreturn]] void give_up(const std::string& why);
 
  private:
   coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch, int64_t taken_ns);

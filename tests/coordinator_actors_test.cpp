@@ -269,6 +269,50 @@ TEST_F(coordinator_actors, many_nodes_are_asked_to_beat_less_often) {
   EXPECT_EQ(wire.with(pb::envelope::kHeartbeatAck, "peer-n7").back().env.heartbeat_ack().interval_ms(), 250u);
 }
 
+// A coordinator of a pair (opts.orphaned set) that loses every node to
+// silence and then hears from none for orphan_after is cut off from them:
+// it says so once, for its lease to go to the standby they can reach.
+TEST_F(coordinator_actors, a_coordinator_that_lost_every_node_to_silence_is_orphaned_once) {
+  auto o = coord_opts(1);
+  std::vector<std::string> said;
+  o.orphaned = [&said](const std::string& why) { said.push_back(why); };
+  o.orphan_after = 2000ms;
+  start(o);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  keep_alive({"a", "b"}, 300ms);
+  trained();
+  const auto cut = now();
+  advance(1500ms);  // both lost (silent past the 1 s timeout), not yet orphaned
+  ASSERT_TRUE(ms().members.state().nodes.empty());
+  EXPECT_TRUE(said.empty());
+  advance(600ms);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("every node was lost to silence"), std::string::npos) << said[0];
+  EXPECT_GE(std::chrono::duration<double>(now() - cut).count(), 2.0);
+  advance(3000ms);
+  EXPECT_EQ(said.size(), 1u);  // once
+}
+
+// Nodes whose processes ended (their connections closed), or that left,
+// are gone, not out of reach: no standby could reach them either.
+TEST_F(coordinator_actors, a_coordinator_whose_nodes_closed_or_left_is_not_orphaned) {
+  auto o = coord_opts(1);
+  std::vector<std::string> said;
+  o.orphaned = [&said](const std::string& why) { said.push_back(why); };
+  o.orphan_after = 2000ms;
+  start(o);
+  send(joined("a", 1));
+  send(joined("b", 1));
+  keep_alive({"a", "b"}, 300ms);
+  trained();
+  caf::anon_send(members, closed_atom::value, std::string("peer-a"));
+  send(leave_from("b", "SIGTERM"));
+  advance(5000ms);
+  ASSERT_TRUE(ms().members.state().nodes.empty());
+  EXPECT_TRUE(said.empty());
+}
+
 TEST_F(coordinator_actors, a_node_that_registers_again_gets_its_old_rank) {
   start(coord_opts(1));
   send(joined("a", 1));
