@@ -21,6 +21,7 @@ Usage: /usr/bin/python3 bench/scale_nodes.py --nodes 1000,3000,10000 --out bench
 import argparse
 import json
 import math
+import re
 import os
 import resource
 import shutil
@@ -367,6 +368,19 @@ def losses(t, res, how, count):
     res[how] = out
 
 
+def log_counts(log):
+    """What the coordinator's log says: lines, connections the handshake gate
+    shed ("busy": the lines logged plus the "(N similar lines not logged)"
+    its rate limit folded in), and stalls it noticed in itself."""
+    busy = [line for line in log.splitlines() if "busy, too many connections" in line]
+    folded = 0
+    for line in busy:
+        m = re.search(r"\((\d+) similar lines not logged\)", line)
+        folded += int(m.group(1)) if m else 0
+    return {"lines": log.count("\n"), "handshake_busy_lines": len(busy), "handshakes_shed": len(busy) + folded,
+            "stalled_lines": log.count("the coordinator stalled")}
+
+
 def one_n(a, n):
     res = {"nodes": n, "load_average_1m_at_start": float(text_of("/proc/loadavg").split()[0]),
            "simulator_processes": max(1, math.ceil(n / a.per_process)),
@@ -390,10 +404,8 @@ def one_n(a, n):
             for e in journal(t.run):
                 k = e.get("event", "?")
                 res["journal_counts"][k] = res["journal_counts"].get(k, 0) + 1
-            log = text_of(os.path.join(work, "coordinator.log"))
-            res["coordinator_log"] = {"lines": log.count("\n"), "handshake_busy_lines": log.count("busy, too many connections"),
-                                      "stalled_lines": log.count("the coordinator stalled")}
             t.stop()
+            res["coordinator_log"] = log_counts(text_of(os.path.join(work, "coordinator.log")))  # to its exit
             if a.keep:
                 shutil.copytree(work, os.path.join(a.keep, "n%d" % n), dirs_exist_ok=True)
     return res
@@ -410,6 +422,7 @@ def figures_for(result):
                 ("%s nodes: all registered after the cold start storm" % n, ["registered", "all_s"], "s"),
                 ("%s nodes: nodes registered within the storm's limit" % n, ["registered", "nodes"], "count"),
                 ("%s nodes: nodes declared lost during the storm" % n, ["registered", "nodes_lost_meanwhile"], "count"),
+                ("%s nodes: connections the handshake gate shed (busy), whole run" % n, ["coordinator_log", "handshakes_shed"], "count"),
                 ("%s nodes: coordinator CPU at steady state" % n, ["steady", "coordinator_cores"], "cores"),
                 ("%s nodes: coordinator resident memory at steady state" % n, ["steady", "coordinator_rss_bytes"], "bytes"),
                 ("%s nodes: a silent node's loss in the journal after its last message (worst of them)" % n,
