@@ -166,6 +166,21 @@ bool full(const membership_state& s, const membership_options& opts) {
   return complete >= opts.max_nodes;
 }
 
+// The additions since the current plan only refill places emptied by a loss
+// or a leave: the world planned now is no larger than the largest this job
+// had, and every node new to the world has all its ranks ready (a node half
+// ready would be planned again a moment later). A wave of joins that grows
+// the job beyond its peak still settles.
+bool refills_places(const membership_state& s, const std::vector<const node_info*>& planned) {
+  if (!s.current || s.peak_world == 0) return false;
+  int32_t world = 0;
+  for (const auto* n : planned) {
+    world += static_cast<int32_t>(n->ready.size());
+    if (!s.current->find(n->node_id) && static_cast<int32_t>(n->ready.size()) < n->nproc) return false;
+  }
+  return world <= s.peak_world;
+}
+
 // Empty when every node and rank of the reported plan is back, else what is
 // missing.
 std::string adoption_gap(const membership_state& s) {
@@ -364,12 +379,13 @@ plan_decision decide(clock_time now, const membership_state& state, const member
       d.reason = why.str();
       return d;
     }
-  } else if (state.settling_since && !state.loss_pending && !full(state, opts)) {
+  } else if (state.settling_since && !state.loss_pending && !full(state, opts) && !refills_places(state, planned)) {
     auto since = now - *state.settling_since;
     if (since < opts.settle) {
       why << "nodes or ranks joined; settling for " << seconds(opts.settle) << " s before planning with " << have << " node" << (have == 1 ? "" : "s")
           << " " << join(ids_of(planned));
       d.reason = why.str();
+      d.settles_at = *state.settling_since + opts.settle;
       return d;
     }
   }
@@ -712,6 +728,7 @@ const plan& membership::commit(plan p) {
   state_.leaving.clear();
   state_.suspect_since.reset();
   state_.reported_plan.reset();
+  state_.peak_world = std::max(state_.peak_world, p.world_size);
   state_.current = std::move(p);
   return *state_.current;
 }

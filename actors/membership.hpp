@@ -53,7 +53,9 @@ struct membership_options {
   // After an addition (a node joins, a rank becomes ready), wait this long
   // from the last addition before planning, so that nodes and ranks arriving
   // together land in one generation (cluster.settle_ms). Not when the cluster
-  // is full, and not once a loss of the current plan needs a new generation.
+  // is full, not once a loss of the current plan needs a new generation, and
+  // not when the additions only refill places the world had before (no
+  // larger than its peak, each new node with all its ranks ready).
   clock_duration settle{0};
   // A rank of the current generation reported a failed collective and no
   // membership change followed within this time: the same members start a
@@ -208,6 +210,11 @@ struct membership_state {
   // nodes that left.
   std::optional<clock_time> settling_since;
   bool loss_pending = false;
+  // The largest world (ranks) a plan of this job had under this coordinator
+  // (committed or adopted): a join that only brings the world back up to it
+  // fills places that a loss or a leave emptied, and is planned without
+  // settling.
+  int32_t peak_world = 0;
   plan_cause pending_cause = plan_cause::none;
   std::map<node_id, plan_node> leaving;
   // First STATE_FAILED of a rank of the current generation.
@@ -225,6 +232,8 @@ struct plan_decision {
   // The job has started and has fewer ready nodes than cluster.floor_nodes:
   // it waits for nodes instead of training (journaled as job_waiting).
   bool below_floor = false;
+  // Settling: when the window ends, unless a further addition moves it.
+  std::optional<clock_time> settles_at;
 };
 
 // Pure: whether `state` calls for a new generation at `now`. Without a

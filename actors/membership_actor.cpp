@@ -53,6 +53,14 @@ void quarantined(membership_self self, const node_id& id, const std::string& rea
 
 void plan_if_due(membership_self self, clock_time now);
 
+// A rank became ready: judge once the mailbox's earlier messages are read
+// (a burst of readiness is one judgement), not at the next tick.
+void decide_soon(membership_self self) {
+  if (self->state.decide_pending) return;
+  self->state.decide_pending = true;
+  self->send(self, decide_atom::value);
+}
+
 // Whether a restarted or new leader is waiting for the nodes of the
 // generation they report (membership's adoption_gap).
 bool adopting(const membership_state& s) { return !s.current && s.reported_plan; }
@@ -188,7 +196,7 @@ bool on_rank_status(membership_self self, const inbound& in) {
                                   ", expected " + printable(ref->second) + "): the node is refused");
         return false;
       }
-      st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
+      if (st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now)) decide_soon(self);
       break;
     case pb::rank_status::STATE_READY:
       st.members.set_rank_ready(id, incarnation, s.local_rank(), true, now);
@@ -366,7 +374,14 @@ void plan_if_due(membership_self self, clock_time now) {
     st.last_reason = d.reason;
     if (d.below_floor) emit(self, ev::job_waiting{current_generation(st), d.reason});
   }
-  if (!d.next) return;
+  if (!d.next) {
+    // Plan when the settle window ends, not at the tick after it.
+    if (d.settles_at && d.settles_at != st.settle_check) {
+      st.settle_check = d.settles_at;
+      self->delayed_send(self, *d.settles_at - now, decide_atom::value);
+    }
+    return;
+  }
   const auto& p = st.members.commit(std::move(*d.next));
   if (p.adopted) {
     ++st.adopted;
@@ -567,6 +582,10 @@ membership_handle::behavior_type membership_actor(membership_self self, coordina
       [=](tick_atom) {
         on_tick(self);
         self->delayed_send(self, self->state.opts.liveness.heartbeat_interval, tick_atom::value);
+      },
+      [=](decide_atom) {
+        self->state.decide_pending = false;
+        plan_if_due(self, self->clock().now());
       },
       [=](stop_atom) {
         if (!self->state.stopping) log_line(self->state.opts.log, "stopping: no further generations");

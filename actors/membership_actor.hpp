@@ -87,6 +87,8 @@ struct membership_actor_state {
   clock_time heard_any{};           // the last message from any node
   bool last_loss_silent = false;    // the last member to go was lost to silence (not a close, not a leave)
   bool orphaned = false;            // opts.orphaned was called
+  bool decide_pending = false;      // a decide_atom is in the mailbox (readiness: one judgement for a burst)
+  std::optional<clock_time> settle_check;  // a decide_atom is due at the end of this settle window
   checkpoint_ledger checkpoints;             // what a plan without a state holder may name, and what ranks refused
   std::map<node_id, std::string> peers;      // node id -> routing id of its newest registration
   // Nodes that left while their ranks trained on (leave.draining), and when

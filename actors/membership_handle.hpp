@@ -16,11 +16,13 @@ namespace dtactor {
 // inbound: a node's frame (from the bridge).
 // (closed_atom, peer): the connection of the node at routing id `peer` closed.
 // (tick_atom): its own timer.
+// (decide_atom): its own: judge the membership now.
 // (stop_atom): plan no further generation.
 // (ckpt_atom, step, kept): a committed checkpoint and the steps left in the store.
 // (shutdown_atom, reason, checkpoint) -> bool: `shutdown` to every node;
 //   true while some node is a member.
 using membership_handle = caf::typed_actor<caf::reacts_to<inbound>, caf::reacts_to<closed_atom, std::string>, caf::reacts_to<tick_atom>, caf::reacts_to<stop_atom>,
+                                           caf::reacts_to<decide_atom>,
                                            caf::reacts_to<ckpt_atom, int64_t, std::vector<int64_t>>,
                                            caf::replies_to<shutdown_atom, std::string, bool>::with<bool>>;
 

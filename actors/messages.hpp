@@ -33,6 +33,9 @@ using start_atom = caf::atom_constant<caf::atom("start")>;
 // (tick_atom): periodic timer, every heartbeat interval (liveness, decisions,
 // heartbeats). Self-sent with delayed_send through the actor clock.
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+// (decide_atom): the membership actor's own: judge the membership now (a
+// rank became ready, a settle window ended) rather than at the next tick.
+using decide_atom = caf::atom_constant<caf::atom("decide")>;
 // (retry_atom, uint64_t attempt): node agent's registration retry timer; stale
 // attempts are ignored.
 using retry_atom = caf::atom_constant<caf::atom("retry")>;

@@ -148,7 +148,7 @@ std::vector<config_key> cluster_keys() {
     {"cluster.collective_timeout_ms", vk::integer, "30000", "Upper bound of one collective (a dead peer is normally noticed much sooner).", 100},
     {"cluster.digest_every_steps", vk::integer, "100", "Every N steps all ranks compare a checksum of their parameters; a mismatch stops the job.", 0},
     {"cluster.suspect_timeout_ms", vk::integer, "300", "After a rank reports a failed collective, a node silent this long is declared lost (a live node heartbeats every interval).", 1},
-    {"cluster.settle_ms", vk::integer, "300", "After nodes or ranks join, wait this long for more before re-planning (losses are re-planned at once).", 0},
+    {"cluster.settle_ms", vk::integer, "300", "After nodes or ranks join, wait this long after the last one for more before re-planning, so that a wave of joins lands in one generation. Losses are re-planned at once, and so is a join that only refills the world: one that brings it back to at most the largest size the job has had (a replacement for a lost or departed node, a restarted rank) once all the new node's ranks are ready.", 0},
     {"cluster.flap_max_failures", vk::integer, "3", "A node lost this many times within cluster.flap_window_ms is quarantined.", 1},
     {"cluster.flap_window_ms", vk::integer, "60000", "Window in which a node's losses count towards quarantine.", 1},
     {"cluster.quarantine_ms", vk::integer, "10000", "First quarantine of a flapping node; doubles on each repeat, at most 5 minutes.", 0},

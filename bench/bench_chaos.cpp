@@ -201,19 +201,23 @@ int main(int argc, char** argv) {
   if (kinds.count("replace")) {
     stats contributing, paused, lost;
     for (int t = 0; t < trials; ++t) {
-      cluster cl(fresh_dir(base, "replace" + std::to_string(t)), job(100000, {"cluster.min_nodes=1"}));
-      cl.start_coordinator();
-      cl.start_node("a");
-      if (!wait_steps(cl, 20, 1)) continue;
-      cl.start_node("b");
+      // A real replacement: b is killed, the job trains on at world 1, and a
+      // cold node c (no process started before it) takes b's place.
+      cluster cl(fresh_dir(base, "replace" + std::to_string(t)), job(100000));
+      cl.start({"a", "b"});
+      if (!wait_steps(cl, 20, 2)) continue;
+      const double killed = unix_now();
+      cl.signal_node("b", SIGKILL);
+      if (!cl.wait_for([&](const std::vector<json>& j) { return first_step_after(j, killed, 1).has_value(); }, 60)) continue;
+      cl.start_node("c");
       cl.wait_for([&](const std::vector<json>& j) {
         auto s = journal_events<ev::step_completed>(j);
-        return !s.empty() && s.back().at("world_size") == 2;
+        return !s.empty() && s.back().at("world_size") == 2 && s.back().at("t").get<double>() > killed;
       }, 60);
       auto j = cl.journal();
       double reg = 0;
       for (const auto& e : journal_events<ev::node_joined>(j))
-        if (e.at("node") == "b") reg = e.at("t").get<double>();
+        if (e.at("node") == "c") reg = e.at("t").get<double>();
       auto first = first_step_after(j, reg, 2);
       if (!first || reg == 0) continue;
       double last1 = 0;

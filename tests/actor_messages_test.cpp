@@ -149,6 +149,10 @@ TEST_F(actor_messages, atom_messages_round_trip) {
     EXPECT_TRUE(m.match_elements<tick_atom>());
   }
   {
+    auto m = message_round_trip(sys(), caf::make_message(decide_atom::value));
+    EXPECT_TRUE(m.match_elements<decide_atom>());
+  }
+  {
     auto m = message_round_trip(sys(), caf::make_message(retry_atom::value, uint64_t{9}));
     ASSERT_TRUE((m.match_elements<retry_atom, uint64_t>()));
     EXPECT_EQ(m.get_as<uint64_t>(1), 9u);
@@ -229,6 +233,7 @@ membership_handle::behavior_type any_membership() {
       [](closed_atom, const std::string&) {},
       [](tick_atom) {},
       [](stop_atom) {},
+      [](decide_atom) {},
       [](ckpt_atom, int64_t, const std::vector<int64_t>&) {},
       [](shutdown_atom, const std::string&, bool) { return true; },
   };
