@@ -60,6 +60,13 @@ struct sim_options {
   int io_threads = 1;
   double stats_every_s = 5;
   int zmtp_heartbeat_ms = 1000;  // as a node's bridge (0: off, for experiments)
+  // What-ifs for the storm (defaults: as a node): the reconnect backoff's
+  // cap (0: a dial every 100 ms, as app/node.cpp sets it), the register
+  // retries' cap (0: node_agent's), and ZMQ_IMMEDIATE (no queueing of
+  // registers while the connection is not up).
+  int reconnect_max_ms = 0;
+  int register_cap_ms = 0;
+  bool immediate = false;
 };
 
 enum class phase : uint8_t { registering, member, stopped };
@@ -178,7 +185,10 @@ void simulator::take_liveness(const std::string& config_toml) {
 }
 
 // node_agent's register_backoff_cap: at most 1 s, at most a third of the timeout.
-ms simulator::register_cap() const { return std::min(ms(1000), std::max(timeout_ / 3, ms(1))); }
+ms simulator::register_cap() const {
+  if (o_.register_cap_ms > 0) return ms(o_.register_cap_ms);
+  return std::min(ms(1000), std::max(timeout_ / 3, ms(1)));
+}
 
 pb::envelope simulator::node_envelope(const sim_node& n) const {
   envelope_header h;
@@ -414,7 +424,8 @@ void simulator::open_socket(sim_node& n, size_t index) {
     set_int(ZMQ_HEARTBEAT_TIMEOUT, 5 * o_.zmtp_heartbeat_ms);
   }
   set_int(ZMQ_RECONNECT_IVL, 100);
-  set_int(ZMQ_RECONNECT_IVL_MAX, 0);
+  set_int(ZMQ_RECONNECT_IVL_MAX, o_.reconnect_max_ms);
+  set_int(ZMQ_IMMEDIATE, o_.immediate ? 1 : 0);
   zmq_setsockopt(n.socket, ZMQ_CURVE_SERVERKEY, key_.server_public.data(), key_.server_public.size());
   zmq_setsockopt(n.socket, ZMQ_CURVE_PUBLICKEY, key_.client_public.data(), key_.client_public.size());
   zmq_setsockopt(n.socket, ZMQ_CURVE_SECRETKEY, key_.client_secret.data(), key_.client_secret.size());
@@ -593,7 +604,7 @@ std::vector<std::string> split_commas(const std::string& s) {
 const char* usage =
     "usage: scale_nodes --coordinator tcp://HOST:PORT --key FILE [--nodes K] [--prefix P]\n"
     "                   [--sources 127.0.0.2,127.0.0.3] [--report-every-s S] [--io-threads T] [--stats-every-s S]\n"
-    "                   [--zmtp-heartbeat-ms MS (0: off)]\n";
+    "                   [--zmtp-heartbeat-ms MS (0: off)] [--reconnect-max-ms MS] [--register-cap-ms MS] [--immediate 0|1]\n";
 
 result<sim_options> parse_args(int argc, char** argv) {
   sim_options o;
@@ -611,6 +622,9 @@ result<sim_options> parse_args(int argc, char** argv) {
       else if (a == "--io-threads") o.io_threads = std::stoi(v);
       else if (a == "--stats-every-s") o.stats_every_s = std::stod(v);
       else if (a == "--zmtp-heartbeat-ms") o.zmtp_heartbeat_ms = std::stoi(v);
+      else if (a == "--reconnect-max-ms") o.reconnect_max_ms = std::stoi(v);
+      else if (a == "--register-cap-ms") o.register_cap_ms = std::stoi(v);
+      else if (a == "--immediate") o.immediate = v == "1";
       else return make_error("unknown option " + printable(a));
     } catch (const std::exception&) {
       return make_error("bad value for " + printable(a) + ": " + printable(v));

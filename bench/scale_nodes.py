@@ -153,7 +153,7 @@ class trial:
             sources = ",".join("127.0.0.%d" % (2 + p * self.a.addresses + i) for i in range(self.a.addresses))
             out = os.path.join(self.work, "sim%d.jsonl" % p)
             args = [self.a.sim, "--coordinator", "tcp://127.0.0.1:%d" % self.port, "--key", self.key, "--nodes", str(count),
-                    "--prefix", "s%d" % p, "--sources", sources, "--report-every-s", str(self.a.report_every_s)]
+                    "--prefix", "s%d" % p, "--sources", sources, "--report-every-s", str(self.a.report_every_s)] + self.a.sim_arg
             proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=open(out, "w"),
                                     stderr=open(os.path.join(self.work, "sim%d.err" % p), "w"), start_new_session=True)
             self.sims.append((proc, out, count))
@@ -464,13 +464,14 @@ def main():
     ap.add_argument("--loss-limit-s", type=float, default=30.0)
     ap.add_argument("--replan-wait-s", type=float, default=3.0)
     ap.add_argument("--set", action="append", default=[], help="a coordinator config override (repeatable)")
+    ap.add_argument("--sim-arg", action="append", default=[], help="an argument for every simulator (repeatable; what-ifs)")
     ap.add_argument("--perf", action="store_true", help="profile the coordinator over the steady window (perf record)")
     ap.add_argument("--keep", help="copy each run's directory (logs, journal, simulator lines) under this directory")
     a = ap.parse_args()
     limits = raise_fd_limit()
     result = {"machine_limits": machine_limits(), "fd_limit_in_force": list(limits), "settings": {
         "per_process": a.per_process, "addresses_per_process": a.addresses, "report_every_s": a.report_every_s,
-        "steady_s": a.steady_s, "lose": a.lose, "coordinator_sets": a.set}, "runs": {}}
+        "steady_s": a.steady_s, "lose": a.lose, "coordinator_sets": a.set, "simulator_args": a.sim_arg}, "runs": {}}
     for n in [int(x) for x in a.nodes.split(",") if x]:
         print("scale_nodes: %d nodes ..." % n, file=sys.stderr, flush=True)
         result["runs"][str(n)] = one_n(a, n)
