@@ -149,6 +149,19 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
     }
   }
 
+  // The leader of a pair (opts.orphaned set, saying into `said`; orphaned
+  // 2 s after the last node was heard), a and b trained in generation 1.
+  void start_a_pair_member_with_a_and_b(std::vector<std::string>& said) {
+    auto o = coord_opts(1);
+    o.orphaned = [&said](const std::string& why) { said.push_back(why); };
+    o.orphan_after = 2000ms;
+    start(o);
+    send(joined("a", 1));
+    send(joined("b", 1));
+    keep_alive({"a", "b"}, 300ms);
+    trained();
+  }
+
   pb::generation_plan last_plan(const std::string& peer) { return wire.with(pb::envelope::kGenerationPlan, peer).back().env.generation_plan(); }
 
   void send(const inbound& in) {
@@ -273,15 +286,8 @@ TEST_F(coordinator_actors, many_nodes_are_asked_to_beat_less_often) {
 // silence and then hears from none for orphan_after is cut off from them:
 // it says so once, for its lease to go to the standby they can reach.
 TEST_F(coordinator_actors, a_coordinator_that_lost_every_node_to_silence_is_orphaned_once) {
-  auto o = coord_opts(1);
   std::vector<std::string> said;
-  o.orphaned = [&said](const std::string& why) { said.push_back(why); };
-  o.orphan_after = 2000ms;
-  start(o);
-  send(joined("a", 1));
-  send(joined("b", 1));
-  keep_alive({"a", "b"}, 300ms);
-  trained();
+  start_a_pair_member_with_a_and_b(said);
   const auto cut = now();
   advance(1500ms);  // both lost (silent past the 1 s timeout), not yet orphaned
   ASSERT_TRUE(ms().members.state().nodes.empty());
@@ -297,15 +303,8 @@ TEST_F(coordinator_actors, a_coordinator_that_lost_every_node_to_silence_is_orph
 // Nodes whose processes ended (their connections closed), or that left,
 // are gone, not out of reach: no standby could reach them either.
 TEST_F(coordinator_actors, a_coordinator_whose_nodes_closed_or_left_is_not_orphaned) {
-  auto o = coord_opts(1);
   std::vector<std::string> said;
-  o.orphaned = [&said](const std::string& why) { said.push_back(why); };
-  o.orphan_after = 2000ms;
-  start(o);
-  send(joined("a", 1));
-  send(joined("b", 1));
-  keep_alive({"a", "b"}, 300ms);
-  trained();
+  start_a_pair_member_with_a_and_b(said);
   caf::anon_send(members, closed_atom::value, std::string("peer-a"));
   send(leave_from("b", "SIGTERM"));
   advance(5000ms);
