@@ -325,7 +325,7 @@ HOSTS_NOTES = (
     "FIN or reset reaches anyone), then every process on A's host gets SIGKILL, as a lost machine looks; the lease is a directory "
     "on the shared file system. Cut: A's link is cut and its process left running, healed once B leads with a checkpoint "
     "committed; the lease is in etcd on a fifth host, because a cut leaves the shared file system reachable to A on one machine "
-    "(a directory lease would stay A's: it renews it through the file system), and etcd's lease TTL is whole seconds, at least "
+    "(through a directory lease A would still renew it, and would let it go only once it had lost every node to silence, 2 heartbeat timeouts on: a measure of that rule, not of the lease), and etcd's lease TTL is whole seconds, at least "
     "2 (the coordinator rounds --lease-ttl-ms up), so the cut's takeover waits for a 2 s etcd lease; kill_etcd is the kill "
     "with that etcd lease, to tell the lease's share from the fault's. The old leader's decisions while cut off are the "
     "journal's events other than step lines between the cut and the standby's start (step lines there are reports that "
