@@ -298,12 +298,6 @@ std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const member
   zmq_bridge_options bo;
   bo.job_id = run.job_id;
   bo.key = run.cli.key;
-  // No ZMTP heartbeats of its own on the nodes' link: the nodes' heartbeats
-  // and their connections' closing already tell who is gone, and libzmq
-  // re-arms each connection's heartbeat timer by a search through all of
-  // them, a cost that grows with the square of the nodes. (The nodes keep
-  // theirs; the coordinator's libzmq answers their pings.)
-  bo.zmtp_heartbeat_ivl_ms = 0;
   return std::make_unique<zmq_bridge>(
       bo, [members](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(members, inbound{link, peer, std::move(env)}); },
       [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); },
