@@ -288,6 +288,12 @@ coordinator_options membership_options_of(const coordinator_run& run, int store_
   copts.module_object = run.start.module.object;
   copts.module_digest = run.start.module.digest;
   copts.data_digests = data_file_digests(run.cfg);
+  if (run.lease && run.cli.standby) {
+    // One of a pair: cut off from every node, it lets the lease go to the
+    // standby they can reach (docs/fault_handling.md).
+    copts.orphaned = [lease = run.lease](const std::string& why) { lease->give_up(why); };
+    copts.orphan_after = 2 * copts.liveness.heartbeat_timeout;
+  }
   return copts;
 }
 
@@ -397,12 +403,6 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   copts.header = header;
   copts.log = log;
   copts.events = events;
-  if (run.lease && run.cli.standby) {
-    // One of a pair: cut off from every node, it lets the lease go to the
-    // standby they can reach (docs/fault_handling.md).
-    copts.orphaned = [lease = run.lease](const std::string& why) { lease->give_up(why); };
-    copts.orphan_after = 2 * copts.liveness.heartbeat_timeout;
-  }
 
   job_options jopts = job_options_from(run.settings.train);
   jopts.header = header;
