@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import statistics
 import time
 
 
@@ -27,15 +28,29 @@ def named(ev, name):
     return [e for e in ev if e.get("event") == name]
 
 
-def wait(cond, limit_s, what, poll_s=0.01):
-    """cond()'s first true value, polled every poll_s; RuntimeError after limit_s."""
+def poll(cond, limit_s, poll_s=0.01):
+    """cond()'s first true value, polled every poll_s; None after limit_s."""
     end = time.time() + limit_s
     while time.time() < end:
         v = cond()
         if v:
             return v
         time.sleep(poll_s)
-    raise RuntimeError("timed out after %d s waiting for %s" % (limit_s, what))
+    return None
+
+
+def wait(cond, limit_s, what, poll_s=0.01):
+    """cond()'s first true value, polled every poll_s; RuntimeError after limit_s."""
+    v = poll(cond, limit_s, poll_s)
+    if not v:
+        raise RuntimeError("timed out after %d s waiting for %s" % (limit_s, what))
+    return v
+
+
+def summary(trials, key):
+    """Median, min and max of trials' `key` where it was measured; None when never."""
+    vals = [x[key] for x in trials if x.get(key) is not None]
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
 
 
 def text_of(path):

@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_meta  # noqa: E402
-from bench_jobs import journal, named, text_of  # noqa: E402
+from bench_jobs import journal, named, poll, text_of  # noqa: E402
 from bench_net import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,13 +102,7 @@ def sim_lines(path):
 
 def wait_for(cond, limit_s, poll_s=0.25):
     """cond()'s first true value, or None after limit_s."""
-    end = time.time() + limit_s
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(poll_s)
-    return None
+    return poll(cond, limit_s, poll_s)
 
 
 def rounded(v, digits=3):

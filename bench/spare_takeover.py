@@ -26,7 +26,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
 from bench_net import free_port  # noqa: E402
-from bench_jobs import journal, named, wait  # noqa: E402
+from bench_jobs import journal, named, summary, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
@@ -133,11 +132,6 @@ def one_trial(work, spares):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-
-
-def summary(trials, key):
-    vals = [x[key] for x in trials if x.get(key) is not None]
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
 
 
 def main():

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
 from bench_net import free_port  # noqa: E402
-from bench_jobs import journal, lease_trial, named, wait  # noqa: E402
+from bench_jobs import journal, lease_trial, named, summary, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
@@ -124,11 +123,6 @@ def figures_of(ev, t_stop, lease_t, led, t_heal):
         "generations_started_after_heal": len(started) + len(other),
         "nodes_lost_after_heal": len([n for n in named(ev, "node_lost") + named(ev, "node_left") if n["t"] > t_heal]),
     }
-
-
-def summary(trials, key):
-    vals = [x[key] for x in trials if x.get(key) is not None]
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
 
 
 def summarize(trials):

@@ -64,7 +64,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
-from bench_jobs import journal, lease_trial, named, netns_hosts, wait  # noqa: E402
+from bench_jobs import journal, lease_trial, named, netns_hosts, summary, wait  # noqa: E402
 from bench_net import free_port  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
@@ -247,11 +247,6 @@ def hosts_trial(work, ttl_ms, fault, lease_store):
             t.kill_all()
     out["checkpoint_after_takeover"].update(evaluate(out["checkpoint_after_takeover"].pop("path")))
     return out
-
-
-def summary(trials, key):
-    vals = [x[key] for x in trials if x.get(key) is not None]
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
 
 
 def main():

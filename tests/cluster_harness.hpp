@@ -66,6 +66,16 @@ std::vector<json> journal_events(const std::vector<json>& j) {
   return journal_events_named(j, E::name);
 }
 
+// Polls `pred` every 20 ms for up to `timeout_s`.
+inline bool eventually(const std::function<bool()>& pred, int timeout_s = 90) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
 // Every process below `pid` (its rank processes), from /proc.
 inline std::vector<pid_t> descendants(pid_t pid) {
   std::vector<pid_t> out;

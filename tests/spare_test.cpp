@@ -24,6 +24,7 @@ namespace {
 
 using testing::cluster;
 using testing::descendants;
+using testing::eventually;
 using testing::expect_finished_without_loss;
 using testing::job_sets;
 using testing::journal_events;
@@ -37,16 +38,6 @@ double node_metric(int port, const std::string& name) {
   const std::string scrape = test_support::http_get(port, "/metrics");
   const std::regex re("\n" + name + "(\\{[^}]*\\})? ([-0-9.e+]+)");
   return std::regex_search(scrape, m, re) ? std::stod(m[2]) : -1.0;
-}
-
-// Polls `pred` every 20 ms for up to `timeout_s`.
-bool eventually(const std::function<bool()>& pred, int timeout_s = 90) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
 }
 
 // The node's rank processes (spare = false) or its waiting spares.

@@ -23,21 +23,12 @@ namespace dtactor {
 namespace {
 
 using testing::cluster;
+using testing::eventually;
 using testing::expect_finished_without_loss;
 using testing::job_sets;
 using testing::journal_events;
 using testing::temp_dir;
 using json = nlohmann::json;
-
-// Polls `pred` every 20 ms for up to `timeout_s`.
-bool eventually(const std::function<bool()>& pred, int timeout_s = 90) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
-}
 
 // The coordinator's status page says of node `id`: its ready ranks (-1:
 // not a member) and whether it trains (in the plan).
