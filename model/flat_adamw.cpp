@@ -139,32 +139,46 @@ void flat_adamw::clip_to(double norm, double max_norm) {
 
 index_ranges flat_adamw::norm_ranges() const { return dtactor::norm_ranges(total_elements(), group_bases()); }
 
-torch::Tensor flat_adamw::held_grads(int64_t begin, int64_t end) const {
+flat_adamw::held_span flat_adamw::held_grads(int64_t begin, int64_t end) const {
   for (const auto& g : groups_) {
     if (begin < g.base || end > g.base + g.params.numel()) continue;
-    if (!grads_sharded_) return g.grads.narrow(0, begin - g.base, end - begin);
-    return grad_window(begin, end);
+    if (!grads_sharded_) return {&g.grads, begin - g.base};
+    for (const auto& w : g.windows) {
+      const int64_t lo = begin - g.base - w.begin;
+      if (lo >= 0 && end - g.base <= w.begin + w.exp_avg.numel()) return {&w.grad, lo};
+    }
   }
-  TORCH_CHECK(false, "elements [", begin, ", ", end, ") lie in no one parameter group");
+  TORCH_CHECK(false, "gradients of elements [", begin, ", ", end, ") are not held here");
 }
 
 std::vector<double> flat_adamw::grad_range_squares(const index_ranges& ranges, size_t first, size_t last) {
   gather_grads();
   torch::NoGradGuard no_grad;
   std::vector<double> out(last - first, 0.0);
-  std::vector<torch::Tensor> grads;
+  // Float32 and float64 buffers are read in place through their pointers:
+  // a tensor a range (up to max_norm_chunks of them) cost more than the
+  // sums. Other dtypes go through a double copy of the range (the same
+  // values, so the same bits).
+  std::vector<held_span> spans;
+  std::vector<torch::Tensor> copies(last - first);
   for (size_t i = first; i < last; ++i) {
-    auto t = held_grads(ranges[i].first, ranges[i].second);
-    // Float32 is read in place; other dtypes go through a double copy of
-    // the range (the same values, so the same bits).
-    grads.push_back(t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble ? t.contiguous() : t.to(torch::kDouble).contiguous());
+    auto h = held_grads(ranges[i].first, ranges[i].second);
+    const auto type = h.buffer->scalar_type();
+    if ((type != torch::kFloat && type != torch::kDouble) || !h.buffer->is_contiguous()) {
+      copies[i - first] = h.buffer->narrow(0, h.offset, ranges[i].second - ranges[i].first).to(torch::kDouble).contiguous();
+      h = {&copies[i - first], 0};
+    }
+    spans.push_back(h);
   }
   // One range a task: each range's sum is one serial loop whatever the
   // thread count.
-  at::parallel_for(0, static_cast<int64_t>(grads.size()), 1, [&](int64_t a, int64_t b) {
+  at::parallel_for(0, static_cast<int64_t>(spans.size()), 1, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) {
-      const auto& t = grads[static_cast<size_t>(i)];
-      out[static_cast<size_t>(i)] = t.scalar_type() == torch::kFloat ? sum_squares(t.data_ptr<float>(), t.numel()) : sum_squares(t.data_ptr<double>(), t.numel());
+      const auto& h = spans[static_cast<size_t>(i)];
+      const auto& r = ranges[first + static_cast<size_t>(i)];
+      const int64_t n = r.second - r.first;
+      out[static_cast<size_t>(i)] = h.buffer->scalar_type() == torch::kFloat ? sum_squares(h.buffer->data_ptr<float>() + h.offset, n)
+                                                                              : sum_squares(h.buffer->data_ptr<double>() + h.offset, n);
     }
   });
   return out;

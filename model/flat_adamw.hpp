@@ -152,9 +152,13 @@ class flat_adamw {
   };
   torch::Tensor view(const torch::Tensor& flat, const slot& s) const { return flat.narrow(0, s.offset, s.numel).view(s.param.sizes()); }
   void materialize();   // lazy zero moments become real tensors
-  // The held gradients of [begin, end), within one group (and, sharded,
-  // one held window).
-  torch::Tensor held_grads(int64_t begin, int64_t end) const;
+  // Where the held gradients of [begin, end) start: within one group's
+  // buffer (sharded: one held window's), which is 1-D.
+  struct held_span {
+    const torch::Tensor* buffer;
+    int64_t offset;
+  };
+  held_span held_grads(int64_t begin, int64_t end) const;
   void gather_grads();  // grads that are not views of the buffer are copied into it (sharded: into the windows, then reset)
   torch::Tensor grads_of(const group& g, const window& w) const {
     return grads_sharded_ ? w.grad : g.grads.narrow(0, w.begin, w.exp_avg.numel());
