@@ -110,11 +110,37 @@ void on_register(membership_self self, const inbound& in) {
   if (a.accepted && adopting(st.members.state())) plan_if_due(self, self->clock().now());
 }
 
+// A member of the current plan that still beats with an older generation
+// lost its plan (sent on a connection that had gone stale, whose reconnect
+// dropped what was queued): its slice again, once per resend interval.
+void resend_plan_if_lost(membership_self self, const node_id& id, uint64_t its_generation, const std::string& peer) {
+  auto& st = self->state;
+  const auto& cur = st.members.state().current;
+  if (!st.last_plan || !cur || its_generation >= cur->generation || st.last_plan->common.generation() != cur->generation) return;
+  const auto now = self->clock().now();
+  const auto every = st.opts.liveness.heartbeat_timeout / 4;
+  if (now - st.last_plan->at < every) return;
+  auto it = st.last_plan->resent.find(id);
+  if (it != st.last_plan->resent.end() && now - it->second < every) return;
+  const auto n = std::find_if(cur->nodes.begin(), cur->nodes.end(), [&](const plan_node& x) { return x.node_id == id; });
+  if (n == cur->nodes.end()) return;
+  if (it == st.last_plan->resent.end())
+    log_line(st.opts.log, "node '" + id.str() + "' is still at generation " + std::to_string(its_generation) + " of " + std::to_string(cur->generation) +
+                              ": its plan is sent again");
+  st.last_plan->resent[id] = now;
+  auto mine = st.last_plan->common;
+  add_ranks_of(*mine.mutable_generation_plan(), *n, ranks_per_host(*cur).at(n->advertise_addr));
+  send_to_node(self, peer, std::move(mine));
+  ++st.plans_sent;
+  ++st.plans_resent;
+}
+
 void on_heartbeat(membership_self self, const inbound& in) {
   auto& st = self->state;
   auto id = node_id_of(in);
   auto env = make_envelope(st.opts.header, current_generation(st));
   if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
+    resend_plan_if_lost(self, id, in.env.generation(), in.peer);
     if (in.env.heartbeat().no_ack()) return;  // the node asks for one often enough
     auto* ack = env.mutable_heartbeat_ack();
     ack->set_seq(in.env.heartbeat().seq());
@@ -270,6 +296,7 @@ void broadcast_plan(membership_self self, const plan& p, int64_t start_step) {
     for (const auto& id : p.promoted) started.standby_promoted->push_back(id.str());
   }
   emit(self, std::move(started));
+  st.last_plan = membership_actor_state::sent_plan{env, self->clock().now(), {}};
   // Each node gets its own slice: the plan stays the same size however
   // many nodes there are.
   const auto per_host = ranks_per_host(p);

@@ -96,6 +96,17 @@ struct membership_actor_state {
   // a stop still reaches their ranks, which write its final checkpoint.
   std::map<node_id, caf::actor_clock::time_point> draining;
   caf::actor_clock::time_point last_view{};  // the last members_view emitted
+  // The last plan this coordinator sent (without any node's slice), and
+  // when: a member whose heartbeats still say an older generation a while
+  // later (its copy was lost on a connection that had gone stale) gets its
+  // slice again, at most once per resend interval.
+  struct sent_plan {
+    pb::envelope common;
+    clock_time at{};
+    std::map<node_id, clock_time> resent;
+  };
+  std::optional<sent_plan> last_plan;
+  uint64_t plans_resent = 0;
   pause_tracker pauses;                      // this actor's own stalls, credited to every node's silence
   static inline const char* name = "dtactor.membership";
 };
@@ -103,7 +114,9 @@ struct membership_actor_state {
 // Handles, from links::nodes: register_node (-> register_ack; its
 // ready_ranks, last_generation and current_plan feed readiness and adoption),
 // heartbeat (-> heartbeat_ack, or a refused register_ack telling a non-member
-// to register again), leave. rank_status from a node marks its local rank
+// to register again; a member of the current plan whose beats still carry
+// an older generation a quarter of the heartbeat timeout after the plan went
+// out gets its slice again), leave. rank_status from a node marks its local rank
 // ready (STATE_IDLE, STATE_READY) or not (STATE_EXITED), and STATE_FAILED of
 // a rank of the current generation starts suspicion. Forwards step_report,
 // rank_status, eval_report, checkpoint_written and job_error to `job`. On every

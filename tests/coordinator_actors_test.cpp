@@ -164,8 +164,23 @@ class coordinator_actors : public ::testing::Test, public caf_fixture {
 
   pb::generation_plan last_plan(const std::string& peer) { return wire.with(pb::envelope::kGenerationPlan, peer).back().env.generation_plan(); }
 
+  // Nodes here got every plan sent to them: a heartbeat built without a
+  // generation from a node of the current plan carries that plan's (as a
+  // node's does), unless a test turns that off to play a node that lost
+  // its plan.
+  bool beats_follow_plans = true;
+
   void send(const inbound& in) {
-    caf::anon_send(members, in);
+    const auto& cur = ms().members.state().current;
+    const node_id from{in.env.has_heartbeat() && in.peer.rfind("peer-", 0) == 0 ? in.peer.substr(5) : std::string()};
+    if (beats_follow_plans && cur && !from.empty() && in.env.generation() == 0 &&
+        std::any_of(cur->nodes.begin(), cur->nodes.end(), [&](const plan_node& n) { return n.node_id == from; })) {
+      auto stamped = in;
+      stamped.env.set_generation(cur->generation);
+      caf::anon_send(members, stamped);
+    } else {
+      caf::anon_send(members, in);
+    }
     run();
   }
 
@@ -248,6 +263,44 @@ TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_pl
   EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan), 2u);
   EXPECT_EQ(wire.count(pb::envelope::kHeartbeatAck, "peer-a"), 20u);
   EXPECT_EQ(wire.with(pb::envelope::kHeartbeatAck, "peer-b").back().env.heartbeat_ack().seq(), 19u);
+}
+
+// A member whose plan was lost (its beats still say generation 0) gets its
+// own slice again a quarter of the timeout after the plan went out, then at
+// most every quarter timeout, until its beats say the plan's generation.
+TEST_F(coordinator_actors, a_member_whose_beats_say_an_older_generation_gets_its_plan_again) {
+  std::vector<std::string> lines;
+  auto o = coord_opts(2);
+  o.log = [&lines](const std::string& l) { lines.push_back(l); };
+  start(o);
+  beats_follow_plans = false;
+  send(joined("a", 1));
+  send(joined("b", 1));
+  advance(100ms);
+  ASSERT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-b"), 1u);
+  const auto first = last_plan("peer-b");
+  for (uint64_t i = 0; i < 10; ++i) {  // 1 s: a has its plan, b does not
+    auto a = heartbeat_from("a", i);
+    a.env.set_generation(1);
+    send(a);
+    send(heartbeat_from("b", i));
+    advance(100ms);
+  }
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-a"), 1u);
+  const auto again = wire.with(pb::envelope::kGenerationPlan, "peer-b");
+  ASSERT_EQ(again.size(), 4u);  // at 300, 600 and 900 ms after the plan (beats every 100 ms, 250 ms apart at least)
+  EXPECT_EQ(again.back().env.generation_plan().SerializeAsString(), first.SerializeAsString());
+  EXPECT_EQ(ms().plans_resent, 3u);
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l.find("its plan is sent again") != std::string::npos; }), 1);
+  for (uint64_t i = 10; i < 20; ++i) {  // b got it
+    for (const std::string id : {"a", "b"}) {
+      auto hb = heartbeat_from(id, i);
+      hb.env.set_generation(1);
+      send(hb);
+    }
+    advance(100ms);
+  }
+  EXPECT_EQ(wire.count(pb::envelope::kGenerationPlan, "peer-b"), 4u);
 }
 
 // A beat that asks for no answer keeps its node in and gets none; one that
