@@ -65,13 +65,18 @@ void checkpoint_saver::prepare(training_state& state, const std::optional<shard_
   if (o_.keep_buffer && o_.modes.direct == direct_checkpoint::off) writer_->prepare(bytes);
 }
 
+// The ranks of this host, each with its own writer.
+int checkpoint_saver::host_ranks(const generation_run& g) const {
+  return std::max<int>({1, static_cast<int>(g.exchange.host_members.size()), o_.local_world});
+}
+
 // checkpoint.direct: true, false, or (auto) straight from the state when
 // this host has no room for a part buffer per rank (part_buffer_fits); a
 // buffer this rank already holds is used.
 bool checkpoint_saver::direct(const generation_run& g, uint64_t bytes, int64_t step) {
   if (o_.modes.direct != direct_checkpoint::automatic) return o_.modes.direct == direct_checkpoint::on;
   if (writer_->buffer_bytes() >= bytes) return false;
-  const int ranks = std::max<int>({1, static_cast<int>(g.exchange.host_members.size()), o_.local_world});
+  const int ranks = host_ranks(g);
   const memory_room room = read_memory_room();
   const bool direct = !part_buffer_fits(bytes, ranks, room);
   if (wrote_direct_ != direct) {
@@ -79,8 +84,9 @@ bool checkpoint_saver::direct(const generation_run& g, uint64_t bytes, int64_t s
     if (direct)
       std::fprintf(
           stderr,
-          "rank %d: checkpoint at step %lld written straight from the state during the next step (checkpoint.direct = auto): no room for "
-          "%d part buffers of %.2f GB beside the steps (%.2f GB available on this host, this rank's step takes %.2f GB more than it holds)\n",
+          "rank %d: checkpoint at step %lld written straight from the state during the next step (checkpoint.direct = auto; what is not "
+          "written by the update is copied aside where it fits): no room for %d part buffers of %.2f GB beside the steps (%.2f GB available on "
+          "this host, this rank's step takes %.2f GB more than it holds)\n",
           g.rank, static_cast<long long>(step), ranks, gb(static_cast<double>(bytes)), gb(static_cast<double>(room.available)),
           gb(static_cast<double>(room.step_headroom)));
     else if (wrote_direct_)
@@ -110,12 +116,17 @@ void checkpoint_saver::write(training_state& state, const std::optional<shard_pl
     meta.set_world_size(g.world);
     j.meta = meta.SerializeAsString();
   }
-  const bool direct = this->direct(g, bytes_of(j.ranges), j.step);
+  const uint64_t bytes = bytes_of(j.ranges);
+  const bool direct = this->direct(g, bytes, j.step);
   wrote_direct_ = direct;
   // Direct: the write reads the parameters and moments while the next step
   // computes its gradients; its update (or whatever else changes them
-  // first) waits for the write.
-  if (direct) state.set_before_update([w = writer_.get()] { w->fence(); });
+  // first) waits until what is not written yet fits in the memory the host
+  // can still give each of its ranks, copies that aside and goes on.
+  if (direct) {
+    writer_->set_aside_bytes(room_for_buffer(bytes, host_ranks(g), read_memory_room()));
+    state.set_before_update([w = writer_.get()] { w->fence(); });
+  }
   writer_->submit(layout, std::move(j), direct);
 }
 

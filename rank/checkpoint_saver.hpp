@@ -54,6 +54,7 @@ class checkpoint_saver {
  private:
   void ensure_writer();
   bool direct(const generation_run& g, uint64_t bytes, int64_t step);
+  int host_ranks(const generation_run& g) const;
 
   checkpoint_saver_options o_;
   std::unique_ptr<part_writer> writer_;  // made at the first checkpoint

@@ -79,6 +79,13 @@ bool part_buffer_fits(uint64_t bytes, int ranks, const memory_room& room) {
   return static_cast<double>(room.available) - need >= margin;
 }
 
+uint64_t room_for_buffer(uint64_t bytes, int ranks, const memory_room& room) {
+  if (room.available < 0) return bytes;
+  const double margin = std::max(512.0 * (1 << 20), 0.05 * static_cast<double>(room.total));
+  const double per = (static_cast<double>(room.available) - margin) / std::max(1, ranks) - static_cast<double>(room.step_headroom);
+  return per <= 0 ? 0 : std::min<uint64_t>(bytes, static_cast<uint64_t>(per));
+}
+
 part_writer::part_writer(done_fn done, bool keep_buffer) : done_(std::move(done)), keep_buffer_(keep_buffer) {
   thread_ = std::thread([this] { run(); });
 }
@@ -201,22 +208,80 @@ double part_writer::fence() {
   if (!busy_ && !pending_) return 0;
   const auto t0 = clock_type::now();
   fenced_since_ = t0;
-  cv_.wait(lock, [&] { return !busy_ && !pending_; });
+  cv_.wait(lock, [&] { return (!busy_ && !pending_) || (!pending_ && set_aside_rest()); });
   fenced_since_.reset();
-  return since(t0);
+  const double waited = since(t0);
+  if (progress_) progress_->fence_s += waited;  // set aside: the write reports it as its stall
+  return waited;
+}
+
+void part_writer::wait_idle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_ && !pending_; });
+}
+
+void part_writer::set_aside_bytes(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  set_aside_bytes_ = bytes;
+}
+
+uint64_t part_writer::last_set_aside() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_set_aside_;
+}
+
+bool part_writer::set_aside_rest() {
+  if (!progress_) return false;
+  auto& pr = *progress_;
+  if (pr.rest) return true;
+  if (set_aside_bytes_ == 0 || pr.total - pr.read > set_aside_bytes_) return false;
+  pr.rest.reset(new char[std::max<uint64_t>(1, pr.total - pr.read)]);
+  uint64_t base = 0;  // each range's first byte in the ranges' order
+  for (const auto& [a, b] : pr.ranges) {
+    const uint64_t lo = std::max(pr.read, base), hi = base + (b - a);
+    if (lo < hi) copy_range(*pr.layout, a + (lo - base), a + (hi - base), pr.rest.get() + (lo - pr.read));
+    base = hi;
+  }
+  pr.rest_from = pr.read;
+  return true;
+}
+
+void part_writer::read_direct(const state_layout& layout, uint64_t stream_at, uint64_t pos, uint64_t n, char* dst) {
+  if (piece_hook_) piece_hook_(pos);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& pr = *progress_;
+    if (pr.rest && pos >= pr.rest_from)
+      std::memcpy(dst, pr.rest.get() + (pos - pr.rest_from), n);
+    else
+      copy_range(layout, stream_at, stream_at + n, dst);  // under the lock: fence() never sets aside mid-piece
+    pr.read = pos + n;
+  }
+  cv_.notify_all();
 }
 
 void part_writer::run() {
   while (auto p = next_write()) {
     const auto t0 = clock_type::now();
+    if (p->direct && p->error.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      progress_.emplace();
+      progress_->layout = p->direct;
+      progress_->ranges = p->j.ranges;
+      for (const auto& [a, b] : p->j.ranges) progress_->total += b - a;
+    }
     pb::checkpoint_written w = store_parts(*p);
     w.set_write_s(since(t0));
     w.set_direct(p->direct != nullptr);
     if (p->direct) {
-      // Direct: the stall is submit's and, if the training thread is
-      // waiting in fence() for this write, that wait so far (it ends now).
+      // Direct: the stall is submit's, what a fence that set the rest aside
+      // took, and, if the training thread is waiting in fence() for this
+      // write, that wait so far (it ends now).
       std::lock_guard<std::mutex> lock(mu_);
-      w.set_stall_s(p->stall_s + (fenced_since_ ? since(*fenced_since_) : 0.0));
+      const double fenced = progress_ ? progress_->fence_s : 0.0;
+      last_set_aside_ = progress_ && progress_->rest ? progress_->total - progress_->rest_from : 0;
+      progress_.reset();
+      w.set_stall_s(p->stall_s + fenced + (fenced_since_ ? since(*fenced_since_) : 0.0));
     }
     const bool was_direct = p->direct != nullptr;
     p->direct.reset();  // the layout's clones go before the write is reported
@@ -287,11 +352,11 @@ pb::checkpoint_written part_writer::store_parts(const pending& p) {
     const auto [a, b] = p.j.ranges[k];
     const std::string name = part_name(p.j.step, p.j.generation, p.j.rank, p.j.world, static_cast<int>(k));
     const state_layout* layout = p.direct.get();
-    auto part = layout
-                    ? write_part(
-                          *store, name, a, b - a, [layout, a = a](uint64_t x, uint64_t n, char* dst) { copy_range(*layout, a + x, a + x + n, dst); },
-                          buf_.get(), capacity_)
-                    : write_part(*store, name, a, buf_.get() + at, b - a);
+    // Direct: a piece at a time (at most direct_piece_bytes, so that a
+    // fence can set the rest aside soon), from the state or its copy.
+    auto fill = [this, layout, a = a, at](uint64_t x, uint64_t n, char* dst) { read_direct(*layout, a + x, at + x, n, dst); };
+    auto part = layout ? write_part(*store, name, a, b - a, fill, buf_.get(), std::min(capacity_, direct_piece_bytes))
+                       : write_part(*store, name, a, buf_.get() + at, b - a);
     if (!part) {
       // The parts stored so far are orphans the next sweep takes.
       w.clear_parts();

@@ -24,6 +24,12 @@
 // stall a checkpoint reports is submit()'s time plus that wait: the part of
 // the write that the next forward and backward did not cover. 12 bytes a
 // parameter / world less memory at every checkpoint.
+//
+// The middle way (set_aside_bytes > 0): fence() does not wait for the whole
+// write. Once what the writer has not read yet fits in set_aside_bytes, the
+// training thread copies it into a buffer of its own and goes on; the
+// writer reads the rest from there. The stall is then the wait until it
+// fits plus that copy; the buffer is freed when the write ends.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -57,6 +63,10 @@ memory_room read_memory_room();
 // fit, each rank's step headroom with them, leaving the larger of 512 MiB
 // and 5% of the total. Unknown memory: true (the buffered default).
 bool part_buffer_fits(uint64_t bytes, int ranks, const memory_room& room);
+// The largest buffer, at most `bytes`, that each of `ranks` ranks can take
+// by the same rule (0 when none fits; `bytes` when the memory is unknown):
+// what a direct write may set aside at its fence.
+uint64_t room_for_buffer(uint64_t bytes, int ranks, const memory_room& room);
 
 class part_writer {
  public:
@@ -91,13 +101,23 @@ class part_writer {
   // cloned here. Ranges that are not ascending, disjoint and inside the
   // stream are copied nowhere and reported as the write's error.
   double submit(const state_layout& layout, job j, bool direct = false);
-  // Waits until no write is in flight and returns the seconds waited. The
-  // training thread calls it before it changes the parameters or optimizer
-  // moments (direct: the write reads them); the wait counts in the stall the
-  // checkpoint reports.
+  // Waits until no write reads the state any more and returns the seconds
+  // waited. The training thread calls it before it changes the parameters
+  // or optimizer moments (direct: the write reads them); the wait counts in
+  // the stall the checkpoint reports. A direct write with set_aside_bytes
+  // (see above) goes on after it returns, from its own copy of the rest.
   double fence();
-  // The same (finishing every write).
-  void wait_idle() { fence(); }
+  // Waits until no write is in flight at all.
+  void wait_idle();
+  // Direct writes from now on: the most fence() copies aside instead of
+  // waiting for it to be written (0: it waits for the whole write).
+  void set_aside_bytes(uint64_t bytes);
+  // Bytes the last direct write had set aside (0: fence waited, or it was
+  // not fenced before it ended).
+  uint64_t last_set_aside();
+  // Tests: called on the writer thread before each piece it reads of a
+  // direct write, with the bytes read so far.
+  void on_piece_for_test(std::function<void(uint64_t read)> f) { piece_hook_ = std::move(f); }
   // Has the writer thread allocate (and touch) a buffer of `bytes` now, in
   // the background, so that the first checkpoint's stall is a copy, not
   // page faults. Never blocks.
@@ -127,6 +147,26 @@ class part_writer {
   // Stores p's ranges as parts (opening the store once per location): the
   // report, with the parts or the error (no parts then).
   pb::checkpoint_written store_parts(const pending& p);
+  // A direct write's piece: stream bytes [stream_at, +n), the bytes from
+  // `pos` on in the order of its ranges, from the state or, once set
+  // aside, from the copy.
+  void read_direct(const state_layout& layout, uint64_t stream_at, uint64_t pos, uint64_t n, char* dst);
+  // fence(), with mu_ held: whether the direct write in flight reads the
+  // state no more (its rest set aside, or now copied aside because it fits).
+  bool set_aside_rest();
+  // What a direct write in flight has read of its ranges (in order, `read`
+  // bytes so far), and the rest once fence() copied it aside.
+  struct direct_progress {
+    std::shared_ptr<const state_layout> layout;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    uint64_t total = 0, read = 0;
+    std::unique_ptr<char[]> rest;  // [rest_from, total) of the ranges' bytes
+    uint64_t rest_from = 0;
+    double fence_s = 0;  // what fence() took when it set the rest aside
+  };
+  std::optional<direct_progress> progress_;  // under mu_
+  uint64_t set_aside_bytes_ = 0, last_set_aside_ = 0;
+  std::function<void(uint64_t)> piece_hook_;
   done_fn done_;
   bool keep_buffer_ = true;
   std::mutex mu_;
