@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -74,11 +75,11 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> make_process_group(const c10::int
                                                                   const communicator_options& o) {
   const comm_backend chosen = resolve_backend(o);
   const std::string backend(to_string(chosen));
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(o.generation), store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(o.name.empty() ? "g" + std::to_string(o.generation) : o.name, store);
   try {
     if (chosen == comm_backend::gloo) {
       auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.hostname));
+      for (int i = 0; i < std::max(1, o.streams); ++i) opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.hostname));
       return c10::intrusive_ptr<c10d::ProcessGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, opts));
     }
     if (chosen == comm_backend::nccl) {

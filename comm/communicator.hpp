@@ -22,6 +22,11 @@ struct communicator_options {
   std::chrono::milliseconds timeout{30000};  // each collective's own limit
   std::string hostname = "127.0.0.1";      // interface Gloo binds to (the node's advertised address)
   uint64_t generation = 0;                 // store prefix: "g<generation>/"
+  std::string name;                        // store prefix instead, when not empty (another group of the same generation)
+  // Gloo: connections to each peer (one device each). Collectives in
+  // flight together take turns over them, so a bulk transfer issued a
+  // piece at a time with `streams` in flight uses as many TCP streams.
+  int streams = 1;
 };
 
 // True when this binary can use NCCL.

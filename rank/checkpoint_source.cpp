@@ -6,6 +6,7 @@
 #include "job/job_config.hpp"
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
+#include "rank/group_builder.hpp"
 #include "rank/state_io.hpp"
 #include "rank/state_source.hpp"
 #include "rank/sync_strategy.hpp"
@@ -135,7 +136,9 @@ generation_end checkpoint_source::fallback(start_context& c, const shard_plan& p
   g.source = ev::state_source::disk;
   if (g.pg) {
     int64_t from_disk = have_checkpoint ? 1 : 0;
-    auto sent = broadcast_state(*g.pg, 0, c.state, g.timeout, g.abandon_now, from_disk);
+    auto pg = transfer_group(g, c.rs);
+    if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
+    auto sent = broadcast_state(*pg.value(), 0, c.state, g.timeout, g.abandon_now, from_disk, state_transfer_streams);
     if (!sent) return g.failed(sent.message(), c.state.step());
     g.root = 0;
     have_checkpoint = from_disk != 0;

@@ -26,6 +26,8 @@
 
 namespace dtactor {
 
+struct group_request;
+
 class training_state;
 class sample_log;
 class checkpoint_saver;
@@ -103,6 +105,7 @@ struct generation_run {
   abandon_fn abandon_now;  // quit, or a newer plan without drain
   std::function<bool()> quitting, newer_plan_waiting;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
+  std::shared_ptr<const group_request> group;  // how pg was built (rank/group_builder): side groups are built alike
   exchange_plan exchange;                     // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
   std::string backend;
   ev::state_source source = ev::state_source::local;  // where the starting state came from

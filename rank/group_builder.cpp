@@ -15,9 +15,8 @@
 
 namespace dtactor {
 
-namespace {
-
-// What the helper thread needs, copied: it may outlive the generation.
+// What the helper thread needs, copied: it may outlive the generation (the
+// generation keeps a copy, for the side groups it builds).
 struct group_request {
   communicator_options co;
   std::string host;
@@ -30,6 +29,8 @@ struct group_request {
   // the largest bucket's, and the ring's.
   int64_t shm_floats = 0, largest_floats = 0, ring_floats = 0;
 };
+
+namespace {
 
 struct build {
   std::mutex mu;
@@ -84,6 +85,18 @@ void make_group(const group_request& q, build& b) {
   b.cv.notify_all();
 }
 
+// Waits for the helper thread's build: nothing once it is done, else the
+// outcome (quit, a newer plan) that abandons it.
+generation_end wait_for_build(generation_run& g, build& b) {
+  std::unique_lock<std::mutex> lock(b.mu);
+  while (!b.done) {
+    if (g.quitting()) return generation_outcome::quit;
+    if (g.newer_plan_waiting()) return generation_outcome::next_plan;
+    b.cv.wait_for(lock, std::chrono::milliseconds(5));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 generation_end build_group(generation_run& g, rank_state& rs, const group_endpoint& at) {
@@ -105,19 +118,33 @@ generation_end build_group(generation_run& g, rank_state& rs, const group_endpoi
   q.want_shm = s.cluster.shm_allreduce && backend == comm_backend::gloo;
   auto b = std::make_shared<build>();
   std::thread([b, q] { make_group(q, *b); }).detach();
-  std::unique_lock<std::mutex> lock(b->mu);
-  while (!b->done) {
-    if (g.quitting()) return generation_outcome::quit;
-    if (g.newer_plan_waiting()) return generation_outcome::next_plan;
-    b->cv.wait_for(lock, std::chrono::milliseconds(5));
-  }
+  if (auto end = wait_for_build(g, *b)) return end;
   if (!b->r->ok()) return g.failed(b->r->message(), rs.state->step());
   g.pg = b->r->value();
+  g.group = std::make_shared<const group_request>(q);
   rs.parked.push_back(g.pg);  // outlives this generation (see rank_state::parked)
   g.exchange = b->exchange;
   if (g.exchange.hosts) rs.parked.push_back(g.exchange.hosts);
   g.group_s = now_s() - g.offered_at;
   return std::nullopt;
+}
+
+result<c10::intrusive_ptr<c10d::ProcessGroup>> build_side_group(generation_run& g, rank_state& rs, const std::string& name, int streams) {
+  if (!g.group) return make_error("no group of this generation to build beside");
+  group_request q = *g.group;
+  q.co.name = "g" + std::to_string(g.gen) + "/" + name;
+  q.co.streams = streams;
+  q.want_shm = false;
+  auto b = std::make_shared<build>();
+  std::thread([b, q] { make_group(q, *b); }).detach();
+  if (wait_for_build(g, *b)) return make_error("the " + name + " group was abandoned: a newer generation replaces this one");
+  if (b->r->ok()) rs.parked.push_back(b->r->value());  // as the generation's own group
+  return *b->r;
+}
+
+result<c10::intrusive_ptr<c10d::ProcessGroup>> transfer_group(generation_run& g, rank_state& rs) {
+  if (!g.group || resolve_backend(g.group->co) != comm_backend::gloo) return g.pg;
+  return build_side_group(g, rs, "state", state_transfer_streams);
 }
 
 }  // namespace dtactor

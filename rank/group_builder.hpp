@@ -6,6 +6,9 @@
 #include <memory>
 #include <string>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "dtactor/result.hpp"
 #include "rank/outcome.hpp"
 
 namespace dtactor {
@@ -24,5 +27,19 @@ struct group_endpoint {
 // Nothing once g.pg (and g.exchange, g.backend) is built, the groups parked
 // in rs; else the outcome that ends the generation.
 generation_end build_group(generation_run& g, rank_state& rs, const group_endpoint& at);
+
+// Another group of the generation's members, with `streams` connections to
+// each peer, under its own `name` in the store (every member must build it):
+// what a bulk transfer uses beside the generation's group. Parked in rs as
+// that one is. Blocks until built, a newer plan or quit (an error then).
+result<c10::intrusive_ptr<c10d::ProcessGroup>> build_side_group(generation_run& g, rank_state& rs, const std::string& name, int streams);
+
+// The group a state transfer of this generation goes over, built by every
+// member when the transfer begins: over Gloo a side group of
+// state_transfer_streams connections to each peer (one TCP stream is
+// bounded by one socket's copy loop; bench/bench_state_path.py measures
+// the rate), else the generation's own group.
+inline constexpr int state_transfer_streams = 2;
+result<c10::intrusive_ptr<c10d::ProcessGroup>> transfer_group(generation_run& g, rank_state& rs);
 
 }  // namespace dtactor

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -334,20 +335,39 @@ result<bool> load_worker_section(training_state& state, checkpoint_store& store,
   return true;
 }
 
+namespace {
+
+// The replicated entries of `layout` as byte chunks of at most
+// `chunk_bytes`: runs of entries adjacent in memory travel as one range.
+std::vector<std::pair<char*, int64_t>> transfer_chunks(const state_layout& layout, uint64_t chunk_bytes) {
+  std::vector<state_layout::entry> entries;
+  for (const auto& e : layout.entries)
+    if (!e.sharded) entries.push_back(e);
+  std::vector<std::pair<char*, int64_t>> out;
+  for (size_t i = 0; i < entries.size();) {
+    char* base = bytes_of(entries[i].t);
+    uint64_t run = entries[i].size;
+    size_t j = i + 1;
+    while (j < entries.size() && bytes_of(entries[j].t) == base + run) run += entries[j++].size;
+    for (uint64_t at = 0; at < run; at += chunk_bytes) out.emplace_back(base + at, static_cast<int64_t>(std::min<uint64_t>(chunk_bytes, run - at)));
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace
+
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
-                                       const std::function<bool()>& abandon, int64_t& tag, uint64_t chunk_bytes) {
+                                       const std::function<bool()>& abandon, int64_t& tag, int in_flight, uint64_t chunk_bytes) {
   const auto t0 = std::chrono::steady_clock::now();
   auto deadline = [&] { return std::chrono::steady_clock::now() + timeout; };
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
   const bool receiving = pg.getRank() != root;
   const state_layout layout = layout_of(state);
+  const uint64_t bytes = layout.replicated_bytes();
   // Root's step and stream length first: a receiver whose layout differs
   // fails here, before anything lands.
-  std::vector<state_layout::entry> entries;
-  for (const auto& e : layout.entries)
-    if (!e.sharded) entries.push_back(e);
-  const uint64_t bytes = layout.replicated_bytes();
   std::vector<torch::Tensor> head{torch::tensor({state.step(), static_cast<int64_t>(bytes), tag}, torch::kInt64)};
   if (auto st = wait_work(pg.broadcast(head, bo), deadline(), abandon, "state transfer (header)"); !st) return st.err();
   const int64_t step = head[0][0].item<int64_t>();
@@ -357,24 +377,29 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
                       " bytes of state, this rank " + std::to_string(bytes) + " (another model?)");
   torch::NoGradGuard no_grad;
   transfer_stats stats;
-  // Runs of entries adjacent in memory travel as one byte range.
-  size_t i = 0;
-  while (i < entries.size()) {
-    char* base = bytes_of(entries[i].t);
-    uint64_t run = entries[i].size;
-    size_t j = i + 1;
-    while (j < entries.size() && bytes_of(entries[j].t) == base + run) run += entries[j++].size;
-    for (uint64_t at = 0; at < run; at += chunk_bytes) {
-      const int64_t n = static_cast<int64_t>(std::min<uint64_t>(chunk_bytes, run - at));
-      std::vector<torch::Tensor> t{torch::from_blob(base + at, {n}, torch::kUInt8)};
-      if (auto st = wait_work(pg.broadcast(t, bo), deadline(), abandon, "state transfer"); !st) {
-        if (receiving) (void)state.reset_state();
-        return st.err();
-      }
-      stats.bytes += static_cast<uint64_t>(n);
+  // Chunks in flight, oldest first: each waited for before the next past
+  // `in_flight` is issued.
+  std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> flying;
+  auto land_oldest = [&]() -> status {
+    auto st = wait_work(flying.front().first, deadline(), abandon, "state transfer");
+    if (st) stats.bytes += static_cast<uint64_t>(flying.front().second[0].numel());
+    flying.pop_front();
+    return st;
+  };
+  for (const auto& [base, n] : transfer_chunks(layout, chunk_bytes)) {
+    std::vector<torch::Tensor> t{torch::from_blob(base, {n}, torch::kUInt8)};
+    flying.emplace_back(pg.broadcast(t, bo), t);
+    if (static_cast<int>(flying.size()) < std::max(1, in_flight)) continue;
+    if (auto st = land_oldest(); !st) {
+      if (receiving) (void)state.reset_state();
+      return st.err();
     }
-    i = j;
   }
+  while (!flying.empty())
+    if (auto st = land_oldest(); !st) {
+      if (receiving) (void)state.reset_state();
+      return st.err();
+    }
   if (receiving) state.state_loaded(step);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;

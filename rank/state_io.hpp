@@ -132,8 +132,10 @@ struct transfer_stats {
   double seconds = 0;
 };
 // `tag` travels with the header: root's value reaches every rank (the
-// rank worker says whether root's state came from disk).
+// rank worker says whether root's state came from disk). Up to `in_flight`
+// chunks are on their way at once (a group of as many streams carries
+// them side by side: rank/group_builder's build_side_group).
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
-                                       const std::function<bool()>& abandon, int64_t& tag, uint64_t chunk_bytes = 64ull << 20);
+                                       const std::function<bool()>& abandon, int64_t& tag, int in_flight = 1, uint64_t chunk_bytes = 64ull << 20);
 
 }  // namespace dtactor

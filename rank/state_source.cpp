@@ -5,6 +5,7 @@
 #include "comm/communicator.hpp"
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
+#include "rank/group_builder.hpp"
 #include "rank/state_io.hpp"
 #include "rank/sync_strategy.hpp"
 #include "rank/zero.hpp"
@@ -30,7 +31,9 @@ class peer_state final : public state_source {
     c.own_window = holds_agreed;
     auto after_transfer = c.rs.sync->keep_through_transfer(c.rs, holds_agreed);
     int64_t from_disk = g.source == ev::state_source::disk ? 1 : 0;
-    auto sent = broadcast_state(*g.pg, g.root, c.state, g.timeout, g.abandon_now, from_disk);
+    auto pg = transfer_group(g, c.rs);
+    if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
+    auto sent = broadcast_state(*pg.value(), g.root, c.state, g.timeout, g.abandon_now, from_disk, state_transfer_streams);
     if (!sent) return g.failed(sent.message(), c.state.step());
     after_transfer();
     if (g.rank != g.root) {
