@@ -1,6 +1,7 @@
 // `dtactor local`: a coordinator and N node processes on this machine, over
 // loopback, on free ports. Its exit code is the coordinator's (1 when
-// every node process ended first and the job was stopped for it).
+// every node process ended before the coordinator decided the job's end,
+// and the job was stopped for it).
 #include <signal.h>
 #include <unistd.h>
 
@@ -32,7 +33,6 @@ int local_fail(const std::string& msg, int code) {
 struct local_node {
   std::string id;
   child_process proc;
-  bool killed = false;  // by --chaos, on purpose
 };
 
 // The coordinator's command line. Without --metrics-port, it serves its
@@ -79,10 +79,7 @@ std::unique_ptr<chaos_monkey> make_monkey(const cluster_cli& cli, std::vector<lo
   };
   h.kill = [&nodes](const std::string& id) {
     for (auto& n : nodes)
-      if (n.id == id) {
-        n.killed = true;
-        n.proc.signal(SIGKILL);
-      }
+      if (n.id == id) n.proc.signal(SIGKILL);
   };
   h.start = std::move(start);
   h.say = [](const std::string& line) { std::fprintf(stderr, "%schaos: %s\n", ::isatty(2) ? "\r\033[K" : "", line.c_str()); };
@@ -91,11 +88,18 @@ std::unique_ptr<chaos_monkey> make_monkey(const cluster_cli& cli, std::vector<lo
   return std::make_unique<chaos_monkey>(o, std::move(h));
 }
 
-// Every node process ended, one of them in failure (those --chaos killed
-// do not count: they were replaced).
-bool nodes_all_failed(std::vector<local_node>& nodes) {
-  return std::all_of(nodes.begin(), nodes.end(), [](local_node& n) { return n.proc.poll().has_value(); }) &&
-         std::any_of(nodes.begin(), nodes.end(), [](local_node& n) { return !n.killed && (n.proc.poll()->signaled || n.proc.poll()->exit_code != 0); });
+// Every node process has ended (those that did are reaped).
+bool nodes_all_ended(std::vector<local_node>& nodes) {
+  return std::all_of(nodes.begin(), nodes.end(), [](local_node& n) { return n.proc.poll().has_value(); });
+}
+
+// Whether a journal line is the coordinator deciding the job's end. It
+// journals it before it tells the nodes to shut down: job_stopping before
+// the stop's shutdown, job_finished / job_stopped / job_failed before the
+// end's.
+bool decides_the_end(const ev::journal_event& e) {
+  return std::holds_alternative<ev::job_stopping>(e) || std::holds_alternative<ev::job_finished>(e) ||
+         std::holds_alternative<ev::job_stopped>(e) || std::holds_alternative<ev::job_failed>(e);
 }
 
 // The node processes of a local run: the first --nodes and the
@@ -156,33 +160,60 @@ class local_nodes {
   std::vector<local_node> nodes_;
 };
 
-// --chaos: the monkey over `nodes`, fed from the journal's new lines (an
-// earlier session's lines are not this run's).
-struct local_chaos {
-  std::unique_ptr<chaos_monkey> monkey;
-  std::optional<journal_tail> tail;
+// This session's journal, as `local` follows it: opened at its end before
+// the coordinator starts (an earlier session's lines are not this run's),
+// each new line to --chaos's monkey, and whether the coordinator has decided
+// the job's end.
+class local_journal {
+ public:
+  explicit local_journal(const std::string& run_dir) : tail_(run_dir + "/journal.jsonl") { tail_.read_new(); }
+
+  // --chaos: the monkey over `nodes`, fed from here on.
+  void start_chaos(const cluster_cli& cli, local_nodes& nodes) {
+    if (cli.chaos) monkey_ = make_monkey(cli, nodes.all(), [&nodes] { return nodes.start_replacement(); });
+  }
+  chaos_monkey* monkey() { return monkey_.get(); }
+
+  // Reads the lines the coordinator appended since the last call.
+  void follow() {
+    for (auto& line : tail_.read_new()) {
+      end_decided_ = end_decided_ || decides_the_end(line.event);
+      if (monkey_) monkey_->on(line.event, line.t);
+    }
+  }
+  // As of the last follow().
+  bool end_decided() const { return end_decided_; }
+
+ private:
+  journal_tail tail_;
+  std::unique_ptr<chaos_monkey> monkey_;
+  bool end_decided_ = false;
 };
-local_chaos start_chaos(const cluster_cli& cli, local_nodes& nodes) {
-  local_chaos c;
-  if (!cli.chaos) return c;
-  c.monkey = make_monkey(cli, nodes.all(), [&nodes] { return nodes.start_replacement(); });
-  c.tail.emplace(cli.run_dir + "/journal.jsonl");
-  c.tail->read_new();
-  return c;
+
+// Every node process has ended before the coordinator decided the job's
+// end: nothing will train it (nothing replaces a local node but --chaos's
+// own). Nodes end on the coordinator's shutdown too, and the coordinator
+// takes a while longer to exit; the journal is read after their exits are
+// seen, so a node that ended on that shutdown (its end journaled before it
+// was told) is never taken for one that ended first, whatever became of
+// the nodes the job lost on the way.
+bool nodes_ended_first(local_nodes& nodes, local_journal& journal) {
+  if (!nodes_all_ended(nodes.all())) return false;
+  journal.follow();
+  return !journal.end_decided();
 }
 
 // How the coordinator ended; `nodes_gone`: this process stopped it because
-// every node process had ended, one of them in failure.
+// every node process had ended first (nodes_ended_first).
 struct local_end {
   child_exit exit;
   bool nodes_gone = false;
 };
 
-// Waits for the coordinator, passing a SIGINT/SIGTERM on to it once.
-// Nothing replaces a local node (but --chaos's own): once every node
-// process has ended, one of them in failure, the job is stopped and ends
-// failed.
-local_end watch_coordinator(const cluster_cli& cli, child_process& coordinator, local_nodes& nodes, local_chaos& chaos) {
+// Waits for the coordinator, passing a SIGINT/SIGTERM on to it once. Once
+// every node process has ended before the job's end was decided, the job
+// is stopped and ends failed.
+local_end watch_coordinator(const cluster_cli& cli, child_process& coordinator, local_nodes& nodes, local_journal& journal) {
   bool forwarded = false, nodes_gone = false;
   std::optional<child_exit> done;
   while (!(done = coordinator.wait(100))) {
@@ -191,16 +222,14 @@ local_end watch_coordinator(const cluster_cli& cli, child_process& coordinator, 
       forwarded = true;
       coordinator.signal(sig);
     }
-    if (chaos.monkey) {
-      for (auto& line : chaos.tail->read_new()) chaos.monkey->on(line.event, line.t);
-      if (!forwarded) chaos.monkey->tick(unix_time_now());
-    }
-    // (Nodes the coordinator shut down at the job's end exit 0 before it does.)
-    if (!nodes_gone && nodes_all_failed(nodes.all())) {
+    journal.follow();
+    if (journal.monkey() && !forwarded) journal.monkey()->tick(unix_time_now());
+    if (!nodes_gone && nodes_ended_first(nodes, journal)) {
       nodes_gone = true;
       std::string how;
       for (auto& n : nodes.all()) how += (how.empty() ? "" : ", ") + n.proc.poll()->describe();
-      std::fprintf(stderr, "local: every node process has ended (%s); stopping the coordinator\n", how.c_str());
+      std::fprintf(stderr, "local: every node process has ended before the job did (%s): nothing is left to train it; stopping the coordinator\n",
+                   how.c_str());
       coordinator.signal(SIGTERM);
     }
   }
@@ -232,6 +261,7 @@ int run_local(const cluster_cli& cli) {
   const std::string exe = self_executable();
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port.value());
 
+  local_journal journal(cli.run_dir);
   // The cluster's processes get a process group of their own: a terminal's
   // Ctrl-C (or SIGTERM to this process group) reaches only this process,
   // which hands it to the coordinator, so the job stops as one, after a
@@ -248,11 +278,13 @@ int run_local(const cluster_cli& cli) {
   std::fprintf(stderr, "local: coordinator on %s, %d node(s)%s x %d rank(s), run dir %s\nlocal: status page http://%s:%d/\n", endpoint.c_str(),
                cli.nodes, standbys.c_str(), cli.nproc_per_node, cli.run_dir.c_str(), host.c_str(), status_port.value());
 
-  local_chaos chaos = start_chaos(cli, nodes);
-  const local_end end = watch_coordinator(cli, c.value(), nodes, chaos);
-  if (chaos.monkey && !chaos.monkey->summary().empty()) std::fprintf(stderr, "chaos: %s\n", chaos.monkey->summary().c_str());
+  journal.start_chaos(cli, nodes);
+  const local_end end = watch_coordinator(cli, c.value(), nodes, journal);
+  if (auto* monkey = journal.monkey(); monkey && !monkey->summary().empty()) std::fprintf(stderr, "chaos: %s\n", monkey->summary().c_str());
   nodes.reap();
-  if (end.nodes_gone) return 1;  // the coordinator ended because this process stopped it
+  // Stopped by this process, it ends failed (but a job that had finished
+  // by then, which the coordinator's exit 0 says, did finish).
+  if (end.nodes_gone && (end.exit.signaled || end.exit.exit_code != 0)) return 1;
   if (end.exit.signaled) return 128 + end.exit.signal;
   return end.exit.exit_code;
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "cluster_harness.hpp"
 #include "http_get.hpp"
 #include "base/process.hpp"
 #include "net/zmq_bridge.hpp"
@@ -232,13 +234,76 @@ TEST(Cluster, ANodeWhoseEveryRankWasGivenUpEndsALocalJob) {
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("left the job, every rank given up: rank 0"), std::string::npos) << out;
   EXPECT_NE(out.find("2 rank exits on this node in a row without a completed step"), std::string::npos) << out;
-  EXPECT_NE(out.find("local: every node process has ended (exit code 1); stopping the coordinator"), std::string::npos) << out;
+  EXPECT_NE(out.find("local: every node process has ended before the job did (exit code 1): nothing is left to train it; stopping the coordinator"),
+            std::string::npos)
+      << out;
   auto j = read_journal(d.path() + "/journal.jsonl");
   EXPECT_EQ(events_named(j, ev::rank_down::exited_name).size(), 2u);
   auto left = events<ev::node_left>(j);
   ASSERT_EQ(left.size(), 1u);
   EXPECT_NE(left[0].at("reason").get<std::string>().find("every rank given up"), std::string::npos) << left[0].dump();
   EXPECT_TRUE(events<ev::job_finished>(j).empty());
+}
+
+// The children of `parent` started with `--role ROLE`.
+std::vector<pid_t> children_with_role(pid_t parent, const std::string& role) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::ifstream f(task.path() / "children");
+    pid_t c;
+    while (f >> c)
+      if (file_text("/proc/" + std::to_string(c) + "/cmdline").find(std::string("--role") + '\0' + role + '\0') != std::string::npos)
+        out.push_back(c);
+  }
+  return out;
+}
+
+// Whether `pid` is running (not ended, or ended but not reaped by its parent).
+bool alive_unreaped(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// A job that lost a node on the way (kill -9) and finished with the
+// survivor ends `local` with exit 0. The coordinator exits a while after it
+// told the nodes to shut down; the survivor exits at once, and `local` took
+// every node process ended, one of them killed, for a job left without
+// nodes: it stopped the coordinator and exited 1 although the job had
+// finished. The test holds the coordinator (SIGSTOP) from the survivor's
+// shutdown until `local` has reaped every node process, so that `local`
+// always sees that moment.
+TEST(Cluster, ALocalJobThatLostANodeAndFinishedExitsZero) {
+  temp_dir d;
+  std::vector<std::string> args = {kBin, "local", "--nodes", "2", "--run-dir", d.path(), "--fail-at-step", "20", "--fail-mode", "crash"};
+  for (const auto& s : tiny_sets(150)) args.push_back(s);
+  const std::string log = d.path() + "/out.log";
+  auto c = child_process::spawn(args, false, log);
+  ASSERT_TRUE(c) << c.message();
+  std::vector<pid_t> coord, nodes;
+  ASSERT_TRUE(testing::eventually([&] {
+    coord = children_with_role(c->pid(), "coordinator");
+    nodes = children_with_role(c->pid(), "node");
+    return coord.size() == 1 && nodes.size() == 2;
+  }, 30)) << file_text(log);
+  ASSERT_TRUE(testing::eventually([&] { return file_text(log).find("node: shutdown: job finished") != std::string::npos; }, 120)) << file_text(log);
+  // (A coordinator that has ended already is left for `local` to reap.)
+  const std::string stat = "/proc/" + std::to_string(coord[0]) + "/stat";
+  const bool held = ::kill(coord[0], SIGSTOP) == 0 && file_text(stat).find(") Z ") == std::string::npos;
+  if (held) {
+    // `local` reaps a node process in the pass that sees every one ended.
+    EXPECT_TRUE(testing::eventually([&] { return std::none_of(nodes.begin(), nodes.end(), alive_unreaped); }, 60)) << file_text(log);
+    ::kill(coord[0], SIGCONT);
+  }
+  auto e = c->wait(60000);
+  ASSERT_TRUE(e) << file_text(log);
+  const std::string out = file_text(log);
+  EXPECT_TRUE(held) << "the coordinator ended before the test could hold it: the moment was not provoked";
+  EXPECT_EQ(e->exit_code, 0) << e->describe() << "\n" << out;
+  EXPECT_EQ(out.find("stopping the coordinator"), std::string::npos) << out;
+  auto j = read_journal(d.path() + "/journal.jsonl");
+  EXPECT_EQ(events<ev::node_lost>(j).size(), 1u);
+  auto fin = events<ev::job_finished>(j);
+  ASSERT_EQ(fin.size(), 1u) << out;
+  EXPECT_EQ(fin[0].at("step"), 150);
+  EXPECT_EQ(fin[0].at("world_size"), 1);
 }
 
 // An evaluation longer than a collective's timeout must not fail the ranks
