@@ -30,6 +30,8 @@
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,7 @@
 #include "base/unix_time.hpp"
 #include "dtactor/config.hpp"
 #include "job/settings.hpp"
+#include "net/redial_backoff.hpp"
 #include "net/wire.hpp"
 
 #include <google/protobuf/descriptor.h>
@@ -48,6 +51,7 @@ namespace {
 
 using steady = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
+constexpr uint64_t monitor_bit = uint64_t{1} << 62;  // in an epoll event's data: a node's monitor, not its socket
 
 struct sim_options {
   std::string coordinator;           // tcp://HOST:PORT
@@ -67,6 +71,11 @@ struct sim_options {
   int reconnect_max_ms = 0;
   int register_cap_ms = 0;
   bool immediate = false;
+  // As zmq_bridge's DEALER (net/redial_backoff.hpp): after a connection
+  // shut before its handshake, disconnect and dial again later, up to this
+  // (zmq_bridge_options' shed_redial_max_ms); 0: no socket monitor, libzmq's
+  // redial every 100 ms (a node before that backoff).
+  int shed_redial_max_ms = 5000;
 };
 
 enum class phase : uint8_t { registering, member, stopped };
@@ -76,6 +85,10 @@ struct sim_node {
   std::string source;
   void* socket = nullptr;
   int fd = -1;  // ZMQ_FD, watched by epoll
+  void* monitor = nullptr;  // its socket monitor's PAIR (shed_redial_max_ms > 0)
+  std::string endpoint;
+  std::optional<dtactor::redial_backoff> redial;
+  std::optional<std::chrono::steady_clock::time_point> redial_at;
   uint64_t incarnation = 0;
   uint64_t rank_incarnation = 0;
   phase ph = phase::registering;
@@ -101,6 +114,7 @@ struct sim_node {
 struct counters {
   uint64_t sent = 0, send_failed = 0, received = 0, dropped = 0;
   uint64_t registers = 0, re_registers = 0, refusals = 0, plans = 0, reports = 0;
+  uint64_t redials_held = 0;  // connections shut before their handshake, redialled after a backoff
 };
 
 // The heartbeat-rate fields a node reads and writes (register_ack's
@@ -137,6 +151,8 @@ class simulator {
   void open_socket(sim_node& n, size_t index);
   void loop();
   void drain(size_t index);
+  void drain_monitor(size_t index);
+  void open_monitor(sim_node& n, size_t index);
   void on_envelope(sim_node& n, const pb::envelope& env, size_t frame_bytes);
   void on_register_ack(sim_node& n, const pb::register_ack& ack);
   void on_plan(sim_node& n, const pb::generation_plan& plan, size_t frame_bytes);
@@ -162,6 +178,7 @@ class simulator {
   int epoll_ = -1;
   std::vector<sim_node> nodes_;
   std::vector<size_t> touched_;  // nodes sent to since their last drain
+  std::minstd_rand random_{std::random_device{}()};
   ms interval_{100};             // liveness_options' defaults, as a node starts
   ms timeout_{1000};
   std::string parsed_config_;    // the config text the two above came from
@@ -346,6 +363,58 @@ void simulator::on_envelope(sim_node& n, const pb::envelope& env, size_t frame_b
   }
 }
 
+// As zmq_bridge's open_socket: a monitor of the events its redial backoff reads.
+void simulator::open_monitor(sim_node& n, size_t index) {
+  const std::string at = "inproc://sim-monitor-" + std::to_string(index);
+  if (zmq_socket_monitor(n.socket, at.c_str(), ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) return;
+  n.monitor = zmq_socket(ctx_, ZMQ_PAIR);
+  int zero = 0;
+  zmq_setsockopt(n.monitor, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_connect(n.monitor, at.c_str());
+  int fd = -1;
+  size_t len = sizeof fd;
+  zmq_getsockopt(n.monitor, ZMQ_FD, &fd, &len);
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.u64 = index | monitor_bit;
+  epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &e);
+  n.redial.emplace(ms(100), ms(o_.shed_redial_max_ms));
+  // An attempt to read marks its pipe idle, so that the next event wakes
+  // its ZMQ_FD (which signals changes only).
+  drain_monitor(index);
+}
+
+// zmq_bridge's schedule_redial: a connection shut before its handshake
+// ended is disconnected and dialled again after the backoff.
+void simulator::drain_monitor(size_t index) {
+  auto& n = nodes_[index];
+  for (;;) {
+    if (n.closed || !n.monitor) return;
+    int events = 0;
+    size_t len = sizeof events;
+    if (zmq_getsockopt(n.monitor, ZMQ_EVENTS, &events, &len) != 0 || !(events & ZMQ_POLLIN)) return;
+    zmq_msg_t head, where;
+    zmq_msg_init(&head);
+    zmq_msg_init(&where);
+    if (zmq_msg_recv(&head, n.monitor, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&head);
+      zmq_msg_close(&where);
+      return;
+    }
+    if (zmq_msg_more(&head)) zmq_msg_recv(&where, n.monitor, ZMQ_DONTWAIT);
+    uint16_t event = 0;
+    if (zmq_msg_size(&head) >= 6) std::memcpy(&event, zmq_msg_data(&head), sizeof event);
+    zmq_msg_close(&head);
+    zmq_msg_close(&where);
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) n.redial->on_handshake_succeeded();
+    if (event != ZMQ_EVENT_DISCONNECTED || n.redial_at) continue;
+    const auto delay = n.redial->on_disconnected(false, std::uniform_real_distribution<double>(0.0, 1.0)(random_));
+    if (!delay || zmq_disconnect(n.socket, n.endpoint.c_str()) != 0) continue;
+    n.redial_at = steady::now() + *delay;
+    ++c_.redials_held;
+  }
+}
+
 // Every frame the socket holds now; ZMQ_EVENTS also resets its ZMQ_FD.
 void simulator::drain(size_t index) {
   auto& n = nodes_[index];
@@ -393,6 +462,10 @@ void simulator::tick(sim_node& n, steady::time_point now) {
 void simulator::timers(steady::time_point now) {
   for (auto& n : nodes_) {
     if (n.closed || n.silent || n.ph == phase::stopped) continue;
+    if (n.redial_at && now >= *n.redial_at) {
+      n.redial_at.reset();
+      zmq_connect(n.socket, n.endpoint.c_str());
+    }
     if (n.ph == phase::registering && now >= n.next_register) {
       ++n.register_attempt;
       send_register(n);
@@ -433,6 +506,8 @@ void simulator::open_socket(sim_node& n, size_t index) {
   zmq_setsockopt(n.socket, ZMQ_ROUTING_ID, routing.data(), routing.size());
   const std::string hostport = o_.coordinator.substr(6);  // after "tcp://"
   const std::string endpoint = n.source.empty() ? o_.coordinator : "tcp://" + n.source + ":0;" + hostport;
+  n.endpoint = endpoint;
+  if (o_.shed_redial_max_ms > 0) open_monitor(n, index);
   if (zmq_connect(n.socket, endpoint.c_str()) != 0)
     print_line({{"event", "error"}, {"node", n.id}, {"what", std::string("connect: ") + zmq_strerror(zmq_errno())}});
   size_t len = sizeof n.fd;
@@ -446,7 +521,7 @@ void simulator::open_socket(sim_node& n, size_t index) {
 bool simulator::open_sockets() {
   ctx_ = zmq_ctx_new();
   zmq_ctx_set(ctx_, ZMQ_IO_THREADS, o_.io_threads);
-  zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, o_.nodes + 64);
+  zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, 3 * o_.nodes + 64);  // each DEALER, its monitor's two PAIRs
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
   if (!ctx_ || epoll_ < 0) return false;
   epoll_event in{};
@@ -478,6 +553,9 @@ void simulator::stop_nodes(const std::string& how, int count) {
     const double last_sent = n.last_sent_unix;
     if (how == "close") {
       epoll_ctl(epoll_, EPOLL_CTL_DEL, n.fd, nullptr);
+      if (n.monitor) zmq_socket_monitor(n.socket, nullptr, 0);
+      if (n.monitor) zmq_close(n.monitor);
+      n.monitor = nullptr;
       zmq_close(n.socket);
       n.socket = nullptr;
       n.closed = true;
@@ -520,7 +598,7 @@ void simulator::print_stats() {
               {"stopped", stopped}, {"sent", c_.sent}, {"send_failed", c_.send_failed}, {"received", c_.received}, {"dropped", c_.dropped},
               {"registers", c_.registers}, {"re_registers", c_.re_registers}, {"refusals", c_.refusals}, {"plans", c_.plans},
               {"reports", c_.reports}, {"heartbeat_interval_ms", interval_.count()}, {"heartbeat_timeout_ms", timeout_.count()},
-              {"asked_interval_ms_max", asked_max}});
+              {"asked_interval_ms_max", asked_max}, {"redials_held", c_.redials_held}});
 }
 
 // One thread: epoll over the sockets' ZMQ_FDs and stdin, the timers every
@@ -533,6 +611,10 @@ void simulator::loop() {
     const int got = epoll_wait(epoll_, ready.data(), static_cast<int>(ready.size()), 5);
     for (int i = 0; i < got; ++i) {
       const uint64_t which = ready[i].data.u64;
+      if (which != UINT64_MAX && (which & monitor_bit)) {
+        drain_monitor(static_cast<size_t>(which & ~monitor_bit));
+        continue;
+      }
       if (which != UINT64_MAX) {
         drain(static_cast<size_t>(which));
         continue;
@@ -571,18 +653,20 @@ int simulator::run() {
   print_line({{"event", "started"}, {"t", unix_time_now()}, {"nodes", o_.nodes}, {"prefix", printable(o_.prefix)}});
   loop();
   print_stats();
-  for (auto& n : nodes_)
+  for (auto& n : nodes_) {
+    if (n.monitor) zmq_close(n.monitor);
     if (n.socket) zmq_close(n.socket);
+  }
   zmq_ctx_term(ctx_);
   return 0;
 }
 
-// As many descriptors as the hard limit allows: two a socket (its TCP
-// connection and its mailbox) and some.
+// As many descriptors as the hard limit allows: four a node (its TCP
+// connection, its socket's mailbox, its monitor's two) and some.
 void raise_fd_limit(int nodes) {
   rlimit r{};
   if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
-  const rlim_t want = static_cast<rlim_t>(nodes) * 2 + 256;
+  const rlim_t want = static_cast<rlim_t>(nodes) * 4 + 256;
   if (r.rlim_cur >= want) return;
   r.rlim_cur = std::min(want, r.rlim_max);
   setrlimit(RLIMIT_NOFILE, &r);
@@ -604,7 +688,8 @@ std::vector<std::string> split_commas(const std::string& s) {
 const char* usage =
     "usage: scale_nodes --coordinator tcp://HOST:PORT --key FILE [--nodes K] [--prefix P]\n"
     "                   [--sources 127.0.0.2,127.0.0.3] [--report-every-s S] [--io-threads T] [--stats-every-s S]\n"
-    "                   [--zmtp-heartbeat-ms MS (0: off)] [--reconnect-max-ms MS] [--register-cap-ms MS] [--immediate 0|1]\n";
+    "                   [--zmtp-heartbeat-ms MS (0: off)] [--reconnect-max-ms MS] [--register-cap-ms MS] [--immediate 0|1]\n"
+    "                   [--shed-redial-max-ms MS (0: no redial backoff)]\n";
 
 result<sim_options> parse_args(int argc, char** argv) {
   sim_options o;
@@ -625,6 +710,7 @@ result<sim_options> parse_args(int argc, char** argv) {
       else if (a == "--reconnect-max-ms") o.reconnect_max_ms = std::stoi(v);
       else if (a == "--register-cap-ms") o.register_cap_ms = std::stoi(v);
       else if (a == "--immediate") o.immediate = v == "1";
+      else if (a == "--shed-redial-max-ms") o.shed_redial_max_ms = std::stoi(v);
       else return make_error("unknown option " + printable(a));
     } catch (const std::exception&) {
       return make_error("bad value for " + printable(a) + ": " + printable(v));

@@ -338,6 +338,7 @@ void zmq_bridge::open_socket(link_state& link, const std::string& endpoint, cons
   if (link.group) s.set(zmq::sockopt::immediate, true);
   s.connect(endpoint);
   link.endpoint = endpoint;
+  link.redial.emplace(std::chrono::milliseconds(options_.reconnect_ivl_ms), std::chrono::milliseconds(options_.shed_redial_max_ms));
 }
 
 status zmq_bridge::run_remove(const std::string& name) {
@@ -404,7 +405,9 @@ void zmq_bridge::do_sends(std::deque<outbound>& batch) {
       if (!link->socket.send(payload, zmq::send_flags::dontwait)) {
         drop(out.link, out.peer, wire::drop_kind::send_overflow,
              std::string("cannot send ") + out.body +
-                 (link->refused_us ? ": no connection, the peer refused our handshake (our key, or we have none)" : ": the queue to the peer is full"));
+                 (link->refused_us  ? ": no connection, the peer refused our handshake (our key, or we have none)"
+                  : link->redial_at ? ": no connection, the peer shut it before its handshake (busy); it is dialled again shortly"
+                                    : ": the queue to the peer is full"));
         continue;
       }
       sent_.fetch_add(1);
@@ -509,6 +512,14 @@ bool zmq_bridge::follows_epoch(link_state& link, uint64_t epoch) {
   return true;
 }
 
+std::chrono::milliseconds zmq_bridge::poll_timeout(std::chrono::steady_clock::time_point now) const {
+  auto timeout = idle_poll;
+  for (const auto& l : links_)
+    if (l->redial_at)
+      timeout = std::min(timeout, std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(*l->redial_at - now)));
+  return timeout;
+}
+
 void zmq_bridge::run() {
   std::vector<zmq_pollitem_t> items;
   for (;;) {
@@ -530,13 +541,14 @@ void zmq_bridge::run() {
       items.push_back(zmq_pollitem_t{l->monitor.handle(), 0, ZMQ_POLLIN, 0});
     }
     try {
-      zmq::poll(items, idle_poll);
+      zmq::poll(items, poll_timeout(std::chrono::steady_clock::now()));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       stderr_line(std::string("dtactor: wire: poll failed: ") + e.what() + "; the ZeroMQ bridge stops");
       break;
     }
     if (items[0].revents & ZMQ_POLLIN) drain_wake_fd();
+    redial_due(std::chrono::steady_clock::now());
     // links_ is unchanged since items were built (only this thread edits it).
     // The monitor first: a connection's disconnect is read before the
     // frames of a newer one that may reuse its file descriptor.

@@ -67,6 +67,11 @@ struct zmq_bridge_options {
   // vain since they started: backed off to reconnect_ivl_max, they would
   // find the new leader up to that long after it listens.
   int group_reconnect_ivl_max_ms = 0;
+  // A DEALER whose connection was shut before its handshake ended (the
+  // listener's handshake gate was full: net/redial_backoff.hpp) dials again
+  // after reconnect_ivl, doubling with each such close up to this, with
+  // jitter; libzmq's own backoff starts over at every TCP connection.
+  int shed_redial_max_ms = 5000;
   // TCP keepalive, so that a vanished machine's connection is eventually
   // torn down by the kernel (heartbeats above are faster; this is hygiene).
   int tcp_keepalive_idle_s = 30;
@@ -229,6 +234,9 @@ class zmq_bridge {
   void note_peer_fd(link_state& link, const std::string& peer, int fd);
   void connection_closed(link_state& link, int fd);
   void connected(link_state& link);  // DEALER: a connection's handshake succeeded
+  void schedule_redial(link_state& link, bool failure_reported);  // DEALER: a connection closed
+  void redial_due(std::chrono::steady_clock::time_point now);
+  std::chrono::milliseconds poll_timeout(std::chrono::steady_clock::time_point now) const;
   // Counts a dropped frame and reports it to the drop handler; drop() also
   // logs it (once per kind, link and peer), count_drop() does not.
   void drop(const std::string& link, const std::string& peer, wire::drop_kind kind,

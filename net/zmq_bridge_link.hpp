@@ -2,6 +2,7 @@
 // zmq_bridge's per-socket state, shared by its translation units
 // (zmq_bridge.cpp: links, sends and receives; zmq_bridge_monitor.cpp: the
 // socket monitor's events). Internal to net/: it includes ZeroMQ.
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -12,6 +13,7 @@
 
 #include "net/dealer_group.hpp"
 #include "net/handshake_gate.hpp"
+#include "net/redial_backoff.hpp"
 #include "net/zmq_bridge.hpp"
 
 namespace dtactor {
@@ -37,6 +39,10 @@ struct zmq_bridge::link_state {
   std::optional<handshake_gate> gate;         // ROUTER: bounds connections in their handshake
   std::optional<handshake_failure> pending;   // a failure whose connection has not closed yet
   bool refused_us = false;                    // DEALER: the last handshake failed
+  // DEALER: its backoff after connections shut before their handshake, and
+  // when it dials again (its endpoint is disconnected until then).
+  std::optional<redial_backoff> redial;
+  std::optional<std::chrono::steady_clock::time_point> redial_at;
   uint64_t epoch = 0;                         // DEALER: the highest lease epoch received (a newer coordinator's)
   // DEALER to several endpoints: one link_state per endpoint, all of the
   // same name, sharing the group (its epoch replaces `epoch`).

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <random>
 
 #include "base/async_log.hpp"
 #include "net/zmq_bridge_link.hpp"
@@ -126,6 +127,35 @@ void zmq_bridge::connected(link_state& link) {
   }
 }
 
+void zmq_bridge::schedule_redial(link_state& link, bool failure_reported) {
+  if (!link.redial || link.redial_at) return;
+  thread_local std::minstd_rand random{std::random_device{}()};
+  const auto delay = link.redial->on_disconnected(failure_reported, std::uniform_real_distribution<double>(0.0, 1.0)(random));
+  if (!delay) return;
+  // Disconnecting ends libzmq's own redial (already scheduled) and drops
+  // what was queued for the connection: a node's registrations, which it
+  // retries anyway, would otherwise pile up there and all arrive at once.
+  try {
+    link.socket.disconnect(link.endpoint);
+  } catch (const zmq::error_t& e) {
+    stderr_line("dtactor: wire: link '" + link.name + "': cannot hold off a redial of " + link.endpoint + ": " + e.what());
+    return;
+  }
+  link.redial_at = std::chrono::steady_clock::now() + *delay;
+}
+
+void zmq_bridge::redial_due(std::chrono::steady_clock::time_point now) {
+  for (auto& l : links_) {
+    if (!l->redial_at || *l->redial_at > now) continue;
+    l->redial_at.reset();
+    try {
+      l->socket.connect(l->endpoint);
+    } catch (const zmq::error_t& e) {
+      stderr_line("dtactor: wire: link '" + l->name + "': cannot dial " + l->endpoint + " again: " + e.what());
+    }
+  }
+}
+
 void zmq_bridge::read_monitor(link_state& link) {
   read_monitor_events(link);
   uint64_t in_progress = 0;
@@ -156,6 +186,7 @@ void zmq_bridge::read_monitor_events(link_state& link) {
     } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       handshakes_succeeded_.fetch_add(1);
       link.refused_us = false;
+      if (link.redial) link.redial->on_handshake_succeeded();
       if (link.group) link.group->up(link.member);
       if (!link.router) connected(link);
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
@@ -171,6 +202,10 @@ void zmq_bridge::read_monitor_events(link_state& link) {
       else if (v == verdict::closed_in_handshake && !link.pending)
         link.pending = handshake_failure::bad_frame;
       if (link.pending) handshake_failed(link, *link.pending, address);
+      // A shed connection reads as a handshake failed with no detail; only
+      // a refused key is the peer's answer, left to libzmq's redials.
+      if (!link.router)
+        schedule_redial(link, link.pending == handshake_failure::no_key || link.pending == handshake_failure::unknown_key);
       link.pending.reset();
       if (link.router && on_closed_) connection_closed(link, fd);
       if (link.group) link.group->down(link.member);
