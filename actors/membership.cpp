@@ -30,6 +30,19 @@ std::string join(const std::vector<node_id>& xs) {
   return out + "]";
 }
 
+// Node ids listed in a waiting reason, the rest counted: the coordinator logs
+// the reason whenever it changes, at every registration of a cold start, so
+// a full list of thousands of nodes each time would cost the coordinator
+// time and log space that grow with the square of the nodes.
+constexpr std::size_t waiting_ids_listed = 16;
+
+std::string join_some(const std::vector<node_id>& xs) {
+  if (xs.size() <= waiting_ids_listed) return join(xs);
+  std::string out = join(std::vector<node_id>(xs.begin(), xs.begin() + waiting_ids_listed));
+  out.pop_back();
+  return out + ", ... (" + std::to_string(xs.size() - waiting_ids_listed) + " more)]";
+}
+
 bool has_ready(const node_info& n) { return !n.ready.empty(); }
 
 std::vector<node_id> node_ids(const membership_state& s, bool ready) {
@@ -232,12 +245,12 @@ std::string waiting_reason(const membership_state& s, const std::vector<const no
     why << "waiting for nodes: " << have << " node" << (have == 1 ? "" : "s") << " with a ready rank, below the floor of " << need << " (cluster.floor_nodes)";
   else
     why << "waiting for " << need << " node" << (need == 1 ? "" : "s") << " (cluster.min_nodes), have " << have;
-  if (have > 0) why << " " << join(ids_of(planned));
+  if (have > 0) why << " " << join_some(ids_of(planned));
   std::vector<node_id> standbys;
   for (const auto& [id, n] : s.nodes)
     if (has_ready(n) && waits_as_standby(s, n)) standbys.push_back(id);
-  if (!standbys.empty()) why << "; standby (--standby-node, not counted): " << join(standbys);
-  if (auto idle = node_ids(s, false); !idle.empty()) why << "; no ready rank yet: " << join(idle);
+  if (!standbys.empty()) why << "; standby (--standby-node, not counted): " << join_some(standbys);
+  if (auto idle = node_ids(s, false); !idle.empty()) why << "; no ready rank yet: " << join_some(idle);
   return why.str();
 }
 

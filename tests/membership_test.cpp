@@ -54,6 +54,20 @@ TEST(membership, waits_for_min_nodes_with_a_readable_reason) {
   EXPECT_EQ(d.reason, "waiting for 2 nodes (cluster.min_nodes), have 1 [a]");
 }
 
+// A cold start of thousands of nodes: the reason, logged whenever it
+// changes (at each registration), names a few nodes and counts the rest,
+// so that its length does not grow with the nodes.
+TEST(membership, a_waiting_reason_names_a_few_nodes_and_counts_the_rest) {
+  membership m(opts(100, 1000));
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(m.admit(reg("n" + std::to_string(100 + i)), t0()).accepted);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(m.admit(cold("c" + std::to_string(100 + i)), t0()).accepted);
+  const auto reason = m.decide(t0()).reason;
+  EXPECT_EQ(reason.rfind("waiting for 100 nodes (cluster.min_nodes), have 40 [n100, n101, ", 0), 0u) << reason;
+  EXPECT_NE(reason.find(", n115, ... (24 more)]; no ready rank yet: [c100, "), std::string::npos) << reason;
+  EXPECT_NE(reason.find(", c115, ... (4 more)]"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find("n116"), std::string::npos) << reason;
+}
+
 // A resumed job (its checkpoint store holds commits of generation 5): its
 // generations go on from 6, still behind the start gate, caused by a start;
 // the plans after it count on from there.
