@@ -106,6 +106,7 @@ struct generation_run {
   std::function<bool()> quitting, newer_plan_waiting;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
   std::shared_ptr<const group_request> group;  // how pg was built (rank/group_builder): side groups are built alike
+  c10::intrusive_ptr<c10d::ProcessGroup> transfer_pg;  // the state transfers' side group, once built (rank/group_builder transfer_group)
   exchange_plan exchange;                     // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
   std::string backend;
   ev::state_source source = ev::state_source::local;  // where the starting state came from

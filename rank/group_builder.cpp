@@ -144,7 +144,15 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> build_side_group(generation_run& 
 
 result<c10::intrusive_ptr<c10d::ProcessGroup>> transfer_group(generation_run& g, rank_state& rs) {
   if (!g.group || resolve_backend(g.group->co) != comm_backend::gloo) return g.pg;
-  return build_side_group(g, rs, "state", state_transfer_streams);
+  // Built once a generation (a peer's state and then a checkpoint's
+  // broadcast may both come): a second group under the same name would
+  // meet the first one's keys in the store.
+  if (!g.transfer_pg) {
+    auto built = build_side_group(g, rs, "state", state_transfer_streams);
+    if (!built) return built;
+    g.transfer_pg = built.value();
+  }
+  return g.transfer_pg;
 }
 
 }  // namespace dtactor

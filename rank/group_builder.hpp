@@ -35,7 +35,8 @@ generation_end build_group(generation_run& g, rank_state& rs, const group_endpoi
 result<c10::intrusive_ptr<c10d::ProcessGroup>> build_side_group(generation_run& g, rank_state& rs, const std::string& name, int streams);
 
 // The group a state transfer of this generation goes over, built by every
-// member when the transfer begins: over Gloo a side group of
+// member when the generation's first transfer begins (and kept for its
+// others): over Gloo a side group of
 // state_transfer_streams connections to each peer (one TCP stream is
 // bounded by one socket's copy loop; bench/bench_state_path.py measures
 // the rate), else the generation's own group.
