@@ -443,8 +443,11 @@ NOTES = ("One real coordinator (CURVE on, heartbeat settings at their defaults) 
          "nodes the cold start does not complete within the limit here: nodes registered at about 300 a second for the first "
          "15 s, then ever more slowly (a few a second after 40 s) while the members already in heartbeat every 250 ms, each beat "
          "answered, through the coordinator's one libzmq I/O thread that also carries the handshakes, and the simulators' own "
-         "CURVE work shares the same 2 cores; the coordinator used 0.9 cores meanwhile and its actor stalled up to 2.6 s. Which "
-         "of these holds the gate's 10 places longest was not measured.")
+         "CURVE work shares the same 2 cores; the coordinator used 0.9 cores meanwhile and its actor stalled up to 2.6 s. A profile of the "
+         "coordinator 28 to 40 s into another 10,000-node start (perf record -g, 12 s): 0.95 cores, two thirds of it libzmq's "
+         "I/O thread, and 37% of that thread in std::_Rb_tree_increment: libzmq 4.3 cancels a timer by a linear search through "
+         "every connection's timers (ZMTP heartbeats, handshake limits), so each connection's timer work grows with the "
+         "connections.")
 
 
 def main():
