@@ -242,6 +242,7 @@ void stop_job(job_self self, const std::string& reason) {
 int64_t on_plan(job_self self, const plan& p) {
   auto& st = self->state;
   if (p.generation > st.generation) {
+    st.superseded = std::move(st.recovery);
     st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain, self->clock().now(),
                                    st.last_step, st.generation == 0 ? 0 : std::max(0, st.world_size - p.world_size));
     st.drained_from = p.drain ? st.generation : 0;
@@ -257,9 +258,22 @@ int64_t on_plan(job_self self, const plan& p) {
   return st.committed_step;
 }
 
+// A READY of the generation just superseded, arriving after the next plan:
+// it steers nothing, but where that generation's state came from is still
+// journaled (a state it read from disk is where the next one's came from).
+bool late_restore(job_self self, const inbound& in) {
+  auto& st = self->state;
+  if (st.ended || in.env.body_case() != pb::envelope::kRankStatus || in.env.rank_status().status() != pb::rank_status::STATE_READY) return false;
+  if (in.env.generation() == st.generation || in.env.generation() != st.superseded.generation || st.superseded.generation == 0) return false;
+  if (auto r = note_ready(st.superseded, in.env.rank_status())) emit(st.opts.events, *r);
+  ++st.stale_reports;
+  return true;
+}
+
 // A rank's report, fenced by generation, to its handler.
 void on_inbound(job_self self, inbound& in) {
   auto& st = self->state;
+  if (late_restore(self, in)) return;
   // Fencing: reports from another generation than the current one are
   // dropped (a zombie can neither steer the job nor commit state);
   // parts of a checkpoint of the generation this one drained from

@@ -76,6 +76,9 @@ struct job_actor_state {
   std::map<int32_t, std::string> finished_ranks;  // global rank -> its parameters' digest
   step_table steps;
   recovery_record recovery;
+  // The generation before it: its ranks' READY may reach the coordinator
+  // after the next plan (late_restore).
+  recovery_record superseded;
   std::map<std::string, double> last_eval;
   int64_t last_eval_step = -1;
   // Global ranks of the current generation whose parts of the checkpoint at

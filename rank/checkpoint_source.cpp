@@ -52,6 +52,17 @@ generation_end checkpoint_source::load(start_context& c, load_request& l) {
   return std::nullopt;
 }
 
+namespace {
+
+// The checkpoint the generation's state is: the plan's, or, where the plan
+// names none (a live rank holds the state), the one that rank's state was
+// read from in a generation a newer plan cut short (rank_state::disk_step).
+int64_t state_checkpoint_step(const start_context& c) {
+  return c.g.plan.checkpoint_step() >= 0 ? c.g.plan.checkpoint_step() : c.state.step();
+}
+
+}  // namespace
+
 // Sharded (train.zero >= 1): the replicated part only; every rank reads its
 // own shards after the agreement (take).
 generation_end checkpoint_source::replicated_part(start_context& c) {
@@ -60,6 +71,7 @@ generation_end checkpoint_source::replicated_part(start_context& c) {
   l.which = c.rs.settings.train.zero >= 1 ? load_which::replicated : load_which::all;
   if (auto ended = load(c, l)) return ended;
   c.g.source = ev::state_source::disk;
+  c.rs.disk_step = c.state.step();
   c.rs.window.clear_catch_up();
   if (c.state.diloco()) c.rs.window.from_checkpoint(oldest_fragment_anchor(c.state.outer()), c.state.step(), 0, l.meta.world_size());
   return std::nullopt;
@@ -72,7 +84,7 @@ generation_end checkpoint_source::replicated_part(start_context& c) {
 // first) it goes on with rank 0's.
 generation_end checkpoint_source::worker_section(start_context& c) {
   load_request l;
-  l.step = c.g.plan.checkpoint_step();
+  l.step = state_checkpoint_step(c);
   l.own_section = true;
   if (auto ended = load(c, l)) return ended;
   if (l.loaded) c.state.state_loaded(l.meta.step());
@@ -81,7 +93,7 @@ generation_end checkpoint_source::worker_section(start_context& c) {
   return std::nullopt;
 }
 
-generation_end checkpoint_source::take(start_context& c, const shard_plan& plan) { return shards_at(c, plan, c.g.plan.checkpoint_step()); }
+generation_end checkpoint_source::take(start_context& c, const shard_plan& plan) { return shards_at(c, plan, state_checkpoint_step(c)); }
 
 // Every rank of a generation whose state came from the checkpoint at `step`
 // (global rank 0 loaded it and sent it to all): its own shards' moments,
@@ -143,6 +155,7 @@ generation_end checkpoint_source::fallback(start_context& c, const shard_plan& p
     g.root = 0;
     have_checkpoint = from_disk != 0;
   }
+  c.rs.disk_step = have_checkpoint ? c.state.step() : -1;
   if (have_checkpoint) return shards_at(c, plan, step);
   // reset_state() zeroed every rank's moments: a fresh optimizer.
   c.state.shard_optimizer(plan.ranges_of(g.rank));

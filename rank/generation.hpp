@@ -81,6 +81,12 @@ struct rank_state {
   uint64_t trained_gen = 0;
   int trained_rank = -1, trained_world = 0;
   diloco_window window;  // train.sync = diloco
+  // The step of the checkpoint this rank's state was read from (by it, or
+  // by the root that sent it), -1: none. While the state is still at that
+  // step, it is the checkpoint's: a generation abandoned after the read
+  // (a newer plan came) leaves the next one starting from disk, not from
+  // this rank's own.
+  int64_t disk_step = -1;
 
   // data.sample_log: the samples of the step this rank just applied (its
   // last forward_backward's); nothing when the log is off. `fragments`

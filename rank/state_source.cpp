@@ -40,6 +40,7 @@ class peer_state final : public state_source {
       // The generation's state came from the store when its root loaded
       // it from there (every rank says so: one story in the journal).
       g.source = from_disk ? ev::state_source::disk : ev::state_source::peer;
+      c.rs.disk_step = from_disk ? c.state.step() : -1;
       g.transfer_bytes = sent->bytes;
       g.transfer_s = sent->seconds;
     }
@@ -142,6 +143,8 @@ generation_end starting_state::agree() {
     if (auto ended = checkpoint_source::replicated_part(c_)) return ended;
   if (zero >= 2)
     if (auto ended = finish_zero2_step()) return ended;
+  // Still the checkpoint's state (read in a generation a newer plan cut short).
+  if (g.source == ev::state_source::local && c_.rs.disk_step >= 0 && c_.rs.disk_step == state.step()) g.source = ev::state_source::disk;
   c_.held_before = state.step();
   if (g.pg)
     if (auto ended = run_agreement()) return ended;

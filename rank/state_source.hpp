@@ -43,7 +43,7 @@ struct start_context {
   rank_state& rs;
   training_state& state;
   agreement agreed;               // the state's: highest step, root
-  bool agreed_from_disk = false;  // the agreed state is the plan's checkpoint rank 0 read
+  bool agreed_from_disk = false;  // the agreed state is a checkpoint's: the plan's, which rank 0 read, or one read in a generation cut short
   std::vector<int64_t> strategy_agreed;  // the sync strategy's words, reduced
   bool own_window = true;         // DiLoCo: this rank held the agreed anchor (keeps its window)
   int64_t held_before = -1;       // the step this rank held before any transfer

@@ -1270,6 +1270,36 @@ TEST_F(coordinator_actors, a_stop_with_a_node_there_waits_for_its_ranks) {
   EXPECT_TRUE(of<ev::job_ended>().empty());
 }
 
+// A generation's READY that arrives after the next plan (the rank read the
+// checkpoint there; the next generation's ranks then say they kept their
+// own state or took a peer's): the restore is journaled for the generation
+// it happened in. Older generations' READYs are not.
+TEST_F(coordinator_actors, a_restore_reported_after_the_next_plan_is_journaled_for_its_generation) {
+  start(coord_opts(1), 100);
+  send(joined("a", 1));
+  advance(100ms);
+  ASSERT_EQ(js().generation, 1u);
+  send(joined("b", 1));
+  advance(100ms);
+  ASSERT_EQ(js().generation, 2u);
+  auto late = status_from("a", 0, pb::rank_status::STATE_READY, 1);
+  late.env.mutable_rank_status()->set_step(40);
+  late.env.mutable_rank_status()->set_state_source(pb::rank_status::ORIGIN_DISK);
+  send(late);
+  auto restored = of<ev::checkpoint_restored>();
+  ASSERT_EQ(restored.size(), 1u);
+  EXPECT_EQ(restored[0].generation, 1u);
+  EXPECT_EQ(restored[0].source, ev::state_source::disk);
+  EXPECT_EQ(restored[0].step, 40);
+  send(late);  // once per generation
+  EXPECT_EQ(of<ev::checkpoint_restored>().size(), 1u);
+  send(leave_from("b", "SIGTERM"));
+  advance(100ms);
+  ASSERT_EQ(js().generation, 3u);
+  send(late);  // two generations back
+  EXPECT_EQ(of<ev::checkpoint_restored>().size(), 1u);
+}
+
 TEST_F(coordinator_actors, a_recovery_is_timed_on_the_actor_clock_and_counts_no_lost_step) {
   start(coord_opts(1), 100);
   send(joined("a", 1));

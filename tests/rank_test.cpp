@@ -505,6 +505,78 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
   EXPECT_EQ(done->detail(), done_a->detail()) << "the checkpoint holds the ranks' parameters";
 }
 
+// A rank read the checkpoint in a generation that ended before it trained
+// a step (here: the job's last step; in a cluster, a newer plan cutting it
+// short). In the next generation its state is still the checkpoint's: it
+// and the rank it sends the state to say the state came from disk, and
+// every rank reads its own shards from that checkpoint (train.zero=2),
+// although that plan names no checkpoint (a live rank holds the state).
+TEST_F(rank_workers, a_state_read_from_disk_and_not_trained_since_is_still_from_disk_in_the_next_generation) {
+  constexpr int64_t steps = 6;
+  start(steps, {"train.zero=2"});
+  ASSERT_TRUE(a->offer(plan(1, {0}, false)));
+  auto trained = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(trained);
+  std::string meta_bytes;
+  std::map<int32_t, std::vector<pb::checkpoint_part>> parts;
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (const auto& [l, w] : seen.checkpoints)
+      if (w.step() == steps && w.error().empty()) {
+        meta_bytes = w.meta();
+        parts[w.global_rank()].assign(w.parts().begin(), w.parts().end());
+      }
+  }
+  ASSERT_EQ(parts.size(), 1u) << "rank 0's final checkpoint";
+  auto meta = plan_manifest(meta_bytes, 1, 1, parts);
+  ASSERT_TRUE(meta) << meta.message();
+  auto store = checkpoint_store::open(ckpt_dir, {});
+  ASSERT_TRUE(store) << store.message();
+  ASSERT_TRUE(store->commit(meta.value()));
+
+  reports later;
+  rank_worker c(worker_opts(0), later.for_rank(0));
+  rank_worker d(worker_opts(1), later.for_rank(1));
+  pb::generation_plan warm;
+  warm.set_config_toml(toml);
+  ASSERT_TRUE(c.offer(warm));
+  ASSERT_TRUE(later.wait_for(0, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(d.offer(warm));
+  ASSERT_TRUE(later.wait_for(1, pb::rank_status::STATE_IDLE));
+  auto read = plan(5, {0}, false);
+  read.set_checkpoint_step(steps);
+  read.set_state_root(0);
+  ASSERT_TRUE(c.offer(read));
+  auto first = later.wait_for(0, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(first);
+  auto next = plan(6, {0, 1}, false);
+  next.set_state_root(0);
+  next.set_fallback_checkpoint_step(steps);
+  ASSERT_TRUE(c.offer(next));
+  ASSERT_TRUE(d.offer(next));
+  std::vector<pb::rank_status> ready;
+  {
+    std::unique_lock<std::mutex> lock(later.mu);
+    later.cv.wait_for(lock, std::chrono::minutes(2), [&] {
+      ready.clear();
+      for (const auto& [l, st] : later.statuses)
+        if (st.status() == pb::rank_status::STATE_READY) ready.push_back(st);
+      return ready.size() == 3;
+    });
+  }
+  ASSERT_EQ(ready.size(), 3u) << "one READY in generation 5, two in 6";
+  for (const auto& r : ready) {
+    EXPECT_EQ(r.step(), steps);
+    EXPECT_EQ(r.state_source(), pb::rank_status::ORIGIN_DISK) << "rank " << r.global_rank();
+    EXPECT_EQ(r.optimizer_source(), pb::rank_status::SHARDS_CHECKPOINT) << "rank " << r.global_rank();
+  }
+  auto done_c = later.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_d = later.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_d);
+  EXPECT_EQ(done_c->detail(), done_d->detail());
+  EXPECT_EQ(done_d->detail(), trained->detail()) << "the checkpoint holds the trained parameters";
+}
+
 // The part writer alone: rank 1 of 2 stores exactly its byte range of the
 // stream, in the background, and says so; a store it cannot open is the
 // part's error (the committer then reports the checkpoint as not saved).
