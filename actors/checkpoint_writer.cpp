@@ -66,6 +66,7 @@ checkpoint_writer_handle::behavior_type checkpoint_writer(writer_self self, chec
         p.world = w.world_size();
         p.stall_s = std::max(p.stall_s, w.stall_s());
         p.write_s = std::max(p.write_s, w.write_s());
+        if (w.due_step() > 0) p.due_step = p.due_step > 0 ? std::min(p.due_step, w.due_step()) : w.due_step();
         if (w.global_rank() < 0 || w.global_rank() >= w.world_size()) return;
         ++p.reports;
         if (w.direct()) ++p.direct;

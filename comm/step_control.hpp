@@ -22,8 +22,11 @@ struct step_control {
   float stop = 0;
   // 1 from each rank whose stop asks for a final checkpoint.
   float final_checkpoint = 0;
+  // 1 from each rank whose checkpoint writer was still storing a part when
+  // the step began (checkpoint.defer_while_writing).
+  float writer_busy = 0;
 
-  static constexpr int64_t words = 3;
+  static constexpr int64_t words = 4;
 
   // Decisions on the world's sums.
   // Every rank holds the newer plan: all switch to it after this step.
@@ -33,6 +36,9 @@ struct step_control {
   // Some rank's stop asked for a final checkpoint (rank 0 writes it; its
   // own request may arrive a moment after a peer's).
   bool final_checkpoint_wanted() const { return final_checkpoint > 0.5f; }
+  // Some rank still stored a checkpoint part: a checkpoint due now waits
+  // for a boundary where none does (checkpoint.defer_while_writing).
+  bool some_writer_busy() const { return writer_busy > 0.5f; }
 };
 
 static_assert(std::is_standard_layout_v<step_control> && std::is_trivially_copyable_v<step_control>,

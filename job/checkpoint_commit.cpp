@@ -40,6 +40,7 @@ result<committed_step> commit_checkpoint(int64_t step, const written_parts& part
   e.write_s = parts.write_s;
   e.bytes_per_s = parts.write_s > 0 ? static_cast<double>(bytes) / parts.write_s : 0;
   e.direct_ranks = parts.direct;
+  if (parts.due_step > 0 && parts.due_step < step) e.due_step = parts.due_step;
   done.kept = std::move(written->kept);
   return done;
 }

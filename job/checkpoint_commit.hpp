@@ -38,6 +38,7 @@ struct written_parts {
   std::string meta;                                           // rank 0's
   double stall_s = 0, write_s = 0;                            // the slowest rank's
   int32_t direct = 0;                                         // ranks that wrote from the state (checkpoint.direct)
+  int64_t due_step = 0;                                       // deferred (checkpoint.defer_while_writing): the step it fell due at (0: when due)
 };
 
 struct committed_step {

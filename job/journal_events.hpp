@@ -458,10 +458,13 @@ struct checkpoint_saved {
   double write_s = 0;      // storing the parts in the background (the slowest rank)
   double bytes_per_s = 0;  // bytes / write_s
   int32_t direct_ranks = 0;  // ranks that wrote their part straight from the state (checkpoint.direct)
+  // Deferred (checkpoint.defer_while_writing): the step it fell due at, while a rank still
+  // stored the previous checkpoint.
+  std::optional<int64_t> due_step;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("step", s.step), f("path", s.path), f("bytes", s.bytes), f("generation", s.generation), f("duration_s", s.duration_s), f("parts", s.parts),
-        f("stall_s", s.stall_s), f("write_s", s.write_s), f("bytes_per_s", s.bytes_per_s), f("direct_ranks", s.direct_ranks);
+        f("stall_s", s.stall_s), f("write_s", s.write_s), f("bytes_per_s", s.bytes_per_s), f("direct_ranks", s.direct_ranks), f("due_step", s.due_step);
   }
 };
 

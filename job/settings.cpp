@@ -204,6 +204,7 @@ checkpoint_settings checkpoint_settings_of(const config& cfg) {
   c.s3_endpoint = cfg.get_string("checkpoint.s3_endpoint");
   c.every_steps = cfg.get_int("checkpoint.every_steps");
   c.keep_buffer = cfg.get_bool("checkpoint.keep_buffer");
+  c.defer_while_writing = cfg.get_bool("checkpoint.defer_while_writing");
   return c;
 }
 

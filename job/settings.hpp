@@ -153,6 +153,7 @@ struct checkpoint_settings {
   std::string s3_endpoint;         // checkpoint.s3_endpoint
   int64_t every_steps = 500;       // checkpoint.every_steps (0: only at the end)
   bool keep_buffer = true;         // checkpoint.keep_buffer
+  bool defer_while_writing = true;  // checkpoint.defer_while_writing
 };
 // Nothing to refuse: the schema bounds each key.
 checkpoint_settings checkpoint_settings_of(const config& cfg);

@@ -97,7 +97,7 @@ bool checkpoint_saver::direct(const generation_run& g, uint64_t bytes, int64_t s
 }
 
 void checkpoint_saver::write(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g,
-                             const std::map<std::string, double>& eval_at_step) {
+                             const std::map<std::string, double>& eval_at_step, int64_t due_step) {
   if (g.plan.checkpoint_store().empty()) return;  // the plan names no store: checkpoints are off
   ensure_writer();
   const state_layout layout = checkpoint_layout(state, o_, g.rank, g.world);
@@ -110,6 +110,7 @@ void checkpoint_saver::write(training_state& state, const std::optional<shard_pl
   j.store = g.plan.checkpoint_store();
   j.s3_endpoint = o_.s3_endpoint;
   j.ranges = checkpoint_ranges(state, shards, layout, g.rank, g.world);
+  j.due_step = due_step;
   if (g.rank == 0) {
     auto meta = state.checkpoint_meta(eval_at_step, g.gen);
     describe_layout(layout, meta);
@@ -133,6 +134,8 @@ void checkpoint_saver::write(training_state& state, const std::optional<shard_pl
 void checkpoint_saver::finish() {
   if (writer_) writer_->wait_idle();
 }
+
+bool checkpoint_saver::writing() { return writer_ && writer_->writing(); }
 
 std::optional<uint64_t> checkpoint_saver::buffer_bytes() {
   if (!writer_) return std::nullopt;

@@ -43,13 +43,16 @@ class checkpoint_saver {
   void prepare(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g);
   // This rank's part of a checkpoint of the current step: copied at once,
   // stored in the background. Nothing when the plan names no store.
+  // `due_step`: deferred (checkpoint.defer_while_writing), the step it fell due at.
   void write(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g,
-             const std::map<std::string, double>& eval_at_step);
+             const std::map<std::string, double>& eval_at_step, int64_t due_step = 0);
   // Every part handed to the writer is stored (before STATE_FINISHED, and
   // before anything else touches a state a direct write still reads).
   void finish();
   // Bytes of host buffer held; nothing before the first checkpoint.
   std::optional<uint64_t> buffer_bytes();
+  // A part is still being stored: a write now would wait for it.
+  bool writing();
 
  private:
   void ensure_writer();

@@ -203,6 +203,11 @@ uint64_t part_writer::buffer_bytes() {
   return buf_ ? capacity_ : 0;
 }
 
+bool part_writer::writing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_ || pending_.has_value();
+}
+
 double part_writer::fence() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!busy_ && !pending_) return 0;
@@ -334,6 +339,7 @@ pb::checkpoint_written part_writer::store_parts(const pending& p) {
   w.set_world_size(p.j.world);
   w.set_meta(p.j.meta);
   w.set_stall_s(p.stall_s);
+  w.set_due_step(p.j.due_step);
   auto& store = stores_[p.j.store];
   if (!p.error.empty()) {
     w.set_error(p.error);

@@ -83,6 +83,7 @@ class part_writer {
     // balanced share of an unsharded stream, part_range(layout.bytes, rank,
     // world) (the rank worker always passes the save planner's ranges).
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    int64_t due_step = 0;  // deferred (checkpoint.defer_while_writing): the step it fell due at
   };
   // Called on the writer thread when a part is stored (or failed).
   using done_fn = std::function<void(uint64_t generation, pb::checkpoint_written)>;
@@ -124,6 +125,9 @@ class part_writer {
   void prepare(uint64_t bytes);
   // Bytes of host buffer held now.
   uint64_t buffer_bytes();
+  // A part is queued or being stored (or the buffer grown): a submit now
+  // would wait for it.
+  bool writing();
 
  private:
   void run();

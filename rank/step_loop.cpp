@@ -158,6 +158,7 @@ void step_loop::set_control() {
   h_.mine.newer_plan = o_.newer_plan() ? 1.f : 0.f;
   h_.mine.stop = o_.stop() ? 1.f : 0.f;
   h_.mine.final_checkpoint = h_.mine.stop > 0 && o_.stop_checkpoint() ? 1.f : 0.f;
+  h_.mine.writer_busy = rs_.settings.checkpoint.defer_while_writing && rs_.saver->writing() ? 1.f : 0.f;
   x_.sync().set_control(h_.mine);
 }
 
@@ -303,10 +304,7 @@ generation_end step_loop::at_boundary(int64_t step, int64_t window_start) {
   } else if (eval_now) {
     send_eval();  // the last step: nothing collective follows but the digests' comparison, already done
   }
-  if (due(cadence_.checkpoint_every, step, window_start) || std::exchange(checkpoint_owed_, false)) {
-    write_checkpoint();
-    last_ckpt_ = step;
-  }
+  if (due(cadence_.checkpoint_every, step, window_start) || std::exchange(checkpoint_owed_, false) || deferred_from_ >= 0) checkpoint_at(step);
   if (h_.agreed.stop_agreed()) return stop_here(step, h_.agreed.final_checkpoint_wanted());
   if (h_.agreed.all_hold_newer_plan(g_.world)) return generation_outcome::next_plan;
   return std::nullopt;
@@ -345,5 +343,28 @@ generation_outcome step_loop::stop_here(int64_t step, bool final_checkpoint) {
 }
 
 void step_loop::write_checkpoint() { rs_.saver->write(state_, rs_.shards, g_, eval_at_step_); }
+
+// A checkpoint fell due (or is owed) at this boundary: written now or, with
+// checkpoint.defer_while_writing, owed while some rank still stores the previous one
+// (the step's control sums, the same on every rank: all defer alike; alone,
+// its own writer). Then training goes on instead of waiting for that write,
+// and checkpoints come as often as the store takes them. The last step's is
+// never deferred (a stop's is stop_here's).
+void step_loop::checkpoint_at(int64_t step) {
+  const bool busy = alone_ ? rs_.saver->writing() : h_.agreed.some_writer_busy();
+  if (rs_.settings.checkpoint.defer_while_writing && busy && step < cadence_.max_steps) {
+    if (deferred_from_ < 0) deferred_from_ = step;
+    if (g_.rank == 0 && !std::exchange(said_deferred_, true))
+      std::fprintf(stderr,
+                   "rank 0: generation %llu: checkpoint due at step %lld deferred: a rank still stores the previous one; it is taken at the first "
+                   "step boundary where none does (checkpoint.defer_while_writing; said once a generation)\n",
+                   static_cast<unsigned long long>(g_.gen), static_cast<long long>(step));
+    return;
+  }
+  const int64_t due_step = deferred_from_ >= 0 && step < cadence_.max_steps ? deferred_from_ : 0;
+  deferred_from_ = -1;
+  rs_.saver->write(state_, rs_.shards, g_, eval_at_step_, due_step);
+  last_ckpt_ = step;
+}
 
 }  // namespace dtactor

@@ -62,6 +62,7 @@ class step_loop {
   generation_end meet_after_eval(double eval_s);
   generation_outcome stop_here(int64_t step, bool final_checkpoint);
   void write_checkpoint();
+  void checkpoint_at(int64_t step);
   bool due(int64_t every, int64_t step, int64_t window_start) const;
 
   generation_run& g_;
@@ -88,6 +89,10 @@ class step_loop {
   // an exchange was in flight waits for it to land.
   bool alone_ = false;
   bool eval_owed_ = false, checkpoint_owed_ = false;
+  // checkpoint.defer_while_writing: the step a checkpoint fell due at while a rank still
+  // stored the previous one (-1: none owed); `said_deferred_`: rank 0 said so.
+  int64_t deferred_from_ = -1;
+  bool said_deferred_ = false;
 };
 
 }  // namespace dtactor

@@ -12,12 +12,14 @@
 namespace dtactor::testing {
 
 // A small ViT whose steps take a few milliseconds, reported every step (the
-// tests compare step numbers around each fault).
+// tests compare step numbers around each fault), checkpointed at the steps
+// checkpoints fall due at (never deferred while the previous one is still
+// stored: the tests read them by step).
 inline std::vector<std::string> job_sets(int steps, const std::vector<std::string>& extra = {}) {
   std::vector<std::string> sets = {"model.dim=16",           "model.layers=1",        "model.heads=2",          "model.mlp_ratio=2",
                                    "train.global_batch_size=32", "train.warmup_steps=5", "train.lr=0.003",        "eval.max_samples=500",
                                    "eval.every_steps=0",     "checkpoint.every_steps=20", "train.log_every_steps=1", "cluster.digest_every_steps=10",
-                                   "train.max_steps=" + std::to_string(steps)};
+                                   "checkpoint.defer_while_writing=false", "train.max_steps=" + std::to_string(steps)};
   return set_flags(sets, extra);
 }
 

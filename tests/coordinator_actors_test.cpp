@@ -1436,6 +1436,7 @@ TEST_F(coordinator_actors, a_checkpoint_is_committed_once_every_rank_stored_its_
   auto ev = of<ev::checkpoint_saved>();
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].parts, 2);
+  EXPECT_FALSE(ev[0].due_step) << "taken when due";
   EXPECT_DOUBLE_EQ(ev[0].stall_s, 0.02) << "the slowest rank's";
   EXPECT_DOUBLE_EQ(ev[0].write_s, 1.0);
   EXPECT_DOUBLE_EQ(ev[0].bytes_per_s, 1000.0);
@@ -1454,6 +1455,16 @@ TEST_F(coordinator_actors, a_checkpoint_is_committed_once_every_rank_stored_its_
   // Parts of an older generation are fenced off by the job actor.
   send(checkpoint_from("a", 12, gen - 1, 0, 1));
   EXPECT_EQ(saved.size(), 1u);
+
+  // Deferred (checkpoint.defer_while_writing): due at step 14, taken at 15 on both ranks.
+  for (int32_t r : {0, 1}) {
+    auto part = checkpoint_from(r == 0 ? "a" : "b", 15, gen, r, 2);
+    part.env.mutable_checkpoint_written()->set_due_step(14);
+    send(part);
+  }
+  ASSERT_EQ(saved.size(), 2u);
+  EXPECT_EQ(of<ev::checkpoint_saved>().back().step, 15);
+  EXPECT_EQ(of<ev::checkpoint_saved>().back().due_step, std::optional<int64_t>(14));
 }
 
 // ZeRO: a rank owns scattered ranges of the stream and stores each as a part

@@ -223,6 +223,7 @@ TEST(GradSync, StepControlLayoutIsItsFieldsInOrder) {
   EXPECT_EQ(offsetof(step_control, newer_plan), 0 * sizeof(float));
   EXPECT_EQ(offsetof(step_control, stop), 1 * sizeof(float));
   EXPECT_EQ(offsetof(step_control, final_checkpoint), 2 * sizeof(float));
+  EXPECT_EQ(offsetof(step_control, writer_busy), 3 * sizeof(float));
   EXPECT_EQ(sizeof(step_control), static_cast<size_t>(step_control::words) * sizeof(float));
   // The decisions on the world's sums.
   EXPECT_TRUE(ctl(3.f, 0.f).all_hold_newer_plan(3));
@@ -230,6 +231,10 @@ TEST(GradSync, StepControlLayoutIsItsFieldsInOrder) {
   EXPECT_TRUE(ctl(0.f, 1.f).stop_agreed());
   EXPECT_FALSE(ctl(0.f, 0.f, 1.f).stop_agreed());
   EXPECT_TRUE(ctl(0.f, 2.f, 1.f).final_checkpoint_wanted());
+  step_control busy;
+  EXPECT_FALSE(busy.some_writer_busy());
+  busy.writer_busy = 1.f;
+  EXPECT_TRUE(busy.some_writer_busy());
 }
 
 // The control word rides with the first bucket: every rank reads the same

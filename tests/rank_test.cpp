@@ -217,9 +217,13 @@ struct reports {
   std::map<int, int64_t> last_step;                       // local rank -> last reported step
   std::vector<std::pair<int, pb::checkpoint_written>> checkpoints;  // (local rank, report) of each part stored
   std::vector<std::pair<int, std::string>> order;                    // (local rank, "checkpoint N" / "status S") as reported
+  // Tests: called on a rank's checkpoint writer thread with each part's
+  // report, before the writer counts as done with it (set before start).
+  std::function<void(int local, const pb::checkpoint_written&)> while_storing;
   rank_work_callbacks for_rank(int local) {
     rank_work_callbacks cb;
     cb.on_checkpoint = [this, local](uint64_t, pb::checkpoint_written w) {
+      if (while_storing) while_storing(local, w);
       std::lock_guard<std::mutex> lock(mu);
       order.emplace_back(local, "checkpoint " + std::to_string(w.step()));
       checkpoints.emplace_back(local, std::move(w));
@@ -430,6 +434,54 @@ TEST_F(rank_workers, a_diloco_rank_behind_its_peer_at_a_new_generation_catches_u
   EXPECT_EQ(done_a->detail(), straight->detail());
   a2.reset();
   b2.reset();
+}
+
+// checkpoint.defer_while_writing (the default): rank 0's writer is held on its step-2
+// part (as a slow store would) until rank 0 has trained step 7. The
+// checkpoints due at steps 4 and 6 are deferred on both ranks (rank 1's
+// writer is free: they agree through the step's control words), training
+// goes on meanwhile, and the first boundary after the write ended takes
+// one checkpoint, which says it fell due at step 4.
+TEST_F(rank_workers, a_checkpoint_due_while_a_rank_still_stores_the_previous_one_is_deferred_on_every_rank) {
+  std::mutex held_mu;
+  std::condition_variable held_cv;
+  bool release = false;
+  seen.while_storing = [&](int local, const pb::checkpoint_written& w) {
+    if (local != 0 || w.step() != 2) return;
+    std::unique_lock<std::mutex> lock(held_mu);
+    held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
+  };
+  start(20, {"checkpoint.every_steps=2", "checkpoint.defer_while_writing=true"});
+  const auto g1 = plan(1, {0, 1}, false);
+  ASSERT_TRUE(a->offer(g1));
+  ASSERT_TRUE(b->offer(g1));
+  ASSERT_TRUE(seen.wait_step(0, 7));
+  {
+    std::lock_guard<std::mutex> lock(held_mu);
+    release = true;
+  }
+  held_cv.notify_all();
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b);
+  std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (const auto& [l, w] : seen.checkpoints) by_step[w.step()].push_back(w);
+  }
+  std::string steps;
+  for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
+  EXPECT_EQ(by_step[2].size(), 2u) << steps;
+  EXPECT_EQ(by_step.count(4), 0u) << "due while rank 0 still stored step 2:" << steps;
+  EXPECT_EQ(by_step.count(6), 0u) << steps;
+  int64_t deferred = -1;
+  for (const auto& [s, ws] : by_step)
+    if (s > 7 && s < 20 && ws[0].due_step() == 4) deferred = s;
+  ASSERT_GT(deferred, 7) << "no checkpoint said it fell due at step 4:" << steps;
+  for (const auto& w : by_step[deferred]) EXPECT_EQ(w.due_step(), 4) << "both ranks' parts of step " << deferred;
+  EXPECT_EQ(by_step[deferred].size(), 2u) << steps;
+  EXPECT_EQ(by_step[20].size(), 2u) << "the last step's checkpoint:" << steps;
+  EXPECT_EQ(by_step[20][0].due_step(), 0) << steps;
 }
 
 // A stop with a final checkpoint may reach one rank a moment before the

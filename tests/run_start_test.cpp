@@ -79,8 +79,15 @@ TEST(run_start, a_commit_plans_the_manifest_writes_it_and_says_what_it_saved) {
   EXPECT_EQ(e.write_s, 2.0);
   EXPECT_EQ(e.bytes_per_s, 5000.0);
   EXPECT_EQ(e.direct_ranks, 1);
+  EXPECT_FALSE(e.due_step) << "taken when due";
   EXPECT_GE(e.duration_s, 0.0);
   EXPECT_EQ(done->kept, std::vector<int64_t>{6});
+  // Deferred (checkpoint.defer_while_writing): it says the step it fell due at.
+  written_parts later = write_step(store, 9, 3, 2);
+  later.due_step = 8;
+  auto deferred = commit_checkpoint(9, later, commit_to(store));
+  ASSERT_TRUE(deferred) << deferred.message();
+  EXPECT_EQ(deferred->saved.due_step, std::optional<int64_t>(8));
   auto meta = store.read_manifest(manifest_name(6));
   ASSERT_TRUE(meta) << meta.message();
   EXPECT_EQ(meta->generation(), 3u);
