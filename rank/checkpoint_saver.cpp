@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
@@ -60,9 +61,15 @@ void checkpoint_saver::prepare(training_state& state, const std::optional<shard_
   ensure_writer();
   const state_layout layout = checkpoint_layout(state, o_, g.rank, g.world);
   const uint64_t bytes = bytes_of(checkpoint_ranges(state, shards, layout, g.rank, g.world));
-  // auto: not ahead of time (the first checkpoint sees whether there is
-  // room for it beside the steps).
+  // auto: once the first step showed its peak (after_first_step).
   if (o_.keep_buffer && o_.modes.direct == direct_checkpoint::off) writer_->prepare(bytes);
+  prepare_after_step_ = o_.keep_buffer && o_.modes.direct == direct_checkpoint::automatic;
+}
+
+void checkpoint_saver::after_first_step(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g) {
+  if (!std::exchange(prepare_after_step_, false) || !writer_) return;
+  const uint64_t bytes = bytes_of(checkpoint_ranges(state, shards, checkpoint_layout(state, o_, g.rank, g.world), g.rank, g.world));
+  if (writer_->buffer_bytes() < bytes && part_buffer_fits(bytes, host_ranks(g), read_memory_room())) writer_->prepare(bytes);
 }
 
 // The ranks of this host, each with its own writer.

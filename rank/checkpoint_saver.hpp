@@ -41,6 +41,12 @@ class checkpoint_saver {
   // (checkpoint.direct = false and checkpoint.keep_buffer; else made at a
   // checkpoint that uses it). Nothing when the plan names no store.
   void prepare(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g);
+  // After the generation's first step (its peak memory now known):
+  // checkpoint.direct = auto makes the buffer in the background there when
+  // it fits, so that the first checkpoint is a copy into touched pages (or,
+  // still being made when a checkpoint falls due, defers it:
+  // checkpoint.defer_while_writing), not page faults in the stall.
+  void after_first_step(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g);
   // This rank's part of a checkpoint of the current step: copied at once,
   // stored in the background. Nothing when the plan names no store.
   // `due_step`: deferred (checkpoint.defer_while_writing), the step it fell due at.
@@ -62,6 +68,7 @@ class checkpoint_saver {
   checkpoint_saver_options o_;
   std::unique_ptr<part_writer> writer_;  // made at the first checkpoint
   std::optional<bool> wrote_direct_;     // how the last part was written (checkpoint.direct = auto says when it changes)
+  bool prepare_after_step_ = false;      // checkpoint.direct = auto: the buffer is weighed after the first step
 };
 
 }  // namespace dtactor

@@ -195,6 +195,7 @@ generation_end step_loop::after_step(int64_t attempted, int64_t window_start, cl
   const int64_t step = state_.step();
   if (boundary && !x_.moving_buffers.empty())
     if (auto ended = broadcast_buffers(step)) return ended;
+  if (first_) rs_.saver->after_first_step(state_, rs_.shards, g_);
   add_step_sums(step, attempted);
   if (boundary && due(cadence_.digest_every, step, window_start))
     if (auto ended = compare_digests(step)) return ended;
