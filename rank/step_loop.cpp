@@ -80,6 +80,10 @@ generation_outcome step_loop::run() {
     if (o_.stop_at_step >= 0 && state_.step() >= o_.stop_at_step && !o_.stop()) o_.request_final_stop();
     if (o_.fail_mode == fault_mode::rank_oom && o_.fail_at_step >= 0 && state_.step() >= o_.fail_at_step) inject_fault(o_.fail_mode, o_.fail_at_step);
     if (alone_ && o_.stop() && !in_flight()) return stop_here(state_.step(), o_.stop_checkpoint());
+    // Alone, a newer plan (a drain: the world grows) is taken before the
+    // next step: nobody to agree with, and the step's control word, sampled
+    // when a step starts, would take it one step later.
+    if (alone_ && o_.newer_plan() && !in_flight()) return generation_outcome::next_plan;
     if (rs_.window.replay_owed()) {
       if (auto ended = rs_.window.replay_next(g_, rs_, x_.host_sync.get())) return *ended;
       continue;

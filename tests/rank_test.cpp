@@ -220,6 +220,8 @@ struct reports {
   // Tests: called on a rank's checkpoint writer thread with each part's
   // report, before the writer counts as done with it (set before start).
   std::function<void(int local, const pb::checkpoint_written&)> while_storing;
+  // Tests: called on a rank's training thread after each step's report.
+  std::function<void(int local, int64_t step)> after_step;
   rank_work_callbacks for_rank(int local) {
     rank_work_callbacks cb;
     cb.on_checkpoint = [this, local](uint64_t, pb::checkpoint_written w) {
@@ -236,9 +238,12 @@ struct reports {
       cv.notify_all();
     };
     cb.on_step = [this, local](uint64_t, pb::step_report r) {
-      std::lock_guard<std::mutex> lock(mu);
-      last_step[local] = r.step();
-      cv.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        last_step[local] = r.step();
+        cv.notify_all();
+      }
+      if (after_step) after_step(local, r.step());
     };
     return cb;
   }
@@ -371,6 +376,53 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   EXPECT_EQ(done_b->step(), 30);
   EXPECT_EQ(done_a->detail(), done_b->detail());  // the parameters' digest
   EXPECT_FALSE(done_a->detail().empty());
+}
+
+// A rank alone takes a drain plan (the world grows) before its next step:
+// the plan arrives while step 5 is being reported (the rank is held there),
+// and the rank's READY in the new generation is at step 5, not a step later.
+TEST_F(rank_workers, a_rank_alone_takes_a_drain_plan_before_its_next_step) {
+  std::mutex held_mu;
+  std::condition_variable held_cv;
+  bool at_five = false, release = false;
+  seen.after_step = [&](int local, int64_t step) {
+    if (local != 0 || step != 5) return;
+    std::unique_lock<std::mutex> lock(held_mu);
+    at_five = true;
+    held_cv.notify_all();
+    held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
+  };
+  start(40);
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(a->offer(plan(1, {0}, false)));
+  {
+    std::unique_lock<std::mutex> lock(held_mu);
+    ASSERT_TRUE(held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return at_five; }));
+  }
+  const auto g2 = plan(2, {0, 1}, true);
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(b->offer(g2));
+  {
+    std::lock_guard<std::mutex> lock(held_mu);
+    release = true;
+  }
+  held_cv.notify_all();
+  std::optional<pb::rank_status> ready;
+  {
+    std::unique_lock<std::mutex> lock(seen.mu);
+    seen.cv.wait_for(lock, std::chrono::minutes(2), [&] {
+      int n = 0;
+      for (const auto& [l, st] : seen.statuses)
+        if (l == 0 && st.status() == pb::rank_status::STATE_READY && ++n == 2) ready = st;
+      return ready.has_value();
+    });
+  }
+  ASSERT_TRUE(ready) << "no READY of rank 0 in generation 2";
+  EXPECT_EQ(ready->step(), 5) << "the drain plan came during step 5's report";
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b);
+  EXPECT_EQ(done_a->detail(), done_b->detail());
 }
 
 // DiLoCo: a rank that leaves a generation behind its peer (it was offered
