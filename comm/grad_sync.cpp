@@ -257,6 +257,7 @@ void grad_sync::launch(size_t bi) {
   if (opts_.zero2) ensure_flat(bi);
   if (bi == 0 && opts_.carry_control) {
     torch::NoGradGuard no_grad;
+    if (control_source_) control_in_ = control_source_();
     float words[control_words];
     std::memcpy(words, &control_in_, sizeof(words));
     auto tail = exchange_->staging(0).narrow(0, control_offset_, control_words);
@@ -296,6 +297,7 @@ void grad_sync::launch_all() {
 result<grad_sync_timing> grad_sync::finish() {
   grad_sync_timing t;
   if (world_ <= 1) {
+    if (control_source_) control_in_ = control_source_();
     control_out_ = control_in_;
     return t;
   }

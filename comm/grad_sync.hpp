@@ -157,6 +157,12 @@ class grad_sync {
   // What this rank adds to the step's control (options.carry_control); read
   // when the first bucket is launched.
   void set_control(const step_control& c) { control_in_ = c; }
+  // Or where to read it from when the first bucket is launched (a world of
+  // one: at finish()), replacing what set_control() gave: a plan or a stop
+  // that arrives during the step's forward pass, before backward launches
+  // the first bucket, is then agreed after this step instead of the next.
+  // Called on the thread that runs backward. Empty: set_control() alone.
+  void set_control_source(std::function<step_control()> source) { control_source_ = std::move(source); }
   // After a successful finish(): the SUM over all ranks of their controls
   // (this rank's own with a world of one).
   const step_control& control() const { return control_out_; }
@@ -248,6 +254,7 @@ class grad_sync {
   std::unique_ptr<bucket_exchange> exchange_;
   std::unique_ptr<param_sync> param_sync_;
   step_control control_in_, control_out_;
+  std::function<step_control()> control_source_;
   int64_t control_offset_ = 0;  // in the first bucket's flat tensor
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   grad_sync_options opts_;

@@ -156,14 +156,23 @@ void step_loop::report_ready() {
 // rank reads the same sums after the step: all switch once every rank holds
 // the newer plan, all stop if any rank was asked to, at the same step
 // boundary, and rank 0 writes the final checkpoint if any rank was asked
-// for one.
+// for one. The reducer samples it again when it launches that bucket, in
+// backward: a plan or stop that came during the forward pass is agreed
+// after this step, not the next (the reducer dies with this loop's
+// exchanges, so it never calls a loop that is gone).
 void step_loop::set_control() {
-  h_.mine = step_control{};
-  h_.mine.newer_plan = o_.newer_plan() ? 1.f : 0.f;
-  h_.mine.stop = o_.stop() ? 1.f : 0.f;
-  h_.mine.final_checkpoint = h_.mine.stop > 0 && o_.stop_checkpoint() ? 1.f : 0.f;
-  h_.mine.writer_busy = rs_.settings.checkpoint.defer_while_writing && rs_.saver->writing() ? 1.f : 0.f;
+  h_.mine = control_now();
   x_.sync().set_control(h_.mine);
+  x_.sync().set_control_source([this] { return control_now(); });
+}
+
+step_control step_loop::control_now() const {
+  step_control c;
+  c.newer_plan = o_.newer_plan() ? 1.f : 0.f;
+  c.stop = o_.stop() ? 1.f : 0.f;
+  c.final_checkpoint = c.stop > 0 && o_.stop_checkpoint() ? 1.f : 0.f;
+  c.writer_busy = rs_.settings.checkpoint.defer_while_writing && rs_.saver->writing() ? 1.f : 0.f;
+  return c;
 }
 
 // The step's forward, backward and update (DiLoCo: an inner step of this

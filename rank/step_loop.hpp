@@ -51,6 +51,7 @@ class step_loop {
   bool outer_pending() const;
   bool in_flight() const;
   void set_control();
+  step_control control_now() const;  // this rank's control words as they stand now
   generation_end inner_step();
   generation_end after_step(int64_t attempted, int64_t window_start, clock_type::time_point t0);
   void add_step_sums(int64_t step, int64_t attempted);

@@ -279,6 +279,52 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
   }));
 }
 
+// A control source is read when the first bucket is launched, in backward:
+// a plan that arrives after the step began (after set_control) is in this
+// step's sums, so every rank switches one step earlier. A world of one reads
+// it at finish().
+TEST(GradSync, ControlSourceIsReadWhenTheFirstBucketIsLaunched) {
+  const int world = 2;
+  auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
+  auto states = make_states(cfg, world);
+  expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[rank];
+    grad_sync_options o;
+    o.bucket_bytes = 4 * 1024;
+    o.carry_control = true;
+    grad_sync sync(params_of(s), pg, o);
+    bool plan_arrived = false, finishing = false;
+    int read_in_backward = 0, read_in_finish = 0;
+    sync.set_control_source([&] {
+      ++(finishing ? read_in_finish : read_in_backward);
+      return ctl(plan_arrived ? 1.f : 0.f, 0.f);
+    });
+    for (int step = 0; step < 2; ++step) {
+      sync.set_control(ctl(0.f, 0.f));  // the step starts with no newer plan
+      plan_arrived = step == 1;         // one arrives during step 1's forward pass
+      finishing = false;
+      s.zero_grad();
+      s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
+      finishing = true;
+      auto t = sync.finish();
+      if (!t) return t.message();
+      const float want = step == 1 ? static_cast<float>(world) : 0.f;
+      if (sync.control().newer_plan != want)
+        return "step " + std::to_string(step) + ": newer_plan summed to " + std::to_string(sync.control().newer_plan) + ", want " + std::to_string(want);
+    }
+    if (read_in_backward != 2 || read_in_finish != 0)
+      return "the source was read " + std::to_string(read_in_backward) + " times in backward and " + std::to_string(read_in_finish) + " in finish, want 2 and 0";
+    return "";
+  }));
+  grad_sync_options o;
+  o.carry_control = true;
+  grad_sync alone(params_of(*states[0]), c10::intrusive_ptr<c10d::ProcessGroup>(), o);
+  alone.set_control(ctl(0.f, 0.f));
+  alone.set_control_source([] { return ctl(1.f, 1.f); });
+  ASSERT_TRUE(alone.finish());
+  EXPECT_EQ(words(alone.control()), (std::vector<float>{1.f, 1.f, 0.f}));
+}
+
 // cluster.wire_dtype = bf16: every rank ends with the same gradient (bit
 // for bit). At 2 ranks (all-gather) it is the sum of the ranks' gradients
 // each rounded to bf16, added in fp32; from 3 ranks on (reduce-scatter,
