@@ -142,6 +142,10 @@ void checkpoint_saver::finish() {
   if (writer_) writer_->wait_idle();
 }
 
+void checkpoint_saver::release_state() {
+  if (writer_) writer_->wait_state_unread();
+}
+
 bool checkpoint_saver::writing() { return writer_ && writer_->writing(); }
 
 std::optional<uint64_t> checkpoint_saver::buffer_bytes() {

@@ -52,9 +52,12 @@ class checkpoint_saver {
   // `due_step`: deferred (checkpoint.defer_while_writing), the step it fell due at.
   void write(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g,
              const std::map<std::string, double>& eval_at_step, int64_t due_step = 0);
-  // Every part handed to the writer is stored (before STATE_FINISHED, and
-  // before anything else touches a state a direct write still reads).
+  // Every part handed to the writer is stored (before STATE_FINISHED).
   void finish();
+  // No direct write reads the state any more (before anything else touches
+  // it: the next generation's reshard or load, the caller after quit). A
+  // buffered write goes on storing its own copy meanwhile.
+  void release_state();
   // Bytes of host buffer held; nothing before the first checkpoint.
   std::optional<uint64_t> buffer_bytes();
   // A part is still being stored: a write now would wait for it.

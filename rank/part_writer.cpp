@@ -185,6 +185,7 @@ double part_writer::submit_direct(const state_layout& layout, job j, std::string
   p.direct = std::move(kept);
   lock.lock();
   pending_ = std::move(p);
+  direct_in_flight_ = true;
   lock.unlock();
   cv_.notify_all();
   return since(t0);
@@ -223,6 +224,11 @@ double part_writer::fence() {
 void part_writer::wait_idle() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !busy_ && !pending_; });
+}
+
+void part_writer::wait_state_unread() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !direct_in_flight_; });
 }
 
 void part_writer::set_aside_bytes(uint64_t bytes) {
@@ -286,6 +292,7 @@ void part_writer::run() {
       const double fenced = progress_ ? progress_->fence_s : 0.0;
       last_set_aside_ = progress_ && progress_->rest ? progress_->total - progress_->rest_from : 0;
       progress_.reset();
+      direct_in_flight_ = false;
       w.set_stall_s(p->stall_s + fenced + (fenced_since_ ? since(*fenced_since_) : 0.0));
     }
     const bool was_direct = p->direct != nullptr;

@@ -110,6 +110,10 @@ class part_writer {
   double fence();
   // Waits until no write is in flight at all.
   void wait_idle();
+  // Waits until no direct write reads the state (a buffered write reads its
+  // own copy and goes on storing): what a generation's end needs before
+  // the next one reshards or loads the state.
+  void wait_state_unread();
   // Direct writes from now on: the most fence() copies aside instead of
   // waiting for it to be written (0: it waits for the whole write).
   void set_aside_bytes(uint64_t bytes);
@@ -177,6 +181,7 @@ class part_writer {
   std::condition_variable cv_;
   std::optional<pending> pending_;
   bool busy_ = false, quit_ = false;
+  bool direct_in_flight_ = false;  // a direct write is queued or being stored
   // Set while the training thread waits in fence() for a direct write: the
   // wait, added to the stall that write reports.
   std::optional<std::chrono::steady_clock::time_point> fenced_since_;

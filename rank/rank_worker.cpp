@@ -314,12 +314,15 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
   if (auto opened = open_sample_log(); !opened) return g.failed(opened.message(), state.step());
   // However the generation ends, a checkpoint write still reading the state
   // (checkpoint.direct) is over before anything else touches it: the next
-  // generation's reshard or load, the caller's state after quit.
+  // generation's reshard or load, the caller's state after quit. A buffered
+  // write goes on storing its copy while the next generation starts (its
+  // part is reported under its own generation; the coordinator commits a
+  // drained generation's parts).
   struct write_over {
     checkpoint_saver& saver;
     training_state& s;
     ~write_over() {
-      saver.finish();
+      saver.release_state();
       s.set_before_update(nullptr);
     }
   } over{*im.saver, state};

@@ -425,6 +425,60 @@ TEST_F(rank_workers, a_rank_alone_takes_a_drain_plan_before_its_next_step) {
   EXPECT_EQ(done_a->detail(), done_b->detail());
 }
 
+// A rank that leaves a generation while its buffered checkpoint write is
+// still storing does not wait for it: the write reads its own copy. Rank 0,
+// alone, is held in storing its step-2 part; a drain plan brings rank 1 in,
+// and rank 1 is READY in the new generation while that write is still held.
+// Released, the part is reported and both ranks finish identical.
+TEST_F(rank_workers, a_generation_switch_does_not_wait_for_a_buffered_checkpoint_write) {
+  std::mutex held_mu;
+  std::condition_variable held_cv;
+  bool holding = false, release = false;
+  seen.while_storing = [&](int local, const pb::checkpoint_written& w) {
+    if (local != 0 || w.step() != 2) return;
+    std::unique_lock<std::mutex> lock(held_mu);
+    holding = true;
+    held_cv.notify_all();
+    held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
+  };
+  auto let_go = [&] {
+    std::lock_guard<std::mutex> lock(held_mu);
+    release = true;
+    held_cv.notify_all();
+  };
+  start(30, {"checkpoint.every_steps=2", "checkpoint.defer_while_writing=true", "checkpoint.direct=false"});
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(a->offer(plan(1, {0}, false)));
+  {
+    std::unique_lock<std::mutex> lock(held_mu);
+    ASSERT_TRUE(held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return holding; }));
+  }
+  const auto g2 = plan(2, {0, 1}, true);
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(b->offer(g2));
+  auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
+  bool still_held = false;
+  {
+    std::lock_guard<std::mutex> lock(held_mu);
+    still_held = !release;
+  }
+  let_go();
+  ASSERT_TRUE(ready_b) << "rank 1 never became READY in generation 2";
+  EXPECT_TRUE(still_held);
+  EXPECT_EQ(ready_b->state_source(), pb::rank_status::ORIGIN_PEER);
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b);
+  EXPECT_EQ(done_a->detail(), done_b->detail());
+  bool step2_stored = false;
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (const auto& [l, w] : seen.checkpoints)
+      if (l == 0 && w.step() == 2 && w.error().empty() && w.parts_size() > 0) step2_stored = true;
+  }
+  EXPECT_TRUE(step2_stored) << "rank 0's step-2 part, stored after the switch";
+}
+
 // DiLoCo: a rank that leaves a generation behind its peer (it was offered
 // the next plan first, as when a third rank is lost) catches up on the steps
 // its peer took, on its own slices of them, instead of skipping them: the
