@@ -64,9 +64,13 @@ void checkpoint_saver::prepare(training_state& state, const std::optional<shard_
   // auto: once the first step showed its peak (after_first_step).
   if (o_.keep_buffer && o_.modes.direct == direct_checkpoint::off) writer_->prepare(bytes);
   prepare_after_step_ = o_.keep_buffer && o_.modes.direct == direct_checkpoint::automatic;
+  // A checkpoint due right after the first step would make the buffer in
+  // its stall: until after_first_step, this rank counts as writing.
+  buffer_owed_ = prepare_after_step_ && writer_->buffer_bytes() < bytes;
 }
 
 void checkpoint_saver::after_first_step(training_state& state, const std::optional<shard_plan>& shards, const generation_run& g) {
+  buffer_owed_ = false;
   if (!std::exchange(prepare_after_step_, false) || !writer_) return;
   const uint64_t bytes = bytes_of(checkpoint_ranges(state, shards, checkpoint_layout(state, o_, g.rank, g.world), g.rank, g.world));
   if (writer_->buffer_bytes() < bytes && part_buffer_fits(bytes, host_ranks(g), read_memory_room())) writer_->prepare(bytes);
@@ -146,7 +150,7 @@ void checkpoint_saver::release_state() {
   if (writer_) writer_->wait_state_unread();
 }
 
-bool checkpoint_saver::writing() { return writer_ && writer_->writing(); }
+bool checkpoint_saver::writing() { return buffer_owed_ || (writer_ && writer_->writing()); }
 
 std::optional<uint64_t> checkpoint_saver::buffer_bytes() {
   if (!writer_) return std::nullopt;

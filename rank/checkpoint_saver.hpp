@@ -60,7 +60,9 @@ class checkpoint_saver {
   void release_state();
   // Bytes of host buffer held; nothing before the first checkpoint.
   std::optional<uint64_t> buffer_bytes();
-  // A part is still being stored: a write now would wait for it.
+  // A part is still being stored (or the buffer is being made), or the
+  // buffer is still to be made after the generation's first step: a write
+  // now would stall on it (checkpoint.defer_while_writing defers it).
   bool writing();
 
  private:
@@ -72,6 +74,7 @@ class checkpoint_saver {
   std::unique_ptr<part_writer> writer_;  // made at the first checkpoint
   std::optional<bool> wrote_direct_;     // how the last part was written (checkpoint.direct = auto says when it changes)
   bool prepare_after_step_ = false;      // checkpoint.direct = auto: the buffer is weighed after the first step
+  bool buffer_owed_ = false;             // ... and the one held now is too small for this generation's part
 };
 
 }  // namespace dtactor

@@ -206,7 +206,7 @@ uint64_t part_writer::buffer_bytes() {
 
 bool part_writer::writing() {
   std::lock_guard<std::mutex> lock(mu_);
-  return busy_ || pending_.has_value();
+  return busy_ || pending_.has_value() || want_capacity_ > capacity_;  // prepare()'s buffer counts from the call on
 }
 
 double part_writer::fence() {

@@ -370,7 +370,7 @@ void step_loop::checkpoint_at(int64_t step) {
     if (deferred_from_ < 0) deferred_from_ = step;
     if (g_.rank == 0 && !std::exchange(said_deferred_, true))
       std::fprintf(stderr,
-                   "rank 0: generation %llu: checkpoint due at step %lld deferred: a rank still stores the previous one; it is taken at the first "
+                   "rank 0: generation %llu: checkpoint due at step %lld deferred: a rank still stores the previous one or still makes its part buffer; it is taken at the first "
                    "step boundary where none does (checkpoint.defer_while_writing; said once a generation)\n",
                    static_cast<unsigned long long>(g_.gen), static_cast<long long>(step));
     return;

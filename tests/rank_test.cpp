@@ -479,6 +479,34 @@ TEST_F(rank_workers, a_generation_switch_does_not_wait_for_a_buffered_checkpoint
   EXPECT_TRUE(step2_stored) << "rank 0's step-2 part, stored after the switch";
 }
 
+// checkpoint.direct = auto makes a fresh rank's part buffer after the
+// generation's first step: a checkpoint due right at that step would make
+// it in its stall, so it is deferred on both ranks (the fresh ranks count
+// as writing until then) and taken at a later boundary, saying so.
+TEST_F(rank_workers, a_checkpoint_due_right_after_the_first_step_waits_for_the_part_buffer) {
+  start(8, {"checkpoint.every_steps=1", "checkpoint.defer_while_writing=true", "checkpoint.direct=auto"});
+  const auto g1 = plan(1, {0, 1}, false);
+  ASSERT_TRUE(a->offer(g1));
+  ASSERT_TRUE(b->offer(g1));
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b);
+  std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (const auto& [l, w] : seen.checkpoints) by_step[w.step()].push_back(w);
+  }
+  std::string steps;
+  for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
+  EXPECT_EQ(by_step.count(1), 0u) << "due at the first step, before the buffer:" << steps;
+  ASSERT_FALSE(by_step.empty()) << "no checkpoint at all";
+  const auto& first = by_step.begin()->second;
+  EXPECT_GT(by_step.begin()->first, 1) << steps;
+  EXPECT_EQ(first.size(), 2u) << steps;
+  for (const auto& w : first) EXPECT_EQ(w.due_step(), 1) << "the first checkpoint says it fell due at step 1:" << steps;
+  EXPECT_EQ(by_step[8].size(), 2u) << "the last step's checkpoint:" << steps;
+}
+
 // DiLoCo: a rank that leaves a generation behind its peer (it was offered
 // the next plan first, as when a third rank is lost) catches up on the steps
 // its peer took, on its own slices of them, instead of skipping them: the
