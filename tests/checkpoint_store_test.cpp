@@ -1,6 +1,8 @@
 #include "storage/checkpoint_store.hpp"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "storage/fs.hpp"
+#include "storage/object_store.hpp"
 #include "job/job_config.hpp"
 #include "job/shipped_file.hpp"
 
@@ -150,6 +153,50 @@ TEST(checkpoint_store, parts_written_by_any_number_of_ranks_read_back_as_one_str
     EXPECT_TRUE(store.verify(meta.value(), true).ok());
     EXPECT_EQ(read_all(store, meta.value()), stream) << "world " << world;
   }
+}
+
+// A large part is written back and dropped from the page cache as it is
+// written: once committed, next to none of its pages are resident, and it
+// reads back whole. (In the build tree, on disk: a tmpfs keeps its pages.)
+TEST(checkpoint_store, a_large_part_leaves_the_page_cache_once_written) {
+  const std::string dir = (fs::current_path() / ("dtactor-cache-" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  struct cleanup {
+    std::string d;
+    ~cleanup() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } gone{dir};
+  auto store = open_directory_store(dir);
+  ASSERT_TRUE(store) << store.message();
+  const uint64_t size = 96ull << 20;
+  std::string bytes(size, '\0');
+  std::mt19937_64 rng(7);
+  for (uint64_t i = 0; i + 8 <= size; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(bytes.data() + i, &v, 8);
+  }
+  const std::string name = part_name(1, 1, 0, 1);
+  auto part = write_part(*store.value(), name, 0, bytes.data(), size);
+  ASSERT_TRUE(part) << part.message();
+  const int fd = ::open((dir + "/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), pages = (size + page - 1) / page;
+  std::vector<unsigned char> resident(pages);
+  ASSERT_EQ(::mincore(map, size, resident.data()), 0) << std::strerror(errno);
+  ::munmap(map, size);
+  size_t in_cache = 0;
+  for (unsigned char r : resident) in_cache += r & 1;
+  EXPECT_LT(in_cache, pages / 10) << in_cache << " of " << pages << " pages still in the page cache";
+  std::string back(size, '\0');
+  auto n = store.value()->read(name, 0, back.data(), size);
+  ASSERT_TRUE(n) << n.message();
+  EXPECT_EQ(n.value(), size);
+  EXPECT_TRUE(back == bytes);
 }
 
 TEST(checkpoint_store, part_ranges_cover_the_stream_exactly_and_are_aligned) {
