@@ -150,7 +150,7 @@ generation_end checkpoint_source::fallback(start_context& c, const shard_plan& p
     int64_t from_disk = have_checkpoint ? 1 : 0;
     auto pg = transfer_group(g, c.rs);
     if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
-    auto sent = broadcast_state(*pg.value(), 0, c.state, g.timeout, g.abandon_now, from_disk, state_transfer_streams);
+    auto sent = broadcast_state(*pg.value(), 0, c.state, g.timeout, g.abandon_now, from_disk, state_transfer_streams, 64ull << 20, transfer_shm(g));
     if (!sent) return g.failed(sent.message(), c.state.step());
     g.root = 0;
     have_checkpoint = from_disk != 0;

@@ -142,6 +142,8 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> build_side_group(generation_run& 
   return *b->r;
 }
 
+shm_group* transfer_shm(const generation_run& g) { return g.exchange.shm && !g.exchange.hierarchical ? g.exchange.shm.get() : nullptr; }
+
 result<c10::intrusive_ptr<c10d::ProcessGroup>> transfer_group(generation_run& g, rank_state& rs) {
   if (!g.group || resolve_backend(g.group->co) != comm_backend::gloo) return g.pg;
   // Built once a generation (a peer's state and then a checkpoint's

@@ -13,6 +13,8 @@
 
 namespace dtactor {
 
+class shm_group;
+
 struct job_key;
 struct generation_run;
 struct rank_state;
@@ -42,5 +44,10 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> build_side_group(generation_run& 
 // the rate), else the generation's own group.
 inline constexpr int state_transfer_streams = 2;
 result<c10::intrusive_ptr<c10d::ProcessGroup>> transfer_group(generation_run& g, rank_state& rs);
+// When every rank of the generation is on this host and shares its
+// gradient segment (cluster.shm_allreduce): that segment, which a state
+// transfer's chunks go through (memory copies instead of loopback TCP);
+// else null.
+shm_group* transfer_shm(const generation_run& g);
 
 }  // namespace dtactor

@@ -11,6 +11,7 @@
 #include "model/trainer.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "comm/communicator.hpp"
+#include "comm/shm_group.hpp"
 
 namespace dtactor {
 
@@ -355,10 +356,46 @@ std::vector<std::pair<char*, int64_t>> transfer_chunks(const state_layout& layou
   return out;
 }
 
+// The chunks through the ring of a shared-memory group (every rank
+// reserves the same regions in the same order): root waits until a region
+// is free, copies a chunk into its slot and publishes it; the others wait
+// for it, copy it out and say they consumed it. Root runs ahead of the
+// slowest reader by at most the ring.
+status shm_chunks(shm_group& shm, int root, const std::vector<std::pair<char*, int64_t>>& chunks, std::chrono::milliseconds timeout,
+                  const std::function<bool()>& abandon, uint64_t& bytes) {
+  const bool sending = shm.rank() == root;
+  auto deadline = [&] { return std::chrono::steady_clock::now() + timeout; };
+  constexpr std::chrono::microseconds spin{200};
+  for (const auto& [base, n] : chunks) {
+    auto region = shm.reserve((n + static_cast<int64_t>(sizeof(float)) - 1) / static_cast<int64_t>(sizeof(float)));
+    if (!region) return region.err();
+    const auto& g = region.value();
+    if (sending) {
+      if (auto st = shm.wait_free(g, deadline(), abandon, spin, "state transfer"); !st) return st;
+      std::memcpy(shm.at(root, g), base, static_cast<size_t>(n));
+    }
+    shm.publish(g);
+    if (!sending) {
+      if (auto st = shm.wait_all(g.count, deadline(), abandon, spin, "state transfer"); !st) return st;
+      std::memcpy(base, shm.at(root, g), static_cast<size_t>(n));
+    }
+    shm.consume(g.count);
+    bytes += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
+// Chunks of at most half a ring slot: root fills one while the others
+// copy out the one before.
+uint64_t shm_chunk_bytes(const shm_group& shm, uint64_t chunk_bytes) {
+  const uint64_t half = static_cast<uint64_t>(shm.capacity()) * sizeof(float) / 2 / 64 * 64;
+  return std::max<uint64_t>(64, std::min(chunk_bytes, half));
+}
+
 }  // namespace
 
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
-                                       const std::function<bool()>& abandon, int64_t& tag, int in_flight, uint64_t chunk_bytes) {
+                                       const std::function<bool()>& abandon, int64_t& tag, int in_flight, uint64_t chunk_bytes, shm_group* shm) {
   const auto t0 = std::chrono::steady_clock::now();
   auto deadline = [&] { return std::chrono::steady_clock::now() + timeout; };
   c10d::BroadcastOptions bo;
@@ -377,6 +414,15 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
                       " bytes of state, this rank " + std::to_string(bytes) + " (another model?)");
   torch::NoGradGuard no_grad;
   transfer_stats stats;
+  if (shm) {
+    if (auto st = shm_chunks(*shm, root, transfer_chunks(layout, shm_chunk_bytes(*shm, chunk_bytes)), timeout, abandon, stats.bytes); !st) {
+      if (receiving) (void)state.reset_state();
+      return st.err();
+    }
+    if (receiving) state.state_loaded(step);
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return stats;
+  }
   // Chunks in flight, oldest first: each waited for before the next past
   // `in_flight` is issued.
   std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> flying;

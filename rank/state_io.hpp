@@ -22,6 +22,8 @@ class ProcessGroup;
 
 namespace dtactor {
 
+class shm_group;
+
 class training_state;
 class checkpoint_store;
 
@@ -134,8 +136,13 @@ struct transfer_stats {
 // `tag` travels with the header: root's value reaches every rank (the
 // rank worker says whether root's state came from disk). Up to `in_flight`
 // chunks are on their way at once (a group of as many streams carries
-// them side by side: rank/group_builder's build_side_group).
+// them side by side: rank/group_builder's build_side_group). With `shm`
+// (the group's ranks all on one host, in the same rank order: the
+// generation's gradient segment), the chunks go through its ring instead,
+// root copying each into its slot and the others out of it (the header
+// still over `pg`).
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
-                                       const std::function<bool()>& abandon, int64_t& tag, int in_flight = 1, uint64_t chunk_bytes = 64ull << 20);
+                                       const std::function<bool()>& abandon, int64_t& tag, int in_flight = 1, uint64_t chunk_bytes = 64ull << 20,
+                                       shm_group* shm = nullptr);
 
 }  // namespace dtactor

@@ -33,7 +33,7 @@ class peer_state final : public state_source {
     int64_t from_disk = g.source == ev::state_source::disk ? 1 : 0;
     auto pg = transfer_group(g, c.rs);
     if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
-    auto sent = broadcast_state(*pg.value(), g.root, c.state, g.timeout, g.abandon_now, from_disk, state_transfer_streams);
+    auto sent = broadcast_state(*pg.value(), g.root, c.state, g.timeout, g.abandon_now, from_disk, state_transfer_streams, 64ull << 20, transfer_shm(g));
     if (!sent) return g.failed(sent.message(), c.state.step());
     after_transfer();
     if (g.rank != g.root) {

@@ -1,0 +1,126 @@
+#!/usr/bin/python3.11
+"""A lost node and its replacement at the 202M GPT (2.4 GB of state), with
+the default settings, as medians of several runs: bench/bench_state_path.py
+(coordinator + 2 nodes on this machine, a checkpoint due every 2 steps to a
+directory store, node b killed -9, node c started to replace it) run
+--trials times, one after the other.
+
+Per run, from its JSON and its journal (recovery_done of the join's
+generation): the replacement's registration to its first step at world 2,
+and where that time went: registration to the plan (the new node's rank
+starting and building the model), group_s (the plan to the group: the
+survivor's step in hand), state_s (the group to the last READY: the peer
+state transfer, the reducers' buffers, the joining rank's first touch of
+its gradient buffer), first_step_s (READY to the first step at world 2);
+the transfer's rate; kill -9 to the first step at world 1; the longest
+checkpoint stall against the median step.
+
+With --baseline DIR (a directory holding another build's dtactor,
+dtactor-train and libdtactor.so.0), the runs alternate between that build
+and this one, --trials each, and the medians of both are written side by
+side (the same machine, interleaved).
+
+Writes bench/gpt_join_results.json: the medians and every run's figures.
+
+Usage: bench/gpt_join.py [--trials 5] [--steps 14] [--bin build/dtactor]
+                         [--baseline DIR --baseline-is TEXT]
+"""
+import argparse, json, os, shutil, statistics, subprocess, sys
+
+import bench_meta
+
+here = os.path.dirname(os.path.abspath(__file__))
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default=os.path.join(here, "..", "build", "dtactor"))
+ap.add_argument("--trials", type=int, default=5)
+ap.add_argument("--steps", type=int, default=14)
+ap.add_argument("--baseline", default="", help="a directory with another build's dtactor, dtactor-train and libdtactor.so.0")
+ap.add_argument("--baseline-is", default="the build before", help="what the baseline build is, for the page")
+a = ap.parse_args()
+
+KEPT = ["replacement_registered_to_first_step_s", "peer_transfer_s", "peer_transfer_gb_per_s", "kill_to_first_step_at_world_1_s",
+        "stall_s_max", "stall_max_over_step", "step_s_median", "lost_steps"]
+
+
+def join_phases(run_dir):
+    """recovery_done of the generation the replacement joined, and the gap
+    from its node_joined to that generation's plan."""
+    events = [json.loads(line) for line in open(os.path.join(run_dir, "journal.jsonl"))]
+    joined = [e for e in events if e.get("event") == "node_joined" and e.get("node") == "c"]
+    started = [e for e in events if e.get("event") == "generation_started" and e.get("cause") == "node_joined"]
+    if not joined or not started:
+        sys.exit("the journal has no join of node c: " + run_dir)
+    gen = started[0]["generation"]
+    done = [e for e in events if e.get("event") == "recovery_done" and e.get("generation") == gen]
+    if not done:
+        sys.exit("the journal has no recovery_done for generation %d: %s" % (gen, run_dir))
+    d = done[0]
+    return {"registered_to_plan_s": round(started[0]["t"] - joined[0]["t"], 3), "group_s": round(d["group_s"], 3),
+            "state_s": round(d["state_s"], 3), "first_step_s": round(d["first_step_s"], 3), "plan_to_first_step_s": round(d["duration_s"], 3)}
+
+
+def trial(baseline=""):
+    binary = os.path.join(baseline, "dtactor") if baseline else a.bin
+    env = dict(os.environ, LD_LIBRARY_PATH=baseline) if baseline else None
+    cmd = [sys.executable, os.path.join(here, "bench_state_path.py"), "--bin", binary, "--steps", str(a.steps), "--keep"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit("bench_state_path.py failed:\n" + p.stdout[-2000:] + p.stderr[-2000:])
+    r = json.loads(p.stdout)
+    run_dir = r["run_dir"]
+    try:
+        out = {k: r[k] for k in KEPT}
+        out.update(join_phases(run_dir))
+    finally:
+        shutil.rmtree(os.path.dirname(run_dir), ignore_errors=True)
+    return out
+
+
+runs, base_runs = [], []
+for i in range(a.trials):
+    if a.baseline:
+        base_runs.append(trial(a.baseline))
+        print("baseline run %d of %d: %s" % (i + 1, a.trials, json.dumps(base_runs[-1])), file=sys.stderr, flush=True)
+    runs.append(trial())
+    print("run %d of %d: %s" % (i + 1, a.trials, json.dumps(runs[-1])), file=sys.stderr, flush=True)
+
+
+def medians(rs):
+    return {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0].keys()}
+
+
+result = {"trials": a.trials, "median": medians(runs), "runs": runs}
+if a.baseline:
+    result.update({"baseline_is": a.baseline_is, "baseline_median": medians(base_runs), "baseline_runs": base_runs})
+n = a.trials
+
+
+def F(what, at, unit):
+    if not a.baseline:
+        return bench_meta.figure(what, at, unit)
+    return bench_meta.figure(what, at, unit, a.baseline_is, ["baseline_median"] + at[1:])
+
+
+out = bench_meta.write(
+    os.path.join(here, "gpt_join_results.json"), result,
+    "A lost node and its replacement at the 202M GPT (2.4 GB of state), default settings: where the join's time goes (median of %d runs)" % n,
+    "Recovery from faults", [
+        F("the replacement: registration to its first step at world 2", ["median", "replacement_registered_to_first_step_s"], "s"),
+        F("of it: registration to the plan (the new rank starts and builds the model)", ["median", "registered_to_plan_s"], "s"),
+        F("of it: the plan to the group (the survivor finishes its step)", ["median", "group_s"], "s"),
+        F("of it: the group to READY (state transfer, reducers' buffers, first touch of the gradients)", ["median", "state_s"], "s"),
+        F("of it: the peer state transfer (2.4 GB)", ["median", "peer_transfer_s"], "s"),
+        F("of it: READY to the first step at world 2", ["median", "first_step_s"], "s"),
+        F("peer state transfer rate (same host)", ["median", "peer_transfer_gb_per_s"], "GB/s"),
+        F("kill -9 of node b to the first step at world 1", ["median", "kill_to_first_step_at_world_1_s"], "s"),
+        F("median step time", ["median", "step_s_median"], "s"),
+        F("longest checkpoint stall over the median step time", ["median", "stall_max_over_step"], "x"),
+        F("completed steps lost", ["median", "lost_steps"], "steps"),
+    ],
+    cmd="bench/gpt_join.py --trials %d --steps %d%s" % (n, a.steps, " --baseline DIR --baseline-is '%s'" % a.baseline_is if a.baseline else ""),
+    notes="%d runs of bench_state_path.py one after the other on this machine's 2 cores (GPT model.dim=1024 model.layers=16, global batch 4, "
+          "checkpoint.every_steps=2, default settings otherwise; the coordinator and both nodes on one host, so the state and the gradients "
+          "move through shared memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start and "
+          "model build are in the time from its registration. Medians per figure; every run's figures are under runs%s." %
+          (n, "; with a baseline, its runs alternate with this build's (baseline first), medians under baseline_median" if a.baseline else ""))
+print(json.dumps(out, indent=1))
