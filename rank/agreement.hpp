@@ -11,7 +11,9 @@
 //     shards from it);
 //   - the sync strategy's words (DiLoCo: the furthest step a worker holding
 //     the agreed anchor reached, and the newest generation a worker trained
-//     in).
+//     in);
+//   - a checkpoint still owed from the generation before (the step it fell
+//     due at, deferred while a writer was busy; -1: none).
 // No LibTorch here; rank/state_source runs the collective.
 #include <cstddef>
 #include <cstdint>

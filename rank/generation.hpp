@@ -87,6 +87,12 @@ struct rank_state {
   // (a newer plan came) leaves the next one starting from disk, not from
   // this rank's own.
   int64_t disk_step = -1;
+  // checkpoint.defer_while_writing: the step a checkpoint fell due at that
+  // is still owed (deferred while a rank's writer was busy), -1: none. It
+  // outlives a generation that ends first: the next one's ranks agree on
+  // it (the MAX over them, starting_state's agreement) and take it at
+  // their first boundary where no writer is busy.
+  int64_t owed_checkpoint = -1;
 
   // data.sample_log: the samples of the step this rank just applied (its
   // last forward_backward's); nothing when the log is off. `fragments`

@@ -149,6 +149,9 @@ generation_end starting_state::agree() {
   if (g.pg)
     if (auto ended = run_agreement()) return ended;
   if (auto ended = choose_state_source(c_)->take(c_)) return ended;
+  // A checkpoint owed since an earlier generation is moot when the state
+  // now is a checkpoint's (as new as it, or newer) or older than it.
+  if (g.source == ev::state_source::disk || c_.rs.owed_checkpoint > state.step()) c_.rs.owed_checkpoint = -1;
   if (auto ended = c_.rs.sync->take_own_section(c_)) return ended;
   if (zero >= 1)
     if (auto ended = choose_shard_source(c_)->take(c_, generation_shard_plan(c_))) return ended;
@@ -187,7 +190,8 @@ generation_end starting_state::finish_zero2_step() {
 // allreduce of every piece's words: the state (the highest step, DiLoCo:
 // anchor, any member holds and the lowest rank holding it, the root),
 // whether that state is the plan's checkpoint global rank 0 read (the
-// shard source), and the sync strategy's words.
+// shard source), the sync strategy's words, and a checkpoint still owed
+// (checkpoint.defer_while_writing) from the generation before.
 generation_end starting_state::run_agreement() {
   generation_run& g = c_.g;
   agreement_round round;
@@ -197,12 +201,14 @@ generation_end starting_state::run_agreement() {
   auto strategy_words = c_.rs.sync->agreement_words(c_.rs);
   if (!strategy_words) return g.failed(strategy_words.message(), c_.state.step());
   const auto strategy_slot = round.add(*strategy_words);
+  const auto owed_slot = round.add({c_.rs.owed_checkpoint});
   if (auto st = max_allreduce(*g.pg, round.words(), deadline_in(g.timeout), g.abandon_now, "state agreement"); !st)
     return g.failed(st.message(), c_.state.step());
   const auto agreed_state = round.read(state_slot);
   c_.agreed = read_agreement(agreed_state[0], agreed_state[1]);
   c_.agreed_from_disk = agreed_from_disk(round.read(disk_slot)[0], c_.agreed);
   c_.strategy_agreed = round.read(strategy_slot);
+  c_.rs.owed_checkpoint = round.read(owed_slot)[0];  // a checkpoint any rank still owes: all owe it
   g.root = c_.agreed.root;
   return std::nullopt;
 }

@@ -318,7 +318,7 @@ generation_end step_loop::at_boundary(int64_t step, int64_t window_start) {
   } else if (eval_now) {
     send_eval();  // the last step: nothing collective follows but the digests' comparison, already done
   }
-  if (due(cadence_.checkpoint_every, step, window_start) || std::exchange(checkpoint_owed_, false) || deferred_from_ >= 0) checkpoint_at(step);
+  if (due(cadence_.checkpoint_every, step, window_start) || std::exchange(checkpoint_owed_, false) || rs_.owed_checkpoint >= 0) checkpoint_at(step);
   if (h_.agreed.stop_agreed()) return stop_here(step, h_.agreed.final_checkpoint_wanted());
   if (h_.agreed.all_hold_newer_plan(g_.world)) return generation_outcome::next_plan;
   return std::nullopt;
@@ -367,7 +367,7 @@ void step_loop::write_checkpoint() { rs_.saver->write(state_, rs_.shards, g_, ev
 void step_loop::checkpoint_at(int64_t step) {
   const bool busy = alone_ ? rs_.saver->writing() : h_.agreed.some_writer_busy();
   if (rs_.settings.checkpoint.defer_while_writing && busy && step < cadence_.max_steps) {
-    if (deferred_from_ < 0) deferred_from_ = step;
+    if (rs_.owed_checkpoint < 0) rs_.owed_checkpoint = step;
     if (g_.rank == 0 && !std::exchange(said_deferred_, true))
       std::fprintf(stderr,
                    "rank 0: generation %llu: checkpoint due at step %lld deferred: a rank still stores the previous one or still makes its part buffer; it is taken at the first "
@@ -375,8 +375,8 @@ void step_loop::checkpoint_at(int64_t step) {
                    static_cast<unsigned long long>(g_.gen), static_cast<long long>(step));
     return;
   }
-  const int64_t due_step = deferred_from_ >= 0 && step < cadence_.max_steps ? deferred_from_ : 0;
-  deferred_from_ = -1;
+  const int64_t due_step = rs_.owed_checkpoint >= 0 && step < cadence_.max_steps ? rs_.owed_checkpoint : 0;
+  rs_.owed_checkpoint = -1;
   rs_.saver->write(state_, rs_.shards, g_, eval_at_step_, due_step);
   last_ckpt_ = step;
 }

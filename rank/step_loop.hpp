@@ -91,8 +91,7 @@ class step_loop {
   bool alone_ = false;
   bool eval_owed_ = false, checkpoint_owed_ = false;
   // checkpoint.defer_while_writing: the step a checkpoint fell due at while a rank still
-  // stored the previous one (-1: none owed); `said_deferred_`: rank 0 said so.
-  int64_t deferred_from_ = -1;
+  // stored the previous one is rs_.owed_checkpoint; `said_deferred_`: rank 0 said so.
   bool said_deferred_ = false;
 };
 

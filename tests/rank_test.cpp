@@ -507,6 +507,53 @@ TEST_F(rank_workers, a_checkpoint_due_right_after_the_first_step_waits_for_the_p
   EXPECT_EQ(by_step[8].size(), 2u) << "the last step's checkpoint:" << steps;
 }
 
+// A checkpoint deferred while a writer is busy and not yet taken when the
+// generation ends is still owed in the next one: rank 0, alone, is held in
+// storing its step-4 part, so the checkpoint due at 8 is deferred; a drain
+// plan brings rank 1 in before it was taken. The ranks agree on it, and the
+// first checkpoint after step 8 says it fell due at 8, on both ranks
+// (without the carry it would be the one due at 12, with no due step).
+TEST_F(rank_workers, a_checkpoint_still_owed_when_a_generation_ends_is_taken_in_the_next) {
+  std::mutex held_mu;
+  std::condition_variable held_cv;
+  bool release = false;
+  seen.while_storing = [&](int local, const pb::checkpoint_written& w) {
+    if (local != 0 || w.step() != 4) return;
+    std::unique_lock<std::mutex> lock(held_mu);
+    held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
+  };
+  start(16, {"checkpoint.every_steps=4", "checkpoint.defer_while_writing=true", "checkpoint.direct=false"});
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(a->offer(plan(1, {0}, false)));
+  ASSERT_TRUE(seen.wait_step(0, 9));  // past step 8's boundary, its checkpoint deferred
+  const auto g2 = plan(2, {0, 1}, true);
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(b->offer(g2));
+  auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
+  {
+    std::lock_guard<std::mutex> lock(held_mu);
+    release = true;
+  }
+  held_cv.notify_all();
+  ASSERT_TRUE(ready_b);
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b);
+  std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (const auto& [l, w] : seen.checkpoints) by_step[w.step()].push_back(w);
+  }
+  std::string steps;
+  for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + "x" + std::to_string(ws.size()) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
+  EXPECT_EQ(by_step.count(8), 0u) << "deferred while rank 0 still stored step 4:" << steps;
+  auto after = by_step.upper_bound(8);
+  ASSERT_NE(after, by_step.end()) << steps;
+  EXPECT_LT(after->first, 16) << steps;
+  EXPECT_EQ(after->second.size(), 2u) << "both ranks' parts:" << steps;
+  for (const auto& w : after->second) EXPECT_EQ(w.due_step(), 8) << "owed since step 8:" << steps;
+}
+
 // DiLoCo: a rank that leaves a generation behind its peer (it was offered
 // the next plan first, as when a third rank is lost) catches up on the steps
 // its peer took, on its own slices of them, instead of skipping them: the
