@@ -425,6 +425,20 @@ std::pair<torch::Tensor, torch::Tensor> flat_adamw::moments(int64_t begin, int64
   TORCH_CHECK(false, "optimizer state of elements [", begin, ", ", end, ") is not held here");
 }
 
+int64_t flat_adamw::resident_bytes() const {
+  if (sharded_ || grads_sharded_) return 0;
+  int64_t n = 0;
+  for (const auto& g : groups_) n += 3 * g.params.numel() * g.params.element_size();  // gradients and two moments
+  return n;
+}
+
+void flat_adamw::make_resident() {
+  if (sharded_ || grads_sharded_) return;
+  torch::NoGradGuard no_grad;
+  materialize();
+  for (auto& g : groups_) g.grads.zero_();  // between steps they hold zeros: the same values, now in touched pages
+}
+
 void flat_adamw::drop_retired() {
   for (auto& g : groups_) g.retired.clear();
 }

@@ -124,6 +124,12 @@ class flat_adamw {
   // allocates what it gives away.
   std::pair<torch::Tensor, torch::Tensor> moments(int64_t begin, int64_t end, bool retired = false);
   void drop_retired();
+  // Unsharded: the gradient buffers and the moments made resident now (their
+  // pages touched; lazy moments become real zeros), so that the first step,
+  // or a state received from a peer, does not fault them in on the critical
+  // path. Bytes it may touch first: resident_bytes(). Nothing when sharded.
+  void make_resident();
+  int64_t resident_bytes() const;
 
   // Each group's flat parameters and flat gradients (not sharded: ZeRO-2's
   // gradients are windows), live: DiLoCo's outer step works on them.

@@ -114,6 +114,11 @@ class training_state {
   double apply_update(std::optional<double> global_norm = std::nullopt);
   // Drops whatever gradients were accumulated (a partial step).
   void zero_grad();
+  // The unsharded optimizer's gradients and moments made resident before
+  // they are needed (flat_adamw::make_resident): a warm rank does it while
+  // it waits for a plan. Bytes it may touch first: resident_bytes().
+  void make_resident() { optimizer_->make_resident(); }
+  int64_t resident_bytes() const { return optimizer_->resident_bytes(); }
 
   // data.sample_log: while on, forward_backward() keeps the sample indices it
   // passes to the task's loss_sum (every micro-batch, in order) until the

@@ -5,9 +5,13 @@
 #include "model/shard_plan.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <set>
+#include <utility>
+#include <vector>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -129,6 +133,49 @@ std::string save(flat_adamw& f) {
   std::ostringstream os(std::ios::binary);
   ar.save_to(os);
   return os.str();
+}
+
+// make_resident: a fresh optimizer's gradient buffer (an untouched mapping)
+// and lazy moments take no memory until touched; made resident, every page
+// of the gradients is in memory and the moments are real zeros, and a step
+// then gives the same parameters as without it. Sharded: nothing.
+TEST(FlatAdamW, MakeResidentTouchesTheGradientsAndMomentsAndChangesNoValue) {
+  auto resident_pages = [](const torch::Tensor& t) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr()) / page * page;
+    const auto end = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(t.numel() * t.element_size());
+    std::vector<unsigned char> v((end - begin + page - 1) / page);
+    if (::mincore(reinterpret_cast<void*>(begin), end - begin, v.data()) != 0) return std::make_pair(size_t{0}, size_t{0});
+    size_t in = 0;
+    for (unsigned char c : v) in += c & 1;
+    return std::make_pair(in, v.size());
+  };
+  auto make = [] {
+    torch::manual_seed(3);
+    return std::vector<torch::Tensor>{torch::randn({512, 1024}).requires_grad_(true), torch::randn({1024}).requires_grad_(true)};
+  };
+  auto pa = make(), pb = make();
+  flat_adamw a(pa, flat_adamw_options{}), b(pb, flat_adamw_options{});
+  EXPECT_EQ(a.state_bytes(), 0) << "lazy moments";
+  EXPECT_EQ(resident_pages(a.flat_grads()[0]).first, 0u) << "an untouched gradient buffer";
+  EXPECT_EQ(a.resident_bytes(), 3 * (512 * 1024 + 1024) * 4);
+  a.make_resident();
+  const auto [in, of] = resident_pages(a.flat_grads()[0]);
+  EXPECT_EQ(in, of) << "every page of the gradients";
+  EXPECT_EQ(a.state_bytes(), 2 * (512 * 1024 + 1024) * 4) << "real moments";
+  EXPECT_EQ(a.flat_grads()[0].abs().sum().item<float>(), 0.f);
+  for (size_t i = 0; i < pa.size(); ++i) {
+    pa[i].mutable_grad().copy_(torch::full_like(pa[i], 0.5));
+    pb[i].mutable_grad().copy_(torch::full_like(pb[i], 0.5));
+  }
+  a.step();
+  b.step();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  flat_adamw c(make(), flat_adamw_options{});
+  c.shard({{0, 1000}});
+  EXPECT_EQ(c.resident_bytes(), 0);
+  c.make_resident();
+  EXPECT_EQ(c.state_bytes(), 0) << "sharded: left alone";
 }
 
 TEST(FlatAdamW, CheckpointResumesExactly) {
