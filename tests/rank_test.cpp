@@ -126,6 +126,37 @@ rank_worker_options worker_opts(int local) {
 
 // Two rank workers of node "n" as threads, meeting at a real c10d store in
 // this process, warmed up with a tiny ViT of `max_steps`.
+// Holds the writer thread in the first part it stores (as a slow store
+// would) until let_go(): which step that is depends on when the part
+// buffer was ready, so tests ask.
+struct held_part {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t step = -1;
+  bool release = false;
+  void hold_first(int64_t s) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (step >= 0) return;
+    step = s;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
+  }
+  int64_t wait_held() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::minutes(2), [&] { return step >= 0; });
+    return step;
+  }
+  bool holding() {
+    std::lock_guard<std::mutex> lock(mu);
+    return step >= 0 && !release;
+  }
+  void let_go() {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+};
+
 class rank_workers : public ::testing::Test {
  protected:
   void start(int64_t max_steps, const std::vector<std::string>& extra = {}) {
@@ -155,6 +186,7 @@ class rank_workers : public ::testing::Test {
   }
   pb::generation_plan plan(uint64_t g, const std::vector<int>& locals, bool drain) { return plan_of(g, locals, port, toml, drain, ckpt_dir); }
   void TearDown() override {
+    held.let_go();  // a writer a test held, even after a failed assertion
     a.reset();
     b.reset();
     std::filesystem::remove_all(ckpt_dir);
@@ -164,6 +196,7 @@ class rank_workers : public ::testing::Test {
   std::string toml, ckpt_dir;
   std::unique_ptr<rendezvous_store> store;  // outlives the workers (declared first)
   reports seen;
+  held_part held;  // a test's held checkpoint write; outlives the workers
   std::unique_ptr<rank_worker> a, b;
 };
 
@@ -250,42 +283,24 @@ TEST_F(rank_workers, a_rank_alone_takes_a_drain_plan_before_its_next_step) {
 
 // A rank that leaves a generation while its buffered checkpoint write is
 // still storing does not wait for it: the write reads its own copy. Rank 0,
-// alone, is held in storing its step-2 part; a drain plan brings rank 1 in,
+// alone, is held in storing its first part; a drain plan brings rank 1 in,
 // and rank 1 is READY in the new generation while that write is still held.
 // Released, the part is reported and both ranks finish identical.
 TEST_F(rank_workers, a_generation_switch_does_not_wait_for_a_buffered_checkpoint_write) {
-  std::mutex held_mu;
-  std::condition_variable held_cv;
-  bool holding = false, release = false;
   seen.while_storing = [&](int local, const pb::checkpoint_written& w) {
-    if (local != 0 || w.step() != 2) return;
-    std::unique_lock<std::mutex> lock(held_mu);
-    holding = true;
-    held_cv.notify_all();
-    held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
-  };
-  auto let_go = [&] {
-    std::lock_guard<std::mutex> lock(held_mu);
-    release = true;
-    held_cv.notify_all();
+    if (local == 0) held.hold_first(w.step());
   };
   start(30, {"checkpoint.every_steps=2", "checkpoint.defer_while_writing=true", "checkpoint.direct=false"});
   ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
   ASSERT_TRUE(a->offer(plan(1, {0}, false)));
-  {
-    std::unique_lock<std::mutex> lock(held_mu);
-    ASSERT_TRUE(held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return holding; }));
-  }
+  const int64_t first = held.wait_held();
+  ASSERT_GT(first, 0) << "rank 0 stored no part";
   const auto g2 = plan(2, {0, 1}, true);
   ASSERT_TRUE(a->offer(g2));
   ASSERT_TRUE(b->offer(g2));
   auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
-  bool still_held = false;
-  {
-    std::lock_guard<std::mutex> lock(held_mu);
-    still_held = !release;
-  }
-  let_go();
+  const bool still_held = held.holding();
+  held.let_go();
   ASSERT_TRUE(ready_b) << "rank 1 never became READY in generation 2";
   EXPECT_TRUE(still_held);
   EXPECT_EQ(ready_b->state_source(), pb::rank_status::ORIGIN_PEER);
@@ -297,9 +312,9 @@ TEST_F(rank_workers, a_generation_switch_does_not_wait_for_a_buffered_checkpoint
   {
     std::lock_guard<std::mutex> lock(seen.mu);
     for (const auto& [l, w] : seen.checkpoints)
-      if (l == 0 && w.step() == 2 && w.error().empty() && w.parts_size() > 0) step2_stored = true;
+      if (l == 0 && w.step() == first && w.error().empty() && w.parts_size() > 0) step2_stored = true;
   }
-  EXPECT_TRUE(step2_stored) << "rank 0's step-2 part, stored after the switch";
+  EXPECT_TRUE(step2_stored) << "rank 0's part of step " << first << ", stored after the switch";
 }
 
 // checkpoint.direct = auto makes a fresh rank's part buffer after the
@@ -332,32 +347,27 @@ TEST_F(rank_workers, a_checkpoint_due_right_after_the_first_step_waits_for_the_p
 
 // A checkpoint deferred while a writer is busy and not yet taken when the
 // generation ends is still owed in the next one: rank 0, alone, is held in
-// storing its step-4 part, so the checkpoint due at 8 is deferred; a drain
-// plan brings rank 1 in before it was taken. The ranks agree on it, and the
-// first checkpoint after step 8 says it fell due at 8, on both ranks
-// (without the carry it would be the one due at 12, with no due step).
+// storing its first part (step 4, or 5), so the next checkpoint due (8) is
+// deferred; a drain plan brings rank 1 in before it was taken. The ranks
+// agree on it, and the first checkpoint after step 8 says it fell due at
+// 8, on both ranks (without the carry it would be the one due at 12, with
+// no due step).
 TEST_F(rank_workers, a_checkpoint_still_owed_when_a_generation_ends_is_taken_in_the_next) {
-  std::mutex held_mu;
-  std::condition_variable held_cv;
-  bool release = false;
   seen.while_storing = [&](int local, const pb::checkpoint_written& w) {
-    if (local != 0 || w.step() != 4) return;
-    std::unique_lock<std::mutex> lock(held_mu);
-    held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
+    if (local == 0) held.hold_first(w.step());
   };
-  start(16, {"checkpoint.every_steps=4", "checkpoint.defer_while_writing=true", "checkpoint.direct=false"});
+  start(20, {"checkpoint.every_steps=4", "checkpoint.defer_while_writing=true", "checkpoint.direct=false"});
   ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
   ASSERT_TRUE(a->offer(plan(1, {0}, false)));
-  ASSERT_TRUE(seen.wait_step(0, 9));  // past step 8's boundary, its checkpoint deferred
+  const int64_t first = held.wait_held();  // 4 (5 when the buffer was not ready at 4)
+  ASSERT_GT(first, 0) << "rank 0 stored no part";
+  const int64_t due = (first / 4 + 1) * 4;
+  ASSERT_TRUE(seen.wait_step(0, due + 1));  // past that boundary: its checkpoint deferred
   const auto g2 = plan(2, {0, 1}, true);
   ASSERT_TRUE(a->offer(g2));
   ASSERT_TRUE(b->offer(g2));
   auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
-  {
-    std::lock_guard<std::mutex> lock(held_mu);
-    release = true;
-  }
-  held_cv.notify_all();
+  held.let_go();
   ASSERT_TRUE(ready_b);
   auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
   auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
@@ -369,12 +379,12 @@ TEST_F(rank_workers, a_checkpoint_still_owed_when_a_generation_ends_is_taken_in_
   }
   std::string steps;
   for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + "x" + std::to_string(ws.size()) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
-  EXPECT_EQ(by_step.count(8), 0u) << "deferred while rank 0 still stored step 4:" << steps;
-  auto after = by_step.upper_bound(8);
+  EXPECT_EQ(by_step.count(due), 0u) << "deferred while rank 0 still stored step " << first << ":" << steps;
+  auto after = by_step.upper_bound(due);
   ASSERT_NE(after, by_step.end()) << steps;
-  EXPECT_LT(after->first, 16) << steps;
+  EXPECT_LT(after->first, 20) << steps;
   EXPECT_EQ(after->second.size(), 2u) << "both ranks' parts:" << steps;
-  for (const auto& w : after->second) EXPECT_EQ(w.due_step(), 8) << "owed since step 8:" << steps;
+  for (const auto& w : after->second) EXPECT_EQ(w.due_step(), due) << "owed since step " << due << ":" << steps;
 }
 
 // DiLoCo: a rank that leaves a generation behind its peer (it was offered
@@ -440,31 +450,26 @@ TEST_F(rank_workers, a_diloco_rank_behind_its_peer_at_a_new_generation_catches_u
   b2.reset();
 }
 
-// checkpoint.defer_while_writing (the default): rank 0's writer is held on its step-2
-// part (as a slow store would) until rank 0 has trained step 7. The
-// checkpoints due at steps 4 and 6 are deferred on both ranks (rank 1's
-// writer is free: they agree through the step's control words), training
-// goes on meanwhile, and the first boundary after the write ended takes
-// one checkpoint, which says it fell due at step 4.
+// checkpoint.defer_while_writing (the default): rank 0's writer is held on its
+// first part, at step F (2, or 3 when the buffer made after the first step
+// was not ready at 2), as a slow store would, until rank 0 has trained 5
+// steps more. The next two checkpoints due (D and D + 2) are deferred on
+// both ranks (rank 1's writer is free: they agree through the step's
+// control words), training goes on meanwhile, and the first boundary after
+// the write ended takes one checkpoint, which says it fell due at D.
 TEST_F(rank_workers, a_checkpoint_due_while_a_rank_still_stores_the_previous_one_is_deferred_on_every_rank) {
-  std::mutex held_mu;
-  std::condition_variable held_cv;
-  bool release = false;
   seen.while_storing = [&](int local, const pb::checkpoint_written& w) {
-    if (local != 0 || w.step() != 2) return;
-    std::unique_lock<std::mutex> lock(held_mu);
-    held_cv.wait_for(lock, std::chrono::minutes(2), [&] { return release; });
+    if (local == 0) held.hold_first(w.step());
   };
-  start(20, {"checkpoint.every_steps=2", "checkpoint.defer_while_writing=true"});
+  start(24, {"checkpoint.every_steps=2", "checkpoint.defer_while_writing=true", "checkpoint.direct=false"});
   const auto g1 = plan(1, {0, 1}, false);
   ASSERT_TRUE(a->offer(g1));
   ASSERT_TRUE(b->offer(g1));
-  ASSERT_TRUE(seen.wait_step(0, 7));
-  {
-    std::lock_guard<std::mutex> lock(held_mu);
-    release = true;
-  }
-  held_cv.notify_all();
+  const int64_t first = held.wait_held();
+  ASSERT_GT(first, 0) << "rank 0 stored no part";
+  const int64_t due = (first / 2 + 1) * 2;  // the next checkpoint due after the held one
+  ASSERT_TRUE(seen.wait_step(0, due + 3));
+  held.let_go();
   auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
   auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done_a && done_b);
@@ -475,17 +480,17 @@ TEST_F(rank_workers, a_checkpoint_due_while_a_rank_still_stores_the_previous_one
   }
   std::string steps;
   for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
-  EXPECT_EQ(by_step[2].size(), 2u) << steps;
-  EXPECT_EQ(by_step.count(4), 0u) << "due while rank 0 still stored step 2:" << steps;
-  EXPECT_EQ(by_step.count(6), 0u) << steps;
+  EXPECT_EQ(by_step[first].size(), 2u) << steps;
+  EXPECT_EQ(by_step.count(due), 0u) << "due while rank 0 still stored step " << first << ":" << steps;
+  EXPECT_EQ(by_step.count(due + 2), 0u) << steps;
   int64_t deferred = -1;
   for (const auto& [s, ws] : by_step)
-    if (s > 7 && s < 20 && ws[0].due_step() == 4) deferred = s;
-  ASSERT_GT(deferred, 7) << "no checkpoint said it fell due at step 4:" << steps;
-  for (const auto& w : by_step[deferred]) EXPECT_EQ(w.due_step(), 4) << "both ranks' parts of step " << deferred;
+    if (s > due + 2 && s < 24 && ws[0].due_step() == due) deferred = s;
+  ASSERT_GT(deferred, due + 2) << "no checkpoint said it fell due at step " << due << ":" << steps;
+  for (const auto& w : by_step[deferred]) EXPECT_EQ(w.due_step(), due) << "both ranks' parts of step " << deferred;
   EXPECT_EQ(by_step[deferred].size(), 2u) << steps;
-  EXPECT_EQ(by_step[20].size(), 2u) << "the last step's checkpoint:" << steps;
-  EXPECT_EQ(by_step[20][0].due_step(), 0) << steps;
+  EXPECT_EQ(by_step[24].size(), 2u) << "the last step's checkpoint:" << steps;
+  EXPECT_EQ(by_step[24][0].due_step(), 0) << steps;
 }
 
 // A stop with a final checkpoint may reach one rank a moment before the
