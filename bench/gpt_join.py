@@ -11,7 +11,9 @@ and where that time went: registration to the plan (the new node's rank
 starting and building the model), group_s (the plan to the group: the
 survivor's step in hand), state_s (the group to the last READY: the peer
 state transfer, the reducers' buffers, the joining rank's first touch of
-its gradient buffer), first_step_s (READY to the first step at world 2);
+its gradient buffer), first_step_s (READY to the first step at world 2),
+and their sum, the survivor's pause (it trains on until its group is
+built);
 the transfer's rate; kill -9 to the first step at world 1; the longest
 checkpoint stall against the median step.
 
@@ -20,10 +22,11 @@ dtactor-train and libdtactor.so.0), the runs alternate between that build
 and this one, --trials each, and the medians of both are written side by
 side (the same machine, interleaved).
 
-Writes bench/gpt_join_results.json: the medians and every run's figures.
+Writes bench/gpt_join_results.json (or --out): the medians and every run's
+figures.
 
 Usage: bench/gpt_join.py [--trials 5] [--steps 14] [--bin build/dtactor]
-                         [--baseline DIR --baseline-is TEXT]
+                         [--baseline DIR --baseline-is TEXT] [--out FILE]
 """
 import argparse, json, os, shutil, statistics, subprocess, sys
 
@@ -36,6 +39,7 @@ ap.add_argument("--trials", type=int, default=5)
 ap.add_argument("--steps", type=int, default=14)
 ap.add_argument("--baseline", default="", help="a directory with another build's dtactor, dtactor-train and libdtactor.so.0")
 ap.add_argument("--baseline-is", default="the build before", help="what the baseline build is, for the page")
+ap.add_argument("--out", default=os.path.join(here, "gpt_join_results.json"))
 a = ap.parse_args()
 
 KEPT = ["replacement_registered_to_first_step_s", "peer_transfer_s", "peer_transfer_gb_per_s", "kill_to_first_step_at_world_1_s",
@@ -56,7 +60,8 @@ def join_phases(run_dir):
         sys.exit("the journal has no recovery_done for generation %d: %s" % (gen, run_dir))
     d = done[0]
     return {"registered_to_plan_s": round(started[0]["t"] - joined[0]["t"], 3), "group_s": round(d["group_s"], 3),
-            "state_s": round(d["state_s"], 3), "first_step_s": round(d["first_step_s"], 3), "plan_to_first_step_s": round(d["duration_s"], 3)}
+            "state_s": round(d["state_s"], 3), "first_step_s": round(d["first_step_s"], 3), "plan_to_first_step_s": round(d["duration_s"], 3),
+            "pause_s": round(d["state_s"] + d["first_step_s"], 3)}
 
 
 def trial(baseline=""):
@@ -102,7 +107,7 @@ def F(what, at, unit):
 
 
 out = bench_meta.write(
-    os.path.join(here, "gpt_join_results.json"), result,
+    a.out, result,
     "A lost node and its replacement at the 202M GPT (2.4 GB of state), default settings: where the join's time goes (median of %d runs)" % n,
     "Recovery from faults", [
         F("the replacement: registration to its first step at world 2", ["median", "replacement_registered_to_first_step_s"], "s"),
@@ -111,16 +116,20 @@ out = bench_meta.write(
         F("of it: the group to READY (state transfer, reducers' buffers, first touch of the gradients)", ["median", "state_s"], "s"),
         F("of it: the peer state transfer (2.4 GB)", ["median", "peer_transfer_s"], "s"),
         F("of it: READY to the first step at world 2", ["median", "first_step_s"], "s"),
+        F("the survivor's pause: its group built to the first step at world 2 (state_s + first_step_s)", ["median", "pause_s"], "s"),
         F("peer state transfer rate (same host)", ["median", "peer_transfer_gb_per_s"], "GB/s"),
         F("kill -9 of node b to the first step at world 1", ["median", "kill_to_first_step_at_world_1_s"], "s"),
         F("median step time", ["median", "step_s_median"], "s"),
         F("longest checkpoint stall over the median step time", ["median", "stall_max_over_step"], "x"),
         F("completed steps lost", ["median", "lost_steps"], "steps"),
     ],
-    cmd="bench/gpt_join.py --trials %d --steps %d%s" % (n, a.steps, " --baseline DIR --baseline-is '%s'" % a.baseline_is if a.baseline else ""),
+    cmd="bench/gpt_join.py --trials %d --steps %d%s%s" % (
+        n, a.steps, " --baseline DIR --baseline-is '%s'" % a.baseline_is if a.baseline else "",
+        "" if os.path.abspath(a.out) == os.path.join(here, "gpt_join_results.json") else " --out bench/" + os.path.basename(a.out)),
     notes="%d runs of bench_state_path.py one after the other on this machine's 2 cores (GPT model.dim=1024 model.layers=16, global batch 4, "
           "checkpoint.every_steps=2, default settings otherwise; the coordinator and both nodes on one host, so the state and the gradients "
-          "move through shared memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start and "
-          "model build are in the time from its registration. Medians per figure; every run's figures are under runs%s." %
+          "move through shared memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start, "
+          "model build and first touch of its gradients and moments (a warm rank at train.zero = 0 makes them resident before it says it is ready) are in "
+          "the time from its registration to the plan, while the survivor still trains. Medians per figure; every run's figures are under runs%s." %
           (n, "; with a baseline, its runs alternate with this build's (baseline first), medians under baseline_median" if a.baseline else ""))
 print(json.dumps(out, indent=1))
