@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <sstream>
 
 #include "rank/state_io.hpp"
@@ -149,8 +151,11 @@ double part_writer::submit(const state_layout& layout, job j, bool direct) {
     want_capacity_ = std::max(want_capacity_, total);
     if (want_capacity_ > capacity_ || !buf_) {
       buf_.reset();  // the old buffer goes first: never two at once
-      buf_.reset(new char[std::max<uint64_t>(1, want_capacity_)]);
-      capacity_ = want_capacity_;
+      buf_.reset(new (std::nothrow) char[std::max<uint64_t>(1, want_capacity_)]);
+      capacity_ = buf_ ? want_capacity_ : 0;
+      if (!buf_ && error.empty())  // this checkpoint's part fails (the committer says so); training goes on
+        error = "no memory for a " + std::to_string(want_capacity_) + "-byte part buffer (set checkpoint.direct = true or auto to write without one)";
+      if (!buf_) want_capacity_ = 0;
     }
   }
   if (error.empty()) {
@@ -328,13 +333,22 @@ std::optional<part_writer::pending> part_writer::next_write() {
 void part_writer::grow_buffer(std::unique_lock<std::mutex>& lock) {
   busy_ = true;
   const uint64_t n = want_capacity_;
-  lock.unlock();
   buf_.reset();
-  std::unique_ptr<char[]> fresh(new char[n]);
-  std::memset(fresh.get(), 0, n);  // the pages, faulted in here rather than at the step boundary
+  capacity_ = 0;
+  lock.unlock();
+  std::unique_ptr<char[]> fresh(new (std::nothrow) char[n]);
+  if (fresh) std::memset(fresh.get(), 0, n);  // the pages, faulted in here rather than at the step boundary
   lock.lock();
-  buf_ = std::move(fresh);
-  capacity_ = n;
+  if (fresh) {
+    buf_ = std::move(fresh);
+    capacity_ = n;
+  } else {
+    // No memory for it now: nothing made ahead (a checkpoint makes what it
+    // needs when it is taken, or fails that one alone), and no more asked.
+    want_capacity_ = 0;
+    std::fprintf(stderr, "checkpoint part buffer of %llu bytes could not be made ahead (no memory for it): the next checkpoint makes its own\n",
+                 static_cast<unsigned long long>(n));
+  }
   busy_ = false;
   cv_.notify_all();
 }

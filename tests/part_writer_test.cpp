@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rank/part_writer.hpp"
@@ -139,6 +140,43 @@ TEST(part_writer, a_buffer_not_kept_is_freed_after_each_write_and_made_again) {
     }
     std::filesystem::remove_all(dir);
   }
+}
+
+// A buffer that cannot be had (far more than any machine holds) is no
+// crash. Asked for ahead: the writer says so, asks no more, and is not left
+// "writing" (which would defer every checkpoint). Needed by a part: that
+// part fails with one line. The next part is stored as usual.
+TEST(part_writer, a_buffer_that_cannot_be_made_fails_no_more_than_its_part) {
+  two_tensors t;
+  const std::string dir = ::testing::TempDir() + "/part-writer-nomem-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::vector<pb::checkpoint_written> got;
+  std::mutex mu;
+  part_writer w([&](uint64_t, pb::checkpoint_written r) {
+    std::lock_guard<std::mutex> lock(mu);
+    got.push_back(std::move(r));
+  });
+  w.prepare(uint64_t{1} << 62);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (w.writing() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(w.writing()) << "a buffer that cannot be made is not owed forever";
+  EXPECT_EQ(w.buffer_bytes(), 0u);
+  // A part whose buffer cannot be had at all: that part fails with one
+  // line, and the next one is stored.
+  state_layout huge = t.l;
+  huge.bytes = uint64_t{1} << 62;
+  auto big = job_of(1, 1, 0, dir);
+  big.ranges = {{0, huge.bytes}};
+  w.submit(huge, big);
+  w.submit(t.l, job_of(2, 1, 0, dir));
+  w.wait_idle();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].parts_size(), 0);
+  EXPECT_NE(got[0].error().find("no memory for a 4611686018427387904-byte part buffer"), std::string::npos) << got[0].error();
+  ASSERT_TRUE(got[1].error().empty()) << got[1].error();
+  EXPECT_EQ(got[1].parts_size(), 1);
+  EXPECT_EQ(file_text(dir + "/" + got[1].parts(0).name()), t.stream.substr(got[1].parts(0).offset(), got[1].parts(0).size()));
+  std::filesystem::remove_all(dir);
 }
 
 // checkpoint.direct: no part-sized buffer; the writer reads the state
