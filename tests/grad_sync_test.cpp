@@ -237,6 +237,14 @@ TEST(GradSync, StepControlLayoutIsItsFieldsInOrder) {
   EXPECT_TRUE(busy.some_writer_busy());
 }
 
+// 4 KB buckets, the step's control words carried in the first.
+grad_sync_options control_options() {
+  grad_sync_options o;
+  o.bucket_bytes = 4 * 1024;
+  o.carry_control = true;
+  return o;
+}
+
 // The control word rides with the first bucket: every rank reads the same
 // sums of what each set, over several steps, and the gradients are unchanged.
 TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
@@ -246,10 +254,7 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
   const auto want = single_process_gradients(*states[world]);
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[rank];
-    grad_sync_options o;
-    o.bucket_bytes = 4 * 1024;
-    o.carry_control = true;
-    grad_sync sync(params_of(s), pg, o);
+    grad_sync sync(params_of(s), pg, control_options());
     for (int step = 0; step < 3; ++step) {
       sync.set_control(ctl(static_cast<float>(rank + step), rank == 1 && step == 2 ? 1.f : 0.f, rank == 2 ? 0.25f * static_cast<float>(step) : 0.f));
       s.zero_grad();
@@ -289,10 +294,7 @@ TEST(GradSync, ControlSourceIsReadWhenTheFirstBucketIsLaunched) {
   auto states = make_states(cfg, world);
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[rank];
-    grad_sync_options o;
-    o.bucket_bytes = 4 * 1024;
-    o.carry_control = true;
-    grad_sync sync(params_of(s), pg, o);
+    grad_sync sync(params_of(s), pg, control_options());
     bool plan_arrived = false, finishing = false;
     int read_in_backward = 0, read_in_finish = 0;
     sync.set_control_source([&] {

@@ -185,6 +185,20 @@ class rank_workers : public ::testing::Test {
     ASSERT_TRUE(b->offer(warm));
   }
   pb::generation_plan plan(uint64_t g, const std::vector<int>& locals, bool drain) { return plan_of(g, locals, port, toml, drain, ckpt_dir); }
+  // Every part stored so far, by step (each rank's report of it).
+  std::map<int64_t, std::vector<pb::checkpoint_written>> checkpoints_by_step() {
+    std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
+    std::lock_guard<std::mutex> lock(seen.mu);
+    for (const auto& [l, w] : seen.checkpoints) by_step[w.step()].push_back(w);
+    return by_step;
+  }
+  // " 2x2 5x2(due 4) ...": each step, its parts, the step it fell due at.
+  static std::string describe(const std::map<int64_t, std::vector<pb::checkpoint_written>>& by_step) {
+    std::string steps;
+    for (const auto& [s, ws] : by_step)
+      steps += " " + std::to_string(s) + "x" + std::to_string(ws.size()) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
+    return steps;
+  }
   void TearDown() override {
     held.let_go();  // a writer a test held, even after a failed assertion
     a.reset();
@@ -329,13 +343,8 @@ TEST_F(rank_workers, a_checkpoint_due_right_after_the_first_step_waits_for_the_p
   auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
   auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done_a && done_b);
-  std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
-  {
-    std::lock_guard<std::mutex> lock(seen.mu);
-    for (const auto& [l, w] : seen.checkpoints) by_step[w.step()].push_back(w);
-  }
-  std::string steps;
-  for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
+  auto by_step = checkpoints_by_step();
+  const std::string steps = describe(by_step);
   EXPECT_EQ(by_step.count(1), 0u) << "due at the first step, before the buffer:" << steps;
   ASSERT_FALSE(by_step.empty()) << "no checkpoint at all";
   const auto& first = by_step.begin()->second;
@@ -372,13 +381,8 @@ TEST_F(rank_workers, a_checkpoint_still_owed_when_a_generation_ends_is_taken_in_
   auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
   auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done_a && done_b);
-  std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
-  {
-    std::lock_guard<std::mutex> lock(seen.mu);
-    for (const auto& [l, w] : seen.checkpoints) by_step[w.step()].push_back(w);
-  }
-  std::string steps;
-  for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + "x" + std::to_string(ws.size()) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
+  auto by_step = checkpoints_by_step();
+  const std::string steps = describe(by_step);
   EXPECT_EQ(by_step.count(due), 0u) << "deferred while rank 0 still stored step " << first << ":" << steps;
   auto after = by_step.upper_bound(due);
   ASSERT_NE(after, by_step.end()) << steps;
@@ -473,13 +477,8 @@ TEST_F(rank_workers, a_checkpoint_due_while_a_rank_still_stores_the_previous_one
   auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
   auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
   ASSERT_TRUE(done_a && done_b);
-  std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
-  {
-    std::lock_guard<std::mutex> lock(seen.mu);
-    for (const auto& [l, w] : seen.checkpoints) by_step[w.step()].push_back(w);
-  }
-  std::string steps;
-  for (const auto& [s, ws] : by_step) steps += " " + std::to_string(s) + (ws[0].due_step() > 0 ? "(due " + std::to_string(ws[0].due_step()) + ")" : "");
+  auto by_step = checkpoints_by_step();
+  const std::string steps = describe(by_step);
   EXPECT_EQ(by_step[first].size(), 2u) << steps;
   EXPECT_EQ(by_step.count(due), 0u) << "due while rank 0 still stored step " << first << ":" << steps;
   EXPECT_EQ(by_step.count(due + 2), 0u) << steps;

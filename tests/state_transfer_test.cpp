@@ -30,6 +30,17 @@ struct received {
   uint64_t regions = 0;  // over shared memory: the ring's regions reserved by then
 };
 
+// A rank's side of a transfer that returned: its bytes, step and digest,
+// and an error when root's tag (7) did not arrive with the header.
+received what_arrived(const transfer_stats& sent, training_state& state, int64_t tag) {
+  received r;
+  r.bytes = sent.bytes;
+  r.step = state.step();
+  r.digest = state.params_digest();
+  if (tag != 7) r.error = "the header's tag did not arrive: " + std::to_string(tag);
+  return r;
+}
+
 // Rank 0 trained three steps, rank 1 none; rank 0 sends its state to rank 1
 // over a group of `streams` streams with `in_flight` chunks of `chunk` bytes
 // on their way at once.
@@ -56,10 +67,7 @@ std::vector<received> transfer(int streams, int in_flight, uint64_t chunk) {
         out[r].error = sent.message();
         return;
       }
-      out[r].bytes = sent->bytes;
-      out[r].step = states[r]->step();
-      out[r].digest = states[r]->params_digest();
-      if (tag != 7) out[r].error = "the header's tag did not arrive: " + std::to_string(tag);
+      out[r] = what_arrived(*sent, *states[r], tag);
     });
   for (auto& t : threads) t.join();
   return out;
@@ -109,10 +117,7 @@ TEST(StateTransfer, OverSharedMemoryEveryRankGetsTheRootsStateBitForBit) {
         out[r].error = sent.message();
         return;
       }
-      out[r].bytes = sent->bytes;
-      out[r].step = states[r]->step();
-      out[r].digest = states[r]->params_digest();
-      if (tag != 7) out[r].error = "the header's tag did not arrive: " + std::to_string(tag);
+      out[r] = what_arrived(*sent, *states[r], tag);
       // The ring after the transfer: a region every rank reserves alike.
       auto next = shm.value()->reserve(16);
       if (!next) {
