@@ -421,25 +421,67 @@ std::set<node_id> waiting_standbys(const membership_state& state, const membersh
 
 membership::membership(membership_options opts) : opts_(opts) {}
 
+void rank_use::add(int32_t r) {
+  if (r < 0) return;
+  if (static_cast<size_t>(r) >= count_.size()) {
+    for (auto i = static_cast<int32_t>(count_.size()); i < r; ++i) free_.insert(i);
+    count_.resize(static_cast<size_t>(r) + 1, 0);
+  }
+  if (count_[static_cast<size_t>(r)]++ == 0) free_.erase(r);
+}
+
+void rank_use::remove(int32_t r) {
+  if (r < 0 || static_cast<size_t>(r) >= count_.size() || count_[static_cast<size_t>(r)] == 0) return;
+  if (--count_[static_cast<size_t>(r)] == 0) free_.insert(r);
+}
+
+bool rank_use::held(int32_t r) const { return r >= 0 && static_cast<size_t>(r) < count_.size() && count_[static_cast<size_t>(r)] > 0; }
+
+int32_t rank_use::lowest_free() const { return free_.empty() ? static_cast<int32_t>(count_.size()) : *free_.begin(); }
+
+int32_t rank_use::free_after(int32_t r) const {
+  auto it = free_.upper_bound(r);
+  return it != free_.end() ? *it : std::max(r + 1, static_cast<int32_t>(count_.size()));
+}
+
+void rank_use::clear() {
+  count_.clear();
+  free_.clear();
+}
+
+std::map<int32_t, node_id> membership::departed_claims(const node_id& id) const {
+  std::map<int32_t, node_id> out;
+  const auto& remembered = state_.remembered_ranks;
+  const size_t own = remembered.count(id);
+  if (remembered.size() == state_.nodes.size() + own) return out;  // every member is remembered (join_node, commit): none departed
+  // Both maps are ordered by node id: one walk.
+  auto member = state_.nodes.begin();
+  for (const auto& [other, r] : remembered) {
+    while (member != state_.nodes.end() && member->first < other) ++member;
+    const bool is_member = member != state_.nodes.end() && member->first == other;
+    if (other != id && !is_member) out[r] = other;
+  }
+  return out;
+}
+
 int32_t membership::assign_rank(const node_id& id) {
-  std::set<int32_t> held;
-  for (const auto& [other, n] : state_.nodes)
-    if (other != id) held.insert(n.node_rank);
+  // `id` is no member here (admit removed an older process of it).
   auto mine = state_.remembered_ranks.find(id);
-  if (mine != state_.remembered_ranks.end() && !held.count(mine->second)) return mine->second;
-  std::map<int32_t, node_id> reserved;  // rank -> departed node that last held it
-  for (const auto& [other, r] : state_.remembered_ranks)
-    if (other != id && !state_.nodes.count(other)) reserved[r] = other;
-  for (int32_t r = 0; r < opts_.max_nodes + opts_.standby_nodes; ++r)
-    if (!held.count(r) && !reserved.count(r)) return r;
+  if (mine != state_.remembered_ranks.end() && !ranks_.held(mine->second)) return mine->second;
+  const auto reserved = departed_claims(id);  // rank -> departed node that last held it
+  for (int32_t r = ranks_.lowest_free(); r < opts_.max_nodes + opts_.standby_nodes; r = ranks_.free_after(r))
+    if (!reserved.count(r)) return r;
   // Every free rank below max_nodes is claimed by a departed node: take the
   // lowest and forget that claim.
-  for (int32_t r = 0;; ++r) {
-    if (held.count(r)) continue;
-    auto it = reserved.find(r);
-    if (it != reserved.end()) state_.remembered_ranks.erase(it->second);
-    return r;
-  }
+  const int32_t r = ranks_.lowest_free();
+  auto it = reserved.find(r);
+  if (it != reserved.end()) state_.remembered_ranks.erase(it->second);
+  return r;
+}
+
+void membership::erase_member(std::map<node_id, node_info>::iterator it) {
+  ranks_.remove(it->second.node_rank);
+  state_.nodes.erase(it);
 }
 
 bool membership::in_current(const node_id& id, uint64_t incarnation) const {
@@ -594,7 +636,7 @@ admission membership::admit(const node_registration& reg, clock_time now) {
     a.restarted = it->second.incarnation != reg.incarnation;
     a.silent_s = seconds(now - std::min(now, it->second.last_seen));
     note_loss(plan_cause::node_lost, in_current(reg.node_id, it->second.incarnation), now);
-    state_.nodes.erase(it);
+    erase_member(it);
     if (a.restarted && note_failure(reg.node_id, now)) {
       a.quarantined = true;
       a.changed = true;
@@ -654,6 +696,7 @@ void membership::join_node(const node_registration& reg, const std::set<int32_t>
   const uint64_t plan_generation = reg.current_plan ? reg.current_plan->generation : 0;
   auto& n = state_.nodes[id] =
       node_info{reg.node_id, reg.advertise_addr, reg.peer, reg.nproc, rank, reg.incarnation, now, now, std::nullopt, {}, plan_generation, {}, reg.standby};
+  ranks_.add(rank);
   note_addition(plan_cause::node_joined, now);
   for (int32_t l : ready) mark_ready(n, l, true, now);
   a.accepted = true;
@@ -676,7 +719,7 @@ removal membership::remove(const node_id& id, clock_time now, departure why) {
   } else {
     note_loss(plan_cause::node_lost, planned, now);
   }
-  state_.nodes.erase(it);
+  erase_member(it);
   r.removed = true;
   if (why == departure::lost && note_failure(id, now)) {
     r.quarantined = true;
@@ -729,6 +772,8 @@ const plan& membership::commit(plan p) {
       state_.remembered_ranks[id] = r;
       held.insert(r);
     }
+    ranks_.clear();
+    for (const auto& [id, n] : state_.nodes) ranks_.add(n.node_rank);
   }
   if (!p.adopted) {
     state_.settling_since.reset();

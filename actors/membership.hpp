@@ -291,6 +291,24 @@ struct removal {
   explicit operator bool() const { return removed; }
 };
 
+// The node ranks members hold, so that a registration finds the lowest free
+// one in O(log n) instead of collecting every member's (a cold start of
+// thousands of nodes registers each against all the others).
+class rank_use {
+ public:
+  void add(int32_t r);
+  void remove(int32_t r);
+  bool held(int32_t r) const;
+  // The lowest rank no member holds; the lowest such above `r`.
+  int32_t lowest_free() const;
+  int32_t free_after(int32_t r) const;
+  void clear();
+
+ private:
+  std::vector<int32_t> count_;  // members holding each rank
+  std::set<int32_t> free_;      // ranks below count_.size() none holds
+};
+
 class membership {
  public:
   explicit membership(membership_options opts = {});
@@ -374,9 +392,14 @@ class membership {
   // A node not (or no longer) a member joins: a rank (its remembered one
   // when free), its ready ranks; sets `a` accepted and joined.
   void join_node(const node_registration& reg, const std::set<int32_t>& ready, clock_time now, admission& a);
+  // Ranks remembered for departed nodes (not members), but `id`'s: rank ->
+  // that node. Empty without a walk when every remembered node is a member.
+  std::map<int32_t, node_id> departed_claims(const node_id& id) const;
+  void erase_member(std::map<node_id, node_info>::iterator it);
 
   membership_options opts_;
   membership_state state_;
+  rank_use ranks_;  // of state_.nodes
 };
 
 }  // namespace dtactor

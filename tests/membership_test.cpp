@@ -183,6 +183,44 @@ TEST(membership, remembered_ranks_yield_when_only_they_are_free_below_max_nodes)
   EXPECT_EQ(b.node_rank, 0);
 }
 
+TEST(rank_use, finds_the_lowest_free_rank_and_the_next_ones) {
+  rank_use u;
+  EXPECT_EQ(u.lowest_free(), 0);
+  for (int32_t r : {0, 1, 2, 4}) u.add(r);
+  EXPECT_EQ(u.lowest_free(), 3);
+  EXPECT_EQ(u.free_after(3), 5);
+  EXPECT_EQ(u.free_after(7), 8);
+  u.add(1);  // two members on one rank (an adopted plan's order moves them)
+  u.remove(1);
+  EXPECT_TRUE(u.held(1));
+  u.remove(1);
+  EXPECT_FALSE(u.held(1));
+  EXPECT_EQ(u.lowest_free(), 1);
+  EXPECT_EQ(u.free_after(1), 3);
+  u.remove(9);  // never held: nothing
+  EXPECT_EQ(u.free_after(4), 5);
+  u.clear();
+  EXPECT_EQ(u.lowest_free(), 0);
+}
+
+// Ranks freed by losses, restarts and leaves are found again: every member
+// has its own rank, and newcomers take the lowest free ones no departed
+// node remembers.
+TEST(membership, ranks_stay_distinct_through_losses_restarts_and_rejoins) {
+  membership m(opts(1, 64));
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(m.admit(reg("n" + std::to_string(i)), t0()).node_rank, i);
+  m.remove(node_id{"n3"}, t0() + 1s);
+  m.remove(node_id{"n7"}, t0() + 1s, departure::left);
+  EXPECT_EQ(m.admit(reg("n5", 2, 2), t0() + 5s).node_rank, 5);  // a restart keeps its rank
+  EXPECT_EQ(m.admit(reg("x"), t0() + 5s).node_rank, 10);       // 3 and 7 are remembered
+  EXPECT_EQ(m.admit(reg("n7"), t0() + 5s).node_rank, 7);
+  m.remove(node_id{"x"}, t0() + 6s);
+  EXPECT_EQ(m.admit(reg("y"), t0() + 6s).node_rank, 11);
+  std::set<int32_t> ranks;
+  for (const auto& [id, n] : m.state().nodes) EXPECT_TRUE(ranks.insert(n.node_rank).second) << id.str();
+  EXPECT_EQ(ranks.size(), m.state().nodes.size());
+}
+
 TEST(membership, refuses_beyond_max_nodes_with_a_reason) {
   membership m(opts(1, 2));
   EXPECT_TRUE(m.admit(reg("a"), t0()).accepted);
