@@ -304,15 +304,16 @@ std::unique_ptr<zmq_bridge> make_bridge(const coordinator_run& run, const member
   zmq_bridge_options bo;
   bo.job_id = run.job_id;
   bo.key = run.cli.key;
-  // ZMTP heartbeats that still close a connection a cut left half open
-  // within 6 s, as the nodes' (a ping every 1 s, 5 s for an answer) do: a
-  // ping every 4 s, the connection closed when nothing came in the 2 s
-  // after it. libzmq 4.3 cancels a ping's answer timer, when the answer
-  // comes, by a linear search through the timers due before it, every
-  // connection's: a quarter of the pings, each searching about half as far,
-  // is about 8x less of that work with thousands of nodes.
-  bo.zmtp_heartbeat_ivl_ms = 4000;
-  bo.zmtp_heartbeat_timeout_ms = 2000;
+  // No ZMTP pings of the coordinator's own on the nodes' link (it answers
+  // theirs). libzmq 4.3 cancels an answered ping's timer by a linear search
+  // through every connection's timers: with thousands of nodes that search
+  // was a fifth of its I/O thread. What the pings cleared, a connection a
+  // cut left half open on this side, needs no ping: the node's own ZMTP
+  // timeout closes its side and it dials again under its routing id, which
+  // takes the stale pipe over (ROUTER_HANDOVER); a plan sent into the stale
+  // pipe is sent again when the node's heartbeats show an older generation;
+  // TCP keepalive tears an idle leftover down.
+  bo.zmtp_heartbeat_ivl_ms = 0;
   return std::make_unique<zmq_bridge>(
       bo, [members](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(members, inbound{link, peer, std::move(env)}); },
       [&m](const std::string&, const std::string&, wire::drop_kind k) { m.wire_dropped_frames(wire::to_string(k)).Increment(); },
