@@ -19,7 +19,66 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 
 constexpr int64_t control_words = step_control::words;
 
+// Buckets in reverse parameter order; a bucket holds one dtype and closes
+// at bucket_bytes. Each bucket: indices into `params`, in filling order.
+std::vector<std::vector<size_t>> cut_buckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes) {
+  const int64_t cap = std::max<int64_t>(1, bucket_bytes);
+  std::vector<std::vector<size_t>> out;
+  int64_t filled = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    const bool dtype_change = !out.empty() && params[out.back().front()].scalar_type() != params[k].scalar_type();
+    if (out.empty() || filled >= cap || dtype_change) {
+      out.emplace_back();
+      filled = 0;
+    }
+    out.back().push_back(k);
+    filled += params[k].numel() * static_cast<int64_t>(params[k].element_size());
+  }
+  return out;
+}
+
+// A bucket's flat tensor: its gradients' elements, and the control words
+// after them in the first bucket (carried in float when the gradients are
+// not floating point).
+struct bucket_shape {
+  int64_t grads = 0, numel = 0;
+  torch::TensorOptions options;
+};
+bucket_shape shape_of(const std::vector<torch::Tensor>& params, const std::vector<size_t>& members, bool first, bool carry_control) {
+  bucket_shape b;
+  for (size_t j : members) b.grads += params[j].numel();
+  b.numel = b.grads;
+  b.options = members.empty() ? torch::TensorOptions(torch::kFloat) : params[members.front()].options().requires_grad(false);
+  if (first && carry_control) {
+    b.numel += control_words;
+    if (b.options.dtype() != torch::kFloat && b.options.dtype() != torch::kDouble) b.options = b.options.dtype(torch::kFloat);
+  }
+  return b;
+}
+
+std::vector<torch::Tensor> with_grads(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params)
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+// The buckets of a reducer over `params` (those requiring grad).
+std::vector<bucket_shape> bucket_shapes(const std::vector<torch::Tensor>& params, int64_t bucket_bytes, bool carry_control) {
+  auto cuts = cut_buckets(params, bucket_bytes);
+  if (cuts.empty() && carry_control) cuts.emplace_back();  // no parameters: the control alone
+  std::vector<bucket_shape> out;
+  for (size_t bi = 0; bi < cuts.size(); ++bi) out.push_back(shape_of(params, cuts[bi], bi == 0, carry_control));
+  return out;
+}
+
 }  // namespace
+
+std::vector<torch::Tensor> bucket_buffers_for(const std::vector<torch::Tensor>& params, const grad_sync_options& o) {
+  std::vector<torch::Tensor> out;
+  for (const auto& b : bucket_shapes(with_grads(params), o.bucket_bytes, o.carry_control)) out.push_back(torch::zeros({b.numel}, b.options));
+  return out;
+}
 
 // What a hook reaches: the owner while it lives, nothing after.
 struct grad_sync::hook_state {
@@ -56,44 +115,36 @@ grad_sync::grad_sync(std::vector<torch::Tensor> params, c10::intrusive_ptr<c10d:
 }
 
 void grad_sync::assign_buckets() {
-  // Buckets in reverse parameter order; a bucket holds one dtype and closes
-  // at bucket_bytes.
-  const int64_t cap = std::max<int64_t>(1, opts_.bucket_bytes);
-  int64_t filled = 0;
-  for (size_t k = slots_.size(); k-- > 0;) {
-    auto& s = slots_[k];
-    const bool dtype_change = !fills_.empty() && slots_[fills_.back().slots.front()].param.scalar_type() != s.param.scalar_type();
-    if (fills_.empty() || filled >= cap || dtype_change) {
-      fills_.emplace_back();
-      filled = 0;
+  std::vector<torch::Tensor> params;
+  for (const auto& s : slots_) params.push_back(s.param);
+  for (const auto& members : cut_buckets(params, opts_.bucket_bytes)) {
+    auto& f = fills_.emplace_back();
+    int64_t offset = 0;
+    for (size_t k : members) {
+      slots_[k].bucket = fills_.size() - 1;
+      slots_[k].offset = offset;
+      offset += slots_[k].numel;
+      f.slots.push_back(k);
     }
-    auto& f = fills_.back();
-    s.bucket = fills_.size() - 1;
-    s.offset = 0;
-    for (size_t j : f.slots) s.offset += slots_[j].numel;
-    f.slots.push_back(k);
-    filled += s.numel * static_cast<int64_t>(s.param.element_size());
   }
   if (fills_.empty() && opts_.carry_control) fills_.emplace_back();  // no parameters: the control alone
 }
 
 void grad_sync::allocate_buckets() {
+  std::vector<torch::Tensor> params;
+  for (const auto& s : slots_) params.push_back(s.param);
   buckets_.resize(fills_.size());
   for (size_t bi = 0; bi < fills_.size(); ++bi) {
     auto& f = fills_[bi];
     auto& b = buckets_[bi];
-    int64_t n = 0;
-    for (size_t j : f.slots) n += slots_[j].numel;
-    b.grads = n;
-    auto o = f.slots.empty() ? torch::TensorOptions(torch::kFloat) : slots_[f.slots.front()].param.options().requires_grad(false);
-    if (bi == 0 && opts_.carry_control) {
-      control_offset_ = n;
-      n += control_words;
-      if (o.dtype() != torch::kFloat && o.dtype() != torch::kDouble) o = o.dtype(torch::kFloat);
-    }
-    b.flat = torch::zeros({n}, o);
-    b.numel = n;
-    f.options = o;
+    const bucket_shape shape = shape_of(params, f.slots, bi == 0, opts_.carry_control);
+    b.grads = shape.grads;
+    if (bi == 0 && opts_.carry_control) control_offset_ = shape.grads;
+    // zero2's buffers live only while their bucket is in flight.
+    if (opts_.recycled && !opts_.zero2) b.flat = opts_.recycled->take(shape.numel, shape.options);
+    if (!b.flat.defined()) b.flat = torch::zeros({shape.numel}, shape.options);
+    b.numel = shape.numel;
+    f.options = shape.options;
     f.pending = static_cast<int>(f.slots.size());
   }
 }
@@ -136,6 +187,11 @@ void grad_sync::install_hooks() {
 grad_sync::~grad_sync() {
   if (hooks_) hooks_->owner = nullptr;
   for (auto& [acc, key] : hook_keys_) acc->del_post_hook(key);
+  // The next reducer takes them (bucket_buffers::take leaves one that a
+  // collective still in flight references).
+  exchange_.reset();
+  if (opts_.recycled && !opts_.zero2)
+    for (auto& b : buckets_) opts_.recycled->give(std::move(b.flat));
   // Works still in flight keep their own references to the flat tensors, and
   // the process group (its owner) waits for them when it is destroyed.
 }

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "dtactor/result.hpp"
+#include "comm/bucket_buffers.hpp"
 #include "comm/exchange.hpp"
 #include "comm/param_sync.hpp"
 #include "comm/step_control.hpp"
@@ -110,7 +111,17 @@ struct grad_sync_options {
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;
   // train.zero = 2 (see zero2_grads); null: every rank gets every gradient.
   std::shared_ptr<const zero2_grads> zero2;
+  // Bucket buffers kept across reducers (bucket_buffers.hpp): this one
+  // takes its buffers from there when they fit and gives them back when
+  // destroyed. Null: its own, zeroed. Not with zero2 (its buffers live
+  // only while a bucket is in flight).
+  std::shared_ptr<bucket_buffers> recycled;
 };
+
+// The bucket buffers a reducer over `params` (the module's, in order) with
+// options `o` allocates, zeroed, in bucket order: what a warm rank puts
+// into o.recycled before its first plan.
+std::vector<torch::Tensor> bucket_buffers_for(const std::vector<torch::Tensor>& params, const grad_sync_options& o);
 
 // Figures of one step's synchronisation (seconds).
 struct grad_sync_timing {

@@ -29,6 +29,7 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   go.exchange.transport = transport_for(spec, g.exchange);
   go.shm = g.exchange.shm;
   go.hosts = g.exchange.hosts;
+  go.recycled = rs.buckets;
   // train.zero = 2: each rank receives only its shards' summed gradients,
   // straight into the optimizer's gradient windows; the clipping norm is
   // the sum of the primaries' partial sums (one small allreduce a step).
@@ -37,6 +38,7 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   // The sync strategy's reducers: one, or DiLoCo's (a fragment's each,
   // and the host's with hosts as workers).
   rs.sync->add_reducers(g, rs, x);
+  rs.buckets->clear();  // what the reducers did not take: another layout, or none this generation
   // train.zero >= 1: the reducer's parameter sync (the all-gather after
   // the update, zero=2's norm), over the path the ranks' places allow.
   x.sync().set_parameter_sync(zero_sync_for(x.sync(), g.exchange, state.optimizer(), rs.shards ? &*rs.shards : nullptr,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "actors/rank_work.hpp"
+#include "comm/bucket_buffers.hpp"
 #include "comm/exchange.hpp"
 #include "dtactor/config.hpp"
 #include "dtactor/result.hpp"
@@ -58,6 +59,9 @@ struct rank_state {
   // their threads, and a group's destructor waits for it. Kept until the
   // process ends (it ends with _exit).
   std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> parked;
+  // The reducers' bucket buffers, from one generation's reducer to the next
+  // (comm/bucket_buffers.hpp); filled at warm-up when the host has room.
+  std::shared_ptr<bucket_buffers> buckets = std::make_shared<bucket_buffers>();
   bool injected = false;
   // Neither train.threads nor --threads-per-rank fixed the thread count:
   // each generation splits the machine's cores over the ranks it plans there.

@@ -10,6 +10,7 @@
 
 #include "data/data_shards.hpp"
 #include "data/sample_log.hpp"
+#include "comm/grad_sync.hpp"
 #include "job/shipped_file.hpp"
 #include "model/trainer.hpp"
 #include "rank/checkpoint_saver.hpp"
@@ -187,13 +188,33 @@ result<config> with_shipped_module(const pb::generation_plan& plan, const config
 // otherwise fault them in while the other ranks wait (2.4 GB at the 202M
 // GPT: about 2 s of page faults here). Sharded levels hold only their
 // shards, known at the first plan.
-void make_resident_if_room(training_state& state, const job_settings& s) {
-  if (s.train.zero >= 1) return;
-  const int64_t bytes = state.resident_bytes();
+// Room on this host for `bytes` more beside the larger of 512 MiB and 5%
+// of its memory.
+bool room_for(int64_t bytes) {
   const memory_room room = read_memory_room();
   const int64_t spare = std::max<int64_t>(int64_t{512} << 20, room.total / 20);
-  if (bytes <= 0 || room.available < 0 || room.available - bytes < spare) return;
-  state.make_resident();
+  return bytes > 0 && room.available >= 0 && room.available - bytes >= spare;
+}
+
+void make_resident_if_room(training_state& state, const job_settings& s) {
+  if (s.train.zero >= 1) return;
+  if (room_for(state.resident_bytes())) state.make_resident();
+}
+
+// The same for the gradient reducer's bucket buffers (as large as the
+// gradients), made and touched here for the first generation's reducer to
+// take (comm/bucket_buffers.hpp): summed every step, at train.zero <= 1.
+// DiLoCo's reducers cut their buckets otherwise; zero = 2 keeps none.
+void make_buckets_if_room(training_state& state, const job_settings& s, bucket_buffers& into) {
+  if (s.train.zero >= 2 || s.modes.sync != sync_mode::every_step) return;
+  grad_sync_options o;
+  o.bucket_bytes = s.cluster.bucket_kb * 1024;
+  o.carry_control = true;  // as choose_exchanges
+  int64_t bytes = 0;
+  for (const auto& p : state.the_task().module()->parameters())
+    if (p.requires_grad()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  if (!room_for(bytes)) return;
+  for (auto& b : bucket_buffers_for(state.the_task().module()->parameters(), o)) into.give(std::move(b));
 }
 }  // namespace
 
@@ -237,6 +258,7 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
       // them into its flat buffers, go back to the kernel (see train()).
       ::malloc_trim(0);
       make_resident_if_room(*im.state, s);
+      make_buckets_if_room(*im.state, s, *im.buckets);
     }
     im.sync = make_sync_strategy(s.modes.sync);
     im.saver = make_saver(s, *im.sync);
