@@ -142,7 +142,10 @@ void grad_sync::allocate_buckets() {
     if (bi == 0 && opts_.carry_control) control_offset_ = shape.grads;
     // zero2's buffers live only while their bucket is in flight.
     if (opts_.recycled && !opts_.zero2) b.flat = opts_.recycled->take(shape.numel, shape.options);
-    if (!b.flat.defined()) b.flat = torch::zeros({shape.numel}, shape.options);
+    if (b.flat.defined())
+      reused_bytes_ += shape.numel * static_cast<int64_t>(b.flat.element_size());
+    else
+      b.flat = torch::zeros({shape.numel}, shape.options);
     b.numel = shape.numel;
     f.options = shape.options;
     f.pending = static_cast<int>(f.slots.size());

@@ -197,6 +197,8 @@ class grad_sync {
   std::vector<std::vector<size_t>> bucket_layout() const;
   // Bytes of bucket buffers held between steps (zero2: none).
   int64_t buffer_bytes() const;
+  // Of them, those taken from options.recycled when it was built.
+  int64_t reused_bytes() const { return reused_bytes_; }
   // Buckets launched so far in the current armed step (0 after finish()).
   int launched() const { return static_cast<int>(next_launch_); }
 
@@ -278,6 +280,7 @@ class grad_sync {
   size_t next_launch_ = 0;
   size_t next_wait_ = 0;        // buckets waited for (and taken) in this armed step
   int64_t inflight_bytes_ = 0;  // zero2: buffers of launched buckets not yet taken
+  int64_t reused_bytes_ = 0;    // bucket buffers taken from options.recycled
   std::shared_ptr<hook_state> hooks_;  // disarmed in the destructor; hooks hold it weakly
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooked nodes alive
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hook_keys_;

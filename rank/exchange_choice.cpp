@@ -1,5 +1,7 @@
 #include "rank/exchange_choice.hpp"
 
+#include <cstdio>
+
 #include "comm/exchange_spec.hpp"
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
@@ -38,7 +40,10 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   // The sync strategy's reducers: one, or DiLoCo's (a fragment's each,
   // and the host's with hosts as workers).
   rs.sync->add_reducers(g, rs, x);
-  rs.buckets->clear();  // what the reducers did not take: another layout, or none this generation
+  // What the reducers did not take is another layout's. A world of one
+  // has no buckets: they wait for the world to grow again (a survivor
+  // alone after a loss, joined by a replacement), as large as when it was.
+  if (g.world > 1) rs.buckets->clear();
   // train.zero >= 1: the reducer's parameter sync (the all-gather after
   // the update, zero=2's norm), over the path the ranks' places allow.
   x.sync().set_parameter_sync(zero_sync_for(x.sync(), g.exchange, state.optimizer(), rs.shards ? &*rs.shards : nullptr,
@@ -87,6 +92,18 @@ std::string describe_transport(const generation_run& g, const exchanges& x, rank
     if (x.fragments_off_shm) why = "overlapped fragments leave the host's segment to the host's per-step reducer";
     if (why.empty() && (g.exchange.shm || g.exchange.hierarchical)) why = "the gradients are not all float32, or do not fit the segment";
     transport = "gradients over " + g.backend + (why.empty() ? "" : " (no shared memory: " + why + ")");
+  }
+  if (g.world > 1) {
+    int64_t reused = x.host_sync ? x.host_sync->reused_bytes() : 0;
+    for (const auto& s : x.syncs) reused += s->reused_bytes();
+    if (reused > 0) {
+      char size[32];
+      if (reused >= (1 << 20))
+        std::snprintf(size, sizeof(size), "%.1f MiB", static_cast<double>(reused) / (1 << 20));
+      else
+        std::snprintf(size, sizeof(size), "%.1f KiB", static_cast<double>(reused) / (1 << 10));
+      transport += "; bucket buffers kept from before (" + std::string(size) + ")";
+    }
   }
   if (rs.shards && g.world > 1) transport += describe_shards(g, x, *rs.shards);
   if (state.diloco() && g.world > 1) transport = describe_diloco(g, x, state, rs.settings.train, std::move(transport));

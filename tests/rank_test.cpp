@@ -85,6 +85,11 @@ struct reports {
     });
     return found;
   }
+  // Forgets the statuses `local` reported so far (wait_for then finds a later one).
+  void clear_status(int local) {
+    std::lock_guard<std::mutex> lock(mu);
+    statuses.erase(std::remove_if(statuses.begin(), statuses.end(), [&](const auto& x) { return x.first == local; }), statuses.end());
+  }
   bool wait_step(int local, int64_t step) {
     std::unique_lock<std::mutex> lock(mu);
     return cv.wait_for(lock, std::chrono::minutes(2), [&] { return last_step.count(local) && last_step[local] >= step; });
@@ -246,6 +251,37 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   EXPECT_EQ(done_b->step(), 30);
   EXPECT_EQ(done_a->detail(), done_b->detail());  // the parameters' digest
   EXPECT_FALSE(done_a->detail().empty());
+}
+
+// A survivor alone after a loss keeps its reducer's bucket buffers: when a
+// replacement joins, its new reducer takes them (nothing to allocate and
+// zero while the joining rank waits). Its READY says so.
+TEST_F(rank_workers, a_rank_alone_keeps_its_bucket_buffers_for_when_the_world_grows_again) {
+  start(40);
+  ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
+  const auto g1 = plan(1, {0, 1}, false);
+  ASSERT_TRUE(a->offer(g1));
+  ASSERT_TRUE(b->offer(g1));
+  ASSERT_TRUE(seen.wait_step(0, 3));
+  seen.clear_status(0);
+  const auto g2 = plan(2, {0}, true);  // b leaves: a trains alone
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(b->offer(g2));
+  auto alone = seen.wait_for(0, pb::rank_status::STATE_READY);
+  ASSERT_TRUE(alone);
+  const int64_t at = alone->step();
+  ASSERT_TRUE(seen.wait_step(0, at + 2));
+  seen.clear_status(0);
+  const auto g3 = plan(3, {0, 1}, true);
+  ASSERT_TRUE(a->offer(g3));
+  ASSERT_TRUE(b->offer(g3));
+  auto ready = seen.wait_for(0, pb::rank_status::STATE_READY);
+  ASSERT_TRUE(ready);
+  EXPECT_NE(ready->detail().find("bucket buffers kept from before"), std::string::npos) << ready->detail();
+  EXPECT_GE(ready->step(), at + 2);
+  ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_FINISHED));
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_FINISHED));
 }
 
 // A rank alone takes a drain plan (the world grows) before its next step:
