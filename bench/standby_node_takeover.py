@@ -23,11 +23,19 @@ killed (SIGKILL to its process group). Measured:
   promoted       standby nodes planned in after the kill (generation_started's
                  standby_promoted)
 
+  phases         the recovery_done of the generation that reached world 2:
+                 its plan to the first step (duration_s) and the slowest
+                 rank's group_s, state_s and first_step_s
+
 --modes picks the arms: standby (z with cluster.standby_nodes = 1), extra
 (z with cluster.standby_nodes = 0: a third node beyond cluster.max_nodes,
 refused until a place is free, then it starts its rank), none (no z).
+--set adds a config setting to every arm (another model: the 202M GPT of
+bench/gpt_join.py, --gpt), --kill-at-step when to kill.
 
   flock /tmp/dtactor-build.lock /usr/bin/python3 bench/standby_node_takeover.py [--trials 5] [--out FILE]
+  /usr/bin/python3 bench/standby_node_takeover.py --gpt --modes standby,extra --trials 3 --kill-at-step 6 \
+      --out bench/standby_node_takeover_gpt_results.json
 """
 import argparse
 import json
@@ -47,7 +55,9 @@ from bench_jobs import journal, named, summary, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
-KILL_AT_STEP = 15
+GPT_SETS = ["model.name=gpt", "model.dim=1024", "model.layers=16", "model.heads=16", "model.context=32", "train.global_batch_size=4",
+            "train.micro_batch_size=2", "train.warmup_steps=2", "checkpoint.every_steps=2", "data.max_text_bytes=2000000",
+            "eval.max_samples=8", "cluster.digest_every_steps=2"]
 SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=100000",
         "train.max_steps=1000000", "cluster.min_nodes=2", "cluster.max_nodes=2"]
 MODES = {"standby": (3, ["cluster.standby_nodes=1"]), "none": (2, []), "extra": (3, [])}
@@ -62,7 +72,7 @@ def member(port, node):
     return next((m for m in status.get("members", []) if m.get("node") == node), {})
 
 
-def one_trial(work, mode):
+def one_trial(work, mode, extra=(), kill_at_step=15):
     run = os.path.join(work, "run")
     procs = {}
     nodes, extra_sets = MODES[mode]
@@ -75,22 +85,22 @@ def one_trial(work, mode):
     try:
         start("coordinator", ["--role", "coordinator", "--listen", "tcp://127.0.0.1:%d" % port, "--advertise-addr", "127.0.0.1",
                               "--run-dir", run, "--metrics-port", str(status_port), "--metrics-addr", "127.0.0.1"] +
-              [x for s in SETS + extra_sets for x in ("--set", s)])
+              [x for s in SETS + extra_sets + list(extra) for x in ("--set", s)])
         def node(n):
             start(n, ["--role", "node", "--coordinator", "tcp://127.0.0.1:%d" % port, "--node-id", n, "--advertise-addr", "127.0.0.1",
                       "--threads-per-rank", "1"])
 
         node("x")
         node("y")
-        wait(lambda: [e for e in named(journal(run), "step") if e["step"] >= KILL_AT_STEP and e["world_size"] == 2], 300,
-             "step %d at world 2" % KILL_AT_STEP, 0.05)
+        wait(lambda: [e for e in named(journal(run), "step") if e["step"] >= kill_at_step and e["world_size"] == 2], 900,
+             "step %d at world 2" % kill_at_step, 0.05)
         if nodes == 3:  # z after x and y train, so that it is the one outside
             node("z")
             if mode == "extra":  # no place for it: refused, it keeps asking
                 wait(lambda: "registration refused" in open(os.path.join(work, "z.log")).read(), 60, "z to be refused", 0.05)
         if mode == "standby":
             # z's rank is up, warmed and ready (the coordinator's status page).
-            wait(lambda: member(status_port, "z").get("ready_ranks") == 1, 120, "z's rank to be ready", 0.05)
+            wait(lambda: member(status_port, "z").get("ready_ranks") == 1, 600, "z's rank to be ready", 0.05)
         out = {"mode": mode}
         gen_at_kill = max(e["generation"] for e in named(journal(run), "generation_started"))
         t_kill = time.time()
@@ -100,7 +110,7 @@ def one_trial(work, mode):
         full = None
         if mode != "none":  # without a third node the world stays at 1
             full = wait(lambda: [e for e in named(journal(run), "step") if e.get("generation", 0) > gen_at_kill and e["world_size"] == 2],
-                        120, "a step at world 2 after the kill", 0.005)
+                        600, "a step at world 2 after the kill", 0.005)
         ev = journal(run)
         last_t = (full[0] if full else first)["t"]
         gens = [g for g in named(ev, "generation_started") if g["generation"] > gen_at_kill and g["t"] <= last_t]
@@ -114,6 +124,10 @@ def one_trial(work, mode):
             "lost_steps": sum(r.get("lost_steps", 0) for r in named(ev, "recovery_done") if r["t"] > t_kill),
             "promoted": sum(len(g.get("standby_promoted", [])) for g in gens),
         })
+        if full:
+            done = wait(lambda: [r for r in named(journal(run), "recovery_done") if r["generation"] == full[0]["generation"]], 60,
+                        "the recovery_done of the generation at world 2", 0.05)[0]
+            out["phases"] = {k: done.get(k) for k in ("duration_s", "group_s", "state_s", "first_step_s")}
         return out
     finally:
         for p in procs.values():
@@ -127,13 +141,17 @@ def main():
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--modes", default="standby,extra,none")
     ap.add_argument("--out", default=os.path.join(HERE, "standby_node_takeover_results.json"))
+    ap.add_argument("--set", action="append", default=[], help="a config setting for every arm (repeatable)")
+    ap.add_argument("--gpt", action="store_true", help="the 202M GPT of bench/gpt_join.py (its settings before any --set)")
+    ap.add_argument("--kill-at-step", type=int, default=15)
     a = ap.parse_args()
+    extra = (GPT_SETS if a.gpt else []) + a.set
     modes = a.modes.split(",")
     runs = {m: [] for m in modes}
     for i in range(a.trials):
         for mode in modes:
             work = tempfile.mkdtemp(prefix="dtactor-standby-bench-")
-            r = one_trial(work, mode)
+            r = one_trial(work, mode, extra, a.kill_at_step)
             print("trial %d %s: %s" % (i + 1, mode, json.dumps(r)), file=sys.stderr)
             runs[mode].append(r)
             subprocess.run(["rm", "-rf", work])
@@ -142,6 +160,8 @@ def main():
         result[mode] = {k: summary(runs[mode], k) for k in ("full_world_s", "first_step_s")}
         result[mode]["shrank_trials"] = sum(1 for x in runs[mode] if x["shrank"])
     result["lost_steps_worst"] = max(x["lost_steps"] for m in modes for x in runs[m])
+    if a.gpt or a.set:
+        return write_other(a, modes, runs, result, extra)
     if a.out == "-" or set(modes) != {"standby", "extra", "none"}:
         print(json.dumps(result, indent=1))
         return 0
@@ -160,6 +180,38 @@ def main():
                                     "a rank). The times are the coordinator's journal's (a step line is written once every rank "
                                     "reported that step). The node is killed by SIGKILL to its process group (the node and its rank); "
                                     "its closed connection and its peer's failed collective are how the loss is seen.")
+    print(json.dumps({k: out[k] for k in modes + ["lost_steps_worst"]}, indent=1))
+    return 0
+
+
+def write_other(a, modes, runs, result, extra):
+    """Another config (--gpt, --set): the arms run and each recovery's phases."""
+    for mode in modes:
+        for k in ("duration_s", "group_s", "state_s", "first_step_s"):
+            vals = [x["phases"][k] for x in runs[mode] if x.get("phases") and x["phases"].get(k) is not None]
+            if vals:
+                result[mode]["phase_" + k] = summary([{"v": v} for v in vals], "v")
+    if a.out == "-":
+        print(json.dumps(result, indent=1))
+        return 0
+    F = bench_meta.figure
+    figs = []
+    if "standby" in modes:
+        figs.append(F("the kill to the first step at full world size, with a warm standby node", ["standby", "full_world_s", "median"], "s",
+                      *(("a third node without a standby place (the world shrinks, then it joins cold)", ["extra", "full_world_s", "median"])
+                        if "extra" in modes else ())))
+        figs.append(F("of it, with a standby: its generation's plan to the first step", ["standby", "phase_duration_s", "median"], "s"))
+        figs.append(F("of that: the group to READY (agreement, the peer state to the standby)", ["standby", "phase_state_s", "median"], "s"))
+    figs.append(F("steps lost (worst trial)", ["lost_steps_worst"], "steps"))
+    what = "the 202M GPT of bench/gpt_join.py" if a.gpt else "the default config"
+    out = bench_meta.write(a.out, result, "A warm standby node takes a lost node's place at %s: kill -9 of a member node at step %d, "
+                           "world 2 (cluster.max_nodes = 2), arms %s, %d trials each, alternating (medians)"
+                           % (what, a.kill_at_step, ", ".join(modes), a.trials), "Recovery from faults", figs,
+                           notes="Loopback, the coordinator and the nodes on the project's 2-core build machine (one compute thread a "
+                                 "rank). Settings beyond the bench's own: " + ", ".join(extra) + ". The times are the coordinator's "
+                                 "journal's. A standby's rank is started, has built the model, opened the data and (when the host has "
+                                 "room) touched its gradients, moments and reducer buffers before the kill; it receives the state from "
+                                 "the survivor after the kill. extra: the third node is refused until the loss, then starts its rank cold.")
     print(json.dumps({k: out[k] for k in modes + ["lost_steps_worst"]}, indent=1))
     return 0
 
