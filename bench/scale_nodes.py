@@ -440,18 +440,12 @@ NOTES = ("One real coordinator (CURVE on, heartbeat settings at their defaults) 
          "by the coordinator and the simulators (their CPU is in the JSON), the descriptor limit is raised to the hard limit, "
          "loopback connections to one port are bounded by the ephemeral port range per source address, and every simulated "
          "node's plan is decoded on those same 2 cores. Each run's 1-minute load average at its start is in the JSON. At 10,000 "
-         "nodes the cold start does not complete within the limit here: about half registered in the first 15 s, then ever more "
-         "slowly, while the members already in heartbeat every 250 ms, each beat answered, and the simulators' own CURVE work "
-         "shares the same 2 cores; the coordinator used 0.87 cores meanwhile. The coordinator's ZMTP heartbeats ping every 4 s "
-         "and close a connection when nothing came in the 2 s after a ping (the nodes': every 1 s, 5 s for an answer): libzmq "
-         "4.3 cancels an answered ping's timer by a linear search through every connection's timers due before it. With the "
-         "coordinator pinging as the nodes do, on the same machine: a profile 23 to 38 s into a 10,000-node start (perf record "
-         "-g, 15 s) found 0.95 cores, two thirds of it libzmq's I/O thread and a third of that thread in "
-         "std::_Rb_tree_increment; 4,355 of 10,000 nodes registered in 60 s; at 3,000 nodes the I/O thread used 0.40 cores at "
-         "steady state (0.29 to 0.32 in two runs as here; single runs, not paired, and a cold start's figures vary from run to "
-         "run by tens of percent). Four libzmq I/O threads for the coordinator instead registered 4,697 of 10,000 in 60 s and "
-         "used 0.38 cores over the four at 3,000 nodes; with eight, libzmq aborted the coordinator (assertion !_io_error in "
-         "stream_engine_base.cpp) in both 10,000-node starts tried.")
+         "nodes the cold start does not complete within the limit here: the members already in heartbeat every 250 ms (40,000 "
+         "beats a second at 10,000, each answered, every one a CURVE message on both sides) and the simulators' own handshakes "
+         "share the same 2 cores, and some registered nodes fall silent past the heartbeat timeout and register again. The "
+         "coordinator answers the nodes' ZMTP pings and sends none of its own (libzmq 4.3 cancels an answered ping's timer by a "
+         "linear search through every connection's timers), and a registration finds its node rank in O(log n). "
+         "Single runs, not paired; a cold start's figures vary from run to run by tens of percent.")
 
 
 def main():
