@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/grad_sync.hpp"
+#include "grad_sync_util.hpp"
 #include "model/trainer.hpp"
 #include "rank_threads.hpp"
 #include "test_util.hpp"
@@ -15,11 +16,7 @@
 namespace dtactor {
 namespace {
 
-using testing::make_states;
-using testing::run_ranks;
-using testing::tiny_vit_config;
-
-std::vector<torch::Tensor> params_of(training_state& s) { return s.the_task().module()->parameters(); }
+using namespace grad_sync_testing;
 
 grad_sync_options reducer_options(int64_t bucket_bytes, std::shared_ptr<bucket_buffers> pool) {
   grad_sync_options o;
