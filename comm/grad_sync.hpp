@@ -182,6 +182,7 @@ class grad_sync {
   // comm/param_sync.hpp), or null (none: every rank holds every parameter).
   void set_parameter_sync(std::unique_ptr<param_sync> p) { param_sync_ = std::move(p); }
   param_sync* parameter_sync() const { return param_sync_.get(); }
+  std::unique_ptr<param_sync> take_parameter_sync() { return std::move(param_sync_); }
 
   int world() const { return world_; }
   // True when the buckets go through shared memory (options.shm was usable),

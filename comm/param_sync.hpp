@@ -29,6 +29,19 @@ class param_sync {
   virtual status gather() = 0;
   // How it runs, for the rank's READY line ("through shared memory").
   virtual std::string describe() const = 0;
+
+  // train.zero = 3 (rank/zero3.hpp), where parameters are gathered a unit
+  // at a time during forward and backward; nothing to do at other levels.
+  // Whether this step's gathers completed (checked after the gradient
+  // exchange; when not, nothing was updated).
+  virtual status gathered() { return {}; }
+  // One forward and backward's gathers without computing: a rank with
+  // fewer micro-batches than another makes up the difference first.
+  virtual void idle_pass() {}
+  // Every parameter gathered, for what reads them all (a checkpoint, a
+  // digest); reshard() releases them again.
+  virtual status unshard() { return {}; }
+  virtual void reshard() {}
 };
 
 }  // namespace dtactor

@@ -29,9 +29,10 @@ status check_train(const train_settings& t) {
   if (t.min_lr > t.lr)
     return make_error("train.min_lr (" + to_string(config_value{t.min_lr}) + ") cannot exceed train.lr (" + to_string(config_value{t.lr}) + ")");
   if (t.beta1 >= 1.0 || t.beta2 >= 1.0) return make_error("train.beta1 and train.beta2 must be below 1");
-  if (t.zero > 2)
+  if (t.zero > 3)
     return make_error("train.zero = " + std::to_string(t.zero) +
-                      " is not a ZeRO stage dtactor has: 0 (every rank holds the whole state), 1 (sharded optimizer state) or 2 (sharded optimizer state and gradients)");
+                      " is not a ZeRO stage dtactor has: 0 (every rank holds the whole state), 1 (sharded optimizer state), 2 (sharded optimizer "
+                      "state and gradients) or 3 (parameters too)");
   if (t.outer_momentum >= 1.0) return make_error("train.outer_momentum must be below 1");
   if (t.sync_mix > 1.0) return make_error("train.sync_mix must be between 0 and 1");
   return {};
@@ -44,6 +45,9 @@ status check_sync(const job_settings& s) {
   if (diloco && t.zero > 0)
     return make_error("train.sync = diloco keeps every worker's own optimizer state whole; it does not combine with train.zero = " +
                       std::to_string(t.zero) + " (use train.zero = 0)");
+  if (t.zero >= 3 && s.modes.direct == direct_checkpoint::on)
+    return make_error("checkpoint.direct = true reads the parameters while the next step runs, and at train.zero = 3 a rank holds only its shards "
+                      "of them then; use checkpoint.direct = auto or false (written from a buffer)");
   if (quantized(s.cluster.wire) && !diloco)
     return make_error("cluster.wire_dtype = " + std::string(to_string(s.cluster.wire)) +
                       " quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");

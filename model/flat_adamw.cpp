@@ -229,6 +229,15 @@ std::vector<int64_t> flat_adamw::param_index() const {
   return out;
 }
 
+std::optional<std::pair<int64_t, int64_t>> flat_adamw::range_of(const torch::Tensor& p) const {
+  for (const auto& s : slots_)
+    if (s.param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+      const int64_t first = groups_[s.group].base + s.offset;
+      return std::make_pair(first, first + s.numel);
+    }
+  return std::nullopt;
+}
+
 void flat_adamw::step() {
   gather_grads();
   materialize();

@@ -31,6 +31,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -108,6 +109,9 @@ class flat_adamw {
   // Each parameter's first element in the index space, in the constructor's
   // order (those that require grad).
   std::vector<int64_t> param_index() const;
+  // Where parameter `p` (the same tensor, not a copy) lies in the index
+  // space: [first, first + numel); nullopt for one it does not step.
+  std::optional<std::pair<int64_t, int64_t>> range_of(const torch::Tensor& p) const;
   // Bytes of optimizer state held; of parameters and of gradient buffers.
   int64_t state_bytes() const;
   int64_t param_bytes() const;

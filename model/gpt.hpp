@@ -53,6 +53,7 @@ class gpt_task : public task {
 
   std::string name() const override { return "gpt"; }
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  std::vector<param_unit> param_units() override { return block_units(model_->blocks, "blocks"); }
   int64_t train_size() const override { return windows(train_); }
   int64_t eval_size() const override { return windows(held_out_); }
   torch::Tensor loss_sum(const std::vector<int64_t>& indices) override;

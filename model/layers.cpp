@@ -130,18 +130,28 @@ struct checkpoint_fn : torch::autograd::Function<checkpoint_fn> {
 
 torch::Tensor block_impl::forward(const torch::Tensor& x, const torch::Tensor& self_mask, const torch::Tensor& memory,
                                   const torch::Tensor& memory_mask) {
-  if (opts.checkpointed && is_training() && torch::GradMode::is_enabled()) {
-    std::vector<torch::Tensor> in;
-    int64_t present = 0;
-    const torch::Tensor* all[4] = {&x, &self_mask, &memory, &memory_mask};
-    for (int i = 0; i < 4; ++i)
-      if (all[i]->defined()) {
-        in.push_back(*all[i]);
-        present |= 1 << i;
-      }
-    return checkpoint_fn::apply(torch::TensorList(in), present, this);
+  return gated(gate, {x, self_mask, memory, memory_mask}, [this](const std::vector<torch::Tensor>& in) {
+    if (opts.checkpointed && is_training() && torch::GradMode::is_enabled()) {
+      std::vector<torch::Tensor> kept;
+      int64_t present = 0;
+      for (int i = 0; i < 4; ++i)
+        if (in[static_cast<size_t>(i)].defined()) {
+          kept.push_back(in[static_cast<size_t>(i)]);
+          present |= 1 << i;
+        }
+      return checkpoint_fn::apply(torch::TensorList(kept), present, this);
+    }
+    return compute(in[0], in[1], in[2], in[3]);
+  });
+}
+
+std::vector<param_unit> block_units(const torch::nn::ModuleList& blocks, const std::string& prefix) {
+  std::vector<param_unit> out;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto* b = blocks->ptr(i)->as<block_impl>();
+    out.push_back({prefix + "." + std::to_string(i), &b->gate, b->parameters()});
   }
-  return compute(x, self_mask, memory, memory_mask);
+  return out;
 }
 
 torch::Tensor causal_mask(int64_t t) {

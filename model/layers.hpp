@@ -5,6 +5,11 @@
 // stored but recomputed in backward (with the same dropout masks).
 #include <torch/torch.h>
 
+#include <string>
+#include <vector>
+
+#include "dtactor/param_gate.hpp"
+
 namespace dtactor {
 
 struct attention_impl : torch::nn::Module {
@@ -38,11 +43,16 @@ struct block_impl : torch::nn::Module {
                         const torch::Tensor& memory_mask);
 
   block_options opts;
+  gate_slot gate;  // train.zero = 3: gathered as one unit
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr}, ln3{nullptr};
   attention self_attn{nullptr}, cross_attn{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE_IMPL(block, block_impl);
+
+// train.zero = 3: every block of `blocks` as a unit, named prefix.<i>, in
+// the list's order.
+std::vector<param_unit> block_units(const torch::nn::ModuleList& blocks, const std::string& prefix);
 
 // Additive causal mask [T,T]: 0 on and below the diagonal, -inf above.
 torch::Tensor causal_mask(int64_t t);

@@ -210,6 +210,9 @@ result<training_state::dp_step> training_state::train_step(const step_context& c
   // zeros into the host's sum (finish()).
   const bool host_replay = c.replay && c.sync;
   if (host_replay) optimizer_->zero_grad();
+  param_sync* ps = c.sync ? c.sync->parameter_sync() : nullptr;
+  if (ps && !c.replay)
+    for (int64_t i = micro_batches(samples.size()); i < most_micro_batches(c); ++i) ps->idle_pass();
   if (host_replay && samples.empty()) {
     if (record_samples_) recorded_.clear();
   } else {
@@ -218,6 +221,8 @@ result<training_state::dp_step> training_state::train_step(const step_context& c
   r.compute_s = seconds_since(t0);
   if (c.sync) {
     auto synced = c.sync->finish();
+    if (synced && ps)
+      if (auto st = ps->gathered(); !st) synced = st.err();
     if (!synced) {
       optimizer_->zero_grad();  // the next attempt of this step starts from zero
       return synced.err();
@@ -234,6 +239,20 @@ result<training_state::dp_step> training_state::train_step(const step_context& c
     return r;
   }
   return update_after_sync(c, r);
+}
+
+int64_t training_state::micro_batches(size_t samples) const {
+  const int64_t m = settings_.train.micro_batch_size;
+  if (samples == 0) return 0;
+  return m > 0 ? (static_cast<int64_t>(samples) + m - 1) / m : 1;
+}
+
+// The most micro-batches any rank of the step computes (slices differ by
+// a sample where the world does not divide the global batch).
+int64_t training_state::most_micro_batches(const step_context& c) const {
+  int64_t most = 0;
+  for (int r = 0; r < c.world; ++r) most = std::max(most, micro_batches(order_->rank_slice(step_, r, c.world).size()));
+  return most;
 }
 
 // This rank's samples of the step (a replay's: its part of the slice), and

@@ -265,6 +265,11 @@ class training_state {
   std::unique_ptr<outer_optimizer> outer_;  // train.sync = diloco
   // step()'s halves: the samples, and the update after the reducer.
   std::vector<int64_t> samples_of(const step_context& c, double& divisor);
+  // Forward and backward passes of a slice of `samples`; the most of any
+  // rank at this step (train.zero = 3: ranks with fewer make up the
+  // gathers of the difference, param_sync::idle_pass).
+  int64_t micro_batches(size_t samples) const;
+  int64_t most_micro_batches(const step_context& c) const;
   result<dp_step> update_after_sync(const step_context& c, dp_step r);
   lr_schedule schedule_;
   int64_t step_ = 0;

@@ -183,6 +183,12 @@ torch::Tensor transformer_task::sample_losses(const torch::Tensor& logits, const
   return (per_token * real).sum(1) / real.sum(1).clamp_min(1.0);
 }
 
+std::vector<param_unit> transformer_task::param_units() {
+  auto units = block_units(model_->encoder, "encoder");
+  for (auto& u : block_units(model_->decoder, "decoder")) units.push_back(std::move(u));
+  return units;
+}
+
 torch::Tensor transformer_task::loss_sum(const std::vector<int64_t>& indices) {
   std::optional<data_wait_timer> data(std::in_place);
   std::vector<const word_pair*> pairs;

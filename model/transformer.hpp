@@ -81,6 +81,8 @@ class transformer_task : public task {
 
   std::string name() const override { return "transformer"; }
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  // The encoder's blocks, then the decoder's (the order forward runs them).
+  std::vector<param_unit> param_units() override;
   int64_t train_size() const override { return static_cast<int64_t>(data_.train.size()); }
   int64_t eval_size() const override { return static_cast<int64_t>(data_.held_out.size()); }
   torch::Tensor loss_sum(const std::vector<int64_t>& indices) override;

@@ -45,6 +45,7 @@ class vit_task : public task {
 
   std::string name() const override { return "vit"; }
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  std::vector<param_unit> param_units() override { return block_units(model_->blocks, "blocks"); }
   int64_t train_size() const override { return train_.images.size(0); }
   int64_t eval_size() const override { return test_.images.size(0); }
 
@@ -94,6 +95,7 @@ class vit_shard_task : public task {
 
   std::string name() const override { return "vit"; }
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  std::vector<param_unit> param_units() override { return block_units(model_->blocks, "blocks"); }
   int64_t train_size() const override { return data_.train->size(); }
   int64_t eval_size() const override { return data_.eval->size(); }
   std::vector<int64_t> train_shard_samples() const override { return data_.train->per_shard(); }

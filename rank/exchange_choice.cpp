@@ -8,6 +8,7 @@
 #include "rank/sync_strategy.hpp"
 #include "rank/zero.hpp"
 #include "rank/zero_sync.hpp"
+#include "rank/zero3.hpp"
 
 namespace dtactor {
 
@@ -16,6 +17,36 @@ int64_t exchanges::buffer_bytes() const {
   for (const auto& s : syncs) n += s->buffer_bytes();
   return n + (host_sync ? host_sync->buffer_bytes() : 0);
 }
+
+exchanges::~exchanges() {
+  for (gate_slot* slot : gated) {
+    slot->gate.reset();
+    slot->unit = -1;
+  }
+}
+
+namespace {
+
+// train.zero = 3: the task's units gated for this generation (their
+// parameters released now, gathered as each runs), the root gathered after
+// each update, the norm as zero_sync_for's.
+status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
+  training_state& state = *rs.state;
+  auto units = state.the_task().param_units();
+  auto layout = unit_layout_of(state.optimizer(), units);
+  if (!layout) return layout.err();
+  x.gate = std::make_shared<unit_gatherer>(g.pg, state.optimizer(), *rs.shards, std::move(layout.value()), g.timeout, g.abandon_now);
+  x.sync().set_parameter_sync(zero3_sync(x.sync().take_parameter_sync(), x.gate, g.backend));
+  for (size_t i = 0; i < units.size(); ++i) {
+    units[i].slot->gate = x.gate;
+    units[i].slot->unit = static_cast<int>(i);
+    x.gated.push_back(units[i].slot);
+  }
+  x.gate->reshard();
+  return {};
+}
+
+}  // namespace
 
 status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   training_state& state = *rs.state;
@@ -48,6 +79,8 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   // the update, zero=2's norm), over the path the ranks' places allow.
   x.sync().set_parameter_sync(zero_sync_for(x.sync(), g.exchange, state.optimizer(), rs.shards ? &*rs.shards : nullptr,
                                             {g.pg, x.zero2, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
+  if (x.zero2 && s.train.zero >= 3)
+    if (auto st = gate_units(g, rs, x); !st) return st;
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) x.moving_buffers.push_back(b);
   return {};
@@ -56,7 +89,8 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
 namespace {
 
 std::string describe_shards(const generation_run& g, const exchanges& x, const shard_plan& sp) {
-  return "; optimizer state" + std::string(x.zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(x.zero2 ? 2 : 1) +
+  const int level = x.gate ? 3 : x.zero2 ? 2 : 1;
+  return "; optimizer state" + std::string(x.gate ? ", gradients and parameters" : x.zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(level) +
          "): this rank holds " + std::to_string(sp.held_elements(g.rank)) + " of " + std::to_string(sp.total) + " elements, " +
          std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) + " holder(s) a shard, " + std::to_string(g.reshard_bytes) +
          " bytes moved, parameters gathered " + (x.sync().parameter_sync() ? x.sync().parameter_sync()->describe() : "over " + g.backend);

@@ -14,6 +14,8 @@
 namespace dtactor {
 
 struct generation_run;
+struct gate_slot;
+class unit_gatherer;
 struct rank_state;
 
 struct exchanges {
@@ -31,6 +33,16 @@ struct exchanges {
   // each step (PyTorch DDP's broadcast_buffers), or the ranks' states drift
   // apart and the digest comparison stops the job.
   std::vector<torch::Tensor> moving_buffers;
+
+  // train.zero = 3: the units' gate and the slots it is installed in
+  // (cleared when the generation's exchanges go).
+  std::shared_ptr<unit_gatherer> gate;
+  std::vector<gate_slot*> gated;
+
+  exchanges() = default;
+  exchanges(const exchanges&) = delete;
+  exchanges& operator=(const exchanges&) = delete;
+  ~exchanges();
 
   grad_sync& sync() const { return *syncs.front(); }
   // The reducers' bucket buffers kept between steps.

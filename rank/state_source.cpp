@@ -69,7 +69,11 @@ class replica_shards final : public shard_source {
       missing = "elements outside this rank's shards";
     } else {
       const bool holds_current = c.held_before == c.state.step();
-      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, c.state.params_mixed(), g.timeout, g.abandon_now);
+      // train.zero = 3: a rank holds only its shards' parameters (and the
+      // root's), so every parameter is made whole from the shards' holders
+      // here, as after a failed all-gather; the step's gate releases them.
+      const bool mixed = c.state.params_mixed() || c.rs.settings.train.zero >= 3;
+      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, mixed, g.timeout, g.abandon_now);
       if (!r) {
         (void)c.state.reset_state();  // half-moved shards: this rank holds nothing current
         return g.failed(r.message(), c.state.step());

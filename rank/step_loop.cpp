@@ -1,5 +1,7 @@
 #include "rank/step_loop.hpp"
 
+#include "rank/zero3.hpp"
+
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 #include "data/sample_log.hpp"
 #include "rank/checkpoint_saver.hpp"
 #include "rank/generation.hpp"
+#include "rank/zero3.hpp"
 
 namespace dtactor {
 
@@ -98,7 +101,7 @@ generation_outcome step_loop::run() {
     if (auto ended = after_step(attempted, window_start, t0)) return *ended;
   }
   rs_.saver->finish();
-  g_.report_status(pb::rank_status::STATE_FINISHED, state_.step(), state_.params_digest());
+  g_.report_status(pb::rank_status::STATE_FINISHED, state_.step(), whole_params_digest());
   return generation_outcome::finished;
 }
 
@@ -257,7 +260,9 @@ generation_end step_loop::broadcast_buffers(int64_t step) {
 // The parameters' digest, compared across the ranks: a rank that drifted
 // ends the job rather than train on silently.
 generation_end step_loop::compare_digests(int64_t step) {
+  if (auto st = unshard(); !st) return g_.failed(st.message(), step);
   const std::string digest = state_.params_digest();
+  reshard();
   h_.acc.set_params_digest(digest);
   if (!g_.pg) return std::nullopt;
   auto agree = digests_agree(*g_.pg, digest, g_.timeout, g_.abandon_now);
@@ -291,7 +296,8 @@ void step_loop::report_step(int64_t step) {
     x->set_cache_bytes(d->cache_used_bytes);
     x->set_cache_peak_bytes(d->cache_peak_bytes);
   }
-  h_.acc.set_param_bytes(static_cast<uint64_t>(state_.optimizer().param_bytes()));
+  // train.zero = 3: the parameters resident between steps (its shards' and the root's).
+  h_.acc.set_param_bytes(static_cast<uint64_t>(x_.gate ? x_.gate->resident_bytes() : state_.optimizer().param_bytes()));
   // The optimizer's gradients and the reducer's bucket buffers kept between
   // steps (zero=0/1: a second copy of every gradient; zero=2: none, its
   // buffers live only while a step's buckets are in flight).
@@ -352,11 +358,34 @@ generation_end step_loop::meet_after_eval(double eval_s) {
 generation_outcome step_loop::stop_here(int64_t step, bool final_checkpoint) {
   if (final_checkpoint && last_ckpt_ != step) write_checkpoint();
   rs_.saver->finish();
-  g_.report_status(pb::rank_status::STATE_FINISHED, step, state_.params_digest());
+  g_.report_status(pb::rank_status::STATE_FINISHED, step, whole_params_digest());
   return generation_outcome::stopped;
 }
 
-void step_loop::write_checkpoint() { rs_.saver->write(state_, rs_.shards, g_, eval_at_step_); }
+void step_loop::write_checkpoint() {
+  if (!unshard()) return;  // the gather failed: the next collective ends the generation
+  rs_.saver->write(state_, rs_.shards, g_, eval_at_step_);
+  reshard();
+}
+
+// train.zero = 3: every parameter gathered for what reads them all, and
+// released again after (nothing to do at other levels).
+status step_loop::unshard() {
+  param_sync* ps = x_.syncs.empty() ? nullptr : x_.sync().parameter_sync();
+  return ps ? ps->unshard() : status{};
+}
+
+void step_loop::reshard() {
+  if (param_sync* ps = x_.syncs.empty() ? nullptr : x_.sync().parameter_sync()) ps->reshard();
+}
+
+// The digest a rank reports when it finishes: of the whole parameters.
+std::string step_loop::whole_params_digest() {
+  if (!unshard()) return "";
+  std::string d = state_.params_digest();
+  reshard();
+  return d;
+}
 
 // A checkpoint fell due (or is owed) at this boundary: written now or, with
 // checkpoint.defer_while_writing, owed while some rank still stores the previous one
@@ -377,7 +406,10 @@ void step_loop::checkpoint_at(int64_t step) {
   }
   const int64_t due_step = rs_.owed_checkpoint >= 0 && step < cadence_.max_steps ? rs_.owed_checkpoint : 0;
   rs_.owed_checkpoint = -1;
-  rs_.saver->write(state_, rs_.shards, g_, eval_at_step_, due_step);
+  if (unshard()) {
+    rs_.saver->write(state_, rs_.shards, g_, eval_at_step_, due_step);
+    reshard();
+  }
   last_ckpt_ = step;
 }
 

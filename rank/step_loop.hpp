@@ -63,6 +63,9 @@ class step_loop {
   generation_end meet_after_eval(double eval_s);
   generation_outcome stop_here(int64_t step, bool final_checkpoint);
   void write_checkpoint();
+  status unshard();
+  void reshard();
+  std::string whole_params_digest();
   void checkpoint_at(int64_t step);
   bool due(int64_t every, int64_t step, int64_t window_start) const;
 

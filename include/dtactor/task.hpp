@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "dtactor/config.hpp"
+#include "dtactor/param_gate.hpp"
 #include "dtactor/result.hpp"
 
 namespace dtactor {
@@ -90,6 +91,11 @@ class task {
   // statistics): the data-parallel engine then gives every rank global rank
   // 0's after each step, as PyTorch DDP's broadcast_buffers does.
   virtual bool buffers_change_in_training() const { return false; }
+  // train.zero = 3 (dtactor/param_gate.hpp): the modules whose parameters
+  // are gathered together, in the order forward runs them; each runs its
+  // computation through gated(unit.slot, ...). None (the default): every
+  // parameter stays resident on every rank, as at train.zero = 2.
+  virtual std::vector<param_unit> param_units() { return {}; }
   // Sharded data (docs/data.md, dtactor/shards.hpp): the number of
   // training samples in each shard, in index order (the indices of shard k
   // follow those of shard k - 1; the sum is train_size()). Called once,

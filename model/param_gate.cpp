@@ -1,0 +1,83 @@
+#include "dtactor/param_gate.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+param_gate* gate_of(AutogradContext* ctx) { return reinterpret_cast<param_gate*>(ctx->saved_data["gate"].toInt()); }
+
+// Identity on the unit's output: its backward runs before any of the
+// unit's own (they all wait for the output's gradient), so the parameters
+// are gathered again there.
+struct gather_before_backward : torch::autograd::Function<gather_before_backward> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& out, int64_t gate, int64_t unit) {
+    ctx->saved_data["gate"] = gate;
+    ctx->saved_data["unit"] = unit;
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    gate_of(ctx)->before_backward(static_cast<int>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Identity on the unit's inputs that require a gradient: one node, so its
+// backward runs once every gradient reaching them is complete, that is
+// after every part of the unit's backward that reads a parameter (they all
+// lie between the output and the inputs).
+struct release_after_backward : torch::autograd::Function<release_after_backward> {
+  // A TensorList, not a variable_list: autograd tracks the tensors of a
+  // TensorList argument and takes a std::vector for a constant.
+  static variable_list forward(AutogradContext* ctx, torch::TensorList inputs, int64_t gate, int64_t unit) {
+    ctx->saved_data["gate"] = gate;
+    ctx->saved_data["unit"] = unit;
+    return inputs.vec();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    gate_of(ctx)->after_backward(static_cast<int>(ctx->saved_data["unit"].toInt()));
+    grads.push_back(torch::Tensor());
+    grads.push_back(torch::Tensor());
+    return grads;
+  }
+};
+
+}  // namespace
+
+torch::Tensor gated(const gate_slot& slot, const std::vector<torch::Tensor>& inputs,
+                    const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& f) {
+  if (!slot.gate) return f(inputs);
+  param_gate* g = slot.gate.get();
+  const auto gate = reinterpret_cast<int64_t>(g);
+  const int unit = slot.unit;
+  const bool graph = torch::GradMode::is_enabled();
+  g->before_forward(unit);
+  std::vector<torch::Tensor> in = inputs;
+  if (graph) {
+    std::vector<size_t> at;
+    variable_list tracked;
+    for (size_t i = 0; i < in.size(); ++i)
+      if (in[i].defined() && in[i].requires_grad()) {
+        at.push_back(i);
+        tracked.push_back(in[i]);
+      }
+    if (!tracked.empty()) {
+      auto out = release_after_backward::apply(torch::TensorList(tracked), gate, static_cast<int64_t>(unit));
+      for (size_t k = 0; k < at.size(); ++k) in[at[k]] = out[k];
+    }
+  }
+  torch::Tensor out;
+  try {
+    out = f(in);
+  } catch (...) {
+    g->after_forward(unit);
+    throw;
+  }
+  g->after_forward(unit);
+  if (graph && out.requires_grad()) out = gather_before_backward::apply(out, gate, static_cast<int64_t>(unit));
+  return out;
+}
+
+}  // namespace dtactor

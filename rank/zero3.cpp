@@ -1,0 +1,247 @@
+#include "rank/zero3.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "comm/communicator.hpp"
+#include "model/flat_adamw.hpp"
+
+namespace dtactor {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+index_spans merged(index_spans s) {
+  std::sort(s.begin(), s.end());
+  index_spans out;
+  for (const auto& [a, b] : s) {
+    if (a >= b) continue;
+    if (!out.empty() && out.back().second >= a)
+      out.back().second = std::max(out.back().second, b);
+    else
+      out.emplace_back(a, b);
+  }
+  return out;
+}
+
+// The whole pages inside [p, p + bytes) handed back to the kernel: they read
+// as zeros until written, and take no memory.
+void give_back(void* p, int64_t bytes) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (a + page - 1) / page * page, last = (a + static_cast<uintptr_t>(bytes)) / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+}  // namespace
+
+result<unit_layout> unit_layout_of(const flat_adamw& opt, const std::vector<param_unit>& units) {
+  unit_layout out;
+  index_spans all;
+  for (const auto& u : units) {
+    index_spans spans;
+    for (const auto& p : u.params) {
+      auto r = opt.range_of(p);
+      if (!r) {
+        if (!p.requires_grad()) continue;
+        return make_error("train.zero = 3: a parameter of unit " + u.name + " is not one the optimizer steps");
+      }
+      spans.push_back(*r);
+    }
+    spans = merged(std::move(spans));
+    for (const auto& s : spans) all.push_back(s);
+    out.names.push_back(u.name);
+    out.units.push_back(std::move(spans));
+  }
+  int64_t covered = 0;
+  for (const auto& [a, b] : all) covered += b - a;
+  all = merged(std::move(all));
+  int64_t distinct = 0;
+  for (const auto& [a, b] : all) distinct += b - a;
+  if (distinct != covered) return make_error("train.zero = 3: a parameter belongs to two units");
+  out.root = spans_outside({{0, opt.total_elements()}}, all);
+  return out;
+}
+
+index_spans spans_outside(const index_spans& spans, const index_spans& held) {
+  index_spans out;
+  for (auto [a, b] : spans) {
+    for (const auto& [x, y] : held) {
+      if (y <= a || x >= b) continue;
+      if (x > a) out.emplace_back(a, x);
+      a = std::max(a, y);
+      if (a >= b) break;
+    }
+    if (a < b) out.emplace_back(a, b);
+  }
+  return out;
+}
+
+unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
+                             std::chrono::milliseconds timeout, std::function<bool()> abandon)
+    : pg_(std::move(pg)), opt_(opt), plan_(plan), layout_(std::move(layout)), timeout_(timeout), abandon_(std::move(abandon)) {
+  const auto held = plan_.ranges_of(pg_->getRank());
+  for (const auto& u : layout_.units) released_.push_back(spans_outside(u, held));
+  state_.resize(layout_.units.size());
+  // The generation starts with every parameter whole (the reshard made it so).
+  for (auto& s : state_) s.is = residency::resident;
+}
+
+unit_gatherer::~unit_gatherer() {
+  // A gather still in flight writes into the parameters: let it finish
+  // (or fail) before they can go.
+  for (auto& s : state_)
+    for (auto& w : s.works) try {
+        w->wait(timeout_);
+      } catch (...) {
+      }
+}
+
+void unit_gatherer::fail(const std::string& why) {
+  if (failure_.empty()) failure_ = why;
+}
+
+status unit_gatherer::failure() const {
+  if (failure_.empty()) return {};
+  return make_error(failure_);
+}
+
+// Each piece of `spans`, from its shard's primary to every rank.
+status unit_gatherer::start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+  try {
+    for (const auto& [a, b] : spans)
+      for (int s = 0; s < plan_.world(); ++s) {
+        const auto& sh = plan_.shards[static_cast<size_t>(s)];
+        const int64_t x = std::max(a, sh.begin), y = std::min(b, sh.end);
+        if (x >= y) continue;
+        c10d::BroadcastOptions bo;
+        bo.rootRank = sh.holders.front();
+        for (auto& v : opt_.param_views(x, y)) {
+          std::vector<torch::Tensor> t{v};
+          works.push_back(pg_->broadcast(t, bo));
+        }
+      }
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    return make_error("parameter gather could not start: " + m.substr(0, m.find('\n')));
+  }
+  return {};
+}
+
+status unit_gatherer::wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+  const auto deadline = clock_type::now() + timeout_;
+  for (auto& w : works)
+    if (auto st = wait_work(w, deadline, abandon_, "rank " + std::to_string(pg_->getRank()) + ": parameter gather"); !st) {
+      works.clear();
+      return st;
+    }
+  works.clear();
+  return {};
+}
+
+void unit_gatherer::begin_gather(int unit) {
+  if (unit < 0 || unit >= units() || !failure_.empty()) return;
+  auto& s = state_[static_cast<size_t>(unit)];
+  if (s.is != residency::released) return;
+  s.is = residency::in_flight;
+  if (auto st = start(layout_.units[static_cast<size_t>(unit)], s.works); !st) fail(st.message());
+}
+
+void unit_gatherer::finish_gather(int unit) {
+  if (unit < 0 || unit >= units()) return;
+  begin_gather(unit);
+  auto& s = state_[static_cast<size_t>(unit)];
+  if (s.is != residency::in_flight) return;
+  if (auto st = wait(s.works); !st) fail(st.message());
+  s.is = residency::resident;
+}
+
+void unit_gatherer::before_forward(int unit) {
+  finish_gather(unit);
+  begin_gather(unit + 1);
+}
+
+void unit_gatherer::before_backward(int unit) {
+  finish_gather(unit);
+  begin_gather(unit - 1);
+}
+
+void unit_gatherer::release(int unit) {
+  if (unit < 0 || unit >= units()) return;
+  auto& s = state_[static_cast<size_t>(unit)];
+  if (s.is == residency::in_flight)
+    if (auto st = wait(s.works); !st) fail(st.message());
+  s.is = residency::released;
+  for (const auto& [a, b] : released_[static_cast<size_t>(unit)])
+    for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+}
+
+status unit_gatherer::after_update() {
+  for (int u = 0; u < units(); ++u) release(u);
+  if (!failure_.empty()) return failure();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  if (auto st = start(layout_.root, works); !st) return st;
+  return wait(works);
+}
+
+status unit_gatherer::unshard() {
+  for (int u = 0; u < units(); ++u) begin_gather(u);
+  for (int u = 0; u < units(); ++u) finish_gather(u);
+  return failure();
+}
+
+void unit_gatherer::reshard() {
+  for (int u = 0; u < units(); ++u) release(u);
+}
+
+void unit_gatherer::idle_pass() {
+  for (int u = 0; u < units(); ++u) {
+    before_forward(u);
+    after_forward(u);
+  }
+  for (int u = units() - 1; u >= 0; --u) {
+    before_backward(u);
+    after_backward(u);
+  }
+}
+
+int64_t unit_gatherer::resident_bytes() const {
+  int64_t elements = opt_.total_elements();
+  for (const auto& spans : released_)
+    for (const auto& [a, b] : spans) elements -= b - a;
+  return 4 * elements;
+}
+
+namespace {
+
+class zero3_param_sync final : public param_sync {
+ public:
+  zero3_param_sync(std::unique_ptr<param_sync> inner, std::shared_ptr<unit_gatherer> gate, std::string backend)
+      : inner_(std::move(inner)), gate_(std::move(gate)), backend_(std::move(backend)) {}
+  bool sharded_norm() const override { return true; }
+  result<double> global_norm() override { return inner_->global_norm(); }
+  status gather() override { return gate_->after_update(); }
+  std::string describe() const override {
+    return "a unit at a time over " + backend_ + " (" + std::to_string(gate_->units()) + " units), the gradient norm " + inner_->describe();
+  }
+  status gathered() override { return gate_->failure(); }
+  void idle_pass() override { gate_->idle_pass(); }
+  status unshard() override { return gate_->unshard(); }
+  void reshard() override { gate_->reshard(); }
+
+ private:
+  std::unique_ptr<param_sync> inner_;
+  std::shared_ptr<unit_gatherer> gate_;
+  std::string backend_;
+};
+
+}  // namespace
+
+std::unique_ptr<param_sync> zero3_sync(std::unique_ptr<param_sync> inner, std::shared_ptr<unit_gatherer> gate, std::string backend) {
+  return std::make_unique<zero3_param_sync>(std::move(inner), std::move(gate), std::move(backend));
+}
+
+}  // namespace dtactor

@@ -1,0 +1,115 @@
+#pragma once
+// train.zero = 3 across a generation's group: parameters sharded as the
+// moments are (model/shard_plan: each shard on its holders, the primary and
+// the replicas, which all step it). Between uses a rank keeps resident only
+// the parameters of the shards it holds and those of no unit (the root:
+// embeddings, final norms, heads); every other page of the parameters'
+// flat buffers is given back to the kernel (madvise MADV_DONTNEED: it
+// reads as zeros and takes no memory until written).
+//
+// A unit (dtactor/param_gate.hpp: a block of the built-in models) is
+// gathered right before its forward, each piece broadcast over the group
+// from its shard's primary, and released after it; gathered again before
+// its backward and released after. The next unit's gather (forward) or the
+// previous one's (backward) is started while the current one computes, so
+// at most two units are gathered at once. The gradients are reduce-scattered
+// into the holders' shards as at train.zero = 2, and after the update the
+// root is gathered again.
+//
+// Every rank makes the same calls in the same order (the model runs its
+// units alike everywhere), so the broadcasts are matched across ranks.
+// A failed gather is kept (failure()) and later calls do nothing: the
+// step's computation goes on with whatever the released pages hold and the
+// step fails at its end, as a failed gradient exchange does.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/param_sync.hpp"
+#include "dtactor/param_gate.hpp"
+#include "dtactor/result.hpp"
+#include "model/shard_plan.hpp"
+
+namespace dtactor {
+
+class flat_adamw;
+
+using index_spans = std::vector<std::pair<int64_t, int64_t>>;
+
+// Where each unit's parameters lie in the optimizer's index space.
+struct unit_layout {
+  std::vector<std::string> names;
+  std::vector<index_spans> units;  // ascending, adjacent merged
+  index_spans root;                // of no unit
+};
+// Error: a unit's parameter the optimizer does not step, or one in two units.
+result<unit_layout> unit_layout_of(const flat_adamw& opt, const std::vector<param_unit>& units);
+
+// The spans of `spans` outside `held` (both ascending).
+index_spans spans_outside(const index_spans& spans, const index_spans& held);
+
+class unit_gatherer final : public param_gate {
+ public:
+  unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
+                std::chrono::milliseconds timeout, std::function<bool()> abandon);
+  ~unit_gatherer() override;
+
+  void before_forward(int unit) override;
+  void after_forward(int unit) override { release(unit); }
+  void before_backward(int unit) override;
+  void after_backward(int unit) override { release(unit); }
+
+  // Every unit released and the root gathered (after the update, and once
+  // at the generation's start, when every parameter was made whole).
+  status after_update();
+  // Every parameter gathered (a checkpoint, a digest); reshard() releases
+  // the units again.
+  status unshard();
+  void reshard();
+  // One forward and backward's gathers without computing (a rank with fewer
+  // micro-batches than another: the collectives must match).
+  void idle_pass();
+  // The first failed gather since construction.
+  status failure() const;
+
+  int units() const { return static_cast<int>(state_.size()); }
+  // Bytes of parameters resident between steps: the held shards and the root.
+  int64_t resident_bytes() const;
+  const unit_layout& layout() const { return layout_; }
+
+ private:
+  enum class residency { released, in_flight, resident };
+  struct unit_state {
+    residency is = residency::released;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+  status start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works);
+  status wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works);
+  void begin_gather(int unit);
+  void finish_gather(int unit);
+  void release(int unit);
+  void fail(const std::string& why);
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  flat_adamw& opt_;
+  const shard_plan& plan_;
+  unit_layout layout_;
+  std::vector<index_spans> released_;  // per unit: its spans outside this rank's shards
+  std::chrono::milliseconds timeout_;
+  std::function<bool()> abandon_;
+  std::vector<unit_state> state_;
+  std::string failure_;
+};
+
+// The generation's parameter sync at train.zero = 3: the norm from the
+// gradient shards (as `inner`, train.zero = 2's over the same path), the
+// root's gather after the update, and the units' gathers (the gate).
+std::unique_ptr<param_sync> zero3_sync(std::unique_ptr<param_sync> inner, std::shared_ptr<unit_gatherer> gate, std::string backend);
+
+}  // namespace dtactor

@@ -1,0 +1,206 @@
+// train.zero = 3 (rank/zero3): parameters sharded as the moments are, a
+// unit (a block) gathered right before it runs and released after. Against
+// train.zero = 2 over the same group: the same parameters bit for bit, the
+// same evaluation, and between steps the pages of what a rank does not hold
+// are not resident. Ranks are threads over Gloo.
+#include "rank/zero3.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "comm/grad_sync.hpp"
+#include "model/flat_adamw.hpp"
+#include "model/shard_plan.hpp"
+#include "model/trainer.hpp"
+#include "rank/zero.hpp"
+#include "rank/zero_sync.hpp"
+#include "rank_threads.hpp"
+#include "test_util.hpp"
+
+namespace dtactor {
+namespace {
+
+using testing::make_states;
+using testing::run_ranks;
+using testing::tiny_vit_config;
+
+std::vector<std::string> nodes_of(int world) {
+  std::vector<std::string> n;
+  for (int r = 0; r < world; ++r) n.push_back(std::string(1, static_cast<char>('a' + r)));
+  return n;
+}
+
+// Pages of [p, p + bytes) wholly inside it: (resident, all).
+std::pair<size_t, size_t> interior_pages(const void* p, int64_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (a + page - 1) / page * page, last = (a + static_cast<uintptr_t>(bytes)) / page * page;
+  if (first >= last) return {0, 0};
+  std::vector<unsigned char> v((last - first) / page);
+  if (::mincore(reinterpret_cast<void*>(first), last - first, v.data()) != 0) return {0, 0};
+  size_t in = 0;
+  for (unsigned char c : v) in += c & 1;
+  return {in, v.size()};
+}
+
+struct level_run {
+  std::vector<std::unique_ptr<training_state>> states;
+  shard_plan plan;
+  std::vector<std::string> digests;             // each rank's whole parameters after the steps
+  std::vector<double> val_loss;                 // each rank's evaluation after the steps
+  std::vector<size_t> released_resident;        // level 3: the most pages of the released spans resident between steps
+  std::vector<size_t> released_pages;           // level 3: pages of the released spans
+  std::vector<int64_t> resident_bytes;          // level 3: what the gate counts as resident
+  std::vector<int> units;
+};
+
+// `steps` steps at train.zero = `level` (2 or 3) over Gloo, a node per
+// rank, `replicas` holders a shard, the gradients reduce-scattered.
+level_run run_level(int level, const std::vector<std::string>& extra, int world, int replicas, int steps) {
+  std::vector<std::string> o = extra;
+  o.push_back("train.zero=" + std::to_string(level));
+  level_run run;
+  run.states = make_states(tiny_vit_config(o), world);
+  run.plan = make_shard_plan(run.states[0]->optimizer().total_elements(), nodes_of(world), replicas);
+  for (int r = 0; r < world; ++r) run.states[static_cast<size_t>(r)]->shard_optimizer(run.plan.ranges_of(r));
+  run.digests.resize(static_cast<size_t>(world));
+  run.val_loss.resize(static_cast<size_t>(world));
+  run.released_resident.assign(static_cast<size_t>(world), 0);
+  run.released_pages.assign(static_cast<size_t>(world), 0);
+  run.resident_bytes.assign(static_cast<size_t>(world), 0);
+  run.units.assign(static_cast<size_t>(world), 0);
+  auto errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *run.states[static_cast<size_t>(rank)];
+    flat_adamw& opt = s.optimizer();
+    grad_sync_options go;
+    go.bucket_bytes = 16 * 1024;
+    go.zero2 = zero2_of(opt, run.plan);
+    grad_sync sync(s.the_task().module()->parameters(), pg, go);
+    zero_sync_settings zs;
+    zs.pg = pg;
+    zs.sharded_norm = true;
+    zs.timeout = std::chrono::milliseconds(20000);
+    std::unique_ptr<param_sync> ps = zero_sync_over_group(opt, run.plan, zs);
+    std::shared_ptr<unit_gatherer> gate;
+    auto units = s.the_task().param_units();
+    if (level == 3) {
+      auto layout = unit_layout_of(opt, units);
+      if (!layout) return layout.message();
+      gate = std::make_shared<unit_gatherer>(pg, opt, run.plan, std::move(layout.value()), zs.timeout, std::function<bool()>{});
+      ps = zero3_sync(std::move(ps), gate, "gloo");
+      for (size_t i = 0; i < units.size(); ++i) *units[i].slot = gate_slot{gate, static_cast<int>(i)};
+      gate->reshard();
+      run.units[static_cast<size_t>(rank)] = gate->units();
+    }
+    sync.set_parameter_sync(std::move(ps));
+    auto released = [&] {
+      std::pair<size_t, size_t> n{0, 0};
+      const auto held = run.plan.ranges_of(rank);
+      for (const auto& spans : gate->layout().units)
+        for (const auto& [a, b] : spans_outside(spans, held))
+          for (auto& v : opt.param_views(a, b)) {
+            const auto p = interior_pages(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+            n.first += p.first;
+            n.second += p.second;
+          }
+      return n;
+    };
+    std::string err;
+    for (int i = 0; i < steps && err.empty(); ++i) {
+      auto r = s.train_step(step_context::every_step(rank, world, sync));
+      if (!r) err = r.message();
+      if (gate) {
+        const auto n = released();
+        run.released_resident[static_cast<size_t>(rank)] = std::max(run.released_resident[static_cast<size_t>(rank)], n.first);
+        run.released_pages[static_cast<size_t>(rank)] = n.second;
+      }
+    }
+    if (err.empty()) {
+      run.val_loss[static_cast<size_t>(rank)] = s.evaluate().metrics.at("val_loss");
+      if (gate) run.resident_bytes[static_cast<size_t>(rank)] = gate->resident_bytes();
+      if (auto st = sync.parameter_sync()->unshard(); !st) err = st.message();
+      run.digests[static_cast<size_t>(rank)] = s.params_digest();
+    }
+    for (auto& u : units) *u.slot = gate_slot{};
+    return err;
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "level " << level << " rank " << r;
+  return run;
+}
+
+const std::vector<std::string> three_blocks = {"model.dim=64", "model.layers=3", "model.heads=4"};
+
+// Clipping on (the default 1.0 and a tight 0.01): every rank's whole
+// parameters after the steps are zero=2's, bit for bit, and so is every
+// rank's evaluation, run through the same gathers; between steps the pages
+// of the spans a rank does not hold are given back.
+TEST(Zero3, UnitsGatheredAsTheyRunTrainAsZeroTwoBitForBitAndReleaseWhatARankDoesNotHold) {
+  for (int world : {2, 3})
+    for (const char* clip : {"train.grad_clip=1.0", "train.grad_clip=0.01"}) {
+      SCOPED_TRACE("world " + std::to_string(world) + " " + clip);
+      std::vector<std::string> o = three_blocks;
+      o.push_back(clip);
+      // One holder a shard at world 2: each rank lacks half of every span.
+      const int replicas = world == 2 ? 1 : 2;
+      auto two = run_level(2, o, world, replicas, 4);
+      auto three = run_level(3, o, world, replicas, 4);
+      for (int r = 0; r < world; ++r) {
+        const auto i = static_cast<size_t>(r);
+        EXPECT_EQ(three.units[i], 3);
+        EXPECT_EQ(three.digests[i], two.digests[0]) << "rank " << r;
+        EXPECT_EQ(three.val_loss[i], two.val_loss[0]) << "rank " << r;
+        EXPECT_GT(three.released_pages[i], 10u) << "rank " << r << ": the test must see released pages";
+        EXPECT_EQ(three.released_resident[i], 0u) << "rank " << r;
+        EXPECT_LT(three.resident_bytes[i], 4 * three.plan.total) << "rank " << r;
+      }
+    }
+}
+
+// Slices of 8, 8, 7 and 7 samples in micro-batches of 7: two passes on
+// ranks 0 and 1, one on ranks 2 and 3, whose gathers make up the second
+// (the broadcasts must match, or the step would hang or mix units up).
+TEST(Zero3, RanksWithFewerMicroBatchesMakeUpTheGathersAndStillMatchZeroTwo) {
+  std::vector<std::string> o = three_blocks;
+  o.push_back("train.global_batch_size=30");
+  o.push_back("train.micro_batch_size=7");
+  auto two = run_level(2, o, 4, 2, 3);
+  auto three = run_level(3, o, 4, 2, 3);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(three.digests[static_cast<size_t>(r)], two.digests[0]) << "rank " << r;
+}
+
+TEST(Zero3, UnitLayoutPutsEveryParameterInOneUnitOrTheRoot) {
+  auto states = make_states(tiny_vit_config(three_blocks), 1);
+  auto& s = *states[0];
+  auto units = s.the_task().param_units();
+  ASSERT_EQ(units.size(), 3u);
+  auto layout = unit_layout_of(s.optimizer(), units);
+  ASSERT_TRUE(layout) << layout.message();
+  int64_t in_units = 0, root = 0;
+  for (const auto& spans : layout->units)
+    for (const auto& [a, b] : spans) in_units += b - a;
+  for (const auto& [a, b] : layout->root) root += b - a;
+  int64_t block_params = 0;
+  for (const auto& u : units)
+    for (const auto& p : u.params) block_params += p.numel();
+  EXPECT_EQ(in_units, block_params);
+  EXPECT_EQ(in_units + root, s.optimizer().total_elements());
+  EXPECT_GT(root, 0) << "the patch embedding, class token, positions, final norm and head";
+  // A parameter in two units is refused.
+  units[1].params.push_back(units[0].params.front());
+  EXPECT_FALSE(unit_layout_of(s.optimizer(), units));
+}
+
+TEST(Zero3, SpansOutsideTheHeldOnes) {
+  EXPECT_EQ(spans_outside({{0, 10}, {20, 30}}, {{5, 25}}), (index_spans{{0, 5}, {25, 30}}));
+  EXPECT_EQ(spans_outside({{0, 10}}, {}), (index_spans{{0, 10}}));
+  EXPECT_EQ(spans_outside({{0, 10}}, {{0, 10}}), index_spans{});
+  EXPECT_EQ(spans_outside({{0, 10}}, {{2, 3}, {5, 6}}), (index_spans{{0, 2}, {3, 5}, {6, 10}}));
+}
+
+}  // namespace
+}  // namespace dtactor
