@@ -121,6 +121,9 @@ TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandoned) { silent_node_is_
 // The same with the optimizer state and gradients sharded (train.zero=2).
 TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandonedWithShardedState) { silent_node_is_declared_lost("2"); }
 
+// And with the parameters sharded too (train.zero=3).
+TEST(Chaos, SilentNodeIsDeclaredLostAndItsCollectiveAbandonedWithShardedParameters) { silent_node_is_declared_lost("3"); }
+
 void preemption_notice_drains_without_rollback(const std::string& zero, const std::vector<std::string>& more = {}) {
   temp_dir d;
   // Both nodes from the start (gate 2, floor 1): a late node's join would be
@@ -147,6 +150,9 @@ TEST(Chaos, PreemptionNoticeDrainsWithoutRollback) { preemption_notice_drains_wi
 
 // The same with the optimizer state and gradients sharded (train.zero=2).
 TEST(Chaos, PreemptionNoticeDrainsWithoutRollbackWithShardedState) { preemption_notice_drains_without_rollback("2"); }
+
+// And with the parameters sharded too (train.zero=3).
+TEST(Chaos, PreemptionNoticeDrainsWithoutRollbackWithShardedParameters) { preemption_notice_drains_without_rollback("3"); }
 
 void node_joining_mid_run_gets_state_from_a_peer(const std::string& zero) {
   temp_dir d;
@@ -189,6 +195,9 @@ TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeer) { node_joining_mid_run_gets_sta
 
 // The same with the optimizer state and gradients sharded (train.zero=2).
 TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeerWithShardedState) { node_joining_mid_run_gets_state_from_a_peer("2"); }
+
+// And with the parameters sharded too (train.zero=3).
+TEST(Chaos, NodeJoiningMidRunGetsStateFromAPeerWithShardedParameters) { node_joining_mid_run_gets_state_from_a_peer("3"); }
 
 // A node that joined mid-run ends the job with the others, on a machine
 // loaded past its cores (a busy loop beside the job): c killed, d joined,
@@ -624,6 +633,9 @@ TEST(Chaos, CoordinatorRestartDoesNotStopTraining) { coordinator_restart_does_no
 // The same with the optimizer state and gradients sharded (train.zero=2).
 TEST(Chaos, CoordinatorRestartDoesNotStopTrainingWithShardedState) { coordinator_restart_does_not_stop_training("2"); }
 
+// And with the parameters sharded too (train.zero=3).
+TEST(Chaos, CoordinatorRestartDoesNotStopTrainingWithShardedParameters) { coordinator_restart_does_not_stop_training("3"); }
+
 TEST(Chaos, FlappingNodeIsQuarantined) {
   temp_dir d;
   cluster cl(d.path(), job_sets(100000, {"cluster.min_nodes=1", "cluster.flap_max_failures=2", "cluster.quarantine_ms=60000"}));
@@ -679,8 +691,9 @@ TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
   EXPECT_GE(events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl")).size(), 1u);
 }
 
-// train.zero=1 and 2 over three nodes (each shard of the optimizer state,
-// and with 2 of the summed gradients, on two of them): node c crashes at
+// train.zero=1, 2 and 3 over three nodes (each shard of the optimizer
+// state, with 2 of the summed gradients too, with 3 of the parameters too,
+// on two of them): node c crashes at
 // step 50 and comes back empty; its shards come from their replicas on the
 // survivors, not from disk (no checkpoint is written before the end), and
 // the run ends bit for bit where the replicated job (zero=0) without a
@@ -706,20 +719,30 @@ void sharded_state_survives_a_lost_node(const std::string& zero) {
   EXPECT_GT(rec.back().at("reshard_bytes").get<uint64_t>(), 0u);
   for (const auto& r : events<ev::checkpoint_restored>(j)) EXPECT_NE(r.at("source"), "disk") << r.dump();
   // Each rank said what it holds: a third of the state's optimizer moments
-  // times two holders, so less than all of them.
+  // times two holders, so less than all of them (zero=3: less than all the
+  // parameters, which the fault-free zero=0 run's ranks hold).
+  uint64_t all_params = 0;
+  for (const auto& e : events_named(read_journal(d1.path() + "/journal.jsonl"), "resources"))
+    for (const auto& r : e.at("ranks"))
+      if (r.contains("param_bytes")) all_params = std::max(all_params, r.at("param_bytes").get<uint64_t>());
+  ASSERT_GT(all_params, 0u);
   bool reported = false;
   for (const auto& e : events_named(j, "resources"))
     for (const auto& r : e.at("ranks")) {
       if (!r.contains("optimizer_state_bytes")) continue;
       reported = true;
-      EXPECT_LT(r.at("optimizer_state_bytes").get<uint64_t>(), 2 * r.at("param_bytes").get<uint64_t>()) << r.dump();
+      const uint64_t params = zero == "3" ? all_params : r.at("param_bytes").get<uint64_t>();
+      if (zero == "3") {
+        EXPECT_LT(r.at("param_bytes").get<uint64_t>(), all_params) << r.dump();
+      }
+      EXPECT_LT(r.at("optimizer_state_bytes").get<uint64_t>(), 2 * params) << r.dump();
       EXPECT_GT(r.at("optimizer_state_bytes").get<uint64_t>(), 0u) << r.dump();
       // zero=2: the gradients of its shards only; zero=1: all of them, and
       // a second copy in the reducer's buckets.
-      if (zero == "2")
-        EXPECT_LT(r.at("grad_bytes").get<uint64_t>(), r.at("param_bytes").get<uint64_t>()) << r.dump();
+      if (zero != "1")
+        EXPECT_LT(r.at("grad_bytes").get<uint64_t>(), params) << r.dump();
       else
-        EXPECT_GE(r.at("grad_bytes").get<uint64_t>(), 2 * r.at("param_bytes").get<uint64_t>()) << r.dump();
+        EXPECT_GE(r.at("grad_bytes").get<uint64_t>(), 2 * params) << r.dump();
     }
   EXPECT_TRUE(reported) << "resources events carry the state bytes";
   // The nodes' logs say the optimizer state is sharded and that shards moved.
@@ -739,6 +762,9 @@ void sharded_state_survives_a_lost_node(const std::string& zero) {
 TEST(Chaos, ShardedOptimizerStateSurvivesALostNodeFromItsReplicas) { sharded_state_survives_a_lost_node("1"); }
 
 TEST(Chaos, ShardedGradientsAndOptimizerStateSurviveALostNodeFromItsReplicas) { sharded_state_survives_a_lost_node("2"); }
+
+// train.zero=3: the parameters of c's shards come from their holders too.
+TEST(Chaos, ShardedParametersSurviveALostNodeFromItsReplicas) { sharded_state_survives_a_lost_node("3"); }
 
 // Nodes a, b and c; c crashes (kill -9) right after step 50, is declared
 // lost, and is started again (empty). "" or what went wrong.
@@ -846,7 +872,7 @@ std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts,
   return st ? out : "";
 }
 
-// Sharded checkpoints (train.zero=1 and 2): each rank writes its share of
+// Sharded checkpoints (train.zero=1, 2 and 3): each rank writes its share of
 // the replicated bytes and the windows of the shards it is the primary of;
 // the committed stream is byte for byte the one zero=0 writes at the same
 // step. The runs then resume on two nodes, at their own zero level and
@@ -854,7 +880,8 @@ std::string newest_stream(const std::string& run_dir, int64_t& step, int& parts,
 // all end alike. Clipping is on and small (every step clips): the norm is
 // the same ranges added in the same order at every level and world size,
 // so resumes across levels and worlds change no bit. The zero=2
-// runs write their parts straight from the state (checkpoint.direct): the
+// runs write their parts straight from the state (checkpoint.direct), the
+// zero=3 ones from a buffer filled while every parameter is gathered: the
 // same bytes, with no part-sized buffer, at step 20 read while step 21
 // computed its gradients as well as at the final step.
 TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
@@ -863,8 +890,8 @@ TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
                             "checkpoint.every_steps=20", "train.grad_clip=0.05", "train.zero=" + zero,
                             std::string("checkpoint.direct=") + (zero == "2" ? "true" : "false")});
   };
-  temp_dir d0, d1, d2;
-  const std::map<std::string, std::string> dirs = {{"0", d0.path()}, {"1", d1.path()}, {"2", d2.path()}};
+  temp_dir d0, d1, d2, d3;
+  const std::map<std::string, std::string> dirs = {{"0", d0.path()}, {"1", d1.path()}, {"2", d2.path()}, {"3", d3.path()}};
   for (const auto& [zero, dir] : dirs) {
     cluster cl(dir, sets(40, 3, zero));
     ASSERT_EQ(cl.start({"a", "b", "c"}), "");
@@ -876,7 +903,7 @@ TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
     ASSERT_EQ(saved.size(), 2u) << "zero=" << zero;
     for (const auto& e : saved) EXPECT_EQ(e.at("direct_ranks").get<int>(), zero == "2" ? 3 : 0) << e.dump();
   }
-  for (const auto& [at, zero] : std::vector<std::pair<int64_t, std::string>>{{20, "1"}, {20, "2"}, {40, "1"}, {40, "2"}}) {
+  for (const auto& [at, zero] : std::vector<std::pair<int64_t, std::string>>{{20, "1"}, {20, "2"}, {20, "3"}, {40, "1"}, {40, "2"}, {40, "3"}}) {
     SCOPED_TRACE("zero=" + zero + " at step " + std::to_string(at));
     int64_t s0 = -1;
     int p0 = 0;
@@ -907,7 +934,7 @@ TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
   // Resumed by new runs (their own journals) on two nodes: {zero level, from}.
   std::map<std::string, std::string> fin;
   for (const auto& [zero, from] :
-       std::vector<std::pair<std::string, std::string>>{{"0", "0"}, {"1", "1"}, {"2", "2"}, {"2", "0"}, {"0", "2"}}) {
+       std::vector<std::pair<std::string, std::string>>{{"0", "0"}, {"1", "1"}, {"2", "2"}, {"2", "0"}, {"0", "2"}, {"3", "3"}, {"3", "0"}, {"0", "3"}}) {
     SCOPED_TRACE("zero=" + zero + " from zero=" + from + "'s checkpoint");
     temp_dir r;
     // A copy: a resumed run writes its own checkpoints beside the one it read.
