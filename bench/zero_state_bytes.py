@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bytes of training state per parameter per rank with train.zero 0, 1 and 2,
+"""Bytes of training state per parameter per rank with train.zero 0, 1, 2 and 3,
 measured: runs `dtactor local` (a coordinator and N node processes on this
 machine, each with P rank processes) for a few steps and reads what each rank
 reported holding from the journal's `resources` events (param_bytes,
@@ -8,7 +8,9 @@ memory (peak, and between checkpoints). Prints one JSON object:
 per configuration the bytes per parameter of each kind (the largest rank),
 next to the formula (fp32 parameters 4; gradients 4 in the optimizer plus 4
 in the reducer's buckets at world > 1 for zero 0 and 1, 4*R/W for zero 2;
-AdamW moments 8, or 8*R/W when sharded, R holders of each of W shards).
+AdamW moments 8, or 8*R/W when sharded, R holders of each of W shards;
+zero 3: parameters 4*R/W, plus 4*(1 - R/W) for each parameter of no unit,
+which every rank keeps: the rank's READY line gives their count).
 
 Usage: bench/zero_state_bytes.py [--binary build/dtactor] [--steps 20] [--set key=value ...]
        [--configs "nodes,ranks_per_node,zero,replicas;..."]   (replicas 0 = the default)
@@ -16,6 +18,7 @@ Usage: bench/zero_state_bytes.py [--binary build/dtactor] [--steps 20] [--set ke
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,7 +59,14 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
         if not ranks:
             sys.exit(f"{' '.join(cmd)}: no resources event with state bytes")
         world = nodes * nproc
+        m = re.search(r"units; (\d+) parameters in none", p.stderr)
+        root = int(m.group(1)) if m else 0
         params = max(r["param_bytes"] for r in ranks.values()) / 4  # fp32 parameters
+        if zero >= 3:  # a rank reports what is resident: its shards and the root
+            pm = re.search(r"this rank holds \d+ of (\d+) elements", p.stderr)
+            if not pm:
+                sys.exit(f"{' '.join(cmd)}: no READY line with the elements of the model")
+            params = int(pm.group(1))
         r_eff = replicas or (2 if nodes > 1 else 1)
         r_eff = min(r_eff, world)
         per = lambda k: max(r[k] for r in ranks.values()) / params
@@ -80,7 +90,11 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
         else:
             grads = 8.0 if world > 1 else 4.0
         out["formula_grad_bytes_per_param"] = grads
-        out["formula_total_bytes_per_param"] = 4.0 + grads + out["formula_optimizer_bytes_per_param"]
+        share = r_eff / world
+        out["root_parameters"] = root
+        out["formula_param_bytes_per_param"] = 4.0 * share + 4.0 * (root / params) * (1 - share) if zero >= 3 else 4.0
+        out["formula_total_bytes_per_param"] = out["formula_param_bytes_per_param"] + grads + out["formula_optimizer_bytes_per_param"]
+        out["total_vs_formula"] = out["total_bytes_per_param"] / out["formula_total_bytes_per_param"]
         out["optimizer_vs_formula"] = out["optimizer_bytes_per_param"] / out["formula_optimizer_bytes_per_param"]
         return out
 

@@ -179,6 +179,9 @@ struct exchange_plan {
   // The whole world's group (every rank on one host), or this host's
   // (hierarchical); null when the gradients all go through the world's group.
   std::shared_ptr<shm_group> shm;
+  // train.zero = 3 with every rank on one host: a segment of the world's
+  // ranks of its own for the units' parameter gathers (rank/zero3).
+  std::shared_ptr<shm_group> gather;
   // Hierarchical, on a host's leader: the group of one rank per host.
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;
   bool hierarchical = false;

@@ -38,10 +38,6 @@ class param_sync {
   // One forward and backward's gathers without computing: a rank with
   // fewer micro-batches than another makes up the difference first.
   virtual void idle_pass() {}
-  // Every parameter gathered, for what reads them all (a checkpoint, a
-  // digest); reshard() releases them again.
-  virtual status unshard() { return {}; }
-  virtual void reshard() {}
 };
 
 }  // namespace dtactor

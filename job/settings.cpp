@@ -45,9 +45,6 @@ status check_sync(const job_settings& s) {
   if (diloco && t.zero > 0)
     return make_error("train.sync = diloco keeps every worker's own optimizer state whole; it does not combine with train.zero = " +
                       std::to_string(t.zero) + " (use train.zero = 0)");
-  if (t.zero >= 3 && s.modes.direct == direct_checkpoint::on)
-    return make_error("checkpoint.direct = true reads the parameters while the next step runs, and at train.zero = 3 a rank holds only its shards "
-                      "of them then; use checkpoint.direct = auto or false (written from a buffer)");
   if (quantized(s.cluster.wire) && !diloco)
     return make_error("cluster.wire_dtype = " + std::string(to_string(s.cluster.wire)) +
                       " quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");

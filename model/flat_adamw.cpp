@@ -238,6 +238,16 @@ std::optional<std::pair<int64_t, int64_t>> flat_adamw::range_of(const torch::Ten
   return std::nullopt;
 }
 
+std::optional<int64_t> flat_adamw::index_at(const void* data) const {
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  for (const auto& g : groups_) {
+    const auto first = reinterpret_cast<uintptr_t>(g.params.data_ptr());
+    const auto bytes = static_cast<uintptr_t>(g.params.numel() * g.params.element_size());
+    if (at >= first && at < first + bytes) return g.base + static_cast<int64_t>((at - first) / static_cast<uintptr_t>(g.params.element_size()));
+  }
+  return std::nullopt;
+}
+
 void flat_adamw::step() {
   gather_grads();
   materialize();

@@ -112,6 +112,9 @@ class flat_adamw {
   // Where parameter `p` (the same tensor, not a copy) lies in the index
   // space: [first, first + numel); nullopt for one it does not step.
   std::optional<std::pair<int64_t, int64_t>> range_of(const torch::Tensor& p) const;
+  // The index of the parameter element at `data` (nullopt: not in the flat
+  // parameters).
+  std::optional<int64_t> index_at(const void* data) const;
   // Bytes of optimizer state held; of parameters and of gradient buffers.
   int64_t state_bytes() const;
   int64_t param_bytes() const;

@@ -407,7 +407,7 @@ std::vector<torch::Tensor> training_state::gradients() {
   return g;
 }
 
-std::string training_state::params_digest() {
+std::string training_state::params_digest(const std::function<void(const torch::Tensor&)>& before_reading) {
   before_update();
   global_view view(outer_.get());
   auto module = task_->module();
@@ -417,6 +417,7 @@ std::string training_state::params_digest() {
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   hasher h;
   for (auto& [name, t] : all) {
+    if (before_reading) before_reading(t);
     auto c = t.detach().contiguous();
     h.update(name.data(), name.size());
     h.update(c.data_ptr(), c.numel() * c.element_size());

@@ -206,7 +206,9 @@ class training_state {
   std::vector<torch::Tensor> gradients();
 
   // XXH3 over every parameter's and buffer's bytes, in name order.
-  std::string params_digest();
+  // `before_reading` (train.zero = 3: gathers what a rank does not hold)
+  // is called with each tensor right before it is read.
+  std::string params_digest(const std::function<void(const torch::Tensor&)>& before_reading = {});
   int64_t parameter_count();
 
   // Header of a checkpoint of the current state (step, digests, data

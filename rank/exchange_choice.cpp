@@ -35,7 +35,8 @@ status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
   auto units = state.the_task().param_units();
   auto layout = unit_layout_of(state.optimizer(), units);
   if (!layout) return layout.err();
-  x.gate = std::make_shared<unit_gatherer>(g.pg, state.optimizer(), *rs.shards, std::move(layout.value()), g.timeout, g.abandon_now);
+  x.gate = std::make_shared<unit_gatherer>(g.pg, state.optimizer(), *rs.shards, std::move(layout.value()), g.timeout, g.abandon_now,
+                                           g.exchange.gather, rs.settings.cluster.spin_wait);
   x.sync().set_parameter_sync(zero3_sync(x.sync().take_parameter_sync(), x.gate, g.backend));
   for (size_t i = 0; i < units.size(); ++i) {
     units[i].slot->gate = x.gate;

@@ -390,10 +390,6 @@ std::unique_ptr<checkpoint_saver> rank_worker::make_saver(const job_settings& s,
   so.s3_endpoint = s.checkpoint.s3_endpoint;
   so.keep_buffer = s.checkpoint.keep_buffer;
   so.modes = s.modes;
-  // train.zero = 3: between steps a rank holds only its shards of the
-  // parameters, so a checkpoint is copied into its buffer while they are
-  // whole (settings refuse checkpoint.direct = true there).
-  if (s.train.zero >= 3) so.modes.direct = direct_checkpoint::off;
   so.local_world = opts_.local_world;
   so.on_written = [this](uint64_t gen, pb::checkpoint_written w) {
     if (cb_.on_checkpoint) cb_.on_checkpoint(gen, std::move(w));

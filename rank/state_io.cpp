@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -121,8 +122,14 @@ std::vector<stream_tensor> stream_tensors(const state_layout& layout, const std:
   return stream_of(meta, shard_bases(layout, group_bases));
 }
 
-std::vector<byte_range> save_ranges(const state_layout& layout, const rank_share& share, const std::vector<int64_t>& group_bases) {
-  return local_save_plan(stream_tensors(layout, group_bases), share);
+std::vector<byte_range> save_ranges(const state_layout& layout, const rank_share& share, const std::vector<int64_t>& group_bases,
+                                    const std::map<std::string, int64_t>& params_sharded) {
+  if (params_sharded.empty()) return local_save_plan(stream_tensors(layout, group_bases), share);
+  pb::checkpoint_meta meta;
+  describe_layout(layout, meta);
+  auto bases = shard_bases(layout, group_bases);
+  bases.insert(params_sharded.begin(), params_sharded.end());
+  return local_save_plan(stream_of(meta, bases), share);
 }
 
 namespace {
@@ -340,10 +347,25 @@ namespace {
 
 // The replicated entries of `layout` as byte chunks of at most
 // `chunk_bytes`: runs of entries adjacent in memory travel as one range.
-std::vector<std::pair<char*, int64_t>> transfer_chunks(const state_layout& layout, uint64_t chunk_bytes) {
+// train.zero = 3: the parameters the optimizer steps are held as shards
+// and move with them (the reshard), not with the replicated state: a rank
+// holding the agreed step keeps its own.
+std::set<std::string> moved_with_shards(training_state& state) {
+  std::set<std::string> out;
+  if (state.settings().train.zero < 3) return out;
+  for (const auto& kv : state.the_task().module()->named_parameters())
+    if (state.optimizer().range_of(kv.value())) out.insert("model/" + kv.key());
+  return out;
+}
+
+std::vector<state_layout::entry> transferred(const state_layout& layout, const std::set<std::string>& skip) {
   std::vector<state_layout::entry> entries;
   for (const auto& e : layout.entries)
-    if (!e.sharded) entries.push_back(e);
+    if (!e.sharded && !skip.count(e.name)) entries.push_back(e);
+  return entries;
+}
+
+std::vector<std::pair<char*, int64_t>> transfer_chunks(const std::vector<state_layout::entry>& entries, uint64_t chunk_bytes) {
   std::vector<std::pair<char*, int64_t>> out;
   for (size_t i = 0; i < entries.size();) {
     char* base = bytes_of(entries[i].t);
@@ -413,9 +435,12 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
     return make_error("state transfer: rank " + std::to_string(root) + " holds " + std::to_string(head[0][1].item<int64_t>()) +
                       " bytes of state, this rank " + std::to_string(bytes) + " (another model?)");
   torch::NoGradGuard no_grad;
+  // A state root read from a checkpoint goes whole (nobody holds it); a
+  // peer's leaves out what moves with the shards.
+  const auto entries = transferred(layout, tag != 0 ? std::set<std::string>{} : moved_with_shards(state));
   transfer_stats stats;
   if (shm) {
-    if (auto st = shm_chunks(*shm, root, transfer_chunks(layout, shm_chunk_bytes(*shm, chunk_bytes)), timeout, abandon, stats.bytes); !st) {
+    if (auto st = shm_chunks(*shm, root, transfer_chunks(entries, shm_chunk_bytes(*shm, chunk_bytes)), timeout, abandon, stats.bytes); !st) {
       if (receiving) (void)state.reset_state();
       return st.err();
     }
@@ -432,7 +457,7 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
     flying.pop_front();
     return st;
   };
-  for (const auto& [base, n] : transfer_chunks(layout, chunk_bytes)) {
+  for (const auto& [base, n] : transfer_chunks(entries, chunk_bytes)) {
     std::vector<torch::Tensor> t{torch::from_blob(base, {n}, torch::kUInt8)};
     flying.emplace_back(pg.broadcast(t, bo), t);
     if (static_cast<int>(flying.size()) < std::max(1, in_flight)) continue;

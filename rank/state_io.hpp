@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <map>
 #include <vector>
 
 #include "checkpoint.pb.h"
@@ -64,7 +65,12 @@ std::vector<stream_tensor> stream_tensors(const state_layout& layout, const std:
 // The byte ranges this rank writes into a checkpoint: its local save plan
 // (local_save_plan over stream_tensors). Ascending, disjoint; over all
 // ranks of the world they cover the stream exactly.
-std::vector<byte_range> save_ranges(const state_layout& layout, const rank_share& share, const std::vector<int64_t>& group_bases);
+// `params_sharded` (train.zero = 3): "model/<name>" of each parameter the
+// optimizer steps, with its first element in the index space; the
+// primaries of its elements write them, as the moments' (the stream is the
+// same, only who writes which bytes changes).
+std::vector<byte_range> save_ranges(const state_layout& layout, const rank_share& share, const std::vector<int64_t>& group_bases,
+                                    const std::map<std::string, int64_t>& params_sharded = {});
 
 // DiLoCo: the checkpoint holds, after the stream above (which is global
 // rank 0's whole state), each other worker's own inner state as a section
@@ -140,7 +146,11 @@ struct transfer_stats {
 // (the group's ranks all on one host, in the same rank order: the
 // generation's gradient segment), the chunks go through its ring instead,
 // root copying each into its slot and the others out of it (the header
-// still over `pg`).
+// still over `pg`). At train.zero = 3, from a peer (`tag` 0), the
+// parameters the optimizer steps are not sent: they are held as shards and
+// move with them (rank/zero's reshard), so a rank holding the agreed step
+// keeps its own; a state root read from a checkpoint (`tag` not 0) goes
+// whole.
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
                                        const std::function<bool()>& abandon, int64_t& tag, int in_flight = 1, uint64_t chunk_bytes = 64ull << 20,
                                        shm_group* shm = nullptr);

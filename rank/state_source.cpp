@@ -9,6 +9,7 @@
 #include "rank/state_io.hpp"
 #include "rank/sync_strategy.hpp"
 #include "rank/zero.hpp"
+#include "rank/zero3.hpp"
 
 namespace dtactor {
 
@@ -69,11 +70,15 @@ class replica_shards final : public shard_source {
       missing = "elements outside this rank's shards";
     } else {
       const bool holds_current = c.held_before == c.state.step();
-      // train.zero = 3: a rank holds only its shards' parameters (and the
-      // root's), so every parameter is made whole from the shards' holders
-      // here, as after a failed all-gather; the step's gate releases them.
-      const bool mixed = c.state.params_mixed() || c.rs.settings.train.zero >= 3;
-      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, mixed, g.timeout, g.abandon_now);
+      // train.zero = 3: a rank keeps only its shards' parameters and those
+      // of no unit: they move with the moments.
+      std::optional<unit_layout> units;
+      if (c.rs.settings.train.zero >= 3) {
+        auto l = unit_layout_of(opt, c.state.the_task().param_units());
+        if (!l) return g.failed(l.message(), c.state.step());
+        units = std::move(l.value());
+      }
+      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, c.state.params_mixed(), g.timeout, g.abandon_now, units ? &units->root : nullptr);
       if (!r) {
         (void)c.state.reset_state();  // half-moved shards: this rank holds nothing current
         return g.failed(r.message(), c.state.step());

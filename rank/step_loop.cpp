@@ -260,9 +260,9 @@ generation_end step_loop::broadcast_buffers(int64_t step) {
 // The parameters' digest, compared across the ranks: a rank that drifted
 // ends the job rather than train on silently.
 generation_end step_loop::compare_digests(int64_t step) {
-  if (auto st = unshard(); !st) return g_.failed(st.message(), step);
-  const std::string digest = state_.params_digest();
-  reshard();
+  auto d = digest();
+  if (!d) return g_.failed(d.message(), step);
+  const std::string digest = d.value();
   h_.acc.set_params_digest(digest);
   if (!g_.pg) return std::nullopt;
   auto agree = digests_agree(*g_.pg, digest, g_.timeout, g_.abandon_now);
@@ -362,29 +362,21 @@ generation_outcome step_loop::stop_here(int64_t step, bool final_checkpoint) {
   return generation_outcome::stopped;
 }
 
-void step_loop::write_checkpoint() {
-  if (!unshard()) return;  // the gather failed: the next collective ends the generation
-  rs_.saver->write(state_, rs_.shards, g_, eval_at_step_);
-  reshard();
-}
+void step_loop::write_checkpoint() { rs_.saver->write(state_, rs_.shards, g_, eval_at_step_); }
 
-// train.zero = 3: every parameter gathered for what reads them all, and
-// released again after (nothing to do at other levels).
-status step_loop::unshard() {
-  param_sync* ps = x_.syncs.empty() ? nullptr : x_.sync().parameter_sync();
-  return ps ? ps->unshard() : status{};
-}
-
-void step_loop::reshard() {
-  if (param_sync* ps = x_.syncs.empty() ? nullptr : x_.sync().parameter_sync()) ps->reshard();
-}
-
-// The digest a rank reports when it finishes: of the whole parameters.
-std::string step_loop::whole_params_digest() {
-  if (!unshard()) return "";
-  std::string d = state_.params_digest();
-  reshard();
+// The parameters' digest (train.zero = 3: each unit gathered as the digest
+// reaches it, and released after).
+result<std::string> step_loop::digest() {
+  if (!x_.gate) return state_.params_digest();
+  std::string d = state_.params_digest([this](const torch::Tensor& t) { x_.gate->before_reading(t); });
+  if (auto st = x_.gate->done_reading(); !st) return st.err();
   return d;
+}
+
+// The digest a rank reports when it finishes ("" when a gather failed).
+std::string step_loop::whole_params_digest() {
+  auto d = digest();
+  return d ? d.value() : "";
 }
 
 // A checkpoint fell due (or is owed) at this boundary: written now or, with
@@ -406,10 +398,7 @@ void step_loop::checkpoint_at(int64_t step) {
   }
   const int64_t due_step = rs_.owed_checkpoint >= 0 && step < cadence_.max_steps ? rs_.owed_checkpoint : 0;
   rs_.owed_checkpoint = -1;
-  if (unshard()) {
-    rs_.saver->write(state_, rs_.shards, g_, eval_at_step_, due_step);
-    reshard();
-  }
+  rs_.saver->write(state_, rs_.shards, g_, eval_at_step_, due_step);
   last_ckpt_ = step;
 }
 

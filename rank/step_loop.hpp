@@ -63,8 +63,7 @@ class step_loop {
   generation_end meet_after_eval(double eval_s);
   generation_outcome stop_here(int64_t step, bool final_checkpoint);
   void write_checkpoint();
-  status unshard();
-  void reshard();
+  result<std::string> digest();
   std::string whole_params_digest();
   void checkpoint_at(int64_t step);
   bool due(int64_t every, int64_t step, int64_t window_start) const;

@@ -522,10 +522,57 @@ status repair_params(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges& segm
   return {};
 }
 
+// train.zero = 3: each rank that now holds a segment it did not gets the
+// segment's parameters from its first holder, point to point (as
+// move_moments, tags after its), and the pieces of `everywhere` (the
+// parameters of no unit, which every rank keeps) are broadcast from theirs.
+// Nobody gets the parameters of shards it will not hold.
+status move_sharded_params(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges& segments, const std::vector<ranges>& held, const shard_plan& next,
+                           const ranges& everywhere, std::chrono::milliseconds timeout, const std::function<bool()>& abandon, reshard_result& res) {
+  const int world = pg.getSize(), rank = pg.getRank();
+  int tag = 1 << 20;
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<std::vector<torch::Tensor>> keep;
+  for (const auto& [a, b] : segments) {
+    const int source = first_holder(held, a, b);
+    for (int r = 0; r < world; ++r, ++tag) {
+      if (r == source || !covers(next.ranges_of(r), a, b) || covers(held[static_cast<size_t>(r)], a, b)) continue;
+      for (auto& v : opt.param_views(a, b)) {
+        const auto bytes = static_cast<uint64_t>(v.numel() * v.element_size());
+        if (rank == source) {
+          keep.push_back({v});
+          sends.push_back(pg.send(keep.back(), r, tag));
+          res.bytes_out += bytes;
+        } else if (rank == r) {
+          std::vector<torch::Tensor> t{v};
+          if (auto st = wait_p2p(pg.recv(t, source, tag), timeout, "parameter reshard (receiving)"); !st) return st.err();
+          res.bytes_in += bytes;
+        }
+      }
+    }
+  }
+  for (auto& w : sends)
+    if (auto st = wait_p2p(w, timeout, "parameter reshard (sending)"); !st) return st.err();
+  for (const auto& [a, b] : segments)
+    for (const auto& [x, y] : everywhere) {
+      const int64_t lo = std::max(a, x), hi = std::min(b, y);
+      if (lo >= hi) continue;
+      c10d::BroadcastOptions bo;
+      bo.rootRank = first_holder(held, a, b);
+      for (auto& v : opt.param_views(lo, hi)) {
+        std::vector<torch::Tensor> t{v};
+        if (auto st = wait_work(pg.broadcast(t, bo), clock_type::now() + timeout, abandon, "parameter reshard (the parameters of no unit)"); !st)
+          return st.err();
+        (rank == bo.rootRank ? res.bytes_out : res.bytes_in) += static_cast<uint64_t>(v.numel() * v.element_size());
+      }
+    }
+  return {};
+}
+
 }  // namespace
 
 result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
-                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon) {
+                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon, const ranges* params_everywhere) {
   const auto t0 = clock_type::now();
   const int world = pg.getSize(), rank = pg.getRank();
   const int64_t total = opt.total_elements();
@@ -551,8 +598,11 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   // failed after it stepped its own shards, so its other parameters may be
   // a mix of two steps (and it may be the root the others took the
   // replicated state from).
-  if (who->any_mixed)
+  if (params_everywhere) {
+    if (auto st = move_sharded_params(pg, opt, segments, held, next, *params_everywhere, timeout, abandon, res); !st) return st.err();
+  } else if (who->any_mixed) {
     if (auto st = repair_params(pg, opt, segments, held, timeout, abandon, res); !st) return st.err();
+  }
   res.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   return res;
 }

@@ -106,7 +106,13 @@ struct reshard_result {
 // `holds_current`: this rank's moments are those of the agreed step (false
 // for a rank that joined or fell behind: it receives everything it needs).
 // `params_mixed`: this rank's last parameter all-gather failed.
+// `params_everywhere` (train.zero = 3, where a rank keeps only its shards'
+// parameters and these, the parameters of no unit): each rank gets the
+// parameters of the shards it newly holds point to point, as the moments,
+// and these by broadcast, and nothing else (the repair is not needed: a
+// holder of a shard's moments holds its current parameters).
 result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
-                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon);
+                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon,
+                                         const std::vector<std::pair<int64_t, int64_t>>* params_everywhere = nullptr);
 
 }  // namespace dtactor

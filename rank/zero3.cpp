@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "comm/communicator.hpp"
+#include "comm/shm_group.hpp"
 #include "model/flat_adamw.hpp"
+#include "rank/zero.hpp"
 
 namespace dtactor {
 
@@ -81,13 +84,23 @@ index_spans spans_outside(const index_spans& spans, const index_spans& held) {
 }
 
 unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
-                             std::chrono::milliseconds timeout, std::function<bool()> abandon)
-    : pg_(std::move(pg)), opt_(opt), plan_(plan), layout_(std::move(layout)), timeout_(timeout), abandon_(std::move(abandon)) {
+                             std::chrono::milliseconds timeout, std::function<bool()> abandon, std::shared_ptr<shm_group> shm,
+                             std::chrono::microseconds spin)
+    : pg_(std::move(pg)),
+      opt_(opt),
+      plan_(plan),
+      layout_(std::move(layout)),
+      timeout_(timeout),
+      abandon_(std::move(abandon)),
+      shm_(std::move(shm)),
+      spin_(spin) {
+  if (shm_ && shm_->world() != pg_->getSize()) shm_.reset();
+  for (int r = 0; shm_ && r < shm_->world(); ++r) members_.push_back(r);
   const auto held = plan_.ranges_of(pg_->getRank());
   for (const auto& u : layout_.units) released_.push_back(spans_outside(u, held));
+  // Released: what a rank does not hold may be stale (the reshard moved
+  // only its shards' and the root's); reshard() gives the pages back.
   state_.resize(layout_.units.size());
-  // The generation starts with every parameter whole (the reshard made it so).
-  for (auto& s : state_) s.is = residency::resident;
 }
 
 unit_gatherer::~unit_gatherer() {
@@ -142,8 +155,30 @@ status unit_gatherer::wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
   return {};
 }
 
+// Each span's pieces written into the segment by their primaries and read
+// by the ranks lacking them (rank/zero: the host's all-gather, over a plan
+// cut down to the span).
+status unit_gatherer::through_segment(const index_spans& spans) {
+  for (const auto& [a, b] : spans) {
+    shard_plan cut = plan_;
+    for (auto& sh : cut.shards) {
+      sh.begin = std::min(std::max(sh.begin, a), b);
+      sh.end = std::max(std::min(sh.end, b), sh.begin);
+    }
+    if (auto st = gather_params_host(*shm_, members_, opt_, cut, timeout_, abandon_, spin_); !st) return st;
+  }
+  return {};
+}
+
+status unit_gatherer::gather_now(const index_spans& spans) {
+  if (shm_) return through_segment(spans);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  if (auto st = start(spans, works); !st) return st;
+  return wait(works);
+}
+
 void unit_gatherer::begin_gather(int unit) {
-  if (unit < 0 || unit >= units() || !failure_.empty()) return;
+  if (unit < 0 || unit >= units() || !failure_.empty() || shm_) return;
   auto& s = state_[static_cast<size_t>(unit)];
   if (s.is != residency::released) return;
   s.is = residency::in_flight;
@@ -152,8 +187,14 @@ void unit_gatherer::begin_gather(int unit) {
 
 void unit_gatherer::finish_gather(int unit) {
   if (unit < 0 || unit >= units()) return;
-  begin_gather(unit);
   auto& s = state_[static_cast<size_t>(unit)];
+  if (shm_ && s.is == residency::released) {
+    if (failure_.empty())
+      if (auto st = through_segment(layout_.units[static_cast<size_t>(unit)]); !st) fail(st.message());
+    s.is = residency::resident;
+    return;
+  }
+  begin_gather(unit);
   if (s.is != residency::in_flight) return;
   if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::resident;
@@ -182,14 +223,25 @@ void unit_gatherer::release(int unit) {
 status unit_gatherer::after_update() {
   for (int u = 0; u < units(); ++u) release(u);
   if (!failure_.empty()) return failure();
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  if (auto st = start(layout_.root, works); !st) return st;
-  return wait(works);
+  return gather_now(layout_.root);
 }
 
-status unit_gatherer::unshard() {
-  for (int u = 0; u < units(); ++u) begin_gather(u);
-  for (int u = 0; u < units(); ++u) finish_gather(u);
+void unit_gatherer::before_reading(const torch::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  const auto at = opt_.index_at(t.data_ptr());
+  if (!at) return;
+  int unit = -1;
+  for (int u = 0; u < units() && unit < 0; ++u)
+    for (const auto& [a, b] : layout_.units[static_cast<size_t>(u)])
+      if (*at >= a && *at < b) unit = u;
+  if (unit < 0 || unit == reading_) return;
+  release(reading_);
+  reading_ = unit;
+  finish_gather(unit);
+}
+
+status unit_gatherer::done_reading() {
+  release(std::exchange(reading_, -1));
   return failure();
 }
 
@@ -225,12 +277,13 @@ class zero3_param_sync final : public param_sync {
   result<double> global_norm() override { return inner_->global_norm(); }
   status gather() override { return gate_->after_update(); }
   std::string describe() const override {
-    return "a unit at a time over " + backend_ + " (" + std::to_string(gate_->units()) + " units), the gradient norm " + inner_->describe();
+    int64_t root = 0;
+    for (const auto& [a, b] : gate_->layout().root) root += b - a;
+    return "a unit at a time " + std::string(gate_->through_shared_memory() ? "through shared memory" : "over " + backend_) + " (" + std::to_string(gate_->units()) + " units; " + std::to_string(root) +
+           " parameters in none, resident on every rank), the gradient norm " + inner_->describe();
   }
   status gathered() override { return gate_->failure(); }
   void idle_pass() override { gate_->idle_pass(); }
-  status unshard() override { return gate_->unshard(); }
-  void reshard() override { gate_->reshard(); }
 
  private:
   std::unique_ptr<param_sync> inner_;

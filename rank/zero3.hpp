@@ -39,6 +39,7 @@
 namespace dtactor {
 
 class flat_adamw;
+class shm_group;
 
 using index_spans = std::vector<std::pair<int64_t, int64_t>>;
 
@@ -56,8 +57,12 @@ index_spans spans_outside(const index_spans& spans, const index_spans& held);
 
 class unit_gatherer final : public param_gate {
  public:
+  // `shm`: a segment of every rank of the group (one host) the gathers go
+  // through instead of the group, in rounds, one unit at a time (no
+  // prefetch: a copy at memory speed); null: broadcasts over the group.
   unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
-                std::chrono::milliseconds timeout, std::function<bool()> abandon);
+                std::chrono::milliseconds timeout, std::function<bool()> abandon, std::shared_ptr<shm_group> shm = nullptr,
+                std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~unit_gatherer() override;
 
   void before_forward(int unit) override;
@@ -68,9 +73,12 @@ class unit_gatherer final : public param_gate {
   // Every unit released and the root gathered (after the update, and once
   // at the generation's start, when every parameter was made whole).
   status after_update();
-  // Every parameter gathered (a checkpoint, a digest); reshard() releases
-  // the units again.
-  status unshard();
+  // For what reads every parameter in an order alike on every rank (the
+  // digest): before `t` is read, its unit is gathered (and the unit needed
+  // before released); done_reading() releases the last. A unit at a time.
+  void before_reading(const torch::Tensor& t);
+  status done_reading();
+  // Every unit's pages outside this rank's shards given back.
   void reshard();
   // One forward and backward's gathers without computing (a rank with fewer
   // micro-batches than another: the collectives must match).
@@ -79,6 +87,7 @@ class unit_gatherer final : public param_gate {
   status failure() const;
 
   int units() const { return static_cast<int>(state_.size()); }
+  bool through_shared_memory() const { return shm_ != nullptr; }
   // Bytes of parameters resident between steps: the held shards and the root.
   int64_t resident_bytes() const;
   const unit_layout& layout() const { return layout_; }
@@ -90,6 +99,8 @@ class unit_gatherer final : public param_gate {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
   status start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works);
+  status through_segment(const index_spans& spans);
+  status gather_now(const index_spans& spans);
   status wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works);
   void begin_gather(int unit);
   void finish_gather(int unit);
@@ -105,6 +116,10 @@ class unit_gatherer final : public param_gate {
   std::function<bool()> abandon_;
   std::vector<unit_state> state_;
   std::string failure_;
+  int reading_ = -1;  // before_reading's unit
+  std::shared_ptr<shm_group> shm_;
+  std::chrono::microseconds spin_;
+  std::vector<int> members_;  // the segment's ranks: every global rank, in order
 };
 
 // The generation's parameter sync at train.zero = 3: the norm from the

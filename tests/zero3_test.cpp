@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "comm/grad_sync.hpp"
+#include "comm/shm_group.hpp"
 #include "model/flat_adamw.hpp"
 #include "model/shard_plan.hpp"
 #include "model/trainer.hpp"
@@ -61,7 +62,9 @@ struct level_run {
 
 // `steps` steps at train.zero = `level` (2 or 3) over Gloo, a node per
 // rank, `replicas` holders a shard, the gradients reduce-scattered.
-level_run run_level(int level, const std::vector<std::string>& extra, int world, int replicas, int steps) {
+// `segment_floats` > 0: the units gathered through a shared-memory segment
+// of that many floats a slot (rounds of half of it) instead of the group.
+level_run run_level(int level, const std::vector<std::string>& extra, int world, int replicas, int steps, int64_t segment_floats = 0) {
   std::vector<std::string> o = extra;
   o.push_back("train.zero=" + std::to_string(level));
   level_run run;
@@ -74,7 +77,7 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
   run.released_pages.assign(static_cast<size_t>(world), 0);
   run.resident_bytes.assign(static_cast<size_t>(world), 0);
   run.units.assign(static_cast<size_t>(world), 0);
-  auto errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+  auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> segment) -> std::string {
     auto& s = *run.states[static_cast<size_t>(rank)];
     flat_adamw& opt = s.optimizer();
     grad_sync_options go;
@@ -91,7 +94,9 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
     if (level == 3) {
       auto layout = unit_layout_of(opt, units);
       if (!layout) return layout.message();
-      gate = std::make_shared<unit_gatherer>(pg, opt, run.plan, std::move(layout.value()), zs.timeout, std::function<bool()>{});
+      gate = std::make_shared<unit_gatherer>(pg, opt, run.plan, std::move(layout.value()), zs.timeout, std::function<bool()>{}, segment,
+                                             std::chrono::microseconds(50));
+      if (segment && !gate->through_shared_memory()) return "the segment is not used";
       ps = zero3_sync(std::move(ps), gate, "gloo");
       for (size_t i = 0; i < units.size(); ++i) *units[i].slot = gate_slot{gate, static_cast<int>(i)};
       gate->reshard();
@@ -123,12 +128,21 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
     if (err.empty()) {
       run.val_loss[static_cast<size_t>(rank)] = s.evaluate().metrics.at("val_loss");
       if (gate) run.resident_bytes[static_cast<size_t>(rank)] = gate->resident_bytes();
-      if (auto st = sync.parameter_sync()->unshard(); !st) err = st.message();
-      run.digests[static_cast<size_t>(rank)] = s.params_digest();
+      // Level 3: each unit gathered as the digest reaches it.
+      run.digests[static_cast<size_t>(rank)] =
+          gate ? s.params_digest([&](const torch::Tensor& t) { gate->before_reading(t); }) : s.params_digest();
+      if (gate)
+        if (auto st = gate->done_reading(); !st) err = st.message();
+      if (gate) {
+        const auto n = released();
+        EXPECT_EQ(n.first, 0u) << "rank " << rank << ": the digest's gathers left pages resident";
+      }
     }
     for (auto& u : units) *u.slot = gate_slot{};
     return err;
-  });
+  };
+  auto errors = segment_floats > 0 ? testing::run_ranks_shm(world, segment_floats, body)
+                                   : run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, nullptr); });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "level " << level << " rank " << r;
   return run;
 }
@@ -159,6 +173,24 @@ TEST(Zero3, UnitsGatheredAsTheyRunTrainAsZeroTwoBitForBitAndReleaseWhatARankDoes
         EXPECT_LT(three.resident_bytes[i], 4 * three.plan.total) << "rank " << r;
       }
     }
+}
+
+// Through a shared-memory segment whose slots hold 4,096 floats (a unit
+// takes many rounds): the same bits, the same release.
+TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const int replicas = world == 2 ? 1 : 2;
+    auto two = run_level(2, three_blocks, world, replicas, 4);
+    auto three = run_level(3, three_blocks, world, replicas, 4, 4096);
+    for (int r = 0; r < world; ++r) {
+      const auto i = static_cast<size_t>(r);
+      EXPECT_EQ(three.digests[i], two.digests[0]) << "rank " << r;
+      EXPECT_EQ(three.val_loss[i], two.val_loss[0]) << "rank " << r;
+      EXPECT_GT(three.released_pages[i], 10u) << "rank " << r;
+      EXPECT_EQ(three.released_resident[i], 0u) << "rank " << r;
+    }
+  }
 }
 
 // Slices of 8, 8, 7 and 7 samples in micro-batches of 7: two passes on
