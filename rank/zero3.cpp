@@ -205,6 +205,11 @@ void unit_gatherer::before_forward(int unit) {
   begin_gather(unit + 1);
 }
 
+void unit_gatherer::after_forward(int unit) {
+  if (unit == units() - 1 && torch::GradMode::is_enabled()) return;
+  release(unit);
+}
+
 void unit_gatherer::before_backward(int unit) {
   finish_gather(unit);
   begin_gather(unit - 1);

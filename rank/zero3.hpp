@@ -66,7 +66,9 @@ class unit_gatherer final : public param_gate {
   ~unit_gatherer() override;
 
   void before_forward(int unit) override;
-  void after_forward(int unit) override { release(unit); }
+  // The last unit stays gathered when a backward follows (grad mode on): it
+  // is the first the backward needs.
+  void after_forward(int unit) override;
   void before_backward(int unit) override;
   void after_backward(int unit) override { release(unit); }
 
