@@ -171,7 +171,7 @@ TEST(Settings, ABadValueIsOneLineNamingTheKey) {
   EXPECT_EQ(refused({{"model.dropout", "1"}}), "model.dropout must be below 1");
   EXPECT_EQ(refused({{"data.val_fraction", "1.5"}}), "data.val_fraction must be below 1");
   EXPECT_EQ(refused({{"train.micro_batch_size", "200"}}), "train.micro_batch_size (200) cannot exceed train.global_batch_size (128)");
-  EXPECT_EQ(refused({{"train.zero", "3"}}).rfind("train.zero = 3 is not a ZeRO stage", 0), 0u);
+  EXPECT_EQ(refused({{"train.zero", "4"}}).rfind("train.zero = 4 is not a ZeRO stage", 0), 0u);
   EXPECT_EQ(refused({{"cluster.min_nodes", "3000000000"}}), "cluster.min_nodes = 3000000000 is more than dtactor counts (at most 2147483647)");
   EXPECT_EQ(refused({{"cluster.wire_dtype", "int4"}}).rfind("cluster.wire_dtype = int4 quantizes DiLoCo's pseudo-gradients only", 0), 0u);
   EXPECT_EQ(refused({{"train.sync", "diloco"}, {"train.sync_every", "4"}, {"train.sync_fragments", "5"}}),
