@@ -116,14 +116,12 @@ def main():
     for (n, p, z, r) in configs:
         rows.append(run(a.binary, n, p, z, r, a.steps, a.set))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    # The page's figures: at the largest world, the state a rank holds a
-    # parameter at each level, against zero=0 in the same layout.
+    # The page's figures: at each world, the state a rank holds a parameter
+    # at each sharded level against zero=0 in the same layout, and what was
+    # measured over the formula.
     F = bench_meta.figure
-    world = max(r["world"] for r in rows)
     figures = []
     for i, r in enumerate(rows):
-        if r["world"] != world:
-            continue
         base = [j for j, b in enumerate(rows) if b["zero"] == 0 and (b["nodes"], b["ranks_per_node"]) == (r["nodes"], r["ranks_per_node"])]
         if r["zero"] == 0 and len(rows) > 1 and base:
             continue
@@ -131,9 +129,13 @@ def main():
             r["world"], r["nodes"], r["ranks_per_node"], r["zero"], ", R = %s" % r["replicas"] if r.get("replicas") else "")
         figures.append(F(what, ["rows", i, "total_bytes_per_param"], "B/param", "zero=0" if base else None,
                          ["rows", base[0], "total_bytes_per_param"] if base else None))
+        figures.append(F(what.replace("state bytes a parameter on a rank", "measured over the formula"), ["rows", i, "total_vs_formula"], "x"))
+    notes = ("Formulas, fp32 throughout, W ranks, R holders a shard: zero=0 20 B a parameter (16 at world 1); zero=2 4 + 12R/W; "
+             "zero=3 16R/W + 4(1 - R/W) for each parameter of no unit. The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
+             "without replicas: 16, ZeRO-2 2 + 14/W, ZeRO-3 16/W; FSDP's full shard in fp32 holds 16/W plus the units being gathered.")
     print(json.dumps(bench_meta.stamped({"settings": a.set, "rows": rows},
                                         "State a rank holds by train.zero level, from each rank's report%s"
-                                        % (" (%s)" % ", ".join(a.set) if a.set else ""), "Sharded state (ZeRO)", figures), indent=1))
+                                        % (" (%s)" % ", ".join(a.set) if a.set else ""), "Sharded state (ZeRO)", figures, notes=notes), indent=1))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ class torchscript_task : public task {
                    bool nll)
       : m_(std::move(m)), train_(std::move(train)), eval_(std::move(eval)), loss_(loss), nll_(nll) {
     has_loss_method_ = m_->jit().find_method("loss").has_value();
+    find_units();
     sharded_train_ = std::dynamic_pointer_cast<sharded_source>(train_);
     sharded_eval_ = std::dynamic_pointer_cast<sharded_source>(eval_);
   }
@@ -87,6 +88,20 @@ class torchscript_task : public task {
   int64_t train_size() const override { return train_->size(); }
   int64_t eval_size() const override { return eval_->size(); }
   bool buffers_change_in_training() const override { return !m_->buffers().empty(); }
+  // train.zero = 3: a scripted torch.nn.Sequential runs its children in
+  // order, so each child with parameters is a unit (its forward is the
+  // children's, one after the other); any other module keeps every
+  // parameter resident.
+  std::vector<param_unit> param_units() override {
+    std::vector<param_unit> out;
+    for (auto& c : children_)
+      if (c.slot) {
+        std::vector<torch::Tensor> params;
+        for (const auto& p : c.module.parameters(true)) params.push_back(p);
+        out.push_back({c.name, c.slot.get(), std::move(params)});
+      }
+    return out;
+  }
   bool save_scripted(const std::string& path) override {
     m_->jit().save(path);
     return true;
@@ -102,7 +117,7 @@ class torchscript_task : public task {
                   n, "], got ", l.sizes());
       return l.to(torch::kFloat);
     }
-    auto out = m_->jit().forward({x}).toTensor().to(torch::kFloat);
+    auto out = forward(x).to(torch::kFloat);
     if (outputs) *outputs = out;
     if (loss_ == loss_kind::cross_entropy) {
       TORCH_CHECK(y.scalar_type() == torch::kLong, "with train.loss = cross_entropy, the targets must be integer class ids");
@@ -169,6 +184,34 @@ class torchscript_task : public task {
   }
 
  private:
+  struct child {
+    std::string name;
+    torch::jit::Module module;
+    std::unique_ptr<gate_slot> slot;  // null: no parameters, never gathered
+  };
+  void find_units() {
+    const auto type = m_->jit().type()->name();
+    const std::string qn = type ? type->qualifiedName() : "";
+    const bool sequential = qn.rfind("__torch__.torch.nn.modules.container.", 0) == 0 && qn.size() >= 11 && qn.compare(qn.size() - 11, 11, ".Sequential") == 0;
+    if (!sequential) return;
+    for (const auto& c : m_->jit().named_children()) {
+      child ch{c.name, c.value, nullptr};
+      if (c.value.parameters(true).size() > 0) ch.slot = std::make_unique<gate_slot>();
+      children_.push_back(std::move(ch));
+    }
+  }
+  // The module's forward: a Sequential's children one at a time, each with
+  // parameters through its gate.
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (children_.empty()) return m_->jit().forward({x}).toTensor();
+    torch::Tensor h = x;
+    for (auto& c : children_) {
+      auto run = [&c](const std::vector<torch::Tensor>& in) { return c.module.forward({in[0]}).toTensor(); };
+      h = c.slot ? gated(*c.slot, {h}, run) : run({h});
+    }
+    return h;
+  }
+  std::vector<child> children_;
   std::shared_ptr<scripted> m_;
   std::shared_ptr<sample_source> train_, eval_;
   loss_kind loss_;

@@ -424,13 +424,15 @@ TEST(Chaos, RealSizeStateSurvivesLossReplacementAndResumesOnAnotherWorldSize) {
 // PyTorch, trained on .npy arrays NumPy wrote, across two nodes, one of
 // them killed -9 midway; the export, read back in PyTorch, gives the
 // accuracy dtactor reported.
-TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
+// `in_log`: what node a's log must say ("" for nothing).
+void scripted_model_survives_a_node_loss_and_exports(const std::string& file, const std::vector<std::string>& more, int nodes,
+                                                     const std::string& in_log = "") {
   temp_dir fix;
   const std::string src = DTACTOR_SOURCE_DIR;
   if (auto e = testing::write_torchscript_fixtures(fix.path(), src); !e.empty()) SKIP_OR_FAIL_IN_CI(e);
   temp_dir d;
   const std::vector<std::string> sets = {"model.name=torchscript",
-                                         "model.file=" + fix.path() + "/mlp.pt",
+                                         "model.file=" + fix.path() + "/" + file,
                                          "data.train_inputs=" + fix.path() + "/x_train.npy",
                                          "data.train_targets=" + fix.path() + "/y_train.npy",
                                          "data.eval_inputs=" + fix.path() + "/x_eval.npy",
@@ -443,12 +445,13 @@ TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
                                          "checkpoint.every_steps=20",
                                          "train.log_every_steps=1",
                                          "cluster.digest_every_steps=10",
-                                         "cluster.min_nodes=2"};
-  cluster cl(d.path(), set_flags(sets, {}));
-  ASSERT_EQ(cl.start({"a", "b"}), "");
-  ASSERT_TRUE(cl.wait_step(60, 2)) << cl.logs();
+                                         "cluster.min_nodes=" + std::to_string(nodes)};
+  cluster cl(d.path(), set_flags(sets, more));
+  const std::vector<std::string> ids = {"a", "b", "c"};
+  ASSERT_EQ(cl.start(std::vector<std::string>(ids.begin(), ids.begin() + nodes)), "");
+  ASSERT_TRUE(cl.wait_step(60, nodes)) << cl.logs();
   cl.signal_node("b", SIGKILL);
-  expect_finished_without_loss(cl, 300, 1);
+  expect_finished_without_loss(cl, 300, nodes - 1);
   auto fin = events<ev::job_finished>(cl.journal());
   ASSERT_EQ(fin.size(), 1u);
   const double ours = fin[0].at("accuracy").get<double>();
@@ -465,6 +468,22 @@ TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) {
     ::pclose(p);
   }
   EXPECT_NEAR(std::strtod(out.c_str(), nullptr), ours, 0.005) << out;
+  if (!in_log.empty()) {
+    std::ifstream f(d.path() + "/node-a.log");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_NE(ss.str().find(in_log), std::string::npos) << ss.str();
+  }
+}
+
+TEST(Chaos, AModelScriptedInPyTorchSurvivesANodeLossAndExportsToPyTorch) { scripted_model_survives_a_node_loss_and_exports("mlp.pt", {}, 2); }
+
+// A scripted nn.Sequential at train.zero = 3 over three nodes: each child
+// with parameters is a unit (the ranks say 4 units), a node's loss costs no
+// step (its shards' parameters and moments from the replicas), and the
+// export loads in PyTorch with the accuracy the job reported.
+TEST(Chaos, AScriptedSequentialTrainsWithShardedParametersChildByChildAndExportsToPyTorch) {
+  scripted_model_survives_a_node_loss_and_exports("seq.pt", {"train.zero=3"}, 3, "gathered a unit at a time through shared memory (4 units;");
 }
 
 // BatchNorm's running statistics change in training: every rank takes rank

@@ -131,5 +131,9 @@ torch.jit.script(MLP()).save(os.path.join(out, "mlp.pt"))
 torch.jit.script(WithLoss()).save(os.path.join(out, "mlp_loss.pt"))
 torch.jit.script(BadShape()).save(os.path.join(out, "bad_shape.pt"))
 torch.jit.script(ScalarLoss()).save(os.path.join(out, "scalar_loss.pt"))
+# A plain nn.Sequential: at train.zero = 3 each child with parameters is
+# gathered on its own.
+torch.jit.script(nn.Sequential(nn.LayerNorm(20), nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                               nn.Linear(64, 10))).save(os.path.join(out, "seq.pt"))
 with open(os.path.join(out, "not_a_module.pt"), "wb") as f:
     f.write(b"this is not a zip archive")
