@@ -4,10 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
 #include <utility>
 
 #include "comm/communicator.hpp"
@@ -87,61 +83,6 @@ index_spans spans_outside(const index_spans& spans, const index_spans& held) {
   return out;
 }
 
-// One thread running segment rounds in the order they were submitted.
-class unit_gatherer::segment_worker {
- public:
-  explicit segment_worker(std::function<status(const index_spans&)> run) : run_(std::move(run)), thread_([this] { loop(); }) {}
-  ~segment_worker() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  std::future<status> submit(index_spans spans) {
-    std::promise<status> done;
-    auto f = done.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back({std::move(spans), std::move(done)});
-    }
-    cv_.notify_all();
-    return f;
-  }
-
- private:
-  struct job {
-    index_spans spans;
-    std::promise<status> done;
-  };
-  void loop() {
-    for (;;) {
-      job j;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, every job done
-        j = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      status st;
-      try {
-        st = run_(j.spans);
-      } catch (const std::exception& e) {
-        st = make_error(std::string("parameter gather (shared memory): ") + e.what());
-      }
-      j.done.set_value(std::move(st));
-    }
-  }
-  std::function<status(const index_spans&)> run_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<job> jobs_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
 unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
                              std::chrono::milliseconds timeout, std::function<bool()> abandon, std::shared_ptr<shm_group> shm,
                              std::chrono::microseconds spin)
@@ -155,7 +96,6 @@ unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_ada
       spin_(spin) {
   if (shm_ && shm_->world() != pg_->getSize()) shm_.reset();
   for (int r = 0; shm_ && r < shm_->world(); ++r) members_.push_back(r);
-  if (shm_) worker_ = std::make_unique<segment_worker>([this](const index_spans& spans) { return through_segment(spans); });
   const auto held = plan_.ranges_of(pg_->getRank());
   for (const auto& u : layout_.units) released_.push_back(spans_outside(u, held));
   // Released: what a rank does not hold may be stale (the reshard moved
@@ -166,14 +106,11 @@ unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_ada
 unit_gatherer::~unit_gatherer() {
   // A gather still in flight writes into the parameters: let it finish
   // (or fail) before they can go.
-  for (auto& s : state_) {
+  for (auto& s : state_)
     for (auto& w : s.works) try {
         w->wait(timeout_);
       } catch (...) {
       }
-    if (s.pending.valid()) s.pending.wait();
-  }
-  worker_.reset();
 }
 
 void unit_gatherer::fail(const std::string& why) {
@@ -234,39 +171,32 @@ status unit_gatherer::through_segment(const index_spans& spans) {
 }
 
 status unit_gatherer::gather_now(const index_spans& spans) {
-  if (worker_) return worker_->submit(spans).get();
+  if (shm_) return through_segment(spans);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   if (auto st = start(spans, works); !st) return st;
   return wait(works);
 }
 
 void unit_gatherer::begin_gather(int unit) {
-  if (unit < 0 || unit >= units() || !failure_.empty()) return;
+  if (unit < 0 || unit >= units() || !failure_.empty() || shm_) return;
   auto& s = state_[static_cast<size_t>(unit)];
   if (s.is != residency::released) return;
   s.is = residency::in_flight;
-  if (worker_) {
-    s.pending = worker_->submit(layout_.units[static_cast<size_t>(unit)]);
-    return;
-  }
   if (auto st = start(layout_.units[static_cast<size_t>(unit)], s.works); !st) fail(st.message());
-}
-
-// Waits for the unit's gather in flight.
-void unit_gatherer::land(unit_state& s) {
-  if (s.pending.valid()) {
-    if (auto st = s.pending.get(); !st) fail(st.message());
-  } else if (auto st = wait(s.works); !st) {
-    fail(st.message());
-  }
 }
 
 void unit_gatherer::finish_gather(int unit) {
   if (unit < 0 || unit >= units()) return;
   auto& s = state_[static_cast<size_t>(unit)];
+  if (shm_ && s.is == residency::released) {
+    if (failure_.empty())
+      if (auto st = through_segment(layout_.units[static_cast<size_t>(unit)]); !st) fail(st.message());
+    s.is = residency::resident;
+    return;
+  }
   begin_gather(unit);
   if (s.is != residency::in_flight) return;
-  land(s);
+  if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::resident;
 }
 
@@ -288,7 +218,8 @@ void unit_gatherer::before_backward(int unit) {
 void unit_gatherer::release(int unit) {
   if (unit < 0 || unit >= units()) return;
   auto& s = state_[static_cast<size_t>(unit)];
-  if (s.is == residency::in_flight) land(s);
+  if (s.is == residency::in_flight)
+    if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::released;
   for (const auto& [a, b] : released_[static_cast<size_t>(unit)])
     for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));

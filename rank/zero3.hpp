@@ -26,7 +26,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <future>
 #include <memory>
 #include <string>
 #include <utility>
@@ -59,9 +58,8 @@ index_spans spans_outside(const index_spans& spans, const index_spans& held);
 class unit_gatherer final : public param_gate {
  public:
   // `shm`: a segment of every rank of the group (one host) the gathers go
-  // through instead of the group, in rounds on a thread of the gate's (the
-  // next unit prefetched as over the group); null: broadcasts over the
-  // group.
+  // through instead of the group, in rounds, one unit at a time (no
+  // prefetch: a copy at memory speed); null: broadcasts over the group.
   unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
                 std::chrono::milliseconds timeout, std::function<bool()> abandon, std::shared_ptr<shm_group> shm = nullptr,
                 std::chrono::microseconds spin = std::chrono::microseconds(0));
@@ -100,10 +98,8 @@ class unit_gatherer final : public param_gate {
   enum class residency { released, in_flight, resident };
   struct unit_state {
     residency is = residency::released;
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;  // over the group
-    std::future<status> pending;                        // through the segment
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
-  class segment_worker;
   status start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works);
   status through_segment(const index_spans& spans);
   status gather_now(const index_spans& spans);
@@ -111,7 +107,6 @@ class unit_gatherer final : public param_gate {
   void begin_gather(int unit);
   void finish_gather(int unit);
   void release(int unit);
-  void land(unit_state& s);
   void fail(const std::string& why);
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
@@ -127,10 +122,6 @@ class unit_gatherer final : public param_gate {
   std::shared_ptr<shm_group> shm_;
   std::chrono::microseconds spin_;
   std::vector<int> members_;  // the segment's ranks: every global rank, in order
-  // Through the segment: the rounds run on a thread of their own, in the
-  // order they were asked for (alike on every rank), so that the next
-  // unit's travels while this one computes.
-  std::unique_ptr<segment_worker> worker_;
 };
 
 // The generation's parameter sync at train.zero = 3: the norm from the
