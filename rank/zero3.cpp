@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "base/ranges.hpp"
 #include "comm/communicator.hpp"
 #include "comm/shm_group.hpp"
 #include "model/flat_adamw.hpp"
@@ -16,19 +17,6 @@ namespace dtactor {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-index_spans merged(index_spans s) {
-  std::sort(s.begin(), s.end());
-  index_spans out;
-  for (const auto& [a, b] : s) {
-    if (a >= b) continue;
-    if (!out.empty() && out.back().second >= a)
-      out.back().second = std::max(out.back().second, b);
-    else
-      out.emplace_back(a, b);
-  }
-  return out;
-}
 
 // The whole pages inside [p, p + bytes) handed back to the kernel: they read
 // as zeros until written, and take no memory.
@@ -54,14 +42,14 @@ result<unit_layout> unit_layout_of(const flat_adamw& opt, const std::vector<para
       }
       spans.push_back(*r);
     }
-    spans = merged(std::move(spans));
+    spans = normalized(std::move(spans));
     for (const auto& s : spans) all.push_back(s);
     out.names.push_back(u.name);
     out.units.push_back(std::move(spans));
   }
   int64_t covered = 0;
   for (const auto& [a, b] : all) covered += b - a;
-  all = merged(std::move(all));
+  all = normalized(std::move(all));
   int64_t distinct = 0;
   for (const auto& [a, b] : all) distinct += b - a;
   if (distinct != covered) return make_error("train.zero = 3: a parameter belongs to two units");

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/ranges.hpp"
+
 namespace dtactor {
 
 byte_range part_range(uint64_t n, int rank, int world) {
@@ -25,20 +27,6 @@ int worker_of(const std::string& name) {
   size_t i = p;
   for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && r <= (int64_t{1} << 30); ++i) r = r * 10 + (name[i] - '0');
   return i > p && i < name.size() && name[i] == '/' && r <= (int64_t{1} << 30) ? static_cast<int>(r) : -1;
-}
-
-// Sorted, overlapping and adjacent ranges merged, empty ones dropped.
-std::vector<byte_range> normalized(std::vector<byte_range> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<byte_range> out;
-  for (const auto& [a, b] : v) {
-    if (a >= b) continue;
-    if (!out.empty() && out.back().second >= a)
-      out.back().second = std::max(out.back().second, b);
-    else
-      out.emplace_back(a, b);
-  }
-  return out;
 }
 
 // A sharded tensor's bytes over index-space ranges.
