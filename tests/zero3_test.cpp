@@ -193,6 +193,20 @@ TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
   }
 }
 
+// Activation checkpointing and bf16 autocast: a block's backward recomputes
+// its forward with the parameters the output's gate gathered again, and
+// autocast's bf16 copies are made while a unit is gathered. Bit for bit.
+TEST(Zero3, CheckpointedAndAutocastBlocksTrainAsZeroTwoBitForBit) {
+  for (const char* extra : {"train.activation_checkpointing=true", "train.bf16=true"}) {
+    SCOPED_TRACE(extra);
+    std::vector<std::string> o = three_blocks;
+    o.push_back(extra);
+    auto two = run_level(2, o, 2, 1, 3);
+    auto three = run_level(3, o, 2, 1, 3);
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(three.digests[static_cast<size_t>(r)], two.digests[0]) << "rank " << r;
+  }
+}
+
 // Slices of 8, 8, 7 and 7 samples in micro-batches of 7: two passes on
 // ranks 0 and 1, one on ranks 2 and 3, whose gathers make up the second
 // (the broadcasts must match, or the step would hang or mix units up).
