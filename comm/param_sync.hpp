@@ -38,6 +38,9 @@ class param_sync {
   // One forward and backward's gathers without computing: a rank with
   // fewer micro-batches than another makes up the difference first.
   virtual void idle_pass() {}
+  // Whether forward and backward make collectives of their own (then
+  // every rank must make as many passes: idle_pass).
+  virtual bool gathers_in_passes() const { return false; }
 };
 
 }  // namespace dtactor

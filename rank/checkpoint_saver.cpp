@@ -21,16 +21,6 @@ state_layout checkpoint_layout(training_state& state, const checkpoint_saver_opt
   return sections ? with_worker_sections(layout_of(state), rank, world) : layout_of(state);
 }
 
-// train.zero = 3: every parameter the optimizer steps is written by the
-// primaries of its elements (a rank holds only its shards' between steps).
-std::map<std::string, int64_t> params_sharded(training_state& state) {
-  std::map<std::string, int64_t> out;
-  if (state.settings().train.zero < 3) return out;
-  for (const auto& kv : state.the_task().module()->named_parameters())
-    if (auto r = state.optimizer().range_of(kv.value())) out["model/" + kv.key()] = r->first;
-  return out;
-}
-
 // This rank's byte ranges of it, as the save planner decides them
 // (storage/checkpoint_plan through state_io's save_ranges): sharded, its
 // share of the replicated bytes and the windows of the shards it is the
@@ -48,7 +38,7 @@ std::vector<byte_range> checkpoint_ranges(training_state& state, const std::opti
     share.primary = {{mine.begin, mine.end}};
     share.held = shards->ranges_of(rank);
   }
-  return save_ranges(layout, share, state.optimizer().group_bases(), shards && layout.sharded() ? params_sharded(state) : std::map<std::string, int64_t>{});
+  return save_ranges(layout, share, state.optimizer().group_bases(), shards && layout.sharded() ? sharded_params(state) : std::map<std::string, int64_t>{});
 }
 
 uint64_t bytes_of(const std::vector<byte_range>& ranges) {

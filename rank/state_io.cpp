@@ -5,7 +5,6 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <set>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -115,6 +114,14 @@ std::map<std::string, int64_t> shard_bases(const state_layout& layout, const std
   return out;
 }
 }  // namespace
+
+std::map<std::string, int64_t> sharded_params(training_state& state) {
+  std::map<std::string, int64_t> out;
+  if (state.settings().train.zero < 3) return out;
+  for (const auto& kv : state.the_task().module()->named_parameters())
+    if (auto r = state.optimizer().range_of(kv.value())) out["model/" + kv.key()] = r->first;
+  return out;
+}
 
 std::vector<stream_tensor> stream_tensors(const state_layout& layout, const std::vector<int64_t>& group_bases) {
   pb::checkpoint_meta meta;
@@ -345,26 +352,16 @@ result<bool> load_worker_section(training_state& state, checkpoint_store& store,
 
 namespace {
 
-// The replicated entries of `layout` as byte chunks of at most
-// `chunk_bytes`: runs of entries adjacent in memory travel as one range.
-// train.zero = 3: the parameters the optimizer steps are held as shards
-// and move with them (the reshard), not with the replicated state: a rank
-// holding the agreed step keeps its own.
-std::set<std::string> moved_with_shards(training_state& state) {
-  std::set<std::string> out;
-  if (state.settings().train.zero < 3) return out;
-  for (const auto& kv : state.the_task().module()->named_parameters())
-    if (state.optimizer().range_of(kv.value())) out.insert("model/" + kv.key());
-  return out;
-}
-
-std::vector<state_layout::entry> transferred(const state_layout& layout, const std::set<std::string>& skip) {
+// The replicated entries of `layout` but those in `skip`.
+std::vector<state_layout::entry> transferred(const state_layout& layout, const std::map<std::string, int64_t>& skip) {
   std::vector<state_layout::entry> entries;
   for (const auto& e : layout.entries)
     if (!e.sharded && !skip.count(e.name)) entries.push_back(e);
   return entries;
 }
 
+// Entries as byte chunks of at most `chunk_bytes`: runs of entries adjacent
+// in memory travel as one range.
 std::vector<std::pair<char*, int64_t>> transfer_chunks(const std::vector<state_layout::entry>& entries, uint64_t chunk_bytes) {
   std::vector<std::pair<char*, int64_t>> out;
   for (size_t i = 0; i < entries.size();) {
@@ -437,7 +434,7 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
   torch::NoGradGuard no_grad;
   // A state root read from a checkpoint goes whole (nobody holds it); a
   // peer's leaves out what moves with the shards.
-  const auto entries = transferred(layout, tag != 0 ? std::set<std::string>{} : moved_with_shards(state));
+  const auto entries = transferred(layout, tag != 0 ? std::map<std::string, int64_t>{} : sharded_params(state));
   transfer_stats stats;
   if (shm) {
     if (auto st = shm_chunks(*shm, root, transfer_chunks(entries, shm_chunk_bytes(*shm, chunk_bytes)), timeout, abandon, stats.bytes); !st) {

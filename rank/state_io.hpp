@@ -65,7 +65,12 @@ std::vector<stream_tensor> stream_tensors(const state_layout& layout, const std:
 // The byte ranges this rank writes into a checkpoint: its local save plan
 // (local_save_plan over stream_tensors). Ascending, disjoint; over all
 // ranks of the world they cover the stream exactly.
-// `params_sharded` (train.zero = 3): "model/<name>" of each parameter the
+// train.zero = 3: "model/<name>" of each parameter the optimizer steps,
+// with its first element in the index space (empty at other levels). Its
+// elements are held as shards: the primaries write them into checkpoints
+// and they move with the shards, not with the replicated state.
+std::map<std::string, int64_t> sharded_params(training_state& state);
+// `params_sharded` (sharded_params): "model/<name>" of each parameter the
 // optimizer steps, with its first element in the index space; the
 // primaries of its elements write them, as the moments' (the stream is the
 // same, only who writes which bytes changes).

@@ -277,6 +277,7 @@ class zero3_param_sync final : public param_sync {
   }
   status gathered() override { return gate_->failure(); }
   void idle_pass() override { gate_->idle_pass(); }
+  bool gathers_in_passes() const override { return true; }
 
  private:
   std::unique_ptr<param_sync> inner_;
