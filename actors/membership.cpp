@@ -737,6 +737,14 @@ bool membership::touch(const node_id& id, uint64_t incarnation, clock_time now, 
   return true;
 }
 
+bool membership::sighted(const node_id& id, uint64_t incarnation, clock_time seen_at) {
+  auto it = state_.nodes.find(id);
+  if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
+  it->second.last_seen = std::max(it->second.last_seen, seen_at);
+  if (it->second.closed && seen_at > *it->second.closed) it->second.closed.reset();
+  return true;
+}
+
 node_id membership::connection_closed(const std::string& peer, clock_time now) {
   for (auto& [id, n] : state_.nodes) {
     if (n.peer != peer) continue;

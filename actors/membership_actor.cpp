@@ -21,18 +21,47 @@ using membership_self = membership_handle::stateful_pointer<membership_actor_sta
 uint64_t current_generation(const membership_actor_state& st) { return st.members.state().current ? st.members.state().current->generation : 0; }
 
 // The interval this coordinator asks its nodes to heartbeat at, for its
-// number of members (actors/liveness.hpp), and 0 at the configured one.
-std::chrono::milliseconds node_interval(const membership_actor_state& st) {
+// number of members (actors/liveness.hpp): members that beat a relay, and
+// nodes that beat the coordinator (every node while relays are not active,
+// else about one a relay group).
+std::chrono::milliseconds member_interval(const membership_actor_state& st) {
   return heartbeat_interval_for(st.opts.liveness, st.members.state().nodes.size());
 }
+std::chrono::milliseconds direct_interval(const membership_actor_state& st) {
+  return heartbeat_interval_for(st.opts.liveness, st.relays.direct_beaters(st.members.state().nodes.size()));
+}
 
-uint32_t asked_interval_ms(const membership_actor_state& st) {
-  const auto every = node_interval(st);
+uint32_t asked_ms(const membership_actor_state& st, std::chrono::milliseconds every) {
   return every > st.opts.liveness.heartbeat_interval ? static_cast<uint32_t>(every.count()) : 0;
 }
 
-// Silence judged at the interval the nodes were asked to beat at.
-liveness_options judged_liveness(const membership_actor_state& st) { return liveness_at(st.opts.liveness, node_interval(st)); }
+// Silence judged at the longest interval between a node's signs of life:
+// the members' interval, and through a relay that plus the relay's own
+// (the suspect timeout and the closed-connection grace then cover a
+// member's failover from a relay that died: actors/relays.hpp).
+liveness_options judged_liveness(const membership_actor_state& st) {
+  const auto members = st.members.state().nodes.size();
+  return liveness_at(st.opts.liveness, member_interval(st) + (st.relays.active(members) ? direct_interval(st) : std::chrono::milliseconds(0)));
+}
+
+// The relay of `id`'s group (none: it beats the coordinator).
+std::optional<relay_directory::relay> relay_of(membership_actor_state& st, const node_id& id) {
+  const auto* n = st.members.find(id);
+  if (!n) return std::nullopt;
+  return st.relays.relay_for(n->node_rank, st.members.state().nodes.size(), [&](const node_id& r, int32_t rank) {
+    const auto* m = st.members.find(r);
+    return m && m->node_rank == rank;
+  });
+}
+
+// What a node is told of where to beat, and how often: a relay beats the
+// coordinator at the direct interval; every other node, its relay or (in
+// a group without one) the coordinator, at the members' interval.
+void tell_relay(membership_actor_state& st, const node_id& id, pb::relay_assignment* out, uint32_t* interval_ms) {
+  const auto r = relay_of(st, id);
+  *out = to_proto(r, asked_ms(st, member_interval(st)));
+  *interval_ms = asked_ms(st, r && r->id == id ? direct_interval(st) : member_interval(st));
+}
 
 void send_to_node(membership_self self, const std::string& peer, pb::envelope env) { self->state.out(links::nodes, peer, std::move(env)); }
 
@@ -86,7 +115,10 @@ void on_register(membership_self self, const inbound& in) {
     ack->set_checkpoint_store(st.opts.checkpoint_store);
     ack->set_module_object(st.opts.module_object);
     ack->set_module_digest(st.opts.module_digest);
-    ack->set_heartbeat_interval_ms(asked_interval_ms(st));
+    st.relays.set(id, a.node_rank, r.relay_endpoint());
+    uint32_t every = 0;
+    tell_relay(st, id, ack->mutable_relay(), &every);
+    ack->set_heartbeat_interval_ms(every);
   }
   if (a.restarted) {
     log_line(st.opts.log, "node '" + r.node_id() + "' restarted (new incarnation); its previous process is lost");
@@ -135,17 +167,40 @@ void resend_plan_if_lost(membership_self self, const node_id& id, uint64_t its_g
   ++st.plans_resent;
 }
 
+// A relay's beat: each member it heard is a sign of life at that beat's
+// age; those that are no members are named in the ack.
+std::vector<std::string> take_relayed(membership_self self, const pb::heartbeat& hb) {
+  auto& st = self->state;
+  std::vector<std::string> refused;
+  const auto now = self->clock().now();
+  for (const auto& r : hb.relayed()) {
+    const node_id id{r.node_id()};
+    const auto seen_at = now - std::chrono::milliseconds(std::min<uint32_t>(r.age_ms(), 3600000));
+    if (!st.members.sighted(id, r.incarnation(), seen_at)) {
+      refused.push_back(r.node_id());
+      continue;
+    }
+    ++st.relayed_beats;
+    if (auto p = st.peers.find(id); p != st.peers.end()) resend_plan_if_lost(self, id, r.generation(), p->second);
+  }
+  return refused;
+}
+
 void on_heartbeat(membership_self self, const inbound& in) {
   auto& st = self->state;
   auto id = node_id_of(in);
   auto env = make_envelope(st.opts.header, current_generation(st));
   if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
     resend_plan_if_lost(self, id, in.env.generation(), in.peer);
-    if (in.env.heartbeat().no_ack()) return;  // the node asks for one often enough
+    const auto refused = take_relayed(self, in.env.heartbeat());
+    if (in.env.heartbeat().no_ack() && refused.empty()) return;  // the node asks for one often enough
     auto* ack = env.mutable_heartbeat_ack();
     ack->set_seq(in.env.heartbeat().seq());
     ack->set_echoed_sent_steady_s(in.env.heartbeat().sent_steady_s());
-    ack->set_interval_ms(asked_interval_ms(st));
+    uint32_t every = 0;
+    tell_relay(st, id, ack->mutable_relay(), &every);
+    ack->set_interval_ms(every);
+    for (const auto& r : refused) ack->add_refused(r);
   } else {
     ++st.refused_heartbeats;
     if (auto d = st.draining.find(id); d != st.draining.end()) d->second = self->clock().now();
@@ -412,6 +467,10 @@ void plan_if_due(membership_self self, clock_time now) {
   const auto& p = st.members.commit(std::move(*d.next));
   if (p.adopted) {
     ++st.adopted;
+    st.relays.renumber([&](const node_id& id) {
+      const auto* n = st.members.find(id);
+      return n ? n->node_rank : -1;
+    });
     ev::generation_adopted e;
     e.generation = p.generation;
     e.world_size = p.world_size;
@@ -596,6 +655,7 @@ plan from_proto(const pb::generation_plan& p) {
 
 membership_handle::behavior_type membership_actor(membership_self self, coordinator_options opts, outbound out, job_handle job) {
   self->state.members = membership(opts.membership);
+  self->state.relays = relay_directory(opts.relays);
   self->state.opts = std::move(opts);
   self->state.out = std::move(out);
   self->state.job = std::move(job);

@@ -17,6 +17,7 @@
 #include "actors/liveness.hpp"
 #include "actors/membership.hpp"
 #include "actors/membership_handle.hpp"
+#include "actors/relays.hpp"
 #include "actors/messages.hpp"
 #include "caf/actor.hpp"
 #include "caf/behavior.hpp"
@@ -28,6 +29,7 @@ namespace dtactor {
 struct coordinator_options {
   membership_options membership;
   liveness_options liveness;  // the tick period is liveness.heartbeat_interval
+  relay_options relays;       // cluster.relay_group_size / relay_from_nodes (actors/relays.hpp)
   envelope_header header;     // sender "coordinator", the job id, this process's incarnation
   std::string store_host;     // c10d store the ranks of a generation meet at
   int32_t store_port = 0;
@@ -67,6 +69,7 @@ inline coordinator_options coordinator_options_from(const cluster_settings& c, s
   coordinator_options o;
   o.membership = membership_options_from(c);
   o.liveness = liveness_options_from(c);
+  o.relays = relay_options_from(c);
   o.config_toml = std::move(config_toml);
   return o;
 }
@@ -108,13 +111,17 @@ struct membership_actor_state {
   std::optional<sent_plan> last_plan;
   uint64_t plans_resent = 0;
   pause_tracker pauses;                      // this actor's own stalls, credited to every node's silence
+  relay_directory relays;                    // members that can relay heartbeats, by node rank
+  uint64_t relayed_beats = 0;                // members' beats relays passed on
   static inline const char* name = "dtactor.membership";
 };
 
 // Handles, from links::nodes: register_node (-> register_ack; its
 // ready_ranks, last_generation and current_plan feed readiness and adoption),
 // heartbeat (-> heartbeat_ack, or a refused register_ack telling a non-member
-// to register again; a member of the current plan whose beats still carry
+// to register again; a relay's beat carries its members' beats, each a sign
+// of life at its age, and its ack names those that are no members;
+// register_ack and heartbeat_ack name the node's relay, actors/relays.hpp; a member of the current plan whose beats still carry
 // an older generation a quarter of the heartbeat timeout after the plan went
 // out gets its slice again), leave. rank_status from a node marks its local rank
 // ready (STATE_IDLE, STATE_READY) or not (STATE_EXITED), and STATE_FAILED of

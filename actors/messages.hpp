@@ -120,6 +120,8 @@ namespace links {
 inline constexpr const char* nodes = "nodes";              // coordinator side of coordinator<->node
 inline constexpr const char* coordinator = "coordinator";  // node side of coordinator<->node
 inline constexpr const char* ranks = "ranks";              // node side of node<->rank
+inline constexpr const char* relay_in = "relay_in";        // a node's listener for its relay group's heartbeats (actors/relays.hpp)
+inline constexpr const char* relay = "relay";              // a node's link to its group's relay
 }  // namespace links
 
 // One frame received by a bridge: on which link, from which peer (the bridge's

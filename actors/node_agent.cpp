@@ -1,4 +1,5 @@
 #include "actors/node_agent.hpp"
+#include "actors/node_agent_detail.hpp"
 
 #include <algorithm>
 
@@ -31,9 +32,8 @@ const char* to_string(node_phase p) {
   return "?";
 }
 
-namespace {
-
-using agent_self = node_agent_handle::stateful_pointer<node_agent_state>;
+// Shared with actors/node_agent_relay.cpp (node_agent_detail.hpp).
+namespace node_agent_detail {
 
 void log_line(agent_self self, const std::string& line) {
   if (self->state.opts.log) self->state.opts.log(line);
@@ -68,6 +68,7 @@ void send_register(agent_self self) {
   r->set_last_step(st.last_step);
   r->set_last_generation(generation(st));
   r->set_standby(st.opts.standby);
+  r->set_relay_endpoint(st.opts.relay_endpoint);
   // After a coordinator restart the new one can adopt the running generation.
   if (st.plan) *r->mutable_current_plan() = *st.plan;
   for (int32_t l = 0; l < static_cast<int32_t>(st.ranks.size()); ++l)
@@ -96,6 +97,7 @@ void enter_registering(agent_self self, const std::string& why) {
   st.phase = node_phase::registering;
   ++st.register_epoch;
   st.register_attempt = 0;
+  drop_relay(self);
   send_register(self);
   schedule_register_retry(self);
 }
@@ -331,6 +333,7 @@ void on_register_ack(agent_self self, const pb::register_ack& ack) {
   st.module_object = ack.module_object();
   st.module_digest = ack.module_digest();
   st.heartbeat_every = std::chrono::milliseconds(ack.heartbeat_interval_ms());
+  take_relay(self, ack.relay());
   if (st.opts.liveness_from_config)
     if (auto l = st.opts.liveness_from_config(st.config_toml)) st.opts.liveness = *l;
   if (st.opts.rank_exit_limit_from_config)
@@ -400,7 +403,7 @@ void on_coordinator(agent_self self, const inbound& in) {
       on_register_ack(self, env.register_ack());
       break;
     case pb::envelope::kHeartbeatAck:
-      self->state.heartbeat_every = std::chrono::milliseconds(env.heartbeat_ack().interval_ms());
+      on_coordinator_ack(self, env.heartbeat_ack());
       emit(self, nev::heartbeat_acked{env.heartbeat_ack().echoed_sent_steady_s()});
       break;
     case pb::envelope::kGenerationPlan:
@@ -522,30 +525,10 @@ void check_ranks(agent_self self, clock_time now) {
   }
 }
 
-// The interval this agent beats at: the coordinator's ask, else the job's.
-std::chrono::milliseconds beat_interval(const node_agent_state& st) {
-  return st.heartbeat_every.count() > 0 ? st.heartbeat_every : st.opts.liveness.heartbeat_interval;
-}
-
 // Ticks come every configured interval; a beat goes on the tick nearest to
 // a whole asked-for interval after the last one.
 bool beat_due(const node_agent_state& st, clock_time now) {
   return st.heartbeat_seq == 0 || now - st.last_beat + st.opts.liveness.heartbeat_interval / 2 >= beat_interval(st);
-}
-
-// One heartbeat, asking for an ack when the last ask is ack_every old.
-void send_heartbeat(agent_self self, clock_time now) {
-  auto& st = self->state;
-  auto env = envelope(self);
-  auto* hb = env.mutable_heartbeat();
-  hb->set_seq(++st.heartbeat_seq);
-  hb->set_sent_steady_s(std::chrono::duration<double>(now.time_since_epoch()).count());
-  hb->set_step(st.last_step);
-  const bool ask = st.heartbeat_seq == 1 || now - st.ack_asked >= ack_every(st.opts.liveness);
-  hb->set_no_ack(!ask);
-  if (ask) st.ack_asked = now;
-  st.last_beat = now;
-  to_coordinator(self, std::move(env));
 }
 
 void on_tick(agent_self self) {
@@ -565,7 +548,7 @@ void on_tick(agent_self self) {
     enter_registering(self, "no word from the coordinator for " + std::to_string(std::chrono::duration<double>(now - st.last_heard).count()) + " s");
     return;
   }
-  if (!beat_due(st, now)) return;
+  if (!given_up_relay(self, now) && !beat_due(st, now)) return;
   send_heartbeat(self, now);
   // A finished rank's FINISHED is said again about once a second until the
   // job ends: one sent while no coordinator listened (a takeover by a
@@ -725,7 +708,9 @@ void on_stop_due(agent_self self) {
   quit_if_done(self);
 }
 
-}  // namespace
+}  // namespace node_agent_detail
+
+using namespace node_agent_detail;
 
 node_agent_handle::behavior_type node_agent(agent_self self, node_agent_options opts, outbound out, std::shared_ptr<process_launcher> launcher) {
   auto& st = self->state;
@@ -749,6 +734,10 @@ node_agent_handle::behavior_type node_agent(agent_self self, node_agent_options 
       [=](inbound& in) {
         if (in.link == links::ranks)
           on_rank(self, in);
+        else if (in.link == links::relay_in)
+          on_relay_member(self, in);
+        else if (in.link == links::relay)
+          on_relay_answer(self, in);
         else
           on_coordinator(self, in);
       },

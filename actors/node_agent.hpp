@@ -37,6 +37,7 @@
 #include "actors/liveness.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_id.hpp"
+#include "actors/relays.hpp"
 #include "actors/spare_pool.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/stateful_actor.hpp"
@@ -166,6 +167,12 @@ struct node_agent_options {
   std::function<std::optional<int32_t>(const std::string& config_toml)> spares_from_config;
   spare_pool_options spare_pool;
   log_fn log;
+  // Where this node listens for its relay group's heartbeats (links::relay_in;
+  // register_node.relay_endpoint); empty: it never relays.
+  std::string relay_endpoint;
+  // Opens links::relay to a relay's endpoint, replacing the one open (empty:
+  // closes it). Called on the agent's thread (may be empty: nothing is dialled).
+  std::function<void(const std::string& endpoint)> dial_relay;
   // Everything worth a metric or the process's exit (may be empty).
   node_event_sink events;
   // Adds what only the node knows (the rank process's CPU and memory, the
@@ -218,6 +225,12 @@ struct node_agent_state {
   // when it last asked for an ack (actors/liveness.hpp ack_every).
   std::chrono::milliseconds heartbeat_every{0};
   clock_time last_beat{}, ack_asked{};
+  // Heartbeat relays (actors/relays.hpp): where this node beats; its
+  // group's assignment as the coordinator last said it (passed on to the
+  // group's members when this node relays); the members' beats it relays.
+  relay_link relay;
+  pb::relay_assignment group_relay;
+  relay_hub hub;
   std::optional<pb::generation_plan> plan;
   std::vector<rank_process> ranks;
   spare_pool spares;  // warm spare rank processes, waiting for a slot

@@ -399,13 +399,24 @@ std::shared_ptr<rank_launcher> make_launcher(const cluster_cli& cli, const node_
 // address in front of a coordinator and its standby (a floating address, a
 // Service) gets the new leader's port a TTL after the loss, and a backoff
 // grown meanwhile would find it seconds later.
-std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const node_agent_handle& agent, std::shared_ptr<std::atomic<uint64_t>> coordinator_refusals) {
+// The agent is spawned once the bridge has bound the relay listener (its
+// endpoint is in the agent's options): `agent` is set then, and what
+// arrives before is dropped.
+struct agent_slot {
+  std::atomic<bool> set{false};
+  node_agent_handle handle;
+};
+
+std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, std::shared_ptr<agent_slot> agent, std::shared_ptr<std::atomic<uint64_t>> coordinator_refusals) {
   zmq_bridge_options bo;
   bo.key = cli.key;
   bo.reconnect_ivl_max_ms = bo.group_reconnect_ivl_max_ms;
   auto refusals = std::make_shared<log_limiter>(nullptr, log_limiter::options{1, std::chrono::seconds(5)});
   return std::make_unique<zmq_bridge>(
-      bo, [agent](const std::string& link, const std::string& peer, pb::envelope env) { caf::anon_send(agent, inbound{link, peer, std::move(env)}); },
+      bo,
+      [agent](const std::string& link, const std::string& peer, pb::envelope env) {
+        if (agent->set.load(std::memory_order_acquire)) caf::anon_send(agent->handle, inbound{link, peer, std::move(env)});
+      },
       nullptr,
       [refusals, coordinator_refusals, coordinator = cli.coordinator](const std::string& link, bool router, handshake_failure why, const std::string&) {
         if (router || link != links::coordinator) return;
@@ -415,8 +426,29 @@ std::unique_ptr<zmq_bridge> make_bridge(const cluster_cli& cli, const node_agent
       },
       nullptr,
       [agent](const std::string& link, const std::string& endpoint) {
-        if (link == links::coordinator) caf::anon_send(agent, reachable_atom::value, endpoint);
+        if (link == links::coordinator && agent->set.load(std::memory_order_acquire)) caf::anon_send(agent->handle, reachable_atom::value, endpoint);
       });
+}
+
+// The listener for the heartbeats of the node's relay group, should the
+// coordinator make it their relay (actors/relays.hpp): a free port on every
+// interface, named at the advertised address.
+result<std::string> open_relay_listener(zmq_bridge& bridge, const node_identity& who) {
+  auto r = bridge.add_router(links::relay_in, "tcp://0.0.0.0:*");
+  if (!r) return make_error("cannot open a heartbeat relay listener: " + r.message());
+  return connectable_endpoint(r.value(), who.advertise);
+}
+
+// Opens links::relay to `endpoint`, closing the one open (empty: only that).
+std::function<void(const std::string&)> relay_dialler(std::atomic<zmq_bridge*>& bridge, const node_identity& who, uint64_t incarnation) {
+  const std::string routing = sender_id::of_node(who.id.str()).to_string() + "/" + std::to_string(incarnation);
+  return [&bridge, routing](const std::string& endpoint) {
+    auto* b = bridge.load();
+    if (!b) return;
+    (void)b->remove_link(links::relay);
+    if (endpoint.empty()) return;
+    if (auto r = b->add_dealer(links::relay, endpoint, routing); !r) stderr_line("node: cannot dial heartbeat relay " + printable(endpoint) + ": " + r.message());
+  };
 }
 
 // The bridge's two links: the ranks' ROUTER on `ranks_endpoint`, and the
@@ -492,12 +524,18 @@ int run_node(const cluster_cli& cli) {
   m.on_scrape([usage] { usage->sample_all(); });
   o.annotate_report = [usage, id](const std::string& peer, pb::step_report& r) { add_usage(r, usage->sample(peer), id); };
   o.events = events_to_metrics(m, bridge_ptr, usage, caf::actor_cast<caf::actor>(self));
+  auto coordinator_refusals = std::make_shared<std::atomic<uint64_t>>(0);  // shared: the bridge thread may outlive this scope's end
+  auto slot = std::make_shared<agent_slot>();
+  bridge = make_bridge(cli, slot, coordinator_refusals);
+  bridge_ptr.store(bridge.get());
+  auto relay_endpoint = open_relay_listener(*bridge, who.value());
+  if (!relay_endpoint) return fail(relay_endpoint.message());
+  o.relay_endpoint = relay_endpoint.value();
+  o.dial_relay = relay_dialler(bridge_ptr, who.value(), incarnation);
   auto agent = sys.spawn(node_agent, o, out, launcher);
   launcher->attach(agent);
-
-  auto coordinator_refusals = std::make_shared<std::atomic<uint64_t>>(0);  // shared: the bridge thread may outlive this scope's end
-  bridge = make_bridge(cli, agent, coordinator_refusals);
-  bridge_ptr.store(bridge.get());
+  slot->handle = agent;
+  slot->set.store(true, std::memory_order_release);
   if (auto st = open_links(*bridge, cli, who.value(), ranks_endpoint, incarnation); !st) return fail(st.message());
   caf::anon_send(agent, start_atom::value);
 

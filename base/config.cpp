@@ -150,6 +150,11 @@ std::vector<config_key> cluster_keys() {
     {"cluster.collective_timeout_ms", vk::integer, "30000", "Upper bound of one collective (a dead peer is normally noticed much sooner).", 100},
     {"cluster.digest_every_steps", vk::integer, "100", "Every N steps all ranks compare a checksum of their parameters; a mismatch stops the job.", 0},
     {"cluster.suspect_timeout_ms", vk::integer, "300", "After a rank reports a failed collective, a node silent this long is declared lost (a live node heartbeats every interval).", 1},
+    {"cluster.relay_from_nodes", vk::integer, "1000",
+     "From this many member nodes on, nodes heartbeat through relays instead of the coordinator: groups of cluster.relay_group_size nodes by node rank, "
+     "whose lowest-ranked member takes its group's heartbeats and passes them on in one message an interval, so that the coordinator's load grows with "
+     "the number of groups, not of nodes. A loss is still detected cluster.heartbeat_timeout_ms after the node's last heartbeat (0 = never relay).", 0},
+    {"cluster.relay_group_size", vk::integer, "64", "Nodes a heartbeat relay speaks for, counting itself (cluster.relay_from_nodes; at most 4096).", 2},
     {"cluster.settle_ms", vk::integer, "300", "After nodes or ranks join, wait this long after the last one for more before re-planning, so that a wave of joins lands in one generation. Losses are re-planned at once, and so is a join that only refills the world: one that brings it back to at most the largest size the job has had (a replacement for a lost or departed node, a restarted rank) once all the new node's ranks are ready.", 0},
     {"cluster.flap_max_failures", vk::integer, "3", "A node lost this many times within cluster.flap_window_ms is quarantined.", 1},
     {"cluster.flap_window_ms", vk::integer, "60000", "Window in which a node's losses count towards quarantine.", 1},

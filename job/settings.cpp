@@ -177,6 +177,8 @@ result<cluster_settings> cluster_settings_of(const config& cfg) {
   c.heartbeat_interval = ms(cfg.get_int("cluster.heartbeat_interval_ms"));
   c.heartbeat_timeout = ms(cfg.get_int("cluster.heartbeat_timeout_ms"));
   c.suspect_timeout = ms(cfg.get_int("cluster.suspect_timeout_ms"));
+  c.relay_group_size = static_cast<int32_t>(std::min<int64_t>(cfg.get_int("cluster.relay_group_size"), 4096));
+  c.relay_from_nodes = static_cast<int32_t>(std::min<int64_t>(cfg.get_int("cluster.relay_from_nodes"), std::numeric_limits<int32_t>::max()));
   c.settle = ms(cfg.get_int("cluster.settle_ms"));
   c.flap_window = ms(cfg.get_int("cluster.flap_window_ms"));
   c.quarantine = ms(cfg.get_int("cluster.quarantine_ms"));

@@ -121,6 +121,8 @@ struct cluster_settings {
   std::chrono::milliseconds heartbeat_interval{100};            // cluster.heartbeat_interval_ms
   std::chrono::milliseconds heartbeat_timeout{1000};            // cluster.heartbeat_timeout_ms
   std::chrono::milliseconds suspect_timeout{300};               // cluster.suspect_timeout_ms
+  int32_t relay_group_size = 64;                                // cluster.relay_group_size
+  int32_t relay_from_nodes = 1000;                              // cluster.relay_from_nodes (0: never)
   std::chrono::milliseconds settle{300};                        // cluster.settle_ms
   int32_t flap_max_failures = 3;                                // cluster.flap_max_failures
   std::chrono::milliseconds flap_window{60000};                 // cluster.flap_window_ms
