@@ -318,7 +318,7 @@ void on_register_ack(agent_self self, const pb::register_ack& ack) {
   auto& st = self->state;
   if (!ack.accepted()) {
     // Once per reason, not once per retry.
-    if (ack.reason() != st.last_refusal) log_line(self, "registration refused: " + ack.reason());
+    if (ack.reason() != st.last_refusal) log_line(self, "registration refused: " + printable(ack.reason()));
     st.last_refusal = ack.reason();
     if (member(st)) enter_registering(self, ack.reason());
     // While registering, the retry timer keeps trying.
