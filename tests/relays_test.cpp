@@ -217,7 +217,9 @@ class relay_cluster : public ::testing::Test, public caf_fixture {
     net.partitioned.insert(id);
     const auto took = until_lost(1, 3s);
     EXPECT_EQ(coord().lost.size(), 1u);
-    if (!coord().lost.empty()) EXPECT_EQ(coord().lost[0].peer.str(), id);
+    if (!coord().lost.empty()) {
+      EXPECT_EQ(coord().lost[0].peer.str(), id);
+    }
     return took;
   }
 
