@@ -737,11 +737,11 @@ bool membership::touch(const node_id& id, uint64_t incarnation, clock_time now, 
   return true;
 }
 
-bool membership::sighted(const node_id& id, uint64_t incarnation, clock_time seen_at) {
+bool membership::sighted(const node_id& id, uint64_t incarnation, clock_time seen_at, clock_duration after_close) {
   auto it = state_.nodes.find(id);
   if (it == state_.nodes.end() || it->second.incarnation != incarnation) return false;
   it->second.last_seen = std::max(it->second.last_seen, seen_at);
-  if (it->second.closed && seen_at > *it->second.closed) it->second.closed.reset();
+  if (it->second.closed && seen_at > *it->second.closed + after_close) it->second.closed.reset();
   return true;
 }
 

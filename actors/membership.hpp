@@ -353,9 +353,11 @@ class membership {
   // non-empty `peer` replaces the routing id (the node reconnected).
   bool touch(const node_id& id, uint64_t incarnation, clock_time now, const std::string& peer = {});
   // A sign of life a relay passed on (actors/relays.hpp): `id` was heard at
-  // `seen_at`. As touch, but it keeps the routing id, and a closed
-  // connection stays marked unless the beat came after the close.
-  bool sighted(const node_id& id, uint64_t incarnation, clock_time seen_at);
+  // `seen_at` (by the relay's clock, as an age). As touch, but it keeps the
+  // routing id, and a closed connection stays marked unless the beat came
+  // more than `after_close` after the close (a beat the relay heard just
+  // after it may have been sent before it).
+  bool sighted(const node_id& id, uint64_t incarnation, clock_time seen_at, clock_duration after_close);
 
   // The connection of the member at routing id `peer` closed: it is marked
   // until it is heard from again (touch, a registration). Returns its node

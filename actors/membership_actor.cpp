@@ -40,15 +40,14 @@ uint32_t asked_ms(const membership_actor_state& st, std::chrono::milliseconds ev
 // (the suspect timeout and the closed-connection grace then cover a
 // member's failover from a relay that died: actors/relays.hpp).
 liveness_options judged_liveness(const membership_actor_state& st) {
-  const auto members = st.members.state().nodes.size();
-  return liveness_at(st.opts.liveness, member_interval(st) + (st.relays.active(members) ? direct_interval(st) : std::chrono::milliseconds(0)));
+  return liveness_at(st.opts.liveness, member_interval(st) + (st.relays.active() ? direct_interval(st) : std::chrono::milliseconds(0)));
 }
 
 // The relay of `id`'s group (none: it beats the coordinator).
 std::optional<relay_directory::relay> relay_of(membership_actor_state& st, const node_id& id) {
   const auto* n = st.members.find(id);
   if (!n) return std::nullopt;
-  return st.relays.relay_for(n->node_rank, st.members.state().nodes.size(), [&](const node_id& r, int32_t rank) {
+  return st.relays.relay_for(n->node_rank, [&](const node_id& r, int32_t rank) {
     const auto* m = st.members.find(r);
     return m && m->node_rank == rank;
   });
@@ -116,6 +115,7 @@ void on_register(membership_self self, const inbound& in) {
     ack->set_module_object(st.opts.module_object);
     ack->set_module_digest(st.opts.module_digest);
     st.relays.set(id, a.node_rank, r.relay_endpoint());
+    st.relays.update(st.members.state().nodes.size());
     uint32_t every = 0;
     tell_relay(st, id, ack->mutable_relay(), &every);
     ack->set_heartbeat_interval_ms(every);
@@ -145,13 +145,15 @@ void on_register(membership_self self, const inbound& in) {
 // A member of the current plan that still beats with an older generation
 // lost its plan (sent on a connection that had gone stale, whose reconnect
 // dropped what was queued): its slice again, once per resend interval.
-void resend_plan_if_lost(membership_self self, const node_id& id, uint64_t its_generation, const std::string& peer) {
+void resend_plan_if_lost(membership_self self, const node_id& id, uint64_t its_generation, const std::string& peer,
+                         std::optional<clock_time> heard_at = std::nullopt) {
   auto& st = self->state;
   const auto& cur = st.members.state().current;
   if (!st.last_plan || !cur || its_generation >= cur->generation || st.last_plan->common.generation() != cur->generation) return;
   const auto now = self->clock().now();
   const auto every = st.opts.liveness.heartbeat_timeout / 4;
-  if (now - st.last_plan->at < every) return;
+  // A relayed beat counts from when the relay heard it.
+  if (heard_at.value_or(now) - st.last_plan->at < every) return;
   auto it = st.last_plan->resent.find(id);
   if (it != st.last_plan->resent.end() && now - it->second < every) return;
   const auto n = std::find_if(cur->nodes.begin(), cur->nodes.end(), [&](const plan_node& x) { return x.node_id == id; });
@@ -176,12 +178,12 @@ std::vector<std::string> take_relayed(membership_self self, const pb::heartbeat&
   for (const auto& r : hb.relayed()) {
     const node_id id{r.node_id()};
     const auto seen_at = now - std::chrono::milliseconds(std::min<uint32_t>(r.age_ms(), 3600000));
-    if (!st.members.sighted(id, r.incarnation(), seen_at)) {
+    if (!st.members.sighted(id, r.incarnation(), seen_at, st.opts.liveness.heartbeat_interval)) {
       refused.push_back(r.node_id());
       continue;
     }
     ++st.relayed_beats;
-    if (auto p = st.peers.find(id); p != st.peers.end()) resend_plan_if_lost(self, id, r.generation(), p->second);
+    if (auto p = st.peers.find(id); p != st.peers.end()) resend_plan_if_lost(self, id, r.generation(), p->second, seen_at);
   }
   return refused;
 }
@@ -519,6 +521,7 @@ void on_tick(membership_self self) {
   report_members(self, now);
   declare_lost(self, find_lost(now, st.members.last_seen(), judged_liveness(st), st.members.suspecting()), now);
   declare_closed_lost(self, now);
+  st.relays.update(st.members.state().nodes.size());
   plan_if_due(self, now);
   check_orphaned(self, now);
 }

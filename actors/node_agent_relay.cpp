@@ -96,8 +96,9 @@ void on_relay_answer(agent_self self, const inbound& in) {
 bool given_up_relay(agent_self self, clock_time now) {
   auto& st = self->state;
   const auto relay = st.relay.relay_id();
-  if (!st.relay.given_up(now, relay_grace(st.opts.liveness), 2 * st.opts.liveness.heartbeat_timeout)) return false;
-  log_line(self, "relay '" + printable(relay) + "' did not answer for " + std::to_string(ms_of(relay_grace(st.opts.liveness)).count()) + " ms");
+  const auto grace = st.relay.answered_since_dial() ? relay_grace(st.opts.liveness) : relay_first_grace(st.opts.liveness);
+  if (!st.relay.given_up(now, relay_grace(st.opts.liveness), relay_first_grace(st.opts.liveness), 2 * st.opts.liveness.heartbeat_timeout)) return false;
+  log_line(self, "relay '" + printable(relay) + "' did not answer for " + std::to_string(ms_of(grace).count()) + " ms");
   dial(self, "");
   st.heartbeat_every = std::chrono::milliseconds(0);
   return true;

@@ -25,12 +25,17 @@ void relay_directory::clear() {
   known_.clear();
 }
 
-bool relay_directory::active(size_t members) const {
-  return o_.from_nodes > 0 && o_.group_size > 1 && members >= static_cast<size_t>(o_.from_nodes);
+void relay_directory::update(size_t members) {
+  if (o_.from_nodes <= 0 || o_.group_size <= 1) {
+    on_ = false;
+    return;
+  }
+  const auto on_at = static_cast<size_t>(o_.from_nodes);
+  on_ = on_ ? members >= on_at - on_at / 4 : members >= on_at;
 }
 
-std::optional<relay_directory::relay> relay_directory::relay_for(int32_t rank, size_t members, const still_member& valid) {
-  if (!active(members) || rank < 0) return std::nullopt;
+std::optional<relay_directory::relay> relay_directory::relay_for(int32_t rank, const still_member& valid) {
+  if (!on_ || rank < 0) return std::nullopt;
   const int32_t first = rank / o_.group_size * o_.group_size;
   for (auto it = by_rank_.lower_bound(first); it != by_rank_.end() && it->first < first + o_.group_size;) {
     const auto& k = known_.at(it->second);
@@ -48,7 +53,7 @@ void relay_directory::renumber(const std::function<int32_t(const node_id&)>& ran
 }
 
 size_t relay_directory::direct_beaters(size_t members) const {
-  if (!active(members)) return members;
+  if (!on_) return members;
   const auto s = static_cast<size_t>(o_.group_size);
   return (members + s - 1) / s;
 }
@@ -118,8 +123,8 @@ void relay_link::beat(clock_time now) {
   if (!unanswered_since_) unanswered_since_ = now;
 }
 
-bool relay_link::given_up(clock_time now, clock_duration grace, clock_duration avoid_for) {
-  if (endpoint_.empty() || !unanswered_since_ || now - *unanswered_since_ < grace) return false;
+bool relay_link::given_up(clock_time now, clock_duration grace, clock_duration first_grace, clock_duration avoid_for) {
+  if (endpoint_.empty() || !unanswered_since_ || now - *unanswered_since_ < (acked_ ? grace : first_grace)) return false;
   avoided_[endpoint_] = now + avoid_for;
   endpoint_.clear();
   relay_id_.clear();

@@ -63,29 +63,32 @@ class relay_directory {
   void set(const node_id& id, int32_t rank, const std::string& endpoint);
   void erase(const node_id& id);
   void clear();
-  // Whether `members` members beat through relays.
-  bool active(size_t members) const;
+  // Relays come on at relay_from_nodes members and go off below three
+  // quarters of it (a few losses at the threshold do not send every node
+  // back to the coordinator at once). Called at each change of members.
+  void update(size_t members);
+  bool active() const { return on_; }
   struct relay {
     dtactor::node_id id;
     std::string endpoint;
   };
   // Whether a known relay still is a member at that node rank.
   using still_member = std::function<bool(const dtactor::node_id&, int32_t rank)>;
-  // The relay of node rank `rank`'s group with `members` members; none when
-  // relays are not active or no member of the group can relay. Entries that
-  // are no longer members at their rank (`valid` false) are dropped on the
-  // way.
-  std::optional<relay> relay_for(int32_t rank, size_t members, const still_member& valid);
+  // The relay of node rank `rank`'s group; none when relays are not active
+  // or no member of the group can relay. Entries that are no longer members
+  // at their rank (`valid` false) are dropped on the way.
+  std::optional<relay> relay_for(int32_t rank, const still_member& valid);
   // After node ranks moved (an adopted plan): every known relay at its
   // member's new rank (-1: no longer a member).
   void renumber(const std::function<int32_t(const dtactor::node_id&)>& rank_of);
   // Nodes that beat the coordinator itself with `members` members: every one
-  // below the threshold, else about one a group.
+  // while relays are off, else about one a group.
   size_t direct_beaters(size_t members) const;
   const relay_options& options() const { return o_; }
 
  private:
   relay_options o_;
+  bool on_ = false;
   std::map<int32_t, dtactor::node_id> by_rank_;  // members that can relay
   std::map<dtactor::node_id, std::pair<int32_t, std::string>> known_;  // their ranks and endpoints
 };
@@ -95,13 +98,16 @@ class relay_directory {
 // the configured one). Unset endpoint: beat the coordinator.
 pb::relay_assignment to_proto(const std::optional<relay_directory::relay>& r, uint32_t member_interval_ms);
 
+// The largest cluster.relay_group_size (job/settings.cpp bounds it).
+inline constexpr size_t max_relay_group_size = 4096;
+
 // What a relay keeps of its members' beats: the newest of each, until it is
-// older than the heartbeat timeout. At most `capacity` members (the group's
-// size, with room for ranks that moved): a beat from one more replaces the
-// stalest entry.
+// older than the heartbeat timeout. At most `capacity` members (twice the
+// largest group, room for ranks that moved): a beat from one more replaces
+// the stalest entry.
 class relay_hub {
  public:
-  explicit relay_hub(size_t capacity = 256) : capacity_(capacity) {}
+  explicit relay_hub(size_t capacity = 2 * max_relay_group_size) : capacity_(capacity) {}
   void set_capacity(size_t c) { capacity_ = c; }
   struct beat {
     uint64_t incarnation = 0, generation = 0;
@@ -144,12 +150,15 @@ class relay_link {
     acked_ = now;
     unanswered_since_.reset();
   }
+  bool answered_since_dial() const { return acked_.has_value(); }
   // A beat went to the relay.
   void beat(clock_time now);
   // The relay has not answered for `grace` since the first beat it left
-  // unanswered: it is given up (avoided for `avoid_for`) and the member beats
-  // the coordinator. True once, when that happens.
-  bool given_up(clock_time now, clock_duration grace, clock_duration avoid_for);
+  // unanswered (`first_grace` before its first answer since it was dialled:
+  // the connection's TCP and CURVE handshakes come first): it is given up
+  // (avoided for `avoid_for`) and the member beats the coordinator. True
+  // once, when that happens.
+  bool given_up(clock_time now, clock_duration grace, clock_duration first_grace, clock_duration avoid_for);
   // Back to the coordinator (a registration).
   void reset();
 
@@ -167,5 +176,10 @@ class relay_link {
 inline clock_duration relay_grace(const liveness_options& o) {
   return std::min<clock_duration>(o.heartbeat_interval, o.heartbeat_timeout / 4);
 }
+// Before a newly dialled relay's first answer: a quarter of the timeout.
+// The member's last beat elsewhere was at most a member interval before it
+// dialled, so it is back on the coordinator within 2 member intervals + this
+// + a tick (850 ms at 10,000 nodes and the defaults).
+inline clock_duration relay_first_grace(const liveness_options& o) { return o.heartbeat_timeout / 4; }
 
 }  // namespace dtactor

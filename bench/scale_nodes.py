@@ -12,7 +12,11 @@ simulators' JSON lines:
     and per thread) and memory (VmRSS, VmHWM) at steady state;
   - losses detected: K running nodes go silent (stop sending, keep the
     socket), then K others close their socket; node_lost's journal time
-    minus each node's last message sent;
+    minus each node's last message sent; with heartbeat relays active
+    (cluster.relay_from_nodes), then R relays go silent and R others close
+    (their members must give them up without being lost);
+  - heartbeat relays at steady state: relays, nodes beating one, the
+    members' beats relays passed on, relays given up;
   - a generation planned and sent to all: generation_started's journal time
     to the last simulated node's receipt of that plan.
 
@@ -290,6 +294,14 @@ def steady(t, res):
         "simulators_cores": rounded((sims1 - sims0) / wall),
         "messages_to_coordinator_per_s": rounded((s1.get("sent", 0) - s0.get("sent", 0)) / wall, 1),
         "messages_from_coordinator_per_s": rounded((s1.get("received", 0) - s0.get("received", 0)) / wall, 1),
+        "relays": s1.get("relays", 0), "via_relay": s1.get("via_relay", 0),
+        "beats_to_relays_per_s": rounded((s1.get("relay_beats_sent", 0) - s0.get("relay_beats_sent", 0)) / wall, 1),
+        "relay_answers_per_s": rounded((s1.get("relay_answers", 0) - s0.get("relay_answers", 0)) / wall, 1),
+        "relayed_entries_sent_per_s": rounded((s1.get("relayed_entries_sent", 0) - s0.get("relayed_entries_sent", 0)) / wall, 1),
+        "relay_give_ups_in_window": s1.get("relay_give_ups", 0) - s0.get("relay_give_ups", 0),
+        "relay_unanswered_in_window": s1.get("relay_unanswered", 0) - s0.get("relay_unanswered", 0),
+        "beats_for_groups_not_relayed_in_window": s1.get("relay_not_here", 0) - s0.get("relay_not_here", 0),
+        "simulator_loop_stalls_in_window": s1.get("loop_stalls", 0) - s0.get("loop_stalls", 0),
         "heartbeat_interval_ms_configured": s1.get("heartbeat_interval_ms", 0) // max(1, len(t.sims)),
         "heartbeat_interval_ms_asked": asked_interval(t),
         "nodes_running": s1.get("running"), "nodes_registering": s1.get("registering"),
@@ -325,20 +337,32 @@ def perf_top(t, perf):
     return top[:30]
 
 
-def losses(t, res, how, count):
+def stopped_nodes(t):
+    return {e["node"] for e in t.sim_events("silenced") + t.sim_events("closed")}
+
+
+def losses(t, res, how, count, relays=False):
     """COUNT running nodes go silent (or close their socket), spread over the
-    simulators: node_lost minus each one's last message sent, and the
-    re-plan's time to the last node it names."""
+    simulators (RELAYS: nodes that relay their group): node_lost minus each
+    one's last message sent, nodes lost meanwhile that were not stopped, and
+    the re-plan's time to the last node it names."""
     gens_before = {e["generation"] for e in named(journal(t.run), "generation_started")}
     word = "silenced" if how == "silent" else "closed"
     before = len(t.sim_events(word))
+    t0 = time.time()
     procs = len(t.sims)
     for i in range(procs):
         share = count // procs + (1 if i < count % procs else 0)
         if share:
-            t.tell(i, "%s %d" % (how, share))
+            t.tell(i, "%s %d%s" % (how, share, " relays" if relays else ""))
     stopped = wait_for(lambda: t.sim_events(word)[before:] if len(t.sim_events(word)) - before >= count else None, 10, 0.1) or []
+    if not stopped:
+        stopped = t.sim_events(word)[before:]
     ids = {e["node"]: e for e in stopped}
+    key = how + ("_relays" if relays else "")
+    if relays and not ids:  # relays went inactive (fewer members than cluster.relay_from_nodes)
+        res[key] = {"nodes": 0, "note": "no running node relays its group now"}
+        return
     limit = t.a.loss_limit_s
 
     def lost_now():
@@ -349,8 +373,11 @@ def losses(t, res, how, count):
     after_cmd = [got[n]["t"] - ids[n]["t"] for n in got]
     out = {"nodes": len(ids), "detected": len(got), "causes": sorted({str(e.get("cause")) for e in got.values()}),
            "after_last_sent_s": spread(after_sent), "after_command_s": spread(after_cmd),
-           "coordinator_detected_after_s": spread([e.get("detected_after_s", 0) for e in got.values()])}
+           "coordinator_detected_after_s": spread([e.get("detected_after_s", 0) for e in got.values()]),
+           "relays": sum(1 for e in ids.values() if e.get("relay")), "via_relay": sum(1 for e in ids.values() if e.get("via_relay"))}
     time.sleep(t.a.replan_wait_s)
+    stopped = stopped_nodes(t)
+    out["others_lost"] = len([e for e in named(journal(t.run), "node_lost") if e.get("node") not in stopped and e["t"] >= t0])
     new = sorted({e["generation"] for e in named(journal(t.run), "generation_started")} - gens_before)
     out["generations_after"] = len(new)
     plans = []
@@ -359,7 +386,7 @@ def losses(t, res, how, count):
         plans.append(plan_to_all(t, g))
     out["replans"] = plans
     out["plan_to_all_s_max"] = max((p["to_last_s"] for p in plans if p and p.get("to_last_s") is not None), default=None)
-    res[how] = out
+    res[key] = out
 
 
 def log_counts(log):
@@ -388,6 +415,10 @@ def one_n(a, n):
                 losses(t, res, "silent", a.lose)
                 time.sleep(a.settle_s)
                 losses(t, res, "close", a.lose)
+                if a.lose_relays and res["steady"].get("relays"):
+                    for how in ("silent", "close"):
+                        time.sleep(a.settle_s)
+                        losses(t, res, how, a.lose_relays, relays=True)
         except RuntimeError as e:
             res["error"] = str(e)
         finally:
@@ -418,13 +449,21 @@ def figures_for(result):
                 ("%s nodes: nodes declared lost during the storm" % n, ["registered", "nodes_lost_meanwhile"], "count"),
                 ("%s nodes: connections the handshake gate shed (busy), whole run" % n, ["coordinator_log", "handshakes_shed"], "count"),
                 ("%s nodes: coordinator CPU at steady state" % n, ["steady", "coordinator_cores"], "cores"),
+                ("%s nodes: messages to the coordinator at steady state" % n, ["steady", "messages_to_coordinator_per_s"], "messages/s"),
+                ("%s nodes: nodes that beat a heartbeat relay at steady state" % n, ["steady", "via_relay"], "count"),
                 ("%s nodes: coordinator resident memory at steady state" % n, ["steady", "coordinator_rss_bytes"], "bytes"),
                 ("%s nodes: a silent node's loss in the journal after its last message (worst of them)" % n,
                  ["silent", "after_last_sent_s", "max"], "s"),
                 ("%s nodes: a closed node's loss in the journal after its last message (worst of them)" % n,
                  ["close", "after_last_sent_s", "max"], "s"),
                 ("%s nodes: the re-plan after the silent nodes' loss, journal to the last node's receipt (worst)" % n,
-                 ["silent", "plan_to_all_s_max"], "s")):
+                 ["silent", "plan_to_all_s_max"], "s"),
+                ("%s nodes: a silent relay's loss in the journal after its last message (worst of them)" % n,
+                 ["silent_relays", "after_last_sent_s", "max"], "s"),
+                ("%s nodes: a closed relay's loss in the journal after its last message (worst of them)" % n,
+                 ["close_relays", "after_last_sent_s", "max"], "s"),
+                ("%s nodes: members lost with the silent relays (none expected)" % n, ["silent_relays", "others_lost"], "count"),
+                ("%s nodes: members lost with the closed relays (none expected)" % n, ["close_relays", "others_lost"], "count")):
             try:
                 bench_meta.lookup(result["runs"][key], at)
             except (KeyError, IndexError, TypeError):
@@ -445,6 +484,8 @@ NOTES = ("One real coordinator (CURVE on, heartbeat settings at their defaults) 
          "share the same 2 cores, and some registered nodes fall silent past the heartbeat timeout and register again. The "
          "coordinator answers the nodes' ZMTP pings and sends none of its own (libzmq 4.3 cancels an answered ping's timer by a "
          "linear search through every connection's timers), and a registration finds its node rank in O(log n). "
+         "Heartbeat relays (cluster.relay_from_nodes, cluster.relay_group_size): each simulator process binds one relay listener "
+         "for all its nodes, where a real node binds its own; its nodes answer their groups' beats there as a node agent does. "
          "Single runs, not paired; a cold start's figures vary from run to run by tens of percent.")
 
 
@@ -460,6 +501,8 @@ def main():
     ap.add_argument("--settle-s", type=float, default=10.0, help="after the first plan reached all, before the steady window")
     ap.add_argument("--steady-s", type=float, default=20.0, help="the steady window")
     ap.add_argument("--lose", type=int, default=10, help="nodes made silent, then as many closed")
+    ap.add_argument("--lose-relays", type=int, default=2,
+                    help="then, where heartbeat relays are active, relays made silent, then as many closed (0: none)")
     ap.add_argument("--register-limit-s", type=float, default=180.0)
     ap.add_argument("--loss-limit-s", type=float, default=30.0)
     ap.add_argument("--replan-wait-s", type=float, default=3.0)
@@ -471,7 +514,8 @@ def main():
     limits = raise_fd_limit()
     result = {"machine_limits": machine_limits(), "fd_limit_in_force": list(limits), "settings": {
         "per_process": a.per_process, "addresses_per_process": a.addresses, "report_every_s": a.report_every_s,
-        "steady_s": a.steady_s, "lose": a.lose, "coordinator_sets": a.set, "simulator_args": a.sim_arg}, "runs": {}}
+        "steady_s": a.steady_s, "lose": a.lose, "lose_relays": a.lose_relays, "coordinator_sets": a.set, "simulator_args": a.sim_arg},
+        "runs": {}}
     for n in [int(x) for x in a.nodes.split(",") if x]:
         print("scale_nodes: %d nodes ..." % n, file=sys.stderr, flush=True)
         result["runs"][str(n)] = one_n(a, n)

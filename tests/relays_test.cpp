@@ -31,27 +31,44 @@ TEST(relay_directory, names_the_lowest_ranked_member_of_a_group_that_listens_onc
   d.set(node_id{"b"}, 1, "tcp://b:1");
   d.set(node_id{"c"}, 2, "tcp://c:1");
   d.set(node_id{"d"}, 3, "tcp://d:1");
-  EXPECT_FALSE(d.relay_for(2, 3, any_member()));  // below relay_from_nodes
+  d.update(3);
+  EXPECT_FALSE(d.relay_for(2, any_member()));  // below relay_from_nodes
   EXPECT_EQ(d.direct_beaters(3), 3u);
-  ASSERT_TRUE(d.relay_for(0, 4, any_member()));
-  EXPECT_EQ(d.relay_for(0, 4, any_member())->id.str(), "b");
-  EXPECT_EQ(d.relay_for(2, 4, any_member())->endpoint, "tcp://b:1");
-  EXPECT_EQ(d.relay_for(3, 4, any_member())->id.str(), "d");
-  EXPECT_FALSE(d.relay_for(6, 4, any_member()));  // nobody in ranks 6..8
+  d.update(4);
+  ASSERT_TRUE(d.relay_for(0, any_member()));
+  EXPECT_EQ(d.relay_for(0, any_member())->id.str(), "b");
+  EXPECT_EQ(d.relay_for(2, any_member())->endpoint, "tcp://b:1");
+  EXPECT_EQ(d.relay_for(3, any_member())->id.str(), "d");
+  EXPECT_FALSE(d.relay_for(6, any_member()));  // nobody in ranks 6..8
   EXPECT_EQ(d.direct_beaters(7), 3u);
   // b is no member at rank 1 any more: c takes over, and b is forgotten.
   auto not_b = [](const node_id& id, int32_t) { return id.str() != "b"; };
-  EXPECT_EQ(d.relay_for(0, 4, not_b)->id.str(), "c");
-  EXPECT_EQ(d.relay_for(0, 4, any_member())->id.str(), "c");
+  EXPECT_EQ(d.relay_for(0, not_b)->id.str(), "c");
+  EXPECT_EQ(d.relay_for(0, any_member())->id.str(), "c");
   // Ranks moved (an adopted plan): d is at rank 0 now, c gone.
   d.renumber([](const node_id& id) { return id.str() == "d" ? 0 : -1; });
-  EXPECT_EQ(d.relay_for(1, 4, any_member())->id.str(), "d");
-  EXPECT_FALSE(d.relay_for(3, 4, any_member()));
+  EXPECT_EQ(d.relay_for(1, any_member())->id.str(), "d");
+  EXPECT_FALSE(d.relay_for(3, any_member()));
   d.erase(node_id{"d"});
-  EXPECT_FALSE(d.relay_for(0, 4, any_member()));
+  EXPECT_FALSE(d.relay_for(0, any_member()));
   relay_directory never({64, 0});
   never.set(node_id{"a"}, 0, "tcp://a:1");
-  EXPECT_FALSE(never.relay_for(0, 100000, any_member()));
+  never.update(100000);
+  EXPECT_FALSE(never.relay_for(0, any_member()));
+}
+
+TEST(relay_directory, comes_on_at_the_threshold_and_goes_off_only_below_three_quarters_of_it) {
+  relay_directory d({64, 1000});
+  d.update(999);
+  EXPECT_FALSE(d.active());
+  d.update(1000);
+  EXPECT_TRUE(d.active());
+  d.update(751);  // a few losses at the threshold
+  EXPECT_TRUE(d.active());
+  d.update(749);
+  EXPECT_FALSE(d.active());
+  d.update(999);
+  EXPECT_FALSE(d.active());
 }
 
 TEST(relay_hub, passes_on_each_members_newest_beat_with_its_age_until_the_timeout_and_a_refusal_once) {
@@ -102,15 +119,20 @@ TEST(relay_link, follows_its_assignment_and_gives_a_silent_relay_up_for_a_while)
   l.beat(t0);
   l.acked(t0 + 5ms);
   l.beat(t0 + 250ms);
-  EXPECT_FALSE(l.given_up(t0 + 340ms, 100ms, 2000ms));
+  EXPECT_FALSE(l.given_up(t0 + 340ms, 100ms, 250ms, 2000ms));
   l.beat(t0 + 300ms);  // a second unanswered beat does not restart the wait
-  EXPECT_TRUE(l.given_up(t0 + 350ms, 100ms, 2000ms));
+  EXPECT_TRUE(l.given_up(t0 + 350ms, 100ms, 250ms, 2000ms));
   EXPECT_EQ(l.endpoint(), "");
-  EXPECT_FALSE(l.given_up(t0 + 400ms, 100ms, 2000ms));
+  EXPECT_FALSE(l.given_up(t0 + 400ms, 100ms, 250ms, 2000ms));
   // Named again while avoided: the coordinator it is.
   EXPECT_EQ(l.assign(r, "m", t0 + 1s), std::nullopt);
   EXPECT_EQ(l.endpoint(), "");
   EXPECT_EQ(l.assign(r, "m", t0 + 2500ms), std::optional<std::string>("tcp://r:1"));
+  // Dialled again: before its first answer it has the longer grace.
+  l.beat(t0 + 2500ms);
+  EXPECT_FALSE(l.given_up(t0 + 2700ms, 100ms, 250ms, 2000ms));
+  EXPECT_TRUE(l.given_up(t0 + 2750ms, 100ms, 250ms, 2000ms));
+  EXPECT_EQ(l.assign(r, "m", t0 + 5s), std::optional<std::string>("tcp://r:1"));
   // The relay is the node itself: it beats the coordinator.
   EXPECT_EQ(l.assign(r, "r", t0 + 3s), std::optional<std::string>(""));
   EXPECT_TRUE(l.is_relay());
