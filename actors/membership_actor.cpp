@@ -171,7 +171,7 @@ void resend_plan_if_lost(membership_self self, const node_id& id, uint64_t its_g
 
 // A relay's beat: each member it heard is a sign of life at that beat's
 // age; those that are no members are named in the ack.
-std::vector<std::string> take_relayed(membership_self self, const pb::heartbeat& hb) {
+std::vector<std::string> take_relayed(membership_self self, const node_id& node_id_of_relay, const pb::heartbeat& hb) {
   auto& st = self->state;
   std::vector<std::string> refused;
   const auto now = self->clock().now();
@@ -183,6 +183,7 @@ std::vector<std::string> take_relayed(membership_self self, const pb::heartbeat&
       continue;
     }
     ++st.relayed_beats;
+    st.relayed_by[id] = node_id_of_relay;
     if (auto p = st.peers.find(id); p != st.peers.end()) resend_plan_if_lost(self, id, r.generation(), p->second, seen_at);
   }
   return refused;
@@ -194,7 +195,8 @@ void on_heartbeat(membership_self self, const inbound& in) {
   auto env = make_envelope(st.opts.header, current_generation(st));
   if (st.members.touch(id, in.env.incarnation(), self->clock().now(), in.peer)) {
     resend_plan_if_lost(self, id, in.env.generation(), in.peer);
-    const auto refused = take_relayed(self, in.env.heartbeat());
+    st.relayed_by.erase(id);  // heard directly
+    const auto refused = take_relayed(self, id, in.env.heartbeat());
     if (in.env.heartbeat().no_ack() && refused.empty()) return;  // the node asks for one often enough
     auto* ack = env.mutable_heartbeat_ack();
     ack->set_seq(in.env.heartbeat().seq());
@@ -506,6 +508,28 @@ void check_orphaned(membership_self self, clock_time now) {
   st.opts.orphaned(why);
 }
 
+// Every member's last sign of life, as silence is judged: a member last
+// heard through a relay that has itself been silent for two of its
+// intervals counts as heard when the relay last was. Its silence says
+// nothing while its reporter is silent: it has until the relay's own
+// deadline to beat the coordinator (it gives a silent relay up within a
+// member interval + relay_first_grace + a tick), and a member that died
+// with its relay is lost with it.
+std::map<node_id, clock_time> judged_last_seen(membership_actor_state& st, clock_time now) {
+  auto seen = st.members.last_seen();
+  const auto silent_after = 2 * direct_interval(st);
+  for (auto it = st.relayed_by.begin(); it != st.relayed_by.end();) {
+    auto m = seen.find(it->first);
+    if (m == seen.end()) {
+      it = st.relayed_by.erase(it);  // no member any more
+      continue;
+    }
+    if (auto r = seen.find(it->second); r != seen.end() && now - r->second >= silent_after) m->second = std::max(m->second, r->second);
+    ++it;
+  }
+  return seen;
+}
+
 void on_tick(membership_self self) {
   auto& st = self->state;
   auto now = self->clock().now();
@@ -519,7 +543,7 @@ void on_tick(membership_self self) {
                                 " s (a machine loaded past its cores?); nodes' silence during it is not held against them");
   }
   report_members(self, now);
-  declare_lost(self, find_lost(now, st.members.last_seen(), judged_liveness(st), st.members.suspecting()), now);
+  declare_lost(self, find_lost(now, judged_last_seen(st, now), judged_liveness(st), st.members.suspecting()), now);
   declare_closed_lost(self, now);
   st.relays.update(st.members.state().nodes.size());
   plan_if_due(self, now);

@@ -113,6 +113,10 @@ struct membership_actor_state {
   pause_tracker pauses;                      // this actor's own stalls, credited to every node's silence
   relay_directory relays;                    // members that can relay heartbeats, by node rank
   uint64_t relayed_beats = 0;                // members' beats relays passed on
+  // Members whose last sign of life came through a relay, and that relay:
+  // while the relay is silent, their silence is not held against them
+  // beyond the relay's own (judged_last_seen).
+  std::map<node_id, node_id> relayed_by;
   static inline const char* name = "dtactor.membership";
 };
 

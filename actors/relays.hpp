@@ -21,13 +21,12 @@
 // A member whose relay leaves a beat unanswered for relay_grace beats the
 // coordinator directly again, and avoids that relay for two heartbeat
 // timeouts; the coordinator names a new relay once the old one is declared
-// lost. A relay's loss costs its members nothing: a member is back on the
-// coordinator within its beat interval + relay_grace + a tick of the relay's
-// death, and its last relayed beat was at most its interval + the relay's
-// interval before it, so the members' deadlines hold while
-// 2 x member interval + relay interval + relay_grace + a tick < the
-// heartbeat timeout: 800 ms against 1 s at 10,000 nodes and the defaults
-// (members beat every 250 ms there), 500 ms below 2,500 nodes.
+// lost. A relay's loss costs its members nothing: while a relay is silent,
+// the coordinator judges its members' silence from the relay's last beat
+// (membership_actor's judged_last_seen), and they are back on the
+// coordinator within a member interval + relay_grace + a tick of it (683 ms
+// of the 1 s timeout at 10,000 nodes and the defaults). A member that died
+// with its relay is lost with it, the timeout after the relay's last beat.
 //
 // Pure pieces, no clocks read: the coordinator's directory of relays, what
 // a relay keeps of its members' beats, and a member's choice of where to
@@ -170,12 +169,14 @@ class relay_link {
   std::map<std::string, clock_time> avoided_;  // endpoint -> until
 };
 
-// How long a member waits for its relay's answer to a beat: a configured
-// heartbeat interval (the relay answers at once), at most a quarter of the
-// heartbeat timeout. A relay given up too soon costs only direct beats.
-inline clock_duration relay_grace(const liveness_options& o) {
-  return std::min<clock_duration>(o.heartbeat_interval, o.heartbeat_timeout / 4);
-}
+// How long a member waits for its relay's answer to a beat: a third of the
+// heartbeat timeout (a relay on a loaded machine may answer late; giving it
+// up costs its group's direct beats for two timeouts). The coordinator holds
+// a member's silence against it only while its relay is heard from
+// (membership_actor's judged_last_seen), so a member of a relay that died
+// has until the relay's own deadline, and is back within a member interval +
+// this + a tick of the relay's last beat.
+inline clock_duration relay_grace(const liveness_options& o) { return o.heartbeat_timeout / 3; }
 // Before a newly dialled relay's first answer: a quarter of the timeout.
 // The member's last beat elsewhere was at most a member interval before it
 // dialled, so it is back on the coordinator within 2 member intervals + this

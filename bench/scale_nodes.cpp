@@ -53,6 +53,7 @@
 #include "base/job_key.hpp"
 #include "base/printable.hpp"
 #include "base/unix_time.hpp"
+#include "bench/scale_nodes_args.hpp"
 #include "bench/scale_nodes_relay.hpp"
 #include "dtactor/config.hpp"
 #include "job/settings.hpp"
@@ -62,6 +63,7 @@
 namespace dtactor {
 namespace {
 
+using scale_sim::sim_options;
 using steady = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
 // In an epoll event's data: a node's monitor, or its DEALER to its relay,
@@ -70,31 +72,6 @@ constexpr uint64_t monitor_bit = uint64_t{1} << 62;
 constexpr uint64_t relay_bit = uint64_t{1} << 61;
 constexpr uint64_t listener_tag = UINT64_MAX - 1;
 constexpr uint64_t stdin_tag = UINT64_MAX;
-
-struct sim_options {
-  std::string coordinator;           // tcp://HOST:PORT
-  std::string key_path;              // the job key (dtactor keygen)
-  int nodes = 100;
-  std::string prefix = "sim";        // node ids: PREFIX-<i>
-  std::vector<std::string> sources;  // loopback source addresses, round robin
-  double report_every_s = 5;         // step reports at wall-clock multiples of this
-  int64_t steps_per_report = 50;     // train.log_every_steps' worth of steps per report
-  int io_threads = 1;
-  double stats_every_s = 5;
-  int zmtp_heartbeat_ms = 1000;  // as a node's bridge (0: off, for experiments)
-  // What-ifs for the storm (defaults: as a node): the reconnect backoff's
-  // cap (0: a dial every 100 ms, as app/node.cpp sets it), the register
-  // retries' cap (0: node_agent's), and ZMQ_IMMEDIATE (no queueing of
-  // registers while the connection is not up).
-  int reconnect_max_ms = 0;
-  int register_cap_ms = 0;
-  bool immediate = false;
-  // As zmq_bridge's DEALER (net/redial_backoff.hpp): after a connection
-  // shut before its handshake, disconnect and dial again later, up to this
-  // (zmq_bridge_options' shed_redial_max_ms); 0: no socket monitor, libzmq's
-  // redial every 100 ms (a node before that backoff).
-  int shed_redial_max_ms = 5000;
-};
 
 enum class phase : uint8_t { registering, member, stopped };
 
@@ -846,78 +823,14 @@ int simulator::run() {
   return 0;
 }
 
-// As many descriptors as the hard limit allows: eight a node (its TCP
-// connection, its socket's mailbox, its monitor's two; its relay DEALER's
-// connection and mailbox; the listener's end of a member's connection)
-// and some.
-void raise_fd_limit(int nodes) {
-  rlimit r{};
-  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
-  const rlim_t want = static_cast<rlim_t>(nodes) * 8 + 256;
-  if (r.rlim_cur >= want) return;
-  r.rlim_cur = std::min(want, r.rlim_max);
-  setrlimit(RLIMIT_NOFILE, &r);
-}
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!part.empty()) out.push_back(part);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-const char* usage =
-    "usage: scale_nodes --coordinator tcp://HOST:PORT --key FILE [--nodes K] [--prefix P]\n"
-    "                   [--sources 127.0.0.2,127.0.0.3] [--report-every-s S] [--io-threads T] [--stats-every-s S]\n"
-    "                   [--zmtp-heartbeat-ms MS (0: off)] [--reconnect-max-ms MS] [--register-cap-ms MS] [--immediate 0|1]\n"
-    "                   [--shed-redial-max-ms MS (0: no redial backoff)]\n";
-
-result<sim_options> parse_args(int argc, char** argv) {
-  sim_options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) return make_error("missing value after " + printable(a));
-    const std::string v = argv[++i];
-    try {
-      if (a == "--coordinator") o.coordinator = v;
-      else if (a == "--key") o.key_path = v;
-      else if (a == "--nodes") o.nodes = std::stoi(v);
-      else if (a == "--prefix") o.prefix = v;
-      else if (a == "--sources") o.sources = split_commas(v);
-      else if (a == "--report-every-s") o.report_every_s = std::stod(v);
-      else if (a == "--io-threads") o.io_threads = std::stoi(v);
-      else if (a == "--stats-every-s") o.stats_every_s = std::stod(v);
-      else if (a == "--zmtp-heartbeat-ms") o.zmtp_heartbeat_ms = std::stoi(v);
-      else if (a == "--reconnect-max-ms") o.reconnect_max_ms = std::stoi(v);
-      else if (a == "--register-cap-ms") o.register_cap_ms = std::stoi(v);
-      else if (a == "--immediate") o.immediate = v == "1";
-      else if (a == "--shed-redial-max-ms") o.shed_redial_max_ms = std::stoi(v);
-      else return make_error("unknown option " + printable(a));
-    } catch (const std::exception&) {
-      return make_error("bad value for " + printable(a) + ": " + printable(v));
-    }
-  }
-  if (o.coordinator.rfind("tcp://", 0) != 0) return make_error("--coordinator must be tcp://HOST:PORT");
-  if (o.key_path.empty()) return make_error("--key is required (CURVE is on: dtactor keygen)");
-  if (o.nodes < 1 || o.nodes > 20000) return make_error("--nodes must be 1..20000");
-  if (o.report_every_s <= 0 || o.io_threads < 1 || o.stats_every_s <= 0) return make_error("--report-every-s, --io-threads and --stats-every-s must be positive");
-  return o;
-}
-
 }  // namespace
 }  // namespace dtactor
 
 int main(int argc, char** argv) {
   using namespace dtactor;
-  auto o = parse_args(argc, argv);
+  auto o = scale_sim::parse_args(argc, argv);
   if (!o) {
-    std::fprintf(stderr, "scale_nodes: %s\n%s", o.message().c_str(), usage);
+    std::fprintf(stderr, "scale_nodes: %s\n%s", o.message().c_str(), scale_sim::usage);
     return 2;
   }
   auto key = load_job_key(o.value().key_path);
@@ -925,7 +838,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "scale_nodes: %s\n", printable(key.message(), 0).c_str());
     return 2;
   }
-  raise_fd_limit(o.value().nodes);
+  scale_sim::raise_fd_limit(o.value().nodes);
   simulator sim(o.value(), key.value());
   return sim.run();
 }

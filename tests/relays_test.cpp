@@ -141,9 +141,9 @@ TEST(relay_link, follows_its_assignment_and_gives_a_silent_relay_up_for_a_while)
   EXPECT_FALSE(l.is_relay());
 }
 
-TEST(relay_grace, is_a_configured_interval_at_most_a_quarter_of_the_timeout) {
-  EXPECT_EQ(relay_grace(liveness_options{100ms, 1000ms}), clock_duration(100ms));
-  EXPECT_EQ(relay_grace(liveness_options{400ms, 1000ms}), clock_duration(250ms));
+TEST(relay_grace, is_a_third_of_the_timeout_and_a_quarter_before_a_relays_first_answer) {
+  EXPECT_EQ(relay_grace(liveness_options{100ms, 1200ms}), clock_duration(400ms));
+  EXPECT_EQ(relay_first_grace(liveness_options{100ms, 1200ms}), clock_duration(300ms));
 }
 
 // -- a coordinator and five nodes in memory ---------------------------------
@@ -366,4 +366,61 @@ TEST_F(relay_coordinator, at_scale_members_are_sent_to_their_relay_and_relays_be
   ASSERT_EQ(ack.refused_size(), 1);
   EXPECT_EQ(ack.refused(0), "zz");
   EXPECT_EQ(state_of<membership_actor_state>(m).relayed_beats, 1u);
+}
+
+TEST_F(relay_cluster, a_member_cut_off_with_its_relay_is_lost_with_it_and_the_other_member_is_not) {
+  start();
+  net.partitioned.insert("a");
+  net.partitioned.insert("c");
+  const auto took = until_lost(2, 3s);
+  ASSERT_EQ(coord().lost.size(), 2u);
+  EXPECT_LE(took, 1200ms);
+  std::set<std::string> lost{coord().lost[0].peer.str(), coord().lost[1].peer.str()};
+  EXPECT_EQ(lost, (std::set<std::string>{"a", "c"}));
+  advance(3s);
+  EXPECT_EQ(coord().lost.size(), 2u);  // b went back to the coordinator in time
+  EXPECT_TRUE(agent("b").relay.is_relay());
+}
+
+// n0 relays for n1 and passes on n1's last beat for 500 ms, then falls
+// silent. n1's silence is judged from n0's last beat, not its own (it had
+// no way to be heard meanwhile): not lost 500 ms later, and back in time
+// with a beat of its own; n0 is lost the timeout after its last beat.
+TEST_F(relay_coordinator, a_member_is_judged_from_its_silent_relays_last_beat_and_is_not_lost_before_it) {
+  coordinator_options co;
+  co.membership.min_nodes = 1;
+  co.liveness = liveness_options{100ms, 1000ms};
+  co.relays = relay_options{2, 2};
+  co.header = envelope_header{1, "job", "coordinator", 1};
+  wire_log wire;
+  auto m = spawn(membership_actor, co, wire.sink(), job_handle{});
+  for (std::string id : {"n0", "n1"}) {
+    auto in = register_from(id, 1);
+    in.env.mutable_register_node()->set_relay_endpoint("tcp://" + id + ":7000");
+    caf::anon_send(m, in);
+    run();
+  }
+  auto relay_beat = [&](uint32_t age_ms) {
+    auto in = heartbeat_from("n0", 1);
+    auto* r = in.env.mutable_heartbeat()->add_relayed();
+    r->set_node_id("n1");
+    r->set_incarnation(1);
+    r->set_age_ms(age_ms);
+    caf::anon_send(m, in);
+    run();
+  };
+  // n0 beats for 500 ms, passing on n1's beat of t0 at its growing age.
+  for (uint32_t age = 0; age <= 500; age += 100) {
+    relay_beat(age);
+    if (age < 500) advance(100ms);
+  }
+  auto& st = state_of<membership_actor_state>(m);
+  advance(800ms);
+  EXPECT_TRUE(st.lost.empty());  // n1's own beat is 1.3 s old, but n0 has been silent for 800 ms
+  caf::anon_send(m, heartbeat_from("n1", 2));  // n1 gave n0 up and beats the coordinator
+  run();
+  advance(400ms);
+  ASSERT_EQ(st.lost.size(), 1u);
+  EXPECT_EQ(st.lost[0].peer.str(), "n0");
+  EXPECT_TRUE(st.members.find(node_id{"n1"}));
 }
