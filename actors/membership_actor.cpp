@@ -37,10 +37,14 @@ uint32_t asked_ms(const membership_actor_state& st, std::chrono::milliseconds ev
 
 // Silence judged at the longest interval between a node's signs of life:
 // the members' interval, and through a relay that plus the relay's own
-// (the suspect timeout and the closed-connection grace then cover a
-// member's failover from a relay that died: actors/relays.hpp).
+// (the suspect timeout then covers a member's failover from a relay that
+// died: actors/relays.hpp). A closed connection's grace stays three member
+// intervals: a live member whose connection to the coordinator dropped is
+// still heard through its relay, a member and a relay interval later.
 liveness_options judged_liveness(const membership_actor_state& st) {
-  return liveness_at(st.opts.liveness, member_interval(st) + (st.relays.active() ? direct_interval(st) : std::chrono::milliseconds(0)));
+  auto o = liveness_at(st.opts.liveness, member_interval(st) + (st.relays.active() ? direct_interval(st) : std::chrono::milliseconds(0)));
+  o.closed_grace = liveness_at(st.opts.liveness, member_interval(st)).closed_grace;
+  return o;
 }
 
 // The relay of `id`'s group (none: it beats the coordinator).

@@ -424,3 +424,53 @@ TEST_F(relay_coordinator, a_member_is_judged_from_its_silent_relays_last_beat_an
   EXPECT_EQ(st.lost[0].peer.str(), "n0");
   EXPECT_TRUE(st.members.find(node_id{"n1"}));
 }
+
+// n1 beats through n0. Its connection to the coordinator closes: lost
+// three intervals later while n0's beats carry only its older beat (it
+// died); kept when n0 passes on a beat n1 sent after the close (only its
+// connection dropped).
+TEST_F(relay_coordinator, a_relayed_members_closed_connection_is_a_loss_after_the_grace_unless_its_relay_hears_it_after) {
+  coordinator_options co;
+  co.membership.min_nodes = 1;
+  co.liveness = liveness_options{100ms, 1000ms};
+  co.relays = relay_options{2, 2};
+  co.header = envelope_header{1, "job", "coordinator", 1};
+  wire_log wire;
+  auto m = spawn(membership_actor, co, wire.sink(), job_handle{});
+  for (std::string id : {"n0", "n1", "n2", "n3"}) {
+    auto in = register_from(id, 1);
+    in.env.mutable_register_node()->set_relay_endpoint("tcp://" + id + ":7000");
+    caf::anon_send(m, in);
+    run();
+  }
+  std::map<std::string, uint32_t> age{{"n1", 0}, {"n3", 0}};
+  auto relay_beats = [&]() {
+    for (auto [relay, member] : {std::pair{"n0", "n1"}, std::pair{"n2", "n3"}}) {
+      auto in = heartbeat_from(relay, 1);
+      auto* r = in.env.mutable_heartbeat()->add_relayed();
+      r->set_node_id(member);
+      r->set_incarnation(1);
+      r->set_age_ms(age[member]);
+      caf::anon_send(m, in);
+    }
+    run();
+  };
+  for (int i = 0; i < 3; ++i) {
+    relay_beats();
+    advance(100ms);
+  }
+  caf::anon_send(m, closed_atom::value, std::string("peer-n1"));
+  caf::anon_send(m, closed_atom::value, std::string("peer-n3"));
+  run();
+  auto& st = state_of<membership_actor_state>(m);
+  for (int i = 0; i < 4; ++i) {
+    age["n1"] += 100;  // n1 is gone: its last beat ages at n0
+    age["n3"] = i == 1 ? 0 : age["n3"] + 100;  // n3 beats n2 again 200 ms after the close
+    advance(100ms);
+    relay_beats();
+  }
+  ASSERT_EQ(st.lost.size(), 1u);
+  EXPECT_EQ(st.lost[0].peer.str(), "n1");
+  EXPECT_TRUE(st.lost[0].closed);
+  EXPECT_TRUE(st.members.find(node_id{"n3"}));
+}
