@@ -449,6 +449,7 @@ def figures_for(result):
                 ("%s nodes: nodes declared lost during the storm" % n, ["registered", "nodes_lost_meanwhile"], "count"),
                 ("%s nodes: connections the handshake gate shed (busy), whole run" % n, ["coordinator_log", "handshakes_shed"], "count"),
                 ("%s nodes: coordinator CPU at steady state" % n, ["steady", "coordinator_cores"], "cores"),
+                ("%s nodes: the simulators' CPU at steady state (the same 2 cores)" % n, ["steady", "simulators_cores"], "cores"),
                 ("%s nodes: messages to the coordinator at steady state" % n, ["steady", "messages_to_coordinator_per_s"], "messages/s"),
                 ("%s nodes: nodes that beat a heartbeat relay at steady state" % n, ["steady", "via_relay"], "count"),
                 ("%s nodes: coordinator resident memory at steady state" % n, ["steady", "coordinator_rss_bytes"], "bytes"),
@@ -472,21 +473,23 @@ def figures_for(result):
     return out
 
 
-NOTES = ("One real coordinator (CURVE on, heartbeat settings at their defaults) and simulated nodes (build/bench/scale_nodes: "
-         "ZeroMQ DEALERs that register, heartbeat, report a ready rank and step reports as a node agent does, without ranks, and "
-         "that dial again later each time their connection is shut before its handshake, as a node's bridge does), from up to "
-         "2,500 nodes per process, each process on 4 loopback source addresses. What the machine limits: its 2 cores are shared "
-         "by the coordinator and the simulators (their CPU is in the JSON), the descriptor limit is raised to the hard limit, "
+NOTES = ("One real coordinator (CURVE on, heartbeat and relay settings at their defaults: relays from 1,000 nodes, 64 a group) "
+         "and simulated nodes (build/bench/scale_nodes: ZeroMQ DEALERs that register, heartbeat, report a ready rank and step "
+         "reports as a node agent does, without ranks, and that dial again later each time their connection is shut before its "
+         "handshake, as a node's bridge does), from up to 2,500 nodes per process, each process on 4 loopback source addresses. "
+         "Heartbeat relays are simulated as a node agent runs them (a DEALER per member to its relay, CURVE, an answer per beat, "
+         "give-ups and refusals), except that each simulator process binds one relay listener for all its nodes, where a real node "
+         "binds its own. What the machine limits: its 2 cores are shared by the coordinator and the simulators (their CPU is in "
+         "the JSON). With relays the members' beats and their answers (4 a second a node from 2,500 nodes on, each a CURVE message) "
+         "move from the coordinator to the simulated relays, on the same 2 cores: the coordinator's load falls, the machine's does "
+         "not. At 10,000 nodes the simulators' beats, answers and handshakes take the cores the cold start needs, and it does not "
+         "complete within the limit here (the count registered is in the JSON). The descriptor limit is raised to the hard limit, "
          "loopback connections to one port are bounded by the ephemeral port range per source address, and every simulated "
-         "node's plan is decoded on those same 2 cores. Each run's 1-minute load average at its start is in the JSON. At 10,000 "
-         "nodes the cold start does not complete within the limit here: the members already in heartbeat every 250 ms (40,000 "
-         "beats a second at 10,000, each answered, every one a CURVE message on both sides) and the simulators' own handshakes "
-         "share the same 2 cores, and some registered nodes fall silent past the heartbeat timeout and register again. The "
-         "coordinator answers the nodes' ZMTP pings and sends none of its own (libzmq 4.3 cancels an answered ping's timer by a "
-         "linear search through every connection's timers), and a registration finds its node rank in O(log n). "
-         "Heartbeat relays (cluster.relay_from_nodes, cluster.relay_group_size): each simulator process binds one relay listener "
-         "for all its nodes, where a real node binds its own; its nodes answer their groups' beats there as a node agent does. "
-         "Single runs, not paired; a cold start's figures vary from run to run by tens of percent.")
+         "node's plan is decoded on those same 2 cores. Each run's 1-minute load average at its start is in the JSON. The "
+         "coordinator answers the nodes' ZMTP pings and sends none of its own, and a registration finds its node rank in "
+         "O(log n). Loss times are from a simulated node's last message to the journal's node_lost: through a relay they "
+         "include the simulated relay's own delay on the loaded machine. Single runs, not paired; a cold start's figures vary "
+         "from run to run by tens of percent.")
 
 
 def main():
