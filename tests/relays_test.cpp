@@ -8,6 +8,7 @@
 
 #include <map>
 #include <set>
+#include <vector>
 
 #include "actor_test_util.hpp"
 #include "actors/membership_actor.hpp"
@@ -311,26 +312,38 @@ TEST_F(relay_cluster, a_member_the_coordinator_no_longer_knows_is_told_through_i
 }
 
 namespace {
-class relay_coordinator : public ::testing::Test, public caf_fixture {};
+class relay_coordinator : public ::testing::Test, public caf_fixture {
+ protected:
+  // A coordinator with these relay options, and nodes `ids` registered in
+  // that order (node ranks 0, 1, ...), each listening at tcp://<id>:7000.
+  membership_handle start(relay_options relays, const std::vector<std::string>& ids, int32_t max_nodes = 64) {
+    coordinator_options co;
+    co.membership.min_nodes = 1;
+    co.membership.max_nodes = max_nodes;
+    co.liveness = liveness_options{100ms, 1000ms};
+    co.relays = relays;
+    co.header = envelope_header{1, "job", "coordinator", 1};
+    auto m = spawn(membership_actor, co, wire.sink(), job_handle{});
+    for (const auto& id : ids) {
+      auto in = register_from(id, 1);
+      in.env.mutable_register_node()->set_relay_endpoint("tcp://" + id + ":7000");
+      caf::anon_send(m, in);
+    }
+    run();
+    return m;
+  }
+
+  wire_log wire;
+};
 }  // namespace
 
 // 2,500 nodes that can relay, 64 a group: the members are told their
 // group's relay and beat it at the members' interval (250 ms, as without
 // relays); the 40 relays beat the coordinator at the configured 100 ms.
 TEST_F(relay_coordinator, at_scale_members_are_sent_to_their_relay_and_relays_beat_at_the_configured_interval) {
-  coordinator_options co;
-  co.membership.min_nodes = 1;
-  co.membership.max_nodes = 3000;
-  co.liveness = liveness_options{100ms, 1000ms};
-  co.header = envelope_header{1, "job", "coordinator", 1};
-  wire_log wire;
-  auto m = spawn(membership_actor, co, wire.sink(), job_handle{});
-  for (int i = 0; i < 2500; ++i) {
-    auto in = register_from("n" + std::to_string(i), 1);
-    in.env.mutable_register_node()->set_relay_endpoint("tcp://n" + std::to_string(i) + ":7000");
-    caf::anon_send(m, in);
-  }
-  run();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2500; ++i) ids.push_back("n" + std::to_string(i));
+  auto m = start(relay_options{}, ids, 3000);
   const auto acks = wire.with(pb::envelope::kRegisterAck);
   ASSERT_EQ(acks.size(), 2500u);
   EXPECT_EQ(acks[998].env.register_ack().relay().endpoint(), "");  // the 999th: below relay_from_nodes
@@ -387,19 +400,7 @@ TEST_F(relay_cluster, a_member_cut_off_with_its_relay_is_lost_with_it_and_the_ot
 // no way to be heard meanwhile): not lost 500 ms later, and back in time
 // with a beat of its own; n0 is lost the timeout after its last beat.
 TEST_F(relay_coordinator, a_member_is_judged_from_its_silent_relays_last_beat_and_is_not_lost_before_it) {
-  coordinator_options co;
-  co.membership.min_nodes = 1;
-  co.liveness = liveness_options{100ms, 1000ms};
-  co.relays = relay_options{2, 2};
-  co.header = envelope_header{1, "job", "coordinator", 1};
-  wire_log wire;
-  auto m = spawn(membership_actor, co, wire.sink(), job_handle{});
-  for (std::string id : {"n0", "n1"}) {
-    auto in = register_from(id, 1);
-    in.env.mutable_register_node()->set_relay_endpoint("tcp://" + id + ":7000");
-    caf::anon_send(m, in);
-    run();
-  }
+  auto m = start(relay_options{2, 2}, {"n0", "n1"});
   auto relay_beat = [&](uint32_t age_ms) {
     auto in = heartbeat_from("n0", 1);
     auto* r = in.env.mutable_heartbeat()->add_relayed();
@@ -430,19 +431,7 @@ TEST_F(relay_coordinator, a_member_is_judged_from_its_silent_relays_last_beat_an
 // died); kept when n0 passes on a beat n1 sent after the close (only its
 // connection dropped).
 TEST_F(relay_coordinator, a_relayed_members_closed_connection_is_a_loss_after_the_grace_unless_its_relay_hears_it_after) {
-  coordinator_options co;
-  co.membership.min_nodes = 1;
-  co.liveness = liveness_options{100ms, 1000ms};
-  co.relays = relay_options{2, 2};
-  co.header = envelope_header{1, "job", "coordinator", 1};
-  wire_log wire;
-  auto m = spawn(membership_actor, co, wire.sink(), job_handle{});
-  for (std::string id : {"n0", "n1", "n2", "n3"}) {
-    auto in = register_from(id, 1);
-    in.env.mutable_register_node()->set_relay_endpoint("tcp://" + id + ":7000");
-    caf::anon_send(m, in);
-    run();
-  }
+  auto m = start(relay_options{2, 2}, {"n0", "n1", "n2", "n3"});
   std::map<std::string, uint32_t> age{{"n1", 0}, {"n3", 0}};
   auto relay_beats = [&]() {
     for (auto [relay, member] : {std::pair{"n0", "n1"}, std::pair{"n2", "n3"}}) {
