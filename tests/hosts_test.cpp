@@ -227,13 +227,15 @@ void survive_a_killed_rank_and_a_killed_host(test_network net, const std::string
     ASSERT_GE(all.size(), 2u);
     for (const auto& r : all) EXPECT_EQ(r.at("optimizer_source"), "replica") << r.dump();
     // At world 4 each host's two ranks hold every shard between them (each
-    // shard's replica is on the other host): the parameters are gathered
-    // within each host, none cross.
+    // shard's replica is on the other host): at zero 1 and 2 the parameters
+    // are gathered within each host, none cross. At zero 3 each unit is
+    // gathered from its shards' primaries over Gloo before it runs.
+    const std::string gathered = zero == "3" ? "parameters gathered a unit at a time over gloo" : "parameters gathered within each host through shared memory";
     int hierarchical = 0;
     for (const auto& l : lines)
       if (l.find("across") != std::string::npos) {
         ++hierarchical;
-        EXPECT_NE(l.find("parameters gathered within each host through shared memory"), std::string::npos) << l;
+        EXPECT_NE(l.find(gathered), std::string::npos) << l;
       }
     EXPECT_GE(hierarchical, 1);
   }
@@ -258,6 +260,14 @@ TEST(Hosts, TwoHostsOfTwoRanksWithShardedOptimizerStateSurviveAKilledRankAndAKil
 TEST(Hosts, TwoHostsOfTwoRanksWithShardedGradientsSurviveAKilledRankAndAKilledHost) {
   MAKE_HOSTS(net, 3);
   survive_a_killed_rank_and_a_killed_host(std::move(*net), "2");
+}
+
+// And with the parameters sharded too (train.zero=3): a killed rank's and
+// a killed host's parameter shards come from their holders on the other
+// host, as the moments do.
+TEST(Hosts, TwoHostsOfTwoRanksWithShardedParametersSurviveAKilledRankAndAKilledHost) {
+  MAKE_HOSTS(net, 3);
+  survive_a_killed_rank_and_a_killed_host(std::move(*net), "3");
 }
 
 // 2 hosts x 2 ranks, hierarchical, the hosts' sums crossing as bf16: the
