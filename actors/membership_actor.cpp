@@ -7,6 +7,7 @@
 #include "caf/stateful_actor.hpp"
 #include "base/printable.hpp"
 #include "base/unix_time.hpp"
+#include "net/plan_layout.hpp"
 
 namespace dtactor {
 
@@ -651,7 +652,7 @@ pb::generation_plan plan_common(const plan& p, const coordinator_options& opts, 
   out.set_world_size(p.world_size);
   out.set_store_host(opts.store_host);
   out.set_store_port(opts.store_port);
-  for (const auto& n : p.nodes) out.add_node_ranks(static_cast<int32_t>(n.local_ranks.size()));
+  for (const auto& n : p.nodes) add_node_ranks(out, static_cast<int32_t>(n.local_ranks.size()));
   out.set_start_step(start_step);
   out.set_state_root(p.state_root);
   out.set_checkpoint_store(opts.checkpoint_store);

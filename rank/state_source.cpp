@@ -4,6 +4,7 @@
 
 #include "comm/communicator.hpp"
 #include "model/trainer.hpp"
+#include "net/plan_layout.hpp"
 #include "rank/generation.hpp"
 #include "rank/group_builder.hpp"
 #include "rank/state_io.hpp"
@@ -97,14 +98,14 @@ class replica_shards final : public shard_source {
 };
 
 // Which node each global rank of the generation is on (a name per node,
-// equal for ranks of one node): from the plan's layout (node_ranks), or
+// equal for ranks of one node): from the plan's layout (node_rank_runs), or
 // from its ranks where a plan names them all (one made by hand).
 std::vector<std::string> node_of_each_rank(const pb::generation_plan& plan, int world) {
   std::vector<std::string> nodes(static_cast<size_t>(std::max(world, 0)));
-  if (plan.node_ranks_size() > 0) {
+  if (const auto counts = node_rank_counts(plan, world); !counts.empty()) {
     int32_t g = 0;
-    for (int i = 0; i < plan.node_ranks_size(); ++i)
-      for (int32_t k = 0; k < plan.node_ranks(i) && g < world; ++k) nodes[static_cast<size_t>(g++)] = "node#" + std::to_string(i);
+    for (size_t i = 0; i < counts.size(); ++i)
+      for (int32_t k = 0; k < counts[i] && g < world; ++k) nodes[static_cast<size_t>(g++)] = "node#" + std::to_string(i);
     return nodes;
   }
   for (const auto& r : plan.ranks())

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "actor_test_util.hpp"
+#include "net/plan_layout.hpp"
 
 using namespace dtactor;
 using namespace dtactor::test_support;
@@ -55,8 +56,8 @@ pb::generation_plan running_plan(uint64_t g, const std::string& only) {
   p.set_generation(g);
   p.set_world_size(3);
   p.set_state_root(0);
-  p.add_node_ranks(2);
-  p.add_node_ranks(1);
+  add_node_ranks(p, 2);
+  add_node_ranks(p, 1);
   const std::vector<std::pair<std::string, int32_t>> slots{{"a", 0}, {"a", 1}, {"b", 0}};
   for (int32_t r = 0; r < 3; ++r) {
     if (slots[r].first != only) continue;
@@ -240,8 +241,10 @@ TEST_F(coordinator_actors, two_nodes_are_acked_with_ranks_0_and_1_and_get_one_pl
     EXPECT_EQ(p.store_port(), 29500);
     EXPECT_EQ(p.start_step(), 0);
     EXPECT_EQ(p.state_root(), -1);
-    // Each node gets its own ranks and the layout (2 ranks on a, 2 on b).
-    EXPECT_EQ(std::vector<int32_t>(p.node_ranks().begin(), p.node_ranks().end()), (std::vector<int32_t>{2, 2}));
+    // Each node gets its own ranks and the layout (2 ranks on a, 2 on b):
+    // one run of 2 nodes holding 2 ranks each.
+    EXPECT_EQ(std::vector<int32_t>(p.node_rank_runs().begin(), p.node_rank_runs().end()), (std::vector<int32_t>{2, 2}));
+    EXPECT_EQ(node_rank_counts(p, 4), (std::vector<int32_t>{2, 2}));
     ASSERT_EQ(p.ranks_size(), 2);
     const std::string mine = s.peer == "peer-a" ? "a" : "b";
     for (int i = 0; i < 2; ++i) {
@@ -1402,7 +1405,7 @@ TEST_F(coordinator_actors, a_node_with_different_data_files_is_refused_and_never
   std::set<std::string> nodes;
   for (const auto& n : ms().members.state().current->nodes) nodes.insert(n.node_id.str());
   EXPECT_EQ(nodes, (std::set<std::string>{"a", "d"}));
-  EXPECT_EQ(p.node_ranks_size(), 2);
+  EXPECT_EQ(node_rank_counts(p, 2).size(), 2u);
   // A node whose rank cannot even load the data (its warm-up fails) is
   // refused the same way, in one line, instead of waiting unseen.
   send(register_from("e", 1));

@@ -1,4 +1,5 @@
 #include "net/wire.hpp"
+#include "net/plan_layout.hpp"
 
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
@@ -295,4 +296,38 @@ TEST(wire, drop_kind_names_are_distinct) {
 }
 
 }  // namespace
+
+// A plan's layout is runs of nodes holding as many ranks: one run for a
+// job whose nodes are alike however many there are, and what a node reads
+// back is every node's count in order.
+TEST(plan_layout, nodes_alike_make_one_run_and_expand_back_in_order) {
+  pb::generation_plan p;
+  for (int i = 0; i < 10000; ++i) add_node_ranks(p, 8);
+  EXPECT_EQ(std::vector<int32_t>(p.node_rank_runs().begin(), p.node_rank_runs().end()), (std::vector<int32_t>{10000, 8}));
+  EXPECT_EQ(node_rank_counts(p, 10000), std::vector<int32_t>(10000, 8));
+  EXPECT_LT(p.ByteSizeLong(), 16u);
+
+  pb::generation_plan q;
+  for (int32_t r : {2, 2, 1, 3, 3, 3, 2}) add_node_ranks(q, r);
+  EXPECT_EQ(std::vector<int32_t>(q.node_rank_runs().begin(), q.node_rank_runs().end()), (std::vector<int32_t>{2, 2, 1, 1, 3, 3, 1, 2}));
+  EXPECT_EQ(node_rank_counts(q, 100), (std::vector<int32_t>{2, 2, 1, 3, 3, 3, 2}));
+}
+
+// A layout from outside is read within bounds: a run claiming more nodes
+// than the world has is cut at the world, and a malformed one (odd length,
+// a negative count) reads as none.
+TEST(plan_layout, a_malformed_or_oversized_layout_is_bounded) {
+  pb::generation_plan big;
+  big.add_node_rank_runs(2000000000);
+  big.add_node_rank_runs(1);
+  EXPECT_EQ(node_rank_counts(big, 3).size(), 3u);
+  pb::generation_plan odd;
+  odd.add_node_rank_runs(2);
+  EXPECT_TRUE(node_rank_counts(odd, 10).empty());
+  pb::generation_plan negative;
+  negative.add_node_rank_runs(-1);
+  negative.add_node_rank_runs(4);
+  EXPECT_TRUE(node_rank_counts(negative, 10).empty());
+}
+
 }  // namespace dtactor
