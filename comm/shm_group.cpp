@@ -255,10 +255,23 @@ void* map_segment(int fd, size_t bytes, std::string& problem) {
   return nullptr;
 }
 
+// Reserves [offset, offset + bytes) of the segment's pages now: a tmpfs
+// too small would otherwise SIGBUS on first touch. The pages are charged to
+// the caller's memory cgroup, so each rank reserves what it writes (rank 0
+// the header and its slot, every other rank its own slot): under a memory
+// cap a rank each, rank 0 does not carry every rank's slot (8 ranks of
+// 64 MiB rings: 512 MiB on rank 0 alone).
+std::string reserve_pages(int fd, size_t offset, size_t bytes) {
+  if (int e = ::posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes)); e != 0)
+    return "reserving " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(e);
+  return {};
+}
+
 // Rank 0: creates a new segment of `bytes` under a fresh name (into `id`,
-// set before anything can fail, so that the caller unlinks it) and maps
-// it. Returns the mapping, or null with the reason in `problem`.
-void* create_segment(size_t bytes, segment_id& id, std::string& problem) {
+// set before anything can fail, so that the caller unlinks it), reserves
+// its first `own_bytes` and maps it. Returns the mapping, or null with the
+// reason in `problem`.
+void* create_segment(size_t bytes, size_t own_bytes, segment_id& id, std::string& problem) {
   std::random_device rd;
   id.nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   id.net = net_namespace();
@@ -270,9 +283,12 @@ void* create_segment(size_t bytes, segment_id& id, std::string& problem) {
     problem = errno_text("shm_open " + id.name);
     return nullptr;
   }
-  // Reserve the pages now: a tmpfs too small would otherwise SIGBUS on first touch.
-  if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
-    problem = "reserving " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(e);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    problem = errno_text("sizing " + id.name + " to " + std::to_string(bytes) + " bytes");
+    ::close(fd);
+    return nullptr;
+  }
+  if (problem = reserve_pages(fd, 0, own_bytes); !problem.empty()) {
     ::close(fd);
     return nullptr;
   }
@@ -283,7 +299,7 @@ void* create_segment(size_t bytes, segment_id& id, std::string& problem) {
 // host (network namespace), of `bytes` and of this group (`world`,
 // `capacity`, the nonce). Returns the mapping (left to the caller even when
 // the head does not match), or null; the reason in `problem`.
-void* open_segment(const segment_id& id, size_t bytes, int64_t world, int64_t capacity, std::string& problem) {
+void* open_segment(const segment_id& id, size_t bytes, size_t own_offset, size_t own_bytes, int64_t world, int64_t capacity, std::string& problem) {
   // Processes in different network namespaces are different hosts as far
   // as the network goes (the project's test hosts share /dev/shm): their
   // gradients must cross the network, not this segment.
@@ -299,6 +315,10 @@ void* open_segment(const segment_id& id, size_t bytes, int64_t world, int64_t ca
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
     problem = "segment " + id.name + " has another size";
+    ::close(fd);
+    return nullptr;
+  }
+  if (problem = reserve_pages(fd, own_offset, own_bytes); !problem.empty()) {
     ::close(fd);
     return nullptr;
   }
@@ -334,12 +354,13 @@ result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank,
   g->slot_stride_ = static_cast<int64_t>(round_up(static_cast<size_t>(std::max<int64_t>(capacity, 1)), 16));
   g->header_bytes_ = round_up(sizeof(segment_head) + 64 * static_cast<size_t>(world), 4096);
   g->total_bytes_ = g->header_bytes_ + static_cast<size_t>(world) * static_cast<size_t>(g->slot_stride_) * sizeof(float);
+  const size_t slot_bytes = static_cast<size_t>(g->slot_stride_) * sizeof(float);
 
   segment_id id;
   std::string problem;
   try {
     if (rank == 0) {
-      g->base_ = create_segment(g->total_bytes_, id, problem);
+      g->base_ = create_segment(g->total_bytes_, g->header_bytes_ + slot_bytes, id, problem);
       if (g->base_) {
         auto* head = new (g->base_) segment_head{};
         for (int r = 0; r < world; ++r) new (g->line(r)) rank_line{};
@@ -352,7 +373,7 @@ result<std::shared_ptr<shm_group>> shm_group::join(c10d::Store& store, int rank,
       store.set("shm_name", bytes_of(problem.empty() ? published_text(id) : std::string()));
     } else if (auto published = parse_published(string_of(store.get("shm_name")))) {
       id = *published;
-      g->base_ = open_segment(id, g->total_bytes_, world, capacity, problem);
+      g->base_ = open_segment(id, g->total_bytes_, g->header_bytes_ + static_cast<size_t>(rank) * slot_bytes, slot_bytes, world, capacity, problem);
     } else {
       problem = "rank 0 could not create the segment";
     }
