@@ -9,11 +9,16 @@ events. Prints one JSON object.
 
 Usage: bench/zero_gpt_throughput.py [--pairs 3] [--steps 8] [--nodes 2]
        [--nproc-per-node 1] [--set key=value ...]
-       [--a key=value ...] [--b key=value ...] [--hosts [--cap RATE]]
+       [--a key=value ...] [--b key=value ...] [--hosts [--cap RATE] [--kill-at-step K]]
 --hosts (root): the nodes on separate network-namespace hosts
 (scripts/netns/hosts.sh), the coordinator on a host of its own, each link
 capped at --cap (default 10gbit) by tbf: 2 nodes x 2 ranks is the issue's
 "world 4 = 2 hosts x 2 ranks", hierarchical by default.
+--kill-at-step K (with --hosts): once step K is journaled, kill -9 of every
+process on the last node's host; the step time is then taken before the
+kill, and each run reports the first step at the smaller world after it,
+the steps lost, where the optimizer state came from and the recovery's
+phases.
 --a / --b replace what A and B set (default train.zero=2 / train.zero=0):
 e.g. --a cluster.shm_ring_mb=64 --b cluster.shm_ring_mb=4096 measures what
 the shared-memory ring's bound costs at zero = 0; an item env:NAME=VALUE
@@ -25,7 +30,7 @@ The default job is bench_state_path.py's GPT (dim 1024, 16 layers, 16
 heads, context 32, global batch 4 in micro-batches of 2); zero=0 at world 2
 needs about 13 GB.
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, signal, statistics, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_meta  # noqa: E402
@@ -41,6 +46,9 @@ ap.add_argument("--a", action="append", default=None)
 ap.add_argument("--b", action="append", default=None)
 ap.add_argument("--hosts", action="store_true")
 ap.add_argument("--cap", default="10gbit")
+ap.add_argument("--kill-at-step", type=int, default=0,
+                help="--hosts: once the journal shows this step, kill -9 every process on the last node's host; "
+                     "the step time is then the steps' before it, and the run reports the recovery")
 a = ap.parse_args()
 A_SET = a.a or ["train.zero=2"]
 B_SET = a.b or ["train.zero=0"]
@@ -59,6 +67,32 @@ class Done:
         self.returncode, self.stdout = returncode, stdout
 
 
+KILLED_AT = []  # the wall time of the last run's kill, when there was one
+
+
+def kill_host_at_step(journal, coord):
+    """kill -9 of everything on the last node's host (its node and ranks)
+    once `journal` shows step a.kill_at_step."""
+    KILLED_AT.clear()
+    while coord.poll() is None:
+        try:
+            with open(journal) as f:
+                if any(json.loads(x).get("event") == "step" and json.loads(x)["step"] >= a.kill_at_step for x in f):
+                    break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    else:
+        return
+    pids = subprocess.run(["ip", "netns", "pids", "%s-h%d" % (TAG, a.nodes)], capture_output=True, text=True).stdout.split()
+    KILLED_AT.append(time.time())
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def on_hosts(argv_sets, d, env):
     """The coordinator on host 0, node i on host i; their output together."""
     outs = [tempfile.TemporaryFile("w+") for _ in range(a.nodes + 1)]
@@ -67,7 +101,13 @@ def on_hosts(argv_sets, d, env):
     nodes = [subprocess.Popen([HOSTS, "run", TAG, str(h), a.bin, "--role", "node", "--coordinator", "tcp://198.18.0.1:29400",
                                "--node-id", "n%d" % h, "--nproc-per-node", str(a.nproc_per_node)],
                               stdout=outs[h], stderr=subprocess.STDOUT, env=env) for h in range(1, a.nodes + 1)]
+    killer = None
+    if a.kill_at_step:
+        killer = threading.Thread(target=kill_host_at_step, args=(os.path.join(d, "journal.jsonl"), coord))
+        killer.start()
     rc = coord.wait()
+    if killer:
+        killer.join()
     for n in nodes:
         n.wait()
     text = ""
@@ -103,11 +143,14 @@ def run(extra):
     steps = []
     transport = ""
     peak = {}  # global rank -> the highest peak RSS its resources events gave
+    recoveries = []
     with open(os.path.join(d, "journal.jsonl")) as f:
         for line in f:
             e = json.loads(line)
             if e.get("event") == "step":
                 steps.append(e)
+            elif e.get("event") == "recovery_done":
+                recoveries.append(e)
             elif e.get("event") == "resources":
                 for r in e["ranks"]:
                     peak[r["rank"]] = max(peak.get(r["rank"], 0), r["peak_rss_bytes"])
@@ -115,6 +158,9 @@ def run(extra):
         if "generation" in line and ("gradients" in line or "sharded" in line):
             transport = line.split(": ", 2)[-1]
     subprocess.run(["rm", "-rf", d])
+    kill = kill_figures(steps, recoveries) if a.kill_at_step else None
+    if kill:
+        steps = [x for x in steps if x["t"] < kill["killed_at"]]
     gaps = [b["t"] - x["t"] for x, b in zip(steps, steps[1:]) if b["step"] == x["step"] + 1 and x["step"] >= 2]
     if not gaps:
         # A run that ends with no two consecutive steps from step 2 on (out
@@ -127,8 +173,28 @@ def run(extra):
         v = [x[k] for x in steps if x["step"] >= 3 and x.get(k) is not None]
         if v:
             parts[k + "_median"] = statistics.median(v)
-    return {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport,
-            "peak_rss_bytes_by_rank": [peak[r] for r in sorted(peak)], **parts}
+    out = {"step_s_median": statistics.median(gaps), "wall_s": wall, "steps": len(steps), "transport": transport,
+           "peak_rss_bytes_by_rank": [peak[r] for r in sorted(peak)], **parts}
+    if kill:
+        out["kill"] = kill
+    return out
+
+
+def kill_figures(steps, recoveries):
+    """The recovery from the kill: the first step at the smaller world
+    after it, the steps lost, where the shards came from, its phases."""
+    if not KILLED_AT:
+        sys.exit("the run ended before step %d: nothing was killed" % a.kill_at_step)
+    t = KILLED_AT[0]
+    rec = next((r for r in recoveries if r["t"] > t), None)
+    if rec is None:
+        sys.exit("no recovery after the kill")
+    last_before = max((x["step"] for x in steps if x["t"] < t), default=-1)
+    first = next((x for x in steps if x["t"] > t and x["step"] > last_before), None)
+    return {"killed_at": t, "last_step_before": last_before, "world_after": rec["world_size"], "lost_steps": rec["lost_steps"],
+            "resumed_step": rec["resumed_step"], "optimizer_source": rec.get("optimizer_source"),
+            "first_step_after_s": first["t"] - t if first else None,
+            "phases": {k: rec[k] for k in ("ready_s", "group_s", "state_s", "first_step_s", "duration_s") if k in rec}}
 
 
 if a.hosts:
@@ -164,6 +230,12 @@ result = {
     "A_peak_rss_largest_rank_bytes": max((max(r["A"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
     "B_peak_rss_largest_rank_bytes": max((max(r["B"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
     "runs": rows}
+if a.kill_at_step:
+    for side in ("A", "B"):
+        ks = [r[side]["kill"] for r in rows]
+        result[side + "_kill_first_step_s_median"] = statistics.median(k["first_step_after_s"] for k in ks)
+        result[side + "_kill_lost_steps_max"] = max(k["lost_steps"] for k in ks)
+        result[side + "_kill_optimizer_sources"] = sorted({str(k["optimizer_source"]) for k in ks})
 F = bench_meta.figure
 def side_name(sets):
     # A bin:PATH item reads as "the other build", not its temporary path.
@@ -180,4 +252,9 @@ print(json.dumps(bench_meta.stamped(result, "%s against %s: 202M GPT at %s, time
     F("time a step, %s (median)" % A_NAME, ["A_step_s_median"], "s", B_NAME, ["B_step_s_median"]),
     F("%s over %s, time a step (median of the pairs)" % (A_NAME, B_NAME), ["A_over_B_step_paired_median"], "x"),
     F("peak resident memory of the largest rank, %s" % A_NAME, ["A_peak_rss_largest_rank_bytes"], "bytes", B_NAME,
-      ["B_peak_rss_largest_rank_bytes"])]), indent=1))
+      ["B_peak_rss_largest_rank_bytes"])] + ([
+    F("kill -9 of the last node's host: the first step at the smaller world after it, %s (median)" % A_NAME,
+      ["A_kill_first_step_s_median"], "s", B_NAME, ["B_kill_first_step_s_median"]),
+    F("kill -9 of the last node's host: completed steps lost, %s (worst run)" % A_NAME, ["A_kill_lost_steps_max"], "steps"),
+    F("kill -9 of the last node's host: completed steps lost, %s (worst run)" % B_NAME, ["B_kill_lost_steps_max"], "steps")]
+    if a.kill_at_step else [])), indent=1))
