@@ -158,11 +158,13 @@ TEST(prometheus, dashboard_and_alerts_against_a_real_scrape) {
       << "prometheus did not become ready; see " << dir.path() << "/prometheus.log";
 
   // A short real run: two nodes, one rank each, evaluations and checkpoints;
-  // long enough (~10 s here) for the stall alert's 5 s offset to have data.
+  // long enough (~20 s here) for the stall alert's 5 s offset to have data
+  // even when Prometheus's first scrape comes late on a loaded machine
+  // (at 3,000 steps, ~10 s, a run under the suite's load once left it none).
   const double t_start = static_cast<double>(std::time(nullptr)) - 1;
   auto run = child_process::spawn({kBin, "local", "--nodes", "2", "--nproc-per-node", "1", "--metrics-port", std::to_string(metrics_port), "--run-dir",
                                    dir.path() + "/run", "--set", "model.dim=32", "--set", "model.layers=2", "--set", "model.heads=2", "--set",
-                                   "train.global_batch_size=64", "--set", "train.max_steps=3000", "--set", "train.warmup_steps=20", "--set",
+                                   "train.global_batch_size=64", "--set", "train.max_steps=6000", "--set", "train.warmup_steps=20", "--set",
                                    "train.log_every_steps=20", "--set", "eval.every_steps=1000", "--set", "eval.max_samples=500", "--set",
                                    "checkpoint.every_steps=500"},
                                   false, dir.path() + "/run.log");
