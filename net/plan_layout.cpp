@@ -1,5 +1,7 @@
 #include "net/plan_layout.hpp"
 
+#include <algorithm>
+
 namespace dtactor {
 
 void add_node_ranks(pb::generation_plan& plan, int32_t ranks) {
@@ -13,13 +15,17 @@ void add_node_ranks(pb::generation_plan& plan, int32_t ranks) {
   runs.Add(ranks);
 }
 
-std::vector<int32_t> node_rank_counts(const pb::generation_plan& plan, int64_t max_nodes) {
+std::vector<int32_t> node_rank_counts(const pb::generation_plan& plan, int64_t world) {
   const auto& runs = plan.node_rank_runs();
   std::vector<int32_t> out;
   if (runs.size() % 2 != 0) return out;
-  for (int k = 0; k + 1 < runs.size(); k += 2) {
+  int64_t placed = 0;
+  for (int k = 0; k + 1 < runs.size() && placed < world; k += 2) {
     if (runs[k] < 0 || runs[k + 1] < 0) return {};
-    for (int32_t i = 0; i < runs[k] && static_cast<int64_t>(out.size()) < max_nodes; ++i) out.push_back(runs[k + 1]);
+    // A run of nodes holding no rank places none: at most `world` of them.
+    const int64_t nodes = runs[k + 1] > 0 ? std::min<int64_t>(runs[k], (world - placed + runs[k + 1] - 1) / runs[k + 1]) : std::min<int64_t>(runs[k], world);
+    out.insert(out.end(), static_cast<size_t>(nodes), runs[k + 1]);
+    placed += nodes * runs[k + 1];
   }
   return out;
 }

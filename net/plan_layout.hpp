@@ -15,9 +15,10 @@ namespace dtactor {
 // Appends the next node's rank count to the plan's layout (joining the last
 // run when it holds as many).
 void add_node_ranks(pb::generation_plan& plan, int32_t ranks);
-// Each node's rank count, in order: the runs expanded, at most `max_nodes`
-// of them (a plan from outside that claims more nodes than that is cut
-// there), none for a malformed run (a negative count, an odd length).
-std::vector<int32_t> node_rank_counts(const pb::generation_plan& plan, int64_t max_nodes);
+// Each node's rank count, in order: the runs expanded until they place
+// `world` ranks (a plan that claims more nodes than that is cut there; a
+// run of nodes holding none gives at most `world` of them), none for a
+// malformed run (a negative count, an odd length).
+std::vector<int32_t> node_rank_counts(const pb::generation_plan& plan, int64_t world);
 
 }  // namespace dtactor

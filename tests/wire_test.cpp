@@ -304,13 +304,20 @@ TEST(plan_layout, nodes_alike_make_one_run_and_expand_back_in_order) {
   pb::generation_plan p;
   for (int i = 0; i < 10000; ++i) add_node_ranks(p, 8);
   EXPECT_EQ(std::vector<int32_t>(p.node_rank_runs().begin(), p.node_rank_runs().end()), (std::vector<int32_t>{10000, 8}));
-  EXPECT_EQ(node_rank_counts(p, 10000), std::vector<int32_t>(10000, 8));
+  EXPECT_EQ(node_rank_counts(p, 80000), std::vector<int32_t>(10000, 8));
+  EXPECT_EQ(node_rank_counts(p, 80).size(), 10u);
   EXPECT_LT(p.ByteSizeLong(), 16u);
 
   pb::generation_plan q;
   for (int32_t r : {2, 2, 1, 3, 3, 3, 2}) add_node_ranks(q, r);
   EXPECT_EQ(std::vector<int32_t>(q.node_rank_runs().begin(), q.node_rank_runs().end()), (std::vector<int32_t>{2, 2, 1, 1, 3, 3, 1, 2}));
   EXPECT_EQ(node_rank_counts(q, 100), (std::vector<int32_t>{2, 2, 1, 3, 3, 3, 2}));
+}
+
+pb::generation_plan q_of(std::initializer_list<int32_t> ranks) {
+  pb::generation_plan p;
+  for (int32_t r : ranks) add_node_ranks(p, r);
+  return p;
 }
 
 // A layout from outside is read within bounds: a run claiming more nodes
@@ -321,6 +328,11 @@ TEST(plan_layout, a_malformed_or_oversized_layout_is_bounded) {
   big.add_node_rank_runs(2000000000);
   big.add_node_rank_runs(1);
   EXPECT_EQ(node_rank_counts(big, 3).size(), 3u);
+  // Nodes holding no rank do not cut off the ranks after them.
+  pb::generation_plan gaps;
+  for (int32_t r : {1, 0, 0, 1}) add_node_ranks(gaps, r);
+  EXPECT_EQ(node_rank_counts(gaps, 2), (std::vector<int32_t>{1, 0, 0, 1}));
+  EXPECT_EQ(node_rank_counts(q_of({2, 2, 1}), 3), (std::vector<int32_t>{2, 2}));
   pb::generation_plan odd;
   odd.add_node_rank_runs(2);
   EXPECT_TRUE(node_rank_counts(odd, 10).empty());
