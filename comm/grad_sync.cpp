@@ -144,6 +144,11 @@ void grad_sync::allocate_buckets() {
     if (opts_.recycled && !opts_.zero2) b.flat = opts_.recycled->take(shape.numel, shape.options);
     if (b.flat.defined())
       reused_bytes_ += shape.numel * static_cast<int64_t>(b.flat.element_size());
+    else if (opts_.zero2)
+      // Only its shape and dtype are read before it is dropped (below):
+      // never written, its pages never become resident (torch::zeros
+      // would touch 4 bytes a parameter at every generation's start).
+      b.flat = torch::empty({shape.numel}, shape.options);
     else
       b.flat = torch::zeros({shape.numel}, shape.options);
     b.numel = shape.numel;

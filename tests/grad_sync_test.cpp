@@ -10,13 +10,17 @@
 
 #include <atomic>
 #include <cstddef>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "model/flat_adamw.hpp"
+#include "model/shard_plan.hpp"
 #include "model/trainer.hpp"
+#include "rank/zero.hpp"
 #include "rank_threads.hpp"
 #include "comm/communicator.hpp"
 #include "base/process.hpp"
@@ -460,6 +464,56 @@ TEST(GradSync, AbandonEndsAPollingWait) {
       },
       std::chrono::milliseconds(1500));
   expect_no_errors(errors);
+}
+
+// Peak and current resident memory of this process, in bytes; reset_peak()
+// starts the peak again from what is resident now (/proc/self/clear_refs).
+int64_t status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = key;
+  while (std::getline(f, line))
+    if (line.compare(0, k.size(), k) == 0) return std::stoll(line.substr(k.size()));
+  return -1;
+}
+bool reset_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+// A zero=2 reducer keeps no bucket buffer between steps, and making one
+// must not touch 4 bytes a parameter on the way (its buffers are shaped
+// and dropped): the peak it adds at a generation's start is far below the
+// gradients' size (the buffers were once zero-filled there: a whole
+// model's gradient on top of the model, at every generation's start).
+TEST(GradSync, AZeroTwoReducerTouchesNoBucketBufferWhenMade) {
+  constexpr int world = 2;
+  std::vector<std::vector<torch::Tensor>> params(world);  // 48 MB of gradients a rank
+  std::vector<std::unique_ptr<flat_adamw>> opts;
+  for (int r = 0; r < world; ++r) {
+    for (int i = 0; i < 48; ++i) params[r].push_back(torch::randn({256, 1024}).requires_grad_());
+    opts.push_back(std::make_unique<flat_adamw>(params[r], flat_adamw_options{}));
+  }
+  const auto plan = make_shard_plan(opts[0]->total_elements(), {"a", "b"}, 1);
+  for (int r = 0; r < world; ++r) opts[static_cast<size_t>(r)]->shard(plan.ranges_of(r));
+  ASSERT_TRUE(reset_peak());
+  const int64_t before = status_kb("VmRSS:");
+  ASSERT_GT(before, 0);
+  const auto errors = testing::run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    grad_sync_options o;
+    o.bucket_bytes = 2 << 20;
+    o.zero2 = zero2_of(*opts[static_cast<size_t>(rank)], plan);
+    grad_sync sync(params[static_cast<size_t>(rank)], pg, o);
+    if (sync.bucket_count() < 2) return "one bucket: the test needs many";
+    return sync.buffer_bytes() == 0 ? "" : "buffers kept between steps";
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  const int64_t added_kb = status_kb("VmHWM:") - before;
+  // Zero-filled, the buffers add 96 MB here.
+  std::printf("the reducers' construction added %lld kB at its peak\n", static_cast<long long>(added_kb));
+  EXPECT_LT(added_kb, 24 * 1024) << "the reducers' construction added " << added_kb << " kB at its peak";
 }
 
 }  // namespace
