@@ -179,9 +179,14 @@ struct exchange_plan {
   // The whole world's group (every rank on one host), or this host's
   // (hierarchical); null when the gradients all go through the world's group.
   std::shared_ptr<shm_group> shm;
-  // train.zero = 3 with every rank on one host: a segment of the world's
-  // ranks of its own for the units' parameter gathers (rank/zero3).
+  // train.zero = 3 (join_gather_segments): a segment of its own for the
+  // units' parameter gathers (rank/zero3), of the world's ranks when every
+  // rank is on one host, else of this host's ranks (null on a host of one
+  // rank, which needs none).
   std::shared_ptr<shm_group> gather;
+  // Hierarchical: every host of two ranks or more mapped its gather
+  // segment (alike on every rank).
+  bool host_gathers = false;
   // Hierarchical, on a host's leader: the group of one rank per host.
   c10::intrusive_ptr<c10d::ProcessGroup> hosts;
   bool hierarchical = false;
@@ -193,6 +198,16 @@ struct exchange_plan {
   // "gradients over shared memory", "... within the host and gloo across 3 hosts", ...
   std::string describe(const std::string& backend) const;
 };
+
+// train.zero = 3, after setup_exchange: the segments the units' gathers
+// take turns on, `floats` a slot (the gradients' segment is busy during
+// backward). With every rank on one host, one of the world's ranks; when
+// hierarchical, one per host of two ranks or more, and `host_gathers` only
+// if every such host mapped its own (each host's first rank says so
+// through the store, as for the gradients' segments). Nothing otherwise:
+// the gathers go over the group. `generation` keeps the names apart.
+status join_gather_segments(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats, uint64_t generation,
+                            exchange_plan& plan);
 
 // The transport this generation's plan allows a spec: one that asks for
 // shared memory gets hierarchical, shared_memory, or process_group (no

@@ -116,4 +116,44 @@ result<exchange_plan> setup_exchange(const c10::intrusive_ptr<c10d::Store>& stor
   return out;
 }
 
+status join_gather_segments(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int64_t floats, uint64_t generation,
+                            exchange_plan& plan) {
+  const std::string prefix = "g" + std::to_string(generation) + "/gather";
+  floats = std::max<int64_t>(floats, 1024);
+  try {
+    if (!plan.hierarchical) {
+      if (!plan.shm || plan.shm->world() != world) return {};
+      std::string why;
+      auto joined = shm_group::join(*c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, world, floats, &why);
+      if (!joined) return joined.err();
+      plan.gather = joined.value();  // null: not mapped (why), the gathers go over the group
+      return {};
+    }
+    const auto& hosts = plan.host_groups;
+    size_t mine = 0;
+    while (mine < hosts.size() && std::find(hosts[mine].begin(), hosts[mine].end(), rank) == hosts[mine].end()) ++mine;
+    if (mine == hosts.size()) return make_error("gather segments: rank " + std::to_string(rank) + " is on no host of the plan");
+    const auto& members = hosts[mine];
+    const int local = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    bool mapped = true;
+    if (members.size() > 1) {
+      std::string why;
+      auto joined = shm_group::join(*c10::make_intrusive<c10d::PrefixStore>(prefix + "/h" + std::to_string(mine), store), local,
+                                    static_cast<int>(members.size()), floats, &why);
+      if (!joined) return joined.err();
+      plan.gather = joined.value();
+      mapped = plan.gather != nullptr;
+    }
+    if (local == 0) store->set(prefix + "/ok" + std::to_string(mine), bytes_of(mapped ? "1" : "0"));
+    bool every = true;
+    for (size_t h = 0; h < hosts.size(); ++h) every = every && string_of(store->get(prefix + "/ok" + std::to_string(h))) == "1";
+    plan.host_gathers = every;
+    if (!every) plan.gather.reset();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return make_error("parameter gather segments: " + what.substr(0, what.find('\n')));
+  }
+  return {};
+}
+
 }  // namespace dtactor

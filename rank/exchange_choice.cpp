@@ -27,6 +27,21 @@ exchanges::~exchanges() {
 
 namespace {
 
+// The world's segment when every rank is on one host; each host's when
+// the hosts each hold every shard (the same on every rank: a function of
+// the plan and the hosts); else the group.
+gather_route gather_route_for(const generation_run& g, const shard_plan& plan) {
+  const exchange_plan& x = g.exchange;
+  if (!x.hierarchical && x.gather) {
+    std::vector<int> all(static_cast<size_t>(g.world));
+    for (int r = 0; r < g.world; ++r) all[static_cast<size_t>(r)] = r;
+    return gather_route::through(x.gather, std::move(all), false);
+  }
+  if (x.hierarchical && x.host_gathers && hosts_cover_every_shard(plan, x.host_groups))
+    return gather_route::through(x.gather, x.host_members, true);
+  return gather_route::over_group();
+}
+
 // train.zero = 3: the task's units gated for this generation (their
 // parameters released now, gathered as each runs), the root gathered after
 // each update, the norm as zero_sync_for's.
@@ -36,7 +51,7 @@ status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
   auto layout = unit_layout_of(state.optimizer(), units);
   if (!layout) return layout.err();
   x.gate = std::make_shared<unit_gatherer>(g.pg, state.optimizer(), *rs.shards, std::move(layout.value()), g.timeout, g.abandon_now,
-                                           g.exchange.gather, rs.settings.cluster.spin_wait);
+                                           gather_route_for(g, *rs.shards), rs.settings.cluster.spin_wait);
   x.sync().set_parameter_sync(zero3_sync(x.sync().take_parameter_sync(), x.gate, g.backend));
   for (size_t i = 0; i < units.size(); ++i) {
     units[i].slot->gate = x.gate;

@@ -26,8 +26,8 @@ struct group_request {
   std::chrono::milliseconds timeout{0};
   std::shared_ptr<const job_key> key;
   bool want_shm = false;
-  // train.zero = 3: every rank on one host also joins a segment of its own
-  // for the units' gathers (exchange_plan::gather).
+  // train.zero = 3: the units' gathers get segments of their own
+  // (join_gather_segments).
   bool gather_segment = false;
   // Gradient floats (+ the control words) a shared-memory slot must hold,
   // the largest bucket's, and the ring's.
@@ -58,19 +58,6 @@ void size_shm(group_request& q, training_state& state, const cluster_settings& c
   q.ring_floats = cluster.shm_ring_mb * (int64_t{1} << 18);
 }
 
-// train.zero = 3, every rank on one host: the segment the units' gathers
-// take turns on (the gradients' is busy during backward), slots of the
-// ring's bound (a gather goes in rounds of half of it).
-status join_gather_segment(const c10::intrusive_ptr<c10d::Store>& store, const group_request& q, exchange_plan& ex) {
-  const int64_t floats = std::min<int64_t>(q.shm_floats, q.ring_floats > 0 ? q.ring_floats : int64_t{16} << 20);
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(q.co.generation) + "/gather", store);
-  std::string why;
-  auto joined = shm_group::join(*prefixed, q.rank, q.world, std::max<int64_t>(floats, 1024), &why);
-  if (!joined) return joined.err();
-  ex.gather = joined.value();  // null: not mapped (why), the gathers go over the group
-  return {};
-}
-
 // On the helper thread: the rendezvous, the group, the exchange plan.
 void make_group(const group_request& q, build& b) {
   result<c10::intrusive_ptr<c10d::ProcessGroup>> r = make_error("not built");
@@ -80,8 +67,11 @@ void make_group(const group_request& q, build& b) {
     if (r.ok() && q.want_shm) {
       auto ex = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(q.co.generation) + "/exchange", store), q.rank, q.world,
                                q.shm_floats, q.co, host_key(), q.largest_floats, q.ring_floats);
-      if (ex && q.gather_segment && ex->shm && !ex->hierarchical && ex->shm->world() == q.world)
-        if (auto st = join_gather_segment(store, q, ex.value()); !st) ex = st.err();
+      // train.zero = 3: slots of the ring's bound (a gather goes in rounds
+      // of half of it).
+      const int64_t gather_floats = std::min<int64_t>(q.shm_floats, q.ring_floats > 0 ? q.ring_floats : int64_t{16} << 20);
+      if (ex && q.gather_segment)
+        if (auto st = join_gather_segments(store, q.rank, q.world, gather_floats, q.co.generation, ex.value()); !st) ex = st.err();
       if (!ex)
         r = ex.err();
       else {

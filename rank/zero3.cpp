@@ -71,8 +71,14 @@ index_spans spans_outside(const index_spans& spans, const index_spans& held) {
   return out;
 }
 
+gather_route gather_route::through(std::shared_ptr<shm_group> segment, std::vector<int> members, bool within_hosts) {
+  if (members.size() > 1 && (!segment || segment->world() != static_cast<int>(members.size()))) return over_group();
+  if (members.empty()) return over_group();
+  return {std::move(segment), std::move(members), within_hosts};
+}
+
 unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
-                             std::chrono::milliseconds timeout, std::function<bool()> abandon, std::shared_ptr<shm_group> shm,
+                             std::chrono::milliseconds timeout, std::function<bool()> abandon, gather_route route,
                              std::chrono::microseconds spin)
     : pg_(std::move(pg)),
       opt_(opt),
@@ -80,10 +86,8 @@ unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_ada
       layout_(std::move(layout)),
       timeout_(timeout),
       abandon_(std::move(abandon)),
-      shm_(std::move(shm)),
+      route_(std::move(route)),
       spin_(spin) {
-  if (shm_ && shm_->world() != pg_->getSize()) shm_.reset();
-  for (int r = 0; shm_ && r < shm_->world(); ++r) members_.push_back(r);
   const auto held = plan_.ranges_of(pg_->getRank());
   for (const auto& u : layout_.units) released_.push_back(spans_outside(u, held));
   // Released: what a rank does not hold may be stale (the reshard moved
@@ -147,26 +151,27 @@ status unit_gatherer::wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
 // by the ranks lacking them (rank/zero: the host's all-gather, over a plan
 // cut down to the span).
 status unit_gatherer::through_segment(const index_spans& spans) {
+  if (!route_.segment) return {};  // alone on its host: it holds every shard
   for (const auto& [a, b] : spans) {
     shard_plan cut = plan_;
     for (auto& sh : cut.shards) {
       sh.begin = std::min(std::max(sh.begin, a), b);
       sh.end = std::max(std::min(sh.end, b), sh.begin);
     }
-    if (auto st = gather_params_host(*shm_, members_, opt_, cut, timeout_, abandon_, spin_); !st) return st;
+    if (auto st = gather_params_host(*route_.segment, route_.members, opt_, cut, timeout_, abandon_, spin_); !st) return st;
   }
   return {};
 }
 
 status unit_gatherer::gather_now(const index_spans& spans) {
-  if (shm_) return through_segment(spans);
+  if (through_shared_memory()) return through_segment(spans);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   if (auto st = start(spans, works); !st) return st;
   return wait(works);
 }
 
 void unit_gatherer::begin_gather(int unit) {
-  if (unit < 0 || unit >= units() || !failure_.empty() || shm_) return;
+  if (unit < 0 || unit >= units() || !failure_.empty() || through_shared_memory()) return;
   auto& s = state_[static_cast<size_t>(unit)];
   if (s.is != residency::released) return;
   s.is = residency::in_flight;
@@ -176,7 +181,7 @@ void unit_gatherer::begin_gather(int unit) {
 void unit_gatherer::finish_gather(int unit) {
   if (unit < 0 || unit >= units()) return;
   auto& s = state_[static_cast<size_t>(unit)];
-  if (shm_ && s.is == residency::released) {
+  if (through_shared_memory() && s.is == residency::released) {
     if (failure_.empty())
       if (auto st = through_segment(layout_.units[static_cast<size_t>(unit)]); !st) fail(st.message());
     s.is = residency::resident;
@@ -272,7 +277,10 @@ class zero3_param_sync final : public param_sync {
   std::string describe() const override {
     int64_t root = 0;
     for (const auto& [a, b] : gate_->layout().root) root += b - a;
-    return "a unit at a time " + std::string(gate_->through_shared_memory() ? "through shared memory" : "over " + backend_) + " (" + std::to_string(gate_->units()) + " units; " + std::to_string(root) +
+    const std::string path = !gate_->through_shared_memory() ? "over " + backend_
+                             : gate_->within_hosts()          ? "through shared memory within each host (every host holds every shard)"
+                                                              : "through shared memory";
+    return "a unit at a time " + path + " (" + std::to_string(gate_->units()) + " units; " + std::to_string(root) +
            " parameters in none, resident on every rank), the gradient norm " + inner_->describe();
   }
   status gathered() override { return gate_->failure(); }

@@ -55,13 +55,26 @@ result<unit_layout> unit_layout_of(const flat_adamw& opt, const std::vector<para
 // The spans of `spans` outside `held` (both ascending).
 index_spans spans_outside(const index_spans& spans, const index_spans& held);
 
+// Which way the units' gathers go. With members, through the shared-memory
+// segment of those global ranks (in the segment's order, this rank among
+// them) in rounds, one unit at a time (no prefetch: a copy at memory
+// speed): the world's ranks on one host, or this host's ranks when the
+// hosts each hold every shard between them (hosts_cover_every_shard: no
+// parameter byte crosses hosts; a host of one rank holds every shard and
+// needs no segment). Without: broadcasts over the group.
+struct gather_route {
+  std::shared_ptr<shm_group> segment;
+  std::vector<int> members;
+  bool within_hosts = false;
+  // The route a generation's exchange plan allows (rank/exchange_choice).
+  static gather_route over_group() { return {}; }
+  static gather_route through(std::shared_ptr<shm_group> segment, std::vector<int> members, bool within_hosts);
+};
+
 class unit_gatherer final : public param_gate {
  public:
-  // `shm`: a segment of every rank of the group (one host) the gathers go
-  // through instead of the group, in rounds, one unit at a time (no
-  // prefetch: a copy at memory speed); null: broadcasts over the group.
   unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
-                std::chrono::milliseconds timeout, std::function<bool()> abandon, std::shared_ptr<shm_group> shm = nullptr,
+                std::chrono::milliseconds timeout, std::function<bool()> abandon, gather_route route = {},
                 std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~unit_gatherer() override;
 
@@ -89,7 +102,8 @@ class unit_gatherer final : public param_gate {
   status failure() const;
 
   int units() const { return static_cast<int>(state_.size()); }
-  bool through_shared_memory() const { return shm_ != nullptr; }
+  bool through_shared_memory() const { return !route_.members.empty(); }
+  bool within_hosts() const { return route_.within_hosts; }
   // Bytes of parameters resident between steps: the held shards and the root.
   int64_t resident_bytes() const;
   const unit_layout& layout() const { return layout_; }
@@ -119,9 +133,8 @@ class unit_gatherer final : public param_gate {
   std::vector<unit_state> state_;
   std::string failure_;
   int reading_ = -1;  // before_reading's unit
-  std::shared_ptr<shm_group> shm_;
+  gather_route route_;
   std::chrono::microseconds spin_;
-  std::vector<int> members_;  // the segment's ranks: every global rank, in order
 };
 
 // The generation's parameter sync at train.zero = 3: the norm from the

@@ -228,9 +228,10 @@ void survive_a_killed_rank_and_a_killed_host(test_network net, const std::string
     for (const auto& r : all) EXPECT_EQ(r.at("optimizer_source"), "replica") << r.dump();
     // At world 4 each host's two ranks hold every shard between them (each
     // shard's replica is on the other host): at zero 1 and 2 the parameters
-    // are gathered within each host, none cross. At zero 3 each unit is
-    // gathered from its shards' primaries over Gloo before it runs.
-    const std::string gathered = zero == "3" ? "parameters gathered a unit at a time over gloo" : "parameters gathered within each host through shared memory";
+    // are gathered within each host, none cross; at zero 3 so is each unit
+    // before it runs (at world 3, the lone rank of a host holds every shard).
+    const std::string gathered = zero == "3" ? "parameters gathered a unit at a time through shared memory within each host"
+                                             : "parameters gathered within each host through shared memory";
     int hierarchical = 0;
     for (const auto& l : lines)
       if (l.find("across") != std::string::npos) {

@@ -67,7 +67,8 @@ inline std::vector<std::string> run_ranks_shm(int world, int64_t floats,
 // exchange through the store as a rank process does (setup_exchange), then
 // runs fn with its world group and the plan.
 inline std::vector<std::string> run_on_hosts(const std::vector<std::string>& keys, int64_t floats,
-                                      const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, const exchange_plan&)>& fn) {
+                                      const std::function<std::string(int, c10::intrusive_ptr<c10d::ProcessGroup>, const exchange_plan&)>& fn,
+                                      int64_t gather_floats = 0) {
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
   const int world = static_cast<int>(keys.size());
   return run_ranks(
@@ -77,6 +78,9 @@ inline std::vector<std::string> run_on_hosts(const std::vector<std::string>& key
         co.timeout = std::chrono::milliseconds(10000);
         auto plan = setup_exchange(c10::make_intrusive<c10d::PrefixStore>("x", store), rank, world, floats, co, keys[static_cast<size_t>(rank)]);
         if (!plan) return plan.message();
+        // train.zero = 3's gather segments, as the rank worker joins them.
+        if (gather_floats > 0)
+          if (auto st = join_gather_segments(store, rank, world, gather_floats, 0, plan.value()); !st) return st.message();
         return fn(rank, pg, plan.value());
       },
       std::chrono::milliseconds(10000), store);

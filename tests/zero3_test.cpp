@@ -60,16 +60,26 @@ struct level_run {
   std::vector<int> units;
 };
 
+// Where the ranks are and how level 3's units travel.
+struct gather_how {
+  // > 0: the units gathered through shared-memory segments of that many
+  // floats a slot (rounds of half of it) instead of the group.
+  int64_t segment_floats = 0;
+  // Each rank's host (empty: one host): with a segment, one per host,
+  // as the rank worker joins them (join_gather_segments), and the shard
+  // plan's node of each rank is its host.
+  std::vector<std::string> hosts;
+};
+
 // `steps` steps at train.zero = `level` (2 or 3) over Gloo, a node per
-// rank, `replicas` holders a shard, the gradients reduce-scattered.
-// `segment_floats` > 0: the units gathered through a shared-memory segment
-// of that many floats a slot (rounds of half of it) instead of the group.
-level_run run_level(int level, const std::vector<std::string>& extra, int world, int replicas, int steps, int64_t segment_floats = 0) {
+// rank (or per host), `replicas` holders a shard, the gradients
+// reduce-scattered.
+level_run run_level(int level, const std::vector<std::string>& extra, int world, int replicas, int steps, const gather_how& how = {}) {
   std::vector<std::string> o = extra;
   o.push_back("train.zero=" + std::to_string(level));
   level_run run;
   run.states = make_states(tiny_vit_config(o), world);
-  run.plan = make_shard_plan(run.states[0]->optimizer().total_elements(), nodes_of(world), replicas);
+  run.plan = make_shard_plan(run.states[0]->optimizer().total_elements(), how.hosts.empty() ? nodes_of(world) : how.hosts, replicas);
   for (int r = 0; r < world; ++r) run.states[static_cast<size_t>(r)]->shard_optimizer(run.plan.ranges_of(r));
   run.digests.resize(static_cast<size_t>(world));
   run.val_loss.resize(static_cast<size_t>(world));
@@ -77,7 +87,7 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
   run.released_pages.assign(static_cast<size_t>(world), 0);
   run.resident_bytes.assign(static_cast<size_t>(world), 0);
   run.units.assign(static_cast<size_t>(world), 0);
-  auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> segment) -> std::string {
+  auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, gather_route route) -> std::string {
     auto& s = *run.states[static_cast<size_t>(rank)];
     flat_adamw& opt = s.optimizer();
     grad_sync_options go;
@@ -94,9 +104,10 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
     if (level == 3) {
       auto layout = unit_layout_of(opt, units);
       if (!layout) return layout.message();
-      gate = std::make_shared<unit_gatherer>(pg, opt, run.plan, std::move(layout.value()), zs.timeout, std::function<bool()>{}, segment,
+      const bool segment = how.segment_floats > 0;
+      gate = std::make_shared<unit_gatherer>(pg, opt, run.plan, std::move(layout.value()), zs.timeout, std::function<bool()>{}, route,
                                              std::chrono::microseconds(50));
-      if (segment && !gate->through_shared_memory()) return "the segment is not used";
+      if (segment != gate->through_shared_memory()) return "shared memory " + std::string(segment ? "not used" : "used");
       ps = zero3_sync(std::move(ps), gate, "gloo");
       for (size_t i = 0; i < units.size(); ++i) *units[i].slot = gate_slot{gate, static_cast<int>(i)};
       gate->reshard();
@@ -141,8 +152,26 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
     for (auto& u : units) *u.slot = gate_slot{};
     return err;
   };
-  auto errors = segment_floats > 0 ? testing::run_ranks_shm(world, segment_floats, body)
-                                   : run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, nullptr); });
+  std::vector<std::string> errors;
+  if (!how.hosts.empty()) {
+    errors = testing::run_on_hosts(
+        how.hosts, run.plan.total + 64,
+        [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, const exchange_plan& xp) -> std::string {
+          if (!xp.hierarchical) return "not hierarchical";
+          if (how.segment_floats > 0 && (!xp.host_gathers || !hosts_cover_every_shard(run.plan, xp.host_groups)))
+            return "no gather segment on every host, or a host lacks a shard";
+          return body(rank, pg, how.segment_floats > 0 ? gather_route::through(xp.gather, xp.host_members, true) : gather_route::over_group());
+        },
+        how.segment_floats);
+  } else if (how.segment_floats > 0) {
+    errors = testing::run_ranks_shm(world, how.segment_floats, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) {
+      std::vector<int> all(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) all[static_cast<size_t>(r)] = r;
+      return body(rank, pg, gather_route::through(shm, all, false));
+    });
+  } else {
+    errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, gather_route::over_group()); });
+  }
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "level " << level << " rank " << r;
   return run;
 }
@@ -182,13 +211,45 @@ TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
     SCOPED_TRACE("world " + std::to_string(world));
     const int replicas = world == 2 ? 1 : 2;
     auto two = run_level(2, three_blocks, world, replicas, 4);
-    auto three = run_level(3, three_blocks, world, replicas, 4, 4096);
+    gather_how how;
+    how.segment_floats = 4096;
+    auto three = run_level(3, three_blocks, world, replicas, 4, how);
     for (int r = 0; r < world; ++r) {
       const auto i = static_cast<size_t>(r);
       EXPECT_EQ(three.digests[i], two.digests[0]) << "rank " << r;
       EXPECT_EQ(three.val_loss[i], two.val_loss[0]) << "rank " << r;
       EXPECT_GT(three.released_pages[i], 10u) << "rank " << r;
       EXPECT_EQ(three.released_resident[i], 0u) << "rank " << r;
+    }
+  }
+}
+
+// Two hosts of two ranks, each host holding every shard (two holders a
+// shard, on different hosts): each host's ranks gather the units through a
+// segment of their own, so no parameter byte crosses hosts. The same bits
+// as zero=2 over the same plan, and the same release; a host of one rank
+// (three ranks: the lone one holds every shard) gathers nothing.
+TEST(Zero3, UnitsGatheredWithinEachHostWhenEveryHostHoldsEveryShard) {
+  for (const std::vector<std::string>& hosts : {std::vector<std::string>{"a", "a", "b", "b"}, std::vector<std::string>{"a", "a", "b"}}) {
+    const int world = static_cast<int>(hosts.size());
+    SCOPED_TRACE("world " + std::to_string(world));
+    gather_how over_hosts;
+    over_hosts.hosts = hosts;
+    auto two = run_level(2, three_blocks, world, 2, 4, over_hosts);
+    gather_how within = over_hosts;
+    within.segment_floats = 4096;
+    auto three = run_level(3, three_blocks, world, 2, 4, within);
+    for (int r = 0; r < world; ++r) {
+      const auto i = static_cast<size_t>(r);
+      EXPECT_EQ(three.digests[i], two.digests[0]) << "rank " << r;
+      EXPECT_EQ(three.val_loss[i], two.val_loss[0]) << "rank " << r;
+      EXPECT_EQ(three.released_resident[i], 0u) << "rank " << r;
+    }
+    // Ranks 0 and 1 (host a) each lack what the other holds; host b's
+    // lone rank at world 3 holds every shard.
+    EXPECT_GT(three.released_pages[0], 10u);
+    if (world == 3) {
+      EXPECT_EQ(three.released_pages[2], 0u);
     }
   }
 }
