@@ -2,10 +2,12 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "model/adamw_kernel.hpp"
+#include "model/layers.hpp"
 
 namespace dtactor {
 
@@ -56,13 +58,16 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
     slots_.push_back(slot{p, g, filled[g], p.numel(), {}, {}});
     filled[g] += p.numel();
   }
+  // Parameters built without values (model/layers: defer_block_values)
+  // keep pages nobody touched, zeros until their values are written.
+  const bool deferred = std::any_of(slots_.begin(), slots_.end(), [](const slot& s) { return is_deferred_placeholder(s.param); });
   int64_t base = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto& gr = groups_[g];
     const auto opts = gr.params.options();
     gr.base = base;
     base += filled[g];
-    gr.params = torch::empty({filled[g]}, opts);
+    gr.params = deferred ? untouched_zeros(filled[g], opts) : torch::empty({filled[g]}, opts);
     gr.grads = untouched_zeros(filled[g], opts);
     gr.windows.push_back(window{0, lazy_zeros(filled[g], opts), lazy_zeros(filled[g], opts), torch::Tensor()});
   }
@@ -78,7 +83,7 @@ void flat_adamw::rebind() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
     if (s.param.data_ptr() == s.param_view.data_ptr()) continue;
-    s.param_view.copy_(s.param.detach());
+    if (!is_deferred_placeholder(s.param)) s.param_view.copy_(s.param.detach());
     s.param.set_data(s.param_view);
   }
 }

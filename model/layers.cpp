@@ -28,7 +28,22 @@ torch::Tensor attention_impl::forward(const torch::Tensor& q_in, const torch::Te
   return out(ctx);
 }
 
+namespace {
+thread_local bool deferring_block_values = false;
+}  // namespace
+
+defer_block_values::defer_block_values(bool on) : was_(deferring_block_values) { deferring_block_values = on; }
+defer_block_values::~defer_block_values() { deferring_block_values = was_; }
+
+bool is_deferred_placeholder(const torch::Tensor& t) {
+  if (!t.defined() || t.numel() <= 1) return false;
+  for (int64_t st : t.strides())
+    if (st != 0) return false;
+  return true;
+}
+
 block_impl::block_impl(const block_options& o) : opts(o) {
+  if (deferring_block_values) initial_rng = at::detail::getDefaultCPUGenerator().clone();
   const int64_t hidden = std::max<int64_t>(1, static_cast<int64_t>(std::llround(o.dim * o.mlp_ratio)));
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim})));
   self_attn = register_module("self_attn", attention(o.dim, o.heads, o.dropout));
@@ -39,6 +54,29 @@ block_impl::block_impl(const block_options& o) : opts(o) {
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim})));
   fc1 = register_module("fc1", torch::nn::Linear(o.dim, hidden));
   fc2 = register_module("fc2", torch::nn::Linear(hidden, o.dim));
+  if (initial_rng) {
+    // One element a parameter, seen through zero strides.
+    torch::NoGradGuard no_grad;
+    for (auto& p : parameters()) p.set_data(torch::zeros({1}, p.options()).expand(p.sizes()));
+  }
+}
+
+std::vector<torch::Tensor> block_impl::initial_values() const {
+  TORCH_CHECK(initial_rng.has_value(), "initial_values: the block was not built deferred");
+  const at::Generator& gen = at::detail::getDefaultCPUGenerator();
+  const at::Tensor now = gen.get_state();
+  at::Generator(gen).set_state(initial_rng->get_state());
+  std::vector<torch::Tensor> out;
+  try {
+    defer_block_values off(false);
+    block_impl fresh(opts);
+    for (auto& p : fresh.parameters()) out.push_back(p.detach());
+  } catch (...) {
+    at::Generator(gen).set_state(now);
+    throw;
+  }
+  at::Generator(gen).set_state(now);
+  return out;
 }
 
 torch::Tensor block_impl::compute(const torch::Tensor& x, const torch::Tensor& self_mask, const torch::Tensor& memory,
@@ -149,7 +187,9 @@ std::vector<param_unit> block_units(const torch::nn::ModuleList& blocks, const s
   std::vector<param_unit> out;
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto* b = blocks->ptr(i)->as<block_impl>();
-    out.push_back({prefix + "." + std::to_string(i), &b->gate, b->parameters()});
+    param_unit u{prefix + "." + std::to_string(i), &b->gate, b->parameters(), nullptr};
+    if (b->initial_rng) u.initial = [b] { return b->initial_values(); };
+    out.push_back(std::move(u));
   }
   return out;
 }

@@ -5,6 +5,7 @@
 // stored but recomputed in backward (with the same dropout masks).
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,13 +43,40 @@ struct block_impl : torch::nn::Module {
   torch::Tensor compute(const torch::Tensor& x, const torch::Tensor& self_mask, const torch::Tensor& memory,
                         const torch::Tensor& memory_mask);
 
+  // The values of a new block built with the generator as it was when
+  // this one was (defer_block_values), in parameters() order.
+  std::vector<torch::Tensor> initial_values() const;
+
   block_options opts;
   gate_slot gate;  // train.zero = 3: gathered as one unit
+  // Built under defer_block_values: the generator as this block found it
+  // (its parameters hold no values of their own).
+  std::optional<at::Generator> initial_rng;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr}, ln3{nullptr};
   attention self_attn{nullptr}, cross_attn{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE_IMPL(block, block_impl);
+
+// While one lives, the blocks this thread builds keep no parameter values
+// (train.zero = 3, the rank worker: a rank then never holds the whole
+// model while it starts). Each block still draws its initialisation from
+// the global generator, so everything built after it gets the values it
+// would have got; its parameters become zero-strided placeholders, which
+// model/flat_adamw maps to pages it never touches, and block_units' units
+// carry `initial` (dtactor/param_gate.hpp) to make the values again.
+class defer_block_values {
+ public:
+  explicit defer_block_values(bool on);
+  ~defer_block_values();
+  defer_block_values(const defer_block_values&) = delete;
+  defer_block_values& operator=(const defer_block_values&) = delete;
+
+ private:
+  bool was_;
+};
+// A parameter built under defer_block_values that holds no value yet.
+bool is_deferred_placeholder(const torch::Tensor& t);
 
 // train.zero = 3: every block of `blocks` as a unit, named prefix.<i>, in
 // the list's order.

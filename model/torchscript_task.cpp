@@ -98,7 +98,7 @@ class torchscript_task : public task {
       if (c.slot) {
         std::vector<torch::Tensor> params;
         for (const auto& p : c.module.parameters(true)) params.push_back(p);
-        out.push_back({c.name, c.slot.get(), std::move(params)});
+        out.push_back({c.name, c.slot.get(), std::move(params), {}});
       }
     return out;
   }

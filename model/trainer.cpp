@@ -75,6 +75,7 @@ training_state::training_state(const config& cfg, job_settings s, std::unique_pt
   o.beta2 = ts.beta2;
   o.weight_decay = ts.weight_decay;
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
+  for (const auto& u : task_->param_units()) units_deferred_ = units_deferred_ || static_cast<bool>(u.initial);
   if (auto shards = task_->train_shard_samples(); !shards.empty()) {
     block_shards_ = settings_.data.shards.shuffle_block_shards;
     read_ahead_shards_ = block_shards_ * (1 + settings_.data.shards.read_ahead_blocks);

@@ -176,6 +176,12 @@ class training_state {
   // shards may be a mix of two steps (rank/zero repairs them).
   bool params_mixed() const { return params_mixed_; }
   void clear_params_mixed() { params_mixed_ = false; }
+  // Built with units whose values were deferred (model/layers:
+  // defer_block_values) and neither made nor received since: the first
+  // generation's start makes those of this rank's shards (rank/zero3:
+  // make_initial_units) or takes them from their holders.
+  bool units_deferred() const { return units_deferred_; }
+  void units_settled() { units_deferred_ = false; }
 
   // ZeRO-2: when the gradient-norm allreduce failed on this rank, its
   // gradient shards (the whole world's sum, the exchange having completed)
@@ -278,6 +284,7 @@ class training_state {
   torch::Tensor optim_steps_, rng_;  // the scalar entries of state_tensors()
   int64_t block_shards_ = 1, read_ahead_shards_ = 0;  // sharded data only
   bool params_mixed_ = false;
+  bool units_deferred_ = false;
   bool record_samples_ = false;
   std::vector<int64_t> recorded_;  // see recorded_samples()
   std::optional<int64_t> interrupted_at_;                 // see has_interrupted_step()

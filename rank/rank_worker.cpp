@@ -12,6 +12,7 @@
 #include "data/sample_log.hpp"
 #include "comm/grad_sync.hpp"
 #include "job/shipped_file.hpp"
+#include "model/layers.hpp"
 #include "model/trainer.hpp"
 #include "rank/checkpoint_saver.hpp"
 #include "rank/generation.hpp"
@@ -250,6 +251,9 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
       im.state = opts_.state;
     } else {
       if (opts_.setup_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.setup_mmap_threshold);
+      // train.zero = 3: no rank holds the whole model while it starts; the
+      // first generation makes each rank's shards (rank/state_source).
+      defer_block_values defer(s.train.zero >= 3);
       auto created = training_state::create(load_cfg.value());
       if (opts_.step_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.step_mmap_threshold);
       if (!created) return created.err();

@@ -50,6 +50,19 @@ class peer_state final : public state_source {
   }
 };
 
+// Units built deferred (train.zero = 3: no rank held the whole model while
+// it started), at the job's first step: this rank makes its own shards'
+// initial values and from then on holds only those (alone: all of them);
+// the rest is its holders' to make. Later, or holding nothing current,
+// its shards come from their holders as always.
+status make_own_initial_units(start_context& c, const shard_plan& plan) {
+  if (!c.state.units_deferred() || c.state.step() != 0 || c.held_before != 0) return {};
+  flat_adamw& opt = c.state.optimizer();
+  const index_spans mine = c.g.pg ? plan.ranges_of(c.g.rank) : index_spans{{0, opt.total_elements()}};
+  if (c.g.pg) c.state.shard_optimizer(mine);
+  return make_initial_units(opt, c.state.the_task().param_units(), mine);
+}
+
 // The optimizer moments resharded to this generation's plan from whoever
 // holds them at the agreed step; alone, this rank must hold all of them.
 // When both holders of some shard were lost: the checkpoint source's
@@ -60,6 +73,7 @@ class replica_shards final : public shard_source {
     generation_run& g = c.g;
     flat_adamw& opt = c.state.optimizer();
     const int64_t total = opt.total_elements();
+    if (auto st = make_own_initial_units(c, plan); !st) return g.failed(st.message(), c.state.step());
     std::string missing;
     if (!g.pg) {
       const auto held = opt.held_ranges();
@@ -165,6 +179,7 @@ generation_end starting_state::agree() {
   if (auto ended = c_.rs.sync->take_own_section(c_)) return ended;
   if (zero >= 1)
     if (auto ended = choose_shard_source(c_)->take(c_, generation_shard_plan(c_))) return ended;
+  state.units_settled();  // made, received or loaded
   if (g.pg)
     if (auto ended = c_.rs.sync->after_agreement(g, c_.rs, c_.own_window, c_.strategy_agreed)) return ended;
   if (g.source == ev::state_source::local && state.step() == 0) g.source = ev::state_source::fresh;

@@ -57,6 +57,39 @@ result<unit_layout> unit_layout_of(const flat_adamw& opt, const std::vector<para
   return out;
 }
 
+status make_initial_units(flat_adamw& opt, const std::vector<param_unit>& units, const index_spans& ranges) {
+  torch::NoGradGuard no_grad;
+  for (const auto& u : units) {
+    if (!u.initial) continue;
+    std::vector<std::pair<int64_t, int64_t>> at;  // each parameter's place
+    bool reached = false;
+    for (const auto& p : u.params) {
+      const auto r = opt.range_of(p);
+      at.emplace_back(r ? r->first : -1, r ? r->second : -1);
+      for (const auto& [x, y] : ranges) reached = reached || (r && x < r->second && y > r->first);
+    }
+    if (!reached) continue;
+    const std::vector<torch::Tensor> values = u.initial();
+    if (values.size() != u.params.size()) return make_error("unit " + u.name + ": its initial values are not its parameters");
+    for (size_t i = 0; i < values.size(); ++i) {
+      const auto [a, b] = at[i];
+      if (a < 0) continue;
+      if (values[i].numel() != b - a) return make_error("unit " + u.name + ": an initial value of another size than its parameter");
+      const auto flat = values[i].contiguous().view({-1});
+      for (const auto& [x, y] : ranges) {
+        const int64_t lo = std::max(a, x), hi = std::min(b, y);
+        if (lo >= hi) continue;
+        int64_t from = lo - a;
+        for (auto& v : opt.param_views(lo, hi)) {
+          v.copy_(flat.narrow(0, from, v.numel()));
+          from += v.numel();
+        }
+      }
+    }
+  }
+  return {};
+}
+
 index_spans spans_outside(const index_spans& spans, const index_spans& held) {
   index_spans out;
   for (auto [a, b] : spans) {

@@ -52,6 +52,13 @@ struct unit_layout {
 // Error: a unit's parameter the optimizer does not step, or one in two units.
 result<unit_layout> unit_layout_of(const flat_adamw& opt, const std::vector<param_unit>& units);
 
+// The initial values of every unit built deferred (param_unit::initial)
+// written where they lie in `ranges` (ascending, the index space): the
+// shards a rank holds at the job's first step. A unit at a time, made
+// only when `ranges` reach it: its values exist only while they are copied.
+// Error: a unit whose values do not match its parameters.
+status make_initial_units(flat_adamw& opt, const std::vector<param_unit>& units, const index_spans& ranges);
+
 // The spans of `spans` outside `held` (both ascending).
 index_spans spans_outside(const index_spans& spans, const index_spans& held);
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "model/vit.hpp"
 
 namespace dtactor {
@@ -54,6 +56,47 @@ TEST(Layers, ActivationCheckpointingGivesTheSameGradients) {
   auto plain = grads(false), ckpt = grads(true);
   ASSERT_EQ(plain.size(), ckpt.size());
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::allclose(plain[i], ckpt[i], 1e-5, 1e-6)) << "parameter " << i;
+}
+
+// Blocks built under defer_block_values keep no values (placeholders) and
+// leave the generator where a normal build leaves it, so everything built
+// after them is the same; each unit's `initial` gives the normal build's
+// values bit for bit, in parameter order, and does not move the generator.
+TEST(Layers, BlocksBuiltDeferredMakeTheirInitialValuesAgainBitForBit) {
+  vit_options o;
+  o.layers = 3;
+  o.blk = block_options{16, 2, 2.0, 0.0, false, false};
+  torch::manual_seed(7);
+  vit plain(o);
+  const auto after_plain = torch::rand({4});
+  torch::manual_seed(7);
+  std::optional<vit> deferred;
+  {
+    defer_block_values defer(true);
+    deferred.emplace(o);
+  }
+  const auto after_deferred = torch::rand({4});
+  EXPECT_TRUE(torch::equal(after_plain, after_deferred)) << "the generator moved differently";
+  auto pu = block_units(plain->blocks, "blocks"), du = block_units((*deferred)->blocks, "blocks");
+  ASSERT_EQ(du.size(), 3u);
+  for (size_t u = 0; u < du.size(); ++u) {
+    SCOPED_TRACE("unit " + std::to_string(u));
+    EXPECT_FALSE(pu[u].initial) << "a normal build defers nothing";
+    ASSERT_TRUE(du[u].initial);
+    for (const auto& p : du[u].params) EXPECT_TRUE(is_deferred_placeholder(p));
+    const auto values = du[u].initial();
+    ASSERT_EQ(values.size(), pu[u].params.size());
+    for (size_t i = 0; i < values.size(); ++i) EXPECT_TRUE(torch::equal(values[i], pu[u].params[i])) << "parameter " << i;
+  }
+  // Outside the blocks (patch embedding, class token, positions, head): built as always.
+  EXPECT_TRUE(torch::equal(plain->head->weight, (*deferred)->head->weight));
+  EXPECT_TRUE(torch::equal(plain->pos_embed, (*deferred)->pos_embed));
+  // initial() leaves the generator where it was.
+  torch::manual_seed(9);
+  const auto x = torch::rand({4});
+  torch::manual_seed(9);
+  (void)du[1].initial();
+  EXPECT_TRUE(torch::equal(torch::rand({4}), x));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "comm/grad_sync.hpp"
 #include "comm/shm_group.hpp"
 #include "model/flat_adamw.hpp"
+#include "model/layers.hpp"
 #include "model/shard_plan.hpp"
 #include "model/trainer.hpp"
 #include "rank/zero.hpp"
@@ -69,6 +70,10 @@ struct gather_how {
   // as the rank worker joins them (join_gather_segments), and the shard
   // plan's node of each rank is its host.
   std::vector<std::string> hosts;
+  // Level 3: every rank's blocks built without their values
+  // (defer_block_values, as the rank worker builds them), each rank making
+  // its own shards' initial values (make_initial_units).
+  bool deferred = false;
 };
 
 // `steps` steps at train.zero = `level` (2 or 3) over Gloo, a node per
@@ -78,9 +83,19 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
   std::vector<std::string> o = extra;
   o.push_back("train.zero=" + std::to_string(level));
   level_run run;
-  run.states = make_states(tiny_vit_config(o), world);
+  {
+    defer_block_values defer(how.deferred);
+    run.states = make_states(tiny_vit_config(o), world);
+  }
   run.plan = make_shard_plan(run.states[0]->optimizer().total_elements(), how.hosts.empty() ? nodes_of(world) : how.hosts, replicas);
-  for (int r = 0; r < world; ++r) run.states[static_cast<size_t>(r)]->shard_optimizer(run.plan.ranges_of(r));
+  for (int r = 0; r < world; ++r) {
+    auto& s = *run.states[static_cast<size_t>(r)];
+    EXPECT_EQ(s.units_deferred(), how.deferred);
+    s.shard_optimizer(run.plan.ranges_of(r));
+    if (how.deferred) {
+      EXPECT_TRUE(make_initial_units(s.optimizer(), s.the_task().param_units(), run.plan.ranges_of(r)).ok());
+    }
+  }
   run.digests.resize(static_cast<size_t>(world));
   run.val_loss.resize(static_cast<size_t>(world));
   run.released_resident.assign(static_cast<size_t>(world), 0);
@@ -213,6 +228,28 @@ TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
     auto two = run_level(2, three_blocks, world, replicas, 4);
     gather_how how;
     how.segment_floats = 4096;
+    auto three = run_level(3, three_blocks, world, replicas, 4, how);
+    for (int r = 0; r < world; ++r) {
+      const auto i = static_cast<size_t>(r);
+      EXPECT_EQ(three.digests[i], two.digests[0]) << "rank " << r;
+      EXPECT_EQ(three.val_loss[i], two.val_loss[0]) << "rank " << r;
+      EXPECT_GT(three.released_pages[i], 10u) << "rank " << r;
+      EXPECT_EQ(three.released_resident[i], 0u) << "rank " << r;
+    }
+  }
+}
+
+// Blocks built without their values (as a rank worker builds them at
+// train.zero = 3: no rank holds the whole model while it starts), each rank
+// making only its own shards' initial values: zero=2's bits from a normal
+// build, and no page of what a rank does not hold made resident.
+TEST(Zero3, UnitsBuiltDeferredMakeEachRanksShardsAndTrainAsZeroTwo) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const int replicas = world == 2 ? 1 : 2;
+    auto two = run_level(2, three_blocks, world, replicas, 4);
+    gather_how how;
+    how.deferred = true;
     auto three = run_level(3, three_blocks, world, replicas, 4, how);
     for (int r = 0; r < world; ++r) {
       const auto i = static_cast<size_t>(r);

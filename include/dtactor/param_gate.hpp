@@ -43,10 +43,19 @@ struct gate_slot {
 
 // One unit as a task declares it: a name for the journal, the module's
 // slot, and its parameters (each in one unit at most).
+//
+// `initial`, where set: the unit was built without keeping its parameters'
+// values (deferred initialisation: no rank holds the whole model while it
+// starts), and this makes them again, the same bits the module's own
+// initialisation gives, in `params`' order, without touching the global
+// generator. At train.zero = 3 a rank calls it for the units of the shards
+// it holds at the job's first step; every other value comes from their
+// holders.
 struct param_unit {
   std::string name;
   gate_slot* slot = nullptr;
   std::vector<torch::Tensor> params;
+  std::function<std::vector<torch::Tensor>()> initial;
 };
 
 // Runs f(inputs) as the slot's unit: gathered before it, released after
