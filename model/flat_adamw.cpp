@@ -60,7 +60,7 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
   }
   // Parameters built without values (model/layers: defer_block_values)
   // keep pages nobody touched, zeros until their values are written.
-  const bool deferred = std::any_of(slots_.begin(), slots_.end(), [](const slot& s) { return is_deferred_placeholder(s.param); });
+  const bool deferred = std::any_of(slots_.begin(), slots_.end(), [](const slot& s) { return awaits_initial_values(s.param); });
   int64_t base = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto& gr = groups_[g];
@@ -83,7 +83,7 @@ void flat_adamw::rebind() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
     if (s.param.data_ptr() == s.param_view.data_ptr()) continue;
-    if (!is_deferred_placeholder(s.param)) s.param_view.copy_(s.param.detach());
+    if (!awaits_initial_values(s.param)) s.param_view.copy_(s.param.detach());
     s.param.set_data(s.param_view);
   }
 }

@@ -62,7 +62,7 @@ TORCH_MODULE_IMPL(block, block_impl);
 // (train.zero = 3, the rank worker: a rank then never holds the whole
 // model while it starts). Each block still draws its initialisation from
 // the global generator, so everything built after it gets the values it
-// would have got; its parameters become zero-strided placeholders, which
+// would have got; its parameters become zero-strided views of one element, which
 // model/flat_adamw maps to pages it never touches, and block_units' units
 // carry `initial` (dtactor/param_gate.hpp) to make the values again.
 class defer_block_values {
@@ -75,8 +75,8 @@ class defer_block_values {
  private:
   bool was_;
 };
-// A parameter built under defer_block_values that holds no value yet.
-bool is_deferred_placeholder(const torch::Tensor& t);
+// A parameter built under defer_block_values whose values are not made yet.
+bool awaits_initial_values(const torch::Tensor& t);
 
 // train.zero = 3: every block of `blocks` as a unit, named prefix.<i>, in
 // the list's order.

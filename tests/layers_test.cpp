@@ -58,9 +58,9 @@ TEST(Layers, ActivationCheckpointingGivesTheSameGradients) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::allclose(plain[i], ckpt[i], 1e-5, 1e-6)) << "parameter " << i;
 }
 
-// Blocks built under defer_block_values keep no values (placeholders) and
-// leave the generator where a normal build leaves it, so everything built
-// after them is the same; each unit's `initial` gives the normal build's
+// Blocks built under defer_block_values keep no values (their parameters are
+// zero-strided views of one element) and leave the generator where a normal
+// build leaves it, so everything built after them is the same; each unit's `initial` gives the normal build's
 // values bit for bit, in parameter order, and does not move the generator.
 TEST(Layers, BlocksBuiltDeferredMakeTheirInitialValuesAgainBitForBit) {
   vit_options o;
@@ -83,7 +83,7 @@ TEST(Layers, BlocksBuiltDeferredMakeTheirInitialValuesAgainBitForBit) {
     SCOPED_TRACE("unit " + std::to_string(u));
     EXPECT_FALSE(pu[u].initial) << "a normal build defers nothing";
     ASSERT_TRUE(du[u].initial);
-    for (const auto& p : du[u].params) EXPECT_TRUE(is_deferred_placeholder(p));
+    for (const auto& p : du[u].params) EXPECT_TRUE(awaits_initial_values(p));
     const auto values = du[u].initial();
     ASSERT_EQ(values.size(), pu[u].params.size());
     for (size_t i = 0; i < values.size(); ++i) EXPECT_TRUE(torch::equal(values[i], pu[u].params[i])) << "parameter " << i;
