@@ -107,6 +107,10 @@ void add_role_options(CLI::App& app, parsed_cli& p, std::string& fail_mode) {
   app.add_flag("--standby", cl.standby, "coordinator (with --lease): wait while another holds the lease, and take over when it is gone");
   app.add_option("--lease-ttl-ms", cl.lease_ttl_ms, "coordinator: how long a lease not renewed stays held")->check(CLI::Range(300, 600000))->capture_default_str();
   app.add_flag("--die-with-parent", cl.die_with_parent, "stop when the parent process ends (set by dtactor local)")->group("");
+  app.add_flag("--metrics-free-port", cl.metrics_free_port, "coordinator (set by dtactor local): serve the status page on a free port")->group("");
+  app.add_option("--announce-fd", cl.announce_fd, "coordinator (set by dtactor local): descriptor to report the bound ports on")
+      ->check(CLI::Range(3, 1 << 20))
+      ->group("");
   app.add_option("--node-endpoint", cl.node_endpoint, "rank (started by the node agent): the node's ipc endpoint")->group("");
   app.add_option("--local-rank", cl.local_rank, "rank (started by the node agent): its local rank")->group("");
   app.add_flag("--spare", cl.spare, "rank (started by the node agent): a warm spare, given its local rank when it takes a rank's place")->group("");

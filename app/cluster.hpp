@@ -28,6 +28,8 @@ struct cluster_cli {
   bool standby_node = false;                   // node: register as a standby, outside the world until a member is lost
   int threads_per_rank = 0;                    // node, rank: cores each rank uses when train.threads = 0 (0: cores / nproc)
   int metrics_port = 0;
+  bool metrics_free_port = false;              // coordinator (set by dtactor local): serve the status page on a port the system picks
+  int announce_fd = -1;                        // coordinator (set by dtactor local): write "ENDPOINT STATUS_PORT\n" here once listening
   std::string metrics_addr = "0.0.0.0";       // address /metrics binds (unauthenticated: choose it)
   int nodes = 2;                               // local
   int standby_nodes = 0;                       // local: nodes started beside them with --standby-node

@@ -19,7 +19,7 @@
 
 namespace dtactor {
 
-result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::string& what) {
+result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::string& what, bool free_port_allowed) {
   const std::string prefix = "tcp://";
   auto bad = [&](const std::string& why) { return make_error(what + " '" + endpoint + "' is not a tcp://HOST:PORT address: " + why); };
   if (endpoint.rfind(prefix, 0) != 0) return bad("it must start with tcp://");
@@ -32,7 +32,8 @@ result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::
   const std::string port = rest.substr(colon + 1);
   char* end = nullptr;
   const long p = std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || p < 1 || p > 65535) return bad("port must be 1..65535");
+  const long lowest = free_port_allowed ? 0 : 1;
+  if (port.empty() || *end != '\0' || p < lowest || p > 65535) return bad(free_port_allowed ? "port must be 0..65535 (0: a free port)" : "port must be 1..65535");
   e.port = static_cast<int>(p);
   return e;
 }

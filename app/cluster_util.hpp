@@ -14,7 +14,8 @@ struct tcp_endpoint {
 };
 
 // "tcp://HOST:PORT" -> {HOST, PORT}; errors say what is wrong with the text.
-result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::string& what);
+// With `free_port_allowed` (an address to bind), port 0 asks for a free port.
+result<tcp_endpoint> parse_tcp_endpoint(const std::string& endpoint, const std::string& what, bool free_port_allowed = false);
 // A comma-separated list of them (a node's --coordinator A,B: a coordinator
 // and its standbys); at least one, at most 8.
 result<std::vector<tcp_endpoint>> parse_tcp_endpoints(const std::string& endpoints, const std::string& what);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <unistd.h>
 
@@ -86,7 +87,10 @@ result<checked_config> checked_setup(const cluster_cli& cli, int& code) {
                       " that plans carry to the nodes; shorten the values set with --set");
   if (auto why = validate(liveness_options_from(s.cluster)); !why.empty()) return make_error(why);
   if (auto why = validate(membership_options_from(s.cluster)); !why.empty()) return make_error(why);
-  if (auto listen = parse_tcp_endpoint(cli.listen, "--listen"); !listen) return listen.err();
+  auto listen = parse_tcp_endpoint(cli.listen, "--listen", true);
+  if (!listen) return listen.err();
+  if (listen.value().port == 0 && !cli.lease.empty())
+    return make_error("--lease needs a fixed --listen port: the nodes name it in --coordinator");
   if (cli.standby && cli.lease.empty()) return make_error("--standby waits for the job's lease: name it with --lease");
   if (!cli.lease.empty())
     if (auto why = lease_place_problem(cli.lease); !why.empty()) return make_error(why);
@@ -268,8 +272,11 @@ status serve_pages(const coordinator_run& run, metrics& m, sd_targets& sd, statu
   m.add_route("/sd", "application/json", [&sd] { return sd.json(); });
   m.add_route("/", "text/html; charset=utf-8", [] { return status_board::page(); });
   m.add_route("/status.json", "application/json", [&board] { return board.json(unix_time_now()); });
-  if (run.cli.metrics_port > 0)
+  if (run.cli.metrics_free_port) {
+    if (auto st = m.serve_on_free_port(run.cli.metrics_addr); !st) return st;
+  } else if (run.cli.metrics_port > 0) {
     if (auto st = m.serve(run.cli.metrics_port, run.cli.metrics_addr); !st) return st;
+  }
   sd.set_coordinator(advertised_host(run, host_name()), m.port());
   return {};
 }
@@ -335,6 +342,17 @@ void announce(const coordinator_run& run, const std::string& bound, int store_po
   run.jn.write(started);
   stderr_line("coordinator: job " + run.job_id + " listening on " + bound + ", waiting for " + std::to_string(run.settings.cluster.min_nodes) +
               " node(s)");
+}
+
+// For `dtactor local`, which started this process on free ports: one line,
+// "ENDPOINT STATUS_PORT", then the descriptor is closed (its reader sees
+// end-of-file instead when this process ends before it listens).
+void report_ports(int fd, const std::string& bound, int status_port) {
+  if (fd < 0) return;
+  const std::string line = bound + " " + std::to_string(status_port) + "\n";
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    stderr_line(std::string("dtactor: cannot report the bound ports to dtactor local: ") + std::strerror(errno));
+  ::close(fd);
 }
 
 // The actors and the bridge to the nodes, until the job ends. Returns the
@@ -439,6 +457,7 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
     return fail("cannot listen on " + run.cli.listen + ": " + bound.message());
   }
   announce(run, bound.value(), store_port);
+  report_ports(run.cli.announce_fd, bound.value(), m.port());
 
   const int code = wait_for_the_job(sys, job, run.cli);
   // The shutdowns are queued in the bridge: they go out before it closes.
@@ -458,14 +477,11 @@ int serve_job(const coordinator_run& run) {
   status_board board(status_options{run.job_id, max_steps, run.cli.key != nullptr});
   if (auto st = serve_pages(run, m, sd, board); !st) return fail(st.message());
 
-  auto store_port = pick_free_tcp_port();
-  if (!store_port) return fail(store_port.message());
+  // A port the system picks as it binds: nothing can take it in between.
   auto rendezvous = rendezvous_store::start(
-      store_port.value(),
-      std::max<std::chrono::milliseconds>(run.settings.cluster.collective_timeout, std::chrono::seconds(60)),
-      run.cli.key, run.listen.host);
+      0, std::max<std::chrono::milliseconds>(run.settings.cluster.collective_timeout, std::chrono::seconds(60)), run.cli.key, run.listen.host);
   if (!rendezvous) return fail(rendezvous.message());
-  return run_actors(run, m, sd, board, *rendezvous.value(), store_port.value());
+  return run_actors(run, m, sd, board, *rendezvous.value(), rendezvous.value()->port());
 }
 
 }  // namespace
@@ -482,7 +498,7 @@ int run_coordinator(const cluster_cli& cli) {
   if (!loaded) return fail(loaded.message(), setup_code);
   const checked_config job = std::move(loaded.value());
   const config& cfg = job.cfg;
-  auto listen = parse_tcp_endpoint(cli.listen, "--listen");
+  auto listen = parse_tcp_endpoint(cli.listen, "--listen", true);
   // The job's lease first: a standby waits here, before it touches the
   // run directory or the port.
   std::unique_ptr<coordinator_lease> lease;

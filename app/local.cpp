@@ -2,11 +2,15 @@
 // loopback, on free ports. Its exit code is the coordinator's (1 when
 // every node process ended before the coordinator decided the job's end,
 // and the job was stopped for it).
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <optional>
 #include <functional>
@@ -35,16 +39,21 @@ struct local_node {
   child_process proc;
 };
 
-// The coordinator's command line. Without --metrics-port, it serves its
-// status page (and /metrics) on a free loopback port: `port`.
-std::vector<std::string> coordinator_args(const cluster_cli& cli, const std::string& exe, const std::string& endpoint, int status_port) {
-  std::vector<std::string> coord = {exe, "--role", "coordinator", "--listen", endpoint, "--run-dir", cli.run_dir, "--die-with-parent"};
+// The coordinator's command line. It binds a free loopback port (and,
+// without --metrics-port, serves its status page and /metrics on another)
+// and reports both on `announce_fd`: no port is chosen here and taken by
+// someone else before the coordinator binds it.
+std::vector<std::string> coordinator_args(const cluster_cli& cli, const std::string& exe, int announce_fd) {
+  std::vector<std::string> coord = {exe,         "--role",          "coordinator", "--listen", "tcp://127.0.0.1:0", "--announce-fd",
+                                    std::to_string(announce_fd), "--run-dir", cli.run_dir, "--die-with-parent"};
   if (!cli.config_path.empty()) coord.insert(coord.end(), {"--config", cli.config_path});
   for (const auto& o : cli.overrides) coord.insert(coord.end(), {"--set", o});
   // A local job starts when all its nodes are there.
   coord.insert(coord.end(), {"--set", "cluster.min_nodes=" + std::to_string(cli.nodes)});
-  const std::string addr = cli.metrics_port > 0 ? cli.metrics_addr : "127.0.0.1";
-  coord.insert(coord.end(), {"--metrics-port", std::to_string(status_port), "--metrics-addr", addr});
+  if (cli.metrics_port > 0)
+    coord.insert(coord.end(), {"--metrics-port", std::to_string(cli.metrics_port), "--metrics-addr", cli.metrics_addr});
+  else
+    coord.insert(coord.end(), {"--metrics-free-port", "--metrics-addr", "127.0.0.1"});
   if (cli.no_resume) coord.push_back("--no-resume");
   return coord;
 }
@@ -213,6 +222,43 @@ struct local_end {
 // Waits for the coordinator, passing a SIGINT/SIGTERM on to it once. Once
 // every node process has ended before the job's end was decided, the job
 // is stopped and ends failed.
+// Where the coordinator listens, as it reported once bound.
+struct coordinator_ports {
+  std::string endpoint;
+  int status_port = 0;
+};
+
+// "ENDPOINT STATUS_PORT\n" from the coordinator's report descriptor `fd`;
+// nothing when it ended first (it said why). A stop signal meanwhile is
+// handed to it.
+std::optional<coordinator_ports> await_coordinator_ports(const cluster_cli& cli, child_process& coordinator, int fd) {
+  std::string text;
+  bool forwarded = false;
+  while (text.find('\n') == std::string::npos && text.size() < 512) {
+    const int sig = cli.stop_signal ? cli.stop_signal->load() : 0;
+    if (sig != 0 && !forwarded) {
+      forwarded = true;
+      coordinator.signal(sig);
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 100);
+    if (ready < 0 && errno != EINTR) return std::nullopt;
+    if (ready <= 0) continue;
+    char buf[256];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  coordinator_ports ports;
+  const auto space = text.find(' ');
+  if (space == std::string::npos) return std::nullopt;
+  ports.endpoint = text.substr(0, space);
+  ports.status_port = std::atoi(text.c_str() + space + 1);
+  if (ports.status_port <= 0) return std::nullopt;
+  return ports;
+}
+
 local_end watch_coordinator(const cluster_cli& cli, child_process& coordinator, local_nodes& nodes, local_journal& journal) {
   bool forwarded = false, nodes_gone = false;
   std::optional<child_exit> done;
@@ -236,6 +282,16 @@ local_end watch_coordinator(const cluster_cli& cli, child_process& coordinator, 
   return {*done, nodes_gone};
 }
 
+// The local job's exit code from the coordinator's. Stopped by this process
+// because every node had gone, it ends failed (but a job that had finished
+// by then, which the coordinator's exit 0 says, did finish).
+int exit_code_of(const std::optional<child_exit>& exit, bool nodes_gone) {
+  if (!exit) return 1;
+  if (nodes_gone && (exit->signaled || exit->exit_code != 0)) return 1;
+  if (exit->signaled) return 128 + exit->signal;
+  return exit->exit_code;
+}
+
 }  // namespace
 
 std::string local_arguments_problem(const cluster_cli& cli) {
@@ -254,39 +310,38 @@ int run_local(const cluster_cli& cli) {
   cluster_cli as_coordinator = cli;
   as_coordinator.overrides.push_back("cluster.min_nodes=" + std::to_string(cli.nodes));
   if (auto c = check_coordinator_setup(as_coordinator); c.code != 0) return local_fail(c.message, c.code);
-  auto port = pick_free_tcp_port();
-  if (!port) return local_fail(port.message(), 1);
-  auto status_port = cli.metrics_port > 0 ? result<int>(cli.metrics_port) : pick_free_tcp_port();
-  if (!status_port) return local_fail(status_port.message(), 1);
   const std::string exe = self_executable();
-  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port.value());
-
   local_journal journal(cli.run_dir);
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) return local_fail(std::string("cannot make a pipe: ") + std::strerror(errno), 1);
   // The cluster's processes get a process group of their own: a terminal's
   // Ctrl-C (or SIGTERM to this process group) reaches only this process,
   // which hands it to the coordinator, so the job stops as one, after a
   // final checkpoint, instead of every node taking it for a preemption.
-  auto c = child_process::spawn(coordinator_args(cli, exe, endpoint, status_port.value()), true);
-  if (!c) return local_fail(c.message(), 1);
-  local_nodes nodes(cli, exe, endpoint);
+  auto c = child_process::spawn_keeping_fd(coordinator_args(cli, exe, report[1]), true, report[1]);
+  ::close(report[1]);
+  if (!c) {
+    ::close(report[0]);
+    return local_fail(c.message(), 1);
+  }
+  const auto ports = await_coordinator_ports(cli, c.value(), report[0]);
+  ::close(report[0]);
+  if (!ports) return exit_code_of(c.value().wait(), false);
+  local_nodes nodes(cli, exe, ports->endpoint);
   if (auto st = nodes.start_first(); !st) {
     c->signal(SIGTERM);
     return local_fail(st.message(), 1);
   }
   const std::string host = cli.metrics_port > 0 && cli.metrics_addr != "0.0.0.0" ? cli.metrics_addr : "127.0.0.1";
   const std::string standbys = cli.standby_nodes > 0 ? " and " + std::to_string(cli.standby_nodes) + " standby node(s)" : "";
-  std::fprintf(stderr, "local: coordinator on %s, %d node(s)%s x %d rank(s), run dir %s\nlocal: status page http://%s:%d/\n", endpoint.c_str(),
-               cli.nodes, standbys.c_str(), cli.nproc_per_node, cli.run_dir.c_str(), host.c_str(), status_port.value());
+  std::fprintf(stderr, "local: coordinator on %s, %d node(s)%s x %d rank(s), run dir %s\nlocal: status page http://%s:%d/\n", ports->endpoint.c_str(),
+               cli.nodes, standbys.c_str(), cli.nproc_per_node, cli.run_dir.c_str(), host.c_str(), ports->status_port);
 
   journal.start_chaos(cli, nodes);
   const local_end end = watch_coordinator(cli, c.value(), nodes, journal);
   if (auto* monkey = journal.monkey(); monkey && !monkey->summary().empty()) std::fprintf(stderr, "chaos: %s\n", monkey->summary().c_str());
   nodes.reap();
-  // Stopped by this process, it ends failed (but a job that had finished
-  // by then, which the coordinator's exit 0 says, did finish).
-  if (end.nodes_gone && (end.exit.signaled || end.exit.exit_code != 0)) return 1;
-  if (end.exit.signaled) return 128 + end.exit.signal;
-  return end.exit.exit_code;
+  return exit_code_of(end.exit, end.nodes_gone);
 }
 
 int run_static_node(const cluster_cli& cli) {

@@ -100,7 +100,13 @@ result<child_process> child_process::spawn_to_fd(const std::vector<std::string>&
   return launch(argv, new_group ? 0 : -1, "", output_fd);
 }
 
-result<child_process> child_process::launch(const std::vector<std::string>& argv, pid_t group, const std::string& output_path, int output_fd) {
+result<child_process> child_process::spawn_keeping_fd(const std::vector<std::string>& argv, bool new_group, int kept_fd) {
+  if (kept_fd < 0) return make_error("spawn: no descriptor to keep");
+  return launch(argv, new_group ? 0 : -1, "", -1, kept_fd);
+}
+
+result<child_process> child_process::launch(const std::vector<std::string>& argv, pid_t group, const std::string& output_path, int output_fd,
+                                            int kept_fd) {
   const bool new_group = group >= 0;
   if (argv.empty()) return make_error("spawn: empty command");
   std::vector<char*> args;
@@ -131,6 +137,8 @@ result<child_process> child_process::launch(const std::vector<std::string>& argv
     posix_spawn_file_actions_addopen(&files, 1, output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&files, 1, 2);
   }
+  // A dup2 onto itself clears close-on-exec in the child (POSIX, glibc 2.29+).
+  if (kept_fd >= 0) posix_spawn_file_actions_adddup2(&files, kept_fd, kept_fd);
   pid_t pid = -1;
   int rc = ::posix_spawn(&pid, args[0], &files, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&files);

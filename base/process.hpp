@@ -62,6 +62,10 @@ class child_process {
   // pipe's write end, from line_forwarder::open_pipe); the caller keeps its
   // own copy of the descriptor and closes it.
   static result<child_process> spawn_to_fd(const std::vector<std::string>& argv, bool new_group, int output_fd);
+  // spawn(argv, new_group), the child keeping `kept_fd` open at the same
+  // number (close-on-exec cleared in the child only): a pipe's write end it
+  // reports on. The caller closes its own copy.
+  static result<child_process> spawn_keeping_fd(const std::vector<std::string>& argv, bool new_group, int kept_fd);
 
   child_process() = default;
   child_process(child_process&& o) noexcept;
@@ -87,7 +91,8 @@ class child_process {
  private:
   // group: < 0 the parent's, 0 a new one, else that one; output to
   // output_fd when >= 0, else to output_path when not empty.
-  static result<child_process> launch(const std::vector<std::string>& argv, pid_t group, const std::string& output_path, int output_fd);
+  static result<child_process> launch(const std::vector<std::string>& argv, pid_t group, const std::string& output_path, int output_fd,
+                                      int kept_fd = -1);
 
   pid_t pid_ = -1;
   std::optional<child_exit> exit_;

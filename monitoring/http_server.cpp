@@ -157,7 +157,7 @@ result<std::unique_ptr<http_server>> http_server::start(const std::string& host,
   auto fail = [&](const std::string& why) -> result<std::unique_ptr<http_server>> { return make_error(address + ": " + why); };
   in_addr parsed{};
   if (::inet_pton(AF_INET, host.c_str(), &parsed) != 1) return fail("'" + host + "' is not an IPv4 address (use 0.0.0.0 for all interfaces)");
-  if (port < 1 || port > 65535) return fail("the port must be 1..65535");
+  if (port < 0 || port > 65535) return fail("the port must be 1..65535 (0: a free one)");
   if (auto why = bind_problem(parsed, port); !why.empty()) return fail(why);
   std::call_once(library_once, [] { mg_init_library(0); });
 
@@ -180,6 +180,9 @@ result<std::unique_ptr<http_server>> http_server::start(const std::string& host,
   }
   mg_set_request_handler(s->impl_->ctx, "**", on_request, s->impl_.get());
   s->port_ = port;
+  mg_server_port bound[1] = {};
+  if (port == 0 && mg_get_server_ports(s->impl_->ctx, 1, bound) == 1) s->port_ = bound[0].port;
+  if (s->port_ == 0) return fail("civetweb did not say which port it bound");
   return s;
 }
 

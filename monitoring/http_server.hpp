@@ -47,8 +47,9 @@ uint64_t http_accepts_without_descriptors();
 
 class http_server {
  public:
-  // Serves `handler` on host:port (an IPv4 address). Fails with one clear
-  // line when the address is bad or the port taken.
+  // Serves `handler` on host:port (an IPv4 address; port 0: a free port,
+  // then port() says which). Fails with one clear line when the address is
+  // bad or the port taken.
   static result<std::unique_ptr<http_server>> start(const std::string& host, int port, http_handler handler, http_limits limits = {});
   ~http_server();
   http_server(const http_server&) = delete;

@@ -298,8 +298,14 @@ void metrics::add_route(const std::string& path, const std::string& content_type
 
 status metrics::serve(int port, const std::string& bind_host) {
   if (port == 0) return status::success();
-  if (server_) return make_error("metrics: already serving on port " + std::to_string(port_));
   if (port < 0 || port > 65535) return make_error("metrics: port " + std::to_string(port) + " is out of range; use 1-65535, or 0 for off");
+  return start_server(port, bind_host);
+}
+
+status metrics::serve_on_free_port(const std::string& bind_host) { return start_server(0, bind_host); }
+
+status metrics::start_server(int port, const std::string& bind_host) {
+  if (server_) return make_error("metrics: already serving on port " + std::to_string(port_));
   auto server = http_server::start(bind_host, port, [registry = registry_, hooks = hooks_](const std::string& method, const std::string& path) {
     return metrics_reply(method, path, *registry, *hooks);
   });

@@ -48,6 +48,9 @@ class metrics {
   // serving. Fails with one clear line when the port is taken or the address
   // is bad. Call at most once.
   status serve(int port, const std::string& bind_host = "0.0.0.0");
+  // The same on a port the system picks (port() says which): nothing can
+  // take it between choosing and binding.
+  status serve_on_free_port(const std::string& bind_host);
   // The port actually served on, or 0 when not serving.
   int port() const { return port_; }
 
@@ -164,6 +167,7 @@ class metrics {
   void data_read(int rank, const std::string& node, const data_reading& now);
 
  private:
+  status start_server(int port, const std::string& bind_host);
   // The constructor's parts, in registration (exposition) order.
   void register_training();              // step, loss, throughput, DiLoCo
   void register_control_plane();         // recoveries, dropped frames, refused handshakes

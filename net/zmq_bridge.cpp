@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <cstring>
 #include <future>
 #include <map>
@@ -583,7 +584,57 @@ void zmq_bridge::run() {
 
 // ---- helpers ----
 
+namespace {
+
+// The lowest port of the kernel's range for ports nobody asked for by
+// number (connect(), and bind() to port 0, as Gloo's and ZeroMQ's peers do).
+int ephemeral_port_floor() {
+  int first = 32768, last = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &first, &last) != 2) first = 32768;
+    std::fclose(f);
+  }
+  return first;
+}
+
+// Whether `port` can be bound on every interface now (nobody listens or is
+// connected on it, on any address).
+bool port_free_now(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return free;
+}
+
+}  // namespace
+
 result<int> pick_free_tcp_port() {
+  // Below the ephemeral range, at a random place: the ports the system hands
+  // out to connections and port-0 listeners (the busiest source of a
+  // collision between choosing and binding) never land there.
+  const int first = ephemeral_port_floor();
+  const int low = 10000, high = first > low + 1000 ? first - 1 : 0;
+  if (high > 0) {
+    // Not one this process handed out lately and nobody has bound yet.
+    static std::mutex m;
+    static std::deque<int> recent;
+    std::lock_guard<std::mutex> lock(m);
+    std::random_device seed;
+    std::mt19937 pick(seed());
+    std::uniform_int_distribution<int> in_range(low, high);
+    for (int tries = 0; tries < 200; ++tries) {
+      const int port = in_range(pick);
+      if (std::find(recent.begin(), recent.end(), port) != recent.end() || !port_free_now(port)) continue;
+      recent.push_back(port);
+      if (recent.size() > 256) recent.pop_front();
+      return port;
+    }
+  }
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return make_error(std::string("cannot create a TCP socket: ") + std::strerror(errno));
   sockaddr_in addr{};

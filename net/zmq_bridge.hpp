@@ -286,8 +286,10 @@ class zmq_bridge {
   std::thread thread_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read
-// it, close). Another process may take it before you bind; tests only.
+// A TCP port that was free a moment ago on every interface, chosen at random
+// below the kernel's ephemeral range (so no connection or port-0 listener is
+// given it meanwhile). Another process may still take it before you bind:
+// tests and benches only; a server binds port 0 and reports what it got.
 result<int> pick_free_tcp_port();
 
 // The address a peer on this machine can connect to for a bound endpoint:

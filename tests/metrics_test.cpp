@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -100,6 +102,43 @@ TEST(metrics, port_zero_is_off_and_no_job_label_when_none_given) {
   EXPECT_EQ(m.port(), 0);
   m.world_size().Set(2);
   EXPECT_TRUE(has_line(m.render(), "dtactor_world_size 2")) << m.render();
+}
+
+// Two servers on ports the system picks: each says its own, and answers there.
+TEST(metrics, a_free_port_is_bound_and_reported) {
+  metrics first("a"), second("b");
+  ASSERT_TRUE(first.serve_on_free_port("127.0.0.1"));
+  ASSERT_TRUE(second.serve_on_free_port("127.0.0.1"));
+  EXPECT_GT(first.port(), 0);
+  EXPECT_GT(second.port(), 0);
+  EXPECT_NE(first.port(), second.port());
+  first.world_size().Set(3);
+  second.world_size().Set(5);
+  EXPECT_TRUE(has_line(http_get(first.port(), "/metrics"), "dtactor_world_size{job=\"a\"} 3"));
+  EXPECT_TRUE(has_line(http_get(second.port(), "/metrics"), "dtactor_world_size{job=\"b\"} 5"));
+  EXPECT_FALSE(first.serve_on_free_port("127.0.0.1"));  // at most once
+}
+
+// Ports handed out for tests lie below the kernel's ephemeral range (where
+// no connection is given them meanwhile), are free, and do not repeat.
+TEST(metrics, picked_ports_are_free_distinct_and_below_the_ephemeral_range) {
+  int floor = 32768, last = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    ASSERT_EQ(std::fscanf(f, "%d %d", &floor, &last), 2);
+    std::fclose(f);
+  }
+  std::set<int> seen;
+  for (int i = 0; i < 100; ++i) {
+    auto port = pick_free_tcp_port();
+    ASSERT_TRUE(port) << port.message();
+    if (floor > 11000) {
+      EXPECT_LT(port.value(), floor);
+    }
+    EXPECT_TRUE(seen.insert(port.value()).second) << port.value() << " handed out twice";
+  }
+  metrics m("c");
+  const int port = *seen.begin();
+  EXPECT_TRUE(m.serve(port, "127.0.0.1")) << port;
 }
 
 TEST(metrics, port_in_use_is_a_clear_error) {
