@@ -74,6 +74,8 @@ expect_error "bad coordinator address" "not a tcp://HOST:PORT" --role node --coo
 expect_error "node id with a terminal escape" "--node-id: node id .evil.x1b" --role node --coordinator tcp://127.0.0.1:1 --node-id "$(printf 'evil\033[2J')"
 TMPDIR=$work/no-such-tmp expect_error "node with a TMPDIR that does not exist" "no temporary directory for the ranks. ipc socket" --role node --coordinator tcp://127.0.0.1:1 --connect-timeout 1
 expect_error "bad listen address" "not a tcp://HOST:PORT" --role coordinator --listen tcp://127.0.0.1:notaport --run-dir "$work/rc"
+expect_error "a lease with a free listen port" "--lease needs a fixed --listen port" --role coordinator --listen tcp://127.0.0.1:0 --lease "$work/lease" --run-dir "$work/rc"
+expect_error "a node given port 0" "port must be 1..65535" --role node --coordinator tcp://127.0.0.1:0
 expect_error "unknown role" "role" --role janitor
 expect_error "--standby-node on a coordinator" "--standby-node is a node's flag .*--role coordinator --standby" --role coordinator --standby-node --run-dir "$work/rc"
 expect_error "--standby-node with a value" "standby-node" --role node --coordinator tcp://127.0.0.1:1 --standby-node=maybe
