@@ -44,7 +44,8 @@ gather_route gather_route_for(const generation_run& g, const shard_plan& plan) {
 
 // train.zero = 3: the task's units gated for this generation (their
 // parameters released now, gathered as each runs), the root gathered after
-// each update, the norm as zero_sync_for's.
+// each update (and now, after a checkpoint's shards), the norm as
+// zero_sync_for's.
 status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
   training_state& state = *rs.state;
   auto units = state.the_task().param_units();
@@ -59,6 +60,10 @@ status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
     x.gated.push_back(units[i].slot);
   }
   x.gate->reshard();
+  // Shards read from a checkpoint (rank/checkpoint_source): each rank read
+  // only its own, so the parameters of no unit, which every rank keeps,
+  // come from their primaries, as after an update.
+  if (g.optimizer == ev::optimizer_source::checkpoint) return x.gate->after_update();
   return {};
 }
 

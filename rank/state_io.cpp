@@ -304,7 +304,12 @@ status load_checkpoint(training_state& state, checkpoint_store& store, const pb:
   const stream_scope scope = which == load_which::replicated ? stream_scope::replicated
                              : which == load_which::shards   ? stream_scope::shards
                                                              : stream_scope::whole;
-  const auto ranges = rank_ranges(stream_of(meta, shard_bases(layout, opt.group_bases())), share, scope);
+  // train.zero = 3: the parameters are sharded like the moments, so that no
+  // rank reads (or, its root, sends) the whole model: each reads its own.
+  auto bases = shard_bases(layout, opt.group_bases());
+  if (layout.sharded())
+    for (const auto& [name, base] : sharded_params(state)) bases[name] = base;
+  const auto ranges = rank_ranges(stream_of(meta, bases), share, scope);
   bool touched = false;
   uint64_t read = 0;
   auto st = read_into(store, meta, layout, ranges, touched, read);
@@ -432,9 +437,9 @@ result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, trainin
     return make_error("state transfer: rank " + std::to_string(root) + " holds " + std::to_string(head[0][1].item<int64_t>()) +
                       " bytes of state, this rank " + std::to_string(bytes) + " (another model?)");
   torch::NoGradGuard no_grad;
-  // A state root read from a checkpoint goes whole (nobody holds it); a
-  // peer's leaves out what moves with the shards.
-  const auto entries = transferred(layout, tag != 0 ? std::map<std::string, int64_t>{} : sharded_params(state));
+  // train.zero = 3: the parameters move with the shards (a peer's, or, when
+  // the root read the state from a checkpoint, each rank's own read of it).
+  const auto entries = transferred(layout, sharded_params(state));
   transfer_stats stats;
   if (shm) {
     if (auto st = shm_chunks(*shm, root, transfer_chunks(entries, shm_chunk_bytes(*shm, chunk_bytes)), timeout, abandon, stats.bytes); !st) {

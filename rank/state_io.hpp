@@ -121,8 +121,9 @@ status check_fits(const state_layout& layout, const pb::checkpoint_meta& meta);
 // torn). `which` (sharded states): `replicated` reads only the parts holding
 // the replicated tensors (and sets step() and the scalars), `shards` only
 // the parts overlapping this rank's windows of the sharded ones (step() is
-// left alone: the replicated part came from elsewhere). `bytes_read`: of
-// parts.
+// left alone: the replicated part came from elsewhere). At train.zero = 3
+// the parameters are sharded ones: no rank reads the whole model.
+// `bytes_read`: of parts.
 enum class load_which { all, replicated, shards };
 status load_checkpoint(training_state& state, checkpoint_store& store, const pb::checkpoint_meta& meta, load_which which = load_which::all,
                        uint64_t* bytes_read = nullptr);
@@ -151,11 +152,11 @@ struct transfer_stats {
 // (the group's ranks all on one host, in the same rank order: the
 // generation's gradient segment), the chunks go through its ring instead,
 // root copying each into its slot and the others out of it (the header
-// still over `pg`). At train.zero = 3, from a peer (`tag` 0), the
-// parameters the optimizer steps are not sent: they are held as shards and
-// move with them (rank/zero's reshard), so a rank holding the agreed step
-// keeps its own; a state root read from a checkpoint (`tag` not 0) goes
-// whole.
+// still over `pg`). At train.zero = 3 the parameters the optimizer steps
+// are not sent: they are held as shards and move with them (rank/zero's
+// reshard), so a rank holding the agreed step keeps its own; from a root
+// that read the state from a checkpoint (`tag` not 0, the replicated part
+// only: load_checkpoint), each rank reads its own shards' parameters there.
 result<transfer_stats> broadcast_state(c10d::ProcessGroup& pg, int root, training_state& state, std::chrono::milliseconds timeout,
                                        const std::function<bool()>& abandon, int64_t& tag, int in_flight = 1, uint64_t chunk_bytes = 64ull << 20,
                                        shm_group* shm = nullptr);

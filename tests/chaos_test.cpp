@@ -794,14 +794,15 @@ std::string crash_c_at_step_50_and_start_it_again(cluster& cl) {
   return cl.start_node("c");
 }
 
-// zero=2 with one holder a shard (train.zero_replicas=1): node c's crash at
-// step 50 takes its shard with it. The ranks go back to the newest committed
-// checkpoint, each reading its own shards from the parts that hold them
-// (rank 0 also the replicated part, sent on to the others), and the run ends
-// bit for bit where the fault-free run ends.
-TEST(Chaos, AShardLostWithItsOnlyHolderComesBackFromTheCheckpoint) {
+// zero=2 (or 3) with one holder a shard (train.zero_replicas=1): node c's
+// crash at step 50 takes its shard with it. The ranks go back to the newest
+// committed checkpoint, each reading its own shards from the parts that hold
+// them (rank 0 also the replicated part, sent on to the others; at zero=3
+// it holds no parameter, which each rank reads with its shards), and the
+// run ends bit for bit where the fault-free run ends.
+void a_shard_lost_with_its_only_holder_comes_back_from_the_checkpoint(int zero) {
   const auto sets = job_sets(80, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
-                                  "checkpoint.every_steps=20", "train.zero=2", "train.zero_replicas=1"});
+                                  "checkpoint.every_steps=20", "train.zero=" + std::to_string(zero), "train.zero_replicas=1"});
   auto finished = [](const std::vector<json>& j) { return !events<ev::job_finished>(j).empty(); };
   temp_dir d1, d2;
   std::string clean, faulty;
@@ -816,7 +817,7 @@ TEST(Chaos, AShardLostWithItsOnlyHolderComesBackFromTheCheckpoint) {
   ASSERT_TRUE(cl.wait_for(finished, 300)) << cl.logs();
   const auto j = cl.journal();
   faulty = events<ev::job_finished>(j)[0].at("params_digest").get<std::string>();
-  EXPECT_EQ(faulty, clean) << "back to the checkpoint and on, bit for bit";
+  EXPECT_EQ(faulty, clean) << "back to the checkpoint and on, bit for bit\n" << cl.logs();
   const auto rec = events<ev::recovery_done>(j);
   ASSERT_GE(rec.size(), 1u);
   EXPECT_EQ(rec.back().at("optimizer_source"), "checkpoint") << rec.back().dump();
@@ -838,6 +839,11 @@ TEST(Chaos, AShardLostWithItsOnlyHolderComesBackFromTheCheckpoint) {
   }
   EXPECT_GE(reads, 3) << cl.logs();
   EXPECT_GE(partial, 2) << cl.logs();
+}
+
+TEST(Chaos, AShardLostWithItsOnlyHolderComesBackFromTheCheckpoint) { a_shard_lost_with_its_only_holder_comes_back_from_the_checkpoint(2); }
+TEST(Chaos, AShardOfParametersLostWithItsOnlyHolderComesBackFromTheCheckpoint) {
+  a_shard_lost_with_its_only_holder_comes_back_from_the_checkpoint(3);
 }
 
 // The same loss with no checkpoint committed (checkpoint.every_steps=0: only

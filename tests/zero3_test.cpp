@@ -21,6 +21,9 @@
 #include "model/trainer.hpp"
 #include "rank/zero.hpp"
 #include "rank/zero_sync.hpp"
+#include "rank/state_io.hpp"
+#include "app/train_command.hpp"
+#include "storage/checkpoint_store.hpp"
 #include "rank_threads.hpp"
 #include "test_util.hpp"
 
@@ -28,6 +31,7 @@ namespace dtactor {
 namespace {
 
 using testing::make_states;
+using testing::temp_dir;
 using testing::run_ranks;
 using testing::tiny_vit_config;
 
@@ -334,6 +338,57 @@ TEST(Zero3, UnitLayoutPutsEveryParameterInOneUnitOrTheRoot) {
   // A parameter in two units is refused.
   units[1].params.push_back(units[0].params.front());
   EXPECT_FALSE(unit_layout_of(s.optimizer(), units));
+}
+
+// A resume at train.zero = 3: the replicated part that global rank 0 reads
+// (and sends to all) holds no parameter, and each rank then reads only its
+// own shards' parameters, so no rank makes the whole model resident. The
+// values read are the checkpoint's, as a whole load gives them.
+TEST(Zero3, AResumeReadsNoParameterWithTheReplicatedPartAndEachRankItsOwnShards) {
+  temp_dir d;
+  std::vector<std::string> o = three_blocks;
+  o.insert(o.end(), {"train.max_steps=6", "checkpoint.every_steps=6"});
+  train_options t;
+  t.run_dir = d.path();
+  t.interactive = false;
+  auto trained = run_training(tiny_vit_config(o), t);
+  ASSERT_TRUE(trained) << trained.message();
+  auto ckpt = open_checkpoint_target(d.path(), {});
+  ASSERT_TRUE(ckpt) << ckpt.message();
+  ASSERT_EQ(ckpt->meta.step(), 6);
+  auto whole = make_states(tiny_vit_config(three_blocks), 1);
+  ASSERT_TRUE(load_checkpoint(*whole[0], *ckpt->store, ckpt->meta).ok());
+  o = three_blocks;
+  o.push_back("train.zero=3");
+  std::vector<std::unique_ptr<training_state>> states;
+  {
+    defer_block_values defer(true);
+    states = make_states(tiny_vit_config(o), 1);
+  }
+  auto& s = *states[0];
+  flat_adamw& opt = s.optimizer();
+  const int64_t total = opt.total_elements(), half = total / 2;
+  // Its parameters as built (the blocks' deferred: zeros), against which
+  // a range is "not read"; they differ from the checkpoint's everywhere.
+  auto flat = [](const std::vector<torch::Tensor>& views) {
+    std::vector<torch::Tensor> v;
+    for (const auto& t : views) v.push_back(t.detach().reshape({-1}).clone());
+    return torch::cat(v);
+  };
+  const torch::Tensor built = flat(opt.param_views(0, total)), saved = flat(whole[0]->optimizer().param_views(0, total));
+  ASSERT_FALSE(torch::equal(built.slice(0, half), saved.slice(0, half)));
+  // As a fresh rank holds it: all of it, sharded.
+  s.shard_optimizer({{0, total}});
+  ASSERT_TRUE(load_checkpoint(s, *ckpt->store, ckpt->meta, load_which::replicated).ok());
+  EXPECT_EQ(s.step(), 6);
+  EXPECT_TRUE(torch::equal(flat(opt.param_views(0, total)), built)) << "the replicated part wrote parameters";
+  // This rank's shards: the first half.
+  s.shard_optimizer({{0, half}});
+  uint64_t read = 0;
+  ASSERT_TRUE(load_checkpoint(s, *ckpt->store, ckpt->meta, load_which::shards, &read).ok());
+  EXPECT_GT(read, 0u);
+  EXPECT_TRUE(torch::equal(flat(opt.param_views(0, half)), saved.slice(0, 0, half))) << "this rank's shards are not the checkpoint's";
+  EXPECT_TRUE(torch::equal(flat(opt.param_views(half, total)), built.slice(0, half))) << "another rank's shards were read";
 }
 
 TEST(Zero3, SpansOutsideTheHeldOnes) {
