@@ -402,6 +402,9 @@ result<export_summary> run_export(const std::string& target, const std::string& 
   if (!cfg) return cfg.err();
   // One thread is plenty to rebuild the module; no data beyond what the task reads.
   (void)cfg->set("train.threads", "1");
+  // The module as float32, its values the checkpoint's (under
+  // train.precision = bf16 too: the masters).
+  (void)cfg->set("train.precision", "fp32");
   configure_threads(1);
   auto created = training_state::create(cfg.value());
   if (!created) return created.err();

@@ -49,6 +49,9 @@ bucket_shape shape_of(const std::vector<torch::Tensor>& params, const std::vecto
   for (size_t j : members) b.grads += params[j].numel();
   b.numel = b.grads;
   b.options = members.empty() ? torch::TensorOptions(torch::kFloat) : params[members.front()].options().requires_grad(false);
+  // bf16 (or fp16) gradients (train.precision = bf16) are summed in float32:
+  // Gloo reduces neither, and the sum keeps float32's precision.
+  if (b.options.dtype() == torch::kBFloat16 || b.options.dtype() == torch::kHalf) b.options = b.options.dtype(torch::kFloat);
   if (first && carry_control) {
     b.numel += control_words;
     if (b.options.dtype() != torch::kFloat && b.options.dtype() != torch::kDouble) b.options = b.options.dtype(torch::kFloat);

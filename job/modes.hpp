@@ -16,6 +16,9 @@
 namespace dtactor {
 
 enum class sync_mode { every_step, diloco };          // train.sync
+// train.precision: what the parameters a forward computes with, and their
+// gradients, are. bf16 keeps fp32 master weights in the optimizer.
+enum class precision_mode { fp32, bf16 };
 enum class diloco_worker_kind { rank, host };         // train.diloco_worker: what one DiLoCo worker is
 enum class diloco_checkpoint_workers { all, first };  // checkpoint.diloco_workers: whose inner state a checkpoint holds
 enum class direct_checkpoint { automatic, on, off };  // checkpoint.direct: auto | true | false
@@ -37,6 +40,11 @@ template <>
 struct mode_names<sync_mode> {
   static constexpr std::string_view key = "train.sync";
   static constexpr std::array<std::pair<std::string_view, sync_mode>, 2> table{{{"every_step", sync_mode::every_step}, {"diloco", sync_mode::diloco}}};
+};
+template <>
+struct mode_names<precision_mode> {
+  static constexpr std::string_view key = "train.precision";
+  static constexpr std::array<std::pair<std::string_view, precision_mode>, 2> table{{{"fp32", precision_mode::fp32}, {"bf16", precision_mode::bf16}}};
 };
 template <>
 struct mode_names<diloco_worker_kind> {

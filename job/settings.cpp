@@ -33,6 +33,10 @@ status check_train(const train_settings& t) {
     return make_error("train.zero = " + std::to_string(t.zero) +
                       " is not a ZeRO stage dtactor has: 0 (every rank holds the whole state), 1 (sharded optimizer state), 2 (sharded optimizer "
                       "state and gradients) or 3 (parameters too)");
+  if (t.precision == precision_mode::bf16 && t.bf16)
+    return make_error("train.precision = bf16 computes in bf16 already; train.bf16 autocasts an fp32 model: set one of them");
+  if (t.precision == precision_mode::bf16 && t.zero >= 3)
+    return make_error("train.precision = bf16 is built for train.zero 0, 1 and 2, not yet 3 (its units are gathered as fp32 masters)");
   if (t.outer_momentum >= 1.0) return make_error("train.outer_momentum must be below 1");
   if (t.sync_mix > 1.0) return make_error("train.sync_mix must be between 0 and 1");
   return {};
@@ -45,6 +49,8 @@ status check_sync(const job_settings& s) {
   if (diloco && t.zero > 0)
     return make_error("train.sync = diloco keeps every worker's own optimizer state whole; it does not combine with train.zero = " +
                       std::to_string(t.zero) + " (use train.zero = 0)");
+  if (diloco && t.precision == precision_mode::bf16)
+    return make_error("train.sync = diloco keeps its outer state beside fp32 parameters; train.precision = bf16 does not combine with it (use fp32)");
   if (quantized(s.cluster.wire) && !diloco)
     return make_error("cluster.wire_dtype = " + std::string(to_string(s.cluster.wire)) +
                       " quantizes DiLoCo's pseudo-gradients only (train.sync = diloco); for gradients every step use fp32 or bf16");
@@ -142,6 +148,9 @@ result<train_settings> train_settings_of(const config& cfg) {
   t.warmup_steps = cfg.get_int("train.warmup_steps");
   t.grad_clip = cfg.get_double("train.grad_clip");
   t.bf16 = cfg.get_bool("train.bf16");
+  auto precision = mode_of<precision_mode>(cfg);
+  if (!precision) return precision.err();
+  t.precision = precision.value();
   t.zero = cfg.get_int("train.zero");
   t.zero_replicas = cfg.get_int("train.zero_replicas");
   t.sync_every = cfg.get_int("train.sync_every");

@@ -86,6 +86,7 @@ struct train_settings {
   int64_t warmup_steps = 200;               // train.warmup_steps
   double grad_clip = 1.0;                   // train.grad_clip (0: off)
   bool bf16 = false;                        // train.bf16: forward passes under bf16 autocast
+  precision_mode precision = precision_mode::fp32;  // train.precision
   int64_t zero = 0;                         // train.zero
   int64_t zero_replicas = 0;                // train.zero_replicas (0: 2 across nodes, else 1)
   int64_t sync_every = 50;                  // train.sync_every

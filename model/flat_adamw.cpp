@@ -55,7 +55,7 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
       groups_.push_back(std::move(gr));
       filled.push_back(0);
     }
-    slots_.push_back(slot{p, g, filled[g], p.numel(), {}, {}});
+    slots_.push_back(slot{p, g, filled[g], p.numel(), {}, {}, {}, {}});
     filled[g] += p.numel();
   }
   // Parameters built without values (model/layers: defer_block_values)
@@ -77,15 +77,49 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
   }
   rebind();
   for (auto& s : slots_) s.param.mutable_grad() = s.grad_view;
+  if (o.compute != torch::kFloat) attach_compute_copies();
+}
+
+void flat_adamw::attach_compute_copies() {
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    TORCH_CHECK(g.params.scalar_type() == torch::kFloat, "mixed precision needs float32 parameters to keep as masters");
+    const auto o = g.params.options().dtype(opts_.compute);
+    g.compute = torch::empty({g.params.numel()}, o);
+    g.compute_grads = torch::zeros({g.params.numel()}, o);
+  }
+  for (auto& s : slots_) {
+    s.compute_view = view(groups_[s.group].compute, s);
+    s.compute_grad_view = view(groups_[s.group].compute_grads, s);
+    s.param.set_data(s.compute_view);
+    s.param.mutable_grad() = s.compute_grad_view;
+  }
+  mixed_ = true;
+  refresh_compute();
+}
+
+void flat_adamw::refresh_compute() {
+  if (!mixed_) return;
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_) g.compute.copy_(g.params);
+  grads_converted_ = false;
+}
+
+torch::Tensor flat_adamw::master_of(const torch::Tensor& p) const {
+  for (const auto& s : slots_)
+    if (s.param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return s.param_view;
+  return {};
 }
 
 void flat_adamw::rebind() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
-    if (s.param.data_ptr() == s.param_view.data_ptr()) continue;
+    const auto& target = mixed_ ? s.compute_view : s.param_view;
+    if (s.param.data_ptr() == target.data_ptr()) continue;
     if (!awaits_initial_values(s.param)) s.param_view.copy_(s.param.detach());
-    s.param.set_data(s.param_view);
+    s.param.set_data(target);
   }
+  refresh_compute();
 }
 
 void flat_adamw::gather_grads() {
@@ -108,13 +142,20 @@ void flat_adamw::gather_grads() {
   }
   // Pointer checks only (no tensor ops) when every gradient is still its view.
   for (auto& s : slots_) {
+    const auto& target = mixed_ ? s.compute_grad_view : s.grad_view;
     const auto& g = s.param.grad();
-    if (g.defined() && g.data_ptr() == s.grad_view.data_ptr()) continue;
+    if (g.defined() && g.data_ptr() == target.data_ptr()) continue;
     if (g.defined())
-      s.grad_view.copy_(g);
+      target.copy_(g);
     else
-      s.grad_view.zero_();
-    s.param.mutable_grad() = s.grad_view;
+      target.zero_();
+    s.param.mutable_grad() = target;
+  }
+  // Mixed precision: the step's bf16 gradients, once, as float32 (clipping
+  // then scales the float32 ones).
+  if (mixed_ && !grads_converted_) {
+    for (auto& g : groups_) g.grads.copy_(g.compute_grads);
+    grads_converted_ = true;
   }
 }
 
@@ -209,9 +250,11 @@ void flat_adamw::shard_grads() {
       }
     }
     g.grads = torch::empty({0}, g.params.options());
+    if (mixed_) g.compute_grads = torch::empty({0}, g.compute.options());
   }
   for (auto& s : slots_) {
     s.grad_view = torch::Tensor();
+    s.compute_grad_view = torch::Tensor();
     s.param.mutable_grad().reset();
   }
 }
@@ -296,6 +339,7 @@ void flat_adamw::zero_grad() {
   for (auto& g : groups_) {
     if (!grads_sharded_) {
       g.grads.zero_();
+      if (mixed_) g.compute_grads.zero_();
       continue;
     }
     for (auto& w : g.windows) w.grad.zero_();
@@ -360,7 +404,10 @@ int64_t flat_adamw::state_bytes() const {
 
 int64_t flat_adamw::param_bytes() const {
   int64_t n = 0;
-  for (const auto& g : groups_) n += g.params.numel() * g.params.element_size();
+  for (const auto& g : groups_) {
+    n += g.params.numel() * g.params.element_size();
+    if (mixed_) n += g.compute.numel() * g.compute.element_size();
+  }
   return n;
 }
 
@@ -368,6 +415,7 @@ int64_t flat_adamw::grad_bytes() const {
   int64_t n = 0;
   for (const auto& g : groups_) {
     n += g.grads.numel() * g.grads.element_size();
+    if (mixed_) n += g.compute_grads.numel() * g.compute_grads.element_size();
     if (grads_sharded_)
       for (const auto& w : g.windows) n += w.grad.numel() * w.grad.element_size();
   }

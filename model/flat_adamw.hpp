@@ -42,6 +42,12 @@ namespace dtactor {
 
 struct flat_adamw_options {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  // What the module's parameters compute in. kBFloat16 (train.precision =
+  // bf16): the flat float32 buffers are the master weights, and every
+  // parameter becomes a bf16 view of a flat copy of them (refresh_compute
+  // rounds the masters into it), its gradient a bf16 view of a flat bf16
+  // buffer that clipping and the step read as float32.
+  c10::ScalarType compute = torch::kFloat;
 };
 
 class flat_adamw {
@@ -63,6 +69,15 @@ class flat_adamw {
   // After anything replaced the parameters' storage (Module::load uses set_):
   // copies their values back into the flat buffers and re-points them.
   void rebind();
+
+  // Mixed precision (options' compute not float32): whether it is on; the
+  // masters rounded into the parameters the module computes with (all of
+  // them: call before a forward, after anything wrote the masters: a step,
+  // a gather, a load); the master of parameter `p` (a float32 view; for
+  // checkpoints and digests), undefined for one it does not step.
+  bool mixed() const { return mixed_; }
+  void refresh_compute();
+  torch::Tensor master_of(const torch::Tensor& p) const;
 
   void save(torch::serialize::OutputArchive& ar) const;
   // Reads what save() wrote, or torch::optim::AdamW's own format. Throws
@@ -149,6 +164,7 @@ class flat_adamw {
     size_t group = 0;
     int64_t offset = 0, numel = 0;
     torch::Tensor param_view, grad_view;  // this parameter's place in its group's buffers
+    torch::Tensor compute_view, compute_grad_view;  // mixed(): its place in the compute copies
   };
   // Moments of elements [begin, begin + exp_avg.numel()) of a group.
   struct window {
@@ -160,11 +176,13 @@ class flat_adamw {
     bool decay = false;
     int64_t base = 0;             // its first element in the index space
     torch::Tensor params, grads;  // flat
+    torch::Tensor compute, compute_grads;  // mixed(): the flat copies the module computes with
     std::vector<window> windows;  // ascending; one covering the group when unsharded
     std::vector<window> retired;  // what shard() replaced, until drop_retired()
   };
   torch::Tensor view(const torch::Tensor& flat, const slot& s) const { return flat.narrow(0, s.offset, s.numel).view(s.param.sizes()); }
   void materialize();   // lazy zero moments become real tensors
+  void attach_compute_copies();  // mixed precision: parameters and grads re-pointed into the compute copies
   // Where the held gradients of [begin, end) start: within one group's
   // buffer (sharded: one held window's), which is 1-D.
   struct held_span {
@@ -184,6 +202,8 @@ class flat_adamw {
   int64_t step_ = 0;
   bool sharded_ = false;
   bool grads_sharded_ = false;
+  bool mixed_ = false;
+  bool grads_converted_ = false;  // mixed(): the compute grads copied into the float32 ones since the last refresh_compute
 };
 
 }  // namespace dtactor

@@ -109,7 +109,8 @@ class torchscript_task : public task {
 
   // Per-sample losses of a batch (shape [n]); `outputs` is set when the
   // module's forward produced them (cross-entropy metrics).
-  torch::Tensor losses(const torch::Tensor& x, const torch::Tensor& y, torch::Tensor* outputs = nullptr) {
+  torch::Tensor losses(const torch::Tensor& input, const torch::Tensor& y, torch::Tensor* outputs = nullptr) {
+    const torch::Tensor x = in_parameter_dtype(input);
     const int64_t n = x.size(0);
     if (has_loss_method_) {
       auto l = m_->jit().get_method("loss")({x, y}).toTensor();
@@ -199,6 +200,14 @@ class torchscript_task : public task {
       if (c.value.parameters(true).size() > 0) ch.slot = std::make_unique<gate_slot>();
       children_.push_back(std::move(ch));
     }
+  }
+  // Floating-point inputs in the dtype of the module's parameters (bf16
+  // under train.precision = bf16).
+  torch::Tensor in_parameter_dtype(const torch::Tensor& x) {
+    if (!x.is_floating_point()) return x;
+    for (const auto& p : m_->jit().parameters(true))
+      if (p.is_floating_point()) return p.scalar_type() == x.scalar_type() ? x : x.to(p.scalar_type());
+    return x;
   }
   // The module's forward: a Sequential's children one at a time, each with
   // parameters through its gate.

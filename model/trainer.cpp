@@ -74,6 +74,7 @@ training_state::training_state(const config& cfg, job_settings s, std::unique_pt
   o.beta1 = ts.beta1;
   o.beta2 = ts.beta2;
   o.weight_decay = ts.weight_decay;
+  o.compute = ts.precision == precision_mode::bf16 ? torch::kBFloat16 : torch::kFloat;
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
   for (const auto& u : task_->param_units()) units_deferred_ = units_deferred_ || static_cast<bool>(u.initial);
   if (auto shards = task_->train_shard_samples(); !shards.empty()) {
@@ -138,6 +139,7 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
   const double scale = 1.0 / (divisor > 0 ? divisor : static_cast<double>(order_->global_batch_size()));
   // Sharded data: what this step and the next ones read, for read-ahead.
   if (order_->sharded()) task_->upcoming_shards(order_->shards_from(step * order_->global_batch_size(), read_ahead_shards_));
+  optimizer_->refresh_compute();  // train.precision = bf16: this step's parameters, rounded from the masters
   const int64_t micro_batch = settings_.train.micro_batch_size;
   const size_t chunk = micro_batch > 0 ? static_cast<size_t>(micro_batch) : std::max<size_t>(1, samples.size());
   double total = 0;
@@ -389,6 +391,7 @@ struct global_view {
 
 eval_result training_state::evaluate() {
   before_update();
+  optimizer_->refresh_compute();
   global_view view(outer_.get());
   auto module = task_->module();
   module->eval();
@@ -408,12 +411,18 @@ std::vector<torch::Tensor> training_state::gradients() {
   return g;
 }
 
+torch::Tensor training_state::state_of(const torch::Tensor& param) const {
+  if (!optimizer_->mixed()) return param;
+  auto master = optimizer_->master_of(param);
+  return master.defined() ? master : param;
+}
+
 std::string training_state::params_digest(const std::function<void(const torch::Tensor&)>& before_reading) {
   before_update();
   global_view view(outer_.get());
   auto module = task_->module();
   std::vector<std::pair<std::string, torch::Tensor>> all;
-  for (auto& kv : module->named_parameters()) all.emplace_back(kv.key(), kv.value());
+  for (auto& kv : module->named_parameters()) all.emplace_back(kv.key(), state_of(kv.value()));
   for (auto& kv : module->named_buffers()) all.emplace_back("buffer:" + kv.key(), kv.value());
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   hasher h;
@@ -451,7 +460,7 @@ pb::checkpoint_meta training_state::checkpoint_meta(const std::map<std::string, 
 std::vector<state_tensor> training_state::state_tensors() {
   std::vector<state_tensor> out;
   auto module = task_->module();
-  for (auto& kv : module->named_parameters()) out.push_back(state_tensor::whole("model/" + kv.key(), kv.value().detach()));
+  for (auto& kv : module->named_parameters()) out.push_back(state_tensor::whole("model/" + kv.key(), state_of(kv.value()).detach()));
   for (auto& kv : module->named_buffers()) out.push_back(state_tensor::whole("buffer/" + kv.key(), kv.value().detach()));
   for (auto& st : optimizer_->state_tensors()) out.push_back(std::move(st));
   if (outer_)
@@ -472,6 +481,7 @@ std::vector<state_tensor> training_state::state_tensors() {
 }
 
 void training_state::state_loaded(int64_t step) {
+  optimizer_->refresh_compute();
   if (optim_steps_.defined()) optimizer_->set_steps_taken(optim_steps_.item<int64_t>());
   if (rng_.defined()) {
     auto gen = at::detail::getDefaultCPUGenerator();

@@ -211,7 +211,11 @@ class training_state {
   const data_order& order() const { return *order_; }
   std::vector<torch::Tensor> gradients();
 
-  // XXH3 over every parameter's and buffer's bytes, in name order.
+  // What parameter `param` of the module is in the state: itself, or with
+  // train.precision = bf16 its float32 master (the optimizer's).
+  torch::Tensor state_of(const torch::Tensor& param) const;
+  // XXH3 over every parameter's and buffer's bytes, in name order (the
+  // masters' with train.precision = bf16).
   // `before_reading` (train.zero = 3: gathers what a rank does not hold)
   // is called with each tensor right before it is read.
   std::string params_digest(const std::function<void(const torch::Tensor&)>& before_reading = {});

@@ -74,7 +74,8 @@ seq2seq_impl::seq2seq_impl(const seq2seq_options& o) : opts(o) {
 torch::Tensor seq2seq_impl::embed(const torch::Tensor& ids) {
   const int64_t len = ids.size(1);
   TORCH_CHECK(len <= opts.max_len, "sequence of ", len, " tokens is longer than the model's ", opts.max_len);
-  auto x = tok(ids) * std::sqrt(static_cast<double>(opts.dim)) + positions.slice(0, 0, len).unsqueeze(0);
+  auto e = tok(ids);  // the parameters' dtype (train.precision): the float32 positions are added in it
+  auto x = e * std::sqrt(static_cast<double>(opts.dim)) + positions.slice(0, 0, len).unsqueeze(0).to(e.scalar_type());
   return opts.dropout > 0 ? torch::dropout(x, opts.dropout, is_training()) : x;
 }
 

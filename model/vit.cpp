@@ -28,7 +28,8 @@ vit_impl::vit_impl(const vit_options& o) : opts(o) {
 torch::Tensor vit_impl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), c = opts.channels, p = opts.patch, g = opts.image_size / p;
   // [B,C,H,W] -> [B, g*g, C*p*p]: one GEMM embeds all patches.
-  auto patches = x.view({b, c, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape({b, g * g, c * p * p});
+  // In the parameters' dtype (train.precision).
+  auto patches = x.view({b, c, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape({b, g * g, c * p * p}).to(patch_embed->weight.scalar_type());
   auto h = patch_embed(patches);
   h = torch::cat({cls_token.expand({b, 1, opts.blk.dim}), h}, 1) + pos_embed;
   for (auto& m : *blocks) h = m->as<block_impl>()->forward(h);

@@ -42,6 +42,7 @@ void check_mode() {
 
 TEST(Modes, EachEnumNamesExactlyItsKeysChoices) {
   check_mode<sync_mode>();
+  check_mode<precision_mode>();
   check_mode<diloco_worker_kind>();
   check_mode<diloco_checkpoint_workers>();
   check_mode<direct_checkpoint>();

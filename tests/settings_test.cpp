@@ -67,6 +67,7 @@ TEST(Settings, TheStructsDefaultsAreTheSchemas) {
   EXPECT_FIELD(train, loss_is_nll);
   EXPECT_FIELD(train, activation_checkpointing);
   EXPECT_FIELD(train, bf16);
+  EXPECT_FIELD(train, precision);
   for (auto f : {&eval_settings::every_steps, &eval_settings::batch_size, &eval_settings::max_samples}) EXPECT_EQ(parsed.eval.*f, defaults.eval.*f);
   for (auto f : {&cluster_settings::min_nodes, &cluster_settings::floor_nodes, &cluster_settings::max_nodes, &cluster_settings::max_ranks_per_node,
                  &cluster_settings::flap_max_failures})
@@ -126,6 +127,7 @@ TEST(Settings, TheTrainingAndExchangeFieldsReadTheirKeys) {
                                  {"train.warmup_steps", "7"},
                                  {"train.grad_clip", "0"},
                                  {"train.bf16", "true"},
+                                 {"train.precision", "fp32"},
                                  {"train.zero", "1"},
                                  {"train.zero_replicas", "3"},
                                  {"train.outer_lr", "0.5"},
@@ -147,6 +149,10 @@ TEST(Settings, TheTrainingAndExchangeFieldsReadTheirKeys) {
   EXPECT_EQ(s->train.warmup_steps, 7);
   EXPECT_EQ(s->train.grad_clip, 0.0);
   EXPECT_TRUE(s->train.bf16);
+  EXPECT_EQ(s->train.precision, precision_mode::fp32);
+  auto b = job_settings_of(with({{"train.precision", "bf16"}, {"train.zero", "2"}}));
+  ASSERT_TRUE(b) << b.message();
+  EXPECT_EQ(b->train.precision, precision_mode::bf16);
   EXPECT_EQ(s->train.zero_replicas, 3);
   EXPECT_EQ(s->train.outer_lr, 0.5);
   EXPECT_EQ(s->train.log_every_steps, 9);
@@ -172,6 +178,10 @@ TEST(Settings, ABadValueIsOneLineNamingTheKey) {
   EXPECT_EQ(refused({{"data.val_fraction", "1.5"}}), "data.val_fraction must be below 1");
   EXPECT_EQ(refused({{"train.micro_batch_size", "200"}}), "train.micro_batch_size (200) cannot exceed train.global_batch_size (128)");
   EXPECT_EQ(refused({{"train.zero", "4"}}).rfind("train.zero = 4 is not a ZeRO stage", 0), 0u);
+  EXPECT_EQ(refused({{"train.precision", "bf16"}, {"train.bf16", "true"}}),
+            "train.precision = bf16 computes in bf16 already; train.bf16 autocasts an fp32 model: set one of them");
+  EXPECT_EQ(refused({{"train.precision", "bf16"}, {"train.zero", "3"}}).rfind("train.precision = bf16 is built for train.zero 0, 1 and 2", 0), 0u);
+  EXPECT_EQ(refused({{"train.precision", "bf16"}, {"train.sync", "diloco"}}).rfind("train.sync = diloco keeps its outer state", 0), 0u);
   EXPECT_EQ(refused({{"cluster.min_nodes", "3000000000"}}), "cluster.min_nodes = 3000000000 is more than dtactor counts (at most 2147483647)");
   EXPECT_EQ(refused({{"cluster.wire_dtype", "int4"}}).rfind("cluster.wire_dtype = int4 quantizes DiLoCo's pseudo-gradients only", 0), 0u);
   EXPECT_EQ(refused({{"train.sync", "diloco"}, {"train.sync_every", "4"}, {"train.sync_fragments", "5"}}),
