@@ -35,8 +35,6 @@ status check_train(const train_settings& t) {
                       "state and gradients) or 3 (parameters too)");
   if (t.precision == precision_mode::bf16 && t.bf16)
     return make_error("train.precision = bf16 computes in bf16 already; train.bf16 autocasts an fp32 model: set one of them");
-  if (t.precision == precision_mode::bf16 && t.zero >= 3)
-    return make_error("train.precision = bf16 is built for train.zero 0, 1 and 2, not yet 3 (its units are gathered as fp32 masters)");
   if (t.outer_momentum >= 1.0) return make_error("train.outer_momentum must be below 1");
   if (t.sync_mix > 1.0) return make_error("train.sync_mix must be between 0 and 1");
   return {};

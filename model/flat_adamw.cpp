@@ -77,32 +77,60 @@ flat_adamw::flat_adamw(std::vector<torch::Tensor> params, const flat_adamw_optio
   }
   rebind();
   for (auto& s : slots_) s.param.mutable_grad() = s.grad_view;
-  if (o.compute != torch::kFloat) attach_compute_copies();
+  if (o.compute != torch::kFloat) attach_compute_copies(deferred);
 }
 
-void flat_adamw::attach_compute_copies() {
+// Built deferred, the copies take pages only where values are written
+// (the parameters of no unit now, a rank's shards and the units it gathers
+// later), as the masters do.
+void flat_adamw::attach_compute_copies(bool deferred) {
   torch::NoGradGuard no_grad;
   for (auto& g : groups_) {
     TORCH_CHECK(g.params.scalar_type() == torch::kFloat, "mixed precision needs float32 parameters to keep as masters");
     const auto o = g.params.options().dtype(opts_.compute);
-    g.compute = torch::empty({g.params.numel()}, o);
-    g.compute_grads = torch::zeros({g.params.numel()}, o);
+    const int64_t n = g.params.numel();
+    g.compute = deferred ? untouched_zeros(n, o) : torch::empty({n}, o);
+    g.compute_grads = untouched_zeros(n, o);
   }
   for (auto& s : slots_) {
+    const bool awaits = awaits_initial_values(s.param);
     s.compute_view = view(groups_[s.group].compute, s);
     s.compute_grad_view = view(groups_[s.group].compute_grads, s);
     s.param.set_data(s.compute_view);
     s.param.mutable_grad() = s.compute_grad_view;
+    if (!awaits) s.compute_view.copy_(s.param_view);
   }
   mixed_ = true;
-  refresh_compute();
+  grads_converted_ = false;
 }
 
 void flat_adamw::refresh_compute() {
   if (!mixed_) return;
   torch::NoGradGuard no_grad;
-  for (auto& g : groups_) g.compute.copy_(g.params);
+  if (opts_.held_masters_only) {
+    for (auto& g : groups_)
+      for (const auto& w : g.windows) g.compute.narrow(0, w.begin, w.exp_avg.numel()).copy_(g.params.narrow(0, w.begin, w.exp_avg.numel()));
+  } else {
+    for (auto& g : groups_) g.compute.copy_(g.params);
+  }
   grads_converted_ = false;
+}
+
+void flat_adamw::round_into_compute(int64_t begin, int64_t end) {
+  if (!mixed_) return;
+  torch::NoGradGuard no_grad;
+  auto masters = param_views(begin, end), copies = compute_views(begin, end);
+  for (size_t i = 0; i < masters.size(); ++i) copies[i].copy_(masters[i]);
+}
+
+std::vector<torch::Tensor> flat_adamw::compute_views(int64_t begin, int64_t end) const {
+  std::vector<torch::Tensor> out;
+  if (!mixed_) return out;
+  for (const auto& g : groups_) {
+    const int64_t lo = std::max<int64_t>(begin - g.base, 0), hi = std::min<int64_t>(end - g.base, g.params.numel());
+    if (lo < hi) out.push_back(g.compute.narrow(0, lo, hi - lo));
+  }
+  return out;
 }
 
 torch::Tensor flat_adamw::master_of(const torch::Tensor& p) const {

@@ -48,6 +48,11 @@ struct flat_adamw_options {
   // rounds the masters into it), its gradient a bf16 view of a flat bf16
   // buffer that clipping and the step read as float32.
   c10::ScalarType compute = torch::kFloat;
+  // Mixed precision at train.zero = 3: between steps a rank keeps only its
+  // shards' masters (and the units' gatherer those of no unit), so
+  // refresh_compute() rounds the held windows only; the gatherer rounds
+  // what it gathers (round_into_compute).
+  bool held_masters_only = false;
 };
 
 class flat_adamw {
@@ -78,6 +83,11 @@ class flat_adamw {
   bool mixed() const { return mixed_; }
   void refresh_compute();
   torch::Tensor master_of(const torch::Tensor& p) const;
+  // Mixed precision: index-space [begin, end) of the masters rounded into
+  // the compute copy (a gathered unit); the compute copy's views of it (one
+  // per group it crosses; none when not mixed).
+  void round_into_compute(int64_t begin, int64_t end);
+  std::vector<torch::Tensor> compute_views(int64_t begin, int64_t end) const;
 
   void save(torch::serialize::OutputArchive& ar) const;
   // Reads what save() wrote, or torch::optim::AdamW's own format. Throws
@@ -182,7 +192,7 @@ class flat_adamw {
   };
   torch::Tensor view(const torch::Tensor& flat, const slot& s) const { return flat.narrow(0, s.offset, s.numel).view(s.param.sizes()); }
   void materialize();   // lazy zero moments become real tensors
-  void attach_compute_copies();  // mixed precision: parameters and grads re-pointed into the compute copies
+  void attach_compute_copies(bool deferred);  // mixed precision: parameters and grads re-pointed into the compute copies
   // Where the held gradients of [begin, end) start: within one group's
   // buffer (sharded: one held window's), which is 1-D.
   struct held_span {

@@ -75,6 +75,7 @@ training_state::training_state(const config& cfg, job_settings s, std::unique_pt
   o.beta2 = ts.beta2;
   o.weight_decay = ts.weight_decay;
   o.compute = ts.precision == precision_mode::bf16 ? torch::kBFloat16 : torch::kFloat;
+  o.held_masters_only = ts.zero >= 3;
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
   for (const auto& u : task_->param_units()) units_deferred_ = units_deferred_ || static_cast<bool>(u.initial);
   if (auto shards = task_->train_shard_samples(); !shards.empty()) {
@@ -481,7 +482,6 @@ std::vector<state_tensor> training_state::state_tensors() {
 }
 
 void training_state::state_loaded(int64_t step) {
-  optimizer_->refresh_compute();
   if (optim_steps_.defined()) optimizer_->set_steps_taken(optim_steps_.item<int64_t>());
   if (rng_.defined()) {
     auto gen = at::detail::getDefaultCPUGenerator();

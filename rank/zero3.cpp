@@ -218,12 +218,20 @@ void unit_gatherer::finish_gather(int unit) {
     if (failure_.empty())
       if (auto st = through_segment(layout_.units[static_cast<size_t>(unit)]); !st) fail(st.message());
     s.is = residency::resident;
+    round_gathered(released_[static_cast<size_t>(unit)]);
     return;
   }
   begin_gather(unit);
   if (s.is != residency::in_flight) return;
   if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::resident;
+  round_gathered(released_[static_cast<size_t>(unit)]);
+}
+
+// train.precision = bf16: the masters gathered, rounded into the copy the
+// unit computes with (a rank's own shards are rounded before each forward).
+void unit_gatherer::round_gathered(const index_spans& spans) {
+  for (const auto& [a, b] : spans) opt_.round_into_compute(a, b);
 }
 
 void unit_gatherer::before_forward(int unit) {
@@ -247,14 +255,18 @@ void unit_gatherer::release(int unit) {
   if (s.is == residency::in_flight)
     if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::released;
-  for (const auto& [a, b] : released_[static_cast<size_t>(unit)])
+  for (const auto& [a, b] : released_[static_cast<size_t>(unit)]) {
     for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+    for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+  }
 }
 
 status unit_gatherer::after_update() {
   for (int u = 0; u < units(); ++u) release(u);
   if (!failure_.empty()) return failure();
-  return gather_now(layout_.root);
+  if (auto st = gather_now(layout_.root); !st) return st;
+  round_gathered(layout_.root);
+  return {};
 }
 
 void unit_gatherer::before_reading(const torch::Tensor& t) {
@@ -278,6 +290,7 @@ status unit_gatherer::done_reading() {
 
 void unit_gatherer::reshard() {
   for (int u = 0; u < units(); ++u) release(u);
+  round_gathered(layout_.root);  // moved with the shards, or received, as masters
 }
 
 void unit_gatherer::idle_pass() {
@@ -295,7 +308,7 @@ int64_t unit_gatherer::resident_bytes() const {
   int64_t elements = opt_.total_elements();
   for (const auto& spans : released_)
     for (const auto& [a, b] : spans) elements -= b - a;
-  return 4 * elements;
+  return (opt_.mixed() ? 6 : 4) * elements;  // fp32 (masters), and their bf16 copy
 }
 
 namespace {

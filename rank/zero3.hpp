@@ -128,6 +128,7 @@ class unit_gatherer final : public param_gate {
   void begin_gather(int unit);
   void finish_gather(int unit);
   void release(int unit);
+  void round_gathered(const index_spans& spans);
   void fail(const std::string& why);
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

@@ -785,24 +785,28 @@ TEST(Chaos, ShardedGradientsAndOptimizerStateSurviveALostNodeFromItsReplicas) { 
 // train.zero=3: the parameters of c's shards come from their holders too.
 TEST(Chaos, ShardedParametersSurviveALostNodeFromItsReplicas) { sharded_state_survives_a_lost_node("3"); }
 
-// train.precision = bf16 at zero=2: node c's crash at step 50 loses no
-// step, its shards (fp32 masters' moments and gradients) come from their
-// replicas, and the run ends bit for bit where the fault-free bf16 run ends.
+// train.precision = bf16 at zero=2 and 3: node c's crash at step 50 loses
+// no step, its shards (the moments and gradients of the fp32 masters; at 3
+// the masters too) come from their replicas, and the run ends bit for bit
+// where the fault-free bf16 run at that level ends.
 TEST(Chaos, Bf16ShardedStateSurvivesALostNodeBitForBit) {
-  auto run = [](const std::string& dir, bool fault) {
-    return crash_and_replace_run(dir,
-                                 job_sets(120, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
-                                                "checkpoint.every_steps=1000", "train.zero=2", "train.precision=bf16"}),
-                                 {"a", "b", "c"}, fault, 120);
-  };
-  temp_dir d1, d2;
-  const std::string faulty = run(d2.path(), true);
-  const std::string clean = run(d1.path(), false);
-  ASSERT_FALSE(clean.empty());
-  EXPECT_EQ(clean, faulty);
-  const auto rec = events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl"));
-  ASSERT_GE(rec.size(), 1u);
-  EXPECT_EQ(rec.back().at("optimizer_source"), "replica") << rec.back().dump();
+  for (const std::string zero : {"2", "3"}) {
+    SCOPED_TRACE("zero=" + zero);
+    auto run = [&zero](const std::string& dir, bool fault) {
+      return crash_and_replace_run(dir,
+                                   job_sets(120, {"cluster.min_nodes=3", "cluster.floor_nodes=3", "cluster.max_nodes=3", "cluster.settle_ms=600000",
+                                                  "checkpoint.every_steps=1000", "train.zero=" + zero, "train.precision=bf16"}),
+                                   {"a", "b", "c"}, fault, 120);
+    };
+    temp_dir d1, d2;
+    const std::string faulty = run(d2.path(), true);
+    const std::string clean = run(d1.path(), false);
+    ASSERT_FALSE(clean.empty());
+    EXPECT_EQ(clean, faulty);
+    const auto rec = events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl"));
+    ASSERT_GE(rec.size(), 1u);
+    EXPECT_EQ(rec.back().at("optimizer_source"), "replica") << rec.back().dump();
+  }
 }
 
 // Nodes a, b and c; c crashes (kill -9) right after step 50, is declared

@@ -180,7 +180,7 @@ TEST(Settings, ABadValueIsOneLineNamingTheKey) {
   EXPECT_EQ(refused({{"train.zero", "4"}}).rfind("train.zero = 4 is not a ZeRO stage", 0), 0u);
   EXPECT_EQ(refused({{"train.precision", "bf16"}, {"train.bf16", "true"}}),
             "train.precision = bf16 computes in bf16 already; train.bf16 autocasts an fp32 model: set one of them");
-  EXPECT_EQ(refused({{"train.precision", "bf16"}, {"train.zero", "3"}}).rfind("train.precision = bf16 is built for train.zero 0, 1 and 2", 0), 0u);
+  EXPECT_EQ(refused({{"train.precision", "bf16"}, {"train.zero", "3"}}), "");
   EXPECT_EQ(refused({{"train.precision", "bf16"}, {"train.sync", "diloco"}}).rfind("train.sync = diloco keeps its outer state", 0), 0u);
   EXPECT_EQ(refused({{"cluster.min_nodes", "3000000000"}}), "cluster.min_nodes = 3000000000 is more than dtactor counts (at most 2147483647)");
   EXPECT_EQ(refused({{"cluster.wire_dtype", "int4"}}).rfind("cluster.wire_dtype = int4 quantizes DiLoCo's pseudo-gradients only", 0), 0u);

@@ -2,6 +2,7 @@
 // Debian's python3-torch, tests/data/make_torchscript_fixtures.py) trained
 // on .npy arrays NumPy wrote. Skipped, saying so, without python3-torch.
 #include <gtest/gtest.h>
+#include <torch/script.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -202,6 +203,30 @@ TEST(TorchScript, Bf16AutocastAppliesInsideTheScriptedModule) {
   auto c = run_training(cfg, quiet(interrupted.path()));
   ASSERT_TRUE(c) << c.message();
   EXPECT_EQ(b->params_digest, c->params_digest);
+}
+
+// train.precision = bf16 on a scripted module: its parameters become bf16
+// (the inputs are cast to them), it learns as in fp32, and its export,
+// scripted again, holds the fp32 masters.
+TEST(TorchScript, Bf16PrecisionTrainsTheScriptedModuleAndExportsItInFp32) {
+  NEED_FIXTURES();
+  temp_dir fp32, bf16;
+  auto a = run_training(ts_config("mlp.pt", {"train.max_steps=40"}), quiet(fp32.path()));
+  ASSERT_TRUE(a) << a.message();
+  auto b = run_training(ts_config("mlp.pt", {"train.max_steps=40", "train.precision=bf16"}), quiet(bf16.path()));
+  ASSERT_TRUE(b) << b.message();
+  EXPECT_NE(a->params_digest, b->params_digest);
+  EXPECT_GT(b->last_eval.metrics.at("accuracy"), 0.5);
+  EXPECT_NEAR(b->last_eval.metrics.at("accuracy"), a->last_eval.metrics.at("accuracy"), 0.1);
+  auto sd = run_export(bf16.path(), bf16.path() + "/module.pt", false);
+  ASSERT_TRUE(sd) << sd.message();
+  auto m = torch::jit::load(bf16.path() + "/module.pt");
+  int params = 0;
+  for (const auto& p : m.parameters()) {
+    EXPECT_EQ(p.scalar_type(), torch::kFloat);
+    ++params;
+  }
+  EXPECT_GT(params, 0);
 }
 
 TEST(TorchScript, ModulesAndDataThatDoNotFitAreOneClearLine) {
