@@ -1006,6 +1006,36 @@ TEST(Chaos, ShardedCheckpointsAreTheReplicatedOnesAndResumeAtAnotherWorldSize) {
   for (const auto& [which, digest] : fin) EXPECT_EQ(digest, fin.at("0 from 0")) << which;
 }
 
+// A bf16 job's checkpoints (zero=3 on three nodes) hold the fp32 masters in
+// the stream every level writes: they resume on two nodes at zero=0 in
+// bf16 and at zero=2 in fp32, from the checkpoint, and both finish.
+TEST(Chaos, Bf16CheckpointsResumeAtAnotherLevelWorldAndPrecision) {
+  auto sets = [](int steps, int nodes, const std::string& zero, const std::string& precision) {
+    return job_sets(steps, {"cluster.min_nodes=" + std::to_string(nodes), "cluster.max_nodes=" + std::to_string(nodes), "cluster.settle_ms=600000",
+                            "checkpoint.every_steps=20", "train.zero=" + zero, "train.precision=" + precision});
+  };
+  temp_dir d;
+  {
+    cluster cl(d.path(), sets(40, 3, "3", "bf16"));
+    ASSERT_EQ(cl.start({"a", "b", "c"}), "");
+    expect_finished_without_loss(cl, 40, 3);
+  }
+  for (const auto& [zero, precision] : std::vector<std::pair<std::string, std::string>>{{"0", "bf16"}, {"2", "fp32"}}) {
+    SCOPED_TRACE("zero=" + zero + " " + precision);
+    temp_dir r;
+    std::filesystem::copy(d.path() + "/checkpoints", r.path() + "/from", std::filesystem::copy_options::recursive);
+    auto s = sets(60, 2, zero, precision);
+    s.push_back("--set");
+    s.push_back("checkpoint.dir=" + r.path() + "/from");
+    cluster cl(r.path(), s);
+    ASSERT_EQ(cl.start({"a", "b"}), "");
+    expect_finished_without_loss(cl, 60, 2);
+    bool from_disk = false;
+    for (const auto& e : events<ev::checkpoint_restored>(cl.journal())) from_disk = from_disk || (e.at("source") == "disk" && e.at("step") == 40);
+    EXPECT_TRUE(from_disk) << cl.logs();
+  }
+}
+
 // Going on at the smaller world size: same global batch, only the order of
 // the gradient sums differs, so the result stays within a tight tolerance.
 TEST(Chaos, ShrunkRunEndsCloseToTheUninterruptedOne) {

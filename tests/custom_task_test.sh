@@ -81,10 +81,25 @@ dtactor=$prefix/bin/dtactor
 
 if [ "$mode" = s3 ]; then
   # A radosgw of our own on free ports; stopped on exit, before $work goes.
-  ports=$(/usr/bin/python3 -c 'import socket
-ss = [socket.socket() for _ in range(2)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
+  # Below the kernel's ephemeral range (where no connection of another test
+  # is given a port meanwhile), a block the monitor and its daemons bind in
+  # (MON_PORT, +1, +10..+99; start-rgw.sh) and the gateway's port after it.
+  ports=$(/usr/bin/python3 -c 'import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+def free(p):
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", p))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+for _ in range(500):
+    base = random.randrange(10000, lo - 200)
+    if all(free(p) for p in [*range(base, base + 100), base + 150]):
+        print(base + 150, base)
+        break')
   read -r rgw_port mon_port <<<"$ports"
   trap 'bash "$src/scripts/rgw/stop-rgw.sh" "$work/ceph" >/dev/null 2>&1; rm -rf "$work"' EXIT
   if RGW_PORT=$rgw_port MON_PORT=$mon_port bash "$src/scripts/rgw/start-rgw.sh" "$work/ceph" >rgw.log 2>&1; then

@@ -37,8 +37,11 @@ class rgw : public ::testing::Environment {
       why_not = "Ceph's radosgw, ceph-mon and ceph-osd are not installed (scripts/install-deps.sh installs them)";
       return;
     }
+    // The monitor and its daemons bind MON_PORT, +1 and +10..+99
+    // (start-rgw.sh): the gateway's port lies outside that block.
     auto port = pick_free_tcp_port();
     auto mon = pick_free_tcp_port();
+    for (int tries = 0; port && mon && tries < 100 && mon.value() <= port.value() && port.value() < mon.value() + 100; ++tries) mon = pick_free_tcp_port();
     if (!port || !mon) {
       why_not = "no free port";
       return;

@@ -14,7 +14,7 @@ RGW_PORT=${RGW_PORT:-17480}
 MON_PORT=${MON_PORT:-13300}
 MON_PORT1=$((MON_PORT+1))
 for port in $MON_PORT $MON_PORT1 $RGW_PORT; do
-  ss -Htln "sport = :$port" | grep -q . && { echo "start-rgw: port $port already in use" >&2; exit 1; }
+  ss -Htan "sport = :$port" | grep -q . && { echo "start-rgw: port $port already in use" >&2; exit 1; }
 done
 DIR=${1:-$(mktemp -d /tmp/ceph-rgw.XXXXXX)}
 mkdir -p "$DIR"; DIR=$(cd "$DIR" && pwd)
