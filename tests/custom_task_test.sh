@@ -84,22 +84,8 @@ if [ "$mode" = s3 ]; then
   # Below the kernel's ephemeral range (where no connection of another test
   # is given a port meanwhile), a block the monitor and its daemons bind in
   # (MON_PORT, +1, +10..+99; start-rgw.sh) and the gateway's port after it.
-  ports=$(/usr/bin/python3 -c 'import random, socket
-lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-def free(p):
-    s = socket.socket()
-    try:
-        s.bind(("0.0.0.0", p))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-for _ in range(500):
-    base = random.randrange(10000, lo - 200)
-    if all(free(p) for p in [*range(base, base + 100), base + 150]):
-        print(base + 150, base)
-        break')
+  mon_port=$(/usr/bin/python3 "$src/tests/free_port.py" --block 160) || { bad "free ports"; finish; }
+  ports="$((mon_port + 150)) $mon_port"
   read -r rgw_port mon_port <<<"$ports"
   trap 'bash "$src/scripts/rgw/stop-rgw.sh" "$work/ceph" >/dev/null 2>&1; rm -rf "$work"' EXIT
   if RGW_PORT=$rgw_port MON_PORT=$mon_port bash "$src/scripts/rgw/start-rgw.sh" "$work/ceph" >rgw.log 2>&1; then

@@ -85,7 +85,7 @@ train)
   echo "PASS train: job $j, 2 nodes (n1, n2), 60 steps"
   ;;
 leave_rejoin)
-  PORT=$(/usr/bin/python3.11 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  PORT=$(/usr/bin/python3 "$SRC/tests/free_port.py")
   "$DTACTOR" --role coordinator --listen "tcp://127.0.0.1:$PORT" --run-dir "$RUN" "${SETS[@]}" --set train.max_steps=1000000 \
     --set cluster.min_nodes=2 --set cluster.floor_nodes=1 >"$RUN/coordinator.log" 2>&1 &
   COORD_PID=$!
@@ -142,7 +142,7 @@ standby_takeover)
   # coordinator.sbatch: a coordinator and its standby (two steps of one job,
   # the lease in the run directory), each on a port of its own (both Slurm
   # nodes are this machine); nodes.sbatch given both addresses.
-  free_port() { /usr/bin/python3.11 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  free_port() { /usr/bin/python3 "$SRC/tests/free_port.py"; }
   P0=$(free_port); P1=$(free_port)
   jc=$(cd "$TMP" && sbatch --parsable -o "$TMP/coordinator-%j.out" \
          --export=ALL,DTACTOR="$DTACTOR",CONFIG=,RUN_DIR="$RUN",PORT="$P0",STANDBY_PORT="$P1" "$SRC/examples/slurm/coordinator.sbatch" \
