@@ -48,9 +48,9 @@ bool everyone_holds_everything(const shard_plan& plan) {
 
 // Elements [a, b) of the index space between the parameters and `buf` (its
 // first b - a elements): to_buffer copies parameters -> buffer.
-void move_params(flat_adamw& opt, int64_t a, int64_t b, const torch::Tensor& buf, bool to_buffer) {
+void move_params(flat_adamw& opt, int64_t a, int64_t b, const torch::Tensor& buf, bool to_buffer, bool copies = false) {
   int64_t at = 0;
-  for (auto& v : opt.param_views(a, b)) {
+  for (auto& v : copies ? opt.compute_views(a, b) : opt.param_views(a, b)) {
     auto part = buf.narrow(0, at, v.numel()).view(v.sizes());
     if (to_buffer)
       part.copy_(v);
@@ -274,7 +274,7 @@ result<host_streams> plan_host_streams(const shard_plan& plan, const std::vector
 }  // namespace
 
 status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
-                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin, bool copies) {
   const int n = shm.world(), me = shm.rank();
   if (static_cast<int>(members.size()) != n)
     return make_error("parameter all-gather: the segment has " + std::to_string(n) + " ranks, the host " + std::to_string(members.size()));
@@ -309,7 +309,7 @@ status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_
             const auto [x, y] = piece(s, off);
             if (x >= y) continue;
             const int64_t base = plan.shards[static_cast<size_t>(s)].begin - at[static_cast<size_t>(s)];
-            move_params(opt, base + x, base + y, torch::from_blob(slot + (x - off), {y - x}, torch::kFloat), true);
+            move_params(opt, base + x, base + y, torch::from_blob(slot + (x - off), {y - x}, torch::kFloat), true, copies);
           }
         },
         [&](const shm_group::region& g) {
@@ -319,7 +319,7 @@ status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_
             const auto [x, y] = piece(s, off);
             if (x >= y) continue;
             const int64_t base = plan.shards[static_cast<size_t>(s)].begin - at[static_cast<size_t>(s)];
-            move_params(opt, base + x, base + y, torch::from_blob(shm.at(p, g) + (x - off), {y - x}, torch::kFloat), false);
+            move_params(opt, base + x, base + y, torch::from_blob(shm.at(p, g) + (x - off), {y - x}, torch::kFloat), false, copies);
           }
         },
         timeout, abandon, spin, "parameter all-gather (shared memory)");

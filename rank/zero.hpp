@@ -91,8 +91,12 @@ bool hosts_cover_every_shard(const shard_plan& plan, const std::vector<std::vect
 // segment's order): each shard some of them lacks is written once, by its
 // primary when it is here, else by the first of them holding it, and read
 // by those lacking it. With the world's segment this is gather_params_shm.
+// `copies` (train.precision = bf16 at zero = 3): the bf16 copies the
+// module computes with move (through the float slots, exactly), not the
+// masters.
 status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
-                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin);
+                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin,
+                          bool copies = false);
 result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                                     const std::function<bool()>& abandon, std::chrono::microseconds spin);
 

@@ -147,8 +147,10 @@ status unit_gatherer::failure() const {
   return make_error(failure_);
 }
 
-// Each piece of `spans`, from its shard's primary to every rank.
-status unit_gatherer::start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+// Each piece of `spans`, from its shard's primary to every rank: the
+// masters, or the bf16 copies as bytes (Gloo broadcasts no bf16).
+status unit_gatherer::start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works, bool masters) {
+  const bool copies = !masters && opt_.mixed();
   try {
     for (const auto& [a, b] : spans)
       for (int s = 0; s < plan_.world(); ++s) {
@@ -157,8 +159,8 @@ status unit_gatherer::start(const index_spans& spans, std::vector<c10::intrusive
         if (x >= y) continue;
         c10d::BroadcastOptions bo;
         bo.rootRank = sh.holders.front();
-        for (auto& v : opt_.param_views(x, y)) {
-          std::vector<torch::Tensor> t{v};
+        for (auto& v : copies ? opt_.compute_views(x, y) : opt_.param_views(x, y)) {
+          std::vector<torch::Tensor> t{copies ? torch::from_blob(v.data_ptr(), {v.numel() * static_cast<int64_t>(v.element_size())}, torch::kByte) : v};
           works.push_back(pg_->broadcast(t, bo));
         }
       }
@@ -183,7 +185,7 @@ status unit_gatherer::wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
 // Each span's pieces written into the segment by their primaries and read
 // by the ranks lacking them (rank/zero: the host's all-gather, over a plan
 // cut down to the span).
-status unit_gatherer::through_segment(const index_spans& spans) {
+status unit_gatherer::through_segment(const index_spans& spans, bool masters) {
   if (!route_.segment) return {};  // alone on its host: it holds every shard
   for (const auto& [a, b] : spans) {
     shard_plan cut = plan_;
@@ -191,15 +193,15 @@ status unit_gatherer::through_segment(const index_spans& spans) {
       sh.begin = std::min(std::max(sh.begin, a), b);
       sh.end = std::max(std::min(sh.end, b), sh.begin);
     }
-    if (auto st = gather_params_host(*route_.segment, route_.members, opt_, cut, timeout_, abandon_, spin_); !st) return st;
+    if (auto st = gather_params_host(*route_.segment, route_.members, opt_, cut, timeout_, abandon_, spin_, !masters && opt_.mixed()); !st) return st;
   }
   return {};
 }
 
-status unit_gatherer::gather_now(const index_spans& spans) {
-  if (through_shared_memory()) return through_segment(spans);
+status unit_gatherer::gather_now(const index_spans& spans, bool masters) {
+  if (through_shared_memory()) return through_segment(spans, masters);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  if (auto st = start(spans, works); !st) return st;
+  if (auto st = start(spans, works, masters); !st) return st;
   return wait(works);
 }
 
@@ -218,18 +220,17 @@ void unit_gatherer::finish_gather(int unit) {
     if (failure_.empty())
       if (auto st = through_segment(layout_.units[static_cast<size_t>(unit)]); !st) fail(st.message());
     s.is = residency::resident;
-    round_gathered(released_[static_cast<size_t>(unit)]);
     return;
   }
   begin_gather(unit);
   if (s.is != residency::in_flight) return;
   if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::resident;
-  round_gathered(released_[static_cast<size_t>(unit)]);
 }
 
-// train.precision = bf16: the masters gathered, rounded into the copy the
-// unit computes with (a rank's own shards are rounded before each forward).
+// train.precision = bf16: masters gathered (the root's), rounded into the
+// copy they compute with. A unit's copy is gathered as such from the
+// primaries, which round their own shards before each forward.
 void unit_gatherer::round_gathered(const index_spans& spans) {
   for (const auto& [a, b] : spans) opt_.round_into_compute(a, b);
 }
@@ -264,7 +265,7 @@ void unit_gatherer::release(int unit) {
 status unit_gatherer::after_update() {
   for (int u = 0; u < units(); ++u) release(u);
   if (!failure_.empty()) return failure();
-  if (auto st = gather_now(layout_.root); !st) return st;
+  if (auto st = gather_now(layout_.root, true); !st) return st;
   round_gathered(layout_.root);
   return {};
 }
@@ -280,6 +281,11 @@ void unit_gatherer::before_reading(const torch::Tensor& t) {
   if (unit < 0 || unit == reading_) return;
   release(reading_);
   reading_ = unit;
+  if (opt_.mixed()) {  // the digest reads the masters: they are gathered as such
+    if (auto st = gather_now(layout_.units[static_cast<size_t>(unit)], true); !st) fail(st.message());
+    state_[static_cast<size_t>(unit)].is = residency::resident;
+    return;
+  }
   finish_gather(unit);
 }
 

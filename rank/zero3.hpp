@@ -121,9 +121,11 @@ class unit_gatherer final : public param_gate {
     residency is = residency::released;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
-  status start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works);
-  status through_segment(const index_spans& spans);
-  status gather_now(const index_spans& spans);
+  // `masters`: the fp32 masters move, not (train.precision = bf16) the
+  // bf16 copies a unit computes with.
+  status start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works, bool masters = false);
+  status through_segment(const index_spans& spans, bool masters = false);
+  status gather_now(const index_spans& spans, bool masters = false);
   status wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works);
   void begin_gather(int unit);
   void finish_gather(int unit);

@@ -290,6 +290,55 @@ TEST(Zero3, Bf16UnitsTrainAsZeroTwoInBf16BitForBit) {
   }
 }
 
+// In bf16 what a unit's forward gathers is the bf16 copies from their
+// primaries, 2 bytes a parameter: the masters a rank does not hold are
+// never written (built deferred: still zeros), and the copies it gathered
+// are the primaries' masters rounded to bf16.
+TEST(Zero3, Bf16UnitsGatherTheBf16CopiesNotTheMasters) {
+  std::vector<std::string> o = three_blocks;
+  o.insert(o.end(), {"train.precision=bf16", "train.zero=3"});
+  std::vector<std::unique_ptr<training_state>> states;
+  {
+    defer_block_values defer(true);
+    states = make_states(tiny_vit_config(o), 2);
+  }
+  const shard_plan plan = make_shard_plan(states[0]->optimizer().total_elements(), nodes_of(2), 1);
+  for (int r = 0; r < 2; ++r) {
+    auto& s = *states[static_cast<size_t>(r)];
+    s.shard_optimizer(plan.ranges_of(r));
+    ASSERT_TRUE(make_initial_units(s.optimizer(), s.the_task().param_units(), plan.ranges_of(r)).ok());
+    s.optimizer().refresh_compute();  // as a forward starts: its own shards' copies
+  }
+  std::vector<index_spans> lacking(2);
+  auto errors = run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *states[static_cast<size_t>(rank)];
+    flat_adamw& opt = s.optimizer();
+    auto layout = unit_layout_of(opt, s.the_task().param_units());
+    if (!layout) return layout.message();
+    lacking[static_cast<size_t>(rank)] = spans_outside(layout->units[0], plan.ranges_of(rank));
+    unit_gatherer gate(pg, opt, plan, std::move(layout.value()), std::chrono::milliseconds(20000), {});
+    gate.before_forward(0);
+    gate.after_forward(0);
+    gate.before_forward(0);  // gathered again: still the copies
+    return gate.failure().ok() ? "" : gate.failure().message();
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  for (int r = 0; r < 2; ++r) {
+    const auto& mine = states[static_cast<size_t>(r)]->optimizer();
+    const auto& theirs = states[static_cast<size_t>(1 - r)]->optimizer();
+    int64_t checked = 0;
+    for (const auto& [a, b] : lacking[static_cast<size_t>(r)]) {
+      const auto masters = mine.param_views(a, b), copies = mine.compute_views(a, b), source = theirs.param_views(a, b);
+      for (size_t i = 0; i < masters.size(); ++i) {
+        EXPECT_TRUE(masters[i].eq(0).all().item<bool>()) << "rank " << r << " wrote masters it does not hold";
+        EXPECT_TRUE(torch::equal(copies[i], source[i].to(torch::kBFloat16))) << "rank " << r;
+        checked += masters[i].numel();
+      }
+    }
+    EXPECT_GT(checked, 100) << "rank " << r << " lacks part of unit 0";
+  }
+}
+
 // Two hosts of two ranks, each host holding every shard (two holders a
 // shard, on different hosts): each host's ranks gather the units through a
 // segment of their own, so no parameter byte crosses hosts. The same bits
