@@ -528,7 +528,10 @@ std::pair<torch::Tensor, torch::Tensor> flat_adamw::moments(int64_t begin, int64
 int64_t flat_adamw::resident_bytes() const {
   if (sharded_ || grads_sharded_) return 0;
   int64_t n = 0;
-  for (const auto& g : groups_) n += 3 * g.params.numel() * g.params.element_size();  // gradients and two moments
+  for (const auto& g : groups_) {
+    n += 3 * g.params.numel() * g.params.element_size();  // gradients and two moments
+    if (mixed_) n += g.compute_grads.numel() * g.compute_grads.element_size();  // and the bf16 gradients
+  }
   return n;
 }
 
@@ -536,7 +539,10 @@ void flat_adamw::make_resident() {
   if (sharded_ || grads_sharded_) return;
   torch::NoGradGuard no_grad;
   materialize();
-  for (auto& g : groups_) g.grads.zero_();  // between steps they hold zeros: the same values, now in touched pages
+  for (auto& g : groups_) {
+    g.grads.zero_();  // between steps they hold zeros: the same values, now in touched pages
+    if (mixed_) g.compute_grads.zero_();
+  }
 }
 
 void flat_adamw::drop_retired() {

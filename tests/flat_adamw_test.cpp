@@ -178,6 +178,48 @@ TEST(FlatAdamW, MakeResidentTouchesTheGradientsAndMomentsAndChangesNoValue) {
   EXPECT_EQ(c.state_bytes(), 0) << "sharded: left alone";
 }
 
+// Mixed precision (compute = bf16): the parameters become bf16 views whose
+// values are the masters rounded, their gradients bf16 views; clipping and
+// the step read those gradients once as float32, so the masters move
+// exactly as a float32 optimizer's given the same (bf16-valued) gradients
+// and clipped alike; the copies follow at refresh_compute. make_resident
+// touches the bf16 gradients too.
+TEST(FlatAdamW, Bf16CopiesFollowTheFp32MastersAndTheGradientsAreReadOnce) {
+  auto make = [] {
+    torch::manual_seed(5);
+    return std::vector<torch::Tensor>{torch::randn({512, 1024}).requires_grad_(true), torch::randn({1024}).requires_grad_(true)};
+  };
+  auto pm = make(), pf = make();
+  flat_adamw_options o;
+  o.compute = torch::kBFloat16;
+  flat_adamw mixed(pm, o), plain(pf, flat_adamw_options{});
+  ASSERT_TRUE(mixed.mixed());
+  EXPECT_EQ(mixed.resident_bytes(), 3 * (512 * 1024 + 1024) * 4 + (512 * 1024 + 1024) * 2);
+  mixed.make_resident();
+  for (size_t i = 0; i < pm.size(); ++i) {
+    ASSERT_EQ(pm[i].scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(pm[i], mixed.master_of(pm[i]).to(torch::kBFloat16)));
+    EXPECT_EQ(pm[i].grad().scalar_type(), torch::kBFloat16);
+  }
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(10 + step);
+    for (size_t i = 0; i < pm.size(); ++i) {
+      const auto g = torch::randn(pm[i].sizes()).to(torch::kBFloat16);
+      pm[i].mutable_grad().copy_(g);
+      pf[i].mutable_grad().copy_(g.to(torch::kFloat));
+    }
+    EXPECT_EQ(mixed.clip_grad_norm(0.5), plain.clip_grad_norm(0.5));
+    mixed.step();
+    plain.step();
+    mixed.zero_grad();
+    plain.zero_grad();
+    for (size_t i = 0; i < pm.size(); ++i) EXPECT_TRUE(torch::equal(mixed.master_of(pm[i]), pf[i])) << "step " << step << " parameter " << i;
+    EXPECT_FALSE(torch::equal(pm[0], pf[0].to(torch::kBFloat16))) << "the copies move only at refresh_compute";
+    mixed.refresh_compute();
+    for (size_t i = 0; i < pm.size(); ++i) EXPECT_TRUE(torch::equal(pm[i], pf[i].to(torch::kBFloat16))) << "parameter " << i;
+  }
+}
+
 TEST(FlatAdamW, CheckpointResumesExactly) {
   auto n1 = make_net(9);
   flat_adamw f1(n1->parameters(), options());
