@@ -60,5 +60,21 @@ inline void expect_finished_without_loss(cluster& cl, int64_t max_steps, int exp
   }
 }
 
+// A job on `nodes` (the last one, with `fault`, crashes at step 50 and is
+// started again once lost), run to `steps`; the final parameters' digest.
+inline std::string crash_and_replace_run(const std::string& dir, const std::vector<std::string>& sets, const std::vector<std::string>& nodes, bool fault,
+                                         int steps) {
+  cluster cl(dir, sets);
+  EXPECT_EQ(cl.start_coordinator(), "");
+  for (size_t i = 0; i + 1 < nodes.size(); ++i) EXPECT_EQ(cl.start_node(nodes[i]), "");
+  if (fault) {
+    EXPECT_EQ(cl.start_node(nodes.back(), {"--fail-at-step", "50", "--fail-mode", "crash"}), "");
+    EXPECT_TRUE(cl.wait_for([](const std::vector<json>& j) { return !journal_events<ev::node_lost>(j).empty(); })) << cl.logs();
+  }
+  EXPECT_EQ(cl.start_node(nodes.back()), "");
+  expect_finished_without_loss(cl, steps, static_cast<int>(nodes.size()));
+  auto fin = journal_events<ev::job_finished>(cl.journal());
+  return fin.empty() ? std::string{} : fin[0].at("params_digest").get<std::string>();
+}
 
 }  // namespace dtactor::testing
