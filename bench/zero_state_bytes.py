@@ -139,7 +139,7 @@ def main():
                          ["rows", base[0], "total_bytes_per_param"] if base else None))
         figures.append(F(what.replace("state bytes a parameter on a rank", "measured over the formula"), ["rows", i, "total_vs_formula"], "x"))
     notes = ("Formulas, fp32, W ranks, R holders a shard: zero=0 20 B a parameter (16 at world 1); zero=2 4 + 12R/W; "
-             "zero=3 16R/W + 4(1 - R/W) for each parameter of no unit. With train.precision=bf16 (masters whole on every rank): "
+             "zero=3 16R/W + 4(1 - R/W) for each parameter of no unit. With train.precision=bf16 (fp32 masters whole on every rank at levels 0 to 2): "
              "zero=0 and 1 6 of parameters (fp32 masters and the bf16 copy) and 2 more of gradients; zero=2 6 + 12R/W; zero=3 18R/W + 6(1 - R/W) for each parameter of no unit. The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
              "without replicas: 16, ZeRO-2 2 + 14/W, ZeRO-3 16/W; FSDP's full shard in fp32 holds 16/W plus the units being gathered.")
     print(json.dumps(bench_meta.stamped({"settings": a.set, "rows": rows},
