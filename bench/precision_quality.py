@@ -10,37 +10,20 @@ Usage: bench/precision_quality.py [--nodes 2] [--vit-steps 4000] [--config examp
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
+import diloco_quality  # noqa: E402
 
 
 def run(binary, nodes, steps, sets, config):
-    with tempfile.TemporaryDirectory() as rd:
-        args = [binary, "local", "--nodes", str(nodes), "--run-dir", rd, "--no-resume"]
-        if config:
-            args += ["--config", config]
-        for s in ["train.max_steps=%d" % steps, "checkpoint.every_steps=0", "train.log_every_steps=100", *sets]:
-            args += ["--set", s]
-        t0 = time.time()
-        p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        wall = time.time() - t0
-        if p.returncode != 0:
-            raise SystemExit("run failed: " + " ".join(args) + "\n" + p.stdout[-3000:])
-        journal = [json.loads(line) for line in open(os.path.join(rd, "journal.jsonl"))]
-    evals = [e for e in journal if e["event"] == "eval"]
-    if not evals:
-        raise SystemExit("no evaluation in the journal: " + " ".join(args))
-    steps_done = [e for e in journal if e["event"] == "step"]
-    rate = [e["samples_per_s"] for e in steps_done if e.get("samples_per_s")]
-    rate.sort()
-    return {"wall_s": round(wall, 1), "final": {k: v for k, v in evals[-1].items() if k not in ("t", "event", "duration_s", "examples")},
-            "samples_per_s_median": rate[len(rate) // 2] if rate else None}
+    """diloco_quality's run (`dtactor local`, evaluated at the end), its last evaluation as `final`."""
+    r = diloco_quality.run(binary, nodes, steps, sets, config)
+    if not r["evals"]:
+        raise SystemExit("no evaluation in the journal")
+    return {"wall_s": r["wall_s"], "final": r["evals"][-1]}
 
 
 def main():
@@ -70,8 +53,8 @@ def main():
     ]
     notes = ("One run of each, %d nodes of one rank on this machine, the project's defaults but train.precision (and the GPT example's "
              "config). bf16: bf16 parameters, activations and gradients, gradients summed in fp32, fp32 master weights and AdamW moments. "
-             "The bar: within 0.5 accuracy points or 2%% of the validation loss at equal steps. Quality only: the runs' throughput "
-             "(under runs) is one run each, not paired, on a machine that may be loaded." % a.nodes)
+             "The bar: within 0.5 accuracy points or 2%% of the validation loss at equal steps. Quality only: the runs' wall "
+             "times (under runs) are one run each, not paired, on a machine that may be loaded." % a.nodes)
     out = bench_meta.stamped({"nodes": a.nodes, "sets": a.set, "config": os.path.relpath(a.config, os.path.join(HERE, "..")), "runs": runs},
                              "bf16 mixed precision against fp32 at equal steps: the default ViT and the GPT example, %d nodes" % a.nodes,
                              "Sharded state (ZeRO)", figures, notes=notes)

@@ -12,19 +12,14 @@
 #include "rank/state_io.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "test_util.hpp"
+#include "train_util.hpp"
 
 namespace dtactor {
 namespace {
 
+using testing::quiet;
 using testing::temp_dir;
 using testing::tiny_vit_config;
-
-train_options quiet(const std::string& dir) {
-  train_options o;
-  o.run_dir = dir;
-  o.interactive = false;
-  return o;
-}
 
 // The module's parameters and their gradients are bf16 views of the
 // optimizer's compute copies; the state's "model/" tensors are the fp32

@@ -16,10 +16,12 @@
 #include "app/train_command.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "test_util.hpp"
+#include "train_util.hpp"
 
 namespace dtactor {
 namespace {
 
+using testing::quiet;
 using testing::temp_dir;
 
 // The fixtures, written once per test program; `error`: why not.
@@ -61,13 +63,6 @@ config ts_config(const std::string& module, const std::vector<std::string>& extr
   auto c = config::load("", o);
   if (!c) throw std::runtime_error(c.message());
   return c.value();
-}
-
-train_options quiet(const std::string& dir) {
-  train_options t;
-  t.run_dir = dir;
-  t.interactive = false;
-  return t;
 }
 
 TEST(TorchScript, AScriptedClassifierLearnsAndReportsAccuracyAndTop5) {

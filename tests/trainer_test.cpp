@@ -11,21 +11,16 @@
 #include "model/trainer.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "test_util.hpp"
+#include "train_util.hpp"
 
 namespace dtactor {
 namespace {
 
+using testing::quiet;
 using testing::events;
 using testing::read_journal;
 using testing::temp_dir;
 using testing::tiny_vit_config;
-
-train_options quiet(const std::string& dir) {
-  train_options o;
-  o.run_dir = dir;
-  o.interactive = false;
-  return o;
-}
 
 TEST(Trainer, LossFallsAndJournalRecordsTheRun) {
   temp_dir d;
