@@ -223,7 +223,8 @@ def main():
             figures.append(F(f"the largest rank's peak bytes a parameter at world {w}, zero={z} (anonymous and shared memory, from the probes)",
                              ["worlds", w, z, "bytes_per_parameter_per_rank"], "B/param"))
     bench_meta.write(a.out, out, title="The largest GPT that trains with every rank process capped at %.1f GiB (a cgroup each), "
-                     "at world %s, by train.zero level" % (a.cap_gib, " and ".join(str(w) for w in worlds)),
+                     "at world %s, by train.zero level%s" % (a.cap_gib, " and ".join(str(w) for w in worlds),
+                                                             " (%s)" % ", ".join(a.set) if a.set else ""),
                      group="Sharded state (ZeRO)", figures=figures,
                      notes="One host (dtactor local, 2 ranks a node), each rank process in a memory cgroup (v1) of its own capped at "
                      "%.1f GiB, no swap; default settings apart from the model (GPT, dim 1024, 16 heads, context 32), one sample a rank a "
