@@ -141,12 +141,15 @@ scancel_resume)
 standby_takeover)
   # coordinator.sbatch: a coordinator and its standby (two steps of one job,
   # the lease in the run directory), each on a port of its own (both Slurm
-  # nodes are this machine); nodes.sbatch given both addresses.
+  # nodes are this machine); nodes.sbatch given both addresses. The lease's
+  # TTL is 3 s: at 1 s, a stall of the machine under the suite's load once
+  # made the standby, leading alone after the kill, miss its own renewal and
+  # stop deciding, which ended the job.
   free_port() { /usr/bin/python3 "$SRC/tests/free_port.py"; }
   P0=$(free_port); P1=$(free_port)
   jc=$(cd "$TMP" && sbatch --parsable -o "$TMP/coordinator-%j.out" \
          --export=ALL,DTACTOR="$DTACTOR",CONFIG=,RUN_DIR="$RUN",PORT="$P0",STANDBY_PORT="$P1" "$SRC/examples/slurm/coordinator.sbatch" \
-         "${SETS[@]}" --set train.max_steps=4000 --set cluster.min_nodes=2 --set cluster.floor_nodes=1 --lease-ttl-ms 1000)
+         "${SETS[@]}" --set train.max_steps=4000 --set cluster.min_nodes=2 --set cluster.floor_nodes=1 --lease-ttl-ms 3000)
   jn=$(cd "$TMP" && COORDINATOR="tcp://127.0.0.1:$P0,tcp://127.0.0.1:$P1" DTACTOR="$DTACTOR" \
          sbatch --parsable --array=0-1 -o "$TMP/nodes-%A_%a.out" "$SRC/examples/slurm/nodes.sbatch" --advertise-addr 127.0.0.1 --threads-per-rank 1)
   wait_for 120 "[e for e in named('step') if e['step'] >= 5 and e['world_size'] == 2]"
