@@ -26,8 +26,11 @@ fi
 mkdir -p "$DIR/munge" "$DIR/ctld"
 chmod 700 "$DIR/munge"
 
-free_port() { /usr/bin/python3.11 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-CTLD_PORT=$(free_port); N1_PORT=$(free_port); N2_PORT=$(free_port)
+# Three consecutive free ports below the ephemeral range (a port the kernel
+# picks as free can be given to another process's connection before the
+# daemon binds it).
+BASE_PORT=$(/usr/bin/python3 "$(dirname "$0")/../../tests/free_port.py" --block 3)
+CTLD_PORT=$BASE_PORT; N1_PORT=$((BASE_PORT + 1)); N2_PORT=$((BASE_PORT + 2))
 
 # munge: a key of our own, a socket of our own.
 dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
