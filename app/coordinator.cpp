@@ -416,7 +416,10 @@ int run_actors(const coordinator_run& run, metrics& m, sd_targets& sd, status_bo
   // cleared before the bridge stops (actors may still be running then).
   std::unique_ptr<zmq_bridge> bridge;
   std::atomic<zmq_bridge*> bridge_ptr{nullptr};
-  outbound out = [&bridge_ptr](const std::string& link, const std::string& peer, pb::envelope env) {
+  // Under a lease, each envelope carries the epoch held when it leaves: a
+  // lapsed lease taken back holds a newer one (coordinator_lease.hpp).
+  outbound out = [&bridge_ptr, lease = run.lease](const std::string& link, const std::string& peer, pb::envelope env) {
+    if (lease) env.set_epoch(lease->epoch());
     if (auto* b = bridge_ptr.load()) (void)b->send(link, peer, env);
   };
 

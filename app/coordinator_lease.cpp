@@ -40,7 +40,7 @@ result<std::unique_ptr<coordinator_lease>> coordinator_lease::take(const lease_s
     auto claim = lease->try_acquire({0, s.holder, s.address});
     if (claim && claim->taken) {
       say("holds the job's lease at " + printable(s.where) + ", epoch " + std::to_string(claim->current.epoch));
-      return std::unique_ptr<coordinator_lease>(new coordinator_lease(std::move(lease), s, claim->current.epoch, began));
+      return std::unique_ptr<coordinator_lease>(new coordinator_lease(std::move(lease), s, say, claim->current.epoch, began));
     }
     if (!s.standby) {
       if (!claim) return claim.err();
@@ -57,8 +57,9 @@ result<std::unique_ptr<coordinator_lease>> coordinator_lease::take(const lease_s
   return make_error("stopped while standing by");
 }
 
-coordinator_lease::coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, uint64_t epoch, int64_t taken_ns)
-    : lease_(std::move(lease)), s_(std::move(s)), epoch_(epoch), last_renewed_ns_(taken_ns) {
+coordinator_lease::coordinator_lease(std::unique_ptr<leader_lease> lease, lease_settings s, std::function<void(const std::string&)> say,
+                                     uint64_t epoch, int64_t taken_ns)
+    : lease_(std::move(lease)), s_(std::move(s)), say_(std::move(say)), epoch_(epoch), last_renewed_ns_(taken_ns) {
   renewer_ = std::thread([this] { renew_loop(); });
 }
 
@@ -81,12 +82,11 @@ bool coordinator_lease::surely_held() const { return since_renewed() < s_.ttl / 
 void coordinator_lease::wait_until_held() const {
   if (surely_held()) return;
   std::unique_lock<std::mutex> lock(mu_);
+  // The renewer renews, takes a lapsed lease back, or ends the process; a
+  // stop signal ends the wait (the job cannot stop while its decisions wait).
   while (!surely_held()) {
-    // A standby may lead from a TTL after the last renewal began; a
-    // renewer that cannot finish by then (a hung file system) ends it here.
-    const auto left = s_.ttl - since_renewed();
-    if (left <= std::chrono::nanoseconds(0)) stop_deciding("the job's lease was not renewed within its TTL; a standby may hold it now");
-    renewed_.wait_for(lock, left);
+    if (s_.stop_signal && s_.stop_signal->load()) stop_deciding("stopped while the job's lease was not held");
+    renewed_.wait_for(lock, std::chrono::milliseconds(100));
   }
 }
 
@@ -94,23 +94,46 @@ void coordinator_lease::wait_until_held() const {
 // watched from after the renewal that wrote it began. So while each
 // renewal finishes within the TTL of the one before began, no standby can
 // lead; a renewal late by up to half the TTL (a loaded machine) holds it
-// still, and only deciding waits for it (wait_until_held).
+// still, and only deciding waits for it (wait_until_held). Later than the
+// TTL, the lease is taken back only where no standby took it.
 void coordinator_lease::renew_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, renew_period(s_.ttl), [this] { return stopping_; })) {
     lock.unlock();
     const int64_t began = clock_type::now().time_since_epoch().count();
-    if (since_renewed() >= s_.ttl)
-      stop_deciding("this coordinator was stopped or cut off for the lease's TTL; a standby may hold the lease now");
-    auto r = lease_->renew();
-    if (r && *r == renewal::deposed) stop_deciding("another coordinator took the job's lease (this one held epoch " + std::to_string(epoch_) + ")");
-    if (since_renewed() >= s_.ttl)
-      stop_deciding("the job's lease was not renewed within its TTL" + (r ? std::string() : " (" + r.message() + ")") +
-                    "; a standby may hold it now");
-    if (r) last_renewed_ns_ = began;
+    if (since_renewed() >= s_.ttl) {
+      reclaim_after_lapse(began, "this coordinator was stopped or cut off for the lease's TTL");
+    } else {
+      auto r = lease_->renew();
+      if (r && *r == renewal::deposed)
+        stop_deciding("another coordinator took the job's lease (this one held epoch " + std::to_string(epoch_) + ")");
+      if (since_renewed() >= s_.ttl)
+        reclaim_after_lapse(began, "the job's lease was not renewed within its TTL" + (r ? std::string() : " (" + r.message() + ")"));
+      else if (r)
+        last_renewed_ns_ = began;
+    }
     lock.lock();
     renewed_.notify_all();
   }
+}
+
+// Deciding waits meanwhile (surely_held is false). An error (the store
+// unreachable) is said once and tried again at the next period: nobody can
+// have taken the lease through a store nobody reaches, and a standby that
+// reaches it deposes this one at the next try.
+void coordinator_lease::reclaim_after_lapse(int64_t began, const std::string& why) {
+  const uint64_t held = epoch_;
+  auto r = lease_->reclaim();
+  if (!r) {
+    if (r.message() != reclaim_error_) say_(why + "; cannot take it back yet: " + r.message());
+    reclaim_error_ = r.message();
+    return;
+  }
+  reclaim_error_.clear();
+  if (!*r) stop_deciding("another coordinator took the job's lease (this one held epoch " + std::to_string(held) + ")");
+  epoch_ = **r;
+  last_renewed_ns_ = began;
+  say_(why + "; nobody took the lease meanwhile: holds it again at " + printable(s_.where) + ", epoch " + std::to_string(**r));
 }
 
 void coordinator_lease::give_up(const std::string& why) {

@@ -139,7 +139,8 @@ def summarize(trials):
 NOTES = ("Loopback, both coordinators and both nodes on the project's 2-core build machine, shared with other builds and "
          "tests while it ran (timings are loaded-machine figures). SIGSTOP stands for a partition of the leader: it neither "
          "renews nor speaks, and its connections stay open. The lease directory stays reachable to it, so when it runs "
-         "again it finds its last renewal older than the TTL and stops deciding. Over the 20 steps after the heal, a "
+         "again it finds its last renewal older than the TTL, tries to take the lease back, finds the standby's newer epoch and "
+         "stops deciding. Over the 20 steps after the heal, a "
          "generation counts as started if the journal has its generation_started line or a step line of a generation other "
          "than the one the standby led; what the old coordinator printed after the heal is in trials[].old_lines_after_heal.")
 

@@ -110,6 +110,15 @@ class etcd_lease final : public leader_lease {
     return renewal::renewed;
   }
 
+  // The server, not this process's clock, expires an etcd lease: while it
+  // kept ours alive, the leader key is still ours and nobody else took it.
+  result<std::optional<uint64_t>> reclaim() override {
+    auto r = renew();
+    if (!r) return r.err();
+    if (*r == renewal::deposed) return std::optional<uint64_t>();
+    return std::optional<uint64_t>(held_->epoch);
+  }
+
   result<lease_holder> current() override {
     auto range = post("/v3/kv/range", {{"key", base64(key_)}});
     if (!range) return range.err();

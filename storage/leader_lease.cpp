@@ -147,21 +147,33 @@ class file_lease final : public leader_lease {
     if (cur->epoch > 0 && !lapsed(*cur)) return lease_claim{false, *cur};
     lease_holder mine = me;
     mine.epoch = cur->epoch + 1;
-    const std::string text = json{{"holder", mine.holder}, {"address", mine.address}}.dump();
-    auto won = space_->create_exclusive(epoch_file(mine.epoch), text);
+    auto won = take_epoch(mine);
     if (!won) return won.err();
-    // Not created: another standby was first, unless the creation was ours
-    // and only its answer was lost (a retried request).
-    if (!*won && space_->read(epoch_file(mine.epoch)) != text) {
+    if (!*won) {
       auto now_held = current();
       if (!now_held) return now_held.err();
       return lease_claim{false, *now_held};
     }
-    held_ = mine;
-    counter_ = 0;
-    if (auto st = beat(false); !st) return st.err();
-    forget_older(mine.epoch);
     return lease_claim{true, mine};
+  }
+
+  result<std::optional<uint64_t>> reclaim() override {
+    if (!held_) return make_error("leader lease: reclaimed without holding it");
+    auto cur = current();
+    if (!cur) return cur.err();
+    if (cur->epoch != held_->epoch) {  // another took a newer epoch
+      held_.reset();
+      return std::optional<uint64_t>();
+    }
+    lease_holder mine = *held_;
+    ++mine.epoch;
+    auto won = take_epoch(mine);
+    if (!won) return won.err();
+    if (!*won) {
+      held_.reset();
+      return std::optional<uint64_t>();
+    }
+    return std::optional<uint64_t>(mine.epoch);
   }
 
   result<renewal> renew() override {
@@ -203,6 +215,21 @@ class file_lease final : public leader_lease {
   }
 
  private:
+  // Creates `mine`'s epoch file where absent and holds it: false when
+  // another was first (unless the creation was ours and only its answer
+  // was lost: a retried request).
+  result<bool> take_epoch(const lease_holder& mine) {
+    const std::string text = json{{"holder", mine.holder}, {"address", mine.address}}.dump();
+    auto won = space_->create_exclusive(epoch_file(mine.epoch), text);
+    if (!won) return won.err();
+    if (!*won && space_->read(epoch_file(mine.epoch)) != text) return false;
+    held_ = mine;
+    counter_ = 0;
+    if (auto st = beat(false); !st) return st.err();
+    forget_older(mine.epoch);
+    return true;
+  }
+
   // The holder's heartbeat: its epoch's counter, one more each renewal.
   status beat(bool released) {
     const json j = {{"counter", ++counter_}, {"released", released}};

@@ -15,7 +15,9 @@
 //       (one creator wins), and a heartbeat file the holder replaces
 //       (rename) at every renewal. A standby that sees the heartbeat
 //       unchanged for the TTL, on its own clock, takes epoch N+1; the old
-//       holder finds epoch N+1 at its next renewal and is deposed.
+//       holder finds epoch N+1 at its next renewal and is deposed. A
+//       holder that was itself silent for the TTL takes epoch N+1 the
+//       same way (reclaim), so at most one of it and a standby leads on.
 //   s3://BUCKET/PREFIX  the same files as objects: epoch-N created with
 //       a conditional write (If-None-Match: *, which the server refuses
 //       for an object that exists), the heartbeat replaced by a PUT. S3's
@@ -26,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dtactor/result.hpp"
@@ -56,6 +59,14 @@ class leader_lease {
   // The holder renews at least every third of the TTL; deposed once
   // another holds a newer epoch: the caller stops deciding at once.
   virtual result<renewal> renew() = 0;
+  // For a holder whose own renewals lapsed (its process stopped, or a
+  // renewal that finished after the TTL): a standby may have taken the
+  // lease meanwhile. Takes it back when nobody else held it since, at an
+  // epoch nobody else holds or held (a directory or S3: epoch N+1, created
+  // only where absent, so a standby racing for it loses or wins whole;
+  // etcd: the same epoch while the server kept the lease alive); nullopt
+  // (deposed) when another holds or held a newer epoch.
+  virtual result<std::optional<uint64_t>> reclaim() = 0;
   // Who holds the lease now (epoch 0: nobody yet).
   virtual result<lease_holder> current() = 0;
   // Gives the lease up (a clean exit): a standby may take it at once.

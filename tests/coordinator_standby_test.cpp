@@ -4,8 +4,9 @@
 // the first is killed, and runs the job to its end from the same address
 // and run directory (as a floating address or a Service would give it); a
 // coordinator that finds a newer epoch stops deciding; a leader cut off and
-// healed stops deciding on its own; a second one without --standby is
-// refused in one line.
+// healed stops deciding on its own, unless nobody took the lease meanwhile
+// (then it takes it back); a second one without --standby is refused in
+// one line.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -305,6 +306,26 @@ TEST(Standby, ALeaderLateToRenewWithinTheTTLGoesOnLeading) {
   EXPECT_EQ(read_text(cl.run_dir + "/coordinator.log").find("stops deciding"), std::string::npos) << read_text(cl.run_dir + "/coordinator.log");
   EXPECT_TRUE(pair.standby->running()) << read_text(pair.log);
   EXPECT_EQ(read_text(pair.log).find("listening on"), std::string::npos) << read_text(pair.log);
+}
+
+// A leader with no standby stopped past its lease's TTL (a stalled
+// machine): when it runs again nobody took the lease meanwhile, so it
+// takes it back under the next epoch and goes on deciding; the nodes
+// follow the newer epoch and the job ends without loss.
+TEST(Standby, ALeaderAloneStoppedPastItsTTLTakesTheLeaseBackAndGoesOn) {
+  temp_dir d, lease;
+  const std::vector<std::string> leased = {"--lease", lease.path(), "--lease-ttl-ms", "1000"};
+  cluster cl(d.path(), job_sets(1500, {"cluster.min_nodes=2", "cluster.heartbeat_timeout_ms=6000"}));
+  ASSERT_EQ(cl.start_coordinator(leased), "");
+  ASSERT_EQ(cl.start_node("a"), "");
+  ASSERT_EQ(cl.start_node("b"), "");
+  ASSERT_TRUE(cl.wait_step(30)) << cl.logs();
+  cl.coord->signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the stall is the input: 2.5 TTLs
+  cl.coord->signal(SIGCONT);
+  ASSERT_TRUE(wait_for_text(cl.run_dir + "/coordinator.log", "holds it again at " + lease.path() + ", epoch 2", *cl.coord)) << cl.logs();
+  testing::expect_finished_without_loss(cl, 1500, 2);
+  EXPECT_EQ(read_text(cl.run_dir + "/coordinator.log").find("stops deciding"), std::string::npos) << cl.logs();
 }
 
 // The standby leads for a while beside a leader stopped with its

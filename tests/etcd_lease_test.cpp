@@ -105,9 +105,28 @@ TEST(EtcdLease, OneHolderAtATimeAndAStandbyTakesOverWithANewerEpochWhenItsLeaseE
   }
   ASSERT_TRUE(taken) << "etcd never expired a's lease";
   EXPECT_GT(taken->current.epoch, epoch_a);
-  EXPECT_EQ(a->renew().value(), renewal::deposed);
+  auto lost = a->reclaim();  // a, late by its own clock, tries to take it back
+  ASSERT_TRUE(lost) << lost.message();
+  EXPECT_FALSE(lost->has_value()) << "b holds the key now";
+  EXPECT_FALSE(a->renew()) << "a holds nothing now";
   EXPECT_EQ(b->renew().value(), renewal::renewed);
   EXPECT_EQ(a->current()->holder, "b");
+}
+
+// The server expires an etcd lease, not the holder's clock: a holder late
+// to renew by its own clock takes the lease back at the same epoch while
+// etcd kept it (deposed once another took the key: the test above).
+TEST(EtcdLease, AHolderLateByItsOwnClockKeepsTheEpochWhileEtcdKeptTheLease) {
+  etcd_server etcd;
+  if (!etcd.error.empty()) SKIP_OR_FAIL_IN_CI(etcd.error);
+  auto a = open_at(etcd), b = open_at(etcd);
+  auto first = a->try_acquire(named("a"));
+  ASSERT_TRUE(first && first->taken);
+  auto back = a->reclaim();
+  ASSERT_TRUE(back) << back.message();
+  ASSERT_TRUE(back->has_value());
+  EXPECT_EQ(**back, first->current.epoch);
+  EXPECT_FALSE(b->try_acquire(named("b"))->taken);
 }
 
 TEST(EtcdLease, AReleasedLeaseIsTakenAtOnce) {

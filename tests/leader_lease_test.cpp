@@ -74,6 +74,56 @@ TEST(LeaderLease, AStandbyTakesALapsedLeaseAndTheOldHolderIsDeposed) {
   EXPECT_EQ(now->holder, "b");
 }
 
+// A holder that was itself silent for the TTL (stopped, or a renewal that
+// came too late) takes the lease back at the next epoch when no standby
+// took it, and a standby watching then waits on; when a standby took it,
+// or took and passed on several epochs (whose old files are gone), the
+// holder is deposed.
+TEST(LeaderLease, AHolderSilentForTheTTLTakesItBackAtTheNextEpochUnlessAnotherTookIt) {
+  temp_dir d;
+  fake_clock clock;
+  auto a = open_in(d.path(), clock), b = open_in(d.path(), clock);
+  ASSERT_TRUE(a->try_acquire(named("a"))->taken);
+  EXPECT_FALSE(b->try_acquire(named("b"))->taken);  // b starts watching
+  clock.t += 5000ms;                                 // a silent past the TTL
+  auto back = a->reclaim();
+  ASSERT_TRUE(back) << back.message();
+  ASSERT_TRUE(back->has_value()) << "nobody else took it";
+  EXPECT_EQ(**back, 2u);
+  EXPECT_EQ(a->renew().value(), renewal::renewed);
+  auto claim = b->try_acquire(named("b"));
+  EXPECT_FALSE(claim->taken) << "a holds epoch 2 now, freshly";
+  EXPECT_EQ(claim->current.holder, "a");
+  EXPECT_EQ(claim->current.epoch, 2u);
+  // b takes over while a is silent again: a's reclaim finds epoch 3.
+  clock.t += 3000ms;
+  ASSERT_TRUE(b->try_acquire(named("b"))->taken);
+  auto lost = a->reclaim();
+  ASSERT_TRUE(lost) << lost.message();
+  EXPECT_FALSE(lost->has_value()) << "b holds epoch 3";
+  EXPECT_EQ(a->current()->holder, "b");
+}
+
+TEST(LeaderLease, AHolderSilentWhileOthersHeldSeveralEpochsIsDeposed) {
+  temp_dir d;
+  fake_clock clock;
+  auto a = open_in(d.path(), clock), b = open_in(d.path(), clock);
+  ASSERT_TRUE(a->try_acquire(named("a"))->taken);
+  for (int i = 0; i < 3; ++i) {  // b takes epochs 2, 3, 4, releasing each; epoch 2's file goes
+    auto c = b->try_acquire(named("b"));
+    if (!c->taken) {
+      clock.t += 3000ms;
+      c = b->try_acquire(named("b"));
+    }
+    ASSERT_TRUE(c->taken);
+    ASSERT_TRUE(b->release());
+  }
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/epoch-2"));
+  auto lost = a->reclaim();
+  ASSERT_TRUE(lost) << lost.message();
+  EXPECT_FALSE(lost->has_value()) << "epoch 2 is free again but others held newer ones";
+}
+
 TEST(LeaderLease, AReleasedLeaseIsTakenAtOnce) {
   temp_dir d;
   fake_clock clock;
