@@ -7,7 +7,8 @@ grad_bytes, optimizer_state_bytes, checkpoint_buffer_bytes) and its resident
 memory (peak, and between checkpoints). Prints one JSON object:
 per configuration the bytes per parameter of each kind (the largest rank),
 next to the formula (fp32 parameters 4, with train.precision=bf16 6: the
-fp32 masters and the bf16 copy; gradients 4 (bf16: and 2 of bf16 ones) in the optimizer plus 4
+fp32 masters and the bf16 copy, and from zero 1 on 4*R/W + 2, the masters
+sharded; gradients 4 (bf16: and 2 of bf16 ones) in the optimizer plus 4
 in the reducer's buckets at world > 1 for zero 0 and 1, 4*R/W for zero 2;
 AdamW moments 8, or 8*R/W when sharded, R holders of each of W shards;
 zero 3: parameters 4*R/W (bf16: 6*R/W), plus 4*(1 - R/W) (bf16: 6) for each parameter of no unit,
@@ -66,7 +67,8 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
         # masters and the bf16 copy the module computes with, 6.
         bf16 = "train.precision=bf16" in extra
         params = max(r["param_bytes"] for r in ranks.values()) / (6 if bf16 else 4)
-        if zero >= 3:  # a rank reports what is resident: its shards and the root
+        masters_sharded = zero >= 3 or (bf16 and zero >= 1 and world > 1)
+        if masters_sharded:  # a rank reports what is resident: its shards (and at zero 3 the root)
             pm = re.search(r"this rank holds \d+ of (\d+) elements", p.stderr)
             if not pm:
                 sys.exit(f"{' '.join(cmd)}: no READY line with the elements of the model")
@@ -100,7 +102,12 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
         out["root_parameters"] = root
         out["precision"] = "bf16" if bf16 else "fp32"
         per_param = 6.0 if bf16 else 4.0  # the masters, and bf16's copy
-        out["formula_param_bytes_per_param"] = per_param * share + per_param * (root / params) * (1 - share) if zero >= 3 else per_param
+        if zero >= 3:
+            out["formula_param_bytes_per_param"] = per_param * share + per_param * (root / params) * (1 - share)
+        elif masters_sharded:  # bf16 at zero 1 and 2: the held masters, and the whole bf16 copy
+            out["formula_param_bytes_per_param"] = 4.0 * share + 2.0
+        else:
+            out["formula_param_bytes_per_param"] = per_param
         out["formula_total_bytes_per_param"] = out["formula_param_bytes_per_param"] + grads + out["formula_optimizer_bytes_per_param"]
         out["total_vs_formula"] = out["total_bytes_per_param"] / out["formula_total_bytes_per_param"]
         out["optimizer_vs_formula"] = out["optimizer_bytes_per_param"] / out["formula_optimizer_bytes_per_param"]
@@ -139,8 +146,8 @@ def main():
                          ["rows", base[0], "total_bytes_per_param"] if base else None))
         figures.append(F(what.replace("state bytes a parameter on a rank", "measured over the formula"), ["rows", i, "total_vs_formula"], "x"))
     notes = ("Formulas, fp32, W ranks, R holders a shard: zero=0 20 B a parameter (16 at world 1); zero=2 4 + 12R/W; "
-             "zero=3 16R/W + 4(1 - R/W) for each parameter of no unit. With train.precision=bf16 (fp32 masters whole on every rank at levels 0 to 2): "
-             "zero=0 and 1 6 of parameters (fp32 masters and the bf16 copy) and 2 more of gradients; zero=2 6 + 12R/W; zero=3 18R/W + 6(1 - R/W) for each parameter of no unit. The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
+             "zero=3 16R/W + 4(1 - R/W) for each parameter of no unit. With train.precision=bf16 (fp32 masters, sharded from zero=1 on, and a bf16 copy): "
+             "zero=0 6 of parameters (fp32 masters and the bf16 copy) and 2 more of gradients; zero=1 2 + 4R/W of parameters; zero=2 2 + 16R/W; zero=3 18R/W + 6(1 - R/W) for each parameter of no unit. The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
              "without replicas: 16, ZeRO-2 2 + 14/W, ZeRO-3 16/W; FSDP's full shard in fp32 holds 16/W plus the units being gathered.")
     print(json.dumps(bench_meta.stamped({"settings": a.set, "rows": rows},
                                         "State a rank holds by train.zero level, from each rank's report%s"

@@ -102,6 +102,12 @@ struct train_settings {
 // Error: a key out of its range or two that contradict each other (the
 // checks that need train.sync are job_settings_of's).
 result<train_settings> train_settings_of(const config& cfg);
+// Whether the parameters' float32 values are sharded state, each rank
+// keeping its shards' between steps: at train.zero = 3, and in mixed
+// precision (train.precision = bf16) from train.zero = 1, where they are
+// the optimizer's masters (sharded as DeepSpeed's bf16 optimizer shards
+// them) and the module computes with a bf16 copy.
+inline bool masters_sharded(const train_settings& t) { return t.zero >= 3 || (t.zero >= 1 && t.precision == precision_mode::bf16); }
 
 // eval.*: when and how much held-out data is evaluated.
 struct eval_settings {

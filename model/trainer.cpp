@@ -75,7 +75,7 @@ training_state::training_state(const config& cfg, job_settings s, std::unique_pt
   o.beta2 = ts.beta2;
   o.weight_decay = ts.weight_decay;
   o.compute = ts.precision == precision_mode::bf16 ? torch::kBFloat16 : torch::kFloat;
-  o.held_masters_only = ts.zero >= 3;
+  o.held_masters_only = masters_sharded(ts);
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
   for (const auto& u : task_->param_units()) units_deferred_ = units_deferred_ || static_cast<bool>(u.initial);
   if (auto shards = task_->train_shard_samples(); !shards.empty()) {

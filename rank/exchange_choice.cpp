@@ -42,28 +42,46 @@ gather_route gather_route_for(const generation_run& g, const shard_plan& plan) {
   return gather_route::over_group();
 }
 
-// train.zero = 3: the task's units gated for this generation (their
-// parameters released now, gathered as each runs), the root gathered after
-// each update (and now, after a checkpoint's shards), the norm as
-// zero_sync_for's.
+// copies_resident's gathers come between steps, when the gradients'
+// segment is free: through it where zero_sync_for's all-gather would go.
+gather_route copies_route_for(const generation_run& g, exchanges& x, const shard_plan& plan) {
+  const exchange_plan& p = g.exchange;
+  if (x.sync().uses_shm() && !x.sync().hierarchical() && p.shm) {
+    std::vector<int> all(static_cast<size_t>(g.world));
+    for (int r = 0; r < g.world; ++r) all[static_cast<size_t>(r)] = r;
+    return gather_route::through(p.shm, std::move(all), false);
+  }
+  if (p.hierarchical && hosts_cover_every_shard(plan, p.host_groups)) return gather_route::through(p.shm, p.host_members, true);
+  return gather_route::over_group();
+}
+
+// Sharded masters (settings.hpp's masters_sharded), for this generation.
+// train.zero = 3: the task's units gated (their parameters released now,
+// gathered as each runs), the root gathered after each update (and now,
+// after a checkpoint's shards). bf16 at zero = 1 or 2: the masters outside
+// this rank's shards released now, the bf16 copies gathered whole now and
+// after each update. The norm as zero_sync_for's.
 status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
   training_state& state = *rs.state;
+  const unit_policy policy = rs.settings.train.zero >= 3 ? unit_policy::each_pass : unit_policy::copies_resident;
   auto units = state.the_task().param_units();
   auto layout = unit_layout_of(state.optimizer(), units);
   if (!layout) return layout.err();
-  x.gate = std::make_shared<unit_gatherer>(g.pg, state.optimizer(), *rs.shards, std::move(layout.value()), g.timeout, g.abandon_now,
-                                           gather_route_for(g, *rs.shards), rs.settings.cluster.spin_wait);
+  gather_route route = policy == unit_policy::each_pass ? gather_route_for(g, *rs.shards) : copies_route_for(g, x, *rs.shards);
+  x.gate = std::make_shared<unit_gatherer>(g.pg, state.optimizer(), *rs.shards, layout_for(std::move(layout.value()), policy), g.timeout,
+                                           g.abandon_now, std::move(route), rs.settings.cluster.spin_wait, policy);
   x.sync().set_parameter_sync(zero3_sync(x.sync().take_parameter_sync(), x.gate, g.backend));
-  for (size_t i = 0; i < units.size(); ++i) {
-    units[i].slot->gate = x.gate;
-    units[i].slot->unit = static_cast<int>(i);
-    x.gated.push_back(units[i].slot);
-  }
+  if (policy == unit_policy::each_pass)
+    for (size_t i = 0; i < units.size(); ++i) {
+      units[i].slot->gate = x.gate;
+      units[i].slot->unit = static_cast<int>(i);
+      x.gated.push_back(units[i].slot);
+    }
   x.gate->reshard();
   // Shards read from a checkpoint (rank/checkpoint_source): each rank read
   // only its own, so the parameters of no unit, which every rank keeps,
   // come from their primaries, as after an update.
-  if (g.optimizer == ev::optimizer_source::checkpoint) return x.gate->after_update();
+  if (g.optimizer == ev::optimizer_source::checkpoint || policy == unit_policy::copies_resident) return x.gate->after_update();
   return {};
 }
 
@@ -100,7 +118,7 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   // the update, zero=2's norm), over the path the ranks' places allow.
   x.sync().set_parameter_sync(zero_sync_for(x.sync(), g.exchange, state.optimizer(), rs.shards ? &*rs.shards : nullptr,
                                             {g.pg, x.zero2, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
-  if (x.zero2 && s.train.zero >= 3)
+  if (rs.shards && g.pg && g.world > 1 && masters_sharded(s.train))
     if (auto st = gate_units(g, rs, x); !st) return st;
   if (g.pg && state.the_task().buffers_change_in_training())
     for (auto& b : state.the_task().module()->buffers()) x.moving_buffers.push_back(b);
@@ -110,8 +128,11 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
 namespace {
 
 std::string describe_shards(const generation_run& g, const exchanges& x, const shard_plan& sp) {
-  const int level = x.gate ? 3 : x.zero2 ? 2 : 1;
-  return "; optimizer state" + std::string(x.gate ? ", gradients and parameters" : x.zero2 ? " and gradients" : "") + " sharded (train.zero=" + std::to_string(level) +
+  const bool params = x.gate && x.gate->policy() == unit_policy::each_pass;
+  const int level = params ? 3 : x.zero2 ? 2 : 1;
+  const std::string what = std::string(x.gate && !params ? " (the float32 masters too)" : "") +
+                           (params ? ", gradients and parameters" : x.zero2 ? " and gradients" : "");
+  return "; optimizer state" + what + " sharded (train.zero=" + std::to_string(level) +
          "): this rank holds " + std::to_string(sp.held_elements(g.rank)) + " of " + std::to_string(sp.total) + " elements, " +
          std::to_string(sp.shards.empty() ? 0 : sp.shards[0].holders.size()) + " holder(s) a shard, " + std::to_string(g.reshard_bytes) +
          " bytes moved, parameters gathered " + (x.sync().parameter_sync() ? x.sync().parameter_sync()->describe() : "over " + g.backend);

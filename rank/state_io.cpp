@@ -117,7 +117,7 @@ std::map<std::string, int64_t> shard_bases(const state_layout& layout, const std
 
 std::map<std::string, int64_t> sharded_params(training_state& state) {
   std::map<std::string, int64_t> out;
-  if (state.settings().train.zero < 3) return out;
+  if (!masters_sharded(state.settings().train)) return out;
   for (const auto& kv : state.the_task().module()->named_parameters())
     if (auto r = state.optimizer().range_of(kv.value())) out["model/" + kv.key()] = r->first;
   return out;

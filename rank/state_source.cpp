@@ -85,15 +85,17 @@ class replica_shards final : public shard_source {
       missing = "elements outside this rank's shards";
     } else {
       const bool holds_current = c.held_before == c.state.step();
-      // train.zero = 3: a rank keeps only its shards' parameters and those
-      // of no unit: they move with the moments.
-      std::optional<unit_layout> units;
+      // Sharded masters (train.zero = 3, or bf16 from zero = 1): a rank
+      // keeps only its shards' parameters, and at zero = 3 those of no
+      // unit: they move with the moments.
+      std::optional<index_spans> everywhere;
+      if (masters_sharded(c.rs.settings.train)) everywhere.emplace();
       if (c.rs.settings.train.zero >= 3) {
         auto l = unit_layout_of(opt, c.state.the_task().param_units());
         if (!l) return g.failed(l.message(), c.state.step());
-        units = std::move(l.value());
+        everywhere = std::move(l->root);
       }
-      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, c.state.params_mixed(), g.timeout, g.abandon_now, units ? &units->root : nullptr);
+      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, c.state.params_mixed(), g.timeout, g.abandon_now, everywhere ? &*everywhere : nullptr);
       if (!r) {
         (void)c.state.reset_state();  // half-moved shards: this rank holds nothing current
         return g.failed(r.message(), c.state.step());

@@ -112,7 +112,7 @@ gather_route gather_route::through(std::shared_ptr<shm_group> segment, std::vect
 
 unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
                              std::chrono::milliseconds timeout, std::function<bool()> abandon, gather_route route,
-                             std::chrono::microseconds spin)
+                             std::chrono::microseconds spin, unit_policy policy)
     : pg_(std::move(pg)),
       opt_(opt),
       plan_(plan),
@@ -120,7 +120,8 @@ unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_ada
       timeout_(timeout),
       abandon_(std::move(abandon)),
       route_(std::move(route)),
-      spin_(spin) {
+      spin_(spin),
+      policy_(policy) {
   const auto held = plan_.ranges_of(pg_->getRank());
   for (const auto& u : layout_.units) released_.push_back(spans_outside(u, held));
   // Released: what a rank does not hold may be stale (the reshard moved
@@ -256,18 +257,30 @@ void unit_gatherer::release(int unit) {
   if (s.is == residency::in_flight)
     if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::released;
+  const bool copies_too = policy_ == unit_policy::each_pass;  // copies_resident: they stay whole
   for (const auto& [a, b] : released_[static_cast<size_t>(unit)]) {
     for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
-    for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+    if (copies_too)
+      for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
   }
 }
 
 status unit_gatherer::after_update() {
+  if (policy_ == unit_policy::copies_resident) return gather_copies();
   for (int u = 0; u < units(); ++u) release(u);
   if (!failure_.empty()) return failure();
   if (auto st = gather_now(layout_.root, true); !st) return st;
   round_gathered(layout_.root);
   return {};
+}
+
+// copies_resident: this rank's shards rounded into the copies, then every
+// shard's copies from its primary, in one go (the units matter only to the
+// digest's gathers of masters, a unit at a time).
+status unit_gatherer::gather_copies() {
+  if (!failure_.empty()) return failure();
+  for (const auto& [a, b] : plan_.ranges_of(pg_->getRank())) opt_.round_into_compute(a, b);
+  return gather_now({{0, plan_.total}});
 }
 
 void unit_gatherer::before_reading(const torch::Tensor& t) {
@@ -296,6 +309,9 @@ status unit_gatherer::done_reading() {
 
 void unit_gatherer::reshard() {
   for (int u = 0; u < units(); ++u) release(u);
+  if (policy_ == unit_policy::copies_resident)  // also the pages across units' boundaries
+    for (const auto& [a, b] : spans_outside({{0, plan_.total}}, plan_.ranges_of(pg_->getRank())))
+      for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
   round_gathered(layout_.root);  // moved with the shards, or received, as masters
 }
 
@@ -314,7 +330,16 @@ int64_t unit_gatherer::resident_bytes() const {
   int64_t elements = opt_.total_elements();
   for (const auto& spans : released_)
     for (const auto& [a, b] : spans) elements -= b - a;
+  if (policy_ == unit_policy::copies_resident) return 4 * elements + 2 * opt_.total_elements();  // held masters, every copy
   return (opt_.mixed() ? 6 : 4) * elements;  // fp32 (masters), and their bf16 copy
+}
+
+unit_layout layout_for(unit_layout task_layout, unit_policy policy) {
+  if (policy == unit_policy::each_pass || task_layout.root.empty()) return task_layout;
+  task_layout.units.push_back(std::move(task_layout.root));
+  task_layout.names.push_back("(parameters of no unit)");
+  task_layout.root.clear();
+  return task_layout;
 }
 
 namespace {
@@ -323,23 +348,31 @@ class zero3_param_sync final : public param_sync {
  public:
   zero3_param_sync(std::unique_ptr<param_sync> inner, std::shared_ptr<unit_gatherer> gate, std::string backend)
       : inner_(std::move(inner)), gate_(std::move(gate)), backend_(std::move(backend)) {}
-  bool sharded_norm() const override { return true; }
+  bool sharded_norm() const override { return inner_->sharded_norm(); }
   result<double> global_norm() override { return inner_->global_norm(); }
   status gather() override { return gate_->after_update(); }
   std::string describe() const override {
+    if (gate_->policy() == unit_policy::copies_resident)
+      return "as whole bf16 copies after each update " + path() + " (" + std::to_string(gate_->units()) +
+             " units; the float32 masters sharded)" + (inner_->sharded_norm() ? ", the gradient norm " + inner_->describe() : "");
     int64_t root = 0;
     for (const auto& [a, b] : gate_->layout().root) root += b - a;
-    const std::string path = !gate_->through_shared_memory() ? "over " + backend_
-                             : gate_->within_hosts()          ? "through shared memory within each host (every host holds every shard)"
-                                                              : "through shared memory";
-    return "a unit at a time " + path + " (" + std::to_string(gate_->units()) + " units; " + std::to_string(root) +
+    return "a unit at a time " + path() + " (" + std::to_string(gate_->units()) + " units; " + std::to_string(root) +
            " parameters in none, resident on every rank), the gradient norm " + inner_->describe();
   }
   status gathered() override { return gate_->failure(); }
-  void idle_pass() override { gate_->idle_pass(); }
-  bool gathers_in_passes() const override { return true; }
+  void idle_pass() override {
+    if (gathers_in_passes()) gate_->idle_pass();
+  }
+  bool gathers_in_passes() const override { return gate_->policy() == unit_policy::each_pass; }
 
  private:
+  std::string path() const {
+    return !gate_->through_shared_memory() ? "over " + backend_
+           : gate_->within_hosts()         ? "through shared memory within each host (every host holds every shard)"
+                                           : "through shared memory";
+  }
+
   std::unique_ptr<param_sync> inner_;
   std::shared_ptr<unit_gatherer> gate_;
   std::string backend_;

@@ -78,11 +78,27 @@ struct gather_route {
   static gather_route through(std::shared_ptr<shm_group> segment, std::vector<int> members, bool within_hosts);
 };
 
+// When a unit's parameters are whole on every rank.
+//   each_pass     train.zero = 3: gathered for its forward and again for
+//                 its backward, released after each (the gate's hooks)
+//   copies_resident  train.precision = bf16 at train.zero = 1 or 2: the
+//                 bf16 copies the module computes with stay whole (2 bytes
+//                 a parameter), gathered once after each update from the
+//                 primaries, as DeepSpeed's bf16 optimizer all-gathers its
+//                 bf16 parameters; only the float32 masters are sharded
+//                 (no root: every parameter's master is in a unit). The
+//                 hooks are not installed.
+enum class unit_policy { each_pass, copies_resident };
+
+// The layout a policy gathers: each_pass, the task's; copies_resident, the
+// task's units and its root as one more unit (one unit for a task without).
+unit_layout layout_for(unit_layout task_layout, unit_policy policy);
+
 class unit_gatherer final : public param_gate {
  public:
   unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_adamw& opt, const shard_plan& plan, unit_layout layout,
                 std::chrono::milliseconds timeout, std::function<bool()> abandon, gather_route route = {},
-                std::chrono::microseconds spin = std::chrono::microseconds(0));
+                std::chrono::microseconds spin = std::chrono::microseconds(0), unit_policy policy = unit_policy::each_pass);
   ~unit_gatherer() override;
 
   void before_forward(int unit) override;
@@ -93,7 +109,9 @@ class unit_gatherer final : public param_gate {
   void after_backward(int unit) override { release(unit); }
 
   // Every unit released and the root gathered (after the update, and once
-  // at the generation's start, when every parameter was made whole).
+  // at the generation's start, when every parameter was made whole);
+  // copies_resident: every unit's copies gathered (after the update, and
+  // at each generation's start).
   status after_update();
   // For what reads every parameter in an order alike on every rank (the
   // digest): before `t` is read, its unit is gathered (and the unit needed
@@ -111,6 +129,7 @@ class unit_gatherer final : public param_gate {
   int units() const { return static_cast<int>(state_.size()); }
   bool through_shared_memory() const { return !route_.members.empty(); }
   bool within_hosts() const { return route_.within_hosts; }
+  unit_policy policy() const { return policy_; }
   // Bytes of parameters resident between steps: the held shards and the root.
   int64_t resident_bytes() const;
   const unit_layout& layout() const { return layout_; }
@@ -131,6 +150,7 @@ class unit_gatherer final : public param_gate {
   void finish_gather(int unit);
   void release(int unit);
   void round_gathered(const index_spans& spans);
+  status gather_copies();
   void fail(const std::string& why);
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
@@ -145,11 +165,13 @@ class unit_gatherer final : public param_gate {
   int reading_ = -1;  // before_reading's unit
   gather_route route_;
   std::chrono::microseconds spin_;
+  unit_policy policy_;
 };
 
-// The generation's parameter sync at train.zero = 3: the norm from the
-// gradient shards (as `inner`, train.zero = 2's over the same path), the
-// root's gather after the update, and the units' gathers (the gate).
+// The generation's parameter sync where the masters are sharded: the norm
+// as `inner`'s (the gradient shards' at train.zero >= 2, over the same
+// path), and after the update the gate's gathers (train.zero = 3: the
+// root's, the units' during the passes; copies_resident: every copy).
 std::unique_ptr<param_sync> zero3_sync(std::unique_ptr<param_sync> inner, std::shared_ptr<unit_gatherer> gate, std::string backend);
 
 }  // namespace dtactor

@@ -1,10 +1,15 @@
 #pragma once
 // Helpers shared by the tests: temporary directories and small configs.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -46,6 +51,19 @@ inline std::string random_bytes(size_t n, int seed) {
 // Checkpoints are taken at the steps they fall due at, never deferred while
 // the previous one is still stored (the tests read them by step; deferral
 // has tests of its own).
+// Pages of [p, p + bytes) wholly inside it: (resident, all).
+inline std::pair<size_t, size_t> interior_pages(const void* p, int64_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (a + page - 1) / page * page, last = (a + static_cast<uintptr_t>(bytes)) / page * page;
+  if (first >= last) return {0, 0};
+  std::vector<unsigned char> v((last - first) / page);
+  if (::mincore(reinterpret_cast<void*>(first), last - first, v.data()) != 0) return {0, 0};
+  size_t in = 0;
+  for (unsigned char c : v) in += c & 1;
+  return {in, v.size()};
+}
+
 inline config tiny_vit_config(const std::vector<std::string>& extra = {}) {
   std::vector<std::string> o = {"model.dim=16", "model.layers=1", "model.heads=2", "model.mlp_ratio=2", "train.global_batch_size=32",
                                 "train.max_steps=40", "train.warmup_steps=5", "train.lr=0.003", "train.threads=1", "eval.max_samples=500",

@@ -41,18 +41,7 @@ std::vector<std::string> nodes_of(int world) {
   return n;
 }
 
-// Pages of [p, p + bytes) wholly inside it: (resident, all).
-std::pair<size_t, size_t> interior_pages(const void* p, int64_t bytes) {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t first = (a + page - 1) / page * page, last = (a + static_cast<uintptr_t>(bytes)) / page * page;
-  if (first >= last) return {0, 0};
-  std::vector<unsigned char> v((last - first) / page);
-  if (::mincore(reinterpret_cast<void*>(first), last - first, v.data()) != 0) return {0, 0};
-  size_t in = 0;
-  for (unsigned char c : v) in += c & 1;
-  return {in, v.size()};
-}
+using testing::interior_pages;
 
 struct level_run {
   std::vector<std::unique_ptr<training_state>> states;
@@ -120,16 +109,22 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
     std::unique_ptr<param_sync> ps = zero_sync_over_group(opt, run.plan, zs);
     std::shared_ptr<unit_gatherer> gate;
     auto units = s.the_task().param_units();
-    if (level == 3) {
+    // As the rank worker's gate_units: level 3's units, or bf16's copies
+    // gathered whole after each update at level 2.
+    const unit_policy policy = level >= 3 ? unit_policy::each_pass : unit_policy::copies_resident;
+    if (masters_sharded(s.settings().train)) {
       auto layout = unit_layout_of(opt, units);
       if (!layout) return layout.message();
       const bool segment = how.segment_floats > 0;
-      gate = std::make_shared<unit_gatherer>(pg, opt, run.plan, std::move(layout.value()), zs.timeout, std::function<bool()>{}, route,
-                                             std::chrono::microseconds(50));
+      gate = std::make_shared<unit_gatherer>(pg, opt, run.plan, layout_for(std::move(layout.value()), policy), zs.timeout, std::function<bool()>{},
+                                             route, std::chrono::microseconds(50), policy);
       if (segment != gate->through_shared_memory()) return "shared memory " + std::string(segment ? "not used" : "used");
       ps = zero3_sync(std::move(ps), gate, "gloo");
-      for (size_t i = 0; i < units.size(); ++i) *units[i].slot = gate_slot{gate, static_cast<int>(i)};
+      if (policy == unit_policy::each_pass)
+        for (size_t i = 0; i < units.size(); ++i) *units[i].slot = gate_slot{gate, static_cast<int>(i)};
       gate->reshard();
+      if (policy == unit_policy::copies_resident)
+        if (auto st = gate->after_update(); !st) return st.message();
       run.units[static_cast<size_t>(rank)] = gate->units();
     }
     sync.set_parameter_sync(std::move(ps));
@@ -138,7 +133,7 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
       const auto held = run.plan.ranges_of(rank);
       for (const auto& spans : gate->layout().units)
         for (const auto& [a, b] : spans_outside(spans, held))
-          for (const auto& views : {opt.param_views(a, b), opt.compute_views(a, b)})  // the masters, and bf16's copies
+          for (const auto& views : {opt.param_views(a, b), policy == unit_policy::each_pass ? opt.compute_views(a, b) : std::vector<torch::Tensor>{}})  // the masters, and level 3's bf16 copies
             for (const auto& v : views) {
               const auto p = interior_pages(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
               n.first += p.first;

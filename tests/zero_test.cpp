@@ -15,6 +15,7 @@
 #include "model/shard_plan.hpp"
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
+#include "rank/zero3.hpp"
 #include "rank/zero_sync.hpp"
 #include "rank_threads.hpp"
 #include "comm/grad_sync.hpp"
@@ -362,6 +363,21 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
       if (!xp->hierarchical || !hosts_cover_every_shard(*plan, xp->host_groups)) return "the hosts do not each hold every shard";
       ps = std::make_unique<counted_gathers>(zero_sync_within_hosts(xp->shm, xp->host_members, s.optimizer(), *plan, zs), h.host_gathers);
     }
+    // bf16's masters sharded (as the rank worker's gate_units): the copies
+    // gathered whole after each update, through the segment or the group.
+    std::shared_ptr<unit_gatherer> gate;
+    if (plan && masters_sharded(s.settings().train)) {
+      std::vector<int> all(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) all[static_cast<size_t>(r)] = r;
+      auto layout = unit_layout_of(s.optimizer(), s.the_task().param_units());
+      if (!layout) return layout.message();
+      gate = std::make_shared<unit_gatherer>(pg, s.optimizer(), *plan, layout_for(std::move(layout.value()), unit_policy::copies_resident),
+                                             zs.timeout, std::function<bool()>{}, shm && !xp ? gather_route::through(shm, all, false) : gather_route::over_group(),
+                                             std::chrono::microseconds(0), unit_policy::copies_resident);
+      ps = zero3_sync(std::move(ps), gate, "gloo");
+      gate->reshard();
+      if (auto st = gate->after_update(); !st) return st.message();
+    }
     sync.set_parameter_sync(std::move(ps));
     for (int i = 0; i < steps; ++i) {
       auto r = s.train_step(step_context::every_step(rank, world, sync));
@@ -631,30 +647,62 @@ TEST(Zero2, Bf16WireOverGlooEqualsZeroZeroBitForBit) {
   }
 }
 
+// The masters of [0, total) one after another.
+torch::Tensor flat_masters(training_state& s, int64_t begin, int64_t end) {
+  return torch::cat(s.optimizer().param_views(begin, end));
+}
+
+// A sharded run's whole masters, each shard's from its primary.
+torch::Tensor whole_masters(const zero2_pair& p) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& sh : p.plan.shards)
+    if (sh.begin < sh.end) parts.push_back(flat_masters(*p.sharded[static_cast<size_t>(sh.holders.front())], sh.begin, sh.end));
+  return torch::cat(parts);
+}
+
+// The module's bf16 parameters (the compute copy), in index order.
+torch::Tensor flat_copies(training_state& s) {
+  return torch::cat(s.optimizer().compute_views(0, s.optimizer().total_elements()));
+}
+
 // train.precision = bf16 (bf16 parameters and gradients, fp32 masters): the
 // gradients are summed in fp32 buckets, over Gloo and through shared
-// memory. Level 1 takes the sums as level 0 does (rounded to the bf16
-// gradients, read as fp32 by the optimizer) and steps the same masters: bit
-// for bit. Level 2 delivers each shard's fp32 sum without that rounding:
-// every rank agrees, and the masters stay within a few bf16 steps of level
-// 0's.
-TEST(Zero2, Bf16PrecisionTrainsAtLevelsOneAndTwo) {
+// memory. The masters are sharded state from level 1 on: a rank keeps its
+// shards' (the rest of the buffer is never written: zeros), and its bf16
+// copies, whole, are gathered from the primaries after each update. Level 1
+// takes the sums as level 0 does (rounded to the bf16 gradients, read as
+// fp32 by the optimizer) and steps the same masters: bit for bit. Level 2
+// delivers each shard's fp32 sum without that rounding: every rank agrees,
+// and the masters stay within a few bf16 steps of level 0's.
+TEST(Zero2, Bf16PrecisionShardsTheMastersAtLevelsOneAndTwo) {
   for (bool shm : {false, true}) {
     SCOPED_TRACE(shm ? "shared memory" : "Gloo");
     run_how h;
     h.shm = shm;
-    auto one = run_pair({"train.precision=bf16"}, 2, 1, 3, h, 1);
-    for (int r = 0; r < 2; ++r) EXPECT_EQ(one.sharded[static_cast<size_t>(r)]->params_digest(), one.plain[0]->params_digest()) << "rank " << r;
-    auto two = run_pair({"train.precision=bf16"}, 2, 1, 3, h, 2);
-    EXPECT_EQ(two.sharded[1]->params_digest(), two.sharded[0]->params_digest());
-    EXPECT_TRUE(two.sharded[0]->the_task().module()->parameters()[0].scalar_type() == torch::kBFloat16);
-    const auto total = two.plain[0]->optimizer().total_elements();
-    auto a = two.plain[0]->optimizer().param_views(0, total), b = two.sharded[0]->optimizer().param_views(0, total);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_EQ(b[i].scalar_type(), torch::kFloat);
+    for (int level : {1, 2}) {
+      SCOPED_TRACE("level " + std::to_string(level));
+      auto p = run_pair({"train.precision=bf16", "model.dim=64", "model.layers=3", "model.heads=4"}, 2, 1, 3, h, level);
+      const int64_t total = p.plan.total;
+      const torch::Tensor plain = flat_masters(*p.plain[0], 0, total), sharded = whole_masters(p);
+      if (level == 1) {
+        EXPECT_TRUE(torch::equal(sharded, plain));
+      }
       // Adam moves an element by about lr (0.003) a step whatever its gradient.
-      EXPECT_LT((a[i] - b[i]).abs().max().item<double>(), 3 * 3 * 0.003) << "group " << i;
+      EXPECT_LT((sharded - plain).abs().max().item<double>(), 3 * 3 * 0.003);
+      for (int r = 0; r < 2; ++r) {
+        auto& s = *p.sharded[static_cast<size_t>(r)];
+        ASSERT_EQ(s.the_task().module()->parameters()[0].scalar_type(), torch::kBFloat16);
+        EXPECT_TRUE(torch::equal(flat_copies(s), sharded.to(torch::kBFloat16))) << "rank " << r << ": the copies are the masters rounded";
+        std::pair<size_t, size_t> released{0, 0};
+        for (const auto& [a, b] : spans_outside({{0, total}}, p.plan.ranges_of(r)))
+          for (const auto& v : s.optimizer().param_views(a, b)) {
+            const auto n = testing::interior_pages(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+            released.first += n.first;
+            released.second += n.second;
+          }
+        EXPECT_GT(released.second, 8u);
+        EXPECT_EQ(released.first, 0u) << "rank " << r << ": masters it does not hold are resident";
+      }
     }
   }
 }
