@@ -184,9 +184,10 @@ TEST(Hosts, TwoHostsOfTwoRanksExchangeHierarchicallyAndEqualOneHostOfFour) {
 // restarts it; back at world 4), then of a whole host's processes (the other
 // host goes on alone, its two ranks over shared memory). No completed step
 // is lost; steps never go back.
-void survive_a_killed_rank_and_a_killed_host(test_network net, const std::string& zero) {
+void survive_a_killed_rank_and_a_killed_host(test_network net, const std::string& zero, const std::string& precision = "fp32") {
   temp_dir d;
-  hosts_cluster h(std::move(net), d.path(), job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0", "train.zero=" + zero}));
+  hosts_cluster h(std::move(net), d.path(),
+                  job_sets(100000000, {"cluster.min_nodes=2", "checkpoint.every_steps=0", "train.zero=" + zero, "train.precision=" + precision}));
   ASSERT_EQ(h.cl.start_coordinator(), "");
   for (const char* id : {"n1", "n2"}) ASSERT_EQ(h.cl.start_node(id, {"--nproc-per-node", "2"}), "");
   ASSERT_TRUE(h.cl.wait_step(30, 4)) << h.cl.logs();
@@ -228,10 +229,12 @@ void survive_a_killed_rank_and_a_killed_host(test_network net, const std::string
     for (const auto& r : all) EXPECT_EQ(r.at("optimizer_source"), "replica") << r.dump();
     // At world 4 each host's two ranks hold every shard between them (each
     // shard's replica is on the other host): at zero 1 and 2 the parameters
-    // are gathered within each host, none cross; at zero 3 so is each unit
-    // before it runs (at world 3, the lone rank of a host holds every shard).
-    const std::string gathered = zero == "3" ? "parameters gathered a unit at a time through shared memory within each host"
-                                             : "parameters gathered within each host through shared memory";
+    // are gathered within each host, none cross (in bf16, the copies); at
+    // zero 3 so is each unit before it runs (at world 3, the lone rank of a
+    // host holds every shard).
+    const std::string gathered = zero == "3"            ? "parameters gathered a unit at a time through shared memory within each host"
+                                 : precision == "bf16" ? "parameters gathered as whole bf16 copies after each update through shared memory within each host"
+                                                       : "parameters gathered within each host through shared memory";
     int hierarchical = 0;
     for (const auto& l : lines)
       if (l.find("across") != std::string::npos) {
@@ -261,6 +264,14 @@ TEST(Hosts, TwoHostsOfTwoRanksWithShardedOptimizerStateSurviveAKilledRankAndAKil
 TEST(Hosts, TwoHostsOfTwoRanksWithShardedGradientsSurviveAKilledRankAndAKilledHost) {
   MAKE_HOSTS(net, 3);
   survive_a_killed_rank_and_a_killed_host(std::move(*net), "2");
+}
+
+// And in bf16 at train.zero=2, the fp32 masters sharded: each host's ranks
+// gather the bf16 copies through the host's segment after each update, and
+// a killed rank's and a killed host's masters come from their holders.
+TEST(Hosts, TwoHostsOfTwoRanksWithBf16ShardedMastersSurviveAKilledRankAndAKilledHost) {
+  MAKE_HOSTS(net, 3);
+  survive_a_killed_rank_and_a_killed_host(std::move(*net), "2", "bf16");
 }
 
 // And with the parameters sharded too (train.zero=3): a killed rank's and
