@@ -251,9 +251,10 @@ status rank_worker::warm_up(const pb::generation_plan& plan) {
       im.state = opts_.state;
     } else {
       if (opts_.setup_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.setup_mmap_threshold);
-      // train.zero = 3: no rank holds the whole model while it starts; the
-      // first generation makes each rank's shards (rank/state_source).
-      defer_block_values defer(s.train.zero >= 3);
+      // Sharded masters (train.zero = 3, or bf16 from zero = 1): no rank
+      // holds the whole model while it starts; the first generation makes
+      // each rank's shards (rank/state_source).
+      defer_block_values defer(masters_sharded(s.train));
       auto created = training_state::create(load_cfg.value());
       if (opts_.step_mmap_threshold > 0) ::mallopt(M_MMAP_THRESHOLD, opts_.step_mmap_threshold);
       if (!created) return created.err();
