@@ -139,10 +139,12 @@ def run(layers, zero, nodes):
         e = json.loads(line)
         if e.get("event") == "step":
             steps.append(e["step"])
-        elif e.get("event") == "resources" and zero <= 2:
+        elif e.get("event") == "resources" and (zero == 0 or (zero <= 2 and "train.precision=bf16" not in a.set)):
             for r in e.get("ranks", []):
                 if r.get("param_bytes"):
-                    params = r["param_bytes"] // 4  # fp32, every parameter on every rank below zero 3
+                    # every parameter on every rank below zero 3 (but bf16's masters from zero 1 on):
+                    # fp32 4 bytes each, bf16 6 (the masters and the copy)
+                    params = r["param_bytes"] // (6 if "train.precision=bf16" in a.set else 4)
     ok = p.returncode == 0 and not killed and max(steps, default=0) >= a.steps
     row = {"layers": layers, "zero": zero, "world": 2 * nodes, "ok": ok, "killed_for_memory": killed, "timed_out": timed_out,
            "exit": p.returncode, "parameters_read": params, "rank_processes": len(ranks),
@@ -158,8 +160,9 @@ def run(layers, zero, nodes):
 
 def search(zero, nodes, per_layer, base):
     """Two probes give each rank's peak against parameters; from the size
-    the line predicts, one layer at a time up while it trains, down while
-    it does not. When the larger probe does not train, down from it."""
+    the line predicts, up while it trains (to where the two largest sizes
+    that trained predict the cap, at least a layer), down a layer at a time
+    while it does not. When the larger probe does not train, down from it."""
     probes = [run(L, zero, nodes) for L in [int(x) for x in a.probe_layers.split(",")]]
     lvl = {"probes": probes}
     good = [r for r in probes if r["ok"]]
@@ -182,10 +185,28 @@ def search(zero, nodes, per_layer, base):
         ok = {r["layers"] for r in tries + probes if r["ok"]}
         return any(r["layers"] - 1 in ok for r in tries + probes if not r["ok"])
 
+    def next_layers(L, r):
+        # Down one after a size that did not train. Up: to where the two
+        # largest sizes that trained, nearer the cap than the probes, put
+        # the cap (their anonymous peaks against layers), never past a size
+        # known not to train; at least one layer up.
+        if not r["ok"]:
+            return L - 1
+        ok = sorted((x for x in tries + good if x["ok"]), key=lambda x: x["layers"])
+        over = [x["layers"] for x in tries + probes if not x["ok"]]
+        if len(ok) < 2:
+            return L + 1
+        lo, hi = ok[-2], ok[-1]
+        slope = (hi["largest_rank_anon_peak_bytes"] - lo["largest_rank_anon_peak_bytes"]) / (hi["layers"] - lo["layers"])
+        if slope <= 0:
+            return L + 1
+        predicted = hi["layers"] + int((CAP - hi["largest_rank_anon_peak_bytes"]) // slope)
+        return max(L + 1, min(predicted, min(over, default=predicted + 1) - 1))
+
     while len(tries) < a.max_tries and L > floor and not bracketed():
         r = run(L, zero, nodes)
         tries.append(r)
-        L += 1 if r["ok"] else -1
+        L = next_layers(L, r)
     lvl["tries"] = tries
     fit = [r for r in tries + good if r["ok"]]
     over = [r for r in tries + probes if not r["ok"]]

@@ -16,6 +16,10 @@
 // into the holders' shards as at train.zero = 2, and after the update the
 // root is gathered again.
 //
+// The same gatherer serves train.precision = bf16 at train.zero = 1 and 2
+// (unit_policy::copies_resident below), where only the float32 masters are
+// sharded and the bf16 copies stay whole.
+//
 // Every rank makes the same calls in the same order (the model runs its
 // units alike everywhere), so the broadcasts are matched across ranks.
 // A failed gather is kept (failure()) and later calls do nothing: the
