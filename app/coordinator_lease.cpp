@@ -118,9 +118,9 @@ void coordinator_lease::renew_loop() {
 }
 
 // Deciding waits meanwhile (surely_held is false). An error (the store
-// unreachable) is said once and tried again at the next period: nobody can
-// have taken the lease through a store nobody reaches, and a standby that
-// reaches it deposes this one at the next try.
+// unreachable from here) is said once and tried again at the next period;
+// a standby that took the lease meanwhile deposes this one at the first
+// try that gets through.
 void coordinator_lease::reclaim_after_lapse(int64_t began, const std::string& why) {
   const uint64_t held = epoch_;
   auto r = lease_->reclaim();
