@@ -161,8 +161,9 @@ def run(layers, zero, nodes):
 def search(zero, nodes, per_layer, base):
     """Two probes give each rank's peak against parameters; from the size
     the line predicts, up while it trains (to where the two largest sizes
-    that trained predict the cap, at least a layer), down a layer at a time
-    while it does not. When the larger probe does not train, down from it."""
+    that trained predict the cap, at least a layer), halfway down to the
+    largest that trained while it does not. When the larger probe does not
+    train, down from it."""
     probes = [run(L, zero, nodes) for L in [int(x) for x in a.probe_layers.split(",")]]
     lvl = {"probes": probes}
     good = [r for r in probes if r["ok"]]
@@ -186,14 +187,16 @@ def search(zero, nodes, per_layer, base):
         return any(r["layers"] - 1 in ok for r in tries + probes if not r["ok"])
 
     def next_layers(L, r):
-        # Down one after a size that did not train. Up: to where the two
-        # largest sizes that trained, nearer the cap than the probes, put
-        # the cap (their anonymous peaks against layers), never past a size
-        # known not to train; at least one layer up.
-        if not r["ok"]:
-            return L - 1
+        # Down after a size that did not train: halfway to the largest that
+        # did (a jump up can overshoot). Up: to where the two largest sizes
+        # that trained, nearer the cap than the probes, put the cap (their
+        # anonymous peaks against layers), never past a size known not to
+        # train; at least one layer up.
         ok = sorted((x for x in tries + good if x["ok"]), key=lambda x: x["layers"])
         over = [x["layers"] for x in tries + probes if not x["ok"]]
+        if not r["ok"]:
+            below = ok[-1]["layers"] if ok else floor
+            return max(below + 1, (below + L) // 2)
         if len(ok) < 2:
             return L + 1
         lo, hi = ok[-2], ok[-1]
