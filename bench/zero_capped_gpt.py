@@ -19,7 +19,10 @@ from the two probes' anonymous peaks, and predict where the search starts.
 
 Usage: bench/zero_capped_gpt.py [--cap-gib 2] [--worlds 4,8] [--levels 0,2,3]
        [--probe-layers 2,6] [--steps 2] [--max-tries 6] [--set key=value ...]
-       [--out bench/zero_capped_gpt_results.json]
+       [--out bench/zero_capped_gpt_results.json] [--update]
+--update searches only the given worlds and levels again and keeps the
+other entries of --out, which must have been run with the same cap, steps
+and settings; the file's notes say which entries came from which run.
 Needs root (it makes cgroups under /sys/fs/cgroup/memory).
 """
 import argparse, json, os, shutil, signal, stat, subprocess, sys, tempfile, time
@@ -39,6 +42,8 @@ ap.add_argument("--max-tries", type=int, default=6)
 ap.add_argument("--timeout-s", type=float, default=900)
 ap.add_argument("--set", action="append", default=[])
 ap.add_argument("--out", default=os.path.join(HERE, "zero_capped_gpt_results.json"))
+ap.add_argument("--update", action="store_true",
+                help="search only --worlds x --levels again and keep the other entries of --out (same cap, steps and settings)")
 a = ap.parse_args()
 GiB = 1 << 30
 CAP = int(a.cap_gib * GiB)
@@ -233,8 +238,25 @@ def main():
     per_layer, base = sizes[1] - sizes[0], sizes[0] - (sizes[1] - sizes[0])
     out = {"cap_bytes": CAP, "steps": a.steps, "settings": a.set, "parameters_per_layer": per_layer, "parameters_outside_layers": base,
            "worlds": {}}
+    earlier = None
+    if a.update:
+        with open(a.out) as f:
+            earlier = json.load(f)
+        if (earlier["cap_bytes"], earlier["steps"], earlier["settings"]) != (CAP, a.steps, a.set):
+            sys.exit("zero_capped_gpt: --update needs the cap, steps and settings of " + a.out)
+        out["worlds"] = earlier["worlds"]
+        out["searched_again"] = earlier.get("searched_again", [])
     for w in worlds:
-        out["worlds"][str(w)] = {str(z): search(z, w // 2, per_layer, base) for z in [int(x) for x in a.levels.split(",")]}
+        for z in [int(x) for x in a.levels.split(",")]:
+            out["worlds"].setdefault(str(w), {})[str(z)] = search(z, w // 2, per_layer, base)
+            if earlier:
+                out["searched_again"] = [x for x in out["searched_again"] if (x["world"], x["zero"]) != (w, z)]
+                out["searched_again"].append({"world": w, "zero": z, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    if earlier and "searched_again" not in earlier:  # the first update: what the rest came from
+        out["kept_from"] = {"command": earlier["meta"]["command"], "date": earlier["meta"]["date"],
+                            "cpu": earlier["meta"].get("machine", {}).get("cpu")}
+    elif earlier:
+        out["kept_from"] = earlier.get("kept_from")
     F = bench_meta.figure
     figures = []
     for w, levels in out["worlds"].items():
@@ -247,14 +269,23 @@ def main():
             figures.append(F(f"the largest rank's peak bytes a parameter at world {w}, zero={z} (anonymous and shared memory, from the probes)",
                              ["worlds", w, z, "bytes_per_parameter_per_rank"], "B/param"))
     bench_meta.write(a.out, out, title="The largest GPT that trains with every rank process capped at %.1f GiB (a cgroup each), "
-                     "at world %s, by train.zero level%s" % (a.cap_gib, " and ".join(str(w) for w in worlds),
+                     "at world %s, by train.zero level%s" % (a.cap_gib, " and ".join(sorted(out["worlds"], key=int)),
                                                              " (%s)" % ", ".join(a.set) if a.set else ""),
                      group="Sharded state (ZeRO)", figures=figures,
                      notes="One host (dtactor local, 2 ranks a node), each rank process in a memory cgroup (v1) of its own capped at "
                      "%.1f GiB, no swap; default settings apart from the model (GPT, dim 1024, 16 heads, context 32), one sample a rank a "
                      "step, %d steps, no checkpoint but the final one; a size fits when the job ends at its last step with no rank killed "
                      "for memory. Parameters are exact (from the journal's reported bytes). The bytes a parameter are the largest rank's "
-                     "anonymous and shared-memory peak between the two probes, start-up included." % (a.cap_gib, a.steps))
+                     "anonymous and shared-memory peak between the two probes, start-up included." % (a.cap_gib, a.steps) + again(out))
+
+
+def again(out):
+    """--update: which entries this command searched again, and where the rest came from."""
+    if not out.get("searched_again"):
+        return ""
+    which = ", ".join("world %d zero=%d" % (x["world"], x["zero"]) for x in out["searched_again"])
+    return (" Searched again with --update: %s (searched_again); the other entries are from %s, run %s on a %s."
+            % (which, out["kept_from"]["command"], out["kept_from"]["date"], out["kept_from"].get("cpu") or "machine not recorded"))
 
 
 def run_uncapped(layers):
