@@ -108,6 +108,10 @@ void flat_adamw::refresh_compute() {
   if (!mixed_) return;
   torch::NoGradGuard no_grad;
   if (opts_.held_masters_only) {
+    if (gatherers_rounding_ > 0) {
+      grads_converted_ = false;
+      return;
+    }
     for (auto& g : groups_)
       for (const auto& w : g.windows) g.compute.narrow(0, w.begin, w.exp_avg.numel()).copy_(g.params.narrow(0, w.begin, w.exp_avg.numel()));
   } else {

@@ -82,6 +82,13 @@ class flat_adamw {
   // checkpoints and digests), undefined for one it does not step.
   bool mixed() const { return mixed_; }
   void refresh_compute();
+  // train.zero = 3's units' gatherer (rank/zero3), while one lives: it
+  // rounds the held windows' copies itself, a unit at a time right before
+  // it gathers the unit, and gives them back with the unit, so that no
+  // copy of a shard stays resident between uses; refresh_compute then
+  // rounds nothing (the copies of parameters of no unit are the
+  // gatherer's too). Counted: a gatherer on, one off.
+  void copies_by_gatherer(bool on) { gatherers_rounding_ += on ? 1 : -1; }
   torch::Tensor master_of(const torch::Tensor& p) const;
   // Mixed precision: index-space [begin, end) of the masters rounded into
   // the compute copy (a gathered unit); the compute copy's views of it (one
@@ -213,6 +220,7 @@ class flat_adamw {
   bool sharded_ = false;
   bool grads_sharded_ = false;
   bool mixed_ = false;
+  int gatherers_rounding_ = 0;  // copies_by_gatherer
   bool grads_converted_ = false;  // mixed(): the compute grads copied into the float32 ones since the last refresh_compute
 };
 

@@ -123,13 +123,19 @@ unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_ada
       spin_(spin),
       policy_(policy) {
   const auto held = plan_.ranges_of(pg_->getRank());
-  for (const auto& u : layout_.units) released_.push_back(spans_outside(u, held));
+  for (const auto& u : layout_.units) {
+    released_.push_back(spans_outside(u, held));
+    held_.push_back(spans_outside(u, released_.back()));
+  }
   // Released: what a rank does not hold may be stale (the reshard moved
   // only its shards' and the root's); reshard() gives the pages back.
   state_.resize(layout_.units.size());
+  mixed_ = opt_.mixed();
+  if (rounds_held()) opt_.copies_by_gatherer(true);
 }
 
 unit_gatherer::~unit_gatherer() {
+  if (rounds_held()) opt_.copies_by_gatherer(false);
   // A gather still in flight writes into the parameters: let it finish
   // (or fail) before they can go.
   for (auto& s : state_)
@@ -211,6 +217,7 @@ void unit_gatherer::begin_gather(int unit) {
   auto& s = state_[static_cast<size_t>(unit)];
   if (s.is != residency::released) return;
   s.is = residency::in_flight;
+  round_held(unit);
   if (auto st = start(layout_.units[static_cast<size_t>(unit)], s.works); !st) fail(st.message());
 }
 
@@ -218,6 +225,7 @@ void unit_gatherer::finish_gather(int unit) {
   if (unit < 0 || unit >= units()) return;
   auto& s = state_[static_cast<size_t>(unit)];
   if (through_shared_memory() && s.is == residency::released) {
+    round_held(unit);
     if (failure_.empty())
       if (auto st = through_segment(layout_.units[static_cast<size_t>(unit)]); !st) fail(st.message());
     s.is = residency::resident;
@@ -231,9 +239,13 @@ void unit_gatherer::finish_gather(int unit) {
 
 // train.precision = bf16: masters gathered (the root's), rounded into the
 // copy they compute with. A unit's copy is gathered as such from the
-// primaries, which round their own shards before each forward.
+// holders, which round their own shards right before (round_held).
 void unit_gatherer::round_gathered(const index_spans& spans) {
   for (const auto& [a, b] : spans) opt_.round_into_compute(a, b);
+}
+
+void unit_gatherer::round_held(int unit) {
+  if (rounds_held()) round_gathered(held_[static_cast<size_t>(unit)]);
 }
 
 void unit_gatherer::before_forward(int unit) {
@@ -263,6 +275,9 @@ void unit_gatherer::release(int unit) {
     if (copies_too)
       for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
   }
+  if (rounds_held())  // the shards' copies too: round_held makes them again
+    for (const auto& [a, b] : held_[static_cast<size_t>(unit)])
+      for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
 }
 
 status unit_gatherer::after_update() {
@@ -331,7 +346,9 @@ int64_t unit_gatherer::resident_bytes() const {
   for (const auto& spans : released_)
     for (const auto& [a, b] : spans) elements -= b - a;
   if (policy_ == unit_policy::copies_resident) return 4 * elements + 2 * opt_.total_elements();  // held masters, every copy
-  return (opt_.mixed() ? 6 : 4) * elements;  // fp32 (masters), and their bf16 copy
+  int64_t root = 0;
+  for (const auto& [a, b] : layout_.root) root += b - a;
+  return 4 * elements + (mixed_ ? 2 * root : 0);  // fp32 (masters); bf16: the copies of no unit's
 }
 
 unit_layout layout_for(unit_layout task_layout, unit_policy policy) {

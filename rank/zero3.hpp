@@ -5,7 +5,11 @@
 // the parameters of the shards it holds and those of no unit (the root:
 // embeddings, final norms, heads); every other page of the parameters'
 // flat buffers is given back to the kernel (madvise MADV_DONTNEED: it
-// reads as zeros and takes no memory until written).
+// reads as zeros and takes no memory until written). With train.precision
+// = bf16 the bf16 copies a unit computes with, its shards' included, exist
+// only while it is gathered: a rank rounds its shards' masters into them
+// right before the gather, so between uses it keeps the float32 masters of
+// its shards and the copies of no unit's parameters.
 //
 // A unit (dtactor/param_gate.hpp: a block of the built-in models) is
 // gathered right before its forward, each piece broadcast over the group
@@ -154,6 +158,11 @@ class unit_gatherer final : public param_gate {
   void finish_gather(int unit);
   void release(int unit);
   void round_gathered(const index_spans& spans);
+  // train.precision = bf16, each_pass: this rank's shards of `unit` rounded
+  // into the copy it computes with (and the others receive) right before
+  // the unit is gathered; the copy is given back with the unit.
+  void round_held(int unit);
+  bool rounds_held() const { return policy_ == unit_policy::each_pass && mixed_; }
   status gather_copies();
   void fail(const std::string& why);
 
@@ -162,6 +171,7 @@ class unit_gatherer final : public param_gate {
   const shard_plan& plan_;
   unit_layout layout_;
   std::vector<index_spans> released_;  // per unit: its spans outside this rank's shards
+  std::vector<index_spans> held_;      // per unit: its spans in this rank's shards
   std::chrono::milliseconds timeout_;
   std::function<bool()> abandon_;
   std::vector<unit_state> state_;
@@ -170,6 +180,7 @@ class unit_gatherer final : public param_gate {
   gather_route route_;
   std::chrono::microseconds spin_;
   unit_policy policy_;
+  bool mixed_ = false;  // the optimizer's train.precision = bf16
 };
 
 // The generation's parameter sync where the masters are sharded: the norm

@@ -131,14 +131,21 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
     auto released = [&] {
       std::pair<size_t, size_t> n{0, 0};
       const auto held = run.plan.ranges_of(rank);
-      for (const auto& spans : gate->layout().units)
-        for (const auto& [a, b] : spans_outside(spans, held))
-          for (const auto& views : {opt.param_views(a, b), policy == unit_policy::each_pass ? opt.compute_views(a, b) : std::vector<torch::Tensor>{}})  // the masters, and level 3's bf16 copies
-            for (const auto& v : views) {
-              const auto p = interior_pages(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
-              n.first += p.first;
-              n.second += p.second;
-            }
+      auto count = [&n](const std::vector<torch::Tensor>& views) {
+        for (const auto& v : views) {
+          const auto p = interior_pages(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+          n.first += p.first;
+          n.second += p.second;
+        }
+      };
+      for (const auto& spans : gate->layout().units) {
+        for (const auto& [a, b] : spans_outside(spans, held)) {
+          count(opt.param_views(a, b));  // the masters
+          if (policy == unit_policy::each_pass) count(opt.compute_views(a, b));  // and level 3's bf16 copies
+        }
+        if (policy == unit_policy::each_pass)  // level 3 in bf16: no copy of its own shards either
+          for (const auto& [a, b] : spans_outside(spans, spans_outside(spans, held))) count(opt.compute_views(a, b));
+      }
       return n;
     };
     std::string err;
@@ -264,11 +271,11 @@ TEST(Zero3, UnitsBuiltDeferredMakeEachRanksShardsAndTrainAsZeroTwo) {
   }
 }
 
-// train.precision = bf16: the units are gathered as fp32 masters and
-// rounded into the bf16 copies they compute with, so every rank ends bit
-// for bit where level 2 in bf16 ends (masters, evaluation), over Gloo, and
-// built deferred through shared memory; what a rank does not hold, masters
-// and copies, is given back between steps.
+// train.precision = bf16: the units are gathered as bf16 copies of their
+// holders' masters, so every rank ends bit for bit where level 2 in bf16
+// ends (masters, evaluation), over Gloo, and built deferred through shared
+// memory; what a rank does not hold, masters and copies, and the copies of
+// its own shards are given back between steps.
 TEST(Zero3, Bf16UnitsTrainAsZeroTwoInBf16BitForBit) {
   std::vector<std::string> bf16 = three_blocks;
   bf16.push_back("train.precision=bf16");
