@@ -33,6 +33,15 @@ refused until a place is free, then it starts its rank), none (no z).
 --set adds a config setting to every arm (another model: the 202M GPT of
 bench/gpt_join.py, --gpt), --kill-at-step when to kill.
 
+--hosts (root): each process on a network-namespace host of its own
+(scripts/netns/hosts.sh): the coordinator on 198.18.0.1, x, y and z on
+.2, .3 and .4, each link capped at --cap (default 10gbit); the kill is
+SIGKILL to every process on x's host (its sockets closed by its kernel, as
+a killed node's are). Also measured: step_s, the median gap between the
+journal's step lines at world 2 before the kill, and the survivor's pause
+(pause_s: its last step line before the kill to its first at world 2
+after it, less one step_s).
+
   flock /tmp/dtactor-build.lock /usr/bin/python3 bench/standby_node_takeover.py [--trials 5] [--out FILE]
   /usr/bin/python3 bench/standby_node_takeover.py --gpt --modes standby,extra --trials 3 --kill-at-step 6 \
       --out bench/standby_node_takeover_gpt_results.json
@@ -41,6 +50,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,33 +71,73 @@ GPT_SETS = ["model.name=gpt", "model.dim=1024", "model.layers=16", "model.heads=
 SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=100000",
         "train.max_steps=1000000", "cluster.min_nodes=2", "cluster.max_nodes=2"]
 MODES = {"standby": (3, ["cluster.standby_nodes=1"]), "none": (2, []), "extra": (3, [])}
+HOSTS_SH = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
+TAG = "dtsn"
+HOST_OF = {"coordinator": 0, "x": 1, "y": 2, "z": 3}
 
 
-def member(port, node):
+class place:
+    """Where the trial's processes run: loopback, or namespace hosts."""
+
+    def __init__(self, hosts):
+        self.hosts = hosts
+
+    def addr(self, name):
+        return "198.18.0.%d" % (HOST_OF[name] + 1) if self.hosts else "127.0.0.1"
+
+    def prefix(self, name):
+        return [HOSTS_SH, "run", TAG, str(HOST_OF[name])] if self.hosts else []
+
+    def status(self, port):
+        url = "http://%s:%d/status.json" % (self.addr("coordinator"), port)
+        if not self.hosts:
+            return urllib.request.urlopen(url, timeout=2).read().decode()
+        return subprocess.run(self.prefix("coordinator") + ["curl", "-s", "--max-time", "2", url], capture_output=True, text=True,
+                              timeout=10).stdout
+
+    def kill(self, name, proc):
+        if not self.hosts:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return
+        pids = subprocess.run(["ip", "netns", "pids", "%s-h%d" % (TAG, HOST_OF[name])], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def member(where, port, node):
     """Node `node` as the coordinator's /status.json lists it ({} when not a member)."""
     try:
-        status = json.loads(urllib.request.urlopen("http://127.0.0.1:%d/status.json" % port, timeout=2).read().decode())
-    except (OSError, ValueError):
+        status = json.loads(where.status(port))
+    except (OSError, ValueError, subprocess.SubprocessError):
         return {}
     return next((m for m in status.get("members", []) if m.get("node") == node), {})
 
 
-def one_trial(work, mode, extra=(), kill_at_step=15):
+def step_gaps(ev, gen, world):
+    ts = [e["t"] for e in named(ev, "step") if e.get("generation") == gen and e["world_size"] == world]
+    return [b - a for a, b in zip(ts, ts[1:])]
+
+
+def one_trial(work, mode, extra=(), kill_at_step=15, where=place(False)):
     run = os.path.join(work, "run")
     procs = {}
     nodes, extra_sets = MODES[mode]
 
     def start(name, args):
         log = open(os.path.join(work, name + ".log"), "w")
-        procs[name] = subprocess.Popen([DTACTOR] + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs[name] = subprocess.Popen(where.prefix(name) + [DTACTOR] + args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    port, status_port = free_port(), free_port()
+    port, status_port = (29400, 29401) if where.hosts else (free_port(), free_port())
+    coord = where.addr("coordinator")
     try:
-        start("coordinator", ["--role", "coordinator", "--listen", "tcp://127.0.0.1:%d" % port, "--advertise-addr", "127.0.0.1",
-                              "--run-dir", run, "--metrics-port", str(status_port), "--metrics-addr", "127.0.0.1"] +
+        start("coordinator", ["--role", "coordinator", "--listen", "tcp://%s:%d" % (coord, port), "--advertise-addr", coord,
+                              "--run-dir", run, "--metrics-port", str(status_port), "--metrics-addr", coord] +
               [x for s in SETS + extra_sets + list(extra) for x in ("--set", s)])
         def node(n):
-            start(n, ["--role", "node", "--coordinator", "tcp://127.0.0.1:%d" % port, "--node-id", n, "--advertise-addr", "127.0.0.1",
+            start(n, ["--role", "node", "--coordinator", "tcp://%s:%d" % (coord, port), "--node-id", n, "--advertise-addr", where.addr(n),
                       "--threads-per-rank", "1"])
 
         node("x")
@@ -100,11 +150,11 @@ def one_trial(work, mode, extra=(), kill_at_step=15):
                 wait(lambda: "registration refused" in open(os.path.join(work, "z.log")).read(), 60, "z to be refused", 0.05)
         if mode == "standby":
             # z's rank is up, warmed and ready (the coordinator's status page).
-            wait(lambda: member(status_port, "z").get("ready_ranks") == 1, 600, "z's rank to be ready", 0.05)
+            wait(lambda: member(where, status_port, "z").get("ready_ranks") == 1, 600, "z's rank to be ready", 0.2 if where.hosts else 0.05)
         out = {"mode": mode}
         gen_at_kill = max(e["generation"] for e in named(journal(run), "generation_started"))
         t_kill = time.time()
-        os.killpg(procs["x"].pid, signal.SIGKILL)
+        where.kill("x", procs["x"])
         first = wait(lambda: [e for e in named(journal(run), "step") if e.get("generation", 0) > gen_at_kill], 120,
                      "a step after the kill", 0.005)[0]
         full = None
@@ -112,6 +162,12 @@ def one_trial(work, mode, extra=(), kill_at_step=15):
             full = wait(lambda: [e for e in named(journal(run), "step") if e.get("generation", 0) > gen_at_kill and e["world_size"] == 2],
                         600, "a step at world 2 after the kill", 0.005)
         ev = journal(run)
+        gaps = step_gaps(ev, gen_at_kill, 2)[1:]
+        before = [e["t"] for e in named(ev, "step") if e["t"] < t_kill]
+        if gaps:
+            out["step_s"] = statistics.median(gaps)
+            if full and before:
+                out["pause_s"] = full[0]["t"] - before[-1] - out["step_s"]
         last_t = (full[0] if full else first)["t"]
         gens = [g for g in named(ev, "generation_started") if g["generation"] > gen_at_kill and g["t"] <= last_t]
         out.update({
@@ -144,23 +200,42 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="a config setting for every arm (repeatable)")
     ap.add_argument("--gpt", action="store_true", help="the 202M GPT of bench/gpt_join.py (its settings before any --set)")
     ap.add_argument("--kill-at-step", type=int, default=15)
+    ap.add_argument("--hosts", action="store_true", help="each process on a namespace host of its own (root)")
+    ap.add_argument("--cap", default="10gbit", help="--hosts: every link's rate (tbf)")
     a = ap.parse_args()
+    where = place(a.hosts)
+    if a.hosts:
+        if os.geteuid() != 0:
+            sys.exit("standby_node_takeover.py: --hosts needs root (network namespaces)")
+        subprocess.run([HOSTS_SH, "down", TAG], stderr=subprocess.DEVNULL)
+        subprocess.run([HOSTS_SH, "up", TAG, "4"], check=True)
+        for h in range(4):
+            subprocess.run([HOSTS_SH, "cap", TAG, str(h), a.cap], check=True)
+    try:
+        return trials(a, where)
+    finally:
+        if a.hosts:
+            subprocess.run([HOSTS_SH, "down", TAG])
+
+
+def trials(a, where):
     extra = (GPT_SETS if a.gpt else []) + a.set
     modes = a.modes.split(",")
     runs = {m: [] for m in modes}
     for i in range(a.trials):
         for mode in modes:
             work = tempfile.mkdtemp(prefix="dtactor-standby-bench-")
-            r = one_trial(work, mode, extra, a.kill_at_step)
+            r = one_trial(work, mode, extra, a.kill_at_step, where)
             print("trial %d %s: %s" % (i + 1, mode, json.dumps(r)), file=sys.stderr)
             runs[mode].append(r)
             subprocess.run(["rm", "-rf", work])
     result = {"trials": runs}
     for mode in modes:
-        result[mode] = {k: summary(runs[mode], k) for k in ("full_world_s", "first_step_s")}
+        result[mode] = {k: summary(runs[mode], k) for k in ("full_world_s", "first_step_s", "step_s", "pause_s")}
         result[mode]["shrank_trials"] = sum(1 for x in runs[mode] if x["shrank"])
     result["lost_steps_worst"] = max(x["lost_steps"] for m in modes for x in runs[m])
-    if a.gpt or a.set:
+    result["hosts"] = a.hosts
+    if a.gpt or a.set or a.hosts:
         return write_other(a, modes, runs, result, extra)
     if a.out == "-" or set(modes) != {"standby", "extra", "none"}:
         print(json.dumps(result, indent=1))
@@ -202,12 +277,21 @@ def write_other(a, modes, runs, result, extra):
                         if "extra" in modes else ())))
         figs.append(F("of it, with a standby: its generation's plan to the first step", ["standby", "phase_duration_s", "median"], "s"))
         figs.append(F("of that: the group to READY (agreement, the peer state to the standby)", ["standby", "phase_state_s", "median"], "s"))
+        figs.append(F("the survivor's pause beyond one step while the standby joins (its last step before the kill to its first at "
+                      "world 2, less one step)", ["standby", "pause_s", "median"], "s"))
+        figs.append(F("the median step time before the kill", ["standby", "step_s", "median"], "s"))
+    if "none" in modes:
+        figs.append(F("the kill to the first step at world 1, without a third node", ["none", "first_step_s", "median"], "s"))
+        figs.append(F("the median step time at world 2 before the kill, without a third node", ["none", "step_s", "median"], "s"))
     figs.append(F("steps lost (worst trial)", ["lost_steps_worst"], "steps"))
     what = "the 202M GPT of bench/gpt_join.py" if a.gpt else "the default config"
+    on = ("each process on a network-namespace host of its own (the coordinator, x, y and z on 4 hosts, every link capped at %s; "
+          "the kill is SIGKILL to every process on x's host)" % a.cap) if a.hosts else "loopback"
     out = bench_meta.write(a.out, result, "A warm standby node takes a lost node's place at %s: kill -9 of a member node at step %d, "
-                           "world 2 (cluster.max_nodes = 2), arms %s, %d trials each, alternating (medians)"
-                           % (what, a.kill_at_step, ", ".join(modes), a.trials), "Recovery from faults", figs,
-                           notes="Loopback, the coordinator and the nodes on the project's 2-core build machine (one compute thread a "
+                           "world 2 (cluster.max_nodes = 2), %s, arms %s, %d trials each, alternating (medians)"
+                           % (what, a.kill_at_step, "on separate namespace hosts" if a.hosts else "on one host", ", ".join(modes),
+                              a.trials), "Recovery from faults", figs,
+                           notes=on[0].upper() + on[1:] + ", on the project's 2-core build machine (one compute thread a "
                                  "rank). Settings beyond the bench's own: " + ", ".join(extra) + ". The times are the coordinator's "
                                  "journal's. A standby's rank is started, has built the model, opened the data and (when the host has "
                                  "room) touched its gradients, moments and reducer buffers before the kill; it receives the state from "
