@@ -61,7 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
 from bench_net import free_port  # noqa: E402
-from bench_jobs import journal, named, summary, wait  # noqa: E402
+from bench_jobs import journal, named, netns_hosts, summary, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
@@ -77,16 +77,17 @@ HOST_OF = {"coordinator": 0, "x": 1, "y": 2, "z": 3}
 
 
 class place:
-    """Where the trial's processes run: loopback, or namespace hosts."""
+    """Where the trial's processes run: loopback, or namespace hosts (a
+    bench_jobs.netns_hosts)."""
 
-    def __init__(self, hosts):
+    def __init__(self, hosts=None):
         self.hosts = hosts
 
     def addr(self, name):
-        return "198.18.0.%d" % (HOST_OF[name] + 1) if self.hosts else "127.0.0.1"
+        return self.hosts.address(HOST_OF[name]) if self.hosts else "127.0.0.1"
 
     def prefix(self, name):
-        return [HOSTS_SH, "run", TAG, str(HOST_OF[name])] if self.hosts else []
+        return self.hosts.run(HOST_OF[name]) if self.hosts else []
 
     def status(self, port):
         url = "http://%s:%d/status.json" % (self.addr("coordinator"), port)
@@ -96,15 +97,10 @@ class place:
                               timeout=10).stdout
 
     def kill(self, name, proc):
-        if not self.hosts:
+        if self.hosts:
+            self.hosts.kill(HOST_OF[name])
+        else:
             os.killpg(proc.pid, signal.SIGKILL)
-            return
-        pids = subprocess.run(["ip", "netns", "pids", "%s-h%d" % (TAG, HOST_OF[name])], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def member(where, port, node):
@@ -121,7 +117,7 @@ def step_gaps(ev, gen, world):
     return [b - a for a, b in zip(ts, ts[1:])]
 
 
-def one_trial(work, mode, extra=(), kill_at_step=15, where=place(False)):
+def one_trial(work, mode, extra=(), kill_at_step=15, where=place()):
     run = os.path.join(work, "run")
     procs = {}
     nodes, extra_sets = MODES[mode]
@@ -203,19 +199,14 @@ def main():
     ap.add_argument("--hosts", action="store_true", help="each process on a namespace host of its own (root)")
     ap.add_argument("--cap", default="10gbit", help="--hosts: every link's rate (tbf)")
     a = ap.parse_args()
-    where = place(a.hosts)
-    if a.hosts:
-        if os.geteuid() != 0:
-            sys.exit("standby_node_takeover.py: --hosts needs root (network namespaces)")
-        subprocess.run([HOSTS_SH, "down", TAG], stderr=subprocess.DEVNULL)
-        subprocess.run([HOSTS_SH, "up", TAG, "4"], check=True)
-        for h in range(4):
+    if not a.hosts:
+        return trials(a, place())
+    if os.geteuid() != 0:
+        sys.exit("standby_node_takeover.py: --hosts needs root (network namespaces)")
+    with netns_hosts(HOSTS_SH, TAG, len(HOST_OF)) as hosts:
+        for h in range(len(HOST_OF)):
             subprocess.run([HOSTS_SH, "cap", TAG, str(h), a.cap], check=True)
-    try:
-        return trials(a, where)
-    finally:
-        if a.hosts:
-            subprocess.run([HOSTS_SH, "down", TAG])
+        return trials(a, place(hosts))
 
 
 def trials(a, where):
