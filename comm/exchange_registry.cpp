@@ -75,6 +75,7 @@ std::string name_of(wire_codec c) {
 
 wire_codec codec_of(wire_dtype d) {
   switch (d) {
+    case wire_dtype::automatic:  // resolved by cluster_settings_of
     case wire_dtype::fp32:
       return wire_codec::fp32;
     case wire_dtype::bf16:

@@ -25,8 +25,10 @@ enum class direct_checkpoint { automatic, on, off };  // checkpoint.direct: auto
 enum class loss_kind { cross_entropy, mse };          // train.loss (a torchscript task's)
 enum class comm_backend { automatic, gloo, nccl };    // cluster.backend: auto | gloo | nccl
 // cluster.wire_dtype: how float32 values cross hosts. int8 and int4
-// quantize (DiLoCo's pseudo-gradients only).
-enum class wire_dtype { fp32, bf16, int8, int4 };
+// quantize (DiLoCo's pseudo-gradients only). automatic is the config's
+// "auto", which cluster_settings_of resolves (bf16 with train.precision =
+// bf16, else fp32): settings never hold it.
+enum class wire_dtype { automatic, fp32, bf16, int8, int4 };
 inline bool quantized(wire_dtype d) { return d == wire_dtype::int8 || d == wire_dtype::int4; }
 // model.name's built-in models. A task the program registered
 // (register_task, dtactor/task.hpp) is none of them: read model.name with
@@ -79,8 +81,11 @@ struct mode_names<comm_backend> {
 template <>
 struct mode_names<wire_dtype> {
   static constexpr std::string_view key = "cluster.wire_dtype";
-  static constexpr std::array<std::pair<std::string_view, wire_dtype>, 4> table{
-      {{"fp32", wire_dtype::fp32}, {"bf16", wire_dtype::bf16}, {"int8", wire_dtype::int8}, {"int4", wire_dtype::int4}}};
+  static constexpr std::array<std::pair<std::string_view, wire_dtype>, 5> table{{{"auto", wire_dtype::automatic},
+                                                                                  {"fp32", wire_dtype::fp32},
+                                                                                  {"bf16", wire_dtype::bf16},
+                                                                                  {"int8", wire_dtype::int8},
+                                                                                  {"int4", wire_dtype::int4}}};
 };
 template <>
 struct mode_names<builtin_model> {

@@ -197,6 +197,11 @@ result<cluster_settings> cluster_settings_of(const config& cfg) {
   auto wire = mode_of<wire_dtype>(cfg);
   if (!wire) return wire.err();
   c.wire = wire.value();
+  if (c.wire == wire_dtype::automatic) {  // bf16 gradients cross hosts as bf16
+    auto precision = mode_of<precision_mode>(cfg);
+    if (!precision) return precision.err();
+    c.wire = precision.value() == precision_mode::bf16 ? wire_dtype::bf16 : wire_dtype::fp32;
+  }
   c.bucket_kb = cfg.get_int("cluster.bucket_kb");
   c.shm_allreduce = cfg.get_bool("cluster.shm_allreduce");
   c.shm_ring_mb = cfg.get_int("cluster.shm_ring_mb");

@@ -138,7 +138,7 @@ struct cluster_settings {
   int64_t digest_every_steps = 100;                             // cluster.digest_every_steps (0: only at the end)
   int64_t rank_exit_limit = 5;                                  // cluster.rank_exit_limit (0: restart forever)
   int32_t spare_ranks = 0;                                      // cluster.spare_ranks (a node's --spares overrides it)
-  // cluster.wire_dtype (comm/exchange_spec.hpp maps it to its codec);
+  // cluster.wire_dtype, "auto" resolved (comm/exchange_spec.hpp maps it to its codec);
   // quantized(wire): DiLoCo's pseudo-gradients only.
   wire_dtype wire = wire_dtype::fp32;
   int64_t bucket_kb = 128;                     // cluster.bucket_kb

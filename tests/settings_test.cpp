@@ -171,6 +171,21 @@ TEST(Settings, TheTrainingAndExchangeFieldsReadTheirKeys) {
   EXPECT_EQ(s->cluster.spin_wait, std::chrono::microseconds(37));
 }
 
+// cluster.wire_dtype = auto (the default): the gradients of a bf16 job
+// cross hosts in bf16, an fp32 job's in fp32; a value set wins.
+TEST(Settings, TheWireFollowsThePrecisionUnlessSet) {
+  auto wire = [](const std::vector<std::pair<std::string, std::string>>& keys) {
+    auto s = job_settings_of(with(keys));
+    EXPECT_TRUE(s) << s.message();
+    return s ? s->cluster.wire : wire_dtype::automatic;
+  };
+  EXPECT_EQ(wire({}), wire_dtype::fp32);
+  EXPECT_EQ(wire({{"train.precision", "bf16"}}), wire_dtype::bf16);
+  EXPECT_EQ(wire({{"train.precision", "bf16"}, {"cluster.wire_dtype", "fp32"}}), wire_dtype::fp32);
+  EXPECT_EQ(wire({{"train.precision", "fp32"}, {"cluster.wire_dtype", "bf16"}}), wire_dtype::bf16);
+  EXPECT_EQ(wire({{"cluster.wire_dtype", "auto"}}), wire_dtype::fp32);
+}
+
 TEST(Settings, ABadValueIsOneLineNamingTheKey) {
   EXPECT_EQ(refused({{"model.heads", "3"}}), "model.heads (3) must divide model.dim (64)");
   EXPECT_EQ(refused({{"model.name", "torchscript"}, {"model.heads", "3"}}), "") << "a scripted module has its own shapes";
