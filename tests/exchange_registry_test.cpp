@@ -67,8 +67,15 @@ TEST(ExchangeRegistry, SpecIsParsedFromTheConfig) {
   spec = exchange_spec_of(cluster.value());
   EXPECT_EQ(spec.codec, wire_codec::int4);
   EXPECT_EQ(spec.transport, exchange_transport::process_group);
-  // Each of the config's wire dtypes is the built-in codec of its name.
-  for (const auto& [name, dtype] : mode_names<wire_dtype>::table) EXPECT_EQ(name_of(codec_of(dtype)), name);
+  // Each of the config's wire dtypes is the built-in codec of its name
+  // (auto is resolved from train.precision before any codec is chosen).
+  for (const auto& [name, dtype] : mode_names<wire_dtype>::table)
+    if (dtype != wire_dtype::automatic) {
+      EXPECT_EQ(name_of(codec_of(dtype)), name);
+    }
+  cluster = cluster_settings_of(tiny_vit_config({"train.precision=bf16", "cluster.shm_allreduce=false"}));
+  ASSERT_TRUE(cluster) << cluster.message();
+  EXPECT_EQ(exchange_spec_of(cluster.value()).codec, wire_codec::bf16);
   EXPECT_EQ(codec_named("bf16").value(), wire_codec::bf16);
   EXPECT_EQ(name_of(wire_codec::int8), "int8");
   EXPECT_FALSE(codec_named("fp8"));
