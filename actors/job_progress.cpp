@@ -96,6 +96,7 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
     r.bytes = s.state_bytes();
     r.transfer_s = s.state_transfer_s();
     if (s.state_transfer_s() > 0) r.gb_per_s = static_cast<double>(s.state_bytes()) / s.state_transfer_s() / 1e9;
+    if (s.healing()) r.while_training = true;
   }
   return r;
 }

@@ -27,7 +27,9 @@ killed (SIGKILL to its process group). Measured:
                  its plan to the first step (duration_s) and the slowest
                  rank's group_s, state_s and first_step_s
 
---modes picks the arms: standby (z with cluster.standby_nodes = 1), extra
+--modes picks the arms: standby (z with cluster.standby_nodes = 1; by
+default it heals while the survivor trains, cluster.heal_while_training),
+standby_broadcast (the same with the state sent before the first step), extra
 (z with cluster.standby_nodes = 0: a third node beyond cluster.max_nodes,
 refused until a place is free, then it starts its rank), none (no z).
 --set adds a config setting to every arm (another model: the 202M GPT of
@@ -70,7 +72,8 @@ GPT_SETS = ["model.name=gpt", "model.dim=1024", "model.layers=16", "model.heads=
             "eval.max_samples=8", "cluster.digest_every_steps=2"]
 SETS = ["train.log_every_steps=1", "eval.every_steps=0", "eval.max_samples=1000", "checkpoint.every_steps=100000",
         "train.max_steps=1000000", "cluster.min_nodes=2", "cluster.max_nodes=2"]
-MODES = {"standby": (3, ["cluster.standby_nodes=1"]), "none": (2, []), "extra": (3, [])}
+MODES = {"standby": (3, ["cluster.standby_nodes=1"]), "none": (2, []), "extra": (3, []),
+         "standby_broadcast": (3, ["cluster.standby_nodes=1", "cluster.heal_while_training=false"])}
 HOSTS_SH = os.path.join(ROOT, "scripts", "netns", "hosts.sh")
 TAG = "dtsn"
 HOST_OF = {"coordinator": 0, "x": 1, "y": 2, "z": 3}
@@ -144,7 +147,7 @@ def one_trial(work, mode, extra=(), kill_at_step=15, where=place()):
             node("z")
             if mode == "extra":  # no place for it: refused, it keeps asking
                 wait(lambda: "registration refused" in open(os.path.join(work, "z.log")).read(), 60, "z to be refused", 0.05)
-        if mode == "standby":
+        if mode.startswith("standby"):
             # z's rank is up, warmed and ready (the coordinator's status page).
             wait(lambda: member(where, status_port, "z").get("ready_ranks") == 1, 600, "z's rank to be ready", 0.2 if where.hosts else 0.05)
         out = {"mode": mode}
@@ -263,13 +266,18 @@ def write_other(a, modes, runs, result, extra):
     F = bench_meta.figure
     figs = []
     if "standby" in modes:
+        anchor = (("the state sent before the first step (cluster.heal_while_training = false)", ["standby_broadcast", "full_world_s", "median"])
+                  if "standby_broadcast" in modes else
+                  ("a third node without a standby place (the world shrinks, then it joins cold)", ["extra", "full_world_s", "median"])
+                  if "extra" in modes else ())
         figs.append(F("the kill to the first step at full world size, with a warm standby node", ["standby", "full_world_s", "median"], "s",
-                      *(("a third node without a standby place (the world shrinks, then it joins cold)", ["extra", "full_world_s", "median"])
-                        if "extra" in modes else ())))
+                      *anchor))
         figs.append(F("of it, with a standby: its generation's plan to the first step", ["standby", "phase_duration_s", "median"], "s"))
         figs.append(F("of that: the group to READY (agreement, the peer state to the standby)", ["standby", "phase_state_s", "median"], "s"))
         figs.append(F("the survivor's pause beyond one step while the standby joins (its last step before the kill to its first at "
-                      "world 2, less one step)", ["standby", "pause_s", "median"], "s"))
+                      "world 2, less one step)", ["standby", "pause_s", "median"], "s",
+                      *(("the state sent before the first step", ["standby_broadcast", "pause_s", "median"])
+                        if "standby_broadcast" in modes else ())))
         figs.append(F("the median step time before the kill", ["standby", "step_s", "median"], "s"))
     if "none" in modes:
         figs.append(F("the kill to the first step at world 1, without a third node", ["none", "first_step_s", "median"], "s"))
@@ -286,7 +294,8 @@ def write_other(a, modes, runs, result, extra):
                                  "rank). Settings beyond the bench's own: " + ", ".join(extra) + ". The times are the coordinator's "
                                  "journal's. A standby's rank is started, has built the model, opened the data and (when the host has "
                                  "room) touched its gradients, moments and reducer buffers before the kill; it receives the state from "
-                                 "the survivor after the kill. extra: the third node is refused until the loss, then starts its rank cold.")
+                                 "the survivor after the kill (standby: while the survivor trains the generation's first step alone, "
+                                 "cluster.heal_while_training; standby_broadcast: before that step). extra: the third node is refused until the loss, then starts its rank cold.")
     print(json.dumps({k: out[k] for k in modes + ["lost_steps_worst"]}, indent=1))
     return 0
 

@@ -406,10 +406,13 @@ struct checkpoint_restored {
   std::optional<double> transfer_s;          // peer: how long that took
   std::optional<double> gb_per_s;            // peer: bytes / transfer_s / 1e9
   std::optional<std::string> path;           // train: the manifest
+  // peer: received while the ranks holding it trained the generation's
+  // first step (cluster.heal_while_training; no transfer_s then)
+  std::optional<bool> while_training;
   template <class S, class F>
   static void fields(S& s, F& f) {
     f("step", s.step), f("source", s.source), f("generation", s.generation), f("root", s.root), f("bytes", s.bytes), f("transfer_s", s.transfer_s),
-        f("gb_per_s", s.gb_per_s), f("path", s.path);
+        f("gb_per_s", s.gb_per_s), f("path", s.path), f("while_training", s.while_training);
   }
 };
 

@@ -205,6 +205,7 @@ result<cluster_settings> cluster_settings_of(const config& cfg) {
   c.bucket_kb = cfg.get_int("cluster.bucket_kb");
   c.shm_allreduce = cfg.get_bool("cluster.shm_allreduce");
   c.shm_ring_mb = cfg.get_int("cluster.shm_ring_mb");
+  c.heal_while_training = cfg.get_bool("cluster.heal_while_training");
   c.spin_wait = std::chrono::microseconds(cfg.get_int("cluster.spin_wait_us"));
   return c;
 }

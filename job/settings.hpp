@@ -144,6 +144,7 @@ struct cluster_settings {
   int64_t bucket_kb = 128;                     // cluster.bucket_kb
   bool shm_allreduce = true;                   // cluster.shm_allreduce
   int64_t shm_ring_mb = 64;                    // cluster.shm_ring_mb
+  bool heal_while_training = true;             // cluster.heal_while_training
   std::chrono::microseconds spin_wait{10000};  // cluster.spin_wait_us
 };
 // Error: a count (cluster.min_nodes, floor_nodes, max_nodes,

@@ -59,7 +59,9 @@ struct replayed_slice {
 };
 
 struct step_context {
-  int rank = 0, world = 1;  // whose data_order::rank_slice
+  // Whose data_order::rank_slice. rank < 0: none (a rank healing while
+  // the others train the step: it adds zeros to the reducer's sum).
+  int rank = 0, world = 1;
   // Sums the gradients over its ranks while backward runs (the caller
   // still owns it): the generation's reducer (a world-1 job's has no group
   // and does nothing; train.zero: its parameter_sync gathers after the
@@ -255,12 +257,18 @@ class training_state {
   // still reading them finishes first. A step's forward and backward do not
   // call it. Empty: nothing to wait for.
   void set_before_update(std::function<void()> f);
+  // Runs once, right before the next train_step's update (after the
+  // reducer summed the gradients), then is dropped: a rank healing waits
+  // there for the state it receives, the rank sending it for the send to
+  // end. An error there fails that step, nothing updated. Null: none.
+  void set_update_fence(std::function<status()> f);
 
  private:
   void before_update() {
     if (before_update_) before_update_();
   }
   std::function<void()> before_update_;
+  std::function<status()> update_fence_;
   // Clip (by global_norm, or by this rank's own gradient norm), step the
   // optimizer at the learning rate of step lr_step, zero the gradients;
   // step() unchanged. The gradient norm before clipping.

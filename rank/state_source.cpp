@@ -7,6 +7,7 @@
 #include "net/plan_layout.hpp"
 #include "rank/generation.hpp"
 #include "rank/group_builder.hpp"
+#include "rank/healing.hpp"
 #include "rank/state_io.hpp"
 #include "rank/sync_strategy.hpp"
 #include "rank/zero.hpp"
@@ -142,6 +143,7 @@ shard_plan generation_shard_plan(const start_context& c) {
 
 std::unique_ptr<state_source> choose_state_source(const start_context& c) {
   if (!c.g.pg || c.agreed.everyone_holds_it()) return std::make_unique<own_state>();
+  if (heals(c)) return make_healing_state();
   return std::make_unique<peer_state>();
 }
 

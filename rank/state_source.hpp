@@ -10,8 +10,10 @@
 //   3. the state source the agreement chose: the rank's own (everyone
 //      holds the agreed step) or a peer's (broadcast from the root, the
 //      lowest rank holding it; the state of the plan's checkpoint when the
-//      root read it there); then the sync strategy takes its own from
-//      that checkpoint (DiLoCo: a worker's section, take_own_section);
+//      root read it there), or a peer's sent while the holders train the
+//      first step (rank/healing, cluster.heal_while_training); then the
+//      sync strategy takes its own from that checkpoint (DiLoCo: a
+//      worker's section, take_own_section);
 //   4. with train.zero >= 1, the shard source the agreement chose: the
 //      checkpoint's parts when the agreed state is the plan's checkpoint,
 //      else the surviving holders (replicas), falling back to the plan's
@@ -66,7 +68,8 @@ class shard_source {
 };
 
 // The state source the agreement names: none to take (everyone holds the
-// agreed step) or the root's broadcast.
+// agreed step), the root's send while training (rank/healing: heals), or
+// the root's broadcast.
 std::unique_ptr<state_source> choose_state_source(const start_context& c);
 // The shard source the agreement names: the plan's checkpoint, or the
 // surviving holders (falling back to the plan's fallback checkpoint).

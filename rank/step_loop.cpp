@@ -150,6 +150,7 @@ void step_loop::report_ready() {
     ready.set_reshard_bytes(g_.reshard_bytes);
   }
   ready.set_state_transfer_s(g_.transfer_s);
+  ready.set_healing(g_.healing && g_.rank != g_.root);
   sync_.ready_fields(g_, ready);
   if (g_.cb.on_status) g_.cb.on_status(g_.gen, std::move(ready));
 }
@@ -182,12 +183,16 @@ step_control step_loop::control_now() const {
 // rank's slice, of the world it was taken in when catching up).
 generation_end step_loop::inner_step() {
   const int64_t attempted = state_.step();
-  const auto [slice_rank, slice_world] = rs_.window.slice_of(attempted, g_.rank, g_.world);
+  // The heal step (rank/healing): the holders' slices of the holders' world.
+  const bool heal = g_.heal && g_.heal->at == attempted;
+  const auto [slice_rank, slice_world] =
+      heal ? std::pair<int, int>{g_.heal->data_rank, g_.heal->data_world} : rs_.window.slice_of(attempted, g_.rank, g_.world);
   rs_.attempt = {attempted, g_.gen, slice_rank, slice_world};
   auto r = sync_.step(g_, rs_, x_, slice_rank, slice_world);
   // Applied (with ZeRO, to this rank's shards even when the all-gather
   // after it failed): the step is in the audit log before anything else.
-  if (state_.step() > attempted)
+  // A rank healing took no part of it.
+  if (state_.step() > attempted && slice_rank >= 0)
     if (auto st = rs_.log_samples(attempted, g_.gen, slice_rank, slice_world); !st)
       return g_.failed(st.message(), state_.step(), pb::rank_status::FAILURE_DATA);
   if (!r) return g_.failed(r.message(), state_.step());

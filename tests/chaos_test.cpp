@@ -185,6 +185,9 @@ void node_joining_mid_run_gets_state_from_a_peer(const std::string& zero) {
   ASSERT_GE(restored.size(), 1u) << cl.logs();
   EXPECT_EQ(restored[0].at("source"), "peer");
   EXPECT_GE(restored[0].at("step").get<int64_t>(), 30);
+  // By default a joining rank heals while its peer trains (train.zero = 0
+  // only; sharded states move before the first step).
+  EXPECT_EQ(restored[0].value("while_training", false), zero == "0") << restored[0].dump();
   auto rec = events<ev::recovery_done>(j);
   ASSERT_GE(rec.size(), 1u);
   EXPECT_EQ(rec.back().at("world_size"), 2);

@@ -219,8 +219,10 @@ class rank_workers : public ::testing::Test {
   std::unique_ptr<rank_worker> a, b;
 };
 
+// The broadcast before the first step (healing while training off; the
+// next test has it on).
 TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_both_finish_identical) {
-  start(30);
+  start(30, {"cluster.heal_while_training=false"});
   ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
   ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
 
@@ -251,6 +253,44 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   EXPECT_EQ(done_b->step(), 30);
   EXPECT_EQ(done_a->detail(), done_b->detail());  // the parameters' digest
   EXPECT_FALSE(done_a->detail().empty());
+}
+
+// cluster.heal_while_training (the default): b joins holding nothing, a
+// trains the generation's first step with the whole batch while its state
+// goes to b, b adds zeros and applies the summed gradient to the state once
+// it landed. Every step's digest is compared from then on: a state that
+// landed torn, late or at the wrong step fails the job.
+TEST_F(rank_workers, a_rank_that_joins_heals_while_its_peer_trains_the_first_step_and_both_stay_identical) {
+  start(30, {"cluster.digest_every_steps=1"});
+  ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(a->offer(plan(1, {0}, false)));
+  ASSERT_TRUE(seen.wait_step(0, 5));
+  seen.clear_status(0);
+
+  const auto g2 = plan(2, {0, 1}, true);
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(b->offer(g2));
+  auto ready_a = seen.wait_for(0, pb::rank_status::STATE_READY);
+  auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
+  ASSERT_TRUE(ready_a && ready_b);
+  EXPECT_EQ(ready_b->state_source(), pb::rank_status::ORIGIN_PEER);
+  EXPECT_TRUE(ready_b->healing());
+  EXPECT_FALSE(ready_a->healing());
+  EXPECT_GT(ready_b->state_bytes(), 0u);
+  EXPECT_EQ(ready_b->state_transfer_s(), 0.0);  // still arriving at READY
+  EXPECT_EQ(ready_b->step(), ready_a->step());  // the step it heals at: the one a holds
+  EXPECT_GE(ready_b->step(), 5);
+  EXPECT_LT(ready_b->step(), 30);
+
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b) << "a rank failed: a digest differed after the heal, or the state did not land";
+  EXPECT_EQ(done_a->step(), 30);
+  EXPECT_EQ(done_b->step(), 30);
+  EXPECT_EQ(done_a->detail(), done_b->detail());
+  std::lock_guard<std::mutex> lock(seen.mu);
+  for (const auto& [l, st] : seen.statuses) EXPECT_NE(st.status(), pb::rank_status::STATE_FAILED) << "rank " << l << ": " << st.detail();
 }
 
 // A survivor alone after a loss keeps its reducer's bucket buffers: when a

@@ -1,0 +1,272 @@
+#include "rank/healing.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "model/trainer.hpp"
+#include "rank/generation.hpp"
+#include "rank/group_builder.hpp"
+#include "rank/state_io.hpp"
+#include "rank/state_source.hpp"
+#include "rank/sync_strategy.hpp"
+
+namespace dtactor {
+
+namespace {
+
+constexpr uint64_t heal_chunk_bytes = 64ull << 20;
+constexpr size_t heal_in_flight = 4;  // chunks on their way to each healing rank at once
+
+// A piece of the state as the transfer sends it: every layout entry on its
+// own, cut in chunks (the same cut on both sides, whatever lies next to it
+// in memory), the sender's unstable entries read from copies.
+struct piece {
+  char* base = nullptr;
+  int64_t n = 0;
+};
+
+std::vector<piece> pieces_of(const std::vector<torch::Tensor>& tensors) {
+  std::vector<piece> out;
+  for (const auto& t : tensors) {
+    const auto bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    char* base = static_cast<char*>(t.data_ptr());
+    for (uint64_t at = 0; at < bytes; at += heal_chunk_bytes)
+      out.push_back({base + at, static_cast<int64_t>(std::min<uint64_t>(heal_chunk_bytes, bytes - at))});
+  }
+  return out;
+}
+
+// 63 ranks a word (the sign bit left alone), each rank setting only its own
+// bit: a SUM is their OR.
+std::vector<int64_t> bit_words(int world) { return std::vector<int64_t>(static_cast<size_t>((world + 62) / 63), 0); }
+bool bit_of(const std::vector<int64_t>& w, int r) { return (w[static_cast<size_t>(r / 63)] >> (r % 63)) & 1; }
+
+// Which ranks hold the agreed step: one collective, a bit a rank.
+result<std::vector<int64_t>> holders_of(const generation_run& g, bool holds) {
+  auto words = bit_words(g.world);
+  if (holds) words[static_cast<size_t>(g.rank / 63)] |= int64_t{1} << (g.rank % 63);
+  std::vector<torch::Tensor> t{torch::tensor(words, torch::kInt64)};
+  if (auto st = wait_work(g.pg->allreduce(t), deadline_in(g.timeout), g.abandon_now, "state agreement (holders)"); !st) return st.err();
+  const auto a = t[0].accessor<int64_t, 1>();
+  for (size_t i = 0; i < words.size(); ++i) words[i] = a[static_cast<int64_t>(i)];
+  return words;
+}
+
+}  // namespace
+
+// The heal step's transfer on its own thread: the root sends the state it
+// held when the step began to every healing rank; a healing rank receives it
+// in place. Ended (abandoned, joined) with the generation; a healing rank
+// whose state did not land whole is reset to the initial state then.
+class heal_transfer {
+ public:
+  heal_transfer(c10::intrusive_ptr<c10d::ProcessGroup> pg, training_state& state, const generation_run& g, std::vector<int> to, int from)
+      : pg_(std::move(pg)), state_(state), to_(std::move(to)), from_(from), timeout_(g.timeout), outer_abandon_(g.abandon_now) {
+    state_layout layout = layout_of(state_);
+    for (auto& e : layout.entries) {
+      bytes_ += e.size;
+      names_.push_back(e.name);
+      // Sending: what a forward may change travels as it is now.
+      tensors_.push_back(sending() && !stable_until_update(e.name) ? e.t.clone() : e.t);
+    }
+  }
+  ~heal_transfer() {
+    state_.set_update_fence(nullptr);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abort_ = true;
+      for (auto& w : issued_) w->abort();  // a send's or receive's wait returns at once
+    }
+    if (thread_.joinable()) thread_.join();
+    if (!sending() && !landed_) (void)state_.reset_state();  // torn, or never sent: not the agreed state
+  }
+  heal_transfer(const heal_transfer&) = delete;
+  heal_transfer& operator=(const heal_transfer&) = delete;
+
+  bool sending() const { return from_ < 0; }
+  uint64_t bytes() const { return bytes_; }
+  void start(int64_t step) {
+    step_ = step;
+    thread_ = std::thread([this] { outcome_ = sending() ? send() : receive(); });
+  }
+  // At the heal step's update: the transfer's end. A healing rank then holds
+  // the agreed state; the root goes on whatever became of its send (the
+  // healing rank fails its own step).
+  status land() {
+    if (thread_.joinable()) thread_.join();
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (sending()) {
+      if (!outcome_) std::fprintf(stderr, "dtactor: healing: sending the state failed: %s\n", outcome_.message().c_str());
+      return {};
+    }
+    if (!outcome_) return make_error("state transfer while training: " + outcome_.message());
+    adopt_scalars();
+    state_.state_loaded(step_);
+    landed_ = true;
+    std::fprintf(stderr, "dtactor: healing: %llu bytes of state at step %lld landed %.3f s after the step began\n",
+                 static_cast<unsigned long long>(bytes_), static_cast<long long>(step_), seconds_);
+    return {};
+  }
+
+ private:
+  // The step counters and the generator arrived in the tensors the layout
+  // had when the transfer began; the state reads them from its latest
+  // (a layout taken since, by the checkpoint saver, made new ones).
+  void adopt_scalars() {
+    const state_layout now = layout_of(state_);
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (stable_until_update(names_[i])) continue;
+      for (const auto& e : now.entries)
+        if (e.name == names_[i] && e.t.data_ptr() != tensors_[i].data_ptr()) e.t.copy_(tensors_[i]);
+    }
+  }
+  // Gloo's point-to-point work has no future to poll (wait_work's way):
+  // it is waited for with the collective timeout, and the generation's end
+  // aborts it (the destructor). `issued_` keeps every piece's work.
+  c10::intrusive_ptr<c10d::Work> issue(c10::intrusive_ptr<c10d::Work> w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_) w->abort();
+    issued_.push_back(w);
+    return w;
+  }
+  status wait(const c10::intrusive_ptr<c10d::Work>& w, const char* what) {
+    if (outer_abandon_ && outer_abandon_()) return make_error(std::string(what) + " abandoned: a newer generation replaces this one");
+    bool done = false;
+    try {
+      done = w->wait(timeout_);
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      return make_error(std::string(what) + " failed: " + why.substr(0, why.find('\n')));
+    }
+    if (!done) return make_error(std::string(what) + " abandoned: the generation ended");
+    return {};
+  }
+  status send() {
+    std::vector<torch::Tensor> head{torch::tensor({step_, static_cast<int64_t>(bytes_)}, torch::kInt64)};
+    for (int r : to_)
+      if (auto st = wait(issue(pg_->send(head, r, 0)), "state transfer (header)"); !st) return st;
+    std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> flying;
+    int tag = 1;
+    for (const auto& p : pieces_of(tensors_)) {
+      for (int r : to_) {
+        std::vector<torch::Tensor> t{torch::from_blob(p.base, {p.n}, torch::kUInt8)};
+        flying.emplace_back(issue(pg_->send(t, r, tag)), t);
+      }
+      ++tag;
+      while (flying.size() > heal_in_flight * to_.size()) {
+        if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
+        flying.pop_front();
+      }
+    }
+    for (; !flying.empty(); flying.pop_front())
+      if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
+    return {};
+  }
+  status receive() {
+    std::vector<torch::Tensor> head{torch::zeros({2}, torch::kInt64)};
+    if (auto st = wait(issue(pg_->recv(head, from_, 0)), "state transfer (header)"); !st) return st;
+    if (head[0][0].item<int64_t>() != step_ || static_cast<uint64_t>(head[0][1].item<int64_t>()) != bytes_)
+      return make_error("rank " + std::to_string(from_) + " sends " + std::to_string(head[0][1].item<int64_t>()) + " bytes of step " +
+                        std::to_string(head[0][0].item<int64_t>()) + ", this rank expects " + std::to_string(bytes_) + " of step " +
+                        std::to_string(step_) + " (another model?)");
+    std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> flying;
+    int tag = 1;
+    for (const auto& p : pieces_of(tensors_)) {
+      std::vector<torch::Tensor> t{torch::from_blob(p.base, {p.n}, torch::kUInt8)};
+      flying.emplace_back(issue(pg_->recv(t, from_, tag++)), t);
+      while (flying.size() > heal_in_flight) {
+        if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
+        flying.pop_front();
+      }
+    }
+    for (; !flying.empty(); flying.pop_front())
+      if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
+    return {};
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  training_state& state_;
+  std::vector<int> to_;  // sending: the healing ranks
+  int from_ = -1;        // receiving: the root (-1: this rank sends)
+  std::chrono::milliseconds timeout_;
+  abandon_fn outer_abandon_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> tensors_;  // the layout's entries (sending: the unstable ones copied)
+  uint64_t bytes_ = 0;
+  int64_t step_ = -1;
+  std::mutex mu_;
+  bool abort_ = false;                                  // mu_
+  std::vector<c10::intrusive_ptr<c10d::Work>> issued_;  // mu_
+  std::thread thread_;
+  status outcome_;
+  bool landed_ = false;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  double seconds_ = 0;
+};
+
+namespace {
+
+// The heal step set up: who computes which slice, and the transfer started
+// on the root and on every healing rank (the other holders just train).
+class healing_state final : public state_source {
+ public:
+  generation_end take(start_context& c) override {
+    generation_run& g = c.g;
+    const int64_t agreed = c.agreed.max_step;
+    const bool holds = c.rs.sync->held_step(c.state) == agreed;
+    auto holders = holders_of(g, holds);
+    if (!holders) return g.failed(holders.message(), c.state.step());
+    auto pg = transfer_group(g, c.rs);
+    if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
+    generation_run::heal_step h;
+    h.at = agreed;
+    std::vector<int> healing;
+    for (int r = 0; r < g.world; ++r) {
+      if (!bit_of(holders.value(), r)) {
+        healing.push_back(r);
+        continue;
+      }
+      if (r == g.rank) h.data_rank = h.data_world;
+      ++h.data_world;
+    }
+    g.heal = h;
+    if (g.rank == g.root) {
+      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, healing, -1);
+    } else if (!holds) {
+      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, g.root);
+      c.state.skip_to(agreed);
+      g.source = ev::state_source::peer;
+      c.rs.disk_step = -1;
+      g.transfer_bytes = g.healing->bytes();
+      std::fprintf(stderr, "rank %d: generation %llu: healing: %llu bytes of state at step %lld from rank %d while %d ranks train it\n", g.rank,
+                   static_cast<unsigned long long>(g.gen), static_cast<unsigned long long>(g.transfer_bytes), static_cast<long long>(agreed),
+                   g.root, h.data_world);
+    }
+    if (g.healing) {
+      heal_transfer* t = g.healing.get();
+      c.state.set_update_fence([t] { return t->land(); });
+      t->start(agreed);
+    }
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+bool heals(const start_context& c) {
+  const job_settings& s = c.rs.settings;
+  return c.g.pg && !c.agreed.everyone_holds_it() && s.cluster.heal_while_training && s.train.zero == 0 && s.modes.sync == sync_mode::every_step &&
+         s.train.precision == precision_mode::fp32 && !c.agreed_from_disk && c.g.source != ev::state_source::disk &&
+         c.agreed.max_step < s.train.max_steps;
+}
+
+std::unique_ptr<state_source> make_healing_state() { return std::make_unique<healing_state>(); }
+
+}  // namespace dtactor
