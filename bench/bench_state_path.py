@@ -178,8 +178,11 @@ try:
         "write_gb_per_s_median": round(statistics.median(e["bytes_per_s"] for e in saved) / 1e9, 3),
         "commit_s_median": round(statistics.median(e["duration_s"] for e in saved), 4),
         "peer_transfer_bytes": restored.get("bytes"),
-        "peer_transfer_s": round(restored.get("transfer_s", 0), 3),
-        "peer_transfer_gb_per_s": round(restored.get("gb_per_s", 0), 3),
+        # Healing while training (the default at train.zero = 0): the state
+        # arrives during the join's first step, which its time is part of.
+        "peer_transfer_while_training": bool(restored.get("while_training", False)),
+        "peer_transfer_s": round(restored["transfer_s"], 3) if "transfer_s" in restored else None,
+        "peer_transfer_gb_per_s": round(restored["gb_per_s"], 3) if "gb_per_s" in restored else None,
         "replacement_registered_to_first_step_s": round(first["t"] - joined["t"], 2) if first else None,
         "settings": a.set,
         "kill_to_detected_s": round(lost["t"] - killed_at, 3),

@@ -14,11 +14,7 @@ For every step t < S the record that counts is the newest generation's
 once: the last computation is the one the model holds). Its lines, one per
 rank of that generation's world, concatenate in rank order to the step's
 global batch: B indices, rank r holding the r-th slice as
-data_order::rank_slice cuts it. All lines of a step in one generation
-name the same world size; a generation's first step may name a smaller
-one than its later steps (a heal step: the ranks holding the state train
-it as a world of their own while a joining rank receives it, and the
-joining rank writes no line for it). Then, over the global positions
+data_order::rank_slice cuts it. Then, over the global positions
 t*B .. t*B + B - 1, each epoch (N positions) holds every index of [0, N)
 exactly once.
 
@@ -244,10 +240,9 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
             by_step[step][gen][rank] = recs[0]
 
     gen_last_step = {}
-    gen_world = {}  # a generation's world: its latest step's
-    step_world = {}
-    for step in sorted(by_step):
-        for gen, ranks in by_step[step].items():
+    gen_world = {}
+    for step, gens in by_step.items():
+        for gen, ranks in gens.items():
             gen_last_step[gen] = max(gen_last_step.get(gen, -1), step)
             for rank, (where, world, _) in ranks.items():
                 # DiLoCo: a generation's catch-up and replayed lines keep
@@ -256,11 +251,8 @@ def check(directory, n, b, steps, expected=None, max_errors=20, diloco=False):
                 if diloco:
                     gen_world.setdefault(gen, extra["synced_world"].get(gen, world))
                     continue
-                # One world a step; a generation's first step may have its
-                # own (the holders of a heal step, cluster.heal_while_training).
-                if step_world.setdefault((gen, step), world) != world:
-                    rep.error(f"{where}: step {step} of generation {gen} has world size {step_world[(gen, step)]} elsewhere, {world} here")
-                gen_world[gen] = world
+                if gen_world.setdefault(gen, world) != world:
+                    rep.error(f"{where}: generation {gen} has world size {gen_world[gen]} elsewhere, {world} here")
     newest_gen = max(gen_last_step) if gen_last_step else None
 
     batches = {}  # step -> B entries: an index, None (inferred, unknown) or UNRECORDED

@@ -42,7 +42,7 @@ ap.add_argument("--baseline-is", default="the build before", help="what the base
 ap.add_argument("--out", default=os.path.join(here, "gpt_join_results.json"))
 a = ap.parse_args()
 
-KEPT = ["replacement_registered_to_first_step_s", "peer_transfer_s", "peer_transfer_gb_per_s", "kill_to_first_step_at_world_1_s",
+KEPT = ["replacement_registered_to_first_step_s", "peer_transfer_while_training", "peer_transfer_s", "peer_transfer_gb_per_s", "kill_to_first_step_at_world_1_s",
         "stall_s_max", "stall_max_over_step", "step_s_median", "lost_steps"]
 
 
@@ -90,8 +90,15 @@ for i in range(a.trials):
     print("run %d of %d: %s" % (i + 1, a.trials, json.dumps(runs[-1])), file=sys.stderr, flush=True)
 
 
+def median_of(values):
+    """The median of the values a run has (a transfer overlapped with the
+    first step, healing while training, has no time of its own: None)."""
+    have = [v for v in values if v is not None]
+    return round(statistics.median(have), 3) if have else None
+
+
 def medians(rs):
-    return {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0].keys()}
+    return {k: median_of(r[k] for r in rs) for k in rs[0].keys()}
 
 
 result = {"trials": a.trials, "median": medians(runs), "runs": runs}

@@ -210,14 +210,14 @@ result<training_state::dp_step> training_state::train_step(const step_context& c
   r.samples = static_cast<int64_t>(samples.size());
   const int64_t at = c.replay ? c.replay->step : step_;
   const auto t0 = clock_type::now();
-  // A replay by a host's ranks, or a rank healing (step_context::rank < 0):
-  // a part with nothing of the slice sends zeros into the sum (finish()).
-  const bool zeros_only = (c.replay && c.sync) || c.rank < 0;
-  if (zeros_only) optimizer_->zero_grad();
+  // A replay by a host's ranks: a part with nothing of the slice sends
+  // zeros into the host's sum (finish()).
+  const bool host_replay = c.replay && c.sync;
+  if (host_replay) optimizer_->zero_grad();
   param_sync* ps = c.sync ? c.sync->parameter_sync() : nullptr;
   if (ps && ps->gathers_in_passes() && !c.replay)
     for (int64_t i = micro_batches(samples.size()); i < most_micro_batches(c); ++i) ps->idle_pass();
-  if (zeros_only && samples.empty()) {
+  if (host_replay && samples.empty()) {
     if (record_samples_) recorded_.clear();
   } else {
     r.loss_sum = forward_backward(samples, at, c.rank, c.sync, divisor);
@@ -262,8 +262,6 @@ int64_t training_state::most_micro_batches(const step_context& c) const {
 // This rank's samples of the step (a replay's: its part of the slice), and
 // what their loss sum is divided by (0: the global batch).
 std::vector<int64_t> training_state::samples_of(const step_context& c, double& divisor) {
-  divisor = 0;
-  if (c.rank < 0) return {};  // a rank healing: no part of the step
   const int64_t at = c.replay ? c.replay->step : step_;
   auto slice = order_->rank_slice(at, c.rank, c.world);
   // Sharded data: the next step's samples, decoded ahead while this one runs.

@@ -59,9 +59,7 @@ struct replayed_slice {
 };
 
 struct step_context {
-  // Whose data_order::rank_slice. rank < 0: none (a rank healing while
-  // the others train the step: it adds zeros to the reducer's sum).
-  int rank = 0, world = 1;
+  int rank = 0, world = 1;  // whose data_order::rank_slice
   // Sums the gradients over its ranks while backward runs (the caller
   // still owns it): the generation's reducer (a world-1 job's has no group
   // and does nothing; train.zero: its parameter_sync gathers after the
@@ -259,8 +257,9 @@ class training_state {
   void set_before_update(std::function<void()> f);
   // Runs once, right before the next train_step's update (after the
   // reducer summed the gradients), then is dropped: a rank healing waits
-  // there for the state it receives, the rank sending it for the send to
-  // end. An error there fails that step, nothing updated. Null: none.
+  // there for the rest of the state it receives (its moments), the rank
+  // sending it for the send to end. An error there fails that step,
+  // nothing updated. Null: none.
   void set_update_fence(std::function<status()> f);
 
  private:

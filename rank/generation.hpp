@@ -138,16 +138,9 @@ struct generation_run {
   // ... and the slices of the window no survivor held, trained again by the
   // survivors before the next boundary (diloco_window::agree).
   int64_t replayed_slices = 0;
-  // cluster.heal_while_training (rank/healing): the generation's first
-  // step, `at`, trained by the ranks holding the agreed state as slice
-  // `data_rank` of `data_world` (the holders); -1 on a rank healing, which
-  // computes nothing and receives the state meanwhile (`healing`, ended
-  // with the generation).
-  struct heal_step {
-    int64_t at = -1;
-    int data_rank = -1, data_world = 0;
-  };
-  std::optional<heal_step> heal;
+  // cluster.heal_while_training (rank/healing): the state's transfer
+  // during the generation's first step, on the root and on the ranks
+  // receiving it; ended with the generation.
   std::shared_ptr<heal_transfer> healing;
 
   void report_status(pb::rank_status::state s, int64_t step, const std::string& detail) const;

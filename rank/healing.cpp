@@ -1,6 +1,6 @@
 #include "rank/healing.hpp"
 
-#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -61,21 +61,26 @@ result<std::vector<int64_t>> holders_of(const generation_run& g, bool holds) {
 
 }  // namespace
 
-// The heal step's transfer on its own thread: the root sends the state it
-// held when the step began to every healing rank; a healing rank receives it
-// in place. Ended (abandoned, joined) with the generation; a healing rank
-// whose state did not land whole is reset to the initial state then.
+// The transfer on its own thread: the root sends the state it held when
+// the step began to every rank receiving it; a receiving rank takes it in
+// place, what a forward reads first. Ended (abandoned, joined) with the
+// generation; a receiving rank whose state did not land whole is reset to
+// the initial state then.
 class heal_transfer {
  public:
   heal_transfer(c10::intrusive_ptr<c10d::ProcessGroup> pg, training_state& state, const generation_run& g, std::vector<int> to, int from)
       : pg_(std::move(pg)), state_(state), to_(std::move(to)), from_(from), timeout_(g.timeout), outer_abandon_(g.abandon_now) {
-    state_layout layout = layout_of(state_);
-    for (auto& e : layout.entries) {
-      bytes_ += e.size;
-      names_.push_back(e.name);
-      // Sending: what a forward may change travels as it is now.
-      tensors_.push_back(sending() && !stable_until_update(e.name) ? e.t.clone() : e.t);
-    }
+    const state_layout layout = layout_of(state_);
+    // What a forward reads first, on both sides in the same order.
+    for (bool first : {true, false})
+      for (const auto& e : layout.entries) {
+        if (forward_reads(e.name) != first) continue;
+        bytes_ += e.size;
+        names_.push_back(e.name);
+        // Sending: what a forward may change travels as it is now.
+        tensors_.push_back(sending() && !stable_until_update(e.name) ? e.t.clone() : e.t);
+        if (first) forward_tensors_ = tensors_.size();
+      }
   }
   ~heal_transfer() {
     state_.set_update_fence(nullptr);
@@ -92,16 +97,34 @@ class heal_transfer {
 
   bool sending() const { return from_ < 0; }
   uint64_t bytes() const { return bytes_; }
+  int64_t step() const { return step_; }
   void start(int64_t step) {
     step_ = step;
-    thread_ = std::thread([this] { outcome_ = sending() ? send() : receive(); });
+    thread_ = std::thread([this] {
+      status st = sending() ? send() : receive();
+      std::lock_guard<std::mutex> lock(mu_);
+      outcome_ = std::move(st);
+      ended_ = true;
+      cv_.notify_all();
+    });
   }
-  // At the heal step's update: the transfer's end. A healing rank then holds
-  // the agreed state; the root goes on whatever became of its send (the
-  // healing rank fails its own step).
+  // A receiving rank, before its forward: the parameters and buffers landed.
+  status forward_landed(const std::function<bool()>& abandon) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!forward_landed_ && !ended_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(5));
+      if (abandon && abandon()) return make_error("state transfer while training abandoned: a newer generation replaces this one");
+    }
+    if (!forward_landed_) return make_error("state transfer while training: " + outcome_.message());
+    forward_s_ = seconds_since_start();
+    return {};
+  }
+  // At the update: the transfer's end. A receiving rank then holds the
+  // agreed state; the root goes on whatever became of its send (the
+  // receiving rank fails its own step).
   status land() {
     if (thread_.joinable()) thread_.join();
-    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double s = seconds_since_start();
     if (sending()) {
       if (!outcome_) std::fprintf(stderr, "dtactor: healing: sending the state failed: %s\n", outcome_.message().c_str());
       return {};
@@ -110,12 +133,14 @@ class heal_transfer {
     adopt_scalars();
     state_.state_loaded(step_);
     landed_ = true;
-    std::fprintf(stderr, "dtactor: healing: %llu bytes of state at step %lld landed %.3f s after the step began\n",
-                 static_cast<unsigned long long>(bytes_), static_cast<long long>(step_), seconds_);
+    std::fprintf(stderr, "dtactor: healing: %llu bytes of state at step %lld: parameters and buffers %.3f s, all %.3f s after the transfer began\n",
+                 static_cast<unsigned long long>(bytes_), static_cast<long long>(step_), forward_s_, s);
     return {};
   }
 
  private:
+  static bool forward_reads(const std::string& name) { return name.rfind("model/", 0) == 0 || name.rfind("buffer/", 0) == 0; }
+  double seconds_since_start() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
   // The step counters and the generator arrived in the tensors the layout
   // had when the transfer began; the state reads them from its latest
   // (a layout taken since, by the checkpoint saver, made new ones).
@@ -148,11 +173,17 @@ class heal_transfer {
     if (!done) return make_error(std::string(what) + " abandoned: the generation ended");
     return {};
   }
+  using flight = std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>>;
+  status land_until(flight& flying, size_t left) {
+    for (; flying.size() > left; flying.pop_front())
+      if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
+    return {};
+  }
   status send() {
     std::vector<torch::Tensor> head{torch::tensor({step_, static_cast<int64_t>(bytes_)}, torch::kInt64)};
     for (int r : to_)
       if (auto st = wait(issue(pg_->send(head, r, 0)), "state transfer (header)"); !st) return st;
-    std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> flying;
+    flight flying;
     int tag = 1;
     for (const auto& p : pieces_of(tensors_)) {
       for (int r : to_) {
@@ -160,14 +191,9 @@ class heal_transfer {
         flying.emplace_back(issue(pg_->send(t, r, tag)), t);
       }
       ++tag;
-      while (flying.size() > heal_in_flight * to_.size()) {
-        if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
-        flying.pop_front();
-      }
+      if (auto st = land_until(flying, heal_in_flight * to_.size()); !st) return st;
     }
-    for (; !flying.empty(); flying.pop_front())
-      if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
-    return {};
+    return land_until(flying, 0);
   }
   status receive() {
     std::vector<torch::Tensor> head{torch::zeros({2}, torch::kInt64)};
@@ -176,45 +202,54 @@ class heal_transfer {
       return make_error("rank " + std::to_string(from_) + " sends " + std::to_string(head[0][1].item<int64_t>()) + " bytes of step " +
                         std::to_string(head[0][0].item<int64_t>()) + ", this rank expects " + std::to_string(bytes_) + " of step " +
                         std::to_string(step_) + " (another model?)");
-    std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> flying;
+    const std::vector<torch::Tensor> first(tensors_.begin(), tensors_.begin() + static_cast<std::ptrdiff_t>(forward_tensors_));
+    const std::vector<torch::Tensor> rest(tensors_.begin() + static_cast<std::ptrdiff_t>(forward_tensors_), tensors_.end());
+    flight flying;
     int tag = 1;
-    for (const auto& p : pieces_of(tensors_)) {
-      std::vector<torch::Tensor> t{torch::from_blob(p.base, {p.n}, torch::kUInt8)};
-      flying.emplace_back(issue(pg_->recv(t, from_, tag++)), t);
-      while (flying.size() > heal_in_flight) {
-        if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
-        flying.pop_front();
+    for (const auto* part : {&first, &rest}) {
+      for (const auto& p : pieces_of(*part)) {
+        std::vector<torch::Tensor> t{torch::from_blob(p.base, {p.n}, torch::kUInt8)};
+        flying.emplace_back(issue(pg_->recv(t, from_, tag++)), t);
+        if (auto st = land_until(flying, heal_in_flight); !st) return st;
+      }
+      if (auto st = land_until(flying, 0); !st) return st;
+      if (part == &first) {
+        std::lock_guard<std::mutex> lock(mu_);
+        forward_landed_ = true;
+        cv_.notify_all();
       }
     }
-    for (; !flying.empty(); flying.pop_front())
-      if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
     return {};
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   training_state& state_;
-  std::vector<int> to_;  // sending: the healing ranks
+  std::vector<int> to_;  // sending: the receiving ranks
   int from_ = -1;        // receiving: the root (-1: this rank sends)
   std::chrono::milliseconds timeout_;
   abandon_fn outer_abandon_;
   std::vector<std::string> names_;
-  std::vector<torch::Tensor> tensors_;  // the layout's entries (sending: the unstable ones copied)
+  std::vector<torch::Tensor> tensors_;  // the layout's entries, what a forward reads first (sending: the unstable ones copied)
+  size_t forward_tensors_ = 0;          // of them, what a forward reads
   uint64_t bytes_ = 0;
   int64_t step_ = -1;
   std::mutex mu_;
+  std::condition_variable cv_;
   bool abort_ = false;                                  // mu_
   std::vector<c10::intrusive_ptr<c10d::Work>> issued_;  // mu_
+  bool forward_landed_ = false, ended_ = false;         // mu_
+  status outcome_;                                      // mu_ until ended_
   std::thread thread_;
-  status outcome_;
   bool landed_ = false;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-  double seconds_ = 0;
+  double forward_s_ = 0;
 };
 
 namespace {
 
-// The heal step set up: who computes which slice, and the transfer started
-// on the root and on every healing rank (the other holders just train).
+// Who receives the state (the ranks not holding the agreed step), and the
+// transfer started on the root and on each of them; the other holders
+// just train.
 class healing_state final : public state_source {
  public:
   generation_end take(start_context& c) override {
@@ -225,29 +260,20 @@ class healing_state final : public state_source {
     if (!holders) return g.failed(holders.message(), c.state.step());
     auto pg = transfer_group(g, c.rs);
     if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
-    generation_run::heal_step h;
-    h.at = agreed;
-    std::vector<int> healing;
-    for (int r = 0; r < g.world; ++r) {
-      if (!bit_of(holders.value(), r)) {
-        healing.push_back(r);
-        continue;
-      }
-      if (r == g.rank) h.data_rank = h.data_world;
-      ++h.data_world;
-    }
-    g.heal = h;
+    std::vector<int> receiving;
+    for (int r = 0; r < g.world; ++r)
+      if (!bit_of(holders.value(), r)) receiving.push_back(r);
     if (g.rank == g.root) {
-      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, healing, -1);
+      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, receiving, -1);
     } else if (!holds) {
       g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, g.root);
       c.state.skip_to(agreed);
       g.source = ev::state_source::peer;
       c.rs.disk_step = -1;
       g.transfer_bytes = g.healing->bytes();
-      std::fprintf(stderr, "rank %d: generation %llu: healing: %llu bytes of state at step %lld from rank %d while %d ranks train it\n", g.rank,
+      std::fprintf(stderr, "rank %d: generation %llu: healing: %llu bytes of state at step %lld from rank %d while the step trains\n", g.rank,
                    static_cast<unsigned long long>(g.gen), static_cast<unsigned long long>(g.transfer_bytes), static_cast<long long>(agreed),
-                   g.root, h.data_world);
+                   g.root);
     }
     if (g.healing) {
       heal_transfer* t = g.healing.get();
@@ -259,6 +285,11 @@ class healing_state final : public state_source {
 };
 
 }  // namespace
+
+status forward_state_landed(heal_transfer& t, int64_t step, const std::function<bool()>& abandon) {
+  if (t.sending() || step != t.step()) return {};
+  return t.forward_landed(abandon);
+}
 
 bool heals(const start_context& c) {
   const job_settings& s = c.rs.settings;

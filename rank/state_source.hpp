@@ -10,8 +10,8 @@
 //   3. the state source the agreement chose: the rank's own (everyone
 //      holds the agreed step) or a peer's (broadcast from the root, the
 //      lowest rank holding it; the state of the plan's checkpoint when the
-//      root read it there), or a peer's sent while the holders train the
-//      first step (rank/healing, cluster.heal_while_training); then the
+//      root read it there), or a peer's sent while the first step trains
+//      (rank/healing, cluster.heal_while_training); then the
 //      sync strategy takes its own from that checkpoint (DiLoCo: a
 //      worker's section, take_own_section);
 //   4. with train.zero >= 1, the shard source the agreement chose: the

@@ -17,6 +17,7 @@
 #include "data/sample_log.hpp"
 #include "rank/checkpoint_saver.hpp"
 #include "rank/generation.hpp"
+#include "rank/healing.hpp"
 #include "rank/zero3.hpp"
 
 namespace dtactor {
@@ -183,16 +184,16 @@ step_control step_loop::control_now() const {
 // rank's slice, of the world it was taken in when catching up).
 generation_end step_loop::inner_step() {
   const int64_t attempted = state_.step();
-  // The heal step (rank/healing): the holders' slices of the holders' world.
-  const bool heal = g_.heal && g_.heal->at == attempted;
-  const auto [slice_rank, slice_world] =
-      heal ? std::pair<int, int>{g_.heal->data_rank, g_.heal->data_world} : rs_.window.slice_of(attempted, g_.rank, g_.world);
+  const auto [slice_rank, slice_world] = rs_.window.slice_of(attempted, g_.rank, g_.world);
   rs_.attempt = {attempted, g_.gen, slice_rank, slice_world};
+  // Healing (rank/healing): a rank receiving the state computes once what
+  // a forward reads of it has landed.
+  if (g_.healing)
+    if (auto st = forward_state_landed(*g_.healing, attempted, g_.abandon_now); !st) return g_.failed(st.message(), state_.step());
   auto r = sync_.step(g_, rs_, x_, slice_rank, slice_world);
   // Applied (with ZeRO, to this rank's shards even when the all-gather
   // after it failed): the step is in the audit log before anything else.
-  // A rank healing took no part of it.
-  if (state_.step() > attempted && slice_rank >= 0)
+  if (state_.step() > attempted)
     if (auto st = rs_.log_samples(attempted, g_.gen, slice_rank, slice_world); !st)
       return g_.failed(st.message(), state_.step(), pb::rank_status::FAILURE_DATA);
   if (!r) return g_.failed(r.message(), state_.step());

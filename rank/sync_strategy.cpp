@@ -30,8 +30,8 @@ class sync_every_step final : public sync_strategy {
   void add_reducers(const generation_run& g, rank_state& rs, exchanges& x) override {
     x.syncs.push_back(std::make_unique<grad_sync>(rs.state->the_task().module()->parameters(), g.pg, x.options));
   }
-  result<training_state::dp_step> step(const generation_run&, rank_state& rs, exchanges& x, int slice_rank, int slice_world) override {
-    return rs.state->train_step(step_context::every_step(slice_rank, slice_world, x.sync()));
+  result<training_state::dp_step> step(const generation_run& g, rank_state& rs, exchanges& x, int, int) override {
+    return rs.state->train_step(step_context::every_step(g.rank, g.world, x.sync()));
   }
   void note_step(const generation_run&, rank_state&, int64_t, int, int) override {}
   generation_end after_step(generation_run&, rank_state&, exchanges& x, step_in_hand& h, const step_cadence&, bool, bool& boundary) override {

@@ -685,21 +685,25 @@ TEST(Chaos, FlappingNodeIsQuarantined) {
 
 // With a fixed seed, losing a node and getting it back (the same world size
 // again: cluster.floor_nodes = 2 pauses the survivor meanwhile) ends bitwise
-// identical to an uninterrupted run when the replacement takes the state
-// before the first step. (Healing while training, the default, has the
-// survivor train that step alone: the same samples, summed in another
-// order: docs/fault_handling.md.)
+// identical to an uninterrupted run, whether the replacement receives the
+// state while the first step trains (the default) or before it.
 TEST(Chaos, LossAndReplacementEndsBitwiseIdentical) {
-  auto run = [](const std::string& dir, bool fault) {
-    return crash_and_replace_run(dir, job_sets(120, {"cluster.min_nodes=2", "cluster.floor_nodes=2", "cluster.heal_while_training=false"}),
+  auto run = [](const std::string& dir, bool fault, const std::string& heal) {
+    return crash_and_replace_run(dir, job_sets(120, {"cluster.min_nodes=2", "cluster.floor_nodes=2", "cluster.heal_while_training=" + heal}),
                                  {"a", "b"}, fault, 120);
   };
-  temp_dir d1, d2;
-  const std::string clean = run(d1.path(), false);
-  const std::string faulty = run(d2.path(), true);
+  temp_dir d1, d2, d3;
+  const std::string clean = run(d1.path(), false, "true");
   ASSERT_FALSE(clean.empty());
-  EXPECT_EQ(clean, faulty);
-  EXPECT_GE(events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl")).size(), 1u);
+  for (const auto& [heal, dir] : {std::pair<std::string, std::string>{"true", d2.path()}, {"false", d3.path()}}) {
+    SCOPED_TRACE("cluster.heal_while_training=" + heal);
+    EXPECT_EQ(clean, run(dir, true, heal));
+    const auto j = read_journal(dir + "/journal.jsonl");
+    EXPECT_GE(events<ev::recovery_done>(j).size(), 1u);
+    bool healed = false;
+    for (const auto& r : events<ev::checkpoint_restored>(j)) healed = healed || r.value("while_training", false);
+    EXPECT_EQ(healed, heal == "true");
+  }
 }
 
 // train.zero=1, 2 and 3 over three nodes (each shard of the optimizer
