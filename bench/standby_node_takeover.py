@@ -273,7 +273,14 @@ def write_other(a, modes, runs, result, extra):
         figs.append(F("the kill to the first step at full world size, with a warm standby node", ["standby", "full_world_s", "median"], "s",
                       *anchor))
         figs.append(F("of it, with a standby: its generation's plan to the first step", ["standby", "phase_duration_s", "median"], "s"))
-        figs.append(F("of that: the group to READY (agreement, the peer state to the standby)", ["standby", "phase_state_s", "median"], "s"))
+        figs.append(F("of that: the group to READY (agreement; the peer state, when it is sent before the first step)",
+                      ["standby", "phase_state_s", "median"], "s",
+                      *(("the state sent before the first step", ["standby_broadcast", "phase_state_s", "median"])
+                        if "standby_broadcast" in modes else ())))
+        figs.append(F("of that: READY to the first step at world 2 (with healing, the parameters' transfer and the step)",
+                      ["standby", "phase_first_step_s", "median"], "s",
+                      *(("the state sent before the first step", ["standby_broadcast", "phase_first_step_s", "median"])
+                        if "standby_broadcast" in modes else ())))
         figs.append(F("the survivor's pause beyond one step while the standby joins (its last step before the kill to its first at "
                       "world 2, less one step)", ["standby", "pause_s", "median"], "s",
                       *(("the state sent before the first step", ["standby_broadcast", "pause_s", "median"])
