@@ -406,8 +406,8 @@ struct checkpoint_restored {
   std::optional<double> transfer_s;          // peer: how long that took
   std::optional<double> gb_per_s;            // peer: bytes / transfer_s / 1e9
   std::optional<std::string> path;           // train: the manifest
-  // peer: received while the ranks holding it trained the generation's
-  // first step (cluster.heal_while_training; no transfer_s then)
+  // peer: received while the generation's first step trained
+  // (cluster.heal_while_training; no transfer_s then)
   std::optional<bool> while_training;
   template <class S, class F>
   static void fields(S& s, F& f) {

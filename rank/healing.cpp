@@ -22,7 +22,7 @@ namespace dtactor {
 namespace {
 
 constexpr uint64_t heal_chunk_bytes = 64ull << 20;
-constexpr size_t heal_in_flight = 4;  // chunks on their way to each healing rank at once
+constexpr size_t heal_in_flight = 4;  // chunks on their way to each receiving rank at once
 
 // A piece of the state as the transfer sends it: every layout entry on its
 // own, cut in chunks (the same cut on both sides, whatever lies next to it
