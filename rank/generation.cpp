@@ -14,15 +14,27 @@ clock_type::time_point deadline_in(std::chrono::milliseconds d) { return clock_t
 
 double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
 
-status max_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, clock_type::time_point deadline, const abandon_fn& abandon,
-                     const char* what) {
+namespace {
+status words_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, c10d::ReduceOp op, clock_type::time_point deadline,
+                       const abandon_fn& abandon, const char* what) {
   std::vector<torch::Tensor> t{torch::tensor(words, torch::kInt64)};
-  c10d::AllreduceOptions mx;
-  mx.reduceOp = c10d::ReduceOp::MAX;
-  if (auto st = wait_work(pg.allreduce(t, mx), deadline, abandon, what); !st) return st;
+  c10d::AllreduceOptions o;
+  o.reduceOp = op;
+  if (auto st = wait_work(pg.allreduce(t, o), deadline, abandon, what); !st) return st;
   const auto a = t[0].accessor<int64_t, 1>();
   for (size_t i = 0; i < words.size(); ++i) words[i] = a[static_cast<int64_t>(i)];
   return {};
+}
+}  // namespace
+
+status max_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, clock_type::time_point deadline, const abandon_fn& abandon,
+                     const char* what) {
+  return words_allreduce(pg, words, c10d::ReduceOp::MAX, deadline, abandon, what);
+}
+
+status sum_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, clock_type::time_point deadline, const abandon_fn& abandon,
+                     const char* what) {
+  return words_allreduce(pg, words, c10d::ReduceOp::SUM, deadline, abandon, what);
 }
 
 pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, int64_t step, const std::string& detail) {

@@ -40,8 +40,10 @@ using abandon_fn = std::function<bool()>;
 std::chrono::steady_clock::time_point deadline_in(std::chrono::milliseconds d);
 double now_s();  // steady clock seconds
 
-// The element-wise MAX of every rank's `words`, in place (same length on every rank).
+// The element-wise MAX (SUM) of every rank's `words`, in place (same length on every rank).
 status max_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, std::chrono::steady_clock::time_point deadline, const abandon_fn& abandon,
+                     const char* what);
+status sum_allreduce(c10d::ProcessGroup& pg, std::vector<int64_t>& words, std::chrono::steady_clock::time_point deadline, const abandon_fn& abandon,
                      const char* what);
 
 pb::rank_status status_of(pb::rank_status::state s, int rank, int local_rank, int64_t step, const std::string& detail);

@@ -52,10 +52,7 @@ bool bit_of(const std::vector<int64_t>& w, int r) { return (w[static_cast<size_t
 result<std::vector<int64_t>> holders_of(const generation_run& g, bool holds) {
   auto words = bit_words(g.world);
   if (holds) words[static_cast<size_t>(g.rank / 63)] |= int64_t{1} << (g.rank % 63);
-  std::vector<torch::Tensor> t{torch::tensor(words, torch::kInt64)};
-  if (auto st = wait_work(g.pg->allreduce(t), deadline_in(g.timeout), g.abandon_now, "state agreement (holders)"); !st) return st.err();
-  const auto a = t[0].accessor<int64_t, 1>();
-  for (size_t i = 0; i < words.size(); ++i) words[i] = a[static_cast<int64_t>(i)];
+  if (auto st = sum_allreduce(*g.pg, words, deadline_in(g.timeout), g.abandon_now, "state agreement (holders)"); !st) return st.err();
   return words;
 }
 
@@ -294,7 +291,7 @@ status forward_state_landed(heal_transfer& t, int64_t step, const std::function<
 bool heals(const start_context& c) {
   const job_settings& s = c.rs.settings;
   return c.g.pg && !c.agreed.everyone_holds_it() && s.cluster.heal_while_training && s.train.zero == 0 && s.modes.sync == sync_mode::every_step &&
-         s.train.precision == precision_mode::fp32 && !c.agreed_from_disk && c.g.source != ev::state_source::disk &&
+         !c.agreed_from_disk && c.g.source != ev::state_source::disk &&
          c.agreed.max_step < s.train.max_steps;
 }
 

@@ -16,8 +16,12 @@
 // send; what a forward may change is copied first), so every rank applies
 // the step's summed gradient to the same state, as without a join.
 //
-// Where it applies: train.sync = every_step at train.zero = 0 with fp32
-// parameters, a state agreed from a live peer (not read from a checkpoint),
+// In bf16 (train.precision = bf16) the parameters sent first are the fp32
+// masters; the receiver's forward rounds them into its compute copies as
+// every forward does (training_state::forward_backward).
+//
+// Where it applies: train.sync = every_step at train.zero = 0, in either
+// precision, a state agreed from a live peer (not read from a checkpoint),
 // and a step left to train. Elsewhere the state is broadcast before the
 // first step (peer_state).
 #include <cstdint>

@@ -47,6 +47,25 @@ TEST(Chaos, Bf16ShardedStateSurvivesALostNodeBitForBit) {
 }
 
 
+// train.precision = bf16 at zero=0: the replacement heals while the first
+// step trains (the default), the fp32 masters sent first. Its forward
+// computes with their rounding, so it ends bit for bit where the fault-free
+// bf16 run ends; a receiver computing with the copies of its initial
+// parameters would sum another gradient into that step.
+TEST(Chaos, Bf16ReplacementHealsWhileTrainingBitForBit) {
+  auto run = [](const std::string& dir, bool fault) {
+    return crash_and_replace_run(dir, job_sets(120, {"cluster.min_nodes=2", "cluster.floor_nodes=2", "train.precision=bf16"}), {"a", "b"}, fault, 120);
+  };
+  temp_dir d1, d2;
+  const std::string clean = run(d1.path(), false);
+  ASSERT_FALSE(clean.empty());
+  EXPECT_EQ(clean, run(d2.path(), true));
+  bool healed = false;
+  for (const auto& r : events<ev::checkpoint_restored>(read_journal(d2.path() + "/journal.jsonl")))
+    healed = healed || r.value("while_training", false);
+  EXPECT_TRUE(healed);
+}
+
 // train.precision = bf16 at zero=1 shards the fp32 masters: every rank
 // starts without the whole model (its shards' initial values made at the
 // first generation), keeps its shards' masters, and takes the bf16 copies

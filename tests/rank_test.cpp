@@ -190,6 +190,7 @@ class rank_workers : public ::testing::Test {
     ASSERT_TRUE(b->offer(warm));
   }
   pb::generation_plan plan(uint64_t g, const std::vector<int>& locals, bool drain) { return plan_of(g, locals, port, toml, drain, ckpt_dir); }
+  void join_heals_and_both_stay_identical(const std::vector<std::string>& extra);
   // Every part stored so far, by step (each rank's report of it).
   std::map<int64_t, std::vector<pb::checkpoint_written>> checkpoints_by_step() {
     std::map<int64_t, std::vector<pb::checkpoint_written>> by_step;
@@ -255,13 +256,15 @@ TEST_F(rank_workers, a_rank_that_joins_later_takes_the_state_from_its_peer_and_b
   EXPECT_FALSE(done_a->detail().empty());
 }
 
-// cluster.heal_while_training (the default): b joins holding nothing, a
-// trains the generation's first step with the whole batch while its state
-// goes to b, b adds zeros and applies the summed gradient to the state once
-// it landed. Every step's digest is compared from then on: a state that
-// landed torn, late or at the wrong step fails the job.
-TEST_F(rank_workers, a_rank_that_joins_heals_while_its_peer_trains_the_first_step_and_both_stay_identical) {
-  start(30, {"cluster.digest_every_steps=1"});
+// cluster.heal_while_training (the default): b joins holding nothing; both
+// train the generation's first step on their own slices while a's state
+// goes to b, b's forward waiting for the parameters and its update for the
+// rest. Every step's digest is compared from then on: a state that landed
+// torn, late or at the wrong step fails the job.
+void rank_workers::join_heals_and_both_stay_identical(const std::vector<std::string>& extra) {
+  std::vector<std::string> sets{"cluster.digest_every_steps=1"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  start(30, sets);
   ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
   ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
   ASSERT_TRUE(a->offer(plan(1, {0}, false)));
@@ -292,6 +295,16 @@ TEST_F(rank_workers, a_rank_that_joins_heals_while_its_peer_trains_the_first_ste
   std::lock_guard<std::mutex> lock(seen.mu);
   for (const auto& [l, st] : seen.statuses) EXPECT_NE(st.status(), pb::rank_status::STATE_FAILED) << "rank " << l << ": " << st.detail();
 }
+
+TEST_F(rank_workers, a_rank_that_joins_heals_while_its_peer_trains_the_first_step_and_both_stay_identical) {
+  join_heals_and_both_stay_identical({});
+}
+
+// The same in bf16: the state's parameters are the fp32 masters, sent
+// first; the receiver's forward rounds them into its compute copies as
+// every forward does (Chaos.Bf16ReplacementHealsWhileTrainingBitForBit
+// compares the end with a run without the join).
+TEST_F(rank_workers, a_rank_that_joins_heals_in_bf16_and_both_stay_identical) { join_heals_and_both_stay_identical({"train.precision=bf16"}); }
 
 // A survivor alone after a loss keeps its reducer's bucket buffers: when a
 // replacement joins, its new reducer takes them (nothing to allocate and
