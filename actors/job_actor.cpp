@@ -132,6 +132,15 @@ void on_step_report(job_self self, const pb::step_report& r, const sender_id& se
   emit(st.opts.events, *done);
 }
 
+// A step of the generation drained from, completed after the next plan.
+void on_drained_step_report(job_self self, const pb::step_report& r) {
+  auto& st = self->state;
+  auto done = st.drained_steps.add(r, st.drained_from, st.drained_world);
+  if (!done) return;
+  st.last_step = std::max(st.last_step, done->step);
+  emit(st.opts.events, *done);
+}
+
 void on_rank_status(job_self self, const inbound& in) {
   auto& st = self->state;
   const auto& s = in.env.rank_status();
@@ -246,6 +255,8 @@ int64_t on_plan(job_self self, const plan& p) {
     st.recovery = begin_generation(p.generation, st.generation == 0, p.adopted ? plan_cause::adopted : p.cause, p.drain, self->clock().now(),
                                    st.last_step, st.generation == 0 ? 0 : std::max(0, st.world_size - p.world_size));
     st.drained_from = p.drain ? st.generation : 0;
+    st.drained_world = st.world_size;
+    st.drained_steps = std::move(st.steps);  // the reports of its steps in flight so far
     st.generation = p.generation;
     st.world_size = p.world_size;
     st.nodes = p.nodes;
@@ -275,10 +286,15 @@ void on_inbound(job_self self, inbound& in) {
   auto& st = self->state;
   if (late_restore(self, in)) return;
   // Fencing: reports from another generation than the current one are
-  // dropped (a zombie can neither steer the job nor commit state);
-  // parts of a checkpoint of the generation this one drained from
+  // dropped (a zombie can neither steer the job nor commit state); parts
+  // of a checkpoint, and steps, of the generation this one drained from
   // are the same line of state.
-  const bool drained_part = in.env.has_checkpoint_written() && st.drained_from != 0 && in.env.generation() == st.drained_from;
+  const bool drained = st.drained_from != 0 && in.env.generation() == st.drained_from && !st.ended;
+  if (drained && in.env.has_step_report()) {
+    on_drained_step_report(self, in.env.step_report());
+    return;
+  }
+  const bool drained_part = in.env.has_checkpoint_written() && drained;
   if ((in.env.generation() != st.generation && !drained_part) || st.ended) {
     ++st.stale_reports;
     return;

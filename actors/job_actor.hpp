@@ -75,6 +75,13 @@ struct job_actor_state {
   std::map<int64_t, int32_t> ranks_at_step;  // completed steps -> how many ranks are there (rank_steps' values counted)
   std::map<int32_t, std::string> finished_ranks;  // global rank -> its parameters' digest
   step_table steps;
+  // Steps of the generation drained from that its ranks complete after the
+  // plan (they finish the step they are in, and one more when the plan
+  // came too late to ride on its first bucket): the next generation
+  // resumes from them, so they are journaled, at that generation's world
+  // size. They steer nothing.
+  step_table drained_steps;
+  int32_t drained_world = 0;
   recovery_record recovery;
   // The generation before it: its ranks' READY may reach the coordinator
   // after the next plan (late_restore).

@@ -732,6 +732,7 @@ TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_
   EXPECT_EQ(of<ev::node_joined>()[1].node, "b");
 
   trained();
+  send(step_from("a", 0, 7, 1));  // a has done step 7; b's report of it comes after the next plan
   send(register_from("c", 1));  // joins a running job
   auto ack = wire.with(pb::envelope::kRegisterAck, "peer-c");
   ASSERT_EQ(ack.size(), 1u);
@@ -745,6 +746,22 @@ TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_
   auto g2 = last_plan("peer-c");
   expect_plan(g2, 2u, 3, "node_joined", true);
   EXPECT_EQ(g2.state_root(), 0);
+
+  // a and b finish the step they were in before they switch: generation
+  // 1's step 7, which generation 2 resumes from, is journaled at world 2,
+  // and so is step 8 (the plan came too late for step 8's first bucket).
+  EXPECT_TRUE(of<ev::step_completed>().empty());
+  const auto stale = js().stale_reports;
+  send(step_from("b", 1, 7, 1));
+  send(step_from("a", 0, 8, 1));
+  send(step_from("b", 1, 8, 1));
+  auto steps = of<ev::step_completed>();
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step, 7);
+  EXPECT_EQ(steps[1].step, 8);
+  EXPECT_EQ(steps[1].generation, 1u);
+  EXPECT_EQ(steps[1].world_size, 2);
+  EXPECT_EQ(js().stale_reports, stale);
 }
 
 TEST_F(coordinator_actors, a_leaving_node_gets_the_drain_plan_that_excludes_it) {
