@@ -47,6 +47,16 @@ def wait(cond, limit_s, what, poll_s=0.01):
     return v
 
 
+def kill_groups(procs):
+    """SIGKILL to each still running process's group (a stopped one is
+    continued first), and reaped."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGCONT)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def summary(trials, key):
     """Median, min and max of trials' `key` where it was measured; None when never."""
     vals = [x[key] for x in trials if x.get(key) is not None]
@@ -88,11 +98,7 @@ class lease_trial:
         return text_of(os.path.join(self.work, name + ".log"))
 
     def kill_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGCONT)  # a stopped one too
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        kill_groups(self.procs.values())
 
 
 class netns_hosts:

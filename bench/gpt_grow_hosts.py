@@ -36,7 +36,6 @@ journal:
 import argparse
 import os
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
-from bench_jobs import journal, named, netns_hosts, summary, wait  # noqa: E402
+from bench_jobs import journal, kill_groups, named, netns_hosts, summary, wait  # noqa: E402
 from standby_node_takeover import DTACTOR, GPT_SETS, HOST_OF, HOSTS_SH, TAG, place  # noqa: E402
 
 SETS = ["train.log_every_steps=1", "eval.every_steps=0", "train.max_steps=1000000", "cluster.min_nodes=2", "cluster.max_nodes=3"]
@@ -100,10 +99,7 @@ def one_trial(work, arm, where, join_at, after, model_sets):
         out["healed"] = any(r.get("while_training") for r in named(ev, "checkpoint_restored"))
         return out
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        kill_groups(procs.values())
 
 
 KEYS = ("plan_to_contributing_s", "joined_to_contributing_s", "gap_s", "step2_s", "step3_s", "pause_s")

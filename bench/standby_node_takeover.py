@@ -63,7 +63,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_meta  # noqa: E402
 from bench_net import free_port  # noqa: E402
-from bench_jobs import journal, named, netns_hosts, summary, wait  # noqa: E402
+from bench_jobs import journal, kill_groups, named, netns_hosts, summary, wait  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DTACTOR = os.path.join(ROOT, "build", "dtactor")
@@ -185,10 +185,7 @@ def one_trial(work, mode, extra=(), kill_at_step=15, where=place()):
             out["phases"] = {k: done.get(k) for k in ("duration_s", "group_s", "state_s", "first_step_s")}
         return out
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        kill_groups(procs.values())
 
 
 def main():
