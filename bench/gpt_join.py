@@ -27,6 +27,8 @@ figures.
 
 Usage: bench/gpt_join.py [--trials 5] [--steps 14] [--bin build/dtactor]
                          [--baseline DIR --baseline-is TEXT] [--out FILE]
+       bench/gpt_join.py --from-runs FILE [--out FILE]   (no new runs: the
+                         medians and figures again from FILE's runs)
 """
 import argparse, json, os, shutil, statistics, subprocess, sys
 
@@ -40,6 +42,7 @@ ap.add_argument("--steps", type=int, default=14)
 ap.add_argument("--baseline", default="", help="a directory with another build's dtactor, dtactor-train and libdtactor.so.0")
 ap.add_argument("--baseline-is", default="the build before", help="what the baseline build is, for the page")
 ap.add_argument("--out", default=os.path.join(here, "gpt_join_results.json"))
+ap.add_argument("--from-runs", default="", help="no new runs: the medians and figures again from the runs an earlier results file holds")
 a = ap.parse_args()
 
 KEPT = ["replacement_registered_to_first_step_s", "peer_transfer_while_training", "peer_transfer_s", "peer_transfer_gb_per_s", "kill_to_first_step_at_world_1_s",
@@ -82,7 +85,10 @@ def trial(baseline=""):
 
 
 runs, base_runs = [], []
-for i in range(a.trials):
+earlier = json.load(open(a.from_runs)) if a.from_runs else None
+if earlier:
+    runs, base_runs, a.trials = earlier["runs"], earlier.get("baseline_runs", []), len(earlier["runs"])
+for i in range(0 if earlier else a.trials):
     if a.baseline:
         base_runs.append(trial(a.baseline))
         print("baseline run %d of %d: %s" % (i + 1, a.trials, json.dumps(base_runs[-1])), file=sys.stderr, flush=True)
@@ -97,7 +103,14 @@ def median_of(values):
     return round(statistics.median(have), 3) if have else None
 
 
+def own_time(r):
+    """A run's figures, with no transfer time of its own when the transfer
+    overlapped the first step (bench_state_path reports 0 then)."""
+    return dict(r, peer_transfer_s=None, peer_transfer_gb_per_s=None) if r.get("peer_transfer_while_training") else r
+
+
 def medians(rs):
+    rs = [own_time(r) for r in rs]
     return {k: median_of(r[k] for r in rs) for k in rs[0].keys()}
 
 
@@ -115,8 +128,9 @@ def F(what, at, unit):
 
 out = bench_meta.write(
     a.out, result,
-    "A lost node and its replacement at the 202M GPT (2.4 GB of state), default settings: where the join's time goes (median of %d runs)" % n,
-    "Recovery from faults", [
+    "A lost node and its replacement at the 202M GPT (2.4 GB of state), default settings%s: where the join's time goes (median of %d runs)" % (
+        " (the replacement heals while the first step trains)" if any(r.get("peer_transfer_while_training") for r in runs) else "", n),
+    "Recovery from faults", [f for f in [
         F("the replacement: registration to its first step at world 2", ["median", "replacement_registered_to_first_step_s"], "s"),
         F("of it: registration to the plan (the new rank starts and builds the model)", ["median", "registered_to_plan_s"], "s"),
         F("of it: the plan to the group (the survivor finishes its step)", ["median", "group_s"], "s"),
@@ -129,14 +143,17 @@ out = bench_meta.write(
         F("median step time", ["median", "step_s_median"], "s"),
         F("longest checkpoint stall over the median step time", ["median", "stall_max_over_step"], "x"),
         F("completed steps lost", ["median", "lost_steps"], "steps"),
-    ],
-    cmd="bench/gpt_join.py --trials %d --steps %d%s%s" % (
+    ] if bench_meta.lookup(result, f["at"]) is not None],  # healing: no transfer time of its own
+    cmd=(earlier["meta"]["command"] + ("" if "--out" in earlier["meta"]["command"] or os.path.abspath(a.out) == os.path.join(here, "gpt_join_results.json")
+                                       else " --out bench/" + os.path.basename(a.out))) if earlier else "bench/gpt_join.py --trials %d --steps %d%s%s" % (
         n, a.steps, " --baseline DIR --baseline-is '%s'" % a.baseline_is if a.baseline else "",
         "" if os.path.abspath(a.out) == os.path.join(here, "gpt_join_results.json") else " --out bench/" + os.path.basename(a.out)),
     notes="%d runs of bench_state_path.py one after the other on this machine's 2 cores (GPT model.dim=1024 model.layers=16, global batch 4, "
           "checkpoint.every_steps=2, default settings otherwise; the coordinator and both nodes on one host, so the state and the gradients "
           "move through shared memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start, "
           "model build and first touch of its gradients and moments (a warm rank at train.zero = 0 makes them resident before it says it is ready) are in "
-          "the time from its registration to the plan, while the survivor still trains. Medians per figure; every run's figures are under runs%s." %
-          (n, "; with a baseline, its runs alternate with this build's (baseline first), medians under baseline_median" if a.baseline else ""))
+          "the time from its registration to the plan, while the survivor still trains.%s Medians per figure; every run's figures are under runs%s." %
+          (n, " The replacement received the state while the first step at world 2 trained (cluster.heal_while_training), so the transfer "
+              "has no time of its own: it is in READY to the first step." if any(r.get("peer_transfer_while_training") for r in runs) else "",
+           "; with a baseline, its runs alternate with this build's (baseline first), medians under baseline_median" if a.baseline else ""))
 print(json.dumps(out, indent=1))
