@@ -77,7 +77,7 @@ struct job_actor_state {
   step_table steps;
   // Steps of the generation drained from that its ranks complete after the
   // plan (they finish the step they are in, and one more when the plan
-  // came too late to ride on its first bucket): the next generation
+  // came after their backward of that step had ended): the next generation
   // resumes from them, so they are journaled, at that generation's world
   // size. They steer nothing.
   step_table drained_steps;

@@ -75,6 +75,7 @@ std::optional<ev::checkpoint_restored> note_ready(recovery_record& rec, const pb
   }
   if (s.status() == pb::rank_status::STATE_READY) {
     rec.ready_s = std::max(rec.ready_s.value_or(0.0), s.switch_s());
+    rec.drain_s = std::max(rec.drain_s, s.drain_s());
     rec.group_s = std::max(rec.group_s, s.group_s());
     rec.state_s = std::max(rec.state_s, std::max(0.0, s.switch_s() - s.group_s()));
   }
@@ -124,7 +125,10 @@ std::optional<ev::recovery_done> complete_generation(recovery_record& rec, int64
   if (rec.spare_ranks > 0) d.spare_ranks = rec.spare_ranks;
   if (rec.ready_s) {
     d.ready_s = *rec.ready_s;
-    d.group_s = rec.group_s;
+    // A group is built once its slowest rank got there: the build is what
+    // the slowest plan-to-group took beyond the slowest drain.
+    d.drain_s = rec.drain_s;
+    d.group_s = std::max(0.0, rec.group_s - rec.drain_s);
     d.state_s = rec.state_s;
     d.first_step_s = std::max(0.0, d.duration_s - *rec.ready_s);
   }

@@ -60,10 +60,11 @@ struct recovery_record {
   int lost_workers = 0;                // ranks the world shrank by (a loss)
   std::optional<int64_t> window_steps;  // train.sync = diloco: the furthest window position a rank reported
   std::optional<int64_t> replayed_slices;  // ... and the slices of it the survivors train again
-  // The slowest READY rank's plan-to-READY, group and agreement-and-state
-  // seconds (its own clock); none before a READY.
+  // The slowest READY rank's plan-to-READY, drain (plan to its previous
+  // generation's end), plan-to-group and agreement-and-state seconds (its
+  // own clock); none before a READY.
   std::optional<double> ready_s;
-  double group_s = 0, state_s = 0;
+  double drain_s = 0, group_s = 0, state_s = 0;
   int32_t spare_ranks = 0;  // READY ranks that were a node's warm spares
   bool done = false;
 };

@@ -66,28 +66,38 @@ std::optional<json> first_step_after(const std::vector<json>& j, double t0, int 
   return std::nullopt;
 }
 
-// Median gap between consecutive journaled steps (the steady step time).
-// A recovery's phases after `t0`: from the loss to the plan (node_lost to
-// generation_started, the coordinator's clock), and recovery_done's group,
-// state and first-step seconds.
-void recovery_phases(const std::vector<json>& j, double t0, stats& plan, stats& group, stats& state, stats& first) {
+// A recovery's phases: from the loss to the plan (node_lost to
+// generation_started, the coordinator's clock), and recovery_done's drain
+// (the survivors abandoning the step in flight), group, state and
+// first-step seconds.
+struct phase_stats {
+  stats plan, drain, group, state, first;
+  json to_json() const {
+    return {{"plan", plan.to_json()}, {"drain", drain.to_json()}, {"group", group.to_json()}, {"state", state.to_json()}, {"first_step", first.to_json()}};
+  }
+};
+
+// The phases of the first recovery after `t0`.
+void recovery_phases(const std::vector<json>& j, double t0, phase_stats& p) {
   double lost_at = -1;
   for (const auto& l : journal_events<ev::node_lost>(j))
     if (l.at("t").get<double>() >= t0 && lost_at < 0) lost_at = l.at("t").get<double>();
   for (const auto& g : journal_events<ev::generation_started>(j))
     if (lost_at >= 0 && g.at("t").get<double>() >= lost_at) {
-      plan.v.push_back(g.at("t").get<double>() - lost_at);
+      p.plan.v.push_back(g.at("t").get<double>() - lost_at);
       break;
     }
   for (const auto& r : journal_events<ev::recovery_done>(j)) {
     if (r.at("t").get<double>() < t0 || !r.contains("group_s")) continue;
-    group.v.push_back(r.at("group_s").get<double>());
-    state.v.push_back(r.at("state_s").get<double>());
-    first.v.push_back(r.at("first_step_s").get<double>());
+    if (r.contains("drain_s")) p.drain.v.push_back(r.at("drain_s").get<double>());
+    p.group.v.push_back(r.at("group_s").get<double>());
+    p.state.v.push_back(r.at("state_s").get<double>());
+    p.first.v.push_back(r.at("first_step_s").get<double>());
     break;
   }
 }
 
+// Median gap between consecutive journaled steps (the steady step time).
 double median_step_gap(const std::vector<json>& j, double before) {
   std::vector<double> gaps;
   double prev = -1;
@@ -141,7 +151,8 @@ int main(int argc, char** argv) {
   if (kinds.count("kill9") || kinds.count("sigstop")) {
     for (const std::string kind : {"kill9", "sigstop"}) {
       if (!kinds.count(kind)) continue;
-      stats to_step, detect, lost, plan, group, state, first;
+      stats to_step, detect, lost;
+      phase_stats phases;
       for (int t = 0; t < trials; ++t) {
         cluster cl(fresh_dir(base, kind + std::to_string(t)), job(100000));
         cl.start({"a", "b"});
@@ -155,18 +166,18 @@ int main(int argc, char** argv) {
         auto j = cl.journal();
         if (auto s = first_step_after(j, t0, 1)) to_step.v.push_back(s->at("t").get<double>() - t0);
         for (const auto& l : journal_events<ev::node_lost>(j)) detect.v.push_back(l.at("t").get<double>() - t0);
-        recovery_phases(j, t0, plan, group, state, first);
+        recovery_phases(j, t0, phases);
         lost.v.push_back(lost_steps(j));
         std::fprintf(stderr, "%s trial %d: first step at world 1 after %.3f s\n", kind.c_str(), t, to_step.v.empty() ? -1 : to_step.v.back());
       }
       out[kind] = {{"first_step_at_new_world_s", to_step.to_json()},
                    {"detected_s", detect.to_json()},
                    {"lost_steps", lost.to_json()},
-                   // The critical path after detection: the plan, then each
-                   // rank's group and its agreement and state (the slowest
-                   // rank's), then the first step (recovery_done's phases).
-                   {"phases_s",
-                    {{"plan", plan.to_json()}, {"group", group.to_json()}, {"state", state.to_json()}, {"first_step", first.to_json()}}}};
+                   // The critical path after detection: the plan, then the
+                   // survivors leaving the step in flight, the group and the
+                   // agreement and state (the slowest rank's), then the
+                   // first step (recovery_done's phases).
+                   {"phases_s", phases.to_json()}};
     }
   }
 

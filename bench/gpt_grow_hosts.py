@@ -26,8 +26,16 @@ journal:
                             machine's 2 cores)
   pause_s                   gap_s less step3_s: what the join cost the
                             others beyond a step at the new size
+  plan_to_switch_s          the plan to x and y's last step at world 2:
+                            they train on to the boundary where every
+                            rank holds the plan (it rides the step's
+                            control words, read when backward ends)
+  switch_wait_steps         plan_to_switch_s in world-2 steps (about half
+                            a step expected, the plan arriving anywhere
+                            in a step)
   phases                    the grow generation's recovery_done (plan to
-                            the first step, the slowest rank's group_s,
+                            the first step; drain_s, x and y training on
+                            to the boundary where they switch; group_s,
                             state_s, first_step_s)
   lost_steps                recovery_done's lost_steps (a join loses none)
 
@@ -93,8 +101,11 @@ def one_trial(work, arm, where, join_at, after, model_sets):
                "joined_to_contributing_s": first["t"] - joined[0]["t"] if joined else None,
                "gap_s": first["t"] - at2[-1]["t"], "step2_s": median_gap(at2[1:]), "step3_s": median_gap(steps_at(ev, 3))}
         out["pause_s"] = out["gap_s"] - out["step3_s"] if out["step3_s"] is not None else None
+        # x and y train on after the plan to the boundary where they switch.
+        out["plan_to_switch_s"] = at2[-1]["t"] - planned[0]["t"] if planned else None
+        out["switch_wait_steps"] = out["plan_to_switch_s"] / out["step2_s"] if planned and out["step2_s"] else None
         done = [r for r in named(ev, "recovery_done") if r["generation"] == first["generation"]]
-        out["phases"] = {k: done[0].get(k) for k in ("duration_s", "group_s", "state_s", "first_step_s")} if done else None
+        out["phases"] = {k: done[0].get(k) for k in ("duration_s", "drain_s", "group_s", "state_s", "first_step_s")} if done else None
         out["lost_steps"] = sum(r.get("lost_steps", 0) for r in named(ev, "recovery_done"))
         out["healed"] = any(r.get("while_training") for r in named(ev, "checkpoint_restored"))
         return out
@@ -102,7 +113,7 @@ def one_trial(work, arm, where, join_at, after, model_sets):
         kill_groups(procs.values())
 
 
-KEYS = ("plan_to_contributing_s", "joined_to_contributing_s", "gap_s", "step2_s", "step3_s", "pause_s")
+KEYS = ("plan_to_contributing_s", "joined_to_contributing_s", "gap_s", "step2_s", "step3_s", "pause_s", "plan_to_switch_s", "switch_wait_steps")
 
 
 def run_trials(a, where):
@@ -121,7 +132,7 @@ def run_trials(a, where):
     for arm in ARMS:
         result[arm] = {k: summary(runs[arm], k) for k in KEYS}
         result[arm]["healed_trials"] = sum(1 for x in runs[arm] if x["healed"])
-        for k in ("duration_s", "group_s", "state_s", "first_step_s"):
+        for k in ("duration_s", "drain_s", "group_s", "state_s", "first_step_s"):
             vals = [{"v": x["phases"][k]} for x in runs[arm] if x.get("phases") and x["phases"].get(k) is not None]
             result[arm]["phase_" + k] = summary(vals, "v")
     return result
@@ -170,6 +181,8 @@ def main():
             both("the others' pause beyond a step at world 3 (their last step at world 2 to the first at world 3, less the median "
                  "world-3 step)", "pause_s"),
             both("of the grow generation: the group to READY (agreement; the state, when it is sent first)", "phase_state_s"),
+            both("the plan to x and y's last step at world 2, in world-2 steps (they train on to the boundary where all switch)",
+                 "switch_wait_steps", unit="steps"),
             F("the median step time at world 2 before the join", ["heal", "step2_s", "median"], "s"),
             F("the median step time at world 3 after the join (3 ranks on 2 cores)", ["heal", "step3_s", "median"], "s"),
             F("steps lost (worst trial)", ["lost_steps_worst"], "steps"),

@@ -25,7 +25,7 @@ killed (SIGKILL to its process group). Measured:
 
   phases         the recovery_done of the generation that reached world 2:
                  its plan to the first step (duration_s) and the slowest
-                 rank's group_s, state_s and first_step_s
+                 rank's drain_s, group_s, state_s and first_step_s
 
 --modes picks the arms: standby (z with cluster.standby_nodes = 1; by
 default it heals while the survivor trains, cluster.heal_while_training),
@@ -182,7 +182,7 @@ def one_trial(work, mode, extra=(), kill_at_step=15, where=place()):
         if full:
             done = wait(lambda: [r for r in named(journal(run), "recovery_done") if r["generation"] == full[0]["generation"]], 60,
                         "the recovery_done of the generation at world 2", 0.05)[0]
-            out["phases"] = {k: done.get(k) for k in ("duration_s", "group_s", "state_s", "first_step_s")}
+            out["phases"] = {k: done.get(k) for k in ("duration_s", "drain_s", "group_s", "state_s", "first_step_s")}
         return out
     finally:
         kill_groups(procs.values())
@@ -253,7 +253,7 @@ def trials(a, where):
 def write_other(a, modes, runs, result, extra):
     """Another config (--gpt, --set): the arms run and each recovery's phases."""
     for mode in modes:
-        for k in ("duration_s", "group_s", "state_s", "first_step_s"):
+        for k in ("duration_s", "drain_s", "group_s", "state_s", "first_step_s"):
             vals = [x["phases"][k] for x in runs[mode] if x.get("phases") and x["phases"].get(k) is not None]
             if vals:
                 result[mode]["phase_" + k] = summary([{"v": v} for v in vals], "v")

@@ -34,7 +34,7 @@
 //   pack into staging(b); start(b) for b = 0, 1, ... in order (from
 //   backward's hooks or from finish); flush() once after the last start;
 //   wait(b) for b = 0, 1, ... in order; end_step() after every wait
-//   succeeded. Control words (the tail of the first bucket, see
+//   succeeded. Control words (the tail of the last bucket, see
 //   step_control.hpp) are summed exactly by every transport. Any error
 //   fails the step: the reducer calls abort() and never uses the exchange
 //   again (its group may still be inside a collective; see communicator.hpp).
@@ -63,7 +63,7 @@ using exchange_clock = std::chrono::steady_clock;
 
 // One bucket as the reducer lays it out and an exchange moves it.
 struct exchange_bucket {
-  // Gradients, then (first bucket only) the step's control words.
+  // Gradients, then (last bucket only) the step's control words.
   torch::Tensor flat;
   int64_t grads = 0;  // leading gradient elements; the rest are control words
   std::string label;  // names the bucket's exchange in errors ("rank 2: allreduce of gradient bucket 0")

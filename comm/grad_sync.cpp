@@ -38,13 +38,13 @@ std::vector<std::vector<size_t>> cut_buckets(const std::vector<torch::Tensor>& p
 }
 
 // A bucket's flat tensor: its gradients' elements, and the control words
-// after them in the first bucket (carried in float when the gradients are
-// not floating point).
+// after them in the last bucket, the one launched when backward ends
+// (carried in float when the gradients are not floating point).
 struct bucket_shape {
   int64_t grads = 0, numel = 0;
   torch::TensorOptions options;
 };
-bucket_shape shape_of(const std::vector<torch::Tensor>& params, const std::vector<size_t>& members, bool first, bool carry_control) {
+bucket_shape shape_of(const std::vector<torch::Tensor>& params, const std::vector<size_t>& members, bool last, bool carry_control) {
   bucket_shape b;
   for (size_t j : members) b.grads += params[j].numel();
   b.numel = b.grads;
@@ -52,7 +52,7 @@ bucket_shape shape_of(const std::vector<torch::Tensor>& params, const std::vecto
   // bf16 (or fp16) gradients (train.precision = bf16) are summed in float32:
   // Gloo reduces neither, and the sum keeps float32's precision.
   if (b.options.dtype() == torch::kBFloat16 || b.options.dtype() == torch::kHalf) b.options = b.options.dtype(torch::kFloat);
-  if (first && carry_control) {
+  if (last && carry_control) {
     b.numel += control_words;
     if (b.options.dtype() != torch::kFloat && b.options.dtype() != torch::kDouble) b.options = b.options.dtype(torch::kFloat);
   }
@@ -71,7 +71,7 @@ std::vector<bucket_shape> bucket_shapes(const std::vector<torch::Tensor>& params
   auto cuts = cut_buckets(params, bucket_bytes);
   if (cuts.empty() && carry_control) cuts.emplace_back();  // no parameters: the control alone
   std::vector<bucket_shape> out;
-  for (size_t bi = 0; bi < cuts.size(); ++bi) out.push_back(shape_of(params, cuts[bi], bi == 0, carry_control));
+  for (size_t bi = 0; bi < cuts.size(); ++bi) out.push_back(shape_of(params, cuts[bi], bi + 1 == cuts.size(), carry_control));
   return out;
 }
 
@@ -137,12 +137,13 @@ void grad_sync::allocate_buckets() {
   std::vector<torch::Tensor> params;
   for (const auto& s : slots_) params.push_back(s.param);
   buckets_.resize(fills_.size());
+  control_bucket_ = fills_.empty() ? 0 : fills_.size() - 1;
   for (size_t bi = 0; bi < fills_.size(); ++bi) {
     auto& f = fills_[bi];
     auto& b = buckets_[bi];
-    const bucket_shape shape = shape_of(params, f.slots, bi == 0, opts_.carry_control);
+    const bucket_shape shape = shape_of(params, f.slots, bi == control_bucket_, opts_.carry_control);
     b.grads = shape.grads;
-    if (bi == 0 && opts_.carry_control) control_offset_ = shape.grads;
+    if (bi == control_bucket_ && opts_.carry_control) control_offset_ = shape.grads;
     // zero2's buffers live only while their bucket is in flight.
     if (opts_.recycled && !opts_.zero2) b.flat = opts_.recycled->take(shape.numel, shape.options);
     if (b.flat.defined())
@@ -255,7 +256,7 @@ void grad_sync::ensure_flat(size_t bi) {
 
 void grad_sync::take(size_t bi) {
   auto& b = buckets_[bi];
-  if (bi == 0 && opts_.carry_control) {
+  if (bi == control_bucket_ && opts_.carry_control) {
     auto tail = b.flat.narrow(0, control_offset_, control_words).to(torch::kFloat).contiguous();
     std::memcpy(static_cast<void*>(&control_out_), tail.data_ptr<float>(), sizeof(control_out_));
   }
@@ -322,12 +323,12 @@ void grad_sync::launch_ready() {
 
 void grad_sync::launch(size_t bi) {
   if (opts_.zero2) ensure_flat(bi);
-  if (bi == 0 && opts_.carry_control) {
+  if (bi == control_bucket_ && opts_.carry_control) {
     torch::NoGradGuard no_grad;
     if (control_source_) control_in_ = control_source_();
     float words[control_words];
     std::memcpy(words, &control_in_, sizeof(words));
-    auto tail = exchange_->staging(0).narrow(0, control_offset_, control_words);
+    auto tail = exchange_->staging(bi).narrow(0, control_offset_, control_words);
     tail.copy_(torch::from_blob(words, {control_words}, torch::kFloat).to(tail.scalar_type()));
   }
   if (auto st = exchange_->start(bi); !st) {

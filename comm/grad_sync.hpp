@@ -81,9 +81,10 @@ struct grad_sync_options {
   // Polled while finish() waits: true abandons the step's collectives (a
   // newer generation replaces this one). May be empty.
   std::function<bool()> abandon;
-  // Carry a step_control at the end of the first bucket, SUM-reduced with
+  // Carry a step_control at the end of the last bucket, SUM-reduced with
   // it: the step's control at no extra collective (set_control() before the
-  // step, control() after finish()).
+  // step, control() after finish()). The last bucket is launched when
+  // backward ends, so what arrives up to then is in the step's sums.
   bool carry_control = false;
   // Which exchange moves the buckets (exchange_spec.hpp): the transport and
   // the codec of float32 buckets on a process group's wire (cluster.wire_dtype:
@@ -166,12 +167,12 @@ class grad_sync {
   void launch_all();
 
   // What this rank adds to the step's control (options.carry_control); read
-  // when the first bucket is launched.
+  // when the last bucket is launched.
   void set_control(const step_control& c) { control_in_ = c; }
-  // Or where to read it from when the first bucket is launched (a world of
-  // one: at finish()), replacing what set_control() gave: a plan or a stop
-  // that arrives during the step's forward pass, before backward launches
-  // the first bucket, is then agreed after this step instead of the next.
+  // Or where to read it from when the last bucket is launched, at the end of
+  // backward (a world of one: at finish()), replacing what set_control()
+  // gave: a plan or a stop that arrives during the step's forward or
+  // backward pass is then agreed after this step instead of the next.
   // Called on the thread that runs backward. Empty: set_control() alone.
   void set_control_source(std::function<step_control()> source) { control_source_ = std::move(source); }
   // After a successful finish(): the SUM over all ranks of their controls
@@ -269,7 +270,8 @@ class grad_sync {
   std::unique_ptr<param_sync> param_sync_;
   step_control control_in_, control_out_;
   std::function<step_control()> control_source_;
-  int64_t control_offset_ = 0;  // in the first bucket's flat tensor
+  size_t control_bucket_ = 0;   // the last bucket: it carries the control words
+  int64_t control_offset_ = 0;  // in that bucket's flat tensor
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   grad_sync_options opts_;
   int world_ = 1, rank_ = 0;

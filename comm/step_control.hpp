@@ -1,6 +1,6 @@
 #pragma once
 // The per-step control every rank adds to its step: a few floats that ride
-// at the end of the step's first gradient bucket and are SUM-reduced with
+// at the end of the step's last gradient bucket and are SUM-reduced with
 // it, so agreeing on them costs no collective of its own. After the step
 // every rank reads the same sums and takes the same decision at the same
 // step boundary.
@@ -23,7 +23,7 @@ struct step_control {
   // 1 from each rank whose stop asks for a final checkpoint.
   float final_checkpoint = 0;
   // 1 from each rank whose checkpoint writer was still storing a part when
-  // the step began (checkpoint.defer_while_writing).
+  // its backward of the step ended (checkpoint.defer_while_writing).
   float writer_busy = 0;
 
   static constexpr int64_t words = 4;

@@ -376,12 +376,14 @@ struct recovery_done {
   std::optional<int64_t> replayed_slices;
   // Where duration_s went, from the ranks' READY reports (absent when no
   // rank reported one): ready_s, the slowest rank's time from receiving the
-  // plan to READY, made of group_s (the slowest rank's group: the
-  // rendezvous and connections) and state_s (the slowest rank's agreement
-  // and state transfer or reshard); first_step_s, the rest of duration_s
-  // (the plan's delivery, the first step). Detection is node_lost's
-  // detected_after_s.
-  std::optional<double> ready_s, group_s, state_s, first_step_s;
+  // plan to READY, made of drain_s (the slowest rank's time to end its
+  // previous generation: a drain plan's training on to the agreed step
+  // boundary, or abandoning the step in flight after a loss), group_s (the
+  // group's rendezvous and connections beyond drain_s) and state_s (the
+  // slowest rank's agreement and state transfer or reshard); first_step_s,
+  // the rest of duration_s (the plan's delivery, the first step). Detection
+  // is node_lost's detected_after_s.
+  std::optional<double> ready_s, drain_s, group_s, state_s, first_step_s;
   // Ranks of the generation that were a node's warm spares, taking the
   // place of a rank process that exited (absent: none).
   std::optional<int32_t> spare_ranks;
@@ -389,7 +391,7 @@ struct recovery_done {
   static void fields(S& s, F& f) {
     f("generation", s.generation), f("world_size", s.world_size), f("cause", s.cause), f("drain", s.drain), f("resumed_step", s.resumed_step),
         f("lost_steps", s.lost_steps), f("duration_s", s.duration_s), f("optimizer_source", s.optimizer), f("reshard_bytes", s.reshard_bytes),
-        f("lost_inner_steps", s.lost_inner_steps), f("replayed_slices", s.replayed_slices), f("ready_s", s.ready_s), f("group_s", s.group_s),
+        f("lost_inner_steps", s.lost_inner_steps), f("replayed_slices", s.replayed_slices), f("ready_s", s.ready_s), f("drain_s", s.drain_s), f("group_s", s.group_s),
         f("state_s", s.state_s), f("first_step_s", s.first_step_s), f("spare_ranks", s.spare_ranks);
   }
 };

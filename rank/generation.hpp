@@ -119,6 +119,7 @@ struct generation_run {
   int rank = -1;
   int world = 0;
   double offered_at = 0;
+  double drain_s = 0;  // from the plan to the previous generation's end (the boundary a drain switches at)
   double group_s = 0;  // from the plan to the group built (0 alone)
   std::chrono::milliseconds timeout{0};
   abandon_fn abandon_now;  // quit, or a newer plan without drain

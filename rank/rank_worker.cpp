@@ -303,9 +303,12 @@ void rank_worker::run() {
   uint64_t current = 0;
   for (;;) {
     if (plan.generation() > current) {
+      // The previous generation ran on until now after the plan came (its
+      // warm-up, before the first: not a drain).
+      const double drain_s = current > 0 ? std::max(0.0, now_s() - offered_at) : 0.0;
       current = plan.generation();
       running_gen_.store(current);
-      const auto o = run_generation(plan, offered_at);
+      const auto o = run_generation(plan, offered_at, drain_s);
       if (o == outcome::quit) return;
       if (o == outcome::next_plan) {
         // A newer plan is waiting: take it without blocking.
@@ -336,7 +339,7 @@ void rank_worker::fit_threads_to_host(const pb::generation_plan& plan) {
   }
 }
 
-rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan, double offered_at) {
+rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan, double offered_at, double drain_s) {
   auto& im = *impl_;
   training_state& state = *im.state;
   const rank_worker_callbacks cb = generation_callbacks();
@@ -346,6 +349,7 @@ rank_worker::outcome rank_worker::run_generation(const pb::generation_plan& plan
   g.rank = global_rank_in(plan, opts_.node_id, g.local);
   g.world = plan.world_size();
   g.offered_at = offered_at;
+  g.drain_s = drain_s;
   g.timeout = im.settings.cluster.collective_timeout;
   g.abandon_now = [this, gen = g.gen] { return abandon(gen); };
   g.quitting = [this] { return quitting(); };

@@ -11,7 +11,7 @@
 //   failure, or a switch to the next generation.
 //
 // Switching. A plan with `drain` (nobody was lost) is taken at a step
-// boundary every rank agrees on: each step's first gradient bucket carries a
+// boundary every rank agrees on: each step's last gradient bucket carries a
 // control word, SUM-reduced with it, of "I hold a newer plan" and "stop
 // requested"; when every rank holds the newer plan, all switch after the
 // same step. A plan
@@ -123,7 +123,8 @@ class rank_worker : public rank_work {
   status warm_up(const pb::generation_plan& plan);
   // A generation: the group (rank/group_builder), the starting state
   // (rank/state_source), then the steps (rank/step_loop).
-  outcome run_generation(const pb::generation_plan& plan, double offered_at);
+  // drain_s: from the plan's arrival to the previous generation's end.
+  outcome run_generation(const pb::generation_plan& plan, double offered_at, double drain_s);
   void fit_threads_to_host(const pb::generation_plan& plan);
   step_loop_options loop_options(uint64_t gen);  // what the step loop reads of this worker
   std::unique_ptr<checkpoint_saver> make_saver(const job_settings& s, const sync_strategy& sync);

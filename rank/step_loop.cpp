@@ -145,6 +145,7 @@ void step_loop::report_ready() {
   ready.set_state_root(g_.root);
   ready.set_switch_s(now_s() - g_.offered_at);
   ready.set_group_s(g_.group_s);
+  ready.set_drain_s(g_.drain_s);
   ready.set_state_bytes(g_.transfer_bytes);
   if (rs_.shards) {
     ready.set_optimizer_source(to_wire(g_.optimizer));
@@ -156,14 +157,14 @@ void step_loop::report_ready() {
   if (g_.cb.on_status) g_.cb.on_status(g_.gen, std::move(ready));
 }
 
-// The step's control (step_control.hpp) rides at the end of its first
+// The step's control (step_control.hpp) rides at the end of its last
 // gradient bucket, SUM-reduced with it (no collective of its own). Every
 // rank reads the same sums after the step: all switch once every rank holds
 // the newer plan, all stop if any rank was asked to, at the same step
 // boundary, and rank 0 writes the final checkpoint if any rank was asked
-// for one. The reducer samples it again when it launches that bucket, in
-// backward: a plan or stop that came during the forward pass is agreed
-// after this step, not the next (the reducer dies with this loop's
+// for one. The reducer samples it again when it launches that bucket, at
+// the end of backward: a plan or stop that came during the forward or
+// backward pass is agreed after this step, not the next (the reducer dies with this loop's
 // exchanges, so it never calls a loop that is gone).
 void step_loop::set_control() {
   h_.mine = control_now();

@@ -11,7 +11,7 @@ namespace dtactor {
 namespace {
 
 // train.sync = every_step: the gradients are summed every step (the step's
-// control rides in its first bucket), and every step is a boundary.
+// control rides in its last bucket), and every step is a boundary.
 class sync_every_step final : public sync_strategy {
  public:
   int64_t held_step(training_state& state) const override { return state.step(); }

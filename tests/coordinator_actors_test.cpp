@@ -749,7 +749,7 @@ TEST_F(coordinator_actors, joins_settle_and_a_running_job_takes_a_new_node_with_
 
   // a and b finish the step they were in before they switch: generation
   // 1's step 7, which generation 2 resumes from, is journaled at world 2,
-  // and so is step 8 (the plan came too late for step 8's first bucket).
+  // and so is step 8 (the plan came after step 7's last bucket).
   EXPECT_TRUE(of<ev::step_completed>().empty());
   const auto stale = js().stale_reports;
   send(step_from("b", 1, 7, 1));

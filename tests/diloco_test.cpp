@@ -104,7 +104,7 @@ void expect_outer_step_matches_the_formula(bool shared_memory) {
                                                                 << (got[g] - want[g]).abs().max().item<double>();
       EXPECT_FALSE(torch::equal(got[g], start[g]));
     }
-    // The step control rode the pseudo-gradients' first bucket.
+    // The step control rode the pseudo-gradients' last bucket.
     EXPECT_TRUE(agreed[static_cast<size_t>(r)].stop_agreed()) << "rank " << r;
   }
   // Every worker holds the same parameters after the boundary.

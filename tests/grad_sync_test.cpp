@@ -202,9 +202,9 @@ grad_sync_options control_options() {
   return o;
 }
 
-// The control word rides with the first bucket: every rank reads the same
+// The control word rides with the last bucket: every rank reads the same
 // sums of what each set, over several steps, and the gradients are unchanged.
-TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
+TEST(GradSync, ControlWordIsSummedWithTheLastBucket) {
   const int world = 3;
   auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
   auto states = make_states(cfg, world + 1);
@@ -241,26 +241,32 @@ TEST(GradSync, ControlWordIsSummedWithTheFirstBucket) {
   }));
 }
 
-// A control source is read when the first bucket is launched, in backward:
-// a plan that arrives after the step began (after set_control) is in this
-// step's sums, so every rank switches one step earlier. A world of one reads
-// it at finish().
-TEST(GradSync, ControlSourceIsReadWhenTheFirstBucketIsLaunched) {
+// A control source is read when the last bucket is launched, at the end of
+// backward: a plan that arrives after the step began (after set_control),
+// even while backward runs, is in this step's sums, so every rank switches
+// one step earlier. When it is read, the gradient of the module's first
+// parameter (backward's last) is in hand. A world of one reads it at
+// finish().
+TEST(GradSync, ControlSourceIsReadWhenTheLastBucketIsLaunched) {
   const int world = 2;
   auto cfg = tiny_vit_config({"cluster.bucket_kb=4"});
   auto states = make_states(cfg, world);
   expect_no_errors(run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[rank];
-    grad_sync sync(params_of(s), pg, control_options());
+    const auto params = params_of(s);
+    grad_sync sync(params, pg, control_options());
+    if (sync.bucket_layout().size() < 3) return "want several buckets, got " + std::to_string(sync.bucket_layout().size());
     bool plan_arrived = false, finishing = false;
-    int read_in_backward = 0, read_in_finish = 0;
+    int read_in_backward = 0, read_in_finish = 0, read_early = 0;
     sync.set_control_source([&] {
       ++(finishing ? read_in_finish : read_in_backward);
+      const auto& g = params.front().grad();
+      if (!g.defined() || g.abs().sum().item<double>() == 0) ++read_early;
       return ctl(plan_arrived ? 1.f : 0.f, 0.f);
     });
     for (int step = 0; step < 2; ++step) {
       sync.set_control(ctl(0.f, 0.f));  // the step starts with no newer plan
-      plan_arrived = step == 1;         // one arrives during step 1's forward pass
+      plan_arrived = step == 1;         // one arrives during step 1
       finishing = false;
       s.zero_grad();
       s.forward_backward(s.order().rank_slice(0, rank, world), 0, rank, &sync);
@@ -273,6 +279,7 @@ TEST(GradSync, ControlSourceIsReadWhenTheFirstBucketIsLaunched) {
     }
     if (read_in_backward != 2 || read_in_finish != 0)
       return "the source was read " + std::to_string(read_in_backward) + " times in backward and " + std::to_string(read_in_finish) + " in finish, want 2 and 0";
+    if (read_early != 0) return "the source was read " + std::to_string(read_early) + " times before the first parameter's gradient was in hand";
     return "";
   }));
   grad_sync_options o;

@@ -146,7 +146,8 @@ TEST(recovery, its_duration_is_split_into_the_slowest_ranks_group_and_state_and_
   auto done = complete_generation(rec, 41, 2, t0 + 450ms);
   ASSERT_TRUE(done);
   EXPECT_DOUBLE_EQ(done->duration_s, 0.45);
-  ASSERT_TRUE(done->ready_s && done->group_s && done->state_s && done->first_step_s);
+  ASSERT_TRUE(done->ready_s && done->drain_s && done->group_s && done->state_s && done->first_step_s);
+  EXPECT_DOUBLE_EQ(*done->drain_s, 0.0);  // no rank reported one
   EXPECT_DOUBLE_EQ(*done->ready_s, 0.30);
   EXPECT_DOUBLE_EQ(*done->group_s, 0.15);
   EXPECT_NEAR(*done->state_s, 0.20, 1e-12);  // b: 0.30 - 0.10
@@ -155,7 +156,33 @@ TEST(recovery, its_duration_is_split_into_the_slowest_ranks_group_and_state_and_
   auto quiet = begin_generation(4, false, plan_cause::node_lost, false, t0, 41, 1);
   auto q = complete_generation(quiet, 42, 1, t0 + 100ms);
   ASSERT_TRUE(q);
-  EXPECT_FALSE(q->ready_s || q->group_s || q->state_s || q->first_step_s);
+  EXPECT_FALSE(q->ready_s || q->drain_s || q->group_s || q->state_s || q->first_step_s);
+}
+
+// A drain plan: the ranks that train on to the agreed boundary report how
+// long that took (drain_s), and the joiner's plan-to-group includes the
+// same wait at the rendezvous. The group is what the slowest plan-to-group
+// took beyond the slowest drain.
+TEST(recovery, a_drains_wait_for_the_boundary_is_its_own_phase_and_not_the_groups) {
+  const clock_time t0{std::chrono::hours(1)};
+  auto rec = begin_generation(5, false, plan_cause::node_joined, true, t0, 60);
+  auto trained_on = ready(60, ev::state_source::local);
+  trained_on.set_drain_s(2.0);
+  trained_on.set_group_s(2.10);
+  trained_on.set_switch_s(2.30);
+  auto joiner = ready(60, ev::state_source::peer, 0);
+  joiner.set_group_s(2.12);
+  joiner.set_switch_s(2.20);
+  note_ready(rec, trained_on);
+  note_ready(rec, joiner);
+  auto done = complete_generation(rec, 61, 2, t0 + 3000ms);
+  ASSERT_TRUE(done);
+  ASSERT_TRUE(done->ready_s && done->drain_s && done->group_s && done->state_s && done->first_step_s);
+  EXPECT_DOUBLE_EQ(*done->ready_s, 2.30);
+  EXPECT_DOUBLE_EQ(*done->drain_s, 2.0);
+  EXPECT_NEAR(*done->group_s, 0.12, 1e-12);
+  EXPECT_NEAR(*done->state_s, 0.20, 1e-12);  // trained_on: 2.30 - 2.10
+  EXPECT_NEAR(*done->first_step_s, 0.70, 1e-12);
 }
 
 TEST(recovery, state_taken_from_a_peer_or_disk_is_reported_once) {

@@ -280,6 +280,10 @@ void rank_workers::join_heals_and_both_stay_identical(const std::vector<std::str
   EXPECT_EQ(ready_b->state_source(), pb::rank_status::ORIGIN_PEER);
   EXPECT_TRUE(ready_b->healing());
   EXPECT_FALSE(ready_a->healing());
+  // a trained on to the boundary where both hold the plan; b was idle.
+  EXPECT_GT(ready_a->drain_s(), 0.0);
+  EXPECT_GE(ready_a->group_s(), ready_a->drain_s());
+  EXPECT_EQ(ready_b->drain_s(), 0.0);
   EXPECT_GT(ready_b->state_bytes(), 0u);
   EXPECT_EQ(ready_b->state_transfer_s(), 0.0);  // still arriving at READY
   EXPECT_EQ(ready_b->step(), ready_a->step());  // the step it heals at: the one a holds
