@@ -154,6 +154,22 @@ void flat_adamw::rebind() {
   refresh_compute();
 }
 
+// Every parameter's grad into its view of the full buffers (bf16's in
+// mixed precision). Pointer checks only (no tensor ops) when every gradient
+// is still its view.
+void flat_adamw::adopt_param_grads() {
+  for (auto& s : slots_) {
+    const auto& target = mixed_ ? s.compute_grad_view : s.grad_view;
+    const auto& g = s.param.grad();
+    if (g.defined() && g.data_ptr() == target.data_ptr()) continue;
+    if (g.defined())
+      target.copy_(g);
+    else
+      target.zero_();
+    s.param.mutable_grad() = target;
+  }
+}
+
 void flat_adamw::gather_grads() {
   torch::NoGradGuard no_grad;
   if (grads_sharded_) {
@@ -172,17 +188,7 @@ void flat_adamw::gather_grads() {
     }
     return;
   }
-  // Pointer checks only (no tensor ops) when every gradient is still its view.
-  for (auto& s : slots_) {
-    const auto& target = mixed_ ? s.compute_grad_view : s.grad_view;
-    const auto& g = s.param.grad();
-    if (g.defined() && g.data_ptr() == target.data_ptr()) continue;
-    if (g.defined())
-      target.copy_(g);
-    else
-      target.zero_();
-    s.param.mutable_grad() = target;
-  }
+  adopt_param_grads();
   // Mixed precision: the step's bf16 gradients, once, as float32 (clipping
   // then scales the float32 ones).
   if (mixed_ && !grads_converted_) {
@@ -265,19 +271,25 @@ std::vector<double> flat_adamw::grad_range_squares(const index_ranges& ranges, s
 void flat_adamw::shard_grads() {
   torch::NoGradGuard no_grad;
   if (grads_sharded_) return;
-  gather_grads();  // whatever is in the full buffers now
+  adopt_param_grads();  // whatever is in the full buffers now
+  // Mixed precision: the step's gradients are still bf16 unless a clip
+  // already converted them. Converting the whole buffer here made 4 bytes
+  // a parameter resident on every rank at set-up; each window converts its
+  // own nonzero chunks instead.
+  const bool from_compute = mixed_ && !grads_converted_;
   grads_sharded_ = true;
   for (auto& g : groups_) {
     // Pages of the window only where the full buffer has a nonzero value
     // (between steps it has none): a fresh rank's first window is the whole
     // model, and copying its zeros made 4 bytes a parameter resident at
     // set-up for nothing (shard() replaces the window at once).
+    const auto& full = from_compute ? g.compute_grads : g.grads;
     for (auto& w : g.windows) {
       const int64_t n = w.exp_avg.numel();
       w.grad = untouched_zeros(n, g.params.options());
       constexpr int64_t chunk = int64_t{1} << 20;
       for (int64_t at = 0; at < n; at += chunk) {
-        auto src = g.grads.narrow(0, w.begin + at, std::min(chunk, n - at));
+        auto src = full.narrow(0, w.begin + at, std::min(chunk, n - at));
         if (src.ne(0).any().item<bool>()) w.grad.narrow(0, at, src.numel()).copy_(src);
       }
     }

@@ -208,6 +208,7 @@ class flat_adamw {
   };
   held_span held_grads(int64_t begin, int64_t end) const;
   void gather_grads();  // grads that are not views of the buffer are copied into it (sharded: into the windows, then reset)
+  void adopt_param_grads();  // unsharded: each parameter's grad into its view of the full buffer (bf16's when mixed)
   torch::Tensor grads_of(const group& g, const window& w) const {
     return grads_sharded_ ? w.grad : g.grads.narrow(0, w.begin, w.exp_avg.numel());
   }

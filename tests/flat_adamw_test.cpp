@@ -3,6 +3,7 @@
 #include "model/adamw_kernel.hpp"
 #include "model/grad_norm.hpp"
 #include "model/shard_plan.hpp"
+#include "test_util.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -218,6 +219,32 @@ TEST(FlatAdamW, Bf16CopiesFollowTheFp32MastersAndTheGradientsAreReadOnce) {
     mixed.refresh_compute();
     for (size_t i = 0; i < pm.size(); ++i) EXPECT_TRUE(torch::equal(pm[i], pf[i].to(torch::kBFloat16))) << "parameter " << i;
   }
+}
+
+// Sharding the gradients of a mixed-precision optimizer (ZeRO-2 and 3 at a
+// fresh rank's first generation) converts only the nonzero chunks of the
+// bf16 gradients into its windows: converting the whole buffer first made
+// 4 bytes a parameter resident on every rank at once, whatever the world
+// size (the peak that capped a bf16 model at world 8). A gradient left
+// before sharding is still carried, converted.
+TEST(FlatAdamW, ShardingBf16GradientsMakesNoWholeFloat32BufferResident) {
+  constexpr int64_t n = 16 * 1024 * 1024;  // 64 MB of float32 gradients
+  std::vector<torch::Tensor> p{torch::zeros({n}).requires_grad_(true)};
+  flat_adamw_options o;
+  o.compute = torch::kBFloat16;
+  flat_adamw m(p, o);
+  ASSERT_TRUE(m.mixed());
+  p[0].mutable_grad().narrow(0, 5, 3).fill_(0.25);
+  ASSERT_TRUE(testing::reset_peak());
+  const int64_t before = testing::status_kb("VmRSS:");
+  m.shard_grads();
+  const int64_t added_kb = testing::status_kb("VmHWM:") - before;
+  EXPECT_LT(added_kb, n * 4 / 1024 / 4) << "sharding touched " << added_kb << " kB: the whole float32 gradient is " << n * 4 / 1024 << " kB";
+  const auto w = m.grad_window(0, 16);
+  ASSERT_EQ(w.scalar_type(), torch::kFloat);
+  auto want = torch::zeros({16});
+  want.narrow(0, 5, 3).fill_(0.25);
+  EXPECT_TRUE(torch::equal(w, want)) << w;
 }
 
 TEST(FlatAdamW, CheckpointResumesExactly) {

@@ -32,6 +32,8 @@ namespace dtactor {
 namespace {
 
 using namespace grad_sync_testing;
+using testing::reset_peak;
+using testing::status_kb;
 
 TEST(GradSync, OneStepEqualsSingleProcessGradient) {
   const int world = 3;  // 32 samples over 3 ranks: slices of 11, 11, 10
@@ -471,23 +473,6 @@ TEST(GradSync, AbandonEndsAPollingWait) {
       },
       std::chrono::milliseconds(1500));
   expect_no_errors(errors);
-}
-
-// Peak and current resident memory of this process, in bytes; reset_peak()
-// starts the peak again from what is resident now (/proc/self/clear_refs).
-int64_t status_kb(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::string k = key;
-  while (std::getline(f, line))
-    if (line.compare(0, k.size(), k) == 0) return std::stoll(line.substr(k.size()));
-  return -1;
-}
-bool reset_peak() {
-  std::ofstream f("/proc/self/clear_refs");
-  f << "5";
-  f.flush();
-  return static_cast<bool>(f);
 }
 
 // A zero=2 reducer keeps no bucket buffer between steps, and making one

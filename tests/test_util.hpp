@@ -104,4 +104,22 @@ std::vector<nlohmann::json> events(const std::vector<nlohmann::json>& j) {
   return events_named(j, E::name);
 }
 
+// A field of this process's /proc/self/status in kB ("VmRSS:", "VmHWM:":
+// resident memory now and its peak), -1 when absent; reset_peak() starts
+// the peak again from what is resident now (/proc/self/clear_refs).
+inline int64_t status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = key;
+  while (std::getline(f, line))
+    if (line.compare(0, k.size(), k) == 0) return std::stoll(line.substr(k.size()));
+  return -1;
+}
+inline bool reset_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
 }  // namespace dtactor::testing
