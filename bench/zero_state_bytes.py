@@ -8,8 +8,9 @@ memory (peak, and between checkpoints). Prints one JSON object:
 per configuration the bytes per parameter of each kind (the largest rank),
 next to the formula (fp32 parameters 4, with train.precision=bf16 6: the
 fp32 masters and the bf16 copy, and from zero 1 on 4*R/W + 2, the masters
-sharded; gradients 4 (bf16: and 2 of bf16 ones) in the optimizer plus 4
-in the reducer's buckets at world > 1 for zero 0 and 1, 4*R/W for zero 2;
+sharded; gradients 4 (bf16: and 2 of bf16 ones; at zero 1 the float32
+ones 4*R/W) in the optimizer plus 4 in the reducer's buckets at world > 1
+for zero 0 and 1, 4*R/W for zero 2;
 AdamW moments 8, or 8*R/W when sharded, R holders of each of W shards;
 zero 3: parameters 4*R/W, plus 4*(1 - R/W) (bf16: and 2 for its copy) for each parameter of no
 unit, which every rank keeps: the rank's READY line gives their count; bf16 keeps no copy of a
@@ -92,12 +93,15 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
             "formula_checkpoint_buffer_bytes_per_param": 12.0 / world,
         }
         out["total_bytes_per_param"] = out["param_bytes_per_param"] + out["grad_bytes_per_param"] + out["optimizer_bytes_per_param"]
+        buckets = 4.0 if world > 1 else 0.0  # the reducer's, float32 either way
         if zero >= 2:
             grads = 4.0 * r_eff / world
+        elif bf16 and zero == 1:
+            # the whole bf16 gradients, and float32 ones for the held windows only
+            grads = 2.0 + 4.0 * r_eff / world + buckets
         else:
-            # bf16: the bf16 gradients beside the float32 ones; the
-            # reducer's buckets are float32 either way.
-            grads = (8.0 if world > 1 else 4.0) + (2.0 if bf16 else 0.0)
+            # bf16: the bf16 gradients beside the float32 ones
+            grads = 4.0 + buckets + (2.0 if bf16 else 0.0)
         out["formula_grad_bytes_per_param"] = grads
         share = r_eff / world
         out["root_parameters"] = root
@@ -148,7 +152,7 @@ def main():
         figures.append(F(what.replace("state bytes a parameter on a rank", "measured over the formula"), ["rows", i, "total_vs_formula"], "x"))
     notes = ("Formulas, fp32, W ranks, R holders a shard: zero=0 20 B a parameter (16 at world 1); zero=2 4 + 12R/W; "
              "zero=3 16R/W + 4(1 - R/W) for each parameter of no unit. With train.precision=bf16 (fp32 masters, sharded from zero=1 on, and a bf16 copy): "
-             "zero=0 6 of parameters (fp32 masters and the bf16 copy) and 2 more of gradients; zero=1 2 + 4R/W of parameters; zero=2 2 + 16R/W; zero=3 16R/W + 4(1 - R/W) + 2 for each parameter of no unit (a unit's bf16 copies exist only while it is gathered). The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
+             "zero=0 6 of parameters (fp32 masters and the bf16 copy) and 2 more of gradients; zero=1 2 + 4R/W of parameters and 2 + 4R/W of gradients (whole bf16 ones, the float32 ones of the held windows) beside the buckets' 4; zero=2 2 + 16R/W; zero=3 16R/W + 4(1 - R/W) + 2 for each parameter of no unit (a unit's bf16 copies exist only while it is gathered). The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
              "without replicas: 16, ZeRO-2 2 + 14/W, ZeRO-3 16/W; FSDP's full shard in fp32 holds 16/W plus the units being gathered.")
     print(json.dumps(bench_meta.stamped({"settings": a.set, "rows": rows},
                                         "State a rank holds by train.zero level, from each rank's report%s"

@@ -190,9 +190,15 @@ void flat_adamw::gather_grads() {
   }
   adopt_param_grads();
   // Mixed precision: the step's bf16 gradients, once, as float32 (clipping
-  // then scales the float32 ones).
+  // then scales the float32 ones); sharded, only the held windows'.
   if (mixed_ && !grads_converted_) {
-    for (auto& g : groups_) g.grads.copy_(g.compute_grads);
+    for (auto& g : groups_) {
+      if (!fp32_grads_windowed()) {
+        g.grads.copy_(g.compute_grads);
+        continue;
+      }
+      for (auto& w : g.windows) w.grad.copy_(g.compute_grads.narrow(0, w.begin, w.exp_avg.numel()));
+    }
     grads_converted_ = true;
   }
 }
@@ -213,7 +219,7 @@ void flat_adamw::clip_to(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return;
   for (auto& g : groups_) {
-    if (!grads_sharded_) {
+    if (!fp32_grads_windowed()) {
       g.grads.mul_(coef);
       continue;
     }
@@ -223,10 +229,27 @@ void flat_adamw::clip_to(double norm, double max_norm) {
 
 index_ranges flat_adamw::norm_ranges() const { return dtactor::norm_ranges(total_elements(), group_bases()); }
 
+namespace {
+// Sum of squares of a 1-D float32, float64 or bf16 buffer's n elements from `offset`.
+double squares_at(const torch::Tensor& buffer, int64_t offset, int64_t n) {
+  switch (buffer.scalar_type()) {
+    case torch::kFloat:
+      return sum_squares(buffer.data_ptr<float>() + offset, n);
+    case torch::kBFloat16:
+      return sum_squares_bf16(reinterpret_cast<const uint16_t*>(buffer.data_ptr<c10::BFloat16>() + offset), n);
+    default:
+      return sum_squares(buffer.data_ptr<double>() + offset, n);
+  }
+}
+}  // namespace
+
 flat_adamw::held_span flat_adamw::held_grads(int64_t begin, int64_t end) const {
   for (const auto& g : groups_) {
     if (begin < g.base || end > g.base + g.params.numel()) continue;
-    if (!grads_sharded_) return {&g.grads, begin - g.base};
+    if (!fp32_grads_windowed()) return {&g.grads, begin - g.base};
+    // The whole bf16 gradient, whose values the float32 windows widen: the
+    // same norm as theirs would give.
+    if (!grads_sharded_) return {&g.compute_grads, begin - g.base};
     for (const auto& w : g.windows) {
       const int64_t lo = begin - g.base - w.begin;
       if (lo >= 0 && end - g.base <= w.begin + w.exp_avg.numel()) return {&w.grad, lo};
@@ -239,16 +262,16 @@ std::vector<double> flat_adamw::grad_range_squares(const index_ranges& ranges, s
   gather_grads();
   torch::NoGradGuard no_grad;
   std::vector<double> out(last - first, 0.0);
-  // Float32 and float64 buffers are read in place through their pointers:
-  // a tensor a range (up to max_norm_chunks of them) cost more than the
-  // sums. Other dtypes go through a double copy of the range (the same
-  // values, so the same bits).
+  // Float32, float64 and bf16 buffers are read in place through their
+  // pointers: a tensor a range (up to max_norm_chunks of them) cost more
+  // than the sums. Other dtypes go through a double copy of the range (the
+  // same values, so the same bits).
   std::vector<held_span> spans;
   std::vector<torch::Tensor> copies(last - first);
   for (size_t i = first; i < last; ++i) {
     auto h = held_grads(ranges[i].first, ranges[i].second);
     const auto type = h.buffer->scalar_type();
-    if ((type != torch::kFloat && type != torch::kDouble) || !h.buffer->is_contiguous()) {
+    if ((type != torch::kFloat && type != torch::kDouble && type != torch::kBFloat16) || !h.buffer->is_contiguous()) {
       copies[i - first] = h.buffer->narrow(0, h.offset, ranges[i].second - ranges[i].first).to(torch::kDouble).contiguous();
       h = {&copies[i - first], 0};
     }
@@ -261,8 +284,7 @@ std::vector<double> flat_adamw::grad_range_squares(const index_ranges& ranges, s
       const auto& h = spans[static_cast<size_t>(i)];
       const auto& r = ranges[first + static_cast<size_t>(i)];
       const int64_t n = r.second - r.first;
-      out[static_cast<size_t>(i)] = h.buffer->scalar_type() == torch::kFloat ? sum_squares(h.buffer->data_ptr<float>() + h.offset, n)
-                                                                              : sum_squares(h.buffer->data_ptr<double>() + h.offset, n);
+      out[static_cast<size_t>(i)] = squares_at(*h.buffer, h.offset, n);
     }
   });
   return out;
@@ -277,6 +299,9 @@ void flat_adamw::shard_grads() {
   // a parameter resident on every rank at set-up; each window converts its
   // own nonzero chunks instead.
   const bool from_compute = mixed_ && !grads_converted_;
+  // Windows of float32 gradients already (mixed, sharded), holding the
+  // step's converted ones: kept.
+  const bool keep_windows = fp32_grads_windowed() && grads_converted_;
   grads_sharded_ = true;
   for (auto& g : groups_) {
     // Pages of the window only where the full buffer has a nonzero value
@@ -285,6 +310,7 @@ void flat_adamw::shard_grads() {
     // set-up for nothing (shard() replaces the window at once).
     const auto& full = from_compute ? g.compute_grads : g.grads;
     for (auto& w : g.windows) {
+      if (keep_windows) continue;
       const int64_t n = w.exp_avg.numel();
       w.grad = untouched_zeros(n, g.params.options());
       constexpr int64_t chunk = int64_t{1} << 20;
@@ -381,9 +407,9 @@ void flat_adamw::zero_grad() {
   gather_grads();
   torch::NoGradGuard no_grad;
   for (auto& g : groups_) {
-    if (!grads_sharded_) {
+    if (mixed_ && !grads_sharded_) g.compute_grads.zero_();
+    if (!fp32_grads_windowed()) {
       g.grads.zero_();
-      if (mixed_) g.compute_grads.zero_();
       continue;
     }
     for (auto& w : g.windows) w.grad.zero_();
@@ -425,7 +451,7 @@ std::vector<torch::Tensor> flat_adamw::flat_params() const {
 }
 
 std::vector<torch::Tensor> flat_adamw::flat_grads() {
-  TORCH_CHECK(!grads_sharded_, "flat_grads: the gradients are sharded (train.zero = 2)");
+  TORCH_CHECK(!fp32_grads_windowed(), "flat_grads: the gradients are sharded (train.zero = 2, or 1 in mixed precision)");
   gather_grads();  // every parameter's grad is a view of its group's buffer
   std::vector<torch::Tensor> out;
   for (const auto& g : groups_) out.push_back(g.grads);
@@ -460,7 +486,7 @@ int64_t flat_adamw::grad_bytes() const {
   for (const auto& g : groups_) {
     n += g.grads.numel() * g.grads.element_size();
     if (mixed_) n += g.compute_grads.numel() * g.compute_grads.element_size();
-    if (grads_sharded_)
+    if (fp32_grads_windowed())
       for (const auto& w : g.windows) n += w.grad.numel() * w.grad.element_size();
   }
   return n;
@@ -485,9 +511,9 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
       }
       window w{lo, lazy ? lazy_zeros(hi - lo, g.params.options()) : torch::zeros({hi - lo}, g.params.options()),
                lazy ? lazy_zeros(hi - lo, g.params.options()) : torch::zeros({hi - lo}, g.params.options()), {}};
-      // Untouched until a step delivers into it: at a fresh rank's first
-      // generation this window is the whole model for a moment.
-      if (grads_sharded_) w.grad = untouched_zeros(hi - lo, g.params.options());
+      // Untouched until a step delivers (or converts) into it: at a fresh
+      // rank's first generation this window is the whole model for a moment.
+      if (fp32_grads_windowed()) w.grad = untouched_zeros(hi - lo, g.params.options());
       // Keep what was held already.
       for (const auto& old : g.windows) {
         const int64_t olo = std::max(lo, old.begin), ohi = std::min(hi, old.begin + old.exp_avg.numel());
@@ -499,9 +525,16 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
     }
     if (!sharded_ && next.empty())
       next.push_back(window{0, torch::zeros({0}, g.params.options()), torch::zeros({0}, g.params.options()),
-                            grads_sharded_ ? torch::zeros({0}, g.params.options()) : torch::Tensor()});
+                            fp32_grads_windowed() ? torch::zeros({0}, g.params.options()) : torch::Tensor()});
     g.retired = std::move(g.windows);
     g.windows = std::move(next);
+    // Mixed precision: the float32 gradients are the windows' from now on
+    // (the bf16 ones the module accumulates into stay whole).
+    if (fp32_grads_windowed()) g.grads = torch::empty({0}, g.params.options());
+  }
+  if (mixed_ && !grads_sharded_) {
+    for (auto& s : slots_) s.grad_view = torch::Tensor();
+    grads_converted_ = false;  // the new windows hold nothing yet
   }
 }
 

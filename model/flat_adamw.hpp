@@ -21,6 +21,10 @@
 // back to back; step() updates only those parameters (the caller all-gathers
 // the rest). The update is element-wise, so a shard's parameters come out
 // bit for bit as the unsharded optimizer's.
+// In mixed precision the float32 gradients the step reads are then kept
+// only for the held windows too: the module's bf16 gradients stay whole
+// (the reducer allreduces them), and each step converts only the windows'
+// part; the norm reads the bf16 ones, which hold the same values.
 //
 // Sharded gradients (ZeRO-2, shard_grads()): the gradients are kept only for
 // the held windows too. Parameters' grads are then no views: autograd
@@ -187,7 +191,7 @@ class flat_adamw {
   struct window {
     int64_t begin = 0;
     torch::Tensor exp_avg, exp_avg_sq;
-    torch::Tensor grad;  // shard_grads(): the gradients of the window
+    torch::Tensor grad;  // fp32_grads_windowed(): the float32 gradients of the window
   };
   struct group {
     bool decay = false;
@@ -209,8 +213,12 @@ class flat_adamw {
   held_span held_grads(int64_t begin, int64_t end) const;
   void gather_grads();  // grads that are not views of the buffer are copied into it (sharded: into the windows, then reset)
   void adopt_param_grads();  // unsharded: each parameter's grad into its view of the full buffer (bf16's when mixed)
+  // The float32 gradients are kept per held window (w.grad): sharded
+  // gradients (ZeRO-2), or mixed precision sharded (ZeRO-1: the module's
+  // bf16 gradients are whole, the step reads only its windows' as float32).
+  bool fp32_grads_windowed() const { return grads_sharded_ || (mixed_ && sharded_); }
   torch::Tensor grads_of(const group& g, const window& w) const {
-    return grads_sharded_ ? w.grad : g.grads.narrow(0, w.begin, w.exp_avg.numel());
+    return fp32_grads_windowed() ? w.grad : g.grads.narrow(0, w.begin, w.exp_avg.numel());
   }
 
   std::vector<slot> slots_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace dtactor {
 
@@ -47,10 +48,23 @@ double squares_of(const T* x, int64_t n) {
   }
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+
+// A bf16 value read as the float32 it widens to (no rounding).
+struct bf16_bits {
+  uint16_t v;
+  explicit operator double() const {
+    const uint32_t u = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+};
+static_assert(sizeof(bf16_bits) == sizeof(uint16_t));
 }  // namespace
 
 double sum_squares(const float* x, int64_t n) { return squares_of(x, n); }
 double sum_squares(const double* x, int64_t n) { return squares_of(x, n); }
+double sum_squares_bf16(const uint16_t* bits, int64_t n) { return squares_of(reinterpret_cast<const bf16_bits*>(bits), n); }
 
 double norm_of_parts(const std::vector<double>& parts) {
   double sum = 0;

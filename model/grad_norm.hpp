@@ -31,6 +31,9 @@ std::pair<std::size_t, std::size_t> ranges_within(const index_ranges& ranges, in
 // Sum of x[i]^2 in double, in a fixed order that depends on n only.
 double sum_squares(const float* x, int64_t n);
 double sum_squares(const double* x, int64_t n);
+// bf16 values given by their bits (the upper half of a float32): each is
+// exactly a float32, so this is the float32 version's sum of those floats.
+double sum_squares_bf16(const uint16_t* bits, int64_t n);
 // sqrt of the values added in order.
 double norm_of_parts(const std::vector<double>& parts);
 

@@ -247,6 +247,62 @@ TEST(FlatAdamW, ShardingBf16GradientsMakesNoWholeFloat32BufferResident) {
   EXPECT_TRUE(torch::equal(w, want)) << w;
 }
 
+// ZeRO-1 in mixed precision: sharded, the optimizer keeps float32
+// gradients only for its held windows (the bf16 ones stay whole, as the
+// reducer allreduces them), and it computes the same norm and the same
+// masters as a float32 optimizer sharded alike, across a reshard too.
+TEST(FlatAdamW, ShardedBf16KeepsFloat32GradientsOnlyForTheHeldWindows) {
+  auto make = [] {
+    torch::manual_seed(6);
+    return std::vector<torch::Tensor>{torch::randn({512, 1024}).requires_grad_(true), torch::randn({1024}).requires_grad_(true)};
+  };
+  auto pm = make(), pf = make();
+  const int64_t total = 512 * 1024 + 1024;
+  flat_adamw_options o;
+  o.compute = torch::kBFloat16;
+  flat_adamw mixed(pm, o), plain(pf, flat_adamw_options{});
+  const std::vector<std::pair<int64_t, int64_t>> first{{100000, 300000}, {524288 + 100, 524288 + 600}}, second{{250000, 525000}};
+  for (auto* f : {&mixed, &plain}) f->shard(first);
+  EXPECT_EQ(mixed.grad_bytes(), total * 2 + (200000 + 500) * 4) << "the whole bf16 gradients and the held windows' float32 ones";
+  for (int step = 0; step < 4; ++step) {
+    if (step == 2)
+      for (auto* f : {&mixed, &plain}) f->shard(second);
+    torch::manual_seed(20 + step);
+    for (size_t i = 0; i < pm.size(); ++i) {
+      const auto g = torch::randn(pm[i].sizes()).to(torch::kBFloat16);
+      pm[i].mutable_grad().copy_(g);
+      pf[i].mutable_grad().copy_(g.to(torch::kFloat));
+    }
+    EXPECT_EQ(mixed.clip_grad_norm(0.5), plain.clip_grad_norm(0.5)) << "step " << step;
+    mixed.step();
+    plain.step();
+    mixed.zero_grad();
+    plain.zero_grad();
+    for (size_t i = 0; i < pm.size(); ++i) EXPECT_TRUE(torch::equal(mixed.master_of(pm[i]), pf[i])) << "step " << step << " parameter " << i;
+    mixed.refresh_compute();  // before the next forward: the next gradients are converted again
+  }
+  EXPECT_EQ(mixed.grad_bytes(), total * 2 + 275000 * 4);
+}
+
+// ... and converting a step's gradients touches only the windows' float32
+// pages, not a whole float32 gradient.
+TEST(FlatAdamW, ShardedBf16ConvertsOnlyTheHeldWindowsGradients) {
+  constexpr int64_t n = 16 * 1024 * 1024;  // 64 MB as float32
+  std::vector<torch::Tensor> p{torch::zeros({n}).requires_grad_(true)};
+  flat_adamw_options o;
+  o.compute = torch::kBFloat16;
+  flat_adamw m(p, o);
+  m.shard({{0, n / 8}});
+  p[0].mutable_grad().fill_(0.5);  // a step's bf16 gradients, every page touched
+  ASSERT_TRUE(testing::reset_peak());
+  const int64_t before = testing::status_kb("VmRSS:");
+  const double norm = m.clip_grad_norm(1e9);
+  const int64_t added_kb = testing::status_kb("VmHWM:") - before;
+  EXPECT_EQ(norm, std::sqrt(0.25 * static_cast<double>(n)));
+  EXPECT_LT(added_kb, n * 4 / 1024 / 4) << "converting touched " << added_kb << " kB: the whole float32 gradient is " << n * 4 / 1024 << " kB";
+  EXPECT_TRUE(torch::equal(m.grad_window(0, 64), torch::full({64}, 0.5)));
+}
+
 TEST(FlatAdamW, CheckpointResumesExactly) {
   auto n1 = make_net(9);
   flat_adamw f1(n1->parameters(), options());
@@ -408,6 +464,16 @@ TEST(GradNorm, TheSumOfSquaresDependsOnTheValuesOnly) {
   EXPECT_EQ(a, sum_squares(d.data_ptr<double>(), d.numel()));
   EXPECT_NEAR(a, d.pow(2).sum().item<double>(), 1e-12 * a);
   EXPECT_EQ(norm_of_parts({a, 0.0, 2.0}), std::sqrt(a + 0.0 + 2.0));
+}
+
+// bf16 values summed by their bits: the sum of the float32 values they widen to.
+TEST(GradNorm, Bf16SumsOfSquaresAreThoseOfTheirFloat32Values) {
+  torch::manual_seed(4);
+  const auto b = torch::randn({1003}).to(torch::kBFloat16);
+  const auto f = b.to(torch::kFloat);
+  const double want = sum_squares(f.data_ptr<float>(), f.numel());
+  EXPECT_EQ(sum_squares_bf16(reinterpret_cast<const uint16_t*>(b.data_ptr<c10::BFloat16>()), b.numel()), want);
+  EXPECT_GT(want, 0.0);
 }
 
 }  // namespace
