@@ -404,10 +404,19 @@ void flat_adamw::step() {
 }
 
 void flat_adamw::zero_grad() {
-  gather_grads();
   torch::NoGradGuard no_grad;
+  // Mixed precision with whole bf16 gradients (zero 0 and 1): the float32
+  // ones are only ever the next conversion of the bf16 ones, so they are
+  // marked stale rather than converted and zeroed (a pass over 4 bytes a
+  // parameter held, every step, for nothing).
+  if (mixed_ && !grads_sharded_) {
+    adopt_param_grads();  // every parameter's grad a view of the bf16 buffer again
+    for (auto& g : groups_) g.compute_grads.zero_();
+    grads_converted_ = false;
+    return;
+  }
+  gather_grads();
   for (auto& g : groups_) {
-    if (mixed_ && !grads_sharded_) g.compute_grads.zero_();
     if (!fp32_grads_windowed()) {
       g.grads.zero_();
       continue;

@@ -303,6 +303,35 @@ TEST(FlatAdamW, ShardedBf16ConvertsOnlyTheHeldWindowsGradients) {
   EXPECT_TRUE(torch::equal(m.grad_window(0, 64), torch::full({64}, 0.5)));
 }
 
+// zero_grad in mixed precision (zero 0 and 1) zeroes the bf16 gradients
+// and marks the float32 ones stale instead of zeroing them too: the next
+// step's gradients are converted again when read, with no refresh between.
+TEST(FlatAdamW, Bf16ZeroGradLeavesTheNextGradientsToBeConverted) {
+  for (bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "sharded" : "whole");
+    torch::manual_seed(8);
+    std::vector<torch::Tensor> pm{torch::randn({4096}).requires_grad_(true)};
+    std::vector<torch::Tensor> pf{pm[0].detach().clone().requires_grad_(true)};
+    flat_adamw_options o;
+    o.compute = torch::kBFloat16;
+    flat_adamw mixed(pm, o), plain(pf, flat_adamw_options{});
+    if (sharded)
+      for (auto* f : {&mixed, &plain}) f->shard({{0, 4096}});
+    for (int step = 0; step < 3; ++step) {
+      const auto g = torch::randn({4096}).to(torch::kBFloat16);
+      pm[0].mutable_grad().copy_(g);
+      pf[0].mutable_grad().copy_(g.to(torch::kFloat));
+      EXPECT_EQ(mixed.clip_grad_norm(0.5), plain.clip_grad_norm(0.5)) << "step " << step;
+      mixed.step();
+      plain.step();
+      mixed.zero_grad();
+      plain.zero_grad();
+      EXPECT_TRUE(torch::equal(pm[0].grad(), torch::zeros({4096}, torch::kBFloat16)));
+      EXPECT_TRUE(torch::equal(mixed.master_of(pm[0]), pf[0])) << "step " << step;
+    }
+  }
+}
+
 TEST(FlatAdamW, CheckpointResumesExactly) {
   auto n1 = make_net(9);
   flat_adamw f1(n1->parameters(), options());
