@@ -537,6 +537,7 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
                             fp32_grads_windowed() ? torch::zeros({0}, g.params.options()) : torch::Tensor()});
     g.retired = std::move(g.windows);
     g.windows = std::move(next);
+    retired_pending_ = true;
     // Mixed precision: the float32 gradients are the windows' from now on
     // (the bf16 ones the module accumulates into stay whole).
     if (fp32_grads_windowed()) g.grads = torch::empty({0}, g.params.options());
@@ -605,6 +606,16 @@ void flat_adamw::make_resident() {
 
 void flat_adamw::drop_retired() {
   for (auto& g : groups_) g.retired.clear();
+  retired_pending_ = false;
+}
+
+void flat_adamw::restore_retired() {
+  if (!retired_pending_) return;
+  for (auto& g : groups_) {
+    g.windows = std::move(g.retired);
+    g.retired.clear();
+  }
+  retired_pending_ = false;
 }
 
 std::vector<torch::Tensor> flat_adamw::param_views(int64_t begin, int64_t end) const {

@@ -167,6 +167,10 @@ class flat_adamw {
   // allocates what it gives away.
   std::pair<torch::Tensor, torch::Tensor> moments(int64_t begin, int64_t end, bool retired = false);
   void drop_retired();
+  // The windows shard() last replaced become the held ones again (the new
+  // ones dropped): a reshard called off before the moves into the new
+  // windows all landed, and before any update. Nothing after drop_retired().
+  void restore_retired();
   // Unsharded: the gradient buffers and the moments made resident now (their
   // pages touched; lazy moments become real zeros), so that the first step,
   // or a state received from a peer, does not fault them in on the critical
@@ -227,6 +231,7 @@ class flat_adamw {
   flat_adamw_options opts_;
   int64_t step_ = 0;
   bool sharded_ = false;
+  bool retired_pending_ = false;  // shard() replaced windows that neither drop_retired() nor restore_retired() has ended
   bool grads_sharded_ = false;
   bool mixed_ = false;
   int gatherers_rounding_ = 0;  // copies_by_gatherer

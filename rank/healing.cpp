@@ -16,6 +16,7 @@
 #include "rank/state_io.hpp"
 #include "rank/state_source.hpp"
 #include "rank/sync_strategy.hpp"
+#include "rank/zero.hpp"
 
 namespace dtactor {
 
@@ -23,6 +24,7 @@ namespace {
 
 constexpr uint64_t heal_chunk_bytes = 64ull << 20;
 constexpr size_t heal_in_flight = 4;  // chunks on their way to each receiving rank at once
+constexpr int moves_tag_base = 1 << 24;  // the moments' moves, after the state's chunks on the same group
 
 // A piece of the state as the transfer sends it: every layout entry on its
 // own, cut in chunks (the same cut on both sides, whatever lies next to it
@@ -60,9 +62,10 @@ result<std::vector<int64_t>> holders_of(const generation_run& g, bool holds) {
 
 // The transfer on its own thread: the root sends the state it held when
 // the step began to every rank receiving it; a receiving rank takes it in
-// place, what a forward reads first. Ended (abandoned, joined) with the
-// generation; a receiving rank whose state did not land whole is reset to
-// the initial state then.
+// place, what a forward reads first. At train.zero >= 1 every rank then
+// runs its moves of the optimizer's moments (add_moves). Ended (abandoned,
+// joined) with the generation; a receiving rank whose state did not land
+// whole is reset to the initial state then.
 class heal_transfer {
  public:
   heal_transfer(c10::intrusive_ptr<c10d::ProcessGroup> pg, training_state& state, const generation_run& g, std::vector<int> to, int from)
@@ -71,11 +74,11 @@ class heal_transfer {
     // What a forward reads first, on both sides in the same order.
     for (bool first : {true, false})
       for (const auto& e : layout.entries) {
-        if (forward_reads(e.name) != first) continue;
+        if (e.sharded || forward_reads(e.name) != first) continue;  // the moments' windows move as add_moves says
         bytes_ += e.size;
         names_.push_back(e.name);
         // Sending: what a forward may change travels as it is now.
-        tensors_.push_back(sending() && !stable_until_update(e.name) ? e.t.clone() : e.t);
+        tensors_.push_back(sending() && !to_.empty() && !stable_until_update(e.name) ? e.t.clone() : e.t);
         if (first) forward_tensors_ = tensors_.size();
       }
   }
@@ -87,18 +90,33 @@ class heal_transfer {
       for (auto& w : issued_) w->abort();  // a send's or receive's wait returns at once
     }
     if (thread_.joinable()) thread_.join();
+    // The update never ran: the windows held at the agreed step are whole,
+    // what landed in the new ones may not be.
+    if (opt_ && !landed_) opt_->restore_retired();
     if (!sending() && !landed_) (void)state_.reset_state();  // torn, or never sent: not the agreed state
   }
   heal_transfer(const heal_transfer&) = delete;
   heal_transfer& operator=(const heal_transfer&) = delete;
 
   bool sending() const { return from_ < 0; }
+  // train.zero >= 1 (plan_reshard, made on the generation's thread): this
+  // rank's moves of the moments, run after the state; the update then
+  // waits for every rank's (`vote`: one word over the generation's group),
+  // so that either every rank updates or none does, and drops the retired
+  // windows.
+  void add_moves(reshard_plan moves, flat_adamw& opt, c10::intrusive_ptr<c10d::ProcessGroup> vote) {
+    moves_ = std::move(moves);
+    opt_ = &opt;
+    vote_pg_ = std::move(vote);
+  }
   uint64_t bytes() const { return bytes_; }
   int64_t step() const { return step_; }
   void start(int64_t step) {
     step_ = step;
+    t0_ = std::chrono::steady_clock::now();
     thread_ = std::thread([this] {
       status st = sending() ? send() : receive();
+      if (st && opt_) st = move();
       std::lock_guard<std::mutex> lock(mu_);
       outcome_ = std::move(st);
       ended_ = true;
@@ -121,6 +139,7 @@ class heal_transfer {
   // receiving rank fails its own step).
   status land() {
     if (thread_.joinable()) thread_.join();
+    if (opt_) return land_with_moves();
     const double s = seconds_since_start();
     if (sending()) {
       if (!outcome_) std::fprintf(stderr, "dtactor: healing: sending the state failed: %s\n", outcome_.message().c_str());
@@ -136,6 +155,40 @@ class heal_transfer {
   }
 
  private:
+  status land_with_moves() {
+    const double s = seconds_since_start();
+    if (outcome_) {
+      opt_->drop_retired();
+      if (!sending()) {
+        adopt_scalars();
+        state_.state_loaded(step_);
+      }
+      landed_ = true;
+    }
+    std::vector<int64_t> failed{outcome_ ? 0 : 1};
+    if (auto st = sum_allreduce(*vote_pg_, failed, deadline_in(timeout_), outer_abandon_, "state transfer while training (whether every rank has it)"); !st)
+      return st;
+    if (!outcome_) return make_error("state transfer while training: " + outcome_.message());
+    if (failed[0] > 0) return make_error("state transfer while training failed on " + std::to_string(failed[0]) + " other rank(s): no rank updates");
+    std::fprintf(stderr, "dtactor: healing: step %lld: %llu bytes of state in, %llu of optimizer moments in and %llu out, all landed %.3f s after the transfer began\n",
+                 static_cast<long long>(step_), static_cast<unsigned long long>(sending() ? 0 : bytes_),
+                 static_cast<unsigned long long>(moves_.totals.bytes_in), static_cast<unsigned long long>(moves_.totals.bytes_out), s);
+    return {};
+  }
+  // The moments' sends and receives, all issued at once (each sender's
+  // windows are retired: nothing changes them until drop_retired).
+  status move() {
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, bool>> works;
+    move_bufs_.resize(moves_.moves.size());
+    for (size_t i = 0; i < moves_.moves.size(); ++i) {
+      const reshard_move& m = moves_.moves[i];
+      move_bufs_[i] = {m.t};
+      works.emplace_back(issue(m.send ? pg_->send(move_bufs_[i], m.peer, m.tag) : pg_->recv(move_bufs_[i], m.peer, m.tag)), m.send);
+    }
+    for (const auto& [w, send] : works)
+      if (auto st = wait(w, send ? "optimizer reshard while training (sending)" : "optimizer reshard while training (receiving)"); !st) return st;
+    return {};
+  }
   static bool forward_reads(const std::string& name) { return name.rfind("model/", 0) == 0 || name.rfind("buffer/", 0) == 0; }
   double seconds_since_start() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
   // The step counters and the generator arrived in the tensors the layout
@@ -240,6 +293,11 @@ class heal_transfer {
   bool landed_ = false;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   double forward_s_ = 0;
+  // train.zero >= 1 (add_moves)
+  reshard_plan moves_;
+  flat_adamw* opt_ = nullptr;
+  c10::intrusive_ptr<c10d::ProcessGroup> vote_pg_;
+  std::vector<std::vector<torch::Tensor>> move_bufs_;
 };
 
 namespace {
@@ -260,8 +318,13 @@ class healing_state final : public state_source {
     std::vector<int> receiving;
     for (int r = 0; r < g.world; ++r)
       if (!bit_of(holders.value(), r)) receiving.push_back(r);
+    // At train.zero >= 1 every rank has a transfer: the moments' moves
+    // (healing_shards) may send or receive on any of them.
+    const bool moves = c.rs.settings.train.zero >= 1;
     if (g.rank == g.root) {
       g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, receiving, -1);
+    } else if (holds && moves) {
+      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, -1);
     } else if (!holds) {
       g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, g.root);
       c.state.skip_to(agreed);
@@ -275,8 +338,39 @@ class healing_state final : public state_source {
     if (g.healing) {
       heal_transfer* t = g.healing.get();
       c.state.set_update_fence([t] { return t->land(); });
-      t->start(agreed);
+      if (!moves) t->start(agreed);  // else once the moves are planned
     }
+    return std::nullopt;
+  }
+};
+
+// train.zero >= 1 while healing: the moments resharded to the
+// generation's plan as reshard_optimizer does, the plan now (every rank
+// alike) and the moves on the transfer's thread after the state, behind
+// the update's fence. When some shard has no holder, the transfer is
+// called off before it began and the checkpoint source's fallback loads
+// the plan's checkpoint for every rank.
+class healing_shards final : public shard_source {
+ public:
+  generation_end take(start_context& c, const shard_plan& plan) override {
+    generation_run& g = c.g;
+    flat_adamw& opt = c.state.optimizer();
+    const bool holds_current = c.held_before == c.state.step();
+    auto p = plan_reshard(*g.pg, opt, plan, holds_current, g.timeout, g.abandon_now, moves_tag_base);
+    if (!p) {
+      g.healing.reset();  // a receiving rank is reset: it holds nothing current
+      return g.failed(p.message(), c.state.step());
+    }
+    if (!p->totals.complete) {
+      g.healing.reset();
+      g.transfer_bytes = 0;
+      return checkpoint_source::fallback(c, plan, p->totals.missing);
+    }
+    c.rs.shards = plan;
+    g.reshard_bytes = p->totals.bytes_in + p->totals.bytes_out;
+    if (p->totals.moments_in > 0) g.optimizer = ev::optimizer_source::replica;
+    g.healing->add_moves(std::move(p.value()), opt, g.pg);
+    g.healing->start(c.agreed.max_step);
     return std::nullopt;
   }
 };
@@ -290,11 +384,15 @@ status forward_state_landed(heal_transfer& t, int64_t step, const std::function<
 
 bool heals(const start_context& c) {
   const job_settings& s = c.rs.settings;
-  return c.g.pg && !c.agreed.everyone_holds_it() && s.cluster.heal_while_training && s.train.zero == 0 && s.modes.sync == sync_mode::every_step &&
-         !c.agreed_from_disk && c.g.source != ev::state_source::disk &&
-         c.agreed.max_step < s.train.max_steps;
+  // ZeRO: every rank holds every parameter whole in float32 (not
+  // masters_sharded), none of them a mix of two steps.
+  const bool zero_fits = s.train.zero == 0 || (s.train.zero <= 2 && !masters_sharded(s.train) && !c.any_params_mixed);
+  return c.g.pg && !c.agreed.everyone_holds_it() && s.cluster.heal_while_training && zero_fits && s.modes.sync == sync_mode::every_step &&
+         !c.agreed_from_disk && c.g.source != ev::state_source::disk && c.agreed.max_step < s.train.max_steps;
 }
 
 std::unique_ptr<state_source> make_healing_state() { return std::make_unique<healing_state>(); }
+std::unique_ptr<shard_source> make_healing_shards() { return std::make_unique<healing_shards>(); }
+bool receives_while_training(const heal_transfer& t) { return !t.sending(); }
 
 }  // namespace dtactor

@@ -20,10 +20,22 @@
 // masters; the receiver's forward rounds them into its compute copies as
 // every forward does (training_state::forward_backward).
 //
-// Where it applies: train.sync = every_step at train.zero = 0, in either
-// precision, a state agreed from a live peer (not read from a checkpoint),
-// and a step left to train. Elsewhere the state is broadcast before the
-// first step (peer_state).
+// At train.zero = 1 and 2 the optimizer's moments are resharded to the
+// generation's plan on the same thread, after the state: every rank plans
+// its moves on the generation's thread (rank/zero plan_reshard: who holds
+// what, the new windows), then sends and receives them while the step
+// trains; the moments a rank sends are in windows the update no longer
+// reads (retired), and every rank's update waits for its own moves and
+// for one word from every rank saying theirs landed, so either every rank
+// applies the step or none does.
+//
+// Where it applies: train.sync = every_step, a state agreed from a live
+// peer (not read from a checkpoint), and a step left to train; at
+// train.zero = 0 in either precision; at train.zero = 1 and 2 where every
+// rank holds every parameter whole in float32 (not bf16's sharded masters)
+// and no rank's are a mix of two steps (its last all-gather failed).
+// Elsewhere the state is broadcast and the moments moved before the first
+// step (peer_state, replica_shards).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,11 +48,19 @@ namespace dtactor {
 struct start_context;
 class state_source;
 class heal_transfer;
+class shard_source;
 
 // Whether this generation's start heals while training (above).
 bool heals(const start_context& c);
-// The state source that starts the transfer.
+// The state source that starts the transfer (at train.zero >= 1, every
+// rank has one, started by the shard source below).
 std::unique_ptr<state_source> make_healing_state();
+// train.zero >= 1: the shard source that plans the moments' reshard and
+// starts the transfer with its moves.
+std::unique_ptr<shard_source> make_healing_shards();
+// This rank receives the state (parameters, buffers, counters) while the
+// first step trains.
+bool receives_while_training(const heal_transfer& t);
 // Before the step at `step`: on a rank receiving the state at that step,
 // waits until what a forward reads of it has landed (an error: it did not,
 // or `abandon` said to stop waiting); elsewhere nothing.

@@ -153,6 +153,7 @@ std::unique_ptr<shard_source> choose_shard_source(const start_context& c) {
   // the only one to know (the others held that step already).
   const bool from_disk = c.g.pg ? c.agreed_from_disk : c.g.source == ev::state_source::disk;
   if (from_disk) return std::make_unique<checkpoint_source>();
+  if (c.g.healing) return make_healing_shards();
   return std::make_unique<replica_shards>();
 }
 
@@ -219,8 +220,9 @@ generation_end starting_state::finish_zero2_step() {
 // allreduce of every piece's words: the state (the highest step, DiLoCo:
 // anchor, any member holds and the lowest rank holding it, the root),
 // whether that state is the plan's checkpoint global rank 0 read (the
-// shard source), the sync strategy's words, and a checkpoint still owed
-// (checkpoint.defer_while_writing) from the generation before.
+// shard source), the sync strategy's words, a checkpoint still owed
+// (checkpoint.defer_while_writing) from the generation before, and whether
+// any rank's parameters are a mix of two steps (healing's heals).
 generation_end starting_state::run_agreement() {
   generation_run& g = c_.g;
   agreement_round round;
@@ -231,6 +233,7 @@ generation_end starting_state::run_agreement() {
   if (!strategy_words) return g.failed(strategy_words.message(), c_.state.step());
   const auto strategy_slot = round.add(*strategy_words);
   const auto owed_slot = round.add({c_.rs.owed_checkpoint});
+  const auto mixed_slot = round.add({c_.state.params_mixed() ? 1 : 0});
   if (auto st = max_allreduce(*g.pg, round.words(), deadline_in(g.timeout), g.abandon_now, "state agreement"); !st)
     return g.failed(st.message(), c_.state.step());
   const auto agreed_state = round.read(state_slot);
@@ -238,6 +241,7 @@ generation_end starting_state::run_agreement() {
   c_.agreed_from_disk = agreed_from_disk(round.read(disk_slot)[0], c_.agreed);
   c_.strategy_agreed = round.read(strategy_slot);
   c_.rs.owed_checkpoint = round.read(owed_slot)[0];  // a checkpoint any rank still owes: all owe it
+  c_.any_params_mixed = round.read(mixed_slot)[0] != 0;
   g.root = c_.agreed.root;
   return std::nullopt;
 }

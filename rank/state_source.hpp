@@ -49,6 +49,7 @@ struct start_context {
   std::vector<int64_t> strategy_agreed;  // the sync strategy's words, reduced
   bool own_window = true;         // DiLoCo: this rank held the agreed anchor (keeps its window)
   int64_t held_before = -1;       // the step this rank held before any transfer
+  bool any_params_mixed = false;  // some rank's parameters are a mix of two steps (the agreement's)
 };
 
 // Where this rank's part of the agreed state (parameters, buffers, the
@@ -72,7 +73,8 @@ class shard_source {
 // the root's broadcast.
 std::unique_ptr<state_source> choose_state_source(const start_context& c);
 // The shard source the agreement names: the plan's checkpoint, or the
-// surviving holders (falling back to the plan's fallback checkpoint).
+// surviving holders (falling back to the plan's fallback checkpoint),
+// before the first step or, healing, while it trains (rank/healing).
 std::unique_ptr<shard_source> choose_shard_source(const start_context& c);
 
 // The plan's checkpoints, read through the load planner (rank/state_io,

@@ -152,7 +152,7 @@ void step_loop::report_ready() {
     ready.set_reshard_bytes(g_.reshard_bytes);
   }
   ready.set_state_transfer_s(g_.transfer_s);
-  ready.set_healing(g_.healing && g_.rank != g_.root);
+  ready.set_healing(g_.healing && receives_while_training(*g_.healing));
   sync_.ready_fields(g_, ready);
   if (g_.cb.on_status) g_.cb.on_status(g_.gen, std::move(ready));
 }

@@ -463,43 +463,48 @@ int first_holder(const std::vector<ranges>& held, int64_t a, int64_t b) {
   return -1;
 }
 
-// Sends each segment's moments from its first holder to every rank that
-// wants it and lacks it, point to point (tags in segment order, the same on
-// every rank); waits for this rank's receives, then its sends.
-status move_moments(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges& segments, const std::vector<ranges>& held, const shard_plan& next,
-                    std::chrono::milliseconds timeout, reshard_result& res) {
-  const int world = pg.getSize(), rank = pg.getRank();
-  std::vector<ranges> wants(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) wants[static_cast<size_t>(r)] = next.ranges_of(r);
-  int tag = 0;
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
-  std::vector<std::vector<torch::Tensor>> keep;  // tensors of sends in flight
+// Each segment's moments go from its first holder to every rank that
+// wants it and lacks it, point to point (tags from `tag` in segment order,
+// the same on every rank): this rank's sends and receives, their tensors
+// taken now (a receive's window made dense).
+std::vector<reshard_move> moment_moves(flat_adamw& opt, const ranges& segments, const std::vector<ranges>& held, const shard_plan& next, int rank,
+                                       int tag, reshard_result& res) {
+  const int world = next.world();
+  std::vector<reshard_move> out;
   for (const auto& [a, b] : segments) {
     const int source = first_holder(held, a, b);
     for (int r = 0; r < world; ++r) {
-      if (r == source || !covers(wants[static_cast<size_t>(r)], a, b) || covers(held[static_cast<size_t>(r)], a, b)) continue;
-      if (rank == source) {
-        auto [m, v] = opt.moments(a, b, true);
-        keep.push_back({m});
-        sends.push_back(pg.send(keep.back(), r, tag));
-        keep.push_back({v});
-        sends.push_back(pg.send(keep.back(), r, tag + 1));
-        res.bytes_out += static_cast<uint64_t>(2 * (b - a) * m.element_size());
-      } else if (rank == r) {
-        auto [m, v] = opt.moments(a, b, false);
-        std::vector<torch::Tensor> tm{m}, tv{v};
-        if (auto st = wait_p2p(pg.recv(tm, source, tag), timeout, "optimizer reshard (receiving)"); !st) return st.err();
-        if (auto st = wait_p2p(pg.recv(tv, source, tag + 1), timeout, "optimizer reshard (receiving)"); !st) return st.err();
-        res.bytes_in += static_cast<uint64_t>(2 * (b - a) * m.element_size());
-        res.moments_in += static_cast<uint64_t>(2 * (b - a) * m.element_size());
+      if (r == source || !covers(next.ranges_of(r), a, b) || covers(held[static_cast<size_t>(r)], a, b)) continue;
+      if (rank == source || rank == r) {
+        const bool send = rank == source;
+        auto [m, v] = opt.moments(a, b, send);
+        out.push_back({m, send ? r : source, tag, send});
+        out.push_back({v, send ? r : source, tag + 1, send});
+        const auto bytes = static_cast<uint64_t>(2 * (b - a) * m.element_size());
+        (send ? res.bytes_out : res.bytes_in) += bytes;
+        if (!send) res.moments_in += bytes;
       }
       tag += 2;
     }
   }
-  for (auto& w : sends)
-    if (auto st = wait_p2p(w, timeout, "optimizer reshard (sending)"); !st) return st.err();
+  return out;
+}
+
+}  // namespace
+
+status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves, std::chrono::milliseconds timeout) {
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, bool>> works;
+  std::vector<std::vector<torch::Tensor>> keep(moves.size());
+  for (size_t i = 0; i < moves.size(); ++i) {
+    keep[i] = {moves[i].t};
+    works.emplace_back(moves[i].send ? pg.send(keep[i], moves[i].peer, moves[i].tag) : pg.recv(keep[i], moves[i].peer, moves[i].tag), moves[i].send);
+  }
+  for (auto& [w, send] : works)
+    if (auto st = wait_p2p(w, timeout, send ? "optimizer reshard (sending)" : "optimizer reshard (receiving)"); !st) return st;
   return {};
 }
+
+namespace {
 
 // Broadcasts every segment's parameters from its first holder, whose are
 // the agreed step's.
@@ -592,7 +597,7 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
     return res;
   }
   opt.shard(next.ranges_of(rank));  // keeps what this rank held of them; the old windows stay until the sends are done
-  if (auto st = move_moments(pg, opt, segments, held, next, timeout, res); !st) return st.err();
+  if (auto st = run_moves(pg, moment_moves(opt, segments, held, next, rank, 0, res), timeout); !st) return st.err();
   opt.drop_retired();
   // The parameters too, from the same holders, when a rank's last all-gather
   // failed after it stepped its own shards, so its other parameters may be
@@ -605,6 +610,30 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   }
   res.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   return res;
+}
+
+result<reshard_plan> plan_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, std::chrono::milliseconds timeout,
+                                  const std::function<bool()>& abandon, int tag_base) {
+  const auto t0 = clock_type::now();
+  const int world = pg.getSize(), rank = pg.getRank();
+  const int64_t total = opt.total_elements();
+  if (next.world() != world || next.total != total)
+    return make_error("optimizer reshard: the shard plan is for " + std::to_string(next.world()) + " ranks and " + std::to_string(next.total) +
+                      " elements, the group has " + std::to_string(world) + " ranks and the optimizer " + std::to_string(total));
+  torch::NoGradGuard no_grad;
+  auto who = gather_holdings(pg, opt, holds_current, false, timeout, abandon);
+  if (!who) return who.err();
+  const ranges segments = cut_segments(who->held, next, opt, total);
+  reshard_plan p;
+  p.totals.missing = unheld(segments, who->held);
+  if (!p.totals.missing.empty()) {
+    p.totals.complete = false;
+    return p;
+  }
+  opt.shard(next.ranges_of(rank));
+  p.moves = moment_moves(opt, segments, who->held, next, rank, tag_base, p.totals);
+  p.totals.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return p;
 }
 
 }  // namespace dtactor

@@ -107,6 +107,34 @@ struct reshard_result {
   uint64_t moments_in = 0;               // of bytes_in: optimizer moments this rank did not hold
   double seconds = 0;
 };
+// reshard_optimizer's moments in two halves, for a reshard while the
+// generation's first step trains (rank/healing, fp32 parameters that every
+// rank holds, none of them a mix):
+// - plan_reshard, on the generation's thread: who holds what (the one
+//   all-gather on `pg`), the new windows (flat_adamw::shard; the old ones
+//   stay, retired, until flat_adamw::drop_retired), and every move's tensor,
+//   made dense now, so that nothing but the moves' sends and receives
+//   touches the optimizer while they run. When some elements are held by
+//   nobody the optimizer is unchanged (`complete` false, `missing` says
+//   which).
+// - run_moves, on any thread: every send and receive issued at once on the
+//   transfer group, then waited for.
+// Until the moves are done the update must not run (the new windows are
+// not all filled) and the retired windows must stay (they are sent).
+struct reshard_move {
+  torch::Tensor t;  // a receive's view into a new window, or a send's part of a retired one
+  int peer = -1;
+  int tag = 0;
+  bool send = false;
+};
+struct reshard_plan {
+  reshard_result totals;  // complete, missing and the bytes; seconds: the plan's
+  std::vector<reshard_move> moves;
+};
+result<reshard_plan> plan_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, std::chrono::milliseconds timeout,
+                                  const std::function<bool()>& abandon, int tag_base);
+status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves, std::chrono::milliseconds timeout);
+
 // `holds_current`: this rank's moments are those of the agreed step (false
 // for a rank that joined or fell behind: it receives everything it needs).
 // `params_mixed`: this rank's last parameter all-gather failed.

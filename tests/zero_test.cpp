@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 #include "model/flat_adamw.hpp"
 #include "model/shard_plan.hpp"
@@ -226,6 +227,67 @@ TEST(Zero, AShardHeldByNobodyIsReportedAndNothingMoves) {
               "elements [" + std::to_string(plan3.shards[2].begin) + ", " + std::to_string(plan3.shards[2].end) + ")");
     EXPECT_EQ(states[static_cast<size_t>(r)]->optimizer().held_ranges(), plan3.ranges_of(r)) << "unchanged";
   }
+}
+
+// The reshard in two halves (healing while the first step trains): the
+// plan on each rank's thread, the moves on another thread. A plan called
+// off before its moves gives back the windows held before, untouched; a
+// plan whose moves ran ends where reshard_optimizer ends: the survivors
+// train on exactly as the replicated job.
+TEST(Zero, AReshardPlannedThenMovedOnAnotherThreadGoesOnExactly) {
+  const int steps = 3;
+  auto cfg = tiny_vit_config();
+  auto plain = make_states(cfg, 3);
+  auto sharded = make_states(cfg, 3);
+  const int64_t total = sharded[0]->optimizer().total_elements();
+  const auto plan3 = make_shard_plan(total, nodes_of(3), 2);
+  for (int r = 0; r < 3; ++r) sharded[static_cast<size_t>(r)]->shard_optimizer(plan3.ranges_of(r));
+  expect_no_errors(train(plain, 3, steps, nullptr));
+  expect_no_errors(train(sharded, 3, steps, &plan3));
+  auto moments_of = [](training_state& s) {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : s.state_tensors())
+      if (t.sharded) out.push_back(t.t.clone());
+    return out;
+  };
+  std::vector<std::vector<torch::Tensor>> before;
+  for (int r = 0; r < 2; ++r) before.push_back(moments_of(*sharded[static_cast<size_t>(r)]));
+  const auto plan2 = make_shard_plan(total, nodes_of(2), 2);
+  for (bool call_off : {true, false}) {
+    SCOPED_TRACE(call_off ? "called off" : "moved");
+    std::vector<reshard_plan> got(2);
+    expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+      flat_adamw& opt = sharded[static_cast<size_t>(rank)]->optimizer();
+      auto p = plan_reshard(*pg, opt, plan2, true, std::chrono::milliseconds(20000), {}, 1 << 24);
+      if (!p) return p.message();
+      if (!p->totals.complete) return "incomplete: " + p->totals.missing;
+      if (opt.held_ranges() != plan2.ranges_of(rank)) return "the plan did not make the new windows";
+      got[static_cast<size_t>(rank)] = p.value();
+      if (call_off) {
+        opt.restore_retired();
+        return "";
+      }
+      status moved;
+      std::thread t([&] { moved = run_moves(*pg, got[static_cast<size_t>(rank)].moves, std::chrono::milliseconds(20000)); });
+      t.join();
+      if (!moved) return moved.message();
+      opt.drop_retired();
+      return "";
+    }));
+    EXPECT_GT(got[0].totals.moments_in + got[1].totals.moments_in, 0u) << "the lost rank's shards come from their replicas";
+    for (int r = 0; r < 2; ++r) {
+      const auto& want = call_off ? plan3.ranges_of(r) : plan2.ranges_of(r);
+      EXPECT_EQ(sharded[static_cast<size_t>(r)]->optimizer().held_ranges(), want) << "rank " << r;
+      if (!call_off) continue;
+      const auto now = moments_of(*sharded[static_cast<size_t>(r)]);
+      ASSERT_EQ(now.size(), before[static_cast<size_t>(r)].size());
+      for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(torch::equal(now[i], before[static_cast<size_t>(r)][i])) << "rank " << r << " tensor " << i;
+    }
+  }
+  expect_no_errors(train(plain, 2, steps, nullptr));
+  expect_no_errors(train(sharded, 2, steps, &plan2));
+  EXPECT_EQ(sharded[0]->params_digest(), plain[0]->params_digest());
+  EXPECT_EQ(sharded[1]->params_digest(), plain[0]->params_digest());
 }
 
 // Each rank writes its share of the replicated bytes and the windows of the
