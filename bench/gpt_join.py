@@ -26,7 +26,8 @@ Writes bench/gpt_join_results.json (or --out): the medians and every run's
 figures.
 
 Usage: bench/gpt_join.py [--trials 5] [--steps 14] [--bin build/dtactor]
-                         [--baseline DIR --baseline-is TEXT] [--out FILE]
+                         [--set KEY=VALUE ...] [--baseline DIR] [--baseline-set KEY=VALUE ...]
+                         [--baseline-is TEXT] [--out FILE]
        bench/gpt_join.py --from-runs FILE [--out FILE]   (no new runs: the
                          medians and figures again from FILE's runs)
 """
@@ -41,9 +42,13 @@ ap.add_argument("--trials", type=int, default=5)
 ap.add_argument("--steps", type=int, default=14)
 ap.add_argument("--baseline", default="", help="a directory with another build's dtactor, dtactor-train and libdtactor.so.0")
 ap.add_argument("--baseline-is", default="the build before", help="what the baseline build is, for the page")
+ap.add_argument("--set", action="append", default=[], help="one more config setting for every run (bench_state_path.py --set)")
+ap.add_argument("--baseline-set", action="append", default=[],
+                help="one more config setting for the baseline's runs only (without --baseline: this build with these settings is the baseline)")
 ap.add_argument("--out", default=os.path.join(here, "gpt_join_results.json"))
 ap.add_argument("--from-runs", default="", help="no new runs: the medians and figures again from the runs an earlier results file holds")
 a = ap.parse_args()
+has_baseline = bool(a.baseline or a.baseline_set)
 
 KEPT = ["replacement_registered_to_first_step_s", "peer_transfer_while_training", "peer_transfer_s", "peer_transfer_gb_per_s", "kill_to_first_step_at_world_1_s",
         "stall_s_max", "stall_max_over_step", "step_s_median", "lost_steps"]
@@ -67,10 +72,12 @@ def join_phases(run_dir):
             "pause_s": round(d["state_s"] + d["first_step_s"], 3)}
 
 
-def trial(baseline=""):
+def trial(baseline="", sets=()):
     binary = os.path.join(baseline, "dtactor") if baseline else a.bin
     env = dict(os.environ, LD_LIBRARY_PATH=baseline) if baseline else None
     cmd = [sys.executable, os.path.join(here, "bench_state_path.py"), "--bin", binary, "--steps", str(a.steps), "--keep"]
+    for kv in list(a.set) + list(sets):
+        cmd += ["--set", kv]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit("bench_state_path.py failed:\n" + p.stdout[-2000:] + p.stderr[-2000:])
@@ -89,8 +96,8 @@ earlier = json.load(open(a.from_runs)) if a.from_runs else None
 if earlier:
     runs, base_runs, a.trials = earlier["runs"], earlier.get("baseline_runs", []), len(earlier["runs"])
 for i in range(0 if earlier else a.trials):
-    if a.baseline:
-        base_runs.append(trial(a.baseline))
+    if has_baseline:
+        base_runs.append(trial(a.baseline, a.baseline_set))
         print("baseline run %d of %d: %s" % (i + 1, a.trials, json.dumps(base_runs[-1])), file=sys.stderr, flush=True)
     runs.append(trial())
     print("run %d of %d: %s" % (i + 1, a.trials, json.dumps(runs[-1])), file=sys.stderr, flush=True)
@@ -115,20 +122,21 @@ def medians(rs):
 
 
 result = {"trials": a.trials, "median": medians(runs), "runs": runs}
-if a.baseline:
+if has_baseline:
     result.update({"baseline_is": a.baseline_is, "baseline_median": medians(base_runs), "baseline_runs": base_runs})
 n = a.trials
 
 
 def F(what, at, unit):
-    if not a.baseline:
+    if not has_baseline:
         return bench_meta.figure(what, at, unit)
     return bench_meta.figure(what, at, unit, a.baseline_is, ["baseline_median"] + at[1:])
 
 
 out = bench_meta.write(
     a.out, result,
-    "A lost node and its replacement at the 202M GPT (2.4 GB of state), default settings%s: where the join's time goes (median of %d runs)" % (
+    "A lost node and its replacement at the 202M GPT (2.4 GB of state), %s%s: where the join's time goes (median of %d runs)" % (
+        "with " + ", ".join(a.set) if a.set else "default settings",
         " (the replacement heals while the first step trains)" if any(r.get("peer_transfer_while_training") for r in runs) else "", n),
     "Recovery from faults", [f for f in [
         F("the replacement: registration to its first step at world 2", ["median", "replacement_registered_to_first_step_s"], "s"),
@@ -146,14 +154,17 @@ out = bench_meta.write(
     ] if bench_meta.lookup(result, f["at"]) is not None],  # healing: no transfer time of its own
     cmd=(earlier["meta"]["command"] + ("" if "--out" in earlier["meta"]["command"] or os.path.abspath(a.out) == os.path.join(here, "gpt_join_results.json")
                                        else " --out bench/" + os.path.basename(a.out))) if earlier else "bench/gpt_join.py --trials %d --steps %d%s%s" % (
-        n, a.steps, " --baseline DIR --baseline-is '%s'" % a.baseline_is if a.baseline else "",
+        n, a.steps, "".join(" --set " + kv for kv in a.set) + ("" if not a.baseline else " --baseline DIR") +
+        "".join(" --baseline-set " + kv for kv in a.baseline_set) + (" --baseline-is '%s'" % a.baseline_is if has_baseline else ""),
         "" if os.path.abspath(a.out) == os.path.join(here, "gpt_join_results.json") else " --out bench/" + os.path.basename(a.out)),
-    notes="%d runs of bench_state_path.py one after the other on this machine's 2 cores (GPT model.dim=1024 model.layers=16, global batch 4, "
-          "checkpoint.every_steps=2, default settings otherwise; the coordinator and both nodes on one host, so the state and the gradients "
-          "move through shared memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start, "
-          "model build and first touch of its gradients and moments (a warm rank at train.zero = 0 makes them resident before it says it is ready) are in "
-          "the time from its registration to the plan, while the survivor still trains.%s Medians per figure; every run's figures are under runs%s." %
-          (n, " The replacement received the state while the first step at world 2 trained (cluster.heal_while_training), so the transfer "
-              "has no time of its own: it is in READY to the first step." if any(r.get("peer_transfer_while_training") for r in runs) else "",
-           "; with a baseline, its runs alternate with this build's (baseline first), medians under baseline_median" if a.baseline else ""))
+    notes=("%d runs of bench_state_path.py one after the other on this machine's 2 cores (GPT model.dim=1024 model.layers=16, global batch 4, " % n) +
+          "checkpoint.every_steps=2, " + "".join(kv + ", " for kv in a.set) + "default settings otherwise" +
+          ("; the baseline's runs also with " + ", ".join(a.baseline_set) if a.baseline_set else "") +
+          ("; the coordinator and both nodes on one host, so the state and the gradients "
+           "move through shared memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start, "
+           "model build and first touch of its gradients and moments (a warm rank at train.zero = 0 makes them resident before it says it is ready) are in "
+           "the time from its registration to the plan, while the survivor still trains.%s Medians per figure; every run's figures are under runs%s." %
+           (" The replacement received the state while the first step at world 2 trained (cluster.heal_while_training), so the transfer "
+            "has no time of its own: it is in READY to the first step." if any(r.get("peer_transfer_while_training") for r in runs) else "",
+            "; with a baseline, its runs alternate with this build's (baseline first), medians under baseline_median" if has_baseline else "")))
 print(json.dumps(out, indent=1))
