@@ -512,6 +512,18 @@ void flat_adamw::shard(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
     for (const auto& [a, b] : ranges) {
       const int64_t lo = std::max<int64_t>(a - g.base, 0), hi = std::min<int64_t>(b - g.base, n);
       if (lo >= hi) continue;
+      // The same range as an old window: its moments as they are (no copy,
+      // no new pages). While the old window is retired both share them;
+      // nothing writes them before drop_retired (a rank receives only what
+      // it did not hold, and the update waits for the sends).
+      const auto same = std::find_if(g.windows.begin(), g.windows.end(),
+                                     [&](const window& old) { return old.begin == lo && old.exp_avg.numel() == hi - lo; });
+      if (same != g.windows.end()) {
+        window w{lo, same->exp_avg, same->exp_avg_sq, {}};
+        if (fp32_grads_windowed()) w.grad = untouched_zeros(hi - lo, g.params.options());
+        next.push_back(std::move(w));
+        continue;
+      }
       // Lazy zeros again when all it keeps of the old windows are lazy zeros.
       bool lazy = true;
       for (const auto& old : g.windows) {

@@ -166,6 +166,10 @@ void training_state::shard_optimizer(const std::vector<std::pair<int64_t, int64_
   optimizer_->shard(ranges);
 }
 
+void training_state::drop_stale_moments() {
+  if (optimizer_->sharded()) shard_optimizer({});
+}
+
 double training_state::update_at(std::optional<double> global_norm, int64_t lr_step) {
   before_update();
   const double clip = settings_.train.grad_clip;

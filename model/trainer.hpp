@@ -242,6 +242,13 @@ class training_state {
   // the caller gathers the others' (rank/zero). All of it: unsharded.
   // With train.zero >= 2 the gradients are sharded too (flat_adamw::shard_grads).
   void shard_optimizer(const std::vector<std::pair<int64_t, int64_t>>& ranges);
+  // Sharded, on a rank whose moments are not the agreed step's (it joined,
+  // restarted or fell behind) before the replicated state comes: it holds
+  // no window from now until the reshard gives it its new ones, so that
+  // the transfer's layout (state_tensors) does not make worthless moments
+  // resident (a fresh rank's window is the whole model) and the reshard
+  // does not copy them.
+  void drop_stale_moments();
   flat_adamw& optimizer() { return *optimizer_; }
 
   // After a load that failed half-way (the tensors hold a mix): the initial

@@ -326,6 +326,7 @@ class healing_state final : public state_source {
     } else if (holds && moves) {
       g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, -1);
     } else if (!holds) {
+      if (moves) c.state.drop_stale_moments();  // its windows come from the reshard (healing_shards)
       g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, g.root);
       c.state.skip_to(agreed);
       g.source = ev::state_source::peer;
