@@ -102,6 +102,40 @@ TEST(FlatAdamW, MatchesLibTorchAdamWWithClipping) {
   EXPECT_GT(max_abs_diff(snapshot(*n1), snapshot(*make_net(7))), 1e-2) << "the parameters did not move";
 }
 
+// A reshard whose new window has an old window's exact range keeps that
+// window's moments as they are (no copy, no new pages: a survivor whose
+// shards do not change pays nothing), and a rank holding no window (a
+// stale rank before its reshard: training_state::drop_stale_moments) makes
+// no moment resident when its state is laid out for a transfer.
+TEST(FlatAdamW, AWindowOfTheSameRangeKeepsItsMomentsAndNoWindowHoldsNoBytes) {
+  auto n = make_net(7);
+  flat_adamw f(n->parameters(), options());
+  const int64_t total = f.total_elements();
+  const int64_t base = f.group_bases()[0];
+  f.shard({{0, total}});
+  for (int64_t s = 0; s < 2; ++s) {
+    backward_on(*n, s);
+    f.step();
+    f.zero_grad();
+  }
+  const auto [m, v] = f.moments(base, base + 4);
+  const void* at = m.data_ptr();
+  const auto values = m.clone();
+  f.shard({{0, total}});
+  const auto [m2, v2] = f.moments(base, base + 4);
+  EXPECT_EQ(m2.data_ptr(), at) << "the same range: the same moments";
+  EXPECT_TRUE(torch::equal(m2, values));
+  f.drop_retired();
+  EXPECT_TRUE(torch::equal(f.moments(base, base + 4).first, values));
+
+  flat_adamw fresh(make_net(8)->parameters(), options());
+  fresh.shard({{0, total}});  // a fresh rank's whole window: lazy zeros
+  fresh.shard({});
+  EXPECT_TRUE(fresh.held_ranges().empty());
+  for (const auto& t : fresh.state_tensors()) EXPECT_EQ(t.t.numel(), 0) << t.name;
+  EXPECT_EQ(fresh.state_bytes(), 0);
+}
+
 TEST(FlatAdamW, ParametersAndGradientsAreViewsOfOneBufferPerGroup) {
   auto n = make_net(3);
   flat_adamw flat(n->parameters(), options());
