@@ -588,8 +588,11 @@ std::pair<torch::Tensor, torch::Tensor> flat_adamw::moments(int64_t begin, int64
       if (lo < 0 || end - g.base > w.begin + w.exp_avg.numel()) continue;
       if (retired)  // read (sent on): lazy zeros as a dense copy of the range
         return {w.exp_avg.narrow(0, lo, end - begin).contiguous(), w.exp_avg_sq.narrow(0, lo, end - begin).contiguous()};
-      w.exp_avg = dense_of(w.exp_avg);  // written into (received)
-      w.exp_avg_sq = dense_of(w.exp_avg_sq);
+      // Written into (received): real zeros whose pages are the kernel's
+      // until the moments arrive, so that they fault in as they land (on
+      // the transfer's thread when healing), not all at once here.
+      if (is_lazy(w.exp_avg)) w.exp_avg = untouched_zeros(w.exp_avg.numel(), w.exp_avg.options());
+      if (is_lazy(w.exp_avg_sq)) w.exp_avg_sq = untouched_zeros(w.exp_avg_sq.numel(), w.exp_avg_sq.options());
       return {w.exp_avg.narrow(0, lo, end - begin), w.exp_avg_sq.narrow(0, lo, end - begin)};
     }
   }
