@@ -576,22 +576,45 @@ status move_sharded_params(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges
 
 }  // namespace
 
-result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
-                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon, const ranges* params_everywhere) {
-  const auto t0 = clock_type::now();
-  const int world = pg.getSize(), rank = pg.getRank();
+namespace {
+
+// Both halves' start: who holds what, the segments, and the elements
+// nobody holds ("" when every one has a holder).
+struct reshard_start {
+  holdings who;
+  ranges segments;
+  std::string missing;
+};
+result<reshard_start> start_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
+                                    std::chrono::milliseconds timeout, const std::function<bool()>& abandon) {
+  const int world = pg.getSize();
   const int64_t total = opt.total_elements();
   if (next.world() != world || next.total != total)
     return make_error("optimizer reshard: the shard plan is for " + std::to_string(next.world()) + " ranks and " + std::to_string(next.total) +
                       " elements, the group has " + std::to_string(world) + " ranks and the optimizer " + std::to_string(total));
-  torch::NoGradGuard no_grad;
   auto who = gather_holdings(pg, opt, holds_current, params_mixed, timeout, abandon);
   if (!who) return who.err();
-  const std::vector<ranges>& held = who->held;
-  const ranges segments = cut_segments(held, next, opt, total);
+  reshard_start r;
+  r.who = std::move(who.value());
+  r.segments = cut_segments(r.who.held, next, opt, total);
+  r.missing = unheld(r.segments, r.who.held);
+  return r;
+}
+
+}  // namespace
+
+result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
+                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon, const ranges* params_everywhere) {
+  const auto t0 = clock_type::now();
+  const int rank = pg.getRank();
+  torch::NoGradGuard no_grad;
+  auto start = start_reshard(pg, opt, next, holds_current, params_mixed, timeout, abandon);
+  if (!start) return start.err();
+  const std::vector<ranges>& held = start->who.held;
+  const ranges& segments = start->segments;
   // Every element must have a holder, or nothing moves.
   reshard_result res;
-  res.missing = unheld(segments, held);
+  res.missing = start->missing;
   if (!res.missing.empty()) {
     res.complete = false;
     return res;
@@ -605,7 +628,7 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   // replicated state from).
   if (params_everywhere) {
     if (auto st = move_sharded_params(pg, opt, segments, held, next, *params_everywhere, timeout, abandon, res); !st) return st.err();
-  } else if (who->any_mixed) {
+  } else if (start->who.any_mixed) {
     if (auto st = repair_params(pg, opt, segments, held, timeout, abandon, res); !st) return st.err();
   }
   res.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -615,23 +638,17 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
 result<reshard_plan> plan_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, std::chrono::milliseconds timeout,
                                   const std::function<bool()>& abandon, int tag_base) {
   const auto t0 = clock_type::now();
-  const int world = pg.getSize(), rank = pg.getRank();
-  const int64_t total = opt.total_elements();
-  if (next.world() != world || next.total != total)
-    return make_error("optimizer reshard: the shard plan is for " + std::to_string(next.world()) + " ranks and " + std::to_string(next.total) +
-                      " elements, the group has " + std::to_string(world) + " ranks and the optimizer " + std::to_string(total));
   torch::NoGradGuard no_grad;
-  auto who = gather_holdings(pg, opt, holds_current, false, timeout, abandon);
-  if (!who) return who.err();
-  const ranges segments = cut_segments(who->held, next, opt, total);
+  auto start = start_reshard(pg, opt, next, holds_current, false, timeout, abandon);
+  if (!start) return start.err();
   reshard_plan p;
-  p.totals.missing = unheld(segments, who->held);
+  p.totals.missing = start->missing;
   if (!p.totals.missing.empty()) {
     p.totals.complete = false;
     return p;
   }
-  opt.shard(next.ranges_of(rank));
-  p.moves = moment_moves(opt, segments, who->held, next, rank, tag_base, p.totals);
+  opt.shard(next.ranges_of(pg.getRank()));
+  p.moves = moment_moves(opt, start->segments, start->who.held, next, pg.getRank(), tag_base, p.totals);
   p.totals.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   return p;
 }
