@@ -385,11 +385,15 @@ status forward_state_landed(heal_transfer& t, int64_t step, const std::function<
 
 bool heals(const start_context& c) {
   const job_settings& s = c.rs.settings;
-  // ZeRO: every rank holds every parameter whole in float32 (not
-  // masters_sharded), none of them a mix of two steps.
-  const bool zero_fits = s.train.zero == 0 || (s.train.zero <= 2 && !masters_sharded(s.train) && !c.any_params_mixed);
+  // ZeRO: every rank holds every parameter whole in float32, none of them
+  // a mix of two steps.
+  const bool zero_fits = s.train.zero == 0 || (only_moments_sharded(s) && !c.any_params_mixed);
   return c.g.pg && !c.agreed.everyone_holds_it() && s.cluster.heal_while_training && zero_fits && s.modes.sync == sync_mode::every_step &&
          !c.agreed_from_disk && c.g.source != ev::state_source::disk && c.agreed.max_step < s.train.max_steps;
+}
+
+bool only_moments_sharded(const job_settings& s) {
+  return (s.train.zero == 1 || s.train.zero == 2) && !masters_sharded(s.train) && s.modes.sync == sync_mode::every_step;
 }
 
 std::unique_ptr<state_source> make_healing_state() { return std::make_unique<healing_state>(); }

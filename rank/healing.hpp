@@ -46,12 +46,17 @@
 namespace dtactor {
 
 struct start_context;
+struct job_settings;
 class state_source;
 class heal_transfer;
 class shard_source;
 
 // Whether this generation's start heals while training (above).
 bool heals(const start_context& c);
+// train.zero 1 or 2 with float32 masters every rank holds whole, every
+// step: the sharded state is the moments alone, which move by themselves
+// (healing_shards here, replica_shards before the first step).
+bool only_moments_sharded(const job_settings& s);
 // The state source that starts the transfer (at train.zero >= 1, every
 // rank has one, started by the shard source below).
 std::unique_ptr<state_source> make_healing_state();

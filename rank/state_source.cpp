@@ -36,8 +36,7 @@ class peer_state final : public state_source {
     int64_t from_disk = g.source == ev::state_source::disk ? 1 : 0;
     // Moments this rank held are not the agreed step's: its windows come
     // from the reshard (replica_shards) or the checkpoint, not from these.
-    const train_settings& t = c.rs.settings.train;
-    if (!holds_agreed && t.zero >= 1 && !masters_sharded(t) && c.rs.settings.modes.sync == sync_mode::every_step) c.state.drop_stale_moments();
+    if (!holds_agreed && only_moments_sharded(c.rs.settings)) c.state.drop_stale_moments();
     auto pg = transfer_group(g, c.rs);
     if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
     auto sent = broadcast_state(*pg.value(), g.root, c.state, g.timeout, g.abandon_now, from_disk, state_transfer_streams, 64ull << 20, transfer_shm(g));
