@@ -34,6 +34,7 @@ class sample_log;
 class checkpoint_saver;
 class sync_strategy;
 class heal_transfer;
+class local_peers;
 
 using abandon_fn = std::function<bool()>;
 
@@ -127,6 +128,7 @@ struct generation_run {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null when world == 1
   std::shared_ptr<const group_request> group;  // how pg was built (rank/group_builder): side groups are built alike
   c10::intrusive_ptr<c10d::ProcessGroup> transfer_pg;  // the state transfers' side group, once built (rank/group_builder transfer_group)
+  std::shared_ptr<const local_peers> peers;  // who reads whose memory, once agreed (rank/group_builder local_peers_of)
   exchange_plan exchange;                     // how gradients travel (cluster.shm_allreduce: shared memory within hosts)
   std::string backend;
   ev::state_source source = ev::state_source::local;  // where the starting state came from

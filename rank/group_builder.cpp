@@ -8,6 +8,7 @@
 
 #include "base/process.hpp"
 #include "comm/communicator.hpp"
+#include "comm/peer_moves.hpp"
 #include "comm/rendezvous_client.hpp"
 #include "comm/shm_group.hpp"
 #include "comm/step_control.hpp"
@@ -165,6 +166,16 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> transfer_group(generation_run& g,
     g.transfer_pg = built.value();
   }
   return g.transfer_pg;
+}
+
+result<const local_peers*> local_peers_of(generation_run& g) {
+  if (!g.pg) return static_cast<const local_peers*>(nullptr);
+  if (!g.peers) {
+    auto agreed = local_peers::agree(*g.pg, deadline_in(g.timeout), g.abandon_now);
+    if (!agreed) return agreed.err();
+    g.peers = std::make_shared<const local_peers>(std::move(agreed.value()));
+  }
+  return g.peers.get();
 }
 
 }  // namespace dtactor

@@ -14,6 +14,7 @@
 namespace dtactor {
 
 class shm_group;
+class local_peers;
 
 struct job_key;
 struct generation_run;
@@ -49,5 +50,11 @@ result<c10::intrusive_ptr<c10d::ProcessGroup>> transfer_group(generation_run& g,
 // transfer's chunks go through (memory copies instead of loopback TCP);
 // else null.
 shm_group* transfer_shm(const generation_run& g);
+
+// Which ranks of the generation read each other's memory (comm/peer_moves:
+// the ranks of one host, where the kernel lets them): agreed over the
+// generation's group the first time it is asked, which every member must
+// do at the same point; then kept for the generation. Null alone.
+result<const local_peers*> local_peers_of(generation_run& g);
 
 }  // namespace dtactor

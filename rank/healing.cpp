@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/peer_moves.hpp"
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
 #include "rank/group_builder.hpp"
@@ -68,8 +69,9 @@ result<std::vector<int64_t>> holders_of(const generation_run& g, bool holds) {
 // whole is reset to the initial state then.
 class heal_transfer {
  public:
-  heal_transfer(c10::intrusive_ptr<c10d::ProcessGroup> pg, training_state& state, const generation_run& g, std::vector<int> to, int from)
-      : pg_(std::move(pg)), state_(state), to_(std::move(to)), from_(from), timeout_(g.timeout), outer_abandon_(g.abandon_now) {
+  heal_transfer(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<const local_peers> peers, training_state& state, const generation_run& g,
+                std::vector<int> to, int from)
+      : pg_(std::move(pg)), peers_(std::move(peers)), state_(state), to_(std::move(to)), from_(from), timeout_(g.timeout), outer_abandon_(g.abandon_now) {
     const state_layout layout = layout_of(state_);
     // What a forward reads first, on both sides in the same order.
     for (bool first : {true, false})
@@ -149,8 +151,8 @@ class heal_transfer {
     adopt_scalars();
     state_.state_loaded(step_);
     landed_ = true;
-    std::fprintf(stderr, "dtactor: healing: %llu bytes of state at step %lld: parameters and buffers %.3f s, all %.3f s after the transfer began\n",
-                 static_cast<unsigned long long>(bytes_), static_cast<long long>(step_), forward_s_, s);
+    std::fprintf(stderr, "dtactor: healing: %llu bytes of state at step %lld (%llu read from rank %d's memory): parameters and buffers %.3f s, all %.3f s after the transfer began\n",
+                 static_cast<unsigned long long>(bytes_), static_cast<long long>(step_), static_cast<unsigned long long>(read_bytes_), from_, forward_s_, s);
     return {};
   }
 
@@ -175,19 +177,15 @@ class heal_transfer {
                  static_cast<unsigned long long>(moves_.totals.bytes_in), static_cast<unsigned long long>(moves_.totals.bytes_out), s);
     return {};
   }
-  // The moments' sends and receives, all issued at once (each sender's
+  // The moments' sends and receives, all started at once (each sender's
   // windows are retired: nothing changes them until drop_retired).
   status move() {
-    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, bool>> works;
-    move_bufs_.resize(moves_.moves.size());
-    for (size_t i = 0; i < moves_.moves.size(); ++i) {
-      const reshard_move& m = moves_.moves[i];
-      move_bufs_[i] = {m.t};
-      works.emplace_back(issue(m.send ? pg_->send(move_bufs_[i], m.peer, m.tag) : pg_->recv(move_bufs_[i], m.peer, m.tag)), m.send);
-    }
-    for (const auto& [w, send] : works)
-      if (auto st = wait(w, send ? "optimizer reshard while training (sending)" : "optimizer reshard while training (receiving)"); !st) return st;
+    if (auto st = run_moves(*pg_, moves_.moves, *peers_, waits()); !st) return make_error(st.message() + " (while training)");
     return {};
+  }
+  p2p_waits waits() {
+    return {[this](c10::intrusive_ptr<c10d::Work> w) { return issue(std::move(w)); },
+            [this](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) { return wait(w, what); }};
   }
   static bool forward_reads(const std::string& name) { return name.rfind("model/", 0) == 0 || name.rfind("buffer/", 0) == 0; }
   double seconds_since_start() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
@@ -211,39 +209,33 @@ class heal_transfer {
     issued_.push_back(w);
     return w;
   }
-  status wait(const c10::intrusive_ptr<c10d::Work>& w, const char* what) {
-    if (outer_abandon_ && outer_abandon_()) return make_error(std::string(what) + " abandoned: a newer generation replaces this one");
+  status wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
+    if (outer_abandon_ && outer_abandon_()) return make_error(what + " abandoned: a newer generation replaces this one");
     bool done = false;
     try {
       done = w->wait(timeout_);
     } catch (const std::exception& e) {
       std::string why = e.what();
-      return make_error(std::string(what) + " failed: " + why.substr(0, why.find('\n')));
+      return make_error(what + " failed: " + why.substr(0, why.find('\n')));
     }
-    if (!done) return make_error(std::string(what) + " abandoned: the generation ended");
+    if (!done) return make_error(what + " abandoned: the generation ended");
     return {};
   }
-  using flight = std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>>;
-  status land_until(flight& flying, size_t left) {
-    for (; flying.size() > left; flying.pop_front())
-      if (auto st = wait(flying.front().first, "state transfer"); !st) return st;
-    return {};
-  }
+  // The state's pieces to each receiving rank, at most heal_in_flight
+  // each on their way (through memory where the receiver reads this
+  // rank's: comm/peer_moves).
   status send() {
     std::vector<torch::Tensor> head{torch::tensor({step_, static_cast<int64_t>(bytes_)}, torch::kInt64)};
     for (int r : to_)
       if (auto st = wait(issue(pg_->send(head, r, 0)), "state transfer (header)"); !st) return st;
-    flight flying;
+    peer_moves mv(*pg_, *peers_, waits());
     int tag = 1;
     for (const auto& p : pieces_of(tensors_)) {
-      for (int r : to_) {
-        std::vector<torch::Tensor> t{torch::from_blob(p.base, {p.n}, torch::kUInt8)};
-        flying.emplace_back(issue(pg_->send(t, r, tag)), t);
-      }
+      for (int r : to_) mv.send(torch::from_blob(p.base, {p.n}, torch::kUInt8), r, tag);
       ++tag;
-      if (auto st = land_until(flying, heal_in_flight * to_.size()); !st) return st;
+      if (auto st = mv.complete_until(heal_in_flight * to_.size()); !st) return with_what(st);
     }
-    return land_until(flying, 0);
+    return with_what(mv.finish());
   }
   status receive() {
     std::vector<torch::Tensor> head{torch::zeros({2}, torch::kInt64)};
@@ -254,25 +246,28 @@ class heal_transfer {
                         std::to_string(step_) + " (another model?)");
     const std::vector<torch::Tensor> first(tensors_.begin(), tensors_.begin() + static_cast<std::ptrdiff_t>(forward_tensors_));
     const std::vector<torch::Tensor> rest(tensors_.begin() + static_cast<std::ptrdiff_t>(forward_tensors_), tensors_.end());
-    flight flying;
+    peer_moves mv(*pg_, *peers_, waits());
     int tag = 1;
     for (const auto* part : {&first, &rest}) {
       for (const auto& p : pieces_of(*part)) {
-        std::vector<torch::Tensor> t{torch::from_blob(p.base, {p.n}, torch::kUInt8)};
-        flying.emplace_back(issue(pg_->recv(t, from_, tag++)), t);
-        if (auto st = land_until(flying, heal_in_flight); !st) return st;
+        mv.recv(torch::from_blob(p.base, {p.n}, torch::kUInt8), from_, tag++);
+        if (auto st = mv.complete_until(heal_in_flight); !st) return with_what(st);
       }
-      if (auto st = land_until(flying, 0); !st) return st;
+      if (auto st = mv.complete_until(0); !st) return with_what(st);
       if (part == &first) {
         std::lock_guard<std::mutex> lock(mu_);
         forward_landed_ = true;
         cv_.notify_all();
       }
     }
-    return {};
+    auto st = mv.finish();
+    read_bytes_ = mv.bytes_read();
+    return with_what(st);
   }
+  static status with_what(status st) { return st ? st : make_error("state transfer: " + st.message()); }
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::shared_ptr<const local_peers> peers_;  // who reads whose memory (every rank of pg_)
   training_state& state_;
   std::vector<int> to_;  // sending: the receiving ranks
   int from_ = -1;        // receiving: the root (-1: this rank sends)
@@ -282,6 +277,7 @@ class heal_transfer {
   std::vector<torch::Tensor> tensors_;  // the layout's entries, what a forward reads first (sending: the unstable ones copied)
   size_t forward_tensors_ = 0;          // of them, what a forward reads
   uint64_t bytes_ = 0;
+  uint64_t read_bytes_ = 0;  // receiving: of bytes_, read from the root's memory
   int64_t step_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -297,7 +293,6 @@ class heal_transfer {
   reshard_plan moves_;
   flat_adamw* opt_ = nullptr;
   c10::intrusive_ptr<c10d::ProcessGroup> vote_pg_;
-  std::vector<std::vector<torch::Tensor>> move_bufs_;
 };
 
 namespace {
@@ -315,6 +310,8 @@ class healing_state final : public state_source {
     if (!holders) return g.failed(holders.message(), c.state.step());
     auto pg = transfer_group(g, c.rs);
     if (!pg) return g.failed("state transfer: " + pg.message(), c.state.step());
+    auto peers = local_peers_of(g);  // the same ranks as pg's
+    if (!peers) return g.failed("state transfer: " + peers.message(), c.state.step());
     std::vector<int> receiving;
     for (int r = 0; r < g.world; ++r)
       if (!bit_of(holders.value(), r)) receiving.push_back(r);
@@ -322,12 +319,12 @@ class healing_state final : public state_source {
     // (healing_shards) may send or receive on any of them.
     const bool moves = c.rs.settings.train.zero >= 1;
     if (g.rank == g.root) {
-      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, receiving, -1);
+      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, receiving, -1);
     } else if (holds && moves) {
-      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, -1);
+      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, std::vector<int>{}, -1);
     } else if (!holds) {
       if (moves) c.state.drop_stale_moments();  // its windows come from the reshard (healing_shards)
-      g.healing = std::make_shared<heal_transfer>(pg.value(), c.state, g, std::vector<int>{}, g.root);
+      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, std::vector<int>{}, g.root);
       c.state.skip_to(agreed);
       g.source = ev::state_source::peer;
       c.rs.disk_step = -1;

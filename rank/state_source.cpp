@@ -99,7 +99,10 @@ class replica_shards final : public shard_source {
         if (!l) return g.failed(l.message(), c.state.step());
         everywhere = std::move(l->root);
       }
-      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, c.state.params_mixed(), g.timeout, g.abandon_now, everywhere ? &*everywhere : nullptr);
+      auto peers = local_peers_of(g);
+      if (!peers) return g.failed(peers.message(), c.state.step());
+      auto r = reshard_optimizer(*g.pg, opt, plan, holds_current, c.state.params_mixed(), g.timeout, g.abandon_now, everywhere ? &*everywhere : nullptr,
+                                 peers.value());
       if (!r) {
         (void)c.state.reset_state();  // half-moved shards: this rank holds nothing current
         return g.failed(r.message(), c.state.step());

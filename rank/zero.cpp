@@ -11,6 +11,7 @@
 #include "model/trainer.hpp"
 #include "comm/communicator.hpp"
 #include "comm/grad_sync.hpp"
+#include "comm/peer_moves.hpp"
 #include "comm/shm_group.hpp"
 
 namespace dtactor {
@@ -492,15 +493,15 @@ std::vector<reshard_move> moment_moves(flat_adamw& opt, const ranges& segments, 
 
 }  // namespace
 
-status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves, std::chrono::milliseconds timeout) {
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, bool>> works;
-  std::vector<std::vector<torch::Tensor>> keep(moves.size());
-  for (size_t i = 0; i < moves.size(); ++i) {
-    keep[i] = {moves[i].t};
-    works.emplace_back(moves[i].send ? pg.send(keep[i], moves[i].peer, moves[i].tag) : pg.recv(keep[i], moves[i].peer, moves[i].tag), moves[i].send);
+status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves, const local_peers& local, const p2p_waits& waits) {
+  peer_moves mv(pg, local, waits);
+  for (const auto& m : moves) {
+    if (m.send)
+      mv.send(m.t, m.peer, m.tag);
+    else
+      mv.recv(m.t, m.peer, m.tag);
   }
-  for (auto& [w, send] : works)
-    if (auto st = wait_p2p(w, timeout, send ? "optimizer reshard (sending)" : "optimizer reshard (receiving)"); !st) return st;
+  if (auto st = mv.finish(); !st) return make_error("optimizer reshard: " + st.message());
   return {};
 }
 
@@ -604,7 +605,8 @@ result<reshard_start> start_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, con
 }  // namespace
 
 result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
-                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon, const ranges* params_everywhere) {
+                                         std::chrono::milliseconds timeout, const std::function<bool()>& abandon, const ranges* params_everywhere,
+                                         const local_peers* local) {
   const auto t0 = clock_type::now();
   const int rank = pg.getRank();
   torch::NoGradGuard no_grad;
@@ -620,7 +622,9 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
     return res;
   }
   opt.shard(next.ranges_of(rank));  // keeps what this rank held of them; the old windows stay until the sends are done
-  if (auto st = run_moves(pg, moment_moves(opt, segments, held, next, rank, 0, res), timeout); !st) return st.err();
+  const p2p_waits waits{nullptr, [timeout](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) { return wait_p2p(w, timeout, what); }};
+  const local_peers over_group = local_peers::none(pg.getSize());
+  if (auto st = run_moves(pg, moment_moves(opt, segments, held, next, rank, 0, res), local ? *local : over_group, waits); !st) return st.err();
   opt.drop_retired();
   // The parameters too, from the same holders, when a rank's last all-gather
   // failed after it stepped its own shards, so its other parameters may be

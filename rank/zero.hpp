@@ -33,6 +33,8 @@ namespace dtactor {
 
 class flat_adamw;
 class shm_group;
+class local_peers;
+struct p2p_waits;
 class training_state;
 struct zero2_grads;
 
@@ -117,8 +119,10 @@ struct reshard_result {
 //   touches the optimizer while they run. When some elements are held by
 //   nobody the optimizer is unchanged (`complete` false, `missing` says
 //   which).
-// - run_moves, on any thread: every send and receive issued at once on the
-//   transfer group, then waited for.
+// - run_moves, on any thread: every send and receive started at once on
+//   the transfer group (comm/peer_moves: between ranks of one host that
+//   `local` says read each other, through memory), then completed, the
+//   receives first; `waits` issues and waits for the group's work.
 // Until the moves are done the update must not run (the new windows are
 // not all filled) and the retired windows must stay (they are sent).
 struct reshard_move {
@@ -133,7 +137,7 @@ struct reshard_plan {
 };
 result<reshard_plan> plan_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, std::chrono::milliseconds timeout,
                                   const std::function<bool()>& abandon, int tag_base);
-status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves, std::chrono::milliseconds timeout);
+status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves, const local_peers& local, const p2p_waits& waits);
 
 // `holds_current`: this rank's moments are those of the agreed step (false
 // for a rank that joined or fell behind: it receives everything it needs).
@@ -143,8 +147,11 @@ status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves,
 // parameters of the shards it newly holds point to point, as the moments,
 // and these by broadcast, and nothing else (the repair is not needed: a
 // holder of a shard's moments holds its current parameters).
+// `local`: the moments' moves between ranks that read each other go
+// through memory (run_moves); null: all over `pg`.
 result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, bool params_mixed,
                                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon,
-                                         const std::vector<std::pair<int64_t, int64_t>>* params_everywhere = nullptr);
+                                         const std::vector<std::pair<int64_t, int64_t>>* params_everywhere = nullptr,
+                                         const local_peers* local = nullptr);
 
 }  // namespace dtactor

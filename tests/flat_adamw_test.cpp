@@ -136,6 +136,24 @@ TEST(FlatAdamW, AWindowOfTheSameRangeKeepsItsMomentsAndNoWindowHoldsNoBytes) {
   EXPECT_EQ(fresh.state_bytes(), 0);
 }
 
+TEST(FlatAdamW, AWindowOfTheSameRangeKeepsItsGradientBuffer) {
+  auto n = make_net(9);
+  flat_adamw f(n->parameters(), options());
+  const int64_t total = f.total_elements();
+  const int64_t base = f.group_bases()[0];
+  f.shard({{0, total}});
+  f.shard_grads();  // train.zero = 2: the gradients live in the windows
+  backward_on(*n, 0);
+  f.step();
+  f.zero_grad();
+  const void* at = f.grad_window(base, base + 4).data_ptr();
+  f.shard({{0, total}});
+  EXPECT_EQ(f.grad_window(base, base + 4).data_ptr(), at) << "the same range: the same gradient buffer, its pages already in";
+  f.drop_retired();
+  f.shard({{0, total / 2}});
+  EXPECT_NE(f.grad_window(base, base + 4).data_ptr(), at) << "another range: a buffer of its own";
+}
+
 TEST(FlatAdamW, ParametersAndGradientsAreViewsOfOneBufferPerGroup) {
   auto n = make_net(3);
   flat_adamw flat(n->parameters(), options());

@@ -1,6 +1,7 @@
 // train.zero = 1: the shard plan, the sharded optimizer's steps against the
 // replicated one (bit for bit), the reshard when a rank is lost, and the
 // checkpoint ranges each rank writes. Ranks are threads over Gloo.
+#include "comm/peer_moves.hpp"
 #include "rank/zero.hpp"
 
 #include <gtest/gtest.h>
@@ -268,7 +269,14 @@ TEST(Zero, AReshardPlannedThenMovedOnAnotherThreadGoesOnExactly) {
         return "";
       }
       status moved;
-      std::thread t([&] { moved = run_moves(*pg, got[static_cast<size_t>(rank)].moves, std::chrono::milliseconds(20000)); });
+      // Through memory (threads of one process read each other).
+      auto peers = local_peers::agree(*pg, std::chrono::steady_clock::now() + std::chrono::seconds(20), {});
+      if (!peers) return peers.message();
+      const p2p_waits waits{nullptr, [](const c10::intrusive_ptr<c10d::Work>& w, const std::string&) -> status {
+                              w->wait(std::chrono::milliseconds(20000));
+                              return {};
+                            }};
+      std::thread t([&] { moved = run_moves(*pg, got[static_cast<size_t>(rank)].moves, peers.value(), waits); });
       t.join();
       if (!moved) return moved.message();
       opt.drop_retired();
