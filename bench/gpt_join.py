@@ -160,8 +160,8 @@ out = bench_meta.write(
     notes=("%d runs of bench_state_path.py one after the other on this machine's 2 cores (GPT model.dim=1024 model.layers=16, global batch 4, " % n) +
           "checkpoint.every_steps=2, " + "".join(kv + ", " for kv in a.set) + "default settings otherwise" +
           ("; the baseline's runs also with " + ", ".join(a.baseline_set) if a.baseline_set else "") +
-          ("; the coordinator and both nodes on one host, so the state and the gradients "
-           "move through shared memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start, "
+          ("; the coordinator and both nodes on one host, so the gradients and a broadcast state move through shared memory, and a state or "
+           "moments sent point to point are read from the sender's memory (a baseline build may differ: see baseline_is)); the replacement node is started cold after the kill (no spare), so its rank's start, "
            "model build and first touch of its gradients and moments (a warm rank at train.zero = 0 makes them resident before it says it is ready) are in "
            "the time from its registration to the plan, while the survivor still trains.%s Medians per figure; every run's figures are under runs%s." %
            (" The replacement received the state while the first step at world 2 trained (cluster.heal_while_training), so the transfer "

@@ -76,6 +76,9 @@ result<std::vector<torch::Tensor>> gather_rows(c10d::ProcessGroup& pg, const tor
   return rows[0];
 }
 
+// A move's digest over the group goes under its tag plus this.
+constexpr int digest_tag = 1 << 30;
+
 enum class answer : int64_t { read = 0, changed = -1, wrong_size = -2 };
 
 std::string answer_text(int64_t a) {
@@ -134,10 +137,10 @@ struct peer_moves::move {
   bool send = false, memory = false;
   int peer = -1, tag = 0;
   torch::Tensor t;
-  // Over the group: the data's work. Through memory: the sender's offer
-  // and the receiver's answer, each a work and its tensor.
-  std::vector<torch::Tensor> data;
-  c10::intrusive_ptr<c10d::Work> data_work;
+  // Over the group: the data's work and its digest's. Through memory: the
+  // sender's offer and the receiver's answer, each a work and its tensor.
+  std::vector<torch::Tensor> data, digest;
+  c10::intrusive_ptr<c10d::Work> data_work, digest_work;
   std::vector<torch::Tensor> offer, reply;
   c10::intrusive_ptr<c10d::Work> offer_work, reply_work;
   uint64_t bytes() const { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
@@ -174,6 +177,8 @@ void peer_moves::send(const torch::Tensor& t, int peer, int tag) {
   } else {
     m->data = {t};
     m->data_work = issue(pg_.send(m->data, peer, tag));
+    m->digest = {torch::tensor({static_cast<int64_t>(hash64(t.data_ptr(), m->bytes()))}, torch::kInt64)};
+    m->digest_work = issue(pg_.send(m->digest, peer, tag + digest_tag));
   }
   open_.push_back(std::move(m));
 }
@@ -187,6 +192,8 @@ void peer_moves::recv(const torch::Tensor& t, int peer, int tag) {
   } else {
     m->data = {t};
     m->data_work = issue(pg_.recv(m->data, peer, tag));
+    m->digest = {torch::zeros({1}, torch::kInt64)};
+    m->digest_work = issue(pg_.recv(m->digest, peer, tag + digest_tag));
   }
   open_.push_back(std::move(m));
 }
@@ -220,7 +227,11 @@ status peer_moves::complete(move& m) {
   const std::string with = "rank " + std::to_string(m.peer);
   if (!m.memory) {
     if (auto st = waits_.wait(m.data_work, m.send ? "sending to " + with : "receiving from " + with); !st) return st;
-    if (!m.send) bytes_over_group_ += m.bytes();
+    if (auto st = waits_.wait(m.digest_work, m.send ? "sending a digest to " + with : "receiving a digest from " + with); !st) return st;
+    if (m.send) return {};
+    if (hash64(m.t.data_ptr(), m.bytes()) != static_cast<uint64_t>(m.digest[0].data_ptr<int64_t>()[0]))
+      return make_error(std::to_string(m.bytes()) + " bytes from " + with + " do not match their digest");
+    bytes_over_group_ += m.bytes();
     return {};
   }
   if (!m.send) return complete_read(m);

@@ -12,15 +12,18 @@
 // namespaces, its pid) and the address and value of a word of its own; each
 // rank reads that word from every rank of its host, and a second round
 // tells every rank which reads worked. A read needs the kernel's
-// permission (the same user; no Yama ptrace_scope above 1, no seccomp
-// filter refusing it): a pair where it fails moves over the group, decided
-// before anything moves, so both sides always agree on the way.
+// permission (the same user; Yama's ptrace_scope at 0, since the ranks of
+// a node are siblings; no seccomp filter refusing it): a pair where it
+// fails moves over the group, decided before anything moves, so both sides
+// always agree on the way.
 //
 // A move through memory: the sender sends the bytes' address, length and
 // XXH3 digest (24 bytes) over the group; the receiver reads them into its
 // tensor, checks the digest (a sender that gave up and changed them is
 // caught) and answers one word. The sender's bytes stay as they are until
-// that answer (finish / complete_until).
+// that answer (finish / complete_until). A move over the group sends the
+// digest after the bytes (under the tag plus 2^30), and the receiver
+// checks it the same way: every move is checksummed as it arrives.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
@@ -72,7 +75,7 @@ class peer_moves {
   // Starts moving `t` (the same byte count on both sides; through memory
   // a contiguous CPU tensor) to or from `peer` under `tag`. A sent tensor's bytes must
   // not change until the move completes; a received one holds them then.
-  // Tags of one direction between two ranks must be distinct.
+  // Tags of one direction between two ranks must be distinct and below 2^30.
   void send(const torch::Tensor& t, int peer, int tag);
   void recv(const torch::Tensor& t, int peer, int tag);
   // Completes the oldest moves, in order, until at most `left` are open.

@@ -180,7 +180,7 @@ class heal_transfer {
   // The moments' sends and receives, all started at once (each sender's
   // windows are retired: nothing changes them until drop_retired).
   status move() {
-    if (auto st = run_moves(*pg_, moves_.moves, *peers_, waits()); !st) return make_error(st.message() + " (while training)");
+    if (auto st = run_moves(*pg_, moves_.moves, *peers_, waits()); !st) return make_error("optimizer reshard while training: " + st.message());
     return {};
   }
   p2p_waits waits() {

@@ -501,8 +501,7 @@ status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves,
     else
       mv.recv(m.t, m.peer, m.tag);
   }
-  if (auto st = mv.finish(); !st) return make_error("optimizer reshard: " + st.message());
-  return {};
+  return mv.finish();
 }
 
 namespace {
@@ -530,35 +529,28 @@ status repair_params(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges& segm
 
 // train.zero = 3: each rank that now holds a segment it did not gets the
 // segment's parameters from its first holder, point to point (as
-// move_moments, tags after its), and the pieces of `everywhere` (the
-// parameters of no unit, which every rank keeps) are broadcast from theirs.
-// Nobody gets the parameters of shards it will not hold.
+// moment_moves, tags after its; a segment lies in one group, so it is one
+// view), and the pieces of `everywhere` (the parameters of no unit, which
+// every rank keeps) are broadcast from theirs. Nobody gets the parameters
+// of shards it will not hold.
 status move_sharded_params(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges& segments, const std::vector<ranges>& held, const shard_plan& next,
-                           const ranges& everywhere, std::chrono::milliseconds timeout, const std::function<bool()>& abandon, reshard_result& res) {
+                           const ranges& everywhere, const local_peers& local, std::chrono::milliseconds timeout, const std::function<bool()>& abandon,
+                           reshard_result& res) {
   const int world = pg.getSize(), rank = pg.getRank();
   int tag = 1 << 20;
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
-  std::vector<std::vector<torch::Tensor>> keep;
+  std::vector<reshard_move> moves;
   for (const auto& [a, b] : segments) {
     const int source = first_holder(held, a, b);
     for (int r = 0; r < world; ++r, ++tag) {
-      if (r == source || !covers(next.ranges_of(r), a, b) || covers(held[static_cast<size_t>(r)], a, b)) continue;
+      if (r == source || !covers(next.ranges_of(r), a, b) || covers(held[static_cast<size_t>(r)], a, b) || (rank != source && rank != r)) continue;
       for (auto& v : opt.param_views(a, b)) {
-        const auto bytes = static_cast<uint64_t>(v.numel() * v.element_size());
-        if (rank == source) {
-          keep.push_back({v});
-          sends.push_back(pg.send(keep.back(), r, tag));
-          res.bytes_out += bytes;
-        } else if (rank == r) {
-          std::vector<torch::Tensor> t{v};
-          if (auto st = wait_p2p(pg.recv(t, source, tag), timeout, "parameter reshard (receiving)"); !st) return st.err();
-          res.bytes_in += bytes;
-        }
+        (rank == source ? res.bytes_out : res.bytes_in) += static_cast<uint64_t>(v.numel() * v.element_size());
+        moves.push_back({v, rank == source ? r : source, tag, rank == source});
       }
     }
   }
-  for (auto& w : sends)
-    if (auto st = wait_p2p(w, timeout, "parameter reshard (sending)"); !st) return st.err();
+  const p2p_waits waits{nullptr, [timeout](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) { return wait_p2p(w, timeout, what); }};
+  if (auto st = run_moves(pg, moves, local, waits); !st) return make_error("parameter reshard: " + st.message());
   for (const auto& [a, b] : segments)
     for (const auto& [x, y] : everywhere) {
       const int64_t lo = std::max(a, x), hi = std::min(b, y);
@@ -624,14 +616,15 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
   opt.shard(next.ranges_of(rank));  // keeps what this rank held of them; the old windows stay until the sends are done
   const p2p_waits waits{nullptr, [timeout](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) { return wait_p2p(w, timeout, what); }};
   const local_peers over_group = local_peers::none(pg.getSize());
-  if (auto st = run_moves(pg, moment_moves(opt, segments, held, next, rank, 0, res), local ? *local : over_group, waits); !st) return st.err();
+  const local_peers& peers = local ? *local : over_group;
+  if (auto st = run_moves(pg, moment_moves(opt, segments, held, next, rank, 0, res), peers, waits); !st) return make_error("optimizer reshard: " + st.message());
   opt.drop_retired();
   // The parameters too, from the same holders, when a rank's last all-gather
   // failed after it stepped its own shards, so its other parameters may be
   // a mix of two steps (and it may be the root the others took the
   // replicated state from).
   if (params_everywhere) {
-    if (auto st = move_sharded_params(pg, opt, segments, held, next, *params_everywhere, timeout, abandon, res); !st) return st.err();
+    if (auto st = move_sharded_params(pg, opt, segments, held, next, *params_everywhere, peers, timeout, abandon, res); !st) return st.err();
   } else if (start->who.any_mixed) {
     if (auto st = repair_params(pg, opt, segments, held, timeout, abandon, res); !st) return st.err();
   }

@@ -117,3 +117,27 @@ TEST(PeerMoves, AnotherByteCountIsRefusedOnBothSides) {
   EXPECT_NE(said[1].find("offers 400 bytes, this rank expects 800"), std::string::npos) << said[1];
   EXPECT_NE(said[0].find("expects another byte count"), std::string::npos) << said[0];
 }
+
+// Over the group the digest follows the bytes: bytes that do not match it
+// (here a sender speaking the protocol by hand with a wrong digest) are
+// refused, not taken.
+TEST(PeerMoves, BytesOverTheGroupNotMatchingTheirDigestAreRefused) {
+  std::string said;
+  expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    const int tag = 5;
+    if (rank == 0) {
+      std::vector<torch::Tensor> data{pattern(0, 1, 1000)}, digest{torch::tensor({int64_t{12345}}, torch::kInt64)};
+      pg->send(data, 1, tag)->wait();
+      pg->send(digest, 1, tag + (1 << 30))->wait();
+      return "";
+    }
+    peer_moves mv(*pg, local_peers::none(2), waits_for(std::chrono::seconds(20)));
+    auto t = torch::zeros({1000});
+    mv.recv(t, 0, tag);
+    auto st = mv.finish();
+    if (st) return "bytes with a wrong digest were taken";
+    said = st.message();
+    return "";
+  }));
+  EXPECT_NE(said.find("4000 bytes from rank 0 do not match their digest"), std::string::npos) << said;
+}
