@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <thread>
+#include <algorithm>
 
 #include "base/hash.hpp"
 #include "comm/communicator.hpp"
@@ -59,6 +61,55 @@ int read_peer(int64_t pid, uint64_t from, void* to, uint64_t n) {
     done += static_cast<uint64_t>(got);
   }
   return 0;
+}
+
+// A move's digest: XXH3 of the XXH3 digests of its 8 MiB parts, so that
+// both sides compute it (and the receiver reads) on several threads at
+// once: one thread's page faults and copies are what bound a read into
+// fresh pages, and over loopback TCP the sender's and the receiver's
+// threads shared that work.
+constexpr uint64_t digest_part = 8ull << 20;
+
+// fn(first, last) over the parts of `n` bytes, cut among up to as many
+// threads as the machine has (8 at most); the calling thread takes one share.
+void over_parts(uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn) {
+  const uint64_t parts = (n + digest_part - 1) / digest_part;
+  const uint64_t threads = std::min<uint64_t>({parts, std::max(1u, std::thread::hardware_concurrency()), 8});
+  if (threads <= 1) return fn(0, parts);
+  std::vector<std::thread> others;
+  for (uint64_t t = 1; t < threads; ++t) others.emplace_back(fn, parts * t / threads, parts * (t + 1) / threads);
+  fn(0, parts / threads);
+  for (auto& t : others) t.join();
+}
+
+uint64_t combined(const std::vector<uint64_t>& parts) { return hash64(parts.data(), parts.size() * sizeof(uint64_t)); }
+
+uint64_t digest_of(const void* data, uint64_t n) {
+  const auto* p = static_cast<const char*>(data);
+  std::vector<uint64_t> d((n + digest_part - 1) / digest_part);
+  over_parts(n, [&](uint64_t a, uint64_t b) {
+    for (uint64_t i = a; i < b; ++i) d[i] = hash64(p + i * digest_part, std::min(digest_part, n - i * digest_part));
+  });
+  return combined(d);
+}
+
+// Reads `n` bytes at `from` in process `pid` into `to` on several threads,
+// each part's digest taken as it lands: 0 and the digest, or the errno.
+std::pair<int, uint64_t> read_peer_digest(int64_t pid, uint64_t from, void* to, uint64_t n) {
+  auto* p = static_cast<char*>(to);
+  std::vector<uint64_t> d((n + digest_part - 1) / digest_part);
+  std::atomic<int> failed{0};
+  over_parts(n, [&](uint64_t a, uint64_t b) {
+    for (uint64_t i = a; i < b && failed.load() == 0; ++i) {
+      const uint64_t at = i * digest_part, len = std::min(digest_part, n - at);
+      if (const int e = read_peer(pid, from + at, p + at, len); e != 0) {
+        failed = e;
+        return;
+      }
+      d[i] = hash64(p + at, len);
+    }
+  });
+  return {failed.load(), combined(d)};
 }
 
 // Row of `columns` int64 from every rank of `pg`.
@@ -167,7 +218,7 @@ void peer_moves::send(const torch::Tensor& t, int peer, int tag) {
   auto m = make_move(true, local_.reads(peer, pg_.getRank()), peer, tag, t);
   TORCH_CHECK(!m->memory || (t.device().is_cpu() && t.is_contiguous()), "peer_moves: a contiguous CPU tensor");
   if (m->memory) {
-    const uint64_t digest = hash64(t.data_ptr(), m->bytes());
+    const uint64_t digest = digest_of(t.data_ptr(), m->bytes());
     m->offer = {torch::tensor({static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())), static_cast<int64_t>(m->bytes()),
                                static_cast<int64_t>(digest)},
                               torch::kInt64)};
@@ -177,7 +228,7 @@ void peer_moves::send(const torch::Tensor& t, int peer, int tag) {
   } else {
     m->data = {t};
     m->data_work = issue(pg_.send(m->data, peer, tag));
-    m->digest = {torch::tensor({static_cast<int64_t>(hash64(t.data_ptr(), m->bytes()))}, torch::kInt64)};
+    m->digest = {torch::tensor({static_cast<int64_t>(digest_of(t.data_ptr(), m->bytes()))}, torch::kInt64)};
     m->digest_work = issue(pg_.send(m->digest, peer, tag + digest_tag));
   }
   open_.push_back(std::move(m));
@@ -208,9 +259,9 @@ status peer_moves::complete_read(move& m) {
   int64_t outcome = static_cast<int64_t>(answer::read);
   if (static_cast<uint64_t>(o[1]) != m.bytes())
     outcome = static_cast<int64_t>(answer::wrong_size);
-  else if (const int e = read_peer(local_.pid_of(m.peer), static_cast<uint64_t>(o[0]), m.t.data_ptr(), m.bytes()); e != 0)
+  else if (const auto [e, digest] = read_peer_digest(local_.pid_of(m.peer), static_cast<uint64_t>(o[0]), m.t.data_ptr(), m.bytes()); e != 0)
     outcome = e;
-  else if (hash64(m.t.data_ptr(), m.bytes()) != static_cast<uint64_t>(o[2]))
+  else if (digest != static_cast<uint64_t>(o[2]))
     outcome = static_cast<int64_t>(answer::changed);
   m.reply = {torch::tensor({outcome}, torch::kInt64)};
   m.reply_work = issue(pg_.send(m.reply, m.peer, m.tag));
@@ -229,7 +280,7 @@ status peer_moves::complete(move& m) {
     if (auto st = waits_.wait(m.data_work, m.send ? "sending to " + with : "receiving from " + with); !st) return st;
     if (auto st = waits_.wait(m.digest_work, m.send ? "sending a digest to " + with : "receiving a digest from " + with); !st) return st;
     if (m.send) return {};
-    if (hash64(m.t.data_ptr(), m.bytes()) != static_cast<uint64_t>(m.digest[0].data_ptr<int64_t>()[0]))
+    if (digest_of(m.t.data_ptr(), m.bytes()) != static_cast<uint64_t>(m.digest[0].data_ptr<int64_t>()[0]))
       return make_error(std::to_string(m.bytes()) + " bytes from " + with + " do not match their digest");
     bytes_over_group_ += m.bytes();
     return {};

@@ -18,8 +18,10 @@
 // always agree on the way.
 //
 // A move through memory: the sender sends the bytes' address, length and
-// XXH3 digest (24 bytes) over the group; the receiver reads them into its
-// tensor, checks the digest (a sender that gave up and changed them is
+// digest (24 bytes; XXH3 of the XXH3 digests of their 8 MiB parts, so that
+// both sides take it on several threads) over the group; the receiver
+// reads them into its tensor on as many threads as the machine has (one
+// thread's page faults bound a read into fresh pages), checks the digest (a sender that gave up and changed them is
 // caught) and answers one word. The sender's bytes stay as they are until
 // that answer (finish / complete_until). A move over the group sends the
 // digest after the bytes (under the tag plus 2^30), and the receiver
