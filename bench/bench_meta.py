@@ -165,6 +165,18 @@ KINDS = {
             F("zlib's time over libdeflate's, paired by repeat (median)", ["zlib_over_libdeflate_paired_median"], "x"),
         ],
     },
+    "peer_moves": {
+        "title": "The point-to-point state path on one host: the 202M GPT's 2.42 GB from one rank process to another, read from the sender's memory against over Gloo's loopback TCP, alternating in one run",
+        "group": "Recovery from faults",
+        "figures": [
+            F("into pages already in (a rank that held the state): through memory (median)", ["memory_touched", "gb_per_s_median"], "GB/s",
+              "over Gloo, two TCP streams", ["group_touched", "gb_per_s_median"]),
+            F("into fresh pages (a joining rank's new windows): through memory (median)", ["memory_fresh", "gb_per_s_median"], "GB/s",
+              "over Gloo, two TCP streams", ["group_fresh", "gb_per_s_median"]),
+            F("into pages already in: Gloo's time over memory's, paired by round (median)", ["group_s_over_memory_s_touched_paired_median"], "x"),
+            F("into fresh pages: Gloo's time over memory's, paired by round (median)", ["group_s_over_memory_s_fresh_paired_median"], "x"),
+        ],
+    },
     "chaos": {
         "title": "Faults on one machine: coordinator + 2 nodes x 1 rank, the default ViT job, real processes",
         "group": "Recovery from faults",
