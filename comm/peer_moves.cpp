@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <system_error>
 #include <thread>
 #include <algorithm>
 
@@ -77,8 +78,16 @@ void over_parts(uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn) {
   const uint64_t threads = std::min<uint64_t>({parts, std::max(1u, std::thread::hardware_concurrency()), 8});
   if (threads <= 1) return fn(0, parts);
   std::vector<std::thread> others;
-  for (uint64_t t = 1; t < threads; ++t) others.emplace_back(fn, parts * t / threads, parts * (t + 1) / threads);
+  std::vector<std::pair<uint64_t, uint64_t>> here;  // shares no thread could be started for
+  for (uint64_t t = 1; t < threads; ++t) {
+    try {
+      others.emplace_back(fn, parts * t / threads, parts * (t + 1) / threads);
+    } catch (const std::system_error&) {
+      here.emplace_back(parts * t / threads, parts * (t + 1) / threads);
+    }
+  }
   fn(0, parts / threads);
+  for (const auto& [a, b] : here) fn(a, b);
   for (auto& t : others) t.join();
 }
 
