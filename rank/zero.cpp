@@ -32,6 +32,12 @@ status wait_p2p(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::millise
   }
 }
 
+// Moves before the first step: each piece of work waited for up to the
+// timeout, nothing registered (the generation's end abandons none of it).
+p2p_waits timed_waits(std::chrono::milliseconds timeout) {
+  return {nullptr, [timeout](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) { return wait_p2p(w, timeout, what); }};
+}
+
 // Rank `rank` holds shard s (as its primary or a replica): it stepped the
 // shard's parameters itself, bit for bit as the primary did (the same update
 // on the same summed gradient), so it needs none of them from the primary.
@@ -549,8 +555,7 @@ status move_sharded_params(c10d::ProcessGroup& pg, flat_adamw& opt, const ranges
       }
     }
   }
-  const p2p_waits waits{nullptr, [timeout](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) { return wait_p2p(w, timeout, what); }};
-  if (auto st = run_moves(pg, moves, local, waits); !st) return make_error("parameter reshard: " + st.message());
+  if (auto st = run_moves(pg, moves, local, timed_waits(timeout)); !st) return make_error("parameter reshard: " + st.message());
   for (const auto& [a, b] : segments)
     for (const auto& [x, y] : everywhere) {
       const int64_t lo = std::max(a, x), hi = std::min(b, y);
@@ -614,10 +619,9 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
     return res;
   }
   opt.shard(next.ranges_of(rank));  // keeps what this rank held of them; the old windows stay until the sends are done
-  const p2p_waits waits{nullptr, [timeout](const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) { return wait_p2p(w, timeout, what); }};
   const local_peers over_group = local_peers::none(pg.getSize());
   const local_peers& peers = local ? *local : over_group;
-  if (auto st = run_moves(pg, moment_moves(opt, segments, held, next, rank, 0, res), peers, waits); !st) return make_error("optimizer reshard: " + st.message());
+  if (auto st = run_moves(pg, moment_moves(opt, segments, held, next, rank, 0, res), peers, timed_waits(timeout)); !st) return make_error("optimizer reshard: " + st.message());
   opt.drop_retired();
   // The parameters too, from the same holders, when a rank's last all-gather
   // failed after it stepped its own shards, so its other parameters may be
