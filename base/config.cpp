@@ -148,9 +148,9 @@ std::vector<config_key> cluster_keys() {
     {"cluster.heal_while_training", vk::boolean, "true",
      "A rank that joins without the current state (a replacement, a standby or a new node) receives it while the generation's first "
      "step trains: it starts its forward once the parameters have landed and takes the optimizer's moments at its update, so that the "
-     "others wait for the parameters only, not the whole state. Applies to train.sync = every_step: at train.zero = 0 in fp32 and bf16, "
-     "and at train.zero = 1 and 2 in fp32, where the moments are resharded while the step trains too; elsewhere, or when false, the "
-     "whole state is sent before the first step."},
+     "others wait for the parameters only, not the whole state. Applies to train.sync = every_step at train.zero = 0, 1 and 2, in fp32 "
+     "and bf16: at 1 and 2 the moments (in bf16 with their fp32 masters) are resharded while the step trains too; at train.zero = 3, "
+     "under DiLoCo, or when false, the whole state is sent before the first step."},
     {"cluster.shm_ring_mb", vk::integer, "64", "Bound of a rank's slot in the shared-memory segment (MB): gradient buckets, ZeRO's parameter all-gather and DiLoCo's exchanges pass through it as a ring, a rank running at most this far ahead of the slowest reader. A model whose step needs under half of it never waits (the slot then holds two steps); the largest bucket always fits.", 1},
     {"cluster.wire_dtype", vk::string, "auto", "Gradients that cross hosts (Gloo, not shared memory): auto (bf16 with train.precision = bf16, else fp32), fp32 (exact), bf16 (half the bytes; each rank's gradient rounded to bf16, summed in fp32), or int8 (train.sync = diloco only: a quarter of the bytes at 2 ranks; each rank's pseudo-gradient in int8 with one fp32 scale per 256 values, all-gathered and summed in fp32), or int4 (train.sync = diloco only: 4 bits a value with one fp32 scale per 64 values, 0.56 bytes a value).", -1e300, {"auto", "fp32", "bf16", "int8", "int4"}},
     {"cluster.spin_wait_us", vk::integer, "10000", "A rank waiting for its gradient allreduce polls (yielding the core) this long before it sleeps; keeps virtual CPUs from halting mid-collective (0 = sleep at once).", 0},

@@ -107,6 +107,10 @@ void flat_adamw::attach_compute_copies(bool deferred) {
 void flat_adamw::refresh_compute() {
   if (!mixed_) return;
   torch::NoGradGuard no_grad;
+  if (std::exchange(keep_compute_once_, false)) {
+    grads_converted_ = false;
+    return;
+  }
   if (opts_.held_masters_only) {
     if (gatherers_rounding_ > 0) {
       grads_converted_ = false;

@@ -93,6 +93,12 @@ class flat_adamw {
   // rounds nothing (the copies of parameters of no unit are the
   // gatherer's too). Counted: a gatherer on, one off.
   void copies_by_gatherer(bool on) { gatherers_rounding_ += on ? 1 : -1; }
+  // The compute copies are already the masters' rounding, while the masters
+  // of some held windows are still on their way (a reshard whose moves run
+  // during the next step, rank/healing): the next refresh_compute rounds
+  // nothing (it still marks the float32 gradients unconverted). false:
+  // that no longer holds (the reshard's generation ended).
+  void keep_compute_once(bool on = true) { keep_compute_once_ = on; }
   torch::Tensor master_of(const torch::Tensor& p) const;
   // Mixed precision: index-space [begin, end) of the masters rounded into
   // the compute copy (a gathered unit); the compute copy's views of it (one
@@ -235,6 +241,7 @@ class flat_adamw {
   bool grads_sharded_ = false;
   bool mixed_ = false;
   int gatherers_rounding_ = 0;  // copies_by_gatherer
+  bool keep_compute_once_ = false;  // keep_compute_once
   bool grads_converted_ = false;  // mixed(): the compute grads copied into the float32 ones since the last refresh_compute
 };
 

@@ -5,6 +5,7 @@
 #include "comm/exchange_spec.hpp"
 #include "model/trainer.hpp"
 #include "rank/generation.hpp"
+#include "rank/healing.hpp"
 #include "rank/sync_strategy.hpp"
 #include "rank/zero.hpp"
 #include "rank/zero_sync.hpp"
@@ -77,6 +78,13 @@ status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
       units[i].slot->unit = static_cast<int>(i);
       x.gated.push_back(units[i].slot);
     }
+  // Healing (copies_resident only: rank/healing): every rank's copies are
+  // current already, and the masters it gives up may still be read by the
+  // moves: their pages go back once the moves landed.
+  if (g.healing) {
+    after_landing(*g.healing, [gate = x.gate] { gate->reshard(); });
+    return {};
+  }
   x.gate->reshard();
   // Shards read from a checkpoint (rank/checkpoint_source): each rank read
   // only its own, so the parameters of no unit, which every rank keeps,

@@ -1,8 +1,9 @@
 #include "rank/healing.hpp"
 
 #include <condition_variable>
+#include <functional>
 #include <cstdio>
-#include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -69,18 +70,27 @@ result<std::vector<int64_t>> holders_of(const generation_run& g, bool holds) {
 // whole is reset to the initial state then.
 class heal_transfer {
  public:
+  // `copies` (sharded masters: bf16 from zero = 1): the parameters travel
+  // as the bf16 copies the module computes with, which every rank holds
+  // whole and current, not as the masters, which the root holds only for
+  // its shards (each rank's come with its moments: add_moves).
   heal_transfer(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<const local_peers> peers, training_state& state, const generation_run& g,
-                std::vector<int> to, int from)
+                std::vector<int> to, int from, bool copies)
       : pg_(std::move(pg)), peers_(std::move(peers)), state_(state), to_(std::move(to)), from_(from), timeout_(g.timeout), outer_abandon_(g.abandon_now) {
     const state_layout layout = layout_of(state_);
+    std::map<std::string, torch::Tensor> compute;
+    if (copies)
+      for (auto& kv : state_.the_task().module()->named_parameters()) compute["model/" + kv.key()] = kv.value().detach();
     // What a forward reads first, on both sides in the same order.
     for (bool first : {true, false})
       for (const auto& e : layout.entries) {
         if (e.sharded || forward_reads(e.name) != first) continue;  // the moments' windows move as add_moves says
-        bytes_ += e.size;
+        const auto copy = compute.find(e.name);
+        const torch::Tensor t = copy != compute.end() ? copy->second : e.t;
+        bytes_ += static_cast<uint64_t>(t.numel() * t.element_size());
         names_.push_back(e.name);
         // Sending: what a forward may change travels as it is now.
-        tensors_.push_back(sending() && !to_.empty() && !stable_until_update(e.name) ? e.t.clone() : e.t);
+        tensors_.push_back(sending() && !to_.empty() && !stable_until_update(e.name) ? t.clone() : t);
         if (first) forward_tensors_ = tensors_.size();
       }
   }
@@ -95,6 +105,7 @@ class heal_transfer {
     // The update never ran: the windows held at the agreed step are whole,
     // what landed in the new ones may not be.
     if (opt_ && !landed_) opt_->restore_retired();
+    if (opt_) opt_->keep_compute_once(false);  // a forward that never ran leaves it set
     if (!sending() && !landed_) (void)state_.reset_state();  // torn, or never sent: not the agreed state
   }
   heal_transfer(const heal_transfer&) = delete;
@@ -111,6 +122,10 @@ class heal_transfer {
     opt_ = &opt;
     vote_pg_ = std::move(vote);
   }
+  // Run at the update, on every rank, once the moves landed everywhere:
+  // what had to wait for them (sharded masters: giving back the pages of
+  // the masters this rank no longer holds, which it may have sent).
+  void after_landing(std::function<void()> f) { after_landing_ = std::move(f); }
   uint64_t bytes() const { return bytes_; }
   int64_t step() const { return step_; }
   void start(int64_t step) {
@@ -172,6 +187,7 @@ class heal_transfer {
       return st;
     if (!outcome_) return make_error("state transfer while training: " + outcome_.message());
     if (failed[0] > 0) return make_error("state transfer while training failed on " + std::to_string(failed[0]) + " other rank(s): no rank updates");
+    if (after_landing_) std::exchange(after_landing_, nullptr)();
     std::fprintf(stderr, "dtactor: healing: step %lld: %llu bytes of state in, %llu of optimizer moments in and %llu out, all landed %.3f s after the transfer began\n",
                  static_cast<long long>(step_), static_cast<unsigned long long>(sending() ? 0 : bytes_),
                  static_cast<unsigned long long>(moves_.totals.bytes_in), static_cast<unsigned long long>(moves_.totals.bytes_out), s);
@@ -293,6 +309,7 @@ class heal_transfer {
   reshard_plan moves_;
   flat_adamw* opt_ = nullptr;
   c10::intrusive_ptr<c10d::ProcessGroup> vote_pg_;
+  std::function<void()> after_landing_;
 };
 
 namespace {
@@ -318,13 +335,14 @@ class healing_state final : public state_source {
     // At train.zero >= 1 every rank has a transfer: the moments' moves
     // (healing_shards) may send or receive on any of them.
     const bool moves = c.rs.settings.train.zero >= 1;
+    const bool copies = masters_sharded(c.rs.settings.train);
     if (g.rank == g.root) {
-      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, receiving, -1);
+      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, receiving, -1, copies);
     } else if (holds && moves) {
-      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, std::vector<int>{}, -1);
+      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, std::vector<int>{}, -1, copies);
     } else if (!holds) {
       if (moves) c.state.drop_stale_moments();  // its windows come from the reshard (healing_shards)
-      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, std::vector<int>{}, g.root);
+      g.healing = std::make_shared<heal_transfer>(pg.value(), g.peers, c.state, g, std::vector<int>{}, g.root, copies);
       c.state.skip_to(agreed);
       g.source = ev::state_source::peer;
       c.rs.disk_step = -1;
@@ -354,7 +372,8 @@ class healing_shards final : public shard_source {
     generation_run& g = c.g;
     flat_adamw& opt = c.state.optimizer();
     const bool holds_current = c.held_before == c.state.step();
-    auto p = plan_reshard(*g.pg, opt, plan, holds_current, g.timeout, g.abandon_now, moves_tag_base);
+    const bool masters = masters_sharded(c.rs.settings.train);
+    auto p = plan_reshard(*g.pg, opt, plan, holds_current, g.timeout, g.abandon_now, moves_tag_base, masters);
     if (!p) {
       g.healing.reset();  // a receiving rank is reset: it holds nothing current
       return g.failed(p.message(), c.state.step());
@@ -367,6 +386,11 @@ class healing_shards final : public shard_source {
     c.rs.shards = plan;
     g.reshard_bytes = p->totals.bytes_in + p->totals.bytes_out;
     if (p->totals.moments_in > 0) g.optimizer = ev::optimizer_source::replica;
+    // Sharded masters: every rank's bf16 copies are the agreed step's (a
+    // receiving rank's from the root, before its forward), while some held
+    // windows' masters are still on their way: the step computes with the
+    // copies as they are.
+    if (masters) opt.keep_compute_once();
     g.healing->add_moves(std::move(p.value()), opt, g.pg);
     g.healing->start(c.agreed.max_step);
     return std::nullopt;
@@ -382,9 +406,9 @@ status forward_state_landed(heal_transfer& t, int64_t step, const std::function<
 
 bool heals(const start_context& c) {
   const job_settings& s = c.rs.settings;
-  // ZeRO: every rank holds every parameter whole in float32, none of them
-  // a mix of two steps.
-  const bool zero_fits = s.train.zero == 0 || (only_moments_sharded(s) && !c.any_params_mixed);
+  // ZeRO: every rank holds every parameter whole (in float32, or as bf16
+  // copies with its shards' masters), none of them a mix of two steps.
+  const bool zero_fits = s.train.zero == 0 || ((s.train.zero == 1 || s.train.zero == 2) && !c.any_params_mixed);
   return c.g.pg && !c.agreed.everyone_holds_it() && s.cluster.heal_while_training && zero_fits && s.modes.sync == sync_mode::every_step &&
          !c.agreed_from_disk && c.g.source != ev::state_source::disk && c.agreed.max_step < s.train.max_steps;
 }
@@ -396,5 +420,6 @@ bool only_moments_sharded(const job_settings& s) {
 std::unique_ptr<state_source> make_healing_state() { return std::make_unique<healing_state>(); }
 std::unique_ptr<shard_source> make_healing_shards() { return std::make_unique<healing_shards>(); }
 bool receives_while_training(const heal_transfer& t) { return !t.sending(); }
+void after_landing(heal_transfer& t, std::function<void()> f) { t.after_landing(std::move(f)); }
 
 }  // namespace dtactor

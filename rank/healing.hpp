@@ -16,9 +16,9 @@
 // send; what a forward may change is copied first), so every rank applies
 // the step's summed gradient to the same state, as without a join.
 //
-// In bf16 (train.precision = bf16) the parameters sent first are the fp32
-// masters; the receiver's forward rounds them into its compute copies as
-// every forward does (training_state::forward_backward).
+// In bf16 (train.precision = bf16) at train.zero = 0 the parameters sent
+// first are the fp32 masters; the receiver's forward rounds them into its
+// compute copies as every forward does (training_state::forward_backward).
 //
 // At train.zero = 1 and 2 the optimizer's moments are resharded to the
 // generation's plan on the same thread, after the state: every rank plans
@@ -29,11 +29,20 @@
 // for one word from every rank saying theirs landed, so either every rank
 // applies the step or none does.
 //
+// bf16 at train.zero = 1 and 2 shards the fp32 masters too: the root holds
+// only its shards', while every rank holds every bf16 copy, current. So
+// the parameters sent first are the root's bf16 copies, each rank's
+// masters move with its moments, and the first step computes with the
+// copies as they are (flat_adamw::keep_compute_once: some held windows'
+// masters are still on their way). The pages of the masters a rank no
+// longer holds are given back at the update, once the moves that may read
+// them are done (after_landing; before the first step without healing).
+//
 // Where it applies: train.sync = every_step, a state agreed from a live
 // peer (not read from a checkpoint), and a step left to train; at
-// train.zero = 0 in either precision; at train.zero = 1 and 2 where every
-// rank holds every parameter whole in float32 (not bf16's sharded masters)
-// and no rank's are a mix of two steps (its last all-gather failed).
+// train.zero = 0, 1 and 2 in either precision where no rank's parameters
+// are a mix of two steps (its last all-gather failed); not at train.zero =
+// 3 (a rank holds its shards' parameters only).
 // Elsewhere the state is broadcast and the moments moved before the first
 // step (peer_state, replica_shards).
 #include <cstdint>
@@ -54,8 +63,7 @@ class shard_source;
 // Whether this generation's start heals while training (above).
 bool heals(const start_context& c);
 // train.zero 1 or 2 with float32 masters every rank holds whole, every
-// step: the sharded state is the moments alone, which move by themselves
-// (healing_shards here, replica_shards before the first step).
+// step: the sharded state is the moments alone.
 bool only_moments_sharded(const job_settings& s);
 // The state source that starts the transfer (at train.zero >= 1, every
 // rank has one, started by the shard source below).
@@ -66,6 +74,9 @@ std::unique_ptr<shard_source> make_healing_shards();
 // This rank receives the state (parameters, buffers, counters) while the
 // first step trains.
 bool receives_while_training(const heal_transfer& t);
+// Runs `f` at the update, once every rank's moves landed (not at all when
+// they did not: the generation fails).
+void after_landing(heal_transfer& t, std::function<void()> f);
 // Before the step at `step`: on a rank receiving the state at that step,
 // waits until what a forward reads of it has landed (an error: it did not,
 // or `abandon` said to stop waiting); elsewhere nothing.

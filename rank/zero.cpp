@@ -473,9 +473,11 @@ int first_holder(const std::vector<ranges>& held, int64_t a, int64_t b) {
 // Each segment's moments go from its first holder to every rank that
 // wants it and lacks it, point to point (tags from `tag` in segment order,
 // the same on every rank): this rank's sends and receives, their tensors
-// taken now (a receive's window made dense).
+// taken now (a receive's window made dense). `masters`: the segment's
+// float32 masters too (sharded masters: a segment lies in one group, so
+// they are one view).
 std::vector<reshard_move> moment_moves(flat_adamw& opt, const ranges& segments, const std::vector<ranges>& held, const shard_plan& next, int rank,
-                                       int tag, reshard_result& res) {
+                                       int tag, reshard_result& res, bool masters = false) {
   const int world = next.world();
   std::vector<reshard_move> out;
   for (const auto& [a, b] : segments) {
@@ -490,8 +492,13 @@ std::vector<reshard_move> moment_moves(flat_adamw& opt, const ranges& segments, 
         const auto bytes = static_cast<uint64_t>(2 * (b - a) * m.element_size());
         (send ? res.bytes_out : res.bytes_in) += bytes;
         if (!send) res.moments_in += bytes;
+        if (masters)
+          for (auto& p : opt.param_views(a, b)) {
+            out.push_back({p, send ? r : source, tag + 2, send});
+            (send ? res.bytes_out : res.bytes_in) += static_cast<uint64_t>(p.numel() * p.element_size());
+          }
       }
-      tag += 2;
+      tag += masters ? 3 : 2;
     }
   }
   return out;
@@ -637,7 +644,7 @@ result<reshard_result> reshard_optimizer(c10d::ProcessGroup& pg, flat_adamw& opt
 }
 
 result<reshard_plan> plan_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, std::chrono::milliseconds timeout,
-                                  const std::function<bool()>& abandon, int tag_base) {
+                                  const std::function<bool()>& abandon, int tag_base, bool masters) {
   const auto t0 = clock_type::now();
   torch::NoGradGuard no_grad;
   auto start = start_reshard(pg, opt, next, holds_current, false, timeout, abandon);
@@ -649,7 +656,7 @@ result<reshard_plan> plan_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const
     return p;
   }
   opt.shard(next.ranges_of(pg.getRank()));
-  p.moves = moment_moves(opt, start->segments, start->who.held, next, pg.getRank(), tag_base, p.totals);
+  p.moves = moment_moves(opt, start->segments, start->who.held, next, pg.getRank(), tag_base, p.totals, masters);
   p.totals.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   return p;
 }

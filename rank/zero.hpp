@@ -110,8 +110,9 @@ struct reshard_result {
   double seconds = 0;
 };
 // reshard_optimizer's moments in two halves, for a reshard while the
-// generation's first step trains (rank/healing, fp32 parameters that every
-// rank holds, none of them a mix):
+// generation's first step trains (rank/healing, at zero = 1 or 2, no
+// parameter a mix of two steps; every rank holds every parameter in
+// float32, or every bf16 copy with its shards' masters):
 // - plan_reshard, on the generation's thread: who holds what (the one
 //   all-gather on `pg`), the new windows (flat_adamw::shard; the old ones
 //   stay, retired, until flat_adamw::drop_retired), and every move's tensor,
@@ -135,8 +136,10 @@ struct reshard_plan {
   reshard_result totals;  // complete, missing and the bytes; seconds: the plan's
   std::vector<reshard_move> moves;
 };
+// `masters` (bf16 from zero = 1, sharded masters): a newly held
+// segment's float32 masters move with its moments.
 result<reshard_plan> plan_reshard(c10d::ProcessGroup& pg, flat_adamw& opt, const shard_plan& next, bool holds_current, std::chrono::milliseconds timeout,
-                                  const std::function<bool()>& abandon, int tag_base);
+                                  const std::function<bool()>& abandon, int tag_base, bool masters = false);
 status run_moves(c10d::ProcessGroup& pg, const std::vector<reshard_move>& moves, const local_peers& local, const p2p_waits& waits);
 
 // `holds_current`: this rank's moments are those of the agreed step (false

@@ -40,9 +40,15 @@ TEST(Chaos, Bf16ShardedStateSurvivesALostNodeBitForBit) {
     const std::string clean = run(d1.path(), false);
     ASSERT_FALSE(clean.empty());
     EXPECT_EQ(clean, faulty);
-    const auto rec = events<ev::recovery_done>(read_journal(d2.path() + "/journal.jsonl"));
+    const auto j = read_journal(d2.path() + "/journal.jsonl");
+    const auto rec = events<ev::recovery_done>(j);
     ASSERT_GE(rec.size(), 1u);
     EXPECT_EQ(rec.back().at("optimizer_source"), "replica") << rec.back().dump();
+    // The replacement healed while training at 2 (the bf16 copies from the
+    // root, masters and moments from their holders); at 3 before the step.
+    bool healed = false;
+    for (const auto& r : events<ev::checkpoint_restored>(j)) healed = healed || r.value("while_training", false);
+    EXPECT_EQ(healed, zero == "2");
   }
 }
 
@@ -71,7 +77,11 @@ TEST(Chaos, Bf16ReplacementHealsWhileTrainingBitForBit) {
 // first generation), keeps its shards' masters, and takes the bf16 copies
 // from their primaries after each update. The sums and the updates are
 // zero=0's, so a 3-node job with a node crashed and replaced ends on the
-// same parameters, bit for bit, as a fault-free zero=0 bf16 job.
+// same parameters, bit for bit, as a fault-free zero=0 bf16 job. The
+// replacement heals while training: it computes its first step with the
+// root's bf16 copies while its shards' masters and moments come from their
+// holders; the others compute with their copies as they are, although
+// some of their newly held masters are still on their way.
 TEST(Chaos, Bf16ShardedMastersAtLevelOneEndBitForBitAsLevelZero) {
   auto run = [](const std::string& dir, const std::string& zero, bool fault) {
     return crash_and_replace_run(dir,
@@ -83,6 +93,9 @@ TEST(Chaos, Bf16ShardedMastersAtLevelOneEndBitForBitAsLevelZero) {
   const std::string plain = run(d0.path(), "0", false);
   ASSERT_FALSE(plain.empty());
   EXPECT_EQ(run(d1.path(), "1", true), plain);
+  bool healed = false;
+  for (const auto& r : events<ev::checkpoint_restored>(read_journal(d1.path() + "/journal.jsonl"))) healed = healed || r.value("while_training", false);
+  EXPECT_TRUE(healed);
 }
 
 // A bf16 job's checkpoints (zero=3 on three nodes) hold the fp32 masters in
