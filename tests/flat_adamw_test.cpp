@@ -384,6 +384,35 @@ TEST(FlatAdamW, Bf16ZeroGradLeavesTheNextGradientsToBeConverted) {
   }
 }
 
+// keep_compute_once (healing in bf16 with sharded masters): the next
+// refresh keeps the copies as they are, though the held window's masters
+// say otherwise; the one after rounds them again; keep_compute_once(false)
+// takes it back.
+TEST(FlatAdamW, KeepComputeOnceSkipsOneRefreshOnly) {
+  torch::manual_seed(9);
+  std::vector<torch::Tensor> p{torch::randn({1024}).requires_grad_(true)};
+  flat_adamw_options o;
+  o.compute = torch::kBFloat16;
+  o.held_masters_only = true;
+  flat_adamw opt(p, o);
+  opt.shard({{0, 1024}});
+  opt.refresh_compute();
+  const auto copies = p[0].detach().clone();
+  torch::NoGradGuard no_grad;
+  opt.master_of(p[0]).add_(1.0);  // masters that landed since (a move), not yet rounded
+  opt.keep_compute_once();
+  opt.refresh_compute();
+  EXPECT_TRUE(torch::equal(p[0], copies));
+  opt.refresh_compute();
+  EXPECT_TRUE(torch::equal(p[0], opt.master_of(p[0]).to(torch::kBFloat16)));
+  EXPECT_FALSE(torch::equal(p[0], copies));
+  opt.master_of(p[0]).add_(1.0);
+  opt.keep_compute_once();
+  opt.keep_compute_once(false);
+  opt.refresh_compute();
+  EXPECT_TRUE(torch::equal(p[0], opt.master_of(p[0]).to(torch::kBFloat16)));
+}
+
 TEST(FlatAdamW, CheckpointResumesExactly) {
   auto n1 = make_net(9);
   flat_adamw f1(n1->parameters(), options());
