@@ -413,9 +413,7 @@ bool heals(const start_context& c) {
          !c.agreed_from_disk && c.g.source != ev::state_source::disk && c.agreed.max_step < s.train.max_steps;
 }
 
-bool only_moments_sharded(const job_settings& s) {
-  return (s.train.zero == 1 || s.train.zero == 2) && !masters_sharded(s.train) && s.modes.sync == sync_mode::every_step;
-}
+bool windows_from_reshard(const job_settings& s) { return s.train.zero >= 1 && s.modes.sync == sync_mode::every_step; }
 
 std::unique_ptr<state_source> make_healing_state() { return std::make_unique<healing_state>(); }
 std::unique_ptr<shard_source> make_healing_shards() { return std::make_unique<healing_shards>(); }

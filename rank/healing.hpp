@@ -62,9 +62,11 @@ class shard_source;
 
 // Whether this generation's start heals while training (above).
 bool heals(const start_context& c);
-// train.zero 1 or 2 with float32 masters every rank holds whole, every
-// step: the sharded state is the moments alone.
-bool only_moments_sharded(const job_settings& s);
+// train.zero >= 1, every step: a rank's optimizer windows (and, where
+// the masters are sharded, its masters) come from the reshard or the
+// checkpoint, never from the state a peer sends, so a rank not holding
+// the agreed step drops its stale ones before that state comes.
+bool windows_from_reshard(const job_settings& s);
 // The state source that starts the transfer (at train.zero >= 1, every
 // rank has one, started by the shard source below).
 std::unique_ptr<state_source> make_healing_state();
