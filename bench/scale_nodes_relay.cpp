@@ -52,7 +52,7 @@ bool skip_rest(void* socket, const zmq_msg_t& last) {
 
 void set_dealer_options(void* socket, const dealer_settings& s, const job_key& key, const std::string& routing_id) {
   set_common_options(socket, s.zmtp_heartbeat_ms);
-  set_int(socket, ZMQ_RECONNECT_IVL, 100);
+  set_int(socket, ZMQ_RECONNECT_IVL, reconnect_ivl_ms);
   set_int(socket, ZMQ_RECONNECT_IVL_MAX, s.reconnect_max_ms);
   set_int(socket, ZMQ_IMMEDIATE, s.immediate ? 1 : 0);
   zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, key.server_public.data(), key.server_public.size());

@@ -33,6 +33,9 @@ class context_t;
 
 namespace dtactor::scale_sim {
 
+// libzmq's reconnect interval, zmq_bridge_options' default.
+constexpr int reconnect_ivl_ms = 100;
+
 // A node's DEALER as zmq_bridge opens it (net/zmq_bridge.cpp, app/node.cpp):
 // its link to the coordinator and to its relay alike.
 struct dealer_settings {
