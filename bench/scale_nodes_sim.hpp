@@ -54,8 +54,6 @@ struct sim_node {
   std::string endpoint;
   std::optional<dtactor::redial_backoff> redial;
   std::optional<std::chrono::steady_clock::time_point> redial_at;
-  bool redial_held = false;     // as zmq_bridge's link_state: the dial in place holds off libzmq's redial
-  bool hold_next_dial = false;  // the dial due at redial_at will
   uint64_t incarnation = 0;
   uint64_t rank_incarnation = 0;
   phase ph = phase::registering;
@@ -114,7 +112,6 @@ class simulator {
   void drain_monitor(size_t index);
   void open_monitor(sim_node& n, size_t index);
   void redial_due(sim_node& n, steady::time_point now);
-  void dial_unheld(sim_node& n);
   void on_envelope(sim_node& n, const pb::envelope& env, size_t frame_bytes);
   void on_register_ack(sim_node& n, const pb::register_ack& ack);
   void on_plan(sim_node& n, const pb::generation_plan& plan, size_t frame_bytes);

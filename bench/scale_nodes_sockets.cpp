@@ -18,8 +18,7 @@ namespace dtactor::scale_sim {
 // As zmq_bridge's open_socket: a monitor of the events its redial backoff reads.
 void simulator::open_monitor(sim_node& n, size_t index) {
   const std::string at = "inproc://sim-monitor-" + std::to_string(index);
-  const int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_CONNECT_RETRIED;
-  if (zmq_socket_monitor(n.socket, at.c_str(), events) != 0) return;
+  if (zmq_socket_monitor(n.socket, at.c_str(), ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) return;
   n.monitor = zmq_socket(ctx_, ZMQ_PAIR);
   int zero = 0;
   zmq_setsockopt(n.monitor, ZMQ_LINGER, &zero, sizeof zero);
@@ -60,38 +59,19 @@ void simulator::drain_monitor(size_t index) {
     zmq_msg_close(&head);
     zmq_msg_close(&where);
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) n.redial->on_handshake_succeeded();
-    if (event == ZMQ_EVENT_CONNECT_RETRIED && n.redial_held && !n.redial_at) dial_unheld(n);
     if (event != ZMQ_EVENT_DISCONNECTED || n.redial_at) continue;
-    auto delay = n.redial->on_disconnected(false, std::uniform_real_distribution<double>(0.0, 1.0)(random_));
-    n.hold_next_dial = delay.has_value();
-    const bool shed = delay.has_value();
-    if (!delay && n.redial_held) delay = ms(reconnect_ivl_ms);
+    const auto delay = n.redial->on_disconnected(false, std::uniform_real_distribution<double>(0.0, 1.0)(random_));
     if (!delay || zmq_disconnect(n.socket, n.endpoint.c_str()) != 0) continue;
     n.redial_at = steady::now() + *delay;
-    c_.redials_held += shed;
+    ++c_.redials_held;
   }
 }
 
-// zmq_bridge's redial_due: after a shed, the node's own dial raises libzmq's
-// reconnect interval to twice the longest delay the next shed can draw, so
-// that a late read of that shed's close lets no extra dial through.
+// zmq_bridge's redial_due: the dial after a shed's backoff.
 void simulator::redial_due(sim_node& n, steady::time_point now) {
   if (!n.redial_at || now < *n.redial_at) return;
   n.redial_at.reset();
-  const auto hold = 2 * n.redial->next_step().count();
-  const bool held = n.hold_next_dial && hold > reconnect_ivl_ms;
-  const int ivl = held ? static_cast<int>(std::min<int64_t>(hold, 1 << 30)) : reconnect_ivl_ms;
-  zmq_setsockopt(n.socket, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
   zmq_connect(n.socket, n.endpoint.c_str());
-  n.redial_held = held;
-}
-
-// zmq_bridge's dial_unheld: a held dial refused (nobody listens) is dialled
-// again at once, with libzmq's quick redials.
-void simulator::dial_unheld(sim_node& n) {
-  if (zmq_disconnect(n.socket, n.endpoint.c_str()) != 0) return;
-  n.hold_next_dial = false;
-  n.redial_at = steady::now();
 }
 
 // Every frame the socket holds now; ZMQ_EVENTS also resets its ZMQ_FD.

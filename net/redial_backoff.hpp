@@ -40,20 +40,15 @@ class redial_backoff {
     const bool was_handshaken = handshaken_;
     handshaken_ = false;
     if (was_handshaken || failure_reported) return std::nullopt;
-    const duration step = next_step();
+    duration step = first_;
+    for (uint32_t i = 0; i < sheds_ && step < cap_; ++i) step *= 2;
+    step = std::min(step, cap_);
     ++sheds_;
     const double u = std::clamp(unit, 0.0, 1.0);
     return duration(step.count() / 2 + static_cast<int64_t>(u * static_cast<double>(step.count() - step.count() / 2)));
   }
 
   uint32_t sheds() const { return sheds_; }
-
-  // The step the next shed draws its delay from: the longest it can be.
-  duration next_step() const {
-    duration step = first_;
-    for (uint32_t i = 0; i < sheds_ && step < cap_; ++i) step *= 2;
-    return std::min(step, cap_);
-  }
 
  private:
   duration first_, cap_;

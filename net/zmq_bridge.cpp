@@ -299,9 +299,7 @@ void zmq_bridge::open_socket(link_state& link, const std::string& endpoint, cons
   // Before bind/connect, so that the first connection's events are seen.
   static std::atomic<uint64_t> monitors{0};
   const std::string monitor_ep = "inproc://dtactor-monitor-" + std::to_string(monitors.fetch_add(1));
-  // A DEALER also hears of a dial refused (net/zmq_bridge_monitor.cpp: redial_due).
-  const int events = handshake_gate::monitored_events() | (router ? 0 : ZMQ_EVENT_CONNECT_RETRIED);
-  if (zmq_socket_monitor(s.handle(), monitor_ep.c_str(), events) != 0) throw zmq::error_t();
+  if (zmq_socket_monitor(s.handle(), monitor_ep.c_str(), handshake_gate::monitored_events()) != 0) throw zmq::error_t();
   link.monitor = zmq::socket_t(*context_, zmq::socket_type::pair);
   link.monitor.set(zmq::sockopt::linger, 0);
   link.monitor.connect(monitor_ep);

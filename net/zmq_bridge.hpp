@@ -236,7 +236,6 @@ class zmq_bridge {
   void connected(link_state& link);  // DEALER: a connection's handshake succeeded
   void schedule_redial(link_state& link, bool failure_reported);  // DEALER: a connection closed
   void redial_due(std::chrono::steady_clock::time_point now);
-  void dial_unheld(link_state& link);  // DEALER: a held dial was refused
   std::chrono::milliseconds poll_timeout(std::chrono::steady_clock::time_point now) const;
   // Counts a dropped frame and reports it to the drop handler; drop() also
   // logs it (once per kind, link and peer), count_drop() does not.

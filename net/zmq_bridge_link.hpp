@@ -43,12 +43,6 @@ struct zmq_bridge::link_state {
   // when it dials again (its endpoint is disconnected until then).
   std::optional<redial_backoff> redial;
   std::optional<std::chrono::steady_clock::time_point> redial_at;
-  // Whether the dial in place, or the one due at redial_at, holds off
-  // libzmq's own redial (its reconnect interval raised past the backoff's
-  // next delay): then the bridge dials again after every close, and when
-  // the dial is refused.
-  bool redial_held = false;
-  bool hold_next_dial = false;
   uint64_t epoch = 0;                         // DEALER: the highest lease epoch received (a newer coordinator's)
   // DEALER to several endpoints: one link_state per endpoint, all of the
   // same name, sharing the group (its epoch replaces `epoch`).

@@ -130,11 +130,7 @@ void zmq_bridge::connected(link_state& link) {
 void zmq_bridge::schedule_redial(link_state& link, bool failure_reported) {
   if (!link.redial || link.redial_at) return;
   thread_local std::minstd_rand random{std::random_device{}()};
-  auto delay = link.redial->on_disconnected(failure_reported, std::uniform_real_distribution<double>(0.0, 1.0)(random));
-  // Not a shed: libzmq would dial again after its reconnect interval, unless
-  // this dial raised it; then the bridge dials after that interval itself.
-  link.hold_next_dial = delay.has_value();
-  if (!delay && link.redial_held) delay = std::chrono::milliseconds(options_.reconnect_ivl_ms);
+  const auto delay = link.redial->on_disconnected(failure_reported, std::uniform_real_distribution<double>(0.0, 1.0)(random));
   if (!delay) return;
   // Disconnecting ends libzmq's own redial (already scheduled) and drops
   // what was queued for the connection: a node's registrations, which it
@@ -148,37 +144,16 @@ void zmq_bridge::schedule_redial(link_state& link, bool failure_reported) {
   link.redial_at = std::chrono::steady_clock::now() + *delay;
 }
 
-// After a shed, the bridge's own dial raises libzmq's reconnect interval to
-// twice the longest delay the next shed can draw: should the bridge thread
-// read that shed's close late (a loaded machine), libzmq has not dialled
-// again before the bridge disconnects, so a shed node still dials less and
-// less often. Otherwise (a close after a handshake, a refused dial) libzmq's
-// interval is the configured one.
 void zmq_bridge::redial_due(std::chrono::steady_clock::time_point now) {
   for (auto& l : links_) {
     if (!l->redial_at || *l->redial_at > now) continue;
     l->redial_at.reset();
-    const auto hold = 2 * l->redial->next_step().count();
-    const bool held = l->hold_next_dial && hold > options_.reconnect_ivl_ms;
     try {
-      l->socket.set(zmq::sockopt::reconnect_ivl, held ? static_cast<int>(std::min<int64_t>(hold, 1 << 30)) : options_.reconnect_ivl_ms);
       l->socket.connect(l->endpoint);
-      l->redial_held = held;
     } catch (const zmq::error_t& e) {
       stderr_line("dtactor: wire: link '" + l->name + "': cannot dial " + l->endpoint + " again: " + e.what());
     }
   }
-}
-
-void zmq_bridge::dial_unheld(link_state& link) {
-  try {
-    link.socket.disconnect(link.endpoint);
-  } catch (const zmq::error_t& e) {
-    stderr_line("dtactor: wire: link '" + link.name + "': cannot dial " + link.endpoint + " again: " + e.what());
-    return;
-  }
-  link.hold_next_dial = false;
-  link.redial_at = std::chrono::steady_clock::now();
 }
 
 void zmq_bridge::read_monitor(link_state& link) {
@@ -234,10 +209,6 @@ void zmq_bridge::read_monitor_events(link_state& link) {
       link.pending.reset();
       if (link.router && on_closed_) connection_closed(link, fd);
       if (link.group) link.group->down(link.member);
-    } else if (event == ZMQ_EVENT_CONNECT_RETRIED) {
-      // A held dial found nobody listening: dial again now, with libzmq's
-      // own quick redials, as for a peer that is down.
-      if (link.redial_held && !link.redial_at) dial_unheld(link);
     } else {
       if (link.pending) handshake_failed(link, *link.pending, "");
       link.pending = classify(event, value);
