@@ -291,7 +291,13 @@ TEST(FlatAdamW, ShardingBf16GradientsMakesNoWholeFloat32BufferResident) {
   const int64_t before = testing::status_kb("VmRSS:");
   m.shard_grads();
   const int64_t added_kb = testing::status_kb("VmHWM:") - before;
-  EXPECT_LT(added_kb, n * 4 / 1024 / 4) << "sharding touched " << added_kb << " kB: the whole float32 gradient is " << n * 4 / 1024 << " kB";
+  // Reading the bf16 gradients for their nonzero chunks maps the kernel's
+  // shared zero page where it has one; where it has none (some VM kernels),
+  // the read makes the bf16 buffer resident, 2 bytes a parameter. Either
+  // way well under a whole float32 buffer converted (4 bytes a parameter,
+  // on top of that read).
+  const int64_t bf16_kb = n * 2 / 1024, fp32_kb = n * 4 / 1024;
+  EXPECT_LT(added_kb, bf16_kb + fp32_kb / 4) << "sharding touched " << added_kb << " kB: the whole float32 gradient is " << fp32_kb << " kB";
   const auto w = m.grad_window(0, 16);
   ASSERT_EQ(w.scalar_type(), torch::kFloat);
   auto want = torch::zeros({16});
