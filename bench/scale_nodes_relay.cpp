@@ -219,6 +219,12 @@ status relay_listener::open(zmq::context_t& context, int zmtp_heartbeat_ms, cons
   zmq_setsockopt(socket_, ZMQ_ZAP_DOMAIN, "dtactor", 7);
   set_int(socket_, ZMQ_ROUTER_MANDATORY, 1);
   set_int(socket_, ZMQ_ROUTER_HANDOVER, 1);
+  // Every member of every relay of this process dials this one listener
+  // (where a real relay takes its group's): room for a process's dials at
+  // once in the kernel's accept queue (the kernel caps it at somaxconn),
+  // not libzmq's default 100, past which a SYN is dropped and retried 1 s
+  // later.
+  set_int(socket_, ZMQ_BACKLOG, listen_backlog);
   const std::string at = "tcp://" + (address.empty() ? std::string("127.0.0.1") : address) + ":*";
   if (zmq_bind(socket_, at.c_str()) != 0) return make_error("cannot bind the relay listener on " + at + ": " + zmq_strerror(zmq_errno()));
   char last[256] = {0};
