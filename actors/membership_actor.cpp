@@ -518,8 +518,7 @@ void check_orphaned(membership_self self, clock_time now) {
 // intervals counts as heard when the relay last was. Its silence says
 // nothing while its reporter is silent: it has until the relay's own
 // deadline to beat the coordinator (it gives a silent relay up within a
-// member interval + relay_grace + a tick; until its relay first answered
-// it beat the coordinator as well), and a member that died
+// member interval + relay_first_grace + a tick), and a member that died
 // with its relay is lost with it.
 std::map<node_id, clock_time> judged_last_seen(membership_actor_state& st, clock_time now) {
   auto seen = st.members.last_seen();

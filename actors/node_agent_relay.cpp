@@ -115,9 +115,8 @@ void send_heartbeat(agent_self self, clock_time now) {
   st.last_beat = now;
   if (!st.relay.endpoint().empty()) {
     st.relay.beat(now);
-    if (!st.relay.probing()) return st.out(links::relay, "", std::move(env));
-    // Not answered since dialled: the coordinator hears this beat too.
-    st.out(links::relay, "", env);
+    st.out(links::relay, "", std::move(env));
+    return;
   }
   st.hub.fill(*hb, now, st.opts.liveness.heartbeat_timeout);
   const bool ask = st.heartbeat_seq == 1 || now - st.ack_asked >= ack_every(st.opts.liveness);

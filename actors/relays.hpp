@@ -18,13 +18,9 @@
 //   - the coordinator takes each as a sign of life at its age, so a member is
 //     declared lost heartbeat_timeout after its last beat reached the relay,
 //     plus the transit of the relay's beat: the bound is unchanged.
-// A member that dialled a relay goes on beating the coordinator as well
-// until the relay first answers (make before break): a handshake that is
-// slow on a loaded machine costs nothing, and the member moves over on that
-// answer. A relay that never answers within relay_first_grace is given up.
-// A member whose relay, once it answered, leaves a beat unanswered for
-// relay_grace beats the coordinator directly again, and avoids that relay
-// for two heartbeat timeouts; the coordinator names a new relay once the old one is declared
+// A member whose relay leaves a beat unanswered for relay_grace beats the
+// coordinator directly again, and avoids that relay for two heartbeat
+// timeouts; the coordinator names a new relay once the old one is declared
 // lost. A relay's loss costs its members nothing: while a relay is silent,
 // the coordinator judges its members' silence from the relay's last beat
 // (membership_actor's judged_last_seen), and they are back on the
@@ -35,7 +31,6 @@
 // Pure pieces, no clocks read: the coordinator's directory of relays, what
 // a relay keeps of its members' beats, and a member's choice of where to
 // beat.
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -155,16 +150,13 @@ class relay_link {
     unanswered_since_.reset();
   }
   bool answered_since_dial() const { return acked_.has_value(); }
-  // Dialled a relay that has not answered yet: beats go to the coordinator
-  // too, so the member is heard whatever the relay's handshake takes.
-  bool probing() const { return !endpoint_.empty() && !acked_; }
   // A beat went to the relay.
   void beat(clock_time now);
   // The relay has not answered for `grace` since the first beat it left
-  // unanswered (`first_grace` before its first answer since it was dialled,
-  // while the member is probing): it is given up (avoided for `avoid_for`)
-  // and the member beats the coordinator alone. True once, when that
-  // happens.
+  // unanswered (`first_grace` before its first answer since it was dialled:
+  // the connection's TCP and CURVE handshakes come first): it is given up
+  // (avoided for `avoid_for`) and the member beats the coordinator. True
+  // once, when that happens.
   bool given_up(clock_time now, clock_duration grace, clock_duration first_grace, clock_duration avoid_for);
   // Back to the coordinator (a registration).
   void reset();
@@ -185,13 +177,10 @@ class relay_link {
 // has until the relay's own deadline, and is back within a member interval +
 // this + a tick of the relay's last beat.
 inline clock_duration relay_grace(const liveness_options& o) { return o.heartbeat_timeout / 3; }
-// How long a newly dialled relay may take to answer at all: the heartbeat
-// timeout, and at least one whole connection handshake (a CURVE handshake
-// on a loaded machine may take most of wire::handshake_timeout_ms). The
-// member beats the coordinator as well meanwhile (relay_link::probing), so
-// this bounds the dials of a relay that cannot be reached, not detection.
-inline clock_duration relay_first_grace(const liveness_options& o) {
-  return std::max<clock_duration>(o.heartbeat_timeout, std::chrono::milliseconds(wire::handshake_timeout_ms));
-}
+// Before a newly dialled relay's first answer: a quarter of the timeout.
+// The member's last beat elsewhere was at most a member interval before it
+// dialled, so it is back on the coordinator within 2 member intervals + this
+// + a tick (850 ms at 10,000 nodes and the defaults).
+inline clock_duration relay_first_grace(const liveness_options& o) { return o.heartbeat_timeout / 4; }
 
 }  // namespace dtactor

@@ -25,10 +25,8 @@
 // registers with a relay endpoint; the register_ack's and every
 // heartbeat_ack's relay assignment says where it beats: its relay (a second
 // DEALER, every beat answered), or the coordinator (also when it is its
-// group's relay: then its beats carry the members it heard); a member
-// beats the coordinator as well until its newly dialled relay first
-// answers. A relay left unanswered for relay_grace (relay_first_grace
-// before its first answer) is given up for two heartbeat timeouts. The
+// group's relay: then its beats carry the members it heard). A relay left
+// unanswered for relay_grace is given up for two heartbeat timeouts. The
 // process binds ONE relay listener for all its nodes, where a real node
 // binds its own (a shortcut, bench/scale_nodes_relay.hpp): a member's beat
 // is answered by the node here that relays the group of the beat's node
@@ -130,13 +128,12 @@ void simulator::send_heartbeat(sim_node& n, steady::time_point now) {
   hb->set_step(n.last_step);
   hb->set_node_rank(n.node_rank);
   n.last_beat = now;
-  // node_agent_relay.cpp's send_heartbeat: to the relay, every beat answered
-  // (and to the coordinator too until the relay first answers); or to the
-  // coordinator with the members this node relays, an ack asked for every
-  // quarter timeout.
+  // node_agent_relay.cpp's send_heartbeat: to the relay, every beat answered;
+  // or to the coordinator with the members this node relays, an ack asked
+  // for every quarter timeout.
   if (!n.relay.link.endpoint().empty()) {
     send_to_relay(n, env, now);
-    if (!n.relay.link.probing()) return;
+    return;
   }
   n.relay.hub.fill(*hb, now, timeout_);
   c_.relay.entries_sent += static_cast<uint64_t>(hb->relayed_size());

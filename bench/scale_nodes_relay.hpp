@@ -103,10 +103,9 @@ result<bool> take_assignment(relay_member& m, const pb::relay_assignment& a, con
                              uint64_t tag, const std::string& routing_id, const std::string& source);
 // Back to the coordinator (a registration): drop_relay.
 void forget(relay_member& m, int epoll);
-// given_up_relay: a relay that left a beat unanswered for relay_grace
-// (relay_first_grace before its first answer) is given up, avoided for two
-// heartbeat timeouts and its DEALER closed; true then (the node beats the
-// coordinator alone now).
+// given_up_relay: a relay that left a beat unanswered for relay_grace is
+// given up, avoided for two heartbeat timeouts and its DEALER closed; true
+// then (the node beats the coordinator now).
 bool give_up_if_due(relay_member& m, clock_time now, const liveness_options& l, int epoll);
 // A beat to m's relay (every one answered). False: not sent.
 bool send_beat(relay_member& m, const pb::envelope& env, clock_time now);
