@@ -111,9 +111,10 @@ pods)
     PID[$pod]=$!
     PGIDS+=($!)
   }
+  # Whole lines only: the last may be half written while it is read.
   journal() { /usr/bin/python3.11 -c "
 import json,os
-ev=[json.loads(l) for l in open('$JOURNAL') if l.strip()] if os.path.exists('$JOURNAL') else []
+ev=[json.loads(l) for l in open('$JOURNAL') if l.endswith('\n') and l.strip()] if os.path.exists('$JOURNAL') else []
 named=lambda n:[e for e in ev if e.get('event')==n]
 print($1)"; }
   wait_for() {  # SECONDS PYTHON_CONDITION: polls the journal every 0.2 s

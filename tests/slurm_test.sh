@@ -46,10 +46,11 @@ fail() {
 SETS=(--set model.dim=16 --set model.layers=1 --set model.heads=2 --set model.mlp_ratio=2 --set train.global_batch_size=32
       --set train.warmup_steps=5 --set train.lr=0.003 --set eval.max_samples=500 --set eval.every_steps=0 --set train.log_every_steps=1
       --set checkpoint.every_steps=20)
-# journal QUERY: a Python expression over `ev` (the list of events) printed.
+# journal QUERY: a Python expression over `ev` (the list of events) printed;
+# whole lines only: the last may be half written while it is read.
 journal() { /usr/bin/python3.11 -c "
 import json,sys
-ev=[json.loads(l) for l in open('$RUN/journal.jsonl') if l.strip()] if __import__('os').path.exists('$RUN/journal.jsonl') else []
+ev=[json.loads(l) for l in open('$RUN/journal.jsonl') if l.endswith('\n') and l.strip()] if __import__('os').path.exists('$RUN/journal.jsonl') else []
 named=lambda n:[e for e in ev if e.get('event')==n]
 print($1)"; }
 # wait_for SECONDS PYTHON_CONDITION: polls the journal every 0.2 s.
