@@ -16,6 +16,7 @@
 #include "app/train_command.hpp"
 #include "storage/checkpoint_store.hpp"
 #include "test_util.hpp"
+#include "torchscript_fixtures.hpp"
 #include "train_util.hpp"
 
 namespace dtactor {
@@ -24,19 +25,7 @@ namespace {
 using testing::quiet;
 using testing::temp_dir;
 
-// The fixtures, written once per test program; `error`: why not.
-struct fixture_dir {
-  std::string dir, error;
-};
-const fixture_dir& fixture_files() {
-  static fixture_dir f = [] {
-    fixture_dir out;
-    out.dir = (std::filesystem::temp_directory_path() / ("dtactor-ts-" + std::to_string(::getpid()))).string();
-    out.error = testing::write_torchscript_fixtures(out.dir, DTACTOR_SOURCE_DIR);
-    return out;
-  }();
-  return f;
-}
+const testing::torchscript_fixture_dir& fixture_files() { return testing::torchscript_fixtures(DTACTOR_SOURCE_DIR); }
 const std::string& fixtures() { return fixture_files().dir; }
 
 #define NEED_FIXTURES()                                                                         \
@@ -244,6 +233,37 @@ TEST(TorchScript, ModulesAndDataThatDoNotFitAreOneClearLine) {
   EXPECT_NE(why(ts_config("mlp.pt", {"data.train_inputs=" + fixtures() + "/mlp.pt"})).find("data.train_inputs: "), std::string::npos);
   EXPECT_EQ(why(ts_config("mlp.pt", {"data.train_inputs="})), "data.train_inputs is not set (model.name = torchscript trains on .npy arrays: set data.train_inputs and data.train_targets)");
   for (const auto& line : {why(ts_config("bad_shape.pt")), why(ts_config("not_a_module.pt"))}) EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+}
+
+// A module that is no Sequential declares its units (dtactor_units: a
+// LayerNorm, two entries of a ModuleList, the head): they are the task's
+// units, in that order. A declaration that is not the module's forward (a
+// residual the list leaves out), names what is not there, or names a unit
+// inside another is one clear line.
+TEST(TorchScript, DeclaredUnitsAreTheTasksAndAWrongDeclarationIsOneClearLine) {
+  NEED_FIXTURES();
+  auto t = make_task(ts_config("declared.pt"));
+  ASSERT_TRUE(t.ok()) << t.message();
+  std::vector<std::string> names;
+  for (const auto& u : t.value()->param_units()) names.push_back(u.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"norm", "blocks.0", "blocks.1", "head"}));
+  auto plain = make_task(ts_config("mlp.pt"));
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  EXPECT_TRUE(plain.value()->param_units().empty());
+  auto why = [](const std::string& module) {
+    auto bad = make_task(ts_config(module));
+    EXPECT_FALSE(bad.ok()) << module;
+    return bad.ok() ? std::string() : bad.message();
+  };
+  const std::string residual = why("declared_residual.pt");
+  EXPECT_NE(residual.find("declared_residual.pt': its dtactor_units run in order are not its forward (on the first samples, their outputs differ by up to "),
+            std::string::npos)
+      << residual;
+  EXPECT_NE(why("declared_missing.pt").find("dtactor_units names 'blocks.9', which is no submodule of the module"), std::string::npos)
+      << why("declared_missing.pt");
+  EXPECT_NE(why("declared_nested.pt").find("dtactor_units names 'blocks.0' and 'blocks.0.0': a unit is named once and lies in no other"), std::string::npos)
+      << why("declared_nested.pt");
+  for (const auto* m : {"declared_residual.pt", "declared_missing.pt", "declared_nested.pt"}) EXPECT_EQ(why(m).find('\n'), std::string::npos) << m;
 }
 
 TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {

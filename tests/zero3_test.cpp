@@ -26,6 +26,7 @@
 #include "storage/checkpoint_store.hpp"
 #include "rank_threads.hpp"
 #include "test_util.hpp"
+#include "torchscript_fixtures.hpp"
 
 namespace dtactor {
 namespace {
@@ -253,6 +254,31 @@ TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
     gather_how how;
     how.segment_floats = 4096;
     expect_as_level_two(run_level(3, three_blocks, world, replicas, 4, how), two, every_rank(world));
+  }
+}
+
+// A scripted module that is no Sequential but declares its units
+// (dtactor_units: a LayerNorm, two entries of a ModuleList, the head):
+// each is gathered as it runs, over Gloo and through shared memory, and
+// every rank ends where zero=2 ends, bit for bit.
+TEST(Zero3, AScriptedModulesDeclaredUnitsAreGatheredAsTheyRunAndTrainAsZeroTwoBitForBit) {
+  const auto& fixtures = testing::torchscript_fixtures(DTACTOR_SOURCE_DIR);
+  if (!fixtures.error.empty()) SKIP_OR_FAIL_IN_CI(fixtures.error);
+  const std::string& d = fixtures.dir;
+  const std::vector<std::string> o = {"model.name=torchscript", "model.file=" + d + "/declared.pt", "data.train_inputs=" + d + "/x_train.npy",
+                                      "data.train_targets=" + d + "/y_train.npy", "data.eval_inputs=" + d + "/x_eval.npy",
+                                      "data.eval_targets=" + d + "/y_eval.npy"};
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const int replicas = world == 2 ? 1 : 2;
+    auto two = run_level(2, o, world, replicas, 4);
+    const std::vector<int> lacking = world == 2 ? every_rank(world) : std::vector<int>{};
+    auto three = run_level(3, o, world, replicas, 4);
+    for (int u : three.units) EXPECT_EQ(u, 4);
+    expect_as_level_two(three, two, lacking);
+    gather_how how;
+    how.segment_floats = 4096;
+    expect_as_level_two(run_level(3, o, world, replicas, 4, how), two, lacking);
   }
 }
 

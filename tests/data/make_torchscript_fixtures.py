@@ -4,6 +4,8 @@ PyTorch user writes them) and .npy arrays. Usage: make_torchscript_fixtures.py O
 import os
 import sys
 
+from typing import List
+
 import numpy as np
 import torch
 from torch import nn
@@ -88,6 +90,27 @@ class BigramWithBias(Bigram):
         return self.table(x) + self.bias
 
 
+# A module that is not a Sequential but runs its `dtactor_units` in order:
+# at train.zero = 3 each is gathered on its own (blocks.0 and blocks.1 are
+# entries of a ModuleList, named by their dotted paths).
+class Declared(nn.Module):
+    dtactor_units: List[str]
+
+    def __init__(self, residual: bool = False, units=("norm", "blocks.0", "blocks.1", "head")):
+        super().__init__()
+        self.norm = nn.LayerNorm(20)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(20, 512), nn.ReLU(), nn.Linear(512, 20)) for _ in range(2)])
+        self.head = nn.Linear(20, 10)
+        self.residual = residual
+        self.dtactor_units = list(units)
+
+    def forward(self, x):
+        x = self.norm(x)
+        for b in self.blocks:
+            x = x + b(x) if self.residual else b(x)
+        return self.head(x)
+
+
 # nanoGPT's .bin: flat uint16 token ids; a pattern a bigram model can learn
 np.tile(np.arange(50, dtype=np.uint16), 400).tofile(os.path.join(out, "tokens.bin"))
 np.array([1, 2, 3, 70, 5] * 20, dtype=np.uint16).tofile(os.path.join(out, "tokens_bad.bin"))
@@ -135,5 +158,11 @@ torch.jit.script(ScalarLoss()).save(os.path.join(out, "scalar_loss.pt"))
 # gathered on its own.
 torch.jit.script(nn.Sequential(nn.LayerNorm(20), nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                                nn.Linear(64, 10))).save(os.path.join(out, "seq.pt"))
+torch.jit.script(Declared()).save(os.path.join(out, "declared.pt"))
+# Its forward adds each block's input back: the declared units in order
+# are not its forward.
+torch.jit.script(Declared(residual=True)).save(os.path.join(out, "declared_residual.pt"))
+torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.9", "head"))).save(os.path.join(out, "declared_missing.pt"))
+torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.0.0", "head"))).save(os.path.join(out, "declared_nested.pt"))
 with open(os.path.join(out, "not_a_module.pt"), "wb") as f:
     f.write(b"this is not a zip archive")
