@@ -404,13 +404,19 @@ status forward_state_landed(heal_transfer& t, int64_t step, const std::function<
   return t.forward_landed(abandon);
 }
 
+// Only what every rank of the generation shares (the job's settings, the
+// agreement), so that all take the same state source: a rank that read an
+// older checkpoint than the step a peer holds (global rank 0 reading the
+// plan's) heals as a fresh rank does. A decision on this rank's own source
+// sent it to another source than its peers, each waiting in a collective
+// the other never joined, generation after generation.
 bool heals(const start_context& c) {
   const job_settings& s = c.rs.settings;
   // ZeRO: every rank holds every parameter whole (in float32, or as bf16
   // copies with its shards' masters), none of them a mix of two steps.
   const bool zero_fits = s.train.zero == 0 || ((s.train.zero == 1 || s.train.zero == 2) && !c.any_params_mixed);
   return c.g.pg && !c.agreed.everyone_holds_it() && s.cluster.heal_while_training && zero_fits && s.modes.sync == sync_mode::every_step &&
-         !c.agreed_from_disk && c.g.source != ev::state_source::disk && c.agreed.max_step < s.train.max_steps;
+         !c.agreed_from_disk && c.agreed.max_step < s.train.max_steps;
 }
 
 bool windows_from_reshard(const job_settings& s) { return s.train.zero >= 1 && s.modes.sync == sync_mode::every_step; }

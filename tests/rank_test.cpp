@@ -658,6 +658,63 @@ TEST_F(rank_workers, a_stop_asked_of_one_rank_stops_both_with_every_part_of_a_fi
   EXPECT_EQ(done->detail(), done_a->detail()) << "the checkpoint holds the ranks' parameters";
 }
 
+// Global rank 0 of a generation joins holding nothing and reads the plan's
+// checkpoint (step 3) while its peer holds a step it trained since (a held
+// at step 6 until the plan is offered). Every rank takes the same state
+// source: the reader heals from its peer as a fresh rank does, and both go
+// on identical to the end (a digest a step). Taking another source than
+// the peer left each waiting in a collective the other never joined.
+TEST_F(rank_workers, a_rank_that_read_an_older_checkpoint_than_its_peer_holds_heals_from_the_peer) {
+  seen.after_step = [this](int local, int64_t step) {
+    if (local == 0 && step == 6) held.hold_first(step);
+  };
+  start(30, {"checkpoint.every_steps=3", "checkpoint.direct=false", "cluster.digest_every_steps=1"});
+  ASSERT_TRUE(seen.wait_for(0, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(seen.wait_for(1, pb::rank_status::STATE_IDLE));
+  ASSERT_TRUE(a->offer(plan(1, {0}, false)));
+  ASSERT_TRUE(seen.wait_step(0, 6));
+  std::string meta_bytes;
+  std::map<int32_t, std::vector<pb::checkpoint_part>> parts;
+  {
+    std::unique_lock<std::mutex> lock(seen.mu);
+    seen.cv.wait_for(lock, std::chrono::minutes(2), [&] {
+      for (const auto& [l, w] : seen.checkpoints)
+        if (w.step() == 3 && w.error().empty()) {
+          meta_bytes = w.meta();
+          parts[w.global_rank()].assign(w.parts().begin(), w.parts().end());
+        }
+      return !parts.empty();
+    });
+  }
+  ASSERT_EQ(parts.size(), 1u) << "a's checkpoint at step 3";
+  auto meta = plan_manifest(meta_bytes, 1, 1, parts);
+  ASSERT_TRUE(meta) << meta.message();
+  auto store = checkpoint_store::open(ckpt_dir, {});
+  ASSERT_TRUE(store) << store.message();
+  ASSERT_TRUE(store->commit(meta.value()));
+  seen.clear_status(0);
+
+  auto g2 = plan(2, {1, 0}, true);  // b is global rank 0: it reads the checkpoint
+  g2.set_checkpoint_step(3);
+  ASSERT_TRUE(a->offer(g2));
+  ASSERT_TRUE(b->offer(g2));
+  held.let_go();
+  auto ready_a = seen.wait_for(0, pb::rank_status::STATE_READY);
+  auto ready_b = seen.wait_for(1, pb::rank_status::STATE_READY);
+  ASSERT_TRUE(ready_a && ready_b) << "the ranks took different state sources";
+  EXPECT_GE(ready_a->step(), 6);
+  EXPECT_EQ(ready_b->step(), ready_a->step());
+  EXPECT_TRUE(ready_b->healing());
+  EXPECT_EQ(ready_b->state_source(), pb::rank_status::ORIGIN_PEER);
+  auto done_a = seen.wait_for(0, pb::rank_status::STATE_FINISHED);
+  auto done_b = seen.wait_for(1, pb::rank_status::STATE_FINISHED);
+  ASSERT_TRUE(done_a && done_b);
+  EXPECT_EQ(done_a->step(), 30);
+  EXPECT_EQ(done_a->detail(), done_b->detail());
+  std::lock_guard<std::mutex> lock(seen.mu);
+  for (const auto& [l, st] : seen.statuses) EXPECT_NE(st.status(), pb::rank_status::STATE_FAILED) << "rank " << l << ": " << st.detail();
+}
+
 // A rank read the checkpoint in a generation that ended before it trained
 // a step (here: the job's last step; in a cluster, a newer plan cutting it
 // short). In the next generation its state is still the checkpoint's: it
