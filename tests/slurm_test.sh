@@ -30,6 +30,8 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
+# A command that ends the script through set -e says where (else its exit is silent).
+trap 'echo "FAIL ($CASE): line $LINENO: a command exited $?" >&2' ERR
 rc=0; "$SRC/scripts/slurm/start-slurm.sh" "$TMP/slurm" >"$TMP/start.log" 2>&1 || rc=$?
 if [ $rc = 77 ]; then cat "$TMP/start.log" >&2; exit 77; fi
 if [ $rc != 0 ]; then echo "FAIL: Slurm did not start:"; cat "$TMP/start.log"; exit 1; fi
