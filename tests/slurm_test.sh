@@ -38,10 +38,15 @@ if [ $rc != 0 ]; then echo "FAIL: Slurm did not start:"; cat "$TMP/start.log"; e
 export SLURM_CONF=$TMP/slurm/slurm.conf
 RUN=$TMP/run
 mkdir -p "$RUN"
+# On stderr: a fail inside $(...) (wait_job_end's) is seen, not captured.
 fail() {
-  echo "FAIL ($CASE): $*"
-  for f in "$TMP"/*.out "$RUN"/*.log; do [ -f "$f" ] && { echo "---- $f"; tail -30 "$f"; }; done
-  [ -f "$RUN/journal.jsonl" ] && { echo "---- journal (tail)"; tail -15 "$RUN/journal.jsonl"; }
+  {
+    echo "FAIL ($CASE): $*"
+    for f in "$TMP"/*.out "$RUN"/*.log; do [ -f "$f" ] && { echo "---- $f"; tail -30 "$f"; }; done
+    [ -f "$RUN/journal.jsonl" ] && { echo "---- journal (tail)"; tail -15 "$RUN/journal.jsonl"; }
+    echo "---- Slurm's jobs and steps"; squeue -h -a -o '%i %j %T %M' 2>&1; squeue -h -s -o '%i %j %M' 2>&1
+    echo "---- processes"; ps -eo pid,ppid,stat,etime,wchan:24,args 2>&1 | grep -E 'dtactor|srun|slurmstepd' | grep -v grep
+  } >&2
   exit 1
 }
 # A tiny job (as the chaos tests pick): a step takes milliseconds.
