@@ -37,7 +37,7 @@ inline void expect_finished_without_loss(cluster& cl, int64_t max_steps, int exp
   EXPECT_EQ(fin[0].at("step"), max_steps);
   EXPECT_FALSE(fin[0].contains("error")) << fin[0].dump();
   if (expect_world > 0) {
-    EXPECT_EQ(fin[0].at("world_size"), expect_world);
+    EXPECT_EQ(fin[0].at("world_size"), expect_world) << cl.logs();
   }
   for (const auto& r : journal_events<ev::recovery_done>(j)) {
     EXPECT_EQ(r.at("lost_steps"), 0) << r.dump() << "\n" << cl.logs();

@@ -589,7 +589,7 @@ TEST(Hosts, DiLoCoHostWorkersTrainAKilledHostsSlicesAgain) {
   const auto j = h.cl.journal();
   const auto rec = events<ev::recovery_done>(j);
   ASSERT_EQ(rec.size(), 1u) << h.cl.logs();
-  ASSERT_TRUE(rec[0].contains("replayed_slices")) << rec[0].dump();
+  ASSERT_TRUE(rec[0].contains("replayed_slices")) << rec[0].dump() << "\n" << h.cl.logs();
   const int64_t replayed = rec[0].at("replayed_slices").get<int64_t>();
   EXPECT_GE(replayed, 2) << rec[0].dump();  // at least n2's two slices of step 20
   const std::string n1 = read_text(d.path() + "/node-n1.log");
