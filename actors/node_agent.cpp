@@ -194,6 +194,8 @@ void wind_down(agent_self self, node_phase phase, const std::string& reason, boo
   }
   // Spares are no part of a drain or a stop.
   for (const auto& p : st.spares.processes()) st.launcher->terminate(p.pid);
+  // Ranks told to end exit within the grace, or are terminated then.
+  if (phase == node_phase::stopped && stop_ranks) self->delayed_send(self, st.opts.shutdown_grace, stop_due_atom::value);
 }
 
 void emit(agent_self self, node_event e) {
@@ -699,9 +701,19 @@ void on_coordinator_reachable(agent_self self, const std::string& endpoint) {
     send_register(self);
 }
 
-// The stop timeout: the job is stopping and no final shutdown came.
+// The stop timeout: the job is stopping and no final shutdown came; or the
+// shutdown's grace passed and ranks told to end still run.
 void on_stop_due(agent_self self) {
   auto& st = self->state;
+  if (st.phase == node_phase::stopped) {
+    std::string pids;
+    for (const auto& r : st.ranks)
+      if (r.alive) pids += (pids.empty() ? "" : ", ") + std::to_string(r.pid);
+    if (pids.empty()) return;
+    log_line(self, "terminating ranks still running " + std::to_string(st.opts.shutdown_grace.count()) + " ms after the shutdown (pid " + pids + ")");
+    for (auto& r : st.ranks) stop_rank(self, r);
+    return;
+  }
   if (st.phase != node_phase::leaving) return;
   log_line(self, "stopping ranks: no final shutdown from the coordinator in time");
   for (auto& r : st.ranks) stop_rank(self, r);

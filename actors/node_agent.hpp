@@ -148,6 +148,10 @@ struct node_agent_options {
   // How long a node waits for the coordinator's final shutdown once the job
   // is being stopped (it waits up to 30 s for the final checkpoint).
   std::chrono::milliseconds stop_timeout{40000};
+  // How long ranks told to end by the final shutdown may take to exit
+  // before they are terminated (SIGUSR2, then SIGKILL): a rank whose
+  // message was lost, or stuck on its way out, never keeps the node up.
+  std::chrono::milliseconds shutdown_grace{10000};
   // Reads the job's heartbeat settings from the config in register_ack
   // (may be empty: the options above stay).
   std::function<std::optional<liveness_options>(const std::string& config_toml)> liveness_from_config;

@@ -563,6 +563,33 @@ TEST_F(node_agent_test, shutdown_stops_ranks_without_restarting_them) {
   EXPECT_TRUE(wire.all().empty());  // the agent has quit: no heartbeats, no registers
 }
 
+// A rank told to end by the final shutdown that does not exit (the message
+// lost, or the process stuck on its way out) is terminated after the
+// shutdown's grace, so that the node ends: a scheduler's task of it too.
+TEST_F(node_agent_test, a_rank_still_running_after_the_shutdowns_grace_is_terminated) {
+  registered();
+  send(hello(0, launcher->last_pid_of(0)));
+  send(hello(1, launcher->last_pid_of(1)));
+  inbound bye{links::coordinator, "", from_coordinator()};
+  bye.env.mutable_shutdown()->set_reason("job finished");
+  send(bye);
+  EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r0"), 1u);
+  EXPECT_EQ(wire.count(pb::envelope::kShutdown, "r1"), 1u);
+  caf::anon_send(agent, rank_exit_atom::value, launcher->last_pid_of(0), int32_t{0});
+  run();
+  advance(st().opts.shutdown_grace - 100ms);
+  EXPECT_TRUE(launcher->terminated.empty()) << "told to end: the rank has its grace";
+  advance(200ms);
+  ASSERT_EQ(launcher->terminated.size(), 1u);
+  EXPECT_EQ(launcher->terminated[0], launcher->last_pid_of(1)) << "only the rank that still runs";
+  caf::anon_send(agent, rank_exit_atom::value, launcher->last_pid_of(1), int32_t{140});
+  run();
+  wire.clear();
+  advance(2000ms);
+  EXPECT_TRUE(wire.all().empty());  // the agent has quit
+  EXPECT_EQ(launcher->spawned.size(), 2u);
+}
+
 TEST_F(node_agent_test, leave_tells_the_coordinator_and_terminates_ranks) {
   registered();
   caf::anon_send(agent, leave_atom::value, std::string("SIGTERM"));
