@@ -44,8 +44,8 @@ fail() {
     echo "FAIL ($CASE): $*"
     for f in "$TMP"/*.out "$RUN"/*.log; do [ -f "$f" ] && { echo "---- $f"; tail -30 "$f"; }; done
     [ -f "$RUN/journal.jsonl" ] && { echo "---- journal (tail)"; tail -15 "$RUN/journal.jsonl"; }
-    echo "---- Slurm's jobs and steps"; squeue -h -a -o '%i %j %T %M' 2>&1; squeue -h -s -o '%i %j %M' 2>&1
-    echo "---- processes"; ps -eo pid,ppid,stat,etime,wchan:24,args 2>&1 | grep -E 'dtactor|srun|slurmstepd' | grep -v grep
+    echo "---- Slurm's jobs and steps"; squeue -h -a -o '%i %j %T %M' 2>&1 || true; squeue -h -s -o '%i %j %M' 2>&1 || true
+    echo "---- processes"; ps -eo pid,ppid,stat,etime,wchan:24,args 2>&1 | grep -E 'dtactor|srun|slurmstepd' | grep -v grep || true
   } >&2
   exit 1
 }
