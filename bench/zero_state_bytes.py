@@ -12,9 +12,9 @@ sharded; gradients 4 (bf16: and 2 of bf16 ones; at zero 1 the float32
 ones 4*R/W) in the optimizer plus 4 in the reducer's buckets at world > 1
 for zero 0 and 1, 4*R/W for zero 2;
 AdamW moments 8, or 8*R/W when sharded, R holders of each of W shards;
-zero 3: parameters 4*R/W, plus 4*(1 - R/W) (bf16: and 2 for its copy) for each parameter of no
-unit, which every rank keeps: the rank's READY line gives their count; bf16 keeps no copy of a
-unit's parameters between uses).
+zero 3: parameters 4*R/W, plus 4*(1 - R/W) for each parameter of no unit, which every rank
+keeps (bf16: only its copy, 2; its masters are sharded): the rank's READY line gives their count;
+bf16 keeps no copy of a unit's parameters between uses).
 
 Usage: bench/zero_state_bytes.py [--binary build/dtactor] [--steps 20] [--set key=value ...]
        [--configs "nodes,ranks_per_node,zero,replicas;..."]   (replicas 0 = the default)
@@ -107,8 +107,10 @@ def run(binary, nodes, nproc, zero, replicas, steps, extra):
         out["root_parameters"] = root
         out["precision"] = "bf16" if bf16 else "fp32"
         per_param = 6.0 if bf16 else 4.0  # the masters, and bf16's copy
-        if zero >= 3:  # the held masters and those of no unit; bf16: the copies of no unit's only
-            out["formula_param_bytes_per_param"] = 4.0 * share + 4.0 * (root / params) * (1 - share) + (2.0 * root / params if bf16 else 0.0)
+        if zero >= 3 and bf16:  # the held masters (no unit's sharded too), and the copies of no unit's
+            out["formula_param_bytes_per_param"] = 4.0 * share + 2.0 * root / params
+        elif zero >= 3:  # the held masters and those of no unit
+            out["formula_param_bytes_per_param"] = 4.0 * share + 4.0 * (root / params) * (1 - share)
         elif masters_sharded:  # bf16 at zero 1 and 2: the held masters, and the whole bf16 copy
             out["formula_param_bytes_per_param"] = 4.0 * share + 2.0
         else:
@@ -152,7 +154,7 @@ def main():
         figures.append(F(what.replace("state bytes a parameter on a rank", "measured over the formula"), ["rows", i, "total_vs_formula"], "x"))
     notes = ("Formulas, fp32, W ranks, R holders a shard: zero=0 20 B a parameter (16 at world 1); zero=2 4 + 12R/W; "
              "zero=3 16R/W + 4(1 - R/W) for each parameter of no unit. With train.precision=bf16 (fp32 masters, sharded from zero=1 on, and a bf16 copy): "
-             "zero=0 6 of parameters (fp32 masters and the bf16 copy) and 2 more of gradients; zero=1 2 + 4R/W of parameters and 2 + 4R/W of gradients (whole bf16 ones, the float32 ones of the held windows) beside the buckets' 4; zero=2 2 + 16R/W; zero=3 16R/W + 4(1 - R/W) + 2 for each parameter of no unit (a unit's bf16 copies exist only while it is gathered). The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
+             "zero=0 6 of parameters (fp32 masters and the bf16 copy) and 2 more of gradients; zero=1 2 + 4R/W of parameters and 2 + 4R/W of gradients (whole bf16 ones, the float32 ones of the held windows) beside the buckets' 4; zero=2 2 + 16R/W; zero=3 16R/W + 2 for each parameter of no unit (its masters sharded too, its bf16 copy on every rank; a unit's bf16 copies exist only while it is gathered). The ZeRO paper (Rajbhandari et al., SC'20) counts mixed precision "
              "without replicas: 16, ZeRO-2 2 + 14/W, ZeRO-3 16/W; FSDP's full shard in fp32 holds 16/W plus the units being gathered.")
     print(json.dumps(bench_meta.stamped({"settings": a.set, "rows": rows},
                                         "State a rank holds by train.zero level, from each rank's report%s"

@@ -88,8 +88,10 @@ status gate_units(const generation_run& g, rank_state& rs, exchanges& x) {
   x.gate->reshard();
   // Shards read from a checkpoint (rank/checkpoint_source): each rank read
   // only its own, so the parameters of no unit, which every rank keeps,
-  // come from their primaries, as after an update.
-  if (g.optimizer == ev::optimizer_source::checkpoint || policy == unit_policy::copies_resident) return x.gate->after_update();
+  // come from their primaries, as after an update; so do their bf16
+  // copies whenever their masters are sharded (root_sharded).
+  if (g.optimizer == ev::optimizer_source::checkpoint || policy == unit_policy::copies_resident || x.gate->root_sharded())
+    return x.gate->after_update();
   return {};
 }
 

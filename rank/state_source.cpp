@@ -92,11 +92,13 @@ class replica_shards final : public shard_source {
     } else {
       const bool holds_current = c.held_before == c.state.step();
       // Sharded masters (train.zero = 3, or bf16 from zero = 1): a rank
-      // keeps only its shards' parameters, and at zero = 3 those of no
-      // unit: they move with the moments.
+      // keeps only its shards' parameters, and at zero = 3 in fp32 those
+      // of no unit (broadcast from their holders): they move with the
+      // moments. In bf16 the masters of no unit are sharded too; their
+      // copies are gathered once the shards are in (rank/zero3).
       std::optional<index_spans> everywhere;
       if (masters_sharded(c.rs.settings.train)) everywhere.emplace();
-      if (c.rs.settings.train.zero >= 3) {
+      if (c.rs.settings.train.zero >= 3 && c.rs.settings.train.precision != precision_mode::bf16) {
         auto l = unit_layout_of(opt, c.state.the_task().param_units());
         if (!l) return g.failed(l.message(), c.state.step());
         everywhere = std::move(l->root);

@@ -127,6 +127,8 @@ unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_ada
     released_.push_back(spans_outside(u, held));
     held_.push_back(spans_outside(u, released_.back()));
   }
+  root_released_ = spans_outside(layout_.root, held);
+  root_held_ = spans_outside(layout_.root, root_released_);
   // Released: what a rank does not hold may be stale (the reshard moved
   // only its shards' and the root's); reshard() gives the pages back.
   state_.resize(layout_.units.size());
@@ -264,6 +266,7 @@ void unit_gatherer::before_backward(int unit) {
 }
 
 void unit_gatherer::release(int unit) {
+  if (unit == units() && root_sharded()) return release_root_masters();
   if (unit < 0 || unit >= units()) return;
   auto& s = state_[static_cast<size_t>(unit)];
   if (s.is == residency::in_flight)
@@ -280,10 +283,19 @@ void unit_gatherer::release(int unit) {
       for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
 }
 
+void unit_gatherer::release_root_masters() {
+  for (const auto& [a, b] : root_released_)
+    for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+}
+
 status unit_gatherer::after_update() {
   if (policy_ == unit_policy::copies_resident) return gather_copies();
   for (int u = 0; u < units(); ++u) release(u);
   if (!failure_.empty()) return failure();
+  if (root_sharded()) {  // the primaries' shards of the root rounded, then its copies from them
+    round_gathered(root_held_);
+    return gather_now(layout_.root);
+  }
   if (auto st = gather_now(layout_.root, true); !st) return st;
   round_gathered(layout_.root);
   return {};
@@ -298,20 +310,27 @@ status unit_gatherer::gather_copies() {
   return gather_now({{0, plan_.total}});
 }
 
+// The unit whose spans hold `index`; units() for the root's when
+// root_sharded(), else -1.
+int unit_gatherer::unit_at(int64_t index) const {
+  for (int u = 0; u < units(); ++u)
+    for (const auto& [a, b] : layout_.units[static_cast<size_t>(u)])
+      if (index >= a && index < b) return u;
+  return root_sharded() ? units() : -1;
+}
+
 void unit_gatherer::before_reading(const torch::Tensor& t) {
   if (!t.defined() || t.numel() == 0) return;
   const auto at = opt_.index_at(t.data_ptr());
   if (!at) return;
-  int unit = -1;
-  for (int u = 0; u < units() && unit < 0; ++u)
-    for (const auto& [a, b] : layout_.units[static_cast<size_t>(u)])
-      if (*at >= a && *at < b) unit = u;
+  const int unit = unit_at(*at);
   if (unit < 0 || unit == reading_) return;
   release(reading_);
   reading_ = unit;
   if (opt_.mixed()) {  // the digest reads the masters: they are gathered as such
-    if (auto st = gather_now(layout_.units[static_cast<size_t>(unit)], true); !st) fail(st.message());
-    state_[static_cast<size_t>(unit)].is = residency::resident;
+    const bool root = unit == units();
+    if (auto st = gather_now(root ? layout_.root : layout_.units[static_cast<size_t>(unit)], true); !st) fail(st.message());
+    if (!root) state_[static_cast<size_t>(unit)].is = residency::resident;
     return;
   }
   finish_gather(unit);
@@ -327,6 +346,7 @@ void unit_gatherer::reshard() {
   if (policy_ == unit_policy::copies_resident)  // also the pages across units' boundaries
     for (const auto& [a, b] : spans_outside({{0, plan_.total}}, plan_.ranges_of(pg_->getRank())))
       for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+  if (root_sharded()) return release_root_masters();  // its copies: after_update()
   round_gathered(layout_.root);  // moved with the shards, or received, as masters
 }
 
@@ -348,7 +368,9 @@ int64_t unit_gatherer::resident_bytes() const {
   if (policy_ == unit_policy::copies_resident) return 4 * elements + 2 * opt_.total_elements();  // held masters, every copy
   int64_t root = 0;
   for (const auto& [a, b] : layout_.root) root += b - a;
-  return 4 * elements + (mixed_ ? 2 * root : 0);  // fp32 (masters); bf16: the copies of no unit's
+  if (root_sharded())
+    for (const auto& [a, b] : root_released_) elements -= b - a;
+  return 4 * elements + (mixed_ ? 2 * root : 0);  // fp32 (masters); bf16: the held masters and the copies of no unit's
 }
 
 unit_layout layout_for(unit_layout task_layout, unit_policy policy) {
@@ -375,7 +397,8 @@ class zero3_param_sync final : public param_sync {
     int64_t root = 0;
     for (const auto& [a, b] : gate_->layout().root) root += b - a;
     return "a unit at a time " + path() + " (" + std::to_string(gate_->units()) + " units; " + std::to_string(root) +
-           " parameters in none, resident on every rank), the gradient norm " + inner_->describe();
+           " parameters in none, " + (gate_->root_sharded() ? "their bf16 copies on every rank, their masters sharded" : "resident on every rank") +
+           "), the gradient norm " + inner_->describe();
   }
   status gathered() override { return gate_->failure(); }
   void idle_pass() override {

@@ -18,7 +18,7 @@
 // previous one's (backward) is started while the current one computes, so
 // at most two units are gathered at once. The gradients are reduce-scattered
 // into the holders' shards as at train.zero = 2, and after the update the
-// root is gathered again.
+// root is gathered again (in bf16: its copies).
 //
 // The same gatherer serves train.precision = bf16 at train.zero = 1 and 2
 // (unit_policy::copies_resident below), where only the float32 masters are
@@ -117,13 +117,16 @@ class unit_gatherer final : public param_gate {
   void after_backward(int unit) override { release(unit); }
 
   // Every unit released and the root gathered (after the update, and once
-  // at the generation's start, when every parameter was made whole);
+  // at the generation's start, when every parameter was made whole; with
+  // root_sharded(), at every generation's start: its masters move with the
+  // shards, and its copies come from them);
   // copies_resident: every unit's copies gathered (after the update, and
   // at each generation's start).
   status after_update();
   // For what reads every parameter in an order alike on every rank (the
   // digest): before `t` is read, its unit is gathered (and the unit needed
-  // before released); done_reading() releases the last. A unit at a time.
+  // before released); done_reading() releases the last. A unit at a time;
+  // with root_sharded(), the root's masters are gathered as one more.
   void before_reading(const torch::Tensor& t);
   status done_reading();
   // Every unit's pages outside this rank's shards given back.
@@ -138,6 +141,10 @@ class unit_gatherer final : public param_gate {
   bool through_shared_memory() const { return !route_.members.empty(); }
   bool within_hosts() const { return route_.within_hosts; }
   unit_policy policy() const { return policy_; }
+  // train.precision = bf16 at train.zero = 3 (each_pass): the masters of no
+  // unit are sharded; every rank keeps their bf16 copies, gathered from
+  // the primaries after each update and at each generation's start.
+  bool root_sharded() const { return rounds_held() && !layout_.root.empty(); }
   // Bytes of parameters resident between steps: the held shards and the root.
   int64_t resident_bytes() const;
   const unit_layout& layout() const { return layout_; }
@@ -157,6 +164,9 @@ class unit_gatherer final : public param_gate {
   void begin_gather(int unit);
   void finish_gather(int unit);
   void release(int unit);
+  // root_sharded(): the root's masters outside this rank's shards given back.
+  void release_root_masters();
+  int unit_at(int64_t index) const;
   void round_gathered(const index_spans& spans);
   // train.precision = bf16, each_pass: this rank's shards of `unit` rounded
   // into the copy it computes with (and the others receive) right before
@@ -172,11 +182,12 @@ class unit_gatherer final : public param_gate {
   unit_layout layout_;
   std::vector<index_spans> released_;  // per unit: its spans outside this rank's shards
   std::vector<index_spans> held_;      // per unit: its spans in this rank's shards
+  index_spans root_released_, root_held_;  // the root's, likewise
   std::chrono::milliseconds timeout_;
   std::function<bool()> abandon_;
   std::vector<unit_state> state_;
   std::string failure_;
-  int reading_ = -1;  // before_reading's unit
+  int reading_ = -1;  // before_reading's unit (units(): the root's masters)
   gather_route route_;
   std::chrono::microseconds spin_;
   unit_policy policy_;

@@ -124,7 +124,7 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
       if (policy == unit_policy::each_pass)
         for (size_t i = 0; i < units.size(); ++i) *units[i].slot = gate_slot{gate, static_cast<int>(i)};
       gate->reshard();
-      if (policy == unit_policy::copies_resident)
+      if (policy == unit_policy::copies_resident || gate->root_sharded())
         if (auto st = gate->after_update(); !st) return st.message();
       run.units[static_cast<size_t>(rank)] = gate->units();
     }
@@ -147,6 +147,8 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
         if (policy == unit_policy::each_pass)  // level 3 in bf16: no copy of its own shards either
           for (const auto& [a, b] : spans_outside(spans, spans_outside(spans, held))) count(opt.compute_views(a, b));
       }
+      if (gate->root_sharded())  // level 3 in bf16: nor the masters of no unit outside its shards
+        for (const auto& [a, b] : spans_outside(gate->layout().root, held)) count(opt.param_views(a, b));
       return n;
     };
     std::string err;
@@ -301,7 +303,9 @@ TEST(Zero3, UnitsBuiltDeferredMakeEachRanksShardsAndTrainAsZeroTwo) {
 // holders' masters, so every rank ends bit for bit where level 2 in bf16
 // ends (masters, evaluation), over Gloo, and built deferred through shared
 // memory; what a rank does not hold, masters and copies, and the copies of
-// its own shards are given back between steps.
+// its own shards are given back between steps, and so are the masters of
+// no unit (the root) outside its shards: every rank keeps only the root's
+// bf16 copies, gathered from the primaries after each update.
 TEST(Zero3, Bf16UnitsTrainAsZeroTwoInBf16BitForBit) {
   std::vector<std::string> bf16 = three_blocks;
   bf16.push_back("train.precision=bf16");
