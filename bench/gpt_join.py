@@ -15,7 +15,13 @@ its gradient buffer), first_step_s (READY to the first step at world 2),
 and their sum, the survivor's pause (it trains on until its group is
 built);
 the transfer's rate; kill -9 to the first step at world 1; the longest
-checkpoint stall against the median step.
+checkpoint stall against the median step. The peer transfer is the state's
+replicated part, sent from a survivor: at train.zero = 0 the whole state;
+from train.zero = 1 on the moments (and from zero = 2 the gradients) are
+sharded and move in the reshard, so it is the parameters; where the
+parameters are sharded too (train.precision = bf16 from zero = 1, or
+zero = 3) it holds no parameters, a few kilobytes, and has no rate worth
+quoting.
 
 With --baseline DIR (a directory holding another build's dtactor,
 dtactor-train and libdtactor.so.0), the runs alternate between that build
@@ -51,7 +57,7 @@ a = ap.parse_args()
 has_baseline = bool(a.baseline or a.baseline_set)
 
 KEPT = ["replacement_registered_to_first_step_s", "peer_transfer_while_training", "peer_transfer_s", "peer_transfer_gb_per_s", "kill_to_first_step_at_world_1_s",
-        "stall_s_max", "stall_max_over_step", "step_s_median", "lost_steps"]
+        "stall_s_max", "stall_max_over_step", "step_s_median", "lost_steps", "peer_transfer_bytes"]
 
 
 def join_phases(run_dir):
@@ -127,6 +133,30 @@ if has_baseline:
 n = a.trials
 
 
+def run_settings():
+    """The runs' settings: --set, or with --from-runs the earlier command's."""
+    sets = list(a.set)
+    if earlier:
+        words = earlier["meta"]["command"].split()
+        sets += [v for k, v in zip(words, words[1:]) if k == "--set"]
+    return dict(kv.split("=", 1) for kv in sets)
+
+
+def transfer_what():
+    """What the peer transfer carries at these settings (the module's
+    docstring), and whether a rate means anything."""
+    st = run_settings()
+    zero = int(st.get("train.zero", "0"))
+    if zero >= 3 or (zero >= 1 and st.get("train.precision") == "bf16"):
+        return "the replicated part from a peer (no parameters: they are sharded and move in the reshard)", False
+    if zero >= 1:
+        return "the replicated part from a peer (the parameters, 0.8 GB; the sharded state moves in the reshard)", True
+    return "the peer state transfer (2.4 GB)", True
+
+
+transfer_label, transfer_rate = transfer_what()
+
+
 def F(what, at, unit):
     if not has_baseline:
         return bench_meta.figure(what, at, unit)
@@ -143,15 +173,15 @@ out = bench_meta.write(
         F("of it: registration to the plan (the new rank starts and builds the model)", ["median", "registered_to_plan_s"], "s"),
         F("of it: the plan to the group (the survivor finishes its step)", ["median", "group_s"], "s"),
         F("of it: the group to READY (state transfer, reducers' buffers, first touch of the gradients)", ["median", "state_s"], "s"),
-        F("of it: the peer state transfer (2.4 GB)", ["median", "peer_transfer_s"], "s"),
+        F("of it: " + transfer_label, ["median", "peer_transfer_s"], "s"),
         F("of it: READY to the first step at world 2", ["median", "first_step_s"], "s"),
         F("the survivor's pause: its group built to the first step at world 2 (state_s + first_step_s)", ["median", "pause_s"], "s"),
-        F("peer state transfer rate (same host)", ["median", "peer_transfer_gb_per_s"], "GB/s"),
+        F("peer state transfer rate (same host)", ["median", "peer_transfer_gb_per_s"], "GB/s") if transfer_rate else None,
         F("kill -9 of node b to the first step at world 1", ["median", "kill_to_first_step_at_world_1_s"], "s"),
         F("median step time", ["median", "step_s_median"], "s"),
         F("longest checkpoint stall over the median step time", ["median", "stall_max_over_step"], "x"),
         F("completed steps lost", ["median", "lost_steps"], "steps"),
-    ] if bench_meta.lookup(result, f["at"]) is not None],  # healing: no transfer time of its own
+    ] if f and bench_meta.lookup(result, f["at"]) is not None],  # healing: no transfer time of its own
     cmd=(earlier["meta"]["command"] + ("" if "--out" in earlier["meta"]["command"] or os.path.abspath(a.out) == os.path.join(here, "gpt_join_results.json")
                                        else " --out bench/" + os.path.basename(a.out))) if earlier else "bench/gpt_join.py --trials %d --steps %d%s%s" % (
         n, a.steps, "".join(" --set " + kv for kv in a.set) + ("" if not a.baseline else " --baseline DIR") +
