@@ -317,6 +317,7 @@ void flat_adamw::shard_grads() {
       if (keep_windows) continue;
       const int64_t n = w.exp_avg.numel();
       w.grad = untouched_zeros(n, g.params.options());
+      if (grads_unwritten_) continue;  // zeros, and none of their pages read
       constexpr int64_t chunk = int64_t{1} << 20;
       for (int64_t at = 0; at < n; at += chunk) {
         auto src = full.narrow(0, w.begin + at, std::min(chunk, n - at));

@@ -135,6 +135,13 @@ class flat_adamw {
   // shard(); stays on). Frees the full gradient buffers.
   void shard_grads();
   bool grads_sharded() const { return grads_sharded_; }
+  // The owner's word that nothing has written the full gradient buffers
+  // since construction (a training state whose first backward has not
+  // run): shard_grads then reads none of them, which would make pages of
+  // fresh, untouched buffers resident on a kernel without a shared zero
+  // page. grads_written() (before a backward) ends it.
+  void grads_unwritten() { grads_unwritten_ = true; }
+  void grads_written() { grads_unwritten_ = false; }
   // The gradients of [begin, end) (one group, one held window) as a view:
   // where the reducer delivers the summed gradients.
   torch::Tensor grad_window(int64_t begin, int64_t end) const;
@@ -241,6 +248,7 @@ class flat_adamw {
   bool grads_sharded_ = false;
   bool mixed_ = false;
   int gatherers_rounding_ = 0;  // copies_by_gatherer
+  bool grads_unwritten_ = false;  // grads_unwritten
   bool keep_compute_once_ = false;  // keep_compute_once
   bool grads_converted_ = false;  // mixed(): the compute grads copied into the float32 ones since the last refresh_compute
 };

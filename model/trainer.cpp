@@ -77,6 +77,7 @@ training_state::training_state(const config& cfg, job_settings s, std::unique_pt
   o.compute = ts.precision == precision_mode::bf16 ? torch::kBFloat16 : torch::kFloat;
   o.held_masters_only = masters_sharded(ts);
   optimizer_ = std::make_unique<flat_adamw>(task_->module()->parameters(), o);
+  optimizer_->grads_unwritten();  // only forward_backward writes them (train.sync = diloco, which also does, has no train.zero)
   for (const auto& u : task_->param_units()) units_deferred_ = units_deferred_ || static_cast<bool>(u.initial);
   if (auto shards = task_->train_shard_samples(); !shards.empty()) {
     block_shards_ = settings_.data.shards.shuffle_block_shards;
@@ -141,6 +142,7 @@ double training_state::forward_backward(const std::vector<int64_t>& samples, int
   // Sharded data: what this step and the next ones read, for read-ahead.
   if (order_->sharded()) task_->upcoming_shards(order_->shards_from(step * order_->global_batch_size(), read_ahead_shards_));
   optimizer_->refresh_compute();  // train.precision = bf16: this step's parameters, rounded from the masters
+  optimizer_->grads_written();
   const int64_t micro_batch = settings_.train.micro_batch_size;
   const size_t chunk = micro_batch > 0 ? static_cast<size_t>(micro_batch) : std::max<size_t>(1, samples.size());
   double total = 0;

@@ -305,6 +305,33 @@ TEST(FlatAdamW, ShardingBf16GradientsMakesNoWholeFloat32BufferResident) {
   EXPECT_TRUE(torch::equal(w, want)) << w;
 }
 
+// A training state shards its gradients (train.zero >= 2) at its first
+// generation, before its first backward: it has said they are unwritten
+// (grads_unwritten), so shard_grads reads no page of the fresh full
+// buffers, fp32 or bf16. Reading them for nonzero chunks mapped every page
+// (the shared zero page here, mincore counts it; on a kernel without one,
+// memory), 2 or 4 bytes a parameter at once on every rank.
+TEST(FlatAdamW, ShardingGradientsNoBackwardWroteReadsNoPageOfThem) {
+  constexpr int64_t n = 4 * 1024 * 1024;
+  for (bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "bf16" : "fp32");
+    std::vector<torch::Tensor> p{torch::zeros({n}).requires_grad_(true)};
+    flat_adamw_options o;
+    if (mixed) o.compute = torch::kBFloat16;
+    flat_adamw m(p, o);
+    m.grads_unwritten();
+    const torch::Tensor full = p[0].grad();  // a view of the full buffer: it outlives shard_grads
+    ASSERT_TRUE(full.defined());
+    const auto bytes = full.numel() * static_cast<int64_t>(full.element_size());
+    ASSERT_EQ(testing::interior_pages(full.data_ptr(), bytes).first, 0u) << "the test needs an untouched buffer";
+    m.shard_grads();
+    const auto pages = testing::interior_pages(full.data_ptr(), bytes);
+    EXPECT_GT(pages.second, 100u);
+    EXPECT_EQ(pages.first, 0u) << "shard_grads read " << pages.first << " of " << pages.second << " pages of gradients nothing wrote";
+    EXPECT_TRUE(m.grad_window(0, 16).eq(0).all().item<bool>());
+  }
+}
+
 // ZeRO-1 in mixed precision: sharded, the optimizer keeps float32
 // gradients only for its held windows (the bf16 ones stay whole, as the
 // reducer allreduces them), and it computes the same norm and the same
