@@ -59,6 +59,7 @@ void install_stop_handlers() {
   std::signal(SIGTERM, on_stop_signal);
   // Slurm's --signal=USR1@SECONDS before a job's time limit.
   std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGPIPE, SIG_IGN);
 }
 
 int cli_fail(const std::string& message, int code) {

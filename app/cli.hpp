@@ -64,7 +64,11 @@ using training_launcher = std::function<int(int argc, char** argv, const parsed_
 int run_cli(int argc, char** argv, const training_launcher& launcher);
 
 // The stop flag SIGINT/SIGTERM set (a second signal kills at once), and the
-// call that installs those handlers.
+// call that installs those handlers. It also ignores SIGPIPE: a write to a
+// socket or pipe whose reader is gone (a Gloo peer on a killed host, a log
+// reader that went away) fails with EPIPE for the writer to handle, instead
+// of killing a long-running process. Spawned children start with every
+// signal at its default (base/process).
 const std::atomic<int>* stop_flag();
 void install_stop_handlers();
 
