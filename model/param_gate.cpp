@@ -1,5 +1,7 @@
 #include "dtactor/param_gate.hpp"
 
+#include "model/gate_steps.hpp"
+
 namespace dtactor {
 
 namespace {
@@ -46,38 +48,45 @@ struct release_after_backward : torch::autograd::Function<release_after_backward
 
 }  // namespace
 
+std::vector<torch::Tensor> gate_enter(const gate_slot& slot, std::vector<torch::Tensor> in) {
+  if (!slot.gate) return in;
+  param_gate* g = slot.gate.get();
+  g->before_forward(slot.unit);
+  if (!torch::GradMode::is_enabled()) return in;
+  std::vector<size_t> at;
+  variable_list tracked;
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i].defined() && in[i].requires_grad()) {
+      at.push_back(i);
+      tracked.push_back(in[i]);
+    }
+  if (tracked.empty()) return in;
+  auto out = release_after_backward::apply(torch::TensorList(tracked), reinterpret_cast<int64_t>(g), static_cast<int64_t>(slot.unit));
+  for (size_t k = 0; k < at.size(); ++k) in[at[k]] = out[k];
+  return in;
+}
+
+torch::Tensor gate_exit(const gate_slot& slot, torch::Tensor out) {
+  if (!slot.gate) return out;
+  param_gate* g = slot.gate.get();
+  g->after_forward(slot.unit);
+  if (torch::GradMode::is_enabled() && out.defined() && out.requires_grad())
+    out = gather_before_backward::apply(out, reinterpret_cast<int64_t>(g), static_cast<int64_t>(slot.unit));
+  return out;
+}
+
 torch::Tensor gated(const gate_slot& slot, const std::vector<torch::Tensor>& inputs,
                     const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& f) {
   if (!slot.gate) return f(inputs);
-  param_gate* g = slot.gate.get();
-  const auto gate = reinterpret_cast<int64_t>(g);
-  const int unit = slot.unit;
-  const bool graph = torch::GradMode::is_enabled();
-  g->before_forward(unit);
-  std::vector<torch::Tensor> in = inputs;
-  if (graph) {
-    std::vector<size_t> at;
-    variable_list tracked;
-    for (size_t i = 0; i < in.size(); ++i)
-      if (in[i].defined() && in[i].requires_grad()) {
-        at.push_back(i);
-        tracked.push_back(in[i]);
-      }
-    if (!tracked.empty()) {
-      auto out = release_after_backward::apply(torch::TensorList(tracked), gate, static_cast<int64_t>(unit));
-      for (size_t k = 0; k < at.size(); ++k) in[at[k]] = out[k];
-    }
-  }
+  const std::vector<torch::Tensor> in = gate_enter(slot, inputs);
   torch::Tensor out;
   try {
     out = f(in);
   } catch (...) {
-    g->after_forward(unit);
+    slot.gate->after_forward(slot.unit);
     throw;
   }
-  g->after_forward(unit);
-  if (graph && out.requires_grad()) out = gather_before_backward::apply(out, gate, static_cast<int64_t>(unit));
-  return out;
+  return gate_exit(slot, std::move(out));
 }
 
 }  // namespace dtactor

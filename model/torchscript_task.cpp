@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "model/sample_sources.hpp"
+#include "model/unit_calls.hpp"
 #include "data/npy.hpp"
 #include "data/data_shards.hpp"
 #include "job/job_config.hpp"
@@ -88,19 +89,20 @@ class torchscript_task : public task {
   int64_t train_size() const override { return train_->size(); }
   int64_t eval_size() const override { return eval_->size(); }
   bool buffers_change_in_training() const override { return !m_->buffers().empty(); }
-  // train.zero = 3: a scripted torch.nn.Sequential runs its children in
-  // order, and a module with a `dtactor_units` list of submodule names
-  // declares that its forward runs those in order (checked: check_units);
-  // each of them with parameters is a unit, and the task runs them one
-  // after the other. Any other module keeps every parameter resident.
+  // train.zero = 3: a scripted torch.nn.Sequential's children with
+  // parameters, or the submodules a module names in its `dtactor_units`,
+  // are its units, in the order its forward first calls them; the task
+  // runs the module's own forward (or loss) with each unit's calls gated
+  // (model/unit_calls). Any other module keeps every parameter resident.
   std::vector<param_unit> param_units() override {
     std::vector<param_unit> out;
-    for (auto& c : children_)
-      if (c.slot) {
-        std::vector<torch::Tensor> params;
-        for (const auto& p : c.module.parameters(true)) params.push_back(p);
-        out.push_back({c.name, c.slot.get(), std::move(params), {}});
-      }
+    if (!forward_) return out;
+    for (const auto& name : forward_->order()) {
+      unit& u = units_.at(name);
+      std::vector<torch::Tensor> params;
+      for (const auto& p : u.module.parameters(true)) params.push_back(p);
+      out.push_back({name, u.slot.get(), std::move(params), {}});
+    }
     return out;
   }
   bool save_scripted(const std::string& path) override {
@@ -114,7 +116,7 @@ class torchscript_task : public task {
     const torch::Tensor x = in_parameter_dtype(input);
     const int64_t n = x.size(0);
     if (has_loss_method_) {
-      auto l = m_->jit().get_method("loss")({x, y}).toTensor();
+      auto l = (loss_method_ ? (*loss_method_)({x, y}) : m_->jit().get_method("loss")({x, y})).toTensor();
       TORCH_CHECK(l.dim() == 1 && l.size(0) == n, "the module's loss(inputs, targets) must return one value per sample: a tensor of shape [",
                   n, "], got ", l.sizes());
       return l.to(torch::kFloat);
@@ -185,86 +187,72 @@ class torchscript_task : public task {
     return r;
   }
 
- private:
-  struct child {
-    std::string name;
-    torch::jit::Module module;
-    std::unique_ptr<gate_slot> slot;  // null: no parameters, never gathered
-  };
-
- public:
   // The units, from a Sequential's children or the module's declared
-  // `dtactor_units`: one clear line when a declared name is no submodule
-  // with a forward, is named twice, or lies inside another.
+  // `dtactor_units`, and the module's forward (and loss) gating their
+  // calls: one clear line when a declared name is no submodule, is named
+  // twice or lies inside another, or when the forward does not call the
+  // units as units (model/unit_calls).
   status find_units(const std::string& file) {
+    const std::string in_file = "model.file '" + printable(file, 0) + "': ";
+    auto names = unit_names();
+    if (!names) return make_error(in_file + names.message());
+    std::map<std::string, gate_slot*> slots;
+    std::map<std::string, torch::jit::Module> modules;
+    for (const auto& m : m_->jit().named_modules()) modules.emplace(m.name, m.value);
+    for (const auto& name : names.value()) {
+      const torch::jit::Module& m = modules.at(name);
+      if (m.parameters(true).size() == 0) continue;  // nothing to gather
+      unit& u = units_[name];
+      u.module = m;
+      u.slot = std::make_unique<gate_slot>();
+      slots[name] = u.slot.get();
+    }
+    if (slots.empty()) return {};
+    auto fwd = unit_calls::make(m_->jit(), "forward", slots);
+    if (!fwd) return make_error(in_file + fwd.message());
+    forward_ = std::move(fwd.value());
+    if (has_loss_method_) {
+      auto loss = unit_calls::make(m_->jit(), "loss", slots);
+      if (!loss) return make_error(in_file + loss.message());
+      loss_method_ = std::move(loss.value());
+    }
+    return {};
+  }
+
+ private:
+  struct unit {
+    torch::jit::Module module;
+    std::unique_ptr<gate_slot> slot;
+  };
+  // A Sequential's children, or the names the module declares.
+  result<std::vector<std::string>> unit_names() {
     const auto type = m_->jit().type()->name();
     const std::string qn = type ? type->qualifiedName() : "";
     const bool sequential = qn.rfind("__torch__.torch.nn.modules.container.", 0) == 0 && qn.size() >= 11 && qn.compare(qn.size() - 11, 11, ".Sequential") == 0;
+    std::vector<std::string> seen;
     if (sequential) {
-      for (const auto& c : m_->jit().named_children()) add_unit(c.name, c.value);
-      return {};
+      for (const auto& c : m_->jit().named_children()) seen.push_back(c.name);
+      return seen;
     }
-    if (!m_->jit().hasattr("dtactor_units")) return {};
-    const std::string what = "model.file '" + printable(file, 0) + "': dtactor_units ";
+    if (!m_->jit().hasattr("dtactor_units")) return seen;
+    const std::string what = "dtactor_units ";
     const c10::IValue names = m_->jit().attr("dtactor_units");
     if (!names.isList() || names.toListRef().empty()) return make_error(what + "must be a non-empty list of submodule names (List[str])");
-    std::map<std::string, torch::jit::Module> modules;
+    std::set<std::string> modules;
     for (const auto& m : m_->jit().named_modules())
-      if (!m.name.empty()) modules.emplace(m.name, m.value);
-    std::vector<std::string> seen;
+      if (!m.name.empty()) modules.insert(m.name);
     for (const auto& v : names.toListRef()) {
       if (!v.isString()) return make_error(what + "must be a list of submodule names (List[str])");
       const std::string& name = v.toStringRef();
-      const auto it = modules.find(name);
-      if (it == modules.end()) return make_error(what + "names '" + printable(name) + "', which is no submodule of the module");
-      if (!it->second.find_method("forward")) return make_error(what + "names '" + printable(name) + "', which has no forward");
+      if (!modules.count(name)) return make_error(what + "names '" + printable(name) + "', which is no submodule of the module");
       for (const auto& other : seen)
         if (other == name || inside(name, other) || inside(other, name))
           return make_error(what + "names '" + printable(other) + "' and '" + printable(name) + "': a unit is named once and lies in no other");
       seen.push_back(name);
-      add_unit(name, it->second);
     }
-    declared_ = true;
-    return {};
+    return seen;
   }
-  // A declared list must be the module's forward: on the first two
-  // samples, in eval mode, the units in order give what forward gives.
-  status check_units(const std::string& file) {
-    if (!declared_) return {};
-    std::vector<int64_t> first{0};
-    if (train_size() > 1) first.push_back(1);
-    const bool was_training = m_->jit().is_training();
-    m_->jit().eval();
-    torch::NoGradGuard no_grad;
-    torch::Tensor x, whole, units;
-    try {
-      x = in_parameter_dtype(std::get<0>(train_->batch(first)));
-      whole = m_->jit().forward({x}).toTensor().to(torch::kDouble);
-      units = forward(x).to(torch::kDouble);
-    } catch (const std::exception& e) {
-      m_->jit().train(was_training);
-      const auto* c10e = dynamic_cast<const c10::Error*>(&e);
-      const std::string why = c10e ? c10e->what_without_backtrace() : e.what();
-      return make_error("model.file '" + printable(file, 0) + "': its dtactor_units in order do not run on the data: " + printable(why.substr(0, why.find('\n'))));
-    }
-    m_->jit().train(was_training);
-    const bool bf16 = x.scalar_type() == torch::kBFloat16;  // train.precision = bf16: the units' outputs rounded apart
-    if (units.sizes() != whole.sizes() || !torch::allclose(units, whole, bf16 ? 1e-2 : 1e-5, bf16 ? 1e-2 : 1e-6)) {
-      const std::string diff = units.sizes() == whole.sizes() ? "differ by up to " + std::to_string((units - whole).abs().max().item<double>())
-                                                              : "have another shape";
-      return make_error("model.file '" + printable(file, 0) + "': its dtactor_units run in order are not its forward (on the first samples, their outputs " +
-                        diff + "): list the submodules forward runs, in the order it runs them, each taking the previous one's output");
-    }
-    return {};
-  }
-
- private:
   static bool inside(const std::string& name, const std::string& outer) { return name.size() > outer.size() && name.compare(0, outer.size() + 1, outer + ".") == 0; }
-  void add_unit(const std::string& name, const torch::jit::Module& m) {
-    child ch{name, m, nullptr};
-    if (m.parameters(true).size() > 0) ch.slot = std::make_unique<gate_slot>();
-    children_.push_back(std::move(ch));
-  }
   // Floating-point inputs in the dtype of the module's parameters (bf16
   // under train.precision = bf16).
   torch::Tensor in_parameter_dtype(const torch::Tensor& x) {
@@ -273,19 +261,10 @@ class torchscript_task : public task {
       if (p.is_floating_point()) return p.scalar_type() == x.scalar_type() ? x : x.to(p.scalar_type());
     return x;
   }
-  // The module's forward: a Sequential's children (or the declared units)
-  // one at a time, each with parameters through its gate.
-  torch::Tensor forward(const torch::Tensor& x) {
-    if (children_.empty()) return m_->jit().forward({x}).toTensor();
-    torch::Tensor h = x;
-    for (auto& c : children_) {
-      auto run = [&c](const std::vector<torch::Tensor>& in) { return c.module.forward({in[0]}).toTensor(); };
-      h = c.slot ? gated(*c.slot, {h}, run) : run({h});
-    }
-    return h;
-  }
-  std::vector<child> children_;
-  bool declared_ = false;  // children_ are the module's dtactor_units
+  // The module's forward, with its units' calls gated where it has units.
+  torch::Tensor forward(const torch::Tensor& x) { return (forward_ ? (*forward_)({x}) : m_->jit().forward({x})).toTensor(); }
+  std::map<std::string, unit> units_;
+  std::optional<unit_calls> forward_, loss_method_;  // with units only
   std::shared_ptr<scripted> m_;
   std::shared_ptr<sample_source> train_, eval_;
   loss_kind loss_;
@@ -448,7 +427,6 @@ result<std::unique_ptr<task>> make_torchscript_task(const job_settings& s) {
   auto t = std::make_unique<torchscript_task>(m, data->train, data->eval, s.modes.loss, s.train.loss_is_nll);
   if (t->train_size() < 1) return make_error("no training samples");
   if (auto st = t->find_units(file); !st) return st.err();
-  if (auto st = t->check_units(file); !st) return st.err();
   if (auto st = check_first_batch(*t, file); !st) return st.err();
   return std::unique_ptr<task>(std::move(t));
 }

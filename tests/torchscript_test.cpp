@@ -237,16 +237,24 @@ TEST(TorchScript, ModulesAndDataThatDoNotFitAreOneClearLine) {
 
 // A module that is no Sequential declares its units (dtactor_units: a
 // LayerNorm, two entries of a ModuleList, the head): they are the task's
-// units, in that order. A declaration that is not the module's forward (a
-// residual the list leaves out), names what is not there, or names a unit
-// inside another is one clear line.
+// units, in the order its forward calls them, whatever it does around
+// them (a residual; two inputs summed, units inside a container, a loss
+// method calling forward). A declaration that names what is not there or
+// a unit inside another, a forward reading a unit's parameter outside the
+// unit's call, or a declared unit it never calls is one clear line.
 TEST(TorchScript, DeclaredUnitsAreTheTasksAndAWrongDeclarationIsOneClearLine) {
   NEED_FIXTURES();
-  auto t = make_task(ts_config("declared.pt"));
-  ASSERT_TRUE(t.ok()) << t.message();
-  std::vector<std::string> names;
-  for (const auto& u : t.value()->param_units()) names.push_back(u.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"norm", "blocks.0", "blocks.1", "head"}));
+  auto names_of = [](const std::string& module) {
+    auto t = make_task(ts_config(module));
+    EXPECT_TRUE(t.ok()) << t.message();
+    std::vector<std::string> names;
+    if (t.ok())
+      for (const auto& u : t.value()->param_units()) names.push_back(u.name);
+    return names;
+  };
+  EXPECT_EQ(names_of("declared.pt"), (std::vector<std::string>{"norm", "blocks.0", "blocks.1", "head"}));
+  EXPECT_EQ(names_of("declared_residual.pt"), (std::vector<std::string>{"norm", "blocks.0", "blocks.1", "head"}));
+  EXPECT_EQ(names_of("declared_deep.pt"), (std::vector<std::string>{"trunk.blocks.0", "trunk.blocks.1", "trunk.blocks.2", "head"}));
   auto plain = make_task(ts_config("mlp.pt"));
   ASSERT_TRUE(plain.ok()) << plain.message();
   EXPECT_TRUE(plain.value()->param_units().empty());
@@ -255,15 +263,33 @@ TEST(TorchScript, DeclaredUnitsAreTheTasksAndAWrongDeclarationIsOneClearLine) {
     EXPECT_FALSE(bad.ok()) << module;
     return bad.ok() ? std::string() : bad.message();
   };
-  const std::string residual = why("declared_residual.pt");
-  EXPECT_NE(residual.find("declared_residual.pt': its dtactor_units run in order are not its forward (on the first samples, their outputs differ by up to "),
-            std::string::npos)
-      << residual;
-  EXPECT_NE(why("declared_missing.pt").find("dtactor_units names 'blocks.9', which is no submodule of the module"), std::string::npos)
+  EXPECT_NE(why("declared_missing.pt").find("declared_missing.pt': dtactor_units names 'blocks.9', which is no submodule of the module"), std::string::npos)
       << why("declared_missing.pt");
   EXPECT_NE(why("declared_nested.pt").find("dtactor_units names 'blocks.0' and 'blocks.0.0': a unit is named once and lies in no other"), std::string::npos)
       << why("declared_nested.pt");
-  for (const auto* m : {"declared_residual.pt", "declared_missing.pt", "declared_nested.pt"}) EXPECT_EQ(why(m).find('\n'), std::string::npos) << m;
+  EXPECT_NE(why("declared_reads.pt").find("declared_reads.pt': its forward: it reads 'norm.weight' of the unit 'norm' outside the unit's own calls"),
+            std::string::npos)
+      << why("declared_reads.pt");
+  EXPECT_NE(why("declared_unused.pt").find("declared_unused.pt': its forward never calls the unit 'unused'"), std::string::npos) << why("declared_unused.pt");
+  for (const auto* m : {"declared_missing.pt", "declared_nested.pt", "declared_reads.pt", "declared_unused.pt"}) EXPECT_EQ(why(m).find('\n'), std::string::npos) << m;
+}
+
+// The module's forward (and loss) with its units' calls gated is its
+// forward: on the first held-out samples, in evaluation mode, the mean loss
+// PyTorch computed from the saved module (gated_expected.json).
+TEST(TorchScript, AModuleWithUnitsComputesWhatPyTorchComputes) {
+  NEED_FIXTURES();
+  std::ifstream in(fixtures() + "/gated_expected.json");
+  const auto expected = nlohmann::json::parse(in);
+  for (const char* module : {"declared_residual.pt", "declared_deep.pt", "seq.pt"}) {
+    SCOPED_TRACE(module);
+    auto t = make_task(ts_config(module));
+    ASSERT_TRUE(t.ok()) << t.message();
+    ASSERT_FALSE(t.value()->param_units().empty());
+    t.value()->module()->eval();
+    const double ours = t.value()->evaluate(8, 8).metrics.at("val_loss");
+    EXPECT_NEAR(ours, expected.at(module).get<double>(), 1e-6);
+  }
 }
 
 TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {

@@ -260,18 +260,21 @@ TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
 }
 
 // A scripted module that is no Sequential but declares its units
-// (dtactor_units: a LayerNorm, two entries of a ModuleList, the head):
-// each is gathered as it runs, over Gloo and through shared memory, and
-// every rank ends where zero=2 ends, bit for bit.
+// (dtactor_units: a LayerNorm, two entries of a ModuleList, the head; with
+// residuals around them; blocks inside a container after two inputs
+// summed, trained through a loss method): each is gathered around its
+// calls, over Gloo and through shared memory, and every rank ends where
+// zero=2 ends, bit for bit.
 TEST(Zero3, AScriptedModulesDeclaredUnitsAreGatheredAsTheyRunAndTrainAsZeroTwoBitForBit) {
   const auto& fixtures = testing::torchscript_fixtures(DTACTOR_SOURCE_DIR);
   if (!fixtures.error.empty()) SKIP_OR_FAIL_IN_CI(fixtures.error);
   const std::string& d = fixtures.dir;
-  const std::vector<std::string> o = {"model.name=torchscript", "model.file=" + d + "/declared.pt", "data.train_inputs=" + d + "/x_train.npy",
-                                      "data.train_targets=" + d + "/y_train.npy", "data.eval_inputs=" + d + "/x_eval.npy",
-                                      "data.eval_targets=" + d + "/y_eval.npy"};
-  for (int world : {2, 3}) {
-    SCOPED_TRACE("world " + std::to_string(world));
+  for (const auto& [module, world] : std::vector<std::pair<std::string, int>>{
+           {"declared.pt", 2}, {"declared.pt", 3}, {"declared_residual.pt", 2}, {"declared_deep.pt", 3}}) {
+    SCOPED_TRACE(module + ", world " + std::to_string(world));
+    const std::vector<std::string> o = {"model.name=torchscript", "model.file=" + d + "/" + module, "data.train_inputs=" + d + "/x_train.npy",
+                                        "data.train_targets=" + d + "/y_train.npy", "data.eval_inputs=" + d + "/x_eval.npy",
+                                        "data.eval_targets=" + d + "/y_eval.npy"};
     const int replicas = world == 2 ? 1 : 2;
     auto two = run_level(2, o, world, replicas, 4);
     const std::vector<int> lacking = world == 2 ? every_rank(world) : std::vector<int>{};

@@ -1,6 +1,7 @@
 #!/usr/bin/python3.11
 """Writes what the TorchScript tests train: scripted PyTorch modules (as a
 PyTorch user writes them) and .npy arrays. Usage: make_torchscript_fixtures.py OUTDIR"""
+import json
 import os
 import sys
 
@@ -90,17 +91,19 @@ class BigramWithBias(Bigram):
         return self.table(x) + self.bias
 
 
-# A module that is not a Sequential but runs its `dtactor_units` in order:
-# at train.zero = 3 each is gathered on its own (blocks.0 and blocks.1 are
-# entries of a ModuleList, named by their dotted paths).
+# A module that is not a Sequential but names its `dtactor_units`: at
+# train.zero = 3 each is gathered on its own around its calls (blocks.0 and
+# blocks.1 are entries of a ModuleList, named by their dotted paths).
 class Declared(nn.Module):
     dtactor_units: List[str]
 
-    def __init__(self, residual: bool = False, units=("norm", "blocks.0", "blocks.1", "head")):
+    def __init__(self, residual: bool = False, units=("norm", "blocks.0", "blocks.1", "head"), unused: bool = False):
         super().__init__()
         self.norm = nn.LayerNorm(20)
         self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(20, 512), nn.ReLU(), nn.Linear(512, 20)) for _ in range(2)])
         self.head = nn.Linear(20, 10)
+        if unused:
+            self.unused = nn.Linear(20, 20)
         self.residual = residual
         self.dtactor_units = list(units)
 
@@ -109,6 +112,51 @@ class Declared(nn.Module):
         for b in self.blocks:
             x = x + b(x) if self.residual else b(x)
         return self.head(x)
+
+
+# Two inputs to a unit-free sum (a token and a position embedding, as a GPT
+# starts), residual blocks inside a container module, the units declared
+# at depth, and a loss method that calls forward: each unit is still
+# gathered around its own calls.
+class Trunk(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.LayerNorm(20), nn.Linear(20, 256), nn.ReLU(), nn.Linear(256, 20)) for _ in range(3)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+class DeclaredDeep(nn.Module):
+    dtactor_units: List[str]
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(20, 20)
+        self.position = nn.Parameter(torch.randn(20) * 0.1)
+        self.trunk = Trunk()
+        self.head = nn.Linear(20, 10)
+        self.dtactor_units = ["trunk.blocks.0", "trunk.blocks.1", "trunk.blocks.2", "head"]
+
+    def forward(self, x):
+        h = self.trunk(self.embed(x) + self.position)
+        return self.head(h)
+
+    @torch.jit.export
+    def loss(self, x, y):
+        return nn.functional.cross_entropy(self.forward(x), y, reduction="none")
+
+
+# Reads a unit's parameter outside the unit's call: its gathered values are
+# gone by then, so it cannot be trained with that unit.
+class DeclaredReads(Declared):
+    def forward(self, x):
+        x = self.norm(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x) * self.norm.weight.mean()
 
 
 # nanoGPT's .bin: flat uint16 token ids; a pattern a bigram model can learn
@@ -159,10 +207,26 @@ torch.jit.script(ScalarLoss()).save(os.path.join(out, "scalar_loss.pt"))
 torch.jit.script(nn.Sequential(nn.LayerNorm(20), nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                                nn.Linear(64, 10))).save(os.path.join(out, "seq.pt"))
 torch.jit.script(Declared()).save(os.path.join(out, "declared.pt"))
-# Its forward adds each block's input back: the declared units in order
-# are not its forward.
+# Its forward adds each block's input back around the units.
 torch.jit.script(Declared(residual=True)).save(os.path.join(out, "declared_residual.pt"))
+torch.jit.script(DeclaredDeep()).save(os.path.join(out, "declared_deep.pt"))
+torch.jit.script(DeclaredReads()).save(os.path.join(out, "declared_reads.pt"))
+torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.1", "head", "unused"), unused=True)).save(os.path.join(out, "declared_unused.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.9", "head"))).save(os.path.join(out, "declared_missing.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.0.0", "head"))).save(os.path.join(out, "declared_nested.pt"))
 with open(os.path.join(out, "not_a_module.pt"), "wb") as f:
     f.write(b"this is not a zip archive")
+
+# What the modules with units give on the first 8 held-out samples in
+# evaluation mode (mean per-sample loss, through their loss method where
+# they have one): dtactor's forward with the units' calls gated must give
+# the same.
+with torch.no_grad():
+    expected = {}
+    for name in ("declared_residual.pt", "declared_deep.pt", "seq.pt"):
+        m = torch.jit.load(os.path.join(out, name)).eval()
+        xs, ys = torch.from_numpy(xe[:8]), torch.from_numpy(ye[:8])
+        losses = m.loss(xs, ys) if hasattr(m, "loss") else nn.functional.cross_entropy(m(xs), ys, reduction="none")
+        expected[name] = float(losses.double().mean())
+with open(os.path.join(out, "gated_expected.json"), "w") as f:
+    json.dump(expected, f)
