@@ -34,6 +34,7 @@ thread_local bool deferring_block_values = false;
 
 defer_block_values::defer_block_values(bool on) : was_(deferring_block_values) { deferring_block_values = on; }
 defer_block_values::~defer_block_values() { deferring_block_values = was_; }
+bool block_values_deferred() { return deferring_block_values; }
 
 bool awaits_initial_values(const torch::Tensor& t) {
   if (!t.defined() || t.numel() <= 1) return false;

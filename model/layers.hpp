@@ -77,6 +77,9 @@ class defer_block_values {
 };
 // A parameter built under defer_block_values whose values are not made yet.
 bool awaits_initial_values(const torch::Tensor& t);
+// Whether this thread builds under defer_block_values now (a TorchScript
+// module is then loaded without reading its values: model/scripted_load).
+bool block_values_deferred();
 
 // train.zero = 3: every block of `blocks` as a unit, named prefix.<i>, in
 // the list's order.

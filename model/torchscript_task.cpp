@@ -17,6 +17,8 @@
 
 #include "model/sample_sources.hpp"
 #include "model/unit_calls.hpp"
+#include "model/scripted_load.hpp"
+#include "model/layers.hpp"
 #include "data/npy.hpp"
 #include "data/data_shards.hpp"
 #include "job/job_config.hpp"
@@ -101,7 +103,9 @@ class torchscript_task : public task {
       unit& u = units_.at(name);
       std::vector<torch::Tensor> params;
       for (const auto& p : u.module.parameters(true)) params.push_back(p);
-      out.push_back({name, u.slot.get(), std::move(params), {}});
+      std::function<std::vector<torch::Tensor>()> initial;
+      if (!u.values.empty()) initial = [values = u.values] { return values; };
+      out.push_back({name, u.slot.get(), std::move(params), std::move(initial)});
     }
     return out;
   }
@@ -218,11 +222,24 @@ class torchscript_task : public task {
     }
     return {};
   }
+  // Loaded mapped (model/scripted_load): each unit's parameters keep no
+  // values (zero-strided, as model/layers' deferred blocks: model/flat_adamw
+  // maps them to pages nobody touches), and the unit's `initial` gives
+  // their values in the file, where a rank reads only its own shards.
+  void defer_unit_values() {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, u] : units_)
+      for (const auto& p : u.module.parameters(true)) {
+        u.values.push_back(p.detach());
+        if (p.numel() > 1) p.set_data(torch::zeros({1}, p.options()).expand(p.sizes()));
+      }
+  }
 
  private:
   struct unit {
     torch::jit::Module module;
     std::unique_ptr<gate_slot> slot;
+    std::vector<torch::Tensor> values;  // loaded mapped: its parameters' values in the file
   };
   // A Sequential's children, or the names the module declares.
   result<std::vector<std::string>> unit_names() {
@@ -285,14 +302,25 @@ struct split_sources {
   std::shared_ptr<sample_source> train, eval;
 };
 
-// model.file, loaded. Errors name the file: missing, not TorchScript, no forward.
-result<torch::jit::Module> load_module(const std::string& file) {
+// model.file, loaded; `mapped`: without reading its values where the file
+// allows it (model/scripted_load), with `*was_mapped` saying whether it
+// did. Errors name the file: missing, not TorchScript, no forward.
+result<torch::jit::Module> load_module(const std::string& file, bool mapped, bool* was_mapped) {
   if (file.empty()) return make_error("model.name = torchscript needs model.file, a file written by torch.jit.script(module).save(PATH)");
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) return make_error("model.file '" + file + "' does not exist (or is not a file)");
   torch::jit::Module jm;
+  *was_mapped = false;
+  if (mapped) {
+    auto m = load_mapped(file);
+    if (!m) return m.err();
+    if (m.value()) {
+      jm = std::move(*m.value());
+      *was_mapped = true;
+    }
+  }
   try {
-    jm = torch::jit::load(file);
+    if (!*was_mapped) jm = torch::jit::load(file);
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     return make_error("model.file '" + file + "' is not a TorchScript file torch::jit::load can read: " + what.substr(0, what.find('\n')));
@@ -419,7 +447,10 @@ result<std::unique_ptr<task>> make_torchscript_task(const config& cfg) {
 
 result<std::unique_ptr<task>> make_torchscript_task(const job_settings& s) {
   const std::string& file = s.model.file;
-  auto jm = load_module(file);
+  // Built deferred (train.zero = 3, bf16 masters sharded): no rank reads
+  // the whole module while it starts.
+  bool mapped = false;
+  auto jm = load_module(file, block_values_deferred(), &mapped);
   if (!jm) return jm.err();
   auto data = open_sources(s.model, s.data);
   if (!data) return data.err();
@@ -427,6 +458,7 @@ result<std::unique_ptr<task>> make_torchscript_task(const job_settings& s) {
   auto t = std::make_unique<torchscript_task>(m, data->train, data->eval, s.modes.loss, s.train.loss_is_nll);
   if (t->train_size() < 1) return make_error("no training samples");
   if (auto st = t->find_units(file); !st) return st.err();
+  if (mapped) t->defer_unit_values();
   if (auto st = check_first_batch(*t, file); !st) return st.err();
   return std::unique_ptr<task>(std::move(t));
 }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 
 #include "dtactor/task.hpp"
 #include "data/data_shards.hpp"
+#include "model/layers.hpp"
 #include "model/trainer.hpp"
 #include "rank/state_io.hpp"
 #include "app/train_command.hpp"
@@ -290,6 +293,74 @@ TEST(TorchScript, AModuleWithUnitsComputesWhatPyTorchComputes) {
     const double ours = t.value()->evaluate(8, 8).metrics.at("val_loss");
     EXPECT_NEAR(ours, expected.at(module).get<double>(), 1e-6);
   }
+}
+
+// Resident kB of this process's mapping that holds `p` (/proc/self/smaps).
+int64_t mapping_rss_kb(const void* p) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(in, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+      inside = at >= lo && at < hi;
+      continue;
+    }
+    long kb = 0;
+    if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kb) == 1) return kb;
+  }
+  return -1;
+}
+
+// Built deferred (train.zero = 3: a rank worker builds its model under
+// defer_block_values), a module is loaded without reading its values: the
+// 33.6 MB of its units' parameters keep no values and stay unread in the
+// file's mapping (each rank later makes its own shards' from `initial`),
+// what `initial` gives is the file's, and the peak grows less than a whole
+// load's.
+TEST(TorchScript, BuiltDeferredAModuleReadsNoValueOfItsUnitsWhileItLoads) {
+  NEED_FIXTURES();
+  const std::string file = fixtures() + "/big_units.pt";
+  // As a rank process builds its state (app/rank.cpp): a freed tensor of
+  // 1 MiB or more goes back to the kernel at once.
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  auto peak_growth_kb = [](const std::string& module, bool deferred, std::unique_ptr<task>* out) {
+    EXPECT_TRUE(testing::reset_peak());
+    const int64_t before = testing::status_kb("VmHWM:");
+    defer_block_values defer(deferred);
+    auto made = make_task(ts_config(module));
+    EXPECT_TRUE(made.ok()) << made.message();
+    if (made.ok()) *out = std::move(made.value());
+    return testing::status_kb("VmHWM:") - before;
+  };
+  std::unique_ptr<task> t, whole_task;
+  const int64_t deferred_kb = peak_growth_kb("big_units.pt", true, &t);
+  ASSERT_TRUE(t);
+  const int64_t whole_kb = peak_growth_kb("big_units.pt", false, &whole_task);
+  ASSERT_TRUE(whole_task);
+  EXPECT_LT(deferred_kb, whole_kb) << "the peak grew by " << deferred_kb << " kB built deferred, " << whole_kb << " kB loaded whole";
+  auto units = t->param_units();
+  ASSERT_EQ(units.size(), 10u);
+  ASSERT_TRUE(static_cast<bool>(units[1].initial));
+  const void* in_mapping = units[1].initial()[0].data_ptr();
+  EXPECT_LT(mapping_rss_kb(in_mapping), 1024) << "values of the file were read through its mapping while it loaded";
+  auto whole = torch::jit::load(file);
+  std::map<std::string, torch::Tensor> in_file;
+  for (const auto& p : whole.named_parameters(true)) in_file[p.name] = p.value;
+  for (const auto& u : units) {
+    SCOPED_TRACE(u.name);
+    ASSERT_TRUE(static_cast<bool>(u.initial));
+    for (const auto& p : u.params) EXPECT_TRUE(awaits_initial_values(p));
+    const auto values = u.initial();
+    ASSERT_EQ(values.size(), 2u);
+    EXPECT_TRUE(torch::equal(values[0], in_file.at(u.name + ".weight")));
+    EXPECT_TRUE(torch::equal(values[1], in_file.at(u.name + ".bias")));
+  }
+  // Read now (the comparisons above): the mapping shows them.
+  EXPECT_GT(mapping_rss_kb(in_mapping), 30 * 1024);
+  // Loaded whole, no unit awaits its values.
+  for (const auto& u : whole_task->param_units()) EXPECT_FALSE(static_cast<bool>(u.initial)) << u.name;
 }
 
 TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {

@@ -263,8 +263,8 @@ TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
 // (dtactor_units: a LayerNorm, two entries of a ModuleList, the head; with
 // residuals around them; blocks inside a container after two inputs
 // summed, trained through a loss method): each is gathered around its
-// calls, over Gloo and through shared memory, and every rank ends where
-// zero=2 ends, bit for bit.
+// calls, over Gloo and through shared memory, and built deferred (loaded
+// without its values), and every rank ends where zero=2 ends, bit for bit.
 TEST(Zero3, AScriptedModulesDeclaredUnitsAreGatheredAsTheyRunAndTrainAsZeroTwoBitForBit) {
   const auto& fixtures = testing::torchscript_fixtures(DTACTOR_SOURCE_DIR);
   if (!fixtures.error.empty()) SKIP_OR_FAIL_IN_CI(fixtures.error);
@@ -284,6 +284,11 @@ TEST(Zero3, AScriptedModulesDeclaredUnitsAreGatheredAsTheyRunAndTrainAsZeroTwoBi
     gather_how how;
     how.segment_floats = 4096;
     expect_as_level_two(run_level(3, o, world, replicas, 4, how), two, lacking);
+    // Built deferred, as a rank worker builds it: the module loaded without
+    // its values, each rank reading its own shards' from the file.
+    gather_how deferred;
+    deferred.deferred = true;
+    expect_as_level_two(run_level(3, o, world, replicas, 4, deferred), two, lacking);
   }
 }
 

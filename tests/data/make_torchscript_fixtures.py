@@ -149,6 +149,25 @@ class DeclaredDeep(nn.Module):
         return nn.functional.cross_entropy(self.forward(x), y, reduction="none")
 
 
+# 33.6 MB of parameters, every one in a declared unit: a rank building it
+# deferred reads none of their values while it loads.
+class BigUnits(nn.Module):
+    dtactor_units: List[str]
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(20, 1024)
+        self.blocks = nn.ModuleList([nn.Linear(1024, 1024) for _ in range(8)])
+        self.head = nn.Linear(1024, 10)
+        self.dtactor_units = ["inp"] + [f"blocks.{i}" for i in range(8)] + ["head"]
+
+    def forward(self, x):
+        x = self.inp(x)
+        for b in self.blocks:
+            x = x + b(x)
+        return self.head(x)
+
+
 # Reads a unit's parameter outside the unit's call: its gathered values are
 # gone by then, so it cannot be trained with that unit.
 class DeclaredReads(Declared):
@@ -211,6 +230,7 @@ torch.jit.script(Declared()).save(os.path.join(out, "declared.pt"))
 torch.jit.script(Declared(residual=True)).save(os.path.join(out, "declared_residual.pt"))
 torch.jit.script(DeclaredDeep()).save(os.path.join(out, "declared_deep.pt"))
 torch.jit.script(DeclaredReads()).save(os.path.join(out, "declared_reads.pt"))
+torch.jit.script(BigUnits()).save(os.path.join(out, "big_units.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.1", "head", "unused"), unused=True)).save(os.path.join(out, "declared_unused.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.9", "head"))).save(os.path.join(out, "declared_missing.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.0.0", "head"))).save(os.path.join(out, "declared_nested.pt"))
