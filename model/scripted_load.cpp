@@ -111,6 +111,22 @@ c10::IValue unpickle_data(caffe2::serialize::PyTorchStreamReader& reader, const 
   return unpickler.parse_ivalue();
 }
 
+// Every tensor attribute but the trained parameters copied out of the
+// file (buffers, frozen parameters, other tensors): the module no longer
+// reads the mapping once the optimizer took the trained parameters in, so
+// a model.file rewritten later cannot pull pages from under it.
+void copy_out_but_trained(const torch::jit::Module& module) {
+  for (const auto& m : module.modules()) {
+    const auto type = m.type();
+    auto obj = m._ivalue();
+    for (size_t i = 0; i < type->numAttributes(); ++i) {
+      const c10::IValue v = obj->getSlot(i);
+      if (!v.isTensor() || (type->is_parameter(i) && v.toTensor().requires_grad())) continue;
+      obj->setSlot(i, v.toTensor().detach().clone());
+    }
+  }
+}
+
 // A class restoring itself (__setstate__) needs LibTorch's own loader.
 bool restores_itself(const torch::jit::Module& m) {
   for (const auto& sub : m.modules())
@@ -141,9 +157,14 @@ result<std::optional<torch::jit::Module>> load_mapped(const std::string& file) {
       if (t.storage().nbytes() > 0 && (p < m.value()->base || p + t.storage().nbytes() > m.value()->base + m.value()->size)) outside = "a tensor's bytes run past the end of the file";
     });
     if (!outside.empty()) return make_error(what + outside);
-    return std::optional<torch::jit::Module>(torch::jit::Module(data.toObject()));
+    torch::jit::Module out(data.toObject());
+    copy_out_but_trained(out);
+    return std::optional<torch::jit::Module>(std::move(out));
   } catch (const c10::Error& e) {
     const std::string why = e.what_without_backtrace();
+    return make_error(what + "is not a TorchScript file dtactor can read: " + printable(why.substr(0, why.find('\n'))));
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
     return make_error(what + "is not a TorchScript file dtactor can read: " + printable(why.substr(0, why.find('\n'))));
   }
 }

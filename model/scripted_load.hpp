@@ -7,9 +7,11 @@
 // device (LibTorch reads one tensor at a time and drops it), and the
 // module's data is unpickled again with every tensor a view of the file,
 // mapped private and read only where touched (writes are copied, never
-// written back). The rank then reads from the file only what it needs: the
-// parameters of no unit, and its own shards of each unit's
-// (torchscript_task's `initial`).
+// written back). Buffers and other tensors but the trained parameters are
+// copied out at once. The rank then reads from the file only what it
+// needs: the parameters of no unit (its optimizer copies them in as it is
+// made), and its own shards of each unit's (torchscript_task's `initial`,
+// at the job's first step).
 //
 // Refused (nullopt, the caller loads the module whole): a file with tensor
 // constants in its code (they would be on the meta device), a class with

@@ -418,8 +418,16 @@ result<split_sources> open_sources(const model_settings& m, const data_settings&
 }
 
 // The contract, on a first batch of two samples: one clear line when the
-// module and the data do not fit each other.
+// module and the data do not fit each other. In evaluation mode, so that
+// the check changes nothing (a BatchNorm's running statistics stay the
+// file's).
 status check_first_batch(torchscript_task& t, const std::string& file) {
+  struct evaluating {
+    torch::nn::Module& m;
+    bool was = m.is_training();
+    ~evaluating() { m.train(was); }
+  } mode{*t.module()};
+  mode.m.eval();
   try {
     torch::NoGradGuard no_grad;
     std::vector<int64_t> first{0};

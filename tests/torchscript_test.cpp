@@ -313,6 +313,20 @@ int64_t mapping_rss_kb(const void* p) {
   return -1;
 }
 
+// The file the mapping holding `p` maps ("" for anonymous memory).
+std::string mapped_file_of(const void* p) {
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(in, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) != 2 || at < lo || at >= hi) continue;
+    const auto slash = line.find('/');
+    return slash == std::string::npos ? "" : line.substr(slash);
+  }
+  return "";
+}
+
 // Built deferred (train.zero = 3: a rank worker builds its model under
 // defer_block_values), a module is loaded without reading its values: the
 // 33.6 MB of its units' parameters keep no values and stay unread in the
@@ -361,6 +375,27 @@ TEST(TorchScript, BuiltDeferredAModuleReadsNoValueOfItsUnitsWhileItLoads) {
   EXPECT_GT(mapping_rss_kb(in_mapping), 30 * 1024);
   // Loaded whole, no unit awaits its values.
   for (const auto& u : whole_task->param_units()) EXPECT_FALSE(static_cast<bool>(u.initial)) << u.name;
+  // Buffers (a BatchNorm's running statistics, written in training) are
+  // copied out of the file at once, with the file's values; the trained
+  // parameters still read it until the optimizer takes them in.
+  std::unique_ptr<task> bn;
+  {
+    defer_block_values defer(true);
+    auto made = make_task(ts_config("bn.pt"));
+    ASSERT_TRUE(made.ok()) << made.message();
+    bn = std::move(made.value());
+  }
+  auto bn_file = torch::jit::load(fixtures() + "/bn.pt");
+  std::map<std::string, torch::Tensor> buffers_in_file;
+  for (const auto& b : bn_file.named_buffers(true)) buffers_in_file[b.name] = b.value;
+  const auto buffers = bn->module()->named_buffers(true);
+  ASSERT_EQ(buffers.size(), 3u);
+  for (const auto& b : buffers) {
+    SCOPED_TRACE(b.key());
+    EXPECT_EQ(mapped_file_of(b.value().data_ptr()), "");
+    EXPECT_TRUE(torch::equal(b.value(), buffers_in_file.at(b.key())));
+  }
+  EXPECT_NE(mapped_file_of(bn->module()->parameters()[0].data_ptr()).find("bn.pt"), std::string::npos);
 }
 
 TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {
