@@ -15,9 +15,9 @@ namespace dtactor {
 // backward releases them once every gradient reaching those inputs is
 // complete. Without a gate the inputs as they are.
 std::vector<torch::Tensor> gate_enter(const gate_slot& slot, std::vector<torch::Tensor> inputs);
-// After it ran: releases its parameters and, with a graph, returns `out`
-// through a node whose backward gathers them again before any of the
-// unit's own backward.
-torch::Tensor gate_exit(const gate_slot& slot, torch::Tensor out);
+// After it ran: releases its parameters and, with a graph, returns its
+// outputs through one node whose backward gathers them again before any of
+// the unit's own backward.
+std::vector<torch::Tensor> gate_exit(const gate_slot& slot, std::vector<torch::Tensor> outs);
 
 }  // namespace dtactor

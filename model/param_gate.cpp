@@ -11,18 +11,20 @@ using torch::autograd::variable_list;
 
 param_gate* gate_of(AutogradContext* ctx) { return reinterpret_cast<param_gate*>(ctx->saved_data["gate"].toInt()); }
 
-// Identity on the unit's output: its backward runs before any of the
-// unit's own (they all wait for the output's gradient), so the parameters
-// are gathered again there.
+// Identity on the unit's outputs that require a gradient: one node, whose
+// backward runs before any of the unit's own (they all wait for the
+// outputs' gradients), so the parameters are gathered again there.
 struct gather_before_backward : torch::autograd::Function<gather_before_backward> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& out, int64_t gate, int64_t unit) {
+  static variable_list forward(AutogradContext* ctx, torch::TensorList outs, int64_t gate, int64_t unit) {
     ctx->saved_data["gate"] = gate;
     ctx->saved_data["unit"] = unit;
-    return out;
+    return outs.vec();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     gate_of(ctx)->before_backward(static_cast<int>(ctx->saved_data["unit"].toInt()));
-    return {grads[0], torch::Tensor(), torch::Tensor()};
+    grads.push_back(torch::Tensor());
+    grads.push_back(torch::Tensor());
+    return grads;
   }
 };
 
@@ -66,13 +68,22 @@ std::vector<torch::Tensor> gate_enter(const gate_slot& slot, std::vector<torch::
   return in;
 }
 
-torch::Tensor gate_exit(const gate_slot& slot, torch::Tensor out) {
-  if (!slot.gate) return out;
+std::vector<torch::Tensor> gate_exit(const gate_slot& slot, std::vector<torch::Tensor> outs) {
+  if (!slot.gate) return outs;
   param_gate* g = slot.gate.get();
   g->after_forward(slot.unit);
-  if (torch::GradMode::is_enabled() && out.defined() && out.requires_grad())
-    out = gather_before_backward::apply(out, reinterpret_cast<int64_t>(g), static_cast<int64_t>(slot.unit));
-  return out;
+  if (!torch::GradMode::is_enabled()) return outs;
+  std::vector<size_t> at;
+  variable_list tracked;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (outs[i].defined() && outs[i].requires_grad()) {
+      at.push_back(i);
+      tracked.push_back(outs[i]);
+    }
+  if (tracked.empty()) return outs;
+  auto out = gather_before_backward::apply(torch::TensorList(tracked), reinterpret_cast<int64_t>(g), static_cast<int64_t>(slot.unit));
+  for (size_t k = 0; k < at.size(); ++k) outs[at[k]] = out[k];
+  return outs;
 }
 
 torch::Tensor gated(const gate_slot& slot, const std::vector<torch::Tensor>& inputs,
@@ -86,7 +97,7 @@ torch::Tensor gated(const gate_slot& slot, const std::vector<torch::Tensor>& inp
     slot.gate->after_forward(slot.unit);
     throw;
   }
-  return gate_exit(slot, std::move(out));
+  return gate_exit(slot, {std::move(out)})[0];
 }
 
 }  // namespace dtactor

@@ -24,7 +24,7 @@ using torch::jit::Value;
 const gate_slot& slot_at(int64_t slot) { return *reinterpret_cast<const gate_slot*>(slot); }
 
 std::vector<at::Tensor> unit_enter(int64_t slot, at::TensorList inputs) { return gate_enter(slot_at(slot), inputs.vec()); }
-at::Tensor unit_exit(int64_t slot, at::Tensor out) { return gate_exit(slot_at(slot), std::move(out)); }
+std::vector<at::Tensor> unit_exit(int64_t slot, at::TensorList outs) { return gate_exit(slot_at(slot), outs.vec()); }
 
 // Registered on first use, and never unregistered. CONSERVATIVE: they act
 // on the world (gathers and releases), so no pass removes, merges, folds or
@@ -33,7 +33,7 @@ void register_operators() {
   static torch::Library* lib = [] {
     auto* l = new torch::Library(torch::Library::DEF, "dtactor", c10::nullopt, __FILE__, __LINE__);
     l->def(torch::schema("unit_enter(int slot, Tensor[] inputs) -> Tensor[]", c10::AliasAnalysisKind::CONSERVATIVE), TORCH_FN(unit_enter));
-    l->def(torch::schema("unit_exit(int slot, Tensor out) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE), TORCH_FN(unit_exit));
+    l->def(torch::schema("unit_exit(int slot, Tensor[] outs) -> Tensor[]", c10::AliasAnalysisKind::CONSERVATIVE), TORCH_FN(unit_exit));
     return l;
   }();
   (void)lib;
@@ -110,30 +110,60 @@ class scan {
   Node* to_inline_ = nullptr;
 };
 
+// Whether `t` is a tensor, or a tuple of tensors.
+bool tensors(const c10::TypePtr& t) {
+  if (t->isSubtypeOf(*c10::TensorType::get())) return true;
+  auto tuple = t->cast<c10::TupleType>();
+  if (!tuple) return false;
+  for (const auto& e : tuple->elements())
+    if (!e->isSubtypeOf(*c10::TensorType::get())) return false;
+  return true;
+}
+
+// `values` through one of dtactor's operators (a list in, a list out);
+// `*packed`: the node that reads them.
+std::vector<Value*> through(Graph& g, const char* op, int64_t id, const std::vector<Value*>& values, Node** packed = nullptr) {
+  Node* pack = g.insertNode(g.createList(c10::TensorType::get(), values));
+  if (packed) *packed = pack;
+  Value* list = pack->output();
+  Value* done = g.insert(c10::Symbol::fromQualString(op), {g.insertConstant(id), list});
+  Node* unpack = g.insertNode(g.createListUnpack(done, values.size()));
+  return {unpack->outputs().begin(), unpack->outputs().end()};
+}
+
 // A unit's call between unit_enter (its tensor arguments) and unit_exit
-// (its result, one tensor).
+// (its result: a tensor, or a tuple of tensors).
 status bracket(Graph& g, Node* call, const std::string& name, const gate_slot* slot) {
-  if (call->outputs().size() != 1 || !call->output()->type()->isSubtypeOf(*c10::TensorType::get()))
-    return make_error("the unit '" + printable(name) + "' returns " + call->output()->type()->repr_str() + ": a unit returns one tensor");
+  if (call->outputs().size() != 1 || !tensors(call->output()->type()))
+    return make_error("the unit '" + printable(name) + "' returns " + call->output()->type()->repr_str() +
+                      ": a unit returns a tensor or a tuple of tensors");
   const auto id = static_cast<int64_t>(reinterpret_cast<intptr_t>(slot));
   {
     torch::jit::WithInsertPoint before(call);
     std::vector<size_t> at;
-    std::vector<Value*> tensors;
+    std::vector<Value*> ins;
     for (size_t i = 1; i < call->inputs().size(); ++i)
       if (call->input(i)->type()->isSubtypeOf(*c10::TensorType::get())) {
         at.push_back(i);
-        tensors.push_back(call->input(i));
+        ins.push_back(call->input(i));
       }
-    Value* list = g.insertNode(g.createList(c10::TensorType::get(), tensors))->output();
-    Value* entered = g.insert(c10::Symbol::fromQualString("dtactor::unit_enter"), {g.insertConstant(id), list});
-    Node* unpack = g.insertNode(g.createListUnpack(entered, tensors.size()));
-    for (size_t k = 0; k < at.size(); ++k) call->replaceInput(at[k], unpack->output(k));
+    const auto entered = through(g, "dtactor::unit_enter", id, ins);
+    for (size_t k = 0; k < at.size(); ++k) call->replaceInput(at[k], entered[k]);
   }
   torch::jit::WithInsertPoint after(call->next());
   Value* out = call->output();
-  Value* exited = g.insert(c10::Symbol::fromQualString("dtactor::unit_exit"), {g.insertConstant(id), out});
-  out->replaceAllUsesAfterNodeWith(exited->node(), exited);
+  const bool tuple = !out->type()->isSubtypeOf(*c10::TensorType::get());
+  std::vector<Value*> outs{out};
+  Node* first = nullptr;  // the first node reading `out`
+  if (tuple) {
+    first = g.insertNode(g.createTupleUnpack(out));
+    outs.assign(first->outputs().begin(), first->outputs().end());
+  }
+  Node* packed = nullptr;
+  auto exited = through(g, "dtactor::unit_exit", id, outs, &packed);
+  Value* result = exited[0];
+  if (tuple) result = g.insertNode(g.createTuple(exited))->output();
+  out->replaceAllUsesAfterNodeWith(first ? first : packed, result);
   return {};
 }
 

@@ -13,7 +13,8 @@
 // depth is reached. A unit is called by its module's methods only: a graph
 // reading a unit's parameter or attribute outside such a call, or handing
 // the unit's module to something else (an index into a ModuleList by a
-// value), is refused in one line, as is a declared unit it never calls.
+// value), is refused in one line, as is a declared unit it never calls or
+// one returning anything but a tensor or a tuple of tensors.
 //
 // Every rank must make the same unit calls in the same order (the gathers
 // are collectives): branches around a unit's call may depend on the

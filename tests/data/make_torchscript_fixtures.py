@@ -168,6 +168,33 @@ class BigUnits(nn.Module):
         return self.head(x)
 
 
+# Units returning a tuple of tensors (a gated block's two branches).
+class PairBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(20, 512), nn.ReLU(), nn.Linear(512, 20))
+        self.b = nn.Linear(20, 20)
+
+    def forward(self, x):
+        return self.a(x), self.b(x)
+
+
+class DeclaredTuple(nn.Module):
+    dtactor_units: List[str]
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([PairBlock() for _ in range(2)])
+        self.head = nn.Linear(20, 10)
+        self.dtactor_units = ["blocks.0", "blocks.1", "head"]
+
+    def forward(self, x):
+        for b in self.blocks:
+            h, g = b(x)
+            x = h * torch.sigmoid(g)
+        return self.head(x)
+
+
 # Reads a unit's parameter outside the unit's call: its gathered values are
 # gone by then, so it cannot be trained with that unit.
 class DeclaredReads(Declared):
@@ -231,6 +258,7 @@ torch.jit.script(Declared(residual=True)).save(os.path.join(out, "declared_resid
 torch.jit.script(DeclaredDeep()).save(os.path.join(out, "declared_deep.pt"))
 torch.jit.script(DeclaredReads()).save(os.path.join(out, "declared_reads.pt"))
 torch.jit.script(BigUnits()).save(os.path.join(out, "big_units.pt"))
+torch.jit.script(DeclaredTuple()).save(os.path.join(out, "declared_tuple.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.1", "head", "unused"), unused=True)).save(os.path.join(out, "declared_unused.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.9", "head"))).save(os.path.join(out, "declared_missing.pt"))
 torch.jit.script(Declared(units=("norm", "blocks.0", "blocks.0.0", "head"))).save(os.path.join(out, "declared_nested.pt"))
@@ -243,7 +271,7 @@ with open(os.path.join(out, "not_a_module.pt"), "wb") as f:
 # the same.
 with torch.no_grad():
     expected = {}
-    for name in ("declared_residual.pt", "declared_deep.pt", "seq.pt"):
+    for name in ("declared_residual.pt", "declared_deep.pt", "declared_tuple.pt", "seq.pt"):
         m = torch.jit.load(os.path.join(out, name)).eval()
         xs, ys = torch.from_numpy(xe[:8]), torch.from_numpy(ye[:8])
         losses = m.loss(xs, ys) if hasattr(m, "loss") else nn.functional.cross_entropy(m(xs), ys, reduction="none")
