@@ -48,42 +48,36 @@ struct release_after_backward : torch::autograd::Function<release_after_backward
   }
 };
 
+// `ts` with those that need a gradient passed through one node of `Node`
+// (with a graph; as they are without one).
+template <class Node>
+std::vector<torch::Tensor> through_one_node(std::vector<torch::Tensor> ts, param_gate* g, int unit) {
+  if (!torch::GradMode::is_enabled()) return ts;
+  std::vector<size_t> at;
+  variable_list tracked;
+  for (size_t i = 0; i < ts.size(); ++i)
+    if (ts[i].defined() && ts[i].requires_grad()) {
+      at.push_back(i);
+      tracked.push_back(ts[i]);
+    }
+  if (tracked.empty()) return ts;
+  auto out = Node::apply(torch::TensorList(tracked), reinterpret_cast<int64_t>(g), static_cast<int64_t>(unit));
+  for (size_t k = 0; k < at.size(); ++k) ts[at[k]] = out[k];
+  return ts;
+}
+
 }  // namespace
 
 std::vector<torch::Tensor> gate_enter(const gate_slot& slot, std::vector<torch::Tensor> in) {
   if (!slot.gate) return in;
-  param_gate* g = slot.gate.get();
-  g->before_forward(slot.unit);
-  if (!torch::GradMode::is_enabled()) return in;
-  std::vector<size_t> at;
-  variable_list tracked;
-  for (size_t i = 0; i < in.size(); ++i)
-    if (in[i].defined() && in[i].requires_grad()) {
-      at.push_back(i);
-      tracked.push_back(in[i]);
-    }
-  if (tracked.empty()) return in;
-  auto out = release_after_backward::apply(torch::TensorList(tracked), reinterpret_cast<int64_t>(g), static_cast<int64_t>(slot.unit));
-  for (size_t k = 0; k < at.size(); ++k) in[at[k]] = out[k];
-  return in;
+  slot.gate->before_forward(slot.unit);
+  return through_one_node<release_after_backward>(std::move(in), slot.gate.get(), slot.unit);
 }
 
 std::vector<torch::Tensor> gate_exit(const gate_slot& slot, std::vector<torch::Tensor> outs) {
   if (!slot.gate) return outs;
-  param_gate* g = slot.gate.get();
-  g->after_forward(slot.unit);
-  if (!torch::GradMode::is_enabled()) return outs;
-  std::vector<size_t> at;
-  variable_list tracked;
-  for (size_t i = 0; i < outs.size(); ++i)
-    if (outs[i].defined() && outs[i].requires_grad()) {
-      at.push_back(i);
-      tracked.push_back(outs[i]);
-    }
-  if (tracked.empty()) return outs;
-  auto out = gather_before_backward::apply(torch::TensorList(tracked), reinterpret_cast<int64_t>(g), static_cast<int64_t>(slot.unit));
-  for (size_t k = 0; k < at.size(); ++k) outs[at[k]] = out[k];
-  return outs;
+  slot.gate->after_forward(slot.unit);
+  return through_one_node<gather_before_backward>(std::move(outs), slot.gate.get(), slot.unit);
 }
 
 torch::Tensor gated(const gate_slot& slot, const std::vector<torch::Tensor>& inputs,
