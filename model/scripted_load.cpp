@@ -15,6 +15,17 @@
 
 namespace dtactor {
 
+// The file a load mapped, kept open, and what it was when loaded.
+struct mapped_source {
+  int fd = -1;
+  std::string name;  // printable
+  off_t size = 0;
+  struct timespec mtime {};
+  ~mapped_source() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 namespace {
 
 // The whole file, mapped private: pages are read when touched, and a
@@ -22,26 +33,33 @@ namespace {
 struct mapping {
   uint8_t* base = nullptr;
   size_t size = 0;
+  std::shared_ptr<mapped_source> src;
   ~mapping() {
     if (base) ::munmap(base, size);
   }
 };
 
 result<std::shared_ptr<mapping>> map_file(const std::string& file) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return make_error(std::string("cannot open it: ") + std::strerror(errno));
+  auto src = std::make_shared<mapped_source>();
+  src->name = printable(file, 0);
+  src->fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (src->fd < 0) return make_error(std::string("cannot open it: ") + std::strerror(errno));
   struct stat st {};
   auto m = std::make_shared<mapping>();
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+  if (::fstat(src->fd, &st) == 0 && st.st_size > 0) {
+    src->size = st.st_size;
+    src->mtime = st.st_mtim;
     m->size = static_cast<size_t>(st.st_size);
-    void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
+    void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, src->fd, 0);
     m->base = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
-  const int err = errno;
-  ::close(fd);
-  if (!m->base) return make_error(std::string("cannot map it: ") + std::strerror(err));
+  if (!m->base) return make_error(std::string("cannot map it: ") + std::strerror(errno));
+  m->src = std::move(src);
   return m;
 }
+
+// The deleter of a tensor's storage that is a view of a mapping.
+void release_view(void* ctx) { delete static_cast<std::shared_ptr<mapping>*>(ctx); }
 
 uint16_t u16_at(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 
@@ -104,7 +122,7 @@ c10::IValue unpickle_data(caffe2::serialize::PyTorchStreamReader& reader, const 
     TORCH_CHECK(offset < m->size, "the record of tensor ", key, " lies outside the file");
     if (!stored_as_is(*m, offset)) compressed = true;
     auto* keep = new std::shared_ptr<mapping>(m);
-    return at::DataPtr(m->base + offset, keep, [](void* ctx) { delete static_cast<std::shared_ptr<mapping>*>(ctx); }, at::kCPU);
+    return at::DataPtr(m->base + offset, keep, &release_view, at::kCPU);
   };
   torch::jit::Unpickler unpickler(read, types, objects, records, c10::Device(c10::kCPU));
   unpickler.set_version(reader.version());
@@ -135,6 +153,44 @@ bool restores_itself(const torch::jit::Module& m) {
 }
 
 }  // namespace
+
+std::optional<file_values> file_values::of(const torch::Tensor& t) {
+  const auto& data = t.storage().data_ptr();
+  const bool empty = t.storage().nbytes() == 0;
+  if (!empty && data.get_deleter() != &release_view) return std::nullopt;
+  file_values v;
+  if (!empty) {
+    const auto& m = *static_cast<const std::shared_ptr<mapping>*>(data.get_context());
+    v.src_ = m->src;
+    v.offset_ = static_cast<const uint8_t*>(data.get()) - m->base;
+    v.nbytes_ = static_cast<int64_t>(t.storage().nbytes());
+  }
+  v.dtype_ = t.scalar_type();
+  v.sizes_ = t.sizes().vec();
+  v.strides_ = t.strides().vec();
+  v.storage_offset_ = t.storage_offset();
+  return v;
+}
+
+result<torch::Tensor> file_values::read() const {
+  if (!src_) return torch::empty_strided(sizes_, strides_, torch::TensorOptions().dtype(dtype_));
+  const std::string what = "model.file '" + src_->name + "' ";
+  struct stat st {};
+  if (::fstat(src_->fd, &st) != 0) return make_error(what + "cannot be read again: " + std::strerror(errno));
+  if (st.st_size != src_->size || st.st_mtim.tv_sec != src_->mtime.tv_sec || st.st_mtim.tv_nsec != src_->mtime.tv_nsec)
+    return make_error(what + "was changed in place since it was loaded (its size or modification time differ); "
+                             "replace a model file by renaming a new one over it, not by writing into it");
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype_));
+  auto flat = torch::empty({(nbytes_ + item - 1) / item}, torch::TensorOptions().dtype(dtype_));
+  auto* out = static_cast<char*>(flat.data_ptr());
+  for (int64_t done = 0; done < nbytes_;) {
+    const ssize_t n = ::pread(src_->fd, out + done, static_cast<size_t>(nbytes_ - done), offset_ + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return make_error(what + (n < 0 ? std::string("cannot be read again: ") + std::strerror(errno) : "ends before a tensor's values (it was truncated since it was loaded)"));
+    done += n;
+  }
+  return flat.as_strided(sizes_, strides_, storage_offset_);
+}
 
 result<std::optional<torch::jit::Module>> load_mapped(const std::string& file) {
   const std::string what = "model.file '" + printable(file, 0) + "': ";

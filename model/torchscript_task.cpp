@@ -68,6 +68,19 @@ class scripted : public torch::nn::Module {
   torch::jit::Module m_;
 };
 
+// A unit's values read again from its file (param_unit::initial, which
+// has no error channel: a file changed since the load throws, and the
+// rank fails its step in that one line).
+std::vector<torch::Tensor> read_all(const std::vector<file_values>& values) {
+  std::vector<torch::Tensor> out;
+  for (const auto& v : values) {
+    auto t = v.read();
+    if (!t) throw std::runtime_error(t.message());
+    out.push_back(std::move(t.value()));
+  }
+  return out;
+}
+
 class torchscript_task : public task {
  public:
   torchscript_task(std::shared_ptr<scripted> m, std::shared_ptr<sample_source> train, std::shared_ptr<sample_source> eval, loss_kind loss,
@@ -104,7 +117,7 @@ class torchscript_task : public task {
       std::vector<torch::Tensor> params;
       for (const auto& p : u.module.parameters(true)) params.push_back(p);
       std::function<std::vector<torch::Tensor>()> initial;
-      if (!u.values.empty()) initial = [values = u.values] { return values; };
+      if (!u.values.empty()) initial = [values = u.values] { return read_all(values); };
       out.push_back({name, u.slot.get(), std::move(params), std::move(initial)});
     }
     return out;
@@ -224,22 +237,27 @@ class torchscript_task : public task {
   }
   // Loaded mapped (model/scripted_load): each unit's parameters keep no
   // values (zero-strided, as model/layers' deferred blocks: model/flat_adamw
-  // maps them to pages nobody touches), and the unit's `initial` gives
-  // their values in the file, where a rank reads only its own shards.
-  void defer_unit_values() {
+  // maps them to pages nobody touches), and the unit's `initial` reads
+  // their values from the file again (a rank calls it only for the units
+  // its shards reach). Nothing keeps a view of the mapping for them, so
+  // the file is unmapped once the optimizer took the other parameters in.
+  status defer_unit_values(const std::string& file) {
     torch::NoGradGuard no_grad;
     for (auto& [name, u] : units_)
       for (const auto& p : u.module.parameters(true)) {
-        u.values.push_back(p.detach());
+        auto where = file_values::of(p);
+        if (!where) return make_error("model.file '" + printable(file, 0) + "': unit " + name + " has a parameter outside the file's mapping");
+        u.values.push_back(std::move(*where));
         if (p.numel() > 1) p.set_data(torch::zeros({1}, p.options()).expand(p.sizes()));
       }
+    return {};
   }
 
  private:
   struct unit {
     torch::jit::Module module;
     std::unique_ptr<gate_slot> slot;
-    std::vector<torch::Tensor> values;  // loaded mapped: its parameters' values in the file
+    std::vector<file_values> values;  // loaded mapped: where its parameters' values lie in the file
   };
   // A Sequential's children, or the names the module declares.
   result<std::vector<std::string>> unit_names() {
@@ -466,7 +484,8 @@ result<std::unique_ptr<task>> make_torchscript_task(const job_settings& s) {
   auto t = std::make_unique<torchscript_task>(m, data->train, data->eval, s.modes.loss, s.train.loss_is_nll);
   if (t->train_size() < 1) return make_error("no training samples");
   if (auto st = t->find_units(file); !st) return st.err();
-  if (mapped) t->defer_unit_values();
+  if (mapped)
+    if (auto st = t->defer_unit_values(file); !st) return st.err();
   if (auto st = check_first_batch(*t, file); !st) return st.err();
   return std::unique_ptr<task>(std::move(t));
 }

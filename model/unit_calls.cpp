@@ -23,8 +23,20 @@ using torch::jit::Value;
 // task owns for as long as it runs the graph.
 const gate_slot& slot_at(int64_t slot) { return *reinterpret_cast<const gate_slot*>(slot); }
 
-std::vector<at::Tensor> unit_enter(int64_t slot, at::TensorList inputs) { return gate_enter(slot_at(slot), inputs.vec()); }
-std::vector<at::Tensor> unit_exit(int64_t slot, at::TensorList outs) { return gate_exit(slot_at(slot), outs.vec()); }
+// The unit the running graph entered and has not left yet (units are not
+// nested), so that a unit whose call throws is released as gated()
+// releases it.
+thread_local const gate_slot* entered = nullptr;
+
+std::vector<at::Tensor> unit_enter(int64_t slot, at::TensorList inputs) {
+  auto out = gate_enter(slot_at(slot), inputs.vec());
+  entered = &slot_at(slot);
+  return out;
+}
+std::vector<at::Tensor> unit_exit(int64_t slot, at::TensorList outs) {
+  entered = nullptr;
+  return gate_exit(slot_at(slot), outs.vec());
+}
 
 // Registered on first use, and never unregistered. CONSERVATIVE: they act
 // on the world (gathers and releases), so no pass removes, merges, folds or
@@ -206,7 +218,14 @@ result<unit_calls> unit_calls::make(const torch::jit::Module& module, const std:
 
 c10::IValue unit_calls::operator()(std::vector<c10::IValue> args) const {
   args.insert(args.begin(), module_._ivalue());
-  return (*fn_)(std::move(args));
+  entered = nullptr;
+  try {
+    return (*fn_)(std::move(args));
+  } catch (...) {
+    if (entered && entered->gate) entered->gate->after_forward(entered->unit);
+    entered = nullptr;
+    throw;
+  }
 }
 
 }  // namespace dtactor

@@ -69,7 +69,12 @@ status make_initial_units(flat_adamw& opt, const std::vector<param_unit>& units,
       for (const auto& [x, y] : ranges) reached = reached || (r && x < r->second && y > r->first);
     }
     if (!reached) continue;
-    const std::vector<torch::Tensor> values = u.initial();
+    std::vector<torch::Tensor> values;
+    try {
+      values = u.initial();
+    } catch (const std::exception& e) {
+      return make_error("unit " + u.name + ": its initial values: " + e.what());
+    }
     if (values.size() != u.params.size()) return make_error("unit " + u.name + ": its initial values are not its parameters");
     for (size_t i = 0; i < values.size(); ++i) {
       const auto [a, b] = at[i];

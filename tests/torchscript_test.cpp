@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include "dtactor/param_gate.hpp"
 #include "dtactor/task.hpp"
 #include "data/data_shards.hpp"
 #include "model/layers.hpp"
@@ -294,22 +298,65 @@ TEST(TorchScript, AModuleWithUnitsComputesWhatPyTorchComputes) {
   }
 }
 
-// Resident kB of this process's mapping that holds `p` (/proc/self/smaps).
-int64_t mapping_rss_kb(const void* p) {
+// A gate recording the calls a forward makes.
+struct recording_gate : param_gate {
+  std::vector<std::string> calls;
+  void before_forward(int unit) override { calls.push_back("gather " + std::to_string(unit)); }
+  void after_forward(int unit) override { calls.push_back("release " + std::to_string(unit)); }
+  void before_backward(int unit) override { calls.push_back("gather again " + std::to_string(unit)); }
+  void after_backward(int unit) override { calls.push_back("release again " + std::to_string(unit)); }
+};
+
+// An .npy file of float32 zeros, rows x cols.
+void write_zeros_npy(const std::string& path, int rows, int cols) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " + std::to_string(cols) + "), }";
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  out << "\x93NUMPY" << '\x01' << '\x00';
+  out.put(static_cast<char>(header.size() & 0xff)).put(static_cast<char>(header.size() >> 8));
+  out << header << std::string(static_cast<size_t>(rows) * cols * 4, '\0');
+}
+
+// A unit whose call throws (held-out inputs one feature wider than its
+// LayerNorm) is released as it would be after its call, as gated()
+// releases a C++ unit: nothing stays gathered for the next forward.
+TEST(TorchScript, AUnitWhoseCallThrowsIsReleased) {
+  NEED_FIXTURES();
+  temp_dir d;
+  write_zeros_npy(d.path() + "/wide.npy", 256, 21);
+  auto t = make_task(ts_config("declared_residual.pt", {"data.eval_inputs=" + d.path() + "/wide.npy"}));
+  ASSERT_TRUE(t.ok()) << t.message();
+  auto gate = std::make_shared<recording_gate>();
+  auto units = t.value()->param_units();
+  ASSERT_EQ(units.size(), 4u);
+  for (size_t i = 0; i < units.size(); ++i) {
+    units[i].slot->gate = gate;
+    units[i].slot->unit = static_cast<int>(i);
+  }
+  t.value()->module()->eval();
+  EXPECT_ANY_THROW((void)t.value()->evaluate(8, 8));
+  EXPECT_EQ(gate->calls, (std::vector<std::string>{"gather 0", "release 0"}));
+  for (auto& u : units) u.slot->gate.reset();
+}
+
+// Resident kB of this process's mappings of `file` (/proc/self/smaps).
+int64_t file_mapping_rss_kb(const std::string& file) {
   std::ifstream in("/proc/self/smaps");
   std::string line;
   bool inside = false;
-  const auto at = reinterpret_cast<uintptr_t>(p);
+  int64_t total = 0;
+  const std::string path = std::filesystem::canonical(file).string();
   while (std::getline(in, line)) {
     unsigned long lo = 0, hi = 0;
     if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
-      inside = at >= lo && at < hi;
+      inside = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
       continue;
     }
     long kb = 0;
-    if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kb) == 1) return kb;
+    if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kb) == 1) total += kb;
   }
-  return -1;
+  return total;
 }
 
 // The file the mapping holding `p` maps ("" for anonymous memory).
@@ -348,8 +395,7 @@ TEST(TorchScript, BuiltDeferredAModuleReadsNoValueOfItsUnitsWhileItLoads) {
   auto units = t->param_units();
   ASSERT_EQ(units.size(), 10u);
   ASSERT_TRUE(static_cast<bool>(units[1].initial));
-  const void* in_mapping = units[1].initial()[0].data_ptr();
-  EXPECT_LT(mapping_rss_kb(in_mapping), 1024) << "values of the file were read through its mapping while it loaded";
+  EXPECT_LT(file_mapping_rss_kb(file), 1024) << "values of the file were read through its mapping while it loaded";
   auto whole = torch::jit::load(file);
   std::map<std::string, torch::Tensor> in_file;
   for (const auto& p : whole.named_parameters(true)) in_file[p.name] = p.value;
@@ -362,8 +408,9 @@ TEST(TorchScript, BuiltDeferredAModuleReadsNoValueOfItsUnitsWhileItLoads) {
     EXPECT_TRUE(torch::equal(values[0], in_file.at(u.name + ".weight")));
     EXPECT_TRUE(torch::equal(values[1], in_file.at(u.name + ".bias")));
   }
-  // Read now (the comparisons above): the mapping shows them.
-  EXPECT_GT(mapping_rss_kb(in_mapping), 30 * 1024);
+  // Read again from the file, not through the mapping (a page of it
+  // truncated away would be a SIGBUS): the mapping still holds none.
+  EXPECT_LT(file_mapping_rss_kb(file), 1024) << "initial read the units' values through the file's mapping";
   // Loaded whole, no unit awaits its values.
   for (const auto& u : whole_task->param_units()) EXPECT_FALSE(static_cast<bool>(u.initial)) << u.name;
   // Buffers (a BatchNorm's running statistics, written in training) are
@@ -387,6 +434,74 @@ TEST(TorchScript, BuiltDeferredAModuleReadsNoValueOfItsUnitsWhileItLoads) {
     EXPECT_TRUE(torch::equal(b.value(), buffers_in_file.at(b.key())));
   }
   EXPECT_NE(mapped_file_of(bn->module()->parameters()[0].data_ptr()).find("bn.pt"), std::string::npos);
+}
+
+// A unit's values are read again from the file when a rank makes its
+// shards (`initial`, at the job's first step, maybe minutes after the
+// load): a file replaced by a rename meanwhile still gives the loaded
+// file's values (it stays open), and one written into in place (a
+// re-export over it, a cp) is one line of error, never values of two files
+// mixed or a SIGBUS from a page truncated away.
+TEST(TorchScript, AUnitsValuesReadAfterTheLoadAreTheLoadedFilesOrOneLineOfError) {
+  NEED_FIXTURES();
+  temp_dir d;
+  const std::string file = d.path() + "/model.pt";
+  auto build = [&] {
+    std::filesystem::copy_file(fixtures() + "/big_units.pt", file, std::filesystem::copy_options::overwrite_existing);
+    defer_block_values defer(true);
+    auto made = make_task(ts_config("big_units.pt", {"model.file=" + file}));
+    EXPECT_TRUE(made.ok()) << made.message();
+    return made.ok() ? std::move(made.value()) : std::unique_ptr<task>();
+  };
+  auto whole = torch::jit::load(fixtures() + "/big_units.pt");
+  std::map<std::string, torch::Tensor> in_file;
+  for (const auto& p : whole.named_parameters(true)) in_file[p.name] = p.value;
+  {
+    auto t = build();
+    ASSERT_TRUE(t);
+    const auto units = t->param_units();
+    ASSERT_EQ(units.size(), 10u);
+    // Another module renamed over it.
+    std::filesystem::copy_file(fixtures() + "/mlp.pt", d.path() + "/other.pt");
+    std::filesystem::rename(d.path() + "/other.pt", file);
+    const auto values = units[3].initial();
+    ASSERT_EQ(values.size(), 2u);
+    EXPECT_TRUE(torch::equal(values[0], in_file.at(units[3].name + ".weight")));
+    EXPECT_TRUE(torch::equal(values[1], in_file.at(units[3].name + ".bias")));
+  }
+  {
+    auto t = build();
+    ASSERT_TRUE(t);
+    const auto units = t->param_units();
+    ASSERT_EQ(units.size(), 10u);
+    // Truncated in place to its first 4 KiB.
+    std::filesystem::resize_file(file, 4096);
+    try {
+      (void)units[9].initial();
+      ADD_FAILURE() << "a truncated file gave values";
+    } catch (const std::exception& e) {
+      const std::string why = e.what();
+      EXPECT_NE(why.find("model.file '" + file + "' was changed in place since it was loaded"), std::string::npos) << why;
+      EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+    }
+  }
+  {
+    auto t = build();
+    ASSERT_TRUE(t);
+    const auto units = t->param_units();
+    // The same bytes written again into it: its modification time moved.
+    std::string bytes;
+    {
+      std::ifstream in(file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    struct timespec later[2] = {{0, UTIME_OMIT}, {0, 0}};
+    ASSERT_EQ(::clock_gettime(CLOCK_REALTIME, &later[1]), 0);
+    later[1].tv_sec += 5;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), later, 0), 0);
+    EXPECT_THROW((void)units[0].initial(), std::runtime_error);
+  }
 }
 
 TEST(TorchScript, ATokenStreamTrainsASequenceModelOnWindows) {

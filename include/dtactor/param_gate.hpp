@@ -50,7 +50,8 @@ struct gate_slot {
 // initialisation gives, in `params`' order, without touching the global
 // generator. At train.zero = 3 a rank calls it for the units of the shards
 // it holds at the job's first step; every other value comes from their
-// holders.
+// holders. It may throw (values it cannot make again): the rank then fails
+// in one line naming the unit and the exception's message.
 struct param_unit {
   std::string name;
   gate_slot* slot = nullptr;
