@@ -19,6 +19,7 @@
 #include "rank/state_io.hpp"
 #include "rank/zero3.hpp"
 #include "rank/zero_sync.hpp"
+#include "interrupted_sync.hpp"
 #include "rank_threads.hpp"
 #include "comm/grad_sync.hpp"
 #include "comm/step_control.hpp"
@@ -29,6 +30,7 @@ namespace dtactor {
 namespace {
 
 using namespace zero_test;
+using testing::interrupted_sync;
 
 // How a zero-2 comparison runs: over Gloo or shared memory, fp32 or bf16 on
 // the wire, with the bound on buffers in flight.
@@ -490,26 +492,6 @@ TEST(Zero2, Fp32OverGlooDiffersFromZeroZeroInRoundingOnly) {
   EXPECT_LT(total / n, 1e-6);
 }
 
-// Zero-2's sync over the group whose norm's allreduce completes everywhere
-// but fails on this rank when `fail_norm` (a peer died inside it), and
-// whose all-gather fails (the peer is gone).
-class interrupted_sync final : public param_sync {
- public:
-  interrupted_sync(std::unique_ptr<param_sync> real, bool fail_norm) : real_(std::move(real)), fail_norm_(fail_norm) {}
-  bool sharded_norm() const override { return true; }
-  result<double> global_norm() override {
-    auto n = real_->global_norm();
-    if (fail_norm_) return make_error("allreduce of the gradient norm failed on this rank: a peer died inside it");
-    return n;
-  }
-  status gather() override { return make_error("parameter all-gather: a peer is gone"); }
-  std::string describe() const override { return "interrupted"; }
-
- private:
-  std::unique_ptr<param_sync> real_;
-  bool fail_norm_;
-};
-
 // One zero-2 step over Gloo in which the gradient-norm allreduce completes
 // on every rank but `failing` sees it fail (as when a peer dies inside the
 // collective: Gloo's ring lets some ranks finish and not others): the other
@@ -539,13 +521,7 @@ std::vector<int> next_generation(std::vector<std::unique_ptr<training_state>>& s
   missing->assign(2, "");
   expect_no_errors(run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[static_cast<size_t>(rank)];
-    if (finish) {
-      auto f = finish_interrupted_step(*pg, s, std::chrono::milliseconds(20000), {});
-      if (!f) return f.message();
-      finished[static_cast<size_t>(rank)] = *f ? 1 : 0;
-    } else {
-      s.drop_interrupted_step();
-    }
+    if (auto e = testing::finish_or_drop(*pg, s, finish, &finished[static_cast<size_t>(rank)]); !e.empty()) return e;
     // Every survivor holds the highest step here (agree_state's broadcast
     // would bring a lagging one up to it).
     const bool current = s.step() == std::max(states[0]->step(), states[1]->step());

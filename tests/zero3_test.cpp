@@ -24,6 +24,7 @@
 #include "rank/state_io.hpp"
 #include "app/train_command.hpp"
 #include "storage/checkpoint_store.hpp"
+#include "interrupted_sync.hpp"
 #include "rank_threads.hpp"
 #include "test_util.hpp"
 #include "torchscript_fixtures.hpp"
@@ -31,6 +32,7 @@
 namespace dtactor {
 namespace {
 
+using testing::interrupted_sync;
 using testing::make_states;
 using testing::temp_dir;
 using testing::run_ranks;
@@ -68,7 +70,11 @@ struct gather_how {
   // (defer_block_values, as the rank worker builds them), each rank making
   // its own shards' initial values (make_initial_units).
   bool deferred = false;
+  // Set: each rank's parameter sync is what this makes of the real one.
+  std::function<std::unique_ptr<param_sync>(int rank, std::unique_ptr<param_sync>)> wrap_sync;
 };
+
+std::vector<std::string> train_run(level_run& run, int level, int steps, const gather_how& how);
 
 // `steps` steps at train.zero = `level` (2 or 3) over Gloo, a node per
 // rank (or per host), `replicas` holders a shard, the gradients
@@ -90,6 +96,15 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
       EXPECT_TRUE(make_initial_units(s.optimizer(), s.the_task().param_units(), run.plan.ranges_of(r)).ok());
     }
   }
+  const auto errors = train_run(run, level, steps, how);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "level " << level << " rank " << r;
+  return run;
+}
+
+// `steps` steps of run.states (one a rank) under run.plan at `level`;
+// every rank's error ("" for none), the digests and evaluations in `run`.
+std::vector<std::string> train_run(level_run& run, int level, int steps, const gather_how& how) {
+  const int world = static_cast<int>(run.states.size());
   run.digests.resize(static_cast<size_t>(world));
   run.val_loss.resize(static_cast<size_t>(world));
   run.released_resident.assign(static_cast<size_t>(world), 0);
@@ -128,6 +143,7 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
         if (auto st = gate->after_update(); !st) return st.message();
       run.units[static_cast<size_t>(rank)] = gate->units();
     }
+    if (how.wrap_sync) ps = how.wrap_sync(rank, std::move(ps));
     sync.set_parameter_sync(std::move(ps));
     auto released = [&] {
       std::pair<size_t, size_t> n{0, 0};
@@ -197,8 +213,7 @@ level_run run_level(int level, const std::vector<std::string>& extra, int world,
   } else {
     errors = run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) { return body(rank, pg, gather_route::over_group()); });
   }
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "level " << level << " rank " << r;
-  return run;
+  return errors;
 }
 
 const std::vector<std::string> three_blocks = {"model.dim=64", "model.layers=3", "model.heads=4"};
@@ -500,6 +515,102 @@ TEST(Zero3, AResumeReadsNoParameterWithTheReplicatedPartAndEachRankItsOwnShards)
   EXPECT_GT(read, 0u);
   EXPECT_TRUE(torch::equal(flat(opt.param_views(0, half)), saved.slice(0, 0, half))) << "this rank's shards are not the checkpoint's";
   EXPECT_TRUE(torch::equal(flat(opt.param_views(half, total)), built.slice(0, half))) << "another rank's shards were read";
+}
+
+// Ranks 0 and 1 of `run` as the next generation's group under `plan`
+// (rank 2 is gone): with `finish`, finish_interrupted_step first (else a
+// rank drops what it kept), then the reshard, the parameters of no unit
+// broadcast from their holders as the rank worker does at zero = 3.
+// Returns whether each finished a step; `missing`: the reshard's verdict.
+std::vector<int> next_generation(level_run& run, const shard_plan& plan, bool finish, std::vector<std::string>* missing) {
+  run.states.resize(2);
+  run.plan = plan;
+  std::vector<int> finished(2, 0);
+  missing->assign(2, "");
+  const auto errors = run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
+    auto& s = *run.states[static_cast<size_t>(rank)];
+    if (auto e = testing::finish_or_drop(*pg, s, finish, &finished[static_cast<size_t>(rank)]); !e.empty()) return e;
+    auto layout = unit_layout_of(s.optimizer(), s.the_task().param_units());
+    if (!layout) return layout.message();
+    const bool current = s.step() == std::max(run.states[0]->step(), run.states[1]->step());
+    auto r = reshard_optimizer(*pg, s.optimizer(), plan, current, s.params_mixed(), std::chrono::milliseconds(20000), {}, &layout->root);
+    if (!r) return r.message();
+    (*missing)[static_cast<size_t>(rank)] = r->complete ? "" : r->missing;
+    if (r->complete) s.clear_params_mixed();
+    return "";
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  return finished;
+}
+
+// The interrupted-step rule of zero = 2 at zero = 3, where the parameters
+// live only with their shards' holders: a rank whose norm allreduce failed
+// while the others completed it and stepped keeps its gradient shards; with
+// the one other holder of a shard lost, dropping the step would lose that
+// shard (parameters and moments). The lagging rank finishes the step, the
+// survivors reshard completely, and they train on to the uninterrupted
+// run's parameters and evaluation, bit for bit, every unit gathered.
+TEST(Zero3, AStepInterruptedOnOneRankIsFinishedThereAndNoShardIsLost) {
+  const int steps = 2;
+  auto make = [] {
+    level_run run;
+    std::vector<std::string> o = three_blocks;
+    o.push_back("train.zero=3");
+    run.states = make_states(tiny_vit_config(o), 3);
+    run.plan = make_shard_plan(run.states[0]->optimizer().total_elements(), nodes_of(3), 2);
+    for (int r = 0; r < 3; ++r) run.states[static_cast<size_t>(r)]->shard_optimizer(run.plan.ranges_of(r));
+    return run;
+  };
+  auto expect_no_errors = [](const std::vector<std::string>& errors) {
+    for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  };
+  level_run ref = make(), cut = make(), dropped = make();
+  const shard_plan plan3 = ref.plan;
+  const shard_plan plan2 = make_shard_plan(plan3.total, nodes_of(2), 2);
+  // Shard 1 is held by ranks 1 and 2: with rank 2 lost, rank 1 is its only holder.
+  ASSERT_EQ(plan3.shards[1].holders, (std::vector<int>{1, 2}));
+  expect_no_errors(train_run(ref, 3, steps + 1, {}));
+  gather_how interrupt;
+  interrupt.wrap_sync = [](int rank, std::unique_ptr<param_sync> real) -> std::unique_ptr<param_sync> {
+    return std::make_unique<interrupted_sync>(std::move(real), rank == 1);
+  };
+  for (level_run* v : {&cut, &dropped}) {
+    expect_no_errors(train_run(*v, 3, steps, {}));
+    const auto errors = train_run(*v, 3, 1, interrupt);
+    for (int r = 0; r < 3; ++r) EXPECT_FALSE(errors[static_cast<size_t>(r)].empty()) << "rank " << r;
+    EXPECT_EQ(v->states[0]->step(), steps + 1);
+    EXPECT_EQ(v->states[1]->step(), steps);
+    EXPECT_EQ(v->states[2]->step(), steps + 1);
+    EXPECT_TRUE(v->states[1]->has_interrupted_step());
+  }
+  std::vector<std::string> missing;
+  next_generation(dropped, plan2, false, &missing);
+  EXPECT_NE(missing[0].find("[" + std::to_string(plan3.shards[1].begin) + ", "), std::string::npos) << missing[0];
+  EXPECT_EQ(next_generation(cut, plan2, true, &missing), (std::vector<int>{0, 1}));
+  EXPECT_EQ(missing, (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(cut.states[1]->step(), steps + 1);
+  EXPECT_FALSE(cut.states[1]->has_interrupted_step());
+  next_generation(ref, plan2, true, &missing);
+  EXPECT_EQ(missing, (std::vector<std::string>{"", ""}));
+  expect_no_errors(train_run(ref, 3, 2, {}));
+  expect_no_errors(train_run(cut, 3, 2, {}));
+  for (int r = 0; r < 2; ++r) {
+    const auto i = static_cast<size_t>(r);
+    EXPECT_EQ(cut.units[i], 3);
+    EXPECT_EQ(cut.digests[i], ref.digests[0]) << "rank " << r;
+    EXPECT_EQ(cut.val_loss[i], ref.val_loss[0]) << "rank " << r;
+  }
+  // The sharded state too (moments, the parameters' windows): each
+  // survivor's equals the reference's.
+  for (int r = 0; r < 2; ++r) {
+    auto a = ref.states[static_cast<size_t>(r)]->state_tensors(), b = cut.states[static_cast<size_t>(r)]->state_tensors();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].sharded) {
+        EXPECT_TRUE(torch::equal(a[i].t, b[i].t)) << a[i].name << " rank " << r;
+      }
+    }
+  }
 }
 
 TEST(Zero3, SpansOutsideTheHeldOnes) {
