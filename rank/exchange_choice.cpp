@@ -125,9 +125,13 @@ status choose_exchanges(const generation_run& g, rank_state& rs, exchanges& x) {
   // alone after a loss, joined by a replacement), as large as when it was.
   if (g.world > 1) rs.buckets->clear();
   // train.zero >= 1: the reducer's parameter sync (the all-gather after
-  // the update, zero=2's norm), over the path the ranks' places allow.
+  // the update, the norm from the shards), over the path the ranks' places
+  // allow. The norm's allreduce runs at every level from 1, where every
+  // rank also holds the whole gradient: it is the step's commit (no rank
+  // steps its shards unless every rank completed the gradient exchange),
+  // which the interrupted-step rule builds on (rank/zero).
   x.sync().set_parameter_sync(zero_sync_for(x.sync(), g.exchange, state.optimizer(), rs.shards ? &*rs.shards : nullptr,
-                                            {g.pg, x.zero2, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
+                                            {g.pg, true, g.timeout, g.abandon_now, go.spin_wait, g.backend}));
   if (rs.shards && g.pg && g.world > 1 && masters_sharded(s.train))
     if (auto st = gate_units(g, rs, x); !st) return st;
   if (g.pg && state.the_task().buffers_change_in_training())

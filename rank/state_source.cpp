@@ -180,8 +180,8 @@ generation_end starting_state::agree() {
   if (zero >= 1 && !state.optimizer().sharded()) state.shard_optimizer({{0, state.optimizer().total_elements()}});
   if (g.rank == 0 && g.plan.checkpoint_step() > held_step())
     if (auto ended = checkpoint_source::replicated_part(c_)) return ended;
-  if (zero >= 2)
-    if (auto ended = finish_zero2_step()) return ended;
+  if (zero >= 1)
+    if (auto ended = complete_interrupted_step()) return ended;
   // Still the checkpoint's state (read in a generation a newer plan cut short).
   if (g.source == ev::state_source::local && c_.rs.disk_step >= 0 && c_.rs.disk_step == state.step()) g.source = ev::state_source::disk;
   c_.held_before = state.step();
@@ -201,10 +201,10 @@ generation_end starting_state::agree() {
   return std::nullopt;
 }
 
-// train.zero >= 2, before the agreement: the step whose gradient-norm
+// train.zero >= 1, before the agreement: the step whose gradient-norm
 // allreduce failed here after other ranks completed it is finished (this
 // rank's shards updated), or dropped without a group.
-generation_end starting_state::finish_zero2_step() {
+generation_end starting_state::complete_interrupted_step() {
   generation_run& g = c_.g;
   training_state& state = c_.state;
   if (!g.pg) {

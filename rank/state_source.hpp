@@ -109,7 +109,7 @@ class starting_state {
   generation_end agree();
 
  private:
-  generation_end finish_zero2_step();
+  generation_end complete_interrupted_step();
   generation_end run_agreement();
   int64_t held_step() const;  // the step (DiLoCo: anchor) this rank holds
 

@@ -32,7 +32,7 @@ struct shard_plan;
 
 struct zero_sync_settings {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // the world's group
-  bool sharded_norm = false;                  // train.zero = 2 (the reducer scatters the gradients)
+  bool sharded_norm = false;                  // the clipping norm from the shards, one allreduce (the step's commit)
   std::chrono::milliseconds timeout{30000};   // of each collective
   std::function<bool()> abandon;              // a newer generation replaces this one
   std::chrono::microseconds spin{0};          // cluster.spin_wait_us (the segments' waits)

@@ -103,7 +103,7 @@ std::vector<std::string> train_how(std::vector<std::unique_ptr<training_state>>&
     if (xp && !sync.hierarchical()) return "not hierarchical";
     if (h.small_ring && shm && shm->capacity() >= floats) return "the ring holds " + std::to_string(shm->capacity()) + " floats of a step's " + std::to_string(floats);
     if (!xp && h.shm != sync.uses_shm()) return "shared memory " + std::string(sync.uses_shm() ? "used" : "not used");
-    const zero_sync_settings zs = zero_sync(pg, plan && zero2);
+    const zero_sync_settings zs = zero_sync(pg, plan != nullptr);
     std::unique_ptr<param_sync> ps;
     if (plan) ps = zero_sync_over_group(s.optimizer(), *plan, zs);
     // One host's world (as the rank worker does): the all-gather and the
@@ -492,17 +492,19 @@ TEST(Zero2, Fp32OverGlooDiffersFromZeroZeroInRoundingOnly) {
   EXPECT_LT(total / n, 1e-6);
 }
 
-// One zero-2 step over Gloo in which the gradient-norm allreduce completes
+// One step over Gloo (the gradients reduce-scattered with `zero2`, else
+// allreduced as at zero = 1) in which the gradient-norm allreduce completes
 // on every rank but `failing` sees it fail (as when a peer dies inside the
 // collective: Gloo's ring lets some ranks finish and not others): the other
 // ranks step their shards, then their parameter all-gather fails (the peer
 // is gone). Returns every rank's error.
-std::vector<std::string> interrupted_step(std::vector<std::unique_ptr<training_state>>& states, int world, const shard_plan& plan, int failing) {
+std::vector<std::string> interrupted_step(std::vector<std::unique_ptr<training_state>>& states, int world, const shard_plan& plan, int failing,
+                                          bool zero2) {
   return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[static_cast<size_t>(rank)];
     grad_sync_options o = buckets();
     o.carry_control = true;
-    o.zero2 = zero2_of(s.optimizer(), plan);
+    if (zero2) o.zero2 = zero2_of(s.optimizer(), plan);
     grad_sync sync(s.the_task().module()->parameters(), pg, o);
     sync.set_parameter_sync(std::make_unique<interrupted_sync>(zero_sync_over_group(s.optimizer(), plan, zero_sync(pg, true)),
                                                                rank == failing));
@@ -534,17 +536,12 @@ std::vector<int> next_generation(std::vector<std::unique_ptr<training_state>>& s
   return finished;
 }
 
-// A rank whose norm allreduce failed while the others completed it and
-// stepped: its shards would stay a step behind, and with the one other
-// holder of a shard lost (a node gone) that shard's state would be lost
-// (the job then went back to a checkpoint, or, with none, round the same
-// failure forever). The lagging rank finishes the step from the gradient
-// shards it kept and the norm the others used; the survivors reshard
-// completely and train on exactly as after an uninterrupted step.
-TEST(Zero2, AStepInterruptedOnOneRankIsFinishedThereAndNoShardIsLost) {
+// The test below at train.zero = `level` (1 or 2).
+void interrupted_at_level(int level) {
+  const bool zero2 = level >= 2;
   const int steps = 2;
   run_how h;  // Gloo, fp32
-  const auto cfg = tiny_vit_config({"train.zero=2"});
+  const auto cfg = tiny_vit_config({"train.zero=" + std::to_string(level)});
   auto ref = make_states(cfg, 3), cut = make_states(cfg, 3), dropped = make_states(cfg, 3);
   const int64_t total = ref[0]->optimizer().total_elements();
   const auto plan3 = make_shard_plan(total, nodes_of(3), 2);
@@ -553,10 +550,10 @@ TEST(Zero2, AStepInterruptedOnOneRankIsFinishedThereAndNoShardIsLost) {
   ASSERT_EQ(plan3.shards[1].holders, (std::vector<int>{1, 2}));
   for (auto* v : {&ref, &cut, &dropped})
     for (int r = 0; r < 3; ++r) (*v)[static_cast<size_t>(r)]->shard_optimizer(plan3.ranges_of(r));
-  expect_no_errors(train_how(ref, 3, steps + 1, &plan3, true, h));
+  expect_no_errors(train_how(ref, 3, steps + 1, &plan3, zero2, h));
   for (auto* v : {&cut, &dropped}) {
-    expect_no_errors(train_how(*v, 3, steps, &plan3, true, h));
-    const auto errors = interrupted_step(*v, 3, plan3, 1);
+    expect_no_errors(train_how(*v, 3, steps, &plan3, zero2, h));
+    const auto errors = interrupted_step(*v, 3, plan3, 1, zero2);
     for (int r = 0; r < 3; ++r) EXPECT_FALSE(errors[static_cast<size_t>(r)].empty()) << "rank " << r;
     EXPECT_EQ((*v)[0]->step(), steps + 1);
     EXPECT_EQ((*v)[1]->step(), steps);
@@ -576,8 +573,8 @@ TEST(Zero2, AStepInterruptedOnOneRankIsFinishedThereAndNoShardIsLost) {
   next_generation(ref, plan2, true, &missing);
   EXPECT_EQ(missing, (std::vector<std::string>{"", ""}));
   for (int r = 0; r < 2; ++r) EXPECT_EQ(cut[static_cast<size_t>(r)]->params_digest(), ref[0]->params_digest()) << "rank " << r;
-  expect_no_errors(train_how(ref, 2, 2, &plan2, true, h));
-  expect_no_errors(train_how(cut, 2, 2, &plan2, true, h));
+  expect_no_errors(train_how(ref, 2, 2, &plan2, zero2, h));
+  expect_no_errors(train_how(cut, 2, 2, &plan2, zero2, h));
   for (int r = 0; r < 2; ++r) EXPECT_EQ(cut[static_cast<size_t>(r)]->params_digest(), ref[0]->params_digest()) << "rank " << r;
   // The moments too: each survivor's windows equal the reference's.
   for (int r = 0; r < 2; ++r) {
@@ -588,6 +585,25 @@ TEST(Zero2, AStepInterruptedOnOneRankIsFinishedThereAndNoShardIsLost) {
         EXPECT_TRUE(torch::equal(a[i].t, b[i].t)) << a[i].name << " rank " << r;
       }
     }
+  }
+}
+
+// A rank whose norm allreduce failed while the others completed it and
+// stepped: its shards would stay a step behind, and with the one other
+// holder of a shard lost (a node gone) that shard's state would be lost
+// (the job then went back to a checkpoint, or, with none, round the same
+// failure forever). The lagging rank finishes the step from the gradient
+// shards it kept and the norm the others used; the survivors reshard
+// completely and train on exactly as after an uninterrupted step.
+//
+// At zero = 1 every rank holds the whole summed gradient, and the norm's
+// allreduce runs all the same (the rank worker's param sync): it is the
+// step's commit, so a rank whose gradient allreduce failed never steps
+// while another does, and one whose norm allreduce failed finishes.
+TEST(Zero2, AStepInterruptedOnOneRankIsFinishedThereAndNoShardIsLost) {
+  for (int level : {1, 2}) {
+    SCOPED_TRACE("train.zero=" + std::to_string(level));
+    interrupted_at_level(level);
   }
 }
 

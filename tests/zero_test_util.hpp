@@ -33,7 +33,7 @@ using testing::run_ranks;
 using testing::tiny_vit_config;
 
 // ZeRO's parameter sync over `pg` (and its segments), the norm from the
-// shards with `sharded_norm` (train.zero = 2).
+// shards with `sharded_norm` (as the rank worker runs every level from 1).
 inline zero_sync_settings zero_sync(c10::intrusive_ptr<c10d::ProcessGroup> pg, bool sharded_norm) {
   zero_sync_settings z;
   z.pg = std::move(pg);
@@ -55,7 +55,7 @@ inline std::vector<std::string> train(std::vector<std::unique_ptr<training_state
   return run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) -> std::string {
     auto& s = *states[static_cast<size_t>(rank)];
     grad_sync sync(s.the_task().module()->parameters(), pg, buckets());
-    if (plan) sync.set_parameter_sync(zero_sync_over_group(s.optimizer(), *plan, zero_sync(pg, false)));
+    if (plan) sync.set_parameter_sync(zero_sync_over_group(s.optimizer(), *plan, zero_sync(pg, true)));
     for (int i = 0; i < steps; ++i) {
       auto r = s.train_step(step_context::every_step(rank, world, sync));
       if (!r) return r.message();
