@@ -177,6 +177,17 @@ KINDS = {
             F("into fresh pages: Gloo's time over memory's, paired by round (median)", ["group_s_over_memory_s_fresh_paired_median"], "x"),
         ],
     },
+    "page_pool": {
+        "title": "A train.zero = 3 gather's writes into the pages of a released unit (64 MiB units, 8 of them): pages given back to the kernel against kept in the gate's page pool, in turn in one run",
+        "group": "Sharded state (ZeRO)",
+        "figures": [
+            F("gather into pooled pages (median)", ["pooled", "gather_gb_per_s_median"], "GB/s",
+              "into pages given back (MADV_DONTNEED)", ["given_back", "gather_gb_per_s_median"]),
+            F("given back's gather time over pooled's, paired by round (median)", ["given_back_over_pooled_gather_s_paired_median"], "x"),
+            F("a unit's release into the pool (median)", ["pooled", "release_s_median"], "s",
+              "given back", ["given_back", "release_s_median"]),
+        ],
+    },
     "chaos": {
         "title": "Faults on one machine: coordinator + 2 nodes x 1 rank, the default ViT job, real processes",
         "group": "Recovery from faults",

@@ -139,6 +139,54 @@ unit_gatherer::unit_gatherer(c10::intrusive_ptr<c10d::ProcessGroup> pg, flat_ada
   state_.resize(layout_.units.size());
   mixed_ = opt_.mixed();
   if (rounds_held()) opt_.copies_by_gatherer(true);
+  pages_out_.assign(layout_.units.size(), 0);
+  if (policy_ == unit_policy::each_pass) make_pool();
+}
+
+void unit_gatherer::make_pool() {
+  size_t largest = 0, second = 0;
+  for (int u = 0; u < units(); ++u) {
+    size_t bytes = 0;
+    for (const auto& v : written_views(u))
+      if (poolable(v)) bytes += static_cast<size_t>(v.numel()) * v.element_size();
+    second = std::max(second, std::min(largest, bytes));
+    largest = std::max(largest, bytes);
+  }
+  if (largest > 0) pool_ = std::make_unique<page_pool>(largest + second);
+}
+
+bool unit_gatherer::poolable(const torch::Tensor& v) const {
+  return anonymous_.cover(v.data_ptr(), static_cast<size_t>(v.numel()) * v.element_size());
+}
+
+std::vector<torch::Tensor> unit_gatherer::written_views(int unit) const {
+  std::vector<torch::Tensor> out;
+  const auto u = static_cast<size_t>(unit);
+  for (const auto& [a, b] : released_[u])
+    for (auto& v : mixed_ ? opt_.compute_views(a, b) : opt_.param_views(a, b)) out.push_back(std::move(v));
+  if (rounds_held())
+    for (const auto& [a, b] : held_[u])
+      for (auto& v : opt_.compute_views(a, b)) out.push_back(std::move(v));
+  return out;
+}
+
+void unit_gatherer::hand_back(int unit) {
+  const bool pooled = pool_ && !pages_out_[static_cast<size_t>(unit)];
+  for (const auto& v : written_views(unit)) {
+    const auto n = static_cast<size_t>(v.numel()) * v.element_size();
+    if (pooled && poolable(v))
+      pool_->give(v.data_ptr(), n);
+    else
+      give_back(v.data_ptr(), static_cast<int64_t>(n));
+  }
+  pages_out_[static_cast<size_t>(unit)] = 1;
+}
+
+void unit_gatherer::take_back(int unit) {
+  if (pool_ && pages_out_[static_cast<size_t>(unit)])
+    for (const auto& v : written_views(unit))
+      if (poolable(v)) pool_->take(v.data_ptr(), static_cast<size_t>(v.numel()) * v.element_size());
+  pages_out_[static_cast<size_t>(unit)] = 0;
 }
 
 unit_gatherer::~unit_gatherer() {
@@ -224,6 +272,7 @@ void unit_gatherer::begin_gather(int unit) {
   auto& s = state_[static_cast<size_t>(unit)];
   if (s.is != residency::released) return;
   s.is = residency::in_flight;
+  take_back(unit);
   round_held(unit);
   if (auto st = start(layout_.units[static_cast<size_t>(unit)], s.works); !st) fail(st.message());
 }
@@ -232,6 +281,7 @@ void unit_gatherer::finish_gather(int unit) {
   if (unit < 0 || unit >= units()) return;
   auto& s = state_[static_cast<size_t>(unit)];
   if (through_shared_memory() && s.is == residency::released) {
+    take_back(unit);
     round_held(unit);
     if (failure_.empty())
       if (auto st = through_segment(layout_.units[static_cast<size_t>(unit)]); !st) fail(st.message());
@@ -277,15 +327,17 @@ void unit_gatherer::release(int unit) {
   if (s.is == residency::in_flight)
     if (auto st = wait(s.works); !st) fail(st.message());
   s.is = residency::released;
-  const bool copies_too = policy_ == unit_policy::each_pass;  // copies_resident: they stay whole
-  for (const auto& [a, b] : released_[static_cast<size_t>(unit)]) {
-    for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
-    if (copies_too)
-      for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+  if (policy_ == unit_policy::copies_resident) {  // the masters outside its shards (the digest's); the copies stay whole
+    for (const auto& [a, b] : released_[static_cast<size_t>(unit)])
+      for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+    return;
   }
-  if (rounds_held())  // the shards' copies too: round_held makes them again
-    for (const auto& [a, b] : held_[static_cast<size_t>(unit)])
-      for (auto& v : opt_.compute_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
+  // What the gathers write: the masters outside its shards, or in bf16 the
+  // copies (its own shards' too: round_held makes them again).
+  hand_back(unit);
+  if (mixed_)  // and the masters outside its shards, which only the digest gathers
+    for (const auto& [a, b] : released_[static_cast<size_t>(unit)])
+      for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));
 }
 
 void unit_gatherer::release_root_masters() {

@@ -42,6 +42,7 @@
 #include "comm/param_sync.hpp"
 #include "dtactor/param_gate.hpp"
 #include "dtactor/result.hpp"
+#include "base/page_pool.hpp"
 #include "model/shard_plan.hpp"
 
 namespace dtactor {
@@ -148,6 +149,9 @@ class unit_gatherer final : public param_gate {
   // Bytes of parameters resident between steps: the held shards and the root.
   int64_t resident_bytes() const;
   const unit_layout& layout() const { return layout_; }
+  // each_pass: the pool keeping released units' pages for the next gathers
+  // (null where a buffer a gather writes is no private anonymous mapping).
+  const page_pool* pool() const { return pool_.get(); }
 
  private:
   enum class residency { released, in_flight, resident };
@@ -164,6 +168,16 @@ class unit_gatherer final : public param_gate {
   void begin_gather(int unit);
   void finish_gather(int unit);
   void release(int unit);
+  // each_pass: what a gather of `unit` writes (the masters outside this
+  // rank's shards; in bf16 the copies, its own shards' too).
+  std::vector<torch::Tensor> written_views(int unit) const;
+  // Their pages into the pool (once a gather wrote them), or to the kernel;
+  // and back from the pool before a gather writes them.
+  void hand_back(int unit);
+  void take_back(int unit);
+  void make_pool();
+  // Whether `v` lies in a private anonymous mapping (anonymous_): its pages may go to the pool.
+  bool poolable(const torch::Tensor& v) const;
   // root_sharded(): the root's masters outside this rank's shards given back.
   void release_root_masters();
   int unit_at(int64_t index) const;
@@ -192,6 +206,13 @@ class unit_gatherer final : public param_gate {
   std::chrono::microseconds spin_;
   unit_policy policy_;
   bool mixed_ = false;  // the optimizer's train.precision = bf16
+  // each_pass: the pages of released units kept for the next gathers (the
+  // two largest units' worth: base/page_pool), those in private anonymous
+  // mappings; any other page, or every one without a pool, is given back
+  // to the kernel (MADV_DONTNEED).
+  std::unique_ptr<page_pool> pool_;
+  private_anonymous_ranges anonymous_;  // as when the gate was made
+  std::vector<char> pages_out_;  // per unit: its written pages are out (pooled or given back) since its last gather
 };
 
 // The generation's parameter sync where the masters are sharded: the norm

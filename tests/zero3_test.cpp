@@ -55,6 +55,7 @@ struct level_run {
   std::vector<size_t> released_pages;           // level 3: pages of the released spans
   std::vector<int64_t> resident_bytes;          // level 3: what the gate counts as resident
   std::vector<int> units;
+  std::vector<size_t> pool_cap, pooled;  // level 3: each rank's page pool, and what it held after the steps
 };
 
 // Where the ranks are and how level 3's units travel.
@@ -111,6 +112,8 @@ std::vector<std::string> train_run(level_run& run, int level, int steps, const g
   run.released_pages.assign(static_cast<size_t>(world), 0);
   run.resident_bytes.assign(static_cast<size_t>(world), 0);
   run.units.assign(static_cast<size_t>(world), 0);
+  run.pool_cap.assign(static_cast<size_t>(world), 0);
+  run.pooled.assign(static_cast<size_t>(world), 0);
   auto body = [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, gather_route route) -> std::string {
     auto& s = *run.states[static_cast<size_t>(rank)];
     flat_adamw& opt = s.optimizer();
@@ -176,6 +179,10 @@ std::vector<std::string> train_run(level_run& run, int level, int steps, const g
         run.released_resident[static_cast<size_t>(rank)] = std::max(run.released_resident[static_cast<size_t>(rank)], n.first);
         run.released_pages[static_cast<size_t>(rank)] = n.second;
       }
+    }
+    if (gate && gate->pool()) {
+      run.pool_cap[static_cast<size_t>(rank)] = gate->pool()->cap();
+      run.pooled[static_cast<size_t>(rank)] = gate->pool()->pooled_bytes();
     }
     if (err.empty()) {
       run.val_loss[static_cast<size_t>(rank)] = s.evaluate().metrics.at("val_loss");
@@ -320,6 +327,37 @@ TEST(Zero3, UnitsBuiltDeferredMakeEachRanksShardsAndTrainAsZeroTwo) {
     how.deferred = true;
     expect_as_level_two(run_level(3, three_blocks, world, replicas, 4, how), two, every_rank(world));
   }
+}
+
+// Parameters in buffers of their own mappings (a model of a few MB built
+// deferred, as a rank worker builds it): a released unit's pages go to the
+// gate's pool (base/page_pool) and the next gathers write into them, so a
+// gather does not fault its pages in again; the pool keeps the two largest
+// units' worth, and what a rank does not hold still reads as no resident
+// page between steps. The same bits as level 2, over Gloo and through
+// shared memory, in fp32 and in bf16 (where the pooled pages are the
+// copies'), with fewer micro-batches on one rank.
+TEST(Zero3, ReleasedPagesArePooledForTheNextGathersAndTrainAsZeroTwo) {
+  for (const char* precision : {"train.precision=fp32", "train.precision=bf16"})
+    for (int64_t segment : {int64_t{0}, int64_t{1} << 16}) {
+      SCOPED_TRACE(std::string(precision) + (segment ? " through shared memory" : " over Gloo"));
+      // Buffers of a MB or more are mappings of their own (model/flat_adamw):
+      // in bf16 the copies, 2 bytes a parameter, need the larger model.
+      const bool bf16 = std::string(precision) == "train.precision=bf16";
+      const std::vector<std::string> o = {bf16 ? "model.dim=256" : "model.dim=128", "model.layers=2", "model.heads=4", precision};
+      auto two = run_level(2, o, 2, 1, 3);
+      gather_how how;
+      how.deferred = true;
+      how.segment_floats = segment;
+      auto three = run_level(3, o, 2, 1, 3, how);
+      expect_as_level_two(three, two, every_rank(2));
+      for (int r = 0; r < 2; ++r) {
+        const auto i = static_cast<size_t>(r);
+        EXPECT_GT(three.pool_cap[i], 0u) << "rank " << r << ": no pool";
+        EXPECT_GT(three.pooled[i], 0u) << "rank " << r << ": nothing pooled after the steps";
+        EXPECT_LE(three.pooled[i], three.pool_cap[i]) << "rank " << r;
+      }
+    }
 }
 
 // train.precision = bf16: the units are gathered as bf16 copies of their
