@@ -29,7 +29,35 @@ std::pair<uintptr_t, uintptr_t> whole_pages(const void* p, size_t bytes) {
   return {first, std::max(first, last)};
 }
 
+// The whole spans of page_pool::span() inside [first, last).
+std::pair<uintptr_t, uintptr_t> whole_spans(uintptr_t first, uintptr_t last) {
+  const uintptr_t s = page_pool::span();
+  const uintptr_t a = (first + s - 1) / s * s, b = last / s * s;
+  return {a, std::max(a, b)};
+}
+
+void to_kernel(uintptr_t first, uintptr_t last) {
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+// A PROT_NONE reservation of n bytes starting at a multiple of span().
+uintptr_t reserve_aligned(size_t n) {
+  const uintptr_t s = page_pool::span();
+  void* r = ::mmap(nullptr, n + s, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return 0;
+  const auto base = reinterpret_cast<uintptr_t>(r), at = (base + s - 1) / s * s;
+  if (at > base) ::munmap(r, at - base);
+  if (base + n + s > at + n) ::munmap(reinterpret_cast<void*>(at + n), base + n + s - (at + n));
+  return at;
+}
+
 }  // namespace
+
+uintptr_t page_pool::span() {
+  // What one page of page tables maps: 2 MiB with 4 KiB pages on x86-64.
+  static const uintptr_t s = page_size() * (page_size() / sizeof(void*));
+  return s;
+}
 
 page_pool::~page_pool() {
   for (const auto& c : chunks_) ::munmap(reinterpret_cast<void*>(c.at), c.bytes);
@@ -37,29 +65,32 @@ page_pool::~page_pool() {
 
 void page_pool::give(void* p, size_t bytes) {
   const auto [first, last] = whole_pages(p, bytes);
-  const size_t n = last - first;
-  if (n == 0) return;
-  if (pooled_ + n <= cap_) {
-    // A place of its own to move them to (the kernel's own choice of one
-    // is refused with MREMAP_DONTUNMAP by some kernels).
-    void* to = ::mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (to != MAP_FAILED) {
-      if (::mremap(reinterpret_cast<void*>(first), n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) != MAP_FAILED) {
-        chunks_.push_back({reinterpret_cast<uintptr_t>(to), n});
-        pooled_ += n;
-        return;
-      }
-      ::munmap(to, n);
+  const auto [a, b] = whole_spans(first, last);
+  const size_t n = b - a;
+  if (n == 0 || pooled_ + n > cap_) return to_kernel(first, last);
+  to_kernel(first, a);
+  to_kernel(b, last);
+  // A place of its own to move them to (the kernel's own choice of one
+  // is refused with MREMAP_DONTUNMAP by some kernels), span-aligned as they
+  // are, so that whole page tables move.
+  const uintptr_t to = reserve_aligned(n);
+  if (to != 0) {
+    if (::mremap(reinterpret_cast<void*>(a), n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, reinterpret_cast<void*>(to)) != MAP_FAILED) {
+      chunks_.push_back({to, n});
+      pooled_ += n;
+      return;
     }
+    ::munmap(reinterpret_cast<void*>(to), n);
   }
-  ::madvise(reinterpret_cast<void*>(first), n, MADV_DONTNEED);
+  to_kernel(a, b);
 }
 
 void page_pool::take(void* p, size_t bytes) {
-  auto [at, last] = whole_pages(p, bytes);
-  while (at < last && !chunks_.empty()) {
+  const auto [first, last] = whole_pages(p, bytes);
+  auto [at, end] = whole_spans(first, last);
+  while (at < end && !chunks_.empty()) {
     chunk& c = chunks_.back();
-    const size_t n = std::min(c.bytes, last - at);
+    const size_t n = std::min(c.bytes, end - at);
     if (::mremap(reinterpret_cast<void*>(c.at), n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(at)) == MAP_FAILED) return;
     at += n;
     pooled_ -= n;

@@ -8,13 +8,20 @@
 // which here runs at about a third of the speed of writing pages already
 // present. A pool keeps the pages instead:
 //
-// - give() moves a range's whole pages into the pool (mremap with
-//   MREMAP_DONTUNMAP, Linux 5.7: page tables moved, no copy) and leaves the range
-//   mapped as fresh untouched memory, so it reads as zeros and holds no
-//   page, as after MADV_DONTNEED;
-// - take() moves pooled pages into a range about to be written, so the
-//   writes find them present. What they hold before is undefined: the
-//   caller overwrites every byte of the range.
+// - give() moves the whole page-table spans of a range (span(), 2 MiB)
+//   into the pool (mremap with MREMAP_DONTUNMAP, Linux 5.7: no copy) and
+//   leaves the range mapped as fresh untouched memory, so it reads as
+//   zeros and holds no page, as after MADV_DONTNEED; the range's other
+//   whole pages go to the kernel;
+// - take() moves pooled spans into the whole spans of a range about to be
+//   written, so the writes find them present. What they hold before is
+//   undefined: the caller overwrites every byte of the range.
+//
+// Whole spans, because pages moved one by one to another offset within a
+// span are rewritten entry by entry in the page tables, and on a virtual
+// machine that shadows them (as this project's build machines do) each
+// such page then costs about what a fault costs at its next write, which
+// is what the pool is there to avoid.
 //
 // The pool keeps at most `cap` bytes; past that give() hands pages back
 // to the kernel (MADV_DONTNEED), as it does wherever mremap fails. Only
@@ -40,6 +47,11 @@ class page_pool {
   // pages, as many as the pool holds.
   void take(void* p, size_t bytes);
   size_t pooled_bytes() const { return pooled_; }
+  // The unit the pool moves: what one page of page tables maps (2 MiB on
+  // x86-64). Only whole spans are pooled, moved to and from places at the
+  // same offset within a span, so that mremap moves whole page tables; the
+  // pages of a range outside its whole spans go to the kernel.
+  static uintptr_t span();
   size_t cap() const { return cap_; }
 
  private:

@@ -170,22 +170,38 @@ std::vector<torch::Tensor> unit_gatherer::written_views(int unit) const {
   return out;
 }
 
+// The written views' bytes, adjacent ones joined (the pool moves whole
+// page-table spans: the longer the run, the fewer pages left out), split
+// into what the pool covers and the rest.
+unit_gatherer::byte_runs unit_gatherer::written_runs(int unit) const {
+  byte_runs out;
+  for (const auto& v : written_views(unit)) {
+    auto* p = static_cast<char*>(v.data_ptr());
+    const auto n = static_cast<size_t>(v.numel()) * v.element_size();
+    auto& to = poolable(v) ? out.pooled : out.other;
+    if (!to.empty() && to.back().first + to.back().second == p)
+      to.back().second += n;
+    else
+      to.emplace_back(p, n);
+  }
+  return out;
+}
+
 void unit_gatherer::hand_back(int unit) {
   const bool pooled = pool_ && !pages_out_[static_cast<size_t>(unit)];
-  for (const auto& v : written_views(unit)) {
-    const auto n = static_cast<size_t>(v.numel()) * v.element_size();
-    if (pooled && poolable(v))
-      pool_->give(v.data_ptr(), n);
+  const auto runs = written_runs(unit);
+  for (const auto& [p, n] : runs.pooled)
+    if (pooled)
+      pool_->give(p, n);
     else
-      give_back(v.data_ptr(), static_cast<int64_t>(n));
-  }
+      give_back(p, static_cast<int64_t>(n));
+  for (const auto& [p, n] : runs.other) give_back(p, static_cast<int64_t>(n));
   pages_out_[static_cast<size_t>(unit)] = 1;
 }
 
 void unit_gatherer::take_back(int unit) {
   if (pool_ && pages_out_[static_cast<size_t>(unit)])
-    for (const auto& v : written_views(unit))
-      if (poolable(v)) pool_->take(v.data_ptr(), static_cast<size_t>(v.numel()) * v.element_size());
+    for (const auto& [p, n] : written_runs(unit).pooled) pool_->take(p, n);
   pages_out_[static_cast<size_t>(unit)] = 0;
 }
 

@@ -178,6 +178,10 @@ class unit_gatherer final : public param_gate {
   void make_pool();
   // Whether `v` lies in a private anonymous mapping (anonymous_): its pages may go to the pool.
   bool poolable(const torch::Tensor& v) const;
+  struct byte_runs {
+    std::vector<std::pair<char*, size_t>> pooled, other;
+  };
+  byte_runs written_runs(int unit) const;
   // root_sharded(): the root's masters outside this rank's shards given back.
   void release_root_masters();
   int unit_at(int64_t index) const;

@@ -14,17 +14,22 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace dtactor {
 namespace {
 
 const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 
+const size_t span = page_pool::span();
+
+// `pages` pages, starting at a multiple of the pool's span.
 struct region {
   explicit region(size_t pages) : bytes(pages * page) {
-    p = static_cast<char*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    raw = static_cast<char*>(::mmap(nullptr, bytes + span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    p = raw == MAP_FAILED ? raw : reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + span - 1) / span * span);
   }
-  ~region() { ::munmap(p, bytes); }
+  ~region() { ::munmap(raw, bytes + span); }
   size_t resident() const {
     std::vector<unsigned char> v(bytes / page);
     if (::mincore(p, bytes, v.data()) != 0) return SIZE_MAX;
@@ -32,9 +37,12 @@ struct region {
     for (auto c : v) n += c & 1;
     return n;
   }
+  char* raw;
   char* p;
   size_t bytes;
 };
+
+const size_t span_pages = span / page;
 
 long minor_faults() {
   struct rusage u {};
@@ -43,7 +51,7 @@ long minor_faults() {
 }
 
 TEST(PagePool, GivenPagesReadAsZerosAndTakenOnesAreWrittenWithoutAFault) {
-  const size_t pages = 256;
+  const size_t pages = 2 * span_pages;
   region a(pages), b(pages), control(pages);
   ASSERT_NE(a.p, MAP_FAILED);
   std::memset(a.p, 7, a.bytes);
@@ -71,7 +79,7 @@ TEST(PagePool, GivenPagesReadAsZerosAndTakenOnesAreWrittenWithoutAFault) {
 // Past the cap, pages go back to the kernel; a partial page at either end
 // of a range stays where it is; a take moves what the pool holds, no more.
 TEST(PagePool, TheCapBoundsThePoolAndOnlyWholePagesMove) {
-  region a(64), b(64), c(64);
+  region a(span_pages), b(span_pages), c(span_pages);
   std::memset(a.p, 1, a.bytes);
   std::memset(b.p, 2, b.bytes);
   page_pool pool(a.bytes);
@@ -82,13 +90,34 @@ TEST(PagePool, TheCapBoundsThePoolAndOnlyWholePagesMove) {
   EXPECT_EQ(b.p[0], 0);
   std::memset(c.p, 3, c.bytes);
   pool.give(c.p + 10, c.bytes - 20);  // the first and last pages are partial
+  EXPECT_EQ(c.resident(), 2u) << "the partial pages stay, the whole ones go to the kernel (c has no whole span)";
   EXPECT_EQ(c.p[0], 3);
   EXPECT_EQ(c.p[c.bytes - 1], 3);
   EXPECT_EQ(c.p[page], 0);
-  region d(128);
+  EXPECT_EQ(pool.pooled_bytes(), a.bytes);
+  region d(2 * span_pages);
   pool.take(d.p, d.bytes);
   EXPECT_EQ(pool.pooled_bytes(), 0u);
-  EXPECT_EQ(d.resident(), 64u) << "the pool held 64 pages";
+  EXPECT_EQ(d.resident(), span_pages) << "the pool held one span";
+}
+
+// Only whole page-table spans are pooled, and taken into whole spans, so
+// that every page keeps its offset within a span (mremap moves whole page
+// tables); the rest of a range's pages go to the kernel and read as zeros.
+TEST(PagePool, OnlyWholeSpansArePooledAndTakenAtTheirOffset) {
+  region e(3 * span_pages), f(3 * span_pages);
+  std::memset(e.p, 4, e.bytes);
+  page_pool pool(3 * span);
+  pool.give(e.p + page, e.bytes - page);  // spans 1 and 2 whole, span 0 less a page
+  EXPECT_EQ(pool.pooled_bytes(), 2 * span);
+  EXPECT_EQ(e.resident(), 1u) << "span 0's pages but the first go to the kernel";
+  for (size_t i = page; i < e.bytes; i += page) ASSERT_EQ(e.p[i], 0);
+  pool.take(f.p + 5 * page, 2 * span);  // the one whole span inside
+  EXPECT_EQ(pool.pooled_bytes(), span);
+  EXPECT_EQ(f.resident(), span_pages);
+  std::vector<unsigned char> v(span_pages);
+  ASSERT_EQ(::mincore(f.p + span, span, v.data()), 0);
+  for (auto c : v) ASSERT_EQ(c & 1, 1) << "taken into f's second span, the first whole one";
 }
 
 TEST(PagePool, OnlyPrivateAnonymousMappingsAreCovered) {

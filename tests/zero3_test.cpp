@@ -329,9 +329,9 @@ TEST(Zero3, UnitsBuiltDeferredMakeEachRanksShardsAndTrainAsZeroTwo) {
   }
 }
 
-// Parameters in buffers of their own mappings (a model of a few MB built
+// Parameters in buffers of their own mappings (a model of tens of MB built
 // deferred, as a rank worker builds it): a released unit's pages go to the
-// gate's pool (base/page_pool) and the next gathers write into them, so a
+// gate's pool (base/page_pool, whole 2 MiB spans) and the next gathers write into them, so a
 // gather does not fault its pages in again; the pool keeps the two largest
 // units' worth, and what a rank does not hold still reads as no resident
 // page between steps. The same bits as level 2, over Gloo and through
@@ -341,10 +341,11 @@ TEST(Zero3, ReleasedPagesArePooledForTheNextGathersAndTrainAsZeroTwo) {
   for (const char* precision : {"train.precision=fp32", "train.precision=bf16"})
     for (int64_t segment : {int64_t{0}, int64_t{1} << 16}) {
       SCOPED_TRACE(std::string(precision) + (segment ? " through shared memory" : " over Gloo"));
-      // Buffers of a MB or more are mappings of their own (model/flat_adamw):
-      // in bf16 the copies, 2 bytes a parameter, need the larger model.
+      // Buffers of a MB or more are mappings of their own (model/flat_adamw),
+      // and the pool moves whole page-table spans (2 MiB): half a unit must
+      // hold one. In bf16 the copies, 2 bytes a parameter, need the larger model.
       const bool bf16 = std::string(precision) == "train.precision=bf16";
-      const std::vector<std::string> o = {bf16 ? "model.dim=256" : "model.dim=128", "model.layers=2", "model.heads=4", precision};
+      const std::vector<std::string> o = {bf16 ? "model.dim=768" : "model.dim=512", "model.layers=2", "model.heads=4", precision};
       auto two = run_level(2, o, 2, 1, 3);
       gather_how how;
       how.deferred = true;
