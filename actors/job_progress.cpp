@@ -21,6 +21,7 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   w.compute_s = std::max(w.compute_s, r.compute_s());
   w.update_s = std::max(w.update_s, r.update_s());
   w.gather_s = std::max(w.gather_s, r.gather_s());
+  w.pass_gather_s = std::max(w.pass_gather_s, r.pass_gather_s());
   w.lr = r.lr();
   if (w.reports < w.world) return std::nullopt;
   ev::step_completed out;
@@ -39,6 +40,7 @@ std::optional<ev::step_completed> step_table::add(const pb::step_report& r, uint
   if (w.compute_s > 0) out.compute_s = w.compute_s * per_step;
   if (w.update_s > 0) out.update_s = w.update_s * per_step;
   if (w.gather_s > 0) out.gather_s = w.gather_s * per_step;
+  if (w.pass_gather_s > 0) out.pass_gather_s = w.pass_gather_s * per_step;
   rows_.erase(rows_.begin(), rows_.upper_bound(r.step()));
   return out;
 }

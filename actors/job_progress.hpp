@@ -35,7 +35,7 @@ class step_table {
     double loss_weighted = 0, loss_mean_weighted = 0;
     int64_t samples = 0;
     double max_step_s = 0;
-    double allreduce_s = 0, exposed_s = 0, compute_s = 0, update_s = 0, gather_s = 0;
+    double allreduce_s = 0, exposed_s = 0, compute_s = 0, update_s = 0, gather_s = 0, pass_gather_s = 0;
     double lr = 0;
   };
   std::map<int64_t, row> rows_;

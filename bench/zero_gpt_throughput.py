@@ -169,7 +169,7 @@ def run(extra):
     # Where a step's time went (the step events' per-step parts, the slowest
     # rank's each), medians over the same steps as the gaps.
     parts = {}
-    for k in ("compute_s", "allreduce_s", "allreduce_exposed_s", "update_s", "gather_s"):
+    for k in ("compute_s", "allreduce_s", "allreduce_exposed_s", "update_s", "gather_s", "pass_gather_s"):
         v = [x[k] for x in steps if x["step"] >= 3 and x.get(k) is not None]
         if v:
             parts[k + "_median"] = statistics.median(v)
@@ -230,6 +230,13 @@ result = {
     "A_peak_rss_largest_rank_bytes": max((max(r["A"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
     "B_peak_rss_largest_rank_bytes": max((max(r["B"]["peak_rss_bytes_by_rank"] or [0]) for r in rows)),
     "runs": rows}
+# Where the time went: forward and backward, and of it zero = 3's unit
+# gathers and releases (the compute waiting on them), medians of the runs.
+for side in ("A", "B"):
+    for k in ("compute_s_median", "pass_gather_s_median"):
+        v = [r[side][k] for r in rows if k in r[side]]
+        if len(v) == len(rows):
+            result[side + "_" + k] = statistics.median(v)
 if a.kill_at_step:
     for side in ("A", "B"):
         ks = [r[side]["kill"] for r in rows]
@@ -253,6 +260,10 @@ print(json.dumps(bench_meta.stamped(result, "%s against %s: 202M GPT at %s, time
     F("%s over %s, time a step (median of the pairs)" % (A_NAME, B_NAME), ["A_over_B_step_paired_median"], "x"),
     F("peak resident memory of the largest rank, %s" % A_NAME, ["A_peak_rss_largest_rank_bytes"], "bytes", B_NAME,
       ["B_peak_rss_largest_rank_bytes"])] + ([
+    F("forward and backward a step, %s (median)" % A_NAME, ["A_compute_s_median"], "s", B_NAME, ["B_compute_s_median"])]
+    if "A_compute_s_median" in result and "B_compute_s_median" in result else []) + ([
+    F("of it the units' gathers and releases, %s (median)" % A_NAME, ["A_pass_gather_s_median"], "s")]
+    if "A_pass_gather_s_median" in result else []) + ([
     F("kill -9 of the last node's host: the first step at the smaller world after it, %s (median)" % A_NAME,
       ["A_kill_first_step_s_median"], "s", B_NAME, ["B_kill_first_step_s_median"]),
     F("kill -9 of the last node's host: completed steps lost, %s (worst run)" % A_NAME, ["A_kill_lost_steps_max"], "steps"),

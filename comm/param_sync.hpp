@@ -41,6 +41,9 @@ class param_sync {
   // Whether forward and backward make collectives of their own (then
   // every rank must make as many passes: idle_pass).
   virtual bool gathers_in_passes() const { return false; }
+  // Seconds forward and backward spent in gathers and releases since the
+  // last call (the wall time their gates took, compute waiting on them).
+  virtual double take_pass_gather_s() { return 0; }
 };
 
 }  // namespace dtactor

@@ -261,6 +261,7 @@ struct step_completed {
   std::optional<double> compute_s;            // cluster: per step, forward and backward (slowest rank)
   std::optional<double> update_s;             // cluster: per step, the optimizer (zero >= 1: and the parameter all-gather)
   std::optional<double> gather_s;             // cluster, zero >= 1: per step, of update_s the parameter all-gather
+  std::optional<double> pass_gather_s;        // cluster, zero = 3: per step, of compute_s the unit gathers and releases
   double step_s = 0;  // per step (the slowest rank); 0: not measured (`dtactor train`)
   // Not journaled (metrics only).
   int64_t samples = 0;  // over the steps the reports covered
@@ -269,7 +270,7 @@ struct step_completed {
     f("step", s.step), f("world_size", s.world_size), f("generation", s.generation), f("loss", s.loss), f("loss_avg", s.loss_avg), f("lr", s.lr),
         f("samples_per_s", s.samples_per_s), f("step_s", s.step_s), f("data_wait_s", s.data_wait_s), f("allreduce_s", s.allreduce_s),
         f("allreduce_exposed_s", s.allreduce_exposed_s), f("compute_s", s.compute_s), f("update_s", s.update_s),
-        f("gather_s", s.gather_s);
+        f("gather_s", s.gather_s), f("pass_gather_s", s.pass_gather_s);
   }
 };
 

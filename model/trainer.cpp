@@ -229,6 +229,7 @@ result<training_state::dp_step> training_state::train_step(const step_context& c
     r.loss_sum = forward_backward(samples, at, c.rank, c.sync, divisor);
   }
   r.compute_s = seconds_since(t0);
+  if (ps) r.pass_gather_s = ps->take_pass_gather_s();
   if (c.sync) {
     auto synced = c.sync->finish();
     if (synced && ps)

@@ -158,6 +158,7 @@ class training_state {
     double compute_s = 0;                   // forward + backward (including overlapped allreduce)
     double update_s = 0;                    // clip + optimizer (+ gather)
     double gather_s = 0;                    // of update_s: the parameter all-gather (train.zero >= 1)
+    double pass_gather_s = 0;               // of compute_s: train.zero = 3's unit gathers and releases
     double allreduce_s = 0, exposed_s = 0;  // see grad_sync_timing
     int buckets = 0, launched_in_backward = 0;
   };

@@ -248,6 +248,7 @@ void step_loop::add_step_sums(int64_t step, int64_t attempted) {
   h_.acc.set_compute_s(h_.acc.compute_s() + h_.r.compute_s);
   h_.acc.set_update_s(h_.acc.update_s() + h_.r.update_s);
   h_.acc.set_gather_s(h_.acc.gather_s() + h_.r.gather_s);
+  h_.acc.set_pass_gather_s(h_.acc.pass_gather_s() + h_.r.pass_gather_s);
   if (step > attempted) h_.acc.set_steps_covered(h_.acc.steps_covered() + 1);
 }
 

@@ -322,18 +322,30 @@ void unit_gatherer::round_held(int unit) {
 }
 
 void unit_gatherer::before_forward(int unit) {
+  const auto t = clock_type::now();
   finish_gather(unit);
   begin_gather(unit + 1);
+  pass_s_ += std::chrono::duration<double>(clock_type::now() - t).count();
 }
 
 void unit_gatherer::after_forward(int unit) {
   if (unit == units() - 1 && torch::GradMode::is_enabled()) return;
+  const auto t = clock_type::now();
   release(unit);
+  pass_s_ += std::chrono::duration<double>(clock_type::now() - t).count();
 }
 
 void unit_gatherer::before_backward(int unit) {
+  const auto t = clock_type::now();
   finish_gather(unit);
   begin_gather(unit - 1);
+  pass_s_ += std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+void unit_gatherer::after_backward(int unit) {
+  const auto t = clock_type::now();
+  release(unit);
+  pass_s_ += std::chrono::duration<double>(clock_type::now() - t).count();
 }
 
 void unit_gatherer::release(int unit) {
@@ -478,6 +490,7 @@ class zero3_param_sync final : public param_sync {
     if (gathers_in_passes()) gate_->idle_pass();
   }
   bool gathers_in_passes() const override { return gate_->policy() == unit_policy::each_pass; }
+  double take_pass_gather_s() override { return gate_->take_pass_seconds(); }
 
  private:
   std::string path() const {

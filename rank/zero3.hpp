@@ -115,7 +115,7 @@ class unit_gatherer final : public param_gate {
   // is the first the backward needs.
   void after_forward(int unit) override;
   void before_backward(int unit) override;
-  void after_backward(int unit) override { release(unit); }
+  void after_backward(int unit) override;
 
   // Every unit released and the root gathered (after the update, and once
   // at the generation's start, when every parameter was made whole; with
@@ -152,6 +152,9 @@ class unit_gatherer final : public param_gate {
   // each_pass: the pool keeping released units' pages for the next gathers
   // (null where a buffer a gather writes is no private anonymous mapping).
   const page_pool* pool() const { return pool_.get(); }
+  // Seconds in the forward and backward gates (gathers and releases, the
+  // waits included) since the last call.
+  double take_pass_seconds() { return std::exchange(pass_s_, 0.0); }
 
  private:
   enum class residency { released, in_flight, resident };
@@ -214,6 +217,7 @@ class unit_gatherer final : public param_gate {
   // two largest units' worth: base/page_pool), those in private anonymous
   // mappings; any other page, or every one without a pool, is given back
   // to the kernel (MADV_DONTNEED).
+  double pass_s_ = 0;
   std::unique_ptr<page_pool> pool_;
   private_anonymous_ranges anonymous_;  // as when the gate was made
   std::vector<char> pages_out_;  // per unit: its written pages are out (pooled or given back) since its last gather

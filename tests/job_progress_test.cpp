@@ -54,17 +54,18 @@ TEST(step_table, a_step_completes_when_every_rank_reported_it_and_times_are_per_
 TEST(step_table, where_the_step_went_is_the_slowest_ranks_per_step_and_absent_when_not_reported) {
   step_table t;
   auto a = report(0, 6, 1.0, 10, 0.6, 2), b = report(1, 6, 1.0, 10, 0.6, 2);
-  a.set_compute_s(0.8), a.set_update_s(0.2), a.set_gather_s(0.1);
-  b.set_compute_s(0.6), b.set_update_s(0.4), b.set_gather_s(0.3);
+  a.set_compute_s(0.8), a.set_update_s(0.2), a.set_gather_s(0.1), a.set_pass_gather_s(0.5);
+  b.set_compute_s(0.6), b.set_update_s(0.4), b.set_gather_s(0.3), b.set_pass_gather_s(0.2);
   EXPECT_FALSE(t.add(a, 1, 2));
   auto done = t.add(b, 1, 2);
   ASSERT_TRUE(done);
   EXPECT_DOUBLE_EQ(done->compute_s.value_or(-1), 0.4);  // 0.8 s over 2 steps
   EXPECT_DOUBLE_EQ(done->update_s.value_or(-1), 0.2);
   EXPECT_DOUBLE_EQ(done->gather_s.value_or(-1), 0.15);
+  EXPECT_DOUBLE_EQ(done->pass_gather_s.value_or(-1), 0.25);
   auto plain = t.add(report(0, 7, 1.0, 10, 0.3), 1, 1);  // a rank that reports none of them (train.zero = 0: no gather)
   ASSERT_TRUE(plain);
-  EXPECT_FALSE(plain->compute_s || plain->update_s || plain->gather_s);
+  EXPECT_FALSE(plain->compute_s || plain->update_s || plain->gather_s || plain->pass_gather_s);
 }
 
 TEST(step_table, a_completed_step_forgets_older_incomplete_ones) {
