@@ -158,7 +158,13 @@ TEST(Cluster, TwoNodesTrainAgreeAndShrugOffGarbage) {
   ASSERT_GE(steps.size(), 10u);
   for (const auto& s : steps) EXPECT_EQ(s.at("world_size"), 2);
   EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
-  EXPECT_GE(events<ev::checkpoint_saved>(j).size(), 6u);  // every 10 steps, and the final one
+  // Due every 10 steps, and the final one; one due while the previous is
+  // still being stored is taken at a later boundary
+  // (checkpoint.defer_while_writing), so a loaded machine saves fewer.
+  const auto saved = events<ev::checkpoint_saved>(j);
+  ASSERT_GE(saved.size(), 2u);
+  EXPECT_LE(saved.front().at("step").get<int64_t>(), 60) << "no checkpoint while training";
+  for (size_t i = 1; i < saved.size(); ++i) EXPECT_GT(saved[i].at("step").get<int64_t>(), saved[i - 1].at("step").get<int64_t>());
   auto fin = events<ev::job_stopped>(j);
   ASSERT_EQ(fin.size(), 1u);
   EXPECT_GE(fin[0].at("step").get<int64_t>(), 60);
