@@ -221,6 +221,7 @@ result<training_state::dp_step> training_state::train_step(const step_context& c
   const bool host_replay = c.replay && c.sync;
   if (host_replay) optimizer_->zero_grad();
   param_sync* ps = c.sync ? c.sync->parameter_sync() : nullptr;
+  if (ps) ps->take_pass_gather_s();  // not an evaluation's or a digest's gathers since the last step
   if (ps && ps->gathers_in_passes() && !c.replay)
     for (int64_t i = micro_batches(samples.size()); i < most_micro_batches(c); ++i) ps->idle_pass();
   if (host_replay && samples.empty()) {
