@@ -240,16 +240,6 @@ bool hosts_cover_every_shard(const shard_plan& plan, const std::vector<std::vect
 
 namespace {
 
-// Who sends what in a host's parameter all-gather: each shard some member
-// lacks comes from one member that holds it (its primary when that is
-// here, else the first holder in the segment's order); a member's stream is
-// the shards it provides, back to back.
-struct host_streams {
-  std::vector<int> provider;    // per shard: the member (index in `members`) that sends it, -1: nobody needs it
-  std::vector<int64_t> at;      // per shard: where it starts in its provider's stream
-  std::vector<int64_t> stream;  // per member: its stream's length
-};
-
 // Error: a shard some member lacks that no member holds.
 result<host_streams> plan_host_streams(const shard_plan& plan, const std::vector<int>& members) {
   const int shards = plan.world(), n = static_cast<int>(members.size());
@@ -280,59 +270,101 @@ result<host_streams> plan_host_streams(const shard_plan& plan, const std::vector
 
 }  // namespace
 
-status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
-                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin, bool copies) {
-  const int n = shm.world(), me = shm.rank();
+result<host_param_gather> host_param_gather::make(shm_group& shm, std::vector<int> members, flat_adamw& opt, shard_plan plan, bool copies) {
+  const int n = shm.world();
   if (static_cast<int>(members.size()) != n)
     return make_error("parameter all-gather: the segment has " + std::to_string(n) + " ranks, the host " + std::to_string(members.size()));
   for (int m : members)
     if (m < 0 || m >= plan.world())
       return make_error("parameter all-gather: rank " + std::to_string(m) + " has no shard in a plan for " + std::to_string(plan.world()) + " ranks");
-  const int rank = members[static_cast<size_t>(me)];
-  torch::NoGradGuard no_grad;
   auto streams = plan_host_streams(plan, members);
   if (!streams) return streams.err();
-  const int shards = plan.world();
-  const std::vector<int>& provider = streams->provider;
-  const std::vector<int64_t>& at = streams->at;
-  const std::vector<int64_t>& stream = streams->stream;
-  const int64_t longest = *std::max_element(stream.begin(), stream.end());
-  if (longest == 0) return {};
-  // In rounds of half the ring (a round never waits for the one before):
+  return host_param_gather(shm, std::move(members), opt, std::move(plan), copies, std::move(streams.value()));
+}
+
+host_param_gather::host_param_gather(shm_group& shm, std::vector<int> members, flat_adamw& opt, shard_plan plan, bool copies, host_streams streams)
+    : shm_(&shm), members_(std::move(members)), opt_(&opt), plan_(std::move(plan)), copies_(copies), streams_(std::move(streams)) {
+  longest_ = *std::max_element(streams_.stream.begin(), streams_.stream.end());
+  // Rounds of half the ring (a round never waits for the one before):
   // round i carries elements [i*block, (i+1)*block) of every rank's stream.
-  const int64_t block = std::max<int64_t>(1, std::min(longest, shm.capacity() / 2 / 16 * 16));
-  // Shard s's elements in the round at `off`, as [x, y) of its provider's stream.
-  auto piece = [&](int s, int64_t off) {
-    const auto& sh = plan.shards[static_cast<size_t>(s)];
-    const int64_t a = at[static_cast<size_t>(s)];
-    return std::make_pair(std::max(a, off), std::min(a + (sh.end - sh.begin), off + block));
-  };
-  for (int64_t off = 0; off < longest; off += block) {
-    auto st = shm_round(
-        shm, block,
-        [&](float* slot) {
-          for (int s = 0; s < shards; ++s) {
-            if (provider[static_cast<size_t>(s)] != me) continue;
-            const auto [x, y] = piece(s, off);
-            if (x >= y) continue;
-            const int64_t base = plan.shards[static_cast<size_t>(s)].begin - at[static_cast<size_t>(s)];
-            move_params(opt, base + x, base + y, torch::from_blob(slot + (x - off), {y - x}, torch::kFloat), true, copies);
-          }
-        },
-        [&](const shm_group::region& g) {
-          for (int s = 0; s < shards; ++s) {
-            const int p = provider[static_cast<size_t>(s)];
-            if (p < 0 || p == me || holds(plan, s, rank)) continue;
-            const auto [x, y] = piece(s, off);
-            if (x >= y) continue;
-            const int64_t base = plan.shards[static_cast<size_t>(s)].begin - at[static_cast<size_t>(s)];
-            move_params(opt, base + x, base + y, torch::from_blob(shm.at(p, g) + (x - off), {y - x}, torch::kFloat), false, copies);
-          }
-        },
-        timeout, abandon, spin, "parameter all-gather (shared memory)");
-    if (!st) return st;
+  block_ = std::max<int64_t>(1, std::min(longest_, shm.capacity() / 2 / 16 * 16));
+}
+
+int64_t host_param_gather::ring_floats() const { return longest_ == 0 ? 0 : (block_ + 15) / 16 * 16; }
+
+std::pair<int64_t, int64_t> host_param_gather::piece(int s, int64_t off) const {
+  const auto& sh = plan_.shards[static_cast<size_t>(s)];
+  const int64_t a = streams_.at[static_cast<size_t>(s)];
+  return {std::max(a, off), std::min(a + (sh.end - sh.begin), off + block_)};
+}
+
+// This rank's pieces of the round at `off` written into its region once
+// every rank read what was there, and published.
+status host_param_gather::publish_round(int64_t off, time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  const std::string what = "parameter all-gather (shared memory)";
+  auto g = shm_->reserve(block_);
+  if (!g) return make_error(what + ": " + g.message());
+  if (auto st = shm_->wait_free(g.value(), deadline, abandon, spin, what); !st) return st;
+  torch::NoGradGuard no_grad;
+  float* slot = shm_->at(shm_->rank(), g.value());
+  for (int s = 0; s < plan_.world(); ++s) {
+    if (streams_.provider[static_cast<size_t>(s)] != shm_->rank()) continue;
+    const auto [x, y] = piece(s, off);
+    if (x >= y) continue;
+    const int64_t base = plan_.shards[static_cast<size_t>(s)].begin - streams_.at[static_cast<size_t>(s)];
+    move_params(*opt_, base + x, base + y, torch::from_blob(slot + (x - off), {y - x}, torch::kFloat), true, copies_);
+  }
+  shm_->publish(g.value());
+  published_.push_back({off, g.value()});
+  return {};
+}
+
+// The oldest published round: every other provider's pieces this rank
+// lacks read once all are published; then consumed.
+status host_param_gather::collect_round(time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  const auto [off, g] = published_.front();
+  published_.pop_front();
+  if (auto st = shm_->wait_all(g.count, deadline, abandon, spin, "parameter all-gather (shared memory)"); !st) return st;
+  torch::NoGradGuard no_grad;
+  const int me = shm_->rank(), rank = members_[static_cast<size_t>(me)];
+  for (int s = 0; s < plan_.world(); ++s) {
+    const int p = streams_.provider[static_cast<size_t>(s)];
+    if (p < 0 || p == me || holds(plan_, s, rank)) continue;
+    const auto [x, y] = piece(s, off);
+    if (x >= y) continue;
+    const int64_t base = plan_.shards[static_cast<size_t>(s)].begin - streams_.at[static_cast<size_t>(s)];
+    move_params(*opt_, base + x, base + y, torch::from_blob(shm_->at(p, g) + (x - off), {y - x}, torch::kFloat), false, copies_);
+  }
+  shm_->consume(g.count);
+  return {};
+}
+
+status host_param_gather::publish(time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  for (int64_t off = 0; off < longest_; off += block_)
+    if (auto st = publish_round(off, deadline, abandon, spin); !st) return st;
+  return {};
+}
+
+status host_param_gather::collect(time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  while (!published_.empty())
+    if (auto st = collect_round(deadline, abandon, spin); !st) return st;
+  return {};
+}
+
+status host_param_gather::run(std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin) {
+  for (int64_t off = 0; off < longest_; off += block_) {
+    const auto deadline = clock_type::now() + timeout;
+    if (auto st = publish_round(off, deadline, abandon, spin); !st) return st;
+    if (auto st = collect_round(deadline, abandon, spin); !st) return st;
   }
   return {};
+}
+
+status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
+                          std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin, bool copies) {
+  auto g = host_param_gather::make(shm, members, opt, plan, copies);
+  if (!g) return g.err();
+  return g.value().run(timeout, abandon, spin);
 }
 
 status gather_params_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,

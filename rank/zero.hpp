@@ -17,11 +17,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/shm_group.hpp"
 #include "dtactor/result.hpp"
 #include "model/shard_plan.hpp"
 
@@ -99,6 +101,58 @@ bool hosts_cover_every_shard(const shard_plan& plan, const std::vector<std::vect
 status gather_params_host(shm_group& shm, const std::vector<int>& members, flat_adamw& opt, const shard_plan& plan,
                           std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin,
                           bool copies = false);
+
+// Who sends what in a host's parameter all-gather: each shard some member
+// lacks comes from one member that holds it (its primary when that is
+// here, else the first holder in the segment's order); a member's stream is
+// the shards it provides, back to back.
+struct host_streams {
+  std::vector<int> provider;    // per shard: the member (index in `members`) that sends it, -1: nobody needs it
+  std::vector<int64_t> at;      // per shard: where it starts in its provider's stream
+  std::vector<int64_t> stream;  // per member: its stream's length
+};
+
+// gather_params_host in two halves, so that a gather can be started ahead
+// of its use (train.zero = 3's next unit, while the current one computes):
+// publish() writes this rank's pieces into the segment and publishes them,
+// collect() waits for the others' and reads them. In rounds of half the
+// ring; with every round published before any is read, which only fits
+// when there is one round (ahead()).
+class host_param_gather {
+ public:
+  using time_point = std::chrono::steady_clock::time_point;
+  // Error: members that are not the segment's, or a shard some member lacks
+  // that none holds.
+  static result<host_param_gather> make(shm_group& shm, std::vector<int> members, flat_adamw& opt, shard_plan plan, bool copies);
+  // One round or none: publish() may run any time before collect().
+  bool ahead() const { return longest_ <= block_; }
+  // Floats of the ring its rounds reserve at once when ahead().
+  int64_t ring_floats() const;
+  status publish(time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin);
+  status collect(time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin);
+  // Both halves a round at a time, each round waiting up to `timeout`.
+  status run(std::chrono::milliseconds timeout, const std::function<bool()>& abandon, std::chrono::microseconds spin);
+
+ private:
+  host_param_gather(shm_group& shm, std::vector<int> members, flat_adamw& opt, shard_plan plan, bool copies, host_streams streams);
+  status publish_round(int64_t off, time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin);
+  status collect_round(time_point deadline, const std::function<bool()>& abandon, std::chrono::microseconds spin);
+  // Shard s's elements in the round at `off`, as [x, y) of its provider's stream.
+  std::pair<int64_t, int64_t> piece(int s, int64_t off) const;
+
+  shm_group* shm_;
+  std::vector<int> members_;
+  flat_adamw* opt_;
+  shard_plan plan_;
+  bool copies_;
+  host_streams streams_;
+  int64_t longest_ = 0, block_ = 1;
+  struct round {
+    int64_t off = 0;  // in the streams
+    shm_group::region g;
+  };
+  std::deque<round> published_;  // published, not yet read (oldest first)
+};
 result<double> global_grad_norm_shm(shm_group& shm, flat_adamw& opt, const shard_plan& plan, std::chrono::milliseconds timeout,
                                     const std::function<bool()>& abandon, std::chrono::microseconds spin);
 

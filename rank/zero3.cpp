@@ -260,19 +260,34 @@ status unit_gatherer::wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
   return {};
 }
 
-// Each span's pieces written into the segment by their primaries and read
-// by the ranks lacking them (rank/zero: the host's all-gather, over a plan
-// cut down to the span).
-status unit_gatherer::through_segment(const index_spans& spans, bool masters) {
-  if (!route_.segment) return {};  // alone on its host: it holds every shard
+// Each span's host all-gather through the segment: its pieces written by
+// their primaries and read by the ranks lacking them (rank/zero, over a
+// plan cut down to the span).
+result<std::vector<host_param_gather>> unit_gatherer::segment_gathers(const index_spans& spans, bool masters) {
+  std::vector<host_param_gather> out;
   for (const auto& [a, b] : spans) {
     shard_plan cut = plan_;
     for (auto& sh : cut.shards) {
       sh.begin = std::min(std::max(sh.begin, a), b);
       sh.end = std::max(std::min(sh.end, b), sh.begin);
     }
-    if (auto st = gather_params_host(*route_.segment, route_.members, opt_, cut, timeout_, abandon_, spin_, !masters && opt_.mixed()); !st) return st;
+    auto g = host_param_gather::make(*route_.segment, route_.members, opt_, std::move(cut), !masters && opt_.mixed());
+    if (!g) return g.err();
+    out.push_back(std::move(g.value()));
   }
+  return out;
+}
+
+// The spans gathered now, a round at a time (after the unit published
+// ahead, if any: the ring is read in the order it was written).
+status unit_gatherer::through_segment(const index_spans& spans, bool masters) {
+  if (!route_.segment) return {};  // alone on its host: it holds every shard
+  if (ahead_ >= 0) settle(ahead_);
+  if (!failure_.empty()) return failure();
+  auto gathers = segment_gathers(spans, masters);
+  if (!gathers) return gathers.err();
+  for (auto& g : gathers.value())
+    if (auto st = g.run(timeout_, abandon_, spin_); !st) return st;
   return {};
 }
 
@@ -284,19 +299,63 @@ status unit_gatherer::gather_now(const index_spans& spans, bool masters) {
 }
 
 void unit_gatherer::begin_gather(int unit) {
-  if (unit < 0 || unit >= units() || !failure_.empty() || through_shared_memory()) return;
+  if (unit < 0 || unit >= units() || !failure_.empty()) return;
   auto& s = state_[static_cast<size_t>(unit)];
   if (s.is != residency::released) return;
+  if (through_shared_memory()) return publish_ahead(unit);
   s.is = residency::in_flight;
   take_back(unit);
   round_held(unit);
   if (auto st = start(layout_.units[static_cast<size_t>(unit)], s.works); !st) fail(st.message());
 }
 
+// Through shared memory: this rank's pieces of `unit` written and
+// published now, the others' read when it is needed (settle), so that a
+// rank waits only for its peers to have started the gather, not to need
+// it. Only when every round fits half the ring at once; the unit published
+// ahead before settles first (one at a time: the ring is read in order).
+void unit_gatherer::publish_ahead(int unit) {
+  if (!route_.segment) return;  // alone on its host: nothing to gather
+  if (ahead_ >= 0) settle(ahead_);
+  auto gathers = segment_gathers(layout_.units[static_cast<size_t>(unit)], false);
+  if (!gathers) return fail(gathers.message());
+  int64_t floats = 0;
+  for (const auto& g : gathers.value()) {
+    if (!g.ahead()) return;
+    floats += g.ring_floats();
+  }
+  if (floats > route_.segment->capacity() / 2 || !failure_.empty()) return;
+  auto& s = state_[static_cast<size_t>(unit)];
+  s.is = residency::in_flight;
+  ahead_ = unit;
+  take_back(unit);
+  round_held(unit);
+  const auto deadline = clock_type::now() + timeout_;
+  for (auto& g : gathers.value())
+    if (auto st = g.publish(deadline, abandon_, spin_); !st) return fail(st.message());
+  s.ahead = std::move(gathers.value());
+}
+
+// A gather in flight completed: the broadcasts waited for, or the pieces
+// published ahead read from the segment.
+void unit_gatherer::settle(int unit) {
+  auto& s = state_[static_cast<size_t>(unit)];
+  if (s.is != residency::in_flight) return;
+  if (auto st = wait(s.works); !st) fail(st.message());
+  const auto deadline = clock_type::now() + timeout_;
+  for (auto& g : s.ahead)
+    if (failure_.empty())
+      if (auto st = g.collect(deadline, abandon_, spin_); !st) fail(st.message());
+  s.ahead.clear();
+  if (ahead_ == unit) ahead_ = -1;
+  s.is = residency::resident;
+}
+
 void unit_gatherer::finish_gather(int unit) {
   if (unit < 0 || unit >= units()) return;
   auto& s = state_[static_cast<size_t>(unit)];
-  if (through_shared_memory() && s.is == residency::released) {
+  begin_gather(unit);
+  if (through_shared_memory() && s.is == residency::released) {  // not published ahead: a round at a time
     take_back(unit);
     round_held(unit);
     if (failure_.empty())
@@ -304,10 +363,7 @@ void unit_gatherer::finish_gather(int unit) {
     s.is = residency::resident;
     return;
   }
-  begin_gather(unit);
-  if (s.is != residency::in_flight) return;
-  if (auto st = wait(s.works); !st) fail(st.message());
-  s.is = residency::resident;
+  settle(unit);
 }
 
 // train.precision = bf16: masters gathered (the root's), rounded into the
@@ -351,10 +407,8 @@ void unit_gatherer::after_backward(int unit) {
 void unit_gatherer::release(int unit) {
   if (unit == units() && root_sharded()) return release_root_masters();
   if (unit < 0 || unit >= units()) return;
-  auto& s = state_[static_cast<size_t>(unit)];
-  if (s.is == residency::in_flight)
-    if (auto st = wait(s.works); !st) fail(st.message());
-  s.is = residency::released;
+  settle(unit);
+  state_[static_cast<size_t>(unit)].is = residency::released;
   if (policy_ == unit_policy::copies_resident) {  // the masters outside its shards (the digest's); the copies stay whole
     for (const auto& [a, b] : released_[static_cast<size_t>(unit)])
       for (auto& v : opt_.param_views(a, b)) give_back(v.data_ptr(), v.numel() * static_cast<int64_t>(v.element_size()));

@@ -44,6 +44,7 @@
 #include "dtactor/result.hpp"
 #include "base/page_pool.hpp"
 #include "model/shard_plan.hpp"
+#include "rank/zero.hpp"
 
 namespace dtactor {
 
@@ -73,8 +74,9 @@ index_spans spans_outside(const index_spans& spans, const index_spans& held);
 
 // Which way the units' gathers go. With members, through the shared-memory
 // segment of those global ranks (in the segment's order, this rank among
-// them) in rounds, one unit at a time (no prefetch: a copy at memory
-// speed): the world's ranks on one host, or this host's ranks when the
+// them): a rank publishes its pieces of the next unit while the current one
+// computes and reads the others' when the unit is needed (when the unit's
+// pieces fit half the ring; else in rounds, when needed): the world's ranks on one host, or this host's ranks when the
 // hosts each hold every shard between them (hosts_cover_every_shard: no
 // parameter byte crosses hosts; a host of one rank holds every shard and
 // needs no segment). Without: broadcasts over the group.
@@ -160,15 +162,19 @@ class unit_gatherer final : public param_gate {
   enum class residency { released, in_flight, resident };
   struct unit_state {
     residency is = residency::released;
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;     // over the group
+    std::vector<host_param_gather> ahead;                  // through shared memory: published, to be read
   };
   // `masters`: the fp32 masters move, not (train.precision = bf16) the
   // bf16 copies a unit computes with.
   status start(const index_spans& spans, std::vector<c10::intrusive_ptr<c10d::Work>>& works, bool masters = false);
+  result<std::vector<host_param_gather>> segment_gathers(const index_spans& spans, bool masters);
   status through_segment(const index_spans& spans, bool masters = false);
   status gather_now(const index_spans& spans, bool masters = false);
   status wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works);
   void begin_gather(int unit);
+  void publish_ahead(int unit);
+  void settle(int unit);
   void finish_gather(int unit);
   void release(int unit);
   // each_pass: what a gather of `unit` writes (the masters outside this
@@ -209,6 +215,7 @@ class unit_gatherer final : public param_gate {
   std::vector<unit_state> state_;
   std::string failure_;
   int reading_ = -1;  // before_reading's unit (units(): the root's masters)
+  int ahead_ = -1;    // the unit published ahead through the segment and not yet read
   gather_route route_;
   std::chrono::microseconds spin_;
   unit_policy policy_;

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <future>
 
 #include "comm/grad_sync.hpp"
 #include "comm/shm_group.hpp"
@@ -269,16 +270,74 @@ std::vector<int> every_rank(int world) {
 }
 
 // Through a shared-memory segment whose slots hold 4,096 floats (a unit
-// takes many rounds): the same bits, the same release.
+// takes many rounds, when it is needed), and 2^20 (each rank's pieces of
+// the next unit published ahead): the same bits, the same release.
 TEST(Zero3, UnitsGatheredThroughSharedMemoryTrainAsZeroTwoBitForBit) {
   for (int world : {2, 3}) {
-    SCOPED_TRACE("world " + std::to_string(world));
     const int replicas = world == 2 ? 1 : 2;
     auto two = run_level(2, three_blocks, world, replicas, 4);
-    gather_how how;
-    how.segment_floats = 4096;
-    expect_as_level_two(run_level(3, three_blocks, world, replicas, 4, how), two, every_rank(world));
+    for (int64_t floats : {int64_t{4096}, int64_t{1} << 20}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", slots of " + std::to_string(floats) + " floats");
+      gather_how how;
+      how.segment_floats = floats;
+      expect_as_level_two(run_level(3, three_blocks, world, replicas, 4, how), two, every_rank(world));
+    }
   }
+}
+
+// Through shared memory a rank publishes its pieces of the next unit as
+// the current one starts: rank 1 stops right after gathering unit 0, and
+// rank 0 still gathers unit 1 (its values the whole model's) without
+// waiting for it. Gathered when needed, rank 0 would wait for rank 1 to
+// reach unit 1, past the gate's timeout. Then both run the rest alike.
+TEST(Zero3, ThroughSharedMemoryTheNextUnitIsPublishedAheadSoARankBehindHoldsNobodyUp) {
+  std::vector<std::string> o = three_blocks;
+  o.push_back("train.zero=3");
+  auto states = make_states(tiny_vit_config(o), 2);
+  const auto plan = make_shard_plan(states[0]->optimizer().total_elements(), nodes_of(2), 1);
+  std::promise<void> one_at_unit_0, zero_done;
+  auto one_waits = zero_done.get_future().share();
+  const auto errors = testing::run_ranks_shm(2, int64_t{1} << 20, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<shm_group> shm) -> std::string {
+    auto& s = *states[static_cast<size_t>(rank)];
+    flat_adamw& opt = s.optimizer();
+    auto layout = unit_layout_of(opt, s.the_task().param_units());
+    if (!layout || layout.value().units.size() < 3) return "no three units";
+    std::vector<torch::Tensor> unit1;  // its values before any rank lets go of them
+    for (const auto& [a, b] : layout.value().units[1])
+      for (const auto& v : opt.param_views(a, b)) unit1.push_back(v.clone());
+    s.shard_optimizer(plan.ranges_of(rank));
+    unit_gatherer gate(pg, opt, plan, layout.value(), std::chrono::milliseconds(4000), {}, gather_route::through(shm, {0, 1}, false),
+                       std::chrono::microseconds(50));
+    gate.reshard();
+    torch::NoGradGuard no_grad;  // a forward without backward: every unit released after it
+    gate.before_forward(0);
+    if (rank == 1) {
+      one_at_unit_0.set_value();
+      one_waits.wait();
+    } else {
+      gate.after_forward(0);
+      gate.before_forward(1);
+      zero_done.set_value();
+      if (auto st = gate.failure(); !st) return "unit 1 with rank 1 held back: " + st.message();
+      size_t i = 0;
+      for (const auto& [a, b] : gate.layout().units[1])
+        for (const auto& v : opt.param_views(a, b))
+          if (!torch::equal(v, unit1[i++])) return "unit 1's values are not the model's";
+      gate.after_forward(1);
+    }
+    if (rank == 1) {
+      gate.after_forward(0);
+      gate.before_forward(1);
+      gate.after_forward(1);
+    }
+    for (int u = 2; u < gate.units(); ++u) {
+      gate.before_forward(u);
+      gate.after_forward(u);
+    }
+    if (auto st = gate.after_update(); !st) return st.message();
+    return "";
+  });
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 // A scripted module that is no Sequential but declares its units
