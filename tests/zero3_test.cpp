@@ -504,14 +504,17 @@ TEST(Zero3, UnitsGatheredWithinEachHostWhenEveryHostHoldsEveryShard) {
     gather_how over_hosts;
     over_hosts.hosts = hosts;
     auto two = run_level(2, three_blocks, world, 2, 4, over_hosts);
-    gather_how within = over_hosts;
-    within.segment_floats = 4096;
-    auto three = run_level(3, three_blocks, world, 2, 4, within);
-    // Ranks 0 and 1 (host a) each lack what the other holds; host b's
-    // lone rank at world 3 holds every shard.
-    expect_as_level_two(three, two, {0, 1});
-    if (world == 3) {
-      EXPECT_EQ(three.released_pages[2], 0u);
+    for (int64_t floats : {int64_t{4096}, int64_t{1} << 20}) {  // in rounds when needed; published ahead
+      SCOPED_TRACE("slots of " + std::to_string(floats) + " floats");
+      gather_how within = over_hosts;
+      within.segment_floats = floats;
+      auto three = run_level(3, three_blocks, world, 2, 4, within);
+      // Ranks 0 and 1 (host a) each lack what the other holds; host b's
+      // lone rank at world 3 holds every shard.
+      expect_as_level_two(three, two, {0, 1});
+      if (world == 3) {
+        EXPECT_EQ(three.released_pages[2], 0u);
+      }
     }
   }
 }
